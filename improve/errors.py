@@ -1,0 +1,86 @@
+"""The exceptions `improve` raises, in one hierarchy.
+
+This module is the ground floor: it imports nothing of ours, so every layer (even `machine`, which
+imports nothing else of ours) may raise these. Every error carries a message that names the place
+(file, line, path in the document, state, transition) and says what was expected.
+
+    ImproveError                      base: catch this to catch everything we raise
+    ├── ConfigError                   bad input a person wrote (exit code 2)
+    │   ├── MachineConfigError        a machine or policy document is invalid
+    │   │   └── ExpressionError       a CEL expression does not parse, uses a forbidden name, ...
+    │   ├── ScenarioError             a scenario file is invalid
+    │   └── WorkspaceError            improve.toml, a policy file or a directory is missing or wrong
+    ├── MachineError                  the interpreter could not take a step (exit code 3)
+    │   ├── EvaluationError           a CEL expression failed at run time (missing field, bad types)
+    │   └── UnknownNameError          a named guard or actor is not registered
+    ├── LogError                      a thread is not a valid log (exit code 3)
+    │   ├── ConflictError             append at a stale index, or ingest of a different entry
+    │   ├── VersionMismatchError      replaying a thread against another machine version
+    │   └── DivergenceError           replay reached a state whose hash differs from the journal
+    └── RunError                      a run could not complete (an actor crashed, a store failed)
+
+`exit_code` on each class is what the CLI returns when the error reaches it, following DESIGN.md:
+2 for usage or config errors, 3 for infrastructure and data errors.
+"""
+
+from __future__ import annotations
+
+
+class ImproveError(Exception):
+    """Base class of every error raised by `improve`."""
+
+    exit_code = 3
+
+
+class ConfigError(ImproveError):
+    """Input a person wrote is invalid: the message says where and what was expected."""
+
+    exit_code = 2
+
+
+class MachineConfigError(ConfigError):
+    """A machine or policy document is invalid (bad target, unknown name, bad shape)."""
+
+
+class ExpressionError(MachineConfigError):
+    """A CEL expression failed to compile or breaks the allowlist."""
+
+
+class ScenarioError(ConfigError):
+    """A scenario file is invalid."""
+
+
+class WorkspaceError(ConfigError):
+    """The workspace (improve.toml, scenarios/, policies/) is missing something or is malformed."""
+
+
+class MachineError(ImproveError):
+    """The interpreter could not take a step."""
+
+
+class EvaluationError(MachineError):
+    """A CEL expression raised while being evaluated (a missing field, mismatched types)."""
+
+
+class UnknownNameError(MachineError):
+    """A named guard or actor is not registered with the host."""
+
+
+class LogError(ImproveError):
+    """A thread is not a valid log."""
+
+
+class ConflictError(LogError):
+    """An append used a stale index, or an entry already stored differs from the one offered."""
+
+
+class VersionMismatchError(LogError):
+    """A thread was recorded by another machine id or version than the one replaying it."""
+
+
+class DivergenceError(LogError):
+    """Replay reached a snapshot whose hash differs from the one journaled."""
+
+
+class RunError(ImproveError):
+    """A run could not complete: an actor crashed unexpectedly, a store failed."""

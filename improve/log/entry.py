@@ -1,0 +1,140 @@
+"""The log entry: one JSON object per line, append-only, one thread per run.
+
+Field names are kept from `@statelyai/agent` so logs stay readable across languages. This is a
+versioned contract (`schemaVersion`); a change to a field's meaning bumps the version.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+SCHEMA_VERSION = 1
+INIT_EVENT = "@agent.init"
+USAGE_EVENT = "@agent.usage"
+THREAD_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+=-]{0,254}$")
+
+FailureKind = Literal["unknown-event", "invalid-payload", "rejected-by-guard", "no-answer"]
+
+
+class Attempt(BaseModel):
+    """A decider's answer that the environment refused, fed back to the decider as it retried."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    event: dict[str, Any] | None = Field(
+        description="The event the decider answered, as it answered it (`None` when it gave none)."
+    )
+    kind: FailureKind = Field(
+        description="Why it was refused, checked in this order: `unknown-event` (not an allowed event), "
+        "`invalid-payload` (a payload value outside the enumerated options), `rejected-by-guard` (the "
+        "environment's rules refuse it now); `no-answer` when the decider produced nothing."
+    )
+    reason: str = Field(description="A fixed, human-readable sentence for the refusal, shown to the decider.")
+
+
+class Verification(BaseModel):
+    """Evidence to check a replay against."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    stateHash: str = Field(description="sha256 of the canonical JSON of the snapshot after this entry.")
+
+
+class LogEntry(BaseModel):
+    """One entry of a thread. Only external inputs are journaled: init, decisions, people's answers,
+    actor completions (`xstate.done.actor` / `xstate.error.actor`) and `@agent.usage` spend records."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    schemaVersion: Literal[1] = Field(default=SCHEMA_VERSION, description="Version of this format: 1.")
+    id: str = Field(min_length=1, description="Unique id of the entry (a UUID when we write it).")
+    index: int = Field(ge=0, description="0-based position in the thread; contiguous, no gaps.")
+    recordedAt: str = Field(description="RFC 3339 time it was written. Metadata only: replay ignores it.")
+    machineId: str = Field(min_length=1, description="Id of the environment machine that recorded it.")
+    machineVersion: str = Field(min_length=1, description="Version of that machine.")
+    event: dict[str, Any] = Field(
+        description="The event `{type, ...payload}`. Entry 0 is `@agent.init` with `input`; decisions and "
+        "people's answers are the events themselves; actors answer `xstate.done.actor` with `actorId` and "
+        "`output`, or `xstate.error.actor` with `actorId` and `error`; `@agent.usage` records a model call."
+    )
+    causationId: str | None = Field(default=None, description="Id of the entry that caused this one.")
+    attempts: list[Attempt] | None = Field(
+        default=None, description="Refused answers that preceded the event that landed, in order."
+    )
+    metadata: dict[str, Any] | None = Field(
+        default=None,
+        description="The stamp on entry 0 (policy id and version, model refs, scenario, split, run, budget) "
+        "and, on decisions, `decision` (its name and the options offered) and `source` (who answered).",
+    )
+    verification: Verification | None = Field(default=None, description="Hash of the snapshot after it.")
+    threadId: str | None = Field(
+        default=None, description="The thread, when a file holds many threads (then every line has it)."
+    )
+
+    @field_validator("event")
+    @classmethod
+    def _event_has_type(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if not isinstance(value.get("type"), str) or not value["type"]:
+            raise ValueError("event needs a non-empty string `type`")
+        return value
+
+    @field_validator("recordedAt")
+    @classmethod
+    def _rfc3339(cls, value: str) -> str:
+        try:
+            parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            raise ValueError(f"recordedAt {value!r} is not an RFC 3339 timestamp") from None
+        if parsed.tzinfo is None:
+            raise ValueError(f"recordedAt {value!r} has no UTC offset")
+        return value
+
+    @property
+    def type(self) -> str:
+        return str(self.event["type"])
+
+    def to_line(self) -> str:
+        """The JSONL form: one line, `None` fields left out."""
+        return self.model_dump_json(exclude_none=True)
+
+
+def now_rfc3339() -> str:
+    return datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def new_entry_id() -> str:
+    return str(uuid.uuid4())
+
+
+def check_thread_id(thread_id: str) -> str:
+    """Thread ids become file names and SQL keys: letters, digits and `._:@+=-` only."""
+    if not isinstance(thread_id, str) or not THREAD_ID_PATTERN.match(thread_id):
+        raise ValueError(
+            f"thread id {thread_id!r} is not valid: use letters, digits and . _ : @ + = - "
+            "(at most 255 characters), e.g. 'train:v3:refund-small:r1'"
+        )
+    return thread_id
+
+
+class ThreadId(BaseModel):
+    """A thread id parsed: `split:policyVersion:scenario:run`, e.g. `train:v3:refund-small:r1`."""
+
+    split: str
+    policy_version: str
+    scenario: str
+    run: int
+
+    def __str__(self) -> str:
+        return f"{self.split}:{self.policy_version}:{self.scenario}:r{self.run}"
+
+    @classmethod
+    def parse(cls, thread_id: str) -> ThreadId | None:
+        parts = thread_id.split(":")
+        if len(parts) != 4 or not re.fullmatch(r"r\d+", parts[3]):
+            return None
+        return cls(split=parts[0], policy_version=parts[1], scenario=parts[2], run=int(parts[3][1:]))

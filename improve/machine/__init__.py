@@ -1,0 +1,68 @@
+"""The statechart core: config models, CEL expressions, the pure interpreter, snapshots.
+
+Nothing in this package does I/O or imports another package of ours (except `improve.errors`).
+
+    >>> from improve.machine import parse_machine, compile_machine, initial, transition
+    >>> m = compile_machine(parse_machine(config_dict))
+    >>> s = initial(m, {"amount": 40})
+    >>> s = transition(m, s, {"type": "ISSUE"})
+"""
+
+from improve.machine.config import (
+    DECIDE_SRC,
+    SENTINEL_PREFIX,
+    DecideInputConfig,
+    InvokeConfig,
+    MachineConfig,
+    NamedGuard,
+    StateConfig,
+    TransitionConfig,
+    parse_machine,
+    transitions_of,
+)
+from improve.machine.expr import ALLOWED_ROOTS, MAX_EXPRESSION_LENGTH, Expr, Scope, compile_expr
+from improve.machine.interpreter import (
+    DONE_EVENT,
+    ERROR_EVENT,
+    GuardFn,
+    Machine,
+    State,
+    Transition,
+    can,
+    compile_machine,
+    initial,
+    transition,
+)
+from improve.machine.snapshot import Invocation, Snapshot, canonical_hash, canonical_json
+
+__all__ = [
+    "ALLOWED_ROOTS",
+    "DECIDE_SRC",
+    "DONE_EVENT",
+    "ERROR_EVENT",
+    "MAX_EXPRESSION_LENGTH",
+    "SENTINEL_PREFIX",
+    "DecideInputConfig",
+    "Expr",
+    "GuardFn",
+    "Invocation",
+    "InvokeConfig",
+    "Machine",
+    "MachineConfig",
+    "NamedGuard",
+    "Scope",
+    "Snapshot",
+    "State",
+    "StateConfig",
+    "Transition",
+    "TransitionConfig",
+    "can",
+    "canonical_hash",
+    "canonical_json",
+    "compile_expr",
+    "compile_machine",
+    "initial",
+    "parse_machine",
+    "transition",
+    "transitions_of",
+]

@@ -1,0 +1,170 @@
+"""The machine config: a subset of XState v5 JSON, as pydantic models.
+
+Spelling (kept stable; DESIGN.md is the contract this follows):
+
+- Every *expression position* holds a CEL string: guards, `assign` values, `context` initialisers,
+  invoke `input` values and state `output`. A literal string is quoted inside the CEL (`"'issued'"`).
+  Objects and arrays in those positions are structure: each member is itself an expression, so
+  `{"outcome": "'issued'", "amount": "context.amount"}` evaluates member by member. Numbers, booleans
+  and null are literals.
+- A transition is a target name, an object (`target`, `guard`, `assign`, `description`) or a list of
+  them; the first whose guard passes is taken. No `target` means stay without re-entering.
+- A guard is a CEL string or a named guard `{"type": "name", "params": {...}}` that the host registers.
+- `invoke.src = "agent.decide"` is a decision request (DESIGN.md, decision protocol). Its `allowedEvents`
+  is a list of event *names* (not CEL); `payloads` maps event -> field -> a CEL expression that yields
+  the list of allowed values (a closed choice); `facts`, `name` and `prompt` are expressions.
+- States are flat (siblings of one machine): a target names a key of `states`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from improve.errors import MachineConfigError
+
+DECIDE_SRC = "agent.decide"
+"""The built-in invoke source of a decision request."""
+
+SENTINEL_PREFIX = "SENTINEL:"
+"""A final state whose description starts with this is an invariant that must be unreachable."""
+
+ExprTree = Any
+"""A CEL string, or a dict / list of expression trees, or a JSON literal (number, bool, null)."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class NamedGuard(_Strict):
+    """A guard implemented by the host and referenced by name (XState's `{type, params}` form)."""
+
+    type: str = Field(description="The registered guard name.")
+    params: dict[str, Any] = Field(default_factory=dict, description="Static parameters passed to it.")
+
+
+Guard = str | NamedGuard
+
+
+class TransitionConfig(_Strict):
+    """One candidate transition."""
+
+    target: str | None = Field(default=None, description="Sibling state to enter; none stays put.")
+    guard: Guard | None = Field(default=None, description="CEL boolean expression or a named guard.")
+    assign: dict[str, ExprTree] | None = Field(
+        default=None, description="Context keys to set, each a CEL expression over the pre-step context."
+    )
+    description: str | None = Field(default=None, description="Why this transition exists.")
+
+
+TransitionSpec = str | TransitionConfig | list[str | TransitionConfig]
+
+
+class DecideInputConfig(_Strict):
+    """The input of an `agent.decide` invoke: a decision request (DESIGN.md)."""
+
+    name: str = Field(description="CEL expression naming the decision, e.g. \"'chooseResolution'\".")
+    allowedEvents: list[str] = Field(description="Event names a decider may answer (not CEL).")
+    payloads: dict[str, dict[str, str]] = Field(
+        default_factory=dict,
+        description="Per event, per payload field: a CEL expression yielding the list of allowed values.",
+    )
+    facts: dict[str, ExprTree] = Field(default_factory=dict, description="What a decider may read.")
+    prompt: str | None = Field(default=None, description="CEL expression for the instruction text.")
+
+
+class InvokeConfig(_Strict):
+    """An actor the state invokes on entry: an environment tool, a model, or a decision request."""
+
+    src: str = Field(description="The actor's registered name, or `agent.decide`.")
+    id: str | None = Field(default=None, description="Invoke id; defaults to the state name.")
+    input: dict[str, ExprTree] | None = Field(default=None, description="Expression tree for the input.")
+    onDone: TransitionSpec | None = Field(default=None, description="Taken on `xstate.done.actor`.")
+    onError: TransitionSpec | None = Field(default=None, description="Taken on `xstate.error.actor`.")
+    maxRetries: int | None = Field(
+        default=None, ge=0, le=10, description="Decision requests: retries after a failed answer (default 2)."
+    )
+
+
+class StateConfig(_Strict):
+    """One state of the machine."""
+
+    type: Literal["atomic", "final", "choice"] | None = Field(
+        default=None, description="`final` ends the machine; `choice` branches at once on guards."
+    )
+    description: str | None = None
+    on: dict[str, TransitionSpec] = Field(default_factory=dict, description="Event name -> transitions.")
+    always: TransitionSpec | None = Field(default=None, description="Eventless transitions, tried on entry.")
+    choice: list[TransitionConfig] | None = Field(
+        default=None, description="Branches of a `choice` state; the last should be unguarded."
+    )
+    invoke: InvokeConfig | None = None
+    tags: list[str] = Field(default_factory=list)
+    output: ExprTree | None = Field(default=None, description="Final states: the machine's output.")
+    meta: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def is_final(self) -> bool:
+        return self.type == "final"
+
+    @property
+    def is_sentinel(self) -> bool:
+        return self.is_final and (self.description or "").startswith(SENTINEL_PREFIX)
+
+
+class MachineConfig(_Strict):
+    """A state machine: an environment written by people, or a policy written by the loop."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    schema_: str | None = Field(default=None, alias="$schema", description="Optional JSON Schema URL.")
+    id: str = Field(min_length=1, description="Stable machine id, kept across versions.")
+    version: str = Field(min_length=1, description="Bumped whenever behaviour changes.")
+    description: str = Field(default="", description="The goal, with measurable success criteria.")
+    initial: str = Field(description="The state entered first.")
+    context: dict[str, ExprTree] = Field(
+        default_factory=dict, description="Initial context: each value a CEL expression over `input`."
+    )
+    states: dict[str, StateConfig] = Field(min_length=1)
+    meta: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("version", mode="before")
+    @classmethod
+    def _version_is_text(cls, value: Any) -> Any:
+        # "version": 1 is a common slip; the contract says a string.
+        if isinstance(value, int) and not isinstance(value, bool):
+            raise ValueError(f'version must be a string, e.g. "{value}"')
+        return value
+
+    def final_states(self) -> list[str]:
+        return [name for name, state in self.states.items() if state.is_final]
+
+    def sentinels(self) -> list[str]:
+        return [name for name, state in self.states.items() if state.is_sentinel]
+
+
+def transitions_of(spec: TransitionSpec | None) -> list[TransitionConfig]:
+    """Normalise the three spellings of a transition into a list of `TransitionConfig`."""
+    if spec is None:
+        return []
+    items = spec if isinstance(spec, list) else [spec]
+    return [TransitionConfig(target=item) if isinstance(item, str) else item for item in items]
+
+
+def format_validation_error(err: ValidationError, source: str) -> str:
+    """One line per problem: where in the document (a JSON path) and what was expected."""
+    lines = []
+    for problem in err.errors():
+        path = "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in problem["loc"])
+        lines.append(f"{source}: {path}: {problem['msg']}")
+    return "\n".join(lines)
+
+
+def parse_machine(data: Any, source: str = "<machine>") -> MachineConfig:
+    """Validate a decoded JSON document as a machine config, with the JSON path of every error."""
+    try:
+        return MachineConfig.model_validate(data)
+    except ValidationError as err:
+        raise MachineConfigError(format_validation_error(err, source)) from None

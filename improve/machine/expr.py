@@ -1,0 +1,212 @@
+"""CEL expressions: compiled once, checked against an allowlist, evaluated against a scope.
+
+The allowlist (DESIGN.md, "Guards are CEL with an allowlist"):
+
+- at most `MAX_EXPRESSION_LENGTH` characters;
+- variables only from `ALLOWED_ROOTS` (`context`, `event`, `input`, `facts`);
+- no comprehension macros (`all`, `exists`, `exists_one`, `map`, `filter`): a policy cannot loop;
+- functions only from CEL's standard library (CEL itself has no I/O, so there is nothing else to reach).
+
+Result types are checked where the position needs one: a guard must return a bool.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import cel
+
+from improve.errors import EvaluationError, ExpressionError
+
+MAX_EXPRESSION_LENGTH = 512
+ALLOWED_ROOTS = frozenset({"context", "event", "input", "facts"})
+COMPREHENSION_MACROS = frozenset({"all", "exists", "exists_one", "map", "filter"})
+
+_TOKEN = re.compile(
+    r"""
+    (?P<string>[rRbB]{0,2}(?:'''(?:\\.|[^\\])*?'''|\"\"\"(?:\\.|[^\\])*?\"\"\"|'(?:\\.|[^'\\\n])*'|"(?:\\.|[^"\\\n])*"))
+  | (?P<ident>[A-Za-z_][A-Za-z0-9_]*)
+  | (?P<number>\d+(?:\.\d+)?(?:[eE][+-]?\d+)?[uU]?)
+  | (?P<space>\s+)
+  | (?P<punct>.)
+    """,
+    re.VERBOSE | re.DOTALL,
+)
+_POSITION = re.compile(r"<input>:(\d+):(\d+)")
+
+
+@dataclass(frozen=True, slots=True)
+class Token:
+    kind: str
+    text: str
+    start: int
+
+
+def tokenize(source: str) -> list[Token]:
+    """Split CEL source into tokens, string literals kept whole so their contents are never names."""
+    return [
+        Token(m.lastgroup or "punct", m.group(), m.start())
+        for m in _TOKEN.finditer(source)
+        if m.lastgroup != "space"
+    ]
+
+
+def referenced_paths(tokens: list[Token]) -> list[tuple[str, ...]]:
+    """Dotted selections such as `facts.customer.refundsLast90d`, as tuples; method names excluded."""
+    paths: list[tuple[str, ...]] = []
+    i = 0
+    while i < len(tokens):
+        tok = tokens[i]
+        if tok.kind == "ident" and not (i > 0 and tokens[i - 1].text == "."):
+            parts = [tok.text]
+            j = i + 1
+            while (
+                j + 1 < len(tokens)
+                and tokens[j].text == "."
+                and tokens[j + 1].kind == "ident"
+                and not (j + 2 < len(tokens) and tokens[j + 2].text == "(")
+            ):
+                parts.append(tokens[j + 1].text)
+                j += 2
+            if not (j < len(tokens) and tokens[j].text == "(" and len(parts) == 1):
+                paths.append(tuple(parts))
+            i = j
+        else:
+            i += 1
+    return paths
+
+
+@dataclass(frozen=True, slots=True)
+class Expr:
+    """A compiled CEL expression and the place it came from (for error messages)."""
+
+    source: str
+    where: str
+    program: Any = field(repr=False, compare=False)
+    roots: frozenset[str]
+    paths: tuple[tuple[str, ...], ...]
+
+    def evaluate(self, scope: Scope) -> Any:
+        try:
+            return self.program.execute(scope.cel_context(self.roots))
+        except Exception as err:  # the CEL extension raises KeyError, TypeError, ValueError, RuntimeError
+            detail = f"no such key {err}" if isinstance(err, KeyError) else str(err).split("\n")[0]
+            raise EvaluationError(f"{self.where}: `{self.source}` failed: {detail}") from None
+
+    def check_bool(self, scope: Scope) -> bool:
+        value = self.evaluate(scope)
+        if not isinstance(value, bool):
+            raise EvaluationError(
+                f"{self.where}: guard `{self.source}` returned {type(value).__name__} {value!r}, "
+                "expected a bool"
+            )
+        return value
+
+
+def compile_expr(source: str, where: str, roots: Iterable[str] = ALLOWED_ROOTS) -> Expr:
+    """Compile one CEL expression, enforcing the allowlist; errors name `where` and the column."""
+    allowed = frozenset(roots)
+    if not isinstance(source, str):
+        raise ExpressionError(f"{where}: expected a CEL expression (a string), got {type(source).__name__}")
+    if len(source) > MAX_EXPRESSION_LENGTH:
+        raise ExpressionError(
+            f"{where}: expression is {len(source)} characters; at most {MAX_EXPRESSION_LENGTH} are allowed"
+        )
+    if not source.strip():
+        raise ExpressionError(f"{where}: empty expression")
+    tokens = tokenize(source)
+    for i, tok in enumerate(tokens):
+        if (
+            tok.kind == "ident"
+            and tok.text in COMPREHENSION_MACROS
+            and i > 0
+            and tokens[i - 1].text == "."
+            and i + 1 < len(tokens)
+            and tokens[i + 1].text == "("
+        ):
+            raise ExpressionError(
+                f"{where}: column {tok.start + 1}: comprehension macro `{tok.text}` is not allowed "
+                "(policies cannot loop); compare fields directly instead"
+            )
+    try:
+        program = cel.compile(source)
+    except Exception as err:
+        message = str(err)
+        pos = _POSITION.search(message)
+        column = f"column {pos.group(2)}: " if pos else ""
+        first = message.split("\n")[0]
+        detail = first.split("ERROR: <input>:")[-1]
+        detail = re.sub(r"^\d+:\d+: ", "", detail)
+        raise ExpressionError(f"{where}: CEL syntax error at {column}{detail} in `{source}`") from None
+    used = set(program.variables())
+    unknown = sorted(used - allowed)
+    if unknown:
+        raise ExpressionError(
+            f"{where}: unknown variable {', '.join(repr(u) for u in unknown)} in `{source}`; "
+            f"expressions may read only {', '.join(sorted(allowed))}"
+        )
+    paths = tuple(p for p in referenced_paths(tokens) if p[0] in allowed)
+    return Expr(source=source, where=where, program=program, roots=frozenset(used), paths=paths)
+
+
+class Scope:
+    """The variables an expression sees during one step; converted to CEL lazily, root by root.
+
+    Converting Python values into CEL is the expensive part of evaluation, so a root is converted at
+    most once per step and only when an expression reads it.
+    """
+
+    __slots__ = ("_ctx", "_have", "values")
+
+    def __init__(self, **values: Any) -> None:
+        self.values: dict[str, Any] = {k: v for k, v in values.items() if v is not None}
+        self._ctx: Any = None
+        self._have: set[str] = set()
+
+    def cel_context(self, roots: frozenset[str]) -> Any:
+        if self._ctx is None:
+            self._ctx = cel.Context()
+        for root in roots:
+            if root not in self._have and root in self.values:
+                self._ctx.add_variable(root, self.values[root])
+                self._have.add(root)
+        return self._ctx
+
+
+# An expression tree compiled: an Expr at each string, dicts and lists kept, literals as they are.
+CompiledTree = Any
+
+
+def compile_tree(tree: Any, where: str, roots: Iterable[str] = ALLOWED_ROOTS) -> CompiledTree:
+    allowed = frozenset(roots)
+    if isinstance(tree, str):
+        return compile_expr(tree, where, allowed)
+    if isinstance(tree, Mapping):
+        return {key: compile_tree(value, f"{where}.{key}", allowed) for key, value in tree.items()}
+    if isinstance(tree, list):
+        return [compile_tree(value, f"{where}[{i}]", allowed) for i, value in enumerate(tree)]
+    return tree
+
+
+def evaluate_tree(tree: CompiledTree, scope: Scope) -> Any:
+    if isinstance(tree, Expr):
+        return tree.evaluate(scope)
+    if isinstance(tree, dict):
+        return {key: evaluate_tree(value, scope) for key, value in tree.items()}
+    if isinstance(tree, list):
+        return [evaluate_tree(value, scope) for value in tree]
+    return tree
+
+
+def tree_exprs(tree: CompiledTree) -> list[Expr]:
+    """Every expression in a compiled tree, in document order."""
+    if isinstance(tree, Expr):
+        return [tree]
+    if isinstance(tree, dict):
+        return [e for value in tree.values() for e in tree_exprs(value)]
+    if isinstance(tree, list):
+        return [e for value in tree for e in tree_exprs(value)]
+    return []
