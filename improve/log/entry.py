@@ -51,7 +51,7 @@ class LogEntry(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    schemaVersion: Literal[1] = Field(default=SCHEMA_VERSION, description="Version of this format: 1.")
+    schemaVersion: Literal[1] = Field(default=1, description="Version of this format: 1.")
     id: str = Field(min_length=1, description="Unique id of the entry (a UUID when we write it).")
     index: int = Field(ge=0, description="0-based position in the thread; contiguous, no gaps.")
     recordedAt: str = Field(description="RFC 3339 time it was written. Metadata only: replay ignores it.")

@@ -12,7 +12,8 @@ Spelling (kept stable; DESIGN.md is the contract this follows):
 - A guard is a CEL string or a named guard `{"type": "name", "params": {...}}` that the host registers.
 - `invoke.src = "agent.decide"` is a decision request (DESIGN.md, decision protocol). Its `allowedEvents`
   is a list of event *names* (not CEL); `payloads` maps event -> field -> a CEL expression that yields
-  the list of allowed values (a closed choice); `facts`, `name` and `prompt` are expressions.
+  the list of allowed values (a closed choice) or `'text'` (free text, optional, e.g. a reason);
+  `facts`, `name` and `prompt` are expressions.
 - States are flat (siblings of one machine): a target names a key of `states`.
 """
 
@@ -69,7 +70,8 @@ class DecideInputConfig(_Strict):
     allowedEvents: list[str] = Field(description="Event names a decider may answer (not CEL).")
     payloads: dict[str, dict[str, str]] = Field(
         default_factory=dict,
-        description="Per event, per payload field: a CEL expression yielding the list of allowed values.",
+        description="Per event, per payload field: a CEL expression yielding the list of allowed values "
+        "(a closed choice), or the string 'text' for a free-text field such as a reason.",
     )
     facts: dict[str, ExprTree] = Field(default_factory=dict, description="What a decider may read.")
     prompt: str | None = Field(default=None, description="CEL expression for the instruction text.")
@@ -145,7 +147,7 @@ class MachineConfig(_Strict):
         return [name for name, state in self.states.items() if state.is_sentinel]
 
 
-def transitions_of(spec: TransitionSpec | None) -> list[TransitionConfig]:
+def transitions_of(spec: TransitionSpec | list[TransitionConfig] | None) -> list[TransitionConfig]:
     """Normalise the three spellings of a transition into a list of `TransitionConfig`."""
     if spec is None:
         return []

@@ -27,6 +27,7 @@ from improve.machine.config import (
     MachineConfig,
     NamedGuard,
     StateConfig,
+    TransitionConfig,
     TransitionSpec,
     transitions_of,
 )
@@ -42,6 +43,8 @@ from improve.machine.expr import (
 from improve.machine.snapshot import Invocation, Snapshot
 
 MAX_MICROSTEPS = 100
+FREE_TEXT = "text"
+"""A payload field whose expression yields this string takes free text instead of a closed choice."""
 DONE_EVENT = "xstate.done.actor"
 ERROR_EVENT = "xstate.error.actor"
 
@@ -147,7 +150,7 @@ def compile_machine(
     if config.initial not in config.states:
         raise MachineConfigError(f"initial state '{config.initial}' does not exist; states are {names}")
 
-    def trans(spec: TransitionSpec | None, where: str) -> tuple[Transition, ...]:
+    def trans(spec: TransitionSpec | list[TransitionConfig] | None, where: str) -> tuple[Transition, ...]:
         out = []
         for i, t in enumerate(transitions_of(spec)):
             here = f"{where}[{i}]"
@@ -297,6 +300,12 @@ def _candidates(state: State, event: Mapping[str, Any]) -> tuple[Transition, ...
     return state.on.get(str(etype), ())
 
 
+def _scope(context: Any, event: Any, inp: Any) -> Scope:
+    # `facts` is shorthand for `input.facts`: a policy's input is a decision request.
+    facts = inp.get("facts") if isinstance(inp, Mapping) else None
+    return Scope(context=context, event=event, input=inp, facts=facts)
+
+
 def _settle(
     machine: Machine, value: str, context: dict[str, Any], inp: Any, event: Any
 ) -> Snapshot:
@@ -304,7 +313,7 @@ def _settle(
     visited = [value]
     for _ in range(MAX_MICROSTEPS):
         state = machine.states[value]
-        scope = Scope(context=context, event=event, input=inp)
+        scope = _scope(context, event, inp)
         if state.final:
             output = evaluate_tree(state.output, scope) if state.output is not None else None
             return Snapshot(value=value, context=context, status="done", input=inp, output=output)
@@ -321,7 +330,7 @@ def _settle(
                     value = t.target
                     visited.append(value)
                     continue
-        invocation = _invocation(state, Scope(context=context, event=event, input=inp))
+        invocation = _invocation(state, _scope(context, event, inp))
         return Snapshot(value=value, context=context, status="active", input=inp, invoke=invocation)
     raise MachineError(
         f"eventless transitions did not settle after {MAX_MICROSTEPS} steps: {' -> '.join(visited[-8:])}"
@@ -340,9 +349,13 @@ def _invocation(state: State, scope: Scope) -> Invocation | None:
         payloads[ev] = {}
         for fld, expr in fields.items():
             values = expr.evaluate(scope)
+            if values == FREE_TEXT:
+                payloads[ev][fld] = values
+                continue
             if not isinstance(values, list):
                 raise EvaluationError(
-                    f"{expr.where}: `{expr.source}` returned {values!r}; payload options must be a list"
+                    f"{expr.where}: `{expr.source}` returned {values!r}; payload options must be a list "
+                    f"(a closed choice) or '{FREE_TEXT}' (free text)"
                 )
             payloads[ev][fld] = _dedupe(values)
     request = {
@@ -365,14 +378,14 @@ def _dedupe(values: list[Any]) -> list[Any]:
 
 def initial(machine: Machine, input: Any = None) -> Snapshot:
     """The snapshot after starting the machine with `input` (context initialised, then settled)."""
-    scope = Scope(input=input)
+    scope = _scope(None, None, input)
     context = evaluate_tree(machine.context_init, scope)
     return _settle(machine, machine.config.initial, dict(context), input, {"type": "xstate.init", "input": input})
 
 
 def _step(machine: Machine, snapshot: Snapshot, event: Mapping[str, Any]) -> tuple[Transition | None, Scope]:
     state = machine.states[snapshot.value]
-    scope = Scope(context=snapshot.context, event=dict(event), input=snapshot.input)
+    scope = _scope(snapshot.context, dict(event), snapshot.input)
     candidates = _candidates(state, event)
     if not candidates:
         return None, scope

@@ -1,0 +1,139 @@
+"""Outcome rows: one per thread, computed by replaying the log, never from the agent's own report.
+
+The effects come from the world's receipts journaled with each tool's completion; violations are the
+world's after-the-fact audit of those effects plus any sentinel state reached. A row says whether the
+run passed (the outcome and every effect as labelled) and, when it did not, why.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from improve.evals.scenarios import Scenario
+from improve.log.entry import LogEntry, ThreadId
+from improve.log.replay import replay
+from improve.machine import DONE_EVENT, ERROR_EVENT, canonical_json
+from improve.runtime.environment import Environment
+
+
+@dataclass(frozen=True)
+class OutcomeRow:
+    thread_id: str
+    scenario: str
+    category: str
+    split: str
+    policy_version: str
+    run: int
+    status: str
+    final_state: str
+    output: Any
+    expected_outcome: str
+    passed: bool
+    reason: str
+    effects: list[dict[str, Any]] = field(default_factory=list)
+    violations: list[dict[str, Any]] = field(default_factory=list)
+    steps: int = 0
+    model_calls: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    failed_attempts: int = 0
+
+    @property
+    def tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def effects_from_log(entries: Sequence[LogEntry]) -> list[dict[str, Any]]:
+    """The world's receipts, in the order they were recorded."""
+    out: list[dict[str, Any]] = []
+    for entry in entries:
+        if entry.type in (DONE_EVENT, ERROR_EVENT):
+            out.extend(entry.event.get("effects") or [])
+    return out
+
+
+def _normal(effect: dict[str, Any], text_fields: Sequence[str]) -> str:
+    # Model-written text is compared by presence; numbers compare as numbers (40 == 40.0).
+    norm: dict[str, Any] = {}
+    for key, value in effect.items():
+        if key in text_fields:
+            if value:
+                norm[key] = True
+        elif isinstance(value, int | float) and not isinstance(value, bool):
+            norm[key] = float(value)
+        else:
+            norm[key] = value
+    return canonical_json(norm)
+
+
+@dataclass(frozen=True)
+class EffectDiff:
+    missing: list[str]
+    unexpected: list[str]
+
+    @property
+    def ok(self) -> bool:
+        return not self.missing and not self.unexpected
+
+
+def compare_effects(
+    actual: Sequence[dict[str, Any]], expected: Sequence[dict[str, Any]], text_fields: Sequence[str] = ("text",)
+) -> EffectDiff:
+    """Multiset comparison of effects, order ignored."""
+    have = Counter(_normal(e, text_fields) for e in actual)
+    want = Counter(_normal(e, text_fields) for e in expected)
+    return EffectDiff(
+        missing=sorted((want - have).elements()), unexpected=sorted((have - want).elements())
+    )
+
+
+def outcome_row(env: Environment, scenario: Scenario, thread_id: str, entries: Sequence[LogEntry]) -> OutcomeRow:
+    """Replay one thread and score it against the scenario's labels."""
+    result = replay(env.machine, entries)
+    effects = effects_from_log(entries)
+    violations = env.make_world(scenario.world).audit(effects)
+    snapshot = result.snapshot
+    state = env.machine.states[snapshot.value]
+    if state.config.is_sentinel:
+        violations = [{"rule": "sentinel", "state": snapshot.value, "description": state.config.description}, *violations]
+    reasons = []
+    if result.status != "done":
+        reasons.append(f"run ended {result.status} in '{snapshot.value}'")
+    if snapshot.value != scenario.expected.outcome:
+        reasons.append(f"ended in '{snapshot.value}', expected '{scenario.expected.outcome}'")
+    if scenario.expected.effects is not None:
+        diff = compare_effects(effects, scenario.expected.effects, env.effect_text_fields)
+        if diff.missing:
+            reasons.append(f"missing effects {', '.join(diff.missing)}")
+        if diff.unexpected:
+            reasons.append(f"unexpected effects {', '.join(diff.unexpected)}")
+    if violations:
+        reasons.append(f"{len(violations)} violation(s): {', '.join(v['rule'] for v in violations)}")
+    parsed = ThreadId.parse(thread_id)
+    return OutcomeRow(
+        thread_id=thread_id,
+        scenario=scenario.id,
+        category=scenario.category,
+        split=parsed.split if parsed else str(result.stamp.get("split", "")),
+        policy_version=parsed.policy_version if parsed else str(result.stamp.get("policyVersion", "")),
+        run=parsed.run if parsed else int(result.stamp.get("run", 1)),
+        status=result.status,
+        final_state=snapshot.value,
+        output=snapshot.output,
+        expected_outcome=scenario.expected.outcome,
+        passed=not reasons,
+        reason="; ".join(reasons) if reasons else "outcome and effects as labelled",
+        effects=effects,
+        violations=violations,
+        steps=result.steps,
+        model_calls=result.model_calls,
+        input_tokens=result.input_tokens,
+        output_tokens=result.output_tokens,
+        failed_attempts=result.failed_attempts,
+    )

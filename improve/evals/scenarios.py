@@ -1,0 +1,132 @@
+"""Scenarios: inputs, the world they act on, how people answer, and the outcome people labelled.
+
+A scenario file is YAML:
+
+    environment: refunds
+    scenarios:
+      - id: small-refund-01
+        category: small-refund
+        split: train                  # train | held-out, fixed in the file
+        input: {ticket: "...", customerId: C-1001, orderId: O-5001, amount: 40}
+        world: {customers: {...}, orders: {...}}
+        people: {awaitingApproval: [{type: APPROVE, approver: dana}]}
+        expected:
+          outcome: issued             # a final state of the environment
+          effects: [{kind: refund, orderId: O-5001, amount: 40}]
+
+Errors name the file, the line, the scenario id and the field.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from improve.errors import ScenarioError
+
+SPLITS = ("train", "held-out")
+Split = Literal["train", "held-out"]
+
+
+class Expected(BaseModel):
+    """Ground truth labelled by people."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    outcome: str = Field(description="The final state the run must end in.")
+    effects: list[dict[str, Any]] | None = Field(
+        default=None,
+        description="Every effect the world must record (any order); None compares the outcome only.",
+    )
+
+
+class Scenario(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", description="Unique within the file.")
+    category: str = Field(min_length=1)
+    split: Split
+    description: str | None = None
+    input: dict[str, Any]
+    world: dict[str, Any] = Field(default_factory=dict)
+    people: dict[str, list[dict[str, Any]]] = Field(default_factory=dict)
+    expected: Expected
+
+
+class ScenarioSet(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    environment: str
+    scenarios: list[Scenario]
+    source: str = Field(default="", exclude=True)
+
+    def split(self, split: str | None) -> list[Scenario]:
+        if split in (None, "all"):
+            return list(self.scenarios)
+        if split not in SPLITS:
+            raise ScenarioError(f"unknown split {split!r}; use one of {', '.join(SPLITS)} or all")
+        return [s for s in self.scenarios if s.split == split]
+
+    def by_id(self) -> dict[str, Scenario]:
+        return {s.id: s for s in self.scenarios}
+
+
+def _item_lines(text: str) -> list[int]:
+    """1-based line of each item under `scenarios:`, so errors can point into the file."""
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return []
+    if not isinstance(root, yaml.MappingNode):
+        return []
+    for key, value in root.value:
+        if key.value == "scenarios" and isinstance(value, yaml.SequenceNode):
+            return [item.start_mark.line + 1 for item in value.value]
+    return []
+
+
+def load_scenarios(path: Path) -> ScenarioSet:
+    """Read and validate a scenario file; ids must be unique."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ScenarioError(f"{path}: no such scenario file") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        raise ScenarioError(f"{where}: invalid YAML: {getattr(err, 'problem', err)}") from None
+    if not isinstance(data, dict) or "scenarios" not in data:
+        raise ScenarioError(f"{path}: expected a mapping with `environment` and a `scenarios` list")
+    lines = _item_lines(text)
+    try:
+        result = ScenarioSet.model_validate(data)
+    except ValidationError as err:
+        problems = []
+        for problem in err.errors():
+            loc = problem["loc"]
+            if len(loc) >= 2 and loc[0] == "scenarios" and isinstance(loc[1], int):
+                index = loc[1]
+                items = data.get("scenarios") or []
+                sid = items[index].get("id", f"#{index}") if isinstance(items[index], dict) else f"#{index}"
+                line = f":{lines[index]}" if index < len(lines) else ""
+                field = ".".join(str(p) for p in loc[2:]) or "(the scenario)"
+                problems.append(f"{path}{line}: scenario '{sid}': {field}: {problem['msg']}")
+            else:
+                field = ".".join(str(p) for p in loc)
+                problems.append(f"{path}: {field}: {problem['msg']}")
+        raise ScenarioError("\n".join(problems)) from None
+    seen: dict[str, int] = {}
+    for index, scenario in enumerate(result.scenarios):
+        if scenario.id in seen:
+            line = f":{lines[index]}" if index < len(lines) else ""
+            raise ScenarioError(
+                f"{path}{line}: scenario id '{scenario.id}' is used twice (first as item {seen[scenario.id] + 1})"
+            )
+        seen[scenario.id] = index
+    result.source = str(path)
+    return result

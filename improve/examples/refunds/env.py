@@ -1,0 +1,223 @@
+"""The refund desk: the embedded default environment.
+
+A ticket names a customer, maybe an order, and an amount. The machine (machine.json) verifies the
+customer, asks for a missing order id, looks the order up, then asks the agent to `chooseResolution`.
+The rules are guards; the world below holds customers, orders and the effects the tools record, and
+audits them after the fact.
+
+World fixture (a scenario's `world`):
+
+    customers: {C-1001: {refundsLast90d: 0, accountAgeDays: 420}}
+    orders:    {O-5001: {customerId: C-1001, total: 80, refunded: 0, deliveredDaysAgo: 5}}
+    paymentsFail: false      # optional: the payment provider declines
+
+Effects recorded: `question`, `approval-requested`, `approval-given`, `refund`, `escalation`, `closure`.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from improve.machine import parse_machine
+from improve.runtime.decision import DecisionRequest
+from improve.runtime.environment import ActorFailure, Environment, World
+from improve.runtime.models import first_option, option, stand_in
+from improve.runtime.policy import load_json
+
+HERE = Path(__file__).parent
+APPROVAL_THRESHOLD = 100
+WINDOW_DAYS = 30
+FRAUD_REFUNDS_90D = 3
+ANGRY = re.compile(r"!!|unacceptable|chargeback|lawyer|furious", re.IGNORECASE)
+
+
+def _money(value: Any) -> float:
+    return round(float(value), 2)
+
+
+class RefundWorld(World):
+    def order(self, order_id: str) -> dict[str, Any] | None:
+        found = self.fixture.get("orders", {}).get(order_id)
+        return dict(found) if found is not None else None
+
+    def refundable(self, order: Mapping[str, Any]) -> float:
+        return _money(order["total"]) - _money(order.get("refunded", 0))
+
+    def audit(self, effects: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+        """The refund desk's rules, checked against what was paid, whatever the machine said."""
+        effects = self.effects if effects is None else effects
+        violations: list[dict[str, Any]] = []
+        approved: set[tuple[str, float]] = set()
+        paid: dict[str, float] = {}
+        for effect in effects:
+            if effect["kind"] == "approval-given":
+                approved.add((effect["orderId"], _money(effect["amount"])))
+            if effect["kind"] != "refund":
+                continue
+            order_id, amount = effect["orderId"], _money(effect["amount"])
+            order = self.order(order_id) or {}
+            paid[order_id] = paid.get(order_id, 0.0) + amount
+            if amount <= 0:
+                violations.append({"rule": "positive-amount", "orderId": order_id, "amount": amount})
+            if order and paid[order_id] > self.refundable(order) + 1e-9:
+                violations.append({"rule": "over-refundable", "orderId": order_id, "amount": amount})
+            if amount > APPROVAL_THRESHOLD and (order_id, amount) not in approved:
+                violations.append({"rule": "approval-required", "orderId": order_id, "amount": amount})
+            if order and order.get("deliveredDaysAgo", 0) > WINDOW_DAYS:
+                violations.append({"rule": "outside-window", "orderId": order_id, "amount": amount})
+        return violations
+
+
+# --- tools -----------------------------------------------------------------------------------------
+
+
+def verify_customer(world: World, input: dict[str, Any]) -> dict[str, Any]:
+    customer = world.fixture.get("customers", {}).get(input["customerId"])
+    if customer is None:
+        return {"verified": False, "customer": None}
+    return {
+        "verified": True,
+        "customer": {
+            "id": input["customerId"],
+            "refundsLast90d": int(customer.get("refundsLast90d", 0)),
+            "accountAgeDays": int(customer.get("accountAgeDays", 0)),
+        },
+    }
+
+
+def ask_customer(world: World, input: dict[str, Any]) -> dict[str, Any]:
+    world.record("question", customerId=input["customerId"], text=input["question"])
+    return {"sent": True}
+
+
+def lookup_order(world: World, input: dict[str, Any]) -> dict[str, Any]:
+    assert isinstance(world, RefundWorld)
+    order = world.order(input["orderId"])
+    if order is None:
+        return {"found": False, "order": None}
+    return {
+        "found": True,
+        "order": {
+            "id": input["orderId"],
+            "customerId": order["customerId"],
+            "total": _money(order["total"]),
+            "refunded": _money(order.get("refunded", 0)),
+            "refundable": world.refundable(order),
+            "deliveredDaysAgo": int(order.get("deliveredDaysAgo", 0)),
+        },
+    }
+
+
+def request_approval(world: World, input: dict[str, Any]) -> dict[str, Any]:
+    world.record("approval-requested", orderId=input["orderId"], amount=_money(input["amount"]))
+    return {"requested": True}
+
+
+def record_approval(world: World, input: dict[str, Any]) -> dict[str, Any]:
+    world.record(
+        "approval-given", orderId=input["orderId"], amount=_money(input["amount"]), approver=input["approver"]
+    )
+    return {"recorded": True}
+
+
+def pay_refund(world: World, input: dict[str, Any]) -> dict[str, Any]:
+    if world.fixture.get("paymentsFail"):
+        raise ActorFailure("the payment provider declined the refund", code="payment-declined")
+    effect = world.record("refund", orderId=input["orderId"], amount=_money(input["amount"]))
+    return {"refunded": effect["amount"]}
+
+
+def escalate(world: World, input: dict[str, Any]) -> dict[str, Any]:
+    world.record("escalation", reason=input["reason"])
+    return {"escalated": True}
+
+
+def close(world: World, input: dict[str, Any]) -> dict[str, Any]:
+    world.record("closure", reason=input["reason"])
+    return {"closed": True}
+
+
+def illegal_refund(context: Mapping[str, Any], event: Mapping[str, Any], params: Mapping[str, Any]) -> bool:
+    """The sentinel's own check: an unapproved refund over 100, or more than the remaining amount."""
+    amount = _money(context.get("refundAmount") or 0)
+    order = context.get("order") or {}
+    over_threshold = amount > APPROVAL_THRESHOLD and not context.get("approved")
+    return bool(over_threshold or amount > _money(order.get("refundable", 0)) + 1e-9)
+
+
+# --- stand-in models -------------------------------------------------------------------------------
+
+
+def _facts(request: DecisionRequest) -> tuple[float, float, int, int]:
+    f = request.facts
+    return (
+        _money(f["requested"]),
+        _money(f["order"]["refundable"]),
+        int(f["order"]["deliveredDaysAgo"]),
+        int(f["customer"]["refundsLast90d"]),
+    )
+
+
+def careful(request: DecisionRequest, rng: random.Random) -> dict[str, Any] | None:
+    """Follows every rule of the desk, as its people would."""
+    requested, refundable, days, refunds = _facts(request)
+    if refunds >= FRAUD_REFUNDS_90D:
+        return option(request, "ESCALATE") or first_option(request)
+    if days > WINDOW_DAYS:
+        return option(request, "CLOSE") or first_option(request)
+    amount = min(requested, refundable)
+    return option(request, "REFUND", amount=amount) or option(request, "ESCALATE") or first_option(request)
+
+
+def naive(request: DecisionRequest, rng: random.Random) -> dict[str, Any] | None:
+    """A plausible model with systematic mistakes: it always refunds what was asked for (ignoring fraud
+    signals, the return window and what is left to refund), escalates when refused, and sometimes
+    escalates angry tickets that should simply be refunded."""
+    requested, *_ = _facts(request)
+    if request.attempts:
+        return {"type": "ESCALATE"}
+    if ANGRY.search(str(request.facts.get("ticket", ""))) and rng.random() < 0.4:
+        return {"type": "ESCALATE"}
+    return {"type": "REFUND", "amount": requested}
+
+
+def sloppy(request: DecisionRequest, rng: random.Random) -> dict[str, Any] | None:
+    """Breaks rules the guards must catch: refunds regardless, invents amounts and event names."""
+    requested, *_ = _facts(request)
+    roll = rng.random()
+    if request.attempts and roll < 0.5:
+        return rng.choice(request.options) if request.options else None
+    if roll < 0.55:
+        return {"type": "REFUND", "amount": requested}
+    if roll < 0.75:
+        return {"type": "REFUND", "amount": _money(requested * 1.5)}
+    if roll < 0.9:
+        return {"type": "REFUND_NOW", "amount": requested}
+    return {"type": "ESCALATE"}
+
+
+def environment() -> Environment:
+    config = parse_machine(load_json(HERE / "machine.json"), source=str(HERE / "machine.json"))
+    return Environment(
+        name="refunds",
+        config=config,
+        actors={
+            "crm.verifyCustomer": verify_customer,
+            "customer.ask": ask_customer,
+            "orders.lookup": lookup_order,
+            "approvals.request": request_approval,
+            "approvals.record": record_approval,
+            "payments.refund": pay_refund,
+            "tickets.escalate": escalate,
+            "tickets.close": close,
+        },
+        guards={"illegalRefund": illegal_refund},
+        make_world=RefundWorld,
+        models={"careful": stand_in("careful", careful), "naive": stand_in("naive", naive),
+                "sloppy": stand_in("sloppy", sloppy)},
+        files=[HERE / "machine.json", Path(__file__)],
+    )

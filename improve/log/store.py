@@ -1,0 +1,524 @@
+"""Where threads live: the store protocol and its in-memory and JSONL-directory implementations.
+
+A *thread* is an append-only list of `LogEntry` objects whose `index` fields run 0, 1, 2, ... with no
+gap. Every store implements `Store`:
+
+- `append(thread_id, expected_index, entries)` adds a batch at the end, all or nothing. It is an
+  optimistic write: `expected_index` must equal the thread's current length, else `ConflictError`
+  (someone else appended first; read again and retry). The batch's indices must run
+  `expected_index, expected_index + 1, ...` and any `threadId` they carry must be the thread's, else
+  `LogError`. An empty batch writes nothing but still checks the index. Returns the new length.
+- `read(thread_id, from_index=0)` the entries from `from_index` on (an unknown thread reads as empty).
+- `length(thread_id)` the number of entries (0 for an unknown thread).
+- `fork(source_id, new_id, upto=None)` copies entries `[0, upto)` into a new thread, rewriting any
+  `threadId` they carry to the new id.
+- `list_threads(prefix, limit, cursor)` pages through thread ids in ascending order.
+- `exists(thread_id)` and `delete(thread_id)` (`improve run --fresh` starts a thread over).
+
+Thread ids are checked with `check_thread_id` (letters, digits and `._:@+=-`); a bad one is a
+`LogError`.
+
+Durability and concurrency:
+
+- `MemoryStore` keeps everything in a dict behind a lock: safe across threads, gone with the process.
+- `JsonlDirStore` keeps one file per thread, `root/<thread_id>.jsonl`, one `LogEntry.to_line()` per
+  line. An append takes an exclusive `flock` on the file, so appenders in any thread or process on
+  the same host are serialised and a stale `expected_index` is always caught; readers take a shared
+  lock, so they never see half a batch. The batch is written with one `write` on an `O_APPEND`
+  descriptor. When an append returns, the entries are in the operating system's page cache: they
+  survive the process crashing. With `fsync=True` the file (and, for a new file, its directory) is
+  also flushed to disk before `append` returns, so they survive a power cut too.
+
+  A crash *during* a write (power loss, or the process killed mid-write) can leave the file ending in a
+  torn line with no trailing newline; in the worst case (power loss during a multi-entry batch) the
+  complete lines of a prefix of that batch can precede it. `read` and `length` ignore a final line
+  without a trailing newline, and the next `append` truncates it away before writing, so the thread
+  is always a contiguous, valid log; the caller whose append never returned must re-read the length
+  before retrying, as after any `ConflictError`. `flock` is advisory and may not work across hosts on
+  network file systems: use one writer host per directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import threading
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+from pydantic import ValidationError
+
+from improve.errors import ConflictError, LogError, WorkspaceError
+from improve.log.entry import THREAD_ID_PATTERN, LogEntry, check_thread_id
+
+MEMORY_SPEC = ":memory:"
+SUFFIX = ".jsonl"
+# A file name holds at most 255 bytes; thread ids are ASCII, so this many characters plus the suffix fit.
+MAX_FILE_THREAD_ID = 255 - len(SUFFIX)
+_READ_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class ThreadPage:
+    """One page of `list_threads`: ids in ascending order, and where to continue (None at the end)."""
+
+    thread_ids: list[str]
+    next_cursor: str | None
+
+
+@runtime_checkable
+class Store(Protocol):
+    """A set of append-only threads of log entries. See the module docstring for the contract."""
+
+    def append(self, thread_id: str, expected_index: int, entries: Sequence[LogEntry]) -> int:
+        """Add `entries` at `expected_index` (the current length), all or none; return the new length."""
+        ...
+
+    def read(self, thread_id: str, from_index: int = 0) -> list[LogEntry]:
+        """The entries from `from_index` on; an unknown thread reads as empty."""
+        ...
+
+    def length(self, thread_id: str) -> int:
+        """How many entries the thread holds (0 when unknown)."""
+        ...
+
+    def fork(self, source_id: str, new_id: str, upto: int | None = None) -> int:
+        """Copy entries `[0, upto)` of `source_id` into the new thread `new_id`; return its length."""
+        ...
+
+    def list_threads(self, prefix: str = "", limit: int = 100, cursor: str | None = None) -> ThreadPage:
+        """Ids starting with `prefix` and greater than `cursor`, ascending, at most `limit` of them."""
+        ...
+
+    def exists(self, thread_id: str) -> bool:
+        """Whether the thread has been created (by an append of at least one entry, or a fork)."""
+        ...
+
+    def delete(self, thread_id: str) -> None:
+        """Remove the thread; deleting an unknown thread does nothing."""
+        ...
+
+
+# --- checks shared by every store -------------------------------------------------------------------
+
+
+def checked_thread_id(thread_id: str) -> str:
+    """`check_thread_id`, raising `LogError` instead of `ValueError`."""
+    try:
+        return check_thread_id(thread_id)
+    except ValueError as exc:
+        raise LogError(str(exc)) from None
+
+
+def check_batch(thread_id: str, expected_index: int, entries: Sequence[LogEntry]) -> None:
+    """Check what can be checked without reading the thread: the id, the indices and the threadIds."""
+    checked_thread_id(thread_id)
+    if isinstance(expected_index, bool) or not isinstance(expected_index, int) or expected_index < 0:
+        raise LogError(
+            f"thread {thread_id!r}: expected_index must be a non-negative integer, got {expected_index!r}"
+        )
+    for offset, entry in enumerate(entries):
+        if not isinstance(entry, LogEntry):
+            raise LogError(
+                f"thread {thread_id!r}: batch item {offset} is a {type(entry).__name__}, not a LogEntry"
+            )
+        want = expected_index + offset
+        if entry.index != want:
+            raise LogError(
+                f"thread {thread_id!r}: batch item {offset} (entry id {entry.id!r}) has index "
+                f"{entry.index}, expected {want}; nothing was appended"
+            )
+        if entry.threadId is not None and entry.threadId != thread_id:
+            raise LogError(
+                f"thread {thread_id!r}: batch item {offset} (entry id {entry.id!r}, index {entry.index}) "
+                f"carries threadId {entry.threadId!r}; nothing was appended"
+            )
+
+
+def conflict(thread_id: str, expected_index: int, actual: int) -> ConflictError:
+    return ConflictError(
+        f"thread {thread_id!r}: append expected index {expected_index} but the thread has {actual} "
+        "entries (another writer appended first; read the thread again and retry)"
+    )
+
+
+def check_upto(source_id: str, upto: int | None, length: int) -> int:
+    if upto is None:
+        return length
+    if isinstance(upto, bool) or not isinstance(upto, int) or upto < 0:
+        raise LogError(f"fork of thread {source_id!r}: upto must be a non-negative integer, got {upto!r}")
+    if upto > length:
+        raise LogError(f"fork of thread {source_id!r}: upto {upto} is past its length {length}")
+    return upto
+
+
+def retarget(entries: Sequence[LogEntry], new_id: str) -> list[LogEntry]:
+    """Copies of `entries`, with any `threadId` they carry set to `new_id`."""
+    return [
+        e.model_copy(update={"threadId": new_id}, deep=True)
+        if e.threadId is not None
+        else e.model_copy(deep=True)
+        for e in entries
+    ]
+
+
+def page(ids: Sequence[str], prefix: str, limit: int, cursor: str | None) -> ThreadPage:
+    """The `list_threads` page over a collection of ids (in any order)."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise LogError(f"list_threads: limit must be a positive integer, got {limit!r}")
+    matching = sorted(i for i in ids if i.startswith(prefix) and (cursor is None or i > cursor))
+    chosen = matching[:limit]
+    return ThreadPage(thread_ids=chosen, next_cursor=chosen[-1] if len(matching) > limit else None)
+
+
+def check_from_index(thread_id: str, from_index: int) -> None:
+    if isinstance(from_index, bool) or not isinstance(from_index, int) or from_index < 0:
+        raise LogError(f"thread {thread_id!r}: from_index must be a non-negative integer, got {from_index!r}")
+
+
+# --- in memory --------------------------------------------------------------------------------------
+
+
+class MemoryStore:
+    """Threads in a dict, behind a lock. Entries are copied in and out, so callers cannot alter them."""
+
+    def __init__(self) -> None:
+        self._threads: dict[str, list[LogEntry]] = {}
+        self._lock = threading.Lock()
+
+    def append(self, thread_id: str, expected_index: int, entries: Sequence[LogEntry]) -> int:
+        check_batch(thread_id, expected_index, entries)
+        copies = [e.model_copy(deep=True) for e in entries]
+        with self._lock:
+            current = self._threads.get(thread_id)
+            actual = 0 if current is None else len(current)
+            if actual != expected_index:
+                raise conflict(thread_id, expected_index, actual)
+            if not copies:
+                return actual
+            if current is None:
+                current = self._threads[thread_id] = []
+            current.extend(copies)
+            return len(current)
+
+    def read(self, thread_id: str, from_index: int = 0) -> list[LogEntry]:
+        checked_thread_id(thread_id)
+        check_from_index(thread_id, from_index)
+        with self._lock:
+            entries = self._threads.get(thread_id, [])[from_index:]
+        return [e.model_copy(deep=True) for e in entries]
+
+    def length(self, thread_id: str) -> int:
+        checked_thread_id(thread_id)
+        with self._lock:
+            return len(self._threads.get(thread_id, ()))
+
+    def fork(self, source_id: str, new_id: str, upto: int | None = None) -> int:
+        checked_thread_id(source_id)
+        checked_thread_id(new_id)
+        with self._lock:
+            source = self._threads.get(source_id)
+            if source is None:
+                raise LogError(f"cannot fork thread {source_id!r}: it does not exist")
+            if new_id in self._threads:
+                raise ConflictError(f"cannot fork {source_id!r} into {new_id!r}: that thread already exists")
+            n = check_upto(source_id, upto, len(source))
+            self._threads[new_id] = retarget(source[:n], new_id)
+            return n
+
+    def list_threads(self, prefix: str = "", limit: int = 100, cursor: str | None = None) -> ThreadPage:
+        with self._lock:
+            ids = list(self._threads)
+        return page(ids, prefix, limit, cursor)
+
+    def exists(self, thread_id: str) -> bool:
+        checked_thread_id(thread_id)
+        with self._lock:
+            return thread_id in self._threads
+
+    def delete(self, thread_id: str) -> None:
+        checked_thread_id(thread_id)
+        with self._lock:
+            self._threads.pop(thread_id, None)
+
+
+# --- a directory of JSONL files ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Count:
+    """What a scan of one thread file found: `lines` complete lines ending at byte `valid_end`."""
+
+    ino: int
+    size: int
+    mtime_ns: int
+    lines: int
+    valid_end: int
+
+
+class JsonlDirStore:
+    """One file per thread, `root/<thread_id>.jsonl`, one `LogEntry.to_line()` per line.
+
+    Appends hold an exclusive `flock` on the thread file and write the whole batch with one `os.write`
+    on an `O_APPEND` descriptor; reads hold a shared `flock`. A crash mid-write can leave a torn final
+    line (no trailing newline): `read` and `length` ignore it and the next `append` truncates it away
+    before writing. With `fsync=True` every append (and fork and delete) is flushed to disk before it
+    returns. Line counts are cached per file, keyed by (inode, size, mtime_ns), so `length` on a long
+    thread does not reread it while the file is unchanged.
+    """
+
+    def __init__(self, root: Path | str, fsync: bool = False) -> None:
+        self.root = Path(root)
+        self.fsync = fsync
+        self._counts: dict[Path, _Count] = {}
+        self._counts_lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"JsonlDirStore({str(self.root)!r}, fsync={self.fsync})"
+
+    # -- paths, locks and counts
+
+    def path(self, thread_id: str) -> Path:
+        """The file that holds `thread_id`."""
+        checked_thread_id(thread_id)
+        if len(thread_id) > MAX_FILE_THREAD_ID:
+            raise LogError(
+                f"thread id {thread_id[:40]!r}... is {len(thread_id)} characters; a JSONL store allows "
+                f"at most {MAX_FILE_THREAD_ID} (the file name limit)"
+            )
+        return self.root / f"{thread_id}{SUFFIX}"
+
+    @contextlib.contextmanager
+    def _locked(
+        self, path: Path, *, exclusive: bool, writable: bool = False, create: bool = False
+    ) -> Iterator[int | None]:
+        """An fd on `path` holding a `flock` (exclusive or shared), or None when the file does not exist
+        and `create` is false. A `writable` fd is opened read-write with `O_APPEND`. Retries when the
+        file was deleted or replaced while we waited for the lock, so the lock is always on the file
+        the path names."""
+        flags = (os.O_RDWR | os.O_APPEND) if writable or create else os.O_RDONLY
+        if create:
+            flags |= os.O_CREAT
+        while True:
+            try:
+                fd = os.open(path, flags | os.O_CLOEXEC, 0o644)
+            except FileNotFoundError:
+                if create:
+                    raise
+                yield None
+                return
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+                held = os.fstat(fd)
+                try:
+                    named = os.stat(path)
+                    same = (named.st_ino, named.st_dev) == (held.st_ino, held.st_dev)
+                except FileNotFoundError:
+                    same = False
+                if same:
+                    yield fd
+                    return
+            finally:
+                os.close(fd)  # closing releases the flock
+
+    def _count(self, path: Path, fd: int) -> _Count:
+        """Complete lines in the file open at `fd` (locked), from the cache when the file is unchanged."""
+        st = os.fstat(fd)
+        with self._counts_lock:
+            cached = self._counts.get(path)
+        if cached is not None and (cached.ino, cached.size, cached.mtime_ns) == (
+            st.st_ino,
+            st.st_size,
+            st.st_mtime_ns,
+        ):
+            return cached
+        lines = 0
+        valid_end = 0
+        offset = 0
+        while True:
+            chunk = os.pread(fd, _READ_CHUNK, offset)
+            if not chunk:
+                break
+            lines += chunk.count(b"\n")
+            last = chunk.rfind(b"\n")
+            if last >= 0:
+                valid_end = offset + last + 1
+            offset += len(chunk)
+        count = _Count(st.st_ino, st.st_size, st.st_mtime_ns, lines, valid_end)
+        self._remember(path, count)
+        return count
+
+    def _remember(self, path: Path, count: _Count) -> None:
+        with self._counts_lock:
+            self._counts[path] = count
+
+    def _forget(self, path: Path) -> None:
+        with self._counts_lock:
+            self._counts.pop(path, None)
+
+    def _sync_dir(self) -> None:
+        if not self.fsync:
+            return
+        fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    # -- the protocol
+
+    def append(self, thread_id: str, expected_index: int, entries: Sequence[LogEntry]) -> int:
+        """Append the batch at `expected_index`, all or none (see the class docstring for crashes).
+
+        Under the exclusive lock: count the complete lines, check the index, truncate a torn final line
+        left by a crash, write every new line with one `os.write`, and fsync when asked to."""
+        check_batch(thread_id, expected_index, entries)
+        path = self.path(thread_id)
+        if not entries:
+            actual = self.length(thread_id)
+            if actual != expected_index:
+                raise conflict(thread_id, expected_index, actual)
+            return actual
+        data = "".join(e.to_line() + "\n" for e in entries).encode("utf-8")
+        # Only an append at index 0 may create the file: a failed append must not leave an empty thread.
+        create = expected_index == 0
+        if create:
+            self.root.mkdir(parents=True, exist_ok=True)
+        with self._locked(path, exclusive=True, writable=True, create=create) as fd:
+            if fd is None:
+                raise conflict(thread_id, expected_index, 0)
+            count = self._count(path, fd)
+            if count.lines != expected_index:
+                raise conflict(thread_id, expected_index, count.lines)
+            if count.valid_end < count.size:
+                os.ftruncate(fd, count.valid_end)  # a torn line from a crash: never part of the log
+            try:
+                written = os.write(fd, data)
+                while written < len(data):  # a short write (rare on regular files): finish it
+                    written += os.write(fd, data[written:])
+            except OSError:
+                os.ftruncate(fd, count.valid_end)  # leave nothing of a failed batch behind
+                raise
+            if self.fsync:
+                os.fsync(fd)
+            st = os.fstat(fd)
+            lines = count.lines + len(entries)
+            self._remember(path, _Count(st.st_ino, st.st_size, st.st_mtime_ns, lines, st.st_size))
+        if count.valid_end == 0:
+            self._sync_dir()  # the file may be new: make its name durable too
+        return lines
+
+    def read(self, thread_id: str, from_index: int = 0) -> list[LogEntry]:
+        path = self.path(thread_id)
+        check_from_index(thread_id, from_index)
+        with self._locked(path, exclusive=False) as fd:
+            if fd is None:
+                return []
+            count = self._count(path, fd)
+            data = os.pread(fd, count.valid_end, 0) if count.valid_end else b""
+        lines = data.split(b"\n")[:-1]  # the part after the last newline is empty (torn part excluded)
+        entries: list[LogEntry] = []
+        for number in range(from_index, len(lines)):
+            try:
+                entries.append(LogEntry.model_validate_json(lines[number]))
+            except ValidationError as exc:
+                problems = "; ".join(
+                    f"{'.'.join(str(p) for p in err['loc']) or '(line)'}: {err['msg']}"
+                    for err in exc.errors()
+                )
+                raise LogError(f"{path}, line {number + 1}: not a valid log entry: {problems}") from None
+        return entries
+
+    def length(self, thread_id: str) -> int:
+        path = self.path(thread_id)
+        with self._locked(path, exclusive=False) as fd:
+            return 0 if fd is None else self._count(path, fd).lines
+
+    def fork(self, source_id: str, new_id: str, upto: int | None = None) -> int:
+        """Write the copied entries to a hidden temporary file, then link it to the new name, which fails
+        if the name exists: the new thread appears whole or not at all."""
+        source = self.path(source_id)
+        target = self.path(new_id)
+        if not source.is_file():
+            raise LogError(f"cannot fork thread {source_id!r}: it does not exist ({source})")
+        if target.exists():
+            raise ConflictError(f"cannot fork {source_id!r} into {new_id!r}: that thread already exists")
+        entries = self.read(source_id)
+        n = check_upto(source_id, upto, len(entries))
+        data = "".join(e.to_line() + "\n" for e in retarget(entries[:n], new_id)).encode("utf-8")
+        tmp = self.root / f".fork-{uuid.uuid4().hex}.tmp"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+            try:
+                written = 0
+                while written < len(data):
+                    written += os.write(fd, data[written:])
+                if self.fsync:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+            try:
+                os.link(tmp, target)
+            except FileExistsError:
+                raise ConflictError(
+                    f"cannot fork {source_id!r} into {new_id!r}: that thread already exists"
+                ) from None
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+        self._sync_dir()
+        return n
+
+    def list_threads(self, prefix: str = "", limit: int = 100, cursor: str | None = None) -> ThreadPage:
+        ids: list[str] = []
+        try:
+            with os.scandir(self.root) as it:
+                for item in it:
+                    name = item.name
+                    if not name.endswith(SUFFIX) or name.startswith("."):
+                        continue
+                    thread_id = name[: -len(SUFFIX)]
+                    if THREAD_ID_PATTERN.match(thread_id) and item.is_file():
+                        ids.append(thread_id)
+        except FileNotFoundError:
+            pass
+        return page(ids, prefix, limit, cursor)
+
+    def exists(self, thread_id: str) -> bool:
+        return self.path(thread_id).is_file()
+
+    def delete(self, thread_id: str) -> None:
+        """Remove the file, holding its exclusive lock so no append is half way through."""
+        path = self.path(thread_id)
+        try:
+            with self._locked(path, exclusive=True) as fd:
+                if fd is None:
+                    return
+                os.unlink(path)
+        finally:
+            self._forget(path)
+        self._sync_dir()
+
+
+# --- choosing a store -------------------------------------------------------------------------------
+
+
+def open_store(spec: str, *, fsync: bool = False) -> Store:
+    """`":memory:"` gives a `MemoryStore`; any other spec is a directory for a `JsonlDirStore` (created
+    on the first append)."""
+    if spec == MEMORY_SPEC:
+        return MemoryStore()
+    path = Path(spec).expanduser()
+    if path.suffix in {".duckdb", ".db"}:
+        raise WorkspaceError(
+            f"store {spec!r}: a DuckDB store is not available; use a directory or ':memory:'"
+        )
+    if path.exists() and not path.is_dir():
+        raise WorkspaceError(
+            f"store {spec!r} is not a directory: give a directory for JSONL threads or ':memory:'"
+        )
+    return JsonlDirStore(path, fsync=fsync)

@@ -1,0 +1,190 @@
+"""The decision protocol (DESIGN.md): what is offered, how an answer is checked, what a decider is.
+
+A state that invokes `agent.decide` asks for one event. Only options the guards accept are offered.
+An answer is checked in a fixed order, `unknown-event`, `invalid-payload`, `rejected-by-guard`; a
+refusal is fed back to the decider as an attempt and it tries again (default 2 retries).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from improve.log.entry import Attempt
+from improve.machine import Machine, Snapshot, can
+from improve.machine.interpreter import FREE_TEXT
+
+DEFAULT_MAX_RETRIES = 2
+MAX_FREE_TEXT = 2000
+MAX_OPTIONS = 200
+"""Payload combinations beyond this are not enumerated (a closed choice should be small)."""
+
+
+@dataclass(frozen=True)
+class DecisionRequest:
+    """What a decider sees. `options` are the events the environment would accept right now."""
+
+    name: str
+    options: list[dict[str, Any]]
+    facts: dict[str, Any]
+    allowed_events: list[str]
+    payloads: dict[str, dict[str, Any]]
+    prompt: str | None = None
+    attempts: list[Attempt] = field(default_factory=list)
+
+    def to_input(self) -> dict[str, Any]:
+        """The request as a policy machine's `input` (JSON)."""
+        return {
+            "name": self.name,
+            "options": self.options,
+            "facts": self.facts,
+            "allowedEvents": self.allowed_events,
+            "payloads": self.payloads,
+            "prompt": self.prompt,
+            "attempts": [a.model_dump() for a in self.attempts],
+        }
+
+    def with_attempts(self, attempts: list[Attempt]) -> DecisionRequest:
+        return DecisionRequest(
+            self.name, self.options, self.facts, self.allowed_events, self.payloads, self.prompt, list(attempts)
+        )
+
+
+@dataclass(frozen=True)
+class Usage:
+    """One model call: which ref and model answered, and the tokens it spent."""
+
+    ref: str
+    model: str
+    input_tokens: int
+    output_tokens: int
+
+    def to_event(self, decision: str) -> dict[str, Any]:
+        return {
+            "type": "@agent.usage",
+            "ref": self.ref,
+            "model": self.model,
+            "decision": decision,
+            "calls": 1,
+            "inputTokens": self.input_tokens,
+            "outputTokens": self.output_tokens,
+        }
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A decider's answer: the event (None when it produced none), its model calls, who answered."""
+
+    event: dict[str, Any] | None
+    usage: list[Usage] = field(default_factory=list)
+    source: str = ""
+
+
+class Decider(Protocol):
+    """Anything that answers decision requests: a policy, or a model directly."""
+
+    def decide(self, request: DecisionRequest) -> Decision: ...
+
+
+def build_request(machine: Machine, snapshot: Snapshot) -> DecisionRequest:
+    """The request for the decision the snapshot is waiting on, with the options guards accept."""
+    assert snapshot.invoke is not None and snapshot.invoke.src == "agent.decide"
+    raw = snapshot.invoke.input
+    payloads: dict[str, dict[str, Any]] = raw.get("payloads") or {}
+    options: list[dict[str, Any]] = []
+    for event_type in raw["allowedEvents"]:
+        for event in _enumerate(event_type, payloads.get(event_type, {})):
+            if can(machine, snapshot, event):
+                options.append(event)
+    return DecisionRequest(
+        name=str(raw["name"]),
+        options=options,
+        facts=raw.get("facts") or {},
+        allowed_events=list(raw["allowedEvents"]),
+        payloads=payloads,
+        prompt=raw.get("prompt"),
+    )
+
+
+def _enumerate(event_type: str, fields: Mapping[str, Any]) -> list[dict[str, Any]]:
+    # Free-text fields are left out of the options: the decider may add them.
+    names = [n for n, values in fields.items() if values != FREE_TEXT]
+    if not names:
+        return [{"type": event_type}]
+    combos = itertools.islice(itertools.product(*(fields[n] for n in names)), MAX_OPTIONS)
+    return [{"type": event_type, **dict(zip(names, values, strict=True))} for values in combos]
+
+
+def check_answer(
+    machine: Machine, snapshot: Snapshot, request: DecisionRequest, event: Any
+) -> Attempt | None:
+    """None when the answer lands; otherwise the refusal, checked in the order of DESIGN.md."""
+    if not isinstance(event, dict) or not isinstance(event.get("type"), str):
+        return Attempt(
+            event=event if isinstance(event, dict) else None,
+            kind="no-answer",
+            reason="no-answer: the decider did not produce an event with a `type`",
+        )
+    etype = event["type"]
+    if etype not in request.allowed_events:
+        return Attempt(
+            event=event,
+            kind="unknown-event",
+            reason=f"unknown-event: '{etype}' is not one of the allowed events {request.allowed_events}",
+        )
+    spec = request.payloads.get(etype, {})
+    given = {k: v for k, v in event.items() if k != "type"}
+    for name in sorted(set(given) - set(spec)):
+        return Attempt(
+            event=event,
+            kind="invalid-payload",
+            reason=f"invalid-payload: '{etype}' takes no field '{name}'; its fields are {sorted(spec)}",
+        )
+    for name, allowed in spec.items():
+        if allowed == FREE_TEXT:
+            value = given.get(name, "")
+            if not isinstance(value, str) or len(value) > MAX_FREE_TEXT:
+                return Attempt(
+                    event=event,
+                    kind="invalid-payload",
+                    reason=f"invalid-payload: '{name}' must be text of at most {MAX_FREE_TEXT} characters",
+                )
+            continue
+        if name not in given:
+            return Attempt(
+                event=event,
+                kind="invalid-payload",
+                reason=f"invalid-payload: '{etype}' needs '{name}', one of {allowed}",
+            )
+        if not _member(given[name], allowed):
+            return Attempt(
+                event=event,
+                kind="invalid-payload",
+                reason=f"invalid-payload: {name}={given[name]!r} is not one of {allowed}",
+            )
+    if not can(machine, snapshot, event):
+        return Attempt(
+            event=event,
+            kind="rejected-by-guard",
+            reason=f"rejected-by-guard: the rules do not allow {etype} here; the options now are "
+            f"{request.options}",
+        )
+    return None
+
+
+def _member(value: Any, allowed: list[Any]) -> bool:
+    # 40 and 40.0 are the same amount; True is not 1.
+    return any((type(value) is type(a) and value == a) or _same_number(value, a) for a in allowed)
+
+
+def _same_number(a: Any, b: Any) -> bool:
+    numeric = (int, float)
+    return (
+        isinstance(a, numeric)
+        and isinstance(b, numeric)
+        and not isinstance(a, bool)
+        and not isinstance(b, bool)
+        and a == b
+    )

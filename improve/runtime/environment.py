@@ -1,0 +1,76 @@
+"""An environment: the machine people wrote, the tools (actors) it invokes, and the world they act on.
+
+The world is a scenario's fixture state plus the effects the tools record (refunds paid, questions
+asked, ...). Ground truth is read from those effects, never from what the agent says it did. Tools
+put their receipt in their output, so the journal carries the effects and a replay sees them too.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from improve.machine import GuardFn, Machine, MachineConfig, compile_machine
+from improve.runtime.models import ModelFactory
+
+
+class ActorFailure(Exception):
+    """A tool failed in a way the machine should handle (`onError`), e.g. a declined payment."""
+
+    def __init__(self, message: str, code: str = "failed") -> None:
+        super().__init__(message)
+        self.code = code
+
+    def to_error(self) -> dict[str, Any]:
+        return {"code": self.code, "message": str(self)}
+
+
+class World:
+    """A scenario's fixture, and every effect the tools record while a run acts on it."""
+
+    def __init__(self, fixture: Mapping[str, Any] | None = None) -> None:
+        self.fixture: dict[str, Any] = copy.deepcopy(dict(fixture or {}))
+        self.effects: list[dict[str, Any]] = []
+
+    def record(self, kind: str, **fields: Any) -> dict[str, Any]:
+        effect = {"kind": kind, **fields}
+        self.effects.append(effect)
+        return dict(effect)
+
+    def audit(self, effects: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+        """Rule violations found after the fact in `effects` (default: this world's). None here."""
+        return []
+
+
+Actor = Callable[[World, dict[str, Any]], Any]
+"""A tool: `(world, input) -> output`. Raise `ActorFailure` for a failure the machine handles."""
+
+WorldFactory = Callable[[Mapping[str, Any]], World]
+
+
+@dataclass
+class Environment:
+    """Everything needed to run, replay and score one kind of agent."""
+
+    name: str
+    config: MachineConfig
+    actors: dict[str, Actor]
+    make_world: WorldFactory
+    models: dict[str, ModelFactory]
+    guards: dict[str, GuardFn] = field(default_factory=dict)
+    files: list[Path] = field(default_factory=list)
+    """The files that define it, hashed by the gates: a round must not change the environment."""
+    effect_text_fields: tuple[str, ...] = ("text",)
+    """Effect fields written by a model: compared by presence, not by value."""
+
+    @cached_property
+    def machine(self) -> Machine:
+        return compile_machine(self.config, guards=self.guards, actors=set(self.actors))
+
+    def file_hashes(self) -> dict[str, str]:
+        return {str(p.name): hashlib.sha256(p.read_bytes()).hexdigest() for p in self.files}

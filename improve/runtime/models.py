@@ -1,0 +1,81 @@
+"""Models that answer decision requests, and deterministic stand-ins for tests and demos.
+
+A model sees a `DecisionRequest` and answers one event. Real models are reached through an
+OpenAI-compatible endpoint (the proposer issue adds that executor); stand-ins are plain functions of
+the request and a seeded random generator, so a whole evaluation runs offline and reproduces exactly.
+A fresh stand-in is made per run, seeded from the scenario id and the run number.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from improve.runtime.decision import DecisionRequest
+
+
+class ModelCallError(Exception):
+    """A model call failed (timeout, refusal, unparsable answer). A policy's `onError` handles it."""
+
+
+@dataclass(frozen=True)
+class ModelReply:
+    event: dict[str, Any] | None
+    input_tokens: int
+    output_tokens: int
+
+
+class Model(Protocol):
+    name: str
+
+    def answer(self, request: DecisionRequest) -> ModelReply: ...
+
+
+Behaviour = Callable[[DecisionRequest, random.Random], dict[str, Any] | None]
+"""A stand-in's mind: the request and a seeded generator in, one event (or None) out."""
+
+ModelFactory = Callable[[str], Model]
+"""Makes a fresh model instance from a seed string."""
+
+SYSTEM_PROMPT_TOKENS = 180
+"""What the instructions around a request cost, so token counts look like a real call's."""
+
+
+class StandInModel:
+    """A deterministic model: `behaviour` decides, token counts follow from the request's size."""
+
+    def __init__(self, name: str, behaviour: Behaviour, seed: str) -> None:
+        self.name = name
+        self._behaviour = behaviour
+        self._rng = random.Random(f"{name}:{seed}")
+
+    def answer(self, request: DecisionRequest) -> ModelReply:
+        event = self._behaviour(request, self._rng)
+        size = len(json.dumps(request.to_input(), separators=(",", ":"), default=str))
+        input_tokens = SYSTEM_PROMPT_TOKENS + size // 4
+        output_tokens = 12 + len(json.dumps(event or {})) // 4 + self._rng.randint(8, 40)
+        return ModelReply(event=event, input_tokens=input_tokens, output_tokens=output_tokens)
+
+
+def stand_in(name: str, behaviour: Behaviour) -> ModelFactory:
+    """A factory of fresh, seeded instances of one stand-in behaviour."""
+
+    def make(seed: str) -> Model:
+        return StandInModel(name, behaviour, seed)
+
+    return make
+
+
+def first_option(request: DecisionRequest) -> dict[str, Any] | None:
+    return dict(request.options[0]) if request.options else None
+
+
+def option(request: DecisionRequest, event_type: str, **payload: Any) -> dict[str, Any] | None:
+    """The offered option of this type (matching the payload given), or None when it is not offered."""
+    for opt in request.options:
+        if opt["type"] == event_type and all(opt.get(k) == v for k, v in payload.items()):
+            return dict(opt)
+    return None

@@ -1,0 +1,250 @@
+"""Driving an environment through one scenario, journaling every external input before acting on it.
+
+The loop: invoke actors (journal `xstate.done.actor` / `xstate.error.actor`), answer idle states from
+the scenario's people script, ask the decider at `agent.decide` states (the decision protocol), until
+a final state, an idle state nobody answers, or a budget. Each entry is written to the store before
+the next action, so a crash loses at most the action in flight and the thread replays to where it was.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from improve.errors import ConfigError, ConflictError, RunError
+from improve.log.entry import INIT_EVENT, Attempt, LogEntry, Verification, new_entry_id, now_rfc3339
+from improve.log.replay import RunStatus, run_status
+from improve.log.store import Store
+from improve.machine import (
+    DECIDE_SRC,
+    DONE_EVENT,
+    ERROR_EVENT,
+    Invocation,
+    Machine,
+    Snapshot,
+    initial,
+    transition,
+)
+from improve.runtime.decision import DEFAULT_MAX_RETRIES, Decider, build_request, check_answer
+from improve.runtime.environment import ActorFailure, Environment, World
+
+DEFAULT_MAX_MODEL_CALLS = 100
+MAX_ENTRIES = 2000
+
+
+@dataclass
+class RunResult:
+    """How one run ended and what it cost. Effects are the world's, not the agent's report."""
+
+    thread_id: str
+    status: RunStatus
+    snapshot: Snapshot
+    entries: int
+    model_calls: int
+    input_tokens: int
+    output_tokens: int
+    failed_attempts: int
+    effects: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def final_state(self) -> str:
+        return self.snapshot.value
+
+
+class Journal:
+    """Appends entries to one thread, numbering them and stamping each with the snapshot hash."""
+
+    def __init__(self, store: Store, thread_id: str, machine: Machine, hashes: bool = True) -> None:
+        self.store = store
+        self.thread_id = thread_id
+        self.machine = machine
+        self.hashes = hashes
+        self.index = store.length(thread_id)
+        self.last_id: str | None = None
+
+    def write(
+        self,
+        event: dict[str, Any],
+        after: Snapshot | None = None,
+        attempts: list[Attempt] | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> LogEntry:
+        entry = LogEntry(
+            id=new_entry_id(),
+            index=self.index,
+            recordedAt=now_rfc3339(),
+            machineId=self.machine.id,
+            machineVersion=self.machine.version,
+            event=event,
+            causationId=self.last_id,
+            attempts=attempts or None,
+            metadata=metadata,
+            verification=Verification(stateHash=after.hash()) if (after is not None and self.hashes) else None,
+        )
+        self.store.append(self.thread_id, self.index, [entry])
+        self.index += 1
+        self.last_id = entry.id
+        return entry
+
+
+class _People:
+    """The scenario's people script: per idle state, answers consumed in order."""
+
+    def __init__(self, script: Mapping[str, Sequence[dict[str, Any]]]) -> None:
+        self._queues = {state: list(answers) for state, answers in script.items()}
+
+    def answer(self, state: str) -> dict[str, Any] | None:
+        queue = self._queues.get(state)
+        return dict(queue.pop(0)) if queue else None
+
+
+def run(
+    env: Environment,
+    *,
+    input: Any,
+    world: World,
+    people: Mapping[str, Sequence[dict[str, Any]]],
+    decider: Decider,
+    store: Store,
+    thread_id: str,
+    stamp: Mapping[str, Any] | None = None,
+    max_model_calls: int = DEFAULT_MAX_MODEL_CALLS,
+) -> RunResult:
+    """Run `env` once from `input` to the end, journaling the thread `thread_id` into `store`."""
+    if store.length(thread_id):
+        raise ConflictError(f"thread {thread_id} already has entries; delete it or use another run number")
+    runner = _Runner(env, world, _People(people), decider, Journal(store, thread_id, env.machine), max_model_calls)
+    return runner.run(input, {**(stamp or {}), "maxModelCalls": max_model_calls})
+
+
+class _Runner:
+    def __init__(
+        self,
+        env: Environment,
+        world: World,
+        people: _People,
+        decider: Decider,
+        journal: Journal,
+        max_model_calls: int,
+    ) -> None:
+        self.env = env
+        self.machine = env.machine
+        self.world = world
+        self.people = people
+        self.decider = decider
+        self.journal = journal
+        self.max_model_calls = max_model_calls
+        self.calls = self.tokens_in = self.tokens_out = self.failed = 0
+
+    def run(self, input: Any, metadata: dict[str, Any]) -> RunResult:
+        snapshot = initial(self.machine, input)
+        self.journal.write({"type": INIT_EVENT, "input": input}, snapshot, metadata=metadata)
+        stop: RunStatus | None = None
+        while snapshot.status == "active":
+            if self.journal.index >= MAX_ENTRIES:
+                stop = "budget"
+                break
+            invocation = snapshot.invoke
+            if invocation is None:
+                nxt = self._person(snapshot)
+            elif invocation.src == DECIDE_SRC:
+                nxt = self._decide(snapshot, invocation)
+                if nxt is None:
+                    stop = "budget"
+            else:
+                nxt = self._actor(snapshot, invocation)
+            if nxt is None:
+                break  # nobody answers (the run ends idle), or the model-call budget is spent
+            snapshot = nxt
+        return RunResult(
+            thread_id=self.journal.thread_id,
+            status=stop or run_status(self.machine, snapshot, self.calls, metadata),
+            snapshot=snapshot,
+            entries=self.journal.index,
+            model_calls=self.calls,
+            input_tokens=self.tokens_in,
+            output_tokens=self.tokens_out,
+            failed_attempts=self.failed,
+            effects=list(self.world.effects),
+        )
+
+    def _person(self, snapshot: Snapshot) -> Snapshot | None:
+        answer = self.people.answer(snapshot.value)
+        if answer is None:
+            return None
+        nxt = transition(self.machine, snapshot, answer)
+        if nxt is snapshot:
+            raise ConfigError(
+                f"thread {self.journal.thread_id}: the people script answers {answer} in state "
+                f"'{snapshot.value}', which does not accept it; it accepts "
+                f"{sorted(self.machine.states[snapshot.value].on)}"
+            )
+        self.journal.write(answer, nxt, metadata={"source": "person"})
+        return nxt
+
+    def _land(
+        self, snapshot: Snapshot, event: dict[str, Any], attempts: list[Attempt], meta: dict[str, Any]
+    ) -> Snapshot:
+        nxt = transition(self.machine, snapshot, event)
+        self.journal.write(event, nxt, attempts=attempts, metadata=meta)
+        return nxt
+
+    def _decide(self, snapshot: Snapshot, invocation: Invocation) -> Snapshot | None:
+        """The decision protocol: offer, ask, check, feed refusals back, land or exhaust."""
+        request = build_request(self.machine, snapshot)
+        invoke = self.machine.states[snapshot.value].invoke
+        retries = invoke.max_retries if invoke and invoke.max_retries is not None else DEFAULT_MAX_RETRIES
+        decision_meta = {"name": request.name, "options": request.options}
+        if not request.options:
+            error = {"kind": "no-options", "message": "the rules allow no option here"}
+            event = {"type": ERROR_EVENT, "actorId": invocation.id, "error": error}
+            return self._land(snapshot, event, [], {"decision": decision_meta})
+        attempts: list[Attempt] = []
+        source = ""
+        for _ in range(retries + 1):
+            if self.calls >= self.max_model_calls:
+                return None
+            decision = self.decider.decide(request.with_attempts(attempts))
+            source = decision.source
+            for use in decision.usage:
+                self.calls += 1
+                self.tokens_in += use.input_tokens
+                self.tokens_out += use.output_tokens
+                self.journal.write(use.to_event(request.name))
+            refusal = check_answer(self.machine, snapshot, request, decision.event)
+            if refusal is None:
+                assert decision.event is not None
+                self.failed += len(attempts)
+                return self._land(snapshot, decision.event, attempts, {"decision": decision_meta, "source": source})
+            attempts.append(refusal)
+        self.failed += len(attempts)
+        error = {
+            "kind": "decision-exhausted",
+            "message": f"{len(attempts)} answers refused; the last: {attempts[-1].reason}",
+        }
+        event = {"type": ERROR_EVENT, "actorId": invocation.id, "error": error}
+        return self._land(snapshot, event, attempts, {"decision": decision_meta, "source": source})
+
+    def _actor(self, snapshot: Snapshot, invocation: Invocation) -> Snapshot:
+        actor = self.env.actors.get(invocation.src)
+        if actor is None:
+            raise RunError(f"actor '{invocation.src}' is not registered with environment {self.env.name}")
+        before = len(self.world.effects)
+        event: dict[str, Any]
+        try:
+            output = actor(self.world, dict(invocation.input or {}))
+            event = {"type": DONE_EVENT, "actorId": invocation.id, "output": output}
+        except ActorFailure as failure:
+            event = {"type": ERROR_EVENT, "actorId": invocation.id, "error": failure.to_error()}
+        except Exception as err:
+            raise RunError(
+                f"thread {self.journal.thread_id}: actor '{invocation.src}' crashed in state "
+                f"'{snapshot.value}': {err!r}"
+            ) from err
+        if len(self.world.effects) > before:
+            # The world's receipts travel with the completion, so replay and scoring see them.
+            event["effects"] = [dict(e) for e in self.world.effects[before:]]
+        nxt = transition(self.machine, snapshot, event)
+        self.journal.write(event, nxt)
+        return nxt

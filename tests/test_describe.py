@@ -1,0 +1,291 @@
+"""describe_text, describe_mermaid, to_xstate and diff_states over the refund-approval example."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from improve.machine import MachineConfig, TransitionConfig, compile_machine, parse_machine
+from improve.machine.describe import describe_mermaid, describe_text, diff_states, to_xstate
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "improve" / "examples" / "refund_approval" / "machine.json"
+ISSUE_GUARD = "!(context.amount > 100 && !context.approved)"
+ENTITY = re.compile(r"#\w+;")
+
+
+@pytest.fixture
+def raw() -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(EXAMPLE.read_text())
+    return data
+
+
+@pytest.fixture
+def refund(raw: dict[str, Any]) -> MachineConfig:
+    return parse_machine(raw, str(EXAMPLE))
+
+
+def _policy() -> MachineConfig:
+    return parse_machine(
+        {
+            "id": "refunds-policy",
+            "version": "1",
+            "description": "Resolve refund tickets correctly.",
+            "initial": "route",
+            "states": {
+                "route": {
+                    "type": "choice",
+                    "choice": [
+                        {"guard": "facts.customer.refundsLast90d >= 3", "target": "escalate"},
+                        {"guard": {"type": "isVip", "params": {"tier": 2}}, "target": "ask-model"},
+                        {"target": "ask-model"},
+                    ],
+                },
+                "escalate": {"type": "final", "output": {"type": "'ESCALATE'"}},
+                "ask-model": {
+                    "invoke": {
+                        "src": "model.decide",
+                        "input": {"model": "'decider'"},
+                        "onDone": {"target": "answer"},
+                        "onError": "escalate",
+                    }
+                },
+                "answer": {"type": "final", "output": "event.output"},
+            },
+        }
+    )
+
+
+def _labels(mermaid: str) -> list[str]:
+    return [line.split(" : ", 1)[1] for line in mermaid.splitlines() if " --> " in line and " : " in line]
+
+
+# --- text -----------------------------------------------------------------------------------------
+
+
+def test_text_starts_with_goal_and_lists_every_state(refund: MachineConfig) -> None:
+    text = describe_text(refund)
+    lines = text.splitlines()
+    assert lines[0] == f"Goal: {refund.description}"
+    assert lines[1] == "Machine: refund-approval@1 (initial: classifying)"
+    headers = [line.split(" (")[0] for line in lines if line and not line.startswith(" ") and "(" in line]
+    assert [h for h in headers if h in refund.states] == list(refund.states)
+    assert "classifying (initial, decision)" in lines
+    assert "approving (waits for a person)" in lines
+    assert "issued (final)" in lines
+    assert lines[-1] == (
+        "7 states, 4 finals (issued, refused, rejected, illegallyIssued), 1 sentinel (illegallyIssued)."
+    )
+
+
+def test_text_shows_guards_assigns_decision_and_sentinel(refund: MachineConfig) -> None:
+    lines = [line.strip() for line in describe_text(refund).splitlines()]
+    assert f"ISSUE [{ISSUE_GUARD}] -> issuing" in lines
+    assert "APPROVE -> issuing (assign approved, approver)" in lines
+    assert "error -> refused" in lines
+    assert "always -> issued" in lines
+    assert "decision 'classify': events ISSUE | ESCALATE | REFUSE, maxRetries 3" in lines
+    assert "facts: amount, reason" in lines
+    assert "tags: awaiting-approval" in lines
+    assert "illegallyIssued (sentinel, final, must be unreachable)" in lines
+
+
+def test_text_shows_choice_actor_and_named_guards() -> None:
+    lines = [line.strip() for line in describe_text(_policy()).splitlines()]
+    assert "route (initial, choice)" in lines
+    assert "choice [facts.customer.refundsLast90d >= 3] -> escalate" in lines
+    assert "choice [guard:isVip] -> ask-model" in lines
+    assert "ask-model (actor)" in lines
+    assert "invokes model.decide" in lines
+    assert "done -> answer" in lines
+    assert "error -> escalate" in lines
+    assert lines[-1] == "4 states, 2 finals (escalate, answer), 0 sentinels."
+
+
+def test_text_shows_decision_payload_options() -> None:
+    config = parse_machine(
+        {
+            "id": "m",
+            "version": "1",
+            "initial": "ask",
+            "states": {
+                "ask": {
+                    "invoke": {
+                        "src": "agent.decide",
+                        "input": {
+                            "name": "'resolve'",
+                            "allowedEvents": ["PICK"],
+                            "payloads": {"PICK": {"option": "context.options"}},
+                        },
+                    },
+                    "on": {"PICK": "done"},
+                },
+                "done": {"type": "final"},
+            },
+        }
+    )
+    lines = [line.strip() for line in describe_text(config).splitlines()]
+    assert "decision 'resolve': events PICK" in lines
+    assert "payload PICK.option one of context.options" in lines
+    assert "PICK -> done" in lines
+
+
+# --- mermaid --------------------------------------------------------------------------------------
+
+
+def test_mermaid_shape(refund: MachineConfig) -> None:
+    out = describe_mermaid(refund)
+    lines = [line.strip() for line in out.splitlines()]
+    assert lines[0] == "stateDiagram-v2"
+    assert "[*] --> classifying" in lines
+    issue = [line for line in lines if line.startswith("classifying --> issuing : ")]
+    assert len(issue) == 1
+    assert issue[0].startswith("classifying --> issuing : ISSUE [!(context.amount #gt; 100")
+    assert issue[0].endswith("…]")
+    assert "classifying --> refused : error" in lines
+    assert "issuing --> issued : always" in lines
+    for final in refund.final_states():
+        assert f"{final} --> [*]" in lines
+    assert "classDef sentinel fill:#fdd,stroke:#c00" in lines
+    assert "class illegallyIssued sentinel" in lines
+    assert not any(line.startswith("classDef changed") for line in lines)
+
+
+def test_mermaid_labels_have_no_raw_breaking_characters(refund: MachineConfig) -> None:
+    data = refund.model_dump(by_alias=True, exclude_none=True)
+    data["states"]["approving"]["on"]["APPROVE"]["guard"] = 'event.note != "a;b" && event.x < 1 || {}'
+    labels = _labels(describe_mermaid(parse_machine(data)))
+    assert len(labels) == 8
+    for label in labels:
+        bare = ENTITY.sub("", label)
+        for ch in '";{}<>#|':
+            assert ch not in bare, (ch, label)
+    approve = next(lb for lb in labels if lb.startswith("APPROVE"))
+    assert approve == "APPROVE [event.note != #quot;a#59;b#quot; && event.x #lt; 1 #124;#124; #123;#125;]"
+
+
+def test_mermaid_choice_state_sanitised_ids_and_highlight() -> None:
+    out = describe_mermaid(_policy(), highlight=["ask-model", "removed-state"])
+    lines = [line.strip() for line in out.splitlines()]
+    assert "state route <<choice>>" in lines
+    assert "[*] --> route" in lines
+    assert 'state "ask-model" as ask_model' in lines
+    assert "route --> escalate : choice [facts.customer.refundsLast90d #gt;= 3]" in lines
+    assert "route --> ask_model : choice [guard:isVip]" in lines
+    assert "route --> ask_model : choice" in lines
+    assert "ask_model --> answer : done" in lines
+    assert "ask_model --> escalate : error" in lines
+    assert "classDef changed fill:#ffd,stroke:#a80" in lines
+    assert "class ask_model changed" in lines
+    assert not any("sentinel" in line for line in lines)
+    assert "ask-model" not in out.replace('"ask-model"', "")
+
+
+def test_mermaid_sanitised_ids_do_not_collide() -> None:
+    config = parse_machine(
+        {
+            "id": "m",
+            "version": "1",
+            "initial": "a-b",
+            "states": {"a-b": {"on": {"GO": "a_b"}}, "a_b": {"on": {"GO": "end"}}, "end": {"type": "final"}},
+        }
+    )
+    lines = [line.strip() for line in describe_mermaid(config).splitlines()]
+    assert 'state "a-b" as a_b_2' in lines
+    assert "[*] --> a_b_2" in lines
+    assert "a_b_2 --> a_b : GO" in lines
+    assert 'state "end" as s_end' in lines
+    assert "a_b --> s_end : GO" in lines
+    assert "s_end --> [*]" in lines
+
+
+# --- XState ---------------------------------------------------------------------------------------
+
+
+def test_to_xstate(refund: MachineConfig, raw: dict[str, Any]) -> None:
+    x = to_xstate(refund)
+    assert x["id"] == "refund-approval"
+    assert x["version"] == "1"
+    assert x["initial"] == "classifying"
+    assert x["context"] == raw["context"]
+    assert x["meta"]["improve"]["expressions"] == "cel"
+    assert list(x["states"]) == list(raw["states"])
+    cls = x["states"]["classifying"]
+    assert cls["on"]["ISSUE"] == {
+        "target": "issuing",
+        "guard": {"type": "cel", "params": {"expr": ISSUE_GUARD}},
+    }
+    assert cls["on"]["ESCALATE"] == {"target": "approving"}
+    assert cls["invoke"]["src"] == "agent.decide"
+    assert cls["invoke"]["input"] == raw["states"]["classifying"]["invoke"]["input"]
+    assert cls["invoke"]["onError"] == {"target": "refused"}
+    assert "maxRetries" not in cls["invoke"]
+    assert cls["meta"] == {"maxRetries": 3}
+    assert x["states"]["approving"]["on"]["APPROVE"]["actions"] == [
+        {"type": "xstate.assign", "params": {"approved": "true", "approver": "event.approver"}}
+    ]
+    assert x["states"]["approving"]["tags"] == ["awaiting-approval"]
+    assert x["states"]["issuing"]["always"][1] == {"target": "issued"}
+    assert x["states"]["issued"] == {"type": "final", "output": raw["states"]["issued"]["output"]}
+    sentinel = x["states"]["illegallyIssued"]
+    assert sentinel["type"] == "final"
+    assert sentinel["description"].startswith("SENTINEL:")
+    assert json.loads(json.dumps(x)) == x
+
+
+def test_to_xstate_choice_becomes_always_and_named_guards_stay() -> None:
+    x = to_xstate(_policy())
+    route = x["states"]["route"]
+    assert "type" not in route
+    assert route["always"] == [
+        {
+            "target": "escalate",
+            "guard": {"type": "cel", "params": {"expr": "facts.customer.refundsLast90d >= 3"}},
+        },
+        {"target": "ask-model", "guard": {"type": "isVip", "params": {"tier": 2}}},
+        {"target": "ask-model"},
+    ]
+    assert x["states"]["ask-model"]["invoke"] == {
+        "src": "model.decide",
+        "input": {"model": "'decider'"},
+        "onDone": {"target": "answer"},
+        "onError": {"target": "escalate"},
+    }
+    assert x["states"]["answer"] == {"type": "final", "output": "event.output"}
+
+
+def test_to_xstate_does_not_alias_the_config(refund: MachineConfig) -> None:
+    x = to_xstate(refund)
+    x["context"]["amount"] = "changed"
+    x["states"]["approving"]["on"]["APPROVE"]["actions"][0]["params"]["approved"] = "false"
+    assert refund.context["amount"] == "input.amount"
+    approve = refund.states["approving"].on["APPROVE"]
+    assert isinstance(approve, TransitionConfig)
+    assert approve.assign == {"approved": "true", "approver": "event.approver"}
+
+
+# --- diff -----------------------------------------------------------------------------------------
+
+
+def test_diff_states_finds_exactly_the_changed_state(refund: MachineConfig) -> None:
+    assert diff_states(refund, refund) == []
+    changed = copy.deepcopy(refund)
+    changed.states["approving"].on["REJECT"] = TransitionConfig(target="refused")
+    assert diff_states(refund, changed) == ["approving"]
+    assert refund.states["approving"].on["REJECT"] == TransitionConfig(
+        target="rejected", assign={"rejection": "event.reason"}
+    )
+    compile_machine(changed)  # still a valid machine
+
+
+def test_diff_states_added_and_removed(raw: dict[str, Any]) -> None:
+    old = parse_machine(raw)
+    data = copy.deepcopy(raw)
+    del data["states"]["rejected"]
+    data["states"]["approving"]["on"]["REJECT"] = {"target": "closed"}
+    data["states"]["closed"] = {"type": "final"}
+    assert diff_states(old, parse_machine(data)) == ["approving", "closed", "rejected"]
