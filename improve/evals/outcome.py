@@ -83,17 +83,19 @@ class EffectDiff:
 
 
 def compare_effects(
-    actual: Sequence[dict[str, Any]], expected: Sequence[dict[str, Any]], text_fields: Sequence[str] = ("text",)
+    actual: Sequence[dict[str, Any]],
+    expected: Sequence[dict[str, Any]],
+    text_fields: Sequence[str] = ("text",),
 ) -> EffectDiff:
     """Multiset comparison of effects, order ignored."""
     have = Counter(_normal(e, text_fields) for e in actual)
     want = Counter(_normal(e, text_fields) for e in expected)
-    return EffectDiff(
-        missing=sorted((want - have).elements()), unexpected=sorted((have - want).elements())
-    )
+    return EffectDiff(missing=sorted((want - have).elements()), unexpected=sorted((have - want).elements()))
 
 
-def outcome_row(env: Environment, scenario: Scenario, thread_id: str, entries: Sequence[LogEntry]) -> OutcomeRow:
+def outcome_row(
+    env: Environment, scenario: Scenario, thread_id: str, entries: Sequence[LogEntry]
+) -> OutcomeRow:
     """Replay one thread and score it against the scenario's labels."""
     result = replay(env.machine, entries)
     effects = effects_from_log(entries)
@@ -101,7 +103,10 @@ def outcome_row(env: Environment, scenario: Scenario, thread_id: str, entries: S
     snapshot = result.snapshot
     state = env.machine.states[snapshot.value]
     if state.config.is_sentinel:
-        violations = [{"rule": "sentinel", "state": snapshot.value, "description": state.config.description}, *violations]
+        violations = [
+            {"rule": "sentinel", "state": snapshot.value, "description": state.config.description},
+            *violations,
+        ]
     reasons = []
     if result.status != "done":
         reasons.append(f"run ended {result.status} in '{snapshot.value}'")

@@ -125,9 +125,7 @@ class Workspace:
         path = self.policy_path(env, ref)
         if not path.exists():
             known = sorted(p.stem for p in self.policies_dir(env).glob("v*.json"))
-            raise WorkspaceError(
-                f"policy {ref!r} not found at {path}; versions here: {known or 'none'}"
-            )
+            raise WorkspaceError(f"policy {ref!r} not found at {path}; versions here: {known or 'none'}")
         return load_policy(path)
 
 

@@ -126,7 +126,11 @@ class Machine:
                 out += tree_exprs(state.invoke.input)
                 if state.invoke.decide:
                     d = state.invoke.decide
-                    out += [d.name, *tree_exprs(d.facts), *(e for f in d.payloads.values() for e in f.values())]
+                    out += [
+                        d.name,
+                        *tree_exprs(d.facts),
+                        *(e for f in d.payloads.values() for e in f.values()),
+                    ]
                     out += [d.prompt] if d.prompt else []
             for t in trans:
                 out += [t.guard] if t.guard else []
@@ -289,7 +293,7 @@ def _apply(t: Transition, scope: Scope, context: dict[str, Any]) -> dict[str, An
 
 def _candidates(state: State, event: Mapping[str, Any]) -> tuple[Transition, ...] | None:
     etype = event.get("type")
-    if etype == DONE_EVENT or etype == ERROR_EVENT:
+    if etype in (DONE_EVENT, ERROR_EVENT):
         inv = state.invoke
         if inv is None or event.get("actorId", inv.id) != inv.id:
             return ()
@@ -306,9 +310,7 @@ def _scope(context: Any, event: Any, inp: Any) -> Scope:
     return Scope(context=context, event=event, input=inp, facts=facts)
 
 
-def _settle(
-    machine: Machine, value: str, context: dict[str, Any], inp: Any, event: Any
-) -> Snapshot:
+def _settle(machine: Machine, value: str, context: dict[str, Any], inp: Any, event: Any) -> Snapshot:
     """Enter `value`, then follow choice and eventless transitions until the state is stable."""
     visited = [value]
     for _ in range(MAX_MICROSTEPS):
@@ -380,7 +382,9 @@ def initial(machine: Machine, input: Any = None) -> Snapshot:
     """The snapshot after starting the machine with `input` (context initialised, then settled)."""
     scope = _scope(None, None, input)
     context = evaluate_tree(machine.context_init, scope)
-    return _settle(machine, machine.config.initial, dict(context), input, {"type": "xstate.init", "input": input})
+    return _settle(
+        machine, machine.config.initial, dict(context), input, {"type": "xstate.init", "input": input}
+    )
 
 
 def _step(machine: Machine, snapshot: Snapshot, event: Mapping[str, Any]) -> tuple[Transition | None, Scope]:

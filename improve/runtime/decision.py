@@ -48,7 +48,13 @@ class DecisionRequest:
 
     def with_attempts(self, attempts: list[Attempt]) -> DecisionRequest:
         return DecisionRequest(
-            self.name, self.options, self.facts, self.allowed_events, self.payloads, self.prompt, list(attempts)
+            self.name,
+            self.options,
+            self.facts,
+            self.allowed_events,
+            self.payloads,
+            self.prompt,
+            list(attempts),
         )
 
 

@@ -85,7 +85,11 @@ class PolicyDecider:
                 try:
                     reply = model.answer(request)
                     usage.append(Usage(ref, model.name, reply.input_tokens, reply.output_tokens))
-                    event: dict[str, Any] = {"type": DONE_EVENT, "actorId": invocation.id, "output": reply.event}
+                    event: dict[str, Any] = {
+                        "type": DONE_EVENT,
+                        "actorId": invocation.id,
+                        "output": reply.event,
+                    }
                 except ModelCallError as err:
                     event = {"type": ERROR_EVENT, "actorId": invocation.id, "error": {"message": str(err)}}
                 snapshot = transition(self.policy, snapshot, event)

@@ -80,7 +80,9 @@ class Journal:
             causationId=self.last_id,
             attempts=attempts or None,
             metadata=metadata,
-            verification=Verification(stateHash=after.hash()) if (after is not None and self.hashes) else None,
+            verification=Verification(stateHash=after.hash())
+            if (after is not None and self.hashes)
+            else None,
         )
         self.store.append(self.thread_id, self.index, [entry])
         self.index += 1
@@ -114,7 +116,9 @@ def run(
     """Run `env` once from `input` to the end, journaling the thread `thread_id` into `store`."""
     if store.length(thread_id):
         raise ConflictError(f"thread {thread_id} already has entries; delete it or use another run number")
-    runner = _Runner(env, world, _People(people), decider, Journal(store, thread_id, env.machine), max_model_calls)
+    runner = _Runner(
+        env, world, _People(people), decider, Journal(store, thread_id, env.machine), max_model_calls
+    )
     return runner.run(input, {**(stamp or {}), "maxModelCalls": max_model_calls})
 
 
@@ -216,7 +220,9 @@ class _Runner:
             if refusal is None:
                 assert decision.event is not None
                 self.failed += len(attempts)
-                return self._land(snapshot, decision.event, attempts, {"decision": decision_meta, "source": source})
+                return self._land(
+                    snapshot, decision.event, attempts, {"decision": decision_meta, "source": source}
+                )
             attempts.append(refusal)
         self.failed += len(attempts)
         error = {

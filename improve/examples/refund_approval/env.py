@@ -61,7 +61,10 @@ def environment() -> Environment:
         config=config,
         actors={},
         make_world=World,
-        models={"careful": stand_in("careful", careful), "naive": stand_in("naive", naive),
-                "sloppy": stand_in("sloppy", sloppy)},
+        models={
+            "careful": stand_in("careful", careful),
+            "naive": stand_in("naive", naive),
+            "sloppy": stand_in("sloppy", sloppy),
+        },
         files=[HERE / "machine.json", Path(__file__)],
     )

@@ -217,7 +217,10 @@ def environment() -> Environment:
         },
         guards={"illegalRefund": illegal_refund},
         make_world=RefundWorld,
-        models={"careful": stand_in("careful", careful), "naive": stand_in("naive", naive),
-                "sloppy": stand_in("sloppy", sloppy)},
+        models={
+            "careful": stand_in("careful", careful),
+            "naive": stand_in("naive", naive),
+            "sloppy": stand_in("sloppy", sloppy),
+        },
         files=[HERE / "machine.json", Path(__file__)],
     )
