@@ -102,7 +102,13 @@ def replay(
                 snapshot = initial(machine, event.get("input"))
             else:
                 assert snapshot is not None
-                snapshot = transition(machine, snapshot, event)
+                before = snapshot
+                snapshot = transition(machine, before, event)
+                if snapshot is before:
+                    raise LogError(
+                        f"entry {entry.index} ({etype}) is not accepted in state '{before.value}' "
+                        f"(status {before.status}): the log and the machine disagree"
+                    )
         except MachineError as err:
             raise LogError(f"entry {entry.index} ({etype}): {err}") from err
         steps += 1

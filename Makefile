@@ -1,0 +1,36 @@
+# Two commands set up a fresh machine: `make demo` and `make test`. Each creates .venv when needed.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
+
+.DEFAULT_GOAL := help
+.PHONY: help demo test bench lint clean
+
+help: ## Show this help
+	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-6s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	@rm -f $(VENV)/.installed-*
+	@touch $@
+
+demo: $(STAMP) ## Run the bundled refund desk on both splits and replay a thread
+	$(BIN)/improve run --env refunds --policy v0 --model naive --split all --k 3 --fresh
+	$(BIN)/improve replay traces/train:v0:partial-refund-01:r1.jsonl --verify
+
+test: $(STAMP) ## Run the test suite
+	$(BIN)/python -m pytest
+
+bench: $(STAMP) ## Print benchmark figures as JSON
+	$(BIN)/python -m bench
+
+lint: $(STAMP) ## ruff and mypy
+	$(BIN)/ruff check improve tests bench
+	$(BIN)/ruff format --check improve tests bench
+	$(BIN)/mypy improve
+
+clean: ## Remove the virtualenv and generated traces
+	rm -rf $(VENV) traces

@@ -1,0 +1,52 @@
+"""What every command shares: error handling with exit codes, JSON output, the stderr console."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+
+from improve.errors import ImproveError
+from improve.evals.workspace import Workspace
+
+# Progress and logs go to stderr; stdout holds the result (a table, or exactly one JSON document).
+err = Console(stderr=True, highlight=False)
+out = Console(highlight=False, soft_wrap=True)
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_INFRA = 3
+
+
+@contextmanager
+def handled() -> Iterator[None]:
+    """Turn our errors into a one-paragraph message on stderr and DESIGN.md's exit codes."""
+    try:
+        yield
+    except ImproveError as error:
+        err.print(f"[bold red]error:[/] {error}", markup=True, highlight=False)
+        raise typer.Exit(error.exit_code) from None
+    except KeyboardInterrupt:
+        err.print("interrupted: what was journaled so far is kept; run the command again to resume")
+        raise typer.Exit(130) from None
+
+
+def emit_json(document: Any) -> None:
+    sys.stdout.write(json.dumps(document, indent=2, ensure_ascii=False, default=str) + "\n")
+
+
+def workspace(path: Path | None) -> Workspace:
+    return Workspace.find(path)
+
+
+WorkspaceOption = typer.Option(
+    None, "--workspace", "-w", help="Workspace directory (default: nearest improve.toml)."
+)
+JsonOption = typer.Option(False, "--json", help="Print exactly one JSON document on stdout.")

@@ -1,0 +1,339 @@
+"""`improve`: run agents as state machines, replay their threads, and improve their policies."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from improve.cli.common import (
+    EXIT_FAILED,
+    JsonOption,
+    WorkspaceOption,
+    emit_json,
+    err,
+    handled,
+    out,
+    workspace,
+)
+from improve.errors import DivergenceError, LogError, WorkspaceError
+from improve.evals.outcome import OutcomeRow
+from improve.evals.scenarios import load_scenarios
+from improve.evals.suite import SuiteSpec, run_suite
+from improve.examples import BUNDLED, load_environment
+from improve.log.entry import LogEntry
+from improve.log.replay import replay as replay_thread
+from improve.log.store import JsonlDirStore
+from improve.machine.describe import describe_mermaid, describe_text, to_xstate
+from improve.runtime.environment import Environment
+
+app = typer.Typer(
+    name="improve",
+    help="Make LLM agents reliable: run them as state machines, replay their traces, improve their policies.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+@app.command("run")
+def run_command(
+    env: Annotated[
+        str | None, typer.Option("--env", "-e", help="Environment (default from improve.toml).")
+    ] = None,
+    policy: Annotated[
+        str, typer.Option("--policy", "-p", help="Policy version (v0) or a .json path.")
+    ] = "v0",
+    model: Annotated[
+        str, typer.Option("--model", "-m", help="Stand-in model bound to the `decider` ref.")
+    ] = "naive",
+    split: Annotated[str, typer.Option("--split", "-s", help="train, held-out or all.")] = "all",
+    k: Annotated[
+        int | None, typer.Option("--k", min=1, help="Runs per scenario (default from improve.toml).")
+    ] = None,
+    scenario: Annotated[list[str] | None, typer.Option("--scenario", help="Only these scenario ids.")] = None,
+    fresh: Annotated[bool, typer.Option("--fresh", help="Run again even when threads are recorded.")] = False,
+    as_json: Annotated[bool, JsonOption] = False,
+    ws: Annotated[Path | None, WorkspaceOption] = None,
+) -> None:
+    """Run the scenarios of a split with a policy and a model, journaling one thread per run.
+
+    Threads are written to the workspace's traces/ as `split:version:scenario:rK.jsonl`; threads
+    already recorded with the same policy and model are reused, so an interrupted run resumes.
+
+    Example:
+
+        improve run --env refunds --policy v0 --model naive --split train --k 3
+    """
+    with handled():
+        space = workspace(ws)
+        env_name = space.env_name(env)
+        environment = load_environment(env_name)
+        scenario_set = load_scenarios(space.scenarios_path(env_name))
+        chosen = scenario_set.split(split)
+        if scenario:
+            known = scenario_set.by_id()
+            missing = [s for s in scenario if s not in known]
+            if missing:
+                raise WorkspaceError(f"unknown scenario id(s) {missing}; see {scenario_set.source}")
+            chosen = [s for s in chosen if s.id in set(scenario)]
+        policy_config = space.load_policy(env_name, policy)
+        spec = SuiteSpec(
+            policy=policy_config,
+            model=model,
+            k=k or space.config.objective.k,
+            max_model_calls=space.config.objective.max_model_calls,
+        )
+        store = JsonlDirStore(space.traces)
+        err.print(
+            f"running {len(chosen)} scenarios x {spec.k} on {env_name} with policy "
+            f"{policy_config.id}@{policy_config.version}, model {model} -> {space.traces}"
+        )
+        reused_count = 0
+
+        def progress(done: int, total: int, row: OutcomeRow, reused: bool) -> None:
+            nonlocal reused_count
+            reused_count += reused
+            mark = "[green]pass[/]" if row.passed else "[red]FAIL[/]"
+            err.print(f"  [{done}/{total}] {row.thread_id} {mark} {row.final_state}", markup=True)
+
+        rows = run_suite(environment, chosen, spec, store, fresh=fresh, progress=progress)
+        if reused_count:
+            err.print(f"reused {reused_count} recorded threads (--fresh runs them again)")
+        summary = summarize(rows)
+        if as_json:
+            emit_json(
+                {
+                    "environment": env_name,
+                    "policy": policy_config.version,
+                    "model": model,
+                    "k": spec.k,
+                    "summary": summary,
+                    "scenarios": per_scenario(rows),
+                    "threads": [r.to_json() for r in rows],
+                }
+            )
+        else:
+            out.print(outcome_table(rows))
+            out.print(
+                f"pass rate {summary['pass_rate']:.3f} ({summary['passed']}/{summary['runs']} runs), "
+                f"violations {summary['violations']}, model calls {summary['model_calls']}, "
+                f"tokens {summary['tokens']}"
+            )
+
+
+def summarize(rows: list[OutcomeRow]) -> dict[str, Any]:
+    runs = len(rows)
+    passed = sum(r.passed for r in rows)
+    return {
+        "runs": runs,
+        "passed": passed,
+        "pass_rate": passed / runs if runs else 0.0,
+        "violations": sum(len(r.violations) for r in rows),
+        "model_calls": sum(r.model_calls for r in rows),
+        "tokens": sum(r.tokens for r in rows),
+        "failed_attempts": sum(r.failed_attempts for r in rows),
+    }
+
+
+def per_scenario(rows: list[OutcomeRow]) -> list[dict[str, Any]]:
+    grouped: dict[str, list[OutcomeRow]] = defaultdict(list)
+    for row in rows:
+        grouped[row.scenario].append(row)
+    result = []
+    for scenario_id, group in grouped.items():
+        outcomes: dict[str, int] = defaultdict(int)
+        for r in group:
+            outcomes[r.final_state] += 1
+        result.append(
+            {
+                "scenario": scenario_id,
+                "category": group[0].category,
+                "split": group[0].split,
+                "expected": group[0].expected_outcome,
+                "outcomes": dict(outcomes),
+                "passed": sum(r.passed for r in group),
+                "runs": len(group),
+                "pass_fraction": sum(r.passed for r in group) / len(group),
+                "violations": sum(len(r.violations) for r in group),
+                "reasons": sorted({r.reason for r in group if not r.passed}),
+            }
+        )
+    return result
+
+
+def outcome_table(rows: list[OutcomeRow]) -> Table:
+    table = Table(title="outcomes against expected", show_lines=False)
+    for column in ("scenario", "category", "split", "expected", "outcomes", "pass", "why not"):
+        table.add_column(column, overflow="fold")
+    for item in per_scenario(rows):
+        outcomes = ", ".join(f"{state} x{n}" for state, n in item["outcomes"].items())
+        style = "green" if item["passed"] == item["runs"] else ("red" if item["passed"] == 0 else "yellow")
+        table.add_row(
+            item["scenario"],
+            item["category"],
+            item["split"],
+            item["expected"],
+            outcomes,
+            f"[{style}]{item['passed']}/{item['runs']}[/]",
+            "; ".join(item["reasons"])[:160],
+        )
+    return table
+
+
+# --- replay ---------------------------------------------------------------------------------------
+
+
+def _threads_from(args: list[str], traces: Path) -> list[tuple[str, list[LogEntry]]]:
+    """Files (one thread or many with `threadId`), directories of them, or thread ids in traces/."""
+    found: list[tuple[str, list[LogEntry]]] = []
+    for arg in args:
+        path = Path(arg)
+        if path.is_dir():
+            store = JsonlDirStore(path)
+            page = store.list_threads(limit=1_000_000)
+            found += [(tid, store.read(tid)) for tid in page.thread_ids]
+        elif path.is_file():
+            found += _read_file(path)
+        elif (traces / f"{arg}.jsonl").is_file():
+            found.append((arg, JsonlDirStore(traces).read(arg)))
+        else:
+            raise WorkspaceError(f"{arg}: no such file, directory, or thread in {traces}")
+    return found
+
+
+def _read_file(path: Path) -> list[tuple[str, list[LogEntry]]]:
+    threads: dict[str, list[LogEntry]] = defaultdict(list)
+    with path.open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                entry = LogEntry.model_validate_json(line)
+            except ValueError as error:
+                first = str(error).splitlines()[0:3]
+                raise LogError(f"{path}:{number}: not a log entry: {' '.join(first)}") from None
+            threads[entry.threadId or path.stem].append(entry)
+    return list(threads.items())
+
+
+def _environment_for(machine_id: str, given: str | None, cache: dict[str, Environment]) -> Environment:
+    if given:
+        if given not in cache:
+            cache[given] = load_environment(given)
+        return cache[given]
+    if machine_id not in cache:
+        for name in BUNDLED:
+            candidate = load_environment(name)
+            if candidate.config.id == machine_id:
+                cache[machine_id] = candidate
+                break
+        else:
+            raise WorkspaceError(f"no bundled environment has machine id {machine_id!r}; pass --env")
+    return cache[machine_id]
+
+
+@app.command("replay")
+def replay_command(
+    targets: Annotated[list[str], typer.Argument(help="JSONL files, directories, or thread ids in traces/.")],
+    verify: Annotated[bool, typer.Option("--verify", help="Check every journaled state hash.")] = False,
+    env: Annotated[
+        str | None, typer.Option("--env", "-e", help="Environment (default: by machine id).")
+    ] = None,
+    as_json: Annotated[bool, JsonOption] = False,
+    ws: Annotated[Path | None, WorkspaceOption] = None,
+) -> None:
+    """Replay threads against the pinned environment: no model, tool or person is called.
+
+    Prints each thread's final state and output; with --verify, checks the journaled snapshot hashes
+    and exits 1 on the first divergence in any thread.
+
+    Example:
+
+        improve replay train:v0:small-refund-01:r1 --verify
+    """
+    with handled():
+        space = workspace(ws)
+        threads = _threads_from(targets, space.traces)
+        cache: dict[str, Environment] = {}
+        results = []
+        diverged = 0
+        for thread_id, entries in threads:
+            if not entries:
+                raise LogError(f"thread {thread_id} is empty")
+            environment = _environment_for(entries[0].machineId, env, cache)
+            try:
+                result = replay_thread(environment.machine, entries, verify=verify)
+            except DivergenceError as error:
+                diverged += 1
+                results.append({"thread": thread_id, "diverged": str(error)})
+                err.print(f"[red]DIVERGED[/] {thread_id}: {error}", markup=True)
+                continue
+            results.append(
+                {
+                    "thread": thread_id,
+                    "final_state": result.final_state,
+                    "status": result.status,
+                    "output": result.snapshot.output,
+                    "entries": result.entries,
+                    "model_calls": result.model_calls,
+                    "verified": verify,
+                }
+            )
+        if as_json:
+            emit_json({"threads": results, "diverged": diverged})
+        else:
+            table = Table(
+                title=f"replayed {len(results)} thread(s)" + (" (hashes verified)" if verify else "")
+            )
+            for column in ("thread", "final state", "status", "output"):
+                table.add_column(column, overflow="fold")
+            for item in results:
+                if "diverged" in item:
+                    table.add_row(item["thread"], "[red]diverged[/]", "", item["diverged"])
+                else:
+                    table.add_row(item["thread"], item["final_state"], item["status"], str(item["output"]))
+            out.print(table)
+        if diverged:
+            raise typer.Exit(EXIT_FAILED)
+
+
+# --- describe -------------------------------------------------------------------------------------
+
+
+@app.command("describe")
+def describe_command(
+    env: Annotated[
+        str | None, typer.Option("--env", "-e", help="Environment (default from improve.toml).")
+    ] = None,
+    fmt: Annotated[str, typer.Option("--format", "-f", help="text, mermaid or xstate.")] = "text",
+    policy: Annotated[
+        str | None, typer.Option("--policy", "-p", help="Describe this policy instead.")
+    ] = None,
+    ws: Annotated[Path | None, WorkspaceOption] = None,
+) -> None:
+    """Describe an environment (or a policy): the goal first, then its states and rules.
+
+    Example:
+
+        improve describe --env refunds --format mermaid
+    """
+    with handled():
+        space = workspace(ws)
+        env_name = space.env_name(env)
+        config = space.load_policy(env_name, policy) if policy else load_environment(env_name).config
+        if fmt == "text":
+            out.print(describe_text(config), markup=False)
+        elif fmt == "mermaid":
+            out.print(describe_mermaid(config), markup=False)
+        elif fmt == "xstate":
+            emit_json(to_xstate(config))
+        else:
+            raise WorkspaceError(f"unknown format {fmt!r}; use text, mermaid or xstate")
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,120 @@
+"""Running a policy over a split of scenarios, k runs each, one journaled thread per run.
+
+Thread ids are `split:version:scenario:r<k>`. A thread already recorded with the same stamp (policy
+hash, model, budget) is reused rather than run again, so an interrupted job resumes where it stopped;
+one recorded with a different stamp is refused (bump the policy version, or `fresh=True`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from improve.errors import WorkspaceError
+from improve.evals.outcome import OutcomeRow, outcome_row
+from improve.evals.scenarios import Scenario
+from improve.evals.workspace import policy_hash, policy_label
+from improve.log.replay import replay
+from improve.log.store import Store
+from improve.machine import MachineConfig
+from improve.runtime.environment import Environment
+from improve.runtime.policy import PolicyDecider, compile_policy
+from improve.runtime.run import DEFAULT_MAX_MODEL_CALLS, run
+
+Progress = Callable[[int, int, OutcomeRow, bool], None]
+"""Called after each run: (done, total, row, reused)."""
+
+
+@dataclass(frozen=True)
+class SuiteSpec:
+    """What to run: the policy, the model bound to its `decider` ref, k runs per scenario."""
+
+    policy: MachineConfig
+    model: str
+    k: int = 1
+    max_model_calls: int = DEFAULT_MAX_MODEL_CALLS
+
+    def thread_id(self, scenario: Scenario, run_number: int) -> str:
+        return f"{scenario.split}:{policy_label(self.policy)}:{scenario.id}:r{run_number}"
+
+    def stamp(self, env: Environment, scenario: Scenario, run_number: int) -> dict[str, Any]:
+        return {
+            "environment": env.name,
+            "policy": {
+                "id": self.policy.id,
+                "version": self.policy.version,
+                "hash": policy_hash(self.policy),
+            },
+            "models": {"decider": self.model},
+            "scenario": scenario.id,
+            "split": scenario.split,
+            "run": run_number,
+        }
+
+
+def run_suite(
+    env: Environment,
+    scenarios: Sequence[Scenario],
+    spec: SuiteSpec,
+    store: Store,
+    *,
+    fresh: bool = False,
+    progress: Progress | None = None,
+) -> list[OutcomeRow]:
+    """Run (or reuse) every scenario k times and score each thread by replaying it."""
+    if spec.model not in env.models:
+        raise WorkspaceError(
+            f"environment {env.name} has no model {spec.model!r}; its stand-in models are {sorted(env.models)}"
+        )
+    policy = compile_policy(spec.policy)
+    total = len(scenarios) * spec.k
+    rows: list[OutcomeRow] = []
+    for scenario in scenarios:
+        for run_number in range(1, spec.k + 1):
+            thread_id = spec.thread_id(scenario, run_number)
+            stamp = spec.stamp(env, scenario, run_number)
+            reused = not fresh and _reusable(env, store, thread_id, stamp)
+            if not reused:
+                if store.exists(thread_id):
+                    store.delete(thread_id)
+                # A fresh model per run, seeded by scenario and run: reproducible, and runs differ.
+                model = env.models[spec.model](f"{scenario.id}:r{run_number}")
+                run(
+                    env,
+                    input=scenario.input,
+                    world=env.make_world(scenario.world),
+                    people=scenario.people,
+                    decider=PolicyDecider(policy, {"decider": model}),
+                    store=store,
+                    thread_id=thread_id,
+                    stamp=stamp,
+                    max_model_calls=spec.max_model_calls,
+                )
+            row = outcome_row(env, scenario, thread_id, store.read(thread_id))
+            rows.append(row)
+            if progress:
+                progress(len(rows), total, row, reused)
+    return rows
+
+
+def _reusable(env: Environment, store: Store, thread_id: str, stamp: dict[str, Any]) -> bool:
+    entries = store.read(thread_id)
+    if not entries:
+        return False
+    recorded = {k: v for k, v in (entries[0].metadata or {}).items() if k != "maxModelCalls"}
+    if recorded != stamp:
+        raise WorkspaceError(
+            f"thread {thread_id} was recorded with a different stamp ({_stamp_diff(recorded, stamp)}); "
+            "bump the policy version, or run with --fresh to replace the recorded threads"
+        )
+    # An interrupted run (the thread stops while an actor is owed) is run again from the start.
+    return replay(env.machine, entries).status != "incomplete"
+
+
+def _stamp_diff(recorded: dict[str, Any], wanted: dict[str, Any]) -> str:
+    keys = sorted(set(recorded) | set(wanted))
+    diffs = [
+        f"{k}: {recorded.get(k)!r} != {wanted.get(k)!r}" for k in keys if recorded.get(k) != wanted.get(k)
+    ]
+    return "; ".join(diffs)

@@ -1,0 +1,359 @@
+"""The interpreter, table-driven: each row is a machine, an input, events, and where it must end."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from improve.errors import (
+    EvaluationError,
+    ExpressionError,
+    MachineConfigError,
+    MachineError,
+    UnknownNameError,
+)
+from improve.machine import can, compile_expr, compile_machine, initial, parse_machine, transition
+from improve.machine.snapshot import Snapshot, canonical_json
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "improve" / "examples"
+
+
+def approval_machine() -> Any:
+    return compile_machine(
+        parse_machine(json.loads((EXAMPLES / "refund_approval" / "machine.json").read_text()))
+    )
+
+
+CASES: list[tuple[str, dict[str, Any], list[dict[str, Any]], str, str, dict[str, Any] | None]] = [
+    # (name, input, events, final value, status, output)
+    (
+        "small issue",
+        {"amount": 40, "reason": "broken"},
+        [{"type": "ISSUE"}],
+        "issued",
+        "done",
+        {"outcome": "issued", "amount": 40, "approved": False},
+    ),
+    (
+        "large issue is refused by the guard",
+        {"amount": 150, "reason": "broken"},
+        [{"type": "ISSUE"}],
+        "classifying",
+        "active",
+        None,
+    ),
+    (
+        "escalate then approve",
+        {"amount": 150, "reason": "x"},
+        [{"type": "ESCALATE"}, {"type": "APPROVE", "approver": "dana"}],
+        "issued",
+        "done",
+        {"outcome": "issued", "amount": 150, "approved": True},
+    ),
+    (
+        "escalate then reject",
+        {"amount": 150, "reason": "x"},
+        [{"type": "ESCALATE"}, {"type": "REJECT", "reason": "no"}],
+        "rejected",
+        "done",
+        {"outcome": "rejected", "amount": 150, "approved": False},
+    ),
+    (
+        "refuse with reasoning",
+        {"amount": 10, "reason": "x"},
+        [{"type": "REFUSE", "reasoning": "dup"}],
+        "refused",
+        "done",
+        {"outcome": "refused", "amount": 10, "approved": False},
+    ),
+    (
+        "unknown event is ignored",
+        {"amount": 10, "reason": "x"},
+        [{"type": "NOPE"}],
+        "classifying",
+        "active",
+        None,
+    ),
+    (
+        "decision exhausted takes onError",
+        {"amount": 10, "reason": "x"},
+        [{"type": "xstate.error.actor", "actorId": "classifying", "error": {"kind": "decision-exhausted"}}],
+        "refused",
+        "done",
+        {"outcome": "refused", "amount": 10, "approved": False},
+    ),
+    (
+        "events after done are ignored",
+        {"amount": 10, "reason": "x"},
+        [{"type": "ISSUE"}, {"type": "ESCALATE"}],
+        "issued",
+        "done",
+        {"outcome": "issued", "amount": 10, "approved": False},
+    ),
+    (
+        "boundary 100 is issuable",
+        {"amount": 100, "reason": "x"},
+        [{"type": "ISSUE"}],
+        "issued",
+        "done",
+        {"outcome": "issued", "amount": 100, "approved": False},
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "inp", "events", "value", "status", "output"), CASES, ids=[c[0] for c in CASES]
+)
+def test_refund_approval_table(
+    name: str, inp: dict[str, Any], events: list[dict[str, Any]], value: str, status: str, output: Any
+) -> None:
+    machine = approval_machine()
+    snap = initial(machine, inp)
+    for event in events:
+        snap = transition(machine, snap, event)
+    assert snap.value == value
+    assert snap.status == status
+    assert snap.output == output
+
+
+def test_initial_stops_at_decision_with_evaluated_input() -> None:
+    snap = initial(approval_machine(), {"amount": 150, "reason": "broken"})
+    assert snap.invoke is not None
+    assert snap.invoke.src == "agent.decide"
+    assert snap.invoke.input["name"] == "classify"
+    assert snap.invoke.input["facts"] == {"amount": 150, "reason": "broken"}
+    assert snap.invoke.input["payloads"] == {"REFUSE": {"reasoning": "text"}}
+
+
+def test_can_matches_guards() -> None:
+    machine = approval_machine()
+    big = initial(machine, {"amount": 101, "reason": "x"})
+    small = initial(machine, {"amount": 99, "reason": "x"})
+    assert not can(machine, big, {"type": "ISSUE"})
+    assert can(machine, small, {"type": "ISSUE"})
+    assert can(machine, big, {"type": "ESCALATE"})
+    assert not can(machine, big, {"type": "APPROVE"})
+
+
+def test_sentinel_reached_when_guard_loosened() -> None:
+    config = json.loads((EXAMPLES / "refund_approval" / "machine.json").read_text())
+    config["states"]["classifying"]["on"]["ISSUE"]["guard"] = "true"
+    machine = compile_machine(parse_machine(config))
+    snap = transition(machine, initial(machine, {"amount": 500, "reason": "x"}), {"type": "ISSUE"})
+    assert snap.value == "illegallyIssued"
+    assert machine.config.states["illegallyIssued"].is_sentinel
+
+
+def test_snapshot_json_round_trip_and_hash_is_canonical() -> None:
+    machine = approval_machine()
+    snap = transition(machine, initial(machine, {"amount": 150, "reason": "x"}), {"type": "ESCALATE"})
+    again = Snapshot.from_json(json.loads(canonical_json(snap.to_json())))
+    assert again == snap
+    assert again.hash() == snap.hash()
+    other = transition(machine, snap, {"type": "APPROVE", "approver": "kim"})
+    assert other.hash() != snap.hash()
+
+
+def _tiny(states: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return {"id": "t", "version": "1", "initial": next(iter(states)), "states": states, **extra}
+
+
+def test_choice_state_picks_first_matching_branch() -> None:
+    config = _tiny(
+        {
+            "route": {
+                "type": "choice",
+                "choice": [
+                    {"guard": "input.n > 10", "target": "big"},
+                    {"guard": "input.n > 5", "target": "medium"},
+                    {"target": "small"},
+                ],
+            },
+            "big": {"type": "final", "output": "'big'"},
+            "medium": {"type": "final", "output": "'medium'"},
+            "small": {"type": "final", "output": "'small'"},
+        }
+    )
+    machine = compile_machine(parse_machine(config))
+    assert [initial(machine, {"n": n}).output for n in (20, 7, 1)] == ["big", "medium", "small"]
+
+
+def test_choice_without_match_is_an_error() -> None:
+    config = _tiny(
+        {
+            "route": {"type": "choice", "choice": [{"guard": "false", "target": "end"}]},
+            "end": {"type": "final"},
+        }
+    )
+    with pytest.raises(MachineError, match="no choice branch matched"):
+        initial(compile_machine(parse_machine(config)), {})
+
+
+def test_eventless_loop_is_reported() -> None:
+    config = _tiny({"a": {"always": {"target": "b"}}, "b": {"always": {"target": "a"}}})
+    with pytest.raises(MachineError, match="did not settle"):
+        initial(compile_machine(parse_machine(config)), {})
+
+
+def test_assign_sees_the_context_before_the_step() -> None:
+    config = _tiny(
+        {"s": {"on": {"GO": {"target": "s", "assign": {"a": "context.b", "b": "context.a"}}}}},
+        context={"a": "1", "b": "2"},
+    )
+    machine = compile_machine(parse_machine(config))
+    snap = transition(machine, initial(machine, {}), {"type": "GO"})
+    assert snap.context == {"a": 2, "b": 1}
+
+
+def test_actor_done_and_error_routes() -> None:
+    config = _tiny(
+        {
+            "work": {
+                "invoke": {
+                    "src": "tool",
+                    "onDone": [{"guard": "event.output.ok", "target": "good"}, "bad"],
+                    "onError": "broken",
+                }
+            },
+            "good": {"type": "final"},
+            "bad": {"type": "final"},
+            "broken": {"type": "final"},
+        }
+    )
+    machine = compile_machine(parse_machine(config), actors={"tool"})
+    start = initial(machine, {})
+    assert start.invoke is not None and start.invoke.id == "work"
+    done = {"type": "xstate.done.actor", "actorId": "work"}
+    assert transition(machine, start, {**done, "output": {"ok": True}}).value == "good"
+    assert transition(machine, start, {**done, "output": {"ok": False}}).value == "bad"
+    assert transition(machine, start, {"type": "xstate.error.actor", "actorId": "work"}).value == "broken"
+    # A completion for another actor is not this state's business.
+    assert transition(machine, start, {**done, "actorId": "other", "output": {"ok": True}}) is start
+
+
+def test_error_without_on_error_sets_error_status() -> None:
+    config = _tiny({"work": {"invoke": {"src": "tool", "onDone": "end"}}, "end": {"type": "final"}})
+    machine = compile_machine(parse_machine(config), actors={"tool"})
+    snap = transition(machine, initial(machine, {}), {"type": "xstate.error.actor", "error": {"code": "x"}})
+    assert snap.status == "error"
+    assert snap.error == {"code": "x"}
+
+
+def test_named_guard_is_called_with_context_event_and_params() -> None:
+    seen: list[Any] = []
+
+    def over(context: Any, event: Any, params: Any) -> bool:
+        seen.append((dict(context), event["type"], dict(params)))
+        return bool(context["n"] > params["limit"])
+
+    config = _tiny(
+        {
+            "s": {"on": {"GO": [{"guard": {"type": "over", "params": {"limit": 3}}, "target": "hi"}, "lo"]}},
+            "hi": {"type": "final"},
+            "lo": {"type": "final"},
+        },
+        context={"n": "input.n"},
+    )
+    machine = compile_machine(parse_machine(config), guards={"over": over})
+    assert transition(machine, initial(machine, {"n": 5}), {"type": "GO"}).value == "hi"
+    assert transition(machine, initial(machine, {"n": 1}), {"type": "GO"}).value == "lo"
+    assert seen[0] == ({"n": 5}, "GO", {"limit": 3})
+
+
+# --- errors name the place ---------------------------------------------------------------------------
+
+
+def test_bad_target_lists_valid_targets() -> None:
+    config = _tiny({"a": {"on": {"GO": "nowhere"}}, "b": {"type": "final"}})
+    with pytest.raises(
+        MachineConfigError,
+        match=r"state 'a'.on.GO\[0\]: target 'nowhere' does not exist; "
+        r"valid targets are \['a', 'b'\]",
+    ):
+        compile_machine(parse_machine(config))
+
+
+def test_cel_syntax_error_names_state_transition_and_column() -> None:
+    config = _tiny({"a": {"on": {"GO": {"target": "b", "guard": "context.x >"}}}, "b": {"type": "final"}})
+    with pytest.raises(ExpressionError, match=r"state 'a'.on.GO\[0\].guard: CEL syntax error at column 12"):
+        compile_machine(parse_machine(config))
+
+
+def test_unknown_named_guard_lists_registered_ones() -> None:
+    config = _tiny({"a": {"on": {"GO": {"target": "b", "guard": {"type": "nope"}}}}, "b": {"type": "final"}})
+    with pytest.raises(
+        UnknownNameError, match=r"named guard 'nope' is not registered; registered guards are \['yes'\]"
+    ):
+        compile_machine(parse_machine(config), guards={"yes": lambda c, e, p: True})
+
+
+def test_unknown_actor_lists_registered_ones() -> None:
+    config = _tiny({"a": {"invoke": {"src": "ghost", "onDone": "b"}}, "b": {"type": "final"}})
+    with pytest.raises(
+        UnknownNameError, match=r"actor 'ghost' is not registered; registered actors are \['tool'\]"
+    ):
+        compile_machine(parse_machine(config), actors={"tool"})
+
+
+def test_config_errors_carry_json_paths() -> None:
+    with pytest.raises(MachineConfigError) as info:
+        parse_machine({"id": "t", "version": 1, "initial": "a", "states": {"a": {"type": "weird"}}})
+    message = str(info.value)
+    assert "$.version" in message
+    assert "$.states.a.type" in message
+
+
+def test_decide_allowed_event_without_transition_is_rejected() -> None:
+    config = _tiny(
+        {
+            "d": {
+                "invoke": {"src": "agent.decide", "input": {"name": "'x'", "allowedEvents": ["GO", "STOP"]}},
+                "on": {"GO": "end"},
+            },
+            "end": {"type": "final"},
+        }
+    )
+    with pytest.raises(MachineConfigError, match="event 'STOP' has no transition"):
+        compile_machine(parse_machine(config))
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        ("[1, 2].exists(x, x > 1)", "comprehension macro `exists` is not allowed"),
+        ("context.items.map(i, i)", "comprehension macro `map` is not allowed"),
+        ("secrets.key == 'x'", "unknown variable 'secrets'"),
+        ("a" * 600, "at most 512 are allowed"),
+        ("   ", "empty expression"),
+    ],
+)
+def test_expression_allowlist(source: str, message: str) -> None:
+    with pytest.raises(ExpressionError, match=message):
+        compile_expr(source, "here")
+
+
+def test_macro_names_inside_strings_are_not_macros() -> None:
+    expr = compile_expr("context.note == '.exists(x, y)'", "here")
+    assert expr.paths == (("context", "note"),)
+
+
+def test_guard_must_return_bool() -> None:
+    config = _tiny(
+        {"a": {"on": {"GO": {"target": "b", "guard": "context.n"}}}, "b": {"type": "final"}},
+        context={"n": "1"},
+    )
+    machine = compile_machine(parse_machine(config))
+    with pytest.raises(EvaluationError, match="returned int 1, expected a bool"):
+        transition(machine, initial(machine, {}), {"type": "GO"})
+
+
+def test_missing_field_at_run_time_names_the_expression() -> None:
+    config = _tiny(
+        {"a": {"on": {"GO": {"target": "b", "guard": "event.amount > 1"}}}, "b": {"type": "final"}}
+    )
+    machine = compile_machine(parse_machine(config))
+    with pytest.raises(EvaluationError, match=r"state 'a'.on.GO\[0\].guard: `event.amount > 1` failed"):
+        transition(machine, initial(machine, {}), {"type": "GO"})

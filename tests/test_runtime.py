@@ -1,0 +1,244 @@
+"""The runtime: the decision protocol's failure kinds, exhaustion, budgets, people, actors, journaling."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from improve.errors import ConfigError, RunError
+from improve.log.replay import replay
+from improve.log.store import MemoryStore
+from improve.machine import parse_machine
+from improve.runtime.decision import Decision, DecisionRequest, Usage
+from improve.runtime.environment import ActorFailure, Environment, World
+from improve.runtime.run import RunResult, run
+
+
+class Scripted:
+    """A decider scripted by a plain function of the request (and how many times it was asked)."""
+
+    def __init__(self, answer: Callable[[DecisionRequest, int], dict[str, Any] | None]) -> None:
+        self.answer = answer
+        self.requests: list[DecisionRequest] = []
+
+    def decide(self, request: DecisionRequest) -> Decision:
+        self.requests.append(request)
+        event = self.answer(request, len(self.requests) - 1)
+        return Decision(event=event, usage=[Usage("decider", "script", 100, 10)], source="script")
+
+
+def shop(on_error: bool = True) -> Environment:
+    """A tiny shop: pick a discount (closed choice, guarded), then a tool charges, a person confirms."""
+    invoke: dict[str, Any] = {
+        "src": "agent.decide",
+        "input": {
+            "name": "'discount'",
+            "allowedEvents": ["DISCOUNT", "NONE"],
+            "payloads": {"DISCOUNT": {"pct": "[5, 10, 50]"}},
+            "facts": {"total": "context.total"},
+        },
+    }
+    if on_error:
+        invoke["onError"] = {"target": "gaveUp"}
+    config = parse_machine(
+        {
+            "id": "shop",
+            "version": "1",
+            "initial": "deciding",
+            "context": {"total": "input.total", "pct": "0"},
+            "states": {
+                "deciding": {
+                    "invoke": invoke,
+                    "on": {
+                        "DISCOUNT": {
+                            "target": "charging",
+                            "guard": "event.pct <= 10",
+                            "assign": {"pct": "event.pct"},
+                        },
+                        "NONE": {"target": "charging"},
+                    },
+                },
+                "charging": {
+                    "invoke": {
+                        "src": "pay",
+                        "input": {"pct": "context.pct"},
+                        "onDone": "confirming",
+                        "onError": "declined",
+                    }
+                },
+                "confirming": {"on": {"OK": "done"}},
+                "done": {"type": "final", "output": {"pct": "context.pct"}},
+                "declined": {"type": "final"},
+                "gaveUp": {"type": "final"},
+            },
+        }
+    )
+
+    def pay(world: World, inp: dict[str, Any]) -> dict[str, Any]:
+        if world.fixture.get("decline"):
+            raise ActorFailure("card declined", code="declined")
+        if world.fixture.get("crash"):
+            raise ZeroDivisionError("bug in the tool")
+        return world.record("charge", pct=inp["pct"])
+
+    return Environment(name="shop", config=config, actors={"pay": pay}, make_world=World, models={})
+
+
+def go(
+    env: Environment,
+    decider: Scripted,
+    people: dict[str, list[dict[str, Any]]] | None = None,
+    world: dict[str, Any] | None = None,
+    store: MemoryStore | None = None,
+    **kw: Any,
+) -> tuple[RunResult, MemoryStore]:
+    store = store or MemoryStore()
+    result = run(
+        env,
+        input={"total": 80},
+        world=env.make_world(world or {}),
+        people=people if people is not None else {"confirming": [{"type": "OK"}]},
+        decider=decider,
+        store=store,
+        thread_id="t:v0:s:r1",
+        **kw,
+    )
+    return result, store
+
+
+def test_only_options_the_guards_accept_are_offered() -> None:
+    decider = Scripted(lambda r, i: {"type": "NONE"})
+    go(shop(), decider)
+    assert decider.requests[0].options == [
+        {"type": "DISCOUNT", "pct": 5},
+        {"type": "DISCOUNT", "pct": 10},
+        {"type": "NONE"},
+    ]
+    assert decider.requests[0].facts == {"total": 80}
+
+
+@pytest.mark.parametrize(
+    ("bad", "kind", "reason"),
+    [
+        (
+            {"type": "REFUND"},
+            "unknown-event",
+            "unknown-event: 'REFUND' is not one of the allowed events ['DISCOUNT', 'NONE']",
+        ),
+        (
+            {"type": "DISCOUNT", "pct": 7},
+            "invalid-payload",
+            "invalid-payload: pct=7 is not one of [5, 10, 50]",
+        ),
+        (
+            {"type": "DISCOUNT"},
+            "invalid-payload",
+            "invalid-payload: 'DISCOUNT' needs 'pct', one of [5, 10, 50]",
+        ),
+        ({"type": "NONE", "pct": 5}, "invalid-payload", "invalid-payload: 'NONE' takes no field 'pct'"),
+        (
+            {"type": "DISCOUNT", "pct": 50},
+            "rejected-by-guard",
+            "rejected-by-guard: the rules do not allow DISCOUNT",
+        ),
+        (None, "no-answer", "no-answer: the decider did not produce an event"),
+    ],
+)
+def test_each_failure_kind_is_fed_back_then_the_answer_lands(
+    bad: dict[str, Any] | None, kind: str, reason: str
+) -> None:
+    decider = Scripted(lambda r, i: bad if i == 0 else {"type": "DISCOUNT", "pct": 10})
+    result, store = go(shop(), decider)
+    assert result.status == "done" and result.snapshot.output == {"pct": 10}
+    assert decider.requests[1].attempts[0].kind == kind
+    assert decider.requests[1].attempts[0].reason.startswith(reason)
+    decision = next(e for e in store.read("t:v0:s:r1") if e.type == "DISCOUNT")
+    assert decision.attempts is not None and [a.kind for a in decision.attempts] == [kind]
+    assert decision.metadata is not None and decision.metadata["decision"]["name"] == "discount"
+    assert result.failed_attempts == 1
+
+
+def test_check_order_is_unknown_then_payload_then_guard() -> None:
+    # An unknown event with a bad payload is reported as unknown-event, not invalid-payload.
+    decider = Scripted(lambda r, i: {"type": "BOGUS", "pct": 999} if i == 0 else {"type": "NONE"})
+    go(shop(), decider)
+    assert decider.requests[1].attempts[0].kind == "unknown-event"
+
+
+def test_exhaustion_takes_on_error_after_default_two_retries() -> None:
+    decider = Scripted(lambda r, i: {"type": "DISCOUNT", "pct": 50})
+    result, store = go(shop(), decider)
+    assert len(decider.requests) == 3  # one answer and two retries
+    assert result.final_state == "gaveUp" and result.status == "done"
+    last = [e for e in store.read("t:v0:s:r1") if e.type == "xstate.error.actor"][-1]
+    assert last.event["error"]["kind"] == "decision-exhausted"
+    assert last.attempts is not None and len(last.attempts) == 3
+
+
+def test_exhaustion_without_on_error_ends_the_run() -> None:
+    decider = Scripted(lambda r, i: {"type": "NOPE"})
+    result, store = go(shop(on_error=False), decider)
+    assert result.status == "decision-exhausted"
+    assert replay(shop(on_error=False).machine, store.read("t:v0:s:r1")).status == "decision-exhausted"
+
+
+def test_budget_stops_the_run_and_replay_agrees() -> None:
+    decider = Scripted(lambda r, i: {"type": "NOPE"})
+    result, store = go(shop(), decider, max_model_calls=2)
+    assert result.status == "budget"
+    assert result.model_calls == 2
+    assert replay(shop().machine, store.read("t:v0:s:r1")).status == "budget"
+
+
+def test_idle_state_nobody_answers() -> None:
+    result, store = go(shop(), Scripted(lambda r, i: {"type": "NONE"}), people={})
+    assert result.status == "idle" and result.final_state == "confirming"
+    assert replay(shop().machine, store.read("t:v0:s:r1")).status == "idle"
+
+
+def test_people_answer_not_accepted_is_a_scenario_error() -> None:
+    with pytest.raises(ConfigError, match=r"does not accept it; it accepts \['OK'\]"):
+        go(shop(), Scripted(lambda r, i: {"type": "NONE"}), people={"confirming": [{"type": "NOPE"}]})
+
+
+def test_actor_failure_is_journaled_and_routed() -> None:
+    result, store = go(shop(), Scripted(lambda r, i: {"type": "NONE"}), world={"decline": True})
+    assert result.final_state == "declined"
+    error = next(e for e in store.read("t:v0:s:r1") if e.type == "xstate.error.actor")
+    assert error.event["error"] == {"code": "declined", "message": "card declined"}
+
+
+def test_actor_crash_keeps_everything_journaled_before_it() -> None:
+    store = MemoryStore()
+    with pytest.raises(RunError, match="actor 'pay' crashed"):
+        go(shop(), Scripted(lambda r, i: {"type": "NONE"}), world={"crash": True}, store=store)
+    types = [e.type for e in store.read("t:v0:s:r1")]
+    assert types == ["@agent.init", "@agent.usage", "NONE"]
+    assert replay(shop().machine, store.read("t:v0:s:r1")).status == "incomplete"
+
+
+def test_journal_shape_effects_usage_and_hashes() -> None:
+    result, store = go(shop(), Scripted(lambda r, i: {"type": "DISCOUNT", "pct": 5}))
+    entries = store.read("t:v0:s:r1")
+    assert [e.index for e in entries] == list(range(len(entries)))
+    assert [e.type for e in entries] == ["@agent.init", "@agent.usage", "DISCOUNT", "xstate.done.actor", "OK"]
+    assert entries[3].event["effects"] == [{"kind": "charge", "pct": 5}]
+    assert entries[1].event["inputTokens"] == 100
+    assert all(e.verification for e in entries if e.type != "@agent.usage")
+    assert entries[0].metadata == {"maxModelCalls": 100}
+    assert result.effects == [{"kind": "charge", "pct": 5}]
+    assert replay(shop().machine, entries, verify=True).snapshot == result.snapshot
+
+
+def test_no_options_goes_straight_to_on_error_without_asking() -> None:
+    env = shop()
+    config = env.config.model_copy(deep=True)
+    config.states["deciding"].on["NONE"].guard = "false"  # type: ignore[union-attr]
+    config.states["deciding"].invoke.input["payloads"]["DISCOUNT"]["pct"] = "[50]"  # type: ignore[union-attr,index]
+    env2 = Environment(name="shop", config=config, actors=env.actors, make_world=World, models={})
+    decider = Scripted(lambda r, i: {"type": "NONE"})
+    result, _ = go(env2, decider)
+    assert decider.requests == []
+    assert result.final_state == "gaveUp"
