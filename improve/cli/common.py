@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,8 +17,10 @@ from improve.errors import ImproveError
 from improve.evals.workspace import Workspace
 
 # Progress and logs go to stderr; stdout holds the result (a table, or exactly one JSON document).
-err = Console(stderr=True, highlight=False)
-out = Console(highlight=False, soft_wrap=True)
+# Piped output keeps whole table rows (140 columns) instead of rich's 80-column default.
+_WIDTH = shutil.get_terminal_size((140, 40)).columns
+err = Console(stderr=True, highlight=False, width=_WIDTH)
+out = Console(highlight=False, width=_WIDTH)
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -47,6 +50,6 @@ def workspace(path: Path | None) -> Workspace:
 
 
 WorkspaceOption = typer.Option(
-    None, "--workspace", "-w", help="Workspace directory (default: nearest improve.toml)."
+    "--workspace", "-w", help="Workspace directory (default: nearest improve.toml)."
 )
-JsonOption = typer.Option(False, "--json", help="Print exactly one JSON document on stdout.")
+JsonOption = typer.Option("--json", help="Print exactly one JSON document on stdout.")

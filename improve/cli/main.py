@@ -166,20 +166,21 @@ def per_scenario(rows: list[OutcomeRow]) -> list[dict[str, Any]]:
 
 
 def outcome_table(rows: list[OutcomeRow]) -> Table:
-    table = Table(title="outcomes against expected", show_lines=False)
-    for column in ("scenario", "category", "split", "expected", "outcomes", "pass", "why not"):
-        table.add_column(column, overflow="fold")
+    table = Table(title="outcomes against expected (full reasons with --json)")
+    for column in ("scenario", "split", "expected", "outcomes", "pass"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("why not (first reason)", no_wrap=True, overflow="ellipsis", max_width=56)
     for item in per_scenario(rows):
         outcomes = ", ".join(f"{state} x{n}" for state, n in item["outcomes"].items())
         style = "green" if item["passed"] == item["runs"] else ("red" if item["passed"] == 0 else "yellow")
+        why = item["reasons"][0].split("; ")[0] if item["reasons"] else ""
         table.add_row(
             item["scenario"],
-            item["category"],
             item["split"],
             item["expected"],
             outcomes,
             f"[{style}]{item['passed']}/{item['runs']}[/]",
-            "; ".join(item["reasons"])[:160],
+            why,
         )
     return table
 
@@ -259,7 +260,7 @@ def replay_command(
         space = workspace(ws)
         threads = _threads_from(targets, space.traces)
         cache: dict[str, Environment] = {}
-        results = []
+        results: list[dict[str, Any]] = []
         diverged = 0
         for thread_id, entries in threads:
             if not entries:

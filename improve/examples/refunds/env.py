@@ -12,6 +12,10 @@ World fixture (a scenario's `world`):
     paymentsFail: false      # optional: the payment provider declines
 
 Effects recorded: `question`, `approval-requested`, `approval-given`, `refund`, `escalation`, `closure`.
+
+The hard rules (positive amount, at most what is left to refund, 30-day window, approval above 100) are
+guards and are audited after the fact. Escalating repeat refunders (3 or more in 90 days) is the desk's
+judgment, not a hard rule: a policy learns it from the labels, and the audit does not flag it.
 """
 
 from __future__ import annotations
@@ -45,7 +49,8 @@ class RefundWorld(World):
         return dict(found) if found is not None else None
 
     def refundable(self, order: Mapping[str, Any]) -> float:
-        return _money(order["total"]) - _money(order.get("refunded", 0))
+        # Rounded again: 89.99 - 30.5 is 59.489999... in floating point, and 59.49 must be payable.
+        return _money(_money(order["total"]) - _money(order.get("refunded", 0)))
 
     def audit(self, effects: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
         """The refund desk's rules, checked against what was paid, whatever the machine said."""

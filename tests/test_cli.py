@@ -1,0 +1,156 @@
+"""The CLI end to end: drive `improve` with CliRunner, then inspect the files it wrote."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from improve.cli.main import app
+from improve.log.entry import LogEntry
+from tests.conftest import REPO
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Path:
+    """A scratch copy of the example workspace."""
+    shutil.copy(REPO / "improve.toml", tmp_path / "improve.toml")
+    shutil.copytree(REPO / "scenarios", tmp_path / "scenarios")
+    shutil.copytree(REPO / "policies", tmp_path / "policies")
+    return tmp_path
+
+
+def test_run_writes_one_thread_per_run_and_prints_json(ws: Path) -> None:
+    result = runner.invoke(
+        app,
+        [
+            "run",
+            "-w",
+            str(ws),
+            "--env",
+            "refunds",
+            "--policy",
+            "v0",
+            "--model",
+            "naive",
+            "--split",
+            "held-out",
+            "--k",
+            "2",
+            "--json",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    held_out = [s for s in doc["scenarios"]]
+    assert doc["k"] == 2 and doc["summary"]["runs"] == 2 * len(held_out)
+    files = sorted(p.name for p in (ws / "traces").glob("*.jsonl"))
+    assert len(files) == doc["summary"]["runs"]
+    assert all(
+        name.startswith("held-out:v0:") and name.endswith((":r1.jsonl", ":r2.jsonl")) for name in files
+    )
+    # The stamp on entry 0 says what produced the thread.
+    first = LogEntry.model_validate_json((ws / "traces" / files[0]).read_text().splitlines()[0])
+    assert first.metadata is not None
+    assert first.metadata["models"] == {"decider": "naive"}
+    assert first.metadata["split"] == "held-out" and first.metadata["run"] in (1, 2)
+    assert first.metadata["policy"]["version"] == "0"
+    # naive refunds fraud signals: the held-out fraud scenario fails, the small refund passes.
+    by_category = {s["category"]: s for s in doc["scenarios"]}
+    assert by_category["fraud-signal"]["passed"] == 0
+    assert by_category["small-refund"]["passed"] == 2
+    assert doc["summary"]["violations"] == 0
+
+
+def test_second_run_reuses_recorded_threads(ws: Path) -> None:
+    args = ["run", "-w", str(ws), "--split", "held-out", "--k", "1", "--scenario", "small-refund-04"]
+    assert runner.invoke(app, args).exit_code == 0
+    path = next((ws / "traces").glob("*.jsonl"))
+    before = path.read_text()
+    again = runner.invoke(app, args)
+    assert again.exit_code == 0
+    assert "reused 1 recorded threads" in again.stderr
+    assert path.read_text() == before
+    fresh = runner.invoke(app, [*args, "--fresh"])
+    assert fresh.exit_code == 0 and path.read_text() != before
+
+
+def test_replay_verifies_and_flags_divergence(ws: Path) -> None:
+    runner.invoke(
+        app, ["run", "-w", str(ws), "--split", "train", "--k", "1", "--scenario", "partial-refund-01"]
+    )
+    thread = "train:v0:partial-refund-01:r1"
+    ok = runner.invoke(app, ["replay", "-w", str(ws), thread, "--verify", "--json"])
+    assert ok.exit_code == 0, ok.output
+    doc = json.loads(ok.stdout)
+    assert doc["diverged"] == 0
+    assert doc["threads"][0]["final_state"] == "escalated"
+    # Tamper with a journaled tool output: replay with --verify must notice.
+    path = ws / "traces" / f"{thread}.jsonl"
+    lines = path.read_text().splitlines()
+    entries = [json.loads(line) for line in lines]
+    target = next(i for i, e in enumerate(entries) if e["event"].get("actorId") == "verifyingCustomer")
+    entries[target]["event"]["output"]["customer"]["refundsLast90d"] = 99
+    path.write_text("\n".join(json.dumps(e) for e in entries) + "\n")
+    bad = runner.invoke(app, ["replay", "-w", str(ws), str(path), "--verify"])
+    assert bad.exit_code == 1
+    assert f"entry {target}" in bad.stderr and "diverges" in bad.stderr
+
+
+def test_replay_of_a_malformed_file_names_the_line(ws: Path) -> None:
+    path = ws / "broken.jsonl"
+    path.write_text('{"schemaVersion": 1}\n')
+    result = runner.invoke(app, ["replay", "-w", str(ws), str(path)])
+    assert result.exit_code == 3
+    assert f"{path}:1: not a log entry" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("fmt", "needle"),
+    [("text", "Resolve refund tickets"), ("mermaid", "stateDiagram-v2"), ("xstate", '"id": "refunds"')],
+)
+def test_describe_formats(ws: Path, fmt: str, needle: str) -> None:
+    result = runner.invoke(app, ["describe", "-w", str(ws), "--env", "refunds", "--format", fmt])
+    assert result.exit_code == 0, result.output
+    assert needle in result.stdout
+    if fmt == "text":
+        # The goal comes first.
+        assert result.stdout.lstrip().startswith("Goal") or result.stdout.lstrip().startswith("Resolve")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["run", "--env", "nope"], "unknown environment 'nope'"),
+        (["run", "--policy", "v9"], "policy 'v9' not found"),
+        (["run", "--model", "gpt-9"], "has no model 'gpt-9'"),
+        (["run", "--split", "dev"], "unknown split 'dev'"),
+        (["run", "--scenario", "no-such"], "unknown scenario id(s) ['no-such']"),
+        (["describe", "--format", "svg"], "unknown format 'svg'"),
+    ],
+)
+def test_usage_errors_exit_2_with_a_clear_message(ws: Path, args: list[str], message: str) -> None:
+    result = runner.invoke(app, [args[0], "-w", str(ws), *args[1:]])
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr
+
+
+def test_bad_scenario_file_names_file_line_scenario_and_field(ws: Path) -> None:
+    path = ws / "scenarios" / "refunds.yaml"
+    text = path.read_text().replace("split: held-out", "split: dev", 1)
+    path.write_text(text)
+    result = runner.invoke(app, ["run", "-w", str(ws), "--k", "1"])
+    assert result.exit_code == 2
+    line = next(i for i, raw in enumerate(text.splitlines(), 1) if "split: dev" in raw)
+    assert (
+        "refunds.yaml:" in result.stderr
+        and "split" in result.stderr
+        and "'train' or 'held-out'" in result.stderr
+    )
+    scenario_line = int(result.stderr.split("refunds.yaml:")[1].split(":")[0])
+    assert scenario_line <= line
