@@ -226,7 +226,7 @@ def test_to_xstate(refund: MachineConfig, raw: dict[str, Any]) -> None:
     assert "maxRetries" not in cls["invoke"]
     assert cls["meta"] == {"maxRetries": 3}
     assert x["states"]["approving"]["on"]["APPROVE"]["actions"] == [
-        {"type": "xstate.assign", "params": {"approved": "true", "approver": "event.approver"}}
+        {"type": "xstate.assign", "params": {"approved": "true", "approver": "has(event.approver) ? event.approver : ''"}}
     ]
     assert x["states"]["approving"]["tags"] == ["awaiting-approval"]
     assert x["states"]["issuing"]["always"][1] == {"target": "issued"}
@@ -265,7 +265,7 @@ def test_to_xstate_does_not_alias_the_config(refund: MachineConfig) -> None:
     assert refund.context["amount"] == "input.amount"
     approve = refund.states["approving"].on["APPROVE"]
     assert isinstance(approve, TransitionConfig)
-    assert approve.assign == {"approved": "true", "approver": "event.approver"}
+    assert approve.assign == {"approved": "true", "approver": "has(event.approver) ? event.approver : ''"}
 
 
 # --- diff -----------------------------------------------------------------------------------------
