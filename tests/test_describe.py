@@ -273,12 +273,11 @@ def test_to_xstate_does_not_alias_the_config(refund: MachineConfig) -> None:
 
 def test_diff_states_finds_exactly_the_changed_state(refund: MachineConfig) -> None:
     assert diff_states(refund, refund) == []
+    original = copy.deepcopy(refund.states["approving"].on["REJECT"])
     changed = copy.deepcopy(refund)
     changed.states["approving"].on["REJECT"] = TransitionConfig(target="refused")
     assert diff_states(refund, changed) == ["approving"]
-    assert refund.states["approving"].on["REJECT"] == TransitionConfig(
-        target="rejected", assign={"rejection": "event.reason"}
-    )
+    assert refund.states["approving"].on["REJECT"] == original != changed.states["approving"].on["REJECT"]
     compile_machine(changed)  # still a valid machine
 
 
