@@ -344,7 +344,12 @@ def _invocation(state: State, scope: Scope) -> Invocation | None:
     if inv is None:
         return None
     if inv.decide is None:
-        return Invocation(inv.id, inv.src, evaluate_tree(inv.input, scope))
+        return Invocation(inv.id, inv.src, thunk=lambda: evaluate_tree(inv.input, scope))
+    return Invocation(inv.id, inv.src, thunk=lambda: _decide_input(inv, scope))
+
+
+def _decide_input(inv: Invoke, scope: Scope) -> dict[str, Any]:
+    assert inv.decide is not None
     d = inv.decide
     payloads: dict[str, dict[str, Any]] = {}
     for ev, fields in d.payloads.items():
@@ -360,14 +365,13 @@ def _invocation(state: State, scope: Scope) -> Invocation | None:
                     f"(a closed choice) or '{FREE_TEXT}' (free text)"
                 )
             payloads[ev][fld] = _dedupe(values)
-    request = {
+    return {
         "name": d.name.evaluate(scope),
         "allowedEvents": list(d.allowed_events),
         "payloads": payloads,
         "facts": evaluate_tree(d.facts, scope),
         "prompt": d.prompt.evaluate(scope) if d.prompt else None,
     }
-    return Invocation(inv.id, inv.src, request)
 
 
 def _dedupe(values: list[Any]) -> list[Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -19,16 +20,45 @@ def canonical_hash(value: Any) -> str:
     return hashlib.sha256(canonical_json(value).encode("utf-8")).hexdigest()
 
 
-@dataclass(frozen=True, slots=True)
-class Invocation:
-    """The actor a snapshot is waiting on: its invoke id, its source and its evaluated input."""
+_UNSET: Any = object()
 
-    id: str
-    src: str
-    input: Any
+
+class Invocation:
+    """The actor a snapshot is waiting on: its invoke id, its source and its evaluated input.
+
+    The input is a pure function of the snapshot's context, so it is evaluated on first use: a replay
+    that only folds entries never pays for it.
+    """
+
+    __slots__ = ("_input", "_thunk", "id", "src")
+
+    def __init__(self, id: str, src: str, input: Any = _UNSET, thunk: Callable[[], Any] | None = None) -> None:
+        self.id = id
+        self.src = src
+        self._input = input
+        self._thunk = thunk
+
+    @property
+    def input(self) -> Any:
+        if self._input is _UNSET:
+            assert self._thunk is not None
+            self._input = self._thunk()
+            self._thunk = None
+        return self._input
 
     def to_json(self) -> dict[str, Any]:
         return {"id": self.id, "src": self.src, "input": self.input}
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Invocation):
+            return NotImplemented
+        return (self.id, self.src, self.input) == (other.id, other.src, other.input)
+
+    def __hash__(self) -> int:
+        return hash((self.id, self.src))
+
+    def __repr__(self) -> str:
+        return f"Invocation(id={self.id!r}, src={self.src!r}, input={self.input!r})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,8 +103,21 @@ class Snapshot:
         )
 
     def hash(self) -> str:
-        """sha256 of the canonical JSON of the snapshot."""
-        return canonical_hash(self.to_json())
+        """sha256 of the canonical JSON of the snapshot, without the owed actor's input (a function
+        of the context, so it adds nothing and would cost an evaluation)."""
+        data = self.to_json_shallow()
+        return canonical_hash(data)
+
+    def to_json_shallow(self) -> dict[str, Any]:
+        return {
+            "value": self.value,
+            "context": self.context,
+            "status": self.status,
+            "input": self.input,
+            "output": self.output,
+            "error": self.error,
+            "invoke": {"id": self.invoke.id, "src": self.invoke.src} if self.invoke else None,
+        }
 
     @property
     def done(self) -> bool:
