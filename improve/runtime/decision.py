@@ -8,6 +8,7 @@ refusal is fed back to the decider as an attempt and it tries again (default 2 r
 from __future__ import annotations
 
 import itertools
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -175,9 +176,13 @@ def check_answer(
             event=event,
             kind="rejected-by-guard",
             reason=f"rejected-by-guard: the rules do not allow {etype} here; the options now are "
-            f"{request.options}",
+            f"{_json(request.options)}",
         )
     return None
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, separators=(", ", ": "), ensure_ascii=False)
 
 
 def _member(value: Any, allowed: list[Any]) -> bool:

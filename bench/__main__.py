@@ -1,0 +1,28 @@
+"""`python -m bench`: print benchmark figures as one JSON document on stdout."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+from bench.replay_bench import replay_figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument("--threads", type=int, default=20_000, help="threads in the replay corpus")
+    parser.add_argument("--repeat", type=int, default=3, help="timed repetitions (medians reported)")
+    args = parser.parse_args()
+    figures: dict[str, object] = {"machine": {"cores": __import__("os").cpu_count()}}
+    with tempfile.TemporaryDirectory(prefix="improve-bench-") as tmp:
+        print(f"bench: replay over {args.threads} threads ...", file=sys.stderr)
+        figures["replay"] = replay_figures(Path(tmp), args.threads, args.repeat)
+    json.dump(figures, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+
+
+if __name__ == "__main__":
+    main()
