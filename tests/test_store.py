@@ -17,10 +17,13 @@ import pytest
 from improve.errors import ConflictError, LogError, WorkspaceError
 from improve.log.entry import LogEntry
 from improve.log.store import JsonlDirStore, MemoryStore, Store, ThreadPage, open_store
+from improve.warehouse.db import connect
+from improve.warehouse.store import DuckDBStore
 
 FACTORIES: dict[str, Callable[[Path], Store]] = {
     "memory": lambda tmp_path: MemoryStore(),
     "jsonl": lambda tmp_path: JsonlDirStore(tmp_path / "threads"),
+    "duckdb": lambda tmp_path: DuckDBStore(connect(tmp_path / "traces.duckdb")),
 }
 
 THREAD = "train:v1:refund-small:r1"
@@ -177,9 +180,9 @@ def test_fork_a_prefix(store: Store) -> None:
     assert store.fork(THREAD, "prefix", upto=2) == 2
     assert [e.id for e in store.read("prefix")] == ["e0", "e1"]
     assert store.append("prefix", 2, [entry(2, id="new-branch")]) == 3
-    assert store.fork(THREAD, "empty", upto=0) == 0
-    assert store.exists("empty")
-    assert store.length("empty") == 0
+    with pytest.raises(LogError, match="upto must be at least 1"):
+        store.fork(THREAD, "empty", upto=0)
+    assert not store.exists("empty")
 
 
 def test_fork_rewrites_thread_id(store: Store) -> None:

@@ -1,0 +1,60 @@
+"""Opening the warehouse: a DuckDB file (or `:memory:`), migrated, with a bounded wait for its lock.
+
+DuckDB lets one process hold a database file for writing. A second writer (another `improve ingest`)
+waits, retrying, up to `lock_timeout` seconds, then fails with a message that says who holds it.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import duckdb
+
+from improve.errors import ImproveError
+from improve.warehouse.schema import ensure_views, migrate
+
+DEFAULT_LOCK_TIMEOUT = 30.0
+
+
+class WarehouseLockedError(ImproveError):
+    """Another process holds the warehouse file for writing."""
+
+    exit_code = 3
+
+
+def connect(
+    path: str | Path = ":memory:",
+    *,
+    read_only: bool = False,
+    lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+) -> duckdb.DuckDBPyConnection:
+    """A connection to a migrated warehouse. `:memory:` is a fresh in-memory warehouse."""
+    target = str(path)
+    if target != ":memory:":
+        Path(target).parent.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + lock_timeout
+    delay = 0.05
+    while True:
+        try:
+            con = duckdb.connect(target, read_only=read_only and Path(target).exists())
+            break
+        except duckdb.IOException as err:
+            if "lock" not in str(err).lower():
+                raise ImproveError(f"cannot open warehouse {target}: {err}") from None
+            if time.monotonic() >= deadline:
+                holder = (
+                    str(err).split("Conflicting lock is held in")[-1].strip()
+                    if "Conflicting" in str(err)
+                    else ""
+                )
+                raise WarehouseLockedError(
+                    f"warehouse {target} is locked by another process{' (' + holder + ')' if holder else ''}; "
+                    f"waited {lock_timeout:.0f}s. Wait for it to finish, or raise --lock-timeout"
+                ) from None
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
+    if not (read_only and target != ":memory:"):
+        migrate(con)
+        ensure_views(con)
+    return con

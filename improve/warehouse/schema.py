@@ -1,0 +1,169 @@
+"""The warehouse schema: named, ordered migrations recorded in the database.
+
+Opening a warehouse applies, in order and each in its own transaction, every migration whose name is
+not yet in `schema_migrations`; an old warehouse is upgraded in place. Migrations are never edited
+once released: a change is a new migration appended to `MIGRATIONS`.
+
+Views and the column comments are derived objects: `views.py` holds their SQL and documentation, and
+they are recreated whenever that definition changes (its hash is recorded as `views:<hash>`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import duckdb
+
+from improve.errors import LogError
+from improve.warehouse.views import view_statements
+
+
+@dataclass(frozen=True)
+class Migration:
+    name: str
+    statements: tuple[str, ...]
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(
+        "001_entries",
+        (
+            """
+            CREATE TABLE entries (
+                thread_id       VARCHAR NOT NULL,
+                "index"         BIGINT NOT NULL,
+                entry_id        VARCHAR NOT NULL,
+                recorded_at     VARCHAR NOT NULL,
+                machine_id      VARCHAR NOT NULL,
+                machine_version VARCHAR NOT NULL,
+                event_type      VARCHAR NOT NULL,
+                event           JSON NOT NULL,
+                causation_id    VARCHAR,
+                attempts        JSON,
+                metadata        JSON,
+                state_hash      VARCHAR,
+                schema_version  INTEGER NOT NULL,
+                line_thread_id  BOOLEAN NOT NULL DEFAULT false,
+                PRIMARY KEY (thread_id, "index")
+            )
+            """,
+            """
+            CREATE TABLE rejected_lines (
+                file  VARCHAR NOT NULL,
+                line  BIGINT,
+                error VARCHAR NOT NULL,
+                raw   VARCHAR
+            )
+            """,
+        ),
+    ),
+    Migration(
+        "002_ingest_batches",
+        (
+            """
+            CREATE TABLE ingest_batches (
+                batch_id        VARCHAR PRIMARY KEY,
+                format          VARCHAR NOT NULL,
+                started_at      TIMESTAMPTZ NOT NULL,
+                finished_at     TIMESTAMPTZ,
+                files           INTEGER NOT NULL,
+                lines_read      BIGINT NOT NULL,
+                ingested        BIGINT NOT NULL,
+                already_present BIGINT NOT NULL,
+                rejected        BIGINT NOT NULL
+            )
+            """,
+            "ALTER TABLE entries ADD COLUMN source VARCHAR",
+            "ALTER TABLE entries ADD COLUMN batch_id VARCHAR",
+            "ALTER TABLE entries ADD COLUMN raw VARCHAR",
+            "ALTER TABLE rejected_lines ADD COLUMN batch_id VARCHAR",
+            "ALTER TABLE rejected_lines ADD COLUMN rejected_at TIMESTAMPTZ",
+        ),
+    ),
+    Migration(
+        "003_outcomes",
+        (
+            """
+            CREATE TABLE outcomes (
+                thread_id        VARCHAR PRIMARY KEY,
+                environment      VARCHAR,
+                scenario         VARCHAR,
+                category         VARCHAR,
+                split            VARCHAR,
+                policy_version   VARCHAR,
+                run              INTEGER,
+                final_state      VARCHAR NOT NULL,
+                status           VARCHAR NOT NULL,
+                output           JSON,
+                steps            INTEGER NOT NULL,
+                model_calls      INTEGER NOT NULL,
+                input_tokens     BIGINT NOT NULL,
+                output_tokens    BIGINT NOT NULL,
+                failed_attempts  INTEGER NOT NULL,
+                violations       INTEGER NOT NULL,
+                violation_rules  VARCHAR[],
+                expected_outcome VARCHAR,
+                passed           BOOLEAN,
+                reason           VARCHAR,
+                entries          INTEGER NOT NULL,
+                replayed_at      TIMESTAMPTZ NOT NULL
+            )
+            """,
+        ),
+    ),
+)
+
+
+def ensure_views(con: duckdb.DuckDBPyConnection) -> bool:
+    """Recreate the views and comments when their definition changed; True when it did."""
+    statements = view_statements()
+    marker = "views:" + hashlib.sha256("\n".join(statements).encode()).hexdigest()[:16]
+    present = con.execute("SELECT 1 FROM schema_migrations WHERE name = ?", [marker]).fetchone()
+    if present:
+        return False
+    con.execute("BEGIN TRANSACTION")
+    try:
+        for statement in statements:
+            con.execute(statement)
+        con.execute("DELETE FROM schema_migrations WHERE name LIKE 'views:%'")
+        con.execute("INSERT INTO schema_migrations VALUES (?, now())", [marker])
+        con.execute("COMMIT")
+    except Exception:
+        con.execute("ROLLBACK")
+        raise
+    return True
+
+
+def applied(con: duckdb.DuckDBPyConnection) -> list[str]:
+    con.execute(
+        "CREATE TABLE IF NOT EXISTS schema_migrations (name VARCHAR PRIMARY KEY, applied_at TIMESTAMPTZ NOT NULL)"
+    )
+    return [row[0] for row in con.execute("SELECT name FROM schema_migrations ORDER BY name").fetchall()]
+
+
+def migrate(con: duckdb.DuckDBPyConnection, migrations: tuple[Migration, ...] = MIGRATIONS) -> list[str]:
+    """Apply pending migrations in order; returns the names applied now."""
+    done = applied(con)
+    known = [m.name for m in migrations]
+    unknown = [name for name in done if name not in known and not name.startswith("views:")]
+    if unknown:
+        raise LogError(
+            f"this warehouse was written by a newer version of improve (migrations {unknown} are unknown "
+            "here); upgrade improve to open it"
+        )
+    now: list[str] = []
+    for migration in migrations:
+        if migration.name in done:
+            continue
+        con.execute("BEGIN TRANSACTION")
+        try:
+            for statement in migration.statements:
+                con.execute(statement)
+            con.execute("INSERT INTO schema_migrations VALUES (?, now())", [migration.name])
+            con.execute("COMMIT")
+        except Exception:
+            con.execute("ROLLBACK")
+            raise
+        now.append(migration.name)
+    return now

@@ -1,0 +1,239 @@
+"""The views analysts rely on, with a description of every column stored as DuckDB comments.
+
+The comments live in the database file itself (`COMMENT ON ...`), so `improve sql --schema`, the
+`duckdb` CLI and any DuckDB client see the same documentation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Relation:
+    name: str
+    description: str
+    columns: dict[str, str]
+    sql: str | None = None  # None for tables (created by migrations)
+
+
+THREAD_PARTS = r"'^[^:]+:[^:]+:[^:]+:r[0-9]+$'"
+
+RELATIONS: tuple[Relation, ...] = (
+    Relation(
+        "entries",
+        "Every log entry ingested, one row per (thread_id, index); the journal as it was written.",
+        {
+            "thread_id": "The thread (one run): split:policyVersion:scenario:rK for runs made by improve.",
+            "index": "0-based position in the thread; contiguous.",
+            "entry_id": "The entry's unique id.",
+            "recorded_at": "When it was written, RFC 3339 text exactly as journaled (cast with ::TIMESTAMPTZ).",
+            "machine_id": "The environment machine that recorded the thread.",
+            "machine_version": "Its version.",
+            "event_type": "event.type: @agent.init, xstate.done.actor, a decision's event, @agent.usage, ...",
+            "event": "The event, whole, as JSON.",
+            "causation_id": "The entry that caused this one.",
+            "attempts": "Refused answers before the event landed (JSON array of {event, kind, reason, guard}).",
+            "metadata": "The stamp on entry 0; decision name, options offered and source on decisions.",
+            "state_hash": "sha256 of the snapshot after the entry.",
+            "schema_version": "Log format version (1).",
+            "line_thread_id": "The line carried its threadId (a file holding many threads).",
+            "source": "The file the entry was ingested from (NULL when appended directly).",
+            "batch_id": "The ingest batch that added it.",
+            "raw": "The original line, for entries imported from another agent's log format.",
+        },
+    ),
+    Relation(
+        "rejected_lines",
+        "Lines that could not be ingested: nothing is dropped silently.",
+        {
+            "file": "The file the line came from.",
+            "line": "1-based line number in that file.",
+            "error": "Why it was rejected: not JSON, a missing or mistyped field, a gap in indices, a conflict.",
+            "raw": "The line as it was.",
+            "batch_id": "The ingest batch that read it.",
+            "rejected_at": "When.",
+        },
+    ),
+    Relation(
+        "ingest_batches",
+        "One row per `improve ingest` batch (one transaction): lines read = ingested + already present + rejected.",
+        {
+            "batch_id": "Batch id.",
+            "format": "native, normalize or opencli.",
+            "started_at": "When the batch started.",
+            "finished_at": "When it committed.",
+            "files": "Files read.",
+            "lines_read": "Non-blank lines read.",
+            "ingested": "Entries added.",
+            "already_present": "Lines identical to an entry already stored (ingest is idempotent).",
+            "rejected": "Lines sent to rejected_lines.",
+        },
+    ),
+    Relation(
+        "outcomes",
+        "One row per thread, materialized by replaying it against its environment and scoring it against "
+        "the scenario's labels (never the agent's own report).",
+        {
+            "thread_id": "The thread.",
+            "environment": "The environment it ran in.",
+            "scenario": "Scenario id.",
+            "category": "Scenario category.",
+            "split": "train or held-out.",
+            "policy_version": "Policy version label (v3).",
+            "run": "Run number within k.",
+            "final_state": "The state the replay ends in.",
+            "status": "done, idle, budget, decision-exhausted, error or incomplete.",
+            "output": "The final state's output.",
+            "steps": "Entries folded (usage records excluded).",
+            "model_calls": "Model calls journaled.",
+            "input_tokens": "Input tokens journaled.",
+            "output_tokens": "Output tokens journaled.",
+            "failed_attempts": "Refused decider answers.",
+            "violations": "Rule violations: the world's audit of the effects plus any sentinel state reached.",
+            "violation_rules": "Which rules were violated.",
+            "expected_outcome": "The labelled final state (NULL when the scenario is unknown).",
+            "passed": "Outcome and every effect as labelled, no violation (NULL when the scenario is unknown).",
+            "reason": "Why it passed or failed.",
+            "entries": "Entries in the thread when it was replayed.",
+            "replayed_at": "When the row was materialized.",
+        },
+    ),
+    Relation(
+        "threads",
+        "One row per thread: its id parsed into split, policy version, scenario and run; machine; size; times.",
+        {
+            "thread_id": "The thread.",
+            "split": "train or held-out (NULL when the id is not split:version:scenario:rK).",
+            "policy_version": "Policy version label, e.g. v3.",
+            "scenario": "Scenario id.",
+            "run": "Run number.",
+            "machine_id": "Environment machine id.",
+            "machine_version": "Environment machine version.",
+            "entries": "Entry count.",
+            "first_at": "First recorded_at.",
+            "last_at": "Last recorded_at.",
+        },
+        f"""
+        SELECT thread_id,
+               CASE WHEN regexp_matches(thread_id, {THREAD_PARTS}) THEN split_part(thread_id, ':', 1) END AS split,
+               CASE WHEN regexp_matches(thread_id, {THREAD_PARTS}) THEN split_part(thread_id, ':', 2) END
+                   AS policy_version,
+               CASE WHEN regexp_matches(thread_id, {THREAD_PARTS}) THEN split_part(thread_id, ':', 3) END AS scenario,
+               CASE WHEN regexp_matches(thread_id, {THREAD_PARTS})
+                    THEN TRY_CAST(substr(split_part(thread_id, ':', 4), 2) AS INTEGER) END AS run,
+               min(machine_id) AS machine_id,
+               min(machine_version) AS machine_version,
+               count(*) AS entries,
+               min(TRY_CAST(recorded_at AS TIMESTAMPTZ)) AS first_at,
+               max(TRY_CAST(recorded_at AS TIMESTAMPTZ)) AS last_at
+        FROM entries
+        GROUP BY thread_id
+        """,
+    ),
+    Relation(
+        "decisions",
+        "One row per decision: its name, the event chosen (NULL when every answer was refused), the options "
+        "offered and how many attempts it took.",
+        {
+            "thread_id": "The thread.",
+            "index": "Entry index of the decision.",
+            "decision": "Decision name, e.g. chooseResolution.",
+            "chosen_event": "Type of the event that landed (NULL when exhausted).",
+            "chosen": "The event that landed, with its payload.",
+            "options": "Options offered (the events the guards accepted), JSON array.",
+            "option_count": "How many options were offered.",
+            "attempts": "Answers it took: refused ones plus the one that landed.",
+            "failed_attempts": "Refused answers.",
+            "exhausted": "Every answer was refused (the invoke's onError was taken).",
+            "source": "Who answered, e.g. policy:<final state> of the policy.",
+            "recorded_at": "When it landed.",
+        },
+        """
+        SELECT thread_id, "index",
+               metadata ->> '$.decision.name' AS decision,
+               CASE WHEN event_type = 'xstate.error.actor' THEN NULL ELSE event_type END AS chosen_event,
+               CASE WHEN event_type = 'xstate.error.actor' THEN NULL ELSE event END AS chosen,
+               metadata -> '$.decision.options' AS options,
+               json_array_length(metadata -> '$.decision.options') AS option_count,
+               coalesce(json_array_length(attempts), 0)
+                   + CASE WHEN event_type = 'xstate.error.actor' THEN 0 ELSE 1 END AS attempts,
+               coalesce(json_array_length(attempts), 0) AS failed_attempts,
+               event_type = 'xstate.error.actor' AS exhausted,
+               metadata ->> '$.source' AS source,
+               TRY_CAST(recorded_at AS TIMESTAMPTZ) AS recorded_at
+        FROM entries
+        WHERE json_exists(metadata, '$.decision')
+        """,
+    ),
+    Relation(
+        "attempts",
+        "One row per refused answer: the failure kind, its reason, the event attempted and the guard that "
+        "refused it.",
+        {
+            "thread_id": "The thread.",
+            "index": "Entry index of the decision it belongs to.",
+            "decision": "Decision name.",
+            "attempt": "1-based position among the refused answers.",
+            "kind": "unknown-event, invalid-payload, rejected-by-guard or no-answer.",
+            "reason": "The fixed reason sentence fed back to the decider.",
+            "attempted_event": "Type of the event attempted.",
+            "attempted": "The event attempted, whole.",
+            "guard": "For rejected-by-guard: the guard that refused it (state, event, transition, expression).",
+        },
+        """
+        SELECT thread_id, "index", decision, attempt,
+               att ->> '$.kind' AS kind,
+               att ->> '$.reason' AS reason,
+               att ->> '$.event.type' AS attempted_event,
+               att -> '$.event' AS attempted,
+               att ->> '$.guard' AS guard
+        FROM (
+            SELECT thread_id, "index", metadata ->> '$.decision.name' AS decision,
+                   unnest(json_extract(attempts, '$[*]')) AS att,
+                   generate_subscripts(json_extract(attempts, '$[*]'), 1) AS attempt
+            FROM entries
+            WHERE attempts IS NOT NULL
+        )
+        """,
+    ),
+    Relation(
+        "usage",
+        "Model calls and tokens per thread, from the @agent.usage spend records.",
+        {
+            "thread_id": "The thread.",
+            "model_calls": "Model calls.",
+            "input_tokens": "Input tokens.",
+            "output_tokens": "Output tokens.",
+            "tokens": "Input plus output tokens.",
+            "models": "Models that answered.",
+        },
+        """
+        SELECT thread_id,
+               sum(coalesce(TRY_CAST(event ->> '$.calls' AS BIGINT), 1)) AS model_calls,
+               sum(coalesce(TRY_CAST(event ->> '$.inputTokens' AS BIGINT), 0)) AS input_tokens,
+               sum(coalesce(TRY_CAST(event ->> '$.outputTokens' AS BIGINT), 0)) AS output_tokens,
+               sum(coalesce(TRY_CAST(event ->> '$.inputTokens' AS BIGINT), 0)
+                   + coalesce(TRY_CAST(event ->> '$.outputTokens' AS BIGINT), 0)) AS tokens,
+               list(DISTINCT event ->> '$.model' ORDER BY event ->> '$.model') AS models
+        FROM entries
+        WHERE event_type = '@agent.usage'
+        GROUP BY thread_id
+        """,
+    ),
+)
+
+
+def _quote(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def view_statements(relations: tuple[Relation, ...] = RELATIONS) -> list[str]:
+    """CREATE OR REPLACE for every view, then the comments on every relation and column."""
+    statements = [f"CREATE OR REPLACE VIEW {r.name} AS {r.sql}" for r in relations if r.sql]
+    for r in relations:
+        kind = "VIEW" if r.sql else "TABLE"
+        statements.append(f"COMMENT ON {kind} {r.name} IS {_quote(r.description)}")
+        for column, text in r.columns.items():
+            statements.append(f'COMMENT ON COLUMN {r.name}."{column}" IS {_quote(text)}')
+    return statements
