@@ -79,6 +79,17 @@ MIGRATIONS: tuple[Migration, ...] = (
             "ALTER TABLE entries ADD COLUMN raw VARCHAR",
             "ALTER TABLE rejected_lines ADD COLUMN batch_id VARCHAR",
             "ALTER TABLE rejected_lines ADD COLUMN rejected_at TIMESTAMPTZ",
+            """
+            CREATE TABLE ingested_files (
+                path     VARCHAR PRIMARY KEY,
+                size     BIGINT NOT NULL,
+                mtime_ns BIGINT NOT NULL,
+                sha256   VARCHAR NOT NULL,
+                lines    BIGINT NOT NULL,
+                rejected BIGINT NOT NULL,
+                batch_id VARCHAR NOT NULL
+            )
+            """,
         ),
     ),
     Migration(

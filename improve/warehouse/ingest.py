@@ -1,0 +1,528 @@
+"""Ingest: JSONL threads into the warehouse, fast, idempotent, and losing nothing.
+
+One batch (one `ingest()` call) is one transaction: killed midway, the warehouse is as it was.
+
+The bulk path reads every file with DuckDB's own `read_json` and an explicit schema, and inserts the
+rows that pass every check straight into `entries` (one JSON parse per line, no Python decoding).
+Then, per file, the rows inserted are counted against the file's non-blank lines. A file whose counts
+agree is done. A file that disagrees (a malformed line, a conflict, a gap) is taken again on the
+careful path: its rows from this batch are removed and its lines are read raw, with line numbers,
+classified one by one in SQL, and each line either lands, is recognised as already present, or goes
+to `rejected_lines` with the reason. Every line is accounted for:
+
+    lines read = ingested + already present + rejected          (per file, and per batch)
+
+A file ingested before and unchanged since (same size, mtime and sha256) is skipped and counted as
+already present, so ingesting the same files again is instant and adds nothing.
+
+Unknown top-level fields are ignored (schema v1 names its fields); `event`, `attempts` and `metadata`
+are kept whole.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import duckdb
+
+from improve.errors import ConfigError, LogError
+
+NATIVE_COLUMNS = (
+    "{'schemaVersion': 'INTEGER', 'id': 'VARCHAR', 'index': 'BIGINT', 'recordedAt': 'VARCHAR', "
+    "'machineId': 'VARCHAR', 'machineVersion': 'VARCHAR', 'event': 'JSON', 'causationId': 'VARCHAR', "
+    "'attempts': 'JSON', 'metadata': 'JSON', 'verification': 'JSON', 'threadId': 'VARCHAR'}"
+)
+THREAD_ID_SQL = r"'^[A-Za-z0-9][A-Za-z0-9._:@+=-]{0,254}$'"
+FILE_STEM_SQL = r"regexp_extract(filename, '([^/]+)\.jsonl?$', 1)"
+
+# What a native row must satisfy to land (the careful path gives each failure its own message).
+NATIVE_OK = f"""
+    id IS NOT NULL AND "index" IS NOT NULL AND "index" >= 0 AND schemaVersion = 1
+    AND machineId IS NOT NULL AND machineVersion IS NOT NULL
+    AND event IS NOT NULL AND json_type(event) = 'OBJECT' AND json_type(event, '$.type') = 'VARCHAR'
+    AND TRY_CAST(recordedAt AS TIMESTAMPTZ) IS NOT NULL
+    AND regexp_full_match(coalesce(threadId, {FILE_STEM_SQL}), {THREAD_ID_SQL})
+    AND ("index" > 0 OR event ->> '$.type' = '@agent.init')
+"""
+
+HOLD_ENV = "IMPROVE_INGEST_HOLD_SECONDS"
+"""Test seam: seconds to hold the transaction open before COMMIT (to kill or race a batch)."""
+
+
+@dataclass
+class FileReport:
+    file: str
+    lines_read: int = 0
+    ingested: int = 0
+    already_present: int = 0
+    rejected: int = 0
+    path: str = "bulk"  # bulk, careful, or unchanged
+
+    @property
+    def balanced(self) -> bool:
+        return self.lines_read == self.ingested + self.already_present + self.rejected
+
+
+@dataclass
+class IngestReport:
+    batch_id: str
+    format: str
+    files: list[FileReport] = field(default_factory=list)
+    seconds: float = 0.0
+    rejections: list[tuple[str, int | None, str]] = field(default_factory=list)  # first few, for display
+
+    def total(self, name: str) -> int:
+        return sum(getattr(f, name) for f in self.files)
+
+    @property
+    def lines_read(self) -> int:
+        return self.total("lines_read")
+
+    @property
+    def ingested(self) -> int:
+        return self.total("ingested")
+
+    @property
+    def already_present(self) -> int:
+        return self.total("already_present")
+
+    @property
+    def rejected(self) -> int:
+        return self.total("rejected")
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "batch_id": self.batch_id,
+            "format": self.format,
+            "seconds": round(self.seconds, 3),
+            "lines_read": self.lines_read,
+            "ingested": self.ingested,
+            "already_present": self.already_present,
+            "rejected": self.rejected,
+            "files": [f.__dict__ | {"balanced": f.balanced} for f in self.files],
+            "rejections": [{"file": f, "line": n, "error": e} for f, n, e in self.rejections],
+        }
+
+
+def expand_paths(paths: Iterable[str | Path]) -> list[Path]:
+    """Files, directories (every *.jsonl below) and globs, each file once, sorted."""
+    found: dict[str, Path] = {}
+    for raw in paths:
+        text = str(raw)
+        matches = [Path(m) for m in glob.glob(text, recursive=True)] if glob.has_magic(text) else [Path(text)]
+        if not matches:
+            raise ConfigError(f"{text}: no file matches")
+        for match in matches:
+            if match.is_dir():
+                for child in sorted(match.rglob("*.jsonl")):
+                    found[str(child.resolve())] = child.resolve()
+            elif match.is_file():
+                found[str(match.resolve())] = match.resolve()
+            else:
+                raise ConfigError(f"{match}: no such file or directory")
+    return [found[k] for k in sorted(found)]
+
+
+@dataclass(frozen=True)
+class _FileInfo:
+    path: Path
+    size: int
+    mtime_ns: int
+    sha256: str
+    lines: int  # non-blank lines
+
+
+def _file_info(path: Path) -> _FileInfo:
+    data = path.read_bytes()
+    stat = path.stat()
+    # Counting newlines is not decoding: it is what `read_json` will yield a row for.
+    lines = sum(1 for line in data.split(b"\n") if line.strip()) if b"\n\n" in data or b" \n" in data else (
+        data.count(b"\n") + (0 if data.endswith(b"\n") or not data else 1)
+    )
+    return _FileInfo(path, stat.st_size, stat.st_mtime_ns, hashlib.sha256(data).hexdigest(), lines)
+
+
+def _sql_list(paths: Sequence[Path]) -> str:
+    return "[" + ", ".join("'" + str(p).replace("'", "''") + "'" for p in paths) + "]"
+
+
+def ingest(
+    con: duckdb.DuckDBPyConnection,
+    paths: Iterable[str | Path],
+    *,
+    fmt: str = "native",
+    progress: Callable[[str], None] | None = None,
+) -> IngestReport:
+    """Ingest files, directories and globs of JSONL threads as one batch (one transaction)."""
+    from improve.warehouse.importers import IMPORTERS
+
+    if fmt != "native" and fmt not in IMPORTERS:
+        raise ConfigError(f"unknown format {fmt!r}; use native, {', '.join(sorted(IMPORTERS))}")
+    files = expand_paths(paths)
+    say = progress or (lambda message: None)
+    started = time.perf_counter()
+    report = IngestReport(batch_id=uuid.uuid4().hex[:12], format=fmt)
+    infos = [_file_info(p) for p in files]
+    try:
+        _batch(con, report, infos, fmt, bulk=fmt == "native", say=say)
+    except _RetryCarefully:
+        # The same (thread, index) twice within the batch aborted the bulk insert: start the batch over,
+        # every file on the careful path, which reports each duplicate with its line.
+        report = IngestReport(batch_id=report.batch_id, format=fmt)
+        _batch(con, report, infos, fmt, bulk=False, say=say)
+    report.files.sort(key=lambda f: f.file)
+    report.seconds = time.perf_counter() - started
+    unbalanced = [f.file for f in report.files if not f.balanced]
+    if unbalanced:  # a bug, never bad input: every line must be accounted for
+        raise LogError(f"ingest accounting does not add up for {unbalanced}")
+    return report
+
+
+def _batch(
+    con: duckdb.DuckDBPyConnection,
+    report: IngestReport,
+    infos: list[_FileInfo],
+    fmt: str,
+    *,
+    bulk: bool,
+    say: Callable[[str], None],
+) -> None:
+    con.execute("BEGIN TRANSACTION")
+    try:
+        con.execute(
+            "INSERT INTO ingest_batches VALUES (?, ?, now(), NULL, ?, 0, 0, 0, 0)",
+            [report.batch_id, fmt, len(infos)],
+        )
+        todo: list[_FileInfo] = []
+        for info in infos:
+            seen = con.execute(
+                "SELECT rejected FROM ingested_files WHERE path = ? AND size = ? AND mtime_ns = ? AND sha256 = ?",
+                [str(info.path), info.size, info.mtime_ns, info.sha256],
+            ).fetchone()
+            if seen is not None:
+                # Unchanged since it was ingested: what landed then is present; what was rejected then is
+                # still rejected (and already in rejected_lines, so not recorded twice).
+                report.files.append(
+                    FileReport(
+                        str(info.path), info.lines, already_present=info.lines - seen[0], rejected=seen[0],
+                        path="unchanged",
+                    )
+                )
+            else:
+                todo.append(info)
+        careful = todo
+        if todo and bulk:
+            say(f"bulk read of {len(todo)} file(s)")
+            careful = _bulk_native(con, report, todo)
+        if careful:
+            say(f"careful read of {len(careful)} file(s)")
+            _careful(con, report, careful, fmt)
+        rejected_by_file = {f.file: f.rejected for f in report.files}
+        for info in todo:
+            con.execute("DELETE FROM ingested_files WHERE path = ?", [str(info.path)])
+            con.execute(
+                "INSERT INTO ingested_files VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [str(info.path), info.size, info.mtime_ns, info.sha256, info.lines,
+                 rejected_by_file.get(str(info.path), 0), report.batch_id],
+            )
+        con.execute(
+            "UPDATE ingest_batches SET finished_at = now(), lines_read = ?, ingested = ?, already_present = ?, "
+            "rejected = ? WHERE batch_id = ?",
+            [report.lines_read, report.ingested, report.already_present, report.rejected, report.batch_id],
+        )
+        hold = float(os.environ.get(HOLD_ENV, "0") or 0)
+        if hold:
+            say(f"holding the batch open for {hold}s ({HOLD_ENV})")
+            time.sleep(hold)
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+
+
+def _bulk_native(con: duckdb.DuckDBPyConnection, report: IngestReport, todo: list[_FileInfo]) -> list[_FileInfo]:
+    """Insert every row that passes straight from `read_json`; return the files that need care."""
+    try:
+        con.execute(
+            f"""
+            INSERT INTO entries
+                (thread_id, "index", entry_id, recorded_at, machine_id, machine_version, event_type, event,
+                 causation_id, attempts, metadata, state_hash, schema_version, line_thread_id, source, batch_id)
+            SELECT coalesce(threadId, {FILE_STEM_SQL}), "index", id, recordedAt, machineId, machineVersion,
+                   event ->> '$.type', event, causationId, attempts, metadata, verification ->> '$.stateHash',
+                   schemaVersion, threadId IS NOT NULL, filename, ?
+            FROM read_json({_sql_list([i.path for i in todo])}, format = 'newline_delimited',
+                           columns = {NATIVE_COLUMNS}, filename = true, ignore_errors = true,
+                           maximum_object_size = 67108864) AS s
+            WHERE {NATIVE_OK}
+              AND NOT EXISTS (SELECT 1 FROM entries e
+                              WHERE e.thread_id = coalesce(s.threadId, {FILE_STEM_SQL.replace('filename', 's.filename')})
+                                AND e."index" = s."index")
+            """,
+            [report.batch_id],
+        )
+    except duckdb.ConstraintException:
+        # The same (thread, index) twice within the batch: every file takes the careful path.
+        raise _RetryCarefully() from None
+    counts = dict(
+        con.execute(
+            "SELECT source, count(*) FROM entries WHERE batch_id = ? GROUP BY source", [report.batch_id]
+        ).fetchall()
+    )
+    gaps = {
+        row[0]
+        for row in con.execute(
+            """
+            SELECT DISTINCT e.source FROM entries e
+            JOIN (SELECT thread_id FROM entries WHERE thread_id IN
+                    (SELECT DISTINCT thread_id FROM entries WHERE batch_id = ?)
+                  GROUP BY thread_id HAVING count(*) != max("index") + 1) g USING (thread_id)
+            WHERE e.batch_id = ?
+            """,
+            [report.batch_id, report.batch_id],
+        ).fetchall()
+    }
+    careful: list[_FileInfo] = []
+    for info in todo:
+        landed = counts.get(str(info.path), 0)
+        if landed == info.lines and str(info.path) not in gaps:
+            report.files.append(FileReport(str(info.path), info.lines, ingested=landed))
+        else:
+            careful.append(info)
+    if careful:
+        con.execute(
+            f"DELETE FROM entries WHERE batch_id = ? AND source IN (SELECT unnest({_sql_list([i.path for i in careful])}))",
+            [report.batch_id],
+        )
+    return careful
+
+
+class _RetryCarefully(Exception):
+    pass
+
+
+# --- the careful path ---------------------------------------------------------------------------------
+
+CAND_COLUMNS = """
+    file VARCHAR, line BIGINT, raw VARCHAR, error VARCHAR, thread_id VARCHAR, idx BIGINT, entry_id VARCHAR,
+    recorded_at VARCHAR, machine_id VARCHAR, machine_version VARCHAR, event_type VARCHAR, event JSON,
+    causation_id VARCHAR, attempts JSON, metadata JSON, state_hash VARCHAR, schema_version INTEGER,
+    line_thread_id BOOLEAN, keep_raw BOOLEAN
+"""
+"""The careful path's candidate rows; importers of other formats fill the same table."""
+
+
+def _content_key(prefix: str = "") -> str:
+    p = prefix
+    return (
+        f"md5(concat_ws(chr(31), {p}entry_id, {p}recorded_at, {p}machine_id, {p}machine_version, "
+        f"json({p}event)::VARCHAR, coalesce({p}causation_id, ''), coalesce(json({p}attempts)::VARCHAR, ''), "
+        f"coalesce(json({p}metadata)::VARCHAR, ''), coalesce({p}state_hash, ''), {p}schema_version::VARCHAR))"
+    )
+
+
+def load_raw_lines(con: duckdb.DuckDBPyConnection, paths: Sequence[Path]) -> None:
+    """TEMP TABLE raw_lines(file, line, raw): every non-blank line with its 1-based line number."""
+    con.execute(
+        f"""
+        CREATE OR REPLACE TEMP TABLE raw_lines AS
+        SELECT file, line, rtrim(raw, chr(13)) AS raw FROM (
+            SELECT filename AS file, generate_subscripts(parts, 1) AS line, unnest(parts) AS raw
+            FROM (SELECT filename, string_split(content, chr(10)) AS parts FROM read_text({_sql_list(paths)}))
+        ) WHERE trim(raw) != ''
+        """
+    )
+
+
+def _json_field(name: str, kind: str, label: str | None = None) -> str:
+    """A CASE branch: the field must be present with this JSON type."""
+    label = label or name
+    return (
+        f"WHEN json_type(j, '$.{name}') IS NULL OR json_type(j, '$.{name}') = 'NULL' THEN 'missing field {label}' "
+        f"WHEN json_type(j, '$.{name}') != '{kind}' THEN 'field {label} must be {_KIND_TEXT[kind]}, found ' "
+        f"|| lower(json_type(j, '$.{name}')) "
+    )
+
+
+def _optional_field(name: str, kind: str) -> str:
+    return (
+        f"WHEN json_type(j, '$.{name}') IS NOT NULL AND json_type(j, '$.{name}') NOT IN ('NULL', '{kind}') "
+        f"THEN 'field {name} must be {_KIND_TEXT[kind]}, found ' || lower(json_type(j, '$.{name}')) "
+    )
+
+
+_KIND_TEXT = {"VARCHAR": "a string", "OBJECT": "an object", "ARRAY": "an array"}
+
+
+def _stage_native(con: duckdb.DuckDBPyConnection) -> None:
+    con.execute(
+        f"""
+        CREATE OR REPLACE TEMP TABLE cand AS
+        WITH parsed AS (
+            SELECT file, line, raw, json_valid(raw) AS valid,
+                   CASE WHEN json_valid(raw) THEN raw::JSON END AS j
+            FROM raw_lines
+        ), checked AS (
+            SELECT *, coalesce(CASE WHEN json_type(j, '$.threadId') = 'VARCHAR' THEN j ->> '$.threadId' END,
+                               regexp_extract(file, '([^/]+)\\.jsonl?$', 1)) AS thread
+            FROM parsed
+        )
+        SELECT file, line, raw,
+            CASE
+                WHEN NOT valid THEN 'not JSON'
+                WHEN json_type(j) != 'OBJECT' THEN 'not a JSON object: a log entry is an object'
+                WHEN json_type(j, '$.schemaVersion') IS NULL THEN 'missing field schemaVersion'
+                WHEN (j -> '$.schemaVersion')::VARCHAR != '1'
+                    THEN 'schemaVersion must be 1, found ' || (j -> '$.schemaVersion')::VARCHAR
+                {_json_field('id', 'VARCHAR')}
+                WHEN json_type(j, '$.index') IS NULL OR json_type(j, '$.index') = 'NULL' THEN 'missing field index'
+                WHEN json_type(j, '$.index') != 'UBIGINT'
+                    THEN 'field index must be a non-negative integer, found ' || (j -> '$.index')::VARCHAR
+                {_json_field('recordedAt', 'VARCHAR')}
+                WHEN TRY_CAST(j ->> '$.recordedAt' AS TIMESTAMPTZ) IS NULL
+                    THEN 'field recordedAt must be an RFC 3339 timestamp, found ' || (j ->> '$.recordedAt')
+                {_json_field('machineId', 'VARCHAR')}
+                {_json_field('machineVersion', 'VARCHAR')}
+                {_json_field('event', 'OBJECT')}
+                WHEN json_type(j, '$.event.type') IS DISTINCT FROM 'VARCHAR' OR j ->> '$.event.type' = ''
+                    THEN 'event.type must be a non-empty string'
+                {_optional_field('causationId', 'VARCHAR')}
+                {_optional_field('attempts', 'ARRAY')}
+                {_optional_field('metadata', 'OBJECT')}
+                {_optional_field('verification', 'OBJECT')}
+                {_optional_field('threadId', 'VARCHAR')}
+                WHEN NOT regexp_full_match(thread, {THREAD_ID_SQL})
+                    THEN 'thread id ' || thread || ' is not valid: letters, digits and ._:@+=- only'
+                WHEN (j ->> '$.index') = '0' AND j ->> '$.event.type' != '@agent.init'
+                    THEN 'entry 0 of a thread must be @agent.init, found ' || (j ->> '$.event.type')
+            END AS error,
+            thread AS thread_id,
+            TRY_CAST(j ->> '$.index' AS BIGINT) AS idx,
+            j ->> '$.id' AS entry_id,
+            j ->> '$.recordedAt' AS recorded_at,
+            j ->> '$.machineId' AS machine_id,
+            j ->> '$.machineVersion' AS machine_version,
+            j ->> '$.event.type' AS event_type,
+            j -> '$.event' AS event,
+            CASE WHEN json_type(j, '$.causationId') = 'VARCHAR' THEN j ->> '$.causationId' END AS causation_id,
+            CASE WHEN json_type(j, '$.attempts') = 'ARRAY' THEN j -> '$.attempts' END AS attempts,
+            CASE WHEN json_type(j, '$.metadata') = 'OBJECT' THEN j -> '$.metadata' END AS metadata,
+            j ->> '$.verification.stateHash' AS state_hash,
+            1 AS schema_version,
+            json_type(j, '$.threadId') = 'VARCHAR' AS line_thread_id,
+            false AS keep_raw
+        FROM checked
+        """
+    )
+
+
+def _careful(con: duckdb.DuckDBPyConnection, report: IngestReport, infos: list[_FileInfo], fmt: str) -> None:
+    """Line by line, with line numbers: land, recognise as present, or reject with the reason."""
+    from improve.warehouse.importers import IMPORTERS
+
+    load_raw_lines(con, [i.path for i in infos])
+    if fmt == "native":
+        _stage_native(con)
+    else:
+        IMPORTERS[fmt].stage(con)
+    con.execute(
+        f"""
+        CREATE OR REPLACE TEMP TABLE classified AS
+        WITH good AS (
+            SELECT *, {_content_key()} AS ck FROM cand WHERE error IS NULL
+        ), existing AS (
+            SELECT thread_id, "index" AS idx, {_content_key()} AS ck FROM entries
+            WHERE thread_id IN (SELECT DISTINCT thread_id FROM good)
+        ), lengths AS (
+            SELECT thread_id, count(*) AS n FROM entries
+            WHERE thread_id IN (SELECT DISTINCT thread_id FROM good) GROUP BY thread_id
+        ), marked AS (
+            SELECT g.*, e.ck AS existing_ck,
+                   min(g.ck) OVER w != max(g.ck) OVER w AS variants,
+                   row_number() OVER (w ORDER BY g.file, g.line) AS occurrence
+            FROM good g LEFT JOIN existing e ON e.thread_id = g.thread_id AND e.idx = g.idx
+            WINDOW w AS (PARTITION BY g.thread_id, g.idx)
+        ), status AS (
+            SELECT *,
+                CASE
+                    WHEN existing_ck IS NOT NULL AND existing_ck = ck THEN 'present'
+                    WHEN existing_ck IS NOT NULL THEN 'conflict: thread ' || thread_id || ' index ' || idx
+                        || ' already holds a different entry; it is not overwritten'
+                    WHEN variants THEN 'conflict: thread ' || thread_id || ' index ' || idx
+                        || ' appears more than once in this batch with different content'
+                    WHEN occurrence > 1 THEN 'present'
+                    ELSE 'new'
+                END AS status
+            FROM marked
+        ), ranked AS (
+            SELECT s.*, coalesce(l.n, 0) + row_number() OVER (PARTITION BY s.thread_id ORDER BY s.idx) - 1 AS expected
+            FROM status s LEFT JOIN lengths l USING (thread_id)
+            WHERE s.status = 'new'
+        )
+        SELECT file, line, 'present' AS status, NULL AS error FROM status WHERE status = 'present'
+        UNION ALL
+        SELECT file, line, 'rejected', status FROM status WHERE status LIKE 'conflict:%'
+        UNION ALL
+        SELECT file, line,
+               CASE WHEN idx = expected THEN 'new' ELSE 'rejected' END,
+               CASE WHEN idx != expected THEN 'gap in indices: thread ' || thread_id || ' continues at index '
+                    || expected || ' but this line has index ' || idx END
+        FROM ranked
+        UNION ALL
+        SELECT file, line, 'rejected', error FROM cand WHERE error IS NOT NULL
+        """
+    )
+    con.execute(
+        """
+        INSERT INTO entries
+            (thread_id, "index", entry_id, recorded_at, machine_id, machine_version, event_type, event,
+             causation_id, attempts, metadata, state_hash, schema_version, line_thread_id, source, batch_id, raw)
+        SELECT c.thread_id, c.idx, c.entry_id, c.recorded_at, c.machine_id, c.machine_version, c.event_type,
+               c.event, c.causation_id, c.attempts, c.metadata, c.state_hash, c.schema_version, c.line_thread_id,
+               c.file, ?, CASE WHEN c.keep_raw THEN c.raw END
+        FROM cand c JOIN classified k ON k.file = c.file AND k.line = c.line
+        WHERE k.status = 'new'
+        """,
+        [report.batch_id],
+    )
+    con.execute(
+        """
+        INSERT INTO rejected_lines (file, line, error, raw, batch_id, rejected_at)
+        SELECT k.file, k.line, k.error, r.raw, ?, now()
+        FROM classified k JOIN raw_lines r ON r.file = k.file AND r.line = k.line
+        WHERE k.status = 'rejected'
+        """,
+        [report.batch_id],
+    )
+    counts = con.execute(
+        """
+        SELECT r.file, count(*),
+               count(*) FILTER (WHERE k.status = 'new'),
+               count(*) FILTER (WHERE k.status = 'present'),
+               count(*) FILTER (WHERE k.status = 'rejected')
+        FROM raw_lines r LEFT JOIN classified k ON k.file = r.file AND k.line = r.line
+        GROUP BY r.file
+        """
+    ).fetchall()
+    by_file = {row[0]: row for row in counts}
+    for info in infos:
+        row = by_file.get(str(info.path))
+        if row is None:
+            report.files.append(FileReport(str(info.path), 0, path="careful"))
+            continue
+        report.files.append(FileReport(row[0], row[1], row[2], row[3], row[4], path="careful"))
+    report.rejections.extend(
+        (f, n, e)
+        for f, n, e in con.execute(
+            "SELECT file, line, error FROM classified WHERE status = 'rejected' ORDER BY file, line LIMIT 20"
+        ).fetchall()
+    )
+    for table in ("raw_lines", "cand", "classified"):
+        con.execute(f"DROP TABLE IF EXISTS {table}")
