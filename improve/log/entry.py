@@ -35,6 +35,10 @@ class Attempt(BaseModel):
         "environment's rules refuse it now); `no-answer` when the decider produced nothing."
     )
     reason: str = Field(description="A fixed, human-readable sentence for the refusal, shown to the decider.")
+    guard: str | None = Field(
+        default=None,
+        description="For `rejected-by-guard`: the guard that refused it, as `'state'.on.EVENT[i]: <expression>`.",
+    )
 
 
 class Verification(BaseModel):

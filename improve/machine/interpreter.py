@@ -433,6 +433,20 @@ def transition(machine: Machine, snapshot: Snapshot, event: Mapping[str, Any]) -
     return _settle(machine, target, context, snapshot.input, dict(event))
 
 
+def refusing_guard(machine: Machine, snapshot: Snapshot, event: Mapping[str, Any]) -> str | None:
+    """Which guard refused `event` here (the first candidate's), e.g. for the `attempts` view."""
+    state = machine.states[snapshot.value]
+    scope = _scope(snapshot.context, dict(event), snapshot.input)
+    for t in _candidates(state, event) or ():
+        if not _passes(machine, t, scope, snapshot.context, event):
+            where = t.where.removeprefix("state ")
+            if t.guard is not None:
+                return f"{where}: {t.guard.source}"
+            if t.named_guard is not None:
+                return f"{where}: guard:{t.named_guard.type}"
+    return None
+
+
 def can(machine: Machine, snapshot: Snapshot, event: Mapping[str, Any]) -> bool:
     """Whether `event` would be taken by some transition in the current state."""
     if snapshot.status != "active":

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from improve.log.entry import Attempt
 from improve.machine import Machine, Snapshot, can
-from improve.machine.interpreter import FREE_TEXT
+from improve.machine.interpreter import FREE_TEXT, refusing_guard
 
 DEFAULT_MAX_RETRIES = 2
 MAX_FREE_TEXT = 2000
@@ -175,6 +175,7 @@ def check_answer(
         return Attempt(
             event=event,
             kind="rejected-by-guard",
+            guard=refusing_guard(machine, snapshot, event),
             reason=f"rejected-by-guard: the rules do not allow {etype} here; the options now are "
             f"{_json(request.options)}",
         )

@@ -1,0 +1,173 @@
+"""Materializing the warehouse's `outcomes` table: replay each thread, score it against its labels.
+
+A thread gets a row when its machine is a known environment. When its id names a scenario of that
+environment's scenario file (`split:version:scenario:rK`), the row is scored (`passed`, `reason`);
+otherwise those stay NULL. Rows are refreshed when the thread has grown since it was replayed.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import duckdb
+
+from improve.errors import ImproveError
+from improve.evals.outcome import OutcomeRow, outcome_row
+from improve.evals.scenarios import Scenario, load_scenarios
+from improve.evals.workspace import Workspace
+from improve.examples import BUNDLED, load_environment
+from improve.log.entry import LogEntry, ThreadId
+from improve.log.replay import replay
+from improve.runtime.environment import Environment
+from improve.warehouse.store import COLUMNS, row_entry
+
+
+@dataclass
+class MaterializeReport:
+    replayed: int = 0
+    scored: int = 0
+    skipped_unknown_machine: int = 0
+    failed: int = 0
+    errors: list[str] | None = None
+
+
+def _environments() -> dict[str, Environment]:
+    envs = {}
+    for name in BUNDLED:
+        env = load_environment(name)
+        envs[env.config.id] = env
+    return envs
+
+
+def _scenarios(workspace: Workspace, env: Environment) -> dict[str, Scenario]:
+    path = workspace.scenarios_path(env.name)
+    if not path.exists():
+        return {}
+    return load_scenarios(path).by_id()
+
+
+def _pending(con: duckdb.DuckDBPyConnection, machine_ids: list[str]) -> list[str]:
+    rows = con.execute(
+        """
+        SELECT t.thread_id FROM (
+            SELECT thread_id, count(*) AS n, min(machine_id) AS machine_id FROM entries GROUP BY thread_id
+        ) t LEFT JOIN outcomes o USING (thread_id)
+        WHERE list_contains(?, t.machine_id) AND (o.thread_id IS NULL OR o.entries != t.n)
+        ORDER BY t.thread_id
+        """,
+        [machine_ids],
+    ).fetchall()
+    return [r[0] for r in rows]
+
+
+def _threads(con: duckdb.DuckDBPyConnection, thread_ids: list[str], chunk: int = 2000) -> Iterator[tuple[str, list[LogEntry]]]:
+    for start in range(0, len(thread_ids), chunk):
+        ids = thread_ids[start : start + chunk]
+        rows = con.execute(
+            f'SELECT {COLUMNS} FROM entries WHERE list_contains(?, thread_id) ORDER BY thread_id, "index"', [ids]
+        ).fetchall()
+        current: str | None = None
+        batch: list[LogEntry] = []
+        for row in rows:
+            if row[0] != current:
+                if current is not None:
+                    yield current, batch
+                current, batch = row[0], []
+            batch.append(row_entry(row))
+        if current is not None:
+            yield current, batch
+
+
+def refresh_outcomes(
+    con: duckdb.DuckDBPyConnection,
+    workspace: Workspace,
+    progress: Callable[[int, int], None] | None = None,
+) -> MaterializeReport:
+    """Replay every thread of a known environment that has no (or a stale) outcomes row."""
+    envs = _environments()
+    report = MaterializeReport(errors=[])
+    pending = _pending(con, list(envs))
+    scenario_sets = {machine_id: _scenarios(workspace, env) for machine_id, env in envs.items()}
+    rows: list[tuple[Any, ...]] = []
+    for done, (thread_id, entries) in enumerate(_threads(con, pending), start=1):
+        env = envs[entries[0].machineId]
+        parsed = ThreadId.parse(thread_id)
+        scenario = scenario_sets[env.config.id].get(parsed.scenario) if parsed else None
+        try:
+            if scenario is not None:
+                scored = outcome_row(env, scenario, thread_id, entries)
+                report.scored += 1
+            else:
+                scored = _unscored(env, thread_id, entries)
+        except ImproveError as err:
+            report.failed += 1
+            assert report.errors is not None
+            if len(report.errors) < 20:
+                report.errors.append(f"{thread_id}: {err}")
+            continue
+        rows.append(_row(env, scored, len(entries), scenario is not None))
+        report.replayed += 1
+        if progress and done % 500 == 0:
+            progress(done, len(pending))
+    if rows:
+        con.execute("BEGIN TRANSACTION")
+        con.execute("DELETE FROM outcomes WHERE list_contains(?, thread_id)", [[r[0] for r in rows]])
+        con.executemany(f"INSERT INTO outcomes VALUES ({', '.join('?' * 21)}, now())", rows)
+        con.execute("COMMIT")
+    return report
+
+
+def _unscored(env: Environment, thread_id: str, entries: list[LogEntry]) -> OutcomeRow:
+    result = replay(env.machine, entries)
+    parsed = ThreadId.parse(thread_id)
+    state = env.machine.states[result.snapshot.value]
+    violations = [{"rule": "sentinel", "state": result.snapshot.value}] if state.config.is_sentinel else []
+    return OutcomeRow(
+        thread_id=thread_id,
+        scenario=parsed.scenario if parsed else "",
+        category="",
+        split=parsed.split if parsed else "",
+        policy_version=parsed.policy_version if parsed else "",
+        run=parsed.run if parsed else 0,
+        status=result.status,
+        final_state=result.final_state,
+        output=result.snapshot.output,
+        expected_outcome="",
+        passed=False,
+        reason="no labelled scenario for this thread",
+        violations=violations,
+        steps=result.steps,
+        model_calls=result.model_calls,
+        input_tokens=result.input_tokens,
+        output_tokens=result.output_tokens,
+        failed_attempts=result.failed_attempts,
+    )
+
+
+def _row(env: Environment, r: OutcomeRow, entries: int, scored: bool) -> tuple[Any, ...]:
+    return (
+        r.thread_id,
+        env.name,
+        r.scenario or None,
+        r.category or None,
+        r.split or None,
+        r.policy_version or None,
+        r.run or None,
+        r.final_state,
+        r.status,
+        json.dumps(r.output),
+        r.steps,
+        r.model_calls,
+        r.input_tokens,
+        r.output_tokens,
+        r.failed_attempts,
+        len(r.violations),
+        [v.get("rule", "") for v in r.violations],
+        r.expected_outcome if scored else None,
+        r.passed if scored else None,
+        r.reason if scored else None,
+        entries,
+    )
