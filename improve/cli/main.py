@@ -19,6 +19,7 @@ from improve.cli.common import (
     out,
     workspace,
 )
+from improve.cli.warehouse import ingest_command, sql_command
 from improve.errors import DivergenceError, LogError, WorkspaceError
 from improve.evals.outcome import OutcomeRow
 from improve.evals.scenarios import load_scenarios
@@ -334,6 +335,10 @@ def describe_command(
             emit_json(to_xstate(config))
         else:
             raise WorkspaceError(f"unknown format {fmt!r}; use text, mermaid or xstate")
+
+
+app.command("ingest")(ingest_command)
+app.command("sql")(sql_command)
 
 
 def main() -> None:

@@ -63,11 +63,14 @@ def _pending(con: duckdb.DuckDBPyConnection, machine_ids: list[str]) -> list[str
     return [r[0] for r in rows]
 
 
-def _threads(con: duckdb.DuckDBPyConnection, thread_ids: list[str], chunk: int = 2000) -> Iterator[tuple[str, list[LogEntry]]]:
+def _threads(
+    con: duckdb.DuckDBPyConnection, thread_ids: list[str], chunk: int = 2000
+) -> Iterator[tuple[str, list[LogEntry]]]:
     for start in range(0, len(thread_ids), chunk):
         ids = thread_ids[start : start + chunk]
         rows = con.execute(
-            f'SELECT {COLUMNS} FROM entries WHERE list_contains(?, thread_id) ORDER BY thread_id, "index"', [ids]
+            f'SELECT {COLUMNS} FROM entries WHERE list_contains(?, thread_id) ORDER BY thread_id, "index"',
+            [ids],
         ).fetchall()
         current: str | None = None
         batch: list[LogEntry] = []

@@ -3,6 +3,7 @@
     [workspace]
     environment = "refunds"          # the default --env
     traces = "traces"                # JSONL threads, one file per thread
+    warehouse = "traces/traces.duckdb"
     reports = "reports"
 
     [environments.refunds]
@@ -41,6 +42,7 @@ class _Section(BaseModel):
 class WorkspaceSection(_Section):
     environment: str = Field(default="refunds", description="The environment used when --env is not given.")
     traces: str = Field(default="traces", description="Directory of JSONL threads.")
+    warehouse: str = Field(default="traces/traces.duckdb", description="The DuckDB trace warehouse.")
     reports: str = Field(default="reports", description="Directory of generated reports.")
 
 
@@ -95,6 +97,10 @@ class Workspace:
     @property
     def traces(self) -> Path:
         return self.path(self.config.workspace.traces)
+
+    @property
+    def warehouse(self) -> Path:
+        return self.path(self.config.workspace.warehouse)
 
     @property
     def reports(self) -> Path:

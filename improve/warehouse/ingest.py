@@ -34,22 +34,39 @@ import duckdb
 
 from improve.errors import ConfigError, LogError
 
+# Every field is read as JSON so its type can be checked: read_json with typed columns coerces silently
+# (7 becomes "7", 1.5 becomes 2, true becomes 1), and a wrong type must be rejected, not repaired.
 NATIVE_COLUMNS = (
-    "{'schemaVersion': 'INTEGER', 'id': 'VARCHAR', 'index': 'BIGINT', 'recordedAt': 'VARCHAR', "
-    "'machineId': 'VARCHAR', 'machineVersion': 'VARCHAR', 'event': 'JSON', 'causationId': 'VARCHAR', "
-    "'attempts': 'JSON', 'metadata': 'JSON', 'verification': 'JSON', 'threadId': 'VARCHAR'}"
+    "{'schemaVersion': 'JSON', 'id': 'JSON', 'index': 'JSON', 'recordedAt': 'JSON', 'machineId': 'JSON', "
+    "'machineVersion': 'JSON', 'event': 'JSON', 'causationId': 'JSON', 'attempts': 'JSON', 'metadata': 'JSON', "
+    "'verification': 'JSON', 'threadId': 'JSON'}"
 )
 THREAD_ID_SQL = r"'^[A-Za-z0-9][A-Za-z0-9._:@+=-]{0,254}$'"
 FILE_STEM_SQL = r"regexp_extract(filename, '([^/]+)\.jsonl?$', 1)"
 
+
+def _absent_or(column: str, kind: str) -> str:
+    return f"({column} IS NULL OR json_type({column}) IN ('NULL', '{kind}'))"
+
+
+def _present(column: str) -> str:
+    return f"CASE WHEN json_type({column}) != 'NULL' THEN {column} END"
+
+
+THREAD_SQL = f"coalesce(CASE WHEN json_type(threadId) = 'VARCHAR' THEN threadId ->> '$' END, {FILE_STEM_SQL})"
+
 # What a native row must satisfy to land (the careful path gives each failure its own message).
 NATIVE_OK = f"""
-    id IS NOT NULL AND "index" IS NOT NULL AND "index" >= 0 AND schemaVersion = 1
-    AND machineId IS NOT NULL AND machineVersion IS NOT NULL
-    AND event IS NOT NULL AND json_type(event) = 'OBJECT' AND json_type(event, '$.type') = 'VARCHAR'
-    AND TRY_CAST(recordedAt AS TIMESTAMPTZ) IS NOT NULL
-    AND regexp_full_match(coalesce(threadId, {FILE_STEM_SQL}), {THREAD_ID_SQL})
-    AND ("index" > 0 OR event ->> '$.type' = '@agent.init')
+    json_type(schemaVersion) = 'UBIGINT' AND schemaVersion::VARCHAR = '1'
+    AND json_type(id) = 'VARCHAR' AND json_type("index") = 'UBIGINT'
+    AND json_type(recordedAt) = 'VARCHAR' AND TRY_CAST(recordedAt ->> '$' AS TIMESTAMPTZ) IS NOT NULL
+    AND json_type(machineId) = 'VARCHAR' AND json_type(machineVersion) = 'VARCHAR'
+    AND json_type(event) = 'OBJECT' AND json_type(event, '$.type') = 'VARCHAR' AND event ->> '$.type' != ''
+    AND {_absent_or("causationId", "VARCHAR")} AND {_absent_or("attempts", "ARRAY")}
+    AND {_absent_or("metadata", "OBJECT")} AND {_absent_or("verification", "OBJECT")}
+    AND {_absent_or("threadId", "VARCHAR")}
+    AND regexp_full_match({THREAD_SQL}, {THREAD_ID_SQL})
+    AND ("index"::VARCHAR != '0' OR event ->> '$.type' = '@agent.init')
 """
 
 HOLD_ENV = "IMPROVE_INGEST_HOLD_SECONDS"
@@ -143,10 +160,27 @@ def _file_info(path: Path) -> _FileInfo:
     data = path.read_bytes()
     stat = path.stat()
     # Counting newlines is not decoding: it is what `read_json` will yield a row for.
-    lines = sum(1 for line in data.split(b"\n") if line.strip()) if b"\n\n" in data or b" \n" in data else (
-        data.count(b"\n") + (0 if data.endswith(b"\n") or not data else 1)
+    lines = (
+        sum(1 for line in data.split(b"\n") if line.strip())
+        if b"\n\n" in data or b" \n" in data
+        else (data.count(b"\n") + (0 if data.endswith(b"\n") or not data else 1))
     )
     return _FileInfo(path, stat.st_size, stat.st_mtime_ns, hashlib.sha256(data).hexdigest(), lines)
+
+
+def insert_rows(
+    con: duckdb.DuckDBPyConnection, table: str, rows: Sequence[tuple[object, ...]], chunk: int = 500
+) -> None:
+    """Many rows in few statements (one INSERT per row costs about a millisecond in DuckDB)."""
+    if not rows:
+        return
+    width = len(rows[0])
+    marks = "(" + ", ".join("?" * width) + ")"
+    for start in range(0, len(rows), chunk):
+        part = rows[start : start + chunk]
+        con.execute(
+            f"INSERT INTO {table} VALUES {', '.join([marks] * len(part))}", [v for row in part for v in row]
+        )
 
 
 def _sql_list(paths: Sequence[Path]) -> str:
@@ -200,23 +234,30 @@ def _batch(
             "INSERT INTO ingest_batches VALUES (?, ?, now(), NULL, ?, 0, 0, 0, 0)",
             [report.batch_id, fmt, len(infos)],
         )
+        con.execute(
+            "CREATE OR REPLACE TEMP TABLE batch_files (path VARCHAR, size BIGINT, mtime_ns BIGINT, sha256 VARCHAR, "
+            "lines BIGINT, rejected BIGINT)"
+        )
+        insert_rows(
+            con, "batch_files", [(str(i.path), i.size, i.mtime_ns, i.sha256, i.lines, 0) for i in infos]
+        )
+        seen = dict(
+            con.execute(
+                "SELECT b.path, f.rejected FROM batch_files b JOIN ingested_files f "
+                "ON f.path = b.path AND f.size = b.size AND f.mtime_ns = b.mtime_ns AND f.sha256 = b.sha256"
+            ).fetchall()
+        )
         todo: list[_FileInfo] = []
         for info in infos:
-            seen = con.execute(
-                "SELECT rejected FROM ingested_files WHERE path = ? AND size = ? AND mtime_ns = ? AND sha256 = ?",
-                [str(info.path), info.size, info.mtime_ns, info.sha256],
-            ).fetchone()
-            if seen is not None:
-                # Unchanged since it was ingested: what landed then is present; what was rejected then is
-                # still rejected (and already in rejected_lines, so not recorded twice).
-                report.files.append(
-                    FileReport(
-                        str(info.path), info.lines, already_present=info.lines - seen[0], rejected=seen[0],
-                        path="unchanged",
-                    )
-                )
-            else:
+            before = seen.get(str(info.path))
+            if before is None:
                 todo.append(info)
+                continue
+            # Unchanged since it was ingested: what landed then is present; what was rejected then is still
+            # rejected (and already in rejected_lines, so not recorded twice).
+            report.files.append(
+                FileReport(str(info.path), info.lines, 0, info.lines - before, before, "unchanged")
+            )
         careful = todo
         if todo and bulk:
             say(f"bulk read of {len(todo)} file(s)")
@@ -224,14 +265,17 @@ def _batch(
         if careful:
             say(f"careful read of {len(careful)} file(s)")
             _careful(con, report, careful, fmt)
-        rejected_by_file = {f.file: f.rejected for f in report.files}
-        for info in todo:
-            con.execute("DELETE FROM ingested_files WHERE path = ?", [str(info.path)])
-            con.execute(
-                "INSERT INTO ingested_files VALUES (?, ?, ?, ?, ?, ?, ?)",
-                [str(info.path), info.size, info.mtime_ns, info.sha256, info.lines,
-                 rejected_by_file.get(str(info.path), 0), report.batch_id],
-            )
+        rejected = [(f.file, f.rejected) for f in report.files if f.rejected and f.path != "unchanged"]
+        con.execute("CREATE OR REPLACE TEMP TABLE file_rejects (path VARCHAR, rejected BIGINT)")
+        insert_rows(con, "file_rejects", rejected)
+        done = [str(i.path) for i in todo]
+        con.execute("DELETE FROM ingested_files WHERE list_contains(?, path)", [done])
+        con.execute(
+            "INSERT INTO ingested_files SELECT b.path, b.size, b.mtime_ns, b.sha256, b.lines, "
+            "coalesce(r.rejected, 0), ? FROM batch_files b LEFT JOIN file_rejects r USING (path) "
+            "WHERE list_contains(?, b.path)",
+            [report.batch_id, done],
+        )
         con.execute(
             "UPDATE ingest_batches SET finished_at = now(), lines_read = ?, ingested = ?, already_present = ?, "
             "rejected = ? WHERE batch_id = ?",
@@ -247,7 +291,9 @@ def _batch(
         raise
 
 
-def _bulk_native(con: duckdb.DuckDBPyConnection, report: IngestReport, todo: list[_FileInfo]) -> list[_FileInfo]:
+def _bulk_native(
+    con: duckdb.DuckDBPyConnection, report: IngestReport, todo: list[_FileInfo]
+) -> list[_FileInfo]:
     """Insert every row that passes straight from `read_json`; return the files that need care."""
     try:
         con.execute(
@@ -255,20 +301,23 @@ def _bulk_native(con: duckdb.DuckDBPyConnection, report: IngestReport, todo: lis
             INSERT INTO entries
                 (thread_id, "index", entry_id, recorded_at, machine_id, machine_version, event_type, event,
                  causation_id, attempts, metadata, state_hash, schema_version, line_thread_id, source, batch_id)
-            SELECT coalesce(threadId, {FILE_STEM_SQL}), "index", id, recordedAt, machineId, machineVersion,
-                   event ->> '$.type', event, causationId, attempts, metadata, verification ->> '$.stateHash',
-                   schemaVersion, threadId IS NOT NULL, filename, ?
+            SELECT {THREAD_SQL}, "index"::BIGINT, id ->> '$', recordedAt ->> '$', machineId ->> '$',
+                   machineVersion ->> '$', event ->> '$.type', event, causationId ->> '$',
+                   {_present("attempts")}, {_present("metadata")}, verification ->> '$.stateHash',
+                   1, coalesce(json_type(threadId) = 'VARCHAR', false), filename, ?
             FROM read_json({_sql_list([i.path for i in todo])}, format = 'newline_delimited',
                            columns = {NATIVE_COLUMNS}, filename = true, ignore_errors = true,
                            maximum_object_size = 67108864) AS s
             WHERE {NATIVE_OK}
               AND NOT EXISTS (SELECT 1 FROM entries e
-                              WHERE e.thread_id = coalesce(s.threadId, {FILE_STEM_SQL.replace('filename', 's.filename')})
-                                AND e."index" = s."index")
+                              WHERE e.thread_id = {THREAD_SQL.replace("filename", "s.filename").replace("threadId", "s.threadId")}
+                                AND e."index" = s."index"::BIGINT)
             """,
             [report.batch_id],
         )
-    except duckdb.ConstraintException:
+    except duckdb.ConstraintException as err:
+        if "duplicate key" not in str(err):
+            raise
         # The same (thread, index) twice within the batch: every file takes the careful path.
         raise _RetryCarefully() from None
     counts = dict(
@@ -381,23 +430,23 @@ def _stage_native(con: duckdb.DuckDBPyConnection) -> None:
                 WHEN json_type(j, '$.schemaVersion') IS NULL THEN 'missing field schemaVersion'
                 WHEN (j -> '$.schemaVersion')::VARCHAR != '1'
                     THEN 'schemaVersion must be 1, found ' || (j -> '$.schemaVersion')::VARCHAR
-                {_json_field('id', 'VARCHAR')}
+                {_json_field("id", "VARCHAR")}
                 WHEN json_type(j, '$.index') IS NULL OR json_type(j, '$.index') = 'NULL' THEN 'missing field index'
                 WHEN json_type(j, '$.index') != 'UBIGINT'
                     THEN 'field index must be a non-negative integer, found ' || (j -> '$.index')::VARCHAR
-                {_json_field('recordedAt', 'VARCHAR')}
+                {_json_field("recordedAt", "VARCHAR")}
                 WHEN TRY_CAST(j ->> '$.recordedAt' AS TIMESTAMPTZ) IS NULL
                     THEN 'field recordedAt must be an RFC 3339 timestamp, found ' || (j ->> '$.recordedAt')
-                {_json_field('machineId', 'VARCHAR')}
-                {_json_field('machineVersion', 'VARCHAR')}
-                {_json_field('event', 'OBJECT')}
+                {_json_field("machineId", "VARCHAR")}
+                {_json_field("machineVersion", "VARCHAR")}
+                {_json_field("event", "OBJECT")}
                 WHEN json_type(j, '$.event.type') IS DISTINCT FROM 'VARCHAR' OR j ->> '$.event.type' = ''
                     THEN 'event.type must be a non-empty string'
-                {_optional_field('causationId', 'VARCHAR')}
-                {_optional_field('attempts', 'ARRAY')}
-                {_optional_field('metadata', 'OBJECT')}
-                {_optional_field('verification', 'OBJECT')}
-                {_optional_field('threadId', 'VARCHAR')}
+                {_optional_field("causationId", "VARCHAR")}
+                {_optional_field("attempts", "ARRAY")}
+                {_optional_field("metadata", "OBJECT")}
+                {_optional_field("verification", "OBJECT")}
+                {_optional_field("threadId", "VARCHAR")}
                 WHEN NOT regexp_full_match(thread, {THREAD_ID_SQL})
                     THEN 'thread id ' || thread || ' is not valid: letters, digits and ._:@+=- only'
                 WHEN (j ->> '$.index') = '0' AND j ->> '$.event.type' != '@agent.init'

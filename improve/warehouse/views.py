@@ -221,6 +221,129 @@ RELATIONS: tuple[Relation, ...] = (
         GROUP BY thread_id
         """,
     ),
+    Relation(
+        "sessions",
+        "One row per normalize @agent session imported with --format normalize (threads normalize:<session_id>).",
+        {
+            "thread_id": "The thread: normalize:<session_id>.",
+            "session_id": "The agent's session id (from session_start; the file stem when there is none).",
+            "task": "The task: the task event's user_prompt (prompt in early v1 logs).",
+            "role": "The v2 role (investigator, auditor, refactorer, ...); NULL for v1.",
+            "provider": "LLM provider named by the task event (anthropic, gemini, ...).",
+            "model": "Model named by the task event.",
+            "version": "The agent's format: v1 (freeform loop) or v2 (state machine: explorer/evaluator states).",
+            "max_turns": "The turn budget given in the task event.",
+            "turns": "turn_start events (turns actually started).",
+            "last_turn": "The highest turn number any event names (max_turns_reached may name one never started).",
+            "commands": "command events (commands the agent ran).",
+            "failed_commands": "command events with success = false.",
+            "terminal_event": "The last event other than session_end: done, max_turns_reached, loop_detected, ... "
+            "(llm_response, command or turn_start when the session stopped mid-turn).",
+            "ended": "The log has a session_end event (the agent closed the session).",
+            "answer": "The done event's answer (v2) or summary (v1); NULL without a done event.",
+            "started_at": "First recorded_at.",
+            "ended_at": "Last recorded_at.",
+            "entries": "Entries (log lines) in the thread.",
+        },
+        """
+        SELECT thread_id,
+               coalesce(arg_min(event ->> '$.session_id', "index")
+                            FILTER (WHERE event_type = 'normalize.session_start'),
+                        substr(thread_id, length('normalize:') + 1)) AS session_id,
+               arg_min(coalesce(event ->> '$.user_prompt', event ->> '$.prompt'), "index")
+                   FILTER (WHERE event_type = 'normalize.task') AS task,
+               arg_min(event ->> '$.role', "index") FILTER (WHERE event_type = 'normalize.task') AS role,
+               arg_min(event ->> '$.provider', "index") FILTER (WHERE event_type = 'normalize.task') AS provider,
+               arg_min(event ->> '$.model', "index") FILTER (WHERE event_type = 'normalize.task') AS model,
+               min(machine_version) AS version,
+               arg_min(TRY_CAST(event ->> '$.max_turns' AS INTEGER), "index")
+                   FILTER (WHERE event_type = 'normalize.task') AS max_turns,
+               count(*) FILTER (WHERE event_type = 'normalize.turn_start') AS turns,
+               max(TRY_CAST(event ->> '$.turn' AS INTEGER)) AS last_turn,
+               count(*) FILTER (WHERE event_type = 'normalize.command') AS commands,
+               count(*) FILTER (WHERE event_type = 'normalize.command' AND (event ->> '$.success') = 'false')
+                   AS failed_commands,
+               substr(arg_max(event_type, "index") FILTER (WHERE event_type != 'normalize.session_end'),
+                      length('normalize.') + 1) AS terminal_event,
+               bool_or(event_type = 'normalize.session_end') AS ended,
+               arg_max(coalesce(event ->> '$.answer', event ->> '$.summary'), "index")
+                   FILTER (WHERE event_type = 'normalize.done') AS answer,
+               min(TRY_CAST(recorded_at AS TIMESTAMPTZ)) AS started_at,
+               max(TRY_CAST(recorded_at AS TIMESTAMPTZ)) AS ended_at,
+               count(*) AS entries
+        FROM entries
+        WHERE machine_id = 'normalize-agent' AND starts_with(thread_id, 'normalize:')
+        GROUP BY thread_id
+        """,
+    ),
+    Relation(
+        "session_checkpoints",
+        "One row per normalize @agent checkpoint (session-<id>.json) imported with --format normalize: the "
+        "session state saved for --resume.",
+        {
+            "thread_id": "The checkpoint's thread: normalize-checkpoint:<session_id>.",
+            "session_thread_id": "The session's log thread (join sessions.thread_id).",
+            "session_id": "The agent's session id.",
+            "task": "The task the session was given.",
+            "turn": "The turn the checkpoint was saved at.",
+            "saved_at": "The checkpoint's timestamp as written: local time of the writer, no offset.",
+            "working_memory_items": "Items in the saved working memory.",
+            "working_memory": "The saved working memory (JSON array of {type, id, content, cmd, success}).",
+            "progress": "The saved progress note.",
+            "open_questions": "The saved open questions.",
+            "source": "The checkpoint file.",
+        },
+        """
+        SELECT thread_id,
+               'normalize:' || substr(thread_id, length('normalize-checkpoint:') + 1) AS session_thread_id,
+               event ->> '$.session_id' AS session_id,
+               event ->> '$.task' AS task,
+               TRY_CAST(event ->> '$.turn' AS INTEGER) AS turn,
+               event ->> '$.timestamp' AS saved_at,
+               json_array_length(event -> '$.working_memory') AS working_memory_items,
+               event -> '$.working_memory' AS working_memory,
+               event ->> '$.progress' AS progress,
+               event ->> '$.open_questions' AS open_questions,
+               source
+        FROM entries
+        WHERE event_type = 'normalize.session_checkpoint' AND starts_with(thread_id, 'normalize-checkpoint:')
+        """,
+    ),
+    Relation(
+        "tapes",
+        "One row per opencli agent session tape imported with --format opencli (threads opencli:<file stem>).",
+        {
+            "thread_id": "The thread: opencli:<file stem>.",
+            "tape": "The tape's name (the file stem, as sanitised into the thread id).",
+            "first_user_message": "What the user asked first.",
+            "user_messages": "user lines.",
+            "assistant_messages": "assistant lines.",
+            "tool_calls": "tool_call lines.",
+            "tool_results": "tool_result lines (fewer than tool_calls when the tape stops mid-call).",
+            "tools_used": "Distinct tool names called, sorted.",
+            "first_at": "First recorded_at.",
+            "last_at": "Last recorded_at.",
+            "entries": "Entries (tape lines) in the thread.",
+        },
+        """
+        SELECT thread_id,
+               substr(thread_id, length('opencli:') + 1) AS tape,
+               arg_min(event ->> '$.content', "index") FILTER (WHERE event_type = 'opencli.user')
+                   AS first_user_message,
+               count(*) FILTER (WHERE event_type = 'opencli.user') AS user_messages,
+               count(*) FILTER (WHERE event_type = 'opencli.assistant') AS assistant_messages,
+               count(*) FILTER (WHERE event_type = 'opencli.tool_call') AS tool_calls,
+               count(*) FILTER (WHERE event_type = 'opencli.tool_result') AS tool_results,
+               coalesce(list(DISTINCT event ->> '$.name' ORDER BY event ->> '$.name')
+                            FILTER (WHERE event_type = 'opencli.tool_call'), []) AS tools_used,
+               min(TRY_CAST(recorded_at AS TIMESTAMPTZ)) AS first_at,
+               max(TRY_CAST(recorded_at AS TIMESTAMPTZ)) AS last_at,
+               count(*) AS entries
+        FROM entries
+        WHERE machine_id = 'opencli-agent' AND starts_with(thread_id, 'opencli:')
+        GROUP BY thread_id
+        """,
+    ),
 )
 
 

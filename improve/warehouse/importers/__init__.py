@@ -6,6 +6,9 @@ from typing import Protocol
 
 import duckdb
 
+from improve.warehouse.importers.normalize import NormalizeImporter
+from improve.warehouse.importers.opencli import OpencliImporter
+
 
 class Importer(Protocol):
     name: str
@@ -15,4 +18,8 @@ class Importer(Protocol):
         ...
 
 
-IMPORTERS: dict[str, Importer] = {}
+IMPORTERS: dict[str, Importer] = {
+    importer.name: importer for importer in (NormalizeImporter(), OpencliImporter())
+}
+"""`ingest(..., fmt=name)` stages with IMPORTERS[name]: normalize (the normalize @agent's session logs and
+checkpoints), opencli (the opencli agent's session tapes)."""

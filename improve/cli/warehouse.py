@@ -1,0 +1,182 @@
+"""`improve ingest` and `improve sql`: the trace warehouse from the command line."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import duckdb
+import typer
+from rich.table import Table
+
+from improve.cli.common import (
+    EXIT_FAILED,
+    JsonOption,
+    WorkspaceOption,
+    emit_json,
+    err,
+    handled,
+    out,
+    workspace,
+)
+from improve.errors import WorkspaceError
+from improve.evals.materialize import refresh_outcomes
+from improve.warehouse.db import DEFAULT_LOCK_TIMEOUT, connect
+from improve.warehouse.ingest import ingest
+from improve.warehouse.sql import FORMATS, query, render_csv, render_json, render_markdown, schema_doc
+
+DbOption = typer.Option("--db", help="Warehouse file (default: the workspace's traces/traces.duckdb).")
+
+
+def ingest_command(
+    paths: Annotated[
+        list[str], typer.Argument(help="JSONL files, directories (every *.jsonl below) or globs.")
+    ],
+    fmt: Annotated[str, typer.Option("--format", "-f", help="native, normalize or opencli.")] = "native",
+    db: Annotated[Path | None, DbOption] = None,
+    allow_rejects: Annotated[
+        bool, typer.Option("--allow-rejects", help="Exit 0 even when lines were rejected.")
+    ] = False,
+    outcomes: Annotated[
+        bool, typer.Option("--outcomes/--no-outcomes", help="Replay new threads into `outcomes`.")
+    ] = True,
+    lock_timeout: Annotated[
+        float, typer.Option("--lock-timeout", help="Seconds to wait for another writer.")
+    ] = DEFAULT_LOCK_TIMEOUT,
+    as_json: Annotated[bool, JsonOption] = False,
+    ws: Annotated[Path | None, WorkspaceOption] = None,
+) -> None:
+    """Ingest JSONL threads into the DuckDB warehouse: one batch, one transaction, nothing lost.
+
+    Every line lands, is recognised as already present, or goes to `rejected_lines` with its file, line
+    number and reason; the command prints, per file, lines read = ingested + already present + rejected,
+    and exits 1 when anything was rejected (unless --allow-rejects). Ingesting the same files again adds
+    nothing. Then every new thread of a known environment is replayed into `outcomes`.
+
+    Example:
+
+        improve ingest traces/ && improve ingest --format normalize ../shared/data/normalize-agent/logs
+    """
+    with handled():
+        space = workspace(ws)
+        target = db or space.warehouse
+        con = connect(target, lock_timeout=lock_timeout)
+        report = ingest(con, paths, fmt=fmt, progress=lambda m: err.print(f"ingest: {m}"))
+        materialized = None
+        if outcomes:
+            materialized = refresh_outcomes(con, space, progress=lambda d, t: err.print(f"outcomes: {d}/{t}"))
+        con.close()
+        if as_json:
+            doc = report.to_json() | {"warehouse": str(target)}
+            if materialized:
+                doc["outcomes"] = materialized.__dict__
+            emit_json(doc)
+        else:
+            table = Table(title=f"ingest into {target} ({report.seconds:.2f}s)")
+            for column in ("file", "lines read", "ingested", "already present", "rejected", "path"):
+                table.add_column(column, overflow="fold")
+            shown = report.files if len(report.files) <= 20 else [f for f in report.files if f.rejected]
+            if len(shown) < len(report.files):
+                table.caption = f"{len(report.files) - len(shown)} clean file(s) not listed (all in --json)"
+            for f in shown:
+                style = "red" if f.rejected else ""
+                table.add_row(
+                    f.file,
+                    str(f.lines_read),
+                    str(f.ingested),
+                    str(f.already_present),
+                    f"[{style}]{f.rejected}[/]" if style else "0",
+                    f.path,
+                )
+            table.add_row(
+                "[bold]total[/]",
+                str(report.lines_read),
+                str(report.ingested),
+                str(report.already_present),
+                str(report.rejected),
+                "",
+            )
+            out.print(table)
+            for file, line, error in report.rejections:
+                err.print(f"rejected {file}:{line}: {error}", markup=False)
+            if report.rejected > len(report.rejections):
+                err.print(f"... {report.rejected - len(report.rejections)} more in the rejected_lines table")
+            if materialized:
+                err.print(
+                    f"outcomes: {materialized.replayed} thread(s) replayed ({materialized.scored} scored, "
+                    f"{materialized.failed} failed)"
+                )
+                for line in materialized.errors or []:
+                    err.print(f"  {line}", markup=False)
+        if report.rejected and not allow_rejects:
+            err.print(
+                f'{report.rejected} line(s) rejected: see `improve sql "SELECT * FROM rejected_lines"`; '
+                "the rest was ingested (use --allow-rejects to accept a partial ingest)"
+            )
+            raise typer.Exit(EXIT_FAILED)
+
+
+def sql_command(
+    statement: Annotated[str | None, typer.Argument(help="One SQL statement (DuckDB dialect).")] = None,
+    fmt: Annotated[str, typer.Option("--format", "-f", help="table, csv, json or markdown.")] = "table",
+    db: Annotated[Path | None, DbOption] = None,
+    schema: Annotated[
+        bool, typer.Option("--schema", help="Print tables, views and every column's description.")
+    ] = False,
+    ws: Annotated[Path | None, WorkspaceOption] = None,
+) -> None:
+    """Query the trace warehouse with SQL (read-only).
+
+    The warehouse is a plain DuckDB file: the same SQL works from the `duckdb` CLI or Python. Views:
+    threads, decisions, attempts, usage, outcomes (see --schema). DuckDB's errors are shown as they are.
+
+    Example:
+
+        improve sql "SELECT guard, count(*) AS n FROM attempts GROUP BY guard ORDER BY n DESC"
+    """
+    with handled():
+        if fmt not in FORMATS:
+            raise WorkspaceError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
+        space = workspace(ws)
+        target = db or space.warehouse
+        if not Path(target).exists():
+            raise WorkspaceError(f"no warehouse at {target}; create it with `improve ingest traces/`")
+        con = connect(target, read_only=True)
+        if schema:
+            doc = schema_doc(con)
+            if fmt == "json":
+                emit_json(doc)
+                return
+            for rel in doc:
+                out.print(f"[bold]{rel['name']}[/] ({rel['kind']}): {rel['description']}")
+                for c in rel["columns"]:
+                    out.print(f"    {c['name']:<18} {c['type']:<14} {c['description']}", markup=False)
+            return
+        if not statement:
+            raise WorkspaceError("give a SQL statement, or --schema")
+        try:
+            result = query(con, statement)
+        except duckdb.Error as error:
+            err.print(str(error), markup=False)
+            raise typer.Exit(2) from None
+        if fmt == "csv":
+            sys.stdout.write(render_csv(result))
+        elif fmt == "json":
+            sys.stdout.write(render_json(result) + "\n")
+        elif fmt == "markdown":
+            sys.stdout.write(render_markdown(result))
+        else:
+            table = Table(show_lines=False)
+            for column in result.columns:
+                table.add_column(column, overflow="fold")
+            for row in result.rows:
+                table.add_row(*(render_csv_cell(v) for v in row))
+            out.print(table)
+            err.print(f"{len(result.rows)} row(s)")
+
+
+def render_csv_cell(value: object) -> str:
+    from improve.warehouse.sql import _cell
+
+    return _cell(value)

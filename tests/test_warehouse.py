@@ -1,0 +1,351 @@
+"""The warehouse: ingest (idempotent, conflicts, every malformed line accounted for, one transaction),
+the lock, migrations from an older schema, the views, outcomes, and `improve sql` end to end."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pytest
+from typer.testing import CliRunner
+
+from improve.cli.main import app
+from improve.evals.materialize import refresh_outcomes
+from improve.evals.scenarios import load_scenarios
+from improve.evals.suite import SuiteSpec, run_suite
+from improve.evals.workspace import Workspace
+from improve.examples import load_environment
+from improve.log.store import JsonlDirStore
+from improve.runtime.policy import load_policy
+from improve.warehouse.db import connect
+from improve.warehouse.ingest import ingest
+from improve.warehouse.schema import MIGRATIONS, migrate
+from tests.conftest import REPO
+
+runner = CliRunner()
+PYTHON = sys.executable
+
+
+def entry(i: int, thread: str = "train:v0:s:r1", **changes: Any) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "schemaVersion": 1,
+        "id": f"{thread}#{i}",
+        "index": i,
+        "recordedAt": "2026-11-30T00:00:00Z",
+        "machineId": "refunds",
+        "machineVersion": "1",
+        "event": {"type": "@agent.init" if i == 0 else "STEP", "n": i},
+        "threadId": thread,
+    }
+    data.update(changes)
+    return data
+
+
+def write(path: Path, lines: list[Any]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join((x if isinstance(x, str) else json.dumps(x)) + "\n" for x in lines))
+    return path
+
+
+def count(con: duckdb.DuckDBPyConnection, sql: str) -> int:
+    row = con.execute(sql).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Any]]:
+    """Real threads: the refund desk's held-out scenarios with the naive and sloppy models."""
+    root = tmp_path_factory.mktemp("ws")
+    env = load_environment("refunds")
+    scenarios = load_scenarios(REPO / "scenarios" / "refunds.yaml").split("held-out")
+    store = JsonlDirStore(root / "traces")
+    rows = []
+    for model, version in (("naive", "0"), ("sloppy", "1")):
+        policy = load_policy(REPO / "policies" / "refunds" / "v0.json").model_copy(
+            update={"version": version}
+        )
+        rows += run_suite(env, scenarios, SuiteSpec(policy=policy, model=model, k=2), store)
+    return root / "traces", rows
+
+
+def test_ingest_real_threads_then_again_adds_nothing(recorded: tuple[Path, list[Any]]) -> None:
+    traces, rows = recorded
+    con = connect()
+    first = ingest(con, [traces])
+    lines = sum(len(p.read_text().splitlines()) for p in traces.glob("*.jsonl"))
+    assert first.lines_read == first.ingested == lines
+    assert count(con, "SELECT count(DISTINCT thread_id) FROM entries") == len(rows)
+    again = ingest(con, [traces])
+    assert (again.ingested, again.already_present, again.rejected) == (0, lines, 0)
+    # A file copied elsewhere is not "unchanged": it takes the careful path and is still all present.
+    other = traces.parent / "copy"
+    shutil.copytree(traces, other, dirs_exist_ok=True)
+    third = ingest(con, [other])
+    assert (third.ingested, third.already_present, third.rejected) == (0, lines, 0)
+    assert count(con, "SELECT count(*) FROM entries") == lines
+
+
+def test_views_agree_with_the_threads(recorded: tuple[Path, list[Any]]) -> None:
+    traces, rows = recorded
+    con = connect()
+    ingest(con, [traces])
+    by_thread = {r.thread_id: r for r in rows}
+    usage = dict(con.execute("SELECT thread_id, model_calls FROM usage").fetchall())
+    assert {t: by_thread[t].model_calls for t in usage} == usage
+    attempts = dict(con.execute("SELECT thread_id, count(*) FROM attempts GROUP BY ALL").fetchall())
+    assert attempts == {t: r.failed_attempts for t, r in by_thread.items() if r.failed_attempts}
+    threads = con.execute("SELECT thread_id, split, policy_version, scenario, run FROM threads").fetchall()
+    assert {(t[1], t[2], t[3], t[4]) for t in threads} == {
+        (r.split, r.policy_version, r.scenario, r.run) for r in rows
+    }
+    guards = con.execute("SELECT DISTINCT guard FROM attempts WHERE kind = 'rejected-by-guard'").fetchall()
+    assert guards and all(g[0].startswith("'choosingResolution'.on.REFUND[0]: ") for g in guards)
+    decisions = count(con, "SELECT count(*) FROM decisions WHERE decision = 'chooseResolution'")
+    assert decisions == sum(1 for r in rows if r.model_calls)
+
+
+def test_outcomes_are_materialized_by_replay(recorded: tuple[Path, list[Any]], tmp_path: Path) -> None:
+    traces, rows = recorded
+    con = connect()
+    ingest(con, [traces])
+    report = refresh_outcomes(con, Workspace.load(REPO / "improve.toml"))
+    assert report.replayed == report.scored == len(rows) and report.failed == 0
+    got = {
+        r[0]: r[1:]
+        for r in con.execute(
+            "SELECT thread_id, final_state, passed, model_calls, violations FROM outcomes"
+        ).fetchall()
+    }
+    assert got == {r.thread_id: (r.final_state, r.passed, r.model_calls, len(r.violations)) for r in rows}
+    assert refresh_outcomes(con, Workspace.load(REPO / "improve.toml")).replayed == 0
+
+
+def test_conflict_is_reported_and_never_overwritten(tmp_path: Path) -> None:
+    con = connect()
+    ingest(con, [write(tmp_path / "a.jsonl", [entry(0), entry(1)])])
+    changed = entry(1, event={"type": "STEP", "n": 999})
+    report = ingest(con, [write(tmp_path / "b.jsonl", [entry(0), changed, entry(2)])])
+    assert (report.ingested, report.already_present, report.rejected) == (1, 1, 1)
+    assert report.rejections[0][1:] == (
+        2,
+        "conflict: thread train:v0:s:r1 index 1 already holds a different entry; it is not overwritten",
+    )
+    kept = con.execute("""SELECT event ->> '$.n' FROM entries WHERE "index" = 1""").fetchone()
+    assert kept == ("1",)
+
+
+MALFORMED = [
+    ("not json {", "not JSON"),
+    ("[1, 2]", "not a JSON object"),
+    (entry(1, schemaVersion=2), "schemaVersion must be 1, found 2"),
+    ({k: v for k, v in entry(1).items() if k != "id"}, "missing field id"),
+    (entry(1, id=7), "field id must be a string, found ubigint"),
+    (entry(1, index="one"), 'field index must be a non-negative integer, found "one"'),
+    (entry(1, index=-1), "field index must be a non-negative integer, found -1"),
+    (entry(1, recordedAt="yesterday"), "field recordedAt must be an RFC 3339 timestamp"),
+    ({k: v for k, v in entry(1).items() if k != "machineId"}, "missing field machineId"),
+    (entry(1, event="STEP"), "field event must be an object"),
+    (entry(1, event={"n": 1}), "event.type must be a non-empty string"),
+    (entry(1, attempts={"kind": "x"}), "field attempts must be an array"),
+    (entry(1, threadId="no spaces allowed"), "thread id no spaces allowed is not valid"),
+    (entry(0, thread="train:v0:t:r1", event={"type": "STEP"}), "entry 0 of a thread must be @agent.init"),
+    (entry(5), "gap in indices: thread train:v0:s:r1 continues at index 1 but this line has index 5"),
+]
+
+
+@pytest.mark.parametrize(("bad", "message"), MALFORMED, ids=[m for _, m in MALFORMED])
+def test_each_malformed_line_is_rejected_with_its_line_number(tmp_path: Path, bad: Any, message: str) -> None:
+    con = connect()
+    path = write(tmp_path / "t.jsonl", [entry(0), "", bad])  # a blank line still counts in numbering
+    report = ingest(con, [path])
+    assert (report.lines_read, report.ingested, report.rejected) == (2, 1, 1)
+    rows = con.execute("SELECT file, line, error, raw FROM rejected_lines").fetchall()
+    assert len(rows) == 1
+    file, line, error, raw = rows[0]
+    assert (file, line) == (str(path), 3)
+    assert message in error
+    assert raw == (bad if isinstance(bad, str) else json.dumps(bad))
+
+
+def test_duplicate_key_within_one_batch(tmp_path: Path) -> None:
+    con = connect()
+    a = write(tmp_path / "a.jsonl", [entry(0), entry(1)])
+    b = write(tmp_path / "b.jsonl", [entry(1), entry(2)])
+    report = ingest(con, [a, b])
+    # Identical copies of index 1: one lands, the other is already present; nothing is rejected.
+    assert (report.lines_read, report.ingested, report.already_present, report.rejected) == (4, 3, 1, 0)
+    c = write(tmp_path / "c.jsonl", [entry(0, thread="x:v0:y:r1"), entry(1, thread="x:v0:y:r1")])
+    d = write(tmp_path / "d.jsonl", [entry(1, thread="x:v0:y:r1", id="other")])
+    report = ingest(con, [c, d])
+    assert report.rejected == 2 and "appears more than once in this batch" in report.rejections[0][2]
+
+
+def _ingest_process(db: Path, paths: list[Path], env: dict[str, str], *extra: str) -> subprocess.Popen[str]:
+    script = (
+        "import sys; from improve.cli.main import app; "
+        "sys.argv = ['improve', 'ingest', '--db', sys.argv[1], '--no-outcomes', *sys.argv[2:]]; app()"
+    )
+    return subprocess.Popen(
+        [PYTHON, "-c", script, str(db), *map(str, paths), *extra],
+        env={**os.environ, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _wait_for(proc: subprocess.Popen[str], needle: str, seconds: float = 60) -> None:
+    assert proc.stderr is not None
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if needle in line:
+            return
+        if not line and proc.poll() is not None:
+            break
+    raise AssertionError(f"never saw {needle!r}")
+
+
+def test_a_killed_ingest_leaves_no_partial_batch(tmp_path: Path) -> None:
+    db = tmp_path / "w.duckdb"
+    con = connect(db)
+    ingest(con, [write(tmp_path / "first.jsonl", [entry(0), entry(1)])])
+    con.close()
+    batch = write(tmp_path / "second.jsonl", [entry(2), entry(3), entry(0, thread="b:v0:c:r1")])
+    proc = _ingest_process(db, [batch], {"IMPROVE_INGEST_HOLD_SECONDS": "60"})
+    _wait_for(proc, "holding the batch open")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    con = connect(db)
+    assert count(con, "SELECT count(*) FROM entries") == 2
+    assert count(con, "SELECT count(*) FROM ingest_batches") == 1
+    assert count(con, "SELECT count(*) FROM ingested_files") == 1
+    # And the batch goes through whole when run again.
+    assert ingest(con, [batch]).ingested == 3
+
+
+def test_a_second_ingest_waits_for_the_lock_then_fails_clearly(tmp_path: Path) -> None:
+    db = tmp_path / "w.duckdb"
+    connect(db).close()
+    holder = _ingest_process(
+        db, [write(tmp_path / "a.jsonl", [entry(0)])], {"IMPROVE_INGEST_HOLD_SECONDS": "8"}
+    )
+    _wait_for(holder, "holding the batch open")
+    started = time.monotonic()
+    waiter = _ingest_process(
+        db, [write(tmp_path / "b.jsonl", [entry(0, thread="q:v0:q:r1")])], {}, "--lock-timeout", "1.5"
+    )
+    _, err = waiter.communicate(timeout=60)
+    assert waiter.returncode == 3
+    assert "is locked by another process" in err and "waited 2s" in err
+    assert time.monotonic() - started >= 1.4
+    patient = _ingest_process(db, [tmp_path / "b.jsonl"], {}, "--lock-timeout", "60")
+    _, err = patient.communicate(timeout=90)
+    assert patient.returncode == 0, err
+    holder.wait(timeout=60)
+    con = connect(db)
+    assert count(con, "SELECT count(*) FROM entries") == 2
+
+
+def test_an_old_warehouse_is_upgraded_in_place(tmp_path: Path) -> None:
+    db = tmp_path / "old.duckdb"
+    old = duckdb.connect(str(db))
+    migrate(old, MIGRATIONS[:1])
+    old.execute(
+        """INSERT INTO entries (thread_id, "index", entry_id, recorded_at, machine_id, machine_version, event_type,
+           event, schema_version) VALUES ('train:v0:s:r1', 0, 'e0', '2026-11-30T00:00:00Z', 'refunds', '1',
+           '@agent.init', '{"type": "@agent.init"}', 1)"""
+    )
+    old.close()
+    con = connect(db)
+    names = [
+        r[0]
+        for r in con.execute(
+            "SELECT name FROM schema_migrations WHERE name NOT LIKE 'views:%' ORDER BY 1"
+        ).fetchall()
+    ]
+    assert names == [m.name for m in MIGRATIONS]
+    assert con.execute("SELECT entry_id, source, batch_id FROM entries").fetchall() == [("e0", None, None)]
+    assert count(con, "SELECT count(*) FROM threads") == 1
+    # The upgraded warehouse takes the next entry of the old thread.
+    report = ingest(con, [write(tmp_path / "next.jsonl", [entry(1)])])
+    assert report.ingested == 1
+
+
+def test_a_newer_warehouse_is_refused(tmp_path: Path) -> None:
+    db = tmp_path / "new.duckdb"
+    con = connect(db)
+    con.execute("INSERT INTO schema_migrations VALUES ('999_from_the_future', now())")
+    con.close()
+    with pytest.raises(Exception, match="written by a newer version of improve"):
+        connect(db)
+
+
+# --- improve ingest / improve sql from the CLI ----------------------------------------------------------
+
+
+@pytest.fixture
+def ws(tmp_path: Path, recorded: tuple[Path, list[Any]]) -> Path:
+    shutil.copy(REPO / "improve.toml", tmp_path / "improve.toml")
+    shutil.copytree(REPO / "scenarios", tmp_path / "scenarios")
+    shutil.copytree(recorded[0], tmp_path / "traces")
+    return tmp_path
+
+
+README_QUERIES = {
+    "guards": "SELECT guard, count(*) AS rejections FROM attempts WHERE kind = 'rejected-by-guard' "
+    "GROUP BY guard ORDER BY rejections DESC",
+    "tokens": "SELECT final_state, count(*) AS runs, sum(u.tokens) AS tokens, round(avg(u.tokens)) AS per_run "
+    "FROM outcomes o JOIN usage u USING (thread_id) GROUP BY final_state ORDER BY tokens DESC",
+}
+
+
+def test_cli_ingest_then_sql_in_every_format(ws: Path) -> None:
+    result = runner.invoke(app, ["ingest", "-w", str(ws), str(ws / "traces"), "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["lines_read"] == doc["ingested"] > 0 and doc["outcomes"]["scored"] > 0
+    assert (ws / "traces" / "traces.duckdb").exists()
+    as_json = runner.invoke(app, ["sql", "-w", str(ws), README_QUERIES["guards"], "--format", "json"])
+    rows = json.loads(as_json.stdout)
+    assert rows and rows[0]["guard"].startswith("'choosingResolution'.on.REFUND[0]")
+    csv_out = runner.invoke(app, ["sql", "-w", str(ws), README_QUERIES["tokens"], "--format", "csv"])
+    assert csv_out.stdout.splitlines()[0] == "final_state,runs,tokens,per_run"
+    md = runner.invoke(
+        app, ["sql", "-w", str(ws), "SELECT count(*) AS n FROM outcomes", "--format", "markdown"]
+    )
+    assert md.stdout.splitlines()[:2] == ["| n |", "|---|"]
+    table = runner.invoke(app, ["sql", "-w", str(ws), "SELECT 1 AS one"])
+    assert "one" in table.stdout
+
+
+def test_cli_sql_errors_and_schema(ws: Path) -> None:
+    runner.invoke(app, ["ingest", "-w", str(ws), str(ws / "traces")])
+    bad = runner.invoke(app, ["sql", "-w", str(ws), "SELECT nope FROM outcomes"])
+    assert bad.exit_code == 2 and 'Referenced column "nope" not found' in bad.stderr
+    schema = runner.invoke(app, ["sql", "-w", str(ws), "--schema", "--format", "json"])
+    doc = {r["name"]: r for r in json.loads(schema.stdout)}
+    assert {"entries", "rejected_lines", "outcomes", "threads", "decisions", "attempts", "usage"} <= set(doc)
+    assert all(c["description"] for c in doc["decisions"]["columns"])
+    missing = runner.invoke(app, ["sql", "-w", str(ws), "--db", str(ws / "none.duckdb"), "SELECT 1"])
+    assert missing.exit_code == 2 and "no warehouse at" in missing.stderr
+
+
+def test_cli_ingest_exits_1_on_rejects_unless_allowed(ws: Path) -> None:
+    bad = write(ws / "bad.jsonl", [entry(0, thread="z:v0:z:r1"), "garbage"])
+    result = runner.invoke(app, ["ingest", "-w", str(ws), str(bad)])
+    assert result.exit_code == 1 and f"rejected {bad}:2: not JSON" in result.stderr
+    again = runner.invoke(app, ["ingest", "-w", str(ws), str(bad), "--allow-rejects", "--json"])
+    assert again.exit_code == 0
+    assert json.loads(again.stdout)["rejected"] == 1
+    con = connect(ws / "traces" / "traces.duckdb")
+    assert count(con, "SELECT count(*) FROM rejected_lines") == 1
