@@ -226,7 +226,10 @@ def test_to_xstate(refund: MachineConfig, raw: dict[str, Any]) -> None:
     assert "maxRetries" not in cls["invoke"]
     assert cls["meta"] == {"maxRetries": 3}
     assert x["states"]["approving"]["on"]["APPROVE"]["actions"] == [
-        {"type": "xstate.assign", "params": {"approved": "true", "approver": "has(event.approver) ? event.approver : ''"}}
+        {
+            "type": "xstate.assign",
+            "params": {"approved": "true", "approver": "has(event.approver) ? event.approver : ''"},
+        }
     ]
     assert x["states"]["approving"]["tags"] == ["awaiting-approval"]
     assert x["states"]["issuing"]["always"][1] == {"target": "issued"}

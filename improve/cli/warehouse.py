@@ -107,8 +107,8 @@ def ingest_command(
                     f"outcomes: {materialized.replayed} thread(s) replayed ({materialized.scored} scored, "
                     f"{materialized.failed} failed)"
                 )
-                for line in materialized.errors or []:
-                    err.print(f"  {line}", markup=False)
+                for problem in materialized.errors or []:
+                    err.print(f"  {problem}", markup=False)
         if report.rejected and not allow_rejects:
             err.print(
                 f'{report.rejected} line(s) rejected: see `improve sql "SELECT * FROM rejected_lines"`; '

@@ -1,11 +1,19 @@
 """The event log: the entry format, stores, and replay.
 
-    >>> from improve.log import JsonlDirStore, replay
-    >>> store = JsonlDirStore(Path("traces"))
-    >>> result = replay(machine, store.read("train:v0:small-refund-01:r1"), verify=True)
+>>> from improve.log import JsonlDirStore, replay
+>>> store = JsonlDirStore(Path("traces"))
+>>> result = replay(machine, store.read("train:v0:small-refund-01:r1"), verify=True)
 """
 
-from improve.log.entry import INIT_EVENT, SCHEMA_VERSION, USAGE_EVENT, Attempt, LogEntry, ThreadId, Verification
+from improve.log.entry import (
+    INIT_EVENT,
+    SCHEMA_VERSION,
+    USAGE_EVENT,
+    Attempt,
+    LogEntry,
+    ThreadId,
+    Verification,
+)
 from improve.log.replay import ReplayResult, replay, run_status, validate_log
 from improve.log.store import JsonlDirStore, MemoryStore, Store, ThreadPage, open_store
 

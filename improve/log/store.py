@@ -152,7 +152,9 @@ def check_upto(source_id: str, upto: int | None, length: int) -> int:
     if isinstance(upto, bool) or not isinstance(upto, int) or upto < 0:
         raise LogError(f"fork of thread {source_id!r}: upto must be a non-negative integer, got {upto!r}")
     if upto == 0:
-        raise LogError(f"fork of thread {source_id!r}: upto must be at least 1 (a thread begins with its init entry)")
+        raise LogError(
+            f"fork of thread {source_id!r}: upto must be at least 1 (a thread begins with its init entry)"
+        )
     if upto > length:
         raise LogError(f"fork of thread {source_id!r}: upto {upto} is past its length {length}")
     return upto

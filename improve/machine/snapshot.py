@@ -32,7 +32,9 @@ class Invocation:
 
     __slots__ = ("_input", "_thunk", "id", "src")
 
-    def __init__(self, id: str, src: str, input: Any = _UNSET, thunk: Callable[[], Any] | None = None) -> None:
+    def __init__(
+        self, id: str, src: str, input: Any = _UNSET, thunk: Callable[[], Any] | None = None
+    ) -> None:
         self.id = id
         self.src = src
         self._input = input

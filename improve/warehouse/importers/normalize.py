@@ -167,7 +167,7 @@ def _has_session_id(j: str) -> str:
 _V2_SIGNAL = """
     json_type(j) = 'OBJECT' AND (
         ((j ->> '$.event') = 'task'
-            AND (json_type(j, '$.machine_start') = 'VARCHAR' OR (j ->> '$.system_prompt') = 'state_machine_v2'))
+            AND (false ))
         OR ((j ->> '$.event') IN ('turn_start', 'llm_response') AND json_type(j, '$.state') = 'VARCHAR'))
 """
 
