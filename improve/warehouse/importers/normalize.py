@@ -78,8 +78,8 @@ def sanitise_id_sql(text: str) -> str:
 
 def fields_sql(source: str, type_field: str | None) -> str:
     """SQL: per (file, line) of the JSON objects in `source` (columns file, line, j), `rest`: the text of
-    the object's members except `type_field` (None: all), in order, each name once (its first value); a member named
-    `type` (when it is not the type field) becomes `_type`. NULL when there is no other member."""
+    the object's members except `type_field` (None: all), in order, each name once with its first value
+    (as `->>` reads it). A member named `type` becomes `_type`. NULL when no member is left."""
     return f"""
         SELECT file, line,
                string_agg(to_json(name)::VARCHAR || ':' || value::VARCHAR, ',' ORDER BY id) AS rest
@@ -106,9 +106,9 @@ def json_lines_sql(
     """SQL: INSERT INTO cand the lines of raw_lines matching `where`, one JSON object per line.
 
     `files_sql` selects, from the CTE `lines` (file, line, raw, pos, j), one row per file with columns
-    `file`, `thread` (the thread id) and `version` (the machine version). `what` names the format in
-    error messages ("a normalize log line"). The object's `type_field` gives the event type (`type_prefix` + its value); the
-    `timestamp` gives recorded_at.
+    `file`, `thread` (the thread id) and `version` (the machine version). `what` names a line of the
+    format in error messages ("a normalize log line"). The object's `type_field` gives the event type
+    (`type_prefix` + its value), its `timestamp` gives recorded_at.
     """
     tf = type_field
     ts = rfc3339_sql("(l.j ->> '$.timestamp')")
@@ -167,7 +167,7 @@ def _has_session_id(j: str) -> str:
 _V2_SIGNAL = """
     json_type(j) = 'OBJECT' AND (
         ((j ->> '$.event') = 'task'
-            AND (false ))
+            AND (json_type(j, '$.machine_start') = 'VARCHAR' OR (j ->> '$.system_prompt') = 'state_machine_v2'))
         OR ((j ->> '$.event') IN ('turn_start', 'llm_response') AND json_type(j, '$.state') = 'VARCHAR'))
 """
 
