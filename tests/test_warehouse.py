@@ -349,3 +349,14 @@ def test_cli_ingest_exits_1_on_rejects_unless_allowed(ws: Path) -> None:
     assert json.loads(again.stdout)["rejected"] == 1
     con = connect(ws / "traces" / "traces.duckdb")
     assert count(con, "SELECT count(*) FROM rejected_lines") == 1
+
+
+def test_every_line_after_a_gap_names_the_same_missing_index(tmp_path: Path) -> None:
+    con = connect()
+    report = ingest(con, [write(tmp_path / "g.jsonl", [entry(0), entry(1), entry(3), entry(4)])])
+    assert (report.ingested, report.rejected) == (2, 2)
+    errors = [e for _, _, e in report.rejections]
+    assert errors == [
+        "gap in indices: thread train:v0:s:r1 continues at index 2 but this line has index 3",
+        "gap in indices: thread train:v0:s:r1 continues at index 2 but this line has index 4",
+    ]
