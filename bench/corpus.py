@@ -39,3 +39,87 @@ def write_corpus(path: Path, threads: int) -> int:
                 entries += 1
             store.delete(thread_id)
     return entries
+
+
+def write_synthetic_corpus(folder: Path, threads: int = 20_000, files: int = 100, seed: int = 1) -> int:
+    """About 50 entries per thread of refund-desk-shaped traffic (tool completions with outputs, decisions
+    with options and refused attempts, usage records, people's answers), `files` multi-thread JSONL files.
+
+    Real refund-desk threads are short (6-10 entries); this corpus stands for longer agent sessions at the
+    scale the warehouse must take. Returns the number of entries written."""
+    import random
+    import uuid
+
+    rng = random.Random(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    per_file = max(1, threads // files)
+    entries = 0
+    handle = None
+    splits = ("train", "held-out")
+    for t in range(threads):
+        if t % per_file == 0:
+            if handle:
+                handle.close()
+            handle = (folder / f"part-{t // per_file:05d}.jsonl").open("w", encoding="utf-8")
+        assert handle is not None
+        thread = f"{splits[t % 3 == 0]}:v{rng.randint(0, 5)}:scenario-{t % 400:03d}:r{t // 400 + 1}"
+        length = rng.randint(20, 80)
+        last = None
+        for i in range(length):
+            entry: dict[str, object] = {
+                "schemaVersion": 1,
+                "id": str(uuid.UUID(int=rng.getrandbits(128))),
+                "index": i,
+                "recordedAt": f"2026-11-{1 + t % 28:02d}T{i % 24:02d}:{rng.randint(0, 59):02d}:00.{rng.randint(0, 999999):06d}Z",
+                "machineId": "refunds",
+                "machineVersion": "1",
+                "threadId": thread,
+            }
+            kind = rng.random()
+            if i == 0:
+                entry["event"] = {"type": "@agent.init", "input": {"ticket": rng.choice(TICKETS), "customerId": f"C-{rng.randint(1000, 9999)}",
+                                                                   "orderId": f"O-{rng.randint(5000, 9999)}", "amount": round(rng.uniform(5, 300), 2)}}
+                entry["metadata"] = {"policy": {"id": "refunds-policy", "version": "0"}, "models": {"decider": "naive"}}
+            elif kind < 0.3:
+                entry["event"] = {"type": "@agent.usage", "ref": "decider", "model": rng.choice(["naive", "careful", "sloppy"]),
+                                  "decision": "chooseResolution", "calls": 1, "inputTokens": rng.randint(200, 900),
+                                  "outputTokens": rng.randint(10, 80)}
+            elif kind < 0.7:
+                entry["event"] = {"type": "xstate.done.actor", "actorId": rng.choice(["verifyingCustomer", "lookingUpOrder", "paying"]),
+                                  "output": {"found": True, "order": {"id": f"O-{rng.randint(5000, 9999)}", "total": round(rng.uniform(10, 400), 2),
+                                             "refundable": round(rng.uniform(0, 200), 2), "deliveredDaysAgo": rng.randint(0, 90)}}}
+                if rng.random() < 0.3:
+                    entry["event"]["effects"] = [{"kind": "refund", "orderId": "O-1", "amount": round(rng.uniform(5, 100), 2)}]  # type: ignore[index]
+            elif kind < 0.9:
+                options = [{"type": "REFUND", "amount": round(rng.uniform(5, 100), 2)}, {"type": "ESCALATE"}, {"type": "CLOSE"}]
+                entry["event"] = rng.choice(options)
+                entry["metadata"] = {"decision": {"name": "chooseResolution", "options": options}, "source": "policy:answer"}
+                if rng.random() < 0.3:
+                    entry["attempts"] = [{"event": {"type": "REFUND", "amount": 999.0}, "kind": "rejected-by-guard",
+                                          "reason": "rejected-by-guard: the rules do not allow REFUND here",
+                                          "guard": rng.choice(GUARDS)}]
+            else:
+                entry["event"] = rng.choice([{"type": "APPROVE", "approver": "dana"}, {"type": "REJECT"}, {"type": "NO_REPLY"}])
+                entry["metadata"] = {"source": "person"}
+            if last:
+                entry["causationId"] = last
+            entry["verification"] = {"stateHash": uuid.UUID(int=rng.getrandbits(128)).hex * 2}
+            last = str(entry["id"])
+            handle.write(json.dumps(entry, separators=(",", ":")) + "\n")
+            entries += 1
+    if handle:
+        handle.close()
+    return entries
+
+
+TICKETS = [
+    "My blender arrived broken, I want my money back.",
+    "Wrong size, please refund the difference!!",
+    "This is unacceptable, the parcel never arrived.",
+    "Refund please, item does not work as described.",
+]
+GUARDS = [
+    "'choosingResolution'.on.REFUND[0]: event.amount > 0 && event.amount <= context.order.refundable",
+    "'awaitingApproval'.on.APPROVE[0]: context.refundAmount <= 1000",
+    "'checkingPayment'.always[0]: guard:illegalRefund",
+]
