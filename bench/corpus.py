@@ -29,9 +29,16 @@ def write_corpus(path: Path, threads: int) -> int:
             scenario = scenarios[i % len(scenarios)]
             model = MODELS[(i // len(scenarios)) % len(MODELS)]
             thread_id = f"{scenario.split}:v0:{scenario.id}:r{i}"
-            run(env, input=scenario.input, world=env.make_world(scenario.world), people=scenario.people,
+            run(
+                env,
+                input=scenario.input,
+                world=env.make_world(scenario.world),
+                people=scenario.people,
                 decider=PolicyDecider(policy, {"decider": env.models[model](f"{scenario.id}:{i}")}),
-                store=store, thread_id=thread_id, stamp={"model": model})
+                store=store,
+                thread_id=thread_id,
+                stamp={"model": model},
+            )
             for entry in store.read(thread_id):
                 line = json.loads(entry.to_line())
                 line["threadId"] = thread_id
@@ -77,29 +84,71 @@ def write_synthetic_corpus(folder: Path, threads: int = 20_000, files: int = 100
             }
             kind = rng.random()
             if i == 0:
-                entry["event"] = {"type": "@agent.init", "input": {"ticket": rng.choice(TICKETS), "customerId": f"C-{rng.randint(1000, 9999)}",
-                                                                   "orderId": f"O-{rng.randint(5000, 9999)}", "amount": round(rng.uniform(5, 300), 2)}}
-                entry["metadata"] = {"policy": {"id": "refunds-policy", "version": "0"}, "models": {"decider": "naive"}}
+                entry["event"] = {
+                    "type": "@agent.init",
+                    "input": {
+                        "ticket": rng.choice(TICKETS),
+                        "customerId": f"C-{rng.randint(1000, 9999)}",
+                        "orderId": f"O-{rng.randint(5000, 9999)}",
+                        "amount": round(rng.uniform(5, 300), 2),
+                    },
+                }
+                entry["metadata"] = {
+                    "policy": {"id": "refunds-policy", "version": "0"},
+                    "models": {"decider": "naive"},
+                }
             elif kind < 0.3:
-                entry["event"] = {"type": "@agent.usage", "ref": "decider", "model": rng.choice(["naive", "careful", "sloppy"]),
-                                  "decision": "chooseResolution", "calls": 1, "inputTokens": rng.randint(200, 900),
-                                  "outputTokens": rng.randint(10, 80)}
+                entry["event"] = {
+                    "type": "@agent.usage",
+                    "ref": "decider",
+                    "model": rng.choice(["naive", "careful", "sloppy"]),
+                    "decision": "chooseResolution",
+                    "calls": 1,
+                    "inputTokens": rng.randint(200, 900),
+                    "outputTokens": rng.randint(10, 80),
+                }
             elif kind < 0.7:
-                entry["event"] = {"type": "xstate.done.actor", "actorId": rng.choice(["verifyingCustomer", "lookingUpOrder", "paying"]),
-                                  "output": {"found": True, "order": {"id": f"O-{rng.randint(5000, 9999)}", "total": round(rng.uniform(10, 400), 2),
-                                             "refundable": round(rng.uniform(0, 200), 2), "deliveredDaysAgo": rng.randint(0, 90)}}}
+                entry["event"] = {
+                    "type": "xstate.done.actor",
+                    "actorId": rng.choice(["verifyingCustomer", "lookingUpOrder", "paying"]),
+                    "output": {
+                        "found": True,
+                        "order": {
+                            "id": f"O-{rng.randint(5000, 9999)}",
+                            "total": round(rng.uniform(10, 400), 2),
+                            "refundable": round(rng.uniform(0, 200), 2),
+                            "deliveredDaysAgo": rng.randint(0, 90),
+                        },
+                    },
+                }
                 if rng.random() < 0.3:
-                    entry["event"]["effects"] = [{"kind": "refund", "orderId": "O-1", "amount": round(rng.uniform(5, 100), 2)}]  # type: ignore[index]
+                    entry["event"]["effects"] = [
+                        {"kind": "refund", "orderId": "O-1", "amount": round(rng.uniform(5, 100), 2)}
+                    ]  # type: ignore[index]
             elif kind < 0.9:
-                options = [{"type": "REFUND", "amount": round(rng.uniform(5, 100), 2)}, {"type": "ESCALATE"}, {"type": "CLOSE"}]
+                options = [
+                    {"type": "REFUND", "amount": round(rng.uniform(5, 100), 2)},
+                    {"type": "ESCALATE"},
+                    {"type": "CLOSE"},
+                ]
                 entry["event"] = rng.choice(options)
-                entry["metadata"] = {"decision": {"name": "chooseResolution", "options": options}, "source": "policy:answer"}
+                entry["metadata"] = {
+                    "decision": {"name": "chooseResolution", "options": options},
+                    "source": "policy:answer",
+                }
                 if rng.random() < 0.3:
-                    entry["attempts"] = [{"event": {"type": "REFUND", "amount": 999.0}, "kind": "rejected-by-guard",
-                                          "reason": "rejected-by-guard: the rules do not allow REFUND here",
-                                          "guard": rng.choice(GUARDS)}]
+                    entry["attempts"] = [
+                        {
+                            "event": {"type": "REFUND", "amount": 999.0},
+                            "kind": "rejected-by-guard",
+                            "reason": "rejected-by-guard: the rules do not allow REFUND here",
+                            "guard": rng.choice(GUARDS),
+                        }
+                    ]
             else:
-                entry["event"] = rng.choice([{"type": "APPROVE", "approver": "dana"}, {"type": "REJECT"}, {"type": "NO_REPLY"}])
+                entry["event"] = rng.choice(
+                    [{"type": "APPROVE", "approver": "dana"}, {"type": "REJECT"}, {"type": "NO_REPLY"}]
+                )
                 entry["metadata"] = {"source": "person"}
             if last:
                 entry["causationId"] = last

@@ -79,11 +79,29 @@ def _interpreter_figures(machine: Any) -> dict[str, Any]:
     """Transitions per second on the refund desk's main path, snapshot by snapshot."""
     inp = {"ticket": "it broke", "customerId": "C-1", "orderId": "O-1", "amount": 40}
     events = [
-        {"type": "xstate.done.actor", "actorId": "verifyingCustomer",
-         "output": {"verified": True, "customer": {"id": "C-1", "refundsLast90d": 0, "accountAgeDays": 300}}},
-        {"type": "xstate.done.actor", "actorId": "lookingUpOrder",
-         "output": {"found": True, "order": {"id": "O-1", "customerId": "C-1", "total": 90.0, "refunded": 0.0,
-                                             "refundable": 90.0, "deliveredDaysAgo": 3}}},
+        {
+            "type": "xstate.done.actor",
+            "actorId": "verifyingCustomer",
+            "output": {
+                "verified": True,
+                "customer": {"id": "C-1", "refundsLast90d": 0, "accountAgeDays": 300},
+            },
+        },
+        {
+            "type": "xstate.done.actor",
+            "actorId": "lookingUpOrder",
+            "output": {
+                "found": True,
+                "order": {
+                    "id": "O-1",
+                    "customerId": "C-1",
+                    "total": 90.0,
+                    "refunded": 0.0,
+                    "refundable": 90.0,
+                    "deliveredDaysAgo": 3,
+                },
+            },
+        },
         {"type": "REFUND", "amount": 40},
         {"type": "xstate.done.actor", "actorId": "paying", "output": {"refunded": 40.0}},
     ]
@@ -98,4 +116,7 @@ def _interpreter_figures(machine: Any) -> dict[str, Any]:
             n += 1 + len(events)
         assert snap.value == "issued"
         rounds.append(n / (time.perf_counter() - start))
-    return {"path": "init -> verified -> order -> REFUND -> paid (issued)", "transitions_per_s": round(statistics.median(rounds))}
+    return {
+        "path": "init -> verified -> order -> REFUND -> paid (issued)",
+        "transitions_per_s": round(statistics.median(rounds)),
+    }

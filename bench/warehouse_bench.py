@@ -52,7 +52,9 @@ README_QUERIES = {
 def _child(mode: str, files: str, db: Path) -> dict[str, Any]:
     db.unlink(missing_ok=True)
     Path(str(db) + ".wal").unlink(missing_ok=True)
-    out = subprocess.run([sys.executable, "-c", _CHILD, mode, files, str(db)], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", _CHILD, mode, files, str(db)], capture_output=True, text=True, check=True
+    )
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from pathlib import Path
 from typing import Annotated, Any
@@ -19,6 +20,13 @@ from improve.cli.common import (
     out,
     workspace,
 )
+from improve.cli.policy import (
+    explore_command,
+    lock_command,
+    schema_command,
+    verify_command,
+    vocabulary_command,
+)
 from improve.cli.warehouse import ingest_command, sql_command
 from improve.errors import DivergenceError, LogError, WorkspaceError
 from improve.evals.outcome import OutcomeRow
@@ -28,7 +36,7 @@ from improve.examples import BUNDLED, load_environment
 from improve.log.entry import LogEntry
 from improve.log.replay import replay as replay_thread
 from improve.log.store import JsonlDirStore
-from improve.machine.describe import describe_mermaid, describe_text, to_xstate
+from improve.machine.describe import describe_mermaid, describe_text, diff_states, to_xstate
 from improve.runtime.environment import Environment
 
 app = typer.Typer(
@@ -315,17 +323,35 @@ def describe_command(
     policy: Annotated[
         str | None, typer.Option("--policy", "-p", help="Describe this policy instead.")
     ] = None,
+    diff: Annotated[
+        tuple[str, str] | None,
+        typer.Option("--diff", help="Two policy versions: which states and branches the second changed."),
+    ] = None,
     ws: Annotated[Path | None, WorkspaceOption] = None,
 ) -> None:
     """Describe an environment (or a policy): the goal first, then its states and rules.
 
+    With --diff OLD NEW: the states NEW added, removed or changed, each before and after; with
+    --format mermaid, NEW's diagram with the changed states highlighted (GitHub renders it in a PR).
+
     Example:
 
         improve describe --env refunds --format mermaid
+        improve describe --diff v0 v1 --format mermaid
     """
     with handled():
         space = workspace(ws)
         env_name = space.env_name(env)
+        if diff:
+            old, new = (space.load_policy(env_name, ref) for ref in diff)
+            changed = diff_states(old, new)
+            if fmt == "mermaid":
+                out.print(describe_mermaid(new, highlight=changed), markup=False)
+            elif fmt == "text":
+                out.print(describe_diff(old, new, changed), markup=False)
+            else:
+                raise WorkspaceError(f"--diff takes --format text or mermaid, not {fmt!r}")
+            return
         config = space.load_policy(env_name, policy) if policy else load_environment(env_name).config
         if fmt == "text":
             out.print(describe_text(config), markup=False)
@@ -337,8 +363,27 @@ def describe_command(
             raise WorkspaceError(f"unknown format {fmt!r}; use text, mermaid or xstate")
 
 
+def describe_diff(old: Any, new: Any, changed: list[str]) -> str:
+    lines = [f"{old.id}@{old.version} -> {new.id}@{new.version}: {len(changed)} state(s) changed"]
+    for name in changed:
+        before = old.states.get(name)
+        after = new.states.get(name)
+        verb = "added" if before is None else "removed" if after is None else "changed"
+        lines.append(f"\n{verb}: {name}")
+        for label, st in (("before", before), ("after", after)):
+            if st is not None:
+                body = json.dumps(st.model_dump(exclude_none=True, exclude_defaults=True), indent=2)
+                lines.append(f"  {label}: " + body.replace("\n", "\n  "))
+    return "\n".join(lines)
+
+
 app.command("ingest")(ingest_command)
 app.command("sql")(sql_command)
+app.command("verify")(verify_command)
+app.command("vocabulary")(vocabulary_command)
+app.command("explore")(explore_command)
+app.command("schema")(schema_command)
+app.command("lock")(lock_command)
 
 
 def main() -> None:

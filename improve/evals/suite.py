@@ -67,7 +67,7 @@ def run_suite(
         raise WorkspaceError(
             f"environment {env.name} has no model {spec.model!r}; its stand-in models are {sorted(env.models)}"
         )
-    policy = compile_policy(spec.policy)
+    policy = compile_policy(spec.policy, env.judgments, env.policy_guards)
     total = len(scenarios) * spec.k
     rows: list[OutcomeRow] = []
     for scenario in scenarios:
@@ -85,7 +85,7 @@ def run_suite(
                     input=scenario.input,
                     world=env.make_world(scenario.world),
                     people=scenario.people,
-                    decider=PolicyDecider(policy, {"decider": model}),
+                    decider=PolicyDecider(policy, {"decider": model}, env.judgments),
                     store=store,
                     thread_id=thread_id,
                     stamp=stamp,

@@ -28,6 +28,9 @@ from improve.errors import MachineConfigError
 DECIDE_SRC = "agent.decide"
 """The built-in invoke source of a decision request."""
 
+MODEL_DECIDE = "model.decide"
+"""The invoke source of a model request inside a policy; its input names the model ref."""
+
 SENTINEL_PREFIX = "SENTINEL:"
 """A final state whose description starts with this is an invariant that must be unreachable."""
 

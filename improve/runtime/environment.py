@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from improve.machine import GuardFn, Machine, MachineConfig, compile_machine
+from improve.machine.explore import ExploreOptions
 from improve.runtime.models import ModelFactory
 
 
@@ -47,6 +48,9 @@ class World:
         return []
 
 
+Judgment = Callable[[dict[str, Any], dict[str, Any]], Any]
+"""A judgment actor for policies: `(request, input) -> output`; pure, so exploration can enumerate it."""
+
 Actor = Callable[[World, dict[str, Any]], Any]
 """A tool: `(world, input) -> output`. Raise `ActorFailure` for a failure the machine handles."""
 
@@ -67,6 +71,18 @@ class Environment:
     """The files that define it, hashed by the gates: a round must not change the environment."""
     effect_text_fields: tuple[str, ...] = ("text",)
     """Effect fields written by a model: compared by presence, not by value."""
+    fact_types: dict[str, dict[str, str]] = field(default_factory=dict)
+    """Per decision name, the type of each fact path (`order.refundable`: number): the vocabulary a
+    policy's guards are type-checked against."""
+    policy_guards: dict[str, GuardFn] = field(default_factory=dict)
+    """Named guards the environment exports to policies (called with the request as context)."""
+    judgments: dict[str, Judgment] = field(default_factory=dict)
+    """Judgment actors a policy may invoke: deterministic helpers such as a classifier."""
+    probe: ExploreOptions | None = None
+    """What the world may do, for exploration proofs: actor outputs, payload values at the guards'
+    boundaries, actors that may fail."""
+    probe_inputs: list[dict[str, Any]] = field(default_factory=list)
+    """One input per distinct input shape, for exploration proofs."""
 
     @cached_property
     def machine(self) -> Machine:

@@ -9,7 +9,7 @@ data: the interpreter folds it like any machine; nothing in it is ever executed 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,8 @@ from improve.errors import MachineError, RunError, WorkspaceError
 from improve.machine import (
     DONE_EVENT,
     ERROR_EVENT,
+    GuardFn,
+    Invocation,
     Machine,
     MachineConfig,
     compile_machine,
@@ -24,11 +26,12 @@ from improve.machine import (
     parse_machine,
     transition,
 )
+from improve.machine.config import MODEL_DECIDE as MODEL_DECIDE
 from improve.runtime.decision import Decision, DecisionRequest, Usage
 from improve.runtime.models import Model, ModelCallError
 
-MODEL_DECIDE = "model.decide"
-"""The invoke source of a model request inside a policy; its input names the model ref."""
+Judgment = Callable[[dict[str, Any], dict[str, Any]], Any]
+
 DEFAULT_MODEL_REF = "decider"
 MAX_POLICY_STEPS = 50
 
@@ -49,16 +52,24 @@ def load_policy(path: Path) -> MachineConfig:
     return parse_machine(load_json(path), source=str(path))
 
 
-def compile_policy(config: MachineConfig, judgments: Mapping[str, Any] | None = None) -> Machine:
-    return compile_machine(config, actors={MODEL_DECIDE, *(judgments or {})})
+def compile_policy(
+    config: MachineConfig,
+    judgments: Mapping[str, Any] | None = None,
+    guards: Mapping[str, GuardFn] | None = None,
+) -> Machine:
+    """Compile a policy against what its environment offers: judgment actors and exported guards."""
+    return compile_machine(config, guards=guards, actors={MODEL_DECIDE, *(judgments or {})})
 
 
 class PolicyDecider:
     """Answers decision requests by folding the policy machine, calling models where it invokes them."""
 
-    def __init__(self, policy: Machine, models: Mapping[str, Model]) -> None:
+    def __init__(
+        self, policy: Machine, models: Mapping[str, Model], judgments: Mapping[str, Judgment] | None = None
+    ) -> None:
         self.policy = policy
         self.models = dict(models)
+        self.judgments = dict(judgments or {})
 
     def decide(self, request: DecisionRequest) -> Decision:
         usage: list[Usage] = []
@@ -73,29 +84,36 @@ class PolicyDecider:
                         f"policy {self.policy.id}@{self.policy.version} stopped in state "
                         f"'{snapshot.value}', which neither decides nor invokes anything"
                     )
-                if invocation.src != MODEL_DECIDE:
-                    raise RunError(f"policy actor '{invocation.src}' has no implementation in this runtime")
-                ref = str((invocation.input or {}).get("model", DEFAULT_MODEL_REF))
-                model = self.models.get(ref)
-                if model is None:
-                    raise RunError(
-                        f"policy {self.policy.id}@{self.policy.version} asks model ref '{ref}', which is not "
-                        f"bound; bound refs are {sorted(self.models)} (bind it with --model)"
-                    )
-                try:
-                    reply = model.answer(request)
-                    usage.append(Usage(ref, model.name, reply.input_tokens, reply.output_tokens))
-                    event: dict[str, Any] = {
-                        "type": DONE_EVENT,
-                        "actorId": invocation.id,
-                        "output": reply.event,
-                    }
-                except ModelCallError as err:
-                    event = {"type": ERROR_EVENT, "actorId": invocation.id, "error": {"message": str(err)}}
-                snapshot = transition(self.policy, snapshot, event)
+                snapshot = transition(self.policy, snapshot, self._call(invocation, request, usage))
         except MachineError as err:
             # A policy that fails to evaluate gives no answer; the environment records the attempt.
             return Decision(event=None, usage=usage, source=f"policy-error: {err}")
         if snapshot.status != "done" or not isinstance(snapshot.output, dict):
             return Decision(event=None, usage=usage, source=f"policy:{snapshot.value}")
         return Decision(event=dict(snapshot.output), usage=usage, source=f"policy:{snapshot.value}")
+
+    def _call(self, invocation: Invocation, request: DecisionRequest, usage: list[Usage]) -> dict[str, Any]:
+        """Run the actor a policy state invokes; its answer (or failure) as the event for the policy."""
+        done: dict[str, Any] = {"type": DONE_EVENT, "actorId": invocation.id}
+        failed: dict[str, Any] = {"type": ERROR_EVENT, "actorId": invocation.id}
+        if invocation.src != MODEL_DECIDE:
+            judgment = self.judgments.get(invocation.src)
+            if judgment is None:
+                raise RunError(f"policy actor '{invocation.src}' is not a judgment of this environment")
+            try:
+                return {**done, "output": judgment(request.to_input(), dict(invocation.input or {}))}
+            except Exception as err:  # a judgment is people's code: its failure is the policy's onError
+                return {**failed, "error": {"message": str(err)}}
+        ref = str((invocation.input or {}).get("model", DEFAULT_MODEL_REF))
+        model = self.models.get(ref)
+        if model is None:
+            raise RunError(
+                f"policy {self.policy.id}@{self.policy.version} asks model ref '{ref}', which is not "
+                f"bound; bound refs are {sorted(self.models)} (bind it with --model)"
+            )
+        try:
+            reply = model.answer(request)
+        except ModelCallError as err:
+            return {**failed, "error": {"message": str(err)}}
+        usage.append(Usage(ref, model.name, reply.input_tokens, reply.output_tokens))
+        return {**done, "output": reply.event}

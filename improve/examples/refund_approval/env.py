@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from improve.machine import parse_machine
+from improve.machine.explore import ExploreOptions
 from improve.runtime.decision import DecisionRequest
 from improve.runtime.environment import Environment, World
 from improve.runtime.models import first_option, option, stand_in
@@ -54,6 +55,19 @@ def sloppy(request: DecisionRequest, rng: random.Random) -> dict[str, Any] | Non
     return {"type": "REFUSE", "reasoning": 42}
 
 
+def probe() -> ExploreOptions:
+    return ExploreOptions(
+        payloads={
+            "REFUSE": {"reasoning": ["looks like fraud"]},
+            "APPROVE": {"approver": ["dana"]},
+            "REJECT": {"reason": ["no"]},
+        },
+    )
+
+
+PROBE_INPUTS = [{"amount": amount, "reason": "broken"} for amount in (0, 40, 100, 101, 240)]
+
+
 def environment() -> Environment:
     config = parse_machine(load_json(HERE / "machine.json"), source=str(HERE / "machine.json"))
     return Environment(
@@ -67,4 +81,7 @@ def environment() -> Environment:
             "sloppy": stand_in("sloppy", sloppy),
         },
         files=[HERE / "machine.json", Path(__file__)],
+        fact_types={"classify": {"amount": "number", "reason": "string"}},
+        probe=probe(),
+        probe_inputs=PROBE_INPUTS,
     )

@@ -20,6 +20,7 @@ judgment, not a hard rule: a policy learns it from the labels, and the audit doe
 
 from __future__ import annotations
 
+import itertools
 import random
 import re
 from collections.abc import Mapping
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from improve.machine import parse_machine
+from improve.machine.explore import ExploreOptions
 from improve.runtime.decision import DecisionRequest
 from improve.runtime.environment import ActorFailure, Environment, World
 from improve.runtime.models import first_option, option, stand_in
@@ -205,6 +207,88 @@ def sloppy(request: DecisionRequest, rng: random.Random) -> dict[str, Any] | Non
     return {"type": "ESCALATE"}
 
 
+# --- what policies may use, and what the world may do (for proofs) --------------------------------------
+
+FACT_TYPES = {
+    "chooseResolution": {
+        "ticket": "string",
+        "requested": "number",
+        "order.total": "number",
+        "order.refunded": "number",
+        "order.refundable": "number",
+        "order.deliveredDaysAgo": "int",
+        "customer.refundsLast90d": "int",
+        "customer.accountAgeDays": "int",
+    }
+}
+
+
+def sentiment(request: dict[str, Any], input: dict[str, Any]) -> dict[str, Any]:
+    """A judgment actor for policies: is the ticket angry? (A keyword classifier standing in for a small
+    model; deterministic, so exploration can enumerate it.)"""
+    return {"angry": bool(ANGRY.search(str(request.get("facts", {}).get("ticket", ""))))}
+
+
+def probe() -> ExploreOptions:
+    """The world at the rules' boundaries: amounts around 0 and 100, what is left to refund around the
+    amounts, deliveries either side of 30 days, the customer's own order or someone else's, no order."""
+    orders: list[Any] = [{"found": False, "order": None}]
+    for refundable, days, owner in itertools.product([0, 40, 100, 101, 240], [0, 30, 31], ["C-1", "C-2"]):
+        orders.append(
+            {
+                "found": True,
+                "order": {
+                    "id": "O-1",
+                    "customerId": owner,
+                    "total": 240.0,
+                    "refunded": 240.0 - refundable,
+                    "refundable": float(refundable),
+                    "deliveredDaysAgo": days,
+                },
+            }
+        )
+    customers = [
+        {"verified": True, "customer": {"id": "C-1", "refundsLast90d": n, "accountAgeDays": 400}}
+        for n in (0, 3)
+    ] + [{"verified": False, "customer": None}]
+    return ExploreOptions(
+        payloads={
+            "REFUND": {"amount": [0, 40, 100, 101, 240]},
+            "APPROVE": {"approver": ["dana"]},
+            "PROVIDE_ORDER_ID": {"orderId": ["O-1"]},
+        },
+        outputs={
+            "crm.verifyCustomer": customers,
+            "orders.lookup": orders,
+            "customer.ask": [{"sent": True}],
+            "approvals.request": [{"requested": True}],
+            "approvals.record": [{"recorded": True}],
+            "payments.refund": [{"refunded": 1.0}],
+            "tickets.escalate": [{"escalated": True}],
+            "tickets.close": [{"closed": True}],
+        },
+        errors=set(ACTOR_NAMES),
+    )
+
+
+PROBE_INPUTS = [
+    {"ticket": "It broke.", "customerId": "C-1", "orderId": "O-1", "amount": 40},
+    {"ticket": "It broke.", "customerId": "C-1", "orderId": "O-1", "amount": 240},
+    {"ticket": "Which order? I forgot.", "customerId": "C-1", "amount": 101},
+]
+
+ACTOR_NAMES = (
+    "crm.verifyCustomer",
+    "customer.ask",
+    "orders.lookup",
+    "approvals.request",
+    "approvals.record",
+    "payments.refund",
+    "tickets.escalate",
+    "tickets.close",
+)
+
+
 def environment() -> Environment:
     config = parse_machine(load_json(HERE / "machine.json"), source=str(HERE / "machine.json"))
     return Environment(
@@ -228,4 +312,8 @@ def environment() -> Environment:
             "sloppy": stand_in("sloppy", sloppy),
         },
         files=[HERE / "machine.json", Path(__file__)],
+        fact_types=FACT_TYPES,
+        judgments={"judge.sentiment": sentiment},
+        probe=probe(),
+        probe_inputs=PROBE_INPUTS,
     )

@@ -1,0 +1,263 @@
+"""`improve verify`, `vocabulary`, `explore` and `schema`: policies as validated, explorable data."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from improve.cli.common import (
+    EXIT_FAILED,
+    JsonOption,
+    WorkspaceOption,
+    emit_json,
+    err,
+    handled,
+    out,
+    workspace,
+)
+from improve.errors import WorkspaceError
+from improve.evals.scenarios import load_scenarios
+from improve.evals.workspace import Workspace
+from improve.examples import load_environment
+from improve.log.store import JsonlDirStore
+from improve.loop.gates import GATE_NAMES, GateContext, Unparsed, passed, run_gates
+from improve.loop.probes import probe_requests
+from improve.machine import MachineConfig
+from improve.machine.explore import ExploreOptions, can_reach, explore_paths
+from improve.runtime.environment import Environment
+from improve.runtime.vocabulary import vocabulary
+
+EnvOption = typer.Option("--env", "-e", help="Environment (default from improve.toml).")
+LOCK_NAME = "environment.lock.json"
+
+
+def lock_path(space: Workspace, env_name: str) -> Path:
+    return space.policies_dir(env_name) / LOCK_NAME
+
+
+def recorded_hashes(space: Workspace, env_name: str) -> dict[str, str] | None:
+    path = lock_path(space, env_name)
+    if not path.exists():
+        return None
+    data = json.loads(path.read_text(encoding="utf-8"))
+    return dict(data.get("files", {}))
+
+
+def _policy_document(space: Workspace, env_name: str, ref: str) -> tuple[Any, str]:
+    path = space.policy_path(env_name, ref)
+    if not path.exists():
+        raise WorkspaceError(f"policy {ref!r} not found at {path}")
+    text = path.read_text(encoding="utf-8")
+    try:
+        return json.loads(text), str(path)
+    except json.JSONDecodeError as error:
+        # Not JSON at all: the validate gate reports it with the line and column.
+        return Unparsed(f"{path}:{error.lineno}:{error.colno}: invalid JSON: {error.msg}"), str(path)
+
+
+def verify_command(
+    policy: Annotated[str, typer.Argument(help="Policy version (v3) or a .json path.")],
+    env: Annotated[str | None, EnvOption] = None,
+    as_json: Annotated[bool, JsonOption] = False,
+    ws: Annotated[Path | None, WorkspaceOption] = None,
+) -> None:
+    """Run the gates on a policy, in order, stopping at the first failure; exit 1 when one fails.
+
+    Gates: environment-unchanged (against policies/<env>/environment.lock.json when present), validate,
+    vocabulary, lower, lint, explore (probe requests from the training scenarios' decisions), overfit.
+
+    Example:
+
+        improve verify v1 --env refunds
+    """
+    with handled():
+        space = workspace(ws)
+        env_name = space.env_name(env)
+        environment = load_environment(env_name)
+        document, source = _policy_document(space, env_name, policy)
+        scenarios = load_scenarios(space.scenarios_path(env_name)).scenarios
+        store = JsonlDirStore(space.traces) if space.traces.exists() else None
+        context = GateContext(
+            environment,
+            expected_hashes=recorded_hashes(space, env_name),
+            probes=probe_requests(environment, scenarios, store),
+            scenarios=scenarios,
+        )
+        results = run_gates(document, context, source)
+        ok = passed(results)
+        if as_json:
+            emit_json({"policy": source, "ok": ok, "gates": [r.to_json() for r in results]})
+        else:
+            for r in results:
+                mark = "[green]pass[/]" if r.ok else "[red]FAIL[/]"
+                out.print(f"{mark} {r.name}: ", end="")
+                out.print(r.detail, markup=False)
+            skipped = GATE_NAMES[len(results) :]
+            if skipped:
+                out.print(f"not run: {', '.join(skipped)}")
+        if not ok:
+            raise typer.Exit(EXIT_FAILED)
+
+
+def vocabulary_command(
+    env: Annotated[str | None, EnvOption] = None,
+    as_json: Annotated[bool, JsonOption] = False,
+    ws: Annotated[Path | None, WorkspaceOption] = None,
+) -> None:
+    """List every name a policy may use, read off the environment.
+
+    Example:
+
+        improve vocabulary --env refunds --json
+    """
+    with handled():
+        space = workspace(ws)
+        words = vocabulary(load_environment(space.env_name(env)))
+        if as_json:
+            emit_json(words.to_json())
+            return
+        for d in words.decisions:
+            out.print(f"[bold]decision[/] {d.name} (state {d.state})")
+            for event, fields in d.events.items():
+                payload = ", ".join(f"{f}: {k}" for f, k in fields.items())
+                out.print(f"  event {event}" + (f" {{{payload}}}" if payload else ""), markup=False)
+            for path, kind in d.facts.items():
+                out.print(f"  fact  {path}: {kind}", markup=False)
+        out.print(f"request fields: {', '.join(words.request_fields)}", markup=False)
+        out.print(f"actors: {', '.join(words.actors)}   model refs: {', '.join(words.models)}", markup=False)
+        out.print(f"named guards: {', '.join(words.guards) or 'none'}", markup=False)
+
+
+def explore_command(
+    target: Annotated[
+        str | None, typer.Option("--target", "-t", help="A state to reach (default: the sentinels).")
+    ] = None,
+    input_json: Annotated[
+        str | None,
+        typer.Option("--input", "-i", help="The machine input as JSON (default: every probe input)."),
+    ] = None,
+    env: Annotated[str | None, EnvOption] = None,
+    max_paths: Annotated[int, typer.Option("--max-paths", help="Transitions to try at most.")] = 200_000,
+    as_json: Annotated[bool, JsonOption] = False,
+    ws: Annotated[Path | None, WorkspaceOption] = None,
+) -> None:
+    """Explore the environment's state space: is a state reachable, and is the search a proof?
+
+    The world is the environment's probe: payload values at the rules' boundaries, every output each
+    tool may give, tools that fail. "Unreachable" with complete=true is a proof relative to it. Exits 1
+    when the target is reachable (a witness path is printed).
+
+    Example:
+
+        improve explore --env refunds --target illegallyIssued --input '{"ticket": "x", "customerId": "C-1", "orderId": "O-1", "amount": 240}'
+    """
+    with handled():
+        space = workspace(ws)
+        environment = load_environment(space.env_name(env))
+        targets = [target] if target else environment.config.sentinels()
+        if not targets:
+            raise WorkspaceError("the environment has no sentinel state; give --target")
+        inputs = [_json_arg(input_json)] if input_json else environment.probe_inputs
+        if not inputs:
+            raise WorkspaceError("give --input: the environment declares no probe inputs")
+        base = environment.probe or ExploreOptions()
+        options = ExploreOptions(
+            base.payloads, base.outputs, base.errors, base.decide_errors, None, base.max_depth, max_paths
+        )
+        rows = []
+        reachable = False
+        for goal in targets:
+            for inp in inputs:
+                result = can_reach(environment.machine, goal, inp, options)
+                full = explore_paths(environment.machine, inp, options) if not result.reachable else result
+                reachable |= result.reachable
+                rows.append(
+                    {
+                        "target": goal,
+                        "input": inp,
+                        **result.to_json(),
+                        "terminals": full.terminals,
+                        "states": full.states,
+                        "transitions": full.transitions,
+                    }
+                )
+        if as_json:
+            emit_json({"environment": environment.name, "results": rows})
+        else:
+            table = Table(title=f"exploring {environment.name}")
+            for column in ("target", "input", "reachable", "proof", "states", "terminals"):
+                table.add_column(column, overflow="fold")
+            for r in rows:
+                table.add_row(
+                    r["target"],
+                    json.dumps(r["input"]),
+                    str(r["reachable"]),
+                    str(r["proof"]),
+                    str(r["states"]),
+                    json.dumps(r["terminals"]),
+                )
+            out.print(table)
+            for r in rows:
+                if r["reachable"]:
+                    out.print(f"witness for {r['target']}:", markup=False)
+                    for step in r["witness"] or []:
+                        out.print(f"  {json.dumps(step)}", markup=False)
+        if reachable:
+            raise typer.Exit(EXIT_FAILED)
+
+
+def _json_arg(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise WorkspaceError(f"--input is not JSON (column {error.colno}): {error.msg}") from None
+
+
+def schema_command(
+    what: Annotated[
+        str, typer.Argument(help="policy (the policy format) or machine (the same format).")
+    ] = "policy",
+) -> None:
+    """Print the JSON Schema of the policy format (the pydantic models are its source).
+
+    Example:
+
+        improve schema policy > policy.schema.json
+    """
+    with handled():
+        if what not in ("policy", "machine"):
+            raise WorkspaceError(f"unknown schema {what!r}; use policy or machine")
+        schema = MachineConfig.model_json_schema(by_alias=True)
+        schema["title"] = "improve policy" if what == "policy" else "improve machine"
+        emit_json(schema)
+
+
+def lock_command(
+    env: Annotated[str | None, EnvOption] = None,
+    ws: Annotated[Path | None, WorkspaceOption] = None,
+) -> None:
+    """Record the environment's file hashes in policies/<env>/environment.lock.json.
+
+    `improve verify` then fails its first gate when the environment changes under the policies.
+
+    Example:
+
+        improve lock --env refunds
+    """
+    with handled():
+        space = workspace(ws)
+        env_name = space.env_name(env)
+        environment: Environment = load_environment(env_name)
+        path = lock_path(space, env_name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        doc = {
+            "environment": env_name,
+            "machine": f"{environment.config.id}@{environment.config.version}",
+            "files": environment.file_hashes(),
+        }
+        path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+        err.print(f"wrote {path}")

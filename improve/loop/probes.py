@@ -1,0 +1,100 @@
+"""Probe requests for the explore gate: the decision requests training scenarios actually made.
+
+From recorded threads when the store has one for the scenario (replayed to each decision, so the facts
+and options are exactly what the decider saw); otherwise by running the scenario offline with the
+`careful` stand-in model (deterministic; no model is called) and recording the requests it was asked.
+Held-out scenarios are never used: nothing about them may shape a candidate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from improve.evals.scenarios import Scenario
+from improve.log.entry import INIT_EVENT, USAGE_EVENT, LogEntry, ThreadId
+from improve.log.store import MemoryStore, Store
+from improve.machine import DECIDE_SRC, Snapshot, canonical_json, initial, transition
+from improve.runtime.decision import Decision, DecisionRequest, build_request
+from improve.runtime.environment import Environment
+from improve.runtime.policy import PolicyDecider, compile_policy
+from improve.runtime.run import run
+
+PROBE_MODEL = "careful"
+
+
+def requests_in(env: Environment, entries: Sequence[LogEntry]) -> list[DecisionRequest]:
+    """Replay a thread and collect the request of every decision it made."""
+    found: list[DecisionRequest] = []
+    snapshot: Snapshot | None = None
+    for entry in entries:
+        if entry.type == USAGE_EVENT:
+            continue
+        if entry.type == INIT_EVENT:
+            snapshot = initial(env.machine, entry.event.get("input"))
+            continue
+        assert snapshot is not None
+        if snapshot.invoke is not None and snapshot.invoke.src == DECIDE_SRC:
+            found.append(build_request(env.machine, snapshot))
+        snapshot = transition(env.machine, snapshot, entry.event)
+    return found
+
+
+class _Recorder:
+    def __init__(self, inner: PolicyDecider) -> None:
+        self.inner = inner
+        self.requests: list[DecisionRequest] = []
+
+    def decide(self, request: DecisionRequest) -> Decision:
+        if not request.attempts:
+            self.requests.append(request)
+        return self.inner.decide(request)
+
+
+def probe_requests(
+    env: Environment, scenarios: Sequence[Scenario], store: Store | None = None
+) -> list[DecisionRequest]:
+    """One request per distinct (decision, facts, options) among the training scenarios' decisions."""
+    recorded: dict[str, str] = {}
+    if store is not None:
+        page = store.list_threads(prefix="train:", limit=100_000)
+        for thread_id in page.thread_ids:
+            parsed = ThreadId.parse(thread_id)
+            if parsed is not None:
+                recorded.setdefault(parsed.scenario, thread_id)
+    from improve.machine import parse_machine
+
+    v0 = parse_machine(
+        {
+            "id": "probe",
+            "version": "0",
+            "initial": "ask",
+            "states": {
+                "ask": {"invoke": {"src": "model.decide", "onDone": "answer", "onError": "answer"}},
+                "answer": {"type": "final", "output": "event.output"},
+            },
+        }
+    )
+    seen: dict[str, DecisionRequest] = {}
+    for scenario in scenarios:
+        if scenario.split != "train":
+            continue
+        if store is not None and scenario.id in recorded:
+            found = requests_in(env, store.read(recorded[scenario.id]))
+        else:
+            decider = _Recorder(
+                PolicyDecider(compile_policy(v0), {"decider": env.models[PROBE_MODEL](scenario.id)})
+            )
+            run(
+                env,
+                input=scenario.input,
+                world=env.make_world(scenario.world),
+                people=scenario.people,
+                decider=decider,
+                store=MemoryStore(),
+                thread_id=f"probe:v0:{scenario.id}:r1",
+            )
+            found = decider.requests
+        for request in found:
+            key = canonical_json([request.name, request.facts, request.options])
+            seen.setdefault(key, request)
+    return list(seen.values())

@@ -1,0 +1,215 @@
+"""State-space exploration: every path a machine can take under given inputs, and proofs of reachability.
+
+The world is made finite by the options: the values to try for each event's payload fields (probe the
+guards' boundaries: 0, 40, 100, 101, 240, ...), the outputs each actor may return (one branch each),
+which actors may fail, and whether a decision may be exhausted. From the initial snapshot every branch
+is followed depth-first; snapshots already seen (by `dedupe_by`, the snapshot hash by default) are not
+expanded twice.
+
+`complete` is true only when no path was cut by a limit (`max_depth`, `max_paths`) or by an actor with
+no outputs given: then "unreachable" is a proof, relative to the options. With a cut it means only
+"not found".
+
+Decisions (`agent.decide`) branch on every allowed event with every combination of its enumerated
+payload values *and* the probe values: a guard is tested even against answers the decision protocol
+would refuse as invalid payloads, so a proof holds for a decider that ignores the closed choice too.
+Idle states (waiting for a person) branch on every event they accept, with the probe payloads.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from improve.machine.config import DECIDE_SRC
+from improve.machine.interpreter import DONE_EVENT, ERROR_EVENT, FREE_TEXT, Machine, initial, transition
+from improve.machine.snapshot import Snapshot
+
+Target = str | Callable[[Snapshot], bool]
+"""A state id, or a predicate over the snapshot."""
+
+PROBE_TEXT = "probe"
+MAX_COMBINATIONS = 500
+
+
+@dataclass(frozen=True)
+class ExploreOptions:
+    """What the world may do. Everything not listed is not explored (and cuts the path when needed)."""
+
+    payloads: Mapping[str, Mapping[str, Sequence[Any]]] = field(default_factory=dict)
+    """Event type -> payload field -> values to try (added to a decision's own enumerated values)."""
+    outputs: Mapping[str, Sequence[Any]] = field(default_factory=dict)
+    """Actor src -> the outputs it may return, one branch each."""
+    errors: Collection[str] = ()
+    """Actor srcs that may fail: one `xstate.error.actor` branch each."""
+    decide_errors: bool = True
+    """A decision may be exhausted (every answer refused): one error branch per decision."""
+    dedupe_by: Callable[[Snapshot], Hashable] | None = None
+    """Key of a snapshot for 'seen before' (default: its canonical hash)."""
+    max_depth: int = 60
+    max_paths: int = 200_000
+    """At most this many transitions are tried."""
+
+
+@dataclass
+class ExploreResult:
+    reachable: bool
+    complete: bool
+    witness: list[dict[str, Any]] | None
+    """The events from the initial snapshot to the target, when reachable."""
+    terminals: dict[str, int]
+    """Final (or stuck) state -> how many explored branches ended there."""
+    pruned_by_guard: int
+    """Events tried that no transition took (a guard refused them, or nothing handles them)."""
+    transitions: int
+    """Events tried."""
+    states: int
+    """Distinct snapshots expanded."""
+    cuts: list[str] = field(default_factory=list)
+    """Why the search is incomplete (first few reasons)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "reachable": self.reachable,
+            "complete": self.complete,
+            "proof": self.complete and not self.reachable,
+            "witness": self.witness,
+            "terminals": self.terminals,
+            "pruned_by_guard": self.pruned_by_guard,
+            "transitions": self.transitions,
+            "states": self.states,
+            "cuts": self.cuts,
+        }
+
+
+def _matches(target: Target | None, snapshot: Snapshot) -> bool:
+    if target is None:
+        return False
+    if callable(target):
+        return bool(target(snapshot))
+    return snapshot.value == target
+
+
+def _combos(event_type: str, fields: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
+    if not fields:
+        return [{"type": event_type}]
+    names = list(fields)
+    values = itertools.islice(itertools.product(*(fields[n] for n in names)), MAX_COMBINATIONS)
+    return [{"type": event_type, **dict(zip(names, combo, strict=True))} for combo in values]
+
+
+def _merge(own: Any, probes: Sequence[Any]) -> list[Any]:
+    base = [PROBE_TEXT] if own == FREE_TEXT else list(own or [])
+    out: list[Any] = []
+    for value in [*base, *probes]:
+        if not any(type(v) is type(value) and v == value for v in out):
+            out.append(value)
+    return out
+
+
+def branches(
+    machine: Machine, snapshot: Snapshot, options: ExploreOptions
+) -> tuple[list[dict[str, Any]], str | None]:
+    """The events the world may send in this snapshot, and a reason when the path must be cut."""
+    invocation = snapshot.invoke
+    if invocation is None:
+        state = machine.states[snapshot.value]
+        events: list[dict[str, Any]] = []
+        for event_type in state.on:
+            events += _combos(event_type, options.payloads.get(event_type, {}))
+        return events, None
+    if invocation.src == DECIDE_SRC:
+        request = invocation.input
+        events = []
+        for event_type in request["allowedEvents"]:
+            own = request.get("payloads", {}).get(event_type, {})
+            probes = options.payloads.get(event_type, {})
+            fields = {name: _merge(own.get(name), probes.get(name, ())) for name in {*own, *probes}}
+            events += _combos(event_type, fields)
+        if options.decide_errors:
+            events.append(
+                {"type": ERROR_EVENT, "actorId": invocation.id, "error": {"kind": "decision-exhausted"}}
+            )
+        return events, None
+    outputs = options.outputs.get(invocation.src)
+    events = [{"type": DONE_EVENT, "actorId": invocation.id, "output": out} for out in outputs or ()]
+    if invocation.src in options.errors:
+        events.append({"type": ERROR_EVENT, "actorId": invocation.id, "error": {"code": "probe"}})
+    if not events:
+        return [], f"actor '{invocation.src}' in state '{snapshot.value}' has no outputs or errors to explore"
+    return events, None
+
+
+def explore_paths(
+    machine: Machine,
+    input: Any,
+    options: ExploreOptions | None = None,
+    target: Target | None = None,
+    stop_at_target: bool = False,
+) -> ExploreResult:
+    """Explore every path from `initial(machine, input)`; report terminals and, given a target, a witness."""
+    opts = options or ExploreOptions()
+    key_of = opts.dedupe_by or (lambda s: s.hash())
+    start = initial(machine, input)
+    result = ExploreResult(False, True, None, {}, 0, 0, 0)
+    if _matches(target, start):
+        result.reachable, result.witness = True, []
+        return result
+    seen: set[Hashable] = {key_of(start)}
+    # Depth-first, with the path of events kept on the stack for the witness.
+    stack: list[tuple[Snapshot, list[dict[str, Any]]]] = [(start, [])]
+    while stack:
+        snapshot, path = stack.pop()
+        result.states += 1
+        if snapshot.status != "active":
+            result.terminals[snapshot.value] = result.terminals.get(snapshot.value, 0) + 1
+            continue
+        if len(path) >= opts.max_depth:
+            _cut(result, f"depth {opts.max_depth} reached in state '{snapshot.value}'")
+            continue
+        events, cut = branches(machine, snapshot, opts)
+        if cut:
+            _cut(result, cut)
+            continue
+        if not events:
+            result.terminals[snapshot.value] = result.terminals.get(snapshot.value, 0) + 1
+            continue
+        for event in events:
+            if result.transitions >= opts.max_paths:
+                _cut(result, f"max_paths {opts.max_paths} reached")
+                return result
+            result.transitions += 1
+            nxt = transition(machine, snapshot, event)
+            if nxt is snapshot:
+                result.pruned_by_guard += 1
+                continue
+            if _matches(target, nxt):
+                if not result.reachable:
+                    result.reachable, result.witness = True, [*path, event]
+                if stop_at_target:
+                    return result
+            key = key_of(nxt)
+            if key in seen:
+                continue
+            seen.add(key)
+            stack.append((nxt, [*path, event]))
+    return result
+
+
+def can_reach(
+    machine: Machine, target: Target, input: Any, options: ExploreOptions | None = None
+) -> ExploreResult:
+    """Whether `target` (a state id or a predicate) is reachable; stops at the first witness."""
+    if isinstance(target, str) and target not in machine.states:
+        from improve.errors import MachineConfigError
+
+        raise MachineConfigError(f"target state '{target}' does not exist; states are {list(machine.states)}")
+    return explore_paths(machine, input, options, target=target, stop_at_target=True)
+
+
+def _cut(result: ExploreResult, reason: str) -> None:
+    result.complete = False
+    if len(result.cuts) < 10 and reason not in result.cuts:
+        result.cuts.append(reason)

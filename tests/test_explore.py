@@ -1,0 +1,118 @@
+"""Exploration proofs: sentinels unreachable with a complete search, for every distinct input shape; a
+loosened guard makes them reachable (or the proof proves nothing); every normal final is reachable."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from improve.cli.main import app
+from improve.examples import load_environment
+from improve.machine import compile_machine
+from improve.machine.config import MachineConfig, TransitionConfig
+from improve.machine.explore import ExploreOptions, can_reach, explore_paths
+from improve.machine.snapshot import Snapshot
+from improve.runtime.environment import Environment
+
+REFUNDS = load_environment("refunds")
+APPROVAL = load_environment("refund-approval")
+
+
+def recompile(env: Environment, config: MachineConfig) -> Any:
+    return compile_machine(config, guards=env.guards, actors=set(env.actors))
+
+
+@pytest.mark.parametrize("env", [REFUNDS, APPROVAL], ids=lambda e: e.name)
+def test_sentinel_is_unreachable_and_the_search_is_complete(env: Environment) -> None:
+    assert env.probe is not None and env.probe_inputs
+    for sentinel in env.config.sentinels():
+        for inp in env.probe_inputs:
+            result = can_reach(env.machine, sentinel, inp, env.probe)
+            assert not result.reachable, result.witness
+            assert result.complete, result.cuts
+            assert result.states > 5
+
+
+@pytest.mark.parametrize("env", [REFUNDS, APPROVAL], ids=lambda e: e.name)
+def test_every_normal_final_state_is_reachable(env: Environment) -> None:
+    assert env.probe is not None
+    reached: set[str] = set()
+    for inp in env.probe_inputs:
+        reached |= set(explore_paths(env.machine, inp, env.probe).terminals)
+    normal = set(env.config.final_states()) - set(env.config.sentinels())
+    assert normal <= reached, normal - reached
+    assert not set(env.config.sentinels()) & reached
+
+
+def test_a_loosened_refund_guard_reaches_the_sentinel_with_a_witness() -> None:
+    config = REFUNDS.config.model_copy(deep=True)
+    refund = config.states["choosingResolution"].on["REFUND"]
+    assert isinstance(refund, TransitionConfig)
+    refund.guard = "event.amount > 0"  # the remaining-amount and window checks removed
+    result = can_reach(recompile(REFUNDS, config), "illegallyIssued", REFUNDS.probe_inputs[1], REFUNDS.probe)
+    assert result.reachable
+    assert result.witness is not None
+    refunds = [e for e in result.witness if e["type"] == "REFUND"]
+    assert refunds and refunds[0]["amount"] > 0
+
+
+def test_a_loosened_approval_threshold_reaches_the_sentinel() -> None:
+    config = REFUNDS.config.model_copy(deep=True)
+    always = config.states["checkingApproval"].always
+    assert isinstance(always, list) and isinstance(always[0], TransitionConfig)
+    always[0].guard = "context.refundAmount > 1000"
+    result = can_reach(recompile(REFUNDS, config), "illegallyIssued", REFUNDS.probe_inputs[1], REFUNDS.probe)
+    assert result.reachable and result.complete is not None
+    assert not any(e["type"] == "APPROVE" for e in result.witness or [])
+
+
+def test_a_loosened_issue_guard_reaches_the_approval_sentinel() -> None:
+    config = APPROVAL.config.model_copy(deep=True)
+    issue = config.states["classifying"].on["ISSUE"]
+    assert isinstance(issue, TransitionConfig)
+    issue.guard = None
+    result = can_reach(
+        recompile(APPROVAL, config), "illegallyIssued", {"amount": 240, "reason": "x"}, APPROVAL.probe
+    )
+    assert result.reachable and result.witness == [{"type": "ISSUE"}]
+
+
+def test_predicate_targets_and_limits_make_the_search_incomplete() -> None:
+    assert REFUNDS.probe is not None
+
+    def paid_over_100(s: Snapshot) -> bool:
+        return s.value == "paying" and s.context["refundAmount"] > 100 and not s.context["approved"]
+
+    assert not can_reach(REFUNDS.machine, paid_over_100, REFUNDS.probe_inputs[1], REFUNDS.probe).reachable
+    short = ExploreOptions(REFUNDS.probe.payloads, REFUNDS.probe.outputs, REFUNDS.probe.errors, max_depth=2)
+    result = explore_paths(REFUNDS.machine, REFUNDS.probe_inputs[1], short, target="illegallyIssued")
+    assert not result.reachable and not result.complete and "depth 2" in result.cuts[0]
+    no_outputs = ExploreOptions(REFUNDS.probe.payloads, {}, ())
+    result = explore_paths(REFUNDS.machine, REFUNDS.probe_inputs[0], no_outputs)
+    assert not result.complete and "crm.verifyCustomer" in result.cuts[0]
+
+
+def test_explore_cli_proves_and_finds(tmp_path: Any) -> None:
+    runner = CliRunner()
+    ok = runner.invoke(app, ["explore", "--env", "refunds", "--json"])
+    assert ok.exit_code == 0, ok.output
+    rows = json.loads(ok.stdout)["results"]
+    assert len(rows) == len(REFUNDS.probe_inputs) and all(r["proof"] for r in rows)
+    given = runner.invoke(
+        app,
+        [
+            "explore",
+            "--env",
+            "refund-approval",
+            "--target",
+            "issued",
+            "--input",
+            '{"amount": 50, "reason": "x"}',
+        ],
+    )
+    assert given.exit_code == 1 and "witness for issued" in given.stdout
+    bad = runner.invoke(app, ["explore", "--env", "refunds", "--target", "nowhere"])
+    assert bad.exit_code == 2 and "target state 'nowhere' does not exist" in bad.stderr

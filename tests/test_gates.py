@@ -1,0 +1,308 @@
+"""The gates: each one passes the good and fails the bad with a detail a proposer can act on; fuzzed
+garbage never crashes them."""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from improve.cli.main import app
+from improve.evals.scenarios import load_scenarios
+from improve.examples import load_environment
+from improve.loop.gates import GATE_NAMES, GateContext, Unparsed, passed, run_gates, scenario_literals
+from improve.loop.probes import probe_requests
+from tests.conftest import REPO
+
+ENV = load_environment("refunds")
+SCENARIOS = load_scenarios(REPO / "scenarios" / "refunds.yaml").scenarios
+PROBES = probe_requests(ENV, SCENARIOS)
+V0 = json.loads((REPO / "policies" / "refunds" / "v0.json").read_text())
+
+
+def context(**changes: Any) -> GateContext:
+    base = {"env": ENV, "expected_hashes": ENV.file_hashes(), "probes": PROBES, "scenarios": SCENARIOS}
+    base.update(changes)
+    return GateContext(**base)
+
+
+def v1(route: list[dict[str, Any]], **states: Any) -> dict[str, Any]:
+    """v0 with a choice state in front of the model."""
+    doc = copy.deepcopy(V0)
+    doc["version"] = "1"
+    doc["initial"] = "route"
+    doc["states"]["route"] = {"type": "choice", "choice": [*route, {"target": "ask_model"}]}
+    doc["states"].update(states)
+    return doc
+
+
+def failing(doc: Any, ctx: GateContext | None = None) -> tuple[str, str]:
+    results = run_gates(doc, ctx or context())
+    assert not results[-1].ok, [r.to_json() for r in results]
+    assert all(r.ok for r in results[:-1])
+    return results[-1].name, results[-1].detail
+
+
+def test_probe_requests_come_from_training_scenarios_only() -> None:
+    assert len(PROBES) >= 10
+    held_out = {json.dumps(s.input["amount"]) for s in SCENARIOS if s.split == "held-out"}
+    train = {json.dumps(s.input["amount"]) for s in SCENARIOS if s.split == "train"}
+    requested = {json.dumps(p.facts["requested"]) for p in PROBES}
+    assert requested <= train
+    assert requested.isdisjoint(held_out - train)
+
+
+def test_v0_and_a_sensible_v1_pass_every_gate() -> None:
+    for doc in (V0, v1([{"guard": "facts.customer.refundsLast90d >= 3", "target": "escalate"}])):
+        results = run_gates(doc, context())
+        assert passed(results), [r.to_json() for r in results]
+        assert [r.name for r in results] == list(GATE_NAMES)
+        assert "probe request(s)" in results[5].detail
+
+
+def test_environment_changed_is_discarded_not_repaired() -> None:
+    hashes = dict(ENV.file_hashes())
+    hashes["machine.json"] = "0" * 64
+    name, detail = failing(V0, context(expected_hashes=hashes))
+    assert name == "environment-unchanged"
+    assert "machine.json (recorded 000000000000" in detail and "discarded (not repaired)" in detail
+
+
+@pytest.mark.parametrize(
+    ("doc", "needle"),
+    [
+        ([1, 2], "expected a JSON object"),
+        ({**V0, "initial": None}, "$.initial: Input should be a valid string"),
+        ({**V0, "states": {"a": {"type": "weird"}}}, "$.states.a.type"),
+        (Unparsed("p.json:3:7: invalid JSON: Expecting ','"), "p.json:3:7: invalid JSON"),
+    ],
+)
+def test_validate_names_the_json_path(doc: Any, needle: str) -> None:
+    name, detail = failing(doc)
+    assert name == "validate" and needle in detail
+
+
+@pytest.mark.parametrize(
+    ("doc", "needle"),
+    [
+        (
+            v1([{"guard": "facts.customer.vip", "target": "escalate"}]),
+            "$.states.route.choice[0].guard: unknown fact path 'facts.customer.vip'; facts are",
+        ),
+        (
+            v1([{"guard": "input.priority > 1", "target": "escalate"}]),
+            "unknown request field 'input.priority'",
+        ),
+        (
+            v1([], escalate={"type": "final", "output": {"type": "'REFUND_ALL'"}}),
+            "$.states.escalate.output.type: unknown event 'REFUND_ALL'; the decisions allow ['CLOSE', 'ESCALATE', 'REFUND']",
+        ),
+        (v1([{"guard": {"type": "isVip"}, "target": "escalate"}]), "unknown named guard 'isVip'"),
+        (
+            v1([], ask_model={"invoke": {"src": "web.search", "onDone": "answer", "onError": "escalate"}}),
+            "unknown actor 'web.search'; a policy may invoke ['model.decide', 'judge.sentiment']",
+        ),
+        (
+            v1(
+                [],
+                ask_model={
+                    "invoke": {
+                        "src": "model.decide",
+                        "input": {"model": "'gpt-9'"},
+                        "onDone": "answer",
+                        "onError": "escalate",
+                    }
+                },
+            ),
+            "unknown model ref \"'gpt-9'\"",
+        ),
+    ],
+)
+def test_vocabulary_names_the_unknown_name_and_the_valid_ones(doc: Any, needle: str) -> None:
+    name, detail = failing(doc)
+    assert name == "vocabulary" and needle in detail
+
+
+@pytest.mark.parametrize(
+    ("doc", "needle"),
+    [
+        (v1([{"guard": "facts.requested >", "target": "escalate"}]), "CEL syntax error at column"),
+        (v1([{"guard": "facts.requested > 1", "target": "nowhere"}]), "target 'nowhere' does not exist"),
+        (
+            v1([{"guard": "facts.ticket > 3", "target": "escalate"}]),
+            "type error for decision 'chooseResolution'",
+        ),
+        (v1([{"guard": "facts.order.deliveredDaysAgo + 0.5 > 30.0", "target": "escalate"}]), "type error"),
+        (v1([{"guard": "facts.requested", "target": "escalate"}]), "expected a bool"),
+    ],
+)
+def test_lower_compiles_and_type_checks(doc: Any, needle: str) -> None:
+    name, detail = failing(doc)
+    assert name == "lower" and needle in detail
+
+
+def test_lint_errors_fail_the_gate() -> None:
+    doc = v1([])
+    del doc["states"]["ask_model"]["invoke"]["onError"]
+    name, detail = failing(doc)
+    assert name == "lint" and "invoke-without-on-error at $.states.ask_model" in detail
+
+
+@pytest.mark.parametrize(
+    ("doc", "needle"),
+    [
+        (
+            v1(
+                [{"guard": "facts.requested > 0", "target": "refund_all"}],
+                refund_all={
+                    "type": "final",
+                    "output": {"type": "'REFUND'", "amount": "facts.requested * 2.0"},
+                },
+            ),
+            "can end with an answer that is not an offered option",
+        ),
+        (
+            v1(
+                [{"guard": "facts.order.deliveredDaysAgo > 30", "target": "refund"}],
+                refund={"type": "final", "output": {"type": "'REFUND'"}},
+            ),
+            "not an offered option",
+        ),
+    ],
+)
+def test_explore_catches_outputs_that_are_not_offered(doc: Any, needle: str) -> None:
+    name, detail = failing(doc)
+    assert name == "explore" and needle in detail and "facts" in detail
+
+
+def test_explore_accepts_a_computed_offered_payload() -> None:
+    doc = v1(
+        [
+            {
+                "guard": "facts.requested > facts.order.refundable && facts.order.deliveredDaysAgo <= 30",
+                "target": "partial",
+            }
+        ],
+        partial={"type": "final", "output": {"type": "'REFUND'", "amount": "facts.order.refundable"}},
+    )
+    assert passed(run_gates(doc, context()))
+
+
+def test_overfit_refuses_scenario_literals() -> None:
+    unique = scenario_literals(SCENARIOS)
+    amount = next(a for a in unique.amounts if a == round(a, 2) and a > 5)
+    ticket = SCENARIOS[0].input["ticket"]
+    cases = [
+        (
+            v1([{"guard": f"facts.requested == {amount:g}", "target": "escalate"}]),
+            f"appears only in scenario {unique.amounts[amount]}",
+        ),
+        (
+            v1([{"guard": f"facts.ticket == '{ticket[:20]}'", "target": "escalate"}]),
+            f"text from scenario {SCENARIOS[0].id}",
+        ),
+        (
+            v1([{"guard": f"input.name == '{SCENARIOS[0].id}'", "target": "escalate"}]),
+            "is an identifier from scenario",
+        ),
+    ]
+    for doc, needle in cases:
+        name, detail = failing(doc)
+        assert name == "overfit" and needle in detail
+    # Thresholds shared by many scenarios are rules, not literals.
+    assert passed(
+        run_gates(v1([{"guard": "facts.order.deliveredDaysAgo > 30", "target": "escalate"}]), context())
+    )
+
+
+# --- fuzz ------------------------------------------------------------------------------------------------
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=40),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
+    max_leaves=30,
+)
+names = st.sampled_from(
+    [
+        "type",
+        "guard",
+        "target",
+        "output",
+        "invoke",
+        "src",
+        "choice",
+        "states",
+        "initial",
+        "facts.requested > 1",
+        "'ESCALATE'",
+        "event.output",
+        "context.x",
+        "a" * 600,
+        "[1].map(x, x)",
+        "facts.nope",
+        "{{{",
+        "model.decide",
+        "ask_model",
+        "answer",
+    ]
+)
+
+
+@st.composite
+def mutated_v0(draw: st.DrawFn) -> Any:
+    doc = copy.deepcopy(V0)
+    for _ in range(draw(st.integers(1, 4))):
+        state = draw(st.sampled_from(list(doc["states"]) or ["x"]))
+        target = doc["states"].setdefault(state, {})
+        if not isinstance(target, dict):
+            continue
+        target[draw(names)] = draw(st.one_of(names, json_values))
+    if draw(st.booleans()):
+        doc[draw(names)] = draw(json_values)
+    return doc
+
+
+FUZZ_CASES = {"count": 0}
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(json_values, mutated_v0(), st.builds(lambda d: {"states": {"s": d}}, json_values)))
+def test_fuzzed_documents_never_crash_a_gate(doc: Any) -> None:
+    FUZZ_CASES["count"] += 1
+    results = run_gates(doc, context())
+    assert results and all(r.detail for r in results)
+    assert passed(results) or not results[-1].ok
+    for r in results:
+        assert "could not check this document" not in r.detail, r.detail
+
+
+# --- the CLI ---------------------------------------------------------------------------------------------
+
+
+def test_verify_cli_exit_codes_and_json(tmp_path: Path) -> None:
+    for name in ("improve.toml",):
+        shutil.copy(REPO / name, tmp_path / name)
+    shutil.copytree(REPO / "scenarios", tmp_path / "scenarios")
+    shutil.copytree(REPO / "policies", tmp_path / "policies")
+    runner = CliRunner()
+    ok = runner.invoke(app, ["verify", "v0", "-w", str(tmp_path), "--json"])
+    assert ok.exit_code == 0, ok.output
+    assert [g["name"] for g in json.loads(ok.stdout)["gates"]] == list(GATE_NAMES)
+    (tmp_path / "policies" / "refunds" / "v9.json").write_text('{"id": "x",\n "version": }')
+    bad = runner.invoke(app, ["verify", "v9", "-w", str(tmp_path)])
+    assert bad.exit_code == 1 and "v9.json:2:13: invalid JSON" in bad.stdout
+    # A recorded lock makes the first gate bite when the environment changes.
+    assert runner.invoke(app, ["lock", "-w", str(tmp_path)]).exit_code == 0
+    lock = tmp_path / "policies" / "refunds" / "environment.lock.json"
+    data = json.loads(lock.read_text())
+    data["files"]["machine.json"] = "f" * 64
+    lock.write_text(json.dumps(data))
+    changed = runner.invoke(app, ["verify", "v0", "-w", str(tmp_path)])
+    assert changed.exit_code == 1 and "FAIL environment-unchanged" in changed.stdout
