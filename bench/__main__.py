@@ -8,6 +8,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from bench.explore_bench import explore_figures
 from bench.replay_bench import replay_figures
 from bench.warehouse_bench import warehouse_figures
 
@@ -17,13 +18,16 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=20_000, help="threads in the replay corpus")
     parser.add_argument("--repeat", type=int, default=3, help="timed repetitions (medians reported)")
     parser.add_argument("--ingest-threads", type=int, default=20_000, help="threads in the ingest corpus")
-    parser.add_argument("--only", choices=["replay", "warehouse"], help="run one section")
+    parser.add_argument("--only", choices=["replay", "warehouse", "explore"], help="run one section")
     args = parser.parse_args()
     figures: dict[str, object] = {"machine": {"cores": __import__("os").cpu_count()}}
     with tempfile.TemporaryDirectory(prefix="improve-bench-") as tmp:
         if args.only in (None, "replay"):
             print(f"bench: replay over {args.threads} threads ...", file=sys.stderr)
             figures["replay"] = replay_figures(Path(tmp), args.threads, args.repeat)
+        if args.only in (None, "explore"):
+            print("bench: exploration proof ...", file=sys.stderr)
+            figures["explore"] = explore_figures(args.repeat)
         if args.only in (None, "warehouse"):
             print(f"bench: ingest of {args.ingest_threads} threads ...", file=sys.stderr)
             figures["warehouse"] = warehouse_figures(Path(tmp), args.ingest_threads, args.repeat)

@@ -11,7 +11,7 @@ from typing import Any
 from bench.corpus import write_corpus
 from improve.examples import load_environment
 from improve.log.entry import LogEntry
-from improve.log.replay import replay
+from improve.log.replay import gc_paused, replay
 from improve.machine import initial, transition
 
 
@@ -54,8 +54,11 @@ def replay_figures(tmp: Path, threads: int, repeat: int) -> dict[str, Any]:
     floors, ours, folds = [], [], []
     steps = 0
     for _ in range(repeat):
-        floor_s, _ = _floor(corpus)
-        ours_s, steps, fold_s = _ours(corpus, machine)
+        # Both sides with the cyclic collector paused, as `improve replay` runs (see gc_paused).
+        with gc_paused():
+            floor_s, _ = _floor(corpus)
+        with gc_paused():
+            ours_s, steps, fold_s = _ours(corpus, machine)
         floors.append(floor_s)
         ours.append(ours_s)
         folds.append(fold_s)
@@ -70,7 +73,7 @@ def replay_figures(tmp: Path, threads: int, repeat: int) -> dict[str, Any]:
         "replay_over_floor": round(ours_med / floor_med, 2),
         "fold_only_events_per_s": round(entries / fold_med),
         "interpreter_transitions_per_s": round(steps / fold_med),
-        "note": "replay = read + decode (pydantic) + group + fold; floor = read + decode + bare loop; medians",
+        "note": "replay = read + decode (pydantic) + group + fold; floor = read + decode + bare loop; both with the cyclic GC paused; medians",
         "interpreter": _interpreter_figures(machine),
     }
 

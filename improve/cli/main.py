@@ -34,6 +34,7 @@ from improve.evals.scenarios import load_scenarios
 from improve.evals.suite import SuiteSpec, run_suite
 from improve.examples import BUNDLED, load_environment
 from improve.log.entry import LogEntry
+from improve.log.replay import gc_paused
 from improve.log.replay import replay as replay_thread
 from improve.log.store import JsonlDirStore
 from improve.machine.describe import describe_mermaid, describe_text, diff_states, to_xstate
@@ -267,7 +268,8 @@ def replay_command(
     """
     with handled():
         space = workspace(ws)
-        threads = _threads_from(targets, space.traces)
+        with gc_paused():
+            threads = _threads_from(targets, space.traces)
         cache: dict[str, Environment] = {}
         results: list[dict[str, Any]] = []
         diverged = 0

@@ -20,7 +20,7 @@ from improve.evals.scenarios import Scenario, load_scenarios
 from improve.evals.workspace import Workspace
 from improve.examples import BUNDLED, load_environment
 from improve.log.entry import LogEntry, ThreadId
-from improve.log.replay import replay
+from improve.log.replay import gc_paused, replay
 from improve.runtime.environment import Environment
 from improve.warehouse.store import COLUMNS, row_entry
 
@@ -95,6 +95,25 @@ def refresh_outcomes(
     pending = _pending(con, list(envs))
     scenario_sets = {machine_id: _scenarios(workspace, env) for machine_id, env in envs.items()}
     rows: list[tuple[Any, ...]] = []
+    with gc_paused():
+        _replay_pending(con, envs, scenario_sets, pending, report, rows, progress)
+    if rows:
+        con.execute("BEGIN TRANSACTION")
+        con.execute("DELETE FROM outcomes WHERE list_contains(?, thread_id)", [[r[0] for r in rows]])
+        con.executemany(f"INSERT INTO outcomes VALUES ({', '.join('?' * 21)}, now())", rows)
+        con.execute("COMMIT")
+    return report
+
+
+def _replay_pending(
+    con: duckdb.DuckDBPyConnection,
+    envs: dict[str, Environment],
+    scenario_sets: dict[str, dict[str, Scenario]],
+    pending: list[str],
+    report: MaterializeReport,
+    rows: list[tuple[Any, ...]],
+    progress: Callable[[int, int], None] | None,
+) -> None:
     for done, (thread_id, entries) in enumerate(_threads(con, pending), start=1):
         env = envs[entries[0].machineId]
         parsed = ThreadId.parse(thread_id)
@@ -115,12 +134,6 @@ def refresh_outcomes(
         report.replayed += 1
         if progress and done % 500 == 0:
             progress(done, len(pending))
-    if rows:
-        con.execute("BEGIN TRANSACTION")
-        con.execute("DELETE FROM outcomes WHERE list_contains(?, thread_id)", [[r[0] for r in rows]])
-        con.executemany(f"INSERT INTO outcomes VALUES ({', '.join('?' * 21)}, now())", rows)
-        con.execute("COMMIT")
-    return report
 
 
 def _unscored(env: Environment, thread_id: str, entries: list[LogEntry]) -> OutcomeRow:

@@ -184,6 +184,16 @@ class Scope:
         self._ctx: Any = None
         self._have: set[str] = set()
 
+    @classmethod
+    def of(cls, values: dict[str, Any]) -> Scope:
+        """A scope over `values` as given (roots that are None must already be left out): the
+        interpreter's hot path, without keyword packing."""
+        scope = cls.__new__(cls)
+        scope.values = values
+        scope._ctx = None
+        scope._have = set()
+        return scope
+
     def cel_context(self, roots: frozenset[str]) -> Any:
         if self._ctx is None:
             self._ctx = cel.Context()

@@ -305,9 +305,17 @@ def _candidates(state: State, event: Mapping[str, Any]) -> tuple[Transition, ...
 
 
 def _scope(context: Any, event: Any, inp: Any) -> Scope:
-    # `facts` is shorthand for `input.facts`: a policy's input is a decision request.
-    facts = inp.get("facts") if isinstance(inp, Mapping) else None
-    return Scope(context=context, event=event, input=inp, facts=facts)
+    values: dict[str, Any] = {}
+    if context is not None:
+        values["context"] = context
+    if event is not None:
+        values["event"] = event
+    if inp is not None:
+        values["input"] = inp
+        # `facts` is shorthand for `input.facts`: a policy's input is a decision request.
+        if isinstance(inp, dict) and inp.get("facts") is not None:
+            values["facts"] = inp["facts"]
+    return Scope.of(values)
 
 
 def _settle(machine: Machine, value: str, context: dict[str, Any], inp: Any, event: Any) -> Snapshot:
