@@ -13,6 +13,13 @@
     [objective]
     k = 3                            # runs per scenario
     max_model_calls = 100            # budget per run
+    max_violations = 0               # the hard constraint
+    cost = "model_calls"             # or "tokens": tie-breaker and budget
+    cost_budget = 1.5                # a candidate may cost at most 1.5x the baseline
+    min_gain = 0.0                   # held-out gain's lower confidence bound must exceed this
+    confidence = 0.95
+    tolerance = 0.0                  # allowed drop of a scenario that passed all k runs
+    seed = 20261130                  # resampling seed, printed with every scorecard
 
 Paths are relative to the directory holding `improve.toml`. Without one, the current directory is the
 workspace and the bundled defaults apply.
@@ -23,7 +30,7 @@ from __future__ import annotations
 import hashlib
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -52,8 +59,37 @@ class EnvironmentSection(_Section):
 
 
 class ObjectiveSection(_Section):
+    """How runs are scored and when a candidate may be promoted (DESIGN.md, objective)."""
+
+    primary: Literal["pass_rate"] = Field(
+        default="pass_rate",
+        description="The primary metric: the mean over scenarios of the fraction of k runs whose outcome and "
+        "every effect match the labels (model-written text compared by presence).",
+    )
+    max_violations: int = Field(default=0, ge=0, description="Hard constraint: invariant violations allowed.")
+    cost: Literal["model_calls", "tokens"] = Field(
+        default="model_calls", description="The cost term: tie-breaker, and the budget below."
+    )
+    cost_budget: float = Field(
+        default=1.5, gt=0, description="A candidate may cost at most this multiple of the baseline's cost."
+    )
     k: int = Field(default=3, ge=1, le=100, description="Runs per scenario.")
     max_model_calls: int = Field(default=100, ge=1, description="Model-call budget per run.")
+    min_gain: float = Field(
+        default=0.0,
+        ge=0,
+        description="Promotion needs the lower confidence bound of the held-out mean gain above this.",
+    )
+    confidence: float = Field(default=0.95, gt=0.5, lt=1, description="Two-sided confidence level.")
+    tolerance: float = Field(
+        default=0.0,
+        ge=0,
+        le=1,
+        description="How much a scenario that passed all k runs may drop (its pass fraction) before it counts "
+        "as a regression; 0 means any drop is one.",
+    )
+    bootstrap_resamples: int = Field(default=5000, ge=100, description="Bootstrap resamples.")
+    seed: int = Field(default=20261130, description="Seed of every resampling, printed with each scorecard.")
 
 
 class WorkspaceConfig(_Section):

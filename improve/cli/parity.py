@@ -1,0 +1,186 @@
+"""`parity`: does a new policy (or the machine replacing an old loop) behave like the old one?"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from improve.cli.common import (
+    EXIT_FAILED,
+    JsonOption,
+    WorkspaceOption,
+    emit_json,
+    err,
+    handled,
+    out,
+    workspace,
+)
+from improve.errors import WorkspaceError
+from improve.evals.scenarios import load_scenarios
+from improve.examples import load_environment
+from improve.parity import DEFAULT_MODELS, REVIEWED_FILE, ParityReport, compare, load_reviewed, resolve_side
+
+app = typer.Typer(
+    name="parity",
+    help="Compare two policies, or an old agent loop with the machine replacing it, scenario by scenario.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+@app.callback()
+def main() -> None:
+    """Compare two policies, or an old agent loop with the machine replacing it, scenario by scenario."""
+
+
+@app.command("compare")
+def compare_command(
+    old: Annotated[
+        str, typer.Argument(help="Baseline: a policy version (v3), a .json file, or module:function.")
+    ],
+    new: Annotated[
+        str, typer.Argument(help="Candidate: a policy version, a .json file, or module:function.")
+    ],
+    env: Annotated[
+        str | None, typer.Option("--env", "-e", help="Environment (default from improve.toml).")
+    ] = None,
+    model: Annotated[
+        list[str] | None,
+        typer.Option("--model", "-m", help="Stand-in model; repeatable (default: careful and sloppy)."),
+    ] = None,
+    split: Annotated[str, typer.Option("--split", "-s", help="train, held-out or all.")] = "all",
+    scenario: Annotated[list[str] | None, typer.Option("--scenario", help="Only these scenario ids.")] = None,
+    reviewed: Annotated[
+        Path | None,
+        typer.Option(
+            "--reviewed",
+            help=f"Reviewed-differences YAML (default: {REVIEWED_FILE} in the workspace, if any).",
+        ),
+    ] = None,
+    as_json: Annotated[bool, JsonOption] = False,
+    ws: Annotated[Path | None, WorkspaceOption] = None,
+) -> None:
+    """Run every scenario on OLD and NEW with each model and compare outcome, effects and violations.
+
+    Each row is `same`, `intended` (NEW blocks a rule break OLD made, with the same or a safer
+    outcome, or the difference is accepted in the reviewed file) or `regression`. OLD first runs
+    against itself: if two fresh runs differ, nothing is compared (exit 3). Exit 0 with no
+    unreviewed regression, 1 with one, 2 on usage errors, 3 when a run could not complete. Under
+    GitHub Actions the table is appended to $GITHUB_STEP_SUMMARY and each regression (at most ten)
+    is annotated with `::error`. A module:function runner is imported and run as trusted code.
+
+    Example:
+
+        parity compare v3 policies/refunds/v4.json --model careful --model sloppy
+        parity compare improve.examples.refunds.legacy:run v0
+    """
+    with handled():
+        space = workspace(ws)
+        env_name = space.env_name(env)
+        environment = load_environment(env_name)
+        scenario_set = load_scenarios(space.scenarios_path(env_name))
+        chosen = scenario_set.split(split)
+        if scenario:
+            known = scenario_set.by_id()
+            missing = [s for s in scenario if s not in known]
+            if missing:
+                raise WorkspaceError(f"unknown scenario id(s) {missing}; see {scenario_set.source}")
+            chosen = [s for s in chosen if s.id in set(scenario)]
+        models = list(dict.fromkeys(model or DEFAULT_MODELS))
+        unknown = [m for m in models if m not in environment.models]
+        if unknown:
+            raise WorkspaceError(
+                f"environment {env_name} has no model(s) {unknown}; its stand-in models are "
+                f"{sorted(environment.models)}"
+            )
+        default_reviewed = space.root / REVIEWED_FILE
+        reviewed_path = reviewed or (default_reviewed if default_reviewed.is_file() else None)
+        accepted = (
+            load_reviewed(reviewed_path, environment, [s.id for s in scenario_set.scenarios])
+            if reviewed_path
+            else None
+        )
+        budget = space.config.objective.max_model_calls
+        old_side = resolve_side(space, environment, old, budget)
+        new_side = resolve_side(space, environment, new, budget)
+        err.print(
+            f"parity on {env_name}: {len(chosen)} scenarios x {len(models)} model(s) ({', '.join(models)}); "
+            f"OLD {old_side.description}, NEW {new_side.description}"
+            + (f"; reviewed differences from {reviewed_path}" if reviewed_path else "")
+        )
+
+        def progress(phase: str, done: int, total: int) -> None:
+            if done == total:
+                what = "OLD ran twice: the harness is deterministic" if phase == "harness" else "compared"
+                err.print(f"  {phase}: {done}/{total} scenario/model pairs, {what}")
+
+        report = compare(environment, chosen, old_side, new_side, models, accepted, progress)
+        if as_json:
+            emit_json(report.to_json())
+        else:
+            _print_tables(report)
+        if os.environ.get("GITHUB_ACTIONS") == "true":
+            _github(report, annotations_to_stderr=as_json)
+        if not report.passed:
+            raise typer.Exit(EXIT_FAILED)
+
+
+def _print_tables(report: ParityReport) -> None:
+    for model in report.models:
+        counts = report.counts(model)
+        heading = f"{model}: {counts['same']} same, {counts['intended']} intended, {counts['regression']} regression"
+        changed = [r for r in report.rows if r.model == model and r.label != "same"]
+        if not changed:
+            out.print(heading)
+            continue
+        table = Table(title=heading, title_justify="left")
+        for column in (
+            "scenario",
+            "outcome old -> new",
+            "effects (+ added, - removed)",
+            "rule breaks",
+            "label",
+        ):
+            table.add_column(column, overflow="fold")
+        table.add_column("reason", overflow="fold", ratio=1)
+        for row in changed:
+            style = "green" if row.label == "intended" else "red"
+            table.add_row(
+                row.scenario,
+                row.difference.outcome,
+                row.difference.effects_text(),
+                row.difference.rule_breaks,
+                f"[{style}]{row.label}[/]",
+                row.reason,
+            )
+        out.print(table)
+    if report.unused_reviews and report.reviewed:
+        out.print(
+            f"{len(report.unused_reviews)} reviewed difference(s) in {report.reviewed.path.name} were not "
+            f"in this comparison (entries {report.unused_reviews})"
+        )
+    verdict = "no unreviewed regression" if report.passed else f"{len(report.regressions)} regression(s)"
+    out.print(f"parity {report.old.ref} -> {report.new.ref}: {verdict}")
+
+
+def _github(report: ParityReport, annotations_to_stderr: bool) -> None:
+    """GitHub Actions: the markdown report in the step summary, one `::error` per regression (<= 10)."""
+    summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if summary:
+        with open(summary, "a", encoding="utf-8") as handle:
+            handle.write(report.markdown() + "\n")
+    else:
+        err.print("GITHUB_STEP_SUMMARY is not set: no step summary written")
+    stream = sys.stderr if annotations_to_stderr else sys.stdout
+    for line in report.annotations():
+        stream.write(line + "\n")
+    hidden = len(report.regressions) - len(report.annotations())
+    if hidden > 0:
+        err.print(f"{hidden} more regression(s) not annotated; see the step summary")
+    stream.flush()
