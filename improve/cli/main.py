@@ -20,6 +20,7 @@ from improve.cli.common import (
     out,
     workspace,
 )
+from improve.cli.evals import rules_command, scenarios_app, score_command
 from improve.cli.policy import (
     explore_command,
     lock_command,
@@ -386,6 +387,9 @@ app.command("vocabulary")(vocabulary_command)
 app.command("explore")(explore_command)
 app.command("schema")(schema_command)
 app.command("lock")(lock_command)
+app.command("score")(score_command)
+app.command("rules")(rules_command)
+app.add_typer(scenarios_app, name="scenarios")
 
 
 def main() -> None:

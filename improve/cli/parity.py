@@ -66,7 +66,7 @@ def compare_command(
     as_json: Annotated[bool, JsonOption] = False,
     ws: Annotated[Path | None, WorkspaceOption] = None,
 ) -> None:
-    """Run every scenario on OLD and NEW with each model and compare outcome, effects and violations.
+    """Run every scenario on OLD and NEW with each model; compare outcome, effects and rule breaks.
 
     Each row is `same`, `intended` (NEW blocks a rule break OLD made, with the same or a safer
     outcome, or the difference is accepted in the reviewed file) or `regression`. OLD first runs

@@ -15,7 +15,8 @@ from improve.errors import WorkspaceError
 from improve.evals.outcome import OutcomeRow, outcome_row
 from improve.evals.scenarios import Scenario
 from improve.evals.workspace import policy_hash, policy_label
-from improve.log.replay import replay
+from improve.log.entry import ThreadId
+from improve.log.replay import gc_paused, replay
 from improve.log.store import Store
 from improve.machine import MachineConfig
 from improve.runtime.environment import Environment
@@ -118,3 +119,22 @@ def _stamp_diff(recorded: dict[str, Any], wanted: dict[str, Any]) -> str:
         f"{k}: {recorded.get(k)!r} != {wanted.get(k)!r}" for k in keys if recorded.get(k) != wanted.get(k)
     ]
     return "; ".join(diffs)
+
+
+def recorded_rows(
+    env: Environment, scenarios: Sequence[Scenario], store: Store, version: str, split: str
+) -> list[OutcomeRow]:
+    """Outcome rows of every recorded thread of `version` on `split` (replayed and scored), for the
+    scenarios given; threads of unknown scenarios are skipped."""
+    by_id = {s.id: s for s in scenarios}
+    splits = ("train", "held-out") if split == "all" else (split,)
+    rows: list[OutcomeRow] = []
+    with gc_paused():
+        for part in splits:
+            page = store.list_threads(prefix=f"{part}:{version}:", limit=1_000_000)
+            for thread_id in page.thread_ids:
+                parsed = ThreadId.parse(thread_id)
+                if parsed is None or parsed.scenario not in by_id:
+                    continue
+                rows.append(outcome_row(env, by_id[parsed.scenario], thread_id, store.read(thread_id)))
+    return rows

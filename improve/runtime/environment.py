@@ -17,6 +17,7 @@ from typing import Any
 
 from improve.machine import GuardFn, Machine, MachineConfig, compile_machine
 from improve.machine.explore import ExploreOptions
+from improve.machine.rules import RuleEval
 from improve.runtime.models import ModelFactory
 
 
@@ -83,6 +84,8 @@ class Environment:
     boundaries, actors that may fail."""
     probe_inputs: list[dict[str, Any]] = field(default_factory=list)
     """One input per distinct input shape, for exploration proofs."""
+    rule_evals: list[RuleEval] = field(default_factory=list)
+    """The rules tested directly on the interpreter, each naming the states it covers."""
 
     @cached_property
     def machine(self) -> Machine:

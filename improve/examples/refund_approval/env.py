@@ -14,6 +14,7 @@ from typing import Any
 
 from improve.machine import parse_machine
 from improve.machine.explore import ExploreOptions
+from improve.machine.rules import RuleEval
 from improve.runtime.decision import DecisionRequest
 from improve.runtime.environment import Environment, World
 from improve.runtime.models import first_option, option, stand_in
@@ -84,4 +85,17 @@ def environment() -> Environment:
         fact_types={"classify": {"amount": "number", "reason": "string"}},
         probe=probe(),
         probe_inputs=PROBE_INPUTS,
+        rule_evals=RULE_EVALS,
     )
+
+
+RULE_EVALS = [
+    RuleEval("ISSUE is refused above 100 until approved", ("classifying",), {"amount": 100.01, "reason": "x"},
+             state="classifying", accepts=[{"type": "ESCALATE"}, {"type": "REFUSE"}], refuses=[{"type": "ISSUE"}]),
+    RuleEval("ISSUE is accepted at 100", ("classifying", "issuing"), {"amount": 100, "reason": "x"},
+             [{"type": "ISSUE"}], "issued"),
+    RuleEval("an approved escalation is issued", ("approving", "issuing"), {"amount": 240, "reason": "x"},
+             [{"type": "ESCALATE"}, {"type": "APPROVE", "approver": "dana"}], "issued"),
+    RuleEval("a rejected escalation is rejected", ("approving",), {"amount": 240, "reason": "x"},
+             [{"type": "ESCALATE"}, {"type": "REJECT", "reason": "no"}], "rejected"),
+]

@@ -1,0 +1,217 @@
+"""`improve score` and `improve scenarios check`: honest numbers from recorded runs."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from improve.cli.common import (
+    EXIT_FAILED,
+    JsonOption,
+    WorkspaceOption,
+    emit_json,
+    err,
+    handled,
+    out,
+    workspace,
+)
+from improve.errors import ScenarioError, WorkspaceError
+from improve.evals.report import scorecard_markdown
+from improve.evals.scenarios import SPLITS, load_scenarios
+from improve.evals.scorecard import Comparison, Scorecard, compare, scorecard
+from improve.evals.suite import recorded_rows
+from improve.evals.workspace import policy_label
+from improve.examples import load_environment
+from improve.log.store import JsonlDirStore
+from improve.machine.rules import run_rule_evals, uncovered
+
+EnvOption = typer.Option("--env", "-e", help="Environment (default from improve.toml).")
+
+
+def score_command(
+    policy: Annotated[str, typer.Option("--policy", "-p", help="The version to score (v1) or a .json path.")],
+    vs: Annotated[str | None, typer.Option("--vs", help="Compare against this version, scenario by scenario.")] = None,
+    split: Annotated[str, typer.Option("--split", "-s", help="train, held-out or all (each split scored apart).")] = "all",
+    env: Annotated[str | None, EnvOption] = None,
+    fmt: Annotated[str, typer.Option("--format", "-f", help="table or markdown (the PR body's scorecard).")] = "table",
+    as_json: Annotated[bool, JsonOption] = False,
+    ws: Annotated[Path | None, WorkspaceOption] = None,
+) -> None:
+    """Score a policy version from its recorded runs (replayed, never the agent's report).
+
+    Per split: each scenario's pass fraction over its k runs, their mean (the objective), violations
+    and cost. With --vs: paired per-scenario differences, a bootstrap confidence interval of the mean
+    difference, the sign test and Wilcoxon signed-rank, wins / ties / losses and the scenarios that
+    changed. The bootstrap seed comes from improve.toml and is printed.
+
+    Example:
+
+        improve score --policy v1 --vs v0 --split held-out --format markdown
+    """
+    with handled():
+        if fmt not in ("table", "markdown"):
+            raise WorkspaceError(f"unknown format {fmt!r}; use table or markdown")
+        space = workspace(ws)
+        env_name = space.env_name(env)
+        environment = load_environment(env_name)
+        scenarios = load_scenarios(space.scenarios_path(env_name)).scenarios
+        objective = space.config.objective
+        store = JsonlDirStore(space.traces)
+        splits = list(SPLITS) if split == "all" else [split]
+        if split != "all" and split not in SPLITS:
+            raise WorkspaceError(f"unknown split {split!r}; use train, held-out or all")
+        configs = {"new": space.load_policy(env_name, policy)}
+        if vs:
+            configs["old"] = space.load_policy(env_name, vs)
+        cards: list[Scorecard] = []
+        comparisons: list[Comparison] = []
+        for part in splits:
+            pair: dict[str, Scorecard] = {}
+            for side in ("old", "new"):
+                if side not in configs:
+                    continue
+                label = policy_label(configs[side])
+                rows = recorded_rows(environment, scenarios, store, label, part)
+                if not rows:
+                    raise WorkspaceError(
+                        f"no recorded runs of {label} on {part} in {space.traces}; run "
+                        f"`improve run --env {env_name} --policy {label} --split {part} --k {objective.k}` first"
+                    )
+                pair[side] = scorecard(rows, label, part)
+            cards += [pair[s] for s in ("old", "new") if s in pair]
+            if "old" in pair:
+                comparisons.append(
+                    compare(pair["old"], pair["new"], confidence=objective.confidence,
+                            resamples=objective.bootstrap_resamples, seed=objective.seed,
+                            tolerance=objective.tolerance)
+                )
+        if as_json:
+            emit_json({"seed": objective.seed, "scorecards": [c.to_json() for c in cards],
+                       "comparisons": [c.to_json() for c in comparisons]})
+            return
+        if fmt == "markdown":
+            title = f"Scorecard: {policy_label(configs['new'])}" + (f" vs {vs}" if vs else "")
+            sys.stdout.write(scorecard_markdown(cards, comparisons, title=title, old_policy=configs.get("old"),
+                                                new_policy=configs["new"] if vs else None, seed=objective.seed))
+            return
+        _print_tables(cards, comparisons, objective.seed)
+
+
+def _print_tables(cards: list[Scorecard], comparisons: list[Comparison], seed: int) -> None:
+    table = Table(title="scorecards (pass rate = mean of per-scenario pass fractions)")
+    for column in ("split", "version", "scenarios", "k", "pass rate", "violations", "model calls/run", "tokens/run"):
+        table.add_column(column)
+    for c in cards:
+        runs = c.runs or 1
+        table.add_row(c.split, c.policy_version, str(len(c.scenarios)), str(c.k), f"{c.pass_rate:.3f}",
+                      str(c.violations), f"{c.model_calls / runs:.2f}", f"{c.tokens / runs:.0f}")
+    out.print(table)
+    for cmp in comparisons:
+        out.print(
+            f"{cmp.split}: {cmp.baseline} {cmp.baseline_rate:.3f} -> {cmp.candidate} {cmp.candidate_rate:.3f}, "
+            f"mean diff {cmp.mean_diff:+.3f}, {cmp.confidence:.0%} CI [{cmp.ci_low:+.3f}, {cmp.ci_high:+.3f}] "
+            f"({cmp.method}, {cmp.resamples} resamples, seed {seed}), sign p={cmp.sign_p:.3f}, "
+            f"Wilcoxon p={cmp.wilcoxon_p:.3f}, wins/ties/losses {cmp.wins}/{cmp.ties}/{cmp.losses}",
+            markup=False,
+        )
+        for ch in cmp.changed:
+            out.print(f"  {ch.scenario}: {ch.before:.2f} -> {ch.after:.2f}", markup=False)
+
+
+scenarios_app = typer.Typer(help="Scenario files: validate them.", no_args_is_help=True)
+
+
+@scenarios_app.command("check")
+def scenarios_check(
+    env: Annotated[str | None, EnvOption] = None,
+    path: Annotated[Path | None, typer.Option("--file", help="A scenario file (default: the workspace's).")] = None,
+    as_json: Annotated[bool, JsonOption] = False,
+    ws: Annotated[Path | None, WorkspaceOption] = None,
+) -> None:
+    """Check a scenario file: valid fields, unique ids, every category in both splits, and expected
+    outcomes that name final states of the environment. Exit 1 on any problem.
+
+    Example:
+
+        improve scenarios check --env refunds
+    """
+    with handled():
+        space = workspace(ws)
+        env_name = space.env_name(env)
+        source = path or space.scenarios_path(env_name)
+        problems: list[str] = []
+        summary: dict[str, Any] = {"file": str(source)}
+        try:
+            scenario_set = load_scenarios(source)
+        except ScenarioError as error:
+            problems = str(error).splitlines()
+        else:
+            environment = load_environment(scenario_set.environment)
+            finals = set(environment.config.final_states())
+            categories: dict[str, set[str]] = {}
+            for s in scenario_set.scenarios:
+                categories.setdefault(s.category, set()).add(s.split)
+                if s.expected.outcome not in finals:
+                    problems.append(
+                        f"{source}: scenario '{s.id}': expected.outcome '{s.expected.outcome}' is not a final "
+                        f"state of {environment.name}; final states are {sorted(finals)}"
+                    )
+            for category, splits in sorted(categories.items()):
+                missing = sorted(set(SPLITS) - splits)
+                if missing:
+                    problems.append(f"{source}: category '{category}' has no scenario in {', '.join(missing)}")
+            summary |= {
+                "environment": scenario_set.environment,
+                "scenarios": len(scenario_set.scenarios),
+                "categories": len(categories),
+                "train": len(scenario_set.split("train")),
+                "held_out": len(scenario_set.split("held-out")),
+            }
+        if as_json:
+            emit_json(summary | {"ok": not problems, "problems": problems})
+        elif problems:
+            for problem in problems:
+                err.print(problem, markup=False)
+        else:
+            out.print(
+                f"{source}: {summary['scenarios']} scenarios in {summary['categories']} categories, "
+                f"{summary['train']} train / {summary['held_out']} held-out, every category in both splits",
+                markup=False,
+            )
+        if problems:
+            raise typer.Exit(EXIT_FAILED)
+
+
+def rules_command(
+    env: Annotated[str | None, EnvOption] = None,
+    as_json: Annotated[bool, JsonOption] = False,
+    ws: Annotated[Path | None, WorkspaceOption] = None,
+) -> None:
+    """Run the environment's rule evals: its guards tested on the interpreter, no model called.
+
+    Each eval names the states it covers; guarded states no eval covers are listed. Exit 1 when an
+    eval fails or a guarded state is uncovered.
+
+    Example:
+
+        improve rules --env refunds
+    """
+    with handled():
+        environment = load_environment(workspace(ws).env_name(env))
+        results = run_rule_evals(environment.machine, environment.rule_evals)
+        gaps = uncovered(environment.machine, results)
+        if as_json:
+            emit_json({"environment": environment.name, "results": [r.to_json() for r in results],
+                       "uncovered": gaps})
+        else:
+            for r in results:
+                mark = "[green]pass[/]" if r.ok else "[red]FAIL[/]"
+                out.print(f"{mark} {r.name} (covers {', '.join(r.covers)}): ", end="")
+                out.print(r.detail, markup=False)
+            out.print(f"guarded states not covered: {', '.join(gaps) or 'none'}", markup=False)
+        if gaps or not all(r.ok for r in results):
+            raise typer.Exit(EXIT_FAILED)

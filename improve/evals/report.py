@@ -1,0 +1,101 @@
+"""The scorecard as Markdown: what `improve score --format markdown` prints and a pull request's body
+embeds (tables, the changed scenarios, and a Mermaid diagram of the states a policy change touched)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from improve.evals.promotion import PromotionDecision
+from improve.evals.scorecard import Comparison, Scorecard
+from improve.machine import MachineConfig
+from improve.machine.describe import describe_mermaid, diff_states
+
+
+def _pct(x: float) -> str:
+    return f"{x:.3f}"
+
+
+def cards_table(cards: Sequence[Scorecard], cost_term: str = "model_calls") -> list[str]:
+    lines = [
+        "| split | version | scenarios | k | pass rate | violations | model calls / run | tokens / run |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for c in cards:
+        runs = c.runs or 1
+        lines.append(
+            f"| {c.split} | {c.policy_version} | {len(c.scenarios)} | {c.k} | {_pct(c.pass_rate)} | "
+            f"{c.violations} | {c.model_calls / runs:.2f} | {c.tokens / runs:.0f} |"
+        )
+    return lines
+
+
+def comparison_table(comparisons: Sequence[Comparison]) -> list[str]:
+    lines = [
+        "| split | before | after | mean diff | CI | sign test p | Wilcoxon p | wins / ties / losses |",
+        "|---|---:|---:|---:|---|---:|---:|---|",
+    ]
+    for c in comparisons:
+        lines.append(
+            f"| {c.split} | {_pct(c.baseline_rate)} | {_pct(c.candidate_rate)} | {c.mean_diff:+.3f} | "
+            f"{c.confidence:.0%} [{c.ci_low:+.3f}, {c.ci_high:+.3f}] | {c.sign_p:.3f} | {c.wilcoxon_p:.3f} | "
+            f"{c.wins} / {c.ties} / {c.losses} |"
+        )
+    return lines
+
+
+def changed_table(comparisons: Sequence[Comparison]) -> list[str]:
+    rows = [(c.split, ch) for c in comparisons for ch in c.changed]
+    if not rows:
+        return ["No scenario changed its pass fraction."]
+    lines = ["| split | scenario | category | before | after |", "|---|---|---|---:|---:|"]
+    for split, ch in rows:
+        arrow = "better" if ch.diff > 0 else "**worse**"
+        lines.append(f"| {split} | {ch.scenario} | {ch.category} | {ch.before:.2f} | {ch.after:.2f} ({arrow}) |")
+    return lines
+
+
+def scorecard_markdown(
+    cards: Sequence[Scorecard],
+    comparisons: Sequence[Comparison] = (),
+    *,
+    title: str = "Scorecard",
+    old_policy: MachineConfig | None = None,
+    new_policy: MachineConfig | None = None,
+    decision: PromotionDecision | None = None,
+    seed: int | None = None,
+) -> str:
+    lines = [f"## {title}", ""]
+    if seed is not None:
+        lines += [f"Seeds are fixed: bootstrap seed `{seed}`; stand-in models are seeded by scenario and run.", ""]
+    lines += cards_table(cards) + [""]
+    if comparisons:
+        lines += ["### Paired by scenario", ""] + comparison_table(comparisons) + [""]
+        lines += ["### Scenarios that changed", ""] + changed_table(comparisons) + [""]
+    if decision is not None:
+        verdict = "recommend" if decision.promote else "discard"
+        lines += [f"### Promotion rule: **{verdict}**", "", "| check | result | detail |", "|---|---|---|"]
+        for check in decision.checks:
+            lines.append(f"| {check.name} | {'pass' if check.ok else '**fail**'} | {check.detail} |")
+        lines.append("")
+    if old_policy is not None and new_policy is not None:
+        changed = diff_states(old_policy, new_policy)
+        lines += [
+            f"### What changed in the policy ({old_policy.version} -> {new_policy.version})",
+            "",
+            f"States added, removed or changed: {', '.join(changed) or 'none'} (highlighted).",
+            "",
+            "```mermaid",
+            describe_mermaid(new_policy, highlight=changed),
+            "```",
+            "",
+        ]
+    details = [c for c in cards if any(s.reasons for s in c.scenarios)]
+    if details:
+        lines += ["<details><summary>Why runs failed</summary>", ""]
+        for c in details:
+            for s in c.scenarios:
+                if s.reasons:
+                    lines.append(f"- `{c.split}` `{c.policy_version}` **{s.scenario}** ({s.passed}/{s.runs}): "
+                                 + "; ".join(s.reasons)[:300])
+        lines += ["", "</details>", ""]
+    return "\n".join(lines)

@@ -1,0 +1,368 @@
+"""`parity compare` end to end: the real CLI over a scratch copy of the example workspace."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from typer.testing import CliRunner, Result
+
+from improve.cli.parity import app
+from improve.evals.scenarios import Scenario
+from improve.parity import SAFETY_ORDER, ParityRun
+from tests.conftest import REPO
+
+runner = CliRunner()
+V0 = json.loads((REPO / "policies" / "refunds" / "v0.json").read_text())
+
+
+@pytest.fixture(autouse=True)
+def _not_in_github_actions(monkeypatch: pytest.MonkeyPatch) -> None:
+    # When this suite itself runs in GitHub Actions, only the test that asks for it may annotate.
+    monkeypatch.delenv("GITHUB_ACTIONS", raising=False)
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Path:
+    """A scratch copy of the example workspace."""
+    shutil.copy(REPO / "improve.toml", tmp_path / "improve.toml")
+    shutil.copytree(REPO / "scenarios", tmp_path / "scenarios")
+    shutil.copytree(REPO / "policies", tmp_path / "policies")
+    return tmp_path
+
+
+def write_policy(ws: Path, name: str, doc: dict[str, Any]) -> str:
+    (ws / "policies" / "refunds" / f"{name}.json").write_text(json.dumps(doc, indent=2))
+    return name
+
+
+def guarded_v1() -> dict[str, Any]:
+    """v0, but the model's answer is checked before it is handed over: a refund the rules forbid (past
+    the 30-day window, or more than is left to refund) becomes a CLOSE or an ESCALATE instead."""
+    doc = copy.deepcopy(V0)
+    doc["version"] = "1"
+    offered = "(event.output.amount == facts.requested || event.output.amount == facts.order.refundable)"
+    refund = f"event.output.type == 'REFUND' && {offered}"
+    doc["states"]["ask_model"]["invoke"]["onDone"] = [
+        {"guard": f"{refund} && facts.order.deliveredDaysAgo > 30", "target": "close"},
+        {"guard": f"{refund} && event.output.amount > facts.order.refundable", "target": "escalate"},
+        {"target": "answer"},
+    ]
+    doc["states"]["close"] = {"type": "final", "output": {"type": "'CLOSE'"}}
+    return doc
+
+
+def pays_the_rest_v2() -> dict[str, Any]:
+    """Closes tickets past the window and pays what is left itself, without asking the model."""
+    doc = copy.deepcopy(V0)
+    doc["version"] = "2"
+    doc["initial"] = "route"
+    doc["states"]["route"] = {
+        "type": "choice",
+        "choice": [
+            {"guard": "facts.customer.refundsLast90d >= 3", "target": "ask_model"},
+            {"guard": "facts.order.deliveredDaysAgo > 30", "target": "close"},
+            {"guard": "facts.requested > facts.order.refundable", "target": "pay_rest"},
+            {"target": "ask_model"},
+        ],
+    }
+    doc["states"]["close"] = {"type": "final", "output": {"type": "'CLOSE'"}}
+    doc["states"]["pay_rest"] = {
+        "type": "final",
+        "output": {"type": "'REFUND'", "amount": "facts.order.refundable"},
+    }
+    return doc
+
+
+def always(event: str, version: str) -> dict[str, Any]:
+    doc = copy.deepcopy(V0)
+    doc["version"] = version
+    doc["initial"] = "decided"
+    doc["states"]["decided"] = {"type": "final", "output": {"type": f"'{event}'"}}
+    return doc
+
+
+def compare(ws: Path, *args: str, env: dict[str, str] | None = None) -> Result:
+    return runner.invoke(app, ["compare", *args, "-w", str(ws)], env=env)
+
+
+def compare_json(ws: Path, *args: str) -> tuple[int, dict[str, Any]]:
+    result = compare(ws, *args, "--json")
+    assert result.exit_code in (0, 1), result.output
+    return result.exit_code, json.loads(result.stdout)
+
+
+def rows(doc: dict[str, Any], model: str | None = None, label: str | None = None) -> list[dict[str, Any]]:
+    return [
+        r
+        for r in doc["rows"]
+        if (model is None or r["model"] == model) and (label is None or r["label"] == label)
+    ]
+
+
+# --- labels -----------------------------------------------------------------------------------------
+
+
+def test_v0_against_itself_is_all_same(ws: Path) -> None:
+    code, doc = compare_json(ws, "v0", "v0")
+    assert code == 0
+    assert doc["models"] == ["careful", "sloppy"]
+    assert doc["summary"] == {
+        "careful": {"same": 44, "intended": 0, "regression": 0},
+        "sloppy": {"same": 44, "intended": 0, "regression": 0},
+    }
+    # The sloppy model does break rules under v0; identical runs are still `same`.
+    assert any(r["old"]["rule_breaks"] > 0 for r in rows(doc, "sloppy"))
+    table = compare(ws, "v0", "v0", "--split", "held-out")
+    assert table.exit_code == 0
+    assert "careful: 11 same, 0 intended, 0 regression" in table.stdout
+    assert "no unreviewed regression" in table.stdout
+
+
+def test_blocking_the_sloppy_models_rule_breaks_is_intended(ws: Path) -> None:
+    write_policy(ws, "v1", guarded_v1())
+    code, doc = compare_json(ws, "v0", "v1")
+    assert code == 0, [r for r in doc["rows"] if r["label"] == "regression"]
+    assert doc["summary"]["careful"] == {"same": 44, "intended": 0, "regression": 0}
+    intended = rows(doc, "sloppy", "intended")
+    assert {r["scenario"] for r in intended} == {"over-window-02", "over-window-04", "partial-refund-03"}
+    order = SAFETY_ORDER["refunds"]
+    for row in intended:
+        assert row["old"]["rule_breaks"] > row["new"]["rule_breaks"] == 0
+        old, new = row["difference"]["outcome"]["old"], row["difference"]["outcome"]["new"]
+        assert order[new] >= order[old]
+    by_id = {r["scenario"]: r for r in intended}
+    assert by_id["over-window-02"]["outcome"] == "closed -> closed"  # same outcome, 2 rule breaks fewer
+    assert by_id["partial-refund-03"]["outcome"] == "closed -> escalated"  # safer
+    assert "blocks rule breaks" in by_id["partial-refund-03"]["reason"]
+
+
+@pytest.mark.parametrize(
+    ("event", "changed"), [("ESCALATE", "small-refund-01"), ("CLOSE", "fraud-signal-01")]
+)
+def test_a_policy_that_changes_outcomes_is_a_regression(ws: Path, event: str, changed: str) -> None:
+    write_policy(ws, "v9", always(event, "9"))
+    result = compare(ws, "v0", "v9", "--model", "careful")
+    assert result.exit_code == 1, result.output
+    line = next(line for line in result.stdout.splitlines() if changed in line)
+    assert "regression" in line
+    assert "regression(s)" in result.stdout.splitlines()[-1]
+    code, doc = compare_json(ws, "v0", "v9", "--model", "careful")
+    assert code == 1 and doc["regressions"] > 0 and not doc["passed"]
+    row = next(r for r in doc["rows"] if r["scenario"] == changed)
+    assert row["label"] == "regression"
+    assert "the baseline broke no rule" in row["reason"]
+    assert row["review_entry"]["scenario"] == changed and row["review_entry"]["model"] == "careful"
+
+
+# --- the reviewed-differences file --------------------------------------------------------------------
+
+
+def test_reviewed_differences_accept_exactly_what_was_reviewed(ws: Path) -> None:
+    write_policy(ws, "v2", pays_the_rest_v2())
+    args = (
+        "v0",
+        "v2",
+        "--model",
+        "sloppy",
+        "--scenario",
+        "partial-refund-01",
+        "--scenario",
+        "over-window-02",
+    )
+    code, doc = compare_json(ws, *args)
+    assert code == 1
+    [regression] = rows(doc, label="regression")
+    assert regression["scenario"] == "partial-refund-01" and regression["outcome"] == "closed -> issued"
+    assert [r["scenario"] for r in rows(doc, label="intended")] == ["over-window-02"]
+
+    entry = {
+        "scenario": "partial-refund-01",
+        "model": "sloppy",
+        "outcome": "closed -> issued",
+        "effects": {
+            "added": [{"kind": "refund", "orderId": "O-5013", "amount": 75}],
+            "removed": [{"kind": "closure", "reason": "agent-closed"}],
+        },
+        "accepted_by": "dana",
+        "why": "v2 pays what is left to refund itself; the sloppy model used to close these tickets",
+    }
+    # The ready-to-paste entry in the JSON says the same as the one written by hand.
+    pasted = regression["review_entry"]
+    assert (pasted["outcome"], pasted["effects"]["removed"]) == (
+        entry["outcome"],
+        entry["effects"]["removed"],
+    )
+    (ws / "parity-reviewed.yaml").write_text(yaml.safe_dump({"differences": [entry]}))
+    code, doc = compare_json(ws, *args)
+    assert code == 0
+    accepted = next(r for r in doc["rows"] if r["scenario"] == "partial-refund-01")
+    assert accepted["label"] == "intended" and accepted["reviewed_by"] == "dana"
+    assert doc["reviewed"]["file"].endswith("parity-reviewed.yaml")
+
+    # Reviewed 75, now pays 80: no longer exactly the reviewed difference.
+    stale = copy.deepcopy(entry)
+    stale["effects"]["added"][0]["amount"] = 80
+    (ws / "parity-reviewed.yaml").write_text(yaml.safe_dump({"differences": [stale]}))
+    result = compare(ws, *args)
+    assert result.exit_code == 1, result.output
+    code, doc = compare_json(ws, *args)
+    row = next(r for r in doc["rows"] if r["scenario"] == "partial-refund-01")
+    assert row["label"] == "regression"
+    assert "no longer matches" in row["reason"] and "effects added differ" in row["reason"]
+
+    # A reviewed difference that disappeared is stale too: the file must be cleaned up.
+    gone = {**entry, "scenario": "small-refund-01"}
+    other = ws / "reviewed-elsewhere.yaml"
+    other.write_text(yaml.safe_dump({"differences": [gone]}))
+    code, doc = compare_json(
+        ws, "v0", "v2", "--model", "sloppy", "--scenario", "small-refund-01", "--reviewed", str(other)
+    )
+    assert code == 1
+    assert "the row is now the same" in doc["rows"][0]["reason"]
+
+
+@pytest.mark.parametrize(
+    ("entry", "field"),
+    [
+        ({"scenario": "small-refund-01", "model": "sloppy", "outcome": "closed -> issued"}, "accepted_by"),
+        (
+            {
+                "scenario": "small-refund-01",
+                "model": "sloppy",
+                "outcome": "closed => issued",
+                "accepted_by": "d",
+            },
+            "outcome",
+        ),
+        (
+            {"scenario": "no-such", "model": "sloppy", "outcome": "closed -> issued", "accepted_by": "d"},
+            "scenario",
+        ),
+        (
+            {
+                "scenario": "small-refund-01",
+                "model": "gpt",
+                "outcome": "closed -> issued",
+                "accepted_by": "d",
+            },
+            "model",
+        ),
+        (
+            {
+                "scenario": "small-refund-01",
+                "model": "sloppy",
+                "outcome": "closed -> paid",
+                "accepted_by": "d",
+            },
+            "outcome",
+        ),
+    ],
+)
+def test_a_bad_reviewed_file_is_a_usage_error_naming_file_entry_and_field(
+    ws: Path, entry: dict[str, Any], field: str
+) -> None:
+    good = {
+        "scenario": "small-refund-02",
+        "model": "careful",
+        "outcome": "issued -> issued",
+        "accepted_by": "d",
+    }
+    (ws / "parity-reviewed.yaml").write_text(yaml.safe_dump({"differences": [good, entry]}))
+    result = compare(ws, "v0", "v0", "--scenario", "small-refund-01")
+    assert result.exit_code == 2, result.output
+    assert "parity-reviewed.yaml:" in result.stderr
+    assert f"differences[1]: {field}:" in result.stderr
+    assert "differences[0]" not in result.stderr
+
+
+def test_unknown_policy_and_bad_runner_are_usage_errors(ws: Path) -> None:
+    result = compare(ws, "v0", "v7")
+    assert result.exit_code == 2
+    assert "policy 'v7' not found" in result.stderr
+    result = compare(ws, "no.such.module:run", "v0")
+    assert result.exit_code == 2
+    assert "bad runner spec 'no.such.module:run'" in result.stderr
+    result = compare(ws, "v0", "v0", "--model", "brilliant")
+    assert result.exit_code == 2 and "brilliant" in result.stderr
+
+
+# --- the harness check ------------------------------------------------------------------------------
+
+_calls = itertools.count()
+
+
+def flaky_runner(env_name: str, scenario: Scenario, model: str) -> ParityRun:
+    """A runner that is not deterministic: a different outcome on every call."""
+    return ParityRun(final_state=("closed", "escalated")[next(_calls) % 2])
+
+
+def broken_runner(env_name: str, scenario: Scenario, model: str) -> ParityRun:
+    raise KeyError("orderId")
+
+
+def test_the_harness_check_refuses_a_nondeterministic_runner(ws: Path) -> None:
+    result = compare(ws, "tests.test_parity:flaky_runner", "v0", "--scenario", "small-refund-01")
+    assert result.exit_code == 3, result.output
+    assert "the harness is not deterministic" in result.stderr
+    assert "small-refund-01" in result.stderr
+    assert result.stdout == ""
+    crashed = compare(ws, "v0", "tests.test_parity:broken_runner", "--scenario", "small-refund-01")
+    assert crashed.exit_code == 3
+    assert "could not complete scenario small-refund-01" in crashed.stderr
+
+
+# --- GitHub Actions -------------------------------------------------------------------------------------
+
+
+def test_github_actions_gets_a_step_summary_and_at_most_ten_annotations(ws: Path, tmp_path: Path) -> None:
+    write_policy(ws, "v9", always("ESCALATE", "9"))
+    summary = tmp_path / "summary.md"
+    summary.write_text("earlier step\n")
+    gha = {"GITHUB_ACTIONS": "true", "GITHUB_STEP_SUMMARY": str(summary)}
+    result = compare(ws, "v0", "v9", env=gha)
+    assert result.exit_code == 1
+    errors = [line for line in result.stdout.splitlines() if line.startswith("::error")]
+    assert len(errors) == 10
+    assert all(line.startswith("::error title=parity regression::") for line in errors)
+    assert "small-refund-01 (careful): issued -> escalated" in result.stdout
+    text = summary.read_text()
+    assert text.startswith("earlier step\n")
+    assert "| model | same | intended | regression |" in text
+    # careful escalated the 4 fraud signals already; 12 tickets end before any decision is asked.
+    assert "| careful | 16 | 0 | 28 |" in text
+    assert "| careful | small-refund-01 | issued -> escalated |" in text
+
+    # With --json, stdout is exactly one JSON document; the annotations go to stderr.
+    as_json = compare(ws, "v0", "v9", "--json", env=gha)
+    assert as_json.exit_code == 1
+    assert json.loads(as_json.stdout)["regressions"] > 10
+    assert "::error" not in as_json.stdout
+    assert sum(line.startswith("::error") for line in as_json.stderr.splitlines()) == 10
+
+    # No regression: no annotation at all.
+    clean = compare(ws, "v0", "v0", "--scenario", "small-refund-01", env=gha)
+    assert clean.exit_code == 0 and "::error" not in clean.stdout
+
+
+# --- the legacy loop ---------------------------------------------------------------------------------------
+
+
+def test_the_legacy_loop_behaves_like_the_machine_with_v0(ws: Path) -> None:
+    models = ("--model", "careful", "--model", "sloppy", "--model", "naive")
+    code, doc = compare_json(ws, "improve.examples.refunds.legacy:run", "v0", *models)
+    assert code == 0
+    assert doc["old"]["kind"] == "runner" and doc["new"]["kind"] == "policy"
+    assert all(r["label"] == "same" for r in doc["rows"]), [r for r in doc["rows"] if r["label"] != "same"]
+    # Not vacuous: the loop refuses the sloppy model's rule breaks exactly where the guards do.
+    breaking = [r for r in rows(doc, "sloppy") if r["old"]["guard_refusals"]]
+    assert len(breaking) >= 2
+    assert all(r["old"]["guard_refusals"] == r["new"]["guard_refusals"] for r in doc["rows"])
+    assert all(r["old"]["effects"] == r["new"]["effects"] for r in doc["rows"])
