@@ -13,13 +13,33 @@ from improve.evals.scorecard import compare, scorecard
 from improve.evals.workspace import ObjectiveSection
 
 
-def row(scenario: str, version: str, passed: bool, split: str = "held-out", run: int = 1, calls: int = 1,
-        violations: int = 0, state: str = "issued") -> OutcomeRow:
+def row(
+    scenario: str,
+    version: str,
+    passed: bool,
+    split: str = "held-out",
+    run: int = 1,
+    calls: int = 1,
+    violations: int = 0,
+    state: str = "issued",
+) -> OutcomeRow:
     return OutcomeRow(
-        thread_id=f"{split}:{version}:{scenario}:r{run}", scenario=scenario, category=scenario.split("-")[0],
-        split=split, policy_version=version, run=run, status="done", final_state=state, output=None,
-        expected_outcome="issued", passed=passed, reason="ok" if passed else "wrong",
-        violations=[{"rule": "x"}] * violations, model_calls=calls, input_tokens=100 * calls, output_tokens=10 * calls,
+        thread_id=f"{split}:{version}:{scenario}:r{run}",
+        scenario=scenario,
+        category=scenario.split("-")[0],
+        split=split,
+        policy_version=version,
+        run=run,
+        status="done",
+        final_state=state,
+        output=None,
+        expected_outcome="issued",
+        passed=passed,
+        reason="ok" if passed else "wrong",
+        violations=[{"rule": "x"}] * violations,
+        model_calls=calls,
+        input_tokens=100 * calls,
+        output_tokens=10 * calls,
     )
 
 
@@ -27,8 +47,18 @@ def rows(version: str, table: dict[str, list[bool]], **kw: object) -> list[Outco
     return [row(s, version, p, run=i + 1, **kw) for s, passes in table.items() for i, p in enumerate(passes)]  # type: ignore[arg-type]
 
 
-BASE = {"a-1": [True, True, True], "b-1": [True, False, False], "c-1": [False, False, False], "d-1": [True, True, False]}
-CAND = {"a-1": [True, True, True], "b-1": [True, True, True], "c-1": [True, False, True], "d-1": [False, False, False]}
+BASE = {
+    "a-1": [True, True, True],
+    "b-1": [True, False, False],
+    "c-1": [False, False, False],
+    "d-1": [True, True, False],
+}
+CAND = {
+    "a-1": [True, True, True],
+    "b-1": [True, True, True],
+    "c-1": [True, False, True],
+    "d-1": [False, False, False],
+}
 
 
 def test_scorecard_numbers_by_hand() -> None:
@@ -49,7 +79,9 @@ def test_paired_comparison_by_hand() -> None:
     assert result.mean_diff == pytest.approx(diffs.mean())
     assert (result.wins, result.ties, result.losses) == (2, 1, 1)
     assert result.sign_p == pytest.approx(stats.binomtest(2, 3, 0.5).pvalue)
-    assert result.wilcoxon_p == pytest.approx(stats.wilcoxon(diffs, zero_method="zsplit", method="asymptotic").pvalue)
+    assert result.wilcoxon_p == pytest.approx(
+        stats.wilcoxon(diffs, zero_method="zsplit", method="asymptotic").pvalue
+    )
     assert [c.scenario for c in result.changed] == ["b-1", "c-1", "d-1"]
     assert result.regressions == []  # d-1 did not pass all k runs before
     assert result.ci_low <= result.mean_diff <= result.ci_high
@@ -85,7 +117,9 @@ def pass_probabilities(n: int, rng: np.random.Generator, noisy: float) -> np.nda
     return p
 
 
-def simulate(trials: int, n: int, k: int, fixed: float, seed: int, noisy: float = 0.2, tolerance: float = 0.0) -> float:
+def simulate(
+    trials: int, n: int, k: int, fixed: float, seed: int, noisy: float = 0.2, tolerance: float = 0.0
+) -> float:
     """How often the rule promotes: a candidate that makes each always-failing scenario pass with
     probability `fixed` (0 for a candidate that behaves identically)."""
     rng = np.random.default_rng(seed)
@@ -104,7 +138,9 @@ def simulate(trials: int, n: int, k: int, fixed: float, seed: int, noisy: float 
 def test_identical_versions_are_promoted_at_most_about_5_percent() -> None:
     for noisy in (0.2, 0.6):
         rate = simulate(trials=300, n=11, k=3, fixed=0.0, seed=1, noisy=noisy)
-        print(f"false promotion rate (n=11 held-out scenarios, k=3, {noisy:.0%} noisy, 300 trials): {rate:.3f}")
+        print(
+            f"false promotion rate (n=11 held-out scenarios, k=3, {noisy:.0%} noisy, 300 trials): {rate:.3f}"
+        )
         assert rate <= 0.06
 
 
@@ -113,8 +149,10 @@ def test_a_realistic_gain_is_found() -> None:
     # drops once blocks the promotion. A tolerance of one run in three buys the power back.
     strict = simulate(trials=200, n=11, k=3, fixed=0.9, seed=2)
     tolerant = simulate(trials=200, n=11, k=3, fixed=0.9, seed=2, tolerance=0.34)
-    print(f"power when a candidate fixes the failing scenarios (pass 0 -> 0.9), n=11, k=3: "
-          f"{strict:.3f} at tolerance 0, {tolerant:.3f} at tolerance 0.34")
+    print(
+        f"power when a candidate fixes the failing scenarios (pass 0 -> 0.9), n=11, k=3: "
+        f"{strict:.3f} at tolerance 0, {tolerant:.3f} at tolerance 0.34"
+    )
     assert strict >= 0.25 and tolerant > strict
 
 
@@ -133,3 +171,90 @@ def test_decision_checks_each_condition() -> None:
     assert not cost.ok and "2.00 model calls per run against 1.00 (budget 1.5x = 1.50)" in cost.detail
     same = decide(base[0], base[1], base[0], base[1], objective)
     assert not same.promote and not same.checks[1].ok
+
+
+# --- improve score / improve scenarios check from the CLI -------------------------------------------------
+
+import json  # noqa: E402
+import shutil  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from typer.testing import CliRunner  # noqa: E402
+
+from improve.cli.main import app  # noqa: E402
+from tests.conftest import REPO  # noqa: E402
+
+V1 = {
+    "id": "refunds-policy",
+    "version": "1",
+    "description": "escalate repeat refunders",
+    "initial": "route",
+    "states": {
+        "route": {
+            "type": "choice",
+            "choice": [
+                {"guard": "facts.customer.refundsLast90d >= 3", "target": "escalate"},
+                {"target": "ask_model"},
+            ],
+        },
+        "ask_model": {
+            "invoke": {
+                "src": "model.decide",
+                "input": {"model": "'decider'"},
+                "onDone": "answer",
+                "onError": "escalate",
+            }
+        },
+        "answer": {"type": "final", "output": "event.output"},
+        "escalate": {"type": "final", "output": {"type": "'ESCALATE'"}},
+    },
+}
+
+
+def workspace_copy(tmp_path: Path) -> Path:
+    shutil.copy(REPO / "improve.toml", tmp_path / "improve.toml")
+    shutil.copytree(REPO / "scenarios", tmp_path / "scenarios")
+    shutil.copytree(REPO / "policies", tmp_path / "policies")
+    (tmp_path / "policies" / "refunds" / "v1.json").write_text(json.dumps(V1))
+    return tmp_path
+
+
+def test_score_cli_compares_versions_and_renders_markdown(tmp_path: Path) -> None:
+    ws = workspace_copy(tmp_path)
+    runner = CliRunner()
+    missing = runner.invoke(app, ["score", "-w", str(ws), "--policy", "v1"])
+    assert missing.exit_code == 2 and "improve run --env refunds --policy v1" in missing.stderr
+    for version in ("v0", "v1"):
+        assert runner.invoke(app, ["run", "-w", str(ws), "--policy", version, "--k", "2"]).exit_code == 0
+    result = runner.invoke(app, ["score", "-w", str(ws), "--policy", "v1", "--vs", "v0", "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    held = next(c for c in doc["comparisons"] if c["split"] == "held-out")
+    fraud = sorted(c["scenario"] for c in held["changed"])
+    assert fraud and all(s.startswith("fraud-signal") for s in fraud)
+    assert held["wins"] == len(fraud) and held["losses"] == 0 and held["seed"] == doc["seed"]
+    cards = {(c["policy_version"], c["split"]): c for c in doc["scorecards"]}
+    assert cards[("v1", "held-out")]["pass_rate"] > cards[("v0", "held-out")]["pass_rate"]
+    md = runner.invoke(app, ["score", "-w", str(ws), "--policy", "v1", "--vs", "v0", "--format", "markdown"])
+    assert "## Scorecard: v1 vs v0" in md.stdout and "```mermaid" in md.stdout and "| held-out |" in md.stdout
+    assert "class route changed" in md.stdout or "route" in md.stdout.split("```mermaid")[1]
+
+
+@pytest.mark.parametrize(
+    ("edit", "needle"),
+    [
+        (
+            lambda t: t.replace("outcome: escalated", "outcome: escalatedd", 1),
+            "is not a final state of refunds",
+        ),
+        (lambda t: t.replace("split: held-out", "split: train"), "has no scenario in held-out"),
+        (lambda t: t.replace("id: small-refund-02", "id: small-refund-01", 1), "is used twice"),
+    ],
+)
+def test_scenarios_check_finds_problems(tmp_path: Path, edit: object, needle: str) -> None:
+    ws = workspace_copy(tmp_path)
+    path = ws / "scenarios" / "refunds.yaml"
+    path.write_text(edit(path.read_text()))  # type: ignore[operator]
+    result = CliRunner().invoke(app, ["scenarios", "check", "-w", str(ws)])
+    assert result.exit_code in (1, 2) and needle in result.stderr
+    assert CliRunner().invoke(app, ["scenarios", "check"]).exit_code == 0

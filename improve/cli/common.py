@@ -19,8 +19,8 @@ from improve.evals.workspace import Workspace
 # Progress and logs go to stderr; stdout holds the result (a table, or exactly one JSON document).
 # Piped output keeps whole table rows (140 columns) instead of rich's 80-column default.
 _WIDTH = shutil.get_terminal_size((140, 40)).columns
-err = Console(stderr=True, highlight=False, width=_WIDTH)
-out = Console(highlight=False, width=_WIDTH)
+err = Console(stderr=True, highlight=False, width=_WIDTH, soft_wrap=True)
+out = Console(highlight=False, width=_WIDTH, soft_wrap=True)
 
 EXIT_OK = 0
 EXIT_FAILED = 1

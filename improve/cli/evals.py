@@ -34,10 +34,16 @@ EnvOption = typer.Option("--env", "-e", help="Environment (default from improve.
 
 def score_command(
     policy: Annotated[str, typer.Option("--policy", "-p", help="The version to score (v1) or a .json path.")],
-    vs: Annotated[str | None, typer.Option("--vs", help="Compare against this version, scenario by scenario.")] = None,
-    split: Annotated[str, typer.Option("--split", "-s", help="train, held-out or all (each split scored apart).")] = "all",
+    vs: Annotated[
+        str | None, typer.Option("--vs", help="Compare against this version, scenario by scenario.")
+    ] = None,
+    split: Annotated[
+        str, typer.Option("--split", "-s", help="train, held-out or all (each split scored apart).")
+    ] = "all",
     env: Annotated[str | None, EnvOption] = None,
-    fmt: Annotated[str, typer.Option("--format", "-f", help="table or markdown (the PR body's scorecard).")] = "table",
+    fmt: Annotated[
+        str, typer.Option("--format", "-f", help="table or markdown (the PR body's scorecard).")
+    ] = "table",
     as_json: Annotated[bool, JsonOption] = False,
     ws: Annotated[Path | None, WorkspaceOption] = None,
 ) -> None:
@@ -85,30 +91,65 @@ def score_command(
             cards += [pair[s] for s in ("old", "new") if s in pair]
             if "old" in pair:
                 comparisons.append(
-                    compare(pair["old"], pair["new"], confidence=objective.confidence,
-                            resamples=objective.bootstrap_resamples, seed=objective.seed,
-                            tolerance=objective.tolerance)
+                    compare(
+                        pair["old"],
+                        pair["new"],
+                        confidence=objective.confidence,
+                        resamples=objective.bootstrap_resamples,
+                        seed=objective.seed,
+                        tolerance=objective.tolerance,
+                    )
                 )
         if as_json:
-            emit_json({"seed": objective.seed, "scorecards": [c.to_json() for c in cards],
-                       "comparisons": [c.to_json() for c in comparisons]})
+            emit_json(
+                {
+                    "seed": objective.seed,
+                    "scorecards": [c.to_json() for c in cards],
+                    "comparisons": [c.to_json() for c in comparisons],
+                }
+            )
             return
         if fmt == "markdown":
             title = f"Scorecard: {policy_label(configs['new'])}" + (f" vs {vs}" if vs else "")
-            sys.stdout.write(scorecard_markdown(cards, comparisons, title=title, old_policy=configs.get("old"),
-                                                new_policy=configs["new"] if vs else None, seed=objective.seed))
+            sys.stdout.write(
+                scorecard_markdown(
+                    cards,
+                    comparisons,
+                    title=title,
+                    old_policy=configs.get("old"),
+                    new_policy=configs["new"] if vs else None,
+                    seed=objective.seed,
+                )
+            )
             return
         _print_tables(cards, comparisons, objective.seed)
 
 
 def _print_tables(cards: list[Scorecard], comparisons: list[Comparison], seed: int) -> None:
     table = Table(title="scorecards (pass rate = mean of per-scenario pass fractions)")
-    for column in ("split", "version", "scenarios", "k", "pass rate", "violations", "model calls/run", "tokens/run"):
+    for column in (
+        "split",
+        "version",
+        "scenarios",
+        "k",
+        "pass rate",
+        "violations",
+        "model calls/run",
+        "tokens/run",
+    ):
         table.add_column(column)
     for c in cards:
         runs = c.runs or 1
-        table.add_row(c.split, c.policy_version, str(len(c.scenarios)), str(c.k), f"{c.pass_rate:.3f}",
-                      str(c.violations), f"{c.model_calls / runs:.2f}", f"{c.tokens / runs:.0f}")
+        table.add_row(
+            c.split,
+            c.policy_version,
+            str(len(c.scenarios)),
+            str(c.k),
+            f"{c.pass_rate:.3f}",
+            str(c.violations),
+            f"{c.model_calls / runs:.2f}",
+            f"{c.tokens / runs:.0f}",
+        )
     out.print(table)
     for cmp in comparisons:
         out.print(
@@ -128,7 +169,9 @@ scenarios_app = typer.Typer(help="Scenario files: validate them.", no_args_is_he
 @scenarios_app.command("check")
 def scenarios_check(
     env: Annotated[str | None, EnvOption] = None,
-    path: Annotated[Path | None, typer.Option("--file", help="A scenario file (default: the workspace's).")] = None,
+    path: Annotated[
+        Path | None, typer.Option("--file", help="A scenario file (default: the workspace's).")
+    ] = None,
     as_json: Annotated[bool, JsonOption] = False,
     ws: Annotated[Path | None, WorkspaceOption] = None,
 ) -> None:
@@ -163,7 +206,9 @@ def scenarios_check(
             for category, splits in sorted(categories.items()):
                 missing = sorted(set(SPLITS) - splits)
                 if missing:
-                    problems.append(f"{source}: category '{category}' has no scenario in {', '.join(missing)}")
+                    problems.append(
+                        f"{source}: category '{category}' has no scenario in {', '.join(missing)}"
+                    )
             summary |= {
                 "environment": scenario_set.environment,
                 "scenarios": len(scenario_set.scenarios),
@@ -205,8 +250,13 @@ def rules_command(
         results = run_rule_evals(environment.machine, environment.rule_evals)
         gaps = uncovered(environment.machine, results)
         if as_json:
-            emit_json({"environment": environment.name, "results": [r.to_json() for r in results],
-                       "uncovered": gaps})
+            emit_json(
+                {
+                    "environment": environment.name,
+                    "results": [r.to_json() for r in results],
+                    "uncovered": gaps,
+                }
+            )
         else:
             for r in results:
                 mark = "[green]pass[/]" if r.ok else "[red]FAIL[/]"

@@ -50,7 +50,9 @@ def changed_table(comparisons: Sequence[Comparison]) -> list[str]:
     lines = ["| split | scenario | category | before | after |", "|---|---|---|---:|---:|"]
     for split, ch in rows:
         arrow = "better" if ch.diff > 0 else "**worse**"
-        lines.append(f"| {split} | {ch.scenario} | {ch.category} | {ch.before:.2f} | {ch.after:.2f} ({arrow}) |")
+        lines.append(
+            f"| {split} | {ch.scenario} | {ch.category} | {ch.before:.2f} | {ch.after:.2f} ({arrow}) |"
+        )
     return lines
 
 
@@ -66,7 +68,10 @@ def scorecard_markdown(
 ) -> str:
     lines = [f"## {title}", ""]
     if seed is not None:
-        lines += [f"Seeds are fixed: bootstrap seed `{seed}`; stand-in models are seeded by scenario and run.", ""]
+        lines += [
+            f"Seeds are fixed: bootstrap seed `{seed}`; stand-in models are seeded by scenario and run.",
+            "",
+        ]
     lines += cards_table(cards) + [""]
     if comparisons:
         lines += ["### Paired by scenario", ""] + comparison_table(comparisons) + [""]
@@ -95,7 +100,9 @@ def scorecard_markdown(
         for c in details:
             for s in c.scenarios:
                 if s.reasons:
-                    lines.append(f"- `{c.split}` `{c.policy_version}` **{s.scenario}** ({s.passed}/{s.runs}): "
-                                 + "; ".join(s.reasons)[:300])
+                    lines.append(
+                        f"- `{c.split}` `{c.policy_version}` **{s.scenario}** ({s.passed}/{s.runs}): "
+                        + "; ".join(s.reasons)[:300]
+                    )
         lines += ["", "</details>", ""]
     return "\n".join(lines)

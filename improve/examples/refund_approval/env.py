@@ -90,12 +90,33 @@ def environment() -> Environment:
 
 
 RULE_EVALS = [
-    RuleEval("ISSUE is refused above 100 until approved", ("classifying",), {"amount": 100.01, "reason": "x"},
-             state="classifying", accepts=[{"type": "ESCALATE"}, {"type": "REFUSE"}], refuses=[{"type": "ISSUE"}]),
-    RuleEval("ISSUE is accepted at 100", ("classifying", "issuing"), {"amount": 100, "reason": "x"},
-             [{"type": "ISSUE"}], "issued"),
-    RuleEval("an approved escalation is issued", ("approving", "issuing"), {"amount": 240, "reason": "x"},
-             [{"type": "ESCALATE"}, {"type": "APPROVE", "approver": "dana"}], "issued"),
-    RuleEval("a rejected escalation is rejected", ("approving",), {"amount": 240, "reason": "x"},
-             [{"type": "ESCALATE"}, {"type": "REJECT", "reason": "no"}], "rejected"),
+    RuleEval(
+        "ISSUE is refused above 100 until approved",
+        ("classifying",),
+        {"amount": 100.01, "reason": "x"},
+        state="classifying",
+        accepts=[{"type": "ESCALATE"}, {"type": "REFUSE"}],
+        refuses=[{"type": "ISSUE"}],
+    ),
+    RuleEval(
+        "ISSUE is accepted at 100",
+        ("classifying", "issuing"),
+        {"amount": 100, "reason": "x"},
+        [{"type": "ISSUE"}],
+        "issued",
+    ),
+    RuleEval(
+        "an approved escalation is issued",
+        ("approving", "issuing"),
+        {"amount": 240, "reason": "x"},
+        [{"type": "ESCALATE"}, {"type": "APPROVE", "approver": "dana"}],
+        "issued",
+    ),
+    RuleEval(
+        "a rejected escalation is rejected",
+        ("approving",),
+        {"amount": 240, "reason": "x"},
+        [{"type": "ESCALATE"}, {"type": "REJECT", "reason": "no"}],
+        "rejected",
+    ),
 ]

@@ -323,15 +323,29 @@ def environment() -> Environment:
 
 # --- rule evals: the desk's guards, without a model ------------------------------------------------------
 
-_VERIFIED = {"type": "xstate.done.actor", "actorId": "verifyingCustomer",
-             "output": {"verified": True, "customer": {"id": "C-1", "refundsLast90d": 0, "accountAgeDays": 400}}}
+_VERIFIED = {
+    "type": "xstate.done.actor",
+    "actorId": "verifyingCustomer",
+    "output": {"verified": True, "customer": {"id": "C-1", "refundsLast90d": 0, "accountAgeDays": 400}},
+}
 
 
 def _order(refundable: float, days: int = 5, owner: str = "C-1") -> dict[str, Any]:
-    return {"type": "xstate.done.actor", "actorId": "lookingUpOrder",
-            "output": {"found": True, "order": {"id": "O-1", "customerId": owner, "total": 240.0,
-                                                 "refunded": 240.0 - refundable, "refundable": refundable,
-                                                 "deliveredDaysAgo": days}}}
+    return {
+        "type": "xstate.done.actor",
+        "actorId": "lookingUpOrder",
+        "output": {
+            "found": True,
+            "order": {
+                "id": "O-1",
+                "customerId": owner,
+                "total": 240.0,
+                "refunded": 240.0 - refundable,
+                "refundable": refundable,
+                "deliveredDaysAgo": days,
+            },
+        },
+    }
 
 
 _TICKET = {"ticket": "It broke.", "customerId": "C-1", "orderId": "O-1", "amount": 240}
@@ -343,36 +357,108 @@ def _refund(amount: float) -> dict[str, Any]:
 
 
 RULE_EVALS = [
-    RuleEval("a refund is at most what is left to refund", ("choosingResolution",), _TICKET, _AT_DECISION,
-             "choosingResolution", accepts=[_refund(100.0), _refund(40)], refuses=[_refund(100.01), _refund(240)]),
-    RuleEval("a refund is positive", ("choosingResolution",), _TICKET, _AT_DECISION, "choosingResolution",
-             accepts=[_refund(0.01)], refuses=[_refund(0), _refund(-5)]),
-    RuleEval("no refund more than 30 days after delivery", ("choosingResolution",), _TICKET,
-             [_VERIFIED, _order(100.0, days=31)], "choosingResolution",
-             accepts=[{"type": "CLOSE"}, {"type": "ESCALATE"}], refuses=[_refund(40)]),
-    RuleEval("day 30 is still inside the window", ("choosingResolution",), _TICKET,
-             [_VERIFIED, _order(100.0, days=30)], "choosingResolution", accepts=[_refund(40)]),
-    RuleEval("a refund over 100 asks a person first", ("checkingApproval", "requestingApproval"), _TICKET,
-             [_VERIFIED, _order(240.0), _refund(100.5)], "requestingApproval"),
-    RuleEval("a refund of 100 is paid without approval", ("checkingApproval", "checkingPayment"), _TICKET,
-             [_VERIFIED, _order(240.0), _refund(100)], "paying"),
-    RuleEval("an approved refund over 100 is paid", ("awaitingApproval", "checkingPayment"), _TICKET,
-             [_VERIFIED, _order(240.0), _refund(150),
-              {"type": "xstate.done.actor", "actorId": "requestingApproval", "output": {"requested": True}},
-              {"type": "APPROVE", "approver": "dana"},
-              {"type": "xstate.done.actor", "actorId": "recordingApproval", "output": {"recorded": True}}],
-             "paying"),
-    RuleEval("a rejected approval closes the ticket", ("awaitingApproval",), _TICKET,
-             [_VERIFIED, _order(240.0), _refund(150),
-              {"type": "xstate.done.actor", "actorId": "requestingApproval", "output": {"requested": True}},
-              {"type": "REJECT"}], "closing"),
-    RuleEval("an unknown customer's ticket is closed", ("verifyingCustomer",), _TICKET,
-             [{"type": "xstate.done.actor", "actorId": "verifyingCustomer", "output": {"verified": False}}], "closing"),
-    RuleEval("a missing order id is asked for", ("checkingOrderId", "askingForOrderId"),
-             {"ticket": "Where is my refund?", "customerId": "C-1", "amount": 20}, [_VERIFIED], "askingForOrderId"),
-    RuleEval("another customer's order is closed", ("lookingUpOrder",), _TICKET,
-             [_VERIFIED, _order(100.0, owner="C-2")], "closing"),
-    RuleEval("an order not found is escalated", ("lookingUpOrder",), _TICKET,
-             [_VERIFIED, {"type": "xstate.done.actor", "actorId": "lookingUpOrder", "output": {"found": False}}],
-             "escalating"),
+    RuleEval(
+        "a refund is at most what is left to refund",
+        ("choosingResolution",),
+        _TICKET,
+        _AT_DECISION,
+        "choosingResolution",
+        accepts=[_refund(100.0), _refund(40)],
+        refuses=[_refund(100.01), _refund(240)],
+    ),
+    RuleEval(
+        "a refund is positive",
+        ("choosingResolution",),
+        _TICKET,
+        _AT_DECISION,
+        "choosingResolution",
+        accepts=[_refund(0.01)],
+        refuses=[_refund(0), _refund(-5)],
+    ),
+    RuleEval(
+        "no refund more than 30 days after delivery",
+        ("choosingResolution",),
+        _TICKET,
+        [_VERIFIED, _order(100.0, days=31)],
+        "choosingResolution",
+        accepts=[{"type": "CLOSE"}, {"type": "ESCALATE"}],
+        refuses=[_refund(40)],
+    ),
+    RuleEval(
+        "day 30 is still inside the window",
+        ("choosingResolution",),
+        _TICKET,
+        [_VERIFIED, _order(100.0, days=30)],
+        "choosingResolution",
+        accepts=[_refund(40)],
+    ),
+    RuleEval(
+        "a refund over 100 asks a person first",
+        ("checkingApproval", "requestingApproval"),
+        _TICKET,
+        [_VERIFIED, _order(240.0), _refund(100.5)],
+        "requestingApproval",
+    ),
+    RuleEval(
+        "a refund of 100 is paid without approval",
+        ("checkingApproval", "checkingPayment"),
+        _TICKET,
+        [_VERIFIED, _order(240.0), _refund(100)],
+        "paying",
+    ),
+    RuleEval(
+        "an approved refund over 100 is paid",
+        ("awaitingApproval", "checkingPayment"),
+        _TICKET,
+        [
+            _VERIFIED,
+            _order(240.0),
+            _refund(150),
+            {"type": "xstate.done.actor", "actorId": "requestingApproval", "output": {"requested": True}},
+            {"type": "APPROVE", "approver": "dana"},
+            {"type": "xstate.done.actor", "actorId": "recordingApproval", "output": {"recorded": True}},
+        ],
+        "paying",
+    ),
+    RuleEval(
+        "a rejected approval closes the ticket",
+        ("awaitingApproval",),
+        _TICKET,
+        [
+            _VERIFIED,
+            _order(240.0),
+            _refund(150),
+            {"type": "xstate.done.actor", "actorId": "requestingApproval", "output": {"requested": True}},
+            {"type": "REJECT"},
+        ],
+        "closing",
+    ),
+    RuleEval(
+        "an unknown customer's ticket is closed",
+        ("verifyingCustomer",),
+        _TICKET,
+        [{"type": "xstate.done.actor", "actorId": "verifyingCustomer", "output": {"verified": False}}],
+        "closing",
+    ),
+    RuleEval(
+        "a missing order id is asked for",
+        ("checkingOrderId", "askingForOrderId"),
+        {"ticket": "Where is my refund?", "customerId": "C-1", "amount": 20},
+        [_VERIFIED],
+        "askingForOrderId",
+    ),
+    RuleEval(
+        "another customer's order is closed",
+        ("lookingUpOrder",),
+        _TICKET,
+        [_VERIFIED, _order(100.0, owner="C-2")],
+        "closing",
+    ),
+    RuleEval(
+        "an order not found is escalated",
+        ("lookingUpOrder",),
+        _TICKET,
+        [_VERIFIED, {"type": "xstate.done.actor", "actorId": "lookingUpOrder", "output": {"found": False}}],
+        "escalating",
+    ),
 ]
