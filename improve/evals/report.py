@@ -72,10 +72,10 @@ def scorecard_markdown(
             f"Seeds are fixed: bootstrap seed `{seed}`; stand-in models are seeded by scenario and run.",
             "",
         ]
-    lines += cards_table(cards) + [""]
+    lines += [*cards_table(cards), ""]
     if comparisons:
-        lines += ["### Paired by scenario", ""] + comparison_table(comparisons) + [""]
-        lines += ["### Scenarios that changed", ""] + changed_table(comparisons) + [""]
+        lines += ["### Paired by scenario", "", *comparison_table(comparisons), ""]
+        lines += ["### Scenarios that changed", "", *changed_table(comparisons), ""]
     if decision is not None:
         verdict = "recommend" if decision.promote else "discard"
         lines += [f"### Promotion rule: **{verdict}**", "", "| check | result | detail |", "|---|---|---|"]
