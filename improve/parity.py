@@ -42,7 +42,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from improve.errors import ImproveError, RunError, WorkspaceError
-from improve.evals.outcome import OutcomeRow, compare_effects, outcome_row
+from improve.evals.outcome import OutcomeRow, compare_effects
 from improve.evals.scenarios import Scenario
 from improve.evals.suite import SuiteSpec, run_suite
 from improve.evals.workspace import Workspace, policy_hash
@@ -130,15 +130,8 @@ def new_model(env: Environment, model: str, scenario: Scenario) -> Model:
     return env.models[model](model_seed(scenario))
 
 
-def parity_run_from_thread(
-    env: Environment, scenario: Scenario, entries: Sequence[LogEntry], thread_id: str | None = None
-) -> ParityRun:
-    """Read a journaled thread the way parity compares it: replayed, audited, guard refusals counted."""
-    thread = thread_id or entries[0].threadId or f"{scenario.split}:parity:{scenario.id}:r1"
-    return _from_row(outcome_row(env, scenario, thread, entries), entries)
-
-
 def _from_row(row: OutcomeRow, entries: Sequence[LogEntry]) -> ParityRun:
+    """A scored thread as parity compares it; guard refusals are counted from the journaled attempts."""
     refusals = sum(
         1 for entry in entries for attempt in entry.attempts or () if attempt.kind == "rejected-by-guard"
     )
@@ -197,7 +190,7 @@ def load_runner(spec: str, search_path: Path | None = None) -> Runner:
         sys.path.append(str(search_path))
     try:
         module = importlib.import_module(module_name)
-    except ImportError as err:
+    except Exception as err:  # people's code: a syntax error or a crash on import is theirs to fix
         raise WorkspaceError(f"bad runner spec {spec!r}: cannot import {module_name}: {err}") from None
     runner = getattr(module, attr, None)
     if runner is None or not callable(runner):
@@ -684,6 +677,8 @@ def compare(
     progress: Progress | None = None,
 ) -> ParityReport:
     """Check the harness with OLD against itself, then compare NEW with OLD, scenario by scenario."""
+    if not scenarios:
+        raise WorkspaceError("no scenario selected: check --split and --scenario")
     for model in models:
         if model not in env.models:
             raise WorkspaceError(

@@ -14,12 +14,14 @@ import yaml
 from typer.testing import CliRunner, Result
 
 from improve.cli.parity import app
-from improve.evals.scenarios import Scenario
-from improve.parity import SAFETY_ORDER, ParityRun
+from improve.evals.scenarios import Scenario, load_scenarios
+from improve.examples import load_environment
+from improve.parity import SAFETY_ORDER, ParityRun, diff_runs, label_difference
 from tests.conftest import REPO
 
 runner = CliRunner()
 V0 = json.loads((REPO / "policies" / "refunds" / "v0.json").read_text())
+REFUNDS = load_environment("refunds")
 
 
 @pytest.fixture(autouse=True)
@@ -45,17 +47,15 @@ def write_policy(ws: Path, name: str, doc: dict[str, Any]) -> str:
 
 def guarded_v1() -> dict[str, Any]:
     """v0, but the model's answer is checked before it is handed over: a refund the rules forbid (past
-    the 30-day window, or more than is left to refund) becomes a CLOSE or an ESCALATE instead."""
+    the 30-day window, or more than is left to refund) goes to a person instead of to the guards."""
     doc = copy.deepcopy(V0)
     doc["version"] = "1"
     offered = "(event.output.amount == facts.requested || event.output.amount == facts.order.refundable)"
-    refund = f"event.output.type == 'REFUND' && {offered}"
+    forbidden = "(facts.order.deliveredDaysAgo > 30 || event.output.amount > facts.order.refundable)"
     doc["states"]["ask_model"]["invoke"]["onDone"] = [
-        {"guard": f"{refund} && facts.order.deliveredDaysAgo > 30", "target": "close"},
-        {"guard": f"{refund} && event.output.amount > facts.order.refundable", "target": "escalate"},
+        {"guard": f"event.output.type == 'REFUND' && {offered} && {forbidden}", "target": "escalate"},
         {"target": "answer"},
     ]
-    doc["states"]["close"] = {"type": "final", "output": {"type": "'CLOSE'"}}
     return doc
 
 
@@ -110,19 +110,26 @@ def rows(doc: dict[str, Any], model: str | None = None, label: str | None = None
 # --- labels -----------------------------------------------------------------------------------------
 
 
+def scenario_count(ws: Path, split: str | None = None) -> int:
+    return len(
+        [s for s in load_scenarios(ws / "scenarios" / "refunds.yaml").scenarios if split in (None, s.split)]
+    )
+
+
 def test_v0_against_itself_is_all_same(ws: Path) -> None:
     code, doc = compare_json(ws, "v0", "v0")
     assert code == 0
     assert doc["models"] == ["careful", "sloppy"]
+    n = scenario_count(ws)
     assert doc["summary"] == {
-        "careful": {"same": 44, "intended": 0, "regression": 0},
-        "sloppy": {"same": 44, "intended": 0, "regression": 0},
+        "careful": {"same": n, "intended": 0, "regression": 0},
+        "sloppy": {"same": n, "intended": 0, "regression": 0},
     }
     # The sloppy model does break rules under v0; identical runs are still `same`.
     assert any(r["old"]["rule_breaks"] > 0 for r in rows(doc, "sloppy"))
     table = compare(ws, "v0", "v0", "--split", "held-out")
     assert table.exit_code == 0
-    assert "careful: 11 same, 0 intended, 0 regression" in table.stdout
+    assert f"careful: {scenario_count(ws, 'held-out')} same, 0 intended, 0 regression" in table.stdout
     assert "no unreviewed regression" in table.stdout
 
 
@@ -130,18 +137,45 @@ def test_blocking_the_sloppy_models_rule_breaks_is_intended(ws: Path) -> None:
     write_policy(ws, "v1", guarded_v1())
     code, doc = compare_json(ws, "v0", "v1")
     assert code == 0, [r for r in doc["rows"] if r["label"] == "regression"]
-    assert doc["summary"]["careful"] == {"same": 44, "intended": 0, "regression": 0}
+    assert doc["summary"]["careful"] == {"same": scenario_count(ws), "intended": 0, "regression": 0}
     intended = rows(doc, "sloppy", "intended")
-    assert {r["scenario"] for r in intended} == {"over-window-02", "over-window-04", "partial-refund-03"}
+    assert len(intended) >= 2 and "over-window-02" in {r["scenario"] for r in intended}
     order = SAFETY_ORDER["refunds"]
     for row in intended:
         assert row["old"]["rule_breaks"] > row["new"]["rule_breaks"] == 0
         old, new = row["difference"]["outcome"]["old"], row["difference"]["outcome"]["new"]
-        assert order[new] >= order[old]
-    by_id = {r["scenario"]: r for r in intended}
-    assert by_id["over-window-02"]["outcome"] == "closed -> closed"  # same outcome, 2 rule breaks fewer
-    assert by_id["partial-refund-03"]["outcome"] == "closed -> escalated"  # safer
-    assert "blocks rule breaks" in by_id["partial-refund-03"]["reason"]
+        assert new == "escalated" and order[new] >= order[old]
+        assert row["reason"].startswith("blocks rule breaks the baseline made")
+    assert rows(doc, "sloppy", "same") and not rows(doc, label="regression")
+
+
+def run(state: str, refusals: int = 0, violations: int = 0, effects: int = 0) -> ParityRun:
+    return ParityRun(
+        final_state=state,
+        effects=[{"kind": "closure", "reason": f"r{i}"} for i in range(effects)],
+        violations=[{"rule": "outside-window", "orderId": "O-1", "amount": 40}] * violations,
+        guard_refusals=refusals,
+    )
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "label", "why"),
+    [
+        (run("closed", 1, effects=1), run("closed", 1, effects=1), "same", "as before"),
+        (run("closed", 2), run("closed", 0), "intended", "same outcome"),
+        (run("issued", 1), run("escalated", 0, effects=1), "intended", "safer outcome issued -> escalated"),
+        (run("issued", 0, violations=1), run("failed"), "intended", "safer outcome"),
+        (run("closed", 0), run("escalated"), "regression", "the baseline broke no rule"),
+        (run("closed", 1), run("closed", 1, effects=1), "regression", "rule breaks not reduced (1 -> 1)"),
+        (run("escalated", 2), run("closed", 0), "regression", "escalated -> closed is not the same or safer"),
+        (run("issued", 2), run("issued", 0, violations=1), "regression", "new violation(s): outside-window"),
+        (run("closed", 1), run("awaitingOrderId"), "regression", "is not the same or safer"),
+    ],
+)
+def test_label_rules(old: ParityRun, new: ParityRun, label: str, why: str) -> None:
+    got, reason = label_difference("refunds", old, new, diff_runs(REFUNDS, old, new))
+    assert got == label
+    assert why in reason
 
 
 @pytest.mark.parametrize(
@@ -336,14 +370,16 @@ def test_github_actions_gets_a_step_summary_and_at_most_ten_annotations(ws: Path
     text = summary.read_text()
     assert text.startswith("earlier step\n")
     assert "| model | same | intended | regression |" in text
-    # careful escalated the 4 fraud signals already; 12 tickets end before any decision is asked.
-    assert "| careful | 16 | 0 | 28 |" in text
     assert "| careful | small-refund-01 | issued -> escalated |" in text
 
     # With --json, stdout is exactly one JSON document; the annotations go to stderr.
     as_json = compare(ws, "v0", "v9", "--json", env=gha)
     assert as_json.exit_code == 1
-    assert json.loads(as_json.stdout)["regressions"] > 10
+    doc = json.loads(as_json.stdout)
+    assert doc["regressions"] > 10
+    counts = doc["summary"]["careful"]
+    assert counts["regression"] > 0
+    assert f"| careful | {counts['same']} | {counts['intended']} | {counts['regression']} |" in text
     assert "::error" not in as_json.stdout
     assert sum(line.startswith("::error") for line in as_json.stderr.splitlines()) == 10
 

@@ -7,7 +7,10 @@ one recorded with a different stamp is refused (bump the policy version, or `fre
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
+from pathlib import Path
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +20,7 @@ from improve.evals.scenarios import Scenario
 from improve.evals.workspace import policy_hash, policy_label
 from improve.log.entry import ThreadId
 from improve.log.replay import gc_paused, replay
-from improve.log.store import Store
+from improve.log.store import JsonlDirStore, Store
 from improve.machine import MachineConfig
 from improve.runtime.environment import Environment
 from improve.runtime.policy import PolicyDecider, compile_policy
@@ -54,6 +57,48 @@ class SuiteSpec:
         }
 
 
+@dataclass(frozen=True)
+class RunJob:
+    """One run to make: picklable, so a process pool (or a Dask client) can take it."""
+
+    environment: str
+    scenario: Scenario
+    spec: SuiteSpec
+    run_number: int
+    traces: str
+    """The JSONL directory the thread is written to."""
+
+
+def execute_job(job: RunJob) -> str:
+    """Run one job in this process (a worker of any `concurrent.futures.Executor`); the thread id."""
+    from improve.examples import load_environment
+    from improve.log.store import JsonlDirStore
+
+    env = load_environment(job.environment)
+    _run_one(env, compile_policy(job.spec.policy, env.judgments, env.policy_guards), job.scenario, job.spec,
+             job.run_number, JsonlDirStore(Path(job.traces)))
+    return job.spec.thread_id(job.scenario, job.run_number)
+
+
+def _run_one(env: Environment, policy: Any, scenario: Scenario, spec: SuiteSpec, run_number: int, store: Store) -> None:
+    thread_id = spec.thread_id(scenario, run_number)
+    if store.exists(thread_id):
+        store.delete(thread_id)
+    # A fresh model per run, seeded by scenario and run: reproducible, and runs differ.
+    model = env.models[spec.model](f"{scenario.id}:r{run_number}")
+    run(
+        env,
+        input=scenario.input,
+        world=env.make_world(scenario.world),
+        people=scenario.people,
+        decider=PolicyDecider(policy, {"decider": model}, env.judgments),
+        store=store,
+        thread_id=thread_id,
+        stamp=spec.stamp(env, scenario, run_number),
+        max_model_calls=spec.max_model_calls,
+    )
+
+
 def run_suite(
     env: Environment,
     scenarios: Sequence[Scenario],
@@ -62,41 +107,68 @@ def run_suite(
     *,
     fresh: bool = False,
     progress: Progress | None = None,
+    concurrency: int = 1,
+    executor: Executor | None = None,
+    ran: Callable[[int, int], None] | None = None,
 ) -> list[OutcomeRow]:
-    """Run (or reuse) every scenario k times and score each thread by replaying it."""
+    """Run (or reuse) every scenario k times and score each thread by replaying it.
+
+    Runs wait on models, so they overlap: up to `concurrency` at a time (asyncio, each run in a worker
+    thread); `ran(done, total)` reports each finished run. For CPU-bound runs pass an `executor` (a `ProcessPoolExecutor`, or a Dask client, which has
+    the same `submit`); the store must then be a JSONL directory the workers can reach.
+    """
     if spec.model not in env.models:
         raise WorkspaceError(
             f"environment {env.name} has no model {spec.model!r}; its stand-in models are {sorted(env.models)}"
         )
     policy = compile_policy(spec.policy, env.judgments, env.policy_guards)
-    total = len(scenarios) * spec.k
+    planned = [(scenario, n) for scenario in scenarios for n in range(1, spec.k + 1)]
+    reused = {
+        spec.thread_id(sc, n): not fresh and _reusable(env, store, spec.thread_id(sc, n), spec.stamp(env, sc, n))
+        for sc, n in planned
+    }
+    todo = [(sc, n) for sc, n in planned if not reused[spec.thread_id(sc, n)]]
+    if executor is not None and todo:
+        if not isinstance(store, JsonlDirStore):
+            raise WorkspaceError("runs on an executor need a JSONL directory store the workers can write to")
+        jobs = [RunJob(env.name, sc, spec, n, str(store.root)) for sc, n in todo]
+        for done, future in enumerate([executor.submit(execute_job, job) for job in jobs], start=1):
+            future.result()
+            if ran:
+                ran(done, len(jobs))
+    elif todo:
+        asyncio.run(_run_concurrently(env, policy, todo, spec, store, max(1, concurrency), ran))
     rows: list[OutcomeRow] = []
-    for scenario in scenarios:
-        for run_number in range(1, spec.k + 1):
-            thread_id = spec.thread_id(scenario, run_number)
-            stamp = spec.stamp(env, scenario, run_number)
-            reused = not fresh and _reusable(env, store, thread_id, stamp)
-            if not reused:
-                if store.exists(thread_id):
-                    store.delete(thread_id)
-                # A fresh model per run, seeded by scenario and run: reproducible, and runs differ.
-                model = env.models[spec.model](f"{scenario.id}:r{run_number}")
-                run(
-                    env,
-                    input=scenario.input,
-                    world=env.make_world(scenario.world),
-                    people=scenario.people,
-                    decider=PolicyDecider(policy, {"decider": model}, env.judgments),
-                    store=store,
-                    thread_id=thread_id,
-                    stamp=stamp,
-                    max_model_calls=spec.max_model_calls,
-                )
-            row = outcome_row(env, scenario, thread_id, store.read(thread_id))
-            rows.append(row)
-            if progress:
-                progress(len(rows), total, row, reused)
+    for scenario, n in planned:
+        thread_id = spec.thread_id(scenario, n)
+        row = outcome_row(env, scenario, thread_id, store.read(thread_id))
+        rows.append(row)
+        if progress:
+            progress(len(rows), len(planned), row, reused[thread_id])
     return rows
+
+
+async def _run_concurrently(
+    env: Environment,
+    policy: Any,
+    todo: list[tuple[Scenario, int]],
+    spec: SuiteSpec,
+    store: Store,
+    cap: int,
+    ran: Callable[[int, int], None] | None,
+) -> None:
+    gate = asyncio.Semaphore(cap)
+    finished = 0
+
+    async def one(scenario: Scenario, n: int) -> None:
+        nonlocal finished
+        async with gate:
+            await asyncio.to_thread(_run_one, env, policy, scenario, spec, n, store)
+        finished += 1
+        if ran:
+            ran(finished, len(todo))
+
+    await asyncio.gather(*(one(sc, n) for sc, n in todo))
 
 
 def _reusable(env: Environment, store: Store, thread_id: str, stamp: dict[str, Any]) -> bool:

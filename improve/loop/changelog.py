@@ -1,0 +1,64 @@
+"""The policies' CHANGELOG.md: one entry per candidate, recommended or discarded, newest last."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+HEADER = (
+    "# CHANGELOG: {env} policies\n\nEvery candidate a round proposes is recorded here, recommended or discarded, "
+    "with its scorecard.\n"
+)
+
+
+def entry_markdown(record: dict[str, Any]) -> str:
+    """A CHANGELOG entry from a round record (see round.py: RoundResult.to_json)."""
+    decision = "recommended" if record["recommended"] else "discarded"
+    lines = [
+        f"## {record['candidate_version']} ({decision}) — round {record['round_id']}",
+        "",
+        f"- Baseline: {record['baseline_version']}; proposer: {record['proposer']}; model: {record['model']}; "
+        f"k = {record['k']}; bootstrap seed {record['seed']}.",
+    ]
+    hypothesis = record.get("hypothesis")
+    if hypothesis:
+        lines += [
+            f"- Cluster: {record['cluster']}.",
+            f"- Hypothesis: {hypothesis['cause']}.",
+            f"- Change: {record.get('rationale') or hypothesis['change']}",
+            f"- Expected to move: {hypothesis['metric']}.",
+            f"- Risk: {hypothesis['risk']}.",
+        ]
+    diff = record.get("diff_summary")
+    if diff:
+        lines.append(f"- Diff: {diff}.")
+    gates = record.get("gates") or []
+    if gates:
+        summary = ", ".join(f"{g['name']} {'pass' if g['ok'] else 'FAIL'}" for g in gates)
+        lines.append(f"- Gates: {summary}; repairs used: {record.get('repairs', 0)}.")
+    scores = record.get("scores")
+    if scores:
+        for split in ("train", "held-out"):
+            s = scores.get(split)
+            if s:
+                lines.append(
+                    f"- {split}: {s['before']:.3f} -> {s['after']:.3f} (mean diff {s['mean_diff']:+.3f}, "
+                    f"{s['confidence']:.0%} CI [{s['ci_low']:+.3f}, {s['ci_high']:+.3f}]), violations "
+                    f"{s['violations_after']}, model calls/run {s['cost_before']:.2f} -> {s['cost_after']:.2f}."
+                )
+    regressions = record.get("regressions") or []
+    lines.append(f"- Regressions: {', '.join(regressions) if regressions else 'none'}.")
+    lines.append(f"- Decision: **{decision}**. {record.get('decision_detail', '')}".rstrip())
+    if record.get("report"):
+        lines.append(f"- Report: `{record['report']}`.")
+    return "\n".join(lines) + "\n"
+
+
+def append_entry(path: Path, env: str, record: dict[str, Any]) -> str:
+    """Append the entry (creating the file with its header when missing); return the entry text."""
+    text = path.read_text(encoding="utf-8") if path.exists() else HEADER.format(env=env)
+    entry = entry_markdown(record)
+    if not text.endswith("\n"):
+        text += "\n"
+    path.write_text(text + "\n" + entry, encoding="utf-8")
+    return entry

@@ -1,0 +1,133 @@
+"""Training decisions as evidence: what the decider saw, what it answered, and what the labels imply.
+
+For every decision in a training thread: the request (facts and offered options, replayed from the
+log), the answer that landed, whether the run passed, and the options that would have made it pass.
+That last part is a counterfactual: the scenario is run again offline against its own fixture world,
+with the decision answered by each offered option in turn and everything else as in the baseline, and
+scored against the labels. Ground truth, not the model's opinion, says which choice was right.
+
+Held-out threads are never read here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from improve.evals.outcome import OutcomeRow, outcome_row
+from improve.evals.scenarios import Scenario
+from improve.log.entry import ThreadId
+from improve.log.store import MemoryStore, Store
+from improve.loop.probes import requests_in
+from improve.machine import MachineConfig, canonical_json
+from improve.runtime.decision import Decision, DecisionRequest
+from improve.runtime.environment import Environment
+from improve.runtime.policy import PolicyDecider, compile_policy
+from improve.runtime.run import run
+
+
+@dataclass(frozen=True)
+class DecisionExample:
+    thread_id: str
+    scenario: str
+    category: str
+    name: str
+    facts: dict[str, Any]
+    options: list[dict[str, Any]]
+    answered: dict[str, Any] | None
+    """The event that landed (None when every answer was refused)."""
+    passed: bool
+    """Whether the run passed."""
+    correct: list[dict[str, Any]]
+    """The offered options that make the run pass (counterfactual runs against the scenario's world)."""
+    expected: str
+    final_state: str
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _key(request: DecisionRequest) -> str:
+    return canonical_json([request.name, request.facts, request.options])
+
+
+class _Counterfactual:
+    """Answers one decision (matched by name, facts and options) with a fixed option; defers otherwise."""
+
+    def __init__(self, key: str, option: dict[str, Any], inner: PolicyDecider) -> None:
+        self.key = key
+        self.option = option
+        self.inner = inner
+
+    def decide(self, request: DecisionRequest) -> Decision:
+        if _key(request) == self.key:
+            return Decision(event=dict(self.option), source="counterfactual")
+        return self.inner.decide(request)
+
+
+def decision_examples(
+    env: Environment,
+    scenarios: Sequence[Scenario],
+    rows: Sequence[OutcomeRow],
+    store: Store,
+    policy: MachineConfig,
+    model: str,
+) -> list[DecisionExample]:
+    """Every decision of the given training rows, with its counterfactually correct options."""
+    by_id = {s.id: s for s in scenarios}
+    compiled = compile_policy(policy, env.judgments, env.policy_guards)
+    correct_cache: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    examples: list[DecisionExample] = []
+    for row in rows:
+        if row.split != "train":
+            continue
+        scenario = by_id.get(row.scenario)
+        if scenario is None:
+            continue
+        entries = store.read(row.thread_id)
+        landed = [e for e in entries if e.metadata and "decision" in e.metadata]
+        for request, entry in zip(requests_in(env, entries), landed, strict=False):
+            key = _key(request)
+            cache_key = (scenario.id, key)
+            if cache_key not in correct_cache:
+                correct_cache[cache_key] = _correct_options(env, scenario, request, compiled, model, row)
+            answered = None if entry.type == "xstate.error.actor" else dict(entry.event)
+            examples.append(
+                DecisionExample(
+                    thread_id=row.thread_id,
+                    scenario=scenario.id,
+                    category=scenario.category,
+                    name=request.name,
+                    facts=request.facts,
+                    options=request.options,
+                    answered=answered,
+                    passed=row.passed,
+                    correct=correct_cache[cache_key],
+                    expected=row.expected_outcome,
+                    final_state=row.final_state,
+                )
+            )
+    return examples
+
+
+def _correct_options(
+    env: Environment,
+    scenario: Scenario,
+    request: DecisionRequest,
+    policy: Any,
+    model: str,
+    row: OutcomeRow,
+) -> list[dict[str, Any]]:
+    parsed = ThreadId.parse(row.thread_id)
+    seed = f"{scenario.id}:r{parsed.run if parsed else 1}"
+    good = []
+    for option in request.options:
+        store = MemoryStore()
+        thread = f"counterfactual:v0:{scenario.id}:r1"
+        decider = _Counterfactual(_key(request), option, PolicyDecider(policy, {"decider": env.models[model](seed)}, env.judgments))
+        run(env, input=scenario.input, world=env.make_world(scenario.world), people=scenario.people,
+            decider=decider, store=store, thread_id=thread)
+        if outcome_row(env, scenario, thread, store.read(thread)).passed:
+            good.append(dict(option))
+    return good

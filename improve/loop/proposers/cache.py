@@ -1,0 +1,140 @@
+"""A cache of proposer calls: one JSON file per request, keyed by the sha256 of the request.
+
+The key is the sha256 of the canonical JSON (sorted keys, no insignificant whitespace) of the request
+as sent: `model`, `messages`, `response_format`, `temperature`. The API key and the base URL are never
+part of it (an endpoint swap with the same model answers the same cached response, and no secret can
+reach a file). An entry `<hash>.json` holds:
+
+```json
+{"format": "improve.proposer-cache/1", "key": "<hash>",
+ "request": {"model": ..., "messages": [...], "response_format": {...}, "temperature": 0.0},
+ "response": {"content": "...", "usage": {"prompt_tokens": 1, ...}, "finish_reason": "stop"}}
+```
+
+A `response` may also be `{"rejected": {"status": 400, "message": "..."}}`: the endpoint refused the
+request's `response_format` (the proposer then falls back, and a replay follows the same path).
+
+Modes:
+
+- `live`: every request calls the endpoint; nothing is read or stored;
+- `record`: every request calls the endpoint and its response is stored under the hash (replacing an
+  older entry);
+- `replay`: only stored responses are read; a miss raises `ProposalError` naming the hash. No call is
+  made, so tests and demos are reproducible without an endpoint or a key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+from improve.loop.proposers import ProposalError
+from improve.machine import canonical_json
+
+CacheMode = Literal["live", "record", "replay"]
+CACHE_MODES: tuple[str, ...] = get_args(CacheMode)
+CACHE_FORMAT = "improve.proposer-cache/1"
+REDACTED = "[redacted]"
+
+
+def request_key(request: Mapping[str, Any]) -> str:
+    """The sha256 (hex) of the request's canonical JSON."""
+    return hashlib.sha256(canonical_json(dict(request)).encode("utf-8")).hexdigest()
+
+
+class ProposerCache:
+    """Stored proposer responses under `directory`, used according to `mode`."""
+
+    def __init__(self, directory: str | Path | None = None, mode: CacheMode = "live") -> None:
+        if mode not in CACHE_MODES:
+            raise ValueError(f"unknown proposer cache mode {mode!r}; use one of {list(CACHE_MODES)}")
+        if mode != "live" and directory is None:
+            raise ValueError(f"proposer cache mode {mode!r} needs a directory")
+        self.directory = Path(directory) if directory is not None else None
+        self.mode: CacheMode = mode
+
+    def __repr__(self) -> str:
+        return f"ProposerCache({str(self.directory) if self.directory else None!r}, mode={self.mode!r})"
+
+    @staticmethod
+    def key(request: Mapping[str, Any]) -> str:
+        return request_key(request)
+
+    def path(self, key: str) -> Path:
+        if self.directory is None:
+            raise ValueError("a live proposer cache has no directory")
+        return self.directory / f"{key}.json"
+
+    def load(self, key: str) -> dict[str, Any] | None:
+        """The stored entry for `key`, or None when there is none."""
+        path = self.path(key)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return None
+        try:
+            entry = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ProposalError(
+                f"{path}:{err.lineno}:{err.colno}: the cached proposer response is not valid JSON "
+                f"({err.msg}); delete it and record again"
+            ) from None
+        if not isinstance(entry, dict) or not isinstance(entry.get("response"), dict):
+            raise ProposalError(
+                f"{path}: not a proposer cache entry (expected an object with a 'response' object); "
+                "delete it and record again"
+            )
+        return entry
+
+    def store(
+        self,
+        key: str,
+        request: Mapping[str, Any],
+        response: Mapping[str, Any],
+        secrets: Sequence[str] = (),
+    ) -> Path:
+        """Write the entry atomically; any of `secrets` found in its text is replaced by `[redacted]`."""
+        entry = {"format": CACHE_FORMAT, "key": key, "request": dict(request), "response": dict(response)}
+        text = json.dumps(entry, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
+        for secret in secrets:
+            if secret:
+                text = text.replace(json.dumps(secret)[1:-1], REDACTED).replace(secret, REDACTED)
+        path = self.path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{key}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.write(text)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return path
+
+    def fetch(
+        self,
+        request: Mapping[str, Any],
+        call: Callable[[], Mapping[str, Any]],
+        secrets: Sequence[str] = (),
+    ) -> tuple[dict[str, Any], bool]:
+        """The response to `request` and whether the endpoint was called (`call`), per the mode."""
+        key = self.key(request)
+        if self.mode == "replay":
+            entry = self.load(key)
+            if entry is None:
+                raise ProposalError(
+                    f"no recorded response for request {key} in {self.directory} (replay mode): record it "
+                    "first by running the same round with the proposer cache in 'record' mode against "
+                    "the endpoint"
+                )
+            response: dict[str, Any] = entry["response"]
+            return response, False
+        answered = dict(call())
+        if self.mode == "record":
+            self.store(key, request, answered, secrets)
+        return answered, True
