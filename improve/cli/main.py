@@ -21,6 +21,7 @@ from improve.cli.common import (
     workspace,
 )
 from improve.cli.evals import rules_command, scenarios_app, score_command
+from improve.cli.loop import diagnose_command, round_command
 from improve.cli.policy import (
     explore_command,
     lock_command,
@@ -389,6 +390,8 @@ app.command("schema")(schema_command)
 app.command("lock")(lock_command)
 app.command("score")(score_command)
 app.command("rules")(rules_command)
+app.command("round")(round_command)
+app.command("diagnose")(diagnose_command)
 app.add_typer(scenarios_app, name="scenarios")
 
 

@@ -38,7 +38,7 @@ from improve.log.entry import Attempt
 from improve.parity import ParityRun, new_model
 from improve.runtime.decision import DecisionRequest
 from improve.runtime.environment import ActorFailure, Environment
-from improve.runtime.models import ModelCallError
+from improve.runtime.models import Model, ModelCallError
 
 MAX_RETRIES = 2
 EVENTS = ["REFUND", "ESCALATE", "CLOSE"]
@@ -92,7 +92,7 @@ def run(env_name: str, scenario: Scenario, model: str) -> ParityRun:
 
 
 class _Desk:
-    def __init__(self, world: RefundWorld, scenario: Scenario, model: Any) -> None:
+    def __init__(self, world: RefundWorld, scenario: Scenario, model: Model) -> None:
         self.world = world
         self.model = model
         self.people = {state: list(answers) for state, answers in scenario.people.items()}

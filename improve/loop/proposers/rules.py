@@ -125,7 +125,7 @@ def _actions(targets: Sequence[dict[str, Any]], paths: list[str]) -> dict[Action
             for field in fields:
                 sources = [p for p in paths if _numeric(_get(example["facts"], p))
                            and _numeric(option[field]) and float(_get(example["facts"], p)) == float(option[field])]
-                choices = [c + [(field, s)] for c in choices for s in sources]
+                choices = [[*c, (field, s)] for c in choices for s in sources]
             for combo in choices:
                 if len(combo) == len(fields):
                     seen.add(Action(option["type"], tuple(combo)))

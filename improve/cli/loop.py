@@ -1,0 +1,115 @@
+"""`improve round` and `improve diagnose`: the improvement loop from the command line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from improve.cli.common import (
+    EXIT_FAILED,
+    JsonOption,
+    WorkspaceOption,
+    emit_json,
+    err,
+    handled,
+    out,
+    workspace,
+)
+from improve.evals.suite import SuiteSpec, run_suite
+from improve.evals.workspace import policy_label
+from improve.log.store import JsonlDirStore
+from improve.loop.diagnose import diagnose
+from improve.loop.round import RoundOptions, locate, run_rounds
+
+EnvOption = typer.Option("--env", "-e", help="Environment (default from improve.toml).")
+
+
+def round_command(
+    policy: Annotated[str, typer.Option("--policy", "-p", help="The current policy version (v3) or a .json path.")],
+    env: Annotated[str | None, EnvOption] = None,
+    k: Annotated[int | None, typer.Option("--k", min=1, help="Runs per scenario (default from improve.toml).")] = None,
+    proposer: Annotated[str, typer.Option("--proposer", help="rules (no model needed) or openai.")] = "rules",
+    rounds: Annotated[int, typer.Option("--rounds", min=1, help="Candidates to try, each aimed at the next cause.")] = 1,
+    model: Annotated[str, typer.Option("--model", "-m", help="The model bound to the policy's `decider` ref.")] = "naive",
+    concurrency: Annotated[int, typer.Option("--concurrency", min=1, help="Runs in flight at once.")] = 8,
+    openai_model: Annotated[str | None, typer.Option("--openai-model", help="Proposer model (with --proposer openai).")] = None,
+    base_url: Annotated[str | None, typer.Option("--base-url", help="OpenAI-compatible endpoint (key from OPENAI_API_KEY).")] = None,
+    cache: Annotated[str, typer.Option("--cache", help="Proposer calls: live, record or replay.")] = "record",
+    as_json: Annotated[bool, JsonOption] = False,
+    ws: Annotated[Path | None, WorkspaceOption] = None,
+) -> None:
+    """Run improvement rounds: diagnose the training failures, propose one change, gate it, replay it on
+    train then held-out k times, apply the promotion rule, record the CHANGELOG entry, and open a pull
+    request for a recommended candidate (or leave a branch and reports/<round>/pr.md). Never merges.
+
+    Exit 0 when a candidate is recommended (or the goal already holds), 1 when every candidate was
+    discarded, 2 on usage errors, 3 when a run, git or the endpoint failed.
+
+    Example:
+
+        improve round --policy v0 --env refunds --k 3 --rounds 3
+    """
+    with handled():
+        space = workspace(ws)
+        options = RoundOptions(env=env, policy=policy, k=k, model=model, proposer=proposer, concurrency=concurrency,
+                               openai_model=openai_model, openai_base_url=base_url, openai_cache=cache)
+        results = run_rounds(space, options, rounds, say=lambda m: err.print(m, markup=False))
+        if as_json:
+            emit_json({"rounds": [r.to_json() for r in results]})
+        else:
+            for r in results:
+                held = r.scores.get("held-out", {})
+                scores = (f"held-out {held['before']:.3f} -> {held['after']:.3f}" if held else "no replay")
+                out.print(f"{r.round_id}: {r.status} {r.candidate_version or ''} [{r.cluster or '-'}] {scores}",
+                          markup=False)
+                out.print(f"  {r.decision_detail}", markup=False)
+                if r.pr:
+                    out.print(f"  pull request: {r.pr.get('pr_url') or r.pr.get('instructions') or r.pr.get('error')}",
+                              markup=False)
+                if r.report:
+                    out.print(f"  report: {r.report}", markup=False)
+        if not any(r.status in ("recommended", "nothing-to-fix") for r in results):
+            raise typer.Exit(EXIT_FAILED)
+
+
+def diagnose_command(
+    policy: Annotated[str, typer.Option("--policy", "-p", help="The policy version to diagnose.")],
+    env: Annotated[str | None, EnvOption] = None,
+    k: Annotated[int | None, typer.Option("--k", min=1, help="Runs per scenario (default from improve.toml).")] = None,
+    model: Annotated[str, typer.Option("--model", "-m", help="The model bound to the `decider` ref.")] = "naive",
+    as_json: Annotated[bool, JsonOption] = False,
+    ws: Annotated[Path | None, WorkspaceOption] = None,
+) -> None:
+    """Diagnose a policy's training failures: clusters in order, the one to fix, the hypothesis.
+
+    Reads (or records) the train runs only; held-out failures never shape a change.
+
+    Example:
+
+        improve diagnose --policy v0 --json
+    """
+    with handled():
+        space = workspace(ws)
+        inputs = locate(space, env, policy)
+        objective = space.config.objective
+        spec = SuiteSpec(inputs.policy, model, k or objective.k, objective.max_model_calls)
+        train = [s for s in inputs.scenarios if s.split == "train"]
+        rows = run_suite(inputs.env, train, spec, JsonlDirStore(space.traces), concurrency=8)
+        result = diagnose(rows, policy_label(inputs.policy))
+        if as_json:
+            emit_json(result.to_json())
+            return
+        out.print(f"{policy_label(inputs.policy)} on train: pass rate {result.train_pass_rate:.3f} over "
+                  f"{result.train_runs} runs", markup=False)
+        for c in result.clusters:
+            mark = "->" if result.chosen and c.id == result.chosen.id else "  "
+            out.print(f"{mark} {c.kind:<20} {c.key:<28} effect {c.effect:.3f}  {c.title} "
+                      f"({', '.join(c.categories)})", markup=False)
+        if result.blocked:
+            out.print(f"blocked: {result.blocked}", markup=False)
+        if result.hypothesis:
+            h = result.hypothesis
+            out.print(f"cause: {h.cause}\nchange: {h.change}\nmetric: {h.metric}\nrisk: {h.risk}\n"
+                      f"evidence: {', '.join(h.evidence[:6])}", markup=False)

@@ -1,0 +1,488 @@
+"""The openai proposer against a fake OpenAI-compatible server on 127.0.0.1 (no network), its cache
+(live / record / replay), the json_schema -> json_object fallback, and a recorded fixture.
+
+Re-record the fixture under tests/fixtures/openai/ after a change to the prompt or the policy schema:
+`IMPROVE_RECORD_OPENAI_FIXTURES=1 .venv/bin/pytest tests/test_openai_proposer.py -k fixture`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from improve.examples import load_environment
+from improve.loop.gates import GateContext, GateResult, run_gates
+from improve.loop.proposers import Proposal, ProposalError, ProposalRequest
+from improve.loop.proposers.cache import ProposerCache, request_key
+from improve.loop.proposers.openai import (
+    OpenAIProposer,
+    json_object_format,
+    json_schema_format,
+    propose_messages,
+    response_schema,
+)
+from improve.machine import parse_machine
+from improve.runtime.policy import load_policy
+from improve.runtime.vocabulary import DecisionWords, Vocabulary, vocabulary
+
+from .conftest import REPO
+
+FIXTURES = REPO / "tests" / "fixtures" / "openai"
+SECRET = "sk-test-0123456789-do-not-leak"
+MODEL = "test-model"
+
+# --- a fake OpenAI-compatible endpoint -------------------------------------------------------------------
+
+Reply = tuple[int, dict[str, Any]]
+Script = Callable[[dict[str, Any]], Reply]
+
+
+def completion(content: str, finish_reason: str = "stop") -> Reply:
+    return 200, {
+        "id": "chatcmpl-test",
+        "object": "chat.completion",
+        "created": 1_700_000_000,
+        "model": MODEL,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": content},
+                "finish_reason": finish_reason,
+            }
+        ],
+        "usage": {"prompt_tokens": 321, "completion_tokens": 54, "total_tokens": 375},
+    }
+
+
+def reply_with(document: Any, rationale: str = "one branch") -> Reply:
+    return completion(json.dumps({"policy": document, "rationale": rationale}))
+
+
+class FakeEndpoint:
+    """`POST /v1/chat/completions` on a random free port; records each request, answers the script."""
+
+    def __init__(self, script: list[Reply] | Script) -> None:
+        self.requests: list[dict[str, Any]] = []
+        self._script = script
+        endpoint = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                raw = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                body = json.loads(raw)
+                headers = {k.lower(): v for k, v in self.headers.items()}
+                endpoint.requests.append({"path": self.path, "headers": headers, "body": body})
+                if self.path != "/v1/chat/completions":
+                    status, payload = 404, {"error": {"message": f"no route {self.path}"}}
+                else:
+                    status, payload = endpoint.answer(body)
+                data = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def answer(self, body: dict[str, Any]) -> Reply:
+        if callable(self._script):
+            return self._script(body)
+        if not self._script:
+            return 500, {"error": {"message": "the script has no more replies"}}
+        return self._script.pop(0)
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self._thread.join(timeout=5)
+
+
+@pytest.fixture
+def serve() -> Iterator[Callable[[list[Reply] | Script], FakeEndpoint]]:
+    started: list[FakeEndpoint] = []
+
+    def start(script: list[Reply] | Script) -> FakeEndpoint:
+        endpoint = FakeEndpoint(script)
+        started.append(endpoint)
+        return endpoint
+
+    yield start
+    for endpoint in started:
+        if endpoint.server.socket.fileno() != -1:
+            endpoint.stop()
+
+
+def proposer(
+    endpoint_url: str, cache: ProposerCache | None = None, api_key: str | None = None
+) -> OpenAIProposer:
+    return OpenAIProposer(
+        MODEL,
+        base_url=endpoint_url,
+        api_key=api_key,
+        cache=cache,
+        timeout=5.0,
+        max_retries=0,
+        http_client=openai.DefaultHttpxClient(trust_env=False),  # never a proxy from the environment
+    )
+
+
+# --- the request and two candidates ----------------------------------------------------------------------
+
+V0 = json.loads((REPO / "policies" / "refunds" / "v0.json").read_text())
+
+
+def candidate(guard: str) -> dict[str, Any]:
+    doc = json.loads(json.dumps(V0))
+    doc["version"] = "1"
+    doc["initial"] = "route"
+    doc["states"]["route"] = {
+        "type": "choice",
+        "choice": [{"guard": guard, "target": "escalate"}, {"target": "ask_model"}],
+    }
+    return doc
+
+
+INVALID = candidate("facts.customer.vip")  # not a fact path: the vocabulary gate refuses it
+VALID = candidate("facts.customer.refundsLast90d >= 3")
+DETAIL = (
+    "names outside the vocabulary:\n"
+    "- $.states.route.choice[0].guard: unknown fact path 'facts.customer.vip'; facts are "
+    "['facts.customer.refundsLast90d', \"facts.order.refundable\"] {braces} & <angles> — ünïcode"
+)
+FAILURE = GateResult("vocabulary", False, DETAIL)
+
+
+def refunds_request() -> ProposalRequest:
+    env = load_environment("refunds")
+    return ProposalRequest(
+        environment="refunds",
+        goal=env.config.description,
+        policy=load_policy(REPO / "policies" / "refunds" / "v0.json"),
+        new_version="1",
+        vocabulary=vocabulary(env),
+        objective={"pass_rate": 0.7, "violations": 0, "model_calls_per_run": 1.0, "k": 3},
+        diagnosis={
+            "chosen": {
+                "kind": "wrong-terminal",
+                "key": "escalated->issued",
+                "threads": ["train:v0:fraud-01:r1"],
+            },
+            "hypothesis": {
+                "cause": "the decider pays customers with three or more recent refunds",
+                "evidence": ["train:v0:fraud-01:r1", "train:v0:fraud-02:r2"],
+                "change": "one choice branch that escalates when the facts show this case",
+            },
+        },
+        examples=[
+            {
+                "facts": {"customer": {"refundsLast90d": 4}},
+                "options": [{"type": "ESCALATE"}],
+                "answered": {"type": "REFUND"},
+                "expected": "escalated",
+            }
+        ],
+    )
+
+
+def cache_texts(directory: Path) -> list[str]:
+    return [p.read_text(encoding="utf-8") for p in sorted(directory.glob("*.json"))]
+
+
+# --- 1. propose, then repair with the gate's detail ------------------------------------------------------
+
+
+def test_propose_then_repair_over_http(
+    serve: Callable[[list[Reply]], FakeEndpoint], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", SECRET)  # the default source of the key
+    endpoint = serve([reply_with(INVALID, "escalate VIPs"), reply_with(VALID, "escalate repeat refunds")])
+    cache = ProposerCache(tmp_path / "cache", "record")
+    prop = proposer(endpoint.url, cache)
+    request = refunds_request()
+
+    first = prop.propose(request)
+    assert first == Proposal(document=INVALID, rationale="escalate VIPs", proposer="openai", calls=1)
+    second = prop.repair(request, first, FAILURE)
+    assert second == Proposal(document=VALID, rationale="escalate repeat refunds", proposer="openai", calls=1)
+    assert len(endpoint.requests) == 2
+
+    body = endpoint.requests[0]["body"]
+    assert body["model"] == MODEL and body["temperature"] == 0
+    fmt = body["response_format"]
+    assert fmt["type"] == "json_schema" and fmt["json_schema"]["name"] == "policy"
+    schema = fmt["json_schema"]["schema"]
+    assert schema == response_schema()
+    assert {"id", "version", "initial", "states"} <= set(schema["properties"]["policy"]["properties"])
+    assert schema["required"] == ["policy", "rationale"] and "StateConfig" in schema["$defs"]
+    system, user = (m["content"] for m in body["messages"])
+    assert "ONE smallest change" in system and "offered" in system
+    assert request.goal in user
+    assert json.dumps(request.vocabulary.to_json(), indent=1, sort_keys=True) in user
+    assert "train:v0:fraud-02:r2" in user and "three or more recent refunds" in user
+    assert '"refundsLast90d": 4' in user and '"pass_rate": 0.7' in user
+    assert 'set `version` to "1"' in user and '"refunds-policy"' in user
+
+    repair = endpoint.requests[1]["body"]
+    assert repair["messages"][:2] == body["messages"]
+    assistant, feedback = repair["messages"][2:]
+    assert assistant["role"] == "assistant" and json.loads(assistant["content"])["policy"] == INVALID
+    assert feedback["role"] == "user" and DETAIL in feedback["content"]
+    assert "`vocabulary`" in feedback["content"]
+
+    # The key travels only in the Authorization header: not in another header, a body, a file or a repr.
+    for sent in endpoint.requests:
+        assert sent["headers"]["authorization"] == f"Bearer {SECRET}"
+        others = {k: v for k, v in sent["headers"].items() if k.lower() != "authorization"}
+        assert SECRET not in json.dumps(others) and SECRET not in json.dumps(sent["body"])
+    texts = cache_texts(tmp_path / "cache")
+    assert len(texts) == 2 and not any(SECRET in t for t in texts)
+    assert SECRET not in repr(prop) and SECRET not in repr(first) + repr(second)
+
+
+def test_the_scripted_candidates_are_what_the_gates_say() -> None:
+    """The invalid candidate fails the vocabulary gate (its detail is what a repair carries)."""
+    ctx = GateContext(load_environment("refunds"))
+    failed = run_gates(INVALID, ctx)[-1]
+    assert failed.name == "vocabulary" and not failed.ok and "facts.customer.vip" in failed.detail
+    assert all(r.ok for r in run_gates(VALID, ctx))
+
+
+# --- 2. record, replay, miss -----------------------------------------------------------------------------
+
+
+def test_record_then_replay_without_the_endpoint(
+    serve: Callable[[list[Reply]], FakeEndpoint], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    endpoint = serve([reply_with(INVALID), reply_with(VALID)])
+    directory = tmp_path / "cache"
+    request = refunds_request()
+    recorder = proposer(endpoint.url, ProposerCache(directory, "record"), api_key=SECRET)
+    first = recorder.propose(request)
+    second = recorder.repair(request, first, FAILURE)
+
+    files = sorted(directory.glob("*.json"))
+    assert len(files) == 2
+    for path in files:
+        entry = json.loads(path.read_text())
+        assert path.stem == entry["key"] == request_key(entry["request"])
+        assert set(entry["request"]) == {"model", "messages", "response_format", "temperature"}
+        assert entry["response"]["usage"] == {
+            "prompt_tokens": 321,
+            "completion_tokens": 54,
+            "total_tokens": 375,
+        }
+        assert json.loads(entry["response"]["content"])["policy"] in (INVALID, VALID)
+        assert SECRET not in path.read_text() and endpoint.url not in path.read_text()
+
+    url = endpoint.url
+    endpoint.stop()
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)  # replay needs no key
+    replayer = proposer(url, ProposerCache(directory, "replay"))
+    again = replayer.propose(request)
+    assert again == Proposal(document=first.document, rationale=first.rationale, proposer="openai", calls=0)
+    repaired = replayer.repair(request, again, FAILURE)
+    assert (repaired.document, repaired.rationale, repaired.calls) == (second.document, second.rationale, 0)
+    assert len(endpoint.requests) == 2
+
+    other = ProposalRequest(**{**request.__dict__, "new_version": "2"})
+    key = request_key(
+        {
+            "model": MODEL,
+            "messages": propose_messages(other),
+            "response_format": json_schema_format(),
+            "temperature": 0.0,
+        }
+    )
+    with pytest.raises(ProposalError, match=f"no recorded response for request {key}.*record it first"):
+        replayer.propose(other)
+
+
+def test_live_mode_stores_nothing_and_needs_a_key(
+    serve: Callable[[list[Reply]], FakeEndpoint], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    endpoint = serve([reply_with(VALID), reply_with(VALID)])
+    live = proposer(endpoint.url, ProposerCache(tmp_path / "cache", "live"), api_key=SECRET)
+    assert live.propose(refunds_request()).calls == 1
+    assert live.propose(refunds_request()).calls == 1  # live never reads a cache
+    assert not (tmp_path / "cache").exists()
+
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    with pytest.raises(ProposalError, match="OPENAI_API_KEY"):
+        proposer(endpoint.url).propose(refunds_request())
+    assert len(endpoint.requests) == 2
+    with pytest.raises(ValueError, match="needs a directory"):
+        ProposerCache(None, "replay")
+
+
+# --- 3. the json_schema -> json_object fallback ----------------------------------------------------------
+
+
+def no_json_schema(body: dict[str, Any]) -> Reply:
+    if body["response_format"]["type"] == "json_schema":
+        return 400, {
+            "error": {
+                "message": "response_format type 'json_schema' is not supported by this server",
+                "type": "invalid_request_error",
+                "param": "response_format",
+            }
+        }
+    return reply_with(VALID, "fallback")
+
+
+def test_json_schema_rejection_falls_back_to_json_object(
+    serve: Callable[[Script], FakeEndpoint], tmp_path: Path
+) -> None:
+    endpoint = serve(no_json_schema)
+    directory = tmp_path / "cache"
+    prop = proposer(endpoint.url, ProposerCache(directory, "record"), api_key=SECRET)
+    request = refunds_request()
+    first = prop.propose(request)
+    assert (first.document, first.rationale, first.calls) == (VALID, "fallback", 2)
+    kinds = [r["body"]["response_format"] for r in endpoint.requests]
+    assert kinds[0]["type"] == "json_schema" and kinds[1] == {"type": "json_object"}
+    system = endpoint.requests[1]["body"]["messages"][0]["content"]
+    assert "matches this JSON Schema" in system and json.dumps(response_schema(), sort_keys=True) in system
+
+    # Once rejected, json_object straight away.
+    assert prop.repair(request, first, FAILURE).calls == 1
+    assert [r["body"]["response_format"]["type"] for r in endpoint.requests[2:]] == ["json_object"]
+
+    # The rejection is recorded too: a fresh replay takes the same path without a call.
+    rejected = [json.loads(t) for t in cache_texts(directory) if '"rejected"' in t]
+    assert len(rejected) == 1 and rejected[0]["response"]["rejected"]["status"] == 400
+    endpoint.stop()
+    replay = proposer(endpoint.url, ProposerCache(directory, "replay"))
+    again = replay.propose(request)
+    assert (again.document, again.calls) == (VALID, 0) and not replay.json_schema_supported
+
+
+def test_other_endpoint_errors_do_not_fall_back_and_never_show_the_key(
+    serve: Callable[[list[Reply]], FakeEndpoint],
+) -> None:
+    endpoint = serve(
+        [
+            (400, {"error": {"message": "maximum context length exceeded", "type": "invalid_request_error"}}),
+            (401, {"error": {"message": f"Incorrect API key provided: {SECRET}", "type": "auth"}}),
+        ]
+    )
+    prop = proposer(endpoint.url, api_key=SECRET)
+    with pytest.raises(ProposalError, match=r"HTTP 400: .*maximum context length"):
+        prop.propose(refunds_request())
+    with pytest.raises(ProposalError, match="HTTP 401") as err:
+        prop.propose(refunds_request())
+    assert SECRET not in str(err.value) and "[redacted]" in str(err.value)
+    assert [r["body"]["response_format"]["type"] for r in endpoint.requests] == ["json_schema"] * 2
+
+
+# --- 4. a recorded fixture -------------------------------------------------------------------------------
+
+
+def fixture_request(spec: dict[str, Any]) -> ProposalRequest:
+    raw = spec["request"]
+    words = raw["vocabulary"]
+    vocab = Vocabulary(
+        environment=words["environment"],
+        decisions=[DecisionWords(**d) for d in words["decisions"]],
+        guards=words["guards"],
+        judgments=words["judgments"],
+        models=words["models"],
+    )
+    return ProposalRequest(
+        environment=raw["environment"],
+        goal=raw["goal"],
+        policy=parse_machine(raw["policy"], source="fixture"),
+        new_version=raw["new_version"],
+        vocabulary=vocab,
+        objective=raw["objective"],
+        diagnosis=raw["diagnosis"],
+        examples=raw["examples"],
+    )
+
+
+def record_fixture(spec: dict[str, Any], directory: Path) -> None:
+    """Re-record the fixture's cache with the fake endpoint answering its scripted replies."""
+    shutil.rmtree(directory, ignore_errors=True)
+    endpoint = FakeEndpoint([completion(json.dumps(r)) for r in spec["replies"]])
+    try:
+        prop = OpenAIProposer(
+            spec["model"],
+            base_url=endpoint.url,
+            api_key=SECRET,
+            cache=ProposerCache(directory, "record"),
+            max_retries=0,
+            http_client=openai.DefaultHttpxClient(trust_env=False),
+        )
+        request = fixture_request(spec)
+        failure = GateResult(**spec["failure"])
+        prop.repair(request, prop.propose(request), failure)
+    finally:
+        endpoint.stop()
+
+
+def test_recorded_fixture_replays() -> None:
+    spec = json.loads((FIXTURES / "request.json").read_text(encoding="utf-8"))
+    directory = FIXTURES / "cache"
+    if os.environ.get("IMPROVE_RECORD_OPENAI_FIXTURES") == "1":
+        record_fixture(spec, directory)
+    request = fixture_request(spec)
+    prop = OpenAIProposer(spec["model"], cache=ProposerCache(directory, "replay"), api_key=None)
+    try:
+        first = prop.propose(request)
+        second = prop.repair(request, first, GateResult(**spec["failure"]))
+    except ProposalError as err:
+        pytest.fail(
+            f"{err}\nThe prompt or the policy schema changed: re-record with "
+            "IMPROVE_RECORD_OPENAI_FIXTURES=1 .venv/bin/pytest tests/test_openai_proposer.py -k fixture"
+        )
+    assert [first.document, second.document] == [r["policy"] for r in spec["replies"]]
+    assert [first.rationale, second.rationale] == [r["rationale"] for r in spec["replies"]]
+    assert first.calls == second.calls == 0
+    assert not any(SECRET in t for t in cache_texts(directory))
+
+
+# --- 5. replies that are not a candidate -----------------------------------------------------------------
+
+
+def test_unparsable_content_is_a_proposal_error(serve: Callable[[list[Reply]], FakeEndpoint]) -> None:
+    endpoint = serve(
+        [
+            completion('Sure! Here is the policy: {"policy": {states: ...'),
+            completion(""),
+            completion('{"policy": {"id": "p"', finish_reason="length"),
+            completion("```json\n" + json.dumps({"policy": VALID, "rationale": "fenced"}) + "\n```"),
+        ]
+    )
+    prop = proposer(endpoint.url, api_key=SECRET)
+    with pytest.raises(ProposalError, match=r"not valid JSON \(line 1, column 1.*'Sure! Here is the policy"):
+        prop.propose(refunds_request())
+    with pytest.raises(ProposalError, match="returned no content"):
+        prop.propose(refunds_request())
+    with pytest.raises(ProposalError, match=r"finish_reason 'length'.*not valid JSON"):
+        prop.propose(refunds_request())
+    fenced = prop.propose(refunds_request())
+    assert (fenced.document, fenced.rationale) == (VALID, "fenced")
+
+
+def test_response_formats_are_plain_json() -> None:
+    assert json_object_format() == {"type": "json_object"}
+    fmt = json_schema_format()
+    assert fmt["json_schema"]["strict"] is False
+    text = json.dumps(fmt)
+    assert '"title"' not in text and '"default"' not in text and "$schema" not in text
