@@ -17,9 +17,10 @@ $(STAMP): pyproject.toml
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 
-demo: $(STAMP) ## Run the bundled refund desk on both splits and replay a thread
+demo: $(STAMP) ## Run the refund desk, replay a thread, then improve its policy round by round
 	$(BIN)/improve run --env refunds --policy v0 --model naive --split all --k 3 --fresh
 	$(BIN)/improve replay traces/train:v0:partial-refund-01:r1.jsonl --verify
+	$(BIN)/improve demo --dir build/demo --rounds 6 --k 3
 
 test: $(STAMP) ## Run the test suite
 	$(BIN)/python -m pytest
@@ -33,4 +34,4 @@ lint: $(STAMP) ## ruff and mypy
 	$(BIN)/mypy improve
 
 clean: ## Remove the virtualenv and generated traces
-	rm -rf $(VENV) traces
+	rm -rf $(VENV) traces build

@@ -7,6 +7,7 @@ Re-record the fixture under tests/fixtures/openai/ after a change to the prompt 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -85,6 +86,8 @@ class FakeEndpoint:
                     status, payload = 404, {"error": {"message": f"no route {self.path}"}}
                 else:
                     status, payload = endpoint.answer(body)
+                    if "choices" in payload:
+                        payload = {**payload, "model": body["model"]}
                 data = json.dumps(payload).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
@@ -98,7 +101,7 @@ class FakeEndpoint:
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
         self._thread.start()
 
     def answer(self, body: dict[str, Any]) -> Reply:
@@ -149,7 +152,7 @@ V0 = json.loads((REPO / "policies" / "refunds" / "v0.json").read_text())
 
 
 def candidate(guard: str) -> dict[str, Any]:
-    doc = json.loads(json.dumps(V0))
+    doc: dict[str, Any] = json.loads(json.dumps(V0))
     doc["version"] = "1"
     doc["initial"] = "route"
     doc["states"]["route"] = {
@@ -301,7 +304,7 @@ def test_record_then_replay_without_the_endpoint(
     assert (repaired.document, repaired.rationale, repaired.calls) == (second.document, second.rationale, 0)
     assert len(endpoint.requests) == 2
 
-    other = ProposalRequest(**{**request.__dict__, "new_version": "2"})
+    other = dataclasses.replace(request, new_version="2")
     key = request_key(
         {
             "model": MODEL,

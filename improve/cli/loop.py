@@ -27,15 +27,27 @@ EnvOption = typer.Option("--env", "-e", help="Environment (default from improve.
 
 
 def round_command(
-    policy: Annotated[str, typer.Option("--policy", "-p", help="The current policy version (v3) or a .json path.")],
+    policy: Annotated[
+        str, typer.Option("--policy", "-p", help="The current policy version (v3) or a .json path.")
+    ],
     env: Annotated[str | None, EnvOption] = None,
-    k: Annotated[int | None, typer.Option("--k", min=1, help="Runs per scenario (default from improve.toml).")] = None,
+    k: Annotated[
+        int | None, typer.Option("--k", min=1, help="Runs per scenario (default from improve.toml).")
+    ] = None,
     proposer: Annotated[str, typer.Option("--proposer", help="rules (no model needed) or openai.")] = "rules",
-    rounds: Annotated[int, typer.Option("--rounds", min=1, help="Candidates to try, each aimed at the next cause.")] = 1,
-    model: Annotated[str, typer.Option("--model", "-m", help="The model bound to the policy's `decider` ref.")] = "naive",
+    rounds: Annotated[
+        int, typer.Option("--rounds", min=1, help="Candidates to try, each aimed at the next cause.")
+    ] = 1,
+    model: Annotated[
+        str, typer.Option("--model", "-m", help="The model bound to the policy's `decider` ref.")
+    ] = "naive",
     concurrency: Annotated[int, typer.Option("--concurrency", min=1, help="Runs in flight at once.")] = 8,
-    openai_model: Annotated[str | None, typer.Option("--openai-model", help="Proposer model (with --proposer openai).")] = None,
-    base_url: Annotated[str | None, typer.Option("--base-url", help="OpenAI-compatible endpoint (key from OPENAI_API_KEY).")] = None,
+    openai_model: Annotated[
+        str | None, typer.Option("--openai-model", help="Proposer model (with --proposer openai).")
+    ] = None,
+    base_url: Annotated[
+        str | None, typer.Option("--base-url", help="OpenAI-compatible endpoint (key from OPENAI_API_KEY).")
+    ] = None,
     cache: Annotated[str, typer.Option("--cache", help="Proposer calls: live, record or replay.")] = "record",
     as_json: Annotated[bool, JsonOption] = False,
     ws: Annotated[Path | None, WorkspaceOption] = None,
@@ -53,21 +65,34 @@ def round_command(
     """
     with handled():
         space = workspace(ws)
-        options = RoundOptions(env=env, policy=policy, k=k, model=model, proposer=proposer, concurrency=concurrency,
-                               openai_model=openai_model, openai_base_url=base_url, openai_cache=cache)
+        options = RoundOptions(
+            env=env,
+            policy=policy,
+            k=k,
+            model=model,
+            proposer=proposer,
+            concurrency=concurrency,
+            openai_model=openai_model,
+            openai_base_url=base_url,
+            openai_cache=cache,
+        )
         results = run_rounds(space, options, rounds, say=lambda m: err.print(m, markup=False))
         if as_json:
             emit_json({"rounds": [r.to_json() for r in results]})
         else:
             for r in results:
                 held = r.scores.get("held-out", {})
-                scores = (f"held-out {held['before']:.3f} -> {held['after']:.3f}" if held else "no replay")
-                out.print(f"{r.round_id}: {r.status} {r.candidate_version or ''} [{r.cluster or '-'}] {scores}",
-                          markup=False)
+                scores = f"held-out {held['before']:.3f} -> {held['after']:.3f}" if held else "no replay"
+                out.print(
+                    f"{r.round_id}: {r.status} {r.candidate_version or ''} [{r.cluster or '-'}] {scores}",
+                    markup=False,
+                )
                 out.print(f"  {r.decision_detail}", markup=False)
                 if r.pr:
-                    out.print(f"  pull request: {r.pr.get('pr_url') or r.pr.get('instructions') or r.pr.get('error')}",
-                              markup=False)
+                    out.print(
+                        f"  pull request: {r.pr.get('pr_url') or r.pr.get('instructions') or r.pr.get('error')}",
+                        markup=False,
+                    )
                 if r.report:
                     out.print(f"  report: {r.report}", markup=False)
         if not any(r.status in ("recommended", "nothing-to-fix") for r in results):
@@ -77,8 +102,12 @@ def round_command(
 def diagnose_command(
     policy: Annotated[str, typer.Option("--policy", "-p", help="The policy version to diagnose.")],
     env: Annotated[str | None, EnvOption] = None,
-    k: Annotated[int | None, typer.Option("--k", min=1, help="Runs per scenario (default from improve.toml).")] = None,
-    model: Annotated[str, typer.Option("--model", "-m", help="The model bound to the `decider` ref.")] = "naive",
+    k: Annotated[
+        int | None, typer.Option("--k", min=1, help="Runs per scenario (default from improve.toml).")
+    ] = None,
+    model: Annotated[
+        str, typer.Option("--model", "-m", help="The model bound to the `decider` ref.")
+    ] = "naive",
     as_json: Annotated[bool, JsonOption] = False,
     ws: Annotated[Path | None, WorkspaceOption] = None,
 ) -> None:
@@ -101,15 +130,24 @@ def diagnose_command(
         if as_json:
             emit_json(result.to_json())
             return
-        out.print(f"{policy_label(inputs.policy)} on train: pass rate {result.train_pass_rate:.3f} over "
-                  f"{result.train_runs} runs", markup=False)
+        out.print(
+            f"{policy_label(inputs.policy)} on train: pass rate {result.train_pass_rate:.3f} over "
+            f"{result.train_runs} runs",
+            markup=False,
+        )
         for c in result.clusters:
             mark = "->" if result.chosen and c.id == result.chosen.id else "  "
-            out.print(f"{mark} {c.kind:<20} {c.key:<28} effect {c.effect:.3f}  {c.title} "
-                      f"({', '.join(c.categories)})", markup=False)
+            out.print(
+                f"{mark} {c.kind:<20} {c.key:<28} effect {c.effect:.3f}  {c.title} "
+                f"({', '.join(c.categories)})",
+                markup=False,
+            )
         if result.blocked:
             out.print(f"blocked: {result.blocked}", markup=False)
         if result.hypothesis:
             h = result.hypothesis
-            out.print(f"cause: {h.cause}\nchange: {h.change}\nmetric: {h.metric}\nrisk: {h.risk}\n"
-                      f"evidence: {', '.join(h.evidence[:6])}", markup=False)
+            out.print(
+                f"cause: {h.cause}\nchange: {h.change}\nmetric: {h.metric}\nrisk: {h.risk}\n"
+                f"evidence: {', '.join(h.evidence[:6])}",
+                markup=False,
+            )

@@ -20,6 +20,7 @@ from improve.cli.common import (
     out,
     workspace,
 )
+from improve.cli.demo import demo_command
 from improve.cli.evals import rules_command, scenarios_app, score_command
 from improve.cli.loop import diagnose_command, round_command
 from improve.cli.policy import (
@@ -392,6 +393,7 @@ app.command("score")(score_command)
 app.command("rules")(rules_command)
 app.command("round")(round_command)
 app.command("diagnose")(diagnose_command)
+app.command("demo")(demo_command)
 app.add_typer(scenarios_app, name="scenarios")
 
 

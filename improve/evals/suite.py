@@ -75,12 +75,20 @@ def execute_job(job: RunJob) -> str:
     from improve.log.store import JsonlDirStore
 
     env = load_environment(job.environment)
-    _run_one(env, compile_policy(job.spec.policy, env.judgments, env.policy_guards), job.scenario, job.spec,
-             job.run_number, JsonlDirStore(Path(job.traces)))
+    _run_one(
+        env,
+        compile_policy(job.spec.policy, env.judgments, env.policy_guards),
+        job.scenario,
+        job.spec,
+        job.run_number,
+        JsonlDirStore(Path(job.traces)),
+    )
     return job.spec.thread_id(job.scenario, job.run_number)
 
 
-def _run_one(env: Environment, policy: Any, scenario: Scenario, spec: SuiteSpec, run_number: int, store: Store) -> None:
+def _run_one(
+    env: Environment, policy: Any, scenario: Scenario, spec: SuiteSpec, run_number: int, store: Store
+) -> None:
     thread_id = spec.thread_id(scenario, run_number)
     if store.exists(thread_id):
         store.delete(thread_id)
@@ -124,7 +132,8 @@ def run_suite(
     policy = compile_policy(spec.policy, env.judgments, env.policy_guards)
     planned = [(scenario, n) for scenario in scenarios for n in range(1, spec.k + 1)]
     reused = {
-        spec.thread_id(sc, n): not fresh and _reusable(env, store, spec.thread_id(sc, n), spec.stamp(env, sc, n))
+        spec.thread_id(sc, n): not fresh
+        and _reusable(env, store, spec.thread_id(sc, n), spec.stamp(env, sc, n))
         for sc, n in planned
     }
     todo = [(sc, n) for sc, n in planned if not reused[spec.thread_id(sc, n)]]

@@ -116,8 +116,15 @@ def diagnose(rows: Sequence[OutcomeRow], policy_version: str, skip: Sequence[str
     violating = [r for r in train if r.violations]
     if violating:
         rules = sorted({v.get("rule", "?") for r in violating for v in r.violations})
-        clusters.append(_cluster("invariant-violation", ",".join(rules),
-                                 f"{len(violating)} run(s) broke {', '.join(rules)}", violating, total))
+        clusters.append(
+            _cluster(
+                "invariant-violation",
+                ",".join(rules),
+                f"{len(violating)} run(s) broke {', '.join(rules)}",
+                violating,
+                total,
+            )
+        )
 
     groups: dict[tuple[str, str], list[OutcomeRow]] = defaultdict(list)
     for r in train:
@@ -139,13 +146,24 @@ def diagnose(rows: Sequence[OutcomeRow], policy_version: str, skip: Sequence[str
     if rejected:
         # Their failures are counted where they end (wrong terminal or effect); here they cost retries.
         attempts = sum(r.failed_attempts for r in rejected)
-        clusters.append(_cluster("guard-rejections", "attempts", f"{attempts} refused answer(s) in {len(rejected)} run(s)",
-                                 rejected, total, cost=attempts / total, counts_failures=False))
+        clusters.append(
+            _cluster(
+                "guard-rejections",
+                "attempts",
+                f"{attempts} refused answer(s) in {len(rejected)} run(s)",
+                rejected,
+                total,
+                cost=attempts / total,
+                counts_failures=False,
+            )
+        )
 
     stuck = [r for r in train if r.status in ("budget", "decision-exhausted", "incomplete", "idle", "stuck")]
     for status in sorted({r.status for r in stuck}):
         members = [r for r in stuck if r.status == status]
-        clusters.append(_cluster("loops-and-budget", status, f"{len(members)} run(s) ended {status}", members, total))
+        clusters.append(
+            _cluster("loops-and-budget", status, f"{len(members)} run(s) ended {status}", members, total)
+        )
 
     calls = [r.model_calls for r in train]
     if calls:
@@ -153,13 +171,27 @@ def diagnose(rows: Sequence[OutcomeRow], policy_version: str, skip: Sequence[str
         hot = [r for r in train if r.model_calls > max(1.5 * median, median + 1)]
         if hot:
             excess = sum(r.model_calls - median for r in hot) / total
-            clusters.append(_cluster("cost-hotspot", "model-calls",
-                                     f"{len(hot)} run(s) use more than 1.5x the median {median:g} model calls",
-                                     hot, total, cost=excess))
+            clusters.append(
+                _cluster(
+                    "cost-hotspot",
+                    "model-calls",
+                    f"{len(hot)} run(s) use more than 1.5x the median {median:g} model calls",
+                    hot,
+                    total,
+                    cost=excess,
+                )
+            )
 
     clusters.sort(key=lambda c: (KINDS.index(c.kind), -c.effect, c.key))
-    diagnosis = Diagnosis(policy_version, total, sum(r.passed for r in train) / total if total else 0.0,
-                          clusters, None, None, skipped=list(skip))
+    diagnosis = Diagnosis(
+        policy_version,
+        total,
+        sum(r.passed for r in train) / total if total else 0.0,
+        clusters,
+        None,
+        None,
+        skipped=list(skip),
+    )
     if violating:
         diagnosis.blocked = (
             f"invariant violations on train ({clusters[0].title}): the environment's rules were broken, which "

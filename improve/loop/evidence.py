@@ -125,9 +125,18 @@ def _correct_options(
     for option in request.options:
         store = MemoryStore()
         thread = f"counterfactual:v0:{scenario.id}:r1"
-        decider = _Counterfactual(_key(request), option, PolicyDecider(policy, {"decider": env.models[model](seed)}, env.judgments))
-        run(env, input=scenario.input, world=env.make_world(scenario.world), people=scenario.people,
-            decider=decider, store=store, thread_id=thread)
+        decider = _Counterfactual(
+            _key(request), option, PolicyDecider(policy, {"decider": env.models[model](seed)}, env.judgments)
+        )
+        run(
+            env,
+            input=scenario.input,
+            world=env.make_world(scenario.world),
+            people=scenario.people,
+            decider=decider,
+            store=store,
+            thread_id=thread,
+        )
         if outcome_row(env, scenario, thread, store.read(thread)).passed:
             good.append(dict(option))
     return good

@@ -134,7 +134,9 @@ def locate(space: Workspace, env: str | None, policy: str) -> Inputs:
     if not policies_dir.is_dir():
         missing.append(f"the policy history: {policies_dir} does not exist")
     elif not changelog.is_file():
-        missing.append(f"the policy history: {changelog} does not exist (create it with a '# CHANGELOG' line)")
+        missing.append(
+            f"the policy history: {changelog} does not exist (create it with a '# CHANGELOG' line)"
+        )
     policy_path = space.policy_path(env_name, policy)
     if not policy_path.is_file():
         missing.append(f"the policy: {policy_path} does not exist")
@@ -146,16 +148,29 @@ def locate(space: Workspace, env: str | None, policy: str) -> Inputs:
             f"the goal is missing: {policy_path} has no `description` (the goal with measurable success criteria)"
         )
     if not vocabulary(environment).decisions:
-        raise WorkspaceError(f"environment {env_name} has no decision (agent.decide): nothing for a policy to do")
+        raise WorkspaceError(
+            f"environment {env_name} has no decision (agent.decide): nothing for a policy to do"
+        )
     scenario_set = load_scenarios(scenarios_path)
     space.traces.mkdir(parents=True, exist_ok=True)
-    return Inputs(space, environment, env_name, config, policy_path, scenario_set.scenarios, policies_dir, changelog,
-                  environment.file_hashes())
+    return Inputs(
+        space,
+        environment,
+        env_name,
+        config,
+        policy_path,
+        scenario_set.scenarios,
+        policies_dir,
+        changelog,
+        environment.file_hashes(),
+    )
 
 
 def next_version(policies_dir: Path, changelog: Path) -> str:
     """The first version number no policy file and no CHANGELOG entry uses."""
-    numbers = [int(m.group(1)) for p in policies_dir.glob("v*.json") if (m := re.fullmatch(r"v(\d+)", p.stem))]
+    numbers = [
+        int(m.group(1)) for p in policies_dir.glob("v*.json") if (m := re.fullmatch(r"v(\d+)", p.stem))
+    ]
     if changelog.exists():
         numbers += [int(n) for n in re.findall(r"^## v(\d+)\b", changelog.read_text(encoding="utf-8"), re.M)]
     return str(max(numbers, default=0) + 1)
@@ -177,7 +192,9 @@ def _proposer(opts: RoundOptions, inputs: Inputs) -> Proposer:
         from improve.loop.proposers.openai import OpenAIProposer
 
         if not opts.openai_model:
-            raise WorkspaceError("--proposer openai needs --openai-model (and --base-url for a non-OpenAI endpoint)")
+            raise WorkspaceError(
+                "--proposer openai needs --openai-model (and --base-url for a non-OpenAI endpoint)"
+            )
         cache = ProposerCache(inputs.space.root / ".improve" / "proposer-cache", opts.openai_cache)  # type: ignore[arg-type]
         return OpenAIProposer(model=opts.openai_model, base_url=opts.openai_base_url, cache=cache)
     raise WorkspaceError(f"unknown proposer {opts.proposer!r}; use rules or openai")
@@ -214,11 +231,13 @@ def run_round(space: Workspace, opts: RoundOptions, say: Say = lambda m: None) -
     base_rows = _suite(env, inputs.scenarios, base_spec, store, opts, say, "baseline")
     base_cards = _cards(base_rows, baseline_label)
     threshold = goal_threshold(inputs.policy.description)
-    if threshold is not None and base_cards["held-out"].pass_rate >= threshold and base_cards["held-out"].violations == 0:
+    if (
+        threshold is not None
+        and base_cards["held-out"].pass_rate >= threshold
+        and base_cards["held-out"].violations == 0
+    ):
         result.status, result.goal_met = "nothing-to-fix", True
-        result.decision_detail = (
-            f"the goal already holds: held-out pass rate {base_cards['held-out'].pass_rate:.3f} >= {threshold}"
-        )
+        result.decision_detail = f"the goal already holds: held-out pass rate {base_cards['held-out'].pass_rate:.3f} >= {threshold}"
         return result
 
     say("diagnose: train failures only")
@@ -237,8 +256,12 @@ def run_round(space: Workspace, opts: RoundOptions, say: Say = lambda m: None) -
 
     request = _request(inputs, diagnosis, base_rows, base_cards["train"], store, opts.model, version, k)
     proposer = _proposer(opts, inputs)
-    context = GateContext(env, expected_hashes=inputs.env_hashes,
-                          probes=probe_requests(env, train, store), scenarios=inputs.scenarios)
+    context = GateContext(
+        env,
+        expected_hashes=inputs.env_hashes,
+        probes=probe_requests(env, train, store),
+        scenarios=inputs.scenarios,
+    )
     proposal, gates, repairs, calls = _propose_and_gate(proposer, request, context, say)
     result.gates = [g.to_json() for g in gates]
     result.repairs = repairs
@@ -265,11 +288,15 @@ def run_round(space: Workspace, opts: RoundOptions, say: Say = lambda m: None) -
     cand_rows += _suite(env, held_out, cand_spec, store, opts, say, "held-out")
     result.candidate_threads = sorted(r.thread_id for r in cand_rows)
     cand_cards = _cards(cand_rows, label)
-    verdict = decide(base_cards["train"], base_cards["held-out"], cand_cards["train"], cand_cards["held-out"], objective)
+    verdict = decide(
+        base_cards["train"], base_cards["held-out"], cand_cards["train"], cand_cards["held-out"], objective
+    )
     result.recommended = verdict.promote
     result.status = "recommended" if verdict.promote else "discarded"
     result.regressions = [c.scenario for c in [*verdict.train.regressions, *verdict.held_out.regressions]]
-    result.decision_detail = "; ".join(f"{c.name}: {'pass' if c.ok else 'FAIL'} ({c.detail})" for c in verdict.checks)
+    result.decision_detail = "; ".join(
+        f"{c.name}: {'pass' if c.ok else 'FAIL'} ({c.detail})" for c in verdict.checks
+    )
     result.scores = {
         split: {
             "before": cmp.baseline_rate,
@@ -290,33 +317,51 @@ def run_round(space: Workspace, opts: RoundOptions, say: Say = lambda m: None) -
 
 
 def _suite(
-    env: Environment, scenarios: Sequence[Scenario], spec: SuiteSpec, store: JsonlDirStore, opts: RoundOptions,
-    say: Say, what: str,
+    env: Environment,
+    scenarios: Sequence[Scenario],
+    spec: SuiteSpec,
+    store: JsonlDirStore,
+    opts: RoundOptions,
+    say: Say,
+    what: str,
 ) -> list[OutcomeRow]:
     def ran(done: int, total: int) -> None:
         if done == total or done % 25 == 0:
             say(f"  {what}: {done}/{total} runs")
 
-    return run_suite(env, scenarios, spec, store, concurrency=opts.concurrency, executor=opts.executor, ran=ran)
+    return run_suite(
+        env, scenarios, spec, store, concurrency=opts.concurrency, executor=opts.executor, ran=ran
+    )
 
 
 def _request(
-    inputs: Inputs, diagnosis: Diagnosis, rows: list[OutcomeRow], train_card: Scorecard, store: JsonlDirStore,
-    model: str, version: str, k: int,
+    inputs: Inputs,
+    diagnosis: Diagnosis,
+    rows: list[OutcomeRow],
+    train_card: Scorecard,
+    store: JsonlDirStore,
+    model: str,
+    version: str,
+    k: int,
 ) -> ProposalRequest:
     assert diagnosis.chosen is not None
     in_cluster = set(diagnosis.chosen.threads)
-    examples = decision_examples(inputs.env, inputs.scenarios, [r for r in rows if r.split == "train"], store,
-                                 inputs.policy, model)
+    examples = decision_examples(
+        inputs.env, inputs.scenarios, [r for r in rows if r.split == "train"], store, inputs.policy, model
+    )
     return ProposalRequest(
         environment=inputs.env_name,
         goal=inputs.env.config.description,
         policy=inputs.policy,
         new_version=version,
         vocabulary=vocabulary(inputs.env),
-        objective={"train_pass_rate": train_card.pass_rate, "violations": train_card.violations,
-                   "model_calls_per_run": train_card.cost("model_calls"), "k": k,
-                   "goal": inputs.policy.description},
+        objective={
+            "train_pass_rate": train_card.pass_rate,
+            "violations": train_card.violations,
+            "model_calls_per_run": train_card.cost("model_calls"),
+            "k": k,
+            "goal": inputs.policy.description,
+        },
         diagnosis=diagnosis.to_json(),
         examples=[e.to_json() | {"in_cluster": e.thread_id in in_cluster} for e in examples],
     )
@@ -333,7 +378,9 @@ def _propose_and_gate(
     calls = proposal.calls
     repairs = 0
     while True:
-        document = proposal.document if proposal.document is not None else Unparsed("the proposer returned nothing")
+        document = (
+            proposal.document if proposal.document is not None else Unparsed("the proposer returned nothing")
+        )
         gates = run_gates(document, context, source=f"candidate v{request.new_version}")
         if passed(gates):
             say(f"gates: all {len(gates)} pass" + (f" after {repairs} repair(s)" if repairs else ""))
@@ -364,19 +411,27 @@ def _record(
     """CHANGELOG entry, report files, and the pull request of a recommended candidate."""
     report_dir = inputs.space.reports / result.round_id
     report_dir.mkdir(parents=True, exist_ok=True)
-    result.report = str(report_dir.relative_to(inputs.space.root)) if report_dir.is_relative_to(inputs.space.root) else str(report_dir)
+    result.report = (
+        str(report_dir.relative_to(inputs.space.root))
+        if report_dir.is_relative_to(inputs.space.root)
+        else str(report_dir)
+    )
     cards = [base_cards["train"], base_cards["held-out"]]
     if cand_cards:
         cards = [base_cards["train"], cand_cards["train"], base_cards["held-out"], cand_cards["held-out"]]
     body = pr_body(result, cards, verdict, inputs.policy, candidate)
     (report_dir / "scorecard.md").write_text(body, encoding="utf-8")
     if proposal is not None and proposal.document is not None:
-        (report_dir / "policy.json").write_text(json.dumps(proposal.document, indent=2) + "\n", encoding="utf-8")
+        (report_dir / "policy.json").write_text(
+            json.dumps(proposal.document, indent=2) + "\n", encoding="utf-8"
+        )
     record = result.to_json()
     if not result.recommended:
         entry = append_entry(inputs.changelog, inputs.env_name, record)
         (report_dir / "changelog-entry.md").write_text(entry, encoding="utf-8")
-        (report_dir / "round.json").write_text(json.dumps(record, indent=2, default=str) + "\n", encoding="utf-8")
+        (report_dir / "round.json").write_text(
+            json.dumps(record, indent=2, default=str) + "\n", encoding="utf-8"
+        )
         say(f"discarded {result.candidate_version}: recorded in {inputs.changelog}")
         return
     assert candidate is not None and proposal is not None
@@ -387,7 +442,9 @@ def _record(
     changelog_text = inputs.changelog.read_text(encoding="utf-8")
     changelog_text = changelog_text + ("" if changelog_text.endswith("\n") else "\n") + "\n" + entry
     result.pr = _pull_request(inputs, result, policy_text, changelog_text, body, report_dir, opts, say)
-    (report_dir / "round.json").write_text(json.dumps(result.to_json(), indent=2, default=str) + "\n", encoding="utf-8")
+    (report_dir / "round.json").write_text(
+        json.dumps(result.to_json(), indent=2, default=str) + "\n", encoding="utf-8"
+    )
 
 
 def pr_body(
@@ -413,8 +470,15 @@ def pr_body(
         ]
     comparisons = [verdict.train, verdict.held_out] if verdict else []
     lines.append(
-        scorecard_markdown(cards, comparisons, title=f"Scorecard (k = {result.k} runs per scenario, model `{result.model}`)",
-                           old_policy=old if new else None, new_policy=new, decision=verdict, seed=result.seed)
+        scorecard_markdown(
+            cards,
+            comparisons,
+            title=f"Scorecard (k = {result.k} runs per scenario, model `{result.model}`)",
+            old_policy=old if new else None,
+            new_policy=new,
+            decision=verdict,
+            seed=result.seed,
+        )
     )
     if result.gates:
         lines += ["## Gates", "", "| gate | result | detail |", "|---|---|---|"]
@@ -433,7 +497,7 @@ def pr_body(
             *(f"improve replay {t} --verify" for t in sample),
             "```",
             "",
-            f"All {len(result.candidate_threads)} candidate threads: `improve sql \"SELECT * FROM outcomes "
+            f'All {len(result.candidate_threads)} candidate threads: `improve sql "SELECT * FROM outcomes '
             f"WHERE policy_version = '{result.candidate_version}'\"` after `improve ingest traces/`.",
             "",
         ]
@@ -442,8 +506,14 @@ def pr_body(
 
 
 def _pull_request(
-    inputs: Inputs, result: RoundResult, policy_text: str, changelog_text: str, body: str, report_dir: Path,
-    opts: RoundOptions, say: Say,
+    inputs: Inputs,
+    result: RoundResult,
+    policy_text: str,
+    changelog_text: str,
+    body: str,
+    report_dir: Path,
+    opts: RoundOptions,
+    say: Say,
 ) -> dict[str, Any]:
     name = f"v{result.candidate_version.lstrip('v')}.json" if result.candidate_version else "candidate.json"
     policy_file = inputs.policies_dir / name
@@ -456,8 +526,11 @@ def _pull_request(
         # Not a git repository: the files are left in the report for a person to apply.
         (report_dir / name).write_text(policy_text, encoding="utf-8")
         (report_dir / "CHANGELOG.md").write_text(changelog_text, encoding="utf-8")
-        return {"pushed": False, "instructions": f"not a git repository: copy {report_dir / name} to {policy_file} "
-                f"and {report_dir / 'CHANGELOG.md'} to {inputs.changelog}"}
+        return {
+            "pushed": False,
+            "instructions": f"not a git repository: copy {report_dir / name} to {policy_file} "
+            f"and {report_dir / 'CHANGELOG.md'} to {inputs.changelog}",
+        }
     from improve.loop.pr import branch_diff, open_pull_request
 
     branch = f"improve/{inputs.env_name}-{result.candidate_version}"
@@ -465,10 +538,18 @@ def _pull_request(
         str(policy_file.resolve().relative_to(top)): policy_text,
         str(inputs.changelog.resolve().relative_to(top)): changelog_text,
     }
-    title = f"{inputs.env_name}: policy {result.candidate_version}: {(result.rationale or '').split(':')[0][:60]}".rstrip(": ")
+    title = f"{inputs.env_name}: policy {result.candidate_version}: {(result.rationale or '').split(':')[0][:60]}".rstrip(
+        ": "
+    )
     try:
-        pr = open_pull_request(top, branch=branch, files=files, title=title, body=body,
-                               commit_message=f"{title}\n\nProposed by improve round {result.round_id}.")
+        pr = open_pull_request(
+            top,
+            branch=branch,
+            files=files,
+            title=title,
+            body=body,
+            commit_message=f"{title}\n\nProposed by improve round {result.round_id}.",
+        )
     except ImproveError as err:
         say(f"pull request: {err}")
         return {"pushed": False, "error": str(err)}
@@ -491,7 +572,9 @@ def _restore_changelog(repo: Any, changelog: Path, top: Path) -> None:
         changelog.write_text(head_text + ("\n" if not head_text.endswith("\n") else ""), encoding="utf-8")
 
 
-def run_rounds(space: Workspace, opts: RoundOptions, rounds: int, say: Say = lambda m: None) -> list[RoundResult]:
+def run_rounds(
+    space: Workspace, opts: RoundOptions, rounds: int, say: Say = lambda m: None
+) -> list[RoundResult]:
     """Up to `rounds` candidates against the current policy, each aimed at the next cause, until one is
     recommended; stop early after 3 discarded in a row or when the goal already holds."""
     results: list[RoundResult] = []

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -100,9 +101,7 @@ def _get(facts: dict[str, Any], path: str) -> Any:
 def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
     if a.get("type") != b.get("type") or set(a) != set(b):
         return False
-    return all(
-        (_numeric(a[k]) and _numeric(b[k]) and float(a[k]) == float(b[k])) or a[k] == b[k] for k in a
-    )
+    return all((_numeric(a[k]) and _numeric(b[k]) and float(a[k]) == float(b[k])) or a[k] == b[k] for k in a)
 
 
 def _is_correct(option: dict[str, Any], example: dict[str, Any]) -> bool:
@@ -123,8 +122,13 @@ def _actions(targets: Sequence[dict[str, Any]], paths: list[str]) -> dict[Action
             fields = [k for k in option if k != "type"]
             choices: list[list[tuple[str, str]]] = [[]]
             for field in fields:
-                sources = [p for p in paths if _numeric(_get(example["facts"], p))
-                           and _numeric(option[field]) and float(_get(example["facts"], p)) == float(option[field])]
+                sources = [
+                    p
+                    for p in paths
+                    if _numeric(_get(example["facts"], p))
+                    and _numeric(option[field])
+                    and float(_get(example["facts"], p)) == float(option[field])
+                ]
                 choices = [[*c, (field, s)] for c in choices for s in sources]
             for combo in choices:
                 if len(combo) == len(fields):
@@ -150,6 +154,12 @@ def _atoms(examples: Sequence[dict[str, Any]], paths: list[str], forbidden: set[
     return atoms
 
 
+def _foil(p0: int, n0: int, p1: int, n1: int) -> float:
+    if p1 == 0:
+        return float("-inf")
+    return p1 * (math.log2(p1 / (p1 + n1)) - math.log2(p0 / (p0 + n0)))
+
+
 def mine(
     examples: Sequence[dict[str, Any]],
     fact_types: dict[str, str],
@@ -173,7 +183,12 @@ def mine(
         if _numeric(value) and _numeric(got := _get(e["facts"], path)) and float(got) == float(value)
     }
     rules: list[Rule] = []
-    for action, _ in sorted(_actions(targets, paths).items(), key=lambda kv: -kv[1]):
+    # Actions that fix as many failures come first when they are right in more training decisions overall:
+    # REFUND{requested} beats REFUND{refundable} where the two coincide, because it is also right when less
+    # is asked than is left.
+    actions = _actions(targets, paths)
+    overall = {a: sum(_is_correct(a.output(e["facts"]), e) for e in examples) for a in actions}
+    for action in sorted(actions, key=lambda a: (-actions[a], -overall[a], a.describe())):
         good = [e for e in examples if _is_correct(action.output(e["facts"]), e)]
         bad = [e for e in examples if not _is_correct(action.output(e["facts"]), e)]
         aimed = [e for e in targets if _is_correct(action.output(e["facts"]), e)]
@@ -182,22 +197,33 @@ def mine(
         payload_paths: set[Any] = {path for _, path in action.payload} | option_sources
         chosen: list[Atom] = []
         cover_good, cover_bad, cover_aimed = good, bad, aimed
+        if not cover_good:
+            continue
         while cover_bad and len(chosen) < MAX_ATOMS:
             best: tuple[tuple[float, int, int, int, int], Atom] | None = None
+            # FOIL's information gain over the decisions the branch is for (the cluster's failures) against
+            # those where its answer would be wrong: purity gained, weighted by the failures still fixed,
+            # so a broad condition beats a narrow one that happens to be pure (`refundable < 18`).
             for atom in atoms:
                 if atom in chosen:
                     continue
                 a = sum(atom.holds(e["facts"]) for e in cover_aimed)
                 if a == 0:
                     continue
-                g = sum(atom.holds(e["facts"]) for e in cover_good)
+                sum(atom.holds(e["facts"]) for e in cover_good)
                 b = sum(atom.holds(e["facts"]) for e in cover_bad)
                 is_constant = int(not isinstance(atom.right, str) and float(atom.right) in rule_constants)
                 # Ties go to atoms about the facts the answer is made of (`requested > refundable` for a
                 # refund of what is left, rather than a coincidence such as `refunded > 0`), then to the
                 # environment's own thresholds, then to comparisons between facts (scale-free).
                 about_payload = len({atom.left, atom.right} & payload_paths)
-                score = (g / (g + b), a, about_payload, is_constant, int(isinstance(atom.right, str)))
+                score = (
+                    round(_foil(len(cover_aimed), len(cover_bad), a, b), 9),
+                    a,
+                    about_payload,
+                    is_constant,
+                    int(isinstance(atom.right, str)),
+                )
                 if best is None or score > best[0]:
                     best = (score, atom)
             if best is None:
@@ -209,7 +235,9 @@ def mine(
             cover_aimed = [e for e in cover_aimed if atom.holds(e["facts"])]
         if cover_bad or not chosen or not cover_aimed:
             continue
-        constants_used = sum(1 for a in chosen if not isinstance(a.right, str) and float(a.right) in rule_constants)
+        constants_used = sum(
+            1 for a in chosen if not isinstance(a.right, str) and float(a.right) in rule_constants
+        )
         rules.append(Rule(action, tuple(chosen), len(cover_aimed), len(cover_good), constants_used))
     rules.sort(key=lambda r: (-r.fixes, len(r.atoms), -r.constants, r.guard))
     unique: list[Rule] = []
@@ -224,8 +252,10 @@ def add_branch(policy: dict[str, Any], rule: Rule, version: str) -> dict[str, An
     doc = copy.deepcopy(policy)
     doc["version"] = version
     states: dict[str, Any] = doc["states"]
-    base = "answer_" + rule.action.event.lower() + "".join(
-        "_" + path.split(".")[-1].lower() for _, path in rule.action.payload
+    base = (
+        "answer_"
+        + rule.action.event.lower()
+        + "".join("_" + path.split(".")[-1].lower() for _, path in rule.action.payload)
     )
     final = base
     n = 2
@@ -244,8 +274,11 @@ def add_branch(policy: dict[str, Any], rule: Rule, version: str) -> dict[str, An
         initial["choice"].insert(len(initial["choice"]) - 1, branch)
     else:
         name = "route" if "route" not in states else "route_rules"
-        states[name] = {"type": "choice", "description": "Rules before the model.",
-                        "choice": [branch, {"target": doc["initial"]}]}
+        states[name] = {
+            "type": "choice",
+            "description": "Rules before the model.",
+            "choice": [branch, {"target": doc["initial"]}],
+        }
         doc["initial"] = name
     return doc
 
@@ -281,8 +314,11 @@ class RuleMinerProposer:
                 else "no rule over the facts separates the cluster's failed decisions from the correct ones"
             )
         rule = rules[index]
-        document = add_branch(request.policy.model_dump(mode="json", by_alias=True, exclude_none=True), rule,
-                              request.new_version)
+        document = add_branch(
+            request.policy.model_dump(mode="json", by_alias=True, exclude_none=True),
+            rule,
+            request.new_version,
+        )
         rationale = (
             f"When {rule.guard}, answer {rule.action.describe()} without asking the model: it fixes {rule.fixes} "
             f"failed training decision(s) and matches {rule.matches} training decision(s), each of which the labels "

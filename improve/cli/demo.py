@@ -1,0 +1,51 @@
+"""`improve demo`: the refund desk improved round by round in a scratch workspace (what `make demo` runs)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from improve.cli.common import err, handled, out
+
+
+def demo_command(
+    directory: Annotated[Path, typer.Option("--dir", help="Scratch workspace (replaced).")] = Path(
+        "build/demo"
+    ),
+    rounds: Annotated[int, typer.Option("--rounds", min=1, help="Rounds to run at most.")] = 6,
+    k: Annotated[int, typer.Option("--k", min=1, help="Runs per scenario.")] = 3,
+) -> None:
+    """Improve the bundled refund desk from v0, round by round, in a scratch git workspace.
+
+    Between rounds the demo plays the reviewer and merges the recommended branch (printed as the
+    person's step); the tool itself never merges. The repo's own policies/ are not touched.
+
+    Example:
+
+        improve demo --dir build/demo --rounds 6
+    """
+    from improve.demo import run_demo
+
+    with handled():
+        summary = run_demo(directory, rounds=rounds, k=k, say=lambda m: err.print(m, markup=False))
+        promoted = [r for r in summary.rounds if r.status == "recommended"]
+        out.print("\nround summary:", markup=False)
+        from improve.demo import line
+
+        for r in summary.rounds:
+            out.print(f"  {r.round_id}: " + line(r).removeprefix("-> "), markup=False)
+        start = f"{summary.start_held_out:.3f}" if summary.start_held_out is not None else "-"
+        final = f"{summary.final_held_out:.3f}" if summary.final_held_out is not None else "-"
+        out.print(
+            f"\n{len(promoted)} round(s) promoted: {summary.start_version} -> {summary.final_version}; held-out pass rate "
+            f"{start} -> {final}; violations 0 in every replay: "
+            f"{all(r.scores.get('held-out', {}).get('violations_after', 0) == 0 for r in summary.rounds)}",
+            markup=False,
+        )
+        out.print(
+            f"workspace: {summary.workspace} (git log --graph --oneline; reports/*/pr.md; "
+            "policies/refunds/CHANGELOG.md)",
+            markup=False,
+        )

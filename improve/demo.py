@@ -1,0 +1,115 @@
+"""The demo behind `make demo`: the refund desk improved round by round, in a scratch copy.
+
+It copies the example workspace into a scratch directory (a git repository of its own, so the repo's
+own `policies/` stay as committed), shows the v0 baseline and a verified replay, then runs improvement
+rounds with the `naive` stand-in model and the `rules` proposer. Between rounds it plays the reviewer:
+the person's step, printed as such, merges the recommended branch; the next round starts from the
+merged version. The tool itself never merges.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import git
+
+from improve.evals.workspace import Workspace
+from improve.log.replay import replay
+from improve.log.store import JsonlDirStore
+from improve.loop.round import RoundOptions, RoundResult, run_round
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class DemoSummary:
+    rounds: list[RoundResult]
+    start_version: str
+    final_version: str
+    start_held_out: float | None
+    final_held_out: float | None
+    workspace: Path
+
+
+def prepare(target: Path, source: Path = REPO) -> Workspace:
+    """A fresh scratch workspace: improve.toml, scenarios/ and policies/ under git, traces ignored."""
+    if target.exists():
+        shutil.rmtree(target)
+    target.mkdir(parents=True)
+    shutil.copy(source / "improve.toml", target / "improve.toml")
+    shutil.copytree(source / "scenarios", target / "scenarios")
+    shutil.copytree(source / "policies", target / "policies")
+    (target / ".gitignore").write_text("traces/\n.improve/\n", encoding="utf-8")
+    repo = git.Repo.init(target, initial_branch="main")
+    with repo.config_writer() as config:
+        config.set_value("user", "name", "improve demo")
+        config.set_value("user", "email", "demo@example.invalid")
+    repo.index.add([".gitignore", "improve.toml", "scenarios", "policies"])
+    repo.index.commit("The example workspace")
+    return Workspace.load(target / "improve.toml")
+
+
+def merge_as_reviewer(space: Workspace, branch: str, say: Callable[[str], None]) -> None:
+    """The person's step: review and merge the branch (the tool never does this itself)."""
+    repo = git.Repo(space.root)
+    say(f"[person] reviews {branch} and merges it: git merge --no-ff {branch}")
+    repo.git.merge("--no-ff", branch, "-m", f"Merge {branch} (reviewed)")
+
+
+def run_demo(target: Path, rounds: int = 6, k: int = 3, say: Callable[[str], None] = print) -> DemoSummary:
+    space = prepare(target)
+    current = "v0"
+    results: list[RoundResult] = []
+    skip: list[str] = []
+    discarded_in_a_row = 0
+    for number in range(1, rounds + 1):
+        say(f"\n== round {number}: improve round --policy {current} --k {k} --proposer rules ==")
+        result = run_round(
+            space,
+            RoundOptions(policy=current, k=k, model="naive", proposer="rules", skip=skip),
+            say=lambda m: say(f"   {m}"),
+        )
+        results.append(result)
+        say(line(result))
+        if result.status == "recommended" and result.pr and result.candidate_version:
+            merge_as_reviewer(space, str(result.pr.get("branch")), say)
+            current, skip, discarded_in_a_row = result.candidate_version, [], 0
+            continue
+        if result.status in ("blocked", "nothing-to-fix"):
+            break
+        if result.cluster:
+            skip.append(result.cluster)
+        discarded_in_a_row += 1
+        if discarded_in_a_row >= 3:
+            say("3 candidates discarded in a row against the same policy: stopping")
+            break
+    held = [r.scores["held-out"] for r in results if r.scores.get("held-out")]
+    promoted = [r for r in results if r.status == "recommended"]
+    start = held[0]["before"] if held else None
+    final = promoted[-1].scores["held-out"]["after"] if promoted else start
+    return DemoSummary(results, "v0", current, start, final, space.root)
+
+
+def line(r: RoundResult) -> str:
+    held = r.scores.get("held-out")
+    hypothesis = (r.rationale or (r.hypothesis or {}).get("cause") or r.decision_detail or "").split(
+        " without"
+    )[0]
+    if held:
+        return (
+            f"-> {r.candidate_version}: {r.status.upper()} | {hypothesis} | held-out {held['before']:.3f} -> "
+            f"{held['after']:.3f} | violations {held['violations_after']} | model calls/run "
+            f"{held['cost_before']:.2f} -> {held['cost_after']:.2f}"
+        )
+    return f"-> {r.candidate_version or '-'}: {r.status.upper()} | {hypothesis[:160]}"
+
+
+def verified_replay(space: Workspace, thread_id: str) -> str:
+    from improve.examples import load_environment
+
+    env = load_environment("refunds")
+    result = replay(env.machine, JsonlDirStore(space.traces).read(thread_id), verify=True)
+    return f"{thread_id}: {result.final_state} {result.snapshot.output} (every state hash verified, no model called)"
