@@ -61,7 +61,8 @@ class RoundOptions:
     policy: str = "v0"
     k: int | None = None
     model: str = "naive"
-    proposer: str = "rules"
+    proposer: str | Proposer = "rules"
+    """`rules`, `openai`, or a Proposer object (a test seam, and for proposers written elsewhere)."""
     concurrency: int = 8
     executor: Executor | None = None
     openai_model: str | None = None
@@ -183,6 +184,8 @@ def goal_threshold(description: str) -> float | None:
 
 
 def _proposer(opts: RoundOptions, inputs: Inputs) -> Proposer:
+    if not isinstance(opts.proposer, str):
+        return opts.proposer
     if opts.proposer == "rules":
         constants = [v for _, v in _policy_literals(inputs.env.config) if isinstance(v, float)]
         forbidden = scenario_literals(inputs.scenarios).amounts
@@ -218,7 +221,7 @@ def run_round(space: Workspace, opts: RoundOptions, say: Say = lambda m: None) -
         environment=inputs.env_name,
         baseline_version=baseline_label,
         candidate_version=None,
-        proposer=opts.proposer,
+        proposer=opts.proposer if isinstance(opts.proposer, str) else opts.proposer.name,
         model=opts.model,
         k=k,
         seed=objective.seed,

@@ -1,0 +1,365 @@
+"""The improvement round: diagnosis, the rule miner, repairs, a full round on the refund desk (with and
+without a GitHub remote), and a null round that must not be promoted."""
+
+from __future__ import annotations
+
+import copy
+import http.server
+import json
+import shutil
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import git
+import pytest
+from typer.testing import CliRunner
+
+from improve.cli.main import app
+from improve.evals.outcome import OutcomeRow
+from improve.evals.workspace import Workspace
+from improve.loop.diagnose import KINDS, diagnose
+from improve.loop.gates import GateResult
+from improve.loop.proposers import Proposal, ProposalError, ProposalRequest
+from improve.loop.proposers.rules import add_branch, mine
+from improve.loop.round import RoundOptions, next_version, run_round
+from tests.conftest import REPO
+
+
+def row(
+    scenario: str,
+    passed: bool,
+    final: str = "issued",
+    expected: str = "issued",
+    *,
+    run: int = 1,
+    violations: int = 0,
+    attempts: int = 0,
+    calls: int = 1,
+    status: str = "done",
+    split: str = "train",
+) -> OutcomeRow:
+    return OutcomeRow(
+        thread_id=f"{split}:v0:{scenario}:r{run}",
+        scenario=scenario,
+        category=scenario.rsplit("-", 1)[0],
+        split=split,
+        policy_version="v0",
+        run=run,
+        status=status,
+        final_state=final,
+        output=None,
+        expected_outcome=expected,
+        passed=passed,
+        reason="",
+        violations=[{"rule": "approval-required"}] * violations,
+        model_calls=calls,
+        failed_attempts=attempts,
+    )
+
+
+def test_diagnosis_orders_clusters_and_picks_the_largest_effect() -> None:
+    rows = [
+        row("a-1", False, "escalated", "closed"),
+        row("a-2", False, "escalated", "closed"),
+        row("b-1", False, "issued", "escalated"),
+        row("b-1", False, "issued", "escalated", run=2),
+        row("b-2", False, "issued", "escalated"),
+        row("c-1", False, "issued", "issued"),
+        row("d-1", True, attempts=2, calls=3),
+        row("e-1", False, "choosing", "issued", status="budget"),
+        row("f-1", True, split="held-out", final="x"),  # held-out is never read
+    ]
+    result = diagnose(rows, "v0")
+    kinds = [c.kind for c in result.clusters]
+    assert kinds == sorted(kinds, key=KINDS.index)
+    assert result.chosen is not None and result.chosen.id == "wrong-terminal:escalated->issued"
+    assert result.chosen.effect == pytest.approx(3 / 8)
+    assert result.hypothesis is not None and "where the labels expect 'escalated'" in result.hypothesis.cause
+    assert set(result.hypothesis.evidence) == {"train:v0:b-1:r1", "train:v0:b-1:r2", "train:v0:b-2:r1"}
+    assert {c.id for c in result.clusters} >= {
+        "wrong-effect:issued",
+        "guard-rejections:attempts",
+        "loops-and-budget:budget",
+        "cost-hotspot:model-calls",
+    }
+    assert all("f-1" not in c.scenarios for c in result.clusters)
+    # Each round aims at the next cause: skipping the chosen cluster picks the next largest.
+    assert diagnose(rows, "v0", skip=[result.chosen.id]).chosen.id == "wrong-terminal:closed->escalated"  # type: ignore[union-attr]
+
+
+def test_violations_stop_the_round() -> None:
+    result = diagnose([row("a-1", False, violations=1), row("b-1", False, "escalated", "closed")], "v0")
+    assert result.blocked and "a person must fix the environment" in result.blocked and result.chosen is None
+
+
+def example(
+    days: int,
+    refunds: int,
+    answered: str,
+    correct: list[str],
+    in_cluster: bool,
+    passed: bool,
+    scenario: str = "s",
+) -> dict[str, Any]:
+    return {
+        "thread_id": f"train:v0:{scenario}:r1",
+        "scenario": scenario,
+        "facts": {"days": days, "refunds": refunds},
+        "options": [{"type": t} for t in ("REFUND", "CLOSE", "ESCALATE")],
+        "answered": {"type": answered},
+        "correct": [{"type": t} for t in correct],
+        "passed": passed,
+        "in_cluster": in_cluster,
+    }
+
+
+PLANTED = [  # close after 30 days, whatever else; refunds otherwise
+    *(
+        example(d, r, "ESCALATE", ["CLOSE"], True, False, f"late-{d}")
+        for d, r in ((31, 0), (45, 1), (90, 0), (60, 2))
+    ),
+    *(
+        example(d, r, "REFUND", ["REFUND"], False, True, f"ok-{d}")
+        for d, r in ((1, 0), (30, 1), (12, 2), (29, 0))
+    ),
+]
+TYPES = {"facts.days": "int", "facts.refunds": "int"}
+
+
+def test_the_miner_finds_a_planted_rule() -> None:
+    rules = mine(PLANTED, TYPES, constants=[30.0])
+    assert rules, "no rule mined"
+    best = rules[0]
+    assert (best.action.describe(), best.guard, best.fixes) == ("CLOSE", "facts.days > 30", 4)
+    doc = add_branch(json.loads((REPO / "policies" / "refunds" / "v0.json").read_text()), best, "1")
+    assert doc["initial"] == "route" and doc["version"] == "1"
+    assert doc["states"]["route"]["choice"][0] == {"guard": "facts.days > 30", "target": "answer_close"}
+    assert doc["states"]["answer_close"]["output"] == {"type": "'CLOSE'"}
+
+
+def test_the_miner_never_uses_a_scenario_literal_as_threshold() -> None:
+    forbidden = [30.0, 31.0]  # as if both appeared in one scenario only (and 30 were not a rule constant)
+    for rule in mine(PLANTED, TYPES, forbidden=forbidden):
+        assert "30" not in rule.guard and "31" not in rule.guard
+    # ... and refuses when nothing separates the cases without one.
+    assert mine(PLANTED[:1] + PLANTED[4:5], TYPES, forbidden=[1.0, 31.0, 0.0]) == []
+
+
+# --- full rounds on the refund desk -----------------------------------------------------------------------
+
+
+def scratch(tmp_path: Path, remote: Path | None = None) -> Workspace:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    for name in ("improve.toml",):
+        shutil.copy(REPO / name, tmp_path / name)
+    shutil.copytree(REPO / "scenarios", tmp_path / "scenarios")
+    shutil.copytree(REPO / "policies", tmp_path / "policies")
+    (tmp_path / ".gitignore").write_text("traces/\nreports/\n.improve/\n")
+    repo = git.Repo.init(tmp_path, initial_branch="main")
+    with repo.config_writer() as config:
+        config.set_value("user", "name", "t")
+        config.set_value("user", "email", "t@example.invalid")
+    repo.index.add([".gitignore", "improve.toml", "scenarios", "policies"])
+    repo.index.commit("workspace")
+    if remote is not None:
+        git.Repo.init(remote, bare=True)
+        repo.create_remote("origin", "https://github.com/acme/desk.git")
+        with repo.config_writer() as config:
+            config.set_value(f'url "{remote}"', "insteadOf", "https://github.com/acme/desk.git")
+    return Workspace.load(tmp_path / "improve.toml")
+
+
+def test_a_full_round_recommends_and_leaves_a_branch_without_a_token(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("GITHUB_TOKEN", "GH_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    space = scratch(tmp_path)
+    result = run_round(space, RoundOptions(policy="v0", k=2))
+    assert result.status == "recommended", result.decision_detail
+    assert result.candidate_version == "v1" and result.cluster and result.cluster.startswith("wrong-terminal")
+    held = result.scores["held-out"]
+    assert held["after"] > held["before"] and held["violations_after"] == 0
+    assert [g["name"] for g in result.gates][-1] == "overfit" and all(g["ok"] for g in result.gates)
+    repo = git.Repo(tmp_path)
+    branch = "improve/refunds-v1"
+    assert branch in [h.name for h in repo.heads]
+    changed = repo.git.diff("--name-only", "main", branch).split()
+    assert changed == ["policies/refunds/CHANGELOG.md", "policies/refunds/v1.json"]
+    assert repo.active_branch.name == "main" and not repo.is_dirty()
+    assert not (tmp_path / "policies" / "refunds" / "v1.json").exists()  # the working tree stays on v0
+    report = tmp_path / result.report  # type: ignore[operator]
+    for name in ("pr.md", "policy.diff", "scorecard.md", "changelog-entry.md", "round.json", "policy.json"):
+        assert (report / name).exists(), name
+    body = (report / "pr.md").read_text()
+    assert "## Hypothesis" in body and "```mermaid" in body and "improve replay held-out:v1:" in body
+    assert (
+        "| held-out | v1 |" in body and "git push -u origin improve/refunds-v1" in result.pr["instructions"]
+    )  # type: ignore[index]
+    branch_log = repo.git.show(f"{branch}:policies/refunds/CHANGELOG.md")
+    assert "## v1 (recommended)" in branch_log
+    # The candidate's threads are on disk and replay to the recorded states.
+    replay = CliRunner().invoke(app, ["replay", "-w", str(tmp_path), result.candidate_threads[0], "--verify"])
+    assert replay.exit_code == 0, replay.output
+
+
+class _FakeGitHub(http.server.BaseHTTPRequestHandler):
+    requests: list[tuple[str, str, dict[str, Any]]] = []
+
+    def _send(self, code: int, body: Any) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        self.requests.append(("GET", self.path, {}))
+        base = f"http://127.0.0.1:{self.server.server_address[1]}"
+        if self.path.startswith("/repos/acme/desk/pulls"):
+            self._send(200, [])
+        else:
+            self._send(
+                200,
+                {
+                    "id": 1,
+                    "name": "desk",
+                    "full_name": "acme/desk",
+                    "url": f"{base}/repos/acme/desk",
+                    "owner": {"login": "acme"},
+                    "default_branch": "main",
+                },
+            )
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.requests.append(("POST", self.path, body | {"auth": self.headers.get("Authorization")}))
+        self._send(
+            201,
+            {
+                "number": 7,
+                "html_url": "https://github.com/acme/desk/pull/7",
+                "state": "open",
+                "title": body["title"],
+                "body": body["body"],
+                "head": {"ref": body["head"]},
+                "base": {"ref": body["base"]},
+            },
+        )
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def fake_github() -> Iterator[str]:
+    _FakeGitHub.requests = []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _FakeGitHub)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_a_round_with_a_remote_and_token_pushes_and_opens_the_pr(
+    tmp_path: Path, fake_github: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GITHUB_TOKEN", "ghp_secret_token_value")
+    monkeypatch.setenv("GITHUB_API_URL", fake_github)
+    space = scratch(tmp_path / "ws", remote=tmp_path / "remote.git")
+    result = run_round(space, RoundOptions(policy="v0", k=1))
+    assert result.status == "recommended", result.decision_detail
+    assert result.pr and result.pr["pushed"] and result.pr["pr_number"] == 7
+    posts = [r for r in _FakeGitHub.requests if r[0] == "POST"]
+    assert len(posts) == 1
+    _, path, body = posts[0]
+    assert (
+        path == "/repos/acme/desk/pulls" and body["head"] == "improve/refunds-v1" and body["base"] == "main"
+    )
+    assert body["auth"] == "token ghp_secret_token_value"
+    assert "## Scorecard" in body["body"] and "ghp_secret_token_value" not in body["body"]
+    remote_branches = subprocess.run(
+        ["git", "-C", str(tmp_path / "remote.git"), "branch"], capture_output=True, text=True, check=True
+    ).stdout
+    assert "improve/refunds-v1" in remote_branches
+    for file in (tmp_path / "ws" / "reports").rglob("*"):
+        if file.is_file():
+            assert "ghp_secret_token_value" not in file.read_text()
+
+
+class _SameBehaviour:
+    """A candidate that changes nothing but the version: it must never be promoted."""
+
+    name = "null"
+
+    def propose(self, request: ProposalRequest) -> Proposal:
+        doc = request.policy.model_dump(mode="json", by_alias=True, exclude_none=True)
+        doc["version"] = request.new_version
+        doc["states"]["ask_model"]["description"] = "the same behaviour, reworded"
+        return Proposal(document=doc, rationale="no behavioural change", proposer=self.name)
+
+    def repair(self, request: ProposalRequest, previous: Proposal, failure: GateResult) -> Proposal:
+        raise ProposalError("nothing to repair")
+
+
+def test_a_null_round_is_not_promoted(tmp_path: Path) -> None:
+    space = scratch(tmp_path)
+    result = run_round(space, RoundOptions(policy="v0", k=2, proposer=_SameBehaviour()))
+    assert result.status == "discarded"
+    assert "held-out gain: FAIL" in result.decision_detail
+    assert result.scores["held-out"]["mean_diff"] == 0
+    changelog = (tmp_path / "policies" / "refunds" / "CHANGELOG.md").read_text()
+    assert "## v1 (discarded)" in changelog
+    assert (
+        next_version(space.policies_dir("refunds"), tmp_path / "policies" / "refunds" / "CHANGELOG.md") == "2"
+    )
+
+
+class _AlwaysInvalid:
+    name = "broken"
+
+    def __init__(self) -> None:
+        self.repairs: list[str] = []
+
+    def _doc(self, request: ProposalRequest) -> dict[str, Any]:
+        doc = copy.deepcopy(request.policy.model_dump(mode="json", by_alias=True, exclude_none=True))
+        doc["version"] = request.new_version
+        doc["states"]["route"] = {
+            "type": "choice",
+            "choice": [{"guard": "facts.customer.vip", "target": "escalate"}, {"target": "ask_model"}],
+        }
+        doc["initial"] = "route"
+        return doc
+
+    def propose(self, request: ProposalRequest) -> Proposal:
+        return Proposal(document=self._doc(request), rationale="vip", proposer=self.name)
+
+    def repair(self, request: ProposalRequest, previous: Proposal, failure: GateResult) -> Proposal:
+        self.repairs.append(failure.detail)
+        return Proposal(document=self._doc(request), rationale="vip again", proposer=self.name)
+
+
+def test_repairs_stop_at_three_with_the_gate_detail_fed_back(tmp_path: Path) -> None:
+    space = scratch(tmp_path)
+    proposer = _AlwaysInvalid()
+    result = run_round(space, RoundOptions(policy="v0", k=1, proposer=proposer))
+    assert result.status == "discarded" and result.repairs == 3
+    assert len(proposer.repairs) == 3 and all(
+        "unknown fact path 'facts.customer.vip'" in d for d in proposer.repairs
+    )
+    assert result.scores == {} and result.candidate_threads == []  # never replayed
+    assert "did not pass the gates after 3 repair(s): vocabulary" in result.decision_detail
+
+
+def test_locate_names_what_is_missing(tmp_path: Path) -> None:
+    space = scratch(tmp_path)
+    (tmp_path / "policies" / "refunds" / "CHANGELOG.md").unlink()
+    (tmp_path / "scenarios" / "refunds.yaml").unlink()
+    result = CliRunner().invoke(app, ["round", "-w", str(tmp_path), "--policy", "v0"])
+    assert result.exit_code == 2
+    assert "the scenarios and split" in result.stderr and "the policy history" in result.stderr
+    assert space.root == tmp_path.resolve()
