@@ -11,7 +11,7 @@ import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import git
 import pytest
@@ -207,7 +207,7 @@ def test_a_full_round_recommends_and_leaves_a_branch_without_a_token(
 
 
 class _FakeGitHub(http.server.BaseHTTPRequestHandler):
-    requests: list[tuple[str, str, dict[str, Any]]] = []
+    requests: ClassVar[list[tuple[str, str, dict[str, Any]]]] = []
 
     def _send(self, code: int, body: Any) -> None:
         data = json.dumps(body).encode()
