@@ -10,6 +10,7 @@ from pathlib import Path
 
 from bench.explore_bench import explore_figures
 from bench.replay_bench import replay_figures
+from bench.round_bench import round_figures
 from bench.warehouse_bench import warehouse_figures
 
 
@@ -18,7 +19,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=20_000, help="threads in the replay corpus")
     parser.add_argument("--repeat", type=int, default=3, help="timed repetitions (medians reported)")
     parser.add_argument("--ingest-threads", type=int, default=20_000, help="threads in the ingest corpus")
-    parser.add_argument("--only", choices=["replay", "warehouse", "explore"], help="run one section")
+    parser.add_argument("--only", choices=["replay", "warehouse", "explore", "round"], help="run one section")
     args = parser.parse_args()
     figures: dict[str, object] = {"machine": {"cores": __import__("os").cpu_count()}}
     with tempfile.TemporaryDirectory(prefix="improve-bench-") as tmp:
@@ -28,6 +29,9 @@ def main() -> None:
         if args.only in (None, "explore"):
             print("bench: exploration proof ...", file=sys.stderr)
             figures["explore"] = explore_figures(args.repeat)
+        if args.only in (None, "round"):
+            print("bench: one improvement round, then with a 200 ms model at concurrency 1, 8, 32 ...", file=sys.stderr)
+            figures["round"] = round_figures(Path(tmp))
         if args.only in (None, "warehouse"):
             print(f"bench: ingest of {args.ingest_threads} threads ...", file=sys.stderr)
             figures["warehouse"] = warehouse_figures(Path(tmp), args.ingest_threads, args.repeat)

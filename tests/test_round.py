@@ -363,3 +363,23 @@ def test_locate_names_what_is_missing(tmp_path: Path) -> None:
     assert result.exit_code == 2
     assert "the scenarios and split" in result.stderr and "the policy history" in result.stderr
     assert space.root == tmp_path.resolve()
+
+
+def test_runs_on_a_process_pool_equal_runs_in_threads(tmp_path: Path) -> None:
+    from concurrent.futures import ProcessPoolExecutor
+
+    from improve.evals.scenarios import load_scenarios
+    from improve.evals.suite import SuiteSpec, run_suite
+    from improve.examples import load_environment
+    from improve.log.store import JsonlDirStore
+    from improve.runtime.policy import load_policy
+
+    env = load_environment("refunds")
+    scenarios = load_scenarios(REPO / "scenarios" / "refunds.yaml").split("held-out")[:6]
+    spec = SuiteSpec(load_policy(REPO / "policies" / "refunds" / "v0.json"), "sloppy", 2)
+    threads = run_suite(env, scenarios, spec, JsonlDirStore(tmp_path / "a"), concurrency=4)
+    with ProcessPoolExecutor(max_workers=2) as pool:
+        processes = run_suite(env, scenarios, spec, JsonlDirStore(tmp_path / "b"), executor=pool)
+    key = [(r.thread_id, r.final_state, r.passed, r.model_calls, r.failed_attempts) for r in threads]
+    assert key == [(r.thread_id, r.final_state, r.passed, r.model_calls, r.failed_attempts) for r in processes]
+    assert len(key) == 12

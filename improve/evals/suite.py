@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from concurrent.futures import Executor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -168,16 +168,19 @@ async def _run_concurrently(
 ) -> None:
     gate = asyncio.Semaphore(cap)
     finished = 0
+    loop = asyncio.get_running_loop()
+    # Our own pool: asyncio's default one has min(32, cores + 4) threads, which would cap the overlap.
+    with ThreadPoolExecutor(max_workers=cap, thread_name_prefix="improve-run") as pool:
 
-    async def one(scenario: Scenario, n: int) -> None:
-        nonlocal finished
-        async with gate:
-            await asyncio.to_thread(_run_one, env, policy, scenario, spec, n, store)
-        finished += 1
-        if ran:
-            ran(finished, len(todo))
+        async def one(scenario: Scenario, n: int) -> None:
+            nonlocal finished
+            async with gate:
+                await loop.run_in_executor(pool, _run_one, env, policy, scenario, spec, n, store)
+            finished += 1
+            if ran:
+                ran(finished, len(todo))
 
-    await asyncio.gather(*(one(sc, n) for sc, n in todo))
+        await asyncio.gather(*(one(sc, n) for sc, n in todo))
 
 
 def _reusable(env: Environment, store: Store, thread_id: str, stamp: dict[str, Any]) -> bool:

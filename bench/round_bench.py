@@ -1,0 +1,51 @@
+"""Wall time of one full round on the refund desk (k=3), and the same round with a model that sleeps
+200 ms per call at concurrency 1, 8 and 32: waiting on models must overlap."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.corpus import REPO
+from improve.evals.workspace import Workspace
+from improve.loop.round import RoundOptions, run_round
+
+SLEEPY = "bench.sleepy:environment"
+
+
+def _workspace(target: Path, env: str) -> Workspace:
+    if target.exists():
+        shutil.rmtree(target)
+    target.mkdir(parents=True)
+    shutil.copytree(REPO / "scenarios", target / "scenarios")
+    shutil.copytree(REPO / "policies", target / "policies")
+    (target / "improve.toml").write_text(
+        f'[workspace]\nenvironment = "{env}"\n\n[environments."{env}"]\n'
+        'scenarios = "scenarios/refunds.yaml"\npolicies = "policies/refunds"\n\n[objective]\nk = 3\n',
+        encoding="utf-8",
+    )
+    return Workspace.load(target / "improve.toml")
+
+
+def _round(target: Path, env: str, model: str, concurrency: int) -> dict[str, Any]:
+    space = _workspace(target, env)
+    start = time.perf_counter()
+    result = run_round(space, RoundOptions(env=env, policy="v0", k=3, model=model, concurrency=concurrency))
+    return {"seconds": round(time.perf_counter() - start, 2), "status": result.status,
+            "held_out": result.scores.get("held-out", {}).get("after")}
+
+
+def round_figures(tmp: Path, concurrencies: tuple[int, ...] = (1, 8, 32)) -> dict[str, Any]:
+    plain = _round(tmp / "plain", "refunds", "naive", 8)
+    sleepy = {c: _round(tmp / f"sleepy-{c}", SLEEPY, "sleepy", c) for c in concurrencies}
+    base = sleepy[concurrencies[0]]["seconds"]
+    return {
+        "round_k3_seconds": plain["seconds"],
+        "round_status": plain["status"],
+        "sleepy_200ms": {str(c): r["seconds"] for c, r in sleepy.items()},
+        "speedup_vs_concurrency_1": {str(c): round(base / r["seconds"], 1) for c, r in sleepy.items()},
+        "note": "one round = baseline on both splits + candidate on train and held-out, k=3 (about 440 runs, "
+        "one model call each at most); the sleepy model waits 200 ms per call",
+    }
