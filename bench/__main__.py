@@ -30,7 +30,10 @@ def main() -> None:
             print("bench: exploration proof ...", file=sys.stderr)
             figures["explore"] = explore_figures(args.repeat)
         if args.only in (None, "round"):
-            print("bench: one improvement round, then with a 200 ms model at concurrency 1, 8, 32 ...", file=sys.stderr)
+            print(
+                "bench: one improvement round, then with a 200 ms model at concurrency 1, 8, 32 ...",
+                file=sys.stderr,
+            )
             figures["round"] = round_figures(Path(tmp))
         if args.only in (None, "warehouse"):
             print(f"bench: ingest of {args.ingest_threads} threads ...", file=sys.stderr)

@@ -33,8 +33,11 @@ def _round(target: Path, env: str, model: str, concurrency: int) -> dict[str, An
     space = _workspace(target, env)
     start = time.perf_counter()
     result = run_round(space, RoundOptions(env=env, policy="v0", k=3, model=model, concurrency=concurrency))
-    return {"seconds": round(time.perf_counter() - start, 2), "status": result.status,
-            "held_out": result.scores.get("held-out", {}).get("after")}
+    return {
+        "seconds": round(time.perf_counter() - start, 2),
+        "status": result.status,
+        "held_out": result.scores.get("held-out", {}).get("after"),
+    }
 
 
 def round_figures(tmp: Path, concurrencies: tuple[int, ...] = (1, 8, 32)) -> dict[str, Any]:

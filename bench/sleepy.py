@@ -27,5 +27,8 @@ class Sleepy:
 def environment() -> Environment:
     env = refunds()
     naive = env.models["naive"]
-    return replace(env, name="bench.sleepy:environment",
-                   models={**env.models, "sleepy": lambda seed: Sleepy(naive(seed), DELAY_SECONDS)})
+    return replace(
+        env,
+        name="bench.sleepy:environment",
+        models={**env.models, "sleepy": lambda seed: Sleepy(naive(seed), DELAY_SECONDS)},
+    )

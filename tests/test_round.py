@@ -381,5 +381,25 @@ def test_runs_on_a_process_pool_equal_runs_in_threads(tmp_path: Path) -> None:
     with ProcessPoolExecutor(max_workers=2) as pool:
         processes = run_suite(env, scenarios, spec, JsonlDirStore(tmp_path / "b"), executor=pool)
     key = [(r.thread_id, r.final_state, r.passed, r.model_calls, r.failed_attempts) for r in threads]
-    assert key == [(r.thread_id, r.final_state, r.passed, r.model_calls, r.failed_attempts) for r in processes]
+    assert key == [
+        (r.thread_id, r.final_state, r.passed, r.model_calls, r.failed_attempts) for r in processes
+    ]
     assert len(key) == 12
+
+
+def test_round_cli_appends_the_scorecard_to_the_github_step_summary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("GITHUB_TOKEN", "GH_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    summary = tmp_path / "summary.md"
+    monkeypatch.setenv("GITHUB_ACTIONS", "true")
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    scratch(tmp_path / "ws")
+    result = CliRunner().invoke(
+        app, ["round", "-w", str(tmp_path / "ws"), "--policy", "v0", "--k", "1", "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["rounds"][0]["status"] == "recommended"
+    assert "### Promotion rule: **recommend**" in summary.read_text()

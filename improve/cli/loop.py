@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -21,7 +22,7 @@ from improve.evals.suite import SuiteSpec, run_suite
 from improve.evals.workspace import policy_label
 from improve.log.store import JsonlDirStore
 from improve.loop.diagnose import diagnose
-from improve.loop.round import RoundOptions, locate, run_rounds
+from improve.loop.round import RoundOptions, RoundResult, locate, run_rounds
 
 EnvOption = typer.Option("--env", "-e", help="Environment (default from improve.toml).")
 
@@ -95,8 +96,23 @@ def round_command(
                     )
                 if r.report:
                     out.print(f"  report: {r.report}", markup=False)
+        _step_summary(space.root, results)
         if not any(r.status in ("recommended", "nothing-to-fix") for r in results):
             raise typer.Exit(EXIT_FAILED)
+
+
+def _step_summary(root: Path, results: list[RoundResult]) -> None:
+    """Under GitHub Actions, append each round's scorecard to the job summary."""
+    target = os.environ.get("GITHUB_STEP_SUMMARY")
+    if os.environ.get("GITHUB_ACTIONS") != "true" or not target:
+        return
+    with open(target, "a", encoding="utf-8") as summary:
+        for r in results:
+            scorecard = root / r.report / "scorecard.md" if r.report else None
+            if scorecard is not None and scorecard.exists():
+                summary.write(scorecard.read_text(encoding="utf-8") + "\n")
+            else:
+                summary.write(f"### {r.round_id}: {r.status}\n\n{r.decision_detail}\n\n")
 
 
 def diagnose_command(
