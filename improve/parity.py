@@ -43,7 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from improve.errors import ImproveError, RunError, WorkspaceError
 from improve.evals.outcome import OutcomeRow, compare_effects
-from improve.evals.scenarios import Scenario
+from improve.evals.scenarios import Scenario, read_yaml
 from improve.evals.suite import SuiteSpec, run_suite
 from improve.evals.workspace import Workspace, policy_hash
 from improve.log.entry import LogEntry
@@ -456,16 +456,7 @@ def _entry_lines(text: str) -> list[int]:
 
 def load_reviewed(path: Path, env: Environment, scenario_ids: Sequence[str]) -> Reviewed:
     """Read and validate a reviewed-differences file; every error names the file, entry and field."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise WorkspaceError(f"{path}: no such reviewed-differences file") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
-        raise WorkspaceError(f"{where}: invalid YAML: {getattr(err, 'problem', err)}") from None
+    text, data = read_yaml(path, WorkspaceError, "reviewed-differences file")
     if data is None:
         return Reviewed(path, [])
     if not isinstance(data, dict):

@@ -53,3 +53,4 @@ WorkspaceOption = typer.Option(
     "--workspace", "-w", help="Workspace directory (default: nearest improve.toml)."
 )
 JsonOption = typer.Option("--json", help="Print exactly one JSON document on stdout.")
+EnvOption = typer.Option("--env", "-e", help="Environment (default from improve.toml).")

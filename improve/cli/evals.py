@@ -11,6 +11,7 @@ from rich.table import Table
 
 from improve.cli.common import (
     EXIT_FAILED,
+    EnvOption,
     JsonOption,
     WorkspaceOption,
     emit_json,
@@ -28,8 +29,6 @@ from improve.evals.workspace import policy_label
 from improve.examples import load_environment
 from improve.log.store import JsonlDirStore
 from improve.machine.rules import run_rule_evals, uncovered
-
-EnvOption = typer.Option("--env", "-e", help="Environment (default from improve.toml).")
 
 
 def score_command(

@@ -10,6 +10,7 @@ import typer
 
 from improve.cli.common import (
     EXIT_FAILED,
+    EnvOption,
     JsonOption,
     WorkspaceOption,
     emit_json,
@@ -23,8 +24,6 @@ from improve.evals.workspace import policy_label
 from improve.log.store import JsonlDirStore
 from improve.loop.diagnose import diagnose
 from improve.loop.round import RoundOptions, RoundResult, locate, run_rounds
-
-EnvOption = typer.Option("--env", "-e", help="Environment (default from improve.toml).")
 
 
 def round_command(

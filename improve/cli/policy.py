@@ -11,6 +11,7 @@ from rich.table import Table
 
 from improve.cli.common import (
     EXIT_FAILED,
+    EnvOption,
     JsonOption,
     WorkspaceOption,
     emit_json,
@@ -31,7 +32,6 @@ from improve.machine.explore import ExploreOptions, can_reach, explore_paths
 from improve.runtime.environment import Environment
 from improve.runtime.vocabulary import vocabulary
 
-EnvOption = typer.Option("--env", "-e", help="Environment (default from improve.toml).")
 LOCK_NAME = "environment.lock.json"
 
 

@@ -25,7 +25,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from improve.errors import ScenarioError
+from improve.errors import ConfigError, ScenarioError
 
 SPLITS = ("train", "held-out")
 Split = Literal["train", "held-out"]
@@ -88,18 +88,23 @@ def _item_lines(text: str) -> list[int]:
     return []
 
 
-def load_scenarios(path: Path) -> ScenarioSet:
-    """Read and validate a scenario file; ids must be unique."""
+def read_yaml(path: Path, error: type[ConfigError], what: str) -> tuple[str, Any]:
+    """The text and the decoded document of a YAML file; a syntax error names the line and column."""
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise ScenarioError(f"{path}: no such scenario file") from None
+        raise error(f"{path}: no such {what}") from None
     try:
-        data = yaml.safe_load(text)
+        return text, yaml.safe_load(text)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
-        raise ScenarioError(f"{where}: invalid YAML: {getattr(err, 'problem', err)}") from None
+        raise error(f"{where}: invalid YAML: {getattr(err, 'problem', err)}") from None
+
+
+def load_scenarios(path: Path) -> ScenarioSet:
+    """Read and validate a scenario file; ids must be unique."""
+    text, data = read_yaml(path, ScenarioError, "scenario file")
     if not isinstance(data, dict) or "scenarios" not in data:
         raise ScenarioError(f"{path}: expected a mapping with `environment` and a `scenarios` list")
     lines = _item_lines(text)
