@@ -323,12 +323,13 @@ def _settle(machine: Machine, value: str, context: dict[str, Any], inp: Any, eve
     visited = [value]
     for _ in range(MAX_MICROSTEPS):
         state = machine.states[value]
-        scope = _scope(context, event, inp)
         if state.final:
+            scope = _scope(context, event, inp)
             output = evaluate_tree(state.output, scope) if state.output is not None else None
             return Snapshot(value=value, context=context, status="done", input=inp, output=output)
         branches = state.choice or state.always
         if branches:
+            scope = _scope(context, event, inp)
             t = _select(machine, branches, scope, context, event)
             if t is None and state.choice:
                 raise MachineError(
@@ -340,7 +341,8 @@ def _settle(machine: Machine, value: str, context: dict[str, Any], inp: Any, eve
                     value = t.target
                     visited.append(value)
                     continue
-        invocation = _invocation(state, _scope(context, event, inp))
+        # The owed actor's input is evaluated lazily; its scope is built only when a state invokes.
+        invocation = _invocation(state, _scope(context, event, inp)) if state.invoke is not None else None
         return Snapshot(value=value, context=context, status="active", input=inp, invoke=invocation)
     raise MachineError(
         f"eventless transitions did not settle after {MAX_MICROSTEPS} steps: {' -> '.join(visited[-8:])}"
