@@ -20,7 +20,7 @@ from improve.evals.scenarios import Scenario, load_scenarios
 from improve.evals.workspace import Workspace
 from improve.examples import BUNDLED, load_environment
 from improve.log.entry import LogEntry, ThreadId
-from improve.log.replay import gc_paused, replay
+from improve.log.replay import gc_paused
 from improve.runtime.environment import Environment
 from improve.warehouse.store import COLUMNS, row_entry
 
@@ -119,11 +119,8 @@ def _replay_pending(
         parsed = ThreadId.parse(thread_id)
         scenario = scenario_sets[env.config.id].get(parsed.scenario) if parsed else None
         try:
-            if scenario is not None:
-                scored = outcome_row(env, scenario, thread_id, entries)
-                report.scored += 1
-            else:
-                scored = _unscored(env, thread_id, entries)
+            scored = outcome_row(env, scenario, thread_id, entries)
+            report.scored += scenario is not None
         except ImproveError as err:
             report.failed += 1
             assert report.errors is not None
@@ -134,33 +131,6 @@ def _replay_pending(
         report.replayed += 1
         if progress and done % 500 == 0:
             progress(done, len(pending))
-
-
-def _unscored(env: Environment, thread_id: str, entries: list[LogEntry]) -> OutcomeRow:
-    result = replay(env.machine, entries)
-    parsed = ThreadId.parse(thread_id)
-    state = env.machine.states[result.snapshot.value]
-    violations = [{"rule": "sentinel", "state": result.snapshot.value}] if state.config.is_sentinel else []
-    return OutcomeRow(
-        thread_id=thread_id,
-        scenario=parsed.scenario if parsed else "",
-        category="",
-        split=parsed.split if parsed else "",
-        policy_version=parsed.policy_version if parsed else "",
-        run=parsed.run if parsed else 0,
-        status=result.status,
-        final_state=result.final_state,
-        output=result.snapshot.output,
-        expected_outcome="",
-        passed=False,
-        reason="no labelled scenario for this thread",
-        violations=violations,
-        steps=result.steps,
-        model_calls=result.model_calls,
-        input_tokens=result.input_tokens,
-        output_tokens=result.output_tokens,
-        failed_attempts=result.failed_attempts,
-    )
 
 
 def _row(env: Environment, r: OutcomeRow, entries: int, scored: bool) -> tuple[Any, ...]:

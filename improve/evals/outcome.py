@@ -94,12 +94,13 @@ def compare_effects(
 
 
 def outcome_row(
-    env: Environment, scenario: Scenario, thread_id: str, entries: Sequence[LogEntry]
+    env: Environment, scenario: Scenario | None, thread_id: str, entries: Sequence[LogEntry]
 ) -> OutcomeRow:
-    """Replay one thread and score it against the scenario's labels."""
+    """Replay one thread and score it against the scenario's labels (unscored when `scenario` is None:
+    `passed` is False and the reason says there is no label)."""
     result = replay(env.machine, entries)
     effects = effects_from_log(entries)
-    violations = env.make_world(scenario.world).audit(effects)
+    violations = env.make_world(scenario.world if scenario else {}).audit(effects)
     snapshot = result.snapshot
     state = env.machine.states[snapshot.value]
     if state.config.is_sentinel:
@@ -108,30 +109,33 @@ def outcome_row(
             *violations,
         ]
     reasons = []
-    if result.status != "done":
-        reasons.append(f"run ended {result.status} in '{snapshot.value}'")
-    if snapshot.value != scenario.expected.outcome:
-        reasons.append(f"ended in '{snapshot.value}', expected '{scenario.expected.outcome}'")
-    if scenario.expected.effects is not None:
-        diff = compare_effects(effects, scenario.expected.effects, env.effect_text_fields)
-        if diff.missing:
-            reasons.append(f"missing effects {', '.join(diff.missing)}")
-        if diff.unexpected:
-            reasons.append(f"unexpected effects {', '.join(diff.unexpected)}")
+    if scenario is None:
+        reasons.append("no labelled scenario for this thread")
+    else:
+        if result.status != "done":
+            reasons.append(f"run ended {result.status} in '{snapshot.value}'")
+        if snapshot.value != scenario.expected.outcome:
+            reasons.append(f"ended in '{snapshot.value}', expected '{scenario.expected.outcome}'")
+        if scenario.expected.effects is not None:
+            diff = compare_effects(effects, scenario.expected.effects, env.effect_text_fields)
+            if diff.missing:
+                reasons.append(f"missing effects {', '.join(diff.missing)}")
+            if diff.unexpected:
+                reasons.append(f"unexpected effects {', '.join(diff.unexpected)}")
     if violations:
         reasons.append(f"{len(violations)} violation(s): {', '.join(v['rule'] for v in violations)}")
     parsed = ThreadId.parse(thread_id)
     return OutcomeRow(
         thread_id=thread_id,
-        scenario=scenario.id,
-        category=scenario.category,
+        scenario=scenario.id if scenario else (parsed.scenario if parsed else ""),
+        category=scenario.category if scenario else "",
         split=parsed.split if parsed else str(result.stamp.get("split", "")),
         policy_version=parsed.policy_version if parsed else str(result.stamp.get("policyVersion", "")),
         run=parsed.run if parsed else int(result.stamp.get("run", 1)),
         status=result.status,
         final_state=snapshot.value,
         output=snapshot.output,
-        expected_outcome=scenario.expected.outcome,
+        expected_outcome=scenario.expected.outcome if scenario else "",
         passed=not reasons,
         reason="; ".join(reasons) if reasons else "outcome and effects as labelled",
         effects=effects,

@@ -22,9 +22,10 @@ from improve.log.entry import ThreadId
 from improve.log.replay import gc_paused, replay
 from improve.log.store import JsonlDirStore, Store
 from improve.machine import MachineConfig
+from improve.runtime.decision import Decider
 from improve.runtime.environment import Environment
 from improve.runtime.policy import PolicyDecider, compile_policy
-from improve.runtime.run import DEFAULT_MAX_MODEL_CALLS, run
+from improve.runtime.run import DEFAULT_MAX_MODEL_CALLS, RunResult, run
 
 Progress = Callable[[int, int, OutcomeRow, bool], None]
 """Called after each run: (done, total, row, reused)."""
@@ -86,6 +87,29 @@ def execute_job(job: RunJob) -> str:
     return job.spec.thread_id(job.scenario, job.run_number)
 
 
+def run_scenario(
+    env: Environment,
+    scenario: Scenario,
+    decider: Decider,
+    store: Store,
+    thread_id: str,
+    stamp: dict[str, Any] | None = None,
+    max_model_calls: int = DEFAULT_MAX_MODEL_CALLS,
+) -> RunResult:
+    """One run of a scenario: its input, a fresh world from its fixture, its people script."""
+    return run(
+        env,
+        input=scenario.input,
+        world=env.make_world(scenario.world),
+        people=scenario.people,
+        decider=decider,
+        store=store,
+        thread_id=thread_id,
+        stamp=stamp,
+        max_model_calls=max_model_calls,
+    )
+
+
 def _run_one(
     env: Environment, policy: Any, scenario: Scenario, spec: SuiteSpec, run_number: int, store: Store
 ) -> None:
@@ -94,17 +118,9 @@ def _run_one(
         store.delete(thread_id)
     # A fresh model per run, seeded by scenario and run: reproducible, and runs differ.
     model = env.models[spec.model](f"{scenario.id}:r{run_number}")
-    run(
-        env,
-        input=scenario.input,
-        world=env.make_world(scenario.world),
-        people=scenario.people,
-        decider=PolicyDecider(policy, {"decider": model}, env.judgments),
-        store=store,
-        thread_id=thread_id,
-        stamp=spec.stamp(env, scenario, run_number),
-        max_model_calls=spec.max_model_calls,
-    )
+    decider = PolicyDecider(policy, {"decider": model}, env.judgments)
+    stamp = spec.stamp(env, scenario, run_number)
+    run_scenario(env, scenario, decider, store, thread_id, stamp, spec.max_model_calls)
 
 
 def run_suite(

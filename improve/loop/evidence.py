@@ -17,6 +17,7 @@ from typing import Any
 
 from improve.evals.outcome import OutcomeRow, outcome_row
 from improve.evals.scenarios import Scenario
+from improve.evals.suite import run_scenario
 from improve.log.entry import ThreadId
 from improve.log.store import MemoryStore, Store
 from improve.loop.probes import requests_in
@@ -24,7 +25,6 @@ from improve.machine import MachineConfig, canonical_json
 from improve.runtime.decision import Decision, DecisionRequest
 from improve.runtime.environment import Environment
 from improve.runtime.policy import PolicyDecider, compile_policy
-from improve.runtime.run import run
 
 
 @dataclass(frozen=True)
@@ -128,15 +128,7 @@ def _correct_options(
         decider = _Counterfactual(
             _key(request), option, PolicyDecider(policy, {"decider": env.models[model](seed)}, env.judgments)
         )
-        run(
-            env,
-            input=scenario.input,
-            world=env.make_world(scenario.world),
-            people=scenario.people,
-            decider=decider,
-            store=store,
-            thread_id=thread,
-        )
+        run_scenario(env, scenario, decider, store, thread)
         if outcome_row(env, scenario, thread, store.read(thread)).passed:
             good.append(dict(option))
     return good

@@ -11,13 +11,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from improve.evals.scenarios import Scenario
+from improve.evals.suite import run_scenario
 from improve.log.entry import INIT_EVENT, USAGE_EVENT, LogEntry, ThreadId
 from improve.log.store import MemoryStore, Store
 from improve.machine import DECIDE_SRC, Snapshot, canonical_json, initial, transition
 from improve.runtime.decision import Decision, DecisionRequest, build_request
 from improve.runtime.environment import Environment
 from improve.runtime.policy import PolicyDecider, compile_policy
-from improve.runtime.run import run
 
 PROBE_MODEL = "careful"
 
@@ -84,15 +84,7 @@ def probe_requests(
             decider = _Recorder(
                 PolicyDecider(compile_policy(v0), {"decider": env.models[PROBE_MODEL](scenario.id)})
             )
-            run(
-                env,
-                input=scenario.input,
-                world=env.make_world(scenario.world),
-                people=scenario.people,
-                decider=decider,
-                store=MemoryStore(),
-                thread_id=f"probe:v0:{scenario.id}:r1",
-            )
+            run_scenario(env, scenario, decider, MemoryStore(), f"probe:v0:{scenario.id}:r1")
             found = decider.requests
         for request in found:
             key = canonical_json([request.name, request.facts, request.options])
