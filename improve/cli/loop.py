@@ -52,9 +52,11 @@ def round_command(
     as_json: Annotated[bool, JsonOption] = False,
     ws: Annotated[Path | None, WorkspaceOption] = None,
 ) -> None:
-    """Run improvement rounds: diagnose the training failures, propose one change, gate it, replay it on
-    train then held-out k times, apply the promotion rule, record the CHANGELOG entry, and open a pull
-    request for a recommended candidate (or leave a branch and reports/<round>/pr.md). Never merges.
+    """Improve a policy from its traces, one reviewed pull request at a time (never merges).
+
+    Each round diagnoses the training failures, proposes one change, gates it, replays it on train
+    then held-out k times, applies the promotion rule, records the CHANGELOG entry, and opens a pull
+    request for a recommended candidate (or leaves a branch and reports/<round>/pr.md).
 
     Exit 0 when a candidate is recommended (or the goal already holds), 1 when every candidate was
     discarded, 2 on usage errors, 3 when a run, git or the endpoint failed.
