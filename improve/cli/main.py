@@ -30,6 +30,7 @@ from improve.cli.policy import (
     verify_command,
     vocabulary_command,
 )
+from improve.cli.tape import tape_app
 from improve.cli.warehouse import ingest_command, sql_command
 from improve.errors import DivergenceError, LogError, WorkspaceError
 from improve.evals.outcome import OutcomeRow
@@ -394,6 +395,7 @@ app.command("rules")(rules_command)
 app.command("round")(round_command)
 app.command("diagnose")(diagnose_command)
 app.command("demo")(demo_command)
+app.add_typer(tape_app, name="tape")
 app.add_typer(scenarios_app, name="scenarios")
 
 

@@ -11,6 +11,7 @@ from improve.runtime.environment import Environment
 BUNDLED: dict[str, str] = {
     "refunds": "improve.examples.refunds.env",
     "refund-approval": "improve.examples.refund_approval.env",
+    "tool-loop": "improve.examples.tool_loop.env",
 }
 DEFAULT_ENVIRONMENT = "refunds"
 

@@ -18,7 +18,9 @@ from improve.machine import Machine, Snapshot, can
 from improve.machine.interpreter import FREE_TEXT, refusing_guard
 
 DEFAULT_MAX_RETRIES = 2
-MAX_FREE_TEXT = 2000
+MAX_FREE_TEXT = 100_000
+"""Free-text payload fields (a reason, a tool call writing a file) longer than this are refused: a
+runaway answer is stopped, and a real file edit still fits."""
 MAX_OPTIONS = 200
 """Payload combinations beyond this are not enumerated (a closed choice should be small)."""
 
