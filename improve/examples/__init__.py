@@ -12,6 +12,7 @@ BUNDLED: dict[str, str] = {
     "refunds": "improve.examples.refunds.env",
     "refund-approval": "improve.examples.refund_approval.env",
     "tool-loop": "improve.examples.tool_loop.env",
+    "code-agent": "improve.examples.code_agent.env",
 }
 DEFAULT_ENVIRONMENT = "refunds"
 

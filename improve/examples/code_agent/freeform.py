@@ -113,6 +113,8 @@ def run(env_name: str, scenario: Scenario, model: str) -> DesignRun:
 
 
 class _Freeform:
+    """One loop, one state: every turn the model may run, remember or answer; nothing separates them."""
+
     def __init__(self, world: CodeWorld, model: Model, input: dict[str, Any]) -> None:
         self.world = world
         self.model = model
