@@ -67,11 +67,8 @@ def run_demo(target: Path, rounds: int = 6, k: int = 3, say: Callable[[str], Non
     discarded_in_a_row = 0
     for number in range(1, rounds + 1):
         say(f"\n== round {number}: improve round --policy {current} --k {k} --proposer rules ==")
-        result = run_round(
-            space,
-            RoundOptions(policy=current, k=k, model="naive", proposer="rules", skip=skip),
-            say=lambda m: say(f"   {m}"),
-        )
+        options = RoundOptions(policy=current, k=k, model="naive", proposer="rules", skip=skip)
+        result = run_round(space, options, say=lambda m: None if _is_progress(m) else say(f"   {m}"))
         results.append(result)
         say(line(result))
         if result.status == "recommended" and result.pr and result.candidate_version:
@@ -91,6 +88,11 @@ def run_demo(target: Path, rounds: int = 6, k: int = 3, say: Callable[[str], Non
     start = held[0]["before"] if held else None
     final = promoted[-1].scores["held-out"]["after"] if promoted else start
     return DemoSummary(results, "v0", current, start, final, space.root)
+
+
+def _is_progress(message: str) -> bool:
+    """Per-run counters ('  train: 25/141 runs') are noise in the demo's narrative."""
+    return message.startswith("  ") and message.endswith(" runs")
 
 
 def line(r: RoundResult) -> str:

@@ -541,9 +541,9 @@ def _pull_request(
         str(policy_file.resolve().relative_to(top)): policy_text,
         str(inputs.changelog.resolve().relative_to(top)): changelog_text,
     }
-    title = f"{inputs.env_name}: policy {result.candidate_version}: {(result.rationale or '').split(':')[0][:60]}".rstrip(
-        ": "
-    )
+    # "refunds: policy v2: When facts.order.deliveredDaysAgo > 30, answer CLOSE" (the rule, not the numbers).
+    summary = (result.rationale or result.cluster or "").split(" without ")[0].split(": it ")[0]
+    title = f"{inputs.env_name}: policy {result.candidate_version}: {summary}"[:120]
     try:
         pr = open_pull_request(
             top,
