@@ -26,7 +26,7 @@ test: $(STAMP) ## Run the test suite
 	$(BIN)/python -m pytest
 
 bench: $(STAMP) ## Print benchmark figures as JSON
-	$(BIN)/python -m bench
+	@$(BIN)/python -m bench
 
 lint: $(STAMP) ## ruff and mypy
 	$(BIN)/ruff check improve tests bench
