@@ -10,6 +10,7 @@ import typer
 
 from improve.cli.common import (
     EXIT_FAILED,
+    EXIT_INFRA,
     EnvOption,
     JsonOption,
     WorkspaceOption,
@@ -98,6 +99,14 @@ def round_command(
                 if r.report:
                     out.print(f"  report: {r.report}", markup=False)
         _step_summary(space.root, results)
+        failed_prs = [r for r in results if r.pr and r.pr.get("error")]
+        if failed_prs:
+            err.print(
+                "the pull request could not be opened (the branch is kept locally): "
+                + "; ".join(str(r.pr["error"]) for r in failed_prs if r.pr),
+                markup=False,
+            )
+            raise typer.Exit(EXIT_INFRA)
         if not any(r.status in ("recommended", "nothing-to-fix") for r in results):
             raise typer.Exit(EXIT_FAILED)
 
