@@ -403,3 +403,29 @@ def test_round_cli_appends_the_scorecard_to_the_github_step_summary(
     doc = json.loads(result.stdout)
     assert doc["rounds"][0]["status"] == "recommended"
     assert "### Promotion rule: **recommend**" in summary.read_text()
+
+
+def test_the_miner_learns_a_keyword_from_text_facts_but_not_a_stopword() -> None:
+    def case(reason: str, answered: str, correct: str, in_cluster: bool, scenario: str) -> dict[str, Any]:
+        return {
+            "thread_id": f"train:v0:{scenario}:r1",
+            "scenario": scenario,
+            "facts": {"reason": reason, "amount": 10},
+            "options": [{"type": t} for t in ("ISSUE", "REFUSE")],
+            "answered": {"type": answered},
+            "correct": [{"type": correct}],
+            "passed": not in_cluster,
+            "in_cluster": in_cluster,
+        }
+
+    examples = [
+        case("this looks like a chargeback from my bank", "ISSUE", "REFUSE", True, "a"),
+        case("this is a chargeback, the card was not mine", "ISSUE", "REFUSE", True, "b"),
+        case("the mug arrived broken", "ISSUE", "ISSUE", False, "c"),
+        case("wrong size, this one is too small", "ISSUE", "ISSUE", False, "d"),
+    ]
+    types = {"facts.reason": "string", "facts.amount": "number"}
+    best = mine(examples, types)[0]
+    assert best.guard == 'facts.reason.contains("chargeback")' and best.action.describe() == "REFUSE"
+    # A word in one failing scenario only is that scenario's literal, not a rule.
+    assert all("chargeback" not in r.guard for r in mine(examples[:1] + examples[2:], types))

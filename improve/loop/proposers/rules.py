@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -34,15 +35,29 @@ MAX_CANDIDATES = 12
 class Atom:
     left: str
     op: str
+    """A comparison (`>`, `>=`, `<`, `<=`), or `contains` for a word in a text fact."""
     right: str | float | int
-    """Another fact path, or a number."""
+    """Another fact path, a number, or (for `contains`) the word."""
+
+    @property
+    def pair(self) -> bool:
+        """Compares two facts."""
+        return self.op != "contains" and isinstance(self.right, str)
+
+    @property
+    def threshold(self) -> float | None:
+        return None if isinstance(self.right, str) else float(self.right)
 
     def cel(self) -> str:
+        if self.op == "contains":
+            return f"{self.left}.contains({json.dumps(self.right)})"
         right = self.right if isinstance(self.right, str) else _number(self.right)
         return f"{self.left} {self.op} {right}"
 
     def holds(self, facts: dict[str, Any]) -> bool:
         a = _get(facts, self.left)
+        if self.op == "contains":
+            return isinstance(a, str) and isinstance(self.right, str) and self.right in a
         b = _get(facts, self.right) if isinstance(self.right, str) else self.right
         if not _numeric(a) or not _numeric(b):
             return False
@@ -154,6 +169,106 @@ def _atoms(examples: Sequence[dict[str, Any]], paths: list[str], forbidden: set[
     return atoms
 
 
+MIN_WORD = 4
+MAX_WORD = 11
+"""Words a text condition may test for: long enough to mean something, short enough to be a keyword
+rather than copied text (the overfit gate refuses literals of 12 or more characters from a scenario)."""
+
+STOPWORDS = frozenset(
+    [
+        "this",
+        "that",
+        "with",
+        "from",
+        "have",
+        "been",
+        "were",
+        "they",
+        "their",
+        "them",
+        "then",
+        "than",
+        "these",
+        "those",
+        "there",
+        "here",
+        "what",
+        "when",
+        "where",
+        "which",
+        "while",
+        "will",
+        "would",
+        "could",
+        "should",
+        "your",
+        "yours",
+        "about",
+        "after",
+        "before",
+        "again",
+        "also",
+        "just",
+        "only",
+        "very",
+        "into",
+        "over",
+        "under",
+        "more",
+        "most",
+        "some",
+        "such",
+        "same",
+        "other",
+        "each",
+        "every",
+        "both",
+        "much",
+        "many",
+        "please",
+        "thanks",
+        "thank",
+        "want",
+        "need",
+        "does",
+        "doing",
+        "done",
+        "came",
+        "come",
+        "like",
+        "make",
+        "made",
+        "said",
+        "says",
+        "sure",
+        "ever",
+        "never",
+        "still",
+        "even",
+        "because",
+    ]
+)
+"""Words that say nothing about a case: a condition on them would be a coincidence of the training data."""
+
+
+def _word_atoms(
+    targets: Sequence[dict[str, Any]], examples: Sequence[dict[str, Any]], fact_types: dict[str, str]
+) -> list[Atom]:
+    """`facts.reason.contains("fraud")` for words found in the text facts of at least two of the
+    failures to fix (a word in one scenario only would be that scenario's literal)."""
+    atoms: list[Atom] = []
+    for path in sorted(p for p, kind in fact_types.items() if kind == "string"):
+        seen: dict[str, set[str]] = {}
+        for e in targets:
+            value = _get(e["facts"], path)
+            if isinstance(value, str):
+                for word in set(re.findall(rf"[A-Za-z]{{{MIN_WORD},{MAX_WORD}}}", value)):
+                    if word.lower() not in STOPWORDS:
+                        seen.setdefault(word, set()).add(e.get("scenario", ""))
+        atoms += [Atom(path, "contains", w) for w, owners in sorted(seen.items()) if len(owners) >= 2]
+    return atoms
+
+
 def _foil(p0: int, n0: int, p1: int, n1: int) -> float:
     if p1 == 0:
         return float("-inf")
@@ -173,6 +288,7 @@ def mine(
     paths = _numeric_paths(examples, fact_types)
     rule_constants = {float(c) for c in constants}
     atoms = _atoms(examples, paths, {float(f) for f in forbidden} - rule_constants)
+    atoms += _word_atoms(targets, examples, fact_types)
     option_sources = {
         path
         for e in targets
@@ -212,7 +328,7 @@ def mine(
                     continue
                 sum(atom.holds(e["facts"]) for e in cover_good)
                 b = sum(atom.holds(e["facts"]) for e in cover_bad)
-                is_constant = int(not isinstance(atom.right, str) and float(atom.right) in rule_constants)
+                is_constant = int(atom.threshold is not None and atom.threshold in rule_constants)
                 # Ties go to atoms about the facts the answer is made of (`requested > refundable` for a
                 # refund of what is left, rather than a coincidence such as `refunded > 0`), then to the
                 # environment's own thresholds, then to comparisons between facts (scale-free).
@@ -222,7 +338,7 @@ def mine(
                     a,
                     about_payload,
                     is_constant,
-                    int(isinstance(atom.right, str)),
+                    int(atom.pair),
                 )
                 if best is None or score > best[0]:
                     best = (score, atom)
@@ -235,9 +351,7 @@ def mine(
             cover_aimed = [e for e in cover_aimed if atom.holds(e["facts"])]
         if cover_bad or not chosen or not cover_aimed:
             continue
-        constants_used = sum(
-            1 for a in chosen if not isinstance(a.right, str) and float(a.right) in rule_constants
-        )
+        constants_used = sum(1 for a in chosen if a.threshold is not None and a.threshold in rule_constants)
         rules.append(Rule(action, tuple(chosen), len(cover_aimed), len(cover_good), constants_used))
     rules.sort(key=lambda r: (-r.fixes, len(r.atoms), -r.constants, r.guard))
     unique: list[Rule] = []
