@@ -778,7 +778,10 @@ def test_a_round_promotes_reporting_os_errors_at_once(tmp_path: Path, bundled: N
     assert held["ci_low"] > 0 and not result.regressions
     candidate = json.loads((tmp_path / str(result.report) / "policy.json").read_text())
     route = candidate["states"][candidate["initial"]]
-    assert route["choice"][0]["guard"] == "facts.loop.errorTurns > 0"
+    assert route["choice"][0]["guard"] in (
+        "facts.loop.errorTurns > 0",
+        "facts.loop.errorTurns >= 1",
+    )  # the same rule over ints
     assert candidate["states"][route["choice"][0]["target"]]["output"] == {"type": "'REPORT_BLOCKED'"}
     repo = git.Repo(tmp_path)
     changed = repo.git.diff("--name-only", "main", "improve/tool-loop-v1").split()

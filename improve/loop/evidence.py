@@ -21,7 +21,7 @@ from improve.evals.suite import run_scenario
 from improve.log.entry import ThreadId
 from improve.log.store import MemoryStore, Store
 from improve.loop.probes import requests_in
-from improve.machine import MachineConfig, canonical_json
+from improve.machine import MODEL_DECIDE, MachineConfig, canonical_json, initial
 from improve.runtime.decision import Decision, DecisionRequest
 from improve.runtime.environment import Environment
 from improve.runtime.policy import PolicyDecider, compile_policy
@@ -43,6 +43,8 @@ class DecisionExample:
     """The offered options that make the run pass (counterfactual runs against the scenario's world)."""
     expected: str
     final_state: str
+    reaches_model: bool = True
+    """The current policy leaves this decision to the model (no rule of it answers first)."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -93,6 +95,8 @@ def decision_examples(
             if cache_key not in correct_cache:
                 correct_cache[cache_key] = _correct_options(env, scenario, request, compiled, model, row)
             answered = None if entry.type == "xstate.error.actor" else dict(entry.event)
+            first = initial(compiled, request.to_input())
+            reaches_model = first.invoke is not None and first.invoke.src == MODEL_DECIDE
             examples.append(
                 DecisionExample(
                     thread_id=row.thread_id,
@@ -106,6 +110,7 @@ def decision_examples(
                     correct=correct_cache[cache_key],
                     expected=row.expected_outcome,
                     final_state=row.final_state,
+                    reaches_model=reaches_model,
                 )
             )
     return examples

@@ -10,6 +10,7 @@ Nothing in this package does I/O or imports another package of ours (except `imp
 
 from improve.machine.config import (
     DECIDE_SRC,
+    MODEL_DECIDE,
     SENTINEL_PREFIX,
     DecideInputConfig,
     InvokeConfig,
@@ -41,6 +42,7 @@ __all__ = [
     "DONE_EVENT",
     "ERROR_EVENT",
     "MAX_EXPRESSION_LENGTH",
+    "MODEL_DECIDE",
     "SENTINEL_PREFIX",
     "DecideInputConfig",
     "Expr",

@@ -269,6 +269,15 @@ def _word_atoms(
     return atoms
 
 
+def _tightness(atom: Atom) -> float:
+    """Among thresholds that separate the cases equally well, the one closest to the failures to fix:
+    `refundsLast90d >= 3` over `> 1` when the failures start at 3, so what the training data did not show
+    stays with the model."""
+    if atom.threshold is None:
+        return 0.0
+    return atom.threshold if atom.op in (">", ">=") else -atom.threshold
+
+
 def _foil(p0: int, n0: int, p1: int, n1: int) -> float:
     if p1 == 0:
         return float("-inf")
@@ -282,6 +291,9 @@ def mine(
     constants: Iterable[float] = (),
 ) -> list[Rule]:
     """Candidate rules, best first, for the examples flagged `in_cluster` (see module docstring)."""
+    # Only decisions the current policy leaves to the model: a branch goes after the rules already there,
+    # so decisions those rules answer never reach it.
+    examples = [e for e in examples if e.get("reaches_model", True)]
     targets = [e for e in examples if e.get("in_cluster") and not e["passed"] and e["correct"]]
     if not targets:
         return []
@@ -315,8 +327,10 @@ def mine(
         cover_good, cover_bad, cover_aimed = good, bad, aimed
         if not cover_good:
             continue
-        while cover_bad and len(chosen) < MAX_ATOMS:
-            best: tuple[tuple[float, int, int, int, int], Atom] | None = None
+        # A branch always has a condition: when nothing needs excluding, one atom that keeps every failure
+        # (the policy's model path stays reachable, and the rule says where it applies).
+        while (cover_bad or not chosen) and len(chosen) < MAX_ATOMS:
+            best: tuple[tuple[float, int, int, int, int, float], Atom] | None = None
             # FOIL's information gain over the decisions the branch is for (the cluster's failures) against
             # those where its answer would be wrong: purity gained, weighted by the failures still fixed,
             # so a broad condition beats a narrow one that happens to be pure (`refundable < 18`).
@@ -339,6 +353,7 @@ def mine(
                     about_payload,
                     is_constant,
                     int(atom.pair),
+                    _tightness(atom),
                 )
                 if best is None or score > best[0]:
                     best = (score, atom)
