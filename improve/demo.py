@@ -42,14 +42,21 @@ def prepare(target: Path, source: Path = REPO) -> Workspace:
     shutil.copy(source / "improve.toml", target / "improve.toml")
     shutil.copytree(source / "scenarios", target / "scenarios")
     shutil.copytree(source / "policies", target / "policies")
-    (target / ".gitignore").write_text("traces/\n.improve/\n", encoding="utf-8")
-    repo = git.Repo.init(target, initial_branch="main")
-    with repo.config_writer() as config:
-        config.set_value("user", "name", "improve demo")
-        config.set_value("user", "email", "demo@example.invalid")
-    repo.index.add([".gitignore", "improve.toml", "scenarios", "policies"])
-    repo.index.commit("The example workspace")
+    commit_workspace(target, user="improve demo", message="The example workspace")
     return Workspace.load(target / "improve.toml")
+
+
+def commit_workspace(root: Path, *, user: str, message: str) -> git.Repo:
+    """Make `root` a git repository on `main` whose first commit holds the workspace (improve.toml,
+    scenarios/, policies/), with generated files ignored: where a round's branches go."""
+    (root / ".gitignore").write_text("traces/\nreports/\n.improve/\n", encoding="utf-8")
+    repo = git.Repo.init(root, initial_branch="main")
+    with repo.config_writer() as config:
+        config.set_value("user", "name", user)
+        config.set_value("user", "email", "improve@example.invalid")
+    repo.index.add([".gitignore", "improve.toml", "scenarios", "policies"])
+    repo.index.commit(message)
+    return repo
 
 
 def merge_as_reviewer(space: Workspace, branch: str, say: Callable[[str], None]) -> None:

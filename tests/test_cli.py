@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -11,7 +10,7 @@ from typer.testing import CliRunner
 
 from improve.cli.main import app
 from improve.log.entry import LogEntry
-from tests.conftest import REPO
+from tests.conftest import copy_workspace
 
 runner = CliRunner()
 
@@ -19,10 +18,7 @@ runner = CliRunner()
 @pytest.fixture
 def ws(tmp_path: Path) -> Path:
     """A scratch copy of the example workspace."""
-    shutil.copy(REPO / "improve.toml", tmp_path / "improve.toml")
-    shutil.copytree(REPO / "scenarios", tmp_path / "scenarios")
-    shutil.copytree(REPO / "policies", tmp_path / "policies")
-    return tmp_path
+    return copy_workspace(tmp_path)
 
 
 def test_run_writes_one_thread_per_run_and_prints_json(ws: Path) -> None:

@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 import improve.examples
 from improve.cli.main import app
 from improve.cli.parity import app as parity_app
+from improve.demo import commit_workspace
 from improve.evals.outcome import outcome_row
 from improve.evals.scenarios import Scenario, load_scenarios
 from improve.evals.workspace import Workspace
@@ -808,13 +809,7 @@ def scratch(tmp_path: Path, git_repo: bool = True) -> Path:
         'scenarios = "scenarios/code-agent.yaml"\npolicies = "policies/code-agent"\n\n[objective]\nk = 3\n'
     )
     if git_repo:
-        (tmp_path / ".gitignore").write_text("traces/\nreports/\n.improve/\n")
-        repo = git.Repo.init(tmp_path, initial_branch="main")
-        with repo.config_writer() as config:
-            config.set_value("user", "name", "t")
-            config.set_value("user", "email", "t@example.invalid")
-        repo.index.add([".gitignore", "improve.toml", "scenarios", "policies"])
-        repo.index.commit("workspace")
+        commit_workspace(tmp_path, user="t", message="workspace")
     return tmp_path
 
 

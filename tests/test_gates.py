@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ from improve.evals.scenarios import load_scenarios
 from improve.examples import load_environment
 from improve.loop.gates import GATE_NAMES, GateContext, Unparsed, passed, run_gates, scenario_literals
 from improve.loop.probes import probe_requests
-from tests.conftest import REPO
+from tests.conftest import REPO, copy_workspace
 
 ENV = load_environment("refunds")
 SCENARIOS = load_scenarios(REPO / "scenarios" / "refunds.yaml").scenarios
@@ -287,10 +286,7 @@ def test_fuzzed_documents_never_crash_a_gate(doc: Any) -> None:
 
 
 def test_verify_cli_exit_codes_and_json(tmp_path: Path) -> None:
-    for name in ("improve.toml",):
-        shutil.copy(REPO / name, tmp_path / name)
-    shutil.copytree(REPO / "scenarios", tmp_path / "scenarios")
-    shutil.copytree(REPO / "policies", tmp_path / "policies")
+    copy_workspace(tmp_path)
     runner = CliRunner()
     ok = runner.invoke(app, ["verify", "v0", "-w", str(tmp_path), "--json"])
     assert ok.exit_code == 0, ok.output

@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 import itertools
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ from improve.cli.parity import app
 from improve.evals.scenarios import Scenario, load_scenarios
 from improve.examples import load_environment
 from improve.parity import SAFETY_ORDER, ParityRun, diff_runs, label_difference
-from tests.conftest import REPO
+from tests.conftest import REPO, copy_workspace
 
 runner = CliRunner()
 V0 = json.loads((REPO / "policies" / "refunds" / "v0.json").read_text())
@@ -34,10 +33,7 @@ def _not_in_github_actions(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture
 def ws(tmp_path: Path) -> Path:
     """A scratch copy of the example workspace."""
-    shutil.copy(REPO / "improve.toml", tmp_path / "improve.toml")
-    shutil.copytree(REPO / "scenarios", tmp_path / "scenarios")
-    shutil.copytree(REPO / "policies", tmp_path / "policies")
-    return tmp_path
+    return copy_workspace(tmp_path)
 
 
 def write_policy(ws: Path, name: str, doc: dict[str, Any]) -> str:

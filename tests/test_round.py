@@ -6,7 +6,6 @@ from __future__ import annotations
 import copy
 import http.server
 import json
-import shutil
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -18,6 +17,7 @@ import pytest
 from typer.testing import CliRunner
 
 from improve.cli.main import app
+from improve.demo import commit_workspace
 from improve.evals.outcome import OutcomeRow
 from improve.evals.workspace import Workspace
 from improve.loop.diagnose import KINDS, diagnose
@@ -25,7 +25,7 @@ from improve.loop.gates import GateResult
 from improve.loop.proposers import Proposal, ProposalError, ProposalRequest
 from improve.loop.proposers.rules import add_branch, mine
 from improve.loop.round import RoundOptions, next_version, run_round
-from tests.conftest import REPO
+from tests.conftest import REPO, copy_workspace
 
 
 def row(
@@ -152,18 +152,7 @@ def test_the_miner_never_uses_a_scenario_literal_as_threshold() -> None:
 
 
 def scratch(tmp_path: Path, remote: Path | None = None) -> Workspace:
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    for name in ("improve.toml",):
-        shutil.copy(REPO / name, tmp_path / name)
-    shutil.copytree(REPO / "scenarios", tmp_path / "scenarios")
-    shutil.copytree(REPO / "policies", tmp_path / "policies")
-    (tmp_path / ".gitignore").write_text("traces/\nreports/\n.improve/\n")
-    repo = git.Repo.init(tmp_path, initial_branch="main")
-    with repo.config_writer() as config:
-        config.set_value("user", "name", "t")
-        config.set_value("user", "email", "t@example.invalid")
-    repo.index.add([".gitignore", "improve.toml", "scenarios", "policies"])
-    repo.index.commit("workspace")
+    repo = commit_workspace(copy_workspace(tmp_path), user="t", message="workspace")
     if remote is not None:
         git.Repo.init(remote, bare=True)
         repo.create_remote("origin", "https://github.com/acme/desk.git")

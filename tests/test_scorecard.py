@@ -176,13 +176,12 @@ def test_decision_checks_each_condition() -> None:
 # --- improve score / improve scenarios check from the CLI -------------------------------------------------
 
 import json  # noqa: E402
-import shutil  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 from typer.testing import CliRunner  # noqa: E402
 
 from improve.cli.main import app  # noqa: E402
-from tests.conftest import REPO  # noqa: E402
+from tests.conftest import copy_workspace  # noqa: E402
 
 V1 = {
     "id": "refunds-policy",
@@ -212,9 +211,7 @@ V1 = {
 
 
 def workspace_copy(tmp_path: Path) -> Path:
-    shutil.copy(REPO / "improve.toml", tmp_path / "improve.toml")
-    shutil.copytree(REPO / "scenarios", tmp_path / "scenarios")
-    shutil.copytree(REPO / "policies", tmp_path / "policies")
+    copy_workspace(tmp_path)
     (tmp_path / "policies" / "refunds" / "v1.json").write_text(json.dumps(V1))
     return tmp_path
 

@@ -23,6 +23,7 @@ from typer.testing import CliRunner
 
 import improve.examples
 from improve.cli.tape import tape_app
+from improve.demo import commit_workspace
 from improve.errors import ConfigError, VersionMismatchError
 from improve.evals.scenarios import Scenario, load_scenarios
 from improve.evals.suite import SuiteSpec, run_suite
@@ -749,13 +750,7 @@ def scratch(tmp_path: Path) -> Workspace:
         "[objective]\nk = 2\nmax_model_calls = 100\ncost_budget = 1.5\nmin_gain = 0.0\nconfidence = 0.95\n"
         "tolerance = 0.0\nseed = 20261130\n"
     )
-    (tmp_path / ".gitignore").write_text("traces/\nreports/\n.improve/\n")
-    repo = git.Repo.init(tmp_path, initial_branch="main")
-    with repo.config_writer() as config:
-        config.set_value("user", "name", "t")
-        config.set_value("user", "email", "t@example.invalid")
-    repo.index.add([".gitignore", "improve.toml", "scenarios", "policies"])
-    repo.index.commit("workspace")
+    commit_workspace(tmp_path, user="t", message="workspace")
     return Workspace.load(tmp_path / "improve.toml")
 
 

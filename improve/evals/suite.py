@@ -18,7 +18,7 @@ from improve.errors import WorkspaceError
 from improve.evals.outcome import OutcomeRow, outcome_row
 from improve.evals.scenarios import Scenario
 from improve.evals.workspace import policy_hash, policy_label
-from improve.log.entry import ThreadId
+from improve.log.entry import LogEntry, ThreadId
 from improve.log.replay import gc_paused, replay
 from improve.log.store import JsonlDirStore, Store
 from improve.machine import MachineConfig
@@ -138,8 +138,9 @@ def run_suite(
     """Run (or reuse) every scenario k times and score each thread by replaying it.
 
     Runs wait on models, so they overlap: up to `concurrency` at a time (asyncio, each run in a worker
-    thread); `ran(done, total)` reports each finished run. For CPU-bound runs pass an `executor` (a `ProcessPoolExecutor`, or a Dask client, which has
-    the same `submit`); the store must then be a JSONL directory the workers can reach.
+    thread); `ran(done, total)` reports each finished run. For CPU-bound runs pass an `executor` (a
+    `ProcessPoolExecutor`, or a Dask client, which has the same `submit`); the store must then be a
+    JSONL directory the workers can reach.
     """
     if spec.model not in env.models:
         raise WorkspaceError(
@@ -147,12 +148,14 @@ def run_suite(
         )
     policy = compile_policy(spec.policy, env.judgments, env.policy_guards)
     planned = [(scenario, n) for scenario in scenarios for n in range(1, spec.k + 1)]
-    reused = {
-        spec.thread_id(sc, n): not fresh
-        and _reusable(env, store, spec.thread_id(sc, n), spec.stamp(env, sc, n))
-        for sc, n in planned
-    }
-    todo = [(sc, n) for sc, n in planned if not reused[spec.thread_id(sc, n)]]
+    # Threads already recorded with this stamp, read once: checked here, scored below.
+    recorded: dict[str, list[LogEntry]] = {}
+    if not fresh:
+        for sc, n in planned:
+            entries = _reusable(env, store, spec.thread_id(sc, n), spec.stamp(env, sc, n))
+            if entries is not None:
+                recorded[spec.thread_id(sc, n)] = entries
+    todo = [(sc, n) for sc, n in planned if spec.thread_id(sc, n) not in recorded]
     if executor is not None and todo:
         if not isinstance(store, JsonlDirStore):
             raise WorkspaceError("runs on an executor need a JSONL directory store the workers can write to")
@@ -166,10 +169,12 @@ def run_suite(
     rows: list[OutcomeRow] = []
     for scenario, n in planned:
         thread_id = spec.thread_id(scenario, n)
-        row = outcome_row(env, scenario, thread_id, store.read(thread_id))
+        reused = thread_id in recorded
+        entries = recorded[thread_id] if reused else store.read(thread_id)
+        row = outcome_row(env, scenario, thread_id, entries)
         rows.append(row)
         if progress:
-            progress(len(rows), len(planned), row, reused[thread_id])
+            progress(len(rows), len(planned), row, reused)
     return rows
 
 
@@ -199,10 +204,11 @@ async def _run_concurrently(
         await asyncio.gather(*(one(sc, n) for sc, n in todo))
 
 
-def _reusable(env: Environment, store: Store, thread_id: str, stamp: dict[str, Any]) -> bool:
+def _reusable(env: Environment, store: Store, thread_id: str, stamp: dict[str, Any]) -> list[LogEntry] | None:
+    """The thread's entries when it was recorded with this stamp and finished; None to run it."""
     entries = store.read(thread_id)
     if not entries:
-        return False
+        return None
     recorded = {k: v for k, v in (entries[0].metadata or {}).items() if k != "maxModelCalls"}
     if recorded != stamp:
         raise WorkspaceError(
@@ -210,7 +216,7 @@ def _reusable(env: Environment, store: Store, thread_id: str, stamp: dict[str, A
             "bump the policy version, or run with --fresh to replace the recorded threads"
         )
     # An interrupted run (the thread stops while an actor is owed) is run again from the start.
-    return replay(env.machine, entries).status != "incomplete"
+    return entries if replay(env.machine, entries).status != "incomplete" else None
 
 
 def _stamp_diff(recorded: dict[str, Any], wanted: dict[str, Any]) -> str:
