@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 from improve.evals.scenarios import load_scenarios
-from improve.examples import load_environment
 from improve.log.store import MemoryStore
+from improve.runtime import load_environment
 from improve.runtime.policy import PolicyDecider, compile_policy, load_policy
 from improve.runtime.run import run
 

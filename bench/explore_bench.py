@@ -7,8 +7,8 @@ import statistics
 import time
 from typing import Any
 
-from improve.examples import load_environment
 from improve.machine.explore import can_reach, explore_paths
+from improve.runtime import load_environment
 
 
 def explore_figures(repeat: int) -> dict[str, Any]:

@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from bench.corpus import write_corpus
-from improve.examples import load_environment
 from improve.log.entry import LogEntry
 from improve.log.replay import gc_paused, replay
 from improve.machine import initial, transition
+from improve.runtime import load_environment
 
 
 def _read_decode(path: Path) -> list[LogEntry]:

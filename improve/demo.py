@@ -1,8 +1,8 @@
 """The demo behind `make demo`: the refund desk improved round by round, in a scratch copy.
 
-It copies the example workspace into a scratch directory (a git repository of its own, so the repo's
-own `policies/` stay as committed), shows the v0 baseline and a verified replay, then runs improvement
-rounds with the `naive` stand-in model and the `rules` proposer. Between rounds it plays the reviewer:
+It writes the bundled refund desk's workspace into a scratch directory (a git repository of its own,
+as `improve init --from refunds` would), then runs improvement rounds with the `naive` stand-in model
+and the `rules` proposer. Between rounds it plays the reviewer:
 the person's step, printed as such, merges the recommended branch; the next round starts from the
 merged version. The tool itself never merges.
 """
@@ -17,11 +17,11 @@ from pathlib import Path
 import git
 
 from improve.evals.workspace import Workspace
-from improve.log.replay import replay
-from improve.log.store import JsonlDirStore
 from improve.loop.round import RoundOptions, RoundResult, run_round
+from improve.runtime.environment import load_environment
+from improve.scaffold.workspace import write_desk
 
-REPO = Path(__file__).resolve().parents[1]
+DESK = "refunds"
 
 
 @dataclass
@@ -34,14 +34,12 @@ class DemoSummary:
     workspace: Path
 
 
-def prepare(target: Path, source: Path = REPO) -> Workspace:
-    """A fresh scratch workspace: improve.toml, scenarios/ and policies/ under git, traces ignored."""
+def prepare(target: Path) -> Workspace:
+    """A fresh scratch workspace written from the bundled refund desk (as `improve init --from refunds`
+    does), under git, with generated files ignored."""
     if target.exists():
         shutil.rmtree(target)
-    target.mkdir(parents=True)
-    shutil.copy(source / "improve.toml", target / "improve.toml")
-    shutil.copytree(source / "scenarios", target / "scenarios")
-    shutil.copytree(source / "policies", target / "policies")
+    write_desk(load_environment(DESK), target)
     commit_workspace(target, user="improve demo", message="The example workspace")
     return Workspace.load(target / "improve.toml")
 
@@ -114,11 +112,3 @@ def line(r: RoundResult) -> str:
             f"{held['cost_before']:.2f} -> {held['cost_after']:.2f}"
         )
     return f"-> {r.candidate_version or '-'}: {r.status.upper()} | {hypothesis[:160]}"
-
-
-def verified_replay(space: Workspace, thread_id: str) -> str:
-    from improve.examples import load_environment
-
-    env = load_environment("refunds")
-    result = replay(env.machine, JsonlDirStore(space.traces).read(thread_id), verify=True)
-    return f"{thread_id}: {result.final_state} {result.snapshot.output} (every state hash verified, no model called)"

@@ -13,7 +13,6 @@ import git
 import pytest
 from typer.testing import CliRunner
 
-import improve.examples
 from improve.cli.main import app
 from improve.cli.parity import app as parity_app
 from improve.demo import commit_workspace
@@ -80,9 +79,7 @@ NAIVE_PASSES = {
 
 
 @pytest.fixture(autouse=True)
-def _bundled(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`load_environment("code-agent")` (the CLI, the round) finds the example without the registry line."""
-    monkeypatch.setitem(improve.examples.BUNDLED, "code-agent", "improve.examples.code_agent.env")
+def _no_github_actions(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("GITHUB_ACTIONS", raising=False)
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
 
@@ -465,7 +462,9 @@ def test_the_scenarios_have_a_fixed_split_with_every_category_in_both() -> None:
     assert (len(train), len(held_out)) == (13, 12)
     assert {s.category for s in train} == {s.category for s in held_out}
     assert all(s.expected.outcome == "answered" and len(s.expected.effects or []) == 1 for s in SCENARIOS)
-    checked = CliRunner().invoke(app, ["scenarios", "check", "--file", str(SCENARIO_FILE), "--json"])
+    checked = CliRunner().invoke(
+        app, ["scenarios", "check", "--env", "code-agent", "--file", str(SCENARIO_FILE), "--json"]
+    )
     assert checked.exit_code == 0, checked.output
     assert json.loads(checked.stdout)["ok"] is True
 

@@ -10,11 +10,11 @@ import pytest
 from typer.testing import CliRunner
 
 from improve.cli.main import app
-from improve.examples import load_environment
 from improve.machine import compile_machine
 from improve.machine.config import MachineConfig, TransitionConfig
 from improve.machine.explore import ExploreOptions, can_reach, explore_paths
 from improve.machine.snapshot import Snapshot
+from improve.runtime import load_environment
 from improve.runtime.environment import Environment
 
 REFUNDS = load_environment("refunds")

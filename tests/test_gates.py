@@ -15,9 +15,9 @@ from typer.testing import CliRunner
 
 from improve.cli.main import app
 from improve.evals.scenarios import load_scenarios
-from improve.examples import load_environment
 from improve.loop.gates import GATE_NAMES, GateContext, Unparsed, passed, run_gates, scenario_literals
 from improve.loop.probes import probe_requests
+from improve.runtime import load_environment
 from tests.conftest import REPO, copy_workspace
 
 ENV = load_environment("refunds")

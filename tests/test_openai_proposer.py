@@ -20,7 +20,6 @@ from typing import Any
 import openai
 import pytest
 
-from improve.examples import load_environment
 from improve.loop.gates import GateContext, GateResult, run_gates
 from improve.loop.proposers import Proposal, ProposalError, ProposalRequest
 from improve.loop.proposers.cache import ProposerCache, request_key
@@ -32,6 +31,7 @@ from improve.loop.proposers.openai import (
     response_schema,
 )
 from improve.machine import parse_machine
+from improve.runtime import load_environment
 from improve.runtime.policy import load_policy
 from improve.runtime.vocabulary import DecisionWords, Vocabulary, vocabulary
 

@@ -14,8 +14,8 @@ from typer.testing import CliRunner, Result
 
 from improve.cli.parity import app
 from improve.evals.scenarios import Scenario, load_scenarios
-from improve.examples import load_environment
 from improve.parity import SAFETY_ORDER, ParityRun, diff_runs, label_difference
+from improve.runtime import load_environment
 from tests.conftest import REPO, copy_workspace
 
 runner = CliRunner()

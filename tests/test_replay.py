@@ -9,11 +9,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from improve.errors import DivergenceError, LogError, VersionMismatchError
-from improve.examples import load_environment
 from improve.log.entry import LogEntry
 from improve.log.replay import replay
 from improve.log.store import MemoryStore
 from improve.machine import compile_machine
+from improve.runtime import load_environment
 from improve.runtime.policy import PolicyDecider, compile_policy, load_policy
 from improve.runtime.run import run
 from tests.conftest import REPO

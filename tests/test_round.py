@@ -359,8 +359,8 @@ def test_runs_on_a_process_pool_equal_runs_in_threads(tmp_path: Path) -> None:
 
     from improve.evals.scenarios import load_scenarios
     from improve.evals.suite import SuiteSpec, run_suite
-    from improve.examples import load_environment
     from improve.log.store import JsonlDirStore
+    from improve.runtime import load_environment
     from improve.runtime.policy import load_policy
 
     env = load_environment("refunds")

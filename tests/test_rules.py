@@ -9,10 +9,10 @@ import pytest
 from typer.testing import CliRunner
 
 from improve.cli.main import app
-from improve.examples import load_environment
 from improve.machine import compile_machine
 from improve.machine.config import TransitionConfig
 from improve.machine.rules import guarded_states, run_rule_evals, uncovered
+from improve.runtime import load_environment
 
 
 @pytest.mark.parametrize("name", ["refunds", "refund-approval"])

@@ -21,7 +21,6 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-import improve.examples
 from improve.cli.tape import tape_app
 from improve.demo import commit_workspace
 from improve.errors import ConfigError, VersionMismatchError
@@ -72,12 +71,6 @@ LS = 'bash {"command":"ls"}'
 @pytest.fixture(scope="module")
 def env() -> Environment:
     return environment()
-
-
-@pytest.fixture
-def bundled(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`load_environment("tool-loop")` as it will work once the environment is registered."""
-    monkeypatch.setitem(improve.examples.BUNDLED, "tool-loop", "improve.examples.tool_loop.env")
 
 
 def state(**fields: Any) -> LoopState:
@@ -590,7 +583,7 @@ def test_no_model_call_starts_over_the_cost_limit(env: Environment) -> None:
     ).reachable
 
 
-def test_improve_explore_proves_the_sentinel_unreachable(tmp_path: Path, bundled: None) -> None:
+def test_improve_explore_proves_the_sentinel_unreachable(tmp_path: Path) -> None:
     from improve.cli.main import app
 
     result = CliRunner().invoke(app, ["explore", "--env", "tool-loop", "--json", "-w", str(tmp_path)])
@@ -626,7 +619,7 @@ def test_rule_evals_pass_and_cover_every_guarded_state(env: Environment) -> None
     ]
 
 
-def test_describe_shows_the_loop_goal_first(env: Environment, tmp_path: Path, bundled: None) -> None:
+def test_describe_shows_the_loop_goal_first(env: Environment, tmp_path: Path) -> None:
     from improve.cli.main import app
 
     text = describe_text(env.config)
@@ -678,10 +671,12 @@ def test_scenarios_have_every_category_in_both_splits(env: Environment) -> None:
     assert len([s for s in blocked if s.split == "held-out"]) == 8
 
 
-def test_improve_scenarios_check_accepts_the_file(tmp_path: Path, bundled: None) -> None:
+def test_improve_scenarios_check_accepts_the_file(tmp_path: Path) -> None:
     from improve.cli.main import app
 
-    result = CliRunner().invoke(app, ["scenarios", "check", "--file", str(SCENARIOS), "-w", str(tmp_path)])
+    result = CliRunner().invoke(
+        app, ["scenarios", "check", "--env", "tool-loop", "--file", str(SCENARIOS), "-w", str(tmp_path)]
+    )
     assert result.exit_code == 0, result.output
 
 
@@ -761,7 +756,7 @@ def no_token(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     yield
 
 
-def test_a_round_promotes_reporting_os_errors_at_once(tmp_path: Path, bundled: None, no_token: None) -> None:
+def test_a_round_promotes_reporting_os_errors_at_once(tmp_path: Path, no_token: None) -> None:
     space = scratch(tmp_path)
     result = run_round(space, RoundOptions(env="tool-loop", policy="v0", k=2, model="naive"))
     assert result.status == "recommended", result.decision_detail

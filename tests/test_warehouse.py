@@ -22,8 +22,8 @@ from improve.evals.materialize import refresh_outcomes
 from improve.evals.scenarios import load_scenarios
 from improve.evals.suite import SuiteSpec, run_suite
 from improve.evals.workspace import Workspace
-from improve.examples import load_environment
 from improve.log.store import JsonlDirStore
+from improve.runtime import load_environment
 from improve.runtime.policy import load_policy
 from improve.warehouse.db import connect
 from improve.warehouse.ingest import ingest

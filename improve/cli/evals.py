@@ -26,7 +26,6 @@ from improve.evals.scenarios import SPLITS, load_scenarios
 from improve.evals.scorecard import Comparison, Scorecard, compare, scorecard
 from improve.evals.suite import recorded_rows
 from improve.evals.workspace import policy_label
-from improve.examples import load_environment
 from improve.log.store import JsonlDirStore
 from improve.machine.rules import run_rule_evals, uncovered
 
@@ -62,8 +61,8 @@ def score_command(
             raise WorkspaceError(f"unknown format {fmt!r}; use table or markdown")
         space = workspace(ws)
         env_name = space.env_name(env)
-        environment = load_environment(env_name)
-        scenarios = load_scenarios(space.scenarios_path(env_name)).scenarios
+        environment = space.environment(env_name)
+        scenarios = space.scenarios(env_name).scenarios
         objective = space.config.objective
         store = JsonlDirStore(space.traces)
         splits = list(SPLITS) if split == "all" else [split]
@@ -187,12 +186,12 @@ def scenarios_check(
         source = path or space.scenarios_path(env_name)
         problems: list[str] = []
         summary: dict[str, Any] = {"file": str(source)}
+        environment = space.environment(env_name)
         try:
-            scenario_set = load_scenarios(source)
+            scenario_set = load_scenarios(source, env_name)
         except ScenarioError as error:
             problems = str(error).splitlines()
         else:
-            environment = load_environment(scenario_set.environment)
             finals = set(environment.config.final_states())
             categories: dict[str, set[str]] = {}
             for s in scenario_set.scenarios:
@@ -245,7 +244,7 @@ def rules_command(
         improve rules --env refunds
     """
     with handled():
-        environment = load_environment(workspace(ws).env_name(env))
+        environment = workspace(ws).environment(env)
         results = run_rule_evals(environment.machine, environment.rule_evals)
         gaps = uncovered(environment.machine, results)
         if as_json:

@@ -34,9 +34,8 @@ from improve.cli.tape import tape_app
 from improve.cli.warehouse import ingest_command, sql_command
 from improve.errors import DivergenceError, LogError, WorkspaceError
 from improve.evals.outcome import OutcomeRow
-from improve.evals.scenarios import load_scenarios
 from improve.evals.suite import SuiteSpec, run_suite
-from improve.examples import BUNDLED, load_environment
+from improve.evals.workspace import Workspace
 from improve.log.entry import LogEntry
 from improve.log.replay import gc_paused
 from improve.log.replay import replay as replay_thread
@@ -85,8 +84,8 @@ def run_command(
     with handled():
         space = workspace(ws)
         env_name = space.env_name(env)
-        environment = load_environment(env_name)
-        scenario_set = load_scenarios(space.scenarios_path(env_name))
+        environment = space.environment(env_name)
+        scenario_set = space.scenarios(env_name)
         chosen = scenario_set.split(split)
         if scenario:
             known = scenario_set.by_id()
@@ -235,19 +234,19 @@ def _read_file(path: Path) -> list[tuple[str, list[LogEntry]]]:
     return list(threads.items())
 
 
-def _environment_for(machine_id: str, given: str | None, cache: dict[str, Environment]) -> Environment:
+def _environment_for(
+    space: Workspace, machine_id: str, given: str | None, cache: dict[str, Environment]
+) -> Environment:
     if given:
         if given not in cache:
-            cache[given] = load_environment(given)
+            cache[given] = space.environment(given)
         return cache[given]
+    if not cache:
+        cache.update(space.environments_by_machine_id())
     if machine_id not in cache:
-        for name in BUNDLED:
-            candidate = load_environment(name)
-            if candidate.config.id == machine_id:
-                cache[machine_id] = candidate
-                break
-        else:
-            raise WorkspaceError(f"no bundled environment has machine id {machine_id!r}; pass --env")
+        raise WorkspaceError(
+            f"no registered environment has machine id {machine_id!r} (known: {', '.join(sorted(cache))}); pass --env"
+        )
     return cache[machine_id]
 
 
@@ -280,7 +279,7 @@ def replay_command(
         for thread_id, entries in threads:
             if not entries:
                 raise LogError(f"thread {thread_id} is empty")
-            environment = _environment_for(entries[0].machineId, env, cache)
+            environment = _environment_for(space, entries[0].machineId, env, cache)
             try:
                 result = replay_thread(environment.machine, entries, verify=verify)
             except DivergenceError as error:
@@ -358,7 +357,7 @@ def describe_command(
             else:
                 raise WorkspaceError(f"--diff takes --format text or mermaid, not {fmt!r}")
             return
-        config = space.load_policy(env_name, policy) if policy else load_environment(env_name).config
+        config = space.load_policy(env_name, policy) if policy else space.environment(env_name).config
         if fmt == "text":
             out.print(describe_text(config), markup=False)
         elif fmt == "mermaid":

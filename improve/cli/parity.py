@@ -21,8 +21,6 @@ from improve.cli.common import (
     workspace,
 )
 from improve.errors import WorkspaceError
-from improve.evals.scenarios import load_scenarios
-from improve.examples import load_environment
 from improve.parity import DEFAULT_MODELS, REVIEWED_FILE, ParityReport, compare, load_reviewed, resolve_side
 
 app = typer.Typer(
@@ -83,8 +81,8 @@ def compare_command(
     with handled():
         space = workspace(ws)
         env_name = space.env_name(env)
-        environment = load_environment(env_name)
-        scenario_set = load_scenarios(space.scenarios_path(env_name))
+        environment = space.environment(env_name)
+        scenario_set = space.scenarios(env_name)
         chosen = scenario_set.split(split)
         if scenario:
             known = scenario_set.by_id()

@@ -21,9 +21,7 @@ from improve.cli.common import (
     workspace,
 )
 from improve.errors import WorkspaceError
-from improve.evals.scenarios import load_scenarios
 from improve.evals.workspace import Workspace
-from improve.examples import load_environment
 from improve.log.store import JsonlDirStore
 from improve.loop.gates import GATE_NAMES, GateContext, Unparsed, passed, run_gates
 from improve.loop.probes import probe_requests
@@ -77,9 +75,9 @@ def verify_command(
     with handled():
         space = workspace(ws)
         env_name = space.env_name(env)
-        environment = load_environment(env_name)
+        environment = space.environment(env_name)
         document, source = _policy_document(space, env_name, policy)
-        scenarios = load_scenarios(space.scenarios_path(env_name)).scenarios
+        scenarios = space.scenarios(env_name).scenarios
         store = JsonlDirStore(space.traces) if space.traces.exists() else None
         context = GateContext(
             environment,
@@ -116,7 +114,7 @@ def vocabulary_command(
     """
     with handled():
         space = workspace(ws)
-        words = vocabulary(load_environment(space.env_name(env)))
+        words = vocabulary(space.environment(env))
         if as_json:
             emit_json(words.to_json())
             return
@@ -157,7 +155,7 @@ def explore_command(
     """
     with handled():
         space = workspace(ws)
-        environment = load_environment(space.env_name(env))
+        environment = space.environment(env)
         targets = [target] if target else environment.config.sentinels()
         if not targets:
             raise WorkspaceError("the environment has no sentinel state; give --target")
@@ -251,7 +249,7 @@ def lock_command(
     with handled():
         space = workspace(ws)
         env_name = space.env_name(env)
-        environment: Environment = load_environment(env_name)
+        environment: Environment = space.environment(env_name)
         path = lock_path(space, env_name)
         path.parent.mkdir(parents=True, exist_ok=True)
         doc = {

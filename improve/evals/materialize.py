@@ -18,7 +18,6 @@ from improve.errors import ImproveError
 from improve.evals.outcome import OutcomeRow, outcome_row
 from improve.evals.scenarios import Scenario, load_scenarios
 from improve.evals.workspace import Workspace
-from improve.examples import BUNDLED, load_environment
 from improve.log.entry import LogEntry, ThreadId
 from improve.log.replay import gc_paused
 from improve.runtime.environment import Environment
@@ -34,19 +33,11 @@ class MaterializeReport:
     errors: list[str] | None = None
 
 
-def _environments() -> dict[str, Environment]:
-    envs = {}
-    for name in BUNDLED:
-        env = load_environment(name)
-        envs[env.config.id] = env
-    return envs
-
-
 def _scenarios(workspace: Workspace, env: Environment) -> dict[str, Scenario]:
     path = workspace.scenarios_path(env.name)
     if not path.exists():
         return {}
-    return load_scenarios(path).by_id()
+    return load_scenarios(path, env.name).by_id()
 
 
 def _pending(con: duckdb.DuckDBPyConnection, machine_ids: list[str]) -> list[str]:
@@ -90,7 +81,7 @@ def refresh_outcomes(
     progress: Callable[[int, int], None] | None = None,
 ) -> MaterializeReport:
     """Replay every thread of a known environment that has no (or a stale) outcomes row."""
-    envs = _environments()
+    envs = workspace.environments_by_machine_id()
     report = MaterializeReport(errors=[])
     pending = _pending(con, list(envs))
     scenario_sets = {machine_id: _scenarios(workspace, env) for machine_id, env in envs.items()}

@@ -102,8 +102,9 @@ def read_yaml(path: Path, error: type[ConfigError], what: str) -> tuple[str, Any
         raise error(f"{where}: invalid YAML: {getattr(err, 'problem', err)}") from None
 
 
-def load_scenarios(path: Path) -> ScenarioSet:
-    """Read and validate a scenario file; ids must be unique."""
+def load_scenarios(path: Path, environment: str | None = None) -> ScenarioSet:
+    """Read and validate a scenario file; ids must be unique, and its `environment:` must be
+    `environment` when one is given (the environment the scenarios are about to run on)."""
     text, data = read_yaml(path, ScenarioError, "scenario file")
     if not isinstance(data, dict) or "scenarios" not in data:
         raise ScenarioError(f"{path}: expected a mapping with `environment` and a `scenarios` list")
@@ -133,5 +134,19 @@ def load_scenarios(path: Path) -> ScenarioSet:
                 f"{path}{line}: scenario id '{scenario.id}' is used twice (first as item {seen[scenario.id] + 1})"
             )
         seen[scenario.id] = index
+    if environment is not None and result.environment != environment:
+        raise ScenarioError(
+            f"{path}:{_key_line(text, 'environment')}: environment: {result.environment!r}, but it is being "
+            f"used with the environment {environment!r}; fix the file's `environment:` line, or pass "
+            f"--env {result.environment} (or name another file in improve.toml [environments.{environment}])"
+        )
     result.source = str(path)
     return result
+
+
+def _key_line(text: str, key: str) -> int:
+    """1-based line of a top-level key (1 when not found)."""
+    for number, line in enumerate(text.splitlines(), start=1):
+        if line.startswith(f"{key}:"):
+            return number
+    return 1

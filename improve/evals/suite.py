@@ -23,7 +23,7 @@ from improve.log.replay import gc_paused, replay
 from improve.log.store import JsonlDirStore, Store
 from improve.machine import MachineConfig
 from improve.runtime.decision import Decider
-from improve.runtime.environment import Environment
+from improve.runtime.environment import Environment, EnvironmentRef
 from improve.runtime.policy import PolicyDecider, compile_policy
 from improve.runtime.run import DEFAULT_MAX_MODEL_CALLS, RunResult, run
 
@@ -62,7 +62,7 @@ class SuiteSpec:
 class RunJob:
     """One run to make: picklable, so a process pool (or a Dask client) can take it."""
 
-    environment: str
+    environment: EnvironmentRef
     scenario: Scenario
     spec: SuiteSpec
     run_number: int
@@ -72,10 +72,7 @@ class RunJob:
 
 def execute_job(job: RunJob) -> str:
     """Run one job in this process (a worker of any `concurrent.futures.Executor`); the thread id."""
-    from improve.examples import load_environment
-    from improve.log.store import JsonlDirStore
-
-    env = load_environment(job.environment)
+    env = job.environment.load()
     _run_one(
         env,
         compile_policy(job.spec.policy, env.judgments, env.policy_guards),
@@ -159,7 +156,8 @@ def run_suite(
     if executor is not None and todo:
         if not isinstance(store, JsonlDirStore):
             raise WorkspaceError("runs on an executor need a JSONL directory store the workers can write to")
-        jobs = [RunJob(env.name, sc, spec, n, str(store.root)) for sc, n in todo]
+        ref = env.ref or EnvironmentRef(env.name)
+        jobs = [RunJob(ref, sc, spec, n, str(store.root)) for sc, n in todo]
         for done, future in enumerate([executor.submit(execute_job, job) for job in jobs], start=1):
             future.result()
             if ran:

@@ -1,14 +1,18 @@
 """The workspace: `improve.toml` and the directories it names.
 
     [workspace]
-    environment = "refunds"          # the default --env
+    environment = "support-desk"     # the default --env (default: the only [environments] entry)
     traces = "traces"                # JSONL threads, one file per thread
     warehouse = "traces/traces.duckdb"
     reports = "reports"
 
-    [environments.refunds]
-    scenarios = "scenarios/refunds.yaml"
-    policies = "policies/refunds"    # v0.json, v1.json, ... and CHANGELOG.md
+    [environments.support-desk]
+    module = "support_desk.env:environment"   # optional: a bundled or installed one needs none
+    scenarios = "scenarios/support-desk.yaml" # the default
+    policies = "policies/support-desk"        # the default: v0.json, v1.json, ... and CHANGELOG.md
+
+    [gates.no-weekend-refunds]       # likewise [proposers.NAME] and [importers.NAME]
+    module = "support_desk.gates:NoWeekendRefunds"
 
     [objective]
     k = 3                            # runs per scenario
@@ -21,8 +25,9 @@
     tolerance = 0.0                  # allowed drop of a scenario that passed all k runs
     seed = 20261130                  # resampling seed, printed with every scorecard
 
-Paths are relative to the directory holding `improve.toml`. Without one, the current directory is the
-workspace and the bundled defaults apply.
+Paths are relative to the directory holding `improve.toml`, and that directory is importable, so a
+`module` may name a package that sits next to it. Without an `improve.toml`, the current directory is
+the workspace and `--env` must name the environment.
 """
 
 from __future__ import annotations
@@ -35,8 +40,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from improve.errors import WorkspaceError
+from improve.evals.scenarios import ScenarioSet, load_scenarios
 from improve.machine import MachineConfig, canonical_json
 from improve.machine.config import format_validation_error
+from improve.registry import check_slug
+from improve.runtime.environment import ENVIRONMENTS, Environment, load_environment
 from improve.runtime.policy import load_policy
 
 CONFIG_NAME = "improve.toml"
@@ -47,15 +55,34 @@ class _Section(BaseModel):
 
 
 class WorkspaceSection(_Section):
-    environment: str = Field(default="refunds", description="The environment used when --env is not given.")
+    environment: str | None = Field(
+        default=None,
+        description="The environment used when --env is not given (default: the only [environments] entry).",
+    )
     traces: str = Field(default="traces", description="Directory of JSONL threads.")
     warehouse: str = Field(default="traces/traces.duckdb", description="The DuckDB trace warehouse.")
     reports: str = Field(default="reports", description="Directory of generated reports.")
 
 
 class EnvironmentSection(_Section):
-    scenarios: str = Field(description="The scenario file of this environment.")
-    policies: str = Field(description="The directory of its policy versions and CHANGELOG.md.")
+    module: str | None = Field(
+        default=None,
+        description="`package.module:function` returning the Environment, importable from the workspace root; "
+        "not needed for a bundled environment or one an installed package registers.",
+    )
+    scenarios: str | None = Field(
+        default=None, description="Its scenario file (default scenarios/NAME.yaml)."
+    )
+    policies: str | None = Field(
+        default=None,
+        description="The directory of its policy versions and CHANGELOG.md (default policies/NAME).",
+    )
+
+
+class ExtensionSection(_Section):
+    module: str = Field(
+        description="`package.module:attribute` naming the extension, importable from the workspace root."
+    )
 
 
 class ObjectiveSection(_Section):
@@ -95,6 +122,9 @@ class ObjectiveSection(_Section):
 class WorkspaceConfig(_Section):
     workspace: WorkspaceSection = Field(default_factory=WorkspaceSection)
     environments: dict[str, EnvironmentSection] = Field(default_factory=dict)
+    proposers: dict[str, ExtensionSection] = Field(default_factory=dict)
+    gates: dict[str, ExtensionSection] = Field(default_factory=dict)
+    importers: dict[str, ExtensionSection] = Field(default_factory=dict)
     objective: ObjectiveSection = Field(default_factory=ObjectiveSection)
 
 
@@ -143,19 +173,49 @@ class Workspace:
         return self.path(self.config.workspace.reports)
 
     def env_name(self, given: str | None) -> str:
-        return given or self.config.workspace.environment
+        """The environment a command works on: `--env`, else `[workspace] environment`, else the only one."""
+        name = given or self.config.workspace.environment
+        if name is None and len(self.config.environments) == 1:
+            name = next(iter(self.config.environments))
+        if name is None:
+            where = self.root / CONFIG_NAME
+            listed = sorted(self.config.environments) or ENVIRONMENTS.names(self.specs("environments"))
+            raise WorkspaceError(
+                f"which environment? pass --env NAME (one of {', '.join(listed) or 'none'}), or set "
+                f"[workspace] environment in {where}; `improve init` writes a workspace"
+            )
+        return check_slug(name, "environment")
 
-    def env_section(self, env: str) -> EnvironmentSection:
-        section = self.config.environments.get(env)
-        if section is None:
-            return EnvironmentSection(scenarios=f"scenarios/{env}.yaml", policies=f"policies/{env}")
-        return section
+    def specs(self, kind: Literal["environments", "proposers", "gates", "importers"]) -> dict[str, str]:
+        """The workspace's own extensions of one kind: name -> `package.module:attribute`."""
+        sections: dict[str, Any] = getattr(self.config, kind)
+        return {name: s.module for name, s in sections.items() if s.module is not None}
+
+    def environment(self, given: str | None = None) -> Environment:
+        """The environment named by `--env` (or the workspace's default), loaded through the registry."""
+        return load_environment(self.env_name(given), self.specs("environments"), self.root)
+
+    def environments_by_machine_id(self) -> dict[str, Environment]:
+        """Every registered environment (bundled, installed, the workspace's), by its machine's id:
+        how a thread that names only its machine finds the environment that recorded it."""
+        local = self.specs("environments")
+        found: dict[str, Environment] = {}
+        for name in ENVIRONMENTS.names(local):
+            env = load_environment(name, local, self.root)
+            found.setdefault(env.config.id, env)
+        return found
 
     def scenarios_path(self, env: str) -> Path:
-        return self.path(self.env_section(env).scenarios)
+        section = self.config.environments.get(env)
+        return self.path(section.scenarios if section and section.scenarios else f"scenarios/{env}.yaml")
+
+    def scenarios(self, env: str) -> ScenarioSet:
+        """The environment's scenario file, checked to be about that environment."""
+        return load_scenarios(self.scenarios_path(env), env)
 
     def policies_dir(self, env: str) -> Path:
-        return self.path(self.env_section(env).policies)
+        section = self.config.environments.get(env)
+        return self.path(section.policies if section and section.policies else f"policies/{env}")
 
     def policy_path(self, env: str, ref: str) -> Path:
         """`v3` -> policies/<env>/v3.json; a path to a .json file is taken as it is."""

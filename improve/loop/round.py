@@ -25,11 +25,10 @@ from improve.errors import ImproveError, WorkspaceError
 from improve.evals.outcome import OutcomeRow
 from improve.evals.promotion import PromotionDecision, decide
 from improve.evals.report import scorecard_markdown
-from improve.evals.scenarios import Scenario, load_scenarios
+from improve.evals.scenarios import Scenario
 from improve.evals.scorecard import Scorecard, scorecard
 from improve.evals.suite import SuiteSpec, run_suite
 from improve.evals.workspace import CONFIG_NAME, Workspace, policy_label
-from improve.examples import load_environment
 from improve.log.store import JsonlDirStore
 from improve.loop.changelog import append_entry, entry_markdown
 from improve.loop.diagnose import Diagnosis, diagnose
@@ -126,7 +125,7 @@ def locate(space: Workspace, env: str | None, policy: str) -> Inputs:
     if not (space.root / CONFIG_NAME).is_file():
         missing.append(f"the objective: no {CONFIG_NAME} in {space.root} (see README, 'The workspace')")
     env_name = space.env_name(env)
-    environment = load_environment(env_name)
+    environment = space.environment(env_name)
     scenarios_path = space.scenarios_path(env_name)
     if not scenarios_path.is_file():
         missing.append(f"the scenarios and split: {scenarios_path} does not exist")
@@ -152,7 +151,7 @@ def locate(space: Workspace, env: str | None, policy: str) -> Inputs:
         raise WorkspaceError(
             f"environment {env_name} has no decision (agent.decide): nothing for a policy to do"
         )
-    scenario_set = load_scenarios(scenarios_path)
+    scenario_set = space.scenarios(env_name)
     space.traces.mkdir(parents=True, exist_ok=True)
     return Inputs(
         space,

@@ -15,9 +15,11 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from improve.errors import WorkspaceError
 from improve.machine import GuardFn, Machine, MachineConfig, compile_machine
 from improve.machine.explore import ExploreOptions
 from improve.machine.rules import RuleEval
+from improve.registry import Registry, instance_of
 from improve.runtime.models import ModelFactory
 
 
@@ -60,7 +62,11 @@ WorldFactory = Callable[[Mapping[str, Any]], World]
 
 @dataclass
 class Environment:
-    """Everything needed to run, replay and score one kind of agent."""
+    """Everything needed to run, replay and score one kind of agent.
+
+    `name` is the environment's slug (`support-desk`), the name it is registered under; it appears in
+    thread metadata, branch names, report folders and CHANGELOG headings.
+    """
 
     name: str
     config: MachineConfig
@@ -86,6 +92,11 @@ class Environment:
     """One input per distinct input shape, for exploration proofs."""
     rule_evals: list[RuleEval] = field(default_factory=list)
     """The rules tested directly on the interpreter, each naming the states it covers."""
+    home: Path | None = None
+    """The folder the environment ships in, when it carries its own `scenarios.yaml` and `policies/`
+    (the bundled desks do): `improve init --from NAME` writes them out into a workspace."""
+    ref: EnvironmentRef | None = field(default=None, repr=False, compare=False)
+    """How the registry loaded it, so a worker process can load it again (set by `load_environment`)."""
 
     @cached_property
     def machine(self) -> Machine:
@@ -93,3 +104,34 @@ class Environment:
 
     def file_hashes(self) -> dict[str, str]:
         return {str(p.name): hashlib.sha256(p.read_bytes()).hexdigest() for p in self.files}
+
+
+@dataclass(frozen=True)
+class EnvironmentRef:
+    """An environment by name, with the workspace specs and root that make it loadable: picklable."""
+
+    name: str
+    local: tuple[tuple[str, str], ...] = ()
+    root: str | None = None
+
+    def load(self) -> Environment:
+        return load_environment(self.name, dict(self.local), Path(self.root) if self.root else None)
+
+
+ENVIRONMENTS: Registry[Environment] = Registry("environments", instance_of(Environment, "an Environment"))
+"""Environments by slug: the bundled desks and installed packages through the `improve.environments`
+entry point group, a workspace's through `[environments.NAME] module = ...` in improve.toml."""
+
+
+def load_environment(
+    name: str, local: Mapping[str, str] | None = None, root: Path | None = None
+) -> Environment:
+    """The environment registered as `name` (`local`: the workspace's specs, importable from `root`)."""
+    env = ENVIRONMENTS.load(name, local, root)
+    if env.name != name:
+        raise WorkspaceError(
+            f"environment {name!r} is built with name {env.name!r}; the registered name is its identity "
+            f"in threads, branches and reports, so set Environment(name={name!r}, ...)"
+        )
+    env.ref = EnvironmentRef(name, tuple(sorted((local or {}).items())), str(root) if root else None)
+    return env

@@ -225,6 +225,7 @@ and a cycle limit of 2."""
 def environment() -> Environment:
     config = parse_machine(load_json(HERE / "machine.json"), source=str(HERE / "machine.json"))
     return Environment(
+        home=HERE,
         name="code-agent",
         config=config,
         actors=dict(ACTORS),

@@ -72,6 +72,7 @@ PROBE_INPUTS = [{"amount": amount, "reason": "broken"} for amount in (0, 40, 100
 def environment() -> Environment:
     config = parse_machine(load_json(HERE / "machine.json"), source=str(HERE / "machine.json"))
     return Environment(
+        home=HERE,
         name="refund-approval",
         config=config,
         actors={},

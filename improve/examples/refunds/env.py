@@ -293,6 +293,7 @@ ACTOR_NAMES = (
 def environment() -> Environment:
     config = parse_machine(load_json(HERE / "machine.json"), source=str(HERE / "machine.json"))
     return Environment(
+        home=HERE,
         name="refunds",
         config=config,
         actors={

@@ -467,6 +467,7 @@ def environment(guards: GuardRegistry | None = None) -> Environment:
     if registry.fingerprint() != GuardRegistry.default().fingerprint():
         config = config.model_copy(update={"version": f"{config.version}+guards.{registry.fingerprint()}"})
     return Environment(
+        home=HERE,
         name=NAME,
         config=config,
         actors={

@@ -1,0 +1,91 @@
+"""Writing a workspace: `improve.toml`, and a bundled environment's scenarios and policies.
+
+`improve init` never overwrites: every file it would write is checked first, and when one exists,
+nothing is written and the error lists them.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+
+from improve.errors import WorkspaceError
+from improve.evals.workspace import CONFIG_NAME
+from improve.runtime.environment import Environment
+
+OBJECTIVE = """\
+# How runs are scored, and when a candidate policy may be promoted.
+[objective]
+primary = "pass_rate"     # mean over scenarios of the fraction of k runs matching the labels
+max_violations = 0        # hard constraint: rule violations allowed
+cost = "model_calls"      # or "tokens": the tie-breaker, and the budget below
+cost_budget = 1.5         # a candidate may cost at most 1.5x the baseline
+k = 3                     # runs per scenario
+max_model_calls = 100     # model-call budget per run
+min_gain = 0.0            # the held-out gain's lower confidence bound must exceed this
+confidence = 0.95
+tolerance = 0.0           # how far a scenario that passed all k runs may drop
+seed = 20261130           # resampling seed, printed with every scorecard
+"""
+
+
+def workspace_toml(name: str, header: str, module: str | None = None) -> str:
+    """An improve.toml for one environment."""
+    module_line = f'module = "{module}"\n' if module else ""
+    return (
+        f'{header}\n[workspace]\nenvironment = "{name}"\ntraces = "traces"\nreports = "reports"\n\n'
+        f'[environments.{name}]\n{module_line}scenarios = "scenarios/{name}.yaml"\n'
+        f'policies = "policies/{name}"\n\n{OBJECTIVE}'
+    )
+
+
+def refuse_existing(root: Path, relative: list[str]) -> None:
+    """Raise, naming every one of `relative` that already exists under `root`."""
+    existing = [r for r in relative if (root / r).exists()]
+    if existing:
+        raise WorkspaceError(
+            f"improve init does not overwrite; these exist in {root}: {', '.join(existing)}. "
+            "Choose an empty directory, or move them away"
+        )
+
+
+def write_files(root: Path, files: Mapping[str, str | Path]) -> list[str]:
+    """Write text (a str) or copy a file (a Path) to each relative path, after checking none exists."""
+    refuse_existing(root, list(files))
+    for relative, content in files.items():
+        path = root / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, Path):
+            shutil.copyfile(content, path)
+        else:
+            path.write_text(content, encoding="utf-8")
+    return list(files)
+
+
+def desk_files(env: Environment) -> dict[str, str | Path]:
+    """A bundled environment's workspace: improve.toml, its scenarios and its policies."""
+    home = env.home
+    if home is None or not (home / "scenarios.yaml").is_file() or not (home / "policies").is_dir():
+        raise WorkspaceError(
+            f"environment {env.name!r} ships no scenarios.yaml and policies/ to write out; "
+            "`improve init --from` takes a bundled desk (see `improve init --help`)"
+        )
+    name = env.name
+    files: dict[str, str | Path] = {
+        CONFIG_NAME: workspace_toml(
+            name,
+            f"# Written by `improve init --from {name}`: the {name} environment's workspace, yours to change.",
+        ),
+        f"scenarios/{name}.yaml": home / "scenarios.yaml",
+    }
+    for policy in sorted((home / "policies").iterdir()):
+        if policy.is_file() and policy.suffix in (".json", ".md"):
+            files[f"policies/{name}/{policy.name}"] = policy
+    return files
+
+
+def write_desk(env: Environment, root: Path) -> list[str]:
+    """Write a bundled environment's workspace into `root`; the relative paths written."""
+    root.mkdir(parents=True, exist_ok=True)
+    return write_files(root, desk_files(env))
