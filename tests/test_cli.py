@@ -76,11 +76,50 @@ def test_second_run_reuses_recorded_threads(ws: Path) -> None:
     assert fresh.exit_code == 0 and path.read_text() != before
 
 
+def test_threads_of_two_models_for_one_policy_coexist(ws: Path) -> None:
+    args = ["run", "-w", str(ws), "--split", "held-out", "--k", "1", "--scenario", "fraud-signal-04"]
+    assert runner.invoke(app, [*args, "--model", "naive"]).exit_code == 0
+    careful = runner.invoke(app, [*args, "--model", "careful", "--json"])
+    assert careful.exit_code == 0, careful.output
+    names = sorted(p.name for p in (ws / "traces").glob("*.jsonl"))
+    assert names == [
+        "held-out:v0:careful:fraud-signal-04:r1.jsonl",
+        "held-out:v0:naive:fraud-signal-04:r1.jsonl",
+    ]
+    # Each model's runs are scored apart: careful escalates the fraud signal, naive refunds it.
+    scores = {}
+    for model in ("naive", "careful"):
+        scored = runner.invoke(
+            app, ["score", "-w", str(ws), "-p", "v0", "-m", model, "-s", "held-out", "--json"]
+        )
+        assert scored.exit_code == 0, scored.output
+        scores[model] = json.loads(scored.stdout)["scorecards"][0]["pass_rate"]
+    assert scores == {"naive": 0.0, "careful": 1.0}
+
+
+def test_a_scenario_file_about_another_environment_is_refused(ws: Path) -> None:
+    path = ws / "scenarios" / "refunds.yaml"
+    text = path.read_text()
+    line = text.splitlines().index("environment: refunds") + 1
+    path.write_text(text.replace("environment: refunds", "environment: tool-loop"))
+    # run and round refuse (a usage error); scenarios check reports it as a failed check.
+    for command, code in (
+        (["run", "--k", "1"], 2),
+        (["round", "--policy", "v0"], 2),
+        (["scenarios", "check"], 1),
+    ):
+        result = runner.invoke(app, [*command, "-w", str(ws)])
+        assert result.exit_code == code, (command, result.output)
+        assert f"refunds.yaml:{line}: environment: 'tool-loop'" in result.stderr, result.stderr
+        assert "'refunds'" in result.stderr
+    assert not (ws / "traces").exists() or not list((ws / "traces").glob("*.jsonl"))
+
+
 def test_replay_verifies_and_flags_divergence(ws: Path) -> None:
     runner.invoke(
         app, ["run", "-w", str(ws), "--split", "train", "--k", "1", "--scenario", "partial-refund-01"]
     )
-    thread = "train:v0:partial-refund-01:r1"
+    thread = "train:v0:naive:partial-refund-01:r1"
     ok = runner.invoke(app, ["replay", "-w", str(ws), thread, "--verify", "--json"])
     assert ok.exit_code == 0, ok.output
     doc = json.loads(ok.stdout)

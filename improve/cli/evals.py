@@ -38,6 +38,9 @@ def score_command(
     split: Annotated[
         str, typer.Option("--split", "-s", help="train, held-out or all (each split scored apart).")
     ] = "all",
+    model: Annotated[
+        str, typer.Option("--model", "-m", help="The model whose recorded runs are scored.")
+    ] = "naive",
     env: Annotated[str | None, EnvOption] = None,
     fmt: Annotated[
         str, typer.Option("--format", "-f", help="table or markdown (the PR body's scorecard).")
@@ -79,11 +82,12 @@ def score_command(
                 if side not in configs:
                     continue
                 label = policy_label(configs[side])
-                rows = recorded_rows(environment, scenarios, store, label, part)
+                rows = recorded_rows(environment, scenarios, store, label, part, model)
                 if not rows:
                     raise WorkspaceError(
-                        f"no recorded runs of {label} on {part} in {space.traces}; run "
-                        f"`improve run --env {env_name} --policy {label} --split {part} --k {objective.k}` first"
+                        f"no recorded runs of {label} with model {model} on {part} in {space.traces}; run "
+                        f"`improve run --env {env_name} --policy {label} --model {model} --split {part} "
+                        f"--k {objective.k}` first"
                     )
                 pair[side] = scorecard(rows, label, part)
             cards += [pair[s] for s in ("old", "new") if s in pair]

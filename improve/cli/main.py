@@ -267,7 +267,7 @@ def replay_command(
 
     Example:
 
-        improve replay train:v0:small-refund-01:r1 --verify
+        improve replay train:v0:naive:small-refund-01:r1 --verify
     """
     with handled():
         space = workspace(ws)

@@ -1,8 +1,9 @@
 """Running a policy over a split of scenarios, k runs each, one journaled thread per run.
 
-Thread ids are `split:version:scenario:r<k>`. A thread already recorded with the same stamp (policy
-hash, model, budget) is reused rather than run again, so an interrupted job resumes where it stopped;
-one recorded with a different stamp is refused (bump the policy version, or `fresh=True`).
+Thread ids are `split:version:model:scenario:r<k>`: runs of two models coexist. A thread already
+recorded with the same stamp (policy hash, model, budget) is reused rather than run again, so an
+interrupted job resumes where it stopped; one recorded with a different stamp (the policy changed
+under the same version) is refused (bump the policy version, or `fresh=True` to discard it).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from improve.errors import WorkspaceError
 from improve.evals.outcome import OutcomeRow, outcome_row
 from improve.evals.scenarios import Scenario
 from improve.evals.workspace import policy_hash, policy_label
-from improve.log.entry import LogEntry, ThreadId
+from improve.log.entry import LogEntry, ThreadId, model_slug
 from improve.log.replay import gc_paused, replay
 from improve.log.store import JsonlDirStore, Store
 from improve.machine import MachineConfig
@@ -41,7 +42,15 @@ class SuiteSpec:
     max_model_calls: int = DEFAULT_MAX_MODEL_CALLS
 
     def thread_id(self, scenario: Scenario, run_number: int) -> str:
-        return f"{scenario.split}:{policy_label(self.policy)}:{scenario.id}:r{run_number}"
+        return str(
+            ThreadId(
+                split=scenario.split,
+                policy_version=policy_label(self.policy),
+                model=model_slug(self.model),
+                scenario=scenario.id,
+                run=run_number,
+            )
+        )
 
     def stamp(self, env: Environment, scenario: Scenario, run_number: int) -> dict[str, Any]:
         return {
@@ -226,16 +235,16 @@ def _stamp_diff(recorded: dict[str, Any], wanted: dict[str, Any]) -> str:
 
 
 def recorded_rows(
-    env: Environment, scenarios: Sequence[Scenario], store: Store, version: str, split: str
+    env: Environment, scenarios: Sequence[Scenario], store: Store, version: str, split: str, model: str
 ) -> list[OutcomeRow]:
-    """Outcome rows of every recorded thread of `version` on `split` (replayed and scored), for the
-    scenarios given; threads of unknown scenarios are skipped."""
+    """Outcome rows of every recorded thread of `version` with `model` on `split` (replayed and
+    scored), for the scenarios given; threads of unknown scenarios are skipped."""
     by_id = {s.id: s for s in scenarios}
     splits = ("train", "held-out") if split == "all" else (split,)
     rows: list[OutcomeRow] = []
     with gc_paused():
         for part in splits:
-            page = store.list_threads(prefix=f"{part}:{version}:", limit=1_000_000)
+            page = store.list_threads(prefix=f"{part}:{version}:{model_slug(model)}:", limit=1_000_000)
             for thread_id in page.thread_ids:
                 parsed = ThreadId.parse(thread_id)
                 if parsed is None or parsed.scenario not in by_id:

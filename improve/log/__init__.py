@@ -2,7 +2,7 @@
 
 >>> from improve.log import JsonlDirStore, replay
 >>> store = JsonlDirStore(Path("traces"))
->>> result = replay(machine, store.read("train:v0:small-refund-01:r1"), verify=True)
+>>> result = replay(machine, store.read("train:v0:naive:small-refund-01:r1"), verify=True)
 """
 
 from improve.log.entry import (
@@ -13,6 +13,7 @@ from improve.log.entry import (
     LogEntry,
     ThreadId,
     Verification,
+    model_slug,
 )
 from improve.log.replay import ReplayResult, replay, run_status, validate_log
 from improve.log.store import JsonlDirStore, MemoryStore, Store, ThreadPage, open_store
@@ -33,5 +34,6 @@ __all__ = [
     "open_store",
     "replay",
     "run_status",
+    "model_slug",
     "validate_log",
 ]

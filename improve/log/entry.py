@@ -120,25 +120,38 @@ def check_thread_id(thread_id: str) -> str:
     if not isinstance(thread_id, str) or not THREAD_ID_PATTERN.match(thread_id):
         raise ValueError(
             f"thread id {thread_id!r} is not valid: use letters, digits and . _ : @ + = - "
-            "(at most 255 characters), e.g. 'train:v3:refund-small:r1'"
+            "(at most 255 characters), e.g. 'train:v3:naive:refund-small:r1'"
         )
     return thread_id
 
 
 class ThreadId(BaseModel):
-    """A thread id parsed: `split:policyVersion:scenario:run`, e.g. `train:v3:refund-small:r1`."""
+    """A thread id parsed: `split:policyVersion:model:scenario:rK`, e.g. `train:v3:naive:refund-small:r1`.
+
+    The model is part of the identity, so runs of two models of one policy version coexist. Ids of
+    the older form `split:policyVersion:scenario:rK` still parse, with `model` None.
+    """
 
     split: str
     policy_version: str
+    model: str | None = None
     scenario: str
     run: int
 
     def __str__(self) -> str:
-        return f"{self.split}:{self.policy_version}:{self.scenario}:r{self.run}"
+        model = f"{self.model}:" if self.model is not None else ""
+        return f"{self.split}:{self.policy_version}:{model}{self.scenario}:r{self.run}"
 
     @classmethod
     def parse(cls, thread_id: str) -> ThreadId | None:
         parts = thread_id.split(":")
-        if len(parts) != 4 or not re.fullmatch(r"r\d+", parts[3]):
+        if len(parts) not in (4, 5) or not re.fullmatch(r"r\d+", parts[-1]):
             return None
-        return cls(split=parts[0], policy_version=parts[1], scenario=parts[2], run=int(parts[3][1:]))
+        model = parts[2] if len(parts) == 5 else None
+        return cls(split=parts[0], policy_version=parts[1], model=model, scenario=parts[-2], run=int(parts[-1][1:]))
+
+
+def model_slug(model: str) -> str:
+    """A model's name as it appears in thread ids: characters other than letters, digits, `.`, `_`
+    and `-` become `-` (`openai:gpt-4.1-mini` -> `openai-gpt-4.1-mini`)."""
+    return re.sub(r"[^A-Za-z0-9._-]", "-", model)

@@ -17,7 +17,8 @@ class Relation:
     sql: str | None = None  # None for tables (created by migrations)
 
 
-THREAD_PARTS = r"'^[^:]+:[^:]+:[^:]+:r[0-9]+$'"
+THREAD_PARTS = r"'^[^:]+:[^:]+:([^:]+:)?[^:]+:r[0-9]+$'"
+"""`split:version:model:scenario:rK`, or the older `split:version:scenario:rK` (no model)."""
 
 RELATIONS: tuple[Relation, ...] = (
     Relation(
@@ -101,11 +102,13 @@ RELATIONS: tuple[Relation, ...] = (
     ),
     Relation(
         "threads",
-        "One row per thread: its id parsed into split, policy version, scenario and run; machine; size; times.",
+        "One row per thread: its id parsed into split, policy version, model, scenario and run; machine; size; "
+        "times.",
         {
             "thread_id": "The thread.",
-            "split": "train or held-out (NULL when the id is not split:version:scenario:rK).",
+            "split": "train or held-out (NULL when the id is not split:version:model:scenario:rK).",
             "policy_version": "Policy version label, e.g. v3.",
+            "model": "The model's name as in the id (NULL for ids of the older form without one).",
             "scenario": "Scenario id.",
             "run": "Run number.",
             "machine_id": "Environment machine id.",
@@ -116,12 +119,15 @@ RELATIONS: tuple[Relation, ...] = (
         },
         f"""
         SELECT thread_id,
-               CASE WHEN regexp_matches(thread_id, {THREAD_PARTS}) THEN split_part(thread_id, ':', 1) END AS split,
-               CASE WHEN regexp_matches(thread_id, {THREAD_PARTS}) THEN split_part(thread_id, ':', 2) END
+               CASE WHEN regexp_matches(thread_id, {THREAD_PARTS}) THEN string_split(thread_id, ':')[1] END AS split,
+               CASE WHEN regexp_matches(thread_id, {THREAD_PARTS}) THEN string_split(thread_id, ':')[2] END
                    AS policy_version,
-               CASE WHEN regexp_matches(thread_id, {THREAD_PARTS}) THEN split_part(thread_id, ':', 3) END AS scenario,
+               CASE WHEN regexp_matches(thread_id, {THREAD_PARTS}) AND len(string_split(thread_id, ':')) = 5
+                    THEN string_split(thread_id, ':')[3] END AS model,
+               CASE WHEN regexp_matches(thread_id, {THREAD_PARTS}) THEN string_split(thread_id, ':')[-2] END
+                   AS scenario,
                CASE WHEN regexp_matches(thread_id, {THREAD_PARTS})
-                    THEN TRY_CAST(substr(split_part(thread_id, ':', 4), 2) AS INTEGER) END AS run,
+                    THEN TRY_CAST(substr(string_split(thread_id, ':')[-1], 2) AS INTEGER) END AS run,
                min(machine_id) AS machine_id,
                min(machine_version) AS machine_version,
                count(*) AS entries,
