@@ -31,9 +31,9 @@ __all__ = [
     "ThreadId",
     "ThreadPage",
     "Verification",
+    "model_slug",
     "open_store",
     "replay",
     "run_status",
-    "model_slug",
     "validate_log",
 ]

@@ -148,7 +148,9 @@ class ThreadId(BaseModel):
         if len(parts) not in (4, 5) or not re.fullmatch(r"r\d+", parts[-1]):
             return None
         model = parts[2] if len(parts) == 5 else None
-        return cls(split=parts[0], policy_version=parts[1], model=model, scenario=parts[-2], run=int(parts[-1][1:]))
+        return cls(
+            split=parts[0], policy_version=parts[1], model=model, scenario=parts[-2], run=int(parts[-1][1:])
+        )
 
 
 def model_slug(model: str) -> str:
