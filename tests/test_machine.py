@@ -147,6 +147,17 @@ def test_sentinel_reached_when_guard_loosened() -> None:
     assert machine.config.states["illegallyIssued"].is_sentinel
 
 
+def test_a_sentinel_is_a_final_state_tagged_sentinel_or_described_the_old_way() -> None:
+    def states(**extra: Any) -> dict[str, Any]:
+        return {"id": "m", "version": "1", "initial": "a", "states": {"a": {"on": {"GO": "b"}}, "b": extra}}
+
+    assert parse_machine(states(type="final", tags=["sentinel"])).sentinels() == ["b"]
+    assert parse_machine(states(type="final", description="SENTINEL: never")).sentinels() == ["b"]
+    assert parse_machine(states(type="final", tags=["done"])).sentinels() == []
+    with pytest.raises(MachineConfigError, match=r"\$\.states\.b\.tags: .*must be final"):
+        parse_machine(states(tags=["sentinel"]))
+
+
 def test_snapshot_json_round_trip_and_hash_is_canonical() -> None:
     machine = approval_machine()
     snap = transition(machine, initial(machine, {"amount": 150, "reason": "x"}), {"type": "ESCALATE"})

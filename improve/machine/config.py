@@ -15,6 +15,10 @@ Spelling (kept stable; DESIGN.md is the contract this follows):
   the list of allowed values (a closed choice) or `'text'` (free text, optional, e.g. a reason);
   `facts`, `name` and `prompt` are expressions.
 - States are flat (siblings of one machine): a target names a key of `states`.
+- A **sentinel** is a final state tagged `"sentinel"` (`"type": "final", "tags": ["sentinel"]`, with a
+  `description` saying what must never happen): an invariant that must be unreachable. Exploration
+  proves it, replay counts reaching it as a violation. The older spelling, a final state whose
+  description starts with `SENTINEL:`, is still read.
 """
 
 from __future__ import annotations
@@ -31,8 +35,11 @@ DECIDE_SRC = "agent.decide"
 MODEL_DECIDE = "model.decide"
 """The invoke source of a model request inside a policy; its input names the model ref."""
 
+SENTINEL_TAG = "sentinel"
+"""A final state with this tag is an invariant that must be unreachable."""
+
 SENTINEL_PREFIX = "SENTINEL:"
-"""A final state whose description starts with this is an invariant that must be unreachable."""
+"""The older sentinel marker, still read: a final state whose description starts with it."""
 
 ExprTree = Any
 """A CEL string, or a dict / list of expression trees, or a JSON literal (number, bool, null)."""
@@ -116,7 +123,18 @@ class StateConfig(_Strict):
 
     @property
     def is_sentinel(self) -> bool:
-        return self.is_final and (self.description or "").startswith(SENTINEL_PREFIX)
+        return self.is_final and (
+            SENTINEL_TAG in self.tags or (self.description or "").startswith(SENTINEL_PREFIX)
+        )
+
+    @field_validator("tags")
+    @classmethod
+    def _sentinel_is_final(cls, tags: list[str], info: Any) -> list[str]:
+        if SENTINEL_TAG in tags and info.data.get("type") != "final":
+            raise ValueError(
+                f'a state tagged "{SENTINEL_TAG}" marks an invariant and must be final: add "type": "final"'
+            )
+        return tags
 
 
 class MachineConfig(_Strict):
