@@ -22,6 +22,7 @@ from improve.machine.config import (
     parse_machine,
     transitions_of,
 )
+from improve.machine.explore import ExploreOptions, ExploreResult, can_reach
 from improve.machine.expr import ALLOWED_ROOTS, MAX_EXPRESSION_LENGTH, Expr, Scope, compile_expr
 from improve.machine.interpreter import (
     DONE_EVENT,
@@ -35,6 +36,7 @@ from improve.machine.interpreter import (
     initial,
     transition,
 )
+from improve.machine.rules import RuleEval, RuleResult, run_rule_evals
 from improve.machine.snapshot import Invocation, Snapshot, canonical_hash, canonical_json
 
 __all__ = [
@@ -47,6 +49,8 @@ __all__ = [
     "SENTINEL_PREFIX",
     "SENTINEL_TAG",
     "DecideInputConfig",
+    "ExploreOptions",
+    "ExploreResult",
     "Expr",
     "GuardFn",
     "Invocation",
@@ -54,6 +58,8 @@ __all__ = [
     "Machine",
     "MachineConfig",
     "NamedGuard",
+    "RuleEval",
+    "RuleResult",
     "Scope",
     "Snapshot",
     "State",
@@ -61,12 +67,14 @@ __all__ = [
     "Transition",
     "TransitionConfig",
     "can",
+    "can_reach",
     "canonical_hash",
     "canonical_json",
     "compile_expr",
     "compile_machine",
     "initial",
     "parse_machine",
+    "run_rule_evals",
     "transition",
     "transitions_of",
 ]

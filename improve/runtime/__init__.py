@@ -8,8 +8,17 @@ from improve.runtime.environment import (
     EnvironmentRef,
     World,
     load_environment,
+    load_machine,
 )
-from improve.runtime.models import Model, ModelCallError, ModelReply, StandInModel, stand_in
+from improve.runtime.models import (
+    Model,
+    ModelCallError,
+    ModelReply,
+    StandInModel,
+    first_option,
+    option,
+    stand_in,
+)
 from improve.runtime.policy import MODEL_DECIDE, PolicyDecider, compile_policy, load_policy
 from improve.runtime.run import Journal, RunResult, run
 
@@ -34,8 +43,11 @@ __all__ = [
     "build_request",
     "check_answer",
     "compile_policy",
+    "first_option",
     "load_environment",
+    "load_machine",
     "load_policy",
+    "option",
     "run",
     "stand_in",
 ]

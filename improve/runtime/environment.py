@@ -16,11 +16,18 @@ from pathlib import Path
 from typing import Any
 
 from improve.errors import WorkspaceError
-from improve.machine import GuardFn, Machine, MachineConfig, compile_machine
-from improve.machine.explore import ExploreOptions
-from improve.machine.rules import RuleEval
+from improve.machine import (
+    ExploreOptions,
+    GuardFn,
+    Machine,
+    MachineConfig,
+    RuleEval,
+    compile_machine,
+    parse_machine,
+)
 from improve.registry import Registry, instance_of
 from improve.runtime.models import ModelFactory
+from improve.runtime.policy import load_json
 
 
 class ActorFailure(Exception):
@@ -58,6 +65,11 @@ Actor = Callable[[World, dict[str, Any]], Any]
 """A tool: `(world, input) -> output`. Raise `ActorFailure` for a failure the machine handles."""
 
 WorldFactory = Callable[[Mapping[str, Any]], World]
+
+
+def load_machine(path: Path) -> MachineConfig:
+    """An environment's machine.json, validated; errors name the file and the JSON path."""
+    return parse_machine(load_json(path), source=str(path))
 
 
 @dataclass

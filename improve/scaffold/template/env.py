@@ -1,0 +1,31 @@
+"""The environment: the machine, its tools and world, stand-in models, rule evals and probes, as one
+`Environment` registered under its name (improve.toml: `[environments.support-desk] module =
+"support_desk.env:environment"`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from improve.runtime import Environment, load_machine
+
+from .models import MODELS
+from .rules import FACT_TYPES, PROBE_INPUTS, RULE_EVALS, probe
+from .world import ACTORS, CreditWorld
+
+NAME = "support-desk"
+HERE = Path(__file__).parent
+
+
+def environment() -> Environment:
+    return Environment(
+        name=NAME,
+        config=load_machine(HERE / "machine.json"),
+        actors=dict(ACTORS),
+        make_world=CreditWorld,
+        models=dict(MODELS),
+        files=sorted([HERE / "machine.json", *HERE.glob("*.py")]),
+        fact_types=FACT_TYPES,
+        probe=probe(),
+        probe_inputs=PROBE_INPUTS,
+        rule_evals=RULE_EVALS,
+    )

@@ -1,0 +1,152 @@
+"""`improve init` as a new user meets it: a workspace for their own agent, outside this repository,
+driven only through the CLI; a bundled desk written out; an environment installed as a package."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import git
+import pytest
+from typer.testing import CliRunner
+
+from improve.cli.main import app
+
+runner = CliRunner()
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+def improve(ws: Path, *args: str) -> tuple[int, str]:
+    result = runner.invoke(app, [*args, "-w", str(ws)])
+    return result.exit_code, result.output
+
+
+def test_init_writes_a_workspace_whose_agent_passes_every_check_and_improves(tmp_path: Path) -> None:
+    # A name no other test uses: the package is imported into this process.
+    ws = tmp_path / "credits-agent"
+    made = runner.invoke(app, ["init", str(ws), "--env", "credit-desk", "--json"])
+    assert made.exit_code == 0, made.output
+    written = json.loads(made.stdout)["written"]
+    for path in (
+        "improve.toml",
+        "credit_desk/env.py",
+        "credit_desk/machine.json",
+        "scenarios/credit-desk.yaml",
+        "policies/credit-desk/v0.json",
+        "policies/credit-desk/CHANGELOG.md",
+        ".github/workflows/improve.yml",
+        "README.md",
+    ):
+        assert path in written and (ws / path).is_file(), path
+    assert 'module = "credit_desk.env:environment"' in (ws / "improve.toml").read_text()
+    assert "support" not in (ws / "credit_desk" / "env.py").read_text().replace("support team", "")
+    workflow = (ws / ".github" / "workflows" / "improve.yml").read_text()
+    assert "parity compare" in workflow and "schedule:" in workflow and "improve round" in workflow
+
+    for command in (["scenarios", "check"], ["verify", "v0"], ["explore"], ["rules"]):
+        code, output = improve(ws, *command)
+        assert code == 0, (command, output)
+    code, output = improve(ws, "run", "--model", "careful", "--json")
+    assert code == 0, output
+    assert json.loads(output[output.index("{") :])["summary"]["pass_rate"] == 1.0
+
+    # The user commits the workspace; the round then leaves its branch and PR files there.
+    repo = git.Repo.init(ws, initial_branch="main")
+    repo.git.add(A=True)
+    repo.git.commit(m="improve init", author="Dana <dana@example.invalid>")
+    env = {
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@x",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@x",
+    }
+    result = runner.invoke(app, ["round", "--policy", "v0", "-w", str(ws), "--json"], env=env)
+    assert result.exit_code == 0, result.output
+    (outcome,) = json.loads(result.stdout)["rounds"]
+    assert outcome["status"] == "recommended" and outcome["candidate_version"] == "v1"
+    assert outcome["environment"] == "credit-desk" and "credit-desk" in outcome["round_id"]
+    held = outcome["scores"]["held-out"]
+    assert held["after"] > held["before"] and held["violations_after"] == 0
+    branch = outcome["pr"]["branch"]
+    assert branch == "improve/credit-desk-v1"
+    files = repo.git.show("--name-only", "--format=", branch).split()
+    assert sorted(files) == ["policies/credit-desk/CHANGELOG.md", "policies/credit-desk/v1.json"]
+    assert (ws / outcome["report"] / "pr.md").is_file()
+
+
+def test_init_refuses_to_overwrite_and_writes_nothing(tmp_path: Path) -> None:
+    (tmp_path / "scenarios").mkdir()
+    (tmp_path / "scenarios" / "mine.yaml").write_text("keep me\n")
+    result = runner.invoke(app, ["init", str(tmp_path), "--env", "mine"])
+    assert result.exit_code == 2
+    assert "does not overwrite" in result.output and "scenarios/mine.yaml" in result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["scenarios"]
+    assert (tmp_path / "scenarios" / "mine.yaml").read_text() == "keep me\n"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--env", "Bad Name"], "not a slug"),
+        (["--env", "json"], "already importable"),
+        (["--env", "a", "--from", "refunds"], "exactly one of"),
+        ([], "exactly one of"),
+        (["--from", "no-such-desk"], "unknown environment 'no-such-desk'"),
+    ],
+)
+def test_init_explains_bad_arguments(tmp_path: Path, args: list[str], message: str) -> None:
+    result = runner.invoke(app, ["init", str(tmp_path / "ws"), *args])
+    assert result.exit_code == 2 and message in result.output, result.output
+    assert not (tmp_path / "ws" / "improve.toml").exists()
+
+
+def test_init_from_a_bundled_desk_writes_its_scenarios_and_policies(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["init", str(tmp_path), "--from", "refund-approval"])
+    assert result.exit_code == 0, result.output
+    desk = REPO / "improve" / "examples" / "refund_approval"
+    assert (tmp_path / "scenarios" / "refund-approval.yaml").read_bytes() == (
+        desk / "scenarios.yaml"
+    ).read_bytes()
+    assert (tmp_path / "policies" / "refund-approval" / "v0.json").is_file()
+    code, output = improve(tmp_path, "run", "--model", "careful", "--k", "1")
+    assert code == 0, output
+
+
+def test_an_environment_installed_as_a_package_runs_by_its_slug(tmp_path: Path) -> None:
+    """A throwaway package whose entry point registers an environment: pip-installed into a target
+    folder (offline), then used by name from a workspace that does not mention its module."""
+    source = tmp_path / "src"
+    runner.invoke(app, ["init", str(source), "--env", "parcel-desk"])
+    (source / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools>=68", "wheel"]\nbuild-backend = "setuptools.build_meta"\n\n'
+        '[project]\nname = "parcel-desk"\nversion = "1.0"\n\n'
+        '[project.entry-points."improve.environments"]\nparcel-desk = "parcel_desk.env:environment"\n\n'
+        '[tool.setuptools]\npackages = ["parcel_desk"]\n[tool.setuptools.package-data]\nparcel_desk = ["*.json"]\n'
+    )
+    target = tmp_path / "site"
+    pip = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", "--no-build-isolation",
+         "--target", str(target), str(source)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert pip.returncode == 0, pip.stderr
+    assert (target / "parcel_desk" / "machine.json").is_file()
+    # A workspace with the scenarios and policies but no module line: the entry point finds it.
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "improve.toml").write_text('[workspace]\nenvironment = "parcel-desk"\n')
+    (source / "scenarios").rename(ws / "scenarios")
+    (source / "policies").rename(ws / "policies")
+    environ = {**os.environ, "PYTHONPATH": str(target)}
+    listed = subprocess.run(
+        [str(BIN / "improve"), "run", "--model", "careful", "--k", "1", "--json"],
+        cwd=ws, env=environ, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert listed.returncode == 0, listed.stderr
+    doc = json.loads(listed.stdout)
+    assert doc["environment"] == "parcel-desk" and doc["summary"]["pass_rate"] == 1.0
+    assert sorted(p.name for p in (ws / "traces").glob("*.jsonl"))[0].startswith("held-out:v0:careful:")
