@@ -23,6 +23,7 @@ from improve.cli.common import (
 from improve.cli.demo import demo_command
 from improve.cli.evals import rules_command, scenarios_app, score_command
 from improve.cli.loop import diagnose_command, round_command
+from improve.cli.parity import app as parity_app
 from improve.cli.policy import (
     explore_command,
     lock_command,
@@ -396,6 +397,7 @@ app.command("diagnose")(diagnose_command)
 app.command("demo")(demo_command)
 app.add_typer(tape_app, name="tape")
 app.add_typer(scenarios_app, name="scenarios")
+app.add_typer(parity_app, name="parity")
 
 
 def main() -> None:
