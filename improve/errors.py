@@ -18,6 +18,7 @@ imports nothing else of ours) may raise these. Every error carries a message tha
     │   ├── VersionMismatchError      replaying a thread against another machine version
     │   └── DivergenceError           replay reached a state whose hash differs from the journal
     └── RunError                      a run could not complete (an actor crashed, a store failed)
+        └── NondeterministicHarness   parity: two fresh runs of OLD differed, so nothing is compared
 
 `exit_code` on each class is what the CLI returns when the error reaches it, following DESIGN.md:
 2 for usage or config errors, 3 for infrastructure and data errors.
@@ -84,3 +85,7 @@ class DivergenceError(LogError):
 
 class RunError(ImproveError):
     """A run could not complete: an actor crashed unexpectedly, a store failed."""
+
+
+class NondeterministicHarness(RunError):
+    """Parity's OLD side gave different results on two fresh runs: comparing against it would mean nothing."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import itertools
 import json
 from pathlib import Path
@@ -12,9 +13,10 @@ import pytest
 import yaml
 from typer.testing import CliRunner, Result
 
+from improve.cli.main import app as improve_app
 from improve.cli.parity import app
 from improve.evals.scenarios import Scenario, load_scenarios
-from improve.parity import SAFETY_ORDER, ParityRun, diff_runs, label_difference
+from improve.parity import ParityRun, diff_runs, label_difference, same_or_safer
 from improve.runtime import load_environment
 from tests.conftest import REPO, copy_workspace
 
@@ -129,6 +131,21 @@ def test_v0_against_itself_is_all_same(ws: Path) -> None:
     assert "no unreviewed regression" in table.stdout
 
 
+def test_improve_parity_compare_is_the_parity_console_script(ws: Path) -> None:
+    # `improve parity compare` is the same command as the `parity compare` console script CI uses.
+    held_out = ("v0", "v0", "--split", "held-out", "-w", str(ws))
+    table = runner.invoke(improve_app, ["parity", "compare", *held_out])
+    assert table.exit_code == 0, table.output
+    assert f"careful: {scenario_count(ws, 'held-out')} same, 0 intended, 0 regression" in table.stdout
+    assert "no unreviewed regression" in table.stdout
+    assert table.stdout == compare(ws, "v0", "v0", "--split", "held-out").stdout
+    as_json = runner.invoke(improve_app, ["parity", "compare", *held_out, "--json"])
+    assert as_json.exit_code == 0, as_json.output
+    assert json.loads(as_json.stdout) == json.loads(
+        compare(ws, "v0", "v0", "--split", "held-out", "--json").stdout
+    )
+
+
 def test_blocking_the_sloppy_models_rule_breaks_is_intended(ws: Path) -> None:
     write_policy(ws, "v1", guarded_v1())
     code, doc = compare_json(ws, "v0", "v1")
@@ -136,7 +153,7 @@ def test_blocking_the_sloppy_models_rule_breaks_is_intended(ws: Path) -> None:
     assert doc["summary"]["careful"] == {"same": scenario_count(ws), "intended": 0, "regression": 0}
     intended = rows(doc, "sloppy", "intended")
     assert len(intended) >= 2 and "over-window-02" in {r["scenario"] for r in intended}
-    order = SAFETY_ORDER["refunds"]
+    order = REFUNDS.safety_order
     for row in intended:
         assert row["old"]["rule_breaks"] > row["new"]["rule_breaks"] == 0
         old, new = row["difference"]["outcome"]["old"], row["difference"]["outcome"]["new"]
@@ -169,9 +186,28 @@ def run(state: str, refusals: int = 0, violations: int = 0, effects: int = 0) ->
     ],
 )
 def test_label_rules(old: ParityRun, new: ParityRun, label: str, why: str) -> None:
-    got, reason = label_difference("refunds", old, new, diff_runs(REFUNDS, old, new))
+    got, reason = label_difference(REFUNDS, old, new, diff_runs(REFUNDS, old, new))
     assert got == label
     assert why in reason
+
+
+def test_without_a_safety_order_no_changed_outcome_is_safer() -> None:
+    unranked = dataclasses.replace(REFUNDS, safety_order={})
+    states = sorted(unranked.machine.states)
+    for old_state, new_state in itertools.product(states, states):
+        assert same_or_safer(unranked, old_state, new_state) == (old_state == new_state)
+    # What the refund desk's order calls a safer outcome is a regression once the order is gone.
+    old, new = run("issued", 1), run("escalated", 0, effects=1)
+    assert label_difference(REFUNDS, old, new, diff_runs(REFUNDS, old, new))[0] == "intended"
+    label, reason = label_difference(unranked, old, new, diff_runs(unranked, old, new))
+    assert label == "regression"
+    assert "issued -> escalated is not the same or safer (no order for this environment)" in reason
+    # Blocking a rule break with the outcome unchanged needs no order.
+    old, new = run("closed", 2), run("closed", 0)
+    assert label_difference(unranked, old, new, diff_runs(unranked, old, new)) == (
+        "intended",
+        "blocks rule breaks the baseline made (2 -> 0), same outcome",
+    )
 
 
 @pytest.mark.parametrize(

@@ -24,6 +24,7 @@ from improve.cli.demo import demo_command
 from improve.cli.evals import rules_command, scenarios_app, score_command
 from improve.cli.init import init_command
 from improve.cli.loop import diagnose_command, round_command
+from improve.cli.parity import app as parity_app
 from improve.cli.policy import (
     explore_command,
     lock_command,
@@ -398,6 +399,7 @@ app.command("demo")(demo_command)
 app.command("init")(init_command)
 app.add_typer(tape_app, name="tape")
 app.add_typer(scenarios_app, name="scenarios")
+app.add_typer(parity_app, name="parity")
 
 
 def main() -> None:

@@ -90,6 +90,10 @@ class Environment:
     """The files that define it, hashed by the gates: a round must not change the environment."""
     effect_text_fields: tuple[str, ...] = ("text",)
     """Effect fields written by a model: compared by presence, not by value."""
+    safety_order: dict[str, int] = field(default_factory=dict)
+    """How safe each final (or waiting) state is, least safe lowest; states may share a rank. Parity
+    calls a changed outcome "safer" only when both states are ranked and the new one ranks at least as
+    high; a state not listed is only ever "same" as itself."""
     fact_types: dict[str, dict[str, str]] = field(default_factory=dict)
     """Per decision name, the type of each fact path (`order.refundable`: number): the vocabulary a
     policy's guards are type-checked against."""

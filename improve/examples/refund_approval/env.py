@@ -83,6 +83,7 @@ def environment() -> Environment:
             "sloppy": stand_in("sloppy", sloppy),
         },
         files=[HERE / "machine.json", Path(__file__)],
+        safety_order={"illegallyIssued": 0, "issued": 1, "refused": 2, "rejected": 3, "approving": 4},
         fact_types={"classify": {"amount": "number", "reason": "string"}},
         probe=probe(),
         probe_inputs=PROBE_INPUTS,

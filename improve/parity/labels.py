@@ -1,0 +1,58 @@
+"""The label of a row: `same`, `intended` or `regression`, and the reason that decided it.
+
+- `same`: outcome, effects, violations and rule-break count are all equal.
+- `intended`: something differs, and the candidate blocks a rule break the baseline made: the
+  baseline broke at least one rule, the candidate breaks fewer, it has no violation the baseline did
+  not have, and its outcome is the same or safer (the environment's `safety_order`). Effects may differ.
+- `regression`: any other difference.
+
+Parity knows no environment's states: how safe each outcome is comes from `Environment.safety_order`,
+so an environment without one only ever sees an unchanged outcome as "same or safer".
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from improve.parity.diff import Difference, item_text
+from improve.parity.runners import ParityRun
+from improve.runtime.environment import Environment
+
+Label = Literal["same", "intended", "regression"]
+LABELS: tuple[Label, ...] = ("same", "intended", "regression")
+
+
+def safety_rank(env: Environment, state: str) -> int | None:
+    """How safe `state` is in `env` (higher is safer), or None when the environment does not rank it."""
+    return env.safety_order.get(state)
+
+
+def same_or_safer(env: Environment, old: str, new: str) -> bool:
+    if old == new:
+        return True
+    old_rank, new_rank = safety_rank(env, old), safety_rank(env, new)
+    return old_rank is not None and new_rank is not None and new_rank >= old_rank
+
+
+def label_difference(env: Environment, old: ParityRun, new: ParityRun, diff: Difference) -> tuple[Label, str]:
+    """The label rules of this module's docstring, with the reason that decided."""
+    if diff.empty:
+        return "same", "outcome, effects, violations and rule breaks as before"
+    problems = []
+    if old.rule_breaks == 0:
+        problems.append("the baseline broke no rule, so the difference does not come from blocking one")
+    elif new.rule_breaks >= old.rule_breaks:
+        problems.append(f"rule breaks not reduced ({old.rule_breaks} -> {new.rule_breaks})")
+    if diff.violations_added:
+        problems.append("new violation(s): " + ", ".join(item_text(v) for v in diff.violations_added))
+    if not same_or_safer(env, old.final_state, new.final_state):
+        order = env.safety_order
+        known = " < ".join(sorted(order, key=order.__getitem__)) if order else "no order for this environment"
+        problems.append(f"outcome {diff.outcome} is not the same or safer ({known})")
+    if problems:
+        return "regression", "; ".join(problems)
+    outcome = "same outcome" if old.final_state == new.final_state else f"safer outcome {diff.outcome}"
+    return (
+        "intended",
+        f"blocks rule breaks the baseline made ({old.rule_breaks} -> {new.rule_breaks}), {outcome}",
+    )
