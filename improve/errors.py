@@ -16,7 +16,8 @@ imports nothing else of ours) may raise these. Every error carries a message tha
     ├── LogError                      a thread is not a valid log (exit code 3)
     │   ├── ConflictError             append at a stale index, or ingest of a different entry
     │   ├── VersionMismatchError      replaying a thread against another machine version
-    │   └── DivergenceError           replay reached a state whose hash differs from the journal
+    │   ├── DivergenceError           replay reached a state whose hash differs from the journal
+    │   └── TapeError                 an opencli session tape line is not in the tape format
     └── RunError                      a run could not complete (an actor crashed, a store failed)
 
 `exit_code` on each class is what the CLI returns when the error reaches it, following DESIGN.md:
@@ -80,6 +81,10 @@ class VersionMismatchError(LogError):
 
 class DivergenceError(LogError):
     """Replay reached a snapshot whose hash differs from the one journaled."""
+
+
+class TapeError(LogError):
+    """A tape line that cannot be read as the opencli format (exit code 3: the data is wrong)."""
 
 
 class RunError(ImproveError):
