@@ -16,7 +16,8 @@ imports nothing else of ours) may raise these. Every error carries a message tha
     ├── LogError                      a thread is not a valid log (exit code 3)
     │   ├── ConflictError             append at a stale index, or ingest of a different entry
     │   ├── VersionMismatchError      replaying a thread against another machine version
-    │   └── DivergenceError           replay reached a state whose hash differs from the journal
+    │   ├── DivergenceError           replay reached a state whose hash differs from the journal
+    │   └── TapeError                 an opencli session tape line is not in the tape format
     └── RunError                      a run could not complete (an actor crashed, a store failed)
         └── NondeterministicHarness   parity: two fresh runs of OLD differed, so nothing is compared
 
@@ -81,6 +82,10 @@ class VersionMismatchError(LogError):
 
 class DivergenceError(LogError):
     """Replay reached a snapshot whose hash differs from the one journaled."""
+
+
+class TapeError(LogError):
+    """A tape line that cannot be read as the opencli format (exit code 3: the data is wrong)."""
 
 
 class RunError(ImproveError):

@@ -24,13 +24,11 @@ from improve.examples.code_agent.env import (
     DECISION_STATES,
     DEFAULT_MAX_CYCLES,
     DEFAULT_MAX_TURNS,
-    CodeWorld,
     environment,
-    normalise,
 )
 from improve.examples.code_agent.freeform import compare_designs
 from improve.examples.code_agent.freeform import run as freeform_run
-from improve.examples.code_agent.tools import (
+from improve.examples.code_agent.repo import (
     ALLOWED_PROGRAMS,
     MAX_OUTPUT,
     TRUNCATED,
@@ -39,6 +37,7 @@ from improve.examples.code_agent.tools import (
     fixture_files,
     opening_menu,
 )
+from improve.examples.code_agent.world import CodeWorld, normalise
 from improve.log.entry import LogEntry
 from improve.log.replay import replay
 from improve.log.store import MemoryStore

@@ -23,31 +23,18 @@ from typer.testing import CliRunner
 
 from improve.cli.tape import tape_app
 from improve.demo import commit_workspace
-from improve.errors import ConfigError, VersionMismatchError
+from improve.errors import ConfigError, TapeError, VersionMismatchError
 from improve.evals.scenarios import Scenario, load_scenarios
 from improve.evals.suite import SuiteSpec, run_suite
 from improve.evals.workspace import Workspace
 from improve.examples.tool_loop import guards as g
-from improve.examples.tool_loop.env import (
-    PROBE_CALL,
-    SandboxWorld,
-    bash_call,
-    bash_ran,
-    environment,
-    tool_output,
-)
-from improve.examples.tool_loop.guards import (
-    Checkpoint,
-    GuardRegistry,
-    LoopState,
-    ToolCall,
-    Verdict,
-    block,
-    calls_text,
-    os_error_code,
-    parse_calls,
-)
-from improve.examples.tool_loop.tapes import TapeError, parse_tape, replay_tape, replay_tapes
+from improve.examples.tool_loop.calls import ToolCall, calls_text, os_error_code, parse_calls, signature
+from improve.examples.tool_loop.env import environment
+from improve.examples.tool_loop.guards import Checkpoint, GuardRegistry, LoopState, Verdict, block
+from improve.examples.tool_loop.rules import PROBE_CALL, bash_call, bash_ran, tool_output
+from improve.examples.tool_loop.tape_replay import replay_tape, replay_tapes
+from improve.examples.tool_loop.tapes import parse_tape
+from improve.examples.tool_loop.world import SandboxWorld, execute_tools
 from improve.log.entry import LogEntry
 from improve.log.replay import replay
 from improve.log.store import MemoryStore
@@ -162,7 +149,7 @@ def test_os_errors_are_the_ones_an_agent_cannot_fix(text: str, code: str) -> Non
 def test_well_formed_calls_and_their_signature() -> None:
     calls = parse_calls('[{"name": "bash", "args": {"command": "ls"}}, {"name": "read"}]')
     assert calls == (ToolCall("bash", {"command": "ls"}), ToolCall("read", {}))
-    assert g.signature(calls) == f"{LS} ; read {{}}"
+    assert signature(calls) == f"{LS} ; read {{}}"
     for bad in ("ls", "[]", '{"name": "bash"}', '[{"name": ""}]', '[{"name": "x", "args": []}]', None, "[1]"):
         assert parse_calls(bad) is None, bad
     assert parse_calls(json.dumps([{"name": "x", "extra": 1}])) is None
@@ -795,6 +782,4 @@ def _fold(env: Environment, input: dict[str, Any], events: list[dict[str, Any]])
 
 def test_probe_outputs_are_what_the_tools_report() -> None:
     world = SandboxWorld({"commands": {"ls": "file.txt"}})
-    from improve.examples.tool_loop.env import execute_tools
-
     assert execute_tools(world, {"calls": PROBE_CALL}) == tool_output(LS)

@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from improve.cli.common import JsonOption, emit_json, err, handled, out
-from improve.examples.tool_loop.tapes import TapeReplay, replay_tapes
+from improve.examples.tool_loop.tape_replay import TapeReplay, replay_tapes
 
 tape_app = typer.Typer(
     help="opencli session tapes: replay them through the tool-loop machine and its guards.",

@@ -119,7 +119,31 @@ class Environment:
         return compile_machine(self.config, guards=self.guards, actors=set(self.actors))
 
     def file_hashes(self) -> dict[str, str]:
-        return {str(p.name): hashlib.sha256(p.read_bytes()).hexdigest() for p in self.files}
+        """The sha256 of each file in `files`, keyed by its path relative to `home` (POSIX), or by its
+        name when it lies outside `home` or there is none. Keys must be unique: a file that shared
+        another's key would drop out of the comparison, and the gate would miss its changes."""
+        hashes: dict[str, str] = {}
+        owners: dict[str, Path] = {}
+        for path in self.files:
+            key = _file_key(path, self.home)
+            if key in owners and owners[key].resolve() != path.resolve():
+                raise WorkspaceError(
+                    f"environment {self.name!r} lists {owners[key]} and {path}, which both hash under the key "
+                    f"{key!r}; rename one, or set home= to a folder that holds both (keys are paths relative "
+                    "to it)"
+                )
+            owners[key] = path
+            hashes[key] = hashlib.sha256(path.read_bytes()).hexdigest()
+        return hashes
+
+
+def _file_key(path: Path, home: Path | None) -> str:
+    if home is not None:
+        try:
+            return path.resolve().relative_to(home.resolve()).as_posix()
+        except ValueError:
+            pass  # outside home: its name is the best key a lock file can carry across machines
+    return path.name
 
 
 @dataclass(frozen=True)

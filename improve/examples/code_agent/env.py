@@ -22,7 +22,7 @@ contain a pattern. Free-text fields (`text`, `pattern`) are left out of the offe
 policy can answer `CONTINUE`, `KEEP`, `DONE`, `DROP{item}` or `RUN{command}` itself, while an
 answer's text needs the model; `NOTE` and `FORGET` need their text, so they are never offered bare.
 
-Guards (CEL in machine.json; every one covered by a rule eval below):
+Guards (CEL in machine.json; every one covered by a rule eval in rules.py):
 
 - the turn budget (`maxTurns`, default 10): one model call is one turn, so an explorer/evaluator
   cycle costs two; no decision is asked for with no turn left (the run ends `exhausted`);
@@ -34,26 +34,21 @@ Guards (CEL in machine.json; every one covered by a rule eval below):
 - only the evaluator concludes: `concluding` checks who answered and that the budget held, whatever
   was decided (sentinels `concludedOutsideEvaluator` and `overBudget`, proven unreachable).
 
-World: the fixture repository shipped in `fixture_repo/` (a scenario's `world` may add or replace
-`files: {path: text}`, or `remove` paths). Tools are deterministic (`tools.py`); outputs are capped
-with a marker. The answer is an effect the world records when the evaluator concludes,
-`{kind: answer, text: <normalised answer>}`, and it is compared exactly with the label: a wrong
-answer fails, a right one passes; concluding is not being right. Ground truth is the repository,
-never a model's claim.
+The world (world.py) is the fixture repository in `fixture_repo/`, read by deterministic commands
+(repo.py) whose outputs are capped with a marker; the answer is an effect the world records and is
+compared exactly with the label. The stand-in models are models.py (reading outputs with reader.py),
+the rule evals and exploration probe rules.py; this module assembles the environment.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from improve.examples.code_agent.models import careful, naive, sloppy
-from improve.examples.code_agent.tools import Repo, execute, fixture_files, merge, opening_menu
+from improve.examples.code_agent.rules import PROBE_INPUTS, RULE_EVALS, probe
+from improve.examples.code_agent.world import ACTORS, CodeWorld
 from improve.machine import parse_machine
-from improve.machine.explore import ExploreOptions
-from improve.machine.rules import RuleEval
-from improve.runtime.environment import Environment, World
+from improve.runtime.environment import Environment
 from improve.runtime.models import stand_in
 from improve.runtime.policy import load_json
 
@@ -61,91 +56,6 @@ HERE = Path(__file__).parent
 DEFAULT_MAX_TURNS = 10
 DEFAULT_MAX_CYCLES = 5
 DECISION_STATES = ("planning", "exploring", "evaluating", "forcing")
-ACTOR_NAMES = ("repo.open", "repo.run", "memory.edit", "answer.record")
-
-
-def normalise(text: str) -> str:
-    """The answer as it is compared with the label: surrounding whitespace, quotes and backticks, a
-    trailing period and a leading `./` removed, inner whitespace collapsed. Case is kept: `Cli` and
-    `CLI` are different identifiers."""
-    value = " ".join(str(text).split())
-    previous = None
-    while value != previous:
-        previous = value
-        value = value.strip().rstrip(".").strip()
-        if len(value) >= 2 and value[0] == value[-1] and value[0] in "`'\"":
-            value = value[1:-1]
-    return value.removeprefix("./")
-
-
-class CodeWorld(World):
-    """The repository the tools read, and the answers recorded."""
-
-    def __init__(self, fixture: Mapping[str, Any] | None = None) -> None:
-        super().__init__(fixture)
-        files = dict(fixture_files()) if self.fixture.get("repo", "fixture") == "fixture" else {}
-        files.update({str(k): str(v) for k, v in (self.fixture.get("files") or {}).items()})
-        for path in self.fixture.get("remove") or []:
-            files.pop(str(path), None)
-        self.repo = Repo(files)
-
-    def audit(self, effects: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
-        """A question has one answer: a second recorded answer is a violation."""
-        effects = self.effects if effects is None else effects
-        answers = [e for e in effects if e.get("kind") == "answer"]
-        return [{"rule": "one-answer", "answers": len(answers)}] if len(answers) > 1 else []
-
-
-# --- tools (actors) --------------------------------------------------------------------------------
-
-
-def _repo(world: World) -> Repo:
-    if not isinstance(world, CodeWorld):
-        raise TypeError(f"the code agent needs a CodeWorld, not {type(world).__name__}")
-    return world.repo
-
-
-def open_repo(world: World, input: dict[str, Any]) -> dict[str, Any]:
-    """The first menu: computed by the host because it reads the repository and the task's words."""
-    return {"menu": opening_menu(_repo(world), str(input.get("task", "")))}
-
-
-def run_command(world: World, input: dict[str, Any]) -> dict[str, Any]:
-    """Run one command; the output and the grown menu travel in the journal, so replay needs no repo."""
-    result = execute(_repo(world), str(input["command"]))
-    return {"result": result.item(), "menu": merge(input.get("menu") or [], result.suggestions)}
-
-
-def edit_memory(world: World, input: dict[str, Any]) -> dict[str, Any]:
-    """DROP removes the kept output of a command; FORGET removes the notes containing a pattern
-    (case-insensitive). Pure: the output depends on the input only, and it is journaled."""
-    edit = input.get("edit") or {}
-    memory = list(input.get("memory") or [])
-    kept = list(input.get("kept") or [])
-    notes = list(input.get("notes") or [])
-    if edit.get("op") == "drop":
-        item = edit.get("item")
-        memory = [m for m in memory if m.get("command") != item]
-        kept = [k for k in kept if k != item]
-    elif edit.get("op") == "forget":
-        pattern = str(edit.get("pattern") or "").lower()
-        notes = [n for n in notes if not pattern or pattern not in str(n).lower()]
-    return {"memory": memory, "kept": kept, "notes": notes}
-
-
-def record_answer(world: World, input: dict[str, Any]) -> dict[str, Any]:
-    """The world's receipt of the answer: the effect scored against the label (normalised here, so
-    the comparison is exact and a right answer in quotes or with a period still passes)."""
-    effect = world.record("answer", text=normalise(str(input.get("text", ""))))
-    return {"recorded": True, "text": effect["text"]}
-
-
-ACTORS = {
-    "repo.open": open_repo,
-    "repo.run": run_command,
-    "memory.edit": edit_memory,
-    "answer.record": record_answer,
-}
 
 
 # --- what policies may read ------------------------------------------------------------------------
@@ -187,41 +97,6 @@ FACT_TYPES: dict[str, dict[str, str]] = {
 }
 
 
-# --- exploration: the world for proofs -------------------------------------------------------------
-
-PROBE_ITEM = {"command": "view a", "ok": True, "output": "a (1 lines)\n   1| x", "truncated": False}
-
-
-def probe() -> ExploreOptions:
-    """What the world may do, for proofs: a menu of two commands (so "the same command again" and
-    "another command" are both explored), one output, memory edits that empty the memory, and every
-    tool may fail. The guards read counters, the last command and whether outputs, memory and notes
-    are empty; the probe covers every combination of those the machine can reach. Decisions branch on
-    every allowed event with a probe text for free-text fields."""
-    menu = ["view a", "view b"]
-    return ExploreOptions(
-        outputs={
-            "repo.open": [{"menu": menu}],
-            "repo.run": [{"result": PROBE_ITEM, "menu": menu}],
-            "memory.edit": [{"memory": [], "kept": [], "notes": []}],
-            "answer.record": [{"recorded": True, "text": "probe"}],
-        },
-        errors=set(ACTOR_NAMES),
-        max_depth=80,
-    )
-
-
-PROBE_INPUTS: list[dict[str, Any]] = [
-    {"task": "How many variants does the `Provider` enum in src/llm.rs have?"},
-    {"task": "What is the first struct in src/main.rs?", "planner": True},
-    {"task": "Which file defines the function `resolve_fuzzy`?", "maxTurns": 3},
-    {"task": "How many Lua scripts are in scripts/?", "maxCycles": 2},
-]
-"""One input per shape: the defaults (the budget and the cycle limit end together: the fifth evaluator
-turn is the tenth turn), a planner (its turn counts, so the budget ends first), a budget of 3 turns,
-and a cycle limit of 2."""
-
-
 def environment() -> Environment:
     config = parse_machine(load_json(HERE / "machine.json"), source=str(HERE / "machine.json"))
     return Environment(
@@ -238,9 +113,11 @@ def environment() -> Environment:
         files=[
             HERE / "machine.json",
             Path(__file__),
-            HERE / "tools.py",
-            HERE / "reader.py",
+            HERE / "world.py",
+            HERE / "repo.py",
             HERE / "models.py",
+            HERE / "reader.py",
+            HERE / "rules.py",
             *sorted(p for p in (HERE / "fixture_repo").rglob("*") if p.is_file()),
         ],
         effect_text_fields=(),
@@ -249,147 +126,3 @@ def environment() -> Environment:
         probe_inputs=PROBE_INPUTS,
         rule_evals=RULE_EVALS,
     )
-
-
-# --- rule evals: the guards, on the interpreter ----------------------------------------------------
-
-_TASK = {"task": "How many variants does the `Provider` enum in src/llm.rs have?"}
-_MENU = ["view .", "view src/llm.rs", 'text-search "Provider"']
-_OPENED = {"type": "xstate.done.actor", "actorId": "opening", "output": {"menu": _MENU}}
-
-
-def _ran(command: str, ok: bool = True) -> dict[str, Any]:
-    item = {"command": command, "ok": ok, "output": f"{command} output", "truncated": False}
-    return {"type": "xstate.done.actor", "actorId": "running", "output": {"result": item, "menu": _MENU}}
-
-
-def _cycle(command: str, verdict: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    return [{"type": "RUN", "command": command}, _ran(command), verdict or {"type": "CONTINUE"}]
-
-
-_ANSWER = {"type": "ANSWER", "text": "6"}
-
-RULE_EVALS = [
-    RuleEval(
-        "the planner runs first when the input asks for it",
-        ("starting",),
-        {**_TASK, "planner": True},
-        [_OPENED],
-        "planning",
-    ),
-    RuleEval("without a planner the explorer starts", ("starting",), _TASK, [_OPENED], "exploring"),
-    RuleEval(
-        "a command runs, then the evaluator judges its output",
-        ("exploring", "toEvaluator"),
-        _TASK,
-        [_OPENED, {"type": "RUN", "command": "view src/llm.rs"}, _ran("view src/llm.rs")],
-        "evaluating",
-        accepts=[{"type": "KEEP"}, {"type": "CONTINUE"}, _ANSWER],
-    ),
-    RuleEval(
-        "the same command is refused the third time in a row; another one is not",
-        ("exploring",),
-        _TASK,
-        [_OPENED, *_cycle("view src/llm.rs"), *_cycle("view src/llm.rs")],
-        "exploring",
-        accepts=[{"type": "RUN", "command": "view ."}, {"type": "DONE"}],
-        refuses=[{"type": "RUN", "command": "view src/llm.rs"}],
-    ),
-    RuleEval(
-        "only the evaluator concludes: the explorer cannot answer, its DONE hands over",
-        ("exploring", "toEvaluator"),
-        _TASK,
-        [_OPENED],
-        "exploring",
-        accepts=[{"type": "DONE"}],
-        refuses=[_ANSWER, {"type": "CONTINUE"}],
-    ),
-    RuleEval(
-        "KEEP needs a pending output (none after the explorer's DONE)",
-        ("evaluating",),
-        _TASK,
-        [_OPENED, {"type": "DONE"}],
-        "evaluating",
-        accepts=[{"type": "CONTINUE"}, _ANSWER],
-        refuses=[{"type": "KEEP"}, {"type": "DROP", "item": "view ."}],
-    ),
-    RuleEval(
-        "a note must say something; FORGET needs notes and a pattern",
-        ("evaluating",),
-        _TASK,
-        [_OPENED, *_cycle("view .", {"type": "NOTE", "text": "Provider is in src/llm.rs"})],
-        "exploring",
-    ),
-    RuleEval(
-        "an empty note and a pattern-less or note-less FORGET are refused",
-        ("evaluating",),
-        _TASK,
-        [_OPENED, {"type": "RUN", "command": "view ."}, _ran("view .")],
-        "evaluating",
-        accepts=[{"type": "NOTE", "text": "x"}],
-        refuses=[{"type": "NOTE", "text": ""}, {"type": "NOTE"}, {"type": "FORGET", "pattern": "x"}],
-    ),
-    RuleEval(
-        "a kept output can be dropped",
-        ("evaluating", "editingMemory"),
-        _TASK,
-        [
-            _OPENED,
-            *_cycle("view .", {"type": "KEEP"}),
-            {"type": "RUN", "command": "view src/llm.rs"},
-            _ran("view src/llm.rs"),
-        ],
-        "evaluating",
-        accepts=[{"type": "DROP", "item": "view ."}],
-    ),
-    RuleEval(
-        "a cycle costs two turns: with 3 turns the second evaluator turn is never asked",
-        ("toExplorer", "toEvaluator"),
-        {**_TASK, "maxTurns": 3},
-        [_OPENED, *_cycle("view ."), {"type": "RUN", "command": "view src/llm.rs"}, _ran("view src/llm.rs")],
-        "exhausted",
-    ),
-    RuleEval(
-        "the turn budget ends the run before the explorer is asked with no turn left",
-        ("toExplorer",),
-        {**_TASK, "maxTurns": 2},
-        [_OPENED, *_cycle("view .")],
-        "exhausted",
-    ),
-    RuleEval(
-        "the evaluator-cycle limit: its last evaluator turn is a forced conclusion offering only ANSWER",
-        ("toEvaluator", "forcing"),
-        {**_TASK, "maxCycles": 2},
-        [_OPENED, *_cycle("view ."), {"type": "RUN", "command": "view src/llm.rs"}, _ran("view src/llm.rs")],
-        "forcing",
-        accepts=[_ANSWER],
-        refuses=[{"type": "CONTINUE"}, {"type": "KEEP"}],
-    ),
-    RuleEval(
-        "an explorer that cannot propose an acceptable command is followed by the forced conclusion",
-        ("exploring", "toForcing"),
-        _TASK,
-        [
-            _OPENED,
-            {"type": "xstate.error.actor", "actorId": "exploring", "error": {"kind": "decision-exhausted"}},
-        ],
-        "forcing",
-    ),
-    RuleEval(
-        "the budget is checked before the forced conclusion too",
-        ("toForcing",),
-        {**_TASK, "maxTurns": 1},
-        [
-            _OPENED,
-            {"type": "xstate.error.actor", "actorId": "exploring", "error": {"kind": "decision-exhausted"}},
-        ],
-        "exhausted",
-    ),
-    RuleEval(
-        "the evaluator's answer is checked, then recorded",
-        ("evaluating", "concluding"),
-        _TASK,
-        [_OPENED, *_cycle("view src/llm.rs", _ANSWER)],
-        "recording",
-    ),
-]

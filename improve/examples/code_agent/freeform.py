@@ -28,15 +28,8 @@ from typing import Any
 from improve.errors import WorkspaceError
 from improve.evals.outcome import compare_effects
 from improve.evals.scenarios import Scenario
-from improve.examples.code_agent.env import (
-    DEFAULT_MAX_TURNS,
-    CodeWorld,
-    edit_memory,
-    environment,
-    open_repo,
-    record_answer,
-    run_command,
-)
+from improve.examples.code_agent.env import DEFAULT_MAX_TURNS, environment
+from improve.examples.code_agent.world import CodeWorld, edit_memory, open_repo, record_answer, run_command
 from improve.log.entry import Attempt
 from improve.log.store import MemoryStore
 from improve.machine import MachineConfig, parse_machine

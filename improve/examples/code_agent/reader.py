@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from improve.examples.code_agent.tools import TRUNCATED, mentions, terms
+from improve.examples.code_agent.repo import TRUNCATED, mentions, terms
 
 _WHOLE = re.compile(r"^(\S+) \((\d+) lines\)$")
 _RANGE = re.compile(r"^(\S+):(\d+)-(\d+) \(of (\d+) lines\)$")

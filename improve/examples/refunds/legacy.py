@@ -20,13 +20,13 @@ from typing import Any, NoReturn
 
 from improve.errors import ConfigError, WorkspaceError
 from improve.evals.scenarios import Scenario
-from improve.examples.refunds.env import (
+from improve.examples.refunds.env import environment
+from improve.examples.refunds.world import (
     APPROVAL_THRESHOLD,
     WINDOW_DAYS,
     RefundWorld,
     ask_customer,
     close,
-    environment,
     escalate,
     lookup_order,
     pay_refund,

@@ -1,6 +1,4 @@
-"""tool-loop: opencli's guarded agent loop (issue #60) as a machine, with guards as registered objects.
-
-- `env.py`: the environment (`environment()`), its sandbox world, tools, stand-in models and proofs;
-- `guards.py`: the `TransitionGuard` protocol, the built-in guards and the `GuardRegistry`;
-- `tapes.py`: replaying opencli session tapes through the machine (`improve tape replay`).
-"""
+"""`tool-loop`: opencli's guarded agent loop (issue #60) as a machine, acting on a fake sandbox, with
+its safety checks as guard objects registered on the loop (`guards.py`) rather than written into it;
+opencli session tapes replay through the same loop (`improve tape replay`: `tapes.py` reads them,
+`tape_replay.py` replays them)."""

@@ -18,115 +18,27 @@ must be a pure function of it (no clock, no I/O, no randomness): the interpreter
 again when a thread is replayed, and exploration evaluates them on every path, so a guard that
 answered differently twice would make replays and proofs disagree with the runs they describe.
 
-This module imports nothing of the runtime: the observations the loop records (the canonical signature
-of a turn's tool calls, the OS error code in its results) are computed by the functions here, so the
-tools actor that records them and the guards that read them agree by construction.
+This module imports nothing of the runtime: the observations the guards read (the canonical signature
+of a turn's tool calls, the OS error code in its results) are computed by calls.py, so the tools actor
+that records them and the guards that read them agree by construction.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, is_dataclass
+from dataclasses import dataclass, is_dataclass
 from typing import Any, Literal, Protocol, get_args
 
 from improve.errors import ConfigError
+from improve.examples.tool_loop.calls import ToolCall, parse_calls, signature
 
 Checkpoint = Literal["before-turn", "before-tools", "after-tools", "after-response"]
 CHECKPOINTS: tuple[Checkpoint, ...] = get_args(Checkpoint)
 
-MAX_CALLS_PER_TURN = 16
-"""More tool calls than this in one turn is refused as malformed (a runaway model, not a plan)."""
-
 DEFAULT_MAX_TURNS = 50
 """The opencli loop's turn budget; the machine's context default (machine.json) is the same number."""
-
-
-# --- observations: what the loop records about a turn --------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ToolCall:
-    """One tool call a model asked for: the tool's name and its arguments (a JSON object)."""
-
-    name: str
-    args: dict[str, Any] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "args": self.args}
-
-    @property
-    def signature(self) -> str:
-        """`bash {"command":"ls"}`: the name and the arguments with sorted keys, so two calls that differ
-        only in key order or whitespace have the same signature."""
-        return (
-            f"{self.name} {json.dumps(self.args, sort_keys=True, separators=(',', ':'), ensure_ascii=False)}"
-        )
-
-
-def parse_calls(text: Any) -> tuple[ToolCall, ...] | None:
-    """The tool calls of a `CALL_TOOLS` answer, or None when the text is not a well-formed call list.
-
-    Well formed: a JSON array of 1 to 16 objects, each with a non-empty string `name` and an optional
-    object `args`, and no other keys. Anything else is refused by the machine's `wellFormedCalls` guard,
-    so the decision protocol feeds the refusal back to the model instead of running a guess.
-    """
-    if not isinstance(text, str) or not text.strip():
-        return None
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError:
-        return None
-    if not isinstance(raw, list) or not 1 <= len(raw) <= MAX_CALLS_PER_TURN:
-        return None
-    calls = []
-    for item in raw:
-        if not isinstance(item, dict) or set(item) - {"name", "args"}:
-            return None
-        name, args = item.get("name"), item.get("args", {})
-        if not isinstance(name, str) or not name.strip() or not isinstance(args, dict):
-            return None
-        calls.append(ToolCall(name, args))
-    return tuple(calls)
-
-
-def calls_text(calls: Iterable[ToolCall]) -> str:
-    """The `calls` text of a `CALL_TOOLS` answer (what stand-in models and tape replays send)."""
-    return json.dumps([c.to_json() for c in calls], ensure_ascii=False)
-
-
-def signature(calls: Iterable[ToolCall]) -> str:
-    """The signature of a whole turn: its calls' signatures in order, joined by ` ; `."""
-    return " ; ".join(c.signature for c in calls)
-
-
-_CODE = re.compile(r"\b(EPERM|EACCES|ENOSPC|EROFS|EDQUOT)\b")
-_PHRASES = (
-    (re.compile(r"permission denied", re.IGNORECASE), "EACCES"),
-    (re.compile(r"operation not permitted", re.IGNORECASE), "EPERM"),
-    (re.compile(r"no space left on device", re.IGNORECASE), "ENOSPC"),
-    (re.compile(r"read-only file ?system", re.IGNORECASE), "EROFS"),
-    (re.compile(r"disk quota exceeded", re.IGNORECASE), "EDQUOT"),
-)
-
-
-def os_error_code(text: str) -> str:
-    """The OS error a tool result reports that the agent cannot fix itself, or '' when there is none.
-
-    An explicit code wins (`EPERM: permission denied` is EPERM); otherwise the C library's message for
-    it (`Operation not permitted` is EPERM, `Permission denied` is EACCES, `No space left on device` is
-    ENOSPC, `Read-only file system` is EROFS). A missing file (ENOENT), a failing test or a command that
-    is not installed are not environment errors: the agent can and should work around those.
-    """
-    found = _CODE.search(text)
-    if found:
-        return found.group(1)
-    for pattern, code in _PHRASES:
-        if pattern.search(text):
-            return code
-    return ""
 
 
 # --- the loop's state, as guards see it --------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The code agent's tools: a small repository held in memory, and the commands that read it.
+"""The code agent's repository: a small repository held in memory, and the commands the tools run on it.
 
 The original agent shelled out to `moss view`, `moss text-search` and a shell. Here the same commands
 run against a repository held in memory (the fixture repository shipped with the example, or a
