@@ -28,4 +28,6 @@ def environment() -> Environment:
         probe=probe(),
         probe_inputs=PROBE_INPUTS,
         rule_evals=RULE_EVALS,
+        # For parity: a changed outcome is "safer" when it ranks higher (a person holding the ticket).
+        safety_order={"overCredited": 0, "credited": 1, "declined": 2, "escalated": 3},
     )
