@@ -9,7 +9,8 @@ imports nothing else of ours) may raise these. Every error carries a message tha
     │   ├── MachineConfigError        a machine or policy document is invalid
     │   │   └── ExpressionError       a CEL expression does not parse, uses a forbidden name, ...
     │   ├── ScenarioError             a scenario file is invalid
-    │   └── WorkspaceError            improve.toml, a policy file or a directory is missing or wrong
+    │   ├── WorkspaceError            improve.toml, a policy file or a directory is missing or wrong
+    │   └── BranchNameError           a branch name git would refuse (`:`, `..`, a space, ...)
     ├── MachineError                  the interpreter could not take a step (exit code 3)
     │   ├── EvaluationError           a CEL expression failed at run time (missing field, bad types)
     │   └── UnknownNameError          a named guard or actor is not registered
@@ -18,8 +19,9 @@ imports nothing else of ours) may raise these. Every error carries a message tha
     │   ├── VersionMismatchError      replaying a thread against another machine version
     │   ├── DivergenceError           replay reached a state whose hash differs from the journal
     │   └── TapeError                 an opencli session tape line is not in the tape format
-    └── RunError                      a run could not complete (an actor crashed, a store failed)
-        └── NondeterministicHarness   parity: two fresh runs of OLD differed, so nothing is compared
+    ├── RunError                      a run could not complete (an actor crashed, a store failed)
+    │   └── NondeterministicHarness   parity: two fresh runs of OLD differed, so nothing is compared
+    └── PullRequestError              committing, pushing or opening the round's PR failed (exit code 3)
 
 `exit_code` on each class is what the CLI returns when the error reaches it, following DESIGN.md:
 2 for usage or config errors, 3 for infrastructure and data errors.
@@ -54,6 +56,10 @@ class ScenarioError(ConfigError):
 
 class WorkspaceError(ConfigError):
     """The workspace (improve.toml, scenarios/, policies/) is missing something or is malformed."""
+
+
+class BranchNameError(ConfigError):
+    """A branch name breaks git's rules for branch names; the message says which and suggests one."""
 
 
 class MachineError(ImproveError):
@@ -94,3 +100,13 @@ class RunError(ImproveError):
 
 class NondeterministicHarness(RunError):
     """Parity's OLD side gave different results on two fresh runs: comparing against it would mean nothing."""
+
+
+class PullRequestError(ImproveError):
+    """Committing, pushing or opening the pull request failed; the message says what to do.
+
+    Raised without chaining the original exception and with secrets scrubbed from the message, so
+    neither the message nor a traceback can carry a token.
+    """
+
+    exit_code = 3

@@ -533,7 +533,7 @@ def _pull_request(
             "instructions": f"not a git repository: copy {report_dir / name} to {policy_file} "
             f"and {report_dir / 'CHANGELOG.md'} to {inputs.changelog}",
         }
-    from improve.loop.pr import branch_diff, open_pull_request
+    from improve.loop.publish import branch_diff, open_pull_request
 
     branch = f"improve/{inputs.env_name}-{result.candidate_version}"
     files = {

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import re
 import subprocess
 import threading
 import traceback
@@ -17,11 +19,11 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from improve.errors import ImproveError
-from improve.loop.pr import (
-    PullRequestError,
+from improve.errors import BranchNameError, ConfigError, ImproveError, PullRequestError
+from improve.loop.publish import (
     RemoteRepository,
     branch_diff,
+    check_branch_name,
     open_pull_request,
     parse_remote_url,
 )
@@ -510,3 +512,106 @@ def test_not_a_git_repository(tmp_path: Path) -> None:
 )
 def test_parse_remote_url(url: str, expected: RemoteRepository | None) -> None:
     assert parse_remote_url(url) == expected
+
+
+# ------------------------------------------------------------------------------------------------
+# branch names
+
+VALID_BRANCHES = [
+    "improve/support-desk-v2",
+    "improve/tool_loop-v10",
+    "improve/refunds-v1",
+    "main",
+    "a/b/c",
+    "v1.2",
+    "a.lockx",
+    "a@b",
+    "@",
+    "a/HEAD",
+    "a/-b",
+    "a]b{c}",
+    "é/ü-v1",
+]
+INVALID_BRANCHES = [  # (name, what the message says is wrong)
+    ("improve/pkg.env:environment-v9", "contains ':'"),
+    ("", "it is empty"),
+    ("-v1", "starts with '-'"),
+    ("-", "starts with '-'"),
+    ("HEAD", "HEAD is git's name"),
+    ("a b", "contains a space"),
+    ("a\tb", "control character '\\t'"),
+    ("a\x7fb", "control character '\\x7f'"),
+    ("a\x00b", "control character '\\x00'"),
+    ("a~1", "contains '~'"),
+    ("a^b", "contains '^'"),
+    ("a?b", "contains '?'"),
+    ("a*b", "contains '*'"),
+    ("a[b", "contains '['"),
+    ("a\\b", "contains '\\\\'"),
+    ("a..b", "contains '..'"),
+    ("a..", "contains '..'"),
+    ("a@{1}", "contains '@{'"),
+    ("@{-1}", "contains '@{'"),
+    ("/a", "starts with '/'"),
+    ("a/", "ends with '/'"),
+    ("a//b", "contains '//'"),
+    (".a", "part '.a' starts with '.'"),
+    ("a/.b", "part '.b' starts with '.'"),
+    ("a/.", "part '.' starts with '.'"),
+    ("a.lock", "part 'a.lock' ends with '.lock'"),
+    ("a.lock/b", "part 'a.lock' ends with '.lock'"),
+    ("a/b.lock", "part 'b.lock' ends with '.lock'"),
+    ("a.", "ends with '.'"),
+    ("a/b.", "ends with '.'"),
+]
+
+
+@pytest.mark.parametrize("name", VALID_BRANCHES)
+def test_check_branch_name_accepts_what_git_accepts(name: str) -> None:
+    assert check_branch_name(name) == name
+
+
+@pytest.mark.parametrize(("name", "match"), INVALID_BRANCHES)
+def test_check_branch_name_refuses_what_git_refuses(name: str, match: str) -> None:
+    with pytest.raises(BranchNameError, match=re.escape(match)) as info:
+        check_branch_name(name)
+    assert isinstance(info.value, ConfigError)
+    assert info.value.exit_code == 2
+    assert repr(name) in str(info.value)
+
+
+def test_branch_name_with_an_entry_point_slug_is_refused_with_a_fix() -> None:
+    with pytest.raises(BranchNameError) as info:
+        check_branch_name("improve/pkg.env:environment-v9")
+    message = str(info.value)
+    assert "'improve/pkg.env:environment-v9' is not valid" in message
+    assert "':'" in message
+    assert "use 'improve/pkg.env-environment-v9' instead" in message
+    assert check_branch_name("improve/pkg.env-environment-v9") == "improve/pkg.env-environment-v9"
+
+
+@pytest.mark.parametrize("name", [n for n, _ in INVALID_BRANCHES])
+def test_suggested_branch_names_are_valid(name: str) -> None:
+    with pytest.raises(BranchNameError) as info:
+        check_branch_name(name)
+    suggested = re.search(r"use '([^']*)' instead|like '([^']*)'", str(info.value))
+    assert suggested is not None
+    assert check_branch_name(suggested.group(1) or suggested.group(2))
+
+
+@pytest.mark.parametrize("name", VALID_BRANCHES + [n for n, _ in INVALID_BRANCHES if "\0" not in n])
+def test_check_branch_name_agrees_with_git(tmp_path: Path, name: str) -> None:
+    """The reimplementation against `git check-ref-format --branch` itself, outside any repository
+    (inside one, git would expand `@{-1}` to the previous branch's name)."""
+    done = subprocess.run(
+        ["git", "check-ref-format", "--branch", name],
+        cwd=tmp_path,
+        env={**os.environ, "GIT_CEILING_DIRECTORIES": str(tmp_path.parent)},
+        capture_output=True,
+    )
+    try:
+        check_branch_name(name)
+        ours = True
+    except BranchNameError:
+        ours = False
+    assert ours == (done.returncode == 0), done.stderr

@@ -1,0 +1,167 @@
+"""The commit: exact files onto a branch with git plumbing, beside the user's checkout.
+
+Committing without touching the user's checkout. The commit is built with git plumbing against a
+*temporary index file* (`GIT_INDEX_FILE` pointing into a temporary directory):
+
+    git read-tree <parent>                              # the parent's tree into the temporary index
+    git hash-object -w --no-filters -- <tmp file>       # one blob per new file, content as given
+    git update-index --add --cacheinfo <mode>,<blob>,<path>
+    git write-tree                                      # the new tree
+    git commit-tree <tree> -p <parent> -m <message>     # the commit object
+    git update-ref refs/heads/<branch> <commit> <old>   # compare-and-swap on the branch ref only
+
+None of these reads or writes the working tree, the real index or HEAD, so uncommitted and staged
+changes, the checked-out branch and file timestamps stay exactly as they were. Only the object store
+and the ref `refs/heads/<branch>` change (plus `branch.<branch>.*` upstream config after a push). A
+branch checked out in any worktree is never moved.
+
+Branch reuse. If `branch` already exists (locally, or as `<remote>/<branch>` from an earlier fetch)
+and its tip already holds the same content for every file, it is reused as is (no new commit). If it
+holds different content, a new commit goes on top of its tip, so the push that follows is a
+fast-forward (`push.py` never forces one).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import NamedTuple
+
+from improve.loop.publish.git import GitRunner
+
+__all__ = ["BranchCommit", "commit_to_branch"]
+
+_FALLBACK_NAME = "improve"
+_FALLBACK_EMAIL = "improve@localhost"
+
+
+class BranchCommit(NamedTuple):
+    """The branch tip holding the files: `reused` when it already did (no new commit was made)."""
+
+    commit: str
+    reused: bool
+    notes: list[str]
+
+
+def commit_to_branch(
+    g: GitRunner,
+    *,
+    branch: str,
+    files: Mapping[str, bytes],
+    message: str,
+    base_commit: str,
+    remote: str | None,
+) -> BranchCommit:
+    """Point `refs/heads/<branch>` at a commit holding `files` (repository paths to content).
+
+    The parent is the branch's tip (local, else `<remote>/<branch>` when `remote` is given), or
+    `base_commit` for a new branch. Raises `PullRequestError` when the files change nothing on a new
+    branch or the branch is checked out somewhere.
+    """
+    ref = f"refs/heads/{branch}"
+    local_tip = g.commit_of(ref)
+    remote_tip = g.commit_of(f"refs/remotes/{remote}/{branch}") if remote is not None else None
+    start = local_tip or remote_tip
+    notes: list[str] = []
+
+    blobs = _write_blobs(g, files)
+    reused = False
+    if start is not None and _holds(g, start, blobs):
+        commit = start
+        reused = True
+        notes.append(f"the branch {branch} already holds this content at {start[:12]}; reused it")
+    else:
+        parent = start or base_commit
+        new = _commit_on(g, parent, blobs, message)
+        if new is None:
+            raise g.error(
+                f"nothing to commit: the files already have this content at {parent[:12]}; "
+                "the round has no change to propose"
+            )
+        commit = new
+        if start is not None:
+            notes.append(
+                f"the branch {branch} existed at {start[:12]} with other content; added {commit[:12]} on top"
+            )
+    if commit != local_tip:
+        if branch in g.checked_out_branches():
+            raise g.error(
+                f"the branch {branch} is checked out in a work tree, so it cannot be moved without "
+                "touching that checkout; switch to another branch or run the round with another branch name"
+            )
+        old = local_tip or "0" * len(commit)
+        g.run(
+            "update-ref",
+            "-m",
+            "improve: pull request branch",
+            ref,
+            commit,
+            old,
+            what=f"updating {ref}",
+            hint="another process moved the branch meanwhile; run the round again",
+        )
+    return BranchCommit(commit, reused, notes)
+
+
+def _identity_env(g: GitRunner) -> dict[str, str]:
+    """Author and committer for the commit: the user's git identity, or a fallback when none is set."""
+    env: dict[str, str] = {}
+    if g.ok("var", "GIT_AUTHOR_IDENT") is None:
+        env.update(GIT_AUTHOR_NAME=_FALLBACK_NAME, GIT_AUTHOR_EMAIL=_FALLBACK_EMAIL)
+    if g.ok("var", "GIT_COMMITTER_IDENT") is None:
+        env.update(GIT_COMMITTER_NAME=_FALLBACK_NAME, GIT_COMMITTER_EMAIL=_FALLBACK_EMAIL)
+    return env
+
+
+def _write_blobs(g: GitRunner, files: Mapping[str, bytes]) -> dict[str, str]:
+    blobs: dict[str, str] = {}
+    with tempfile.TemporaryDirectory(prefix="improve-pr-") as tmp:
+        for i, (path, data) in enumerate(files.items()):
+            source = Path(tmp) / f"blob-{i}"
+            source.write_bytes(data)
+            blobs[path] = g.run(
+                "hash-object", "-w", "--no-filters", "--", str(source), what=f"storing {path}"
+            ).strip()
+    return blobs
+
+
+def _commit_on(g: GitRunner, parent: str, blobs: Mapping[str, str], message: str) -> str | None:
+    """A new commit on `parent` whose tree is the parent's with `blobs` in place; None if unchanged."""
+    with tempfile.TemporaryDirectory(prefix="improve-index-") as tmp:
+        index_env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
+        g.run("read-tree", parent, env=index_env, what="reading the base tree into a temporary index")
+        for path, oid in blobs.items():
+            existing = g.entry(parent, path)
+            if existing is not None and existing.kind != "blob":
+                raise g.error(
+                    f"{path} is a {existing.kind} at the base commit, not a file; pick another path"
+                )
+            # an executable bit (or a plain file's mode) survives; a symlink becomes a regular file
+            mode = (
+                existing.mode if existing is not None and existing.mode in {"100644", "100755"} else "100644"
+            )
+            g.run(
+                "update-index",
+                "--add",
+                "--replace",
+                "--cacheinfo",
+                f"{mode},{oid},{path}",
+                env=index_env,
+                what=f"adding {path} to the temporary index",
+            )
+        tree = g.run("write-tree", env=index_env, what="writing the tree").strip()
+    if tree == g.tree_of(parent):
+        return None
+    commit_env = _identity_env(g)
+    return g.run(
+        "commit-tree", tree, "-p", parent, "-m", message, env=commit_env or None, what="creating the commit"
+    ).strip()
+
+
+def _holds(g: GitRunner, commit: str, blobs: Mapping[str, str]) -> bool:
+    for path, oid in blobs.items():
+        entry = g.entry(commit, path)
+        if entry is None or entry.oid != oid:
+            return False
+    return True
