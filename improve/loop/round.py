@@ -119,12 +119,21 @@ class Inputs:
     env_hashes: dict[str, str]
 
 
+def review_branch(env_name: str, version: str) -> str:
+    """The branch a recommended candidate is committed to: `improve/<environment>-<version>`."""
+    return f"improve/{env_name}-{version}"
+
+
 def locate(space: Workspace, env: str | None, policy: str) -> Inputs:
     """Every input of a round, or a clear message naming what is missing."""
     missing: list[str] = []
     if not (space.root / CONFIG_NAME).is_file():
         missing.append(f"the objective: no {CONFIG_NAME} in {space.root} (see README, 'The workspace')")
     env_name = space.env_name(env)
+    # Before anything is written: a name git refuses would leave a recommended candidate without a branch.
+    from improve.loop.publish import check_branch_name
+
+    check_branch_name(review_branch(env_name, "v1"))
     environment = space.environment(env_name)
     scenarios_path = space.scenarios_path(env_name)
     if not scenarios_path.is_file():
@@ -535,7 +544,7 @@ def _pull_request(
         }
     from improve.loop.publish import branch_diff, open_pull_request
 
-    branch = f"improve/{inputs.env_name}-{result.candidate_version}"
+    branch = review_branch(inputs.env_name, result.candidate_version or "")
     files = {
         str(policy_file.resolve().relative_to(top)): policy_text,
         str(inputs.changelog.resolve().relative_to(top)): changelog_text,
