@@ -28,10 +28,11 @@ test: $(STAMP) ## Run the test suite
 bench: $(STAMP) ## Print benchmark figures as JSON
 	@$(BIN)/python -m bench
 
-lint: $(STAMP) ## ruff and mypy
+lint: $(STAMP) ## ruff, mypy, and the layering contract (import-linter)
 	$(BIN)/ruff check improve tests bench
 	$(BIN)/ruff format --check improve tests bench
 	$(BIN)/mypy improve
+	$(BIN)/lint-imports --no-cache
 
 clean: ## Remove the virtualenv and generated traces
 	rm -rf $(VENV) traces build

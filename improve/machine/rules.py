@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from improve.errors import ImproveError
-from improve.machine import Machine, can, initial, transition, transitions_of
+from improve.machine.config import transitions_of
+from improve.machine.interpreter import Machine, can, initial, transition
 
 
 @dataclass(frozen=True)
