@@ -1,4 +1,5 @@
-"""The statechart core: config models, CEL expressions, the pure interpreter, snapshots.
+"""The statechart core: config models, CEL expressions, the pure interpreter, snapshots, the walk over a
+config's expressions (`expressions`, `literals`).
 
 Nothing in this package does I/O or imports another package of ours (except `improve.errors`).
 
@@ -35,6 +36,7 @@ from improve.machine.interpreter import (
     transition,
 )
 from improve.machine.snapshot import Invocation, Snapshot, canonical_hash, canonical_json
+from improve.machine.walk import Constant, Expression, expressions, literals
 
 __all__ = [
     "ALLOWED_ROOTS",
@@ -44,8 +46,10 @@ __all__ = [
     "MAX_EXPRESSION_LENGTH",
     "MODEL_DECIDE",
     "SENTINEL_PREFIX",
+    "Constant",
     "DecideInputConfig",
     "Expr",
+    "Expression",
     "GuardFn",
     "Invocation",
     "InvokeConfig",
@@ -63,7 +67,9 @@ __all__ = [
     "canonical_json",
     "compile_expr",
     "compile_machine",
+    "expressions",
     "initial",
+    "literals",
     "parse_machine",
     "transition",
     "transitions_of",
