@@ -90,45 +90,41 @@ class Edge:
 
 @dataclass(frozen=True, slots=True)
 class TransitionList:
-    """One list of transitions tried in order: `choice`, `on.EVENT`, `always`, `invoke.onDone`, `invoke.onError`."""
+    """One list of transitions tried in order: `choice`, `on.EVENT`, `always`, `invoke.onDone` or
+    `invoke.onError`."""
 
-    state: str
-    kind: EdgeKind
     path: str
     edges: tuple[Edge, ...]
-    event: str | None = None
-
-
-def _edges(
-    name: str,
-    kind: EdgeKind,
-    spec: TransitionSpec | list[TransitionConfig] | None,
-    path: str,
-    event: str | None,
-) -> tuple[Edge, ...]:
-    if spec is None:
-        return ()
-    if isinstance(spec, list):
-        return tuple(Edge(name, kind, f"{path}[{i}]", t, event) for i, t in enumerate(transitions_of(spec)))
-    return tuple(Edge(name, kind, path, t, event) for t in transitions_of(spec))
 
 
 def transition_lists(name: str, state: StateConfig) -> list[TransitionList]:
     """Every transition list of a state that is written, choice branches first (a choice state's exits),
     then `on` in document order, `always`, `invoke.onDone` and `invoke.onError`."""
     base = state_path(name)
-    specs: list[tuple[EdgeKind, str, TransitionSpec | list[TransitionConfig] | None, str | None]] = []
-    specs.append(("choice", f"{base}.choice", state.choice, None))
-    specs += [("on", child_path(f"{base}.on", event), spec, event) for event, spec in state.on.items()]
-    specs.append(("always", f"{base}.always", state.always, None))
+    found: list[TransitionList] = []
+
+    def add(
+        kind: EdgeKind,
+        path: str,
+        spec: TransitionSpec | list[TransitionConfig] | None,
+        event: str | None = None,
+    ) -> None:
+        if spec is None:
+            return
+        if isinstance(spec, list):
+            items = [Edge(name, kind, f"{path}[{i}]", t, event) for i, t in enumerate(transitions_of(spec))]
+        else:
+            items = [Edge(name, kind, path, t, event) for t in transitions_of(spec)]
+        found.append(TransitionList(path, tuple(items)))
+
+    add("choice", f"{base}.choice", state.choice)
+    for event, spec in state.on.items():
+        add("on", child_path(f"{base}.on", event), spec, event)
+    add("always", f"{base}.always", state.always)
     if state.invoke is not None:
-        specs.append(("onDone", f"{base}.invoke.onDone", state.invoke.onDone, None))
-        specs.append(("onError", f"{base}.invoke.onError", state.invoke.onError, None))
-    return [
-        TransitionList(name, kind, path, _edges(name, kind, spec, path, event), event)
-        for kind, path, spec, event in specs
-        if spec is not None
-    ]
+        add("onDone", f"{base}.invoke.onDone", state.invoke.onDone)
+        add("onError", f"{base}.invoke.onError", state.invoke.onError)
+    return found
 
 
 def edges(name: str, state: StateConfig) -> list[Edge]:
