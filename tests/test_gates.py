@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +15,20 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from improve.cli.main import app
+from improve.errors import WorkspaceError
 from improve.evals.scenarios import load_scenarios
-from improve.loop.gates import GATE_NAMES, GateContext, Unparsed, passed, run_gates, scenario_literals
+from improve.evals.workspace import Workspace
+from improve.loop.gates import (
+    BUILTIN_GATES,
+    GATE_NAMES,
+    GateContext,
+    GateResult,
+    Unparsed,
+    gates_for,
+    passed,
+    run_gates,
+    scenario_literals,
+)
 from improve.loop.probes import probe_requests
 from improve.runtime import load_environment
 from tests.conftest import REPO, copy_workspace
@@ -302,3 +315,99 @@ def test_verify_cli_exit_codes_and_json(tmp_path: Path) -> None:
     lock.write_text(json.dumps(data))
     changed = runner.invoke(app, ["verify", "v0", "-w", str(tmp_path)])
     assert changed.exit_code == 1 and "FAIL environment-unchanged" in changed.stdout
+
+
+# --- extension gates -------------------------------------------------------------------------------------
+
+MYGATES = """
+from improve.loop.gates import GateContext, GateResult
+
+
+class HasGoal:
+    name = "has-goal"
+
+    def run(self, ctx: GateContext) -> GateResult:
+        return GateResult(self.name, bool(ctx.policy.description), "ok")
+
+
+class NoEscalate:
+    name = "no-escalate"
+
+    def run(self, ctx: GateContext) -> GateResult:
+        escalating = [
+            name for name, state in ctx.policy.states.items() if state.output == {"type": "'ESCALATE'"}
+        ]
+        if escalating:
+            return GateResult(
+                self.name, False, f"final state(s) {escalating} answer ESCALATE; this desk never escalates"
+            )
+        return GateResult(self.name, True, "ok")
+
+
+def misnamed() -> NoEscalate:
+    return NoEscalate()
+"""
+
+
+@pytest.fixture
+def gate_workspace(tmp_path: Path) -> Any:
+    """The example workspace with two gates of its own, in `mygates.py` next to improve.toml."""
+    copy_workspace(tmp_path)
+    (tmp_path / "mygates.py").write_text(MYGATES)
+    with (tmp_path / "improve.toml").open("a") as toml:
+        toml.write('\n[gates.no-escalate]\nmodule = "mygates:NoEscalate"\n')
+        toml.write('\n[gates.has-goal]\nmodule = "mygates:HasGoal"\n')
+    yield tmp_path
+    sys.modules.pop("mygates", None)
+    if str(tmp_path) in sys.path:
+        sys.path.remove(str(tmp_path))
+
+
+def test_workspace_gates_run_after_the_seven_in_name_order(gate_workspace: Path) -> None:
+    runner = CliRunner()
+    result = runner.invoke(app, ["verify", "v0", "-w", str(gate_workspace), "--json"])
+    assert result.exit_code == 1, result.output
+    gates = json.loads(result.stdout)["gates"]
+    assert [g["name"] for g in gates] == [*GATE_NAMES, "has-goal", "no-escalate"]
+    assert all(g["ok"] for g in gates[:-1])
+    assert gates[-1] == {
+        "name": "no-escalate",
+        "ok": False,
+        "detail": "final state(s) ['escalate'] answer ESCALATE; this desk never escalates",
+    }
+    # A candidate stopped early lists the workspace's gates among those not run.
+    (gate_workspace / "policies" / "refunds" / "v9.json").write_text("[]")
+    early = runner.invoke(app, ["verify", "v9", "-w", str(gate_workspace)])
+    assert early.exit_code == 1
+    assert "not run: vocabulary, lower, lint, explore, overfit, has-goal, no-escalate" in early.stdout
+
+
+def test_a_gate_must_be_registered_under_its_own_name(gate_workspace: Path) -> None:
+    toml = gate_workspace / "improve.toml"
+    toml.write_text(toml.read_text().replace("mygates:HasGoal", "mygates:misnamed"))
+    with pytest.raises(
+        WorkspaceError, match=r"gate 'has-goal' .* calls itself 'no-escalate'; set its `name`"
+    ):
+        gates_for(Workspace.find(gate_workspace))
+
+
+def test_a_gate_that_crashes_or_returns_garbage_fails_the_candidate() -> None:
+    class Crashes:
+        name = "crashes"
+
+        def run(self, ctx: GateContext) -> GateResult:
+            raise KeyError("facts")
+
+    class Garbage:
+        name = "garbage"
+
+        def run(self, ctx: GateContext) -> Any:
+            return "fine"
+
+    for gate, needle in (
+        (Crashes(), "could not check this document (KeyError"),
+        (Garbage(), "returned 'fine'"),
+    ):
+        results = run_gates(V0, context(gates=[*BUILTIN_GATES, gate]))
+        assert [r.ok for r in results] == [True] * 7 + [False]
+        assert results[-1].name == gate.name and needle in results[-1].detail

@@ -23,7 +23,16 @@ from improve.cli.common import (
 from improve.errors import WorkspaceError
 from improve.evals.workspace import Workspace
 from improve.log.store import JsonlDirStore
-from improve.loop.gates import GATE_NAMES, GateContext, Unparsed, passed, run_gates
+from improve.loop.gates import (
+    GATE_NAMES,
+    EnvironmentGate,
+    ExploreGate,
+    GateContext,
+    Unparsed,
+    gates_for,
+    passed,
+    run_gates,
+)
 from improve.loop.probes import probe_requests
 from improve.machine import MachineConfig
 from improve.machine.explore import ExploreOptions, can_reach, explore_paths
@@ -65,8 +74,9 @@ def verify_command(
 ) -> None:
     """Run the gates on a policy, in order, stopping at the first failure; exit 1 when one fails.
 
-    Gates: environment-unchanged (against policies/<env>/environment.lock.json when present), validate,
-    vocabulary, lower, lint, explore (probe requests from the training scenarios' decisions), overfit.
+    Gates: {gates}; then, by name, the workspace's own (gates in improve.toml) and those installed
+    packages register. {environment} compares with policies/<env>/environment.lock.json when present;
+    {explore} probes with the training scenarios' recorded decisions.
 
     Example:
 
@@ -84,6 +94,7 @@ def verify_command(
             expected_hashes=recorded_hashes(space, env_name),
             probes=probe_requests(environment, scenarios, store),
             scenarios=scenarios,
+            gates=gates_for(space),
         )
         results = run_gates(document, context, source)
         ok = passed(results)
@@ -94,11 +105,17 @@ def verify_command(
                 mark = "[green]pass[/]" if r.ok else "[red]FAIL[/]"
                 out.print(f"{mark} {r.name}: ", end="")
                 out.print(r.detail, markup=False)
-            skipped = GATE_NAMES[len(results) :]
+            skipped = [gate.name for gate in context.gates[len(results) :]]
             if skipped:
                 out.print(f"not run: {', '.join(skipped)}")
         if not ok:
             raise typer.Exit(EXIT_FAILED)
+
+
+# The names come from the gates themselves, so the help never lists a gate that does not run.
+verify_command.__doc__ = (verify_command.__doc__ or "").format(
+    gates=", ".join(GATE_NAMES), environment=EnvironmentGate.name, explore=ExploreGate.name
+)
 
 
 def vocabulary_command(

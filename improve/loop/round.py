@@ -34,10 +34,11 @@ from improve.loop.changelog import append_entry, entry_markdown
 from improve.loop.diagnose import Diagnosis, diagnose
 from improve.loop.evidence import decision_examples
 from improve.loop.gates import (
+    EnvironmentGate,
     GateContext,
     GateResult,
     Unparsed,
-    _policy_literals,
+    gates_for,
     passed,
     run_gates,
     scenario_literals,
@@ -45,7 +46,7 @@ from improve.loop.gates import (
 from improve.loop.probes import probe_requests
 from improve.loop.proposers import Proposal, ProposalError, ProposalRequest, Proposer
 from improve.loop.proposers.rules import RuleMinerProposer
-from improve.machine import MachineConfig, parse_machine
+from improve.machine import MachineConfig, literals, parse_machine
 from improve.machine.describe import diff_states
 from improve.runtime.environment import Environment
 from improve.runtime.vocabulary import vocabulary
@@ -195,7 +196,7 @@ def _proposer(opts: RoundOptions, inputs: Inputs) -> Proposer:
     if not isinstance(opts.proposer, str):
         return opts.proposer
     if opts.proposer == "rules":
-        constants = [v for _, v in _policy_literals(inputs.env.config) if isinstance(v, float)]
+        constants = [c.value for c in literals(inputs.env.config) if isinstance(c.value, float)]
         forbidden = scenario_literals(inputs.scenarios).amounts
         return RuleMinerProposer(constants=constants, forbidden=forbidden)
     if opts.proposer == "openai":
@@ -272,6 +273,7 @@ def run_round(space: Workspace, opts: RoundOptions, say: Say = lambda m: None) -
         expected_hashes=inputs.env_hashes,
         probes=probe_requests(env, train, store),
         scenarios=inputs.scenarios,
+        gates=gates_for(space),
     )
     proposal, gates, repairs, calls = _propose_and_gate(proposer, request, context, say)
     result.gates = [g.to_json() for g in gates]
@@ -398,7 +400,9 @@ def _propose_and_gate(
             return proposal, gates, repairs, calls
         failed = gates[-1]
         say(f"gates: {failed.name} failed: {failed.detail.splitlines()[0]}")
-        if failed.name == "environment-unchanged" or repairs >= MAX_REPAIRS:
+        if (
+            failed.name == EnvironmentGate.name or repairs >= MAX_REPAIRS
+        ):  # a changed environment is not repaired
             return proposal, gates, repairs, calls
         repairs += 1
         try:

@@ -1,4 +1,5 @@
-"""The statechart core: config models, CEL expressions, the pure interpreter, snapshots.
+"""The statechart core: config models, CEL expressions, the pure interpreter, snapshots, the walk over a
+config's expressions (`expressions`, `literals`).
 
 Nothing in this package does I/O or imports another package of ours (except `improve.errors`).
 
@@ -38,6 +39,7 @@ from improve.machine.interpreter import (
 )
 from improve.machine.rules import RuleEval, RuleResult, run_rule_evals
 from improve.machine.snapshot import Invocation, Snapshot, canonical_hash, canonical_json
+from improve.machine.walk import Constant, Expression, expressions, literals
 
 __all__ = [
     "ALLOWED_ROOTS",
@@ -48,10 +50,12 @@ __all__ = [
     "MODEL_DECIDE",
     "SENTINEL_PREFIX",
     "SENTINEL_TAG",
+    "Constant",
     "DecideInputConfig",
     "ExploreOptions",
     "ExploreResult",
     "Expr",
+    "Expression",
     "GuardFn",
     "Invocation",
     "InvokeConfig",
@@ -72,7 +76,9 @@ __all__ = [
     "canonical_json",
     "compile_expr",
     "compile_machine",
+    "expressions",
     "initial",
+    "literals",
     "parse_machine",
     "run_rule_evals",
     "transition",

@@ -32,6 +32,7 @@ from improve.machine.config import (
     TransitionSpec,
     transitions_of,
 )
+from improve.machine.walk import Edge, edges
 
 __all__ = ["describe_mermaid", "describe_text", "diff_states", "to_xstate"]
 
@@ -95,6 +96,13 @@ def _tree_text(tree: Any) -> str:
     if isinstance(tree, list):
         return "[" + ", ".join(_tree_text(v) for v in tree) + "]"
     return json.dumps(tree)
+
+
+def _label(edge: Edge) -> str:
+    """What a reader calls a transition: its event, or `choice`, `always`, `done`, `error`."""
+    if edge.kind == "on" and edge.event is not None:
+        return edge.event
+    return {"onDone": "done", "onError": "error"}.get(edge.kind, edge.kind)
 
 
 def _shorten(text: str, limit: int) -> str:
@@ -164,19 +172,8 @@ def describe_text(config: MachineConfig) -> str:
                 if inv.input:
                     lines.append(pad + "  input: " + ", ".join(inv.input))
 
-        if state.choice:
-            for t in state.choice:
-                lines.append(pad + _transition_line("choice", t, names))
-        for ev, spec in state.on.items():
-            for t in transitions_of(spec):
-                lines.append(pad + _transition_line(ev, t, names))
-        for t in transitions_of(state.always):
-            lines.append(pad + _transition_line("always", t, names))
-        if inv is not None:
-            for t in transitions_of(inv.onDone):
-                lines.append(pad + _transition_line("done", t, names))
-            for t in transitions_of(inv.onError):
-                lines.append(pad + _transition_line("error", t, names))
+        for edge in edges(name, state):
+            lines.append(pad + _transition_line(_label(edge), edge.transition, names))
         if state.is_final and state.output is not None:
             lines.append(pad + "output: " + _tree_text(state.output))
 
@@ -288,20 +285,11 @@ def describe_mermaid(config: MachineConfig, highlight: Collection[str] = ()) -> 
         lines.append(f"    [*] --> {ids[config.initial]}")
     for name, state in config.states.items():
         sid = ids[name]
-        edges: list[tuple[str, TransitionConfig]] = []
-        if state.choice:
-            edges += [("choice", t) for t in state.choice]
-        for ev, spec in state.on.items():
-            edges += [(ev, t) for t in transitions_of(spec)]
-        edges += [("always", t) for t in transitions_of(state.always)]
-        if state.invoke is not None:
-            edges += [("done", t) for t in transitions_of(state.invoke.onDone)]
-            edges += [("error", t) for t in transitions_of(state.invoke.onError)]
-        for event, t in edges:
-            target = sid if t.target is None else ids.get(t.target)
+        for edge in edges(name, state):
+            target = sid if edge.target is None else ids.get(edge.target)
             if target is None:
                 continue  # a dangling target: validation reports it; the diagram cannot draw it
-            lines.append(f"    {sid} --> {target} : {_edge_label(event, t)}")
+            lines.append(f"    {sid} --> {target} : {_edge_label(_label(edge), edge.transition)}")
         if state.is_final:
             lines.append(f"    {sid} --> [*]")
 

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from improve.errors import ImproveError
-from improve.machine.config import transitions_of
 from improve.machine.interpreter import Machine, can, initial, transition
+from improve.machine.walk import edges
 
 
 @dataclass(frozen=True)
@@ -74,10 +74,7 @@ def guarded_states(machine: Machine) -> list[str]:
     """States with at least one guarded transition: the rules an eval should cover."""
     names = []
     for name, state in machine.config.states.items():
-        specs = [*state.on.values(), state.always, state.choice]
-        if state.invoke is not None:
-            specs += [state.invoke.onDone, state.invoke.onError]
-        if any(t.guard is not None for spec in specs for t in transitions_of(spec)):
+        if any(edge.transition.guard is not None for edge in edges(name, state)):
             names.append(name)
     return names
 

@@ -1,0 +1,29 @@
+"""`environment-unchanged`: the environment's files hash as recorded when the round started."""
+
+from __future__ import annotations
+
+from improve.loop.gates.gate import GateContext, GateResult
+
+
+class EnvironmentGate:
+    """A candidate may never change the environment: failing here discards it (no repair can help)."""
+
+    name = "environment-unchanged"
+
+    def run(self, ctx: GateContext) -> GateResult:
+        if not ctx.expected_hashes:
+            return GateResult(self.name, True, "no recorded hashes to compare")
+        now = ctx.env.file_hashes()
+        changed = [
+            f"{name} (recorded {want[:12]}, now {now.get(name, 'missing')[:12]})"
+            for name, want in sorted(ctx.expected_hashes.items())
+            if now.get(name) != want
+        ]
+        if changed:
+            return GateResult(
+                self.name,
+                False,
+                f"the environment changed since the round started: {', '.join(changed)}. A candidate may "
+                "never change the environment; this one is discarded (not repaired)",
+            )
+        return GateResult(self.name, True, "environment files hash as recorded")

@@ -1,0 +1,85 @@
+"""`explore`: for each probe request (recorded decisions of training scenarios), every final output is
+one of the options offered, on every path, including when the model call fails."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from improve.loop.gates.gate import GateContext, GateResult
+from improve.machine import canonical_json
+from improve.machine.explore import ExploreOptions, explore_paths
+from improve.machine.snapshot import Snapshot
+from improve.runtime.policy import MODEL_DECIDE
+
+
+class ExploreGate:
+    name = "explore"
+
+    def run(self, ctx: GateContext) -> GateResult:
+        if not ctx.probes:
+            return GateResult(self.name, True, "no probe requests (no training scenario reached a decision)")
+        machine = ctx.compiled
+        total_states = 0
+        for request in ctx.probes:
+            options = request.options
+            outputs: dict[str, list[Any]] = {MODEL_DECIDE: [dict(o) for o in options]}
+            for name, judgment in ctx.env.judgments.items():
+                try:
+                    outputs[name] = [judgment(request.to_input(), {})]
+                except Exception as err:
+                    return GateResult(self.name, False, f"judgment '{name}' failed on a probe request: {err}")
+            probe = ExploreOptions(
+                outputs=outputs, errors={MODEL_DECIDE, *ctx.env.judgments}, max_depth=40, max_paths=20_000
+            )
+
+            def bad(snapshot: Snapshot, options: list[dict[str, Any]] = options) -> bool:
+                if snapshot.status == "error":
+                    return True
+                return snapshot.status == "done" and not any(_same_event(snapshot.output, o) for o in options)
+
+            result = explore_paths(machine, request.to_input(), probe, target=bad, stop_at_target=True)
+            total_states += result.states
+            facts = canonical_json(request.facts)
+            if result.reachable:
+                steps = " -> ".join(_describe(e) for e in result.witness or [])
+                return GateResult(
+                    self.name,
+                    False,
+                    f"on decision '{request.name}' with facts {facts} and options {json.dumps(options)}, the "
+                    "policy can end with an answer that is not an offered option (or in error), after: "
+                    f"{steps or 'start'}. Every final output must be one of the offered options; give every "
+                    "invoke an onError that leads to a final with a safe offered event",
+                )
+            if not result.complete:
+                return GateResult(
+                    self.name,
+                    False,
+                    f"exploring decision '{request.name}' with facts {facts} did not finish: {result.cuts}",
+                )
+        return GateResult(
+            self.name,
+            True,
+            f"{len(ctx.probes)} probe request(s), {total_states} state(s): every output is offered",
+        )
+
+
+def _same_event(a: Any, b: Mapping[str, Any]) -> bool:
+    """`a` is the offered event `b`: the same fields, numbers equal as numbers, nothing else coerced."""
+    if not isinstance(a, dict) or a.get("type") != b.get("type") or set(a) != set(b):
+        return False
+    for key, value in b.items():
+        other = a[key]
+        numeric = isinstance(value, int | float) and isinstance(other, int | float)
+        if not (other == value if numeric else type(other) is type(value) and other == value):
+            return False
+    return True
+
+
+def _describe(event: Mapping[str, Any]) -> str:
+    if event.get("type") == "xstate.done.actor":
+        return f"{event.get('actorId')} answered {json.dumps(event.get('output'))}"
+    if event.get("type") == "xstate.error.actor":
+        return f"{event.get('actorId')} failed"
+    return json.dumps(dict(event))

@@ -1,0 +1,112 @@
+"""What a gate is: a `name` and a check of one candidate policy, `run(ctx) -> GateResult`.
+
+A gate's failing `detail` says what is wrong, where (a JSON path, spelled as `improve.machine.walk`
+spells it) and how to fix it, precisely enough to send back to a proposer verbatim. A gate may raise on
+a document it cannot read: `run_gates` turns that into a failing result, so a candidate never crashes
+the round.
+
+    class NoEscalate:                      # [gates.no-escalate] module = "mygates:NoEscalate"
+        name = "no-escalate"
+
+        def run(self, ctx: GateContext) -> GateResult:
+            finals = [s.output for s in ctx.policy.states.values() if s.is_final]
+            if {"type": "'ESCALATE'"} in finals:
+                return GateResult(self.name, False, "a final outputs ESCALATE; answer with ...")
+            return GateResult(self.name, True, "ok")
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from improve.evals.scenarios import Scenario
+from improve.machine import Machine, MachineConfig
+from improve.runtime.decision import DecisionRequest
+from improve.runtime.environment import Environment
+from improve.runtime.vocabulary import Vocabulary, vocabulary
+
+
+@dataclass(frozen=True)
+class GateResult:
+    name: str
+    ok: bool
+    detail: str
+    """Why it failed and how to fix it; when it passed, what was checked (`ok` when nothing more)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "ok": self.ok, "detail": self.detail}
+
+
+@dataclass(frozen=True)
+class Unparsed:
+    """A document that is not JSON at all: the validate gate reports `message` (file, line, column)."""
+
+    message: str
+
+
+@runtime_checkable
+class Gate(Protocol):
+    name: str
+    """A slug, the name it is registered under (`[gates.NAME]` in improve.toml, an entry point's name)."""
+
+    def run(self, ctx: GateContext) -> GateResult: ...
+
+
+def _installed_gates() -> list[Gate]:
+    # Imported here: the registry imports every gate module, and each of them imports this one.
+    from improve.loop.gates.registry import gates_for
+
+    return gates_for()
+
+
+@dataclass
+class GateContext:
+    """What the gates check a candidate against, and what they made of the candidate so far.
+
+    A caller sets the first group once (a round reuses it for every repair); `run_gates` fills the
+    second group afresh for each candidate, so nothing one candidate left behind is seen by the next.
+    """
+
+    env: Environment
+    expected_hashes: Mapping[str, str] | None = None
+    """The environment's file hashes when the round started (None: nothing to compare)."""
+    probes: list[DecisionRequest] = field(default_factory=list)
+    """Recorded decision requests of training scenarios, for the explore gate."""
+    scenarios: Sequence[Scenario] = ()
+    """Every scenario, for the overfit gate."""
+    words: Vocabulary | None = None
+    """The environment's vocabulary, read off it when first needed."""
+    gates: Sequence[Gate] = field(default_factory=_installed_gates)
+    """The gates in order: `gates_for(workspace)` adds a workspace's own; the default has the seven
+    built-in ones and those installed packages register."""
+
+    document: Any = None
+    """The candidate as decoded JSON, or `Unparsed`."""
+    source: str = "candidate"
+    """Where the candidate comes from, for messages (a file, `candidate v3`)."""
+    config: MachineConfig | None = None
+    """The candidate as a machine config, set by the validate gate."""
+    machine: Machine | None = None
+    """The candidate compiled, set by the lower gate."""
+
+    @property
+    def vocab(self) -> Vocabulary:
+        if self.words is None:
+            self.words = vocabulary(self.env)
+        return self.words
+
+    @property
+    def policy(self) -> MachineConfig:
+        """The validated candidate; every gate after `validate` may read it."""
+        if self.config is None:
+            raise RuntimeError("the candidate is not validated yet: the validate gate runs before this one")
+        return self.config
+
+    @property
+    def compiled(self) -> Machine:
+        """The compiled candidate; every gate after `lower` may read it."""
+        if self.machine is None:
+            raise RuntimeError("the candidate is not compiled yet: the lower gate runs before this one")
+        return self.machine

@@ -1,0 +1,91 @@
+"""`vocabulary`: every name the policy uses is in the environment's vocabulary (actors, model refs, named
+guards, events, fact paths, request fields, its own context)."""
+
+from __future__ import annotations
+
+from improve.loop.gates.gate import GateContext, GateResult
+from improve.machine import MachineConfig, NamedGuard
+from improve.machine.expr import referenced_paths, tokenize
+from improve.machine.walk import edges, expressions, state_path
+from improve.runtime.policy import MODEL_DECIDE
+from improve.runtime.vocabulary import Vocabulary
+
+
+class VocabularyGate:
+    name = "vocabulary"
+
+    def run(self, ctx: GateContext) -> GateResult:
+        problems = [*_names(ctx.policy, ctx.vocab), *_paths(ctx.policy, ctx.vocab)]
+        if problems:
+            return GateResult(
+                self.name, False, "names outside the vocabulary:\n" + "\n".join(f"- {p}" for p in problems)
+            )
+        return GateResult(self.name, True, "ok")
+
+
+def _literal_string(source: str) -> str | None:
+    """The text of a CEL expression that is one quoted string (`'decider'` -> decider), else None."""
+    tokens = tokenize(source)
+    if len(tokens) == 1 and tokens[0].kind == "string":
+        text = tokens[0].text
+        return text[1:-1] if text[:1] in "'\"" else None
+    return None
+
+
+def _names(config: MachineConfig, vocab: Vocabulary) -> list[str]:
+    """Actors, model refs, named guards and output events."""
+    problems: list[str] = []
+    for name, state in config.states.items():
+        base = state_path(name)
+        if state.invoke is not None:
+            src = state.invoke.src
+            if src not in vocab.actors:
+                problems.append(
+                    f"{base}.invoke.src: unknown actor '{src}'; a policy may invoke {vocab.actors}"
+                )
+            if src == MODEL_DECIDE:
+                ref_src = (state.invoke.input or {}).get("model", f"'{vocab.models[0]}'")
+                ref = _literal_string(str(ref_src)) if isinstance(ref_src, str) else None
+                if ref is None or ref not in vocab.models:
+                    problems.append(
+                        f"{base}.invoke.input.model: unknown model ref {ref_src!r}; use a quoted ref from "
+                        f"{vocab.models}, e.g. \"'{vocab.models[0]}'\""
+                    )
+        for edge in edges(name, state):
+            guard = edge.transition.guard
+            if isinstance(guard, NamedGuard) and guard.type not in vocab.guards:
+                problems.append(
+                    f"{edge.path}.guard: unknown named guard '{guard.type}'; the environment "
+                    f"exports {vocab.guards or 'no named guards'}: write the condition in CEL over facts"
+                )
+        output = state.output
+        if isinstance(output, dict) and "type" in output:
+            event = _literal_string(str(output["type"]))
+            if event is not None and event not in vocab.events:
+                problems.append(
+                    f"{base}.output.type: unknown event '{event}'; the decisions allow {vocab.events}"
+                )
+    return problems
+
+
+def _paths(config: MachineConfig, vocab: Vocabulary) -> list[str]:
+    """Fact paths, request fields and context keys the expressions select."""
+    problems: list[str] = []
+    facts = vocab.fact_paths
+    for expr in expressions(config):
+        for path in referenced_paths(tokenize(expr.source)):
+            root = path[0]
+            dotted = ".".join(path)
+            if root == "facts" or (root == "input" and len(path) > 1 and path[1] == "facts"):
+                fact = "facts." + ".".join(path[2:] if root == "input" else path[1:])
+                if fact != "facts." and fact not in facts:
+                    problems.append(f"{expr.path}: unknown fact path '{dotted}'; facts are {sorted(facts)}")
+            elif root == "input" and len(path) > 1 and path[1] not in vocab.request_fields:
+                problems.append(
+                    f"{expr.path}: unknown request field '{dotted}'; the request has {list(vocab.request_fields)}"
+                )
+            elif root == "context" and len(path) > 1 and path[1] not in config.context:
+                problems.append(
+                    f"{expr.path}: '{dotted}' is not in the policy's context {sorted(config.context)}"
+                )
+    return problems
