@@ -54,13 +54,6 @@ class Gate(Protocol):
     def run(self, ctx: GateContext) -> GateResult: ...
 
 
-def _installed_gates() -> list[Gate]:
-    # Imported here: the registry imports every gate module, and each of them imports this one.
-    from improve.loop.gates.registry import gates_for
-
-    return gates_for()
-
-
 @dataclass
 class GateContext:
     """What the gates check a candidate against, and what they made of the candidate so far.
@@ -78,9 +71,9 @@ class GateContext:
     """Every scenario, for the overfit gate."""
     words: Vocabulary | None = None
     """The environment's vocabulary, read off it when first needed."""
-    gates: Sequence[Gate] = field(default_factory=_installed_gates)
-    """The gates in order: `gates_for(workspace)` adds a workspace's own; the default has the seven
-    built-in ones and those installed packages register."""
+    gates: Sequence[Gate] = ()
+    """The gates in order, from `gates_for(workspace)` (which adds a workspace's own); empty means
+    `gates_for()`: the seven built-in ones and those installed packages register."""
 
     document: Any = None
     """The candidate as decoded JSON, or `Unparsed`."""

@@ -7,14 +7,16 @@ from dataclasses import replace
 from typing import Any
 
 from improve.loop.gates.gate import GateContext, GateResult
+from improve.loop.gates.registry import gates_for
 
 
 def run_gates(document: Any, ctx: GateContext, source: str = "candidate") -> list[GateResult]:
     """Every gate of `ctx.gates` in order until the first failure; the results so far."""
     # A fresh copy per candidate: what the gates make of it (config, machine) never leaks into the next.
-    run = replace(ctx, document=document, source=source, config=None, machine=None)
+    gates = ctx.gates or gates_for()
+    run = replace(ctx, document=document, source=source, config=None, machine=None, gates=gates)
     results: list[GateResult] = []
-    for gate in ctx.gates:
+    for gate in gates:
         try:
             result = gate.run(run)
         except Exception as err:  # a gate must never crash on a candidate: that is a failure too
