@@ -21,6 +21,7 @@ imports nothing else of ours) may raise these. Every error carries a message tha
     │   └── TapeError                 an opencli session tape line is not in the tape format
     ├── RunError                      a run could not complete (an actor crashed, a store failed)
     │   └── NondeterministicHarness   parity: two fresh runs of OLD differed, so nothing is compared
+    ├── ProposalError                 a proposer produced no candidate (no rule fits, the endpoint failed)
     └── PullRequestError              committing, pushing or opening the round's PR failed (exit code 3)
 
 `exit_code` on each class is what the CLI returns when the error reaches it, following DESIGN.md:
@@ -100,6 +101,13 @@ class RunError(ImproveError):
 
 class NondeterministicHarness(RunError):
     """Parity's OLD side gave different results on two fresh runs: comparing against it would mean nothing."""
+
+
+class ProposalError(ImproveError):
+    """The proposer could not produce a candidate (no rule separates the cases, the endpoint failed).
+
+    The round records it as a failed candidate and goes on; it reaches the CLI only from a direct call.
+    """
 
 
 class PullRequestError(ImproveError):

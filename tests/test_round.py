@@ -344,6 +344,49 @@ def test_repairs_stop_at_three_with_the_gate_detail_fed_back(tmp_path: Path) -> 
     assert "did not pass the gates after 3 repair(s): vocabulary" in result.decision_detail
 
 
+WORKSPACE_PROPOSER = """
+from improve.loop.proposers import Proposal
+
+
+class EscalateEverything:
+    name = "escalate-all"
+
+    def __init__(self, setup):
+        self.environment = setup.environment.name
+
+    def propose(self, request):
+        policy = request.policy.model_dump(mode="json", by_alias=True, exclude_none=True)
+        document = {
+            "id": policy["id"], "version": request.new_version, "description": policy["description"],
+            "initial": "hand_over",
+            "states": {"hand_over": {"type": "final", "output": {"type": "'ESCALATE'"}}},
+        }
+        return Proposal(document, f"a person takes every {self.environment} ticket", self.name)
+
+    def repair(self, request, previous, failure):
+        raise AssertionError(failure.detail)
+"""
+
+
+def test_a_proposer_registered_in_the_workspace_is_used_by_name(tmp_path: Path) -> None:
+    scratch(tmp_path)
+    (tmp_path / "escalator.py").write_text(WORKSPACE_PROPOSER)
+    with (tmp_path / "improve.toml").open("a") as config:
+        config.write('\n[proposers.escalate-all]\nmodule = "escalator:EscalateEverything"\n')
+    args = ["round", "-w", str(tmp_path), "--policy", "v0", "--k", "1", "--json"]
+    result = CliRunner().invoke(app, [*args, "--proposer", "escalate-all"])
+    assert result.exit_code == 1, result.output  # a worse policy: proposed, gated, replayed, discarded
+    (outcome,) = json.loads(result.stdout)["rounds"]
+    assert outcome["proposer"] == "escalate-all" and outcome["status"] == "discarded"
+    assert outcome["rationale"] == "a person takes every refunds ticket"
+    assert [g["ok"] for g in outcome["gates"]] == [True] * 7
+    unknown = CliRunner().invoke(app, [*args, "--proposer", "nobody"])
+    assert (
+        unknown.exit_code == 2
+        and "unknown proposer 'nobody'; registered: escalate-all, openai, rules" in unknown.output
+    )
+
+
 def test_locate_names_what_is_missing(tmp_path: Path) -> None:
     space = scratch(tmp_path)
     (tmp_path / "policies" / "refunds" / "CHANGELOG.md").unlink()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -27,6 +28,12 @@ from improve.loop.diagnose import diagnose
 from improve.loop.round import RoundOptions, RoundResult, locate, run_rounds
 
 
+class CacheMode(StrEnum):
+    live = "live"
+    record = "record"
+    replay = "replay"
+
+
 def round_command(
     policy: Annotated[
         str, typer.Option("--policy", "-p", help="The current policy version (v3) or a .json path.")
@@ -35,7 +42,13 @@ def round_command(
     k: Annotated[
         int | None, typer.Option("--k", min=1, help="Runs per scenario (default from improve.toml).")
     ] = None,
-    proposer: Annotated[str, typer.Option("--proposer", help="rules (no model needed) or openai.")] = "rules",
+    proposer: Annotated[
+        str,
+        typer.Option(
+            "--proposer",
+            help="rules (no model needed), openai, or one registered by a package or in improve.toml [proposers].",
+        ),
+    ] = "rules",
     rounds: Annotated[
         int, typer.Option("--rounds", min=1, help="Candidates to try, each aimed at the next cause.")
     ] = 1,
@@ -43,13 +56,18 @@ def round_command(
         str, typer.Option("--model", "-m", help="The model bound to the policy's `decider` ref.")
     ] = "naive",
     concurrency: Annotated[int, typer.Option("--concurrency", min=1, help="Runs in flight at once.")] = 8,
-    openai_model: Annotated[
-        str | None, typer.Option("--openai-model", help="Proposer model (with --proposer openai).")
+    proposer_model: Annotated[
+        str | None,
+        typer.Option(
+            "--proposer-model", "--openai-model", help="The proposer's model (with --proposer openai)."
+        ),
     ] = None,
     base_url: Annotated[
         str | None, typer.Option("--base-url", help="OpenAI-compatible endpoint (key from OPENAI_API_KEY).")
     ] = None,
-    cache: Annotated[str, typer.Option("--cache", help="Proposer calls: live, record or replay.")] = "record",
+    cache: Annotated[
+        CacheMode, typer.Option("--cache", help="The proposer's model calls: live, record or replay.")
+    ] = CacheMode.record,
     as_json: Annotated[bool, JsonOption] = False,
     ws: Annotated[Path | None, WorkspaceOption] = None,
 ) -> None:
@@ -75,9 +93,9 @@ def round_command(
             model=model,
             proposer=proposer,
             concurrency=concurrency,
-            openai_model=openai_model,
-            openai_base_url=base_url,
-            openai_cache=cache,
+            proposer_model=proposer_model,
+            proposer_base_url=base_url,
+            proposer_cache=cache.value,
         )
         results = run_rounds(space, options, rounds, say=lambda m: err.print(m, markup=False))
         if as_json:

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from improve.errors import ImproveError, WorkspaceError
 from improve.evals.outcome import OutcomeRow
@@ -41,12 +41,17 @@ from improve.loop.gates import (
     gates_for,
     passed,
     run_gates,
-    scenario_literals,
 )
 from improve.loop.probes import probe_requests
-from improve.loop.proposers import Proposal, ProposalError, ProposalRequest, Proposer
-from improve.loop.proposers.rules import RuleMinerProposer
-from improve.machine import MachineConfig, literals, parse_machine
+from improve.loop.proposers import (
+    Proposal,
+    ProposalError,
+    ProposalRequest,
+    Proposer,
+    ProposerSetup,
+    make_proposer,
+)
+from improve.machine import MachineConfig, parse_machine
 from improve.machine.describe import diff_states
 from improve.runtime.environment import Environment
 from improve.runtime.vocabulary import vocabulary
@@ -62,12 +67,14 @@ class RoundOptions:
     k: int | None = None
     model: str = "naive"
     proposer: str | Proposer = "rules"
-    """`rules`, `openai`, or a Proposer object (a test seam, and for proposers written elsewhere)."""
+    """A registered proposer's name (`rules`, `openai`, a workspace's or a package's), or a Proposer
+    object (a test seam)."""
     concurrency: int = 8
     executor: Executor | None = None
-    openai_model: str | None = None
-    openai_base_url: str | None = None
-    openai_cache: str = "record"
+    proposer_model: str | None = None
+    """The proposer's own model, for one that asks a model (`openai`)."""
+    proposer_base_url: str | None = None
+    proposer_cache: Literal["live", "record", "replay"] = "record"
     open_pr: bool = True
     skip: list[str] = field(default_factory=list)
     """Cluster ids already tried against this policy (each round aims at the next cause)."""
@@ -195,21 +202,15 @@ def goal_threshold(description: str) -> float | None:
 def _proposer(opts: RoundOptions, inputs: Inputs) -> Proposer:
     if not isinstance(opts.proposer, str):
         return opts.proposer
-    if opts.proposer == "rules":
-        constants = [c.value for c in literals(inputs.env.config) if isinstance(c.value, float)]
-        forbidden = scenario_literals(inputs.scenarios).amounts
-        return RuleMinerProposer(constants=constants, forbidden=forbidden)
-    if opts.proposer == "openai":
-        from improve.loop.proposers.cache import ProposerCache
-        from improve.loop.proposers.openai import OpenAIProposer
-
-        if not opts.openai_model:
-            raise WorkspaceError(
-                "--proposer openai needs --openai-model (and --base-url for a non-OpenAI endpoint)"
-            )
-        cache = ProposerCache(inputs.space.root / ".improve" / "proposer-cache", opts.openai_cache)  # type: ignore[arg-type]
-        return OpenAIProposer(model=opts.openai_model, base_url=opts.openai_base_url, cache=cache)
-    raise WorkspaceError(f"unknown proposer {opts.proposer!r}; use rules or openai")
+    setup = ProposerSetup(
+        environment=inputs.env,
+        scenarios=inputs.scenarios,
+        root=inputs.space.root,
+        model=opts.proposer_model,
+        base_url=opts.proposer_base_url,
+        cache=opts.proposer_cache,
+    )
+    return make_proposer(opts.proposer, setup, inputs.space)
 
 
 def _cards(rows: Sequence[OutcomeRow], label: str) -> dict[str, Scorecard]:

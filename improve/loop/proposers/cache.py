@@ -33,7 +33,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from improve.loop.proposers import ProposalError
+from improve.errors import ProposalError
 from improve.machine import canonical_json
 
 CacheMode = Literal["live", "record", "replay"]

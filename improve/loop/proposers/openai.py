@@ -55,8 +55,9 @@ from openai.types.chat.completion_create_params import ResponseFormat
 from openai.types.shared_params import ResponseFormatJSONObject, ResponseFormatJSONSchema
 from openai.types.shared_params.response_format_json_schema import JSONSchema
 
+from improve.errors import ProposalError
 from improve.loop.gates import GateResult
-from improve.loop.proposers import Proposal, ProposalError, ProposalRequest
+from improve.loop.proposers.base import Proposal, ProposalRequest
 from improve.loop.proposers.cache import REDACTED, ProposerCache
 from improve.machine import MachineConfig
 

@@ -24,8 +24,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from improve.errors import ProposalError
 from improve.loop.gates import GateResult
-from improve.loop.proposers import Proposal, ProposalError, ProposalRequest
+from improve.loop.proposers.base import Proposal, ProposalRequest
 
 MAX_ATOMS = 3
 MAX_CANDIDATES = 12

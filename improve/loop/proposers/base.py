@@ -1,0 +1,79 @@
+"""What a proposer is: what it may read (`ProposalRequest`), what it returns (`Proposal`), what it is
+made from for a round (`ProposerSetup`), and the `Proposer` protocol itself."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from improve.evals.scenarios import Scenario
+from improve.loop.gates import GateResult
+from improve.machine import MachineConfig
+from improve.runtime.environment import Environment
+from improve.runtime.vocabulary import Vocabulary
+
+
+@dataclass(frozen=True)
+class ProposalRequest:
+    """Everything a proposer may read. Held-out results are deliberately absent."""
+
+    environment: str
+    goal: str
+    """The environment's description: its goal with measurable success criteria."""
+    policy: MachineConfig
+    """The current policy; the candidate keeps its `id` and `description` and bumps `version`."""
+    new_version: str
+    vocabulary: Vocabulary
+    objective: dict[str, Any]
+    """The objective on train: pass rate, violations, cost, k."""
+    diagnosis: dict[str, Any]
+    """The chosen cluster and its hypothesis (see loop/diagnose.py), with evidence thread ids."""
+    examples: list[dict[str, Any]] = field(default_factory=list)
+    """Training decisions of the cluster: facts, options, what was answered, what the labels imply."""
+
+
+@dataclass(frozen=True)
+class Proposal:
+    document: Any
+    """The candidate policy as decoded JSON (validated by the gates, never executed)."""
+    rationale: str
+    """One paragraph: what changed and why."""
+    proposer: str
+    calls: int = 0
+    """Model calls the proposer made (0 for the rule miner)."""
+
+
+class Proposer(Protocol):
+    name: str
+
+    def propose(self, request: ProposalRequest) -> Proposal:
+        """One small change addressing the diagnosis."""
+        ...
+
+    def repair(self, request: ProposalRequest, previous: Proposal, failure: GateResult) -> Proposal:
+        """The same change, fixed so the failing gate passes (its detail says what and where)."""
+        ...
+
+
+@dataclass(frozen=True)
+class ProposerSetup:
+    """What a proposer is made from, once per round (a proposer keeps state across repairs)."""
+
+    environment: Environment
+    scenarios: Sequence[Scenario]
+    """Every scenario of the workspace: what the overfit gate guards against (a proposer must not
+    read held-out outcomes; none are here)."""
+    root: Path
+    """The workspace root: where a proposer may keep a cache (`.improve/`)."""
+    model: str | None = None
+    """The proposer's own model, for a proposer that asks one (`--proposer-model`)."""
+    base_url: str | None = None
+    """Its OpenAI-compatible endpoint (`--base-url`; None: the provider's default)."""
+    cache: Literal["live", "record", "replay"] = "record"
+    """How its model calls are cached (`--cache`)."""
+
+
+ProposerFactory = Callable[[ProposerSetup], Proposer]
+"""How a proposer is registered: a callable taking the setup (a class whose `__init__` takes it works)."""

@@ -1,0 +1,65 @@
+"""Proposers by name: `rules` and `openai` bundled, others from installed packages (entry points in
+the group `improve.proposers`) or the workspace (`[proposers.NAME] module = "package.module:Factory"`).
+
+A proposer is registered as a factory: a callable taking a `ProposerSetup` and returning a `Proposer`,
+made once per round (it may keep state across repairs, like the rule miner's ranked candidates).
+"""
+
+from __future__ import annotations
+
+from improve.errors import WorkspaceError
+from improve.evals.workspace import Workspace
+from improve.loop.gates import scenario_literals
+from improve.loop.proposers.base import Proposer, ProposerFactory, ProposerSetup
+from improve.loop.proposers.rules import RuleMinerProposer
+from improve.machine import literals
+from improve.registry import Registry
+
+
+def _factory(target: object, where: str) -> ProposerFactory:
+    if not callable(target):
+        raise WorkspaceError(
+            f"{where}: is {type(target).__name__}; a proposer is registered as a callable taking a "
+            "ProposerSetup and returning a Proposer (a class whose __init__ takes the setup works)"
+        )
+    factory: ProposerFactory = target
+    return factory
+
+
+def rule_miner(setup: ProposerSetup) -> Proposer:
+    """The built-in rule miner: the environment's own numbers preferred as thresholds, numbers found
+    in only one scenario never used (the overfit gate would refuse them)."""
+    constants = [c.value for c in literals(setup.environment.config) if isinstance(c.value, float)]
+    return RuleMinerProposer(constants=constants, forbidden=scenario_literals(setup.scenarios).amounts)
+
+
+def openai_proposer(setup: ProposerSetup) -> Proposer:
+    """A model behind an OpenAI-compatible endpoint, every call cached under `.improve/`."""
+    # Imported here: the openai SDK is loaded only by the rounds that ask a model.
+    from improve.loop.proposers.cache import ProposerCache
+    from improve.loop.proposers.openai import OpenAIProposer
+
+    if not setup.model:
+        raise WorkspaceError(
+            "--proposer openai needs --proposer-model (and --base-url for a non-OpenAI endpoint)"
+        )
+    cache = ProposerCache(setup.root / ".improve" / "proposer-cache", setup.cache)
+    return OpenAIProposer(model=setup.model, base_url=setup.base_url, cache=cache)
+
+
+PROPOSERS: Registry[ProposerFactory] = Registry("proposers", _factory)
+PROPOSERS.bundle("rules", rule_miner)
+PROPOSERS.bundle("openai", openai_proposer)
+
+
+def make_proposer(name: str, setup: ProposerSetup, workspace: Workspace | None = None) -> Proposer:
+    """The proposer registered as `name`, made for this round."""
+    local = workspace.specs("proposers") if workspace is not None else {}
+    factory = PROPOSERS.load(name, local, workspace.root if workspace is not None else None)
+    proposer = factory(setup)
+    if not callable(getattr(proposer, "propose", None)) or not callable(getattr(proposer, "repair", None)):
+        raise WorkspaceError(
+            f"proposer {name!r} made {type(proposer).__name__}, which lacks propose(request) and "
+            "repair(request, previous, failure)"
+        )
+    return proposer
