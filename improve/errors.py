@@ -21,6 +21,8 @@ imports nothing else of ours) may raise these. Every error carries a message tha
     │   └── TapeError                 an opencli session tape line is not in the tape format
     ├── RunError                      a run could not complete (an actor crashed, a store failed)
     │   └── NondeterministicHarness   parity: two fresh runs of OLD differed, so nothing is compared
+    ├── ActorFailure                  a tool failed in a way the machine handles (its `onError`)
+    ├── ModelCallError                a model call failed (timeout, refusal); the policy's `onError`
     ├── ProposalError                 a proposer produced no candidate (no rule fits, the endpoint failed)
     └── PullRequestError              committing, pushing or opening the round's PR failed (exit code 3)
 
@@ -101,6 +103,25 @@ class RunError(ImproveError):
 
 class NondeterministicHarness(RunError):
     """Parity's OLD side gave different results on two fresh runs: comparing against it would mean nothing."""
+
+
+class ActorFailure(ImproveError):
+    """A tool failed in a way the machine should handle (`onError`), e.g. a declined payment.
+
+    Raised by an environment's tools; the runner journals it as `xstate.error.actor` with `code` and
+    the message, and the machine takes the invoke's `onError`. It never reaches the CLI.
+    """
+
+    def __init__(self, message: str, code: str = "failed") -> None:
+        super().__init__(message)
+        self.code = code
+
+    def to_error(self) -> dict[str, str]:
+        return {"code": self.code, "message": str(self)}
+
+
+class ModelCallError(ImproveError):
+    """A model call failed (timeout, refusal, unparsable answer). A policy's `onError` handles it."""
 
 
 class ProposalError(ImproveError):

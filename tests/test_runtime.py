@@ -7,12 +7,12 @@ from typing import Any
 
 import pytest
 
-from improve.errors import ConfigError, RunError
+from improve.errors import ActorFailure, ConfigError, RunError
 from improve.log.replay import replay
 from improve.log.store import MemoryStore
 from improve.machine import parse_machine
 from improve.runtime.decision import Decision, DecisionRequest, Usage
-from improve.runtime.environment import ActorFailure, Environment, World
+from improve.runtime.environment import Environment, World
 from improve.runtime.run import RunResult, run
 
 

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from improve.errors import ConflictError, LogError, WorkspaceError
+from improve.errors import ConflictError, LogError
 from improve.log.entry import LogEntry
-from improve.log.store import JsonlDirStore, MemoryStore, Store, ThreadPage, open_store
+from improve.log.store import JsonlDirStore, MemoryStore, Store, ThreadPage
 from improve.warehouse.db import connect
 from improve.warehouse.store import DuckDBStore
 
@@ -303,19 +303,6 @@ def test_concurrent_appenders_with_retries_lose_nothing(store: Store) -> None:
     # each writer's own entries stay in the order it wrote them
     for w in range(writers):
         assert [e.id for e in got if e.id.startswith(f"w{w}-")] == [f"w{w}-{k}" for k in range(per_writer)]
-
-
-# --- open_store -------------------------------------------------------------------------------------
-
-
-def test_open_store(tmp_path: Path) -> None:
-    assert isinstance(open_store(":memory:"), MemoryStore)
-    jsonl = open_store(str(tmp_path / "threads"))
-    assert isinstance(jsonl, JsonlDirStore)
-    assert jsonl.root == tmp_path / "threads"
-    (tmp_path / "afile").write_text("x")
-    with pytest.raises(WorkspaceError, match="not a directory"):
-        open_store(str(tmp_path / "afile"))
 
 
 # --- JSONL only -------------------------------------------------------------------------------------

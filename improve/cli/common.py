@@ -22,9 +22,7 @@ _WIDTH = shutil.get_terminal_size((140, 40)).columns
 err = Console(stderr=True, highlight=False, width=_WIDTH, soft_wrap=True)
 out = Console(highlight=False, width=_WIDTH, soft_wrap=True)
 
-EXIT_OK = 0
 EXIT_FAILED = 1
-EXIT_USAGE = 2
 EXIT_INFRA = 3
 
 

@@ -400,7 +400,3 @@ app.command("init")(init_command)
 app.add_typer(tape_app, name="tape")
 app.add_typer(scenarios_app, name="scenarios")
 app.add_typer(parity_app, name="parity")
-
-
-def main() -> None:
-    app()

@@ -16,7 +16,7 @@ from improve.log.entry import (
     model_slug,
 )
 from improve.log.replay import ReplayResult, replay, run_status, validate_log
-from improve.log.store import JsonlDirStore, MemoryStore, Store, ThreadPage, open_store
+from improve.log.store import JsonlDirStore, MemoryStore, Store, ThreadPage
 
 __all__ = [
     "INIT_EVENT",
@@ -32,7 +32,6 @@ __all__ = [
     "ThreadPage",
     "Verification",
     "model_slug",
-    "open_store",
     "replay",
     "run_status",
     "validate_log",

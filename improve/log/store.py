@@ -52,10 +52,9 @@ from typing import Protocol, runtime_checkable
 
 from pydantic import ValidationError
 
-from improve.errors import ConflictError, LogError, WorkspaceError
+from improve.errors import ConflictError, LogError
 from improve.log.entry import THREAD_ID_PATTERN, LogEntry, check_thread_id
 
-MEMORY_SPEC = ":memory:"
 SUFFIX = ".jsonl"
 # A file name holds at most 255 bytes; thread ids are ASCII, so this many characters plus the suffix fit.
 MAX_FILE_THREAD_ID = 255 - len(SUFFIX)
@@ -506,23 +505,3 @@ class JsonlDirStore:
         finally:
             self._forget(path)
         self._sync_dir()
-
-
-# --- choosing a store -------------------------------------------------------------------------------
-
-
-def open_store(spec: str, *, fsync: bool = False) -> Store:
-    """`":memory:"` gives a `MemoryStore`; any other spec is a directory for a `JsonlDirStore` (created
-    on the first append)."""
-    if spec == MEMORY_SPEC:
-        return MemoryStore()
-    path = Path(spec).expanduser()
-    if path.suffix in {".duckdb", ".db"}:
-        raise WorkspaceError(
-            f"store {spec!r}: a DuckDB store is not available; use a directory or ':memory:'"
-        )
-    if path.exists() and not path.is_dir():
-        raise WorkspaceError(
-            f"store {spec!r} is not a directory: give a directory for JSONL threads or ':memory:'"
-        )
-    return JsonlDirStore(path, fsync=fsync)

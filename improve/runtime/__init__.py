@@ -1,9 +1,9 @@
 """Running a machine: environments, the decision protocol, models, policies, journaled runs."""
 
+from improve.errors import ActorFailure, ModelCallError
 from improve.runtime.decision import Decider, Decision, DecisionRequest, Usage, build_request, check_answer
 from improve.runtime.environment import (
     ENVIRONMENTS,
-    ActorFailure,
     Environment,
     EnvironmentRef,
     World,
@@ -12,7 +12,6 @@ from improve.runtime.environment import (
 )
 from improve.runtime.models import (
     Model,
-    ModelCallError,
     ModelReply,
     StandInModel,
     first_option,

@@ -30,17 +30,6 @@ from improve.runtime.models import ModelFactory
 from improve.runtime.policy import load_json
 
 
-class ActorFailure(Exception):
-    """A tool failed in a way the machine should handle (`onError`), e.g. a declined payment."""
-
-    def __init__(self, message: str, code: str = "failed") -> None:
-        super().__init__(message)
-        self.code = code
-
-    def to_error(self) -> dict[str, Any]:
-        return {"code": self.code, "message": str(self)}
-
-
 class World:
     """A scenario's fixture, and every effect the tools record while a run acts on it."""
 

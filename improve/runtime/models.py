@@ -17,10 +17,6 @@ from typing import Any, Protocol
 from improve.runtime.decision import DecisionRequest
 
 
-class ModelCallError(Exception):
-    """A model call failed (timeout, refusal, unparsable answer). A policy's `onError` handles it."""
-
-
 @dataclass(frozen=True)
 class ModelReply:
     event: dict[str, Any] | None

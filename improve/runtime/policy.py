@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from improve.errors import MachineError, RunError, WorkspaceError
+from improve.errors import MachineError, ModelCallError, RunError, WorkspaceError
 from improve.machine import (
     DONE_EVENT,
     ERROR_EVENT,
@@ -28,7 +28,7 @@ from improve.machine import (
 )
 from improve.machine.config import MODEL_DECIDE as MODEL_DECIDE
 from improve.runtime.decision import Decision, DecisionRequest, Usage
-from improve.runtime.models import Model, ModelCallError
+from improve.runtime.models import Model
 
 Judgment = Callable[[dict[str, Any], dict[str, Any]], Any]
 

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from improve.errors import ConfigError, ConflictError, RunError
+from improve.errors import ActorFailure, ConfigError, ConflictError, RunError
 from improve.log.entry import INIT_EVENT, Attempt, LogEntry, Verification, new_entry_id, now_rfc3339
 from improve.log.replay import RunStatus, run_status
 from improve.log.store import Store
@@ -27,7 +27,7 @@ from improve.machine import (
     transition,
 )
 from improve.runtime.decision import DEFAULT_MAX_RETRIES, Decider, build_request, check_answer
-from improve.runtime.environment import ActorFailure, Environment, World
+from improve.runtime.environment import Environment, World
 
 DEFAULT_MAX_MODEL_CALLS = 100
 MAX_ENTRIES = 2000

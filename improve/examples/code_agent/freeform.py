@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
-from improve.errors import WorkspaceError
+from improve.errors import ModelCallError, WorkspaceError
 from improve.evals.outcome import compare_effects
 from improve.evals.scenarios import Scenario
 from improve.examples.code_agent.env import DEFAULT_MAX_TURNS, environment
@@ -36,7 +36,7 @@ from improve.machine import MachineConfig, parse_machine
 from improve.parity import ParityReport, ParityRun, Side, compare, new_model
 from improve.runtime.decision import MAX_FREE_TEXT, DecisionRequest
 from improve.runtime.environment import Environment
-from improve.runtime.models import Model, ModelCallError
+from improve.runtime.models import Model
 from improve.runtime.policy import PolicyDecider, compile_policy
 from improve.runtime.run import run as run_machine
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from functools import cache
 from typing import Any, NoReturn
 
-from improve.errors import ConfigError, WorkspaceError
+from improve.errors import ActorFailure, ConfigError, ModelCallError, WorkspaceError
 from improve.evals.scenarios import Scenario
 from improve.examples.refunds.env import environment
 from improve.examples.refunds.world import (
@@ -37,8 +37,8 @@ from improve.examples.refunds.world import (
 from improve.log.entry import Attempt
 from improve.parity import ParityRun, new_model
 from improve.runtime.decision import DecisionRequest
-from improve.runtime.environment import ActorFailure, Environment
-from improve.runtime.models import Model, ModelCallError
+from improve.runtime.environment import Environment
+from improve.runtime.models import Model
 
 MAX_RETRIES = 2
 EVENTS = ["REFUND", "ESCALATE", "CLOSE"]

@@ -17,7 +17,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from improve.runtime.environment import ActorFailure, World
+from improve.errors import ActorFailure
+from improve.runtime.environment import World
 
 APPROVAL_THRESHOLD = 100
 WINDOW_DAYS = 30

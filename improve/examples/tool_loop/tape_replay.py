@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from improve.errors import ActorFailure
 from improve.examples.tool_loop.calls import ToolCall
 from improve.examples.tool_loop.env import environment
 from improve.examples.tool_loop.tapes import TapePrompt, TapeTurn, parse_tape, tape_paths
@@ -29,7 +30,7 @@ from improve.log.entry import LogEntry
 from improve.log.store import MemoryStore
 from improve.machine import DONE_EVENT
 from improve.runtime.decision import Decision, DecisionRequest, Usage
-from improve.runtime.environment import ActorFailure, Environment
+from improve.runtime.environment import Environment
 from improve.runtime.run import run
 
 TAPE_MODEL_REF = "decider"

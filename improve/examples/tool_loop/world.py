@@ -29,10 +29,11 @@ import shlex
 from collections.abc import Mapping
 from typing import Any
 
+from improve.errors import ActorFailure
 from improve.examples.tool_loop.calls import ToolCall, os_error_code, parse_calls, signature
 from improve.examples.tool_loop.guards import GuardRegistry, LoopState
 from improve.machine import GuardFn
-from improve.runtime.environment import Actor, ActorFailure, World
+from improve.runtime.environment import Actor, World
 
 TOOLS = ("read", "write", "edit", "bash")
 RESULT_OVERHEAD_TOKENS = 10
