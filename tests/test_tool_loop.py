@@ -610,7 +610,10 @@ def test_describe_shows_the_loop_goal_first(env: Environment, tmp_path: Path) ->
     from improve.cli.main import app
 
     text = describe_text(env.config)
-    assert text.startswith("Goal: Do a coding task") and "SENTINEL" in text
+    assert (
+        text.startswith("Goal: Do a coding task")
+        and "overBudget (sentinel, final, must be unreachable)" in text
+    )
     mermaid = describe_mermaid(env.config)
     assert "streaming --> checking_calls : CALL_TOOLS" in mermaid and "guard_fired --> error" in mermaid
     assert to_xstate(env.config)["initial"] == "idle"
