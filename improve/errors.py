@@ -26,7 +26,7 @@ imports nothing else of ours) may raise these. Every error carries a message tha
     ├── ProposalError                 a proposer produced no candidate (no rule fits, the endpoint failed)
     └── PullRequestError              committing, pushing or opening the round's PR failed (exit code 3)
 
-`exit_code` on each class is what the CLI returns when the error reaches it, following DESIGN.md:
+`exit_code` on each class is what the CLI returns when the error reaches it, following docs/contracts.md:
 2 for usage or config errors, 3 for infrastructure and data errors.
 """
 

@@ -28,7 +28,7 @@ EXIT_INFRA = 3
 
 @contextmanager
 def handled() -> Iterator[None]:
-    """Turn our errors into a one-paragraph message on stderr and DESIGN.md's exit codes."""
+    """Turn our errors into a one-paragraph message on stderr and the exit codes of docs/contracts.md."""
     try:
         yield
     except ImproveError as error:

@@ -39,7 +39,7 @@ def replay_command(
 
     Example:
 
-        improve tape replay ../shared/data/opencli-tapes/ --json
+        improve tape replay ~/opencli/tapes/ --json
     """
     with handled():
         replays = replay_tapes(paths, progress=lambda path: err.print(f"replaying {path}", markup=False))

@@ -56,7 +56,7 @@ def ingest_command(
 
     Example:
 
-        improve ingest traces/ && improve ingest --format normalize ../shared/data/normalize-agent/logs
+        improve ingest traces/ && improve ingest --format normalize ~/normalize-agent/logs
     """
     with handled():
         space = workspace(ws)

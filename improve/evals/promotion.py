@@ -1,4 +1,4 @@
-"""The promotion rule, stated before any replay (DESIGN.md, the round):
+"""The promotion rule, stated before any replay (docs/contracts.md, the round):
 
 - no invariant violation on either split (at most `max_violations`, which is 0);
 - a held-out gain whose paired lower confidence bound is above `min_gain`;

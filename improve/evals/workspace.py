@@ -86,7 +86,7 @@ class ExtensionSection(_Section):
 
 
 class ObjectiveSection(_Section):
-    """How runs are scored and when a candidate may be promoted (DESIGN.md, objective)."""
+    """How runs are scored and when a candidate may be promoted (docs/contracts.md, workspace and objective)."""
 
     primary: Literal["pass_rate"] = Field(
         default="pass_rate",

@@ -1,6 +1,6 @@
 """The machine config: a subset of XState v5 JSON, as pydantic models.
 
-Spelling (kept stable; DESIGN.md is the contract this follows):
+Spelling (kept stable; docs/contracts.md is the contract this follows):
 
 - Every *expression position* holds a CEL string: guards, `assign` values, `context` initialisers,
   invoke `input` values and state `output`. A literal string is quoted inside the CEL (`"'issued'"`).
@@ -10,7 +10,7 @@ Spelling (kept stable; DESIGN.md is the contract this follows):
 - A transition is a target name, an object (`target`, `guard`, `assign`, `description`) or a list of
   them; the first whose guard passes is taken. No `target` means stay without re-entering.
 - A guard is a CEL string or a named guard `{"type": "name", "params": {...}}` that the host registers.
-- `invoke.src = "agent.decide"` is a decision request (DESIGN.md, decision protocol). Its `allowedEvents`
+- `invoke.src = "agent.decide"` is a decision request (docs/contracts.md, decision protocol). Its `allowedEvents`
   is a list of event *names* (not CEL); `payloads` maps event -> field -> a CEL expression that yields
   the list of allowed values (a closed choice) or `'text'` (free text, optional, e.g. a reason);
   `facts`, `name` and `prompt` are expressions.
@@ -74,7 +74,7 @@ TransitionSpec = str | TransitionConfig | list[str | TransitionConfig]
 
 
 class DecideInputConfig(_Strict):
-    """The input of an `agent.decide` invoke: a decision request (DESIGN.md)."""
+    """The input of an `agent.decide` invoke: a decision request (docs/contracts.md)."""
 
     name: str = Field(description="CEL expression naming the decision, e.g. \"'chooseResolution'\".")
     allowedEvents: list[str] = Field(description="Event names a decider may answer (not CEL).")

@@ -71,7 +71,7 @@ def _decide_input(state: StateConfig) -> DecideInputConfig | None:
 
 
 def _kind(state: StateConfig) -> str:
-    """What a state is, in the words a reader needs (DESIGN.md's vocabulary)."""
+    """What a state is, in the words a reader needs (the vocabulary of docs/contracts.md)."""
     if state.is_sentinel:
         return "sentinel"
     if state.is_final:

@@ -1,6 +1,6 @@
 """CEL expressions: compiled once, checked against an allowlist, evaluated against a scope.
 
-The allowlist (DESIGN.md, "Guards are CEL with an allowlist"):
+The allowlist (docs/contracts.md, machine config):
 
 - at most `MAX_EXPRESSION_LENGTH` characters;
 - variables only from `ALLOWED_ROOTS` (`context`, `event`, `input`, `facts`);

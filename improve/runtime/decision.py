@@ -1,4 +1,4 @@
-"""The decision protocol (DESIGN.md): what is offered, how an answer is checked, what a decider is.
+"""The decision protocol (docs/contracts.md): what is offered, how an answer is checked, what a decider is.
 
 A state that invokes `agent.decide` asks for one event. Only options the guards accept are offered.
 An answer is checked in a fixed order, `unknown-event`, `invalid-payload`, `rejected-by-guard`; a
@@ -129,7 +129,7 @@ def _enumerate(event_type: str, fields: Mapping[str, Any]) -> list[dict[str, Any
 def check_answer(
     machine: Machine, snapshot: Snapshot, request: DecisionRequest, event: Any
 ) -> Attempt | None:
-    """None when the answer lands; otherwise the refusal, checked in the order of DESIGN.md."""
+    """None when the answer lands; otherwise the refusal, checked in the order docs/contracts.md states."""
     if not isinstance(event, dict) or not isinstance(event.get("type"), str):
         return Attempt(
             event=event if isinstance(event, dict) else None,
