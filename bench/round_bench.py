@@ -10,7 +10,7 @@ from typing import Any
 
 from bench.corpus import REPO
 from improve.evals.workspace import Workspace
-from improve.loop.round import RoundOptions, run_round
+from improve.loop import RoundOptions, run_round
 
 SLEEPY = "bench.sleepy:environment"
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import git
 
 from improve.evals.workspace import Workspace
-from improve.loop.round import RoundOptions, RoundResult, run_round
+from improve.loop import RoundOptions, RoundResult, run_round
 from improve.runtime.environment import load_environment
 from improve.scaffold.workspace import write_desk
 

@@ -41,7 +41,7 @@ from improve.examples.code_agent.world import CodeWorld, normalise
 from improve.log.entry import LogEntry
 from improve.log.replay import replay
 from improve.log.store import MemoryStore
-from improve.loop.round import RoundOptions, run_round
+from improve.loop import RoundOptions, run_round
 from improve.machine import MachineConfig, compile_machine, parse_machine
 from improve.machine.config import TransitionConfig
 from improve.machine.describe import describe_mermaid, describe_text, to_xstate

@@ -20,11 +20,11 @@ from improve.cli.main import app
 from improve.demo import commit_workspace
 from improve.evals.outcome import OutcomeRow
 from improve.evals.workspace import Workspace
+from improve.loop import RoundOptions, next_version, run_round
 from improve.loop.diagnose import KINDS, diagnose
 from improve.loop.gates import GateResult
 from improve.loop.proposers import Proposal, ProposalError, ProposalRequest
 from improve.loop.proposers.rules import add_branch, mine
-from improve.loop.round import RoundOptions, next_version, run_round
 from tests.conftest import REPO, copy_workspace
 
 

@@ -38,7 +38,7 @@ from improve.examples.tool_loop.world import SandboxWorld, execute_tools
 from improve.log.entry import LogEntry
 from improve.log.replay import replay
 from improve.log.store import MemoryStore
-from improve.loop.round import RoundOptions, run_round
+from improve.loop import RoundOptions, run_round
 from improve.machine import DONE_EVENT, Snapshot, transition
 from improve.machine.describe import describe_mermaid, describe_text, to_xstate
 from improve.machine.explore import can_reach, explore_paths

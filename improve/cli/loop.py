@@ -24,8 +24,8 @@ from improve.cli.common import (
 from improve.evals.suite import SuiteSpec, run_suite
 from improve.evals.workspace import policy_label
 from improve.log.store import JsonlDirStore
+from improve.loop import RoundOptions, RoundResult, locate, run_rounds
 from improve.loop.diagnose import diagnose
-from improve.loop.round import RoundOptions, RoundResult, locate, run_rounds
 
 
 class CacheMode(StrEnum):

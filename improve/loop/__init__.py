@@ -1,0 +1,38 @@
+"""The improvement loop: diagnose the training failures, propose one change, gate it, replay it, apply
+the promotion rule, record the round, and open a pull request a person reviews.
+
+    >>> from improve.loop import RoundOptions, run_round
+    >>> result = run_round(Workspace.find(), RoundOptions(policy="v3", k=3))
+"""
+
+from improve.loop.diagnose import Diagnosis, diagnose
+from improve.loop.gates import GATES, Gate, GateContext, GateResult, gates_for, run_gates
+from improve.loop.inputs import Inputs, RoundOptions, RoundResult, locate, next_version, review_branch
+from improve.loop.proposers import PROPOSERS, Proposal, ProposalRequest, Proposer, ProposerSetup
+from improve.loop.record import pr_body
+from improve.loop.round import run_round, run_rounds
+
+__all__ = [
+    "GATES",
+    "PROPOSERS",
+    "Diagnosis",
+    "Gate",
+    "GateContext",
+    "GateResult",
+    "Inputs",
+    "Proposal",
+    "ProposalRequest",
+    "Proposer",
+    "ProposerSetup",
+    "RoundOptions",
+    "RoundResult",
+    "diagnose",
+    "gates_for",
+    "locate",
+    "next_version",
+    "pr_body",
+    "review_branch",
+    "run_gates",
+    "run_round",
+    "run_rounds",
+]

@@ -13,24 +13,16 @@ the next recommended branch, so nothing is lost and the branch merges cleanly.
 from __future__ import annotations
 
 import datetime as dt
-import json
-import re
 from collections.abc import Callable, Sequence
-from concurrent.futures import Executor
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Any, Literal
+from dataclasses import asdict
 
-from improve.errors import ImproveError, WorkspaceError
 from improve.evals.outcome import OutcomeRow
-from improve.evals.promotion import PromotionDecision, decide
-from improve.evals.report import scorecard_markdown
+from improve.evals.promotion import decide
 from improve.evals.scenarios import Scenario
 from improve.evals.scorecard import Scorecard, scorecard
 from improve.evals.suite import SuiteSpec, run_suite
-from improve.evals.workspace import CONFIG_NAME, Workspace, policy_label
+from improve.evals.workspace import Workspace, policy_label
 from improve.log.store import JsonlDirStore
-from improve.loop.changelog import append_entry, entry_markdown
 from improve.loop.diagnose import Diagnosis, diagnose
 from improve.loop.evidence import decision_examples
 from improve.loop.gates import (
@@ -42,6 +34,15 @@ from improve.loop.gates import (
     passed,
     run_gates,
 )
+from improve.loop.inputs import (
+    Inputs,
+    RoundOptions,
+    RoundResult,
+    asdict_shallow,
+    goal_threshold,
+    locate,
+    next_version,
+)
 from improve.loop.probes import probe_requests
 from improve.loop.proposers import (
     Proposal,
@@ -51,152 +52,14 @@ from improve.loop.proposers import (
     ProposerSetup,
     make_proposer,
 )
-from improve.machine import MachineConfig, parse_machine
+from improve.loop.record import record
+from improve.machine import parse_machine
 from improve.machine.describe import diff_states
 from improve.runtime.environment import Environment
 from improve.runtime.vocabulary import vocabulary
 
 MAX_REPAIRS = 3
 Say = Callable[[str], None]
-
-
-@dataclass
-class RoundOptions:
-    env: str | None = None
-    policy: str = "v0"
-    k: int | None = None
-    model: str = "naive"
-    proposer: str | Proposer = "rules"
-    """A registered proposer's name (`rules`, `openai`, a workspace's or a package's), or a Proposer
-    object (a test seam)."""
-    concurrency: int = 8
-    executor: Executor | None = None
-    proposer_model: str | None = None
-    """The proposer's own model, for one that asks a model (`openai`)."""
-    proposer_base_url: str | None = None
-    proposer_cache: Literal["live", "record", "replay"] = "record"
-    open_pr: bool = True
-    skip: list[str] = field(default_factory=list)
-    """Cluster ids already tried against this policy (each round aims at the next cause)."""
-
-
-@dataclass
-class RoundResult:
-    round_id: str
-    environment: str
-    baseline_version: str
-    candidate_version: str | None
-    proposer: str
-    model: str
-    k: int
-    seed: int
-    recommended: bool = False
-    status: str = "discarded"
-    """recommended, discarded, blocked (the environment needs a person) or nothing-to-fix."""
-    cluster: str | None = None
-    hypothesis: dict[str, Any] | None = None
-    rationale: str | None = None
-    diff_summary: str | None = None
-    gates: list[dict[str, Any]] = field(default_factory=list)
-    repairs: int = 0
-    scores: dict[str, dict[str, Any]] = field(default_factory=dict)
-    regressions: list[str] = field(default_factory=list)
-    decision_detail: str = ""
-    model_calls: int = 0
-    report: str | None = None
-    pr: dict[str, Any] | None = None
-    candidate_threads: list[str] = field(default_factory=list)
-    goal_met: bool = False
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass(frozen=True)
-class Inputs:
-    """What a round needs, located and checked before anything runs."""
-
-    space: Workspace
-    env: Environment
-    env_name: str
-    policy: MachineConfig
-    policy_path: Path
-    scenarios: list[Scenario]
-    policies_dir: Path
-    changelog: Path
-    env_hashes: dict[str, str]
-
-
-def review_branch(env_name: str, version: str) -> str:
-    """The branch a recommended candidate is committed to: `improve/<environment>-<version>`."""
-    return f"improve/{env_name}-{version}"
-
-
-def locate(space: Workspace, env: str | None, policy: str) -> Inputs:
-    """Every input of a round, or a clear message naming what is missing."""
-    missing: list[str] = []
-    if not (space.root / CONFIG_NAME).is_file():
-        missing.append(f"the objective: no {CONFIG_NAME} in {space.root} (see README, 'The workspace')")
-    env_name = space.env_name(env)
-    # Before anything is written: a name git refuses would leave a recommended candidate without a branch.
-    from improve.loop.publish import check_branch_name
-
-    check_branch_name(review_branch(env_name, "v1"))
-    environment = space.environment(env_name)
-    scenarios_path = space.scenarios_path(env_name)
-    if not scenarios_path.is_file():
-        missing.append(f"the scenarios and split: {scenarios_path} does not exist")
-    policies_dir = space.policies_dir(env_name)
-    changelog = policies_dir / "CHANGELOG.md"
-    if not policies_dir.is_dir():
-        missing.append(f"the policy history: {policies_dir} does not exist")
-    elif not changelog.is_file():
-        missing.append(
-            f"the policy history: {changelog} does not exist (create it with a '# CHANGELOG' line)"
-        )
-    policy_path = space.policy_path(env_name, policy)
-    if not policy_path.is_file():
-        missing.append(f"the policy: {policy_path} does not exist")
-    if missing:
-        raise WorkspaceError("a round cannot start; missing:\n" + "\n".join(f"- {m}" for m in missing))
-    config = space.load_policy(env_name, policy)
-    if not config.description.strip():
-        raise WorkspaceError(
-            f"the goal is missing: {policy_path} has no `description` (the goal with measurable success criteria)"
-        )
-    if not vocabulary(environment).decisions:
-        raise WorkspaceError(
-            f"environment {env_name} has no decision (agent.decide): nothing for a policy to do"
-        )
-    scenario_set = space.scenarios(env_name)
-    space.traces.mkdir(parents=True, exist_ok=True)
-    return Inputs(
-        space,
-        environment,
-        env_name,
-        config,
-        policy_path,
-        scenario_set.scenarios,
-        policies_dir,
-        changelog,
-        environment.file_hashes(),
-    )
-
-
-def next_version(policies_dir: Path, changelog: Path) -> str:
-    """The first version number no policy file and no CHANGELOG entry uses."""
-    numbers = [
-        int(m.group(1)) for p in policies_dir.glob("v*.json") if (m := re.fullmatch(r"v(\d+)", p.stem))
-    ]
-    if changelog.exists():
-        numbers += [int(n) for n in re.findall(r"^## v(\d+)\b", changelog.read_text(encoding="utf-8"), re.M)]
-    return str(max(numbers, default=0) + 1)
-
-
-def goal_threshold(description: str) -> float | None:
-    """The held-out pass-rate criterion written in the goal, e.g. 'held-out pass rate ... >= 0.95'."""
-    match = re.search(r"held-out pass rate[^.]*?(?:>=|≥|at least)\s*([01](?:\.\d+)?)", description, re.I)
-    return float(match.group(1)) if match else None
 
 
 def _proposer(opts: RoundOptions, inputs: Inputs) -> Proposer:
@@ -289,7 +152,7 @@ def run_round(space: Workspace, opts: RoundOptions, say: Say = lambda m: None) -
             if last is not None
             else "the proposer produced no candidate"
         )
-        _record(inputs, result, None, None, base_cards, None, proposal, say, opts)
+        record(inputs, result, None, None, base_cards, None, proposal, say)
         return result
 
     candidate = parse_machine(proposal.document, source=f"candidate v{version}")
@@ -326,7 +189,7 @@ def run_round(space: Workspace, opts: RoundOptions, say: Say = lambda m: None) -
         }
         for split, cmp in (("train", verdict.train), ("held-out", verdict.held_out))
     }
-    _record(inputs, result, candidate, cand_cards, base_cards, verdict, proposal, say, opts)
+    record(inputs, result, candidate, cand_cards, base_cards, verdict, proposal, say)
     return result
 
 
@@ -413,181 +276,6 @@ def _propose_and_gate(
         calls += proposal.calls
 
 
-def _record(
-    inputs: Inputs,
-    result: RoundResult,
-    candidate: MachineConfig | None,
-    cand_cards: dict[str, Scorecard] | None,
-    base_cards: dict[str, Scorecard],
-    verdict: PromotionDecision | None,
-    proposal: Proposal | None,
-    say: Say,
-    opts: RoundOptions,
-) -> None:
-    """CHANGELOG entry, report files, and the pull request of a recommended candidate."""
-    report_dir = inputs.space.reports / result.round_id
-    report_dir.mkdir(parents=True, exist_ok=True)
-    result.report = (
-        str(report_dir.relative_to(inputs.space.root))
-        if report_dir.is_relative_to(inputs.space.root)
-        else str(report_dir)
-    )
-    cards = [base_cards["train"], base_cards["held-out"]]
-    if cand_cards:
-        cards = [base_cards["train"], cand_cards["train"], base_cards["held-out"], cand_cards["held-out"]]
-    body = pr_body(result, cards, verdict, inputs.policy, candidate)
-    (report_dir / "scorecard.md").write_text(body, encoding="utf-8")
-    if proposal is not None and proposal.document is not None:
-        (report_dir / "policy.json").write_text(
-            json.dumps(proposal.document, indent=2) + "\n", encoding="utf-8"
-        )
-    record = result.to_json()
-    if not result.recommended:
-        entry = append_entry(inputs.changelog, inputs.env_name, record)
-        (report_dir / "changelog-entry.md").write_text(entry, encoding="utf-8")
-        (report_dir / "round.json").write_text(
-            json.dumps(record, indent=2, default=str) + "\n", encoding="utf-8"
-        )
-        say(f"discarded {result.candidate_version}: recorded in {inputs.changelog}")
-        return
-    assert candidate is not None and proposal is not None
-    entry = entry_markdown(record)
-    (report_dir / "changelog-entry.md").write_text(entry, encoding="utf-8")
-    (report_dir / "pr.md").write_text(body, encoding="utf-8")
-    policy_text = json.dumps(proposal.document, indent=2, ensure_ascii=False) + "\n"
-    changelog_text = inputs.changelog.read_text(encoding="utf-8")
-    changelog_text = changelog_text + ("" if changelog_text.endswith("\n") else "\n") + "\n" + entry
-    result.pr = _pull_request(inputs, result, policy_text, changelog_text, body, report_dir, opts, say)
-    (report_dir / "round.json").write_text(
-        json.dumps(result.to_json(), indent=2, default=str) + "\n", encoding="utf-8"
-    )
-
-
-def pr_body(
-    result: RoundResult,
-    cards: list[Scorecard],
-    verdict: PromotionDecision | None,
-    old: MachineConfig,
-    new: MachineConfig | None,
-) -> str:
-    lines = [f"# {result.environment}: policy {result.candidate_version or '(none)'} ({result.status})", ""]
-    if result.hypothesis:
-        h = result.hypothesis
-        lines += [
-            "## Hypothesis",
-            "",
-            f"- **Cluster**: `{result.cluster}`",
-            f"- **Cause**: {h['cause']}",
-            f"- **Change**: {result.rationale or h['change']}",
-            f"- **Expected to move**: {h['metric']}",
-            f"- **Risk**: {h['risk']}",
-            f"- **Evidence** (training threads): {', '.join(f'`{t}`' for t in h['evidence'][:8])}",
-            "",
-        ]
-    comparisons = [verdict.train, verdict.held_out] if verdict else []
-    lines.append(
-        scorecard_markdown(
-            cards,
-            comparisons,
-            title=f"Scorecard (k = {result.k} runs per scenario, model `{result.model}`)",
-            old_policy=old if new else None,
-            new_policy=new,
-            decision=verdict,
-            seed=result.seed,
-        )
-    )
-    if result.gates:
-        lines += ["## Gates", "", "| gate | result | detail |", "|---|---|---|"]
-        for g in result.gates:
-            detail = str(g["detail"]).replace("\n", " ").replace("|", "\\|")[:300]
-            lines.append(f"| {g['name']} | {'pass' if g['ok'] else '**fail**'} | {detail} |")
-        lines += ["", f"Repairs used: {result.repairs}.", ""]
-    if result.candidate_threads:
-        sample = result.candidate_threads[:6]
-        lines += [
-            "## Replay it",
-            "",
-            "Every run is a journaled thread; replaying one calls no model, tool or person:",
-            "",
-            "```sh",
-            *(f"improve replay {t} --verify" for t in sample),
-            "```",
-            "",
-            f'All {len(result.candidate_threads)} candidate threads: `improve sql "SELECT * FROM outcomes '
-            f"WHERE policy_version = '{result.candidate_version}'\"` after `improve ingest traces/`.",
-            "",
-        ]
-    lines += ["---", "Opened by `improve round`. A person reviews and merges; the tool never merges.", ""]
-    return "\n".join(lines)
-
-
-def _pull_request(
-    inputs: Inputs,
-    result: RoundResult,
-    policy_text: str,
-    changelog_text: str,
-    body: str,
-    report_dir: Path,
-    opts: RoundOptions,
-    say: Say,
-) -> dict[str, Any]:
-    name = f"v{result.candidate_version.lstrip('v')}.json" if result.candidate_version else "candidate.json"
-    policy_file = inputs.policies_dir / name
-    try:
-        import git
-
-        repo = git.Repo(inputs.space.root, search_parent_directories=True)
-        top = Path(repo.working_tree_dir or inputs.space.root).resolve()
-    except Exception:
-        # Not a git repository: the files are left in the report for a person to apply.
-        (report_dir / name).write_text(policy_text, encoding="utf-8")
-        (report_dir / "CHANGELOG.md").write_text(changelog_text, encoding="utf-8")
-        return {
-            "pushed": False,
-            "instructions": f"not a git repository: copy {report_dir / name} to {policy_file} "
-            f"and {report_dir / 'CHANGELOG.md'} to {inputs.changelog}",
-        }
-    from improve.loop.publish import branch_diff, open_pull_request
-
-    branch = review_branch(inputs.env_name, result.candidate_version or "")
-    files = {
-        str(policy_file.resolve().relative_to(top)): policy_text,
-        str(inputs.changelog.resolve().relative_to(top)): changelog_text,
-    }
-    # "refunds: policy v2: When facts.order.deliveredDaysAgo > 30, answer CLOSE" (the rule, not the numbers).
-    summary = (result.rationale or result.cluster or "").split(" without ")[0].split(": it ")[0]
-    title = f"{inputs.env_name}: policy {result.candidate_version}: {summary}"[:120]
-    try:
-        pr = open_pull_request(
-            top,
-            branch=branch,
-            files=files,
-            title=title,
-            body=body,
-            commit_message=f"{title}\n\nProposed by improve round {result.round_id}.",
-        )
-    except ImproveError as err:
-        say(f"pull request: {err}")
-        return {"pushed": False, "error": str(err)}
-    (report_dir / "policy.diff").write_text(branch_diff(top, branch, None), encoding="utf-8")
-    _restore_changelog(repo, inputs.changelog, top)
-    say(f"pull request: {pr.pr_url}" if pr.pr_url else f"branch {branch} ready: {pr.instructions}")
-    return pr.to_json()
-
-
-def _restore_changelog(repo: Any, changelog: Path, top: Path) -> None:
-    """The branch carries every entry written since HEAD; the working tree goes back to HEAD's CHANGELOG
-    (only when it merely appended entries), so the branch merges cleanly."""
-    rel = str(changelog.resolve().relative_to(top))
-    try:
-        head_text = repo.git.show(f"HEAD:{rel}")
-    except Exception:
-        return
-    current = changelog.read_text(encoding="utf-8")
-    if current.startswith(head_text.rstrip("\n")):
-        changelog.write_text(head_text + ("\n" if not head_text.endswith("\n") else ""), encoding="utf-8")
-
-
 def run_rounds(
     space: Workspace, opts: RoundOptions, rounds: int, say: Say = lambda m: None
 ) -> list[RoundResult]:
@@ -607,7 +295,3 @@ def run_rounds(
             say("3 candidates discarded in a row: stopping")
             break
     return results
-
-
-def asdict_shallow(opts: RoundOptions) -> dict[str, Any]:
-    return {f: getattr(opts, f) for f in opts.__dataclass_fields__}

@@ -1,0 +1,161 @@
+"""What a round takes and gives: its options, the inputs it locates and checks before anything runs
+(the workspace, the environment, the policy and its history, the scenarios), and its result."""
+
+from __future__ import annotations
+
+import re
+from concurrent.futures import Executor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from improve.errors import WorkspaceError
+from improve.evals.scenarios import Scenario
+from improve.evals.workspace import CONFIG_NAME, Workspace
+from improve.loop.proposers import Proposer
+from improve.machine import MachineConfig
+from improve.runtime.environment import Environment
+from improve.runtime.vocabulary import vocabulary
+
+
+@dataclass
+class RoundOptions:
+    env: str | None = None
+    policy: str = "v0"
+    k: int | None = None
+    model: str = "naive"
+    proposer: str | Proposer = "rules"
+    """A registered proposer's name (`rules`, `openai`, a workspace's or a package's), or a Proposer
+    object (a test seam)."""
+    concurrency: int = 8
+    executor: Executor | None = None
+    proposer_model: str | None = None
+    """The proposer's own model, for one that asks a model (`openai`)."""
+    proposer_base_url: str | None = None
+    proposer_cache: Literal["live", "record", "replay"] = "record"
+    open_pr: bool = True
+    skip: list[str] = field(default_factory=list)
+    """Cluster ids already tried against this policy (each round aims at the next cause)."""
+
+
+@dataclass
+class RoundResult:
+    round_id: str
+    environment: str
+    baseline_version: str
+    candidate_version: str | None
+    proposer: str
+    model: str
+    k: int
+    seed: int
+    recommended: bool = False
+    status: str = "discarded"
+    """recommended, discarded, blocked (the environment needs a person) or nothing-to-fix."""
+    cluster: str | None = None
+    hypothesis: dict[str, Any] | None = None
+    rationale: str | None = None
+    diff_summary: str | None = None
+    gates: list[dict[str, Any]] = field(default_factory=list)
+    repairs: int = 0
+    scores: dict[str, dict[str, Any]] = field(default_factory=dict)
+    regressions: list[str] = field(default_factory=list)
+    decision_detail: str = ""
+    model_calls: int = 0
+    report: str | None = None
+    pr: dict[str, Any] | None = None
+    candidate_threads: list[str] = field(default_factory=list)
+    goal_met: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What a round needs, located and checked before anything runs."""
+
+    space: Workspace
+    env: Environment
+    env_name: str
+    policy: MachineConfig
+    policy_path: Path
+    scenarios: list[Scenario]
+    policies_dir: Path
+    changelog: Path
+    env_hashes: dict[str, str]
+
+
+def review_branch(env_name: str, version: str) -> str:
+    """The branch a recommended candidate is committed to: `improve/<environment>-<version>`."""
+    return f"improve/{env_name}-{version}"
+
+
+def locate(space: Workspace, env: str | None, policy: str) -> Inputs:
+    """Every input of a round, or a clear message naming what is missing."""
+    missing: list[str] = []
+    if not (space.root / CONFIG_NAME).is_file():
+        missing.append(f"the objective: no {CONFIG_NAME} in {space.root} (see README, 'The workspace')")
+    env_name = space.env_name(env)
+    # Before anything is written: a name git refuses would leave a recommended candidate without a branch.
+    from improve.loop.publish import check_branch_name
+
+    check_branch_name(review_branch(env_name, "v1"))
+    environment = space.environment(env_name)
+    scenarios_path = space.scenarios_path(env_name)
+    if not scenarios_path.is_file():
+        missing.append(f"the scenarios and split: {scenarios_path} does not exist")
+    policies_dir = space.policies_dir(env_name)
+    changelog = policies_dir / "CHANGELOG.md"
+    if not policies_dir.is_dir():
+        missing.append(f"the policy history: {policies_dir} does not exist")
+    elif not changelog.is_file():
+        missing.append(
+            f"the policy history: {changelog} does not exist (create it with a '# CHANGELOG' line)"
+        )
+    policy_path = space.policy_path(env_name, policy)
+    if not policy_path.is_file():
+        missing.append(f"the policy: {policy_path} does not exist")
+    if missing:
+        raise WorkspaceError("a round cannot start; missing:\n" + "\n".join(f"- {m}" for m in missing))
+    config = space.load_policy(env_name, policy)
+    if not config.description.strip():
+        raise WorkspaceError(
+            f"the goal is missing: {policy_path} has no `description` (the goal with measurable success criteria)"
+        )
+    if not vocabulary(environment).decisions:
+        raise WorkspaceError(
+            f"environment {env_name} has no decision (agent.decide): nothing for a policy to do"
+        )
+    scenario_set = space.scenarios(env_name)
+    space.traces.mkdir(parents=True, exist_ok=True)
+    return Inputs(
+        space,
+        environment,
+        env_name,
+        config,
+        policy_path,
+        scenario_set.scenarios,
+        policies_dir,
+        changelog,
+        environment.file_hashes(),
+    )
+
+
+def next_version(policies_dir: Path, changelog: Path) -> str:
+    """The first version number no policy file and no CHANGELOG entry uses."""
+    numbers = [
+        int(m.group(1)) for p in policies_dir.glob("v*.json") if (m := re.fullmatch(r"v(\d+)", p.stem))
+    ]
+    if changelog.exists():
+        numbers += [int(n) for n in re.findall(r"^## v(\d+)\b", changelog.read_text(encoding="utf-8"), re.M)]
+    return str(max(numbers, default=0) + 1)
+
+
+def goal_threshold(description: str) -> float | None:
+    """The held-out pass-rate criterion written in the goal, e.g. 'held-out pass rate ... >= 0.95'."""
+    match = re.search(r"held-out pass rate[^.]*?(?:>=|≥|at least)\s*([01](?:\.\d+)?)", description, re.I)
+    return float(match.group(1)) if match else None
+
+
+def asdict_shallow(opts: RoundOptions) -> dict[str, Any]:
+    return {f: getattr(opts, f) for f in opts.__dataclass_fields__}

@@ -1,0 +1,193 @@
+"""What a round leaves behind: the report folder, the CHANGELOG entry, and for a recommended candidate
+its review branch and pull request (or, outside git, the files and how to apply them)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from improve.errors import ImproveError
+from improve.evals.promotion import PromotionDecision
+from improve.evals.report import scorecard_markdown
+from improve.evals.scorecard import Scorecard
+from improve.loop.changelog import append_entry, entry_markdown
+from improve.loop.inputs import Inputs, RoundResult, review_branch
+from improve.loop.proposers import Proposal
+from improve.machine import MachineConfig
+
+Say = Callable[[str], None]
+
+
+def record(
+    inputs: Inputs,
+    result: RoundResult,
+    candidate: MachineConfig | None,
+    cand_cards: dict[str, Scorecard] | None,
+    base_cards: dict[str, Scorecard],
+    verdict: PromotionDecision | None,
+    proposal: Proposal | None,
+    say: Say,
+) -> None:
+    """CHANGELOG entry, report files, and the pull request of a recommended candidate."""
+    report_dir = inputs.space.reports / result.round_id
+    report_dir.mkdir(parents=True, exist_ok=True)
+    result.report = (
+        str(report_dir.relative_to(inputs.space.root))
+        if report_dir.is_relative_to(inputs.space.root)
+        else str(report_dir)
+    )
+    cards = [base_cards["train"], base_cards["held-out"]]
+    if cand_cards:
+        cards = [base_cards["train"], cand_cards["train"], base_cards["held-out"], cand_cards["held-out"]]
+    body = pr_body(result, cards, verdict, inputs.policy, candidate)
+    (report_dir / "scorecard.md").write_text(body, encoding="utf-8")
+    if proposal is not None and proposal.document is not None:
+        (report_dir / "policy.json").write_text(
+            json.dumps(proposal.document, indent=2) + "\n", encoding="utf-8"
+        )
+    record = result.to_json()
+    if not result.recommended:
+        entry = append_entry(inputs.changelog, inputs.env_name, record)
+        (report_dir / "changelog-entry.md").write_text(entry, encoding="utf-8")
+        (report_dir / "round.json").write_text(
+            json.dumps(record, indent=2, default=str) + "\n", encoding="utf-8"
+        )
+        say(f"discarded {result.candidate_version}: recorded in {inputs.changelog}")
+        return
+    assert candidate is not None and proposal is not None
+    entry = entry_markdown(record)
+    (report_dir / "changelog-entry.md").write_text(entry, encoding="utf-8")
+    (report_dir / "pr.md").write_text(body, encoding="utf-8")
+    policy_text = json.dumps(proposal.document, indent=2, ensure_ascii=False) + "\n"
+    changelog_text = inputs.changelog.read_text(encoding="utf-8")
+    changelog_text = changelog_text + ("" if changelog_text.endswith("\n") else "\n") + "\n" + entry
+    result.pr = open_review(inputs, result, policy_text, changelog_text, body, report_dir, say)
+    (report_dir / "round.json").write_text(
+        json.dumps(result.to_json(), indent=2, default=str) + "\n", encoding="utf-8"
+    )
+
+
+def pr_body(
+    result: RoundResult,
+    cards: list[Scorecard],
+    verdict: PromotionDecision | None,
+    old: MachineConfig,
+    new: MachineConfig | None,
+) -> str:
+    lines = [f"# {result.environment}: policy {result.candidate_version or '(none)'} ({result.status})", ""]
+    if result.hypothesis:
+        h = result.hypothesis
+        lines += [
+            "## Hypothesis",
+            "",
+            f"- **Cluster**: `{result.cluster}`",
+            f"- **Cause**: {h['cause']}",
+            f"- **Change**: {result.rationale or h['change']}",
+            f"- **Expected to move**: {h['metric']}",
+            f"- **Risk**: {h['risk']}",
+            f"- **Evidence** (training threads): {', '.join(f'`{t}`' for t in h['evidence'][:8])}",
+            "",
+        ]
+    comparisons = [verdict.train, verdict.held_out] if verdict else []
+    lines.append(
+        scorecard_markdown(
+            cards,
+            comparisons,
+            title=f"Scorecard (k = {result.k} runs per scenario, model `{result.model}`)",
+            old_policy=old if new else None,
+            new_policy=new,
+            decision=verdict,
+            seed=result.seed,
+        )
+    )
+    if result.gates:
+        lines += ["## Gates", "", "| gate | result | detail |", "|---|---|---|"]
+        for g in result.gates:
+            detail = str(g["detail"]).replace("\n", " ").replace("|", "\\|")[:300]
+            lines.append(f"| {g['name']} | {'pass' if g['ok'] else '**fail**'} | {detail} |")
+        lines += ["", f"Repairs used: {result.repairs}.", ""]
+    if result.candidate_threads:
+        sample = result.candidate_threads[:6]
+        lines += [
+            "## Replay it",
+            "",
+            "Every run is a journaled thread; replaying one calls no model, tool or person:",
+            "",
+            "```sh",
+            *(f"improve replay {t} --verify" for t in sample),
+            "```",
+            "",
+            f'All {len(result.candidate_threads)} candidate threads: `improve sql "SELECT * FROM outcomes '
+            f"WHERE policy_version = '{result.candidate_version}'\"` after `improve ingest traces/`.",
+            "",
+        ]
+    lines += ["---", "Opened by `improve round`. A person reviews and merges; the tool never merges.", ""]
+    return "\n".join(lines)
+
+
+def open_review(
+    inputs: Inputs,
+    result: RoundResult,
+    policy_text: str,
+    changelog_text: str,
+    body: str,
+    report_dir: Path,
+    say: Say,
+) -> dict[str, Any]:
+    name = f"v{result.candidate_version.lstrip('v')}.json" if result.candidate_version else "candidate.json"
+    policy_file = inputs.policies_dir / name
+    try:
+        import git
+
+        repo = git.Repo(inputs.space.root, search_parent_directories=True)
+        top = Path(repo.working_tree_dir or inputs.space.root).resolve()
+    except Exception:
+        # Not a git repository: the files are left in the report for a person to apply.
+        (report_dir / name).write_text(policy_text, encoding="utf-8")
+        (report_dir / "CHANGELOG.md").write_text(changelog_text, encoding="utf-8")
+        return {
+            "pushed": False,
+            "instructions": f"not a git repository: copy {report_dir / name} to {policy_file} "
+            f"and {report_dir / 'CHANGELOG.md'} to {inputs.changelog}",
+        }
+    from improve.loop.publish import branch_diff, open_pull_request
+
+    branch = review_branch(inputs.env_name, result.candidate_version or "")
+    files = {
+        str(policy_file.resolve().relative_to(top)): policy_text,
+        str(inputs.changelog.resolve().relative_to(top)): changelog_text,
+    }
+    # "refunds: policy v2: When facts.order.deliveredDaysAgo > 30, answer CLOSE" (the rule, not the numbers).
+    summary = (result.rationale or result.cluster or "").split(" without ")[0].split(": it ")[0]
+    title = f"{inputs.env_name}: policy {result.candidate_version}: {summary}"[:120]
+    try:
+        pr = open_pull_request(
+            top,
+            branch=branch,
+            files=files,
+            title=title,
+            body=body,
+            commit_message=f"{title}\n\nProposed by improve round {result.round_id}.",
+        )
+    except ImproveError as err:
+        say(f"pull request: {err}")
+        return {"pushed": False, "error": str(err)}
+    (report_dir / "policy.diff").write_text(branch_diff(top, branch, None), encoding="utf-8")
+    restore_changelog(repo, inputs.changelog, top)
+    say(f"pull request: {pr.pr_url}" if pr.pr_url else f"branch {branch} ready: {pr.instructions}")
+    return pr.to_json()
+
+
+def restore_changelog(repo: Any, changelog: Path, top: Path) -> None:
+    """The branch carries every entry written since HEAD; the working tree goes back to HEAD's CHANGELOG
+    (only when it merely appended entries), so the branch merges cleanly."""
+    rel = str(changelog.resolve().relative_to(top))
+    try:
+        head_text = repo.git.show(f"HEAD:{rel}")
+    except Exception:
+        return
+    current = changelog.read_text(encoding="utf-8")
+    if current.startswith(head_text.rstrip("\n")):
+        changelog.write_text(head_text + ("\n" if not head_text.endswith("\n") else ""), encoding="utf-8")
