@@ -17,7 +17,8 @@ imports nothing else of ours) may raise these. Every error carries a message tha
     │   ├── ConflictError             append at a stale index, or ingest of a different entry
     │   ├── VersionMismatchError      replaying a thread against another machine version
     │   └── DivergenceError           replay reached a state whose hash differs from the journal
-    └── RunError                      a run could not complete (an actor crashed, a store failed)
+    ├── RunError                      a run could not complete (an actor crashed, a store failed)
+    └── WarehouseLockedError          another process holds the warehouse file for writing
 
 `exit_code` on each class is what the CLI returns when the error reaches it, following DESIGN.md:
 2 for usage or config errors, 3 for infrastructure and data errors.
@@ -84,3 +85,7 @@ class DivergenceError(LogError):
 
 class RunError(ImproveError):
     """A run could not complete: an actor crashed unexpectedly, a store failed."""
+
+
+class WarehouseLockedError(ImproveError):
+    """Another process holds the warehouse file for writing (`improve ingest` waits `--lock-timeout`)."""
