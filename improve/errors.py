@@ -12,12 +12,14 @@ imports nothing else of ours) may raise these. Every error carries a message tha
     │   └── WorkspaceError            improve.toml, a policy file or a directory is missing or wrong
     ├── MachineError                  the interpreter could not take a step (exit code 3)
     │   ├── EvaluationError           a CEL expression failed at run time (missing field, bad types)
+    │   │   └── FastCelError          ... found by the CEL fast path, in cel's words (Expr.evaluate adds where)
     │   └── UnknownNameError          a named guard or actor is not registered
     ├── LogError                      a thread is not a valid log (exit code 3)
     │   ├── ConflictError             append at a stale index, or ingest of a different entry
     │   ├── VersionMismatchError      replaying a thread against another machine version
     │   └── DivergenceError           replay reached a state whose hash differs from the journal
     ├── RunError                      a run could not complete (an actor crashed, a store failed)
+    ├── FastCelFallback               the CEL fast path met a value outside its domain: Expr.evaluate asks cel
     └── WarehouseLockedError          another process holds the warehouse file for writing
 
 `exit_code` on each class is what the CLI returns when the error reaches it, following DESIGN.md:
@@ -63,6 +65,12 @@ class EvaluationError(MachineError):
     """A CEL expression raised while being evaluated (a missing field, mismatched types)."""
 
 
+class FastCelError(EvaluationError):
+    """An evaluation error `cel` would also raise, found by the fast path (`improve.machine.fastcel`); the
+    text is the first line of cel's message. `Expr.evaluate` turns it into an EvaluationError that names
+    the expression and where it came from."""
+
+
 class UnknownNameError(MachineError):
     """A named guard or actor is not registered with the host."""
 
@@ -85,6 +93,11 @@ class DivergenceError(LogError):
 
 class RunError(ImproveError):
     """A run could not complete: an actor crashed unexpectedly, a store failed."""
+
+
+class FastCelFallback(ImproveError):
+    """The CEL fast path met a value outside its domain (a tuple, an int beyond 64 bits, ...): evaluate
+    the expression with `cel` instead. `Expr.evaluate` does; it never reaches a user."""
 
 
 class WarehouseLockedError(ImproveError):
