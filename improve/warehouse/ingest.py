@@ -15,6 +15,10 @@ to `rejected_lines` with the reason. Every line is accounted for:
 A file ingested before and unchanged since (same size, mtime and sha256) is skipped and counted as
 already present, so ingesting the same files again is instant and adds nothing.
 
+Another format (`fmt`) takes the careful path only: its importer (`importers/`, registered by name in
+`IMPORTERS`) turns the raw lines into the same candidate rows (`staging.Importer`), and everything after
+that, the classification and the accounting, is shared.
+
 Unknown top-level fields are ignored (schema v1 names its fields); `event`, `attempts` and `metadata`
 are kept whole.
 """
@@ -393,31 +397,6 @@ class _RetryCarefully(Exception):
     pass
 
 
-def _check_staged(con: duckdb.DuckDBPyConnection, fmt: str) -> None:
-    """Fail unless the importer gave every raw line exactly one candidate row, and made none up: what
-    keeps lines read = ingested + already present + rejected true for an importer someone wrote."""
-    row = con.execute(
-        """
-        SELECT count(*) FILTER (WHERE c.n IS NULL), count(*) FILTER (WHERE c.n > 1),
-               count(*) FILTER (WHERE r.line IS NULL),
-               min(coalesce(r.file, c.file) || ':' || coalesce(r.line, c.line)) FILTER (WHERE c.n IS DISTINCT FROM 1
-                   OR r.line IS NULL)
-        FROM raw_lines r
-        FULL JOIN (SELECT file, line, count(*) AS n FROM cand GROUP BY file, line) c
-            ON c.file = r.file AND c.line = r.line
-        """
-    ).fetchone()
-    assert row is not None
-    missing, repeated, made_up, first = row
-    if missing or repeated or made_up:
-        raise ConfigError(
-            f"importer {fmt!r} did not account for every line: {missing} line(s) without a row in cand, "
-            f"{repeated} with several, {made_up} row(s) for no line of raw_lines (e.g. {first}). An "
-            "importer inserts exactly one row into cand per row of raw_lines, with its file and line, and "
-            "rejects a line by setting error (see improve.warehouse.staging.Importer)"
-        )
-
-
 # --- the careful path ---------------------------------------------------------------------------------
 
 
@@ -441,6 +420,31 @@ def load_raw_lines(con: duckdb.DuckDBPyConnection, paths: Sequence[Path]) -> Non
         ) WHERE trim(raw) != ''
         """
     )
+
+
+def _check_staged(con: duckdb.DuckDBPyConnection, fmt: str) -> None:
+    """Fail unless the importer gave every raw line exactly one candidate row, and made none up: what
+    keeps lines read = ingested + already present + rejected true for an importer someone wrote."""
+    row = con.execute(
+        """
+        SELECT count(*) FILTER (WHERE c.n IS NULL), count(*) FILTER (WHERE c.n > 1),
+               count(*) FILTER (WHERE r.line IS NULL),
+               min(coalesce(r.file, c.file) || ':' || coalesce(r.line, c.line)) FILTER (WHERE c.n IS DISTINCT FROM 1
+                   OR r.line IS NULL)
+        FROM raw_lines r
+        FULL JOIN (SELECT file, line, count(*) AS n FROM cand GROUP BY file, line) c
+            ON c.file = r.file AND c.line = r.line
+        """
+    ).fetchone()
+    assert row is not None
+    missing, repeated, made_up, first = row
+    if missing or repeated or made_up:
+        raise ConfigError(
+            f"importer {fmt!r} did not account for every line: {missing} line(s) without a row in cand, "
+            f"{repeated} with several, {made_up} row(s) for no line of raw_lines (e.g. {first}). An "
+            "importer inserts exactly one row into cand per row of raw_lines, with its file and line, and "
+            "rejects a line by setting error (see improve.warehouse.staging.Importer)"
+        )
 
 
 def _careful(
