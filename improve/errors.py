@@ -13,6 +13,7 @@ imports nothing else of ours) may raise these. Every error carries a message tha
     │   └── BranchNameError           a branch name git would refuse (`:`, `..`, a space, ...)
     ├── MachineError                  the interpreter could not take a step (exit code 3)
     │   ├── EvaluationError           a CEL expression failed at run time (missing field, bad types)
+    │   │   └── FastCelError          ... found by the CEL fast path, in cel's words (Expr.evaluate adds where)
     │   └── UnknownNameError          a named guard or actor is not registered
     ├── LogError                      a thread is not a valid log (exit code 3)
     │   ├── ConflictError             append at a stale index, or ingest of a different entry
@@ -23,6 +24,8 @@ imports nothing else of ours) may raise these. Every error carries a message tha
     │   └── NondeterministicHarness   parity: two fresh runs of OLD differed, so nothing is compared
     ├── ActorFailure                  a tool failed in a way the machine handles (its `onError`)
     ├── ModelCallError                a model call failed (timeout, refusal); the policy's `onError`
+    ├── FastCelFallback               the CEL fast path met a value outside its domain: Expr.evaluate asks cel
+    ├── WarehouseLockedError          another process holds the warehouse file for writing
     ├── ProposalError                 a proposer produced no candidate (no rule fits, the endpoint failed)
     └── PullRequestError              committing, pushing or opening the round's PR failed (exit code 3)
 
@@ -71,6 +74,12 @@ class MachineError(ImproveError):
 
 class EvaluationError(MachineError):
     """A CEL expression raised while being evaluated (a missing field, mismatched types)."""
+
+
+class FastCelError(EvaluationError):
+    """An evaluation error `cel` would also raise, found by the fast path (`improve.machine.fastcel`); the
+    text is the first line of cel's message. `Expr.evaluate` turns it into an EvaluationError that names
+    the expression and where it came from."""
 
 
 class UnknownNameError(MachineError):
@@ -139,3 +148,12 @@ class PullRequestError(ImproveError):
     """
 
     exit_code = 3
+
+
+class FastCelFallback(ImproveError):
+    """The CEL fast path met a value outside its domain (a tuple, an int beyond 64 bits, ...): evaluate
+    the expression with `cel` instead. `Expr.evaluate` does; it never reaches a user."""
+
+
+class WarehouseLockedError(ImproveError):
+    """Another process holds the warehouse file for writing (`improve ingest` waits `--lock-timeout`)."""

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
+import textwrap
 from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
@@ -15,9 +17,12 @@ from typing import Any
 
 import duckdb
 import pytest
+from typer.testing import CliRunner
 
+from improve.cli.main import app
+from improve.errors import ConfigError, WorkspaceError
 from improve.warehouse.db import connect
-from improve.warehouse.importers import IMPORTERS
+from improve.warehouse.importers import IMPORTERS, Importer
 from improve.warehouse.ingest import IngestReport, ingest
 
 DATA = Path("/work/shared/data")
@@ -98,8 +103,111 @@ def normalized() -> tuple[duckdb.DuckDBPyConnection, IngestReport]:
 
 
 def test_the_importers_are_registered() -> None:
-    assert set(IMPORTERS) >= {"normalize", "opencli"}
-    assert all(IMPORTERS[name].name == name for name in IMPORTERS)
+    assert set(IMPORTERS.names()) >= {"native", "normalize", "opencli"}
+    assert all(isinstance(IMPORTERS.load(name), Importer) for name in IMPORTERS.names())
+
+
+# --- importers someone else wrote ------------------------------------------------------------------------
+
+# A format of one `thread,type,timestamp` line per event, staged the way the protocol asks: one row in
+# cand per raw line, a line that does not fit rejected with its reason.
+CSV_ISH = """
+    class Importer:
+        def stage(self, con):
+            con.execute(
+                \"\"\"
+                INSERT INTO cand
+                SELECT file, line, raw,
+                    CASE WHEN len(string_split(raw, ',')) != 3 THEN 'expected thread,type,timestamp' END,
+                    'csv:' || split_part(raw, ',', 1),
+                    row_number() OVER (PARTITION BY file, split_part(raw, ',', 1) ORDER BY line) - 1,
+                    'csv:' || split_part(raw, ',', 1) || '#' || line,
+                    split_part(raw, ',', 3), 'csv-agent', '1', 'csv.' || split_part(raw, ',', 2),
+                    json_object('type', 'csv.' || split_part(raw, ',', 2)),
+                    NULL, NULL, NULL, NULL, 1, false, true
+                FROM raw_lines
+                \"\"\"
+            )
+"""
+
+
+@pytest.fixture
+def csv_workspace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A workspace registering the `csv-ish` importer from a module next to its improve.toml."""
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the workspace root is made importable
+    monkeypatch.delitem(sys.modules, "myimporter", raising=False)
+    (tmp_path / "improve.toml").write_text('[importers.csv-ish]\nmodule = "myimporter:Importer"\n')
+    (tmp_path / "myimporter.py").write_text(textwrap.dedent(CSV_ISH))
+    return tmp_path
+
+
+def test_a_workspace_importer_ingests_through_the_cli(csv_workspace: Path) -> None:
+    events = write_lines(
+        csv_workspace / "events.csv",
+        [
+            "a,start,2026-01-04T15:23:08Z",
+            "b,start,2026-01-04T15:23:09Z",
+            "a,done,2026-01-04T15:23:10Z",
+            "a,done",
+        ],
+    )
+    runner = CliRunner()
+    args = ["ingest", "-w", str(csv_workspace), "--format", "csv-ish", str(events), "--no-outcomes", "--json"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 1, result.output  # one line rejected
+    assert "rejected" in result.stderr
+    doc = json.loads(result.stdout)
+    assert (doc["format"], doc["lines_read"], doc["ingested"], doc["rejected"]) == ("csv-ish", 4, 3, 1)
+    con = connect(csv_workspace / "traces" / "traces.duckdb")
+    assert con.execute(
+        'SELECT thread_id, "index", event_type, recorded_at, machine_id, raw FROM entries ORDER BY thread_id, "index"'
+    ).fetchall() == [
+        ("csv:a", 0, "csv.start", "2026-01-04T15:23:08Z", "csv-agent", "a,start,2026-01-04T15:23:08Z"),
+        ("csv:a", 1, "csv.done", "2026-01-04T15:23:10Z", "csv-agent", "a,done,2026-01-04T15:23:10Z"),
+        ("csv:b", 0, "csv.start", "2026-01-04T15:23:09Z", "csv-agent", "b,start,2026-01-04T15:23:09Z"),
+    ]
+    assert con.execute("SELECT line, error FROM rejected_lines").fetchall() == [
+        (4, "expected thread,type,timestamp")
+    ]
+    con.close()
+    # Again: nothing new, every line accounted for as before.
+    again = runner.invoke(app, [*args, "--allow-rejects"])
+    assert again.exit_code == 0, again.output
+    assert json.loads(again.stdout)["already_present"] == 3
+
+
+def test_an_unknown_format_lists_the_registered_ones(csv_workspace: Path) -> None:
+    events = write_lines(csv_workspace / "events.csv", ["a,start,2026-01-04T15:23:08Z"])
+    result = CliRunner().invoke(app, ["ingest", "-w", str(csv_workspace), "--format", "csv", str(events)])
+    assert result.exit_code == 2, result.output
+    assert "unknown importer 'csv'; registered: csv-ish, native, normalize, opencli" in result.stderr
+    assert "[importers.csv]" in result.stderr  # and how to add one
+
+
+def test_an_importer_must_account_for_every_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.delitem(sys.modules, "lossy", raising=False)
+    (tmp_path / "lossy.py").write_text(
+        textwrap.dedent(
+            """
+            class Lossy:  # stages only the first line of each file
+                def stage(self, con):
+                    con.execute(
+                        "INSERT INTO cand SELECT file, line, raw, 'no', NULL, NULL, NULL, NULL, NULL, NULL, "
+                        "NULL, NULL, NULL, NULL, NULL, NULL, 1, false, true FROM raw_lines WHERE line = 1"
+                    )
+            """
+        )
+    )
+    path = write_lines(tmp_path / "two.txt", ["one", "two"])
+    con = connect()
+    with pytest.raises(
+        ConfigError, match=r"importer 'lossy' did not account for every line: 1 line\(s\) without"
+    ):
+        ingest(con, [path], fmt="lossy", local={"lossy": "lossy:Lossy"}, root=tmp_path)
+    assert con.execute("SELECT count(*) FROM ingest_batches").fetchone() == (0,)  # rolled back
+    with pytest.raises(WorkspaceError, match="unknown importer 'lossy'"):
+        ingest(con, [path], fmt="lossy")  # the workspace's importers only when given
 
 
 # --- normalize @agent session logs ---------------------------------------------------------------------

@@ -12,6 +12,7 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from improve.errors import ImproveError
 from improve.evals.workspace import Workspace
@@ -32,7 +33,8 @@ def handled() -> Iterator[None]:
     try:
         yield
     except ImproveError as error:
-        err.print(f"[bold red]error:[/] {error}", markup=True, highlight=False)
+        # Escaped: messages quote improve.toml sections (`[importers.NAME]`), which rich reads as markup.
+        err.print(f"[bold red]error:[/] {escape(str(error))}", markup=True, highlight=False)
         raise typer.Exit(error.exit_code) from None
     except KeyboardInterrupt:
         err.print("interrupted: what was journaled so far is kept; run the command again to resume")

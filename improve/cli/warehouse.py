@@ -24,7 +24,15 @@ from improve.errors import WorkspaceError
 from improve.evals.materialize import refresh_outcomes
 from improve.warehouse.db import DEFAULT_LOCK_TIMEOUT, connect
 from improve.warehouse.ingest import ingest
-from improve.warehouse.sql import FORMATS, query, render_csv, render_json, render_markdown, schema_doc
+from improve.warehouse.sql import (
+    FORMATS,
+    cell_text,
+    query,
+    render_csv,
+    render_json,
+    render_markdown,
+    schema_doc,
+)
 
 DbOption = typer.Option("--db", help="Warehouse file (default: the workspace's traces/traces.duckdb).")
 
@@ -33,7 +41,15 @@ def ingest_command(
     paths: Annotated[
         list[str], typer.Argument(help="JSONL files, directories (every *.jsonl below) or globs.")
     ],
-    fmt: Annotated[str, typer.Option("--format", "-f", help="native, normalize or opencli.")] = "native",
+    fmt: Annotated[
+        str,
+        typer.Option(
+            "--format",
+            "-f",
+            help="The importer: native, normalize, opencli, or one a package or improve.toml "
+            "([importers.NAME] module = ...) registers.",
+        ),
+    ] = "native",
     db: Annotated[Path | None, DbOption] = None,
     allow_rejects: Annotated[
         bool, typer.Option("--allow-rejects", help="Exit 0 even when lines were rejected.")
@@ -62,7 +78,14 @@ def ingest_command(
         space = workspace(ws)
         target = db or space.warehouse
         con = connect(target, lock_timeout=lock_timeout)
-        report = ingest(con, paths, fmt=fmt, progress=lambda m: err.print(f"ingest: {m}"))
+        report = ingest(
+            con,
+            paths,
+            fmt=fmt,
+            local=space.specs("importers"),
+            root=space.root,
+            progress=lambda m: err.print(f"ingest: {m}"),
+        )
         materialized = None
         if outcomes:
             materialized = refresh_outcomes(con, space, progress=lambda d, t: err.print(f"outcomes: {d}/{t}"))
@@ -171,12 +194,6 @@ def sql_command(
             for column in result.columns:
                 table.add_column(column, overflow="fold")
             for row in result.rows:
-                table.add_row(*(render_csv_cell(v) for v in row))
+                table.add_row(*(cell_text(v) for v in row))
             out.print(table)
             err.print(f"{len(result.rows)} row(s)")
-
-
-def render_csv_cell(value: object) -> str:
-    from improve.warehouse.sql import _cell
-
-    return _cell(value)

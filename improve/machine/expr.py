@@ -19,8 +19,8 @@ from typing import Any
 
 import cel
 
-from improve.errors import EvaluationError, ExpressionError
-from improve.machine.fastcel import FastCelError, FastCelFallback, compile_fast
+from improve.errors import EvaluationError, ExpressionError, FastCelError, FastCelFallback
+from improve.machine.fastcel import compile_fast
 
 MAX_EXPRESSION_LENGTH = 512
 ALLOWED_ROOTS = frozenset({"context", "event", "input", "facts"})
@@ -89,7 +89,7 @@ class Expr:
     program: Any = field(repr=False, compare=False)
     roots: frozenset[str]
     paths: tuple[tuple[str, ...], ...]
-    # Fast path (fastcel.py): converting the scope into a cel.Context costs ~1 µs per value, so
+    # Fast path (machine/fastcel/): converting the scope into a cel.Context costs ~1 µs per value, so
     # expressions in the supported subset run on the Python values directly, with cel's results.
     fast: Callable[[Mapping[str, Any]], Any] | None = field(default=None, repr=False, compare=False)
 

@@ -11,19 +11,13 @@ from pathlib import Path
 
 import duckdb
 
-from improve.errors import ImproveError
+from improve.errors import ImproveError, WarehouseLockedError
 from improve.warehouse.schema import ensure_views, migrate
 
 DEFAULT_LOCK_TIMEOUT = 30.0
 DEFAULT_MEMORY_LIMIT = "1GB"
 """DuckDB's buffer limit for a warehouse connection: a 1M-entry ingest stays near 1 GiB of resident
 memory instead of growing to what the machine has (DuckDB spills to disk beyond it)."""
-
-
-class WarehouseLockedError(ImproveError):
-    """Another process holds the warehouse file for writing."""
-
-    exit_code = 3
 
 
 def connect(

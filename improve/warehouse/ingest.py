@@ -15,6 +15,10 @@ to `rejected_lines` with the reason. Every line is accounted for:
 A file ingested before and unchanged since (same size, mtime and sha256) is skipped and counted as
 already present, so ingesting the same files again is instant and adds nothing.
 
+Another format (`fmt`) takes the careful path only: its importer (`importers/`, registered by name in
+`IMPORTERS`) turns the raw lines into the same candidate rows (`staging.Importer`), and everything after
+that, the classification and the accounting, is shared.
+
 Unknown top-level fields are ignored (schema v1 names its fields); `event`, `attempts` and `metadata`
 are kept whole.
 """
@@ -26,13 +30,15 @@ import hashlib
 import os
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import duckdb
 
 from improve.errors import ConfigError, LogError
+from improve.warehouse.importers import IMPORTERS
+from improve.warehouse.staging import CAND_COLUMNS, THREAD_ID_SQL, Importer
 
 # Every field is read as JSON so its type can be checked: read_json with typed columns coerces silently
 # (7 becomes "7", 1.5 becomes 2, true becomes 1), and a wrong type must be rejected, not repaired.
@@ -41,7 +47,6 @@ NATIVE_COLUMNS = (
     "'machineVersion': 'JSON', 'event': 'JSON', 'causationId': 'JSON', 'attempts': 'JSON', 'metadata': 'JSON', "
     "'verification': 'JSON', 'threadId': 'JSON'}"
 )
-THREAD_ID_SQL = r"'^[A-Za-z0-9][A-Za-z0-9._:@+=-]{0,254}$'"
 FILE_STEM_SQL = r"regexp_extract(filename, '([^/]+)\.jsonl?$', 1)"
 
 
@@ -212,25 +217,29 @@ def ingest(
     paths: Iterable[str | Path],
     *,
     fmt: str = "native",
+    local: Mapping[str, str] | None = None,
+    root: Path | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> IngestReport:
-    """Ingest files, directories and globs of JSONL threads as one batch (one transaction)."""
-    from improve.warehouse.importers import IMPORTERS
+    """Ingest files, directories and globs of JSONL threads as one batch (one transaction).
 
-    if fmt != "native" and fmt not in IMPORTERS:
-        raise ConfigError(f"unknown format {fmt!r}; use native, {', '.join(sorted(IMPORTERS))}")
+    `fmt` is the importer registered under that name (`IMPORTERS`): bundled, installed, or one of the
+    workspace's `[importers]` specs `local`, importable from `root`.
+    """
+    importer = IMPORTERS.load(fmt, local, root)
     files = expand_paths(paths)
     say = progress or (lambda message: None)
     started = time.perf_counter()
     report = IngestReport(batch_id=uuid.uuid4().hex[:12], format=fmt)
     infos = [_file_info(p) for p in files]
     try:
-        _batch(con, report, infos, fmt, bulk=fmt == "native", say=say)
+        # Native files are read in bulk first; the importer stages only the files that need care.
+        _batch(con, report, infos, importer, bulk=fmt == "native", say=say)
     except _RetryCarefully:
         # The same (thread, index) twice within the batch aborted the bulk insert: start the batch over,
         # every file on the careful path, which reports each duplicate with its line.
         report = IngestReport(batch_id=report.batch_id, format=fmt)
-        _batch(con, report, infos, fmt, bulk=False, say=say)
+        _batch(con, report, infos, importer, bulk=False, say=say)
     report.files.sort(key=lambda f: f.file)
     report.seconds = time.perf_counter() - started
     unbalanced = [f.file for f in report.files if not f.balanced]
@@ -243,7 +252,7 @@ def _batch(
     con: duckdb.DuckDBPyConnection,
     report: IngestReport,
     infos: list[_FileInfo],
-    fmt: str,
+    importer: Importer,
     *,
     bulk: bool,
     say: Callable[[str], None],
@@ -252,7 +261,7 @@ def _batch(
     try:
         con.execute(
             "INSERT INTO ingest_batches VALUES (?, ?, now(), NULL, ?, 0, 0, 0, 0)",
-            [report.batch_id, fmt, len(infos)],
+            [report.batch_id, report.format, len(infos)],
         )
         con.execute(
             "CREATE OR REPLACE TEMP TABLE batch_files (path VARCHAR, size BIGINT, mtime_ns BIGINT, sha256 VARCHAR, "
@@ -283,7 +292,7 @@ def _batch(
             careful = _bulk_native(con, report, todo)
         if careful:
             say(f"careful read of {len(careful)} file(s)")
-            _careful(con, report, careful, fmt)
+            _careful(con, report, careful, importer)
         counted = [(f.file, f.lines_read, f.rejected) for f in report.files if f.path != "unchanged"]
         con.execute("CREATE OR REPLACE TEMP TABLE file_counts (path VARCHAR, lines BIGINT, rejected BIGINT)")
         insert_rows(con, "file_counts", counted)
@@ -390,14 +399,6 @@ class _RetryCarefully(Exception):
 
 # --- the careful path ---------------------------------------------------------------------------------
 
-CAND_COLUMNS = """
-    file VARCHAR, line BIGINT, raw VARCHAR, error VARCHAR, thread_id VARCHAR, idx BIGINT, entry_id VARCHAR,
-    recorded_at VARCHAR, machine_id VARCHAR, machine_version VARCHAR, event_type VARCHAR, event JSON,
-    causation_id VARCHAR, attempts JSON, metadata JSON, state_hash VARCHAR, schema_version INTEGER,
-    line_thread_id BOOLEAN, keep_raw BOOLEAN
-"""
-"""The careful path's candidate rows; importers of other formats fill the same table."""
-
 
 def _content_key(prefix: str = "") -> str:
     p = prefix
@@ -421,97 +422,39 @@ def load_raw_lines(con: duckdb.DuckDBPyConnection, paths: Sequence[Path]) -> Non
     )
 
 
-def _json_field(name: str, kind: str, label: str | None = None) -> str:
-    """A CASE branch: the field must be present with this JSON type."""
-    label = label or name
-    return (
-        f"WHEN json_type(j, '$.{name}') IS NULL OR json_type(j, '$.{name}') = 'NULL' THEN 'missing field {label}' "
-        f"WHEN json_type(j, '$.{name}') != '{kind}' THEN 'field {label} must be {_KIND_TEXT[kind]}, found ' "
-        f"|| lower(json_type(j, '$.{name}')) "
-    )
-
-
-def _optional_field(name: str, kind: str) -> str:
-    return (
-        f"WHEN json_type(j, '$.{name}') IS NOT NULL AND json_type(j, '$.{name}') NOT IN ('NULL', '{kind}') "
-        f"THEN 'field {name} must be {_KIND_TEXT[kind]}, found ' || lower(json_type(j, '$.{name}')) "
-    )
-
-
-_KIND_TEXT = {"VARCHAR": "a string", "OBJECT": "an object", "ARRAY": "an array"}
-
-
-def _stage_native(con: duckdb.DuckDBPyConnection) -> None:
-    con.execute(
-        f"""
-        CREATE OR REPLACE TEMP TABLE cand AS
-        WITH parsed AS (
-            SELECT file, line, raw, json_valid(raw) AS valid,
-                   CASE WHEN json_valid(raw) THEN raw::JSON END AS j
-            FROM raw_lines
-        ), checked AS (
-            SELECT *, coalesce(CASE WHEN json_type(j, '$.threadId') = 'VARCHAR' THEN j ->> '$.threadId' END,
-                               regexp_extract(file, '([^/]+)\\.jsonl?$', 1)) AS thread
-            FROM parsed
-        )
-        SELECT file, line, raw,
-            CASE
-                WHEN NOT valid THEN 'not JSON'
-                WHEN json_type(j) != 'OBJECT' THEN 'not a JSON object: a log entry is an object'
-                WHEN json_type(j, '$.schemaVersion') IS NULL THEN 'missing field schemaVersion'
-                WHEN (j -> '$.schemaVersion')::VARCHAR != '1'
-                    THEN 'schemaVersion must be 1, found ' || (j -> '$.schemaVersion')::VARCHAR
-                {_json_field("id", "VARCHAR")}
-                WHEN json_type(j, '$.index') IS NULL OR json_type(j, '$.index') = 'NULL' THEN 'missing field index'
-                WHEN json_type(j, '$.index') != 'UBIGINT'
-                    THEN 'field index must be a non-negative integer, found ' || (j -> '$.index')::VARCHAR
-                {_json_field("recordedAt", "VARCHAR")}
-                WHEN TRY_CAST(j ->> '$.recordedAt' AS TIMESTAMPTZ) IS NULL
-                    THEN 'field recordedAt must be an RFC 3339 timestamp, found ' || (j ->> '$.recordedAt')
-                {_json_field("machineId", "VARCHAR")}
-                {_json_field("machineVersion", "VARCHAR")}
-                {_json_field("event", "OBJECT")}
-                WHEN json_type(j, '$.event.type') IS DISTINCT FROM 'VARCHAR' OR j ->> '$.event.type' = ''
-                    THEN 'event.type must be a non-empty string'
-                {_optional_field("causationId", "VARCHAR")}
-                {_optional_field("attempts", "ARRAY")}
-                {_optional_field("metadata", "OBJECT")}
-                {_optional_field("verification", "OBJECT")}
-                {_optional_field("threadId", "VARCHAR")}
-                WHEN NOT regexp_full_match(thread, {THREAD_ID_SQL})
-                    THEN 'thread id ' || thread || ' is not valid: letters, digits and ._:@+=- only'
-                WHEN (j ->> '$.index') = '0' AND j ->> '$.event.type' != '@agent.init'
-                    THEN 'entry 0 of a thread must be @agent.init, found ' || (j ->> '$.event.type')
-            END AS error,
-            thread AS thread_id,
-            TRY_CAST(j ->> '$.index' AS BIGINT) AS idx,
-            j ->> '$.id' AS entry_id,
-            j ->> '$.recordedAt' AS recorded_at,
-            j ->> '$.machineId' AS machine_id,
-            j ->> '$.machineVersion' AS machine_version,
-            j ->> '$.event.type' AS event_type,
-            j -> '$.event' AS event,
-            CASE WHEN json_type(j, '$.causationId') = 'VARCHAR' THEN j ->> '$.causationId' END AS causation_id,
-            CASE WHEN json_type(j, '$.attempts') = 'ARRAY' THEN j -> '$.attempts' END AS attempts,
-            CASE WHEN json_type(j, '$.metadata') = 'OBJECT' THEN j -> '$.metadata' END AS metadata,
-            j ->> '$.verification.stateHash' AS state_hash,
-            1 AS schema_version,
-            json_type(j, '$.threadId') = 'VARCHAR' AS line_thread_id,
-            false AS keep_raw
-        FROM checked
+def _check_staged(con: duckdb.DuckDBPyConnection, fmt: str) -> None:
+    """Fail unless the importer gave every raw line exactly one candidate row, and made none up: what
+    keeps lines read = ingested + already present + rejected true for an importer someone wrote."""
+    row = con.execute(
         """
-    )
+        SELECT count(*) FILTER (WHERE c.n IS NULL), count(*) FILTER (WHERE c.n > 1),
+               count(*) FILTER (WHERE r.line IS NULL),
+               min(coalesce(r.file, c.file) || ':' || coalesce(r.line, c.line)) FILTER (WHERE c.n IS DISTINCT FROM 1
+                   OR r.line IS NULL)
+        FROM raw_lines r
+        FULL JOIN (SELECT file, line, count(*) AS n FROM cand GROUP BY file, line) c
+            ON c.file = r.file AND c.line = r.line
+        """
+    ).fetchone()
+    assert row is not None
+    missing, repeated, made_up, first = row
+    if missing or repeated or made_up:
+        raise ConfigError(
+            f"importer {fmt!r} did not account for every line: {missing} line(s) without a row in cand, "
+            f"{repeated} with several, {made_up} row(s) for no line of raw_lines (e.g. {first}). An "
+            "importer inserts exactly one row into cand per row of raw_lines, with its file and line, and "
+            "rejects a line by setting error (see improve.warehouse.staging.Importer)"
+        )
 
 
-def _careful(con: duckdb.DuckDBPyConnection, report: IngestReport, infos: list[_FileInfo], fmt: str) -> None:
+def _careful(
+    con: duckdb.DuckDBPyConnection, report: IngestReport, infos: list[_FileInfo], importer: Importer
+) -> None:
     """Line by line, with line numbers: land, recognise as present, or reject with the reason."""
-    from improve.warehouse.importers import IMPORTERS
-
     load_raw_lines(con, [i.path for i in infos])
-    if fmt == "native":
-        _stage_native(con)
-    else:
-        IMPORTERS[fmt].stage(con)
+    con.execute(f"CREATE OR REPLACE TEMP TABLE cand ({CAND_COLUMNS})")
+    importer.stage(con)
+    _check_staged(con, report.format)
     con.execute(
         f"""
         CREATE OR REPLACE TEMP TABLE classified AS

@@ -41,7 +41,8 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _cell(value: Any) -> str:
+def cell_text(value: Any) -> str:
+    """A value as the text of one table cell: empty for NULL, JSON for a list or map."""
     if value is None:
         return ""
     if isinstance(value, list | dict | tuple):
@@ -53,7 +54,7 @@ def render_csv(result: QueryResult) -> str:
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(result.columns)
-    writer.writerows([_cell(v) for v in row] for row in result.rows)
+    writer.writerows([cell_text(v) for v in row] for row in result.rows)
     return buffer.getvalue()
 
 
@@ -77,7 +78,7 @@ def render_markdown(result: QueryResult) -> str:
         return text.replace("|", "\\|").replace("\n", " ")
 
     lines = ["| " + " | ".join(esc(c) for c in result.columns) + " |", "|" + "---|" * len(result.columns)]
-    lines += ["| " + " | ".join(esc(_cell(v)) for v in row) + " |" for row in result.rows]
+    lines += ["| " + " | ".join(esc(cell_text(v)) for v in row) + " |" for row in result.rows]
     return "\n".join(lines) + "\n"
 
 

@@ -36,128 +36,28 @@ already present. An invalid document rejects all its lines with the reason. The 
 `timestamp` has no offset; it is read as UTC like any such timestamp (in the data seen it is the
 writer's local time, 10 hours ahead of the session log's UTC times), and kept verbatim in the event.
 
-Everything is done in DuckDB SQL over `raw_lines` (no per-line Python decoding). The building blocks
-(`rfc3339_sql`, `sanitise_id_sql`, `json_lines_sql`) serve the other JSONL importers too.
+Everything is done in DuckDB SQL over `raw_lines` (no per-line Python decoding), with the building
+blocks of `improve.warehouse.staging` that every JSONL importer shares.
 """
 
 from __future__ import annotations
 
 import duckdb
 
-from improve.warehouse.ingest import CAND_COLUMNS, THREAD_ID_SQL
+from improve.warehouse.staging import (
+    FILE_STEM,
+    THREAD_ID_SQL,
+    fields_sql,
+    json_lines_sql,
+    rfc3339_sql,
+    sanitise_id_sql,
+)
 
 MACHINE_ID = "normalize-agent"
 CHECKPOINT_VERSION = "checkpoint"
 CHECKPOINT_TYPE = "normalize.session_checkpoint"
 
-FILE_STEM = r"regexp_extract(file, '([^/]+)\.jsonl?$', 1)"
 IS_DOCUMENT = r"regexp_matches(file, '\.json$')"
-
-
-def rfc3339_sql(text: str) -> str:
-    """SQL: the timestamp text `text` as RFC 3339 in UTC (`...Z`, fraction kept), NULL when unparsable.
-
-    A timestamp with an offset (`Z`, `+02:00`) is converted to UTC; one without is read as UTC.
-    """
-    ts = (
-        f"(CASE WHEN regexp_matches({text}, '([zZ]|[+-][0-9]{{2}}(:?[0-9]{{2}})?)$') "
-        f"THEN TRY_CAST({text} AS TIMESTAMPTZ) "
-        f"ELSE TRY_CAST({text} AS TIMESTAMP) AT TIME ZONE 'UTC' END) AT TIME ZONE 'UTC'"
-    )
-    return (
-        f"strftime({ts}, '%Y-%m-%dT%H:%M:%S') "
-        f"|| CASE WHEN rtrim(strftime({ts}, '%f'), '0') != '' THEN '.' || rtrim(strftime({ts}, '%f'), '0') "
-        f"ELSE '' END || 'Z'"
-    )
-
-
-def sanitise_id_sql(text: str) -> str:
-    """SQL: `text` with every character a thread id does not allow replaced by `_`."""
-    return f"regexp_replace({text}, '[^A-Za-z0-9._:@+=-]', '_', 'g')"
-
-
-def fields_sql(source: str, type_field: str | None) -> str:
-    """SQL: per (file, line) of the JSON objects in `source` (columns file, line, j), `rest`: the text of
-    the object's members except `type_field` (None: all), in order, each name once with its first value
-    (as `->>` reads it). A member named `type` becomes `_type`. NULL when no member is left."""
-    return f"""
-        SELECT file, line,
-               string_agg(to_json(name)::VARCHAR || ':' || value::VARCHAR, ',' ORDER BY id) AS rest
-        FROM (
-            SELECT s.file, s.line, e.id, e.value,
-                   CASE WHEN e.key = 'type' THEN '_type' ELSE e.key END AS name
-            FROM (SELECT file, line, j FROM {source} WHERE json_type(j) = 'OBJECT') s, json_each(s.j) e
-            {"" if type_field is None else f"WHERE e.key != '{type_field}'"}
-            QUALIFY row_number() OVER (PARTITION BY s.file, s.line, name ORDER BY e.id) = 1
-        )
-        GROUP BY file, line
-    """
-
-
-def json_lines_sql(
-    *,
-    where: str,
-    type_field: str,
-    type_prefix: str,
-    machine_id: str,
-    files_sql: str,
-    what: str,
-) -> str:
-    """SQL: INSERT INTO cand the lines of raw_lines matching `where`, one JSON object per line.
-
-    `files_sql` selects, from the CTE `lines` (file, line, raw, pos, j), one row per file with columns
-    `file`, `thread` (the thread id) and `version` (the machine version). `what` names a line of the
-    format in error messages ("a normalize log line"). The object's `type_field` gives the event type
-    (`type_prefix` + its value), its `timestamp` gives recorded_at.
-    """
-    tf = type_field
-    ts = rfc3339_sql("(l.j ->> '$.timestamp')")
-    return f"""
-        INSERT INTO cand
-        WITH lines AS (
-            SELECT file, line, raw, row_number() OVER (PARTITION BY file ORDER BY line) - 1 AS pos,
-                   CASE WHEN json_valid(raw) THEN raw::JSON END AS j
-            FROM raw_lines
-            WHERE {where}
-        ), files AS ({files_sql}
-        ), rest AS ({fields_sql("lines", tf)})
-        SELECT l.file, l.line, l.raw,
-            CASE
-                WHEN l.j IS NULL THEN 'not JSON: {what} is one JSON object'
-                WHEN json_type(l.j) != 'OBJECT'
-                    THEN 'not a JSON object (found ' || lower(json_type(l.j)) || '): {what} is one JSON object'
-                WHEN json_type(l.j, '$.{tf}') IS NULL OR json_type(l.j, '$.{tf}') = 'NULL'
-                    THEN 'missing field {tf} (the event type)'
-                WHEN json_type(l.j, '$.{tf}') != 'VARCHAR'
-                    THEN 'field {tf} must be a string, found ' || lower(json_type(l.j, '$.{tf}'))
-                WHEN (l.j ->> '$.{tf}') = '' THEN 'field {tf} must be a non-empty string'
-                WHEN json_type(l.j, '$.timestamp') IS NULL OR json_type(l.j, '$.timestamp') = 'NULL'
-                    THEN 'missing field timestamp'
-                WHEN json_type(l.j, '$.timestamp') != 'VARCHAR'
-                    THEN 'field timestamp must be an RFC 3339 string, found ' || lower(json_type(l.j, '$.timestamp'))
-                        || ' ' || (l.j -> '$.timestamp')::VARCHAR
-                WHEN {ts} IS NULL
-                    THEN 'field timestamp is not an RFC 3339 timestamp: ' || (l.j ->> '$.timestamp')
-                WHEN NOT regexp_full_match(f.thread, {THREAD_ID_SQL})
-                    THEN 'thread id ' || f.thread || ' is not valid: at most 255 of letters, digits and ._:@+=-'
-            END AS error,
-            f.thread AS thread_id,
-            l.pos AS idx,
-            f.thread || '#' || l.line AS entry_id,
-            {ts} AS recorded_at,
-            '{machine_id}' AS machine_id,
-            f.version AS machine_version,
-            '{type_prefix}' || (l.j ->> '$.{tf}') AS event_type,
-            CASE WHEN json_type(l.j) = 'OBJECT' AND json_type(l.j, '$.{tf}') = 'VARCHAR' THEN
-                ('{{"type":' || to_json('{type_prefix}' || (l.j ->> '$.{tf}'))::VARCHAR
-                 || coalesce(',' || r.rest, '') || '}}')::JSON
-            END AS event,
-            NULL AS causation_id, NULL AS attempts, NULL AS metadata, NULL AS state_hash,
-            1 AS schema_version, false AS line_thread_id, true AS keep_raw
-        FROM lines l
-        JOIN files f USING (file)
-        LEFT JOIN rest r ON r.file = l.file AND r.line = l.line
-    """
 
 
 def _has_session_id(j: str) -> str:
@@ -230,10 +130,7 @@ def _checkpoints_sql() -> str:
 class NormalizeImporter:
     """`--format normalize`: the normalize `@agent` session logs (*.jsonl) and checkpoints (*.json)."""
 
-    name: str = "normalize"
-
     def stage(self, con: duckdb.DuckDBPyConnection) -> None:
-        con.execute(f"CREATE OR REPLACE TEMP TABLE cand ({CAND_COLUMNS})")
         con.execute(
             json_lines_sql(
                 where=f"NOT {IS_DOCUMENT}",

@@ -16,15 +16,14 @@ thread and each non-blank line one entry:
   first value); the raw line is stored.
 
 A line that is not JSON, not an object, or has no string `type` is rejected with the reason. The SQL
-building blocks are shared with the normalize importer.
+building blocks (`improve.warehouse.staging`) are shared with the normalize importer.
 """
 
 from __future__ import annotations
 
 import duckdb
 
-from improve.warehouse.importers.normalize import FILE_STEM, json_lines_sql, sanitise_id_sql
-from improve.warehouse.ingest import CAND_COLUMNS
+from improve.warehouse.staging import FILE_STEM, json_lines_sql, sanitise_id_sql
 
 MACHINE_ID = "opencli-agent"
 TAPE_VERSION = "tape-1"
@@ -39,10 +38,7 @@ _TAPE_FILES = f"""
 class OpencliImporter:
     """`--format opencli`: the opencli agent's session tapes (*.jsonl)."""
 
-    name: str = "opencli"
-
     def stage(self, con: duckdb.DuckDBPyConnection) -> None:
-        con.execute(f"CREATE OR REPLACE TEMP TABLE cand ({CAND_COLUMNS})")
         con.execute(
             json_lines_sql(
                 where="true",
