@@ -16,10 +16,10 @@ from pathlib import Path
 
 import git
 
-from improve.evals.workspace import Workspace
+from improve.evals import Workspace
 from improve.loop import RoundOptions, RoundResult, run_round
-from improve.runtime.environment import load_environment
-from improve.scaffold.workspace import write_desk
+from improve.runtime import load_environment
+from improve.scaffold import write_desk
 
 DESK = "refunds"
 

@@ -52,3 +52,23 @@ def test_no_two_modules_import_each_other() -> None:
         if not module.startswith(f"{imported}.") and graph.chain_exists(importer=imported, imported=module)
     )
     assert circles == []
+
+
+def test_other_packages_import_a_package_through_its_face() -> None:
+    """`from improve.evals import Workspace`, never `from improve.evals.workspace import ...`, outside
+    `improve.evals` itself: a package's `__init__` is its public face."""
+    graph = grimp.build_graph("improve", cache_dir=None)
+    faces = {
+        f"improve.{name}" for name in ("machine", "log", "runtime", "warehouse", "evals", "loop", "scaffold")
+    }
+
+    def face(module: str) -> str:
+        return ".".join(module.split(".")[:2])
+
+    reaching_in = sorted(
+        f"{module} -> {imported}"
+        for module in graph.modules
+        for imported in graph.find_modules_directly_imported_by(module)
+        if face(imported) in faces and imported != face(imported) and face(module) != face(imported)
+    )
+    assert reaching_in == []

@@ -9,7 +9,7 @@ from scipy import stats
 from improve.errors import ConfigError
 from improve.evals.outcome import OutcomeRow
 from improve.evals.promotion import decide
-from improve.evals.scorecard import compare, scorecard
+from improve.evals.scorecards import compare, scorecard
 from improve.evals.workspace import ObjectiveSection
 
 

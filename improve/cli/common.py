@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from improve.errors import ImproveError
-from improve.evals.workspace import Workspace
+from improve.evals import Workspace
 
 # Progress and logs go to stderr; stdout holds the result (a table, or exactly one JSON document).
 # Piped output keeps whole table rows (140 columns) instead of rich's 80-column default.

@@ -21,13 +21,19 @@ from improve.cli.common import (
     workspace,
 )
 from improve.errors import ScenarioError, WorkspaceError
-from improve.evals.report import scorecard_markdown
-from improve.evals.scenarios import SPLITS, load_scenarios
-from improve.evals.scorecard import Comparison, Scorecard, compare, scorecard
-from improve.evals.suite import recorded_rows
-from improve.evals.workspace import policy_label
-from improve.log.store import JsonlDirStore
-from improve.machine.rules import run_rule_evals, uncovered
+from improve.evals import (
+    SPLITS,
+    Comparison,
+    Scorecard,
+    compare,
+    load_scenarios,
+    policy_label,
+    recorded_rows,
+    scorecard,
+    scorecard_markdown,
+)
+from improve.log import JsonlDirStore
+from improve.machine import run_rule_evals, uncovered
 
 
 def score_command(

@@ -21,11 +21,9 @@ from improve.cli.common import (
     out,
     workspace,
 )
-from improve.evals.suite import SuiteSpec, run_suite
-from improve.evals.workspace import policy_label
-from improve.log.store import JsonlDirStore
-from improve.loop import RoundOptions, RoundResult, locate, run_rounds
-from improve.loop.diagnose import diagnose
+from improve.evals import SuiteSpec, policy_label, run_suite
+from improve.log import JsonlDirStore
+from improve.loop import RoundOptions, RoundResult, diagnose, locate, run_rounds
 
 
 class CacheMode(StrEnum):

@@ -35,15 +35,11 @@ from improve.cli.policy import (
 from improve.cli.tape import tape_app
 from improve.cli.warehouse import ingest_command, sql_command
 from improve.errors import DivergenceError, LogError, WorkspaceError
-from improve.evals.outcome import OutcomeRow
-from improve.evals.suite import SuiteSpec, run_suite
-from improve.evals.workspace import Workspace
-from improve.log.entry import LogEntry
-from improve.log.replay import gc_paused
-from improve.log.replay import replay as replay_thread
-from improve.log.store import JsonlDirStore
-from improve.machine.describe import describe_mermaid, describe_text, diff_states, to_xstate
-from improve.runtime.environment import Environment
+from improve.evals import OutcomeRow, SuiteSpec, Workspace, run_suite
+from improve.log import JsonlDirStore, LogEntry, gc_paused
+from improve.log import replay as replay_thread
+from improve.machine import describe_mermaid, describe_text, diff_states, to_xstate
+from improve.runtime import Environment
 
 app = typer.Typer(
     name="improve",

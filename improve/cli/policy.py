@@ -21,9 +21,9 @@ from improve.cli.common import (
     workspace,
 )
 from improve.errors import WorkspaceError
-from improve.evals.workspace import Workspace
-from improve.log.store import JsonlDirStore
-from improve.loop.gates import (
+from improve.evals import Workspace
+from improve.log import JsonlDirStore
+from improve.loop import (
     GATE_NAMES,
     EnvironmentGate,
     ExploreGate,
@@ -31,13 +31,11 @@ from improve.loop.gates import (
     Unparsed,
     gates_for,
     passed,
+    probe_requests,
     run_gates,
 )
-from improve.loop.probes import probe_requests
-from improve.machine import MachineConfig
-from improve.machine.explore import ExploreOptions, can_reach, explore_paths
-from improve.runtime.environment import Environment
-from improve.runtime.vocabulary import vocabulary
+from improve.machine import ExploreOptions, MachineConfig, can_reach, explore_paths
+from improve.runtime import Environment, vocabulary
 
 LOCK_NAME = "environment.lock.json"
 

@@ -21,12 +21,13 @@ from improve.cli.common import (
     workspace,
 )
 from improve.errors import WorkspaceError
-from improve.evals.materialize import refresh_outcomes
-from improve.warehouse.db import DEFAULT_LOCK_TIMEOUT, connect
-from improve.warehouse.ingest import ingest
-from improve.warehouse.sql import (
+from improve.evals import refresh_outcomes
+from improve.warehouse import (
+    DEFAULT_LOCK_TIMEOUT,
     FORMATS,
     cell_text,
+    connect,
+    ingest,
     query,
     render_csv,
     render_json,

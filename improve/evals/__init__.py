@@ -1,22 +1,66 @@
 """Scenarios, the workspace, outcome rows and running suites of scenarios."""
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from improve.evals.outcome import OutcomeRow, compare_effects, effects_from_log, outcome_row
-from improve.evals.scenarios import Expected, Scenario, ScenarioSet, load_scenarios
-from improve.evals.suite import SuiteSpec, run_suite
-from improve.evals.workspace import Workspace, policy_hash, policy_label
+from improve.evals.scenarios import SPLITS, Expected, Scenario, ScenarioSet, load_scenarios, read_yaml
+from improve.evals.suite import SuiteSpec, recorded_rows, run_scenario, run_suite
+from improve.evals.workspace import CONFIG_NAME, Workspace, policy_hash, policy_label
+
+if TYPE_CHECKING:
+    from improve.evals.materialize import refresh_outcomes
+    from improve.evals.promotion import PromotionDecision, decide
+    from improve.evals.report import scorecard_markdown
+    from improve.evals.scorecards import Comparison, Scorecard, compare, scorecard
+
+# Scorecards, the promotion rule and reports need numpy and scipy, materializing outcomes needs
+# DuckDB: each is imported when one of its names is first asked for, so a command that uses
+# none of them starts without loading them.
+_LAZY = {
+    "Comparison": "improve.evals.scorecards",
+    "PromotionDecision": "improve.evals.promotion",
+    "Scorecard": "improve.evals.scorecards",
+    "compare": "improve.evals.scorecards",
+    "decide": "improve.evals.promotion",
+    "refresh_outcomes": "improve.evals.materialize",
+    "scorecard": "improve.evals.scorecards",
+    "scorecard_markdown": "improve.evals.report",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
 
 __all__ = [
+    "CONFIG_NAME",
+    "SPLITS",
+    "Comparison",
     "Expected",
     "OutcomeRow",
+    "PromotionDecision",
     "Scenario",
     "ScenarioSet",
+    "Scorecard",
     "SuiteSpec",
     "Workspace",
+    "compare",
     "compare_effects",
+    "decide",
     "effects_from_log",
     "load_scenarios",
     "outcome_row",
     "policy_hash",
     "policy_label",
+    "read_yaml",
+    "recorded_rows",
+    "refresh_outcomes",
+    "run_scenario",
     "run_suite",
+    "scorecard",
+    "scorecard_markdown",
 ]

@@ -18,10 +18,9 @@ from improve.errors import ImproveError
 from improve.evals.outcome import OutcomeRow, outcome_row
 from improve.evals.scenarios import Scenario, load_scenarios
 from improve.evals.workspace import Workspace
-from improve.log.entry import LogEntry, ThreadId
-from improve.log.replay import gc_paused
-from improve.runtime.environment import Environment
-from improve.warehouse.store import COLUMNS, row_entry
+from improve.log import LogEntry, ThreadId, gc_paused
+from improve.runtime import Environment
+from improve.warehouse import COLUMNS, row_entry
 
 
 @dataclass

@@ -13,10 +13,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from improve.evals.scenarios import Scenario
-from improve.log.entry import LogEntry, ThreadId
-from improve.log.replay import replay
+from improve.log import LogEntry, ThreadId, replay
 from improve.machine import DONE_EVENT, ERROR_EVENT, canonical_json
-from improve.runtime.environment import Environment
+from improve.runtime import Environment
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from improve.evals.scorecard import Comparison, Scorecard, compare
+from improve.evals.scorecards import Comparison, Scorecard, compare
 from improve.evals.workspace import ObjectiveSection
 
 

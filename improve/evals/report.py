@@ -6,9 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from improve.evals.promotion import PromotionDecision
-from improve.evals.scorecard import Comparison, Scorecard
-from improve.machine import MachineConfig
-from improve.machine.describe import describe_mermaid, diff_states
+from improve.evals.scorecards import Comparison, Scorecard
+from improve.machine import MachineConfig, describe_mermaid, diff_states
 
 
 def _pct(x: float) -> str:

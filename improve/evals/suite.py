@@ -19,14 +19,18 @@ from improve.errors import WorkspaceError
 from improve.evals.outcome import OutcomeRow, outcome_row
 from improve.evals.scenarios import Scenario
 from improve.evals.workspace import policy_hash, policy_label
-from improve.log.entry import LogEntry, ThreadId, model_slug
-from improve.log.replay import gc_paused, replay
-from improve.log.store import JsonlDirStore, Store
+from improve.log import JsonlDirStore, LogEntry, Store, ThreadId, gc_paused, model_slug, replay
 from improve.machine import MachineConfig
-from improve.runtime.decision import Decider
-from improve.runtime.environment import Environment, EnvironmentRef
-from improve.runtime.policy import PolicyDecider, compile_policy
-from improve.runtime.run import DEFAULT_MAX_MODEL_CALLS, RunResult, run
+from improve.runtime import (
+    DEFAULT_MAX_MODEL_CALLS,
+    Decider,
+    Environment,
+    EnvironmentRef,
+    PolicyDecider,
+    RunResult,
+    compile_policy,
+    run,
+)
 
 Progress = Callable[[int, int, OutcomeRow, bool], None]
 """Called after each run: (done, total, row, reused)."""

@@ -41,11 +41,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from improve.errors import WorkspaceError
 from improve.evals.scenarios import ScenarioSet, load_scenarios
-from improve.machine import MachineConfig, canonical_json
-from improve.machine.config import format_validation_error
+from improve.machine import MachineConfig, canonical_json, format_validation_error
 from improve.registry import check_slug
-from improve.runtime.environment import ENVIRONMENTS, Environment, load_environment
-from improve.runtime.policy import load_policy
+from improve.runtime import ENVIRONMENTS, Environment, load_environment, load_policy
 
 CONFIG_NAME = "improve.toml"
 

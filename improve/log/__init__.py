@@ -14,9 +14,22 @@ from improve.log.entry import (
     ThreadId,
     Verification,
     model_slug,
+    new_entry_id,
+    now_rfc3339,
 )
-from improve.log.replay import ReplayResult, replay, run_status, validate_log
-from improve.log.store import JsonlDirStore, MemoryStore, Store, ThreadPage
+from improve.log.replay import ReplayResult, RunStatus, gc_paused, replay, run_status, validate_log
+from improve.log.store import (
+    JsonlDirStore,
+    MemoryStore,
+    Store,
+    ThreadPage,
+    check_batch,
+    check_from_index,
+    check_upto,
+    checked_thread_id,
+    conflict,
+    retarget,
+)
 
 __all__ = [
     "INIT_EVENT",
@@ -27,12 +40,22 @@ __all__ = [
     "LogEntry",
     "MemoryStore",
     "ReplayResult",
+    "RunStatus",
     "Store",
     "ThreadId",
     "ThreadPage",
     "Verification",
+    "check_batch",
+    "check_from_index",
+    "check_upto",
+    "checked_thread_id",
+    "conflict",
+    "gc_paused",
     "model_slug",
+    "new_entry_id",
+    "now_rfc3339",
     "replay",
+    "retarget",
     "run_status",
     "validate_log",
 ]

@@ -6,16 +6,32 @@ the promotion rule, record the round, and open a pull request a person reviews.
 """
 
 from improve.loop.diagnose import Diagnosis, diagnose
-from improve.loop.gates import GATES, Gate, GateContext, GateResult, gates_for, run_gates
+from improve.loop.gates import (
+    GATE_NAMES,
+    GATES,
+    EnvironmentGate,
+    ExploreGate,
+    Gate,
+    GateContext,
+    GateResult,
+    Unparsed,
+    gates_for,
+    passed,
+    run_gates,
+)
 from improve.loop.inputs import Inputs, RoundOptions, RoundResult, locate, next_version, review_branch
+from improve.loop.probes import probe_requests
 from improve.loop.proposers import PROPOSERS, Proposal, ProposalRequest, Proposer, ProposerSetup
 from improve.loop.record import pr_body
 from improve.loop.round import run_round, run_rounds
 
 __all__ = [
     "GATES",
+    "GATE_NAMES",
     "PROPOSERS",
     "Diagnosis",
+    "EnvironmentGate",
+    "ExploreGate",
     "Gate",
     "GateContext",
     "GateResult",
@@ -26,11 +42,14 @@ __all__ = [
     "ProposerSetup",
     "RoundOptions",
     "RoundResult",
+    "Unparsed",
     "diagnose",
     "gates_for",
     "locate",
     "next_version",
+    "passed",
     "pr_body",
+    "probe_requests",
     "review_branch",
     "run_gates",
     "run_round",

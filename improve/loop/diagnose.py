@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from improve.evals.outcome import OutcomeRow
+from improve.evals import OutcomeRow
 
 KINDS = (
     "invariant-violation",

@@ -15,16 +15,11 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from improve.evals.outcome import OutcomeRow, outcome_row
-from improve.evals.scenarios import Scenario
-from improve.evals.suite import run_scenario
-from improve.log.entry import ThreadId
-from improve.log.store import MemoryStore, Store
+from improve.evals import OutcomeRow, Scenario, outcome_row, run_scenario
+from improve.log import MemoryStore, Store, ThreadId
 from improve.loop.probes import requests_in
 from improve.machine import MODEL_DECIDE, MachineConfig, canonical_json, initial
-from improve.runtime.decision import Decision, DecisionRequest
-from improve.runtime.environment import Environment
-from improve.runtime.policy import PolicyDecider, compile_policy
+from improve.runtime import Decision, DecisionRequest, Environment, PolicyDecider, compile_policy
 
 
 @dataclass(frozen=True)

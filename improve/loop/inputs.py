@@ -10,12 +10,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 from improve.errors import WorkspaceError
-from improve.evals.scenarios import Scenario
-from improve.evals.workspace import CONFIG_NAME, Workspace
+from improve.evals import CONFIG_NAME, Scenario, Workspace
 from improve.loop.proposers import Proposer
 from improve.machine import MachineConfig
-from improve.runtime.environment import Environment
-from improve.runtime.vocabulary import vocabulary
+from improve.runtime import Environment, vocabulary
 
 
 @dataclass

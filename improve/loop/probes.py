@@ -10,14 +10,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from improve.evals.scenarios import Scenario
-from improve.evals.suite import run_scenario
-from improve.log.entry import INIT_EVENT, USAGE_EVENT, LogEntry, ThreadId
-from improve.log.store import MemoryStore, Store
+from improve.evals import Scenario, run_scenario
+from improve.log import INIT_EVENT, USAGE_EVENT, LogEntry, MemoryStore, Store, ThreadId
 from improve.machine import DECIDE_SRC, Snapshot, canonical_json, initial, transition
-from improve.runtime.decision import Decision, DecisionRequest, build_request
-from improve.runtime.environment import Environment
-from improve.runtime.policy import PolicyDecider, compile_policy
+from improve.runtime import (
+    Decision,
+    DecisionRequest,
+    Environment,
+    PolicyDecider,
+    build_request,
+    compile_policy,
+)
 
 PROBE_MODEL = "careful"
 

@@ -9,9 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from improve.errors import ImproveError
-from improve.evals.promotion import PromotionDecision
-from improve.evals.report import scorecard_markdown
-from improve.evals.scorecard import Scorecard
+from improve.evals import PromotionDecision, Scorecard, scorecard_markdown
 from improve.loop.changelog import append_entry, entry_markdown
 from improve.loop.inputs import Inputs, RoundResult, review_branch
 from improve.loop.proposers import Proposal

@@ -16,13 +16,18 @@ import datetime as dt
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 
-from improve.evals.outcome import OutcomeRow
-from improve.evals.promotion import decide
-from improve.evals.scenarios import Scenario
-from improve.evals.scorecard import Scorecard, scorecard
-from improve.evals.suite import SuiteSpec, run_suite
-from improve.evals.workspace import Workspace, policy_label
-from improve.log.store import JsonlDirStore
+from improve.evals import (
+    OutcomeRow,
+    Scenario,
+    Scorecard,
+    SuiteSpec,
+    Workspace,
+    decide,
+    policy_label,
+    run_suite,
+    scorecard,
+)
+from improve.log import JsonlDirStore
 from improve.loop.diagnose import Diagnosis, diagnose
 from improve.loop.evidence import decision_examples
 from improve.loop.gates import (
@@ -53,10 +58,8 @@ from improve.loop.proposers import (
     make_proposer,
 )
 from improve.loop.record import record
-from improve.machine import parse_machine
-from improve.machine.describe import diff_states
-from improve.runtime.environment import Environment
-from improve.runtime.vocabulary import vocabulary
+from improve.machine import diff_states, parse_machine
+from improve.runtime import Environment, vocabulary
 
 MAX_REPAIRS = 3
 Say = Callable[[str], None]

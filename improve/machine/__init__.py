@@ -20,14 +20,25 @@ from improve.machine.config import (
     NamedGuard,
     StateConfig,
     TransitionConfig,
+    format_validation_error,
     parse_machine,
     transitions_of,
 )
-from improve.machine.explore import ExploreOptions, ExploreResult, can_reach
-from improve.machine.expr import ALLOWED_ROOTS, MAX_EXPRESSION_LENGTH, Expr, Scope, compile_expr
+from improve.machine.describe import describe_mermaid, describe_text, diff_states, to_xstate
+from improve.machine.explore import ExploreOptions, ExploreResult, can_reach, explore_paths
+from improve.machine.expr import (
+    ALLOWED_ROOTS,
+    MAX_EXPRESSION_LENGTH,
+    Expr,
+    Scope,
+    compile_expr,
+    referenced_paths,
+    tokenize,
+)
 from improve.machine.interpreter import (
     DONE_EVENT,
     ERROR_EVENT,
+    FREE_TEXT,
     GuardFn,
     Machine,
     State,
@@ -35,17 +46,20 @@ from improve.machine.interpreter import (
     can,
     compile_machine,
     initial,
+    refusing_guard,
     transition,
 )
-from improve.machine.rules import RuleEval, RuleResult, run_rule_evals
+from improve.machine.lint import has_errors, lint
+from improve.machine.rules import RuleEval, RuleResult, run_rule_evals, uncovered
 from improve.machine.snapshot import Invocation, Snapshot, canonical_hash, canonical_json
-from improve.machine.walk import Constant, Expression, expressions, literals
+from improve.machine.walk import Constant, Expression, edges, expressions, literals, state_path
 
 __all__ = [
     "ALLOWED_ROOTS",
     "DECIDE_SRC",
     "DONE_EVENT",
     "ERROR_EVENT",
+    "FREE_TEXT",
     "MAX_EXPRESSION_LENGTH",
     "MODEL_DECIDE",
     "SENTINEL_PREFIX",
@@ -76,11 +90,25 @@ __all__ = [
     "canonical_json",
     "compile_expr",
     "compile_machine",
+    "describe_mermaid",
+    "describe_text",
+    "diff_states",
+    "edges",
+    "explore_paths",
     "expressions",
+    "format_validation_error",
+    "has_errors",
     "initial",
+    "lint",
     "literals",
     "parse_machine",
+    "referenced_paths",
+    "refusing_guard",
     "run_rule_evals",
+    "state_path",
+    "to_xstate",
+    "tokenize",
     "transition",
     "transitions_of",
+    "uncovered",
 ]

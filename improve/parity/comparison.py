@@ -10,13 +10,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from improve.errors import ImproveError, NondeterministicHarness, RunError, WorkspaceError
-from improve.evals.scenarios import Scenario
+from improve.evals import Scenario
 from improve.parity.diff import diff_runs
 from improve.parity.labels import label_difference
 from improve.parity.report import ParityReport, ParityRow
 from improve.parity.reviewed import Reviewed
 from improve.parity.runners import ParityRun, Side
-from improve.runtime.environment import Environment
+from improve.runtime import Environment
 
 DEFAULT_MODELS = ("careful", "sloppy")
 """The stand-in models `parity compare` runs when `--model` is not given."""

@@ -12,10 +12,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from improve.evals.outcome import compare_effects
+from improve.evals import compare_effects
 from improve.machine import canonical_json
 from improve.parity.runners import ParityRun
-from improve.runtime.environment import Environment
+from improve.runtime import Environment
 
 VIOLATION_TEXT_FIELDS = ("description",)
 """Violation fields that are prose (the sentinel's description): compared by presence, like model text."""

@@ -16,7 +16,7 @@ from typing import Literal
 
 from improve.parity.diff import Difference, item_text
 from improve.parity.runners import ParityRun
-from improve.runtime.environment import Environment
+from improve.runtime import Environment
 
 Label = Literal["same", "intended", "regression"]
 LABELS: tuple[Label, ...] = ("same", "intended", "regression")

@@ -18,10 +18,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from improve.errors import WorkspaceError
-from improve.evals.outcome import compare_effects
-from improve.evals.scenarios import read_yaml
+from improve.evals import compare_effects, read_yaml
 from improve.parity.diff import VIOLATION_TEXT_FIELDS, Difference, item_text
-from improve.runtime.environment import Environment
+from improve.runtime import Environment
 
 REVIEWED_FILE = "parity-reviewed.yaml"
 """The reviewed-differences file `parity compare` reads from the workspace when `--reviewed` is not given."""

@@ -19,17 +19,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 from improve.errors import WorkspaceError
-from improve.evals.outcome import OutcomeRow
-from improve.evals.scenarios import Scenario
-from improve.evals.suite import SuiteSpec, run_suite
-from improve.evals.workspace import Workspace, policy_hash
-from improve.log.entry import LogEntry
-from improve.log.store import MemoryStore
+from improve.evals import OutcomeRow, Scenario, SuiteSpec, Workspace, policy_hash, run_suite
+from improve.log import LogEntry, MemoryStore
 from improve.machine import MachineConfig
-from improve.runtime.environment import Environment
-from improve.runtime.models import Model
-from improve.runtime.policy import compile_policy
-from improve.runtime.run import DEFAULT_MAX_MODEL_CALLS
+from improve.runtime import DEFAULT_MAX_MODEL_CALLS, Environment, Model, compile_policy
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,18 @@
 """Running a machine: environments, the decision protocol, models, policies, journaled runs."""
 
 from improve.errors import ActorFailure, ModelCallError
-from improve.runtime.decision import Decider, Decision, DecisionRequest, Usage, build_request, check_answer
+from improve.runtime.decision import (
+    MAX_FREE_TEXT,
+    Decider,
+    Decision,
+    DecisionRequest,
+    Usage,
+    build_request,
+    check_answer,
+)
 from improve.runtime.environment import (
     ENVIRONMENTS,
+    Actor,
     Environment,
     EnvironmentRef,
     World,
@@ -18,12 +27,16 @@ from improve.runtime.models import (
     option,
     stand_in,
 )
-from improve.runtime.policy import MODEL_DECIDE, PolicyDecider, compile_policy, load_policy
-from improve.runtime.run import Journal, RunResult, run
+from improve.runtime.policy import MODEL_DECIDE, PolicyDecider, compile_policy, load_json, load_policy
+from improve.runtime.run import DEFAULT_MAX_MODEL_CALLS, Journal, RunResult, run
+from improve.runtime.vocabulary import Vocabulary, vocabulary
 
 __all__ = [
+    "DEFAULT_MAX_MODEL_CALLS",
     "ENVIRONMENTS",
+    "MAX_FREE_TEXT",
     "MODEL_DECIDE",
+    "Actor",
     "ActorFailure",
     "Decider",
     "Decision",
@@ -38,15 +51,18 @@ __all__ = [
     "RunResult",
     "StandInModel",
     "Usage",
+    "Vocabulary",
     "World",
     "build_request",
     "check_answer",
     "compile_policy",
     "first_option",
     "load_environment",
+    "load_json",
     "load_machine",
     "load_policy",
     "option",
     "run",
     "stand_in",
+    "vocabulary",
 ]

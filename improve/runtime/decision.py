@@ -13,9 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from improve.log.entry import Attempt
-from improve.machine import Machine, Snapshot, can
-from improve.machine.interpreter import FREE_TEXT, refusing_guard
+from improve.log import Attempt
+from improve.machine import FREE_TEXT, Machine, Snapshot, can, refusing_guard
 
 DEFAULT_MAX_RETRIES = 2
 MAX_FREE_TEXT = 100_000

@@ -26,7 +26,7 @@ from improve.machine import (
     parse_machine,
     transition,
 )
-from improve.machine.config import MODEL_DECIDE as MODEL_DECIDE
+from improve.machine import MODEL_DECIDE as MODEL_DECIDE
 from improve.runtime.decision import Decision, DecisionRequest, Usage
 from improve.runtime.models import Model
 

@@ -13,9 +13,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from improve.errors import ActorFailure, ConfigError, ConflictError, RunError
-from improve.log.entry import INIT_EVENT, Attempt, LogEntry, Verification, new_entry_id, now_rfc3339
-from improve.log.replay import RunStatus, run_status
-from improve.log.store import Store
+from improve.log import (
+    INIT_EVENT,
+    Attempt,
+    LogEntry,
+    RunStatus,
+    Store,
+    Verification,
+    new_entry_id,
+    now_rfc3339,
+    run_status,
+)
 from improve.machine import (
     DECIDE_SRC,
     DONE_EVENT,

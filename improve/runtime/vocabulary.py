@@ -10,8 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from improve.machine import DECIDE_SRC, Scope
-from improve.machine.interpreter import FREE_TEXT
+from improve.machine import DECIDE_SRC, FREE_TEXT, Scope
 from improve.runtime.environment import Environment
 from improve.runtime.policy import DEFAULT_MODEL_REF, MODEL_DECIDE
 

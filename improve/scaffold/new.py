@@ -15,7 +15,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from improve.errors import WorkspaceError
-from improve.evals.workspace import CONFIG_NAME
+from improve.evals import CONFIG_NAME
 from improve.registry import check_slug
 from improve.scaffold.workspace import workspace_toml, write_files
 

@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from improve.errors import WorkspaceError
-from improve.evals.workspace import CONFIG_NAME
-from improve.runtime.environment import Environment
+from improve.evals import CONFIG_NAME
+from improve.runtime import Environment
 
 OBJECTIVE = """\
 # How runs are scored, and when a candidate policy may be promoted.

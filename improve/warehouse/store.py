@@ -14,8 +14,8 @@ from typing import Any
 import duckdb
 
 from improve.errors import ConflictError, LogError
-from improve.log.entry import LogEntry
-from improve.log.store import (
+from improve.log import (
+    LogEntry,
     ThreadPage,
     check_batch,
     check_from_index,

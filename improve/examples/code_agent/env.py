@@ -48,9 +48,7 @@ from improve.examples.code_agent.models import careful, naive, sloppy
 from improve.examples.code_agent.rules import PROBE_INPUTS, RULE_EVALS, probe
 from improve.examples.code_agent.world import ACTORS, CodeWorld
 from improve.machine import parse_machine
-from improve.runtime.environment import Environment
-from improve.runtime.models import stand_in
-from improve.runtime.policy import load_json
+from improve.runtime import Environment, load_json, stand_in
 
 HERE = Path(__file__).parent
 DEFAULT_MAX_TURNS = 10

@@ -26,19 +26,14 @@ from functools import cache
 from typing import Any
 
 from improve.errors import ModelCallError, WorkspaceError
-from improve.evals.outcome import compare_effects
-from improve.evals.scenarios import Scenario
+from improve.evals import Scenario, compare_effects
 from improve.examples.code_agent.env import DEFAULT_MAX_TURNS, environment
 from improve.examples.code_agent.world import CodeWorld, edit_memory, open_repo, record_answer, run_command
-from improve.log.entry import Attempt
-from improve.log.store import MemoryStore
+from improve.log import Attempt, MemoryStore
 from improve.machine import MachineConfig, parse_machine
 from improve.parity import ParityReport, ParityRun, Side, compare, new_model
-from improve.runtime.decision import MAX_FREE_TEXT, DecisionRequest
-from improve.runtime.environment import Environment
-from improve.runtime.models import Model
-from improve.runtime.policy import PolicyDecider, compile_policy
-from improve.runtime.run import run as run_machine
+from improve.runtime import MAX_FREE_TEXT, DecisionRequest, Environment, Model, PolicyDecider, compile_policy
+from improve.runtime import run as run_machine
 
 LOOP_LENGTH = 3
 MAX_RETRIES = 2

@@ -43,7 +43,7 @@ from improve.examples.code_agent.reader import (
     read,
     value_of,
 )
-from improve.runtime.decision import DecisionRequest
+from improve.runtime import DecisionRequest
 
 Event = dict[str, Any]
 

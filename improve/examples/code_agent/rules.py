@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from improve.machine.explore import ExploreOptions
-from improve.machine.rules import RuleEval
+from improve.machine import ExploreOptions, RuleEval
 
 # --- exploration: the world for proofs -------------------------------------------------------------
 

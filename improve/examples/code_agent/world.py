@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from improve.examples.code_agent.repo import Repo, execute, fixture_files, merge, opening_menu
-from improve.runtime.environment import World
+from improve.runtime import World
 
 
 def normalise(text: str) -> str:

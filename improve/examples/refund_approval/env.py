@@ -16,9 +16,7 @@ from pathlib import Path
 from improve.examples.refund_approval.models import careful, naive, sloppy
 from improve.examples.refund_approval.rules import PROBE_INPUTS, RULE_EVALS, probe
 from improve.machine import parse_machine
-from improve.runtime.environment import Environment, World
-from improve.runtime.models import stand_in
-from improve.runtime.policy import load_json
+from improve.runtime import Environment, World, load_json, stand_in
 
 HERE = Path(__file__).parent
 

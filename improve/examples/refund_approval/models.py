@@ -9,8 +9,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from improve.runtime.decision import DecisionRequest
-from improve.runtime.models import first_option, option
+from improve.runtime import DecisionRequest, first_option, option
 
 THRESHOLD = 100
 SUSPICIOUS = ("fraud", "stolen", "duplicate")

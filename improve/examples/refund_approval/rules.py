@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from improve.machine.explore import ExploreOptions
-from improve.machine.rules import RuleEval
+from improve.machine import ExploreOptions, RuleEval
 
 
 def probe() -> ExploreOptions:

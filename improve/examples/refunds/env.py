@@ -32,9 +32,7 @@ from improve.examples.refunds.world import (
     verify_customer,
 )
 from improve.machine import parse_machine
-from improve.runtime.environment import Environment
-from improve.runtime.models import stand_in
-from improve.runtime.policy import load_json
+from improve.runtime import Environment, load_json, stand_in
 
 HERE = Path(__file__).parent
 

@@ -19,7 +19,7 @@ from functools import cache
 from typing import Any, NoReturn
 
 from improve.errors import ActorFailure, ConfigError, ModelCallError, WorkspaceError
-from improve.evals.scenarios import Scenario
+from improve.evals import Scenario
 from improve.examples.refunds.env import environment
 from improve.examples.refunds.world import (
     APPROVAL_THRESHOLD,
@@ -34,11 +34,9 @@ from improve.examples.refunds.world import (
     request_approval,
     verify_customer,
 )
-from improve.log.entry import Attempt
+from improve.log import Attempt
 from improve.parity import ParityRun, new_model
-from improve.runtime.decision import DecisionRequest
-from improve.runtime.environment import Environment
-from improve.runtime.models import Model
+from improve.runtime import DecisionRequest, Environment, Model
 
 MAX_RETRIES = 2
 EVENTS = ["REFUND", "ESCALATE", "CLOSE"]

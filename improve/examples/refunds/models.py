@@ -11,8 +11,7 @@ import re
 from typing import Any
 
 from improve.examples.refunds.world import WINDOW_DAYS, money
-from improve.runtime.decision import DecisionRequest
-from improve.runtime.models import first_option, option
+from improve.runtime import DecisionRequest, first_option, option
 
 FRAUD_REFUNDS_90D = 3
 ANGRY = re.compile(r"!!|unacceptable|chargeback|lawyer|furious", re.IGNORECASE)

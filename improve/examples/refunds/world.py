@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from improve.errors import ActorFailure
-from improve.runtime.environment import World
+from improve.runtime import World
 
 APPROVAL_THRESHOLD = 100
 WINDOW_DAYS = 30

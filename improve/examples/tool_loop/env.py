@@ -52,9 +52,7 @@ from improve.examples.tool_loop.world import (
     well_formed_calls,
 )
 from improve.machine import parse_machine
-from improve.runtime.environment import Environment
-from improve.runtime.models import stand_in
-from improve.runtime.policy import load_json
+from improve.runtime import Environment, load_json, stand_in
 
 HERE = Path(__file__).parent
 NAME = "tool-loop"

@@ -11,8 +11,7 @@ import random
 from typing import Any
 
 from improve.examples.tool_loop.calls import ToolCall, calls_text, os_error_code
-from improve.runtime.decision import DecisionRequest
-from improve.runtime.models import first_option
+from improve.runtime import DecisionRequest, first_option
 
 _RETRIED_ERRORS = ("EACCES", "EPERM")
 

@@ -12,8 +12,7 @@ from typing import Any
 from improve.examples.tool_loop.calls import ToolCall, calls_text, os_error_code, signature
 from improve.examples.tool_loop.guards import DEFAULT_MAX_TURNS
 from improve.examples.tool_loop.world import RESULT_OVERHEAD_TOKENS
-from improve.machine.explore import ExploreOptions
-from improve.machine.rules import RuleEval
+from improve.machine import ExploreOptions, RuleEval
 
 # --- the world for proofs ------------------------------------------------------------------------------
 

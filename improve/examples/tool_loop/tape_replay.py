@@ -26,12 +26,9 @@ from improve.examples.tool_loop.calls import ToolCall
 from improve.examples.tool_loop.env import environment
 from improve.examples.tool_loop.tapes import TapePrompt, TapeTurn, parse_tape, tape_paths
 from improve.examples.tool_loop.world import ToolWorld
-from improve.log.entry import LogEntry
-from improve.log.store import MemoryStore
+from improve.log import LogEntry, MemoryStore
 from improve.machine import DONE_EVENT
-from improve.runtime.decision import Decision, DecisionRequest, Usage
-from improve.runtime.environment import Environment
-from improve.runtime.run import run
+from improve.runtime import Decision, DecisionRequest, Environment, Usage, run
 
 TAPE_MODEL_REF = "decider"
 

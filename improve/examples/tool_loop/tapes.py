@@ -27,7 +27,7 @@ from typing import Any
 
 from improve.errors import ConfigError, TapeError
 from improve.examples.tool_loop.calls import ToolCall, calls_text
-from improve.runtime.decision import MAX_FREE_TEXT
+from improve.runtime import MAX_FREE_TEXT
 
 COMMAND_PREFIX = "/"
 

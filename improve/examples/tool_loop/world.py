@@ -33,7 +33,7 @@ from improve.errors import ActorFailure
 from improve.examples.tool_loop.calls import ToolCall, os_error_code, parse_calls, signature
 from improve.examples.tool_loop.guards import GuardRegistry, LoopState
 from improve.machine import GuardFn
-from improve.runtime.environment import Actor, World
+from improve.runtime import Actor, World
 
 TOOLS = ("read", "write", "edit", "bash")
 RESULT_OVERHEAD_TOKENS = 10

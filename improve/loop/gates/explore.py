@@ -8,10 +8,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from improve.loop.gates.gate import GateContext, GateResult
-from improve.machine import canonical_json
-from improve.machine.explore import ExploreOptions, explore_paths
-from improve.machine.snapshot import Snapshot
-from improve.runtime.policy import MODEL_DECIDE
+from improve.machine import ExploreOptions, Snapshot, canonical_json, explore_paths
+from improve.runtime import MODEL_DECIDE
 
 
 class ExploreGate:

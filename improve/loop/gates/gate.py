@@ -21,11 +21,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from improve.evals.scenarios import Scenario
+from improve.evals import Scenario
 from improve.machine import Machine, MachineConfig
-from improve.runtime.decision import DecisionRequest
-from improve.runtime.environment import Environment
-from improve.runtime.vocabulary import Vocabulary, vocabulary
+from improve.runtime import DecisionRequest, Environment, Vocabulary, vocabulary
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from improve.loop.gates.gate import GateContext, GateResult
-from improve.machine.lint import has_errors, lint
+from improve.machine import has_errors, lint
 
 
 class LintGate:

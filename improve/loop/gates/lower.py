@@ -7,10 +7,8 @@ from typing import Any
 
 from improve.errors import ImproveError
 from improve.loop.gates.gate import GateContext, GateResult
-from improve.machine import Scope
-from improve.machine.walk import state_path
-from improve.runtime.policy import compile_policy
-from improve.runtime.vocabulary import Vocabulary
+from improve.machine import Scope, state_path
+from improve.runtime import Vocabulary, compile_policy
 
 _PROBE_VALUES = {"number": 1.5, "int": 1, "string": "text", "bool": False, "any": None}
 

@@ -9,7 +9,7 @@ root importable); see `improve.registry`. Extensions run only after the seven pa
 from __future__ import annotations
 
 from improve.errors import WorkspaceError
-from improve.evals.workspace import Workspace
+from improve.evals import Workspace
 from improve.loop.gates.environment import EnvironmentGate
 from improve.loop.gates.explore import ExploreGate
 from improve.loop.gates.gate import Gate

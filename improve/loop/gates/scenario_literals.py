@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from improve.evals.scenarios import Scenario
+from improve.evals import Scenario
 
 
 @dataclass(frozen=True)

@@ -4,11 +4,16 @@ guards, events, fact paths, request fields, its own context)."""
 from __future__ import annotations
 
 from improve.loop.gates.gate import GateContext, GateResult
-from improve.machine import MachineConfig, NamedGuard
-from improve.machine.expr import referenced_paths, tokenize
-from improve.machine.walk import edges, expressions, state_path
-from improve.runtime.policy import MODEL_DECIDE
-from improve.runtime.vocabulary import Vocabulary
+from improve.machine import (
+    MachineConfig,
+    NamedGuard,
+    edges,
+    expressions,
+    referenced_paths,
+    state_path,
+    tokenize,
+)
+from improve.runtime import MODEL_DECIDE, Vocabulary
 
 
 class VocabularyGate:

@@ -8,11 +8,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from improve.evals.scenarios import Scenario
+from improve.evals import Scenario
 from improve.loop.gates import GateResult
 from improve.machine import MachineConfig
-from improve.runtime.environment import Environment
-from improve.runtime.vocabulary import Vocabulary
+from improve.runtime import Environment, Vocabulary
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ made once per round (it may keep state across repairs, like the rule miner's ran
 from __future__ import annotations
 
 from improve.errors import WorkspaceError
-from improve.evals.workspace import Workspace
+from improve.evals import Workspace
 from improve.loop.gates import scenario_literals
 from improve.loop.proposers.base import Proposer, ProposerFactory, ProposerSetup
 from improve.loop.proposers.rules import RuleMinerProposer

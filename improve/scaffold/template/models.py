@@ -11,8 +11,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from improve.runtime import DecisionRequest, stand_in
-from improve.runtime.models import first_option, option
+from improve.runtime import DecisionRequest, first_option, option, stand_in
 
 from .world import money
 
