@@ -66,9 +66,13 @@ def test_other_packages_import_a_package_through_its_face() -> None:
         return ".".join(module.split(".")[:2])
 
     reaching_in = sorted(
-        f"{module} -> {imported}"
+        f"{module}: {detail['line_contents']}"
         for module in graph.modules
         for imported in graph.find_modules_directly_imported_by(module)
         if face(imported) in faces and imported != face(imported) and face(module) != face(imported)
+        for detail in graph.get_import_details(importer=module, imported=imported)
+        # `from improve.log import replay` names the function the face exports, though a module of the
+        # package has the same name: only a statement that spells the submodule reaches past the face.
+        if imported in detail["line_contents"]
     )
     assert reaching_in == []
