@@ -21,6 +21,11 @@ that, the classification and the accounting, is shared.
 
 Unknown top-level fields are ignored (schema v1 names its fields); `event`, `attempts` and `metadata`
 are kept whole.
+
+Why one module of about 550 lines: the bulk path, the careful path and the batch around them share one
+transaction, one set of temporary tables and one report, and a file moves from the first path to the
+second inside the batch; apart, each would reach into the other's tables. The formats, the staging
+contract and the SQL helpers they share are already elsewhere (`importers/`, `staging.py`).
 """
 
 from __future__ import annotations
