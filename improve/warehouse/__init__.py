@@ -1,4 +1,12 @@
-"""improve.warehouse."""
+"""The trace warehouse: threads in a DuckDB file, queried with SQL.
+
+    >>> from improve.warehouse import connect, ingest
+    >>> con = connect(Path("traces/traces.duckdb"))
+    >>> report = ingest(con, [Path("traces")])          # one transaction; every line accounted for
+    >>> query(con, "SELECT * FROM outcomes")
+
+Other agents' log formats come through importers (`improve.warehouse.importers.IMPORTERS`).
+"""
 
 from improve.warehouse.db import DEFAULT_LOCK_TIMEOUT, connect
 from improve.warehouse.ingest import ingest
