@@ -12,18 +12,23 @@ from bench.corpus import REPO
 from improve.evals.workspace import Workspace
 from improve.loop import RoundOptions, run_round
 
-SLEEPY = "bench.sleepy:environment"
+MODULES = {"sleepy": "bench.sleepy:environment"}
+"""Environments of the benchmarks' own, registered in the scratch workspace like a user's."""
 
 
 def _workspace(target: Path, env: str) -> Workspace:
     if target.exists():
         shutil.rmtree(target)
-    target.mkdir(parents=True)
-    shutil.copytree(REPO / "scenarios", target / "scenarios")
-    shutil.copytree(REPO / "policies", target / "policies")
+    (target / "scenarios").mkdir(parents=True)
+    shutil.copytree(REPO / "policies" / "refunds", target / "policies" / env)
+    # The refund desk's scenarios, labelled for whichever variant of the desk runs them.
+    scenarios = (REPO / "scenarios" / "refunds.yaml").read_text(encoding="utf-8")
+    (target / "scenarios" / f"{env}.yaml").write_text(
+        scenarios.replace("\nenvironment: refunds\n", f"\nenvironment: {env}\n"), encoding="utf-8"
+    )
+    module = f'module = "{MODULES[env]}"\n' if env in MODULES else ""
     (target / "improve.toml").write_text(
-        f'[workspace]\nenvironment = "{env}"\n\n[environments."{env}"]\n'
-        'scenarios = "scenarios/refunds.yaml"\npolicies = "policies/refunds"\n\n[objective]\nk = 3\n',
+        f'[workspace]\nenvironment = "{env}"\n\n[environments.{env}]\n{module}\n[objective]\nk = 3\n',
         encoding="utf-8",
     )
     return Workspace.load(target / "improve.toml")
@@ -42,7 +47,7 @@ def _round(target: Path, env: str, model: str, concurrency: int) -> dict[str, An
 
 def round_figures(tmp: Path, concurrencies: tuple[int, ...] = (1, 8, 32)) -> dict[str, Any]:
     plain = _round(tmp / "plain", "refunds", "naive", 8)
-    sleepy = {c: _round(tmp / f"sleepy-{c}", SLEEPY, "sleepy", c) for c in concurrencies}
+    sleepy = {c: _round(tmp / f"sleepy-{c}", "sleepy", "sleepy", c) for c in concurrencies}
     base = sleepy[concurrencies[0]]["seconds"]
     return {
         "round_k3_seconds": plain["seconds"],

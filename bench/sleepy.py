@@ -5,9 +5,8 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
-from improve.examples.refunds.env import environment as refunds
+from improve.runtime import Environment, load_environment
 from improve.runtime.decision import DecisionRequest
-from improve.runtime.environment import Environment
 from improve.runtime.models import Model, ModelReply
 
 DELAY_SECONDS = 0.2
@@ -25,10 +24,10 @@ class Sleepy:
 
 
 def environment() -> Environment:
-    env = refunds()
+    env = load_environment("refunds")
     naive = env.models["naive"]
     return replace(
         env,
-        name="bench.sleepy:environment",
+        name="sleepy",
         models={**env.models, "sleepy": lambda seed: Sleepy(naive(seed), DELAY_SECONDS)},
     )
