@@ -63,13 +63,15 @@ class Registry(Generic[T]):
 
     def __init__(self, kind: str, make: Make[T]) -> None:
         self.kind = kind
+        self.noun = kind.removesuffix("s")
+        """One of them, in messages: `environment`, `gate`, ..."""
         self.group = f"improve.{kind}"
         self._make = make
         self._bundled: dict[str, object] = {}
 
     def bundle(self, name: str, extension: object) -> None:
         """Register one in code (the package that defines the kind does this for its own)."""
-        self._bundled[check_slug(name, self.kind[:-1])] = extension
+        self._bundled[check_slug(name, self.noun)] = extension
 
     def sources(self, local: Mapping[str, str] | None = None) -> dict[str, Source]:
         """Every name with its origin, in the order bundled, entry points, workspace."""
@@ -79,7 +81,7 @@ class Registry(Generic[T]):
             before = found.get(source.name)
             if before is not None and before.spec != source.spec:
                 raise WorkspaceError(
-                    f"{self.kind[:-1]} {source.name!r} is registered twice: by {before.origin} "
+                    f"{self.noun} {source.name!r} is registered twice: by {before.origin} "
                     f"({before.spec or 'in code'}) and by {source.origin} ({source.spec}); rename one"
                 )
             found[source.name] = source
@@ -105,11 +107,11 @@ class Registry(Generic[T]):
         if source is None:
             known = ", ".join(sorted(sources)) or "none"
             raise WorkspaceError(
-                f"unknown {self.kind[:-1]} {name!r}; registered: {known}. Add it to improve.toml as "
+                f"unknown {self.noun} {name!r}; registered: {known}. Add it to improve.toml as "
                 f'[{self.kind}.{name}] module = "package.module:attribute", or install a package '
                 f"with an {self.group!r} entry point"
             )
-        where = f"{self.kind[:-1]} {name!r} ({source.origin}: {source.spec})"
+        where = f"{self.noun} {name!r} ({source.origin}: {source.spec})"
         target = self._bundled[name] if source.spec is None else import_spec(source.spec, where, root)
         return self._make(target, where)
 

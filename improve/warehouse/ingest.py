@@ -399,7 +399,8 @@ def _bulk_native(
 
 
 class _RetryCarefully(Exception):
-    pass
+    """The bulk insert met one (thread, index) twice in the batch: every file takes the careful path.
+    It never leaves this module."""
 
 
 # --- the careful path ---------------------------------------------------------------------------------
