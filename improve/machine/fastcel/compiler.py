@@ -24,7 +24,7 @@ from improve.machine.fastcel.semantics import (
     select_field,
     size_of,
 )
-from improve.machine.fastcel.syntax import Node, _NotInSubset, parse
+from improve.machine.fastcel.syntax import Node, NotInSubset, parse
 
 Fn = Callable[[Mapping[str, Any]], Any]
 """A compiled expression: the mapping of root variables (`context`, `event`, ...) to the result."""
@@ -160,7 +160,7 @@ def _compile(node: Node) -> Fn:
     if kind == "index":
         reached = _reached_by(node[1])
         if len(reached) > 1:
-            raise _NotInSubset("index of a conditional mixing variables and other values")
+            raise NotInSubset("index of a conditional mixing variables and other values")
         return _compile_index(_compile(node[1]), _compile(node[2]), True in reached)
     if kind == "list":
         items = [_compile(item) for item in node[1]]
@@ -183,7 +183,7 @@ def _compile(node: Node) -> Fn:
         return _compile_or(_compile(node[1]), _compile(node[2]))
     if kind == "cond":
         return _compile_cond(_compile(node[1]), _compile(node[2]), _compile(node[3]))
-    raise _NotInSubset(kind)  # pragma: no cover
+    raise NotInSubset(kind)  # pragma: no cover
 
 
 def _compile_index(operand: Fn, index: Fn, borrowed: bool) -> Fn:
@@ -387,7 +387,7 @@ def compile_fast(source: str) -> Fn | None:
     try:
         tree = parse(source)
         body = _compile(tree)
-    except (_NotInSubset, RecursionError):
+    except (NotInSubset, RecursionError):
         return None
     if tree[0] not in _MAY_BE_CONTAINER and not (tree[0] == "bin" and tree[1] == "+"):
         return body  # a scalar result needs no copy

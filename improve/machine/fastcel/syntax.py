@@ -1,4 +1,4 @@
-"""CEL source to a tree, for the subset the fast path compiles; anything else is `_NotInSubset`.
+"""CEL source to a tree, for the subset the fast path compiles; anything else is `NotInSubset`.
 
 Literals: `.5` and `1e3` are doubles; `1.` and `2.` do not parse; `007` is 7; an int literal beyond
 int64 and `1e400` do not parse (left to cel). Reserved words parse as field names (`context.as`) in
@@ -16,7 +16,7 @@ from typing import Any, Final
 from improve.machine.fastcel.domain import INT_MAX
 
 
-class _NotInSubset(Exception):
+class NotInSubset(Exception):
     """Raised while compiling: the source is outside the subset (or not valid CEL). It never leaves
     `compile_fast`, which returns None instead."""
 
@@ -53,21 +53,21 @@ def _tokenize(source: str) -> list[Token]:
             i += 1
             continue
         if c == "/" and source.startswith("//", i):
-            raise _NotInSubset("comment")
+            raise NotInSubset("comment")
         m = _NUMBER.match(source, i)
         if m:
             text = m.group()
             end = m.end()
             if end < n and (_WORD_CHAR.match(source, end) or source[end] in "'\""):
-                raise _NotInSubset("uint, hex or malformed number")
+                raise NotInSubset("uint, hex or malformed number")
             if m.group(1) is not None:
                 value: Any = float(text)
                 if math.isinf(value):
-                    raise _NotInSubset("double literal out of range")
+                    raise NotInSubset("double literal out of range")
             else:
                 value = int(text)
                 if value > INT_MAX:
-                    raise _NotInSubset("int literal out of range")
+                    raise NotInSubset("int literal out of range")
             tokens.append(("num", value))
             i = end
             continue
@@ -76,34 +76,34 @@ def _tokenize(source: str) -> list[Token]:
             word = m.group()
             end = m.end()
             if end < n and source[end] in "'\"":
-                raise _NotInSubset("raw or bytes string")
+                raise NotInSubset("raw or bytes string")
             if word in _KEYWORDS:
                 tokens.append(("lit", _KEYWORDS[word]))
             elif word == "in":
                 tokens.append(("op", "in"))
             elif word in _RESERVED:
-                raise _NotInSubset("reserved word")
+                raise NotInSubset("reserved word")
             else:
                 tokens.append(("ident", word))
             i = end
             continue
         if c in "'\"":
             if source.startswith(c * 3, i):
-                raise _NotInSubset("triple-quoted string")
+                raise NotInSubset("triple-quoted string")
             j = i + 1
             parts: list[str] = []
             while True:
                 if j >= n:
-                    raise _NotInSubset("unterminated string")
+                    raise NotInSubset("unterminated string")
                 ch = source[j]
                 if ch == c:
                     break
                 if ch in "\r\n":
-                    raise _NotInSubset("newline in string")
+                    raise NotInSubset("newline in string")
                 if ch == "\\":
                     esc = _ESCAPES.get(source[j + 1 : j + 2])
                     if esc is None:
-                        raise _NotInSubset("escape")
+                        raise NotInSubset("escape")
                     parts.append(esc)
                     j += 2
                     continue
@@ -114,7 +114,7 @@ def _tokenize(source: str) -> list[Token]:
                 try:
                     text.encode("utf-8")
                 except UnicodeEncodeError:
-                    raise _NotInSubset("lone surrogate") from None
+                    raise NotInSubset("lone surrogate") from None
             tokens.append(("str", text))
             i = j + 1
             continue
@@ -127,7 +127,7 @@ def _tokenize(source: str) -> list[Token]:
             tokens.append(("op", c))
             i += 1
             continue
-        raise _NotInSubset(f"character {c!r}")
+        raise NotInSubset(f"character {c!r}")
     tokens.append(("end", None))
     return tokens
 
@@ -162,13 +162,13 @@ class _Parser:
 
     def expect(self, op: str) -> None:
         if not self.is_op(op):
-            raise _NotInSubset(f"expected {op!r}")
+            raise NotInSubset(f"expected {op!r}")
         self.pos += 1
 
     def parse(self) -> Node:
         node = self.expr()
         if self.peek()[0] != "end":
-            raise _NotInSubset("trailing input")
+            raise NotInSubset("trailing input")
         return node
 
     def expr(self) -> Node:
@@ -235,11 +235,11 @@ class _Parser:
                 self.pos += 1
                 kind, name = self.take()
                 if kind != "ident":
-                    raise _NotInSubset("field name")
+                    raise NotInSubset("field name")
                 if self.is_op("("):
                     args = self.arguments()
                     if _METHODS.get(name) != len(args):
-                        raise _NotInSubset(f"method {name}")
+                        raise NotInSubset(f"method {name}")
                     node = ("call", name, node, args)
                 else:
                     node = ("select", node, name)
@@ -276,7 +276,7 @@ class _Parser:
                 return ("has", args[0][1], args[0][2])
             if value == "size" and len(args) == 1:
                 return ("call", "size", None, args)
-            raise _NotInSubset(f"function {value}")
+            raise NotInSubset(f"function {value}")
         if kind == "op":
             if value == "-" and self.peek()[0] == "num":  # a negative literal, as in `!-1`
                 return ("lit", -self.take()[1])
@@ -302,9 +302,9 @@ class _Parser:
                         self.expect(",")
                 self.pos += 1
                 return ("map", entries)
-        raise _NotInSubset(f"unexpected {value!r}")
+        raise NotInSubset(f"unexpected {value!r}")
 
 
 def parse(source: str) -> Node:
-    """The tree of `source`; `_NotInSubset` when it is outside the subset."""
+    """The tree of `source`; `NotInSubset` when it is outside the subset."""
     return _Parser(_tokenize(source)).parse()
