@@ -11,6 +11,7 @@ from pathlib import Path
 
 import git
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from improve.cli.main import app
@@ -44,8 +45,10 @@ def test_init_writes_a_workspace_whose_agent_passes_every_check_and_improves(tmp
         assert path in written and (ws / path).is_file(), path
     assert 'module = "credit_desk.env:environment"' in (ws / "improve.toml").read_text()
     assert "support" not in (ws / "credit_desk" / "env.py").read_text().replace("support team", "")
-    workflow = (ws / ".github" / "workflows" / "improve.yml").read_text()
-    assert "parity compare" in workflow and "schedule:" in workflow and "improve round" in workflow
+    workflow = yaml.safe_load((ws / ".github" / "workflows" / "improve.yml").read_text())
+    jobs = workflow["jobs"]
+    assert "parity compare" in json.dumps(jobs["parity"]) and "improve round" in json.dumps(jobs["round"])
+    assert {"pull_request", "schedule"} <= set(workflow[True])  # YAML 1.1 reads the key `on` as true
 
     for command in (["scenarios", "check"], ["verify", "v0"], ["explore"], ["rules"]):
         code, output = improve(ws, *command)
