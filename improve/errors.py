@@ -24,6 +24,8 @@ imports nothing else of ours) may raise these. Every error carries a message tha
     │   └── NondeterministicHarness   parity: two fresh runs of OLD differed, so nothing is compared
     ├── ActorFailure                  a tool failed in a way the machine handles (its `onError`)
     ├── ModelCallError                a model call failed (timeout, refusal); the policy's `onError`
+    ├── ReplayMissError               replaying recorded model calls, a call was never recorded (exit code 3)
+    ├── SpendLimitError               a round reached its spend limit (--max-usd) and stopped cleanly
     ├── FastCelFallback               the CEL fast path met a value outside its domain: Expr.evaluate asks cel
     ├── WarehouseLockedError          another process holds the warehouse file for writing
     ├── ProposalError                 a proposer produced no candidate (no rule fits, the endpoint failed)
@@ -135,6 +137,18 @@ class ActorFailure(ImproveError):
 
 class ModelCallError(ImproveError):
     """A model call failed (timeout, refusal, unparsable answer). A policy's `onError` handles it."""
+
+
+class ReplayMissError(ImproveError):
+    """Replaying recorded model calls (`--cache replay`), a request has no recorded response: the run
+    would diverge from the recording, so it stops instead of asking a model or taking `onError`."""
+
+
+class SpendLimitError(ImproveError):
+    """A round reached its spend limit (`--max-usd`): no further run is started, the runs under way
+    finish, and the message says what was spent. Nothing is left half-written."""
+
+    exit_code = 1
 
 
 class ProposalError(ImproveError):

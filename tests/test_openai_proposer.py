@@ -20,9 +20,9 @@ from typing import Any
 import openai
 import pytest
 
+from improve.llm import ResponseCache, request_key
 from improve.loop.gates import GateContext, GateResult, run_gates
 from improve.loop.proposers import Proposal, ProposalError, ProposalRequest
-from improve.loop.proposers.cache import ProposerCache, request_key
 from improve.loop.proposers.openai import (
     OpenAIProposer,
     json_object_format,
@@ -133,7 +133,7 @@ def serve() -> Iterator[Callable[[list[Reply] | Script], FakeEndpoint]]:
 
 
 def proposer(
-    endpoint_url: str, cache: ProposerCache | None = None, api_key: str | None = None
+    endpoint_url: str, cache: ResponseCache | None = None, api_key: str | None = None
 ) -> OpenAIProposer:
     return OpenAIProposer(
         MODEL,
@@ -216,7 +216,7 @@ def test_propose_then_repair_over_http(
 ) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", SECRET)  # the default source of the key
     endpoint = serve([reply_with(INVALID, "escalate VIPs"), reply_with(VALID, "escalate repeat refunds")])
-    cache = ProposerCache(tmp_path / "cache", "record")
+    cache = ResponseCache(tmp_path / "cache", "record", miss=ProposalError)
     prop = proposer(endpoint.url, cache)
     request = refunds_request()
 
@@ -276,7 +276,7 @@ def test_record_then_replay_without_the_endpoint(
     endpoint = serve([reply_with(INVALID), reply_with(VALID)])
     directory = tmp_path / "cache"
     request = refunds_request()
-    recorder = proposer(endpoint.url, ProposerCache(directory, "record"), api_key=SECRET)
+    recorder = proposer(endpoint.url, ResponseCache(directory, "record", miss=ProposalError), api_key=SECRET)
     first = recorder.propose(request)
     second = recorder.repair(request, first, FAILURE)
 
@@ -297,7 +297,7 @@ def test_record_then_replay_without_the_endpoint(
     url = endpoint.url
     endpoint.stop()
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)  # replay needs no key
-    replayer = proposer(url, ProposerCache(directory, "replay"))
+    replayer = proposer(url, ResponseCache(directory, "replay", miss=ProposalError))
     again = replayer.propose(request)
     assert again == Proposal(document=first.document, rationale=first.rationale, proposer="openai", calls=0)
     repaired = replayer.repair(request, again, FAILURE)
@@ -321,7 +321,9 @@ def test_live_mode_stores_nothing_and_needs_a_key(
     serve: Callable[[list[Reply]], FakeEndpoint], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     endpoint = serve([reply_with(VALID), reply_with(VALID)])
-    live = proposer(endpoint.url, ProposerCache(tmp_path / "cache", "live"), api_key=SECRET)
+    live = proposer(
+        endpoint.url, ResponseCache(tmp_path / "cache", "live", miss=ProposalError), api_key=SECRET
+    )
     assert live.propose(refunds_request()).calls == 1
     assert live.propose(refunds_request()).calls == 1  # live never reads a cache
     assert not (tmp_path / "cache").exists()
@@ -331,7 +333,7 @@ def test_live_mode_stores_nothing_and_needs_a_key(
         proposer(endpoint.url).propose(refunds_request())
     assert len(endpoint.requests) == 2
     with pytest.raises(ValueError, match="needs a directory"):
-        ProposerCache(None, "replay")
+        ResponseCache(None, "replay", miss=ProposalError)
 
 
 # --- 3. the json_schema -> json_object fallback ----------------------------------------------------------
@@ -354,7 +356,7 @@ def test_json_schema_rejection_falls_back_to_json_object(
 ) -> None:
     endpoint = serve(no_json_schema)
     directory = tmp_path / "cache"
-    prop = proposer(endpoint.url, ProposerCache(directory, "record"), api_key=SECRET)
+    prop = proposer(endpoint.url, ResponseCache(directory, "record", miss=ProposalError), api_key=SECRET)
     request = refunds_request()
     first = prop.propose(request)
     assert (first.document, first.rationale, first.calls) == (VALID, "fallback", 2)
@@ -371,7 +373,7 @@ def test_json_schema_rejection_falls_back_to_json_object(
     rejected = [json.loads(t) for t in cache_texts(directory) if '"rejected"' in t]
     assert len(rejected) == 1 and rejected[0]["response"]["rejected"]["status"] == 400
     endpoint.stop()
-    replay = proposer(endpoint.url, ProposerCache(directory, "replay"))
+    replay = proposer(endpoint.url, ResponseCache(directory, "replay", miss=ProposalError))
     again = replay.propose(request)
     assert (again.document, again.calls) == (VALID, 0) and not replay.json_schema_supported
 
@@ -428,7 +430,7 @@ def record_fixture(spec: dict[str, Any], directory: Path) -> None:
             spec["model"],
             base_url=endpoint.url,
             api_key=SECRET,
-            cache=ProposerCache(directory, "record"),
+            cache=ResponseCache(directory, "record", miss=ProposalError),
             max_retries=0,
             http_client=openai.DefaultHttpxClient(trust_env=False),
         )
@@ -445,7 +447,9 @@ def test_recorded_fixture_replays() -> None:
     if os.environ.get("IMPROVE_RECORD_OPENAI_FIXTURES") == "1":
         record_fixture(spec, directory)
     request = fixture_request(spec)
-    prop = OpenAIProposer(spec["model"], cache=ProposerCache(directory, "replay"), api_key=None)
+    prop = OpenAIProposer(
+        spec["model"], cache=ResponseCache(directory, "replay", miss=ProposalError), api_key=None
+    )
     try:
         first = prop.propose(request)
         second = prop.repair(request, first, GateResult(**spec["failure"]))

@@ -30,7 +30,8 @@ constructor or `OPENAI_API_KEY`; it travels only in the SDK's `Authorization` he
 of the cache (the hashed request is model, messages, response_format, temperature), of proposals, of
 exception messages (redacted if an endpoint echoes it) and of `repr`.
 
-Every request goes through a `ProposerCache` (see cache.py): `live`, `record` or `replay`.
+Every request goes through the shared cache of model calls (`improve.llm.ResponseCache`): `live`,
+`record` or `replay`; the HTTP side is `improve.llm.Endpoint`, shared with the decider.
 `Proposal.calls` counts the HTTP requests this proposer issued (a replayed response counts 0; the
 SDK's own retries, `max_retries`, are not counted separately).
 """
@@ -42,7 +43,6 @@ import os
 import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import openai
 from openai.types.chat import (
@@ -56,12 +56,11 @@ from openai.types.shared_params import ResponseFormatJSONObject, ResponseFormatJ
 from openai.types.shared_params.response_format_json_schema import JSONSchema
 
 from improve.errors import ProposalError
+from improve.llm import API_KEY_ENV, Endpoint, ResponseCache, safe_url
 from improve.loop.gates import GateResult
 from improve.loop.proposers.base import Proposal, ProposalRequest
-from improve.loop.proposers.cache import REDACTED, ProposerCache
 from improve.machine import MachineConfig
 
-API_KEY_ENV = "OPENAI_API_KEY"
 PROPOSER_NAME = "openai"
 MAX_EXAMPLES = 20
 """Training examples written into the prompt (the first ones; the prompt says how many were left out)."""
@@ -284,20 +283,8 @@ def parse_reply(content: str, where: str) -> tuple[Any, str]:
     return data, ""
 
 
-def _rejects_schema(err: openai.APIStatusError) -> bool:
-    if err.status_code not in (400, 422):
-        return False
-    text = " ".join([str(err.message), json.dumps(err.body, default=str), str(err.param or "")]).lower()
-    return any(word in text for word in ("response_format", "response format", "schema"))
-
-
-def _safe_url(url: str | None) -> str:
-    if not url:
-        return "the default OpenAI endpoint (or $OPENAI_BASE_URL)"
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    netloc = f"{host}:{parts.port}" if parts.port else host
-    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+SCHEMA_WORDS = ("response_format", "response format", "schema")
+"""A 400 or 422 mentioning one of these refused the `json_schema` response format."""
 
 
 class OpenAIProposer:
@@ -310,7 +297,7 @@ class OpenAIProposer:
         model: str,
         base_url: str | None = None,
         api_key: str | None = None,
-        cache: ProposerCache | None = None,
+        cache: ResponseCache | None = None,
         temperature: float = 0,
         timeout: float = 120.0,
         max_retries: int = 2,
@@ -318,20 +305,25 @@ class OpenAIProposer:
     ) -> None:
         self.model = model
         self.base_url = base_url
-        self.cache = cache if cache is not None else ProposerCache()
+        self.cache = cache if cache is not None else ResponseCache(miss=ProposalError)
         self.temperature = float(temperature)
-        self.timeout = timeout
-        self.max_retries = max_retries
-        self._api_key = api_key if api_key else os.environ.get(API_KEY_ENV) or None
-        self._http_client = http_client
-        self._client: openai.OpenAI | None = None
+        self.endpoint = Endpoint(
+            base_url=base_url,
+            api_key=api_key if api_key else os.environ.get(API_KEY_ENV) or None,
+            timeout=timeout,
+            max_retries=max_retries,
+            error=ProposalError,
+            no_key=f"the openai proposer has no API key: set {API_KEY_ENV} (any non-empty value for a local "
+            "endpoint that needs none), or replay recorded responses (--cache replay)",
+            http_client=http_client,
+        )
         self.json_schema_supported = True
         """Set to False once the endpoint rejected `json_schema`; then `json_object` is asked."""
 
     def __repr__(self) -> str:
         return (
-            f"OpenAIProposer(model={self.model!r}, base_url={_safe_url(self.base_url)!r}, "
-            f"cache={self.cache!r}, api_key={'set' if self._api_key else 'unset'})"
+            f"OpenAIProposer(model={self.model!r}, base_url={safe_url(self.base_url)!r}, "
+            f"cache={self.cache!r}, api_key={'set' if self.endpoint.secrets else 'unset'})"
         )
 
     # -- the Proposer protocol --
@@ -370,72 +362,13 @@ class OpenAIProposer:
             "response_format": response_format,
             "temperature": self.temperature,
         }
+        rejectable = SCHEMA_WORDS if response_format["type"] == "json_schema" else ()
         response, called = self.cache.fetch(
-            body, lambda: self._send(messages, response_format), secrets=self._secrets()
+            body,
+            lambda: self.endpoint.complete({**body, "messages": _sdk_messages(messages)}, rejectable),
+            secrets=self.endpoint.secrets,
         )
         return {**response, "key": self.cache.key(body)}, int(called)
-
-    def _secrets(self) -> list[str]:
-        return [self._api_key] if self._api_key else []
-
-    def _redact(self, text: str) -> str:
-        for secret in self._secrets():
-            text = text.replace(secret, REDACTED)
-        return text
-
-    def _sdk(self) -> openai.OpenAI:
-        if self._client is None:
-            if not self._api_key:
-                raise ProposalError(
-                    f"the openai proposer has no API key: set {API_KEY_ENV} (any non-empty value for a local "
-                    "endpoint that needs none), or replay recorded responses (proposer cache mode 'replay')"
-                )
-            self._client = openai.OpenAI(
-                api_key=self._api_key,
-                base_url=self.base_url,
-                timeout=self.timeout,
-                max_retries=self.max_retries,
-                http_client=self._http_client,
-            )
-        return self._client
-
-    def _send(self, messages: list[Message], response_format: ResponseFormat) -> dict[str, Any]:
-        client = self._sdk()
-        try:
-            completion = client.chat.completions.create(
-                model=self.model,
-                messages=_sdk_messages(messages),
-                response_format=response_format,
-                temperature=self.temperature,
-            )
-        except openai.APIStatusError as err:
-            message = self._redact(str(err.message))
-            if response_format["type"] == "json_schema" and _rejects_schema(err):
-                return {"rejected": {"status": err.status_code, "message": message[:500]}}
-            raise ProposalError(
-                f"the endpoint {_safe_url(self.base_url)} answered HTTP {err.status_code}: {message}"
-            ) from None
-        except openai.APIConnectionError as err:  # includes timeouts
-            raise ProposalError(
-                f"could not reach the endpoint {_safe_url(self.base_url)}: {self._redact(err.message)}"
-            ) from None
-        except openai.OpenAIError as err:
-            raise ProposalError(f"the openai client failed: {self._redact(str(err))}") from None
-        if not completion.choices:
-            raise ProposalError(f"the endpoint {_safe_url(self.base_url)} answered no choices")
-        choice = completion.choices[0]
-        usage = completion.usage
-        return {
-            "content": choice.message.content,
-            "refusal": choice.message.refusal,
-            "finish_reason": choice.finish_reason,
-            "model": completion.model,
-            "usage": {
-                "prompt_tokens": usage.prompt_tokens if usage else 0,
-                "completion_tokens": usage.completion_tokens if usage else 0,
-                "total_tokens": usage.total_tokens if usage else 0,
-            },
-        }
 
     def _proposal(self, response: Mapping[str, Any], calls: int) -> Proposal:
         where = f"response {response.get('key', '?')}"

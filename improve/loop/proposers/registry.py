@@ -7,7 +7,7 @@ made once per round (it may keep state across repairs, like the rule miner's ran
 
 from __future__ import annotations
 
-from improve.errors import WorkspaceError
+from improve.errors import ProposalError, WorkspaceError
 from improve.evals import Workspace
 from improve.loop.gates import scenario_literals
 from improve.loop.proposers.base import Proposer, ProposerFactory, ProposerSetup
@@ -36,14 +36,14 @@ def rule_miner(setup: ProposerSetup) -> Proposer:
 def openai_proposer(setup: ProposerSetup) -> Proposer:
     """A model behind an OpenAI-compatible endpoint, every call cached under `.improve/`."""
     # Imported here: the openai SDK is loaded only by the rounds that ask a model.
-    from improve.loop.proposers.cache import ProposerCache
+    from improve.llm import CACHE_DIR, ResponseCache
     from improve.loop.proposers.openai import OpenAIProposer
 
     if not setup.model:
         raise WorkspaceError(
             "--proposer openai needs --proposer-model (and --base-url for a non-OpenAI endpoint)"
         )
-    cache = ProposerCache(setup.root / ".improve" / "proposer-cache", setup.cache)
+    cache = ResponseCache(setup.root / CACHE_DIR, setup.cache, miss=ProposalError)
     return OpenAIProposer(model=setup.model, base_url=setup.base_url, cache=cache)
 
 

@@ -1,26 +1,28 @@
-"""A cache of proposer calls: one JSON file per request, keyed by the sha256 of the request.
+"""Recorded model calls: one JSON file per request, keyed by the sha256 of the request. The proposer
+and the decider share it.
 
 The key is the sha256 of the canonical JSON (sorted keys, no insignificant whitespace) of the request
-as sent: `model`, `messages`, `response_format`, `temperature`. The API key and the base URL are never
-part of it (an endpoint swap with the same model answers the same cached response, and no secret can
-reach a file). An entry `<hash>.json` holds:
+as sent (`model`, `messages`, `tools` or `response_format`, `temperature`, ...), plus, for a decider,
+the *sample*: the run and the call's number within it, so the k runs of one scenario are k samples and
+not one answer reused. The API key and the base URL are never part of it (an endpoint swap with the
+same model answers the same cached response, and no secret can reach a file). An entry `<hash>.json`:
 
 ```json
-{"format": "improve.proposer-cache/1", "key": "<hash>",
+{"format": "improve.response-cache/1", "key": "<hash>",
  "request": {"model": ..., "messages": [...], "response_format": {...}, "temperature": 0.0},
  "response": {"content": "...", "usage": {"prompt_tokens": 1, ...}, "finish_reason": "stop"}}
 ```
 
 A `response` may also be `{"rejected": {"status": 400, "message": "..."}}`: the endpoint refused the
-request's `response_format` (the proposer then falls back, and a replay follows the same path).
+request's `tools` or `response_format` (the caller then falls back, and a replay follows the same path).
 
 Modes:
 
 - `live`: every request calls the endpoint; nothing is read or stored;
 - `record`: every request calls the endpoint and its response is stored under the hash (replacing an
   older entry);
-- `replay`: only stored responses are read; a miss raises `ProposalError` naming the hash. No call is
-  made, so tests and demos are reproducible without an endpoint or a key.
+- `replay`: only stored responses are read; a miss raises the caller's error naming the hash. No call
+  is made, so tests and demos are reproducible without an endpoint or a key.
 """
 
 from __future__ import annotations
@@ -33,13 +35,15 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from improve.errors import ProposalError
+from improve.errors import ImproveError, ReplayMissError
 from improve.machine import canonical_json
 
 CacheMode = Literal["live", "record", "replay"]
 CACHE_MODES: tuple[str, ...] = get_args(CacheMode)
-CACHE_FORMAT = "improve.proposer-cache/1"
+CACHE_FORMAT = "improve.response-cache/1"
 REDACTED = "[redacted]"
+CACHE_DIR = ".improve/cache"
+"""Where a workspace keeps its recorded calls, relative to its root."""
 
 
 def request_key(request: Mapping[str, Any]) -> str:
@@ -47,19 +51,26 @@ def request_key(request: Mapping[str, Any]) -> str:
     return hashlib.sha256(canonical_json(dict(request)).encode("utf-8")).hexdigest()
 
 
-class ProposerCache:
-    """Stored proposer responses under `directory`, used according to `mode`."""
+class ResponseCache:
+    """Stored model responses under `directory`, used according to `mode`; `miss` is the error a replay
+    without a stored response raises (the proposer's own, or `ReplayMissError`)."""
 
-    def __init__(self, directory: str | Path | None = None, mode: CacheMode = "live") -> None:
+    def __init__(
+        self,
+        directory: str | Path | None = None,
+        mode: CacheMode = "live",
+        miss: type[ImproveError] = ReplayMissError,
+    ) -> None:
         if mode not in CACHE_MODES:
-            raise ValueError(f"unknown proposer cache mode {mode!r}; use one of {list(CACHE_MODES)}")
+            raise ValueError(f"unknown cache mode {mode!r}; use one of {list(CACHE_MODES)}")
         if mode != "live" and directory is None:
-            raise ValueError(f"proposer cache mode {mode!r} needs a directory")
+            raise ValueError(f"cache mode {mode!r} needs a directory")
         self.directory = Path(directory) if directory is not None else None
         self.mode: CacheMode = mode
+        self.miss = miss
 
     def __repr__(self) -> str:
-        return f"ProposerCache({str(self.directory) if self.directory else None!r}, mode={self.mode!r})"
+        return f"ResponseCache({str(self.directory) if self.directory else None!r}, mode={self.mode!r})"
 
     @staticmethod
     def key(request: Mapping[str, Any]) -> str:
@@ -67,7 +78,7 @@ class ProposerCache:
 
     def path(self, key: str) -> Path:
         if self.directory is None:
-            raise ValueError("a live proposer cache has no directory")
+            raise ValueError("a live cache has no directory")
         return self.directory / f"{key}.json"
 
     def load(self, key: str) -> dict[str, Any] | None:
@@ -80,13 +91,13 @@ class ProposerCache:
         try:
             entry = json.loads(text)
         except json.JSONDecodeError as err:
-            raise ProposalError(
-                f"{path}:{err.lineno}:{err.colno}: the cached proposer response is not valid JSON "
+            raise self.miss(
+                f"{path}:{err.lineno}:{err.colno}: the cached response is not valid JSON "
                 f"({err.msg}); delete it and record again"
             ) from None
         if not isinstance(entry, dict) or not isinstance(entry.get("response"), dict):
-            raise ProposalError(
-                f"{path}: not a proposer cache entry (expected an object with a 'response' object); "
+            raise self.miss(
+                f"{path}: not a cache entry (expected an object with a 'response' object); "
                 "delete it and record again"
             )
         return entry
@@ -126,10 +137,9 @@ class ProposerCache:
         if self.mode == "replay":
             entry = self.load(key)
             if entry is None:
-                raise ProposalError(
+                raise self.miss(
                     f"no recorded response for request {key} in {self.directory} (replay mode): record it "
-                    "first by running the same round with the proposer cache in 'record' mode against "
-                    "the endpoint"
+                    "first by running the same command with --cache record against the endpoint"
                 )
             response: dict[str, Any] = entry["response"]
             return response, False

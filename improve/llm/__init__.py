@@ -1,0 +1,23 @@
+"""Models behind OpenAI-compatible endpoints: how a workspace names one (`ModelSpec`), the endpoint
+the proposer and the decider share (`Endpoint`), recorded calls (`ResponseCache`) and what the calls
+spent (`Meter`)."""
+
+from improve.llm.cache import CACHE_DIR, CACHE_MODES, REDACTED, CacheMode, ResponseCache, request_key
+from improve.llm.endpoint import Endpoint
+from improve.llm.spec import API_KEY_ENV, BASE_URL_ENV, OPENAI_PREFIX, ModelSpec, Price, safe_url
+
+__all__ = [
+    "API_KEY_ENV",
+    "BASE_URL_ENV",
+    "CACHE_DIR",
+    "CACHE_MODES",
+    "OPENAI_PREFIX",
+    "REDACTED",
+    "CacheMode",
+    "Endpoint",
+    "ModelSpec",
+    "Price",
+    "ResponseCache",
+    "request_key",
+    "safe_url",
+]

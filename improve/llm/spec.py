@@ -1,0 +1,106 @@
+"""A model behind an OpenAI-compatible endpoint, as `improve.toml` names it, and what its calls cost.
+
+    [models.fast]
+    provider = "openai"                        # the chat completions API through the openai SDK
+    model = "gpt-4.1-mini"
+    base_url = "http://localhost:11434/v1"     # optional (default: $OPENAI_BASE_URL, else OpenAI)
+    api_key_env = "OPENAI_API_KEY"             # the key is read from this variable, never from the file
+    temperature = 0.0
+    seed = 7
+    max_output_tokens = 256
+    timeout_s = 30
+    max_retries = 4
+    concurrency = 16
+    price = { input_per_mtok = 0.40, output_per_mtok = 1.60 }   # USD per million tokens
+
+`--model openai:MODEL` is the same with every default: the base URL from `OPENAI_BASE_URL`, the key
+from `OPENAI_API_KEY`.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Literal
+from urllib.parse import urlsplit, urlunsplit
+
+from pydantic import BaseModel, ConfigDict, Field
+
+OPENAI_PREFIX = "openai:"
+BASE_URL_ENV = "OPENAI_BASE_URL"
+API_KEY_ENV = "OPENAI_API_KEY"
+
+
+class Price(BaseModel):
+    """USD per million tokens."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    input_per_mtok: float = Field(ge=0, description="USD per million input (prompt) tokens.")
+    output_per_mtok: float = Field(ge=0, description="USD per million output (completion) tokens.")
+
+    def cost(self, input_tokens: int, output_tokens: int) -> float:
+        return (input_tokens * self.input_per_mtok + output_tokens * self.output_per_mtok) / 1_000_000
+
+
+class ModelSpec(BaseModel):
+    """How to reach one model and what to ask of it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    provider: Literal["openai"] = Field(
+        default="openai", description="`openai`: the chat completions API, any compatible endpoint."
+    )
+    model: str = Field(min_length=1, description="The model's name at the endpoint.")
+    base_url: str | None = Field(
+        default=None, description="The endpoint (default: $OPENAI_BASE_URL, else OpenAI's)."
+    )
+    api_key_env: str = Field(
+        default=API_KEY_ENV, description="The environment variable holding the API key (never the key)."
+    )
+    temperature: float = Field(default=0.0, ge=0, le=2)
+    seed: int | None = Field(default=None, description="Sent to endpoints that honour it.")
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    timeout_s: float = Field(default=30.0, gt=0, description="Seconds per HTTP request.")
+    max_retries: int = Field(
+        default=4, ge=0, description="Retries of a timeout, 429 (after Retry-After), 5xx or lost connection."
+    )
+    concurrency: int = Field(default=16, ge=1, description="Calls in flight to this model at most.")
+    price: Price | None = Field(default=None, description="USD per million tokens; no price, no cost.")
+
+    @classmethod
+    def from_name(cls, name: str) -> ModelSpec | None:
+        """`openai:MODEL` as a spec with every default, or None for any other name."""
+        if not name.startswith(OPENAI_PREFIX) or not name[len(OPENAI_PREFIX) :]:
+            return None
+        return cls(model=name[len(OPENAI_PREFIX) :])
+
+    def endpoint(self) -> str | None:
+        """The base URL calls go to (None: the SDK's default, OpenAI)."""
+        return self.base_url or os.environ.get(BASE_URL_ENV) or None
+
+    def api_key(self) -> str | None:
+        return os.environ.get(self.api_key_env) or None
+
+    def cost(self, input_tokens: int, output_tokens: int) -> float | None:
+        return self.price.cost(input_tokens, output_tokens) if self.price is not None else None
+
+    def public(self) -> dict[str, Any]:
+        """What identifies the model's behaviour, for thread stamps and reports: no key, no secret."""
+        return {
+            "provider": self.provider,
+            "model": self.model,
+            "endpoint": safe_url(self.endpoint()),
+            "temperature": self.temperature,
+            "seed": self.seed,
+            "maxOutputTokens": self.max_output_tokens,
+        }
+
+
+def safe_url(url: str | None) -> str:
+    """A URL without credentials, query or fragment, fit for messages and reports."""
+    if not url:
+        return "the default OpenAI endpoint"
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    netloc = f"{host}:{parts.port}" if parts.port else host
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
