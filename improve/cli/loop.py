@@ -93,7 +93,7 @@ def round_command(
             concurrency=concurrency,
             proposer_model=proposer_model,
             proposer_base_url=base_url,
-            proposer_cache=cache.value,
+            cache=cache.value,
         )
         results = run_rounds(space, options, rounds, say=lambda m: err.print(m, markup=False))
         if as_json:

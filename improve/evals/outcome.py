@@ -39,6 +39,7 @@ class OutcomeRow:
     input_tokens: int = 0
     output_tokens: int = 0
     failed_attempts: int = 0
+    cost_usd: float = 0.0
 
     @property
     def tokens(self) -> int:
@@ -143,5 +144,6 @@ def outcome_row(
         model_calls=result.model_calls,
         input_tokens=result.input_tokens,
         output_tokens=result.output_tokens,
+        cost_usd=result.cost_usd,
         failed_attempts=result.failed_attempts,
     )

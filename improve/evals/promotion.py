@@ -95,21 +95,22 @@ def decide(
     term = objective.cost
     runs_base = baseline_train.runs + baseline_held_out.runs
     runs_cand = candidate_train.runs + candidate_held_out.runs
-    base_cost = _total(baseline_train, baseline_held_out, term) / runs_base if runs_base else 0.0
-    cand_cost = _total(candidate_train, candidate_held_out, term) / runs_cand if runs_cand else 0.0
+    base_cost = (baseline_train.total(term) + baseline_held_out.total(term)) / runs_base if runs_base else 0.0
+    cand_cost = (
+        (candidate_train.total(term) + candidate_held_out.total(term)) / runs_cand if runs_cand else 0.0
+    )
     budget = objective.cost_budget * base_cost
     checks.append(
         Check(
             "cost",
             cand_cost <= budget + 1e-9,
-            f"{cand_cost:.2f} {term.replace('_', ' ')} per run against {base_cost:.2f} "
-            f"(budget {objective.cost_budget:g}x = {budget:.2f})",
+            f"{_amount(cand_cost, term)} {term.replace('_', ' ')} per run against {_amount(base_cost, term)} "
+            f"(budget {objective.cost_budget:g}x = {_amount(budget, term)})",
         )
     )
     return PromotionDecision(all(c.ok for c in checks), checks, train, held_out)
 
 
-def _total(train: Scorecard, held_out: Scorecard, term: str) -> float:
-    if term == "tokens":
-        return float(train.tokens + held_out.tokens)
-    return float(train.model_calls + held_out.model_calls)
+def _amount(value: float, term: str) -> str:
+    # Cents of a cent matter per run: four places for USD, two for calls and tokens.
+    return f"{value:.4f}" if term == "usd" else f"{value:.2f}"

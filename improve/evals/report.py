@@ -15,15 +15,18 @@ def _pct(x: float) -> str:
 
 
 def cards_table(cards: Sequence[Scorecard], cost_term: str = "model_calls") -> list[str]:
+    priced = any(c.usd for c in cards)
     lines = [
-        "| split | version | scenarios | k | pass rate | violations | model calls / run | tokens / run |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
+        "| split | version | scenarios | k | pass rate | violations | model calls / run | tokens / run |"
+        + (" USD / run |" if priced else ""),
+        "|---|---|---:|---:|---:|---:|---:|---:|" + ("---:|" if priced else ""),
     ]
     for c in cards:
         runs = c.runs or 1
         lines.append(
             f"| {c.split} | {c.policy_version} | {len(c.scenarios)} | {c.k} | {_pct(c.pass_rate)} | "
             f"{c.violations} | {c.model_calls / runs:.2f} | {c.tokens / runs:.0f} |"
+            + (f" {c.usd / runs:.5f} |" if priced else "")
         )
     return lines
 

@@ -32,6 +32,7 @@ class ScenarioScore:
     model_calls: int
     tokens: int
     outcomes: dict[str, int]
+    usd: float = 0.0
     reasons: list[str] = field(default_factory=list)
 
     @property
@@ -74,10 +75,17 @@ class Scorecard:
     def tokens(self) -> int:
         return sum(s.tokens for s in self.scenarios)
 
+    @property
+    def usd(self) -> float:
+        return sum(s.usd for s in self.scenarios)
+
+    def total(self, term: str) -> float:
+        """The cost term summed: model calls (the default), tokens or USD."""
+        return float(self.tokens if term == "tokens" else self.usd if term == "usd" else self.model_calls)
+
     def cost(self, term: str) -> float:
-        """Cost per run: model calls (the default) or tokens."""
-        total = self.tokens if term == "tokens" else self.model_calls
-        return total / self.runs if self.runs else 0.0
+        """Cost per run of one term."""
+        return self.total(term) / self.runs if self.runs else 0.0
 
     def by_id(self) -> dict[str, ScenarioScore]:
         return {s.scenario: s for s in self.scenarios}
@@ -92,6 +100,7 @@ class Scorecard:
             "violations": self.violations,
             "model_calls": self.model_calls,
             "tokens": self.tokens,
+            "usd": round(self.usd, 6),
             "scenarios": [asdict(s) | {"pass_fraction": s.pass_fraction} for s in self.scenarios],
         }
 
@@ -118,6 +127,7 @@ def scorecard(rows: Iterable[OutcomeRow], policy_version: str, split: str) -> Sc
                 model_calls=sum(r.model_calls for r in group),
                 tokens=sum(r.tokens for r in group),
                 outcomes=dict(outcomes),
+                usd=sum(r.cost_usd for r in group),
                 reasons=sorted({r.reason for r in group if not r.passed}),
             )
         )

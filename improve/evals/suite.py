@@ -9,23 +9,27 @@ under the same version) is refused (bump the policy version, or `fresh=True` to 
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from improve.errors import WorkspaceError
+from improve.errors import ImproveError, SpendLimitError, WorkspaceError
 from improve.evals.outcome import OutcomeRow, outcome_row
 from improve.evals.scenarios import Scenario
 from improve.evals.workspace import policy_hash, policy_label
+from improve.llm import CacheMode, Meter, ModelSpec, ResponseCache
 from improve.log import JsonlDirStore, LogEntry, Store, ThreadId, gc_paused, model_slug, replay
 from improve.machine import MachineConfig
 from improve.runtime import (
     DEFAULT_MAX_MODEL_CALLS,
+    ChatSession,
     Decider,
     Environment,
     EnvironmentRef,
+    ModelFactory,
     PolicyDecider,
     RunResult,
     compile_policy,
@@ -38,12 +42,38 @@ Progress = Callable[[int, int, OutcomeRow, bool], None]
 
 @dataclass(frozen=True)
 class SuiteSpec:
-    """What to run: the policy, the model bound to its `decider` ref, k runs per scenario."""
+    """What to run: the policy, the model bound to its `decider` ref, k runs per scenario. Picklable,
+    so a worker process of an executor can make the same model."""
 
     policy: MachineConfig
     model: str
+    """The model's name: a stand-in of the environment, `openai:MODEL`, or a workspace's `[models.NAME]`."""
     k: int = 1
     max_model_calls: int = DEFAULT_MAX_MODEL_CALLS
+    model_spec: ModelSpec | None = None
+    """How to reach the model, for one behind an endpoint; None for a stand-in."""
+    cache_dir: str | None = None
+    """Where its calls are recorded (`.improve/cache` of the workspace)."""
+    cache_mode: CacheMode = "live"
+
+    def chat_session(self, meter: Meter | None = None) -> ChatSession | None:
+        """The session of a model behind an endpoint (shared by runs); None for a stand-in."""
+        if self.model_spec is None:
+            return None
+        return ChatSession(self.model, self.model_spec, ResponseCache(self.cache_dir, self.cache_mode), meter)
+
+    def model_factory(self, env: Environment, meter: Meter | None = None) -> ModelFactory:
+        """Makes the model of each run: a fresh stand-in, or a view of one shared chat session."""
+        session = self.chat_session(meter)
+        if session is not None:
+            return session.model
+        if self.model not in env.models:
+            raise WorkspaceError(
+                f"environment {env.name} has no model {self.model!r}: its stand-ins are "
+                f"{', '.join(sorted(env.models))}; a model behind an endpoint is named openai:MODEL, or "
+                "defined in improve.toml as [models.NAME]"
+            )
+        return env.models[self.model]
 
     def thread_id(self, scenario: Scenario, run_number: int) -> str:
         return str(
@@ -65,6 +95,7 @@ class SuiteSpec:
                 "hash": policy_hash(self.policy),
             },
             "models": {"decider": self.model},
+            **({"modelSpec": self.model_spec.public()} if self.model_spec is not None else {}),
             "scenario": scenario.id,
             "split": scenario.split,
             "run": run_number,
@@ -93,6 +124,7 @@ def execute_job(job: RunJob) -> str:
         job.spec,
         job.run_number,
         JsonlDirStore(Path(job.traces)),
+        job.spec.model_factory(env),
     )
     return job.spec.thread_id(job.scenario, job.run_number)
 
@@ -121,16 +153,32 @@ def run_scenario(
 
 
 def _run_one(
-    env: Environment, policy: Any, scenario: Scenario, spec: SuiteSpec, run_number: int, store: Store
+    env: Environment,
+    policy: Any,
+    scenario: Scenario,
+    spec: SuiteSpec,
+    run_number: int,
+    store: Store,
+    models: ModelFactory,
+    meter: Meter | None = None,
 ) -> None:
+    # Checked before anything is written: a run that does not start leaves no thread behind.
+    if meter is not None and meter.over_limit():
+        raise SpendLimitError(f"the spend limit of ${meter.limit_usd} is reached: {meter.summary()}")
     thread_id = spec.thread_id(scenario, run_number)
     if store.exists(thread_id):
         store.delete(thread_id)
     # A fresh model per run, seeded by scenario and run: reproducible, and runs differ.
-    model = env.models[spec.model](f"{scenario.id}:r{run_number}")
+    model = models(f"{scenario.id}:r{run_number}")
     decider = PolicyDecider(policy, {"decider": model}, env.judgments)
     stamp = spec.stamp(env, scenario, run_number)
-    run_scenario(env, scenario, decider, store, thread_id, stamp, spec.max_model_calls)
+    try:
+        run_scenario(env, scenario, decider, store, thread_id, stamp, spec.max_model_calls)
+    except ImproveError:
+        # A run that cannot finish (a recorded call missing on replay, a store failure) leaves no
+        # half-written thread: a later command runs it again from the start.
+        store.delete(thread_id)
+        raise
 
 
 def run_suite(
@@ -144,18 +192,20 @@ def run_suite(
     concurrency: int = 1,
     executor: Executor | None = None,
     ran: Callable[[int, int], None] | None = None,
+    meter: Meter | None = None,
+    models: ModelFactory | None = None,
 ) -> list[OutcomeRow]:
     """Run (or reuse) every scenario k times and score each thread by replaying it.
 
     Runs wait on models, so they overlap: up to `concurrency` at a time (asyncio, each run in a worker
     thread); `ran(done, total)` reports each finished run. For CPU-bound runs pass an `executor` (a
     `ProcessPoolExecutor`, or a Dask client, which has the same `submit`); the store must then be a
-    JSONL directory the workers can reach.
+    JSONL directory the workers can reach. `meter` counts the model calls, and its spend limit is
+    checked before each run starts (runs under way finish; workers of an executor are not metered).
+    `models` makes each run's model (default: `spec.model_factory`); a round passes one factory to
+    all its suites, so they share one chat session: its fallback, its meter, its fingerprints.
     """
-    if spec.model not in env.models:
-        raise WorkspaceError(
-            f"environment {env.name} has no model {spec.model!r}; its stand-in models are {sorted(env.models)}"
-        )
+    models = models or spec.model_factory(env, meter)
     policy = compile_policy(spec.policy, env.judgments, env.policy_guards)
     planned = [(scenario, n) for scenario in scenarios for n in range(1, spec.k + 1)]
     # Threads already recorded with this stamp, read once: checked here, scored below.
@@ -176,7 +226,8 @@ def run_suite(
             if ran:
                 ran(done, len(jobs))
     elif todo:
-        asyncio.run(_run_concurrently(env, policy, todo, spec, store, max(1, concurrency), ran))
+        runner = functools.partial(_run_one, models=models, meter=meter)
+        asyncio.run(_run_concurrently(runner, env, policy, todo, spec, store, max(1, concurrency), ran))
     rows: list[OutcomeRow] = []
     for scenario, n in planned:
         thread_id = spec.thread_id(scenario, n)
@@ -190,6 +241,7 @@ def run_suite(
 
 
 async def _run_concurrently(
+    runner: Callable[..., None],
     env: Environment,
     policy: Any,
     todo: list[tuple[Scenario, int]],
@@ -207,7 +259,7 @@ async def _run_concurrently(
         async def one(scenario: Scenario, n: int) -> None:
             nonlocal finished
             async with gate:
-                await loop.run_in_executor(pool, _run_one, env, policy, scenario, spec, n, store)
+                await loop.run_in_executor(pool, runner, env, policy, scenario, spec, n, store)
             finished += 1
             if ran:
                 ran(finished, len(todo))

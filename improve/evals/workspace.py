@@ -14,11 +14,15 @@
     [gates.no-weekend-refunds]       # likewise [proposers.NAME] and [importers.NAME]
     module = "support_desk.gates:NoWeekendRefunds"
 
+    [models.fast]                    # a model behind an OpenAI-compatible endpoint (see improve.llm.spec)
+    model = "gpt-4.1-mini"
+    price = { input_per_mtok = 0.40, output_per_mtok = 1.60 }
+
     [objective]
     k = 3                            # runs per scenario
     max_model_calls = 100            # budget per run
     max_violations = 0               # the hard constraint
-    cost = "model_calls"             # or "tokens": tie-breaker and budget
+    cost = "model_calls"             # or "tokens", or "usd": tie-breaker and budget
     cost_budget = 1.5                # a candidate may cost at most 1.5x the baseline
     min_gain = 0.0                   # held-out gain's lower confidence bound must exceed this
     confidence = 0.95
@@ -41,6 +45,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from improve.errors import WorkspaceError
 from improve.evals.scenarios import ScenarioSet, load_scenarios
+from improve.llm import CACHE_DIR, ModelSpec
 from improve.machine import MachineConfig, canonical_json, format_validation_error
 from improve.registry import check_slug
 from improve.runtime import ENVIRONMENTS, Environment, load_environment, load_policy
@@ -92,8 +97,9 @@ class ObjectiveSection(_Section):
         "every effect match the labels (model-written text compared by presence).",
     )
     max_violations: int = Field(default=0, ge=0, description="Hard constraint: invariant violations allowed.")
-    cost: Literal["model_calls", "tokens"] = Field(
-        default="model_calls", description="The cost term: tie-breaker, and the budget below."
+    cost: Literal["model_calls", "tokens", "usd"] = Field(
+        default="model_calls",
+        description="The cost term: tie-breaker, and the budget below (usd needs a price on the model).",
     )
     cost_budget: float = Field(
         default=1.5, gt=0, description="A candidate may cost at most this multiple of the baseline's cost."
@@ -120,6 +126,10 @@ class ObjectiveSection(_Section):
 class WorkspaceConfig(_Section):
     workspace: WorkspaceSection = Field(default_factory=WorkspaceSection)
     environments: dict[str, EnvironmentSection] = Field(default_factory=dict)
+    models: dict[str, ModelSpec] = Field(
+        default_factory=dict,
+        description="Models behind OpenAI-compatible endpoints, by the name --model uses.",
+    )
     proposers: dict[str, ExtensionSection] = Field(default_factory=dict)
     gates: dict[str, ExtensionSection] = Field(default_factory=dict)
     importers: dict[str, ExtensionSection] = Field(default_factory=dict)
@@ -202,6 +212,34 @@ class Workspace:
             env = load_environment(name, local, self.root)
             found.setdefault(env.config.id, env)
         return found
+
+    @property
+    def cache_dir(self) -> Path:
+        """Where model calls are recorded (`--cache record`) and replayed from."""
+        return self.root / CACHE_DIR
+
+    def model_spec(self, name: str, env: Environment) -> ModelSpec | None:
+        """How to reach the model `--model` names: None for one of the environment's stand-ins, the spec
+        of a workspace's `[models.NAME]`, or of `openai:MODEL`."""
+        defined = self.config.models.get(name)
+        if defined is not None and name in env.models:
+            raise WorkspaceError(
+                f"model {name!r} is both a stand-in of {env.name} and [models.{name}] in "
+                f"{self.root / CONFIG_NAME}; rename the one in improve.toml"
+            )
+        if defined is not None:
+            return defined
+        if name in env.models:
+            return None
+        spec = ModelSpec.from_name(name)
+        if spec is None:
+            defined_names = ", ".join(sorted(self.config.models)) or "none"
+            raise WorkspaceError(
+                f"environment {env.name} has no model {name!r}: its stand-ins are "
+                f"{', '.join(sorted(env.models))}; models in improve.toml: {defined_names}; or name a "
+                "model behind an endpoint as openai:MODEL"
+            )
+        return spec
 
     def scenarios_path(self, env: str) -> Path:
         section = self.config.environments.get(env)

@@ -4,6 +4,7 @@ spent (`Meter`)."""
 
 from improve.llm.cache import CACHE_DIR, CACHE_MODES, REDACTED, CacheMode, ResponseCache, request_key
 from improve.llm.endpoint import Endpoint
+from improve.llm.meter import Meter
 from improve.llm.spec import API_KEY_ENV, BASE_URL_ENV, OPENAI_PREFIX, ModelSpec, Price, safe_url
 
 __all__ = [
@@ -15,6 +16,7 @@ __all__ = [
     "REDACTED",
     "CacheMode",
     "Endpoint",
+    "Meter",
     "ModelSpec",
     "Price",
     "ResponseCache",

@@ -19,8 +19,9 @@ request's `tools` or `response_format` (the caller then falls back, and a replay
 Modes:
 
 - `live`: every request calls the endpoint; nothing is read or stored;
-- `record`: every request calls the endpoint and its response is stored under the hash (replacing an
-  older entry);
+- `record`: a request recorded before is answered from its recording; any other calls the endpoint and
+  its response is stored under the hash. An interrupted recording resumes where it stopped, and a
+  sample asked twice (a counterfactual run repeating the run's first calls) gets one answer;
 - `replay`: only stored responses are read; a miss raises the caller's error naming the hash. No call
   is made, so tests and demos are reproducible without an endpoint or a key.
 """
@@ -134,6 +135,11 @@ class ResponseCache:
     ) -> tuple[dict[str, Any], bool]:
         """The response to `request` and whether the endpoint was called (`call`), per the mode."""
         key = self.key(request)
+        if self.mode == "record":
+            stored = self.load(key)
+            if stored is not None:
+                recorded: dict[str, Any] = stored["response"]
+                return recorded, False
         if self.mode == "replay":
             entry = self.load(key)
             if entry is None:

@@ -36,6 +36,8 @@ class ReplayResult:
     output_tokens: int
     failed_attempts: int
     stamp: dict[str, Any] = field(default_factory=dict)
+    cost_usd: float = 0.0
+    """The journaled cost of the model calls (`costUsd` of usage entries; 0 when none is priced)."""
 
     @property
     def final_state(self) -> str:
@@ -108,6 +110,7 @@ def replay(
     stamp: dict[str, Any] = dict(chosen[0].metadata or {})
     snapshot: Snapshot | None = None
     steps = calls = tokens_in = tokens_out = failed = 0
+    cost = 0.0
     for entry in chosen:
         event = entry.event
         etype = event["type"]
@@ -115,6 +118,7 @@ def replay(
             calls += int(event.get("calls", 1))
             tokens_in += int(event.get("inputTokens", 0))
             tokens_out += int(event.get("outputTokens", 0))
+            cost += float(event.get("costUsd", 0.0))
             continue
         try:
             if etype == INIT_EVENT:
@@ -152,6 +156,7 @@ def replay(
         output_tokens=tokens_out,
         failed_attempts=failed,
         stamp=stamp,
+        cost_usd=cost,
     )
 
 

@@ -19,7 +19,14 @@ from improve.evals import OutcomeRow, Scenario, outcome_row, run_scenario
 from improve.log import MemoryStore, Store, ThreadId
 from improve.loop.probes import requests_in
 from improve.machine import MODEL_DECIDE, MachineConfig, canonical_json, initial
-from improve.runtime import Decision, DecisionRequest, Environment, PolicyDecider, compile_policy
+from improve.runtime import (
+    Decision,
+    DecisionRequest,
+    Environment,
+    ModelFactory,
+    PolicyDecider,
+    compile_policy,
+)
 
 
 @dataclass(frozen=True)
@@ -69,7 +76,7 @@ def decision_examples(
     rows: Sequence[OutcomeRow],
     store: Store,
     policy: MachineConfig,
-    model: str,
+    models: ModelFactory,
 ) -> list[DecisionExample]:
     """Every decision of the given training rows, with its counterfactually correct options."""
     by_id = {s.id: s for s in scenarios}
@@ -88,7 +95,7 @@ def decision_examples(
             key = _key(request)
             cache_key = (scenario.id, key)
             if cache_key not in correct_cache:
-                correct_cache[cache_key] = _correct_options(env, scenario, request, compiled, model, row)
+                correct_cache[cache_key] = _correct_options(env, scenario, request, compiled, models, row)
             answered = None if entry.type == "xstate.error.actor" else dict(entry.event)
             first = initial(compiled, request.to_input())
             reaches_model = first.invoke is not None and first.invoke.src == MODEL_DECIDE
@@ -116,17 +123,19 @@ def _correct_options(
     scenario: Scenario,
     request: DecisionRequest,
     policy: Any,
-    model: str,
+    models: ModelFactory,
     row: OutcomeRow,
 ) -> list[dict[str, Any]]:
     parsed = ThreadId.parse(row.thread_id)
+    # The run's own seed: a stand-in answers the other decisions as it did in the run, and a model
+    # behind an endpoint answers the calls the run made from their recordings (the same samples).
     seed = f"{scenario.id}:r{parsed.run if parsed else 1}"
     good = []
     for option in request.options:
         store = MemoryStore()
         thread = f"counterfactual:v0:{scenario.id}:r1"
         decider = _Counterfactual(
-            _key(request), option, PolicyDecider(policy, {"decider": env.models[model](seed)}, env.judgments)
+            _key(request), option, PolicyDecider(policy, {"decider": models(seed)}, env.judgments)
         )
         run_scenario(env, scenario, decider, store, thread)
         if outcome_row(env, scenario, thread, store.read(thread)).passed:

@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from improve.errors import WorkspaceError
 from improve.evals import CONFIG_NAME, Scenario, Workspace
+from improve.llm import Meter
 from improve.loop.proposers import Proposer
 from improve.machine import MachineConfig
 from improve.runtime import Environment, vocabulary
@@ -22,6 +23,7 @@ class RoundOptions:
     policy: str = "v0"
     k: int | None = None
     model: str = "naive"
+    """The model bound to the policy's `decider` ref: a stand-in, `openai:MODEL` or `[models.NAME]`."""
     proposer: str | Proposer = "rules"
     """A registered proposer's name (`rules`, `openai`, a workspace's or a package's), or a Proposer
     object (a test seam)."""
@@ -30,7 +32,12 @@ class RoundOptions:
     proposer_model: str | None = None
     """The proposer's own model, for one that asks a model (`openai`)."""
     proposer_base_url: str | None = None
-    proposer_cache: Literal["live", "record", "replay"] = "record"
+    cache: Literal["live", "record", "replay"] = "record"
+    """Model calls, the decider's and the proposer's: live, record (what is missing) or replay."""
+    max_usd: float | None = None
+    """Stop starting runs once the round's model calls cost this much (needs a price on the model)."""
+    meter: Meter | None = None
+    """Counts the round's model calls (a caller's own, to share one across rounds); default a new one."""
     open_pr: bool = True
     skip: list[str] = field(default_factory=list)
     """Cluster ids already tried against this policy (each round aims at the next cause)."""
@@ -63,6 +70,8 @@ class RoundResult:
     pr: dict[str, Any] | None = None
     candidate_threads: list[str] = field(default_factory=list)
     goal_met: bool = False
+    model_info: dict[str, Any] | None = None
+    """The model the runs used (provider, model, temperature, seed, fingerprints) and its calls."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -12,9 +12,11 @@ the next recommended branch, so nothing is lost and the branch merges cleanly.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
+from typing import Any
 
 from improve.evals import (
     OutcomeRow,
@@ -27,6 +29,7 @@ from improve.evals import (
     run_suite,
     scorecard,
 )
+from improve.llm import Meter, ModelSpec
 from improve.log import JsonlDirStore
 from improve.loop.diagnose import Diagnosis, diagnose
 from improve.loop.evidence import decision_examples
@@ -59,7 +62,7 @@ from improve.loop.proposers import (
 )
 from improve.loop.record import record
 from improve.machine import diff_states, parse_machine
-from improve.runtime import Environment, vocabulary
+from improve.runtime import ChatSession, Environment, ModelFactory, vocabulary
 
 MAX_REPAIRS = 3
 Say = Callable[[str], None]
@@ -74,7 +77,7 @@ def _proposer(opts: RoundOptions, inputs: Inputs) -> Proposer:
         root=inputs.space.root,
         model=opts.proposer_model,
         base_url=opts.proposer_base_url,
-        cache=opts.proposer_cache,
+        cache=opts.cache,
     )
     return make_proposer(opts.proposer, setup, inputs.space)
 
@@ -105,9 +108,29 @@ def run_round(space: Workspace, opts: RoundOptions, say: Say = lambda m: None) -
     train = [s for s in inputs.scenarios if s.split == "train"]
     held_out = [s for s in inputs.scenarios if s.split == "held-out"]
 
+    base_spec = SuiteSpec(
+        inputs.policy,
+        opts.model,
+        k,
+        objective.max_model_calls,
+        space.model_spec(opts.model, env),
+        str(space.cache_dir),
+        opts.cache,
+    )
+    # One model for the whole round: the suites and the counterfactual runs share its session (its way
+    # of asking, its concurrency cap, its cache) and one meter, whose limit every suite checks.
+    meter = opts.meter if opts.meter is not None else Meter(limit_usd=opts.max_usd)
+    session = base_spec.chat_session(meter)
+    models = session.model if session is not None else base_spec.model_factory(env)
+
+    def note(what: str) -> None:
+        result.model_info = model_info(opts.model, base_spec.model_spec, session, meter)
+        if session is not None:
+            say(f"  {what}: {meter.summary()}")
+
     say(f"baseline: {baseline_label} on {len(train)} train + {len(held_out)} held-out scenarios, k={k}")
-    base_spec = SuiteSpec(inputs.policy, opts.model, k, objective.max_model_calls)
-    base_rows = _suite(env, inputs.scenarios, base_spec, store, opts, say, "baseline")
+    base_rows = _suite(env, inputs.scenarios, base_spec, store, opts, say, "baseline", models, meter)
+    note("baseline")
     base_cards = _cards(base_rows, baseline_label)
     threshold = goal_threshold(inputs.policy.description)
     if (
@@ -133,7 +156,7 @@ def run_round(space: Workspace, opts: RoundOptions, say: Say = lambda m: None) -
     result.hypothesis = asdict(diagnosis.hypothesis)
     say(f"cluster: {diagnosis.chosen.title} -> {diagnosis.hypothesis.change}")
 
-    request = _request(inputs, diagnosis, base_rows, base_cards["train"], store, opts.model, version, k)
+    request = _request(inputs, diagnosis, base_rows, base_cards["train"], store, models, version, k)
     proposer = _proposer(opts, inputs)
     context = GateContext(
         env,
@@ -155,17 +178,19 @@ def run_round(space: Workspace, opts: RoundOptions, say: Say = lambda m: None) -
             if last is not None
             else "the proposer produced no candidate"
         )
+        note("evidence")
         record(inputs, result, None, None, base_cards, None, proposal, say)
         return result
 
     candidate = parse_machine(proposal.document, source=f"candidate v{version}")
     result.diff_summary = f"states changed: {', '.join(diff_states(inputs.policy, candidate)) or 'none'}"
     label = policy_label(candidate)
-    cand_spec = SuiteSpec(candidate, opts.model, k, objective.max_model_calls)
+    cand_spec = dataclasses.replace(base_spec, policy=candidate)
     say(f"candidate {label}: train, k={k}")
-    cand_rows = _suite(env, train, cand_spec, store, opts, say, "train")
+    cand_rows = _suite(env, train, cand_spec, store, opts, say, "train", models, meter)
     say(f"candidate {label}: held-out, k={k}")
-    cand_rows += _suite(env, held_out, cand_spec, store, opts, say, "held-out")
+    cand_rows += _suite(env, held_out, cand_spec, store, opts, say, "held-out", models, meter)
+    note("candidate")
     result.candidate_threads = sorted(r.thread_id for r in cand_rows)
     cand_cards = _cards(cand_rows, label)
     verdict = decide(
@@ -196,6 +221,22 @@ def run_round(space: Workspace, opts: RoundOptions, say: Say = lambda m: None) -
     return result
 
 
+def model_info(
+    name: str, spec: ModelSpec | None, session: ChatSession | None, meter: Meter
+) -> dict[str, Any]:
+    """Which model a round ran on and how its calls were answered, for reports: provider, model,
+    temperature, seed, the endpoint's fingerprints, and whether recorded and live calls were mixed."""
+    if spec is None:
+        return {"name": name, "provider": "stand-in", "calls": meter.to_json()}
+    return {
+        "name": name,
+        **spec.public(),
+        "fingerprints": sorted(session.fingerprints) if session is not None else [],
+        "calls": meter.to_json(),
+        "mixed": meter.live > 0 and meter.recorded > 0,
+    }
+
+
 def _suite(
     env: Environment,
     scenarios: Sequence[Scenario],
@@ -204,13 +245,23 @@ def _suite(
     opts: RoundOptions,
     say: Say,
     what: str,
+    models: ModelFactory,
+    meter: Meter,
 ) -> list[OutcomeRow]:
     def ran(done: int, total: int) -> None:
         if done == total or done % 25 == 0:
             say(f"  {what}: {done}/{total} runs")
 
     return run_suite(
-        env, scenarios, spec, store, concurrency=opts.concurrency, executor=opts.executor, ran=ran
+        env,
+        scenarios,
+        spec,
+        store,
+        concurrency=opts.concurrency,
+        executor=opts.executor,
+        ran=ran,
+        meter=meter,
+        models=models,
     )
 
 
@@ -220,14 +271,14 @@ def _request(
     rows: list[OutcomeRow],
     train_card: Scorecard,
     store: JsonlDirStore,
-    model: str,
+    models: ModelFactory,
     version: str,
     k: int,
 ) -> ProposalRequest:
     assert diagnosis.chosen is not None
     in_cluster = set(diagnosis.chosen.threads)
     examples = decision_examples(
-        inputs.env, inputs.scenarios, [r for r in rows if r.split == "train"], store, inputs.policy, model
+        inputs.env, inputs.scenarios, [r for r in rows if r.split == "train"], store, inputs.policy, models
     )
     return ProposalRequest(
         environment=inputs.env_name,

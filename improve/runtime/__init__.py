@@ -1,6 +1,7 @@
 """Running a machine: environments, the decision protocol, models, policies, journaled runs."""
 
 from improve.errors import ActorFailure, ModelCallError
+from improve.runtime.chat import ChatModel, ChatSession
 from improve.runtime.decision import (
     MAX_FREE_TEXT,
     Decider,
@@ -21,6 +22,7 @@ from improve.runtime.environment import (
 )
 from improve.runtime.models import (
     Model,
+    ModelFactory,
     ModelReply,
     StandInModel,
     first_option,
@@ -38,6 +40,8 @@ __all__ = [
     "MODEL_DECIDE",
     "Actor",
     "ActorFailure",
+    "ChatModel",
+    "ChatSession",
     "Decider",
     "Decision",
     "DecisionRequest",
@@ -46,6 +50,7 @@ __all__ = [
     "Journal",
     "Model",
     "ModelCallError",
+    "ModelFactory",
     "ModelReply",
     "PolicyDecider",
     "RunResult",

@@ -62,15 +62,18 @@ class DecisionRequest:
 
 @dataclass(frozen=True)
 class Usage:
-    """One model call: which ref and model answered, and the tokens it spent."""
+    """One model call: which ref and model answered, the tokens it spent and what they cost."""
 
     ref: str
     model: str
     input_tokens: int
     output_tokens: int
+    cost_usd: float | None = None
+    recorded: bool = False
+    fingerprint: str | None = None
 
     def to_event(self, decision: str) -> dict[str, Any]:
-        return {
+        event: dict[str, Any] = {
             "type": "@agent.usage",
             "ref": self.ref,
             "model": self.model,
@@ -79,6 +82,14 @@ class Usage:
             "inputTokens": self.input_tokens,
             "outputTokens": self.output_tokens,
         }
+        # Written only when known, so a stand-in's usage entries stay as they always were.
+        if self.cost_usd is not None:
+            event["costUsd"] = round(self.cost_usd, 9)
+        if self.recorded:
+            event["recorded"] = True
+        if self.fingerprint:
+            event["fingerprint"] = self.fingerprint
+        return event
 
 
 @dataclass(frozen=True)

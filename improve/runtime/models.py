@@ -1,9 +1,9 @@
 """Models that answer decision requests, and deterministic stand-ins for tests and demos.
 
 A model sees a `DecisionRequest` and answers one event. Real models are reached through an
-OpenAI-compatible endpoint (the proposer issue adds that executor); stand-ins are plain functions of
-the request and a seeded random generator, so a whole evaluation runs offline and reproduces exactly.
-A fresh stand-in is made per run, seeded from the scenario id and the run number.
+OpenAI-compatible endpoint (`runtime/chat.py`); stand-ins are plain functions of the request and a
+seeded random generator, so a whole evaluation runs offline and reproduces exactly. A fresh model is
+made per run, seeded from the scenario id and the run number.
 """
 
 from __future__ import annotations
@@ -20,8 +20,15 @@ from improve.runtime.decision import DecisionRequest
 @dataclass(frozen=True)
 class ModelReply:
     event: dict[str, Any] | None
+    """The answer, parsed (never evaluated); None when the model gave nothing usable (a refusal)."""
     input_tokens: int
     output_tokens: int
+    cost_usd: float | None = None
+    """What the call cost, from the model's price table; None without one."""
+    recorded: bool = False
+    """Answered from a recorded response, not by the endpoint."""
+    fingerprint: str | None = None
+    """The endpoint's `system_fingerprint`, when it reports one."""
 
 
 class Model(Protocol):

@@ -115,5 +115,15 @@ class PolicyDecider:
             reply = model.answer(request)
         except ModelCallError as err:
             return {**failed, "error": {"message": str(err)}}
-        usage.append(Usage(ref, model.name, reply.input_tokens, reply.output_tokens))
+        usage.append(
+            Usage(
+                ref,
+                model.name,
+                reply.input_tokens,
+                reply.output_tokens,
+                reply.cost_usd,
+                reply.recorded,
+                reply.fingerprint,
+            )
+        )
         return {**done, "output": reply.event}

@@ -205,14 +205,17 @@ RELATIONS: tuple[Relation, ...] = (
     ),
     Relation(
         "usage",
-        "Model calls and tokens per thread, from the @agent.usage spend records.",
+        "Model calls, tokens and cost per thread, from the @agent.usage spend records.",
         {
             "thread_id": "The thread.",
             "model_calls": "Model calls.",
             "input_tokens": "Input tokens.",
             "output_tokens": "Output tokens.",
             "tokens": "Input plus output tokens.",
+            "cost_usd": "USD spent, from the model's price table (NULL when no call was priced).",
+            "recorded_calls": "Calls answered from recorded responses (--cache replay) rather than live.",
             "models": "Models that answered.",
+            "fingerprints": "The endpoints' system_fingerprint values reported, if any.",
         },
         """
         SELECT thread_id,
@@ -221,7 +224,11 @@ RELATIONS: tuple[Relation, ...] = (
                sum(coalesce(TRY_CAST(event ->> '$.outputTokens' AS BIGINT), 0)) AS output_tokens,
                sum(coalesce(TRY_CAST(event ->> '$.inputTokens' AS BIGINT), 0)
                    + coalesce(TRY_CAST(event ->> '$.outputTokens' AS BIGINT), 0)) AS tokens,
-               list(DISTINCT event ->> '$.model' ORDER BY event ->> '$.model') AS models
+               sum(TRY_CAST(event ->> '$.costUsd' AS DOUBLE)) AS cost_usd,
+               count(*) FILTER (WHERE event ->> '$.recorded' = 'true') AS recorded_calls,
+               list(DISTINCT event ->> '$.model' ORDER BY event ->> '$.model') AS models,
+               list(DISTINCT event ->> '$.fingerprint' ORDER BY event ->> '$.fingerprint')
+                   FILTER (WHERE event ->> '$.fingerprint' IS NOT NULL) AS fingerprints
         FROM entries
         WHERE event_type = '@agent.usage'
         GROUP BY thread_id

@@ -1,0 +1,83 @@
+"""What the model calls of one command spent: calls, tokens, USD, retries; and its spend limit."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Meter:
+    """Counts every model call a command makes, live or replayed, across threads."""
+
+    limit_usd: float | None = None
+    """Stop starting new runs once this much is spent (`--max-usd`); None: no limit."""
+    live: int = 0
+    """Calls sent to an endpoint (failed ones included)."""
+    recorded: int = 0
+    """Calls answered from recorded responses (`--cache replay`)."""
+    failed: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    usd: float = 0.0
+    priced: bool = False
+    """Whether any call had a price (otherwise USD is unknown, not zero)."""
+    _attempts: list[Callable[[], int]] = field(default_factory=list, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def watch(self, attempts: Callable[[], int]) -> None:
+        """Count an endpoint's HTTP attempts (so retries = attempts - live calls)."""
+        with self._lock:
+            self._attempts.append(attempts)
+
+    def add(self, *, live: bool, input_tokens: int, output_tokens: int, usd: float | None) -> None:
+        with self._lock:
+            if live:
+                self.live += 1
+            else:
+                self.recorded += 1
+            self.input_tokens += input_tokens
+            self.output_tokens += output_tokens
+            if usd is not None:
+                self.usd += usd
+                self.priced = True
+
+    def fail(self) -> None:
+        with self._lock:
+            self.live += 1
+            self.failed += 1
+
+    @property
+    def retries(self) -> int:
+        return max(0, sum(count() for count in self._attempts) - self.live)
+
+    @property
+    def calls(self) -> int:
+        return self.live + self.recorded
+
+    def over_limit(self) -> bool:
+        return self.limit_usd is not None and self.usd >= self.limit_usd
+
+    def summary(self) -> str:
+        """`model calls 120 (8 recorded), tokens 53,211, $0.0213, retries 2, failed 0`."""
+        cost = f"${self.usd:.4f}" if self.priced else "USD unknown (no price)"
+        recorded = f" ({self.recorded} recorded)" if self.recorded else ""
+        return (
+            f"model calls {self.calls}{recorded}, tokens {self.input_tokens + self.output_tokens:,}, {cost}, "
+            f"retries {self.retries}, failed {self.failed}"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "calls": self.calls,
+            "live": self.live,
+            "recorded": self.recorded,
+            "failed": self.failed,
+            "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens,
+            "usd": round(self.usd, 6) if self.priced else None,
+            "retries": self.retries,
+            "limit_usd": self.limit_usd,
+        }

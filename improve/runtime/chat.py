@@ -1,0 +1,305 @@
+"""The decider on a real model: a decision request as a chat completions request.
+
+The conversation is the environment's decision prompt, its facts and the offered options; the options
+are the only possible answers, asked for one of three ways, whichever the endpoint takes:
+
+1. `tools`: one function per offered event type, its payload fields a JSON Schema with `enum` of the
+   offered values (free-text fields as strings), and `tool_choice: "required"`;
+2. `json_schema`: a response format whose `answer` is `oneOf` the options;
+3. `json_object`: the same schema written into the system message.
+
+An endpoint that refuses `tools` (or `response_format`) with a 400 or 422 moves every later call of
+that model to the next way; in `record` mode the refusal is stored, so a replay takes the same path.
+A refused answer comes back through the decision protocol as an attempt: the previous answer and the
+refusal's reason are sent as the next messages. The answer is parsed as JSON, never evaluated; an
+answer that cannot be parsed is no answer, which the protocol refuses and retries.
+
+Every call goes through the shared cache (`improve.llm.ResponseCache`), keyed by the request plus its
+*sample* (the run's seed and the call's number in the run), so k runs are k samples and a recorded
+round replays exactly. A call that fails after the SDK's retries is a `ModelCallError`, which the
+policy's `onError` handles; the key never reaches a message, a cache file or a thread.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import httpx2 as httpx
+
+from improve.errors import ModelCallError
+from improve.llm import Endpoint, Meter, ModelSpec, ResponseCache
+from improve.machine import FREE_TEXT
+from improve.runtime.decision import DecisionRequest
+from improve.runtime.models import ModelReply
+
+MODES = ("tools", "json_schema", "json_object")
+REJECTABLE = {"tools": ("tool",), "json_schema": ("response_format", "response format", "schema")}
+"""What a 400 or 422 mentions when the endpoint refuses a way of asking (then the next is tried)."""
+
+SYSTEM_PROMPT = (
+    "You are the decision step of an agent whose control flow is a state machine written by people. "
+    "At this step the environment asks for one decision and offers the only answers it will accept "
+    "right now. Read the facts, follow the instructions, and answer with exactly one of the offered "
+    "options. If an answer is refused, the reason follows: answer again."
+)
+_TOOL_NAME = re.compile(r"[^A-Za-z0-9_-]")
+_FENCE = re.compile(r"^\s*```[A-Za-z0-9_-]*\s*\n(?P<body>.*)\n\s*```\s*$", re.DOTALL)
+
+
+# --- the request ---------------------------------------------------------------------------------------
+
+
+def _fields(request: DecisionRequest, event_type: str) -> tuple[dict[str, Any], list[str]]:
+    """An event type's payload properties (enums of the offered values, strings for free text) and the
+    required ones."""
+    offered = [o for o in request.options if o["type"] == event_type]
+    properties: dict[str, Any] = {}
+    required: list[str] = []
+    for name, values in (request.payloads.get(event_type) or {}).items():
+        if values == FREE_TEXT:
+            properties[name] = {"type": "string"}
+            continue
+        choices: list[Any] = []
+        for option in offered:
+            if name in option and option[name] not in choices:
+                choices.append(option[name])
+        properties[name] = {"enum": choices}
+        required.append(name)
+    return properties, required
+
+
+def event_types(request: DecisionRequest) -> list[str]:
+    return list(dict.fromkeys(o["type"] for o in request.options))
+
+
+def tool_name(event_type: str) -> str:
+    """An event type as a function name the API accepts (`^[A-Za-z0-9_-]{1,64}$`)."""
+    return _TOOL_NAME.sub("_", event_type)[:64] or "_"
+
+
+def tools(request: DecisionRequest) -> list[dict[str, Any]]:
+    """One function per offered event type."""
+    out = []
+    for event_type in event_types(request):
+        properties, required = _fields(request, event_type)
+        out.append(
+            {
+                "type": "function",
+                "function": {
+                    "name": tool_name(event_type),
+                    "description": f"Answer {event_type}.",
+                    "parameters": {
+                        "type": "object",
+                        "properties": properties,
+                        "required": required,
+                        "additionalProperties": False,
+                    },
+                },
+            }
+        )
+    return out
+
+
+def answer_schema(request: DecisionRequest) -> dict[str, Any]:
+    """`{"answer": <one of the options>}`: the root is an object, as every structured-output API wants."""
+    options = []
+    for event_type in event_types(request):
+        properties, required = _fields(request, event_type)
+        options.append(
+            {
+                "type": "object",
+                "properties": {"type": {"const": event_type}, **properties},
+                "required": ["type", *required],
+                "additionalProperties": False,
+            }
+        )
+    return {
+        "type": "object",
+        "properties": {"answer": {"oneOf": options}},
+        "required": ["answer"],
+        "additionalProperties": False,
+    }
+
+
+def messages(request: DecisionRequest, mode: str) -> list[dict[str, str]]:
+    """The conversation: instructions, the decision, and each refused answer with its reason."""
+    system = SYSTEM_PROMPT
+    if mode == "json_object":
+        system += (
+            ' Reply with one JSON object {"answer": <one option>} that matches this JSON Schema:\n'
+            + json.dumps(answer_schema(request), sort_keys=True)
+        )
+    elif mode == "json_schema":
+        system += ' Reply with one JSON object: {"answer": <one option>}.'
+    else:
+        system += " Answer by calling the function of the option you choose."
+    parts = [f"Decision: {request.name}"]
+    if request.prompt:
+        parts.append(str(request.prompt))
+    parts.append("Facts:\n" + json.dumps(request.facts, indent=1, sort_keys=True, ensure_ascii=False))
+    parts.append(
+        "Options (answer exactly one):\n" + json.dumps(request.options, indent=1, ensure_ascii=False)
+    )
+    conversation = [{"role": "system", "content": system}, {"role": "user", "content": "\n\n".join(parts)}]
+    for attempt in request.attempts:
+        conversation.append({"role": "assistant", "content": json.dumps(attempt.event, ensure_ascii=False)})
+        conversation.append({"role": "user", "content": f"Refused: {attempt.reason}\nAnswer again."})
+    return conversation
+
+
+def chat_body(request: DecisionRequest, mode: str, spec: ModelSpec) -> dict[str, Any]:
+    """The chat completions request for one decision."""
+    body: dict[str, Any] = {
+        "model": spec.model,
+        "messages": messages(request, mode),
+        "temperature": spec.temperature,
+    }
+    if spec.seed is not None:
+        body["seed"] = spec.seed
+    if spec.max_output_tokens is not None:
+        body["max_tokens"] = spec.max_output_tokens
+    if mode == "tools":
+        body["tools"] = tools(request)
+        body["tool_choice"] = "required"
+    elif mode == "json_schema":
+        body["response_format"] = {
+            "type": "json_schema",
+            "json_schema": {"name": "answer", "schema": answer_schema(request), "strict": False},
+        }
+    else:
+        body["response_format"] = {"type": "json_object"}
+    return body
+
+
+# --- the answer ----------------------------------------------------------------------------------------
+
+
+def parse_answer(response: dict[str, Any], request: DecisionRequest) -> dict[str, Any] | None:
+    """The event a response answers, or None: JSON only, never evaluated."""
+    by_tool = {tool_name(t): t for t in event_types(request)}
+    for call in response.get("tool_calls") or []:
+        event_type = by_tool.get(str(call.get("name")), str(call.get("name")))
+        try:
+            arguments = json.loads(call.get("arguments") or "{}")
+        except json.JSONDecodeError:
+            return None
+        return {"type": event_type, **arguments} if isinstance(arguments, dict) else None
+    content = response.get("content")
+    if not isinstance(content, str):
+        return None
+    fenced = _FENCE.match(content)
+    try:
+        data = json.loads(fenced.group("body") if fenced else content)
+    except json.JSONDecodeError:
+        return None
+    if isinstance(data, dict) and isinstance(data.get("answer"), dict):
+        data = data["answer"]
+    return data if isinstance(data, dict) and isinstance(data.get("type"), str) else None
+
+
+# --- the model -----------------------------------------------------------------------------------------
+
+
+class ChatSession:
+    """One model of a command: its endpoint, the way of asking it takes, its concurrency cap, the cache
+    and the meter; shared by every run, each of which gets its own `ChatModel`."""
+
+    def __init__(
+        self,
+        name: str,
+        spec: ModelSpec,
+        cache: ResponseCache,
+        meter: Meter | None = None,
+        http_client: httpx.Client | None = None,
+    ) -> None:
+        self.name = name
+        self.spec = spec
+        self.cache = cache
+        self.meter = meter if meter is not None else Meter()
+        self.endpoint = Endpoint(
+            base_url=spec.endpoint(),
+            api_key=spec.api_key(),
+            timeout=spec.timeout_s,
+            max_retries=spec.max_retries,
+            error=ModelCallError,
+            no_key=f"model {name!r} has no API key: set {spec.api_key_env} (any non-empty value for a "
+            "local endpoint that needs none), or replay recorded calls (--cache replay)",
+            http_client=http_client,
+        )
+        self.meter.watch(lambda: self.endpoint.attempts)
+        self.mode = MODES[0]
+        self.fingerprints: set[str] = set()
+        self._lock = threading.Lock()
+        self._gate = threading.BoundedSemaphore(spec.concurrency)
+
+    def model(self, seed: str) -> ChatModel:
+        return ChatModel(self, seed)
+
+    def fallback(self, mode: str) -> None:
+        """`mode` was refused by the endpoint: every later call asks the next way."""
+        with self._lock:
+            if MODES.index(self.mode) <= MODES.index(mode) < len(MODES) - 1:
+                self.mode = MODES[MODES.index(mode) + 1]
+
+    def send(self, body: dict[str, Any], rejectable: Sequence[str]) -> dict[str, Any]:
+        with self._gate:
+            try:
+                return self.endpoint.complete(body, rejectable)
+            except ModelCallError:
+                self.meter.fail()
+                raise
+
+
+class ChatModel:
+    """The model for one run: every call is a new sample (`seed#n`), answered live or from the cache."""
+
+    def __init__(self, session: ChatSession, seed: str) -> None:
+        self.session = session
+        self.name = session.name
+        self.seed = seed
+        self.calls = 0
+
+    def answer(self, request: DecisionRequest) -> ModelReply:
+        session = self.session
+        self.calls += 1
+        sample = f"{self.seed}#{self.calls}"
+        mode = session.mode
+        while True:
+            body = chat_body(request, mode, session.spec)
+            rejectable = REJECTABLE.get(mode, ())
+            response, live = session.cache.fetch(
+                {"request": body, "sample": sample},
+                functools.partial(session.send, body, rejectable),
+                secrets=session.endpoint.secrets,
+            )
+            if "rejected" in response and mode != MODES[-1]:
+                session.fallback(mode)
+                mode = MODES[MODES.index(mode) + 1]
+                continue
+            if "rejected" in response:
+                raise ModelCallError(
+                    f"model {self.name!r}: the endpoint refused the request: {response['rejected']}"
+                )
+            return self._reply(response, request, live)
+
+    def _reply(self, response: dict[str, Any], request: DecisionRequest, live: bool) -> ModelReply:
+        usage = response.get("usage") or {}
+        tokens_in, tokens_out = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+        cost = self.session.spec.cost(tokens_in, tokens_out)
+        self.session.meter.add(live=live, input_tokens=tokens_in, output_tokens=tokens_out, usd=cost)
+        fingerprint = response.get("system_fingerprint")
+        if fingerprint:
+            self.session.fingerprints.add(str(fingerprint))
+        return ModelReply(
+            event=parse_answer(response, request),
+            input_tokens=tokens_in,
+            output_tokens=tokens_out,
+            cost_usd=cost,
+            recorded=not live,
+            fingerprint=str(fingerprint) if fingerprint else None,
+        )
