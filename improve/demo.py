@@ -17,6 +17,7 @@ from pathlib import Path
 import git
 
 from improve.evals import Workspace
+from improve.llm import CacheMode
 from improve.loop import RoundOptions, RoundResult, run_round
 from improve.runtime import load_environment
 from improve.scaffold import write_desk
@@ -64,7 +65,14 @@ def merge_as_reviewer(space: Workspace, branch: str, say: Callable[[str], None])
     repo.git.merge("--no-ff", branch, "-m", f"Merge {branch} (reviewed)")
 
 
-def run_demo(target: Path, rounds: int = 6, k: int = 3, say: Callable[[str], None] = print) -> DemoSummary:
+def run_demo(
+    target: Path,
+    rounds: int = 6,
+    k: int = 3,
+    say: Callable[[str], None] = print,
+    model: str = "naive",
+    cache: CacheMode = "record",
+) -> DemoSummary:
     space = prepare(target)
     current = "v0"
     results: list[RoundResult] = []
@@ -72,7 +80,7 @@ def run_demo(target: Path, rounds: int = 6, k: int = 3, say: Callable[[str], Non
     discarded_in_a_row = 0
     for number in range(1, rounds + 1):
         say(f"\n== round {number}: improve round --policy {current} --k {k} --proposer rules ==")
-        options = RoundOptions(policy=current, k=k, model="naive", proposer="rules", skip=skip)
+        options = RoundOptions(policy=current, k=k, model=model, proposer="rules", skip=skip, cache=cache)
         result = run_round(space, options, say=lambda m: None if _is_progress(m) else say(f"   {m}"))
         results.append(result)
         say(line(result))

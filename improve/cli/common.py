@@ -7,6 +7,7 @@ import shutil
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -54,3 +55,22 @@ WorkspaceOption = typer.Option(
 )
 JsonOption = typer.Option("--json", help="Print exactly one JSON document on stdout.")
 EnvOption = typer.Option("--env", "-e", help="Environment (default from improve.toml).")
+ModelOption = typer.Option(
+    "--model",
+    "-m",
+    help="The model bound to the policy's `decider` ref: a stand-in (careful, sloppy, naive), openai:MODEL "
+    "(OPENAI_BASE_URL, OPENAI_API_KEY), or a [models.NAME] of improve.toml.",
+)
+
+
+class CacheMode(StrEnum):
+    live = "live"
+    record = "record"
+    replay = "replay"
+
+
+CacheOption = typer.Option(
+    "--cache",
+    help="Model calls: live (always ask), record (ask what is not recorded yet, and record it) or replay "
+    "(only recorded answers, no endpoint needed).",
+)

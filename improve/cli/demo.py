@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from improve.cli.common import err, handled, out
+from improve.cli.common import CacheMode, CacheOption, ModelOption, err, handled, out
 
 
 def demo_command(
@@ -16,6 +16,8 @@ def demo_command(
     ),
     rounds: Annotated[int, typer.Option("--rounds", min=1, help="Rounds to run at most.")] = 6,
     k: Annotated[int, typer.Option("--k", min=1, help="Runs per scenario.")] = 3,
+    model: Annotated[str, ModelOption] = "naive",
+    cache: Annotated[CacheMode, CacheOption] = CacheMode.record,
 ) -> None:
     """Improve the bundled refund desk from v0, round by round, in a scratch git workspace.
 
@@ -29,7 +31,14 @@ def demo_command(
     from improve.demo import run_demo
 
     with handled():
-        summary = run_demo(directory, rounds=rounds, k=k, say=lambda m: err.print(m, markup=False))
+        summary = run_demo(
+            directory,
+            rounds=rounds,
+            k=k,
+            say=lambda m: err.print(m, markup=False),
+            model=model,
+            cache=cache.value,
+        )
         promoted = [r for r in summary.rounds if r.status == "recommended"]
         out.print("\nround summary:", markup=False)
         from improve.demo import line

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -12,8 +11,11 @@ import typer
 from improve.cli.common import (
     EXIT_FAILED,
     EXIT_INFRA,
+    CacheMode,
+    CacheOption,
     EnvOption,
     JsonOption,
+    ModelOption,
     WorkspaceOption,
     emit_json,
     err,
@@ -24,12 +26,6 @@ from improve.cli.common import (
 from improve.evals import SuiteSpec, policy_label, run_suite
 from improve.log import JsonlDirStore
 from improve.loop import RoundOptions, RoundResult, diagnose, locate, run_rounds
-
-
-class CacheMode(StrEnum):
-    live = "live"
-    record = "record"
-    replay = "replay"
 
 
 def round_command(
@@ -50,10 +46,17 @@ def round_command(
     rounds: Annotated[
         int, typer.Option("--rounds", min=1, help="Candidates to try, each aimed at the next cause.")
     ] = 1,
-    model: Annotated[
-        str, typer.Option("--model", "-m", help="The model bound to the policy's `decider` ref.")
-    ] = "naive",
+    model: Annotated[str, ModelOption] = "naive",
     concurrency: Annotated[int, typer.Option("--concurrency", min=1, help="Runs in flight at once.")] = 8,
+    max_usd: Annotated[
+        float | None,
+        typer.Option(
+            "--max-usd",
+            min=0,
+            help="Spend limit: no run starts once the round's model calls cost this much (USD, from the "
+            "model's price table); the runs under way finish, and the round stops with what was spent.",
+        ),
+    ] = None,
     proposer_model: Annotated[
         str | None,
         typer.Option(
@@ -63,9 +66,7 @@ def round_command(
     base_url: Annotated[
         str | None, typer.Option("--base-url", help="OpenAI-compatible endpoint (key from OPENAI_API_KEY).")
     ] = None,
-    cache: Annotated[
-        CacheMode, typer.Option("--cache", help="The proposer's model calls: live, record or replay.")
-    ] = CacheMode.record,
+    cache: Annotated[CacheMode, CacheOption] = CacheMode.record,
     as_json: Annotated[bool, JsonOption] = False,
     ws: Annotated[Path | None, WorkspaceOption] = None,
 ) -> None:
@@ -76,11 +77,13 @@ def round_command(
     request for a recommended candidate (or leaves a branch and reports/<round>/pr.md).
 
     Exit 0 when a candidate is recommended (or the goal already holds), 1 when every candidate was
-    discarded, 2 on usage errors, 3 when a run, git or the endpoint failed.
+    discarded or the spend limit stopped the round, 2 on usage errors, 3 when a run, git or the
+    endpoint failed.
 
     Example:
 
         improve round --policy v0 --env refunds --k 3 --rounds 3
+        improve round --policy v3 --model fast --max-usd 2 --cache record
     """
     with handled():
         space = workspace(ws)
@@ -94,6 +97,7 @@ def round_command(
             proposer_model=proposer_model,
             proposer_base_url=base_url,
             cache=cache.value,
+            max_usd=max_usd,
         )
         results = run_rounds(space, options, rounds, say=lambda m: err.print(m, markup=False))
         if as_json:
@@ -147,9 +151,8 @@ def diagnose_command(
     k: Annotated[
         int | None, typer.Option("--k", min=1, help="Runs per scenario (default from improve.toml).")
     ] = None,
-    model: Annotated[
-        str, typer.Option("--model", "-m", help="The model bound to the `decider` ref.")
-    ] = "naive",
+    model: Annotated[str, ModelOption] = "naive",
+    cache: Annotated[CacheMode, CacheOption] = CacheMode.record,
     as_json: Annotated[bool, JsonOption] = False,
     ws: Annotated[Path | None, WorkspaceOption] = None,
 ) -> None:
@@ -165,7 +168,15 @@ def diagnose_command(
         space = workspace(ws)
         inputs = locate(space, env, policy)
         objective = space.config.objective
-        spec = SuiteSpec(inputs.policy, model, k or objective.k, objective.max_model_calls)
+        spec = SuiteSpec(
+            inputs.policy,
+            model,
+            k or objective.k,
+            objective.max_model_calls,
+            space.model_spec(model, inputs.env),
+            str(space.cache_dir),
+            cache.value,
+        )
         train = [s for s in inputs.scenarios if s.split == "train"]
         rows = run_suite(inputs.env, train, spec, JsonlDirStore(space.traces), concurrency=8)
         result = diagnose(rows, policy_label(inputs.policy))

@@ -12,7 +12,10 @@ from rich.table import Table
 
 from improve.cli.common import (
     EXIT_FAILED,
+    CacheMode,
+    CacheOption,
     JsonOption,
+    ModelOption,
     WorkspaceOption,
     emit_json,
     err,
@@ -36,6 +39,7 @@ from improve.cli.tape import tape_app
 from improve.cli.warehouse import ingest_command, sql_command
 from improve.errors import DivergenceError, LogError, WorkspaceError
 from improve.evals import OutcomeRow, SuiteSpec, Workspace, run_suite
+from improve.llm import Meter
 from improve.log import JsonlDirStore, LogEntry, gc_paused
 from improve.log import replay as replay_thread
 from improve.machine import describe_mermaid, describe_text, diff_states, to_xstate
@@ -58,26 +62,29 @@ def run_command(
     policy: Annotated[
         str, typer.Option("--policy", "-p", help="Policy version (v0) or a .json path.")
     ] = "v0",
-    model: Annotated[
-        str, typer.Option("--model", "-m", help="Stand-in model bound to the `decider` ref.")
-    ] = "naive",
+    model: Annotated[str, ModelOption] = "naive",
     split: Annotated[str, typer.Option("--split", "-s", help="train, held-out or all.")] = "all",
     k: Annotated[
         int | None, typer.Option("--k", min=1, help="Runs per scenario (default from improve.toml).")
     ] = None,
     scenario: Annotated[list[str] | None, typer.Option("--scenario", help="Only these scenario ids.")] = None,
     fresh: Annotated[bool, typer.Option("--fresh", help="Run again even when threads are recorded.")] = False,
+    cache: Annotated[CacheMode, CacheOption] = CacheMode.record,
+    concurrency: Annotated[int, typer.Option("--concurrency", min=1, help="Runs in flight at once.")] = 8,
     as_json: Annotated[bool, JsonOption] = False,
     ws: Annotated[Path | None, WorkspaceOption] = None,
 ) -> None:
     """Run the scenarios of a split with a policy and a model, journaling one thread per run.
 
-    Threads are written to the workspace's traces/ as `split:version:scenario:rK.jsonl`; threads
-    already recorded with the same policy and model are reused, so an interrupted run resumes.
+    Threads are written to the workspace's traces/ as `split:version:model:scenario:rK.jsonl`;
+    threads already recorded with the same policy and model are reused, so an interrupted run
+    resumes. A model behind an endpoint has its calls recorded under .improve/cache (--cache), and
+    the progress lines count its calls, tokens, USD and retries.
 
     Example:
 
         improve run --env refunds --policy v0 --model naive --split train --k 3
+        improve run --model openai:gpt-4.1-mini --k 3 --cache record
     """
     with handled():
         space = workspace(ws)
@@ -97,7 +104,11 @@ def run_command(
             model=model,
             k=k or space.config.objective.k,
             max_model_calls=space.config.objective.max_model_calls,
+            model_spec=space.model_spec(model, environment),
+            cache_dir=str(space.cache_dir),
+            cache_mode=cache.value,
         )
+        meter = Meter()
         store = JsonlDirStore(space.traces)
         err.print(
             f"running {len(chosen)} scenarios x {spec.k} on {env_name} with policy "
@@ -111,7 +122,21 @@ def run_command(
             mark = "[green]pass[/]" if row.passed else "[red]FAIL[/]"
             err.print(f"  [{done}/{total}] {row.thread_id} {mark} {row.final_state}", markup=True)
 
-        rows = run_suite(environment, chosen, spec, store, fresh=fresh, progress=progress)
+        def ran(done: int, total: int) -> None:
+            if spec.model_spec is not None and (done == total or done % 10 == 0):
+                err.print(f"  {done}/{total} runs: {meter.summary()}", markup=False)
+
+        rows = run_suite(
+            environment,
+            chosen,
+            spec,
+            store,
+            fresh=fresh,
+            progress=progress,
+            concurrency=concurrency,
+            ran=ran,
+            meter=meter,
+        )
         if reused_count:
             err.print(f"reused {reused_count} recorded threads (--fresh runs them again)")
         summary = summarize(rows)
@@ -123,6 +148,7 @@ def run_command(
                     "model": model,
                     "k": spec.k,
                     "summary": summary,
+                    **({"model_calls": meter.to_json()} if spec.model_spec is not None else {}),
                     "scenarios": per_scenario(rows),
                     "threads": [r.to_json() for r in rows],
                 }

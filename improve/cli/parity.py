@@ -12,6 +12,8 @@ from rich.table import Table
 
 from improve.cli.common import (
     EXIT_FAILED,
+    CacheMode,
+    CacheOption,
     JsonOption,
     WorkspaceOption,
     emit_json,
@@ -50,7 +52,11 @@ def compare_command(
     ] = None,
     model: Annotated[
         list[str] | None,
-        typer.Option("--model", "-m", help="Stand-in model; repeatable (default: careful and sloppy)."),
+        typer.Option(
+            "--model",
+            "-m",
+            help="Repeatable: a stand-in, openai:MODEL or a [models.NAME] (default: careful and sloppy).",
+        ),
     ] = None,
     split: Annotated[str, typer.Option("--split", "-s", help="train, held-out or all.")] = "all",
     scenario: Annotated[list[str] | None, typer.Option("--scenario", help="Only these scenario ids.")] = None,
@@ -61,6 +67,7 @@ def compare_command(
             help=f"Reviewed-differences YAML (default: {REVIEWED_FILE} in the workspace, if any).",
         ),
     ] = None,
+    cache: Annotated[CacheMode, CacheOption] = CacheMode.record,
     as_json: Annotated[bool, JsonOption] = False,
     ws: Annotated[Path | None, WorkspaceOption] = None,
 ) -> None:
@@ -91,22 +98,23 @@ def compare_command(
                 raise WorkspaceError(f"unknown scenario id(s) {missing}; see {scenario_set.source}")
             chosen = [s for s in chosen if s.id in set(scenario)]
         models = list(dict.fromkeys(model or DEFAULT_MODELS))
-        unknown = [m for m in models if m not in environment.models]
-        if unknown:
-            raise WorkspaceError(
-                f"environment {env_name} has no model(s) {unknown}; its stand-in models are "
-                f"{sorted(environment.models)}"
-            )
+        for name in models:
+            space.model_spec(name, environment)  # an unknown name is refused here, with what is known
         default_reviewed = space.root / REVIEWED_FILE
         reviewed_path = reviewed or (default_reviewed if default_reviewed.is_file() else None)
         accepted = (
-            load_reviewed(reviewed_path, environment, [s.id for s in scenario_set.scenarios])
+            load_reviewed(
+                reviewed_path,
+                environment,
+                [s.id for s in scenario_set.scenarios],
+                [*space.config.models, *models],
+            )
             if reviewed_path
             else None
         )
         budget = space.config.objective.max_model_calls
-        old_side = resolve_side(space, environment, old, budget)
-        new_side = resolve_side(space, environment, new, budget)
+        old_side = resolve_side(space, environment, old, budget, cache.value)
+        new_side = resolve_side(space, environment, new, budget, cache.value)
         err.print(
             f"parity on {env_name}: {len(chosen)} scenarios x {len(models)} model(s) ({', '.join(models)}); "
             f"OLD {old_side.description}, NEW {new_side.description}"

@@ -100,6 +100,8 @@ def pr_body(
             seed=result.seed,
         )
     )
+    if result.model_info:
+        lines += ["## Model", "", model_markdown(result.model_info), ""]
     if result.gates:
         lines += ["## Gates", "", "| gate | result | detail |", "|---|---|---|"]
         for g in result.gates:
@@ -189,3 +191,27 @@ def restore_changelog(repo: Any, changelog: Path, top: Path) -> None:
     current = changelog.read_text(encoding="utf-8")
     if current.startswith(head_text.rstrip("\n")):
         changelog.write_text(head_text + ("\n" if not head_text.endswith("\n") else ""), encoding="utf-8")
+
+
+def model_markdown(info: dict[str, Any]) -> str:
+    """Which model answered the round's runs, and how reproducible they are: one paragraph."""
+    calls = info.get("calls") or {}
+    if info.get("provider") == "stand-in":
+        return f"Stand-in model `{info['name']}`: deterministic, seeded per scenario and run, no endpoint."
+    seed = info.get("seed")
+    fingerprints = ", ".join(f"`{f}`" for f in info.get("fingerprints") or []) or "none reported"
+    usd = calls.get("usd")
+    text = (
+        f"`{info['name']}`: {info['provider']} model `{info['model']}` at {info['endpoint']}, temperature "
+        f"{info['temperature']}, seed {seed if seed is not None else 'not set'}; system fingerprint "
+        f"{fingerprints}. {calls.get('calls', 0)} calls ({calls.get('recorded', 0)} from recordings, "
+        f"{calls.get('live', 0)} live, {calls.get('failed', 0)} failed, {calls.get('retries', 0)} retries), "
+        f"{calls.get('input_tokens', 0) + calls.get('output_tokens', 0):,} tokens, "
+        + (f"${usd:.4f}." if usd is not None else "cost unknown (no price).")
+    )
+    if info.get("mixed"):
+        text += (
+            " **Mixed**: this round combined recorded and live calls, so a replay (`--cache replay`) needs "
+            "the recordings of both."
+        )
+    return text

@@ -9,7 +9,7 @@ names the file, the line, the entry and the field.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -120,8 +120,11 @@ def _entry_lines(text: str) -> list[int]:
     return []
 
 
-def load_reviewed(path: Path, env: Environment, scenario_ids: Sequence[str]) -> Reviewed:
-    """Read and validate a reviewed-differences file; every error names the file, entry and field."""
+def load_reviewed(
+    path: Path, env: Environment, scenario_ids: Sequence[str], models: Collection[str] = ()
+) -> Reviewed:
+    """Read and validate a reviewed-differences file; every error names the file, entry and field.
+    A difference names one of the environment's stand-ins or one of `models` (the workspace's)."""
     text, data = read_yaml(path, WorkspaceError, "reviewed-differences file")
     if data is None:
         return Reviewed(path, [])
@@ -152,10 +155,10 @@ def load_reviewed(path: Path, env: Environment, scenario_ids: Sequence[str]) -> 
     for index, entry in enumerate(parsed.differences):
         if entry.scenario not in known:
             problems.append(f"{at(index)}: scenario: unknown scenario id {entry.scenario!r}")
-        if entry.model not in env.models:
+        if entry.model not in env.models and entry.model not in models:
             problems.append(
-                f"{at(index)}: model: {entry.model!r} is not a stand-in model of {env.name} "
-                f"({', '.join(sorted(env.models))})"
+                f"{at(index)}: model: {entry.model!r} is not a model of this workspace "
+                f"({', '.join(sorted({*env.models, *models}))})"
             )
         for state in entry.outcomes:
             if state not in states:

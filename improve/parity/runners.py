@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from improve.errors import WorkspaceError
 from improve.evals import OutcomeRow, Scenario, SuiteSpec, Workspace, policy_hash, run_suite
+from improve.llm import CacheMode
 from improve.log import LogEntry, MemoryStore
 from improve.machine import MachineConfig
 from improve.runtime import DEFAULT_MAX_MODEL_CALLS, Environment, Model, compile_policy
@@ -88,18 +89,35 @@ class PolicyRunner:
     """The built-in runner: the environment's machine deciding with a policy, journaled in memory."""
 
     def __init__(
-        self, env: Environment, policy: MachineConfig, max_model_calls: int = DEFAULT_MAX_MODEL_CALLS
+        self,
+        env: Environment,
+        policy: MachineConfig,
+        max_model_calls: int = DEFAULT_MAX_MODEL_CALLS,
+        workspace: Workspace | None = None,
+        cache: CacheMode = "record",
     ) -> None:
         compile_policy(policy, env.judgments, env.policy_guards)  # a bad policy is refused up front
         self.env = env
         self.policy = policy
         self.max_model_calls = max_model_calls
+        self.workspace = workspace
+        """Resolves a model behind an endpoint (`openai:MODEL`, `[models.NAME]`); None: stand-ins only."""
+        self.cache = cache
 
     def __call__(self, env_name: str, scenario: Scenario, model: str) -> ParityRun:
         if env_name != self.env.name:
             raise WorkspaceError(f"this policy runner drives {self.env.name}, not {env_name}")
         store = MemoryStore()
-        spec = SuiteSpec(policy=self.policy, model=model, k=1, max_model_calls=self.max_model_calls)
+        space = self.workspace
+        spec = SuiteSpec(
+            policy=self.policy,
+            model=model,
+            k=1,
+            max_model_calls=self.max_model_calls,
+            model_spec=space.model_spec(model, self.env) if space is not None else None,
+            cache_dir=str(space.cache_dir) if space is not None else None,
+            cache_mode=self.cache,
+        )
         # run_suite seeds the model with `scenario:r1`, the same seed as `model_seed`.
         [row] = run_suite(self.env, [scenario], spec, store, fresh=True)
         return _from_row(row, store.read(row.thread_id))
@@ -140,7 +158,11 @@ def load_runner(spec: str, search_path: Path | None = None) -> Runner:
 
 
 def resolve_side(
-    workspace: Workspace, env: Environment, ref: str, max_model_calls: int = DEFAULT_MAX_MODEL_CALLS
+    workspace: Workspace,
+    env: Environment,
+    ref: str,
+    max_model_calls: int = DEFAULT_MAX_MODEL_CALLS,
+    cache: CacheMode = "record",
 ) -> Side:
     """`v3` or a `.json` path is a policy; `module:function` is a runner."""
     looks_like_path = ref.endswith(".json") or "/" in ref or "\\" in ref
@@ -148,4 +170,4 @@ def resolve_side(
         return Side(ref, "runner", f"runner {ref}", load_runner(ref, workspace.root))
     policy = workspace.load_policy(env.name, ref)
     description = f"policy {policy.id}@{policy.version} ({policy_hash(policy)})"
-    return Side(ref, "policy", description, PolicyRunner(env, policy, max_model_calls))
+    return Side(ref, "policy", description, PolicyRunner(env, policy, max_model_calls, workspace, cache))
