@@ -11,9 +11,7 @@ import dataclasses
 import json
 import os
 import shutil
-import threading
-from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,100 +34,16 @@ from improve.runtime.policy import load_policy
 from improve.runtime.vocabulary import DecisionWords, Vocabulary, vocabulary
 
 from .conftest import REPO
+from .fake_openai import MODEL, FakeEndpoint, Reply, Script, completion
 
 FIXTURES = REPO / "tests" / "fixtures" / "openai"
 SECRET = "sk-test-0123456789-do-not-leak"
-MODEL = "test-model"
 
-# --- a fake OpenAI-compatible endpoint -------------------------------------------------------------------
-
-Reply = tuple[int, dict[str, Any]]
-Script = Callable[[dict[str, Any]], Reply]
-
-
-def completion(content: str, finish_reason: str = "stop") -> Reply:
-    return 200, {
-        "id": "chatcmpl-test",
-        "object": "chat.completion",
-        "created": 1_700_000_000,
-        "model": MODEL,
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": content},
-                "finish_reason": finish_reason,
-            }
-        ],
-        "usage": {"prompt_tokens": 321, "completion_tokens": 54, "total_tokens": 375},
-    }
+# --- a fake OpenAI-compatible endpoint (tests/fake_openai.py) ------------------------------------------
 
 
 def reply_with(document: Any, rationale: str = "one branch") -> Reply:
     return completion(json.dumps({"policy": document, "rationale": rationale}))
-
-
-class FakeEndpoint:
-    """`POST /v1/chat/completions` on a random free port; records each request, answers the script."""
-
-    def __init__(self, script: list[Reply] | Script) -> None:
-        self.requests: list[dict[str, Any]] = []
-        self._script = script
-        endpoint = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                raw = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-                body = json.loads(raw)
-                headers = {k.lower(): v for k, v in self.headers.items()}
-                endpoint.requests.append({"path": self.path, "headers": headers, "body": body})
-                if self.path != "/v1/chat/completions":
-                    status, payload = 404, {"error": {"message": f"no route {self.path}"}}
-                else:
-                    status, payload = endpoint.answer(body)
-                    if "choices" in payload:
-                        payload = {**payload, "model": body["model"]}
-                data = json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-        self._thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
-        self._thread.start()
-
-    def answer(self, body: dict[str, Any]) -> Reply:
-        if callable(self._script):
-            return self._script(body)
-        if not self._script:
-            return 500, {"error": {"message": "the script has no more replies"}}
-        return self._script.pop(0)
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self._thread.join(timeout=5)
-
-
-@pytest.fixture
-def serve() -> Iterator[Callable[[list[Reply] | Script], FakeEndpoint]]:
-    started: list[FakeEndpoint] = []
-
-    def start(script: list[Reply] | Script) -> FakeEndpoint:
-        endpoint = FakeEndpoint(script)
-        started.append(endpoint)
-        return endpoint
-
-    yield start
-    for endpoint in started:
-        if endpoint.server.socket.fileno() != -1:
-            endpoint.stop()
 
 
 def proposer(
@@ -341,13 +255,16 @@ def test_live_mode_stores_nothing_and_needs_a_key(
 
 def no_json_schema(body: dict[str, Any]) -> Reply:
     if body["response_format"]["type"] == "json_schema":
-        return 400, {
-            "error": {
-                "message": "response_format type 'json_schema' is not supported by this server",
-                "type": "invalid_request_error",
-                "param": "response_format",
-            }
-        }
+        return Reply(
+            400,
+            {
+                "error": {
+                    "message": "response_format type 'json_schema' is not supported by this server",
+                    "type": "invalid_request_error",
+                    "param": "response_format",
+                }
+            },
+        )
     return reply_with(VALID, "fallback")
 
 
@@ -383,8 +300,11 @@ def test_other_endpoint_errors_do_not_fall_back_and_never_show_the_key(
 ) -> None:
     endpoint = serve(
         [
-            (400, {"error": {"message": "maximum context length exceeded", "type": "invalid_request_error"}}),
-            (401, {"error": {"message": f"Incorrect API key provided: {SECRET}", "type": "auth"}}),
+            Reply(
+                400,
+                {"error": {"message": "maximum context length exceeded", "type": "invalid_request_error"}},
+            ),
+            Reply(401, {"error": {"message": f"Incorrect API key provided: {SECRET}", "type": "auth"}}),
         ]
     )
     prop = proposer(endpoint.url, api_key=SECRET)

@@ -69,6 +69,8 @@ class ResponseCache:
         self.directory = Path(directory) if directory is not None else None
         self.mode: CacheMode = mode
         self.miss = miss
+        self.written: set[str] = set()
+        """Keys this cache stored: a later hit on one is this command's own call asked again."""
 
     def __repr__(self) -> str:
         return f"ResponseCache({str(self.directory) if self.directory else None!r}, mode={self.mode!r})"
@@ -125,6 +127,7 @@ class ResponseCache:
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
+        self.written.add(key)
         return path
 
     def fetch(

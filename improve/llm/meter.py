@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 
 @dataclass
@@ -17,7 +17,10 @@ class Meter:
     live: int = 0
     """Calls sent to an endpoint (failed ones included)."""
     recorded: int = 0
-    """Calls answered from recorded responses (`--cache replay`)."""
+    """Calls answered from responses recorded before this command (`--cache replay`, or `record`)."""
+    repeated: int = 0
+    """Calls this command had already made, asked again (a counterfactual run repeating a run's first
+    calls): answered from this command's own recording."""
     failed: int = 0
     input_tokens: int = 0
     output_tokens: int = 0
@@ -32,12 +35,21 @@ class Meter:
         with self._lock:
             self._attempts.append(attempts)
 
-    def add(self, *, live: bool, input_tokens: int, output_tokens: int, usd: float | None) -> None:
+    def add(
+        self,
+        *,
+        source: Literal["live", "recorded", "repeated"],
+        input_tokens: int,
+        output_tokens: int,
+        usd: float | None,
+    ) -> None:
         with self._lock:
-            if live:
+            if source == "live":
                 self.live += 1
-            else:
+            elif source == "recorded":
                 self.recorded += 1
+            else:
+                self.repeated += 1
             self.input_tokens += input_tokens
             self.output_tokens += output_tokens
             if usd is not None:
@@ -55,7 +67,12 @@ class Meter:
 
     @property
     def calls(self) -> int:
-        return self.live + self.recorded
+        return self.live + self.recorded + self.repeated
+
+    @property
+    def mixed(self) -> bool:
+        """Some answers came from earlier recordings and some from the endpoint now."""
+        return self.live > 0 and self.recorded > 0
 
     def over_limit(self) -> bool:
         return self.limit_usd is not None and self.usd >= self.limit_usd
@@ -74,10 +91,11 @@ class Meter:
             "calls": self.calls,
             "live": self.live,
             "recorded": self.recorded,
+            "repeated": self.repeated,
             "failed": self.failed,
             "input_tokens": self.input_tokens,
             "output_tokens": self.output_tokens,
-            "usd": round(self.usd, 6) if self.priced else None,
+            "usd": round(self.usd, 9) if self.priced else None,
             "retries": self.retries,
             "limit_usd": self.limit_usd,
         }

@@ -27,7 +27,8 @@ class Attempt(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     event: dict[str, Any] | None = Field(
-        description="The event the decider answered, as it answered it (`None` when it gave none)."
+        default=None,
+        description="The event the decider answered, as it answered it (absent when it gave none).",
     )
     kind: FailureKind = Field(
         description="Why it was refused, checked in this order: `unknown-event` (not an allowed event), "

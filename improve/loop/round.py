@@ -233,7 +233,7 @@ def model_info(
         **spec.public(),
         "fingerprints": sorted(session.fingerprints) if session is not None else [],
         "calls": meter.to_json(),
-        "mixed": meter.live > 0 and meter.recorded > 0,
+        "mixed": meter.mixed,
     }
 
 

@@ -27,7 +27,7 @@ import json
 import re
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import httpx2 as httpx
 
@@ -272,10 +272,16 @@ class ChatModel:
         while True:
             body = chat_body(request, mode, session.spec)
             rejectable = REJECTABLE.get(mode, ())
+            keyed = {"request": body, "sample": sample}
             response, live = session.cache.fetch(
-                {"request": body, "sample": sample},
-                functools.partial(session.send, body, rejectable),
-                secrets=session.endpoint.secrets,
+                keyed, functools.partial(session.send, body, rejectable), secrets=session.endpoint.secrets
+            )
+            source: Literal["live", "recorded", "repeated"] = (
+                "live"
+                if live
+                else "repeated"
+                if session.cache.key(keyed) in session.cache.written
+                else "recorded"
             )
             if "rejected" in response and mode != MODES[-1]:
                 session.fallback(mode)
@@ -285,13 +291,18 @@ class ChatModel:
                 raise ModelCallError(
                     f"model {self.name!r}: the endpoint refused the request: {response['rejected']}"
                 )
-            return self._reply(response, request, live)
+            return self._reply(response, request, source)
 
-    def _reply(self, response: dict[str, Any], request: DecisionRequest, live: bool) -> ModelReply:
+    def _reply(
+        self,
+        response: dict[str, Any],
+        request: DecisionRequest,
+        source: Literal["live", "recorded", "repeated"],
+    ) -> ModelReply:
         usage = response.get("usage") or {}
         tokens_in, tokens_out = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
         cost = self.session.spec.cost(tokens_in, tokens_out)
-        self.session.meter.add(live=live, input_tokens=tokens_in, output_tokens=tokens_out, usd=cost)
+        self.session.meter.add(source=source, input_tokens=tokens_in, output_tokens=tokens_out, usd=cost)
         fingerprint = response.get("system_fingerprint")
         if fingerprint:
             self.session.fingerprints.add(str(fingerprint))
@@ -300,6 +311,6 @@ class ChatModel:
             input_tokens=tokens_in,
             output_tokens=tokens_out,
             cost_usd=cost,
-            recorded=not live,
+            recorded=source != "live",
             fingerprint=str(fingerprint) if fingerprint else None,
         )

@@ -71,6 +71,8 @@ class Usage:
     cost_usd: float | None = None
     recorded: bool = False
     fingerprint: str | None = None
+    error: str | None = None
+    """Why the call failed (after the endpoint's retries); the policy's `onError` took over."""
 
     def to_event(self, decision: str) -> dict[str, Any]:
         event: dict[str, Any] = {
@@ -89,6 +91,8 @@ class Usage:
             event["recorded"] = True
         if self.fingerprint:
             event["fingerprint"] = self.fingerprint
+        if self.error:
+            event["error"] = self.error
         return event
 
 

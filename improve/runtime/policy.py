@@ -114,6 +114,8 @@ class PolicyDecider:
         try:
             reply = model.answer(request)
         except ModelCallError as err:
+            # Journaled as a call that failed, so the thread shows why the policy took its onError.
+            usage.append(Usage(ref, model.name, 0, 0, error=str(err)))
             return {**failed, "error": {"message": str(err)}}
         usage.append(
             Usage(

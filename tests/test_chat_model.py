@@ -1,0 +1,274 @@
+"""The decider on a model behind an OpenAI-compatible endpoint: a fake server on 127.0.0.1 with scripted
+behaviour, driven through `improve run` and `improve round`; each path asserted on the thread it wrote.
+No network: the server is local, and nothing reads a proxy from the environment."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import git
+import pytest
+from typer.testing import CliRunner
+
+from improve.cli.main import app
+from improve.demo import commit_workspace
+from improve.log import LogEntry
+
+from .conftest import copy_workspace
+from .fake_openai import FakeEndpoint, Reply, completion, error, tool_answer
+
+runner = CliRunner()
+SECRET = "sk-chat-test-4242-never-in-a-file"
+KEY_ENV = "FAKE_OPENAI_KEY"
+Serve = Callable[[list[Reply] | Callable[[dict[str, Any]], Reply]], FakeEndpoint]
+
+
+@pytest.fixture(autouse=True)
+def _no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+
+
+def workspace(tmp_path: Path, url: str, **settings: Any) -> Path:
+    ws = copy_workspace(tmp_path / "ws")
+    fields = {
+        "model": "test-model",
+        "base_url": url,
+        "api_key_env": KEY_ENV,
+        "timeout_s": 5,
+        "max_retries": 2,
+    }
+    fields.update(settings)
+    lines = [f"{k} = {json.dumps(v)}" for k, v in fields.items()]
+    price = "price = { input_per_mtok = 0.40, output_per_mtok = 1.60 }"
+    (ws / "improve.toml").write_text(
+        (ws / "improve.toml").read_text() + "\n[models.fake]\n" + "\n".join(lines) + f"\n{price}\n"
+    )
+    return ws
+
+
+def run(ws: Path, *args: str) -> dict[str, Any]:
+    result = runner.invoke(
+        app, ["run", "-w", str(ws), "--model", "fake", "--k", "1", "--json", *args], env={KEY_ENV: SECRET}
+    )
+    assert result.exit_code == 0, result.output
+    doc: dict[str, Any] = json.loads(result.stdout)
+    return doc
+
+
+def thread(ws: Path, scenario: str, split: str = "train") -> list[LogEntry]:
+    path = ws / "traces" / f"{split}:v0:fake:{scenario}:r1.jsonl"
+    return [LogEntry.model_validate_json(line) for line in path.read_text().splitlines()]
+
+
+def decisions(entries: list[LogEntry]) -> list[LogEntry]:
+    return [e for e in entries if e.metadata and "decision" in e.metadata]
+
+
+def usage(entries: list[LogEntry]) -> list[dict[str, Any]]:
+    return [e.event for e in entries if e.event["type"] == "@agent.usage"]
+
+
+def decision_of(body: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]], list[str]]:
+    """The facts, the options and the refusals a chat request carries."""
+    text = body["messages"][1]["content"]
+    facts = json.loads(text.split("Facts:\n", 1)[1].split("\n\nOptions (answer exactly one):\n", 1)[0])
+    options = json.loads(text.split("Options (answer exactly one):\n", 1)[1])
+    refusals = [m["content"] for m in body["messages"][2:] if m["role"] == "user"]
+    return facts, options, refusals
+
+
+def naive_desk(body: dict[str, Any]) -> Reply:
+    """The refund desk's naive model, as a server: refunds what is asked; refused, escalates."""
+    facts, _, refusals = decision_of(body)
+    event = {"type": "ESCALATE"} if refusals else {"type": "REFUND", "amount": facts["requested"]}
+    if "tools" in body:
+        return tool_answer(event)
+    return completion(json.dumps({"answer": event}))
+
+
+# --- the ways of asking -------------------------------------------------------------------------------
+
+
+def test_tools_carry_the_offered_options_and_the_answer_lands_with_its_usage(
+    serve: Serve, tmp_path: Path
+) -> None:
+    server = serve(naive_desk)
+    ws = workspace(tmp_path, server.url, seed=7)
+    doc = run(ws, "--scenario", "small-refund-01", "--split", "train")
+    assert doc["summary"]["pass_rate"] == 1.0
+    body = server.requests[0]["body"]
+    assert server.requests[0]["headers"]["authorization"] == f"Bearer {SECRET}"
+    assert body["tool_choice"] == "required" and body["seed"] == 7 and body["temperature"] == 0.0
+    tools = {t["function"]["name"]: t["function"]["parameters"] for t in body["tools"]}
+    assert set(tools) == {"REFUND", "ESCALATE", "CLOSE"}
+    assert tools["REFUND"]["properties"]["amount"]["enum"] == [23.5]  # only what the guards accept
+    entries = thread(ws, "small-refund-01")
+    (landed,) = decisions(entries)
+    assert landed.event == {"type": "REFUND", "amount": 23.5} and not landed.attempts
+    (use,) = usage(entries)
+    assert (use["inputTokens"], use["outputTokens"], use["fingerprint"]) == (321, 54, "fp_test")
+    assert use["costUsd"] == pytest.approx((321 * 0.40 + 54 * 1.60) / 1e6)
+    assert doc["model_calls"]["live"] == 1 and doc["model_calls"]["usd"] == pytest.approx(use["costUsd"])
+
+
+def test_an_endpoint_without_tools_falls_back_to_json_schema_then_json_object(
+    serve: Serve, tmp_path: Path
+) -> None:
+    def no_tools_no_schema(body: dict[str, Any]) -> Reply:
+        if "tools" in body:
+            return error(400, "tools are not supported by this server", param="tools")
+        if body["response_format"]["type"] == "json_schema":
+            return error(400, "response_format json_schema is not supported", param="response_format")
+        return naive_desk(body)
+
+    server = serve(no_tools_no_schema)
+    ws = workspace(tmp_path, server.url)
+    # One run at a time: runs in flight together would each try tools before the first refusal is seen.
+    run(
+        ws,
+        "--scenario",
+        "small-refund-01",
+        "--scenario",
+        "small-refund-02",
+        "--split",
+        "train",
+        "--concurrency",
+        "1",
+    )
+    ways = [
+        ("tools" if "tools" in r["body"] else r["body"]["response_format"]["type"]) for r in server.requests
+    ]
+    # The first call tries all three; every later call asks the way that worked.
+    assert ways == ["tools", "json_schema", "json_object", "json_object"]
+    system = server.requests[2]["body"]["messages"][0]["content"]
+    assert '"oneOf"' in system and "matches this JSON Schema" in system
+    assert decisions(thread(ws, "small-refund-02"))[0].event["type"] == "REFUND"
+
+
+def test_a_refused_answer_is_sent_back_with_its_reason(serve: Serve, tmp_path: Path) -> None:
+    replies = [
+        completion("not json at all"),  # unparsable: no answer
+        tool_answer({"type": "REFUND_NOW", "amount": 40}),  # an unknown event
+        tool_answer({"type": "REFUND", "amount": 23.5}),
+    ]
+    server = serve(replies)
+    ws = workspace(tmp_path, server.url)
+    run(ws, "--scenario", "small-refund-01", "--split", "train")
+    (landed,) = decisions(thread(ws, "small-refund-01"))
+    assert [a.kind for a in landed.attempts or []] == ["no-answer", "unknown-event"]
+    assert landed.event == {"type": "REFUND", "amount": 23.5}
+    last = server.requests[2]["body"]["messages"]
+    assert last[-1]["content"].startswith(
+        "Refused: unknown-event: 'REFUND_NOW' is not one of the allowed events"
+    )
+    assert json.loads(last[-2]["content"]) == {"type": "REFUND_NOW", "amount": 40}
+
+
+def test_429_is_retried_after_its_retry_after_and_500_is_retried(serve: Serve, tmp_path: Path) -> None:
+    server = serve(
+        [error(429, "slow down", retry_after=1), error(500, "boom"), tool_answer({"type": "ESCALATE"})]
+    )
+    ws = workspace(tmp_path, server.url)
+    started = time.monotonic()
+    doc = run(ws, "--scenario", "small-refund-01", "--split", "train")
+    assert time.monotonic() - started >= 1.0  # Retry-After was honoured
+    assert len(server.requests) == 3 and doc["model_calls"]["retries"] == 2
+    assert decisions(thread(ws, "small-refund-01"))[0].event == {"type": "ESCALATE"}
+
+
+def test_a_call_that_hangs_past_the_timeout_takes_the_policys_on_error(serve: Serve, tmp_path: Path) -> None:
+    server = serve(lambda body: Reply(200, completion("late").payload, delay=3))
+    ws = workspace(tmp_path, server.url, timeout_s=0.5, max_retries=0)
+    doc = run(ws, "--scenario", "small-refund-01", "--split", "train")
+    entries = thread(ws, "small-refund-01")
+    (landed,) = decisions(entries)
+    # v0's onError escalates; the failed call is journaled with its reason, and the thread is complete.
+    assert landed.event == {"type": "ESCALATE"} and landed.metadata["source"] == "policy:escalate"
+    (failed,) = usage(entries)
+    assert "could not reach the endpoint" in failed["error"] and failed["inputTokens"] == 0
+    assert doc["threads"][0]["status"] == "done" and doc["model_calls"]["failed"] == 1
+
+
+def test_replay_without_a_recording_stops_and_leaves_no_thread(tmp_path: Path) -> None:
+    ws = workspace(tmp_path, "http://127.0.0.1:9/v1")
+    result = runner.invoke(
+        app,
+        [
+            "run",
+            "-w",
+            str(ws),
+            "--model",
+            "fake",
+            "--k",
+            "1",
+            "--scenario",
+            "small-refund-01",
+            "--cache",
+            "replay",
+        ],
+    )
+    assert result.exit_code == 3 and "no recorded response for request" in result.output
+    assert not list((ws / "traces").glob("*.jsonl"))
+
+
+def test_an_unknown_model_name_says_what_is_known(tmp_path: Path) -> None:
+    ws = workspace(tmp_path, "http://127.0.0.1:9/v1")
+    result = runner.invoke(app, ["run", "-w", str(ws), "--model", "gpt-9", "--k", "1"])
+    assert result.exit_code == 2
+    assert "models in improve.toml: fake" in result.output and "openai:MODEL" in result.output
+
+
+# --- a whole round, recorded then replayed ------------------------------------------------------------
+
+
+def round_json(ws: Path, cache: str) -> dict[str, Any]:
+    result = runner.invoke(
+        app,
+        ["round", "-w", str(ws), "--policy", "v0", "--model", "fake", "--k", "2", "--cache", cache, "--json"],
+        env={KEY_ENV: SECRET, "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@x"},
+    )
+    assert result.exit_code in (0, 1), result.output
+    (outcome,) = json.loads(result.stdout)["rounds"]
+    return dict(outcome)
+
+
+def test_a_recorded_round_replays_offline_with_identical_scorecards(serve: Serve, tmp_path: Path) -> None:
+    server = serve(naive_desk)
+    recorded_ws = workspace(tmp_path / "a", server.url, seed=3)
+    commit_workspace(recorded_ws, user="t", message="workspace")
+    replay_ws = tmp_path / "b"
+    shutil.copytree(recorded_ws, replay_ws, ignore=shutil.ignore_patterns(".git"))
+    recorded = round_json(recorded_ws, "record")
+    calls = len(server.requests)
+    assert recorded["status"] == "recommended" and calls > 0
+    info = recorded["model_info"]
+    assert (info["model"], info["fingerprints"], info["mixed"]) == ("test-model", ["fp_test"], False)
+    server.stop()
+
+    # A fresh workspace with only the recordings: no endpoint, no key, the same round.
+    shutil.copytree(recorded_ws / ".improve", replay_ws / ".improve")
+    commit_workspace(replay_ws, user="t", message="workspace")
+    replayed = round_json(replay_ws, "replay")
+    for key in ("status", "candidate_version", "cluster", "rationale", "scores", "regressions"):
+        assert replayed[key] == recorded[key], key
+    assert replayed["model_info"]["calls"]["live"] == 0
+    assert replayed["model_info"]["calls"]["recorded"] == recorded["model_info"]["calls"]["calls"]
+    branch = git.Repo(replay_ws).git.show(f"{replayed['pr']['branch']}:policies/refunds/v1.json")
+    assert json.loads(branch) == json.loads(
+        git.Repo(recorded_ws).git.show(f"{recorded['pr']['branch']}:policies/refunds/v1.json")
+    )
+    pr = (replay_ws / replayed["report"] / "pr.md").read_text()
+    assert "## Model" in pr and "`test-model`" in pr and "`fp_test`" in pr
+
+    # The key is in no file the two workspaces hold, recordings included.
+    for root in (recorded_ws, replay_ws):
+        for path in root.rglob("*"):
+            if path.is_file() and ".git" not in path.parts:
+                assert SECRET not in path.read_text(errors="replace"), path
