@@ -272,3 +272,96 @@ def test_a_recorded_round_replays_offline_with_identical_scorecards(serve: Serve
         for path in root.rglob("*"):
             if path.is_file() and ".git" not in path.parts:
                 assert SECRET not in path.read_text(errors="replace"), path
+
+
+# --- judgments, and the spend limit ---------------------------------------------------------------------
+
+JUDGING_POLICY = {
+    "id": "refunds-policy",
+    "version": "1",
+    "description": "Escalate angry customers before asking the model.",
+    "initial": "judge",
+    "states": {
+        "judge": {
+            "invoke": {
+                "src": "judge.sentiment",
+                "input": {},
+                "onDone": [{"guard": "event.output.angry", "target": "escalate"}, {"target": "ask_model"}],
+                "onError": {"target": "ask_model"},
+            }
+        },
+        "ask_model": {
+            "invoke": {
+                "src": "model.decide",
+                "input": {"model": "'decider'"},
+                "onDone": {"target": "answer"},
+                "onError": {"target": "escalate"},
+            }
+        },
+        "answer": {"type": "final", "output": "event.output"},
+        "escalate": {"type": "final", "output": {"type": "'ESCALATE'"}},
+    },
+}
+
+
+@pytest.mark.parametrize(
+    ("verdict", "landed"), [({"angry": True}, "ESCALATE"), ({"angry": "very"}, "REFUND")]
+)
+def test_a_judgment_is_asked_of_the_model_and_its_answer_checked(
+    serve: Serve, tmp_path: Path, verdict: dict[str, Any], landed: str
+) -> None:
+    def desk(body: dict[str, Any]) -> Reply:
+        if body.get("response_format", {}).get("json_schema", {}).get("name") == "judgment":
+            return completion(json.dumps(verdict))
+        return naive_desk(body)
+
+    server = serve(desk)
+    ws = workspace(tmp_path, server.url)
+    (ws / "policies" / "refunds" / "v1.json").write_text(json.dumps(JUDGING_POLICY))
+    run(ws, "--policy", "v1", "--scenario", "small-refund-01", "--split", "train")
+    asked = server.requests[0]["body"]
+    assert asked["response_format"]["json_schema"]["schema"]["properties"] == {"angry": {"type": "boolean"}}
+    assert "Is the customer angry" in asked["messages"][1]["content"]
+    entries = [
+        LogEntry.model_validate_json(line)
+        for line in (ws / "traces" / "train:v1:fake:small-refund-01:r1.jsonl").read_text().splitlines()
+    ]
+    assert decisions(entries)[0].event["type"] == landed
+    judged = usage(entries)[0]
+    assert judged["ref"] == "judge:judge.sentiment"
+    # An answer outside the judgment's closed choice is a failed call: the policy's onError asks the model.
+    assert ("error" in judged) == (verdict["angry"] == "very")
+
+
+def test_the_spend_limit_stops_the_round_with_nothing_half_written(serve: Serve, tmp_path: Path) -> None:
+    server = serve(naive_desk)
+    ws = workspace(tmp_path, server.url)
+    commit_workspace(ws, user="t", message="workspace")
+    changelog = (ws / "policies" / "refunds" / "CHANGELOG.md").read_text()
+    result = runner.invoke(
+        app,
+        [
+            "round",
+            "-w",
+            str(ws),
+            "--policy",
+            "v0",
+            "--model",
+            "fake",
+            "--k",
+            "1",
+            "--concurrency",
+            "2",
+            "--max-usd",
+            "0.0005",
+        ],
+        env={KEY_ENV: SECRET},
+    )
+    assert result.exit_code == 1, result.output
+    assert "the spend limit of $0.0005 is reached" in result.output
+    assert (ws / "policies" / "refunds" / "CHANGELOG.md").read_text() == changelog
+    written = sorted((ws / "traces").glob("*.jsonl"))
+    assert 0 < len(written) < 74  # stopped early
+    for path in written:  # each thread is whole: it ends with the run's last step, no entry missing
+        replayed = runner.invoke(app, ["replay", "-w", str(ws), str(path), "--json"])
+        assert json.loads(replayed.stdout)["threads"][0]["status"] == "done", path.name

@@ -20,6 +20,7 @@ from improve.runtime.environment import (
     load_environment,
     load_machine,
 )
+from improve.runtime.judgment import Judgment, ModelJudgment
 from improve.runtime.models import (
     Model,
     ModelFactory,
@@ -48,9 +49,11 @@ __all__ = [
     "Environment",
     "EnvironmentRef",
     "Journal",
+    "Judgment",
     "Model",
     "ModelCallError",
     "ModelFactory",
+    "ModelJudgment",
     "ModelReply",
     "PolicyDecider",
     "RunResult",

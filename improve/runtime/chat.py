@@ -26,7 +26,7 @@ import functools
 import json
 import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import httpx2 as httpx
@@ -35,6 +35,7 @@ from improve.errors import ModelCallError
 from improve.llm import Endpoint, Meter, ModelSpec, ResponseCache
 from improve.machine import FREE_TEXT
 from improve.runtime.decision import DecisionRequest
+from improve.runtime.judgment import ModelJudgment
 from improve.runtime.models import ModelReply
 
 MODES = ("tools", "json_schema", "json_object")
@@ -176,7 +177,53 @@ def chat_body(request: DecisionRequest, mode: str, spec: ModelSpec) -> dict[str,
     return body
 
 
+JUDGE_PROMPT = (
+    "You answer one question about a case an agent is deciding, from the facts given, with one JSON "
+    "object and nothing else."
+)
+
+
+def judge_body(
+    name: str, judgment: ModelJudgment, request: DecisionRequest, mode: str, spec: ModelSpec
+) -> dict[str, Any]:
+    """The chat completions request that asks a judgment's question about a decision's facts."""
+    schema = judgment.schema()
+    system = JUDGE_PROMPT
+    if mode == "json_object":
+        system += " It must match this JSON Schema:\n" + json.dumps(schema, sort_keys=True)
+    user = f"Question ({name}): {judgment.question}\n\nFacts:\n" + json.dumps(
+        request.facts, indent=1, sort_keys=True, ensure_ascii=False
+    )
+    body: dict[str, Any] = {
+        "model": spec.model,
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
+        "temperature": spec.temperature,
+    }
+    if spec.seed is not None:
+        body["seed"] = spec.seed
+    if spec.max_output_tokens is not None:
+        body["max_tokens"] = spec.max_output_tokens
+    body["response_format"] = (
+        {"type": "json_schema", "json_schema": {"name": "judgment", "schema": schema, "strict": False}}
+        if mode == "json_schema"
+        else {"type": "json_object"}
+    )
+    return body
+
+
 # --- the answer ----------------------------------------------------------------------------------------
+
+
+def _json_object(content: Any) -> dict[str, Any] | None:
+    """The JSON object in a reply's content (a Markdown fence tolerated), or None."""
+    if not isinstance(content, str):
+        return None
+    fenced = _FENCE.match(content)
+    try:
+        data = json.loads(fenced.group("body") if fenced else content)
+    except json.JSONDecodeError:
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def parse_answer(response: dict[str, Any], request: DecisionRequest) -> dict[str, Any] | None:
@@ -189,17 +236,10 @@ def parse_answer(response: dict[str, Any], request: DecisionRequest) -> dict[str
         except json.JSONDecodeError:
             return None
         return {"type": event_type, **arguments} if isinstance(arguments, dict) else None
-    content = response.get("content")
-    if not isinstance(content, str):
-        return None
-    fenced = _FENCE.match(content)
-    try:
-        data = json.loads(fenced.group("body") if fenced else content)
-    except json.JSONDecodeError:
-        return None
-    if isinstance(data, dict) and isinstance(data.get("answer"), dict):
+    data = _json_object(response.get("content"))
+    if data is not None and isinstance(data.get("answer"), dict):
         data = data["answer"]
-    return data if isinstance(data, dict) and isinstance(data.get("type"), str) else None
+    return data if data is not None and isinstance(data.get("type"), str) else None
 
 
 # --- the model -----------------------------------------------------------------------------------------
@@ -233,6 +273,8 @@ class ChatSession:
         )
         self.meter.watch(lambda: self.endpoint.attempts)
         self.mode = MODES[0]
+        self.judge_mode = "json_schema"
+        """Judgments ask for JSON only: `json_schema`, or `json_object` once the endpoint refused it."""
         self.fingerprints: set[str] = set()
         self._lock = threading.Lock()
         self._gate = threading.BoundedSemaphore(spec.concurrency)
@@ -266,23 +308,11 @@ class ChatModel:
 
     def answer(self, request: DecisionRequest) -> ModelReply:
         session = self.session
-        self.calls += 1
-        sample = f"{self.seed}#{self.calls}"
-        mode = session.mode
+        sample = self._sample()
+        mode = self._start(lambda m: chat_body(request, m, session.spec), MODES, session.mode, sample)
         while True:
             body = chat_body(request, mode, session.spec)
-            rejectable = REJECTABLE.get(mode, ())
-            keyed = {"request": body, "sample": sample}
-            response, live = session.cache.fetch(
-                keyed, functools.partial(session.send, body, rejectable), secrets=session.endpoint.secrets
-            )
-            source: Literal["live", "recorded", "repeated"] = (
-                "live"
-                if live
-                else "repeated"
-                if session.cache.key(keyed) in session.cache.written
-                else "recorded"
-            )
+            response, source = self._fetch(body, sample, REJECTABLE.get(mode, ()))
             if "rejected" in response and mode != MODES[-1]:
                 session.fallback(mode)
                 mode = MODES[MODES.index(mode) + 1]
@@ -291,12 +321,68 @@ class ChatModel:
                 raise ModelCallError(
                     f"model {self.name!r}: the endpoint refused the request: {response['rejected']}"
                 )
-            return self._reply(response, request, source)
+            return self._reply(response, parse_answer(response, request), source)
+
+    def judge(self, name: str, judgment: ModelJudgment, request: DecisionRequest) -> ModelReply:
+        """The judgment's answer about the decision's facts, checked against its closed fields; an answer
+        that is not one is a failed call (the policy's `onError`)."""
+        session = self.session
+        sample = self._sample()
+        ways = ("json_schema", "json_object")
+        mode = self._start(
+            lambda m: judge_body(name, judgment, request, m, session.spec), ways, session.judge_mode, sample
+        )
+        while True:
+            body = judge_body(name, judgment, request, mode, session.spec)
+            response, source = self._fetch(
+                body, sample, REJECTABLE["json_schema"] if mode == "json_schema" else ()
+            )
+            if "rejected" in response and mode == "json_schema":
+                session.judge_mode = mode = "json_object"
+                continue
+            if "rejected" in response:
+                raise ModelCallError(f"model {self.name!r}: the endpoint refused the judgment {name}")
+            reply = self._reply(response, _json_object(response.get("content")), source)
+            problem = judgment.check(reply.event)
+            if problem is not None:
+                raise ModelCallError(f"model {self.name!r} answered the judgment {name} wrongly: {problem}")
+            return reply
+
+    def _sample(self) -> str:
+        """This run's next sample: a call's identity in the cache, with its request."""
+        self.calls += 1
+        return f"{self.seed}#{self.calls}"
+
+    def _start(
+        self, body: Callable[[str], dict[str, Any]], ways: Sequence[str], current: str, sample: str
+    ) -> str:
+        """The way to ask first. Runs in flight together may learn a fallback in another order than
+        when the calls were recorded: a recorded sample is asked the way it was recorded."""
+        cache = self.session.cache
+        if cache.mode == "live":
+            return current
+        for way in ways:
+            if cache.load(cache.key({"request": body(way), "sample": sample})) is not None:
+                return way
+        return current
+
+    def _fetch(
+        self, body: dict[str, Any], sample: str, rejectable: Sequence[str]
+    ) -> tuple[dict[str, Any], Literal["live", "recorded", "repeated"]]:
+        """The response to `body` as `sample`, and where it came from."""
+        session = self.session
+        keyed = {"request": body, "sample": sample}
+        response, live = session.cache.fetch(
+            keyed, functools.partial(session.send, body, rejectable), secrets=session.endpoint.secrets
+        )
+        if live:
+            return response, "live"
+        return response, "repeated" if session.cache.key(keyed) in session.cache.written else "recorded"
 
     def _reply(
         self,
         response: dict[str, Any],
-        request: DecisionRequest,
+        event: dict[str, Any] | None,
         source: Literal["live", "recorded", "repeated"],
     ) -> ModelReply:
         usage = response.get("usage") or {}
@@ -307,7 +393,7 @@ class ChatModel:
         if fingerprint:
             self.session.fingerprints.add(str(fingerprint))
         return ModelReply(
-            event=parse_answer(response, request),
+            event=event,
             input_tokens=tokens_in,
             output_tokens=tokens_out,
             cost_usd=cost,

@@ -26,6 +26,7 @@ from improve.machine import (
     parse_machine,
 )
 from improve.registry import Registry, instance_of
+from improve.runtime.judgment import Judgment
 from improve.runtime.models import ModelFactory
 from improve.runtime.policy import load_json
 
@@ -46,9 +47,6 @@ class World:
         """Rule violations found after the fact in `effects` (default: this world's). None here."""
         return []
 
-
-Judgment = Callable[[dict[str, Any], dict[str, Any]], Any]
-"""A judgment actor for policies: `(request, input) -> output`; pure, so exploration can enumerate it."""
 
 Actor = Callable[[World, dict[str, Any]], Any]
 """A tool: `(world, input) -> output`. Raise `ActorFailure` for a failure the machine handles."""

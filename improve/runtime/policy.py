@@ -28,9 +28,8 @@ from improve.machine import (
 )
 from improve.machine import MODEL_DECIDE as MODEL_DECIDE
 from improve.runtime.decision import Decision, DecisionRequest, Usage
-from improve.runtime.models import Model
-
-Judgment = Callable[[dict[str, Any], dict[str, Any]], Any]
+from improve.runtime.judgment import Judgment, ModelJudgment
+from improve.runtime.models import Model, ModelReply
 
 DEFAULT_MODEL_REF = "decider"
 MAX_POLICY_STEPS = 50
@@ -100,6 +99,14 @@ class PolicyDecider:
             judgment = self.judgments.get(invocation.src)
             if judgment is None:
                 raise RunError(f"policy actor '{invocation.src}' is not a judgment of this environment")
+            decider = self.models.get(DEFAULT_MODEL_REF)
+            judge = getattr(decider, "judge", None)
+            if isinstance(judgment, ModelJudgment) and decider is not None and judge is not None:
+                # The decider is a model behind an endpoint: it answers the judgment's question too.
+                name = invocation.src
+                return self._ask(
+                    lambda: judge(name, judgment, request), f"judge:{name}", decider, usage, invocation
+                )
             try:
                 return {**done, "output": judgment(request.to_input(), dict(invocation.input or {}))}
             except Exception as err:  # a judgment is people's code: its failure is the policy's onError
@@ -111,12 +118,24 @@ class PolicyDecider:
                 f"policy {self.policy.id}@{self.policy.version} asks model ref '{ref}', which is not "
                 f"bound; bound refs are {sorted(self.models)} (bind it with --model)"
             )
+        return self._ask(lambda: model.answer(request), ref, model, usage, invocation)
+
+    def _ask(
+        self,
+        call: Callable[[], ModelReply],
+        ref: str,
+        model: Model,
+        usage: list[Usage],
+        invocation: Invocation,
+    ) -> dict[str, Any]:
+        """A model call as the event the policy receives; its usage (or its failure) journaled."""
+        actor_id = invocation.id
         try:
-            reply = model.answer(request)
+            reply = call()
         except ModelCallError as err:
             # Journaled as a call that failed, so the thread shows why the policy took its onError.
             usage.append(Usage(ref, model.name, 0, 0, error=str(err)))
-            return {**failed, "error": {"message": str(err)}}
+            return {"type": ERROR_EVENT, "actorId": actor_id, "error": {"message": str(err)}}
         usage.append(
             Usage(
                 ref,
@@ -128,4 +147,4 @@ class PolicyDecider:
                 reply.fingerprint,
             )
         )
-        return {**done, "output": reply.event}
+        return {"type": DONE_EVENT, "actorId": actor_id, "output": reply.event}

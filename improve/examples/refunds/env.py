@@ -32,7 +32,7 @@ from improve.examples.refunds.world import (
     verify_customer,
 )
 from improve.machine import parse_machine
-from improve.runtime import Environment, load_json, stand_in
+from improve.runtime import Environment, ModelJudgment, load_json, stand_in
 
 HERE = Path(__file__).parent
 
@@ -91,7 +91,14 @@ def environment() -> Environment:
             "awaitingApproval": 4,
         },
         fact_types=FACT_TYPES,
-        judgments={"judge.sentiment": sentiment},
+        # A model behind an endpoint answers the question itself; stand-in deciders get the keywords.
+        judgments={
+            "judge.sentiment": ModelJudgment(
+                question="Is the customer angry (threatening, shouting, furious), judging by the ticket?",
+                output={"angry": "bool"},
+                stand_in=sentiment,
+            )
+        },
         probe=probe(),
         probe_inputs=PROBE_INPUTS,
         rule_evals=RULE_EVALS,

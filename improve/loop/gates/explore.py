@@ -9,7 +9,7 @@ from typing import Any
 
 from improve.loop.gates.gate import GateContext, GateResult
 from improve.machine import ExploreOptions, Snapshot, canonical_json, explore_paths
-from improve.runtime import MODEL_DECIDE
+from improve.runtime import MODEL_DECIDE, ModelJudgment
 
 
 class ExploreGate:
@@ -24,6 +24,10 @@ class ExploreGate:
             options = request.options
             outputs: dict[str, list[Any]] = {MODEL_DECIDE: [dict(o) for o in options]}
             for name, judgment in ctx.env.judgments.items():
+                if isinstance(judgment, ModelJudgment):
+                    # A model may give any of its closed answers: the proof branches on each.
+                    outputs[name] = judgment.outputs()
+                    continue
                 try:
                     outputs[name] = [judgment(request.to_input(), {})]
                 except Exception as err:
