@@ -116,6 +116,12 @@ def test_tools_carry_the_offered_options_and_the_answer_lands_with_its_usage(
     assert (use["inputTokens"], use["outputTokens"], use["fingerprint"]) == (321, 54, "fp_test")
     assert use["costUsd"] == pytest.approx((321 * 0.40 + 54 * 1.60) / 1e6)
     assert doc["model_calls"]["live"] == 1 and doc["model_calls"]["usd"] == pytest.approx(use["costUsd"])
+    card = runner.invoke(
+        app, ["score", "-w", str(ws), "-p", "v0", "-m", "fake", "-s", "train", "-f", "markdown"]
+    )
+    assert card.exit_code == 0, card.output
+    assert "Model: `fake`: openai model `test-model`" in card.stdout and "seed 7" in card.stdout
+    assert "`fp_test`" in card.stdout and "USD / run" in card.stdout
 
 
 def test_an_endpoint_without_tools_falls_back_to_json_schema_then_json_object(

@@ -26,6 +26,7 @@ from improve.evals import (
     Comparison,
     Scorecard,
     compare,
+    describe_model,
     load_scenarios,
     policy_label,
     recorded_rows,
@@ -82,6 +83,7 @@ def score_command(
             configs["old"] = space.load_policy(env_name, vs)
         cards: list[Scorecard] = []
         comparisons: list[Comparison] = []
+        thread_ids: list[str] = []
         for part in splits:
             pair: dict[str, Scorecard] = {}
             for side in ("old", "new"):
@@ -96,6 +98,7 @@ def score_command(
                         f"--k {objective.k}` first"
                     )
                 pair[side] = scorecard(rows, label, part)
+                thread_ids += [r.thread_id for r in rows]
             cards += [pair[s] for s in ("old", "new") if s in pair]
             if "old" in pair:
                 comparisons.append(
@@ -119,6 +122,16 @@ def score_command(
             return
         if fmt == "markdown":
             title = f"Scorecard: {policy_label(configs['new'])}" + (f" vs {vs}" if vs else "")
+            threads = [store.read(tid) for tid in thread_ids[:1]]
+            stamp = dict(threads[0][0].metadata or {}) if threads and threads[0] else {}
+            prints = sorted(
+                {
+                    str(e.event["fingerprint"])
+                    for tid in (thread_ids if stamp.get("modelSpec") else [])
+                    for e in store.read(tid)
+                    if e.event.get("fingerprint")
+                }
+            )
             sys.stdout.write(
                 scorecard_markdown(
                     cards,
@@ -127,6 +140,7 @@ def score_command(
                     old_policy=configs.get("old"),
                     new_policy=configs["new"] if vs else None,
                     seed=objective.seed,
+                    model=describe_model(stamp, prints) if stamp else None,
                 )
             )
             return

@@ -11,7 +11,7 @@ from improve.evals.workspace import CONFIG_NAME, Workspace, policy_hash, policy_
 if TYPE_CHECKING:
     from improve.evals.materialize import refresh_outcomes
     from improve.evals.promotion import PromotionDecision, decide
-    from improve.evals.report import scorecard_markdown
+    from improve.evals.report import describe_model, scorecard_markdown
     from improve.evals.scorecards import Comparison, Scorecard, compare, scorecard
 
 # Scorecards, the promotion rule and reports need numpy and scipy, materializing outcomes needs
@@ -25,6 +25,7 @@ _LAZY = {
     "decide": "improve.evals.promotion",
     "refresh_outcomes": "improve.evals.materialize",
     "scorecard": "improve.evals.scorecards",
+    "describe_model": "improve.evals.report",
     "scorecard_markdown": "improve.evals.report",
 }
 
@@ -51,6 +52,7 @@ __all__ = [
     "compare",
     "compare_effects",
     "decide",
+    "describe_model",
     "effects_from_log",
     "load_scenarios",
     "outcome_row",

@@ -4,6 +4,7 @@ embeds (tables, the changed scenarios, and a Mermaid diagram of the states a pol
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from improve.evals.promotion import PromotionDecision
 from improve.evals.scorecards import Comparison, Scorecard
@@ -67,8 +68,11 @@ def scorecard_markdown(
     new_policy: MachineConfig | None = None,
     decision: PromotionDecision | None = None,
     seed: int | None = None,
+    model: str | None = None,
 ) -> str:
     lines = [f"## {title}", ""]
+    if model:
+        lines += [f"Model: {model}", ""]
     if seed is not None:
         lines += [
             f"Seeds are fixed: bootstrap seed `{seed}`; stand-in models are seeded by scenario and run.",
@@ -108,3 +112,18 @@ def scorecard_markdown(
                     )
         lines += ["", "</details>", ""]
     return "\n".join(lines)
+
+
+def describe_model(stamp: dict[str, Any], fingerprints: Sequence[str] = ()) -> str:
+    """The model a thread's stamp names, for a scorecard: provider, model, endpoint, temperature, seed
+    and the endpoint's fingerprints; or the stand-in."""
+    name = (stamp.get("models") or {}).get("decider", "?")
+    spec = stamp.get("modelSpec")
+    if not spec:
+        return f"stand-in `{name}` (deterministic, seeded by scenario and run)"
+    seed = spec.get("seed")
+    prints = ", ".join(f"`{f}`" for f in fingerprints) or "none reported"
+    return (
+        f"`{name}`: {spec.get('provider')} model `{spec.get('model')}` at {spec.get('endpoint')}, temperature "
+        f"{spec.get('temperature')}, seed {seed if seed is not None else 'not set'}; system fingerprint {prints}"
+    )
