@@ -235,7 +235,7 @@ def parse_answer(response: dict[str, Any], request: DecisionRequest) -> dict[str
             arguments = json.loads(call.get("arguments") or "{}")
         except json.JSONDecodeError:
             return None
-        return {"type": event_type, **arguments} if isinstance(arguments, dict) else None
+        return {**arguments, "type": event_type} if isinstance(arguments, dict) else None
     data = _json_object(response.get("content"))
     if data is not None and isinstance(data.get("answer"), dict):
         data = data["answer"]
