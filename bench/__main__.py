@@ -8,6 +8,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from bench.chat_bench import chat_figures
 from bench.explore_bench import explore_figures
 from bench.replay_bench import replay_figures
 from bench.round_bench import round_figures
@@ -19,7 +20,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=20_000, help="threads in the replay corpus")
     parser.add_argument("--repeat", type=int, default=3, help="timed repetitions (medians reported)")
     parser.add_argument("--ingest-threads", type=int, default=20_000, help="threads in the ingest corpus")
-    parser.add_argument("--only", choices=["replay", "warehouse", "explore", "round"], help="run one section")
+    parser.add_argument(
+        "--only", choices=["replay", "warehouse", "explore", "round", "chat"], help="run one section"
+    )
     args = parser.parse_args()
     figures: dict[str, object] = {"machine": {"cores": __import__("os").cpu_count()}}
     with tempfile.TemporaryDirectory(prefix="improve-bench-") as tmp:
@@ -35,6 +38,13 @@ def main() -> None:
                 file=sys.stderr,
             )
             figures["round"] = round_figures(Path(tmp))
+        if args.only in (None, "chat"):
+            print(
+                "bench: the chat adapter per decision against a bare post, then a 200 ms endpoint at "
+                "concurrency 1, 8, 32 ...",
+                file=sys.stderr,
+            )
+            figures["chat"] = chat_figures(args.repeat)
         if args.only in (None, "warehouse"):
             print(f"bench: ingest of {args.ingest_threads} threads ...", file=sys.stderr)
             figures["warehouse"] = warehouse_figures(Path(tmp), args.ingest_threads, args.repeat)
