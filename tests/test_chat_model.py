@@ -371,3 +371,17 @@ def test_the_spend_limit_stops_the_round_with_nothing_half_written(serve: Serve,
     for path in written:  # each thread is whole: it ends with the run's last step, no entry missing
         replayed = runner.invoke(app, ["replay", "-w", str(ws), str(path), "--json"])
         assert json.loads(replayed.stdout)["threads"][0]["status"] == "done", path.name
+
+
+def test_an_endpoint_echoing_the_key_never_gets_it_into_a_thread_or_an_output(
+    serve: Serve, tmp_path: Path
+) -> None:
+    server = serve(lambda body: error(401, f"Incorrect API key provided: {SECRET}"))
+    ws = workspace(tmp_path, server.url, max_retries=0)
+    result = runner.invoke(
+        app, ["run", "-w", str(ws), "--model", "fake", "--k", "1", "--scenario", "small-refund-01", "--json"],
+        env={KEY_ENV: SECRET},
+    )  # fmt: skip
+    assert result.exit_code == 0 and SECRET not in result.output
+    failed = usage(thread(ws, "small-refund-01", "train"))[0]
+    assert "HTTP 401" in failed["error"] and "[redacted]" in failed["error"] and SECRET not in failed["error"]
