@@ -5,10 +5,11 @@ from typing import TYPE_CHECKING, Any
 
 from improve.evals.outcome import OutcomeRow, compare_effects, effects_from_log, outcome_row
 from improve.evals.scenarios import SPLITS, Expected, Scenario, ScenarioSet, load_scenarios, read_yaml
-from improve.evals.suite import SuiteSpec, recorded_rows, run_scenario, run_suite
+from improve.evals.suite import PlannedRun, SuiteSpec, recorded_rows, run_scenario, run_suite, write_threads
 from improve.evals.workspace import CONFIG_NAME, Workspace, policy_hash, policy_label
 
 if TYPE_CHECKING:
+    from improve.evals.ledger import OUTCOMES_SQL, Ledger, Recorded
     from improve.evals.materialize import refresh_outcomes
     from improve.evals.promotion import PromotionDecision, decide
     from improve.evals.report import describe_model, scorecard_markdown
@@ -24,6 +25,9 @@ _LAZY = {
     "compare": "improve.evals.scorecards",
     "decide": "improve.evals.promotion",
     "refresh_outcomes": "improve.evals.materialize",
+    "Ledger": "improve.evals.ledger",
+    "Recorded": "improve.evals.ledger",
+    "OUTCOMES_SQL": "improve.evals.ledger",
     "scorecard": "improve.evals.scorecards",
     "describe_model": "improve.evals.report",
     "scorecard_markdown": "improve.evals.report",
@@ -39,11 +43,15 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "CONFIG_NAME",
+    "OUTCOMES_SQL",
     "SPLITS",
     "Comparison",
     "Expected",
+    "Ledger",
     "OutcomeRow",
+    "PlannedRun",
     "PromotionDecision",
+    "Recorded",
     "Scenario",
     "ScenarioSet",
     "Scorecard",
@@ -65,4 +73,5 @@ __all__ = [
     "run_suite",
     "scorecard",
     "scorecard_markdown",
+    "write_threads",
 ]

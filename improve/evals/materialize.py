@@ -1,8 +1,10 @@
 """Materializing the warehouse's `outcomes` table: replay each thread, score it against its labels.
 
-A thread gets a row when its machine is a known environment. When its id names a scenario of that
-environment's scenario file (`split:version:scenario:rK`), the row is scored (`passed`, `reason`);
-otherwise those stay NULL. Rows are refreshed when the thread has grown since it was replayed.
+A thread gets a row when its machine is a known environment and its replay verifies (every journaled
+hash checks); a thread that does not verify goes to `quarantine` with the reason instead, and nothing
+scores it. When its id names a scenario of that environment's scenario file
+(`split:version:model:scenario:rK`), the row is scored (`passed`, `reason`); otherwise (a production
+thread) those stay NULL. Rows are refreshed when the thread has grown since it was checked.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any
 
 import duckdb
 
-from improve.errors import ImproveError
+from improve.errors import ImproveError, LogError
 from improve.evals.outcome import OutcomeRow, outcome_row
 from improve.evals.scenarios import Scenario, load_scenarios
 from improve.evals.workspace import Workspace
@@ -29,6 +31,7 @@ class MaterializeReport:
     scored: int = 0
     skipped_unknown_machine: int = 0
     failed: int = 0
+    quarantined: int = 0
     errors: list[str] | None = None
 
 
@@ -39,16 +42,20 @@ def _scenarios(workspace: Workspace, env: Environment) -> dict[str, Scenario]:
     return load_scenarios(path, env.name).by_id()
 
 
-def _pending(con: duckdb.DuckDBPyConnection, machine_ids: list[str]) -> list[str]:
+def _pending(con: duckdb.DuckDBPyConnection, machine_ids: list[str], only: list[str] | None) -> list[str]:
+    # Only the threads asked for, when a command records its own: the warehouse may hold many more.
+    restrict = "WHERE list_contains($only, thread_id)" if only is not None else ""
     rows = con.execute(
-        """
+        f"""
         SELECT t.thread_id FROM (
-            SELECT thread_id, count(*) AS n, min(machine_id) AS machine_id FROM entries GROUP BY thread_id
-        ) t LEFT JOIN outcomes o USING (thread_id)
-        WHERE list_contains(?, t.machine_id) AND (o.thread_id IS NULL OR o.entries != t.n)
+            SELECT thread_id, count(*) AS n, min(machine_id) AS machine_id FROM entries {restrict}
+            GROUP BY thread_id
+        ) t LEFT JOIN outcomes o USING (thread_id) LEFT JOIN quarantine q USING (thread_id)
+        WHERE list_contains($machines, t.machine_id)
+          AND (o.thread_id IS NULL OR o.entries != t.n) AND (q.thread_id IS NULL OR q.entries != t.n)
         ORDER BY t.thread_id
         """,
-        [machine_ids],
+        {"machines": machine_ids, **({"only": only} if only is not None else {})},
     ).fetchall()
     return [r[0] for r in rows]
 
@@ -78,20 +85,38 @@ def refresh_outcomes(
     con: duckdb.DuckDBPyConnection,
     workspace: Workspace,
     progress: Callable[[int, int], None] | None = None,
+    *,
+    only: list[str] | None = None,
+    envs: dict[str, Environment] | None = None,
 ) -> MaterializeReport:
-    """Replay every thread of a known environment that has no (or a stale) outcomes row."""
-    envs = workspace.environments_by_machine_id()
+    """Replay every thread of a known environment that has no (or a stale) outcomes row; `only` those
+    threads, `envs` (by machine id) instead of every registered environment."""
+    envs = envs if envs is not None else workspace.environments_by_machine_id()
     report = MaterializeReport(errors=[])
-    pending = _pending(con, list(envs))
+    pending = _pending(con, list(envs), only)
     scenario_sets = {machine_id: _scenarios(workspace, env) for machine_id, env in envs.items()}
     rows: list[tuple[Any, ...]] = []
+    quarantined: list[tuple[Any, ...]] = []
     with gc_paused():
-        _replay_pending(con, envs, scenario_sets, pending, report, rows, progress)
-    if rows:
+        _replay_pending(con, envs, scenario_sets, pending, report, rows, quarantined, progress)
+    if rows or quarantined:
+        checked = [r[0] for r in rows] + [q[0] for q in quarantined]
         con.execute("BEGIN TRANSACTION")
-        con.execute("DELETE FROM outcomes WHERE list_contains(?, thread_id)", [[r[0] for r in rows]])
-        con.executemany(f"INSERT INTO outcomes VALUES ({', '.join('?' * 21)}, now())", rows)
-        con.execute("COMMIT")
+        try:
+            con.execute("DELETE FROM outcomes WHERE list_contains(?, thread_id)", [checked])
+            con.execute("DELETE FROM quarantine WHERE list_contains(?, thread_id)", [checked])
+            if rows:
+                con.executemany(
+                    f"INSERT INTO outcomes ({', '.join(OUTCOME_COLUMNS)}, replayed_at) "
+                    f"VALUES ({', '.join('?' * len(OUTCOME_COLUMNS))}, now())",
+                    rows,
+                )
+            if quarantined:
+                con.executemany("INSERT INTO quarantine VALUES (?, ?, ?, ?, now())", quarantined)
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
     return report
 
 
@@ -102,6 +127,7 @@ def _replay_pending(
     pending: list[str],
     report: MaterializeReport,
     rows: list[tuple[Any, ...]],
+    quarantined: list[tuple[Any, ...]],
     progress: Callable[[int, int], None] | None,
 ) -> None:
     for done, (thread_id, entries) in enumerate(_threads(con, pending), start=1):
@@ -109,8 +135,13 @@ def _replay_pending(
         parsed = ThreadId.parse(thread_id)
         scenario = scenario_sets[env.config.id].get(parsed.scenario) if parsed else None
         try:
-            scored = outcome_row(env, scenario, thread_id, entries)
+            scored = outcome_row(env, scenario, thread_id, entries, verify=True)
             report.scored += scenario is not None
+        except LogError as err:
+            # It does not verify: set aside with the reason, never scored.
+            quarantined.append((thread_id, env.name, str(err), len(entries)))
+            report.quarantined += 1
+            continue
         except ImproveError as err:
             report.failed += 1
             assert report.errors is not None
@@ -121,6 +152,35 @@ def _replay_pending(
         report.replayed += 1
         if progress and done % 500 == 0:
             progress(done, len(pending))
+
+
+OUTCOME_COLUMNS = (
+    "thread_id",
+    "environment",
+    "scenario",
+    "category",
+    "split",
+    "policy_version",
+    "run",
+    "final_state",
+    "status",
+    "output",
+    "steps",
+    "model_calls",
+    "input_tokens",
+    "output_tokens",
+    "failed_attempts",
+    "violations",
+    "violation_rules",
+    "expected_outcome",
+    "passed",
+    "reason",
+    "entries",
+    "model",
+    "effects",
+    "violation_details",
+    "cost_usd",
+)
 
 
 def _row(env: Environment, r: OutcomeRow, entries: int, scored: bool) -> tuple[Any, ...]:
@@ -146,4 +206,8 @@ def _row(env: Environment, r: OutcomeRow, entries: int, scored: bool) -> tuple[A
         r.passed if scored else None,
         r.reason if scored else None,
         entries,
+        r.model,
+        json.dumps(r.effects),
+        json.dumps(r.violations, default=str),
+        r.cost_usd,
     )

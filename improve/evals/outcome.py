@@ -40,6 +40,8 @@ class OutcomeRow:
     output_tokens: int = 0
     failed_attempts: int = 0
     cost_usd: float = 0.0
+    model: str | None = None
+    """The model bound to the decider, from the thread's stamp."""
 
     @property
     def tokens(self) -> int:
@@ -94,11 +96,16 @@ def compare_effects(
 
 
 def outcome_row(
-    env: Environment, scenario: Scenario | None, thread_id: str, entries: Sequence[LogEntry]
+    env: Environment,
+    scenario: Scenario | None,
+    thread_id: str,
+    entries: Sequence[LogEntry],
+    verify: bool = False,
 ) -> OutcomeRow:
     """Replay one thread and score it against the scenario's labels (unscored when `scenario` is None:
-    `passed` is False and the reason says there is no label)."""
-    result = replay(env.machine, entries)
+    `passed` is False and the reason says there is no label). `verify` checks the journaled hashes
+    first, so a thread that was tampered with raises instead of being scored."""
+    result = replay(env.machine, entries, verify=verify)
     effects = effects_from_log(entries)
     violations = env.make_world(scenario.world if scenario else {}).audit(effects)
     snapshot = result.snapshot
@@ -146,4 +153,5 @@ def outcome_row(
         output_tokens=result.output_tokens,
         cost_usd=result.cost_usd,
         failed_attempts=result.failed_attempts,
+        model=(result.stamp.get("models") or {}).get("decider"),
     )

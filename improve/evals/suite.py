@@ -181,21 +181,34 @@ def _run_one(
         raise
 
 
-def run_suite(
+@dataclass(frozen=True)
+class PlannedRun:
+    """One run of a suite: its scenario and number, its thread, and whether a recorded thread was reused."""
+
+    scenario: Scenario
+    run: int
+    thread_id: str
+    reused: bool
+    entries: list[LogEntry] | None = None
+    """The reused thread's entries, read once while checking it (None for a run made now)."""
+
+
+def write_threads(
     env: Environment,
     scenarios: Sequence[Scenario],
     spec: SuiteSpec,
     store: Store,
     *,
     fresh: bool = False,
-    progress: Progress | None = None,
     concurrency: int = 1,
     executor: Executor | None = None,
     ran: Callable[[int, int], None] | None = None,
     meter: Meter | None = None,
     models: ModelFactory | None = None,
-) -> list[OutcomeRow]:
-    """Run (or reuse) every scenario k times and score each thread by replaying it.
+) -> list[PlannedRun]:
+    """Run every scenario k times (reusing threads recorded with this stamp), journaling one thread
+    per run; the runs in planned order. Scoring is the caller's: `run_suite` replays them here, a
+    ledger ingests and verifies them in the warehouse.
 
     Runs wait on models, so they overlap: up to `concurrency` at a time (asyncio, each run in a worker
     thread); `ran(done, total)` reports each finished run. For CPU-bound runs pass an `executor` (a
@@ -208,7 +221,7 @@ def run_suite(
     models = models or spec.model_factory(env, meter)
     policy = compile_policy(spec.policy, env.judgments, env.policy_guards)
     planned = [(scenario, n) for scenario in scenarios for n in range(1, spec.k + 1)]
-    # Threads already recorded with this stamp, read once: checked here, scored below.
+    # Threads already recorded with this stamp, read once: checked here, handed on with the plan.
     recorded: dict[str, list[LogEntry]] = {}
     if not fresh:
         for sc, n in planned:
@@ -228,15 +241,47 @@ def run_suite(
     elif todo:
         runner = functools.partial(_run_one, models=models, meter=meter)
         asyncio.run(_run_concurrently(runner, env, policy, todo, spec, store, max(1, concurrency), ran))
-    rows: list[OutcomeRow] = []
+    plan = []
     for scenario, n in planned:
         thread_id = spec.thread_id(scenario, n)
-        reused = thread_id in recorded
-        entries = recorded[thread_id] if reused else store.read(thread_id)
-        row = outcome_row(env, scenario, thread_id, entries)
+        plan.append(PlannedRun(scenario, n, thread_id, thread_id in recorded, recorded.get(thread_id)))
+    return plan
+
+
+def run_suite(
+    env: Environment,
+    scenarios: Sequence[Scenario],
+    spec: SuiteSpec,
+    store: Store,
+    *,
+    fresh: bool = False,
+    progress: Progress | None = None,
+    concurrency: int = 1,
+    executor: Executor | None = None,
+    ran: Callable[[int, int], None] | None = None,
+    meter: Meter | None = None,
+    models: ModelFactory | None = None,
+) -> list[OutcomeRow]:
+    """Run (or reuse) every scenario k times (`write_threads`) and score each thread by replaying it."""
+    plan = write_threads(
+        env,
+        scenarios,
+        spec,
+        store,
+        fresh=fresh,
+        concurrency=concurrency,
+        executor=executor,
+        ran=ran,
+        meter=meter,
+        models=models,
+    )
+    rows: list[OutcomeRow] = []
+    for planned in plan:
+        entries = planned.entries if planned.entries is not None else store.read(planned.thread_id)
+        row = outcome_row(env, planned.scenario, planned.thread_id, entries)
         rows.append(row)
         if progress:
-            progress(len(rows), len(planned), row, reused)
+            progress(len(rows), len(plan), row, planned.reused)
     return rows
 
 

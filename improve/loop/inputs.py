@@ -70,6 +70,8 @@ class RoundResult:
     pr: dict[str, Any] | None = None
     candidate_threads: list[str] = field(default_factory=list)
     goal_met: bool = False
+    quarantined: list[dict[str, Any]] = field(default_factory=list)
+    """Threads set aside because their replay does not verify: each thread id and the reason."""
     model_info: dict[str, Any] | None = None
     """The model the runs used (provider, model, temperature, seed, fingerprints) and its calls."""
 

@@ -19,6 +19,7 @@ from dataclasses import asdict
 from typing import Any
 
 from improve.evals import (
+    Ledger,
     OutcomeRow,
     Scenario,
     Scorecard,
@@ -26,8 +27,8 @@ from improve.evals import (
     Workspace,
     decide,
     policy_label,
-    run_suite,
     scorecard,
+    write_threads,
 )
 from improve.llm import Meter, ModelSpec
 from improve.log import JsonlDirStore
@@ -87,11 +88,18 @@ def _cards(rows: Sequence[OutcomeRow], label: str) -> dict[str, Scorecard]:
 
 
 def run_round(space: Workspace, opts: RoundOptions, say: Say = lambda m: None) -> RoundResult:
+    """One round (see the module's docstring). Every thread it runs or reuses is recorded in the
+    workspace's warehouse and read back from there; threads that do not verify are set aside."""
     inputs = locate(space, opts.env, opts.policy)
+    with Ledger(space, inputs.env) as ledger:
+        return _run_round(space, opts, say, inputs, ledger)
+
+
+def _run_round(space: Workspace, opts: RoundOptions, say: Say, inputs: Inputs, ledger: Ledger) -> RoundResult:
     objective = space.config.objective
     k = opts.k or objective.k
     env = inputs.env
-    store = JsonlDirStore(space.traces)
+    store = ledger.store
     baseline_label = policy_label(inputs.policy)
     version = next_version(inputs.policies_dir, inputs.changelog)
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")
@@ -129,7 +137,7 @@ def run_round(space: Workspace, opts: RoundOptions, say: Say = lambda m: None) -
             say(f"  {what}: {meter.summary()}")
 
     say(f"baseline: {baseline_label} on {len(train)} train + {len(held_out)} held-out scenarios, k={k}")
-    base_rows = _suite(env, inputs.scenarios, base_spec, store, opts, say, "baseline", models, meter)
+    base_rows = _suite(env, inputs.scenarios, base_spec, ledger, opts, say, "baseline", models, meter, result)
     note("baseline")
     base_cards = _cards(base_rows, baseline_label)
     threshold = goal_threshold(inputs.policy.description)
@@ -187,9 +195,9 @@ def run_round(space: Workspace, opts: RoundOptions, say: Say = lambda m: None) -
     label = policy_label(candidate)
     cand_spec = dataclasses.replace(base_spec, policy=candidate)
     say(f"candidate {label}: train, k={k}")
-    cand_rows = _suite(env, train, cand_spec, store, opts, say, "train", models, meter)
+    cand_rows = _suite(env, train, cand_spec, ledger, opts, say, "train", models, meter, result)
     say(f"candidate {label}: held-out, k={k}")
-    cand_rows += _suite(env, held_out, cand_spec, store, opts, say, "held-out", models, meter)
+    cand_rows += _suite(env, held_out, cand_spec, ledger, opts, say, "held-out", models, meter, result)
     note("candidate")
     result.candidate_threads = sorted(r.thread_id for r in cand_rows)
     cand_cards = _cards(cand_rows, label)
@@ -241,28 +249,35 @@ def _suite(
     env: Environment,
     scenarios: Sequence[Scenario],
     spec: SuiteSpec,
-    store: JsonlDirStore,
+    ledger: Ledger,
     opts: RoundOptions,
     say: Say,
     what: str,
     models: ModelFactory,
     meter: Meter,
+    result: RoundResult,
 ) -> list[OutcomeRow]:
+    """Run (or reuse) the suite's threads, record them in the warehouse, and read back the verified
+    rows; threads set aside are counted on the result."""
+
     def ran(done: int, total: int) -> None:
         if done == total or done % 25 == 0:
             say(f"  {what}: {done}/{total} runs")
 
-    return run_suite(
+    plan = write_threads(
         env,
         scenarios,
         spec,
-        store,
+        ledger.store,
         concurrency=opts.concurrency,
         executor=opts.executor,
         ran=ran,
         meter=meter,
         models=models,
     )
+    recorded = ledger.record([p.thread_id for p in plan], say=lambda m: say(f"  {what}: {m}"))
+    result.quarantined += [asdict(q) for q in recorded.quarantined]
+    return recorded.rows
 
 
 def _request(

@@ -123,6 +123,26 @@ MIGRATIONS: tuple[Migration, ...] = (
             """,
         ),
     ),
+    Migration(
+        "005_outcome_details_and_quarantine",
+        (
+            "ALTER TABLE outcomes ADD COLUMN model VARCHAR",
+            "ALTER TABLE outcomes ADD COLUMN effects JSON",
+            "ALTER TABLE outcomes ADD COLUMN violation_details JSON",
+            "ALTER TABLE outcomes ADD COLUMN cost_usd DOUBLE",
+            # Rows written before these columns existed are replayed again to fill them.
+            "DELETE FROM outcomes",
+            """
+            CREATE TABLE quarantine (
+                thread_id      VARCHAR PRIMARY KEY,
+                environment    VARCHAR,
+                reason         VARCHAR NOT NULL,
+                entries        INTEGER NOT NULL,
+                quarantined_at TIMESTAMPTZ NOT NULL
+            )
+            """,
+        ),
+    ),
 )
 
 

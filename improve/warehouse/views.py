@@ -22,6 +22,18 @@ THREAD_PARTS = r"'^[^:]+:[^:]+:([^:]+:)?[^:]+:r[0-9]+$'"
 
 RELATIONS: tuple[Relation, ...] = (
     Relation(
+        "quarantine",
+        "Threads set aside because their replay does not verify (an edited, removed, inserted or reordered "
+        "entry, a state that diverges, a thread cut short): no score, diagnosis or round uses them.",
+        {
+            "thread_id": "The thread.",
+            "environment": "The environment it claims to have run in.",
+            "reason": "What did not verify, naming the first bad entry.",
+            "entries": "Entries in the thread when it was checked.",
+            "quarantined_at": "When.",
+        },
+    ),
+    Relation(
         "entries",
         "Every log entry ingested, one row per (thread_id, index); the journal as it was written.",
         {
@@ -98,6 +110,10 @@ RELATIONS: tuple[Relation, ...] = (
             "reason": "Why it passed or failed.",
             "entries": "Entries in the thread when it was replayed.",
             "replayed_at": "When the row was materialized.",
+            "model": "The model bound to the decider (from the thread's stamp; NULL for other agents' logs).",
+            "effects": "The effects the world recorded, in order (JSON array).",
+            "violation_details": "Each violation: the rule and what broke it (JSON array).",
+            "cost_usd": "USD the thread's model calls cost (0 when none was priced).",
         },
     ),
     Relation(

@@ -1,0 +1,145 @@
+"""The warehouse as the ledger of runs: what a command writes, it records there, and reads back from there.
+
+Every thread `improve run`, `score`, `diagnose` and `round` write (or reuse) is ingested into the
+workspace's warehouse (incrementally: unchanged files are skipped; one transaction per batch, as
+`improve ingest`), then replayed with every journaled hash verified into `outcomes`, or set aside in
+`quarantine` with the reason. The rows a scorecard, a diagnosis or a promotion decision uses are read
+back from `outcomes` with SQL (`OUTCOMES_SQL`), so an analyst querying `traces.duckdb` sees exactly
+what the round decided on, and a thread that does not verify is never scored.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import duckdb
+
+from improve.evals.outcome import OutcomeRow
+from improve.evals.workspace import Workspace
+from improve.log import JsonlDirStore
+from improve.runtime import Environment
+from improve.warehouse import connect, ingest
+
+OUTCOMES_SQL = """
+SELECT thread_id, scenario, category, split, policy_version, run, status, final_state, output,
+       expected_outcome, passed, reason, effects, violation_details, steps, model_calls, input_tokens,
+       output_tokens, failed_attempts, cost_usd, model
+FROM outcomes
+WHERE list_contains($threads, thread_id)
+ORDER BY thread_id
+"""
+"""The rows a score, a diagnosis or a round reads: one per verified thread of the ones it ran."""
+
+QUARANTINE_SQL = (
+    "SELECT thread_id, reason FROM quarantine WHERE list_contains($threads, thread_id) ORDER BY thread_id"
+)
+
+
+@dataclass(frozen=True)
+class Quarantined:
+    thread_id: str
+    reason: str
+
+
+@dataclass
+class Recorded:
+    """The verified rows of the threads asked for, in the order asked, and those set aside."""
+
+    rows: list[OutcomeRow] = field(default_factory=list)
+    quarantined: list[Quarantined] = field(default_factory=list)
+    sql: str = OUTCOMES_SQL
+
+    def set_aside(self) -> str:
+        """One line for a progress message: how many threads were set aside, and the first reason."""
+        if not self.quarantined:
+            return ""
+        first = self.quarantined[0]
+        return (
+            f"set aside {len(self.quarantined)} thread(s) whose replay does not verify (see the quarantine "
+            f"table), e.g. {first.thread_id}: {first.reason}"
+        )
+
+
+class Ledger:
+    """The workspace's warehouse, open for one command."""
+
+    def __init__(self, space: Workspace, env: Environment) -> None:
+        self.space = space
+        self.env = env
+        self.store = JsonlDirStore(space.traces)
+        self._con: duckdb.DuckDBPyConnection | None = None
+
+    @property
+    def con(self) -> duckdb.DuckDBPyConnection:
+        if self._con is None:
+            self.space.warehouse.parent.mkdir(parents=True, exist_ok=True)
+            self._con = connect(self.space.warehouse)
+        return self._con
+
+    def close(self) -> None:
+        if self._con is not None:
+            self._con.close()
+            self._con = None
+
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def record(self, thread_ids: Sequence[str], say: Callable[[str], None] | None = None) -> Recorded:
+        """Ingest the threads' files, verify and score what is new, and read their rows back."""
+        from improve.evals.materialize import refresh_outcomes
+
+        paths = [self.store.path(tid) for tid in thread_ids]
+        missing = [p for p in paths if not p.is_file()]
+        if missing:
+            raise FileNotFoundError(f"threads not written: {', '.join(str(p) for p in missing[:5])}")
+        ingest(self.con, [str(p) for p in paths])
+        refresh_outcomes(self.con, self.space, only=list(thread_ids), envs={self.env.config.id: self.env})
+        recorded = self.read(thread_ids)
+        if say and recorded.quarantined:
+            say(recorded.set_aside())
+        return recorded
+
+    def read(self, thread_ids: Sequence[str]) -> Recorded:
+        """The verified rows of `thread_ids` (in that order) and those in quarantine."""
+        params = {"threads": list(thread_ids)}
+        found = {row.thread_id: row for row in map(_row, self.con.execute(OUTCOMES_SQL, params).fetchall())}
+        quarantined = [Quarantined(*r) for r in self.con.execute(QUARANTINE_SQL, params).fetchall()]
+        return Recorded([found[t] for t in thread_ids if t in found], quarantined)
+
+
+def _row(r: tuple[Any, ...]) -> OutcomeRow:
+    (thread_id, scenario, category, split, version, run, status, final, output, expected, passed, reason,
+     effects, violations, steps, calls, tokens_in, tokens_out, failed, cost, model) = r  # fmt: skip
+    return OutcomeRow(
+        thread_id=str(thread_id),
+        scenario=str(scenario or ""),
+        category=str(category or ""),
+        split=str(split or ""),
+        policy_version=str(version or ""),
+        run=int(run or 0),
+        status=str(status),
+        final_state=str(final),
+        output=_json(output),
+        expected_outcome=str(expected or ""),
+        passed=bool(passed),
+        reason=str(reason or ""),
+        effects=_json(effects) or [],
+        violations=_json(violations) or [],
+        steps=int(steps),
+        model_calls=int(calls),
+        input_tokens=int(tokens_in),
+        output_tokens=int(tokens_out),
+        failed_attempts=int(failed),
+        cost_usd=float(cost or 0.0),
+        model=str(model) if model is not None else None,
+    )
+
+
+def _json(value: Any) -> Any:
+    return json.loads(value) if isinstance(value, str) else value
