@@ -24,16 +24,17 @@ from improve.errors import ScenarioError, WorkspaceError
 from improve.evals import (
     SPLITS,
     Comparison,
+    Ledger,
+    Recorded,
     Scorecard,
     compare,
     describe_model,
     load_scenarios,
     policy_label,
-    recorded_rows,
     scorecard,
     scorecard_markdown,
 )
-from improve.log import JsonlDirStore
+from improve.log import ThreadId, model_slug
 from improve.machine import run_rule_evals, uncovered
 
 
@@ -74,77 +75,89 @@ def score_command(
         environment = space.environment(env_name)
         scenarios = space.scenarios(env_name).scenarios
         objective = space.config.objective
-        store = JsonlDirStore(space.traces)
-        splits = list(SPLITS) if split == "all" else [split]
-        if split != "all" and split not in SPLITS:
-            raise WorkspaceError(f"unknown split {split!r}; use train, held-out or all")
-        configs = {"new": space.load_policy(env_name, policy)}
-        if vs:
-            configs["old"] = space.load_policy(env_name, vs)
-        cards: list[Scorecard] = []
-        comparisons: list[Comparison] = []
-        thread_ids: list[str] = []
-        for part in splits:
-            pair: dict[str, Scorecard] = {}
-            for side in ("old", "new"):
-                if side not in configs:
-                    continue
-                label = policy_label(configs[side])
-                rows = recorded_rows(environment, scenarios, store, label, part, model)
-                if not rows:
-                    raise WorkspaceError(
-                        f"no recorded runs of {label} with model {model} on {part} in {space.traces}; run "
-                        f"`improve run --env {env_name} --policy {label} --model {model} --split {part} "
-                        f"--k {objective.k}` first"
+        with Ledger(space, environment) as ledger:
+            store = ledger.store
+            known = {s.id for s in scenarios}
+            splits = list(SPLITS) if split == "all" else [split]
+            if split != "all" and split not in SPLITS:
+                raise WorkspaceError(f"unknown split {split!r}; use train, held-out or all")
+            configs = {"new": space.load_policy(env_name, policy)}
+            if vs:
+                configs["old"] = space.load_policy(env_name, vs)
+            cards: list[Scorecard] = []
+            comparisons: list[Comparison] = []
+            thread_ids: list[str] = []
+            for part in splits:
+                pair: dict[str, Scorecard] = {}
+                for side in ("old", "new"):
+                    if side not in configs:
+                        continue
+                    label = policy_label(configs[side])
+                    # The recorded threads of this version and model, verified in the warehouse: a thread
+                    # that does not verify is set aside, never scored.
+                    ids = [
+                        tid
+                        for tid in ledger.recorded(f"{part}:{label}:{model_slug(model)}:")
+                        if (parsed := ThreadId.parse(tid)) is not None and parsed.scenario in known
+                    ]
+                    recorded = (
+                        ledger.record(ids, say=lambda m: err.print(m, markup=False)) if ids else Recorded()
                     )
-                pair[side] = scorecard(rows, label, part)
-                thread_ids += [r.thread_id for r in rows]
-            cards += [pair[s] for s in ("old", "new") if s in pair]
-            if "old" in pair:
-                comparisons.append(
-                    compare(
-                        pair["old"],
-                        pair["new"],
-                        confidence=objective.confidence,
-                        resamples=objective.bootstrap_resamples,
+                    rows = recorded.rows
+                    if not rows:
+                        raise WorkspaceError(
+                            f"no recorded runs of {label} with model {model} on {part} in {space.traces}; run "
+                            f"`improve run --env {env_name} --policy {label} --model {model} --split {part} "
+                            f"--k {objective.k}` first"
+                        )
+                    pair[side] = scorecard(rows, label, part)
+                    thread_ids += [r.thread_id for r in rows]
+                cards += [pair[s] for s in ("old", "new") if s in pair]
+                if "old" in pair:
+                    comparisons.append(
+                        compare(
+                            pair["old"],
+                            pair["new"],
+                            confidence=objective.confidence,
+                            resamples=objective.bootstrap_resamples,
+                            seed=objective.seed,
+                            tolerance=objective.tolerance,
+                        )
+                    )
+            if as_json:
+                emit_json(
+                    {
+                        "seed": objective.seed,
+                        "scorecards": [c.to_json() for c in cards],
+                        "comparisons": [c.to_json() for c in comparisons],
+                    }
+                )
+                return
+            if fmt == "markdown":
+                title = f"Scorecard: {policy_label(configs['new'])}" + (f" vs {vs}" if vs else "")
+                threads = [store.read(tid) for tid in thread_ids[:1]]
+                stamp = dict(threads[0][0].metadata or {}) if threads and threads[0] else {}
+                prints = sorted(
+                    {
+                        str(e.event["fingerprint"])
+                        for tid in (thread_ids if stamp.get("modelSpec") else [])
+                        for e in store.read(tid)
+                        if e.event.get("fingerprint")
+                    }
+                )
+                sys.stdout.write(
+                    scorecard_markdown(
+                        cards,
+                        comparisons,
+                        title=title,
+                        old_policy=configs.get("old"),
+                        new_policy=configs["new"] if vs else None,
                         seed=objective.seed,
-                        tolerance=objective.tolerance,
+                        model=describe_model(stamp, prints) if stamp else None,
                     )
                 )
-        if as_json:
-            emit_json(
-                {
-                    "seed": objective.seed,
-                    "scorecards": [c.to_json() for c in cards],
-                    "comparisons": [c.to_json() for c in comparisons],
-                }
-            )
-            return
-        if fmt == "markdown":
-            title = f"Scorecard: {policy_label(configs['new'])}" + (f" vs {vs}" if vs else "")
-            threads = [store.read(tid) for tid in thread_ids[:1]]
-            stamp = dict(threads[0][0].metadata or {}) if threads and threads[0] else {}
-            prints = sorted(
-                {
-                    str(e.event["fingerprint"])
-                    for tid in (thread_ids if stamp.get("modelSpec") else [])
-                    for e in store.read(tid)
-                    if e.event.get("fingerprint")
-                }
-            )
-            sys.stdout.write(
-                scorecard_markdown(
-                    cards,
-                    comparisons,
-                    title=title,
-                    old_policy=configs.get("old"),
-                    new_policy=configs["new"] if vs else None,
-                    seed=objective.seed,
-                    model=describe_model(stamp, prints) if stamp else None,
-                )
-            )
-            return
-        _print_tables(cards, comparisons, objective.seed)
+                return
+            _print_tables(cards, comparisons, objective.seed)
 
 
 def _print_tables(cards: list[Scorecard], comparisons: list[Comparison], seed: int) -> None:

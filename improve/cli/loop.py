@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
+from dataclasses import asdict
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.table import Table
 
 from improve.cli.common import (
     EXIT_FAILED,
@@ -23,9 +26,10 @@ from improve.cli.common import (
     out,
     workspace,
 )
-from improve.evals import SuiteSpec, policy_label, run_suite
+from improve.errors import WorkspaceError
+from improve.evals import Ledger, SuiteSpec, Workspace, policy_label, write_threads
 from improve.log import JsonlDirStore
-from improve.loop import RoundOptions, RoundResult, diagnose, locate, run_rounds
+from improve.loop import RoundOptions, RoundResult, diagnose, diagnose_production, locate, run_rounds
 
 
 def round_command(
@@ -145,8 +149,23 @@ def _step_summary(root: Path, results: list[RoundResult]) -> None:
                 summary.write(f"### {r.round_id}: {r.status}\n\n{r.decision_detail}\n\n")
 
 
+class Source(StrEnum):
+    scenarios = "scenarios"
+    production = "production"
+
+
 def diagnose_command(
-    policy: Annotated[str, typer.Option("--policy", "-p", help="The policy version to diagnose.")],
+    policy: Annotated[
+        str | None, typer.Option("--policy", "-p", help="The policy version to diagnose (scenarios).")
+    ] = None,
+    source: Annotated[
+        Source,
+        typer.Option(
+            "--source",
+            help="scenarios: the policy's labelled training runs; production: ingested threads of a deployed "
+            "agent, without labels.",
+        ),
+    ] = Source.scenarios,
     env: Annotated[str | None, EnvOption] = None,
     k: Annotated[
         int | None, typer.Option("--k", min=1, help="Runs per scenario (default from improve.toml).")
@@ -156,16 +175,26 @@ def diagnose_command(
     as_json: Annotated[bool, JsonOption] = False,
     ws: Annotated[Path | None, WorkspaceOption] = None,
 ) -> None:
-    """Diagnose a policy's training failures: clusters in order, the one to fix, the hypothesis.
+    """Diagnose failures: clusters in order, the one to fix, the hypothesis; with the SQL it ran.
 
-    Reads (or records) the train runs only; held-out failures never shape a change.
+    --source scenarios (the default) reads (or records) the policy's train runs only, verified in the
+    warehouse; held-out failures never shape a change. --source production clusters the ingested
+    threads of a deployed agent (no scenario, no label) by decision, answer, refusal, guard and final
+    state, with counts, cost and example threads; turn a cluster into scenarios with `improve
+    scenarios add --from-thread`. --json includes the SQL, so an analyst can run it with `improve sql`.
 
     Example:
 
         improve diagnose --policy v0 --json
+        improve ingest prod/ && improve diagnose --source production
     """
     with handled():
         space = workspace(ws)
+        if source == Source.production:
+            _diagnose_production(space, env, as_json)
+            return
+        if policy is None:
+            raise WorkspaceError("--policy is needed with --source scenarios, e.g. --policy v0")
         inputs = locate(space, env, policy)
         objective = space.config.objective
         spec = SuiteSpec(
@@ -178,10 +207,15 @@ def diagnose_command(
             cache.value,
         )
         train = [s for s in inputs.scenarios if s.split == "train"]
-        rows = run_suite(inputs.env, train, spec, JsonlDirStore(space.traces), concurrency=8)
-        result = diagnose(rows, policy_label(inputs.policy))
+        plan = write_threads(inputs.env, train, spec, JsonlDirStore(space.traces), concurrency=8)
+        with Ledger(space, inputs.env) as ledger:
+            recorded = ledger.record([p.thread_id for p in plan], say=lambda m: err.print(m, markup=False))
+        result = diagnose(recorded.rows, policy_label(inputs.policy))
         if as_json:
-            emit_json(result.to_json())
+            emit_json(
+                result.to_json()
+                | {"sql": recorded.sql, "quarantined": [asdict(q) for q in recorded.quarantined]}
+            )
             return
         out.print(
             f"{policy_label(inputs.policy)} on train: pass rate {result.train_pass_rate:.3f} over "
@@ -204,3 +238,36 @@ def diagnose_command(
                 f"evidence: {', '.join(h.evidence[:6])}",
                 markup=False,
             )
+
+
+def _diagnose_production(space: Workspace, env: str | None, as_json: bool) -> None:
+    environment = space.environment(env)
+    with Ledger(space, environment) as ledger:
+        found = diagnose_production(ledger.con, environment.name)
+    if as_json:
+        emit_json(found.to_json())
+        return
+    if not found.clusters:
+        out.print(
+            f"no production threads of {environment.name} in {space.warehouse}: ingest a deployed agent's "
+            "threads first (improve ingest PATH)",
+            markup=False,
+        )
+        return
+    table = Table(title=f"{environment.name}: {found.threads} production thread(s), by what happened")
+    for column in ("threads", "decision", "answer", "refused before", "final state", "status", "USD/thread"):
+        table.add_column(column, overflow="fold")
+    table.add_column("examples", overflow="fold", max_width=48)
+    for c in found.clusters:
+        refused = f"{c.refusal}: {c.guard}" if c.guard else c.refusal
+        table.add_row(
+            str(c.threads),
+            c.decision,
+            c.answer,
+            refused or "-",
+            c.final_state,
+            c.status,
+            f"{c.cost_usd_per_thread:.4f}",
+            ", ".join(c.examples),
+        )
+    out.print(table)

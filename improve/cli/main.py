@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -38,7 +39,7 @@ from improve.cli.policy import (
 from improve.cli.tape import tape_app
 from improve.cli.warehouse import ingest_command, sql_command
 from improve.errors import DivergenceError, LogError, WorkspaceError
-from improve.evals import OutcomeRow, SuiteSpec, Workspace, run_suite
+from improve.evals import Ledger, OutcomeRow, SuiteSpec, Workspace, write_threads
 from improve.llm import Meter
 from improve.log import JsonlDirStore, LogEntry, gc_paused
 from improve.log import replay as replay_thread
@@ -114,29 +115,22 @@ def run_command(
             f"running {len(chosen)} scenarios x {spec.k} on {env_name} with policy "
             f"{policy_config.id}@{policy_config.version}, model {model} -> {space.traces}"
         )
-        reused_count = 0
-
-        def progress(done: int, total: int, row: OutcomeRow, reused: bool) -> None:
-            nonlocal reused_count
-            reused_count += reused
-            mark = "[green]pass[/]" if row.passed else "[red]FAIL[/]"
-            err.print(f"  [{done}/{total}] {row.thread_id} {mark} {row.final_state}", markup=True)
 
         def ran(done: int, total: int) -> None:
             if spec.model_spec is not None and (done == total or done % 10 == 0):
                 err.print(f"  {done}/{total} runs: {meter.summary()}", markup=False)
 
-        rows = run_suite(
-            environment,
-            chosen,
-            spec,
-            store,
-            fresh=fresh,
-            progress=progress,
-            concurrency=concurrency,
-            ran=ran,
-            meter=meter,
+        plan = write_threads(
+            environment, chosen, spec, store, fresh=fresh, concurrency=concurrency, ran=ran, meter=meter
         )
+        # Every thread is recorded in the warehouse and read back from there, verified.
+        with Ledger(space, environment) as ledger:
+            recorded = ledger.record([p.thread_id for p in plan], say=lambda m: err.print(m, markup=False))
+        rows = recorded.rows
+        for done, row in enumerate(rows, start=1):
+            mark = "[green]pass[/]" if row.passed else "[red]FAIL[/]"
+            err.print(f"  [{done}/{len(rows)}] {row.thread_id} {mark} {row.final_state}", markup=True)
+        reused_count = sum(p.reused for p in plan)
         if reused_count:
             err.print(f"reused {reused_count} recorded threads (--fresh runs them again)")
         summary = summarize(rows)
@@ -148,6 +142,7 @@ def run_command(
                     "model": model,
                     "k": spec.k,
                     "summary": summary,
+                    "quarantined": [asdict(q) for q in recorded.quarantined],
                     **({"model_calls": meter.to_json()} if spec.model_spec is not None else {}),
                     "scenarios": per_scenario(rows),
                     "threads": [r.to_json() for r in rows],

@@ -5,7 +5,7 @@ from typing import TYPE_CHECKING, Any
 
 from improve.evals.outcome import OutcomeRow, compare_effects, effects_from_log, outcome_row
 from improve.evals.scenarios import SPLITS, Expected, Scenario, ScenarioSet, load_scenarios, read_yaml
-from improve.evals.suite import PlannedRun, SuiteSpec, recorded_rows, run_scenario, run_suite, write_threads
+from improve.evals.suite import PlannedRun, SuiteSpec, run_scenario, run_suite, write_threads
 from improve.evals.workspace import CONFIG_NAME, Workspace, policy_hash, policy_label
 
 if TYPE_CHECKING:
@@ -67,7 +67,6 @@ __all__ = [
     "policy_hash",
     "policy_label",
     "read_yaml",
-    "recorded_rows",
     "refresh_outcomes",
     "run_scenario",
     "run_suite",

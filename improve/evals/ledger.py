@@ -50,7 +50,13 @@ class Recorded:
 
     rows: list[OutcomeRow] = field(default_factory=list)
     quarantined: list[Quarantined] = field(default_factory=list)
-    sql: str = OUTCOMES_SQL
+    thread_ids: list[str] = field(default_factory=list)
+
+    @property
+    def sql(self) -> str:
+        """The query that read the rows, with its threads written in: `improve sql` runs it as it is."""
+        quoted = ", ".join("'" + t.replace("'", "''") + "'" for t in self.thread_ids)
+        return OUTCOMES_SQL.replace("list_contains($threads, thread_id)", f"thread_id IN ({quoted})").strip()
 
     def set_aside(self) -> str:
         """One line for a progress message: how many threads were set aside, and the first reason."""
@@ -110,7 +116,11 @@ class Ledger:
         params = {"threads": list(thread_ids)}
         found = {row.thread_id: row for row in map(_row, self.con.execute(OUTCOMES_SQL, params).fetchall())}
         quarantined = [Quarantined(*r) for r in self.con.execute(QUARANTINE_SQL, params).fetchall()]
-        return Recorded([found[t] for t in thread_ids if t in found], quarantined)
+        return Recorded([found[t] for t in thread_ids if t in found], quarantined, list(thread_ids))
+
+    def recorded(self, prefix: str) -> list[str]:
+        """Thread ids in the workspace's traces starting with `prefix` (`train:v3:naive:`)."""
+        return self.store.list_threads(prefix=prefix, limit=1_000_000).thread_ids
 
 
 def _row(r: tuple[Any, ...]) -> OutcomeRow:

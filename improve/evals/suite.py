@@ -21,7 +21,7 @@ from improve.evals.outcome import OutcomeRow, outcome_row
 from improve.evals.scenarios import Scenario
 from improve.evals.workspace import policy_hash, policy_label
 from improve.llm import CacheMode, Meter, ModelSpec, ResponseCache
-from improve.log import JsonlDirStore, LogEntry, Store, ThreadId, gc_paused, model_slug, replay
+from improve.log import JsonlDirStore, LogEntry, Store, ThreadId, model_slug, replay
 from improve.machine import MachineConfig
 from improve.runtime import (
     DEFAULT_MAX_MODEL_CALLS,
@@ -333,22 +333,3 @@ def _stamp_diff(recorded: dict[str, Any], wanted: dict[str, Any]) -> str:
         f"{k}: {recorded.get(k)!r} != {wanted.get(k)!r}" for k in keys if recorded.get(k) != wanted.get(k)
     ]
     return "; ".join(diffs)
-
-
-def recorded_rows(
-    env: Environment, scenarios: Sequence[Scenario], store: Store, version: str, split: str, model: str
-) -> list[OutcomeRow]:
-    """Outcome rows of every recorded thread of `version` with `model` on `split` (replayed and
-    scored), for the scenarios given; threads of unknown scenarios are skipped."""
-    by_id = {s.id: s for s in scenarios}
-    splits = ("train", "held-out") if split == "all" else (split,)
-    rows: list[OutcomeRow] = []
-    with gc_paused():
-        for part in splits:
-            page = store.list_threads(prefix=f"{part}:{version}:{model_slug(model)}:", limit=1_000_000)
-            for thread_id in page.thread_ids:
-                parsed = ThreadId.parse(thread_id)
-                if parsed is None or parsed.scenario not in by_id:
-                    continue
-                rows.append(outcome_row(env, by_id[parsed.scenario], thread_id, store.read(thread_id)))
-    return rows

@@ -21,6 +21,7 @@ from improve.loop.gates import (
 )
 from improve.loop.inputs import Inputs, RoundOptions, RoundResult, locate, next_version, review_branch
 from improve.loop.probes import probe_requests
+from improve.loop.production import ProductionCluster, ProductionDiagnosis, diagnose_production
 from improve.loop.proposers import PROPOSERS, Proposal, ProposalRequest, Proposer, ProposerSetup
 from improve.loop.record import pr_body
 from improve.loop.round import run_round, run_rounds
@@ -36,6 +37,8 @@ __all__ = [
     "GateContext",
     "GateResult",
     "Inputs",
+    "ProductionCluster",
+    "ProductionDiagnosis",
     "Proposal",
     "ProposalRequest",
     "Proposer",
@@ -44,6 +47,7 @@ __all__ = [
     "RoundResult",
     "Unparsed",
     "diagnose",
+    "diagnose_production",
     "gates_for",
     "locate",
     "next_version",

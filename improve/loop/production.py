@@ -1,0 +1,94 @@
+"""Diagnosing production threads: runs of a deployed agent, with no scenario and no label.
+
+A production thread is ingested and replayed like any other, and gets an `outcomes` row without a
+label (`expected_outcome` NULL): its final state, status, the violations the world's audit finds in
+its effects, its cost. Clustering them needs no label either: threads are grouped by the decision, the
+answer that landed, the refusal kind and the guard that refused an earlier answer, and the final state,
+with counts, cost and example threads. A cluster that matters becomes labelled scenarios with
+`improve scenarios add --from-thread`, and the next round learns from them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import duckdb
+
+PRODUCTION_SQL = """
+WITH production AS (
+    SELECT o.*,
+           (SELECT count(*) FROM entries e
+            WHERE e.thread_id = o.thread_id AND e.event_type = '@agent.usage'
+              AND e.event ->> '$.error' IS NOT NULL) AS model_errors
+    FROM outcomes o
+    WHERE o.environment = $environment AND o.expected_outcome IS NULL
+)
+SELECT d.decision,
+       coalesce(d.chosen_event, '(every answer refused)') AS answer,
+       coalesce(a.kind, '') AS refusal,
+       coalesce(a.guard, '') AS guard,
+       p.final_state,
+       p.status,
+       count(DISTINCT p.thread_id) AS threads,
+       round(avg(p.cost_usd), 6) AS cost_usd_per_thread,
+       round(avg(p.model_calls), 2) AS model_calls_per_thread,
+       sum(p.model_errors) AS model_errors,
+       sum(p.violations) AS violations,
+       list(DISTINCT p.thread_id ORDER BY p.thread_id)[1:3] AS examples
+FROM production p
+JOIN decisions d USING (thread_id)
+LEFT JOIN attempts a ON a.thread_id = d.thread_id AND a."index" = d."index"
+GROUP BY ALL
+ORDER BY threads DESC, decision, answer, refusal, guard, final_state
+"""
+"""Production threads of one environment, clustered by decision, answer, refusal, guard and end."""
+
+
+@dataclass(frozen=True)
+class ProductionCluster:
+    decision: str
+    answer: str
+    refusal: str
+    """The kind of an answer refused before this one landed (`rejected-by-guard`, ...), or empty."""
+    guard: str
+    """The guard that refused it, as `'state'.on.EVENT[i]: <expression>`, or empty."""
+    final_state: str
+    status: str
+    threads: int
+    cost_usd_per_thread: float
+    model_calls_per_thread: float
+    model_errors: int
+    violations: int
+    examples: list[str]
+
+
+@dataclass(frozen=True)
+class ProductionDiagnosis:
+    environment: str
+    threads: int
+    clusters: list[ProductionCluster]
+    sql: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "source": "production",
+            "environment": self.environment,
+            "threads": self.threads,
+            "clusters": [asdict(c) for c in self.clusters],
+            "sql": self.sql,
+        }
+
+
+def diagnose_production(con: duckdb.DuckDBPyConnection, environment: str) -> ProductionDiagnosis:
+    """The clusters of an environment's production threads, largest first, with the SQL that made them."""
+    rows = con.execute(PRODUCTION_SQL, {"environment": environment}).fetchall()
+    names = [f.name for f in fields(ProductionCluster)]
+    clusters = [
+        ProductionCluster(**dict(zip(names, [*row[:11], list(row[11])], strict=True))) for row in rows
+    ]
+    threads = con.execute(
+        "SELECT count(*) FROM outcomes WHERE environment = ? AND expected_outcome IS NULL", [environment]
+    ).fetchone()
+    sql = PRODUCTION_SQL.replace("$environment", "'" + environment.replace("'", "''") + "'").strip()
+    return ProductionDiagnosis(environment, int(threads[0]) if threads else 0, clusters, sql)
