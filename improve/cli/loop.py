@@ -209,7 +209,11 @@ def diagnose_command(
         train = [s for s in inputs.scenarios if s.split == "train"]
         plan = write_threads(inputs.env, train, spec, JsonlDirStore(space.traces), concurrency=8)
         with Ledger(space, inputs.env) as ledger:
-            recorded = ledger.record([p.thread_id for p in plan], say=lambda m: err.print(m, markup=False))
+            recorded = ledger.record(
+                [p.thread_id for p in plan],
+                say=lambda m: err.print(m, markup=False),
+                rewritten=[p.thread_id for p in plan if not p.reused],
+            )
         result = diagnose(recorded.rows, policy_label(inputs.policy))
         if as_json:
             emit_json(

@@ -125,7 +125,11 @@ def run_command(
         )
         # Every thread is recorded in the warehouse and read back from there, verified.
         with Ledger(space, environment) as ledger:
-            recorded = ledger.record([p.thread_id for p in plan], say=lambda m: err.print(m, markup=False))
+            recorded = ledger.record(
+                [p.thread_id for p in plan],
+                say=lambda m: err.print(m, markup=False),
+                rewritten=[p.thread_id for p in plan if not p.reused],
+            )
         rows = recorded.rows
         for done, row in enumerate(rows, start=1):
             mark = "[green]pass[/]" if row.passed else "[red]FAIL[/]"

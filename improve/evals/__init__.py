@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from improve.evals.materialize import refresh_outcomes
     from improve.evals.promotion import PromotionDecision, decide
     from improve.evals.report import describe_model, scorecard_markdown
-    from improve.evals.scorecards import Comparison, Scorecard, compare, scorecard
+    from improve.evals.scorecards import Comparison, Scorecard, compare, paired, scorecard
 
 # Scorecards, the promotion rule and reports need numpy and scipy, materializing outcomes needs
 # DuckDB: each is imported when one of its names is first asked for, so a command that uses
@@ -23,6 +23,7 @@ _LAZY = {
     "PromotionDecision": "improve.evals.promotion",
     "Scorecard": "improve.evals.scorecards",
     "compare": "improve.evals.scorecards",
+    "paired": "improve.evals.scorecards",
     "decide": "improve.evals.promotion",
     "refresh_outcomes": "improve.evals.materialize",
     "Ledger": "improve.evals.ledger",
@@ -64,6 +65,7 @@ __all__ = [
     "effects_from_log",
     "load_scenarios",
     "outcome_row",
+    "paired",
     "policy_hash",
     "policy_label",
     "read_yaml",

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import duckdb
@@ -96,20 +97,80 @@ class Ledger:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def record(self, thread_ids: Sequence[str], say: Callable[[str], None] | None = None) -> Recorded:
-        """Ingest the threads' files, verify and score what is new, and read their rows back."""
+    def record(
+        self,
+        thread_ids: Sequence[str],
+        say: Callable[[str], None] | None = None,
+        rewritten: Sequence[str] = (),
+    ) -> Recorded:
+        """Ingest the threads' files, verify and score what is new, and read their rows back.
+
+        `rewritten` are threads this command ran again (`--fresh`, an interrupted run started over):
+        their earlier copies leave the warehouse first. Any other thread whose file no longer matches
+        what the warehouse holds was changed after it was written: it is set aside with the reason.
+        """
         from improve.evals.materialize import refresh_outcomes
 
         paths = [self.store.path(tid) for tid in thread_ids]
         missing = [p for p in paths if not p.is_file()]
         if missing:
             raise FileNotFoundError(f"threads not written: {', '.join(str(p) for p in missing[:5])}")
-        ingest(self.con, [str(p) for p in paths])
+        if rewritten:
+            self.forget(rewritten)
+        report = ingest(self.con, [str(p) for p in paths])
+        self._quarantine_rejected([f.file for f in report.files if f.rejected], report.batch_id)
         refresh_outcomes(self.con, self.space, only=list(thread_ids), envs={self.env.config.id: self.env})
         recorded = self.read(thread_ids)
         if say and recorded.quarantined:
             say(recorded.set_aside())
         return recorded
+
+    def forget(self, thread_ids: Sequence[str]) -> None:
+        """Remove threads from the warehouse (entries, outcomes, quarantine, file bookkeeping) in one
+        transaction: they are about to be written again."""
+        ids = list(thread_ids)
+        files = [str(self.store.path(tid)) for tid in ids]
+        con = self.con
+        con.execute("BEGIN TRANSACTION")
+        try:
+            for table in ("entries", "outcomes", "quarantine"):
+                con.execute(f"DELETE FROM {table} WHERE list_contains($ids, thread_id)", {"ids": ids})
+            con.execute("DELETE FROM ingested_files WHERE list_contains($files, path)", {"files": files})
+            con.execute("DELETE FROM rejected_lines WHERE list_contains($files, file)", {"files": files})
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+
+    def _quarantine_rejected(self, files: Sequence[str], batch_id: str) -> None:
+        """Threads whose files were changed after they were written (their lines conflict with what the
+        warehouse holds, or no longer parse) go to quarantine, with the first rejection as the reason."""
+        if not files:
+            return
+        con = self.con
+        rows = con.execute(
+            """
+            SELECT file, first(line ORDER BY line), first(error ORDER BY line) FROM rejected_lines
+            WHERE batch_id = $batch AND list_contains($files, file) GROUP BY file
+            """,
+            {"batch": batch_id, "files": list(files)},
+        ).fetchall()
+        con.execute("BEGIN TRANSACTION")
+        try:
+            for file, line, error in rows:
+                thread = Path(file).stem
+                entries = con.execute("SELECT count(*) FROM entries WHERE thread_id = ?", [thread]).fetchone()
+                reason = f"{file}:{line}: the file differs from the thread as it was first recorded: {error}"
+                con.execute("DELETE FROM outcomes WHERE thread_id = ?", [thread])
+                con.execute("DELETE FROM quarantine WHERE thread_id = ?", [thread])
+                con.execute(
+                    "INSERT INTO quarantine VALUES (?, ?, ?, ?, now())",
+                    [thread, self.env.name, reason, int(entries[0]) if entries else 0],
+                )
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
 
     def read(self, thread_ids: Sequence[str]) -> Recorded:
         """The verified rows of `thread_ids` (in that order) and those in quarantine."""

@@ -105,6 +105,17 @@ class Scorecard:
         }
 
 
+def paired(a: Scorecard, b: Scorecard) -> tuple[Scorecard, Scorecard, list[str]]:
+    """Both scorecards on the scenarios they share, and the ids left out because only one side has them."""
+    shared = set(a.by_id()) & set(b.by_id())
+    unpaired = sorted((set(a.by_id()) | set(b.by_id())) - shared)
+
+    def keep(card: Scorecard) -> Scorecard:
+        return Scorecard(card.policy_version, card.split, [s for s in card.scenarios if s.scenario in shared])
+
+    return keep(a), keep(b), unpaired
+
+
 def scorecard(rows: Iterable[OutcomeRow], policy_version: str, split: str) -> Scorecard:
     grouped: dict[str, list[OutcomeRow]] = defaultdict(list)
     for row in rows:

@@ -26,6 +26,7 @@ from improve.evals import (
     SuiteSpec,
     Workspace,
     decide,
+    paired,
     policy_label,
     scorecard,
     write_threads,
@@ -201,6 +202,12 @@ def _run_round(space: Workspace, opts: RoundOptions, say: Say, inputs: Inputs, l
     note("candidate")
     result.candidate_threads = sorted(r.thread_id for r in cand_rows)
     cand_cards = _cards(cand_rows, label)
+    for split in ("train", "held-out"):
+        # A scenario whose threads were all set aside on one side cannot be paired: it is left out of
+        # both, and said so, rather than scored on one side only.
+        base_cards[split], cand_cards[split], unpaired = paired(base_cards[split], cand_cards[split])
+        if unpaired:
+            say(f"  {split}: left out of the comparison (no verified run on one side): {', '.join(unpaired)}")
     verdict = decide(
         base_cards["train"], base_cards["held-out"], cand_cards["train"], cand_cards["held-out"], objective
     )
@@ -275,7 +282,11 @@ def _suite(
         meter=meter,
         models=models,
     )
-    recorded = ledger.record([p.thread_id for p in plan], say=lambda m: say(f"  {what}: {m}"))
+    recorded = ledger.record(
+        [p.thread_id for p in plan],
+        say=lambda m: say(f"  {what}: {m}"),
+        rewritten=[p.thread_id for p in plan if not p.reused],
+    )
     result.quarantined += [asdict(q) for q in recorded.quarantined]
     return recorded.rows
 
