@@ -3,7 +3,9 @@
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from improve.evals.from_thread import load_thread, scenario_from_thread
 from improve.evals.outcome import OutcomeRow, compare_effects, effects_from_log, outcome_row
+from improve.evals.scenario_writer import append_scenario, scenario_yaml, split_warnings
 from improve.evals.scenarios import SPLITS, Expected, Scenario, ScenarioSet, load_scenarios, read_yaml
 from improve.evals.suite import SuiteSpec, recorded_rows, run_scenario, run_suite
 from improve.evals.workspace import CONFIG_NAME, Workspace, policy_hash, policy_label
@@ -49,12 +51,14 @@ __all__ = [
     "Scorecard",
     "SuiteSpec",
     "Workspace",
+    "append_scenario",
     "compare",
     "compare_effects",
     "decide",
     "describe_model",
     "effects_from_log",
     "load_scenarios",
+    "load_thread",
     "outcome_row",
     "policy_hash",
     "policy_label",
@@ -63,6 +67,9 @@ __all__ = [
     "refresh_outcomes",
     "run_scenario",
     "run_suite",
+    "scenario_from_thread",
+    "scenario_yaml",
     "scorecard",
     "scorecard_markdown",
+    "split_warnings",
 ]
