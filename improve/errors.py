@@ -9,6 +9,7 @@ imports nothing else of ours) may raise these. Every error carries a message tha
     │   ├── MachineConfigError        a machine or policy document is invalid
     │   │   └── ExpressionError       a CEL expression does not parse, uses a forbidden name, ...
     │   ├── ScenarioError             a scenario file is invalid
+    │   │   └── WorldFromThreadError  a thread's world cannot be rebuilt (a tool answered as no fixture can)
     │   ├── WorkspaceError            improve.toml, a policy file or a directory is missing or wrong
     │   └── BranchNameError           a branch name git would refuse (`:`, `..`, a space, ...)
     ├── MachineError                  the interpreter could not take a step (exit code 3)
@@ -64,6 +65,12 @@ class ExpressionError(MachineConfigError):
 
 class ScenarioError(ConfigError):
     """A scenario file is invalid."""
+
+
+class WorldFromThreadError(ScenarioError):
+    """A thread cannot become a scenario: its environment's world fixture has no way to make a tool
+    answer as the thread records (a tool failed that the fixture cannot fail, or the rebuilt world
+    answers differently). The message names the thread, the entry and the tool."""
 
 
 class WorkspaceError(ConfigError):

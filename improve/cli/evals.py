@@ -1,7 +1,9 @@
-"""`improve score` and `improve scenarios check`: honest numbers from recorded runs."""
+"""`improve score` and `improve scenarios check` / `add`: honest numbers from recorded runs, and the
+labelled scenarios they are measured against."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -27,15 +29,20 @@ from improve.evals import (
     Ledger,
     Recorded,
     Scorecard,
+    append_scenario,
     compare,
     describe_model,
     load_scenarios,
+    load_thread,
     policy_label,
+    scenario_from_thread,
     scorecard,
     scorecard_markdown,
+    split_warnings,
 )
 from improve.log import ThreadId, model_slug
 from improve.machine import run_rule_evals, uncovered
+from improve.runtime import read_thread
 
 
 def score_command(
@@ -198,7 +205,9 @@ def _print_tables(cards: list[Scorecard], comparisons: list[Comparison], seed: i
             out.print(f"  {ch.scenario}: {ch.before:.2f} -> {ch.after:.2f}", markup=False)
 
 
-scenarios_app = typer.Typer(help="Scenario files: validate them.", no_args_is_help=True)
+scenarios_app = typer.Typer(
+    help="Scenario files: validate them, add a labelled one from a thread.", no_args_is_help=True
+)
 
 
 @scenarios_app.command("check")
@@ -264,6 +273,133 @@ def scenarios_check(
             )
         if problems:
             raise typer.Exit(EXIT_FAILED)
+
+
+@scenarios_app.command("add")
+def scenarios_add(
+    from_thread: Annotated[
+        str,
+        typer.Option(
+            "--from-thread",
+            help="The thread: an id in the workspace's traces/ or a path to a .jsonl file of one thread.",
+        ),
+    ],
+    expect: Annotated[str, typer.Option("--expect", help="The label: the final state the run must end in.")],
+    split: Annotated[str, typer.Option("--split", help="train or held-out (fixed in the file).")],
+    effect: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--effect",
+            help="An expected effect as a JSON object with its `kind` (repeat for each); none: the outcome "
+            "alone is compared.",
+        ),
+    ] = None,
+    no_effects: Annotated[
+        bool, typer.Option("--no-effects", help="Label that the run records no effect at all (effects: []).")
+    ] = False,
+    category: Annotated[
+        str | None, typer.Option("--category", help="Its category (default: the --expect state).")
+    ] = None,
+    scenario_id: Annotated[
+        str | None,
+        typer.Option(
+            "--id",
+            help="Its id (default: <category>-<the thread's scenario>, or <category>-<hash> for a thread "
+            "that came from no scenario).",
+        ),
+    ] = None,
+    env: Annotated[str | None, EnvOption] = None,
+    as_json: Annotated[bool, JsonOption] = False,
+    ws: Annotated[Path | None, WorkspaceOption] = None,
+) -> None:
+    """Add a labelled scenario made from a recorded thread to the environment's scenario file.
+
+    The input and the people's answers are the thread's; the world is rebuilt from the tools' recorded
+    answers by the environment's `world_from_thread` and checked to make every tool answer as it did,
+    so the same situation replays against any policy. The label is yours: --expect a final state, and
+    each expected effect with --effect (without one, the outcome alone is compared). The item is
+    appended as text at the end of the `scenarios:` list, and read back before the file is replaced;
+    a bad label, a taken id or a result that would not load writes nothing (exit 2). A category in
+    only one split is a warning: `improve scenarios check` fails until the other split has one.
+
+    Example:
+
+        improve scenarios add --from-thread train:v0:naive:small-refund-01:r1 \\
+            --expect issued --split held-out --category small-refund \\
+            --effect '{"kind": "refund", "orderId": "O-5001", "amount": 23.5}'
+    """
+    with handled():
+        if effect and no_effects:
+            raise ScenarioError("--effect and --no-effects say different things; pass one of them")
+        space = workspace(ws)
+        env_name = space.env_name(env)
+        environment = space.environment(env_name)
+        expected_effects = [] if no_effects else _parse_effects(effect) if effect else None
+        thread_id, entries = load_thread(from_thread, space.traces)
+        scenario = scenario_from_thread(
+            environment,
+            entries,
+            expect=expect,
+            effects=expected_effects,
+            split=split,
+            category=category,
+            id=scenario_id,
+            thread_id=thread_id,
+        )
+        thread = read_thread(environment.machine, entries, thread_id)
+        recorded = {"final_state": thread.final_state, "status": thread.status, "effects": thread.effects}
+        path = space.scenarios_path(env_name)
+        scenarios = append_scenario(
+            path,
+            scenario,
+            env_name,
+            comment=f"From thread {thread_id} (improve scenarios add --from-thread).",
+        )
+        warnings = split_warnings(scenarios, scenario.category)
+        if expect in environment.config.sentinels():
+            warnings.append(
+                f"--expect {expect!r} is a sentinel of {env_name}, a state that must never be reached; a "
+                "scenario labelled with it passes only when the rule is broken"
+            )
+        if as_json:
+            emit_json(
+                {
+                    "file": str(path),
+                    "thread": thread_id,
+                    "scenario": scenario.model_dump(mode="json", exclude_none=True),
+                    "recorded": recorded,
+                    "warnings": warnings,
+                }
+            )
+        else:
+            out.print(
+                f"added scenario '{scenario.id}' (category {scenario.category}, {scenario.split}) to {path}, "
+                f"from thread {thread_id}",
+                markup=False,
+            )
+            err.print(
+                f"the thread itself ended in '{thread.final_state}' ({thread.status}) with effects "
+                f"{json.dumps(thread.effects)}; labelled '{expect}'",
+                markup=False,
+            )
+        for warning in warnings:
+            err.print(f"warning: {warning}", markup=False)
+
+
+def _parse_effects(raw: list[str]) -> list[dict[str, Any]]:
+    effects: list[dict[str, Any]] = []
+    for number, text in enumerate(raw, start=1):
+        try:
+            value = json.loads(text)
+        except ValueError as error:
+            value = error
+        if not isinstance(value, dict) or not isinstance(value.get("kind"), str):
+            raise ScenarioError(
+                f"--effect #{number} {text!r} is not a JSON object with a `kind`; write one as the world "
+                """records it, e.g. '{"kind": "refund", "orderId": "O-5001", "amount": 40}'"""
+            )
+        effects.append(value)
+    return effects
 
 
 def rules_command(

@@ -3,7 +3,9 @@
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from improve.evals.from_thread import load_thread, scenario_from_thread
 from improve.evals.outcome import OutcomeRow, compare_effects, effects_from_log, outcome_row
+from improve.evals.scenario_writer import append_scenario, scenario_yaml, split_warnings
 from improve.evals.scenarios import SPLITS, Expected, Scenario, ScenarioSet, load_scenarios, read_yaml
 from improve.evals.suite import PlannedRun, SuiteSpec, run_scenario, run_suite, write_threads
 from improve.evals.workspace import CONFIG_NAME, Workspace, policy_hash, policy_label
@@ -58,12 +60,14 @@ __all__ = [
     "Scorecard",
     "SuiteSpec",
     "Workspace",
+    "append_scenario",
     "compare",
     "compare_effects",
     "decide",
     "describe_model",
     "effects_from_log",
     "load_scenarios",
+    "load_thread",
     "outcome_row",
     "paired",
     "policy_hash",
@@ -72,7 +76,10 @@ __all__ = [
     "refresh_outcomes",
     "run_scenario",
     "run_suite",
+    "scenario_from_thread",
+    "scenario_yaml",
     "scorecard",
     "scorecard_markdown",
+    "split_warnings",
     "write_threads",
 ]

@@ -1,6 +1,6 @@
 """Running a machine: environments, the decision protocol, models, policies, journaled runs."""
 
-from improve.errors import ActorFailure, ModelCallError
+from improve.errors import ActorFailure, ModelCallError, WorldFromThreadError
 from improve.runtime.chat import ChatModel, ChatSession
 from improve.runtime.decision import (
     MAX_FREE_TEXT,
@@ -17,6 +17,7 @@ from improve.runtime.environment import (
     Environment,
     EnvironmentRef,
     World,
+    WorldFromThread,
     load_environment,
     load_machine,
 )
@@ -31,6 +32,7 @@ from improve.runtime.models import (
     stand_in,
 )
 from improve.runtime.policy import MODEL_DECIDE, PolicyDecider, compile_policy, load_json, load_policy
+from improve.runtime.recorded import ActorCall, PersonAnswer, RecordedThread, read_thread
 from improve.runtime.run import DEFAULT_MAX_MODEL_CALLS, Journal, RunResult, run
 from improve.runtime.vocabulary import Vocabulary, vocabulary
 
@@ -40,6 +42,7 @@ __all__ = [
     "MAX_FREE_TEXT",
     "MODEL_DECIDE",
     "Actor",
+    "ActorCall",
     "ActorFailure",
     "ChatModel",
     "ChatSession",
@@ -55,12 +58,16 @@ __all__ = [
     "ModelFactory",
     "ModelJudgment",
     "ModelReply",
+    "PersonAnswer",
     "PolicyDecider",
+    "RecordedThread",
     "RunResult",
     "StandInModel",
     "Usage",
     "Vocabulary",
     "World",
+    "WorldFromThread",
+    "WorldFromThreadError",
     "build_request",
     "check_answer",
     "compile_policy",
@@ -70,6 +77,7 @@ __all__ = [
     "load_machine",
     "load_policy",
     "option",
+    "read_thread",
     "run",
     "stand_in",
     "vocabulary",

@@ -29,6 +29,7 @@ from improve.registry import Registry, instance_of
 from improve.runtime.judgment import Judgment
 from improve.runtime.models import ModelFactory
 from improve.runtime.policy import load_json
+from improve.runtime.recorded import RecordedThread
 
 
 class World:
@@ -52,6 +53,11 @@ Actor = Callable[[World, dict[str, Any]], Any]
 """A tool: `(world, input) -> output`. Raise `ActorFailure` for a failure the machine handles."""
 
 WorldFactory = Callable[[Mapping[str, Any]], World]
+
+WorldFromThread = Callable[[RecordedThread], dict[str, Any]]
+"""From a thread's input and its tools' recorded answers, the `world` fixture under which the tools
+answer the same way. Raise `WorldFromThreadError` (naming the call's entry) for an answer no fixture
+can give."""
 
 
 def load_machine(path: Path) -> MachineConfig:
@@ -95,6 +101,11 @@ class Environment:
     """One input per distinct input shape, for exploration proofs."""
     rule_evals: list[RuleEval] = field(default_factory=list)
     """The rules tested directly on the interpreter, each naming the states it covers."""
+    world_from_thread: WorldFromThread | None = None
+    """How to rebuild a scenario's `world` fixture from a recorded thread (`improve scenarios add
+    --from-thread`): given the thread's input, tool calls (tool, input, output or error, effects) and
+    people's answers, the fixture `make_world` needs so that every tool answers as it did. Without
+    it, a thread cannot become a scenario: a world is never guessed."""
     home: Path | None = None
     """The folder the environment ships in, when it carries its own `scenarios.yaml` and `policies/`
     (the bundled desks do): `improve init --from NAME` writes them out into a workspace."""

@@ -30,6 +30,7 @@ from improve.examples.refunds.world import (
     record_approval,
     request_approval,
     verify_customer,
+    world_from_thread,
 )
 from improve.machine import parse_machine
 from improve.runtime import Environment, ModelJudgment, load_json, stand_in
@@ -69,6 +70,7 @@ def environment() -> Environment:
         },
         guards={"illegalRefund": illegal_refund},
         make_world=RefundWorld,
+        world_from_thread=world_from_thread,
         models={
             "careful": stand_in("careful", careful),
             "naive": stand_in("naive", naive),

@@ -8,6 +8,9 @@ World fixture (a scenario's `world`):
 
 Effects recorded: `question`, `approval-requested`, `approval-given`, `refund`, `escalation`, `closure`.
 
+`world_from_thread` rebuilds this fixture from a recorded thread (`improve scenarios add --from-thread`):
+the customers the CRM verified, the orders the lookup found, and `paymentsFail` when a payment failed.
+
 The tools (actors) and the sentinel's named guard `illegalRefund` are here too. The legacy loop
 (legacy.py) uses the same world and tools.
 """
@@ -18,7 +21,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from improve.errors import ActorFailure
-from improve.runtime import World
+from improve.runtime import RecordedThread, World, WorldFromThreadError
 
 APPROVAL_THRESHOLD = 100
 WINDOW_DAYS = 30
@@ -140,3 +143,43 @@ def illegal_refund(context: Mapping[str, Any], event: Mapping[str, Any], params:
     order = context.get("order") or {}
     over_threshold = amount > APPROVAL_THRESHOLD and not context.get("approved")
     return bool(over_threshold or amount > money(order.get("refundable", 0)) + 1e-9)
+
+
+# --- the world a thread shows ------------------------------------------------------------------------
+
+
+def world_from_thread(thread: RecordedThread) -> dict[str, Any]:
+    """The fixture under which the tools answer as `thread` records: each customer `crm.verifyCustomer`
+    verified and each order `orders.lookup` found, as they were seen (one that was not found stays out
+    of the fixture, so it is not found again), and `paymentsFail` when `payments.refund` failed. Other
+    tools read nothing from the fixture; a failure of one of them is beyond what this world can make."""
+    customers: dict[str, Any] = {}
+    orders: dict[str, Any] = {}
+    payments_fail = False
+    for call in thread.calls:
+        if call.failed:
+            if call.src != "payments.refund":
+                raise WorldFromThreadError(
+                    f"thread {thread.thread_id}, entry {call.index}: {call.src} failed ({call.error}); the "
+                    "refund desk's world can only make payments.refund fail (paymentsFail), so no "
+                    "scenario reproduces this thread"
+                )
+            payments_fail = True
+        elif call.src == "crm.verifyCustomer" and call.output.get("verified"):
+            customer = call.output["customer"]
+            customers[str(customer.get("id", call.input["customerId"]))] = {
+                "refundsLast90d": customer["refundsLast90d"],
+                "accountAgeDays": customer["accountAgeDays"],
+            }
+        elif call.src == "orders.lookup" and call.output.get("found"):
+            order = call.output["order"]
+            orders[str(order.get("id", call.input["orderId"]))] = {
+                "customerId": order["customerId"],
+                "total": order["total"],
+                "refunded": order["refunded"],
+                "deliveredDaysAgo": order["deliveredDaysAgo"],
+            }
+    world: dict[str, Any] = {"customers": customers, "orders": orders}
+    if payments_fail:
+        world["paymentsFail"] = True
+    return world

@@ -10,7 +10,7 @@ from improve.runtime import Environment, load_machine
 
 from .models import MODELS
 from .rules import FACT_TYPES, PROBE_INPUTS, RULE_EVALS, probe
-from .world import ACTORS, CreditWorld
+from .world import ACTORS, CreditWorld, world_from_thread
 
 NAME = "support-desk"
 HERE = Path(__file__).parent
@@ -22,6 +22,7 @@ def environment() -> Environment:
         config=load_machine(HERE / "machine.json"),
         actors=dict(ACTORS),
         make_world=CreditWorld,
+        world_from_thread=world_from_thread,
         models=dict(MODELS),
         files=sorted([HERE / "machine.json", *HERE.glob("*.py")]),
         fact_types=FACT_TYPES,

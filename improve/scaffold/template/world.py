@@ -7,13 +7,16 @@ World fixture (a scenario's `world`):
 
 Effects recorded: `credit` (accountId, amount). Ground truth is read from them, never from what the
 agent says it did; `audit` checks them against the rule after the fact, whatever the machine said.
+
+`world_from_thread` rebuilds this fixture from a recorded thread, so `improve scenarios add
+--from-thread` can turn a run (a production one too) into a labelled scenario.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from improve.runtime import ActorFailure, World
+from improve.runtime import ActorFailure, RecordedThread, World, WorldFromThreadError
 
 
 def money(value: Any) -> float:
@@ -62,6 +65,33 @@ def issue_credit(world: World, input: dict[str, Any]) -> dict[str, Any]:
         raise ActorFailure("the billing system refused the credit", code="credit-refused")
     effect = world.record("credit", accountId=input["accountId"], amount=money(input["amount"]))
     return {"credited": effect["amount"]}
+
+
+def world_from_thread(thread: RecordedThread) -> dict[str, Any]:
+    """The fixture under which the tools answer as `thread` records: each account `accounts.lookup`
+    found, as it was seen (one not found stays out, so it is not found again), and `creditsFail` when
+    `credits.issue` failed. A lookup that failed is beyond this world: it never fails."""
+    accounts: dict[str, Any] = {}
+    credits_fail = False
+    for call in thread.calls:
+        if call.failed:
+            if call.src != "credits.issue":
+                raise WorldFromThreadError(
+                    f"thread {thread.thread_id}, entry {call.index}: {call.src} failed ({call.error}); "
+                    "this world can only make credits.issue fail (creditsFail)"
+                )
+            credits_fail = True
+        elif call.src == "accounts.lookup" and call.output.get("found"):
+            account = call.output["account"]
+            accounts[str(call.input["accountId"])] = {
+                "plan": account["plan"],
+                "monthlyFee": account["monthlyFee"],
+                "creditsThisYear": account["creditsThisYear"],
+            }
+    world: dict[str, Any] = {"accounts": accounts}
+    if credits_fail:
+        world["creditsFail"] = True
+    return world
 
 
 ACTORS = {"accounts.lookup": lookup_account, "credits.issue": issue_credit}
