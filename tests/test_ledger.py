@@ -7,13 +7,14 @@ import json
 from pathlib import Path
 from typing import Any
 
+import git
 import pytest
 from typer.testing import CliRunner
 
 from improve.cli.main import app
 from improve.demo import commit_workspace
 
-from .conftest import copy_workspace
+from .conftest import REPO, copy_workspace
 
 runner = CliRunner()
 
@@ -100,3 +101,93 @@ def test_diagnose_json_carries_the_sql_it_ran(ws: Path) -> None:
     assert len(rows) == doc["train_runs"] and {r["split"] for r in rows} == {"train"}
     failed = {r["thread_id"] for r in rows if not r["passed"]}
     assert set(doc["chosen"]["threads"]) <= failed
+
+
+# --- production threads, from diagnosis to a fix ------------------------------------------------------
+
+PARTIAL = [  # (customer, order, total, refunded, asked): more asked than is left to refund
+    ("C-1", "O-1", 100, 40, 90),
+    ("C-2", "O-2", 80, 30, 70),
+    ("C-3", "O-3", 60, 25, 50),
+    ("C-4", "O-4", 90, 50, 60),
+]
+SMALL = [("C-5", "O-5", 30, 0, 30), ("C-6", "O-6", 45, 0, 20)]
+
+
+def production_thread(store: Any, thread_id: str, case: tuple[str, str, int, int, int]) -> None:
+    """A deployed agent's run: the refund desk on v0 with the naive model, no scenario, no label."""
+    from improve.runtime import PolicyDecider, compile_policy, load_environment, load_policy, run
+
+    env = load_environment("refunds")
+    customer, order, total, refunded, asked = case
+    policy = compile_policy(load_policy(REPO / "policies" / "refunds" / "v0.json"), env.judgments, env.policy_guards)
+    run(
+        env,
+        input={
+            "ticket": "The parcel arrived damaged.",
+            "customerId": customer,
+            "orderId": order,
+            "amount": asked,
+        },
+        world=env.make_world(
+            {
+                "customers": {customer: {"refundsLast90d": 0, "accountAgeDays": 300}},
+                "orders": {
+                    order: {
+                        "customerId": customer,
+                        "total": total,
+                        "refunded": refunded,
+                        "deliveredDaysAgo": 3,
+                    }
+                },
+            }
+        ),
+        people={},
+        decider=PolicyDecider(policy, {"decider": env.models["naive"](thread_id)}, env.judgments),
+        store=store,
+        thread_id=thread_id,
+    )
+
+
+def test_production_threads_become_scenarios_and_a_round_fixes_them(tmp_path: Path) -> None:
+    from improve.log import JsonlDirStore
+
+    ws = copy_workspace(tmp_path / "ws")
+    # A workspace whose only labelled scenarios will come from production.
+    (ws / "scenarios" / "refunds.yaml").write_text("environment: refunds\nscenarios: []\n")
+    commit_workspace(ws, user="t", message="workspace")
+    prod = JsonlDirStore(tmp_path / "prod")
+    for number, case in enumerate(PARTIAL + SMALL, start=1):
+        production_thread(prod, f"prod-{number:04d}", case)
+    ingested = runner.invoke(app, ["ingest", "-w", str(ws), str(tmp_path / "prod")])
+    assert ingested.exit_code == 0, ingested.output
+
+    found = cli(ws, "diagnose", "--source", "production", "--json")
+    assert found["threads"] == 6
+    top = found["clusters"][0]
+    # The systematic mistake: the whole amount asked, refused by the guard, then escalated.
+    assert (top["decision"], top["answer"], top["refusal"], top["final_state"], top["threads"]) == (
+        "chooseResolution", "ESCALATE", "rejected-by-guard", "escalated", 4
+    )  # fmt: skip
+    assert "refundable" in top["guard"]
+    assert sql(ws, found["sql"])[0]["threads"] == 4  # the SQL it shows runs as it is
+
+    for thread, split in zip(top["examples"][:2], ("train", "held-out"), strict=True):
+        case = PARTIAL[int(thread.split("-")[1]) - 1]
+        left = case[2] - case[3]
+        effect = json.dumps({"kind": "refund", "orderId": case[1], "amount": left})
+        added = runner.invoke(
+            app,
+            ["scenarios", "add", "-w", str(ws), "--from-thread", str(tmp_path / "prod" / f"{thread}.jsonl"),
+             "--expect", "issued", "--effect", effect, "--split", split, "--category", "partial-refund"],
+        )  # fmt: skip
+        assert added.exit_code == 0, added.output
+    assert runner.invoke(app, ["scenarios", "check", "-w", str(ws)]).exit_code == 0
+    repo = git.Repo(ws)
+    repo.git.add(A=True)
+    repo.git.commit(m="two production threads labelled", author="Dana <dana@example.invalid>")
+
+    outcome = cli(ws, "round", "--policy", "v0", "--k", "1", "--json")["rounds"][0]
+    assert outcome["status"] == "recommended", outcome["decision_detail"]
+    assert "refundable" in outcome["rationale"]
+    assert outcome["scores"]["held-out"]["before"] == 0.0 and outcome["scores"]["held-out"]["after"] == 1.0
