@@ -10,7 +10,8 @@ imports nothing else of ours) may raise these. Every error carries a message tha
     │   │   └── ExpressionError       a CEL expression does not parse, uses a forbidden name, ...
     │   ├── ScenarioError             a scenario file is invalid
     │   ├── WorkspaceError            improve.toml, a policy file or a directory is missing or wrong
-    │   └── BranchNameError           a branch name git would refuse (`:`, `..`, a space, ...)
+    │   ├── BranchNameError           a branch name git would refuse (`:`, `..`, a space, ...)
+    │   └── LakeError                 a directory is not a Parquet lake, or an export cannot replace it
     ├── MachineError                  the interpreter could not take a step (exit code 3)
     │   ├── EvaluationError           a CEL expression failed at run time (missing field, bad types)
     │   │   └── FastCelError          ... found by the CEL fast path, in cel's words (Expr.evaluate adds where)
@@ -72,6 +73,12 @@ class WorkspaceError(ConfigError):
 
 class BranchNameError(ConfigError):
     """A branch name breaks git's rules for branch names; the message says which and suggests one."""
+
+
+class LakeError(ConfigError):
+    """A directory given as a Parquet lake (`improve sql --lake`, `improve.warehouse.connect(DIR)`) is not
+    one written by `improve export --format parquet`, or `improve export` was pointed at a directory that
+    holds something else; the message names the directory and what to pass instead."""
 
 
 class MachineError(ImproveError):
