@@ -23,9 +23,9 @@ if mode == "floor":
     con.execute(f"CREATE TABLE t AS SELECT * FROM read_json('{files}', format='newline_delimited', columns={NATIVE_COLUMNS}, filename=true)")
     n = con.execute("SELECT count(*) FROM t").fetchone()[0]
 else:
-    from improve.warehouse.db import connect
+    from improve.warehouse.db import open_database
     from improve.warehouse.ingest import ingest
-    con = connect(db)
+    con = open_database(db)
     n = ingest(con, [files]).ingested
 con.close()
 print(json.dumps({"seconds": time.perf_counter() - start, "rows": n,
@@ -89,10 +89,10 @@ def warehouse_figures(tmp: Path, threads: int, repeat: int) -> dict[str, Any]:
 
 
 def _reingest(files: str, db: Path) -> float:
-    from improve.warehouse.db import connect
+    from improve.warehouse.db import open_database
     from improve.warehouse.ingest import ingest
 
-    con = connect(db)
+    con = open_database(db)
     start = time.perf_counter()
     report = ingest(con, [files])
     assert report.ingested == 0
@@ -103,9 +103,9 @@ def _reingest(files: str, db: Path) -> float:
 def _queries(db: Path) -> dict[str, float]:
     """The README's three questions, median of 5, on the ingested corpus (outcomes synthesized per thread:
     the synthetic threads are not replayable, and replay has its own figure)."""
-    from improve.warehouse.db import connect
+    from improve.warehouse.db import open_database
 
-    con = connect(db)
+    con = open_database(db)
     con.execute(
         """
         INSERT INTO outcomes

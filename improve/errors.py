@@ -11,7 +11,8 @@ imports nothing else of ours) may raise these. Every error carries a message tha
     │   ├── ScenarioError             a scenario file is invalid
     │   │   └── WorldFromThreadError  a thread's world cannot be rebuilt (a tool answered as no fixture can)
     │   ├── WorkspaceError            improve.toml, a policy file or a directory is missing or wrong
-    │   └── BranchNameError           a branch name git would refuse (`:`, `..`, a space, ...)
+    │   ├── BranchNameError           a branch name git would refuse (`:`, `..`, a space, ...)
+    │   └── LakeError                 a directory is not a Parquet lake, or an export cannot replace it
     ├── MachineError                  the interpreter could not take a step (exit code 3)
     │   ├── EvaluationError           a CEL expression failed at run time (missing field, bad types)
     │   │   └── FastCelError          ... found by the CEL fast path, in cel's words (Expr.evaluate adds where)
@@ -79,6 +80,12 @@ class WorkspaceError(ConfigError):
 
 class BranchNameError(ConfigError):
     """A branch name breaks git's rules for branch names; the message says which and suggests one."""
+
+
+class LakeError(ConfigError):
+    """A directory given as a Parquet lake (`improve sql --lake`, `improve.warehouse.connect(DIR)`) is not
+    one written by `improve export --format parquet`, or `improve export` was pointed at a directory that
+    holds something else; the message names the directory and what to pass instead."""
 
 
 class MachineError(ImproveError):

@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 
 from improve.cli.main import app
 from improve.errors import ConfigError, WorkspaceError
-from improve.warehouse.db import connect
+from improve.warehouse.db import open_database
 from improve.warehouse.importers import IMPORTERS, Importer
 from improve.warehouse.ingest import IngestReport, ingest
 
@@ -98,7 +98,7 @@ def write_lines(path: Path, lines: list[str]) -> Path:
 
 @pytest.fixture(scope="module")
 def normalized() -> tuple[duckdb.DuckDBPyConnection, IngestReport]:
-    con = connect()
+    con = open_database()
     return con, ingest(con, LOGS, fmt="normalize")
 
 
@@ -158,7 +158,7 @@ def test_a_workspace_importer_ingests_through_the_cli(csv_workspace: Path) -> No
     assert "rejected" in result.stderr
     doc = json.loads(result.stdout)
     assert (doc["format"], doc["lines_read"], doc["ingested"], doc["rejected"]) == ("csv-ish", 4, 3, 1)
-    con = connect(csv_workspace / "traces" / "traces.duckdb")
+    con = open_database(csv_workspace / "traces" / "traces.duckdb")
     assert con.execute(
         'SELECT thread_id, "index", event_type, recorded_at, machine_id, raw FROM entries ORDER BY thread_id, "index"'
     ).fetchall() == [
@@ -200,7 +200,7 @@ def test_an_importer_must_account_for_every_line(tmp_path: Path, monkeypatch: py
         )
     )
     path = write_lines(tmp_path / "two.txt", ["one", "two"])
-    con = connect()
+    con = open_database()
     with pytest.raises(
         ConfigError, match=r"importer 'lossy' did not account for every line: 1 line\(s\) without"
     ):
@@ -352,7 +352,7 @@ def test_sessions_view(normalized: tuple[duckdb.DuckDBPyConnection, IngestReport
 
 
 def test_normalize_reingest_adds_nothing(tmp_path: Path) -> None:
-    con = connect()
+    con = open_database()
     total = sum(len(lines_of(p)) for p in LOGS)
     first = ingest(con, LOGS, fmt="normalize")
     assert first.ingested == total
@@ -373,7 +373,7 @@ def test_normalize_malformed_line_is_rejected_with_its_line_number(tmp_path: Pat
     good = lines_of(original)
     broken = [*good[:2], '{"event": "turn_start", "timestamp": "2026-01-04T15:23:08Z", "turn": 1', *good[3:]]
     path = write_lines(tmp_path / "25yahvxh.jsonl", broken)
-    con = connect()
+    con = open_database()
     report = ingest(con, [path], fmt="normalize")
     balanced(report, [path])
     # Lines 1-2 land; line 3 is not JSON; the lines after it would leave a gap in the thread.
@@ -404,7 +404,7 @@ def test_normalize_each_bad_line_gets_a_precise_error(tmp_path: Path) -> None:
         '{"event": "done", "timestamp": "yesterday"}',
     ]
     path = write_lines(tmp_path / "25yahvxh.jsonl", [*good, "", *bad])  # a blank line is not counted
-    con = connect()
+    con = open_database()
     report = ingest(con, [path], fmt="normalize")
     balanced(report, [path])
     assert (report.lines_read, report.ingested, report.rejected) == (
@@ -445,7 +445,7 @@ def test_normalize_timestamps_are_normalised_and_thread_ids_sanitised(tmp_path: 
         },
     ]
     path = write_lines(tmp_path / "weird name.jsonl", [json.dumps(x) for x in lines])
-    con = connect()
+    con = open_database()
     report = ingest(con, [path], fmt="normalize")
     assert (report.ingested, report.rejected) == (3, 0)
     rows = con.execute(
@@ -467,7 +467,7 @@ def test_normalize_timestamps_are_normalised_and_thread_ids_sanitised(tmp_path: 
 
 
 def test_another_format_is_rejected_line_by_line_not_silently(tmp_path: Path) -> None:
-    con = connect()
+    con = open_database()
     report = ingest(con, TAPES, fmt="normalize")
     total = sum(len(lines_of(p)) for p in TAPES)
     assert (report.lines_read, report.ingested, report.rejected) == (total, 0, total)
@@ -481,7 +481,7 @@ def test_another_format_is_rejected_line_by_line_not_silently(tmp_path: Path) ->
 
 def test_checkpoints_land_one_entry_per_document(tmp_path: Path) -> None:
     assert len(CHECKPOINTS) == 31
-    con = connect()
+    con = open_database()
     ingest(con, LOGS, fmt="normalize")
     report = ingest(con, CHECKPOINTS, fmt="normalize")
     balanced(report, CHECKPOINTS)
@@ -552,7 +552,7 @@ def test_checkpoints_land_one_entry_per_document(tmp_path: Path) -> None:
 
 
 def test_opencli_tapes_every_line_lands_with_exact_counts() -> None:
-    con = connect()
+    con = open_database()
     report = ingest(con, TAPES, fmt="opencli")
     total = sum(len(lines_of(p)) for p in TAPES)
     assert len(TAPES) == 3
@@ -606,7 +606,7 @@ def test_opencli_malformed_lines_are_rejected_with_their_line_numbers(tmp_path: 
             '{"content":"no type","timestamp":"2026-06-01T00:00:09Z"}',
         ],
     )
-    con = connect()
+    con = open_database()
     report = ingest(con, [path], fmt="opencli")
     balanced(report, [path])
     assert (report.ingested, report.rejected) == (len(good), 2)

@@ -17,13 +17,13 @@ import pytest
 from improve.errors import ConflictError, LogError
 from improve.log.entry import LogEntry
 from improve.log.store import JsonlDirStore, MemoryStore, Store, ThreadPage
-from improve.warehouse.db import connect
+from improve.warehouse.db import open_database
 from improve.warehouse.store import DuckDBStore
 
 FACTORIES: dict[str, Callable[[Path], Store]] = {
     "memory": lambda tmp_path: MemoryStore(),
     "jsonl": lambda tmp_path: JsonlDirStore(tmp_path / "threads"),
-    "duckdb": lambda tmp_path: DuckDBStore(connect(tmp_path / "traces.duckdb")),
+    "duckdb": lambda tmp_path: DuckDBStore(open_database(tmp_path / "traces.duckdb")),
 }
 
 THREAD = "train:v1:refund-small:r1"

@@ -25,7 +25,7 @@ from improve.evals.workspace import Workspace
 from improve.log.store import JsonlDirStore
 from improve.runtime import load_environment
 from improve.runtime.policy import load_policy
-from improve.warehouse.db import connect
+from improve.warehouse.db import open_database
 from improve.warehouse.ingest import ingest
 from improve.warehouse.schema import MIGRATIONS, migrate
 from tests.conftest import REPO
@@ -79,7 +79,7 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Any]]
 
 def test_ingest_real_threads_then_again_adds_nothing(recorded: tuple[Path, list[Any]]) -> None:
     traces, rows = recorded
-    con = connect()
+    con = open_database()
     first = ingest(con, [traces])
     lines = sum(len(p.read_text().splitlines()) for p in traces.glob("*.jsonl"))
     assert first.lines_read == first.ingested == lines
@@ -96,7 +96,7 @@ def test_ingest_real_threads_then_again_adds_nothing(recorded: tuple[Path, list[
 
 def test_views_agree_with_the_threads(recorded: tuple[Path, list[Any]]) -> None:
     traces, rows = recorded
-    con = connect()
+    con = open_database()
     ingest(con, [traces])
     by_thread = {r.thread_id: r for r in rows}
     usage = dict(con.execute("SELECT thread_id, model_calls FROM usage").fetchall())
@@ -115,7 +115,7 @@ def test_views_agree_with_the_threads(recorded: tuple[Path, list[Any]]) -> None:
 
 def test_outcomes_are_materialized_by_replay(recorded: tuple[Path, list[Any]], tmp_path: Path) -> None:
     traces, rows = recorded
-    con = connect()
+    con = open_database()
     ingest(con, [traces])
     report = refresh_outcomes(con, Workspace.load(REPO / "improve.toml"))
     assert report.replayed == report.scored == len(rows) and report.failed == 0
@@ -130,7 +130,7 @@ def test_outcomes_are_materialized_by_replay(recorded: tuple[Path, list[Any]], t
 
 
 def test_conflict_is_reported_and_never_overwritten(tmp_path: Path) -> None:
-    con = connect()
+    con = open_database()
     ingest(con, [write(tmp_path / "a.jsonl", [entry(0), entry(1)])])
     changed = entry(1, event={"type": "STEP", "n": 999})
     report = ingest(con, [write(tmp_path / "b.jsonl", [entry(0), changed, entry(2)])])
@@ -164,7 +164,7 @@ MALFORMED = [
 
 @pytest.mark.parametrize(("bad", "message"), MALFORMED, ids=[m for _, m in MALFORMED])
 def test_each_malformed_line_is_rejected_with_its_line_number(tmp_path: Path, bad: Any, message: str) -> None:
-    con = connect()
+    con = open_database()
     path = write(tmp_path / "t.jsonl", [entry(0), "", bad])  # a blank line still counts in numbering
     report = ingest(con, [path])
     assert (report.lines_read, report.ingested, report.rejected) == (2, 1, 1)
@@ -177,7 +177,7 @@ def test_each_malformed_line_is_rejected_with_its_line_number(tmp_path: Path, ba
 
 
 def test_duplicate_key_within_one_batch(tmp_path: Path) -> None:
-    con = connect()
+    con = open_database()
     a = write(tmp_path / "a.jsonl", [entry(0), entry(1)])
     b = write(tmp_path / "b.jsonl", [entry(1), entry(2)])
     report = ingest(con, [a, b])
@@ -217,7 +217,7 @@ def _wait_for(proc: subprocess.Popen[str], needle: str, seconds: float = 60) -> 
 
 def test_a_killed_ingest_leaves_no_partial_batch(tmp_path: Path) -> None:
     db = tmp_path / "w.duckdb"
-    con = connect(db)
+    con = open_database(db)
     ingest(con, [write(tmp_path / "first.jsonl", [entry(0), entry(1)])])
     con.close()
     batch = write(tmp_path / "second.jsonl", [entry(2), entry(3), entry(0, thread="b:v0:c:r1")])
@@ -225,7 +225,7 @@ def test_a_killed_ingest_leaves_no_partial_batch(tmp_path: Path) -> None:
     _wait_for(proc, "holding the batch open")
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    con = connect(db)
+    con = open_database(db)
     assert count(con, "SELECT count(*) FROM entries") == 2
     assert count(con, "SELECT count(*) FROM ingest_batches") == 1
     assert count(con, "SELECT count(*) FROM ingested_files") == 1
@@ -235,7 +235,7 @@ def test_a_killed_ingest_leaves_no_partial_batch(tmp_path: Path) -> None:
 
 def test_a_second_ingest_waits_for_the_lock_then_fails_clearly(tmp_path: Path) -> None:
     db = tmp_path / "w.duckdb"
-    connect(db).close()
+    open_database(db).close()
     holder = _ingest_process(
         db, [write(tmp_path / "a.jsonl", [entry(0)])], {"IMPROVE_INGEST_HOLD_SECONDS": "8"}
     )
@@ -252,7 +252,7 @@ def test_a_second_ingest_waits_for_the_lock_then_fails_clearly(tmp_path: Path) -
     _, err = patient.communicate(timeout=90)
     assert patient.returncode == 0, err
     holder.wait(timeout=60)
-    con = connect(db)
+    con = open_database(db)
     assert count(con, "SELECT count(*) FROM entries") == 2
 
 
@@ -266,7 +266,7 @@ def test_an_old_warehouse_is_upgraded_in_place(tmp_path: Path) -> None:
            '@agent.init', '{"type": "@agent.init"}', 1)"""
     )
     old.close()
-    con = connect(db)
+    con = open_database(db)
     names = [
         r[0]
         for r in con.execute(
@@ -283,11 +283,11 @@ def test_an_old_warehouse_is_upgraded_in_place(tmp_path: Path) -> None:
 
 def test_a_newer_warehouse_is_refused(tmp_path: Path) -> None:
     db = tmp_path / "new.duckdb"
-    con = connect(db)
+    con = open_database(db)
     con.execute("INSERT INTO schema_migrations VALUES ('999_from_the_future', now())")
     con.close()
     with pytest.raises(Exception, match="written by a newer version of improve"):
-        connect(db)
+        open_database(db)
 
 
 # --- improve ingest / improve sql from the CLI ----------------------------------------------------------
@@ -347,12 +347,12 @@ def test_cli_ingest_exits_1_on_rejects_unless_allowed(ws: Path) -> None:
     again = runner.invoke(app, ["ingest", "-w", str(ws), str(bad), "--allow-rejects", "--json"])
     assert again.exit_code == 0
     assert json.loads(again.stdout)["rejected"] == 1
-    con = connect(ws / "traces" / "traces.duckdb")
+    con = open_database(ws / "traces" / "traces.duckdb")
     assert count(con, "SELECT count(*) FROM rejected_lines") == 1
 
 
 def test_every_line_after_a_gap_names_the_same_missing_index(tmp_path: Path) -> None:
-    con = connect()
+    con = open_database()
     report = ingest(con, [write(tmp_path / "g.jsonl", [entry(0), entry(1), entry(3), entry(4)])])
     assert (report.ingested, report.rejected) == (2, 2)
     errors = [e for _, _, e in report.rejections]

@@ -37,7 +37,7 @@ from improve.cli.policy import (
     vocabulary_command,
 )
 from improve.cli.tape import tape_app
-from improve.cli.warehouse import ingest_command, sql_command
+from improve.cli.warehouse import export_command, ingest_command, sql_command
 from improve.errors import DivergenceError, LogError, WorkspaceError
 from improve.evals import Ledger, OutcomeRow, SuiteSpec, Workspace, write_threads
 from improve.llm import Meter
@@ -407,6 +407,7 @@ def describe_diff(old: Any, new: Any, changed: list[str]) -> str:
 
 app.command("ingest")(ingest_command)
 app.command("sql")(sql_command)
+app.command("export")(export_command)
 app.command("verify")(verify_command)
 app.command("vocabulary")(vocabulary_command)
 app.command("explore")(explore_command)

@@ -1,4 +1,4 @@
-"""`improve ingest` and `improve sql`: the trace warehouse from the command line."""
+"""`improve ingest`, `improve sql` and `improve export`: the trace warehouse from the command line."""
 
 from __future__ import annotations
 
@@ -25,9 +25,12 @@ from improve.evals import refresh_outcomes
 from improve.warehouse import (
     DEFAULT_LOCK_TIMEOUT,
     FORMATS,
+    PARTITION_KEYS,
     cell_text,
-    connect,
+    export_lake,
     ingest,
+    open_database,
+    open_lake,
     query,
     render_csv,
     render_json,
@@ -78,7 +81,7 @@ def ingest_command(
     with handled():
         space = workspace(ws)
         target = db or space.warehouse
-        con = connect(target, lock_timeout=lock_timeout)
+        con = open_database(target, lock_timeout=lock_timeout)
         report = ingest(
             con,
             paths,
@@ -145,6 +148,12 @@ def sql_command(
     statement: Annotated[str | None, typer.Argument(help="One SQL statement (DuckDB dialect).")] = None,
     fmt: Annotated[str, typer.Option("--format", "-f", help="table, csv, json or markdown.")] = "table",
     db: Annotated[Path | None, DbOption] = None,
+    lake: Annotated[
+        Path | None,
+        typer.Option(
+            "--lake", help="Query a Parquet lake written by `improve export` instead of the warehouse."
+        ),
+    ] = None,
     schema: Annotated[
         bool, typer.Option("--schema", help="Print tables, views and every column's description.")
     ] = False,
@@ -154,19 +163,28 @@ def sql_command(
 
     The warehouse is a plain DuckDB file: the same SQL works from the `duckdb` CLI or Python. Views:
     threads, decisions, attempts, usage, outcomes (see --schema). DuckDB's errors are shown as they are.
+    With --lake DIR, the same views run over the Parquet files of a lake instead.
 
     Example:
 
         improve sql "SELECT guard, count(*) AS n FROM attempts GROUP BY guard ORDER BY n DESC"
+        improve sql --lake lake/ "SELECT policy_version, avg(passed::INT) FROM outcomes GROUP BY ALL"
     """
     with handled():
         if fmt not in FORMATS:
             raise WorkspaceError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
-        space = workspace(ws)
-        target = db or space.warehouse
-        if not Path(target).exists():
-            raise WorkspaceError(f"no warehouse at {target}; create it with `improve ingest traces/`")
-        con = connect(target, read_only=True)
+        if lake is not None:
+            if db is not None:
+                raise WorkspaceError(
+                    "give --db or --lake, not both: --lake queries a lake instead of a warehouse"
+                )
+            con = open_lake(lake)
+        else:
+            space = workspace(ws)
+            target = db or space.warehouse
+            if not Path(target).exists():
+                raise WorkspaceError(f"no warehouse at {target}; create it with `improve ingest traces/`")
+            con = open_database(target, read_only=True)
         if schema:
             doc = schema_doc(con)
             if fmt == "json":
@@ -198,3 +216,54 @@ def sql_command(
                 table.add_row(*(cell_text(v) for v in row))
             out.print(table)
             err.print(f"{len(result.rows)} row(s)")
+
+
+def export_command(
+    directory: Annotated[
+        Path, typer.Argument(help="The lake: a new or empty directory, or a lake to replace.")
+    ],
+    fmt: Annotated[str, typer.Option("--format", "-f", help="parquet (the one format so far).")] = "parquet",
+    db: Annotated[Path | None, DbOption] = None,
+    as_json: Annotated[bool, JsonOption] = False,
+    ws: Annotated[Path | None, WorkspaceOption] = None,
+) -> None:
+    """Export the warehouse's entries and outcomes as Hive-partitioned Parquet (a lake).
+
+    DIR/entries/ and DIR/outcomes/ are partitioned by environment, policy version and day (the thread's
+    first day, UTC), so Spark, polars (`scan_parquet(..., hive_partitioning=True)`), DuckDB or Athena
+    read only the partitions a query needs; DIR/_lake.json lists the tables, columns and row counts.
+    Exporting again replaces the lake (written beside it, swapped in when complete): rows are never
+    duplicated. `improve sql --lake DIR` runs the warehouse's views over it.
+
+    Example:
+
+        improve export --format parquet lake/ && improve sql --lake lake/ "SELECT count(*) FROM threads"
+    """
+    with handled():
+        if fmt != "parquet":
+            raise WorkspaceError(f"unknown export format {fmt!r}; use --format parquet")
+        space = workspace(ws)
+        target = db or space.warehouse
+        if not Path(target).exists():
+            raise WorkspaceError(f"no warehouse at {target}; create it with `improve ingest traces/`")
+        con = open_database(target, read_only=True)
+        try:
+            report = export_lake(con, directory)
+        finally:
+            con.close()
+        if as_json:
+            emit_json(report.to_json() | {"warehouse": str(target)})
+            return
+        verb = "replaced" if report.replaced else "wrote"
+        table = Table(
+            title=f"{verb} lake {report.directory} from {target} ({report.seconds:.2f}s), "
+            f"partitioned by {', '.join(PARTITION_KEYS)}"
+        )
+        for column in ("table", "rows", "files", "partitions"):
+            table.add_column(column)
+        for t in report.tables:
+            table.add_row(t.table, str(t.rows), str(t.files), str(t.partitions))
+        out.print(table)
+        err.print(
+            f'query it with: improve sql --lake {report.directory} "SELECT * FROM threads"', markup=False
+        )

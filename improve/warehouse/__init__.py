@@ -1,15 +1,33 @@
-"""The trace warehouse: threads in a DuckDB file, queried with SQL.
+"""The trace warehouse: threads in a DuckDB file, queried with SQL, read into polars, exported to Parquet.
 
-    >>> from improve.warehouse import connect, ingest
-    >>> con = connect(Path("traces/traces.duckdb"))
+Analysts (queries answer in polars DataFrames; read-only; a lake directory works the same):
+
+    >>> from improve.warehouse import connect
+    >>> with connect("traces/traces.duckdb") as wh:
+    ...     wh.outcomes()
+    ...     wh.sql("SELECT guard, count(*) AS n FROM attempts GROUP BY guard")
+
+The library and the CLI (a DuckDB connection, migrated):
+
+    >>> con = open_database(Path("traces/traces.duckdb"))
     >>> report = ingest(con, [Path("traces")])          # one transaction; every line accounted for
     >>> query(con, "SELECT * FROM outcomes")
+    >>> export_lake(con, Path("lake"))                  # Hive-partitioned Parquet; open_lake(Path("lake"))
 
 Other agents' log formats come through importers (`improve.warehouse.importers.IMPORTERS`).
 """
 
-from improve.warehouse.db import DEFAULT_LOCK_TIMEOUT, connect
+from improve.warehouse.db import DEFAULT_LOCK_TIMEOUT, open_database
+from improve.warehouse.frames import Warehouse, connect
 from improve.warehouse.ingest import ingest
+from improve.warehouse.lake import (
+    LAKE_TABLES,
+    PARTITION_KEYS,
+    LakeReport,
+    export_lake,
+    is_lake,
+    open_lake,
+)
 from improve.warehouse.sql import (
     FORMATS,
     cell_text,
@@ -25,9 +43,17 @@ __all__ = [
     "COLUMNS",
     "DEFAULT_LOCK_TIMEOUT",
     "FORMATS",
+    "LAKE_TABLES",
+    "PARTITION_KEYS",
+    "LakeReport",
+    "Warehouse",
     "cell_text",
     "connect",
+    "export_lake",
     "ingest",
+    "is_lake",
+    "open_database",
+    "open_lake",
     "query",
     "render_csv",
     "render_json",

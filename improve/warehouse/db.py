@@ -20,14 +20,19 @@ DEFAULT_MEMORY_LIMIT = "1GB"
 memory instead of growing to what the machine has (DuckDB spills to disk beyond it)."""
 
 
-def connect(
+def open_database(
     path: str | Path = ":memory:",
     *,
     read_only: bool = False,
     lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
     memory_limit: str | None = DEFAULT_MEMORY_LIMIT,
 ) -> duckdb.DuckDBPyConnection:
-    """A connection to a migrated warehouse. `:memory:` is a fresh in-memory warehouse."""
+    """A DuckDB connection to a migrated warehouse. `:memory:` is a fresh in-memory warehouse.
+
+    The library's and the CLI's way in (ingest, outcomes, `improve sql`); analysts use
+    `improve.warehouse.connect`, which wraps this in a `Warehouse` that answers in polars DataFrames.
+    Read-only on an existing file neither migrates nor recreates views (it cannot write).
+    """
     target = str(path)
     if target != ":memory:":
         Path(target).parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,311 @@
+"""The analysts' side of the warehouse: polars frames (`improve.warehouse.connect`), the README's
+examples run as written, the Parquet lake (`improve export --format parquet`) and `improve sql --lake`
+giving the warehouse's answers."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import polars as pl
+import pytest
+from typer.testing import CliRunner
+
+from improve.cli.main import app
+from improve.errors import LakeError, WorkspaceError
+from improve.warehouse import (
+    LAKE_TABLES,
+    PARTITION_KEYS,
+    Warehouse,
+    connect,
+    export_lake,
+    open_database,
+    open_lake,
+    query,
+)
+from tests.conftest import REPO, copy_workspace
+
+runner = CliRunner()
+
+OTHER_DAY = "2026-11-29"
+NULL_NAMES = ("__HIVE_DEFAULT_PARTITION__", "NULL")
+
+
+def invoke(*args: str) -> Any:
+    result = runner.invoke(app, list(args))
+    assert result.exit_code == 0, result.output
+    return result
+
+
+def readme_blocks(language: str) -> list[str]:
+    """The code blocks of README.md's "The trace warehouse" section, as the README has them."""
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    section = text.split("\n## The trace warehouse\n", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(rf"```{language}\n(.*?)```", section, flags=re.DOTALL)
+    assert blocks, f"README.md's warehouse section has no {language} block"
+    return blocks
+
+
+def readme_sql() -> list[str]:
+    statements = [s.strip() for block in readme_blocks("sql") for s in block.split(";")]
+    found = [s for s in statements if s and not all(line.startswith("--") for line in s.splitlines())]
+    assert len(found) == 3, found
+    return found
+
+
+def _shift_thread(source: Path, target: Path) -> None:
+    """A copy of a real thread under another policy version, recorded a day earlier."""
+    lines = []
+    for line in source.read_text().splitlines():
+        doc = json.loads(line)
+        doc["recordedAt"] = OTHER_DAY + doc["recordedAt"][10:]
+        lines.append(json.dumps(doc))
+    target.write_text("\n".join(lines) + "\n")
+
+
+@pytest.fixture(scope="module")
+def ws(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A workspace with real threads (`improve run` with two policy versions and two models), three of
+    them copied to another day and version, one thread of an unknown agent with an id improve does not
+    parse (NULL partition keys), all ingested (`improve ingest`, outcomes replayed) and exported."""
+    root = copy_workspace(tmp_path_factory.mktemp("lake-ws"))
+    v0 = json.loads((root / "policies" / "refunds" / "v0.json").read_text())
+    (root / "policies" / "refunds" / "v1.json").write_text(json.dumps(v0 | {"version": "1"}))
+    for policy, model in (("v0", "naive"), ("v1", "sloppy")):
+        invoke("run", "-w", str(root), "-p", policy, "-m", model, "--split", "held-out", "--k", "2")
+    traces = root / "traces"
+    for source in sorted(traces.glob("held-out:v1:sloppy:*.jsonl"))[:3]:
+        _shift_thread(source, traces / source.name.replace(":v1:", ":v7:"))
+    stranger = {
+        "schemaVersion": 1,
+        "recordedAt": "2026-11-28T23:59:59Z",
+        "machineId": "other-agent",
+        "machineVersion": "1",
+    }
+    events = ["@agent.init", "STEP", "STEP"]
+    (traces / "adhoc-thread.jsonl").write_text(
+        "".join(
+            json.dumps(stranger | {"id": f"x{i}", "index": i, "event": {"type": t}}) + "\n"
+            for i, t in enumerate(events)
+        )
+    )
+    doc = json.loads(invoke("ingest", "-w", str(root), str(traces), "--json").stdout)
+    assert doc["rejected"] == 0 and doc["outcomes"]["failed"] == 0
+    invoke("export", "-w", str(root), "--format", "parquet", str(root / "lake"), "--json")
+    return root
+
+
+def db(ws: Path) -> Path:
+    return ws / "traces" / "traces.duckdb"
+
+
+def scalar(con: duckdb.DuckDBPyConnection, sql: str) -> Any:
+    row = con.execute(sql).fetchone()
+    assert row is not None
+    return row[0]
+
+
+def rows(con: duckdb.DuckDBPyConnection, sql: str) -> list[tuple[Any, ...]]:
+    return sorted(con.execute(sql).fetchall(), key=repr)
+
+
+# --- the lake --------------------------------------------------------------------------------------------
+
+
+def test_the_readme_queries_answer_the_same_on_the_warehouse_and_the_lake(ws: Path) -> None:
+    warehouse, lake = open_database(db(ws), read_only=True), open_lake(ws / "lake")
+    for sql in readme_sql():
+        expected = rows(warehouse, sql)
+        assert expected, sql
+        assert rows(lake, sql) == expected, sql
+
+
+def test_every_table_and_view_is_the_same_on_the_lake(ws: Path) -> None:
+    warehouse, lake = open_database(db(ws), read_only=True), open_lake(ws / "lake")
+    for name in (*LAKE_TABLES, "threads", "decisions", "attempts", "usage", "sessions", "tapes"):
+        described = f"SELECT column_name, column_type FROM (DESCRIBE {name})"
+        assert lake.execute(described).fetchall() == warehouse.execute(described).fetchall(), name
+        assert rows(lake, f"SELECT * FROM {name}") == rows(warehouse, f"SELECT * FROM {name}"), name
+    # The documentation comes along: `improve sql --lake DIR --schema`.
+    schema = runner.invoke(app, ["sql", "--lake", str(ws / "lake"), "--schema", "--format", "json"])
+    doc = {r["name"]: r for r in json.loads(schema.stdout)}
+    assert all(c["description"] for c in doc["entries"]["columns"])
+    assert {"entries", "outcomes", "threads", "decisions", "attempts", "usage"} <= set(doc)
+
+
+def test_the_lake_is_partitioned_by_the_threads_keys(ws: Path) -> None:
+    lake = ws / "lake"
+    manifest = json.loads((lake / "_lake.json").read_text())
+    con = open_database(db(ws), read_only=True)
+    for table in LAKE_TABLES:
+        count = con.execute(f"SELECT count(*) FROM {table}").fetchone()
+        assert count is not None and manifest["tables"][table]["rows"] == count[0]
+        assert list(manifest["tables"][table]["columns"]) == [
+            r[0] for r in con.execute(f"DESCRIBE {table}").fetchall()
+        ]
+    entries = {p.relative_to(lake / "entries").parent for p in (lake / "entries").rglob("*.parquet")}
+    outcomes = {p.relative_to(lake / "outcomes").parent for p in (lake / "outcomes").rglob("*.parquet")}
+    # No policy version in `adhoc-thread`'s id: the partition is DuckDB's NULL (older DuckDBs say NULL).
+    (stranger,) = [p for p in entries if p.parts[0] == "environment=other-agent"]
+    assert stranger.parts[1:] in {(f"policy_version={null}", "day=2026-11-28") for null in NULL_NAMES}
+    assert entries == {
+        Path("environment=refunds/policy_version=v0/day=2026-11-30"),
+        Path("environment=refunds/policy_version=v1/day=2026-11-30"),
+        Path(f"environment=refunds/policy_version=v7/day={OTHER_DAY}"),
+        stranger,
+    }
+    assert outcomes == entries - {stranger}
+    # Any reader sees the keys: the outcomes' own columns agree with their partitions.
+    scan = pl.scan_parquet(lake / "outcomes" / "**" / "*.parquet", hive_partitioning=True).collect()
+    assert set(scan.columns) >= set(PARTITION_KEYS)
+    by_thread = dict(con.execute("SELECT thread_id, policy_version FROM outcomes").fetchall())
+    assert dict(zip(scan["thread_id"], scan["policy_version"], strict=True)) == by_thread
+
+
+def test_exporting_again_replaces_the_lake(ws: Path, tmp_path: Path) -> None:
+    lake = tmp_path / "lake"
+    first = json.loads(invoke("export", "-w", str(ws), str(lake), "--json").stdout)
+    second = json.loads(invoke("export", "-w", str(ws), str(lake), "--json").stdout)
+    assert (first["replaced"], second["replaced"]) == (False, True)
+    assert first["tables"] == second["tables"]
+    assert {p.name for p in lake.iterdir()} == {"_lake.json", "entries", "outcomes"}  # no staging left
+    con = open_lake(lake)
+    for table, counts in second["tables"].items():
+        assert con.execute(f"SELECT count(*) FROM {table}").fetchone() == (counts["rows"],)
+        assert counts["files"] == len(list((lake / table).rglob("*.parquet")))
+    table = invoke("export", "-w", str(ws), str(lake)).stdout
+    assert "replaced lake" in table and "entries" in table
+
+
+def test_a_new_column_flows_into_the_lake(ws: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "w.duckdb"
+    copy.write_bytes(db(ws).read_bytes())
+    con = open_database(copy)
+    con.execute("ALTER TABLE entries ADD COLUMN chain_hash VARCHAR")
+    con.execute("""UPDATE entries SET chain_hash = thread_id || '#' || "index" """)
+    export_lake(con, tmp_path / "lake")
+    with connect(tmp_path / "lake") as wh:
+        frame = wh.sql("""SELECT chain_hash FROM entries WHERE "index" = 0 ORDER BY thread_id LIMIT 1""")
+        assert frame["chain_hash"].to_list() == ["adhoc-thread#0"]
+        assert wh.threads().height == scalar(con, "SELECT count(*) FROM threads")
+
+
+def test_an_empty_warehouse_exports_an_empty_lake(tmp_path: Path) -> None:
+    report = export_lake(open_database(), tmp_path / "lake")
+    assert [(t.table, t.rows, t.files) for t in report.tables] == [("entries", 0, 0), ("outcomes", 0, 0)]
+    con = open_lake(tmp_path / "lake")
+    assert con.execute("SELECT count(*) FROM threads").fetchone() == (0,)
+    assert [r[0] for r in con.execute("DESCRIBE outcomes").fetchall()][:2] == ["thread_id", "environment"]
+
+
+def test_lake_on_a_directory_that_is_not_one_exits_2(ws: Path, tmp_path: Path) -> None:
+    plain = runner.invoke(app, ["sql", "--lake", str(ws / "traces"), "SELECT 1"])
+    assert plain.exit_code == 2 and "is not a lake: it has no _lake.json" in plain.stderr
+    missing = runner.invoke(app, ["sql", "--lake", str(tmp_path / "nowhere"), "SELECT 1"])
+    assert missing.exit_code == 2 and "is not a lake: no such directory" in missing.stderr
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "_lake.json").write_text('{"format": "something-else"}')
+    bad = runner.invoke(app, ["sql", "--lake", str(tmp_path / "bad"), "SELECT 1"])
+    assert bad.exit_code == 2 and "is not an improve lake manifest" in bad.stderr
+    both = runner.invoke(app, ["sql", "--lake", str(ws / "lake"), "--db", str(db(ws)), "SELECT 1"])
+    assert both.exit_code == 2 and "not both" in both.stderr
+
+
+def test_export_refuses_a_directory_that_holds_something_else(ws: Path) -> None:
+    result = runner.invoke(app, ["export", "-w", str(ws), str(ws / "scenarios")])
+    assert result.exit_code == 2 and "holds no lake" in result.stderr
+    assert (ws / "scenarios" / "refunds.yaml").exists()
+    other = runner.invoke(app, ["export", "-w", str(ws), "--format", "csv", str(ws / "x")])
+    assert other.exit_code == 2 and "use --format parquet" in other.stderr
+
+
+def test_the_lake_reads_back_when_copied_elsewhere(ws: Path, tmp_path: Path) -> None:
+    moved = tmp_path / "moved"
+    subprocess.run(["cp", "-r", str(ws / "lake"), str(moved)], check=True)
+    sql = "SELECT count(*), count(passed) FROM outcomes"
+    assert rows(open_lake(moved), sql) == rows(open_database(db(ws), read_only=True), sql)
+
+
+# --- polars frames ---------------------------------------------------------------------------------------
+
+
+def test_frames_hold_the_rows_improve_sql_prints(ws: Path) -> None:
+    con = open_database(db(ws), read_only=True)
+    statements = [
+        *readme_sql(),
+        "SELECT * FROM threads",
+        "SELECT * FROM usage",
+        "SELECT * FROM decisions",
+        "SELECT * FROM outcomes",
+        "SELECT thread_id, count(*) AS n FROM entries GROUP BY ALL",
+    ]
+    for source in (db(ws), ws / "lake"):
+        with connect(source) as wh:
+            for sql in statements:
+                frame = wh.sql(sql)
+                expected = query(con, sql)
+                assert frame.columns == expected.columns, sql
+                assert sorted(frame.rows(), key=repr) == sorted(expected.rows, key=repr), sql
+    # And the command line prints them: the JSON of `improve sql` is the frame's rows.
+    sql = "SELECT thread_id, final_state, passed, model_calls, violation_rules FROM outcomes ORDER BY 1"
+    printed = json.loads(invoke("sql", "-w", str(ws), sql, "--format", "json").stdout)
+    with connect(db(ws)) as wh:
+        assert wh.sql(sql).to_dicts() == printed
+
+
+def test_the_readme_python_examples_run(ws: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (code,) = readme_blocks("python")
+    monkeypatch.chdir(ws)
+    found: dict[str, Any] = {}
+    exec(compile(code, "README.md", "exec"), found)
+    con = open_database(db(ws), read_only=True)
+    pass_rate = rows(
+        con,
+        """SELECT o.policy_version, CAST(timezone('UTC', t.first_at) AS DATE) AS day, count(*),
+                  avg(o.passed::INT) FROM outcomes o JOIN threads t USING (thread_id)
+           WHERE o.passed IS NOT NULL GROUP BY ALL""",
+    )
+    assert len(pass_rate) == 3  # v0 and v1 one day, v7 the day before
+    assert sorted(found["pass_rate"].rows(), key=repr) == pass_rate
+    refusals = found["refusals"]
+    assert refusals.columns == ["decision", "guard", "refusals"] and refusals.height > 0
+    guarded = scalar(con, "SELECT count(*) FROM attempts WHERE kind = 'rejected-by-guard'")
+    assert refusals["refusals"].sum() == guarded
+    cost = found["cost"]
+    assert dict(zip(cost["final_state"], cost["runs"], strict=True)) == dict(
+        con.execute("SELECT final_state, count(*) FROM outcomes GROUP BY ALL").fetchall()
+    )
+    assert cost["tokens_per_run"].null_count() == 0
+
+
+def test_connect_is_read_only_and_closes(ws: Path, tmp_path: Path) -> None:
+    with connect(db(ws)) as wh:
+        assert isinstance(wh, Warehouse) and repr(wh) == f"Warehouse({str(db(ws))!r})"
+        assert isinstance(wh.con, duckdb.DuckDBPyConnection)
+        with pytest.raises(duckdb.Error, match="read-only"):
+            wh.sql("DELETE FROM entries")
+        frame = wh.sql("SELECT * FROM usage WHERE tokens > $n", {"n": 0})
+        assert frame.schema["tokens"] == pl.Int64 and frame.height > 0  # HUGEINT arrives as Int64
+        assert wh.sql("SET threads = 2").height == 0
+        assert wh.attempts().height == wh.sql("SELECT count(*) AS n FROM attempts")["n"][0]
+    with pytest.raises(duckdb.Error):
+        wh.sql("SELECT 1")
+    with pytest.raises(WorkspaceError, match="no warehouse at"):
+        connect(tmp_path / "none.duckdb")
+    with pytest.raises(LakeError, match="read-only"):
+        connect(ws / "lake", read_only=False)
+    with connect(tmp_path / "new.duckdb", read_only=False) as wh:
+        assert wh.outcomes().height == 0 and "passed" in wh.outcomes().columns
+    with connect() as wh:
+        big = wh.sql("SELECT 170141183460469231731687303715884105727::HUGEINT AS big")  # beyond Int64
+        assert big.schema["big"] == pl.Decimal(38, 0)
+
+
+def test_the_cli_does_not_import_polars() -> None:
+    code = "import sys, improve.cli.main, improve.warehouse; sys.exit('polars' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], cwd=REPO, check=False).returncode == 0
