@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from improve.cli.main import app
 from improve.demo import commit_workspace
+from improve.warehouse import connect
 
 from .conftest import REPO, copy_workspace
 
@@ -91,6 +92,14 @@ def test_sql_shows_the_rows_the_round_scored(ws: Path) -> None:
             """,
         )
         assert rows[0]["pass_rate"] == pytest.approx(outcome["scores"][split][side], abs=1e-12), (split, side)
+        # The polars API reads the same rows.
+        with connect(ws / "traces" / "traces.duckdb") as warehouse:
+            frame = warehouse.sql(
+                "SELECT scenario, avg(passed::INTEGER) AS fraction FROM outcomes WHERE environment = 'refunds' "
+                f"AND policy_version = '{version}' AND model = 'naive' AND split = '{split}' AND run <= 2 "
+                "AND expected_outcome IS NOT NULL GROUP BY scenario"
+            )
+        assert frame["fraction"].mean() == pytest.approx(outcome["scores"][split][side], abs=1e-12)
     after = outcome["scores"]["held-out"]["violations_after"]
     assert rows[0]["violations"] == after
 
@@ -120,7 +129,9 @@ def production_thread(store: Any, thread_id: str, case: tuple[str, str, int, int
 
     env = load_environment("refunds")
     customer, order, total, refunded, asked = case
-    policy = compile_policy(load_policy(REPO / "policies" / "refunds" / "v0.json"), env.judgments, env.policy_guards)
+    policy = compile_policy(
+        load_policy(REPO / "policies" / "refunds" / "v0.json"), env.judgments, env.policy_guards
+    )
     run(
         env,
         input={

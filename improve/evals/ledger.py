@@ -22,7 +22,7 @@ from improve.evals.outcome import OutcomeRow
 from improve.evals.workspace import Workspace
 from improve.log import JsonlDirStore
 from improve.runtime import Environment
-from improve.warehouse import connect, ingest
+from improve.warehouse import ingest, open_database
 
 OUTCOMES_SQL = """
 SELECT thread_id, scenario, category, split, policy_version, run, status, final_state, output,
@@ -83,7 +83,7 @@ class Ledger:
     def con(self) -> duckdb.DuckDBPyConnection:
         if self._con is None:
             self.space.warehouse.parent.mkdir(parents=True, exist_ok=True)
-            self._con = connect(self.space.warehouse)
+            self._con = open_database(self.space.warehouse)
         return self._con
 
     def close(self) -> None:
