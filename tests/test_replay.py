@@ -430,6 +430,13 @@ def test_an_entry_after_the_end_is_refused(recorded_lines: list[dict[str, Any]])
         replay(REFUNDS.machine, entries)
 
 
+def test_an_end_entry_that_disagrees_with_replay_diverges(recorded_lines: list[dict[str, Any]]) -> None:
+    lines = copy.deepcopy(recorded_lines)
+    lines[-1]["event"]["status"] = "idle"  # and chained again, so only the status check can see it
+    with pytest.raises(DivergenceError, match="recorded status 'idle' as it ended, replay derives 'done'"):
+        replay(REFUNDS.machine, rechained(_entries(lines), THREAD), verify=True, thread_id=THREAD)
+
+
 def test_verifying_a_chained_thread_needs_its_id(recorded_lines: list[dict[str, Any]]) -> None:
     with pytest.raises(LogError, match="needs its thread id"):
         replay(REFUNDS.machine, _entries(recorded_lines), verify=True)

@@ -335,9 +335,9 @@ def replay_command(
             if result.verification == "incomplete":
                 failed["incomplete"] += 1
                 err.print(
-                    f"[red]INCOMPLETE[/] {escape(thread_id)}: its {len(entries)} entries chain, but it has no "
-                    "@agent.end entry after entry "
-                    f"{len(entries) - 1}: the run stopped before it ended, or its last entries were removed",
+                    f"[red]INCOMPLETE[/] {escape(thread_id)}: its {len(entries)} entries chain, but it has "
+                    f"no @agent.end entry after entry {len(entries) - 1}: the run stopped before it ended, "
+                    "or its last entries were removed",
                     markup=True,
                 )
             elif result.verification == "unchained":

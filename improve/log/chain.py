@@ -185,7 +185,8 @@ def _diagnose(entries: Sequence[LogEntry], p: int, thread_id: str) -> TamperErro
     if p > 0 and entry.causationId is not None and entry.causationId not in ids:
         return tamper(
             "missing",
-            f"an entry before it is missing: it follows entry id {entry.causationId}, which is not in the thread",
+            f"an entry before it is missing: it follows entry id {entry.causationId}, which is not in the "
+            "thread",
         )
     if entry.schemaVersion != SCHEMA_VERSION:
         return tamper("changed", f"content changed: schemaVersion {entry.schemaVersion} in a chained thread")

@@ -59,16 +59,16 @@ class Verification(BaseModel):
     stateHash: str | None = Field(
         default=None,
         description="sha256 of the canonical JSON of the snapshot after this entry. Present on every entry "
-        "that moves the machine (and on the end entry: the final snapshot); absent on `@agent.usage` entries, "
-        "which do not.",
+        "that moves the machine (and on the end entry: the final snapshot); absent on `@agent.usage` "
+        "entries, which do not.",
     )
     entryHash: str | None = Field(
         default=None,
-        description="schemaVersion 2: sha256 (hex) of the canonical JSON of `[previous, content]`: `previous` "
-        "is the entryHash of the entry before it, or the thread id for entry 0; `content` is this entry as "
-        "written, without `threadId` and without this field (and without `verification` when nothing else "
-        "is in it). Chains every entry to all before it: an edit, a removal, an insertion or a reordering "
-        "breaks it at the first bad entry. See `improve.log.chain`.",
+        description="schemaVersion 2: sha256 (hex) of the canonical JSON of `[previous, content]`: "
+        "`previous` is the entryHash of the entry before it, or the thread id for entry 0; `content` is "
+        "this entry as written, without `threadId` and without this field (and without `verification` "
+        "when nothing else is in it). Chains every entry to all before it: an edit, a removal, an "
+        "insertion or a reordering breaks it at the first bad entry. See `improve.log.chain`.",
     )
 
 

@@ -136,9 +136,10 @@ def replay(
 ) -> ReplayResult:
     """Fold `entries[:upto]` through `machine`.
 
-    `verify` checks the whole thread (not only the prefix): the hash chain of a chained thread (which
-    is seeded by its id: `thread_id`, else the `threadId` its entries carry), every journaled snapshot
-    hash, and the end entry. It raises `TamperError` or `DivergenceError` at the first bad entry."""
+    `verify` checks the hash chain of a chained thread, whole even when `upto` folds a prefix (the chain
+    is seeded by the thread's id: `thread_id`, else the `threadId` its entries carry), the journaled
+    snapshot hashes of the entries folded, and, when the whole thread is folded, the end entry's status.
+    It raises `TamperError` or `DivergenceError` at the first bad entry."""
     chained = False
     if verify and entries:
         chained = is_chained(entries)

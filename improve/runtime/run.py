@@ -120,7 +120,7 @@ class Journal:
         return entry
 
     def end(self, status: RunStatus, final: Snapshot) -> LogEntry:
-        """The run's last entry: `{"type": "@agent.end", "status": status}`, with the final snapshot's hash."""
+        """The run's last entry, `{"type": "@agent.end", "status": status}`, with the final state's hash."""
         return self.write({"type": END_EVENT, "status": status}, final)
 
 

@@ -339,12 +339,14 @@ def _bulk_native(
                  entry_hash)
             SELECT thread, "index"::BIGINT, id ->> '$', recordedAt ->> '$', machineId ->> '$',
                    machineVersion ->> '$', etype, event, causationId ->> '$',
-                   {_present("attempts")}, {_present("metadata")}, verification ->> '$.stateHash',
+                   {_present("attempts")}, {_present("metadata")}, hashes[1],
                    CASE WHEN schemaVersion::VARCHAR = '2' THEN 2 ELSE 1 END,
                    threadId IS NOT NULL AND {_is("threadId", "VARCHAR")}, filename, ?,
-                   verification ->> '$.entryHash'
+                   hashes[2]
             FROM (
-                SELECT *, {THREAD_SQL} AS thread, event -> '$.type' AS etype_json, event ->> '$.type' AS etype
+                SELECT *, {THREAD_SQL} AS thread, event -> '$.type' AS etype_json, event ->> '$.type' AS etype,
+                       -- both hashes from one parse of verification (two ->> would parse it twice)
+                       json_extract_string(verification, ['$.stateHash', '$.entryHash']) AS hashes
                 FROM read_json({_sql_list([i.path for i in todo])}, format = 'newline_delimited',
                                columns = {NATIVE_COLUMNS}, filename = true, ignore_errors = true,
                                maximum_object_size = 67108864)
