@@ -53,7 +53,9 @@ def write_synthetic_corpus(folder: Path, threads: int = 20_000, files: int = 100
     with options and refused attempts, usage records, people's answers), `files` multi-thread JSONL files.
 
     Real refund-desk threads are short (6-10 entries); this corpus stands for longer agent sessions at the
-    scale the warehouse must take. Returns the number of entries written."""
+    scale the warehouse must take. Lines are schemaVersion 2, as improve writes them: every entry has an
+    `entryHash` and each thread ends with `@agent.end`. The hashes are random hex of the right shape (the
+    ingest keeps them and does not check them; replay does). Returns the number of entries written."""
     import random
     import uuid
 
@@ -72,9 +74,9 @@ def write_synthetic_corpus(folder: Path, threads: int = 20_000, files: int = 100
         thread = f"{splits[t % 3 == 0]}:v{rng.randint(0, 5)}:scenario-{t % 400:03d}:r{t // 400 + 1}"
         length = rng.randint(20, 80)
         last = None
-        for i in range(length):
+        for i in range(length + 1):
             entry: dict[str, object] = {
-                "schemaVersion": 1,
+                "schemaVersion": 2,
                 "id": str(uuid.UUID(int=rng.getrandbits(128))),
                 "index": i,
                 "recordedAt": f"2026-11-{1 + t % 28:02d}T{i % 24:02d}:{rng.randint(0, 59):02d}:00.{rng.randint(0, 999999):06d}Z",
@@ -83,7 +85,9 @@ def write_synthetic_corpus(folder: Path, threads: int = 20_000, files: int = 100
                 "threadId": thread,
             }
             kind = rng.random()
-            if i == 0:
+            if i == length:
+                entry["event"] = {"type": "@agent.end", "status": rng.choice(["done", "idle", "budget"])}
+            elif i == 0:
                 entry["event"] = {
                     "type": "@agent.init",
                     "input": {
@@ -152,7 +156,14 @@ def write_synthetic_corpus(folder: Path, threads: int = 20_000, files: int = 100
                 entry["metadata"] = {"source": "person"}
             if last:
                 entry["causationId"] = last
-            entry["verification"] = {"stateHash": uuid.UUID(int=rng.getrandbits(128)).hex * 2}
+            link = uuid.UUID(int=rng.getrandbits(128)).hex * 2
+            if entry["event"]["type"] == "@agent.usage":  # type: ignore[index]
+                entry["verification"] = {"entryHash": link}  # a usage record does not move the machine
+            else:
+                entry["verification"] = {
+                    "stateHash": uuid.UUID(int=rng.getrandbits(128)).hex * 2,
+                    "entryHash": link,
+                }
             last = str(entry["id"])
             handle.write(json.dumps(entry, separators=(",", ":")) + "\n")
             entries += 1

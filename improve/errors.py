@@ -21,6 +21,7 @@ imports nothing else of ours) may raise these. Every error carries a message tha
     │   ├── ConflictError             append at a stale index, or ingest of a different entry
     │   ├── VersionMismatchError      replaying a thread against another machine version
     │   ├── DivergenceError           replay reached a state whose hash differs from the journal
+    │   │   └── TamperError           a chained thread's entries differ from what was written
     │   └── TapeError                 an opencli session tape line is not in the tape format
     ├── RunError                      a run could not complete (an actor crashed, a store failed)
     │   └── NondeterministicHarness   parity: two fresh runs of OLD differed, so nothing is compared
@@ -120,6 +121,30 @@ class VersionMismatchError(LogError):
 
 class DivergenceError(LogError):
     """Replay reached a snapshot whose hash differs from the one journaled."""
+
+
+class TamperError(DivergenceError):
+    """A chained thread (schemaVersion 2) differs from what was written: an entry's content changed, an
+    entry is missing or was inserted, or entries are out of order (`improve.log.chain`).
+
+    It is a `DivergenceError`, so whatever treats a diverged thread as failing verification (`improve
+    replay --verify` exits 1) treats a tampered one the same way. `index` is the first bad entry's
+    position in the thread, `kind` one of `changed`, `missing`, `inserted`, `reordered`.
+    """
+
+    def __init__(self, message: str, *, thread_id: str | None, index: int, kind: str) -> None:
+        super().__init__(message)
+        self.thread_id = thread_id
+        self.index = index
+        self.kind = kind
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # Keyword-only fields: pickling (a worker process of an executor) must pass them back.
+        return (_tamper_error, (str(self), self.thread_id, self.index, self.kind))
+
+
+def _tamper_error(message: str, thread_id: str | None, index: int, kind: str) -> TamperError:
+    return TamperError(message, thread_id=thread_id, index=index, kind=kind)
 
 
 class TapeError(LogError):

@@ -546,7 +546,8 @@ def test_sloppy_rule_breaks_are_refused_by_the_guards() -> None:
 def test_replaying_a_run_gives_the_live_snapshot(model: str) -> None:
     for scenario in SCENARIOS:
         result, entries = with_model(scenario, model)
-        replayed = replay(ENV.machine, entries, verify=True)
+        replayed = replay(ENV.machine, entries, verify=True, thread_id="test:v0:code:r1")
+        assert replayed.verification == "verified"
         live = result.snapshot
         assert (replayed.snapshot.value, replayed.snapshot.status) == (live.value, live.status), scenario.id
         assert replayed.snapshot.context == live.context and replayed.snapshot.output == live.output

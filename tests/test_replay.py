@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import copy
+import hashlib
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from typer.testing import CliRunner
 
-from improve.errors import DivergenceError, LogError, VersionMismatchError
+from improve.cli.main import app
+from improve.errors import DivergenceError, LogError, TamperError, VersionMismatchError
+from improve.log import seal
 from improve.log.entry import LogEntry
 from improve.log.replay import replay
 from improve.log.store import MemoryStore
@@ -16,7 +25,7 @@ from improve.machine import compile_machine
 from improve.runtime import load_environment
 from improve.runtime.policy import PolicyDecider, compile_policy, load_policy
 from improve.runtime.run import run
-from tests.conftest import REPO
+from tests.conftest import REPO, copy_workspace
 
 REFUNDS = load_environment("refunds")
 APPROVAL = load_environment("refund-approval")
@@ -93,8 +102,9 @@ def test_replay_equals_the_live_final_snapshot(case: dict[str, Any]) -> None:
         stamp={},
     )
     entries = store.read("t:v0:x:r1")
-    replayed = replay(REFUNDS.machine, entries, verify=True)
+    replayed = replay(REFUNDS.machine, entries, verify=True, thread_id="t:v0:x:r1")
     assert replayed.snapshot == live.snapshot
+    assert (replayed.verification, replayed.ended) == ("verified", live.status)
     assert replayed.status == live.status
     assert replayed.model_calls == live.model_calls
     assert replayed.tokens == live.input_tokens + live.output_tokens
@@ -102,7 +112,7 @@ def test_replay_equals_the_live_final_snapshot(case: dict[str, Any]) -> None:
     assert live.final_state != "illegallyIssued"
     # Every prefix replays too, and the prefix's state is the journaled one at that point.
     for cut in range(1, len(entries) + 1):
-        partial = replay(REFUNDS.machine, entries, upto=cut, verify=True)
+        partial = replay(REFUNDS.machine, entries, upto=cut, verify=True, thread_id="t:v0:x:r1")
         assert partial.entries == cut
 
 
@@ -128,7 +138,8 @@ def test_replay_property_on_refund_approval(amount: float, reason: str, model: s
         thread_id="t:v0:y:r1",
         stamp={},
     )
-    assert replay(APPROVAL.machine, store.read("t:v0:y:r1"), verify=True).snapshot == live.snapshot
+    replayed = replay(APPROVAL.machine, store.read("t:v0:y:r1"), verify=True, thread_id="t:v0:y:r1")
+    assert replayed.snapshot == live.snapshot and replayed.verification == "verified"
     assert live.final_state != "illegallyIssued"
 
 
@@ -161,16 +172,32 @@ def test_version_mismatch_names_entry_expected_and_found() -> None:
         replay(compile_machine(newer, guards=REFUNDS.guards), entries)
 
 
-def test_hash_mismatch_names_the_first_diverging_entry() -> None:
+def test_an_edited_output_is_named_by_the_chain_and_by_the_state_hashes() -> None:
     entries = _recorded()
     tampered = [e.model_copy(deep=True) for e in entries]
     lookup = next(e for e in tampered if e.event.get("actorId") == "lookingUpOrder")
     lookup.event["output"]["order"]["refundable"] = 10.0
+    with pytest.raises(
+        TamperError, match=rf"entry {lookup.index} \(xstate.done.actor, id .*\): content changed"
+    ):
+        replay(REFUNDS.machine, tampered, verify=True, thread_id="t:v0:z:r1")
+    # Chained again after the edit (what someone who recomputes every hash would do), the chain holds;
+    # the state hashes still see that the output no longer leads where the run went.
+    resealed = rechained(tampered, "t:v0:z:r1")
     with pytest.raises(DivergenceError, match=rf"entry {lookup.index} \(xstate.done.actor\) diverges"):
-        replay(REFUNDS.machine, tampered, verify=True)
-    # Without hashes, the refused decision still gives it away: the machine does not accept it.
+        replay(REFUNDS.machine, resealed, verify=True, thread_id="t:v0:z:r1")
+    # Without verification, the refused decision still gives it away: the machine does not accept it.
     with pytest.raises(LogError, match=r"entry \d+ \(REFUND\) is not accepted in state 'choosingResolution'"):
         replay(REFUNDS.machine, tampered)
+
+
+def rechained(entries: list[LogEntry], thread_id: str) -> list[LogEntry]:
+    out: list[LogEntry] = []
+    previous = thread_id
+    for entry in entries:
+        out.append(seal(entry, previous))
+        previous = out[-1].verification.entryHash  # type: ignore[assignment,union-attr]
+    return out
 
 
 @pytest.mark.parametrize(
@@ -188,3 +215,270 @@ def test_hash_mismatch_names_the_first_diverging_entry() -> None:
 def test_invalid_logs_are_refused(mutate: Any, message: str) -> None:
     with pytest.raises(LogError, match=message):
         replay(REFUNDS.machine, mutate(_recorded()))
+
+
+# --- the hash chain: a real thread, tampered with every way, and the unchained form ----------------------
+
+THREAD = "train:v0:naive:partial-refund-01:r1"
+V1_FIXTURE = REPO / "tests" / "fixtures" / "v1" / f"{THREAD}.jsonl"
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def recorded_lines(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    """The lines of a real thread, written by `improve run` in a copy of the workspace."""
+    ws = copy_workspace(tmp_path_factory.mktemp("ws"))
+    args = ["run", "-w", str(ws), "--env", "refunds", "--policy", "v0", "--model", "naive"]
+    result = runner.invoke(app, [*args, "--scenario", "partial-refund-01", "--k", "1"])
+    assert result.exit_code in (0, 1), result.output  # 1: the naive model fails the scenario
+    return [json.loads(line) for line in (ws / "traces" / f"{THREAD}.jsonl").read_text().splitlines()]
+
+
+def at(lines: list[dict[str, Any]], test: Callable[[dict[str, Any]], bool]) -> int:
+    return next(i for i, line in enumerate(lines) if test(line))
+
+
+def _usage(ls: list[dict[str, Any]]) -> int:
+    return at(ls, lambda e: e["event"]["type"] == "@agent.usage")
+
+
+def _edit(where: Callable[[list[dict[str, Any]]], int], change: Callable[[dict[str, Any]], None]) -> Tamper:
+    def tamper(ls: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
+        i = where(ls)
+        change(ls[i])
+        return ls, i
+
+    return tamper
+
+
+def _remove(ls: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
+    i = _usage(ls)
+    return ls[:i] + ls[i + 1 :], i
+
+
+def _remove_and_renumber(ls: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
+    i = _usage(ls)
+    rest = ls[:i] + ls[i + 1 :]
+    for n, line in enumerate(rest):
+        line["index"] = n
+    return rest, i
+
+
+def _insert(ls: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
+    i = _usage(ls) + 1
+    forged = copy.deepcopy(ls[i - 1])
+    forged.update(id="forged", index=i)
+    forged["event"]["inputTokens"] = 1
+    return [*ls[:i], forged, *ls[i:]], i
+
+
+def _duplicate(ls: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
+    i = _usage(ls)
+    return [*ls[: i + 1], copy.deepcopy(ls[i]), *ls[i + 1 :]], i + 1
+
+
+def _swap(ls: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
+    ls[1], ls[2] = ls[2], ls[1]
+    return ls, 1
+
+
+def _downgrade(ls: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
+    i = _usage(ls)
+    ls[i]["schemaVersion"] = 1
+    del ls[i]["verification"]
+    return ls, i
+
+
+def _output(line: dict[str, Any]) -> None:
+    line["event"]["output"]["order"]["refunded"] = 0.0  # the refund already paid, in a tool's output
+
+
+def _effect(line: dict[str, Any]) -> None:
+    line["event"]["effects"][0]["kind"] = "nothing-happened"
+
+
+def _attempt(line: dict[str, Any]) -> None:
+    line["attempts"][0]["reason"] = "the decider was right all along"
+
+
+Tamper = Callable[[list[dict[str, Any]]], tuple[list[dict[str, Any]], int]]
+TAMPERS: dict[str, tuple[Tamper, str]] = {
+    # name: (the tampering, the kind of finding)
+    "an event field": (_edit(lambda ls: 0, lambda e: e["event"]["input"].update(ticket="edited")), "changed"),
+    "an actor's output": (
+        _edit(lambda ls: at(ls, lambda e: e["event"].get("actorId") == "lookingUpOrder"), _output),
+        "changed",
+    ),
+    "an effect": (_edit(lambda ls: at(ls, lambda e: "effects" in e["event"]), _effect), "changed"),
+    "a usage entry's counts": (_edit(_usage, lambda e: e["event"].update(inputTokens=1, calls=0)), "changed"),
+    "an attempt": (_edit(lambda ls: at(ls, lambda e: bool(e.get("attempts"))), _attempt), "changed"),
+    "recordedAt": (_edit(lambda ls: 2, lambda e: e.update(recordedAt="2020-01-01T00:00:00Z")), "changed"),
+    "removing an entry": (_remove, "missing"),
+    "removing an entry and renumbering": (_remove_and_renumber, "missing"),
+    "inserting one": (_insert, "inserted"),
+    "duplicating one": (_duplicate, "inserted"),
+    "swapping two": (_swap, "reordered"),
+    "downgrading one to version 1": (_downgrade, "changed"),
+}
+WORDS = {
+    "changed": "content changed",
+    "missing": "missing",
+    "inserted": "inserted",
+    "reordered": "order changed",
+}
+
+
+def _entries(lines: list[dict[str, Any]]) -> list[LogEntry]:
+    return [LogEntry.model_validate(line) for line in lines]
+
+
+def test_a_real_thread_is_chained_and_ended(recorded_lines: list[dict[str, Any]]) -> None:
+    assert all(
+        line["schemaVersion"] == 2 and len(line["verification"]["entryHash"]) == 64 for line in recorded_lines
+    )
+    assert recorded_lines[-1]["event"] == {"type": "@agent.end", "status": "done"}
+    result = replay(REFUNDS.machine, _entries(recorded_lines), verify=True, thread_id=THREAD)
+    assert (result.verification, result.status, result.ended) == ("verified", "done", "done")
+    assert replay(REFUNDS.machine, _entries(recorded_lines)).verification == "unverified"
+
+
+@pytest.mark.parametrize("name", list(TAMPERS))
+def test_each_tampering_is_named_with_its_entry_and_kind(
+    recorded_lines: list[dict[str, Any]], name: str, tmp_path: Path
+) -> None:
+    tamper, kind = TAMPERS[name]
+    lines, index = tamper(copy.deepcopy(recorded_lines))
+    with pytest.raises(TamperError) as info:
+        replay(REFUNDS.machine, _entries(lines), verify=True, thread_id=THREAD)
+    assert (info.value.index, info.value.kind) == (index, kind), str(info.value)
+    assert f"entry {index} (" in str(info.value) and WORDS[kind] in str(info.value)
+    # The same through the command line: exit 1, the entry and what is wrong with it on stderr.
+    ws = copy_workspace(tmp_path)
+    path = ws / "traces" / f"{THREAD}.jsonl"
+    path.parent.mkdir()
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    result = runner.invoke(app, ["replay", "-w", str(ws), THREAD, "--verify", "--json"])
+    assert result.exit_code == 1, result.output
+    assert (
+        "TAMPERED" in result.stderr and f"entry {index} (" in result.stderr and WORDS[kind] in result.stderr
+    )
+    doc = json.loads(result.stdout)
+    assert doc["tampered"] == 1 and (doc["threads"][0]["entry"], doc["threads"][0]["kind"]) == (index, kind)
+
+
+def test_the_reported_problem_a_refund_and_usage_edited_together(
+    recorded_lines: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    """The tampering that used to pass --verify: a refund amount in a tool's output and the usage counts."""
+    lines = copy.deepcopy(recorded_lines)
+    lookup = at(lines, lambda e: e["event"].get("actorId") == "lookingUpOrder")
+    _output(lines[lookup])
+    for line in lines:
+        if line["event"]["type"] == "@agent.usage":
+            line["event"].update(inputTokens=0, outputTokens=0)
+    ws = copy_workspace(tmp_path)
+    (ws / "traces").mkdir()
+    path = ws / "traces" / f"{THREAD}.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    result = runner.invoke(app, ["replay", "-w", str(ws), str(path), "--verify"])
+    assert result.exit_code == 1, result.output
+    assert f"entry {lookup} (xstate.done.actor" in result.stderr and "content changed" in result.stderr
+
+
+def test_a_truncated_thread_is_incomplete_never_verified(
+    recorded_lines: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    lines = copy.deepcopy(recorded_lines)[:-1]  # the end entry removed: every hash still checks
+    result = replay(REFUNDS.machine, _entries(lines), verify=True, thread_id=THREAD)
+    assert (result.verification, result.ended, result.status) == ("incomplete", None, "done")
+    ws = copy_workspace(tmp_path)
+    (ws / "traces").mkdir()
+    (ws / "traces" / f"{THREAD}.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    cli = runner.invoke(app, ["replay", "-w", str(ws), THREAD, "--verify", "--json"])
+    assert cli.exit_code == 1, cli.output
+    assert f"INCOMPLETE {THREAD}" in cli.stderr and "no @agent.end entry" in cli.stderr
+    doc = json.loads(cli.stdout)
+    assert doc["incomplete"] == 1 and doc["threads"][0]["verification"] == "incomplete"
+    # Without --verify nothing is checked, and nothing fails.
+    assert runner.invoke(app, ["replay", "-w", str(ws), THREAD]).exit_code == 0
+
+
+def test_a_thread_renamed_into_another_is_caught_at_entry_0(
+    recorded_lines: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    """A passing run copied in as another run of the scenario (or into held-out) does not verify."""
+    other = "held-out:v0:naive:partial-refund-01:r2"
+    with pytest.raises(TamperError, match="recorded under another id") as info:
+        replay(REFUNDS.machine, _entries(recorded_lines), verify=True, thread_id=other)
+    assert (info.value.index, info.value.kind) == (0, "changed")
+    ws = copy_workspace(tmp_path)
+    (ws / "traces").mkdir()
+    (ws / "traces" / f"{other}.jsonl").write_text("".join(json.dumps(line) + "\n" for line in recorded_lines))
+    result = runner.invoke(app, ["replay", "-w", str(ws), other, "--verify"])
+    assert result.exit_code == 1 and "entry 0 (@agent.init" in result.stderr
+
+
+def test_an_entry_after_the_end_is_refused(recorded_lines: list[dict[str, Any]]) -> None:
+    lines = copy.deepcopy(recorded_lines)
+    extra = copy.deepcopy(lines[_usage(lines)])
+    extra.update(id="late", index=len(lines))
+    with pytest.raises(TamperError, match=r"inserted: it comes after the run's @agent\.end entry"):
+        replay(REFUNDS.machine, _entries([*lines, extra]), verify=True, thread_id=THREAD)
+    # Chained properly after the end (a writer that kept going), the log's shape still refuses it.
+    entries = rechained(_entries([*lines, extra]), THREAD)
+    with pytest.raises(LogError, match=r"is '@agent\.end' but 1 entries follow it"):
+        replay(REFUNDS.machine, entries)
+
+
+def test_an_end_entry_that_disagrees_with_replay_diverges(recorded_lines: list[dict[str, Any]]) -> None:
+    lines = copy.deepcopy(recorded_lines)
+    lines[-1]["event"]["status"] = "idle"  # and chained again, so only the status check can see it
+    with pytest.raises(DivergenceError, match="recorded status 'idle' as it ended, replay derives 'done'"):
+        replay(REFUNDS.machine, rechained(_entries(lines), THREAD), verify=True, thread_id=THREAD)
+
+
+def test_verifying_a_chained_thread_needs_its_id(recorded_lines: list[dict[str, Any]]) -> None:
+    with pytest.raises(LogError, match="needs its thread id"):
+        replay(REFUNDS.machine, _entries(recorded_lines), verify=True)
+    # Lines that carry their threadId (a file of many threads) name it themselves.
+    carried = [{**line, "threadId": THREAD} for line in recorded_lines]
+    assert replay(REFUNDS.machine, _entries(carried), verify=True).verification == "verified"
+
+
+def test_a_version_1_thread_still_replays_and_verifies_as_unchained(tmp_path: Path) -> None:
+    """A thread written before the chain (by the previous release: no entryHash, no end entry)."""
+    entries = [LogEntry.model_validate_json(line) for line in V1_FIXTURE.read_text().splitlines()]
+    assert {e.schemaVersion for e in entries} == {1}
+    result = replay(REFUNDS.machine, entries, verify=True, thread_id=THREAD)
+    assert (result.verification, result.final_state, result.ended) == ("unchained", "escalated", None)
+    # Its state hashes are still checked ...
+    changed = [e.model_copy(deep=True) for e in entries]
+    lookup = next(e for e in changed if e.event.get("actorId") == "lookingUpOrder")
+    lookup.event["output"]["order"]["deliveredDaysAgo"] = 400
+    with pytest.raises(DivergenceError, match=rf"entry {lookup.index} \(xstate.done.actor\) diverges"):
+        replay(REFUNDS.machine, changed, verify=True)
+    # ... and the command line reports it as unchained, which is not a failure unless asked.
+    ws = copy_workspace(tmp_path)
+    (ws / "traces").mkdir()
+    shutil.copy(V1_FIXTURE, ws / "traces")
+    ok = runner.invoke(app, ["replay", "-w", str(ws), THREAD, "--verify", "--json"])
+    assert ok.exit_code == 0, ok.output
+    doc = json.loads(ok.stdout)
+    assert doc["unchained"] == 1 and doc["threads"][0]["verification"] == "unchained"
+    assert "unchained (schemaVersion 1)" in ok.stderr
+    strict = runner.invoke(app, ["replay", "-w", str(ws), THREAD, "--verify", "--require-chain"])
+    assert strict.exit_code == 1, strict.output
+
+
+def test_the_entry_hash_is_what_the_contract_says(recorded_lines: list[dict[str, Any]]) -> None:
+    """Recomputed from the lines alone, as another language would: sha256 of canonical [previous, content]."""
+    previous = THREAD
+    for line in recorded_lines:
+        content = copy.deepcopy(line)
+        content.pop("threadId", None)
+        link = content["verification"].pop("entryHash")
+        if not content["verification"]:
+            del content["verification"]
+        text = json.dumps([previous, content], sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        assert hashlib.sha256(text.encode()).hexdigest() == link
+        previous = link

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -182,6 +183,7 @@ def test_exhaustion_without_on_error_ends_the_run() -> None:
     result, store = go(shop(on_error=False), decider)
     assert result.status == "decision-exhausted"
     assert replay(shop(on_error=False).machine, store.read("t:v0:s:r1")).status == "decision-exhausted"
+    assert_ended(shop(on_error=False), store, "decision-exhausted")
 
 
 def test_budget_stops_the_run_and_replay_agrees() -> None:
@@ -190,12 +192,32 @@ def test_budget_stops_the_run_and_replay_agrees() -> None:
     assert result.status == "budget"
     assert result.model_calls == 2
     assert replay(shop().machine, store.read("t:v0:s:r1")).status == "budget"
+    assert_ended(shop(), store, "budget")
+
+
+def test_the_entry_cap_ends_the_run_as_budget_and_it_verifies(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The cap is the runner's, not the log's: replay derives another status for the active snapshot,
+    # and the end entry's `budget` is accepted for it.
+    monkeypatch.setattr(sys.modules["improve.runtime.run"], "MAX_ENTRIES", 2)
+    result, store = go(shop(), Scripted(lambda r, i: {"type": "NONE"}))
+    assert result.status == "budget" and result.snapshot.status == "active"
+    replayed = replay(shop().machine, store.read("t:v0:s:r1"), verify=True, thread_id="t:v0:s:r1")
+    assert (replayed.verification, replayed.ended) == ("verified", "budget")
 
 
 def test_idle_state_nobody_answers() -> None:
     result, store = go(shop(), Scripted(lambda r, i: {"type": "NONE"}), people={})
     assert result.status == "idle" and result.final_state == "confirming"
     assert replay(shop().machine, store.read("t:v0:s:r1")).status == "idle"
+    assert_ended(shop(), store, "idle")
+
+
+def assert_ended(env: Environment, store: MemoryStore, status: str) -> None:
+    """The run's last entry says how it ended, and a verified replay derives the same status."""
+    entries = store.read("t:v0:s:r1")
+    assert entries[-1].event == {"type": "@agent.end", "status": status}
+    replayed = replay(env.machine, entries, verify=True, thread_id="t:v0:s:r1")
+    assert (replayed.status, replayed.ended, replayed.verification) == (status, status, "verified")
 
 
 def test_people_answer_not_accepted_is_a_scenario_error() -> None:
@@ -215,21 +237,33 @@ def test_actor_crash_keeps_everything_journaled_before_it() -> None:
     with pytest.raises(RunError, match="actor 'pay' crashed"):
         go(shop(), Scripted(lambda r, i: {"type": "NONE"}), world={"crash": True}, store=store)
     types = [e.type for e in store.read("t:v0:s:r1")]
-    assert types == ["@agent.init", "@agent.usage", "NONE"]
+    assert types == ["@agent.init", "@agent.usage", "NONE"]  # no @agent.end: the run never ended
     assert replay(shop().machine, store.read("t:v0:s:r1")).status == "incomplete"
+    checked = replay(shop().machine, store.read("t:v0:s:r1"), verify=True, thread_id="t:v0:s:r1")
+    assert checked.verification == "incomplete"
 
 
 def test_journal_shape_effects_usage_and_hashes() -> None:
     result, store = go(shop(), Scripted(lambda r, i: {"type": "DISCOUNT", "pct": 5}))
     entries = store.read("t:v0:s:r1")
     assert [e.index for e in entries] == list(range(len(entries)))
-    assert [e.type for e in entries] == ["@agent.init", "@agent.usage", "DISCOUNT", "xstate.done.actor", "OK"]
+    assert [e.type for e in entries] == [
+        "@agent.init",
+        "@agent.usage",
+        "DISCOUNT",
+        "xstate.done.actor",
+        "OK",
+        "@agent.end",
+    ]
+    assert entries[-1].event == {"type": "@agent.end", "status": result.status}
     assert entries[3].event["effects"] == [{"kind": "charge", "pct": 5}]
     assert entries[1].event["inputTokens"] == 100
     assert all(e.verification for e in entries if e.type != "@agent.usage")
     assert entries[0].metadata == {"maxModelCalls": 100}
     assert result.effects == [{"kind": "charge", "pct": 5}]
-    assert replay(shop().machine, entries, verify=True).snapshot == result.snapshot
+    replayed = replay(shop().machine, entries, verify=True, thread_id="t:v0:s:r1")
+    assert replayed.snapshot == result.snapshot
+    assert (replayed.verification, replayed.ended) == ("verified", result.status)
 
 
 def test_no_options_goes_straight_to_on_error_without_asking() -> None:

@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from improve.errors import ConflictError, LogError
+from improve.errors import ConflictError, LogError, TamperError
+from improve.log import check_chain, head, seal
 from improve.log.entry import LogEntry
 from improve.log.store import JsonlDirStore, MemoryStore, Store, ThreadPage
 from improve.warehouse.db import open_database
@@ -213,6 +214,57 @@ def test_fork_upto_past_the_end_and_unknown_source(store: Store) -> None:
     with pytest.raises(LogError, match="does not exist"):
         store.fork("nobody", "copy")
     assert not store.exists("copy")
+
+
+def chained(thread_id: str) -> list[LogEntry]:
+    """A chained (schemaVersion 2) thread: init, a rich entry, a usage record (no state hash), the end."""
+    plain = [
+        entry(0, "@agent.init", verification={"stateHash": "01" * 32}),
+        rich_entry(1),
+        entry(2, "@agent.usage", payload={"calls": 1, "inputTokens": 300, "outputTokens": 20}),
+        entry(3, "@agent.end", payload={"status": "done"}, verification={"stateHash": "ab" * 32}),
+    ]
+    sealed: list[LogEntry] = []
+    previous = thread_id
+    for item in plain:
+        sealed.append(seal(item, previous))
+        previous = str(head(sealed))
+    return sealed
+
+
+def test_chained_entries_round_trip_exactly_and_still_check(store: Store) -> None:
+    batch = chained(THREAD)
+    assert [e.schemaVersion for e in batch] == [2] * 4 and batch[2].verification is not None
+    assert batch[2].verification.stateHash is None and batch[2].verification.entryHash
+    store.append(THREAD, 0, batch)
+    got = store.read(THREAD)
+    assert got == batch
+    assert [e.to_line() for e in got] == [e.to_line() for e in batch]
+    check_chain(got, THREAD)
+    assert head(got) == head(batch)
+
+
+def test_fork_of_a_chained_thread_is_chained_for_its_new_id(store: Store) -> None:
+    store.append(THREAD, 0, chained(THREAD))
+    store.fork(THREAD, "fork-all")
+    store.fork(THREAD, "prefix", upto=2)
+    for new_id, n in (("fork-all", 4), ("prefix", 2)):
+        copied = store.read(new_id)
+        check_chain(copied, new_id)
+        assert [e.id for e in copied] == [e.id for e in store.read(THREAD)][:n]
+        with pytest.raises(TamperError, match="recorded under another id"):
+            check_chain(copied, THREAD)  # the copy's chain names its own thread, not its source's
+    check_chain(store.read(THREAD), THREAD)  # the source is untouched
+
+
+def test_fork_of_a_tampered_chain_is_refused(store: Store) -> None:
+    batch = chained(THREAD)
+    batch[2].event["inputTokens"] = 1  # after sealing: the chain no longer holds at entry 2
+    store.append(THREAD, 0, batch)  # a store keeps what it is given; verifying is replay's work
+    with pytest.raises(TamperError, match=r"entry 2 .*content changed") as info:
+        store.fork(THREAD, "laundered")
+    assert (info.value.index, info.value.kind) == (2, "changed")
+    assert not store.exists("laundered")
 
 
 def test_list_threads_prefix_and_limit(store: Store) -> None:

@@ -332,7 +332,7 @@ def test_every_guard_firing_is_journaled_and_replays_to_the_same_snapshot(
     how, reason, calls, tools = GUARD_RUNS[guard]
     if how.endswith(".jsonl"):
         (prompt,) = replay_tape(TAPES / how, env).prompts
-        entries = prompt.entries
+        entries, thread = prompt.entries, prompt.thread_id
         final: Snapshot = replay(env.machine, entries).snapshot
         model_calls = prompt.model_calls
     else:
@@ -340,9 +340,11 @@ def test_every_guard_firing_is_journaled_and_replays_to_the_same_snapshot(
             scenario = _scenarios()["token-budget-01"]
             reason = _token_budget_reason()
             result, entries = run_once(env, scenario.input, scenario.world, v0_decider(env, "careful"))
+            thread = "test:v0:run:r1"
         else:
             answer = alternating if how == "alternating" else (lambda request: {"type": "ANSWER", "text": ""})
             result, entries = run_once(env, {"task": "list the files"}, {}, Scripted(answer))
+            thread = "test:v0:run:r1"
         final, model_calls = result.snapshot, result.model_calls
     fired = firings(entries)
     assert [(f["guard"], f["reason"]) for f in fired] == [(guard, reason)]
@@ -350,7 +352,8 @@ def test_every_guard_firing_is_journaled_and_replays_to_the_same_snapshot(
     assert (model_calls, final.context["toolCalls"]) == (calls, tools)
     # The firing entry carries what a replay needs: folding the log calls no guard, model or tool, and
     # reaches the snapshot the run ended in (every journaled state hash checked on the way).
-    replayed = replay(env.machine, entries, verify=True)
+    replayed = replay(env.machine, entries, verify=True, thread_id=thread)
+    assert replayed.verification == "verified"
     assert replayed.snapshot.hash() == final.hash() and replayed.snapshot.output == final.output
 
 

@@ -22,12 +22,14 @@ from improve.evals.materialize import refresh_outcomes
 from improve.evals.scenarios import load_scenarios
 from improve.evals.suite import SuiteSpec, run_suite
 from improve.evals.workspace import Workspace
+from improve.log import replay
 from improve.log.store import JsonlDirStore
 from improve.runtime import load_environment
 from improve.runtime.policy import load_policy
 from improve.warehouse.db import open_database
 from improve.warehouse.ingest import ingest
 from improve.warehouse.schema import MIGRATIONS, migrate
+from improve.warehouse.store import DuckDBStore
 from tests.conftest import REPO
 
 runner = CliRunner()
@@ -113,6 +115,57 @@ def test_views_agree_with_the_threads(recorded: tuple[Path, list[Any]]) -> None:
     assert decisions == sum(1 for r in rows if r.model_calls)
 
 
+def _verified_from_the_warehouse(con: duckdb.DuckDBPyConnection, thread_ids: list[str]) -> None:
+    """Threads read back through DuckDBStore are the threads written: their chains verify."""
+    store, machine = DuckDBStore(con), load_environment("refunds").machine
+    for thread_id in thread_ids:
+        assert (
+            replay(machine, store.read(thread_id), verify=True, thread_id=thread_id).verification
+            == "verified"
+        )
+
+
+def test_chained_threads_keep_their_hashes_on_both_paths(
+    recorded: tuple[Path, list[Any]], tmp_path: Path
+) -> None:
+    traces, rows = recorded
+    con = open_database()
+    ingest(con, [traces])  # the bulk path
+    assert count(con, "SELECT count(*) FROM entries WHERE schema_version != 2 OR entry_hash IS NULL") == 0
+    threads = con.execute("SELECT thread_id, chained, ended, end_status, head_hash FROM threads").fetchall()
+    by_thread = {r.thread_id: r for r in rows}
+    assert {t[0]: t[1:4] for t in threads} == {t: (True, True, r.status) for t, r in by_thread.items()}
+    for thread_id, *_, head_hash in threads:
+        last = (traces / f"{thread_id}.jsonl").read_text().splitlines()[-1]
+        assert json.loads(last)["verification"]["entryHash"] == head_hash
+    _verified_from_the_warehouse(con, list(by_thread))
+    # The careful path (a file with one bad line is read line by line) keeps them the same way.
+    name = sorted(by_thread)[0]
+    lines = (traces / f"{name}.jsonl").read_text().splitlines()
+    careful = open_database()
+    report = ingest(careful, [write(tmp_path / f"{name}.jsonl", [*lines, "not json"])])
+    assert (report.ingested, report.rejected, report.files[0].path) == (len(lines), 1, "careful")
+    _verified_from_the_warehouse(careful, [name])
+    # A line that differs from the stored one only in its entryHash is a conflict, not "already present".
+    forged = json.loads(lines[1])
+    forged["verification"]["entryHash"] = "0" * 64
+    again = ingest(careful, [write(tmp_path / "again" / f"{name}.jsonl", [lines[0], json.dumps(forged)])])
+    assert (again.already_present, again.rejected) == (1, 1)
+    assert again.rejections[0][2].startswith(
+        f"conflict: thread {name} index 1 already holds a different entry"
+    )
+
+
+def test_version_1_lines_are_read_and_shown_as_unchained(tmp_path: Path) -> None:
+    v1 = REPO / "tests" / "fixtures" / "v1"
+    con = open_database()
+    lines = sum(len(path.read_text().splitlines()) for path in v1.glob("*.jsonl"))
+    assert ingest(con, [v1]).ingested == lines
+    row = con.execute("SELECT chained, ended, end_status, head_hash FROM threads").fetchone()
+    assert row == (False, False, None, None)
+    assert count(con, "SELECT count(*) FROM entries WHERE schema_version = 1 AND entry_hash IS NULL") == lines
+
+
 def test_outcomes_are_materialized_by_replay(recorded: tuple[Path, list[Any]], tmp_path: Path) -> None:
     traces, rows = recorded
     con = open_database()
@@ -146,7 +199,7 @@ def test_conflict_is_reported_and_never_overwritten(tmp_path: Path) -> None:
 MALFORMED = [
     ("not json {", "not JSON"),
     ("[1, 2]", "not a JSON object"),
-    (entry(1, schemaVersion=2), "schemaVersion must be 1, found 2"),
+    (entry(1, schemaVersion=3), "schemaVersion must be 1 or 2, found 3"),
     ({k: v for k, v in entry(1).items() if k != "id"}, "missing field id"),
     (entry(1, id=7), "field id must be a string, found ubigint"),
     (entry(1, index="one"), 'field index must be a non-negative integer, found "one"'),
@@ -274,11 +327,26 @@ def test_an_old_warehouse_is_upgraded_in_place(tmp_path: Path) -> None:
         ).fetchall()
     ]
     assert names == [m.name for m in MIGRATIONS]
-    assert con.execute("SELECT entry_id, source, batch_id FROM entries").fetchall() == [("e0", None, None)]
+    assert con.execute("SELECT entry_id, source, batch_id, entry_hash FROM entries").fetchall() == [
+        ("e0", None, None, None)
+    ]
     assert count(con, "SELECT count(*) FROM threads") == 1
     # The upgraded warehouse takes the next entry of the old thread.
     report = ingest(con, [write(tmp_path / "next.jsonl", [entry(1)])])
     assert report.ingested == 1
+
+
+def test_a_warehouse_from_before_the_chain_takes_chained_threads(
+    recorded: tuple[Path, list[Any]], tmp_path: Path
+) -> None:
+    db = tmp_path / "003.duckdb"
+    old = duckdb.connect(str(db))
+    migrate(old, MIGRATIONS[: [m.name for m in MIGRATIONS].index("004_entry_hash")])
+    old.close()
+    con = open_database(db)  # upgraded in place: entries gains entry_hash
+    traces, rows = recorded
+    ingest(con, [traces])
+    _verified_from_the_warehouse(con, [rows[0].thread_id])
 
 
 def test_a_newer_warehouse_is_refused(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from improve.cli.common import (
@@ -38,10 +39,10 @@ from improve.cli.policy import (
 )
 from improve.cli.tape import tape_app
 from improve.cli.warehouse import export_command, ingest_command, sql_command
-from improve.errors import DivergenceError, LogError, WorkspaceError
+from improve.errors import DivergenceError, LogError, TamperError, WorkspaceError
 from improve.evals import Ledger, OutcomeRow, SuiteSpec, Workspace, write_threads
 from improve.llm import Meter
-from improve.log import JsonlDirStore, LogEntry, gc_paused
+from improve.log import JsonlDirStore, LogEntry, gc_paused, head
 from improve.log import replay as replay_thread
 from improve.machine import describe_mermaid, describe_text, diff_states, to_xstate
 from improve.runtime import Environment
@@ -276,7 +277,16 @@ def _environment_for(
 @app.command("replay")
 def replay_command(
     targets: Annotated[list[str], typer.Argument(help="JSONL files, directories, or thread ids in traces/.")],
-    verify: Annotated[bool, typer.Option("--verify", help="Check every journaled state hash.")] = False,
+    verify: Annotated[
+        bool,
+        typer.Option("--verify", help="Check each thread's hash chain, its state hashes and its end entry."),
+    ] = False,
+    require_chain: Annotated[
+        bool,
+        typer.Option(
+            "--require-chain", help="With --verify: fail on unchained (schemaVersion 1) threads too."
+        ),
+    ] = False,
     env: Annotated[
         str | None, typer.Option("--env", "-e", help="Environment (default: by machine id).")
     ] = None,
@@ -285,8 +295,12 @@ def replay_command(
 ) -> None:
     """Replay threads against the pinned environment: no model, tool or person is called.
 
-    Prints each thread's final state and output; with --verify, checks the journaled snapshot hashes
-    and exits 1 on the first divergence in any thread.
+    Prints each thread's final state and output. With --verify, checks each chained thread's hash
+    chain (every entry's entryHash: an edited, removed, inserted or reordered entry is named), every
+    journaled snapshot hash, and that the thread ends with its run's @agent.end entry; exits 1 when a
+    thread is tampered, diverged or incomplete. Threads of the older, unchained form (schemaVersion 1)
+    are checked as far as their state hashes go and reported as unchained, not as a failure (unless
+    --require-chain).
 
     Example:
 
@@ -298,18 +312,35 @@ def replay_command(
             threads = _threads_from(targets, space.traces)
         cache: dict[str, Environment] = {}
         results: list[dict[str, Any]] = []
-        diverged = 0
+        failed: dict[str, int] = {"tampered": 0, "diverged": 0, "incomplete": 0, "unchained": 0}
         for thread_id, entries in threads:
             if not entries:
                 raise LogError(f"thread {thread_id} is empty")
             environment = _environment_for(space, entries[0].machineId, env, cache)
             try:
-                result = replay_thread(environment.machine, entries, verify=verify)
-            except DivergenceError as error:
-                diverged += 1
-                results.append({"thread": thread_id, "diverged": str(error)})
-                err.print(f"[red]DIVERGED[/] {thread_id}: {error}", markup=True)
+                result = replay_thread(environment.machine, entries, verify=verify, thread_id=thread_id)
+            except TamperError as error:
+                failed["tampered"] += 1
+                results.append(
+                    {"thread": thread_id, "tampered": str(error), "entry": error.index, "kind": error.kind}
+                )
+                err.print(f"[red]TAMPERED[/] {escape(str(error))}", markup=True)
                 continue
+            except DivergenceError as error:
+                failed["diverged"] += 1
+                results.append({"thread": thread_id, "diverged": str(error)})
+                err.print(f"[red]DIVERGED[/] {escape(thread_id)}: {escape(str(error))}", markup=True)
+                continue
+            if result.verification == "incomplete":
+                failed["incomplete"] += 1
+                err.print(
+                    f"[red]INCOMPLETE[/] {escape(thread_id)}: its {len(entries)} entries chain, but it has "
+                    f"no @agent.end entry after entry {len(entries) - 1}: the run stopped before it ended, "
+                    "or its last entries were removed",
+                    markup=True,
+                )
+            elif result.verification == "unchained":
+                failed["unchained"] += 1
             results.append(
                 {
                     "thread": thread_id,
@@ -319,23 +350,41 @@ def replay_command(
                     "entries": result.entries,
                     "model_calls": result.model_calls,
                     "verified": verify,
+                    "verification": result.verification,
+                    "head": head(entries),
                 }
             )
-        if as_json:
-            emit_json({"threads": results, "diverged": diverged})
-        else:
-            table = Table(
-                title=f"replayed {len(results)} thread(s)" + (" (hashes verified)" if verify else "")
+        if failed["unchained"]:
+            note = "fail: --require-chain" if require_chain else "not an error"
+            err.print(
+                f"{failed['unchained']} thread(s) are unchained (schemaVersion 1): their state hashes were "
+                f"checked, the rest of their content cannot be ({note})"
             )
+        if as_json:
+            emit_json({"threads": results, **failed})
+        else:
+            title = f"replayed {len(results)} thread(s)" + (" (chain and hashes verified)" if verify else "")
+            table = Table(title=title)
             for column in ("thread", "final state", "status", "output"):
                 table.add_column(column, overflow="fold")
+            if verify:
+                table.add_column("verification", overflow="fold")
             for item in results:
-                if "diverged" in item:
-                    table.add_row(item["thread"], "[red]diverged[/]", "", item["diverged"])
-                else:
-                    table.add_row(item["thread"], item["final_state"], item["status"], str(item["output"]))
+                bad = next((key for key in ("tampered", "diverged") if key in item), None)
+                if bad:
+                    table.add_row(
+                        item["thread"], f"[red]{bad}[/]", "", escape(item[bad]), *([""] if verify else [])
+                    )
+                    continue
+                row = [item["thread"], item["final_state"], item["status"], escape(str(item["output"]))]
+                if verify:
+                    style = {"verified": "green", "unchained": "yellow"}.get(item["verification"], "red")
+                    row.append(f"[{style}]{item['verification']}[/]")
+                table.add_row(*row)
             out.print(table)
-        if diverged:
+        if failed["tampered"] or failed["diverged"] or failed["incomplete"]:
+            raise typer.Exit(EXIT_FAILED)
+        if require_chain and failed["unchained"]:
             raise typer.Exit(EXIT_FAILED)
 
 

@@ -142,6 +142,13 @@ def _replay_pending(
             quarantined.append((thread_id, env.name, str(err), len(entries)))
             report.quarantined += 1
             continue
+        if scored.verification == "incomplete":
+            # A chained thread without its end entry: cut short, or a run still going. Not scored until
+            # it ends (it is checked again when it grows).
+            reason = f"incomplete: thread {thread_id} has no @agent.end entry after entry {len(entries) - 1}"
+            quarantined.append((thread_id, env.name, reason, len(entries)))
+            report.quarantined += 1
+            continue
         except ImproveError as err:
             report.failed += 1
             assert report.errors is not None

@@ -40,6 +40,8 @@ class OutcomeRow:
     output_tokens: int = 0
     failed_attempts: int = 0
     cost_usd: float = 0.0
+    verification: str = "unverified"
+    """How its replay was checked: verified, unchained (an older thread), incomplete or unverified."""
     model: str | None = None
     """The model bound to the decider, from the thread's stamp."""
 
@@ -105,7 +107,7 @@ def outcome_row(
     """Replay one thread and score it against the scenario's labels (unscored when `scenario` is None:
     `passed` is False and the reason says there is no label). `verify` checks the journaled hashes
     first, so a thread that was tampered with raises instead of being scored."""
-    result = replay(env.machine, entries, verify=verify)
+    result = replay(env.machine, entries, verify=verify, thread_id=thread_id)
     effects = effects_from_log(entries)
     violations = env.make_world(scenario.world if scenario else {}).audit(effects)
     snapshot = result.snapshot
@@ -154,4 +156,5 @@ def outcome_row(
         cost_usd=result.cost_usd,
         failed_attempts=result.failed_attempts,
         model=(result.stamp.get("models") or {}).get("decider"),
+        verification=result.verification,
     )

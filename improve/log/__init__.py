@@ -2,12 +2,17 @@
 
 >>> from improve.log import JsonlDirStore, replay
 >>> store = JsonlDirStore(Path("traces"))
->>> result = replay(machine, store.read("train:v0:naive:small-refund-01:r1"), verify=True)
+>>> thread = "train:v0:naive:small-refund-01:r1"
+>>> result = replay(machine, store.read(thread), verify=True, thread_id=thread)
+>>> result.verification   # "verified": chain, state hashes and end entry all check
 """
 
+from improve.log.chain import check_chain, entry_content, entry_hash, head, is_chained, rechain, seal
 from improve.log.entry import (
+    END_EVENT,
     INIT_EVENT,
     SCHEMA_VERSION,
+    UNCHAINED_VERSION,
     USAGE_EVENT,
     Attempt,
     LogEntry,
@@ -17,7 +22,15 @@ from improve.log.entry import (
     new_entry_id,
     now_rfc3339,
 )
-from improve.log.replay import ReplayResult, RunStatus, gc_paused, replay, run_status, validate_log
+from improve.log.replay import (
+    ReplayResult,
+    RunStatus,
+    Verified,
+    gc_paused,
+    replay,
+    run_status,
+    validate_log,
+)
 from improve.log.store import (
     JsonlDirStore,
     MemoryStore,
@@ -32,8 +45,10 @@ from improve.log.store import (
 )
 
 __all__ = [
+    "END_EVENT",
     "INIT_EVENT",
     "SCHEMA_VERSION",
+    "UNCHAINED_VERSION",
     "USAGE_EVENT",
     "Attempt",
     "JsonlDirStore",
@@ -45,17 +60,25 @@ __all__ = [
     "ThreadId",
     "ThreadPage",
     "Verification",
+    "Verified",
     "check_batch",
+    "check_chain",
     "check_from_index",
     "check_upto",
     "checked_thread_id",
     "conflict",
+    "entry_content",
+    "entry_hash",
     "gc_paused",
+    "head",
+    "is_chained",
     "model_slug",
     "new_entry_id",
     "now_rfc3339",
+    "rechain",
     "replay",
     "retarget",
     "run_status",
+    "seal",
     "validate_log",
 ]

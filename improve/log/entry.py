@@ -2,6 +2,10 @@
 
 Field names are kept from `@statelyai/agent` so logs stay readable across languages. This is a
 versioned contract (`schemaVersion`); a change to a field's meaning bumps the version.
+
+Version 2 (what improve writes) adds the hash chain, `verification.entryHash` (`chain.py`), and
+ends a finished run with an `@agent.end` entry. Version 1 threads are still read and replayed; they
+verify only as far as their state hashes go.
 """
 
 from __future__ import annotations
@@ -13,9 +17,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""The version improve writes: 2, the chained form. Version 1 (no `entryHash`, no end entry) is still read."""
+UNCHAINED_VERSION = 1
 INIT_EVENT = "@agent.init"
 USAGE_EVENT = "@agent.usage"
+END_EVENT = "@agent.end"
+"""The last entry of a finished run: `{"type": "@agent.end", "status": ...}` (a `RunStatus` other than
+`incomplete`). Replay does not fold it; without it a chained thread is incomplete."""
 THREAD_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+=-]{0,254}$")
 
 FailureKind = Literal["unknown-event", "invalid-payload", "rejected-by-guard", "no-answer"]
@@ -43,11 +52,24 @@ class Attempt(BaseModel):
 
 
 class Verification(BaseModel):
-    """Evidence to check a replay against."""
+    """Evidence to check a replay against: the state reached, and (schemaVersion 2) the entry itself."""
 
     model_config = ConfigDict(extra="forbid")
 
-    stateHash: str = Field(description="sha256 of the canonical JSON of the snapshot after this entry.")
+    stateHash: str | None = Field(
+        default=None,
+        description="sha256 of the canonical JSON of the snapshot after this entry. Present on every entry "
+        "that moves the machine (and on the end entry: the final snapshot); absent on `@agent.usage` "
+        "entries, which do not.",
+    )
+    entryHash: str | None = Field(
+        default=None,
+        description="schemaVersion 2: sha256 (hex) of the canonical JSON of `[previous, content]`: "
+        "`previous` is the entryHash of the entry before it, or the thread id for entry 0; `content` is "
+        "this entry as written, without `threadId` and without this field (and without `verification` "
+        "when nothing else is in it). Chains every entry to all before it: an edit, a removal, an "
+        "insertion or a reordering breaks it at the first bad entry. See `improve.log.chain`.",
+    )
 
 
 class LogEntry(BaseModel):
@@ -56,7 +78,12 @@ class LogEntry(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    schemaVersion: Literal[1] = Field(default=1, description="Version of this format: 1.")
+    schemaVersion: Literal[1, 2] = Field(
+        default=1,
+        description="Version of this format: 2 (chained: every entry carries `verification.entryHash`, a "
+        "finished run ends with `@agent.end`), or 1 (unchained, still read). An entry built without it is 1, "
+        "so an entry is only chained when its writer says so.",
+    )
     id: str = Field(min_length=1, description="Unique id of the entry (a UUID when we write it).")
     index: int = Field(ge=0, description="0-based position in the thread; contiguous, no gaps.")
     recordedAt: str = Field(description="RFC 3339 time it was written. Metadata only: replay ignores it.")
@@ -65,7 +92,8 @@ class LogEntry(BaseModel):
     event: dict[str, Any] = Field(
         description="The event `{type, ...payload}`. Entry 0 is `@agent.init` with `input`; decisions and "
         "people's answers are the events themselves; actors answer `xstate.done.actor` with `actorId` and "
-        "`output`, or `xstate.error.actor` with `actorId` and `error`; `@agent.usage` records a model call."
+        "`output`, or `xstate.error.actor` with `actorId` and `error`; `@agent.usage` records a model call; "
+        "`@agent.end` with `status` closes a finished run (schemaVersion 2)."
     )
     causationId: str | None = Field(default=None, description="Id of the entry that caused this one.")
     attempts: list[Attempt] | None = Field(
@@ -76,7 +104,11 @@ class LogEntry(BaseModel):
         description="The stamp on entry 0 (policy id and version, model refs, scenario, split, run, budget) "
         "and, on decisions, `decision` (its name and the options offered) and `source` (who answered).",
     )
-    verification: Verification | None = Field(default=None, description="Hash of the snapshot after it.")
+    verification: Verification | None = Field(
+        default=None,
+        description="Hash of the snapshot after it (`stateHash`) and, from schemaVersion 2, the entry's link "
+        "in the thread's hash chain (`entryHash`).",
+    )
     threadId: str | None = Field(
         default=None, description="The thread, when a file holds many threads (then every line has it)."
     )

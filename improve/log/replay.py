@@ -1,8 +1,15 @@
 """Replay: a pure fold of a thread's entries through the machine that recorded it.
 
 No actor, model or person is called: their answers come from the log. The log is validated first
-(contiguous indices from 0, `@agent.init` first, one machine id, the replaying machine's version).
-With `verify=True` each entry's `verification.stateHash` is checked and the first divergence raised.
+(contiguous indices from 0, `@agent.init` first, one machine id, the replaying machine's version, an
+`@agent.end` only last). `@agent.usage` and `@agent.end` entries are journal records, not events: they
+are counted, never folded.
+
+With `verify=True`, a chained thread (schemaVersion 2) has its hash chain checked first (`chain.py`:
+`TamperError` at the first bad entry), then every entry's `verification.stateHash` against the
+snapshot replay reaches (`DivergenceError` at the first divergence), and the end entry's status
+against the status replay derives. `ReplayResult.verification` says what was established. Without
+`verify`, nothing is hashed: a replay costs what it did before chains existed.
 """
 
 from __future__ import annotations
@@ -11,16 +18,29 @@ import gc
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from improve.errors import DivergenceError, LogError, MachineError, VersionMismatchError
-from improve.log.entry import INIT_EVENT, USAGE_EVENT, LogEntry
+from improve.log.chain import check_chain, is_chained
+from improve.log.entry import END_EVENT, INIT_EVENT, USAGE_EVENT, LogEntry
 from improve.machine import Machine, Snapshot, initial, transition
 
 RunStatus = str
 """How a run ended: `done` (a final state), `idle` (a person never answered), `budget` (model calls
 ran out), `decision-exhausted` (every retry refused and no `onError`), `error` (an actor failed with no
 `onError`), `incomplete` (the thread stops while an actor is owed)."""
+
+Verified = Literal["verified", "unchained", "incomplete", "unverified"]
+"""How a replay was verified:
+
+- `verified`: a chained thread (schemaVersion 2): every entryHash and the chain checked, every state
+  hash matched, and its `@agent.end` entry is there (and agrees with the status replay derives).
+- `unchained`: a schemaVersion 1 thread: the state hashes it carries matched; nothing covers the rest
+  of its content (effects, usage, attempts), and a removed last entry cannot be told.
+- `incomplete`: the chain and the state hashes check, but the end entry is missing: the run stopped
+  before it ended (a crash, a kill), or its last entries were removed. Not verified.
+- `unverified`: replayed with `verify=False`: nothing was checked but the log's shape.
+"""
 
 
 @dataclass(frozen=True)
@@ -38,6 +58,10 @@ class ReplayResult:
     stamp: dict[str, Any] = field(default_factory=dict)
     cost_usd: float = 0.0
     """The journaled cost of the model calls (`costUsd` of usage entries; 0 when none is priced)."""
+    verification: Verified = "unverified"
+    """What `verify` established about the thread (see `Verified`)."""
+    ended: RunStatus | None = None
+    """The status the thread's `@agent.end` entry records (None when it has none, or is version 1)."""
 
     @property
     def final_state(self) -> str:
@@ -73,6 +97,7 @@ def validate_log(machine: Machine, entries: Sequence[LogEntry]) -> None:
         raise LogError(f"entry 0 is {entries[0].type!r}; a log starts with {INIT_EVENT!r}")
     expected = f"{machine.id}@{machine.version}"
     thread = entries[0].threadId
+    last = len(entries) - 1
     for position, entry in enumerate(entries):
         if entry.index != position:
             raise LogError(
@@ -91,8 +116,14 @@ def validate_log(machine: Machine, entries: Sequence[LogEntry]) -> None:
             )
         if entry.threadId != thread:
             raise LogError(f"entry {entry.index} belongs to thread {entry.threadId!r}, not {thread!r}")
-        if position > 0 and entry.type == INIT_EVENT:
+        etype = entry.event["type"]
+        if position > 0 and etype == INIT_EVENT:
             raise LogError(f"entry {entry.index} is a second {INIT_EVENT!r}")
+        if etype == END_EVENT and position != last:
+            raise LogError(
+                f"entry {entry.index} is {END_EVENT!r} but {last - position} entries follow it: "
+                "a run's end entry is its last"
+            )
 
 
 def replay(
@@ -101,8 +132,21 @@ def replay(
     *,
     verify: bool = False,
     upto: int | None = None,
+    thread_id: str | None = None,
 ) -> ReplayResult:
-    """Fold `entries[:upto]` through `machine`; `verify` checks every journaled snapshot hash."""
+    """Fold `entries[:upto]` through `machine`.
+
+    `verify` checks the hash chain of a chained thread, whole even when `upto` folds a prefix (the chain
+    is seeded by the thread's id: `thread_id`, else the `threadId` its entries carry), the journaled
+    snapshot hashes of the entries folded, and, when the whole thread is folded, the end entry's status.
+    It raises `TamperError` or `DivergenceError` at the first bad entry."""
+    chained = False
+    if verify and entries:
+        chained = is_chained(entries)
+        if chained:
+            # First, so an edited, missing or moved entry is named as such, not as whatever check of the
+            # log's shape it happens to break.
+            check_chain(entries, thread_id if thread_id is not None else entries[0].threadId)
     validate_log(machine, entries)
     chosen = entries if upto is None else entries[:upto]
     if not chosen:
@@ -111,6 +155,7 @@ def replay(
     snapshot: Snapshot | None = None
     steps = calls = tokens_in = tokens_out = failed = 0
     cost = 0.0
+    ended: RunStatus | None = None
     for entry in chosen:
         event = entry.event
         etype = event["type"]
@@ -119,6 +164,11 @@ def replay(
             tokens_in += int(event.get("inputTokens", 0))
             tokens_out += int(event.get("outputTokens", 0))
             cost += float(event.get("costUsd", 0.0))
+            continue
+        if etype == END_EVENT:
+            ended = str(event.get("status"))
+            if verify and snapshot is not None:
+                _check_state(entry, snapshot)
             continue
         try:
             if etype == INIT_EVENT:
@@ -137,18 +187,23 @@ def replay(
         steps += 1
         if entry.attempts:
             failed += len(entry.attempts)
-        if verify and entry.verification is not None:
-            found = snapshot.hash()
-            if found != entry.verification.stateHash:
-                raise DivergenceError(
-                    f"entry {entry.index} ({etype}) diverges: the journal says state hash "
-                    f"{entry.verification.stateHash[:12]}..., replay reached {found[:12]}... "
-                    f"in state '{snapshot.value}'"
-                )
+        if verify:
+            _check_state(entry, snapshot)
     assert snapshot is not None
+    status = run_status(machine, snapshot, calls, stamp)
+    verification: Verified = "unverified"
+    if verify:
+        if not chained:
+            verification = "unchained"
+        elif entries[-1].type != END_EVENT:
+            verification = "incomplete"
+        else:
+            verification = "verified"
+            if len(chosen) == len(entries):
+                _check_end(entries[-1], status, snapshot)
     return ReplayResult(
         snapshot=snapshot,
-        status=run_status(machine, snapshot, calls, stamp),
+        status=status,
         entries=len(chosen),
         steps=steps,
         model_calls=calls,
@@ -157,6 +212,34 @@ def replay(
         failed_attempts=failed,
         stamp=stamp,
         cost_usd=cost,
+        verification=verification,
+        ended=ended,
+    )
+
+
+def _check_state(entry: LogEntry, snapshot: Snapshot) -> None:
+    """The journaled state hash, when the entry has one, against the snapshot replay reached."""
+    journaled = entry.verification.stateHash if entry.verification is not None else None
+    if journaled is None:
+        return
+    found = snapshot.hash()
+    if found != journaled:
+        raise DivergenceError(
+            f"entry {entry.index} ({entry.type}) diverges: the journal says state hash "
+            f"{journaled[:12]}..., replay reached {found[:12]}... in state '{snapshot.value}'"
+        )
+
+
+def _check_end(end: LogEntry, status: RunStatus, snapshot: Snapshot) -> None:
+    """The status the run journaled as it ended against the one replay derives. The runner also stops
+    a run that is still active when it reaches its entry cap, as `budget`, a limit the log does not
+    carry: that `budget` is accepted whatever an active snapshot derives."""
+    recorded = end.event.get("status")
+    if recorded == status or (recorded == "budget" and snapshot.status == "active"):
+        return
+    raise DivergenceError(
+        f"entry {end.index} ({END_EVENT}) diverges: the run recorded status {recorded!r} as it ended, "
+        f"replay derives {status!r} in state '{snapshot.value}'"
     )
 
 

@@ -11,7 +11,9 @@ gap. Every store implements `Store`:
 - `read(thread_id, from_index=0)` the entries from `from_index` on (an unknown thread reads as empty).
 - `length(thread_id)` the number of entries (0 for an unknown thread).
 - `fork(source_id, new_id, upto=None)` copies entries `[0, upto)` into a new thread, rewriting any
-  `threadId` they carry to the new id.
+  `threadId` they carry to the new id. A chained thread's copy is chained again for the new id (the
+  chain is seeded by the thread id), after its chain is checked: a fork of a tampered thread raises
+  `TamperError` instead of making a clean-looking copy.
 - `list_threads(prefix, limit, cursor)` pages through thread ids in ascending order.
 - `exists(thread_id)` and `delete(thread_id)` (`improve run --fresh` starts a thread over).
 
@@ -53,6 +55,7 @@ from typing import Protocol, runtime_checkable
 from pydantic import ValidationError
 
 from improve.errors import ConflictError, LogError
+from improve.log.chain import rechain
 from improve.log.entry import THREAD_ID_PATTERN, LogEntry, check_thread_id
 
 SUFFIX = ".jsonl"
@@ -159,13 +162,14 @@ def check_upto(source_id: str, upto: int | None, length: int) -> int:
     return upto
 
 
-def retarget(entries: Sequence[LogEntry], new_id: str) -> list[LogEntry]:
-    """Copies of `entries`, with any `threadId` they carry set to `new_id`."""
+def retarget(entries: Sequence[LogEntry], new_id: str, source_id: str) -> list[LogEntry]:
+    """Copies of `entries` (a prefix of thread `source_id`) for thread `new_id`: any `threadId` they carry
+    set to `new_id`, and a chained prefix checked and chained again for `new_id` (`chain.rechain`)."""
     return [
         e.model_copy(update={"threadId": new_id}, deep=True)
         if e.threadId is not None
         else e.model_copy(deep=True)
-        for e in entries
+        for e in rechain(entries, source_id, new_id)
     ]
 
 
@@ -230,7 +234,7 @@ class MemoryStore:
             if new_id in self._threads:
                 raise ConflictError(f"cannot fork {source_id!r} into {new_id!r}: that thread already exists")
             n = check_upto(source_id, upto, len(source))
-            self._threads[new_id] = retarget(source[:n], new_id)
+            self._threads[new_id] = retarget(source[:n], new_id, source_id)
             return n
 
     def list_threads(self, prefix: str = "", limit: int = 100, cursor: str | None = None) -> ThreadPage:
@@ -452,7 +456,7 @@ class JsonlDirStore:
             raise ConflictError(f"cannot fork {source_id!r} into {new_id!r}: that thread already exists")
         entries = self.read(source_id)
         n = check_upto(source_id, upto, len(entries))
-        data = "".join(e.to_line() + "\n" for e in retarget(entries[:n], new_id)).encode("utf-8")
+        data = "".join(e.to_line() + "\n" for e in retarget(entries[:n], new_id, source_id)).encode("utf-8")
         tmp = self.root / f".fork-{uuid.uuid4().hex}.tmp"
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from improve.evals import Scenario, run_scenario
-from improve.log import INIT_EVENT, USAGE_EVENT, LogEntry, MemoryStore, Store, ThreadId
+from improve.log import END_EVENT, INIT_EVENT, USAGE_EVENT, LogEntry, MemoryStore, Store, ThreadId
 from improve.machine import DECIDE_SRC, Snapshot, canonical_json, initial, transition
 from improve.runtime import (
     Decision,
@@ -30,7 +30,7 @@ def requests_in(env: Environment, entries: Sequence[LogEntry]) -> list[DecisionR
     found: list[DecisionRequest] = []
     snapshot: Snapshot | None = None
     for entry in entries:
-        if entry.type == USAGE_EVENT:
+        if entry.type in (USAGE_EVENT, END_EVENT):  # journal records, not events the machine takes
             continue
         if entry.type == INIT_EVENT:
             snapshot = initial(env.machine, entry.event.get("input"))

@@ -4,6 +4,10 @@ The loop: invoke actors (journal `xstate.done.actor` / `xstate.error.actor`), an
 the scenario's people script, ask the decider at `agent.decide` states (the decision protocol), until
 a final state, an idle state nobody answers, or a budget. Each entry is written to the store before
 the next action, so a crash loses at most the action in flight and the thread replays to where it was.
+
+Every entry is chained (schemaVersion 2, `verification.entryHash`, `improve.log.chain`), and a run that
+ends, whatever its status, writes a last `@agent.end` entry saying how. A run that raised (an actor
+crashed, a store failed) has none: its thread is incomplete, which is what it is.
 """
 
 from __future__ import annotations
@@ -14,15 +18,20 @@ from typing import Any
 
 from improve.errors import ActorFailure, ConfigError, ConflictError, RunError
 from improve.log import (
+    END_EVENT,
     INIT_EVENT,
+    SCHEMA_VERSION,
+    UNCHAINED_VERSION,
     Attempt,
     LogEntry,
     RunStatus,
     Store,
     Verification,
+    head,
     new_entry_id,
     now_rfc3339,
     run_status,
+    seal,
 )
 from improve.machine import (
     DECIDE_SRC,
@@ -61,7 +70,8 @@ class RunResult:
 
 
 class Journal:
-    """Appends entries to one thread, numbering them and stamping each with the snapshot hash."""
+    """Appends entries to one thread, numbering them, stamping each with the snapshot hash and chaining
+    each to the one before it (`entryHash`; entry 0 to the thread id)."""
 
     def __init__(self, store: Store, thread_id: str, machine: Machine, hashes: bool = True) -> None:
         self.store = store
@@ -70,6 +80,13 @@ class Journal:
         self.hashes = hashes
         self.index = store.length(thread_id)
         self.last_id: str | None = None
+        # The link the next entry chains to. A thread that already has entries continues in its own form:
+        # after an unchained (version 1) entry, entries are written unchained too, never a mix.
+        self.previous: str | None = thread_id
+        if self.index:
+            last = store.read(thread_id, self.index - 1)
+            self.previous = head(last)
+            self.last_id = last[-1].id if last else None
 
     def write(
         self,
@@ -79,6 +96,7 @@ class Journal:
         metadata: dict[str, Any] | None = None,
     ) -> LogEntry:
         entry = LogEntry(
+            schemaVersion=SCHEMA_VERSION if self.previous is not None else UNCHAINED_VERSION,
             id=new_entry_id(),
             index=self.index,
             recordedAt=now_rfc3339(),
@@ -92,10 +110,18 @@ class Journal:
             if (after is not None and self.hashes)
             else None,
         )
+        if self.previous is not None:
+            entry = seal(entry, self.previous)
+            assert entry.verification is not None
+            self.previous = entry.verification.entryHash
         self.store.append(self.thread_id, self.index, [entry])
         self.index += 1
         self.last_id = entry.id
         return entry
+
+    def end(self, status: RunStatus, final: Snapshot) -> LogEntry:
+        """The run's last entry, `{"type": "@agent.end", "status": status}`, with the final state's hash."""
+        return self.write({"type": END_EVENT, "status": status}, final)
 
 
 class _People:
@@ -169,9 +195,11 @@ class _Runner:
             if nxt is None:
                 break  # nobody answers (the run ends idle), or the model-call budget is spent
             snapshot = nxt
+        status = stop or run_status(self.machine, snapshot, self.calls, metadata)
+        self.journal.end(status, snapshot)
         return RunResult(
             thread_id=self.journal.thread_id,
-            status=stop or run_status(self.machine, snapshot, self.calls, metadata),
+            status=status,
             snapshot=snapshot,
             entries=self.journal.index,
             model_calls=self.calls,

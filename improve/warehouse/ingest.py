@@ -19,8 +19,10 @@ Another format (`fmt`) takes the careful path only: its importer (`importers/`, 
 `IMPORTERS`) turns the raw lines into the same candidate rows (`staging.Importer`), and everything after
 that, the classification and the accounting, is shared.
 
-Unknown top-level fields are ignored (schema v1 names its fields); `event`, `attempts` and `metadata`
-are kept whole.
+Both versions of the log entry are read (schemaVersion 2, chained, its `verification.entryHash` kept in
+`entries.entry_hash`; and 1). Unknown top-level fields are ignored (the schema names its fields);
+`event`, `attempts` and `metadata` are kept whole. The hash chain is not checked here: that is replay's
+work (`improve replay --verify`); the warehouse keeps what was written, hashes included.
 
 Why one module of about 550 lines: the bulk path, the careful path and the batch around them share one
 transaction, one set of temporary tables and one report, and a file moves from the first path to the
@@ -43,7 +45,7 @@ import duckdb
 
 from improve.errors import ConfigError, LogError
 from improve.warehouse.importers import IMPORTERS
-from improve.warehouse.staging import CAND_COLUMNS, THREAD_ID_SQL, Importer
+from improve.warehouse.staging import CAND_COLUMNS, CHAIN_COLUMN, THREAD_ID_SQL, Importer
 
 # Every field is read as JSON so its type can be checked: read_json with typed columns coerces silently
 # (7 becomes "7", 1.5 becomes 2, true becomes 1), and a wrong type must be rejected, not repaired.
@@ -78,7 +80,7 @@ THREAD_SQL = f"coalesce(CASE WHEN {_is('threadId', 'VARCHAR')} THEN threadId ->>
 # What a native row must satisfy to land (the careful path gives each failure its own message). The
 # thread id's shape is checked after the insert, once per distinct thread.
 NATIVE_OK = f"""
-    schemaVersion::VARCHAR = '1'
+    schemaVersion::VARCHAR IN ('1', '2')
     AND {_is("id", "VARCHAR")} AND TRY_CAST("index"::VARCHAR AS UBIGINT) IS NOT NULL
     AND {_is("recordedAt", "VARCHAR")} AND TRY_CAST(recordedAt ->> '$' AS TIMESTAMPTZ) IS NOT NULL
     AND {_is("machineId", "VARCHAR")} AND {_is("machineVersion", "VARCHAR")}
@@ -333,13 +335,18 @@ def _bulk_native(
             f"""
             INSERT INTO entries
                 (thread_id, "index", entry_id, recorded_at, machine_id, machine_version, event_type, event,
-                 causation_id, attempts, metadata, state_hash, schema_version, line_thread_id, source, batch_id)
+                 causation_id, attempts, metadata, state_hash, schema_version, line_thread_id, source, batch_id,
+                 entry_hash)
             SELECT thread, "index"::BIGINT, id ->> '$', recordedAt ->> '$', machineId ->> '$',
                    machineVersion ->> '$', etype, event, causationId ->> '$',
-                   {_present("attempts")}, {_present("metadata")}, verification ->> '$.stateHash',
-                   1, threadId IS NOT NULL AND {_is("threadId", "VARCHAR")}, filename, ?
+                   {_present("attempts")}, {_present("metadata")}, hashes[1],
+                   CASE WHEN schemaVersion::VARCHAR = '2' THEN 2 ELSE 1 END,
+                   threadId IS NOT NULL AND {_is("threadId", "VARCHAR")}, filename, ?,
+                   hashes[2]
             FROM (
-                SELECT *, {THREAD_SQL} AS thread, event -> '$.type' AS etype_json, event ->> '$.type' AS etype
+                SELECT *, {THREAD_SQL} AS thread, event -> '$.type' AS etype_json, event ->> '$.type' AS etype,
+                       -- both hashes from one parse of verification (two ->> would parse it twice)
+                       json_extract_string(verification, ['$.stateHash', '$.entryHash']) AS hashes
                 FROM read_json({_sql_list([i.path for i in todo])}, format = 'newline_delimited',
                                columns = {NATIVE_COLUMNS}, filename = true, ignore_errors = true,
                                maximum_object_size = 67108864)
@@ -411,7 +418,8 @@ def _content_key(prefix: str = "") -> str:
     return (
         f"md5(concat_ws(chr(31), {p}entry_id, {p}recorded_at, {p}machine_id, {p}machine_version, "
         f"json({p}event)::VARCHAR, coalesce({p}causation_id, ''), coalesce(json({p}attempts)::VARCHAR, ''), "
-        f"coalesce(json({p}metadata)::VARCHAR, ''), coalesce({p}state_hash, ''), {p}schema_version::VARCHAR))"
+        f"coalesce(json({p}metadata)::VARCHAR, ''), coalesce({p}state_hash, ''), {p}schema_version::VARCHAR, "
+        f"coalesce({p}entry_hash, '')))"
     )
 
 
@@ -460,6 +468,8 @@ def _careful(
     load_raw_lines(con, [i.path for i in infos])
     con.execute(f"CREATE OR REPLACE TEMP TABLE cand ({CAND_COLUMNS})")
     importer.stage(con)
+    # An importer of a format without a chain leaves the optional column out (see staging.CHAIN_COLUMN).
+    con.execute(f"ALTER TABLE cand ADD COLUMN IF NOT EXISTS {CHAIN_COLUMN} VARCHAR")
     _check_staged(con, report.format)
     con.execute(
         f"""
@@ -515,10 +525,11 @@ def _careful(
         """
         INSERT INTO entries
             (thread_id, "index", entry_id, recorded_at, machine_id, machine_version, event_type, event,
-             causation_id, attempts, metadata, state_hash, schema_version, line_thread_id, source, batch_id, raw)
+             causation_id, attempts, metadata, state_hash, schema_version, line_thread_id, source, batch_id, raw,
+             entry_hash)
         SELECT c.thread_id, c.idx, c.entry_id, c.recorded_at, c.machine_id, c.machine_version, c.event_type,
                c.event, c.causation_id, c.attempts, c.metadata, c.state_hash, c.schema_version, c.line_thread_id,
-               c.file, ?, CASE WHEN c.keep_raw THEN c.raw END
+               c.file, ?, CASE WHEN c.keep_raw THEN c.raw END, c.entry_hash
         FROM cand c JOIN classified k ON k.file = c.file AND k.line = c.line
         WHERE k.status = 'new'
         """,

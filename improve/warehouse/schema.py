@@ -124,6 +124,12 @@ MIGRATIONS: tuple[Migration, ...] = (
         ),
     ),
     Migration(
+        "004_entry_hash",
+        # schemaVersion 2 entries carry verification.entryHash, the thread's hash chain; entries of
+        # version 1 and of other formats have none (NULL).
+        ("ALTER TABLE entries ADD COLUMN entry_hash VARCHAR",),
+    ),
+    Migration(
         "005_outcome_details_and_quarantine",
         (
             "ALTER TABLE outcomes ADD COLUMN model VARCHAR",

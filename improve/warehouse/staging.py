@@ -22,6 +22,12 @@ CAND_COLUMNS = """
 """
 """The columns of TEMP TABLE cand, in order: one candidate entry per raw line (see `Importer`)."""
 
+CHAIN_COLUMN = "entry_hash"
+"""An optional last column of cand, after `CAND_COLUMNS`: a format whose entries carry a hash chain adds
+it (`ALTER TABLE cand ADD COLUMN entry_hash VARCHAR`) before inserting its rows, and fills it. The
+ingest adds it (NULL) when the importer did not, so an importer written for the columns above keeps
+working unchanged."""
+
 THREAD_ID_SQL = r"'^[A-Za-z0-9][A-Za-z0-9._:@+=-]{0,254}$'"
 """SQL: the pattern a thread id must match (at most 255 of letters, digits and `._:@+=-`)."""
 
@@ -50,7 +56,9 @@ class Importer(Protocol):
       `event_type` and `event` (a JSON object whose `type` is `event_type`);
     - `causation_id`, `attempts`, `metadata`, `state_hash` (NULL when the format has none),
       `schema_version` 1, `line_thread_id` (false unless the line named its thread itself) and
-      `keep_raw` (true to store the line in `entries.raw`).
+      `keep_raw` (true to store the line in `entries.raw`);
+    - optionally `entry_hash` (`CHAIN_COLUMN`), a column the importer adds itself: the native importer
+      does, for improve's chained (schemaVersion 2) entries.
 
     Two rows with the same thread, index and content are one entry (the second is counted as already
     present): that is how a document spread over several lines lands once. Do the work in SQL over

@@ -1,7 +1,9 @@
 """A `Store` over the warehouse's `entries` table: the same contract as the memory and JSONL stores.
 
 Appends are one transaction each, checked against the thread's current length inside it; DuckDB's
-optimistic concurrency turns two racing appends into one success and one `ConflictError`.
+optimistic concurrency turns two racing appends into one success and one `ConflictError`. Entries
+round-trip exactly, so a chained thread read back verifies: the schema version and both hashes have
+their columns (`schema_version`, `state_hash`, `entry_hash`).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from improve.log import (
 
 COLUMNS = (
     'thread_id, "index", entry_id, recorded_at, machine_id, machine_version, event_type, event, '
-    "causation_id, attempts, metadata, state_hash, schema_version, line_thread_id"
+    "causation_id, attempts, metadata, state_hash, schema_version, line_thread_id, entry_hash"
 )
 
 
@@ -51,6 +53,7 @@ def entry_row(thread_id: str, entry: LogEntry) -> tuple[Any, ...]:
         entry.verification.stateHash if entry.verification else None,
         entry.schemaVersion,
         entry.threadId is not None,
+        entry.verification.entryHash if entry.verification else None,
     )
 
 
@@ -68,11 +71,12 @@ def row_entry(row: tuple[Any, ...]) -> LogEntry:
         attempts,
         metadata,
         state_hash,
-        _,
+        schema_version,
         line_thread_id,
+        entry_hash,
     ) = row
     data: dict[str, Any] = {
-        "schemaVersion": 1,
+        "schemaVersion": schema_version,
         "id": entry_id,
         "index": index,
         "recordedAt": recorded_at,
@@ -86,8 +90,13 @@ def row_entry(row: tuple[Any, ...]) -> LogEntry:
         data["attempts"] = json.loads(attempts)
     if metadata is not None:
         data["metadata"] = json.loads(metadata)
-    if state_hash is not None:
-        data["verification"] = {"stateHash": state_hash}
+    verification = {
+        key: value
+        for key, value in (("stateHash", state_hash), ("entryHash", entry_hash))
+        if value is not None
+    }
+    if verification:
+        data["verification"] = verification
     if line_thread_id:
         data["threadId"] = thread_id
     return LogEntry.model_validate(data)
@@ -114,7 +123,7 @@ class DuckDBStore:
                 if actual != expected_index:
                     raise conflict(thread_id, expected_index, actual)
                 if rows:
-                    cur.executemany(f"INSERT INTO entries ({COLUMNS}) VALUES ({', '.join('?' * 14)})", rows)
+                    cur.executemany(f"INSERT INTO entries ({COLUMNS}) VALUES ({', '.join('?' * 15)})", rows)
                 cur.execute("COMMIT")
             except duckdb.ConstraintException:
                 cur.execute("ROLLBACK")
@@ -162,7 +171,7 @@ class DuckDBStore:
             raise ConflictError(f"cannot fork {source_id!r} into {new_id!r}: that thread already exists")
         source = self.read(source_id)
         n = check_upto(source_id, upto, len(source))
-        self.append(new_id, 0, retarget(source[:n], new_id))
+        self.append(new_id, 0, retarget(source[:n], new_id, source_id))
         return n
 
     def list_threads(self, prefix: str = "", limit: int = 100, cursor: str | None = None) -> ThreadPage:

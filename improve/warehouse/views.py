@@ -49,11 +49,14 @@ RELATIONS: tuple[Relation, ...] = (
             "attempts": "Refused answers before the event landed (JSON array of {event, kind, reason, guard}).",
             "metadata": "The stamp on entry 0; decision name, options offered and source on decisions.",
             "state_hash": "sha256 of the snapshot after the entry.",
-            "schema_version": "Log format version (1).",
+            "schema_version": "Log format version: 2 (chained, with entry_hash) or 1.",
             "line_thread_id": "The line carried its threadId (a file holding many threads).",
             "source": "The file the entry was ingested from (NULL when appended directly).",
             "batch_id": "The ingest batch that added it.",
             "raw": "The original line, for entries imported from another agent's log format.",
+            "entry_hash": "schemaVersion 2: the entry's link in its thread's hash chain (sha256 of the previous "
+            "entry's entry_hash, or the thread id, with the entry's content). NULL for version 1 and other formats. "
+            "Kept as written, not checked on ingest: `improve replay --verify` checks it.",
         },
     ),
     Relation(
@@ -119,7 +122,7 @@ RELATIONS: tuple[Relation, ...] = (
     Relation(
         "threads",
         "One row per thread: its id parsed into split, policy version, model, scenario and run; machine; size; "
-        "times.",
+        "times; whether it is chained and ended.",
         {
             "thread_id": "The thread.",
             "split": "train or held-out (NULL when the id is not split:version:model:scenario:rK).",
@@ -132,6 +135,11 @@ RELATIONS: tuple[Relation, ...] = (
             "entries": "Entry count.",
             "first_at": "First recorded_at.",
             "last_at": "Last recorded_at.",
+            "chained": "Every entry is schemaVersion 2 with an entry_hash: `improve replay --verify` can check "
+            "its content entry by entry. False for version 1 threads (and other formats).",
+            "ended": "Its last entry is @agent.end: the run finished (a chained thread without it is incomplete).",
+            "end_status": "The status the end entry records (done, idle, budget, decision-exhausted, error).",
+            "head_hash": "The last entry's entry_hash: the thread's digest, which depends on every entry.",
         },
         f"""
         SELECT thread_id,
@@ -148,7 +156,11 @@ RELATIONS: tuple[Relation, ...] = (
                min(machine_version) AS machine_version,
                count(*) AS entries,
                min(TRY_CAST(recorded_at AS TIMESTAMPTZ)) AS first_at,
-               max(TRY_CAST(recorded_at AS TIMESTAMPTZ)) AS last_at
+               max(TRY_CAST(recorded_at AS TIMESTAMPTZ)) AS last_at,
+               bool_and(schema_version = 2 AND entry_hash IS NOT NULL) AS chained,
+               arg_max(event_type, "index") = '@agent.end' AS ended,
+               max(event ->> '$.status') FILTER (WHERE event_type = '@agent.end') AS end_status,
+               arg_max_null(entry_hash, "index") AS head_hash
         FROM entries
         GROUP BY thread_id
         """,

@@ -2,14 +2,15 @@
 
 The ingest reads native files in bulk first (`ingest._bulk_native`); only a file whose rows did not
 all land (a malformed line, a conflict, a gap) is staged here, line by line, so that each line gets its
-own verdict and a rejected one its precise reason.
+own verdict and a rejected one its precise reason. Both schema versions are read: 2 (chained, its
+`verification.entryHash` kept in `entry_hash`) and 1.
 """
 
 from __future__ import annotations
 
 import duckdb
 
-from improve.warehouse.staging import FILE_STEM, THREAD_ID_SQL
+from improve.warehouse.staging import CHAIN_COLUMN, FILE_STEM, THREAD_ID_SQL
 
 _KIND_TEXT = {"VARCHAR": "a string", "OBJECT": "an object", "ARRAY": "an array"}
 
@@ -47,8 +48,8 @@ _CANDIDATES = f"""
             WHEN NOT valid THEN 'not JSON'
             WHEN json_type(j) != 'OBJECT' THEN 'not a JSON object: a log entry is an object'
             WHEN json_type(j, '$.schemaVersion') IS NULL THEN 'missing field schemaVersion'
-            WHEN (j -> '$.schemaVersion')::VARCHAR != '1'
-                THEN 'schemaVersion must be 1, found ' || (j -> '$.schemaVersion')::VARCHAR
+            WHEN (j -> '$.schemaVersion')::VARCHAR NOT IN ('1', '2')
+                THEN 'schemaVersion must be 1 or 2, found ' || (j -> '$.schemaVersion')::VARCHAR
             {_json_field("id", "VARCHAR")}
             WHEN json_type(j, '$.index') IS NULL OR json_type(j, '$.index') = 'NULL' THEN 'missing field index'
             WHEN json_type(j, '$.index') != 'UBIGINT'
@@ -83,15 +84,18 @@ _CANDIDATES = f"""
         CASE WHEN json_type(j, '$.attempts') = 'ARRAY' THEN j -> '$.attempts' END AS attempts,
         CASE WHEN json_type(j, '$.metadata') = 'OBJECT' THEN j -> '$.metadata' END AS metadata,
         j ->> '$.verification.stateHash' AS state_hash,
-        1 AS schema_version,
-        json_type(j, '$.threadId') = 'VARCHAR' AS line_thread_id,
-        false AS keep_raw
+        CASE WHEN (j -> '$.schemaVersion')::VARCHAR = '2' THEN 2 ELSE 1 END AS schema_version,
+        -- json_type is NULL for an absent field: a line of a one-thread file did not name its thread.
+        coalesce(json_type(j, '$.threadId') = 'VARCHAR', false) AS line_thread_id,
+        false AS keep_raw,
+        j ->> '$.verification.entryHash' AS entry_hash
     FROM checked
 """
 
 
 class NativeImporter:
-    """`--format native`: schemaVersion 1 log entries, checked field by field."""
+    """`--format native`: log entries of schemaVersion 2 or 1, checked field by field."""
 
     def stage(self, con: duckdb.DuckDBPyConnection) -> None:
+        con.execute(f"ALTER TABLE cand ADD COLUMN {CHAIN_COLUMN} VARCHAR")
         con.execute(_CANDIDATES)

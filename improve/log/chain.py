@@ -1,0 +1,208 @@
+"""The hash chain of a thread (schemaVersion 2): what `verification.entryHash` is, and checking it.
+
+Each entry's `entryHash` is
+
+    sha256( canonical_json([previous, content]) )          (lowercase hex)
+
+- `previous` is the entryHash of the entry before it; for entry 0 it is the **thread id**.
+- `content` is the entry as written (its JSONL object), without `threadId` and without
+  `verification.entryHash` (and without `verification` when nothing else is left in it). Fields that
+  are absent stay absent (improve never writes `null` for a field of the entry, a verification or an
+  attempt; a `null` there is read as absent). Everything else is content: the event, the effects and
+  outputs in it, usage counts, attempts, metadata, the ids and `recordedAt`.
+- `canonical_json` is `improve.machine.canonical_json`: sorted keys, no whitespace, UTF-8 kept.
+
+So each hash covers the entry and, through `previous`, every entry before it: an edited, removed,
+inserted or reordered entry breaks the chain at the first bad one, and `check_chain` names it.
+
+Why the thread id seeds the chain: a thread's id says what it is evidence of (split, policy version,
+model, scenario, run: `train:v3:naive:refund-small:r2`), and scorecards count threads by it. With a
+fixed seed, a passing thread copied under another id (another run, the held-out split) would still
+verify; seeded by its id, it does not. The price: verifying needs the id (the file name, or the
+`threadId` the lines carry), and `fork` re-chains the copy it makes for its new id
+(`rechain`, after checking the source).
+
+What the chain is not: a signature. It has no key, so someone who rewrites a thread and recomputes
+every hash after the change makes a consistent thread. It catches edits made without doing that
+(an amount changed by hand, a line deleted, a script that rewrites a field) and names where. To
+detect a recomputed rewrite, keep the last entry's hash (the thread's head) somewhere else: it
+depends on every entry.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from improve.errors import LogError, TamperError
+from improve.log.entry import END_EVENT, SCHEMA_VERSION, LogEntry, Verification
+from improve.machine import canonical_json
+
+_EXCLUDE: Any = {"threadId": True, "verification": {"entryHash"}}
+
+_FIX = "a chained thread cannot be edited: restore it from where it was recorded, or run the scenario again"
+
+
+def entry_content(entry: LogEntry) -> dict[str, Any]:
+    """The part of an entry its entryHash covers (see the module docstring)."""
+    data: dict[str, Any] = entry.model_dump(mode="json", exclude_none=True, exclude=_EXCLUDE)
+    if data.get("verification") == {}:
+        del data["verification"]
+    return data
+
+
+def _link(previous: str, content_json: str) -> str:
+    # canonical_json([previous, content]) without serialising the content again for every `previous`
+    # (the diagnosis tries several).
+    text = "[" + json.dumps(previous, ensure_ascii=False) + "," + content_json + "]"
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def entry_hash(entry: LogEntry, previous: str) -> str:
+    """The entryHash `entry` has when it follows `previous` (an entryHash, or the thread id for entry 0)."""
+    return _link(previous, canonical_json(entry_content(entry)))
+
+
+def seal(entry: LogEntry, previous: str) -> LogEntry:
+    """A copy of `entry` as schemaVersion 2, its `verification.entryHash` chaining it after `previous`."""
+    draft = entry if entry.schemaVersion == SCHEMA_VERSION else entry.model_copy(update={"schemaVersion": 2})
+    state = entry.verification.stateHash if entry.verification is not None else None
+    link = Verification(stateHash=state, entryHash=entry_hash(draft, previous))
+    return draft.model_copy(update={"verification": link})
+
+
+def head(entries: Sequence[LogEntry]) -> str | None:
+    """The last entry's entryHash: the thread's digest (None for an empty or unchained thread)."""
+    if not entries or entries[-1].verification is None:
+        return None
+    return entries[-1].verification.entryHash
+
+
+def is_chained(entries: Sequence[LogEntry]) -> bool:
+    """Whether the thread is of the chained form: any entry of schemaVersion 2 makes it so (a thread
+    is never partly chained, so a version-1 entry in it is itself a finding of `check_chain`)."""
+    return any(e.schemaVersion == SCHEMA_VERSION for e in entries)
+
+
+def rechain(entries: Sequence[LogEntry], source_id: str, new_id: str) -> list[LogEntry]:
+    """`entries` (a prefix of thread `source_id`) chained again for `new_id`, after checking that they
+    chain for `source_id`: a copy never launders a tampered thread. Unchained entries are returned as
+    they are."""
+    if not is_chained(entries):
+        return list(entries)
+    check_chain(entries, source_id)
+    previous = new_id
+    out: list[LogEntry] = []
+    for entry in entries:
+        sealed = seal(entry, previous)
+        out.append(sealed)
+        assert sealed.verification is not None and sealed.verification.entryHash is not None
+        previous = sealed.verification.entryHash
+    return out
+
+
+def check_chain(entries: Sequence[LogEntry], thread_id: str | None) -> None:
+    """Check every entryHash of a chained thread in order; raise `TamperError` at the first bad entry,
+    saying whether its content changed, an entry is missing or was inserted, or the order changed."""
+    if thread_id is None:
+        raise LogError(
+            "checking a chained thread needs its thread id (entry 0 is chained to it): pass thread_id=, "
+            "or read the entries from a file whose lines carry threadId"
+        )
+    previous = thread_id
+    for position, entry in enumerate(entries):
+        found = entry.verification.entryHash if entry.verification is not None else None
+        if (
+            entry.schemaVersion != SCHEMA_VERSION
+            or found is None
+            or _link(previous, canonical_json(entry_content(entry))) != found
+        ):
+            raise _diagnose(entries, position, thread_id)
+        previous = found
+
+
+def _describe(entries: Sequence[LogEntry], position: int) -> str:
+    entry = entries[position]
+    return f"entry {position} ({entry.type}, id {entry.id})"
+
+
+def _chains_after(entry: LogEntry, content_json: str, previous: str) -> bool:
+    found = entry.verification.entryHash if entry.verification is not None else None
+    return found is not None and _link(previous, content_json) == found
+
+
+def _diagnose(entries: Sequence[LogEntry], p: int, thread_id: str) -> TamperError:
+    """Why entry `p` breaks the chain (all entries before it check). The hash cannot say what changed,
+    only that something did; which kind of change it was is read off where the entry does chain."""
+    entry = entries[p]
+    where = f"thread {thread_id}: {_describe(entries, p)}"
+
+    def tamper(kind: str, what: str, index: int = p) -> TamperError:
+        return TamperError(f"{where}: {what}; {_FIX}", thread_id=thread_id, index=index, kind=kind)
+
+    expected = thread_id if p == 0 else entries[p - 1].verification.entryHash  # type: ignore[union-attr]
+    assert expected is not None
+    content_json = canonical_json(entry_content(entry))
+    # Where was it written? After the thread's start, or after some other entry of the thread.
+    after: int | None = None
+    if p > 0 and _chains_after(entry, content_json, thread_id):
+        after = -1
+    else:
+        for q, other in enumerate(entries):
+            other_hash = other.verification.entryHash if other.verification is not None else None
+            if q != p - 1 and q != p and other_hash and _chains_after(entry, content_json, other_hash):
+                after = q
+                break
+    if after is not None and after > p:
+        return tamper(
+            "reordered",
+            f"order changed: it was written right after entry {after} ({entries[after].type}), which now "
+            f"stands after it",
+        )
+    if p + 1 < len(entries):
+        nxt = entries[p + 1]
+        if _chains_after(nxt, canonical_json(entry_content(nxt)), expected):
+            return tamper(
+                "inserted",
+                "inserted: it is not part of the chain (the entry after it follows the one before it)",
+            )
+    if after is not None:
+        origin = "the thread's first entry" if after == -1 else f"entry {after} ({entries[after].type})"
+        return tamper(
+            "inserted",
+            f"inserted: it is a copy of an entry written right after {origin}, not after entry {p - 1}",
+        )
+    if p > 0 and entries[p - 1].type == END_EVENT:
+        return tamper("inserted", f"inserted: it comes after the run's {END_EVENT} entry")
+    if entry.index > p:
+        gone = f"entry {p}" if entry.index == p + 1 else f"entries {p} to {entry.index - 1}"
+        return tamper(
+            "missing", f"{gone} missing: the entry at position {p} was written as entry {entry.index}"
+        )
+    ids = {e.id for e in entries}
+    if p > 0 and entry.causationId is not None and entry.causationId not in ids:
+        return tamper(
+            "missing",
+            f"an entry before it is missing: it follows entry id {entry.causationId}, which is not in the "
+            "thread",
+        )
+    if entry.schemaVersion != SCHEMA_VERSION:
+        return tamper("changed", f"content changed: schemaVersion {entry.schemaVersion} in a chained thread")
+    if entry.verification is None or entry.verification.entryHash is None:
+        return tamper(
+            "changed",
+            "content changed: it has no verification.entryHash (every entry of a chained thread has one)",
+        )
+    renamed = (
+        f", or the thread was recorded under another id than {thread_id!r} (entry 0 is chained to its "
+        "thread id: a thread cannot be renamed into another)"
+        if p == 0
+        else ""
+    )
+    return tamper(
+        "changed",
+        "content changed: its entryHash does not match what it holds now (an event field, an output, an "
+        f"effect, usage counts, attempts, metadata or ids were edited after it was written{renamed})",
+    )
