@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 
 from improve.cli.main import app
 from improve.errors import LakeError, WorkspaceError
+from improve.log import LogEntry, seal
 from improve.warehouse import (
     LAKE_TABLES,
     PARTITION_KEYS,
@@ -59,12 +60,17 @@ def readme_sql() -> list[str]:
 
 
 def _shift_thread(source: Path, target: Path) -> None:
-    """A copy of a real thread under another policy version, recorded a day earlier."""
+    """A copy of a real thread under another policy version, recorded a day earlier, and sealed again
+    for its new id (as a store's fork does), so its chain verifies."""
+    previous = target.stem
     lines = []
     for line in source.read_text().splitlines():
-        doc = json.loads(line)
-        doc["recordedAt"] = OTHER_DAY + doc["recordedAt"][10:]
-        lines.append(json.dumps(doc))
+        entry = LogEntry.model_validate_json(line)
+        moved = entry.model_copy(update={"recordedAt": OTHER_DAY + entry.recordedAt[10:]})
+        sealed = seal(moved, previous)
+        assert sealed.verification is not None and sealed.verification.entryHash is not None
+        previous = sealed.verification.entryHash
+        lines.append(sealed.to_line())
     target.write_text("\n".join(lines) + "\n")
 
 

@@ -142,18 +142,18 @@ def _replay_pending(
             quarantined.append((thread_id, env.name, str(err), len(entries)))
             report.quarantined += 1
             continue
+        except ImproveError as err:
+            report.failed += 1
+            assert report.errors is not None
+            if len(report.errors) < 20:
+                report.errors.append(f"{thread_id}: {err}")
+            continue
         if scored.verification == "incomplete":
             # A chained thread without its end entry: cut short, or a run still going. Not scored until
             # it ends (it is checked again when it grows).
             reason = f"incomplete: thread {thread_id} has no @agent.end entry after entry {len(entries) - 1}"
             quarantined.append((thread_id, env.name, reason, len(entries)))
             report.quarantined += 1
-            continue
-        except ImproveError as err:
-            report.failed += 1
-            assert report.errors is not None
-            if len(report.errors) < 20:
-                report.errors.append(f"{thread_id}: {err}")
             continue
         rows.append(_row(env, scored, len(entries), scenario is not None))
         report.replayed += 1
