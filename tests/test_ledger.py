@@ -202,3 +202,35 @@ def test_production_threads_become_scenarios_and_a_round_fixes_them(tmp_path: Pa
     assert outcome["status"] == "recommended", outcome["decision_detail"]
     assert "refundable" in outcome["rationale"]
     assert outcome["scores"]["held-out"]["before"] == 0.0 and outcome["scores"]["held-out"]["after"] == 1.0
+
+
+def test_a_round_sets_aside_each_kind_of_tampering_and_scores_none_of_them(tmp_path: Path) -> None:
+    from .test_replay import TAMPERS
+
+    ws = copy_workspace(tmp_path / "ws")
+    commit_workspace(ws, user="t", message="workspace")
+    cli(ws, "run", "--split", "train", "--k", "2", "--json")
+    (ws / "traces" / "traces.duckdb").unlink()  # the tampered files reach the warehouse through the round
+    kinds = ["an event field", "an actor's output", "an effect", "a usage entry's counts", "an attempt",
+             "removing an entry", "inserting one", "downgrading one to version 1"]  # fmt: skip
+    threads = sorted((ws / "traces").glob("train:v0:naive:partial-refund-*.jsonl"))
+    expected = {}
+    for kind, path in zip(kinds, threads, strict=False):
+        lines = [json.loads(line) for line in path.read_text().splitlines()]
+        tampered, index = TAMPERS[kind][0](lines)
+        path.write_text("".join(json.dumps(line) + "\n" for line in tampered))
+        expected[path.stem] = index
+    truncated = threads[len(kinds)]
+    truncated.write_text("".join(line + "\n" for line in truncated.read_text().splitlines()[:-1]))
+
+    outcome = cli(ws, "round", "--policy", "v0", "--k", "2", "--json")["rounds"][0]
+    aside = {q["thread_id"]: q["reason"] for q in outcome["quarantined"]}
+    assert set(aside) == set(expected), aside
+    for thread, index in expected.items():
+        # Named by the verification (entry N) or by ingest (the line's index), whichever saw it first.
+        assert f"entry {index} (" in aside[thread] or f"index {index}" in aside[thread], aside[thread]
+    scored = {r["thread_id"] for r in sql(ws, "SELECT thread_id FROM outcomes")}
+    assert not scored & set(expected)
+    # The thread cut short is run again from the start (a run that never ended is unfinished work).
+    assert json.loads(truncated.read_text().splitlines()[-1])["event"]["type"] == "@agent.end"
+    assert truncated.stem in scored

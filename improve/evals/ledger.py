@@ -143,8 +143,9 @@ class Ledger:
             raise
 
     def _quarantine_rejected(self, files: Sequence[str], batch_id: str) -> None:
-        """Threads whose files were changed after they were written (their lines conflict with what the
-        warehouse holds, or no longer parse) go to quarantine, with the first rejection as the reason."""
+        """Threads whose files have a line ingest rejects (it conflicts with what the warehouse holds,
+        leaves a gap, or does not parse: the file was changed after it was written) go to quarantine,
+        with the first rejection as the reason."""
         if not files:
             return
         con = self.con
@@ -160,7 +161,7 @@ class Ledger:
             for file, line, error in rows:
                 thread = Path(file).stem
                 entries = con.execute("SELECT count(*) FROM entries WHERE thread_id = ?", [thread]).fetchone()
-                reason = f"{file}:{line}: the file differs from the thread as it was first recorded: {error}"
+                reason = f"{file}:{line}: a line of the thread was rejected on ingest: {error}"
                 con.execute("DELETE FROM outcomes WHERE thread_id = ?", [thread])
                 con.execute("DELETE FROM quarantine WHERE thread_id = ?", [thread])
                 con.execute(

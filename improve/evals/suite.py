@@ -16,12 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from improve.errors import ImproveError, SpendLimitError, WorkspaceError
+from improve.errors import ImproveError, LogError, SpendLimitError, WorkspaceError
 from improve.evals.outcome import OutcomeRow, outcome_row
 from improve.evals.scenarios import Scenario
 from improve.evals.workspace import policy_hash, policy_label
 from improve.llm import CacheMode, Meter, ModelSpec, ResponseCache
-from improve.log import JsonlDirStore, LogEntry, Store, ThreadId, model_slug, replay
+from improve.log import JsonlDirStore, LogEntry, Store, ThreadId, is_chained, model_slug, replay
 from improve.machine import MachineConfig
 from improve.runtime import (
     DEFAULT_MAX_MODEL_CALLS,
@@ -323,8 +323,17 @@ def _reusable(env: Environment, store: Store, thread_id: str, stamp: dict[str, A
             f"thread {thread_id} was recorded with a different stamp ({_stamp_diff(recorded, stamp)}); "
             "bump the policy version, or run with --fresh to replace the recorded threads"
         )
-    # An interrupted run (the thread stops while an actor is owed) is run again from the start.
-    return entries if replay(env.machine, entries).status != "incomplete" else None
+    try:
+        result = replay(env.machine, entries)
+    except LogError:
+        # It does not even fold (an entry removed, reordered): reused as it is, so the ledger's
+        # verification sets it aside with the reason instead of a new run silently replacing it.
+        return entries
+    # An interrupted run (the thread stops while an actor is owed, or before its end entry) is run
+    # again from the start.
+    if result.status == "incomplete" or (is_chained(entries) and result.ended is None):
+        return None
+    return entries
 
 
 def _stamp_diff(recorded: dict[str, Any], wanted: dict[str, Any]) -> str:
