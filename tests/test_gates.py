@@ -411,3 +411,13 @@ def test_a_gate_that_crashes_or_returns_garbage_fails_the_candidate() -> None:
         results = run_gates(V0, context(gates=[*BUILTIN_GATES, gate]))
         assert [r.ok for r in results] == [True] * 7 + [False]
         assert results[-1].name == gate.name and needle in results[-1].detail
+
+
+def test_an_output_that_cannot_be_evaluated_on_some_path_fails_the_explore_gate() -> None:
+    """Found by the fuzzer: the model call's onError leads to a final whose output reads event.output,
+    which an error event does not have. The gate says so instead of crashing."""
+    doc = json.loads((REPO / "policies" / "refunds" / "v0.json").read_text())
+    doc["states"]["escalate"]["output"] = "event.output"
+    results = run_gates(doc, context())
+    assert results[-1].name == "explore" and not results[-1].ok
+    assert "fails on some path" in results[-1].detail and "no such key 'output'" in results[-1].detail

@@ -7,6 +7,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from improve.errors import MachineError
 from improve.loop.gates.gate import GateContext, GateResult
 from improve.machine import ExploreOptions, Snapshot, canonical_json, explore_paths
 from improve.runtime import MODEL_DECIDE, ModelJudgment
@@ -41,7 +42,18 @@ class ExploreGate:
                     return True
                 return snapshot.status == "done" and not any(_same_event(snapshot.output, o) for o in options)
 
-            result = explore_paths(machine, request.to_input(), probe, target=bad, stop_at_target=True)
+            try:
+                result = explore_paths(machine, request.to_input(), probe, target=bad, stop_at_target=True)
+            except MachineError as err:
+                # A path on which the policy cannot evaluate an expression (an output reading a field the
+                # event it was reached by does not have) ends in error just as surely.
+                return GateResult(
+                    self.name,
+                    False,
+                    f"on decision '{request.name}' with facts {canonical_json(request.facts)}, the policy fails "
+                    f"on some path: {err}. Every path must end in an offered option: check what each final's "
+                    "output reads (an onError is reached by an error event, which has no `output`)",
+                )
             total_states += result.states
             facts = canonical_json(request.facts)
             if result.reachable:
