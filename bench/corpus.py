@@ -183,3 +183,21 @@ GUARDS = [
     "'awaitingApproval'.on.APPROVE[0]: context.refundAmount <= 1000",
     "'checkingPayment'.always[0]: guard:illegalRefund",
 ]
+
+
+def unchain(source: Path, target: Path) -> int:
+    """A copy of a JSONL corpus as the log was before the hash chain: schemaVersion 1, no `entryHash`,
+    no `@agent.end` entries. The same threads, so chained and unchained can be measured side by side."""
+    kept = 0
+    with source.open(encoding="utf-8") as lines, target.open("w", encoding="utf-8") as out:
+        for line in lines:
+            entry = json.loads(line)
+            if entry["event"]["type"] == "@agent.end":
+                continue
+            entry["schemaVersion"] = 1
+            verification = entry.pop("verification", None) or {}
+            if verification.get("stateHash"):
+                entry["verification"] = {"stateHash": verification["stateHash"]}
+            out.write(json.dumps(entry, separators=(",", ":")) + "\n")
+            kept += 1
+    return kept

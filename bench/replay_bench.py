@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from bench.corpus import write_corpus
+from bench.corpus import unchain, write_corpus
 from improve.log.entry import LogEntry
 from improve.log.replay import gc_paused, replay
 from improve.machine import initial, transition
@@ -63,6 +64,7 @@ def replay_figures(tmp: Path, threads: int, repeat: int) -> dict[str, Any]:
         ours.append(ours_s)
         folds.append(fold_s)
     floor_med, ours_med, fold_med = (statistics.median(x) for x in (floors, ours, folds))
+    chain = _chain_figures(tmp, corpus, machine, repeat)
     return {
         "threads": threads,
         "entries": entries,
@@ -75,7 +77,52 @@ def replay_figures(tmp: Path, threads: int, repeat: int) -> dict[str, Any]:
         "interpreter_transitions_per_s": round(steps / fold_med),
         "note": "replay = read + decode (pydantic) + group + fold; floor = read + decode + bare loop; both with the cyclic GC paused; medians",
         "interpreter": _interpreter_figures(machine),
+        "chain": chain,
     }
+
+
+def _chain_figures(tmp: Path, corpus: Path, machine: Any, repeat: int) -> dict[str, Any]:
+    """The hash chain's cost, side by side on the same threads: replay of the chained corpus against the
+    same corpus unchained (schemaVersion 1, no end entries), and replay with every hash verified."""
+    unchained = tmp / "corpus-v1.jsonl"
+    old_entries = unchain(corpus, unchained)
+    chained_s, plain_s, verify_s = [], [], []
+    for _ in range(repeat):
+        with gc_paused():
+            chained_s.append(_ours(corpus, machine)[0])
+        with gc_paused():
+            plain_s.append(_ours(unchained, machine)[0])
+        with gc_paused():
+            verify_s.append(_verified(corpus, machine))
+    chained, plain, verified = (statistics.median(x) for x in (chained_s, plain_s, verify_s))
+    threads = len(_thread_ids(corpus))
+    threads_per_s = {"chained": round(threads / chained), "unchained": round(threads / plain)}
+    return {
+        "replay_seconds": {"chained": round(chained, 3), "unchained": round(plain, 3)},
+        "replay_threads_per_s": threads_per_s,
+        "chained_over_unchained": round(chained / plain, 3),
+        "verify_seconds": round(verified, 3),
+        "verify_over_replay": round(verified / chained, 2),
+        "entries": {"chained": sum(1 for _ in corpus.open()), "unchained": old_entries},
+        "note": "the same threads replayed (read + decode + fold) chained (schemaVersion 2, one @agent.end "
+        "entry more per thread) and unchained (version 1); verify = replay checking every entryHash and "
+        "stateHash; medians of alternating runs",
+    }
+
+
+def _thread_ids(path: Path) -> set[str]:
+    with path.open(encoding="utf-8") as lines:
+        return {json.loads(line)["threadId"] for line in lines}
+
+
+def _verified(path: Path, machine: Any) -> float:
+    start = time.perf_counter()
+    threads: dict[str, list[LogEntry]] = defaultdict(list)
+    for entry in _read_decode(path):
+        threads[entry.threadId or ""].append(entry)
+    for thread_id, thread in threads.items():
+        replay(machine, thread, verify=True, thread_id=thread_id)
+    return time.perf_counter() - start
 
 
 def _interpreter_figures(machine: Any) -> dict[str, Any]:

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.corpus import write_synthetic_corpus
+from bench.corpus import unchain, write_synthetic_corpus
 
 _CHILD = r"""
 import json, resource, sys, time
@@ -62,12 +62,18 @@ def warehouse_figures(tmp: Path, threads: int, repeat: int) -> dict[str, Any]:
     corpus = tmp / "corpus"
     entries = write_synthetic_corpus(corpus, threads=threads)
     files = str(corpus / "*.jsonl")
-    floors, ours = [], []
-    for _ in range(repeat):  # alternate, so both see the same machine
+    # The same threads before the hash chain (schemaVersion 1, no end entries), ingested side by side.
+    unchained_dir = tmp / "corpus-v1"
+    unchained_dir.mkdir(exist_ok=True)
+    unchained_entries = sum(unchain(p, unchained_dir / p.name) for p in sorted(corpus.glob("*.jsonl")))
+    floors, ours, plain = [], [], []
+    for _ in range(repeat):  # alternate, so all see the same machine
         floors.append(_child("floor", files, tmp / "floor.duckdb"))
         ours.append(_child("ours", files, tmp / "ours.duckdb"))
+        plain.append(_child("ours", str(unchained_dir / "*.jsonl"), tmp / "plain.duckdb"))
     floor_s = statistics.median(r["seconds"] for r in floors)
     ours_s = statistics.median(r["seconds"] for r in ours)
+    plain_s = statistics.median(r["seconds"] for r in plain)
     assert all(r["rows"] == entries for r in ours), "ingest lost rows"
     return {
         "entries": entries,
@@ -83,6 +89,16 @@ def warehouse_figures(tmp: Path, threads: int, repeat: int) -> dict[str, Any]:
         "floor_peak_rss_mb": round(max(r["peak_rss_mb"] for r in floors)),
         "reingest_seconds": round(_reingest(files, tmp / "ours.duckdb"), 2),
         "queries": _queries(tmp / "ours.duckdb"),
+        "chain": {
+            "ingest_seconds": {"chained": round(ours_s, 2), "unchained": round(plain_s, 2)},
+            "ingest_events_per_s": {
+                "chained": round(entries / ours_s),
+                "unchained": round(unchained_entries / plain_s),
+            },
+            "chained_over_unchained_seconds": round(ours_s / plain_s, 3),
+            "note": "the same threads ingested chained (schemaVersion 2: entryHash, one @agent.end entry more "
+            "per thread) and unchained (version 1); medians of alternating runs",
+        },
         "note": "floor = DuckDB read_json (same explicit columns) into a plain table; ours = checked insert into "
         "entries (primary key, anti-join, type checks) plus file bookkeeping; medians of alternating runs",
     }
