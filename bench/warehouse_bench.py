@@ -124,7 +124,9 @@ def _queries(db: Path) -> dict[str, float]:
     con = open_database(db)
     con.execute(
         """
-        INSERT INTO outcomes
+        INSERT INTO outcomes (thread_id, environment, scenario, category, split, policy_version, run, final_state,
+                              status, output, steps, model_calls, input_tokens, output_tokens, failed_attempts,
+                              violations, violation_rules, expected_outcome, passed, reason, entries, replayed_at)
         SELECT thread_id, 'refunds', scenario, 'category-' || (hash(scenario) % 11)::VARCHAR, split, policy_version, run,
                ['issued', 'escalated', 'closed'][(1 + hash(thread_id) % 3)::BIGINT], 'done', NULL, entries, 0, 0, 0, 0, 0, [],
                'issued', hash(thread_id) % 4 != 0, NULL, entries, now()
