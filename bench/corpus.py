@@ -156,7 +156,7 @@ def write_synthetic_corpus(folder: Path, threads: int = 20_000, files: int = 100
                 entry["metadata"] = {"source": "person"}
             if last:
                 entry["causationId"] = last
-            link = uuid.UUID(int=rng.getrandbits(128)).hex * 2
+            link = uuid.UUID(int=rng.getrandbits(128)).hex
             if entry["event"]["type"] == "@agent.usage":  # type: ignore[index]
                 entry["verification"] = {"entryHash": link}  # a usage record does not move the machine
             else:

@@ -148,7 +148,7 @@ def test_chained_threads_keep_their_hashes_on_both_paths(
     _verified_from_the_warehouse(careful, [name])
     # A line that differs from the stored one only in its entryHash is a conflict, not "already present".
     forged = json.loads(lines[1])
-    forged["verification"]["entryHash"] = "0" * 64
+    forged["verification"]["entryHash"] = "0" * 32
     again = ingest(careful, [write(tmp_path / "again" / f"{name}.jsonl", [lines[0], json.dumps(forged)])])
     assert (again.already_present, again.rejected) == (1, 1)
     assert again.rejections[0][2].startswith(

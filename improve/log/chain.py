@@ -2,7 +2,7 @@
 
 Each entry's `entryHash` is
 
-    sha256( canonical_json([previous, content]) )          (lowercase hex)
+    sha256( canonical_json([previous, content]) )          (its first 128 bits, 32 lowercase hex digits)
 
 - `previous` is the entryHash of the entry before it; for entry 0 it is the **thread id**.
 - `content` is the entry as written (its JSONL object), without `threadId` and without
@@ -40,6 +40,9 @@ from improve.errors import LogError, TamperError
 from improve.log.entry import END_EVENT, SCHEMA_VERSION, LogEntry, Verification
 from improve.machine import canonical_json
 
+HASH_HEX = 32
+"""Hex digits of an entryHash: the first 128 bits of the sha256."""
+
 _EXCLUDE: Any = {"threadId": True, "verification": {"entryHash"}}
 
 _FIX = "a chained thread cannot be edited: restore it from where it was recorded, or run the scenario again"
@@ -57,7 +60,9 @@ def _link(previous: str, content_json: str) -> str:
     # canonical_json([previous, content]) without serialising the content again for every `previous`
     # (the diagnosis tries several).
     text = "[" + json.dumps(previous, ensure_ascii=False) + "," + content_json + "]"
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+    # 128 bits tell any edit apart (the chain has no key: it is evidence, not a signature) and every
+    # entry of every thread carries one, so the shorter digest keeps lines and the warehouse smaller.
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:HASH_HEX]
 
 
 def entry_hash(entry: LogEntry, previous: str) -> str:
