@@ -19,6 +19,7 @@ from typing import Any
 import duckdb
 
 from improve.evals.outcome import OutcomeRow
+from improve.evals.scenarios import Scenario
 from improve.evals.workspace import Workspace
 from improve.log import JsonlDirStore
 from improve.runtime import Environment
@@ -78,6 +79,7 @@ class Ledger:
         self.env = env
         self.store = JsonlDirStore(space.traces)
         self._con: duckdb.DuckDBPyConnection | None = None
+        self._scenarios: dict[str, Scenario] | None = None
 
     @property
     def con(self) -> duckdb.DuckDBPyConnection:
@@ -109,7 +111,7 @@ class Ledger:
         their earlier copies leave the warehouse first. Any other thread whose file no longer matches
         what the warehouse holds was changed after it was written: it is set aside with the reason.
         """
-        from improve.evals.materialize import refresh_outcomes
+        from improve.evals.materialize import refresh_outcomes, scenarios_by_id
 
         paths = [self.store.path(tid) for tid in thread_ids]
         missing = [p for p in paths if not p.is_file()]
@@ -119,7 +121,16 @@ class Ledger:
             self.forget(rewritten)
         report = ingest(self.con, [str(p) for p in paths])
         self._quarantine_rejected([f.file for f in report.files if f.rejected], report.batch_id)
-        refresh_outcomes(self.con, self.space, only=list(thread_ids), envs={self.env.config.id: self.env})
+        if self._scenarios is None:  # read once per command: a round records three times
+            self._scenarios = scenarios_by_id(self.space, self.env)
+        machine = self.env.config.id
+        refresh_outcomes(
+            self.con,
+            self.space,
+            only=list(thread_ids),
+            envs={machine: self.env},
+            scenarios={machine: self._scenarios},
+        )
         recorded = self.read(thread_ids)
         if say and recorded.quarantined:
             say(recorded.set_aside())

@@ -22,7 +22,7 @@ from improve.evals.scenarios import Scenario, load_scenarios
 from improve.evals.workspace import Workspace
 from improve.log import LogEntry, ThreadId, gc_paused
 from improve.runtime import Environment
-from improve.warehouse import COLUMNS, row_entry
+from improve.warehouse import COLUMNS, insert_rows, row_entry
 
 
 @dataclass
@@ -35,7 +35,8 @@ class MaterializeReport:
     errors: list[str] | None = None
 
 
-def _scenarios(workspace: Workspace, env: Environment) -> dict[str, Scenario]:
+def scenarios_by_id(workspace: Workspace, env: Environment) -> dict[str, Scenario]:
+    """The environment's labelled scenarios by id (none when the workspace has no scenario file)."""
     path = workspace.scenarios_path(env.name)
     if not path.exists():
         return {}
@@ -88,13 +89,21 @@ def refresh_outcomes(
     *,
     only: list[str] | None = None,
     envs: dict[str, Environment] | None = None,
+    scenarios: dict[str, dict[str, Scenario]] | None = None,
 ) -> MaterializeReport:
     """Replay every thread of a known environment that has no (or a stale) outcomes row; `only` those
-    threads, `envs` (by machine id) instead of every registered environment."""
+    threads, `envs` (by machine id) instead of every registered environment, `scenarios` (by machine
+    id, then scenario id) already read instead of reading each environment's scenario file."""
     envs = envs if envs is not None else workspace.environments_by_machine_id()
     report = MaterializeReport(errors=[])
     pending = _pending(con, list(envs), only)
-    scenario_sets = {machine_id: _scenarios(workspace, env) for machine_id, env in envs.items()}
+    if not pending:
+        return report  # nothing to replay: skip reading the scenario files
+    given = scenarios or {}
+    scenario_sets = {
+        machine_id: given[machine_id] if machine_id in given else scenarios_by_id(workspace, env)
+        for machine_id, env in envs.items()
+    }
     rows: list[tuple[Any, ...]] = []
     quarantined: list[tuple[Any, ...]] = []
     with gc_paused():
@@ -106,13 +115,9 @@ def refresh_outcomes(
             con.execute("DELETE FROM outcomes WHERE list_contains(?, thread_id)", [checked])
             con.execute("DELETE FROM quarantine WHERE list_contains(?, thread_id)", [checked])
             if rows:
-                con.executemany(
-                    f"INSERT INTO outcomes ({', '.join(OUTCOME_COLUMNS)}, replayed_at) "
-                    f"VALUES ({', '.join('?' * len(OUTCOME_COLUMNS))}, now())",
-                    rows,
-                )
+                insert_rows(con, "outcomes", OUTCOME_COLUMNS, rows, now="replayed_at")
             if quarantined:
-                con.executemany("INSERT INTO quarantine VALUES (?, ?, ?, ?, now())", quarantined)
+                insert_rows(con, "quarantine", QUARANTINE_COLUMNS, quarantined, now="quarantined_at")
             con.execute("COMMIT")
         except BaseException:
             con.execute("ROLLBACK")
@@ -160,6 +165,8 @@ def _replay_pending(
         if progress and done % 500 == 0:
             progress(done, len(pending))
 
+
+QUARANTINE_COLUMNS = ("thread_id", "environment", "reason", "entries")
 
 OUTCOME_COLUMNS = (
     "thread_id",

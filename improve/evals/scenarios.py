@@ -27,6 +27,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from improve.errors import ConfigError, ScenarioError
 
+# libyaml's parser when PyYAML was built with it: a scenario file is read on every scoring pass,
+# and the pure-Python parser is most of that pass's time on a few hundred scenarios.
+SafeLoader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
 SPLITS = ("train", "held-out")
 Split = Literal["train", "held-out"]
 
@@ -77,7 +81,7 @@ class ScenarioSet(BaseModel):
 def _item_lines(text: str) -> list[int]:
     """1-based line of each item under `scenarios:`, so errors can point into the file."""
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        root = yaml.compose(text, Loader=SafeLoader)
     except yaml.YAMLError:
         return []
     if not isinstance(root, yaml.MappingNode):
@@ -95,7 +99,7 @@ def read_yaml(path: Path, error: type[ConfigError], what: str) -> tuple[str, Any
     except FileNotFoundError:
         raise error(f"{path}: no such {what}") from None
     try:
-        return text, yaml.safe_load(text)
+        return text, yaml.load(text, Loader=SafeLoader)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
@@ -108,10 +112,10 @@ def load_scenarios(path: Path, environment: str | None = None) -> ScenarioSet:
     text, data = read_yaml(path, ScenarioError, "scenario file")
     if not isinstance(data, dict) or "scenarios" not in data:
         raise ScenarioError(f"{path}: expected a mapping with `environment` and a `scenarios` list")
-    lines = _item_lines(text)
     try:
         result = ScenarioSet.model_validate(data)
     except ValidationError as err:
+        lines = _item_lines(text)  # a second parse, for line numbers, only when there is an error
         problems = []
         for problem in err.errors():
             loc = problem["loc"]
@@ -129,6 +133,7 @@ def load_scenarios(path: Path, environment: str | None = None) -> ScenarioSet:
     seen: dict[str, int] = {}
     for index, scenario in enumerate(result.scenarios):
         if scenario.id in seen:
+            lines = _item_lines(text)
             line = f":{lines[index]}" if index < len(lines) else ""
             raise ScenarioError(
                 f"{path}{line}: scenario id '{scenario.id}' is used twice (first as item {seen[scenario.id] + 1})"

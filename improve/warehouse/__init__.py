@@ -17,7 +17,7 @@ The library and the CLI (a DuckDB connection, migrated):
 Other agents' log formats come through importers (`improve.warehouse.importers.IMPORTERS`).
 """
 
-from improve.warehouse.db import DEFAULT_LOCK_TIMEOUT, open_database
+from improve.warehouse.db import DEFAULT_LOCK_TIMEOUT, insert_rows, open_database
 from improve.warehouse.frames import Warehouse, connect
 from improve.warehouse.ingest import ingest
 from improve.warehouse.lake import (
@@ -51,6 +51,7 @@ __all__ = [
     "connect",
     "export_lake",
     "ingest",
+    "insert_rows",
     "is_lake",
     "open_database",
     "open_lake",

@@ -26,11 +26,13 @@ from improve.log import (
     conflict,
     retarget,
 )
+from improve.warehouse.db import insert_rows
 
 COLUMNS = (
     'thread_id, "index", entry_id, recorded_at, machine_id, machine_version, event_type, event, '
     "causation_id, attempts, metadata, state_hash, schema_version, line_thread_id, entry_hash"
 )
+ENTRY_COLUMNS = tuple(name.strip() for name in COLUMNS.split(","))
 
 
 def _dumps(value: Any) -> str | None:
@@ -123,7 +125,7 @@ class DuckDBStore:
                 if actual != expected_index:
                     raise conflict(thread_id, expected_index, actual)
                 if rows:
-                    cur.executemany(f"INSERT INTO entries ({COLUMNS}) VALUES ({', '.join('?' * 15)})", rows)
+                    insert_rows(cur, "entries", ENTRY_COLUMNS, rows)
                 cur.execute("COMMIT")
             except duckdb.ConstraintException:
                 cur.execute("ROLLBACK")
