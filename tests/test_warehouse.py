@@ -26,7 +26,7 @@ from improve.log import replay
 from improve.log.store import JsonlDirStore
 from improve.runtime import load_environment
 from improve.runtime.policy import load_policy
-from improve.warehouse.db import open_database
+from improve.warehouse.db import INSERT_CHUNK, insert_rows, open_database
 from improve.warehouse.ingest import ingest
 from improve.warehouse.schema import MIGRATIONS, migrate
 from improve.warehouse.store import DuckDBStore
@@ -428,3 +428,16 @@ def test_every_line_after_a_gap_names_the_same_missing_index(tmp_path: Path) -> 
         "gap in indices: thread train:v0:s:r1 continues at index 2 but this line has index 3",
         "gap in indices: thread train:v0:s:r1 continues at index 2 but this line has index 4",
     ]
+
+
+def test_insert_rows_spans_chunks_in_order_and_stamps_the_time() -> None:
+    con = duckdb.connect(":memory:")
+    con.execute('CREATE TABLE t (n INTEGER, label VARCHAR, tags VARCHAR[], "at" TIMESTAMPTZ NOT NULL)')
+    # One row past two whole chunks: the last statement carries a single row.
+    rows = [(n, f"row {n}", [str(n)] if n % 2 else []) for n in range(2 * INSERT_CHUNK + 1)]
+    insert_rows(con, "t", ("n", "label", "tags"), rows, now="at")
+    got = con.execute("SELECT n, label, tags FROM t ORDER BY n").fetchall()
+    assert got == [(n, label, tags) for n, label, tags in rows]
+    assert con.execute('SELECT count(*) FROM t WHERE "at" IS NULL').fetchone() == (0,)
+    insert_rows(con, "t", ("n", "label", "tags"), [], now="at")  # nothing to insert is not an error
+    assert con.execute("SELECT count(*) FROM t").fetchone() == (len(rows),)

@@ -88,7 +88,8 @@ def insert_rows(
     """
     names = [*columns, now] if now else list(columns)
     one = "(" + ", ".join(["?"] * len(columns)) + (", now()" if now else "") + ")"
-    head = f"INSERT INTO {table} ({', '.join(names)}) VALUES "
+    quoted = ", ".join('"' + name.replace('"', '""') + '"' for name in names)  # `index` is a keyword
+    head = f"INSERT INTO {table} ({quoted}) VALUES "
     for start in range(0, len(rows), INSERT_CHUNK):
         chunk = rows[start : start + INSERT_CHUNK]
         con.execute(head + ", ".join([one] * len(chunk)), [value for row in chunk for value in row])

@@ -32,7 +32,7 @@ COLUMNS = (
     'thread_id, "index", entry_id, recorded_at, machine_id, machine_version, event_type, event, '
     "causation_id, attempts, metadata, state_hash, schema_version, line_thread_id, entry_hash"
 )
-ENTRY_COLUMNS = tuple(name.strip() for name in COLUMNS.split(","))
+ENTRY_COLUMNS = tuple(name.strip().strip('"') for name in COLUMNS.split(","))
 
 
 def _dumps(value: Any) -> str | None:
