@@ -139,7 +139,8 @@ def vocabulary_command(
                 payload = ", ".join(f"{f}: {k}" for f, k in fields.items())
                 out.print(f"  event {event}" + (f" {{{payload}}}" if payload else ""), markup=False)
             for path, kind in d.facts.items():
-                out.print(f"  fact  {path}: {kind}", markup=False)
+                shown = f"one of {', '.join(map(str, d.values[path]))}" if path in d.values else kind
+                out.print(f"  fact  {path}: {shown}", markup=False)
         out.print(f"request fields: {', '.join(words.request_fields)}", markup=False)
         out.print(f"actors: {', '.join(words.actors)}   model refs: {', '.join(words.models)}", markup=False)
         out.print(f"named guards: {', '.join(words.guards) or 'none'}", markup=False)

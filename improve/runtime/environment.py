@@ -65,6 +65,10 @@ def load_machine(path: Path) -> MachineConfig:
     return parse_machine(load_json(path), source=str(path))
 
 
+FactType = str | tuple[Any, ...]
+"""A fact's declared type: a type name, or the tuple of values of an enumerated fact."""
+
+
 @dataclass
 class Environment:
     """Everything needed to run, replay and score one kind of agent.
@@ -87,9 +91,10 @@ class Environment:
     """How safe each final (or waiting) state is, least safe lowest; states may share a rank. Parity
     calls a changed outcome "safer" only when both states are ranked and the new one ranks at least as
     high; a state not listed is only ever "same" as itself."""
-    fact_types: dict[str, dict[str, str]] = field(default_factory=dict)
-    """Per decision name, the type of each fact path (`order.refundable`: number): the vocabulary a
-    policy's guards are type-checked against."""
+    fact_types: Mapping[str, Mapping[str, FactType]] = field(default_factory=dict)
+    """Per decision name, the type of each fact path: `"number"`, `"int"`, `"bool"`, `"string"` (free
+    text), `"list"`, `"any"`, or a tuple of the values an enumerated fact takes (`("free", "pro")`). The
+    vocabulary a policy's guards are type-checked against, and what the rule miner may test."""
     policy_guards: dict[str, GuardFn] = field(default_factory=dict)
     """Named guards the environment exports to policies (called with the request as context)."""
     judgments: dict[str, Judgment] = field(default_factory=dict)

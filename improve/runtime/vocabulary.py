@@ -7,11 +7,12 @@ to policies, judgment actors, and model refs. Anything else is refused by the vo
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from improve.machine import DECIDE_SRC, FREE_TEXT, Scope
-from improve.runtime.environment import Environment
+from improve.runtime.environment import Environment, FactType
 from improve.runtime.policy import DEFAULT_MODEL_REF, MODEL_DECIDE
 
 REQUEST_FIELDS = ("name", "options", "facts", "attempts", "prompt", "allowedEvents", "payloads")
@@ -25,7 +26,9 @@ class DecisionWords:
     events: dict[str, dict[str, str]]
     """Event -> payload field -> 'choice' (a closed choice) or 'text' (free text)."""
     facts: dict[str, str]
-    """Fact path (as a policy writes it, `facts.order.refundable`) -> type."""
+    """Fact path (as a policy writes it, `facts.order.refundable`) -> type (`enum` for an enumerated one)."""
+    values: dict[str, list[Any]] = field(default_factory=dict)
+    """Enumerated fact path -> the values it takes, as declared."""
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,14 @@ class Vocabulary:
         for d in self.decisions:
             paths.update(d.facts)
         return paths
+
+    @property
+    def fact_values(self) -> dict[str, list[Any]]:
+        """Enumerated fact path -> its declared values, over every decision."""
+        values: dict[str, list[Any]] = {}
+        for d in self.decisions:
+            values.update(d.values)
+        return values
 
     @property
     def actors(self) -> list[str]:
@@ -71,8 +82,8 @@ def _literal_name(source: str) -> str:
         return source
 
 
-def _fact_paths(tree: Any, prefix: str, declared: dict[str, str]) -> dict[str, str]:
-    out: dict[str, str] = {}
+def _fact_paths(tree: Any, prefix: str, declared: Mapping[str, FactType]) -> dict[str, FactType]:
+    out: dict[str, FactType] = {}
     if isinstance(tree, dict):
         out[prefix] = "map"
         for key, sub in tree.items():
@@ -99,9 +110,11 @@ def vocabulary(env: Environment) -> Vocabulary:
             for event in raw.get("allowedEvents", [])
         }
         declared = env.fact_types.get(decision, {})
-        facts = _fact_paths(raw.get("facts") or {}, "facts", declared)
-        facts.pop("facts", None)
-        decisions.append(DecisionWords(name=decision, state=name, events=events, facts=facts))
+        typed = _fact_paths(raw.get("facts") or {}, "facts", declared)
+        typed.pop("facts", None)
+        facts = {path: kind if isinstance(kind, str) else "enum" for path, kind in typed.items()}
+        values = {path: list(kind) for path, kind in typed.items() if not isinstance(kind, str)}
+        decisions.append(DecisionWords(name=decision, state=name, events=events, facts=facts, values=values))
     return Vocabulary(
         environment=env.name,
         decisions=decisions,

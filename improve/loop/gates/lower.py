@@ -24,7 +24,10 @@ def typed_request(vocab: Vocabulary, decision: int = 0) -> dict[str, Any]:
         parts = path.split(".")[1:]
         for part in parts[:-1]:
             node = node.setdefault(part, {})
-        node[parts[-1]] = _PROBE_VALUES.get(kind)
+        # An enumerated fact takes its first declared value (its type is that value's).
+        node[parts[-1]] = (
+            words.values[path][0] if kind == "enum" and words.values.get(path) else _PROBE_VALUES.get(kind)
+        )
     options = [{"type": event} for event in words.events]
     return {
         "name": words.name,
