@@ -1,7 +1,8 @@
-"""The demo behind `make demo`: the refund desk improved round by round, in a scratch copy.
+"""The demo behind `make demo`: a bundled desk (the refund desk unless told) improved round by round, in
+a scratch copy.
 
-It writes the bundled refund desk's workspace into a scratch directory (a git repository of its own,
-as `improve init --from refunds` would), then runs improvement rounds with the `naive` stand-in model
+It writes the desk's workspace into a scratch directory (a git repository of its own, as
+`improve init --from refunds` would), then runs improvement rounds with the `naive` stand-in model
 and the `rules` proposer. Between rounds it plays the reviewer:
 the person's step, printed as such, merges the recommended branch; the next round starts from the
 merged version. The tool itself never merges.
@@ -35,12 +36,12 @@ class DemoSummary:
     workspace: Path
 
 
-def prepare(target: Path) -> Workspace:
-    """A fresh scratch workspace written from the bundled refund desk (as `improve init --from refunds`
+def prepare(target: Path, env: str = DESK) -> Workspace:
+    """A fresh scratch workspace written from the bundled desk `env` (as `improve init --from NAME`
     does), under git, with generated files ignored."""
     if target.exists():
         shutil.rmtree(target)
-    write_desk(load_environment(DESK), target)
+    write_desk(load_environment(env), target)
     commit_workspace(target, user="improve demo", message="The example workspace")
     return Workspace.load(target / "improve.toml")
 
@@ -72,8 +73,9 @@ def run_demo(
     say: Callable[[str], None] = print,
     model: str = "naive",
     cache: CacheMode = "record",
+    env: str = DESK,
 ) -> DemoSummary:
-    space = prepare(target)
+    space = prepare(target, env)
     current = "v0"
     results: list[RoundResult] = []
     skip: list[str] = []

@@ -2,7 +2,7 @@
 
 An extension is found three ways, and a name may be taken only once across them:
 
-1. **bundled**: registered in code by the package that defines the kind (the seven gates, the `rules`
+1. **bundled**: registered in code by the package that defines the kind (the eight gates, the `rules`
    and `openai` proposers, the `native`, `normalize` and `opencli` importers);
 2. **entry points** in the group `improve.<kind>` (`improve.environments`, `improve.proposers`,
    `improve.gates`, `improve.importers`), so a pip-installed package adds one. The bundled

@@ -11,6 +11,7 @@ import git
 from typer.testing import CliRunner
 
 from improve.cli.main import app
+from improve.loop.gates import GATE_NAMES
 
 runner = CliRunner()
 DOC = Path(__file__).resolve().parents[1] / "docs" / "extending.md"
@@ -39,7 +40,7 @@ def test_the_documented_proposer_gate_and_importer_work_as_written(tmp_path: Pat
     verified = runner.invoke(app, ["verify", "v0", "-w", str(ws), "--json"])
     assert verified.exit_code == 0, verified.output
     gates = [g["name"] for g in json.loads(verified.stdout)["gates"]]
-    assert len(gates) == 8 and gates[-1] == "no-blind-credits"
+    assert gates == [*GATE_NAMES, "no-blind-credits"]
 
     repo = git.Repo.init(ws, initial_branch="main")
     repo.git.add(A=True)
@@ -50,7 +51,7 @@ def test_the_documented_proposer_gate_and_importer_work_as_written(tmp_path: Pat
     assert rounds.exit_code in (0, 1), rounds.output
     (outcome,) = json.loads(rounds.stdout)["rounds"]
     assert outcome["proposer"] == "repeat-claims" and outcome["candidate_version"] == "v1"
-    assert [g["ok"] for g in outcome["gates"]] == [True] * 8
+    assert [g["ok"] for g in outcome["gates"]] == [True] * (len(GATE_NAMES) + 1)
     # The repeat claimants it escalates are fixed on both splits.
     assert outcome["scores"]["train"]["after"] > outcome["scores"]["train"]["before"]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from improve.loop.gates import (
     scenario_literals,
 )
 from improve.loop.probes import probe_requests
+from improve.machine import parse_machine
 from improve.runtime import load_environment
 from tests.conftest import REPO, copy_workspace
 
@@ -363,7 +365,7 @@ def gate_workspace(tmp_path: Path) -> Any:
         sys.path.remove(str(tmp_path))
 
 
-def test_workspace_gates_run_after_the_seven_in_name_order(gate_workspace: Path) -> None:
+def test_workspace_gates_run_after_the_built_in_ones_in_name_order(gate_workspace: Path) -> None:
     runner = CliRunner()
     result = runner.invoke(app, ["verify", "v0", "-w", str(gate_workspace), "--json"])
     assert result.exit_code == 1, result.output
@@ -379,7 +381,10 @@ def test_workspace_gates_run_after_the_seven_in_name_order(gate_workspace: Path)
     (gate_workspace / "policies" / "refunds" / "v9.json").write_text("[]")
     early = runner.invoke(app, ["verify", "v9", "-w", str(gate_workspace)])
     assert early.exit_code == 1
-    assert "not run: vocabulary, lower, lint, explore, overfit, has-goal, no-escalate" in early.stdout
+    assert (
+        "not run: vocabulary, lower, lint, explore, overfit, interactions, has-goal, no-escalate"
+        in early.stdout
+    )
 
 
 def test_a_gate_must_be_registered_under_its_own_name(gate_workspace: Path) -> None:
@@ -409,7 +414,7 @@ def test_a_gate_that_crashes_or_returns_garbage_fails_the_candidate() -> None:
         (Garbage(), "returned 'fine'"),
     ):
         results = run_gates(V0, context(gates=[*BUILTIN_GATES, gate]))
-        assert [r.ok for r in results] == [True] * 7 + [False]
+        assert [r.ok for r in results] == [True] * len(BUILTIN_GATES) + [False]
         assert results[-1].name == gate.name and needle in results[-1].detail
 
 
@@ -421,3 +426,86 @@ def test_an_output_that_cannot_be_evaluated_on_some_path_fails_the_explore_gate(
     results = run_gates(doc, context())
     assert results[-1].name == "explore" and not results[-1].ok
     assert "fails on some path" in results[-1].detail and "no such key 'output'" in results[-1].detail
+
+
+def test_overfit_accepts_a_threshold_with_scenarios_on_both_sides() -> None:
+    # The boundary case of a real threshold is labelled once: its amount is in one scenario, yet the
+    # training scenarios fall on both sides of it, so the threshold is a rule.
+    unique = scenario_literals(SCENARIOS)
+    requested = sorted(float(s.input["amount"]) for s in SCENARIOS if s.split == "train")
+    middle = next(a for a in unique.amounts if a in requested[3:-3])
+    doc = v1([{"guard": f"facts.requested > {middle:g}", "target": "escalate"}])
+    results = run_gates(doc, context())
+    overfit = next(r for r in results if r.name == "overfit")
+    assert overfit.ok and "supported from both sides" in overfit.detail and f"{middle:g}" in overfit.detail
+    # The same amount as an equality singles its scenario out: it holds in one scenario only.
+    name, detail = failing(v1([{"guard": f"facts.requested == {middle:g}", "target": "escalate"}]))
+    assert name == "overfit" and "holds in 1 training scenario(s)" in detail
+
+
+def test_overfit_refuses_a_word_only_one_scenario_says() -> None:
+    def word_in(count: int) -> str:
+        texts = [s.input["ticket"].lower() for s in SCENARIOS]
+        for word in sorted({w for t in texts for w in re.findall(r"[a-z]{5,11}", t)}):
+            if sum(bool(re.search(rf"\b{word}\b", t)) for t in texts) == count:
+                return word
+        raise AssertionError(f"no word in exactly {count} scenarios")
+
+    lonely, shared = word_in(1), word_in(3)
+    pattern = "facts.ticket.matches('(?i)\\\\b{}\\\\b')"
+    name, detail = failing(v1([{"guard": pattern.format(lonely), "target": "escalate"}]))
+    assert name == "overfit" and "is text from scenario" in detail and lonely in detail
+    assert passed(run_gates(v1([{"guard": pattern.format(shared), "target": "escalate"}]), context()))
+
+
+REFUND_OUT = {"type": "'REFUND'", "amount": "facts.order.refundable"}
+OLD_ORDERS = "facts.order.deliveredDaysAgo > 30 && {'type': 'CLOSE'} in input.options"
+
+
+def decision(scenario: str, days: int, refunds: int) -> dict[str, Any]:
+    facts = {
+        "ticket": "please refund",
+        "requested": 20,
+        "order": {"total": 20, "refunded": 0, "refundable": 20, "deliveredDaysAgo": days},
+        "customer": {"refundsLast90d": refunds, "accountAgeDays": 400},
+    }
+    options = [{"type": "REFUND", "amount": 20}, {"type": "CLOSE"}, {"type": "ESCALATE"}]
+    return {"scenario": scenario, "name": "chooseResolution", "facts": facts, "options": options}
+
+
+# Old orders and frequent refunders are each in the training data, never together.
+DECISIONS = [decision("a", 10, 0), decision("b", 45, 0), decision("c", 12, 4), decision("d", 50, 0)]
+
+
+def test_interactions_refuse_a_new_branch_that_overrides_another_where_no_case_shows_both() -> None:
+    close = {"type": "final", "output": {"type": "'CLOSE'"}}
+    baseline = v1([{"guard": OLD_ORDERS, "target": "close"}], close=close)
+    new = {"guard": "facts.customer.refundsLast90d >= 3 && " + offered_refund(), "target": "refund"}
+    doc = v1(
+        [new, {"guard": OLD_ORDERS, "target": "close"}],
+        close=close,
+        refund={"type": "final", "output": REFUND_OUT},
+    )
+    ctx = context(baseline=parse_machine(baseline), decisions=DECISIONS)
+    name, detail = failing(doc, ctx)
+    assert name == "interactions"
+    assert "branch 0" in detail and "branch 1" in detail and "facts.order.deliveredDaysAgo = 31" in detail
+    assert "Place the new branch after branch 1" in detail
+    # After the old branch, it changes nothing the old one answers.
+    after = v1(
+        [{"guard": OLD_ORDERS, "target": "close"}, new],
+        close=close,
+        refund={"type": "final", "output": REFUND_OUT},
+    )
+    assert passed(run_gates(after, context(baseline=parse_machine(baseline), decisions=DECISIONS)))
+    # A training decision that combines both conditions covers the case.
+    covered = [*DECISIONS, decision("e", 40, 5)]
+    assert passed(run_gates(doc, context(baseline=parse_machine(baseline), decisions=covered)))
+    # An answer the environment ranks safer (escalated above closed) settles it.
+    safer = {"guard": "facts.customer.refundsLast90d >= 3", "target": "escalate"}
+    first = v1([safer, {"guard": OLD_ORDERS, "target": "close"}], close=close)
+    assert passed(run_gates(first, context(baseline=parse_machine(baseline), decisions=DECISIONS)))
+
+
+def offered_refund() -> str:
+    return "{'type': 'REFUND', 'amount': facts.order.refundable} in input.options"

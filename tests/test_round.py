@@ -18,14 +18,17 @@ from typer.testing import CliRunner
 
 from improve.cli.main import app
 from improve.demo import commit_workspace
-from improve.evals.outcome import OutcomeRow
+from improve.evals.outcome import OutcomeRow, outcome_row
 from improve.evals.workspace import Workspace
 from improve.loop import RoundOptions, next_version, run_round
+from improve.loop.branches import insert_branch
 from improve.loop.diagnose import KINDS, diagnose
-from improve.loop.gates import GateResult
+from improve.loop.gates import GATE_NAMES, GateResult
 from improve.loop.proposers import Proposal, ProposalError, ProposalRequest
-from improve.loop.proposers.rules import add_branch, mine
+from improve.loop.proposers.rules import mine
 from tests.conftest import REPO, copy_workspace
+
+DESKS = ("refunds", "code-agent", "tool-loop")
 
 
 def row(
@@ -133,19 +136,28 @@ def test_the_miner_finds_a_planted_rule() -> None:
     rules = mine(PLANTED, TYPES, constants=[30.0])
     assert rules, "no rule mined"
     best = rules[0]
-    assert (best.action.describe(), best.guard, best.fixes) == ("CLOSE", "facts.days > 30", 4)
-    doc = add_branch(json.loads((REPO / "policies" / "refunds" / "v0.json").read_text()), best, "1")
+    assert (best.action.describe(), best.condition, best.fixes) == ("CLOSE", "facts.days > 30", 4)
+    assert best.guard == "facts.days > 30 && {'type': 'CLOSE'} in input.options"
+    policy = json.loads((REPO / "policies" / "refunds" / "v0.json").read_text())
+    doc = insert_branch(
+        policy, best.guard, best.action.cel(), 0, version="1", name="answer_close", description="d"
+    )
     assert doc["initial"] == "route" and doc["version"] == "1"
-    assert doc["states"]["route"]["choice"][0] == {"guard": "facts.days > 30", "target": "answer_close"}
+    assert doc["states"]["route"]["choice"][0] == {"guard": best.guard, "target": "answer_close"}
     assert doc["states"]["answer_close"]["output"] == {"type": "'CLOSE'"}
 
 
-def test_the_miner_never_uses_a_scenario_literal_as_threshold() -> None:
-    forbidden = [30.0, 31.0]  # as if both appeared in one scenario only (and 30 were not a rule constant)
-    for rule in mine(PLANTED, TYPES, forbidden=forbidden):
-        assert "30" not in rule.guard and "31" not in rule.guard
-    # ... and refuses when nothing separates the cases without one.
-    assert mine(PLANTED[:1] + PLANTED[4:5], TYPES, forbidden=[1.0, 31.0, 0.0]) == []
+def test_a_threshold_needs_two_scenarios_on_each_side() -> None:
+    # 30 is no constant of the environment here: `days > 30` is supported (4 scenarios above, 4 at or
+    # below), a threshold with one scenario on a side is not.
+    for rule in mine(PLANTED, TYPES):
+        for atom in rule.atoms:
+            if atom.threshold is not None:
+                below = {e["scenario"] for e in PLANTED if e["facts"]["days"] <= atom.threshold}
+                above = {e["scenario"] for e in PLANTED if e["facts"]["days"] > atom.threshold}
+                assert min(len(below), len(above)) >= 2, rule.guard
+    # ... and nothing is mined when only one scenario lies on a side of every separating threshold.
+    assert mine(PLANTED[:1] + PLANTED[4:6], TYPES) == []
 
 
 # --- full rounds on the refund desk -----------------------------------------------------------------------
@@ -169,10 +181,10 @@ def test_a_full_round_recommends_and_leaves_a_branch_without_a_token(
     space = scratch(tmp_path)
     result = run_round(space, RoundOptions(policy="v0", k=2))
     assert result.status == "recommended", result.decision_detail
-    assert result.candidate_version == "v1" and result.cluster and result.cluster.startswith("wrong-terminal")
+    assert result.candidate_version == "v1" and result.cluster and result.cluster.startswith("wrong-answer:")
     held = result.scores["held-out"]
     assert held["after"] > held["before"] and held["violations_after"] == 0
-    assert [g["name"] for g in result.gates][-1] == "overfit" and all(g["ok"] for g in result.gates)
+    assert [g["name"] for g in result.gates][-1] == "interactions" and all(g["ok"] for g in result.gates)
     repo = git.Repo(tmp_path)
     branch = "improve/refunds-v1"
     assert branch in [h.name for h in repo.heads]
@@ -379,7 +391,7 @@ def test_a_proposer_registered_in_the_workspace_is_used_by_name(tmp_path: Path) 
     (outcome,) = json.loads(result.stdout)["rounds"]
     assert outcome["proposer"] == "escalate-all" and outcome["status"] == "discarded"
     assert outcome["rationale"] == "a person takes every refunds ticket"
-    assert [g["ok"] for g in outcome["gates"]] == [True] * 7
+    assert [g["ok"] for g in outcome["gates"]] == [True] * len(GATE_NAMES)
     unknown = CliRunner().invoke(app, [*args, "--proposer", "nobody"])
     assert (
         unknown.exit_code == 2
@@ -458,6 +470,170 @@ def test_the_miner_learns_a_keyword_from_text_facts_but_not_a_stopword() -> None
     ]
     types = {"facts.reason": "string", "facts.amount": "number"}
     best = mine(examples, types)[0]
-    assert best.guard == 'facts.reason.contains("chargeback")' and best.action.describe() == "REFUSE"
+    assert best.condition == "facts.reason.matches('(?i)\\\\bchargeback\\\\b')"
+    assert best.action.describe() == "REFUSE"
     # A word in one failing scenario only is that scenario's literal, not a rule.
     assert all("chargeback" not in r.guard for r in mine(examples[:1] + examples[2:], types))
+
+
+def triage_case(
+    scenario: str, facts: dict[str, Any], answered: str, right: str, in_cluster: bool
+) -> dict[str, Any]:
+    queues = ("billing", "technical", "security")
+    return {
+        "thread_id": f"train:v0:{scenario}:r1",
+        "scenario": scenario,
+        "name": "triage",
+        "facts": facts,
+        "options": [{"type": "ROUTE", "queue": q} for q in queues] + [{"type": "CLOSE"}],
+        "answered": {"type": "ROUTE", "queue": answered} if answered != "CLOSE" else {"type": "CLOSE"},
+        "correct": [{"type": "ROUTE", "queue": right} if right != "CLOSE" else {"type": "CLOSE"}],
+        "passed": not in_cluster,
+        "in_cluster": in_cluster,
+    }
+
+
+TRIAGE_TYPES = {
+    "facts.plan": ("free", "pro", "enterprise"),
+    "facts.internal": "bool",
+    "facts.body": "string",
+    "facts.score": "int",
+}
+
+
+def ticket(body: str, plan: str = "free", internal: bool = False, score: int = 0) -> dict[str, Any]:
+    return {"body": body, "plan": plan, "internal": internal, "score": score}
+
+
+def test_the_miner_answers_an_enumerated_value_over_text_with_a_negated_flag() -> None:
+    # Security words route to security unless the ticket is an internal test: the answer is an
+    # enumerated payload value, the condition a case-insensitive word and a negated boolean.
+    examples = [
+        triage_case("s1", ticket("My PASSWORD was reset by someone"), "technical", "security", True),
+        triage_case("s2", ticket("password leaked on a forum", plan="pro"), "billing", "security", True),
+        triage_case("s3", ticket("Strange password prompt again"), "technical", "security", True),
+        triage_case("t1", ticket("password reset drill", internal=True), "technical", "technical", False),
+        triage_case("t2", ticket("internal password test", internal=True), "technical", "technical", False),
+        triage_case("b1", ticket("invoice is wrong"), "billing", "billing", False),
+        triage_case("b2", ticket("charged twice this month"), "billing", "billing", False),
+    ]
+    best = mine(examples, TRIAGE_TYPES)[0]
+    assert best.action.describe() == 'ROUTE{queue: "security"}'
+    assert best.guard == (
+        "facts.body.matches('(?i)\\\\bpassword\\\\b') && facts.internal == false && "
+        "{'type': 'ROUTE', 'queue': 'security'} in input.options"
+    )
+    assert best.fixes == 3
+
+
+def test_the_miner_joins_alternatives_and_tests_membership_in_an_enumerated_set() -> None:
+    # Paying customers' tickets go to technical from either plan; the free plan's stay with billing.
+    examples = [
+        triage_case("p1", ticket("app crashes", plan="pro"), "billing", "technical", True),
+        triage_case("p2", ticket("sync broken", plan="pro"), "billing", "technical", True),
+        triage_case("e1", ticket("api errors", plan="enterprise"), "billing", "technical", True),
+        triage_case("e2", ticket("slow exports", plan="enterprise"), "billing", "technical", True),
+        triage_case("f1", ticket("app crashes"), "billing", "billing", False),
+        triage_case("f2", ticket("sync broken"), "billing", "billing", False),
+        triage_case("f3", ticket("refund please"), "billing", "billing", False),
+    ]
+    best = mine(examples, TRIAGE_TYPES)[0]
+    assert best.action.describe() == 'ROUTE{queue: "technical"}' and best.fixes == 4
+    assert best.condition in ("facts.plan in ['pro', 'enterprise']", "facts.plan != 'free'")
+    # Two separate causes of the same wrong answer become alternatives of one rule.
+    spam = [
+        triage_case("x1", ticket("WIN a prize now", score=9), "billing", "CLOSE", True),
+        triage_case("x2", ticket("cheap pills", score=8), "technical", "CLOSE", True),
+        triage_case("y1", ticket("unsubscribe me from this list"), "billing", "CLOSE", True),
+        triage_case("y2", ticket("please unsubscribe"), "technical", "CLOSE", True),
+        triage_case("z1", ticket("invoice wrong", score=1), "billing", "billing", False),
+        triage_case("z2", ticket("app crashes", score=2), "technical", "technical", False),
+        triage_case("z3", ticket("login broken"), "technical", "technical", False),
+    ]
+    best = mine(spam, TRIAGE_TYPES)[0]
+    assert best.action.describe() == "CLOSE" and best.fixes == 4 and " || " in best.condition, best.condition
+
+
+def test_a_discarded_rule_is_not_proposed_again() -> None:
+    first = mine(PLANTED, TYPES, constants=[30.0])[0]
+    again = mine(PLANTED, TYPES, constants=[30.0], discarded=[(first.guard, first.action.describe())])
+    assert all(r.guard != first.guard for r in again)
+
+
+def test_a_safer_branch_goes_before_a_less_safe_one_it_may_overlap() -> None:
+    from improve.loop.branches import Branch
+    from improve.loop.proposers.rules import place
+
+    rule = mine(PLANTED, TYPES, constants=[30.0])[0]  # CLOSE
+    refund = Branch(0, "facts.refunds < 1", "pay", {"type": "'REFUND'"})
+    escalate = Branch(0, "facts.refunds > 5", "esc", {"type": "'ESCALATE'"})
+    ranks = {"CLOSE": 3, "REFUND": 1, "ESCALATE": 4}
+    # Closing ranks safer than refunding: before the refund branch; less safe than escalating: after it.
+    assert place(rule, [refund], PLANTED, ranks).position == 0
+    assert place(rule, [escalate], PLANTED, ranks).position == 1
+
+
+def test_failures_needing_different_answers_are_different_clusters() -> None:
+    rows = [row(s, False, final="routed", expected="routed") for s in "ab"]
+    examples = [
+        triage_case("a", ticket("password"), "billing", "security", True),
+        triage_case("b", ticket("crash"), "billing", "technical", True),
+    ]
+    diagnosis = diagnose(rows, "v0", examples=examples)
+    answers = sorted(c.id for c in diagnosis.clusters if c.kind == "wrong-answer")
+    assert answers == [
+        "wrong-answer:triage:ROUTE{queue=billing}->ROUTE{queue=security}",
+        "wrong-answer:triage:ROUTE{queue=billing}->ROUTE{queue=technical}",
+    ]
+
+
+# --- rounds that generalize (every bundled desk) -----------------------------------------------------------
+
+
+def careful_pass_rate(env_name: str, policy_path: Path, scenarios: list[Any], k: int = 2) -> float:
+    """The policy's pass rate with the `careful` stand-in: the model people trust, so a policy that
+    scores lower with it overrides right decisions."""
+    from improve.evals import run_scenario
+    from improve.log import MemoryStore
+    from improve.runtime import load_environment
+    from improve.runtime.policy import PolicyDecider, compile_policy, load_policy
+
+    env = load_environment(env_name)
+    compiled = compile_policy(load_policy(policy_path), env.judgments, env.policy_guards)
+    total = 0.0
+    for sc in scenarios:
+        passes = 0
+        for i in range(k):
+            store, thread = MemoryStore(), f"{sc.split}:careful:{sc.id}:r{i}"
+            decider = PolicyDecider(
+                compiled, {"decider": env.models["careful"](f"{sc.id}:r{i}")}, env.judgments
+            )
+            run_scenario(env, sc, decider, store, thread)
+            passes += outcome_row(env, sc, thread, store.read(thread)).passed
+        total += passes / k
+    return total / len(scenarios)
+
+
+@pytest.mark.parametrize("env_name", DESKS)
+def test_demo_rounds_promote_and_the_final_policy_keeps_what_careful_gets_right(
+    env_name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from improve.demo import run_demo
+    from improve.evals.scenarios import load_scenarios
+
+    for name in ("GITHUB_TOKEN", "GH_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    summary = run_demo(tmp_path / "demo", rounds=6, k=3, say=lambda m: None, env=env_name)
+    promoted = [r for r in summary.rounds if r.status == "recommended"]
+    assert promoted, [(r.status, r.decision_detail) for r in summary.rounds]
+    for r in summary.rounds:
+        for split in ("train", "held-out"):
+            assert r.scores.get(split, {}).get("violations_after", 0) == 0, (r.round_id, split)
+    root = summary.workspace
+    scenarios = load_scenarios(root / "scenarios" / f"{env_name}.yaml").scenarios
+    policies = root / "policies" / env_name
+    for split in sorted({s.split for s in scenarios}):
+        chosen = [s for s in scenarios if s.split == split]
+        before = careful_pass_rate(env_name, policies / "v0.json", chosen)
+        after = careful_pass_rate(env_name, policies / f"{summary.final_version}.json", chosen)
+        assert after >= before, (split, summary.final_version, before, after)

@@ -753,7 +753,8 @@ def test_a_round_promotes_reporting_os_errors_at_once(tmp_path: Path, no_token: 
     space = scratch(tmp_path)
     result = run_round(space, RoundOptions(env="tool-loop", policy="v0", k=2, model="naive"))
     assert result.status == "recommended", result.decision_detail
-    assert result.cluster == "wrong-terminal:done->error"
+    assert result.cluster is not None and result.cluster.startswith("wrong-answer:nextStep:CALL_TOOLS")
+    assert result.cluster.endswith("->REPORT_BLOCKED")
     held, train = result.scores["held-out"], result.scores["train"]
     # naive fails the 8 blocked held-out scenarios of 20 (12/20 pass); the rule fixes all of them.
     assert (held["before"], held["after"], held["violations_after"]) == (0.6, 1.0, 0)
@@ -762,9 +763,9 @@ def test_a_round_promotes_reporting_os_errors_at_once(tmp_path: Path, no_token: 
     candidate = json.loads((tmp_path / str(result.report) / "policy.json").read_text())
     route = candidate["states"][candidate["initial"]]
     assert route["choice"][0]["guard"] in (
-        "facts.loop.errorTurns > 0",
-        "facts.loop.errorTurns >= 1",
-    )  # the same rule over ints
+        "facts.loop.errorTurns > 0 && {'type': 'REPORT_BLOCKED'} in input.options",
+        "facts.loop.errorTurns >= 1 && {'type': 'REPORT_BLOCKED'} in input.options",
+    )  # the same rule over ints, answering only when the option is offered
     assert candidate["states"][route["choice"][0]["target"]]["output"] == {"type": "'REPORT_BLOCKED'"}
     repo = git.Repo(tmp_path)
     changed = repo.git.diff("--name-only", "main", "improve/tool-loop-v1").split()

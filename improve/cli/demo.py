@@ -1,4 +1,4 @@
-"""`improve demo`: the refund desk improved round by round in a scratch workspace (what `make demo` runs)."""
+"""`improve demo`: a bundled desk improved round by round in a scratch workspace (what `make demo` runs)."""
 
 from __future__ import annotations
 
@@ -18,8 +18,16 @@ def demo_command(
     k: Annotated[int, typer.Option("--k", min=1, help="Runs per scenario.")] = 3,
     model: Annotated[str, ModelOption] = "naive",
     cache: Annotated[CacheMode, CacheOption] = CacheMode.record,
+    env: Annotated[
+        str,
+        typer.Option(
+            "--env",
+            "-e",
+            help="The desk to improve: refunds, code-agent, tool-loop, triage, or any registered environment.",
+        ),
+    ] = "refunds",
 ) -> None:
-    """Improve the bundled refund desk from v0, round by round, in a scratch git workspace.
+    """Improve a bundled desk from v0, round by round, in a scratch git workspace (refunds by default).
 
     Between rounds the demo plays the reviewer and merges the recommended branch (printed as the
     person's step); the tool itself never merges. The repo's own policies/ are not touched.
@@ -27,6 +35,8 @@ def demo_command(
     Example:
 
         improve demo --dir build/demo --rounds 6
+
+        improve demo --env tool-loop --dir build/demo-tool-loop
     """
     from improve.demo import run_demo
 
@@ -38,6 +48,7 @@ def demo_command(
             say=lambda m: err.print(m, markup=False),
             model=model,
             cache=cache.value,
+            env=env,
         )
         promoted = [r for r in summary.rounds if r.status == "recommended"]
         out.print("\nround summary:", markup=False)
@@ -55,6 +66,6 @@ def demo_command(
         )
         out.print(
             f"workspace: {summary.workspace} (git log --graph --oneline; reports/*/pr.md; "
-            "policies/refunds/CHANGELOG.md)",
+            f"policies/{env}/CHANGELOG.md)",
             markup=False,
         )

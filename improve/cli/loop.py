@@ -29,7 +29,7 @@ from improve.cli.common import (
 from improve.errors import WorkspaceError
 from improve.evals import Ledger, SuiteSpec, Workspace, policy_label, write_threads
 from improve.log import JsonlDirStore
-from improve.loop import RoundOptions, RoundResult, diagnose, diagnose_production, locate, run_rounds
+from improve.loop import RoundOptions, RoundResult, diagnose_production, diagnose_train, locate, run_rounds
 
 
 def round_command(
@@ -214,7 +214,14 @@ def diagnose_command(
                 say=lambda m: err.print(m, markup=False),
                 rewritten=[p.thread_id for p in plan if not p.reused],
             )
-        result = diagnose(recorded.rows, policy_label(inputs.policy))
+            result, _ = diagnose_train(
+                inputs.env,
+                inputs.scenarios,
+                recorded.rows,
+                ledger.store,
+                inputs.policy,
+                spec.model_factory(inputs.env),
+            )
         if as_json:
             emit_json(
                 result.to_json()

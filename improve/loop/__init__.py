@@ -6,6 +6,7 @@ the promotion rule, record the round, and open a pull request a person reviews.
 """
 
 from improve.loop.diagnose import Diagnosis, diagnose
+from improve.loop.evidence import diagnose_train
 from improve.loop.gates import (
     GATE_NAMES,
     GATES,
@@ -48,6 +49,7 @@ __all__ = [
     "Unparsed",
     "diagnose",
     "diagnose_production",
+    "diagnose_train",
     "gates_for",
     "locate",
     "next_version",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,8 @@ def entry_markdown(record: dict[str, Any]) -> str:
     diff = record.get("diff_summary")
     if diff:
         lines.append(f"- Diff: {diff}.")
+    for branch in record.get("branches") or []:
+        lines.append(f"- Branch added: `{branch['guard']}` -> `{branch['answer']}`")
     gates = record.get("gates") or []
     if gates:
         summary = ", ".join(f"{g['name']} {'pass' if g['ok'] else 'FAIL'}" for g in gates)
@@ -52,6 +55,32 @@ def entry_markdown(record: dict[str, Any]) -> str:
     if record.get("report"):
         lines.append(f"- Report: `{record['report']}`.")
     return "\n".join(lines) + "\n"
+
+
+_ENTRY = re.compile(
+    r"^## (?P<version>\S+) \((?P<decision>recommended|discarded)\) — round (?P<round>\S+)", re.M
+)
+_BASELINE = re.compile(r"^- Baseline: (?P<baseline>[^;]+);", re.M)
+_BRANCH = re.compile(r"^- Branch added: `(?P<guard>.+)` -> `(?P<answer>.+)`$", re.M)
+
+
+def discarded_branches(path: Path, baseline: str) -> list[dict[str, str]]:
+    """The branches of candidates discarded against `baseline` (a version label such as `v3`), from the
+    CHANGELOG's entries: what a round must not propose against that policy again."""
+    if not path.exists():
+        return []
+    text = path.read_text(encoding="utf-8")
+    starts = [m for m in _ENTRY.finditer(text)]
+    found: list[dict[str, str]] = []
+    for index, head in enumerate(starts):
+        end = starts[index + 1].start() if index + 1 < len(starts) else len(text)
+        body = text[head.end() : end]
+        base = _BASELINE.search(body)
+        if head["decision"] != "discarded" or base is None or base["baseline"].strip() != baseline:
+            continue
+        for branch in _BRANCH.finditer(body):
+            found.append({"guard": branch["guard"], "answer": branch["answer"], "round": head["round"]})
+    return found
 
 
 def append_entry(path: Path, env: str, record: dict[str, Any]) -> str:

@@ -4,21 +4,33 @@ Only the train split is read: a held-out failure must never shape a change. Clus
 
 1. `invariant-violation`: a run broke a rule the environment guarantees. A stop: the environment
    needs a person, no policy change may paper over it.
-2. `wrong-terminal`: the run ended in another final state than labelled (grouped by expected -> actual);
-3. `wrong-effect`: the right final state with the wrong effects;
-4. `guard-rejections`: answers the rules refused (a cost, and a risk even when the run passed);
-5. `loops-and-budget`: runs that ran out of model calls or retries, or did not finish;
-6. `cost-hotspot`: scenarios whose runs cost far more model calls than the median.
+2. `wrong-answer`: given the training decisions (evidence.py), failed runs grouped by the answer that
+   would have been right: a cluster is (decision, wrong answer, right answer), so failures that end in
+   the same wrong state but need different answers are different clusters. A run is in a cluster when
+   one of its decisions answered the wrong answer where the right one alone makes it pass;
+3. `wrong-terminal`: the other failed runs that ended in another final state than labelled (grouped by
+   expected -> actual);
+4. `wrong-effect`: the right final state with the wrong effects;
+5. `guard-rejections`: answers the rules refused (a cost, and a risk even when the run passed);
+6. `loops-and-budget`: runs that ran out of model calls or retries, or did not finish;
+7. `cost-hotspot`: scenarios whose runs cost far more model calls than the median.
 
-The chosen cluster is the one with the largest effect on the objective: the train pass rate it holds
-back (failing runs / all runs); clusters that cost only money are chosen when nothing fails.
+Answers are keyed by their event and payload: an enumerated value as itself (`ROUTE{queue=billing}`), a
+number by the fact it equals (`REFUND{amount=facts.order.refundable}`).
+
+The chosen cluster is the failure cluster (kinds 2 to 4) with the largest effect on the objective: the
+train pass rate it holds back (failing runs / all runs); the others cost retries and model calls, and
+are chosen, by cost, when no failure cluster is left.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 import statistics
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -26,12 +38,16 @@ from improve.evals import OutcomeRow
 
 KINDS = (
     "invariant-violation",
+    "wrong-answer",
     "wrong-terminal",
     "wrong-effect",
     "guard-rejections",
     "loops-and-budget",
     "cost-hotspot",
 )
+
+FAILURE_KINDS = frozenset({"wrong-answer", "wrong-terminal", "wrong-effect"})
+"""The kinds whose runs failed because of what they answered; the others cost retries and model calls."""
 
 
 @dataclass(frozen=True)
@@ -46,6 +62,8 @@ class Cluster:
     """The train pass rate this cluster holds back (its failing runs over all train runs)."""
     cost: float = 0.0
     """Model calls per run above the median, for cost clusters."""
+    answer: dict[str, str] | None = None
+    """For `wrong-answer`: the `decision`, the `wrong` answer and the `right` one (answer keys)."""
 
     @property
     def id(self) -> str:
@@ -107,8 +125,116 @@ def _cluster(
     )
 
 
-def diagnose(rows: Sequence[OutcomeRow], policy_version: str, skip: Sequence[str] = ()) -> Diagnosis:
-    """Cluster the train failures of `policy_version`; `skip` lists cluster ids already tried."""
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _fact_equal_to(facts: Any, value: Any, prefix: str = "facts") -> str | None:
+    """The first fact path (in sorted order) whose number equals `value`."""
+    if isinstance(facts, dict):
+        for key in sorted(facts):
+            found = _fact_equal_to(facts[key], value, f"{prefix}.{key}")
+            if found is not None:
+                return found
+        return None
+    return prefix if _is_number(facts) and float(facts) == float(value) else None
+
+
+def answer_key(option: Mapping[str, Any] | None, facts: Mapping[str, Any]) -> str:
+    """An answer as a cluster names it: enumerated payload values as themselves, numbers by the fact
+    they equal (`#` when none does); `(none)` when no answer landed."""
+    if not option:
+        return "(none)"
+    fields = []
+    for name in sorted(k for k in option if k != "type"):
+        value = option[name]
+        fields.append(f"{name}={_shown(value, facts)}")
+    return f"{option.get('type')}{{{', '.join(fields)}}}" if fields else str(option.get("type"))
+
+
+def _shown(value: Any, facts: Mapping[str, Any]) -> str:
+    if _is_number(value):
+        return _fact_equal_to(facts, value) or "#"
+    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+    if isinstance(value, str) and len(text) <= 32:
+        return text
+    # Structured or long payloads (tool calls, free text) would make unreadable ids; a digest keeps
+    # two different ones apart.
+    return f"<{hashlib.sha1(text.encode()).hexdigest()[:8]}>"
+
+
+def fix_points(example: Mapping[str, Any]) -> list[str]:
+    """The right answers (keys) of a training decision whose answer was wrong; empty when it was right,
+    or when no single answer makes its run pass."""
+    correct = example.get("correct") or []
+    answered = example.get("answered")
+    facts = example.get("facts") or {}
+    if example.get("passed") or not correct:
+        return []
+    wrong = answer_key(answered, facts)
+    rights = sorted({answer_key(c, facts) for c in correct})
+    return [] if wrong in rights else rights
+
+
+def in_cluster(example: Mapping[str, Any], cluster: Mapping[str, Any]) -> bool:
+    """The training decision is one the cluster is about (for `wrong-answer`, one that answered its wrong
+    answer where its right one alone makes the run pass; otherwise any decision of its runs)."""
+    if example.get("thread_id") not in set(cluster.get("threads") or []):
+        return False
+    answer = cluster.get("answer")
+    if not answer:
+        return True
+    return (
+        example.get("name") == answer["decision"]
+        and answer_key(example.get("answered"), example.get("facts") or {}) == answer["wrong"]
+        and answer["right"] in fix_points(example)
+    )
+
+
+def _answer_clusters(
+    failing: Sequence[OutcomeRow], examples: Sequence[Mapping[str, Any]], total: int
+) -> tuple[list[Cluster], set[str]]:
+    """`wrong-answer` clusters, greedily: the (decision, wrong, right) that covers most failed runs first."""
+    by_thread = {r.thread_id: r for r in failing}
+    points: dict[tuple[str, str, str], set[str]] = defaultdict(set)
+    for e in examples:
+        thread = str(e.get("thread_id"))
+        if thread not in by_thread:
+            continue
+        wrong = answer_key(e.get("answered"), e.get("facts") or {})
+        for right in fix_points(e):
+            points[(str(e.get("name", "")), wrong, right)].add(thread)
+    clusters: list[Cluster] = []
+    covered: set[str] = set()
+    while points:
+        key = max(points, key=lambda k: (len(points[k] - covered), k))
+        threads = points.pop(key) - covered
+        if not threads:
+            break
+        covered |= threads
+        decision, wrong, right = key
+        members = [by_thread[t] for t in sorted(threads)]
+        cluster = _cluster(
+            "wrong-answer",
+            f"{decision}:{wrong}->{right}",
+            f"{len(members)} run(s) answered {wrong} at '{decision}' where the labels imply {right}",
+            members,
+            total,
+        )
+        clusters.append(
+            dataclasses.replace(cluster, answer={"decision": decision, "wrong": wrong, "right": right})
+        )
+    return clusters, covered
+
+
+def diagnose(
+    rows: Sequence[OutcomeRow],
+    policy_version: str,
+    skip: Sequence[str] = (),
+    examples: Sequence[Mapping[str, Any]] | None = None,
+) -> Diagnosis:
+    """Cluster the train failures of `policy_version`; `skip` lists cluster ids already tried. With the
+    training decisions (`examples`, evidence.py), failures are clustered by the answer that was right."""
     train = [r for r in rows if r.split == "train" and r.policy_version == policy_version]
     total = len(train)
     clusters: list[Cluster] = []
@@ -126,9 +252,14 @@ def diagnose(rows: Sequence[OutcomeRow], policy_version: str, skip: Sequence[str
             )
         )
 
+    failing = [r for r in train if not r.passed and not r.violations]
+    by_answer: set[str] = set()
+    if examples is not None:
+        answer_clusters, by_answer = _answer_clusters(failing, examples, total)
+        clusters += answer_clusters
     groups: dict[tuple[str, str], list[OutcomeRow]] = defaultdict(list)
-    for r in train:
-        if r.passed or r.violations:
+    for r in failing:
+        if r.thread_id in by_answer:
             continue
         if r.final_state != r.expected_outcome:
             groups[("wrong-terminal", f"{r.expected_outcome}->{r.final_state}")].append(r)
@@ -201,8 +332,12 @@ def diagnose(rows: Sequence[OutcomeRow], policy_version: str, skip: Sequence[str
     candidates = [c for c in clusters if c.id not in skip]
     if not candidates:
         return diagnosis
-    failing = [c for c in candidates if c.effect > 0]
-    chosen = max(failing, key=lambda c: c.effect) if failing else max(candidates, key=lambda c: c.cost)
+    # A cost cluster's runs may fail too, but what holds them back is counted where they end: a failure
+    # cluster is chosen while one is left, however many runs a cost cluster spans.
+    holding_back = [c for c in candidates if c.kind in FAILURE_KINDS and c.effect > 0]
+    chosen = (
+        max(holding_back, key=lambda c: c.effect) if holding_back else max(candidates, key=lambda c: c.cost)
+    )
     diagnosis.chosen = chosen
     diagnosis.hypothesis = _hypothesis(chosen, train)
     return diagnosis
@@ -212,7 +347,17 @@ def _hypothesis(cluster: Cluster, train: Sequence[OutcomeRow]) -> Hypothesis:
     members = [r for r in train if r.thread_id in set(cluster.threads)]
     scenarios = len(cluster.scenarios)
     evidence = cluster.threads[:12]
-    if cluster.kind == "wrong-terminal":
+    if cluster.kind == "wrong-answer" and cluster.answer:
+        a = cluster.answer
+        cause = (
+            f"at decision '{a['decision']}' the decider answered {a['wrong']} in {len(members)} training run(s) of "
+            f"{scenarios} scenario(s) ({', '.join(cluster.categories)}), where answering {a['right']} alone makes "
+            "them pass (counterfactual runs against each scenario's world)"
+        )
+        change = (
+            f"one choice branch that answers {a['right']} at '{a['decision']}' when the facts show this case"
+        )
+    elif cluster.kind == "wrong-terminal":
         expected, actual = cluster.key.split("->")
         cause = (
             f"the decider's answers lead to '{actual}' in {len(members)} training run(s) of {scenarios} scenario(s) "

@@ -15,8 +15,9 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from improve.evals import OutcomeRow, Scenario, outcome_row, run_scenario
+from improve.evals import OutcomeRow, Scenario, outcome_row, policy_label, run_scenario
 from improve.log import MemoryStore, Store, ThreadId
+from improve.loop.diagnose import Diagnosis, diagnose
 from improve.loop.probes import requests_in
 from improve.machine import MODEL_DECIDE, MachineConfig, canonical_json, initial
 from improve.runtime import (
@@ -141,3 +142,23 @@ def _correct_options(
         if outcome_row(env, scenario, thread, store.read(thread)).passed:
             good.append(dict(option))
     return good
+
+
+def diagnose_train(
+    env: Environment,
+    scenarios: Sequence[Scenario],
+    rows: Sequence[OutcomeRow],
+    store: Store,
+    policy: MachineConfig,
+    models: ModelFactory,
+    skip: Sequence[str] = (),
+) -> tuple[Diagnosis, list[dict[str, Any]]]:
+    """The diagnosis of the training rows and the training decisions it was made from: when a training
+    run failed, every training decision with the answers its labels imply were right, so failures are
+    clustered by the answer that would have fixed them (empty when nothing failed)."""
+    label = policy_label(policy)
+    train = [r for r in rows if r.split == "train"]
+    if all(r.passed for r in train):
+        return diagnose(rows, label, skip=skip), []
+    examples = [e.to_json() for e in decision_examples(env, scenarios, train, store, policy, models)]
+    return diagnose(rows, label, skip=skip, examples=examples), examples

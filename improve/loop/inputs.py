@@ -74,6 +74,9 @@ class RoundResult:
     """Threads set aside because their replay does not verify: each thread id and the reason."""
     model_info: dict[str, Any] | None = None
     """The model the runs used (provider, model, temperature, seed, fingerprints) and its calls."""
+    branches: list[dict[str, str]] = field(default_factory=list)
+    """The branches the candidate adds (`guard`, `answer`): the CHANGELOG records them, so a branch
+    discarded against a policy is not proposed against it again."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

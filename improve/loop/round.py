@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from typing import Any
 
+from improve.errors import ImproveError
 from improve.evals import (
     Ledger,
     OutcomeRow,
@@ -32,9 +33,10 @@ from improve.evals import (
     write_threads,
 )
 from improve.llm import Meter, ModelSpec
-from improve.log import JsonlDirStore
-from improve.loop.diagnose import Diagnosis, diagnose
-from improve.loop.evidence import decision_examples
+from improve.loop.branches import added
+from improve.loop.changelog import discarded_branches
+from improve.loop.diagnose import Diagnosis, in_cluster
+from improve.loop.evidence import diagnose_train
 from improve.loop.gates import (
     EnvironmentGate,
     GateContext,
@@ -63,7 +65,7 @@ from improve.loop.proposers import (
     make_proposer,
 )
 from improve.loop.record import record
-from improve.machine import diff_states, parse_machine
+from improve.machine import MachineConfig, diff_states, parse_machine
 from improve.runtime import ChatSession, Environment, ModelFactory, vocabulary
 
 MAX_REPAIRS = 3
@@ -152,7 +154,9 @@ def _run_round(space: Workspace, opts: RoundOptions, say: Say, inputs: Inputs, l
         return result
 
     say("diagnose: train failures only")
-    diagnosis = diagnose(base_rows, baseline_label, skip=opts.skip)
+    diagnosis, examples = diagnose_train(
+        env, inputs.scenarios, base_rows, store, inputs.policy, models, skip=opts.skip
+    )
     if diagnosis.blocked:
         result.status, result.decision_detail = "blocked", diagnosis.blocked
         return result
@@ -165,7 +169,7 @@ def _run_round(space: Workspace, opts: RoundOptions, say: Say, inputs: Inputs, l
     result.hypothesis = asdict(diagnosis.hypothesis)
     say(f"cluster: {diagnosis.chosen.title} -> {diagnosis.hypothesis.change}")
 
-    request = _request(inputs, diagnosis, base_rows, base_cards["train"], store, models, version, k)
+    request = _request(inputs, diagnosis, examples, base_cards["train"], version, k, baseline_label)
     proposer = _proposer(opts, inputs)
     context = GateContext(
         env,
@@ -173,8 +177,11 @@ def _run_round(space: Workspace, opts: RoundOptions, say: Say, inputs: Inputs, l
         probes=probe_requests(env, train, store),
         scenarios=inputs.scenarios,
         gates=gates_for(space),
+        baseline=inputs.policy,
+        decisions=request.examples,
     )
     proposal, gates, repairs, calls = _propose_and_gate(proposer, request, context, say)
+    result.branches = _branches_added(inputs.policy, proposal)
     result.gates = [g.to_json() for g in gates]
     result.repairs = repairs
     result.model_calls = calls
@@ -294,18 +301,14 @@ def _suite(
 def _request(
     inputs: Inputs,
     diagnosis: Diagnosis,
-    rows: list[OutcomeRow],
+    examples: list[dict[str, Any]],
     train_card: Scorecard,
-    store: JsonlDirStore,
-    models: ModelFactory,
     version: str,
     k: int,
+    baseline_label: str,
 ) -> ProposalRequest:
     assert diagnosis.chosen is not None
-    in_cluster = set(diagnosis.chosen.threads)
-    examples = decision_examples(
-        inputs.env, inputs.scenarios, [r for r in rows if r.split == "train"], store, inputs.policy, models
-    )
+    chosen = asdict(diagnosis.chosen)
     return ProposalRequest(
         environment=inputs.env_name,
         goal=inputs.env.config.description,
@@ -320,7 +323,38 @@ def _request(
             "goal": inputs.policy.description,
         },
         diagnosis=diagnosis.to_json(),
-        examples=[e.to_json() | {"in_cluster": e.thread_id in in_cluster} for e in examples],
+        examples=[e | {"in_cluster": in_cluster(e, chosen)} for e in examples],
+        discarded=discarded_branches(inputs.changelog, baseline_label),
+    )
+
+
+def _branches_added(baseline: MachineConfig, proposal: Proposal | None) -> list[dict[str, str]]:
+    """The branches the proposal adds to the baseline (none when it is not a readable policy)."""
+    if proposal is None or not isinstance(proposal.document, dict):
+        return []
+    try:
+        candidate = parse_machine(proposal.document, source="candidate")
+    except ImproveError:
+        return []
+    return [{"guard": b.guard or "", "answer": b.answer()} for b in added(baseline, candidate)]
+
+
+def _novelty(request: ProposalRequest, proposal: Proposal) -> GateResult | None:
+    """A failing result when every branch the proposal adds was already discarded against this policy."""
+    if not request.discarded:
+        return None
+    new = _branches_added(request.policy, proposal)
+    seen = {(d["guard"], d["answer"]): d["round"] for d in request.discarded}
+    if not new or any((b["guard"], b["answer"]) not in seen for b in new):
+        return None
+    rounds = sorted({seen[(b["guard"], b["answer"])] for b in new})
+    return GateResult(
+        "novelty",
+        False,
+        f"this change was already discarded against {request.policy.id}@{request.policy.version} (round(s) "
+        f"{', '.join(rounds)}, see the CHANGELOG): "
+        + "; ".join(f"`{b['guard']}` -> {b['answer']}" for b in new)
+        + ". Propose another condition or another answer",
     )
 
 
@@ -338,7 +372,12 @@ def _propose_and_gate(
         document = (
             proposal.document if proposal.document is not None else Unparsed("the proposer returned nothing")
         )
-        gates = run_gates(document, context, source=f"candidate v{request.new_version}")
+        repeated = _novelty(request, proposal)
+        gates = (
+            [repeated]
+            if repeated
+            else run_gates(document, context, source=f"candidate v{request.new_version}")
+        )
         if passed(gates):
             say(f"gates: all {len(gates)} pass" + (f" after {repairs} repair(s)" if repairs else ""))
             return proposal, gates, repairs, calls

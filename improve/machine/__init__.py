@@ -35,6 +35,7 @@ from improve.machine.expr import (
     referenced_paths,
     tokenize,
 )
+from improve.machine.formula import Formula, parse_formula
 from improve.machine.interpreter import (
     DONE_EVENT,
     ERROR_EVENT,
@@ -70,6 +71,7 @@ __all__ = [
     "ExploreResult",
     "Expr",
     "Expression",
+    "Formula",
     "GuardFn",
     "Invocation",
     "InvokeConfig",
@@ -101,6 +103,7 @@ __all__ = [
     "initial",
     "lint",
     "literals",
+    "parse_formula",
     "parse_machine",
     "referenced_paths",
     "refusing_guard",

@@ -8,7 +8,10 @@
 5. `lint`: no lint error;
 6. `explore`: for each probe request (recorded decisions of training scenarios), every final output is
    one of the options offered, on every path, including when the model call fails;
-7. `overfit`: no literal of the scenarios (ids, ticket text, amounts found in only one scenario);
+7. `overfit`: no literal that singles out a scenario (its ids, its ticket text, an amount or a word
+   found in it alone), unless training scenarios on both sides of the condition support it;
+8. `interactions`: a new branch does not override another branch in a combination of their
+   conditions that no training decision covers, unless the safety order ranks its answer safer;
 
 then the extension gates, by name: those installed packages register (entry points `improve.gates`)
 and, through `gates_for(workspace)`, the workspace's own (`[gates.NAME]` in improve.toml).
@@ -22,6 +25,7 @@ enough to send back to a proposer verbatim. A crash inside a gate is itself a fa
 from improve.loop.gates.environment import EnvironmentGate
 from improve.loop.gates.explore import ExploreGate
 from improve.loop.gates.gate import Gate, GateContext, GateResult, Unparsed
+from improve.loop.gates.interactions import InteractionsGate
 from improve.loop.gates.lint import LintGate
 from improve.loop.gates.lower import LowerGate, typed_request
 from improve.loop.gates.overfit import OverfitGate
@@ -40,6 +44,7 @@ __all__ = [
     "Gate",
     "GateContext",
     "GateResult",
+    "InteractionsGate",
     "LintGate",
     "LowerGate",
     "OverfitGate",

@@ -69,9 +69,15 @@ class GateContext:
     """Every scenario, for the overfit gate."""
     words: Vocabulary | None = None
     """The environment's vocabulary, read off it when first needed."""
+    baseline: MachineConfig | None = None
+    """The policy the candidate would replace (the interactions gate compares their answers)."""
+    decisions: Sequence[Mapping[str, Any]] = ()
+    """Training decisions (evidence.py's examples: `scenario`, `name`, `facts`, `options`, `correct`):
+    where the overfit gate counts a threshold's support, and what the interactions gate calls covered.
+    Empty outside a round: then both read the probe requests."""
     gates: Sequence[Gate] = ()
     """The gates in order, from `gates_for(workspace)` (which adds a workspace's own); empty means
-    `gates_for()`: the seven built-in ones and those installed packages register."""
+    `gates_for()`: the eight built-in ones and those installed packages register."""
 
     document: Any = None
     """The candidate as decoded JSON, or `Unparsed`."""

@@ -1,8 +1,8 @@
-"""The gates by name: the seven built-in ones in their fixed order, then extensions in name order.
+"""The gates by name: the eight built-in ones in their fixed order, then extensions in name order.
 
 An extension gate comes from an installed package (an entry point in the group `improve.gates`) or
 from the workspace (`[gates.NAME] module = "package.module:Attribute"` in improve.toml, the workspace
-root importable); see `improve.registry`. Extensions run only after the seven pass, so they may read
+root importable); see `improve.registry`. Extensions run only after the eight pass, so they may read
 `ctx.policy` and `ctx.compiled`.
 """
 
@@ -13,6 +13,7 @@ from improve.evals import Workspace
 from improve.loop.gates.environment import EnvironmentGate
 from improve.loop.gates.explore import ExploreGate
 from improve.loop.gates.gate import Gate
+from improve.loop.gates.interactions import InteractionsGate
 from improve.loop.gates.lint import LintGate
 from improve.loop.gates.lower import LowerGate
 from improve.loop.gates.overfit import OverfitGate
@@ -28,6 +29,7 @@ BUILTIN_GATES: tuple[Gate, ...] = (
     LintGate(),
     ExploreGate(),
     OverfitGate(),
+    InteractionsGate(),
 )
 """In the order they run: each later one reads what an earlier one made (the parsed, the compiled policy)."""
 
@@ -41,7 +43,7 @@ for _gate in BUILTIN_GATES:
 
 
 def gates_for(workspace: Workspace | None = None) -> list[Gate]:
-    """The gates a candidate must pass, in order: the seven built-in ones, then the extensions (installed
+    """The gates a candidate must pass, in order: the eight built-in ones, then the extensions (installed
     packages' and, given a workspace, its own) by name."""
     local = workspace.specs("gates") if workspace is not None else {}
     root = workspace.root if workspace is not None else None

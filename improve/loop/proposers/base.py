@@ -31,6 +31,9 @@ class ProposalRequest:
     """The chosen cluster and its hypothesis (see loop/diagnose.py), with evidence thread ids."""
     examples: list[dict[str, Any]] = field(default_factory=list)
     """Training decisions of the cluster: facts, options, what was answered, what the labels imply."""
+    discarded: list[dict[str, str]] = field(default_factory=list)
+    """Branches already discarded against this policy (its CHANGELOG): `guard` and `answer` (as
+    `EVENT{field: source}`), and the `round` that discarded them. Proposing one again wastes a round."""
 
 
 @dataclass(frozen=True)

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from improve.errors import ProposalError, WorkspaceError
 from improve.evals import Workspace
-from improve.loop.gates import scenario_literals
+from improve.loop.branches import answer_rank
 from improve.loop.proposers.base import Proposer, ProposerFactory, ProposerSetup
 from improve.loop.proposers.rules import RuleMinerProposer
 from improve.machine import literals
 from improve.registry import Registry
+from improve.runtime import vocabulary
 
 
 def _factory(target: object, where: str) -> ProposerFactory:
@@ -27,10 +28,12 @@ def _factory(target: object, where: str) -> ProposerFactory:
 
 
 def rule_miner(setup: ProposerSetup) -> Proposer:
-    """The built-in rule miner: the environment's own numbers preferred as thresholds, numbers found
-    in only one scenario never used (the overfit gate would refuse them)."""
-    constants = [c.value for c in literals(setup.environment.config) if isinstance(c.value, float)]
-    return RuleMinerProposer(constants=constants, forbidden=scenario_literals(setup.scenarios).amounts)
+    """The built-in rule miner: the environment's own constants (rule thresholds, enumerated payload
+    values) preferred, and each answer ranked by how safe its outcomes are, for placing a branch."""
+    env = setup.environment
+    constants = [c.value for c in literals(env.config)]
+    ranks = {event: answer_rank(env, event) for event in vocabulary(env).events}
+    return RuleMinerProposer(constants=constants, ranks=ranks)
 
 
 def openai_proposer(setup: ProposerSetup) -> Proposer:

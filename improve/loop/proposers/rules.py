@@ -1,111 +1,85 @@
 """The rule miner: a proposer that needs no model.
 
-From the training decisions (evidence.py: facts, options, the answer, and the options the labels
-imply were right), it looks for one `choice` branch to put in front of the model:
+From the training decisions (evidence.py: each decision's facts, the options it offered, the answer
+that landed, and the options the labels imply were right), it mines one branch to put in front of the
+model:
 
-1. an *action*: an event, with each payload field taken from a fact (`REFUND{amount:
-   facts.order.refundable}`), that would have been right for the cluster's failed decisions;
-2. a *condition*: a conjunction of at most three comparisons over facts (`facts.x > t`, `facts.x <=
-   facts.y`, ...) that holds for those decisions and for no training decision where the action would
-   be wrong. It is grown greedily, each step keeping the atom with the best precision (PRISM).
+1. an *answer*: an offered event whose payload fields are constants of the vocabulary (an enumerated
+   value the environment offers, `ROUTE{queue: 'billing'}`) or facts (`REFUND{amount:
+   facts.order.refundable}`), right for the cluster's failed decisions;
+2. a *condition*: at most `MAX_TERMS` alternatives joined by `||`, each at most `MAX_ATOMS` conditions
+   joined by `&&`, over the decision's facts by their declared types:
+   - numbers: thresholds (`facts.x >= 3`) and comparisons between facts (`facts.a > facts.b`);
+   - booleans: `facts.x == true`, `facts.x == false`;
+   - enumerated strings: `==`, `!=`, membership `in [...]` and its negation;
+   - free text: a word or two-word phrase, case-insensitive (`facts.t.matches('(?i)\\bbreach\\b')`),
+     and its negation.
+   It holds for the decisions the branch is for and for no training decision where its answer would be
+   wrong. Learned by sequential covering: each alternative grown greedily by FOIL's information gain,
+   the next one for the failures the earlier ones leave.
+3. a *place* among the branches already there (`place`): before any branch that answers one of the
+   failures it fixes wrongly (the labels decide where both match), else before the first branch whose
+   answer is less safe (the environment's `safety_order` decides where no label does), else last before
+   the model. Because the condition excludes every training decision where its answer is wrong, no
+   training decision that is right today changes.
 
-Thresholds come from the values the facts take, never from a literal found in only one scenario (the
-environment's own rule constants are preferred). Candidates are ranked: most failures fixed, fewest
-atoms, rule constants. A repair after a failed gate takes the next candidate.
+The branch also carries `ANSWER in input.options`: it never answers an option the environment does not
+offer (a guard refused it), and falls through to the next branch or the model instead.
+
+What a condition may test is what holds across scenarios: a threshold needs at least `MIN_SUPPORT`
+training scenarios on each side of it (or is one of the environment's own constants), a word or phrase
+must appear in the text of at least `MIN_SUPPORT` training scenarios. A rule already discarded against
+the current policy (its CHANGELOG) is never proposed again. Candidates are ranked: most failures fixed,
+fewest conditions, the environment's constants; a repair after a failed gate takes the next one.
 """
 
 from __future__ import annotations
 
-import copy
+import itertools
 import json
 import math
 import re
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from improve.errors import ProposalError
+from improve.errors import ImproveError, ProposalError
+from improve.loop.branches import Branch, answer_text, decision_input, insert_branch, offered, route
 from improve.loop.gates import GateResult
 from improve.loop.proposers.base import Proposal, ProposalRequest
+from improve.machine import MAX_EXPRESSION_LENGTH, Expr, Scope, compile_expr
+from improve.runtime import FactType
 
+MAX_TERMS = 3
+"""Alternatives (`||`) in one condition."""
 MAX_ATOMS = 3
+"""Conditions (`&&`) in one alternative."""
 MAX_CANDIDATES = 12
+VARIANTS = 3
+"""Rules per answer, each starting from another first condition: what a repair falls back on."""
+MIN_SUPPORT = 2
+"""Training scenarios needed on each side of a threshold, and with a word in their text."""
+MAX_SET = 6
+"""Enumerated facts with at most this many values are also tested for membership in subsets."""
+
+_STOPWORDS = """
+the and for you are not but was our can has had his her its any all get
+got one out who how why now per via yes this that with from have been were they
+their them then than these those there here what when where which while will would could should your
+yours about after before again also just only very into over under more most some such same other
+each every both much many please thanks thank want need does doing done came come like make made
+said says sure ever never still even because hello dear regards
+"""
+STOPWORDS = frozenset(_STOPWORDS.split())
+"""Words that say nothing about a case: a condition on them would be a coincidence of the training data."""
+
+WORD = re.compile(r"[a-z]{3,20}")
 
 
-@dataclass(frozen=True)
-class Atom:
-    left: str
-    op: str
-    """A comparison (`>`, `>=`, `<`, `<=`), or `contains` for a word in a text fact."""
-    right: str | float | int
-    """Another fact path, a number, or (for `contains`) the word."""
-
-    @property
-    def pair(self) -> bool:
-        """Compares two facts."""
-        return self.op != "contains" and isinstance(self.right, str)
-
-    @property
-    def threshold(self) -> float | None:
-        return None if isinstance(self.right, str) else float(self.right)
-
-    def cel(self) -> str:
-        if self.op == "contains":
-            return f"{self.left}.contains({json.dumps(self.right)})"
-        right = self.right if isinstance(self.right, str) else _number(self.right)
-        return f"{self.left} {self.op} {right}"
-
-    def holds(self, facts: dict[str, Any]) -> bool:
-        a = _get(facts, self.left)
-        if self.op == "contains":
-            return isinstance(a, str) and isinstance(self.right, str) and self.right in a
-        b = _get(facts, self.right) if isinstance(self.right, str) else self.right
-        if not _numeric(a) or not _numeric(b):
-            return False
-        return bool({">": a > b, ">=": a >= b, "<": a < b, "<=": a <= b}[self.op])
+# --- conditions -----------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Action:
-    event: str
-    payload: tuple[tuple[str, str], ...]
-    """Payload field -> fact path."""
-
-    def output(self, facts: dict[str, Any]) -> dict[str, Any]:
-        return {"type": self.event, **{f: _get(facts, path) for f, path in self.payload}}
-
-    def cel(self) -> dict[str, str]:
-        return {"type": f"'{self.event}'", **dict(self.payload)}
-
-    def describe(self) -> str:
-        fields = ", ".join(f"{f}: {p}" for f, p in self.payload)
-        return f"{self.event}{{{fields}}}" if fields else self.event
-
-
-@dataclass(frozen=True)
-class Rule:
-    action: Action
-    atoms: tuple[Atom, ...]
-    fixes: int
-    matches: int
-    constants: int
-
-    @property
-    def guard(self) -> str:
-        return " && ".join(a.cel() for a in self.atoms)
-
-
-def _number(value: float | int) -> str:
-    if isinstance(value, int) or float(value).is_integer():
-        return str(int(value))
-    return repr(float(value))
-
-
-def _numeric(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def _get(facts: dict[str, Any], path: str) -> Any:
+def _get(facts: Mapping[str, Any], path: str) -> Any:
     node: Any = {"facts": facts}
     for part in path.split("."):
         if not isinstance(node, dict) or part not in node:
@@ -114,169 +88,336 @@ def _get(facts: dict[str, Any], path: str) -> Any:
     return node
 
 
-def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
+def _numeric(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _number(value: float | int) -> str:
+    if isinstance(value, int) or float(value).is_integer():
+        return str(int(value))
+    return repr(float(value))
+
+
+def _quote(text: str) -> str:
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _words(text: str) -> list[str]:
+    return [w for w in WORD.findall(text.lower()) if w not in STOPWORDS]
+
+
+def _phrase_pattern(phrase: str) -> str:
+    return r"(?i)\b" + r"\s+".join(phrase.split()) + r"\b"
+
+
+_COMPARE = {
+    ">": lambda a, b: a > b,
+    ">=": lambda a, b: a >= b,
+    "<": lambda a, b: a < b,
+    "<=": lambda a, b: a <= b,
+}
+
+
+@dataclass(frozen=True)
+class Atom:
+    """One condition over one fact (or two, for a comparison between facts)."""
+
+    kind: str
+    """`threshold`, `pair`, `flag`, `equals`, `member` or `text`."""
+    path: str
+    op: str
+    """`>`, `>=`, `<`, `<=` (threshold, pair); `==` (flag, equals, member, text); `!=` (negated)."""
+    value: Any
+    """The threshold, the other fact's path, the flag's value, the enumerated value (or a tuple of them
+    for `member`), or the word or phrase."""
+
+    @property
+    def negated(self) -> bool:
+        return self.op == "!="
+
+    @property
+    def threshold(self) -> float | None:
+        return float(self.value) if self.kind == "threshold" else None
+
+    @property
+    def paths(self) -> set[str]:
+        return {self.path, self.value} if self.kind == "pair" else {self.path}
+
+    def cel(self) -> str:
+        if self.kind == "threshold":
+            return f"{self.path} {self.op} {_number(self.value)}"
+        if self.kind == "pair":
+            return f"{self.path} {self.op} {self.value}"
+        if self.kind == "flag":
+            return f"{self.path} == {'true' if self.value else 'false'}"
+        if self.kind == "equals":
+            return f"{self.path} {self.op} {_literal(self.value)}"
+        if self.kind == "member":
+            listed = f"{self.path} in [{', '.join(_literal(v) for v in self.value)}]"
+            return f"!({listed})" if self.negated else listed
+        test = f"{self.path}.matches({_quote(_phrase_pattern(self.value))})"
+        return f"!{test}" if self.negated else test
+
+    def holds(self, facts: Mapping[str, Any]) -> bool:
+        """What the CEL condition gives on these facts (checked against CEL before a rule is proposed)."""
+        a = _get(facts, self.path)
+        if self.kind in ("threshold", "pair"):
+            b = _get(facts, self.value) if self.kind == "pair" else self.value
+            return _numeric(a) and _numeric(b) and bool(_COMPARE[self.op](a, b))
+        if self.kind == "flag":
+            return a is self.value
+        if self.kind == "equals":
+            return bool(a == self.value) != self.negated
+        if self.kind == "member":
+            return bool(a in self.value) != self.negated
+        found = isinstance(a, str) and re.search(_phrase_pattern(self.value), a) is not None
+        return found != self.negated
+
+
+@dataclass(frozen=True)
+class Action:
+    event: str
+    payload: tuple[tuple[str, str, Any], ...]
+    """Payload field -> (`fact`, path) or (`const`, value)."""
+
+    def output(self, facts: Mapping[str, Any]) -> dict[str, Any]:
+        return {
+            "type": self.event,
+            **{f: (_get(facts, v) if how == "fact" else v) for f, how, v in self.payload},
+        }
+
+    def cel(self) -> dict[str, str]:
+        fields = {f: (v if how == "fact" else _literal(v)) for f, how, v in self.payload}
+        return {"type": _quote(self.event), **fields}
+
+    def describe(self) -> str:
+        fields = ", ".join(f"{f}: {v if how == 'fact' else json.dumps(v)}" for f, how, v in self.payload)
+        return f"{self.event}{{{fields}}}" if fields else self.event
+
+    def slug(self) -> str:
+        parts = [self.event.lower()]
+        for _, how, v in self.payload:
+            parts.append(
+                str(v).split(".")[-1].lower() if how == "fact" else re.sub(r"\W+", "_", str(v)).lower()
+            )
+        return "answer_" + "_".join(p for p in parts if p)
+
+
+def _literal(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if _numeric(value):
+        return _number(value)
+    return _quote(str(value))
+
+
+@dataclass(frozen=True)
+class Rule:
+    action: Action
+    terms: tuple[tuple[Atom, ...], ...]
+    fixes: int
+    matches: int
+    constants: int
+    decision: str = ""
+
+    @property
+    def atoms(self) -> tuple[Atom, ...]:
+        return tuple(a for term in self.terms for a in term)
+
+    @property
+    def condition(self) -> str:
+        """The condition alone (without the `offered` check)."""
+        if len(self.terms) == 1:
+            return " && ".join(a.cel() for a in self.terms[0])
+        return " || ".join(
+            "(" + " && ".join(a.cel() for a in term) + ")" if len(term) > 1 else term[0].cel()
+            for term in self.terms
+        )
+
+    @property
+    def guard(self) -> str:
+        """The branch's guard: the condition, and the answer being offered."""
+        condition = self.condition if len(self.terms) == 1 else f"({self.condition})"
+        return f"{condition} && {offered(self.action.cel())}"
+
+
+# --- the training decisions -----------------------------------------------------------------------------
+
+
+def _same(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
     if a.get("type") != b.get("type") or set(a) != set(b):
         return False
     return all((_numeric(a[k]) and _numeric(b[k]) and float(a[k]) == float(b[k])) or a[k] == b[k] for k in a)
 
 
-def _is_correct(option: dict[str, Any], example: dict[str, Any]) -> bool:
-    return any(_same(option, c) for c in example["correct"])
+@dataclass
+class _Case:
+    scenario: str
+    facts: dict[str, Any]
+    options: list[dict[str, Any]]
+    correct: list[dict[str, Any]]
+    target: bool
+    """A failure of the cluster this rule is for: its answer was not among the right ones."""
+
+    def offers(self, option: Mapping[str, Any]) -> bool:
+        return any(_same(option, o) for o in self.options)
+
+    def right(self, option: Mapping[str, Any]) -> bool:
+        return any(_same(option, c) for c in self.correct)
+
+    def request(self, name: str) -> dict[str, Any]:
+        return decision_input(name, self.facts, self.options)
 
 
-def _numeric_paths(examples: Sequence[dict[str, Any]], fact_types: dict[str, str]) -> list[str]:
-    paths = [p for p, kind in sorted(fact_types.items()) if kind in ("number", "int")]
-    return [p for p in paths if any(_numeric(_get(e["facts"], p)) for e in examples)]
+def _cases(examples: Sequence[Mapping[str, Any]]) -> dict[str, list[_Case]]:
+    """The training decisions by decision name."""
+    by_name: dict[str, list[_Case]] = {}
+    for e in examples:
+        correct = list(e.get("correct") or [])
+        answered = e.get("answered")
+        target = bool(
+            e.get("in_cluster")
+            and not e.get("passed")
+            and correct
+            and not (answered and any(_same(answered, c) for c in correct))
+        )
+        case = _Case(str(e.get("scenario", "")), dict(e["facts"]), list(e["options"]), correct, target)
+        by_name.setdefault(str(e.get("name", "")), []).append(case)
+    return by_name
 
 
-def _actions(targets: Sequence[dict[str, Any]], paths: list[str]) -> dict[Action, int]:
-    """Actions that produce a correct option for each target, with how many targets each fixes."""
+def _mask(cases: Sequence[_Case], test: Any) -> int:
+    bits = 0
+    for i, case in enumerate(cases):
+        if test(case):
+            bits |= 1 << i
+    return bits
+
+
+def _count(bits: int) -> int:
+    return bits.bit_count()
+
+
+# --- what a rule may say ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """What the miner may write: fact types (`facts.x` -> number, int, bool, enum, string), the values of
+    enumerated facts, and the environment's own constants (its rule thresholds, its enumerated payloads)."""
+
+    fact_types: Mapping[str, str]
+    values: Mapping[str, Sequence[Any]] = field(default_factory=dict)
+    constants: frozenset[Any] = frozenset()
+
+
+def _scenarios_split(cases: Sequence[_Case], path: str, below: Any) -> tuple[int, int]:
+    low = {c.scenario for c in cases if below(_get(c.facts, path))}
+    high = {c.scenario for c in cases if not below(_get(c.facts, path))}
+    return len(low), len(high)
+
+
+def _all(cases: Sequence[_Case], path: str, test: Any) -> bool:
+    return bool(cases) and all(test(_get(c.facts, path)) for c in cases)
+
+
+def _atoms(cases: Sequence[_Case], vocab: Vocabulary) -> list[Atom]:
+    atoms: list[Atom] = []
+    numbers = sorted(
+        p for p, k in vocab.fact_types.items() if k in ("number", "int") and _all(cases, p, _numeric)
+    )
+    for path in numbers:
+        seen = sorted({float(_get(c.facts, path)) for c in cases})
+        constants = {float(c) for c in vocab.constants if _numeric(c)}
+        for t in sorted(set(seen) | {c for c in constants if seen and seen[0] <= c <= seen[-1]}):
+            value: float | int = int(t) if t.is_integer() else t
+            own = t in constants
+            # x >= t splits below t from the rest; x > t splits up to t from the rest.
+            for ops, below in (((">=", "<"), lambda v, t=t: v < t), ((">", "<="), lambda v, t=t: v <= t)):
+                low, high = _scenarios_split(cases, path, below)
+                if own or (low >= MIN_SUPPORT and high >= MIN_SUPPORT):
+                    atoms += [Atom("threshold", path, op, value) for op in ops]
+    for left, right in itertools.combinations(numbers, 2):
+        atoms += [Atom("pair", left, op, right) for op in (">", ">=", "<", "<=")]
+    for path, kind in sorted(vocab.fact_types.items()):
+        if kind == "bool" and _all(cases, path, lambda v: isinstance(v, bool)):
+            atoms += [Atom("flag", path, "==", True), Atom("flag", path, "==", False)]
+        elif kind == "enum" and _all(cases, path, lambda v: isinstance(v, str | int | bool)):
+            observed = sorted({_get(c.facts, path) for c in cases}, key=str)
+            declared = [v for v in vocab.values.get(path, observed) if v in observed] or observed
+            for v in declared:
+                atoms += [Atom("equals", path, "==", v), Atom("equals", path, "!=", v)]
+            if 3 < len(declared) <= MAX_SET:
+                for size in range(2, len(declared) - 1):
+                    for subset in itertools.combinations(declared, size):
+                        atoms += [Atom("member", path, "==", subset), Atom("member", path, "!=", subset)]
+        elif kind == "string" and _all(cases, path, lambda v: isinstance(v, str)):
+            atoms += _text_atoms(cases, path)
+    return atoms
+
+
+def _text_atoms(cases: Sequence[_Case], path: str) -> list[Atom]:
+    """Words and two-word phrases found in the text of at least MIN_SUPPORT training scenarios (one
+    scenario's words would be its literal), one of them a failure to fix."""
+    owners: dict[str, set[str]] = {}
+    in_target: set[str] = set()
+    for case in cases:
+        words = _words(str(_get(case.facts, path)))
+        grams = set(words) | {f"{a} {b}" for a, b in itertools.pairwise(words)}
+        for gram in grams:
+            owners.setdefault(gram, set()).add(case.scenario)
+        if case.target:
+            in_target |= grams
+    atoms = []
+    for gram in sorted(owners):
+        if len(owners[gram]) >= MIN_SUPPORT and (gram in in_target or " " not in gram):
+            atoms += [Atom("text", path, "==", gram), Atom("text", path, "!=", gram)]
+    return atoms
+
+
+def _actions(cases: Sequence[_Case], vocab: Vocabulary) -> dict[Action, int]:
+    """Answers that are right for each failure to fix, with how many failures each is right for.
+
+    A payload value is written as a fact whose value it equals, or as a constant when the environment
+    itself names the value (an enumerated payload, a rule constant) or offers it in the decisions of at
+    least MIN_SUPPORT scenarios (so it is the vocabulary's, not one scenario's)."""
+    offered_in: dict[str, set[str]] = {}
+    for case in cases:
+        for option in case.options:
+            for k, v in option.items():
+                if k != "type":
+                    offered_in.setdefault(json.dumps([k, v], sort_keys=True), set()).add(case.scenario)
+    paths = sorted(p for p, kind in vocab.fact_types.items() if kind not in ("map", "any", "list"))
     found: dict[Action, int] = {}
-    for example in targets:
+    for case in (c for c in cases if c.target):
         seen: set[Action] = set()
-        for option in example["correct"]:
-            fields = [k for k in option if k != "type"]
-            choices: list[list[tuple[str, str]]] = [[]]
-            for field in fields:
-                sources = [
-                    p
+        for option in case.correct:
+            choices: list[list[tuple[str, str, Any]]] = [[]]
+            for name in sorted(k for k in option if k != "type"):
+                value = option[name]
+                sources: list[tuple[str, str, Any]] = [
+                    (name, "fact", p)
                     for p in paths
-                    if _numeric(_get(example["facts"], p))
-                    and _numeric(option[field])
-                    and float(_get(example["facts"], p)) == float(option[field])
+                    if (got := _get(case.facts, p)) is not None
+                    and type(got) is not bool
+                    and ((_numeric(got) and _numeric(value) and float(got) == float(value)) or got == value)
                 ]
-                choices = [[*c, (field, s)] for c in choices for s in sources]
+                named = (
+                    value in vocab.constants
+                    or len(offered_in.get(json.dumps([name, value]), ())) >= MIN_SUPPORT
+                )
+                if named and not (_numeric(value) and sources):
+                    sources.append((name, "const", value))
+                choices = [[*c, s] for c in choices for s in sources]
             for combo in choices:
-                if len(combo) == len(fields):
-                    seen.add(Action(option["type"], tuple(combo)))
+                if len(combo) == len(option) - 1:
+                    seen.add(Action(str(option["type"]), tuple(combo)))
         for action in seen:
             found[action] = found.get(action, 0) + 1
     return found
 
 
-def _atoms(examples: Sequence[dict[str, Any]], paths: list[str], forbidden: set[float]) -> list[Atom]:
-    atoms: list[Atom] = []
-    for path in paths:
-        values = sorted({float(v) for e in examples if _numeric(v := _get(e["facts"], path))})
-        for value in values:
-            if value in forbidden:
-                continue
-            number: float | int = int(value) if value.is_integer() else value
-            atoms += [Atom(path, op, number) for op in (">", ">=", "<", "<=")]
-    for left in paths:
-        for right in paths:
-            if left < right:
-                atoms += [Atom(left, op, right) for op in (">", ">=", "<", "<=")]
-    return atoms
-
-
-MIN_WORD = 4
-MAX_WORD = 11
-"""Words a text condition may test for: long enough to mean something, short enough to be a keyword
-rather than copied text (the overfit gate refuses literals of 12 or more characters from a scenario)."""
-
-STOPWORDS = frozenset(
-    [
-        "this",
-        "that",
-        "with",
-        "from",
-        "have",
-        "been",
-        "were",
-        "they",
-        "their",
-        "them",
-        "then",
-        "than",
-        "these",
-        "those",
-        "there",
-        "here",
-        "what",
-        "when",
-        "where",
-        "which",
-        "while",
-        "will",
-        "would",
-        "could",
-        "should",
-        "your",
-        "yours",
-        "about",
-        "after",
-        "before",
-        "again",
-        "also",
-        "just",
-        "only",
-        "very",
-        "into",
-        "over",
-        "under",
-        "more",
-        "most",
-        "some",
-        "such",
-        "same",
-        "other",
-        "each",
-        "every",
-        "both",
-        "much",
-        "many",
-        "please",
-        "thanks",
-        "thank",
-        "want",
-        "need",
-        "does",
-        "doing",
-        "done",
-        "came",
-        "come",
-        "like",
-        "make",
-        "made",
-        "said",
-        "says",
-        "sure",
-        "ever",
-        "never",
-        "still",
-        "even",
-        "because",
-    ]
-)
-"""Words that say nothing about a case: a condition on them would be a coincidence of the training data."""
-
-
-def _word_atoms(
-    targets: Sequence[dict[str, Any]], examples: Sequence[dict[str, Any]], fact_types: dict[str, str]
-) -> list[Atom]:
-    """`facts.reason.contains("fraud")` for words found in the text facts of at least two of the
-    failures to fix (a word in one scenario only would be that scenario's literal)."""
-    atoms: list[Atom] = []
-    for path in sorted(p for p, kind in fact_types.items() if kind == "string"):
-        seen: dict[str, set[str]] = {}
-        for e in targets:
-            value = _get(e["facts"], path)
-            if isinstance(value, str):
-                for word in set(re.findall(rf"[A-Za-z]{{{MIN_WORD},{MAX_WORD}}}", value)):
-                    if word.lower() not in STOPWORDS:
-                        seen.setdefault(word, set()).add(e.get("scenario", ""))
-        atoms += [Atom(path, "contains", w) for w, owners in sorted(seen.items()) if len(owners) >= 2]
-    return atoms
-
-
-def _tightness(atom: Atom) -> float:
-    """Among thresholds that separate the cases equally well, the one closest to the failures to fix:
-    `refundsLast90d >= 3` over `> 1` when the failures start at 3, so what the training data did not show
-    stays with the model."""
-    if atom.threshold is None:
-        return 0.0
-    return atom.threshold if atom.op in (">", ">=") else -atom.threshold
+# --- learning -----------------------------------------------------------------------------------------
 
 
 def _foil(p0: int, n0: int, p1: int, n1: int) -> float:
@@ -285,132 +426,231 @@ def _foil(p0: int, n0: int, p1: int, n1: int) -> float:
     return p1 * (math.log2(p1 / (p1 + n1)) - math.log2(p0 / (p0 + n0)))
 
 
+def _tightness(atom: Atom) -> float:
+    """Among thresholds that separate the cases equally well, the one closest to the failures to fix:
+    what the training data did not show stays with the model."""
+    if atom.threshold is None:
+        return 0.0
+    return atom.threshold if atom.op in (">", ">=") else -atom.threshold
+
+
+@dataclass
+class _Space:
+    cases: list[_Case]
+    atoms: list[Atom]
+    masks: list[int]
+    constants: frozenset[float]
+
+
+def _grow(
+    space: _Space, positives: int, negatives: int, about: set[str], skip_first: set[Atom]
+) -> tuple[tuple[Atom, ...], int] | None:
+    """One alternative: conditions added while it still matches a decision its answer would get wrong."""
+    chosen: list[Atom] = []
+    cover_p, cover_n = positives, negatives
+    while (cover_n or not chosen) and len(chosen) < MAX_ATOMS:
+        best: tuple[tuple[float, ...], int] | None = None
+        for index, (atom, mask) in enumerate(zip(space.atoms, space.masks, strict=True)):
+            if atom in chosen or (not chosen and atom in skip_first):
+                continue
+            p = _count(mask & cover_p)
+            if p == 0:
+                continue
+            n = _count(mask & cover_n)
+            # Ties go to conditions about the facts the answer is made of, then the environment's own
+            # thresholds, then positive tests over negations, then comparisons between facts (scale-free),
+            # then the threshold closest to the failures.
+            score = (
+                round(_foil(_count(cover_p), _count(cover_n), p, n), 9),
+                float(p),
+                float(len(atom.paths & about)),
+                float(atom.threshold is not None and atom.threshold in space.constants),
+                float(not atom.negated),
+                float(atom.kind == "pair"),
+                _tightness(atom),
+            )
+            if best is None or score > best[0]:
+                best = (score, index)
+        if best is None:
+            return None
+        atom, mask = space.atoms[best[1]], space.masks[best[1]]
+        chosen.append(atom)
+        cover_p &= mask
+        cover_n &= mask
+    if cover_n:
+        return None
+    return tuple(chosen), cover_p
+
+
+def _learn(
+    space: _Space, positives: int, negatives: int, about: set[str], skip_first: set[Atom]
+) -> tuple[tuple[tuple[Atom, ...], ...], int] | None:
+    """Alternatives by sequential covering: each for the failures the earlier ones leave."""
+    terms: list[tuple[Atom, ...]] = []
+    covered = 0
+    remaining = positives
+    while remaining and len(terms) < MAX_TERMS:
+        grown = _grow(space, remaining, negatives, about, skip_first if not terms else set())
+        if grown is None:
+            break
+        term, cover = grown
+        if not cover & remaining:
+            break
+        terms.append(term)
+        covered |= cover
+        remaining &= ~cover
+    if not terms:
+        return None
+    return tuple(terms), covered
+
+
 def mine(
-    examples: Sequence[dict[str, Any]],
-    fact_types: dict[str, str],
-    forbidden: Iterable[float] = (),
-    constants: Iterable[float] = (),
+    examples: Sequence[Mapping[str, Any]],
+    vocab: Vocabulary | Mapping[str, FactType],
+    *,
+    constants: Iterable[Any] = (),
+    discarded: Iterable[tuple[str, str]] = (),
 ) -> list[Rule]:
-    """Candidate rules, best first, for the examples flagged `in_cluster` (see module docstring)."""
-    # Only decisions the current policy leaves to the model: a branch goes after the rules already there,
-    # so decisions those rules answer never reach it.
-    examples = [e for e in examples if e.get("reaches_model", True)]
-    targets = [e for e in examples if e.get("in_cluster") and not e["passed"] and e["correct"]]
-    if not targets:
-        return []
-    paths = _numeric_paths(examples, fact_types)
-    rule_constants = {float(c) for c in constants}
-    atoms = _atoms(examples, paths, {float(f) for f in forbidden} - rule_constants)
-    atoms += _word_atoms(targets, examples, fact_types)
-    option_sources = {
-        path
-        for e in targets
-        for option in e["options"]
-        for field, value in option.items()
-        if field != "type"
-        for path in paths
-        if _numeric(value) and _numeric(got := _get(e["facts"], path)) and float(got) == float(value)
-    }
+    """Candidate rules, best first, for the examples flagged `in_cluster` (see the module docstring).
+    `discarded` holds (guard, answer) pairs already discarded against the current policy."""
+    if not isinstance(vocab, Vocabulary):
+        # An environment's fact types: an enumerated fact is the tuple of its values.
+        vocab = Vocabulary(
+            {p: "enum" if isinstance(k, tuple) else k for p, k in vocab.items()},
+            {p: k for p, k in vocab.items() if isinstance(k, tuple)},
+            frozenset(constants),
+        )
+    elif constants:
+        vocab = Vocabulary(vocab.fact_types, vocab.values, vocab.constants | frozenset(constants))
+    refused = set(discarded)
     rules: list[Rule] = []
-    # Actions that fix as many failures come first when they are right in more training decisions overall:
-    # REFUND{requested} beats REFUND{refundable} where the two coincide, because it is also right when less
-    # is asked than is left.
-    actions = _actions(targets, paths)
-    overall = {a: sum(_is_correct(a.output(e["facts"]), e) for e in examples) for a in actions}
-    for action in sorted(actions, key=lambda a: (-actions[a], -overall[a], a.describe())):
-        good = [e for e in examples if _is_correct(action.output(e["facts"]), e)]
-        bad = [e for e in examples if not _is_correct(action.output(e["facts"]), e)]
-        aimed = [e for e in targets if _is_correct(action.output(e["facts"]), e)]
-        # The facts the answer is made of, and the facts the other offered payloads come from: a
-        # condition comparing them (`requested > refundable`) is about the choice itself.
-        payload_paths: set[Any] = {path for _, path in action.payload} | option_sources
-        chosen: list[Atom] = []
-        cover_good, cover_bad, cover_aimed = good, bad, aimed
-        if not cover_good:
+    for name, cases in sorted(_cases(examples).items()):
+        if not any(c.target for c in cases):
             continue
-        # A branch always has a condition: when nothing needs excluding, one atom that keeps every failure
-        # (the policy's model path stays reachable, and the rule says where it applies).
-        while (cover_bad or not chosen) and len(chosen) < MAX_ATOMS:
-            best: tuple[tuple[float, int, int, int, int, float], Atom] | None = None
-            # FOIL's information gain over the decisions the branch is for (the cluster's failures) against
-            # those where its answer would be wrong: purity gained, weighted by the failures still fixed,
-            # so a broad condition beats a narrow one that happens to be pure (`refundable < 18`).
-            for atom in atoms:
-                if atom in chosen:
-                    continue
-                a = sum(atom.holds(e["facts"]) for e in cover_aimed)
-                if a == 0:
-                    continue
-                sum(atom.holds(e["facts"]) for e in cover_good)
-                b = sum(atom.holds(e["facts"]) for e in cover_bad)
-                is_constant = int(atom.threshold is not None and atom.threshold in rule_constants)
-                # Ties go to atoms about the facts the answer is made of (`requested > refundable` for a
-                # refund of what is left, rather than a coincidence such as `refunded > 0`), then to the
-                # environment's own thresholds, then to comparisons between facts (scale-free).
-                about_payload = len({atom.left, atom.right} & payload_paths)
-                score = (
-                    round(_foil(len(cover_aimed), len(cover_bad), a, b), 9),
-                    a,
-                    about_payload,
-                    is_constant,
-                    int(atom.pair),
-                    _tightness(atom),
+        atoms = _atoms(cases, vocab)
+        space = _Space(
+            cases,
+            atoms,
+            [_mask(cases, lambda c, a=a: a.holds(c.facts)) for a in atoms],
+            frozenset(float(c) for c in vocab.constants if _numeric(c)),
+        )
+        actions = _actions(cases, vocab)
+        overall = {a: sum(c.right(a.output(c.facts)) for c in cases) for a in actions}
+        for action in sorted(actions, key=lambda a: (-actions[a], -overall[a], a.describe())):
+            positives = negatives = right = 0
+            for i, case in enumerate(cases):
+                output = action.output(case.facts)
+                if case.right(output):
+                    right |= 1 << i
+                    if case.target:
+                        positives |= 1 << i
+                elif case.correct and case.offers(output):
+                    # Offered and wrong. A decision no answer makes right (its run fails whatever is
+                    # answered here) cannot be made worse; one where it is not offered falls through.
+                    negatives |= 1 << i
+            about = {v for _, how, v in action.payload if how == "fact"}
+            skip: set[Atom] = set()
+            for _ in range(VARIANTS):
+                learned = _learn(space, positives, negatives, about, skip)
+                if learned is None:
+                    break
+                terms, covered = learned
+                skip.add(terms[0][0])
+                rule = Rule(
+                    action,
+                    terms,
+                    fixes=_count(covered & positives),
+                    matches=_count(covered & right),
+                    constants=sum(1 for t in terms for a in t if a.threshold in space.constants),
+                    decision=name,
                 )
-                if best is None or score > best[0]:
-                    best = (score, atom)
-            if best is None:
-                break
-            atom = best[1]
-            chosen.append(atom)
-            cover_good = [e for e in cover_good if atom.holds(e["facts"])]
-            cover_bad = [e for e in cover_bad if atom.holds(e["facts"])]
-            cover_aimed = [e for e in cover_aimed if atom.holds(e["facts"])]
-        if cover_bad or not chosen or not cover_aimed:
-            continue
-        constants_used = sum(1 for a in chosen if a.threshold is not None and a.threshold in rule_constants)
-        rules.append(Rule(action, tuple(chosen), len(cover_aimed), len(cover_good), constants_used))
+                if (rule.guard, answer_text(action.cel())) in refused or len(
+                    rule.guard
+                ) > MAX_EXPRESSION_LENGTH:
+                    continue
+                if _agrees(rule, cases, name):
+                    rules.append(rule)
     rules.sort(key=lambda r: (-r.fixes, len(r.atoms), -r.constants, r.guard))
     unique: list[Rule] = []
     for rule in rules:
-        if all((rule.action, rule.guard) != (u.action, u.guard) for u in unique):
+        if all(rule.guard != u.guard for u in unique):
             unique.append(rule)
     return unique[:MAX_CANDIDATES]
 
 
-def add_branch(policy: dict[str, Any], rule: Rule, version: str) -> dict[str, Any]:
-    """The policy with `rule` as one more choice branch before the model (a new final answers it)."""
-    doc = copy.deepcopy(policy)
-    doc["version"] = version
-    states: dict[str, Any] = doc["states"]
-    base = (
-        "answer_"
-        + rule.action.event.lower()
-        + "".join("_" + path.split(".")[-1].lower() for _, path in rule.action.payload)
-    )
-    final = base
-    n = 2
-    while final in states:
-        final = f"{base}_{n}"
-        n += 1
-    states[final] = {
-        "type": "final",
-        "description": f"Mined rule: when {rule.guard}, answer {rule.action.describe()}.",
-        "output": rule.action.cel(),
-    }
-    branch = {"guard": rule.guard, "target": final}
-    initial = states[doc["initial"]]
-    if initial.get("type") == "choice" and isinstance(initial.get("choice"), list) and initial["choice"]:
-        # Before the default (last) branch, after the rules already there.
-        initial["choice"].insert(len(initial["choice"]) - 1, branch)
-    else:
-        name = "route" if "route" not in states else "route_rules"
-        states[name] = {
-            "type": "choice",
-            "description": "Rules before the model.",
-            "choice": [branch, {"target": doc["initial"]}],
-        }
-        doc["initial"] = name
-    return doc
+def _agrees(rule: Rule, cases: Sequence[_Case], name: str) -> bool:
+    """The guard, evaluated by CEL on every training decision, matches exactly where the miner says."""
+    try:
+        expr = compile_expr(rule.guard, "mined guard")
+    except ImproveError:
+        return False
+    for case in cases:
+        expected = any(all(a.holds(case.facts) for a in term) for term in rule.terms) and case.offers(
+            rule.action.output(case.facts)
+        )
+        try:
+            got = expr.evaluate(Scope(input=case.request(name), facts=case.facts, context={}, event={}))
+        except ImproveError:
+            return False
+        if got is not expected:
+            return False
+    return True
+
+
+# --- where the branch goes ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Placement:
+    position: int
+    reason: str
+
+
+def place(
+    rule: Rule,
+    branches: Sequence[Branch],
+    examples: Sequence[Mapping[str, Any]],
+    ranks: Mapping[str, int | None],
+) -> Placement:
+    """Where the rule's branch goes among the guarded `branches` (see the module docstring)."""
+    guarded = [b for b in branches if b.guard is not None]
+    cases = _cases(examples).get(rule.decision, [])
+    compiled: list[tuple[Branch, Expr | None]] = []
+    for b in guarded:
+        try:
+            compiled.append((b, compile_expr(b.guard or "false", f"branch {b.index}")))
+        except ImproveError:
+            compiled.append((b, None))
+    fixes = [c for c in cases if c.target and any(all(a.holds(c.facts) for a in t) for t in rule.terms)]
+    first_catch: int | None = None
+    for case in fixes:
+        scope = Scope(input=case.request(rule.decision), facts=case.facts, context={}, event={})
+        for b, expr in compiled:
+            try:
+                matched = expr is not None and expr.evaluate(scope) is True
+            except ImproveError:
+                matched = False
+            if matched:
+                first_catch = b.index if first_catch is None else min(first_catch, b.index)
+                break
+    mine_rank = ranks.get(rule.action.event)
+    for b in guarded:
+        if first_catch is not None and b.index >= first_catch:
+            return Placement(
+                b.index,
+                f"before branch {b.index} ({b.answer()}), which answers some of the failures it fixes",
+            )
+        theirs = ranks.get(b.event or "")
+        if mine_rank is not None and theirs is not None and mine_rank > theirs:
+            return Placement(
+                b.index,
+                f"before branch {b.index} ({b.answer()}): where both match, the safer answer goes first",
+            )
+    end = guarded[-1].index + 1 if guarded else 0
+    return Placement(end, "after the rules already there, before the model")
+
+
+# --- the proposer ---------------------------------------------------------------------------------------
 
 
 class RuleMinerProposer:
@@ -418,41 +658,58 @@ class RuleMinerProposer:
 
     name = "rules"
 
-    def __init__(self, constants: Iterable[float] = (), forbidden: Iterable[float] = ()) -> None:
-        self.constants = list(constants)
-        """The environment's own numbers (its rule thresholds): preferred as thresholds."""
-        self.forbidden = {float(f) for f in forbidden}
-        """Numbers found in only one scenario: never a threshold (the overfit gate would refuse it)."""
+    def __init__(
+        self,
+        constants: Iterable[Any] = (),
+        ranks: Mapping[str, int | None] | None = None,
+    ) -> None:
+        self.constants = frozenset(constants)
+        """The environment's own constants (rule thresholds, enumerated payloads): preferred, and
+        allowed without support across scenarios."""
+        self.ranks = dict(ranks or {})
+        """Event -> how safe answering it is (`branches.answer_rank`), for placing a branch."""
         self._ranked: dict[str, list[Rule]] = {}
         self._tried: dict[str, int] = {}
 
+    def _key(self, request: ProposalRequest) -> str:
+        return json.dumps(
+            [request.policy.version, request.diagnosis.get("chosen", {}).get("id")], default=str
+        )
+
     def _rules(self, request: ProposalRequest) -> list[Rule]:
-        key = json.dumps([request.policy.version, request.diagnosis.get("chosen", {}).get("id")], default=str)
+        key = self._key(request)
         if key not in self._ranked:
-            fact_types = {path: kind for path, kind in request.vocabulary.fact_paths.items()}
-            self._ranked[key] = mine(request.examples, fact_types, self.forbidden, self.constants)
+            words = request.vocabulary
+            vocab = Vocabulary(
+                {path: kind for path, kind in words.fact_paths.items()},
+                words.fact_values,
+                self.constants,
+            )
+            discarded = [(d["guard"], d["answer"]) for d in request.discarded]
+            self._ranked[key] = mine(request.examples, vocab, discarded=discarded)
             self._tried[key] = 0
         return self._ranked[key]
 
     def _proposal(self, request: ProposalRequest, index: int) -> Proposal:
         rules = self._rules(request)
         if index >= len(rules):
-            raise ProposalError(
-                "no further rule separates the cluster's decisions from the rest: every candidate condition over "
-                "the facts also matches training decisions where the answer would be wrong"
-                if rules
-                else "no rule over the facts separates the cluster's failed decisions from the correct ones"
-            )
+            raise ProposalError(_why_none(request, bool(rules)))
         rule = rules[index]
-        document = add_branch(
-            request.policy.model_dump(mode="json", by_alias=True, exclude_none=True),
-            rule,
-            request.new_version,
+        policy = request.policy
+        where = place(rule, route(policy), request.examples, self.ranks)
+        document = insert_branch(
+            policy.model_dump(mode="json", by_alias=True, exclude_none=True),
+            rule.guard,
+            rule.action.cel(),
+            where.position,
+            version=request.new_version,
+            name=rule.action.slug(),
+            description=f"Mined rule: when {rule.condition}, answer {rule.action.describe()}.",
         )
         rationale = (
-            f"When {rule.guard}, answer {rule.action.describe()} without asking the model: it fixes {rule.fixes} "
-            f"failed training decision(s) and matches {rule.matches} training decision(s), each of which the labels "
-            f"confirm (counterfactual runs)."
+            f"When {rule.condition}, answer {rule.action.describe()} without asking the model (placed "
+            f"{where.reason}): it fixes {rule.fixes} failed training decision(s) and matches {rule.matches} "
+            "training decision(s), each of which the labels confirm (counterfactual runs)."
         )
         return Proposal(document=document, rationale=rationale, proposer=self.name)
 
@@ -460,7 +717,37 @@ class RuleMinerProposer:
         return self._proposal(request, 0)
 
     def repair(self, request: ProposalRequest, previous: Proposal, failure: GateResult) -> Proposal:
-        key = json.dumps([request.policy.version, request.diagnosis.get("chosen", {}).get("id")], default=str)
+        key = self._key(request)
         self._rules(request)
         self._tried[key] = self._tried.get(key, 0) + 1
         return self._proposal(request, self._tried[key])
+
+
+def _why_none(request: ProposalRequest, had_rules: bool) -> str:
+    """Why no (further) rule: nothing to fix, no answer expressible, or no separating condition."""
+    if had_rules:
+        return (
+            "no further rule separates the cluster's decisions from the rest: every other condition over the "
+            "facts also matches training decisions where the answer would be wrong"
+        )
+    by_name = _cases(request.examples)
+    targets = [c for cases in by_name.values() for c in cases if c.target]
+    if not targets:
+        return (
+            "the cluster's failed runs have no decision whose other answer makes them pass (counterfactual "
+            "runs): no single rule before the model fixes them"
+        )
+    words = request.vocabulary
+    vocab = Vocabulary(dict(words.fact_paths), words.fact_values)
+    if not any(_actions(cases, vocab) for cases in by_name.values()):
+        example = targets[0].correct[0]
+        return (
+            f"no answer the labels imply for the cluster's {len(targets)} failed decision(s) can be written "
+            f"from the vocabulary: each right option (e.g. {json.dumps(example)}) has a payload value that is "
+            "neither a fact of the decision nor a value the environment offers in several scenarios"
+        )
+    return (
+        "no condition over the facts separates the cluster's failed decisions from the training decisions "
+        f"where the right answer would be wrong (conditions: at most {MAX_TERMS} alternatives of at most "
+        f"{MAX_ATOMS} tests; thresholds need {MIN_SUPPORT} scenarios on each side, words {MIN_SUPPORT} scenarios)"
+    )
