@@ -8,7 +8,8 @@ of four queues, escalate it to the shift lead, or close it as spam, a duplicate 
 The hard rules are guards, audited again after the fact: a locked account's ticket is never closed (the
 lock may be a takeover in progress; a person must see it), and a duplicate is closed only into an open
 ticket it merges with. Everything else is the desk's judgment, in an order its people would state
-(models.py, `desk_answer`): security first, the lock before any topic, spam closed but never a paying
+(models.py, `desk_answer`): security first, the lock before any topic, a follow-up merged into its
+open ticket unless that ticket is 48 hours old (then escalated), spam closed but never a paying
 customer's, an enterprise customer's billing question to accounts. A policy learns those from the
 labels; the audit does not flag them.
 
