@@ -42,7 +42,13 @@ def environment() -> Environment:
             "naive": stand_in("naive", naive),
             "sloppy": stand_in("sloppy", sloppy),
         },
-        files=[HERE / "machine.json", Path(__file__), HERE / "world.py", HERE / "models.py", HERE / "rules.py"],
+        files=[
+            HERE / "machine.json",
+            Path(__file__),
+            HERE / "world.py",
+            HERE / "models.py",
+            HERE / "rules.py",
+        ],
         # A ticket a person holds now (escalated) is safest; one closed unseen is the least safe outcome
         # short of the sentinel. A routed ticket reaches a team; a failed one stays in the inbox for one.
         safety_order={"closedLocked": 0, "closed": 1, "routed": 2, "failed": 2, "escalated": 3},

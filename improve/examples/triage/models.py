@@ -92,7 +92,9 @@ NAIVE_WORDS = {
     "security": re.compile(r"\b(?:breach|phishing|hacked|compromised|unauthorized|suspicious)\b", re.I),
     "billing": re.compile(r"\b(?:invoices?|billing|charged|refund|payment|receipt|vat)\b", re.I),
     "accounts": re.compile(r"\b(?:password|login|log in|sign in|seats?|2fa|two-factor)\b", re.I),
-    "technical": re.compile(r"\b(?:error|crash(?:es|ed)?|bug|broken|api|sync|slow|export|import|timeout)\b", re.I),
+    "technical": re.compile(
+        r"\b(?:error|crash(?:es|ed)?|bug|broken|api|sync|slow|export|import|timeout)\b", re.I
+    ),
 }
 
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from improve.machine import ExploreOptions, RuleEval
-
 from improve.examples.triage.world import ACTORS, CLOSE_REASONS, PLANS, QUEUES
+from improve.machine import ExploreOptions, RuleEval
+from improve.runtime import FactType
 
-FACT_TYPES = {
+FACT_TYPES: dict[str, dict[str, FactType]] = {
     "triage": {
         "ticket.subject": "string",
         "ticket.body": "string",
@@ -99,7 +99,11 @@ def _account(locked: bool, plan: str = "free") -> dict[str, Any]:
 
 
 def _open_ticket(found: bool) -> dict[str, Any]:
-    output = {"found": True, "ticketId": "T-1", "hoursAgo": 5} if found else {"found": False, "ticketId": "", "hoursAgo": 0}
+    output = (
+        {"found": True, "ticketId": "T-1", "hoursAgo": 5}
+        if found
+        else {"found": False, "ticketId": "", "hoursAgo": 0}
+    )
     return {"type": "xstate.done.actor", "actorId": "findingOpenTicket", "output": output}
 
 
@@ -150,7 +154,11 @@ RULE_EVALS = [
         ("lookingUpSender",),
         _TICKET,
         [
-            {"type": "xstate.done.actor", "actorId": "lookingUpSender", "output": {"found": False, "account": None}},
+            {
+                "type": "xstate.done.actor",
+                "actorId": "lookingUpSender",
+                "output": {"found": False, "account": None},
+            },
             _open_ticket(found=False),
         ],
         "triaging",
