@@ -19,6 +19,7 @@ DESKS = {
     "refund-approval": "refund_approval",
     "tool-loop": "tool_loop",
     "code-agent": "code_agent",
+    "triage": "triage",
 }
 SHAPE = ("__init__.py", "machine.json", "env.py", "models.py", "rules.py", "scenarios.yaml", "policies")
 

@@ -15,7 +15,7 @@ from improve.machine.rules import guarded_states, run_rule_evals, uncovered
 from improve.runtime import load_environment
 
 
-@pytest.mark.parametrize("name", ["refunds", "refund-approval"])
+@pytest.mark.parametrize("name", ["refunds", "refund-approval", "triage"])
 def test_rule_evals_pass_and_cover_every_guarded_state(name: str) -> None:
     env = load_environment(name)
     results = run_rule_evals(env.machine, env.rule_evals)

@@ -58,3 +58,7 @@ def test_the_wheel_runs_the_demo_from_a_fresh_virtualenv(tmp_path: Path) -> None
     assert "wheel_desk/machine.json" in made
     checked = run(improve, "verify", "v0", cwd=tmp_path / "ws", env=env)
     assert "pass overfit" in checked
+    # Every bundled desk ships its scenarios and policies as package data: the newest, written out.
+    run(improve, "init", tmp_path / "triage", "--from", "triage", cwd=tmp_path, env=env)
+    desk = run(improve, "scenarios", "check", cwd=tmp_path / "triage", env=env)
+    assert "58 scenarios in 13 categories" in desk, desk
