@@ -177,18 +177,14 @@ def fix_points(example: Mapping[str, Any]) -> list[str]:
 
 
 def in_cluster(example: Mapping[str, Any], cluster: Mapping[str, Any]) -> bool:
-    """The training decision is one the cluster is about (for `wrong-answer`, one that answered its wrong
-    answer where its right one alone makes the run pass; otherwise any decision of its runs)."""
-    if example.get("thread_id") not in set(cluster.get("threads") or []):
-        return False
+    """The training decision is one a fix for the cluster is about: for `wrong-answer`, any failed
+    decision where the cluster's right answer alone makes the run pass, whatever it answered instead
+    (the cluster is named by its largest group; one rule for the right answer serves them all);
+    otherwise any decision of the cluster's runs."""
     answer = cluster.get("answer")
     if not answer:
-        return True
-    return (
-        example.get("name") == answer["decision"]
-        and answer_key(example.get("answered"), example.get("facts") or {}) == answer["wrong"]
-        and answer["right"] in fix_points(example)
-    )
+        return example.get("thread_id") in set(cluster.get("threads") or [])
+    return example.get("name") == answer["decision"] and answer["right"] in fix_points(example)
 
 
 def _answer_clusters(

@@ -15,8 +15,10 @@ model:
    - free text: a word or two-word phrase, case-insensitive (`facts.t.matches('(?i)\\bbreach\\b')`),
      and its negation.
    It holds for the decisions the branch is for and for no training decision where its answer would be
-   wrong. Learned by sequential covering: each alternative grown greedily by FOIL's information gain,
-   the next one for the failures the earlier ones leave.
+   wrong. Learned by sequential covering: each alternative grown by a beam search on FOIL's
+   information gain less the bits it takes to choose each condition (a threshold among forty cut
+   points is cheap to fit by chance, a flag is not), the next one for the failures the earlier ones
+   leave.
 3. a *place* among the branches already there (`place`): before any branch that answers one of the
    failures it fixes wrongly (the labels decide where both match), else before the first branch whose
    answer is less safe (the environment's `safety_order` decides where no label does), else last before
@@ -53,6 +55,8 @@ from improve.runtime import FactType
 MAX_TERMS = 3
 """Alternatives (`||`) in one condition."""
 MAX_ATOMS = 3
+BEAM = 8
+"""Partial conjunctions extended together while growing one alternative."""
 """Conditions (`&&`) in one alternative."""
 MAX_CANDIDATES = 12
 VARIANTS = 3
@@ -258,6 +262,8 @@ class _Case:
     correct: list[dict[str, Any]]
     target: bool
     """A failure of the cluster this rule is for: its answer was not among the right ones."""
+    right_now: bool = False
+    """Its answer was among the right ones: a rule that changes it to a wrong one breaks it."""
 
     def offers(self, option: Mapping[str, Any]) -> bool:
         return any(_same(option, o) for o in self.options)
@@ -281,7 +287,10 @@ def _cases(examples: Sequence[Mapping[str, Any]]) -> dict[str, list[_Case]]:
             and correct
             and not (answered and any(_same(answered, c) for c in correct))
         )
-        case = _Case(str(e.get("scenario", "")), dict(e["facts"]), list(e["options"]), correct, target)
+        right_now = bool(answered and any(_same(answered, c) for c in correct))
+        case = _Case(
+            str(e.get("scenario", "")), dict(e["facts"]), list(e["options"]), correct, target, right_now
+        )
         by_name.setdefault(str(e.get("name", "")), []).append(case)
     return by_name
 
@@ -440,62 +449,143 @@ class _Space:
     atoms: list[Atom]
     masks: list[int]
     constants: frozenset[float]
+    costs: list[float] = field(default_factory=list)
+    """Bits to name each atom among its kind over its fact (see `_costs`)."""
+
+
+def _costs(atoms: Sequence[Atom], constants: frozenset[float]) -> list[float]:
+    """What choosing each atom costs, in bits: log2 of how many atoms of its kind test its fact.
+
+    A condition picked among many candidates (one of forty cut points of a number, one of two hundred
+    words of a text) separates a small training set by chance far more easily than a flag, which has
+    two; charging the choice against the information it gains (minimum description length) keeps a
+    coincidental threshold from winning over a plain flag that covers almost as much. The environment's
+    own thresholds are given, not chosen: they cost nothing."""
+    family: dict[tuple[str, str], int] = {}
+    for atom in atoms:
+        key = (atom.path, "pair" if atom.kind == "pair" else atom.kind)
+        family[key] = family.get(key, 0) + 1
+    return [
+        0.0
+        if atom.threshold is not None and atom.threshold in constants
+        else math.log2(family[(atom.path, "pair" if atom.kind == "pair" else atom.kind)])
+        for atom in atoms
+    ]
+
+
+def _score(
+    space: _Space, index: int, cover_p: int, cover_n: int, about: set[str]
+) -> tuple[float, ...] | None:
+    """How good adding atom `index` to a term now covering (cover_p, cover_n) is; None if useless."""
+    atom, mask = space.atoms[index], space.masks[index]
+    p = _count(mask & cover_p)
+    if p == 0:
+        return None
+    n = _count(mask & cover_n)
+    # Ties go to conditions about the facts the answer is made of, then the environment's own
+    # thresholds, then positive tests over negations, then comparisons between facts (scale-free), then
+    # the threshold closest to the failures.
+    return (
+        round(_foil(_count(cover_p), _count(cover_n), p, n) - space.costs[index], 9),
+        float(p),
+        float(len(atom.paths & about)),
+        float(atom.threshold is not None and atom.threshold in space.constants),
+        float(not atom.negated),
+        float(atom.kind == "pair"),
+        _tightness(atom),
+    )
+
+
+def _scenarios(space: _Space, mask: int) -> int:
+    """How many distinct scenarios the decisions in `mask` come from: k runs of one scenario are one
+    piece of evidence, not k."""
+    return len({space.cases[i].scenario for i in range(len(space.cases)) if mask >> i & 1})
+
+
+def _and(space: _Space, chosen: Sequence[int]) -> int:
+    mask = (1 << len(space.cases)) - 1
+    for index in chosen:
+        mask &= space.masks[index]
+    return mask
 
 
 def _grow(
-    space: _Space, positives: int, negatives: int, about: set[str], skip_first: set[Atom]
-) -> tuple[tuple[Atom, ...], int] | None:
-    """One alternative: conditions added while it still matches a decision its answer would get wrong."""
-    chosen: list[Atom] = []
-    cover_p, cover_n = positives, negatives
-    while (cover_n or not chosen) and len(chosen) < MAX_ATOMS:
-        best: tuple[tuple[float, ...], int] | None = None
-        for index, (atom, mask) in enumerate(zip(space.atoms, space.masks, strict=True)):
-            if atom in chosen or (not chosen and atom in skip_first):
-                continue
-            p = _count(mask & cover_p)
-            if p == 0:
-                continue
-            n = _count(mask & cover_n)
-            # Ties go to conditions about the facts the answer is made of, then the environment's own
-            # thresholds, then positive tests over negations, then comparisons between facts (scale-free),
-            # then the threshold closest to the failures.
-            score = (
-                round(_foil(_count(cover_p), _count(cover_n), p, n), 9),
-                float(p),
-                float(len(atom.paths & about)),
-                float(atom.threshold is not None and atom.threshold in space.constants),
-                float(not atom.negated),
-                float(atom.kind == "pair"),
-                _tightness(atom),
-            )
-            if best is None or score > best[0]:
-                best = (score, index)
-        if best is None:
-            return None
-        atom, mask = space.atoms[best[1]], space.masks[best[1]]
-        chosen.append(atom)
-        cover_p &= mask
-        cover_n &= mask
-    if cover_n:
+    space: _Space,
+    positives: int,
+    negatives: int,
+    about: set[str],
+    skip_first: set[Atom],
+    collateral: int = 0,
+) -> tuple[tuple[Atom, ...], int, float] | None:
+    """One alternative: conditions added until it matches no decision its answer would get wrong.
+
+    A beam search: the `BEAM` best partial conjunctions by FOIL gain (less the cost of choosing each
+    condition) are extended together, so a first condition that looks best alone but cannot be made
+    exact in `MAX_ATOMS` does not end the search. Among exact conjunctions the one that compresses the
+    most wins: the bits the failures it covers are worth, less the bits its conditions cost (minimum
+    description length: a word picked among hundreds to cover one more failure does not pay); then the
+    one that reaches fewest `collateral` decisions (wrong today, and wrong under its answer too: no score
+    lost, but a later rule's case taken), then the fewest conditions, then the best score. Returns the
+    conjunction, what it covers, and its net worth in bits."""
+    beam: list[tuple[tuple[float, ...], tuple[int, ...], int, int]] = [((), (), positives, negatives)]
+    best: tuple[tuple[float, int, int, tuple[float, ...]], tuple[int, ...], int] | None = None
+    # Bits a failure covered is worth: what knowing the condition holds tells about the answer.
+    total_p, total_n = _scenarios(space, positives), _scenarios(space, negatives)
+    per_failure = math.log2((total_p + total_n) / total_p) if total_p else 0.0
+    for depth in range(MAX_ATOMS):
+        grown: dict[frozenset[int], tuple[tuple[float, ...], tuple[int, ...], int, int]] = {}
+        for _, chosen, cover_p, cover_n in beam:
+            for index, atom in enumerate(space.atoms):
+                if index in chosen or (depth == 0 and atom in skip_first):
+                    continue
+                if atom.kind == "pair" and not atom.paths & about:
+                    # Two facts compared are a rule about the answer's own amounts (pay what is
+                    # refundable when less was asked); between unrelated facts, a coincidence of scale.
+                    continue
+                score = _score(space, index, cover_p, cover_n, about)
+                if score is None:
+                    continue
+                key = frozenset((*chosen, index))
+                mask = space.masks[index]
+                if key not in grown or score > grown[key][0]:
+                    grown[key] = (score, (*chosen, index), cover_p & mask, cover_n & mask)
+        if not grown:
+            break
+        ranked = sorted(grown.values(), key=lambda g: g[0], reverse=True)
+        for score, chosen, cover_p, cover_n in ranked:
+            if cover_n == 0:
+                reach = _count(collateral & _and(space, chosen))
+                net = _scenarios(space, cover_p) * per_failure - sum(space.costs[i] for i in chosen)
+                rank = (round(net, 9), -reach, -len(chosen), score)
+                if best is None or rank > best[0]:
+                    best = (rank, chosen, cover_p)
+        beam = [g for g in ranked if g[3] != 0][:BEAM]
+        if not beam:
+            break
+    if best is None:
         return None
-    return tuple(chosen), cover_p
+    return tuple(space.atoms[i] for i in best[1]), best[2], best[0][0]
 
 
 def _learn(
-    space: _Space, positives: int, negatives: int, about: set[str], skip_first: set[Atom]
+    space: _Space,
+    positives: int,
+    negatives: int,
+    about: set[str],
+    skip_first: set[Atom],
+    collateral: int = 0,
 ) -> tuple[tuple[tuple[Atom, ...], ...], int] | None:
     """Alternatives by sequential covering: each for the failures the earlier ones leave."""
     terms: list[tuple[Atom, ...]] = []
     covered = 0
     remaining = positives
     while remaining and len(terms) < MAX_TERMS:
-        grown = _grow(space, remaining, negatives, about, skip_first if not terms else set())
+        grown = _grow(space, remaining, negatives, about, skip_first if not terms else set(), collateral)
         if grown is None:
             break
-        term, cover = grown
-        if not cover & remaining:
-            break
+        term, cover, net = grown
+        if not cover & remaining or (terms and net <= 0):
+            break  # a further alternative must pay for the conditions it adds
         terms.append(term)
         covered |= cover
         remaining &= ~cover
@@ -528,30 +618,35 @@ def mine(
         if not any(c.target for c in cases):
             continue
         atoms = _atoms(cases, vocab)
+        known = frozenset(float(c) for c in vocab.constants if _numeric(c))
         space = _Space(
             cases,
             atoms,
             [_mask(cases, lambda c, a=a: a.holds(c.facts)) for a in atoms],
-            frozenset(float(c) for c in vocab.constants if _numeric(c)),
+            known,
+            _costs(atoms, known),
         )
         actions = _actions(cases, vocab)
         overall = {a: sum(c.right(a.output(c.facts)) for c in cases) for a in actions}
         for action in sorted(actions, key=lambda a: (-actions[a], -overall[a], a.describe())):
-            positives = negatives = right = 0
+            positives = negatives = right = collateral = 0
             for i, case in enumerate(cases):
                 output = action.output(case.facts)
                 if case.right(output):
                     right |= 1 << i
                     if case.target:
                         positives |= 1 << i
-                elif case.correct and case.offers(output):
-                    # Offered and wrong. A decision no answer makes right (its run fails whatever is
-                    # answered here) cannot be made worse; one where it is not offered falls through.
+                elif case.right_now and case.offers(output):
+                    # Offered and wrong where the answer now is right: the rule would break it. A decision
+                    # answered wrong already is not made worse by another wrong answer (a later rule, placed
+                    # by the safety order, may fix it); one where the answer is not offered falls through.
                     negatives |= 1 << i
+                elif case.correct and case.offers(output):
+                    collateral |= 1 << i
             about = {v for _, how, v in action.payload if how == "fact"}
             skip: set[Atom] = set()
             for _ in range(VARIANTS):
-                learned = _learn(space, positives, negatives, about, skip)
+                learned = _learn(space, positives, negatives, about, skip, collateral)
                 if learned is None:
                     break
                 terms, covered = learned
