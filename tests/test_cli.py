@@ -264,3 +264,7 @@ def test_the_test_split_is_sealed_until_unsealed_and_each_unsealing_is_recorded(
     third = json.loads(runner.invoke(app, args).stdout)["unsealing"]
     assert third["number"] == 1 and third["test_set"] != counts["test_set"] and third["test_scenarios"] == 4
     assert len(log.read_text().splitlines()) == 3
+    markdown = runner.invoke(app, [*args[:-1], "--format", "markdown"])
+    assert markdown.exit_code == 0, markdown.output
+    assert "| test | v0 | 4 |" in markdown.stdout
+    assert f"unsealing 2 of test set `{third['test_set']}` (4 scenarios) by t <" in markdown.stdout

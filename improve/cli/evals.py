@@ -29,6 +29,7 @@ from improve.evals import (
     SEALED_SPLIT,
     SPLITS,
     UNSEAL_HOW,
+    UNSEALINGS_FILE,
     Comparison,
     Ledger,
     PlannedRun,
@@ -53,7 +54,7 @@ from improve.evals import (
     write_threads,
 )
 from improve.log import ThreadId, model_slug
-from improve.loop.heldout import held_out_status
+from improve.loop import held_out_status
 from improve.machine import MachineConfig, run_rule_evals, uncovered
 from improve.runtime import Environment, read_thread
 
@@ -79,8 +80,8 @@ def score_command(
         bool,
         typer.Option(
             "--unseal",
-            help="Score the sealed test split (with --split test or all), running its k runs first when none "
-            "are recorded; the unsealing is recorded in the policies' test-unsealings.jsonl.",
+            help="Score the sealed test split (with --split test or all), making its k runs that are not "
+            "recorded yet; the unsealing is recorded in the policies' test-unsealings.jsonl.",
         ),
     ] = False,
     env: Annotated[str | None, EnvOption] = None,
@@ -99,9 +100,10 @@ def score_command(
 
     The sealed test split (`split: test` in the scenario file) is never read by a round; it is scored
     only here, with --unseal, and each unsealing is recorded (who, when, which policy version, the
-    scores) in the policies' test-unsealings.jsonl. Its runs are made here when none are recorded (k
-    from improve.toml). Unseal it for a final number: a change made because of a test score makes the
-    test split one more reused held-out set.
+    scores) in the policies' test-unsealings.jsonl. Its runs are made here (k from improve.toml; the
+    recorded ones are reused). Unseal it for a final number: a change made because of a test score
+    makes the test split one more reused held-out set. Scoring held-out warns when the rounds that
+    read it (counted in the CHANGELOG) are more than its size supports.
 
     Example:
 
@@ -261,6 +263,13 @@ def score_command(
                         model=describe_model(stamp, prints) if stamp else None,
                     )
                 )
+                if unsealing:
+                    # A scorecard pasted into a review says that its test numbers were an unsealing.
+                    sys.stdout.write(
+                        f"\nThe test split was unsealed for this scorecard: unsealing {unsealing.number} of test "
+                        f"set `{unsealing.test_set}` ({unsealing.test_scenarios} scenarios) by {unsealing.who} "
+                        f"at {unsealing.at}, recorded in `{UNSEALINGS_FILE}`.\n"
+                    )
                 return
             _print_tables(cards, comparisons, objective.seed)
 

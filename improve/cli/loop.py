@@ -81,8 +81,8 @@ def round_command(
     request for a recommended candidate (or leaves a branch and reports/<round>/pr.md). The sealed
     test split is never read. Each entry counts the rounds that read the held-out set ("held-out read N
     times", per set: a changed held-out set starts again), and warns past the reads n held-out
-    scenarios support, 1 + floor(2 n eps^2 / ln 2) with eps = [objective] held_out_bias
-    (docs/contracts.md, held-out reuse).
+    scenarios support, 1 + floor(2 n eps^2 / ln 2) with eps = held_out_bias of improve.toml's
+    objective (docs/contracts.md, held-out reuse).
 
     Exit 0 when a candidate is recommended (or the goal already holds), 1 when every candidate was
     discarded or the spend limit stopped the round, 2 on usage errors, 3 when a run, git or the
