@@ -9,7 +9,8 @@ imports nothing else of ours) may raise these. Every error carries a message tha
     │   ├── MachineConfigError        a machine or policy document is invalid
     │   │   └── ExpressionError       a CEL expression does not parse, uses a forbidden name, ...
     │   ├── ScenarioError             a scenario file is invalid
-    │   │   └── WorldFromThreadError  a thread's world cannot be rebuilt (a tool answered as no fixture can)
+    │   │   ├── WorldFromThreadError  a thread's world cannot be rebuilt (a tool answered as no fixture can)
+    │   │   └── SealedSplitError      the sealed test split was asked for without --unseal
     │   ├── WorkspaceError            improve.toml, a policy file or a directory is missing or wrong
     │   ├── BranchNameError           a branch name git would refuse (`:`, `..`, a space, ...)
     │   └── LakeError                 a directory is not a Parquet lake, or an export cannot replace it
@@ -73,6 +74,12 @@ class WorldFromThreadError(ScenarioError):
     """A thread cannot become a scenario: its environment's world fixture has no way to make a tool
     answer as the thread records (a tool failed that the fixture cannot fail, or the rebuilt world
     answers differently). The message names the thread, the entry and the tool."""
+
+
+class SealedSplitError(ScenarioError):
+    """The sealed `test` split (or one of its scenarios) was asked for without `--unseal`: no round reads
+    it, and it is scored only by `improve score --split test --unseal`, each unsealing recorded. The
+    message says how to unseal and what that costs."""
 
 
 class WorkspaceError(ConfigError):

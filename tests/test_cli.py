@@ -6,9 +6,11 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from improve.cli.main import app
+from improve.demo import commit_workspace
 from improve.log.entry import LogEntry
 from tests.conftest import copy_workspace
 
@@ -187,7 +189,82 @@ def test_bad_scenario_file_names_file_line_scenario_and_field(ws: Path) -> None:
     assert (
         "refunds.yaml:" in result.stderr
         and "split" in result.stderr
-        and "'train' or 'held-out'" in result.stderr
+        and "'train', 'held-out' or 'test'" in result.stderr
     )
     scenario_line = int(result.stderr.split("refunds.yaml:")[1].split(":")[0])
     assert scenario_line <= line
+
+
+def seal(
+    ws: Path, ids: tuple[str, ...] = ("small-refund-05", "fraud-signal-09", "over-window-09")
+) -> list[str]:
+    """Label copies of a few held-out scenarios `split: test` (new ids, the same world and label)."""
+    path = ws / "scenarios" / "refunds.yaml"
+    doc = yaml.safe_load(path.read_text())
+    by_id = {s["id"]: s for s in doc["scenarios"]}
+    sealed = [{**by_id[i], "id": f"{i}-t", "split": "test"} for i in ids]
+    doc["scenarios"] += sealed
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return [s["id"] for s in sealed]
+
+
+def test_the_test_split_is_sealed_until_unsealed_and_each_unsealing_is_recorded(ws: Path) -> None:
+    commit_workspace(ws, user="t", message="workspace")  # who unseals: git's user where the workspace is
+    sealed = seal(ws)
+    checked = runner.invoke(app, ["scenarios", "check", "-w", str(ws), "--json"])
+    assert checked.exit_code == 0, checked.output
+    counts = json.loads(checked.stdout)
+    assert counts["test"] == 3 and counts["ok"] and counts["test_set"]
+    assert counts["train"] + counts["held_out"] + counts["test"] == counts["scenarios"]
+    text = runner.invoke(app, ["scenarios", "check", "-w", str(ws)])
+    assert "/ 3 test (sealed)" in text.stdout
+
+    # Nothing reads the sealed split without --unseal: not `run --split all`, not a test scenario by id.
+    ran = runner.invoke(app, ["run", "-w", str(ws), "--k", "1", "--json"])
+    assert ran.exit_code == 0, ran.output
+    assert "sealed test split (3 scenarios) is left out" in ran.stderr
+    assert not any(s in {r["scenario"] for r in json.loads(ran.stdout)["threads"]} for s in sealed)
+    assert not list((ws / "traces").glob("test:*")) and not list((ws / "traces").glob(f"*{sealed[0]}*"))
+    for args in (
+        ["run", "--split", "test"],
+        ["run", "--scenario", sealed[0]],
+        ["score", "-p", "v0", "--split", "test"],
+    ):
+        refused = runner.invoke(
+            app, [*args, "-w", str(ws), "--k", "1"] if args[0] == "run" else [*args, "-w", str(ws)]
+        )
+        assert refused.exit_code == 2, refused.output
+        assert "the test split is sealed" in refused.stderr and "--unseal" in refused.stderr
+    wrong = runner.invoke(app, ["score", "-w", str(ws), "-p", "v0", "--split", "held-out", "--unseal"])
+    assert wrong.exit_code == 2 and "pass --split test" in wrong.stderr
+    assert not (ws / "policies" / "refunds" / "test-unsealings.jsonl").exists()
+
+    # Unsealed: scored (its runs made here), and recorded before it is shown.
+    args = ["score", "-w", str(ws), "--policy", "v0", "--split", "test", "--unseal", "--json"]
+    first = runner.invoke(app, args)
+    assert first.exit_code == 0, first.output
+    doc = json.loads(first.stdout)
+    (card,) = doc["scorecards"]
+    assert card["split"] == "test" and {s["scenario"] for s in card["scenarios"]} == set(sealed)
+    unsealing = doc["unsealing"]
+    assert unsealing["number"] == 1 and unsealing["test_set"] == counts["test_set"]
+    assert unsealing["who"] == "t <improve@example.invalid>"
+    assert unsealing["scores"][0]["version"] == "v0" and len(unsealing["scores"][0]["policy_hash"]) == 16
+    assert doc["sealed"] == {"test_scenarios": 3, "unsealed": True, "unsealings": 1}
+    assert "recorded in" in first.stderr and "test-unsealings.jsonl" in first.stderr
+    log = ws / "policies" / "refunds" / "test-unsealings.jsonl"
+    (line,) = log.read_text().splitlines()
+    assert json.loads(line) == unsealing
+
+    # Each unsealing is one more line; a changed test set starts its count again.
+    again = runner.invoke(app, args)
+    assert again.exit_code == 0 and json.loads(again.stdout)["unsealing"]["number"] == 2
+    assert "the first was on" in again.stderr
+    seal(ws, ("small-refund-04",))
+    third = json.loads(runner.invoke(app, args).stdout)["unsealing"]
+    assert third["number"] == 1 and third["test_set"] != counts["test_set"] and third["test_scenarios"] == 4
+    assert len(log.read_text().splitlines()) == 3
+    markdown = runner.invoke(app, [*args[:-1], "--format", "markdown"])
+    assert markdown.exit_code == 0, markdown.output
+    assert "| test | v0 | 4 |" in markdown.stdout
+    assert f"unsealing 2 of test set `{third['test_set']}` (4 scenarios) by t <" in markdown.stdout

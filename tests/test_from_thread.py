@@ -139,7 +139,7 @@ def test_defaults_outcome_only_and_the_one_split_warning(ws: Path) -> None:
     [
         (["--expect", "checkingPayment", "--split", "train"], "is not a final state of refunds"),
         (["--expect", "issued", "--split", "train", "--id", "small-refund-01"], "is already used"),
-        (["--expect", "issued", "--split", "test"], "--split 'test'"),
+        (["--expect", "issued", "--split", "dev"], "--split 'dev'"),
         (["--expect", "issued", "--split", "train", "--effect", "refund 140"], "--effect #1"),
         (["--expect", "issued", "--split", "train", "--effect", '{"orderId": "O-5005"}'], "with a `kind`"),
         (["--expect", "issued", "--split", "train", "--id", "no spaces please"], "id: String should match"),

@@ -654,3 +654,105 @@ def test_demo_rounds_promote_and_the_final_policy_keeps_what_careful_gets_right(
         before = careful_pass_rate(env_name, policies / "v0.json", chosen)
         after = careful_pass_rate(env_name, policies / f"{summary.final_version}.json", chosen)
         assert after >= before, (split, summary.final_version, before, after)
+
+
+NULL_PROPOSER = """
+class SameBehaviour:
+    name = "same"
+
+    def __init__(self, setup):
+        pass
+
+    def propose(self, request):
+        from improve.loop.proposers import Proposal
+
+        doc = request.policy.model_dump(mode="json", by_alias=True, exclude_none=True)
+        doc["version"] = request.new_version
+        doc["states"]["ask_model"]["description"] = "the same behaviour, reworded"
+        return Proposal(document=doc, rationale="no behavioural change", proposer=self.name)
+
+    def repair(self, request, previous, failure):
+        raise AssertionError(failure.detail)
+"""
+
+
+def test_held_out_reads_are_counted_per_set_and_warn_past_what_the_set_supports(tmp_path: Path) -> None:
+    import math
+
+    import yaml
+
+    from improve.evals.holdout import bias_bound, supported_reads
+
+    scratch(tmp_path)
+    (tmp_path / "same.py").write_text(NULL_PROPOSER)
+    path = tmp_path / "scenarios" / "refunds.yaml"
+    doc = yaml.safe_load(path.read_text())
+    held_out = [s for s in doc["scenarios"] if s["split"] == "held-out"]
+    # epsilon such that this held-out set supports exactly two reads: 2 n eps^2 / ln 2 = 1.5.
+    eps = math.sqrt(1.5 * math.log(2) / (2 * len(held_out)))
+    assert supported_reads(len(held_out), eps) == 2
+    text = (
+        (tmp_path / "improve.toml")
+        .read_text()
+        .replace("[objective]", f"[objective]\nheld_out_bias = {eps}", 1)
+    )
+    (tmp_path / "improve.toml").write_text(text + '\n[proposers.same]\nmodule = "same:SameBehaviour"\n')
+    # A sealed test split besides: no round may run it.
+    doc["scenarios"].append({**held_out[0], "id": "sealed-one", "split": "test"})
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    args = ["round", "-w", str(tmp_path), "--policy", "v0", "--k", "1", "--proposer", "same"]
+    changelog = tmp_path / "policies" / "refunds" / "CHANGELOG.md"
+
+    reads = []
+    for _ in range(3):
+        result = CliRunner().invoke(app, [*args, "--json"])
+        assert result.exit_code == 1, result.output  # the same behaviour is never promoted
+        (outcome,) = json.loads(result.stdout)["rounds"]
+        reads.append(outcome["held_out"])
+    key = reads[0]["key"]
+    assert [r["read"] for r in reads] == [1, 2, 3] and {r["key"] for r in reads} == {key}
+    assert [r["bias_bound"] for r in reads] == [
+        0.0,
+        pytest.approx(bias_bound(1, len(held_out)), abs=1e-6),
+        pytest.approx(bias_bound(2, len(held_out)), abs=1e-6),
+    ]
+    assert reads[0]["warning"] is None and reads[1]["warning"] is None
+    assert reads[2]["warning"] and "read by 3 rounds, more than the 2 it supports" in reads[2]["warning"]
+    entries = changelog.read_text()
+    for n in (1, 2, 3):
+        assert (
+            f"- Held-out set `{key}` ({len(held_out)} scenarios) read {n} times, this round included"
+            in entries
+        )
+    assert entries.count("**Held-out reuse warning**") == 1
+    # The PR body / scorecard of the third round says so too.
+    scorecard = (tmp_path / outcome["report"] / "scorecard.md").read_text()
+    assert "## Held-out reuse" in scorecard and "**Warning**: held-out set" in scorecard
+
+    # The table output: "held-out read 4 times" and the warning.
+    fourth = CliRunner().invoke(app, args)
+    assert "held-out read 4 times" in fourth.stdout and "warning: held-out set" in fourth.stdout
+
+    # The round never ran the sealed scenario: no thread, no warehouse row.
+    assert not list((tmp_path / "traces").glob("*sealed-one*"))
+    rows = CliRunner().invoke(
+        app,
+        ["sql", "-w", str(tmp_path), "-f", "json", "SELECT count(*) AS n FROM outcomes WHERE split = 'test'"],
+    )
+    assert rows.exit_code == 0, rows.output
+    assert json.loads(rows.stdout)[0]["n"] == 0
+
+    # A changed held-out set is another set: its count starts again.
+    doc["scenarios"].append({**held_out[0], "id": "fresh-held-out-01"})
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    fresh = json.loads(CliRunner().invoke(app, [*args, "--json"]).stdout)["rounds"][0]["held_out"]
+    assert fresh["read"] == 1 and fresh["key"] != key and fresh["scenarios"] == len(held_out) + 1
+
+
+def test_held_out_reads_never_go_down_when_an_entry_is_lost() -> None:
+    from improve.loop.heldout import held_out_reads
+
+    line = "- Held-out set `{key}` (27 scenarios) read {n} times, this round included; ..."
+    text = "\n".join(line.format(key=k, n=n) for k, n in (("aa11", 1), ("bb22", 1), ("aa11", 4)))
+    assert held_out_reads(text, "aa11") == 4  # the entries of reads 2 and 3 went with an unmerged branch
+    assert held_out_reads(text, "bb22") == 1 and held_out_reads(text, "cc33") == 0

@@ -22,27 +22,41 @@ from improve.cli.common import (
     out,
     workspace,
 )
-from improve.errors import ScenarioError, WorkspaceError
+from improve.cli.unseal import record_unsealed, unsealings_so_far
+from improve.errors import ScenarioError, SealedSplitError, WorkspaceError
 from improve.evals import (
+    OPEN_SPLITS,
+    SEALED_SPLIT,
     SPLITS,
+    UNSEAL_HOW,
+    UNSEALINGS_FILE,
     Comparison,
     Ledger,
+    PlannedRun,
     Recorded,
+    ScenarioSet,
     Scorecard,
+    SuiteSpec,
+    UnsealedScore,
+    Workspace,
     append_scenario,
     compare,
     describe_model,
     load_scenarios,
     load_thread,
+    policy_hash,
     policy_label,
     scenario_from_thread,
     scorecard,
     scorecard_markdown,
+    set_key,
     split_warnings,
+    write_threads,
 )
 from improve.log import ThreadId, model_slug
-from improve.machine import run_rule_evals, uncovered
-from improve.runtime import read_thread
+from improve.loop import held_out_status
+from improve.machine import MachineConfig, run_rule_evals, uncovered
+from improve.runtime import Environment, read_thread
 
 
 def score_command(
@@ -51,11 +65,25 @@ def score_command(
         str | None, typer.Option("--vs", help="Compare against this version, scenario by scenario.")
     ] = None,
     split: Annotated[
-        str, typer.Option("--split", "-s", help="train, held-out or all (each split scored apart).")
+        str,
+        typer.Option(
+            "--split",
+            "-s",
+            help="train, held-out, test (sealed: needs --unseal) or all (each split scored apart; test only "
+            "with --unseal).",
+        ),
     ] = "all",
     model: Annotated[
         str, typer.Option("--model", "-m", help="The model whose recorded runs are scored.")
     ] = "naive",
+    unseal: Annotated[
+        bool,
+        typer.Option(
+            "--unseal",
+            help="Score the sealed test split (with --split test or all), making its k runs that are not "
+            "recorded yet; the unsealing is recorded in the policies' test-unsealings.jsonl.",
+        ),
+    ] = False,
     env: Annotated[str | None, EnvOption] = None,
     fmt: Annotated[
         str, typer.Option("--format", "-f", help="table or markdown (the PR body's scorecard).")
@@ -70,24 +98,52 @@ def score_command(
     difference, the sign test and Wilcoxon signed-rank, wins / ties / losses and the scenarios that
     changed. The bootstrap seed comes from improve.toml and is printed.
 
+    The sealed test split (`split: test` in the scenario file) is never read by a round; it is scored
+    only here, with --unseal, and each unsealing is recorded (who, when, which policy version, the
+    scores) in the policies' test-unsealings.jsonl. Its runs are made here (k from improve.toml; the
+    recorded ones are reused). Unseal it for a final number: a change made because of a test score
+    makes the test split one more reused held-out set. Scoring held-out warns when the rounds that
+    read it (counted in the CHANGELOG) are more than its size supports.
+
     Example:
 
         improve score --policy v1 --vs v0 --split held-out --format markdown
+        improve score --policy v3 --vs v0 --split test --unseal
     """
     with handled():
         if fmt not in ("table", "markdown"):
             raise WorkspaceError(f"unknown format {fmt!r}; use table or markdown")
+        if split != "all" and split not in SPLITS:
+            raise WorkspaceError(f"unknown split {split!r}; use {', '.join(SPLITS)} or all")
+        if unseal and split not in (SEALED_SPLIT, "all"):
+            raise WorkspaceError(
+                f"--unseal unseals the sealed test split; pass --split {SEALED_SPLIT} (or all) with it, or "
+                f"leave --unseal out to score {split}"
+            )
+        if split == SEALED_SPLIT and not unseal:
+            raise SealedSplitError(f"--split {SEALED_SPLIT}: {UNSEAL_HOW}")
         space = workspace(ws)
         env_name = space.env_name(env)
         environment = space.environment(env_name)
-        scenarios = space.scenarios(env_name).scenarios
+        scenario_set = space.scenarios(env_name)
+        scenarios = scenario_set.scenarios
+        if unseal and not scenario_set.sealed:
+            raise ScenarioError(
+                f"{scenario_set.source}: no scenario has `split: {SEALED_SPLIT}`, so there is nothing to "
+                f"unseal; label some with `split: {SEALED_SPLIT}` (or `improve scenarios add --split "
+                f"{SEALED_SPLIT}`) before any round chooses a policy, and score them once at the end"
+            )
         objective = space.config.objective
         with Ledger(space, environment) as ledger:
             store = ledger.store
             known = {s.id for s in scenarios}
-            splits = list(SPLITS) if split == "all" else [split]
-            if split != "all" and split not in SPLITS:
-                raise WorkspaceError(f"unknown split {split!r}; use train, held-out or all")
+            splits = [*OPEN_SPLITS, *([SEALED_SPLIT] if unseal else [])] if split == "all" else [split]
+            if split == "all" and not unseal and scenario_set.sealed:
+                err.print(
+                    f"the sealed test split ({len(scenario_set.sealed)} scenarios) is not scored; "
+                    f"`--split {SEALED_SPLIT} --unseal` scores it (and records the unsealing)",
+                    markup=False,
+                )
             configs = {"new": space.load_policy(env_name, policy)}
             if vs:
                 configs["old"] = space.load_policy(env_name, vs)
@@ -102,13 +158,23 @@ def score_command(
                     label = policy_label(configs[side])
                     # The recorded threads of this version and model, verified in the warehouse: a thread
                     # that does not verify is set aside, never scored.
-                    ids = [
-                        tid
-                        for tid in ledger.recorded(f"{part}:{label}:{model_slug(model)}:")
-                        if (parsed := ThreadId.parse(tid)) is not None and parsed.scenario in known
-                    ]
+                    rewritten: list[str] = []
+                    if part == SEALED_SPLIT:
+                        # Unsealing is one command: the test set's k runs are made (or reused) here, never
+                        # by a round, and exactly the current test set is scored.
+                        plan = _run_sealed(space, environment, scenario_set, configs[side], model, ledger)
+                        ids = [p.thread_id for p in plan]
+                        rewritten = [p.thread_id for p in plan if not p.reused]
+                    else:
+                        ids = [
+                            tid
+                            for tid in ledger.recorded(f"{part}:{label}:{model_slug(model)}:")
+                            if (parsed := ThreadId.parse(tid)) is not None and parsed.scenario in known
+                        ]
                     recorded = (
-                        ledger.record(ids, say=lambda m: err.print(m, markup=False)) if ids else Recorded()
+                        ledger.record(ids, say=lambda m: err.print(m, markup=False), rewritten=rewritten)
+                        if ids
+                        else Recorded()
                     )
                     rows = recorded.rows
                     if not rows:
@@ -131,12 +197,46 @@ def score_command(
                             tolerance=objective.tolerance,
                         )
                     )
+            held_out_reads = (
+                held_out_status(
+                    space.policies_dir(env_name) / "CHANGELOG.md",
+                    scenario_set.split("held-out"),
+                    objective.held_out_bias,
+                )
+                if "held-out" in splits
+                else None
+            )
+            if held_out_reads and held_out_reads["warning"]:
+                err.print(f"warning: {held_out_reads['warning']}", markup=False)
+            unsealing = None
+            if unseal:
+                # Recorded before anything is shown: a look at the test scores is never unrecorded.
+                sides = [configs[s] for s in ("old", "new") if s in configs]
+                test_cards = [c for c in cards if c.split == SEALED_SPLIT]
+                test_comparison = next((c for c in comparisons if c.split == SEALED_SPLIT), None)
+                unsealing = record_unsealed(
+                    space,
+                    env_name,
+                    scenario_set,
+                    model,
+                    [UnsealedScore.of(c, policy_hash(cfg)) for cfg, c in zip(sides, test_cards, strict=True)],
+                    command=f"improve score --policy {policy}{f' --vs {vs}' if vs else ''} --model {model} "
+                    f"--split {split} --unseal",
+                    comparison=test_comparison.to_json() if test_comparison else None,
+                )
             if as_json:
                 emit_json(
                     {
                         "seed": objective.seed,
                         "scorecards": [c.to_json() for c in cards],
                         "comparisons": [c.to_json() for c in comparisons],
+                        "sealed": {
+                            "test_scenarios": len(scenario_set.sealed),
+                            "unsealed": unseal,
+                            "unsealings": unsealings_so_far(space, env_name, scenario_set),
+                        },
+                        "unsealing": unsealing.to_json() if unsealing else None,
+                        "held_out_reads": held_out_reads,
                     }
                 )
                 return
@@ -163,8 +263,45 @@ def score_command(
                         model=describe_model(stamp, prints) if stamp else None,
                     )
                 )
+                if unsealing:
+                    # A scorecard pasted into a review says that its test numbers were an unsealing.
+                    sys.stdout.write(
+                        f"\nThe test split was unsealed for this scorecard: unsealing {unsealing.number} of test "
+                        f"set `{unsealing.test_set}` ({unsealing.test_scenarios} scenarios) by {unsealing.who} "
+                        f"at {unsealing.at}, recorded in `{UNSEALINGS_FILE}`.\n"
+                    )
                 return
             _print_tables(cards, comparisons, objective.seed)
+
+
+def _run_sealed(
+    space: Workspace,
+    environment: Environment,
+    scenario_set: ScenarioSet,
+    policy: MachineConfig,
+    model: str,
+    ledger: Ledger,
+) -> list[PlannedRun]:
+    """Run the k runs of the test split's scenarios that are not recorded yet (the recorded ones are
+    reused), with the cache recording what is new; the thread ids of all of them."""
+    objective = space.config.objective
+    spec = SuiteSpec(
+        policy,
+        model,
+        objective.k,
+        objective.max_model_calls,
+        space.model_spec(model, environment),
+        str(space.cache_dir),
+        "record",
+    )
+    plan = write_threads(environment, scenario_set.sealed, spec, ledger.store, concurrency=8)
+    ran = sum(1 for p in plan if not p.reused)
+    err.print(
+        f"test split: {len(scenario_set.sealed)} scenarios x {spec.k} with {policy_label(policy)}, model "
+        f"{model} ({ran} runs made now, {len(plan) - ran} reused)",
+        markup=False,
+    )
+    return plan
 
 
 def _print_tables(cards: list[Scorecard], comparisons: list[Comparison], seed: int) -> None:
@@ -219,8 +356,9 @@ def scenarios_check(
     as_json: Annotated[bool, JsonOption] = False,
     ws: Annotated[Path | None, WorkspaceOption] = None,
 ) -> None:
-    """Check a scenario file: valid fields, unique ids, every category in both splits, and expected
-    outcomes that name final states of the environment. Exit 1 on any problem.
+    """Check a scenario file: valid fields, unique ids, every category in both train and held-out, and
+    expected outcomes that name final states of the environment. Exit 1 on any problem. The sealed
+    `test` split is optional and counted apart (a category may be in it alone).
 
     Example:
 
@@ -241,14 +379,15 @@ def scenarios_check(
             finals = set(environment.config.final_states())
             categories: dict[str, set[str]] = {}
             for s in scenario_set.scenarios:
-                categories.setdefault(s.category, set()).add(s.split)
+                if s.split != SEALED_SPLIT:
+                    categories.setdefault(s.category, set()).add(s.split)
                 if s.expected.outcome not in finals:
                     problems.append(
                         f"{source}: scenario '{s.id}': expected.outcome '{s.expected.outcome}' is not a final "
                         f"state of {environment.name}; final states are {sorted(finals)}"
                     )
             for category, splits in sorted(categories.items()):
-                missing = sorted(set(SPLITS) - splits)
+                missing = sorted(set(OPEN_SPLITS) - splits)
                 if missing:
                     problems.append(
                         f"{source}: category '{category}' has no scenario in {', '.join(missing)}"
@@ -259,6 +398,9 @@ def scenarios_check(
                 "categories": len(categories),
                 "train": len(scenario_set.split("train")),
                 "held_out": len(scenario_set.split("held-out")),
+                "test": len(scenario_set.sealed),
+                "held_out_set": set_key(scenario_set.split("held-out")),
+                "test_set": set_key(scenario_set.sealed) if scenario_set.sealed else None,
             }
         if as_json:
             emit_json(summary | {"ok": not problems, "problems": problems})
@@ -266,9 +408,11 @@ def scenarios_check(
             for problem in problems:
                 err.print(problem, markup=False)
         else:
+            sealed = f" / {summary['test']} test (sealed)" if summary["test"] else ""
             out.print(
                 f"{source}: {summary['scenarios']} scenarios in {summary['categories']} categories, "
-                f"{summary['train']} train / {summary['held_out']} held-out, every category in both splits",
+                f"{summary['train']} train / {summary['held_out']} held-out{sealed}, every category in both "
+                "train and held-out",
                 markup=False,
             )
         if problems:
@@ -285,7 +429,12 @@ def scenarios_add(
         ),
     ],
     expect: Annotated[str, typer.Option("--expect", help="The label: the final state the run must end in.")],
-    split: Annotated[str, typer.Option("--split", help="train or held-out (fixed in the file).")],
+    split: Annotated[
+        str,
+        typer.Option(
+            "--split", help="train, held-out or test (the sealed split no round reads; fixed in the file)."
+        ),
+    ],
     effect: Annotated[
         list[str] | None,
         typer.Option(

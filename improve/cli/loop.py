@@ -78,7 +78,11 @@ def round_command(
 
     Each round diagnoses the training failures, proposes one change, gates it, replays it on train
     then held-out k times, applies the promotion rule, records the CHANGELOG entry, and opens a pull
-    request for a recommended candidate (or leaves a branch and reports/<round>/pr.md).
+    request for a recommended candidate (or leaves a branch and reports/<round>/pr.md). The sealed
+    test split is never read. Each entry counts the rounds that read the held-out set ("held-out read N
+    times", per set: a changed held-out set starts again), and warns past the reads n held-out
+    scenarios support, 1 + floor(2 n eps^2 / ln 2) with eps = held_out_bias of improve.toml's
+    objective (docs/contracts.md, held-out reuse).
 
     Exit 0 when a candidate is recommended (or the goal already holds), 1 when every candidate was
     discarded or the spend limit stopped the round, 2 on usage errors, 3 when a run, git or the
@@ -115,6 +119,15 @@ def round_command(
                     markup=False,
                 )
                 out.print(f"  {r.decision_detail}", markup=False)
+                if r.held_out:
+                    read = r.held_out
+                    out.print(
+                        f"  held-out read {read['read']} times (set {read['key']}, {read['scenarios']} scenarios; "
+                        f"supports {read['supported']}; bias bound {read['bias_bound']:.3f})",
+                        markup=False,
+                    )
+                    if read["warning"]:
+                        out.print(f"  warning: {read['warning']}", markup=False)
                 if r.pr:
                     out.print(
                         f"  pull request: {r.pr.get('pr_url') or r.pr.get('instructions') or r.pr.get('error')}",

@@ -38,9 +38,10 @@ from improve.cli.policy import (
     vocabulary_command,
 )
 from improve.cli.tape import tape_app
+from improve.cli.unseal import record_unsealing_of
 from improve.cli.warehouse import export_command, ingest_command, sql_command
-from improve.errors import DivergenceError, LogError, TamperError, WorkspaceError
-from improve.evals import Ledger, OutcomeRow, SuiteSpec, Workspace, write_threads
+from improve.errors import DivergenceError, LogError, SealedSplitError, TamperError, WorkspaceError
+from improve.evals import SEALED_SPLIT, UNSEAL_HOW, Ledger, OutcomeRow, SuiteSpec, Workspace, write_threads
 from improve.llm import Meter
 from improve.log import JsonlDirStore, LogEntry, gc_paused, head
 from improve.log import replay as replay_thread
@@ -65,7 +66,14 @@ def run_command(
         str, typer.Option("--policy", "-p", help="Policy version (v0) or a .json path.")
     ] = "v0",
     model: Annotated[str, ModelOption] = "naive",
-    split: Annotated[str, typer.Option("--split", "-s", help="train, held-out or all.")] = "all",
+    split: Annotated[
+        str,
+        typer.Option(
+            "--split",
+            "-s",
+            help="train, held-out, test (sealed: needs --unseal) or all (test only with --unseal).",
+        ),
+    ] = "all",
     k: Annotated[
         int | None, typer.Option("--k", min=1, help="Runs per scenario (default from improve.toml).")
     ] = None,
@@ -73,6 +81,14 @@ def run_command(
     fresh: Annotated[bool, typer.Option("--fresh", help="Run again even when threads are recorded.")] = False,
     cache: Annotated[CacheMode, CacheOption] = CacheMode.record,
     concurrency: Annotated[int, typer.Option("--concurrency", min=1, help="Runs in flight at once.")] = 8,
+    unseal: Annotated[
+        bool,
+        typer.Option(
+            "--unseal",
+            help="Run the sealed test split's scenarios too (--split test or all): the outcomes are shown, "
+            "and the unsealing is recorded in the policies' test-unsealings.jsonl.",
+        ),
+    ] = False,
     as_json: Annotated[bool, JsonOption] = False,
     ws: Annotated[Path | None, WorkspaceOption] = None,
 ) -> None:
@@ -81,7 +97,8 @@ def run_command(
     Threads are written to the workspace's traces/ as `split:version:model:scenario:rK.jsonl`;
     threads already recorded with the same policy and model are reused, so an interrupted run
     resumes. A model behind an endpoint has its calls recorded under .improve/cache (--cache), and
-    the progress lines count its calls, tokens, USD and retries.
+    the progress lines count its calls, tokens, USD and retries. The sealed test split is left out
+    of --split all, and refused alone, unless --unseal (recorded, as `improve score --unseal` is).
 
     Example:
 
@@ -93,13 +110,22 @@ def run_command(
         env_name = space.env_name(env)
         environment = space.environment(env_name)
         scenario_set = space.scenarios(env_name)
-        chosen = scenario_set.split(split)
+        chosen = scenario_set.split(split, unseal=unseal)
         if scenario:
             known = scenario_set.by_id()
             missing = [s for s in scenario if s not in known]
             if missing:
                 raise WorkspaceError(f"unknown scenario id(s) {missing}; see {scenario_set.source}")
+            sealed = [s for s in scenario if known[s].split == SEALED_SPLIT]
+            if sealed and not unseal:
+                raise SealedSplitError(f"--scenario {', '.join(sealed)}: {UNSEAL_HOW}")
             chosen = [s for s in chosen if s.id in set(scenario)]
+        elif split == "all" and not unseal and scenario_set.sealed:
+            err.print(
+                f"the sealed test split ({len(scenario_set.sealed)} scenarios) is left out; --unseal runs it "
+                "(and records the unsealing)",
+                markup=False,
+            )
         policy_config = space.load_policy(env_name, policy)
         spec = SuiteSpec(
             policy=policy_config,
@@ -139,6 +165,20 @@ def run_command(
         if reused_count:
             err.print(f"reused {reused_count} recorded threads (--fresh runs them again)")
         summary = summarize(rows)
+        unsealed = [r for r in rows if r.split == SEALED_SPLIT]
+        unsealing = (
+            record_unsealing_of(
+                space,
+                env_name,
+                scenario_set,
+                policy_config,
+                model,
+                unsealed,
+                command=f"improve run --policy {policy} --model {model} --split {split} --k {spec.k} --unseal",
+            )
+            if unsealed
+            else None
+        )
         if as_json:
             emit_json(
                 {
@@ -148,6 +188,7 @@ def run_command(
                     "k": spec.k,
                     "summary": summary,
                     "quarantined": [asdict(q) for q in recorded.quarantined],
+                    "unsealing": unsealing.to_json() if unsealing else None,
                     **({"model_calls": meter.to_json()} if spec.model_spec is not None else {}),
                     "scenarios": per_scenario(rows),
                     "threads": [r.to_json() for r in rows],

@@ -22,7 +22,8 @@ from improve.cli.common import (
     out,
     workspace,
 )
-from improve.errors import WorkspaceError
+from improve.errors import SealedSplitError, WorkspaceError
+from improve.evals import SEALED_SPLIT, UNSEAL_HOW
 from improve.parity import DEFAULT_MODELS, REVIEWED_FILE, ParityReport, compare, load_reviewed, resolve_side
 
 app = typer.Typer(
@@ -58,7 +59,9 @@ def compare_command(
             help="Repeatable: a stand-in, openai:MODEL or a [models.NAME] (default: careful and sloppy).",
         ),
     ] = None,
-    split: Annotated[str, typer.Option("--split", "-s", help="train, held-out or all.")] = "all",
+    split: Annotated[
+        str, typer.Option("--split", "-s", help="train, held-out or all (never the sealed test split).")
+    ] = "all",
     scenario: Annotated[list[str] | None, typer.Option("--scenario", help="Only these scenario ids.")] = None,
     reviewed: Annotated[
         Path | None,
@@ -96,6 +99,10 @@ def compare_command(
             missing = [s for s in scenario if s not in known]
             if missing:
                 raise WorkspaceError(f"unknown scenario id(s) {missing}; see {scenario_set.source}")
+            sealed = [s for s in scenario if known[s].split == SEALED_SPLIT]
+            if sealed:
+                # Parity runs on every pull request: a sealed scenario compared there is read at each one.
+                raise SealedSplitError(f"--scenario {', '.join(sealed)}: {UNSEAL_HOW}")
             chosen = [s for s in chosen if s.id in set(scenario)]
         models = list(dict.fromkeys(model or DEFAULT_MODELS))
         for name in models:

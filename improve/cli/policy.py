@@ -85,7 +85,8 @@ def verify_command(
         env_name = space.env_name(env)
         environment = space.environment(env_name)
         document, source = _policy_document(space, env_name, policy)
-        scenarios = space.scenarios(env_name).scenarios
+        # As in a round: the gates never read the sealed test split (docs/contracts.md).
+        scenarios = space.scenarios(env_name).open_scenarios
         store = JsonlDirStore(space.traces) if space.traces.exists() else None
         context = GateContext(
             environment,

@@ -4,10 +4,30 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from improve.evals.from_thread import load_thread, scenario_from_thread
+from improve.evals.holdout import HeldOutRead, bias_bound, scenarios_needed, set_key, supported_reads
 from improve.evals.outcome import OutcomeRow, compare_effects, effects_from_log, outcome_row
 from improve.evals.scenario_writer import append_scenario, scenario_yaml, split_warnings
-from improve.evals.scenarios import SPLITS, Expected, Scenario, ScenarioSet, load_scenarios, read_yaml
+from improve.evals.scenarios import (
+    OPEN_SPLITS,
+    SEALED_SPLIT,
+    SPLITS,
+    UNSEAL_HOW,
+    Expected,
+    Scenario,
+    ScenarioSet,
+    load_scenarios,
+    read_yaml,
+)
 from improve.evals.suite import PlannedRun, SuiteSpec, run_scenario, run_suite, write_threads
+from improve.evals.unsealing import (
+    UNSEALINGS_FILE,
+    UnsealedScore,
+    Unsealing,
+    current_user,
+    read_unsealings,
+    record_unsealing,
+    unsealings_path,
+)
 from improve.evals.workspace import CONFIG_NAME, Workspace, policy_hash, policy_label
 
 if TYPE_CHECKING:
@@ -46,10 +66,15 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "CONFIG_NAME",
+    "OPEN_SPLITS",
     "OUTCOMES_SQL",
+    "SEALED_SPLIT",
     "SPLITS",
+    "UNSEALINGS_FILE",
+    "UNSEAL_HOW",
     "Comparison",
     "Expected",
+    "HeldOutRead",
     "Ledger",
     "OutcomeRow",
     "PlannedRun",
@@ -59,10 +84,14 @@ __all__ = [
     "ScenarioSet",
     "Scorecard",
     "SuiteSpec",
+    "UnsealedScore",
+    "Unsealing",
     "Workspace",
     "append_scenario",
+    "bias_bound",
     "compare",
     "compare_effects",
+    "current_user",
     "decide",
     "describe_model",
     "effects_from_log",
@@ -72,14 +101,20 @@ __all__ = [
     "paired",
     "policy_hash",
     "policy_label",
+    "read_unsealings",
     "read_yaml",
+    "record_unsealing",
     "refresh_outcomes",
     "run_scenario",
     "run_suite",
     "scenario_from_thread",
     "scenario_yaml",
+    "scenarios_needed",
     "scorecard",
     "scorecard_markdown",
+    "set_key",
     "split_warnings",
+    "supported_reads",
+    "unsealings_path",
     "write_threads",
 ]

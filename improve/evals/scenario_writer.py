@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from improve.errors import ScenarioError
-from improve.evals.scenarios import SPLITS, Scenario, ScenarioSet, load_scenarios
+from improve.evals.scenarios import OPEN_SPLITS, Scenario, ScenarioSet, load_scenarios
 
 
 class _Dumper(yaml.SafeDumper):
@@ -175,13 +175,14 @@ def _replace_checked(
 
 
 def split_warnings(scenarios: ScenarioSet, category: str) -> list[str]:
-    """A category in only one split fails `improve scenarios check`: say which split it still needs."""
-    splits = {s.split for s in scenarios.scenarios if s.category == category}
-    missing = [split for split in SPLITS if split not in splits]
+    """A category in only one of train and held-out fails `improve scenarios check`: say which split it
+    still needs. The sealed test split needs nothing: a category may be in it alone, or not at all."""
+    splits = {s.split for s in scenarios.open_scenarios if s.category == category}
+    missing = [split for split in OPEN_SPLITS if split not in splits]
     if not missing or not splits:
         return []
     return [
         f"category '{category}' has no scenario in {', '.join(missing)} yet: `improve scenarios check` "
-        f"fails until one is added (every category needs both splits); add one with --split {missing[0]} "
+        f"fails until one is added (every category needs both train and held-out); add one with --split {missing[0]} "
         f"--category {category}"
     ]

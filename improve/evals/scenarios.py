@@ -6,7 +6,7 @@ A scenario file is YAML:
     scenarios:
       - id: small-refund-01
         category: small-refund
-        split: train                  # train | held-out, fixed in the file
+        split: train                  # train | held-out | test, fixed in the file
         input: {ticket: "...", customerId: C-1001, orderId: O-5001, amount: 40}
         world: {customers: {...}, orders: {...}}
         people: {awaitingApproval: [{type: APPROVE, approver: dana}]}
@@ -15,6 +15,9 @@ A scenario file is YAML:
           effects: [{kind: refund, orderId: O-5001, amount: 40}]
 
 Errors name the file, the line, the scenario id and the field.
+
+`test` is the optional sealed split: no round, diagnosis, proposer or gate reads it (they get
+`ScenarioSet.open_scenarios`), and asking for it without unsealing raises `SealedSplitError`.
 """
 
 from __future__ import annotations
@@ -25,14 +28,28 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from improve.errors import ConfigError, ScenarioError
+from improve.errors import ConfigError, ScenarioError, SealedSplitError
 
 # libyaml's parser when PyYAML was built with it: a scenario file is read on every scoring pass,
 # and the pure-Python parser is most of that pass's time on a few hundred scenarios.
 SafeLoader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
-SPLITS = ("train", "held-out")
-Split = Literal["train", "held-out"]
+OPEN_SPLITS = ("train", "held-out")
+"""The splits a round reads: train shapes a candidate, held-out decides on it. Every category needs both."""
+SEALED_SPLIT = "test"
+"""The optional sealed split: never read by a round, scored only by `improve score --split test --unseal`."""
+SPLITS = (*OPEN_SPLITS, SEALED_SPLIT)
+Split = Literal["train", "held-out", "test"]
+
+UNSEAL_HOW = (
+    "the test split is sealed: no round reads it, so its score is the one estimate no round has adapted "
+    "to. Score it with `improve score --policy VERSION --split test --unseal` (add --vs BASELINE to "
+    "compare): the scores are shown and the unsealing is recorded (who, when, which policy, the scores) in "
+    "the policies' test-unsealings.jsonl. The cost: once a change is made because of a test score, the "
+    "test split is one more reused held-out set, so unseal it for a final number, not to choose the next "
+    "change"
+)
+"""What a refusal to read the sealed split says: how to unseal it and what that costs."""
 
 
 class Expected(BaseModel):
@@ -67,12 +84,26 @@ class ScenarioSet(BaseModel):
     scenarios: list[Scenario]
     source: str = Field(default="", exclude=True)
 
-    def split(self, split: str | None) -> list[Scenario]:
+    def split(self, split: str | None, *, unseal: bool = False) -> list[Scenario]:
+        """The scenarios of a split; `all` (or None) is every open split, and the sealed test split too
+        only with `unseal`. The test split itself without `unseal` is refused (`SealedSplitError`)."""
         if split in (None, "all"):
-            return list(self.scenarios)
+            return list(self.scenarios) if unseal else self.open_scenarios
         if split not in SPLITS:
             raise ScenarioError(f"unknown split {split!r}; use one of {', '.join(SPLITS)} or all")
+        if split == SEALED_SPLIT and not unseal:
+            raise SealedSplitError(f"--split {SEALED_SPLIT}: {UNSEAL_HOW}")
         return [s for s in self.scenarios if s.split == split]
+
+    @property
+    def open_scenarios(self) -> list[Scenario]:
+        """Every scenario but the sealed test split's: all a round, a diagnosis, a proposer or a gate reads."""
+        return [s for s in self.scenarios if s.split != SEALED_SPLIT]
+
+    @property
+    def sealed(self) -> list[Scenario]:
+        """The sealed test split's scenarios (none when the file has no `split: test`)."""
+        return [s for s in self.scenarios if s.split == SEALED_SPLIT]
 
     def by_id(self) -> dict[str, Scenario]:
         return {s.id: s for s in self.scenarios}

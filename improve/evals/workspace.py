@@ -28,6 +28,7 @@
     confidence = 0.95
     tolerance = 0.0                  # allowed drop of a scenario that passed all k runs
     seed = 20261130                  # resampling seed, printed with every scorecard
+    held_out_bias = 0.1              # reuse: n held-out scenarios support 1 + floor(2 n 0.1^2 / ln 2) rounds
 
 Paths are relative to the directory holding `improve.toml`, and that directory is importable, so a
 `module` may name a package that sits next to it. Without an `improve.toml`, the current directory is
@@ -121,6 +122,14 @@ class ObjectiveSection(_Section):
     )
     bootstrap_resamples: int = Field(default=5000, ge=100, description="Bootstrap resamples.")
     seed: int = Field(default=20261130, description="Seed of every resampling, printed with each scorecard.")
+    held_out_bias: float = Field(
+        default=0.1,
+        gt=0,
+        le=1,
+        description="Held-out reuse: the most the held-out pass rates a round compares may be biased by the "
+        "earlier rounds' decisions (epsilon). A set of n held-out scenarios supports 1 + floor(2 n epsilon^2 / "
+        "ln 2) rounds; past that, each round warns (docs/contracts.md, held-out reuse).",
+    )
 
 
 class WorkspaceConfig(_Section):

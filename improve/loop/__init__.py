@@ -20,6 +20,7 @@ from improve.loop.gates import (
     passed,
     run_gates,
 )
+from improve.loop.heldout import held_out_status
 from improve.loop.inputs import Inputs, RoundOptions, RoundResult, locate, next_version, review_branch
 from improve.loop.probes import probe_requests
 from improve.loop.production import ProductionCluster, ProductionDiagnosis, diagnose_production
@@ -51,6 +52,7 @@ __all__ = [
     "diagnose_production",
     "diagnose_train",
     "gates_for",
+    "held_out_status",
     "locate",
     "next_version",
     "passed",

@@ -6,6 +6,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from improve.loop.heldout import held_out_lines
+
 HEADER = (
     "# CHANGELOG: {env} policies\n\nEvery candidate a round proposes is recorded here, recommended or discarded, "
     "with its scorecard.\n"
@@ -49,6 +51,7 @@ def entry_markdown(record: dict[str, Any]) -> str:
                     f"{s['confidence']:.0%} CI [{s['ci_low']:+.3f}, {s['ci_high']:+.3f}]), violations "
                     f"{s['violations_after']}, model calls/run {s['cost_before']:.2f} -> {s['cost_after']:.2f}."
                 )
+    lines += held_out_lines(record)  # which read of the held-out set the round was (loop/heldout.py)
     regressions = record.get("regressions") or []
     lines.append(f"- Regressions: {', '.join(regressions) if regressions else 'none'}.")
     lines.append(f"- Decision: **{decision}**. {record.get('decision_detail', '')}".rstrip())

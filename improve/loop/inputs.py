@@ -63,6 +63,9 @@ class RoundResult:
     gates: list[dict[str, Any]] = field(default_factory=list)
     repairs: int = 0
     scores: dict[str, dict[str, Any]] = field(default_factory=dict)
+    held_out: dict[str, Any] | None = None
+    """When the promotion rule read the held-out split: which read of the held-out set this was, what
+    the set supports and the warning past that (`improve.evals.HeldOutRead.to_json`)."""
     regressions: list[str] = field(default_factory=list)
     decision_detail: str = ""
     model_calls: int = 0
@@ -92,6 +95,7 @@ class Inputs:
     policy: MachineConfig
     policy_path: Path
     scenarios: list[Scenario]
+    """Train and held-out: never the sealed test split (`ScenarioSet.open_scenarios`)."""
     policies_dir: Path
     changelog: Path
     env_hashes: dict[str, str]
@@ -146,7 +150,9 @@ def locate(space: Workspace, env: str | None, policy: str) -> Inputs:
         env_name,
         config,
         policy_path,
-        scenario_set.scenarios,
+        # The sealed test split stops here: nothing the round hands on (the baseline, diagnosis, evidence,
+        # proposers, gates and their probes, the overfit gate's literals) can read it.
+        scenario_set.open_scenarios,
         policies_dir,
         changelog,
         environment.file_hashes(),

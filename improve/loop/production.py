@@ -6,6 +6,9 @@ its effects, its cost. Clustering them needs no label either: threads are groupe
 answer that landed, the refusal kind and the guard that refused an earlier answer, and the final state,
 with counts, cost and example threads. A cluster that matters becomes labelled scenarios with
 `improve scenarios add --from-thread`, and the next round learns from them.
+
+A thread of the sealed test split is never a production thread, even when its scenario has left the
+file (and its row has no label): a diagnosis feeds a round, and no round reads the test split.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ WITH production AS (
             WHERE e.thread_id = o.thread_id AND e.event_type = '@agent.usage'
               AND e.event ->> '$.error' IS NOT NULL) AS model_errors
     FROM outcomes o
-    WHERE o.environment = $environment AND o.expected_outcome IS NULL
+    WHERE o.environment = $environment AND o.expected_outcome IS NULL AND coalesce(o.split, '') != 'test'
 )
 SELECT d.decision,
        coalesce(d.chosen_event, '(every answer refused)') AS answer,
@@ -88,7 +91,9 @@ def diagnose_production(con: duckdb.DuckDBPyConnection, environment: str) -> Pro
         ProductionCluster(**dict(zip(names, [*row[:11], list(row[11])], strict=True))) for row in rows
     ]
     threads = con.execute(
-        "SELECT count(*) FROM outcomes WHERE environment = ? AND expected_outcome IS NULL", [environment]
+        "SELECT count(*) FROM outcomes WHERE environment = ? AND expected_outcome IS NULL "
+        "AND coalesce(split, '') != 'test'",
+        [environment],
     ).fetchone()
     sql = PRODUCTION_SQL.replace("$environment", "'" + environment.replace("'", "''") + "'").strip()
     return ProductionDiagnosis(environment, int(threads[0]) if threads else 0, clusters, sql)

@@ -11,6 +11,7 @@ from typing import Any
 from improve.errors import ImproveError
 from improve.evals import PromotionDecision, Scorecard, scorecard_markdown
 from improve.loop.changelog import append_entry, entry_markdown
+from improve.loop.heldout import held_out_sentence, next_held_out_read
 from improve.loop.inputs import Inputs, RoundResult, review_branch
 from improve.loop.proposers import Proposal
 from improve.machine import MachineConfig
@@ -29,6 +30,13 @@ def record(
     say: Say,
 ) -> None:
     """CHANGELOG entry, report files, and the pull request of a recommended candidate."""
+    if verdict is not None:
+        # The promotion rule read the candidate's held-out runs: one more read of the held-out set.
+        held_out = [s for s in inputs.scenarios if s.split == "held-out"]
+        read = next_held_out_read(inputs.changelog, held_out, inputs.space.config.objective.held_out_bias)
+        result.held_out = read.to_json()
+        if read.over:
+            say(f"warning: {read.warning()}")
     report_dir = inputs.space.reports / result.round_id
     report_dir.mkdir(parents=True, exist_ok=True)
     result.report = (
@@ -100,6 +108,10 @@ def pr_body(
             seed=result.seed,
         )
     )
+    if result.held_out:
+        lines += ["## Held-out reuse", "", held_out_sentence(result.held_out), ""]
+        if result.held_out.get("warning"):
+            lines += [f"**Warning**: {result.held_out['warning']}.", ""]
     if result.model_info:
         lines += ["## Model", "", model_markdown(result.model_info), ""]
     if result.gates:

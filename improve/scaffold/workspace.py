@@ -27,6 +27,7 @@ min_gain = 0.0            # the held-out gain's lower confidence bound must exce
 confidence = 0.95
 tolerance = 0.0           # how far a scenario that passed all k runs may drop
 seed = 20261130           # resampling seed, printed with every scorecard
+held_out_bias = 0.1       # held-out reuse: n held-out scenarios support 1 + floor(2 n 0.1^2 / ln 2) rounds
 """
 
 

@@ -1,0 +1,171 @@
+"""The sealed test split's unsealings: an append-only record of every time its scores were shown.
+
+No round reads the `test` split. A person scores it with `improve score --split test --unseal` (or runs
+it with `improve run --unseal`), and each such command appends one line to `test-unsealings.jsonl` in
+the environment's policies directory, next to its CHANGELOG (docs/contracts.md, the sealed test split):
+
+    {"format": "improve.unsealing/1", "number": 1, "at": "2026-11-30T09:12:03Z",
+     "who": "Dana <dana@example.com>", "command": "improve score --policy v3 --split test --unseal",
+     "environment": "refunds", "test_set": "5f0c2a9e13b7", "test_scenarios": 20, "model": "naive",
+     "scores": [{"version": "v3", "policy_hash": "...", "pass_rate": 0.9, "violations": 0, "runs": 60,
+                 "k": 3, "scenarios": {"fraud-signal-t1": 1.0, ...}}],
+     "comparison": null}
+
+`number` counts the unsealings of the same test set (`test_set` is its key, as held-out sets are keyed
+in `holdout.py`), so a changed test set starts at 1 again. The file is only ever appended to: commit
+it with the policies, and a reviewer sees how often the final number was looked at.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import getpass
+import json
+import os
+import subprocess
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from improve.errors import WorkspaceError
+
+if TYPE_CHECKING:
+    from improve.evals.scorecards import Scorecard
+
+UNSEALINGS_FILE = "test-unsealings.jsonl"
+FORMAT = "improve.unsealing/1"
+
+
+@dataclass(frozen=True)
+class UnsealedScore:
+    """One policy version's score on the test split, as it was shown."""
+
+    version: str
+    policy_hash: str
+    pass_rate: float
+    violations: int
+    runs: int
+    k: int
+    scenarios: dict[str, float]
+    """Each test scenario's pass fraction over its runs."""
+
+    @classmethod
+    def of(cls, card: Scorecard, policy_hash: str) -> UnsealedScore:
+        return cls(
+            version=card.policy_version,
+            policy_hash=policy_hash,
+            pass_rate=card.pass_rate,
+            violations=card.violations,
+            runs=card.runs,
+            k=card.k,
+            scenarios={s.scenario: s.pass_fraction for s in card.scenarios},
+        )
+
+
+@dataclass(frozen=True)
+class Unsealing:
+    """One line of `test-unsealings.jsonl`."""
+
+    number: int
+    """Which unsealing of this test set it is (1 for the first)."""
+    at: str
+    """When, RFC 3339 UTC."""
+    who: str
+    command: str
+    environment: str
+    test_set: str
+    """The test set's key (`holdout.set_key` of its scenarios)."""
+    test_scenarios: int
+    model: str
+    scores: list[UnsealedScore]
+    comparison: dict[str, Any] | None = None
+    """The paired comparison with `--vs`, as `improve score --json` prints it."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format": FORMAT, **asdict(self)}
+
+
+def unsealings_path(policies_dir: Path) -> Path:
+    return policies_dir / UNSEALINGS_FILE
+
+
+def read_unsealings(path: Path) -> list[dict[str, Any]]:
+    """Every recorded unsealing, oldest first; none when the file does not exist."""
+    if not path.exists():
+        return []
+    found: list[dict[str, Any]] = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            record = None
+        if not isinstance(record, dict) or record.get("format") != FORMAT:
+            raise WorkspaceError(
+                f"{path}:{number}: not an unsealing record ({FORMAT}); the file is append-only: restore "
+                f"it from git (`git checkout -- {path}`) rather than editing it"
+            )
+        found.append(record)
+    return found
+
+
+def record_unsealing(
+    path: Path,
+    *,
+    who: str,
+    command: str,
+    environment: str,
+    test_set: str,
+    test_scenarios: int,
+    model: str,
+    scores: list[UnsealedScore],
+    comparison: dict[str, Any] | None = None,
+    at: dt.datetime | None = None,
+) -> Unsealing:
+    """Append one unsealing to the file (created when missing) and return it."""
+    earlier = [r for r in read_unsealings(path) if r.get("test_set") == test_set]
+    unsealing = Unsealing(
+        number=len(earlier) + 1,
+        at=(at or dt.datetime.now(dt.UTC)).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        who=who,
+        command=command,
+        environment=environment,
+        test_set=test_set,
+        test_scenarios=test_scenarios,
+        model=model,
+        scores=scores,
+        comparison=comparison,
+    )
+    line = json.dumps(unsealing.to_json(), ensure_ascii=False) + "\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # One write of the whole line in append mode: a record is never interleaved with another's.
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode("utf-8"))
+    finally:
+        os.close(fd)
+    return unsealing
+
+
+def current_user(root: Path) -> str:
+    """Who is unsealing: git's user.name and user.email where the workspace is, else the CI actor
+    (GITHUB_ACTOR), else the login name."""
+    name, email = (_git_config(root, key) for key in ("user.name", "user.email"))
+    if name or email:
+        return f"{name} <{email}>" if name and email else name or email
+    return os.environ.get("GITHUB_ACTOR") or getpass.getuser()
+
+
+def _git_config(root: Path, key: str) -> str:
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(root), "config", "--get", key],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return done.stdout.strip() if done.returncode == 0 else ""
