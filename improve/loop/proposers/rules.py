@@ -262,8 +262,6 @@ class _Case:
     correct: list[dict[str, Any]]
     target: bool
     """A failure of the cluster this rule is for: its answer was not among the right ones."""
-    right_now: bool = False
-    """Its answer was among the right ones: a rule that changes it to a wrong one breaks it."""
 
     def offers(self, option: Mapping[str, Any]) -> bool:
         return any(_same(option, o) for o in self.options)
@@ -287,10 +285,7 @@ def _cases(examples: Sequence[Mapping[str, Any]]) -> dict[str, list[_Case]]:
             and correct
             and not (answered and any(_same(answered, c) for c in correct))
         )
-        right_now = bool(answered and any(_same(answered, c) for c in correct))
-        case = _Case(
-            str(e.get("scenario", "")), dict(e["facts"]), list(e["options"]), correct, target, right_now
-        )
+        case = _Case(str(e.get("scenario", "")), dict(e["facts"]), list(e["options"]), correct, target)
         by_name.setdefault(str(e.get("name", "")), []).append(case)
     return by_name
 
@@ -502,20 +497,12 @@ def _scenarios(space: _Space, mask: int) -> int:
     return len({space.cases[i].scenario for i in range(len(space.cases)) if mask >> i & 1})
 
 
-def _and(space: _Space, chosen: Sequence[int]) -> int:
-    mask = (1 << len(space.cases)) - 1
-    for index in chosen:
-        mask &= space.masks[index]
-    return mask
-
-
 def _grow(
     space: _Space,
     positives: int,
     negatives: int,
     about: set[str],
     skip_first: set[Atom],
-    collateral: int = 0,
 ) -> tuple[tuple[Atom, ...], int, float] | None:
     """One alternative: conditions added until it matches no decision its answer would get wrong.
 
@@ -524,11 +511,10 @@ def _grow(
     exact in `MAX_ATOMS` does not end the search. Among exact conjunctions the one that compresses the
     most wins: the bits the failures it covers are worth, less the bits its conditions cost (minimum
     description length: a word picked among hundreds to cover one more failure does not pay); then the
-    one that reaches fewest `collateral` decisions (wrong today, and wrong under its answer too: no score
-    lost, but a later rule's case taken), then the fewest conditions, then the best score. Returns the
+    fewest conditions, then the best score. Returns the
     conjunction, what it covers, and its net worth in bits."""
     beam: list[tuple[tuple[float, ...], tuple[int, ...], int, int]] = [((), (), positives, negatives)]
-    best: tuple[tuple[float, int, int, tuple[float, ...]], tuple[int, ...], int] | None = None
+    best: tuple[tuple[float, int, tuple[float, ...]], tuple[int, ...], int] | None = None
     # Bits a failure covered is worth: what knowing the condition holds tells about the answer.
     total_p, total_n = _scenarios(space, positives), _scenarios(space, negatives)
     per_failure = math.log2((total_p + total_n) / total_p) if total_p else 0.0
@@ -554,9 +540,8 @@ def _grow(
         ranked = sorted(grown.values(), key=lambda g: g[0], reverse=True)
         for score, chosen, cover_p, cover_n in ranked:
             if cover_n == 0:
-                reach = _count(collateral & _and(space, chosen))
                 net = _scenarios(space, cover_p) * per_failure - sum(space.costs[i] for i in chosen)
-                rank = (round(net, 9), -reach, -len(chosen), score)
+                rank = (round(net, 9), -len(chosen), score)
                 if best is None or rank > best[0]:
                     best = (rank, chosen, cover_p)
         beam = [g for g in ranked if g[3] != 0][:BEAM]
@@ -573,14 +558,13 @@ def _learn(
     negatives: int,
     about: set[str],
     skip_first: set[Atom],
-    collateral: int = 0,
 ) -> tuple[tuple[tuple[Atom, ...], ...], int] | None:
     """Alternatives by sequential covering: each for the failures the earlier ones leave."""
     terms: list[tuple[Atom, ...]] = []
     covered = 0
     remaining = positives
     while remaining and len(terms) < MAX_TERMS:
-        grown = _grow(space, remaining, negatives, about, skip_first if not terms else set(), collateral)
+        grown = _grow(space, remaining, negatives, about, skip_first if not terms else set())
         if grown is None:
             break
         term, cover, net = grown
@@ -629,24 +613,23 @@ def mine(
         actions = _actions(cases, vocab)
         overall = {a: sum(c.right(a.output(c.facts)) for c in cases) for a in actions}
         for action in sorted(actions, key=lambda a: (-actions[a], -overall[a], a.describe())):
-            positives = negatives = right = collateral = 0
+            positives = negatives = right = 0
             for i, case in enumerate(cases):
                 output = action.output(case.facts)
                 if case.right(output):
                     right |= 1 << i
                     if case.target:
                         positives |= 1 << i
-                elif case.right_now and case.offers(output):
-                    # Offered and wrong where the answer now is right: the rule would break it. A decision
-                    # answered wrong already is not made worse by another wrong answer (a later rule, placed
-                    # by the safety order, may fix it); one where the answer is not offered falls through.
-                    negatives |= 1 << i
                 elif case.correct and case.offers(output):
-                    collateral |= 1 << i
+                    # Offered and wrong: the branch would answer it wrongly, even where the model answers
+                    # wrongly today (a better model, or a later rule, would be overridden). A decision no
+                    # answer makes right (its run fails whatever is answered here) cannot be made worse;
+                    # one where the answer is not offered falls through.
+                    negatives |= 1 << i
             about = {v for _, how, v in action.payload if how == "fact"}
             skip: set[Atom] = set()
             for _ in range(VARIANTS):
-                learned = _learn(space, positives, negatives, about, skip, collateral)
+                learned = _learn(space, positives, negatives, about, skip)
                 if learned is None:
                     break
                 terms, covered = learned
