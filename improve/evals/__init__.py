@@ -15,12 +15,18 @@ if TYPE_CHECKING:
     from improve.evals.materialize import refresh_outcomes
     from improve.evals.promotion import PromotionDecision, decide
     from improve.evals.report import describe_model, scorecard_markdown
+    from improve.evals.reruns import Batch, RerunRule, Reruns, Settled, settle
     from improve.evals.scorecards import Comparison, Scorecard, compare, paired, scorecard
 
 # Scorecards, the promotion rule and reports need numpy and scipy, materializing outcomes needs
 # DuckDB: each is imported when one of its names is first asked for, so a command that uses
 # none of them starts without loading them.
 _LAZY = {
+    "Batch": "improve.evals.reruns",
+    "RerunRule": "improve.evals.reruns",
+    "Reruns": "improve.evals.reruns",
+    "Settled": "improve.evals.reruns",
+    "settle": "improve.evals.reruns",
     "Comparison": "improve.evals.scorecards",
     "PromotionDecision": "improve.evals.promotion",
     "Scorecard": "improve.evals.scorecards",
@@ -48,6 +54,7 @@ __all__ = [
     "CONFIG_NAME",
     "OUTCOMES_SQL",
     "SPLITS",
+    "Batch",
     "Comparison",
     "Expected",
     "Ledger",
@@ -55,9 +62,12 @@ __all__ = [
     "PlannedRun",
     "PromotionDecision",
     "Recorded",
+    "RerunRule",
+    "Reruns",
     "Scenario",
     "ScenarioSet",
     "Scorecard",
+    "Settled",
     "SuiteSpec",
     "Workspace",
     "append_scenario",
@@ -80,6 +90,7 @@ __all__ = [
     "scenario_yaml",
     "scorecard",
     "scorecard_markdown",
+    "settle",
     "split_warnings",
     "write_threads",
 ]

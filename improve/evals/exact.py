@@ -77,7 +77,9 @@ def hypergeometric(counts: PairedCounts) -> NullDistribution:
     passes = counts.passed_before + counts.passed_after
     n1 = counts.runs_after
     low, high = max(0, n1 - (runs - passes)), min(passes, n1)
-    return NullDistribution(low, [comb(passes, y) * comb(runs - passes, n1 - y) for y in range(low, high + 1)])
+    return NullDistribution(
+        low, [comb(passes, y) * comb(runs - passes, n1 - y) for y in range(low, high + 1)]
+    )
 
 
 def convolve(a: NullDistribution, b: NullDistribution) -> NullDistribution:
@@ -97,7 +99,11 @@ def upper_tail_of_sum(nulls: Sequence[NullDistribution], observed: int) -> float
     for one in nulls:
         # A scenario whose count is fixed by its totals (it always passed, or always failed) only shifts
         # the sum: no convolution, so a suite of mostly settled scenarios costs nothing.
-        dist = NullDistribution(dist.low + one.low, dist.weights) if len(one.weights) == 1 else convolve(dist, one)
+        dist = (
+            NullDistribution(dist.low + one.low, dist.weights)
+            if len(one.weights) == 1
+            else convolve(dist, one)
+        )
     return dist.upper_tail(observed)
 
 

@@ -58,7 +58,7 @@ class PromotionDecision:
 
 
 def gain_phrase(cmp: Comparison) -> str:
-    """"exact stratified test p = 0.012 <= alpha 0.05": the test, its p and the level, side by side."""
+    """ "exact stratified test p = 0.012 <= alpha 0.05": the test, its p and the level, side by side."""
     return f"{cmp.test} p = {_p(cmp.p)} {'<=' if cmp.significant else '>'} alpha {cmp.alpha:g}"
 
 
@@ -128,7 +128,11 @@ def decide(
     family = (
         f"one-sided exact test per scenario at {_p(level.level)} = alpha {level.alpha:g} / {level.divisor} "
         f"(Bonferroni over the {level.divisor} of {level.scenarios} scenarios that could show a drop"
-        + (f"; a significant drop up to {objective.tolerance:.2f} is tolerated" if objective.tolerance else "")
+        + (
+            f"; a significant drop up to {objective.tolerance:.2f} is tolerated"
+            if objective.tolerance
+            else ""
+        )
         + ")"
     )
     if regressed:

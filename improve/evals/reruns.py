@@ -173,6 +173,11 @@ def _tally(rows: Sequence[OutcomeRow]) -> dict[str, _Tally]:
     return found
 
 
+def _add(tally: _Tally, runs: int, passed: int) -> None:
+    tally.runs += runs
+    tally.passed += passed
+
+
 def _counts(before: _Tally, after: _Tally) -> PairedCounts:
     return PairedCounts(before.runs, before.passed, after.runs, after.passed)
 
@@ -247,7 +252,6 @@ def settle(
     stopped: dict[str, str] = {}
     spent = batches = 0
     while True:
-        base, cand = _tally(base_rows), _tally(cand_rows)
         open_: list[str] = []
         for i in changed:
             if i in stopped:
@@ -279,10 +283,12 @@ def settle(
             new_base, new_cand = _tally(batch.baseline), _tally(batch.candidate)
             for i in group:
                 extra[i] += size
-                history[i].append(_counts(new_base.get(i, _Tally("")), new_cand.get(i, _Tally(""))))
+                one = _counts(new_base.get(i, _Tally("")), new_cand.get(i, _Tally("")))
+                history[i].append(one)
+                _add(base[i], one.runs_before, one.passed_before)
+                _add(cand[i], one.runs_after, one.passed_after)
             spent += 2 * size * len(group)
             batches += 1
-    base, cand = _tally(base_rows), _tally(cand_rows)
     report = [
         ScenarioReruns(
             i, base[i].split, extra[i], stopped[i], first[i], _shown(_counts(base[i], cand[i])), history[i]

@@ -143,7 +143,12 @@ class ObjectiveSection(_Section):
         description="The round's cap on reruns, both policies and every scenario together (held-out scenarios "
         "are served first); the scorecard reports the extra runs made.",
     )
-    bootstrap_resamples: int = Field(default=5000, ge=100, description="Bootstrap resamples.")
+    bootstrap_resamples: int = Field(
+        default=5000,
+        ge=0,
+        description="Resamples of the bootstrap interval of the mean gain, a descriptive figure beside the "
+        "exact tests (the promotion rule does not read it); 0 skips it.",
+    )
     seed: int = Field(default=20261130, description="Seed of every resampling, printed with each scorecard.")
 
 

@@ -74,6 +74,8 @@ class RoundResult:
     """Threads set aside because their replay does not verify: each thread id and the reason."""
     model_info: dict[str, Any] | None = None
     """The model the runs used (provider, model, temperature, seed, fingerprints) and its calls."""
+    reruns: dict[str, Any] | None = None
+    """What the sequential rule ran beyond the first k runs (`improve.evals.reruns.Reruns.to_json`)."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
