@@ -59,11 +59,12 @@ class PromotionDecision:
 
 def gain_phrase(cmp: Comparison) -> str:
     """ "exact stratified test p = 0.012 <= alpha 0.05": the test, its p and the level, side by side."""
-    return f"{cmp.test} p = {_p(cmp.p)} {'<=' if cmp.significant else '>'} alpha {cmp.alpha:g}"
+    return f"{cmp.test} p = {p_value(cmp.p)} {'<=' if cmp.significant else '>'} alpha {cmp.alpha:g}"
 
 
-def _p(p: float) -> str:
-    # Small p-values keep two significant figures: "0.00012", not "0.000".
+def p_value(p: float) -> str:
+    """A p-value as reports show it: three places, small ones with two significant figures ("0.00012",
+    not "0.000", which would read as impossible)."""
     return f"{p:.3f}" if p >= 0.001 else f"{p:.2g}"
 
 
@@ -126,7 +127,7 @@ def decide(
         key=lambda c: c.p_drop,
     )
     family = (
-        f"one-sided exact test per scenario at {_p(level.level)} = alpha {level.alpha:g} / {level.divisor} "
+        f"one-sided exact test per scenario at {p_value(level.level)} = alpha {level.alpha:g} / {level.divisor} "
         f"(Bonferroni over the {level.divisor} of {level.scenarios} scenarios that could show a drop"
         + (
             f"; a significant drop up to {objective.tolerance:.2f} is tolerated"
@@ -136,12 +137,14 @@ def decide(
         + ")"
     )
     if regressed:
-        detail = "; ".join(f"{c.scenario} {c.counts} (p = {_p(c.p_drop)})" for c in regressed) + f": {family}"
+        detail = (
+            "; ".join(f"{c.scenario} {c.counts} (p = {p_value(c.p_drop)})" for c in regressed) + f": {family}"
+        )
     elif drops:
         worst = drops[0]
         detail = (
             f"none: {len(drops)} scenario(s) dropped, none significantly, the strongest {worst.scenario} "
-            f"{worst.counts} (p = {_p(worst.p_drop)}); {family}"
+            f"{worst.counts} (p = {p_value(worst.p_drop)}); {family}"
         )
     else:
         detail = f"none: no scenario dropped; {family}"

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from improve.evals import p_value
+
 HEADER = (
     "# CHANGELOG: {env} policies\n\nEvery candidate a round proposes is recorded here, recommended or discarded, "
     "with its scorecard.\n"
@@ -43,8 +45,10 @@ def entry_markdown(record: dict[str, Any]) -> str:
             if s:
                 lines.append(
                     f"- {split}: {s['before']:.3f} -> {s['after']:.3f} (mean diff {s['mean_diff']:+.3f}, "
-                    f"{s['confidence']:.0%} CI [{s['ci_low']:+.3f}, {s['ci_high']:+.3f}]), violations "
-                    f"{s['violations_after']}, model calls/run {s['cost_before']:.2f} -> {s['cost_after']:.2f}."
+                    f"{_test(s)}), violations {s['violations_after']}, model calls/run "
+                    f"{s['cost_before']:.2f} -> {s['cost_after']:.2f}"
+                    + (f", {s['extra_runs']} extra runs" if s.get("extra_runs") else "")
+                    + "."
                 )
     regressions = record.get("regressions") or []
     lines.append(f"- Regressions: {', '.join(regressions) if regressions else 'none'}.")
@@ -52,6 +56,15 @@ def entry_markdown(record: dict[str, Any]) -> str:
     if record.get("report"):
         lines.append(f"- Report: `{record['report']}`.")
     return "\n".join(lines) + "\n"
+
+
+def _test(score: dict[str, Any]) -> str:
+    """The test the promotion rule decided with, as the entry shows it; a record written before the
+    exact tests shows its bootstrap interval, labelled as such."""
+    if "p" not in score:
+        return f"{score['confidence']:.0%} bootstrap CI [{score['ci_low']:+.3f}, {score['ci_high']:+.3f}]"
+    p, alpha = score["p"], score["alpha"]
+    return f"{score['test']} p = {p_value(p)} {'<=' if p <= alpha else '>'} alpha {alpha:g}"
 
 
 def append_entry(path: Path, env: str, record: dict[str, Any]) -> str:
