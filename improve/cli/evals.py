@@ -169,7 +169,7 @@ def score_command(
 
 
 def _print_tables(cards: list[Scorecard], comparisons: list[Comparison], seed: int) -> None:
-    from improve.evals.promotion import gain_phrase, p_value
+    from improve.evals import gain_phrase, p_value
 
     table = Table(title="scorecards (pass rate = mean of per-scenario pass fractions)")
     for column in (

@@ -13,7 +13,7 @@ from improve.evals.workspace import CONFIG_NAME, Workspace, policy_hash, policy_
 if TYPE_CHECKING:
     from improve.evals.ledger import OUTCOMES_SQL, Ledger, Recorded
     from improve.evals.materialize import refresh_outcomes
-    from improve.evals.promotion import PromotionDecision, decide, p_value
+    from improve.evals.promotion import PromotionDecision, decide, gain_phrase, p_value
     from improve.evals.report import describe_model, scorecard_markdown
     from improve.evals.reruns import Batch, RerunRule, Reruns, Settled, settle
     from improve.evals.scorecards import Comparison, Scorecard, compare, paired, scorecard
@@ -34,6 +34,7 @@ _LAZY = {
     "paired": "improve.evals.scorecards",
     "decide": "improve.evals.promotion",
     "p_value": "improve.evals.promotion",
+    "gain_phrase": "improve.evals.promotion",
     "refresh_outcomes": "improve.evals.materialize",
     "Ledger": "improve.evals.ledger",
     "Recorded": "improve.evals.ledger",
@@ -77,6 +78,7 @@ __all__ = [
     "decide",
     "describe_model",
     "effects_from_log",
+    "gain_phrase",
     "load_scenarios",
     "load_thread",
     "outcome_row",
