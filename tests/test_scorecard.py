@@ -291,10 +291,10 @@ def simulate(
 
 def test_null_simulation_false_promotion_rate_at_most_5_percent() -> None:
     # The candidate behaves exactly like the baseline: every promotion is a false one.
-    result = simulate(trials=500, seed=1, fixed=0.0)
+    result = simulate(trials=1000, seed=1, fixed=0.0)
     print(
         f"\nnull simulation (candidate == baseline; 20 scenarios per split: 11 always pass, 3 always fail, "
-        f"6 noisy U(0.3, 0.8); k=3 + reruns; 500 rounds): false promotion rate {result.promoted:.3f}, "
+        f"6 noisy U(0.3, 0.8); k=3 + reruns; 1000 rounds): false promotion rate {result.promoted:.3f}, "
         f"{result.extra_runs:.0f} extra runs per round"
     )
     assert result.promoted <= 0.05
@@ -304,10 +304,10 @@ def test_power_simulation_fixing_the_always_failing_scenarios() -> None:
     # The candidate truly fixes the 3 always-failing scenarios of each split (pass 0 -> 0.9). The earlier
     # rule (bootstrap lower bound above 0, any failure after k baseline passes a regression) promoted it
     # in 13% of 1000 such rounds: this assertion fails on it.
-    result = simulate(trials=300, seed=2, fixed=0.9)
+    result = simulate(trials=500, seed=2, fixed=0.9)
     print(
         f"\npower simulation (3 always-failing scenarios per split fixed to pass 0.9, the rest unchanged; "
-        f"k=3 + reruns; 300 rounds): promoted {result.promoted:.3f}, {result.extra_runs:.0f} extra runs per round"
+        f"k=3 + reruns; 500 rounds): promoted {result.promoted:.3f}, {result.extra_runs:.0f} extra runs per round"
     )
     assert result.promoted >= 0.8
 
