@@ -102,6 +102,10 @@ class Reruns:
         """Extra runs of both policies together."""
         return 2 * sum(s.extra_runs for s in self.scenarios)
 
+    def extra_runs_in(self, split: str) -> int:
+        """Extra runs of both policies on one split."""
+        return 2 * sum(s.extra_runs for s in self.scenarios if s.split == split)
+
     @property
     def rerun(self) -> list[ScenarioReruns]:
         return [s for s in self.scenarios if s.extra_runs]

@@ -47,7 +47,11 @@ def entry_markdown(record: dict[str, Any]) -> str:
                     f"- {split}: {s['before']:.3f} -> {s['after']:.3f} (mean diff {s['mean_diff']:+.3f}, "
                     f"{_test(s)}), violations {s['violations_after']}, model calls/run "
                     f"{s['cost_before']:.2f} -> {s['cost_after']:.2f}"
-                    + (f", {s['extra_runs']} extra runs" if s.get("extra_runs") else "")
+                    + (
+                        f", {s['extra_runs']} extra runs (reruns, both versions)"
+                        if s.get("extra_runs")
+                        else ""
+                    )
                     + "."
                 )
     regressions = record.get("regressions") or []

@@ -253,7 +253,7 @@ def _run_round(space: Workspace, opts: RoundOptions, say: Say, inputs: Inputs, l
             "test": cmp.test,
             "p": cmp.p,
             "alpha": cmp.alpha,
-            "extra_runs": sum(s.extra_runs for s in settled.reruns.scenarios if s.split == split),
+            "extra_runs": settled.reruns.extra_runs_in(split),
             "violations_after": cand_cards[split].violations,
             "cost_before": base_cards[split].cost(objective.cost),
             "cost_after": cand_cards[split].cost(objective.cost),
