@@ -10,6 +10,7 @@ merged version. The tool itself never merges.
 
 from __future__ import annotations
 
+import re
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import git
 
-from improve.evals import Workspace
+from improve.evals import Workspace, p_value
 from improve.llm import CacheMode
 from improve.loop import RoundOptions, RoundResult, run_round
 from improve.runtime import load_environment
@@ -118,7 +119,22 @@ def line(r: RoundResult) -> str:
     if held:
         return (
             f"-> {r.candidate_version}: {r.status.upper()} | {hypothesis} | held-out {held['before']:.3f} -> "
-            f"{held['after']:.3f} | violations {held['violations_after']} | model calls/run "
+            f"{held['after']:.3f}{decided_by(r)} | violations {held['violations_after']} | model calls/run "
             f"{held['cost_before']:.2f} -> {held['cost_after']:.2f}"
         )
     return f"-> {r.candidate_version or '-'}: {r.status.upper()} | {hypothesis[:160]}"
+
+
+def decided_by(r: RoundResult) -> str:
+    """The test that decided, beside the status: ", exact stratified test p = 0.012 <= alpha 0.05", and
+    the checks that failed when the test alone would have promoted (a status never sits next to figures
+    that seem to say otherwise)."""
+    held = r.scores.get("held-out") or {}
+    if "p" not in held:
+        return ""
+    p, alpha = held["p"], held["alpha"]
+    phrase = f", {held['test']} p = {p_value(p)} {'<=' if p <= alpha else '>'} alpha {alpha:g}"
+    failed = re.findall(r"(?:^|; )([a-z -]+): FAIL \(", r.decision_detail)
+    if r.status != "recommended" and p <= alpha and failed:
+        phrase += f" but {', '.join(failed)} failed"
+    return phrase

@@ -94,9 +94,10 @@ def score_command(
     """Score a policy version from its recorded runs (replayed, never the agent's report).
 
     Per split: each scenario's pass fraction over its k runs, their mean (the objective), violations
-    and cost. With --vs: paired per-scenario differences, a bootstrap confidence interval of the mean
-    difference, the sign test and Wilcoxon signed-rank, wins / ties / losses and the scenarios that
-    changed. The bootstrap seed comes from improve.toml and is printed.
+    and cost. With --vs: paired per-scenario differences, the exact stratified test of the gain (the
+    promotion rule's test, one-sided), wins / ties / losses, the scenarios that changed with the exact
+    test of each drop, and a descriptive bootstrap interval of the mean difference (its seed from
+    improve.toml, printed); --json adds the sign and Wilcoxon tests.
 
     The sealed test split (`split: test` in the scenario file) is never read by a round; it is scored
     only here, with --unseal, and each unsealing is recorded (who, when, which policy version, the
@@ -305,6 +306,8 @@ def _run_sealed(
 
 
 def _print_tables(cards: list[Scorecard], comparisons: list[Comparison], seed: int) -> None:
+    from improve.evals import gain_phrase, p_value
+
     table = Table(title="scorecards (pass rate = mean of per-scenario pass fractions)")
     for column in (
         "split",
@@ -333,13 +336,15 @@ def _print_tables(cards: list[Scorecard], comparisons: list[Comparison], seed: i
     for cmp in comparisons:
         out.print(
             f"{cmp.split}: {cmp.baseline} {cmp.baseline_rate:.3f} -> {cmp.candidate} {cmp.candidate_rate:.3f}, "
-            f"mean diff {cmp.mean_diff:+.3f}, {cmp.confidence:.0%} CI [{cmp.ci_low:+.3f}, {cmp.ci_high:+.3f}] "
-            f"({cmp.method}, {cmp.resamples} resamples, seed {seed}), sign p={cmp.sign_p:.3f}, "
-            f"Wilcoxon p={cmp.wilcoxon_p:.3f}, wins/ties/losses {cmp.wins}/{cmp.ties}/{cmp.losses}",
+            f"mean diff {cmp.mean_diff:+.3f}, {gain_phrase(cmp)} (one-sided, the promotion rule's test), "
+            f"wins/ties/losses {cmp.wins}/{cmp.ties}/{cmp.losses}; descriptive only: {cmp.confidence:.0%} "
+            f"bootstrap CI [{cmp.ci_low:+.3f}, {cmp.ci_high:+.3f}] ({cmp.method}, {cmp.resamples} resamples, "
+            f"seed {seed})",
             markup=False,
         )
         for ch in cmp.changed:
-            out.print(f"  {ch.scenario}: {ch.before:.2f} -> {ch.after:.2f}", markup=False)
+            drop = f" (drop test p = {p_value(ch.p_drop)})" if ch.diff < 0 else ""
+            out.print(f"  {ch.scenario}: {ch.counts}{drop}", markup=False)
 
 
 scenarios_app = typer.Typer(

@@ -33,20 +33,28 @@ from improve.evals.workspace import CONFIG_NAME, Workspace, policy_hash, policy_
 if TYPE_CHECKING:
     from improve.evals.ledger import OUTCOMES_SQL, Ledger, Recorded
     from improve.evals.materialize import refresh_outcomes
-    from improve.evals.promotion import PromotionDecision, decide
+    from improve.evals.promotion import PromotionDecision, decide, gain_phrase, p_value
     from improve.evals.report import describe_model, scorecard_markdown
+    from improve.evals.reruns import Batch, RerunRule, Reruns, Settled, settle
     from improve.evals.scorecards import Comparison, Scorecard, compare, paired, scorecard
 
 # Scorecards, the promotion rule and reports need numpy and scipy, materializing outcomes needs
 # DuckDB: each is imported when one of its names is first asked for, so a command that uses
 # none of them starts without loading them.
 _LAZY = {
+    "Batch": "improve.evals.reruns",
+    "RerunRule": "improve.evals.reruns",
+    "Reruns": "improve.evals.reruns",
+    "Settled": "improve.evals.reruns",
+    "settle": "improve.evals.reruns",
     "Comparison": "improve.evals.scorecards",
     "PromotionDecision": "improve.evals.promotion",
     "Scorecard": "improve.evals.scorecards",
     "compare": "improve.evals.scorecards",
     "paired": "improve.evals.scorecards",
     "decide": "improve.evals.promotion",
+    "p_value": "improve.evals.promotion",
+    "gain_phrase": "improve.evals.promotion",
     "refresh_outcomes": "improve.evals.materialize",
     "Ledger": "improve.evals.ledger",
     "Recorded": "improve.evals.ledger",
@@ -72,6 +80,7 @@ __all__ = [
     "SPLITS",
     "UNSEALINGS_FILE",
     "UNSEAL_HOW",
+    "Batch",
     "Comparison",
     "Expected",
     "HeldOutRead",
@@ -80,9 +89,12 @@ __all__ = [
     "PlannedRun",
     "PromotionDecision",
     "Recorded",
+    "RerunRule",
+    "Reruns",
     "Scenario",
     "ScenarioSet",
     "Scorecard",
+    "Settled",
     "SuiteSpec",
     "UnsealedScore",
     "Unsealing",
@@ -95,9 +107,11 @@ __all__ = [
     "decide",
     "describe_model",
     "effects_from_log",
+    "gain_phrase",
     "load_scenarios",
     "load_thread",
     "outcome_row",
+    "p_value",
     "paired",
     "policy_hash",
     "policy_label",
@@ -113,6 +127,7 @@ __all__ = [
     "scorecard",
     "scorecard_markdown",
     "set_key",
+    "settle",
     "split_warnings",
     "supported_reads",
     "unsealings_path",

@@ -1,11 +1,16 @@
-"""The promotion rule, stated before any replay (docs/contracts.md, the round):
+"""The promotion rule, stated before any replay (docs/contracts.md, the promotion rule):
 
 - no invariant violation on either split (at most `max_violations`, which is 0);
-- a held-out gain whose paired lower confidence bound is above `min_gain`;
-- no scenario that passed in all k baseline runs now failing beyond the `tolerance`, on either split;
+- a held-out gain: the exact stratified test (`improve.evals.exact`, one-sided, each scenario a stratum
+  conditioned on its total passes) at p <= alpha = 1 - confidence, and a mean gain above `min_gain`;
+- no regression on either split: no scenario whose drop is significant (one-sided exact test per
+  scenario at alpha, Bonferroni over the scenarios of both splits that could show a drop) and larger
+  than the `tolerance`;
 - cost per run within `cost_budget` times the baseline's.
 
-Each check returns a value and a reason; the decision is to promote only when every check holds.
+The runs it reads are the first k of every scenario plus the sequential reruns of the changed ones
+(`improve.evals.reruns`), reported with the decision. Each check returns a value and a reason that
+names the test and the figures it decided on; the decision is to promote only when every check holds.
 """
 
 from __future__ import annotations
@@ -13,7 +18,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from improve.evals.scorecards import Comparison, Scorecard, compare
+from improve.evals.exact import FamilyLevel, PairedCounts
+from improve.evals.reruns import Reruns
+from improve.evals.scorecards import Comparison, Scorecard, compare, regression_family
 from improve.evals.workspace import ObjectiveSection
 
 
@@ -30,6 +37,14 @@ class PromotionDecision:
     checks: list[Check]
     train: Comparison
     held_out: Comparison
+    regression_level: FamilyLevel
+    """The per-scenario level of the drop tests, over the scenarios of both splits."""
+    reruns: Reruns | None = None
+    """What the sequential rule ran beyond the first k runs (None: the cards were scored as given)."""
+
+    def gain_summary(self) -> str:
+        """The deciding test of the held-out gain in one phrase: "exact stratified test p = 0.012 <= alpha 0.05"."""
+        return gain_phrase(self.held_out)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -37,7 +52,20 @@ class PromotionDecision:
             "checks": [asdict(c) for c in self.checks],
             "train": self.train.to_json(),
             "held_out": self.held_out.to_json(),
+            "regression_level": asdict(self.regression_level),
+            "reruns": self.reruns.to_json() if self.reruns is not None else None,
         }
+
+
+def gain_phrase(cmp: Comparison) -> str:
+    """ "exact stratified test p = 0.012 <= alpha 0.05": the test, its p and the level, side by side."""
+    return f"{cmp.test} p = {p_value(cmp.p)} {'<=' if cmp.significant else '>'} alpha {cmp.alpha:g}"
+
+
+def p_value(p: float) -> str:
+    """A p-value as reports show it: three places, small ones with two significant figures ("0.00012",
+    not "0.000", which would read as impossible)."""
+    return f"{p:.3f}" if p >= 0.001 else f"{p:.2g}"
 
 
 def decide(
@@ -46,8 +74,15 @@ def decide(
     candidate_train: Scorecard,
     candidate_held_out: Scorecard,
     objective: ObjectiveSection,
+    reruns: Reruns | None = None,
 ) -> PromotionDecision:
     def paired(base: Scorecard, cand: Scorecard) -> Comparison:
+        after = cand.by_id()
+        counts = {
+            b.scenario: PairedCounts(b.runs, b.passed, c.runs, c.passed)
+            for b in base.scenarios
+            if (c := after.get(b.scenario)) is not None
+        }
         return compare(
             base,
             cand,
@@ -55,10 +90,15 @@ def decide(
             resamples=objective.bootstrap_resamples,
             seed=objective.seed,
             tolerance=objective.tolerance,
+            nulls=reruns.nulls(counts) if reruns is not None else None,
         )
 
     train = paired(baseline_train, candidate_train)
     held_out = paired(baseline_held_out, candidate_held_out)
+    # One family of drop tests over both splits: the chance of calling any unchanged scenario a
+    # regression stays at most alpha for the whole decision, not per split.
+    level = regression_family([train, held_out], 1.0 - objective.confidence)
+    train, held_out = train.with_regression_level(level), held_out.with_regression_level(level)
     checks: list[Check] = []
 
     violations = candidate_train.violations + candidate_held_out.violations
@@ -70,28 +110,45 @@ def decide(
             f"(at most {objective.max_violations} allowed)",
         )
     )
-    level = f"{objective.confidence:.0%}"
+    gain_ok = held_out.mean_diff > objective.min_gain + 1e-12
     checks.append(
         Check(
             "held-out gain",
-            held_out.ci_low > objective.min_gain,
-            f"mean {held_out.mean_diff:+.3f} ({held_out.baseline_rate:.3f} -> {held_out.candidate_rate:.3f}), "
-            f"{level} CI [{held_out.ci_low:+.3f}, {held_out.ci_high:+.3f}] ({held_out.method}, "
-            f"{held_out.resamples} resamples, seed {held_out.seed}); the lower bound must exceed "
-            f"{objective.min_gain:+.3f}; sign test p={held_out.sign_p:.3f}, Wilcoxon p={held_out.wilcoxon_p:.3f}",
+            held_out.significant and gain_ok,
+            f"{gain_phrase(held_out)} (one-sided, each scenario conditioned on its total passes, "
+            f"{held_out.n} scenarios); mean gain {held_out.mean_diff:+.3f} "
+            f"({held_out.baseline_rate:.3f} -> {held_out.candidate_rate:.3f}) "
+            f"{'>' if gain_ok else '<='} min gain {objective.min_gain:+.3f}",
         )
     )
     regressed = [*train.regressions, *held_out.regressions]
-    checks.append(
-        Check(
-            "no regressions",
-            not regressed,
-            "none"
-            if not regressed
-            else "; ".join(f"{c.scenario} {c.before:.2f} -> {c.after:.2f}" for c in regressed)
-            + f" (passed all k runs before; tolerance {objective.tolerance:.2f})",
-        )
+    drops = sorted(
+        (c for c in [*train.changed, *held_out.changed] if c.diff < 0 and c not in regressed),
+        key=lambda c: c.p_drop,
     )
+    family = (
+        f"one-sided exact test per scenario at {p_value(level.level)} = alpha {level.alpha:g} / {level.divisor} "
+        f"(Bonferroni over the {level.divisor} of {level.scenarios} scenarios that could show a drop"
+        + (
+            f"; a significant drop up to {objective.tolerance:.2f} is tolerated"
+            if objective.tolerance
+            else ""
+        )
+        + ")"
+    )
+    if regressed:
+        detail = (
+            "; ".join(f"{c.scenario} {c.counts} (p = {p_value(c.p_drop)})" for c in regressed) + f": {family}"
+        )
+    elif drops:
+        worst = drops[0]
+        detail = (
+            f"none: {len(drops)} scenario(s) dropped, none significantly, the strongest {worst.scenario} "
+            f"{worst.counts} (p = {p_value(worst.p_drop)}); {family}"
+        )
+    else:
+        detail = f"none: no scenario dropped; {family}"
+    checks.append(Check("no regressions", not regressed, detail))
     term = objective.cost
     runs_base = baseline_train.runs + baseline_held_out.runs
     runs_cand = candidate_train.runs + candidate_held_out.runs
@@ -108,7 +165,7 @@ def decide(
             f"(budget {objective.cost_budget:g}x = {_amount(budget, term)})",
         )
     )
-    return PromotionDecision(all(c.ok for c in checks), checks, train, held_out)
+    return PromotionDecision(all(c.ok for c in checks), checks, train, held_out, level, reruns)
 
 
 def _amount(value: float, term: str) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from improve.evals.promotion import PromotionDecision
+from improve.evals.promotion import PromotionDecision, p_value
 from improve.evals.scorecards import Comparison, Scorecard
 from improve.machine import MachineConfig, describe_mermaid, diff_states
 
@@ -15,17 +15,27 @@ def _pct(x: float) -> str:
     return f"{x:.3f}"
 
 
+def _runs(card: Scorecard) -> str:
+    """ "3", or "3-9" when the sequential reruns ran some scenarios again."""
+    counts = [s.runs for s in card.scenarios] or [0]
+    return str(max(counts)) if min(counts) == max(counts) else f"{min(counts)}-{max(counts)}"
+
+
+def _p(p: float) -> str:
+    return p_value(p)
+
+
 def cards_table(cards: Sequence[Scorecard], cost_term: str = "model_calls") -> list[str]:
     priced = any(c.usd for c in cards)
     lines = [
-        "| split | version | scenarios | k | pass rate | violations | model calls / run | tokens / run |"
+        "| split | version | scenarios | runs / scenario | pass rate | violations | model calls / run | tokens / run |"
         + (" USD / run |" if priced else ""),
         "|---|---|---:|---:|---:|---:|---:|---:|" + ("---:|" if priced else ""),
     ]
     for c in cards:
         runs = c.runs or 1
         lines.append(
-            f"| {c.split} | {c.policy_version} | {len(c.scenarios)} | {c.k} | {_pct(c.pass_rate)} | "
+            f"| {c.split} | {c.policy_version} | {len(c.scenarios)} | {_runs(c)} | {_pct(c.pass_rate)} | "
             f"{c.violations} | {c.model_calls / runs:.2f} | {c.tokens / runs:.0f} |"
             + (f" {c.usd / runs:.5f} |" if priced else "")
         )
@@ -34,14 +44,13 @@ def cards_table(cards: Sequence[Scorecard], cost_term: str = "model_calls") -> l
 
 def comparison_table(comparisons: Sequence[Comparison]) -> list[str]:
     lines = [
-        "| split | before | after | mean diff | CI | sign test p | Wilcoxon p | wins / ties / losses |",
-        "|---|---:|---:|---:|---|---:|---:|---|",
+        "| split | before | after | mean diff | exact stratified test p (one-sided) | wins / ties / losses |",
+        "|---|---:|---:|---:|---:|---|",
     ]
     for c in comparisons:
         lines.append(
             f"| {c.split} | {_pct(c.baseline_rate)} | {_pct(c.candidate_rate)} | {c.mean_diff:+.3f} | "
-            f"{c.confidence:.0%} [{c.ci_low:+.3f}, {c.ci_high:+.3f}] | {c.sign_p:.3f} | {c.wilcoxon_p:.3f} | "
-            f"{c.wins} / {c.ties} / {c.losses} |"
+            f"{_p(c.p)} | {c.wins} / {c.ties} / {c.losses} |"
         )
     return lines
 
@@ -50,11 +59,16 @@ def changed_table(comparisons: Sequence[Comparison]) -> list[str]:
     rows = [(c.split, ch) for c in comparisons for ch in c.changed]
     if not rows:
         return ["No scenario changed its pass fraction."]
-    lines = ["| split | scenario | category | before | after |", "|---|---|---|---:|---:|"]
+    lines = [
+        "| split | scenario | category | before | after | passes | drop test p |",
+        "|---|---|---|---:|---:|---|---:|",
+    ]
     for split, ch in rows:
         arrow = "better" if ch.diff > 0 else "**worse**"
+        drop = _p(ch.p_drop) if ch.diff < 0 else ""
         lines.append(
-            f"| {split} | {ch.scenario} | {ch.category} | {ch.before:.2f} | {ch.after:.2f} ({arrow}) |"
+            f"| {split} | {ch.scenario} | {ch.category} | {ch.before:.2f} | {ch.after:.2f} ({arrow}) | "
+            f"{ch.counts} | {drop} |"
         )
     return lines
 
@@ -81,10 +95,25 @@ def scorecard_markdown(
     lines += [*cards_table(cards), ""]
     if comparisons:
         lines += ["### Paired by scenario", "", *comparison_table(comparisons), ""]
+        lines += [
+            "The exact test conditions each scenario on its total passes (`improve/evals/exact.py`); the "
+            "promotion rule reads the held-out row, the train row is context.",
+            "",
+        ]
         lines += ["### Scenarios that changed", "", *changed_table(comparisons), ""]
     if decision is not None:
         verdict = "recommend" if decision.promote else "discard"
-        lines += [f"### Promotion rule: **{verdict}**", "", "| check | result | detail |", "|---|---|---|"]
+        failed = [c.name for c in decision.checks if not c.ok]
+        lines += [
+            f"### Promotion rule: **{verdict}**",
+            "",
+            f"Held-out: {decision.gain_summary()}"
+            + (f"; failed: {', '.join(failed)}." if failed else "; every check passes."),
+            "",
+        ]
+        if decision.reruns is not None:
+            lines += [f"Sequential reruns: {decision.reruns.summary()}.", ""]
+        lines += ["| check | result | detail |", "|---|---|---|"]
         for check in decision.checks:
             lines.append(f"| {check.name} | {'pass' if check.ok else '**fail**'} | {check.detail} |")
         lines.append("")

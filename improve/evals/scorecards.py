@@ -1,24 +1,40 @@
 """Scorecards and the statistics of comparing two policy versions.
 
 The unit of analysis is the scenario, not the run: each scenario's pass fraction over its k runs, then
-paired per-scenario differences between two versions. Beside the bootstrap confidence interval of the
-mean difference (scipy), the sign test and the Wilcoxon signed-rank test, and wins / ties / losses.
-Every resampling is seeded; the seed is part of the result, so a scorecard reproduces.
+paired per-scenario differences between two versions. The promotion rule decides with exact tests on
+the pass counts (`improve.evals.exact`): the stratified conditional test of the gain, and a one-sided
+Fisher test per scenario for a drop. Beside them, descriptive figures the rule does not use: the
+bootstrap confidence interval of the mean difference (scipy), the sign test and the Wilcoxon
+signed-rank test, and wins / ties / losses. Every resampling is seeded; the seed is part of the result,
+so a scorecard reproduces.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from math import comb
 from typing import Any
 
 import numpy as np
 from scipy import stats
 
 from improve.errors import ConfigError
+from improve.evals.exact import (
+    FamilyLevel,
+    NullDistribution,
+    PairedCounts,
+    hypergeometric,
+    tarone_level,
+    upper_tail_of_sum,
+)
 from improve.evals.outcome import OutcomeRow
+
+GAIN_TEST = "exact stratified test"
+"""The name reports give the test the promotion rule decides the held-out gain with."""
 
 
 @dataclass(frozen=True)
@@ -151,10 +167,21 @@ class Change:
     category: str
     before: float
     after: float
+    runs_before: int = 0
+    passed_before: int = 0
+    runs_after: int = 0
+    passed_after: int = 0
+    p_drop: float = 1.0
+    """One-sided exact p-value of a drop in this scenario's pass rate (Fisher's test on its counts)."""
 
     @property
     def diff(self) -> float:
         return self.after - self.before
+
+    @property
+    def counts(self) -> str:
+        """ "3/3 -> 1/9": the passes over the runs on each side."""
+        return f"{self.passed_before}/{self.runs_before} -> {self.passed_after}/{self.runs_after}"
 
 
 @dataclass(frozen=True)
@@ -168,6 +195,10 @@ class Comparison:
     baseline_rate: float
     candidate_rate: float
     mean_diff: float
+    p: float
+    """One-sided p-value of the exact stratified test that the candidate passes more often (GAIN_TEST)."""
+    alpha: float
+    """The level the promotion rule compares `p` with: 1 - confidence."""
     ci_low: float
     ci_high: float
     confidence: float
@@ -181,23 +212,62 @@ class Comparison:
     losses: int
     changed: list[Change]
     regressions: list[Change]
-    """Scenarios that passed in all k baseline runs and now drop by more than the tolerance."""
+    """Scenarios whose drop is significant at `regression_level` and larger than the tolerance."""
+    regression_level: FamilyLevel
+    """The per-scenario level of the drop tests: alpha over the scenarios of the family (this split, or
+    both splits in a promotion decision) that could show a drop (`tarone_level`)."""
+    tolerance: float
+    counts: dict[str, PairedCounts]
+    """Every scenario's runs and passes on both sides: what the exact tests read."""
+    floors: dict[str, float]
+    """Every scenario's smallest possible drop p-value given its totals (what Tarone's count reads)."""
+    sequential: bool = False
+    """The tests conditioned on the sequential reruns' design (`improve.evals.reruns`), not on k fixed runs."""
+
+    @property
+    def test(self) -> str:
+        return GAIN_TEST
+
+    @property
+    def significant(self) -> bool:
+        return self.p <= self.alpha
 
     def to_json(self) -> dict[str, Any]:
         doc = asdict(self)
+        doc["test"] = self.test
         doc["changed"] = [asdict(c) | {"diff": c.diff} for c in self.changed]
         doc["regressions"] = [asdict(c) | {"diff": c.diff} for c in self.regressions]
         return doc
+
+    def with_regression_level(self, level: FamilyLevel) -> Comparison:
+        """The same comparison with its regressions judged at another level (a wider family)."""
+        return dataclasses.replace(
+            self, regression_level=level, regressions=_regressions(self.changed, level, self.tolerance)
+        )
+
+
+def _regressions(changed: Sequence[Change], level: FamilyLevel, tolerance: float) -> list[Change]:
+    # A drop counts when the test says it is real and it is larger than the tolerance: one failed run
+    # after k passes is neither, until reruns show the scenario keeps failing.
+    return [c for c in changed if c.p_drop <= level.level and c.before - c.after > tolerance + 1e-12]
+
+
+def regression_family(comparisons: Sequence[Comparison], alpha: float) -> FamilyLevel:
+    """The level of the drop tests over every scenario of these comparisons, as one family."""
+    return tarone_level([f for cmp in comparisons for f in cmp.floors.values()], alpha)
 
 
 def bootstrap_ci(
     diffs: np.ndarray[Any, Any], confidence: float, resamples: int, seed: int
 ) -> tuple[float, float, str]:
-    """BCa bootstrap interval of the mean, percentile when BCa is degenerate; exact when all equal."""
+    """BCa bootstrap interval of the mean, percentile when BCa is degenerate; exact when all equal;
+    none (the mean twice, "skipped") with 0 resamples: the interval is descriptive, no rule reads it."""
     if len(diffs) == 0:
         return 0.0, 0.0, "empty"
     if np.all(diffs == diffs[0]):
         return float(diffs[0]), float(diffs[0]), "constant"
+    if resamples == 0:
+        return float(np.mean(diffs)), float(np.mean(diffs)), "skipped"
     for method in ("BCa", "percentile"):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -215,6 +285,16 @@ def bootstrap_ci(
     return float(np.mean(diffs)), float(np.mean(diffs)), "degenerate"
 
 
+def _sign_test(wins: int, losses: int) -> float:
+    """The two-sided sign test (binomial, p = 1/2), exactly: the distribution is symmetric, so its
+    p-value is twice the smaller tail (scipy's binomtest gives the same, at a hundred times the cost)."""
+    n = wins + losses
+    if not n:
+        return 1.0
+    tail: int = sum(comb(n, i) for i in range(min(wins, losses) + 1))
+    return min(1.0, 2 * tail / (1 << n))
+
+
 def compare(
     baseline: Scorecard,
     candidate: Scorecard,
@@ -223,7 +303,11 @@ def compare(
     resamples: int = 5000,
     seed: int = 0,
     tolerance: float = 0.0,
+    nulls: Mapping[str, NullDistribution] | None = None,
 ) -> Comparison:
+    """The paired comparison of two scorecards on the same scenarios. `nulls` are the null distributions
+    of each scenario's candidate passes under the design that produced the runs (the sequential reruns'
+    `Reruns.nulls`); by default k fixed runs, each scenario's hypergeometric distribution."""
     base, cand = baseline.by_id(), candidate.by_id()
     if set(base) != set(cand):
         missing = sorted(set(base) ^ set(cand))
@@ -232,6 +316,9 @@ def compare(
             f"scenarios {missing} are scored on one side only (run both on the same scenarios)"
         )
     ids = sorted(base)
+    counts = {i: PairedCounts(base[i].runs, base[i].passed, cand[i].runs, cand[i].passed) for i in ids}
+    alpha = 1.0 - confidence
+    null = {i: nulls[i] if nulls is not None and i in nulls else hypergeometric(counts[i]) for i in ids}
     before = np.array([base[i].pass_fraction for i in ids], dtype=float)
     after = np.array([cand[i].pass_fraction for i in ids], dtype=float)
     # Rounded so equal differences tie exactly (1 - 1/3 and 2/3 - 0 differ in the last bit, which would
@@ -239,7 +326,7 @@ def compare(
     diffs = np.round(after - before, 12)
     low, high, method = bootstrap_ci(diffs, confidence, resamples, seed)
     wins, losses = int(np.sum(diffs > 0)), int(np.sum(diffs < 0))
-    sign_p = float(stats.binomtest(wins, wins + losses, 0.5).pvalue) if wins + losses else 1.0
+    sign_p = _sign_test(wins, losses)
     if np.any(diffs != 0):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -247,11 +334,22 @@ def compare(
     else:
         wilcoxon_p = 1.0
     changed = [
-        Change(i, base[i].category, base[i].pass_fraction, cand[i].pass_fraction)
+        Change(
+            i,
+            base[i].category,
+            base[i].pass_fraction,
+            cand[i].pass_fraction,
+            base[i].runs,
+            base[i].passed,
+            cand[i].runs,
+            cand[i].passed,
+            null[i].lower_tail(cand[i].passed),
+        )
         for i in ids
         if base[i].pass_fraction != cand[i].pass_fraction
     ]
-    regressions = [c for c in changed if c.before == 1.0 and c.before - c.after > tolerance + 1e-12]
+    floors = {i: null[i].smallest_lower_tail() for i in ids}
+    level = tarone_level(list(floors.values()), alpha)
     return Comparison(
         baseline=baseline.policy_version,
         candidate=candidate.policy_version,
@@ -260,6 +358,8 @@ def compare(
         baseline_rate=float(before.mean()) if len(ids) else 0.0,
         candidate_rate=float(after.mean()) if len(ids) else 0.0,
         mean_diff=float(diffs.mean()) if len(ids) else 0.0,
+        p=upper_tail_of_sum([null[i] for i in ids], sum(cand[i].passed for i in ids)),
+        alpha=alpha,
         ci_low=low,
         ci_high=high,
         confidence=confidence,
@@ -272,5 +372,10 @@ def compare(
         ties=len(ids) - wins - losses,
         losses=losses,
         changed=changed,
-        regressions=regressions,
+        regressions=_regressions(changed, level, tolerance),
+        regression_level=level,
+        tolerance=tolerance,
+        counts=counts,
+        floors=floors,
+        sequential=nulls is not None,
     )

@@ -205,9 +205,11 @@ def write_threads(
     ran: Callable[[int, int], None] | None = None,
     meter: Meter | None = None,
     models: ModelFactory | None = None,
+    runs: Sequence[int] | None = None,
 ) -> list[PlannedRun]:
     """Run every scenario k times (reusing threads recorded with this stamp), journaling one thread
-    per run; the runs in planned order. Scoring is the caller's: `run_suite` replays them here, a
+    per run; the runs in planned order. `runs` are other run numbers to make instead of 1..k (the
+    sequential reruns of a round: k+1.. of the scenarios whose result changed). Scoring is the caller's: `run_suite` replays them here, a
     ledger ingests and verifies them in the warehouse.
 
     Runs wait on models, so they overlap: up to `concurrency` at a time (asyncio, each run in a worker
@@ -220,7 +222,8 @@ def write_threads(
     """
     models = models or spec.model_factory(env, meter)
     policy = compile_policy(spec.policy, env.judgments, env.policy_guards)
-    planned = [(scenario, n) for scenario in scenarios for n in range(1, spec.k + 1)]
+    numbers = list(runs) if runs is not None else range(1, spec.k + 1)
+    planned = [(scenario, n) for scenario in scenarios for n in numbers]
     # Threads already recorded with this stamp, read once: checked here, handed on with the plan.
     recorded: dict[str, list[LogEntry]] = {}
     if not fresh:

@@ -24,9 +24,11 @@
     max_violations = 0               # the hard constraint
     cost = "model_calls"             # or "tokens", or "usd": tie-breaker and budget
     cost_budget = 1.5                # a candidate may cost at most 1.5x the baseline
-    min_gain = 0.0                   # held-out gain's lower confidence bound must exceed this
-    confidence = 0.95
-    tolerance = 0.0                  # allowed drop of a scenario that passed all k runs
+    min_gain = 0.0                   # the held-out mean gain must exceed this (and be significant)
+    confidence = 0.95                # the tests run at alpha = 1 - confidence
+    tolerance = 0.0                  # a significant drop of a scenario no larger than this is allowed
+    max_extra_runs = 6               # reruns of a changed scenario, per policy (0: no reruns)
+    max_extra_runs_total = 300       # reruns of a round, both policies and every scenario
     seed = 20261130                  # resampling seed, printed with every scorecard
     held_out_bias = 0.1              # reuse: n held-out scenarios support 1 + floor(2 n 0.1^2 / ln 2) rounds
 
@@ -110,17 +112,44 @@ class ObjectiveSection(_Section):
     min_gain: float = Field(
         default=0.0,
         ge=0,
-        description="Promotion needs the lower confidence bound of the held-out mean gain above this.",
+        description="Promotion needs the held-out mean gain (of per-scenario pass fractions) above this, "
+        "besides the exact stratified test of the gain at alpha = 1 - confidence.",
     )
-    confidence: float = Field(default=0.95, gt=0.5, lt=1, description="Two-sided confidence level.")
+    confidence: float = Field(
+        default=0.95,
+        gt=0.5,
+        lt=1,
+        description="The promotion rule's tests run at alpha = 1 - confidence: the held-out gain's exact "
+        "stratified test, and the per-scenario drop tests (corrected for their number); also the level of "
+        "the descriptive bootstrap interval.",
+    )
     tolerance: float = Field(
         default=0.0,
         ge=0,
         le=1,
-        description="How much a scenario that passed all k runs may drop (its pass fraction) before it counts "
-        "as a regression; 0 means any drop is one.",
+        description="A scenario whose drop is significant still does not count as a regression when its pass "
+        "fraction drops by at most this much; 0 means every significant drop is one.",
     )
-    bootstrap_resamples: int = Field(default=5000, ge=100, description="Bootstrap resamples.")
+    max_extra_runs: int = Field(
+        default=6,
+        ge=0,
+        le=1000,
+        description="Sequential reruns: after the first k runs, a scenario whose pass fraction differs between "
+        "baseline and candidate runs k more times under each policy, until the change is clear or gone, at "
+        "most this many extra runs per scenario per policy; 0 turns reruns off.",
+    )
+    max_extra_runs_total: int = Field(
+        default=300,
+        ge=0,
+        description="The round's cap on reruns, both policies and every scenario together (held-out scenarios "
+        "are served first); the scorecard reports the extra runs made.",
+    )
+    bootstrap_resamples: int = Field(
+        default=5000,
+        ge=0,
+        description="Resamples of the bootstrap interval of the mean gain, a descriptive figure beside the "
+        "exact tests (the promotion rule does not read it); 0 skips it.",
+    )
     seed: int = Field(default=20261130, description="Seed of every resampling, printed with each scorecard.")
     held_out_bias: float = Field(
         default=0.1,

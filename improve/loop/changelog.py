@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from improve.evals import p_value
 from improve.loop.heldout import held_out_lines
 
 HEADER = (
@@ -48,8 +49,14 @@ def entry_markdown(record: dict[str, Any]) -> str:
             if s:
                 lines.append(
                     f"- {split}: {s['before']:.3f} -> {s['after']:.3f} (mean diff {s['mean_diff']:+.3f}, "
-                    f"{s['confidence']:.0%} CI [{s['ci_low']:+.3f}, {s['ci_high']:+.3f}]), violations "
-                    f"{s['violations_after']}, model calls/run {s['cost_before']:.2f} -> {s['cost_after']:.2f}."
+                    f"{_test(s)}), violations {s['violations_after']}, model calls/run "
+                    f"{s['cost_before']:.2f} -> {s['cost_after']:.2f}"
+                    + (
+                        f", {s['extra_runs']} extra runs (reruns, both versions)"
+                        if s.get("extra_runs")
+                        else ""
+                    )
+                    + "."
                 )
     lines += held_out_lines(record)  # which read of the held-out set the round was (loop/heldout.py)
     regressions = record.get("regressions") or []
@@ -84,6 +91,15 @@ def discarded_branches(path: Path, baseline: str) -> list[dict[str, str]]:
         for branch in _BRANCH.finditer(body):
             found.append({"guard": branch["guard"], "answer": branch["answer"], "round": head["round"]})
     return found
+
+
+def _test(score: dict[str, Any]) -> str:
+    """The test the promotion rule decided with, as the entry shows it; a record written before the
+    exact tests shows its bootstrap interval, labelled as such."""
+    if "p" not in score:
+        return f"{score['confidence']:.0%} bootstrap CI [{score['ci_low']:+.3f}, {score['ci_high']:+.3f}]"
+    p, alpha = score["p"], score["alpha"]
+    return f"{score['test']} p = {p_value(p)} {'<=' if p <= alpha else '>'} alpha {alpha:g}"
 
 
 def append_entry(path: Path, env: str, record: dict[str, Any]) -> str:

@@ -80,6 +80,8 @@ class RoundResult:
     branches: list[dict[str, str]] = field(default_factory=list)
     """The branches the candidate adds (`guard`, `answer`): the CHANGELOG records them, so a branch
     discarded against a policy is not proposed against it again."""
+    reruns: dict[str, Any] | None = None
+    """What the sequential rule ran beyond the first k runs (`improve.evals.reruns.Reruns.to_json`)."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

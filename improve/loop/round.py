@@ -20,16 +20,20 @@ from typing import Any
 
 from improve.errors import ImproveError
 from improve.evals import (
+    Batch,
     Ledger,
     OutcomeRow,
+    RerunRule,
     Scenario,
     Scorecard,
+    Settled,
     SuiteSpec,
     Workspace,
     decide,
     paired,
     policy_label,
     scorecard,
+    settle,
     write_threads,
 )
 from improve.llm import Meter, ModelSpec
@@ -206,6 +210,22 @@ def _run_round(space: Workspace, opts: RoundOptions, say: Say, inputs: Inputs, l
     cand_rows = _suite(env, train, cand_spec, ledger, opts, say, "train", models, meter, result)
     say(f"candidate {label}: held-out, k={k}")
     cand_rows += _suite(env, held_out, cand_spec, ledger, opts, say, "held-out", models, meter, result)
+    settled = _rerun_changed(
+        env,
+        inputs.scenarios,
+        base_rows,
+        cand_rows,
+        (base_spec, cand_spec),
+        k,
+        ledger,
+        opts,
+        say,
+        models,
+        meter,
+        result,
+    )
+    base_rows, cand_rows = settled.baseline, settled.candidate
+    base_cards = _cards(base_rows, baseline_label)
     note("candidate")
     result.candidate_threads = sorted(r.thread_id for r in cand_rows)
     cand_cards = _cards(cand_rows, label)
@@ -216,7 +236,12 @@ def _run_round(space: Workspace, opts: RoundOptions, say: Say, inputs: Inputs, l
         if unpaired:
             say(f"  {split}: left out of the comparison (no verified run on one side): {', '.join(unpaired)}")
     verdict = decide(
-        base_cards["train"], base_cards["held-out"], cand_cards["train"], cand_cards["held-out"], objective
+        base_cards["train"],
+        base_cards["held-out"],
+        cand_cards["train"],
+        cand_cards["held-out"],
+        objective,
+        settled.reruns,
     )
     result.recommended = verdict.promote
     result.status = "recommended" if verdict.promote else "discarded"
@@ -232,6 +257,10 @@ def _run_round(space: Workspace, opts: RoundOptions, say: Say, inputs: Inputs, l
             "ci_low": cmp.ci_low,
             "ci_high": cmp.ci_high,
             "confidence": cmp.confidence,
+            "test": cmp.test,
+            "p": cmp.p,
+            "alpha": cmp.alpha,
+            "extra_runs": settled.reruns.extra_runs_in(split),
             "violations_after": cand_cards[split].violations,
             "cost_before": base_cards[split].cost(objective.cost),
             "cost_after": cand_cards[split].cost(objective.cost),
@@ -239,6 +268,7 @@ def _run_round(space: Workspace, opts: RoundOptions, say: Say, inputs: Inputs, l
         }
         for split, cmp in (("train", verdict.train), ("held-out", verdict.held_out))
     }
+    result.reruns = settled.reruns.to_json()
     record(inputs, result, candidate, cand_cards, base_cards, verdict, proposal, say)
     return result
 
@@ -270,9 +300,10 @@ def _suite(
     models: ModelFactory,
     meter: Meter,
     result: RoundResult,
+    runs: Sequence[int] | None = None,
 ) -> list[OutcomeRow]:
     """Run (or reuse) the suite's threads, record them in the warehouse, and read back the verified
-    rows; threads set aside are counted on the result."""
+    rows; threads set aside are counted on the result. `runs`: run numbers other than 1..k."""
 
     def ran(done: int, total: int) -> None:
         if done == total or done % 25 == 0:
@@ -288,6 +319,7 @@ def _suite(
         ran=ran,
         meter=meter,
         models=models,
+        runs=runs,
     )
     recorded = ledger.record(
         [p.thread_id for p in plan],
@@ -296,6 +328,44 @@ def _suite(
     )
     result.quarantined += [asdict(q) for q in recorded.quarantined]
     return recorded.rows
+
+
+def _rerun_changed(
+    env: Environment,
+    scenarios: Sequence[Scenario],
+    base_rows: list[OutcomeRow],
+    cand_rows: list[OutcomeRow],
+    specs: tuple[SuiteSpec, SuiteSpec],
+    k: int,
+    ledger: Ledger,
+    opts: RoundOptions,
+    say: Say,
+    models: ModelFactory,
+    meter: Meter,
+    result: RoundResult,
+) -> Settled:
+    """The sequential rule (`improve.evals.reruns`, stated before the replay): the scenarios whose
+    result changed run again under both policies, recorded in the warehouse like every other run."""
+    by_id = {s.id: s for s in scenarios}
+
+    def run_more(ids: Sequence[str], numbers: range) -> Batch:
+        chosen = [by_id[i] for i in ids]
+        what = f"reruns r{numbers.start}-r{numbers.stop - 1}"
+        return Batch(
+            _suite(
+                env, chosen, specs[0], ledger, opts, say, f"{what}, baseline", models, meter, result, numbers
+            ),
+            _suite(
+                env, chosen, specs[1], ledger, opts, say, f"{what}, candidate", models, meter, result, numbers
+            ),
+        )
+
+    settled = settle(
+        base_rows, cand_rows, RerunRule.from_objective(ledger.space.config.objective, k), run_more
+    )
+    if settled.reruns.scenarios:
+        say(f"reruns: {settled.reruns.summary()}")
+    return settled
 
 
 def _request(

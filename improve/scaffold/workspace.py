@@ -23,9 +23,11 @@ cost = "model_calls"      # or "tokens": the tie-breaker, and the budget below
 cost_budget = 1.5         # a candidate may cost at most 1.5x the baseline
 k = 3                     # runs per scenario
 max_model_calls = 100     # model-call budget per run
-min_gain = 0.0            # the held-out gain's lower confidence bound must exceed this
-confidence = 0.95
-tolerance = 0.0           # how far a scenario that passed all k runs may drop
+min_gain = 0.0            # the held-out mean gain must exceed this (and be significant)
+confidence = 0.95         # the promotion rule's tests run at alpha = 1 - confidence
+tolerance = 0.0           # a significant drop of a scenario no larger than this is allowed
+max_extra_runs = 6        # reruns of a scenario whose result changed, per policy (0: none)
+max_extra_runs_total = 300  # reruns of a round, both policies and every scenario
 seed = 20261130           # resampling seed, printed with every scorecard
 held_out_bias = 0.1       # held-out reuse: n held-out scenarios support 1 + floor(2 n 0.1^2 / ln 2) rounds
 """
