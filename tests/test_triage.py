@@ -229,7 +229,7 @@ def test_improve_scenarios_check_accepts_the_file() -> None:
         app, ["scenarios", "check", "--env", "triage", "--file", str(SCENARIOS), "-w", str(REPO)]
     )
     assert result.exit_code == 0, result.output
-    assert "41 train / 26 held-out, every category in both train and held-out" in result.output
+    assert "45 train / 26 held-out, every category in both train and held-out" in result.output
 
 
 def test_scenarios_split_about_sixty_forty_with_combined_cases_on_both(scenarios: list[Scenario]) -> None:

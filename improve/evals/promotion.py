@@ -15,6 +15,7 @@ names the test and the figures it decided on; the decision is to promote only wh
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -75,7 +76,11 @@ def decide(
     candidate_held_out: Scorecard,
     objective: ObjectiveSection,
     reruns: Reruns | None = None,
+    extra: Sequence[Check] = (),
 ) -> PromotionDecision:
+    """The promotion rule's checks on the paired cards; `extra` checks (the round's: the new branches
+    hold on held-out) are decided with them."""
+
     def paired(base: Scorecard, cand: Scorecard) -> Comparison:
         after = cand.by_id()
         counts = {
@@ -165,6 +170,7 @@ def decide(
             f"(budget {objective.cost_budget:g}x = {_amount(budget, term)})",
         )
     )
+    checks.extend(extra)
     return PromotionDecision(all(c.ok for c in checks), checks, train, held_out, level, reruns)
 
 

@@ -22,7 +22,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from improve.errors import ImproveError
-from improve.machine import DECIDE_SRC, Expr, MachineConfig, Scope, StateConfig, TransitionConfig
+from improve.machine import (
+    DECIDE_SRC,
+    Expr,
+    MachineConfig,
+    Scope,
+    StateConfig,
+    TransitionConfig,
+    compile_expr,
+)
 from improve.runtime import Environment
 
 
@@ -108,6 +116,42 @@ _PATTERN_MARKS = re.compile(r"\(\?i\)|\\b|\\s\+|\\s\*")
 def pattern_words(pattern: str) -> str:
     """The words a text test's regular expression looks for (`(?i)\\bfree\\s+trial\\b` -> `free trial`)."""
     return " ".join(_PATTERN_MARKS.sub(" ", pattern).split())
+
+
+def same_answer(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Two options are the same answer (numbers compared as numbers: 75 is 75.0)."""
+    if a.get("type") != b.get("type") or set(a) != set(b):
+        return False
+    return all(_same_value(a[k], b[k]) for k in a)
+
+
+def _same_value(x: Any, y: Any) -> bool:
+    numbers = all(isinstance(v, int | float) and not isinstance(v, bool) for v in (x, y))
+    return bool(float(x) == float(y)) if numbers else bool(x == y)
+
+
+def answer_on(branches: Sequence[Branch], example: Mapping[str, Any]) -> tuple[Branch, dict[str, Any]] | None:
+    """The first guarded branch that answers the decision `example` (`name`, `facts`, `options`), with
+    its answer evaluated there; None when an unguarded branch (the model) or nothing answers."""
+    facts = example.get("facts") or {}
+    request = decision_input(str(example.get("name", "")), facts, example.get("options") or [])
+    scope = Scope(input=request, facts=dict(facts), context={}, event={})
+    for branch in branches:
+        if branch.guard is None:
+            return None
+        try:
+            if compile_expr(branch.guard, f"branch {branch.index}").evaluate(scope) is not True:
+                continue
+            if branch.output is None:
+                return None
+            answer = {
+                k: compile_expr(str(v), f"branch {branch.index} output").evaluate(scope)
+                for k, v in branch.output.items()
+            }
+        except ImproveError:
+            continue
+        return branch, answer
+    return None
 
 
 def offered(output: Mapping[str, Any]) -> str:

@@ -325,7 +325,14 @@ def diagnose(
             "no policy change may paper over; a person must fix the environment"
         )
         return diagnosis
-    candidates = [c for c in clusters if c.id not in skip]
+    # A fix for a wrong-answer cluster is a rule for its right answer (`in_cluster`), so trying one tries
+    # every cluster with that right answer: those are skipped with it.
+    tried = {(c.answer["decision"], c.answer["right"]) for c in clusters if c.id in skip and c.answer}
+    candidates = [
+        c
+        for c in clusters
+        if c.id not in skip and (not c.answer or (c.answer["decision"], c.answer["right"]) not in tried)
+    ]
     if not candidates:
         return diagnosis
     # A cost cluster's runs may fail too, but what holds them back is counted where they end: a failure

@@ -17,6 +17,7 @@ from typing import Any
 
 from improve.evals import OutcomeRow, Scenario, outcome_row, policy_label, run_scenario
 from improve.log import MemoryStore, Store, ThreadId
+from improve.loop.branches import added, answer_on, route, same_answer
 from improve.loop.diagnose import Diagnosis, diagnose
 from improve.loop.probes import requests_in
 from improve.machine import MODEL_DECIDE, MachineConfig, canonical_json, initial
@@ -162,3 +163,57 @@ def diagnose_train(
         return diagnose(rows, label, skip=skip), []
     examples = [e.to_json() for e in decision_examples(env, scenarios, train, store, policy, models)]
     return diagnose(rows, label, skip=skip, examples=examples), examples
+
+
+@dataclass(frozen=True)
+class Override:
+    """A held-out decision a new branch answers, and whether the labels agree with its answer."""
+
+    scenario: str
+    branch: str
+    answer: dict[str, Any]
+    correct: list[dict[str, Any]]
+
+    @property
+    def right(self) -> bool:
+        return not self.correct or any(same_answer(self.answer, c) for c in self.correct)
+
+
+def held_out_overrides(
+    env: Environment,
+    scenarios: Sequence[Scenario],
+    rows: Sequence[OutcomeRow],
+    store: Store,
+    baseline: MachineConfig,
+    candidate: MachineConfig,
+    models: ModelFactory,
+) -> list[Override]:
+    """Every held-out decision of the baseline's runs where one of the branches the candidate adds
+    would answer, with the options the labels say are right there (counterfactual runs, as for the
+    training decisions).
+
+    This reads held-out to judge a change, never to shape one: a branch is a claim that its answer is
+    right wherever its condition holds, and the held-out decisions test that claim whatever the model
+    answered there (a branch that replaces one wrong answer by another costs the pass rate nothing
+    today, and overrides the right answer of a better model tomorrow)."""
+    new = {b.index for b in added(baseline, candidate)}
+    if not new:
+        return []
+    branches = route(candidate)
+    by_id = {s.id: s for s in scenarios}
+    compiled = compile_policy(baseline, env.judgments, env.policy_guards)
+    seen: dict[tuple[str, str], Override] = {}
+    for row in rows:
+        scenario = by_id.get(row.scenario)
+        if row.split != "held-out" or scenario is None:
+            continue
+        for request in requests_in(env, store.read(row.thread_id)):
+            example = {"name": request.name, "facts": request.facts, "options": request.options}
+            fired = answer_on(branches, example)
+            if fired is None or fired[0].index not in new:
+                continue
+            key = (scenario.id, _key(request))
+            if key not in seen:
+                correct = _correct_options(env, scenario, request, compiled, models, row)
+                seen[key] = Override(scenario.id, fired[0].answer(), fired[1], correct)
+    return list(seen.values())

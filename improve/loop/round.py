@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -36,11 +36,12 @@ from improve.evals import (
     settle,
     write_threads,
 )
+from improve.evals.promotion import Check
 from improve.llm import Meter, ModelSpec
 from improve.loop.branches import added
 from improve.loop.changelog import discarded_branches
 from improve.loop.diagnose import Diagnosis, in_cluster
-from improve.loop.evidence import diagnose_train
+from improve.loop.evidence import Override, diagnose_train, held_out_overrides
 from improve.loop.gates import (
     EnvironmentGate,
     GateContext,
@@ -235,6 +236,7 @@ def _run_round(space: Workspace, opts: RoundOptions, say: Say, inputs: Inputs, l
         base_cards[split], cand_cards[split], unpaired = paired(base_cards[split], cand_cards[split])
         if unpaired:
             say(f"  {split}: left out of the comparison (no verified run on one side): {', '.join(unpaired)}")
+    overrides = held_out_overrides(env, inputs.scenarios, base_rows, store, inputs.policy, candidate, models)
     verdict = decide(
         base_cards["train"],
         base_cards["held-out"],
@@ -242,6 +244,7 @@ def _run_round(space: Workspace, opts: RoundOptions, say: Say, inputs: Inputs, l
         cand_cards["held-out"],
         objective,
         settled.reruns,
+        extra=[_branches_hold(overrides)] if overrides else [],
     )
     result.recommended = verdict.promote
     result.status = "recommended" if verdict.promote else "discarded"
@@ -396,6 +399,35 @@ def _request(
         examples=[e | {"in_cluster": in_cluster(e, chosen)} for e in examples],
         discarded=discarded_branches(inputs.changelog, baseline_label),
     )
+
+
+def _branches_hold(overrides: Sequence[Override]) -> Check:
+    """The promotion check that the new branches answer right wherever they answer on held-out."""
+    wrong = [o for o in overrides if not o.right]
+    scenarios = len({o.scenario for o in overrides})
+    if not wrong:
+        return Check(
+            "branches hold",
+            True,
+            f"the new branch answers {len(overrides)} held-out decision(s) of {scenarios} scenario(s), each as "
+            "the labels say",
+        )
+    shown = "; ".join(
+        f"{o.scenario}: {_answer_text(o.answer)} where the labels say "
+        f"{' or '.join(_answer_text(c) for c in o.correct)}"
+        for o in wrong[:5]
+    )
+    return Check(
+        "branches hold",
+        False,
+        f"the new branch answers {len(wrong)} of the {len(overrides)} held-out decision(s) it takes wrongly "
+        f"({shown}): its condition holds where its answer is not right, whatever the model answered there",
+    )
+
+
+def _answer_text(option: Mapping[str, Any]) -> str:
+    fields = ", ".join(f"{k}={v}" for k, v in option.items() if k != "type")
+    return f"{option.get('type')}{{{fields}}}" if fields else str(option.get("type"))
 
 
 def _branches_added(baseline: MachineConfig, proposal: Proposal | None) -> list[dict[str, str]]:

@@ -46,7 +46,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from improve.errors import ImproveError, ProposalError
-from improve.loop.branches import Branch, answer_text, decision_input, insert_branch, offered, route
+from improve.loop.branches import (
+    Branch,
+    answer_text,
+    decision_input,
+    insert_branch,
+    offered,
+    route,
+    same_answer,
+)
 from improve.loop.gates import GateResult
 from improve.loop.proposers.base import Proposal, ProposalRequest
 from improve.machine import MAX_EXPRESSION_LENGTH, Expr, Scope, compile_expr
@@ -248,12 +256,6 @@ class Rule:
 # --- the training decisions -----------------------------------------------------------------------------
 
 
-def _same(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
-    if a.get("type") != b.get("type") or set(a) != set(b):
-        return False
-    return all((_numeric(a[k]) and _numeric(b[k]) and float(a[k]) == float(b[k])) or a[k] == b[k] for k in a)
-
-
 @dataclass
 class _Case:
     scenario: str
@@ -264,10 +266,10 @@ class _Case:
     """A failure of the cluster this rule is for: its answer was not among the right ones."""
 
     def offers(self, option: Mapping[str, Any]) -> bool:
-        return any(_same(option, o) for o in self.options)
+        return any(same_answer(option, o) for o in self.options)
 
     def right(self, option: Mapping[str, Any]) -> bool:
-        return any(_same(option, c) for c in self.correct)
+        return any(same_answer(option, c) for c in self.correct)
 
     def request(self, name: str) -> dict[str, Any]:
         return decision_input(name, self.facts, self.options)
@@ -283,7 +285,7 @@ def _cases(examples: Sequence[Mapping[str, Any]]) -> dict[str, list[_Case]]:
             e.get("in_cluster")
             and not e.get("passed")
             and correct
-            and not (answered and any(_same(answered, c) for c in correct))
+            and not (answered and any(same_answer(answered, c) for c in correct))
         )
         case = _Case(str(e.get("scenario", "")), dict(e["facts"]), list(e["options"]), correct, target)
         by_name.setdefault(str(e.get("name", "")), []).append(case)
@@ -514,7 +516,7 @@ def _grow(
     fewest conditions, then the best score. Returns the
     conjunction, what it covers, and its net worth in bits."""
     beam: list[tuple[tuple[float, ...], tuple[int, ...], int, int]] = [((), (), positives, negatives)]
-    best: tuple[tuple[float, int, tuple[float, ...]], tuple[int, ...], int] | None = None
+    best: tuple[tuple[float, float, int, tuple[float, ...]], tuple[int, ...], int] | None = None
     # Bits a failure covered is worth: what knowing the condition holds tells about the answer.
     total_p, total_n = _scenarios(space, positives), _scenarios(space, negatives)
     per_failure = math.log2((total_p + total_n) / total_p) if total_p else 0.0
@@ -541,7 +543,7 @@ def _grow(
         for score, chosen, cover_p, cover_n in ranked:
             if cover_n == 0:
                 net = _scenarios(space, cover_p) * per_failure - sum(space.costs[i] for i in chosen)
-                rank = (round(net, 9), -len(chosen), score)
+                rank = (float(_scenarios(space, cover_p)), round(net, 9), -len(chosen), score)
                 if best is None or rank > best[0]:
                     best = (rank, chosen, cover_p)
         beam = [g for g in ranked if g[3] != 0][:BEAM]
@@ -549,7 +551,7 @@ def _grow(
             break
     if best is None:
         return None
-    return tuple(space.atoms[i] for i in best[1]), best[2], best[0][0]
+    return tuple(space.atoms[i] for i in best[1]), best[2], best[0][1]
 
 
 def _learn(
@@ -568,7 +570,7 @@ def _learn(
         if grown is None:
             break
         term, cover, net = grown
-        if not cover & remaining or (terms and net <= 0):
+        if not cover & remaining or (terms and _scenarios(space, cover & remaining) < MIN_SUPPORT):
             break  # a further alternative must pay for the conditions it adds
         terms.append(term)
         covered |= cover
