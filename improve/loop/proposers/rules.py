@@ -569,9 +569,9 @@ def _learn(
         grown = _grow(space, remaining, negatives, about, skip_first if not terms else set())
         if grown is None:
             break
-        term, cover, net = grown
+        term, cover, _ = grown
         if not cover & remaining or (terms and _scenarios(space, cover & remaining) < MIN_SUPPORT):
-            break  # a further alternative must pay for the conditions it adds
+            break  # a further alternative needs its own support: failures of two scenarios
         terms.append(term)
         covered |= cover
         remaining &= ~cover
