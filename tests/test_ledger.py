@@ -70,7 +70,7 @@ def test_a_tampered_baseline_thread_is_set_aside_by_the_round(ws: Path) -> None:
     ]
     assert sql(ws, f"SELECT count(*) AS n FROM outcomes WHERE thread_id = '{path.stem}'") == [{"n": 0}]
     # The mined rule never sees the edited total.
-    assert "accountAgeDays" not in (outcome["rationale"] or "")
+    assert "4730" not in json.dumps(outcome)
 
 
 def test_sql_shows_the_rows_the_round_scored(ws: Path) -> None:
@@ -87,7 +87,7 @@ def test_sql_shows_the_rows_the_round_scored(ws: Path) -> None:
                 SELECT scenario, avg(passed::INTEGER) AS fraction, sum(violations) AS violations
                 FROM outcomes
                 WHERE environment = 'refunds' AND policy_version = '{version}' AND model = 'naive'
-                  AND split = '{split}' AND run <= 2 AND expected_outcome IS NOT NULL
+                  AND split = '{split}' AND expected_outcome IS NOT NULL
                 GROUP BY scenario)
             """,
         )
@@ -96,7 +96,7 @@ def test_sql_shows_the_rows_the_round_scored(ws: Path) -> None:
         with connect(ws / "traces" / "traces.duckdb") as warehouse:
             frame = warehouse.sql(
                 "SELECT scenario, avg(passed::INTEGER) AS fraction FROM outcomes WHERE environment = 'refunds' "
-                f"AND policy_version = '{version}' AND model = 'naive' AND split = '{split}' AND run <= 2 "
+                f"AND policy_version = '{version}' AND model = 'naive' AND split = '{split}' "
                 "AND expected_outcome IS NOT NULL GROUP BY scenario"
             )
         assert frame["fraction"].mean() == pytest.approx(outcome["scores"][split][side], abs=1e-12)

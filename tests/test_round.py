@@ -28,7 +28,7 @@ from improve.loop.proposers import Proposal, ProposalError, ProposalRequest
 from improve.loop.proposers.rules import mine
 from tests.conftest import REPO, copy_workspace
 
-DESKS = ("refunds", "code-agent", "tool-loop")
+DESKS = ("refunds", "code-agent", "tool-loop", "triage")
 
 
 def row(
@@ -272,7 +272,7 @@ def test_a_round_with_a_remote_and_token_pushes_and_opens_the_pr(
     monkeypatch.setenv("GITHUB_TOKEN", "ghp_secret_token_value")
     monkeypatch.setenv("GITHUB_API_URL", fake_github)
     space = scratch(tmp_path / "ws", remote=tmp_path / "remote.git")
-    result = run_round(space, RoundOptions(policy="v0", k=1))
+    result = run_round(space, RoundOptions(policy="v0", k=2))
     assert result.status == "recommended", result.decision_detail
     assert result.pr and result.pr["pushed"] and result.pr["pr_number"] == 7
     posts = [r for r in _FakeGitHub.requests if r[0] == "POST"]
@@ -441,7 +441,7 @@ def test_round_cli_appends_the_scorecard_to_the_github_step_summary(
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
     scratch(tmp_path / "ws")
     result = CliRunner().invoke(
-        app, ["round", "-w", str(tmp_path / "ws"), "--policy", "v0", "--k", "1", "--json"]
+        app, ["round", "-w", str(tmp_path / "ws"), "--policy", "v0", "--k", "2", "--json"]
     )
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)

@@ -241,7 +241,7 @@ def test_scenarios_split_about_sixty_forty_with_combined_cases_on_both(scenarios
     assert all(v == {"train", "held-out"} for v in categories.values())
     # Combined: a ticket meeting the conditions of two or more rules, where the order decides.
     combined = [s for s in scenarios if s.category == "combined"]
-    assert Counter(s.split for s in combined) == {"train": 6, "held-out": 5}
+    assert Counter(s.split for s in combined) == {"train": 9, "held-out": 5}
     for s in combined:
         facts = _facts(s)
         text = f"{facts['ticket']['subject']} {facts['ticket']['body']}"

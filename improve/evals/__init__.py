@@ -33,7 +33,7 @@ from improve.evals.workspace import CONFIG_NAME, Workspace, policy_hash, policy_
 if TYPE_CHECKING:
     from improve.evals.ledger import OUTCOMES_SQL, Ledger, Recorded
     from improve.evals.materialize import refresh_outcomes
-    from improve.evals.promotion import PromotionDecision, decide, gain_phrase, p_value
+    from improve.evals.promotion import Check, PromotionDecision, decide, gain_phrase, p_value
     from improve.evals.report import describe_model, scorecard_markdown
     from improve.evals.reruns import Batch, RerunRule, Reruns, Settled, settle
     from improve.evals.scorecards import Comparison, Scorecard, compare, paired, scorecard
@@ -49,6 +49,7 @@ _LAZY = {
     "settle": "improve.evals.reruns",
     "Comparison": "improve.evals.scorecards",
     "PromotionDecision": "improve.evals.promotion",
+    "Check": "improve.evals.promotion",
     "Scorecard": "improve.evals.scorecards",
     "compare": "improve.evals.scorecards",
     "paired": "improve.evals.scorecards",
@@ -81,6 +82,7 @@ __all__ = [
     "UNSEALINGS_FILE",
     "UNSEAL_HOW",
     "Batch",
+    "Check",
     "Comparison",
     "Expected",
     "HeldOutRead",

@@ -21,6 +21,7 @@ from typing import Any
 from improve.errors import ImproveError
 from improve.evals import (
     Batch,
+    Check,
     Ledger,
     OutcomeRow,
     RerunRule,
@@ -36,7 +37,6 @@ from improve.evals import (
     settle,
     write_threads,
 )
-from improve.evals.promotion import Check
 from improve.llm import Meter, ModelSpec
 from improve.loop.branches import added
 from improve.loop.changelog import discarded_branches

@@ -17,8 +17,8 @@ model:
    It holds for the decisions the branch is for and for no training decision where its answer would be
    wrong. Learned by sequential covering: each alternative grown by a beam search on FOIL's
    information gain less the bits it takes to choose each condition (a threshold among forty cut
-   points is cheap to fit by chance, a flag is not), the next one for the failures the earlier ones
-   leave.
+   points fits a small training set by chance far more easily than a flag), the next one for the
+   failures the earlier ones leave, as long as they come from at least `MIN_SUPPORT` scenarios.
 3. a *place* among the branches already there (`place`): before any branch that answers one of the
    failures it fixes wrongly (the labels decide where both match), else before the first branch whose
    answer is less safe (the environment's `safety_order` decides where no label does), else last before
@@ -510,11 +510,11 @@ def _grow(
 
     A beam search: the `BEAM` best partial conjunctions by FOIL gain (less the cost of choosing each
     condition) are extended together, so a first condition that looks best alone but cannot be made
-    exact in `MAX_ATOMS` does not end the search. Among exact conjunctions the one that compresses the
-    most wins: the bits the failures it covers are worth, less the bits its conditions cost (minimum
-    description length: a word picked among hundreds to cover one more failure does not pay); then the
-    fewest conditions, then the best score. Returns the
-    conjunction, what it covers, and its net worth in bits."""
+    exact in `MAX_ATOMS` does not end the search. Among exact conjunctions the one covering failures of
+    the most scenarios wins; then the one that compresses the most: the bits the failures it covers are
+    worth, less the bits its conditions cost (minimum description length: a word picked among hundreds
+    to cover the same failures as a flag loses to the flag); then the fewest conditions, then the best
+    score. Returns the conjunction, what it covers, and its net worth in bits."""
     beam: list[tuple[tuple[float, ...], tuple[int, ...], int, int]] = [((), (), positives, negatives)]
     best: tuple[tuple[float, float, int, tuple[float, ...]], tuple[int, ...], int] | None = None
     # Bits a failure covered is worth: what knowing the condition holds tells about the answer.
