@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import http.server
 import json
+import re
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -756,3 +757,22 @@ def test_held_out_reads_never_go_down_when_an_entry_is_lost() -> None:
     text = "\n".join(line.format(key=k, n=n) for k, n in (("aa11", 1), ("bb22", 1), ("aa11", 4)))
     assert held_out_reads(text, "aa11") == 4  # the entries of reads 2 and 3 went with an unmerged branch
     assert held_out_reads(text, "bb22") == 1 and held_out_reads(text, "cc33") == 0
+
+
+def test_a_branch_discarded_against_a_policy_is_not_proposed_against_it_again(tmp_path: Path) -> None:
+    from improve.loop.changelog import discarded_branches
+
+    space = scratch(tmp_path)
+    toml = tmp_path / "improve.toml"
+    # A gain no candidate can show: every candidate is discarded, with its branch in the CHANGELOG.
+    toml.write_text(re.sub(r"(?m)^min_gain = .*$", "min_gain = 0.99", toml.read_text()))
+    space = Workspace.load(toml)
+    first = run_round(space, RoundOptions(policy="v0", k=2))
+    assert first.status == "discarded" and first.branches, first.decision_detail
+    changelog = tmp_path / "policies" / "refunds" / "CHANGELOG.md"
+    assert discarded_branches(changelog, "v0") == [
+        {"guard": b["guard"], "answer": b["answer"], "round": first.round_id} for b in first.branches
+    ]
+    assert discarded_branches(changelog, "v1") == []
+    second = run_round(space, RoundOptions(policy="v0", k=2))
+    assert second.branches and second.branches != first.branches, (first.branches, second.branches)

@@ -122,7 +122,7 @@ def round_command(
                 if r.held_out:
                     read = r.held_out
                     out.print(
-                        f"  held-out read {read['read']} times (set {read['key']}, {read['scenarios']} scenarios; "
+                        f"  held-out read {read['read']} time{'' if read['read'] == 1 else 's'} (set {read['key']}, {read['scenarios']} scenarios; "
                         f"supports {read['supported']}; bias bound {read['bias_bound']:.3f})",
                         markup=False,
                     )
