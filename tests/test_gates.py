@@ -509,3 +509,21 @@ def test_interactions_refuse_a_new_branch_that_overrides_another_where_no_case_s
 
 def offered_refund() -> str:
     return "{'type': 'REFUND', 'amount': facts.order.refundable} in input.options"
+
+
+def test_explore_fails_a_policy_that_can_end_in_error() -> None:
+    from improve.loop.gates import ExploreGate, LowerGate, ValidateGate
+
+    doc = copy.deepcopy(V0)
+    del doc["states"]["ask_model"]["invoke"]["onError"]  # a failed model call now ends the policy in error
+    ctx = context(document=doc)
+    for gate in (ValidateGate(), LowerGate()):
+        assert gate.run(ctx).ok
+    result = ExploreGate().run(ctx)
+    assert (
+        not result.ok and "or in error" in result.detail and "give every invoke an onError" in result.detail
+    )
+    # run_gates stops at the first failing gate, and passed() says so.
+    results = run_gates(doc, context())
+    assert not passed(results) and not results[-1].ok
+    assert not passed([])

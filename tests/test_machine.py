@@ -368,3 +368,22 @@ def test_missing_field_at_run_time_names_the_expression() -> None:
     machine = compile_machine(parse_machine(config))
     with pytest.raises(EvaluationError, match=r"state 'a'.on.GO\[0\].guard: `event.amount > 1` failed"):
         transition(machine, initial(machine, {}), {"type": "GO"})
+
+
+@pytest.mark.parametrize(
+    ("state", "message"),
+    [
+        ({"type": "final", "on": {"GO": "a"}}, "a final state cannot have `on`, `always` or `invoke`"),
+        (
+            {"type": "final", "always": [{"target": "a"}]},
+            "a final state cannot have `on`, `always` or `invoke`",
+        ),
+        ({"type": "choice", "choice": []}, "a choice state needs a non-empty `choice` list"),
+    ],
+)
+def test_states_that_cannot_work_are_refused_when_compiled(state: dict[str, Any], message: str) -> None:
+    config = parse_machine(
+        {"id": "m", "version": "1", "initial": "a", "states": {"a": {"on": {"GO": "b"}}, "b": state}}
+    )
+    with pytest.raises(MachineConfigError, match=message):
+        compile_machine(config)

@@ -210,6 +210,18 @@ def rechained(entries: list[LogEntry], thread_id: str) -> list[LogEntry]:
             lambda es: [es[0], es[1].model_copy(update={"machineId": "other"}), *es[2:]],
             "entry 1 was recorded by machine other@1, expected refunds@1",
         ),
+        (
+            lambda es: [es[0], es[1].model_copy(update={"threadId": "another:v0:x:s:r1"}), *es[2:]],
+            "entry 1 belongs to thread 'another:v0:x:s:r1'",
+        ),
+        (
+            lambda es: [es[0], es[0].model_copy(update={"index": 1}), *es[2:]],
+            "entry 1 is a second '@agent.init'",
+        ),
+        (
+            lambda es: [es[0], es[1].model_copy(update={"machineVersion": "9"}), *es[2:]],
+            "entry 1: version mismatch, expected refunds@1, found refunds@9",
+        ),
     ],
 )
 def test_invalid_logs_are_refused(mutate: Any, message: str) -> None:

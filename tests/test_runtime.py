@@ -276,3 +276,66 @@ def test_no_options_goes_straight_to_on_error_without_asking() -> None:
     result, _ = go(env2, decider)
     assert decider.requests == []
     assert result.final_state == "gaveUp"
+
+
+# --- refusal paths: each check the answer goes through can refuse --------------------------------------
+
+
+def note_request(**payloads: Any) -> tuple[Any, Any, DecisionRequest]:
+    """A decision whose NOTE event takes free text and whose PICK event takes one of [1, 2]."""
+    from improve.machine import FREE_TEXT, compile_machine, initial
+
+    config = parse_machine(
+        {
+            "id": "notes",
+            "version": "1",
+            "initial": "asking",
+            "states": {
+                "asking": {"on": {"NOTE": "done", "PICK": "done"}},
+                "done": {"type": "final"},
+            },
+        }
+    )
+    machine = compile_machine(config)
+    snapshot = initial(machine, {})
+    request = DecisionRequest(
+        name="notes",
+        options=[{"type": "PICK", "n": 1}, {"type": "PICK", "n": 2}],
+        facts={},
+        allowed_events=["NOTE", "PICK"],
+        payloads={"NOTE": {"text": FREE_TEXT}, "PICK": {"n": [1, 2]}, **payloads},
+    )
+    return machine, snapshot, request
+
+
+@pytest.mark.parametrize(
+    ("event", "reason"),
+    [
+        ({"type": "NOTE", "text": "x" * 100_001}, "'text' must be text of at most 100000 characters"),
+        ({"type": "NOTE", "text": 42}, "'text' must be text of at most 100000 characters"),
+        ({"type": "NOTE", "text": ["a"]}, "'text' must be text of at most 100000 characters"),
+        ({"type": "PICK", "n": True}, "n=True is not one of [1, 2]"),
+        ({"type": "PICK", "n": "1"}, "n='1' is not one of [1, 2]"),
+        ({"type": "PICK"}, "'PICK' needs 'n', one of [1, 2]"),
+        ({"type": 7}, "the decider did not produce an event with a `type`"),
+        ("PICK", "the decider did not produce an event with a `type`"),
+    ],
+)
+def test_free_text_limits_and_payload_types_are_refused(event: Any, reason: str) -> None:
+    from improve.runtime.decision import check_answer
+
+    machine, snapshot, request = note_request()
+    refused = check_answer(machine, snapshot, request, event)
+    assert refused is not None and reason in refused.reason, refused
+
+
+def test_text_at_the_limit_and_numbers_of_either_kind_land() -> None:
+    from improve.runtime.decision import check_answer
+
+    machine, snapshot, request = note_request()
+    for event in (
+        {"type": "NOTE", "text": "x" * 100_000},
+        {"type": "PICK", "n": 1.0},
+        {"type": "PICK", "n": 2},
+    ):
+        assert check_answer(machine, snapshot, request, event) is None, event

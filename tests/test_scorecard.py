@@ -335,6 +335,26 @@ def test_decision_checks_each_condition() -> None:
     assert not same.promote and not same.checks[1].ok
 
 
+def test_rates_reasons_runs_and_a_token_budget_are_what_the_rows_say() -> None:
+    base = scorecard(rows("v0", BASE), "v0", "held-out")
+    cand = scorecard(rows("v1", CAND, calls=3), "v1", "held-out")
+    result = compare(base, cand)
+    assert (result.baseline_rate, result.candidate_rate) == (pytest.approx(0.5), pytest.approx(2 / 3))
+    by_id = base.by_id()
+    assert by_id["a-1"].reasons == [] and by_id["c-1"].reasons == ["wrong"]
+    # k is the most runs any scenario had: a rerun scenario raises it, the others keep theirs.
+    more = scorecard(rows("v0", {**BASE, "e-1": [True] * 9}), "v0", "held-out")
+    assert (base.k, more.k, more.by_id()["a-1"].runs) == (3, 9, 3)
+    # The cost term decides the budget: tokens per run here (330 against 110), not model calls.
+    tokens = ObjectiveSection(cost="tokens", cost_budget=2.0, bootstrap_resamples=0)
+    train = [scorecard(rows(v, t, split="train"), v, "train") for v, t in (("v0", BASE), ("v1", CAND))]
+    verdict = decide(
+        train[0], base, scorecard(rows("v1", CAND, split="train", calls=3), "v1", "train"), cand, tokens
+    )
+    cost = next(c for c in verdict.checks if c.name == "cost")
+    assert not cost.ok and "330.00 tokens per run against 110.00 (budget 2x = 220.00)" in cost.detail
+
+
 # --- improve score / improve scenarios check from the CLI -------------------------------------------------
 
 import json  # noqa: E402
