@@ -13,7 +13,14 @@ from typing import Any, Final
 
 from improve.errors import FastCelError, FastCelFallback
 from improve.machine.fastcel.domain import INT_MAX, INT_MIN, NO_CHECK, export, load
-from improve.machine.fastcel.messages import bad_index, bad_key, no_key, no_overload, undefined
+from improve.machine.fastcel.messages import (
+    bad_index,
+    bad_key,
+    no_key,
+    no_overload,
+    repeated_key,
+    undefined,
+)
 from improve.machine.fastcel.semantics import (
     BINARY,
     STRING_METHODS,
@@ -218,6 +225,8 @@ def _compile_map(entries: list[tuple[Fn, Fn]]) -> Fn:
                 raise FastCelFallback  # a Python dict would merge `true` with `1`
             if tk is not str and tk is not int:
                 raise bad_key(k)
+            if k in out:
+                raise repeated_key(k)  # the specification's rule; cel keeps the last one
             out[k] = value_fn(env)
         return out
 

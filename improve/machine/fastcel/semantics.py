@@ -70,6 +70,7 @@ from improve.machine.fastcel.domain import INT_MAX, INT_MIN, check_key, check_ke
 from improve.machine.fastcel.messages import (
     bad_index,
     bad_key,
+    neg_overflow,
     no_key,
     no_overload,
     overflow,
@@ -210,6 +211,14 @@ def _mod(a: Any, b: Any) -> Any:
     raise unsupported(a, "%", b)
 
 
+def integral_key(k: float) -> int | None:
+    """A double used as a map key or list index: the int it equals (CEL compares numeric keys by
+    value, `{1: 'a'}[1.0]` is 'a'), or None when it is not a whole number in the int64 range."""
+    if k.is_integer() and INT_MIN <= k <= INT_MAX:
+        return int(k)
+    return None
+
+
 def _lookup(m: dict[Any, Any], k: Any, borrowed: bool = False) -> Any:
     tk = type(k)
     if tk is str:
@@ -217,6 +226,8 @@ def _lookup(m: dict[Any, Any], k: Any, borrowed: bool = False) -> Any:
             return m[k]
         except KeyError:
             raise no_key(k) from None
+    if tk is float and (whole := integral_key(k)) is not None:
+        k, tk = whole, int
     if tk is int:
         check_keys(m)  # so that 1 cannot find a key True or 1.0
         try:
@@ -231,6 +242,8 @@ def _lookup(m: dict[Any, Any], k: Any, borrowed: bool = False) -> Any:
 def index_into(a: Any, k: Any, borrowed: bool) -> Any:
     ta = type(a)
     if ta is list:
+        if type(k) is float and (whole := integral_key(k)) is not None:
+            k = whole  # a whole double indexes as the int it equals
         if type(k) is int:
             if 0 <= k < len(a):
                 return load(a[k])
@@ -261,6 +274,8 @@ def _contains(container: Any, k: Any) -> bool:
         tk = type(k)
         if tk is str:
             return k in container
+        if tk is float and (whole := integral_key(k)) is not None:
+            k, tk = whole, int
         if tk is int:
             check_keys(container)
             return k in container
@@ -273,7 +288,7 @@ def _contains(container: Any, k: Any) -> bool:
 def size_of(a: Any) -> int:
     ta = type(a)
     if ta is str:
-        return len(a) if a.isascii() else len(a.encode("utf-8"))
+        return len(a)  # code points, as the specification says (cel counts UTF-8 bytes)
     if ta is list or ta is dict:
         return len(a)
     raise undefined("size")
@@ -282,12 +297,12 @@ def size_of(a: Any) -> int:
 def negate(a: Any) -> Any:
     ta = type(a)
     if ta is int:
-        return a if a == INT_MIN else -a  # cel wraps
+        if a == INT_MIN:
+            raise neg_overflow(a)  # cel wraps around; the specification makes it an error
+        return -a
     if ta is float:
         return -a
-    if ta is bool:
-        return not a  # cel: -true is false
-    raise no_overload()
+    raise no_overload()  # `-true` too: cel takes it for `!true`, the specification has no such overload
 
 
 def logical_not(a: Any) -> bool:
