@@ -332,7 +332,7 @@ def _neg(x: Any, negated: Any) -> Any:
 def _keys(keys: list[Any]) -> bool:
     seen: set[tuple[bool, Any]] = set()
     for k in keys:
-        if type(k) is float:
+        if type(k) not in (str, int, bool):
             continue  # not a key type: cel's map literal reports it
         marker = (type(k) is bool, k)
         if marker in seen:
