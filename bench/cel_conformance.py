@@ -89,9 +89,7 @@ def _js_string(text: str) -> str:
 def parse_js_object(source: str) -> Any:
     """The object literal assigned to `exports.tests` in the generated module, as Python values."""
     start = source.index("{", source.index("exports.tests ="))
-    tokens: Iterator[re.Match[str]] = (
-        m for m in _JS_TOKEN.finditer(source, start) if m.lastgroup != "space"
-    )
+    tokens: Iterator[re.Match[str]] = (m for m in _JS_TOKEN.finditer(source, start) if m.lastgroup != "space")
 
     def value(tok: re.Match[str]) -> Any:
         kind, text = tok.lastgroup, tok.group()
@@ -189,10 +187,18 @@ def cases(tree: dict[str, Any]) -> tuple[list[Case], int]:
                 if "typedResult" in t:
                     value = t["typedResult"].get("result")
                 try:
-                    kept.append(Case(label, f"{section['name']}/{t['name']}", t["expr"], False, expected(value)))
+                    kept.append(
+                        Case(label, f"{section['name']}/{t['name']}", t["expr"], False, expected(value))
+                    )
                 except Unrepresentable as err:
                     kept.append(
-                        Case(label, f"{section['name']}/{t['name']}", t["expr"], False, unrepresentable=str(err))
+                        Case(
+                            label,
+                            f"{section['name']}/{t['name']}",
+                            t["expr"],
+                            False,
+                            unrepresentable=str(err),
+                        )
                     )
     return kept, skipped
 

@@ -21,9 +21,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from improve.errors import EvaluationError
-from improve.machine import compile_expr, compile_machine, parse_machine
+from improve.machine import celfix, compile_expr, compile_machine, parse_machine
 from improve.machine.config import DECIDE_SRC
-from improve.machine import celfix
 from improve.machine.expr import Scope, cel_error_detail, compile_cel
 from improve.machine.fastcel import INT_MAX, INT_MIN, FastCelError, FastCelFallback, compile_fast
 

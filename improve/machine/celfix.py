@@ -40,7 +40,6 @@ import re
 from dataclasses import dataclass
 from typing import Any, Final
 
-from improve.errors import FastCelError
 from improve.machine.fastcel import INT_MAX, INT_MIN
 from improve.machine.fastcel.messages import neg_overflow, no_overload, repeated_key, undefined
 
@@ -215,8 +214,10 @@ class _Rewriter:
                     out.append("[" + self._key(i + 1, close) + "]")
                 i = close + 1
                 continue
-            if tok.text == "{" and tok.kind == "punct" and not (
-                prev is not None and prev.kind == "ident" and prev.text not in _OPERATOR_WORDS
+            if (
+                tok.text == "{"
+                and tok.kind == "punct"
+                and not (prev is not None and prev.kind == "ident" and prev.text not in _OPERATOR_WORDS)
             ):  # after a name, `{` builds a message
                 close = self.match[i]
                 out.append(self._map(i + 1, close))

@@ -1,5 +1,9 @@
 """What each CEL operation does to plain values, as `cel` 0.10 does it: the result, or the error text.
 
+Except where cel departs from the CEL specification: there both paths follow the specification
+(`improve.machine.celfix` corrects cel): string size in code points, no `-` on bool, `-INT64_MIN`
+overflows, a repeated map-literal key fails, a whole double key or index is the int it equals.
+
 The semantics, established by experiment against `cel` 0.10 (see tests/test_fastcel.py); the
 operations are here, the order of evaluation (operands, `&&`, `?:`, map literals) is the compiler's:
 
@@ -24,15 +28,16 @@ operations are here, the order of evaluation (operands, `&&`, `?:`, map literals
   succeeds in cel, appending the map's keys in hash order: the fast path falls back.
 - Unary: a run of the same operator cancels in pairs when parsed: `!!x` and `--x` are `x`, whatever
   its type (`!!'a'` is `'a'`), while `!(!x)` applies both. `-int` wraps (`-(-9223372036854775807 -
-  1)` is itself, no error), `-double` negates, `-bool` is logical not (`-true` is false), otherwise
-  `No such overload`; `!` takes only a bool. `-!x` does not parse; `!-1` does (a negative literal).
+  1)` overflows: `Arithmetic overflow in 'neg' on ...`; cel itself wraps), `-double` negates,
+  otherwise (`-true` too; cel itself takes it for `!`) `No such overload`; `!` takes only a bool. `-!x` does not parse; `!-1` does (a negative literal).
 - `&&` / `||` are commutative over errors: `false && <error>` and `<error> && false` are false;
   `true || <error>` and `<error> || true` are true; a non-bool operand is `No such overload` unless
   the other side decides. When both sides fail the right side's error is reported; a failing side
   wins over a non-bool one. `a && b && c` groups to the left.
 - `c ? x : y`: only the chosen branch is evaluated; a non-bool condition is `No such overload`.
 - `in`: over a list by equality; over a map by key (a string or int key looks up, a bool key is never
-  found, a double, null, list or map key fails: `Value of type float cannot be used as a map key.
+  found, a whole double looks up the int it equals, any other double, null, list or map key fails:
+  `Value of type float cannot be used as a map key.
   ...`); anything else on the right (a string too) is `No such overload`.
 - Indexing: a list takes an int in range (`index out of bounds: 2`, negative too); any other index
   type fails with `Unexpected type: got 'double', want 'int|uint'.` (string, double, bool,
@@ -48,9 +53,11 @@ operations are here, the order of evaluation (operands, `&&`, `?:`, map literals
 - Field selection `a.f`: on a map, the key `f` (`no such key 'f'`); on a list it fails as an index with
   a string; on anything else `No such overload`. `has(a.f)` is `f in a` for a map, fails the same way
   otherwise, and propagates an error in `a`.
-- Map literals evaluate key, then value, entry by entry; the key's type is checked right after the
-  key; a later duplicate key wins. A bool key is left to cel (Python would merge `true` with `1`).
-- `size(x)` / `x.size()`: a string's length in UTF-8 bytes (`size('é')` is 2), a list's or map's
+- Map literals evaluate every key first, then fail on a repeated key (`Failed with repeated key 'a' in
+  a map literal.`; cel itself keeps the last), then entry by entry check the key's type and evaluate
+  the value (the order of celfix's guard on the cel path). A bool key is left to cel (Python would merge `true` with `1`).
+- `size(x)` / `x.size()`: a string's length in code points (`size('é')` is 1; cel itself counts
+  UTF-8 bytes), a list's or map's
   length; anything else fails as `Undefined variable or function: 'size'. ...`. `startsWith`,
   `endsWith`, `contains` take two strings, otherwise `Undefined variable or function: 'startsWith'.
   ...`; their argument is evaluated (and its error reported) before the receiver.
