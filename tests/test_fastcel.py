@@ -871,6 +871,8 @@ SPEC: list[tuple[str, Any]] = [
     ("{1u: 1.0, 2: 2.0, 3u: 3.0}[1]", 1.0),
     ("3.0 in {1: 1, 2: 2, 3u: 3} && 2u in {1u: 1, 2: 2} && 1 in {1u: 1, 2: 2}", True),
     ("{1: 1.0, 2u: 3u} == {1u: 1, 2: 3.0}", True),
+    ("{1.0: 'a'}", ERROR),  # a double is no map key
+    ("{dyn(1.0): 'a'}", ERROR),
     ("[7, 8, 9][dyn(0.0)]", 7),
     ("-(1u)", ERROR),
     ("--false", False),
@@ -916,6 +918,8 @@ def test_raw_cel_still_deviates() -> None:
         ("{'a': 1, 'b': 2}", "{'a': 1, 'b': 2}"),
         ("{'a': 1, 'a': 2}", "(_improve_keys(['a', 'a']) ? {'a': 1, 'a': 2} : {})"),
         ("context.a == 1", "context.a == 1"),
+        ("{0.0: 1, 1u: 2}", "(_improve_keys([0.0, 1]) ? {0.0: 1, 1: 2} : {})"),  # a double key stays
+        ("{context.k: 1}", "{_improve_mkey(context . k): 1}"),
         ("'unbalanced(", "'unbalanced("),
     ],
 )

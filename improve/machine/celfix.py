@@ -21,7 +21,8 @@ registered on every `cel.Context` (`register`):
   which fails on a repeated key (int and uint keys equal by value, a bool never equals an int);
 - numeric keys are brought to int: a uint or whole double literal used as a map key, an index or the
   left side of `in` is written as the int it equals, and a computed one goes through `_improve_key`
-  (a whole double in range becomes an int; a uint becomes an int on its way through Python). So
+  (a whole double in range becomes an int; a uint becomes an int on its way through Python); a map
+  literal's uint key likewise (`_improve_mkey` for a computed one), its double key stays an error. So
   `{1u: 'a'}[1]`, `{1: 'a'}[1.0]` and `3.0 in {3: 0}` find the key as the specification says.
 
 Known limits, shared by both paths: a non-whole double as a map key fails (`Value of type float
@@ -230,15 +231,18 @@ class _Rewriter:
     def emit_raw(self, lo: int, hi: int) -> str:
         return " ".join(x.text for x in self.t[lo:hi])
 
-    def _key(self, lo: int, hi: int) -> str:
-        """A map key, index or left side of `in`, with numeric values brought to int."""
+    def _key(self, lo: int, hi: int, literal: bool = False) -> str:
+        """An index or left side of `in` with numeric values brought to int; with `literal`, a key of
+        a map literal, where only a uint becomes an int (a double key stays an error)."""
         if hi == lo + 1:
             tok = self.t[lo]
             if tok.kind == "number":
+                if literal and tok.text[-1] not in "uU":
+                    return tok.text
                 return _int_literal(tok.text) or tok.text
             if tok.kind == "string" or tok.text in ("true", "false", "null"):
                 return tok.text
-        return f"{PREFIX}key({self.emit(lo, hi)})"
+        return f"{PREFIX}{'mkey' if literal else 'key'}({self.emit(lo, hi)})"
 
     def _split(self, lo: int, hi: int, sep: str) -> list[tuple[int, int]]:
         parts: list[tuple[int, int]] = []
@@ -282,7 +286,7 @@ class _Rewriter:
         literal: list[str] = []
         for a, b in entries:
             colon = self._entry_colon(a, b)
-            keys.append(self._key(a, colon))
+            keys.append(self._key(a, colon, literal=True))
             values.append(self.emit(colon + 1, b))
             if colon == a + 1 and self.t[a].kind in ("number", "string"):
                 literal.append(keys[-1])
@@ -348,7 +352,12 @@ def _key(k: Any) -> Any:
     return k
 
 
+def _mkey(k: Any) -> Any:
+    return k  # on its way through Python a uint becomes an int: int and uint keys are one key
+
+
 HELPERS: Final = {
+    f"{PREFIX}mkey": _mkey,
     f"{PREFIX}size": _size,
     f"{PREFIX}neg": _neg,
     f"{PREFIX}keys": _keys,
