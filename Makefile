@@ -5,10 +5,10 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
 .DEFAULT_GOAL := help
-.PHONY: help demo test bench lint clean
+.PHONY: help demo test bench conformance lint clean
 
 help: ## Show this help
-	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-6s %s\n", $$1, $$2}'
+	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -36,3 +36,6 @@ lint: $(STAMP) ## ruff, mypy, and the layering contract (import-linter)
 
 clean: ## Remove the virtualenv and generated traces
 	rm -rf $(VENV) traces build
+
+conformance: $(STAMP) ## Download CEL's conformance suite (npm) and run it through both CEL paths
+	@$(BIN)/python -m bench.cel_conformance

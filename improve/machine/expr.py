@@ -20,6 +20,7 @@ from typing import Any
 import cel
 
 from improve.errors import EvaluationError, ExpressionError, FastCelError, FastCelFallback
+from improve.machine import celfix
 from improve.machine.fastcel import compile_fast
 
 MAX_EXPRESSION_LENGTH = 512
@@ -104,7 +105,7 @@ class Expr:
         try:
             return self.program.execute(scope.cel_context(self.roots))
         except Exception as err:  # the CEL extension raises KeyError, TypeError, ValueError, RuntimeError
-            detail = f"no such key {err}" if isinstance(err, KeyError) else str(err).split("\n")[0]
+            detail = cel_error_detail(err)
             raise EvaluationError(f"{self.where}: `{self.source}` failed: {detail}") from None
 
     def check_bool(self, scope: Scope) -> bool:
@@ -115,6 +116,26 @@ class Expr:
                 "expected a bool"
             )
         return value
+
+
+def cel_error_detail(err: Exception) -> str:
+    """The first line of a `cel` error, as improve reports it (a helper of `celfix` in its own words)."""
+    if isinstance(err, KeyError):
+        return f"no such key {err}"
+    return celfix.unwrap(str(err).split("\n")[0])
+
+
+def compile_cel(source: str) -> Any:
+    """`source` compiled by `cel`, rewritten where cel departs from the CEL specification (`celfix`);
+    raises what `cel.compile` raises on the source as written."""
+    program = cel.compile(source)
+    fixed = celfix.rewrite(source)
+    if fixed != source:
+        try:
+            return cel.compile(fixed)
+        except Exception:  # the rewrite is not valid CEL: keep cel's own reading
+            return program
+    return program
 
 
 def compile_expr(source: str, where: str, roots: Iterable[str] = ALLOWED_ROOTS) -> Expr:
@@ -143,7 +164,7 @@ def compile_expr(source: str, where: str, roots: Iterable[str] = ALLOWED_ROOTS) 
                 "(policies cannot loop); compare fields directly instead"
             )
     try:
-        program = cel.compile(source)
+        program = compile_cel(source)
     except Exception as err:
         message = str(err)
         pos = _POSITION.search(message)
@@ -159,6 +180,7 @@ def compile_expr(source: str, where: str, roots: Iterable[str] = ALLOWED_ROOTS) 
             f"{where}: unknown variable {', '.join(repr(u) for u in unknown)} in `{source}`; "
             f"expressions may read only {', '.join(sorted(allowed))}"
         )
+
     paths = tuple(p for p in referenced_paths(tokens) if p[0] in allowed)
     return Expr(
         source=source,
@@ -197,6 +219,7 @@ class Scope:
     def cel_context(self, roots: frozenset[str]) -> Any:
         if self._ctx is None:
             self._ctx = cel.Context()
+            celfix.register(self._ctx)
         for root in roots:
             if root not in self._have and root in self.values:
                 self._ctx.add_variable(root, self.values[root])

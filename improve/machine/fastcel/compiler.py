@@ -13,7 +13,14 @@ from typing import Any, Final
 
 from improve.errors import FastCelError, FastCelFallback
 from improve.machine.fastcel.domain import INT_MAX, INT_MIN, NO_CHECK, export, load
-from improve.machine.fastcel.messages import bad_index, bad_key, no_key, no_overload, undefined
+from improve.machine.fastcel.messages import (
+    bad_index,
+    bad_key,
+    no_key,
+    no_overload,
+    repeated_key,
+    undefined,
+)
 from improve.machine.fastcel.semantics import (
     BINARY,
     STRING_METHODS,
@@ -209,10 +216,21 @@ def _compile_has(operand: Fn, name: str) -> Fn:
 
 
 def _compile_map(entries: list[tuple[Fn, Fn]]) -> Fn:
+    # The keys first, then a repeated key is an error (the specification; cel keeps the last one),
+    # then entry by entry the key's type and the value: the order of the cel path's guard
+    # (`celfix`: `_improve_keys([k1, ...]) ? {k1: v1, ...} : {}`), so that both report the same error.
     def build(env: Mapping[str, Any]) -> dict[Any, Any]:
+        keys = [key_fn(env) for key_fn, _ in entries]
+        if len(keys) > 1:
+            seen: set[Any] = set()
+            for k in keys:
+                tk = type(k)
+                if tk is str or tk is int:
+                    if k in seen:
+                        raise repeated_key(k)
+                    seen.add(k)
         out: dict[Any, Any] = {}
-        for key_fn, value_fn in entries:
-            k = key_fn(env)
+        for k, (_, value_fn) in zip(keys, entries, strict=True):
             tk = type(k)
             if tk is bool:
                 raise FastCelFallback  # a Python dict would merge `true` with `1`

@@ -1,6 +1,9 @@
 """cel 0.10's error messages, word for word: the fast path must fail with exactly cel's text.
 
-Each function builds the `FastCelError` to raise; its text is the first line of what cel says.
+Each function builds the `FastCelError` to raise; its text is the first line of what cel says. Where
+cel deviates from the CEL specification and `improve` corrects it (`neg_overflow`, `repeated_key`,
+and `no_overload` for `-true`), the text is improve's own, and the wrapper around `cel`
+(`improve.machine.celfix`) raises the same one.
 """
 
 from __future__ import annotations
@@ -59,6 +62,17 @@ def undefined(name: str) -> FastCelError:
 
 def overflow(op: str, a: int, b: int) -> FastCelError:
     return FastCelError(f"Arithmetic overflow in '{op}' on {a} and {b}.")
+
+
+def neg_overflow(a: int) -> FastCelError:
+    # cel wraps `-(-9223372036854775808)` around to itself; the specification makes it an error.
+    return FastCelError(f"Arithmetic overflow in 'neg' on {a}.")
+
+
+def repeated_key(k: Any) -> FastCelError:
+    # cel keeps the last of two equal keys in a map literal; the specification makes it an error.
+    shown = ("true" if k else "false") if type(k) is bool else repr(k) if type(k) is str else str(k)
+    return FastCelError(f"Failed with repeated key {shown} in a map literal.")
 
 
 def no_key(display: str) -> FastCelError:

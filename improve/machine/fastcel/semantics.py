@@ -1,5 +1,9 @@
 """What each CEL operation does to plain values, as `cel` 0.10 does it: the result, or the error text.
 
+Except where cel departs from the CEL specification: there both paths follow the specification
+(`improve.machine.celfix` corrects cel): string size in code points, no `-` on bool, `-INT64_MIN`
+overflows, a repeated map-literal key fails, a whole double key or index is the int it equals.
+
 The semantics, established by experiment against `cel` 0.10 (see tests/test_fastcel.py); the
 operations are here, the order of evaluation (operands, `&&`, `?:`, map literals) is the compiler's:
 
@@ -24,15 +28,16 @@ operations are here, the order of evaluation (operands, `&&`, `?:`, map literals
   succeeds in cel, appending the map's keys in hash order: the fast path falls back.
 - Unary: a run of the same operator cancels in pairs when parsed: `!!x` and `--x` are `x`, whatever
   its type (`!!'a'` is `'a'`), while `!(!x)` applies both. `-int` wraps (`-(-9223372036854775807 -
-  1)` is itself, no error), `-double` negates, `-bool` is logical not (`-true` is false), otherwise
-  `No such overload`; `!` takes only a bool. `-!x` does not parse; `!-1` does (a negative literal).
+  1)` overflows: `Arithmetic overflow in 'neg' on ...`; cel itself wraps), `-double` negates,
+  otherwise (`-true` too; cel itself takes it for `!`) `No such overload`; `!` takes only a bool. `-!x` does not parse; `!-1` does (a negative literal).
 - `&&` / `||` are commutative over errors: `false && <error>` and `<error> && false` are false;
   `true || <error>` and `<error> || true` are true; a non-bool operand is `No such overload` unless
   the other side decides. When both sides fail the right side's error is reported; a failing side
   wins over a non-bool one. `a && b && c` groups to the left.
 - `c ? x : y`: only the chosen branch is evaluated; a non-bool condition is `No such overload`.
 - `in`: over a list by equality; over a map by key (a string or int key looks up, a bool key is never
-  found, a double, null, list or map key fails: `Value of type float cannot be used as a map key.
+  found, a whole double looks up the int it equals, any other double, null, list or map key fails:
+  `Value of type float cannot be used as a map key.
   ...`); anything else on the right (a string too) is `No such overload`.
 - Indexing: a list takes an int in range (`index out of bounds: 2`, negative too); any other index
   type fails with `Unexpected type: got 'double', want 'int|uint'.` (string, double, bool,
@@ -48,9 +53,11 @@ operations are here, the order of evaluation (operands, `&&`, `?:`, map literals
 - Field selection `a.f`: on a map, the key `f` (`no such key 'f'`); on a list it fails as an index with
   a string; on anything else `No such overload`. `has(a.f)` is `f in a` for a map, fails the same way
   otherwise, and propagates an error in `a`.
-- Map literals evaluate key, then value, entry by entry; the key's type is checked right after the
-  key; a later duplicate key wins. A bool key is left to cel (Python would merge `true` with `1`).
-- `size(x)` / `x.size()`: a string's length in UTF-8 bytes (`size('é')` is 2), a list's or map's
+- Map literals evaluate every key first, then fail on a repeated key (`Failed with repeated key 'a' in
+  a map literal.`; cel itself keeps the last), then entry by entry check the key's type and evaluate
+  the value (the order of celfix's guard on the cel path). A bool key is left to cel (Python would merge `true` with `1`).
+- `size(x)` / `x.size()`: a string's length in code points (`size('é')` is 1; cel itself counts
+  UTF-8 bytes), a list's or map's
   length; anything else fails as `Undefined variable or function: 'size'. ...`. `startsWith`,
   `endsWith`, `contains` take two strings, otherwise `Undefined variable or function: 'startsWith'.
   ...`; their argument is evaluated (and its error reported) before the receiver.
@@ -70,6 +77,7 @@ from improve.machine.fastcel.domain import INT_MAX, INT_MIN, check_key, check_ke
 from improve.machine.fastcel.messages import (
     bad_index,
     bad_key,
+    neg_overflow,
     no_key,
     no_overload,
     overflow,
@@ -210,6 +218,14 @@ def _mod(a: Any, b: Any) -> Any:
     raise unsupported(a, "%", b)
 
 
+def integral_key(k: float) -> int | None:
+    """A double used as a map key or list index: the int it equals (CEL compares numeric keys by
+    value, `{1: 'a'}[1.0]` is 'a'), or None when it is not a whole number in the int64 range."""
+    if k.is_integer() and INT_MIN <= k <= INT_MAX:
+        return int(k)
+    return None
+
+
 def _lookup(m: dict[Any, Any], k: Any, borrowed: bool = False) -> Any:
     tk = type(k)
     if tk is str:
@@ -217,6 +233,8 @@ def _lookup(m: dict[Any, Any], k: Any, borrowed: bool = False) -> Any:
             return m[k]
         except KeyError:
             raise no_key(k) from None
+    if tk is float and (whole := integral_key(k)) is not None:
+        k, tk = whole, int
     if tk is int:
         check_keys(m)  # so that 1 cannot find a key True or 1.0
         try:
@@ -231,6 +249,8 @@ def _lookup(m: dict[Any, Any], k: Any, borrowed: bool = False) -> Any:
 def index_into(a: Any, k: Any, borrowed: bool) -> Any:
     ta = type(a)
     if ta is list:
+        if type(k) is float and (whole := integral_key(k)) is not None:
+            k = whole  # a whole double indexes as the int it equals
         if type(k) is int:
             if 0 <= k < len(a):
                 return load(a[k])
@@ -261,6 +281,8 @@ def _contains(container: Any, k: Any) -> bool:
         tk = type(k)
         if tk is str:
             return k in container
+        if tk is float and (whole := integral_key(k)) is not None:
+            k, tk = whole, int
         if tk is int:
             check_keys(container)
             return k in container
@@ -273,7 +295,7 @@ def _contains(container: Any, k: Any) -> bool:
 def size_of(a: Any) -> int:
     ta = type(a)
     if ta is str:
-        return len(a) if a.isascii() else len(a.encode("utf-8"))
+        return len(a)  # code points, as the specification says (cel counts UTF-8 bytes)
     if ta is list or ta is dict:
         return len(a)
     raise undefined("size")
@@ -282,12 +304,12 @@ def size_of(a: Any) -> int:
 def negate(a: Any) -> Any:
     ta = type(a)
     if ta is int:
-        return a if a == INT_MIN else -a  # cel wraps
+        if a == INT_MIN:
+            raise neg_overflow(a)  # cel wraps around; the specification makes it an error
+        return -a
     if ta is float:
         return -a
-    if ta is bool:
-        return not a  # cel: -true is false
-    raise no_overload()
+    raise no_overload()  # `-true` too: cel takes it for `!true`, the specification has no such overload
 
 
 def logical_not(a: Any) -> bool:
