@@ -99,6 +99,12 @@ def check_statement(sql: str) -> str:
     parse is refused too, with DuckDB's message, since it would not run either.
     """
     statements = _parse(sql)
+    if not statements:
+        raise SqlRefusedError(
+            f"refused by the rule '{RULE_ONE}': no statement found (only blanks, comments or semicolons); "
+            f"give one statement of these types: {ALLOWED}",
+            rule=RULE_ONE,
+        )
     if len(statements) != 1:
         kinds = ", ".join(_kind(s) for s in statements) or "none"
         raise SqlRefusedError(
@@ -111,7 +117,7 @@ def check_statement(sql: str) -> str:
 
 
 def _check_one(statement: Any) -> None:
-    kind = statement.type
+    kind = _type(statement)
     if kind == duckdb.StatementType.SELECT:
         return
     if kind == duckdb.StatementType.PRAGMA:
@@ -126,7 +132,7 @@ def _check_one(statement: Any) -> None:
     if kind == duckdb.StatementType.EXPLAIN:
         found = _EXPLAIN.match(statement.query)
         explained = _parse(found.group("explained")) if found else []
-        if len(explained) == 1 and explained[0].type == duckdb.StatementType.SELECT:
+        if len(explained) == 1 and _type(explained[0]) == duckdb.StatementType.SELECT:
             return
         inner = ", ".join(_kind(s) for s in explained) or "something that is not one query"
         raise SqlRefusedError(
@@ -149,19 +155,22 @@ def _parse(sql: str) -> list[Any]:
         raise SqlRefusedError(
             f"refused by the rule '{RULE_PARSE}': DuckDB cannot parse it: {error}", rule=RULE_PARSE
         ) from None
+
+
+def _type(statement: Any) -> duckdb.StatementType | None:
+    """The statement's type, or None for one the Python binding has no name for: reading `.type` of
+    `UPDATE extensions` raises ValueError in DuckDB 2.0. A type it cannot name is not on the allowlist."""
+    try:
+        return statement.type  # type: ignore[no-any-return]
     except ValueError:
-        # The Python binding raises ValueError for a statement type it has no name for (`UPDATE
-        # extensions` in DuckDB 2.0): a type it cannot name is not one the allowlist holds.
-        raise SqlRefusedError(
-            f"refused by the rule '{RULE_TYPE}': DuckDB parses it as a statement type the Python binding "
-            f"does not name, which is not read-only; improve sql runs one statement of these types: {ALLOWED}",
-            rule=RULE_TYPE,
-        ) from None
+        return None
 
 
 def _kind(statement: Any) -> str:
-    name = getattr(statement.type, "name", str(statement.type))
-    return "INSTALL/LOAD" if name == "LOAD" else name
+    kind = _type(statement)
+    if kind is None:
+        return "a statement type the duckdb Python package does not name"
+    return "INSTALL/LOAD" if kind.name == "LOAD" else kind.name
 
 
 def _text(value: str) -> str:
