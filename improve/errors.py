@@ -13,7 +13,8 @@ imports nothing else of ours) may raise these. Every error carries a message tha
     │   │   └── SealedSplitError      the sealed test split was asked for without --unseal
     │   ├── WorkspaceError            improve.toml, a policy file or a directory is missing or wrong
     │   ├── BranchNameError           a branch name git would refuse (`:`, `..`, a space, ...)
-    │   └── LakeError                 a directory is not a Parquet lake, or an export cannot replace it
+    │   ├── LakeError                 a directory is not a Parquet lake, or an export cannot replace it
+    │   └── SqlRefusedError           `improve sql` (read-only) refused a statement: which rule, what to run
     ├── MachineError                  the interpreter could not take a step (exit code 3)
     │   ├── EvaluationError           a CEL expression failed at run time (missing field, bad types)
     │   │   └── FastCelError          ... found by the CEL fast path, in cel's words (Expr.evaluate adds where)
@@ -94,6 +95,24 @@ class LakeError(ConfigError):
     """A directory given as a Parquet lake (`improve sql --lake`, `improve.warehouse.connect(DIR)`) is not
     one written by `improve export --format parquet`, or `improve export` was pointed at a directory that
     holds something else; the message names the directory and what to pass instead."""
+
+
+class SqlRefusedError(ConfigError):
+    """A statement given to the warehouse's read-only mode (`improve sql`, `query_readonly`, `connect(...,
+    sandboxed=True)`) breaks one of its rules: exactly one statement, of an allowed type (SELECT, WITH,
+    DESCRIBE, SHOW, SUMMARIZE, EXPLAIN of a query, PRAGMA table_info). `rule` names the rule broken; the
+    message says which and what to run instead. Nothing of the statement ran."""
+
+    def __init__(self, message: str, *, rule: str) -> None:
+        super().__init__(message)
+        self.rule = rule
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_sql_refused_error, (str(self), self.rule))
+
+
+def _sql_refused_error(message: str, rule: str) -> SqlRefusedError:
+    return SqlRefusedError(message, rule=rule)
 
 
 class MachineError(ImproveError):

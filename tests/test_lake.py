@@ -257,7 +257,9 @@ def test_frames_hold_the_rows_improve_sql_prints(ws: Path) -> None:
                 expected = query(con, sql)
                 assert frame.columns == expected.columns, sql
                 assert sorted(frame.rows(), key=repr) == sorted(expected.rows, key=repr), sql
-    # And the command line prints them: the JSON of `improve sql` is the frame's rows.
+    # And the command line prints them: the JSON of `improve sql` is the frame's rows. Its sandboxed
+    # connection cannot share this process's database with a plain one (DuckDB: one per file), so:
+    con.close()
     sql = "SELECT thread_id, final_state, passed, model_calls, violation_rules FROM outcomes ORDER BY 1"
     printed = json.loads(invoke("sql", "-w", str(ws), sql, "--format", "json").stdout)
     with connect(db(ws)) as wh:

@@ -27,6 +27,7 @@ from improve.loop.publish import (
     open_pull_request,
     parse_remote_url,
 )
+from improve.loop.publish.github import OpenedPullRequest
 
 TOKEN = "ghp_FAKEtoken1234567890abcdefSECRET"
 REMOTE_URL = "https://github.com/acme/desk.git"
@@ -235,6 +236,9 @@ def call(ws: Workspace, env: dict[str, str], **kwargs: Any) -> Any:
         "title": "refunds policy v1 (round 1)",
         "body": "## Scorecard\n\nheld-out 0.70 -> 0.93\n",
     }
+    # The fake API (and the http remote of one test) is plain http on 127.0.0.1: tests that mean to
+    # reach it say so, as `--allow-insecure-github` does; the refusal itself is tested below.
+    args.setdefault("allow_insecure_github", True)
     args.update(kwargs)
     return open_pull_request(ws.root, env=env, **args)
 
@@ -415,6 +419,54 @@ def test_api_errors_are_infrastructure_errors_without_the_token(tmp_path: Path, 
     assert_no_token(message, "".join(traceback.format_exception(info.value)))
     post = next(r for r in github.requests if r.method == "POST")
     assert TOKEN not in json.dumps(post.body) and "***" in post.body["title"]
+
+
+@pytest.mark.parametrize("where", ["api", "push"])
+def test_the_token_never_goes_over_plain_http_unless_allowed(
+    tmp_path: Path, github: FakeGitHub, where: str
+) -> None:
+    """A plain-http GITHUB_API_URL or push URL: nothing is sent (the fake server sees no request, so no
+    Authorization header), the branch stays local, and the instructions say why and how to allow it."""
+    if where == "api":
+        ws = make_workspace(tmp_path)
+        env = api_env(github)
+        expected = f"the GitHub API ({github.url}, from GITHUB_API_URL)"
+    else:
+        ws = make_workspace(tmp_path, remote=False)
+        git(ws.root, "remote", "add", "origin", f"{github.url}/acme/desk.git")
+        env = api_env(github, GITHUB_API_URL="https://api.github.invalid")
+        expected = f"the push URL of origin ({github.url})"
+
+    result = call(ws, env, allow_insecure_github=False)
+
+    assert result.pushed is False and result.pr_number is None
+    assert github.requests == []
+    assert expected in result.instructions and "plain http" in result.instructions
+    assert "--allow-insecure-github" in result.instructions and "https://" in result.instructions
+    assert result.notes and "refused to send the GitHub token" in result.notes[-1]
+    assert git(ws.root, "rev-parse", "--verify", f"refs/heads/{BRANCH}")
+    if ws.bare is not None:
+        assert BRANCH not in git(ws.bare, "branch")
+    assert_no_token(json.dumps(result.to_json()))
+
+
+def test_an_https_api_and_a_local_remote_need_no_permission(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only plain http is refused: a file remote carries no token, and https is what it should be. The
+    PR step is a stand-in that records where it would go (no network)."""
+    ws = make_workspace(tmp_path)
+    seen: list[str] = []
+
+    def opened(scrub: Any, *, api_url: str, **kwargs: Any) -> OpenedPullRequest:
+        seen.append(api_url)
+        return OpenedPullRequest(3, "https://github.example/acme/desk/pull/3", "opened", "main")
+
+    monkeypatch.setattr("improve.loop.publish.pull_request.open_or_update_pr", opened)
+    env = {"GITHUB_TOKEN": TOKEN, "GITHUB_API_URL": "https://github.example/api/v3"}
+    result = call(ws, env, allow_insecure_github=False)
+    assert result.pushed and result.pr_number == 3 and seen == ["https://github.example/api/v3"]
+    assert ws.bare is not None and BRANCH in git(ws.bare, "branch")
 
 
 def test_no_remote_at_all_leaves_a_local_branch_and_instructions(tmp_path: Path, github: FakeGitHub) -> None:

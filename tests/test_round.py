@@ -273,7 +273,8 @@ def test_a_round_with_a_remote_and_token_pushes_and_opens_the_pr(
     monkeypatch.setenv("GITHUB_TOKEN", "ghp_secret_token_value")
     monkeypatch.setenv("GITHUB_API_URL", fake_github)
     space = scratch(tmp_path / "ws", remote=tmp_path / "remote.git")
-    result = run_round(space, RoundOptions(policy="v0", k=2))
+    # The fake API is plain http on 127.0.0.1: the round sends the token there only when told to.
+    result = run_round(space, RoundOptions(policy="v0", k=2, allow_insecure_github=True))
     assert result.status == "recommended", result.decision_detail
     assert result.pr and result.pr["pushed"] and result.pr["pr_number"] == 7
     posts = [r for r in _FakeGitHub.requests if r[0] == "POST"]
@@ -291,6 +292,36 @@ def test_a_round_with_a_remote_and_token_pushes_and_opens_the_pr(
     for file in (tmp_path / "ws" / "reports").rglob("*"):
         if file.is_file():
             assert "ghp_secret_token_value" not in file.read_text()
+
+
+def test_a_round_never_sends_the_token_over_plain_http_unless_told(
+    tmp_path: Path, fake_github: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GITHUB_TOKEN", "ghp_secret_token_value")
+    monkeypatch.setenv("GITHUB_API_URL", fake_github)
+    scratch(tmp_path, remote=tmp_path.parent / f"{tmp_path.name}-remote.git")
+    result = CliRunner().invoke(app, ["round", "-w", str(tmp_path), "--policy", "v0", "--k", "2", "--json"])
+    assert result.exit_code == 0, result.output
+    (done,) = json.loads(result.stdout)["rounds"]
+    assert done["status"] == "recommended"
+    pr = done["pr"]
+    assert pr["pushed"] is False and pr["pr_number"] is None
+    assert "refused to send the GitHub token over plain http" in pr["instructions"]
+    assert f"the GitHub API ({fake_github}" in pr["instructions"]
+    assert "--allow-insecure-github" in pr["instructions"] and "https://" in pr["instructions"]
+    assert "refused to send the GitHub token" in result.stderr
+    # Nothing reached the fake API (no request, so no Authorization header), nothing reached the remote,
+    # and the branch is kept locally.
+    assert _FakeGitHub.requests == []
+    remote_branches = subprocess.run(
+        ["git", "-C", str(tmp_path.parent / f"{tmp_path.name}-remote.git"), "branch"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "improve/refunds-v1" not in remote_branches
+    assert "improve/refunds-v1" in [h.name for h in git.Repo(tmp_path).heads]
+    assert "ghp_secret_token_value" not in result.output
 
 
 class _SameBehaviour:

@@ -71,6 +71,15 @@ def round_command(
         str | None, typer.Option("--base-url", help="OpenAI-compatible endpoint (key from OPENAI_API_KEY).")
     ] = None,
     cache: Annotated[CacheMode, CacheOption] = CacheMode.record,
+    allow_insecure_github: Annotated[
+        bool,
+        typer.Option(
+            "--allow-insecure-github",
+            help="Send the GitHub token even when the push URL or GITHUB_API_URL is plain http:// (a local "
+            "GitHub Enterprise test). Without it such a round leaves the branch local and says why: the "
+            "token would travel in clear text.",
+        ),
+    ] = False,
     as_json: Annotated[bool, JsonOption] = False,
     ws: Annotated[Path | None, WorkspaceOption] = None,
 ) -> None:
@@ -106,6 +115,7 @@ def round_command(
             proposer_base_url=base_url,
             cache=cache.value,
             max_usd=max_usd,
+            allow_insecure_github=allow_insecure_github,
         )
         results = run_rounds(space, options, rounds, say=lambda m: err.print(m, markup=False))
         if as_json:

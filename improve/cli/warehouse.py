@@ -31,7 +31,7 @@ from improve.warehouse import (
     ingest,
     open_database,
     open_lake,
-    query,
+    query_readonly,
     render_csv,
     render_json,
     render_markdown,
@@ -165,6 +165,11 @@ def sql_command(
     threads, decisions, attempts, usage, outcomes (see --schema). DuckDB's errors are shown as they are.
     With --lake DIR, the same views run over the Parquet files of a lake instead.
 
+    Read-only, enforced: exactly one statement, and only SELECT (WITH, DESCRIBE, SHOW, SUMMARIZE),
+    EXPLAIN of a query or PRAGMA table_info; anything else is refused, naming the rule, with exit 2
+    before it runs. The connection is read-only with DuckDB's hardening settings: no files or network
+    beyond the warehouse (or the lake), no extensions, configuration locked.
+
     Example:
 
         improve sql "SELECT guard, count(*) AS n FROM attempts GROUP BY guard ORDER BY n DESC"
@@ -178,44 +183,57 @@ def sql_command(
                 raise WorkspaceError(
                     "give --db or --lake, not both: --lake queries a lake instead of a warehouse"
                 )
-            con = open_lake(lake)
+            con = open_lake(lake, sandboxed=True)
         else:
             space = workspace(ws)
             target = db or space.warehouse
             if not Path(target).exists():
                 raise WorkspaceError(f"no warehouse at {target}; create it with `improve ingest traces/`")
-            con = open_database(target, read_only=True)
-        if schema:
-            doc = schema_doc(con)
-            if fmt == "json":
-                emit_json(doc)
-                return
-            for rel in doc:
-                out.print(f"[bold]{rel['name']}[/] ({rel['kind']}): {rel['description']}")
-                for c in rel["columns"]:
-                    out.print(f"    {c['name']:<18} {c['type']:<14} {c['description']}", markup=False)
-            return
-        if not statement:
-            raise WorkspaceError("give a SQL statement, or --schema")
+            con = open_database(target, sandboxed=True)
         try:
-            result = query(con, statement)
-        except duckdb.Error as error:
-            err.print(str(error), markup=False)
-            raise typer.Exit(2) from None
-        if fmt == "csv":
-            sys.stdout.write(render_csv(result))
-        elif fmt == "json":
-            sys.stdout.write(render_json(result) + "\n")
-        elif fmt == "markdown":
-            sys.stdout.write(render_markdown(result))
-        else:
-            table = Table(show_lines=False)
-            for column in result.columns:
-                table.add_column(column, overflow="fold")
-            for row in result.rows:
-                table.add_row(*(cell_text(v) for v in row))
-            out.print(table)
-            err.print(f"{len(result.rows)} row(s)")
+            _sql(con, statement, fmt, schema)
+        finally:
+            con.close()
+
+
+def _sql(con: duckdb.DuckDBPyConnection, statement: str | None, fmt: str, schema: bool) -> None:
+    if schema:
+        doc = schema_doc(con)
+        if fmt == "json":
+            emit_json(doc)
+            return
+        for rel in doc:
+            out.print(f"[bold]{rel['name']}[/] ({rel['kind']}): {rel['description']}")
+            for c in rel["columns"]:
+                out.print(f"    {c['name']:<18} {c['type']:<14} {c['description']}", markup=False)
+        return
+    if not statement:
+        raise WorkspaceError("give a SQL statement, or --schema")
+    # A refused statement (SqlRefusedError, exit 2) never reaches DuckDB; a DuckDB error is shown as it is.
+    try:
+        result = query_readonly(con, statement)
+    except duckdb.Error as error:
+        err.print(str(error), markup=False)
+        if isinstance(error, duckdb.PermissionException):
+            err.print(
+                "improve sql reads the warehouse (or the lake) only: files elsewhere and the network are "
+                "closed to it; query them with the duckdb CLI or Python yourself"
+            )
+        raise typer.Exit(2) from None
+    if fmt == "csv":
+        sys.stdout.write(render_csv(result))
+    elif fmt == "json":
+        sys.stdout.write(render_json(result) + "\n")
+    elif fmt == "markdown":
+        sys.stdout.write(render_markdown(result))
+    else:
+        table = Table(show_lines=False)
+        for column in result.columns:
+            table.add_column(column, overflow="fold")
+        for row in result.rows:
+            table.add_row(*(cell_text(v) for v in row))
+        out.print(table)
+        err.print(f"{len(result.rows)} row(s)")
 
 
 def export_command(

@@ -39,6 +39,9 @@ class RoundOptions:
     meter: Meter | None = None
     """Counts the round's model calls (a caller's own, to share one across rounds); default a new one."""
     open_pr: bool = True
+    allow_insecure_github: bool = False
+    """Send the GitHub token even when the push URL or GITHUB_API_URL is plain `http://` (a local GitHub
+    Enterprise test); otherwise the round leaves the branch local and says why."""
     skip: list[str] = field(default_factory=list)
     """Cluster ids already tried against this policy (each round aims at the next cause)."""
 

@@ -28,8 +28,11 @@ def record(
     verdict: PromotionDecision | None,
     proposal: Proposal | None,
     say: Say,
+    *,
+    allow_insecure_github: bool = False,
 ) -> None:
-    """CHANGELOG entry, report files, and the pull request of a recommended candidate."""
+    """CHANGELOG entry, report files, and the pull request of a recommended candidate
+    (`allow_insecure_github`: see `RoundOptions`)."""
     if verdict is not None:
         # The promotion rule read the candidate's held-out runs: one more read of the held-out set.
         held_out = [s for s in inputs.scenarios if s.split == "held-out"]
@@ -69,7 +72,16 @@ def record(
     policy_text = json.dumps(proposal.document, indent=2, ensure_ascii=False) + "\n"
     changelog_text = inputs.changelog.read_text(encoding="utf-8")
     changelog_text = changelog_text + ("" if changelog_text.endswith("\n") else "\n") + "\n" + entry
-    result.pr = open_review(inputs, result, policy_text, changelog_text, body, report_dir, say)
+    result.pr = open_review(
+        inputs,
+        result,
+        policy_text,
+        changelog_text,
+        body,
+        report_dir,
+        say,
+        allow_insecure_github=allow_insecure_github,
+    )
     (report_dir / "round.json").write_text(
         json.dumps(result.to_json(), indent=2, default=str) + "\n", encoding="utf-8"
     )
@@ -147,6 +159,8 @@ def open_review(
     body: str,
     report_dir: Path,
     say: Say,
+    *,
+    allow_insecure_github: bool = False,
 ) -> dict[str, Any]:
     name = f"v{result.candidate_version.lstrip('v')}.json" if result.candidate_version else "candidate.json"
     policy_file = inputs.policies_dir / name
@@ -182,6 +196,7 @@ def open_review(
             title=title,
             body=body,
             commit_message=f"{title}\n\nProposed by improve round {result.round_id}.",
+            allow_insecure_github=allow_insecure_github,
         )
     except ImproveError as err:
         say(f"pull request: {err}")

@@ -272,7 +272,17 @@ def _run_round(space: Workspace, opts: RoundOptions, say: Say, inputs: Inputs, l
         for split, cmp in (("train", verdict.train), ("held-out", verdict.held_out))
     }
     result.reruns = settled.reruns.to_json()
-    record(inputs, result, candidate, cand_cards, base_cards, verdict, proposal, say)
+    record(
+        inputs,
+        result,
+        candidate,
+        cand_cards,
+        base_cards,
+        verdict,
+        proposal,
+        say,
+        allow_insecure_github=opts.allow_insecure_github,
+    )
     return result
 
 

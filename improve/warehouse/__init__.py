@@ -12,6 +12,8 @@ The library and the CLI (a DuckDB connection, migrated):
     >>> con = open_database(Path("traces/traces.duckdb"))
     >>> report = ingest(con, [Path("traces")])          # one transaction; every line accounted for
     >>> query(con, "SELECT * FROM outcomes")
+    >>> ro = open_database(path, sandboxed=True)         # `improve sql`: hardened, read-only
+    >>> query_readonly(ro, "SELECT 1")                  # one query only, else SqlRefusedError
     >>> export_lake(con, Path("lake"))                  # Hive-partitioned Parquet; open_lake(Path("lake"))
 
 Other agents' log formats come through importers (`improve.warehouse.importers.IMPORTERS`).
@@ -32,6 +34,7 @@ from improve.warehouse.sql import (
     FORMATS,
     cell_text,
     query,
+    query_readonly,
     render_csv,
     render_json,
     render_markdown,
@@ -56,6 +59,7 @@ __all__ = [
     "open_database",
     "open_lake",
     "query",
+    "query_readonly",
     "render_csv",
     "render_json",
     "render_markdown",

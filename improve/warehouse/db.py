@@ -13,7 +13,8 @@ from typing import Any
 
 import duckdb
 
-from improve.errors import ImproveError, WarehouseLockedError
+from improve.errors import ImproveError, WarehouseLockedError, WorkspaceError
+from improve.warehouse.readonly import hardening
 from improve.warehouse.schema import ensure_views, migrate
 
 DEFAULT_LOCK_TIMEOUT = 30.0
@@ -26,6 +27,7 @@ def open_database(
     path: str | Path = ":memory:",
     *,
     read_only: bool = False,
+    sandboxed: bool = False,
     lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
     memory_limit: str | None = DEFAULT_MEMORY_LIMIT,
 ) -> duckdb.DuckDBPyConnection:
@@ -34,16 +36,37 @@ def open_database(
     The library's and the CLI's way in (ingest, outcomes, `improve sql`); analysts use
     `improve.warehouse.connect`, which wraps this in a `Warehouse` that answers in polars DataFrames.
     Read-only on an existing file neither migrates nor recreates views (it cannot write).
+
+    `sandboxed` is `improve sql`'s read-only mode (`improve.warehouse.readonly`): the file opened
+    read-only with DuckDB's hardening settings (no file or network access, no extensions, configuration
+    locked); run statements through `query_readonly`, which allows only queries. The file must exist.
     """
     target = str(path)
-    if target != ":memory:":
+    if sandboxed and target != ":memory:":
+        if not Path(target).is_file():
+            raise WorkspaceError(f"no warehouse at {target}; create it with `improve ingest traces/`")
+        read_only = True
+    elif target != ":memory:":
         Path(target).parent.mkdir(parents=True, exist_ok=True)
+    # Sandboxed, the settings go in at startup: applied with SET they would also harden another
+    # connection of this process to the same file (DuckDB shares one database per file), while a
+    # startup config that differs from that database's is refused outright.
+    config = hardening(memory_limit) if sandboxed else {}
     deadline = time.monotonic() + lock_timeout
     delay = 0.05
     while True:
         try:
-            con = duckdb.connect(target, read_only=read_only and Path(target).exists())
+            con = duckdb.connect(target, read_only=read_only and Path(target).exists(), config=config)
             break
+        except duckdb.ConnectionException as err:
+            # DuckDB keeps one database per file in a process: a sandboxed connection and a plain one
+            # (or the other way round) to the same file cannot be open in one process at once.
+            raise ImproveError(
+                f"cannot open warehouse {target}{' sandboxed' if sandboxed else ''}: this process already "
+                "has it open with other settings, and DuckDB keeps one database per file in a process "
+                f"({str(err).splitlines()[0]}); close that connection first, or run `improve sql` in a "
+                "process of its own"
+            ) from None
         except duckdb.IOException as err:
             if "lock" not in str(err).lower():
                 raise ImproveError(f"cannot open warehouse {target}: {err}") from None
@@ -59,7 +82,7 @@ def open_database(
                 ) from None
             time.sleep(delay)
             delay = min(delay * 2, 1.0)
-    if memory_limit:
+    if memory_limit and not sandboxed:
         con.execute(f"SET memory_limit = '{memory_limit}'")
     if not (read_only and target != ":memory:"):
         migrate(con)

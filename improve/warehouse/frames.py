@@ -24,6 +24,7 @@ import duckdb
 from improve.errors import LakeError, WorkspaceError
 from improve.warehouse.db import DEFAULT_LOCK_TIMEOUT, DEFAULT_MEMORY_LIMIT, open_database
 from improve.warehouse.lake import open_lake
+from improve.warehouse.readonly import check_statement
 
 if TYPE_CHECKING:
     import polars as pl
@@ -40,10 +41,15 @@ class Warehouse:
     leaving its `with` block, closes the connection; the frames already returned stay valid.
     """
 
-    def __init__(self, con: duckdb.DuckDBPyConnection, *, source: str = ":memory:") -> None:
+    def __init__(
+        self, con: duckdb.DuckDBPyConnection, *, source: str = ":memory:", sandboxed: bool = False
+    ) -> None:
         self._con = con
         self.source = source
         """The DuckDB file or lake directory it was opened on."""
+        self.sandboxed = sandboxed
+        """`improve sql`'s read-only mode: `sql` runs one query only (`readonly.check_statement`) on a
+        connection with DuckDB's hardening settings."""
 
     @property
     def con(self) -> duckdb.DuckDBPyConnection:
@@ -56,6 +62,8 @@ class Warehouse:
         a sequence, `$name` with a mapping."""
         import polars as pl
 
+        if self.sandboxed:
+            check_statement(query)
         relation = self._con.sql(query, params=params)
         if relation is None:
             return pl.DataFrame()
@@ -128,21 +136,34 @@ def connect(
     read_only: bool = True,
     lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
     memory_limit: str | None = DEFAULT_MEMORY_LIMIT,
+    sandboxed: bool = False,
 ) -> Warehouse:
     """The warehouse at `path` for analysis: a DuckDB file (read-only unless `read_only=False`), a lake
     directory written by `improve export --format parquet` (always read-only), or `:memory:` (a fresh,
-    empty warehouse)."""
+    empty warehouse).
+
+    `read_only` keeps the warehouse file as it is, but a query may still read and write other files
+    (`COPY ... TO`, `read_csv`), as the analyst at the Python prompt may. `sandboxed=True` is `improve
+    sql`'s read-only mode instead, for SQL from someone (or some agent) less trusted: one query per
+    `sql` call (SELECT, WITH, DESCRIBE, SHOW, SUMMARIZE, EXPLAIN, PRAGMA table_info; anything else is
+    SqlRefusedError) on a connection with DuckDB's hardening settings (no file or network access beyond
+    the warehouse or lake, no extensions, configuration locked). See `improve.warehouse.readonly`."""
     target = Path(path)
+    if sandboxed and not read_only:
+        raise WorkspaceError("sandboxed=True is read-only: drop read_only=False, or sandboxed")
     if str(path) != ":memory:" and target.is_dir():
         if not read_only:
             raise LakeError(
                 f"{target} is a lake, which is read-only; export the warehouse again to change it"
             )
-        return Warehouse(open_lake(target, memory_limit=memory_limit), source=str(target))
+        lake = open_lake(target, memory_limit=memory_limit, sandboxed=sandboxed)
+        return Warehouse(lake, source=str(target), sandboxed=sandboxed)
     if str(path) != ":memory:" and read_only and not target.exists():
         raise WorkspaceError(
             f"no warehouse at {target}; create it with `improve ingest traces/`, or pass read_only=False "
             "for a new, empty one"
         )
-    con = open_database(path, read_only=read_only, lock_timeout=lock_timeout, memory_limit=memory_limit)
-    return Warehouse(con, source=str(path))
+    con = open_database(
+        path, read_only=read_only, sandboxed=sandboxed, lock_timeout=lock_timeout, memory_limit=memory_limit
+    )
+    return Warehouse(con, source=str(path), sandboxed=sandboxed)

@@ -40,6 +40,7 @@ from typing import Any
 import duckdb
 
 from improve.errors import LakeError
+from improve.warehouse.readonly import harden
 from improve.warehouse.views import RELATIONS, THREAD_PARTS, Relation, view_statements
 
 LAKE_TABLES = ("entries", "outcomes")
@@ -294,13 +295,21 @@ def _table_sql(lake: Path, table: str, columns: dict[str, str], rows: int) -> st
     return f"SELECT {select} FROM read_parquet({pattern}, hive_partitioning = true, hive_types = {{{types}}})"
 
 
-def open_lake(directory: str | Path, *, memory_limit: str | None = None) -> duckdb.DuckDBPyConnection:
+def open_lake(
+    directory: str | Path, *, memory_limit: str | None = None, sandboxed: bool = False
+) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB over the lake in DIR: `entries` and `outcomes` over its Parquet files and
-    every view of the warehouse on top, documented as in the warehouse."""
+    every view of the warehouse on top, documented as in the warehouse.
+
+    `sandboxed` is `improve sql`'s read-only mode (`improve.warehouse.readonly`): DuckDB's hardening
+    settings, with DIR the one directory its views (and queries) may read; run statements through
+    `query_readonly`, which refuses anything but a query (a COPY into DIR included)."""
     manifest = read_manifest(directory)
     con = duckdb.connect(":memory:")
     try:
-        if memory_limit:
+        if sandboxed:
+            harden(con, allowed_directories=[directory], memory_limit=memory_limit)
+        elif memory_limit:
             con.execute(f"SET memory_limit = {_quote_text(memory_limit)}")
         for statement in view_statements(lake_relations(directory, manifest)):
             con.execute(statement)

@@ -12,6 +12,8 @@ from typing import Any
 
 import duckdb
 
+from improve.warehouse.readonly import check_statement
+
 FORMATS = ("table", "csv", "json", "markdown")
 
 
@@ -27,6 +29,14 @@ def query(con: duckdb.DuckDBPyConnection, sql: str) -> QueryResult:
     if cursor.description is None:
         return QueryResult([], [])
     return QueryResult([d[0] for d in cursor.description], cursor.fetchall())
+
+
+def query_readonly(con: duckdb.DuckDBPyConnection, sql: str) -> QueryResult:
+    """`improve sql`'s way to run a statement: refused with SqlRefusedError (naming the rule) unless it
+    is exactly one query (`readonly.check_statement`), then run as `query` runs it. Use it on a
+    connection opened with `open_database(..., sandboxed=True)` or `open_lake(..., sandboxed=True)`,
+    whose settings refuse file and network access even to a query."""
+    return query(con, check_statement(sql))
 
 
 def _plain(value: Any) -> Any:

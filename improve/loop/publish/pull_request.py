@@ -6,6 +6,11 @@ as the environment allows: with the remote present and a token it pushes (`push.
 updates the PR (`github.py`). Without the remote or the token, or when the remote's URL names no
 GitHub repository, the branch is left in place and `PullRequestResult.instructions` says exactly how
 to push it and open the PR by hand.
+
+The token never travels over plain `http://`: when the push URL or the GitHub API (`GITHUB_API_URL`)
+is `http://`, anyone on the path could read it, so nothing is sent and the branch is left in place with
+instructions, unless `allow_insecure_github` (`improve round --allow-insecure-github`, meant for a
+local GitHub Enterprise test) says to send it anyway.
 """
 
 from __future__ import annotations
@@ -16,11 +21,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from improve.errors import PullRequestError
 from improve.loop.publish.commit import commit_to_branch
 from improve.loop.publish.git import base_branch_name, open_repo, repo_path
-from improve.loop.publish.github import api_base, open_or_update_pr, parse_remote_url
+from improve.loop.publish.github import RemoteRepository, api_base, open_or_update_pr, parse_remote_url
 from improve.loop.publish.push import push
 from improve.loop.publish.secrets import Scrubber, find_token
 
@@ -77,6 +83,7 @@ def open_pull_request(
     remote: str = "origin",
     env: Mapping[str, str] = os.environ,
     body_file: str | Path | None = None,
+    allow_insecure_github: bool = False,
 ) -> PullRequestResult:
     """Commit exactly `files` to `branch` (from HEAD or `base`), push it, and open or update its PR.
 
@@ -84,7 +91,9 @@ def open_pull_request(
     full new content. The working tree, the index and the checked-out branch are left untouched. With
     no remote named `remote` or no token in `env` (`GITHUB_TOKEN`, else `GH_TOKEN`) nothing leaves the
     machine and `instructions` says how to push and open the PR (`body_file` names the file holding
-    the body for the `gh pr create` line). Never merges. Raises `PullRequestError` (exit code 3).
+    the body for the `gh pr create` line). A push URL or API URL that is plain `http://` sends nothing
+    either (the token would travel in clear text) unless `allow_insecure_github`; `instructions` and
+    `notes` say so. Never merges. Raises `PullRequestError` (exit code 3).
     """
     token = find_token(env)
     scrub = Scrubber(env, token)
@@ -160,11 +169,33 @@ def open_pull_request(
         )
         return result
 
+    url = g.config(f"remote.{remote}.url") or ""
+    repository = parse_remote_url(url)
+    insecure = _plain_http(g, remote, env, repository)
+    if insecure and not allow_insecure_github:
+        refusal = (
+            f"refused to send the GitHub token over plain http to {' and '.join(insecure)}: anyone on the "
+            "network path could read it. Use an https:// URL, or pass --allow-insecure-github "
+            "(allow_insecure_github=True) for a local GitHub Enterprise test"
+        )
+        result.notes.append(scrub(refusal))
+        result.instructions = scrub(
+            _instructions(
+                branch=branch,
+                remote=remote,
+                has_remote=True,
+                need_push=True,
+                base_name=base_name,
+                title=title,
+                body_file=body_path,
+                reason=refusal,
+            )
+        )
+        return result
+
     push(g, remote, branch, token)
     result.pushed = True
 
-    url = g.config(f"remote.{remote}.url") or ""
-    repository = parse_remote_url(url)
     if repository is None:
         result.instructions = scrub(
             _instructions(
@@ -193,6 +224,28 @@ def open_pull_request(
     result.pr_number, result.pr_url, result.pr_action = pr.number, scrub(pr.url), pr.action
     result.base = pr.base  # an updated PR keeps the base it was opened against
     return result
+
+
+def _plain_http(
+    g: Any, remote: str, env: Mapping[str, str], repository: RemoteRepository | None
+) -> list[str]:
+    """Where the token would go over plain `http://`: the push URL (git sends it as a header there,
+    `push.py`) and the GitHub API (when the remote names a GitHub repository), as "what (url)"."""
+    found = []
+    push_url = (g.ok("remote", "get-url", "--push", remote) or "").strip()
+    if urlsplit(push_url).scheme.lower() == "http":
+        found.append(f"the push URL of {remote} ({_origin(push_url)})")
+    if repository is not None:
+        api = api_base(env, repository)
+        if urlsplit(api).scheme.lower() == "http":
+            found.append(f"the GitHub API ({_origin(api)}, from GITHUB_API_URL)")
+    return found
+
+
+def _origin(url: str) -> str:
+    """scheme://host[:port] of a URL, without any user or password in it."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
 
 
 def branch_diff(
