@@ -47,7 +47,7 @@ import duckdb
 import numpy as np
 
 from improve.errors import ConfigError, LogError
-from improve.log.lines import MAX_JSON_DEPTH, MAX_LINE_BYTES, line_problem, preview, split_lines
+from improve.log import MAX_LINE_BYTES, line_problem, preview, split_lines
 from improve.warehouse.importers import IMPORTERS
 from improve.warehouse.staging import CAND_COLUMNS, CHAIN_COLUMN, THREAD_ID_SQL, Importer
 
@@ -189,7 +189,9 @@ def _classify(path: Path) -> SkippedFile | None:
         mode = path.stat().st_mode
     except FileNotFoundError:
         if path.is_symlink():
-            return SkippedFile(str(path), f"a dangling symbolic link (to {os.readlink(path)}): nothing to read")
+            return SkippedFile(
+                str(path), f"a dangling symbolic link (to {os.readlink(path)}): nothing to read"
+            )
         return SkippedFile(str(path), "vanished while the batch was listed: nothing to read")
     except OSError as error:
         return SkippedFile(str(path), f"cannot be read: {error.strerror}")
@@ -282,7 +284,9 @@ def _file_info(path: Path, max_line_bytes: int = MAX_LINE_BYTES) -> _FileInfo | 
     except OSError as error:
         return SkippedFile(str(path), f"cannot be read: {error.strerror or error}")
     if b"\0" in data[:BINARY_PROBE]:
-        return SkippedFile(str(path), "binary (a NUL byte in its first 8 KiB), not a JSONL text file: skipped")
+        return SkippedFile(
+            str(path), "binary (a NUL byte in its first 8 KiB), not a JSONL text file: skipped"
+        )
     try:
         data.decode("utf-8")
         utf8 = True
@@ -335,7 +339,7 @@ def ingest(
     workspace's `[importers]` specs `local`, importable from `root`. Each file is read on its own: one
     that cannot be read (a directory, a FIFO, a dangling link, a binary file) is skipped with the reason
     (`report.skipped`), and a line that cannot be (not UTF-8, longer than `max_line_bytes`, nested deeper
-    than `MAX_JSON_DEPTH`) is rejected with its line number; neither stops the batch.
+    than `improve.log.lines.MAX_JSON_DEPTH`) is rejected with its line number; neither stops the batch.
     """
     if max_line_bytes < 1:
         raise ConfigError(f"max_line_bytes must be a positive number of bytes, got {max_line_bytes}")
@@ -365,9 +369,7 @@ def ingest(
     return report
 
 
-def _check_accounting(
-    con: duckdb.DuckDBPyConnection, report: IngestReport, todo: list[_FileInfo]
-) -> None:
+def _check_accounting(con: duckdb.DuckDBPyConnection, report: IngestReport, todo: list[_FileInfo]) -> None:
     """Before COMMIT: every file's lines read = ingested + already present + rejected, every line read
     counted (the reader's count), and what this batch says it inserted is what `entries` holds. A
     violation is a bug, never bad input: the batch is rolled back rather than committed with wrong
@@ -381,11 +383,13 @@ def _check_accounting(
             )
     by_path = {f.file: f for f in report.files}
     for info in todo:
-        f = by_path.get(str(info.path))
-        if f is None:
+        got = by_path.get(str(info.path))
+        if got is None:
             problems.append(f"{info.path}: read but missing from the report")
-        elif f.lines_read != info.lines:
-            problems.append(f"{info.path}: {info.lines} non-blank line(s) in the file, {f.lines_read} counted")
+        elif got.lines_read != info.lines:
+            problems.append(
+                f"{info.path}: {info.lines} non-blank line(s) in the file, {got.lines_read} counted"
+            )
     landed = dict(
         con.execute(
             "SELECT source, count(*) FROM entries WHERE batch_id = ? GROUP BY source", [report.batch_id]
