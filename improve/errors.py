@@ -33,6 +33,7 @@ imports nothing else of ours) may raise these. Every error carries a message tha
     ├── SpendLimitError               a round reached its spend limit (--max-usd) and stopped cleanly
     ├── FastCelFallback               the CEL fast path met a value outside its domain: Expr.evaluate asks cel
     ├── WarehouseLockedError          another process holds the warehouse file for writing
+    ├── WarehouseDamagedError         the warehouse file is corrupted (exit code 3)
     ├── ProposalError                 a proposer produced no candidate (no rule fits, the endpoint failed)
     └── PullRequestError              committing, pushing or opening the round's PR failed (exit code 3)
 
@@ -240,3 +241,10 @@ class FastCelFallback(ImproveError):
 
 class WarehouseLockedError(ImproveError):
     """Another process holds the warehouse file for writing (`improve ingest` waits `--lock-timeout`)."""
+
+
+class WarehouseDamagedError(ImproveError):
+    """The warehouse file is damaged (a block's checksum does not match): the message names the file and
+    says how to recover (restore a backup, or move it aside and ingest the threads again)."""
+
+    exit_code = 3

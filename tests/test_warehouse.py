@@ -15,6 +15,8 @@ from typing import Any
 
 import duckdb
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from improve.cli.main import app
@@ -23,6 +25,7 @@ from improve.evals.scenarios import load_scenarios
 from improve.evals.suite import SuiteSpec, run_suite
 from improve.evals.workspace import Workspace
 from improve.log import replay
+from improve.log.lines import BOM
 from improve.log.store import JsonlDirStore
 from improve.runtime import load_environment
 from improve.runtime.policy import load_policy
@@ -441,3 +444,247 @@ def test_insert_rows_spans_chunks_in_order_and_stamps_the_time() -> None:
     assert con.execute('SELECT count(*) FROM t WHERE "at" IS NULL').fetchone() == (0,)
     insert_rows(con, "t", ("n", "label", "tags"), [], now="at")  # nothing to insert is not an error
     assert con.execute("SELECT count(*) FROM t").fetchone() == (len(rows),)
+
+
+# --- issue 14: a bad file or line never sinks the batch, and every line is accounted for ----------------
+
+
+@pytest.fixture
+def small_ws(tmp_path: Path) -> Path:
+    """A workspace with one good thread already ingested (3 entries): what must never be lost."""
+    shutil.copy(REPO / "improve.toml", tmp_path / "improve.toml")
+    shutil.copytree(REPO / "scenarios", tmp_path / "scenarios")
+    good = write(tmp_path / "traces" / "good.jsonl", [entry(i, thread="good") for i in range(3)])
+    result = runner.invoke(app, ["ingest", "-w", str(tmp_path), str(good), "--no-outcomes"])
+    assert result.exit_code == 0, result.output
+    return tmp_path
+
+
+def _ingest_cli(ws: Path, *args: str) -> Any:
+    return runner.invoke(app, ["ingest", "-w", str(ws), "--no-outcomes", *args])
+
+
+def _warehouse(ws: Path) -> duckdb.DuckDBPyConnection:
+    return open_database(ws / "traces" / "traces.duckdb")
+
+
+def _kept(ws: Path, extra: int = 0) -> None:
+    """The good thread is still whole, and `extra` other entries landed."""
+    con = _warehouse(ws)
+    assert count(con, "SELECT count(*) FROM entries WHERE thread_id = 'good'") == 3
+    assert count(con, "SELECT count(*) FROM entries WHERE thread_id != 'good'") == extra
+    con.close()
+
+
+def _balanced(doc: dict[str, Any]) -> None:
+    assert doc["lines_read"] == doc["ingested"] + doc["already_present"] + doc["rejected"]
+    assert all(f["balanced"] for f in doc["files"])
+
+
+def test_unreadable_files_are_skipped_with_the_reason_and_the_batch_lands(small_ws: Path) -> None:
+    batch = small_ws / "batch"
+    write(batch / "ok.jsonl", [entry(i, thread="ok") for i in range(2)])
+    (batch / "bin.jsonl").write_bytes(b"\x00\x01\x02binary\xff\xfe" * 50)
+    (batch / "d.jsonl").mkdir()
+    (batch / "x.jsonl").symlink_to(batch / "gone.jsonl")
+    os.mkfifo(batch / "f.jsonl")  # opening it would block forever: it must only be stat'ed
+    result = _ingest_cli(small_ws, str(batch), "--json")
+    assert result.exit_code == 1, result.output
+    doc = json.loads(result.stdout)
+    reasons = {Path(s["file"]).name: s["reason"] for s in doc["skipped"]}
+    assert reasons.keys() == {"bin.jsonl", "d.jsonl", "x.jsonl", "f.jsonl"}
+    assert reasons["bin.jsonl"].startswith("binary")
+    assert reasons["d.jsonl"].startswith("a directory")
+    assert reasons["x.jsonl"].startswith("a dangling symbolic link")
+    assert reasons["f.jsonl"].startswith("a FIFO")
+    assert "4 file(s) skipped" in result.stderr
+    assert (doc["ingested"], doc["rejected"]) == (2, 0)
+    _balanced(doc)
+    _kept(small_ws, extra=2)
+    allowed = _ingest_cli(small_ws, str(batch), "--allow-rejects")
+    assert allowed.exit_code == 0 and "skipped" in allowed.stderr and "a FIFO" in allowed.stderr
+
+
+def test_a_named_fifo_is_skipped_not_opened(small_ws: Path) -> None:
+    os.mkfifo(small_ws / "f.jsonl")
+    result = _ingest_cli(small_ws, str(small_ws / "f.jsonl"), "--json")
+    assert result.exit_code == 1 and json.loads(result.stdout)["skipped"][0]["reason"].startswith("a FIFO")
+    _kept(small_ws)
+
+
+def test_bad_lines_are_rejected_one_by_one_with_their_reason(small_ws: Path) -> None:
+    t = "lines"
+    good = [json.dumps(entry(i, thread=t)).encode() for i in range(4)]
+    deep = json.dumps(entry(4, thread=t, event={"type": "DEEP", "x": "HOLE"})).replace(
+        '"HOLE"', "[" * 10_000 + "]" * 10_000
+    )
+    long = json.dumps(entry(4, thread=t, event={"type": "LONG", "x": "y" * 40_000})).encode()
+    path = small_ws / "bad.jsonl"
+    path.write_bytes(b"\n".join([*good, b'{"x": "\xff\xfe"}', deep.encode(), long]) + b"\n")
+    result = _ingest_cli(small_ws, str(path), "--json", "--max-line-bytes", "30000")
+    assert result.exit_code == 1, result.output
+    doc = json.loads(result.stdout)
+    _balanced(doc)
+    assert (doc["lines_read"], doc["ingested"], doc["rejected"]) == (7, 4, 3)
+    con = _warehouse(small_ws)
+    rows = dict(con.execute("SELECT line, error FROM rejected_lines ORDER BY line").fetchall())
+    assert rows[5].startswith("not UTF-8 text: invalid byte at offset 7")
+    assert rows[6] == "JSON nested too deep: 10,002 levels, the limit is 128"
+    assert rows[7].startswith(f"line too long: {len(long):,} bytes, the limit is 30,000")
+    # What is kept of a line rejected unread is bounded, whatever the line's size.
+    longest = count(con, "SELECT max(length(raw)) FROM rejected_lines")
+    assert longest <= 4097
+    con.close()
+    _kept(small_ws, extra=4)
+
+
+def test_a_bom_crlf_file_with_one_bad_line_rejects_only_that_line(small_ws: Path, tmp_path: Path) -> None:
+    lines = [json.dumps(entry(i, thread="bom")) for i in range(5)]
+    path = small_ws / "bom.jsonl"
+    path.write_bytes(BOM + "\r\n".join([*lines[:2], "{bad", *lines[2:]]).encode() + b"\r\n")
+    result = _ingest_cli(small_ws, str(path), "--json")
+    assert result.exit_code == 1
+    doc = json.loads(result.stdout)
+    assert (doc["ingested"], doc["rejected"]) == (5, 1)
+    assert doc["rejections"] == [{"file": str(path), "line": 3, "error": "not JSON"}]
+    _kept(small_ws, extra=5)
+    # The same file through the opencli importer and replay: the BOM and the CRs are not content.
+    tape = small_ws / "tape.jsonl"
+    rows = [json.dumps({"type": "user", "timestamp": "2026-01-01T00:00:00Z", "content": "hi"})] * 2
+    tape.write_bytes(BOM + "\r\n".join(rows).encode() + b"\r\n")
+    opencli = _ingest_cli(small_ws, str(tape), "--format", "opencli", "--json")
+    assert opencli.exit_code == 0 and json.loads(opencli.stdout)["ingested"] == 2
+    clean = small_ws / "clean.jsonl"
+    clean.write_bytes(BOM + "\r\n".join(lines).encode() + b"\r\n")
+    from improve.cli.main import _read_file
+
+    assert [len(entries) for _, entries in _read_file(clean)] == [5]
+
+
+def test_two_files_of_one_thread_that_differ_at_index_1_account_for_every_line(small_ws: Path) -> None:
+    batch = small_ws / "two"
+    a = write(batch / "a.jsonl", [entry(i, thread="t1") for i in range(6)])
+    other = entry(1, thread="t1", event={"type": "OTHER"})
+    b = write(
+        batch / "b.jsonl", [entry(0, thread="t1"), other, *[entry(i, thread="t1") for i in range(2, 6)]]
+    )
+    result = _ingest_cli(small_ws, str(batch), "--json")
+    doc = json.loads(result.stdout)
+    _balanced(doc)
+    by_file = {f["file"]: f for f in doc["files"]}
+    # Line 1 of each is the same init (it lands once); nothing after a conflict is counted as present.
+    assert (by_file[str(a)]["ingested"], by_file[str(b)]["already_present"]) == (1, 1)
+    con = _warehouse(small_ws)
+    errors = dict(con.execute("SELECT line, error FROM rejected_lines WHERE file = ?", [str(b)]).fetchall())
+    assert sorted(errors) == [2, 3, 4, 5, 6]
+    assert f"conflicts with {a} line 2" in errors[2]
+    assert errors[3].startswith("gap in indices") and f"the same entry as {a} line 3" in errors[3]
+    assert count(con, "SELECT count(*) FROM entries WHERE thread_id = 't1'") == 1
+    con.close()
+    _kept(small_ws, extra=1)
+
+
+def test_two_copies_of_a_file_with_a_gap_account_for_every_line(tmp_path: Path) -> None:
+    con = open_database()
+    a = write(tmp_path / "a.jsonl", [entry(i, thread="t2") for i in (0, 1, 3, 4)])
+    b = tmp_path / "b.jsonl"
+    shutil.copy(a, b)
+    report = ingest(con, [a, b])
+    files = {f.file: f for f in report.files}
+    assert (files[str(a)].ingested, files[str(a)].rejected) == (2, 2)
+    assert (files[str(b)].already_present, files[str(b)].rejected) == (2, 2)
+    assert count(con, "SELECT count(*) FROM rejected_lines") == 4 == report.rejected
+    assert count(con, "SELECT count(*) FROM entries") == 2 == report.ingested
+
+
+def test_ingest_after_touch_adds_nothing_anywhere(tmp_path: Path) -> None:
+    con = open_database()
+    bad = write(tmp_path / "bad.jsonl", [entry(0), "garbage", entry(1), entry(3)])
+    first = ingest(con, [bad])
+    assert (first.ingested, first.rejected) == (2, 2)
+    for _ in range(2):
+        os.utime(bad, ns=(time.time_ns(), time.time_ns()))
+        again = ingest(con, [bad])
+        assert (again.ingested, again.already_present, again.rejected) == (0, 2, 2)
+        assert count(con, "SELECT count(*) FROM rejected_lines") == 2
+        assert count(con, "SELECT count(*) FROM entries") == 2
+        # The rows are the latest batch's: what it rejected can still be found by its batch id.
+        assert count(con, f"SELECT count(*) FROM rejected_lines WHERE batch_id = '{again.batch_id}'") == 2
+
+
+def test_a_path_that_does_not_exist_leaves_no_warehouse(tmp_path: Path) -> None:
+    shutil.copy(REPO / "improve.toml", tmp_path / "improve.toml")
+    result = _ingest_cli(tmp_path, str(tmp_path / "nope.jsonl"))
+    assert result.exit_code == 2 and "nope.jsonl: no such file or directory" in result.stderr
+    assert not (tmp_path / "traces" / "traces.duckdb").exists()
+
+
+def test_a_glob_that_matches_nothing_is_reported(small_ws: Path) -> None:
+    result = _ingest_cli(small_ws, str(small_ws / "none" / "*.jsonl"))
+    assert result.exit_code == 2 and "no file matches this pattern" in result.stderr
+    _kept(small_ws)
+
+
+def test_a_damaged_warehouse_is_exit_3_with_what_to_do(tmp_path: Path) -> None:
+    shutil.copy(REPO / "improve.toml", tmp_path / "improve.toml")
+    shutil.copytree(REPO / "scenarios", tmp_path / "scenarios")
+    for k in range(200):
+        write(tmp_path / "t" / f"t{k}.jsonl", [entry(i, thread=f"t{k}") for i in range(50)])
+    assert _ingest_cli(tmp_path, str(tmp_path / "t")).exit_code == 0
+    db = tmp_path / "traces" / "traces.duckdb"
+    with db.open(
+        "r+b"
+    ) as handle:  # dd if=/dev/urandom of=traces.duckdb bs=4096 seek=100 count=50 conv=notrunc
+        handle.seek(4096 * 100)
+        handle.write(os.urandom(4096 * 50))
+    more = write(tmp_path / "more.jsonl", [entry(0, thread="more")])
+    for result in (
+        _ingest_cli(tmp_path, str(more)),
+        runner.invoke(app, ["sql", "-w", str(tmp_path), "SELECT max(event::VARCHAR) FROM entries"]),
+    ):
+        assert result.exit_code == 3, result.output
+        assert f"warehouse {db} is damaged" in result.stderr and "improve ingest traces/" in result.stderr
+
+
+def test_the_accounting_is_checked_before_commit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A miscount (here: a report that claims one line more) aborts the batch; nothing is committed."""
+    module = sys.modules["improve.warehouse.ingest"]
+    con = open_database()
+    real = module._bulk_native
+
+    def miscount(*args: Any, **kwargs: Any) -> Any:
+        careful = real(*args, **kwargs)
+        args[1].files[-1].lines_read += 1
+        return careful
+
+    monkeypatch.setattr(module, "_bulk_native", miscount)
+    with pytest.raises(module.IngestAccountingError, match="lines read 3 != ingested 2"):
+        ingest(con, [write(tmp_path / "a.jsonl", [entry(0), entry(1)])])
+    assert count(con, "SELECT count(*) FROM entries") == 0
+    assert count(con, "SELECT count(*) FROM ingest_batches") == 0
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    lines=st.lists(
+        st.one_of(
+            st.binary(max_size=60),
+            st.sampled_from([b"\xef\xbb\xbf", b"\r", b"{", b"[" * 200, b"\x00", b"\xff"]),
+            st.integers(0, 4).map(lambda i: json.dumps(entry(i, thread="fz")).encode()),
+        ),
+        max_size=12,
+    )
+)
+def test_fuzz_ingest_lines_never_crash_and_always_balance(tmp_path: Path, lines: list[bytes]) -> None:
+    con = open_database()
+    path = tmp_path / "fz.jsonl"
+    path.write_bytes(b"\n".join(lines))
+    report = ingest(con, [path])
+    if report.skipped:  # binary: a NUL byte early on
+        assert report.files == [] and report.skipped[0].reason.startswith("binary")
+        return
+    assert report.lines_read == report.ingested + report.already_present + report.rejected
+    assert all(f.balanced for f in report.files)
+    assert count(con, "SELECT count(*) FROM entries") == report.ingested
+    assert count(con, "SELECT count(*) FROM rejected_lines") == report.rejected
+    con.close()

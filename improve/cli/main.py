@@ -43,7 +43,7 @@ from improve.cli.warehouse import export_command, ingest_command, sql_command
 from improve.errors import DivergenceError, LogError, SealedSplitError, TamperError, WorkspaceError
 from improve.evals import SEALED_SPLIT, UNSEAL_HOW, Ledger, OutcomeRow, SuiteSpec, Workspace, write_threads
 from improve.llm import Meter
-from improve.log import JsonlDirStore, LogEntry, gc_paused, head
+from improve.log import JsonlDirStore, LogEntry, gc_paused, head, line_problem, split_lines
 from improve.log import replay as replay_thread
 from improve.machine import describe_mermaid, describe_text, diff_states, to_xstate
 from improve.runtime import Environment
@@ -286,16 +286,17 @@ def _threads_from(args: list[str], traces: Path) -> list[tuple[str, list[LogEntr
 
 def _read_file(path: Path) -> list[tuple[str, list[LogEntry]]]:
     threads: dict[str, list[LogEntry]] = defaultdict(list)
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                entry = LogEntry.model_validate_json(line)
-            except ValueError as error:
-                first = str(error).splitlines()[0:3]
-                raise LogError(f"{path}:{number}: not a log entry: {' '.join(first)}") from None
-            threads[entry.threadId or path.stem].append(entry)
+    # The reader ingest uses too (improve.log.lines): a BOM and CRLF line ends read the same everywhere.
+    for number, line in split_lines(path.read_bytes()):
+        problem = line_problem(line)
+        if problem is not None:
+            raise LogError(f"{path}:{number}: not a log entry: {problem}")
+        try:
+            entry = LogEntry.model_validate_json(line)
+        except ValueError as error:
+            first = str(error).splitlines()[0:3]
+            raise LogError(f"{path}:{number}: not a log entry: {' '.join(first)}") from None
+        threads[entry.threadId or path.stem].append(entry)
     return list(threads.items())
 
 

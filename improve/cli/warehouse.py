@@ -22,11 +22,14 @@ from improve.cli.common import (
 )
 from improve.errors import WorkspaceError
 from improve.evals import refresh_outcomes
+from improve.log import MAX_LINE_BYTES
 from improve.warehouse import (
     DEFAULT_LOCK_TIMEOUT,
     FORMATS,
     PARTITION_KEYS,
     cell_text,
+    damaged,
+    expand_paths,
     export_lake,
     ingest,
     open_database,
@@ -64,14 +67,21 @@ def ingest_command(
     lock_timeout: Annotated[
         float, typer.Option("--lock-timeout", help="Seconds to wait for another writer.")
     ] = DEFAULT_LOCK_TIMEOUT,
+    max_line_bytes: Annotated[
+        int,
+        typer.Option("--max-line-bytes", help="Reject a line longer than this many bytes (default 8 MiB)."),
+    ] = MAX_LINE_BYTES,
     as_json: Annotated[bool, JsonOption] = False,
     ws: Annotated[Path | None, WorkspaceOption] = None,
 ) -> None:
     """Ingest JSONL threads into the DuckDB warehouse: one batch, one transaction, nothing lost.
 
     Every line lands, is recognised as already present, or goes to `rejected_lines` with its file, line
-    number and reason; the command prints, per file, lines read = ingested + already present + rejected,
-    and exits 1 when anything was rejected (unless --allow-rejects). Ingesting the same files again adds
+    number and reason (not UTF-8, longer than --max-line-bytes, nested too deep, not an entry, a
+    conflict, a gap); the command prints, per file, lines read = ingested + already present + rejected.
+    A file that cannot be read (a directory, a FIFO, a dangling link, a binary file) is skipped with the
+    reason and the rest goes on. It exits 1 when anything was rejected or skipped (unless
+    --allow-rejects), 3 when the warehouse file is damaged. Ingesting the same files again adds
     nothing. Then every new thread of a known environment is replayed into `outcomes`.
 
     Example:
@@ -81,19 +91,28 @@ def ingest_command(
     with handled():
         space = workspace(ws)
         target = db or space.warehouse
+        # Before the warehouse is opened (and created): a wrong path must leave no empty warehouse behind.
+        expand_paths(paths)
         con = open_database(target, lock_timeout=lock_timeout)
-        report = ingest(
-            con,
-            paths,
-            fmt=fmt,
-            local=space.specs("importers"),
-            root=space.root,
-            progress=lambda m: err.print(f"ingest: {m}"),
-        )
-        materialized = None
-        if outcomes:
-            materialized = refresh_outcomes(con, space, progress=lambda d, t: err.print(f"outcomes: {d}/{t}"))
-        con.close()
+        try:
+            report = ingest(
+                con,
+                paths,
+                fmt=fmt,
+                local=space.specs("importers"),
+                root=space.root,
+                progress=lambda m: err.print(f"ingest: {m}"),
+                max_line_bytes=max_line_bytes,
+            )
+            materialized = None
+            if outcomes:
+                materialized = refresh_outcomes(
+                    con, space, progress=lambda d, t: err.print(f"outcomes: {d}/{t}")
+                )
+        except duckdb.Error as failure:
+            raise damaged(target, failure) or failure from None
+        finally:
+            con.close()
         if as_json:
             doc = report.to_json() | {"warehouse": str(target)}
             if materialized:
@@ -125,6 +144,8 @@ def ingest_command(
                 "",
             )
             out.print(table)
+            for skip in report.skipped:
+                err.print(f"skipped {skip.file}: {skip.reason}", markup=False)
             for file, line, error in report.rejections:
                 err.print(f"rejected {file}:{line}: {error}", markup=False)
             if report.rejected > len(report.rejections):
@@ -136,11 +157,17 @@ def ingest_command(
                 )
                 for problem in materialized.errors or []:
                     err.print(f"  {problem}", markup=False)
-        if report.rejected and not allow_rejects:
-            err.print(
-                f'{report.rejected} line(s) rejected: see `improve sql "SELECT * FROM rejected_lines"`; '
-                "the rest was ingested (use --allow-rejects to accept a partial ingest)"
-            )
+        if (report.rejected or report.skipped) and not allow_rejects:
+            if report.rejected:
+                err.print(
+                    f'{report.rejected} line(s) rejected: see `improve sql "SELECT * FROM rejected_lines"`; '
+                    "the rest was ingested (use --allow-rejects to accept a partial ingest)"
+                )
+            if report.skipped:
+                err.print(
+                    f"{len(report.skipped)} file(s) skipped (listed above, and under skipped in --json); the "
+                    "rest was ingested (use --allow-rejects to accept a partial ingest)"
+                )
             raise typer.Exit(EXIT_FAILED)
 
 
@@ -191,12 +218,12 @@ def sql_command(
                 raise WorkspaceError(f"no warehouse at {target}; create it with `improve ingest traces/`")
             con = open_database(target, sandboxed=True)
         try:
-            _sql(con, statement, fmt, schema)
+            _sql(con, statement, fmt, schema, target if lake is None else lake)
         finally:
             con.close()
 
 
-def _sql(con: duckdb.DuckDBPyConnection, statement: str | None, fmt: str, schema: bool) -> None:
+def _sql(con: duckdb.DuckDBPyConnection, statement: str | None, fmt: str, schema: bool, source: Path) -> None:
     if schema:
         doc = schema_doc(con)
         if fmt == "json":
@@ -213,6 +240,8 @@ def _sql(con: duckdb.DuckDBPyConnection, statement: str | None, fmt: str, schema
     try:
         result = query_readonly(con, statement)
     except duckdb.Error as error:
+        if (problem := damaged(source, error)) is not None:
+            raise problem from None  # a damaged file is a data error (exit 3), not a bad statement
         err.print(str(error), markup=False)
         if isinstance(error, duckdb.PermissionException):
             err.print(

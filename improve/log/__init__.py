@@ -22,6 +22,15 @@ from improve.log.entry import (
     new_entry_id,
     now_rfc3339,
 )
+from improve.log.lines import (
+    BOM,
+    MAX_JSON_DEPTH,
+    MAX_LINE_BYTES,
+    json_depth,
+    line_problem,
+    preview,
+    split_lines,
+)
 from improve.log.replay import (
     ReplayResult,
     RunStatus,
@@ -45,8 +54,11 @@ from improve.log.store import (
 )
 
 __all__ = [
+    "BOM",
     "END_EVENT",
     "INIT_EVENT",
+    "MAX_JSON_DEPTH",
+    "MAX_LINE_BYTES",
     "SCHEMA_VERSION",
     "UNCHAINED_VERSION",
     "USAGE_EVENT",
@@ -72,13 +84,17 @@ __all__ = [
     "gc_paused",
     "head",
     "is_chained",
+    "json_depth",
+    "line_problem",
     "model_slug",
     "new_entry_id",
     "now_rfc3339",
+    "preview",
     "rechain",
     "replay",
     "retarget",
     "run_status",
     "seal",
+    "split_lines",
     "validate_log",
 ]

@@ -57,6 +57,7 @@ from pydantic import ValidationError
 from improve.errors import ConflictError, LogError
 from improve.log.chain import rechain
 from improve.log.entry import THREAD_ID_PATTERN, LogEntry, check_thread_id
+from improve.log.lines import BOM
 
 SUFFIX = ".jsonl"
 # A file name holds at most 255 bytes; thread ids are ASCII, so this many characters plus the suffix fit.
@@ -428,10 +429,14 @@ class JsonlDirStore:
             count = self._count(path, fd)
             data = os.pread(fd, count.valid_end, 0) if count.valid_end else b""
         lines = data.split(b"\n")[:-1]  # the part after the last newline is empty (torn part excluded)
+        # As every reader does (improve.log.lines): a BOM at the start and a CR before the LF are not
+        # part of the entry (a thread saved by a Windows editor still reads).
+        if lines and lines[0].startswith(BOM):
+            lines[0] = lines[0][len(BOM) :]
         entries: list[LogEntry] = []
         for number in range(from_index, len(lines)):
             try:
-                entries.append(LogEntry.model_validate_json(lines[number]))
+                entries.append(LogEntry.model_validate_json(lines[number].removesuffix(b"\r")))
             except ValidationError as exc:
                 problems = "; ".join(
                     f"{'.'.join(str(p) for p in err['loc']) or '(line)'}: {err['msg']}"

@@ -19,9 +19,9 @@ The library and the CLI (a DuckDB connection, migrated):
 Other agents' log formats come through importers (`improve.warehouse.importers.IMPORTERS`).
 """
 
-from improve.warehouse.db import DEFAULT_LOCK_TIMEOUT, insert_rows, open_database
+from improve.warehouse.db import DEFAULT_LOCK_TIMEOUT, damaged, insert_rows, open_database
 from improve.warehouse.frames import Warehouse, connect
-from improve.warehouse.ingest import ingest
+from improve.warehouse.ingest import IngestReport, SkippedFile, expand_paths, ingest
 from improve.warehouse.lake import (
     LAKE_TABLES,
     PARTITION_KEYS,
@@ -48,10 +48,14 @@ __all__ = [
     "FORMATS",
     "LAKE_TABLES",
     "PARTITION_KEYS",
+    "IngestReport",
     "LakeReport",
+    "SkippedFile",
     "Warehouse",
     "cell_text",
     "connect",
+    "damaged",
+    "expand_paths",
     "export_lake",
     "ingest",
     "insert_rows",

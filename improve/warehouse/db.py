@@ -13,7 +13,7 @@ from typing import Any
 
 import duckdb
 
-from improve.errors import ImproveError, WarehouseLockedError, WorkspaceError
+from improve.errors import ImproveError, WarehouseDamagedError, WarehouseLockedError, WorkspaceError
 from improve.warehouse.readonly import hardening
 from improve.warehouse.schema import ensure_views, migrate
 
@@ -69,7 +69,7 @@ def open_database(
             ) from None
         except duckdb.IOException as err:
             if "lock" not in str(err).lower():
-                raise ImproveError(f"cannot open warehouse {target}: {err}") from None
+                raise damaged(target, err) or ImproveError(f"cannot open warehouse {target}: {err}") from None
             if time.monotonic() >= deadline:
                 holder = (
                     str(err).split("Conflicting lock is held in")[-1].strip()
@@ -82,12 +82,33 @@ def open_database(
                 ) from None
             time.sleep(delay)
             delay = min(delay * 2, 1.0)
+        except duckdb.Error as err:  # a damaged file fails here or at its first read, as a bare duckdb.Error
+            raise damaged(target, err) or ImproveError(f"cannot open warehouse {target}: {err}") from None
     if memory_limit and not sandboxed:
         con.execute(f"SET memory_limit = '{memory_limit}'")
     if not (read_only and target != ":memory:"):
-        migrate(con)
-        ensure_views(con)
+        try:
+            migrate(con)
+            ensure_views(con)
+        except duckdb.Error as err:
+            con.close()
+            raise damaged(target, err) or err from None
     return con
+
+
+def damaged(target: str | Path, err: BaseException) -> WarehouseDamagedError | None:
+    """The error to raise when `err` says the warehouse file is corrupted, else None.
+
+    DuckDB reports a block whose checksum does not match as a bare `duckdb.Error` "Corrupt database
+    file", at connect or at the first read of that block: a data error (exit 3), not a usage error."""
+    text = str(err)
+    if "corrupt" not in text.lower() and "checksum" not in text.lower():
+        return None
+    return WarehouseDamagedError(
+        f"warehouse {target} is damaged ({text.splitlines()[0]}); nothing was changed. Restore it from a "
+        f"backup, or move it aside (mv {target} {target}.damaged) and rebuild it from the threads with "
+        "`improve ingest traces/`"
+    )
 
 
 INSERT_CHUNK = 1000

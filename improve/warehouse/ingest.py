@@ -32,9 +32,11 @@ contract and the SQL helpers they share are already elsewhere (`importers/`, `st
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import hashlib
 import os
+import stat
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -42,8 +44,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import duckdb
+import numpy as np
 
 from improve.errors import ConfigError, LogError
+from improve.log import MAX_LINE_BYTES, line_problem, preview, split_lines
 from improve.warehouse.importers import IMPORTERS
 from improve.warehouse.staging import CAND_COLUMNS, CHAIN_COLUMN, THREAD_ID_SQL, Importer
 
@@ -109,11 +113,25 @@ class FileReport:
         return self.lines_read == self.ingested + self.already_present + self.rejected
 
 
+@dataclass(frozen=True)
+class SkippedFile:
+    """A file the batch did not read (a directory, a FIFO, a dangling link, a binary file): why."""
+
+    file: str
+    reason: str
+
+
+class IngestAccountingError(LogError):
+    """The counts of a batch do not add up (lines read != ingested + already present + rejected), or a
+    line counted as present or rejected is not where the count says: the batch is rolled back."""
+
+
 @dataclass
 class IngestReport:
     batch_id: str
     format: str
     files: list[FileReport] = field(default_factory=list)
+    skipped: list[SkippedFile] = field(default_factory=list)
     seconds: float = 0.0
     rejections: list[tuple[str, int | None, str]] = field(default_factory=list)  # first few, for display
 
@@ -146,27 +164,83 @@ class IngestReport:
             "already_present": self.already_present,
             "rejected": self.rejected,
             "files": [f.__dict__ | {"balanced": f.balanced} for f in self.files],
+            "skipped": [{"file": f.file, "reason": f.reason} for f in self.skipped],
             "rejections": [{"file": f, "line": n, "error": e} for f, n, e in self.rejections],
         }
 
 
-def expand_paths(paths: Iterable[str | Path]) -> list[Path]:
-    """Files, directories (every *.jsonl below) and globs, each file once, sorted."""
+def _kind(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "not a regular file"
+
+
+def _classify(path: Path) -> SkippedFile | None:
+    """Why `path` (found below a directory or named) is no file to read, or None when it is one.
+
+    Only stat: a FIFO is never opened (opening one blocks until a writer comes)."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        if path.is_symlink():
+            return SkippedFile(
+                str(path), f"a dangling symbolic link (to {os.readlink(path)}): nothing to read"
+            )
+        return SkippedFile(str(path), "vanished while the batch was listed: nothing to read")
+    except OSError as error:
+        return SkippedFile(str(path), f"cannot be read: {error.strerror}")
+    if stat.S_ISREG(mode):
+        return None
+    return SkippedFile(str(path), f"{_kind(mode)}, not a JSONL file: skipped")
+
+
+def collect_paths(paths: Iterable[str | Path]) -> tuple[list[Path], list[SkippedFile]]:
+    """Files, directories (every *.jsonl below) and globs: the regular files, each once, sorted, and
+    what was found but cannot be read (a directory named x.jsonl, a FIFO, a dangling link), with why.
+
+    A path that does not exist and a glob that matches nothing are the caller's mistake: ConfigError,
+    before anything is opened."""
     found: dict[str, Path] = {}
+    skipped: dict[str, SkippedFile] = {}
+
+    def consider(path: Path) -> None:
+        problem = _classify(path)
+        if problem is not None:
+            skipped.setdefault(str(path), problem)
+        else:
+            found[str(path.resolve())] = path.resolve()
+
     for raw in paths:
         text = str(raw)
-        matches = [Path(m) for m in glob.glob(text, recursive=True)] if glob.has_magic(text) else [Path(text)]
-        if not matches:
-            raise ConfigError(f"{text}: no file matches")
+        if glob.has_magic(text):
+            matches = sorted(Path(m) for m in glob.glob(text, recursive=True))
+            if not matches:
+                raise ConfigError(
+                    f"{text}: no file matches this pattern; check it (a pattern is matched from the current "
+                    "directory), or name the files or their directory instead"
+                )
+        else:
+            matches = [Path(text)]
         for match in matches:
+            if not os.path.lexists(match):
+                raise ConfigError(f"{match}: no such file or directory; check the path")
             if match.is_dir():
                 for child in sorted(match.rglob("*.jsonl")):
-                    found[str(child.resolve())] = child.resolve()
-            elif match.is_file():
-                found[str(match.resolve())] = match.resolve()
+                    consider(child)
             else:
-                raise ConfigError(f"{match}: no such file or directory")
-    return [found[k] for k in sorted(found)]
+                consider(match)
+    return [found[k] for k in sorted(found)], sorted(skipped.values(), key=lambda f: f.file)
+
+
+def expand_paths(paths: Iterable[str | Path]) -> list[Path]:
+    """Files, directories (every *.jsonl below) and globs, each file once, sorted (see `collect_paths`)."""
+    return collect_paths(paths)[0]
 
 
 @dataclass(frozen=True)
@@ -176,28 +250,58 @@ class _FileInfo:
     mtime_ns: int
     sha256: str
     lines: int  # non-blank lines
+    problems: Mapping[int, str] = field(default_factory=dict)  # line number -> why it cannot be read
 
 
 FINGERPRINT_BYTES = 1 << 16
+BINARY_PROBE = 8192
+"""A NUL byte in this many first bytes makes a file binary (git's test): skipped, not read line by line."""
 
 
-def _file_info(path: Path) -> _FileInfo:
-    """Size, mtime, a fingerprint and the non-blank line count of a file.
+def _read_regular(path: Path) -> tuple[os.stat_result, bytes]:
+    """The bytes of `path`, refusing anything but a regular file. Opened non-blocking and checked on
+    the descriptor: a file swapped for a FIFO after `collect_paths` looked at it still cannot block."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise IsADirectoryError(f"{_kind(st.st_mode)}, not a JSONL file")
+        with os.fdopen(os.dup(fd), "rb") as handle:
+            return st, handle.read()
+    finally:
+        os.close(fd)
+
+
+def _file_info(path: Path, max_line_bytes: int = MAX_LINE_BYTES) -> _FileInfo | SkippedFile:
+    """Size, mtime, a fingerprint, the non-blank line count and the unreadable lines of a file; or why
+    the file cannot be read at all.
 
     The fingerprint hashes the size, the first and the last 64 KiB: with the size and mtime it tells an
     unchanged file from an appended or rewritten one without hashing every byte (most of a big ingest
     would otherwise be spent in sha256)."""
-    stat = path.stat()
-    with path.open("rb") as handle:
-        data = handle.read()
-    # Counting newlines is not decoding. This estimates the rows `read_json` will yield (blank lines yield
-    # none); when the estimate is off (whitespace-only lines), the file just takes the careful path,
-    # which counts exactly.
-    lines = data.count(b"\n") + (0 if data.endswith(b"\n") or not data else 1) - data.count(b"\n\n")
+    try:
+        st, data = _read_regular(path)
+    except OSError as error:
+        return SkippedFile(str(path), f"cannot be read: {error.strerror or error}")
+    if b"\0" in data[:BINARY_PROBE]:
+        return SkippedFile(
+            str(path), "binary (a NUL byte in its first 8 KiB), not a JSONL text file: skipped"
+        )
+    try:
+        data.decode("utf-8")
+        utf8 = True
+    except UnicodeDecodeError:
+        utf8 = False  # some lines are not UTF-8: each is found and rejected on its own
+    lines = split_lines(data)
+    problems = {
+        number: problem
+        for number, line in lines
+        if (problem := line_problem(line, max_bytes=max_line_bytes, utf8_checked=utf8)) is not None
+    }
     digest = hashlib.sha256(str(len(data)).encode())
     digest.update(data[:FINGERPRINT_BYTES])
     digest.update(data[-FINGERPRINT_BYTES:])
-    return _FileInfo(path, stat.st_size, stat.st_mtime_ns, digest.hexdigest(), lines)
+    return _FileInfo(path, st.st_size, st.st_mtime_ns, digest.hexdigest(), len(lines), problems)
 
 
 def insert_rows(
@@ -227,32 +331,80 @@ def ingest(
     local: Mapping[str, str] | None = None,
     root: Path | None = None,
     progress: Callable[[str], None] | None = None,
+    max_line_bytes: int = MAX_LINE_BYTES,
 ) -> IngestReport:
     """Ingest files, directories and globs of JSONL threads as one batch (one transaction).
 
     `fmt` is the importer registered under that name (`IMPORTERS`): bundled, installed, or one of the
-    workspace's `[importers]` specs `local`, importable from `root`.
+    workspace's `[importers]` specs `local`, importable from `root`. Each file is read on its own: one
+    that cannot be read (a directory, a FIFO, a dangling link, a binary file) is skipped with the reason
+    (`report.skipped`), and a line that cannot be (not UTF-8, longer than `max_line_bytes`, nested deeper
+    than `improve.log.lines.MAX_JSON_DEPTH`) is rejected with its line number; neither stops the batch.
     """
+    if max_line_bytes < 1:
+        raise ConfigError(f"max_line_bytes must be a positive number of bytes, got {max_line_bytes}")
     importer = IMPORTERS.load(fmt, local, root)
-    files = expand_paths(paths)
+    files, skipped = collect_paths(paths)
     say = progress or (lambda message: None)
     started = time.perf_counter()
-    report = IngestReport(batch_id=uuid.uuid4().hex[:12], format=fmt)
-    infos = [_file_info(p) for p in files]
+    infos: list[_FileInfo] = []
+    for path in files:
+        info = _file_info(path, max_line_bytes)
+        if isinstance(info, SkippedFile):
+            skipped.append(info)
+        else:
+            infos.append(info)
+    report = IngestReport(batch_id=uuid.uuid4().hex[:12], format=fmt, skipped=skipped)
     try:
         # Native files are read in bulk first; the importer stages only the files that need care.
-        _batch(con, report, infos, importer, bulk=fmt == "native", say=say)
+        _batch(con, report, infos, importer, bulk=fmt == "native", say=say, max_line_bytes=max_line_bytes)
     except _RetryCarefully:
         # The same (thread, index) twice within the batch aborted the bulk insert: start the batch over,
         # every file on the careful path, which reports each duplicate with its line.
-        report = IngestReport(batch_id=report.batch_id, format=fmt)
-        _batch(con, report, infos, importer, bulk=False, say=say)
+        report = IngestReport(batch_id=report.batch_id, format=fmt, skipped=skipped)
+        _batch(con, report, infos, importer, bulk=False, say=say, max_line_bytes=max_line_bytes)
     report.files.sort(key=lambda f: f.file)
+    report.skipped.sort(key=lambda f: f.file)
     report.seconds = time.perf_counter() - started
-    unbalanced = [f.file for f in report.files if not f.balanced]
-    if unbalanced:  # a bug, never bad input: every line must be accounted for
-        raise LogError(f"ingest accounting does not add up for {unbalanced}")
     return report
+
+
+def _check_accounting(con: duckdb.DuckDBPyConnection, report: IngestReport, todo: list[_FileInfo]) -> None:
+    """Before COMMIT: every file's lines read = ingested + already present + rejected, every line read
+    counted (the reader's count), and what this batch says it inserted is what `entries` holds. A
+    violation is a bug, never bad input: the batch is rolled back rather than committed with wrong
+    counts."""
+    problems: list[str] = []
+    for f in report.files:
+        if not f.balanced:
+            problems.append(
+                f"{f.file}: lines read {f.lines_read} != ingested {f.ingested} + already present "
+                f"{f.already_present} + rejected {f.rejected}"
+            )
+    by_path = {f.file: f for f in report.files}
+    for info in todo:
+        got = by_path.get(str(info.path))
+        if got is None:
+            problems.append(f"{info.path}: read but missing from the report")
+        elif got.lines_read != info.lines:
+            problems.append(
+                f"{info.path}: {info.lines} non-blank line(s) in the file, {got.lines_read} counted"
+            )
+    landed = dict(
+        con.execute(
+            "SELECT source, count(*) FROM entries WHERE batch_id = ? GROUP BY source", [report.batch_id]
+        ).fetchall()
+    )
+    for f in report.files:
+        if f.path != "unchanged" and landed.get(f.file, 0) != f.ingested:
+            problems.append(f"{f.file}: {f.ingested} ingested, {landed.get(f.file, 0)} row(s) in entries")
+    if sum(landed.values()) != report.ingested:
+        problems.append(f"the batch inserted {sum(landed.values())} entries but reports {report.ingested}")
+    if problems:
+        raise IngestAccountingError(
+            "ingest accounting does not add up, so nothing was committed (a bug in improve; please report "
+            "it with the files): " + "; ".join(problems[:5])
+        )
 
 
 def _batch(
@@ -263,6 +415,7 @@ def _batch(
     *,
     bulk: bool,
     say: Callable[[str], None],
+    max_line_bytes: int = MAX_LINE_BYTES,
 ) -> None:
     con.execute("BEGIN TRANSACTION")
     try:
@@ -295,11 +448,17 @@ def _batch(
             report.files.append(FileReport(str(info.path), lines, 0, lines - rejected, rejected, "unchanged"))
         careful = todo
         if todo and bulk:
-            say(f"bulk read of {len(todo)} file(s)")
-            careful = _bulk_native(con, report, todo)
+            # A file with a line the reader refuses (not UTF-8, too long, too deep) goes straight to the
+            # careful path, which rejects that line alone: read_json would fail or accept it.
+            easy = [i for i in todo if not i.problems]
+            careful = [i for i in todo if i.problems]
+            if easy:
+                say(f"bulk read of {len(easy)} file(s)")
+                careful += _bulk_native(con, report, easy, max_line_bytes)
         if careful:
             say(f"careful read of {len(careful)} file(s)")
             _careful(con, report, careful, importer)
+        _check_accounting(con, report, todo)
         counted = [(f.file, f.lines_read, f.rejected) for f in report.files if f.path != "unchanged"]
         con.execute("CREATE OR REPLACE TEMP TABLE file_counts (path VARCHAR, lines BIGINT, rejected BIGINT)")
         insert_rows(con, "file_counts", counted)
@@ -322,12 +481,14 @@ def _batch(
             time.sleep(hold)
         con.execute("COMMIT")
     except BaseException:
-        con.execute("ROLLBACK")
+        # A damaged warehouse can fail the ROLLBACK too: the first error is the one to report.
+        with contextlib.suppress(duckdb.Error):
+            con.execute("ROLLBACK")
         raise
 
 
 def _bulk_native(
-    con: duckdb.DuckDBPyConnection, report: IngestReport, todo: list[_FileInfo]
+    con: duckdb.DuckDBPyConnection, report: IngestReport, todo: list[_FileInfo], max_line_bytes: int
 ) -> list[_FileInfo]:
     """Insert every row that passes straight from `read_json`; return the files that need care."""
     try:
@@ -349,7 +510,7 @@ def _bulk_native(
                        json_extract_string(verification, ['$.stateHash', '$.entryHash']) AS hashes
                 FROM read_json({_sql_list([i.path for i in todo])}, format = 'newline_delimited',
                                columns = {NATIVE_COLUMNS}, filename = true, ignore_errors = true,
-                               maximum_object_size = 67108864)
+                               maximum_object_size = {max(max_line_bytes + 1, 1 << 26)})
             ) AS s
             WHERE {NATIVE_OK}
               AND NOT EXISTS (SELECT 1 FROM entries e WHERE e.thread_id = s.thread AND e."index" = s."index"::BIGINT)
@@ -423,17 +584,51 @@ def _content_key(prefix: str = "") -> str:
     )
 
 
-def load_raw_lines(con: duckdb.DuckDBPyConnection, paths: Sequence[Path]) -> None:
-    """TEMP TABLE raw_lines(file, line, raw): every non-blank line with its 1-based line number."""
-    con.execute(
-        f"""
-        CREATE OR REPLACE TEMP TABLE raw_lines AS
-        SELECT file, line, rtrim(raw, chr(13)) AS raw FROM (
-            SELECT filename AS file, generate_subscripts(parts, 1) AS line, unnest(parts) AS raw
-            FROM (SELECT filename, string_split(content, chr(10)) AS parts FROM read_text({_sql_list(paths)}))
-        ) WHERE trim(raw) != ''
-        """
-    )
+def load_raw_lines(con: duckdb.DuckDBPyConnection, infos: Sequence[_FileInfo]) -> None:
+    """TEMP TABLE raw_lines(file, line, raw): every non-blank line with its 1-based line number, read by
+    the shared reader (`improve.log.lines`: BOM and CRs dropped, bytes decoded line by line); and TEMP
+    TABLE reader_rejects(file, line, error): the lines the reader refused, with why.
+
+    A refused line stays in raw_lines (its readable part, `preview`) so that an importer still sees one
+    row per line, and positions in a file do not shift; its candidate is rejected with the reader's
+    reason after staging."""
+    files: list[str] = []
+    numbers: list[int] = []
+    texts: list[str] = []
+    refused: list[tuple[str, int, str]] = []
+    for info in infos:
+        try:
+            _, data = _read_regular(info.path)
+        except OSError as error:
+            raise LogError(
+                f"{info.path}: cannot be read any more ({error.strerror or error}); it changed during the "
+                "ingest: run it again"
+            ) from None
+        name = str(info.path)
+        for number, line in split_lines(data):
+            problem = info.problems.get(number)
+            if problem is None:
+                try:
+                    text = line.decode("utf-8")
+                except UnicodeDecodeError:  # the file changed since it was scanned
+                    problem, text = "not UTF-8 text (a JSONL line is UTF-8)", preview(line)
+            else:
+                text = preview(line)
+            if problem is not None:
+                refused.append((name, number, problem))
+            files.append(name)
+            numbers.append(number)
+            texts.append(text)
+    columns = {  # noqa: F841 - read by DuckDB's replacement scan below
+        "file": np.array(files, dtype=object),
+        "line": np.array(numbers, dtype=np.int64),
+        "raw": np.array(texts, dtype=object),
+    }
+    con.execute("CREATE OR REPLACE TEMP TABLE raw_lines (file VARCHAR, line BIGINT, raw VARCHAR)")
+    if files:
+        con.execute("INSERT INTO raw_lines SELECT file, line, raw FROM columns")
+    con.execute("CREATE OR REPLACE TEMP TABLE reader_rejects (file VARCHAR, line BIGINT, error VARCHAR)")
+    insert_rows(con, "reader_rejects", refused)
 
 
 def _check_staged(con: duckdb.DuckDBPyConnection, fmt: str) -> None:
@@ -461,16 +656,48 @@ def _check_staged(con: duckdb.DuckDBPyConnection, fmt: str) -> None:
         )
 
 
+def _check_classified(con: duckdb.DuckDBPyConnection) -> None:
+    """Every line counted present is an entry the warehouse holds (same thread, index and content),
+    every line counted rejected has its row in rejected_lines, and every line has one verdict: the
+    accounting's claims checked against the tables, not only against each other."""
+    row = con.execute(
+        f"""
+        SELECT
+            (SELECT count(*) FROM classified k JOIN cand c ON c.file = k.file AND c.line = k.line
+             WHERE k.status = 'present' AND NOT EXISTS (
+                 SELECT 1 FROM entries e WHERE e.thread_id = c.thread_id AND e."index" = c.idx
+                 AND {_content_key("e.")} = {_content_key("c.")})),
+            (SELECT count(*) FROM classified k WHERE k.status = 'rejected' AND NOT EXISTS (
+                 SELECT 1 FROM rejected_lines x WHERE x.file = k.file AND x.line = k.line AND x.error = k.error)),
+            (SELECT count(*) FROM (SELECT file, line FROM classified GROUP BY ALL HAVING count(*) > 1)),
+            (SELECT count(*) FROM raw_lines r WHERE NOT EXISTS (
+                 SELECT 1 FROM classified k WHERE k.file = r.file AND k.line = r.line))
+        """
+    ).fetchone()
+    assert row is not None
+    absent, unrecorded, twice, unjudged = row
+    if absent or unrecorded or twice or unjudged:
+        raise IngestAccountingError(
+            f"ingest accounting does not add up, so nothing was committed (a bug in improve; please report it "
+            f"with the files): {absent} line(s) counted present are not in entries, {unrecorded} counted "
+            f"rejected are not in rejected_lines, {twice} have two verdicts, {unjudged} have none"
+        )
+
+
 def _careful(
     con: duckdb.DuckDBPyConnection, report: IngestReport, infos: list[_FileInfo], importer: Importer
 ) -> None:
     """Line by line, with line numbers: land, recognise as present, or reject with the reason."""
-    load_raw_lines(con, [i.path for i in infos])
+    load_raw_lines(con, infos)
     con.execute(f"CREATE OR REPLACE TEMP TABLE cand ({CAND_COLUMNS})")
     importer.stage(con)
     # An importer of a format without a chain leaves the optional column out (see staging.CHAIN_COLUMN).
     con.execute(f"ALTER TABLE cand ADD COLUMN IF NOT EXISTS {CHAIN_COLUMN} VARCHAR")
     _check_staged(con, report.format)
+    # The reader's reason wins: "not UTF-8" or "nested too deep" says more than the importer's "not JSON".
+    con.execute(
+        "UPDATE cand SET error = r.error FROM reader_rejects r WHERE cand.file = r.file AND cand.line = r.line"
+    )
     con.execute(
         f"""
         CREATE OR REPLACE TEMP TABLE classified AS
@@ -485,7 +712,11 @@ def _careful(
         ), marked AS (
             SELECT g.*, e.ck AS existing_ck,
                    min(g.ck) OVER w != max(g.ck) OVER w AS variants,
-                   row_number() OVER (w ORDER BY g.file, g.line) AS occurrence
+                   row_number() OVER (w ORDER BY g.file, g.line) AS occurrence,
+                   first_value(g.file || ' line ' || g.line) OVER (w ORDER BY g.file, g.line
+                       ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING) AS first_at,
+                   last_value(g.file || ' line ' || g.line) OVER (w ORDER BY g.file, g.line
+                       ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING) AS last_at
             FROM good g LEFT JOIN existing e ON e.thread_id = g.thread_id AND e.idx = g.idx
             WINDOW w AS (PARTITION BY g.thread_id, g.idx)
         ), status AS (
@@ -495,8 +726,10 @@ def _careful(
                     WHEN existing_ck IS NOT NULL THEN 'conflict: thread ' || thread_id || ' index ' || idx
                         || ' already holds a different entry; it is not overwritten'
                     WHEN variants THEN 'conflict: thread ' || thread_id || ' index ' || idx
-                        || ' appears more than once in this batch with different content'
-                    WHEN occurrence > 1 THEN 'present'
+                        || ' appears more than once in this batch with different content (conflicts with '
+                        || CASE WHEN occurrence = 1 THEN last_at ELSE first_at END || '); neither is ingested'
+                    -- the same entry again: its verdict is its first occurrence's, below
+                    WHEN occurrence > 1 THEN 'repeat'
                     ELSE 'new'
                 END AS status
             FROM marked
@@ -507,16 +740,28 @@ def _careful(
         ), ranked AS (
             SELECT *, min(expected) FILTER (WHERE idx != expected) OVER (PARTITION BY thread_id) AS first_missing
             FROM numbered
+        ), verdicts AS (
+            SELECT file, line, thread_id, idx, 'present' AS status, NULL AS error FROM status WHERE status = 'present'
+            UNION ALL
+            SELECT file, line, thread_id, idx, 'rejected', status FROM status WHERE status LIKE 'conflict:%'
+            UNION ALL
+            SELECT file, line, thread_id, idx,
+                   CASE WHEN idx = expected THEN 'new' ELSE 'rejected' END,
+                   CASE WHEN idx != expected THEN 'gap in indices: thread ' || thread_id || ' continues at index '
+                        || first_missing || ' but this line has index ' || idx END
+            FROM ranked
         )
-        SELECT file, line, 'present' AS status, NULL AS error FROM status WHERE status = 'present'
+        SELECT file, line, status, error FROM verdicts
         UNION ALL
-        SELECT file, line, 'rejected', status FROM status WHERE status LIKE 'conflict:%'
-        UNION ALL
-        SELECT file, line,
-               CASE WHEN idx = expected THEN 'new' ELSE 'rejected' END,
-               CASE WHEN idx != expected THEN 'gap in indices: thread ' || thread_id || ' continues at index '
-                    || first_missing || ' but this line has index ' || idx END
-        FROM ranked
+        -- A repeat is present when its first occurrence lands (or is present); when that one is
+        -- rejected, so is the repeat, for the same reason: counting it "present" would count a line that
+        -- is nowhere in the warehouse.
+        SELECT r.file, r.line,
+               CASE WHEN v.status = 'rejected' THEN 'rejected' ELSE 'present' END,
+               CASE WHEN v.status = 'rejected' THEN v.error || ' (the same entry as ' || v.file || ' line '
+                    || v.line || ', rejected)' END
+        FROM status r JOIN verdicts v ON v.thread_id = r.thread_id AND v.idx = r.idx
+        WHERE r.status = 'repeat'
         UNION ALL
         SELECT file, line, 'rejected', error FROM cand WHERE error IS NOT NULL
         """
@@ -535,15 +780,34 @@ def _careful(
         """,
         [report.batch_id],
     )
+    # A line rejected before, the same way (a file touched, not changed), keeps its one row, now under
+    # this batch: ingesting again adds nothing to rejected_lines, and this batch's rows are still all of
+    # its rejections.
     con.execute(
         """
-        INSERT INTO rejected_lines (file, line, error, raw, batch_id, rejected_at)
-        SELECT k.file, k.line, k.error, r.raw, ?, now()
-        FROM classified k JOIN raw_lines r ON r.file = k.file AND r.line = k.line
+        CREATE OR REPLACE TEMP TABLE rejecting AS
+        SELECT k.file, k.line, k.error, r.raw FROM classified k JOIN raw_lines r ON r.file = k.file AND r.line = k.line
         WHERE k.status = 'rejected'
+        """
+    )
+    con.execute(
+        """
+        UPDATE rejected_lines SET batch_id = ?, rejected_at = now() FROM rejecting n
+        WHERE rejected_lines.file = n.file AND rejected_lines.line = n.line AND rejected_lines.error = n.error
+          AND rejected_lines.raw IS NOT DISTINCT FROM n.raw
         """,
         [report.batch_id],
     )
+    con.execute(
+        """
+        INSERT INTO rejected_lines (file, line, error, raw, batch_id, rejected_at)
+        SELECT n.file, n.line, n.error, n.raw, ?, now() FROM rejecting n
+        WHERE NOT EXISTS (SELECT 1 FROM rejected_lines x WHERE x.file = n.file AND x.line = n.line
+                          AND x.error = n.error AND x.raw IS NOT DISTINCT FROM n.raw)
+        """,
+        [report.batch_id],
+    )
+    _check_classified(con)
     counts = con.execute(
         """
         SELECT r.file, count(*),
@@ -567,5 +831,5 @@ def _careful(
             "SELECT file, line, error FROM classified WHERE status = 'rejected' ORDER BY file, line LIMIT 20"
         ).fetchall()
     )
-    for table in ("raw_lines", "cand", "classified"):
+    for table in ("raw_lines", "reader_rejects", "cand", "classified", "rejecting"):
         con.execute(f"DROP TABLE IF EXISTS {table}")
