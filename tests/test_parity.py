@@ -360,6 +360,16 @@ def test_unknown_policy_and_bad_runner_are_usage_errors(ws: Path) -> None:
     assert result.exit_code == 2 and "brilliant" in result.stderr
 
 
+def test_a_policy_nested_ten_thousand_deep_is_refused_with_the_limit(ws: Path) -> None:
+    deep = ws / "deep.json"
+    deep.write_text("[" * 10_000 + "]" * 10_000)
+    result = compare(ws, "v0", str(deep))
+    assert result.exit_code == 2, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    assert "Traceback" not in result.output
+    assert f"{deep}: $: nested deeper than 200 levels" in " ".join(result.stderr.split())
+
+
 # --- the harness check ------------------------------------------------------------------------------
 
 _calls = itertools.count()

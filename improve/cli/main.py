@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from pydantic import ValidationError
 from rich.markup import escape
 from rich.table import Table
 
@@ -43,7 +44,7 @@ from improve.cli.warehouse import export_command, ingest_command, sql_command
 from improve.errors import DivergenceError, LogError, SealedSplitError, TamperError, WorkspaceError
 from improve.evals import SEALED_SPLIT, UNSEAL_HOW, Ledger, OutcomeRow, SuiteSpec, Workspace, write_threads
 from improve.llm import Meter
-from improve.log import JsonlDirStore, LogEntry, gc_paused, head
+from improve.log import JsonlDirStore, LogEntry, entry_problems, gc_paused, head
 from improve.log import replay as replay_thread
 from improve.machine import describe_mermaid, describe_text, diff_states, to_xstate
 from improve.runtime import Environment
@@ -285,17 +286,28 @@ def _threads_from(args: list[str], traces: Path) -> list[tuple[str, list[LogEntr
 
 
 def _read_file(path: Path) -> list[tuple[str, list[LogEntry]]]:
+    """Read as bytes and decode line by line: a binary or invalid-UTF-8 file is refused with the line
+    it goes wrong on, not with a decoder's traceback. A leading byte-order mark is dropped, as ingest does."""
     threads: dict[str, list[LogEntry]] = defaultdict(list)
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                entry = LogEntry.model_validate_json(line)
-            except ValueError as error:
-                first = str(error).splitlines()[0:3]
-                raise LogError(f"{path}:{number}: not a log entry: {' '.join(first)}") from None
-            threads[entry.threadId or path.stem].append(entry)
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise LogError(f"{path}: cannot be read ({error.strerror})") from None
+    for number, raw in enumerate(data.removeprefix(b"\xef\xbb\xbf").split(b"\n"), start=1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise LogError(
+                f"{path}:{number}: not UTF-8 text (byte 0x{raw[error.start]:02x} at column {error.start + 1}): "
+                "a thread is a UTF-8 JSONL file, one log entry per line; is this the file you meant?"
+            ) from None
+        if not line.strip():
+            continue
+        try:
+            entry = LogEntry.model_validate_json(line)
+        except ValidationError as error:
+            raise LogError(f"{path}:{number}: not a log entry: {entry_problems(error)}") from None
+        threads[entry.threadId or path.stem].append(entry)
     return list(threads.items())
 
 

@@ -11,6 +11,7 @@ from improve.log.chain import check_chain, entry_content, entry_hash, head, is_c
 from improve.log.entry import (
     END_EVENT,
     INIT_EVENT,
+    MAX_ENTRY_DEPTH,
     SCHEMA_VERSION,
     UNCHAINED_VERSION,
     USAGE_EVENT,
@@ -18,6 +19,7 @@ from improve.log.entry import (
     LogEntry,
     ThreadId,
     Verification,
+    entry_problems,
     model_slug,
     new_entry_id,
     now_rfc3339,
@@ -47,6 +49,7 @@ from improve.log.store import (
 __all__ = [
     "END_EVENT",
     "INIT_EVENT",
+    "MAX_ENTRY_DEPTH",
     "SCHEMA_VERSION",
     "UNCHAINED_VERSION",
     "USAGE_EVENT",
@@ -69,6 +72,7 @@ __all__ = [
     "conflict",
     "entry_content",
     "entry_hash",
+    "entry_problems",
     "gc_paused",
     "head",
     "is_chained",

@@ -56,7 +56,7 @@ from pydantic import ValidationError
 
 from improve.errors import ConflictError, LogError
 from improve.log.chain import rechain
-from improve.log.entry import THREAD_ID_PATTERN, LogEntry, check_thread_id
+from improve.log.entry import THREAD_ID_PATTERN, LogEntry, check_thread_id, entry_problems
 
 SUFFIX = ".jsonl"
 # A file name holds at most 255 bytes; thread ids are ASCII, so this many characters plus the suffix fit.
@@ -433,10 +433,7 @@ class JsonlDirStore:
             try:
                 entries.append(LogEntry.model_validate_json(lines[number]))
             except ValidationError as exc:
-                problems = "; ".join(
-                    f"{'.'.join(str(p) for p in err['loc']) or '(line)'}: {err['msg']}"
-                    for err in exc.errors()
-                )
+                problems = entry_problems(exc)
                 raise LogError(f"{path}, line {number + 1}: not a valid log entry: {problems}") from None
         return entries
 
