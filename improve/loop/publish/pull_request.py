@@ -77,6 +77,7 @@ def open_pull_request(
     remote: str = "origin",
     env: Mapping[str, str] = os.environ,
     body_file: str | Path | None = None,
+    candidate: Iterable[str] = (),
 ) -> PullRequestResult:
     """Commit exactly `files` to `branch` (from HEAD or `base`), push it, and open or update its PR.
 
@@ -84,7 +85,8 @@ def open_pull_request(
     full new content. The working tree, the index and the checked-out branch are left untouched. With
     no remote named `remote` or no token in `env` (`GITHUB_TOKEN`, else `GH_TOKEN`) nothing leaves the
     machine and `instructions` says how to push and open the PR (`body_file` names the file holding
-    the body for the `gh pr create` line). Never merges. Raises `PullRequestError` (exit code 3).
+    the body for the `gh pr create` line). `candidate` names the files (of `files`) that are the
+    proposal itself: a branch whose tip already holds them gets no new commit. Never merges. Raises `PullRequestError` (exit code 3).
     """
     token = find_token(env)
     scrub = Scrubber(env, token)
@@ -123,6 +125,7 @@ def open_pull_request(
         message=commit_message,
         base_commit=base_commit,
         remote=remote if has_remote else None,
+        same_if=[repo_path(path, prefix) for path in candidate],
     )
 
     base_name = base_branch_name(g, base, remote, has_remote)
