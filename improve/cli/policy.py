@@ -35,8 +35,7 @@ from improve.loop import (
     run_gates,
 )
 from improve.machine import ExploreOptions, MachineConfig, can_reach, explore_paths, loads_document
-from improve.runtime import Environment, vocabulary
-from improve.runtime.policy import read_document_text
+from improve.runtime import Environment, read_document_text, vocabulary
 
 LOCK_NAME = "environment.lock.json"
 
