@@ -31,7 +31,7 @@ from improve.loop.gates import (
     scenario_literals,
 )
 from improve.loop.probes import probe_requests
-from improve.machine import parse_machine
+from improve.machine import MAX_DEPTH, check_depth, parse_machine
 from improve.runtime import load_environment
 from tests.conftest import REPO, copy_workspace
 
@@ -527,3 +527,57 @@ def test_explore_fails_a_policy_that_can_end_in_error() -> None:
     results = run_gates(doc, context())
     assert not passed(results) and not results[-1].ok
     assert not passed([])
+
+
+# --- bad input to verify: a message with the file and the exit code, never a traceback -----------------
+
+
+def clean_exit(result: Any, code: int) -> str:
+    """The exit code is `code`, no exception escaped the command, and stderr and stdout together hold
+    no traceback. Returns both, for the message checks."""
+    assert result.exit_code == code, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    text = result.stdout + result.stderr
+    assert "Traceback" not in text, text
+    return text
+
+
+def test_verify_refuses_a_policy_nested_ten_thousand_deep(tmp_path: Path) -> None:
+    copy_workspace(tmp_path)
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 10_000 + "]" * 10_000)
+    result = CliRunner().invoke(app, ["verify", str(deep), "-w", str(tmp_path)])
+    text = clean_exit(result, 1)
+    assert f"FAIL validate: {deep}: $: nested deeper than {MAX_DEPTH} levels" in text
+
+
+def test_verify_refuses_a_policy_too_deep_for_the_gates_but_not_for_json(tmp_path: Path) -> None:
+    # 900 levels decode, but validating or lowering them recursed into a RecursionError.
+    copy_workspace(tmp_path)
+    doc = json.loads((tmp_path / "policies" / "refunds" / "v0.json").read_text())
+    doc.setdefault("context", {})["nested"] = json.loads("[" * 900 + "]" * 900)
+    path = tmp_path / "ctx.json"
+    path.write_text(json.dumps(doc))
+    text = clean_exit(CliRunner().invoke(app, ["verify", str(path), "-w", str(tmp_path)]), 1)
+    assert f"$.context.nested[0]...: nested deeper than {MAX_DEPTH} levels" in text
+    # The limit leaves room for any real policy: v0 itself is a dozen levels deep.
+    check_depth(doc["states"], "v0")
+
+
+def test_verify_refuses_a_binary_policy_file(tmp_path: Path) -> None:
+    copy_workspace(tmp_path)
+    path = tmp_path / "policies" / "refunds" / "v8.json"
+    path.write_bytes(b'{"id": "\x80\x81"}')
+    text = clean_exit(CliRunner().invoke(app, ["verify", "v8", "-w", str(tmp_path)]), 2)
+    assert f"error: {path}: not UTF-8 text (byte 0x80 at offset 8)" in " ".join(text.split())
+
+
+@pytest.mark.parametrize("name", ["adir", "v7.json", "v7"])
+def test_verify_refuses_a_directory_as_policy(tmp_path: Path, name: str) -> None:
+    copy_workspace(tmp_path)
+    where = tmp_path / "policies" / "refunds" if name == "v7" else tmp_path
+    path = where / ("v7.json" if name == "v7" else name)
+    path.mkdir()
+    arg = name if name == "v7" else str(path) + ("/" if name == "adir" else "")
+    text = clean_exit(CliRunner().invoke(app, ["verify", arg, "-w", str(tmp_path)]), 2)
+    assert f"{path}: is a directory, not a policy" in " ".join(text.split())

@@ -6,6 +6,8 @@ import copy
 import dataclasses
 import itertools
 import json
+import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -360,6 +362,16 @@ def test_unknown_policy_and_bad_runner_are_usage_errors(ws: Path) -> None:
     assert result.exit_code == 2 and "brilliant" in result.stderr
 
 
+def test_a_policy_nested_ten_thousand_deep_is_refused_with_the_limit(ws: Path) -> None:
+    deep = ws / "deep.json"
+    deep.write_text("[" * 10_000 + "]" * 10_000)
+    result = compare(ws, "v0", str(deep))
+    assert result.exit_code == 2, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    assert "Traceback" not in result.output
+    assert f"{deep}: $: nested deeper than 200 levels" in " ".join(result.stderr.split())
+
+
 # --- the harness check ------------------------------------------------------------------------------
 
 _calls = itertools.count()
@@ -377,12 +389,85 @@ def broken_runner(env_name: str, scenario: Scenario, model: str) -> ParityRun:
 def test_the_harness_check_refuses_a_nondeterministic_runner(ws: Path) -> None:
     result = compare(ws, "tests.test_parity:flaky_runner", "v0", "--scenario", "small-refund-01")
     assert result.exit_code == 3, result.output
-    assert "the harness is not deterministic" in result.stderr
+    assert "the harness is not deterministic: OLD (runner tests.test_parity:flaky_runner)" in result.stderr
     assert "small-refund-01" in result.stderr
     assert result.stdout == ""
+    # Never "the harness is deterministic" first and "error: ... not deterministic" after it.
+    assert "the harness is deterministic" not in result.stderr
     crashed = compare(ws, "v0", "tests.test_parity:broken_runner", "--scenario", "small-refund-01")
     assert crashed.exit_code == 3
     assert "could not complete scenario small-refund-01" in crashed.stderr
+
+
+def test_a_nondeterministic_new_side_is_nondeterminism_not_regressions(ws: Path) -> None:
+    result = compare(ws, "v0", "tests.test_parity:flaky_runner", "--scenario", "small-refund-01", "--json")
+    assert result.exit_code == 3, result.output
+    assert "the harness is not deterministic: NEW (runner tests.test_parity:flaky_runner)" in result.stderr
+    assert "OLD (" not in result.stderr  # v0 agrees with itself
+    assert "regression" not in result.stdout + result.stderr and result.stdout == ""
+    assert "Traceback" not in result.output
+
+
+def exiting_runner(env_name: str, scenario: Scenario, model: str) -> ParityRun:
+    raise SystemExit(0)
+
+
+def interrupting_runner(env_name: str, scenario: Scenario, model: str) -> ParityRun:
+    raise KeyboardInterrupt
+
+
+def hanging_runner(env_name: str, scenario: Scenario, model: str) -> ParityRun:
+    time.sleep(120)
+    return ParityRun(final_state="closed")
+
+
+def dying_runner(env_name: str, scenario: Scenario, model: str) -> ParityRun:
+    os._exit(0)
+
+
+@pytest.mark.parametrize(
+    ("runner_name", "message"),
+    [
+        ("exiting_runner", "raised SystemExit(0) instead of returning a ParityRun"),
+        ("interrupting_runner", "raised KeyboardInterrupt() instead of returning a ParityRun"),
+        ("hanging_runner", "did not finish within 1 s"),
+        ("dying_runner", "the runner's worker process ended (exit code 0) before returning a result"),
+    ],
+)
+@pytest.mark.parametrize("side", ["OLD", "NEW"])
+def test_a_runner_that_exits_hangs_or_dies_stops_parity_with_exit_3(
+    ws: Path, runner_name: str, message: str, side: str
+) -> None:
+    spec = f"tests.test_parity:{runner_name}"
+    old, new = (spec, "v0") if side == "OLD" else ("v0", spec)
+    started = time.monotonic()
+    result = compare(ws, old, new, "--scenario", "small-refund-01", "--timeout", "1")
+    assert time.monotonic() - started < 30
+    assert result.exit_code == 3, result.output
+    assert result.stdout == ""
+    assert "Traceback" not in result.output
+    said = " ".join(result.stderr.split())
+    assert f"error: runner {spec} on scenario small-refund-01 with model careful" in said
+    assert message in said
+    assert "the harness is deterministic" not in said
+
+
+def test_an_empty_comparison_is_an_error_not_a_pass(ws: Path) -> None:
+    path = ws / "scenarios" / "refunds.yaml"
+    path.write_text(path.read_text().replace("split: held-out", "split: train"))
+    # Every held-out scenario is in train now: --split held-out selects nothing.
+    result = compare(ws, "v0", "v0", "--split", "held-out")
+    assert result.exit_code == 3, result.output
+    assert "nothing to compare: no scenario selected" in result.stderr
+    assert result.stdout == "" and "Traceback" not in result.output
+
+
+def test_the_timeout_must_be_positive(ws: Path) -> None:
+    result = compare(ws, "v0", "v0", "--timeout", "0")
+    assert (
+        result.exit_code == 2
+        and "--timeout 0: a run's time limit must be more than 0 seconds" in result.stderr
+    )
 
 
 # --- GitHub Actions -------------------------------------------------------------------------------------

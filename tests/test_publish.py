@@ -667,3 +667,20 @@ def test_check_branch_name_agrees_with_git(tmp_path: Path, name: str) -> None:
     except BranchNameError:
         ours = False
     assert ours == (done.returncode == 0), done.stderr
+
+
+def test_the_same_candidate_with_another_changelog_entry_adds_no_commit(
+    tmp_path: Path, github: FakeGitHub
+) -> None:
+    # A rerun of a round proposes the same policy; its CHANGELOG entry differs only in the round id.
+    ws = make_workspace(tmp_path)
+    first = call(ws, api_env(github), candidate=["policies/refunds/v1.json"])
+    rerun = {**FILES, "policies/refunds/CHANGELOG.md": CHANGELOG_V1 + "- Report: round 2.\n"}
+    second = call(ws, api_env(github), files=rerun, candidate=["policies/refunds/v1.json"])
+    assert second.reused and second.commit == first.commit
+    assert second.notes and "already holds this candidate (policies/refunds/v1.json)" in second.notes[0]
+    assert ws.bare is not None
+    assert git(ws.bare, "rev-parse", BRANCH).strip() == first.commit
+    # Without naming the candidate, the changed entry is a change: a commit on top (as before).
+    third = call(ws, api_env(github), files=rerun)
+    assert not third.reused and third.commit != first.commit

@@ -514,3 +514,49 @@ def test_the_entry_hash_is_what_the_contract_says(recorded_lines: list[dict[str,
         text = json.dumps([previous, content], sort_keys=True, separators=(",", ":"), ensure_ascii=False)
         assert hashlib.sha256(text.encode()).hexdigest()[:32] == link
         previous = link
+
+
+# --- a thread file that is not text, or nests too deep: a message with the line, exit 3, no traceback ----
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (
+            b'{"schemaVersion": 2, "event": {"type": "\xff\xfe"}}\n',
+            ":1: not a log entry: not UTF-8 text: invalid byte at offset 40",
+        ),
+        (bytes(range(10, 256)) * 4, ":2: not a log entry: not UTF-8 text: invalid byte at offset 117"),
+        (
+            b'{"event": {"x": ' + b"[" * 10_000 + b"]" * 10_000 + b"}}\n",
+            ":1: not a log entry: JSON nested too deep: 10,002 levels, the limit is 128",
+        ),
+    ],
+    ids=["invalid-utf8", "binary", "nested-10000-deep"],
+)
+def test_replay_of_a_file_that_is_not_a_thread_says_which_line(
+    tmp_path: Path, content: bytes, message: str
+) -> None:
+    ws = copy_workspace(tmp_path / "ws")
+    path = tmp_path / "bad.jsonl"
+    path.write_bytes(content)
+    result = CliRunner().invoke(app, ["replay", "-w", str(ws), str(path)])
+    assert result.exit_code == 3, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    assert "Traceback" not in result.output
+    assert f"error: {path}{message}" in " ".join(result.stderr.split())
+
+
+def test_replay_reads_a_thread_with_a_byte_order_mark(tmp_path: Path) -> None:
+    ws = copy_workspace(tmp_path / "ws")
+    runner = CliRunner()
+    thread = "train:v0:naive:small-refund-01:r1"
+    ran = runner.invoke(
+        app, ["run", "-w", str(ws), "--split", "train", "--k", "1", "--scenario", "small-refund-01"]
+    )
+    assert ran.exit_code == 0, ran.output
+    path = tmp_path / f"{thread}.jsonl"  # entry 0 is chained to the thread id, which is the file's name
+    path.write_bytes(b"\xef\xbb\xbf" + (ws / "traces" / f"{thread}.jsonl").read_bytes())
+    result = runner.invoke(app, ["replay", "-w", str(ws), str(path), "--verify", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["threads"][0]["verification"] == "verified"

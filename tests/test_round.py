@@ -807,3 +807,87 @@ def test_a_branch_discarded_against_a_policy_is_not_proposed_against_it_again(tm
     assert discarded_branches(changelog, "v1") == []
     second = run_round(space, RoundOptions(policy="v0", k=2))
     assert second.branches and second.branches != first.branches, (first.branches, second.branches)
+
+
+def test_a_rerun_after_a_killed_round_replaces_its_report_and_adds_no_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("GITHUB_TOKEN", "GH_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    space = scratch(tmp_path)
+    first = run_round(space, RoundOptions(policy="v0", k=3))
+    assert first.status == "recommended", first.decision_detail
+    repo = git.Repo(tmp_path)
+    branch = "improve/refunds-v1"
+    tip = repo.commit(branch).hexsha
+    # Killed after creating the branch, before round.json: the folder is partial.
+    killed = tmp_path / first.report  # type: ignore[operator]
+    (killed / "round.json").unlink()
+    said: list[str] = []
+    second = run_round(space, RoundOptions(policy="v0", k=3), said.append)
+    assert second.status == "recommended" and second.candidate_version == "v1"
+    assert repo.commit(branch).hexsha == tip, repo.git.log("--oneline", branch)
+    assert second.pr is not None and second.pr["reused"] is True
+    assert any("already holds this candidate" in note for note in second.pr["notes"])
+    assert not killed.exists() and any(f"replaced {killed.name}" in line for line in said)
+    assert (tmp_path / second.report / "round.json").exists()  # type: ignore[operator]
+    # A finished round is never redone or written over: a third run on the same candidate leaves
+    # the second's report as it is and still adds no commit.
+    finished = (tmp_path / second.report / "round.json").read_text()  # type: ignore[operator]
+    third = run_round(space, RoundOptions(policy="v0", k=3))
+    assert third.report != second.report
+    assert (tmp_path / second.report / "round.json").read_text() == finished  # type: ignore[operator]
+    assert repo.commit(branch).hexsha == tip
+
+
+def test_a_round_id_with_a_round_json_gets_a_new_id_and_a_partial_folder_is_replaced(tmp_path: Path) -> None:
+    from improve.loop.inputs import RoundResult
+    from improve.loop.record import report_folder
+
+    def result(round_id: str) -> RoundResult:
+        return RoundResult(round_id, "refunds", "v0", "v1", "rules", "naive", 3, 1)
+
+    reports = tmp_path / "reports"
+    done = reports / "20260101-000000-refunds-v1"
+    done.mkdir(parents=True)
+    (done / "round.json").write_text("{}")
+    taken = result(done.name)
+    assert report_folder(reports, taken, print) == reports / f"{done.name}-2"
+    assert taken.round_id == f"{done.name}-2" and (done / "round.json").read_text() == "{}"
+    partial = reports / "20250101-000000-refunds-v1"
+    partial.mkdir()
+    (partial / "pr.md").write_text("half")
+    mine = reports / "20250101-000000-refunds-v2"  # another candidate's folder, and one with a user file
+    mine.mkdir()
+    other = reports / "20240101-000000-refunds-v1"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    said: list[str] = []
+    folder = report_folder(reports, result("20270101-000000-refunds-v1"), said.append)
+    assert folder.is_dir() and not partial.exists() and mine.exists() and other.exists()
+    assert said == [
+        f"replaced {partial.name}: a report folder without round.json, left by a round that did not finish"
+    ]
+
+
+def test_a_failed_pull_request_says_where_the_branch_is_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from improve.cli import loop as loop_cli
+    from improve.loop.inputs import RoundResult
+
+    scratch(tmp_path / "ws")
+    failed = RoundResult(
+        "r1", "refunds", "v0", "v1", "rules", "naive", 3, 1, recommended=True, status="recommended"
+    )
+    failed.pr = {
+        "pushed": False,
+        "error": "the GitHub API answered 422 for acme/desk: Validation Failed; retry later. The branch "
+        "improve/refunds-v1 is pushed, so the PR can also be opened by hand.",
+    }
+    monkeypatch.setattr(loop_cli, "run_rounds", lambda *args, **kwargs: [failed])
+    result = CliRunner().invoke(app, ["round", "-w", str(tmp_path / "ws"), "--policy", "v0"])
+    assert result.exit_code == 3, result.output
+    said = " ".join(result.stderr.split())
+    assert "the pull request could not be opened: the GitHub API answered 422" in said
+    assert "kept locally" not in said and "is pushed" in said

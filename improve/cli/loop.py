@@ -149,7 +149,9 @@ def round_command(
         failed_prs = [r for r in results if r.pr and r.pr.get("error")]
         if failed_prs:
             err.print(
-                "the pull request could not be opened (the branch is kept locally): "
+                # Each error says where the branch is (not created, kept locally, or pushed): the
+                # prefix must not claim one of those itself.
+                "the pull request could not be opened: "
                 + "; ".join(str(r.pr["error"]) for r in failed_prs if r.pr),
                 markup=False,
             )

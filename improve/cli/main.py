@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from pydantic import ValidationError
 from rich.markup import escape
 from rich.table import Table
 
@@ -43,7 +44,7 @@ from improve.cli.warehouse import export_command, ingest_command, sql_command
 from improve.errors import DivergenceError, LogError, SealedSplitError, TamperError, WorkspaceError
 from improve.evals import SEALED_SPLIT, UNSEAL_HOW, Ledger, OutcomeRow, SuiteSpec, Workspace, write_threads
 from improve.llm import Meter
-from improve.log import JsonlDirStore, LogEntry, gc_paused, head, line_problem, split_lines
+from improve.log import JsonlDirStore, LogEntry, entry_problems, gc_paused, head, line_problem, split_lines
 from improve.log import replay as replay_thread
 from improve.machine import describe_mermaid, describe_text, diff_states, to_xstate
 from improve.runtime import Environment
@@ -285,17 +286,22 @@ def _threads_from(args: list[str], traces: Path) -> list[tuple[str, list[LogEntr
 
 
 def _read_file(path: Path) -> list[tuple[str, list[LogEntry]]]:
+    """Read as bytes and decode line by line: a binary or invalid-UTF-8 file is refused with the line
+    it goes wrong on, not with a decoder's traceback. A leading byte-order mark is dropped, as ingest does."""
     threads: dict[str, list[LogEntry]] = defaultdict(list)
     # The reader ingest uses too (improve.log.lines): a BOM and CRLF line ends read the same everywhere.
-    for number, line in split_lines(path.read_bytes()):
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise LogError(f"{path}: cannot be read ({error.strerror})") from None
+    for number, line in split_lines(data):
         problem = line_problem(line)
         if problem is not None:
             raise LogError(f"{path}:{number}: not a log entry: {problem}")
         try:
             entry = LogEntry.model_validate_json(line)
-        except ValueError as error:
-            first = str(error).splitlines()[0:3]
-            raise LogError(f"{path}:{number}: not a log entry: {' '.join(first)}") from None
+        except ValidationError as error:
+            raise LogError(f"{path}:{number}: not a log entry: {entry_problems(error)}") from None
         threads[entry.threadId or path.stem].append(entry)
     return list(threads.items())
 

@@ -24,7 +24,15 @@ from improve.cli.common import (
 )
 from improve.errors import SealedSplitError, WorkspaceError
 from improve.evals import SEALED_SPLIT, UNSEAL_HOW
-from improve.parity import DEFAULT_MODELS, REVIEWED_FILE, ParityReport, compare, load_reviewed, resolve_side
+from improve.parity import (
+    DEFAULT_MODELS,
+    DEFAULT_RUN_TIMEOUT,
+    REVIEWED_FILE,
+    ParityReport,
+    compare,
+    load_reviewed,
+    resolve_side,
+)
 
 app = typer.Typer(
     name="parity",
@@ -71,14 +79,24 @@ def compare_command(
         ),
     ] = None,
     cache: Annotated[CacheMode, CacheOption] = CacheMode.record,
+    timeout: Annotated[
+        float,
+        typer.Option(
+            "--timeout",
+            help="Seconds one run (a scenario with a model, on one side) may take before the comparison "
+            "stops with exit 3.",
+        ),
+    ] = DEFAULT_RUN_TIMEOUT,
     as_json: Annotated[bool, JsonOption] = False,
     ws: Annotated[Path | None, WorkspaceOption] = None,
 ) -> None:
     """Run every scenario on OLD and NEW with each model; compare outcome, effects and rule breaks.
 
     Each row is `same`, `intended` (NEW blocks a rule break OLD made, with the same or a safer
-    outcome, or the difference is accepted in the reviewed file) or `regression`. OLD first runs
-    against itself: if two fresh runs differ, nothing is compared (exit 3). Exit 0 with no
+    outcome, or the difference is accepted in the reviewed file) or `regression`. OLD and NEW each
+    first run against themselves: if two fresh runs of either differ, nothing is compared (exit 3).
+    Each side runs in a worker process; a run longer than --timeout, a runner that exits or raises,
+    and a comparison with nothing in it stop with exit 3. Exit 0 with no
     unreviewed regression, 1 with one, 2 on usage errors, 3 when a run could not complete. Under
     GitHub Actions the table is appended to $GITHUB_STEP_SUMMARY and each regression (at most ten)
     is annotated with `::error`. A module:function runner is imported and run as trusted code.
@@ -130,10 +148,14 @@ def compare_command(
 
         def progress(phase: str, done: int, total: int) -> None:
             if done == total:
-                what = "OLD ran twice: the harness is deterministic" if phase == "harness" else "compared"
+                what = (
+                    "OLD and NEW each ran twice and agreed with themselves: the harness is deterministic"
+                    if phase == "harness"
+                    else "compared"
+                )
                 err.print(f"  {phase}: {done}/{total} scenario/model pairs, {what}")
 
-        report = compare(environment, chosen, old_side, new_side, models, accepted, progress)
+        report = compare(environment, chosen, old_side, new_side, models, accepted, progress, timeout)
         if as_json:
             emit_json(report.to_json())
         else:

@@ -20,7 +20,7 @@ from improve.cli.common import (
     out,
     workspace,
 )
-from improve.errors import WorkspaceError
+from improve.errors import MachineConfigError, WorkspaceError
 from improve.evals import Workspace
 from improve.log import JsonlDirStore
 from improve.loop import (
@@ -34,8 +34,8 @@ from improve.loop import (
     probe_requests,
     run_gates,
 )
-from improve.machine import ExploreOptions, MachineConfig, can_reach, explore_paths
-from improve.runtime import Environment, vocabulary
+from improve.machine import ExploreOptions, MachineConfig, can_reach, explore_paths, loads_document
+from improve.runtime import Environment, read_document_text, vocabulary
 
 LOCK_NAME = "environment.lock.json"
 
@@ -56,12 +56,15 @@ def _policy_document(space: Workspace, env_name: str, ref: str) -> tuple[Any, st
     path = space.policy_path(env_name, ref)
     if not path.exists():
         raise WorkspaceError(f"policy {ref!r} not found at {path}")
-    text = path.read_text(encoding="utf-8")
+    # Not a text file at all (a directory, binary data) is a usage error; what is text but not a policy
+    # (bad JSON, nested too deep) is the validate gate's failure, with where and why.
+    text = read_document_text(path, "policy")
     try:
-        return json.loads(text), str(path)
+        return loads_document(text, source=str(path)), str(path)
     except json.JSONDecodeError as error:
-        # Not JSON at all: the validate gate reports it with the line and column.
         return Unparsed(f"{path}:{error.lineno}:{error.colno}: invalid JSON: {error.msg}"), str(path)
+    except MachineConfigError as error:
+        return Unparsed(str(error)), str(path)
 
 
 def verify_command(

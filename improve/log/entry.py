@@ -15,7 +15,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 SCHEMA_VERSION = 2
 """The version improve writes: 2, the chained form. Version 1 (no `entryHash`, no end entry) is still read."""
@@ -138,6 +138,24 @@ class LogEntry(BaseModel):
     def to_line(self) -> str:
         """The JSONL form: one line, `None` fields left out."""
         return self.model_dump_json(exclude_none=True)
+
+
+MAX_ENTRY_DEPTH = 200
+"""How deeply a log entry may nest objects and arrays: the limit of pydantic's JSON parser, which every
+reader of a thread uses (`LogEntry.model_validate_json`). Stated here so a refusal can say it."""
+
+
+def entry_problems(error: ValidationError) -> str:
+    """A validation error of one entry line as `where: what; ...`, with the parser's "recursion limit
+    exceeded" said as what it means for the line."""
+    problems = []
+    for problem in error.errors():
+        where = ".".join(str(p) for p in problem["loc"]) or "(line)"
+        message = problem["msg"]
+        if "recursion limit exceeded" in message:
+            message = f"nested deeper than {MAX_ENTRY_DEPTH} levels of objects and arrays"
+        problems.append(f"{where}: {message}")
+    return "; ".join(problems)
 
 
 def now_rfc3339() -> str:

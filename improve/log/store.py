@@ -56,7 +56,7 @@ from pydantic import ValidationError
 
 from improve.errors import ConflictError, LogError
 from improve.log.chain import rechain
-from improve.log.entry import THREAD_ID_PATTERN, LogEntry, check_thread_id
+from improve.log.entry import THREAD_ID_PATTERN, LogEntry, check_thread_id, entry_problems
 from improve.log.lines import BOM
 
 SUFFIX = ".jsonl"
@@ -438,10 +438,7 @@ class JsonlDirStore:
             try:
                 entries.append(LogEntry.model_validate_json(lines[number].removesuffix(b"\r")))
             except ValidationError as exc:
-                problems = "; ".join(
-                    f"{'.'.join(str(p) for p in err['loc']) or '(line)'}: {err['msg']}"
-                    for err in exc.errors()
-                )
+                problems = entry_problems(exc)
                 raise LogError(f"{path}, line {number + 1}: not a valid log entry: {problems}") from None
         return entries
 

@@ -4,6 +4,8 @@ its review branch and pull request (or, outside git, the files and how to apply 
 from __future__ import annotations
 
 import json
+import re
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -40,8 +42,7 @@ def record(
         result.held_out = read.to_json()
         if read.over:
             say(f"warning: {read.warning()}")
-    report_dir = inputs.space.reports / result.round_id
-    report_dir.mkdir(parents=True, exist_ok=True)
+    report_dir = report_folder(inputs.space.reports, result, say)
     result.report = (
         str(report_dir.relative_to(inputs.space.root))
         if report_dir.is_relative_to(inputs.space.root)
@@ -85,6 +86,44 @@ def record(
     (report_dir / "round.json").write_text(
         json.dumps(result.to_json(), indent=2, default=str) + "\n", encoding="utf-8"
     )
+
+
+ROUND_FILES = re.compile(
+    r"(scorecard|pr|changelog-entry|CHANGELOG)\.md|policy\.(json|diff)|candidate\.json|v\d+\.json"
+)
+"""The files `record` writes into a report folder; a folder holding only these (and no round.json) is
+what a killed round left behind."""
+
+
+def report_folder(reports: Path, result: RoundResult, say: Say) -> Path:
+    """The round's report folder, made empty and ready.
+
+    A finished round's folder (it has `round.json`) is never written over: a round id already taken
+    (two rounds in one second) gets a suffix, `-2`, `-3`. A folder without `round.json` is a round
+    killed before it finished (after creating its branch, say): the leftovers of this round id, and of
+    earlier killed rounds of the same candidate version, are replaced by this round's complete report,
+    so no half-written report stays behind looking like a round. A folder holding anything a round
+    does not write is left alone.
+    """
+    base, n = result.round_id, 1
+    while (reports / result.round_id / "round.json").exists():
+        n += 1
+        result.round_id = f"{base}-{n}"
+    suffix = f"-{result.environment}-{result.candidate_version}" if result.candidate_version else None
+    partial = [reports / result.round_id]
+    if suffix is not None and reports.is_dir():
+        partial += [d for d in reports.iterdir() if d.is_dir() and d.name.endswith(suffix)]
+    for folder in dict.fromkeys(partial):
+        if not folder.is_dir() or (folder / "round.json").exists():
+            continue
+        if all(f.is_file() and ROUND_FILES.fullmatch(f.name) for f in folder.iterdir()):
+            shutil.rmtree(folder)
+            say(
+                f"replaced {folder.name}: a report folder without round.json, left by a round that did not finish"
+            )
+    folder = reports / result.round_id
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
 
 
 def pr_body(
@@ -181,10 +220,8 @@ def open_review(
     from improve.loop.publish import branch_diff, open_pull_request
 
     branch = review_branch(inputs.env_name, result.candidate_version or "")
-    files = {
-        str(policy_file.resolve().relative_to(top)): policy_text,
-        str(inputs.changelog.resolve().relative_to(top)): changelog_text,
-    }
+    policy_rel = str(policy_file.resolve().relative_to(top))
+    files = {policy_rel: policy_text, str(inputs.changelog.resolve().relative_to(top)): changelog_text}
     # "refunds: policy v2: When facts.order.deliveredDaysAgo > 30, answer CLOSE" (the rule, not the numbers).
     summary = (result.rationale or result.cluster or "").split(" without ")[0].split(": it ")[0]
     title = f"{inputs.env_name}: policy {result.candidate_version}: {summary}"[:120]
@@ -197,6 +234,9 @@ def open_review(
             body=body,
             commit_message=f"{title}\n\nProposed by improve round {result.round_id}.",
             allow_insecure_github=allow_insecure_github,
+            # A rerun proposing the same policy adds no commit (its CHANGELOG entry differs only in
+            # the round id); the branch keeps the first round's entry.
+            candidate=[policy_rel],
         )
     except ImproveError as err:
         say(f"pull request: {err}")

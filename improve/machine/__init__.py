@@ -11,6 +11,7 @@ Nothing in this package does I/O or imports another package of ours (except `imp
 
 from improve.machine.config import (
     DECIDE_SRC,
+    MAX_DEPTH,
     MODEL_DECIDE,
     SENTINEL_PREFIX,
     SENTINEL_TAG,
@@ -20,7 +21,9 @@ from improve.machine.config import (
     NamedGuard,
     StateConfig,
     TransitionConfig,
+    check_depth,
     format_validation_error,
+    loads_document,
     parse_machine,
     transitions_of,
 )
@@ -61,6 +64,7 @@ __all__ = [
     "DONE_EVENT",
     "ERROR_EVENT",
     "FREE_TEXT",
+    "MAX_DEPTH",
     "MAX_EXPRESSION_LENGTH",
     "MODEL_DECIDE",
     "SENTINEL_PREFIX",
@@ -90,6 +94,7 @@ __all__ = [
     "can_reach",
     "canonical_hash",
     "canonical_json",
+    "check_depth",
     "compile_expr",
     "compile_machine",
     "describe_mermaid",
@@ -103,6 +108,7 @@ __all__ = [
     "initial",
     "lint",
     "literals",
+    "loads_document",
     "parse_formula",
     "parse_machine",
     "referenced_paths",

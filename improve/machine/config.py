@@ -23,6 +23,7 @@ Spelling (kept stable; docs/contracts.md is the contract this follows):
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -185,8 +186,61 @@ def format_validation_error(err: ValidationError, source: str) -> str:
     return "\n".join(lines)
 
 
+MAX_DEPTH = 200
+"""How deeply a machine or policy document may nest objects and arrays (the document itself is level 1).
+
+Real policies nest about ten levels. Validation, lowering, linting and CEL compilation all recurse over
+the document, so a document nested thousands deep would reach Python's recursion limit somewhere in
+them; refusing it up front, with this number in the message, is the one place that can say why. It
+matches the limit pydantic's JSON parser puts on log entries (`improve.log.entry.MAX_ENTRY_DEPTH`)."""
+
+
+def depth_message(source: str, where: str = "$", limit: int = MAX_DEPTH) -> str:
+    return (
+        f"{source}: {where}: nested deeper than {limit} levels of objects and arrays; a policy needs "
+        "about ten: flatten the nesting (is this the file you meant?)"
+    )
+
+
+def check_depth(data: Any, source: str = "<machine>", limit: int = MAX_DEPTH) -> None:
+    """Refuse a decoded document that nests objects and arrays deeper than `limit` levels.
+
+    Iterative (an explicit stack), so checking a deep document cannot itself hit the recursion limit.
+    """
+    stack: list[tuple[Any, int, str]] = [(data, 1, "$")]
+    while stack:
+        value, depth, where = stack.pop()
+        if isinstance(value, dict):
+            children: Any = ((f"{where}.{key}", item) for key, item in value.items())
+        elif isinstance(value, list):
+            children = ((f"{where}[{index}]", item) for index, item in enumerate(value))
+        else:
+            continue
+        if depth > limit:
+            raise MachineConfigError(depth_message(source, where, limit))
+        for path, item in children:
+            if isinstance(item, dict | list):
+                # The path names where the deep part starts; two hundred `[0]` would hide it.
+                stack.append((item, depth + 1, path if depth < 4 else f"{where.removesuffix('...')}..."))
+
+
+def loads_document(text: str, source: str = "<machine>", limit: int = MAX_DEPTH) -> Any:
+    """`json.loads`, then `check_depth`. A document too deep for the JSON decoder itself (it raises
+    RecursionError near Python's recursion limit) is refused with the same message. A syntax error is
+    left as `json.JSONDecodeError` for the caller, which knows how to report it (a gate, a file)."""
+    try:
+        data = json.loads(text)
+    except RecursionError:
+        raise MachineConfigError(depth_message(source, "$", limit)) from None
+    check_depth(data, source, limit)
+    return data
+
+
 def parse_machine(data: Any, source: str = "<machine>") -> MachineConfig:
-    """Validate a decoded JSON document as a machine config, with the JSON path of every error."""
+    """Validate a decoded JSON document as a machine config, with the JSON path of every error.
+
+    The depth is checked first: pydantic validates the recursive expression trees recursively."""
+    check_depth(data, source)
     try:
         return MachineConfig.model_validate(data)
     except ValidationError as err:

@@ -7,7 +7,8 @@ the violations and the number of rule breaks (a violation, or an answer the guar
 Each row is labelled (`labels`) `same`, `intended` (the candidate blocks a rule break the baseline
 made, with the same or a safer outcome by the environment's `safety_order`) or `regression`. A
 reviewed-differences file (`reviewed`) accepts exactly the differences people looked at. Before
-comparing, OLD runs against itself (`comparison`): a nondeterministic harness compares nothing. The
+comparing, OLD and NEW each run against themselves (`comparison`): a nondeterministic side compares
+nothing. Each side runs in a worker process with a time limit per run (`worker`). The
 result (`report`) renders as JSON, a table, a GitHub step summary and `::error` annotations.
 
 Import from here, not from the submodules: this is parity's public face.
@@ -38,9 +39,11 @@ from improve.parity.runners import (
     new_model,
     resolve_side,
 )
+from improve.parity.worker import DEFAULT_RUN_TIMEOUT
 
 __all__ = [
     "DEFAULT_MODELS",
+    "DEFAULT_RUN_TIMEOUT",
     "LABELS",
     "MAX_ANNOTATIONS",
     "REVIEWED_FILE",

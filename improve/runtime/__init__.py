@@ -32,7 +32,14 @@ from improve.runtime.models import (
     option,
     stand_in,
 )
-from improve.runtime.policy import MODEL_DECIDE, PolicyDecider, compile_policy, load_json, load_policy
+from improve.runtime.policy import (
+    MODEL_DECIDE,
+    PolicyDecider,
+    compile_policy,
+    load_json,
+    load_policy,
+    read_document_text,
+)
 from improve.runtime.recorded import ActorCall, PersonAnswer, RecordedThread, read_thread
 from improve.runtime.run import DEFAULT_MAX_MODEL_CALLS, Journal, RunResult, run
 from improve.runtime.vocabulary import Vocabulary, vocabulary
@@ -79,6 +86,7 @@ __all__ = [
     "load_machine",
     "load_policy",
     "option",
+    "read_document_text",
     "read_thread",
     "run",
     "stand_in",

@@ -23,6 +23,7 @@ from improve.machine import (
     MachineConfig,
     compile_machine,
     initial,
+    loads_document,
     parse_machine,
     transition,
 )
@@ -35,20 +36,41 @@ DEFAULT_MODEL_REF = "decider"
 MAX_POLICY_STEPS = 50
 
 
-def load_json(path: Path) -> Any:
-    """Read a JSON document; a syntax error names the file, line and column."""
+def read_document_text(path: Path, what: str = "JSON document") -> str:
+    """A document's text, or a `WorkspaceError` that names the file and why it is not one: missing, a
+    directory (or a FIFO, a device: reading those could block forever), unreadable, or not UTF-8. A
+    leading UTF-8 byte-order mark is dropped, as editors on some systems write one."""
+    if not path.exists():
+        raise WorkspaceError(f"{path}: no such file")
+    if path.is_dir():
+        raise WorkspaceError(f"{path}: is a directory, not a {what}: give the .json file inside it")
+    if not path.is_file():
+        raise WorkspaceError(f"{path}: not a regular file, so not a {what}: give a .json file")
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise WorkspaceError(f"{path}: no such file") from None
+        data = path.read_bytes()
+    except OSError as error:
+        raise WorkspaceError(f"{path}: cannot be read ({error.strerror}): check its permissions") from None
     try:
-        return json.loads(text)
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        raise WorkspaceError(
+            f"{path}: not UTF-8 text (byte 0x{data[error.start]:02x} at offset {error.start}): a {what} is "
+            "a UTF-8 JSON file; is this the file you meant?"
+        ) from None
+
+
+def load_json(path: Path, what: str = "JSON document") -> Any:
+    """Read a JSON document; a syntax error names the file, line and column, and a document nested
+    deeper than `MAX_DEPTH` is refused (improve.machine.config says why)."""
+    text = read_document_text(path, what)
+    try:
+        return loads_document(text, source=str(path))
     except json.JSONDecodeError as err:
         raise WorkspaceError(f"{path}:{err.lineno}:{err.colno}: invalid JSON: {err.msg}") from None
 
 
 def load_policy(path: Path) -> MachineConfig:
-    return parse_machine(load_json(path), source=str(path))
+    return parse_machine(load_json(path, "policy"), source=str(path))
 
 
 def compile_policy(

@@ -18,13 +18,16 @@ branch checked out in any worktree is never moved.
 Branch reuse. If `branch` already exists (locally, or as `<remote>/<branch>` from an earlier fetch)
 and its tip already holds the same content for every file, it is reused as is (no new commit). If it
 holds different content, a new commit goes on top of its tip, so the push that follows is a
-fast-forward (`push.py` never forces one).
+fast-forward (`push.py` never forces one). With `same_if` (the candidate's own files, e.g. the policy),
+a tip that already holds those is reused too, whatever the other files say: a round rerun on the same
+candidate writes a CHANGELOG entry that differs only in its round id, and committing that would put a
+second commit of the same candidate on the branch.
 """
 
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import NamedTuple
 
@@ -52,6 +55,7 @@ def commit_to_branch(
     message: str,
     base_commit: str,
     remote: str | None,
+    same_if: Collection[str] = (),
 ) -> BranchCommit:
     """Point `refs/heads/<branch>` at a commit holding `files` (repository paths to content).
 
@@ -67,10 +71,18 @@ def commit_to_branch(
 
     blobs = _write_blobs(g, files)
     reused = False
+    candidate = {path: blobs[path] for path in same_if if path in blobs}
     if start is not None and _holds(g, start, blobs):
         commit = start
         reused = True
         notes.append(f"the branch {branch} already holds this content at {start[:12]}; reused it")
+    elif start is not None and candidate and _holds(g, start, candidate):
+        commit = start
+        reused = True
+        notes.append(
+            f"the branch {branch} already holds this candidate ({', '.join(sorted(candidate))}) at "
+            f"{start[:12]}; reused it without a second commit"
+        )
     else:
         parent = start or base_commit
         new = _commit_on(g, parent, blobs, message)

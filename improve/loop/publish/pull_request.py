@@ -84,6 +84,7 @@ def open_pull_request(
     env: Mapping[str, str] = os.environ,
     body_file: str | Path | None = None,
     allow_insecure_github: bool = False,
+    candidate: Iterable[str] = (),
 ) -> PullRequestResult:
     """Commit exactly `files` to `branch` (from HEAD or `base`), push it, and open or update its PR.
 
@@ -93,7 +94,8 @@ def open_pull_request(
     machine and `instructions` says how to push and open the PR (`body_file` names the file holding
     the body for the `gh pr create` line). A push URL or API URL that is plain `http://` sends nothing
     either (the token would travel in clear text) unless `allow_insecure_github`; `instructions` and
-    `notes` say so. Never merges. Raises `PullRequestError` (exit code 3).
+    `notes` say so. `candidate` names the files (of `files`) that are the proposal itself: a branch whose
+    tip already holds them gets no new commit. Never merges. Raises `PullRequestError` (exit code 3).
     """
     token = find_token(env)
     scrub = Scrubber(env, token)
@@ -132,6 +134,7 @@ def open_pull_request(
         message=commit_message,
         base_commit=base_commit,
         remote=remote if has_remote else None,
+        same_if=[repo_path(path, prefix) for path in candidate],
     )
 
     base_name = base_branch_name(g, base, remote, has_remote)
