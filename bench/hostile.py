@@ -581,13 +581,12 @@ def case_missing_path(kind: str) -> Callable[[Ctx], None]:
         ws = ctx.workspace()
         db = ctx.root / "new.duckdb"
         arg = {
-            "missing": ctx.root / "nope",
+            "missing": str(ctx.root / "nope"),
             "glob": str(ctx.root / "nope-*.jsonl"),
-            "empty-dir": ctx.root / "e",
+            "empty-dir": str(ctx.root / "e"),
         }[kind]
-        if kind == "empty-dir":
-            (ctx.root / "e").mkdir()
         if kind == "empty-dir":  # a directory is walked: none of its *.jsonl is an empty batch, not an error
+            (ctx.root / "e").mkdir()
             ctx.improve("ingest", arg, "--db", db, expect=[0, 2], cwd=ws)
             return
         ctx.improve("ingest", arg, "--db", db, expect=[2], cwd=ws)
