@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
 .DEFAULT_GOAL := help
-.PHONY: help demo test bench conformance lint clean
+.PHONY: help demo test bench conformance hostile lint clean
 
 help: ## Show this help
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
@@ -39,3 +39,6 @@ clean: ## Remove the virtualenv and generated traces
 
 conformance: $(STAMP) ## Download CEL's conformance suite (npm) and run it through both CEL paths
 	@$(BIN)/python -m bench.cel_conformance
+
+hostile: $(STAMP) ## Run the table of hostile inputs (issue 14) against the CLI; prints counts as JSON
+	@$(BIN)/python -m bench.hostile

@@ -149,6 +149,20 @@ def test_replay_of_a_malformed_file_names_the_line(ws: Path) -> None:
     assert f"{path}:1: not a log entry" in result.stderr
 
 
+@pytest.mark.parametrize("content", [None, "", "\n  \n"])
+def test_replay_of_nothing_is_not_a_pass(ws: Path, content: str | None) -> None:
+    # An empty file, a blank one, or a directory without threads: nothing verified is not exit 0.
+    path = ws / "nothing.jsonl"
+    if content is None:
+        path.mkdir()
+    else:
+        path.write_text(content)
+    result = runner.invoke(app, ["replay", "-w", str(ws), str(path), "--verify"])
+    assert result.exit_code in (2, 3), result.output
+    expected = "nothing to replay" if content is None else "thread nothing is empty"
+    assert expected in result.stderr
+
+
 @pytest.mark.parametrize(
     ("fmt", "needle"),
     [("text", "Resolve refund tickets"), ("mermaid", "stateDiagram-v2"), ("xstate", '"id": "refunds"')],

@@ -282,6 +282,8 @@ def _threads_from(args: list[str], traces: Path) -> list[tuple[str, list[LogEntr
             found.append((arg, JsonlDirStore(traces).read(arg)))
         else:
             raise WorkspaceError(f"{arg}: no such file, directory, or thread in {traces}")
+    if not found:  # a directory with no thread in it: nothing replayed must not read as a pass
+        raise WorkspaceError(f"no thread found in {', '.join(args)}: nothing to replay")
     return found
 
 
@@ -303,7 +305,8 @@ def _read_file(path: Path) -> list[tuple[str, list[LogEntry]]]:
         except ValidationError as error:
             raise LogError(f"{path}:{number}: not a log entry: {entry_problems(error)}") from None
         threads[entry.threadId or path.stem].append(entry)
-    return list(threads.items())
+    # An empty (or blank) file is an empty thread, refused by the caller, not zero threads that pass.
+    return list(threads.items()) or [(path.stem, [])]
 
 
 def _environment_for(
