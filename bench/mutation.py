@@ -21,6 +21,7 @@ repeatable. For every module it:
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
 import random
@@ -83,11 +84,33 @@ def _copy_checkout(dest: Path) -> None:
     ).stdout.decode()
     for rel in filter(None, listed.split("\0")):
         src = ROOT / rel
-        if not src.is_file():
-            continue
         target = dest / rel
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(src, target)
+        if src.is_symlink():  # policies/<env> link into improve/examples: keep them links
+            target.symlink_to(os.readlink(src))
+        elif src.is_file():
+            shutil.copy2(src, target)
+
+
+def _annotation_lines(path: Path) -> set[tuple[int, int]]:
+    """(line, col) positions inside type annotations. The modules use `from __future__ import
+    annotations`, so a mutated annotation is never evaluated: an equivalent mutant, not sampled."""
+    spans: set[tuple[int, int]] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        annotations: list[ast.expr | None] = []
+        if isinstance(node, ast.arg):
+            annotations.append(node.annotation)
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            annotations.append(node.returns)
+        elif isinstance(node, ast.AnnAssign):
+            annotations.append(node.annotation)
+        for ann in annotations:
+            if ann is None:
+                continue
+            for sub in ast.walk(ann):
+                if hasattr(sub, "lineno"):
+                    spans.add((sub.lineno, sub.col_offset))
+    return spans
 
 
 def _family(operator: str) -> str:
@@ -142,11 +165,21 @@ def run_module(module: Module, work: Path, n: int, seed: int, timeout: float) ->
         'name = "local"\n'
     )
     env = dict(os.environ, PYTHONPATH=str(checkout), PYTHONDONTWRITEBYTECODE="1")
+    # The unmutated tests must pass in the copy, or every mutant would count as killed.
+    baseline = subprocess.run(command.split(), cwd=checkout, env=env, capture_output=True, text=True)
+    if baseline.returncode != 0:
+        sys.exit(f"mutation: {module.name}: the tests fail unmutated:\n{baseline.stdout[-3000:]}")
     subprocess.run([*_cosmic_ray(), "init", str(config), str(session)], cwd=checkout, env=env, check=True)
     with use_db(str(session), WorkDB.Mode.open) as db:
-        items = list(db.work_items)
+        in_annotation = {f: _annotation_lines(checkout / f) for f in module.files}
+        items = [
+            w
+            for w in db.work_items
+            if tuple(w.mutations[0].start_pos) not in in_annotation[str(w.mutations[0].module_path)]
+        ]
+        everything = list(db.work_items)
         chosen = {w.job_id for w in _sample(items, n, seed)}
-        skipped = [w.job_id for w in items if w.job_id not in chosen]
+        skipped = [w.job_id for w in everything if w.job_id not in chosen]
         db.set_multiple_results(skipped, WorkResult(worker_outcome=WorkerOutcome.SKIPPED))
     subprocess.run(
         [*_cosmic_ray(), "exec", str(config), str(session)],
@@ -176,6 +209,7 @@ def run_module(module: Module, work: Path, n: int, seed: int, timeout: float) ->
         "files": list(module.files),
         "tests": list(module.tests),
         "mutants_total": len(items),
+        "in_annotations_not_sampled": len(everything) - len(items),
         "mutants": len(chosen),
         "killed": killed,
         "survived": survived,
