@@ -6,7 +6,7 @@ repeatable. For every module it:
 1. copies the checkout (tracked and untracked, not ignored files) into a temporary directory, so the
    worktree is never mutated in place and the copy's `improve` shadows the installed one;
 2. lets `cosmic-ray init` enumerate every mutant of the module's files;
-3. keeps a fixed sample of `--mutants` of them (default 30), seeded (`--seed`, default 14) and drawn
+3. keeps a fixed sample of `--mutants` of them (default 25), seeded (`--seed`, default 14) and drawn
    round-robin across operator families (comparison, boolean, binary operator, number, `not`, ...) so
    the many near-identical binary-operator variants do not crowd out the rest; the others are marked
    skipped in the session database;
@@ -92,25 +92,25 @@ def _copy_checkout(dest: Path) -> None:
             shutil.copy2(src, target)
 
 
-def _annotation_lines(path: Path) -> set[tuple[int, int]]:
-    """(line, col) positions inside type annotations. The modules use `from __future__ import
-    annotations`, so a mutated annotation is never evaluated: an equivalent mutant, not sampled."""
-    spans: set[tuple[int, int]] = set()
+def _annotation_spans(path: Path) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """The (line, col) spans of type annotations. The modules use `from __future__ import annotations`,
+    so a mutated annotation is never evaluated: an equivalent mutant, not sampled."""
+    spans = []
     for node in ast.walk(ast.parse(path.read_text())):
-        annotations: list[ast.expr | None] = []
-        if isinstance(node, ast.arg):
-            annotations.append(node.annotation)
+        ann: ast.expr | None = None
+        if isinstance(node, ast.arg | ast.AnnAssign):
+            ann = node.annotation
         elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-            annotations.append(node.returns)
-        elif isinstance(node, ast.AnnAssign):
-            annotations.append(node.annotation)
-        for ann in annotations:
-            if ann is None:
-                continue
-            for sub in ast.walk(ann):
-                if hasattr(sub, "lineno"):
-                    spans.add((sub.lineno, sub.col_offset))
+            ann = node.returns
+        if ann is not None and ann.end_lineno is not None and ann.end_col_offset is not None:
+            spans.append(((ann.lineno, ann.col_offset), (ann.end_lineno, ann.end_col_offset)))
     return spans
+
+
+def _in_annotation(item: Any, spans: dict[str, list[tuple[tuple[int, int], tuple[int, int]]]]) -> bool:
+    mutation = item.mutations[0]
+    pos = tuple(mutation.start_pos)
+    return any(start <= pos < end for start, end in spans[str(mutation.module_path)])
 
 
 def _family(operator: str) -> str:
@@ -171,13 +171,9 @@ def run_module(module: Module, work: Path, n: int, seed: int, timeout: float) ->
         sys.exit(f"mutation: {module.name}: the tests fail unmutated:\n{baseline.stdout[-3000:]}")
     subprocess.run([*_cosmic_ray(), "init", str(config), str(session)], cwd=checkout, env=env, check=True)
     with use_db(str(session), WorkDB.Mode.open) as db:
-        in_annotation = {f: _annotation_lines(checkout / f) for f in module.files}
-        items = [
-            w
-            for w in db.work_items
-            if tuple(w.mutations[0].start_pos) not in in_annotation[str(w.mutations[0].module_path)]
-        ]
+        spans = {f: _annotation_spans(checkout / f) for f in module.files}
         everything = list(db.work_items)
+        items = [w for w in everything if not _in_annotation(w, spans)]
         chosen = {w.job_id for w in _sample(items, n, seed)}
         skipped = [w.job_id for w in everything if w.job_id not in chosen]
         db.set_multiple_results(skipped, WorkResult(worker_outcome=WorkerOutcome.SKIPPED))
@@ -221,7 +217,7 @@ def run_module(module: Module, work: Path, n: int, seed: int, timeout: float) ->
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.mutation", description=__doc__)
-    parser.add_argument("--mutants", type=int, default=30, help="sampled mutants per module")
+    parser.add_argument("--mutants", type=int, default=25, help="sampled mutants per module")
     parser.add_argument("--seed", type=int, default=14)
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per mutant's test run")
     parser.add_argument("--only", choices=[m.name for m in MODULES], action="append")
