@@ -15,17 +15,20 @@ repeatable. For every module it:
 5. prints JSON: per module, mutants, killed, survived, score (killed / (killed + survived)), and each
    survivor as file:line operator, so it can be judged equivalent or turned into a test.
 
-`--only NAME` runs one module; `--keep DIR` keeps the session databases (for `cosmic-ray dump`).
+`--only NAME` runs one module; `--keep DIR` keeps the session databases (for `cosmic-ray dump`);
+`--resume DIR` takes the samples kept there and tests only their survivors again (after new tests).
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import hashlib
 import json
 import os
 import random
 import shutil
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -142,7 +145,13 @@ def _sample(items: list[Any], n: int, seed: int) -> list[Any]:
     return chosen
 
 
-def run_module(module: Module, work: Path, n: int, seed: int, timeout: float) -> dict[str, Any]:
+def _digests(checkout: Path, files: tuple[str, ...]) -> dict[str, str]:
+    return {f: hashlib.sha256((checkout / f).read_bytes()).hexdigest() for f in files}
+
+
+def run_module(
+    module: Module, work: Path, n: int, seed: int, timeout: float, resume: Path | None = None
+) -> dict[str, Any]:
     from cosmic_ray.work_db import WorkDB, use_db
     from cosmic_ray.work_item import TestOutcome, WorkerOutcome, WorkResult
 
@@ -169,14 +178,31 @@ def run_module(module: Module, work: Path, n: int, seed: int, timeout: float) ->
     baseline = subprocess.run(command.split(), cwd=checkout, env=env, capture_output=True, text=True)
     if baseline.returncode != 0:
         sys.exit(f"mutation: {module.name}: the tests fail unmutated:\n{baseline.stdout[-3000:]}")
-    subprocess.run([*_cosmic_ray(), "init", str(config), str(session)], cwd=checkout, env=env, check=True)
-    with use_db(str(session), WorkDB.Mode.open) as db:
-        spans = {f: _annotation_spans(checkout / f) for f in module.files}
-        everything = list(db.work_items)
-        items = [w for w in everything if not _in_annotation(w, spans)]
-        chosen = {w.job_id for w in _sample(items, n, seed)}
-        skipped = [w.job_id for w in everything if w.job_id not in chosen]
-        db.set_multiple_results(skipped, WorkResult(worker_outcome=WorkerOutcome.SKIPPED))
+    spans = {f: _annotation_spans(checkout / f) for f in module.files}
+    if resume is not None:
+        # The same sample, its survivors tested again (after tests were added); the module's files must
+        # be the ones the session's mutants were placed in.
+        kept = json.loads((resume / f"{module.name}.files.json").read_text())
+        if kept != _digests(checkout, module.files):
+            sys.exit(f"mutation: {module.name}: the files changed since {resume}; run without --resume")
+        shutil.copy2(resume / f"{module.name}.sqlite", session)
+        with use_db(str(session), WorkDB.Mode.open) as db:
+            everything = list(db.work_items)
+            items = [w for w in everything if not _in_annotation(w, spans)]
+            results = dict(db.results)
+        chosen = {j for j, r in results.items() if r.worker_outcome != WorkerOutcome.SKIPPED}
+        again = [j for j in chosen if results[j].test_outcome == TestOutcome.SURVIVED]
+        with sqlite3.connect(session) as con:
+            con.executemany("DELETE FROM work_results WHERE job_id = ?", [(j,) for j in again])
+    else:
+        subprocess.run([*_cosmic_ray(), "init", str(config), str(session)], cwd=checkout, env=env, check=True)
+        with use_db(str(session), WorkDB.Mode.open) as db:
+            everything = list(db.work_items)
+            items = [w for w in everything if not _in_annotation(w, spans)]
+            chosen = {w.job_id for w in _sample(items, n, seed)}
+            skipped = [w.job_id for w in everything if w.job_id not in chosen]
+            db.set_multiple_results(skipped, WorkResult(worker_outcome=WorkerOutcome.SKIPPED))
+    (work / f"{module.name}.files.json").write_text(json.dumps(_digests(checkout, module.files)))
     subprocess.run(
         [*_cosmic_ray(), "exec", str(config), str(session)],
         cwd=checkout,
@@ -222,6 +248,9 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per mutant's test run")
     parser.add_argument("--only", choices=[m.name for m in MODULES], action="append")
     parser.add_argument("--keep", type=Path, help="keep the session databases in this directory")
+    parser.add_argument(
+        "--resume", type=Path, help="a --keep directory: the same samples, only their survivors tested again"
+    )
     args = parser.parse_args()
     figures: dict[str, Any] = {"seed": args.seed, "per_module": args.mutants, "modules": {}}
     with tempfile.TemporaryDirectory(prefix="improve-mutation-") as tmp:
@@ -230,10 +259,13 @@ def main() -> None:
             if args.only and module.name not in args.only:
                 continue
             print(f"mutation: {module.name} ({', '.join(module.files)}) ...", file=sys.stderr)
-            figures["modules"][module.name] = run_module(module, work, args.mutants, args.seed, args.timeout)
+            figures["modules"][module.name] = run_module(
+                module, work, args.mutants, args.seed, args.timeout, args.resume
+            )
             if args.keep:
                 args.keep.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(work / f"{module.name}.sqlite", args.keep)
+                shutil.copy2(work / f"{module.name}.files.json", args.keep)
     print(json.dumps(figures, indent=2))
 
 

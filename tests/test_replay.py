@@ -560,3 +560,11 @@ def test_replay_reads_a_thread_with_a_byte_order_mark(tmp_path: Path) -> None:
     result = runner.invoke(app, ["replay", "-w", str(ws), str(path), "--verify", "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["threads"][0]["verification"] == "verified"
+
+
+def test_a_replay_result_cannot_be_edited_after_the_fact() -> None:
+    import dataclasses
+
+    result = replay(REFUNDS.machine, _recorded())
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        result.status = "done"  # type: ignore[misc]

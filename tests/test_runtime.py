@@ -381,12 +381,30 @@ def test_a_usage_entry_carries_optional_fields_only_when_known() -> None:
         "inputTokens": 3,
         "outputTokens": 4,
     }
-    full = Usage("r", "m", 3, 4, cost_usd=0.0000000004, recorded=True, fingerprint="fp", error="timeout")
+    full = Usage("r", "m", 3, 4, cost_usd=0.0000000064, recorded=True, fingerprint="fp", error="timeout")
     event = full.to_event("pick")
     assert (event["costUsd"], event["recorded"], event["fingerprint"], event["error"]) == (
-        0.0,
+        6e-9,  # to the nano-dollar
         True,
         "fp",
         "timeout",
     )
     assert Usage("r", "m", 0, 0, cost_usd=0.0).to_event("x")["costUsd"] == 0.0
+
+
+def test_a_free_text_field_does_not_end_the_payload_check() -> None:
+    from improve.machine import FREE_TEXT
+    from improve.runtime.decision import check_answer
+
+    machine, snapshot, request = note_request(NOTE={"text": FREE_TEXT, "tag": ["a", "b"]})
+    refused = check_answer(machine, snapshot, request, {"type": "NOTE", "text": "hi"})
+    assert refused is not None and "'NOTE' needs 'tag', one of ['a', 'b']" in refused.reason
+    assert check_answer(machine, snapshot, request, {"type": "NOTE", "text": "hi", "tag": "b"}) is None
+
+
+def test_a_decision_request_is_frozen() -> None:
+    import dataclasses
+
+    _, _, request = note_request()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        request.name = "other"  # type: ignore[misc]
