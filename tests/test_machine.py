@@ -387,3 +387,52 @@ def test_states_that_cannot_work_are_refused_when_compiled(state: dict[str, Any]
     )
     with pytest.raises(MachineConfigError, match=message):
         compile_machine(config)
+
+
+def test_an_eventless_loop_names_its_last_eight_states() -> None:
+    config = _tiny({"a": {"always": {"target": "b"}}, "b": {"always": {"target": "a"}}})
+    with pytest.raises(MachineError, match="did not settle") as info:
+        initial(compile_machine(parse_machine(config)), {})
+    assert str(info.value).endswith(": a -> b -> a -> b -> a -> b -> a -> b") or str(info.value).endswith(
+        ": b -> a -> b -> a -> b -> a -> b -> a"
+    )
+    assert str(info.value).split(": ", 1)[1].count(" -> ") == 7
+
+
+def test_a_machine_names_its_id_version_and_idle_states() -> None:
+    config = _tiny(
+        {
+            "waiting": {"on": {"GO": "working"}},
+            "working": {"invoke": {"src": "tool"}, "on": {"CANCEL": "end"}},
+            "stalled": {"invoke": {"src": "tool"}},
+            "end": {"type": "final"},
+        },
+    )
+    machine = compile_machine(parse_machine(config))
+    assert (machine.id, machine.version) == (config["id"], config["version"])
+    idle = {name: state.idle for name, state in machine.states.items()}
+    assert idle == {"waiting": True, "working": False, "stalled": False, "end": False}
+
+
+def test_refusing_guard_names_the_first_candidate_that_refused() -> None:
+    from improve.machine import refusing_guard
+
+    config = _tiny(
+        {
+            "s": {
+                "on": {
+                    "GO": {"target": "end", "guard": "event.n > 2"},
+                    "NAMED": {"target": "end", "guard": {"type": "no"}},
+                    "FREE": "end",
+                }
+            },
+            "end": {"type": "final"},
+        }
+    )
+    machine = compile_machine(parse_machine(config), guards={"no": lambda c, e, p: False})
+    snapshot = initial(machine, {})
+    assert refusing_guard(machine, snapshot, {"type": "GO", "n": 1}) == "'s'.on.GO[0]: event.n > 2"
+    assert refusing_guard(machine, snapshot, {"type": "NAMED"}) == "'s'.on.NAMED[0]: guard:no"
+    assert refusing_guard(machine, snapshot, {"type": "GO", "n": 3}) is None
+    assert refusing_guard(machine, snapshot, {"type": "FREE"}) is None
+    assert refusing_guard(machine, snapshot, {"type": "ELSE"}) is None
