@@ -436,3 +436,26 @@ def test_refusing_guard_names_the_first_candidate_that_refused() -> None:
     assert refusing_guard(machine, snapshot, {"type": "GO", "n": 3}) is None
     assert refusing_guard(machine, snapshot, {"type": "FREE"}) is None
     assert refusing_guard(machine, snapshot, {"type": "ELSE"}) is None
+
+
+def test_nothing_can_happen_once_a_machine_is_done() -> None:
+    config = _tiny({"s": {"on": {"GO": "end"}}, "end": {"type": "final"}})
+    machine = compile_machine(parse_machine(config))
+    done = transition(machine, initial(machine, {}), {"type": "GO"})
+    assert done.status == "done" and not can(machine, done, {"type": "GO"})
+    errored = Snapshot(value="s", context={}, status="error", error="boom")
+    assert not can(machine, errored, {"type": "GO"})
+
+
+def test_eventless_steps_are_capped_at_exactly_max_microsteps() -> None:
+    from improve.machine.interpreter import MAX_MICROSTEPS
+
+    def chain(length: int) -> dict[str, Any]:
+        states: dict[str, Any] = {f"s{i}": {"always": {"target": f"s{i + 1}"}} for i in range(length)}
+        states[f"s{length}"] = {"type": "final"}
+        return _tiny(states)
+
+    # Entering the first state and each of the following ones is one microstep.
+    assert initial(compile_machine(parse_machine(chain(MAX_MICROSTEPS - 1))), {}).status == "done"
+    with pytest.raises(MachineError, match=f"did not settle after {MAX_MICROSTEPS} steps"):
+        initial(compile_machine(parse_machine(chain(MAX_MICROSTEPS))), {})
