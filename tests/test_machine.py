@@ -459,3 +459,76 @@ def test_eventless_steps_are_capped_at_exactly_max_microsteps() -> None:
     assert initial(compile_machine(parse_machine(chain(MAX_MICROSTEPS - 1))), {}).status == "done"
     with pytest.raises(MachineError, match=f"did not settle after {MAX_MICROSTEPS} steps"):
         initial(compile_machine(parse_machine(chain(MAX_MICROSTEPS))), {})
+
+
+def test_a_named_guard_that_raises_or_returns_a_non_bool_is_named() -> None:
+    def boom(c: Any, e: Any, p: Any) -> bool:
+        raise KeyError("amount")
+
+    config = _tiny(
+        {
+            "a": {
+                "on": {
+                    "GO": {"target": "b", "guard": {"type": "boom"}},
+                    "TRY": {"target": "b", "guard": {"type": "one"}},
+                }
+            },
+            "b": {"type": "final"},
+        }
+    )
+    machine = compile_machine(parse_machine(config), guards={"boom": boom, "one": lambda c, e, p: 1})
+    with pytest.raises(EvaluationError, match=r"named guard 'boom' raised KeyError\('amount'\)"):
+        transition(machine, initial(machine, {}), {"type": "GO"})
+    with pytest.raises(EvaluationError, match="named guard 'one' returned 1, expected a bool"):
+        transition(machine, initial(machine, {}), {"type": "TRY"})
+
+
+def test_a_malformed_decide_input_is_a_config_error() -> None:
+    config = _tiny(
+        {
+            "d": {"invoke": {"src": "agent.decide", "input": {"name": "'x'"}}, "on": {"GO": "end"}},
+            "end": {"type": "final"},
+        }
+    )
+    with pytest.raises(MachineConfigError, match="allowedEvents"):
+        compile_machine(parse_machine(config))
+
+
+def test_a_free_text_payload_field_does_not_hide_the_next_one() -> None:
+    config = _tiny(
+        {
+            "d": {
+                "invoke": {
+                    "src": "agent.decide",
+                    "input": {
+                        "name": "'x'",
+                        "allowedEvents": ["NOTE"],
+                        "payloads": {"NOTE": {"text": "'text'", "tag": "['a', 'b', 'a']"}},
+                    },
+                },
+                "on": {"NOTE": "end"},
+            },
+            "end": {"type": "final"},
+        }
+    )
+    snapshot = initial(compile_machine(parse_machine(config)), {})
+    assert snapshot.invoke is not None
+    assert snapshot.invoke.input["payloads"] == {"NOTE": {"text": "text", "tag": ["a", "b"]}}
+
+
+def test_compiled_parts_are_frozen() -> None:
+    import dataclasses
+
+    config = _tiny(
+        {
+            "d": {"invoke": {"src": "tool"}, "on": {"GO": "end"}},
+            "end": {"type": "final"},
+        }
+    )
+    machine = compile_machine(parse_machine(config))
+    state = machine.states["d"]
+    assert state.invoke is not None
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        state.final = True  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        state.invoke.src = "other"  # type: ignore[misc]
