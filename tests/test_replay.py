@@ -596,3 +596,12 @@ def test_a_second_init_read_from_json_is_refused() -> None:
     again = LogEntry.model_validate(json.loads(entries[0].model_dump_json()) | {"index": 1})
     with pytest.raises(LogError, match="entry 1 is a second '@agent.init'"):
         replay(REFUNDS.machine, [entries[0], again, *entries[2:]])
+
+
+def test_the_stamp_is_the_init_entrys_metadata(recorded_lines: list[dict[str, Any]]) -> None:
+    metadata = recorded_lines[0]["metadata"]
+    assert metadata, "a real run stamps its init entry"
+    assert replay(REFUNDS.machine, _entries(recorded_lines)).stamp == metadata
+    bare = copy.deepcopy(recorded_lines)
+    bare[0]["metadata"] = None
+    assert replay(REFUNDS.machine, _entries(bare)).stamp == {}
