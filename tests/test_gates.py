@@ -523,6 +523,7 @@ def test_explore_fails_a_policy_that_can_end_in_error() -> None:
     assert (
         not result.ok and "or in error" in result.detail and "give every invoke an onError" in result.detail
     )
+    assert "after: ask_model failed." in result.detail  # the path that gets there, event by event
     # run_gates stops at the first failing gate, and passed() says so.
     results = run_gates(doc, context())
     assert not passed(results) and not results[-1].ok
@@ -581,3 +582,10 @@ def test_verify_refuses_a_directory_as_policy(tmp_path: Path, name: str) -> None
     arg = name if name == "v7" else str(path) + ("/" if name == "adir" else "")
     text = clean_exit(CliRunner().invoke(app, ["verify", arg, "-w", str(tmp_path)]), 2)
     assert f"{path}: is a directory, not a policy" in " ".join(text.split())
+
+
+def test_explore_passes_when_no_scenario_reached_a_decision() -> None:
+    from improve.loop.gates import ExploreGate
+
+    result = ExploreGate().run(context(document=copy.deepcopy(V0), probes=[]))
+    assert result.ok and "no probe requests" in result.detail
