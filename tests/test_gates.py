@@ -589,3 +589,22 @@ def test_explore_passes_when_no_scenario_reached_a_decision() -> None:
 
     result = ExploreGate().run(context(document=copy.deepcopy(V0), probes=[]))
     assert result.ok and "no probe requests" in result.detail
+
+
+@pytest.mark.parametrize(
+    ("output", "same"),
+    [
+        ({"type": "REFUND", "amount": 23.5}, True),
+        ({"type": "REFUND", "amount": 47 / 2}, True),
+        ({"type": "REFUND", "amount": 23.5, "note": "and a voucher"}, False),  # a field the option lacks
+        ({"type": "REFUND"}, False),
+        ({"type": "CLOSE", "amount": 23.5}, False),
+        ({"type": "REFUND", "amount": "23.5"}, False),
+        ("REFUND", False),
+    ],
+)
+def test_an_output_is_an_offered_option_only_field_for_field(output: Any, same: bool) -> None:
+    from improve.loop.gates.explore import _same_event
+
+    assert _same_event(output, {"type": "REFUND", "amount": 23.5}) is same
+    assert _same_event({"type": "X", "n": 1.0}, {"type": "X", "n": 1}) is True
