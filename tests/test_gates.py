@@ -608,3 +608,23 @@ def test_an_output_is_an_offered_option_only_field_for_field(output: Any, same: 
 
     assert _same_event(output, {"type": "REFUND", "amount": 23.5}) is same
     assert _same_event({"type": "X", "n": 1.0}, {"type": "X", "n": 1}) is True
+
+
+def test_explore_branches_on_each_answer_a_judgment_may_give() -> None:
+    """Only the judgment's `angry: true` answer leads to an unoffered refund: explore must try it."""
+    doc = copy.deepcopy(V0)
+    doc["version"] = "1"
+    doc["initial"] = "judge"
+    doc["states"]["judge"] = {
+        "invoke": {
+            "src": "judge.sentiment",
+            "onDone": [{"guard": "event.output.angry", "target": "refund_double"}, {"target": "ask_model"}],
+            "onError": {"target": "ask_model"},
+        }
+    }
+    doc["states"]["refund_double"] = {
+        "type": "final",
+        "output": {"type": "'REFUND'", "amount": "facts.requested * 2.0"},
+    }
+    name, detail = failing(doc)
+    assert name == "explore" and 'after: judge answered {"angry": true}.' in detail, detail
