@@ -437,3 +437,15 @@ def test_scenarios_check_finds_problems(tmp_path: Path, edit: object, needle: st
     result = CliRunner().invoke(app, ["scenarios", "check", "-w", str(ws)])
     assert result.exit_code in (1, 2) and needle in result.stderr
     assert CliRunner().invoke(app, ["scenarios", "check"]).exit_code == 0
+
+
+def test_outcomes_count_final_states_and_a_card_is_frozen() -> None:
+    import dataclasses
+
+    table = rows("v0", {"a-1": [True, True]}) + [row("a-1", "v0", False, run=3, state="escalated")]
+    card = scorecard(table, "v0", "held-out")
+    assert card.by_id()["a-1"].outcomes == {"issued": 2, "escalated": 1}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        card.split = "train"  # type: ignore[misc]
+    empty = scorecard([], "v0", "held-out")
+    assert (empty.k, empty.runs, empty.pass_rate, empty.cost("model_calls")) == (0, 0, 0.0, 0.0)
