@@ -628,3 +628,5 @@ def test_explore_branches_on_each_answer_a_judgment_may_give() -> None:
     }
     name, detail = failing(doc)
     assert name == "explore" and 'after: judge answered {"angry": true}.' in detail, detail
+    # On the very first probe, a calm ticket: the proof branches on the answer, not on the stand-in's.
+    assert "cracked corner" in detail

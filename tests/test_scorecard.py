@@ -449,3 +449,20 @@ def test_outcomes_count_final_states_and_a_card_is_frozen() -> None:
         card.split = "train"  # type: ignore[misc]
     empty = scorecard([], "v0", "held-out")
     assert (empty.k, empty.runs, empty.pass_rate, empty.cost("model_calls")) == (0, 0, 0.0, 0.0)
+
+
+def test_p_values_read_as_reports_show_them_and_the_interval_is_bootstrapped() -> None:
+    from improve.evals.promotion import p_value
+
+    assert [p_value(p) for p in (0.012, 0.001, 0.00099, 0.00012, 1.0)] == [
+        "0.012",
+        "0.001",
+        "0.00099",
+        "0.00012",
+        "1.000",
+    ]
+    base = scorecard(rows("v0", BASE), "v0", "held-out")
+    cand = scorecard(rows("v1", CAND), "v1", "held-out")
+    result = compare(base, cand, resamples=300, seed=1)
+    assert result.method in ("BCa", "percentile")
+    assert result.ci_low < result.mean_diff < result.ci_high
