@@ -466,3 +466,7 @@ def test_p_values_read_as_reports_show_them_and_the_interval_is_bootstrapped() -
     result = compare(base, cand, resamples=300, seed=1)
     assert result.method in ("BCa", "percentile")
     assert result.ci_low < result.mean_diff < result.ci_high
+    import dataclasses
+
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        result.changed[0].after = 1.0  # type: ignore[misc]
