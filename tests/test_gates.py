@@ -630,3 +630,28 @@ def test_explore_branches_on_each_answer_a_judgment_may_give() -> None:
     assert name == "explore" and 'after: judge answered {"angry": true}.' in detail, detail
     # On the very first probe, a calm ticket: the proof branches on the answer, not on the stand-in's.
     assert "cracked corner" in detail
+
+
+def test_explore_takes_every_judgment_after_a_model_one() -> None:
+    """A plain judgment listed after the model judgment is run on the probe too (its answer branches)."""
+    import dataclasses
+
+    env = dataclasses.replace(
+        ENV, judgments={**ENV.judgments, "judge.vip": lambda request, context: {"vip": True}}
+    )
+    doc = copy.deepcopy(V0)
+    doc["version"] = "1"
+    doc["initial"] = "vip"
+    doc["states"]["vip"] = {
+        "invoke": {
+            "src": "judge.vip",
+            "onDone": [{"guard": "event.output.vip", "target": "refund_double"}, {"target": "ask_model"}],
+            "onError": {"target": "ask_model"},
+        }
+    }
+    doc["states"]["refund_double"] = {
+        "type": "final",
+        "output": {"type": "'REFUND'", "amount": "facts.requested * 2.0"},
+    }
+    name, detail = failing(doc, context(env=env))
+    assert name == "explore" and 'after: vip answered {"vip": true}.' in detail, detail
