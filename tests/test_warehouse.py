@@ -688,3 +688,21 @@ def test_fuzz_ingest_lines_never_crash_and_always_balance(tmp_path: Path, lines:
     assert count(con, "SELECT count(*) FROM entries") == report.ingested
     assert count(con, "SELECT count(*) FROM rejected_lines") == report.rejected
     con.close()
+
+
+def test_what_a_batch_skipped_and_what_it_read_of_a_file_are_frozen(tmp_path: Path) -> None:
+    import dataclasses
+
+    module = sys.modules["improve.warehouse.ingest"]
+    con = open_database()
+    binary = tmp_path / "b.jsonl"
+    binary.write_bytes(b"\x00\x01binary")
+    report = ingest(con, [binary, write(tmp_path / "a.jsonl", [entry(0), entry(1)])])
+    assert report.ingested == 2 and [Path(s.file).name for s in report.skipped] == ["b.jsonl"]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        report.skipped[0].reason = "fine"  # type: ignore[misc]
+    info = module._file_info(tmp_path / "a.jsonl")
+    assert isinstance(info, module._FileInfo) and info.lines == 2
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        info.lines = 3  # type: ignore[misc]
+    con.close()
