@@ -706,3 +706,19 @@ def test_what_a_batch_skipped_and_what_it_read_of_a_file_are_frozen(tmp_path: Pa
     with pytest.raises(dataclasses.FrozenInstanceError):
         info.lines = 3  # type: ignore[misc]
     con.close()
+
+
+def test_an_unchanged_file_is_known_by_its_size_head_and_tail(tmp_path: Path) -> None:
+    """The fingerprint reads the size, the first and the last 64 KiB: an edit there is seen, not one in the
+    middle of a large file (whose size and mtime still change)."""
+    import hashlib
+
+    module = sys.modules["improve.warehouse.ingest"]
+    path = tmp_path / "big.jsonl"
+    data = b"".join(b"%08d\n" % i for i in range(30_000))  # 270 KB of lines
+    path.write_bytes(data)
+    info = module._file_info(path)
+    expected = hashlib.sha256(str(len(data)).encode())
+    expected.update(data[: 1 << 16])
+    expected.update(data[-(1 << 16) :])
+    assert info.sha256 == expected.hexdigest()
