@@ -722,3 +722,29 @@ def test_an_unchanged_file_is_known_by_its_size_head_and_tail(tmp_path: Path) ->
     expected.update(data[: 1 << 16])
     expected.update(data[-(1 << 16) :])
     assert info.sha256 == expected.hexdigest()
+
+
+@pytest.mark.parametrize(
+    ("row", "needle"),
+    [
+        ((1, 0, 0, 0), "1 line(s) counted present are not in entries"),
+        ((0, 1, 0, 0), "1 counted rejected are not in rejected_lines"),
+        ((0, 0, 1, 0), "1 have two verdicts"),
+        ((0, 0, 0, 1), "1 have none"),
+    ],
+)
+def test_any_one_broken_verdict_aborts_the_batch(row: tuple[int, int, int, int], needle: str) -> None:
+    """The cross-check of the careful path's verdicts against the tables: each count alone is enough."""
+    module = sys.modules["improve.warehouse.ingest"]
+
+    class Counts:
+        def execute(self, sql: str) -> Counts:
+            return self
+
+        def fetchone(self) -> tuple[int, int, int, int]:
+            return row
+
+    with pytest.raises(module.IngestAccountingError) as info:
+        module._check_classified(Counts())
+    assert needle in str(info.value)
+    module._check_classified(type("Clean", (Counts,), {"fetchone": lambda self: (0, 0, 0, 0)})())
