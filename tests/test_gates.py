@@ -655,3 +655,29 @@ def test_explore_takes_every_judgment_after_a_model_one() -> None:
     }
     name, detail = failing(doc, context(env=env))
     assert name == "explore" and 'after: vip answered {"vip": true}.' in detail, detail
+
+
+def test_explore_proves_paths_up_to_forty_actor_calls_deep_and_no_deeper() -> None:
+    """The explore gate's depth bound: 39 judgments then the model is 40 calls (proved), one more judgment
+    is a path the proof does not finish (a failure, never a silent pass)."""
+    from improve.loop.gates import ExploreGate, LowerGate, ValidateGate
+
+    def chain(judgments: int) -> dict[str, Any]:
+        doc = copy.deepcopy(V0)
+        doc["version"] = "1"
+        doc["initial"] = "j0"
+        for i in range(judgments):
+            after = f"j{i + 1}" if i + 1 < judgments else "ask_model"
+            doc["states"][f"j{i}"] = {
+                "invoke": {"src": "judge.sentiment", "onDone": {"target": after}, "onError": {"target": after}}
+            }
+        return doc
+
+    def explore(doc: dict[str, Any]) -> GateResult:
+        ctx = context(document=doc)
+        assert ValidateGate().run(ctx).ok and LowerGate().run(ctx).ok
+        return ExploreGate().run(ctx)
+
+    assert explore(chain(39)).ok
+    deeper = explore(chain(40))
+    assert not deeper.ok and "did not finish" in deeper.detail
