@@ -67,7 +67,7 @@ MODULES: tuple[Module, ...] = (
     Module(
         "warehouse.ingest",
         ("improve/warehouse/ingest.py",),
-        ("tests/test_warehouse.py",),
+        ("tests/test_warehouse.py", "tests/test_importers.py"),
         ("tests/test_warehouse.py::test_a_second_ingest_waits_for_the_lock_then_fails_clearly",),
     ),
 )
