@@ -614,3 +614,15 @@ def test_opencli_malformed_lines_are_rejected_with_their_line_numbers(tmp_path: 
         (len(good) + 1, "not JSON: an opencli tape line is one JSON object"),
         (len(good) + 2, "missing field type (the event type)"),
     ]
+
+
+def test_an_empty_file_on_the_careful_path_is_reported_and_the_rest_still_are(tmp_path: Path) -> None:
+    con = open_database()
+    empty = tmp_path / "0-empty.jsonl"
+    empty.write_text("\n\n")
+    logs = [shutil.copy(p, tmp_path / p.name) for p in LOGS]
+    report = ingest(con, [empty, *map(Path, logs)], fmt="normalize")
+    assert [Path(f.file).name for f in report.files] == ["0-empty.jsonl", *(p.name for p in LOGS)]
+    assert report.files[0].lines_read == 0 and report.lines_read > 0
+    assert report.lines_read == report.ingested + report.already_present + report.rejected
+    con.close()

@@ -748,3 +748,19 @@ def test_any_one_broken_verdict_aborts_the_batch(row: tuple[int, int, int, int],
         module._check_classified(Counts())
     assert needle in str(info.value)
     module._check_classified(type("Clean", (Counts,), {"fetchone": lambda self: (0, 0, 0, 0)})())
+
+
+def test_expand_paths_lists_the_files_and_a_symlink_loop_is_skipped_with_why(tmp_path: Path) -> None:
+    from improve.warehouse import expand_paths
+    from improve.warehouse.ingest import collect_paths
+
+    a = write(tmp_path / "a.jsonl", [entry(0)])
+    (tmp_path / "loop1.jsonl").symlink_to(tmp_path / "loop2.jsonl")
+    (tmp_path / "loop2.jsonl").symlink_to(tmp_path / "loop1.jsonl")
+    assert expand_paths([tmp_path]) == [a]
+    files, skipped = collect_paths([tmp_path])
+    assert files == [a]
+    assert [(Path(s.file).name, s.reason) for s in skipped] == [
+        ("loop1.jsonl", "cannot be read: Too many levels of symbolic links"),
+        ("loop2.jsonl", "cannot be read: Too many levels of symbolic links"),
+    ]
