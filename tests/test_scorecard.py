@@ -470,3 +470,13 @@ def test_p_values_read_as_reports_show_them_and_the_interval_is_bootstrapped() -
 
     with pytest.raises(dataclasses.FrozenInstanceError):
         result.changed[0].after = 1.0  # type: ignore[misc]
+
+
+def test_a_decision_with_only_gains_says_no_scenario_dropped() -> None:
+    gains = {**CAND, "d-1": BASE["d-1"]}
+    objective = ObjectiveSection(bootstrap_resamples=0)
+    train = [scorecard(rows(v, t, split="train"), v, "train") for v, t in (("v0", BASE), ("v1", gains))]
+    held = [scorecard(rows(v, t), v, "held-out") for v, t in (("v0", BASE), ("v1", gains))]
+    verdict = decide(train[0], held[0], train[1], held[1], objective)
+    check = next(c for c in verdict.checks if c.name == "no regressions")
+    assert check.ok and check.detail.startswith("none: no scenario dropped"), check.detail
