@@ -669,7 +669,11 @@ def test_explore_proves_paths_up_to_forty_actor_calls_deep_and_no_deeper() -> No
         for i in range(judgments):
             after = f"j{i + 1}" if i + 1 < judgments else "ask_model"
             doc["states"][f"j{i}"] = {
-                "invoke": {"src": "judge.sentiment", "onDone": {"target": after}, "onError": {"target": after}}
+                "invoke": {
+                    "src": "judge.sentiment",
+                    "onDone": {"target": after},
+                    "onError": {"target": after},
+                }
             }
         return doc
 

@@ -594,7 +594,7 @@ def test_a_second_init_read_from_json_is_refused() -> None:
     """The same check whether the entry's strings are shared objects or freshly decoded ones."""
     entries = _recorded()
     again = LogEntry.model_validate(json.loads(entries[0].model_dump_json()) | {"index": 1})
-    with pytest.raises(LogError, match="entry 1 is a second '@agent.init'"):
+    with pytest.raises(LogError, match=r"entry 1 is a second '@agent\.init'"):
         replay(REFUNDS.machine, [entries[0], again, *entries[2:]])
 
 

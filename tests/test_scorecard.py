@@ -442,7 +442,7 @@ def test_scenarios_check_finds_problems(tmp_path: Path, edit: object, needle: st
 def test_outcomes_count_final_states_and_a_card_is_frozen() -> None:
     import dataclasses
 
-    table = rows("v0", {"a-1": [True, True]}) + [row("a-1", "v0", False, run=3, state="escalated")]
+    table = [*rows("v0", {"a-1": [True, True]}), row("a-1", "v0", False, run=3, state="escalated")]
     card = scorecard(table, "v0", "held-out")
     assert card.by_id()["a-1"].outcomes == {"issued": 2, "escalated": 1}
     with pytest.raises(dataclasses.FrozenInstanceError):
