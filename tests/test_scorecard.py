@@ -470,6 +470,8 @@ def test_p_values_read_as_reports_show_them_and_the_interval_is_bootstrapped() -
 
     with pytest.raises(dataclasses.FrozenInstanceError):
         result.changed[0].after = 1.0  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        result.p = 0.0  # type: ignore[misc]
 
 
 def test_a_decision_with_only_gains_says_no_scenario_dropped() -> None:
