@@ -626,3 +626,22 @@ def test_an_empty_file_on_the_careful_path_is_reported_and_the_rest_still_are(tm
     assert report.files[0].lines_read == 0 and report.lines_read > 0
     assert report.lines_read == report.ingested + report.already_present + report.rejected
     con.close()
+
+
+def test_a_format_named_before_native_still_takes_the_careful_path(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    normalized: tuple[duckdb.DuckDBPyConnection, IngestReport],
+) -> None:
+    """Only `native` reads files with the bulk path; any other name, whatever it sorts as, is an importer."""
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.delitem(sys.modules, "logsfmt", raising=False)
+    (tmp_path / "logsfmt.py").write_text(
+        "from improve.warehouse.importers.normalize import NormalizeImporter as Logs\n"
+    )
+    con = open_database()
+    report = ingest(con, LOGS, fmt="logs", local={"logs": "logsfmt:Logs"}, root=tmp_path)
+    assert {f.path for f in report.files} == {"careful"}
+    _, expected = normalized
+    assert (report.ingested, report.rejected) == (expected.ingested, expected.rejected)
+    con.close()
