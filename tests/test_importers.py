@@ -644,4 +644,8 @@ def test_a_format_named_before_native_still_takes_the_careful_path(
     assert {f.path for f in report.files} == {"careful"}
     _, expected = normalized
     assert (report.ingested, report.rejected) == (expected.ingested, expected.rejected)
+    # An improve thread given as that format is that format's to judge: never read as native on the side.
+    thread = sorted((Path(__file__).parent / "fixtures" / "v1").glob("*.jsonl"))[0]
+    again = ingest(con, [thread], fmt="logs", local={"logs": "logsfmt:Logs"}, root=tmp_path)
+    assert (again.ingested, again.rejected) == (0, 7)
     con.close()
