@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
 .DEFAULT_GOAL := help
-.PHONY: help demo test bench conformance hostile lint clean
+.PHONY: help demo test bench mutation conformance hostile lint clean
 
 help: ## Show this help
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
@@ -27,6 +27,9 @@ test: $(STAMP) ## Run the test suite
 
 bench: $(STAMP) ## Print benchmark figures as JSON
 	@$(BIN)/python -m bench
+
+mutation: $(STAMP) ## Mutation score per core module as JSON (cosmic-ray, a seeded sample; not in `make test`)
+	@$(BIN)/python -m bench.mutation
 
 lint: $(STAMP) ## ruff, mypy, and the layering contract (import-linter)
 	$(BIN)/ruff check improve tests bench

@@ -523,6 +523,7 @@ def test_explore_fails_a_policy_that_can_end_in_error() -> None:
     assert (
         not result.ok and "or in error" in result.detail and "give every invoke an onError" in result.detail
     )
+    assert "after: ask_model failed." in result.detail  # the path that gets there, event by event
     # run_gates stops at the first failing gate, and passed() says so.
     results = run_gates(doc, context())
     assert not passed(results) and not results[-1].ok
@@ -581,3 +582,106 @@ def test_verify_refuses_a_directory_as_policy(tmp_path: Path, name: str) -> None
     arg = name if name == "v7" else str(path) + ("/" if name == "adir" else "")
     text = clean_exit(CliRunner().invoke(app, ["verify", arg, "-w", str(tmp_path)]), 2)
     assert f"{path}: is a directory, not a policy" in " ".join(text.split())
+
+
+def test_explore_passes_when_no_scenario_reached_a_decision() -> None:
+    from improve.loop.gates import ExploreGate
+
+    result = ExploreGate().run(context(document=copy.deepcopy(V0), probes=[]))
+    assert result.ok and "no probe requests" in result.detail
+
+
+@pytest.mark.parametrize(
+    ("output", "same"),
+    [
+        ({"type": "REFUND", "amount": 23.5}, True),
+        ({"type": "REFUND", "amount": 47 / 2}, True),
+        ({"type": "REFUND", "amount": 23.5, "note": "and a voucher"}, False),  # a field the option lacks
+        ({"type": "REFUND"}, False),
+        ({"type": "CLOSE", "amount": 23.5}, False),
+        ({"type": "REFUND", "amount": "23.5"}, False),
+        ("REFUND", False),
+    ],
+)
+def test_an_output_is_an_offered_option_only_field_for_field(output: Any, same: bool) -> None:
+    from improve.loop.gates.explore import _same_event
+
+    assert _same_event(output, {"type": "REFUND", "amount": 23.5}) is same
+    assert _same_event({"type": "X", "n": 1.0}, {"type": "X", "n": 1}) is True
+
+
+def test_explore_branches_on_each_answer_a_judgment_may_give() -> None:
+    """Only the judgment's `angry: true` answer leads to an unoffered refund: explore must try it."""
+    doc = copy.deepcopy(V0)
+    doc["version"] = "1"
+    doc["initial"] = "judge"
+    doc["states"]["judge"] = {
+        "invoke": {
+            "src": "judge.sentiment",
+            "onDone": [{"guard": "event.output.angry", "target": "refund_double"}, {"target": "ask_model"}],
+            "onError": {"target": "ask_model"},
+        }
+    }
+    doc["states"]["refund_double"] = {
+        "type": "final",
+        "output": {"type": "'REFUND'", "amount": "facts.requested * 2.0"},
+    }
+    name, detail = failing(doc)
+    assert name == "explore" and 'after: judge answered {"angry": true}.' in detail, detail
+    # On the very first probe, a calm ticket: the proof branches on the answer, not on the stand-in's.
+    assert "cracked corner" in detail
+
+
+def test_explore_takes_every_judgment_after_a_model_one() -> None:
+    """A plain judgment listed after the model judgment is run on the probe too (its answer branches)."""
+    import dataclasses
+
+    env = dataclasses.replace(
+        ENV, judgments={**ENV.judgments, "judge.vip": lambda request, context: {"vip": True}}
+    )
+    doc = copy.deepcopy(V0)
+    doc["version"] = "1"
+    doc["initial"] = "vip"
+    doc["states"]["vip"] = {
+        "invoke": {
+            "src": "judge.vip",
+            "onDone": [{"guard": "event.output.vip", "target": "refund_double"}, {"target": "ask_model"}],
+            "onError": {"target": "ask_model"},
+        }
+    }
+    doc["states"]["refund_double"] = {
+        "type": "final",
+        "output": {"type": "'REFUND'", "amount": "facts.requested * 2.0"},
+    }
+    name, detail = failing(doc, context(env=env))
+    assert name == "explore" and 'after: vip answered {"vip": true}.' in detail, detail
+
+
+def test_explore_proves_paths_up_to_forty_actor_calls_deep_and_no_deeper() -> None:
+    """The explore gate's depth bound: 39 judgments then the model is 40 calls (proved), one more judgment
+    is a path the proof does not finish (a failure, never a silent pass)."""
+    from improve.loop.gates import ExploreGate, LowerGate, ValidateGate
+
+    def chain(judgments: int) -> dict[str, Any]:
+        doc = copy.deepcopy(V0)
+        doc["version"] = "1"
+        doc["initial"] = "j0"
+        for i in range(judgments):
+            after = f"j{i + 1}" if i + 1 < judgments else "ask_model"
+            doc["states"][f"j{i}"] = {
+                "invoke": {
+                    "src": "judge.sentiment",
+                    "onDone": {"target": after},
+                    "onError": {"target": after},
+                }
+            }
+        return doc
+
+    def explore(doc: dict[str, Any]) -> GateResult:
+        ctx = context(document=doc)
+        assert ValidateGate().run(ctx).ok and LowerGate().run(ctx).ok
+        return ExploreGate().run(ctx)
+
+    assert explore(chain(39)).ok
+    deeper = explore(chain(40))
+    assert not deeper.ok and "did not finish" in deeper.detail

@@ -614,3 +614,38 @@ def test_opencli_malformed_lines_are_rejected_with_their_line_numbers(tmp_path: 
         (len(good) + 1, "not JSON: an opencli tape line is one JSON object"),
         (len(good) + 2, "missing field type (the event type)"),
     ]
+
+
+def test_an_empty_file_on_the_careful_path_is_reported_and_the_rest_still_are(tmp_path: Path) -> None:
+    con = open_database()
+    empty = tmp_path / "0-empty.jsonl"
+    empty.write_text("\n\n")
+    logs = [shutil.copy(p, tmp_path / p.name) for p in LOGS]
+    report = ingest(con, [empty, *map(Path, logs)], fmt="normalize")
+    assert [Path(f.file).name for f in report.files] == ["0-empty.jsonl", *(p.name for p in LOGS)]
+    assert report.files[0].lines_read == 0 and report.lines_read > 0
+    assert report.lines_read == report.ingested + report.already_present + report.rejected
+    con.close()
+
+
+def test_a_format_named_before_native_still_takes_the_careful_path(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    normalized: tuple[duckdb.DuckDBPyConnection, IngestReport],
+) -> None:
+    """Only `native` reads files with the bulk path; any other name, whatever it sorts as, is an importer."""
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.delitem(sys.modules, "logsfmt", raising=False)
+    (tmp_path / "logsfmt.py").write_text(
+        "from improve.warehouse.importers.normalize import NormalizeImporter as Logs\n"
+    )
+    con = open_database()
+    report = ingest(con, LOGS, fmt="logs", local={"logs": "logsfmt:Logs"}, root=tmp_path)
+    assert {f.path for f in report.files} == {"careful"}
+    _, expected = normalized
+    assert (report.ingested, report.rejected) == (expected.ingested, expected.rejected)
+    # An improve thread given as that format is that format's to judge: never read as native on the side.
+    thread = sorted((Path(__file__).parent / "fixtures" / "v1").glob("*.jsonl"))[0]
+    again = ingest(con, [thread], fmt="logs", local={"logs": "logsfmt:Logs"}, root=tmp_path)
+    assert (again.ingested, again.rejected) == (0, 7)
+    con.close()

@@ -387,3 +387,148 @@ def test_states_that_cannot_work_are_refused_when_compiled(state: dict[str, Any]
     )
     with pytest.raises(MachineConfigError, match=message):
         compile_machine(config)
+
+
+def test_an_eventless_loop_names_its_last_eight_states() -> None:
+    config = _tiny({"a": {"always": {"target": "b"}}, "b": {"always": {"target": "a"}}})
+    with pytest.raises(MachineError, match="did not settle") as info:
+        initial(compile_machine(parse_machine(config)), {})
+    assert str(info.value).endswith(": a -> b -> a -> b -> a -> b -> a -> b") or str(info.value).endswith(
+        ": b -> a -> b -> a -> b -> a -> b -> a"
+    )
+    assert str(info.value).split(": ", 1)[1].count(" -> ") == 7
+
+
+def test_a_machine_names_its_id_version_and_idle_states() -> None:
+    config = _tiny(
+        {
+            "waiting": {"on": {"GO": "working"}},
+            "working": {"invoke": {"src": "tool"}, "on": {"CANCEL": "end"}},
+            "stalled": {"invoke": {"src": "tool"}},
+            "end": {"type": "final"},
+        },
+    )
+    machine = compile_machine(parse_machine(config))
+    assert (machine.id, machine.version) == (config["id"], config["version"])
+    idle = {name: state.idle for name, state in machine.states.items()}
+    assert idle == {"waiting": True, "working": False, "stalled": False, "end": False}
+
+
+def test_refusing_guard_names_the_first_candidate_that_refused() -> None:
+    from improve.machine import refusing_guard
+
+    config = _tiny(
+        {
+            "s": {
+                "on": {
+                    "GO": {"target": "end", "guard": "event.n > 2"},
+                    "NAMED": {"target": "end", "guard": {"type": "no"}},
+                    "FREE": "end",
+                }
+            },
+            "end": {"type": "final"},
+        }
+    )
+    machine = compile_machine(parse_machine(config), guards={"no": lambda c, e, p: False})
+    snapshot = initial(machine, {})
+    assert refusing_guard(machine, snapshot, {"type": "GO", "n": 1}) == "'s'.on.GO[0]: event.n > 2"
+    assert refusing_guard(machine, snapshot, {"type": "NAMED"}) == "'s'.on.NAMED[0]: guard:no"
+    assert refusing_guard(machine, snapshot, {"type": "GO", "n": 3}) is None
+    assert refusing_guard(machine, snapshot, {"type": "FREE"}) is None
+    assert refusing_guard(machine, snapshot, {"type": "ELSE"}) is None
+
+
+def test_nothing_can_happen_once_a_machine_is_done() -> None:
+    config = _tiny({"s": {"on": {"GO": "end"}}, "end": {"type": "final"}})
+    machine = compile_machine(parse_machine(config))
+    done = transition(machine, initial(machine, {}), {"type": "GO"})
+    assert done.status == "done" and not can(machine, done, {"type": "GO"})
+    errored = Snapshot(value="s", context={}, status="error", error="boom")
+    assert not can(machine, errored, {"type": "GO"})
+
+
+def test_eventless_steps_are_capped_at_exactly_max_microsteps() -> None:
+    MAX_MICROSTEPS = 100  # docs/architecture.md: "a loop of more than 100 microsteps is an error"
+
+    def chain(length: int) -> dict[str, Any]:
+        states: dict[str, Any] = {f"s{i}": {"always": {"target": f"s{i + 1}"}} for i in range(length)}
+        states[f"s{length}"] = {"type": "final"}
+        return _tiny(states)
+
+    # Entering the first state and each of the following ones is one microstep.
+    assert initial(compile_machine(parse_machine(chain(MAX_MICROSTEPS - 1))), {}).status == "done"
+    with pytest.raises(MachineError, match=f"did not settle after {MAX_MICROSTEPS} steps"):
+        initial(compile_machine(parse_machine(chain(MAX_MICROSTEPS))), {})
+
+
+def test_a_named_guard_that_raises_or_returns_a_non_bool_is_named() -> None:
+    def boom(c: Any, e: Any, p: Any) -> bool:
+        raise KeyError("amount")
+
+    config = _tiny(
+        {
+            "a": {
+                "on": {
+                    "GO": {"target": "b", "guard": {"type": "boom"}},
+                    "TRY": {"target": "b", "guard": {"type": "one"}},
+                }
+            },
+            "b": {"type": "final"},
+        }
+    )
+    machine = compile_machine(parse_machine(config), guards={"boom": boom, "one": lambda c, e, p: 1})
+    with pytest.raises(EvaluationError, match=r"named guard 'boom' raised KeyError\('amount'\)"):
+        transition(machine, initial(machine, {}), {"type": "GO"})
+    with pytest.raises(EvaluationError, match="named guard 'one' returned 1, expected a bool"):
+        transition(machine, initial(machine, {}), {"type": "TRY"})
+
+
+def test_a_malformed_decide_input_is_a_config_error() -> None:
+    config = _tiny(
+        {
+            "d": {"invoke": {"src": "agent.decide", "input": {"name": "'x'"}}, "on": {"GO": "end"}},
+            "end": {"type": "final"},
+        }
+    )
+    with pytest.raises(MachineConfigError, match="allowedEvents"):
+        compile_machine(parse_machine(config))
+
+
+def test_a_free_text_payload_field_does_not_hide_the_next_one() -> None:
+    config = _tiny(
+        {
+            "d": {
+                "invoke": {
+                    "src": "agent.decide",
+                    "input": {
+                        "name": "'x'",
+                        "allowedEvents": ["NOTE"],
+                        "payloads": {"NOTE": {"text": "'text'", "tag": "['a', 'b', 'a']"}},
+                    },
+                },
+                "on": {"NOTE": "end"},
+            },
+            "end": {"type": "final"},
+        }
+    )
+    snapshot = initial(compile_machine(parse_machine(config)), {})
+    assert snapshot.invoke is not None
+    assert snapshot.invoke.input["payloads"] == {"NOTE": {"text": "text", "tag": ["a", "b"]}}
+
+
+def test_compiled_parts_are_frozen() -> None:
+    import dataclasses
+
+    config = _tiny(
+        {
+            "d": {"invoke": {"src": "tool"}, "on": {"GO": "end"}},
+            "end": {"type": "final"},
+        }
+    )
+    machine = compile_machine(parse_machine(config))
+    state = machine.states["d"]
+    assert state.invoke is not None
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        state.final = True  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        state.invoke.src = "other"  # type: ignore[misc]

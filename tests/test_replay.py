@@ -560,3 +560,48 @@ def test_replay_reads_a_thread_with_a_byte_order_mark(tmp_path: Path) -> None:
     result = runner.invoke(app, ["replay", "-w", str(ws), str(path), "--verify", "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["threads"][0]["verification"] == "verified"
+
+
+def test_a_replay_result_cannot_be_edited_after_the_fact() -> None:
+    import dataclasses
+
+    result = replay(REFUNDS.machine, _recorded())
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        result.status = "done"  # type: ignore[misc]
+
+
+def test_run_status_names_each_way_a_run_ends() -> None:
+    from improve.log.replay import run_status
+    from improve.machine.snapshot import Invocation, Snapshot
+
+    def status(snapshot: Snapshot, calls: int = 0, stamp: dict[str, Any] | None = None) -> str:
+        return run_status(REFUNDS.machine, snapshot, calls, stamp or {})
+
+    idle = next(n for n, s in REFUNDS.machine.states.items() if s.idle)
+    assert status(Snapshot("done", {}, status="done")) == "done"
+    assert status(Snapshot(idle, {}, status="error", error={"kind": "tool-failed"})) == "error"
+    assert status(Snapshot(idle, {}, status="error", error="boom")) == "error"
+    for kind in ("decision-exhausted", "no-options"):
+        assert status(Snapshot(idle, {}, status="error", error={"kind": kind})) == "decision-exhausted"
+    assert status(Snapshot(idle, {})) == "idle"
+    decide = Invocation("d", "agent.decide", input={})
+    assert status(Snapshot(idle, {}, invoke=decide), 3, {"maxModelCalls": 3}) == "budget"
+    assert status(Snapshot(idle, {}, invoke=decide), 2, {"maxModelCalls": 3}) == "incomplete"
+    assert status(Snapshot(idle, {}, invoke=Invocation("t", "lookupOrder", input={}))) == "incomplete"
+
+
+def test_a_second_init_read_from_json_is_refused() -> None:
+    """The same check whether the entry's strings are shared objects or freshly decoded ones."""
+    entries = _recorded()
+    again = LogEntry.model_validate(json.loads(entries[0].model_dump_json()) | {"index": 1})
+    with pytest.raises(LogError, match=r"entry 1 is a second '@agent\.init'"):
+        replay(REFUNDS.machine, [entries[0], again, *entries[2:]])
+
+
+def test_the_stamp_is_the_init_entrys_metadata(recorded_lines: list[dict[str, Any]]) -> None:
+    metadata = recorded_lines[0]["metadata"]
+    assert metadata, "a real run stamps its init entry"
+    assert replay(REFUNDS.machine, _entries(recorded_lines)).stamp == metadata
+    bare = copy.deepcopy(recorded_lines)
+    bare[0]["metadata"] = None
+    assert replay(REFUNDS.machine, _entries(bare)).stamp == {}

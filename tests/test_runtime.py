@@ -339,3 +339,72 @@ def test_text_at_the_limit_and_numbers_of_either_kind_land() -> None:
         {"type": "PICK", "n": 2},
     ):
         assert check_answer(machine, snapshot, request, event) is None, event
+
+
+def test_a_guard_refusal_lists_the_options_as_written() -> None:
+    """The options in a rejected-by-guard reason are JSON as the decider saw them, not ASCII-escaped."""
+    from improve.machine import compile_machine, initial
+    from improve.runtime.decision import check_answer
+
+    config = parse_machine(
+        {
+            "id": "cafe",
+            "version": "1",
+            "initial": "asking",
+            "states": {
+                "asking": {"on": {"ORDER": {"target": "done", "guard": "event.item == 'thé'"}}},
+                "done": {"type": "final"},
+            },
+        }
+    )
+    machine = compile_machine(config)
+    request = DecisionRequest(
+        name="cafe",
+        options=[{"type": "ORDER", "item": "thé"}],
+        facts={},
+        allowed_events=["ORDER"],
+        payloads={"ORDER": {"item": ["thé", "café"]}},
+    )
+    refused = check_answer(machine, initial(machine, {}), request, {"type": "ORDER", "item": "café"})
+    assert refused is not None and refused.kind == "rejected-by-guard"
+    assert refused.reason.endswith('the options now are [{"type": "ORDER", "item": "thé"}]'), refused.reason
+
+
+def test_a_usage_entry_carries_optional_fields_only_when_known() -> None:
+    plain = Usage(ref="r", model="m", input_tokens=3, output_tokens=4)
+    assert plain.to_event("pick") == {
+        "type": "@agent.usage",
+        "ref": "r",
+        "model": "m",
+        "decision": "pick",
+        "calls": 1,
+        "inputTokens": 3,
+        "outputTokens": 4,
+    }
+    full = Usage("r", "m", 3, 4, cost_usd=0.0000000064, recorded=True, fingerprint="fp", error="timeout")
+    event = full.to_event("pick")
+    assert (event["costUsd"], event["recorded"], event["fingerprint"], event["error"]) == (
+        6e-9,  # to the nano-dollar
+        True,
+        "fp",
+        "timeout",
+    )
+    assert Usage("r", "m", 0, 0, cost_usd=0.0).to_event("x")["costUsd"] == 0.0
+
+
+def test_a_free_text_field_does_not_end_the_payload_check() -> None:
+    from improve.machine import FREE_TEXT
+    from improve.runtime.decision import check_answer
+
+    machine, snapshot, request = note_request(NOTE={"text": FREE_TEXT, "tag": ["a", "b"]})
+    refused = check_answer(machine, snapshot, request, {"type": "NOTE", "text": "hi"})
+    assert refused is not None and "'NOTE' needs 'tag', one of ['a', 'b']" in refused.reason
+    assert check_answer(machine, snapshot, request, {"type": "NOTE", "text": "hi", "tag": "b"}) is None
+
+
+def test_a_decision_request_is_frozen() -> None:
+    import dataclasses
+
+    _, _, request = note_request()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        request.name = "other"  # type: ignore[misc]

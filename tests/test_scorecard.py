@@ -437,3 +437,48 @@ def test_scenarios_check_finds_problems(tmp_path: Path, edit: object, needle: st
     result = CliRunner().invoke(app, ["scenarios", "check", "-w", str(ws)])
     assert result.exit_code in (1, 2) and needle in result.stderr
     assert CliRunner().invoke(app, ["scenarios", "check"]).exit_code == 0
+
+
+def test_outcomes_count_final_states_and_a_card_is_frozen() -> None:
+    import dataclasses
+
+    table = [*rows("v0", {"a-1": [True, True]}), row("a-1", "v0", False, run=3, state="escalated")]
+    card = scorecard(table, "v0", "held-out")
+    assert card.by_id()["a-1"].outcomes == {"issued": 2, "escalated": 1}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        card.split = "train"  # type: ignore[misc]
+    empty = scorecard([], "v0", "held-out")
+    assert (empty.k, empty.runs, empty.pass_rate, empty.cost("model_calls")) == (0, 0, 0.0, 0.0)
+
+
+def test_p_values_read_as_reports_show_them_and_the_interval_is_bootstrapped() -> None:
+    from improve.evals.promotion import p_value
+
+    assert [p_value(p) for p in (0.012, 0.001, 0.00099, 0.00012, 1.0)] == [
+        "0.012",
+        "0.001",
+        "0.00099",
+        "0.00012",
+        "1.000",
+    ]
+    base = scorecard(rows("v0", BASE), "v0", "held-out")
+    cand = scorecard(rows("v1", CAND), "v1", "held-out")
+    result = compare(base, cand, resamples=300, seed=1)
+    assert result.method in ("BCa", "percentile")
+    assert result.ci_low < result.mean_diff < result.ci_high
+    import dataclasses
+
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        result.changed[0].after = 1.0  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        result.p = 0.0  # type: ignore[misc]
+
+
+def test_a_decision_with_only_gains_says_no_scenario_dropped() -> None:
+    gains = {**CAND, "d-1": BASE["d-1"]}
+    objective = ObjectiveSection(bootstrap_resamples=0)
+    train = [scorecard(rows(v, t, split="train"), v, "train") for v, t in (("v0", BASE), ("v1", gains))]
+    held = [scorecard(rows(v, t), v, "held-out") for v, t in (("v0", BASE), ("v1", gains))]
+    verdict = decide(train[0], held[0], train[1], held[1], objective)
+    check = next(c for c in verdict.checks if c.name == "no regressions")
+    assert check.ok and check.detail.startswith("none: no scenario dropped"), check.detail

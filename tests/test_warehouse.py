@@ -688,3 +688,79 @@ def test_fuzz_ingest_lines_never_crash_and_always_balance(tmp_path: Path, lines:
     assert count(con, "SELECT count(*) FROM entries") == report.ingested
     assert count(con, "SELECT count(*) FROM rejected_lines") == report.rejected
     con.close()
+
+
+def test_what_a_batch_skipped_and_what_it_read_of_a_file_are_frozen(tmp_path: Path) -> None:
+    import dataclasses
+
+    module = sys.modules["improve.warehouse.ingest"]
+    con = open_database()
+    binary = tmp_path / "b.jsonl"
+    binary.write_bytes(b"\x00\x01binary")
+    report = ingest(con, [binary, write(tmp_path / "a.jsonl", [entry(0), entry(1)])])
+    assert report.ingested == 2 and [Path(s.file).name for s in report.skipped] == ["b.jsonl"]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        report.skipped[0].reason = "fine"  # type: ignore[misc]
+    info = module._file_info(tmp_path / "a.jsonl")
+    assert isinstance(info, module._FileInfo) and info.lines == 2
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        info.lines = 3  # type: ignore[misc]
+    con.close()
+
+
+def test_an_unchanged_file_is_known_by_its_size_head_and_tail(tmp_path: Path) -> None:
+    """The fingerprint reads the size, the first and the last 64 KiB: an edit there is seen, not one in the
+    middle of a large file (whose size and mtime still change)."""
+    import hashlib
+
+    module = sys.modules["improve.warehouse.ingest"]
+    path = tmp_path / "big.jsonl"
+    data = b"".join(b"%08d\n" % i for i in range(30_000))  # 270 KB of lines
+    path.write_bytes(data)
+    info = module._file_info(path)
+    expected = hashlib.sha256(str(len(data)).encode())
+    expected.update(data[: 1 << 16])
+    expected.update(data[-(1 << 16) :])
+    assert info.sha256 == expected.hexdigest()
+
+
+@pytest.mark.parametrize(
+    ("row", "needle"),
+    [
+        ((1, 0, 0, 0), "1 line(s) counted present are not in entries"),
+        ((0, 1, 0, 0), "1 counted rejected are not in rejected_lines"),
+        ((0, 0, 1, 0), "1 have two verdicts"),
+        ((0, 0, 0, 1), "1 have none"),
+    ],
+)
+def test_any_one_broken_verdict_aborts_the_batch(row: tuple[int, int, int, int], needle: str) -> None:
+    """The cross-check of the careful path's verdicts against the tables: each count alone is enough."""
+    module = sys.modules["improve.warehouse.ingest"]
+
+    class Counts:
+        def execute(self, sql: str) -> Counts:
+            return self
+
+        def fetchone(self) -> tuple[int, int, int, int]:
+            return row
+
+    with pytest.raises(module.IngestAccountingError) as info:
+        module._check_classified(Counts())
+    assert needle in str(info.value)
+    module._check_classified(type("Clean", (Counts,), {"fetchone": lambda self: (0, 0, 0, 0)})())
+
+
+def test_expand_paths_lists_the_files_and_a_symlink_loop_is_skipped_with_why(tmp_path: Path) -> None:
+    from improve.warehouse import expand_paths
+    from improve.warehouse.ingest import collect_paths
+
+    a = write(tmp_path / "a.jsonl", [entry(0)])
+    (tmp_path / "loop1.jsonl").symlink_to(tmp_path / "loop2.jsonl")
+    (tmp_path / "loop2.jsonl").symlink_to(tmp_path / "loop1.jsonl")
+    assert expand_paths([tmp_path]) == [a]
+    files, skipped = collect_paths([tmp_path])
+    assert files == [a]
+    assert [(Path(s.file).name, s.reason) for s in skipped] == [
+        ("loop1.jsonl", "cannot be read: Too many levels of symbolic links"),
+        ("loop2.jsonl", "cannot be read: Too many levels of symbolic links"),
+    ]
