@@ -608,6 +608,9 @@ def test_an_output_is_an_offered_option_only_field_for_field(output: Any, same: 
 
     assert _same_event(output, {"type": "REFUND", "amount": 23.5}) is same
     assert _same_event({"type": "X", "n": 1.0}, {"type": "X", "n": 1}) is True
+    # The decision protocol refuses True for 1 (runtime/decision.py), so the proof must too.
+    assert _same_event({"type": "X", "n": True}, {"type": "X", "n": 1}) is False
+    assert _same_event({"type": "X", "n": 1}, {"type": "X", "n": True}) is False
 
 
 def test_explore_branches_on_each_answer_a_judgment_may_give() -> None:

@@ -80,12 +80,13 @@ class ExploreGate:
 
 
 def _same_event(a: Any, b: Mapping[str, Any]) -> bool:
-    """`a` is the offered event `b`: the same fields, numbers equal as numbers, nothing else coerced."""
+    """`a` is the offered event `b`: the same fields, numbers equal as numbers, nothing else coerced
+    (`True` is not `1`: the decision protocol refuses it, so the proof must not accept it)."""
     if not isinstance(a, dict) or a.get("type") != b.get("type") or set(a) != set(b):
         return False
     for key, value in b.items():
         other = a[key]
-        numeric = isinstance(value, int | float) and isinstance(other, int | float)
+        numeric = all(isinstance(v, int | float) and not isinstance(v, bool) for v in (value, other))
         if not (other == value if numeric else type(other) is type(value) and other == value):
             return False
     return True
