@@ -688,3 +688,25 @@ def test_explore_proves_paths_up_to_forty_actor_calls_deep_and_no_deeper() -> No
     assert explore(chain(39)).ok
     deeper = explore(chain(40))
     assert not deeper.ok and "did not finish" in deeper.detail
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    st.one_of(
+        st.binary(max_size=200),
+        st.builds(lambda n: b"[" * n + b"]" * n, st.integers(150, 5000)),
+        st.builds(lambda n: b'{"a": ' * n + b"1" + b"}" * n, st.integers(150, 5000)),
+        st.sampled_from([b"\xef\xbb\xbf{}", b"{}", b"", b"null", b'{"states": 1}', b"\xff\xfe{}"]),
+    )
+)
+def test_fuzz_the_policy_reader_refuses_any_bytes_clearly(tmp_path: Path, data: bytes) -> None:
+    """Whatever a policy file holds, reading it gives a policy or an error that names the file."""
+    from improve.errors import ImproveError
+    from improve.runtime.policy import load_policy
+
+    path = tmp_path / "fuzz.json"
+    path.write_bytes(data)
+    try:
+        load_policy(path)
+    except ImproveError as error:
+        assert str(path) in str(error), str(error)

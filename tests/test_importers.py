@@ -649,3 +649,43 @@ def test_a_format_named_before_native_still_takes_the_careful_path(
     again = ingest(con, [thread], fmt="logs", local={"logs": "logsfmt:Logs"}, root=tmp_path)
     assert (again.ingested, again.rejected) == (0, 7)
     con.close()
+
+
+# --- fuzz: any bytes through every bundled importer, never a crash, always balanced ------------------------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+FUZZ_LINES = st.lists(
+    st.one_of(
+        st.binary(max_size=80),
+        st.sampled_from(
+            [b"\xef\xbb\xbf{}", b"\r", b"{", b"[" * 300, b"\xff", b'{"type": "message"}', b"null"]
+        ),
+        st.dictionaries(st.sampled_from(["type", "role", "content", "id", "ts"]), st.text(max_size=8)).map(
+            lambda d: json.dumps(d).encode()
+        ),
+    ),
+    max_size=10,
+)
+
+
+@pytest.mark.parametrize("fmt", sorted(IMPORTERS.sources()))
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(lines=FUZZ_LINES)
+def test_fuzz_every_importer_takes_any_bytes_without_crashing(
+    tmp_path: Path, fmt: str, lines: list[bytes]
+) -> None:
+    con = open_database()
+    path = tmp_path / f"fuzz-{fmt}.jsonl"
+    path.write_bytes(b"\n".join(lines))
+    try:
+        report = ingest(con, [path], fmt=fmt)
+    except (ConfigError, WorkspaceError) as error:  # a refusal of the whole file says why, never a crash
+        assert str(error)
+        return
+    finally:
+        con.close()
+    if report.skipped:
+        return
+    assert report.lines_read == report.ingested + report.already_present + report.rejected
