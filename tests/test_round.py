@@ -639,6 +639,24 @@ def test_failures_needing_different_answers_are_different_clusters() -> None:
 # --- rounds that generalize (every bundled desk) -----------------------------------------------------------
 
 
+def assert_decision_agrees_with_its_figures(scorecard_md: Path, status: str) -> None:
+    """The scorecard (the PR body's) names the test that decided, and its figures agree with the verdict:
+    "recommend" only next to p <= alpha with every check passing, "discard" next to p > alpha or a
+    failed check."""
+    text = scorecard_md.read_text()
+    verdict = re.search(r"### Promotion rule: \*\*(recommend|discard)\*\*", text)
+    test = re.search(r"Held-out: exact stratified test p = (\S+) (<=|>) alpha (\S+?)[;,]", text)
+    assert verdict and test, text
+    p, sign, alpha = float(test[1]), test[2], float(test[3])
+    assert (p <= alpha) == (sign == "<="), test[0]
+    failed = re.findall(r"\| (\S[^|]*?) \| \*\*fail\*\* \|", text)
+    if status == "recommended":
+        assert verdict[1] == "recommend" and sign == "<=" and not failed, (test[0], failed)
+    else:
+        assert verdict[1] == "discard" and (sign == ">" or failed), (test[0], failed)
+    assert "sign test p" not in text.lower()
+
+
 def careful_pass_rate(env_name: str, policy_path: Path, scenarios: list[Any], k: int = 2) -> float:
     """The policy's pass rate with the `careful` stand-in: the model people trust, so a policy that
     scores lower with it overrides right decisions."""
@@ -679,6 +697,9 @@ def test_demo_rounds_promote_and_the_final_policy_keeps_what_careful_gets_right(
         for split in ("train", "held-out"):
             assert r.scores.get(split, {}).get("violations_after", 0) == 0, (r.round_id, split)
     root = summary.workspace
+    for r in summary.rounds:
+        if r.status in ("recommended", "discarded") and r.scores:
+            assert_decision_agrees_with_its_figures(root / str(r.report) / "scorecard.md", r.status)
     scenarios = load_scenarios(root / "scenarios" / f"{env_name}.yaml").scenarios
     policies = root / "policies" / env_name
     for split in sorted({s.split for s in scenarios}):
