@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from typer.testing import CliRunner
 from improve.cli.main import app
 from improve.demo import commit_workspace
 from improve.log.entry import LogEntry
-from tests.conftest import copy_workspace
+from tests.conftest import REPO, copy_workspace
 
 runner = CliRunner()
 
@@ -286,3 +287,24 @@ def test_the_test_split_is_sealed_until_unsealed_and_each_unsealing_is_recorded(
     assert markdown.exit_code == 0, markdown.output
     assert "| test | v0 | 4 |" in markdown.stdout
     assert f"unsealing 2 of test set `{third['test_set']}` (4 scenarios) by t <" in markdown.stdout
+
+
+HEAVY = ("scipy", "openai", "github")
+
+
+@pytest.mark.parametrize("args", [["--help"], ["describe", "--env", "refunds"]])
+def test_commands_that_need_no_statistics_or_endpoints_do_not_import_them(args: list[str]) -> None:
+    """Start-up time is import time: scipy, the openai SDK and PyGithub load only in the commands that use
+    them (a fresh interpreter, so nothing imported by another test counts)."""
+    import subprocess
+
+    code = (
+        "import sys\n"
+        "from improve.cli.main import app\n"
+        f"try:\n    app({args!r})\nexcept SystemExit:\n    pass\n"
+        f"print('loaded:', ','.join(m for m in {HEAVY!r} if m in sys.modules))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120, check=True
+    )
+    assert done.stdout.splitlines()[-1] == "loaded: ", done.stdout[-500:]

@@ -17,10 +17,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from math import comb
-from typing import Any
-
-import numpy as np
-from scipy import stats
+from typing import TYPE_CHECKING, Any
 
 from improve.errors import ConfigError
 from improve.evals.exact import (
@@ -35,6 +32,10 @@ from improve.evals.outcome import OutcomeRow
 
 GAIN_TEST = "exact stratified test"
 """The name reports give the test the promotion rule decides the held-out gain with."""
+
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 @dataclass(frozen=True)
@@ -262,6 +263,10 @@ def bootstrap_ci(
 ) -> tuple[float, float, str]:
     """BCa bootstrap interval of the mean, percentile when BCa is degenerate; exact when all equal;
     none (the mean twice, "skipped") with 0 resamples: the interval is descriptive, no rule reads it."""
+    # numpy and scipy take half a second to import: only the commands that compare pay for them.
+    import numpy as np
+    from scipy import stats
+
     if len(diffs) == 0:
         return 0.0, 0.0, "empty"
     if np.all(diffs == diffs[0]):
@@ -308,6 +313,9 @@ def compare(
     """The paired comparison of two scorecards on the same scenarios. `nulls` are the null distributions
     of each scenario's candidate passes under the design that produced the runs (the sequential reruns'
     `Reruns.nulls`); by default k fixed runs, each scenario's hypergeometric distribution."""
+    import numpy as np
+    from scipy import stats
+
     base, cand = baseline.by_id(), candidate.by_id()
     if set(base) != set(cand):
         missing = sorted(set(base) ^ set(cand))

@@ -14,10 +14,12 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx2 as httpx
-import openai
+
+if TYPE_CHECKING:
+    import openai
 
 from improve.errors import ImproveError
 from improve.llm.cache import REDACTED
@@ -68,6 +70,8 @@ class Endpoint:
             self.attempts += 1
 
     def client(self) -> openai.OpenAI:
+        import openai  # the SDK takes a third of a second to import: only commands that call a model pay
+
         with self._lock:
             if self._client is None:
                 if not self._api_key:
@@ -91,6 +95,8 @@ class Endpoint:
         A 400 or 422 whose message mentions one of `rejectable` (a feature of the request the endpoint
         does not support) is returned as `{"rejected": {"status", "message"}}`.
         """
+        import openai
+
         client = self.client()
         where = safe_url(self.base_url)
         try:
