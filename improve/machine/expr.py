@@ -17,8 +17,6 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import cel
-
 from improve.errors import EvaluationError, ExpressionError, FastCelError, FastCelFallback
 from improve.machine import celfix
 from improve.machine.fastcel import compile_fast
@@ -128,6 +126,8 @@ def cel_error_detail(err: Exception) -> str:
 def compile_cel(source: str) -> Any:
     """`source` compiled by `cel`, rewritten where cel departs from the CEL specification (`celfix`);
     raises what `cel.compile` raises on the source as written."""
+    import cel  # ~0.1 s to import (it brings its own CLI): only commands that compile a guard pay
+
     program = cel.compile(source)
     fixed = celfix.rewrite(source)
     if fixed != source:
@@ -218,6 +218,8 @@ class Scope:
 
     def cel_context(self, roots: frozenset[str]) -> Any:
         if self._ctx is None:
+            import cel
+
             self._ctx = cel.Context()
             celfix.register(self._ctx)
         for root in roots:

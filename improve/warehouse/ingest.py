@@ -44,7 +44,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import duckdb
-import numpy as np
 
 from improve.errors import ConfigError, LogError
 from improve.log import MAX_LINE_BYTES, line_problem, preview, split_lines
@@ -619,6 +618,8 @@ def load_raw_lines(con: duckdb.DuckDBPyConnection, infos: Sequence[_FileInfo]) -
             files.append(name)
             numbers.append(number)
             texts.append(text)
+    import numpy as np  # only a careful ingest builds arrays; --help and other commands skip the import
+
     columns = {  # noqa: F841 - read by DuckDB's replacement scan below
         "file": np.array(files, dtype=object),
         "line": np.array(numbers, dtype=np.int64),
