@@ -16,6 +16,7 @@ come up when a new one is added and when a candidate is checked:
 from __future__ import annotations
 
 import copy
+import functools
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -83,6 +84,16 @@ def route(policy: MachineConfig) -> list[Branch]:
     return branches
 
 
+def fact_at(facts: Mapping[str, Any], path: str) -> Any:
+    """The value at `path` (`facts.order.total`) in a decision's facts; None when absent."""
+    node: Any = {"facts": facts}
+    for part in path.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
 def decision_input(
     name: str, facts: Mapping[str, Any], options: Sequence[Mapping[str, Any]]
 ) -> dict[str, Any]:
@@ -130,6 +141,12 @@ def _same_value(x: Any, y: Any) -> bool:
     return bool(float(x) == float(y)) if numbers else bool(x == y)
 
 
+@functools.lru_cache(maxsize=1024)
+def _compiled(source: str) -> Expr:
+    # answer_on runs over every held-out decision: each branch's guard and output compile once.
+    return compile_expr(source, "branch")
+
+
 def answer_on(branches: Sequence[Branch], example: Mapping[str, Any]) -> tuple[Branch, dict[str, Any]] | None:
     """The first guarded branch that answers the decision `example` (`name`, `facts`, `options`), with
     its answer evaluated there; None when an unguarded branch (the model) or nothing answers."""
@@ -140,14 +157,11 @@ def answer_on(branches: Sequence[Branch], example: Mapping[str, Any]) -> tuple[B
         if branch.guard is None:
             return None
         try:
-            if compile_expr(branch.guard, f"branch {branch.index}").evaluate(scope) is not True:
+            if _compiled(branch.guard).evaluate(scope) is not True:
                 continue
             if branch.output is None:
                 return None
-            answer = {
-                k: compile_expr(str(v), f"branch {branch.index} output").evaluate(scope)
-                for k, v in branch.output.items()
-            }
+            answer = {k: _compiled(str(v)).evaluate(scope) for k, v in branch.output.items()}
         except ImproveError:
             continue
         return branch, answer

@@ -88,6 +88,12 @@ class GateContext:
     machine: Machine | None = None
     """The candidate compiled, set by the lower gate."""
 
+    def training_decisions(self) -> list[Mapping[str, Any]]:
+        """`decisions`, or outside a round the probe requests as decisions (each its own scenario)."""
+        if self.decisions:
+            return list(self.decisions)
+        return [{"scenario": f"probe {i}", **p.to_input()} for i, p in enumerate(self.probes)]
+
     @property
     def vocab(self) -> Vocabulary:
         if self.words is None:

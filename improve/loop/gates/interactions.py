@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from improve.errors import ImproveError
-from improve.loop.branches import Branch, added, answer_rank, holds_on, pattern_words, route
+from improve.loop.branches import Branch, added, answer_rank, fact_at, holds_on, pattern_words, route
 from improve.loop.gates.gate import GateContext, GateResult
 from improve.machine import Expr, compile_expr, parse_formula
 
@@ -42,15 +42,6 @@ _STRING = re.compile(r"'([^'\\]*)'|\"([^\"\\]*)\"")
 
 Change = tuple[str, Any]
 """A fact path (without `facts.`) and the value it is set to."""
-
-
-def _get(facts: Mapping[str, Any], path: str) -> Any:
-    value: Any = facts
-    for part in path.split("."):
-        if not isinstance(value, Mapping) or part not in value:
-            return None
-        value = value[part]
-    return value
 
 
 def _with(facts: Mapping[str, Any], changes: Sequence[Change]) -> dict[str, Any]:
@@ -82,7 +73,7 @@ def variants(atom: str, facts: Mapping[str, Any], types: Mapping[str, Any]) -> l
         d = _step(t)
         return [[(path, _number(v))] for v in (t - d, t, t + d)]
     if m := _PAIR.match(atom):
-        path, other = m.group(1)[6:], _get(facts, m.group(2)[6:])
+        path, other = m.group(1)[6:], fact_at(facts, m.group(2))
         if isinstance(other, int | float) and not isinstance(other, bool):
             d = _step(other)
             return [[(path, _number(v))] for v in (other - d, other, other + d)]
@@ -90,7 +81,7 @@ def variants(atom: str, facts: Mapping[str, Any], types: Mapping[str, Any]) -> l
     if m := _TEXT.match(atom):
         # The CEL string literal escapes its backslashes: `'(?i)\\\\bword\\\\b'`.
         path, how, pattern = m.group(1)[6:], m.group(2), m.group(4).replace("\\\\", "\\")
-        text = _get(facts, path)
+        text = fact_at(facts, m.group(1))
         text = text if isinstance(text, str) else ""
         word = pattern_words(pattern) if how == "matches" else pattern
         try:
@@ -173,9 +164,7 @@ class InteractionsGate:
         new = added(ctx.baseline, ctx.policy)
         if not new:
             return GateResult(self.name, True, "ok (no new branch)")
-        decisions = list(ctx.decisions) or [
-            {"scenario": f"probe {i}", **p.to_input()} for i, p in enumerate(ctx.probes)
-        ]
+        decisions = ctx.training_decisions()
         if not decisions:
             return GateResult(self.name, True, "ok (no training decision to start from)")
         candidate = _compiled(route(ctx.policy))

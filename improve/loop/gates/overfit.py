@@ -108,9 +108,7 @@ class OverfitGate:
             for kind in types.values():
                 if isinstance(kind, tuple):
                     words.update(kind)
-        decisions = ctx.decisions or [
-            {"scenario": f"probe {i}", **p.to_input()} for i, p in enumerate(ctx.probes)
-        ]
+        decisions = ctx.training_decisions()
         problems: list[str] = []
         supported: list[str] = []
         baseline = {e.source for e in expressions(ctx.baseline)} if ctx.baseline is not None else set()

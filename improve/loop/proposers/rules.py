@@ -50,6 +50,7 @@ from improve.loop.branches import (
     Branch,
     answer_text,
     decision_input,
+    fact_at,
     insert_branch,
     offered,
     route,
@@ -89,15 +90,6 @@ WORD = re.compile(r"[a-z]{3,20}")
 
 
 # --- conditions -----------------------------------------------------------------------------------------
-
-
-def _get(facts: Mapping[str, Any], path: str) -> Any:
-    node: Any = {"facts": facts}
-    for part in path.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return None
-        node = node[part]
-    return node
 
 
 def _numeric(value: Any) -> bool:
@@ -172,9 +164,9 @@ class Atom:
 
     def holds(self, facts: Mapping[str, Any]) -> bool:
         """What the CEL condition gives on these facts (checked against CEL before a rule is proposed)."""
-        a = _get(facts, self.path)
+        a = fact_at(facts, self.path)
         if self.kind in ("threshold", "pair"):
-            b = _get(facts, self.value) if self.kind == "pair" else self.value
+            b = fact_at(facts, self.value) if self.kind == "pair" else self.value
             return _numeric(a) and _numeric(b) and bool(_COMPARE[self.op](a, b))
         if self.kind == "flag":
             return a is self.value
@@ -195,7 +187,7 @@ class Action:
     def output(self, facts: Mapping[str, Any]) -> dict[str, Any]:
         return {
             "type": self.event,
-            **{f: (_get(facts, v) if how == "fact" else v) for f, how, v in self.payload},
+            **{f: (fact_at(facts, v) if how == "fact" else v) for f, how, v in self.payload},
         }
 
     def cel(self) -> dict[str, str]:
@@ -318,13 +310,13 @@ class Vocabulary:
 
 
 def _scenarios_split(cases: Sequence[_Case], path: str, below: Any) -> tuple[int, int]:
-    low = {c.scenario for c in cases if below(_get(c.facts, path))}
-    high = {c.scenario for c in cases if not below(_get(c.facts, path))}
+    low = {c.scenario for c in cases if below(fact_at(c.facts, path))}
+    high = {c.scenario for c in cases if not below(fact_at(c.facts, path))}
     return len(low), len(high)
 
 
 def _all(cases: Sequence[_Case], path: str, test: Any) -> bool:
-    return bool(cases) and all(test(_get(c.facts, path)) for c in cases)
+    return bool(cases) and all(test(fact_at(c.facts, path)) for c in cases)
 
 
 def _atoms(cases: Sequence[_Case], vocab: Vocabulary) -> list[Atom]:
@@ -333,7 +325,7 @@ def _atoms(cases: Sequence[_Case], vocab: Vocabulary) -> list[Atom]:
         p for p, k in vocab.fact_types.items() if k in ("number", "int") and _all(cases, p, _numeric)
     )
     for path in numbers:
-        seen = sorted({float(_get(c.facts, path)) for c in cases})
+        seen = sorted({float(fact_at(c.facts, path)) for c in cases})
         constants = {float(c) for c in vocab.constants if _numeric(c)}
         for t in sorted(set(seen) | {c for c in constants if seen and seen[0] <= c <= seen[-1]}):
             value: float | int = int(t) if t.is_integer() else t
@@ -349,7 +341,7 @@ def _atoms(cases: Sequence[_Case], vocab: Vocabulary) -> list[Atom]:
         if kind == "bool" and _all(cases, path, lambda v: isinstance(v, bool)):
             atoms += [Atom("flag", path, "==", True), Atom("flag", path, "==", False)]
         elif kind == "enum" and _all(cases, path, lambda v: isinstance(v, str | int | bool)):
-            observed = sorted({_get(c.facts, path) for c in cases}, key=str)
+            observed = sorted({fact_at(c.facts, path) for c in cases}, key=str)
             declared = [v for v in vocab.values.get(path, observed) if v in observed] or observed
             for v in declared:
                 atoms += [Atom("equals", path, "==", v), Atom("equals", path, "!=", v)]
@@ -368,7 +360,7 @@ def _text_atoms(cases: Sequence[_Case], path: str) -> list[Atom]:
     owners: dict[str, set[str]] = {}
     in_target: set[str] = set()
     for case in cases:
-        words = _words(str(_get(case.facts, path)))
+        words = _words(str(fact_at(case.facts, path)))
         grams = set(words) | {f"{a} {b}" for a, b in itertools.pairwise(words)}
         for gram in grams:
             owners.setdefault(gram, set()).add(case.scenario)
@@ -404,7 +396,7 @@ def _actions(cases: Sequence[_Case], vocab: Vocabulary) -> dict[Action, int]:
                 sources: list[tuple[str, str, Any]] = [
                     (name, "fact", p)
                     for p in paths
-                    if (got := _get(case.facts, p)) is not None
+                    if (got := fact_at(case.facts, p)) is not None
                     and type(got) is not bool
                     and ((_numeric(got) and _numeric(value) and float(got) == float(value)) or got == value)
                 ]
