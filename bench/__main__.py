@@ -12,6 +12,7 @@ from bench.chat_bench import chat_figures
 from bench.explore_bench import explore_figures
 from bench.replay_bench import replay_figures
 from bench.round_bench import round_figures
+from bench.startup_bench import startup_figures
 from bench.warehouse_bench import warehouse_figures
 
 
@@ -21,11 +22,16 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="timed repetitions (medians reported)")
     parser.add_argument("--ingest-threads", type=int, default=20_000, help="threads in the ingest corpus")
     parser.add_argument(
-        "--only", choices=["replay", "warehouse", "explore", "round", "chat"], help="run one section"
+        "--only",
+        choices=["startup", "replay", "warehouse", "explore", "round", "chat"],
+        help="run one section",
     )
     args = parser.parse_args()
     figures: dict[str, object] = {"machine": {"cores": __import__("os").cpu_count()}}
     with tempfile.TemporaryDirectory(prefix="improve-bench-") as tmp:
+        if args.only in (None, "startup"):
+            print("bench: start-up of improve --help and each command's --help ...", file=sys.stderr)
+            figures["startup"] = startup_figures(args.repeat)
         if args.only in (None, "replay"):
             print(f"bench: replay over {args.threads} threads ...", file=sys.stderr)
             figures["replay"] = replay_figures(Path(tmp), args.threads, args.repeat)

@@ -290,10 +290,16 @@ def test_the_test_split_is_sealed_until_unsealed_and_each_unsealing_is_recorded(
 
 
 HEAVY = ("scipy", "openai", "github")
+# `--help` lists the commands without importing any of them (improve.cli.lazy).
+NOT_FOR_HELP = (*HEAVY, "duckdb", "numpy", "git", "improve.evals", "improve.warehouse", "improve.loop")
 
 
-@pytest.mark.parametrize("args", [["--help"], ["describe", "--env", "refunds"]])
-def test_commands_that_need_no_statistics_or_endpoints_do_not_import_them(args: list[str]) -> None:
+@pytest.mark.parametrize(
+    ("args", "unwanted"), [(["--help"], NOT_FOR_HELP), (["describe", "--env", "refunds"], HEAVY)]
+)
+def test_commands_that_need_no_statistics_or_endpoints_do_not_import_them(
+    args: list[str], unwanted: tuple[str, ...]
+) -> None:
     """Start-up time is import time: scipy, the openai SDK and PyGithub load only in the commands that use
     them (a fresh interpreter, so nothing imported by another test counts)."""
     import subprocess
@@ -302,9 +308,25 @@ def test_commands_that_need_no_statistics_or_endpoints_do_not_import_them(args: 
         "import sys\n"
         "from improve.cli.main import app\n"
         f"try:\n    app({args!r})\nexcept SystemExit:\n    pass\n"
-        f"print('loaded:', ','.join(m for m in {HEAVY!r} if m in sys.modules))\n"
+        f"print('loaded:', ','.join(m for m in {unwanted!r} if m in sys.modules))\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120, check=True
     )
     assert done.stdout.splitlines()[-1] == "loaded: ", done.stdout[-500:]
+
+
+def test_the_command_listing_matches_every_command_it_loads_lazily() -> None:
+    """`improve --help` lists each command's one line from improve.cli.main without importing the
+    command; loading it must give a command whose own first line is the same (and that exists)."""
+    import typer.main
+
+    from improve.cli.main import ImproveGroup
+
+    group = typer.main.get_command(app)
+    assert isinstance(group, ImproveGroup)
+    assert [c.name for c in ImproveGroup.LAZY] == list(group.commands)
+    for listed in ImproveGroup.LAZY:
+        loaded = group.load(listed.name)
+        assert loaded.name == listed.name
+        assert loaded.get_short_help_str(limit=1000) == listed.help, listed.name

@@ -556,7 +556,7 @@ def test_a_bom_crlf_file_with_one_bad_line_rejects_only_that_line(small_ws: Path
     assert opencli.exit_code == 0 and json.loads(opencli.stdout)["ingested"] == 2
     clean = small_ws / "clean.jsonl"
     clean.write_bytes(BOM + "\r\n".join(lines).encode() + b"\r\n")
-    from improve.cli.main import _read_file
+    from improve.cli.replay import _read_file
 
     assert [len(entries) for _, entries in _read_file(clean)] == [5]
 

@@ -1,0 +1,234 @@
+"""`improve run`: run a split's scenarios with a policy and a model, one journaled thread per run."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import asdict
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from improve.cli.common import (
+    CacheMode,
+    CacheOption,
+    JsonOption,
+    ModelOption,
+    WorkspaceOption,
+    emit_json,
+    err,
+    handled,
+    out,
+    workspace,
+)
+from improve.cli.unseal import record_unsealing_of
+from improve.errors import SealedSplitError, WorkspaceError
+from improve.evals import SEALED_SPLIT, UNSEAL_HOW, Ledger, OutcomeRow, SuiteSpec, write_threads
+from improve.llm import Meter
+from improve.log import JsonlDirStore
+
+
+def run_command(
+    env: Annotated[
+        str | None, typer.Option("--env", "-e", help="Environment (default from improve.toml).")
+    ] = None,
+    policy: Annotated[
+        str, typer.Option("--policy", "-p", help="Policy version (v0) or a .json path.")
+    ] = "v0",
+    model: Annotated[str, ModelOption] = "naive",
+    split: Annotated[
+        str,
+        typer.Option(
+            "--split",
+            "-s",
+            help="train, held-out, test (sealed: needs --unseal) or all (test only with --unseal).",
+        ),
+    ] = "all",
+    k: Annotated[
+        int | None, typer.Option("--k", min=1, help="Runs per scenario (default from improve.toml).")
+    ] = None,
+    scenario: Annotated[list[str] | None, typer.Option("--scenario", help="Only these scenario ids.")] = None,
+    fresh: Annotated[bool, typer.Option("--fresh", help="Run again even when threads are recorded.")] = False,
+    cache: Annotated[CacheMode, CacheOption] = CacheMode.record,
+    concurrency: Annotated[int, typer.Option("--concurrency", min=1, help="Runs in flight at once.")] = 8,
+    unseal: Annotated[
+        bool,
+        typer.Option(
+            "--unseal",
+            help="Run the sealed test split's scenarios too (--split test or all): the outcomes are shown, "
+            "and the unsealing is recorded in the policies' test-unsealings.jsonl.",
+        ),
+    ] = False,
+    as_json: Annotated[bool, JsonOption] = False,
+    ws: Annotated[Path | None, WorkspaceOption] = None,
+) -> None:
+    """Run the scenarios of a split with a policy and a model, journaling one thread per run.
+
+    Threads are written to the workspace's traces/ as `split:version:model:scenario:rK.jsonl`;
+    threads already recorded with the same policy and model are reused, so an interrupted run
+    resumes. A model behind an endpoint has its calls recorded under .improve/cache (--cache), and
+    the progress lines count its calls, tokens, USD and retries. The sealed test split is left out
+    of --split all, and refused alone, unless --unseal (recorded, as `improve score --unseal` is).
+
+    Example:
+
+        improve run --env refunds --policy v0 --model naive --split train --k 3
+        improve run --model openai:gpt-4.1-mini --k 3 --cache record
+    """
+    with handled():
+        space = workspace(ws)
+        env_name = space.env_name(env)
+        environment = space.environment(env_name)
+        scenario_set = space.scenarios(env_name)
+        chosen = scenario_set.split(split, unseal=unseal)
+        if scenario:
+            known = scenario_set.by_id()
+            missing = [s for s in scenario if s not in known]
+            if missing:
+                raise WorkspaceError(f"unknown scenario id(s) {missing}; see {scenario_set.source}")
+            sealed = [s for s in scenario if known[s].split == SEALED_SPLIT]
+            if sealed and not unseal:
+                raise SealedSplitError(f"--scenario {', '.join(sealed)}: {UNSEAL_HOW}")
+            chosen = [s for s in chosen if s.id in set(scenario)]
+        elif split == "all" and not unseal and scenario_set.sealed:
+            err.print(
+                f"the sealed test split ({len(scenario_set.sealed)} scenarios) is left out; --unseal runs it "
+                "(and records the unsealing)",
+                markup=False,
+            )
+        policy_config = space.load_policy(env_name, policy)
+        spec = SuiteSpec(
+            policy=policy_config,
+            model=model,
+            k=k or space.config.objective.k,
+            max_model_calls=space.config.objective.max_model_calls,
+            model_spec=space.model_spec(model, environment),
+            cache_dir=str(space.cache_dir),
+            cache_mode=cache.value,
+        )
+        meter = Meter()
+        store = JsonlDirStore(space.traces)
+        err.print(
+            f"running {len(chosen)} scenarios x {spec.k} on {env_name} with policy "
+            f"{policy_config.id}@{policy_config.version}, model {model} -> {space.traces}"
+        )
+
+        def ran(done: int, total: int) -> None:
+            if spec.model_spec is not None and (done == total or done % 10 == 0):
+                err.print(f"  {done}/{total} runs: {meter.summary()}", markup=False)
+
+        plan = write_threads(
+            environment, chosen, spec, store, fresh=fresh, concurrency=concurrency, ran=ran, meter=meter
+        )
+        # Every thread is recorded in the warehouse and read back from there, verified.
+        with Ledger(space, environment) as ledger:
+            recorded = ledger.record(
+                [p.thread_id for p in plan],
+                say=lambda m: err.print(m, markup=False),
+                rewritten=[p.thread_id for p in plan if not p.reused],
+            )
+        rows = recorded.rows
+        for done, row in enumerate(rows, start=1):
+            mark = "[green]pass[/]" if row.passed else "[red]FAIL[/]"
+            err.print(f"  [{done}/{len(rows)}] {row.thread_id} {mark} {row.final_state}", markup=True)
+        reused_count = sum(p.reused for p in plan)
+        if reused_count:
+            err.print(f"reused {reused_count} recorded threads (--fresh runs them again)")
+        summary = summarize(rows)
+        unsealed = [r for r in rows if r.split == SEALED_SPLIT]
+        unsealing = (
+            record_unsealing_of(
+                space,
+                env_name,
+                scenario_set,
+                policy_config,
+                model,
+                unsealed,
+                command=f"improve run --policy {policy} --model {model} --split {split} --k {spec.k} --unseal",
+            )
+            if unsealed
+            else None
+        )
+        if as_json:
+            emit_json(
+                {
+                    "environment": env_name,
+                    "policy": policy_config.version,
+                    "model": model,
+                    "k": spec.k,
+                    "summary": summary,
+                    "quarantined": [asdict(q) for q in recorded.quarantined],
+                    "unsealing": unsealing.to_json() if unsealing else None,
+                    **({"model_calls": meter.to_json()} if spec.model_spec is not None else {}),
+                    "scenarios": per_scenario(rows),
+                    "threads": [r.to_json() for r in rows],
+                }
+            )
+        else:
+            out.print(outcome_table(rows))
+            out.print(
+                f"pass rate {summary['pass_rate']:.3f} ({summary['passed']}/{summary['runs']} runs), "
+                f"violations {summary['violations']}, model calls {summary['model_calls']}, "
+                f"tokens {summary['tokens']}"
+            )
+
+
+def summarize(rows: list[OutcomeRow]) -> dict[str, Any]:
+    runs = len(rows)
+    passed = sum(r.passed for r in rows)
+    return {
+        "runs": runs,
+        "passed": passed,
+        "pass_rate": passed / runs if runs else 0.0,
+        "violations": sum(len(r.violations) for r in rows),
+        "model_calls": sum(r.model_calls for r in rows),
+        "tokens": sum(r.tokens for r in rows),
+        "failed_attempts": sum(r.failed_attempts for r in rows),
+    }
+
+
+def per_scenario(rows: list[OutcomeRow]) -> list[dict[str, Any]]:
+    grouped: dict[str, list[OutcomeRow]] = defaultdict(list)
+    for row in rows:
+        grouped[row.scenario].append(row)
+    result = []
+    for scenario_id, group in grouped.items():
+        outcomes: dict[str, int] = defaultdict(int)
+        for r in group:
+            outcomes[r.final_state] += 1
+        result.append(
+            {
+                "scenario": scenario_id,
+                "category": group[0].category,
+                "split": group[0].split,
+                "expected": group[0].expected_outcome,
+                "outcomes": dict(outcomes),
+                "passed": sum(r.passed for r in group),
+                "runs": len(group),
+                "pass_fraction": sum(r.passed for r in group) / len(group),
+                "violations": sum(len(r.violations) for r in group),
+                "reasons": sorted({r.reason for r in group if not r.passed}),
+            }
+        )
+    return result
+
+
+def outcome_table(rows: list[OutcomeRow]) -> Table:
+    table = Table(title="outcomes against expected (full reasons with --json)")
+    for column in ("scenario", "split", "expected", "outcomes", "pass"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("why not (first reason)", no_wrap=True, overflow="ellipsis", max_width=56)
+    for item in per_scenario(rows):
+        outcomes = ", ".join(f"{state} x{n}" for state, n in item["outcomes"].items())
+        style = "green" if item["passed"] == item["runs"] else ("red" if item["passed"] == 0 else "yellow")
+        why = item["reasons"][0].split("; ")[0] if item["reasons"] else ""
+        table.add_row(
+            item["scenario"],
+            item["split"],
+            item["expected"],
+            outcomes,
+            f"[{style}]{item['passed']}/{item['runs']}[/]",
+            why,
+        )
+    return table
