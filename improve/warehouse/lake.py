@@ -274,7 +274,7 @@ def lake_relations(directory: str | Path, manifest: dict[str, Any]) -> tuple[Rel
             sql = _table_sql(lake, relation.name, columns, int(manifest["tables"][relation.name]["rows"]))
             documented = {c: text for c, text in relation.columns.items() if c in columns}
             relations.append(replace(relation, sql=sql, columns=documented))
-        elif relation.sql is not None:
+        elif relation.sql is not None and relation.in_lake:
             relations.append(relation)
     return tuple(relations)
 
