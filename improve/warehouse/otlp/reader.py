@@ -134,6 +134,11 @@ def _check_ids(span: dict[str, Any]) -> dict[str, Any]:
     return fixed
 
 
+def _check_enum(value: Any, enum: Any, name: str) -> None:
+    if isinstance(value, str) and value not in enum.keys():
+        raise _SpanProblem(f"{name} {value!r} is not one of {', '.join(enum.keys())} (or their numbers)")
+
+
 def span_row(
     span: Any,
     resource: dict[str, Any],
@@ -150,6 +155,11 @@ def span_row(
     if not isinstance(span, dict):
         raise _SpanProblem(f"a span must be a JSON object, got {type(span).__name__}")
     fixed = _check_ids(span)
+    # With unknown fields ignored, protobuf also ignores an unknown enum name: checked here instead.
+    _check_enum(span.get("kind"), Span.SpanKind, "kind")
+    status_doc = span.get("status")
+    if isinstance(status_doc, dict):
+        _check_enum(status_doc.get("code"), Status.StatusCode, "status.code")
     message = Span()
     try:
         # Unknown fields are allowed (a newer OTLP version adds some): they are kept in `raw`.

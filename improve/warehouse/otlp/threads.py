@@ -26,8 +26,9 @@ _QUERY = re.compile(r"^\s*(\(\s*)*(select|with|from|table|values)\b", re.IGNOREC
 
 
 def is_query(selector: str) -> bool:
-    """A selector is a query when it starts as one (SELECT, WITH, FROM ...); else a thread id prefix."""
-    return bool(_QUERY.match(selector))
+    """A selector is a query when it starts as one (SELECT, WITH, FROM ...) or holds a space, which no
+    thread id does (so `DELETE FROM entries` is refused as a statement, not searched for as a prefix)."""
+    return bool(_QUERY.match(selector)) or any(c.isspace() for c in selector)
 
 
 def file_threads(paths: Iterable[str | Path]) -> list[tuple[str, list[LogEntry]]]:
