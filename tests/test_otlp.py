@@ -44,7 +44,9 @@ def traces(tmp_path_factory: pytest.TempPathFactory) -> Path:
     scenarios = load_scenarios(REPO / "scenarios" / "refunds.yaml").split("held-out")
     store = JsonlDirStore(root / "traces")
     for model, version in (("naive", "0"), ("sloppy", "1")):
-        policy = load_policy(REPO / "policies" / "refunds" / "v0.json").model_copy(update={"version": version})
+        policy = load_policy(REPO / "policies" / "refunds" / "v0.json").model_copy(
+            update={"version": version}
+        )
         run_suite(env, scenarios, SuiteSpec(policy=policy, model=model, k=2), store)
     return root / "traces"
 
@@ -143,24 +145,39 @@ def test_exported_threads_parse_as_otlp_and_follow_the_genai_conventions(ws: Pat
         assert attrs["improve.environment"] == "refunds" and attrs["improve.policy.version"] in ("v0", "v1")
         assert attrs["improve.scenario"] == entries[0].metadata["scenario"]  # type: ignore[index]
         assert isinstance(attrs["improve.passed"], bool) and attrs["improve.outcome"]
-        assert attrs["improve.violations"] == str(len(attrs.get("improve.violation.rules", [])))  # int64 as text
+        assert attrs["improve.violations"] == str(
+            len(attrs.get("improve.violation.rules", []))
+        )  # int64 as text
         assert all(s.parent_span_id == root.span_id for s in trace if s is not root)
-        assert all(root.start_time_unix_nano <= s.start_time_unix_nano <= s.end_time_unix_nano <= root.end_time_unix_nano for s in trace)
+        assert all(
+            root.start_time_unix_nano
+            <= s.start_time_unix_nano
+            <= s.end_time_unix_nano
+            <= root.end_time_unix_nano
+            for s in trace
+        )
         chats = [s for s in trace if _attrs(s)["gen_ai.operation.name"] == "chat"]
         usage = [e for e in entries if e.type == "@agent.usage"]
         assert len(chats) == len(usage)
-        assert all(s.name == f"chat {_attrs(s)['gen_ai.request.model']}" and s.kind == Span.SPAN_KIND_CLIENT for s in chats)
+        assert all(
+            s.name == f"chat {_attrs(s)['gen_ai.request.model']}" and s.kind == Span.SPAN_KIND_CLIENT
+            for s in chats
+        )
         assert sum(int(_attrs(s)["gen_ai.usage.input_tokens"]) for s in chats) == sum(
             e.event["inputTokens"] for e in usage
         )
         tools = [s for s in trace if _attrs(s)["gen_ai.operation.name"] == "execute_tool"]
-        assert sorted(s.name for s in tools) == sorted(f"execute_tool {e.event['actorId']}" for e in _tools(entries))
+        assert sorted(s.name for s in tools) == sorted(
+            f"execute_tool {e.event['actorId']}" for e in _tools(entries)
+        )
         decided = [s for s in chats if "improve.decision.answer" in _attrs(s)]
         landed = [e for e in entries if "decision" in (e.metadata or {}) and e.type != "xstate.error.actor"]
         assert len(decided) == len(landed)
         for chat, entry in zip(decided, landed, strict=True):
             assert json.loads(_attrs(chat)["improve.decision.answer"]) == entry.event
-            assert json.loads(_attrs(chat)["improve.decision.options"]) == entry.metadata["decision"]["options"]  # type: ignore[index]
+            assert (
+                json.loads(_attrs(chat)["improve.decision.options"]) == entry.metadata["decision"]["options"]
+            )  # type: ignore[index]
         guard_events = [ev for s in trace for ev in s.events if ev.name == "improve.guard_refusal"]
         attempts = [a for e in entries for a in e.attempts or [] if a.kind == "rejected-by-guard"]
         assert len(guard_events) == len(attempts)
@@ -193,7 +210,9 @@ def test_export_selects_threads_by_prefix_or_query(ws: Path) -> None:
         ("DELETE FROM entries", "refused"),
         ("missing/dir", "no such file or directory"),
     ):
-        result = runner.invoke(app, ["export", "--format", "otlp", "-w", str(ws), bad, "--out", str(ws / "c")])
+        result = runner.invoke(
+            app, ["export", "--format", "otlp", "-w", str(ws), bad, "--out", str(ws / "c")]
+        )
         assert result.exit_code == 2 and message in result.output, result.output
         assert "Traceback" not in result.output
 
@@ -209,7 +228,7 @@ class _Collector:
         collector = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+            def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 collector.posts.append((self.path, {k.lower(): v for k, v in self.headers.items()}))
                 code = collector.script.pop(0) if collector.script else 200
@@ -253,14 +272,27 @@ def test_export_to_a_local_collector_retries_a_503_and_delivers_every_span(
     with _Collector([503]) as collector:
         result = runner.invoke(
             app,
-            ["export", "--format", "otlp", "-w", str(ws), str(ws / "traces"), "--endpoint", collector.url, "--batch", "10"],
+            [
+                "export",
+                "--format",
+                "otlp",
+                "-w",
+                str(ws),
+                str(ws / "traces"),
+                "--endpoint",
+                collector.url,
+                "--batch",
+                "10",
+            ],
         )
     assert result.exit_code == 0, result.output
     assert "s3cret" not in result.output and "trying again" in result.output
     assert len(collector.posts) == files["requests"] + 1  # one batch sent twice
     assert {path for path, _ in collector.posts} == {"/v1/traces"}
     assert all(h["content-type"] == "application/x-protobuf" for _, h in collector.posts)
-    assert all(h["authorization"] == "Bearer s3cret-token" and h["x-tenant"] == "acme" for _, h in collector.posts)
+    assert all(
+        h["authorization"] == "Bearer s3cret-token" and h["x-tenant"] == "acme" for _, h in collector.posts
+    )
     # What the collector decoded is what the files hold.
     assert collector.requests == _parse(Path(files["file"]))
 
@@ -268,17 +300,30 @@ def test_export_to_a_local_collector_retries_a_503_and_delivers_every_span(
 def test_a_collector_that_keeps_failing_or_refuses_gives_a_clear_error(ws: Path) -> None:
     with _Collector([503] * 10) as collector:
         result = runner.invoke(
-            app, ["export", "--format", "otlp", "-w", str(ws), str(ws / "traces"), "--endpoint", collector.url]
+            app,
+            ["export", "--format", "otlp", "-w", str(ws), str(ws / "traces"), "--endpoint", collector.url],
         )
     assert result.exit_code == 3 and "after 5 tries" in result.output and "HTTP 503" in result.output
     assert "Traceback" not in result.output and len(collector.posts) == 5
     with _Collector([400]) as collector:
         result = runner.invoke(
-            app, ["export", "--format", "otlp", "-w", str(ws), str(ws / "traces"), "--endpoint", collector.url + "/v1/traces"]
+            app,
+            [
+                "export",
+                "--format",
+                "otlp",
+                "-w",
+                str(ws),
+                str(ws / "traces"),
+                "--endpoint",
+                collector.url + "/v1/traces",
+            ],
         )
     assert result.exit_code == 3 and "HTTP 400" in result.output and "not retried" in result.output
     assert len(collector.posts) == 1
-    result = runner.invoke(app, ["export", "--format", "otlp", "-w", str(ws), str(ws / "traces"), "--endpoint", "ftp://x"])
+    result = runner.invoke(
+        app, ["export", "--format", "otlp", "-w", str(ws), str(ws / "traces"), "--endpoint", "ftp://x"]
+    )
     assert result.exit_code == 2 and "not an http(s) URL" in result.output
 
 
@@ -289,7 +334,9 @@ def test_exported_and_ingested_again_gives_the_same_runs_calls_tools_and_tokens(
     assert first.exit_code == 0, first.output
     report = json.loads(first.stdout)
     assert report["lines_read"] == report["ingested"] == doc["spans"] and report["rejected"] == 0
-    again = json.loads(runner.invoke(app, ["ingest", "--format", "otlp", "-w", str(ws), doc["file"], "--json"]).stdout)
+    again = json.loads(
+        runner.invoke(app, ["ingest", "--format", "otlp", "-w", str(ws), doc["file"], "--json"]).stdout
+    )
     assert (again["ingested"], again["already_present"], again["rejected"]) == (0, doc["spans"], 0)
     con = open_database(ws / "traces" / "traces.duckdb", read_only=True)
     ours = con.execute(
@@ -307,7 +354,9 @@ def test_exported_and_ingested_again_gives_the_same_runs_calls_tools_and_tokens(
         "FROM otel_sessions ORDER BY thread_id"
     ).fetchall()
     assert len(ours) == len(_threads(ws / "traces")) and theirs == ours
-    assert con.execute("SELECT count(*) FROM otel_sessions WHERE agent = 'refunds' AND spans > 0").fetchone() == (len(ours),)
+    assert con.execute(
+        "SELECT count(*) FROM otel_sessions WHERE agent = 'refunds' AND spans > 0"
+    ).fetchone() == (len(ours),)
     con.close()
 
 
@@ -320,7 +369,9 @@ def _sdk_spans() -> list[Any]:
     from opentelemetry.trace import Link, SpanKind, StatusCode
 
     memory = InMemorySpanExporter()
-    provider = TracerProvider(resource=Resource.create({"service.name": "support-bot", "deployment.env": "test", "pid.n": 7}))
+    provider = TracerProvider(
+        resource=Resource.create({"service.name": "support-bot", "deployment.env": "test", "pid.n": 7})
+    )
     provider.add_span_processor(SimpleSpanProcessor(memory))
     tracer = provider.get_tracer("acme.agent", "2.1.0", schema_url="https://opentelemetry.io/schemas/1.30.0")
     with tracer.start_as_current_span("invoke_agent support-bot", kind=SpanKind.INTERNAL) as agent:
@@ -342,8 +393,16 @@ def _sdk_spans() -> list[Any]:
                 }
             )
             chat.add_event("gen_ai.choice", {"index": 0, "finish_reason": "stop"})
-        with tracer.start_as_current_span("execute_tool lookup_order", links=[Link(chat.get_span_context(), {"why": "answer"})]) as tool:
-            tool.set_attributes({"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "lookup_order", "gen_ai.tool.call.id": "call_1"})
+        with tracer.start_as_current_span(
+            "execute_tool lookup_order", links=[Link(chat.get_span_context(), {"why": "answer"})]
+        ) as tool:
+            tool.set_attributes(
+                {
+                    "gen_ai.operation.name": "execute_tool",
+                    "gen_ai.tool.name": "lookup_order",
+                    "gen_ai.tool.call.id": "call_1",
+                }
+            )
             tool.set_status(StatusCode.ERROR, "order not found")
             tool.record_exception(KeyError("O-1"))
     return list(memory.get_finished_spans())
@@ -380,17 +439,31 @@ def test_an_sdk_written_file_lands_with_nothing_lost(ws: Path, pretty: bool) -> 
         row = rows[f"{ctx.span_id:016x}"]
         assert row[1] == f"{ctx.trace_id:032x}"
         assert row[2] == (f"{span.parent.span_id:016x}" if span.parent else None)
-        assert (row[3], row[4], row[5], row[6]) == (span.name, span.kind.name.upper(), span.start_time, span.end_time)
+        assert (row[3], row[4], row[5], row[6]) == (
+            span.name,
+            span.kind.name.upper(),
+            span.start_time,
+            span.end_time,
+        )
         assert (row[7], row[8]) == (span.status.status_code.name, span.status.description)
-        assert json.loads(row[9]) == {k: list(v) if isinstance(v, tuple) else v for k, v in span.attributes.items()}
+        assert json.loads(row[9]) == {
+            k: list(v) if isinstance(v, tuple) else v for k, v in span.attributes.items()
+        }
         events = json.loads(row[10])
-        assert [(e["name"], e["time_unix_nano"]) for e in events] == [(e.name, e.timestamp) for e in span.events]
+        assert [(e["name"], e["time_unix_nano"]) for e in events] == [
+            (e.name, e.timestamp) for e in span.events
+        ]
         assert [e["attributes"] for e in events] == [dict(e.attributes) for e in span.events]
         assert [(link["trace_id"], link["span_id"], link["attributes"]) for link in json.loads(row[11])] == [
-            (f"{link.context.trace_id:032x}", f"{link.context.span_id:016x}", dict(link.attributes)) for link in span.links
+            (f"{link.context.trace_id:032x}", f"{link.context.span_id:016x}", dict(link.attributes))
+            for link in span.links
         ]
         assert row[12] == "support-bot" and json.loads(row[13]) == dict(span.resource.attributes)
-        assert (row[14], row[15], row[16]) == ("acme.agent", "2.1.0", "https://opentelemetry.io/schemas/1.30.0")
+        assert (row[14], row[15], row[16]) == (
+            "acme.agent",
+            "2.1.0",
+            "https://opentelemetry.io/schemas/1.30.0",
+        )
         assert json.loads(row[17])["spanId"] == f"{ctx.span_id:016x}"  # raw keeps the span, ids in hex
     # Types survive: a double stays a double, ints ints, in the JSON the columns hold.
     chat = next(r for r in rows.values() if r[3].startswith("chat"))
@@ -400,8 +473,20 @@ def test_an_sdk_written_file_lands_with_nothing_lost(ws: Path, pretty: bool) -> 
         "root_span, thread_id FROM otel_sessions"
     ).fetchall()
     assert session == [
-        ("support-bot", "gpt-4.1-mini-2025-04-14", ["gpt-4.1-mini-2025-04-14"], 1, 1200, 85, 1, ["lookup_order"], 1, 3,
-         "invoke_agent support-bot", None)
+        (
+            "support-bot",
+            "gpt-4.1-mini-2025-04-14",
+            ["gpt-4.1-mini-2025-04-14"],
+            1,
+            1200,
+            85,
+            1,
+            ["lookup_order"],
+            1,
+            3,
+            "invoke_agent support-bot",
+            None,
+        )
     ]
     con.close()
 
@@ -458,7 +543,9 @@ def test_malformed_spans_are_rejected_one_by_one_and_counted(ws: Path, bad_file:
     assert result.exit_code == 1, result.output
     doc = json.loads(result.stdout)
     (counted,) = doc["files"]
-    assert (counted["lines_read"], counted["ingested"], counted["rejected"]) == (10, 2, 8) and counted["balanced"]
+    assert (counted["lines_read"], counted["ingested"], counted["rejected"]) == (10, 2, 8) and counted[
+        "balanced"
+    ]
     con = open_database(ws / "traces" / "traces.duckdb", read_only=True)
     rejected = con.execute("SELECT line, error FROM rejected_lines ORDER BY line, error").fetchall()
     con.close()
@@ -475,20 +562,26 @@ def test_malformed_spans_are_rejected_one_by_one_and_counted(ws: Path, bad_file:
         "not a number",
         "spanId is all zeros",
         "not JSON",
-        "no \"resourceSpans\"",
+        'no "resourceSpans"',
     ):
         assert needle in text, (needle, text)
     # Again: nothing new lands, the rejects are counted again but not recorded twice.
-    again = json.loads(runner.invoke(app, ["ingest", "--format", "otlp", "-w", str(ws), str(bad_file), "--json"]).stdout)
+    again = json.loads(
+        runner.invoke(app, ["ingest", "--format", "otlp", "-w", str(ws), str(bad_file), "--json"]).stdout
+    )
     assert (again["ingested"], again["already_present"], again["rejected"]) == (0, 2, 8)
     con = open_database(ws / "traces" / "traces.duckdb", read_only=True)
     assert con.execute("SELECT count(*) FROM rejected_lines").fetchone() == (8,)
-    assert con.execute("SELECT format, lines_read, rejected FROM ingest_batches ORDER BY started_at").fetchall() == [
+    assert con.execute(
+        "SELECT format, lines_read, rejected FROM ingest_batches ORDER BY started_at"
+    ).fetchall() == [
         ("otlp", 10, 8),
         ("otlp", 10, 8),
     ]
     con.close()
-    allowed = runner.invoke(app, ["ingest", "--format", "otlp", "-w", str(ws), str(bad_file), "--allow-rejects"])
+    allowed = runner.invoke(
+        app, ["ingest", "--format", "otlp", "-w", str(ws), str(bad_file), "--allow-rejects"]
+    )
     assert allowed.exit_code == 0 and "spans read" in allowed.output
 
 
@@ -505,7 +598,10 @@ def test_a_different_span_under_held_ids_is_a_conflict_never_overwritten(ws: Pat
     assert (doc["ingested"], doc["already_present"], doc["rejected"]) == (1, 1, 1)
     assert "conflict: span 0000000000000001" in doc["rejections"][0]["error"]
     con = open_database(ws / "traces" / "traces.duckdb", read_only=True)
-    assert con.execute("SELECT name FROM otel_spans ORDER BY span_id").fetchall() == [("step 1",), ("step 2",)]
+    assert con.execute("SELECT name FROM otel_spans ORDER BY span_id").fetchall() == [
+        ("step 1",),
+        ("step 2",),
+    ]
     con.close()
 
 

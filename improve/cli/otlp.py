@@ -13,6 +13,7 @@ from improve.errors import ConfigError, WorkspaceError
 from improve.evals import OutcomeRow
 from improve.warehouse import (
     RunOutcome,
+    SendReport,
     ThreadRun,
     export_requests,
     file_threads,
@@ -103,9 +104,13 @@ def export_otlp(
         "requests": len(requests),
         "unscored": len(unscored),
     }
+    sent: SendReport | None = None
     if endpoint is not None:
         sent = send_requests(
-            requests, endpoint, headers=headers_from_env(os.environ), progress=lambda m: err.print(m, markup=False)
+            requests,
+            endpoint,
+            headers=headers_from_env(os.environ),
+            progress=lambda m: err.print(m, markup=False),
         )
         summary |= sent.to_json()
         where = f"sent to {sent.endpoint} ({sent.retries} retries)"
@@ -125,6 +130,6 @@ def export_otlp(
     out.print(table)
     for thread_id, why in sorted(unscored.items())[:5]:
         err.print(f"no outcome for {thread_id}: {why}", markup=False)
-    if endpoint is not None and summary.get("rejected_spans"):
-        for message in summary.get("messages") or []:  # type: ignore[union-attr]
+    if sent is not None:
+        for message in sent.messages:
             err.print(f"collector: {message}", markup=False)

@@ -295,9 +295,9 @@ def export_command(
             "warehouse (default: every thread in the warehouse).",
         ),
     ] = None,
-    fmt: Annotated[str, typer.Option("--format", "-f", help="parquet (a lake) or otlp (OpenTelemetry traces).")] = (
-        "parquet"
-    ),
+    fmt: Annotated[
+        str, typer.Option("--format", "-f", help="parquet (a lake) or otlp (OpenTelemetry traces).")
+    ] = ("parquet"),
     endpoint: Annotated[
         str | None,
         typer.Option(
@@ -342,7 +342,9 @@ def export_command(
         if fmt == OTLP_FORMAT:
             from improve.cli.otlp import export_otlp
 
-            export_otlp(source, endpoint=endpoint, out_dir=out_dir, batch=batch, db=db, as_json=as_json, ws=ws)
+            export_otlp(
+                source, endpoint=endpoint, out_dir=out_dir, batch=batch, db=db, as_json=as_json, ws=ws
+            )
             return
         if fmt != "parquet":
             raise WorkspaceError(f"unknown export format {fmt!r}; use --format parquet or --format otlp")

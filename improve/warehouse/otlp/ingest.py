@@ -23,7 +23,13 @@ import duckdb
 
 from improve.errors import ConfigError
 from improve.log import MAX_LINE_BYTES
-from improve.warehouse.ingest import FileReport, IngestAccountingError, IngestReport, SkippedFile, collect_paths
+from improve.warehouse.ingest import (
+    FileReport,
+    IngestAccountingError,
+    IngestReport,
+    SkippedFile,
+    collect_paths,
+)
 from improve.warehouse.otlp.reader import SPAN_COLUMNS, Rejected, SpanRow, read_document, read_file_documents
 
 FORMAT = "otlp"
@@ -53,7 +59,9 @@ def _read(path: Path) -> bytes | SkippedFile:
     except OSError as error:
         return SkippedFile(str(path), f"cannot be read: {error.strerror or error}")
     if b"\0" in data[:BINARY_PROBE]:
-        return SkippedFile(str(path), "binary (a NUL byte in its first 8 KiB), not an OTLP/JSON file: skipped")
+        return SkippedFile(
+            str(path), "binary (a NUL byte in its first 8 KiB), not an OTLP/JSON file: skipped"
+        )
     return data
 
 
@@ -165,7 +173,9 @@ def _held(con: duckdb.DuckDBPyConnection, rows: list[SpanRow]) -> dict[tuple[str
     return {(t, s): h for t, s, h in found}
 
 
-def _reject(con: duckdb.DuckDBPyConnection, report: IngestReport, source: str, rejected: list[Rejected]) -> None:
+def _reject(
+    con: duckdb.DuckDBPyConnection, report: IngestReport, source: str, rejected: list[Rejected]
+) -> None:
     """Rows in rejected_lines; one rejected before, the same way, keeps its one row (now this batch's)."""
     for item in rejected:
         if len(report.rejections) < 20:
@@ -206,4 +216,3 @@ def _check(con: duckdb.DuckDBPyConnection, report: IngestReport) -> None:
             "OTLP ingest accounting does not add up, so nothing was committed (a bug in improve; please report "
             "it with the files): " + "; ".join(problems[:5])
         )
-

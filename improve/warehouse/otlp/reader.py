@@ -135,8 +135,9 @@ def _check_ids(span: dict[str, Any]) -> dict[str, Any]:
 
 
 def _check_enum(value: Any, enum: Any, name: str) -> None:
-    if isinstance(value, str) and value not in enum.keys():
-        raise _SpanProblem(f"{name} {value!r} is not one of {', '.join(enum.keys())} (or their numbers)")
+    names = list(enum.keys())
+    if isinstance(value, str) and value not in names:
+        raise _SpanProblem(f"{name} {value!r} is not one of {', '.join(names)} (or their numbers)")
 
 
 def span_row(
@@ -186,7 +187,9 @@ def span_row(
             "name": e.name,
             "time_unix_nano": e.time_unix_nano,
             "attributes": _flat(e.attributes),
-            **({"dropped_attributes_count": e.dropped_attributes_count} if e.dropped_attributes_count else {}),
+            **(
+                {"dropped_attributes_count": e.dropped_attributes_count} if e.dropped_attributes_count else {}
+            ),
         }
         for e in message.events
     ]
@@ -226,7 +229,9 @@ def span_row(
         message.dropped_attributes_count,
         message.dropped_events_count,
         message.dropped_links_count,
-        resource_attributes.get("service.name") if isinstance(resource_attributes.get("service.name"), str) else None,
+        resource_attributes.get("service.name")
+        if isinstance(resource_attributes.get("service.name"), str)
+        else None,
         _dumps(resource_attributes),
         resource["schema_url"],
         scope["name"],

@@ -122,7 +122,7 @@ def _status_message(body: bytes) -> str:
         status = status_pb2.Status()
         status.ParseFromString(body)
         if status.message:
-            return status.message
+            return str(status.message)
     except (ImportError, DecodeError):
         pass
     return body[:300].decode("utf-8", errors="replace").strip()
@@ -138,6 +138,7 @@ def send_requests(
     progress: Callable[[str], None] | None = None,
 ) -> SendReport:
     """POST each request as protobuf; OtlpSendError when one cannot be delivered after `policy.tries`."""
+    from google.protobuf.message import DecodeError
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
     url = traces_url(endpoint)
@@ -159,7 +160,7 @@ def send_requests(
                 response = ExportTraceServiceResponse()
                 try:
                     response.ParseFromString(payload)
-                except Exception:  # noqa: BLE001 - a 200 with a body we cannot read is still a success
+                except DecodeError:  # a 200 whose body we cannot read is still a success
                     response = ExportTraceServiceResponse()
                 if response.HasField("partial_success") and response.partial_success.rejected_spans:
                     report.rejected_spans += response.partial_success.rejected_spans

@@ -176,8 +176,8 @@ def thread_spans(run: ThreadRun) -> list[Span]:
     tid = run.thread_id
     stamp = (entries[0].metadata or {}) if entries[0].type == INIT_EVENT else {}
     environment = str(stamp.get("environment") or entries[0].machineId)
-    policy = stamp.get("policy") if isinstance(stamp.get("policy"), dict) else {}
-    models = stamp.get("models") if isinstance(stamp.get("models"), dict) else {}
+    policy: dict[str, Any] = stamp["policy"] if isinstance(stamp.get("policy"), dict) else {}
+    models: dict[str, Any] = stamp["models"] if isinstance(stamp.get("models"), dict) else {}
     parsed = ThreadId.parse(tid)
     ended = entries[-1].event.get("status") if entries[-1].type == END_EVENT else None
     times = [unix_nanos(e.recordedAt) for e in entries]
@@ -199,7 +199,10 @@ def thread_spans(run: ThreadRun) -> list[Span]:
             ("improve.machine.id", entries[0].machineId),
             ("improve.machine.version", entries[0].machineVersion),
             ("improve.policy.id", policy.get("id")),
-            ("improve.policy.version", f"v{version}" if version else parsed.policy_version if parsed else None),
+            (
+                "improve.policy.version",
+                f"v{version}" if version else parsed.policy_version if parsed else None,
+            ),
             ("improve.policy.hash", policy.get("hash")),
             ("improve.scenario", stamp.get("scenario") or (parsed.scenario if parsed else None)),
             ("improve.split", stamp.get("split") or (parsed.split if parsed else None)),
@@ -275,7 +278,9 @@ def thread_spans(run: ThreadRun) -> list[Span]:
             spans.append(_tool(tid, entry, before, at, agent_id))
         else:
             # A person's answer to a waiting state: what the run was told, in its place on the timeline.
-            _event(agent, "improve.event", at, [("improve.event.type", etype), ("improve.event", entry.event)])
+            _event(
+                agent, "improve.event", at, [("improve.event.type", etype), ("improve.event", entry.event)]
+            )
     return spans
 
 
@@ -296,14 +301,17 @@ def _decision(entry: LogEntry, meta: dict[str, Any], decision: _Decision, agent:
         _event(agent, "improve.decision", at, fields)
     _refusals(entry, decision, agent, at)
     if exhausted:
-        error = entry.event.get("error") if isinstance(entry.event.get("error"), dict) else {}
+        error: dict[str, Any] = entry.event["error"] if isinstance(entry.event.get("error"), dict) else {}
         target = decision.chats[-1] if decision.chats else agent
         _event(
             target,
             "improve.decision_exhausted",
             at,
-            [("improve.decision.name", info.get("name")), ("improve.error.kind", error.get("kind")),
-             ("improve.error.message", error.get("message"))],
+            [
+                ("improve.decision.name", info.get("name")),
+                ("improve.error.kind", error.get("kind")),
+                ("improve.error.message", error.get("message")),
+            ],
         )
 
 
@@ -357,7 +365,9 @@ def export_requests(
         for run in ordered[start : start + batch]:
             spans = thread_spans(run)
             if spans:
-                service = next(a.value.string_value for a in spans[0].attributes if a.key == "gen_ai.agent.name")
+                service = next(
+                    a.value.string_value for a in spans[0].attributes if a.key == "gen_ai.agent.name"
+                )
                 by_service.setdefault(service, []).extend(spans)
         request = ExportTraceServiceRequest()
         for service in sorted(by_service):

@@ -61,35 +61,41 @@ def selected_thread_ids(con: duckdb.DuckDBPyConnection, selector: str | None) ->
         try:
             result = query_readonly(con, selector)
         except duckdb.Error as error:
-            raise WorkspaceError(f"the query selecting threads failed: {str(error).splitlines()[0]}") from None
+            raise WorkspaceError(
+                f"the query selecting threads failed: {str(error).splitlines()[0]}"
+            ) from None
         if "thread_id" not in result.columns:
             raise WorkspaceError(
                 f"the query returns columns {', '.join(result.columns) or '(none)'}, not thread_id; select the "
-                "threads' ids, e.g. \"SELECT thread_id FROM outcomes WHERE NOT passed\""
+                'threads\' ids, e.g. "SELECT thread_id FROM outcomes WHERE NOT passed"'
             )
         at = result.columns.index("thread_id")
         ids = sorted({str(row[at]) for row in result.rows if row[at] is not None})
     else:
         rows = con.execute(
-            "SELECT DISTINCT thread_id FROM entries WHERE starts_with(thread_id, ?) ORDER BY thread_id", [selector]
+            "SELECT DISTINCT thread_id FROM entries WHERE starts_with(thread_id, ?) ORDER BY thread_id",
+            [selector],
         ).fetchall()
         ids = [r[0] for r in rows]
     if not ids:
         what = "the warehouse holds no thread" if selector is None else f"no thread matches {selector!r}"
         raise WorkspaceError(
-            f"{what}; pass a thread id prefix (train:v1:), a query (\"SELECT thread_id FROM outcomes\"), or a "
+            f'{what}; pass a thread id prefix (train:v1:), a query ("SELECT thread_id FROM outcomes"), or a '
             "JSONL file or directory"
         )
     return ids
 
 
-def warehouse_threads(con: duckdb.DuckDBPyConnection, thread_ids: list[str], chunk: int = 2000) -> list[ThreadRun]:
+def warehouse_threads(
+    con: duckdb.DuckDBPyConnection, thread_ids: list[str], chunk: int = 2000
+) -> list[ThreadRun]:
     """The threads with their entries and, where the warehouse scored them, their outcomes."""
     runs: list[ThreadRun] = []
     for start in range(0, len(thread_ids), chunk):
         ids = thread_ids[start : start + chunk]
         rows = con.execute(
-            f'SELECT {COLUMNS} FROM entries WHERE list_contains(?, thread_id) ORDER BY thread_id, "index"', [ids]
+            f'SELECT {COLUMNS} FROM entries WHERE list_contains(?, thread_id) ORDER BY thread_id, "index"',
+            [ids],
         ).fetchall()
         outcomes = {
             row[0]: RunOutcome(
