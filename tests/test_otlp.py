@@ -5,6 +5,7 @@ sent to a local OTLP/HTTP receiver), and OTLP/JSON from the OpenTelemetry SDK it
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import shutil
 import threading
@@ -142,6 +143,9 @@ def test_exported_threads_parse_as_otlp_and_follow_the_genai_conventions(ws: Pat
         attrs = _attrs(root)
         entries = threads[attrs["improve.thread.id"]]
         assert root.name == "invoke_agent refunds" and attrs["gen_ai.operation.name"] == "invoke_agent"
+        seed = f"{attrs['improve.thread.id']}:{entries[0].id}"
+        assert root.trace_id == hashlib.sha256(f"improve-trace:{seed}".encode()).digest()[:16]
+        assert root.span_id == hashlib.sha256(f"improve-span:{seed}:run".encode()).digest()[:8]
         assert attrs["improve.environment"] == "refunds" and attrs["improve.policy.version"] in ("v0", "v1")
         assert attrs["improve.scenario"] == entries[0].metadata["scenario"]  # type: ignore[index]
         assert isinstance(attrs["improve.passed"], bool) and attrs["improve.outcome"]
@@ -283,6 +287,8 @@ def test_export_to_a_local_collector_retries_a_503_and_delivers_every_span(
                 collector.url,
                 "--batch",
                 "10",
+                "--out",
+                str(ws / "both"),
             ],
         )
     assert result.exit_code == 0, result.output
@@ -293,8 +299,9 @@ def test_export_to_a_local_collector_retries_a_503_and_delivers_every_span(
     assert all(
         h["authorization"] == "Bearer s3cret-token" and h["x-tenant"] == "acme" for _, h in collector.posts
     )
-    # What the collector decoded is what the files hold.
+    # What the collector decoded is what the files hold (and --out with --endpoint writes them too).
     assert collector.requests == _parse(Path(files["file"]))
+    assert (ws / "both" / "traces.jsonl").read_bytes() == Path(files["file"]).read_bytes()
 
 
 def test_a_collector_that_keeps_failing_or_refuses_gives_a_clear_error(ws: Path) -> None:
@@ -603,6 +610,15 @@ def test_a_different_span_under_held_ids_is_a_conflict_never_overwritten(ws: Pat
         ("step 2",),
     ]
     con.close()
+
+
+def test_every_column_of_otel_spans_and_otel_sessions_is_documented() -> None:
+    con = open_database()
+    for relation in ("otel_spans", "otel_sessions"):
+        columns = con.execute(
+            "SELECT column_name, comment FROM duckdb_columns() WHERE table_name = ?", [relation]
+        ).fetchall()
+        assert len(columns) > 10 and all(comment for _, comment in columns), columns
 
 
 @pytest.fixture(autouse=True)

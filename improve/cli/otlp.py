@@ -22,6 +22,7 @@ from improve.warehouse import (
     request_json,
     selected_thread_ids,
     send_requests,
+    traces_url,
     warehouse_threads,
     write_json_lines,
 )
@@ -65,6 +66,11 @@ def export_otlp(
 ) -> None:
     if batch < 1:
         raise ConfigError(f"--batch must be at least 1 thread per request, got {batch}")
+    headers: dict[str, str] = {}
+    if endpoint is not None:
+        # Before any work: a wrong URL or a malformed header variable fails now, not after the replay.
+        traces_url(endpoint)
+        headers = headers_from_env(os.environ)
     space = workspace(ws)
     unscored: dict[str, str] = {}
     if source is not None and Path(source).exists():
@@ -104,22 +110,20 @@ def export_otlp(
         "requests": len(requests),
         "unscored": len(unscored),
     }
+    done: list[str] = []
+    if endpoint is None or out_dir is not None:
+        path = (out_dir or space.reports / "otlp") / FILE_NAME
+        write_json_lines((request_json(r) for r in requests), path)
+        summary["file"] = str(path)
+        done.append(f"wrote {path}")
     sent: SendReport | None = None
     if endpoint is not None:
         sent = send_requests(
-            requests,
-            endpoint,
-            headers=headers_from_env(os.environ),
-            progress=lambda m: err.print(m, markup=False),
+            requests, endpoint, headers=headers, progress=lambda m: err.print(m, markup=False)
         )
         summary |= sent.to_json()
-        where = f"sent to {sent.endpoint} ({sent.retries} retries)"
-    else:
-        directory = out_dir or space.reports / "otlp"
-        path = directory / FILE_NAME
-        write_json_lines((request_json(r) for r in requests), path)
-        summary["file"] = str(path)
-        where = f"wrote {path}"
+        done.append(f"sent to {sent.endpoint} ({sent.retries} retries)")
+    where = ", ".join(done)
     if as_json:
         emit_json(summary)
         return

@@ -308,7 +308,11 @@ def export_command(
     ] = None,
     out_dir: Annotated[
         Path | None,
-        typer.Option("--out", help="otlp: the directory to write traces.jsonl into (default: reports/otlp)."),
+        typer.Option(
+            "--out",
+            help="otlp: the directory to write traces.jsonl into (default: reports/otlp; with --endpoint, "
+            "written only when given).",
+        ),
     ] = None,
     batch: Annotated[int, typer.Option("--batch", help="otlp: threads per export request.")] = 100,
     db: Annotated[Path | None, DbOption] = None,

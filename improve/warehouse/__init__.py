@@ -46,6 +46,7 @@ from improve.warehouse.otlp import (
     request_json,
     selected_thread_ids,
     send_requests,
+    traces_url,
     warehouse_threads,
     write_json_lines,
 )
@@ -102,6 +103,7 @@ __all__ = [
     "schema_doc",
     "selected_thread_ids",
     "send_requests",
+    "traces_url",
     "warehouse_threads",
     "write_json_lines",
 ]

@@ -25,14 +25,18 @@ def _derive(text: str, size: int) -> bytes:
     return digest if any(digest) else digest[:-1] + b"\x01"
 
 
-def trace_id_for(thread_id: str) -> bytes:
-    """The trace id of a thread: the same thread always makes the same trace (exports are idempotent)."""
-    return _derive(f"improve-trace:{thread_id}", TRACE_ID_BYTES)
+def trace_id_for(thread_id: str, first_entry_id: str) -> bytes:
+    """The trace id of a thread: the same thread always makes the same trace (exports are idempotent).
+
+    The first entry's id (a UUID written when the run started) is part of it: thread ids such as
+    `train:v1:naive:refund-01:r1` repeat across workspaces, and across a run made again after a policy
+    changed, and two different runs must never merge into one trace in a shared collector."""
+    return _derive(f"improve-trace:{thread_id}:{first_entry_id}", TRACE_ID_BYTES)
 
 
-def span_id_for(thread_id: str, part: str) -> bytes:
+def span_id_for(thread_id: str, first_entry_id: str, part: str) -> bytes:
     """The span id of one part of a thread (`run` for the agent span, the entry index for the others)."""
-    return _derive(f"improve-span:{thread_id}:{part}", SPAN_ID_BYTES)
+    return _derive(f"improve-span:{thread_id}:{first_entry_id}:{part}", SPAN_ID_BYTES)
 
 
 def decode_id(value: Any, size: int, name: str) -> bytes:

@@ -18,8 +18,8 @@ One trace per thread (one run):
   refused answer (unknown event, invalid payload, no answer), `improve.decision_exhausted` when every
   answer was refused, `improve.event` for a person's answer.
 
-Ids are derived from the thread id (`ids.py`): exporting the same threads again gives the same
-traces, byte for byte, and a collector that deduplicates by id sees nothing new.
+Ids are derived from the thread id and its first entry's id (`ids.py`): exporting the same threads
+again gives the same traces, byte for byte, and a collector that deduplicates by id sees nothing new.
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ def _attributes(pairs: Iterable[tuple[str, Any]]) -> list[KeyValue]:
 
 
 def _span(
-    thread_id: str,
+    run: tuple[str, str],
     part: str,
     name: str,
     kind: int,
@@ -118,8 +118,8 @@ def _span(
     from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
     return Span(
-        trace_id=trace_id_for(thread_id),
-        span_id=span_id_for(thread_id, part),
+        trace_id=trace_id_for(*run),
+        span_id=span_id_for(*run, part),
         parent_span_id=parent or b"",
         name=name,
         kind=kind,  # type: ignore[arg-type]  # the enum's int value
@@ -173,15 +173,15 @@ def thread_spans(run: ThreadRun) -> list[Span]:
     entries = sorted(run.entries, key=lambda e: e.index)
     if not entries:
         return []
-    tid = run.thread_id
+    tid = (run.thread_id, entries[0].id)
     stamp = (entries[0].metadata or {}) if entries[0].type == INIT_EVENT else {}
     environment = str(stamp.get("environment") or entries[0].machineId)
     policy: dict[str, Any] = stamp["policy"] if isinstance(stamp.get("policy"), dict) else {}
     models: dict[str, Any] = stamp["models"] if isinstance(stamp.get("models"), dict) else {}
-    parsed = ThreadId.parse(tid)
+    parsed = ThreadId.parse(run.thread_id)
     ended = entries[-1].event.get("status") if entries[-1].type == END_EVENT else None
     times = [unix_nanos(e.recordedAt) for e in entries]
-    agent_id = span_id_for(tid, "run")
+    agent_id = span_id_for(*tid, "run")
     version = policy.get("version")
     agent = _span(
         tid,
@@ -194,7 +194,7 @@ def thread_spans(run: ThreadRun) -> list[Span]:
             ("gen_ai.operation.name", "invoke_agent"),
             ("gen_ai.agent.name", environment),
             ("gen_ai.request.model", models.get("decider")),
-            ("improve.thread.id", tid),
+            ("improve.thread.id", run.thread_id),
             ("improve.environment", environment),
             ("improve.machine.id", entries[0].machineId),
             ("improve.machine.version", entries[0].machineVersion),
@@ -315,7 +315,7 @@ def _decision(entry: LogEntry, meta: dict[str, Any], decision: _Decision, agent:
         )
 
 
-def _tool(tid: str, entry: LogEntry, start: int, end: int, parent: bytes) -> Span:
+def _tool(tid: tuple[str, str], entry: LogEntry, start: int, end: int, parent: bytes) -> Span:
     from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
     event = entry.event
