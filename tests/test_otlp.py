@@ -626,3 +626,68 @@ def _no_headers_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> Iterato
     for name in ("OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS"):
         monkeypatch.delenv(name, raising=False)
     yield
+
+
+def _entry(index: int, event: dict[str, Any], **fields: Any) -> LogEntry:
+    return LogEntry.model_validate(
+        {
+            "id": f"e{index}",
+            "index": index,
+            "recordedAt": f"2026-11-30T10:00:0{index}.250000Z",
+            "machineId": "desk",
+            "machineVersion": "3",
+            "event": event,
+            **fields,
+        }
+    )
+
+
+def test_tool_errors_exhausted_decisions_and_answers_become_spans_and_events() -> None:
+    """The paths the refund desk's runs do not take: a tool that fails, a decision whose every answer is
+    refused (one model call per answer), a person's answer, a run that ends in error."""
+    from improve.warehouse.otlp import ThreadRun, thread_spans
+
+    refused = {"event": {"type": "PAY"}, "kind": "rejected-by-guard", "reason": "not allowed", "guard": "g"}
+    unknown = {"event": {"type": "FLY"}, "kind": "unknown-event", "reason": "no such event"}
+    usage = {"type": "@agent.usage", "ref": "decider", "model": "m1", "decision": "choose", "calls": 1}
+    entries = [
+        _entry(0, {"type": "@agent.init", "input": {}}, metadata={"environment": "desk", "scenario": "s1"}),
+        _entry(
+            1,
+            {
+                "type": "xstate.error.actor",
+                "actorId": "lookup",
+                "error": {"kind": "timeout", "message": "slow"},
+            },
+        ),
+        _entry(2, {"type": "ANSWER", "text": "yes"}),
+        _entry(3, usage | {"inputTokens": 10, "outputTokens": 2}),
+        _entry(4, usage | {"inputTokens": 11, "outputTokens": 3, "error": "HTTP 500"}),
+        _entry(
+            5,
+            {
+                "type": "xstate.error.actor",
+                "actorId": "decide",
+                "error": {"kind": "decision-exhausted", "message": "2 refused"},
+            },
+            attempts=[refused, unknown],
+            metadata={"decision": {"name": "choose", "options": [{"type": "PAY"}]}, "source": "model"},
+        ),
+        _entry(6, {"type": "@agent.end", "status": "error"}),
+    ]
+    spans = thread_spans(ThreadRun("prod:t1", entries))
+    agent, tool, first, second = spans
+    assert [s.name for s in spans] == ["invoke_agent desk", "execute_tool lookup", "chat m1", "chat m1"]
+    assert agent.status.code == Status.STATUS_CODE_ERROR and _attrs(agent)["error.type"] == "error"
+    assert tool.status.code == Status.STATUS_CODE_ERROR and tool.status.message == "slow"
+    assert _attrs(tool)["error.type"] == "timeout" and _attrs(tool)["improve.tool.outcome"] == "error"
+    # Each refused answer is an event on the model call that gave it; the exhaustion on the last call.
+    assert [e.name for e in first.events] == ["improve.guard_refusal"]
+    assert [e.name for e in second.events] == ["improve.retry", "improve.decision_exhausted"]
+    assert second.status.code == Status.STATUS_CODE_ERROR and second.status.message == "HTTP 500"
+    assert (
+        "improve.decision.answer" not in _attrs(second) and _attrs(second)["improve.decision.refused"] == "2"
+    )
+    (answer,) = agent.events
+    assert answer.name == "improve.event" and answer.time_unix_nano == 1796032802250000000
+    assert (tool.start_time_unix_nano, tool.end_time_unix_nano) == (1796032800250000000, 1796032801250000000)
