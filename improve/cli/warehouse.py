@@ -209,7 +209,8 @@ def sql_command(
     """Query the trace warehouse with SQL (read-only).
 
     The warehouse is a plain DuckDB file: the same SQL works from the `duckdb` CLI or Python. Views:
-    threads, decisions, attempts, usage, outcomes (see --schema). DuckDB's errors are shown as they are.
+    threads, decisions, attempts, usage, outcomes, otel_sessions (see --schema). DuckDB's errors are shown
+    as they are.
     With --lake DIR, the same views run over the Parquet files of a lake instead.
 
     Read-only, enforced: exactly one statement, and only SELECT (WITH, DESCRIBE, SHOW, SUMMARIZE),

@@ -265,7 +265,8 @@ def read_manifest(directory: str | Path) -> dict[str, Any]:
 
 def lake_relations(directory: str | Path, manifest: dict[str, Any]) -> tuple[Relation, ...]:
     """The relations of `views.py` as a lake has them: the tables it holds become views over its
-    Parquet files, the views stay as they are, the tables it does not hold are left out."""
+    Parquet files, the views stay as they are, the tables it does not hold (and the views over them,
+    `in_lake=False`) are left out."""
     lake = Path(directory).resolve()
     relations: list[Relation] = []
     for relation in RELATIONS:
