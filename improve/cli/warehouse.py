@@ -133,6 +133,8 @@ def ingest_command(
             con.close()
         if as_json:
             doc = report.to_json() | {"warehouse": str(target)}
+            if spans:
+                doc["unit"] = "span"  # lines_read counts spans (and lines that held none)
             if materialized:
                 doc["outcomes"] = materialized.__dict__
             emit_json(doc)
