@@ -691,3 +691,22 @@ def test_tool_errors_exhausted_decisions_and_answers_become_spans_and_events() -
     (answer,) = agent.events
     assert answer.name == "improve.event" and answer.time_unix_nano == 1796032802250000000
     assert (tool.start_time_unix_nano, tool.end_time_unix_nano) == (1796032800250000000, 1796032801250000000)
+
+
+def test_no_content_leaves_out_what_runs_were_told_and_answered(ws: Path) -> None:
+    doc = _export(ws, str(ws / "traces"), "--out", str(ws / "bare"), "--no-content")
+    text = Path(doc["file"]).read_text()
+    ticket = next(iter(_threads(ws / "traces").values()))[0].event["input"]["ticket"]
+    assert ticket not in text and '"orderId"' not in text
+    spans = _spans(_parse(Path(doc["file"])))
+    keys = {key for _, span in spans for key in _attrs(span)} | {
+        kv.key for _, span in spans for event in span.events for kv in event.attributes
+    }
+    assert not keys & {
+        "improve.input",
+        "improve.decision.answer",
+        "gen_ai.tool.call.result",
+        "improve.attempted",
+    }
+    assert {"gen_ai.usage.input_tokens", "improve.decision.answer.type", "improve.outcome"} <= keys
+    assert len(spans) == _export(ws, str(ws / "traces"), "--out", str(ws / "full"))["spans"]

@@ -60,6 +60,7 @@ def export_otlp(
     endpoint: str | None,
     out_dir: Path | None,
     batch: int,
+    content: bool,
     db: Path | None,
     as_json: bool,
     ws: Path | None,
@@ -101,7 +102,7 @@ def export_otlp(
             con.close()
         unscored = {r.thread_id: "no outcomes row" for r in runs if r.outcome is None}
         origin = str(target)
-    requests = list(export_requests(runs, batch=batch, version=_version()))
+    requests = list(export_requests(runs, batch=batch, version=_version(), content=content))
     spans = sum(len(s.spans) for r in requests for rs in r.resource_spans for s in rs.scope_spans)
     summary: dict[str, object] = {
         "source": origin,

@@ -318,6 +318,14 @@ def export_command(
         ),
     ] = None,
     batch: Annotated[int, typer.Option("--batch", help="otlp: threads per export request.")] = 100,
+    content: Annotated[
+        bool,
+        typer.Option(
+            "--content/--no-content",
+            help="otlp: include what runs were told and answered (inputs, tool outputs, decision payloads); "
+            "--no-content keeps names, types, counts, tokens and outcomes only.",
+        ),
+    ] = True,
     db: Annotated[Path | None, DbOption] = None,
     as_json: Annotated[bool, JsonOption] = False,
     ws: Annotated[Path | None, WorkspaceOption] = None,
@@ -350,7 +358,14 @@ def export_command(
             from improve.cli.otlp import export_otlp
 
             export_otlp(
-                source, endpoint=endpoint, out_dir=out_dir, batch=batch, db=db, as_json=as_json, ws=ws
+                source,
+                endpoint=endpoint,
+                out_dir=out_dir,
+                batch=batch,
+                content=content,
+                db=db,
+                as_json=as_json,
+                ws=ws,
             )
             return
         if fmt != "parquet":

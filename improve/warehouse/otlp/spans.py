@@ -46,6 +46,21 @@ default request limit (4 MiB in the OpenTelemetry Collector)."""
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
+CONTENT_ATTRIBUTES = frozenset(
+    {
+        "improve.input",
+        "improve.decision.options",
+        "improve.decision.answer",
+        "improve.attempted",
+        "improve.event",
+        "gen_ai.tool.call.result",
+        "improve.effects",
+    }
+)
+"""What a run was told and answered (tickets, tool outputs, payloads): left out with `content=False`,
+as the GenAI conventions leave message content out unless asked (it may hold personal data). The
+types, counts, names, outcomes and refusal reasons stay."""
+
 
 @dataclass(frozen=True)
 class RunOutcome:
@@ -162,12 +177,32 @@ def _refusals(entry: LogEntry, decision: _Decision, agent: Span, at: int) -> Non
                 ("improve.refusal.reason", attempt.reason),
                 ("improve.refusal.guard", attempt.guard),
                 ("improve.attempted", attempt.event),
+                ("improve.attempted.type", (attempt.event or {}).get("type")),
             ],
         )
 
 
-def thread_spans(run: ThreadRun) -> list[Span]:
-    """The spans of one thread: the agent span first, then its children in entry order."""
+def _without_content(span: Span) -> None:
+    kept = [kv for kv in span.attributes if kv.key not in CONTENT_ATTRIBUTES]
+    del span.attributes[:]
+    span.attributes.extend(kept)
+    for event in span.events:
+        kept = [kv for kv in event.attributes if kv.key not in CONTENT_ATTRIBUTES]
+        del event.attributes[:]
+        event.attributes.extend(kept)
+
+
+def thread_spans(run: ThreadRun, *, content: bool = True) -> list[Span]:
+    """The spans of one thread: the agent span first, then its children in entry order; without the
+    `CONTENT_ATTRIBUTES` when `content` is False."""
+    spans = _thread_spans(run)
+    if not content:
+        for span in spans:
+            _without_content(span)
+    return spans
+
+
+def _thread_spans(run: ThreadRun) -> list[Span]:
     from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
     entries = sorted(run.entries, key=lambda e: e.index)
@@ -292,6 +327,7 @@ def _decision(entry: LogEntry, meta: dict[str, Any], decision: _Decision, agent:
         ("improve.decision.name", info.get("name")),
         ("improve.decision.options", info.get("options")),
         ("improve.decision.answer", answer),
+        ("improve.decision.answer.type", answer["type"] if answer else None),
         ("improve.decision.source", meta.get("source") or None),
         ("improve.decision.refused", len(entry.attempts or [])),
     ]
@@ -348,7 +384,7 @@ def _tool(tid: tuple[str, str], entry: LogEntry, start: int, end: int, parent: b
 
 
 def export_requests(
-    runs: Iterable[ThreadRun], *, batch: int = DEFAULT_BATCH, version: str = ""
+    runs: Iterable[ThreadRun], *, batch: int = DEFAULT_BATCH, version: str = "", content: bool = True
 ) -> Iterator[ExportTraceServiceRequest]:
     """`ExportTraceServiceRequest`s of at most `batch` threads each, in thread id order; one resource
     per environment (`service.name` is the environment), one instrumentation scope, `improve`."""
@@ -363,7 +399,7 @@ def export_requests(
     for start in range(0, len(ordered), batch):
         by_service: dict[str, list[Span]] = {}
         for run in ordered[start : start + batch]:
-            spans = thread_spans(run)
+            spans = thread_spans(run, content=content)
             if spans:
                 service = next(
                     a.value.string_value for a in spans[0].attributes if a.key == "gen_ai.agent.name"
