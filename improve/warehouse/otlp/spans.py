@@ -202,22 +202,18 @@ def thread_spans(run: ThreadRun, *, content: bool = True) -> list[Span]:
     return spans
 
 
-def _thread_spans(run: ThreadRun) -> list[Span]:
+def _agent_span(run: ThreadRun, entries: list[LogEntry], times: list[int], tid: tuple[str, str]) -> Span:
+    """The run's span: who ran (environment, policy, model), on what (scenario, input), and how it went."""
     from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-    entries = sorted(run.entries, key=lambda e: e.index)
-    if not entries:
-        return []
-    tid = (run.thread_id, entries[0].id)
     stamp = (entries[0].metadata or {}) if entries[0].type == INIT_EVENT else {}
     environment = str(stamp.get("environment") or entries[0].machineId)
     policy: dict[str, Any] = stamp["policy"] if isinstance(stamp.get("policy"), dict) else {}
     models: dict[str, Any] = stamp["models"] if isinstance(stamp.get("models"), dict) else {}
     parsed = ThreadId.parse(run.thread_id)
-    ended = entries[-1].event.get("status") if entries[-1].type == END_EVENT else None
-    times = [unix_nanos(e.recordedAt) for e in entries]
-    agent_id = span_id_for(*tid, "run")
-    version = policy.get("version")
+    version = str(policy["version"]) if policy.get("version") is not None else None
+    if version is not None and not version.startswith("v"):
+        version = f"v{version}"  # the stamp says "3", thread ids and outcomes say "v3"
     agent = _span(
         tid,
         "run",
@@ -234,10 +230,7 @@ def _thread_spans(run: ThreadRun) -> list[Span]:
             ("improve.machine.id", entries[0].machineId),
             ("improve.machine.version", entries[0].machineVersion),
             ("improve.policy.id", policy.get("id")),
-            (
-                "improve.policy.version",
-                f"v{version}" if version else parsed.policy_version if parsed else None,
-            ),
+            ("improve.policy.version", version or (parsed.policy_version if parsed else None)),
             ("improve.policy.hash", policy.get("hash")),
             ("improve.scenario", stamp.get("scenario") or (parsed.scenario if parsed else None)),
             ("improve.split", stamp.get("split") or (parsed.split if parsed else None)),
@@ -247,8 +240,9 @@ def _thread_spans(run: ThreadRun) -> list[Span]:
         ],
         None,
     )
+    ended = entries[-1].event.get("status") if entries[-1].type == END_EVENT else None
     outcome = run.outcome
-    status = outcome.status if outcome else (ended or "incomplete")
+    status = outcome.status if outcome else str(ended or "incomplete")
     agent.attributes.extend(_attributes([("improve.status", status)]))
     if outcome is not None:
         agent.attributes.extend(
@@ -267,7 +261,19 @@ def _thread_spans(run: ThreadRun) -> list[Span]:
         _error(agent, status, outcome.reason if outcome else f"the run ended {status}")
     elif outcome is not None and outcome.violation_rules:
         _error(agent, "violation", outcome.reason)
+    return agent
 
+
+def _thread_spans(run: ThreadRun) -> list[Span]:
+    from opentelemetry.proto.trace.v1.trace_pb2 import Span
+
+    entries = sorted(run.entries, key=lambda e: e.index)
+    if not entries:
+        return []
+    tid = (run.thread_id, entries[0].id)
+    times = [unix_nanos(e.recordedAt) for e in entries]
+    agent = _agent_span(run, entries, times, tid)
+    agent_id = agent.span_id
     spans = [agent]
     decision = _Decision()
     for position, entry in enumerate(entries):
