@@ -90,8 +90,8 @@ def ingest_command(
     --allow-rejects), 3 when the warehouse file is damaged. Ingesting the same files again adds
     nothing. Then every new thread of a known environment is replayed into `outcomes`.
 
-    --format otlp reads OpenTelemetry trace exports (OTLP/JSON, as Langfuse, Phoenix, the Collector's
-    file exporter or `improve export --format otlp` write them) into `otel_spans` and the
+    --format otlp reads OpenTelemetry trace exports (OTLP/JSON, as the Collector's file exporter, an
+    SDK's request as JSON or `improve export --format otlp` write them) into `otel_spans` and the
     `otel_sessions` view; the unit counted is the span: spans read = ingested + already present +
     rejected, each malformed span rejected with where it is and why.
 

@@ -91,7 +91,7 @@ RELATIONS: tuple[Relation, ...] = (
     Relation(
         "otel_spans",
         "OpenTelemetry spans ingested from OTLP/JSON exports (`improve ingest --format otlp`): any agent's "
-        "traces, from Langfuse, Phoenix, an OpenTelemetry Collector or `improve export --format otlp`.",
+        "traces, from an OpenTelemetry Collector's file exporter, an SDK, or `improve export --format otlp`.",
         {
             "trace_id": "The trace (32 hex digits).",
             "span_id": "The span (16 hex digits); (trace_id, span_id) is the key.",

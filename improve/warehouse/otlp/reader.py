@@ -1,8 +1,8 @@
 """Reading OTLP/JSON trace exports into rows: one per span, or a reason it was rejected.
 
-The files are what Langfuse, Arize Phoenix, the OpenTelemetry Collector's file exporter and
-`improve export --format otlp` write: `ExportTraceServiceRequest` documents in OTLP/JSON, one per line
-(JSON Lines), or one per file (pretty-printed or not). Every span is checked against the real schema:
+The files are `ExportTraceServiceRequest` documents in OTLP/JSON, one per line (JSON Lines: the
+OpenTelemetry Collector's file exporter, `improve export --format otlp`) or one per file, pretty-printed
+or not (an SDK's request through protobuf's `MessageToJson`, a trace saved from a tool's UI or API). Every span is checked against the real schema:
 its JSON is parsed into `opentelemetry.proto.trace.v1.Span` by protobuf's JSON mapping (after its ids,
 hex in OTLP/JSON, base64 in the generic mapping, are read either way), then the rules protobuf cannot
 state (16- and 8-byte non-zero ids, a name, start and end times in order). A span that fails is
