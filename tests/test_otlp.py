@@ -323,15 +323,29 @@ def test_a_collector_that_keeps_failing_or_refuses_gives_a_clear_error(ws: Path)
                 str(ws),
                 str(ws / "traces"),
                 "--endpoint",
-                collector.url + "/v1/traces",
+                collector.url.replace("//", "//ingest:hunter2@") + "/v1/traces",
             ],
         )
     assert result.exit_code == 3 and "HTTP 400" in result.output and "not retried" in result.output
-    assert len(collector.posts) == 1
+    assert len(collector.posts) == 1 and "hunter2" not in result.output
+    # The URL's user:password went as Basic auth, not in the URL.
+    assert collector.posts[0][1]["authorization"] == "Basic " + base64.b64encode(b"ingest:hunter2").decode()
     result = runner.invoke(
         app, ["export", "--format", "otlp", "-w", str(ws), str(ws / "traces"), "--endpoint", "ftp://x"]
     )
     assert result.exit_code == 2 and "not an http(s) URL" in result.output
+
+
+def test_a_malformed_header_variable_is_named_without_its_value(
+    ws: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "Bearer-topsecret-value")
+    result = runner.invoke(
+        app,
+        ["export", "--format", "otlp", "-w", str(ws), str(ws / "traces"), "--endpoint", "http://127.0.0.1:9"],
+    )
+    assert result.exit_code == 2 and "OTEL_EXPORTER_OTLP_HEADERS" in result.output
+    assert "topsecret" not in result.output and "key=value" in result.output
 
 
 def test_exported_and_ingested_again_gives_the_same_runs_calls_tools_and_tokens(ws: Path) -> None:

@@ -11,6 +11,7 @@ of this module includes them, and the endpoint is shown without any user:passwor
 
 from __future__ import annotations
 
+import base64
 import time
 import urllib.error
 import urllib.parse
@@ -88,14 +89,14 @@ def headers_from_env(environ: Mapping[str, str]) -> dict[str, str]:
     headers: dict[str, str] = {}
     for name in reversed(HEADER_VARIABLES):
         text = environ.get(name, "")
-        for item in text.split(","):
+        for number, item in enumerate(text.split(","), start=1):
             if not item.strip():
                 continue
             key, sep, value = item.partition("=")
             if not sep or not key.strip():
-                # The value may be a secret: say which variable and which item number, never its text.
+                # The value may be a secret: say which variable and which item, never its text.
                 raise ConfigError(
-                    f"{name}: an item is not key=value (expected e.g. 'authorization=Bearer%20TOKEN,"
+                    f"{name}: item {number} is not key=value (expected e.g. 'authorization=Bearer%20TOKEN,"
                     "x-tenant=acme', values URL-encoded); fix the variable"
                 )
             headers[key.strip().lower()] = urllib.parse.unquote(value.strip())
@@ -143,6 +144,15 @@ def send_requests(
 
     url = traces_url(endpoint)
     report = SendReport(endpoint=shown(url))
+    headers = dict(headers or {})
+    parts = urllib.parse.urlsplit(url)
+    if parts.username is not None:
+        # user:password in the URL becomes Basic auth (as curl does), and leaves the URL: urllib would
+        # take it for part of the host name, and the URL may be printed.
+        if "authorization" not in {key.lower() for key in headers}:
+            pair = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
+            headers["Authorization"] = "Basic " + base64.b64encode(pair.encode()).decode()
+        url = shown(url)
     say = progress or (lambda message: None)
     for request in requests:
         body = request.SerializeToString(deterministic=True)
@@ -151,7 +161,7 @@ def send_requests(
         for attempt in range(1, policy.tries + 1):
             post = urllib.request.Request(url, data=body, method="POST")
             post.add_header("Content-Type", "application/x-protobuf")
-            for key, value in (headers or {}).items():
+            for key, value in headers.items():
                 post.add_header(key, value)
             problem: str
             try:
