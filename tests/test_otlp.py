@@ -268,12 +268,12 @@ class _Collector:
         self.server.server_close()
 
 
-def test_export_to_a_local_collector_retries_a_503_and_delivers_every_span(
+def test_export_to_a_local_collector_retries_503_and_429_and_delivers_every_span(
     ws: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "authorization=Bearer%20s3cret-token,x-tenant=acme")
     files = _export(ws, str(ws / "traces"), "--out", str(ws / "otlp"), "--batch", "10")
-    with _Collector([503]) as collector:
+    with _Collector([503, 429]) as collector:
         result = runner.invoke(
             app,
             [
@@ -293,7 +293,7 @@ def test_export_to_a_local_collector_retries_a_503_and_delivers_every_span(
         )
     assert result.exit_code == 0, result.output
     assert "s3cret" not in result.output and "trying again" in result.output
-    assert len(collector.posts) == files["requests"] + 1  # one batch sent twice
+    assert len(collector.posts) == files["requests"] + 2  # the first batch sent three times
     assert {path for path, _ in collector.posts} == {"/v1/traces"}
     assert all(h["content-type"] == "application/x-protobuf" for _, h in collector.posts)
     assert all(
