@@ -176,21 +176,37 @@ def _held(con: duckdb.DuckDBPyConnection, rows: list[SpanRow]) -> dict[tuple[str
 def _reject(
     con: duckdb.DuckDBPyConnection, report: IngestReport, source: str, rejected: list[Rejected]
 ) -> None:
-    """Rows in rejected_lines; one rejected before, the same way, keeps its one row (now this batch's)."""
-    for item in rejected:
-        if len(report.rejections) < 20:
-            report.rejections.append((source, item.line, item.error))
-        again = con.execute(
-            "UPDATE rejected_lines SET batch_id = ?, rejected_at = now() WHERE file = ? AND line = ? "
-            "AND error = ? AND raw IS NOT DISTINCT FROM ? RETURNING 1",
-            [report.batch_id, source, item.line, item.error, item.raw],
-        ).fetchall()
-        if not again:
-            con.execute(
-                "INSERT INTO rejected_lines (file, line, error, raw, batch_id, rejected_at) "
-                "VALUES (?, ?, ?, ?, ?, now())",
-                [source, item.line, item.error, item.raw, report.batch_id],
-            )
+    """Rows in rejected_lines; one rejected before, the same way, keeps its one row (now this batch's).
+
+    In three statements whatever the count: a directory of the wrong files can reject every line."""
+    report.rejections.extend(
+        (source, item.line, item.error) for item in rejected[: 20 - len(report.rejections)]
+    )
+    if not rejected:
+        return
+    con.execute(
+        "CREATE OR REPLACE TEMP TABLE otlp_rejecting AS SELECT unnest($1) AS line, unnest($2) AS error, "
+        "unnest($3) AS raw",
+        [[r.line for r in rejected], [r.error for r in rejected], [r.raw for r in rejected]],
+    )
+    con.execute(
+        """
+        UPDATE rejected_lines SET batch_id = $batch, rejected_at = now() FROM otlp_rejecting n
+        WHERE rejected_lines.file = $file AND rejected_lines.line = n.line AND rejected_lines.error = n.error
+          AND rejected_lines.raw IS NOT DISTINCT FROM n.raw
+        """,
+        {"batch": report.batch_id, "file": source},
+    )
+    con.execute(
+        """
+        INSERT INTO rejected_lines (file, line, error, raw, batch_id, rejected_at)
+        SELECT DISTINCT $file, n.line, n.error, n.raw, $batch, now() FROM otlp_rejecting n
+        WHERE NOT EXISTS (SELECT 1 FROM rejected_lines x WHERE x.file = $file AND x.line = n.line
+                          AND x.error = n.error AND x.raw IS NOT DISTINCT FROM n.raw)
+        """,
+        {"batch": report.batch_id, "file": source},
+    )
+    con.execute("DROP TABLE otlp_rejecting")
 
 
 def _check(con: duckdb.DuckDBPyConnection, report: IngestReport) -> None:
