@@ -34,6 +34,7 @@ imports nothing else of ours) may raise these. Every error carries a message tha
     ├── FastCelFallback               the CEL fast path met a value outside its domain: Expr.evaluate asks cel
     ├── WarehouseLockedError          another process holds the warehouse file for writing
     ├── WarehouseDamagedError         the warehouse file is corrupted (exit code 3)
+    ├── OtlpSendError                 spans could not be sent to an OTLP/HTTP collector (exit code 3)
     ├── ProposalError                 a proposer produced no candidate (no rule fits, the endpoint failed)
     └── PullRequestError              committing, pushing or opening the round's PR failed (exit code 3)
 
@@ -246,5 +247,12 @@ class WarehouseLockedError(ImproveError):
 class WarehouseDamagedError(ImproveError):
     """The warehouse file is damaged (a block's checksum does not match): the message names the file and
     says how to recover (restore a backup, or move it aside and ingest the threads again)."""
+
+    exit_code = 3
+
+
+class OtlpSendError(ImproveError):
+    """Sending spans to an OTLP/HTTP collector failed after every retry (or the collector refused them
+    outright): the message names the endpoint, the last answer, and how many batches went through."""
 
     exit_code = 3

@@ -39,7 +39,7 @@ class ImproveGroup(LazyGroup):
         LazyCommand(
             "export",
             "improve.cli.warehouse:export_command",
-            "Export the warehouse's entries and outcomes as Hive-partitioned Parquet (a lake).",
+            "Export the warehouse as a Parquet lake, or threads as OpenTelemetry traces.",
         ),
         LazyCommand(
             "verify",
@@ -127,3 +127,7 @@ app = typer.Typer(
 @app.callback()
 def _main() -> None:
     """Make LLM agents reliable: run them as state machines, replay their traces, improve their policies."""
+
+
+if __name__ == "__main__":  # `python -m improve.cli.main`, as the installed `improve` script
+    app()

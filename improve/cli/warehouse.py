@@ -26,12 +26,14 @@ from improve.log import MAX_LINE_BYTES
 from improve.warehouse import (
     DEFAULT_LOCK_TIMEOUT,
     FORMATS,
+    OTLP_FORMAT,
     PARTITION_KEYS,
     cell_text,
     damaged,
     expand_paths,
     export_lake,
     ingest,
+    ingest_otlp,
     open_database,
     open_lake,
     query_readonly,
@@ -46,15 +48,19 @@ DbOption = typer.Option("--db", help="Warehouse file (default: the workspace's t
 
 def ingest_command(
     paths: Annotated[
-        list[str], typer.Argument(help="JSONL files, directories (every *.jsonl below) or globs.")
+        list[str],
+        typer.Argument(
+            help="JSONL files, directories (every *.jsonl below; with --format otlp every .json, .jsonl and "
+            ".ndjson) or globs."
+        ),
     ],
     fmt: Annotated[
         str,
         typer.Option(
             "--format",
             "-f",
-            help="The importer: native, normalize, opencli, or one a package or improve.toml "
-            "([importers.NAME] module = ...) registers.",
+            help="The importer: native, normalize, opencli, otlp (OpenTelemetry OTLP/JSON trace exports, into "
+            "otel_spans), or one a package or improve.toml ([importers.NAME] module = ...) registers.",
         ),
     ] = "native",
     db: Annotated[Path | None, DbOption] = None,
@@ -84,9 +90,15 @@ def ingest_command(
     --allow-rejects), 3 when the warehouse file is damaged. Ingesting the same files again adds
     nothing. Then every new thread of a known environment is replayed into `outcomes`.
 
+    --format otlp reads OpenTelemetry trace exports (OTLP/JSON, as the Collector's file exporter, an
+    SDK's request as JSON or `improve export --format otlp` write them) into `otel_spans` and the
+    `otel_sessions` view; the unit counted is the span: spans read = ingested + already present +
+    rejected, each malformed span rejected with where it is and why.
+
     Example:
 
         improve ingest traces/ && improve ingest --format normalize ~/normalize-agent/logs
+        improve ingest --format otlp phoenix-export.jsonl
     """
     with handled():
         space = workspace(ws)
@@ -94,18 +106,24 @@ def ingest_command(
         # Before the warehouse is opened (and created): a wrong path must leave no empty warehouse behind.
         expand_paths(paths)
         con = open_database(target, lock_timeout=lock_timeout)
+        spans = fmt == OTLP_FORMAT
         try:
-            report = ingest(
-                con,
-                paths,
-                fmt=fmt,
-                local=space.specs("importers"),
-                root=space.root,
-                progress=lambda m: err.print(f"ingest: {m}"),
-                max_line_bytes=max_line_bytes,
-            )
+            if spans:
+                report = ingest_otlp(
+                    con, paths, progress=lambda m: err.print(f"ingest: {m}"), max_line_bytes=max_line_bytes
+                )
+            else:
+                report = ingest(
+                    con,
+                    paths,
+                    fmt=fmt,
+                    local=space.specs("importers"),
+                    root=space.root,
+                    progress=lambda m: err.print(f"ingest: {m}"),
+                    max_line_bytes=max_line_bytes,
+                )
             materialized = None
-            if outcomes:
+            if outcomes and not spans:
                 materialized = refresh_outcomes(
                     con, space, progress=lambda d, t: err.print(f"outcomes: {d}/{t}")
                 )
@@ -115,12 +133,15 @@ def ingest_command(
             con.close()
         if as_json:
             doc = report.to_json() | {"warehouse": str(target)}
+            if spans:
+                doc["unit"] = "span"  # lines_read counts spans (and lines that held none)
             if materialized:
                 doc["outcomes"] = materialized.__dict__
             emit_json(doc)
         else:
             table = Table(title=f"ingest into {target} ({report.seconds:.2f}s)")
-            for column in ("file", "lines read", "ingested", "already present", "rejected", "path"):
+            unit = "spans read" if spans else "lines read"
+            for column in ("file", unit, "ingested", "already present", "rejected", "path"):
                 table.add_column(column, overflow="fold")
             shown = report.files if len(report.files) <= 20 else [f for f in report.files if f.rejected]
             if len(shown) < len(report.files):
@@ -160,8 +181,9 @@ def ingest_command(
         if (report.rejected or report.skipped) and not allow_rejects:
             if report.rejected:
                 err.print(
-                    f'{report.rejected} line(s) rejected: see `improve sql "SELECT * FROM rejected_lines"`; '
-                    "the rest was ingested (use --allow-rejects to accept a partial ingest)"
+                    f"{report.rejected} {'span' if spans else 'line'}(s) rejected: see "
+                    '`improve sql "SELECT * FROM rejected_lines"`; the rest was ingested (use --allow-rejects '
+                    "to accept a partial ingest)"
                 )
             if report.skipped:
                 err.print(
@@ -189,7 +211,8 @@ def sql_command(
     """Query the trace warehouse with SQL (read-only).
 
     The warehouse is a plain DuckDB file: the same SQL works from the `duckdb` CLI or Python. Views:
-    threads, decisions, attempts, usage, outcomes (see --schema). DuckDB's errors are shown as they are.
+    threads, decisions, attempts, usage, outcomes, otel_sessions (see --schema). DuckDB's errors are shown
+    as they are.
     With --lake DIR, the same views run over the Parquet files of a lake instead.
 
     Read-only, enforced: exactly one statement, and only SELECT (WITH, DESCRIBE, SHOW, SUMMARIZE),
@@ -266,29 +289,92 @@ def _sql(con: duckdb.DuckDBPyConnection, statement: str | None, fmt: str, schema
 
 
 def export_command(
-    directory: Annotated[
-        Path, typer.Argument(help="The lake: a new or empty directory, or a lake to replace.")
-    ],
-    fmt: Annotated[str, typer.Option("--format", "-f", help="parquet (the one format so far).")] = "parquet",
+    source: Annotated[
+        str | None,
+        typer.Argument(
+            metavar="[DIR | PATH_OR_QUERY]",
+            help="parquet: the lake, a new or empty directory or a lake to replace. otlp: the threads, a JSONL "
+            "file or directory, a thread id prefix (train:v2:) or a query selecting thread_id from the "
+            "warehouse (default: every thread in the warehouse).",
+        ),
+    ] = None,
+    fmt: Annotated[
+        str, typer.Option("--format", "-f", help="parquet (a lake) or otlp (OpenTelemetry traces).")
+    ] = ("parquet"),
+    endpoint: Annotated[
+        str | None,
+        typer.Option(
+            "--endpoint",
+            help="otlp: send to this OTLP/HTTP collector (e.g. http://localhost:4318; spans go to its "
+            "/v1/traces) instead of writing files. Headers from OTEL_EXPORTER_OTLP_HEADERS.",
+        ),
+    ] = None,
+    out_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--out",
+            help="otlp: the directory to write traces.jsonl into (default: reports/otlp; with --endpoint, "
+            "written only when given).",
+        ),
+    ] = None,
+    batch: Annotated[int, typer.Option("--batch", help="otlp: threads per export request.")] = 100,
+    content: Annotated[
+        bool,
+        typer.Option(
+            "--content/--no-content",
+            help="otlp: include what runs were told and answered (inputs, tool outputs, decision payloads); "
+            "--no-content keeps names, types, counts, tokens and outcomes only.",
+        ),
+    ] = True,
     db: Annotated[Path | None, DbOption] = None,
     as_json: Annotated[bool, JsonOption] = False,
     ws: Annotated[Path | None, WorkspaceOption] = None,
 ) -> None:
-    """Export the warehouse's entries and outcomes as Hive-partitioned Parquet (a lake).
+    """Export the warehouse as a Parquet lake, or threads as OpenTelemetry traces.
 
+    --format parquet: the warehouse's entries and outcomes as Hive-partitioned Parquet in DIR.
     DIR/entries/ and DIR/outcomes/ are partitioned by environment, policy version and day (the thread's
     first day, UTC), so Spark, polars (`scan_parquet(..., hive_partitioning=True)`), DuckDB or Athena
     read only the partitions a query needs; DIR/_lake.json lists the tables, columns and row counts.
     Exporting again replaces the lake (written beside it, swapped in when complete): rows are never
     duplicated. `improve sql --lake DIR` runs the warehouse's views over it.
 
+    --format otlp: one trace per thread, in the OpenTelemetry GenAI semantic conventions: an
+    `invoke_agent` span per run (environment, policy version, scenario, outcome, violations), a `chat`
+    span per model call (model, tokens, the decision's options and answer), an `execute_tool` span per
+    tool call, events for guard refusals and retries (docs/interop.md). Ids derive from the thread ids,
+    so exporting again gives the same traces. Without --endpoint it writes OTLP/JSON (one export
+    request per line) to --out/traces.jsonl; with one it POSTs protobuf to the collector, in batches,
+    retrying 429 and 5xx with backoff (exit 3 after the last try). Threads from files are replayed and
+    scored against the workspace's scenarios; threads from the warehouse take their `outcomes` row.
+
     Example:
 
         improve export --format parquet lake/ && improve sql --lake lake/ "SELECT count(*) FROM threads"
+        improve export --format otlp --endpoint http://localhost:4318 "SELECT thread_id FROM outcomes WHERE NOT passed"
     """
     with handled():
+        if fmt == OTLP_FORMAT:
+            from improve.cli.otlp import export_otlp
+
+            export_otlp(
+                source,
+                endpoint=endpoint,
+                out_dir=out_dir,
+                batch=batch,
+                content=content,
+                db=db,
+                as_json=as_json,
+                ws=ws,
+            )
+            return
         if fmt != "parquet":
-            raise WorkspaceError(f"unknown export format {fmt!r}; use --format parquet")
+            raise WorkspaceError(f"unknown export format {fmt!r}; use --format parquet or --format otlp")
+        if endpoint is not None or out_dir is not None:
+            raise WorkspaceError("--endpoint and --out are for --format otlp; a lake is written to DIR")
+        if source is None:
+            raise WorkspaceError("give the lake's directory: improve export --format parquet DIR")
+        directory = Path(source)
         space = workspace(ws)
         target = db or space.warehouse
         if not Path(target).exists():

@@ -32,7 +32,7 @@ from improve.evals.workspace import CONFIG_NAME, Workspace, policy_hash, policy_
 
 if TYPE_CHECKING:
     from improve.evals.ledger import OUTCOMES_SQL, Ledger, Recorded
-    from improve.evals.materialize import refresh_outcomes
+    from improve.evals.materialize import refresh_outcomes, score_threads
     from improve.evals.promotion import Check, PromotionDecision, decide, gain_phrase, p_value
     from improve.evals.report import describe_model, scorecard_markdown
     from improve.evals.reruns import Batch, RerunRule, Reruns, Settled, settle
@@ -57,6 +57,7 @@ _LAZY = {
     "p_value": "improve.evals.promotion",
     "gain_phrase": "improve.evals.promotion",
     "refresh_outcomes": "improve.evals.materialize",
+    "score_threads": "improve.evals.materialize",
     "Ledger": "improve.evals.ledger",
     "Recorded": "improve.evals.ledger",
     "OUTCOMES_SQL": "improve.evals.ledger",
@@ -126,6 +127,7 @@ __all__ = [
     "scenario_from_thread",
     "scenario_yaml",
     "scenarios_needed",
+    "score_threads",
     "scorecard",
     "scorecard_markdown",
     "set_key",

@@ -225,3 +225,30 @@ def _row(env: Environment, r: OutcomeRow, entries: int, scored: bool) -> tuple[A
         json.dumps(r.violations, default=str),
         r.cost_usd,
     )
+
+
+def score_threads(
+    workspace: Workspace, threads: list[tuple[str, list[LogEntry]]]
+) -> tuple[dict[str, OutcomeRow], dict[str, str]]:
+    """Replay and score threads that are not in the warehouse (files), as `refresh_outcomes` would:
+    the outcome rows of those that verify, and for the others why not (an unknown environment, a
+    thread that does not verify). Nothing is written."""
+    envs = workspace.environments_by_machine_id()
+    scenario_sets: dict[str, dict[str, Scenario]] = {}
+    rows: dict[str, OutcomeRow] = {}
+    problems: dict[str, str] = {}
+    with gc_paused():
+        for thread_id, entries in threads:
+            env = envs.get(entries[0].machineId) if entries else None
+            if env is None:
+                problems[thread_id] = f"no environment of this workspace has machine {entries[0].machineId!r}"
+                continue
+            if env.config.id not in scenario_sets:
+                scenario_sets[env.config.id] = scenarios_by_id(workspace, env)
+            parsed = ThreadId.parse(thread_id)
+            scenario = scenario_sets[env.config.id].get(parsed.scenario) if parsed else None
+            try:
+                rows[thread_id] = outcome_row(env, scenario, thread_id, entries, verify=True)
+            except ImproveError as err:
+                problems[thread_id] = str(err)
+    return rows, problems

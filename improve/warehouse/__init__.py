@@ -16,7 +16,8 @@ The library and the CLI (a DuckDB connection, migrated):
     >>> query_readonly(ro, "SELECT 1")                  # one query only, else SqlRefusedError
     >>> export_lake(con, Path("lake"))                  # Hive-partitioned Parquet; open_lake(Path("lake"))
 
-Other agents' log formats come through importers (`improve.warehouse.importers.IMPORTERS`).
+Other agents' log formats come through importers (`improve.warehouse.importers.IMPORTERS`); OpenTelemetry
+traces go both ways through `improve.warehouse.otlp` (threads out as OTLP, OTLP/JSON in as `otel_spans`).
 """
 
 from improve.warehouse.db import DEFAULT_LOCK_TIMEOUT, damaged, insert_rows, open_database
@@ -29,6 +30,25 @@ from improve.warehouse.lake import (
     export_lake,
     is_lake,
     open_lake,
+)
+from improve.warehouse.otlp import (
+    DEFAULT_BATCH,
+    HEADER_VARIABLES,
+    OTLP_FORMAT,
+    RetryPolicy,
+    RunOutcome,
+    SendReport,
+    ThreadRun,
+    export_requests,
+    file_threads,
+    headers_from_env,
+    ingest_otlp,
+    request_json,
+    selected_thread_ids,
+    send_requests,
+    traces_url,
+    warehouse_threads,
+    write_json_lines,
 )
 from improve.warehouse.sql import (
     FORMATS,
@@ -44,20 +64,31 @@ from improve.warehouse.store import COLUMNS, row_entry
 
 __all__ = [
     "COLUMNS",
+    "DEFAULT_BATCH",
     "DEFAULT_LOCK_TIMEOUT",
     "FORMATS",
+    "HEADER_VARIABLES",
     "LAKE_TABLES",
+    "OTLP_FORMAT",
     "PARTITION_KEYS",
     "IngestReport",
     "LakeReport",
+    "RetryPolicy",
+    "RunOutcome",
+    "SendReport",
     "SkippedFile",
+    "ThreadRun",
     "Warehouse",
     "cell_text",
     "connect",
     "damaged",
     "expand_paths",
     "export_lake",
+    "export_requests",
+    "file_threads",
+    "headers_from_env",
     "ingest",
+    "ingest_otlp",
     "insert_rows",
     "is_lake",
     "open_database",
@@ -67,6 +98,12 @@ __all__ = [
     "render_csv",
     "render_json",
     "render_markdown",
+    "request_json",
     "row_entry",
     "schema_doc",
+    "selected_thread_ids",
+    "send_requests",
+    "traces_url",
+    "warehouse_threads",
+    "write_json_lines",
 ]

@@ -265,7 +265,8 @@ def read_manifest(directory: str | Path) -> dict[str, Any]:
 
 def lake_relations(directory: str | Path, manifest: dict[str, Any]) -> tuple[Relation, ...]:
     """The relations of `views.py` as a lake has them: the tables it holds become views over its
-    Parquet files, the views stay as they are, the tables it does not hold are left out."""
+    Parquet files, the views stay as they are, the tables it does not hold (and the views over them,
+    `in_lake=False`) are left out."""
     lake = Path(directory).resolve()
     relations: list[Relation] = []
     for relation in RELATIONS:
@@ -274,7 +275,7 @@ def lake_relations(directory: str | Path, manifest: dict[str, Any]) -> tuple[Rel
             sql = _table_sql(lake, relation.name, columns, int(manifest["tables"][relation.name]["rows"]))
             documented = {c: text for c, text in relation.columns.items() if c in columns}
             relations.append(replace(relation, sql=sql, columns=documented))
-        elif relation.sql is not None:
+        elif relation.sql is not None and relation.in_lake:
             relations.append(relation)
     return tuple(relations)
 

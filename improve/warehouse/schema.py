@@ -149,6 +149,51 @@ MIGRATIONS: tuple[Migration, ...] = (
             """,
         ),
     ),
+    Migration(
+        "006_otel_spans",
+        # OpenTelemetry spans from OTLP/JSON exports (`improve ingest --format otlp`): any agent's traces
+        # next to our threads. Ids are hex; times are kept in nanoseconds as written and as timestamps.
+        (
+            """
+            CREATE TABLE otel_spans (
+                trace_id                 VARCHAR NOT NULL,
+                span_id                  VARCHAR NOT NULL,
+                parent_span_id           VARCHAR,
+                trace_state              VARCHAR,
+                flags                    UBIGINT,
+                name                     VARCHAR NOT NULL,
+                kind                     VARCHAR NOT NULL,
+                start_time               TIMESTAMPTZ NOT NULL,
+                end_time                 TIMESTAMPTZ NOT NULL,
+                start_unix_nano          UBIGINT NOT NULL,
+                end_unix_nano            UBIGINT NOT NULL,
+                duration_ms              DOUBLE NOT NULL,
+                status_code              VARCHAR NOT NULL,
+                status_message           VARCHAR,
+                attributes               JSON NOT NULL,
+                events                   JSON NOT NULL,
+                links                    JSON NOT NULL,
+                dropped_attributes_count BIGINT NOT NULL,
+                dropped_events_count     BIGINT NOT NULL,
+                dropped_links_count      BIGINT NOT NULL,
+                service_name             VARCHAR,
+                resource_attributes      JSON NOT NULL,
+                resource_schema_url      VARCHAR,
+                scope_name               VARCHAR,
+                scope_version            VARCHAR,
+                scope_attributes         JSON NOT NULL,
+                scope_schema_url         VARCHAR,
+                raw                      JSON NOT NULL,
+                content_hash             VARCHAR NOT NULL,
+                source                   VARCHAR,
+                line                     BIGINT,
+                batch_id                 VARCHAR,
+                ingested_at              TIMESTAMPTZ NOT NULL,
+                PRIMARY KEY (trace_id, span_id)
+            )
+            """,
+        ),
+    ),
 )
 
 

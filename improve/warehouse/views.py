@@ -15,6 +15,8 @@ class Relation:
     description: str
     columns: dict[str, str]
     sql: str | None = None  # None for tables (created by migrations)
+    in_lake: bool = True
+    """False for a view over a table a Parquet lake does not hold (`lake.LAKE_TABLES`)."""
 
 
 THREAD_PARTS = r"'^[^:]+:[^:]+:([^:]+:)?[^:]+:r[0-9]+$'"
@@ -76,15 +78,136 @@ RELATIONS: tuple[Relation, ...] = (
         "One row per `improve ingest` batch (one transaction): lines read = ingested + already present + rejected.",
         {
             "batch_id": "Batch id.",
-            "format": "native, normalize or opencli.",
+            "format": "native, normalize, opencli (or an importer a package or workspace adds), or otlp (spans).",
             "started_at": "When the batch started.",
             "finished_at": "When it committed.",
             "files": "Files read.",
-            "lines_read": "Non-blank lines read.",
-            "ingested": "Entries added.",
+            "lines_read": "Non-blank lines read (for otlp: spans read, plus lines that held none).",
+            "ingested": "Entries added (for otlp: spans added to otel_spans).",
             "already_present": "Lines identical to an entry already stored (ingest is idempotent).",
             "rejected": "Lines sent to rejected_lines.",
         },
+    ),
+    Relation(
+        "otel_spans",
+        "OpenTelemetry spans ingested from OTLP/JSON exports (`improve ingest --format otlp`): any agent's "
+        "traces, from an OpenTelemetry Collector's file exporter, an SDK, or `improve export --format otlp`.",
+        {
+            "trace_id": "The trace (32 hex digits).",
+            "span_id": "The span (16 hex digits); (trace_id, span_id) is the key.",
+            "parent_span_id": "The parent span (NULL for a root span).",
+            "trace_state": "W3C trace state, as written.",
+            "flags": "W3C trace flags and the OTLP span flags, as written.",
+            "name": "The span's name, e.g. `chat gpt-4.1` or `execute_tool lookup`.",
+            "kind": "INTERNAL, SERVER, CLIENT, PRODUCER, CONSUMER or UNSPECIFIED.",
+            "start_time": "Start, to the microsecond.",
+            "end_time": "End, to the microsecond.",
+            "start_unix_nano": "Start in nanoseconds since 1970, exactly as written.",
+            "end_unix_nano": "End in nanoseconds since 1970, exactly as written.",
+            "duration_ms": "End minus start, in milliseconds.",
+            "status_code": "UNSET, OK or ERROR.",
+            "status_message": "The status message (usually the error), NULL when empty.",
+            "attributes": "The span's attributes as a JSON object (`attributes ->> '$.\"gen_ai.request.model\"'`); "
+            "ints and doubles stay numbers, arrays lists, bytes base64 text.",
+            "events": "Span events, JSON array of {name, time_unix_nano, attributes}.",
+            "links": "Links, JSON array of {trace_id, span_id, attributes}.",
+            "dropped_attributes_count": "Attributes the writer dropped (its limits).",
+            "dropped_events_count": "Events the writer dropped.",
+            "dropped_links_count": "Links the writer dropped.",
+            "service_name": "The resource's service.name.",
+            "resource_attributes": "The resource's attributes, JSON object.",
+            "resource_schema_url": "The resource's semantic-conventions schema URL.",
+            "scope_name": "The instrumentation scope (library) that made the span.",
+            "scope_version": "Its version.",
+            "scope_attributes": "The scope's attributes, JSON object.",
+            "scope_schema_url": "The scope's schema URL.",
+            "raw": "The span's OTLP JSON as it was read (ids in hex), unknown fields included: nothing is lost.",
+            "content_hash": "sha256 of the span as parsed, with its resource and scope: ingesting it again is "
+            "recognised, a different span under the same ids is a conflict.",
+            "source": "The file it was ingested from.",
+            "line": "The line of that file holding its export document.",
+            "batch_id": "The ingest batch that added it.",
+            "ingested_at": "When.",
+        },
+    ),
+    Relation(
+        "otel_sessions",
+        "One row per OpenTelemetry trace in otel_spans (one agent run): the agent, its model, tokens, model "
+        "and tool calls, errors and duration, read through the GenAI semantic conventions.",
+        {
+            "trace_id": "The trace.",
+            "agent": "gen_ai.agent.name of its first span naming one, else the root's service.name.",
+            "service": "The root span's service.name (the first span's when there is no root).",
+            "root_span": "The root span's name, e.g. `invoke_agent refunds`.",
+            "model": "The first model call's model (gen_ai.response.model, else gen_ai.request.model).",
+            "models": "Every model named by a model call, sorted.",
+            "model_calls": "Spans whose gen_ai.operation.name is chat, text_completion or generate_content.",
+            "input_tokens": "gen_ai.usage.input_tokens (or the older prompt_tokens) over the model calls; the "
+            "agent spans' when no other span reports usage (so nothing counts twice).",
+            "output_tokens": "gen_ai.usage.output_tokens (or completion_tokens), counted the same way.",
+            "tool_calls": "Spans whose gen_ai.operation.name is execute_tool.",
+            "tools": "The tools called (gen_ai.tool.name), sorted.",
+            "errors": "Spans with status ERROR.",
+            "spans": "Spans in the trace.",
+            "started_at": "First span start.",
+            "ended_at": "Last span end.",
+            "duration_ms": "From the first start to the last end, in milliseconds.",
+            "thread_id": "For traces exported by improve: the thread (join threads, outcomes); else NULL.",
+            "status": "For improve's traces: the run's status (done, error, ...).",
+            "outcome": "For improve's traces: the final state, when the thread was scored.",
+            "passed": "For improve's traces: whether the run passed its scenario.",
+        },
+        """
+        WITH spans AS (
+            SELECT *,
+                   attributes ->> '$."gen_ai.operation.name"' AS op,
+                   coalesce(TRY_CAST(attributes ->> '$."gen_ai.usage.input_tokens"' AS BIGINT),
+                            TRY_CAST(attributes ->> '$."gen_ai.usage.prompt_tokens"' AS BIGINT)) AS tokens_in,
+                   coalesce(TRY_CAST(attributes ->> '$."gen_ai.usage.output_tokens"' AS BIGINT),
+                            TRY_CAST(attributes ->> '$."gen_ai.usage.completion_tokens"' AS BIGINT)) AS tokens_out,
+                   coalesce(attributes ->> '$."gen_ai.response.model"',
+                            attributes ->> '$."gen_ai.request.model"') AS span_model
+            FROM otel_spans
+        )
+        SELECT trace_id,
+               coalesce(arg_min(attributes ->> '$."gen_ai.agent.name"', start_unix_nano)
+                            FILTER (WHERE attributes ->> '$."gen_ai.agent.name"' IS NOT NULL),
+                        arg_min(service_name, start_unix_nano) FILTER (WHERE parent_span_id IS NULL),
+                        arg_min(service_name, start_unix_nano)) AS agent,
+               coalesce(arg_min(service_name, start_unix_nano) FILTER (WHERE parent_span_id IS NULL),
+                        arg_min(service_name, start_unix_nano)) AS service,
+               arg_min(name, start_unix_nano) FILTER (WHERE parent_span_id IS NULL) AS root_span,
+               arg_min(span_model, start_unix_nano)
+                   FILTER (WHERE op IN ('chat', 'text_completion', 'generate_content') AND span_model IS NOT NULL)
+                   AS model,
+               coalesce(list(DISTINCT span_model ORDER BY span_model)
+                            FILTER (WHERE op IN ('chat', 'text_completion', 'generate_content')
+                                    AND span_model IS NOT NULL), []) AS models,
+               coalesce(sum(coalesce(TRY_CAST(attributes ->> '$."improve.usage.calls"' AS BIGINT), 1))
+                            FILTER (WHERE op IN ('chat', 'text_completion', 'generate_content')), 0) AS model_calls,
+               CASE WHEN count(tokens_in) FILTER (WHERE op IS DISTINCT FROM 'invoke_agent') > 0
+                    THEN sum(tokens_in) FILTER (WHERE op IS DISTINCT FROM 'invoke_agent')
+                    ELSE coalesce(sum(tokens_in), 0) END AS input_tokens,
+               CASE WHEN count(tokens_out) FILTER (WHERE op IS DISTINCT FROM 'invoke_agent') > 0
+                    THEN sum(tokens_out) FILTER (WHERE op IS DISTINCT FROM 'invoke_agent')
+                    ELSE coalesce(sum(tokens_out), 0) END AS output_tokens,
+               count(*) FILTER (WHERE op = 'execute_tool') AS tool_calls,
+               coalesce(list(DISTINCT attributes ->> '$."gen_ai.tool.name"' ORDER BY attributes ->> '$."gen_ai.tool.name"')
+                            FILTER (WHERE op = 'execute_tool' AND attributes ->> '$."gen_ai.tool.name"' IS NOT NULL),
+                        []) AS tools,
+               count(*) FILTER (WHERE status_code = 'ERROR') AS errors,
+               count(*) AS spans,
+               min(start_time) AS started_at,
+               max(end_time) AS ended_at,
+               (max(end_unix_nano) - min(start_unix_nano)) / 1e6 AS duration_ms,
+               max(attributes ->> '$."improve.thread.id"') AS thread_id,
+               max(attributes ->> '$."improve.status"') AS status,
+               max(attributes ->> '$."improve.outcome"') AS outcome,
+               bool_or(TRY_CAST(attributes ->> '$."improve.passed"' AS BOOLEAN)) AS passed
+        FROM spans
+        GROUP BY trace_id
+        """,
+        in_lake=False,
     ),
     Relation(
         "outcomes",
