@@ -51,6 +51,8 @@ class ScenarioScore:
     outcomes: dict[str, int]
     usd: float = 0.0
     reasons: list[str] = field(default_factory=list)
+    failed_threads: list[str] = field(default_factory=list)
+    """The ids of its runs that did not pass (what `improve replay` takes), sorted."""
 
     @property
     def pass_fraction(self) -> float:
@@ -157,6 +159,7 @@ def scorecard(rows: Iterable[OutcomeRow], policy_version: str, split: str) -> Sc
                 outcomes=dict(outcomes),
                 usd=sum(r.cost_usd for r in group),
                 reasons=sorted({r.reason for r in group if not r.passed}),
+                failed_threads=sorted(r.thread_id for r in group if not r.passed),
             )
         )
     return Scorecard(policy_version, split, scores)

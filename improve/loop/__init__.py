@@ -21,6 +21,7 @@ from improve.loop.gates import (
     run_gates,
 )
 from improve.loop.heldout import held_out_status
+from improve.loop.history import Measured, measured_from_record, policy_history, read_entries
 from improve.loop.inputs import Inputs, RoundOptions, RoundResult, locate, next_version, review_branch
 from improve.loop.probes import probe_requests
 from improve.loop.production import ProductionCluster, ProductionDiagnosis, diagnose_production
@@ -29,6 +30,10 @@ from improve.loop.record import pr_body
 from improve.loop.round import run_round, run_rounds
 
 __all__ = [
+    "Measured",
+    "measured_from_record",
+    "policy_history",
+    "read_entries",
     "GATES",
     "GATE_NAMES",
     "PROPOSERS",

@@ -27,7 +27,7 @@ from improve.machine.config import (
     parse_machine,
     transitions_of,
 )
-from improve.machine.describe import describe_mermaid, describe_text, diff_states, to_xstate
+from improve.machine.describe import describe_mermaid, describe_text, diff_states, mermaid_label, to_xstate
 from improve.machine.explore import ExploreOptions, ExploreResult, can_reach, explore_paths
 from improve.machine.expr import (
     ALLOWED_ROOTS,
@@ -99,6 +99,7 @@ __all__ = [
     "compile_machine",
     "describe_mermaid",
     "describe_text",
+    "mermaid_label",
     "diff_states",
     "edges",
     "explore_paths",
