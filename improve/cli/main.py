@@ -29,7 +29,7 @@ from improve.cli.common import (
 from improve.cli.demo import demo_command
 from improve.cli.evals import rules_command, scenarios_app, score_command
 from improve.cli.init import init_command
-from improve.cli.loop import diagnose_command, round_command
+from improve.cli.loop import diagnose_command, report_command, round_command
 from improve.cli.parity import app as parity_app
 from improve.cli.policy import (
     explore_command,
@@ -517,6 +517,7 @@ app.command("score")(score_command)
 app.command("rules")(rules_command)
 app.command("round")(round_command)
 app.command("diagnose")(diagnose_command)
+app.command("report")(report_command)
 app.command("demo")(demo_command)
 app.command("init")(init_command)
 app.add_typer(tape_app, name="tape")

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from improve.evals.promotion import Check, PromotionDecision, decide, gain_phrase, p_value
     from improve.evals.report import describe_model, scorecard_markdown
     from improve.evals.reruns import Batch, RerunRule, Reruns, Settled, settle
-    from improve.evals.scorecards import Comparison, Scorecard, compare, paired, scorecard
+    from improve.evals.scorecards import Comparison, Scorecard, compare, paired, scorecard, scorecard_from_json
 
 # Scorecards, the promotion rule and reports need numpy and scipy, materializing outcomes needs
 # DuckDB: each is imported when one of its names is first asked for, so a command that uses
@@ -61,6 +61,7 @@ _LAZY = {
     "Recorded": "improve.evals.ledger",
     "OUTCOMES_SQL": "improve.evals.ledger",
     "scorecard": "improve.evals.scorecards",
+    "scorecard_from_json": "improve.evals.scorecards",
     "describe_model": "improve.evals.report",
     "scorecard_markdown": "improve.evals.report",
 }
@@ -128,6 +129,7 @@ __all__ = [
     "scenarios_needed",
     "scorecard",
     "scorecard_markdown",
+    "scorecard_from_json",
     "set_key",
     "settle",
     "split_warnings",

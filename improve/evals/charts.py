@@ -6,8 +6,9 @@ in a PR body or a pasted scorecard (`mermaid_xychart`), and as inline SVG for th
 report (`svg_chart`), which must not load mermaid.js or anything else at view time.
 
 Mermaid's xychart draws two `bar` series of one chart on top of each other in the versions GitHub
-runs (and names series only in a legend those versions lack), so "before" is a line over "after"'s
-bars, and the caption under each chart says which colour or mark is which. Every label (category
+runs (and names series only in a legend those versions lack), so there "before" is a line over
+"after"'s bars and the caption under each chart says which colour or mark is which; the SVG groups
+the bars side by side and draws its own legend. Every label (category
 names and version labels come from user files) is passed through `mermaid_label` or HTML-escaped.
 """
 
@@ -24,8 +25,8 @@ from improve.machine import mermaid_label
 LABEL_MAX = 32
 """Axis labels longer than this are cut (with an ellipsis): a chart is read at a glance."""
 
-PALETTE = ("#2563eb", "#ea580c", "#16a34a", "#9333ea")
-"""The series colours, in the order the series are drawn (Mermaid's `plotColorPalette` and the SVG)."""
+BLUE, ORANGE = "#2563eb", "#ea580c"
+COLOUR_NAMES = {BLUE: "blue", ORANGE: "orange"}
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,7 @@ class Series:
     name: str
     kind: Literal["line", "bar"]
     values: tuple[float, ...]
+    colour: str
 
 
 @dataclass(frozen=True)
@@ -65,11 +67,11 @@ def history_chart(history: Sequence[VersionScore]) -> Chart | None:
         x_title="policy version",
         x_labels=tuple(p.version for p in history),
         series=(
-            Series("train", "line", tuple(p.train for p in history)),
-            Series("held-out", "line", tuple(p.held_out for p in history)),
+            Series("train", "line", tuple(p.train for p in history), BLUE),
+            Series("held-out", "line", tuple(p.held_out for p in history), ORANGE),
         ),
-        caption=f"Lines: train ({_colour(0)}), held-out ({_colour(1)}); each version as the latest round "
-        "that measured it recorded it (the policies' CHANGELOG), along the line of versions that led here.",
+        caption="Each version as the latest round that measured it recorded it (the policies' CHANGELOG), "
+        "along the line of versions that led here.",
     )
 
 
@@ -89,8 +91,8 @@ def category_chart(cards: Sequence[Scorecard]) -> Chart | None:
             title=f"Pass rate by category, {versions[0]}",
             x_title="category",
             x_labels=tuple(categories),
-            series=(Series(versions[0], "bar", tuple(rates[0][c] for c in categories)),),
-            caption="Bars: the mean pass fraction of the category's scenarios (train and held-out together).",
+            series=(Series(versions[0], "bar", tuple(rates[0][c] for c in categories), BLUE),),
+            caption="The mean pass fraction of the category's scenarios, train and held-out together.",
         )
     before, after = rates[0], rates[-1]
     # Only categories measured on both sides are compared; a scenario scored on one side only would
@@ -104,11 +106,10 @@ def category_chart(cards: Sequence[Scorecard]) -> Chart | None:
         x_title="category",
         x_labels=tuple(categories),
         series=(
-            Series(f"after ({versions[-1]})", "bar", tuple(after[c] for c in categories)),
-            Series(f"before ({versions[0]})", "line", tuple(before[c] for c in categories)),
+            Series(f"before ({versions[0]})", "bar", tuple(before[c] for c in categories), ORANGE),
+            Series(f"after ({versions[-1]})", "bar", tuple(after[c] for c in categories), BLUE),
         ),
-        caption=f"Bars: after ({versions[-1]}, {_colour(0)}); line: before ({versions[0]}, {_colour(1)}); "
-        "the mean pass fraction of the category's scenarios, train and held-out together"
+        caption="The mean pass fraction of the category's scenarios, train and held-out together"
         + (f"; measured on one side only, left out: {', '.join(left_out)}" if left_out else "")
         + ".",
     )
@@ -120,10 +121,6 @@ def _by_category(cards: Sequence[Scorecard]) -> dict[str, float]:
         for s in card.scenarios:
             fractions.setdefault(s.category, []).append(s.pass_fraction)
     return {c: sum(v) / len(v) for c, v in fractions.items()}
-
-
-def _colour(index: int) -> str:
-    return ("blue", "orange", "green", "purple")[index % 4]
 
 
 # --- Mermaid --------------------------------------------------------------------------------------
@@ -155,9 +152,30 @@ def _quoted(text: str) -> str:
     return '"' + mermaid_label(text) + '"'
 
 
+def mermaid_series(chart: Chart) -> list[Series]:
+    """The series as Mermaid draws them: GitHub's Mermaid puts a chart's bar series on top of each other
+    (the smaller hidden), so every bar series but the last becomes a line over the last one's bars."""
+    bars = [s for s in chart.series if s.kind == "bar"]
+    lined = [s if s.kind == "line" or s is bars[-1] else Series(s.name, "line", s.values, s.colour) for s in chart.series]
+    # Bars first, so the lines are drawn over them.
+    return [s for s in lined if s.kind == "bar"] + [s for s in lined if s.kind == "line"]
+
+
+def how_to_read(series: Sequence[Series]) -> str:
+    """The legend as a sentence ("Bars: after (v3), blue; line: before (v2), orange."): GitHub's Mermaid
+    draws no legend."""
+    parts = []
+    for kind, word in (("bar", "Bars"), ("line", "Lines")):
+        named = [f"{s.name} ({COLOUR_NAMES.get(s.colour, s.colour)})" for s in series if s.kind == kind]
+        if named:
+            parts.append(f"{word if len(named) > 1 or kind == 'bar' else 'Line'}: {', '.join(named)}")
+    return "; ".join(parts) + "."
+
+
 def mermaid_xychart(chart: Chart) -> str:
     """The chart as a Mermaid `xychart-beta` block's body, colours fixed so the caption holds."""
-    palette = ", ".join(PALETTE[i % len(PALETTE)] for i in range(len(chart.series)))
+    series = mermaid_series(chart)
+    palette = ", ".join(s.colour for s in series)
     lines = [
         '%%{init: {"themeVariables": {"xyChart": {"plotColorPalette": "' + palette + '"}}}}%%',
         "xychart-beta",
@@ -165,14 +183,15 @@ def mermaid_xychart(chart: Chart) -> str:
         f"    x-axis {_quoted(chart.x_title)} [{', '.join(_quoted(x) for x in chart_labels(chart.x_labels))}]",
         f"    y-axis {_quoted(chart.y_title)} 0 --> 1",
     ]
-    for s in chart.series:
+    for s in series:
         lines.append(f"    {s.kind} {_quoted(s.name)} [{', '.join(f'{v:.3f}' for v in s.values)}]")
     return "\n".join(lines) + "\n"
 
 
 def chart_markdown(chart: Chart) -> list[str]:
     """A fenced ```mermaid block and its caption, as markdown lines."""
-    return ["```mermaid", mermaid_xychart(chart).rstrip("\n"), "```", "", chart.caption, ""]
+    caption = how_to_read(mermaid_series(chart)) + " " + chart.caption
+    return ["```mermaid", mermaid_xychart(chart).rstrip("\n"), "```", "", caption, ""]
 
 
 # --- SVG ------------------------------------------------------------------------------------------
@@ -214,8 +233,8 @@ def svg_chart(chart: Chart) -> str:
         parts.append(f'<text x="{x:.1f}" y="{y:.1f}" {anchor} class="tick">{escape(label)}</text>')
     bars = [s for s in chart.series if s.kind == "bar"]
     width = band * 0.7 / max(len(bars), 1)
-    for index, s in enumerate(chart.series):
-        colour = PALETTE[index % len(PALETTE)]
+    for s in chart.series:
+        colour = s.colour
         if s.kind == "bar":
             slot = bars.index(s)
             for i, v in enumerate(s.values):
@@ -234,8 +253,8 @@ def svg_chart(chart: Chart) -> str:
                     f"{escape(s.name)} {escape(labels[i])}: {v:.3f}</title></circle>"
                 )
     legend_x = _LEFT
-    for index, s in enumerate(chart.series):
-        colour = PALETTE[index % len(PALETTE)]
+    for s in chart.series:
+        colour = s.colour
         mark = (
             f'<rect x="{legend_x}" y="36" width="14" height="10" fill="{colour}"/>'
             if s.kind == "bar"

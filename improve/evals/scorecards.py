@@ -15,7 +15,7 @@ import dataclasses
 import warnings
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from math import comb
 from typing import TYPE_CHECKING, Any
 
@@ -122,6 +122,16 @@ class Scorecard:
             "usd": round(self.usd, 6),
             "scenarios": [asdict(s) | {"pass_fraction": s.pass_fraction} for s in self.scenarios],
         }
+
+
+def scorecard_from_json(data: dict[str, Any]) -> Scorecard:
+    """A scorecard from `Scorecard.to_json()` (what a round writes to its report's scorecards.json)."""
+    names = {f.name for f in fields(ScenarioScore)}
+    return Scorecard(
+        str(data["policy_version"]),
+        str(data["split"]),
+        [ScenarioScore(**{k: v for k, v in s.items() if k in names}) for s in data["scenarios"]],
+    )
 
 
 def paired(a: Scorecard, b: Scorecard) -> tuple[Scorecard, Scorecard, list[str]]:

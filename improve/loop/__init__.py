@@ -27,9 +27,12 @@ from improve.loop.probes import probe_requests
 from improve.loop.production import ProductionCluster, ProductionDiagnosis, diagnose_production
 from improve.loop.proposers import PROPOSERS, Proposal, ProposalRequest, Proposer, ProposerSetup
 from improve.loop.record import pr_body
+from improve.loop.report_page import WrittenPage, write_round_page
 from improve.loop.round import run_round, run_rounds
 
 __all__ = [
+    "WrittenPage",
+    "write_round_page",
     "Measured",
     "measured_from_record",
     "policy_history",

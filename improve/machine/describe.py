@@ -34,7 +34,7 @@ from improve.machine.config import (
 )
 from improve.machine.walk import Edge, edges
 
-__all__ = ["describe_mermaid", "describe_text", "diff_states", "mermaid_label", "to_xstate"]
+__all__ = ["describe_mermaid", "describe_text", "diff_states", "edge_text", "mermaid_label", "to_xstate"]
 
 MERMAID_GUARD_MAX = 40
 """Guards longer than this are cut (with an ellipsis) in diagram labels."""
@@ -255,6 +255,12 @@ def _mermaid_ids(names: Collection[str]) -> dict[str, str]:
         ids[name] = candidate
         used.add(candidate)
     return ids
+
+
+def edge_text(edge: Edge, limit: int = MERMAID_GUARD_MAX) -> str:
+    """A transition as a diagram labels it, unescaped: its event and its guard, shortened."""
+    guard = _guard_text(edge.transition.guard)
+    return _label(edge) + (f" [{_shorten(guard, limit)}]" if guard else "")
 
 
 def _edge_label(event: str, t: TransitionConfig) -> str:
