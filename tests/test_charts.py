@@ -4,6 +4,7 @@ drawing with hostile labels, and the HTML report of a round (in headless Chromiu
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -75,7 +76,7 @@ def test_the_history_chart_is_two_lines_over_the_versions_golden() -> None:
     )
     block = chart_markdown(chart)
     assert block[0] == "```mermaid" and block[2] == "```"
-    assert block[4].startswith("Lines: train (blue), held-out (orange).")
+    assert block[4].startswith("Lines: train in blue, held-out in orange.")
     assert history_chart(HISTORY[:1]) is None  # one version is a number, not a trend
 
 
@@ -93,7 +94,7 @@ def test_the_category_chart_puts_before_as_a_line_over_after_bars_and_escapes_la
         '    line "before (v1)" [0.000, 0.000, 0.750]\n'
     )
     caption = chart_markdown(chart)[4]
-    assert caption.startswith("Bars: after (v2) (blue); Line: before (v1) (orange).")
+    assert caption.startswith("Bars: after (v2) in blue; line: before (v1) in orange.")
     one = category_chart(before_after()[:1])
     assert one is not None and [s.kind for s in one.series] == ["bar"]
 
@@ -185,3 +186,75 @@ def test_the_history_follows_the_line_of_recommended_versions_with_their_newest_
     # A loop in hand-edited entries ends the walk instead of hanging it.
     looped = [Measured("v1", "v2", "a", True, {}, {}), Measured("v2", "v1", "b", True, {}, {})]
     assert policy_history(looped, "v2") == []
+
+
+def page_of_a_round(tmp_path: Path) -> Path:
+    """A round's HTML page from a report folder as a round leaves it, with hostile user text in it."""
+    from tests.test_scorecard import V1
+
+    from improve.loop.report_page import load_round_report, round_page
+    from improve.machine import parse_machine
+
+    folder = tmp_path / "reports" / "20260101-000000-refunds-v2"
+    folder.mkdir(parents=True)
+    rec = record("v2", "v1", True, (0.5, 0.9), (0.4, 0.8)) | {
+        "environment": "refunds",
+        "status": "recommended",
+        "rationale": "When <script>alert(1)</script> answer CLOSE",
+        "gates": [{"name": "validate", "ok": True, "detail": "ok"}, {"name": "lint", "ok": False, "detail": "<i>x</i>"}],
+    }
+    (folder / "round.json").write_text(json.dumps(rec))
+    (folder / "scorecards.json").write_text(json.dumps([c.to_json() for c in before_after()]))
+    candidate = dict(V1, version="2")
+    (folder / "policy.json").write_text(json.dumps(candidate))
+    baseline = parse_machine(json.loads((Path(__file__).parent.parent / "policies/refunds/v0.json").read_text()))
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    (traces / "train:v1:naive:b-1:r1.jsonl").write_text("{}\n")
+    report = load_round_report(folder)
+    page = round_page(
+        report,
+        HISTORY,
+        baseline,
+        parse_machine(candidate),
+        trace_href=lambda t: f"./../../traces/{t}.jsonl".replace(":", "%3A") if (traces / f"{t}.jsonl").exists() else None,
+    )
+    out = folder / "report.html"
+    out.write_text(page)
+    return out
+
+
+def test_the_round_page_is_self_contained_and_escapes_what_users_wrote(tmp_path: Path) -> None:
+    page = page_of_a_round(tmp_path).read_text()
+    assert "<script" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page and "<i>x</i>" not in page
+    assert "http://" not in page.replace("http://www.w3.org/2000/svg", "") and "https://" not in page
+    assert page.count("<svg") == 3  # the two charts and the policy diagram
+    assert "Pass rate by policy version" in page and "Pass rate by category, v1 and v2" in page
+    assert "&gt;= 3" in page and "class route," in page and "The candidate v2; the states" in page  # the diagram (a guard), and its Mermaid text
+    # Failing runs are listed with their thread ids; one whose file exists is linked (colons quoted).
+    assert 'href="./../../traces/train%3Av1%3Anaive%3Ab-1%3Ar1.jsonl"' in page
+    assert "<code>held-out:v2:naive:c-1:r1</code>" in page
+
+
+def test_the_round_page_renders_in_chromium_without_console_errors_or_requests(tmp_path: Path) -> None:
+    from tests.headless import find_chromium, load_page, png_size
+
+    chromium = find_chromium()
+    if chromium is None:
+        pytest.skip("Chromium is not installed (apt-get install chromium; .ci/run installs it in CI)")
+    page = page_of_a_round(tmp_path)
+    loaded = load_page(chromium, page)
+    assert loaded.errors == []
+    assert loaded.requests == [page.resolve().as_uri()]  # the page itself, nothing else
+    assert png_size(loaded.screenshot) == (1200, 2000) and len(loaded.screenshot) > 30_000
+    (tmp_path / "report.png").write_bytes(loaded.screenshot)
+
+    # The check can fail: a console error, and a fetch the page's policy refuses, are both seen.
+    text = page.read_text()
+    noisy = tmp_path / "noisy.html"
+    no_policy = re.sub(r'<meta http-equiv="Content-Security-Policy"[^>]*>', "", text)
+    noisy.write_text(no_policy.replace("</main>", "<script>console.error('deliberate error')</script></main>"))
+    assert any("deliberate error" in e for e in load_page(chromium, noisy).errors)
+    fetching = tmp_path / "fetching.html"
+    fetching.write_text(text.replace("</main>", '<img src="http://127.0.0.1:9/x.png"></main>'))
+    assert load_page(chromium, fetching).errors  # refused by the page's Content-Security-Policy

@@ -25,6 +25,9 @@ from improve.machine import mermaid_label
 LABEL_MAX = 32
 """Axis labels longer than this are cut (with an ellipsis): a chart is read at a glance."""
 
+HORIZONTAL_FROM = 4
+"""More categories than this and the Mermaid chart is drawn horizontally."""
+
 BLUE, ORANGE = "#2563eb", "#ea580c"
 COLOUR_NAMES = {BLUE: "blue", ORANGE: "orange"}
 
@@ -55,6 +58,8 @@ class Chart:
     series: tuple[Series, ...]
     caption: str
     y_title: str = "pass rate"
+    horizontal: bool = False
+    """Mermaid draws the categories down the side: many category names side by side overlap."""
 
 
 def history_chart(history: Sequence[VersionScore]) -> Chart | None:
@@ -92,6 +97,7 @@ def category_chart(cards: Sequence[Scorecard]) -> Chart | None:
             x_title="category",
             x_labels=tuple(categories),
             series=(Series(versions[0], "bar", tuple(rates[0][c] for c in categories), BLUE),),
+            horizontal=len(categories) > HORIZONTAL_FROM,
             caption="The mean pass fraction of the category's scenarios, train and held-out together.",
         )
     before, after = rates[0], rates[-1]
@@ -109,6 +115,7 @@ def category_chart(cards: Sequence[Scorecard]) -> Chart | None:
             Series(f"before ({versions[0]})", "bar", tuple(before[c] for c in categories), ORANGE),
             Series(f"after ({versions[-1]})", "bar", tuple(after[c] for c in categories), BLUE),
         ),
+        horizontal=len(categories) > HORIZONTAL_FROM,
         caption="The mean pass fraction of the category's scenarios, train and held-out together"
         + (f"; measured on one side only, left out: {', '.join(left_out)}" if left_out else "")
         + ".",
@@ -162,14 +169,16 @@ def mermaid_series(chart: Chart) -> list[Series]:
 
 
 def how_to_read(series: Sequence[Series]) -> str:
-    """The legend as a sentence ("Bars: after (v3), blue; line: before (v2), orange."): GitHub's Mermaid
-    draws no legend."""
+    """The legend as a sentence ("Bars: after (v3) in blue; line: before (v2) in orange."): GitHub's
+    Mermaid draws no legend."""
     parts = []
-    for kind, word in (("bar", "Bars"), ("line", "Lines")):
-        named = [f"{s.name} ({COLOUR_NAMES.get(s.colour, s.colour)})" for s in series if s.kind == kind]
+    for kind in ("bar", "line"):
+        named = [f"{s.name} in {COLOUR_NAMES.get(s.colour, s.colour)}" for s in series if s.kind == kind]
         if named:
-            parts.append(f"{word if len(named) > 1 or kind == 'bar' else 'Line'}: {', '.join(named)}")
-    return "; ".join(parts) + "."
+            word = kind + ("s" if len(named) > 1 or kind == "bar" else "")
+            parts.append(f"{word}: {', '.join(named)}")
+    text = "; ".join(parts)
+    return text[:1].upper() + text[1:] + "."
 
 
 def mermaid_xychart(chart: Chart) -> str:
@@ -178,7 +187,7 @@ def mermaid_xychart(chart: Chart) -> str:
     palette = ", ".join(s.colour for s in series)
     lines = [
         '%%{init: {"themeVariables": {"xyChart": {"plotColorPalette": "' + palette + '"}}}}%%',
-        "xychart-beta",
+        "xychart-beta horizontal" if chart.horizontal else "xychart-beta",
         f"    title {_quoted(chart.title)}",
         f"    x-axis {_quoted(chart.x_title)} [{', '.join(_quoted(x) for x in chart_labels(chart.x_labels))}]",
         f"    y-axis {_quoted(chart.y_title)} 0 --> 1",

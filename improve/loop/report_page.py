@@ -182,17 +182,25 @@ def _gates_table(gates: Sequence[dict[str, Any]]) -> str:
     return _table(["gate", "result", "detail"], rows)
 
 
-def _failing(cards: Sequence[Scorecard], trace_href: Callable[[str], str | None]) -> str:
+FAILED_RUNS_SHOWN = 5
+"""Failed runs listed per scenario; the rest are counted (the warehouse has them all)."""
+
+
+def _failing(cards: Sequence[Scorecard], first: str | None, trace_href: Callable[[str], str | None]) -> str:
     rows = []
-    for c in cards:
+    # The candidate's failures first: they are what a reviewer is deciding about.
+    for c in sorted(cards, key=lambda c: c.policy_version != first):
         for s in c.scenarios:
             if s.passed == s.runs:
                 continue
             items = []
-            for tid in s.failed_threads:
+            for tid in s.failed_threads[:FAILED_RUNS_SHOWN]:
                 href = trace_href(tid)
                 ident = f"<code>{escape(tid)}</code>"
                 items.append(f'<li><a href="{escape(href)}">{ident}</a></li>' if href else f"<li>{ident}</li>")
+            more = len(s.failed_threads) - FAILED_RUNS_SHOWN
+            if more > 0:
+                items.append(f"<li>and {more} more</li>")
             threads = f'<ul class="threads">{"".join(items)}</ul>' if items else ""
             rows.append(
                 "<tr>"
@@ -254,10 +262,11 @@ def round_page(
     drawn = candidate or baseline
     if drawn is not None:
         changed = diff_states(baseline, candidate) if baseline is not None and candidate is not None else []
+        cand_label, base_label = r.get("candidate_version"), r.get("baseline_version")
         what = (
-            f"the candidate {drawn.version}; states it changed against {baseline.version} are amber"
+            f"The candidate {cand_label}; the states it changed against {base_label} are amber"
             if candidate is not None and baseline is not None
-            else f"policy {drawn.version}"
+            else f"Policy {cand_label if candidate is not None else base_label}"
         )
         sections += [
             "<h2>Policy</h2>",
@@ -267,7 +276,7 @@ def round_page(
             + escape(describe_mermaid(drawn, highlight=changed))
             + "</pre></details>",
         ]
-    sections += ["<h2>Failing runs</h2>", _failing(report.cards, trace_href)]
+    sections += ["<h2>Failing runs</h2>", _failing(report.cards, r.get("candidate_version"), trace_href)]
     sections.append(
         f'<p class="meta">Written by <code>improve report --html</code> from {escape(report.folder.name)}. '
         "The tool never merges; a person reviews.</p>"

@@ -88,7 +88,8 @@ def describe_svg(config: MachineConfig, highlight: Collection[str] = ()) -> str:
                     f'<line x1="{x1:.1f}" y1="{y1:.1f}" x2="{x2:.1f}" y2="{y2:.1f}" class="edge" '
                     'marker-end="url(#arrow)"/>'
                 )
-                lx, ly = x1 + (x2 - x1) * 0.55, y1 + (y2 - y1) * 0.55
+                # Near the target, where a fan of edges has spread out, so the labels do not pile up.
+                lx, ly = x1 + (x2 - x1) * 0.72, y1 + (y2 - y1) * 0.72
             else:
                 # Back, sideways or to itself: out of the right side and round.
                 bend = 40 + 14 * n
@@ -99,7 +100,8 @@ def describe_svg(config: MachineConfig, highlight: Collection[str] = ()) -> str:
                     f'{x2:.1f},{y2:.1f}" class="edge" fill="none" marker-end="url(#arrow)"/>'
                 )
                 lx, ly = max(x1, x2) + bend * 0.75, (y1 + y2) / 2
-            labels.append(f'<text x="{lx:.1f}" y="{ly:.1f}" class="edge-label">{text}</text>')
+            anchor = "middle" if dst.layer > src.layer else "start"
+            labels.append(f'<text x="{lx:.1f}" y="{ly:.1f}" text-anchor="{anchor}" class="edge-label">{text}</text>')
     for name, box in boxes.items():
         state = config.states[name]
         kind = "sentinel" if name in sentinels else "changed" if name in changed else "state"
