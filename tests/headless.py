@@ -107,7 +107,9 @@ class _Socket:
                 return result
 
 
-def load_page(chromium: str, page: Path, *, width: int = 1200, height: int = 2000, settle: float = 0.5) -> PageLoad:
+def load_page(
+    chromium: str, page: Path, *, width: int = 1200, height: int = 2000, settle: float = 0.5
+) -> PageLoad:
     """Open `page` in a fresh headless Chromium, wait for its load event (and `settle` seconds), and
     report what its console said, what it requested, and a PNG screenshot of `width` x `height`."""
     profile = tempfile.mkdtemp(prefix="chromium-profile-")
@@ -143,7 +145,13 @@ def load_page(chromium: str, page: Path, *, width: int = 1200, height: int = 200
         ws = _Socket(target["webSocketDebuggerUrl"])
         for method in ("Runtime.enable", "Log.enable", "Network.enable", "Page.enable"):
             ws.send(method)
-        ws.send("Emulation.setDeviceMetricsOverride", width=width, height=height, deviceScaleFactor=1, mobile=False)
+        ws.send(
+            "Emulation.setDeviceMetricsOverride",
+            width=width,
+            height=height,
+            deviceScaleFactor=1,
+            mobile=False,
+        )
         url = page.resolve().as_uri()
         ws.send("Page.navigate", url=url)
         result = PageLoad()
@@ -156,10 +164,14 @@ def load_page(chromium: str, page: Path, *, width: int = 1200, height: int = 200
             method = message.get("method")
             params = message.get("params", {})
             if method == "Runtime.consoleAPICalled" and params.get("type") in ("error", "assert"):
-                result.errors.append(" ".join(str(a.get("value", a.get("description", ""))) for a in params["args"]))
+                result.errors.append(
+                    " ".join(str(a.get("value", a.get("description", ""))) for a in params["args"])
+                )
             elif method == "Runtime.exceptionThrown":
                 details = params["exceptionDetails"]
-                result.errors.append(details.get("exception", {}).get("description") or details.get("text", ""))
+                result.errors.append(
+                    details.get("exception", {}).get("description") or details.get("text", "")
+                )
             elif method == "Log.entryAdded" and params["entry"].get("level") == "error":
                 result.errors.append(params["entry"].get("text", ""))
             elif method == "Network.requestWillBeSent":
@@ -177,7 +189,9 @@ def load_page(chromium: str, page: Path, *, width: int = 1200, height: int = 200
                     shot_id = ws.send("Page.captureScreenshot", format="png")
                 else:
                     time.sleep(0.05)
-                    probe = ws.send("Runtime.evaluate", expression="document.readyState + ' ' + location.href")
+                    probe = ws.send(
+                        "Runtime.evaluate", expression="document.readyState + ' ' + location.href"
+                    )
         raise AssertionError(f"{page} did not load within 60 s")
     finally:
         proc.kill()

@@ -100,7 +100,10 @@ def test_the_category_chart_puts_before_as_a_line_over_after_bars_and_escapes_la
 
 
 def test_a_category_measured_on_one_side_only_is_left_out_and_said() -> None:
-    cards = [card("v1", "train", {"a": ("small", 1), "b": ("gone", 1)}), card("v2", "train", {"a": ("small", 2)})]
+    cards = [
+        card("v1", "train", {"a": ("small", 1), "b": ("gone", 1)}),
+        card("v2", "train", {"a": ("small", 2)}),
+    ]
     chart = category_chart(cards)
     assert chart is not None and chart.x_labels == ("small",)
     assert "left out: gone" in chart.caption
@@ -127,7 +130,9 @@ def changelog(tmp_path: Path, records: list[dict[str, object]]) -> Path:
     return path
 
 
-def record(version: str, baseline: str, recommended: bool, train: tuple[float, float], held: tuple[float, float]) -> dict[str, object]:
+def record(
+    version: str, baseline: str, recommended: bool, train: tuple[float, float], held: tuple[float, float]
+) -> dict[str, object]:
     def score(pair: tuple[float, float]) -> dict[str, object]:
         return {
             "before": pair[0],
@@ -173,7 +178,9 @@ def test_the_history_follows_the_line_of_recommended_versions_with_their_newest_
         ("v3", "v1", True),
         ("v4", "v0", True),
     ]
-    current = Measured("v5", "v3", "r5", False, {"train": 0.81, "held-out": 0.74}, {"train": 0.85, "held-out": 0.8})
+    current = Measured(
+        "v5", "v3", "r5", False, {"train": 0.81, "held-out": 0.74}, {"train": 0.85, "held-out": 0.8}
+    )
     history = policy_history(entries, "v5", current)
     assert [(h.version, h.train, h.held_out) for h in history] == [
         ("v0", 0.5, 0.4),
@@ -182,7 +189,9 @@ def test_the_history_follows_the_line_of_recommended_versions_with_their_newest_
         ("v5", 0.85, 0.8),
     ]
     assert [h.version for h in policy_history(entries, "v3")] == ["v0", "v1", "v3"]
-    assert policy_history(entries, "v9") == [] and policy_history(read_entries(tmp_path / "none.md"), "v1") == []
+    assert (
+        policy_history(entries, "v9") == [] and policy_history(read_entries(tmp_path / "none.md"), "v1") == []
+    )
     # A loop in hand-edited entries ends the walk instead of hanging it.
     looped = [Measured("v1", "v2", "a", True, {}, {}), Measured("v2", "v1", "b", True, {}, {})]
     assert policy_history(looped, "v2") == []
@@ -190,10 +199,9 @@ def test_the_history_follows_the_line_of_recommended_versions_with_their_newest_
 
 def page_of_a_round(tmp_path: Path) -> Path:
     """A round's HTML page from a report folder as a round leaves it, with hostile user text in it."""
-    from tests.test_scorecard import V1
-
     from improve.loop.report_page import load_round_report, round_page
     from improve.machine import parse_machine
+    from tests.test_scorecard import V1
 
     folder = tmp_path / "reports" / "20260101-000000-refunds-v2"
     folder.mkdir(parents=True)
@@ -201,13 +209,18 @@ def page_of_a_round(tmp_path: Path) -> Path:
         "environment": "refunds",
         "status": "recommended",
         "rationale": "When <script>alert(1)</script> answer CLOSE",
-        "gates": [{"name": "validate", "ok": True, "detail": "ok"}, {"name": "lint", "ok": False, "detail": "<i>x</i>"}],
+        "gates": [
+            {"name": "validate", "ok": True, "detail": "ok"},
+            {"name": "lint", "ok": False, "detail": "<i>x</i>"},
+        ],
     }
     (folder / "round.json").write_text(json.dumps(rec))
     (folder / "scorecards.json").write_text(json.dumps([c.to_json() for c in before_after()]))
     candidate = dict(V1, version="2")
     (folder / "policy.json").write_text(json.dumps(candidate))
-    baseline = parse_machine(json.loads((Path(__file__).parent.parent / "policies/refunds/v0.json").read_text()))
+    baseline = parse_machine(
+        json.loads((Path(__file__).parent.parent / "policies/refunds/v0.json").read_text())
+    )
     traces = tmp_path / "traces"
     traces.mkdir()
     (traces / "train:v1:naive:b-1:r1.jsonl").write_text("{}\n")
@@ -217,7 +230,9 @@ def page_of_a_round(tmp_path: Path) -> Path:
         HISTORY,
         baseline,
         parse_machine(candidate),
-        trace_href=lambda t: f"./../../traces/{t}.jsonl".replace(":", "%3A") if (traces / f"{t}.jsonl").exists() else None,
+        trace_href=lambda t: (
+            f"./../../traces/{t}.jsonl".replace(":", "%3A") if (traces / f"{t}.jsonl").exists() else None
+        ),
     )
     out = folder / "report.html"
     out.write_text(page)
@@ -226,11 +241,15 @@ def page_of_a_round(tmp_path: Path) -> Path:
 
 def test_the_round_page_is_self_contained_and_escapes_what_users_wrote(tmp_path: Path) -> None:
     page = page_of_a_round(tmp_path).read_text()
-    assert "<script" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page and "<i>x</i>" not in page
+    assert (
+        "<script" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page and "<i>x</i>" not in page
+    )
     assert "http://" not in page.replace("http://www.w3.org/2000/svg", "") and "https://" not in page
     assert page.count("<svg") == 3  # the two charts and the policy diagram
     assert "Pass rate by policy version" in page and "Pass rate by category, v1 and v2" in page
-    assert "&gt;= 3" in page and "class route," in page and "The candidate v2; the states" in page  # the diagram (a guard), and its Mermaid text
+    assert (
+        "&gt;= 3" in page and "class route," in page and "The candidate v2; the states" in page
+    )  # the diagram (a guard), and its Mermaid text
     # Failing runs are listed with their thread ids; one whose file exists is linked (colons quoted).
     assert 'href="./../../traces/train%3Av1%3Anaive%3Ab-1%3Ar1.jsonl"' in page
     assert "<code>held-out:v2:naive:c-1:r1</code>" in page
@@ -253,7 +272,9 @@ def test_the_round_page_renders_in_chromium_without_console_errors_or_requests(t
     text = page.read_text()
     noisy = tmp_path / "noisy.html"
     no_policy = re.sub(r'<meta http-equiv="Content-Security-Policy"[^>]*>', "", text)
-    noisy.write_text(no_policy.replace("</main>", "<script>console.error('deliberate error')</script></main>"))
+    noisy.write_text(
+        no_policy.replace("</main>", "<script>console.error('deliberate error')</script></main>")
+    )
     assert any("deliberate error" in e for e in load_page(chromium, noisy).errors)
     fetching = tmp_path / "fetching.html"
     fetching.write_text(text.replace("</main>", '<img src="http://127.0.0.1:9/x.png"></main>'))

@@ -729,7 +729,9 @@ def test_demo_rounds_promote_and_the_final_policy_keeps_what_careful_gets_right(
     for r in promoted:
         body = (root / str(r.report) / "pr.md").read_text()
         assert body.count("xychart-beta") == 2 and "Pass rate by category" in body, r.round_id
-    versions = ", ".join(f'"{v}"' for v in [summary.start_version, *(str(r.candidate_version) for r in promoted)])
+    versions = ", ".join(
+        f'"{v}"' for v in [summary.start_version, *(str(r.candidate_version) for r in promoted)]
+    )
     last = (root / str(promoted[-1].report) / "pr.md").read_text()
     assert f'x-axis "policy version" [{versions}]' in last
     scenarios = load_scenarios(root / "scenarios" / f"{env_name}.yaml").scenarios

@@ -335,7 +335,9 @@ def report_command(
     ] = False,
     out_file: Annotated[
         Path | None,
-        typer.Option("--out", "-o", help="Where to write the HTML page (default: report.html in the round's folder)."),
+        typer.Option(
+            "--out", "-o", help="Where to write the HTML page (default: report.html in the round's folder)."
+        ),
     ] = None,
     as_json: Annotated[bool, JsonOption] = False,
     ws: Annotated[Path | None, WorkspaceOption] = None,
@@ -364,7 +366,9 @@ def report_command(
                 emit_json({"round": folder.name, "folder": str(folder), "html": None})
                 return
             if not markdown.is_file():
-                raise WorkspaceError(f"{markdown} is missing; `improve report {folder.name} --html` reads round.json")
+                raise WorkspaceError(
+                    f"{markdown} is missing; `improve report {folder.name} --html` reads round.json"
+                )
             out.print(markdown.read_text(encoding="utf-8"), markup=False, end="")
             return
         page = write_round_page(space, round_id, out_file)

@@ -36,7 +36,14 @@ if TYPE_CHECKING:
     from improve.evals.promotion import Check, PromotionDecision, decide, gain_phrase, p_value
     from improve.evals.report import describe_model, scorecard_markdown
     from improve.evals.reruns import Batch, RerunRule, Reruns, Settled, settle
-    from improve.evals.scorecards import Comparison, Scorecard, compare, paired, scorecard, scorecard_from_json
+    from improve.evals.scorecards import (
+        Comparison,
+        Scorecard,
+        compare,
+        paired,
+        scorecard,
+        scorecard_from_json,
+    )
 
 # Scorecards, the promotion rule and reports need numpy and scipy, materializing outcomes needs
 # DuckDB: each is imported when one of its names is first asked for, so a command that uses
@@ -128,8 +135,8 @@ __all__ = [
     "scenario_yaml",
     "scenarios_needed",
     "scorecard",
-    "scorecard_markdown",
     "scorecard_from_json",
+    "scorecard_markdown",
     "set_key",
     "settle",
     "split_warnings",

@@ -163,7 +163,10 @@ def mermaid_series(chart: Chart) -> list[Series]:
     """The series as Mermaid draws them: GitHub's Mermaid puts a chart's bar series on top of each other
     (the smaller hidden), so every bar series but the last becomes a line over the last one's bars."""
     bars = [s for s in chart.series if s.kind == "bar"]
-    lined = [s if s.kind == "line" or s is bars[-1] else Series(s.name, "line", s.values, s.colour) for s in chart.series]
+    lined = [
+        s if s.kind == "line" or s is bars[-1] else Series(s.name, "line", s.values, s.colour)
+        for s in chart.series
+    ]
     # Bars first, so the lines are drawn over them.
     return [s for s in lined if s.kind == "bar"] + [s for s in lined if s.kind == "line"]
 
@@ -238,7 +241,9 @@ def svg_chart(chart: Chart) -> str:
     rotate = n > 6 or max((len(x) for x in labels), default=0) * 7 > band
     for i, label in enumerate(labels):
         x, y = x_at(i), _TOP + plot_h + 16
-        anchor = f'text-anchor="end" transform="rotate(-30 {x:.1f} {y:.1f})"' if rotate else 'text-anchor="middle"'
+        anchor = (
+            f'text-anchor="end" transform="rotate(-30 {x:.1f} {y:.1f})"' if rotate else 'text-anchor="middle"'
+        )
         parts.append(f'<text x="{x:.1f}" y="{y:.1f}" {anchor} class="tick">{escape(label)}</text>')
     bars = [s for s in chart.series if s.kind == "bar"]
     width = band * 0.7 / max(len(bars), 1)

@@ -19,7 +19,9 @@ from typing import Any
 from improve.evals.charts import VersionScore
 from improve.loop.changelog import ENTRY
 
-_SCORE = re.compile(r"^- (?P<split>train|held-out): (?P<before>\d+(?:\.\d+)?) -> (?P<after>\d+(?:\.\d+)?)\b", re.M)
+_SCORE = re.compile(
+    r"^- (?P<split>train|held-out): (?P<before>\d+(?:\.\d+)?) -> (?P<after>\d+(?:\.\d+)?)\b", re.M
+)
 _BASELINE = re.compile(r"^- Baseline: (?P<baseline>[^;]+);", re.M)
 
 

@@ -57,7 +57,9 @@ def find_round(reports: Path, round_id: str | None) -> Path:
         )
     if round_id is None:
         return folders[-1]
-    matches = [d for d in folders if d.name == round_id] or [d for d in folders if d.name.startswith(round_id)]
+    matches = [d for d in folders if d.name == round_id] or [
+        d for d in folders if d.name.startswith(round_id)
+    ]
     if len(matches) != 1:
         known = ", ".join(d.name for d in folders[-5:])
         what = "no round" if not matches else f"{len(matches)} rounds"
@@ -87,7 +89,9 @@ def load_round_report(folder: Path) -> RoundReport:
     try:
         cards = [scorecard_from_json(c) for c in raw_cards]
     except (KeyError, TypeError) as exc:
-        raise WorkspaceError(f"{cards_path}: not a list of scorecards ({exc!r}); run the round again") from None
+        raise WorkspaceError(
+            f"{cards_path}: not a list of scorecards ({exc!r}); run the round again"
+        ) from None
     proposed_path = folder / "policy.json"
     proposed = _read_json(proposed_path, "the candidate policy") if proposed_path.is_file() else None
     return RoundReport(folder, record, cards, proposed)
@@ -130,7 +134,9 @@ def _cell(value: Any, num: bool = False) -> str:
 
 
 def _table(head: Sequence[str], rows: Sequence[str]) -> str:
-    return "<table><tr>" + "".join(f"<th>{escape(h)}</th>" for h in head) + "</tr>" + "".join(rows) + "</table>"
+    return (
+        "<table><tr>" + "".join(f"<th>{escape(h)}</th>" for h in head) + "</tr>" + "".join(rows) + "</table>"
+    )
 
 
 def _cards_table(cards: Sequence[Scorecard]) -> str:
@@ -149,7 +155,16 @@ def _cards_table(cards: Sequence[Scorecard]) -> str:
             + _cell(f"{c.tokens / runs:.0f}", True)
             + "</tr>"
         )
-    head = ["split", "version", "scenarios", "k", "pass rate", "violations", "model calls / run", "tokens / run"]
+    head = [
+        "split",
+        "version",
+        "scenarios",
+        "k",
+        "pass rate",
+        "violations",
+        "model calls / run",
+        "tokens / run",
+    ]
     return _table(head, rows)
 
 
@@ -158,7 +173,9 @@ def _scores_table(scores: dict[str, Any]) -> str:
     for split, s in scores.items():
         p = s.get("p")
         alpha = s.get("alpha")
-        test = f"{s.get('test', 'test')} p = {p_value(p)}" + (f" (alpha {alpha:g})" if alpha is not None else "")
+        test = f"{s.get('test', 'test')} p = {p_value(p)}" + (
+            f" (alpha {alpha:g})" if alpha is not None else ""
+        )
         test = test if p is not None else ""
         rows.append(
             "<tr>"
@@ -175,7 +192,7 @@ def _scores_table(scores: dict[str, Any]) -> str:
 
 def _gates_table(gates: Sequence[dict[str, Any]]) -> str:
     rows = [
-        f"<tr>{_cell(g.get('name', ''))}<td class=\"{'pass' if g.get('ok') else 'fail'}\">"
+        f'<tr>{_cell(g.get("name", ""))}<td class="{"pass" if g.get("ok") else "fail"}">'
         f"{'pass' if g.get('ok') else 'fail'}</td>{_cell(str(g.get('detail', ''))[:400])}</tr>"
         for g in gates
     ]
@@ -197,7 +214,9 @@ def _failing(cards: Sequence[Scorecard], first: str | None, trace_href: Callable
             for tid in s.failed_threads[:FAILED_RUNS_SHOWN]:
                 href = trace_href(tid)
                 ident = f"<code>{escape(tid)}</code>"
-                items.append(f'<li><a href="{escape(href)}">{ident}</a></li>' if href else f"<li>{ident}</li>")
+                items.append(
+                    f'<li><a href="{escape(href)}">{ident}</a></li>' if href else f"<li>{ident}</li>"
+                )
             more = len(s.failed_threads) - FAILED_RUNS_SHOWN
             if more > 0:
                 items.append(f"<li>and {more} more</li>")
@@ -235,7 +254,7 @@ def round_page(
     status = str(r.get("status", ""))
     title = f"{r.get('environment', '')}: policy {r.get('candidate_version') or '(none)'}"
     sections = [
-        f"<h1>{escape(title)} <span class=\"verdict {escape(status)}\">{escape(status)}</span></h1>",
+        f'<h1>{escape(title)} <span class="verdict {escape(status)}">{escape(status)}</span></h1>',
         f'<p class="meta">Round <code>{escape(str(r.get("round_id", "")))}</code>; baseline '
         f"{escape(str(r.get('baseline_version', '')))}; proposer {escape(str(r.get('proposer', '')))}; model "
         f"<code>{escape(str(r.get('model', '')))}</code>; k = {escape(str(r.get('k', '')))}; bootstrap seed "
@@ -250,9 +269,11 @@ def round_page(
         sections.append(f"<p><strong>Promotion rule:</strong> {escape(str(r['decision_detail']))}</p>")
     charts = [c for c in (history_chart(history), category_chart(report.cards)) if c is not None]
     if charts:
-        sections.append("<h2>Pass rates at a glance</h2><div class=\"charts\">")
+        sections.append('<h2>Pass rates at a glance</h2><div class="charts">')
         for chart in charts:
-            sections.append(f"<figure>{svg_chart(chart)}<figcaption>{escape(chart.caption)}</figcaption></figure>")
+            sections.append(
+                f"<figure>{svg_chart(chart)}<figcaption>{escape(chart.caption)}</figcaption></figure>"
+            )
         sections.append("</div>")
     sections += ["<h2>Scorecards</h2>", _cards_table(report.cards)]
     if r.get("scores"):
@@ -282,10 +303,10 @@ def round_page(
         "The tool never merges; a person reviews.</p>"
     )
     return (
-        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         # No network at view time: this policy refuses any fetch a future edit might add by mistake.
         "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'; "
-        "img-src data:\">"
+        'img-src data:">'
         f"<title>{escape(title)}</title><style>{CSS}</style></head>\n<body><main>\n"
         + "\n".join(sections)
         + "\n</main></body></html>\n"
@@ -322,7 +343,9 @@ def write_round_page(space: Workspace, round_id: str | None, out: Path | None = 
         try:
             candidate = parse_machine(report.proposed, str(folder / "policy.json"))
         except ImproveError as exc:
-            raise WorkspaceError(f"{folder / 'policy.json'}: not a policy ({exc}); run the round again") from None
+            raise WorkspaceError(
+                f"{folder / 'policy.json'}: not a policy ({exc}); run the round again"
+            ) from None
     history = policy_history(
         read_entries(space.policies_dir(env) / "CHANGELOG.md"),
         str(r.get("candidate_version") or r.get("baseline_version") or ""),

@@ -71,7 +71,7 @@ def describe_svg(config: MachineConfig, highlight: Collection[str] = ()) -> str:
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width:.0f} {height:.0f}" width="{width:.0f}" '
         f'height="{height:.0f}" role="img" aria-label="{escape(config.id)} state diagram" class="machine">',
-        "<defs><marker id=\"arrow\" viewBox=\"0 0 10 10\" refX=\"9\" refY=\"5\" markerWidth=\"7\" "
+        '<defs><marker id="arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" '
         'markerHeight="7" orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" fill="#444"/></marker></defs>',
     ]
     labels: list[str] = []
@@ -101,7 +101,9 @@ def describe_svg(config: MachineConfig, highlight: Collection[str] = ()) -> str:
                 )
                 lx, ly = max(x1, x2) + bend * 0.75, (y1 + y2) / 2
             anchor = "middle" if dst.layer > src.layer else "start"
-            labels.append(f'<text x="{lx:.1f}" y="{ly:.1f}" text-anchor="{anchor}" class="edge-label">{text}</text>')
+            labels.append(
+                f'<text x="{lx:.1f}" y="{ly:.1f}" text-anchor="{anchor}" class="edge-label">{text}</text>'
+            )
     for name, box in boxes.items():
         state = config.states[name]
         kind = "sentinel" if name in sentinels else "changed" if name in changed else "state"
