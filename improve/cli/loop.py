@@ -34,6 +34,7 @@ from improve.loop import (
     RoundResult,
     diagnose_production,
     diagnose_train,
+    find_round,
     locate,
     run_rounds,
     write_round_page,
@@ -353,8 +354,6 @@ def report_command(
 
         improve report 20261130-155524-refunds-v3 --html --out build/v3.html
     """
-    from improve.loop.report_page import find_round
-
     with handled():
         space = workspace(ws)
         if out_file is not None and not html:

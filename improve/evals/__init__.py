@@ -31,6 +31,7 @@ from improve.evals.unsealing import (
 from improve.evals.workspace import CONFIG_NAME, Workspace, policy_hash, policy_label
 
 if TYPE_CHECKING:
+    from improve.evals.charts import VersionScore, category_chart, history_chart, svg_chart
     from improve.evals.ledger import OUTCOMES_SQL, Ledger, Recorded
     from improve.evals.materialize import refresh_outcomes
     from improve.evals.promotion import Check, PromotionDecision, decide, gain_phrase, p_value
@@ -49,6 +50,10 @@ if TYPE_CHECKING:
 # DuckDB: each is imported when one of its names is first asked for, so a command that uses
 # none of them starts without loading them.
 _LAZY = {
+    "VersionScore": "improve.evals.charts",
+    "category_chart": "improve.evals.charts",
+    "history_chart": "improve.evals.charts",
+    "svg_chart": "improve.evals.charts",
     "Batch": "improve.evals.reruns",
     "RerunRule": "improve.evals.reruns",
     "Reruns": "improve.evals.reruns",
@@ -108,9 +113,11 @@ __all__ = [
     "SuiteSpec",
     "UnsealedScore",
     "Unsealing",
+    "VersionScore",
     "Workspace",
     "append_scenario",
     "bias_bound",
+    "category_chart",
     "compare",
     "compare_effects",
     "current_user",
@@ -118,6 +125,7 @@ __all__ = [
     "describe_model",
     "effects_from_log",
     "gain_phrase",
+    "history_chart",
     "load_scenarios",
     "load_thread",
     "outcome_row",
@@ -141,6 +149,7 @@ __all__ = [
     "settle",
     "split_warnings",
     "supported_reads",
+    "svg_chart",
     "unsealings_path",
     "write_threads",
 ]

@@ -27,7 +27,7 @@ from improve.loop.probes import probe_requests
 from improve.loop.production import ProductionCluster, ProductionDiagnosis, diagnose_production
 from improve.loop.proposers import PROPOSERS, Proposal, ProposalRequest, Proposer, ProposerSetup
 from improve.loop.record import pr_body
-from improve.loop.report_page import WrittenPage, write_round_page
+from improve.loop.report_page import WrittenPage, find_round, write_round_page
 from improve.loop.round import run_round, run_rounds
 
 __all__ = [
@@ -55,6 +55,7 @@ __all__ = [
     "diagnose",
     "diagnose_production",
     "diagnose_train",
+    "find_round",
     "gates_for",
     "held_out_status",
     "locate",

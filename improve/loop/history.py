@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from improve.evals.charts import VersionScore
+from improve.evals import VersionScore
 from improve.loop.changelog import ENTRY
 
 _SCORE = re.compile(

@@ -11,8 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from improve.errors import ImproveError
-from improve.evals import PromotionDecision, Scorecard, scorecard_markdown
-from improve.evals.charts import VersionScore
+from improve.evals import PromotionDecision, Scorecard, VersionScore, scorecard_markdown
 from improve.loop.changelog import append_entry, entry_markdown
 from improve.loop.heldout import held_out_sentence, next_held_out_read
 from improve.loop.history import measured_from_record, policy_history, read_entries

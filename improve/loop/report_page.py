@@ -20,8 +20,16 @@ from typing import Any
 from urllib.parse import quote
 
 from improve.errors import ImproveError, WorkspaceError
-from improve.evals import Scorecard, Workspace, p_value, scorecard_from_json
-from improve.evals.charts import VersionScore, category_chart, history_chart, svg_chart
+from improve.evals import (
+    Scorecard,
+    VersionScore,
+    Workspace,
+    category_chart,
+    history_chart,
+    p_value,
+    scorecard_from_json,
+    svg_chart,
+)
 from improve.loop.history import measured_from_record, policy_history, read_entries
 from improve.machine import MachineConfig, describe_mermaid, describe_svg, diff_states, parse_machine
 
