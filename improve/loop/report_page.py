@@ -133,6 +133,7 @@ svg text { font-family: system-ui, sans-serif; } .chart-title { font-size: 15px;
 .sentinel { fill: #ffdede; stroke: #c00; } .choice { stroke-dasharray: 4 2; } .final-ring { stroke: #4f5b93; }
 .state-name { font-size: 13px; font-weight: 600; fill: #1f2328; }
 .diagram { overflow-x: auto; border: 1px solid #d0d7de; padding: 8px; }
+.diagram svg, figure svg { max-width: 100%; height: auto; }
 ul.threads { margin: 0; padding-left: 18px; }
 """
 

@@ -19,7 +19,7 @@ from improve.machine.walk import edges
 
 __all__ = ["describe_svg"]
 
-_BOX_H, _LAYER_GAP, _BOX_GAP, _MARGIN, _CHAR_W = 34, 120, 28, 24, 7.2
+_BOX_H, _LAYER_GAP, _BOX_GAP, _MARGIN, _CHAR_W, _LABEL_W = 34, 120, 28, 24, 7.2, 6.0
 
 
 @dataclass
@@ -29,6 +29,9 @@ class _Box:
     x: float = 0.0
     y: float = 0.0
     w: float = 0.0
+    slot: float = 0.0
+    """The width the box takes in its layer: its own, or that of the widest label arriving at it."""
+    arriving: int = 0
 
     @property
     def cx(self) -> float:
@@ -57,16 +60,22 @@ def describe_svg(config: MachineConfig, highlight: Collection[str] = ()) -> str:
     boxes = {name: _Box(name, layer) for name, layer in layer_of.items()}
     rows: dict[int, list[_Box]] = {}
     for box in boxes.values():
-        box.w = max(90.0, len(box.name) * _CHAR_W + 28)
+        box.w = box.slot = max(90.0, len(box.name) * _CHAR_W + 28)
         rows.setdefault(box.layer, []).append(box)
-    widths = {layer: sum(b.w for b in row) + _BOX_GAP * (len(row) - 1) for layer, row in rows.items()}
+    # A forward edge's label sits just above its target, so each target is given room for its labels.
+    for name, state in config.states.items():
+        for edge in edges(name, state):
+            dst = boxes.get(edge.target) if edge.target is not None else None
+            if dst is not None and dst.layer > boxes[name].layer:
+                dst.slot = max(dst.slot, len(edge_text(edge, MERMAID_GUARD_MAX)) * _LABEL_W + 12)
+    widths = {layer: sum(b.slot for b in row) + _BOX_GAP * (len(row) - 1) for layer, row in rows.items()}
     width = max(widths.values(), default=200.0) + 2 * _MARGIN + 160  # room for side curves and labels
     for layer, row in rows.items():
         x = (width - widths[layer]) / 2
         for box in row:
-            box.x, box.y = x, _MARGIN + 30 + layer * _LAYER_GAP
-            x += box.w + _BOX_GAP
-    height = _MARGIN * 2 + 30 + (max(rows, default=0) + 1) * _LAYER_GAP
+            box.x, box.y = x + (box.slot - box.w) / 2, _MARGIN + 30 + layer * _LAYER_GAP
+            x += box.slot + _BOX_GAP
+    height = _MARGIN * 2 + 30 + max(rows, default=0) * _LAYER_GAP + _BOX_H
     sentinels, changed = set(config.sentinels()), set(highlight)
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width:.0f} {height:.0f}" width="{width:.0f}" '
@@ -88,8 +97,9 @@ def describe_svg(config: MachineConfig, highlight: Collection[str] = ()) -> str:
                     f'<line x1="{x1:.1f}" y1="{y1:.1f}" x2="{x2:.1f}" y2="{y2:.1f}" class="edge" '
                     'marker-end="url(#arrow)"/>'
                 )
-                # Near the target, where a fan of edges has spread out, so the labels do not pile up.
-                lx, ly = x1 + (x2 - x1) * 0.72, y1 + (y2 - y1) * 0.72
+                # Just above the target, in the room its slot was given; several arrivals stack up.
+                lx, ly = dst.cx, dst.y - 8 - 14 * dst.arriving
+                dst.arriving += 1
             else:
                 # Back, sideways or to itself: out of the right side and round.
                 bend = 40 + 14 * n
