@@ -279,3 +279,35 @@ def test_the_round_page_renders_in_chromium_without_console_errors_or_requests(t
     fetching = tmp_path / "fetching.html"
     fetching.write_text(text.replace("</main>", '<img src="http://127.0.0.1:9/x.png"></main>'))
     assert load_page(chromium, fetching).errors  # refused by the page's Content-Security-Policy
+
+
+def test_report_names_what_is_missing_or_broken_in_a_report_folder(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from improve.cli.main import app
+    from tests.conftest import copy_workspace
+
+    ws = copy_workspace(tmp_path / "ws")
+    runner = CliRunner()
+    none = runner.invoke(app, ["report", "-w", str(ws), "--html"])
+    assert none.exit_code == 2 and "no finished round" in none.stderr and "improve round" in none.stderr
+    folder = ws / "reports" / "20260101-000000-refunds-v1"
+    folder.mkdir(parents=True)
+    (folder / "round.json").write_text(json.dumps(record("v1", "v0", True, (0.5, 0.7), (0.4, 0.6))))
+    old = runner.invoke(app, ["report", "-w", str(ws), "--html"])
+    assert (
+        old.exit_code == 2
+        and "scorecards.json is missing" in old.stderr
+        and "run the round again" in old.stderr
+    )
+    (folder / "scorecards.json").write_text("[{")
+    broken = runner.invoke(app, ["report", "-w", str(ws), "--html"])
+    assert broken.exit_code == 2 and "scorecards.json is not readable JSON" in broken.stderr
+    assert "Traceback" not in old.output + broken.output + none.output
+    out = runner.invoke(app, ["report", "-w", str(ws), "--out", str(tmp_path / "x.html")])
+    assert out.exit_code == 2 and "pass --html" in out.stderr
+    # A folder from a round as it is written now: the page lands where --out says.
+    (folder / "scorecards.json").write_text(json.dumps([c.to_json() for c in before_after()]))
+    done = runner.invoke(app, ["report", "-w", str(ws), "--html", "--out", str(tmp_path / "x.html")])
+    assert done.exit_code == 0, done.output
+    assert "Pass rate by category, v1 and v2" in (tmp_path / "x.html").read_text()
