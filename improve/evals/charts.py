@@ -253,8 +253,10 @@ def svg_chart(chart: Chart) -> str:
             slot = bars.index(s)
             for i, v in enumerate(s.values):
                 x0 = x_at(i) - band * 0.35 + slot * width
+                # A zero is a sliver on the axis, not nothing: "none passed" must not read as "not measured".
+                top = min(y_at(v), y_at(0) - 2)
                 parts.append(
-                    f'<rect x="{x0:.1f}" y="{y_at(v):.1f}" width="{width:.1f}" height="{y_at(0) - y_at(v):.1f}" '
+                    f'<rect x="{x0:.1f}" y="{top:.1f}" width="{width:.1f}" height="{y_at(0) - top:.1f}" '
                     f'fill="{colour}" fill-opacity="0.85"><title>{escape(s.name)} {escape(labels[i])}: '
                     f"{v:.3f}</title></rect>"
                 )

@@ -269,11 +269,10 @@ def round_page(
         f"<code>{escape(str(r.get('model', '')))}</code>; k = {escape(str(r.get('k', '')))}; bootstrap seed "
         f"{escape(str(r.get('seed', '')))}.</p>",
     ]
-    if r.get("rationale") or r.get("cluster"):
-        sections.append(
-            f"<p><strong>Change:</strong> {escape(str(r.get('rationale') or ''))}</p>"
-            f"<p><strong>Cluster:</strong> <code>{escape(str(r.get('cluster') or ''))}</code></p>"
-        )
+    if r.get("rationale"):
+        sections.append(f"<p><strong>Change:</strong> {escape(str(r['rationale']))}</p>")
+    if r.get("cluster"):
+        sections.append(f"<p><strong>Cluster:</strong> <code>{escape(str(r['cluster']))}</code></p>")
     if r.get("decision_detail"):
         sections.append(f"<p><strong>Promotion rule:</strong> {escape(str(r['decision_detail']))}</p>")
     charts = [c for c in (history_chart(history), category_chart(report.cards)) if c is not None]
