@@ -70,7 +70,7 @@ def entry_markdown(record: dict[str, Any]) -> str:
 ENTRY = re.compile(
     r"^## (?P<version>\S+) \((?P<decision>recommended|discarded)\) — round (?P<round>\S+)", re.M
 )
-_BASELINE = re.compile(r"^- Baseline: (?P<baseline>[^;]+);", re.M)
+BASELINE = re.compile(r"^- Baseline: (?P<baseline>[^;]+);", re.M)
 _BRANCH = re.compile(r"^- Branch added: `(?P<guard>.+)` -> `(?P<answer>.+)`$", re.M)
 
 
@@ -85,7 +85,7 @@ def discarded_branches(path: Path, baseline: str) -> list[dict[str, str]]:
     for index, head in enumerate(starts):
         end = starts[index + 1].start() if index + 1 < len(starts) else len(text)
         body = text[head.end() : end]
-        base = _BASELINE.search(body)
+        base = BASELINE.search(body)
         if head["decision"] != "discarded" or base is None or base["baseline"].strip() != baseline:
             continue
         for branch in _BRANCH.finditer(body):

@@ -17,12 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from improve.evals import VersionScore
-from improve.loop.changelog import ENTRY
+from improve.loop.changelog import BASELINE, ENTRY
 
 _SCORE = re.compile(
     r"^- (?P<split>train|held-out): (?P<before>\d+(?:\.\d+)?) -> (?P<after>\d+(?:\.\d+)?)\b", re.M
 )
-_BASELINE = re.compile(r"^- Baseline: (?P<baseline>[^;]+);", re.M)
 
 
 @dataclass(frozen=True)
@@ -47,7 +46,7 @@ def read_entries(changelog: Path) -> list[Measured]:
     for index, head in enumerate(heads):
         end = heads[index + 1].start() if index + 1 < len(heads) else len(text)
         body = text[head.end() : end]
-        baseline = _BASELINE.search(body)
+        baseline = BASELINE.search(body)
         if baseline is None:
             continue
         scores = {m["split"]: (float(m["before"]), float(m["after"])) for m in _SCORE.finditer(body)}
