@@ -21,6 +21,7 @@ demo: $(STAMP) ## Run the refund desk, replay a thread, then improve its policy 
 	$(BIN)/improve run --env refunds --policy v0 --model naive --split all --k 3 --fresh
 	$(BIN)/improve replay traces/train:v0:naive:partial-refund-01:r1.jsonl --verify
 	$(BIN)/improve demo --dir build/demo --rounds 6 --k 3
+	$(BIN)/improve report --html -w build/demo
 
 test: $(STAMP) ## Run the test suite
 	$(BIN)/python -m pytest

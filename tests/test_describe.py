@@ -291,3 +291,28 @@ def test_diff_states_added_and_removed(raw: dict[str, Any]) -> None:
     data["states"]["approving"]["on"]["REJECT"] = {"target": "closed"}
     data["states"]["closed"] = {"type": "final"}
     assert diff_states(old, parse_machine(data)) == ["approving", "closed", "rejected"]
+
+
+def test_the_svg_diagram_draws_every_state_and_edge_escaped_and_marked(refund: MachineConfig) -> None:
+    from xml.etree import ElementTree
+
+    from improve.machine import describe_svg, edges
+
+    data = refund.model_dump(by_alias=True, exclude_none=True)
+    data["states"]["approving"]["on"]["APPROVE"]["guard"] = 'event.note != "<b>" && event.x < 1'
+    config = parse_machine(data)
+    svg = describe_svg(config, highlight=["approving"])
+    root = ElementTree.fromstring(svg)  # well-formed: every user text escaped
+    ns = {"s": "http://www.w3.org/2000/svg"}
+    names = [t.text for t in root.findall("s:text", ns) if t.get("class") == "state-name"]
+    assert names == list(config.states)
+    boxes = {r.get("class") for r in root.findall("s:rect", ns)}
+    assert "sentinel box" in boxes and "changed box" in boxes
+    drawn = [
+        e for e in [*root.findall("s:line", ns), *root.findall("s:path", ns)] if e.get("class") == "edge"
+    ]
+    count = sum(1 for name, state in config.states.items() for _ in edges(name, state))
+    assert len(drawn) == count + 1  # every transition, and the arrow into the initial state
+    labels = [t.text or "" for t in root.findall("s:text", ns) if t.get("class") == "edge-label"]
+    assert 'APPROVE [event.note != "<b>" && event.x < 1]' in labels
+    assert "<b>" not in svg and "<script" not in svg

@@ -12,6 +12,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
+from urllib.parse import unquote
 
 import git
 import pytest
@@ -203,6 +204,29 @@ def test_a_full_round_recommends_and_leaves_a_branch_without_a_token(
     )  # type: ignore[index]
     branch_log = repo.git.show(f"{branch}:policies/refunds/CHANGELOG.md")
     assert "## v1 (recommended)" in branch_log
+    # The two charts: pass rate per version (v0 -> v1, the round's own measurement) and per category.
+    charts = re.findall(r"```mermaid\n(%%\{init.*?\n)?(xychart-beta.*?)```", body, re.S)
+    assert len(charts) == 2, body
+    history, categories = charts[0][1], charts[1][1]
+    assert '["v0", "v1"]' in history
+    assert f'line "held-out" [{held["before"]:.3f}, {held["after"]:.3f}]' in history
+    assert 'bar "after (v1)"' in categories and 'line "before (v0)"' in categories
+    # The HTML page of the round, from the real CLI: charts, diagram, failing runs linked to their files.
+    page = CliRunner().invoke(app, ["report", "-w", str(tmp_path), "--html", "--json"])
+    assert page.exit_code == 0, page.output
+    written = json.loads(page.stdout)
+    html = Path(written["html"]).read_text()
+    assert written["round"] == result.round_id and Path(written["html"]) == report / "report.html"
+    assert html.count("<svg") == 3 and "<script" not in html
+    links = re.findall(r'href="(\./[^"]+)"', html)
+    assert links and all((report / unquote(link)).resolve().is_file() for link in links)
+    scored = json.loads((report / "scorecards.json").read_text())
+    failed = [t for c in scored for s in c["scenarios"] for t in s["failed_threads"]]
+    assert failed and f"<code>{failed[0]}</code>" in html
+    markdown = CliRunner().invoke(app, ["report", result.round_id[:15], "-w", str(tmp_path)])
+    assert markdown.exit_code == 0 and markdown.stdout == (report / "scorecard.md").read_text()
+    unknown = CliRunner().invoke(app, ["report", "nope", "-w", str(tmp_path), "--html"])
+    assert unknown.exit_code == 2 and "no round" in unknown.stderr and "Traceback" not in unknown.output
     # The candidate's threads are on disk and replay to the recorded states.
     replay = CliRunner().invoke(app, ["replay", "-w", str(tmp_path), result.candidate_threads[0], "--verify"])
     assert replay.exit_code == 0, replay.output
@@ -285,6 +309,7 @@ def test_a_round_with_a_remote_and_token_pushes_and_opens_the_pr(
     )
     assert body["auth"] == "token ghp_secret_token_value"
     assert "## Scorecard" in body["body"] and "ghp_secret_token_value" not in body["body"]
+    assert body["body"].count("xychart-beta") == 2  # the charts travel in the PR body GitHub renders
     remote_branches = subprocess.run(
         ["git", "-C", str(tmp_path / "remote.git"), "branch"], capture_output=True, text=True, check=True
     ).stdout
@@ -700,6 +725,15 @@ def test_demo_rounds_promote_and_the_final_policy_keeps_what_careful_gets_right(
     for r in summary.rounds:
         if r.status in ("recommended", "discarded") and r.scores:
             assert_decision_agrees_with_its_figures(root / str(r.report) / "scorecard.md", r.status)
+    # Every PR body shows both charts; the last one's history runs through every promoted version.
+    for r in promoted:
+        body = (root / str(r.report) / "pr.md").read_text()
+        assert body.count("xychart-beta") == 2 and "Pass rate by category" in body, r.round_id
+    versions = ", ".join(
+        f'"{v}"' for v in [summary.start_version, *(str(r.candidate_version) for r in promoted)]
+    )
+    last = (root / str(promoted[-1].report) / "pr.md").read_text()
+    assert f'x-axis "policy version" [{versions}]' in last
     scenarios = load_scenarios(root / "scenarios" / f"{env_name}.yaml").scenarios
     policies = root / "policies" / env_name
     for split in sorted({s.split for s in scenarios}):

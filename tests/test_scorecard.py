@@ -417,6 +417,35 @@ def test_score_cli_compares_versions_and_renders_markdown(tmp_path: Path) -> Non
     md = runner.invoke(app, ["score", "-w", str(ws), "--policy", "v1", "--vs", "v0", "--format", "markdown"])
     assert "## Scorecard: v1 vs v0" in md.stdout and "```mermaid" in md.stdout and "| held-out |" in md.stdout
     assert "class route changed" in md.stdout or "route" in md.stdout.split("```mermaid")[1]
+    # No round recorded v1 yet: only the category chart, v0 as the line and v1 as the bars.
+    assert md.stdout.count("xychart-beta") == 1 and 'x-axis "category" [' in md.stdout
+    assert 'line "before (v0)"' in md.stdout and 'bar "after (v1)"' in md.stdout
+    # Once the CHANGELOG records a round that proposed v1, its history is drawn too, as recorded.
+    from improve.loop.changelog import append_entry
+
+    score = {"before": 0.25, "after": 0.5, "mean_diff": 0.25, "p": 0.01, "alpha": 0.05, "test": "t"}
+    score |= {"violations_after": 0, "cost_before": 1.0, "cost_after": 1.0}
+    append_entry(
+        ws / "policies" / "refunds" / "CHANGELOG.md",
+        "refunds",
+        {
+            "candidate_version": "v1",
+            "baseline_version": "v0",
+            "round_id": "r1",
+            "recommended": True,
+            "proposer": "rules",
+            "model": "naive",
+            "k": 2,
+            "seed": 1,
+            "scores": {"train": score, "held-out": score | {"before": 0.125}},
+        },
+    )
+    md = runner.invoke(app, ["score", "-w", str(ws), "--policy", "v1", "--vs", "v0", "--format", "markdown"])
+    assert md.exit_code == 0 and md.stdout.count("xychart-beta") == 2
+    assert (
+        '    x-axis "policy version" ["v0", "v1"]\n    y-axis "pass rate" 0 --> 1\n'
+        '    line "train" [0.250, 0.500]\n    line "held-out" [0.125, 0.500]\n'
+    ) in md.stdout
 
 
 @pytest.mark.parametrize(

@@ -69,3 +69,4 @@ def demo_command(
             f"policies/{env}/CHANGELOG.md)",
             markup=False,
         )
+        out.print(f"the latest round as a page: improve report --html -w {summary.workspace}", markup=False)

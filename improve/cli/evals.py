@@ -54,7 +54,7 @@ from improve.evals import (
     write_threads,
 )
 from improve.log import ThreadId, model_slug
-from improve.loop import held_out_status
+from improve.loop import held_out_status, policy_history, read_entries
 from improve.machine import MachineConfig, run_rule_evals, uncovered
 from improve.runtime import Environment, read_thread
 
@@ -253,6 +253,10 @@ def score_command(
                         if e.event.get("fingerprint")
                     }
                 )
+                # The versions that led to the scored one, as the rounds recorded them in the CHANGELOG.
+                history = policy_history(
+                    read_entries(space.policies_dir(env_name) / "CHANGELOG.md"), policy_label(configs["new"])
+                )
                 sys.stdout.write(
                     scorecard_markdown(
                         cards,
@@ -262,6 +266,7 @@ def score_command(
                         new_policy=configs["new"] if vs else None,
                         seed=objective.seed,
                         model=describe_model(stamp, prints) if stamp else None,
+                        history=history,
                     )
                 )
                 if unsealing:

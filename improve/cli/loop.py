@@ -29,7 +29,16 @@ from improve.cli.common import (
 from improve.errors import WorkspaceError
 from improve.evals import Ledger, SuiteSpec, Workspace, policy_label, write_threads
 from improve.log import JsonlDirStore
-from improve.loop import RoundOptions, RoundResult, diagnose_production, diagnose_train, locate, run_rounds
+from improve.loop import (
+    RoundOptions,
+    RoundResult,
+    diagnose_production,
+    diagnose_train,
+    find_round,
+    locate,
+    run_rounds,
+    write_round_page,
+)
 
 
 def round_command(
@@ -307,3 +316,64 @@ def _diagnose_production(space: Workspace, env: str | None, as_json: bool) -> No
             ", ".join(c.examples),
         )
     out.print(table)
+
+
+def report_command(
+    round_id: Annotated[
+        str | None,
+        typer.Argument(
+            metavar="[ROUND]",
+            help="A round id (its report folder's name, or a unique prefix of it); the latest round when left out.",
+        ),
+    ] = None,
+    html: Annotated[
+        bool,
+        typer.Option(
+            "--html",
+            help="Write a self-contained HTML page (scorecards, charts, the policy diagram, the failing runs); "
+            "nothing is fetched when it is viewed.",
+        ),
+    ] = False,
+    out_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--out", "-o", help="Where to write the HTML page (default: report.html in the round's folder)."
+        ),
+    ] = None,
+    as_json: Annotated[bool, JsonOption] = False,
+    ws: Annotated[Path | None, WorkspaceOption] = None,
+) -> None:
+    """Show a round's report: its scorecard as markdown, or with --html a page for a browser.
+
+    The round is read from its report folder (reports/<round>/: round.json, scorecards.json,
+    policy.json) and the policies' CHANGELOG (the pass rate of each version that led to it).
+
+    Example:
+
+        improve report --html
+
+        improve report 20261130-155524-refunds-v3 --html --out build/v3.html
+    """
+    with handled():
+        space = workspace(ws)
+        if out_file is not None and not html:
+            raise WorkspaceError("--out names the HTML page's file; pass --html with it")
+        if not html:
+            folder = find_round(space.reports, round_id)
+            markdown = folder / "scorecard.md"
+            if as_json:
+                emit_json({"round": folder.name, "folder": str(folder), "html": None})
+                return
+            if not markdown.is_file():
+                raise WorkspaceError(
+                    f"{markdown} is missing; `improve report {folder.name} --html` reads round.json"
+                )
+            out.print(markdown.read_text(encoding="utf-8"), markup=False, end="")
+            return
+        page = write_round_page(space, round_id, out_file)
+        for note in page.notes:
+            err.print(f"note: {note}", markup=False)
+        if as_json:
+            emit_json({"round": page.folder.name, "folder": str(page.folder), "html": str(page.path)})
+            return
+        out.print(f"wrote {page.path}", markup=False)

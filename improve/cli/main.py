@@ -87,6 +87,11 @@ class ImproveGroup(LazyGroup):
             "Diagnose failures: clusters in order, the one to fix, the hypothesis; with the SQL it ran.",
         ),
         LazyCommand(
+            "report",
+            "improve.cli.loop:report_command",
+            "Show a round's report: its scorecard as markdown, or with --html a page for a browser.",
+        ),
+        LazyCommand(
             "demo",
             "improve.cli.demo:demo_command",
             "Improve a bundled desk from v0, round by round, in a scratch git workspace (refunds by default).",

@@ -31,17 +31,29 @@ from improve.evals.unsealing import (
 from improve.evals.workspace import CONFIG_NAME, Workspace, policy_hash, policy_label
 
 if TYPE_CHECKING:
+    from improve.evals.charts import VersionScore, category_chart, history_chart, svg_chart
     from improve.evals.ledger import OUTCOMES_SQL, Ledger, Recorded
     from improve.evals.materialize import refresh_outcomes, score_threads
     from improve.evals.promotion import Check, PromotionDecision, decide, gain_phrase, p_value
     from improve.evals.report import describe_model, scorecard_markdown
     from improve.evals.reruns import Batch, RerunRule, Reruns, Settled, settle
-    from improve.evals.scorecards import Comparison, Scorecard, compare, paired, scorecard
+    from improve.evals.scorecards import (
+        Comparison,
+        Scorecard,
+        compare,
+        paired,
+        scorecard,
+        scorecard_from_json,
+    )
 
 # Scorecards, the promotion rule and reports need numpy and scipy, materializing outcomes needs
 # DuckDB: each is imported when one of its names is first asked for, so a command that uses
 # none of them starts without loading them.
 _LAZY = {
+    "VersionScore": "improve.evals.charts",
+    "category_chart": "improve.evals.charts",
+    "history_chart": "improve.evals.charts",
+    "svg_chart": "improve.evals.charts",
     "Batch": "improve.evals.reruns",
     "RerunRule": "improve.evals.reruns",
     "Reruns": "improve.evals.reruns",
@@ -62,6 +74,7 @@ _LAZY = {
     "Recorded": "improve.evals.ledger",
     "OUTCOMES_SQL": "improve.evals.ledger",
     "scorecard": "improve.evals.scorecards",
+    "scorecard_from_json": "improve.evals.scorecards",
     "describe_model": "improve.evals.report",
     "scorecard_markdown": "improve.evals.report",
 }
@@ -101,9 +114,11 @@ __all__ = [
     "SuiteSpec",
     "UnsealedScore",
     "Unsealing",
+    "VersionScore",
     "Workspace",
     "append_scenario",
     "bias_bound",
+    "category_chart",
     "compare",
     "compare_effects",
     "current_user",
@@ -111,6 +126,7 @@ __all__ = [
     "describe_model",
     "effects_from_log",
     "gain_phrase",
+    "history_chart",
     "load_scenarios",
     "load_thread",
     "outcome_row",
@@ -129,11 +145,13 @@ __all__ = [
     "scenarios_needed",
     "score_threads",
     "scorecard",
+    "scorecard_from_json",
     "scorecard_markdown",
     "set_key",
     "settle",
     "split_warnings",
     "supported_reads",
+    "svg_chart",
     "unsealings_path",
     "write_threads",
 ]

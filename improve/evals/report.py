@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from improve.evals.charts import VersionScore, category_chart, chart_markdown, history_chart
 from improve.evals.promotion import PromotionDecision, p_value
 from improve.evals.scorecards import Comparison, Scorecard
 from improve.machine import MachineConfig, describe_mermaid, diff_states
@@ -83,7 +84,10 @@ def scorecard_markdown(
     decision: PromotionDecision | None = None,
     seed: int | None = None,
     model: str | None = None,
+    history: Sequence[VersionScore] = (),
 ) -> str:
+    """The scorecard as markdown; `history` (the pass rates of the versions that led to this one,
+    oldest first) adds the chart of pass rate per version next to the chart of pass rate per category."""
     lines = [f"## {title}", ""]
     if model:
         lines += [f"Model: {model}", ""]
@@ -93,6 +97,11 @@ def scorecard_markdown(
             "",
         ]
     lines += [*cards_table(cards), ""]
+    charts = [c for c in (history_chart(history), category_chart(cards)) if c is not None]
+    if charts:
+        lines += ["### Pass rates at a glance", ""]
+        for chart in charts:
+            lines += chart_markdown(chart)
     if comparisons:
         lines += ["### Paired by scenario", "", *comparison_table(comparisons), ""]
         lines += [

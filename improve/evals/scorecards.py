@@ -15,7 +15,7 @@ import dataclasses
 import warnings
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from math import comb
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +51,8 @@ class ScenarioScore:
     outcomes: dict[str, int]
     usd: float = 0.0
     reasons: list[str] = field(default_factory=list)
+    failed_threads: list[str] = field(default_factory=list)
+    """The ids of its runs that did not pass (what `improve replay` takes), sorted."""
 
     @property
     def pass_fraction(self) -> float:
@@ -122,6 +124,16 @@ class Scorecard:
         }
 
 
+def scorecard_from_json(data: dict[str, Any]) -> Scorecard:
+    """A scorecard from `Scorecard.to_json()` (what a round writes to its report's scorecards.json)."""
+    names = {f.name for f in fields(ScenarioScore)}
+    return Scorecard(
+        str(data["policy_version"]),
+        str(data["split"]),
+        [ScenarioScore(**{k: v for k, v in s.items() if k in names}) for s in data["scenarios"]],
+    )
+
+
 def paired(a: Scorecard, b: Scorecard) -> tuple[Scorecard, Scorecard, list[str]]:
     """Both scorecards on the scenarios they share, and the ids left out because only one side has them."""
     shared = set(a.by_id()) & set(b.by_id())
@@ -157,6 +169,7 @@ def scorecard(rows: Iterable[OutcomeRow], policy_version: str, split: str) -> Sc
                 outcomes=dict(outcomes),
                 usd=sum(r.cost_usd for r in group),
                 reasons=sorted({r.reason for r in group if not r.passed}),
+                failed_threads=sorted(r.thread_id for r in group if not r.passed),
             )
         )
     return Scorecard(policy_version, split, scores)

@@ -21,11 +21,13 @@ from improve.loop.gates import (
     run_gates,
 )
 from improve.loop.heldout import held_out_status
+from improve.loop.history import Measured, measured_from_record, policy_history, read_entries
 from improve.loop.inputs import Inputs, RoundOptions, RoundResult, locate, next_version, review_branch
 from improve.loop.probes import probe_requests
 from improve.loop.production import ProductionCluster, ProductionDiagnosis, diagnose_production
 from improve.loop.proposers import PROPOSERS, Proposal, ProposalRequest, Proposer, ProposerSetup
 from improve.loop.record import pr_body
+from improve.loop.report_page import WrittenPage, find_round, write_round_page
 from improve.loop.round import run_round, run_rounds
 
 __all__ = [
@@ -39,6 +41,7 @@ __all__ = [
     "GateContext",
     "GateResult",
     "Inputs",
+    "Measured",
     "ProductionCluster",
     "ProductionDiagnosis",
     "Proposal",
@@ -48,18 +51,24 @@ __all__ = [
     "RoundOptions",
     "RoundResult",
     "Unparsed",
+    "WrittenPage",
     "diagnose",
     "diagnose_production",
     "diagnose_train",
+    "find_round",
     "gates_for",
     "held_out_status",
     "locate",
+    "measured_from_record",
     "next_version",
     "passed",
+    "policy_history",
     "pr_body",
     "probe_requests",
+    "read_entries",
     "review_branch",
     "run_gates",
     "run_round",
     "run_rounds",
+    "write_round_page",
 ]

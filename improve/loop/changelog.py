@@ -67,10 +67,10 @@ def entry_markdown(record: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-_ENTRY = re.compile(
+ENTRY = re.compile(
     r"^## (?P<version>\S+) \((?P<decision>recommended|discarded)\) — round (?P<round>\S+)", re.M
 )
-_BASELINE = re.compile(r"^- Baseline: (?P<baseline>[^;]+);", re.M)
+BASELINE = re.compile(r"^- Baseline: (?P<baseline>[^;]+);", re.M)
 _BRANCH = re.compile(r"^- Branch added: `(?P<guard>.+)` -> `(?P<answer>.+)`$", re.M)
 
 
@@ -80,12 +80,12 @@ def discarded_branches(path: Path, baseline: str) -> list[dict[str, str]]:
     if not path.exists():
         return []
     text = path.read_text(encoding="utf-8")
-    starts = [m for m in _ENTRY.finditer(text)]
+    starts = [m for m in ENTRY.finditer(text)]
     found: list[dict[str, str]] = []
     for index, head in enumerate(starts):
         end = starts[index + 1].start() if index + 1 < len(starts) else len(text)
         body = text[head.end() : end]
-        base = _BASELINE.search(body)
+        base = BASELINE.search(body)
         if head["decision"] != "discarded" or base is None or base["baseline"].strip() != baseline:
             continue
         for branch in _BRANCH.finditer(body):

@@ -6,14 +6,15 @@ from __future__ import annotations
 import json
 import re
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from improve.errors import ImproveError
-from improve.evals import PromotionDecision, Scorecard, scorecard_markdown
+from improve.evals import PromotionDecision, Scorecard, VersionScore, scorecard_markdown
 from improve.loop.changelog import append_entry, entry_markdown
 from improve.loop.heldout import held_out_sentence, next_held_out_read
+from improve.loop.history import measured_from_record, policy_history, read_entries
 from improve.loop.inputs import Inputs, RoundResult, review_branch
 from improve.loop.proposers import Proposal
 from improve.machine import MachineConfig
@@ -51,8 +52,18 @@ def record(
     cards = [base_cards["train"], base_cards["held-out"]]
     if cand_cards:
         cards = [base_cards["train"], cand_cards["train"], base_cards["held-out"], cand_cards["held-out"]]
-    body = pr_body(result, cards, verdict, inputs.policy, candidate)
+    # Read before this round's entry is appended: the round itself is the history's head.
+    history = policy_history(
+        read_entries(inputs.changelog),
+        result.candidate_version or result.baseline_version,
+        measured_from_record(result.to_json()),
+    )
+    body = pr_body(result, cards, verdict, inputs.policy, candidate, history)
     (report_dir / "scorecard.md").write_text(body, encoding="utf-8")
+    # The scorecards as data, for `improve report --html` (the markdown is for people).
+    (report_dir / "scorecards.json").write_text(
+        json.dumps([c.to_json() for c in cards], indent=2) + "\n", encoding="utf-8"
+    )
     if proposal is not None and proposal.document is not None:
         (report_dir / "policy.json").write_text(
             json.dumps(proposal.document, indent=2) + "\n", encoding="utf-8"
@@ -89,7 +100,8 @@ def record(
 
 
 ROUND_FILES = re.compile(
-    r"(scorecard|pr|changelog-entry|CHANGELOG)\.md|policy\.(json|diff)|candidate\.json|v\d+\.json"
+    r"(scorecard|pr|changelog-entry|CHANGELOG)\.md|policy\.(json|diff)|(candidate|scorecards)\.json|v\d+\.json"
+    r"|report\.html"
 )
 """The files `record` writes into a report folder; a folder holding only these (and no round.json) is
 what a killed round left behind."""
@@ -132,6 +144,7 @@ def pr_body(
     verdict: PromotionDecision | None,
     old: MachineConfig,
     new: MachineConfig | None,
+    history: Sequence[VersionScore] = (),
 ) -> str:
     lines = [f"# {result.environment}: policy {result.candidate_version or '(none)'} ({result.status})", ""]
     if result.hypothesis:
@@ -157,6 +170,7 @@ def pr_body(
             new_policy=new,
             decision=verdict,
             seed=result.seed,
+            history=history,
         )
     )
     if result.held_out:

@@ -27,7 +27,8 @@ from improve.machine.config import (
     parse_machine,
     transitions_of,
 )
-from improve.machine.describe import describe_mermaid, describe_text, diff_states, to_xstate
+from improve.machine.describe import describe_mermaid, describe_text, diff_states, mermaid_label, to_xstate
+from improve.machine.diagram import describe_svg
 from improve.machine.explore import ExploreOptions, ExploreResult, can_reach, explore_paths
 from improve.machine.expr import (
     ALLOWED_ROOTS,
@@ -98,6 +99,7 @@ __all__ = [
     "compile_expr",
     "compile_machine",
     "describe_mermaid",
+    "describe_svg",
     "describe_text",
     "diff_states",
     "edges",
@@ -109,6 +111,7 @@ __all__ = [
     "lint",
     "literals",
     "loads_document",
+    "mermaid_label",
     "parse_formula",
     "parse_machine",
     "referenced_paths",

@@ -34,7 +34,7 @@ from improve.machine.config import (
 )
 from improve.machine.walk import Edge, edges
 
-__all__ = ["describe_mermaid", "describe_text", "diff_states", "to_xstate"]
+__all__ = ["describe_mermaid", "describe_text", "diff_states", "edge_text", "mermaid_label", "to_xstate"]
 
 MERMAID_GUARD_MAX = 40
 """Guards longer than this are cut (with an ellipsis) in diagram labels."""
@@ -229,7 +229,7 @@ _LABEL_ESCAPES = {
 }
 
 
-def _mermaid_label(text: str) -> str:
+def mermaid_label(text: str) -> str:
     """Text safe inside a Mermaid label: one line, the characters that break it replaced."""
     text = " ".join(text.split())
     return "".join(_LABEL_ESCAPES.get(ch, ch) for ch in text)
@@ -257,10 +257,16 @@ def _mermaid_ids(names: Collection[str]) -> dict[str, str]:
     return ids
 
 
+def edge_text(edge: Edge, limit: int = MERMAID_GUARD_MAX) -> str:
+    """A transition as a diagram labels it, unescaped: its event and its guard, shortened."""
+    guard = _guard_text(edge.transition.guard)
+    return _label(edge) + (f" [{_shorten(guard, limit)}]" if guard else "")
+
+
 def _edge_label(event: str, t: TransitionConfig) -> str:
     guard = _guard_text(t.guard)
     label = event + (f" [{_shorten(guard, MERMAID_GUARD_MAX)}]" if guard else "")
-    return _mermaid_label(label)
+    return mermaid_label(label)
 
 
 def describe_mermaid(config: MachineConfig, highlight: Collection[str] = ()) -> str:
@@ -277,7 +283,7 @@ def describe_mermaid(config: MachineConfig, highlight: Collection[str] = ()) -> 
         if state.type == "choice":
             lines.append(f"    state {sid} <<choice>>")
         elif sid != name:
-            lines.append(f'    state "{_mermaid_label(name)}" as {sid}')
+            lines.append(f'    state "{mermaid_label(name)}" as {sid}')
         else:
             lines.append(f"    {sid}")
 

@@ -1,0 +1,206 @@
+"""Load a local page in headless Chromium over the DevTools protocol: its console errors, uncaught
+exceptions, the requests it made and a screenshot. The protocol's websocket is spoken here with the
+standard library (a handshake and unfragmented text frames are all it takes), so the tests need no
+websocket package. Only 127.0.0.1 is ever contacted."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import shutil
+import socket
+import struct
+import subprocess
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+def find_chromium() -> str | None:
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        found = shutil.which(name)
+        if found:
+            return found
+    return "/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None
+
+
+@dataclass
+class PageLoad:
+    errors: list[str] = field(default_factory=list)
+    """console.error / console.assert calls, uncaught exceptions and browser log entries at error level."""
+    requests: list[str] = field(default_factory=list)
+    """Every URL the page asked for, the page itself included."""
+    screenshot: bytes = b""
+
+
+class _Socket:
+    def __init__(self, url: str) -> None:
+        match = re.match(r"ws://([^:/]+):(\d+)(/.*)", url)
+        assert match, url
+        host, port, path = match[1], int(match[2]), match[3]
+        self.sock = socket.create_connection((host, port), timeout=30)
+        key = base64.b64encode(os.urandom(16)).decode()
+        self.sock.sendall(
+            (
+                f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n"
+            ).encode()
+        )
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += self.sock.recv(1)
+        assert head.startswith(b"HTTP/1.1 101"), head
+        self.next_id = 0
+
+    def _exact(self, n: int) -> bytes:
+        data = b""
+        while len(data) < n:
+            chunk = self.sock.recv(n - len(data))
+            if not chunk:
+                raise ConnectionError("DevTools closed the connection")
+            data += chunk
+        return data
+
+    def send(self, method: str, **params: Any) -> int:
+        self.next_id += 1
+        payload = json.dumps({"id": self.next_id, "method": method, "params": params}).encode()
+        mask = os.urandom(4)
+        size = len(payload)
+        head = bytes([0x81]) + (
+            bytes([0x80 | size])
+            if size < 126
+            else bytes([0x80 | 126]) + struct.pack(">H", size)
+            if size < 65536
+            else bytes([0x80 | 127]) + struct.pack(">Q", size)
+        )
+        self.sock.sendall(head + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload)))
+        return self.next_id
+
+    def receive(self) -> dict[str, Any]:
+        message = b""
+        while True:
+            first, second = self._exact(2)
+            size = second & 0x7F
+            if size == 126:
+                size = struct.unpack(">H", self._exact(2))[0]
+            elif size == 127:
+                size = struct.unpack(">Q", self._exact(8))[0]
+            message += self._exact(size)
+            if first & 0x80:  # FIN
+                result: dict[str, Any] = json.loads(message)
+                return result
+
+
+def load_page(
+    chromium: str, page: Path, *, width: int = 1200, height: int = 2000, settle: float = 0.5
+) -> PageLoad:
+    """Open `page` in a fresh headless Chromium, wait for its load event (and `settle` seconds), and
+    report what its console said, what it requested, and a PNG screenshot of `width` x `height`."""
+    profile = tempfile.mkdtemp(prefix="chromium-profile-")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    proc = subprocess.Popen(
+        [
+            chromium,
+            *FLAGS,
+            f"--remote-debugging-port={port}",
+            f"--user-data-dir={profile}",
+            f"--window-size={width},{height}",
+            "about:blank",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,  # D-Bus complaints; what the page says comes over DevTools
+    )
+    try:
+        targets: list[dict[str, Any]] = []
+        deadline = time.monotonic() + 30
+        while not any(t.get("type") == "page" for t in targets):
+            if time.monotonic() > deadline:
+                raise AssertionError("Chromium did not open its DevTools endpoint within 30 s")
+            try:
+                # No proxy from the environment: this is the local browser.
+                opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+                with opener.open(f"http://127.0.0.1:{port}/json/list", timeout=5) as answer:
+                    targets = json.loads(answer.read())
+            except OSError:
+                time.sleep(0.1)
+        target = next(t for t in targets if t.get("type") == "page")
+        ws = _Socket(target["webSocketDebuggerUrl"])
+        for method in ("Runtime.enable", "Log.enable", "Network.enable", "Page.enable"):
+            ws.send(method)
+        ws.send(
+            "Emulation.setDeviceMetricsOverride",
+            width=width,
+            height=height,
+            deviceScaleFactor=1,
+            mobile=False,
+        )
+        url = page.resolve().as_uri()
+        ws.send("Page.navigate", url=url)
+        result = PageLoad()
+        loaded_at: float | None = None
+        probe: int | None = None
+        shot_id: int | None = None
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            message = ws.receive()
+            method = message.get("method")
+            params = message.get("params", {})
+            if method == "Runtime.consoleAPICalled" and params.get("type") in ("error", "assert"):
+                result.errors.append(
+                    " ".join(str(a.get("value", a.get("description", ""))) for a in params["args"])
+                )
+            elif method == "Runtime.exceptionThrown":
+                details = params["exceptionDetails"]
+                result.errors.append(
+                    details.get("exception", {}).get("description") or details.get("text", "")
+                )
+            elif method == "Log.entryAdded" and params["entry"].get("level") == "error":
+                result.errors.append(params["entry"].get("text", ""))
+            elif method == "Network.requestWillBeSent":
+                result.requests.append(params["request"]["url"])
+            elif shot_id is not None and message.get("id") == shot_id:
+                result.screenshot = base64.b64decode(message["result"]["data"])
+                return result
+            elif probe is not None and message.get("id") == probe:
+                # Loaded when our page (not the first about:blank) says so; then settle a moment.
+                if loaded_at is None and message["result"]["result"].get("value") == f"complete {url}":
+                    loaded_at = time.monotonic()
+                probe = None
+            if shot_id is None and probe is None:
+                if loaded_at is not None and time.monotonic() - loaded_at >= settle:
+                    shot_id = ws.send("Page.captureScreenshot", format="png")
+                else:
+                    time.sleep(0.05)
+                    probe = ws.send(
+                        "Runtime.evaluate", expression="document.readyState + ' ' + location.href"
+                    )
+        raise AssertionError(f"{page} did not load within 60 s")
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+def png_size(data: bytes) -> tuple[int, int]:
+    """Width and height from a PNG's IHDR chunk."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    width, height = struct.unpack(">II", data[16:24])
+    return width, height

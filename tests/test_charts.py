@@ -1,0 +1,313 @@
+"""The charts reviewers read: Mermaid xychart text (golden), the history read off a CHANGELOG, the SVG
+drawing with hostile labels, and the HTML report of a round (in headless Chromium where installed)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from improve.evals.charts import (
+    VersionScore,
+    category_chart,
+    chart_labels,
+    chart_markdown,
+    history_chart,
+    mermaid_xychart,
+    svg_chart,
+)
+from improve.evals.scorecards import ScenarioScore, Scorecard
+from improve.loop.changelog import entry_markdown
+from improve.loop.history import Measured, policy_history, read_entries
+
+
+def card(version: str, split: str, scores: dict[str, tuple[str, int]], runs: int = 2) -> Scorecard:
+    """A scorecard of scenarios `id -> (category, passes of runs)`; failed runs get thread ids."""
+    return Scorecard(
+        version,
+        split,
+        [
+            ScenarioScore(
+                scenario=sid,
+                category=category,
+                split=split,
+                runs=runs,
+                passed=passed,
+                violations=0,
+                model_calls=runs,
+                tokens=10 * runs,
+                outcomes={"issued": passed},
+                reasons=["expected issued, got escalated"] if passed < runs else [],
+                failed_threads=[f"{split}:{version}:naive:{sid}:r{i + 1}" for i in range(runs - passed)],
+            )
+            for sid, (category, passed) in scores.items()
+        ],
+    )
+
+
+HOSTILE = 'say "hi" [x], `y` #1; <b>'
+
+
+def before_after() -> list[Scorecard]:
+    return [
+        card("v1", "train", {"a-1": ("small", 2), "b-1": (HOSTILE, 0)}),
+        card("v2", "train", {"a-1": ("small", 2), "b-1": (HOSTILE, 2)}),
+        card("v1", "held-out", {"a-2": ("small", 1), "c-1": ("late", 0)}),
+        card("v2", "held-out", {"a-2": ("small", 2), "c-1": ("late", 1)}),
+    ]
+
+
+HISTORY = [VersionScore("v0", 0.5, 0.4), VersionScore("v1", 0.75, 0.7), VersionScore("v2", 0.9, 0.85)]
+
+
+def test_the_history_chart_is_two_lines_over_the_versions_golden() -> None:
+    chart = history_chart(HISTORY)
+    assert chart is not None
+    assert mermaid_xychart(chart) == (
+        '%%{init: {"themeVariables": {"xyChart": {"plotColorPalette": "#2563eb, #ea580c"}}}}%%\n'
+        "xychart-beta\n"
+        '    title "Pass rate by policy version"\n'
+        '    x-axis "policy version" ["v0", "v1", "v2"]\n'
+        '    y-axis "pass rate" 0 --> 1\n'
+        '    line "train" [0.500, 0.750, 0.900]\n'
+        '    line "held-out" [0.400, 0.700, 0.850]\n'
+    )
+    block = chart_markdown(chart)
+    assert block[0] == "```mermaid" and block[2] == "```"
+    assert block[4].startswith("Lines: train in blue, held-out in orange.")
+    assert history_chart(HISTORY[:1]) is None  # one version is a number, not a trend
+
+
+def test_the_category_chart_puts_before_as_a_line_over_after_bars_and_escapes_labels_golden() -> None:
+    chart = category_chart(before_after())
+    assert chart is not None
+    # Categories from user files: no raw quote, bracket, backtick, `#`, `;` or `<` reaches Mermaid.
+    assert mermaid_xychart(chart) == (
+        '%%{init: {"themeVariables": {"xyChart": {"plotColorPalette": "#2563eb, #ea580c"}}}}%%\n'
+        "xychart-beta\n"
+        '    title "Pass rate by category, v1 and v2"\n'
+        '    x-axis "category" ["late", "say #quot;hi#quot; [x], #96;y#96; #35;1#59; #lt;b#gt;", "small"]\n'
+        '    y-axis "pass rate" 0 --> 1\n'
+        '    bar "after (v2)" [0.500, 1.000, 1.000]\n'
+        '    line "before (v1)" [0.000, 0.000, 0.750]\n'
+    )
+    caption = chart_markdown(chart)[4]
+    assert caption.startswith("Bars: after (v2) in blue; line: before (v1) in orange.")
+    one = category_chart(before_after()[:1])
+    assert one is not None and [s.kind for s in one.series] == ["bar"]
+
+
+def test_a_category_measured_on_one_side_only_is_left_out_and_said() -> None:
+    cards = [
+        card("v1", "train", {"a": ("small", 1), "b": ("gone", 1)}),
+        card("v2", "train", {"a": ("small", 2)}),
+    ]
+    chart = category_chart(cards)
+    assert chart is not None and chart.x_labels == ("small",)
+    assert "left out: gone" in chart.caption
+
+
+def test_labels_cut_to_the_same_text_stay_apart() -> None:
+    long = "x" * 60
+    labels = chart_labels([long + "a", long + "b", ""])
+    assert len(set(labels)) == 3 and labels[1].endswith("(2)") and labels[2] == "(none)"
+
+
+def test_the_svg_escapes_every_label_and_has_no_script_or_reference() -> None:
+    chart = category_chart(before_after())
+    assert chart is not None
+    svg = svg_chart(chart)
+    assert "<b>" not in svg and "&lt;b&gt;" in svg and "&quot;hi&quot;" in svg
+    assert "<script" not in svg and "href" not in svg
+    assert svg.count("<rect") == 2 * 3 + 2  # two bars per category, two legend marks
+
+
+def changelog(tmp_path: Path, records: list[dict[str, object]]) -> Path:
+    path = tmp_path / "CHANGELOG.md"
+    path.write_text("# CHANGELOG: refunds policies\n\n" + "\n".join(entry_markdown(r) for r in records))
+    return path
+
+
+def record(
+    version: str, baseline: str, recommended: bool, train: tuple[float, float], held: tuple[float, float]
+) -> dict[str, object]:
+    def score(pair: tuple[float, float]) -> dict[str, object]:
+        return {
+            "before": pair[0],
+            "after": pair[1],
+            "mean_diff": pair[1] - pair[0],
+            "p": 0.01,
+            "alpha": 0.05,
+            "test": "exact stratified test",
+            "violations_after": 0,
+            "cost_before": 1.0,
+            "cost_after": 0.5,
+        }
+
+    return {
+        "candidate_version": version,
+        "baseline_version": baseline,
+        "round_id": f"20260101-000000-refunds-{version}",
+        "recommended": recommended,
+        "proposer": "rules",
+        "model": "naive",
+        "k": 3,
+        "seed": 1,
+        "scores": {"train": score(train), "held-out": score(held)},
+    }
+
+
+def test_the_history_follows_the_line_of_recommended_versions_with_their_newest_measurement(
+    tmp_path: Path,
+) -> None:
+    path = changelog(
+        tmp_path,
+        [
+            record("v1", "v0", True, (0.5, 0.7), (0.4, 0.6)),
+            record("v2", "v1", False, (0.7, 0.6), (0.6, 0.5)),  # discarded: off the line
+            record("v3", "v1", True, (0.72, 0.8), (0.61, 0.75)),  # v1 measured again: newest wins
+            record("v4", "v0", True, (0.5, 0.9), (0.4, 0.8)),  # an unmerged branch from v0
+        ],
+    )
+    entries = read_entries(path)
+    assert [(e.candidate, e.baseline, e.recommended) for e in entries] == [
+        ("v1", "v0", True),
+        ("v2", "v1", False),
+        ("v3", "v1", True),
+        ("v4", "v0", True),
+    ]
+    current = Measured(
+        "v5", "v3", "r5", False, {"train": 0.81, "held-out": 0.74}, {"train": 0.85, "held-out": 0.8}
+    )
+    history = policy_history(entries, "v5", current)
+    assert [(h.version, h.train, h.held_out) for h in history] == [
+        ("v0", 0.5, 0.4),
+        ("v1", 0.72, 0.61),
+        ("v3", 0.81, 0.74),
+        ("v5", 0.85, 0.8),
+    ]
+    assert [h.version for h in policy_history(entries, "v3")] == ["v0", "v1", "v3"]
+    assert (
+        policy_history(entries, "v9") == [] and policy_history(read_entries(tmp_path / "none.md"), "v1") == []
+    )
+    # A loop in hand-edited entries ends the walk instead of hanging it.
+    looped = [Measured("v1", "v2", "a", True, {}, {}), Measured("v2", "v1", "b", True, {}, {})]
+    assert policy_history(looped, "v2") == []
+
+
+def page_of_a_round(tmp_path: Path) -> Path:
+    """A round's HTML page from a report folder as a round leaves it, with hostile user text in it."""
+    from improve.loop.report_page import load_round_report, round_page
+    from improve.machine import parse_machine
+    from tests.test_scorecard import V1
+
+    folder = tmp_path / "reports" / "20260101-000000-refunds-v2"
+    folder.mkdir(parents=True)
+    rec = record("v2", "v1", True, (0.5, 0.9), (0.4, 0.8)) | {
+        "environment": "refunds",
+        "status": "recommended",
+        "rationale": "When <script>alert(1)</script> answer CLOSE",
+        "gates": [
+            {"name": "validate", "ok": True, "detail": "ok"},
+            {"name": "lint", "ok": False, "detail": "<i>x</i>"},
+        ],
+    }
+    (folder / "round.json").write_text(json.dumps(rec))
+    (folder / "scorecards.json").write_text(json.dumps([c.to_json() for c in before_after()]))
+    candidate = dict(V1, version="2")
+    (folder / "policy.json").write_text(json.dumps(candidate))
+    baseline = parse_machine(
+        json.loads((Path(__file__).parent.parent / "policies/refunds/v0.json").read_text())
+    )
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    (traces / "train:v1:naive:b-1:r1.jsonl").write_text("{}\n")
+    report = load_round_report(folder)
+    page = round_page(
+        report,
+        HISTORY,
+        baseline,
+        parse_machine(candidate),
+        trace_href=lambda t: (
+            f"./../../traces/{t}.jsonl".replace(":", "%3A") if (traces / f"{t}.jsonl").exists() else None
+        ),
+    )
+    out = folder / "report.html"
+    out.write_text(page)
+    return out
+
+
+def test_the_round_page_is_self_contained_and_escapes_what_users_wrote(tmp_path: Path) -> None:
+    page = page_of_a_round(tmp_path).read_text()
+    assert (
+        "<script" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page and "<i>x</i>" not in page
+    )
+    assert "http://" not in page.replace("http://www.w3.org/2000/svg", "") and "https://" not in page
+    assert page.count("<svg") == 3  # the two charts and the policy diagram
+    assert "Pass rate by policy version" in page and "Pass rate by category, v1 and v2" in page
+    assert (
+        "&gt;= 3" in page and "class route," in page and "The candidate v2; the states" in page
+    )  # the diagram (a guard), and its Mermaid text
+    # Failing runs are listed with their thread ids; one whose file exists is linked (colons quoted).
+    assert 'href="./../../traces/train%3Av1%3Anaive%3Ab-1%3Ar1.jsonl"' in page
+    assert "<code>held-out:v2:naive:c-1:r1</code>" in page
+
+
+def test_the_round_page_renders_in_chromium_without_console_errors_or_requests(tmp_path: Path) -> None:
+    from tests.headless import find_chromium, load_page, png_size
+
+    chromium = find_chromium()
+    if chromium is None:
+        pytest.skip("Chromium is not installed (apt-get install chromium; .ci/run installs it in CI)")
+    page = page_of_a_round(tmp_path)
+    loaded = load_page(chromium, page)
+    assert loaded.errors == []
+    assert loaded.requests == [page.resolve().as_uri()]  # the page itself, nothing else
+    assert png_size(loaded.screenshot) == (1200, 2000) and len(loaded.screenshot) > 30_000
+    (tmp_path / "report.png").write_bytes(loaded.screenshot)
+
+    # The check can fail: a console error, and a fetch the page's policy refuses, are both seen.
+    text = page.read_text()
+    noisy = tmp_path / "noisy.html"
+    no_policy = re.sub(r'<meta http-equiv="Content-Security-Policy"[^>]*>', "", text)
+    noisy.write_text(
+        no_policy.replace("</main>", "<script>console.error('deliberate error')</script></main>")
+    )
+    assert any("deliberate error" in e for e in load_page(chromium, noisy).errors)
+    fetching = tmp_path / "fetching.html"
+    fetching.write_text(text.replace("</main>", '<img src="http://127.0.0.1:9/x.png"></main>'))
+    assert load_page(chromium, fetching).errors  # refused by the page's Content-Security-Policy
+
+
+def test_report_names_what_is_missing_or_broken_in_a_report_folder(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from improve.cli.main import app
+    from tests.conftest import copy_workspace
+
+    ws = copy_workspace(tmp_path / "ws")
+    runner = CliRunner()
+    none = runner.invoke(app, ["report", "-w", str(ws), "--html"])
+    assert none.exit_code == 2 and "no finished round" in none.stderr and "improve round" in none.stderr
+    folder = ws / "reports" / "20260101-000000-refunds-v1"
+    folder.mkdir(parents=True)
+    (folder / "round.json").write_text(json.dumps(record("v1", "v0", True, (0.5, 0.7), (0.4, 0.6))))
+    old = runner.invoke(app, ["report", "-w", str(ws), "--html"])
+    assert (
+        old.exit_code == 2
+        and "scorecards.json is missing" in old.stderr
+        and "run the round again" in old.stderr
+    )
+    (folder / "scorecards.json").write_text("[{")
+    broken = runner.invoke(app, ["report", "-w", str(ws), "--html"])
+    assert broken.exit_code == 2 and "scorecards.json is not readable JSON" in broken.stderr
+    assert "Traceback" not in old.output + broken.output + none.output
+    out = runner.invoke(app, ["report", "-w", str(ws), "--out", str(tmp_path / "x.html")])
+    assert out.exit_code == 2 and "pass --html" in out.stderr
+    # A folder from a round as it is written now: the page lands where --out says.
+    (folder / "scorecards.json").write_text(json.dumps([c.to_json() for c in before_after()]))
+    done = runner.invoke(app, ["report", "-w", str(ws), "--html", "--out", str(tmp_path / "x.html")])
+    assert done.exit_code == 0, done.output
+    assert "Pass rate by category, v1 and v2" in (tmp_path / "x.html").read_text()
