@@ -221,6 +221,7 @@ def test_to_xstate(refund: MachineConfig, raw: dict[str, Any]) -> None:
     }
     assert cls["on"]["ESCALATE"] == {"target": "approving"}
     assert cls["invoke"]["src"] == "agent.decide"
+    assert cls["invoke"]["id"] == "classifying"  # the interpreter's actor id, which the log's events carry
     assert cls["invoke"]["input"] == raw["states"]["classifying"]["invoke"]["input"]
     assert cls["invoke"]["onError"] == {"target": "refused"}
     assert "maxRetries" not in cls["invoke"]
@@ -254,6 +255,7 @@ def test_to_xstate_choice_becomes_always_and_named_guards_stay() -> None:
     ]
     assert x["states"]["ask-model"]["invoke"] == {
         "src": "model.decide",
+        "id": "ask-model",
         "input": {"model": "'decider'"},
         "onDone": {"target": "answer"},
         "onError": {"target": "escalate"},

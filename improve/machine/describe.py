@@ -7,8 +7,9 @@ All functions here are pure: they read a `MachineConfig` and return text or plai
 - `describe_mermaid`: a `stateDiagram-v2` that GitHub renders inside markdown; sentinel finals and
   states named in `highlight` (e.g. those a policy diff touched) get their own classes.
 - `to_xstate`: XState v5 machine JSON for Stately's tools. CEL guards become
-  `{"type": "cel", "params": {"expr": ...}}`, `assign` becomes an `xstate.assign` action and `choice`
-  states become `always` transitions (XState has no choice type).
+  `{"type": "cel", "params": {"expr": ...}}`, `assign` becomes an `xstate.assign` action, `choice`
+  states become `always` transitions (XState has no choice type) and every invoke is given its id (the
+  state's name unless set). `xstate_host/host.mjs` runs the export in XState (docs/xstate.md).
 - `diff_states`: the states added, removed or changed between two configs.
 """
 
@@ -333,7 +334,7 @@ def _xstate_transitions(spec: TransitionSpec | None) -> Any:
     return items[0] if len(items) == 1 else items
 
 
-def _xstate_state(state: StateConfig) -> dict[str, Any]:
+def _xstate_state(name: str, state: StateConfig) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if state.type in ("final", "atomic"):
         out["type"] = state.type
@@ -344,9 +345,9 @@ def _xstate_state(state: StateConfig) -> dict[str, Any]:
     meta = copy.deepcopy(state.meta)
     if state.invoke is not None:
         inv = state.invoke
-        invoke: dict[str, Any] = {"src": inv.src}
-        if inv.id is not None:
-            invoke["id"] = inv.id
+        # Always named: XState's default id (`machine.state[0]`) is not the interpreter's (the state's
+        # name), and the log's actor events carry the interpreter's (`actorId`).
+        invoke: dict[str, Any] = {"src": inv.src, "id": inv.id or name}
         if inv.input is not None:
             invoke["input"] = copy.deepcopy(inv.input)
         if inv.onDone is not None:
@@ -389,7 +390,7 @@ def to_xstate(config: MachineConfig) -> dict[str, Any]:
     out["initial"] = config.initial
     out["context"] = copy.deepcopy(config.context)
     out["meta"] = meta
-    out["states"] = {name: _xstate_state(state) for name, state in config.states.items()}
+    out["states"] = {name: _xstate_state(name, state) for name, state in config.states.items()}
     return out
 
 
