@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.xstate_node import NodeUnavailable, install, run_driver
+from bench.xstate_node import NodeUnavailable, install, pins, run_driver
 from improve.errors import ImproveError
 from improve.evals.scenarios import load_scenarios
 from improve.log import JsonlDirStore, LogEntry
@@ -57,15 +57,16 @@ def canonical(value: Any) -> str:
 # --- threads --------------------------------------------------------------------------------------
 
 
-def record_threads(env: Environment, store: JsonlDirStore, runs: int = 1) -> list[str]:
-    """Run every open scenario `runs` times with each stand-in model under the v0 policy; thread ids."""
+def record_threads(env: Environment, store: JsonlDirStore, runs: int = 1, first_run: int = 1) -> list[str]:
+    """Run every open scenario `runs` times (numbered from `first_run`) with each stand-in model under the
+    v0 policy, seeded by scenario and run; the thread ids."""
     assert env.home is not None, f"{env.name} ships no scenarios"
     scenarios = load_scenarios(env.home / "scenarios.yaml").open_scenarios
     policy = compile_policy(load_policy(env.home / "policies" / "v0.json"))
     ids = []
     for model in sorted(env.models):
         for scenario in scenarios:
-            for r in range(1, runs + 1):
+            for r in range(first_run, first_run + runs):
                 thread_id = f"{scenario.split}:v0:{model}:{scenario.id}:r{r}"
                 run(
                     env,
@@ -223,7 +224,7 @@ def xstate_conformance(environments: tuple[str, ...] = ENVIRONMENTS, runs: int =
             total.events += t.events
             total.diffs += t.diffs
     return {
-        "peer": "xstate " + ", ".join(f"{k}@{v}" for k, v in _pins().items()),
+        "peer": ", ".join(f"{k}@{v}" for k, v in sorted(pins().items())),
         "threads_replayed": total.threads,
         "events": total.events,
         "identical": total.identical,
@@ -231,12 +232,6 @@ def xstate_conformance(environments: tuple[str, ...] = ENVIRONMENTS, runs: int =
         "first_differences": total.diffs[:SHOWN_DIFFS],
         "environments": per_env,
     }
-
-
-def _pins() -> dict[str, str]:
-    from bench.xstate_node import pins
-
-    return pins()
 
 
 def main() -> None:

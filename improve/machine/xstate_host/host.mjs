@@ -79,6 +79,13 @@ function compileTree (tree, where) {
   return () => literal
 }
 
+/** Whether an expression tree names `input` outside string literals. */
+function treeReadsInput (tree) {
+  if (typeof tree === 'string') return /\binput\b/.test(tree.replace(/'(?:\\.|[^'\\])*'|"(?:\\.|[^"\\])*"/g, "''"))
+  if (tree !== null && typeof tree === 'object') return Object.values(tree).some(treeReadsInput)
+  return false
+}
+
 /** A JSON value as CEL reads it: a whole number becomes an int (BigInt). */
 export function toCel (value) {
   if (typeof value === 'number') return Number.isInteger(value) ? BigInt(value) : value
@@ -193,7 +200,11 @@ export function hostMachine (exported, options = {}) {
   const actors = { ...(options.actors ?? {}) }
   const outputs = new Map()
   const contextInit = compileTree(config.context ?? {}, 'context')
+  const readsInput = treeReadsInput(config.context ?? {})
   config.context = ({ input }) => {
+    // XState builds a throwaway actor, without input, on every pure `transition` call; failing here
+    // without asking CEL (whose errors format the source) keeps that cost XState's own.
+    if (input === undefined && readsInput) throw new Error('context: the machine reads `input`; start it with one')
     const inp = toCel(input)
     const s = { input: inp, event: toCel({ type: 'xstate.init', input }) }
     if (inp !== null && typeof inp === 'object' && inp.facts != null) s.facts = inp.facts

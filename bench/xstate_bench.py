@@ -1,0 +1,135 @@
+"""XState v5 side by side: the same recorded event sequences through XState, our interpreter and replay.
+
+refund-approval's threads are recorded with every stand-in model (its open scenarios, run after run,
+until `threads` are written), then folded three ways in the same run, each `repeat` times (medians):
+
+- XState: `initialTransition` + `transition` from `xstate` in Node, on the machine `improve describe
+  --format xstate` exports, hosted by `improve/machine/xstate_host/host.mjs` (CEL guards and assigns
+  through `@marcbachmann/cel-js`); the events are in memory;
+- interpreter: `improve.machine.initial` + `transition` on the same events, in memory;
+- replay: replay_bench's figure on these threads: one multi-thread JSONL file read, each line decoded
+  (`LogEntry`), grouped by thread, each thread validated and folded (`replay`), the cyclic GC paused.
+
+Events = the init plus every event that moves the machine, counted the same for all three (replay also
+reads and skips the `@agent.usage` and `@agent.end` entries, which are not counted). Without Node, or
+when npm cannot install the pinned packages, the peer reads `{"skipped": reason}` and the rest runs.
+"""
+
+from __future__ import annotations
+
+import platform
+import shutil
+import statistics
+import subprocess
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from bench.xstate_conformance import Sequence, record_threads, sequence
+from bench.xstate_node import NodeUnavailable, install, pins, run_driver
+from improve.log import JsonlDirStore, LogEntry, gc_paused, replay
+from improve.machine import initial, to_xstate, transition
+from improve.runtime import load_environment
+
+ENVIRONMENT = "refund-approval"
+GOAL = 3.0
+"""Issue 15: replay at least three times XState's rate on the same sequences."""
+
+
+def _interpreter_seconds(machine: Any, seqs: list[Sequence]) -> float:
+    start = time.perf_counter()
+    for seq in seqs:
+        snap = initial(machine, seq.input)
+        for event in seq.events:
+            snap = transition(machine, snap, event)
+    return time.perf_counter() - start
+
+
+def _replay_seconds(machine: Any, path: Path) -> float:
+    """Read, decode, group by thread and replay every thread: replay_bench's figure, on these threads."""
+    start = time.perf_counter()
+    with gc_paused():
+        threads: dict[str, list[LogEntry]] = defaultdict(list)
+        with path.open("rb") as handle:
+            for line in handle:
+                entry = LogEntry.model_validate_json(line)
+                threads[entry.threadId or ""].append(entry)
+        for thread in threads.values():
+            replay(machine, thread)
+    return time.perf_counter() - start
+
+
+def _write_jsonl(store: JsonlDirStore, ids: list[str], path: Path) -> int:
+    """The threads as one multi-thread JSONL file (every line carries `threadId`); lines written."""
+    lines = 0
+    with path.open("w", encoding="utf-8") as out:
+        for thread_id in ids:
+            for entry in store.read(thread_id):
+                out.write(entry.model_copy(update={"threadId": thread_id}).model_dump_json(exclude_none=True) + "\n")
+                lines += 1
+    return lines
+
+
+def _node_version() -> str:
+    node = shutil.which("node")
+    if node is None:
+        return "none"
+    return subprocess.run([node, "--version"], capture_output=True, text=True, check=False).stdout.strip()
+
+
+def xstate_figures(tmp: Path, threads: int, repeat: int) -> dict[str, Any]:
+    env = load_environment(ENVIRONMENT)
+    store = JsonlDirStore(tmp / "xstate-threads")
+    ids = record_threads(env, store)
+    more = -(-threads // len(ids)) - 1  # whole runs of every scenario and model, at least `threads`
+    ids += record_threads(env, store, runs=more, first_run=2) if more > 0 else []
+    seqs = [sequence(tid, store.read(tid)) for tid in ids]
+    events = sum(1 + len(s.events) for s in seqs)
+    entries = _write_jsonl(store, ids, tmp / "xstate-threads.jsonl")
+    machine = env.machine
+    interp = statistics.median(_interpreter_seconds(machine, seqs) for _ in range(repeat))
+    replayed = statistics.median(_replay_seconds(machine, tmp / "xstate-threads.jsonl") for _ in range(repeat))
+    out: dict[str, Any] = {
+        "machine": ENVIRONMENT,
+        "threads": len(ids),
+        "events": events,
+        "entries": entries,
+        "interpreter_events_per_s": round(events / interp),
+        "replay_events_per_s": round(events / replayed),
+        # Replay also reads the `@agent.usage` / `@agent.end` lines; counted, its rate per line read.
+        "replay_entries_per_s": round(entries / replayed),
+    }
+    try:
+        folder = install()
+        answer = run_driver(
+            folder,
+            {
+                "mode": "bench",
+                "machine": to_xstate(env.config),
+                "threads": [{"input": s.input, "events": s.events} for s in seqs],
+                "repeat": repeat,
+            },
+        )
+    except NodeUnavailable as err:
+        out["xstate"] = {"skipped": str(err)}
+        return out
+    assert answer["events"] == events, (answer["events"], events)
+    peer = events / statistics.median(answer["seconds"])
+    out["xstate"] = {
+        "peer": ", ".join(f"{k}@{v}" for k, v in sorted(pins().items())) + f", node {_node_version()}",
+        "events_per_s": round(peer),
+        "events_per_s_each_repeat": [round(events / t) for t in answer["seconds"]],
+    }
+    out["interpreter_over_xstate"] = round(out["interpreter_events_per_s"] / peer, 2)
+    out["replay_over_xstate"] = round(out["replay_events_per_s"] / peer, 2)
+    out["goal"] = f"replay >= {GOAL:g}x XState"
+    out["goal_met"] = out["replay_over_xstate"] >= GOAL
+    out["note"] = (
+        "same event sequences, same run; XState = initialTransition + transition with the CEL host, "
+        "events in memory, after one warm-up pass; interpreter = initial + transition, events in memory; "
+        "replay = read + decode + group + validate + fold from one JSONL file; medians of "
+        f"{repeat}; python "
+        f"{platform.python_version()}"
+    )
+    return out
