@@ -28,7 +28,7 @@ from typing import Any
 from bench.xstate_node import NodeUnavailable, install, pins, run_driver
 from improve.errors import ImproveError
 from improve.evals.scenarios import load_scenarios
-from improve.log import JsonlDirStore, LogEntry
+from improve.log import JsonlDirStore, LogEntry, Store
 from improve.machine import compile_machine, initial, to_xstate, transition
 from improve.runtime import Environment, load_environment
 from improve.runtime.policy import PolicyDecider, compile_policy, load_policy
@@ -57,7 +57,7 @@ def canonical(value: Any) -> str:
 # --- threads --------------------------------------------------------------------------------------
 
 
-def record_threads(env: Environment, store: JsonlDirStore, runs: int = 1, first_run: int = 1) -> list[str]:
+def record_threads(env: Environment, store: Store, runs: int = 1, first_run: int = 1) -> list[str]:
     """Run every open scenario `runs` times (numbered from `first_run`) with each stand-in model under the
     v0 policy, seeded by scenario and run; the thread ids."""
     assert env.home is not None, f"{env.name} ships no scenarios"

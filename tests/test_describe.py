@@ -273,6 +273,97 @@ def test_to_xstate_does_not_alias_the_config(refund: MachineConfig) -> None:
     assert approve.assign == {"approved": "true", "approver": "has(event.approver) ? event.approver : ''"}
 
 
+# --- XState host: the export run in XState v5 (Node), against the interpreter ----------------------
+
+
+@pytest.fixture(scope="module")
+def xstate_install() -> Path:
+    """The pinned xstate + cel-js install in the cache; skipped without Node or without one (no download)."""
+    from bench.xstate_node import NodeUnavailable, cache_dir, installed, node
+
+    try:
+        node()
+    except NodeUnavailable as err:
+        pytest.skip(str(err))
+    folder = installed()
+    if folder is None:
+        pytest.skip(
+            f"no cached XState install at {cache_dir()}: `make conformance` (or `make bench`) installs it "
+            "once with npm; tests never download"
+        )
+    return folder
+
+
+def _refund_thread(events: list[dict[str, Any]]) -> Any:
+    from bench.xstate_conformance import Sequence
+
+    return Sequence("by-hand", {"amount": 500, "reason": "broken on arrival"}, events)
+
+
+def _xstate_fold(folder: Path, exported: dict[str, Any], seq: Any, guards: dict[str, bool]) -> dict[str, Any]:
+    from bench.xstate_node import run_driver
+
+    threads = [{"id": seq.id, "input": seq.input, "events": seq.events, "guards": guards}]
+    answer: dict[str, Any] = run_driver(folder, {"mode": "conform", "machine": exported, "threads": threads})
+    return answer["threads"][0]
+
+
+def test_refund_approval_export_runs_in_xstate_as_in_python(xstate_install: Path) -> None:
+    from bench.xstate_conformance import difference, python_fold
+    from improve.runtime import load_environment
+
+    env = load_environment("refund-approval")
+    seq = _refund_thread([{"type": "ESCALATE"}, {"type": "APPROVE", "approver": "dana"}])
+    ours = python_fold(env, seq)
+    theirs = _xstate_fold(xstate_install, to_xstate(env.config), seq, ours.guards)
+    assert theirs["steps"] == [["classifying", "active"], ["approving", "active"], ["issued", "done"]]
+    assert theirs["context"] == {"amount": 500, "reason": "broken on arrival", "approved": True, "approver": "dana"}
+    assert theirs["output"] == {"outcome": "issued", "amount": 500, "approved": True}
+    assert ours.steps == theirs["steps"] and difference(seq, ours, theirs) is None
+
+
+def test_xstate_conformance_reports_a_machine_that_runs_differently(xstate_install: Path) -> None:
+    """Without APPROVE's assign (what XState did without the host's `xstate.assign`), XState pays an
+    unapproved refund: the check names the event and both states."""
+    from bench.xstate_conformance import difference, python_fold
+    from improve.runtime import load_environment
+
+    env = load_environment("refund-approval")
+    seq = _refund_thread([{"type": "ESCALATE"}, {"type": "APPROVE"}])
+    exported = to_xstate(env.config)
+    del exported["states"]["approving"]["on"]["APPROVE"]["actions"]
+    theirs = _xstate_fold(xstate_install, exported, seq, {})
+    assert theirs["steps"][-1] == ["illegallyIssued", "done"]
+    diff = difference(seq, python_fold(env, seq), theirs)
+    assert diff == "after event 2 (APPROVE): python issued/done, xstate illegallyIssued/done"
+
+
+def test_a_named_guard_python_never_asked_is_a_difference(xstate_install: Path) -> None:
+    """Named guards are Python host code: XState gets Python's verdicts, and asking one elsewhere fails."""
+    from bench.xstate_conformance import Sequence, difference, python_fold, record_threads, sequence
+    from improve.log import MemoryStore
+    from improve.runtime import load_environment
+
+    env = load_environment("refunds")
+    store = MemoryStore()
+    seqs = [sequence(t, store.read(t)) for t in record_threads(env, store)]
+    seq: Sequence = next(s for s in seqs if python_fold(env, s).guards)  # a thread that reaches the guard
+    ours = python_fold(env, seq)
+    assert difference(seq, ours, _xstate_fold(xstate_install, to_xstate(env.config), seq, ours.guards)) is None
+    theirs = _xstate_fold(xstate_install, to_xstate(env.config), seq, {})
+    assert "named guard 'illegalRefund' asked where the Python run never asked it" in theirs["failure"]
+    assert difference(seq, ours, theirs) is not None
+
+
+@pytest.mark.parametrize("name", ["refund-approval", "refunds", "tool-loop"])
+def test_every_recorded_thread_runs_the_same_in_xstate(xstate_install: Path, tmp_path: Path, name: str) -> None:
+    from bench.xstate_conformance import check_environment
+
+    tally = check_environment(name, xstate_install, tmp_path)
+    assert tally.threads > 20 and tally.events > tally.threads
+    assert tally.diffs == [] and tally.identical == tally.threads
+
+
 # --- diff -----------------------------------------------------------------------------------------
 
 
