@@ -22,7 +22,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="timed repetitions (medians reported)")
     parser.add_argument("--ingest-threads", type=int, default=20_000, help="threads in the ingest corpus")
     parser.add_argument(
-        "--only", choices=["replay", "xstate", "warehouse", "explore", "round", "chat"], help="run one section"
+        "--only",
+        choices=["replay", "xstate", "warehouse", "explore", "round", "chat"],
+        help="run one section",
     )
     parser.add_argument(
         "--xstate-threads", type=int, default=2_000, help="refund-approval threads run through XState"

@@ -66,7 +66,9 @@ def _write_jsonl(store: JsonlDirStore, ids: list[str], path: Path) -> int:
     with path.open("w", encoding="utf-8") as out:
         for thread_id in ids:
             for entry in store.read(thread_id):
-                out.write(entry.model_copy(update={"threadId": thread_id}).model_dump_json(exclude_none=True) + "\n")
+                out.write(
+                    entry.model_copy(update={"threadId": thread_id}).model_dump_json(exclude_none=True) + "\n"
+                )
                 lines += 1
     return lines
 
@@ -89,7 +91,9 @@ def xstate_figures(tmp: Path, threads: int, repeat: int) -> dict[str, Any]:
     entries = _write_jsonl(store, ids, tmp / "xstate-threads.jsonl")
     machine = env.machine
     interp = statistics.median(_interpreter_seconds(machine, seqs) for _ in range(repeat))
-    replayed = statistics.median(_replay_seconds(machine, tmp / "xstate-threads.jsonl") for _ in range(repeat))
+    replayed = statistics.median(
+        _replay_seconds(machine, tmp / "xstate-threads.jsonl") for _ in range(repeat)
+    )
     out: dict[str, Any] = {
         "machine": ENVIRONMENT,
         "threads": len(ids),

@@ -104,6 +104,8 @@ def run_driver(folder: Path, payload: dict[str, Any], timeout: float = 900) -> d
             check=False,
         )
     if done.returncode != 0:
-        raise DriverFailed(f"the XState driver failed (exit {done.returncode}): {done.stderr.strip()[-2000:]}")
+        raise DriverFailed(
+            f"the XState driver failed (exit {done.returncode}): {done.stderr.strip()[-2000:]}"
+        )
     answer: dict[str, Any] = json.loads(done.stdout)
     return answer

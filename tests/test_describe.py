@@ -317,7 +317,12 @@ def test_refund_approval_export_runs_in_xstate_as_in_python(xstate_install: Path
     ours = python_fold(env, seq)
     theirs = _xstate_fold(xstate_install, to_xstate(env.config), seq, ours.guards)
     assert theirs["steps"] == [["classifying", "active"], ["approving", "active"], ["issued", "done"]]
-    assert theirs["context"] == {"amount": 500, "reason": "broken on arrival", "approved": True, "approver": "dana"}
+    assert theirs["context"] == {
+        "amount": 500,
+        "reason": "broken on arrival",
+        "approved": True,
+        "approver": "dana",
+    }
     assert theirs["output"] == {"outcome": "issued", "amount": 500, "approved": True}
     assert ours.steps == theirs["steps"] and difference(seq, ours, theirs) is None
 
@@ -349,14 +354,18 @@ def test_a_named_guard_python_never_asked_is_a_difference(xstate_install: Path) 
     seqs = [sequence(t, store.read(t)) for t in record_threads(env, store)]
     seq: Sequence = next(s for s in seqs if python_fold(env, s).guards)  # a thread that reaches the guard
     ours = python_fold(env, seq)
-    assert difference(seq, ours, _xstate_fold(xstate_install, to_xstate(env.config), seq, ours.guards)) is None
+    assert (
+        difference(seq, ours, _xstate_fold(xstate_install, to_xstate(env.config), seq, ours.guards)) is None
+    )
     theirs = _xstate_fold(xstate_install, to_xstate(env.config), seq, {})
     assert "named guard 'illegalRefund' asked where the Python run never asked it" in theirs["failure"]
     assert difference(seq, ours, theirs) is not None
 
 
 @pytest.mark.parametrize("name", ["refund-approval", "refunds", "tool-loop"])
-def test_every_recorded_thread_runs_the_same_in_xstate(xstate_install: Path, tmp_path: Path, name: str) -> None:
+def test_every_recorded_thread_runs_the_same_in_xstate(
+    xstate_install: Path, tmp_path: Path, name: str
+) -> None:
     from bench.xstate_conformance import check_environment
 
     tally = check_environment(name, xstate_install, tmp_path)
