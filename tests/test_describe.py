@@ -263,6 +263,25 @@ def test_to_xstate_choice_becomes_always_and_named_guards_stay() -> None:
     assert x["states"]["answer"] == {"type": "final", "output": "event.output"}
 
 
+def test_to_xstate_self_transition_reenters_as_the_interpreter_does() -> None:
+    """The interpreter enters a state again on a transition to itself (its actor is owed anew); XState
+    keeps the running actor unless the transition says `reenter`."""
+    config = parse_machine(
+        {
+            "id": "m",
+            "version": "1",
+            "initial": "a",
+            "states": {
+                "a": {"invoke": {"src": "work"}, "on": {"AGAIN": {"target": "a"}, "DONE": {"target": "b"}}},
+                "b": {"type": "final"},
+            },
+        },
+        "m.json",
+    )
+    on = to_xstate(config)["states"]["a"]["on"]
+    assert on == {"AGAIN": {"target": "a", "reenter": True}, "DONE": {"target": "b"}}
+
+
 def test_to_xstate_does_not_alias_the_config(refund: MachineConfig) -> None:
     x = to_xstate(refund)
     x["context"]["amount"] = "changed"
