@@ -29,7 +29,7 @@ from bench.xstate_node import NodeUnavailable, install, pins, run_driver
 from improve.errors import ImproveError
 from improve.evals.scenarios import load_scenarios
 from improve.log import JsonlDirStore, LogEntry, Store
-from improve.machine import compile_machine, initial, to_xstate, transition
+from improve.machine import MachineConfig, compile_machine, initial, to_xstate, transition
 from improve.runtime import Environment, load_environment
 from improve.runtime.policy import PolicyDecider, compile_policy, load_policy
 from improve.runtime.run import run
@@ -113,6 +113,13 @@ GuardFn = Callable[[Mapping[str, Any], Mapping[str, Any], Mapping[str, Any]], bo
 
 
 def python_fold(env: Environment, seq: Sequence) -> Fold:
+    """The interpreter's fold of `seq` through `env`'s machine."""
+    return fold_machine(env.config, env.guards, set(env.actors), seq)
+
+
+def fold_machine(
+    config: MachineConfig, guards: Mapping[str, GuardFn], actors: set[str], seq: Sequence
+) -> Fold:
     """The interpreter's fold of `seq`, with every named guard's verdict recorded for the driver."""
     fold = Fold()
 
@@ -124,9 +131,7 @@ def python_fold(env: Environment, seq: Sequence) -> Fold:
 
         return guard
 
-    machine = compile_machine(
-        env.config, guards={k: recording(k, f) for k, f in env.guards.items()}, actors=set(env.actors)
-    )
+    machine = compile_machine(config, guards={k: recording(k, f) for k, f in guards.items()}, actors=actors)
     try:
         snap = initial(machine, seq.input)
         fold.steps.append([snap.value, snap.status])

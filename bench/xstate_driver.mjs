@@ -4,7 +4,8 @@
 // `initialTransition` / `transition`, recording the state and status after each event, the final
 // context and output. Named guards are answered from the verdicts the Python interpreter gave on the
 // same thread (keyed by guard, params, context and event), so a guard XState asks on a context
-// Python never reached is a difference, not a guess.
+// Python never reached is a difference, not a guess. With `bindInput` (a policy, whose guards read
+// its input), a machine is made per thread with the thread's input bound.
 // mode "bench": time the same folds, `repeat` times after one untimed pass; events = the init plus
 // every event folded.
 
@@ -59,10 +60,11 @@ function conform (payload) {
       return verdict
     }
   }
-  const machine = hostMachine(exported, { guards })
+  const shared = payload.bindInput ? null : hostMachine(exported, { guards })
   const threads = []
   for (const thread of payload.threads) {
     table = thread.guards ?? {}
+    const machine = shared ?? hostMachine(exported, { guards, input: thread.input })
     const steps = []
     const out = { id: thread.id, steps }
     try {

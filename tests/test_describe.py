@@ -381,6 +381,60 @@ def test_a_named_guard_python_never_asked_is_a_difference(xstate_install: Path) 
     assert difference(seq, ours, theirs) is not None
 
 
+def test_a_policy_runs_in_xstate_with_its_request_bound_as_input(xstate_install: Path) -> None:
+    """A policy's guards read its decision request (`facts`) after start, where XState keeps no input:
+    the host binds it per machine, and the choice, the model's answer and the outputs agree."""
+    from bench.xstate_conformance import Sequence, difference, fold_machine
+    from bench.xstate_node import run_driver
+
+    policy = parse_machine(
+        {
+            "id": "p",
+            "version": "1",
+            "initial": "route",
+            "states": {
+                "route": {
+                    "type": "choice",
+                    "choice": [
+                        {"guard": "facts.customer.refundsLast90d >= 3", "target": "escalate"},
+                        {"target": "ask"},
+                    ],
+                },
+                "ask": {
+                    "invoke": {
+                        "src": "model.decide",
+                        "input": {"model": "'decider'"},
+                        "onDone": {"target": "answer"},
+                    }
+                },
+                "answer": {"type": "final", "output": "event.output"},
+                "escalate": {
+                    "type": "final",
+                    "output": {"type": "'ESCALATE'", "n": "facts.customer.refundsLast90d"},
+                },
+            },
+        },
+        "p.json",
+    )
+    done = {"type": "xstate.done.actor", "actorId": "ask", "output": {"type": "REFUND", "amount": 12.5}}
+    seqs = [
+        Sequence("repeat refunder", {"facts": {"customer": {"refundsLast90d": 4}}}, []),
+        Sequence("first refund", {"facts": {"customer": {"refundsLast90d": 0}}}, [done]),
+    ]
+    folds = [fold_machine(policy, {}, {"model.decide"}, s) for s in seqs]
+    threads = [{"id": s.id, "input": s.input, "events": s.events, "guards": {}} for s in seqs]
+    answer = run_driver(
+        xstate_install,
+        {"mode": "conform", "machine": to_xstate(policy), "threads": threads, "bindInput": True},
+    )["threads"]
+    assert answer[0]["steps"] == [["escalate", "done"]] and answer[0]["output"] == {
+        "type": "ESCALATE",
+        "n": 4,
+    }
+    assert answer[1]["steps"][-1] == ["answer", "done"] and answer[1]["output"] == done["output"]
+    assert [difference(s, f, a) for s, f, a in zip(seqs, folds, answer, strict=True)] == [None, None]
+
+
 @pytest.mark.parametrize("name", ["refund-approval", "refunds", "tool-loop"])
 def test_every_recorded_thread_runs_the_same_in_xstate(
     xstate_install: Path, tmp_path: Path, name: str

@@ -144,10 +144,6 @@ function celEvent (event) {
   return out
 }
 
-function scope (context, event) {
-  return { context, event: celEvent(event) }
-}
-
 /** The decision request an `agent.decide` invoke owes (improve/machine/interpreter.py: _decide_input). */
 function compileDecide (input, where) {
   const name = compile(input.name, `${where}.name`)
@@ -190,12 +186,25 @@ function transitionsOf (spec) {
 /**
  * An XState machine from an exported config. `options.guards` maps a named guard's type to
  * `(context, event, params) => boolean` over JSON values (the Python host's signature);
- * `options.actors` maps an invoke `src` to actor logic. A src without logic gets one that never
+ * `options.actors` maps an invoke `src` to actor logic; `options.input`, when given, is bound as
+ * `input` (and `input.facts` as `facts`) in every expression, not only the context initialisers
+ * (a policy's guards read its decision request: make one machine per request). A src without logic gets one that never
  * settles: whoever drives the machine answers with `xstate.done.actor.<id>` / `xstate.error.actor.<id>`
  * events (`fromLog` makes them from log entries), as the Python runner does.
  */
 export function hostMachine (exported, options = {}) {
   const config = structuredClone(exported)
+  // XState keeps a machine's input only for its context initialiser; a policy reads its decision
+  // request (`input`, `facts`) in every guard, so such a machine is made per input with `options.input`.
+  const bound = 'input' in options ? toCel(options.input) : undefined
+  const scope = (context, event) => {
+    const s = { context, event: celEvent(event) }
+    if (bound !== undefined) {
+      s.input = bound
+      if (bound !== null && typeof bound === 'object' && bound.facts != null) s.facts = bound.facts
+    }
+    return s
+  }
   const named = options.guards ?? {}
   const actors = { ...(options.actors ?? {}) }
   const outputs = new Map()
