@@ -17,6 +17,7 @@ when npm cannot install the pinned packages, the peer reads `{"skipped": reason}
 
 from __future__ import annotations
 
+import os
 import platform
 import shutil
 import statistics
@@ -129,6 +130,8 @@ def xstate_figures(tmp: Path, threads: int, repeat: int) -> dict[str, Any]:
     out["replay_over_xstate"] = round(out["replay_events_per_s"] / peer, 2)
     out["goal"] = f"replay >= {GOAL:g}x XState"
     out["goal_met"] = out["replay_over_xstate"] >= GOAL
+    # Two cores shared with other work make every rate move; the load says how busy the machine was.
+    out["load_average_1m"] = round(os.getloadavg()[0], 2)
     out["note"] = (
         "same event sequences, same run; XState = initialTransition + transition with the CEL host, "
         "events in memory, after one warm-up pass; interpreter = initial + transition, events in memory; "
