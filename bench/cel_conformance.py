@@ -327,7 +327,9 @@ def main() -> None:
     for line in deviations:
         print(f"deviation: {line}", file=sys.stderr)
     xstate = report.get("xstate")
-    differing = xstate.get("differing", 0) if isinstance(xstate, dict) else 0
+    differing = 0
+    if isinstance(xstate, dict):
+        differing = xstate.get("differing", 0) + xstate.get("explored_paths", {}).get("differing", 0)
     for line in xstate.get("first_differences", []) if isinstance(xstate, dict) else []:
         print(f"xstate: {line}", file=sys.stderr)
     if deviations or differing:

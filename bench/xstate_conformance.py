@@ -29,7 +29,15 @@ from bench.xstate_node import NodeUnavailable, install, pins, run_driver
 from improve.errors import ImproveError
 from improve.evals.scenarios import load_scenarios
 from improve.log import JsonlDirStore, LogEntry, Store
-from improve.machine import MachineConfig, compile_machine, initial, to_xstate, transition
+from improve.machine import (
+    ExploreOptions,
+    MachineConfig,
+    branches,
+    compile_machine,
+    initial,
+    to_xstate,
+    transition,
+)
 from improve.runtime import Environment, load_environment
 from improve.runtime.policy import PolicyDecider, compile_policy, load_policy
 from improve.runtime.run import run
@@ -94,6 +102,42 @@ class Sequence:
 def sequence(thread_id: str, entries: list[LogEntry]) -> Sequence:
     events = [e.event for e in entries[1:] if not str(e.event.get("type", "")).startswith("@agent.")]
     return Sequence(thread_id, entries[0].event.get("input"), events)
+
+
+def explored_sequences(env: Environment, limit: int) -> list[Sequence]:
+    """Paths the exploration walks (the environment's probe inputs, boundary payloads, every actor
+    output and failure), depth-first, at most `limit`: one sequence wherever a path ends (a final state,
+    nothing left to try, a snapshot seen before) and one ending in each event no transition takes."""
+    machine = env.machine
+    opts = env.probe or ExploreOptions()
+    inputs = env.probe_inputs or [None]
+    out: list[Sequence] = []
+    for k, inp in enumerate(inputs):
+        budget = len(out) + max(1, limit // len(inputs))
+        try:
+            start = initial(machine, inp)
+        except ImproveError:
+            out.append(Sequence(f"explore:{k}:{len(out)}", inp, []))
+            continue
+        seen = {start.hash()}
+        stack: list[tuple[Any, list[dict[str, Any]]]] = [(start, [])]
+        while stack and len(out) < budget:
+            snap, path = stack.pop()
+            events, cut = branches(machine, snap, opts) if snap.status == "active" else ([], None)
+            if cut or not events or len(path) >= opts.max_depth:
+                out.append(Sequence(f"explore:{k}:{len(out)}", inp, path))
+                continue
+            for event in events:
+                try:
+                    nxt = transition(machine, snap, event)
+                except ImproveError:
+                    nxt = None  # an expression fails on this event: both folds must fail on it
+                if nxt is None or nxt is snap or nxt.hash() in seen:
+                    out.append(Sequence(f"explore:{k}:{len(out)}", inp, [*path, event]))
+                    continue
+                seen.add(nxt.hash())
+                stack.append((nxt, [*path, event]))
+    return out[:limit]
 
 
 # --- the Python side ------------------------------------------------------------------------------
@@ -182,11 +226,8 @@ class Tally:
     diffs: list[str] = field(default_factory=list)
 
 
-def check_environment(name: str, folder: Path, tmp: Path, runs: int = 1) -> Tally:
-    """Record `name`'s threads, fold each both ways, and count the differences."""
-    env = load_environment(name)
-    store = JsonlDirStore(tmp / name)
-    seqs = [sequence(tid, store.read(tid)) for tid in record_threads(env, store, runs)]
+def compare(env: Environment, folder: Path, seqs: list[Sequence]) -> Tally:
+    """Fold each sequence both ways and count the differences."""
     folds = [python_fold(env, s) for s in seqs]
     payload = {
         "mode": "conform",
@@ -206,35 +247,64 @@ def check_environment(name: str, folder: Path, tmp: Path, runs: int = 1) -> Tall
             tally.identical += 1
         else:
             tally.differing += 1
-            tally.diffs.append(f"{name} {seq.id}: {diff}")
+            tally.diffs.append(f"{env.name} {seq.id}: {diff}")
     return tally
 
 
-def xstate_conformance(environments: tuple[str, ...] = ENVIRONMENTS, runs: int = 1) -> dict[str, Any]:
-    """The figures `make conformance` prints for XState, or `{"skipped": reason}` without Node."""
+def check_environment(name: str, folder: Path, tmp: Path, runs: int = 1) -> Tally:
+    """Record `name`'s threads and compare both folds of each."""
+    env = load_environment(name)
+    store = JsonlDirStore(tmp / name)
+    return compare(env, folder, [sequence(tid, store.read(tid)) for tid in record_threads(env, store, runs)])
+
+
+def check_explored(name: str, folder: Path, limit: int) -> Tally:
+    """Compare both folds of up to `limit` paths the exploration of `name` walks."""
+    env = load_environment(name)
+    return compare(env, folder, explored_sequences(env, limit))
+
+
+def _counts(t: Tally) -> dict[str, int]:
+    return {"threads": t.threads, "events": t.events, "identical": t.identical, "differing": t.differing}
+
+
+def _add(total: Tally, t: Tally) -> None:
+    total.threads += t.threads
+    total.events += t.events
+    total.identical += t.identical
+    total.differing += t.differing
+    total.diffs += t.diffs
+
+
+def xstate_conformance(
+    environments: tuple[str, ...] = ENVIRONMENTS, runs: int = 1, explore: int = 300
+) -> dict[str, Any]:
+    """The figures `make conformance` prints for XState, or `{"skipped": reason}` without Node.
+
+    Recorded threads are what the check is for; `explore` paths per environment (boundary payloads,
+    refused events, failing actors) widen it past what the stand-in models happen to do."""
     try:
         folder = install()
     except NodeUnavailable as err:
         return {"skipped": str(err)}
     per_env: dict[str, Any] = {}
-    total = Tally()
+    recorded, explored = Tally(), Tally()
     with tempfile.TemporaryDirectory(prefix="improve-xstate-conf-") as tmp:
         for name in environments:
             print(f"conformance: {name} through XState ...", file=sys.stderr)
             t = check_environment(name, folder, Path(tmp), runs)
-            per_env[name] = {"threads": t.threads, "identical": t.identical, "differing": t.differing}
-            total.threads += t.threads
-            total.identical += t.identical
-            total.differing += t.differing
-            total.events += t.events
-            total.diffs += t.diffs
+            e = check_explored(name, folder, explore) if explore else Tally()
+            per_env[name] = {"recorded": _counts(t), "explored": _counts(e)}
+            _add(recorded, t)
+            _add(explored, e)
     return {
         "peer": ", ".join(f"{k}@{v}" for k, v in sorted(pins().items())),
-        "threads_replayed": total.threads,
-        "events": total.events,
-        "identical": total.identical,
-        "differing": total.differing,
-        "first_differences": total.diffs[:SHOWN_DIFFS],
+        "threads_replayed": recorded.threads,
+        "events": recorded.events,
+        "identical": recorded.identical,
+        "differing": recorded.differing,
+        "explored_paths": _counts(explored),
+        "first_differences": (recorded.diffs + explored.diffs)[:SHOWN_DIFFS],
         "environments": per_env,
     }
 
@@ -243,10 +313,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.xstate_conformance", description=__doc__)
     parser.add_argument("--env", action="append", choices=ENVIRONMENTS, help="only these environments")
     parser.add_argument("--runs", type=int, default=1, help="runs per scenario and model (default 1)")
+    parser.add_argument(
+        "--explore",
+        type=int,
+        default=300,
+        help="explored paths per environment besides (default 300; 0: none)",
+    )
     args = parser.parse_args()
-    report = xstate_conformance(tuple(args.env or ENVIRONMENTS), args.runs)
+    report = xstate_conformance(tuple(args.env or ENVIRONMENTS), args.runs, args.explore)
     print(json.dumps(report, indent=2))
-    if report.get("differing"):
+    if report.get("differing") or report.get("explored_paths", {}).get("differing"):
         raise SystemExit(1)
 
 

@@ -38,13 +38,20 @@ function invokeIdOf (exported, snapshot) {
   return exported.states[snapshot.value]?.invoke?.id
 }
 
+// XState's pure functions catch an expression that throws into `status: 'error'` with the Error as
+// `snapshot.error`; the interpreter raises. Thrown again here, both read as a failure at that event.
+function checked (snap) {
+  if (snap.status === 'error' && snap.error instanceof Error) throw snap.error
+  return snap
+}
+
 function fold (machine, exported, thread, steps) {
   let [snap] = initialTransition(machine, thread.input)
-  steps?.push([snap.value, snap.status])
+  steps?.push([checked(snap).value, snap.status])
   for (const event of thread.events) {
     // An actor delivers nothing to a machine that has finished; the interpreter ignores it too.
     if (snap.status === 'active') [snap] = transition(machine, snap, fromLog(event, invokeIdOf(exported, snap)))
-    steps?.push([snap.value, snap.status])
+    steps?.push([checked(snap).value, snap.status])
   }
   return snap
 }

@@ -28,7 +28,7 @@ from improve.machine.config import (
     transitions_of,
 )
 from improve.machine.describe import describe_mermaid, describe_text, diff_states, to_xstate
-from improve.machine.explore import ExploreOptions, ExploreResult, can_reach, explore_paths
+from improve.machine.explore import ExploreOptions, ExploreResult, branches, can_reach, explore_paths
 from improve.machine.expr import (
     ALLOWED_ROOTS,
     MAX_EXPRESSION_LENGTH,
@@ -90,6 +90,7 @@ __all__ = [
     "StateConfig",
     "Transition",
     "TransitionConfig",
+    "branches",
     "can",
     "can_reach",
     "canonical_hash",
