@@ -110,7 +110,7 @@ def explored_sequences(env: Environment, limit: int) -> list[Sequence]:
     nothing left to try, a snapshot seen before) and one ending in each event no transition takes."""
     machine = env.machine
     opts = env.probe or ExploreOptions()
-    inputs = env.probe_inputs or [None]
+    inputs: list[Any] = list(env.probe_inputs) or [None]
     out: list[Sequence] = []
     for k, inp in enumerate(inputs):
         budget = len(out) + max(1, limit // len(inputs))
