@@ -38,26 +38,29 @@ const cel = new Environment({ homogeneousAggregateLiterals: false })
   .registerVariable('input', 'dyn')
   .registerVariable('facts', 'dyn')
 
-const parsed = new Map()
+const compiled = new Map()
 
-/** A CEL expression compiled once per source text, as a function of the scope. */
+/** A CEL expression compiled once per source text, as a function of the scope. Its errors name the
+ * first place the source was compiled for (the same text elsewhere shares the function). */
 function compile (source, where) {
-  let fn = parsed.get(source)
+  let fn = compiled.get(source)
   if (fn === undefined) {
+    let parsed
     try {
-      fn = cel.parse(source)
+      parsed = cel.parse(source)
     } catch (err) {
       throw new Error(`${where}: CEL does not parse: ${firstLine(err)}`)
     }
-    parsed.set(source, fn)
-  }
-  return (scope) => {
-    try {
-      return fn(scope)
-    } catch (err) {
-      throw new Error(`${where}: \`${source}\` failed: ${firstLine(err)}`)
+    fn = (scope) => {
+      try {
+        return parsed(scope)
+      } catch (err) {
+        throw new Error(`${where}: \`${source}\` failed: ${firstLine(err)}`)
+      }
     }
+    compiled.set(source, fn)
   }
+  return fn
 }
 
 function firstLine (err) {
@@ -184,18 +187,19 @@ function transitionsOf (spec) {
 }
 
 /**
- * An XState machine from an exported config. `options.guards` maps a named guard's type to
- * `(context, event, params) => boolean` over JSON values (the Python host's signature);
- * `options.actors` maps an invoke `src` to actor logic; `options.input`, when given, is bound as
- * `input` (and `input.facts` as `facts`) in every expression, not only the context initialisers
- * (a policy's guards read its decision request: make one machine per request). A src without logic gets one that never
- * settles: whoever drives the machine answers with `xstate.done.actor.<id>` / `xstate.error.actor.<id>`
- * events (`fromLog` makes them from log entries), as the Python runner does.
+ * An XState machine from an exported config.
+ *
+ * - `options.guards`: a named guard's implementation per type, `(context, event, params) => boolean`
+ *   over JSON values (the Python host's signature).
+ * - `options.actors`: actor logic per invoke `src`. A src without logic gets one that never settles:
+ *   whoever drives the machine answers with `xstate.done.actor.<id>` / `xstate.error.actor.<id>`
+ *   events (`fromLog` makes them from log entries), as the Python runner does.
+ * - `options.input`: bound as `input` (and `input.facts` as `facts`) in every expression, not only in
+ *   the context initialisers; a policy's guards read its decision request: one machine per request.
  */
 export function hostMachine (exported, options = {}) {
   const config = structuredClone(exported)
-  // XState keeps a machine's input only for its context initialiser; a policy reads its decision
-  // request (`input`, `facts`) in every guard, so such a machine is made per input with `options.input`.
+  // XState keeps a machine's input only for its context initialiser.
   const bound = 'input' in options ? toCel(options.input) : undefined
   const scope = (context, event) => {
     const s = { context, event: celEvent(event) }
@@ -207,7 +211,7 @@ export function hostMachine (exported, options = {}) {
   }
   const named = options.guards ?? {}
   const actors = { ...(options.actors ?? {}) }
-  const outputs = new Map()
+  let outputs = false
   const contextInit = compileTree(config.context ?? {}, 'context')
   const readsInput = treeReadsInput(config.context ?? {})
   config.context = ({ input }) => {
@@ -248,13 +252,13 @@ export function hostMachine (exported, options = {}) {
       // XState passes a root-level final state's output to the machine's output through the
       // done-state event; the event read here is the one that entered the state, as in Python.
       state.output = ({ context, event }) => output(scope(context, event))
-      outputs.set(name, true)
+      outputs = true
     }
   }
-  if (outputs.size) config.output = ({ event }) => event.output
+  if (outputs) config.output = ({ event }) => event.output
   const guards = {
     cel: ({ context, event }, params) => {
-      const result = compile(params.expr, 'guard')(scope(context, event))
+      const result = compile(params.expr, 'guard')(scope(context, event)) // compiled above, by state
       if (typeof result !== 'boolean') throw new Error(`guard \`${params.expr}\` returned ${result}, expected a bool`)
       return result
     }
