@@ -38,9 +38,9 @@ function invokeIdOf (exported, snapshot) {
   return exported.states[snapshot.value]?.invoke?.id
 }
 
-// An expression that throws while XState computes a state on entry (the initial one, eventless
-// transitions) comes back as `status: 'error'` with the Error as `snapshot.error`, where the
-// interpreter raises. Thrown again here, both read as a failure at that event.
+// An expression that throws while XState computes the initial state comes back as `status: 'error'`
+// with the Error as `snapshot.error` (`transition` throws it), where the interpreter raises. Thrown
+// again here, both read as a failure at that event.
 function checked (snap) {
   if (snap.status === 'error' && snap.error instanceof Error) throw snap.error
   return snap
