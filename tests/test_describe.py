@@ -435,6 +435,18 @@ def test_a_policy_runs_in_xstate_with_its_request_bound_as_input(xstate_install:
     assert [difference(s, f, a) for s, f, a in zip(seqs, folds, answer, strict=True)] == [None, None]
 
 
+def test_bench_times_xstate_on_the_same_sequences(xstate_install: Path, tmp_path: Path) -> None:
+    """`make bench`'s xstate section: the three rates from one set of sequences, and their ratios."""
+    from bench.xstate_bench import xstate_figures
+
+    figures = xstate_figures(tmp_path, threads=60, repeat=1)
+    assert figures["threads"] >= 60 and figures["entries"] > figures["events"] > figures["threads"]
+    peer = figures["xstate"]["events_per_s"]
+    assert peer > 0 and figures["interpreter_events_per_s"] > 0 and figures["replay_events_per_s"] > 0
+    assert figures["replay_over_xstate"] == pytest.approx(figures["replay_events_per_s"] / peer, abs=0.01)
+    assert figures["goal_met"] == (figures["replay_over_xstate"] >= 3.0)
+
+
 @pytest.mark.parametrize("name", ["refund-approval", "refunds", "tool-loop"])
 def test_every_recorded_thread_runs_the_same_in_xstate(
     xstate_install: Path, tmp_path: Path, name: str
