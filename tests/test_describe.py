@@ -444,6 +444,7 @@ def test_bench_times_xstate_on_the_same_sequences(xstate_install: Path, tmp_path
     peer = figures["xstate"]["events_per_s"]
     assert peer > 0 and figures["interpreter_events_per_s"] > 0 and figures["replay_events_per_s"] > 0
     assert figures["replay_over_xstate"] == pytest.approx(figures["replay_events_per_s"] / peer, abs=0.01)
+    assert len(figures["xstate"]["events_per_s_each_round"]) == 1
     assert figures["goal_met"] == (figures["replay_over_xstate"] >= 3.0)
 
 
