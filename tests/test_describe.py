@@ -1,4 +1,4 @@
-"""describe_text, describe_mermaid, to_xstate and diff_states over the refund-approval example."""
+"""describe_text, describe_mermaid, to_xstate (and the export run in XState v5 by the JS host) and diff_states."""
 
 from __future__ import annotations
 
