@@ -9,8 +9,11 @@ verdicts Python gave on the same thread, keyed by guard, params, context and eve
 one anywhere Python did not is reported. A thread differs when the state and status after any event,
 the final context or the output differ (numbers compare by value: `90` is `90.0`).
 
-Prints JSON: per environment and in total, threads replayed, identical and differing, with the first
-few differences. Exits 1 when any thread differs. Without Node, or when npm cannot install the pinned
+Besides, up to `--explore` paths per environment that the exploration walks (probe inputs, boundary
+payloads, refused events, failing actors) are compared the same way.
+
+Prints JSON: per environment and in total, threads replayed, identical and differing (and the same for
+the explored paths), with the first few differences. Exits 1 when any differs. Without Node, or when npm cannot install the pinned
 packages, prints `{"skipped": reason}` and exits 0. Not a test: the first run downloads from npm.
 """
 
@@ -20,7 +23,7 @@ import argparse
 import json
 import sys
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +34,7 @@ from improve.evals.scenarios import load_scenarios
 from improve.log import JsonlDirStore, LogEntry, Store
 from improve.machine import (
     ExploreOptions,
+    GuardFn,
     MachineConfig,
     branches,
     compile_machine,
@@ -151,9 +155,6 @@ class Fold:
     status: str = ""
     failure: str | None = None
     guards: dict[str, bool] = field(default_factory=dict)
-
-
-GuardFn = Callable[[Mapping[str, Any], Mapping[str, Any], Mapping[str, Any]], bool]
 
 
 def python_fold(env: Environment, seq: Sequence) -> Fold:
