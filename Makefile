@@ -41,7 +41,7 @@ lint: $(STAMP) ## ruff, mypy, and the layering contract (import-linter)
 clean: ## Remove the virtualenv and generated traces
 	rm -rf $(VENV) traces build
 
-conformance: $(STAMP) ## Download CEL's conformance suite (npm) and run it through both CEL paths
+conformance: $(STAMP) ## CEL's conformance suite (npm) through both CEL paths; every bundled thread through XState v5
 	@$(BIN)/python -m bench.cel_conformance
 
 hostile: $(STAMP) ## Run the table of hostile inputs (issue 14) against the CLI; prints counts as JSON

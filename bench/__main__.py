@@ -14,6 +14,7 @@ from bench.replay_bench import replay_figures
 from bench.round_bench import round_figures
 from bench.startup_bench import startup_figures
 from bench.warehouse_bench import warehouse_figures
+from bench.xstate_bench import xstate_figures
 
 
 def main() -> None:
@@ -23,8 +24,11 @@ def main() -> None:
     parser.add_argument("--ingest-threads", type=int, default=20_000, help="threads in the ingest corpus")
     parser.add_argument(
         "--only",
-        choices=["startup", "replay", "warehouse", "explore", "round", "chat"],
+        choices=["startup", "replay", "xstate", "warehouse", "explore", "round", "chat"],
         help="run one section",
+    )
+    parser.add_argument(
+        "--xstate-threads", type=int, default=2_000, help="refund-approval threads run through XState"
     )
     args = parser.parse_args()
     figures: dict[str, object] = {"machine": {"cores": __import__("os").cpu_count()}}
@@ -35,6 +39,13 @@ def main() -> None:
         if args.only in (None, "replay"):
             print(f"bench: replay over {args.threads} threads ...", file=sys.stderr)
             figures["replay"] = replay_figures(Path(tmp), args.threads, args.repeat)
+        if args.only in (None, "xstate"):
+            print(
+                f"bench: {args.xstate_threads} refund-approval threads through XState v5 (Node), the "
+                "interpreter and replay ...",
+                file=sys.stderr,
+            )
+            figures["xstate"] = xstate_figures(Path(tmp), args.xstate_threads, args.repeat)
         if args.only in (None, "explore"):
             print("bench: exploration proof ...", file=sys.stderr)
             figures["explore"] = explore_figures(args.repeat)

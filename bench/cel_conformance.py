@@ -11,7 +11,9 @@ many were accepted, refused, passed and failed, as JSON on stdout.
 It exits 1 on any deviation inside the subset docs/contracts.md declares supported: a case whose
 expression the fast path covers (`compile_fast` is not None) that either path gets wrong, or any case
 on which the two paths disagree. Cases outside that subset are counted and reported, not enforced.
-Not a test: tests make no network calls.
+Then it replays every bundled environment's recorded threads through XState v5 with the JS host
+(`bench/xstate_conformance.py`, under the key `xstate`; `--no-xstate` leaves it out) and exits 1 too
+when any thread runs differently there. Not a test: tests make no network calls.
 """
 
 from __future__ import annotations
@@ -259,6 +261,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.cel_conformance", description=__doc__)
     parser.add_argument("--version", default=VERSION, help=f"{PACKAGE} version (default {VERSION})")
     parser.add_argument("--failures", action="store_true", help="list every failing case on stderr")
+    parser.add_argument(
+        "--no-xstate", action="store_true", help="skip the XState check (bench/xstate_conformance.py)"
+    )
     args = parser.parse_args()
     print(f"conformance: downloading {PACKAGE}@{args.version} ...", file=sys.stderr)
     source, version = download(args.version)
@@ -309,6 +314,11 @@ def main() -> None:
             for name, t in sorted(sections.items())
         },
     }
+    if not args.no_xstate:
+        # The exported machines run in XState v5 through the JS host, thread by thread (issue 16).
+        from bench.xstate_conformance import xstate_conformance
+
+        report["xstate"] = xstate_conformance()
     print(json.dumps(report, indent=2))
     if args.failures:
         for t in sections.values():
@@ -316,7 +326,13 @@ def main() -> None:
                 print(f"fail: {line}", file=sys.stderr)
     for line in deviations:
         print(f"deviation: {line}", file=sys.stderr)
-    if deviations:
+    xstate = report.get("xstate")
+    differing = 0
+    if isinstance(xstate, dict):
+        differing = xstate.get("differing", 0) + xstate.get("explored_paths", {}).get("differing", 0)
+    for line in xstate.get("first_differences", []) if isinstance(xstate, dict) else []:
+        print(f"xstate: {line}", file=sys.stderr)
+    if deviations or differing:
         raise SystemExit(1)
 
 

@@ -1,4 +1,4 @@
-"""describe_text, describe_mermaid, to_xstate and diff_states over the refund-approval example."""
+"""describe_text, describe_mermaid, to_xstate (and the export run in XState v5 by the JS host) and diff_states."""
 
 from __future__ import annotations
 
@@ -221,6 +221,7 @@ def test_to_xstate(refund: MachineConfig, raw: dict[str, Any]) -> None:
     }
     assert cls["on"]["ESCALATE"] == {"target": "approving"}
     assert cls["invoke"]["src"] == "agent.decide"
+    assert cls["invoke"]["id"] == "classifying"  # the interpreter's actor id, which the log's events carry
     assert cls["invoke"]["input"] == raw["states"]["classifying"]["invoke"]["input"]
     assert cls["invoke"]["onError"] == {"target": "refused"}
     assert "maxRetries" not in cls["invoke"]
@@ -254,11 +255,31 @@ def test_to_xstate_choice_becomes_always_and_named_guards_stay() -> None:
     ]
     assert x["states"]["ask-model"]["invoke"] == {
         "src": "model.decide",
+        "id": "ask-model",
         "input": {"model": "'decider'"},
         "onDone": {"target": "answer"},
         "onError": {"target": "escalate"},
     }
     assert x["states"]["answer"] == {"type": "final", "output": "event.output"}
+
+
+def test_to_xstate_self_transition_reenters_as_the_interpreter_does() -> None:
+    """The interpreter enters a state again on a transition to itself (its actor is owed anew); XState
+    keeps the running actor unless the transition says `reenter`."""
+    config = parse_machine(
+        {
+            "id": "m",
+            "version": "1",
+            "initial": "a",
+            "states": {
+                "a": {"invoke": {"src": "work"}, "on": {"AGAIN": {"target": "a"}, "DONE": {"target": "b"}}},
+                "b": {"type": "final"},
+            },
+        },
+        "m.json",
+    )
+    on = to_xstate(config)["states"]["a"]["on"]
+    assert on == {"AGAIN": {"target": "a", "reenter": True}, "DONE": {"target": "b"}}
 
 
 def test_to_xstate_does_not_alias_the_config(refund: MachineConfig) -> None:
@@ -269,6 +290,173 @@ def test_to_xstate_does_not_alias_the_config(refund: MachineConfig) -> None:
     approve = refund.states["approving"].on["APPROVE"]
     assert isinstance(approve, TransitionConfig)
     assert approve.assign == {"approved": "true", "approver": "has(event.approver) ? event.approver : ''"}
+
+
+# --- XState host: the export run in XState v5 (Node), against the interpreter ----------------------
+
+
+@pytest.fixture(scope="module")
+def xstate_install() -> Path:
+    """The pinned xstate + cel-js install in the cache; skipped without Node or without one (no download)."""
+    from bench.xstate_node import NodeUnavailable, cache_dir, installed, node
+
+    try:
+        node()
+    except NodeUnavailable as err:
+        pytest.skip(str(err))
+    folder = installed()
+    if folder is None:
+        pytest.skip(
+            f"no cached XState install at {cache_dir()}: `make conformance` (or `make bench`) installs it "
+            "once with npm; tests never download"
+        )
+    return folder
+
+
+def _refund_thread(events: list[dict[str, Any]]) -> Any:
+    from bench.xstate_conformance import Sequence
+
+    return Sequence("by-hand", {"amount": 500, "reason": "broken on arrival"}, events)
+
+
+def _xstate_fold(folder: Path, exported: dict[str, Any], seq: Any, guards: dict[str, bool]) -> dict[str, Any]:
+    from bench.xstate_node import run_driver
+
+    threads = [{"id": seq.id, "input": seq.input, "events": seq.events, "guards": guards}]
+    answer: dict[str, Any] = run_driver(folder, {"mode": "conform", "machine": exported, "threads": threads})
+    return answer["threads"][0]
+
+
+def test_refund_approval_export_runs_in_xstate_as_in_python(xstate_install: Path) -> None:
+    from bench.xstate_conformance import difference, python_fold
+    from improve.runtime import load_environment
+
+    env = load_environment("refund-approval")
+    seq = _refund_thread([{"type": "ESCALATE"}, {"type": "APPROVE", "approver": "dana"}])
+    ours = python_fold(env, seq)
+    theirs = _xstate_fold(xstate_install, to_xstate(env.config), seq, ours.guards)
+    assert theirs["steps"] == [["classifying", "active"], ["approving", "active"], ["issued", "done"]]
+    assert theirs["context"] == {
+        "amount": 500,
+        "reason": "broken on arrival",
+        "approved": True,
+        "approver": "dana",
+    }
+    assert theirs["output"] == {"outcome": "issued", "amount": 500, "approved": True}
+    assert ours.steps == theirs["steps"] and difference(seq, ours, theirs) is None
+
+
+def test_xstate_conformance_reports_a_machine_that_runs_differently(xstate_install: Path) -> None:
+    """Without APPROVE's assign (what XState did without the host's `xstate.assign`), XState pays an
+    unapproved refund: the check names the event and both states."""
+    from bench.xstate_conformance import difference, python_fold
+    from improve.runtime import load_environment
+
+    env = load_environment("refund-approval")
+    seq = _refund_thread([{"type": "ESCALATE"}, {"type": "APPROVE"}])
+    exported = to_xstate(env.config)
+    del exported["states"]["approving"]["on"]["APPROVE"]["actions"]
+    theirs = _xstate_fold(xstate_install, exported, seq, {})
+    assert theirs["steps"][-1] == ["illegallyIssued", "done"]
+    diff = difference(seq, python_fold(env, seq), theirs)
+    assert diff == "after event 2 (APPROVE): python issued/done, xstate illegallyIssued/done"
+
+
+def test_a_named_guard_python_never_asked_is_a_difference(xstate_install: Path) -> None:
+    """Named guards are Python host code: XState gets Python's verdicts, and asking one elsewhere fails."""
+    from bench.xstate_conformance import Sequence, difference, python_fold, record_threads, sequence
+    from improve.log import MemoryStore
+    from improve.runtime import load_environment
+
+    env = load_environment("refunds")
+    store = MemoryStore()
+    seqs = [sequence(t, store.read(t)) for t in record_threads(env, store)]
+    seq: Sequence = next(s for s in seqs if python_fold(env, s).guards)  # a thread that reaches the guard
+    ours = python_fold(env, seq)
+    assert (
+        difference(seq, ours, _xstate_fold(xstate_install, to_xstate(env.config), seq, ours.guards)) is None
+    )
+    theirs = _xstate_fold(xstate_install, to_xstate(env.config), seq, {})
+    assert "named guard 'illegalRefund' asked where the Python run never asked it" in theirs["failure"]
+    assert difference(seq, ours, theirs) is not None
+
+
+def test_a_policy_runs_in_xstate_with_its_request_bound_as_input(xstate_install: Path) -> None:
+    """A policy's guards read its decision request (`facts`) after start, where XState keeps no input:
+    the host binds it per machine, and the choice, the model's answer and the outputs agree."""
+    from bench.xstate_conformance import Sequence, difference, fold_machine
+    from bench.xstate_node import run_driver
+
+    policy = parse_machine(
+        {
+            "id": "p",
+            "version": "1",
+            "initial": "route",
+            "states": {
+                "route": {
+                    "type": "choice",
+                    "choice": [
+                        {"guard": "facts.customer.refundsLast90d >= 3", "target": "escalate"},
+                        {"target": "ask"},
+                    ],
+                },
+                "ask": {
+                    "invoke": {
+                        "src": "model.decide",
+                        "input": {"model": "'decider'"},
+                        "onDone": {"target": "answer"},
+                    }
+                },
+                "answer": {"type": "final", "output": "event.output"},
+                "escalate": {
+                    "type": "final",
+                    "output": {"type": "'ESCALATE'", "n": "facts.customer.refundsLast90d"},
+                },
+            },
+        },
+        "p.json",
+    )
+    done = {"type": "xstate.done.actor", "actorId": "ask", "output": {"type": "REFUND", "amount": 12.5}}
+    seqs = [
+        Sequence("repeat refunder", {"facts": {"customer": {"refundsLast90d": 4}}}, []),
+        Sequence("first refund", {"facts": {"customer": {"refundsLast90d": 0}}}, [done]),
+    ]
+    folds = [fold_machine(policy, {}, {"model.decide"}, s) for s in seqs]
+    threads = [{"id": s.id, "input": s.input, "events": s.events, "guards": {}} for s in seqs]
+    answer = run_driver(
+        xstate_install,
+        {"mode": "conform", "machine": to_xstate(policy), "threads": threads, "bindInput": True},
+    )["threads"]
+    assert answer[0]["steps"] == [["escalate", "done"]] and answer[0]["output"] == {
+        "type": "ESCALATE",
+        "n": 4,
+    }
+    assert answer[1]["steps"][-1] == ["answer", "done"] and answer[1]["output"] == done["output"]
+    assert [difference(s, f, a) for s, f, a in zip(seqs, folds, answer, strict=True)] == [None, None]
+
+
+def test_bench_times_xstate_on_the_same_sequences(xstate_install: Path, tmp_path: Path) -> None:
+    """`make bench`'s xstate section: the three rates from one set of sequences, and their ratios."""
+    from bench.xstate_bench import xstate_figures
+
+    figures = xstate_figures(tmp_path, threads=60, repeat=1)
+    assert figures["threads"] >= 60 and figures["entries"] > figures["events"] > figures["threads"]
+    peer = figures["xstate"]["events_per_s"]
+    assert peer > 0 and figures["interpreter_events_per_s"] > 0 and figures["replay_events_per_s"] > 0
+    assert figures["replay_over_xstate"] == pytest.approx(figures["replay_events_per_s"] / peer, abs=0.01)
+    assert len(figures["xstate"]["events_per_s_each_round"]) == 1
+    assert figures["goal_met"] == (figures["replay_over_xstate"] >= 3.0)
+
+
+@pytest.mark.parametrize("name", ["refund-approval", "refunds", "tool-loop"])
+def test_every_recorded_thread_runs_the_same_in_xstate(
+    xstate_install: Path, tmp_path: Path, name: str
+) -> None:
+    from bench.xstate_conformance import check_environment
+
+    tally = check_environment(name, xstate_install, tmp_path)
+    assert tally.threads > 20 and tally.events > tally.threads
+    assert tally.diffs == [] and tally.identical == tally.threads
 
 
 # --- diff -----------------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ from improve.machine.config import (
 )
 from improve.machine.describe import describe_mermaid, describe_text, diff_states, mermaid_label, to_xstate
 from improve.machine.diagram import describe_svg
-from improve.machine.explore import ExploreOptions, ExploreResult, can_reach, explore_paths
+from improve.machine.explore import ExploreOptions, ExploreResult, branches, can_reach, explore_paths
 from improve.machine.expr import (
     ALLOWED_ROOTS,
     MAX_EXPRESSION_LENGTH,
@@ -91,6 +91,7 @@ __all__ = [
     "StateConfig",
     "Transition",
     "TransitionConfig",
+    "branches",
     "can",
     "can_reach",
     "canonical_hash",

@@ -7,8 +7,9 @@ All functions here are pure: they read a `MachineConfig` and return text or plai
 - `describe_mermaid`: a `stateDiagram-v2` that GitHub renders inside markdown; sentinel finals and
   states named in `highlight` (e.g. those a policy diff touched) get their own classes.
 - `to_xstate`: XState v5 machine JSON for Stately's tools. CEL guards become
-  `{"type": "cel", "params": {"expr": ...}}`, `assign` becomes an `xstate.assign` action and `choice`
-  states become `always` transitions (XState has no choice type).
+  `{"type": "cel", "params": {"expr": ...}}`, `assign` becomes an `xstate.assign` action, `choice`
+  states become `always` transitions (XState has no choice type), every invoke is given its id (the
+  state's name unless set) and a transition to its own state re-enters it (`reenter: true`), as here. `xstate_host/host.mjs` runs the export in XState (docs/xstate.md).
 - `diff_states`: the states added, removed or changed between two configs.
 """
 
@@ -321,10 +322,14 @@ def _xstate_guard(guard: str | NamedGuard) -> dict[str, Any]:
     return {"type": "cel", "params": {"expr": guard}}
 
 
-def _xstate_transition(t: TransitionConfig) -> dict[str, Any]:
+def _xstate_transition(t: TransitionConfig, source: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if t.target is not None:
         out["target"] = t.target
+        if t.target == source:
+            # The interpreter enters the state again (its actor is owed anew); XState v5 stays
+            # without re-entering, keeping the running actor, unless told to re-enter.
+            out["reenter"] = True
     if t.guard is not None:
         out["guard"] = _xstate_guard(t.guard)
     if t.assign:
@@ -334,12 +339,12 @@ def _xstate_transition(t: TransitionConfig) -> dict[str, Any]:
     return out
 
 
-def _xstate_transitions(spec: TransitionSpec | None) -> Any:
-    items = [_xstate_transition(t) for t in transitions_of(spec)]
+def _xstate_transitions(spec: TransitionSpec | None, source: str) -> Any:
+    items = [_xstate_transition(t, source) for t in transitions_of(spec)]
     return items[0] if len(items) == 1 else items
 
 
-def _xstate_state(state: StateConfig) -> dict[str, Any]:
+def _xstate_state(name: str, state: StateConfig) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if state.type in ("final", "atomic"):
         out["type"] = state.type
@@ -350,25 +355,25 @@ def _xstate_state(state: StateConfig) -> dict[str, Any]:
     meta = copy.deepcopy(state.meta)
     if state.invoke is not None:
         inv = state.invoke
-        invoke: dict[str, Any] = {"src": inv.src}
-        if inv.id is not None:
-            invoke["id"] = inv.id
+        # Always named: XState's default id (`machine.state[0]`) is not the interpreter's (the state's
+        # name), and the log's actor events carry the interpreter's (`actorId`).
+        invoke: dict[str, Any] = {"src": inv.src, "id": inv.id or name}
         if inv.input is not None:
             invoke["input"] = copy.deepcopy(inv.input)
         if inv.onDone is not None:
-            invoke["onDone"] = _xstate_transitions(inv.onDone)
+            invoke["onDone"] = _xstate_transitions(inv.onDone, name)
         if inv.onError is not None:
-            invoke["onError"] = _xstate_transitions(inv.onError)
+            invoke["onError"] = _xstate_transitions(inv.onError, name)
         if inv.maxRetries is not None:
             meta["maxRetries"] = inv.maxRetries  # not an XState invoke field; kept for the round trip
         out["invoke"] = invoke
     if state.on:
-        out["on"] = {ev: _xstate_transitions(spec) for ev, spec in state.on.items()}
+        out["on"] = {ev: _xstate_transitions(spec, name) for ev, spec in state.on.items()}
     # XState has no choice type: the branches are eventless transitions, tried in order on entry
     # (the interpreter takes `choice` over `always` when both are given).
     branches = state.choice if state.choice else transitions_of(state.always)
     if branches:
-        out["always"] = [_xstate_transition(t) for t in branches]
+        out["always"] = [_xstate_transition(t, name) for t in branches]
     if state.output is not None:
         out["output"] = copy.deepcopy(state.output)
     if meta:
@@ -395,7 +400,7 @@ def to_xstate(config: MachineConfig) -> dict[str, Any]:
     out["initial"] = config.initial
     out["context"] = copy.deepcopy(config.context)
     out["meta"] = meta
-    out["states"] = {name: _xstate_state(state) for name, state in config.states.items()}
+    out["states"] = {name: _xstate_state(name, state) for name, state in config.states.items()}
     return out
 
 
