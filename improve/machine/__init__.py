@@ -13,8 +13,10 @@ from improve.machine.config import (
     DECIDE_SRC,
     MAX_DEPTH,
     MODEL_DECIDE,
+    RESUMABLE_STATUSES,
     SENTINEL_PREFIX,
     SENTINEL_TAG,
+    WAITING_STATUS,
     DecideInputConfig,
     InvokeConfig,
     MachineConfig,
@@ -28,7 +30,7 @@ from improve.machine.config import (
     transitions_of,
 )
 from improve.machine.describe import describe_mermaid, describe_text, diff_states, to_xstate
-from improve.machine.explore import ExploreOptions, ExploreResult, can_reach, explore_paths
+from improve.machine.explore import ExploreOptions, ExploreResult, ResumeBound, can_reach, explore_paths
 from improve.machine.expr import (
     ALLOWED_ROOTS,
     MAX_EXPRESSION_LENGTH,
@@ -56,6 +58,7 @@ from improve.machine.interpreter import (
 from improve.machine.lint import has_errors, lint
 from improve.machine.rules import RuleEval, RuleResult, run_rule_evals, uncovered
 from improve.machine.snapshot import Invocation, Snapshot, canonical_hash, canonical_json
+from improve.machine.waits import payload_problem, wait_status, waiting_for
 from improve.machine.walk import Constant, Expression, edges, expressions, literals, state_path
 
 __all__ = [
@@ -67,12 +70,15 @@ __all__ = [
     "MAX_DEPTH",
     "MAX_EXPRESSION_LENGTH",
     "MODEL_DECIDE",
+    "RESUMABLE_STATUSES",
     "SENTINEL_PREFIX",
     "SENTINEL_TAG",
+    "WAITING_STATUS",
     "Constant",
     "DecideInputConfig",
     "ExploreOptions",
     "ExploreResult",
+    "ResumeBound",
     "Expr",
     "Expression",
     "Formula",
@@ -111,6 +117,7 @@ __all__ = [
     "loads_document",
     "parse_formula",
     "parse_machine",
+    "payload_problem",
     "referenced_paths",
     "refusing_guard",
     "run_rule_evals",
@@ -120,4 +127,6 @@ __all__ = [
     "transition",
     "transitions_of",
     "uncovered",
+    "wait_status",
+    "waiting_for",
 ]

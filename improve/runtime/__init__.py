@@ -1,4 +1,4 @@
-"""Running a machine: environments, the decision protocol, models, policies, journaled runs."""
+"""Running a machine: environments, the decision protocol, models, policies, journaled runs, resumes."""
 
 from improve.errors import ActorFailure, ModelCallError, WorldFromThreadError
 from improve.runtime.chat import ChatModel, ChatSession
@@ -41,6 +41,7 @@ from improve.runtime.policy import (
     read_document_text,
 )
 from improve.runtime.recorded import ActorCall, PersonAnswer, RecordedThread, read_thread
+from improve.runtime.resume import ResumeResult, resume, world_at
 from improve.runtime.run import DEFAULT_MAX_MODEL_CALLS, Journal, RunResult, run
 from improve.runtime.vocabulary import Vocabulary, vocabulary
 
@@ -70,6 +71,7 @@ __all__ = [
     "PersonAnswer",
     "PolicyDecider",
     "RecordedThread",
+    "ResumeResult",
     "RunResult",
     "StandInModel",
     "Usage",
@@ -88,7 +90,9 @@ __all__ = [
     "option",
     "read_document_text",
     "read_thread",
+    "resume",
     "run",
     "stand_in",
     "vocabulary",
+    "world_at",
 ]
