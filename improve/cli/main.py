@@ -38,6 +38,7 @@ from improve.cli.policy import (
     verify_command,
     vocabulary_command,
 )
+from improve.cli.resume import resume_command, waiting_command
 from improve.cli.tape import tape_app
 from improve.cli.unseal import record_unsealing_of
 from improve.cli.warehouse import export_command, ingest_command, sql_command
@@ -80,6 +81,14 @@ def run_command(
     ] = None,
     scenario: Annotated[list[str] | None, typer.Option("--scenario", help="Only these scenario ids.")] = None,
     fresh: Annotated[bool, typer.Option("--fresh", help="Run again even when threads are recorded.")] = False,
+    suspend: Annotated[
+        bool,
+        typer.Option(
+            "--suspend",
+            help="Nobody answers waiting states (the scenarios' people scripts are not read): each run stops "
+            "at its first wait, status waiting, for `improve resume` to continue.",
+        ),
+    ] = False,
     cache: Annotated[CacheMode, CacheOption] = CacheMode.record,
     concurrency: Annotated[int, typer.Option("--concurrency", min=1, help="Runs in flight at once.")] = 8,
     unseal: Annotated[
@@ -105,6 +114,7 @@ def run_command(
 
         improve run --env refunds --policy v0 --model naive --split train --k 3
         improve run --model openai:gpt-4.1-mini --k 3 --cache record
+        improve run --env refund-approval --scenario large-approved-01 --k 1 --suspend
     """
     with handled():
         space = workspace(ws)
@@ -136,6 +146,7 @@ def run_command(
             model_spec=space.model_spec(model, environment),
             cache_dir=str(space.cache_dir),
             cache_mode=cache.value,
+            people=not suspend,
         )
         meter = Meter()
         store = JsonlDirStore(space.traces)
@@ -511,6 +522,8 @@ app.command("export")(export_command)
 app.command("verify")(verify_command)
 app.command("vocabulary")(vocabulary_command)
 app.command("explore")(explore_command)
+app.command("resume")(resume_command)
+app.command("waiting")(waiting_command)
 app.command("schema")(schema_command)
 app.command("lock")(lock_command)
 app.command("score")(score_command)
@@ -522,3 +535,7 @@ app.command("init")(init_command)
 app.add_typer(tape_app, name="tape")
 app.add_typer(scenarios_app, name="scenarios")
 app.add_typer(parity_app, name="parity")
+
+
+if __name__ == "__main__":  # `python -m improve.cli.main ...`, as the console script runs it
+    app()

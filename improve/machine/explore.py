@@ -64,7 +64,8 @@ class ResumeBound:
     """How often one path can stop in a waiting state and be resumed."""
 
     max_resumes: int | None
-    """The most waiting states one path passes through (each is a stop and a resume); None: unbounded."""
+    """The most resumes one path can take: waiting snapshots it passes through and leaves again; None:
+    unbounded (a cycle of snapshots runs through a waiting state)."""
     loop: list[dict[str, Any]] | None = None
     """When unbounded: the events from the start to a waiting state, then round a cycle back to it."""
     loop_state: str | None = None
@@ -266,7 +267,8 @@ class _Graph:
         # Tarjan's components come out in reverse topological order, so each one's successors are done.
         best: list[int] = []
         for members in components:
-            own = sum(node in self.waits for node in members)
+            # A wait with a way out is a stop and a resume; one without (every event refused) only a stop.
+            own = sum(node in self.waits and bool(self.edges.get(node)) for node in members)
             after = [
                 best[component_of[k]] for node in members for _, k in self.edges.get(node, ()) if component_of[k] != len(best)
             ]

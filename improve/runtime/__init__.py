@@ -41,7 +41,7 @@ from improve.runtime.policy import (
     read_document_text,
 )
 from improve.runtime.recorded import ActorCall, PersonAnswer, RecordedThread, read_thread
-from improve.runtime.resume import ResumeResult, resume, world_at
+from improve.runtime.resume import ResumeResult, WaitingThread, fold_thread, resume, world_at
 from improve.runtime.run import DEFAULT_MAX_MODEL_CALLS, Journal, RunResult, run
 from improve.runtime.vocabulary import Vocabulary, vocabulary
 
@@ -76,6 +76,7 @@ __all__ = [
     "StandInModel",
     "Usage",
     "Vocabulary",
+    "WaitingThread",
     "World",
     "WorldFromThread",
     "WorldFromThreadError",
@@ -83,6 +84,7 @@ __all__ = [
     "check_answer",
     "compile_policy",
     "first_option",
+    "fold_thread",
     "load_environment",
     "load_json",
     "load_machine",

@@ -112,7 +112,7 @@ def resume(
     `world` is the world as the run left it (`world_at` for a fixture's); `people` may script answers to
     later waits, as a scenario's do. Raises `ResumeRefusedError` (its `kind` says which check) with
     nothing journaled when the thread or the event is refused."""
-    folded = fold(env, store, thread_id)
+    folded = fold_thread(env, store, thread_id)
     entries = folded.entries
     if not isinstance(event, dict) or not isinstance(event.get("type"), str) or not event["type"]:
         raise ResumeRefusedError(
@@ -145,7 +145,7 @@ def resume(
     return ResumeResult(result, event_id, written.index, duplicate=False)
 
 
-def fold(env: Environment, store: Store, thread_id: str) -> WaitingThread:
+def fold_thread(env: Environment, store: Store, thread_id: str) -> WaitingThread:
     """The thread read and replayed with every hash checked; refused when it does not verify or was
     recorded by another environment or version."""
     entries = store.read(thread_id) if store.exists(thread_id) else []
