@@ -35,7 +35,7 @@ from improve.loop import (
     run_gates,
 )
 from improve.machine import ExploreOptions, MachineConfig, can_reach, explore_paths, loads_document
-from improve.runtime import Environment, read_document_text, vocabulary
+from improve.runtime import Environment, prove_resumes, read_document_text, vocabulary
 
 LOCK_NAME = "environment.lock.json"
 
@@ -167,7 +167,9 @@ def explore_command(
 
     The world is the environment's probe: payload values at the rules' boundaries, every output each
     tool may give, tools that fail. "Unreachable" with complete=true is a proof relative to it. Exits 1
-    when the target is reachable (a witness path is printed).
+    when the target is reachable (a witness path is printed). It also proves the resume paths within
+    their budgets: with a fresh budget per resume (the environment's resume_budget), the resumes along
+    every path must be finitely many; an unbounded resume loop is printed and exits 1 too.
 
     Example:
 
@@ -203,8 +205,16 @@ def explore_command(
                         "transitions": full.transitions,
                     }
                 )
+        proof = prove_resumes(environment, inputs, options)
+        run_budget = space.config.objective.max_model_calls
         if as_json:
-            emit_json({"environment": environment.name, "results": rows})
+            emit_json(
+                {
+                    "environment": environment.name,
+                    "results": rows,
+                    "resumes": {**proof.to_json(), "most_model_calls": proof.most_calls(run_budget)},
+                }
+            )
         else:
             table = Table(title=f"exploring {environment.name}")
             for column in ("target", "input", "reachable", "proof", "states", "terminals"):
@@ -224,7 +234,9 @@ def explore_command(
                     out.print(f"witness for {r['target']}:", markup=False)
                     for step in r["witness"] or []:
                         out.print(f"  {json.dumps(step)}", markup=False)
-        if reachable:
+            mark = "" if proof.holds else "FAILED: "
+            out.print(f"resumes: {mark}{proof.summary(run_budget)}", markup=False)
+        if reachable or not proof.holds:
             raise typer.Exit(EXIT_FAILED)
 
 

@@ -41,6 +41,7 @@ from improve.runtime.policy import (
     read_document_text,
 )
 from improve.runtime.recorded import ActorCall, PersonAnswer, RecordedThread, read_thread
+from improve.runtime.resume_bound import ResumeProof, prove_resumes, resume_proof
 from improve.runtime.resume import ResumeResult, WaitingThread, fold_thread, resume, world_at
 from improve.runtime.run import DEFAULT_MAX_MODEL_CALLS, Journal, RunResult, run
 from improve.runtime.vocabulary import Vocabulary, vocabulary
@@ -71,6 +72,7 @@ __all__ = [
     "PersonAnswer",
     "PolicyDecider",
     "RecordedThread",
+    "ResumeProof",
     "ResumeResult",
     "RunResult",
     "StandInModel",
@@ -92,7 +94,9 @@ __all__ = [
     "option",
     "read_document_text",
     "read_thread",
+    "prove_resumes",
     "resume",
+    "resume_proof",
     "run",
     "stand_in",
     "vocabulary",
