@@ -108,7 +108,13 @@ def _schema(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
 
 
 def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
     for name, kinds in PAYLOAD_TYPES.items():
-        if isinstance(value, kinds) and not (isinstance(value, bool) and name != "boolean"):
+        if isinstance(value, kinds):
             return name
-    return "null" if value is None else type(value).__name__
+    return type(value).__name__

@@ -121,11 +121,14 @@ def resume(
             kind="unknown-event",
         )
     event = dict(event)
-    earlier = _earlier(entries, event, event_id)
+    replayed = folded.replayed
+    waiting = replayed.ended is not None and resumable(replayed.ended) and entries[-1].type == END_EVENT
+    # A given id is looked up whatever the thread does now. A derived one names an earlier wait only
+    # when the thread no longer waits: waiting again, the same event is one for the new wait.
+    earlier = _earlier(entries, event, event_id) if event_id is not None or not waiting else None
     if earlier is not None:
         return _again(env, store, thread_id, entries, earlier, event)
-    replayed = folded.replayed
-    if replayed.ended is None or not resumable(replayed.ended) or entries[-1].type != END_EVENT:
+    if not waiting:
         raise ResumeRefusedError(
             f"thread {thread_id} is not waiting: it ended {replayed.ended or 'without an end entry'} in state "
             f"'{replayed.final_state}'; only a run that stopped in a waiting state can be resumed",
@@ -214,8 +217,9 @@ def derived_event_id(wait: LogEntry, event: Mapping[str, Any]) -> str:
 
 
 def _earlier(entries: list[LogEntry], event: dict[str, Any], event_id: str | None) -> int | None:
-    """The position of the entry this event id (given, or derived for each earlier wait) resumed before."""
-    for position, entry in enumerate(entries):
+    """The position of the entry this event id (given, or derived for each earlier wait) resumed before;
+    of the last one, for a derived id the same event took at two waits."""
+    for position, entry in reversed(list(enumerate(entries))):
         resume = (entry.metadata or {}).get(RESUME_KEY)
         if not isinstance(resume, dict):
             continue
