@@ -46,7 +46,10 @@ def worker(bounded: bool = True, resume_budget: int | None = None, version: str 
     """Works by decisions; may checkpoint (waits `checkpointed` for RESUME) or ask (waits `blocked_ask`
     for ANSWER{text}); `bounded` counts the resumes in its context and allows two."""
     back: dict[str, Any] = {"target": "working", "assign": {"resumes": "context.resumes + 1"}}
-    answer: dict[str, Any] = {"target": "working", "assign": {"answer": "event.text", "resumes": "context.resumes + 1"}}
+    answer: dict[str, Any] = {
+        "target": "working",
+        "assign": {"answer": "event.text", "resumes": "context.resumes + 1"},
+    }
     if bounded:
         back["guard"] = answer["guard"] = "context.resumes < 2"
     else:
@@ -95,9 +98,17 @@ def start(env: Environment, decider: Scripted, store: MemoryStore | None = None,
     return store
 
 
-def go_on(env: Environment, store: MemoryStore, event: Any, decider: Scripted | None = None, **kw: Any) -> Any:
+def go_on(
+    env: Environment, store: MemoryStore, event: Any, decider: Scripted | None = None, **kw: Any
+) -> Any:
     return resume(
-        env, store=store, thread_id=THREAD, event=event, decider=decider or Scripted("FINISH"), world=World(), **kw
+        env,
+        store=store,
+        thread_id=THREAD,
+        event=event,
+        decider=decider or Scripted("FINISH"),
+        world=World(),
+        **kw,
     )
 
 
@@ -126,7 +137,10 @@ def test_a_checkpointed_run_resumes_in_the_same_thread_with_a_fresh_budget() -> 
     # The event is journaled right after the wait's end entry, before anything acts on it.
     assert entries[result.entry - 1].type == END_EVENT
     assert resumed.event == {"type": "RESUME"}
-    assert resumed.metadata == {"source": "resume", RESUME_KEY: {"eventId": result.event_id, "maxModelCalls": 3}}
+    assert resumed.metadata == {
+        "source": "resume",
+        RESUME_KEY: {"eventId": result.event_id, "maxModelCalls": 3},
+    }
     assert entries[-1].event == {"type": END_EVENT, "status": "done"}
     replayed = verified(env, store)
     assert (replayed.status, replayed.model_calls, result.run.model_calls) == ("done", 2, 2)
@@ -152,7 +166,10 @@ def test_a_run_blocked_on_a_question_resumes_with_a_typed_answer() -> None:
     for bad, why in [
         ({"type": "ANSWER", "text": 5}, "'ANSWER'.text must be a string, not integer"),
         ({"type": "ANSWER"}, "'ANSWER' needs the field 'text'"),
-        ({"type": "ANSWER", "text": "x", "extra": 1}, "'ANSWER' takes no field 'extra'; its fields are: text"),
+        (
+            {"type": "ANSWER", "text": "x", "extra": 1},
+            "'ANSWER' takes no field 'extra'; its fields are: text",
+        ),
     ]:
         with pytest.raises(ResumeRefusedError, match=why) as refused:
             go_on(env, store, bad)
@@ -209,7 +226,9 @@ def test_the_same_event_id_twice_is_idempotent() -> None:
         go_on(env, store, {"type": "RESUME", "note": "other"}, event_id="hook-1")
     assert refused.value.kind == "event-id-reused"
     # A new id for a thread that is done: not waiting.
-    with pytest.raises(ResumeRefusedError, match="is not waiting: it ended done in state 'finished'") as refused:
+    with pytest.raises(
+        ResumeRefusedError, match="is not waiting: it ended done in state 'finished'"
+    ) as refused:
         go_on(env, store, {"type": "RESUME"}, event_id="hook-2")
     assert refused.value.kind == "not-waiting"
 
@@ -254,13 +273,17 @@ def test_a_resumed_threads_end_entries_are_checked_on_replay() -> None:
     go_on(env, store, {"type": "ANSWER", "text": "yes"})
     entries = store.read(THREAD)
     middle = next(i for i, e in enumerate(entries) if e.type == END_EVENT)
-    changed = entries[middle].model_copy(update={"event": {**entries[middle].event, "status": "checkpointed"}})
+    changed = entries[middle].model_copy(
+        update={"event": {**entries[middle].event, "status": "checkpointed"}}
+    )
     # Chained again after the change, as a forger would: only the status check can see it.
     forged, previous = [], THREAD
     for entry in [*entries[:middle], changed, *entries[middle + 1 :]]:
         forged.append(seal(entry, previous))
         previous = forged[-1].verification.entryHash  # type: ignore[union-attr]
-    with pytest.raises(DivergenceError, match="recorded status 'checkpointed' as it ended, replay derives 'blocked_ask'"):
+    with pytest.raises(
+        DivergenceError, match="recorded status 'checkpointed' as it ended, replay derives 'blocked_ask'"
+    ):
         replay(env.machine, forged, verify=True, thread_id=THREAD)
 
 
@@ -304,7 +327,12 @@ def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     """The real CLI in a new process, as a person (or a webhook handler) would run it."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     return subprocess.run(
-        [sys.executable, "-m", "improve.cli.main", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "improve.cli.main", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
 
 
@@ -328,17 +356,23 @@ def test_the_refund_desk_waits_for_approval_then_resumes_in_a_new_process_and_sc
 ) -> None:
     space = desk(tmp_path / "suspended")
     # Process 1: the run reaches the approval wait, nobody answers, the process ends.
-    ran = as_json(cli("run", "--scenario", SCENARIO, "--model", "careful", "--k", "1", "--suspend", "--json", cwd=space))
+    ran = as_json(
+        cli("run", "--scenario", SCENARIO, "--model", "careful", "--k", "1", "--suspend", "--json", cwd=space)
+    )
     assert [(t["final_state"], t["status"]) for t in ran["threads"]] == [("approving", "waiting")]
     end = json.loads((space / "traces" / f"{APPROVAL}.jsonl").read_text().splitlines()[-1])["event"]
     assert end["status"] == "waiting" and end["state"] == "approving"
     assert [w["type"] for w in end["waitingFor"]] == ["APPROVE", "REJECT"]
     waiting = as_json(cli("waiting", "--json", cwd=space))["waiting"]
-    assert [(w["thread"], w["state"], w["events"]) for w in waiting] == [(APPROVAL, "approving", ["APPROVE", "REJECT"])]
+    assert [(w["thread"], w["state"], w["events"]) for w in waiting] == [
+        (APPROVAL, "approving", ["APPROVE", "REJECT"])
+    ]
 
     # Process 2: a person approves.
     event = json.dumps({"type": "APPROVE", "approver": "dana"})
-    resumed = as_json(cli("resume", APPROVAL, "--event", event, "--event-id", "approval-7", "--json", cwd=space))
+    resumed = as_json(
+        cli("resume", APPROVAL, "--event", event, "--event-id", "approval-7", "--json", cwd=space)
+    )
     assert (resumed["status"], resumed["final_state"], resumed["duplicate"], resumed["passed"]) == (
         "done",
         "issued",
@@ -352,7 +386,9 @@ def test_the_refund_desk_waits_for_approval_then_resumes_in_a_new_process_and_sc
     assert as_json(cli("waiting", "--json", cwd=space))["waiting"] == []
 
     # Process 3: the same delivery again changes nothing.
-    again = as_json(cli("resume", APPROVAL, "--event", event, "--event-id", "approval-7", "--json", cwd=space))
+    again = as_json(
+        cli("resume", APPROVAL, "--event", event, "--event-id", "approval-7", "--json", cwd=space)
+    )
     assert again["duplicate"] and again["entry"] == resumed["entry"] and again["status"] == "done"
     assert len((space / "traces" / f"{APPROVAL}.jsonl").read_text().splitlines()) == len(lines)
 
@@ -364,9 +400,23 @@ def test_the_refund_desk_waits_for_approval_then_resumes_in_a_new_process_and_sc
 
     # It scores like an uninterrupted run of the same scenario, policy and model.
     whole = desk(tmp_path / "uninterrupted")
-    straight = as_json(cli("run", "--scenario", SCENARIO, "--model", "careful", "--k", "1", "--json", cwd=whole))
-    rescored = as_json(cli("run", "--scenario", SCENARIO, "--model", "careful", "--k", "1", "--json", cwd=space))
-    keys = ("thread", "final_state", "status", "passed", "reason", "output", "effects", "violations", "model_calls")
+    straight = as_json(
+        cli("run", "--scenario", SCENARIO, "--model", "careful", "--k", "1", "--json", cwd=whole)
+    )
+    rescored = as_json(
+        cli("run", "--scenario", SCENARIO, "--model", "careful", "--k", "1", "--json", cwd=space)
+    )
+    keys = (
+        "thread",
+        "final_state",
+        "status",
+        "passed",
+        "reason",
+        "output",
+        "effects",
+        "violations",
+        "model_calls",
+    )
 
     def row(doc: dict[str, Any]) -> dict[str, Any]:
         (thread,) = doc["threads"]
@@ -384,7 +434,9 @@ def test_resume_refuses_what_the_wait_does_not_accept_with_exit_1_and_the_reason
     def invoke(*args: str) -> Any:
         return runner.invoke(app, list(args))
 
-    ran = runner.invoke(app, ["run", "-w", str(space), "--scenario", SCENARIO, "--model", "careful", "--suspend"])
+    ran = runner.invoke(
+        app, ["run", "-w", str(space), "--scenario", SCENARIO, "--model", "careful", "--suspend"]
+    )
     assert ran.exit_code == 0, ran.output
     refused = invoke("resume", APPROVAL, "-w", str(space), "--answer", "yes", "--json")
     assert refused.exit_code == 1
@@ -393,7 +445,9 @@ def test_resume_refuses_what_the_wait_does_not_accept_with_exit_1_and_the_reason
     assert "accepts APPROVE, REJECT, not 'ANSWER'" in document["reason"]
     bad = invoke("resume", APPROVAL, "-w", str(space), "--event", "{not json")
     assert bad.exit_code == 2 and "--event is not JSON" in bad.output
-    rejected = invoke("resume", APPROVAL, "-w", str(space), "--event", '{"type": "REJECT", "reason": "no receipt"}')
+    rejected = invoke(
+        "resume", APPROVAL, "-w", str(space), "--event", '{"type": "REJECT", "reason": "no receipt"}'
+    )
     assert rejected.exit_code == 0, rejected.output
     assert "done in state 'rejected'" in rejected.stdout and "FAIL" in rejected.stdout
     late = invoke("resume", APPROVAL, "-w", str(space), "--event", '{"type": "APPROVE"}')
@@ -413,7 +467,10 @@ def test_ingest_carries_what_a_thread_waits_for_into_any_warehouse(tmp_path: Pat
     waiting = json.loads(listed.stdout)["waiting"]
     # Every train scenario the careful model escalates waits for its approval; the others ended.
     threads = sorted(p.stem for p in (space / "traces").glob("*.jsonl"))
-    ends = {t: json.loads((space / "traces" / f"{t}.jsonl").read_text().splitlines()[-1])["event"] for t in threads}
+    ends = {
+        t: json.loads((space / "traces" / f"{t}.jsonl").read_text().splitlines()[-1])["event"]
+        for t in threads
+    }
     expected = sorted(t for t, e in ends.items() if e["status"] == "waiting")
     assert expected and sorted(w["thread"] for w in waiting) == expected
     for w in waiting:

@@ -28,7 +28,9 @@ RESUME_EVENT = {"type": "RESUME"}
 
 
 def resume_command(
-    thread_id: Annotated[str, typer.Argument(help="The waiting thread, by its id in the workspace's traces/.")],
+    thread_id: Annotated[
+        str, typer.Argument(help="The waiting thread, by its id in the workspace's traces/.")
+    ],
     event: Annotated[
         str | None,
         typer.Option(
@@ -39,7 +41,10 @@ def resume_command(
     ] = None,
     answer: Annotated[
         str | None,
-        typer.Option("--answer", help='Shorthand for --event \'{"type": "ANSWER", "text": TEXT}\' (a run blocked on a question).'),
+        typer.Option(
+            "--answer",
+            help='Shorthand for --event \'{"type": "ANSWER", "text": TEXT}\' (a run blocked on a question).',
+        ),
     ] = None,
     event_id: Annotated[
         str | None,
@@ -88,7 +93,9 @@ def resume_command(
         environment = thread_environment(space, thread_id, env)
         meter = Meter()
         try:
-            result = resume_thread(space, environment, ResumeRequest(thread_id, chosen, event_id, cache.value), meter)
+            result = resume_thread(
+                space, environment, ResumeRequest(thread_id, chosen, event_id, cache.value), meter
+            )
         except ResumeRefusedError as refused:
             if as_json:
                 emit_json({"thread": thread_id, "refused": refused.kind, "reason": str(refused)})
@@ -107,7 +114,11 @@ def resume_command(
         if as_json:
             emit_json(document)
             return
-        said = "already resumed with this event: nothing written" if result.duplicate else f"journaled at entry {result.entry}"
+        said = (
+            "already resumed with this event: nothing written"
+            if result.duplicate
+            else f"journaled at entry {result.entry}"
+        )
         err.print(f"event {result.event_id}: {said}", markup=False)
         out.print(
             f"{thread_id}: {result.run.status} in state '{result.run.final_state}' after {result.run.entries} entries",
@@ -134,7 +145,8 @@ def _waiting_for(space: Any, thread_id: str) -> list[dict[str, Any]] | None:
 def waiting_command(
     env: Annotated[str | None, typer.Option("--env", "-e", help="Only threads of this environment.")] = None,
     db: Annotated[
-        Path | None, typer.Option("--db", help="Warehouse file (default: the workspace's traces/traces.duckdb).")
+        Path | None,
+        typer.Option("--db", help="Warehouse file (default: the workspace's traces/traces.duckdb)."),
     ] = None,
     as_json: Annotated[bool, JsonOption] = False,
     ws: Annotated[Path | None, WorkspaceOption] = None,
@@ -155,7 +167,9 @@ def waiting_command(
         space = workspace(ws)
         target = db or space.warehouse
         if not Path(target).exists():
-            raise WorkspaceError(f"no warehouse at {target}; `improve run` or `improve ingest traces/` creates it")
+            raise WorkspaceError(
+                f"no warehouse at {target}; `improve run` or `improve ingest traces/` creates it"
+            )
         con = open_database(target)
         try:
             query = (
@@ -186,9 +200,7 @@ def waiting_command(
         for column in ("thread", "status", "state", "waits for", "since"):
             table.add_column(column, overflow="fold")
         for t in threads:
-            table.add_row(
-                t["thread"], t["status"], t["state"] or "", _events(t), (t["since"] or "")[:19]
-            )
+            table.add_row(t["thread"], t["status"], t["state"] or "", _events(t), (t["since"] or "")[:19])
         out.print(table)
 
 

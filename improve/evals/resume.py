@@ -52,7 +52,9 @@ def thread_environment(space: Workspace, thread_id: str, given: str | None = Non
     return space.environment(str(name) if name else None)
 
 
-def resume_thread(space: Workspace, env: Environment, request: ResumeRequest, meter: Meter | None = None) -> ResumeResult:
+def resume_thread(
+    space: Workspace, env: Environment, request: ResumeRequest, meter: Meter | None = None
+) -> ResumeResult:
     """Resume the waiting thread of the workspace's traces with the request's event; see the module."""
     store = JsonlDirStore(space.traces)
     thread_id = request.thread_id
@@ -83,7 +85,9 @@ def resume_thread(space: Workspace, env: Environment, request: ResumeRequest, me
     stretch = 1 + sum(RESUME_KEY in (e.metadata or {}) for e in entries)
     seed = f"{stamp.get('scenario', thread_id)}:r{stamp.get('run', 1)}:resume{stretch}"
     model = spec.model_factory(env, meter)(seed)
-    decider = PolicyDecider(compile_policy(policy, env.judgments, env.policy_guards), {"decider": model}, env.judgments)
+    decider = PolicyDecider(
+        compile_policy(policy, env.judgments, env.policy_guards), {"decider": model}, env.judgments
+    )
     fixture = scenario.world if scenario is not None else {}
     world = world_at(env, fixture, entries, thread_id)
     return resume(

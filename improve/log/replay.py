@@ -244,7 +244,9 @@ class Budget:
 
     def status(self, machine: Machine, snapshot: Snapshot, calls: int) -> RunStatus:
         """`run_status` of the stretch: its calls counted against its own budget."""
-        return run_status(machine, snapshot, calls - self.calls_before, {"maxModelCalls": self.max_model_calls})
+        return run_status(
+            machine, snapshot, calls - self.calls_before, {"maxModelCalls": self.max_model_calls}
+        )
 
     def left(self, calls: int) -> int | None:
         if not isinstance(self.max_model_calls, int) or isinstance(self.max_model_calls, bool):

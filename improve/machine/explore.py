@@ -270,7 +270,10 @@ class _Graph:
             # A wait with a way out is a stop and a resume; one without (every event refused) only a stop.
             own = sum(node in self.waits and bool(self.edges.get(node)) for node in members)
             after = [
-                best[component_of[k]] for node in members for _, k in self.edges.get(node, ()) if component_of[k] != len(best)
+                best[component_of[k]]
+                for node in members
+                for _, k in self.edges.get(node, ())
+                if component_of[k] != len(best)
             ]
             best.append(own + max(after, default=0))
         return ResumeBound(best[component_of[self.start]] if best else 0, None, None, states)

@@ -66,7 +66,7 @@ def payload_problem(schema: Mapping[str, Any], event: Mapping[str, Any]) -> str 
             continue
         accepted = PAYLOAD_TYPES[wanted]
         # JSON's true is not a number; 2.0 is not an integer here either, as in JSON Schema's strict reading.
-        if isinstance(value, bool) and bool not in accepted or not isinstance(value, accepted):
+        if (isinstance(value, bool) and bool not in accepted) or not isinstance(value, accepted):
             return f"'{event['type']}'.{name} must be a {wanted}, not {_json_type(value)}"
     return None
 

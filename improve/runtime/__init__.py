@@ -41,8 +41,8 @@ from improve.runtime.policy import (
     read_document_text,
 )
 from improve.runtime.recorded import ActorCall, PersonAnswer, RecordedThread, read_thread
-from improve.runtime.resume_bound import ResumeProof, prove_resumes, resume_proof
 from improve.runtime.resume import ResumeResult, WaitingThread, fold_thread, resume, world_at
+from improve.runtime.resume_bound import ResumeProof, prove_resumes, resume_proof
 from improve.runtime.run import DEFAULT_MAX_MODEL_CALLS, Journal, RunResult, run
 from improve.runtime.vocabulary import Vocabulary, vocabulary
 
@@ -92,9 +92,9 @@ __all__ = [
     "load_machine",
     "load_policy",
     "option",
+    "prove_resumes",
     "read_document_text",
     "read_thread",
-    "prove_resumes",
     "resume",
     "resume_proof",
     "run",

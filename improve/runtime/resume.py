@@ -142,7 +142,9 @@ def resume(
         budget = replayed.budget_left if replayed.budget_left is not None else DEFAULT_MAX_MODEL_CALLS
     journal = Journal(store, thread_id, env.machine)
     written = journal.resumed(event, after, event_id, budget)
-    spent = Spent(replayed.model_calls, replayed.input_tokens, replayed.output_tokens, replayed.failed_attempts)
+    spent = Spent(
+        replayed.model_calls, replayed.input_tokens, replayed.output_tokens, replayed.failed_attempts
+    )
     runner = Runner(env, world, People(people or {}), decider, journal, budget, spent)
     result = runner.drive(after)
     return ResumeResult(result, event_id, written.index, duplicate=False)
@@ -204,7 +206,8 @@ def check_event(machine: Machine, snapshot: Snapshot, event: dict[str, Any], thr
     if after is snapshot:
         guard = refusing_guard(machine, snapshot, event)
         raise ResumeRefusedError(
-            f"rejected-by-guard: {where}: the rules do not allow {event['type']} now" + (f" ({guard})" if guard else ""),
+            f"rejected-by-guard: {where}: the rules do not allow {event['type']} now"
+            + (f" ({guard})" if guard else ""),
             kind="rejected-by-guard",
         )
     return after
@@ -238,7 +241,12 @@ def _earlier(entries: list[LogEntry], event: dict[str, Any], event_id: str | Non
 
 
 def _again(
-    env: Environment, store: Store, thread_id: str, entries: list[LogEntry], position: int, event: dict[str, Any]
+    env: Environment,
+    store: Store,
+    thread_id: str,
+    entries: list[LogEntry],
+    position: int,
+    event: dict[str, Any],
 ) -> ResumeResult:
     """The answer of the resume that already took this event: where the run stopped after it."""
     stop = next((i for i in range(position, len(entries)) if entries[i].type == END_EVENT), None)
@@ -261,7 +269,9 @@ def _again(
     return ResumeResult(run, str(taken), entries[position].index, duplicate=True)
 
 
-def world_at(env: Environment, fixture: Mapping[str, Any], entries: Sequence[LogEntry], thread_id: str) -> World:
+def world_at(
+    env: Environment, fixture: Mapping[str, Any], entries: Sequence[LogEntry], thread_id: str
+) -> World:
     """A fresh world from `fixture`, brought to where the thread's run left it by making each recorded
     tool call again, in order; refused (`world-changed`) at the first that answers otherwise."""
     world = env.make_world(fixture)
@@ -270,7 +280,9 @@ def world_at(env: Environment, fixture: Mapping[str, Any], entries: Sequence[Log
         where = f"thread {thread_id}, entry {call.index} ({call.src} in state '{call.state}')"
         actor = env.actors.get(call.src)
         if actor is None:
-            raise ResumeRefusedError(f"{where}: environment {env.name} has no tool {call.src!r}", kind="world-changed")
+            raise ResumeRefusedError(
+                f"{where}: environment {env.name} has no tool {call.src!r}", kind="world-changed"
+            )
         before = len(world.effects)
         answer: dict[str, Any]
         try:

@@ -100,7 +100,9 @@ def resume_proof(env: Environment, explored: Sequence[tuple[Any, ExploreResult]]
         if bound is None:
             continue
         if bound.max_resumes is None:
-            return ResumeProof(env.name, env.resume_budget, None, complete, bound.loop, bound.loop_state, inp, cuts)
+            return ResumeProof(
+                env.name, env.resume_budget, None, complete, bound.loop, bound.loop_state, inp, cuts
+            )
         most = max(most or 0, bound.max_resumes)
     return ResumeProof(env.name, env.resume_budget, most, complete, cuts=cuts)
 

@@ -23,8 +23,8 @@ from typing import Any
 from improve.errors import ActorFailure, ConfigError, ConflictError, RunError
 from improve.log import (
     END_EVENT,
-    RESUME_KEY,
     INIT_EVENT,
+    RESUME_KEY,
     SCHEMA_VERSION,
     UNCHAINED_VERSION,
     Attempt,
@@ -135,7 +135,9 @@ class Journal:
             event["waitingFor"] = waiting_for(self.machine, final.value)
         return self.write(event, final)
 
-    def resumed(self, event: dict[str, Any], after: Snapshot, event_id: str, max_model_calls: int) -> LogEntry:
+    def resumed(
+        self, event: dict[str, Any], after: Snapshot, event_id: str, max_model_calls: int
+    ) -> LogEntry:
         """The external event that resumes a waiting run, journaled before anything acts on it."""
         resume = {"eventId": event_id, "maxModelCalls": max_model_calls}
         return self.write(event, after, metadata={"source": "resume", RESUME_KEY: resume})

@@ -24,7 +24,9 @@ class ExploreGate:
             proof = prove_resumes(ctx.env)
             if not proof.holds:
                 return GateResult(self.name, False, f"the environment's resume paths: {proof.summary(0)}")
-            resumes = f"; at most {proof.max_resumes} resume(s) on any path, each with {proof.resume_budget} calls"
+            resumes = (
+                f"; at most {proof.max_resumes} resume(s) on any path, each with {proof.resume_budget} calls"
+            )
         if not ctx.probes:
             return GateResult(
                 self.name, True, "no probe requests (no training scenario reached a decision)" + resumes
