@@ -71,8 +71,7 @@ def resume_command(
 
         improve resume train:v0:naive:large-approved-01:r1 --event '{"type": "APPROVE", "approver": "dana"}'
     """
-    from improve.evals import Ledger
-    from improve.evals.resume import ResumeRequest, resume_thread, thread_environment
+    from improve.evals import Ledger, ResumeRequest, resume_thread, thread_environment
     from improve.llm import Meter
 
     with handled():

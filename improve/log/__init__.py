@@ -41,6 +41,7 @@ from improve.log.replay import (
     Verified,
     gc_paused,
     replay,
+    resumable,
     run_status,
     validate_log,
 )
@@ -100,6 +101,7 @@ __all__ = [
     "preview",
     "rechain",
     "replay",
+    "resumable",
     "retarget",
     "run_status",
     "seal",

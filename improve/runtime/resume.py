@@ -38,8 +38,8 @@ from improve.log import (
     Store,
     head,
     replay,
+    resumable,
 )
-from improve.log.replay import resumable
 from improve.machine import (
     Machine,
     Snapshot,
