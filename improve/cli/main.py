@@ -86,7 +86,8 @@ def run_command(
         typer.Option(
             "--suspend",
             help="Nobody answers waiting states (the scenarios' people scripts are not read): each run stops "
-            "at its first wait, status waiting, for `improve resume` to continue.",
+            "at its first wait, status waiting, for `improve resume` to continue. A thread left waiting is "
+            "reused by later runs as it stands: resume it, or run again with --fresh.",
         ),
     ] = False,
     cache: Annotated[CacheMode, CacheOption] = CacheMode.record,

@@ -36,6 +36,7 @@ from improve.log.lines import (
     split_lines,
 )
 from improve.log.replay import (
+    Budget,
     ReplayResult,
     RunStatus,
     Verified,
@@ -71,6 +72,7 @@ __all__ = [
     "UNCHAINED_VERSION",
     "USAGE_EVENT",
     "Attempt",
+    "Budget",
     "JsonlDirStore",
     "LogEntry",
     "MemoryStore",

@@ -2,8 +2,10 @@
 
 No actor, model or person is called: their answers come from the log. The log is validated first
 (contiguous indices from 0, `@agent.init` first, one machine id, the replaying machine's version, an
-`@agent.end` only last). `@agent.usage` and `@agent.end` entries are journal records, not events: they
-are counted, never folded.
+`@agent.end` only last, or followed by the event that resumed a run that stopped waiting).
+`@agent.usage` and `@agent.end` entries are journal records, not events: they are counted, never
+folded. A resumed thread's model calls count against each stretch's own budget: the stamp's until
+the first resume, then each resume's `maxModelCalls` (`Budget`).
 
 With `verify=True`, a chained thread (schemaVersion 2) has its hash chain checked first (`chain.py`:
 `TamperError` at the first bad entry), then every entry's `verification.stateHash` against the

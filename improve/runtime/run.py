@@ -42,6 +42,7 @@ from improve.machine import (
     DECIDE_SRC,
     DONE_EVENT,
     ERROR_EVENT,
+    RESUMABLE_STATUSES,
     Invocation,
     Machine,
     Snapshot,
@@ -130,7 +131,7 @@ class Journal:
         a run that stopped waiting also says where (`state`) and for what (`waitingFor`)."""
         event: dict[str, Any] = {"type": END_EVENT, "status": status}
         state = self.machine.states[final.value]
-        if final.status == "active" and final.invoke is None and state.idle:
+        if status in RESUMABLE_STATUSES and final.invoke is None and state.idle:
             event["state"] = final.value
             event["waitingFor"] = waiting_for(self.machine, final.value)
         return self.write(event, final)
