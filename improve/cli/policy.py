@@ -34,8 +34,15 @@ from improve.loop import (
     probe_requests,
     run_gates,
 )
-from improve.machine import ExploreOptions, MachineConfig, can_reach, explore_paths, loads_document
-from improve.runtime import Environment, prove_resumes, read_document_text, vocabulary
+from improve.machine import (
+    ExploreOptions,
+    ExploreResult,
+    MachineConfig,
+    can_reach,
+    explore_paths,
+    loads_document,
+)
+from improve.runtime import Environment, read_document_text, resume_proof, vocabulary
 
 LOCK_NAME = "environment.lock.json"
 
@@ -190,10 +197,13 @@ def explore_command(
         )
         rows = []
         reachable = False
+        explored: dict[int, ExploreResult] = {}  # full explorations, reused for the resume bound
         for goal in targets:
-            for inp in inputs:
+            for i, inp in enumerate(inputs):
                 result = can_reach(environment.machine, goal, inp, options)
                 full = explore_paths(environment.machine, inp, options) if not result.reachable else result
+                if not result.reachable:
+                    explored.setdefault(i, full)
                 reachable |= result.reachable
                 rows.append(
                     {
@@ -205,7 +215,13 @@ def explore_command(
                         "transitions": full.transitions,
                     }
                 )
-        proof = prove_resumes(environment, inputs, options)
+        proof = resume_proof(
+            environment,
+            [
+                (inp, explored.get(i) or explore_paths(environment.machine, inp, options))
+                for i, inp in enumerate(inputs)
+            ],
+        )
         run_budget = space.config.objective.max_model_calls
         if as_json:
             emit_json(

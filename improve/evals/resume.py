@@ -18,7 +18,7 @@ from improve.evals.scenarios import Scenario
 from improve.evals.suite import SuiteSpec
 from improve.evals.workspace import Workspace, policy_hash
 from improve.llm import CacheMode, Meter
-from improve.log import RESUME_KEY, JsonlDirStore
+from improve.log import JsonlDirStore
 from improve.runtime import (
     Environment,
     PolicyDecider,
@@ -59,7 +59,8 @@ def resume_thread(
     store = JsonlDirStore(space.traces)
     thread_id = request.thread_id
     # Verified first: nothing (policy, model, world) is read off a thread that does not check.
-    entries = fold_thread(env, store, thread_id).entries
+    folded = fold_thread(env, store, thread_id)
+    entries = folded.entries
     stamp = dict(entries[0].metadata or {})
     scenario = _scenario(space, env, stamp, thread_id)
     policy_stamp = stamp.get("policy") or {}
@@ -82,7 +83,7 @@ def resume_thread(
         cache_mode=request.cache_mode,
     )
     # Each stretch of the run draws its own seed: a stand-in resumed does not repeat its first answers.
-    stretch = 1 + sum(RESUME_KEY in (e.metadata or {}) for e in entries)
+    stretch = 1 + folded.resumes
     seed = f"{stamp.get('scenario', thread_id)}:r{stamp.get('run', 1)}:resume{stretch}"
     model = spec.model_factory(env, meter)(seed)
     decider = PolicyDecider(
