@@ -287,6 +287,33 @@ def test_a_resumed_threads_end_entries_are_checked_on_replay() -> None:
         replay(env.machine, forged, verify=True, thread_id=THREAD)
 
 
+def test_what_a_waiting_state_declares_is_checked_when_the_machine_compiles() -> None:
+    from improve.errors import MachineConfigError
+    from improve.machine import compile_machine
+
+    def compiled(meta: dict[str, Any], on: dict[str, Any] | None = None, invoke: bool = False) -> None:
+        state: dict[str, Any] = {"meta": meta, "on": on or {"GO": "end"}}
+        if invoke:
+            state["invoke"] = {"src": "tool", "onDone": "end"}
+        config = {
+            "id": "m",
+            "version": "1",
+            "initial": "wait",
+            "states": {"wait": state, "end": {"type": "final"}},
+        }
+        compile_machine(parse_machine(config))
+
+    compiled({"status": "blocked_ask", "payloads": {"GO": {"text": "string", "n": "integer?"}}})
+    with pytest.raises(MachineConfigError, match="'done' is not a status a run can wait in"):
+        compiled({"status": "done"})
+    with pytest.raises(MachineConfigError, match="only a waiting state"):
+        compiled({"status": "checkpointed"}, invoke=True)
+    with pytest.raises(MachineConfigError, match="accepts no event 'STOP'"):
+        compiled({"payloads": {"STOP": {"why": "string"}}})
+    with pytest.raises(MachineConfigError, match="'text' is not a type"):
+        compiled({"payloads": {"GO": {"why": "text"}}})
+
+
 # --- the resume bound ------------------------------------------------------------------------------
 
 
