@@ -504,3 +504,40 @@ def test_ingest_carries_what_a_thread_waits_for_into_any_warehouse(tmp_path: Pat
         assert w["waiting_for"] == ends[w["thread"]]["waitingFor"] and w["resumes"] == 0
     table = runner.invoke(app, ["waiting", "-w", str(space), "--db", str(other)])
     assert "APPROVE{approver?}, REJECT{reason?}" in table.stdout
+
+
+def test_a_desk_with_tools_resumes_on_its_world_rebuilt_from_the_fixture_and_the_thread(
+    tmp_path: Path,
+) -> None:
+    # The refund desk's tools act on its world before the approval wait (lookups, the approval request):
+    # the resumed run acts on the fixture brought to where the run stopped, and its effects are whole.
+    runner = CliRunner()
+    space = tmp_path / "refunds"
+    assert runner.invoke(app, ["init", str(space), "--from", "refunds"]).exit_code == 0
+    thread = "train:v0:careful:large-refund-approved-01:r1"
+    scenario = ["--scenario", "large-refund-approved-01", "--model", "careful", "--k", "1", "-w", str(space)]
+    ran = runner.invoke(app, ["run", *scenario, "--suspend", "--json"])
+    assert ran.exit_code == 0, ran.output
+    assert [t["status"] for t in json.loads(ran.stdout)["threads"]] == ["waiting"]
+    before = (space / "scenarios" / "refunds.yaml").read_text()
+
+    # A fixture that no longer answers the recorded lookup as the thread says is refused.
+    (space / "scenarios" / "refunds.yaml").write_text(
+        before.replace("total: 140, refunded: 0", "total: 90, refunded: 0")
+    )
+    changed = runner.invoke(
+        app, ["resume", thread, "-w", str(space), "--event", '{"type": "APPROVE", "approver": "dana"}']
+    )
+    assert changed.exit_code == 1 and "the fixture changed since the run stopped" in changed.output
+    (space / "scenarios" / "refunds.yaml").write_text(before)
+
+    resumed = runner.invoke(
+        app,
+        ["resume", thread, "-w", str(space), "--event", '{"type": "APPROVE", "approver": "dana"}', "--json"],
+    )
+    assert resumed.exit_code == 0, resumed.output
+    assert json.loads(resumed.stdout)["passed"] is True
+    scored = runner.invoke(app, ["run", *scenario, "--json"])
+    (row,) = json.loads(scored.stdout)["threads"]
+    assert [e["kind"] for e in row["effects"]] == ["approval-requested", "approval-given", "refund"]
+    assert (row["final_state"], row["passed"]) == ("issued", True)
