@@ -25,6 +25,7 @@ imports nothing else of ours) may raise these. Every error carries a message tha
     │   ├── DivergenceError           replay reached a state whose hash differs from the journal
     │   │   └── TamperError           a chained thread's entries differ from what was written
     │   └── TapeError                 an opencli session tape line is not in the tape format
+    ├── ResumeRefusedError            `improve resume` refused a thread or an event: which check, why (exit 1)
     ├── RunError                      a run could not complete (an actor crashed, a store failed)
     │   └── NondeterministicHarness   parity: two fresh runs of OLD differed, so nothing is compared
     ├── ActorFailure                  a tool failed in a way the machine handles (its `onError`)
@@ -177,6 +178,35 @@ def _tamper_error(message: str, thread_id: str | None, index: int, kind: str) ->
 
 class TapeError(LogError):
     """A tape line that cannot be read as the opencli format (exit code 3: the data is wrong)."""
+
+
+class ResumeRefusedError(ImproveError):
+    """A waiting thread was not resumed, and nothing was journaled. `kind` names the check that refused:
+
+    - `not-found`: no such thread;
+    - `does-not-verify`: its hash chain or state hashes do not check (or it is unchained, schemaVersion 1);
+    - `version-changed`: the environment's machine is not the version (or the environment) that
+      recorded it, or the policy under that version changed;
+    - `not-waiting`: it ended done, in error, on a budget, or without an end entry;
+    - `event-id-reused`: the event id resumed this thread before, with another event;
+    - `unknown-event`, `invalid-payload`, `rejected-by-guard`: the decision protocol's refusals, for an
+      event the waiting state does not accept;
+    - `world-changed`: the world rebuilt from the scenario's fixture no longer answers the recorded tool
+      calls as the thread says.
+    """
+
+    exit_code = 1
+
+    def __init__(self, message: str, *, kind: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_resume_refused_error, (str(self), self.kind))
+
+
+def _resume_refused_error(message: str, kind: str) -> ResumeRefusedError:
+    return ResumeRefusedError(message, kind=kind)
 
 
 class RunError(ImproveError):

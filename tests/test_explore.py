@@ -116,3 +116,15 @@ def test_explore_cli_proves_and_finds(tmp_path: Any) -> None:
     assert given.exit_code == 1 and "witness for issued" in given.stdout
     bad = runner.invoke(app, ["explore", "--env", "refunds", "--target", "nowhere"])
     assert bad.exit_code == 2 and "target state 'nowhere' does not exist" in bad.stderr
+
+
+def test_explore_cli_bounds_the_approval_desks_resumes() -> None:
+    # One wait (the approval) on any path, and no fresh budget per resume: at most the run's budget.
+    runner = CliRunner()
+    ok = runner.invoke(app, ["explore", "--env", "refund-approval", "--json"])
+    assert ok.exit_code == 0, ok.output
+    resumes = json.loads(ok.stdout)["resumes"]
+    assert resumes["holds"] and resumes["complete"] and resumes["max_resumes"] == 1
+    assert resumes["resume_budget"] is None and resumes["most_model_calls"] == 100
+    table = runner.invoke(app, ["explore", "--env", "refund-approval"])
+    assert "resumes share the run's budget" in table.stdout and "at most 1 resume(s)" in table.stdout

@@ -133,7 +133,7 @@ def test_the_readme_queries_answer_the_same_on_the_warehouse_and_the_lake(ws: Pa
 
 def test_every_table_and_view_is_the_same_on_the_lake(ws: Path) -> None:
     warehouse, lake = open_database(db(ws), read_only=True), open_lake(ws / "lake")
-    for name in (*LAKE_TABLES, "threads", "decisions", "attempts", "usage", "sessions", "tapes"):
+    for name in (*LAKE_TABLES, "threads", "waiting", "decisions", "attempts", "usage", "sessions", "tapes"):
         described = f"SELECT column_name, column_type FROM (DESCRIBE {name})"
         assert lake.execute(described).fetchall() == warehouse.execute(described).fetchall(), name
         assert rows(lake, f"SELECT * FROM {name}") == rows(warehouse, f"SELECT * FROM {name}"), name

@@ -583,7 +583,7 @@ def test_run_status_names_each_way_a_run_ends() -> None:
     assert status(Snapshot(idle, {}, status="error", error="boom")) == "error"
     for kind in ("decision-exhausted", "no-options"):
         assert status(Snapshot(idle, {}, status="error", error={"kind": kind})) == "decision-exhausted"
-    assert status(Snapshot(idle, {})) == "idle"
+    assert status(Snapshot(idle, {})) == "waiting"
     decide = Invocation("d", "agent.decide", input={})
     assert status(Snapshot(idle, {}, invoke=decide), 3, {"maxModelCalls": 3}) == "budget"
     assert status(Snapshot(idle, {}, invoke=decide), 2, {"maxModelCalls": 3}) == "incomplete"

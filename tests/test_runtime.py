@@ -205,17 +205,36 @@ def test_the_entry_cap_ends_the_run_as_budget_and_it_verifies(monkeypatch: pytes
     assert (replayed.verification, replayed.ended) == ("verified", "budget")
 
 
-def test_idle_state_nobody_answers() -> None:
+def test_a_waiting_state_nobody_answers_ends_the_run_waiting_with_what_it_waits_for() -> None:
     result, store = go(shop(), Scripted(lambda r, i: {"type": "NONE"}), people={})
-    assert result.status == "idle" and result.final_state == "confirming"
-    assert replay(shop().machine, store.read("t:v0:s:r1")).status == "idle"
-    assert_ended(shop(), store, "idle")
+    assert result.status == "waiting" and result.final_state == "confirming"
+    assert replay(shop().machine, store.read("t:v0:s:r1")).status == "waiting"
+    waiting_for = [
+        {
+            "type": "OK",
+            "payload": {"type": "object", "properties": {}, "required": [], "additionalProperties": False},
+        }
+    ]
+    assert_ended(shop(), store, "waiting", state="confirming", waitingFor=waiting_for)
 
 
-def assert_ended(env: Environment, store: MemoryStore, status: str) -> None:
+def test_an_end_entry_written_before_resumes_existed_says_idle_and_still_verifies() -> None:
+    # Threads journaled before runs could be resumed end `idle` where they stopped waiting: still verified.
+    from improve.log import END_EVENT, seal
+
+    _, store = go(shop(), Scripted(lambda r, i: {"type": "NONE"}), people={})
+    entries = store.read("t:v0:s:r1")
+    previous = entries[-2].verification.entryHash if entries[-2].verification else None
+    assert previous is not None
+    old = seal(entries[-1].model_copy(update={"event": {"type": END_EVENT, "status": "idle"}}), previous)
+    replayed = replay(shop().machine, [*entries[:-1], old], verify=True, thread_id="t:v0:s:r1")
+    assert (replayed.status, replayed.ended, replayed.verification) == ("waiting", "idle", "verified")
+
+
+def assert_ended(env: Environment, store: MemoryStore, status: str, **more: Any) -> None:
     """The run's last entry says how it ended, and a verified replay derives the same status."""
     entries = store.read("t:v0:s:r1")
-    assert entries[-1].event == {"type": "@agent.end", "status": status}
+    assert entries[-1].event == {"type": "@agent.end", "status": status, **more}
     replayed = replay(env.machine, entries, verify=True, thread_id="t:v0:s:r1")
     assert (replayed.status, replayed.ended, replayed.verification) == (status, status, "verified")
 

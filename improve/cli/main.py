@@ -57,6 +57,16 @@ class ImproveGroup(LazyGroup):
             "Explore the environment's state space: is a state reachable, and is the search a proof?",
         ),
         LazyCommand(
+            "resume",
+            "improve.cli.resume:resume_command",
+            "Resume a run that stopped waiting (for an approval, an answer, the next day) with an external event.",
+        ),
+        LazyCommand(
+            "waiting",
+            "improve.cli.resume:waiting_command",
+            "List the threads waiting to be resumed, from the warehouse: where each waits, and for what.",
+        ),
+        LazyCommand(
             "schema",
             "improve.cli.policy:schema_command",
             "Print the JSON Schema of the policy format (the pydantic models are its source).",

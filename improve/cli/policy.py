@@ -34,8 +34,15 @@ from improve.loop import (
     probe_requests,
     run_gates,
 )
-from improve.machine import ExploreOptions, MachineConfig, can_reach, explore_paths, loads_document
-from improve.runtime import Environment, read_document_text, vocabulary
+from improve.machine import (
+    ExploreOptions,
+    ExploreResult,
+    MachineConfig,
+    can_reach,
+    explore_paths,
+    loads_document,
+)
+from improve.runtime import Environment, read_document_text, resume_proof, vocabulary
 
 LOCK_NAME = "environment.lock.json"
 
@@ -167,7 +174,9 @@ def explore_command(
 
     The world is the environment's probe: payload values at the rules' boundaries, every output each
     tool may give, tools that fail. "Unreachable" with complete=true is a proof relative to it. Exits 1
-    when the target is reachable (a witness path is printed).
+    when the target is reachable (a witness path is printed). It also proves the resume paths within
+    their budgets: with a fresh budget per resume (the environment's resume_budget), the resumes along
+    every path must be finitely many; an unbounded resume loop is printed and exits 1 too.
 
     Example:
 
@@ -188,10 +197,13 @@ def explore_command(
         )
         rows = []
         reachable = False
+        explored: dict[int, ExploreResult] = {}  # full explorations, reused for the resume bound
         for goal in targets:
-            for inp in inputs:
+            for i, inp in enumerate(inputs):
                 result = can_reach(environment.machine, goal, inp, options)
                 full = explore_paths(environment.machine, inp, options) if not result.reachable else result
+                if not result.reachable:
+                    explored.setdefault(i, full)
                 reachable |= result.reachable
                 rows.append(
                     {
@@ -203,8 +215,22 @@ def explore_command(
                         "transitions": full.transitions,
                     }
                 )
+        proof = resume_proof(
+            environment,
+            [
+                (inp, explored.get(i) or explore_paths(environment.machine, inp, options))
+                for i, inp in enumerate(inputs)
+            ],
+        )
+        run_budget = space.config.objective.max_model_calls
         if as_json:
-            emit_json({"environment": environment.name, "results": rows})
+            emit_json(
+                {
+                    "environment": environment.name,
+                    "results": rows,
+                    "resumes": {**proof.to_json(), "most_model_calls": proof.most_calls(run_budget)},
+                }
+            )
         else:
             table = Table(title=f"exploring {environment.name}")
             for column in ("target", "input", "reachable", "proof", "states", "terminals"):
@@ -224,7 +250,9 @@ def explore_command(
                     out.print(f"witness for {r['target']}:", markup=False)
                     for step in r["witness"] or []:
                         out.print(f"  {json.dumps(step)}", markup=False)
-        if reachable:
+            mark = "" if proof.holds else "FAILED: "
+            out.print(f"resumes: {mark}{proof.summary(run_budget)}", markup=False)
+        if reachable or not proof.holds:
             raise typer.Exit(EXIT_FAILED)
 
 

@@ -50,6 +50,15 @@ def run_command(
     ] = None,
     scenario: Annotated[list[str] | None, typer.Option("--scenario", help="Only these scenario ids.")] = None,
     fresh: Annotated[bool, typer.Option("--fresh", help="Run again even when threads are recorded.")] = False,
+    suspend: Annotated[
+        bool,
+        typer.Option(
+            "--suspend",
+            help="Nobody answers waiting states (the scenarios' people scripts are not read): each run stops "
+            "at its first wait, status waiting, for `improve resume` to continue. A thread left waiting is "
+            "reused by later runs as it stands: resume it, or run again with --fresh.",
+        ),
+    ] = False,
     cache: Annotated[CacheMode, CacheOption] = CacheMode.record,
     concurrency: Annotated[int, typer.Option("--concurrency", min=1, help="Runs in flight at once.")] = 8,
     unseal: Annotated[
@@ -75,6 +84,7 @@ def run_command(
 
         improve run --env refunds --policy v0 --model naive --split train --k 3
         improve run --model openai:gpt-4.1-mini --k 3 --cache record
+        improve run --env refund-approval --scenario large-approved-01 --k 1 --suspend
     """
     with handled():
         space = workspace(ws)
@@ -106,6 +116,7 @@ def run_command(
             model_spec=space.model_spec(model, environment),
             cache_dir=str(space.cache_dir),
             cache_mode=cache.value,
+            people=not suspend,
         )
         meter = Meter()
         store = JsonlDirStore(space.traces)

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any
 from improve.evals.from_thread import load_thread, scenario_from_thread
 from improve.evals.holdout import HeldOutRead, bias_bound, scenarios_needed, set_key, supported_reads
 from improve.evals.outcome import OutcomeRow, compare_effects, effects_from_log, outcome_row
+from improve.evals.resume import ResumeRequest, resume_thread, thread_environment
 from improve.evals.scenario_writer import append_scenario, scenario_yaml, split_warnings
 from improve.evals.scenarios import (
     OPEN_SPLITS,
@@ -107,6 +108,7 @@ __all__ = [
     "Recorded",
     "RerunRule",
     "Reruns",
+    "ResumeRequest",
     "Scenario",
     "ScenarioSet",
     "Scorecard",
@@ -138,6 +140,7 @@ __all__ = [
     "read_yaml",
     "record_unsealing",
     "refresh_outcomes",
+    "resume_thread",
     "run_scenario",
     "run_suite",
     "scenario_from_thread",
@@ -152,6 +155,7 @@ __all__ = [
     "split_warnings",
     "supported_reads",
     "svg_chart",
+    "thread_environment",
     "unsealings_path",
     "write_threads",
 ]

@@ -55,6 +55,10 @@ class SuiteSpec:
     cache_dir: str | None = None
     """Where its calls are recorded (`.improve/cache` of the workspace)."""
     cache_mode: CacheMode = "live"
+    people: bool = True
+    """Answer waiting states from the scenarios' people scripts. False (`improve run --suspend`): each run
+    stops at its first wait, `waiting`, to be continued by `improve resume`. Not part of the stamp: a
+    resumed thread is the same run as one a script answered."""
 
     def chat_session(self, meter: Meter | None = None) -> ChatSession | None:
         """The session of a model behind an endpoint (shared by runs); None for a stand-in."""
@@ -137,13 +141,15 @@ def run_scenario(
     thread_id: str,
     stamp: dict[str, Any] | None = None,
     max_model_calls: int = DEFAULT_MAX_MODEL_CALLS,
+    people: bool = True,
 ) -> RunResult:
-    """One run of a scenario: its input, a fresh world from its fixture, its people script."""
+    """One run of a scenario: its input, a fresh world from its fixture, its people script (`people`
+    False: nobody answers, and the run stops at its first wait)."""
     return run(
         env,
         input=scenario.input,
         world=env.make_world(scenario.world),
-        people=scenario.people,
+        people=scenario.people if people else {},
         decider=decider,
         store=store,
         thread_id=thread_id,
@@ -173,7 +179,7 @@ def _run_one(
     decider = PolicyDecider(policy, {"decider": model}, env.judgments)
     stamp = spec.stamp(env, scenario, run_number)
     try:
-        run_scenario(env, scenario, decider, store, thread_id, stamp, spec.max_model_calls)
+        run_scenario(env, scenario, decider, store, thread_id, stamp, spec.max_model_calls, spec.people)
     except ImproveError:
         # A run that cannot finish (a recorded call missing on replay, a store failure) leaves no
         # half-written thread: a later command runs it again from the start.

@@ -24,7 +24,20 @@ INIT_EVENT = "@agent.init"
 USAGE_EVENT = "@agent.usage"
 END_EVENT = "@agent.end"
 """The last entry of a finished run: `{"type": "@agent.end", "status": ...}` (a `RunStatus` other than
-`incomplete`). Replay does not fold it; without it a chained thread is incomplete."""
+`incomplete`). Replay does not fold it; without it a chained thread is incomplete.
+
+A run that stops in a waiting state ends with a resumable status (`waiting`, `checkpointed`,
+`blocked_ask`) and says what it waits for: `"state"` (the waiting state) and `"waitingFor"` (each event
+it accepts, `{"type", "payload": <JSON Schema>}`, `improve.machine.waits`). Such an end entry may be
+followed by the event that resumed the run (its metadata carries `RESUME_KEY`), and the run goes on in
+the same thread to its next end entry."""
+RESUME_KEY = "resume"
+"""The metadata key of the event that resumed a waiting run: `{"eventId": ID, "maxModelCalls": N}`.
+`eventId` names the external event (a second resume with it changes nothing); `maxModelCalls` is the
+budget of model calls from this entry on (the environment's `resume_budget`, or what was left)."""
+LEGACY_WAIT_STATUS = "idle"
+"""What end entries written before resumable runs said for a run stopped in a waiting state; read as
+the status the state declares (`waiting` by default)."""
 THREAD_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+=-]{0,254}$")
 
 FailureKind = Literal["unknown-event", "invalid-payload", "rejected-by-guard", "no-answer"]
@@ -93,7 +106,8 @@ class LogEntry(BaseModel):
         description="The event `{type, ...payload}`. Entry 0 is `@agent.init` with `input`; decisions and "
         "people's answers are the events themselves; actors answer `xstate.done.actor` with `actorId` and "
         "`output`, or `xstate.error.actor` with `actorId` and `error`; `@agent.usage` records a model call; "
-        "`@agent.end` with `status` closes a finished run (schemaVersion 2)."
+        "`@agent.end` with `status` closes a finished run (schemaVersion 2); a waiting run's end also carries `state` "
+        "and `waitingFor`, and may be followed by the event that resumed it."
     )
     causationId: str | None = Field(default=None, description="Id of the entry that caused this one.")
     attempts: list[Attempt] | None = Field(
@@ -101,8 +115,9 @@ class LogEntry(BaseModel):
     )
     metadata: dict[str, Any] | None = Field(
         default=None,
-        description="The stamp on entry 0 (policy id and version, model refs, scenario, split, run, budget) "
-        "and, on decisions, `decision` (its name and the options offered) and `source` (who answered).",
+        description="The stamp on entry 0 (policy id and version, model refs, scenario, split, run, budget); "
+        "on decisions, `decision` (its name and the options offered) and `source` (who answered); on the "
+        "event that resumed a waiting run, `source: resume` and `resume` (`eventId`, `maxModelCalls`).",
     )
     verification: Verification | None = Field(
         default=None,

@@ -2,8 +2,10 @@
 
 No actor, model or person is called: their answers come from the log. The log is validated first
 (contiguous indices from 0, `@agent.init` first, one machine id, the replaying machine's version, an
-`@agent.end` only last). `@agent.usage` and `@agent.end` entries are journal records, not events: they
-are counted, never folded.
+`@agent.end` only last, or followed by the event that resumed a run that stopped waiting).
+`@agent.usage` and `@agent.end` entries are journal records, not events: they are counted, never
+folded. A resumed thread's model calls count against each stretch's own budget: the stamp's until
+the first resume, then each resume's `maxModelCalls` (`Budget`).
 
 With `verify=True`, a chained thread (schemaVersion 2) has its hash chain checked first (`chain.py`:
 `TamperError` at the first bad entry), then every entry's `verification.stateHash` against the
@@ -22,13 +24,15 @@ from typing import Any, Literal
 
 from improve.errors import DivergenceError, LogError, MachineError, VersionMismatchError
 from improve.log.chain import check_chain, is_chained
-from improve.log.entry import END_EVENT, INIT_EVENT, USAGE_EVENT, LogEntry
-from improve.machine import Machine, Snapshot, initial, transition
+from improve.log.entry import END_EVENT, INIT_EVENT, LEGACY_WAIT_STATUS, RESUME_KEY, USAGE_EVENT, LogEntry
+from improve.machine import RESUMABLE_STATUSES, Machine, Snapshot, initial, transition, wait_status
 
 RunStatus = str
-"""How a run ended: `done` (a final state), `idle` (a person never answered), `budget` (model calls
-ran out), `decision-exhausted` (every retry refused and no `onError`), `error` (an actor failed with no
-`onError`), `incomplete` (the thread stops while an actor is owed)."""
+"""How a run ended: `done` (a final state), `waiting` (in a waiting state nobody answered: resumable;
+a state may name it `checkpointed` or `blocked_ask` in `meta.status`), `budget` (model calls ran out),
+`decision-exhausted` (every retry refused and no `onError`), `error` (an actor failed with no
+`onError`), `incomplete` (the thread stops while an actor is owed). Threads written before runs could
+be resumed say `idle` where they stopped waiting; it reads as the waiting state's status."""
 
 Verified = Literal["verified", "unchained", "incomplete", "unverified"]
 """How a replay was verified:
@@ -61,7 +65,9 @@ class ReplayResult:
     verification: Verified = "unverified"
     """What `verify` established about the thread (see `Verified`)."""
     ended: RunStatus | None = None
-    """The status the thread's `@agent.end` entry records (None when it has none, or is version 1)."""
+    """The status the thread's last `@agent.end` entry records (None when it has none, or is version 1)."""
+    budget_left: int | None = None
+    """Model calls the budget in force at the end still allows (None when the thread states no budget)."""
 
     @property
     def final_state(self) -> str:
@@ -120,10 +126,13 @@ def validate_log(machine: Machine, entries: Sequence[LogEntry]) -> None:
         if position > 0 and etype == INIT_EVENT:
             raise LogError(f"entry {entry.index} is a second {INIT_EVENT!r}")
         if etype == END_EVENT and position != last:
-            raise LogError(
-                f"entry {entry.index} is {END_EVENT!r} but {last - position} entries follow it: "
-                "a run's end entry is its last"
-            )
+            resumed = RESUME_KEY in (entries[position + 1].metadata or {})
+            if not (resumable(entry.event.get("status")) and resumed):
+                raise LogError(
+                    f"entry {entry.index} is {END_EVENT!r} but {last - position} entries follow it: a run's end "
+                    "entry is its last, unless the run stopped waiting and the next entry is the event that "
+                    "resumed it"
+                )
 
 
 def replay(
@@ -156,6 +165,8 @@ def replay(
     steps = calls = tokens_in = tokens_out = failed = 0
     cost = 0.0
     ended: RunStatus | None = None
+    # The model-call budget in force: the stamp's from the start, each resume's from its entry on.
+    budget = Budget(stamp.get("maxModelCalls"), 0)
     for entry in chosen:
         event = entry.event
         etype = event["type"]
@@ -169,7 +180,13 @@ def replay(
             ended = str(event.get("status"))
             if verify and snapshot is not None:
                 _check_state(entry, snapshot)
+                if entry is not entries[-1]:
+                    # A run stopped waiting, and was resumed after: it stopped as it says.
+                    _check_end(entry, budget.status(machine, snapshot, calls), snapshot)
             continue
+        resume = (entry.metadata or {}).get(RESUME_KEY)
+        if isinstance(resume, dict):
+            budget = Budget(resume.get("maxModelCalls"), calls)
         try:
             if etype == INIT_EVENT:
                 snapshot = initial(machine, event.get("input"))
@@ -190,7 +207,7 @@ def replay(
         if verify:
             _check_state(entry, snapshot)
     assert snapshot is not None
-    status = run_status(machine, snapshot, calls, stamp)
+    status = budget.status(machine, snapshot, calls)
     verification: Verified = "unverified"
     if verify:
         if not chained:
@@ -214,7 +231,34 @@ def replay(
         cost_usd=cost,
         verification=verification,
         ended=ended,
+        budget_left=budget.left(calls),
     )
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The model-call budget of one stretch of a run: from its start, or from the event that resumed it."""
+
+    max_model_calls: Any
+    """The stamp's (or the resume's) `maxModelCalls`; anything but an int means no budget is known."""
+    calls_before: int
+    """Model calls journaled before the stretch began."""
+
+    def status(self, machine: Machine, snapshot: Snapshot, calls: int) -> RunStatus:
+        """`run_status` of the stretch: its calls counted against its own budget."""
+        return run_status(
+            machine, snapshot, calls - self.calls_before, {"maxModelCalls": self.max_model_calls}
+        )
+
+    def left(self, calls: int) -> int | None:
+        if not isinstance(self.max_model_calls, int) or isinstance(self.max_model_calls, bool):
+            return None
+        return max(0, self.max_model_calls - (calls - self.calls_before))
+
+
+def resumable(status: Any) -> bool:
+    """A run that ended with this status may be resumed (the legacy `idle` included)."""
+    return status in RESUMABLE_STATUSES or status == LEGACY_WAIT_STATUS
 
 
 def _check_state(entry: LogEntry, snapshot: Snapshot) -> None:
@@ -237,6 +281,8 @@ def _check_end(end: LogEntry, status: RunStatus, snapshot: Snapshot) -> None:
     recorded = end.event.get("status")
     if recorded == status or (recorded == "budget" and snapshot.status == "active"):
         return
+    if recorded == LEGACY_WAIT_STATUS and status in RESUMABLE_STATUSES:
+        return  # written before runs could be resumed: `idle` then meant what `waiting` says now
     raise DivergenceError(
         f"entry {end.index} ({END_EVENT}) diverges: the run recorded status {recorded!r} as it ended, "
         f"replay derives {status!r} in state '{snapshot.value}'"
@@ -253,7 +299,8 @@ def run_status(machine: Machine, snapshot: Snapshot, model_calls: int, stamp: di
             return "decision-exhausted"
         return "error"
     if snapshot.invoke is None:
-        return "idle" if machine.states[snapshot.value].idle else "stuck"
+        state = machine.states[snapshot.value]
+        return wait_status(state) if state.idle else "stuck"
     budget = stamp.get("maxModelCalls")
     if snapshot.invoke.src == "agent.decide" and isinstance(budget, int) and model_calls >= budget:
         return "budget"

@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from improve.evals import OutcomeRow
+from improve.machine import RESUMABLE_STATUSES
 
 KINDS = (
     "invariant-violation",
@@ -285,7 +286,9 @@ def diagnose(
             )
         )
 
-    stuck = [r for r in train if r.status in ("budget", "decision-exhausted", "incomplete", "idle", "stuck")]
+    # A run still waiting (or `idle`, as threads before resumes said) never reached where it should end.
+    ended_short = ("budget", "decision-exhausted", "incomplete", "idle", "stuck", *RESUMABLE_STATUSES)
+    stuck = [r for r in train if r.status in ended_short]
     for status in sorted({r.status for r in stuck}):
         members = [r for r in stuck if r.status == status]
         clusters.append(

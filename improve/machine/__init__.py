@@ -13,8 +13,10 @@ from improve.machine.config import (
     DECIDE_SRC,
     MAX_DEPTH,
     MODEL_DECIDE,
+    RESUMABLE_STATUSES,
     SENTINEL_PREFIX,
     SENTINEL_TAG,
+    WAITING_STATUS,
     DecideInputConfig,
     InvokeConfig,
     MachineConfig,
@@ -29,7 +31,14 @@ from improve.machine.config import (
 )
 from improve.machine.describe import describe_mermaid, describe_text, diff_states, mermaid_label, to_xstate
 from improve.machine.diagram import describe_svg
-from improve.machine.explore import ExploreOptions, ExploreResult, branches, can_reach, explore_paths
+from improve.machine.explore import (
+    ExploreOptions,
+    ExploreResult,
+    ResumeBound,
+    branches,
+    can_reach,
+    explore_paths,
+)
 from improve.machine.expr import (
     ALLOWED_ROOTS,
     MAX_EXPRESSION_LENGTH,
@@ -57,6 +66,7 @@ from improve.machine.interpreter import (
 from improve.machine.lint import has_errors, lint
 from improve.machine.rules import RuleEval, RuleResult, run_rule_evals, uncovered
 from improve.machine.snapshot import Invocation, Snapshot, canonical_hash, canonical_json
+from improve.machine.waits import payload_problem, wait_status, waiting_for
 from improve.machine.walk import Constant, Expression, edges, expressions, literals, state_path
 
 __all__ = [
@@ -68,8 +78,10 @@ __all__ = [
     "MAX_DEPTH",
     "MAX_EXPRESSION_LENGTH",
     "MODEL_DECIDE",
+    "RESUMABLE_STATUSES",
     "SENTINEL_PREFIX",
     "SENTINEL_TAG",
+    "WAITING_STATUS",
     "Constant",
     "DecideInputConfig",
     "ExploreOptions",
@@ -83,6 +95,7 @@ __all__ = [
     "Machine",
     "MachineConfig",
     "NamedGuard",
+    "ResumeBound",
     "RuleEval",
     "RuleResult",
     "Scope",
@@ -115,6 +128,7 @@ __all__ = [
     "mermaid_label",
     "parse_formula",
     "parse_machine",
+    "payload_problem",
     "referenced_paths",
     "refusing_guard",
     "run_rule_evals",
@@ -124,4 +138,6 @@ __all__ = [
     "transition",
     "transitions_of",
     "uncovered",
+    "wait_status",
+    "waiting_for",
 ]

@@ -42,6 +42,23 @@ SENTINEL_TAG = "sentinel"
 SENTINEL_PREFIX = "SENTINEL:"
 """The older sentinel marker, still read: a final state whose description starts with it."""
 
+WAITING_STATUS = "waiting"
+"""The status of a run that stops in a waiting state (no invoke, events to receive) with nobody to answer."""
+
+RESUMABLE_STATUSES = (WAITING_STATUS, "checkpointed", "blocked_ask")
+"""The statuses a run can be resumed from (`improve resume`): `waiting`, or what a waiting state declares
+in `meta.status` (`checkpointed` after a checkpoint, `blocked_ask` after a question)."""
+
+PAYLOAD_TYPES: dict[str, tuple[type, ...]] = {
+    "string": (str,),
+    "number": (int, float),
+    "integer": (int,),
+    "boolean": (bool,),
+    "object": (dict,),
+    "array": (list,),
+}
+"""The JSON Schema type names a waiting state's `meta.payloads` may use, and the Python values each accepts."""
+
 ExprTree = Any
 """A CEL string, or a dict / list of expression trees, or a JSON literal (number, bool, null)."""
 

@@ -14,6 +14,12 @@ Decisions (`agent.decide`) branch on every allowed event with every combination 
 payload values *and* the probe values: a guard is tested even against answers the decision protocol
 would refuse as invalid payloads, so a proof holds for a decider that ignores the closed choice too.
 Idle states (waiting for a person) branch on every event they accept, with the probe payloads.
+
+Resumes. A run that stops in a waiting state can be resumed (`improve resume`), and a resume may grant
+a fresh model-call budget (`Environment.resume_budget`), so the number of resumes along one path bounds
+what a thread can spend. A full exploration (not stopped at a target) keeps the graph of snapshots it
+saw and reports `resumes`: the most waiting states any path passes through, or, when a cycle of
+snapshots runs through a waiting state, that the resumes are unbounded, with the loop as a witness.
 """
 
 from __future__ import annotations
@@ -54,6 +60,34 @@ class ExploreOptions:
 
 
 @dataclass
+class ResumeBound:
+    """How often one path can stop in a waiting state and be resumed."""
+
+    max_resumes: int | None
+    """The most resumes one path can take: waiting snapshots it passes through and leaves again; None:
+    unbounded (a cycle of snapshots runs through a waiting state)."""
+    loop: list[dict[str, Any]] | None = None
+    """When unbounded: the events from the start to a waiting state, then round a cycle back to it."""
+    loop_state: str | None = None
+    """The waiting state the loop returns to."""
+    waiting_states: list[str] = field(default_factory=list)
+    """The waiting states some path reaches."""
+
+    @property
+    def bounded(self) -> bool:
+        return self.max_resumes is not None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "bounded": self.bounded,
+            "max_resumes": self.max_resumes,
+            "loop": self.loop,
+            "loop_state": self.loop_state,
+            "waiting_states": self.waiting_states,
+        }
+
+
+@dataclass
 class ExploreResult:
     reachable: bool
     complete: bool
@@ -69,9 +103,12 @@ class ExploreResult:
     """Distinct snapshots expanded."""
     cuts: list[str] = field(default_factory=list)
     """Why the search is incomplete (first few reasons)."""
+    resumes: ResumeBound | None = None
+    """How many resumes one path can take (None when the search stopped at a target before the end)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
+            "resumes": self.resumes.to_json() if self.resumes is not None else None,
             "reachable": self.reachable,
             "complete": self.complete,
             "proof": self.complete and not self.reachable,
@@ -158,6 +195,9 @@ def explore_paths(
         result.reachable, result.witness = True, []
         return result
     seen: set[Hashable] = {key_of(start)}
+    # The graph of snapshots, for the resume bound: edges (with their events), the waiting snapshots, and
+    # the path that first reached each waiting snapshot (the start of a witness).
+    graph = _Graph(key_of(start))
     # Depth-first, with the path of events kept on the stack for the witness.
     stack: list[tuple[Snapshot, list[dict[str, Any]]]] = [(start, [])]
     while stack:
@@ -166,6 +206,9 @@ def explore_paths(
         if snapshot.status != "active":
             result.terminals[snapshot.value] = result.terminals.get(snapshot.value, 0) + 1
             continue
+        here = key_of(snapshot)
+        if snapshot.invoke is None and machine.states[snapshot.value].idle:
+            graph.waits.setdefault(here, (snapshot.value, path))
         if len(path) >= opts.max_depth:
             _cut(result, f"depth {opts.max_depth} reached in state '{snapshot.value}'")
             continue
@@ -179,6 +222,7 @@ def explore_paths(
         for event in events:
             if result.transitions >= opts.max_paths:
                 _cut(result, f"max_paths {opts.max_paths} reached")
+                result.resumes = graph.bound()
                 return result
             result.transitions += 1
             nxt = transition(machine, snapshot, event)
@@ -191,11 +235,113 @@ def explore_paths(
                 if stop_at_target:
                     return result
             key = key_of(nxt)
+            graph.edges.setdefault(here, []).append((event, key))
             if key in seen:
                 continue
             seen.add(key)
             stack.append((nxt, [*path, event]))
+    result.resumes = graph.bound()
     return result
+
+
+class _Graph:
+    """The snapshots an exploration saw, as a graph, and the resume bound read off it."""
+
+    def __init__(self, start: Hashable) -> None:
+        self.start = start
+        self.edges: dict[Hashable, list[tuple[dict[str, Any], Hashable]]] = {}
+        self.waits: dict[Hashable, tuple[str, list[dict[str, Any]]]] = {}
+        """Waiting snapshot -> (its state, the events that first reached it)."""
+
+    def bound(self) -> ResumeBound:
+        states = sorted({state for state, _ in self.waits.values()})
+        components = self._components()
+        component_of = {node: i for i, members in enumerate(components) for node in members}
+        for members in components:
+            looping = len(members) > 1 or any(k == members[0] for _, k in self.edges.get(members[0], ()))
+            for node in members:
+                if looping and node in self.waits:
+                    state, reach = self.waits[node]
+                    return ResumeBound(None, [*reach, *self._cycle(node, set(members))], state, states)
+        # No waiting snapshot lies on a cycle: the longest path, counting waiting snapshots, is finite.
+        # Tarjan's components come out in reverse topological order, so each one's successors are done.
+        best: list[int] = []
+        for members in components:
+            # A wait with a way out is a stop and a resume; one without (every event refused) only a stop.
+            own = sum(node in self.waits and bool(self.edges.get(node)) for node in members)
+            after = [
+                best[component_of[k]]
+                for node in members
+                for _, k in self.edges.get(node, ())
+                if component_of[k] != len(best)
+            ]
+            best.append(own + max(after, default=0))
+        return ResumeBound(best[component_of[self.start]] if best else 0, None, None, states)
+
+    def _cycle(self, node: Hashable, members: set[Hashable]) -> list[dict[str, Any]]:
+        """The events of a shortest cycle from `node` back to itself, inside its component."""
+        came: dict[Hashable, tuple[Hashable, dict[str, Any]]] = {}
+        queue = [node]
+        for current in queue:
+            for event, nxt in self.edges.get(current, ()):
+                if nxt not in members or nxt in came:
+                    continue
+                came[nxt] = (current, event)
+                if nxt == node:
+                    queue.clear()
+                    break
+                queue.append(nxt)
+        events: list[dict[str, Any]] = []
+        at = node
+        while True:
+            before, event = came[at]
+            events.append(event)
+            at = before
+            if at == node:
+                return events[::-1]
+
+    def _components(self) -> list[list[Hashable]]:
+        """Strongly connected components (Tarjan, iterative), in reverse topological order."""
+        index: dict[Hashable, int] = {}
+        low: dict[Hashable, int] = {}
+        on_stack: set[Hashable] = set()
+        stack: list[Hashable] = []
+        out: list[list[Hashable]] = []
+        counter = 0
+        nodes = [self.start, *(n for n in self.edges if n != self.start)]
+        for root in nodes:
+            if root in index:
+                continue
+            work: list[tuple[Hashable, int]] = [(root, 0)]
+            while work:
+                node, position = work.pop()
+                if position == 0:
+                    index[node] = low[node] = counter
+                    counter += 1
+                    stack.append(node)
+                    on_stack.add(node)
+                successors = self.edges.get(node, ())
+                if position < len(successors):
+                    work.append((node, position + 1))
+                    nxt = successors[position][1]
+                    if nxt not in index:
+                        work.append((nxt, 0))
+                    elif nxt in on_stack:
+                        low[node] = min(low[node], index[nxt])
+                    continue
+                if low[node] == index[node]:
+                    members: list[Hashable] = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        members.append(member)
+                        if member == node:
+                            break
+                    out.append(members)
+                if work:
+                    parent = work[-1][0]
+                    low[parent] = min(low[parent], low[node])
+        return out
 
 
 def can_reach(

@@ -23,6 +23,8 @@ from typing import Any
 from improve.errors import EvaluationError, MachineConfigError, MachineError, UnknownNameError
 from improve.machine.config import (
     DECIDE_SRC,
+    PAYLOAD_TYPES,
+    RESUMABLE_STATUSES,
     DecideInputConfig,
     MachineConfig,
     NamedGuard,
@@ -219,8 +221,50 @@ def compile_machine(
             output=compile_tree(st.output, f"{where}.output") if st.output is not None else None,
             final=st.is_final,
         )
+    for state in states.values():
+        _check_wait_meta(state)
     context_init = compile_tree(config.context, "context")
     return Machine(config=config, states=states, context_init=context_init, guards=guards)
+
+
+def _check_wait_meta(state: State) -> None:
+    """`meta.status` and `meta.payloads` belong to waiting states and say what a resume needs
+    (`improve.machine.waits`); a slip there would only show when a run stops there, so it is refused here."""
+    where = f"state '{state.name}'.meta"
+    meta = state.config.meta
+    if "status" in meta:
+        if meta["status"] not in RESUMABLE_STATUSES:
+            raise MachineConfigError(
+                f"{where}.status: {meta['status']!r} is not a status a run can wait in; use one of "
+                f"{', '.join(RESUMABLE_STATUSES)}"
+            )
+        if not state.idle:
+            raise MachineConfigError(
+                f"{where}.status: only a waiting state (not final, no invoke, with events in `on`) ends a run "
+                "that can be resumed; remove `status` or make the state wait"
+            )
+    payloads = meta.get("payloads")
+    if payloads is None:
+        return
+    if not state.idle or not isinstance(payloads, dict):
+        raise MachineConfigError(
+            f"{where}.payloads: a waiting state's payload declaration is an object, event -> field -> type"
+        )
+    for event, fields in payloads.items():
+        if event not in state.on:
+            raise MachineConfigError(
+                f"{where}.payloads.{event}: the state accepts no event {event!r}; it accepts {sorted(state.on)}"
+            )
+        if not isinstance(fields, dict):
+            raise MachineConfigError(
+                f"{where}.payloads.{event}: an object, field -> type, e.g. " + '{"text": "string"}'
+            )
+        for field_name, kind in fields.items():
+            if not isinstance(kind, str) or kind.rstrip("?") not in PAYLOAD_TYPES:
+                raise MachineConfigError(
+                    f"{where}.payloads.{event}.{field_name}: {kind!r} is not a type; use one of "
+                    f"{', '.join(PAYLOAD_TYPES)} (a trailing ? makes the field optional)"
+                )
 
 
 def _compile_decide(raw: Any, where: str, state: StateConfig, names: list[str]) -> DecideInput:

@@ -1,4 +1,4 @@
-"""Running a machine: environments, the decision protocol, models, policies, journaled runs."""
+"""Running a machine: environments, the decision protocol, models, policies, journaled runs, resumes."""
 
 from improve.errors import ActorFailure, ModelCallError, WorldFromThreadError
 from improve.runtime.chat import ChatModel, ChatSession
@@ -41,6 +41,8 @@ from improve.runtime.policy import (
     read_document_text,
 )
 from improve.runtime.recorded import ActorCall, PersonAnswer, RecordedThread, read_thread
+from improve.runtime.resume import ResumeResult, WaitingThread, fold_thread, resume, world_at
+from improve.runtime.resume_bound import ResumeProof, prove_resumes, resume_proof
 from improve.runtime.run import DEFAULT_MAX_MODEL_CALLS, Journal, RunResult, run
 from improve.runtime.vocabulary import Vocabulary, vocabulary
 
@@ -70,10 +72,13 @@ __all__ = [
     "PersonAnswer",
     "PolicyDecider",
     "RecordedThread",
+    "ResumeProof",
+    "ResumeResult",
     "RunResult",
     "StandInModel",
     "Usage",
     "Vocabulary",
+    "WaitingThread",
     "World",
     "WorldFromThread",
     "WorldFromThreadError",
@@ -81,14 +86,19 @@ __all__ = [
     "check_answer",
     "compile_policy",
     "first_option",
+    "fold_thread",
     "load_environment",
     "load_json",
     "load_machine",
     "load_policy",
     "option",
+    "prove_resumes",
     "read_document_text",
     "read_thread",
+    "resume",
+    "resume_proof",
     "run",
     "stand_in",
     "vocabulary",
+    "world_at",
 ]

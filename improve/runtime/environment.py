@@ -114,6 +114,12 @@ class Environment:
     home: Path | None = None
     """The folder the environment ships in, when it carries its own `scenarios.yaml` and `policies/`
     (the bundled desks do): `improve init --from NAME` writes them out into a workspace."""
+    resume_budget: int | None = None
+    """Model calls a run may make after each resume (`improve resume`), a fresh budget each time: a code
+    agent's turns after a checkpoint. None: a resumed run goes on with what its own budget has left,
+    counted across resumes. With a fresh budget per resume, exploration must prove the resumes along any
+    path bounded (`improve explore`, the explore gate): a machine that can wait again after a resume
+    counts its resumes in its context and guards on the count."""
     ref: EnvironmentRef | None = field(default=None, repr=False, compare=False)
     """How the registry loaded it, so a worker process can load it again (set by `load_environment`)."""
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from improve.errors import LogError, MachineError
-from improve.log import INIT_EVENT, USAGE_EVENT, LogEntry, RunStatus, run_status, validate_log
+from improve.log import INIT_EVENT, RESUME_KEY, USAGE_EVENT, Budget, LogEntry, RunStatus, validate_log
 from improve.machine import DECIDE_SRC, DONE_EVENT, ERROR_EVENT, Machine, Snapshot, initial, transition
 
 META_PREFIX = "@agent."
@@ -102,12 +102,16 @@ def read_thread(machine: Machine, entries: Sequence[LogEntry], thread_id: str) -
     calls: list[ActorCall] = []
     answers: list[PersonAnswer] = []
     model_calls = 0
+    budget = Budget((entries[0].metadata or {}).get("maxModelCalls"), 0)
     for entry in entries:
         event = entry.event
         etype = entry.type
         if etype == USAGE_EVENT:
             model_calls += int(event.get("calls", 1))
             continue
+        resume = (entry.metadata or {}).get(RESUME_KEY)
+        if isinstance(resume, dict):  # a resumed stretch counts against its own budget, as replay does
+            budget = Budget(resume.get("maxModelCalls"), model_calls)
         if etype != INIT_EVENT and etype.startswith(META_PREFIX):
             continue
         try:
@@ -138,7 +142,7 @@ def read_thread(machine: Machine, entries: Sequence[LogEntry], thread_id: str) -
         calls=tuple(calls),
         answers=tuple(answers),
         final_state=snapshot.value,
-        status=run_status(machine, snapshot, model_calls, stamp),
+        status=budget.status(machine, snapshot, model_calls),
         stamp=stamp,
     )
 

@@ -1,9 +1,13 @@
 """Driving an environment through one scenario, journaling every external input before acting on it.
 
-The loop: invoke actors (journal `xstate.done.actor` / `xstate.error.actor`), answer idle states from
+The loop: invoke actors (journal `xstate.done.actor` / `xstate.error.actor`), answer waiting states from
 the scenario's people script, ask the decider at `agent.decide` states (the decision protocol), until
-a final state, an idle state nobody answers, or a budget. Each entry is written to the store before
+a final state, a waiting state nobody answers, or a budget. Each entry is written to the store before
 the next action, so a crash loses at most the action in flight and the thread replays to where it was.
+
+A run that stops in a waiting state ends its process with the thread as its only state: the end entry
+says the status (`waiting`, or the state's `meta.status`), the state and what it waits for
+(`waitingFor`), and `improve.runtime.resume` continues it in the same thread.
 
 Every entry is chained (schemaVersion 2, `verification.entryHash`, `improve.log.chain`), and a run that
 ends, whatever its status, writes a last `@agent.end` entry saying how. A run that raised (an actor
@@ -20,6 +24,7 @@ from improve.errors import ActorFailure, ConfigError, ConflictError, RunError
 from improve.log import (
     END_EVENT,
     INIT_EVENT,
+    RESUME_KEY,
     SCHEMA_VERSION,
     UNCHAINED_VERSION,
     Attempt,
@@ -37,11 +42,13 @@ from improve.machine import (
     DECIDE_SRC,
     DONE_EVENT,
     ERROR_EVENT,
+    RESUMABLE_STATUSES,
     Invocation,
     Machine,
     Snapshot,
     initial,
     transition,
+    waiting_for,
 )
 from improve.runtime.decision import DEFAULT_MAX_RETRIES, Decider, build_request, check_answer
 from improve.runtime.environment import Environment, World
@@ -120,12 +127,25 @@ class Journal:
         return entry
 
     def end(self, status: RunStatus, final: Snapshot) -> LogEntry:
-        """The run's last entry, `{"type": "@agent.end", "status": status}`, with the final state's hash."""
-        return self.write({"type": END_EVENT, "status": status}, final)
+        """The run's last entry, `{"type": "@agent.end", "status": status}`, with the final state's hash;
+        a run that stopped waiting also says where (`state`) and for what (`waitingFor`)."""
+        event: dict[str, Any] = {"type": END_EVENT, "status": status}
+        state = self.machine.states[final.value]
+        if status in RESUMABLE_STATUSES and final.invoke is None and state.idle:
+            event["state"] = final.value
+            event["waitingFor"] = waiting_for(self.machine, final.value)
+        return self.write(event, final)
+
+    def resumed(
+        self, event: dict[str, Any], after: Snapshot, event_id: str, max_model_calls: int
+    ) -> LogEntry:
+        """The external event that resumes a waiting run, journaled before anything acts on it."""
+        resume = {"eventId": event_id, "maxModelCalls": max_model_calls}
+        return self.write(event, after, metadata={"source": "resume", RESUME_KEY: resume})
 
 
-class _People:
-    """The scenario's people script: per idle state, answers consumed in order."""
+class People:
+    """The scenario's people script: per waiting state, answers consumed in order."""
 
     def __init__(self, script: Mapping[str, Sequence[dict[str, Any]]]) -> None:
         self._queues = {state: list(answers) for state, answers in script.items()}
@@ -150,21 +170,34 @@ def run(
     """Run `env` once from `input` to the end, journaling the thread `thread_id` into `store`."""
     if store.length(thread_id):
         raise ConflictError(f"thread {thread_id} already has entries; delete it or use another run number")
-    runner = _Runner(
-        env, world, _People(people), decider, Journal(store, thread_id, env.machine), max_model_calls
+    runner = Runner(
+        env, world, People(people), decider, Journal(store, thread_id, env.machine), max_model_calls
     )
-    return runner.run(input, {**(stamp or {}), "maxModelCalls": max_model_calls})
+    return runner.start(input, {**(stamp or {}), "maxModelCalls": max_model_calls})
 
 
-class _Runner:
+@dataclass(frozen=True)
+class Spent:
+    """What a thread spent before a stretch of its run began (a resume continues the counts)."""
+
+    calls: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    failed_attempts: int = 0
+
+
+class Runner:
+    """Drives one stretch of a run: from its start, or from the event that resumed it."""
+
     def __init__(
         self,
         env: Environment,
         world: World,
-        people: _People,
+        people: People,
         decider: Decider,
         journal: Journal,
         max_model_calls: int,
+        spent: Spent | None = None,
     ) -> None:
         self.env = env
         self.machine = env.machine
@@ -173,11 +206,21 @@ class _Runner:
         self.decider = decider
         self.journal = journal
         self.max_model_calls = max_model_calls
-        self.calls = self.tokens_in = self.tokens_out = self.failed = 0
+        """The budget of this stretch: model calls it may make from its start."""
+        spent = spent or Spent()
+        self.calls_before = spent.calls
+        self.calls = spent.calls
+        self.tokens_in = spent.input_tokens
+        self.tokens_out = spent.output_tokens
+        self.failed = spent.failed_attempts
 
-    def run(self, input: Any, metadata: dict[str, Any]) -> RunResult:
+    def start(self, input: Any, metadata: dict[str, Any]) -> RunResult:
         snapshot = initial(self.machine, input)
         self.journal.write({"type": INIT_EVENT, "input": input}, snapshot, metadata=metadata)
+        return self.drive(snapshot)
+
+    def drive(self, snapshot: Snapshot) -> RunResult:
+        """Go on from `snapshot` to a final state, a wait nobody answers, or a budget; end the thread."""
         stop: RunStatus | None = None
         while snapshot.status == "active":
             if self.journal.index >= MAX_ENTRIES:
@@ -193,9 +236,10 @@ class _Runner:
             else:
                 nxt = self._actor(snapshot, invocation)
             if nxt is None:
-                break  # nobody answers (the run ends idle), or the model-call budget is spent
+                break  # nobody answers (the run ends waiting), or the model-call budget is spent
             snapshot = nxt
-        status = stop or run_status(self.machine, snapshot, self.calls, metadata)
+        spent = self.calls - self.calls_before
+        status = stop or run_status(self.machine, snapshot, spent, {"maxModelCalls": self.max_model_calls})
         self.journal.end(status, snapshot)
         return RunResult(
             thread_id=self.journal.thread_id,
@@ -243,7 +287,7 @@ class _Runner:
         attempts: list[Attempt] = []
         source = ""
         for _ in range(retries + 1):
-            if self.calls >= self.max_model_calls:
+            if self.calls - self.calls_before >= self.max_model_calls:
                 return None
             decision = self.decider.decide(request.with_attempts(attempts))
             source = decision.source

@@ -92,6 +92,10 @@ class Warehouse:
         """One row per thread: its id parsed (split, policy version, model, scenario, run), size, times."""
         return self.table("threads")
 
+    def waiting(self) -> pl.DataFrame:
+        """One row per thread stopped in a waiting state: where, for which events, since when."""
+        return self.table("waiting")
+
     def decisions(self) -> pl.DataFrame:
         """One row per decision: the event chosen, the options offered, the attempts it took."""
         return self.table("decisions")

@@ -222,7 +222,8 @@ RELATIONS: tuple[Relation, ...] = (
             "policy_version": "Policy version label (v3).",
             "run": "Run number within k.",
             "final_state": "The state the replay ends in.",
-            "status": "done, idle, budget, decision-exhausted, error or incomplete.",
+            "status": "done, waiting (or checkpointed, blocked_ask: resumable), budget, decision-exhausted, error "
+            "or incomplete.",
             "output": "The final state's output.",
             "steps": "Entries folded (usage records excluded).",
             "model_calls": "Model calls journaled.",
@@ -261,7 +262,8 @@ RELATIONS: tuple[Relation, ...] = (
             "chained": "Every entry is schemaVersion 2 with an entry_hash: `improve replay --verify` can check "
             "its content entry by entry. False for version 1 threads (and other formats).",
             "ended": "Its last entry is @agent.end: the run finished (a chained thread without it is incomplete).",
-            "end_status": "The status the end entry records (done, idle, budget, decision-exhausted, error).",
+            "end_status": "The status the last end entry records (done, waiting, checkpointed, blocked_ask, budget, "
+            "decision-exhausted, error; idle in threads written before runs could be resumed).",
             "head_hash": "The last entry's entry_hash: the thread's digest, which depends on every entry.",
         },
         f"""
@@ -282,10 +284,56 @@ RELATIONS: tuple[Relation, ...] = (
                max(TRY_CAST(recorded_at AS TIMESTAMPTZ)) AS last_at,
                bool_and(schema_version = 2 AND entry_hash IS NOT NULL) AS chained,
                arg_max(event_type, "index") = '@agent.end' AS ended,
-               max(event ->> '$.status') FILTER (WHERE event_type = '@agent.end') AS end_status,
+               arg_max(event ->> '$.status', "index") FILTER (WHERE event_type = '@agent.end') AS end_status,
                arg_max_null(entry_hash, "index") AS head_hash
         FROM entries
         GROUP BY thread_id
+        """,
+    ),
+    Relation(
+        "waiting",
+        "One row per thread whose run stopped in a waiting state and can be resumed (`improve resume`): "
+        "where it waits, for which events, since when. `improve waiting` lists it.",
+        {
+            "thread_id": "The thread.",
+            "environment": "The environment it ran in (its stamp's; NULL when the stamp names none).",
+            "scenario": "Scenario id (NULL when the id is not split:version:model:scenario:rK).",
+            "policy_version": "Policy version label, e.g. v3.",
+            "model": "The model's name as in the id.",
+            "status": "waiting, checkpointed or blocked_ask (the waiting state's meta.status); idle in threads "
+            "written before runs could be resumed.",
+            "state": "The waiting state (NULL for an idle end entry, which did not say).",
+            "events": "The event types it accepts, in the order of the state's transitions.",
+            "waiting_for": "Each accepted event with the JSON Schema of its payload: [{type, payload}] as the end "
+            "entry's waitingFor records it.",
+            "since": "When the run stopped (its end entry's recorded_at).",
+            "resumes": "How many times the run was resumed before it stopped here.",
+            "entries": "Entries in the thread.",
+            "head_hash": "The end entry's entry_hash: a resume chains its first entry to it.",
+        },
+        """
+        SELECT l.thread_id, l.environment, t.scenario, t.policy_version, t.model,
+               l.event ->> '$.status' AS status,
+               l.event ->> '$.state' AS state,
+               coalesce(json_extract_string(l.event, '$.waitingFor[*].type'), []) AS events,
+               l.event -> '$.waitingFor' AS waiting_for,
+               TRY_CAST(l.recorded_at AS TIMESTAMPTZ) AS since,
+               l.resumes, l.entries, l.head_hash
+        FROM (
+            SELECT thread_id,
+                   arg_max(event, "index") AS event,
+                   arg_max(event_type, "index") AS event_type,
+                   arg_max(recorded_at, "index") AS recorded_at,
+                   arg_max_null(entry_hash, "index") AS head_hash,
+                   arg_min(metadata ->> '$.environment', "index") AS environment,
+                   count(*) FILTER (WHERE json_exists(metadata, '$.resume')) AS resumes,
+                   count(*) AS entries
+            FROM entries
+            GROUP BY thread_id
+        ) AS l
+        JOIN threads AS t USING (thread_id)
+        WHERE l.event_type = '@agent.end'
+          AND l.event ->> '$.status' IN ('waiting', 'checkpointed', 'blocked_ask', 'idle')
         """,
     ),
     Relation(

@@ -110,7 +110,7 @@ class _Desk:
         """The next answer people give while the ticket waits; nobody answers -> it stays waiting."""
         queue = self.people.get(waiting)
         if not queue:
-            raise _Ended(waiting, "idle")
+            raise _Ended(waiting, "waiting")
         answer = dict(queue.pop(0))
         if answer.get("type") not in accepted:
             raise ConfigError(f"the people script answers {answer} in {waiting!r}, which accepts {accepted}")

@@ -1,5 +1,7 @@
 """`explore`: for each probe request (recorded decisions of training scenarios), every final output is
-one of the options offered, on every path, including when the model call fails."""
+one of the options offered, on every path, including when the model call fails. And, when the
+environment grants a fresh budget per resume (`resume_budget`), the resumes along every path of the
+environment are finitely many, so no thread can outspend its budgets (`improve.runtime.resume_bound`)."""
 
 from __future__ import annotations
 
@@ -10,15 +12,25 @@ from typing import Any
 from improve.errors import MachineError
 from improve.loop.gates.gate import GateContext, GateResult
 from improve.machine import ExploreOptions, Snapshot, canonical_json, explore_paths
-from improve.runtime import MODEL_DECIDE, ModelJudgment
+from improve.runtime import MODEL_DECIDE, ModelJudgment, prove_resumes
 
 
 class ExploreGate:
     name = "explore"
 
     def run(self, ctx: GateContext) -> GateResult:
+        resumes = ""
+        if ctx.env.resume_budget is not None:
+            proof = prove_resumes(ctx.env)
+            if not proof.holds:
+                return GateResult(self.name, False, f"the environment's resume paths: {proof.summary(0)}")
+            resumes = (
+                f"; at most {proof.max_resumes} resume(s) on any path, each with {proof.resume_budget} calls"
+            )
         if not ctx.probes:
-            return GateResult(self.name, True, "no probe requests (no training scenario reached a decision)")
+            return GateResult(
+                self.name, True, "no probe requests (no training scenario reached a decision)" + resumes
+            )
         machine = ctx.compiled
         total_states = 0
         for request in ctx.probes:
@@ -75,7 +87,7 @@ class ExploreGate:
         return GateResult(
             self.name,
             True,
-            f"{len(ctx.probes)} probe request(s), {total_states} state(s): every output is offered",
+            f"{len(ctx.probes)} probe request(s), {total_states} state(s): every output is offered" + resumes,
         )
 
 
