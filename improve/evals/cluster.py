@@ -65,12 +65,12 @@ def parse_executor(text: str, where: str = "--executor") -> ExecutorChoice:
 
 
 @contextmanager
-def open_fanout(
-    choice: ExecutorChoice, root: Path, timeout: float = CONNECT_TIMEOUT_S
-) -> Iterator[Fanout | None]:
+def open_fanout(choice: ExecutorChoice, root: Path, timeout: float | None = None) -> Iterator[Fanout | None]:
     """Connect to the chosen executor for one command: None for `local`; for a Dask scheduler, a
     `Fanout` onto its workers, with the workspace root on their `sys.path` and each model's
-    concurrency cap held by a semaphore the whole cluster shares. The client is closed on the way out."""
+    concurrency cap held by a semaphore the whole cluster shares. The client is closed on the way out.
+    `timeout`: seconds to reach the scheduler and see a worker (default `CONNECT_TIMEOUT_S`)."""
+    timeout = CONNECT_TIMEOUT_S if timeout is None else timeout
     if choice.kind == LOCAL or choice.address is None:
         yield None
         return

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Callable, Sequence
 from collections import deque
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -140,16 +140,10 @@ class BatchResult:
     """The worker's `Meter.to_json()` for a model behind an endpoint; None for a stand-in."""
 
 
-@functools.lru_cache(maxsize=8)
-def _environment(ref: EnvironmentRef) -> Environment:
-    """A worker loads each environment once, by its registered name, for every batch it runs."""
-    return ref.load()
-
-
 def execute_batch(batch: RunBatch) -> BatchResult:
     """Run a batch in this process (a worker of any `concurrent.futures.Executor`), journaled in memory:
     the threads go back to the caller, which writes them where the command keeps its threads."""
-    env = _environment(batch.environment)
+    env = batch.environment.shared()
     spec = batch.spec
     meter = Meter()
     store = MemoryStore()

@@ -271,7 +271,9 @@ class Workspace:
         """Where the command's runs go: `--executor`, else `[workspace] executor`, else `local`."""
         if given is not None:
             return parse_executor(given)
-        return parse_executor(self.config.workspace.executor, f"{self.root / CONFIG_NAME} [workspace] executor")
+        return parse_executor(
+            self.config.workspace.executor, f"{self.root / CONFIG_NAME} [workspace] executor"
+        )
 
     @property
     def cache_dir(self) -> Path:
