@@ -289,13 +289,13 @@ def test_the_test_split_is_sealed_until_unsealed_and_each_unsealing_is_recorded(
     assert f"unsealing 2 of test set `{third['test_set']}` (4 scenarios) by t <" in markdown.stdout
 
 
-HEAVY = ("scipy", "openai", "github")
+HEAVY = ("scipy", "openai", "github", "dask", "distributed")
 
 
 @pytest.mark.parametrize("args", [["--help"], ["describe", "--env", "refunds"]])
 def test_commands_that_need_no_statistics_or_endpoints_do_not_import_them(args: list[str]) -> None:
-    """Start-up time is import time: scipy, the openai SDK and PyGithub load only in the commands that use
-    them (a fresh interpreter, so nothing imported by another test counts)."""
+    """Start-up time is import time: scipy, the openai SDK, PyGithub and dask load only in the commands that
+    use them (a fresh interpreter, so nothing imported by another test counts)."""
     import subprocess
 
     code = (
