@@ -22,7 +22,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="timed repetitions (medians reported)")
     parser.add_argument("--ingest-threads", type=int, default=20_000, help="threads in the ingest corpus")
     parser.add_argument(
-        "--only", choices=["replay", "warehouse", "explore", "round", "cluster", "chat"], help="run one section"
+        "--only",
+        choices=["replay", "warehouse", "explore", "round", "cluster", "chat"],
+        help="run one section",
     )
     args = parser.parse_args()
     figures: dict[str, object] = {"machine": {"cores": __import__("os").cpu_count()}}

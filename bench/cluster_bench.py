@@ -50,7 +50,9 @@ def _round(target: Path, workers: int) -> dict[str, Any]:
         if fanout is not None:  # the workers' first imports are the cluster's start-up, not the round's
             _runs(target / "warm", fanout, k=1)
         start = time.perf_counter()
-        result = run_round(space, RoundOptions(env="refunds", policy="v0", k=3, model="naive", executor=fanout))
+        result = run_round(
+            space, RoundOptions(env="refunds", policy="v0", k=3, model="naive", executor=fanout)
+        )
         seconds = time.perf_counter() - start
     return {"seconds": round(seconds, 2), "status": result.status, "decision": result.decision_detail}
 
@@ -60,7 +62,9 @@ def _runs(target: Path, fanout: Fanout | None, k: int) -> tuple[float, int]:
     scenarios = load_scenarios(REPO / "scenarios" / "refunds.yaml").open_scenarios
     spec = SuiteSpec(load_policy(REPO / "policies" / "refunds" / "v0.json"), "sloppy", k)
     start = time.perf_counter()
-    plan = write_threads(env, scenarios, spec, JsonlDirStore(target), fresh=True, concurrency=8, executor=fanout)
+    plan = write_threads(
+        env, scenarios, spec, JsonlDirStore(target), fresh=True, concurrency=8, executor=fanout
+    )
     return time.perf_counter() - start, len(plan)
 
 

@@ -265,3 +265,55 @@ def test_the_repository_workspace_runs_locally_by_default() -> None:
     from improve.evals import Workspace
 
     assert str(Workspace.load(REPO / "improve.toml").executor()) == "local"
+
+
+DYING_MODULE = '''
+"""The refund desk with a stand-in model whose process dies on its first call (a worker killed)."""
+import os
+from dataclasses import replace
+
+from improve.runtime import Environment, load_environment
+
+
+class Dies:
+    name = "dies"
+
+    def answer(self, request):
+        os._exit(17)
+
+
+def environment() -> Environment:
+    env = load_environment("refunds")
+    return replace(env, name="dying-desk", models={**env.models, "dies": lambda seed: Dies()})
+'''
+
+
+def test_a_worker_that_dies_is_a_clear_error_and_the_written_runs_stay(tmp_path: Path) -> None:
+    from concurrent.futures import ProcessPoolExecutor
+
+    from improve.errors import RunError
+    from improve.evals import Fanout, SuiteSpec, Workspace, write_threads
+    from improve.log import JsonlDirStore
+
+    (tmp_path / "dying.py").write_text(DYING_MODULE)
+    (tmp_path / "improve.toml").write_text('[environments.dying-desk]\nmodule = "dying:environment"\n')
+    space = Workspace.load(tmp_path / "improve.toml")
+    env = space.environment("dying-desk")
+    scenarios = [s.model_copy(update={"environment": "dying-desk"}) for s in _refund_scenarios()[:4]]
+    policy = space.load_policy("dying-desk", str(REPO / "policies" / "refunds" / "v0.json"))
+    store = JsonlDirStore(tmp_path / "traces")
+    with ProcessPoolExecutor(max_workers=1) as pool:
+        fanout = Fanout(pool, workers=1, where="a process pool")
+        with pytest.raises(RunError, match=r"a batch of runs failed on a process pool: BrokenProcessPool"):
+            write_threads(env, scenarios, SuiteSpec(policy, "dies", 1), store, executor=fanout)
+    assert store.list_threads().thread_ids == []  # nothing half-written
+    # The same runs with a model that lives are written whole, batch by batch.
+    with ProcessPoolExecutor(max_workers=2) as pool:
+        plan = write_threads(env, scenarios, SuiteSpec(policy, "naive", 2), store, executor=pool)
+    assert len(plan) == 8 and all(store.read(p.thread_id)[-1].event["type"] == "@agent.end" for p in plan)
+
+
+def _refund_scenarios() -> list[Any]:
+    from improve.evals import load_scenarios
+
+    return load_scenarios(REPO / "scenarios" / "refunds.yaml").split("train")

@@ -16,7 +16,7 @@ from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from improve.errors import ImproveError, LogError, SpendLimitError, WorkspaceError
+from improve.errors import ImproveError, LogError, RunError, SpendLimitError, WorkspaceError
 from improve.evals.fanout import Fanout, ModelGate
 from improve.evals.outcome import OutcomeRow, outcome_row
 from improve.evals.scenarios import Scenario
@@ -341,7 +341,7 @@ def _fan_out(
             pending.append(fanout.executor.submit(execute_batch, queued.popleft()))
         if not pending:
             break
-        result = pending.popleft().result()
+        result = _batch_result(pending.popleft(), fanout)
         for thread in result.threads:
             # The same file a run in this process writes: any earlier copy goes, the thread lands whole.
             store.delete(thread.thread_id)
@@ -353,6 +353,19 @@ def _fan_out(
             ran(done, len(todo))
     if done < len(todo) and meter is not None and meter.over_limit():
         raise SpendLimitError(f"the spend limit of ${meter.limit_usd} is reached: {meter.summary()}")
+
+
+def _batch_result(future: Future[BatchResult], fanout: Fanout) -> BatchResult:
+    try:
+        return future.result()
+    except ImproveError:
+        raise  # a run's own failure (a recorded call missing on replay, ...), as it would be locally
+    except Exception as error:
+        # The executor's failure, not a run's: a worker killed, the scheduler gone.
+        raise RunError(
+            f"a batch of runs failed on {fanout.where}: {type(error).__name__}: {error}; the runs already "
+            "written are kept, and running the command again resumes with the rest (or use --executor local)"
+        ) from error
 
 
 async def _run_concurrently(

@@ -18,7 +18,7 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 
-from improve.errors import RunError, WorkspaceError
+from improve.errors import ImproveError, RunError, WorkspaceError
 from improve.evals import Fanout, ModelGate, Scenario
 from improve.parity.runners import ParityRun, PolicyRunner, Side
 from improve.parity.worker import InProcess
@@ -81,6 +81,8 @@ def run_sides_on(
             limit = None if timeout is None else timeout * 2 * len(batch.pairs)
             try:
                 results[name] += future.result(timeout=limit)
+            except ImproveError:
+                raise
             except FutureTimeout:
                 first_model, first_scenario = batch.pairs[0]
                 raise RunError(
@@ -90,6 +92,13 @@ def run_sides_on(
                     "comes hangs there (its worker thread stays busy until the worker restarts); fix it, or "
                     "give more time with --timeout SECONDS"
                 ) from None
+            except (
+                Exception
+            ) as error:  # the executor's failure, not a run's: a worker killed, the scheduler gone
+                raise RunError(
+                    f"{batch.side.kind} {batch.side.ref}: a batch of runs failed on {fanout.where}: "
+                    f"{type(error).__name__}: {error}; nothing was compared"
+                ) from error
     finally:
         for _, _, future in submitted:
             future.cancel()
