@@ -319,14 +319,12 @@ def _fan_out(
     meter: Meter | None,
 ) -> None:
     """Send the runs to the executor in batches and write each batch's threads as it comes back."""
-    if env.ref is None:
-        raise WorkspaceError(
-            f"environment {env.name} was not loaded through the registry, so a worker cannot load it: load "
-            "it with improve.runtime.load_environment (or Workspace.environment) to run it on an executor"
-        )
+    # A worker loads the environment again by its registered name (an environment made in code without
+    # the registry is looked up by its name there).
+    ref = env.ref or EnvironmentRef(env.name)
     size = fanout.batch_size(len(todo))
     batches = [
-        RunBatch(env.ref, spec, tuple(todo[i : i + size]), concurrency, fanout.gate)
+        RunBatch(ref, spec, tuple(todo[i : i + size]), concurrency, fanout.gate)
         for i in range(0, len(todo), size)
     ]
     pending: deque[Future[BatchResult]] = deque()

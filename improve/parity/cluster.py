@@ -18,7 +18,7 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 
-from improve.errors import ImproveError, RunError, WorkspaceError
+from improve.errors import ImproveError, RunError
 from improve.evals import Fanout, ModelGate, Scenario
 from improve.parity.runners import ParityRun, PolicyRunner, Side
 from improve.parity.worker import InProcess
@@ -63,12 +63,6 @@ def run_sides_on(
     timeout: float | None,
 ) -> dict[str, list[RunTwice]]:
     """Every pair twice on each side, on the executor; per side, in the order of `pairs`."""
-    for side in sides.values():
-        if isinstance(side.runner, PolicyRunner) and env.ref is None:
-            raise WorkspaceError(
-                f"environment {env.name} was not loaded through the registry, so a worker cannot load it; "
-                "load it with improve.runtime.load_environment (or Workspace.environment)"
-            )
     size = fanout.batch_size(2 * len(pairs))
     submitted: list[tuple[str, PairBatch, Future[list[RunTwice]]]] = []
     for name, side in sides.items():

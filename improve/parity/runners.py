@@ -23,7 +23,7 @@ from improve.evals import ModelGate, OutcomeRow, Scenario, SuiteSpec, Workspace,
 from improve.llm import CacheMode
 from improve.log import LogEntry, MemoryStore
 from improve.machine import MachineConfig
-from improve.runtime import DEFAULT_MAX_MODEL_CALLS, Environment, Model, compile_policy
+from improve.runtime import DEFAULT_MAX_MODEL_CALLS, Environment, EnvironmentRef, Model, compile_policy
 
 
 @dataclass(frozen=True)
@@ -108,12 +108,7 @@ class PolicyRunner:
 
     def __getstate__(self) -> dict[str, Any]:
         # A worker of a cluster loads the environment again by its registered name.
-        if self.env.ref is None:
-            raise WorkspaceError(
-                f"environment {self.env.name} was not loaded through the registry, so a worker cannot load "
-                "it; load it with improve.runtime.load_environment (or Workspace.environment)"
-            )
-        return {**self.__dict__, "env": self.env.ref}
+        return {**self.__dict__, "env": self.env.ref or EnvironmentRef(self.env.name)}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update({**state, "env": state["env"].shared()})
