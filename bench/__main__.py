@@ -47,7 +47,7 @@ def main() -> None:
                 "and 2 worker processes ...",
                 file=sys.stderr,
             )
-            figures["cluster"] = cluster_figures(Path(tmp))
+            figures["cluster"] = cluster_figures(Path(tmp), args.repeat)
         if args.only in (None, "chat"):
             print(
                 "bench: the chat adapter per decision against a bare post, then a 200 ms endpoint at "
