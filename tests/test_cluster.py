@@ -317,3 +317,29 @@ def _refund_scenarios() -> list[Any]:
     from improve.evals import load_scenarios
 
     return load_scenarios(REPO / "scenarios" / "refunds.yaml").split("train")
+
+
+def test_the_workers_model_calls_are_metered_here_with_their_fingerprints(
+    tmp_path: Path, cluster: str, serve: Callable[[Callable[[dict[str, Any]], Reply]], FakeEndpoint]
+) -> None:
+    from improve.evals import SuiteSpec, Workspace, open_fanout, parse_executor, write_threads
+    from improve.llm import Meter, ModelSpec
+    from improve.log import JsonlDirStore
+
+    def escalate(body: dict[str, Any]) -> Reply:
+        return tool_answer({"type": "ESCALATE"}, fingerprint="fp_cluster")
+
+    server = serve(escalate)
+    space = Workspace.load(copy_workspace(tmp_path / "ws") / "improve.toml")
+    env = space.environment("refunds")
+    model = ModelSpec(model="test-model", base_url=server.url, api_key_env=KEY_ENV)
+    spec = SuiteSpec(
+        space.load_policy("refunds", "v0"), "fake", 1, model_spec=model, cache_dir=str(space.cache_dir)
+    )
+    meter = Meter()
+    with open_fanout(parse_executor(cluster), space.root) as fanout:
+        plan = write_threads(
+            env, _refund_scenarios()[:6], spec, JsonlDirStore(space.traces), executor=fanout, meter=meter
+        )
+    assert len(plan) == 6 and meter.live == len(server.requests) > 0
+    assert meter.fingerprints == {"fp_cluster"} and meter.input_tokens > 0

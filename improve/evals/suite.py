@@ -138,6 +138,8 @@ class BatchResult:
     threads: list[WrittenThread]
     calls: dict[str, Any] | None = None
     """The worker's `Meter.to_json()` for a model behind an endpoint; None for a stand-in."""
+    fingerprints: tuple[str, ...] = ()
+    """The endpoint's `system_fingerprint`s the batch's calls reported."""
 
 
 def execute_batch(batch: RunBatch) -> BatchResult:
@@ -152,7 +154,9 @@ def execute_batch(batch: RunBatch) -> BatchResult:
     todo = list(batch.runs)
     asyncio.run(_run_concurrently(runner, env, policy, todo, spec, store, max(1, batch.concurrency), None))
     threads = [WrittenThread(tid, store.read(tid)) for tid in (spec.thread_id(sc, n) for sc, n in todo)]
-    return BatchResult(threads, meter.to_json() if spec.model_spec is not None else None)
+    if spec.model_spec is None:
+        return BatchResult(threads)
+    return BatchResult(threads, meter.to_json(), tuple(sorted(meter.fingerprints)))
 
 
 def run_scenario(
@@ -345,7 +349,7 @@ def _fan_out(
             store.delete(thread.thread_id)
             store.append(thread.thread_id, 0, thread.entries)
         if meter is not None and result.calls is not None:
-            meter.absorb(result.calls)
+            meter.absorb(result.calls, result.fingerprints)
         done += len(result.threads)
         if ran:
             ran(done, len(todo))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -27,6 +27,8 @@ class Meter:
     usd: float = 0.0
     priced: bool = False
     """Whether any call had a price (otherwise USD is unknown, not zero)."""
+    fingerprints: set[str] = field(default_factory=set)
+    """The endpoints' `system_fingerprint`s the calls reported (which build of the model answered)."""
     _attempts: list[Callable[[], int]] = field(default_factory=list, repr=False)
     _retries_elsewhere: int = field(default=0, repr=False)
     """Retries counted by meters of other processes (workers of a cluster), absorbed here."""
@@ -65,9 +67,11 @@ class Meter:
             self.live += 1
             self.failed += 1
 
-    def absorb(self, counts: dict[str, Any]) -> None:
-        """Add another process's meter (its `to_json()`): the calls a worker of a cluster made."""
+    def absorb(self, counts: dict[str, Any], fingerprints: Iterable[str] = ()) -> None:
+        """Add another process's meter (its `to_json()` and fingerprints): the calls a worker of a
+        cluster made."""
         with self._lock:
+            self.fingerprints.update(fingerprints)
             self.live += int(counts.get("live") or 0)
             self._absorbed_live += int(counts.get("live") or 0)
             self.recorded += int(counts.get("recorded") or 0)

@@ -277,7 +277,8 @@ class ChatSession:
         self.mode = MODES[0]
         self.judge_mode = "json_schema"
         """Judgments ask for JSON only: `json_schema`, or `json_object` once the endpoint refused it."""
-        self.fingerprints: set[str] = set()
+        # The meter's set: sessions of one meter (and the workers it absorbs) report one set.
+        self.fingerprints: set[str] = self.meter.fingerprints
         self._lock = threading.Lock()
         # Each call holds the gate while in flight: this process's cap, or (a worker of a cluster) one
         # shared by every worker, so the model sees `concurrency` calls at most either way.
