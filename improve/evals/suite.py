@@ -346,7 +346,8 @@ def _fan_out(
         result = _batch_result(pending.popleft(), fanout)
         for thread in result.threads:
             # The same file a run in this process writes: any earlier copy goes, the thread lands whole.
-            store.delete(thread.thread_id)
+            if store.exists(thread.thread_id):
+                store.delete(thread.thread_id)
             store.append(thread.thread_id, 0, thread.entries)
         if meter is not None and result.calls is not None:
             meter.absorb(result.calls, result.fingerprints)
