@@ -343,3 +343,19 @@ def test_the_workers_model_calls_are_metered_here_with_their_fingerprints(
         )
     assert len(plan) == 6 and meter.live == len(server.requests) > 0
     assert meter.fingerprints == {"fp_cluster"} and meter.input_tokens > 0
+
+
+@pytest.mark.parametrize(
+    ("text", "address"),
+    [
+        ("local", None),
+        ("dask://127.0.0.1:8786", "tcp://127.0.0.1:8786"),
+        ("dask://scheduler.internal:8786", "tcp://scheduler.internal:8786"),
+        ("dask://[::1]:8786", "tcp://[::1]:8786"),
+    ],
+)
+def test_an_executor_names_local_or_a_scheduler_address(text: str, address: str | None) -> None:
+    from improve.evals import parse_executor
+
+    choice = parse_executor(text)
+    assert choice.address == address and str(choice) == text
