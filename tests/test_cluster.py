@@ -359,3 +359,39 @@ def test_an_executor_names_local_or_a_scheduler_address(text: str, address: str 
 
     choice = parse_executor(text)
     assert choice.address == address and str(choice) == text
+
+
+def test_the_spend_limit_stops_sending_batches_and_keeps_what_ran(
+    tmp_path: Path, cluster: str, serve: Callable[[Callable[[dict[str, Any]], Reply]], FakeEndpoint]
+) -> None:
+    from improve.errors import SpendLimitError
+    from improve.evals import SuiteSpec, Workspace, open_fanout, parse_executor, write_threads
+    from improve.llm import Meter, ModelSpec
+    from improve.llm.spec import Price
+    from improve.log import JsonlDirStore
+
+    server = serve(lambda body: tool_answer({"type": "ESCALATE"}))
+    space = Workspace.load(copy_workspace(tmp_path / "ws") / "improve.toml")
+    model = ModelSpec(
+        model="test-model",
+        base_url=server.url,
+        api_key_env=KEY_ENV,
+        price=Price(input_per_mtok=1e6, output_per_mtok=0),
+    )  # a call costs $321: the first batch back is over any limit
+    spec = SuiteSpec(
+        space.load_policy("refunds", "v0"), "fake", 1, model_spec=model, cache_dir=str(space.cache_dir)
+    )
+    scenarios = _refund_scenarios()[:24]
+    store = JsonlDirStore(space.traces)
+    meter = Meter(limit_usd=1.0)
+    with (
+        open_fanout(parse_executor(cluster), space.root) as fanout,
+        pytest.raises(SpendLimitError) as stopped,
+    ):
+        assert fanout is not None and fanout.in_flight * fanout.batch_size(24) < 24
+        write_threads(space.environment("refunds"), scenarios, spec, store, executor=fanout, meter=meter)
+    written = store.list_threads(limit=100).thread_ids
+    # The batches sent before the limit showed finished and were written; none was sent after it.
+    assert 0 < len(written) <= fanout.in_flight * fanout.batch_size(24) < len(scenarios)
+    assert meter.live == len(server.requests) and meter.usd > meter.limit_usd
+    assert "spend limit of $1.0 is reached" in str(stopped.value)
