@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 
 from bench.chat_bench import chat_figures
+from bench.cluster_bench import cluster_figures
 from bench.explore_bench import explore_figures
 from bench.replay_bench import replay_figures
 from bench.round_bench import round_figures
@@ -24,7 +25,7 @@ def main() -> None:
     parser.add_argument("--ingest-threads", type=int, default=20_000, help="threads in the ingest corpus")
     parser.add_argument(
         "--only",
-        choices=["startup", "replay", "xstate", "warehouse", "explore", "round", "chat"],
+        choices=["startup", "replay", "xstate", "warehouse", "explore", "round", "cluster", "chat"],
         help="run one section",
     )
     parser.add_argument(
@@ -55,6 +56,13 @@ def main() -> None:
                 file=sys.stderr,
             )
             figures["round"] = round_figures(Path(tmp))
+        if args.only in (None, "cluster"):
+            print(
+                "bench: one round (k=3) and 10 runs per scenario, locally and on a Dask LocalCluster of 1 "
+                "and 2 worker processes ...",
+                file=sys.stderr,
+            )
+            figures["cluster"] = cluster_figures(Path(tmp), args.repeat)
         if args.only in (None, "chat"):
             print(
                 "bench: the chat adapter per decision against a bare post, then a 200 ms endpoint at "

@@ -28,6 +28,7 @@ imports nothing else of ours) may raise these. Every error carries a message tha
     ├── ResumeRefusedError            `improve resume` refused a thread or an event: which check, why (exit 1)
     ├── RunError                      a run could not complete (an actor crashed, a store failed)
     │   └── NondeterministicHarness   parity: two fresh runs of OLD differed, so nothing is compared
+    ├── ClusterError                  --executor dask://: dask is not installed, or the scheduler is unreachable
     ├── ActorFailure                  a tool failed in a way the machine handles (its `onError`)
     ├── ModelCallError                a model call failed (timeout, refusal); the policy's `onError`
     ├── ReplayMissError               replaying recorded model calls, a call was never recorded (exit code 3)
@@ -215,6 +216,12 @@ class RunError(ImproveError):
 
 class NondeterministicHarness(RunError):
     """Parity's OLD side gave different results on two fresh runs: comparing against it would mean nothing."""
+
+
+class ClusterError(ImproveError):
+    """The cluster `--executor dask://HOST:PORT` names cannot take runs: dask is not installed (`pip
+    install 'improve[cluster]'`), or its scheduler did not answer within the timeout. The message names
+    the address and the timeout, and how to start or reach a scheduler."""
 
 
 class ActorFailure(ImproveError):

@@ -289,7 +289,7 @@ def test_the_test_split_is_sealed_until_unsealed_and_each_unsealing_is_recorded(
     assert f"unsealing 2 of test set `{third['test_set']}` (4 scenarios) by t <" in markdown.stdout
 
 
-HEAVY = ("scipy", "openai", "github", "google.protobuf", "opentelemetry")
+HEAVY = ("scipy", "openai", "github", "google.protobuf", "opentelemetry", "dask", "distributed")
 # `--help` lists the commands without importing any of them (improve.cli.lazy).
 NOT_FOR_HELP = (*HEAVY, "duckdb", "numpy", "git", "improve.evals", "improve.warehouse", "improve.loop")
 
@@ -300,7 +300,7 @@ NOT_FOR_HELP = (*HEAVY, "duckdb", "numpy", "git", "improve.evals", "improve.ware
 def test_commands_that_need_no_statistics_or_endpoints_do_not_import_them(
     args: list[str], unwanted: tuple[str, ...]
 ) -> None:
-    """Start-up time is import time: scipy, the openai SDK, PyGithub and protobuf load only in the commands that use
+    """Start-up time is import time: scipy, the openai SDK, PyGithub, protobuf and dask load only in the commands that use
     them (a fresh interpreter, so nothing imported by another test counts)."""
     import subprocess
 

@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from improve.errors import ImproveError
-from improve.evals import Workspace
+from improve.evals import EXECUTOR_HELP, Fanout, Workspace, open_fanout
 
 # Progress and logs go to stderr; stdout holds the result (a table, or exactly one JSON document).
 # Piped output keeps whole table rows (140 columns) instead of rich's 80-column default.
@@ -61,6 +61,19 @@ ModelOption = typer.Option(
     help="The model bound to the policy's `decider` ref: a stand-in (careful, sloppy, naive), openai:MODEL "
     "(OPENAI_BASE_URL, OPENAI_API_KEY), or a \\[models.NAME] of improve.toml.",
 )
+
+
+ExecutorOption = typer.Option("--executor", help=EXECUTOR_HELP)
+
+
+@contextmanager
+def executor_for(space: Workspace, given: str | None) -> Iterator[Fanout | None]:
+    """The command's executor (`--executor`, else improve.toml's, else local), said on stderr when it
+    is a cluster; closed when the command is done with it."""
+    with open_fanout(space.executor(given), space.root) as fanout:
+        if fanout is not None:
+            err.print(f"runs go to {fanout.where}", markup=False)
+        yield fanout
 
 
 class CacheMode(StrEnum):

@@ -14,10 +14,12 @@ from rich.table import Table
 from improve.cli.common import (
     EXIT_FAILED,
     EnvOption,
+    ExecutorOption,
     JsonOption,
     WorkspaceOption,
     emit_json,
     err,
+    executor_for,
     handled,
     out,
     workspace,
@@ -88,6 +90,7 @@ def score_command(
     fmt: Annotated[
         str, typer.Option("--format", "-f", help="table or markdown (the PR body's scorecard).")
     ] = "table",
+    executor: Annotated[str | None, ExecutorOption] = None,
     as_json: Annotated[bool, JsonOption] = False,
     ws: Annotated[Path | None, WorkspaceOption] = None,
 ) -> None:
@@ -104,7 +107,8 @@ def score_command(
     scores) in the policies' test-unsealings.jsonl. Its runs are made here (k from improve.toml; the
     recorded ones are reused). Unseal it for a final number: a change made because of a test score
     makes the test split one more reused held-out set. Scoring held-out warns when the rounds that
-    read it (counted in the CHANGELOG) are more than its size supports.
+    read it (counted in the CHANGELOG) are more than its size supports. The runs --unseal makes go
+    to --executor (a Dask cluster with dask://HOST:PORT).
 
     Example:
 
@@ -163,7 +167,9 @@ def score_command(
                     if part == SEALED_SPLIT:
                         # Unsealing is one command: the test set's k runs are made (or reused) here, never
                         # by a round, and exactly the current test set is scored.
-                        plan = _run_sealed(space, environment, scenario_set, configs[side], model, ledger)
+                        plan = _run_sealed(
+                            space, environment, scenario_set, configs[side], model, ledger, executor
+                        )
                         ids = [p.thread_id for p in plan]
                         rewritten = [p.thread_id for p in plan if not p.reused]
                     else:
@@ -287,6 +293,7 @@ def _run_sealed(
     policy: MachineConfig,
     model: str,
     ledger: Ledger,
+    executor: str | None = None,
 ) -> list[PlannedRun]:
     """Run the k runs of the test split's scenarios that are not recorded yet (the recorded ones are
     reused), with the cache recording what is new; the thread ids of all of them."""
@@ -300,7 +307,10 @@ def _run_sealed(
         str(space.cache_dir),
         "record",
     )
-    plan = write_threads(environment, scenario_set.sealed, spec, ledger.store, concurrency=8)
+    with executor_for(space, executor) as fanout:
+        plan = write_threads(
+            environment, scenario_set.sealed, spec, ledger.store, concurrency=8, executor=fanout
+        )
     ran = sum(1 for p in plan if not p.reused)
     err.print(
         f"test split: {len(scenario_set.sealed)} scenarios x {spec.k} with {policy_label(policy)}, model "

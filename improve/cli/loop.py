@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from contextlib import ExitStack
 from dataclasses import asdict
 from enum import StrEnum
 from pathlib import Path
@@ -17,11 +18,13 @@ from improve.cli.common import (
     CacheMode,
     CacheOption,
     EnvOption,
+    ExecutorOption,
     JsonOption,
     ModelOption,
     WorkspaceOption,
     emit_json,
     err,
+    executor_for,
     handled,
     out,
     workspace,
@@ -61,6 +64,7 @@ def round_command(
     ] = 1,
     model: Annotated[str, ModelOption] = "naive",
     concurrency: Annotated[int, typer.Option("--concurrency", min=1, help="Runs in flight at once.")] = 8,
+    executor: Annotated[str | None, ExecutorOption] = None,
     max_usd: Annotated[
         float | None,
         typer.Option(
@@ -104,15 +108,19 @@ def round_command(
 
     Exit 0 when a candidate is recommended (or the goal already holds), 1 when every candidate was
     discarded or the spend limit stopped the round, 2 on usage errors, 3 when a run, git or the
-    endpoint failed.
+    endpoint failed. With --executor dask://HOST:PORT the suites' runs go to a Dask cluster's
+    workers in batches (diagnosis and the gates stay here); the decision is the same as a local
+    round's (docs/scale-out.md).
 
     Example:
 
         improve round --policy v0 --env refunds --k 3 --rounds 3
         improve round --policy v3 --model fast --max-usd 2 --cache record
+        improve round --policy v0 --k 10 --executor dask://127.0.0.1:8786
     """
-    with handled():
+    with handled(), ExitStack() as stack:
         space = workspace(ws)
+        fanout = stack.enter_context(executor_for(space, executor))
         options = RoundOptions(
             env=env,
             policy=policy,
@@ -120,6 +128,7 @@ def round_command(
             model=model,
             proposer=proposer,
             concurrency=concurrency,
+            executor=fanout,
             proposer_model=proposer_model,
             proposer_base_url=base_url,
             cache=cache.value,

@@ -14,10 +14,12 @@ from improve.cli.common import (
     EXIT_FAILED,
     CacheMode,
     CacheOption,
+    ExecutorOption,
     JsonOption,
     WorkspaceOption,
     emit_json,
     err,
+    executor_for,
     handled,
     out,
     workspace,
@@ -87,6 +89,7 @@ def compare_command(
             "stops with exit 3.",
         ),
     ] = DEFAULT_RUN_TIMEOUT,
+    executor: Annotated[str | None, ExecutorOption] = None,
     as_json: Annotated[bool, JsonOption] = False,
     ws: Annotated[Path | None, WorkspaceOption] = None,
 ) -> None:
@@ -100,11 +103,14 @@ def compare_command(
     unreviewed regression, 1 with one, 2 on usage errors, 3 when a run could not complete. Under
     GitHub Actions the table is appended to $GITHUB_STEP_SUMMARY and each regression (at most ten)
     is annotated with `::error`. A module:function runner is imported and run as trusted code.
+    With --executor dask://HOST:PORT the runs go to a Dask cluster's workers in batches (--timeout
+    then bounds each batch: timeout x its runs).
 
     Example:
 
         parity compare v3 policies/refunds/v4.json --model careful --model sloppy
         parity compare improve.examples.refunds.legacy:run v0
+        parity compare v0 v1 --executor dask://127.0.0.1:8786
     """
     with handled():
         space = workspace(ws)
@@ -155,7 +161,10 @@ def compare_command(
                 )
                 err.print(f"  {phase}: {done}/{total} scenario/model pairs, {what}")
 
-        report = compare(environment, chosen, old_side, new_side, models, accepted, progress, timeout)
+        with executor_for(space, executor) as fanout:
+            report = compare(
+                environment, chosen, old_side, new_side, models, accepted, progress, timeout, fanout
+            )
         if as_json:
             emit_json(report.to_json())
         else:

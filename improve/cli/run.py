@@ -13,11 +13,13 @@ from rich.table import Table
 from improve.cli.common import (
     CacheMode,
     CacheOption,
+    ExecutorOption,
     JsonOption,
     ModelOption,
     WorkspaceOption,
     emit_json,
     err,
+    executor_for,
     handled,
     out,
     workspace,
@@ -61,6 +63,7 @@ def run_command(
     ] = False,
     cache: Annotated[CacheMode, CacheOption] = CacheMode.record,
     concurrency: Annotated[int, typer.Option("--concurrency", min=1, help="Runs in flight at once.")] = 8,
+    executor: Annotated[str | None, ExecutorOption] = None,
     unseal: Annotated[
         bool,
         typer.Option(
@@ -79,12 +82,15 @@ def run_command(
     resumes. A model behind an endpoint has its calls recorded under .improve/cache (--cache), and
     the progress lines count its calls, tokens, USD and retries. The sealed test split is left out
     of --split all, and refused alone, unless --unseal (recorded, as `improve score --unseal` is).
+    With --executor dask://HOST:PORT the runs go to a Dask cluster's workers in batches, and their
+    threads come back here to be written and recorded (docs/scale-out.md).
 
     Example:
 
         improve run --env refunds --policy v0 --model naive --split train --k 3
         improve run --model openai:gpt-4.1-mini --k 3 --cache record
         improve run --env refund-approval --scenario large-approved-01 --k 1 --suspend
+        improve run --split train --k 10 --executor dask://127.0.0.1:8786
     """
     with handled():
         space = workspace(ws)
@@ -129,9 +135,18 @@ def run_command(
             if spec.model_spec is not None and (done == total or done % 10 == 0):
                 err.print(f"  {done}/{total} runs: {meter.summary()}", markup=False)
 
-        plan = write_threads(
-            environment, chosen, spec, store, fresh=fresh, concurrency=concurrency, ran=ran, meter=meter
-        )
+        with executor_for(space, executor) as fanout:
+            plan = write_threads(
+                environment,
+                chosen,
+                spec,
+                store,
+                fresh=fresh,
+                concurrency=concurrency,
+                executor=fanout,
+                ran=ran,
+                meter=meter,
+            )
         # Every thread is recorded in the warehouse and read back from there, verified.
         with Ledger(space, environment) as ledger:
             recorded = ledger.record(

@@ -3,6 +3,8 @@
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from improve.evals.cluster import EXECUTOR_HELP, ExecutorChoice, open_fanout, parse_executor
+from improve.evals.fanout import Fanout, ModelGate
 from improve.evals.from_thread import load_thread, scenario_from_thread
 from improve.evals.holdout import HeldOutRead, bias_bound, scenarios_needed, set_key, supported_reads
 from improve.evals.outcome import OutcomeRow, compare_effects, effects_from_log, outcome_row
@@ -90,6 +92,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "CONFIG_NAME",
+    "EXECUTOR_HELP",
     "OPEN_SPLITS",
     "OUTCOMES_SQL",
     "SEALED_SPLIT",
@@ -99,9 +102,12 @@ __all__ = [
     "Batch",
     "Check",
     "Comparison",
+    "ExecutorChoice",
     "Expected",
+    "Fanout",
     "HeldOutRead",
     "Ledger",
+    "ModelGate",
     "OutcomeRow",
     "PlannedRun",
     "PromotionDecision",
@@ -131,9 +137,11 @@ __all__ = [
     "history_chart",
     "load_scenarios",
     "load_thread",
+    "open_fanout",
     "outcome_row",
     "p_value",
     "paired",
+    "parse_executor",
     "policy_hash",
     "policy_label",
     "read_unsealings",

@@ -10,18 +10,19 @@ from __future__ import annotations
 
 import asyncio
 import functools
+from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import Executor, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from improve.errors import ImproveError, LogError, SpendLimitError, WorkspaceError
+from improve.errors import ImproveError, LogError, RunError, SpendLimitError, WorkspaceError
+from improve.evals.fanout import Fanout, ModelGate
 from improve.evals.outcome import OutcomeRow, outcome_row
 from improve.evals.scenarios import Scenario
 from improve.evals.workspace import policy_hash, policy_label
 from improve.llm import CacheMode, Meter, ModelSpec, ResponseCache
-from improve.log import JsonlDirStore, LogEntry, Store, ThreadId, is_chained, model_slug, replay
+from improve.log import LogEntry, MemoryStore, Store, ThreadId, is_chained, model_slug, replay
 from improve.machine import MachineConfig
 from improve.runtime import (
     DEFAULT_MAX_MODEL_CALLS,
@@ -60,15 +61,24 @@ class SuiteSpec:
     stops at its first wait, `waiting`, to be continued by `improve resume`. Not part of the stamp: a
     resumed thread is the same run as one a script answered."""
 
-    def chat_session(self, meter: Meter | None = None) -> ChatSession | None:
-        """The session of a model behind an endpoint (shared by runs); None for a stand-in."""
+    def chat_session(self, meter: Meter | None = None, gate: ModelGate | None = None) -> ChatSession | None:
+        """The session of a model behind an endpoint (shared by runs); None for a stand-in. `gate`: the
+        model's cap shared across the workers of a cluster (default: this process's own)."""
         if self.model_spec is None:
             return None
-        return ChatSession(self.model, self.model_spec, ResponseCache(self.cache_dir, self.cache_mode), meter)
+        return ChatSession(
+            self.model,
+            self.model_spec,
+            ResponseCache(self.cache_dir, self.cache_mode),
+            meter,
+            gate=gate(self.model, self.model_spec.concurrency) if gate is not None else None,
+        )
 
-    def model_factory(self, env: Environment, meter: Meter | None = None) -> ModelFactory:
+    def model_factory(
+        self, env: Environment, meter: Meter | None = None, gate: ModelGate | None = None
+    ) -> ModelFactory:
         """Makes the model of each run: a fresh stand-in, or a view of one shared chat session."""
-        session = self.chat_session(meter)
+        session = self.chat_session(meter, gate)
         if session is not None:
             return session.model
         if self.model not in env.models:
@@ -107,30 +117,50 @@ class SuiteSpec:
 
 
 @dataclass(frozen=True)
-class RunJob:
-    """One run to make: picklable, so a process pool (or a Dask client) can take it."""
+class RunBatch:
+    """Runs for one task of an executor: picklable, so a process pool or a Dask worker can take it."""
 
     environment: EnvironmentRef
-    scenario: Scenario
     spec: SuiteSpec
-    run_number: int
-    traces: str
-    """The JSONL directory the thread is written to."""
+    runs: tuple[tuple[Scenario, int], ...]
+    """(scenario, run number) pairs; each run's model is seeded by the pair, never by the worker."""
+    concurrency: int = 1
+    """Runs of the batch in flight at once in the worker (they wait on models)."""
+    gate: ModelGate | None = None
 
 
-def execute_job(job: RunJob) -> str:
-    """Run one job in this process (a worker of any `concurrent.futures.Executor`); the thread id."""
-    env = job.environment.load()
-    _run_one(
-        env,
-        compile_policy(job.spec.policy, env.judgments, env.policy_guards),
-        job.scenario,
-        job.spec,
-        job.run_number,
-        JsonlDirStore(Path(job.traces)),
-        job.spec.model_factory(env),
-    )
-    return job.spec.thread_id(job.scenario, job.run_number)
+@dataclass(frozen=True)
+class WrittenThread:
+    thread_id: str
+    entries: list[LogEntry]
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    """What a batch made: its threads, for the caller's store, and its model calls, for the caller's meter."""
+
+    threads: list[WrittenThread]
+    calls: dict[str, Any] | None = None
+    """The worker's `Meter.to_json()` for a model behind an endpoint; None for a stand-in."""
+    fingerprints: tuple[str, ...] = ()
+    """The endpoint's `system_fingerprint`s the batch's calls reported."""
+
+
+def execute_batch(batch: RunBatch) -> BatchResult:
+    """Run a batch in this process (a worker of any `concurrent.futures.Executor`), journaled in memory:
+    the threads go back to the caller, which writes them where the command keeps its threads."""
+    env = batch.environment.shared()
+    spec = batch.spec
+    meter = Meter()
+    store = MemoryStore()
+    runner = functools.partial(_run_one, models=spec.model_factory(env, meter, batch.gate))
+    policy = compile_policy(spec.policy, env.judgments, env.policy_guards)
+    todo = list(batch.runs)
+    asyncio.run(_run_concurrently(runner, env, policy, todo, spec, store, max(1, batch.concurrency), None))
+    threads = [WrittenThread(tid, store.read(tid)) for tid in (spec.thread_id(sc, n) for sc, n in todo)]
+    if spec.model_spec is None:
+        return BatchResult(threads)
+    return BatchResult(threads, meter.to_json(), tuple(sorted(meter.fingerprints)))
 
 
 def run_scenario(
@@ -207,7 +237,7 @@ def write_threads(
     *,
     fresh: bool = False,
     concurrency: int = 1,
-    executor: Executor | None = None,
+    executor: Executor | Fanout | None = None,
     ran: Callable[[int, int], None] | None = None,
     meter: Meter | None = None,
     models: ModelFactory | None = None,
@@ -220,9 +250,10 @@ def write_threads(
 
     Runs wait on models, so they overlap: up to `concurrency` at a time (asyncio, each run in a worker
     thread); `ran(done, total)` reports each finished run. For CPU-bound runs pass an `executor` (a
-    `ProcessPoolExecutor`, or a Dask client, which has the same `submit`); the store must then be a
-    JSONL directory the workers can reach. `meter` counts the model calls, and its spend limit is
-    checked before each run starts (runs under way finish; workers of an executor are not metered).
+    `ProcessPoolExecutor`, or a `Fanout` onto a Dask cluster): it takes the runs in batches and sends
+    back their threads, which are written to `store` here, so the workers need no access to it.
+    `meter` counts the model calls (a worker's are added as its batch comes back), and its spend limit
+    is checked before each run (each batch, on an executor) starts; runs under way finish.
     `models` makes each run's model (default: `spec.model_factory`); a round passes one factory to
     all its suites, so they share one chat session: its fallback, its meter, its fingerprints.
     """
@@ -239,14 +270,7 @@ def write_threads(
                 recorded[spec.thread_id(sc, n)] = entries
     todo = [(sc, n) for sc, n in planned if spec.thread_id(sc, n) not in recorded]
     if executor is not None and todo:
-        if not isinstance(store, JsonlDirStore):
-            raise WorkspaceError("runs on an executor need a JSONL directory store the workers can write to")
-        ref = env.ref or EnvironmentRef(env.name)
-        jobs = [RunJob(ref, sc, spec, n, str(store.root)) for sc, n in todo]
-        for done, future in enumerate([executor.submit(execute_job, job) for job in jobs], start=1):
-            future.result()
-            if ran:
-                ran(done, len(jobs))
+        _fan_out(Fanout.of(executor), env, spec, store, todo, max(1, concurrency), ran, meter)
     elif todo:
         runner = functools.partial(_run_one, models=models, meter=meter)
         asyncio.run(_run_concurrently(runner, env, policy, todo, spec, store, max(1, concurrency), ran))
@@ -292,6 +316,65 @@ def run_suite(
         if progress:
             progress(len(rows), len(plan), row, planned.reused)
     return rows
+
+
+def _fan_out(
+    fanout: Fanout,
+    env: Environment,
+    spec: SuiteSpec,
+    store: Store,
+    todo: list[tuple[Scenario, int]],
+    concurrency: int,
+    ran: Callable[[int, int], None] | None,
+    meter: Meter | None,
+) -> None:
+    """Send the runs to the executor in batches and write each batch's threads as it comes back."""
+    # A worker loads the environment again by its registered name (an environment made in code without
+    # the registry is looked up by its name there).
+    ref = env.ref or EnvironmentRef(env.name)
+    size = fanout.batch_size(len(todo))
+    batches = [
+        RunBatch(ref, spec, tuple(todo[i : i + size]), concurrency, fanout.gate)
+        for i in range(0, len(todo), size)
+    ]
+    pending: deque[Future[BatchResult]] = deque()
+    queued = deque(batches)
+    done = 0
+    while queued or pending:
+        while queued and len(pending) < fanout.in_flight:
+            # Checked before each batch is sent: the batches under way finish, none starts past the limit.
+            if meter is not None and meter.over_limit():
+                queued.clear()
+                break
+            pending.append(fanout.executor.submit(execute_batch, queued.popleft()))
+        if not pending:
+            break
+        result = _batch_result(pending.popleft(), fanout)
+        for thread in result.threads:
+            # The same file a run in this process writes: any earlier copy goes, the thread lands whole.
+            if store.exists(thread.thread_id):
+                store.delete(thread.thread_id)
+            store.append(thread.thread_id, 0, thread.entries)
+        if meter is not None and result.calls is not None:
+            meter.absorb(result.calls, result.fingerprints)
+        done += len(result.threads)
+        if ran:
+            ran(done, len(todo))
+    if done < len(todo) and meter is not None and meter.over_limit():
+        raise SpendLimitError(f"the spend limit of ${meter.limit_usd} is reached: {meter.summary()}")
+
+
+def _batch_result(future: Future[BatchResult], fanout: Fanout) -> BatchResult:
+    try:
+        return future.result()
+    except ImproveError:
+        raise  # a run's own failure (a recorded call missing on replay, ...), as it would be locally
+    except Exception as error:
+        # The executor's failure, not a run's: a worker killed, the scheduler gone.
+        raise RunError(
+            f"a batch of runs failed on {fanout.where}: {type(error).__name__}: {error}; the runs already "
+            "written are kept, and running the command again resumes with the rest (or use --executor local)"
+        ) from error
 
 
 async def _run_concurrently(

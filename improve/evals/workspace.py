@@ -5,6 +5,7 @@
     traces = "traces"                # JSONL threads, one file per thread
     warehouse = "traces/traces.duckdb"
     reports = "reports"
+    executor = "local"               # or "dask://HOST:PORT": where runs go (--executor; docs/scale-out.md)
 
     [environments.support-desk]
     module = "support_desk.env:environment"   # optional: a bundled or installed one needs none
@@ -44,9 +45,10 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from improve.errors import WorkspaceError
+from improve.evals.cluster import LOCAL, ExecutorChoice, parse_executor
 from improve.evals.scenarios import ScenarioSet, load_scenarios
 from improve.llm import CACHE_DIR, ModelSpec
 from improve.machine import MachineConfig, canonical_json, format_validation_error
@@ -68,6 +70,20 @@ class WorkspaceSection(_Section):
     traces: str = Field(default="traces", description="Directory of JSONL threads.")
     warehouse: str = Field(default="traces/traces.duckdb", description="The DuckDB trace warehouse.")
     reports: str = Field(default="reports", description="Directory of generated reports.")
+    executor: str = Field(
+        default=LOCAL,
+        description="Where run, score, round and parity compare run scenarios when --executor is not given: "
+        "`local` (threads of this process) or `dask://HOST:PORT` (a Dask scheduler; docs/scale-out.md).",
+    )
+
+    @field_validator("executor")
+    @classmethod
+    def _known_executor(cls, value: str) -> str:
+        try:
+            parse_executor(value, "executor")
+        except WorkspaceError as error:  # pydantic adds the file and the path
+            raise ValueError(str(error)) from None
+        return value
 
 
 class EnvironmentSection(_Section):
@@ -250,6 +266,14 @@ class Workspace:
             env = load_environment(name, local, self.root)
             found.setdefault(env.config.id, env)
         return found
+
+    def executor(self, given: str | None = None) -> ExecutorChoice:
+        """Where the command's runs go: `--executor`, else `[workspace] executor`, else `local`."""
+        if given is not None:
+            return parse_executor(given)
+        return parse_executor(
+            self.config.workspace.executor, f"{self.root / CONFIG_NAME} [workspace] executor"
+        )
 
     @property
     def cache_dir(self) -> Path:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -27,7 +27,13 @@ class Meter:
     usd: float = 0.0
     priced: bool = False
     """Whether any call had a price (otherwise USD is unknown, not zero)."""
+    fingerprints: set[str] = field(default_factory=set)
+    """The endpoints' `system_fingerprint`s the calls reported (which build of the model answered)."""
     _attempts: list[Callable[[], int]] = field(default_factory=list, repr=False)
+    _retries_elsewhere: int = field(default=0, repr=False)
+    """Retries counted by meters of other processes (workers of a cluster), absorbed here."""
+    _absorbed_live: int = field(default=0, repr=False)
+    """Live calls absorbed from other processes: their HTTP attempts were counted there."""
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def watch(self, attempts: Callable[[], int]) -> None:
@@ -61,9 +67,27 @@ class Meter:
             self.live += 1
             self.failed += 1
 
+    def absorb(self, counts: dict[str, Any], fingerprints: Iterable[str] = ()) -> None:
+        """Add another process's meter (its `to_json()` and fingerprints): the calls a worker of a
+        cluster made."""
+        with self._lock:
+            self.fingerprints.update(fingerprints)
+            self.live += int(counts.get("live") or 0)
+            self._absorbed_live += int(counts.get("live") or 0)
+            self.recorded += int(counts.get("recorded") or 0)
+            self.repeated += int(counts.get("repeated") or 0)
+            self.failed += int(counts.get("failed") or 0)
+            self.input_tokens += int(counts.get("input_tokens") or 0)
+            self.output_tokens += int(counts.get("output_tokens") or 0)
+            self._retries_elsewhere += int(counts.get("retries") or 0)
+            if counts.get("usd") is not None:
+                self.usd += float(counts["usd"])
+                self.priced = True
+
     @property
     def retries(self) -> int:
-        return max(0, sum(count() for count in self._attempts) - self.live)
+        own = max(0, sum(count() for count in self._attempts) - (self.live - self._absorbed_live))
+        return own + self._retries_elsewhere
 
     @property
     def calls(self) -> int:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from improve.errors import WorkspaceError
-from improve.evals import CONFIG_NAME, Scenario, Workspace
+from improve.evals import CONFIG_NAME, Fanout, Scenario, Workspace
 from improve.llm import Meter
 from improve.loop.proposers import Proposer
 from improve.machine import MachineConfig
@@ -28,7 +28,8 @@ class RoundOptions:
     """A registered proposer's name (`rules`, `openai`, a workspace's or a package's), or a Proposer
     object (a test seam)."""
     concurrency: int = 8
-    executor: Executor | None = None
+    executor: Executor | Fanout | None = None
+    """Where the suites' runs go (a process pool, or a Dask cluster's `Fanout`); None: threads here."""
     proposer_model: str | None = None
     """The proposer's own model, for one that asks a model (`openai`)."""
     proposer_base_url: str | None = None

@@ -13,7 +13,8 @@ from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 
 from improve.errors import NondeterministicHarness, RunError
-from improve.evals import Scenario
+from improve.evals import Fanout, Scenario
+from improve.parity.cluster import run_sides_on
 from improve.parity.diff import diff_runs
 from improve.parity.labels import label_difference
 from improve.parity.report import ParityReport, ParityRow
@@ -67,32 +68,42 @@ def compare(
     reviewed: Reviewed | None = None,
     progress: Progress | None = None,
     timeout: float | None = DEFAULT_RUN_TIMEOUT,
+    fanout: Fanout | None = None,
 ) -> ParityReport:
     """Check that OLD and NEW each agree with themselves, then compare NEW with OLD, scenario by
     scenario. Each side runs in its own worker process and each run gets `timeout` seconds (None:
-    in this process, without a limit)."""
+    in this process, without a limit); with a `fanout` (a Dask cluster), the runs go to its workers
+    in batches instead (`parity.cluster`)."""
     if not scenarios or not models:
         what = "no scenario selected: check --split and --scenario" if not scenarios else "no model given"
         raise RunError(
             f"nothing to compare: {what}; an empty comparison would pass without checking anything"
         )
     pairs = [(model, scenario) for model in models for scenario in scenarios]
-    with ExitStack() as stack:
-        runners: dict[str, SideRunner] = {}
-        for name, side in (("OLD", old), ("NEW", new)):
-            runners[name] = side_runner(side, env.name, timeout)
-            stack.callback(runners[name].close)
-        results: dict[str, dict[tuple[str, str], ParityRun]] = {"OLD": {}, "NEW": {}}
-        unstable: dict[str, list[str]] = {"OLD": [], "NEW": []}
-        for done, (model, scenario) in enumerate(pairs, start=1):
-            for name, runner in runners.items():
-                first = runner.run(scenario, model)
-                second = runner.run(scenario, model)
-                if not _identical(env, first, second):
-                    unstable[name].append(_unstable(env, scenario, model, first, second))
-                results[name][(model, scenario.id)] = first
-            if progress and done < len(pairs):
-                progress("harness", done, len(pairs))
+    results: dict[str, dict[tuple[str, str], ParityRun]] = {"OLD": {}, "NEW": {}}
+    unstable: dict[str, list[str]] = {"OLD": [], "NEW": []}
+
+    def check(name: str, model: str, scenario: Scenario, first: ParityRun, second: ParityRun) -> None:
+        if not _identical(env, first, second):
+            unstable[name].append(_unstable(env, scenario, model, first, second))
+        results[name][(model, scenario.id)] = first
+
+    if fanout is not None:
+        ran = run_sides_on(fanout, env, {"OLD": old, "NEW": new}, pairs, timeout)
+        for name, twice in ran.items():
+            for (model, scenario), runs in zip(pairs, twice, strict=True):
+                check(name, model, scenario, runs.first, runs.second)
+    else:
+        with ExitStack() as stack:
+            runners: dict[str, SideRunner] = {}
+            for name, side in (("OLD", old), ("NEW", new)):
+                runners[name] = side_runner(side, env.name, timeout)
+                stack.callback(runners[name].close)
+            for done, (model, scenario) in enumerate(pairs, start=1):
+                for name, runner in runners.items():
+                    check(name, model, scenario, runner.run(scenario, model), runner.run(scenario, model))
+                if progress and done < len(pairs):
+                    progress("harness", done, len(pairs))
     flaky = [(name, side, unstable[name]) for name, side in (("OLD", old), ("NEW", new)) if unstable[name]]
     if flaky:
         raise _not_deterministic(flaky)

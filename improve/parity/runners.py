@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 from improve.errors import WorkspaceError
-from improve.evals import OutcomeRow, Scenario, SuiteSpec, Workspace, policy_hash, run_suite
+from improve.evals import ModelGate, OutcomeRow, Scenario, SuiteSpec, Workspace, policy_hash, run_suite
 from improve.llm import CacheMode
 from improve.log import LogEntry, MemoryStore
 from improve.machine import MachineConfig
-from improve.runtime import DEFAULT_MAX_MODEL_CALLS, Environment, Model, compile_policy
+from improve.runtime import DEFAULT_MAX_MODEL_CALLS, Environment, EnvironmentRef, Model, compile_policy
 
 
 @dataclass(frozen=True)
@@ -103,6 +103,15 @@ class PolicyRunner:
         self.workspace = workspace
         """Resolves a model behind an endpoint (`openai:MODEL`, `[models.NAME]`); None: stand-ins only."""
         self.cache = cache
+        self.gate: ModelGate | None = None
+        """A model's cap shared by the workers of a cluster (set in a worker); None: this process's own."""
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A worker of a cluster loads the environment again by its registered name.
+        return {**self.__dict__, "env": self.env.ref or EnvironmentRef(self.env.name)}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update({**state, "env": state["env"].shared()})
 
     def __call__(self, env_name: str, scenario: Scenario, model: str) -> ParityRun:
         if env_name != self.env.name:
@@ -119,7 +128,8 @@ class PolicyRunner:
             cache_mode=self.cache,
         )
         # run_suite seeds the model with `scenario:r1`, the same seed as `model_seed`.
-        [row] = run_suite(self.env, [scenario], spec, store, fresh=True)
+        models = spec.model_factory(self.env, gate=self.gate)
+        [row] = run_suite(self.env, [scenario], spec, store, fresh=True, models=models)
         return _from_row(row, store.read(row.thread_id))
 
 

@@ -27,6 +27,7 @@ import json
 import re
 import threading
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from typing import Any, Literal
 
 import httpx2 as httpx
@@ -256,6 +257,7 @@ class ChatSession:
         cache: ResponseCache,
         meter: Meter | None = None,
         http_client: httpx.Client | None = None,
+        gate: AbstractContextManager[Any] | None = None,
     ) -> None:
         self.name = name
         self.spec = spec
@@ -275,9 +277,14 @@ class ChatSession:
         self.mode = MODES[0]
         self.judge_mode = "json_schema"
         """Judgments ask for JSON only: `json_schema`, or `json_object` once the endpoint refused it."""
-        self.fingerprints: set[str] = set()
+        # The meter's set: sessions of one meter (and the workers it absorbs) report one set.
+        self.fingerprints: set[str] = self.meter.fingerprints
         self._lock = threading.Lock()
-        self._gate = threading.BoundedSemaphore(spec.concurrency)
+        # Each call holds the gate while in flight: this process's cap, or (a worker of a cluster) one
+        # shared by every worker, so the model sees `concurrency` calls at most either way.
+        self._gate: AbstractContextManager[Any] = (
+            gate if gate is not None else threading.BoundedSemaphore(spec.concurrency)
+        )
 
     def model(self, seed: str) -> ChatModel:
         return ChatModel(self, seed)

@@ -8,6 +8,7 @@ put their receipt in their output, so the journal carries the effects and a repl
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -165,6 +166,16 @@ class EnvironmentRef:
 
     def load(self) -> Environment:
         return load_environment(self.name, dict(self.local), Path(self.root) if self.root else None)
+
+    def shared(self) -> Environment:
+        """Loaded once per process: a worker of an executor reuses it for every task it runs (runs share
+        an environment in one process anyway; each makes its own world)."""
+        return _shared(self)
+
+
+@functools.lru_cache(maxsize=16)
+def _shared(ref: EnvironmentRef) -> Environment:
+    return ref.load()
 
 
 ENVIRONMENTS: Registry[Environment] = Registry("environments", instance_of(Environment, "an Environment"))
