@@ -53,8 +53,8 @@ def _thread_of(line: bytes, default: str) -> str | None:
     """The thread a line belongs to, or None for a line that is not an entry (the second pass says why)."""
     try:
         thread = _THREAD_ONLY.decode(line).threadId
-    except (msgspec.ValidationError, msgspec.DecodeError):
-        # msgspec is stricter than the contract: ask the decoder that reads it as the second pass will.
+    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
+        # msgspec is stricter than the contract (and deeper nesting than it takes is refused anyway): ask the decoder that reads it as the second pass will.
         try:
             thread = decode_entry(line).threadId
         except ValidationError:

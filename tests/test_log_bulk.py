@@ -1,0 +1,355 @@
+"""The bulk decode path against the contract: every line read the same way as `LogEntry` reads it.
+
+Differential: each line goes through `LogEntry.model_validate_json` and through `bulk.decode_entry`; both
+must accept it with the same field values (types included), or both refuse it with the same message.
+The lines are every bundled environment's threads (run with each stand-in model), the fixture threads,
+and a fuzzed corpus of valid entries and mutations of them (fields dropped, retyped or added, bytes
+flipped, numbers pydantic's lax mode reads and msgspec does not, nesting past pydantic's limit).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from improve.evals import SuiteSpec, load_scenarios
+from improve.evals.suite import write_threads
+from improve.log import (
+    BulkEntry,
+    JsonlDirStore,
+    LogEntry,
+    decode_entry,
+    entry_content,
+    entry_problems,
+    read_file_threads,
+    replay,
+    to_log_entry,
+)
+from improve.runtime import load_environment
+from improve.runtime.policy import load_policy
+from tests.conftest import REPO
+
+ENVIRONMENTS = ("refunds", "refund-approval", "tool-loop", "code-agent", "triage")
+FIXTURES = sorted((REPO / "tests" / "fixtures").rglob("*.jsonl"))
+
+Outcome = tuple[str, str, str]
+
+
+def _normal(value: Any) -> str:
+    """Comparable text of a value: key order ignored, types kept (1, 1.0 and true differ), NaN equal."""
+    return json.dumps(value, sort_keys=True, ensure_ascii=True, allow_nan=True)
+
+
+def by_contract(line: bytes) -> Outcome:
+    try:
+        entry = LogEntry.model_validate_json(line)
+    except ValidationError as error:
+        return ("refused", entry_problems(error), "")
+    return ("read", repr(entry.model_dump()), _normal(entry_content(entry)))
+
+
+def by_bulk(line: bytes) -> Outcome:
+    try:
+        entry = decode_entry(line)
+    except ValidationError as error:
+        return ("refused", entry_problems(error), "")
+    return ("read", repr(to_log_entry(entry).model_dump()), _normal(entry_content(entry)))
+
+
+def assert_same(line: bytes) -> None:
+    assert by_bulk(line) == by_contract(line), line
+
+
+# --- every bundled thread ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def bundled(tmp_path_factory: pytest.TempPathFactory) -> dict[str, JsonlDirStore]:
+    """Each bundled environment's scenarios run with its v0 policy and every stand-in model."""
+    stores = {}
+    for name in ENVIRONMENTS:
+        env = load_environment(name)
+        scenarios = load_scenarios(REPO / "scenarios" / f"{name}.yaml").scenarios
+        policy = load_policy(REPO / "policies" / name / "v0.json")
+        store = JsonlDirStore(tmp_path_factory.mktemp(name))
+        for model in env.models:
+            write_threads(env, scenarios, SuiteSpec(policy, model, 1), store)
+        stores[name] = store
+    return stores
+
+
+def _thread_files(stores: dict[str, JsonlDirStore]) -> list[Path]:
+    return [p for store in stores.values() for p in sorted(store.root.glob("*.jsonl"))] + FIXTURES
+
+
+def test_every_bundled_line_reads_the_same_both_ways(bundled: dict[str, JsonlDirStore]) -> None:
+    files = _thread_files(bundled)
+    lines = [line for path in files for line in path.read_bytes().splitlines()]
+    assert len(files) > 100 and len(lines) > 1000, (len(files), len(lines))
+    for line in lines:
+        assert_same(line)
+    # The fast path is the one taken: only lines with too many brackets to rule out pydantic's depth
+    # limit (a tool's output quoting code) are left to pydantic.
+    fast = sum(isinstance(decode_entry(line), BulkEntry) for line in lines)
+    assert fast >= 0.99 * len(lines), (fast, len(lines))
+
+
+def test_every_bundled_thread_replays_and_verifies_the_same_both_ways(
+    bundled: dict[str, JsonlDirStore],
+) -> None:
+    replayed = 0
+    for name, store in bundled.items():
+        machine = load_environment(name).machine
+        for thread_id in store.list_threads(limit=100_000).thread_ids:
+            contract = store.read(thread_id)
+            bulk = store.read_bulk(thread_id)
+            assert [to_log_entry(e) for e in bulk] == contract
+            expected = replay(machine, contract, verify=True, thread_id=thread_id)
+            assert replay(machine, bulk, verify=True, thread_id=thread_id) == expected
+            assert expected.verification == "verified"
+            replayed += 1
+    assert replayed > 100
+
+
+def test_a_multi_thread_file_streams_its_threads_in_order_of_first_appearance(
+    bundled: dict[str, JsonlDirStore], tmp_path: Path
+) -> None:
+    """Threads interleaved line by line come out whole, in the order a dict grouping them would give."""
+    store = bundled["refunds"]
+    ids = store.list_threads(limit=5).thread_ids
+    threads = {
+        tid: [json.loads(line) | {"threadId": tid} for line in store.path(tid).read_text().splitlines()]
+        for tid in ids
+    }
+    lines = []
+    rng = random.Random(7)
+    queues = {tid: list(entries) for tid, entries in threads.items()}
+    while queues:
+        tid = rng.choice(sorted(queues))
+        lines.append(queues[tid].pop(0))
+        if not queues[tid]:
+            del queues[tid]
+    path = tmp_path / "many.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    first_seen = list(dict.fromkeys(line["threadId"] for line in lines))
+    streamed = list(read_file_threads(path))
+    assert [tid for tid, _ in streamed] == first_seen
+    for tid, entries in streamed:
+        assert [to_log_entry(e) for e in entries] == [LogEntry.model_validate(x) for x in threads[tid]]
+
+
+# --- a fuzzed corpus -----------------------------------------------------------------------------------
+
+json_scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=8),
+)
+json_values = st.recursive(
+    json_scalars,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=8,
+)
+timestamps = st.one_of(
+    st.sampled_from(
+        [
+            "2026-11-30T15:52:00.123456Z",
+            "2026-11-30T15:52:00Z",
+            "2026-11-30T15:52:00+02:00",
+            "2026-11-30 15:52:00+00:00",
+            "2026-11-30T15:52:00",  # no offset: refused
+            "2026-13-30T15:52:00Z",  # no such month: refused
+            "20261130T155200Z",
+            "yesterday",
+            "",
+        ]
+    ),
+    st.datetimes(timezones=st.timezones() | st.none()).map(lambda d: d.isoformat()),
+)
+
+
+@st.composite
+def entries(draw: st.DrawFn) -> dict[str, Any]:
+    """A valid entry (most fields optional), of the shapes improve writes."""
+    event: dict[str, Any] = {"type": draw(st.sampled_from(["@agent.init", "REFUND", "xstate.done.actor"]))}
+    event.update(
+        draw(st.dictionaries(st.sampled_from(["input", "output", "amount", "actorId"]), json_values))
+    )
+    entry: dict[str, Any] = {
+        "id": draw(st.text(min_size=1, max_size=8)),
+        "index": draw(st.integers(0, 2**40)),
+        "recordedAt": draw(timestamps),
+        "machineId": "refunds",
+        "machineVersion": "1",
+        "event": event,
+    }
+    optional = {
+        "schemaVersion": st.sampled_from([1, 2]),
+        "causationId": st.none() | st.text(max_size=8),
+        "attempts": st.none()
+        | st.lists(
+            st.fixed_dictionaries(
+                {
+                    "kind": st.sampled_from(
+                        ["unknown-event", "invalid-payload", "rejected-by-guard", "no-answer"]
+                    ),
+                    "reason": st.text(max_size=8),
+                },
+                optional={
+                    "event": st.none() | st.just({"type": "REFUND", "amount": 1.5}),
+                    "guard": st.none() | st.text(max_size=8),
+                },
+            ),
+            max_size=2,
+        ),
+        "metadata": st.none() | st.dictionaries(st.text(max_size=5), json_values, max_size=3),
+        "verification": st.none()
+        | st.fixed_dictionaries(
+            {}, optional={"stateHash": st.none() | st.text(max_size=8), "entryHash": st.text(max_size=8)}
+        ),
+        "threadId": st.none() | st.text(max_size=8),
+    }
+    for key, strategy in optional.items():
+        if draw(st.booleans()):
+            entry[key] = draw(strategy)
+    return entry
+
+
+FIELDS = [
+    "id",
+    "index",
+    "recordedAt",
+    "machineId",
+    "machineVersion",
+    "event",
+    "schemaVersion",
+    "causationId",
+    "attempts",
+    "metadata",
+    "verification",
+    "threadId",
+    "unknown",
+]
+# Values pydantic's lax JSON mode and msgspec read differently, or that one of them refuses.
+ODD = (
+    st.sampled_from(
+        [
+            1.0,
+            2.0,
+            "1",
+            "2",
+            True,
+            False,
+            -1,
+            0,
+            2**64,
+            2**70,
+            -0.0,
+            "",
+            [],
+            {},
+            {"type": ""},
+            {"type": 3},
+            {"type": "X", "n": 1e308},
+            [{"kind": "no-answer", "reason": "r", "extra": 1}],
+            [{"kind": "bad", "reason": "r"}],
+            {"stateHash": 1},
+            {"entryHash": None, "other": 1},
+        ]
+    )
+    | json_values
+)
+
+
+@st.composite
+def mutated(draw: st.DrawFn) -> bytes:
+    """A valid entry, then one of: a field dropped, a field given another value, text spliced in
+    (duplicate keys, numbers out of float range, NaN, escapes, deep nesting), or a byte changed."""
+    entry = draw(entries())
+    how = draw(st.sampled_from(["drop", "retype", "splice", "byte", "none"]))
+    if how == "drop":
+        entry.pop(draw(st.sampled_from(sorted(entry))), None)
+    elif how == "retype":
+        entry[draw(st.sampled_from(FIELDS))] = draw(ODD)
+    text = json.dumps(entry, ensure_ascii=draw(st.booleans()))
+    if how == "splice":
+        spliced = draw(
+            st.sampled_from(
+                [
+                    '"id": "dup", ',
+                    '"index": 1e400, ',
+                    '"index": 3.0, ',
+                    '"index": "7", ',
+                    '"schemaVersion": 2.0, ',
+                    '"metadata": {"x": NaN, "y": Infinity, "z": 1e400}, ',
+                    '"metadata": {"a": 1, "a": 2}, ',
+                    '"threadId": "\\ud800", ',
+                    '"threadId": "tab\tinside", ',
+                    '"metadata": {"deep": ' + "[" * 195 + "]" * 195 + "}, ",
+                    '"metadata": {"deep": ' + "[" * 260 + "]" * 260 + "}, ",
+                    '"event": {"type": "A", "type": "B"}, ',
+                ]
+            )
+        )
+        text = "{" + spliced + text[1:] if text != "{}" else text
+    data = text.encode("utf-8", errors="surrogatepass")
+    if how == "byte" and data:
+        at = draw(st.integers(0, len(data) - 1))
+        data = data[:at] + bytes([draw(st.integers(0, 255))]) + data[at + 1 :]
+    return data
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(entries())
+def test_fuzzed_valid_entries_read_the_same_both_ways(entry: dict[str, Any]) -> None:
+    assert_same(json.dumps(entry).encode())
+
+
+@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(mutated())
+def test_fuzzed_mutations_are_accepted_and_refused_the_same_both_ways(line: bytes) -> None:
+    assert_same(line)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # Read by pydantic's lax mode only: the bulk path hands them over, and the values agree.
+        '{"id":"a","index":3.0,"recordedAt":"2026-11-30T00:00:00Z","machineId":"m","machineVersion":"1","event":{"type":"X"}}',
+        '{"id":"a","index":0,"recordedAt":"2026-11-30T00:00:00Z","machineId":"m","machineVersion":"1","event":{"type":"X","n":1e400}}',
+        # Refused by both, with pydantic's words.
+        '{"id":"","index":0,"recordedAt":"2026-11-30T00:00:00Z","machineId":"m","machineVersion":"1","event":{"type":"X"}}',
+        '{"id":"a","index":0,"recordedAt":"2026-11-30T00:00:00","machineId":"m","machineVersion":"1","event":{"type":"X"}}',
+        '{"id":"a","index":0,"recordedAt":"2026-11-30T00:00:00Z","machineId":"m","machineVersion":"1","event":{"type":""}}',
+        '{"id":"a","index":-1,"recordedAt":"2026-11-30T00:00:00Z","machineId":"m","machineVersion":"1","event":{"type":"X"},"extra":1}',
+        '{"id":"a","index":0,"recordedAt":"2026-11-30T00:00:00Z","machineId":"m","machineVersion":"1","event":{"type":"X","d":'
+        + "[" * 250
+        + "]" * 250
+        + "}}",
+    ],
+    ids=[
+        "float-index",
+        "out-of-range-float",
+        "empty-id",
+        "no-offset",
+        "empty-type",
+        "negative-and-extra",
+        "too-deep",
+    ],
+)
+def test_lines_only_the_contract_can_judge_are_judged_by_it(text: str) -> None:
+    assert_same(text.encode())
+    if by_contract(text.encode())[0] == "refused":
+        with pytest.raises(ValidationError):
+            decode_entry(text.encode())
+    else:
+        assert isinstance(decode_entry(text.encode()), LogEntry)  # read by the contract's own parser
