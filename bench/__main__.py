@@ -23,7 +23,23 @@ def main() -> None:
     parser.add_argument(
         "--only", choices=["replay", "warehouse", "explore", "round", "chat"], help="run one section"
     )
+    parser.add_argument(
+        "--scale",
+        action="store_true",
+        help="growth instead: replay, ingest and a round at 10k, 100k and 1M entries (see bench/scale_bench.py)",
+    )
+    parser.add_argument(
+        "--sizes", default="10000,100000,1000000", help="with --scale: entry counts, comma-separated"
+    )
     args = parser.parse_args()
+    if args.scale:
+        from bench.scale_bench import scale_figures
+
+        with tempfile.TemporaryDirectory(prefix="improve-bench-scale-") as tmp:
+            sizes = tuple(int(size) for size in args.sizes.split(","))
+            json.dump({"scale": scale_figures(Path(tmp), sizes)}, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return
     figures: dict[str, object] = {"machine": {"cores": __import__("os").cpu_count()}}
     with tempfile.TemporaryDirectory(prefix="improve-bench-") as tmp:
         if args.only in (None, "replay"):
