@@ -353,3 +353,21 @@ def test_lines_only_the_contract_can_judge_are_judged_by_it(text: str) -> None:
             decode_entry(text.encode())
     else:
         assert isinstance(decode_entry(text.encode()), LogEntry)  # read by the contract's own parser
+
+
+def test_text_lines_read_as_their_bytes_do() -> None:
+    """A line given as text (a `str`) is read as its UTF-8 bytes are; one with a lone surrogate, which
+    has no UTF-8 form, is pydantic's to judge."""
+    good = '{"id":"é","index":0,"recordedAt":"2026-11-30T00:00:00Z","machineId":"m","machineVersion":"1","event":{"type":"X"}}'
+    assert isinstance(decode_entry(good), BulkEntry)
+    assert to_log_entry(decode_entry(good)) == LogEntry.model_validate_json(good)
+    lone = good.replace("é", "\ud800")
+    try:
+        expected: object = LogEntry.model_validate_json(lone)
+    except ValidationError as error:
+        expected = entry_problems(error)
+    try:
+        found: object = to_log_entry(decode_entry(lone))
+    except ValidationError as error:
+        found = entry_problems(error)
+    assert found == expected

@@ -141,9 +141,17 @@ def decode_entry(line: bytes | str, *, shallow: bool = False) -> BulkEntry | Log
     Raises pydantic's `ValidationError` for a line that is not a valid entry (use `entry_problems`).
     `shallow`: the caller has checked that the line nests no deeper than `MAX_JSON_DEPTH`
     (`lines.line_problem`), so the bracket count that guards pydantic's depth limit is skipped."""
-    data = line.encode("utf-8") if isinstance(line, str) else line
-    # ints, not b"[": bytes.count of an int is about twice as fast.
-    if shallow or data.count(91) + data.count(123) < _BRACKETS:
+    if isinstance(line, str):
+        try:
+            data = line.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate: pydantic's to judge
+            return LogEntry.model_validate_json(line)
+    else:
+        data = line
+    # Valid JSON shorter than twice the bound cannot nest that deep (each level opens and closes), and
+    # invalid JSON is refused by msgspec and judged by pydantic; bytes.count of an int, not of b"[",
+    # because it is about twice as fast.
+    if shallow or len(data) < 2 * _BRACKETS or data.count(91) + data.count(123) < _BRACKETS:
         try:
             entry = _DECODER.decode(data)
         except (msgspec.ValidationError, msgspec.DecodeError):
