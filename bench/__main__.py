@@ -31,13 +31,18 @@ def main() -> None:
     parser.add_argument(
         "--sizes", default="10000,100000,1000000", help="with --scale: entry counts, comma-separated"
     )
+    parser.add_argument(
+        "--round-sizes",
+        help="with --scale: the round's entry counts (default: --sizes; a 1M-entry round is long)",
+    )
     args = parser.parse_args()
     if args.scale:
         from bench.scale_bench import scale_figures
 
         with tempfile.TemporaryDirectory(prefix="improve-bench-scale-") as tmp:
             sizes = tuple(int(size) for size in args.sizes.split(","))
-            json.dump({"scale": scale_figures(Path(tmp), sizes)}, sys.stdout, indent=2)
+            rounds = tuple(int(size) for size in args.round_sizes.split(",")) if args.round_sizes else None
+            json.dump({"scale": scale_figures(Path(tmp), sizes, rounds)}, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return
     figures: dict[str, object] = {"machine": {"cores": __import__("os").cpu_count()}}

@@ -24,7 +24,6 @@ import json
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -142,13 +141,20 @@ def _replay_corpus(base: Path, target: Path, entries: int) -> int:
     return written
 
 
-def scale_figures(tmp: Path, sizes: tuple[int, ...] = SIZES) -> dict[str, Any]:
+def scale_figures(
+    tmp: Path, sizes: tuple[int, ...] = SIZES, round_sizes: tuple[int, ...] | None = None
+) -> dict[str, Any]:
+    """Every size of `sizes` for replay and ingest; the round at `round_sizes` (default: the same)."""
+    round_sizes = sizes if round_sizes is None else round_sizes
     base = tmp / "base.jsonl"
     print("bench --scale: recording the base threads ...", file=sys.stderr)
     write_corpus(base, 2_000)
     figures: dict[str, Any] = {"sizes": list(sizes), "replay": {}, "ingest": {}, "round": {}}
-    for size in sizes:
+    for size in sorted(set(sizes) | set(round_sizes)):
         print(f"bench --scale: {size:,} entries ...", file=sys.stderr)
+        if size not in sizes:
+            _round_at(figures, tmp, size)
+            continue
         corpus = tmp / f"replay-{size}.jsonl"
         _replay_corpus(base, corpus, size)
         figures["replay"][str(size)] = _measure(_REPLAY, str(corpus))
@@ -163,10 +169,9 @@ def scale_figures(tmp: Path, sizes: tuple[int, ...] = SIZES) -> dict[str, Any]:
         shutil.rmtree(folder)
         (tmp / f"ingest-{size}.duckdb").unlink(missing_ok=True)
 
-        k = max(1, round(size / ROUND_ENTRIES_PER_K))
-        figures["round"][str(size)] = _measure(_ROUND, str(tmp / f"round-{size}"), str(k))
-        shutil.rmtree(tmp / f"round-{size}", ignore_errors=True)
-    figures["growth"] = _growth(figures, sizes)
+        if size in round_sizes:
+            _round_at(figures, tmp, size)
+    figures["growth"] = _growth(figures, sizes, round_sizes)
     figures["note"] = (
         "each figure from its own subprocess; us_per_entry = seconds / entries; peak_rss_mb = the process's "
         "own high-water mark (VmHWM) at its end, rss_before_mb = its RSS before the work began. replay: one multi-thread file "
@@ -176,14 +181,21 @@ def scale_figures(tmp: Path, sizes: tuple[int, ...] = SIZES) -> dict[str, Any]:
     return figures
 
 
-def _growth(figures: dict[str, Any], sizes: tuple[int, ...]) -> dict[str, Any]:
+def _round_at(figures: dict[str, Any], tmp: Path, size: int) -> None:
+    k = max(1, round(size / ROUND_ENTRIES_PER_K))
+    figures["round"][str(size)] = _measure(_ROUND, str(tmp / f"round-{size}"), str(k))
+    shutil.rmtree(tmp / f"round-{size}", ignore_errors=True)
+
+
+def _growth(figures: dict[str, Any], sizes: tuple[int, ...], round_sizes: tuple[int, ...]) -> dict[str, Any]:
     """Per section: cost per entry and peak RSS at the largest size over the smallest, and the RSS
     growth between the two largest sizes (flat is 1.0)."""
-    if len(sizes) < 2:
-        return {}
-    small, mid, large = str(sizes[0]), str(sizes[-2]), str(sizes[-1])
     growth = {}
-    for section in ("replay", "ingest", "round"):
+    for section, measured in (("replay", sizes), ("ingest", sizes), ("round", round_sizes)):
+        ordered = sorted(measured)
+        if len(ordered) < 2:
+            continue
+        small, mid, large = str(ordered[0]), str(ordered[-2]), str(ordered[-1])
         rows = figures[section]
         growth[section] = {
             f"us_per_entry_{large}_over_{small}": round(
@@ -192,13 +204,3 @@ def _growth(figures: dict[str, Any], sizes: tuple[int, ...]) -> dict[str, Any]:
             f"peak_rss_{large}_over_{mid}": round(rows[large]["peak_rss_mb"] / rows[mid]["peak_rss_mb"], 2),
         }
     return growth
-
-
-if __name__ == "__main__":  # a quick look: python -m bench.scale_bench 10000,100000
-    import tempfile
-
-    chosen = tuple(int(s) for s in sys.argv[1].split(",")) if len(sys.argv) > 1 else SIZES
-    with tempfile.TemporaryDirectory(prefix="improve-scale-") as scratch:
-        start = time.perf_counter()
-        json.dump(scale_figures(Path(scratch), chosen), sys.stdout, indent=2)
-        print(f"\n{time.perf_counter() - start:.0f} s", file=sys.stderr)
