@@ -18,7 +18,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
+from typer.testing import CliRunner
 
+from improve.cli.main import app
+from improve.errors import LogError
 from improve.evals import SuiteSpec, load_scenarios
 from improve.evals.suite import write_threads
 from improve.log import (
@@ -34,7 +37,7 @@ from improve.log import (
 )
 from improve.runtime import load_environment
 from improve.runtime.policy import load_policy
-from tests.conftest import REPO
+from tests.conftest import REPO, copy_workspace
 
 ENVIRONMENTS = ("refunds", "refund-approval", "tool-loop", "code-agent", "triage")
 FIXTURES = sorted((REPO / "tests" / "fixtures").rglob("*.jsonl"))
@@ -371,3 +374,59 @@ def test_text_lines_read_as_their_bytes_do() -> None:
     except ValidationError as error:
         found = entry_problems(error)
     assert found == expected
+
+
+def test_a_file_is_replayed_thread_by_thread_not_loaded_whole(tmp_path: Path) -> None:
+    """The first thread is handed over before the rest of the file is decoded: a broken line further on
+    is only reached when the stream gets there, and then named with its line."""
+    good = [
+        {
+            "id": f"e{i}",
+            "index": i,
+            "recordedAt": "2026-11-30T00:00:00Z",
+            "machineId": "m",
+            "machineVersion": "1",
+            "event": {"type": "@agent.init" if i == 0 else "X"},
+            "threadId": "a",
+        }
+        for i in range(3)
+    ]
+    path = tmp_path / "two.jsonl"
+    path.write_text("".join(json.dumps(e) + "\n" for e in good) + '{"threadId": "b", "index": "x"}\n')
+    stream = read_file_threads(path)
+    thread, entries = next(stream)
+    assert thread == "a" and [e.index for e in entries] == [0, 1, 2]
+    with pytest.raises(LogError, match=r"two\.jsonl:4: not a log entry: .*index"):
+        next(stream)
+
+
+def test_improve_replay_builds_no_pydantic_entry(
+    bundled: dict[str, JsonlDirStore], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`improve replay --verify` over a directory of threads and over a multi-thread file reads them
+    through the bulk path only: the contract's parser is never asked."""
+    store = bundled["refunds"]
+    ids = store.list_threads(limit=3).thread_ids
+    many = tmp_path / "many.jsonl"
+    many.write_text(
+        "".join(
+            json.dumps(json.loads(line) | {"threadId": tid}) + "\n"
+            for tid in ids
+            for line in store.path(tid).read_text().splitlines()
+        )
+    )
+    asked: list[object] = []
+    original = LogEntry.model_validate_json
+
+    def counting(data: Any, *args: Any, **kwargs: Any) -> LogEntry:
+        asked.append(data)
+        return original(data, *args, **kwargs)
+
+    ws = copy_workspace(tmp_path / "ws")
+    monkeypatch.setattr(LogEntry, "model_validate_json", counting)
+    for target in (str(store.root), str(many)):
+        result = CliRunner().invoke(app, ["replay", "-w", str(ws), target, "--verify", "--json"])
+        assert result.exit_code == 0, result.output
+        doc = json.loads(result.stdout)
+        assert {t["verification"] for t in doc["threads"]} == {"verified"}
+    assert asked == []
