@@ -271,31 +271,31 @@ def _threads_from(args: list[str], traces: Path) -> Iterator[tuple[str, Sequence
     """Files (one thread or many with `threadId`), directories of them, or thread ids in traces/,
     checked up front and then read one thread at a time through the bulk decode path, so replaying a
     million entries holds about one thread of them at once."""
-    sources: list[tuple[str, Path]] = []
+    sources: list[tuple[str, str]] = []
     for arg in args:
         path = Path(arg)
         if path.is_dir():
-            sources.append(("dir", path))
+            sources.append(("dir", arg))
         elif path.is_file():
-            sources.append(("file", path))
+            sources.append(("file", arg))
         elif (traces / f"{arg}.jsonl").is_file():
-            sources.append(("thread", Path(arg)))
+            sources.append(("thread", arg))
         else:
             raise WorkspaceError(f"{arg}: no such file, directory, or thread in {traces}")
     found = 0
-    for kind, path in sources:
+    for kind, source in sources:
         if kind == "dir":
-            store = JsonlDirStore(path)
+            store = JsonlDirStore(source)
             for tid in store.list_threads(limit=1_000_000).thread_ids:
                 found += 1
                 yield tid, store.read_bulk(tid)
         elif kind == "file":
-            for thread in read_file_threads(path):
+            for thread in read_file_threads(Path(source)):
                 found += 1
                 yield thread
         else:
             found += 1
-            yield str(path), JsonlDirStore(traces).read_bulk(str(path))
+            yield source, JsonlDirStore(traces).read_bulk(source)
     if not found:  # a directory with no thread in it: nothing replayed must not read as a pass
         raise WorkspaceError(f"no thread found in {', '.join(args)}: nothing to replay")
 
