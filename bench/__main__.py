@@ -33,7 +33,7 @@ def main() -> None:
     )
     parser.add_argument(
         "--round-sizes",
-        help="with --scale: the round's entry counts (default: --sizes; a 1M-entry round is long)",
+        help="with --scale: the round's entry counts, or none (default: --sizes; a 1M-entry round is long)",
     )
     args = parser.parse_args()
     if args.scale:
@@ -41,7 +41,13 @@ def main() -> None:
 
         with tempfile.TemporaryDirectory(prefix="improve-bench-scale-") as tmp:
             sizes = tuple(int(size) for size in args.sizes.split(","))
-            rounds = tuple(int(size) for size in args.round_sizes.split(",")) if args.round_sizes else None
+            rounds = (
+                None
+                if not args.round_sizes
+                else ()
+                if args.round_sizes == "none"
+                else tuple(int(size) for size in args.round_sizes.split(","))
+            )
             json.dump({"scale": scale_figures(Path(tmp), sizes, rounds)}, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return

@@ -6,7 +6,9 @@ pass reads only each line's thread id to learn where each thread's last line is,
 decodes the lines (`bulk.decode_entry`) and hands each thread over as soon as its last line is read.
 Threads come out in the order they first appear, as a dict grouping the whole file would give them;
 memory holds the threads that are still open at a point of the file (one, when each thread's lines
-are together, as improve writes them) plus those waiting for an earlier one to close.
+are together, as improve writes them) plus those waiting for an earlier one to close, and the first
+pass's index: each thread's id and last line number, a few hundred bytes a thread (a million entries
+of 7-entry threads: about 30 MB, against the 560 MB the file holds).
 """
 
 from __future__ import annotations
