@@ -13,6 +13,7 @@ test (tests/test_log_bulk.py) holds the two paths to that over every bundled thr
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Annotated, Any, Literal, Protocol
 
@@ -61,7 +62,7 @@ class EntryView(Protocol):
     @property
     def causationId(self) -> str | None: ...
     @property
-    def attempts(self) -> list[Any] | None: ...
+    def attempts(self) -> Sequence[AttemptView] | None: ...
     @property
     def metadata(self) -> dict[str, Any] | None: ...
     @property
