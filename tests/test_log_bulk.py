@@ -33,6 +33,7 @@ from improve.log import (
     entry_problems,
     read_file_threads,
     replay,
+    stream,
     to_log_entry,
 )
 from improve.runtime import load_environment
@@ -121,10 +122,15 @@ def test_every_bundled_thread_replays_and_verifies_the_same_both_ways(
     assert replayed > 100
 
 
+@pytest.mark.parametrize("colliding", [False, True], ids=["hashes", "every-hash-collides"])
 def test_a_multi_thread_file_streams_its_threads_in_order_of_first_appearance(
-    bundled: dict[str, JsonlDirStore], tmp_path: Path
+    bundled: dict[str, JsonlDirStore], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, colliding: bool
 ) -> None:
-    """Threads interleaved line by line come out whole, in the order a dict grouping them would give."""
+    """Threads interleaved line by line, or each in one piece, come out whole, in the order a dict
+    grouping them would give; the first pass remembers threads by hash, and a collision only makes a
+    thread wait for its last line."""
+    if colliding:
+        monkeypatch.setattr(stream, "_key", lambda thread: 0)
     store = bundled["refunds"]
     ids = store.list_threads(limit=5).thread_ids
     threads = {
@@ -141,11 +147,16 @@ def test_a_multi_thread_file_streams_its_threads_in_order_of_first_appearance(
             del queues[tid]
     path = tmp_path / "many.jsonl"
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    first_seen = list(dict.fromkeys(line["threadId"] for line in lines))
-    streamed = list(read_file_threads(path))
-    assert [tid for tid, _ in streamed] == first_seen
-    for tid, entries in streamed:
-        assert [to_log_entry(e) for e in entries] == [LogEntry.model_validate(x) for x in threads[tid]]
+    contiguous = tmp_path / "together.jsonl"
+    contiguous.write_text("".join(json.dumps(line) + "\n" for tid in reversed(ids) for line in threads[tid]))
+    for file, order in (
+        (path, list(dict.fromkeys(line["threadId"] for line in lines))),
+        (contiguous, ids[::-1]),
+    ):
+        streamed = list(read_file_threads(file))
+        assert [tid for tid, _ in streamed] == order
+        for tid, entries in streamed:
+            assert [to_log_entry(e) for e in entries] == [LogEntry.model_validate(x) for x in threads[tid]]
 
 
 # --- a fuzzed corpus -----------------------------------------------------------------------------------
@@ -377,27 +388,28 @@ def test_text_lines_read_as_their_bytes_do() -> None:
 
 
 def test_a_file_is_replayed_thread_by_thread_not_loaded_whole(tmp_path: Path) -> None:
-    """The first thread is handed over before the rest of the file is decoded: a broken line further on
-    is only reached when the stream gets there, and then named with its line."""
+    """A thread is handed over once the next one starts, before the rest of the file is decoded: a
+    broken line further on is only reached when the stream gets there, and then named with its line."""
     good = [
         {
-            "id": f"e{i}",
+            "id": f"{thread}{i}",
             "index": i,
             "recordedAt": "2026-11-30T00:00:00Z",
             "machineId": "m",
             "machineVersion": "1",
             "event": {"type": "@agent.init" if i == 0 else "X"},
-            "threadId": "a",
+            "threadId": thread,
         }
+        for thread in ("a", "b")
         for i in range(3)
     ]
-    path = tmp_path / "two.jsonl"
-    path.write_text("".join(json.dumps(e) + "\n" for e in good) + '{"threadId": "b", "index": "x"}\n')
-    stream = read_file_threads(path)
-    thread, entries = next(stream)
+    path = tmp_path / "three.jsonl"
+    path.write_text("".join(json.dumps(e) + "\n" for e in good) + '{"threadId": "c", "index": "x"}\n')
+    threads = read_file_threads(path)
+    thread, entries = next(threads)
     assert thread == "a" and [e.index for e in entries] == [0, 1, 2]
-    with pytest.raises(LogError, match=r"two\.jsonl:4: not a log entry: .*index"):
-        next(stream)
+    with pytest.raises(LogError, match=r"three\.jsonl:7: not a log entry: .*index"):
+        next(threads)
 
 
 def test_improve_replay_builds_no_pydantic_entry(

@@ -2,13 +2,14 @@
 
 A file may hold many threads (every line carrying `threadId`), in any order. Loading it whole before
 replaying costs memory in proportion to the file (a million entries held at once); instead, a first
-pass reads only each line's thread id to learn where each thread's last line is, and a second pass
-decodes the lines (`bulk.decode_entry`) and hands each thread over as soon as its last line is read.
+pass reads only each line's thread id, to learn which threads come back after another thread's lines
+and where those end, and a second pass decodes the lines (`bulk.decode_entry`) and hands each thread
+over as soon as its last line is read.
 Threads come out in the order they first appear, as a dict grouping the whole file would give them;
 memory holds the threads that are still open at a point of the file (one, when each thread's lines
 are together, as improve writes them) plus those waiting for an earlier one to close, and the first
-pass's index: each thread's id and last line number, a few hundred bytes a thread (a million entries
-of 7-entry threads: about 30 MB, against the 560 MB the file holds).
+pass's index: a hash of each thread's id (about 60 bytes a thread), and the last line number of the
+threads that come back after another's.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class _ThreadOnly(msgspec.Struct):
 
 
 _THREAD_ONLY = msgspec.json.Decoder(_ThreadOnly)
+_key = hash  # how the first pass remembers a thread it has seen (a test makes every key collide)
 
 
 def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
@@ -71,33 +73,68 @@ def read_file_threads(path: Path) -> Iterator[tuple[str, ThreadEntries]]:
     log entry raises `LogError` naming the file and line, when the second pass reaches it (threads
     that closed before it have been handed over). An empty or blank file is one empty thread."""
     default = path.stem
-    last: dict[str, int] = {}
-    for number, line in _lines(path):
-        thread = _thread_of(line, default)
-        if thread is not None:
-            last[thread] = number
-    if not last:
+    returning = _returning_threads(path, default)
+    if returning is None:
         # Nothing decodes: the second pass names the first bad line; a blank file is an empty thread.
         for number, line in _lines(path):
             _decode(path, number, line)
         yield default, []
         return
     # Threads in order of first appearance; each waits until it and every thread before it has closed.
+    # A thread closes where its lines stop, unless it returns later: then at its last line.
     waiting: dict[str, ThreadEntries] = {}
     closed: set[str] = set()
+    current: str | None = None
     for number, line in _lines(path):
         entry = _decode(path, number, line)
         thread = entry.threadId or default
+        if thread != current:
+            if current is not None and current not in returning:
+                closed.add(current)
+                yield from _ready(waiting, closed)
+            current = thread
         waiting.setdefault(thread, []).append(entry)
-        if last.get(thread) == number:
+        if returning.get(thread) == number:
             closed.add(thread)
-            while waiting:
-                first = next(iter(waiting))
-                if first not in closed:
-                    break
-                yield first, waiting.pop(first)
-    # A thread whose last line the first pass could not place (it cannot happen for lines that decode).
-    yield from waiting.items()
+            yield from _ready(waiting, closed)
+    yield from waiting.items()  # the end of the file closes every thread
+
+
+def _ready(waiting: dict[str, ThreadEntries], closed: set[str]) -> Iterator[tuple[str, ThreadEntries]]:
+    """The closed threads at the head of the queue: none waits on an earlier thread still open."""
+    while waiting:
+        first = next(iter(waiting))
+        if first not in closed:
+            return
+        closed.discard(first)
+        yield first, waiting.pop(first)
+
+
+def _returning_threads(path: Path, default: str) -> dict[str, int] | None:
+    """The first pass: the threads whose lines come back after another thread's, each with its last
+    line number (None when no line decodes). Threads already seen are remembered by their hash only,
+    so the pass costs about 60 bytes a thread; a hash shared by two threads only makes the second
+    count as returning, which costs it nothing but waiting for its last line."""
+    seen: set[int] = set()
+    returning: dict[str, int] = {}
+    previous: str | None = None
+    any_entry = False
+    for number, line in _lines(path):
+        thread = _thread_of(line, default)
+        if thread is None:
+            continue
+        any_entry = True
+        if thread != previous:
+            key = _key(thread)
+            if thread not in returning:
+                if key in seen:
+                    returning[thread] = number
+                else:
+                    seen.add(key)
+            previous = thread
+        if thread in returning:
+            returning[thread] = number
+    return returning if any_entry else None
 
 
 def _decode(path: Path, number: int, line: bytes) -> BulkEntry | LogEntry:
