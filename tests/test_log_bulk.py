@@ -31,6 +31,7 @@ from improve.log import (
     decode_entry,
     entry_content,
     entry_problems,
+    line_problem,
     read_file_threads,
     replay,
     stream,
@@ -67,8 +68,30 @@ def by_bulk(line: bytes) -> Outcome:
     return ("read", repr(to_log_entry(entry).model_dump()), _normal(entry_content(entry)))
 
 
+def by_file_reader(line: bytes) -> Outcome:
+    """What `improve replay FILE` makes of a line (`read_file_threads` skips `line_problem` for a line
+    msgspec reads)."""
+    try:
+        entry = stream._decode(Path("f.jsonl"), 1, line)
+    except LogError as error:
+        return ("refused", str(error), "")
+    return ("read", repr(to_log_entry(entry).model_dump()), _normal(entry_content(entry)))
+
+
+def by_checked_contract(line: bytes) -> Outcome:
+    """The reference for a file's line: `line_problem`, then the contract."""
+    problem = line_problem(line)
+    if problem is not None:
+        return ("refused", f"f.jsonl:1: not a log entry: {problem}", "")
+    outcome = by_contract(line)
+    if outcome[0] == "refused":
+        return ("refused", f"f.jsonl:1: not a log entry: {outcome[1]}", "")
+    return outcome
+
+
 def assert_same(line: bytes) -> None:
     assert by_bulk(line) == by_contract(line), line
+    assert by_file_reader(line) == by_checked_contract(line), line
 
 
 # --- every bundled thread ------------------------------------------------------------------------------
@@ -308,7 +331,11 @@ def mutated(draw: st.DrawFn) -> bytes:
                     '"metadata": {"a": 1, "a": 2}, ',
                     '"threadId": "\\ud800", ',
                     '"threadId": "tab\tinside", ',
+                    '"metadata": {"deep": ' + "[" * 126 + "]" * 126 + "}, ",
+                    '"metadata": {"deep": ' + "[" * 127 + "]" * 127 + "}, ",
                     '"metadata": {"deep": ' + "[" * 195 + "]" * 195 + "}, ",
+                    '"metadata": {"nul": "a\u0000b"}, ',
+                    '"metadata": {"long": "' + "x" * 300 + '"}, ',
                     '"metadata": {"deep": ' + "[" * 260 + "]" * 260 + "}, ",
                     '"event": {"type": "A", "type": "B"}, ',
                 ]

@@ -153,15 +153,24 @@ def decode_entry(line: bytes | str, *, shallow: bool = False) -> BulkEntry | Log
     # invalid JSON is refused by msgspec and judged by pydantic; bytes.count of an int, not of b"[",
     # because it is about twice as fast.
     if shallow or len(data) < 2 * _BRACKETS or data.count(91) + data.count(123) < _BRACKETS:
-        try:
-            entry = _DECODER.decode(data)
-        except (msgspec.ValidationError, msgspec.DecodeError):
-            pass
-        else:
-            event_type = entry.event.get("type")
-            if isinstance(event_type, str) and event_type and _valid_recorded_at(entry.recordedAt):
-                return entry
+        entry = read_strictly(data)
+        if entry is not None:
+            return entry
     return LogEntry.model_validate_json(line)
+
+
+def read_strictly(data: bytes) -> BulkEntry | None:
+    """The line as msgspec reads it with the validators' checks, or None when it is pydantic's to judge.
+    The caller rules out nesting past pydantic's limit first (see `decode_entry`). A line this reads is
+    UTF-8 with no raw control character: msgspec refuses both."""
+    try:
+        entry = _DECODER.decode(data)
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return None
+    event_type = entry.event.get("type")
+    if isinstance(event_type, str) and event_type and _valid_recorded_at(entry.recordedAt):
+        return entry
+    return None
 
 
 def to_log_entry(entry: BulkEntry | LogEntry) -> LogEntry:

@@ -21,9 +21,9 @@ import msgspec
 from pydantic import ValidationError
 
 from improve.errors import LogError
-from improve.log.bulk import BulkEntry, decode_entry
+from improve.log.bulk import BulkEntry, decode_entry, read_strictly
 from improve.log.entry import LogEntry, entry_problems
-from improve.log.lines import BOM, line_problem
+from improve.log.lines import BOM, MAX_JSON_DEPTH, MAX_LINE_BYTES, line_problem
 
 ThreadEntries = list[BulkEntry | LogEntry]
 
@@ -138,6 +138,14 @@ def _returning_threads(path: Path, default: str) -> dict[str, int] | None:
 
 
 def _decode(path: Path, number: int, line: bytes) -> BulkEntry | LogEntry:
+    if len(line) <= MAX_LINE_BYTES and (
+        len(line) < 2 * MAX_JSON_DEPTH or line.count(91) + line.count(123) <= MAX_JSON_DEPTH
+    ):
+        # A line msgspec reads is UTF-8 without a NUL, and with this few brackets (or bytes) it nests
+        # no deeper than the limit: `line_problem` has nothing to say about it, so it is not asked.
+        entry = read_strictly(line)
+        if entry is not None:
+            return entry
     problem = line_problem(line)
     if problem is not None:
         raise LogError(f"{path}:{number}: not a log entry: {problem}")
