@@ -5,10 +5,10 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
 .DEFAULT_GOAL := help
-.PHONY: help demo test bench mutation conformance hostile lint clean
+.PHONY: help demo test bench bench-scale mutation conformance hostile lint clean
 
 help: ## Show this help
-	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -28,6 +28,9 @@ test: $(STAMP) ## Run the test suite
 
 bench: $(STAMP) ## Print benchmark figures as JSON
 	@$(BIN)/python -m bench
+
+bench-scale: $(STAMP) ## Growth: replay, ingest and a round at 10k, 100k, 1M entries (time, us/entry, peak RSS)
+	@$(BIN)/python -m bench --scale
 
 mutation: $(STAMP) ## Mutation score per core module as JSON (cosmic-ray, a seeded sample; not in `make test`)
 	@$(BIN)/python -m bench.mutation

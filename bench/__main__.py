@@ -31,7 +31,34 @@ def main() -> None:
     parser.add_argument(
         "--xstate-threads", type=int, default=2_000, help="refund-approval threads run through XState"
     )
+    parser.add_argument(
+        "--scale",
+        action="store_true",
+        help="growth instead: replay, ingest and a round at 10k, 100k and 1M entries (see bench/scale_bench.py)",
+    )
+    parser.add_argument(
+        "--sizes", default="10000,100000,1000000", help="with --scale: entry counts, comma-separated"
+    )
+    parser.add_argument(
+        "--round-sizes",
+        help="with --scale: the round's entry counts, or none (default: --sizes; a 1M-entry round is long)",
+    )
     args = parser.parse_args()
+    if args.scale:
+        from bench.scale_bench import scale_figures
+
+        with tempfile.TemporaryDirectory(prefix="improve-bench-scale-") as tmp:
+            sizes = tuple(int(size) for size in args.sizes.split(","))
+            rounds = (
+                None
+                if not args.round_sizes
+                else ()
+                if args.round_sizes == "none"
+                else tuple(int(size) for size in args.round_sizes.split(","))
+            )
+            json.dump({"scale": scale_figures(Path(tmp), sizes, rounds)}, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return
     figures: dict[str, object] = {"machine": {"cores": __import__("os").cpu_count()}}
     with tempfile.TemporaryDirectory(prefix="improve-bench-") as tmp:
         if args.only in (None, "startup"):

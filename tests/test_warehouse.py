@@ -556,9 +556,9 @@ def test_a_bom_crlf_file_with_one_bad_line_rejects_only_that_line(small_ws: Path
     assert opencli.exit_code == 0 and json.loads(opencli.stdout)["ingested"] == 2
     clean = small_ws / "clean.jsonl"
     clean.write_bytes(BOM + "\r\n".join(lines).encode() + b"\r\n")
-    from improve.cli.replay import _read_file
+    from improve.log import read_file_threads  # what `improve replay FILE` reads a file with
 
-    assert [len(entries) for _, entries in _read_file(clean)] == [5]
+    assert [len(entries) for _, entries in read_file_threads(clean)] == [5]
 
 
 def test_two_files_of_one_thread_that_differ_at_index_1_account_for_every_line(small_ws: Path) -> None:

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from pydantic import ValidationError
 from rich.markup import escape
 from rich.table import Table
 
@@ -23,51 +22,58 @@ from improve.cli.common import (
 )
 from improve.errors import DivergenceError, LogError, TamperError, WorkspaceError
 from improve.evals import Workspace
-from improve.log import JsonlDirStore, LogEntry, entry_problems, gc_paused, head, line_problem, split_lines
+from improve.log import (
+    EntryView,
+    JsonlDirStore,
+    gc_paused,
+    head,
+    read_file_threads,
+)
 from improve.log import replay as replay_thread
 from improve.runtime import Environment
 
 
-def _threads_from(args: list[str], traces: Path) -> list[tuple[str, list[LogEntry]]]:
-    """Files (one thread or many with `threadId`), directories of them, or thread ids in traces/."""
-    found: list[tuple[str, list[LogEntry]]] = []
+def _threads_from(args: list[str], traces: Path) -> Iterator[tuple[str, Sequence[EntryView]]]:
+    """Files (one thread or many with `threadId`), directories of them, or thread ids in traces/,
+    checked up front and then read one thread at a time through the bulk decode path, so replaying a
+    million entries holds about one thread of them at once."""
+    sources: list[tuple[str, str]] = []
     for arg in args:
         path = Path(arg)
         if path.is_dir():
-            store = JsonlDirStore(path)
-            page = store.list_threads(limit=1_000_000)
-            found += [(tid, store.read(tid)) for tid in page.thread_ids]
+            sources.append(("dir", arg))
         elif path.is_file():
-            found += _read_file(path)
+            sources.append(("file", arg))
         elif (traces / f"{arg}.jsonl").is_file():
-            found.append((arg, JsonlDirStore(traces).read(arg)))
+            sources.append(("thread", arg))
         else:
             raise WorkspaceError(f"{arg}: no such file, directory, or thread in {traces}")
+    found = 0
+    for kind, source in sources:
+        if kind == "dir":
+            store = JsonlDirStore(source)
+            for tid in store.list_threads(limit=1_000_000).thread_ids:
+                found += 1
+                yield tid, store.read_bulk(tid)
+        elif kind == "file":
+            for thread in read_file_threads(Path(source)):
+                found += 1
+                yield thread
+        else:
+            found += 1
+            yield source, JsonlDirStore(traces).read_bulk(source)
     if not found:  # a directory with no thread in it: nothing replayed must not read as a pass
         raise WorkspaceError(f"no thread found in {', '.join(args)}: nothing to replay")
-    return found
 
 
-def _read_file(path: Path) -> list[tuple[str, list[LogEntry]]]:
-    """Read as bytes and decode line by line: a binary or invalid-UTF-8 file is refused with the line
-    it goes wrong on, not with a decoder's traceback. A leading byte-order mark is dropped, as ingest does."""
-    threads: dict[str, list[LogEntry]] = defaultdict(list)
-    # The reader ingest uses too (improve.log.lines): a BOM and CRLF line ends read the same everywhere.
-    try:
-        data = path.read_bytes()
-    except OSError as error:
-        raise LogError(f"{path}: cannot be read ({error.strerror})") from None
-    for number, line in split_lines(data):
-        problem = line_problem(line)
-        if problem is not None:
-            raise LogError(f"{path}:{number}: not a log entry: {problem}")
-        try:
-            entry = LogEntry.model_validate_json(line)
-        except ValidationError as error:
-            raise LogError(f"{path}:{number}: not a log entry: {entry_problems(error)}") from None
-        threads[entry.threadId or path.stem].append(entry)
-    # An empty (or blank) file is an empty thread, refused by the caller, not zero threads that pass.
-    return list(threads.items()) or [(path.stem, [])]
+def _paused(threads: Iterator[tuple[str, Sequence[EntryView]]]) -> Iterator[tuple[str, Sequence[EntryView]]]:
+    """Each thread read with the cyclic collector paused (see `gc_paused`); replay runs with it on."""
+    while True:
+        with gc_paused():
+            thread = next(threads, None)
+        if thread is None:
+            return
+        yield thread
 
 
 def _environment_for(
@@ -119,8 +125,7 @@ def replay_command(
     """
     with handled():
         space = workspace(ws)
-        with gc_paused():
-            threads = _threads_from(targets, space.traces)
+        threads = _paused(_threads_from(targets, space.traces))
         cache: dict[str, Environment] = {}
         results: list[dict[str, Any]] = []
         failed: dict[str, int] = {"tampered": 0, "diverged": 0, "incomplete": 0, "unchained": 0}

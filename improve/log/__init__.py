@@ -7,6 +7,16 @@
 >>> result.verification   # "verified": chain, state hashes and end entry all check
 """
 
+from improve.log.bulk import (
+    AttemptView,
+    BulkAttempt,
+    BulkEntry,
+    BulkVerification,
+    EntryView,
+    VerificationView,
+    decode_entry,
+    to_log_entry,
+)
 from improve.log.chain import check_chain, entry_content, entry_hash, head, is_chained, rechain, seal
 from improve.log.entry import (
     END_EVENT,
@@ -58,6 +68,7 @@ from improve.log.store import (
     conflict,
     retarget,
 )
+from improve.log.stream import read_file_threads
 
 __all__ = [
     "BOM",
@@ -72,7 +83,12 @@ __all__ = [
     "UNCHAINED_VERSION",
     "USAGE_EVENT",
     "Attempt",
+    "AttemptView",
     "Budget",
+    "BulkAttempt",
+    "BulkEntry",
+    "BulkVerification",
+    "EntryView",
     "JsonlDirStore",
     "LogEntry",
     "MemoryStore",
@@ -82,6 +98,7 @@ __all__ = [
     "ThreadId",
     "ThreadPage",
     "Verification",
+    "VerificationView",
     "Verified",
     "check_batch",
     "check_chain",
@@ -89,6 +106,7 @@ __all__ = [
     "check_upto",
     "checked_thread_id",
     "conflict",
+    "decode_entry",
     "entry_content",
     "entry_hash",
     "entry_problems",
@@ -101,6 +119,7 @@ __all__ = [
     "new_entry_id",
     "now_rfc3339",
     "preview",
+    "read_file_threads",
     "rechain",
     "replay",
     "resumable",
@@ -108,5 +127,6 @@ __all__ = [
     "run_status",
     "seal",
     "split_lines",
+    "to_log_entry",
     "validate_log",
 ]

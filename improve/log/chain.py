@@ -37,6 +37,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from improve.errors import LogError, TamperError
+from improve.log.bulk import BulkEntry, EntryView, bulk_content
 from improve.log.entry import END_EVENT, SCHEMA_VERSION, LogEntry, Verification
 from improve.machine import canonical_json
 
@@ -48,8 +49,11 @@ _EXCLUDE: Any = {"threadId": True, "verification": {"entryHash"}}
 _FIX = "a chained thread cannot be edited: restore it from where it was recorded, or run the scenario again"
 
 
-def entry_content(entry: LogEntry) -> dict[str, Any]:
+def entry_content(entry: EntryView) -> dict[str, Any]:
     """The part of an entry its entryHash covers (see the module docstring)."""
+    if isinstance(entry, BulkEntry):
+        return bulk_content(entry)
+    assert isinstance(entry, LogEntry)
     data: dict[str, Any] = entry.model_dump(mode="json", exclude_none=True, exclude=_EXCLUDE)
     if data.get("verification") == {}:
         del data["verification"]
@@ -65,7 +69,7 @@ def _link(previous: str, content_json: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:HASH_HEX]
 
 
-def entry_hash(entry: LogEntry, previous: str) -> str:
+def entry_hash(entry: EntryView, previous: str) -> str:
     """The entryHash `entry` has when it follows `previous` (an entryHash, or the thread id for entry 0)."""
     return _link(previous, canonical_json(entry_content(entry)))
 
@@ -78,14 +82,14 @@ def seal(entry: LogEntry, previous: str) -> LogEntry:
     return draft.model_copy(update={"verification": link})
 
 
-def head(entries: Sequence[LogEntry]) -> str | None:
+def head(entries: Sequence[EntryView]) -> str | None:
     """The last entry's entryHash: the thread's digest (None for an empty or unchained thread)."""
     if not entries or entries[-1].verification is None:
         return None
     return entries[-1].verification.entryHash
 
 
-def is_chained(entries: Sequence[LogEntry]) -> bool:
+def is_chained(entries: Sequence[EntryView]) -> bool:
     """Whether the thread is of the chained form: any entry of schemaVersion 2 makes it so (a thread
     is never partly chained, so a version-1 entry in it is itself a finding of `check_chain`)."""
     return any(e.schemaVersion == SCHEMA_VERSION for e in entries)
@@ -108,7 +112,7 @@ def rechain(entries: Sequence[LogEntry], source_id: str, new_id: str) -> list[Lo
     return out
 
 
-def check_chain(entries: Sequence[LogEntry], thread_id: str | None) -> None:
+def check_chain(entries: Sequence[EntryView], thread_id: str | None) -> None:
     """Check every entryHash of a chained thread in order; raise `TamperError` at the first bad entry,
     saying whether its content changed, an entry is missing or was inserted, or the order changed."""
     if thread_id is None:
@@ -128,17 +132,17 @@ def check_chain(entries: Sequence[LogEntry], thread_id: str | None) -> None:
         previous = found
 
 
-def _describe(entries: Sequence[LogEntry], position: int) -> str:
+def _describe(entries: Sequence[EntryView], position: int) -> str:
     entry = entries[position]
     return f"entry {position} ({entry.type}, id {entry.id})"
 
 
-def _chains_after(entry: LogEntry, content_json: str, previous: str) -> bool:
+def _chains_after(entry: EntryView, content_json: str, previous: str) -> bool:
     found = entry.verification.entryHash if entry.verification is not None else None
     return found is not None and _link(previous, content_json) == found
 
 
-def _diagnose(entries: Sequence[LogEntry], p: int, thread_id: str) -> TamperError:
+def _diagnose(entries: Sequence[EntryView], p: int, thread_id: str) -> TamperError:
     """Why entry `p` breaks the chain (all entries before it check). The hash cannot say what changed,
     only that something did; which kind of change it was is read off where the entry does chain."""
     entry = entries[p]

@@ -23,8 +23,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from improve.errors import DivergenceError, LogError, MachineError, VersionMismatchError
+from improve.log.bulk import EntryView
 from improve.log.chain import check_chain, is_chained
-from improve.log.entry import END_EVENT, INIT_EVENT, LEGACY_WAIT_STATUS, RESUME_KEY, USAGE_EVENT, LogEntry
+from improve.log.entry import END_EVENT, INIT_EVENT, LEGACY_WAIT_STATUS, RESUME_KEY, USAGE_EVENT
 from improve.machine import RESUMABLE_STATUSES, Machine, Snapshot, initial, transition, wait_status
 
 RunStatus = str
@@ -95,35 +96,26 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def validate_log(machine: Machine, entries: Sequence[LogEntry]) -> None:
+def validate_log(machine: Machine, entries: Sequence[EntryView]) -> None:
     """Raise `LogError` (or `VersionMismatchError`) naming the first entry that breaks the rules."""
     if not entries:
         raise LogError("the thread is empty: a log starts with an @agent.init entry")
     if entries[0].type != INIT_EVENT:
         raise LogError(f"entry 0 is {entries[0].type!r}; a log starts with {INIT_EVENT!r}")
-    expected = f"{machine.id}@{machine.version}"
+    machine_id, version = machine.id, machine.version
     thread = entries[0].threadId
     last = len(entries) - 1
+    # One pass of plain comparisons; the messages are built only for the entry that fails.
     for position, entry in enumerate(entries):
-        if entry.index != position:
-            raise LogError(
-                f"entry at position {position} has index {entry.index}; indices must be contiguous from 0"
-            )
-        found = f"{entry.machineId}@{entry.machineVersion}"
-        if entry.machineId != machine.id:
-            raise VersionMismatchError(
-                f"entry {entry.index} was recorded by machine {found}, expected {expected}: "
-                "a thread is replayed by the machine that recorded it"
-            )
-        if entry.machineVersion != machine.version:
-            raise VersionMismatchError(
-                f"entry {entry.index}: version mismatch, expected {expected}, found {found}; "
-                "replay it with the pinned version of the environment"
-            )
-        if entry.threadId != thread:
-            raise LogError(f"entry {entry.index} belongs to thread {entry.threadId!r}, not {thread!r}")
+        if (
+            entry.index != position
+            or entry.machineId != machine_id
+            or entry.machineVersion != version
+            or entry.threadId != thread
+        ):
+            _misplaced(machine, entry, position, thread)
         etype = entry.event["type"]
-        if position > 0 and etype == INIT_EVENT:
+        if etype == INIT_EVENT and position > 0:
             raise LogError(f"entry {entry.index} is a second {INIT_EVENT!r}")
         if etype == END_EVENT and position != last:
             resumed = RESUME_KEY in (entries[position + 1].metadata or {})
@@ -135,9 +127,30 @@ def validate_log(machine: Machine, entries: Sequence[LogEntry]) -> None:
                 )
 
 
+def _misplaced(machine: Machine, entry: EntryView, position: int, thread: str | None) -> None:
+    """Raise for an entry out of place: a wrong index, machine, version or thread, checked in that order."""
+    expected = f"{machine.id}@{machine.version}"
+    if entry.index != position:
+        raise LogError(
+            f"entry at position {position} has index {entry.index}; indices must be contiguous from 0"
+        )
+    found = f"{entry.machineId}@{entry.machineVersion}"
+    if entry.machineId != machine.id:
+        raise VersionMismatchError(
+            f"entry {entry.index} was recorded by machine {found}, expected {expected}: "
+            "a thread is replayed by the machine that recorded it"
+        )
+    if entry.machineVersion != machine.version:
+        raise VersionMismatchError(
+            f"entry {entry.index}: version mismatch, expected {expected}, found {found}; "
+            "replay it with the pinned version of the environment"
+        )
+    raise LogError(f"entry {entry.index} belongs to thread {entry.threadId!r}, not {thread!r}")
+
+
 def replay(
     machine: Machine,
-    entries: Sequence[LogEntry],
+    entries: Sequence[EntryView],
     *,
     verify: bool = False,
     upto: int | None = None,
@@ -261,7 +274,7 @@ def resumable(status: Any) -> bool:
     return status in RESUMABLE_STATUSES or status == LEGACY_WAIT_STATUS
 
 
-def _check_state(entry: LogEntry, snapshot: Snapshot) -> None:
+def _check_state(entry: EntryView, snapshot: Snapshot) -> None:
     """The journaled state hash, when the entry has one, against the snapshot replay reached."""
     journaled = entry.verification.stateHash if entry.verification is not None else None
     if journaled is None:
@@ -274,7 +287,7 @@ def _check_state(entry: LogEntry, snapshot: Snapshot) -> None:
         )
 
 
-def _check_end(end: LogEntry, status: RunStatus, snapshot: Snapshot) -> None:
+def _check_end(end: EntryView, status: RunStatus, snapshot: Snapshot) -> None:
     """The status the run journaled as it ended against the one replay derives. The runner also stops
     a run that is still active when it reaches its entry cap, as `budget`, a limit the log does not
     carry: that `budget` is accepted whatever an active snapshot derives."""

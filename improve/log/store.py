@@ -55,6 +55,7 @@ from typing import Protocol, runtime_checkable
 from pydantic import ValidationError
 
 from improve.errors import ConflictError, LogError
+from improve.log.bulk import BulkEntry, decode_entry
 from improve.log.chain import rechain
 from improve.log.entry import THREAD_ID_PATTERN, LogEntry, check_thread_id, entry_problems
 from improve.log.lines import BOM
@@ -172,6 +173,10 @@ def retarget(entries: Sequence[LogEntry], new_id: str, source_id: str) -> list[L
         else e.model_copy(deep=True)
         for e in rechain(entries, source_id, new_id)
     ]
+
+
+def _invalid(path: Path, number: int, error: ValidationError) -> LogError:
+    return LogError(f"{path}, line {number + 1}: not a valid log entry: {entry_problems(error)}")
 
 
 def page(ids: Sequence[str], prefix: str, limit: int, cursor: str | None) -> ThreadPage:
@@ -421,26 +426,47 @@ class JsonlDirStore:
         return lines
 
     def read(self, thread_id: str, from_index: int = 0) -> list[LogEntry]:
+        path, lines = self._lines(thread_id, from_index)
+        entries: list[LogEntry] = []
+        for number in range(from_index, len(lines)):
+            try:
+                entries.append(LogEntry.model_validate_json(lines[number]))
+            except ValidationError as exc:
+                raise _invalid(path, number, exc) from None
+        return entries
+
+    def read_bulk(self, thread_id: str, from_index: int = 0) -> list[BulkEntry | LogEntry]:
+        """`read` through the bulk decode path (`improve.log.bulk`): the same entries, accepted and
+        refused alike, as light structs for readers that only read them (replay, verify)."""
+        path, lines = self._lines(thread_id, from_index)
+        try:
+            return [decode_entry(line) for line in lines[from_index:]]
+        except ValidationError:
+            pass  # find which line, and say so as `read` does
+        for number in range(from_index, len(lines)):
+            try:
+                decode_entry(lines[number])
+            except ValidationError as exc:
+                raise _invalid(path, number, exc) from None
+        raise AssertionError("unreachable: a line failed to decode, then decoded")  # pragma: no cover
+
+    def _lines(self, thread_id: str, from_index: int) -> tuple[Path, list[bytes]]:
+        """The thread file's complete lines (a torn last line left out), read under a shared lock."""
         path = self.path(thread_id)
         check_from_index(thread_id, from_index)
         with self._locked(path, exclusive=False) as fd:
             if fd is None:
-                return []
+                return path, []
             count = self._count(path, fd)
             data = os.pread(fd, count.valid_end, 0) if count.valid_end else b""
-        lines = data.split(b"\n")[:-1]  # the part after the last newline is empty (torn part excluded)
         # As every reader does (improve.log.lines): a BOM at the start and a CR before the LF are not
         # part of the entry (a thread saved by a Windows editor still reads).
-        if lines and lines[0].startswith(BOM):
-            lines[0] = lines[0][len(BOM) :]
-        entries: list[LogEntry] = []
-        for number in range(from_index, len(lines)):
-            try:
-                entries.append(LogEntry.model_validate_json(lines[number].removesuffix(b"\r")))
-            except ValidationError as exc:
-                problems = entry_problems(exc)
-                raise LogError(f"{path}, line {number + 1}: not a valid log entry: {problems}") from None
-        return entries
+        if data.startswith(BOM):
+            data = data[len(BOM) :]
+        lines = data.split(b"\n")[:-1]  # the part after the last newline is empty (torn part excluded)
+        if b"\r" in data:
+            lines = [line.removesuffix(b"\r") for line in lines]
+        return path, lines
 
     def length(self, thread_id: str) -> int:
         path = self.path(thread_id)

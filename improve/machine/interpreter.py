@@ -447,7 +447,9 @@ def initial(machine: Machine, input: Any = None) -> Snapshot:
 
 def _step(machine: Machine, snapshot: Snapshot, event: Mapping[str, Any]) -> tuple[Transition | None, Scope]:
     state = machine.states[snapshot.value]
-    scope = _scope(snapshot.context, dict(event), snapshot.input)
+    # The scope lives only for this step's guards and assigns, and a result read from the event is a
+    # copy (fastcel's `export`, or cel's own), so a plain dict is read as it is, not copied first.
+    scope = _scope(snapshot.context, event if type(event) is dict else dict(event), snapshot.input)
     candidates = _candidates(state, event)
     if not candidates:
         return None, scope

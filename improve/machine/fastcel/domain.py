@@ -66,9 +66,23 @@ def export(v: Any) -> Any:
     if t is dict:
         out = {}
         for k, x in v.items():
-            check_key(k)
-            out[k] = export(x)
+            if type(k) is not str or not k.isascii():
+                check_key(k)
+            out[k] = _export_item(x)
         return out
     if t is list:
-        return [export(x) for x in v]
+        return [_export_item(x) for x in v]
     return load(v)
+
+
+def _export_item(x: Any) -> Any:
+    """`export` of a member: the common leaves (ASCII strings, floats, bools, None) kept without a
+    call of `load` each, which was most of the cost of copying a tool's output into the context."""
+    t = type(x)
+    if t is str:
+        if not x.isascii():
+            _check_str(x)
+        return x
+    if t is float or t is bool or t is _NoneType:
+        return x
+    return export(x)

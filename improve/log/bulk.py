@@ -1,0 +1,235 @@
+"""The bulk decode path: log entry lines into light msgspec structs, without a pydantic model per entry.
+
+`LogEntry` (entry.py) stays the contract and its documentation; the structs here mirror it field for
+field so that readers of many entries (replay, `improve replay --verify`, a store's reads) skip
+pydantic's per-entry model building, which cost as much as the fold itself. The rule that keeps them
+honest: **the bulk path accepts exactly what `LogEntry` accepts, with the same values**, and a line it
+refuses is refused with pydantic's own message. msgspec is stricter than pydantic's lax JSON mode
+(`"index": 1.0`, `1e400`, nesting past pydantic's depth limit, ...), so any line msgspec or the checks
+it cannot express refuse is handed to `LogEntry.model_validate_json`: it either raises the contract's
+error or yields the `LogEntry` itself, which serves wherever an `EntryView` is read. The differential
+test (tests/test_log_bulk.py) holds the two paths to that over every bundled thread and a fuzzed corpus.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Annotated, Any, Literal, Protocol
+
+import msgspec
+
+from improve.log.entry import MAX_ENTRY_DEPTH, Attempt, FailureKind, LogEntry, Verification
+
+
+class AttemptView(Protocol):
+    """What readers of a refused answer use: `Attempt` and `BulkAttempt` both provide it."""
+
+    @property
+    def event(self) -> dict[str, Any] | None: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def reason(self) -> str: ...
+    @property
+    def guard(self) -> str | None: ...
+
+
+class VerificationView(Protocol):
+    @property
+    def stateHash(self) -> str | None: ...
+    @property
+    def entryHash(self) -> str | None: ...
+
+
+class EntryView(Protocol):
+    """A log entry as replay and the chain read it: `LogEntry` and `BulkEntry` both provide it."""
+
+    @property
+    def schemaVersion(self) -> int: ...
+    @property
+    def id(self) -> str: ...
+    @property
+    def index(self) -> int: ...
+    @property
+    def recordedAt(self) -> str: ...
+    @property
+    def machineId(self) -> str: ...
+    @property
+    def machineVersion(self) -> str: ...
+    @property
+    def event(self) -> dict[str, Any]: ...
+    @property
+    def causationId(self) -> str | None: ...
+    @property
+    def attempts(self) -> Sequence[AttemptView] | None: ...
+    @property
+    def metadata(self) -> dict[str, Any] | None: ...
+    @property
+    def verification(self) -> VerificationView | None: ...
+    @property
+    def threadId(self) -> str | None: ...
+    @property
+    def type(self) -> str: ...
+
+
+NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
+
+
+class BulkAttempt(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """`Attempt`, field for field."""
+
+    kind: FailureKind
+    reason: str
+    event: dict[str, Any] | None = None
+    guard: str | None = None
+
+
+class BulkVerification(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """`Verification`, field for field."""
+
+    stateHash: str | None = None
+    entryHash: str | None = None
+
+
+class BulkEntry(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """`LogEntry`, field for field (see the module docstring for what keeps them equal)."""
+
+    id: NonEmpty
+    index: Annotated[int, msgspec.Meta(ge=0)]
+    recordedAt: str
+    machineId: NonEmpty
+    machineVersion: NonEmpty
+    event: dict[str, Any]
+    schemaVersion: Literal[1, 2] = 1
+    causationId: str | None = None
+    attempts: list[BulkAttempt] | None = None
+    metadata: dict[str, Any] | None = None
+    verification: BulkVerification | None = None
+    threadId: str | None = None
+
+    @property
+    def type(self) -> str:
+        return str(self.event["type"])
+
+    def to_log_entry(self) -> LogEntry:
+        """The contract's model of this entry (built without validating again: it was checked as
+        strictly as `LogEntry` checks it when it was decoded)."""
+        return to_log_entry(self)
+
+
+_DECODER = msgspec.json.Decoder(BulkEntry)
+
+
+def _valid_recorded_at(value: str) -> bool:
+    # The same test as LogEntry's validator, so both paths accept the same timestamps.
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return False
+    return parsed.tzinfo is not None
+
+
+# A line with fewer brackets than this cannot nest as deep as pydantic's parser refuses; one with more
+# goes to pydantic, which refuses it (or reads it) as the contract says.
+_BRACKETS = MAX_ENTRY_DEPTH - 10
+
+
+def decode_entry(line: bytes | str, *, shallow: bool = False) -> BulkEntry | LogEntry:
+    """One JSONL line as an entry, as `LogEntry.model_validate_json` would read it.
+
+    Returns a `BulkEntry`, or, for a line only pydantic's lax parsing reads, the `LogEntry` it reads.
+    Raises pydantic's `ValidationError` for a line that is not a valid entry (use `entry_problems`).
+    `shallow`: the caller has checked that the line nests no deeper than `MAX_JSON_DEPTH`
+    (`lines.line_problem`), so the bracket count that guards pydantic's depth limit is skipped."""
+    if isinstance(line, str):
+        try:
+            data = line.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate: pydantic's to judge
+            return LogEntry.model_validate_json(line)
+    else:
+        data = line
+    # Valid JSON shorter than twice the bound cannot nest that deep (each level opens and closes), and
+    # invalid JSON is refused by msgspec and judged by pydantic; bytes.count of an int, not of b"[",
+    # because it is about twice as fast.
+    if shallow or len(data) < 2 * _BRACKETS or data.count(91) + data.count(123) < _BRACKETS:
+        entry = read_strictly(data)
+        if entry is not None:
+            return entry
+    return LogEntry.model_validate_json(line)
+
+
+def read_strictly(data: bytes) -> BulkEntry | None:
+    """The line as msgspec reads it with the validators' checks, or None when it is pydantic's to judge.
+    The caller rules out nesting past pydantic's limit first (see `decode_entry`). A line this reads is
+    UTF-8 with no raw control character: msgspec refuses both."""
+    try:
+        entry = _DECODER.decode(data)
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return None
+    event_type = entry.event.get("type")
+    if isinstance(event_type, str) and event_type and _valid_recorded_at(entry.recordedAt):
+        return entry
+    return None
+
+
+def to_log_entry(entry: BulkEntry | LogEntry) -> LogEntry:
+    """The contract's model of a decoded entry, built without validating it again."""
+    if isinstance(entry, LogEntry):
+        return entry
+    verification = entry.verification
+    attempts = entry.attempts
+    fields: dict[str, Any] = {
+        "schemaVersion": entry.schemaVersion,
+        "id": entry.id,
+        "index": entry.index,
+        "recordedAt": entry.recordedAt,
+        "machineId": entry.machineId,
+        "machineVersion": entry.machineVersion,
+        "event": entry.event,
+        "causationId": entry.causationId,
+        "attempts": None
+        if attempts is None
+        else [
+            Attempt.model_construct(event=a.event, kind=a.kind, reason=a.reason, guard=a.guard)
+            for a in attempts
+        ],
+        "metadata": entry.metadata,
+        "verification": None
+        if verification is None
+        else Verification.model_construct(stateHash=verification.stateHash, entryHash=verification.entryHash),
+        "threadId": entry.threadId,
+    }
+    return LogEntry.model_construct(**fields)
+
+
+def bulk_content(entry: BulkEntry) -> dict[str, Any]:
+    """What `chain.entry_content` gives for the same entry as a `LogEntry`: the fields that are not
+    None, without `threadId` and `verification.entryHash` (and without an empty `verification`)."""
+    data: dict[str, Any] = {
+        "schemaVersion": entry.schemaVersion,
+        "id": entry.id,
+        "index": entry.index,
+        "recordedAt": entry.recordedAt,
+        "machineId": entry.machineId,
+        "machineVersion": entry.machineVersion,
+        "event": entry.event,
+    }
+    if entry.causationId is not None:
+        data["causationId"] = entry.causationId
+    if entry.attempts is not None:
+        data["attempts"] = [_attempt_content(a) for a in entry.attempts]
+    if entry.metadata is not None:
+        data["metadata"] = entry.metadata
+    if entry.verification is not None and entry.verification.stateHash is not None:
+        data["verification"] = {"stateHash": entry.verification.stateHash}
+    return data
+
+
+def _attempt_content(attempt: BulkAttempt) -> dict[str, Any]:
+    data: dict[str, Any] = {"kind": attempt.kind, "reason": attempt.reason}
+    if attempt.event is not None:
+        data["event"] = attempt.event
+    if attempt.guard is not None:
+        data["guard"] = attempt.guard
+    return data

@@ -1,0 +1,471 @@
+"""The bulk decode path against the contract: every line read the same way as `LogEntry` reads it.
+
+Differential: each line goes through `LogEntry.model_validate_json` and through `bulk.decode_entry`; both
+must accept it with the same field values (types included), or both refuse it with the same message.
+The lines are every bundled environment's threads (run with each stand-in model), the fixture threads,
+and a fuzzed corpus of valid entries and mutations of them (fields dropped, retyped or added, bytes
+flipped, numbers pydantic's lax mode reads and msgspec does not, nesting past pydantic's limit).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
+from typer.testing import CliRunner
+
+from improve.cli.main import app
+from improve.errors import LogError
+from improve.evals import SuiteSpec, load_scenarios
+from improve.evals.suite import write_threads
+from improve.log import (
+    BulkEntry,
+    JsonlDirStore,
+    LogEntry,
+    decode_entry,
+    entry_content,
+    entry_problems,
+    line_problem,
+    read_file_threads,
+    replay,
+    stream,
+    to_log_entry,
+)
+from improve.runtime import load_environment
+from improve.runtime.policy import load_policy
+from tests.conftest import REPO, copy_workspace
+
+ENVIRONMENTS = ("refunds", "refund-approval", "tool-loop", "code-agent", "triage")
+FIXTURES = sorted((REPO / "tests" / "fixtures").rglob("*.jsonl"))
+
+Outcome = tuple[str, str, str]
+
+
+def _normal(value: Any) -> str:
+    """Comparable text of a value: key order ignored, types kept (1, 1.0 and true differ), NaN equal."""
+    return json.dumps(value, sort_keys=True, ensure_ascii=True, allow_nan=True)
+
+
+def by_contract(line: bytes) -> Outcome:
+    try:
+        entry = LogEntry.model_validate_json(line)
+    except ValidationError as error:
+        return ("refused", entry_problems(error), "")
+    return ("read", repr(entry.model_dump()), _normal(entry_content(entry)))
+
+
+def by_bulk(line: bytes) -> Outcome:
+    try:
+        entry = decode_entry(line)
+    except ValidationError as error:
+        return ("refused", entry_problems(error), "")
+    return ("read", repr(to_log_entry(entry).model_dump()), _normal(entry_content(entry)))
+
+
+def by_file_reader(line: bytes) -> Outcome:
+    """What `improve replay FILE` makes of a line (`read_file_threads` skips `line_problem` for a line
+    msgspec reads)."""
+    try:
+        entry = stream._decode(Path("f.jsonl"), 1, line)
+    except LogError as error:
+        return ("refused", str(error), "")
+    return ("read", repr(to_log_entry(entry).model_dump()), _normal(entry_content(entry)))
+
+
+def by_checked_contract(line: bytes) -> Outcome:
+    """The reference for a file's line: `line_problem`, then the contract."""
+    problem = line_problem(line)
+    if problem is not None:
+        return ("refused", f"f.jsonl:1: not a log entry: {problem}", "")
+    outcome = by_contract(line)
+    if outcome[0] == "refused":
+        return ("refused", f"f.jsonl:1: not a log entry: {outcome[1]}", "")
+    return outcome
+
+
+def assert_same(line: bytes) -> None:
+    assert by_bulk(line) == by_contract(line), line
+    assert by_file_reader(line) == by_checked_contract(line), line
+
+
+# --- every bundled thread ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def bundled(tmp_path_factory: pytest.TempPathFactory) -> dict[str, JsonlDirStore]:
+    """Each bundled environment's scenarios run with its v0 policy and every stand-in model."""
+    stores = {}
+    for name in ENVIRONMENTS:
+        env = load_environment(name)
+        scenarios = load_scenarios(REPO / "scenarios" / f"{name}.yaml").scenarios
+        policy = load_policy(REPO / "policies" / name / "v0.json")
+        store = JsonlDirStore(tmp_path_factory.mktemp(name))
+        for model in env.models:
+            write_threads(env, scenarios, SuiteSpec(policy, model, 1), store)
+        stores[name] = store
+    return stores
+
+
+def _thread_files(stores: dict[str, JsonlDirStore]) -> list[Path]:
+    return [p for store in stores.values() for p in sorted(store.root.glob("*.jsonl"))] + FIXTURES
+
+
+def test_every_bundled_line_reads_the_same_both_ways(bundled: dict[str, JsonlDirStore]) -> None:
+    files = _thread_files(bundled)
+    lines = [line for path in files for line in path.read_bytes().splitlines()]
+    assert len(files) > 100 and len(lines) > 1000, (len(files), len(lines))
+    for line in lines:
+        assert_same(line)
+    # The fast path is the one taken: only lines with too many brackets to rule out pydantic's depth
+    # limit (a tool's output quoting code) are left to pydantic.
+    fast = sum(isinstance(decode_entry(line), BulkEntry) for line in lines)
+    assert fast >= 0.99 * len(lines), (fast, len(lines))
+
+
+def test_every_bundled_thread_replays_and_verifies_the_same_both_ways(
+    bundled: dict[str, JsonlDirStore],
+) -> None:
+    replayed = 0
+    for name, store in bundled.items():
+        machine = load_environment(name).machine
+        for thread_id in store.list_threads(limit=100_000).thread_ids:
+            contract = store.read(thread_id)
+            bulk = store.read_bulk(thread_id)
+            assert [to_log_entry(e) for e in bulk] == contract
+            expected = replay(machine, contract, verify=True, thread_id=thread_id)
+            assert replay(machine, bulk, verify=True, thread_id=thread_id) == expected
+            assert expected.verification == "verified"
+            replayed += 1
+    assert replayed > 100
+
+
+@pytest.mark.parametrize("colliding", [False, True], ids=["hashes", "every-hash-collides"])
+def test_a_multi_thread_file_streams_its_threads_in_order_of_first_appearance(
+    bundled: dict[str, JsonlDirStore], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, colliding: bool
+) -> None:
+    """Threads interleaved line by line, or each in one piece, come out whole, in the order a dict
+    grouping them would give; the first pass remembers threads by hash, and a collision only makes a
+    thread wait for its last line."""
+    if colliding:
+        monkeypatch.setattr(stream, "_key", lambda thread: 0)
+    store = bundled["refunds"]
+    ids = store.list_threads(limit=5).thread_ids
+    threads = {
+        tid: [json.loads(line) | {"threadId": tid} for line in store.path(tid).read_text().splitlines()]
+        for tid in ids
+    }
+    lines = []
+    rng = random.Random(7)
+    queues = {tid: list(entries) for tid, entries in threads.items()}
+    while queues:
+        tid = rng.choice(sorted(queues))
+        lines.append(queues[tid].pop(0))
+        if not queues[tid]:
+            del queues[tid]
+    path = tmp_path / "many.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    contiguous = tmp_path / "together.jsonl"
+    contiguous.write_text("".join(json.dumps(line) + "\n" for tid in reversed(ids) for line in threads[tid]))
+    for file, order in (
+        (path, list(dict.fromkeys(line["threadId"] for line in lines))),
+        (contiguous, ids[::-1]),
+    ):
+        streamed = list(read_file_threads(file))
+        assert [tid for tid, _ in streamed] == order
+        for tid, entries in streamed:
+            assert [to_log_entry(e) for e in entries] == [LogEntry.model_validate(x) for x in threads[tid]]
+
+
+# --- a fuzzed corpus -----------------------------------------------------------------------------------
+
+json_scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=8),
+)
+json_values = st.recursive(
+    json_scalars,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=8,
+)
+timestamps = st.one_of(
+    st.sampled_from(
+        [
+            "2026-11-30T15:52:00.123456Z",
+            "2026-11-30T15:52:00Z",
+            "2026-11-30T15:52:00+02:00",
+            "2026-11-30 15:52:00+00:00",
+            "2026-11-30T15:52:00",  # no offset: refused
+            "2026-13-30T15:52:00Z",  # no such month: refused
+            "20261130T155200Z",
+            "yesterday",
+            "",
+        ]
+    ),
+    st.datetimes(timezones=st.timezones() | st.none()).map(lambda d: d.isoformat()),
+)
+
+
+@st.composite
+def entries(draw: st.DrawFn) -> dict[str, Any]:
+    """A valid entry (most fields optional), of the shapes improve writes."""
+    event: dict[str, Any] = {"type": draw(st.sampled_from(["@agent.init", "REFUND", "xstate.done.actor"]))}
+    event.update(
+        draw(st.dictionaries(st.sampled_from(["input", "output", "amount", "actorId"]), json_values))
+    )
+    entry: dict[str, Any] = {
+        "id": draw(st.text(min_size=1, max_size=8)),
+        "index": draw(st.integers(0, 2**40)),
+        "recordedAt": draw(timestamps),
+        "machineId": "refunds",
+        "machineVersion": "1",
+        "event": event,
+    }
+    optional = {
+        "schemaVersion": st.sampled_from([1, 2]),
+        "causationId": st.none() | st.text(max_size=8),
+        "attempts": st.none()
+        | st.lists(
+            st.fixed_dictionaries(
+                {
+                    "kind": st.sampled_from(
+                        ["unknown-event", "invalid-payload", "rejected-by-guard", "no-answer"]
+                    ),
+                    "reason": st.text(max_size=8),
+                },
+                optional={
+                    "event": st.none() | st.just({"type": "REFUND", "amount": 1.5}),
+                    "guard": st.none() | st.text(max_size=8),
+                },
+            ),
+            max_size=2,
+        ),
+        "metadata": st.none() | st.dictionaries(st.text(max_size=5), json_values, max_size=3),
+        "verification": st.none()
+        | st.fixed_dictionaries(
+            {}, optional={"stateHash": st.none() | st.text(max_size=8), "entryHash": st.text(max_size=8)}
+        ),
+        "threadId": st.none() | st.text(max_size=8),
+    }
+    for key, strategy in optional.items():
+        if draw(st.booleans()):
+            entry[key] = draw(strategy)
+    return entry
+
+
+FIELDS = [
+    "id",
+    "index",
+    "recordedAt",
+    "machineId",
+    "machineVersion",
+    "event",
+    "schemaVersion",
+    "causationId",
+    "attempts",
+    "metadata",
+    "verification",
+    "threadId",
+    "unknown",
+]
+# Values pydantic's lax JSON mode and msgspec read differently, or that one of them refuses.
+ODD = (
+    st.sampled_from(
+        [
+            1.0,
+            2.0,
+            "1",
+            "2",
+            True,
+            False,
+            -1,
+            0,
+            2**64,
+            2**70,
+            -0.0,
+            "",
+            [],
+            {},
+            {"type": ""},
+            {"type": 3},
+            {"type": "X", "n": 1e308},
+            [{"kind": "no-answer", "reason": "r", "extra": 1}],
+            [{"kind": "bad", "reason": "r"}],
+            {"stateHash": 1},
+            {"entryHash": None, "other": 1},
+        ]
+    )
+    | json_values
+)
+
+
+@st.composite
+def mutated(draw: st.DrawFn) -> bytes:
+    """A valid entry, then one of: a field dropped, a field given another value, text spliced in
+    (duplicate keys, numbers out of float range, NaN, escapes, deep nesting), or a byte changed."""
+    entry = draw(entries())
+    how = draw(st.sampled_from(["drop", "retype", "splice", "byte", "none"]))
+    if how == "drop":
+        entry.pop(draw(st.sampled_from(sorted(entry))), None)
+    elif how == "retype":
+        entry[draw(st.sampled_from(FIELDS))] = draw(ODD)
+    text = json.dumps(entry, ensure_ascii=draw(st.booleans()))
+    if how == "splice":
+        spliced = draw(
+            st.sampled_from(
+                [
+                    '"id": "dup", ',
+                    '"index": 1e400, ',
+                    '"index": 3.0, ',
+                    '"index": "7", ',
+                    '"schemaVersion": 2.0, ',
+                    '"metadata": {"x": NaN, "y": Infinity, "z": 1e400}, ',
+                    '"metadata": {"a": 1, "a": 2}, ',
+                    '"threadId": "\\ud800", ',
+                    '"threadId": "tab\tinside", ',
+                    '"metadata": {"deep": ' + "[" * 126 + "]" * 126 + "}, ",
+                    '"metadata": {"deep": ' + "[" * 127 + "]" * 127 + "}, ",
+                    '"metadata": {"deep": ' + "[" * 195 + "]" * 195 + "}, ",
+                    '"metadata": {"nul": "a\u0000b"}, ',
+                    '"metadata": {"long": "' + "x" * 300 + '"}, ',
+                    '"metadata": {"deep": ' + "[" * 260 + "]" * 260 + "}, ",
+                    '"event": {"type": "A", "type": "B"}, ',
+                ]
+            )
+        )
+        text = "{" + spliced + text[1:] if text != "{}" else text
+    data = text.encode("utf-8", errors="surrogatepass")
+    if how == "byte" and data:
+        at = draw(st.integers(0, len(data) - 1))
+        data = data[:at] + bytes([draw(st.integers(0, 255))]) + data[at + 1 :]
+    return data
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(entries())
+def test_fuzzed_valid_entries_read_the_same_both_ways(entry: dict[str, Any]) -> None:
+    assert_same(json.dumps(entry).encode())
+
+
+@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(mutated())
+def test_fuzzed_mutations_are_accepted_and_refused_the_same_both_ways(line: bytes) -> None:
+    assert_same(line)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # Read by pydantic's lax mode only: the bulk path hands them over, and the values agree.
+        '{"id":"a","index":3.0,"recordedAt":"2026-11-30T00:00:00Z","machineId":"m","machineVersion":"1","event":{"type":"X"}}',
+        '{"id":"a","index":0,"recordedAt":"2026-11-30T00:00:00Z","machineId":"m","machineVersion":"1","event":{"type":"X","n":1e400}}',
+        # Refused by both, with pydantic's words.
+        '{"id":"","index":0,"recordedAt":"2026-11-30T00:00:00Z","machineId":"m","machineVersion":"1","event":{"type":"X"}}',
+        '{"id":"a","index":0,"recordedAt":"2026-11-30T00:00:00","machineId":"m","machineVersion":"1","event":{"type":"X"}}',
+        '{"id":"a","index":0,"recordedAt":"2026-11-30T00:00:00Z","machineId":"m","machineVersion":"1","event":{"type":""}}',
+        '{"id":"a","index":-1,"recordedAt":"2026-11-30T00:00:00Z","machineId":"m","machineVersion":"1","event":{"type":"X"},"extra":1}',
+        '{"id":"a","index":0,"recordedAt":"2026-11-30T00:00:00Z","machineId":"m","machineVersion":"1","event":{"type":"X","d":'
+        + "[" * 250
+        + "]" * 250
+        + "}}",
+    ],
+    ids=[
+        "float-index",
+        "out-of-range-float",
+        "empty-id",
+        "no-offset",
+        "empty-type",
+        "negative-and-extra",
+        "too-deep",
+    ],
+)
+def test_lines_only_the_contract_can_judge_are_judged_by_it(text: str) -> None:
+    assert_same(text.encode())
+    if by_contract(text.encode())[0] == "refused":
+        with pytest.raises(ValidationError):
+            decode_entry(text.encode())
+    else:
+        assert isinstance(decode_entry(text.encode()), LogEntry)  # read by the contract's own parser
+
+
+def test_text_lines_read_as_their_bytes_do() -> None:
+    """A line given as text (a `str`) is read as its UTF-8 bytes are; one with a lone surrogate, which
+    has no UTF-8 form, is pydantic's to judge."""
+    good = '{"id":"é","index":0,"recordedAt":"2026-11-30T00:00:00Z","machineId":"m","machineVersion":"1","event":{"type":"X"}}'
+    assert isinstance(decode_entry(good), BulkEntry)
+    assert to_log_entry(decode_entry(good)) == LogEntry.model_validate_json(good)
+    lone = good.replace("é", "\ud800")
+    try:
+        expected: object = LogEntry.model_validate_json(lone)
+    except ValidationError as error:
+        expected = entry_problems(error)
+    try:
+        found: object = to_log_entry(decode_entry(lone))
+    except ValidationError as error:
+        found = entry_problems(error)
+    assert found == expected
+
+
+def test_a_file_is_replayed_thread_by_thread_not_loaded_whole(tmp_path: Path) -> None:
+    """A thread is handed over once the next one starts, before the rest of the file is decoded: a
+    broken line further on is only reached when the stream gets there, and then named with its line."""
+    good = [
+        {
+            "id": f"{thread}{i}",
+            "index": i,
+            "recordedAt": "2026-11-30T00:00:00Z",
+            "machineId": "m",
+            "machineVersion": "1",
+            "event": {"type": "@agent.init" if i == 0 else "X"},
+            "threadId": thread,
+        }
+        for thread in ("a", "b")
+        for i in range(3)
+    ]
+    path = tmp_path / "three.jsonl"
+    path.write_text("".join(json.dumps(e) + "\n" for e in good) + '{"threadId": "c", "index": "x"}\n')
+    threads = read_file_threads(path)
+    thread, entries = next(threads)
+    assert thread == "a" and [e.index for e in entries] == [0, 1, 2]
+    with pytest.raises(LogError, match=r"three\.jsonl:7: not a log entry: .*index"):
+        next(threads)
+
+
+def test_improve_replay_builds_no_pydantic_entry(
+    bundled: dict[str, JsonlDirStore], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`improve replay --verify` over a directory of threads and over a multi-thread file reads them
+    through the bulk path only: the contract's parser is never asked."""
+    store = bundled["refunds"]
+    ids = store.list_threads(limit=3).thread_ids
+    many = tmp_path / "many.jsonl"
+    many.write_text(
+        "".join(
+            json.dumps(json.loads(line) | {"threadId": tid}) + "\n"
+            for tid in ids
+            for line in store.path(tid).read_text().splitlines()
+        )
+    )
+    asked: list[object] = []
+    original = LogEntry.model_validate_json
+
+    def counting(data: Any, *args: Any, **kwargs: Any) -> LogEntry:
+        asked.append(data)
+        return original(data, *args, **kwargs)
+
+    ws = copy_workspace(tmp_path / "ws")
+    monkeypatch.setattr(LogEntry, "model_validate_json", counting)
+    for target in (str(store.root), str(many)):
+        result = CliRunner().invoke(app, ["replay", "-w", str(ws), target, "--verify", "--json"])
+        assert result.exit_code == 0, result.output
+        doc = json.loads(result.stdout)
+        assert {t["verification"] for t in doc["threads"]} == {"verified"}
+    assert asked == []
