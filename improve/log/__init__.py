@@ -28,9 +28,11 @@ from improve.log.lines import (
     BOM,
     MAX_JSON_DEPTH,
     MAX_LINE_BYTES,
+    LineScan,
     json_depth,
     line_problem,
     preview,
+    scan_lines,
     split_lines,
 )
 from improve.log.replay import (
@@ -67,6 +69,7 @@ __all__ = [
     "USAGE_EVENT",
     "Attempt",
     "JsonlDirStore",
+    "LineScan",
     "LogEntry",
     "MemoryStore",
     "ReplayResult",
@@ -98,6 +101,7 @@ __all__ = [
     "replay",
     "retarget",
     "run_status",
+    "scan_lines",
     "seal",
     "split_lines",
     "validate_log",
