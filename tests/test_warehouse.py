@@ -245,6 +245,68 @@ def test_duplicate_key_within_one_batch(tmp_path: Path) -> None:
     assert report.rejected == 2 and "appears more than once in this batch" in report.rejections[0][2]
 
 
+@pytest.mark.parametrize("existing", [False, True], ids=["a new thread", "an existing thread"])
+def test_two_concurrent_ingests_cannot_both_insert_one_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, existing: bool
+) -> None:
+    """Two connections of one process (DuckDB's file lock keeps two processes apart) ingest the same
+    (thread, index) with different content at the same time: one commits, the other fails with a
+    ConflictError and commits nothing, whichever order their statements run in."""
+    import threading
+
+    from improve.errors import ConflictError
+
+    db = tmp_path / "w.duckdb"
+    first, second = open_database(db), open_database(db)
+    lines = [entry(0), entry(1)]
+    if existing:
+        ingest(first, [write(tmp_path / "base.jsonl", [entry(0)])])
+        lines = [entry(1)]
+    a = write(tmp_path / "a.jsonl", lines)
+    b = write(tmp_path / "b.jsonl", [*lines[:-1], entry(1, event={"type": "STEP", "n": 999})])
+    monkeypatch.setenv("IMPROVE_INGEST_HOLD_SECONDS", "0.01")
+    holding, b_done = threading.Event(), threading.Event()
+    outcome: dict[str, object] = {}
+
+    def hold_a(message: str) -> None:
+        if message.startswith("holding"):  # A has written everything and waits before its COMMIT
+            holding.set()
+            assert b_done.wait(60)
+
+    def run_a() -> None:
+        try:
+            outcome["a"] = ingest(first, [a], progress=hold_a).ingested
+        except ConflictError as error:
+            outcome["a"] = error
+
+    racer = threading.Thread(target=run_a)
+    racer.start()
+    assert holding.wait(60)
+    try:
+        outcome["b"] = ingest(second, [b]).ingested
+    except ConflictError as error:
+        outcome["b"] = error
+    b_done.set()
+    racer.join(60)
+    failed = [k for k, v in outcome.items() if isinstance(v, ConflictError)]
+    assert len(failed) == 1, outcome
+    assert "another ingest committed entries of the same threads" in str(outcome[failed[0]])
+    winner = "b" if failed == ["a"] else "a"
+    assert outcome[winner] == len(lines)
+    kept = first.execute("""SELECT event ->> '$.n' FROM entries WHERE "index" = 1""").fetchall()
+    assert kept == [("999",) if winner == "b" else ("1",)]
+    assert count(first, "SELECT count(*) FROM entries") == 2
+    assert first.execute("SELECT thread_id, entries FROM thread_lengths").fetchall() == [("train:v0:s:r1", 2)]
+    assert count(first, "SELECT count(*) FROM ingest_batches") == 1 + existing
+    # The loser's batch runs again cleanly: its line is now a conflict with what the winner committed.
+    loser = second if failed == ["b"] else first
+    again = ingest(loser, [b if failed == ["b"] else a])
+    assert (again.ingested, again.rejected) == (0, 1)
+    assert "already holds a different entry" in again.rejections[0][2]
+    first.close()
+    second.close()
+
+
 def _ingest_process(db: Path, paths: list[Path], env: dict[str, str], *extra: str) -> subprocess.Popen[str]:
     script = (
         "import sys; from improve.cli.main import app; "
@@ -688,6 +750,30 @@ def test_fuzz_ingest_lines_never_crash_and_always_balance(tmp_path: Path, lines:
     assert count(con, "SELECT count(*) FROM entries") == report.ingested
     assert count(con, "SELECT count(*) FROM rejected_lines") == report.rejected
     con.close()
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    data=st.lists(
+        st.sampled_from(
+            [b"\n", b" ", b"\r", b"\t", b"\x0b", b"\x1c", b"{", b"[", b"]", b'"', b"a", b"\x00", b"\xff", BOM]
+        ),
+        max_size=40,
+    ).map(b"".join),
+    max_bytes=st.integers(1, 40),
+    max_depth=st.integers(0, 4),
+)
+def test_scan_lines_agrees_with_reading_line_by_line(data: bytes, max_bytes: int, max_depth: int) -> None:
+    """The ingest counts a file's lines on the whole buffer when it can (`scan_lines`): the same count and
+    the same problems as `split_lines` and `line_problem` on each line."""
+    from improve.log.lines import line_problem, scan_lines, split_lines
+
+    lines = split_lines(data)
+    expected = {
+        n: p for n, line in lines if (p := line_problem(line, max_bytes=max_bytes, max_depth=max_depth))
+    }
+    found = scan_lines(data, max_bytes=max_bytes, max_depth=max_depth)
+    assert (found.lines, found.problems) == (len(lines), expected)
 
 
 def test_what_a_batch_skipped_and_what_it_read_of_a_file_are_frozen(tmp_path: Path) -> None:
