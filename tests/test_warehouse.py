@@ -401,6 +401,82 @@ def test_an_old_warehouse_is_upgraded_in_place(tmp_path: Path) -> None:
     assert report.ingested == 1
 
 
+def test_a_warehouse_with_the_primary_key_is_rebuilt_without_it(tmp_path: Path) -> None:
+    """Migration 006: entries keeps its rows and comments but loses the primary key; thread_lengths is
+    built from it; the guarantees the key gave still hold (an entry already there with other content is
+    rejected, the same one is present)."""
+    db = tmp_path / "005.duckdb"
+    old = duckdb.connect(str(db))
+    migrate(old, MIGRATIONS[: [m.name for m in MIGRATIONS].index("006_thread_lengths")])
+    insert_rows(
+        old,
+        "entries",
+        [
+            "thread_id",
+            "index",
+            "entry_id",
+            "recorded_at",
+            "machine_id",
+            "machine_version",
+            "event_type",
+            "event",
+            "schema_version",
+            "source",
+        ],
+        [
+            (
+                t,
+                i,
+                f"{t}#{i}",
+                "2026-11-30T00:00:00Z",
+                "refunds",
+                "1",
+                "@agent.init" if i == 0 else "STEP",
+                json.dumps({"type": "@agent.init" if i == 0 else "STEP", "n": i}),
+                1,
+                "old.jsonl",
+            )
+            for t in ("train:v0:s:r1", "train:v0:t:r1")
+            for i in range(3 if t.endswith("s:r1") else 2)
+        ],
+    )
+    old.close()
+    con = open_database(db)
+    keys = "SELECT constraint_type FROM duckdb_constraints() WHERE table_name = 'entries'"
+    assert "PRIMARY KEY" not in {r[0] for r in con.execute(keys).fetchall()}
+    assert con.execute("SELECT * FROM thread_lengths ORDER BY 1").fetchall() == [
+        ("train:v0:s:r1", 3),
+        ("train:v0:t:r1", 2),
+    ]
+    assert count(con, "SELECT count(*) FROM entries WHERE source = 'old.jsonl'") == 5
+    comment = "SELECT comment FROM duckdb_columns() WHERE table_name = 'entries' AND column_name = 'raw'"
+    row = con.execute(comment).fetchone()
+    assert row is not None and str(row[0]).startswith("The original line")
+    report = ingest(
+        con, [write(tmp_path / "next.jsonl", [entry(2), entry(3, n=3), entry(2, thread="train:v0:t:r1")])]
+    )
+    assert (report.ingested, report.already_present, report.rejected) == (2, 1, 0)
+    clash = ingest(con, [write(tmp_path / "clash.jsonl", [entry(1, event={"type": "STEP", "n": 7})])])
+    assert clash.rejected == 1 and "already holds a different entry" in clash.rejections[0][2]
+    assert con.execute("SELECT * FROM thread_lengths ORDER BY 1").fetchall() == [
+        ("train:v0:s:r1", 4),
+        ("train:v0:t:r1", 3),
+    ]
+
+
+def test_an_entry_written_around_thread_lengths_stops_the_next_ingest(tmp_path: Path) -> None:
+    """entries has no key of its own: a row inserted by hand, bypassing thread_lengths, could let a
+    repeat in, so the next batch refuses to run on such a warehouse rather than trust it."""
+    from improve.errors import WarehouseDamagedError
+
+    con = open_database()
+    ingest(con, [write(tmp_path / "a.jsonl", [entry(0), entry(1)])])
+    con.execute('INSERT INTO entries SELECT * REPLACE (2 AS "index") FROM entries WHERE "index" = 1')
+    with pytest.raises(WarehouseDamagedError, match=r"entries \(3 rows\) disagree with thread_lengths \(2"):
+        ingest(con, [write(tmp_path / "b.jsonl", [entry(0, thread="other")])])
+    assert count(con, "SELECT count(*) FROM ingest_batches") == 1
+
+
 def test_a_warehouse_from_before_the_chain_takes_chained_threads(
     recorded: tuple[Path, list[Any]], tmp_path: Path
 ) -> None:

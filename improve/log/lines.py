@@ -106,9 +106,7 @@ _WHITESPACE_START = frozenset(b"\n \t\r\x0b\x0c")
 _NOT_OPENING = bytes(b for b in range(256) if b not in b"[{\n")
 
 
-def scan_lines(
-    data: bytes, *, max_bytes: int = MAX_LINE_BYTES, max_depth: int = MAX_JSON_DEPTH
-) -> LineScan:
+def scan_lines(data: bytes, *, max_bytes: int = MAX_LINE_BYTES, max_depth: int = MAX_JSON_DEPTH) -> LineScan:
     """The count of non-blank lines in `data` and each line's problem (`line_problem`): the same answer
     as `split_lines` and `line_problem` line by line, computed on the whole buffer when it can be.
 

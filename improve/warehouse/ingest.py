@@ -465,7 +465,9 @@ def _batch(
             # Unchanged since it was ingested: what landed then is present; what was rejected then is still
             # rejected (and already in rejected_lines, so not recorded twice).
             lines, rejected = before
-            report.files.append(FileReport(str(stat_.path), lines, 0, lines - rejected, rejected, "unchanged"))
+            report.files.append(
+                FileReport(str(stat_.path), lines, 0, lines - rejected, rejected, "unchanged")
+            )
         fresh = False  # whether batch_threads already describes every row this batch inserted
         if todo and bulk:
             # A file longer than a line may be holds a line too long to give read_json: such files are read
