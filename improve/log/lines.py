@@ -121,11 +121,13 @@ def scan_lines(data: bytes, *, max_bytes: int = MAX_LINE_BYTES, max_depth: int =
         and b"\0" not in body
         and _BLANKISH.search(body) is None
         and _utf8(body)
-        and max(map(len, body.translate(None, _NOT_OPENING).split(b"\n"))) <= max_depth
     )
     if fast:
-        last = body.rfind(b"\n") + 1  # the text after the last LF is a line when it is not blank
-        return LineScan(body.count(b"\n") + (1 if body[last:].strip() else 0), {})
+        brackets = body.translate(None, _NOT_OPENING)  # a few bytes a line: LFs counted here, not in body
+        per_line = brackets.split(b"\n")
+        if max(map(len, per_line)) <= max_depth:
+            last = body.rfind(b"\n") + 1  # the text after the last LF is a line when it is not blank
+            return LineScan(len(per_line) - 1 + (1 if body[last:].strip() else 0), {})
     lines = split_lines(data)
     problems = {
         number: problem
