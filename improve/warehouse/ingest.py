@@ -3,16 +3,23 @@
 One batch (one `ingest()` call) is one transaction: killed midway, the warehouse is as it was.
 
 The bulk path reads every file with DuckDB's own `read_json` and an explicit schema, and inserts the
-rows that pass every check straight into `entries` (one JSON parse per line, no Python decoding).
-Then, per file, the rows inserted are counted against the file's non-blank lines. A file whose counts
-agree is done. A file that disagrees (a malformed line, a conflict, a gap) is taken again on the
-careful path: its rows from this batch are removed and its lines are read raw, with line numbers,
-classified one by one in SQL, and each line either lands, is recognised as already present, or goes
-to `rejected_lines` with the reason. Every line is accounted for:
+rows that pass every check straight into `entries` (one JSON parse per line, no Python decoding);
+meanwhile Python counts each file's lines. `entries` has no primary key (an index kept row by row was
+most of a large ingest's time): the batch's rows are checked as a set instead, thread by thread,
+against `thread_lengths`, where each thread's length is kept; a thread's indices must continue from its
+length with no repeat and no gap. Then, per file, the rows inserted are counted against the file's
+non-blank lines. A file whose counts agree and whose threads continue is done. Any other (a malformed
+line, a conflict, an entry already present, a gap) is taken again on the careful path: its rows from
+this batch are removed and its lines are read raw, with line numbers, classified one by one in SQL,
+and each line either lands, is recognised as already present, or goes to `rejected_lines` with the
+reason. Every line is accounted for:
 
     lines read = ingested + already present + rejected          (per file, and per batch)
 
-A file ingested before and unchanged since (same size, mtime and sha256) is skipped and counted as
+Before COMMIT every thread the batch wrote to is checked once more and its row in `thread_lengths`
+advanced: two batches writing to one thread conflict on that row, and only one commits.
+
+A file ingested before and unchanged since (same size, mtime and fingerprint) is skipped and counted as
 already present, so ingesting the same files again is instant and adds nothing.
 
 Another format (`fmt`) takes the careful path only: its importer (`importers/`, registered by name in
@@ -24,7 +31,7 @@ Both versions of the log entry are read (schemaVersion 2, chained, its `verifica
 `event`, `attempts` and `metadata` are kept whole. The hash chain is not checked here: that is replay's
 work (`improve replay --verify`); the warehouse keeps what was written, hashes included.
 
-Why one module of about 550 lines: the bulk path, the careful path and the batch around them share one
+Why one module of about 950 lines: the bulk path, the careful path and the batch around them share one
 transaction, one set of temporary tables and one report, and a file moves from the first path to the
 second inside the batch; apart, each would reach into the other's tables. The formats, the staging
 contract and the SQL helpers they share are already elsewhere (`importers/`, `staging.py`).
