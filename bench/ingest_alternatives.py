@@ -52,6 +52,7 @@ names = [c for c in schema.ENTRY_NAMES.split(", ") if c != "raw"]
 columns = ", ".join(names)
 con = duckdb.connect(db)
 con.execute("SET memory_limit = '1GB'")
+con.execute("SET enable_progress_bar = false")
 before_006 = [m.name for m in schema.MIGRATIONS].index("006_thread_lengths")
 schema.migrate(con, schema.MIGRATIONS[:before_006] if variant == "primary_key" else schema.MIGRATIONS)
 extra = {}
