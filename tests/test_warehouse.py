@@ -307,6 +307,31 @@ def test_two_concurrent_ingests_cannot_both_insert_one_key(
     second.close()
 
 
+def test_ctrl_c_while_lines_are_counted_stops_the_insert_and_rolls_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bulk insert runs on a thread of its own while Python counts lines: an interrupt there stops
+    the statement before the batch rolls back, and the connection stays usable."""
+    module = sys.modules["improve.warehouse.ingest"]
+    con = open_database()
+    files = [write(tmp_path / f"{k}.jsonl", [entry(i, thread=f"t{k}") for i in range(50)]) for k in range(4)]
+    real, seen = module._scan, []
+
+    def interrupted(known: Any, *args: Any) -> Any:
+        seen.append(known.path)
+        if len(seen) == 2:
+            raise KeyboardInterrupt
+        return real(known, *args)
+
+    monkeypatch.setattr(module, "_scan", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        ingest(con, files)
+    for table in ("entries", "thread_lengths", "ingest_batches", "ingested_files"):
+        assert count(con, f"SELECT count(*) FROM {table}") == 0
+    monkeypatch.setattr(module, "_scan", real)
+    assert ingest(con, files).ingested == 200
+
+
 def _ingest_process(db: Path, paths: list[Path], env: dict[str, str], *extra: str) -> subprocess.Popen[str]:
     script = (
         "import sys; from improve.cli.main import app; "

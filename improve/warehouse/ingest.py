@@ -688,7 +688,11 @@ class _Statement:
             self._error = error
 
     def result(self) -> None:
-        self._thread.join()
+        try:
+            self._thread.join()
+        except BaseException:  # Ctrl-C while waiting: stop the statement before the caller rolls back
+            self.cancel()
+            raise
         if self._error is not None:
             raise self._error
 
