@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -874,7 +875,17 @@ def test_scan_lines_agrees_with_reading_line_by_line(data: bytes, max_bytes: int
         n: p for n, line in lines if (p := line_problem(line, max_bytes=max_bytes, max_depth=max_depth))
     }
     found = scan_lines(data, max_bytes=max_bytes, max_depth=max_depth)
-    assert (found.lines, found.problems) == (len(lines), expected)
+    assert (found.lines, found.problems, found.breaks) == (len(lines), expected, data.count(b"\n"))
+    # Read in chunks, as the ingest reads a file (here of 7 bytes, cut after an LF): the same answer
+    # (the ingest's depth limit is the reader's own, so deep lines are left out of the comparison).
+    module = sys.modules["improve.warehouse.ingest"]
+    with tempfile.TemporaryDirectory() as folder, pytest.MonkeyPatch.context() as patch:
+        path = Path(folder) / "t.jsonl"
+        path.write_bytes(data)
+        patch.setattr(module, "SCAN_CHUNK", 7)
+        info = module._scan(module._FileStat(path, len(data), 0, ""), max_bytes)
+    shallow = {n: p for n, p in expected.items() if "deep" not in p}
+    assert info.lines == len(lines) and {n: p for n, p in info.problems.items() if "deep" not in p} == shallow
 
 
 def test_what_a_batch_skipped_and_what_it_read_of_a_file_are_frozen(tmp_path: Path) -> None:

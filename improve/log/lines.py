@@ -29,9 +29,10 @@ _OPEN = frozenset(b"[{")
 _CLOSE = frozenset(b"]}")
 
 
-def split_lines(data: bytes) -> list[tuple[int, bytes]]:
-    """The non-blank lines of `data` with their 1-based line numbers, BOM and CRs removed."""
-    if data.startswith(BOM):
+def split_lines(data: bytes, *, bom: bool = True) -> list[tuple[int, bytes]]:
+    """The non-blank lines of `data` with their 1-based line numbers, BOM and CRs removed (`bom=False`:
+    `data` is not the start of a file, so a BOM there is not one)."""
+    if bom and data.startswith(BOM):
         data = data[len(BOM) :]
     found: list[tuple[int, bytes]] = []
     for number, line in enumerate(data.split(b"\n"), start=1):
@@ -96,6 +97,7 @@ class LineScan:
 
     lines: int
     problems: dict[int, str]  # 1-based line number -> why the line cannot be read
+    breaks: int  # LF bytes: the line number the next buffer of the same file starts after
 
 
 # A line that is blank or starts with whitespace: the fast count below cannot tell the two apart, so
@@ -106,15 +108,18 @@ _WHITESPACE_START = frozenset(b"\n \t\r\x0b\x0c")
 _NOT_OPENING = bytes(b for b in range(256) if b not in b"[{\n")
 
 
-def scan_lines(data: bytes, *, max_bytes: int = MAX_LINE_BYTES, max_depth: int = MAX_JSON_DEPTH) -> LineScan:
+def scan_lines(
+    data: bytes, *, max_bytes: int = MAX_LINE_BYTES, max_depth: int = MAX_JSON_DEPTH, bom: bool = True
+) -> LineScan:
     """The count of non-blank lines in `data` and each line's problem (`line_problem`): the same answer
     as `split_lines` and `line_problem` line by line, computed on the whole buffer when it can be.
 
     Calling `line_problem` on each of a million lines costs about a second of Python; a buffer that is
     UTF-8, has no NUL byte, no blank or indented line, is no longer than `max_bytes` and has no line with
     more than `max_depth` opening brackets has no problem line, and its lines are its LFs. Anything else
-    is counted line by line, the slow and exact way."""
-    body = data[len(BOM) :] if data.startswith(BOM) else data
+    is counted line by line, the slow and exact way. `bom=False`: `data` is a later part of a file, cut
+    after an LF (see `split_lines`)."""
+    body = data[len(BOM) :] if bom and data.startswith(BOM) else data
     fast = (
         len(body) <= max_bytes
         and (not body or body[0] not in _WHITESPACE_START)
@@ -127,14 +132,15 @@ def scan_lines(data: bytes, *, max_bytes: int = MAX_LINE_BYTES, max_depth: int =
         per_line = brackets.split(b"\n")
         if max(map(len, per_line)) <= max_depth:
             last = body.rfind(b"\n") + 1  # the text after the last LF is a line when it is not blank
-            return LineScan(len(per_line) - 1 + (1 if body[last:].strip() else 0), {})
-    lines = split_lines(data)
+            breaks = len(per_line) - 1
+            return LineScan(breaks + (1 if body[last:].strip() else 0), {}, breaks)
+    lines = split_lines(data, bom=bom)
     problems = {
         number: problem
         for number, line in lines
         if (problem := line_problem(line, max_bytes=max_bytes, max_depth=max_depth)) is not None
     }
-    return LineScan(len(lines), problems)
+    return LineScan(len(lines), problems, data.count(b"\n"))
 
 
 def _utf8(data: bytes) -> bool:

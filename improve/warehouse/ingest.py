@@ -317,17 +317,40 @@ def _file_stat(path: Path) -> _FileStat | SkippedFile:
     return _FileStat(path, st.st_size, st.st_mtime_ns, digest.hexdigest())
 
 
+SCAN_CHUNK = 1 << 25
+"""Bytes read at a time to count a file's lines (32 MiB, then cut after its last LF): a large file is not
+held whole in memory beside DuckDB's buffers. A line longer than this is read whole."""
+
+
 def _scan(known: _FileStat, max_line_bytes: int = MAX_LINE_BYTES) -> _FileInfo:
-    """The file read whole: its non-blank line count and the lines that cannot be read (`scan_lines`)."""
+    """The file's non-blank line count and the lines that cannot be read (`scan_lines`), read in chunks."""
+    lines, breaks, problems = 0, 0, {}
     try:
-        _, data = _read_regular(known.path)
+        fd, _ = _open_regular(known.path)
+        with os.fdopen(fd, "rb") as handle:
+            carry, start = b"", True
+            while True:
+                block = handle.read(SCAN_CHUNK)
+                data = carry + block if carry else block
+                if block:
+                    cut = data.rfind(b"\n") + 1
+                    if cut == 0:  # no LF yet: one long line, read on
+                        carry = data
+                        continue
+                    data, carry = data[:cut], data[cut:]
+                found = scan_lines(data, max_bytes=max_line_bytes, bom=start)
+                lines += found.lines
+                problems.update({breaks + number: problem for number, problem in found.problems.items()})
+                breaks += found.breaks
+                start = False
+                if not block:
+                    break
     except OSError as error:
         raise LogError(
             f"{known.path}: cannot be read any more ({error.strerror or error}); it changed during the "
             "ingest: run it again"
         ) from None
-    found = scan_lines(data, max_bytes=max_line_bytes)
-    return _FileInfo(known.path, known.size, known.mtime_ns, known.sha256, found.lines, found.problems)
+    return _FileInfo(known.path, known.size, known.mtime_ns, known.sha256, lines, problems)
 
 
 def _file_info(path: Path, max_line_bytes: int = MAX_LINE_BYTES) -> _FileInfo | SkippedFile:
