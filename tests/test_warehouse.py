@@ -868,7 +868,9 @@ def test_fuzz_ingest_lines_never_crash_and_always_balance(tmp_path: Path, lines:
 def test_scan_lines_agrees_with_reading_line_by_line(data: bytes, max_bytes: int, max_depth: int) -> None:
     """The ingest counts a file's lines on the whole buffer when it can (`scan_lines`): the same count and
     the same problems as `split_lines` and `line_problem` on each line."""
-    from improve.log.lines import line_problem, scan_lines, split_lines
+    from improve.log.lines import line_problem, lines_fit, scan_lines, split_lines
+
+    assert lines_fit(data, max_bytes) == all(len(part) <= max_bytes for part in data.split(b"\n"))
 
     lines = split_lines(data)
     expected = {

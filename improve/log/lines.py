@@ -115,17 +115,17 @@ def scan_lines(
     as `split_lines` and `line_problem` line by line, computed on the whole buffer when it can be.
 
     Calling `line_problem` on each of a million lines costs about a second of Python; a buffer that is
-    UTF-8, has no NUL byte, no blank or indented line, is no longer than `max_bytes` and has no line with
+    UTF-8, has no NUL byte, no blank or indented line, no line longer than `max_bytes` and no line with
     more than `max_depth` opening brackets has no problem line, and its lines are its LFs. Anything else
     is counted line by line, the slow and exact way. `bom=False`: `data` is a later part of a file, cut
     after an LF (see `split_lines`)."""
     body = data[len(BOM) :] if bom and data.startswith(BOM) else data
     fast = (
-        len(body) <= max_bytes
-        and (not body or body[0] not in _WHITESPACE_START)
+        (not body or body[0] not in _WHITESPACE_START)
         and b"\0" not in body
         and _BLANKISH.search(body) is None
         and _utf8(body)
+        and lines_fit(body, max_bytes)
     )
     if fast:
         brackets = body.translate(None, _NOT_OPENING)  # a few bytes a line: LFs counted here, not in body
@@ -141,6 +141,19 @@ def scan_lines(
         if (problem := line_problem(line, max_bytes=max_bytes, max_depth=max_depth)) is not None
     }
     return LineScan(len(lines), problems, data.count(b"\n"))
+
+
+def lines_fit(data: bytes, max_bytes: int) -> bool:
+    """True when no LF-separated segment of `data` is longer than `max_bytes` (a CR before the LF
+    counted: a bound, as `line_problem` does not count it). Jumps from the last LF of one window of
+    `max_bytes` + 1 bytes to the next, so a buffer of short lines costs about one search per window."""
+    position, end = 0, len(data)
+    while end - position > max_bytes:
+        last = data.rfind(b"\n", position, position + max_bytes + 1)
+        if last < 0:
+            return False
+        position = last + 1
+    return True
 
 
 def _utf8(data: bytes) -> bool:

@@ -54,7 +54,7 @@ from pathlib import Path
 import duckdb
 
 from improve.errors import ConfigError, ConflictError, LogError, WarehouseDamagedError
-from improve.log import MAX_LINE_BYTES, preview, scan_lines, split_lines
+from improve.log import MAX_LINE_BYTES, lines_fit, preview, scan_lines, split_lines
 from improve.warehouse.importers import IMPORTERS
 from improve.warehouse.staging import CAND_COLUMNS, CHAIN_COLUMN, THREAD_ID_SQL, Importer
 
@@ -353,6 +353,28 @@ def _scan(known: _FileStat, max_line_bytes: int = MAX_LINE_BYTES) -> _FileInfo:
     return _FileInfo(known.path, known.size, known.mtime_ns, known.sha256, lines, problems)
 
 
+def _lines_fit(known: _FileStat, max_line_bytes: int) -> bool:
+    """Whether every line of the file is at most `max_line_bytes` long (`lines_fit`, chunk by chunk)."""
+    try:
+        fd, _ = _open_regular(known.path)
+        with os.fdopen(fd, "rb") as handle:
+            carry = b""
+            while block := handle.read(SCAN_CHUNK):
+                data = carry + block if carry else block
+                cut = data.rfind(b"\n") + 1
+                if not lines_fit(data[:cut], max_line_bytes):
+                    return False
+                carry = data[cut:]
+                if len(carry) > max_line_bytes:
+                    return False
+    except OSError as error:
+        raise LogError(
+            f"{known.path}: cannot be read any more ({error.strerror or error}); it changed during the "
+            "ingest: run it again"
+        ) from None
+    return True
+
+
 def _file_info(path: Path, max_line_bytes: int = MAX_LINE_BYTES) -> _FileInfo | SkippedFile:
     """`_file_stat` then `_scan`: everything the batch learns of one file."""
     known = _file_stat(path)
@@ -500,13 +522,15 @@ def _batch(
             )
         fresh = False  # whether batch_threads already describes every row this batch inserted
         if todo and bulk:
-            # A file longer than a line may be holds a line too long to give read_json: such files are read
-            # first, and one with a line the reader refuses goes straight to the careful path, which
-            # rejects that line alone. Every other file is read by read_json while Python counts its lines.
-            big = [_scan(s, max_line_bytes) for s in todo if s.size > max_line_bytes]
-            easy: list[_FileStat] = [s for s in todo if s.size <= max_line_bytes]
-            easy += [i for i in big if not i.problems]
-            careful = [i for i in big if i.problems]
+            # A file longer than a line may be can hold a line too long to give read_json: such files are
+            # searched for one first, and one that has one is counted and goes straight to the careful path,
+            # which rejects that line alone. Every other file is read by read_json while Python counts its
+            # lines.
+            long = {
+                str(s.path) for s in todo if s.size > max_line_bytes and not _lines_fit(s, max_line_bytes)
+            }
+            easy = [s for s in todo if str(s.path) not in long]
+            careful = [_scan(s, max_line_bytes) for s in todo if str(s.path) in long]
             infos = list(careful)
             if easy:
                 say(f"bulk read of {len(easy)} file(s)")
