@@ -674,16 +674,25 @@ def _bulk_native(
         WHERE {NATIVE_OK}
     """
     infos = {str(i.path): i for i in todo if isinstance(i, _FileInfo)}
-    # DuckDB works without the GIL: the lines are counted on this thread while it reads and inserts.
-    worker = _Statement(con, statement, [report.batch_id])
+    # Rows in any order: DuckDB then writes each thread's row groups straight to the file, in parallel,
+    # instead of logging one ordered stream to be written again at the next checkpoint (a 500 MB file
+    # cost about 2 s more CPU the ordered way). Nothing reads entries in insertion order.
+    ordered_setting = con.execute("SELECT current_setting('preserve_insertion_order')").fetchone()
+    con.execute("SET preserve_insertion_order = false")
     try:
-        for known in todo:
-            if not isinstance(known, _FileInfo):
-                infos[str(known.path)] = _scan(known, max_line_bytes)
-    except BaseException:
-        worker.cancel()
-        raise
-    worker.result()
+        # DuckDB works without the GIL: the lines are counted on this thread while it reads and inserts.
+        worker = _Statement(con, statement, [report.batch_id])
+        try:
+            for known in todo:
+                if not isinstance(known, _FileInfo):
+                    infos[str(known.path)] = _scan(known, max_line_bytes)
+        except BaseException:
+            worker.cancel()
+            raise
+        worker.result()
+    finally:
+        keep = bool(ordered_setting[0]) if ordered_setting else True
+        con.execute(f"SET preserve_insertion_order = {'true' if keep else 'false'}")
     ordered = [infos[str(i.path)] for i in todo]
     counts = dict(
         con.execute(
