@@ -317,9 +317,11 @@ def _file_stat(path: Path) -> _FileStat | SkippedFile:
     return _FileStat(path, st.st_size, st.st_mtime_ns, digest.hexdigest())
 
 
-SCAN_CHUNK = 1 << 25
-"""Bytes read at a time to count a file's lines (32 MiB, then cut after its last LF): a large file is not
-held whole in memory beside DuckDB's buffers. A line longer than this is read whole."""
+SCAN_CHUNK = 1 << 22
+"""Bytes read at a time to count a file's lines (4 MiB, then cut after its last LF): a large file is not
+held whole in memory beside DuckDB's buffers. A line longer than this is read whole. Larger chunks cost
+more, not less: past glibc's mmap threshold (32 MiB at most) every buffer is fresh pages to fault in
+(32 MiB chunks: 1.6 s CPU to count 557 MB of lines, 4 MiB: 0.8 s)."""
 
 
 def _scan(known: _FileStat, max_line_bytes: int = MAX_LINE_BYTES) -> _FileInfo:
