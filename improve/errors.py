@@ -40,9 +40,8 @@ imports nothing else of ours) may raise these. Every error carries a message tha
     ├── ProposalError                 a proposer produced no candidate (no rule fits, the endpoint failed)
     └── PullRequestError              committing, pushing or opening the round's PR failed (exit code 3)
 
-An exception that only signals inside one module or package and never leaves it (the ingest's retry
-of a batch on its careful path, the CEL fast path's "not in the subset") is control flow, not an
-error, and stays there.
+An exception that only signals inside one module or package and never leaves it (the CEL fast path's
+"not in the subset") is control flow, not an error, and stays there.
 
 `exit_code` on each class is what the CLI returns when the error reaches it, following docs/contracts.md:
 2 for usage or config errors, 3 for infrastructure and data errors.

@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -245,6 +246,93 @@ def test_duplicate_key_within_one_batch(tmp_path: Path) -> None:
     assert report.rejected == 2 and "appears more than once in this batch" in report.rejections[0][2]
 
 
+@pytest.mark.parametrize("existing", [False, True], ids=["a new thread", "an existing thread"])
+def test_two_concurrent_ingests_cannot_both_insert_one_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, existing: bool
+) -> None:
+    """Two connections of one process (DuckDB's file lock keeps two processes apart) ingest the same
+    (thread, index) with different content at the same time: one commits, the other fails with a
+    ConflictError and commits nothing, whichever order their statements run in."""
+    import threading
+
+    from improve.errors import ConflictError
+
+    db = tmp_path / "w.duckdb"
+    first, second = open_database(db), open_database(db)
+    lines = [entry(0), entry(1)]
+    if existing:
+        ingest(first, [write(tmp_path / "base.jsonl", [entry(0)])])
+        lines = [entry(1)]
+    a = write(tmp_path / "a.jsonl", lines)
+    b = write(tmp_path / "b.jsonl", [*lines[:-1], entry(1, event={"type": "STEP", "n": 999})])
+    monkeypatch.setenv("IMPROVE_INGEST_HOLD_SECONDS", "0.01")
+    holding, b_done = threading.Event(), threading.Event()
+    outcome: dict[str, object] = {}
+
+    def hold_a(message: str) -> None:
+        if message.startswith("holding"):  # A has written everything and waits before its COMMIT
+            holding.set()
+            assert b_done.wait(60)
+
+    def run_a() -> None:
+        try:
+            outcome["a"] = ingest(first, [a], progress=hold_a).ingested
+        except ConflictError as error:
+            outcome["a"] = error
+
+    racer = threading.Thread(target=run_a)
+    racer.start()
+    assert holding.wait(60)
+    try:
+        outcome["b"] = ingest(second, [b]).ingested
+    except ConflictError as error:
+        outcome["b"] = error
+    b_done.set()
+    racer.join(60)
+    failed = [k for k, v in outcome.items() if isinstance(v, ConflictError)]
+    assert len(failed) == 1, outcome
+    assert "another ingest committed entries of the same threads" in str(outcome[failed[0]])
+    winner = "b" if failed == ["a"] else "a"
+    assert outcome[winner] == len(lines)
+    kept = first.execute("""SELECT event ->> '$.n' FROM entries WHERE "index" = 1""").fetchall()
+    assert kept == [("999",) if winner == "b" else ("1",)]
+    assert count(first, "SELECT count(*) FROM entries") == 2
+    assert first.execute("SELECT thread_id, entries FROM thread_lengths").fetchall() == [("train:v0:s:r1", 2)]
+    assert count(first, "SELECT count(*) FROM ingest_batches") == 1 + existing
+    # The loser's batch runs again cleanly: its line is now a conflict with what the winner committed.
+    loser = second if failed == ["b"] else first
+    again = ingest(loser, [b if failed == ["b"] else a])
+    assert (again.ingested, again.rejected) == (0, 1)
+    assert "already holds a different entry" in again.rejections[0][2]
+    first.close()
+    second.close()
+
+
+def test_ctrl_c_while_lines_are_counted_stops_the_insert_and_rolls_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bulk insert runs on a thread of its own while Python counts lines: an interrupt there stops
+    the statement before the batch rolls back, and the connection stays usable."""
+    module = sys.modules["improve.warehouse.ingest"]
+    con = open_database()
+    files = [write(tmp_path / f"{k}.jsonl", [entry(i, thread=f"t{k}") for i in range(50)]) for k in range(4)]
+    real, seen = module._scan, []
+
+    def interrupted(known: Any, *args: Any) -> Any:
+        seen.append(known.path)
+        if len(seen) == 2:
+            raise KeyboardInterrupt
+        return real(known, *args)
+
+    monkeypatch.setattr(module, "_scan", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        ingest(con, files)
+    for table in ("entries", "thread_lengths", "ingest_batches", "ingested_files"):
+        assert count(con, f"SELECT count(*) FROM {table}") == 0
+    monkeypatch.setattr(module, "_scan", real)
+    assert ingest(con, files).ingested == 200
+
+
 def _ingest_process(db: Path, paths: list[Path], env: dict[str, str], *extra: str) -> subprocess.Popen[str]:
     script = (
         "import sys; from improve.cli.main import app; "
@@ -337,6 +425,82 @@ def test_an_old_warehouse_is_upgraded_in_place(tmp_path: Path) -> None:
     # The upgraded warehouse takes the next entry of the old thread.
     report = ingest(con, [write(tmp_path / "next.jsonl", [entry(1)])])
     assert report.ingested == 1
+
+
+def test_a_warehouse_with_the_primary_key_is_rebuilt_without_it(tmp_path: Path) -> None:
+    """Migration 006: entries keeps its rows and comments but loses the primary key; thread_lengths is
+    built from it; the guarantees the key gave still hold (an entry already there with other content is
+    rejected, the same one is present)."""
+    db = tmp_path / "005.duckdb"
+    old = duckdb.connect(str(db))
+    migrate(old, MIGRATIONS[: [m.name for m in MIGRATIONS].index("007_thread_lengths")])
+    insert_rows(
+        old,
+        "entries",
+        [
+            "thread_id",
+            "index",
+            "entry_id",
+            "recorded_at",
+            "machine_id",
+            "machine_version",
+            "event_type",
+            "event",
+            "schema_version",
+            "source",
+        ],
+        [
+            (
+                t,
+                i,
+                f"{t}#{i}",
+                "2026-11-30T00:00:00Z",
+                "refunds",
+                "1",
+                "@agent.init" if i == 0 else "STEP",
+                json.dumps({"type": "@agent.init" if i == 0 else "STEP", "n": i}),
+                1,
+                "old.jsonl",
+            )
+            for t in ("train:v0:s:r1", "train:v0:t:r1")
+            for i in range(3 if t.endswith("s:r1") else 2)
+        ],
+    )
+    old.close()
+    con = open_database(db)
+    keys = "SELECT constraint_type FROM duckdb_constraints() WHERE table_name = 'entries'"
+    assert "PRIMARY KEY" not in {r[0] for r in con.execute(keys).fetchall()}
+    assert con.execute("SELECT * FROM thread_lengths ORDER BY 1").fetchall() == [
+        ("train:v0:s:r1", 3),
+        ("train:v0:t:r1", 2),
+    ]
+    assert count(con, "SELECT count(*) FROM entries WHERE source = 'old.jsonl'") == 5
+    comment = "SELECT comment FROM duckdb_columns() WHERE table_name = 'entries' AND column_name = 'raw'"
+    row = con.execute(comment).fetchone()
+    assert row is not None and str(row[0]).startswith("The original line")
+    report = ingest(
+        con, [write(tmp_path / "next.jsonl", [entry(2), entry(3, n=3), entry(2, thread="train:v0:t:r1")])]
+    )
+    assert (report.ingested, report.already_present, report.rejected) == (2, 1, 0)
+    clash = ingest(con, [write(tmp_path / "clash.jsonl", [entry(1, event={"type": "STEP", "n": 7})])])
+    assert clash.rejected == 1 and "already holds a different entry" in clash.rejections[0][2]
+    assert con.execute("SELECT * FROM thread_lengths ORDER BY 1").fetchall() == [
+        ("train:v0:s:r1", 4),
+        ("train:v0:t:r1", 3),
+    ]
+
+
+def test_an_entry_written_around_thread_lengths_stops_the_next_ingest(tmp_path: Path) -> None:
+    """entries has no key of its own: a row inserted by hand, bypassing thread_lengths, could let a
+    repeat in, so the next batch refuses to run on such a warehouse rather than trust it."""
+    from improve.errors import WarehouseDamagedError
+
+    con = open_database()
+    ingest(con, [write(tmp_path / "a.jsonl", [entry(0), entry(1)])])
+    con.execute('INSERT INTO entries SELECT * REPLACE (2 AS "index") FROM entries WHERE "index" = 1')
+    with pytest.raises(WarehouseDamagedError, match=r"entries \(3 rows\) disagree with thread_lengths \(2"):
+        ingest(con, [write(tmp_path / "b.jsonl", [entry(0, thread="other")])])
+    assert count(con, "SELECT count(*) FROM ingest_batches") == 1
 
 
 def test_a_warehouse_from_before_the_chain_takes_chained_threads(
@@ -688,6 +852,42 @@ def test_fuzz_ingest_lines_never_crash_and_always_balance(tmp_path: Path, lines:
     assert count(con, "SELECT count(*) FROM entries") == report.ingested
     assert count(con, "SELECT count(*) FROM rejected_lines") == report.rejected
     con.close()
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    data=st.lists(
+        st.sampled_from(
+            [b"\n", b" ", b"\r", b"\t", b"\x0b", b"\x1c", b"{", b"[", b"]", b'"', b"a", b"\x00", b"\xff", BOM]
+        ),
+        max_size=40,
+    ).map(b"".join),
+    max_bytes=st.integers(1, 40),
+    max_depth=st.integers(0, 4),
+)
+def test_scan_lines_agrees_with_reading_line_by_line(data: bytes, max_bytes: int, max_depth: int) -> None:
+    """The ingest counts a file's lines on the whole buffer when it can (`scan_lines`): the same count and
+    the same problems as `split_lines` and `line_problem` on each line."""
+    from improve.log.lines import line_problem, lines_fit, scan_lines, split_lines
+
+    assert lines_fit(data, max_bytes) == all(len(part) <= max_bytes for part in data.split(b"\n"))
+
+    lines = split_lines(data)
+    expected = {
+        n: p for n, line in lines if (p := line_problem(line, max_bytes=max_bytes, max_depth=max_depth))
+    }
+    found = scan_lines(data, max_bytes=max_bytes, max_depth=max_depth)
+    assert (found.lines, found.problems, found.breaks) == (len(lines), expected, data.count(b"\n"))
+    # Read in chunks, as the ingest reads a file (here of 7 bytes, cut after an LF): the same answer
+    # (the ingest's depth limit is the reader's own, so deep lines are left out of the comparison).
+    module = sys.modules["improve.warehouse.ingest"]
+    with tempfile.TemporaryDirectory() as folder, pytest.MonkeyPatch.context() as patch:
+        path = Path(folder) / "t.jsonl"
+        path.write_bytes(data)
+        patch.setattr(module, "SCAN_CHUNK", 7)
+        info = module._scan(module._FileStat(path, len(data), 0, ""), max_bytes)
+    shallow = {n: p for n, p in expected.items() if "deep" not in p}
+    assert info.lines == len(lines) and {n: p for n, p in info.problems.items() if "deep" not in p} == shallow
 
 
 def test_what_a_batch_skipped_and_what_it_read_of_a_file_are_frozen(tmp_path: Path) -> None:

@@ -137,14 +137,14 @@ class Ledger:
         return recorded
 
     def forget(self, thread_ids: Sequence[str]) -> None:
-        """Remove threads from the warehouse (entries, outcomes, quarantine, file bookkeeping) in one
-        transaction: they are about to be written again."""
+        """Remove threads from the warehouse (entries and their thread_lengths rows, outcomes, quarantine,
+        file bookkeeping) in one transaction: they are about to be written again."""
         ids = list(thread_ids)
         files = [str(self.store.path(tid)) for tid in ids]
         con = self.con
         con.execute("BEGIN TRANSACTION")
         try:
-            for table in ("entries", "outcomes", "quarantine"):
+            for table in ("entries", "thread_lengths", "outcomes", "quarantine"):
                 con.execute(f"DELETE FROM {table} WHERE list_contains($ids, thread_id)", {"ids": ids})
             con.execute("DELETE FROM ingested_files WHERE list_contains($files, path)", {"files": files})
             con.execute("DELETE FROM rejected_lines WHERE list_contains($files, file)", {"files": files})

@@ -3,16 +3,23 @@
 One batch (one `ingest()` call) is one transaction: killed midway, the warehouse is as it was.
 
 The bulk path reads every file with DuckDB's own `read_json` and an explicit schema, and inserts the
-rows that pass every check straight into `entries` (one JSON parse per line, no Python decoding).
-Then, per file, the rows inserted are counted against the file's non-blank lines. A file whose counts
-agree is done. A file that disagrees (a malformed line, a conflict, a gap) is taken again on the
-careful path: its rows from this batch are removed and its lines are read raw, with line numbers,
-classified one by one in SQL, and each line either lands, is recognised as already present, or goes
-to `rejected_lines` with the reason. Every line is accounted for:
+rows that pass every check straight into `entries` (one JSON parse per line, no Python decoding);
+meanwhile Python counts each file's lines. `entries` has no primary key (an index kept row by row was
+most of a large ingest's time): the batch's rows are checked as a set instead, thread by thread,
+against `thread_lengths`, where each thread's length is kept; a thread's indices must continue from its
+length with no repeat and no gap. Then, per file, the rows inserted are counted against the file's
+non-blank lines. A file whose counts agree and whose threads continue is done. Any other (a malformed
+line, a conflict, an entry already present, a gap) is taken again on the careful path: its rows from
+this batch are removed and its lines are read raw, with line numbers, classified one by one in SQL,
+and each line either lands, is recognised as already present, or goes to `rejected_lines` with the
+reason. Every line is accounted for:
 
     lines read = ingested + already present + rejected          (per file, and per batch)
 
-A file ingested before and unchanged since (same size, mtime and sha256) is skipped and counted as
+Before COMMIT every thread the batch wrote to is checked once more and its row in `thread_lengths`
+advanced: two batches writing to one thread conflict on that row, and only one commits.
+
+A file ingested before and unchanged since (same size, mtime and fingerprint) is skipped and counted as
 already present, so ingesting the same files again is instant and adds nothing.
 
 Another format (`fmt`) takes the careful path only: its importer (`importers/`, registered by name in
@@ -24,7 +31,7 @@ Both versions of the log entry are read (schemaVersion 2, chained, its `verifica
 `event`, `attempts` and `metadata` are kept whole. The hash chain is not checked here: that is replay's
 work (`improve replay --verify`); the warehouse keeps what was written, hashes included.
 
-Why one module of about 550 lines: the bulk path, the careful path and the batch around them share one
+Why one module of about 950 lines: the bulk path, the careful path and the batch around them share one
 transaction, one set of temporary tables and one report, and a file moves from the first path to the
 second inside the batch; apart, each would reach into the other's tables. The formats, the staging
 contract and the SQL helpers they share are already elsewhere (`importers/`, `staging.py`).
@@ -37,6 +44,7 @@ import glob
 import hashlib
 import os
 import stat
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -45,8 +53,8 @@ from pathlib import Path
 
 import duckdb
 
-from improve.errors import ConfigError, LogError
-from improve.log import MAX_LINE_BYTES, line_problem, preview, split_lines
+from improve.errors import ConfigError, ConflictError, LogError, WarehouseDamagedError
+from improve.log import MAX_LINE_BYTES, lines_fit, preview, scan_lines, split_lines
 from improve.warehouse.importers import IMPORTERS
 from improve.warehouse.staging import CAND_COLUMNS, CHAIN_COLUMN, THREAD_ID_SQL, Importer
 
@@ -243,11 +251,17 @@ def expand_paths(paths: Iterable[str | Path]) -> list[Path]:
 
 
 @dataclass(frozen=True)
-class _FileInfo:
+class _FileStat:
+    """What the batch knows of a file before reading it whole: enough to tell an unchanged file."""
+
     path: Path
     size: int
     mtime_ns: int
     sha256: str
+
+
+@dataclass(frozen=True)
+class _FileInfo(_FileStat):
     lines: int  # non-blank lines
     problems: Mapping[int, str] = field(default_factory=dict)  # line number -> why it cannot be read
 
@@ -257,50 +271,116 @@ BINARY_PROBE = 8192
 """A NUL byte in this many first bytes makes a file binary (git's test): skipped, not read line by line."""
 
 
-def _read_regular(path: Path) -> tuple[os.stat_result, bytes]:
-    """The bytes of `path`, refusing anything but a regular file. Opened non-blocking and checked on
+def _open_regular(path: Path) -> tuple[int, os.stat_result]:
+    """A descriptor on `path`, refusing anything but a regular file. Opened non-blocking and checked on
     the descriptor: a file swapped for a FIFO after `collect_paths` looked at it still cannot block."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise IsADirectoryError(f"{_kind(st.st_mode)}, not a JSONL file")
+    return fd, st
+
+
+def _read_regular(path: Path) -> tuple[os.stat_result, bytes]:
+    """The bytes of `path`, refusing anything but a regular file (`_open_regular`)."""
+    fd, st = _open_regular(path)
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise IsADirectoryError(f"{_kind(st.st_mode)}, not a JSONL file")
         with os.fdopen(os.dup(fd), "rb") as handle:
             return st, handle.read()
     finally:
         os.close(fd)
 
 
-def _file_info(path: Path, max_line_bytes: int = MAX_LINE_BYTES) -> _FileInfo | SkippedFile:
-    """Size, mtime, a fingerprint, the non-blank line count and the unreadable lines of a file; or why
-    the file cannot be read at all.
+def _file_stat(path: Path) -> _FileStat | SkippedFile:
+    """Size, mtime and a fingerprint of a file, or why it cannot be read at all (binary, not a file).
 
     The fingerprint hashes the size, the first and the last 64 KiB: with the size and mtime it tells an
-    unchanged file from an appended or rewritten one without hashing every byte (most of a big ingest
-    would otherwise be spent in sha256)."""
+    unchanged file from an appended or rewritten one without reading every byte, so an unchanged file
+    costs two small reads (most of a big ingest would otherwise be spent in sha256)."""
     try:
-        st, data = _read_regular(path)
+        fd, st = _open_regular(path)
+        try:
+            head = os.pread(fd, FINGERPRINT_BYTES, 0)
+            tail = os.pread(fd, FINGERPRINT_BYTES, max(0, st.st_size - FINGERPRINT_BYTES))
+        finally:
+            os.close(fd)
     except OSError as error:
         return SkippedFile(str(path), f"cannot be read: {error.strerror or error}")
-    if b"\0" in data[:BINARY_PROBE]:
+    if b"\0" in head[:BINARY_PROBE]:
         return SkippedFile(
             str(path), "binary (a NUL byte in its first 8 KiB), not a JSONL text file: skipped"
         )
+    digest = hashlib.sha256(str(st.st_size).encode())
+    digest.update(head)
+    digest.update(tail)
+    return _FileStat(path, st.st_size, st.st_mtime_ns, digest.hexdigest())
+
+
+SCAN_CHUNK = 1 << 22
+"""Bytes read at a time to count a file's lines (4 MiB, then cut after its last LF): a large file is not
+held whole in memory beside DuckDB's buffers. A line longer than this is read whole. Larger chunks cost
+more, not less: past glibc's mmap threshold (32 MiB at most) every buffer is fresh pages to fault in
+(32 MiB chunks: 1.6 s CPU to count 557 MB of lines, 4 MiB: 0.8 s)."""
+
+
+def _scan(known: _FileStat, max_line_bytes: int = MAX_LINE_BYTES) -> _FileInfo:
+    """The file's non-blank line count and the lines that cannot be read (`scan_lines`), read in chunks."""
+    lines, breaks, problems = 0, 0, {}
     try:
-        data.decode("utf-8")
-        utf8 = True
-    except UnicodeDecodeError:
-        utf8 = False  # some lines are not UTF-8: each is found and rejected on its own
-    lines = split_lines(data)
-    problems = {
-        number: problem
-        for number, line in lines
-        if (problem := line_problem(line, max_bytes=max_line_bytes, utf8_checked=utf8)) is not None
-    }
-    digest = hashlib.sha256(str(len(data)).encode())
-    digest.update(data[:FINGERPRINT_BYTES])
-    digest.update(data[-FINGERPRINT_BYTES:])
-    return _FileInfo(path, st.st_size, st.st_mtime_ns, digest.hexdigest(), len(lines), problems)
+        fd, _ = _open_regular(known.path)
+        with os.fdopen(fd, "rb") as handle:
+            carry, start = b"", True
+            while True:
+                block = handle.read(SCAN_CHUNK)
+                data = carry + block if carry else block
+                if block:
+                    cut = data.rfind(b"\n") + 1
+                    if cut == 0:  # no LF yet: one long line, read on
+                        carry = data
+                        continue
+                    data, carry = data[:cut], data[cut:]
+                found = scan_lines(data, max_bytes=max_line_bytes, bom=start)
+                lines += found.lines
+                problems.update({breaks + number: problem for number, problem in found.problems.items()})
+                breaks += found.breaks
+                start = False
+                if not block:
+                    break
+    except OSError as error:
+        raise LogError(
+            f"{known.path}: cannot be read any more ({error.strerror or error}); it changed during the "
+            "ingest: run it again"
+        ) from None
+    return _FileInfo(known.path, known.size, known.mtime_ns, known.sha256, lines, problems)
+
+
+def _lines_fit(known: _FileStat, max_line_bytes: int) -> bool:
+    """Whether every line of the file is at most `max_line_bytes` long (`lines_fit`, chunk by chunk)."""
+    try:
+        fd, _ = _open_regular(known.path)
+        with os.fdopen(fd, "rb") as handle:
+            carry = b""
+            while block := handle.read(SCAN_CHUNK):
+                data = carry + block if carry else block
+                cut = data.rfind(b"\n") + 1
+                if not lines_fit(data[:cut], max_line_bytes):
+                    return False
+                carry = data[cut:]
+                if len(carry) > max_line_bytes:
+                    return False
+    except OSError as error:
+        raise LogError(
+            f"{known.path}: cannot be read any more ({error.strerror or error}); it changed during the "
+            "ingest: run it again"
+        ) from None
+    return True
+
+
+def _file_info(path: Path, max_line_bytes: int = MAX_LINE_BYTES) -> _FileInfo | SkippedFile:
+    """`_file_stat` then `_scan`: everything the batch learns of one file."""
+    known = _file_stat(path)
+    return known if isinstance(known, SkippedFile) else _scan(known, max_line_bytes)
 
 
 def insert_rows(
@@ -339,6 +419,9 @@ def ingest(
     that cannot be read (a directory, a FIFO, a dangling link, a binary file) is skipped with the reason
     (`report.skipped`), and a line that cannot be (not UTF-8, longer than `max_line_bytes`, nested deeper
     than `improve.log.lines.MAX_JSON_DEPTH`) is rejected with its line number; neither stops the batch.
+
+    Another ingest committing entries of the same threads while this one ran makes this one fail with
+    `ConflictError`, nothing committed: run it again.
     """
     if max_line_bytes < 1:
         raise ConfigError(f"max_line_bytes must be a positive number of bytes, got {max_line_bytes}")
@@ -346,22 +429,16 @@ def ingest(
     files, skipped = collect_paths(paths)
     say = progress or (lambda message: None)
     started = time.perf_counter()
-    infos: list[_FileInfo] = []
+    known: list[_FileStat] = []
     for path in files:
-        info = _file_info(path, max_line_bytes)
-        if isinstance(info, SkippedFile):
-            skipped.append(info)
+        stat_or_skip = _file_stat(path)
+        if isinstance(stat_or_skip, SkippedFile):
+            skipped.append(stat_or_skip)
         else:
-            infos.append(info)
+            known.append(stat_or_skip)
     report = IngestReport(batch_id=uuid.uuid4().hex[:12], format=fmt, skipped=skipped)
-    try:
-        # Native files are read in bulk first; the importer stages only the files that need care.
-        _batch(con, report, infos, importer, bulk=fmt == "native", say=say, max_line_bytes=max_line_bytes)
-    except _RetryCarefully:
-        # The same (thread, index) twice within the batch aborted the bulk insert: start the batch over,
-        # every file on the careful path, which reports each duplicate with its line.
-        report = IngestReport(batch_id=report.batch_id, format=fmt, skipped=skipped)
-        _batch(con, report, infos, importer, bulk=False, say=say, max_line_bytes=max_line_bytes)
+    # Native files are read in bulk first; the importer stages only the files that need care.
+    _batch(con, report, known, importer, bulk=fmt == "native", say=say, max_line_bytes=max_line_bytes)
     report.files.sort(key=lambda f: f.file)
     report.skipped.sort(key=lambda f: f.file)
     report.seconds = time.perf_counter() - started
@@ -409,7 +486,7 @@ def _check_accounting(con: duckdb.DuckDBPyConnection, report: IngestReport, todo
 def _batch(
     con: duckdb.DuckDBPyConnection,
     report: IngestReport,
-    infos: list[_FileInfo],
+    known: list[_FileStat],
     importer: Importer,
     *,
     bulk: bool,
@@ -418,56 +495,67 @@ def _batch(
 ) -> None:
     con.execute("BEGIN TRANSACTION")
     try:
+        _check_lengths(con)
         con.execute(
             "INSERT INTO ingest_batches VALUES (?, ?, now(), NULL, ?, 0, 0, 0, 0)",
-            [report.batch_id, report.format, len(infos)],
+            [report.batch_id, report.format, len(known)],
         )
         con.execute(
-            "CREATE OR REPLACE TEMP TABLE batch_files (path VARCHAR, size BIGINT, mtime_ns BIGINT, sha256 VARCHAR, "
-            "lines BIGINT, rejected BIGINT)"
+            "CREATE OR REPLACE TEMP TABLE batch_files (path VARCHAR, size BIGINT, mtime_ns BIGINT, sha256 VARCHAR)"
         )
-        insert_rows(
-            con, "batch_files", [(str(i.path), i.size, i.mtime_ns, i.sha256, i.lines, 0) for i in infos]
-        )
+        insert_rows(con, "batch_files", [(str(i.path), i.size, i.mtime_ns, i.sha256) for i in known])
         seen = dict(
             con.execute(
                 "SELECT b.path, [f.lines, f.rejected] FROM batch_files b JOIN ingested_files f "
                 "ON f.path = b.path AND f.size = b.size AND f.mtime_ns = b.mtime_ns AND f.sha256 = b.sha256"
             ).fetchall()
         )
-        todo: list[_FileInfo] = []
-        for info in infos:
-            before = seen.get(str(info.path))
+        todo: list[_FileStat] = []
+        for stat_ in known:
+            before = seen.get(str(stat_.path))
             if before is None:
-                todo.append(info)
+                todo.append(stat_)
                 continue
             # Unchanged since it was ingested: what landed then is present; what was rejected then is still
             # rejected (and already in rejected_lines, so not recorded twice).
             lines, rejected = before
-            report.files.append(FileReport(str(info.path), lines, 0, lines - rejected, rejected, "unchanged"))
-        careful = todo
+            report.files.append(
+                FileReport(str(stat_.path), lines, 0, lines - rejected, rejected, "unchanged")
+            )
+        fresh = False  # whether batch_threads already describes every row this batch inserted
         if todo and bulk:
-            # A file with a line the reader refuses (not UTF-8, too long, too deep) goes straight to the
-            # careful path, which rejects that line alone: read_json would fail or accept it.
-            easy = [i for i in todo if not i.problems]
-            careful = [i for i in todo if i.problems]
+            # A file longer than a line may be can hold a line too long to give read_json: such files are
+            # searched for one first, and one that has one is counted and goes straight to the careful path,
+            # which rejects that line alone. Every other file is read by read_json while Python counts its
+            # lines.
+            long = {
+                str(s.path) for s in todo if s.size > max_line_bytes and not _lines_fit(s, max_line_bytes)
+            }
+            easy = [s for s in todo if str(s.path) not in long]
+            careful = [_scan(s, max_line_bytes) for s in todo if str(s.path) in long]
+            infos = list(careful)
             if easy:
                 say(f"bulk read of {len(easy)} file(s)")
-                careful += _bulk_native(con, report, easy, max_line_bytes)
+                done = _bulk_native(con, report, easy, max_line_bytes)
+                infos, careful = done.infos + infos, done.careful + careful
+                fresh = not careful
+        else:
+            infos = careful = [_scan(s, max_line_bytes) for s in todo]
         if careful:
             say(f"careful read of {len(careful)} file(s)")
             _careful(con, report, careful, importer)
-        _check_accounting(con, report, todo)
+        _check_accounting(con, report, infos)
+        _advance_threads(con, report.batch_id, fresh=fresh)
         counted = [(f.file, f.lines_read, f.rejected) for f in report.files if f.path != "unchanged"]
         con.execute("CREATE OR REPLACE TEMP TABLE file_counts (path VARCHAR, lines BIGINT, rejected BIGINT)")
         insert_rows(con, "file_counts", counted)
-        done = [str(i.path) for i in todo]
-        con.execute("DELETE FROM ingested_files WHERE list_contains(?, path)", [done])
+        paths = [str(i.path) for i in todo]
+        con.execute("DELETE FROM ingested_files WHERE list_contains(?, path)", [paths])
         con.execute(
             "INSERT INTO ingested_files SELECT b.path, b.size, b.mtime_ns, b.sha256, c.lines, c.rejected, ? "
             "FROM batch_files b JOIN file_counts c USING (path) "
             "WHERE list_contains(?, b.path)",
-            [report.batch_id, done],
+            [report.batch_id, paths],
         )
         con.execute(
             "UPDATE ingest_batches SET finished_at = now(), lines_read = ?, ingested = ?, already_present = ?, "
@@ -479,81 +567,158 @@ def _batch(
             say(f"holding the batch open for {hold}s ({HOLD_ENV})")
             time.sleep(hold)
         con.execute("COMMIT")
-    except BaseException:
+    except BaseException as error:
         # A damaged warehouse can fail the ROLLBACK too: the first error is the one to report.
         with contextlib.suppress(duckdb.Error):
             con.execute("ROLLBACK")
+        if isinstance(error, duckdb.TransactionException | duckdb.ConstraintException) and any(
+            word in str(error).lower() for word in ("conflict", "duplicate key")
+        ):
+            raise ConflictError(
+                "another ingest committed entries of the same threads while this batch ran, so nothing of this "
+                f"batch was committed ({str(error).splitlines()[0]}). Run it again: what the other batch "
+                "added is then counted as already present, or rejected as a conflict"
+            ) from None
         raise
 
 
-def _bulk_native(
-    con: duckdb.DuckDBPyConnection, report: IngestReport, todo: list[_FileInfo], max_line_bytes: int
-) -> list[_FileInfo]:
-    """Insert every row that passes straight from `read_json`; return the files that need care."""
-    try:
-        con.execute(
-            f"""
-            INSERT INTO entries
-                (thread_id, "index", entry_id, recorded_at, machine_id, machine_version, event_type, event,
-                 causation_id, attempts, metadata, state_hash, schema_version, line_thread_id, source, batch_id,
-                 entry_hash)
-            SELECT thread, "index"::BIGINT, id ->> '$', recordedAt ->> '$', machineId ->> '$',
-                   machineVersion ->> '$', etype, event, causationId ->> '$',
-                   {_present("attempts")}, {_present("metadata")}, hashes[1],
-                   CASE WHEN schemaVersion::VARCHAR = '2' THEN 2 ELSE 1 END,
-                   threadId IS NOT NULL AND {_is("threadId", "VARCHAR")}, filename, ?,
-                   hashes[2]
-            FROM (
-                SELECT *, {THREAD_SQL} AS thread, event -> '$.type' AS etype_json, event ->> '$.type' AS etype,
-                       -- both hashes from one parse of verification (two ->> would parse it twice)
-                       json_extract_string(verification, ['$.stateHash', '$.entryHash']) AS hashes
-                FROM read_json({_sql_list([i.path for i in todo])}, format = 'newline_delimited',
-                               columns = {NATIVE_COLUMNS}, filename = true, ignore_errors = true,
-                               maximum_object_size = {max(max_line_bytes + 1, 1 << 26)})
-            ) AS s
-            WHERE {NATIVE_OK}
-              AND NOT EXISTS (SELECT 1 FROM entries e WHERE e.thread_id = s.thread AND e."index" = s."index"::BIGINT)
-            """,
-            [report.batch_id],
+# The check of a batch's rows, thread by thread, against what the warehouse held before it: indices
+# continue the thread (from its length in thread_lengths) with no repeat and no gap.
+_BATCH_THREADS = """
+    CREATE OR REPLACE TEMP TABLE batch_threads AS
+    SELECT b.*, coalesce(l.entries, 0) AS before,
+           b.n = b.distinct_n AND b.lo = coalesce(l.entries, 0) AND b.hi = b.lo + b.n - 1 AS continues
+    FROM (SELECT thread_id, count(*) AS n, count(DISTINCT "index") AS distinct_n, min("index") AS lo,
+                 max("index") AS hi
+          FROM entries WHERE batch_id = ? GROUP BY thread_id) b
+    LEFT JOIN thread_lengths l USING (thread_id)
+"""
+
+
+def _check_lengths(con: duckdb.DuckDBPyConnection) -> None:
+    """Before a batch: entries and thread_lengths agree, as far as a scan of one column can tell (the
+    count, and the sum of the indices, which is n(n-1)/2 for a thread of n entries). Each batch is
+    checked only against thread_lengths, so an entry written around it (a plain INSERT into entries)
+    would let a repeat in; and reading the index column whole, a few MB for a million entries, finds a
+    damaged block there before anything is added to the file."""
+    row = con.execute(
+        """
+        SELECT (SELECT count(*) FROM entries), (SELECT coalesce(sum("index"), 0) FROM entries),
+               (SELECT coalesce(sum(entries), 0) FROM thread_lengths),
+               (SELECT coalesce(sum(entries * (entries - 1) // 2), 0) FROM thread_lengths)
+        """
+    ).fetchone()
+    assert row is not None
+    rows, index_sum, lengths, expected_sum = row
+    if rows != lengths or index_sum != expected_sum:
+        raise WarehouseDamagedError(
+            f"the warehouse's entries ({rows} rows) disagree with thread_lengths ({lengths} entries counted): "
+            "something wrote to entries other than `improve ingest` or the warehouse store; nothing was "
+            "ingested. Rebuild the warehouse from the threads: move it aside and run `improve ingest traces/`"
         )
-    except duckdb.ConstraintException as err:
-        if "duplicate key" not in str(err):
+
+
+def _advance_threads(con: duckdb.DuckDBPyConnection, batch_id: str, *, fresh: bool) -> None:
+    """Check that every thread this batch wrote to continues where it was, then advance its row in
+    thread_lengths (a new thread gets one). What a primary key on (thread_id, index) used to guarantee:
+    no entry twice, now as one check over the batch; and two batches writing to one thread conflict on
+    its thread_lengths row, so only one can commit. `fresh`: batch_threads is already this batch's."""
+    if not fresh:
+        con.execute(_BATCH_THREADS, [batch_id])
+    row = con.execute(
+        "SELECT count(*), min(thread_id) FROM batch_threads WHERE NOT continues OR continues IS NULL"
+    ).fetchone()
+    assert row is not None
+    if row[0]:
+        raise IngestAccountingError(
+            f"ingest accounting does not add up, so nothing was committed (a bug in improve; please report it "
+            f"with the files): {row[0]} thread(s) would hold an index twice or miss one (e.g. {row[1]})"
+        )
+    con.execute(
+        "UPDATE thread_lengths SET entries = b.hi + 1 FROM batch_threads b "
+        "WHERE thread_lengths.thread_id = b.thread_id AND b.before > 0"
+    )
+    con.execute("INSERT INTO thread_lengths SELECT thread_id, hi + 1 FROM batch_threads WHERE before = 0")
+
+
+@dataclass(frozen=True)
+class _Bulk:
+    infos: list[_FileInfo]  # every file the bulk path was given, read and counted
+    careful: list[_FileInfo]  # those whose rows were taken out again, for the careful path
+
+
+def _bulk_native(
+    con: duckdb.DuckDBPyConnection, report: IngestReport, todo: list[_FileStat], max_line_bytes: int
+) -> _Bulk:
+    """Insert every row that passes straight from `read_json`, while counting each file's lines in
+    Python; then check the rows as a set: a file whose rows are not all of its lines, or that wrote to a
+    thread that does not continue (a repeat, a gap, an entry already present), has its rows taken out
+    and goes to the careful path."""
+    statement = f"""
+        INSERT INTO entries
+            (thread_id, "index", entry_id, recorded_at, machine_id, machine_version, event_type, event,
+             causation_id, attempts, metadata, state_hash, schema_version, line_thread_id, source, batch_id,
+             entry_hash)
+        SELECT thread, "index"::BIGINT, id ->> '$', recordedAt ->> '$', machineId ->> '$',
+               machineVersion ->> '$', etype, event, causationId ->> '$',
+               {_present("attempts")}, {_present("metadata")}, hashes[1],
+               CASE WHEN schemaVersion::VARCHAR = '2' THEN 2 ELSE 1 END,
+               threadId IS NOT NULL AND {_is("threadId", "VARCHAR")}, filename, ?,
+               hashes[2]
+        FROM (
+            SELECT *, {THREAD_SQL} AS thread, event -> '$.type' AS etype_json, event ->> '$.type' AS etype,
+                   -- both hashes from one parse of verification (two ->> would parse it twice)
+                   json_extract_string(verification, ['$.stateHash', '$.entryHash']) AS hashes
+            FROM read_json({_sql_list([i.path for i in todo])}, format = 'newline_delimited',
+                           columns = {NATIVE_COLUMNS}, filename = true, ignore_errors = true,
+                           maximum_object_size = {max(max_line_bytes + 1, 1 << 26)})
+        ) AS s
+        WHERE {NATIVE_OK}
+    """
+    infos = {str(i.path): i for i in todo if isinstance(i, _FileInfo)}
+    # Rows in any order: DuckDB then writes each thread's row groups straight to the file, in parallel,
+    # instead of logging one ordered stream to be written again at the next checkpoint (a 500 MB file
+    # cost about 2 s more CPU the ordered way). Nothing reads entries in insertion order.
+    ordered_setting = con.execute("SELECT current_setting('preserve_insertion_order')").fetchone()
+    con.execute("SET preserve_insertion_order = false")
+    try:
+        # DuckDB works without the GIL: the lines are counted on this thread while it reads and inserts.
+        worker = _Statement(con, statement, [report.batch_id])
+        try:
+            for known in todo:
+                if not isinstance(known, _FileInfo):
+                    infos[str(known.path)] = _scan(known, max_line_bytes)
+        except BaseException:
+            worker.cancel()
             raise
-        # The same (thread, index) twice within the batch: every file takes the careful path.
-        raise _RetryCarefully() from None
+        worker.result()
+    finally:
+        keep = bool(ordered_setting[0]) if ordered_setting else True
+        con.execute(f"SET preserve_insertion_order = {'true' if keep else 'false'}")
+    ordered = [infos[str(i.path)] for i in todo]
     counts = dict(
         con.execute(
             "SELECT source, count(*) FROM entries WHERE batch_id = ? GROUP BY source", [report.batch_id]
         ).fetchall()
     )
-    gaps = {
-        row[0]
-        for row in con.execute(
-            """
-            SELECT DISTINCT e.source FROM entries e
-            JOIN (SELECT thread_id FROM entries WHERE thread_id IN
-                    (SELECT DISTINCT thread_id FROM entries WHERE batch_id = ?)
-                  GROUP BY thread_id HAVING count(*) != max("index") + 1) g USING (thread_id)
-            WHERE e.batch_id = ?
-            """,
-            [report.batch_id, report.batch_id],
-        ).fetchall()
-    }
-    gaps |= {
+    con.execute(_BATCH_THREADS, [report.batch_id])
+    # A thread that does not continue (a repeat, a gap, an entry already present) or whose id has not the
+    # shape of one: every file that wrote to it goes to the careful path, which says which line is wrong.
+    retake = {
         row[0]
         for row in con.execute(
             f"""
             SELECT DISTINCT source FROM entries WHERE batch_id = ? AND thread_id IN (
-                SELECT t FROM (SELECT DISTINCT thread_id AS t FROM entries WHERE batch_id = ?)
-                WHERE NOT regexp_full_match(t, {THREAD_ID_SQL}))
+                SELECT thread_id FROM batch_threads
+                WHERE NOT continues OR NOT regexp_full_match(thread_id, {THREAD_ID_SQL}))
             """,
-            [report.batch_id, report.batch_id],
+            [report.batch_id],
         ).fetchall()
     }
     careful: list[_FileInfo] = []
-    for info in todo:
+    for info in ordered:
         landed = counts.get(str(info.path), 0)
-        if landed == info.lines and str(info.path) not in gaps:
+        if landed == info.lines and not info.problems and str(info.path) not in retake:
             report.files.append(FileReport(str(info.path), info.lines, ingested=landed))
         else:
             careful.append(info)
@@ -562,12 +727,37 @@ def _bulk_native(
             f"DELETE FROM entries WHERE batch_id = ? AND source IN (SELECT unnest({_sql_list([i.path for i in careful])}))",
             [report.batch_id],
         )
-    return careful
+    return _Bulk(ordered, careful)
 
 
-class _RetryCarefully(Exception):
-    """The bulk insert met one (thread, index) twice in the batch: every file takes the careful path.
-    It never leaves this module."""
+class _Statement:
+    """One statement run on a thread of its own, so that Python can work meanwhile."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, sql: str, params: list[object]) -> None:
+        self._con = con
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(sql, params), daemon=True)
+        self._thread.start()
+
+    def _run(self, sql: str, params: list[object]) -> None:
+        try:
+            self._con.execute(sql, params)
+        except BaseException as error:  # handed to the caller's thread by result()
+            self._error = error
+
+    def result(self) -> None:
+        try:
+            self._thread.join()
+        except BaseException:  # Ctrl-C while waiting: stop the statement before the caller rolls back
+            self.cancel()
+            raise
+        if self._error is not None:
+            raise self._error
+
+    def cancel(self) -> None:
+        """Interrupt the statement and wait for it: the caller is about to roll back."""
+        self._con.interrupt()
+        self._thread.join()
 
 
 # --- the careful path ---------------------------------------------------------------------------------

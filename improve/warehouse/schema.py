@@ -25,6 +25,29 @@ class Migration:
     statements: tuple[str, ...]
 
 
+ENTRY_COLUMNS = """
+    thread_id       VARCHAR NOT NULL,
+    "index"         BIGINT NOT NULL,
+    entry_id        VARCHAR NOT NULL,
+    recorded_at     VARCHAR NOT NULL,
+    machine_id      VARCHAR NOT NULL,
+    machine_version VARCHAR NOT NULL,
+    event_type      VARCHAR NOT NULL,
+    event           JSON NOT NULL,
+    causation_id    VARCHAR,
+    attempts        JSON,
+    metadata        JSON,
+    state_hash      VARCHAR,
+    schema_version  INTEGER NOT NULL,
+    line_thread_id  BOOLEAN NOT NULL DEFAULT false,
+    source          VARCHAR,
+    batch_id        VARCHAR,
+    raw             VARCHAR,
+    entry_hash      VARCHAR
+"""
+"""`entries` as migrations 001 to 005 left it, without its primary key (006 rebuilds it so)."""
+ENTRY_NAMES = ", ".join(line.split()[0] for line in ENTRY_COLUMNS.strip().splitlines())
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(
         "001_entries",
@@ -192,6 +215,23 @@ MIGRATIONS: tuple[Migration, ...] = (
                 PRIMARY KEY (trace_id, span_id)
             )
             """,
+        ),
+    ),
+    Migration(
+        "007_thread_lengths",
+        # Uniqueness of (thread_id, index) moves from a primary key on entries (an ART index updated row
+        # by row: most of a large ingest's time) to the writers, who check each batch as a set against
+        # `thread_lengths` and advance a thread's row in the same transaction: two writers to one thread
+        # conflict on that row. DuckDB cannot drop a primary key, so entries is rebuilt without it.
+        (
+            "CREATE TABLE thread_lengths (thread_id VARCHAR PRIMARY KEY, entries BIGINT NOT NULL)",
+            "INSERT INTO thread_lengths SELECT thread_id, count(*) FROM entries GROUP BY thread_id",
+            f"CREATE TABLE entries_unkeyed ({ENTRY_COLUMNS})",
+            f"INSERT INTO entries_unkeyed SELECT {ENTRY_NAMES} FROM entries",
+            "DROP TABLE entries",
+            "ALTER TABLE entries_unkeyed RENAME TO entries",
+            # The column comments went with the old table: the views and comments are made again.
+            "DELETE FROM schema_migrations WHERE name LIKE 'views:%'",
         ),
     ),
 )

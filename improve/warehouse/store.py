@@ -126,6 +126,15 @@ class DuckDBStore:
                     raise conflict(thread_id, expected_index, actual)
                 if rows:
                     insert_rows(cur, "entries", ENTRY_COLUMNS, rows)
+                    # The thread's row in thread_lengths is what makes a racing append conflict (entries
+                    # has no key of its own): both write it, only one commits.
+                    if expected_index == 0:
+                        cur.execute("INSERT INTO thread_lengths VALUES (?, ?)", [thread_id, len(rows)])
+                    else:
+                        cur.execute(
+                            "UPDATE thread_lengths SET entries = ? WHERE thread_id = ?",
+                            [expected_index + len(rows), thread_id],
+                        )
                 cur.execute("COMMIT")
             except duckdb.ConstraintException:
                 cur.execute("ROLLBACK")
@@ -199,4 +208,12 @@ class DuckDBStore:
     def delete(self, thread_id: str) -> None:
         checked_thread_id(thread_id)
         with self._lock:
-            self._cursor().execute("DELETE FROM entries WHERE thread_id = ?", [thread_id])
+            cur = self._cursor()
+            cur.execute("BEGIN TRANSACTION")
+            try:
+                cur.execute("DELETE FROM entries WHERE thread_id = ?", [thread_id])
+                cur.execute("DELETE FROM thread_lengths WHERE thread_id = ?", [thread_id])
+                cur.execute("COMMIT")
+            except BaseException:
+                cur.execute("ROLLBACK")
+                raise

@@ -62,6 +62,15 @@ RELATIONS: tuple[Relation, ...] = (
         },
     ),
     Relation(
+        "thread_lengths",
+        "One row per thread in entries: how many entries it holds. Every write to entries advances its "
+        "thread's row in the same transaction, so two writers to one thread cannot both commit.",
+        {
+            "thread_id": "The thread.",
+            "entries": "Its entries in the warehouse (indices 0 to entries - 1).",
+        },
+    ),
+    Relation(
         "rejected_lines",
         "Lines that could not be ingested: nothing is dropped silently.",
         {
