@@ -8,8 +8,8 @@ until `threads` are written), then folded three ways in the same run, in `repeat
   --format xstate` exports, hosted by `improve/machine/xstate_host/host.mjs` (CEL guards and assigns
   through `@marcbachmann/cel-js`); the events are in memory;
 - interpreter: `improve.machine.initial` + `transition` on the same events, in memory;
-- replay: replay_bench's figure on these threads: one multi-thread JSONL file read, each line decoded
-  (`LogEntry`), grouped by thread, each thread validated and folded (`replay`), the cyclic GC paused.
+- replay: `improve replay FILE`'s path on these threads: one multi-thread JSONL file streamed thread by
+  thread through the bulk decode path, each thread validated and folded (`replay`), the cyclic GC paused.
 
 Events = the init plus every event that moves the machine, counted the same for all three (replay also
 reads and skips the `@agent.usage` and `@agent.end` entries, which are not counted). Without Node, or
@@ -24,13 +24,12 @@ import shutil
 import statistics
 import subprocess
 import time
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 from bench.xstate_conformance import Sequence, record_threads, sequence
 from bench.xstate_node import NodeUnavailable, install, pins, run_driver
-from improve.log import JsonlDirStore, LogEntry, gc_paused, replay
+from improve.log import JsonlDirStore, gc_paused, read_file_threads, replay
 from improve.machine import initial, to_xstate, transition
 from improve.runtime import load_environment
 
@@ -51,16 +50,12 @@ def _interpreter_seconds(machine: Any, seqs: list[Sequence]) -> float:
 
 
 def _replay_seconds(machine: Any, path: Path) -> float:
-    """Read, decode, group by thread and replay every thread: replay_bench's figure, on these threads."""
+    """Read, decode, group by thread and replay every thread, as `improve replay FILE` does: the file
+    streamed thread by thread through the bulk decode path (`read_file_threads`), the cyclic GC paused."""
     start = time.perf_counter()
     with gc_paused():
-        threads: dict[str, list[LogEntry]] = defaultdict(list)
-        with path.open("rb") as handle:
-            for line in handle:
-                entry = LogEntry.model_validate_json(line)
-                threads[entry.threadId or ""].append(entry)
-        for thread in threads.values():
-            replay(machine, thread)
+        for _thread_id, entries in read_file_threads(path):
+            replay(machine, entries)
     return time.perf_counter() - start
 
 
