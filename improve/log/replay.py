@@ -26,7 +26,8 @@ from improve.log.entry import END_EVENT, INIT_EVENT, USAGE_EVENT, LogEntry
 from improve.machine import Machine, Snapshot, initial, transition
 
 RunStatus = str
-"""How a run ended: `done` (a final state), `idle` (a person never answered), `budget` (model calls
+"""How a run ended: `done` (a final state), `idle` (a person never answered; a waiting state may name
+its own status in `meta.status`, e.g. `checkpointed`, `blocked_ask`), `budget` (model calls
 ran out), `decision-exhausted` (every retry refused and no `onError`), `error` (an actor failed with no
 `onError`), `incomplete` (the thread stops while an actor is owed)."""
 
@@ -253,7 +254,13 @@ def run_status(machine: Machine, snapshot: Snapshot, model_calls: int, stamp: di
             return "decision-exhausted"
         return "error"
     if snapshot.invoke is None:
-        return "idle" if machine.states[snapshot.value].idle else "stuck"
+        state = machine.states[snapshot.value]
+        if not state.idle:
+            return "stuck"
+        # A waiting state may say what kind of wait it is (`meta.status`: the code agent's
+        # `checkpointed`, `blocked_ask`); a plain one is `idle`.
+        declared = state.config.meta.get("status")
+        return declared if isinstance(declared, str) and declared else "idle"
     budget = stamp.get("maxModelCalls")
     if snapshot.invoke.src == "agent.decide" and isinstance(budget, int) and model_calls >= budget:
         return "budget"

@@ -13,7 +13,17 @@ from improve.machine import ExploreOptions, RuleEval
 
 # --- exploration: the world for proofs -------------------------------------------------------------
 
-ACTOR_NAMES = ("repo.open", "repo.run", "memory.edit", "answer.record")
+ACTOR_NAMES = (
+    "repo.open",
+    "repo.run",
+    "memory.edit",
+    "answer.record",
+    "workspace.run",
+    "workspace.edit",
+    "workspace.validate",
+    "workspace.rollback",
+    "checkpoint.save",
+)
 PROBE_ITEM = {"command": "view a", "ok": True, "output": "a (1 lines)\n   1| x", "truncated": False}
 
 
