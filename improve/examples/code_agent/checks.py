@@ -73,7 +73,9 @@ def balanced(text: str) -> str | None:
 
 def check(root: Path) -> list[str]:
     problems: list[str] = []
-    sources = {p.relative_to(root).as_posix(): p.read_text(encoding="utf-8") for p in sorted(root.rglob("*.rs"))}
+    sources = {
+        p.relative_to(root).as_posix(): p.read_text(encoding="utf-8") for p in sorted(root.rglob("*.rs"))
+    }
     enums: dict[str, list[str]] = {}
     structs: dict[str, list[str]] = {}
     for path, text in sources.items():
@@ -99,7 +101,9 @@ def check(root: Path) -> list[str]:
         for match in DEFAULT_IMPL.finditer(text):
             struct, body = match.group(1), match.group(2)
             declared, given = structs.get(struct, []), fields(body)
-            problems += [f"{path}: missing field `{f}` in the default {struct}" for f in declared if f not in given]
+            problems += [
+                f"{path}: missing field `{f}` in the default {struct}" for f in declared if f not in given
+            ]
             problems += [f"{path}: struct `{struct}` has no field `{f}`" for f in given if f not in declared]
         for match in re.finditer(r"#\[derive\(Subcommand\)\]\s*enum\s+(\w+)", text):
             enum = match.group(1)

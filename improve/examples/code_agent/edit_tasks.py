@@ -88,7 +88,11 @@ def complete_edits(task: EditTask, path: str, text: str) -> list[dict[str, str]]
 
 def first_variant_edit(task: EditTask, path: str) -> dict[str, str]:
     """The new variant as the enum's first line."""
-    return {"path": path, "old": f"pub enum {task.enum} {{\n", "new": f"pub enum {task.enum} {{\n    {task.name},\n"}
+    return {
+        "path": path,
+        "old": f"pub enum {task.enum} {{\n",
+        "new": f"pub enum {task.enum} {{\n    {task.name},\n",
+    }
 
 
 def parse_arm_edit(task: EditTask, path: str) -> dict[str, str]:

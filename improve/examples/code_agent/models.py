@@ -307,9 +307,7 @@ _UNKNOWN_VARIANT = re.compile(r"(\S+): no variant `(\w+)` in enum `(\w+)`")
 
 
 def _view_command(request: DecisionRequest, file: str) -> str | None:
-    return next(
-        (c for c in _commands(request) if c == f"view {file}" or c.endswith(f"/{file}")), None
-    )
+    return next((c for c in _commands(request) if c == f"view {file}" or c.endswith(f"/{file}")), None)
 
 
 def _last_validation(request: DecisionRequest) -> dict[str, Any] | None:
@@ -364,7 +362,8 @@ def naive_work(request: DecisionRequest) -> Event | None:
       failed validation as its last output (a VALIDATE), it does fix what the output names.
     - *retrying the same failing command*: it edits from the task's words before looking, so a file
       named without its directory fails; asked, it always retries as it is.
-    - *never asking*: when the task leaves the name open it makes one up, and blocked it gives up.
+    - *never asking*: when the task leaves the name open it concludes there is nothing to do, and
+      blocked it gives up.
     """
     if request.name == "recover":
         return {"type": "RETRY"}
@@ -375,7 +374,7 @@ def naive_work(request: DecisionRequest) -> Event | None:
     if task is None:
         return {"type": "DONE"}
     if task.kind == "add-variant" and not task.name:
-        task = replace(task, name=f"New{task.enum}")
+        return {"type": "DONE", "summary": "the task does not say which variant to add"}
     last = _list(request, "lastOutputs")
     edits = _list(request, "edits")
     found = file_text(read(last, notes), task)

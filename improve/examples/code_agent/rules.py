@@ -25,6 +25,10 @@ ACTOR_NAMES = (
     "checkpoint.save",
 )
 PROBE_ITEM = {"command": "view a", "ok": True, "output": "a (1 lines)\n   1| x", "truncated": False}
+PROBE_EDIT_OK = {"command": "edit a", "ok": True, "output": "edited a", "truncated": False}
+PROBE_EDIT_FAILED = {"command": "edit a", "ok": False, "output": "edit: no such file: a", "truncated": False}
+PROBE_VALID = {"command": "validate", "ok": True, "output": "check passed", "truncated": False}
+PROBE_INVALID = {"command": "validate", "ok": False, "output": "1 problem(s)", "truncated": False}
 
 
 def probe() -> ExploreOptions:
@@ -40,7 +44,13 @@ def probe() -> ExploreOptions:
             "repo.run": [{"result": PROBE_ITEM, "menu": menu}],
             "memory.edit": [{"memory": [], "kept": [], "notes": []}],
             "answer.record": [{"recorded": True, "text": "probe"}],
+            "workspace.run": [{"result": PROBE_ITEM, "menu": menu}],
+            "workspace.edit": [{"result": PROBE_EDIT_OK}, {"result": PROBE_EDIT_FAILED}],
+            "workspace.validate": [{"result": PROBE_VALID}, {"result": PROBE_INVALID}],
+            "workspace.rollback": [{"restored": 0}],
+            "checkpoint.save": [{"checkpoint": {"kind": "progress"}}],
         },
+        payloads={"ANSWER": {"text": ["Cohere"]}, "EDIT": {"new": ["changed"]}},
         errors=set(ACTOR_NAMES),
         max_depth=80,
     )
@@ -51,10 +61,19 @@ PROBE_INPUTS: list[dict[str, Any]] = [
     {"task": "What is the first struct in src/main.rs?", "planner": True},
     {"task": "Which file defines the function `resolve_fuzzy`?", "maxTurns": 3},
     {"task": "How many Lua scripts are in scripts/?", "maxCycles": 2},
+    {
+        "task": "Add a `Cohere` variant to the `Provider` enum in src/llm.rs.",
+        "mode": "edit",
+        "maxTurns": 5,
+        "maxCheckpoints": 1,
+        "resumeBudget": 1,
+        "maxApproaches": 1,
+    },
 ]
 """One input per shape: the defaults (the budget and the cycle limit end together: the fifth evaluator
 turn is the tenth turn), a planner (its turn counts, so the budget ends first), a budget of 3 turns,
-and a cycle limit of 2."""
+a cycle limit of 2, and an edit task with 7 turns (enough to climb the whole escalation ladder: a
+failing edit, three retries, the rollback and the blocked turn, and to checkpoint and resume)."""
 
 # --- rule evals: the guards, on the interpreter ----------------------------------------------------
 

@@ -134,7 +134,11 @@ def workspace_edit(world: World, input: dict[str, Any]) -> dict[str, Any]:
         change = _world(world).shadow.edit(_edits(input), edit)
     except EditRefused as refused:
         return {"result": {"command": command, "ok": False, "output": str(refused), "truncated": False}}
-    shown = [f"edited {edit.path}", *(f"- {t}" for t in change["removed"]), *(f"+ {t}" for t in change["added"])]
+    shown = [
+        f"edited {edit.path}",
+        *(f"- {t}" for t in change["removed"]),
+        *(f"+ {t}" for t in change["added"]),
+    ]
     return {"result": {"command": command, "ok": True, "output": "\n".join(shown), "truncated": False}}
 
 
