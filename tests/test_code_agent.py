@@ -31,13 +31,15 @@ from improve.examples.code_agent.freeform import compare_designs
 from improve.examples.code_agent.freeform import run as freeform_run
 from improve.examples.code_agent.repo import (
     ALLOWED_PROGRAMS,
-    FIXTURE as FIXTURE_DIR,
     MAX_OUTPUT,
     TRUNCATED,
     Repo,
     execute,
     fixture_files,
     opening_menu,
+)
+from improve.examples.code_agent.repo import (
+    FIXTURE as FIXTURE_DIR,
 )
 from improve.examples.code_agent.world import CodeWorld, normalise
 from improve.log.entry import LogEntry

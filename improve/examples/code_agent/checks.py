@@ -65,9 +65,8 @@ def balanced(text: str) -> str | None:
         for char in line:
             if char in "([{":
                 stack.append(char)
-            elif char in PAIRS:
-                if not stack or stack.pop() != PAIRS[char]:
-                    return f"line {number}: unbalanced '{char}'"
+            elif char in PAIRS and (not stack or stack.pop() != PAIRS[char]):
+                return f"line {number}: unbalanced '{char}'"
     return f"unclosed '{stack[-1]}'" if stack else None
 
 
