@@ -604,9 +604,9 @@ INVARIANTS: list[Callable[[Snapshot], bool]] = [
 
 
 def test_the_invariants_are_proven_with_a_complete_search() -> None:
-    assert ENV.probe is not None and len(ENV.probe_inputs) == 4
+    assert ENV.probe is not None and len(ENV.probe_inputs) == 5
     reached: set[str] = set()
-    for inp in ENV.probe_inputs:
+    for inp in ENV.probe_inputs[:4]:  # the questions; the edit task's proofs are below
         for sentinel in ENV.config.sentinels():
             result = can_reach(ENV.machine, sentinel, inp, ENV.probe)
             assert not result.reachable and result.complete and result.states > 50, (sentinel, inp)
@@ -614,7 +614,7 @@ def test_the_invariants_are_proven_with_a_complete_search() -> None:
             result = explore_paths(ENV.machine, inp, ENV.probe, target=invariant)
             assert not result.reachable and result.complete, (invariant.__name__, inp, result.witness)
         reached |= set(explore_paths(ENV.machine, inp, ENV.probe).terminals)
-    assert set(ENV.config.sentinels()) == {"concludedOutsideEvaluator", "overBudget"}
+    assert set(ENV.config.sentinels()) == {"concludedOutsideEvaluator", "overBudget", "retriedPastLimit"}
     assert reached == {"answered", "exhausted", "unanswered", "failed"}
 
 
@@ -626,7 +626,7 @@ def loosened(change: Callable[[MachineConfig], None]) -> Machine:
 
 def test_loosened_guards_make_the_invariants_reachable() -> None:
     assert ENV.probe is not None
-    default, planner, _small, low_cycles = ENV.probe_inputs
+    default, planner, _small, low_cycles, _edit = ENV.probe_inputs
 
     def off_by_one_budget(config: MachineConfig) -> None:
         for name in ("starting", "toExplorer", "toEvaluator", "toForcing"):
@@ -714,7 +714,7 @@ def test_describe_works_on_the_machine() -> None:
     explored = CliRunner().invoke(app, ["explore", "--env", "code-agent", "--json"])
     assert explored.exit_code == 0, explored.output
     rows = json.loads(explored.stdout)["results"]
-    assert len(rows) == 2 * len(ENV.probe_inputs) and all(r["proof"] for r in rows)
+    assert len(rows) == 3 * len(ENV.probe_inputs) and all(r["proof"] for r in rows)
 
 
 # --- freeform vs machine -----------------------------------------------------------------------------
