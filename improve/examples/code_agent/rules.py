@@ -217,3 +217,123 @@ RULE_EVALS = [
         "recording",
     ),
 ]
+
+# --- rule evals: the edit task's worker, validation and escalation ladder ----------------------------
+
+_EDIT_TASK = {"mode": "edit", "task": "Add a `Cohere` variant to the `Provider` enum in src/llm.rs."}
+_EDIT = {
+    "type": "EDIT",
+    "path": "llm.rs",
+    "old": "pub enum Provider {\n",
+    "new": "pub enum Provider {\n    Cohere,\n",
+}
+
+
+def _edited(ok: bool) -> dict[str, Any]:
+    result = {"command": "edit llm.rs", "ok": ok, "output": "edited" if ok else "edit: no such file: llm.rs"}
+    return {"type": "xstate.done.actor", "actorId": "editing", "output": {"result": result}}
+
+
+def _validated(actor: str, ok: bool) -> dict[str, Any]:
+    result = {"command": "validate", "ok": ok, "output": "check passed" if ok else "1 problem(s)"}
+    return {"type": "xstate.done.actor", "actorId": actor, "output": {"result": result}}
+
+
+_FAILED_EDIT = [_EDIT, _edited(False)]
+_RETRIED = [{"type": "RETRY"}, _edited(False)]
+_ROLLED_BACK = {"type": "xstate.done.actor", "actorId": "rollingBack", "output": {"restored": 0}}
+_LADDER_TOP = [_OPENED, *_FAILED_EDIT, *_RETRIED, *_RETRIED, *_RETRIED, _ROLLED_BACK]
+
+RULE_EVALS += [
+    RuleEval(
+        "an edit task goes to the worker, who may edit, validate only after a change, and checkpoint",
+        ("starting", "working"),
+        _EDIT_TASK,
+        [_OPENED],
+        "working",
+        accepts=[_EDIT, {"type": "DONE"}, {"type": "CHECKPOINT", "kind": "progress"}, {"type": "ASK"}],
+        refuses=[
+            {"type": "VALIDATE"},
+            {"type": "KEEP"},
+            {"type": "EDIT", "path": "src/llm.rs", "old": "x", "new": "x"},
+            {"type": "NOTE", "text": ""},
+        ],
+    ),
+    RuleEval(
+        "a failed edit is shown and may be retried; a successful one goes back to work, validate offered",
+        ("acted", "recovering", "retrying"),
+        _EDIT_TASK,
+        [_OPENED, *_FAILED_EDIT, *_RETRIED, {"type": "RETRY"}, _edited(True)],
+        "working",
+        accepts=[{"type": "VALIDATE"}],
+    ),
+    RuleEval(
+        "the fourth failure of one command rolls the workspace back: no fourth retry",
+        ("acted", "recovering"),
+        _EDIT_TASK,
+        [_OPENED, *_FAILED_EDIT, *_RETRIED, *_RETRIED, *_RETRIED],
+        "rollingBack",
+    ),
+    RuleEval(
+        "after the rollback: ask, a new approach or BLOCKED; the edit that kept failing is banned",
+        ("toBlocked", "blocked", "working"),
+        _EDIT_TASK,
+        [*_LADDER_TOP, {"type": "REPLAN", "text": "look first"}],
+        "working",
+        accepts=[{"type": "RUN", "command": "view src/llm.rs"}],
+        refuses=[_EDIT],
+    ),
+    RuleEval(
+        "new approaches are capped",
+        ("blocked",),
+        {**_EDIT_TASK, "maxApproaches": 0, "maxTurns": 20},
+        _LADDER_TOP,
+        "blocked",
+        accepts=[{"type": "BLOCKED", "reason": "stuck"}, {"type": "ASK", "question": "?"}],
+        refuses=[{"type": "REPLAN"}, {"type": "RETRY"}],
+    ),
+    RuleEval(
+        "DONE is validated; a failure goes back to work with the copy reset",
+        ("finishing", "submitting", "validationFailed"),
+        _EDIT_TASK,
+        [_OPENED, {"type": "DONE"}, _validated("submitting", False)],
+        "working",
+        refuses=[{"type": "VALIDATE"}],
+    ),
+    RuleEval(
+        "the validation retry limit ends the run rejected",
+        ("submitting", "validationFailed"),
+        {**_EDIT_TASK, "maxValidations": 1},
+        [_OPENED, {"type": "DONE"}, _validated("submitting", False)],
+        "rejected",
+    ),
+    RuleEval(
+        "a validated DONE completes",
+        ("finishing", "submitting"),
+        _EDIT_TASK,
+        [_OPENED, {"type": "DONE"}, _validated("submitting", True)],
+        "completed",
+    ),
+    RuleEval(
+        "ask waits for an answer that says something",
+        ("asking",),
+        _EDIT_TASK,
+        [_OPENED, {"type": "ASK", "question": "Which provider?"}],
+        "asking",
+        accepts=[{"type": "ANSWER", "text": "Cohere"}],
+        refuses=[{"type": "ANSWER", "text": ""}, {"type": "ANSWER"}, {"type": "RESUME"}],
+    ),
+    RuleEval(
+        "a checkpoint waits for RESUME; checkpoints are capped",
+        ("checkpointed", "working"),
+        {**_EDIT_TASK, "maxCheckpoints": 1},
+        [
+            _OPENED,
+            {"type": "CHECKPOINT", "kind": "progress"},
+            {"type": "xstate.done.actor", "actorId": "checkpointing", "output": {"checkpoint": {}}},
+            {"type": "RESUME"},
+        ],
+        "working",
+        refuses=[{"type": "CHECKPOINT", "kind": "questions"}],
+    ),
+]
