@@ -111,6 +111,9 @@ class Environment:
     --from-thread`): given the thread's input, tool calls (tool, input, output or error, effects) and
     people's answers, the fixture `make_world` needs so that every tool answers as it did. Without
     it, a thread cannot become a scenario: a world is never guessed."""
+    resume_budget: int | None = None
+    """The fresh turn budget a checkpointed run gets when it is resumed (None: the machine's own); the
+    resume sends it as the `RESUME` event's `budget`."""
     home: Path | None = None
     """The folder the environment ships in, when it carries its own `scenarios.yaml` and `policies/`
     (the bundled desks do): `improve init --from NAME` writes them out into a workspace."""
