@@ -448,7 +448,15 @@ def test_the_planner_sees_only_the_task_and_the_explorer_sees_its_plan() -> None
 
 def test_every_decision_offers_the_same_numeric_counters() -> None:
     words = vocabulary(ENV)
-    assert [d.name for d in words.decisions] == ["plan", "explore", "evaluate", "conclude"]
+    assert [d.name for d in words.decisions] == [
+        "plan",
+        "explore",
+        "evaluate",
+        "conclude",
+        "work",
+        "recover",
+        "blocked",
+    ]
     for decision in words.decisions:
         numeric = {p.removeprefix("facts.") for p, kind in decision.facts.items() if kind == "int"}
         assert numeric == set(COUNTERS), decision.name
@@ -705,7 +713,7 @@ def test_describe_works_on_the_machine() -> None:
     mermaid = describe_mermaid(ENV.config)
     assert (
         mermaid.startswith("stateDiagram-v2")
-        and "class concludedOutsideEvaluator,overBudget sentinel" in mermaid
+        and "class retriedPastLimit,concludedOutsideEvaluator,overBudget sentinel" in mermaid
     )
     assert to_xstate(ENV.config)["id"] == "code-agent"
     for fmt in ("text", "mermaid", "xstate"):
