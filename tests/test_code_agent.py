@@ -1088,3 +1088,42 @@ def test_a_round_promotes_a_fix_for_the_naive_edit_mistakes(tmp_path: Path, no_t
     rule = candidate["states"][candidate["initial"]]["choice"][0]
     # The fix validates before concluding: the answer the failed runs lacked.
     assert candidate["states"][rule["target"]]["output"] == {"type": "'VALIDATE'"}, (result.cluster, rule)
+
+
+def test_a_checkpointed_thread_is_resumable_in_the_warehouse(tmp_path: Path) -> None:
+    from improve.log.store import JsonlDirStore
+
+    ws = scratch(tmp_path, git_repo=False, mode="edit")
+    store = JsonlDirStore(ws / "traces")
+    task = {"mode": "edit", "task": "Add a `Cohere` variant to the `Provider` enum in src/llm.rs."}
+    script = Script(
+        [
+            {"type": "RUN", "command": "view src/llm.rs"},
+            {"type": "KEEP"},
+            {"type": "CHECKPOINT", "kind": "questions"},
+        ]
+    )
+    thread = "train:v0:script:add-provider-01:r1"
+    result = run(ENV, input=task, world=CodeWorld(), people={}, decider=script, store=store, thread_id=thread)
+    assert result.status == "checkpointed"
+    runner = CliRunner()
+    ingested = runner.invoke(app, ["ingest", "-w", str(ws), str(ws / "traces"), "--no-outcomes", "--json"])
+    assert ingested.exit_code == 0, ingested.output
+    query = "SELECT thread_id, agent, has_memory, has_notes, has_plan, has_state, missing, resumable FROM checkpoints_resumable"
+    answered = runner.invoke(app, ["sql", "-w", str(ws), query, "--format", "json"])
+    assert answered.exit_code == 0, answered.output
+    rows = json.loads(answered.stdout)
+    assert rows == [
+        {
+            "thread_id": thread,
+            "agent": "code-agent",
+            "has_memory": True,
+            "has_notes": True,
+            "has_plan": True,
+            "has_state": True,
+            "missing": [],
+            "resumable": True,
+        }
+    ]
+    ended = runner.invoke(app, ["sql", "-w", str(ws), "SELECT end_status FROM threads", "--format", "json"])
+    assert json.loads(ended.stdout) == [{"end_status": "checkpointed"}]
