@@ -436,7 +436,7 @@ def test_the_planner_sees_only_the_task_and_the_explorer_sees_its_plan() -> None
     recorder = Recorder(decider)
     result, entries = go({**scenario.input, "planner": True}, recorder)
     plan, explore = recorder.requests[0], recorder.requests[1]
-    assert plan.name == "plan" and set(plan.facts) == {"task", *COUNTERS}
+    assert plan.name == "plan" and set(plan.facts) == {"task", "mode", *COUNTERS}
     assert explore.facts["plan"].startswith("1. View src/llm.rs") and explore.facts["turnsUsed"] == 1
     assert passed(scenario, entries) and result.snapshot.context["turns"] == 3
     # A planner does not cure the naive model: it is done on its first explorer turn all the same.
@@ -898,13 +898,13 @@ def test_edit_tasks_are_labelled_in_both_splits_and_score_the_diff() -> None:
         assert result.final_state == "completed" and result.effects == scenario.expected.effects
     # The shadow copy is a temporary directory: the package's fixture files never change.
     assert {p: (FIXTURE_DIR / p).read_text(encoding="utf-8") for p in before} == before
-    # The claim is not the score: DONE with no edit completes (the check passes) with no diff, and fails.
+    # The claim is not the score: SUBMIT with no edit completes (the check passes) with no diff, and fails.
     scenario = BY_ID["add-format-01"]
-    result, entries = go(scenario.input, Script([{"type": "DONE", "summary": "added Yaml"}]))
+    result, entries = go(scenario.input, Script([{"type": "SUBMIT", "summary": "added Yaml"}]))
     assert result.final_state == "completed" and result.effects == [] and not passed(scenario, entries)
     # A wrong edit that passes the check is scored wrong too: the diff is not the label's.
     wrong = {"type": "EDIT", "path": "src/config.rs", "old": "    Json,\n", "new": "    Json,\n    Yml,\n"}
-    result, entries = go(scenario.input, Script([wrong, {"type": "DONE"}]))
+    result, entries = go(scenario.input, Script([wrong, {"type": "SUBMIT"}]))
     assert result.effects == [
         {"kind": "diff", "path": "src/config.rs", "added": ["Yml,"], "removed": []}
     ] and not passed(scenario, entries)
@@ -914,7 +914,7 @@ def test_a_failed_validation_resets_the_shadow_and_is_put_in_memory_up_to_the_li
     scenario = BY_ID["add-provider-01"]
     result, entries = with_model(scenario, "naive")
     assert result.final_state == "rejected" and result.effects == []
-    assert [e.type for e in decisions(entries)] == ["EDIT", "DONE", "EDIT", "DONE"]
+    assert [e.type for e in decisions(entries)] == ["EDIT", "SUBMIT", "EDIT", "SUBMIT"]
     ctx = result.snapshot.context
     assert ctx["validations"] == ctx["maxValidations"] == 2 and ctx["edits"] == []
     failures = [m for m in ctx["memory"] if m["command"] == "validate"]
@@ -965,7 +965,7 @@ def test_the_ladder_retries_rolls_back_then_offers_ask_replan_or_blocked() -> No
             {"type": "RETRY"},
             {"type": "RETRY"},
             bad,
-            {"type": "DONE"},
+            {"type": "SUBMIT"},
         ]
     )
     result, entries = go(task, script)
@@ -984,7 +984,7 @@ def test_the_ladder_retries_rolls_back_then_offers_ask_replan_or_blocked() -> No
             *[{"type": "RETRY"}] * 3,
             {"type": "REPLAN", "text": "look first"},
             bad,
-            {"type": "RUN", "command": "view src/llm.rs"},
+            {"type": "READ", "command": "view src/llm.rs"},
         ]
     )
     result, entries = go(task, script)
@@ -1043,24 +1043,24 @@ def test_checkpoint_and_ask_end_the_run_waiting_with_what_a_resume_needs() -> No
     script = Script(
         [
             {"type": "PLAN", "text": "1. view 2. edit 3. validate"},
-            {"type": "RUN", "command": "view src/llm.rs"},
-            {"type": "KEEP"},
-            {"type": "NOTE", "text": "parse_provider lists every variant"},
+            {"type": "READ", "command": "view src/llm.rs"},
+            {"type": "PIN"},
+            {"type": "ASK", "question": "Which provider?"},
             {"type": "CHECKPOINT", "kind": "progress"},
         ]
     )
-    result, entries = go(task, script)
+    result, entries = go(task, script, people={"asking": [{"type": "ANSWER", "text": "Cohere"}]})
     assert result.status == "checkpointed" and result.final_state == "checkpointed"
     saved = [e for e in entries if e.type == "xstate.done.actor" and "checkpoint" in e.event["output"]]
     checkpoint = saved[0].event["output"]["checkpoint"]
     assert checkpoint["plan"] == "1. view 2. edit 3. validate" and checkpoint["kind"] == "progress"
-    assert checkpoint["notes"] == ["parse_provider lists every variant"]
+    assert checkpoint["notes"] == ["asked: Which provider? answer: Cohere"]
     assert [m["command"] for m in checkpoint["memory"]] == ["view src/llm.rs"]
     assert checkpoint["state"]["turns"] == 5 and checkpoint["state"]["edits"] == []
     replayed = replay(ENV.machine, entries, verify=True, thread_id="test:v0:code:r1")
     assert replayed.verification == "verified" and replayed.status == "checkpointed"
     # Resumed (scripted here) with a fresh budget of resumeBudget turns from where it stopped.
-    script = Script([{"type": "CHECKPOINT", "kind": "questions"}, {"type": "DONE"}])
+    script = Script([{"type": "CHECKPOINT", "kind": "questions"}, {"type": "SUBMIT"}])
     result, _ = go(task | {"planner": False}, script, people={"checkpointed": [{"type": "RESUME"}]})
     assert result.final_state == "completed" and result.snapshot.context["maxTurns"] == 1 + 10
     # ask q ends blocked_ask with the question; the person's answer lands in the notes.
@@ -1098,8 +1098,8 @@ def test_a_checkpointed_thread_is_resumable_in_the_warehouse(tmp_path: Path) -> 
     task = {"mode": "edit", "task": "Add a `Cohere` variant to the `Provider` enum in src/llm.rs."}
     script = Script(
         [
-            {"type": "RUN", "command": "view src/llm.rs"},
-            {"type": "KEEP"},
+            {"type": "READ", "command": "view src/llm.rs"},
+            {"type": "PIN"},
             {"type": "CHECKPOINT", "kind": "questions"},
         ]
     )

@@ -37,13 +37,17 @@ Guards (CEL in machine.json; every one covered by a rule eval in rules.py):
 Edit tasks (`input.mode: edit`, with `input.validate` naming a validation command of shadow.py's
 allowlist) skip the explorer/evaluator for one worker (`working`, decision `work`):
 
-    work      RUN{command} | EDIT{path, old, new} | VALIDATE | DONE{summary} | KEEP | NOTE{text}
-              | ASK{question} | CHECKPOINT{kind: progress|questions}
-    recover   RETRY | CONTINUE                    (rung 1 of the escalation ladder)
+    work      READ{command} | EDIT{path, old, new} | VALIDATE | SUBMIT{summary} | PIN | ASK{question}
+              | CHECKPOINT{kind: progress|questions}
+    recover   RETRY | MOVE_ON                     (rung 1 of the escalation ladder)
     blocked   ASK{question} | REPLAN{text} | BLOCKED{reason}   (rung 3)
 
+The worker's events are its own, not the explorer's (`READ` runs the same commands as `RUN`, on the
+shadow copy; `SUBMIT` is its "done"; `PIN` its "keep"), so a policy rule learned for one role, which
+reads the same facts and checks that its answer is offered, never answers the other role's decision.
+
 - *validated edits*: EDIT writes the run's shadow copy (a temporary directory, never the fixture);
-  DONE runs the validation command in it: a pass records the diff (`{kind: diff, path, added,
+  SUBMIT (done) runs the validation command in it: a pass records the diff (`{kind: diff, path, added,
   removed}`, the effect scored), a failure resets the copy, puts "validation failed: <output>" into
   the working memory and goes back to work, up to `maxValidations` (default 2; then `rejected`);
 - *the escalation ladder*: a command or edit that fails is shown with its error and may be retried
@@ -71,7 +75,7 @@ from improve.examples.code_agent.models import careful, naive, sloppy
 from improve.examples.code_agent.rules import PROBE_INPUTS, RULE_EVALS, probe
 from improve.examples.code_agent.world import ACTORS, CodeWorld
 from improve.machine import parse_machine
-from improve.runtime import Environment, load_json, stand_in
+from improve.runtime import Environment, FactType, load_json, stand_in
 
 HERE = Path(__file__).parent
 DEFAULT_MAX_TURNS = 10
@@ -110,11 +114,13 @@ COUNTERS = (
 it answers, and the gates can type-check it against each): turns used and left, turns per role,
 evaluator cycles left, commands run, outputs seen (successful) and failed, outputs pending, items in
 the working memory, notes, how many times in a row the last command ran, and 1 in a forced
-conclusion; for edit tasks, edits made and not yet validated, failed validations on DONE, failures of
+conclusion; for edit tasks, edits made and not yet validated, failed validations on SUBMIT, failures of
 the last command in a row, retries and new approaches left, questions asked and checkpoints saved."""
 
-_COUNTER_TYPES = dict.fromkeys(COUNTERS, "int")
-FACT_TYPES: dict[str, dict[str, str]] = {
+MODES = ("answer", "edit")
+"""What the task asks for: an answer to a question, or a change to the repository (`input.mode`)."""
+_COUNTER_TYPES: dict[str, FactType] = {"mode": MODES, **dict.fromkeys(COUNTERS, "int")}
+FACT_TYPES: dict[str, dict[str, FactType]] = {
     "plan": {"task": "string", **_COUNTER_TYPES},
     "explore": {
         "task": "string",
@@ -138,7 +144,7 @@ FACT_TYPES: dict[str, dict[str, str]] = {
         **_COUNTER_TYPES,
     },
 }
-_LADDER_FACTS = {
+_LADDER_FACTS: dict[str, FactType] = {
     "task": "string",
     "notes": "any",
     "memory": "any",

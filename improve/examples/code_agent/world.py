@@ -7,7 +7,7 @@ compared exactly with the label: a wrong answer fails, a right one passes; concl
 right. Ground truth is the repository, never a model's claim.
 
 An edit task works in the world's shadow copy (shadow.py): `workspace.run` reads it, `workspace.edit`
-writes it, `workspace.validate` runs the validation command in it and, on DONE, records the diff as
+writes it, `workspace.validate` runs the validation command in it and, on SUBMIT, records the diff as
 the effects scored (`{kind: diff, path, added, removed}`), `workspace.rollback` returns it to the
 last snapshot. `checkpoint.save` returns the checkpoint, which the journal keeps as its output.
 
@@ -143,7 +143,7 @@ def workspace_edit(world: World, input: dict[str, Any]) -> dict[str, Any]:
 
 
 def workspace_validate(world: World, input: dict[str, Any]) -> dict[str, Any]:
-    """Run the validation command in the shadow copy. On DONE (`final`): a pass records the diff, the
+    """Run the validation command in the shadow copy. On SUBMIT (`final`): a pass records the diff, the
     ground truth scored; a failure resets the copy to the repository."""
     code_world = _world(world)
     shadow = code_world.shadow
