@@ -1010,7 +1010,15 @@ def test_exploration_proves_the_ladder_ends_and_a_broken_copy_is_reported() -> N
         bound = EDIT_PROBE["maxTurns"] + ctx["maxCheckpoints"] * ctx["resumeBudget"]
         return bool(ctx["turns"] > bound or ctx["checkpoints"] > ctx["maxCheckpoints"])
 
-    for invariant in (retried_past_the_limit, over_the_resumed_budget):
+    def past_the_other_limits(s: Snapshot) -> bool:
+        ctx = s.context
+        return bool(
+            ctx["approaches"] > ctx["maxApproaches"]
+            or ctx["validations"] > ctx["maxValidations"]
+            or any(ctx["banned"].count(c) > 1 for c in ctx["banned"])
+        )
+
+    for invariant in (retried_past_the_limit, over_the_resumed_budget, past_the_other_limits):
         proof = explore_paths(ENV.machine, EDIT_PROBE, ENV.probe, target=invariant)
         assert not proof.reachable and proof.complete, invariant.__name__
     sentinel = can_reach(ENV.machine, "retriedPastLimit", EDIT_PROBE, ENV.probe)
