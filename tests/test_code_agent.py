@@ -11,6 +11,7 @@ from typing import Any
 
 import git
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from improve.cli.main import app
@@ -37,6 +38,9 @@ from improve.examples.code_agent.repo import (
     fixture_files,
     opening_menu,
 )
+from improve.examples.code_agent.repo import (
+    FIXTURE as FIXTURE_DIR,
+)
 from improve.examples.code_agent.world import CodeWorld, normalise
 from improve.log.entry import LogEntry
 from improve.log.replay import replay
@@ -58,8 +62,12 @@ from tests.conftest import REPO
 
 ENV = environment()
 SCENARIO_FILE = REPO / "scenarios" / "code-agent.yaml"
-SCENARIOS = load_scenarios(SCENARIO_FILE).scenarios
-BY_ID = {s.id: s for s in SCENARIOS}
+ALL_SCENARIOS = load_scenarios(SCENARIO_FILE).scenarios
+SCENARIOS = [s for s in ALL_SCENARIOS if s.input.get("mode") != "edit"]
+"""The questions (the explorer/evaluator loop)."""
+EDIT_SCENARIOS = [s for s in ALL_SCENARIOS if s.input.get("mode") == "edit"]
+"""The edit tasks (the worker, the shadow copy, validation, the escalation ladder)."""
+BY_ID = {s.id: s for s in ALL_SCENARIOS}
 V0 = load_policy(REPO / "policies" / "code-agent" / "v0.json")
 REPO_FILES = Repo(fixture_files())
 LOOKUPS = ("enum-count", "first-struct", "default-setting")
@@ -112,13 +120,14 @@ def go(
     input: dict[str, Any],
     decider: Any,
     world: dict[str, Any] | None = None,
+    people: dict[str, list[dict[str, Any]]] | None = None,
 ) -> tuple[RunResult, list[LogEntry]]:
     store = MemoryStore()
     result = run(
         ENV,
         input=input,
         world=CodeWorld(world or {}),
-        people={},
+        people=people or {},
         decider=decider,
         store=store,
         thread_id="test:v0:code:r1",
@@ -135,7 +144,8 @@ def with_model(
 ) -> tuple[RunResult, list[LogEntry]]:
     sc = BY_ID[scenario] if isinstance(scenario, str) else scenario
     decider = PolicyDecider(compile_policy(policy), {"decider": ENV.models[model](f"{sc.id}:r1")})
-    return go({**sc.input, **(input or {})}, decider, world if world is not None else sc.world)
+    world = world if world is not None else sc.world
+    return go({**sc.input, **(input or {})}, decider, world, {k: list(v) for k, v in sc.people.items()})
 
 
 def decisions(entries: list[LogEntry]) -> list[LogEntry]:
@@ -426,7 +436,7 @@ def test_the_planner_sees_only_the_task_and_the_explorer_sees_its_plan() -> None
     recorder = Recorder(decider)
     result, entries = go({**scenario.input, "planner": True}, recorder)
     plan, explore = recorder.requests[0], recorder.requests[1]
-    assert plan.name == "plan" and set(plan.facts) == {"task", *COUNTERS}
+    assert plan.name == "plan" and set(plan.facts) == {"task", "mode", *COUNTERS}
     assert explore.facts["plan"].startswith("1. View src/llm.rs") and explore.facts["turnsUsed"] == 1
     assert passed(scenario, entries) and result.snapshot.context["turns"] == 3
     # A planner does not cure the naive model: it is done on its first explorer turn all the same.
@@ -438,7 +448,15 @@ def test_the_planner_sees_only_the_task_and_the_explorer_sees_its_plan() -> None
 
 def test_every_decision_offers_the_same_numeric_counters() -> None:
     words = vocabulary(ENV)
-    assert [d.name for d in words.decisions] == ["plan", "explore", "evaluate", "conclude"]
+    assert [d.name for d in words.decisions] == [
+        "plan",
+        "explore",
+        "evaluate",
+        "conclude",
+        "work",
+        "recover",
+        "blocked",
+    ]
     for decision in words.decisions:
         numeric = {p.removeprefix("facts.") for p, kind in decision.facts.items() if kind == "int"}
         assert numeric == set(COUNTERS), decision.name
@@ -594,9 +612,9 @@ INVARIANTS: list[Callable[[Snapshot], bool]] = [
 
 
 def test_the_invariants_are_proven_with_a_complete_search() -> None:
-    assert ENV.probe is not None and len(ENV.probe_inputs) == 4
+    assert ENV.probe is not None and len(ENV.probe_inputs) == 5
     reached: set[str] = set()
-    for inp in ENV.probe_inputs:
+    for inp in ENV.probe_inputs[:4]:  # the questions; the edit task's proofs are below
         for sentinel in ENV.config.sentinels():
             result = can_reach(ENV.machine, sentinel, inp, ENV.probe)
             assert not result.reachable and result.complete and result.states > 50, (sentinel, inp)
@@ -604,7 +622,7 @@ def test_the_invariants_are_proven_with_a_complete_search() -> None:
             result = explore_paths(ENV.machine, inp, ENV.probe, target=invariant)
             assert not result.reachable and result.complete, (invariant.__name__, inp, result.witness)
         reached |= set(explore_paths(ENV.machine, inp, ENV.probe).terminals)
-    assert set(ENV.config.sentinels()) == {"concludedOutsideEvaluator", "overBudget"}
+    assert set(ENV.config.sentinels()) == {"concludedOutsideEvaluator", "overBudget", "retriedPastLimit"}
     assert reached == {"answered", "exhausted", "unanswered", "failed"}
 
 
@@ -616,7 +634,7 @@ def loosened(change: Callable[[MachineConfig], None]) -> Machine:
 
 def test_loosened_guards_make_the_invariants_reachable() -> None:
     assert ENV.probe is not None
-    default, planner, _small, low_cycles = ENV.probe_inputs
+    default, planner, _small, low_cycles, _edit = ENV.probe_inputs
 
     def off_by_one_budget(config: MachineConfig) -> None:
         for name in ("starting", "toExplorer", "toEvaluator", "toForcing"):
@@ -695,7 +713,7 @@ def test_describe_works_on_the_machine() -> None:
     mermaid = describe_mermaid(ENV.config)
     assert (
         mermaid.startswith("stateDiagram-v2")
-        and "class concludedOutsideEvaluator,overBudget sentinel" in mermaid
+        and "class retriedPastLimit,concludedOutsideEvaluator,overBudget sentinel" in mermaid
     )
     assert to_xstate(ENV.config)["id"] == "code-agent"
     for fmt in ("text", "mermaid", "xstate"):
@@ -704,7 +722,7 @@ def test_describe_works_on_the_machine() -> None:
     explored = CliRunner().invoke(app, ["explore", "--env", "code-agent", "--json"])
     assert explored.exit_code == 0, explored.output
     rows = json.loads(explored.stdout)["results"]
-    assert len(rows) == 2 * len(ENV.probe_inputs) and all(r["proof"] for r in rows)
+    assert len(rows) == 3 * len(ENV.probe_inputs) and all(r["proof"] for r in rows)
 
 
 # --- freeform vs machine -----------------------------------------------------------------------------
@@ -800,9 +818,12 @@ def test_parity_compare_runs_the_freeform_runner_from_the_cli(tmp_path: Path) ->
 # --- the improvement round ---------------------------------------------------------------------------
 
 
-def scratch(tmp_path: Path, git_repo: bool = True) -> Path:
+def scratch(tmp_path: Path, git_repo: bool = True, mode: str = "answer") -> Path:
+    """A workspace for the code agent holding the scenarios of one mode: questions or edit tasks."""
     (tmp_path / "scenarios").mkdir(parents=True)
-    shutil.copy(SCENARIO_FILE, tmp_path / "scenarios" / "code-agent.yaml")
+    doc = yaml.safe_load(SCENARIO_FILE.read_text())
+    doc["scenarios"] = [s for s in doc["scenarios"] if s["input"].get("mode", "answer") == mode]
+    (tmp_path / "scenarios" / "code-agent.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
     shutil.copytree(REPO / "policies" / "code-agent", tmp_path / "policies" / "code-agent")
     (tmp_path / "improve.toml").write_text(
         '[workspace]\nenvironment = "code-agent"\n\n[environments."code-agent"]\n'
@@ -844,3 +865,273 @@ def test_a_round_promotes_a_fix_for_the_naive_premature_answers(tmp_path: Path, 
     changed = repo.git.diff("--name-only", "main", "improve/code-agent-v1").split()
     assert changed == ["policies/code-agent/CHANGELOG.md", "policies/code-agent/v1.json"]
     assert not (root / "policies" / "code-agent" / "v1.json").exists()
+
+
+# --- edit tasks: validated edits, the escalation ladder, checkpoints and ask --------------------------
+
+EDIT_PROBE = ENV.probe_inputs[-1]
+NAIVE_EDIT_FAILURES = {
+    "add-provider-01": "rejected",
+    "add-provider-02": "rejected",
+    "add-provider-03": "rejected",
+    "add-provider-04": "rejected",
+    "remove-provider-01": "rejected",
+    "remove-provider-02": "rejected",
+    "bare-path-01": "blockedEnd",
+    "bare-path-02": "blockedEnd",
+    "ask-provider-01": "completed",
+    "ask-provider-02": "completed",
+}
+
+
+def test_edit_tasks_are_labelled_in_both_splits_and_score_the_diff() -> None:
+    assert len(EDIT_SCENARIOS) >= 6
+    for split in ("train", "held-out"):
+        assert {s.category for s in EDIT_SCENARIOS if s.split == split} == {
+            s.category for s in EDIT_SCENARIOS
+        }
+    assert all(e["kind"] == "diff" for s in EDIT_SCENARIOS for e in s.expected.effects or [])
+    before = dict(fixture_files())
+    for scenario in EDIT_SCENARIOS:
+        result, entries = with_model(scenario, "careful")
+        assert passed(scenario, entries), (scenario.id, result.final_state, result.effects)
+        assert result.final_state == "completed" and result.effects == scenario.expected.effects
+    # The shadow copy is a temporary directory: the package's fixture files never change.
+    assert {p: (FIXTURE_DIR / p).read_text(encoding="utf-8") for p in before} == before
+    # The claim is not the score: SUBMIT with no edit completes (the check passes) with no diff, and fails.
+    scenario = BY_ID["add-format-01"]
+    result, entries = go(scenario.input, Script([{"type": "SUBMIT", "summary": "added Yaml"}]))
+    assert result.final_state == "completed" and result.effects == [] and not passed(scenario, entries)
+    # A wrong edit that passes the check is scored wrong too: the diff is not the label's.
+    wrong = {"type": "EDIT", "path": "src/config.rs", "old": "    Json,\n", "new": "    Json,\n    Yml,\n"}
+    result, entries = go(scenario.input, Script([wrong, {"type": "SUBMIT"}]))
+    assert result.effects == [
+        {"kind": "diff", "path": "src/config.rs", "added": ["Yml,"], "removed": []}
+    ] and not passed(scenario, entries)
+
+
+def test_a_failed_validation_resets_the_shadow_and_is_put_in_memory_up_to_the_limit() -> None:
+    scenario = BY_ID["add-provider-01"]
+    result, entries = with_model(scenario, "naive")
+    assert result.final_state == "rejected" and result.effects == []
+    assert [e.type for e in decisions(entries)] == ["EDIT", "SUBMIT", "EDIT", "SUBMIT"]
+    ctx = result.snapshot.context
+    assert ctx["validations"] == ctx["maxValidations"] == 2 and ctx["edits"] == []
+    failures = [m for m in ctx["memory"] if m["command"] == "validate"]
+    assert len(failures) == 2 and all(m["output"].startswith("validation failed: ") for m in failures)
+    assert "parse_provider does not handle `Provider::Cohere`" in failures[0]["output"]
+    # The validation ran in the shadow copy: the check's own output, through a real process.
+    checks = [
+        e
+        for e in entries
+        if e.type == "xstate.done.actor" and e.event["output"].get("result", {}).get("command") == "validate"
+    ]
+    assert len(checks) == 2 and not checks[0].event["output"]["result"]["ok"]
+
+
+@pytest.mark.parametrize("scenario", [s for s in EDIT_SCENARIOS], ids=lambda s: s.id)
+def test_the_naive_edit_mistakes_show_where_documented(scenario: Scenario) -> None:
+    result, entries = with_model(scenario, "naive")
+    expected = NAIVE_EDIT_FAILURES.get(scenario.id)
+    assert passed(scenario, entries) == (expected is None), (scenario.id, result.final_state)
+    if expected:
+        assert result.final_state == expected
+    types = [e.type for e in decisions(entries)]
+    assert "VALIDATE" not in types and "ASK" not in types  # it never validates, and never asks
+    if scenario.category == "bare-path":
+        # Retrying the same failing edit: three retries, the rollback, then it gives up.
+        assert types == ["EDIT", "RETRY", "RETRY", "RETRY", "BLOCKED"]
+        assert any(e.type == "xstate.done.actor" and "restored" in e.event["output"] for e in entries)
+        assert result.snapshot.context["banned"] == ["edit llm.rs: pub enum Provider {\n"]
+
+
+def test_the_ladder_retries_rolls_back_then_offers_ask_replan_or_blocked() -> None:
+    task = {
+        "mode": "edit",
+        "task": "Add a `Cohere` variant to the `Provider` enum in llm.rs.",
+        "maxTurns": 20,
+    }
+    bad = {
+        "type": "EDIT",
+        "path": "llm.rs",
+        "old": "pub enum Provider {\n",
+        "new": "pub enum Provider {\n    Cohere,\n",
+    }
+    script = Script(
+        [
+            bad,
+            {"type": "RETRY"},
+            {"type": "RETRY"},
+            {"type": "RETRY"},
+            {"type": "RETRY"},
+            bad,
+            {"type": "SUBMIT"},
+        ]
+    )
+    result, entries = go(task, script)
+    names = [r.name for r in script.requests]
+    # Three retries with the error shown; the fourth failure rolls back; then ask, replan or BLOCKED.
+    assert names[:5] == ["work", "recover", "recover", "recover", "blocked"]
+    assert "edit: no such file: llm.rs" in script.requests[1].facts["lastError"]
+    assert [o["type"] for o in script.requests[4].options] == ["ASK", "REPLAN", "BLOCKED"]
+    assert script.requests[3].facts["retriesLeft"] == 1
+    # RETRY was refused at the blocked rung (not one of its events), and the run gave up there.
+    assert result.final_state == "blockedEnd"
+    # A new approach goes back to work, where the edit that kept failing is not allowed again.
+    script = Script(
+        [
+            bad,
+            *[{"type": "RETRY"}] * 3,
+            {"type": "REPLAN", "text": "look first"},
+            bad,
+            {"type": "READ", "command": "view src/llm.rs"},
+        ]
+    )
+    result, entries = go(task, script)
+    refused = [a for e in entries for a in e.attempts or ()]
+    assert refused[0].kind == "rejected-by-guard" and refused[0].event == bad
+    assert result.snapshot.context["notes"] == ["new approach: look first"]
+
+
+def test_exploration_proves_the_ladder_ends_and_a_broken_copy_is_reported() -> None:
+    assert ENV.probe is not None and EDIT_PROBE["mode"] == "edit"
+    explored = explore_paths(ENV.machine, EDIT_PROBE, ENV.probe)
+    assert explored.complete and {"completed", "rejected", "blockedEnd", "exhausted"} <= set(
+        explored.terminals
+    )
+    for stage in ("recovering", "rollingBack", "blocked", "checkpointed", "asking"):
+        assert can_reach(ENV.machine, stage, EDIT_PROBE, ENV.probe).reachable, stage
+
+    def retried_past_the_limit(s: Snapshot) -> bool:
+        return bool(s.context["failCount"] > s.context["maxRetries"] + 1)
+
+    def over_the_resumed_budget(s: Snapshot) -> bool:
+        ctx = s.context
+        bound = EDIT_PROBE["maxTurns"] + ctx["maxCheckpoints"] * ctx["resumeBudget"]
+        return bool(ctx["turns"] > bound or ctx["checkpoints"] > ctx["maxCheckpoints"])
+
+    def past_the_other_limits(s: Snapshot) -> bool:
+        ctx = s.context
+        return bool(
+            ctx["approaches"] > ctx["maxApproaches"]
+            or ctx["validations"] > ctx["maxValidations"]
+            or any(ctx["banned"].count(c) > 1 for c in ctx["banned"])
+        )
+
+    for invariant in (retried_past_the_limit, over_the_resumed_budget, past_the_other_limits):
+        proof = explore_paths(ENV.machine, EDIT_PROBE, ENV.probe, target=invariant)
+        assert not proof.reachable and proof.complete, invariant.__name__
+    sentinel = can_reach(ENV.machine, "retriedPastLimit", EDIT_PROBE, ENV.probe)
+    assert not sentinel.reachable and sentinel.complete
+
+    def no_rollback(config: MachineConfig) -> None:
+        # The ladder without its second rung: retries are never cut off.
+        always = config.states["acted"].always
+        assert isinstance(always, list) and "maxRetries" in str(always[2].guard)
+        del always[2]
+        run_retry = config.states["recovering"].on["RETRY"]
+        assert isinstance(run_retry, TransitionConfig)
+        run_retry.guard = None
+
+    broken = can_reach(loosened(no_rollback), "retriedPastLimit", EDIT_PROBE, ENV.probe)
+    assert broken.reachable and broken.witness is not None
+    assert [e["type"] for e in broken.witness].count("RETRY") == 4
+    # improve describe shows the ladder, each rung a state.
+    text = describe_text(ENV.config)
+    for state in ("recovering", "rollingBack", "blocked", "retriedPastLimit", "checkpointed", "asking"):
+        assert state in text
+
+
+def test_checkpoint_and_ask_end_the_run_waiting_with_what_a_resume_needs() -> None:
+    task = {
+        "mode": "edit",
+        "task": "Add a `Cohere` variant to the `Provider` enum in src/llm.rs.",
+        "planner": True,
+    }
+    script = Script(
+        [
+            {"type": "PLAN", "text": "1. view 2. edit 3. validate"},
+            {"type": "READ", "command": "view src/llm.rs"},
+            {"type": "PIN"},
+            {"type": "ASK", "question": "Which provider?"},
+            {"type": "CHECKPOINT", "kind": "progress"},
+        ]
+    )
+    result, entries = go(task, script, people={"asking": [{"type": "ANSWER", "text": "Cohere"}]})
+    assert result.status == "checkpointed" and result.final_state == "checkpointed"
+    saved = [e for e in entries if e.type == "xstate.done.actor" and "checkpoint" in e.event["output"]]
+    checkpoint = saved[0].event["output"]["checkpoint"]
+    assert checkpoint["plan"] == "1. view 2. edit 3. validate" and checkpoint["kind"] == "progress"
+    assert checkpoint["notes"] == ["asked: Which provider? answer: Cohere"]
+    assert [m["command"] for m in checkpoint["memory"]] == ["view src/llm.rs"]
+    assert checkpoint["state"]["turns"] == 5 and checkpoint["state"]["edits"] == []
+    replayed = replay(ENV.machine, entries, verify=True, thread_id="test:v0:code:r1")
+    assert replayed.verification == "verified" and replayed.status == "checkpointed"
+    # Resumed (scripted here) with a fresh budget of resumeBudget turns from where it stopped.
+    script = Script([{"type": "CHECKPOINT", "kind": "questions"}, {"type": "SUBMIT"}])
+    result, _ = go(task | {"planner": False}, script, people={"checkpointed": [{"type": "RESUME"}]})
+    assert result.final_state == "completed" and result.snapshot.context["maxTurns"] == 1 + 10
+    # ask q ends blocked_ask with the question; the person's answer lands in the notes.
+    script = Script([{"type": "ASK", "question": "Which provider?"}])
+    result, entries = go(task | {"planner": False}, script)
+    assert result.status == "blocked_ask" and result.snapshot.context["question"] == "Which provider?"
+    assert replay(ENV.machine, entries, verify=True, thread_id="test:v0:code:r1").status == "blocked_ask"
+    result, _ = with_model("ask-provider-01", "careful")
+    assert (
+        result.final_state == "completed"
+        and "asked: Which Provider variant should be added? answer: Cohere"
+        in result.snapshot.context["notes"]
+    )
+
+
+def test_a_round_promotes_a_fix_for_the_naive_edit_mistakes(tmp_path: Path, no_token: None) -> None:
+    root = scratch(tmp_path, mode="edit")
+    space = Workspace.load(root / "improve.toml")
+    result = run_round(space, RoundOptions(env="code-agent", policy="v0", k=3, model="naive"))
+    assert result.status == "recommended", (result.cluster, result.decision_detail)
+    held, train = result.scores["held-out"], result.scores["train"]
+    assert held["after"] > held["before"] and train["after"] > train["before"]
+    assert held["violations_after"] == 0 and result.regressions == []
+    candidate = json.loads((root / str(result.report) / "policy.json").read_text())
+    rule = candidate["states"][candidate["initial"]]["choice"][0]
+    # The fix validates before concluding: the answer the failed runs lacked.
+    assert candidate["states"][rule["target"]]["output"] == {"type": "'VALIDATE'"}, (result.cluster, rule)
+
+
+def test_a_checkpointed_thread_is_resumable_in_the_warehouse(tmp_path: Path) -> None:
+    from improve.log.store import JsonlDirStore
+
+    ws = scratch(tmp_path, git_repo=False, mode="edit")
+    store = JsonlDirStore(ws / "traces")
+    task = {"mode": "edit", "task": "Add a `Cohere` variant to the `Provider` enum in src/llm.rs."}
+    script = Script(
+        [
+            {"type": "READ", "command": "view src/llm.rs"},
+            {"type": "PIN"},
+            {"type": "CHECKPOINT", "kind": "questions"},
+        ]
+    )
+    thread = "train:v0:script:add-provider-01:r1"
+    result = run(ENV, input=task, world=CodeWorld(), people={}, decider=script, store=store, thread_id=thread)
+    assert result.status == "checkpointed"
+    runner = CliRunner()
+    ingested = runner.invoke(app, ["ingest", "-w", str(ws), str(ws / "traces"), "--no-outcomes", "--json"])
+    assert ingested.exit_code == 0, ingested.output
+    query = "SELECT thread_id, agent, has_memory, has_notes, has_plan, has_state, missing, resumable FROM checkpoints_resumable"
+    answered = runner.invoke(app, ["sql", "-w", str(ws), query, "--format", "json"])
+    assert answered.exit_code == 0, answered.output
+    rows = json.loads(answered.stdout)
+    assert rows == [
+        {
+            "thread_id": thread,
+            "agent": "code-agent",
+            "has_memory": True,
+            "has_notes": True,
+            "has_plan": True,
+            "has_state": True,
+            "missing": [],
+            "resumable": True,
+        }
+    ]
+    ended = runner.invoke(app, ["sql", "-w", str(ws), "SELECT end_status FROM threads", "--format", "json"])
+    assert json.loads(ended.stdout) == [{"end_status": "checkpointed"}]

@@ -689,3 +689,36 @@ def test_fuzz_every_importer_takes_any_bytes_without_crashing(
     if report.skipped:
         return
     assert report.lines_read == report.ingested + report.already_present + report.rejected
+
+
+def test_checkpoints_resumable_says_what_each_checkpoint_would_need() -> None:
+    con = open_database()
+    ingest(con, LOGS, fmt="normalize")
+    ingest(con, CHECKPOINTS, fmt="normalize")
+    rows = {r["thread_id"]: r for r in records(con, "SELECT * FROM checkpoints_resumable")}
+    assert len(rows) == 31
+    logs = {}
+    for path in LOGS:
+        parsed = [r for r in rows_of(path) if isinstance(r, dict)]
+        sid = next((r["session_id"] for r in parsed if r.get("session_id")), path.stem)
+        logs[sid] = parsed
+    for path in CHECKPOINTS:
+        doc = json.loads(path.read_text())
+        row = rows[f"normalize-checkpoint:{doc['session_id']}"]
+        session = logs[doc["session_id"]]
+        had = {
+            "notes": any((r.get("notes_count") or 0) > 0 for r in session),
+            "plan": any(r.get("event") == "plan_created" for r in session),
+            "state": any(r.get("event") == "turn_start" and isinstance(r.get("state"), str) for r in session),
+        }
+        # normalize's checkpoints keep the working memory, and none of notes, plan or state.
+        assert (row["has_memory"], row["has_notes"], row["has_plan"], row["has_state"]) == (
+            isinstance(doc["working_memory"], list),
+            False,
+            False,
+            False,
+        )
+        assert list(row["missing"]) == ["notes", "plan", "state"] and row["resumable"] is False
+        assert list(row["dropped"]) == [k for k in ("notes", "plan", "state") if had[k]], doc["session_id"]
+    # Some did drop what their session had: the notes and the machine's state.
+    assert sum(bool(r["dropped"]) for r in rows.values()) > 0

@@ -531,6 +531,82 @@ RELATIONS: tuple[Relation, ...] = (
         """,
     ),
     Relation(
+        "checkpoints_resumable",
+        "One row per checkpoint, normalize's (session-<id>.json) and the code agent's (its checkpoint.save "
+        "output): which of what a resume needs (working memory, notes, plan, state) it holds, and which of "
+        "those its session had but the checkpoint dropped.",
+        {
+            "thread_id": "The thread the checkpoint is in.",
+            "agent": "normalize (imported checkpoints) or code-agent (improve's own runs).",
+            "session_thread_id": "The session's thread: for normalize its log thread (may not be imported).",
+            "task": "The task.",
+            "turn": "The turn it was saved at (normalize), or the turns used (code-agent).",
+            "has_memory": "It holds the working memory (normalize: working_memory; code-agent: memory).",
+            "has_notes": "It holds the notes (normalize checkpoints have none: progress is one summary line).",
+            "has_plan": "It holds the plan.",
+            "has_state": "It holds the machine's state (which state, the budgets, the edits made).",
+            "session_had_notes": "The session wrote notes before the checkpoint (normalize: a turn_start with "
+            "notes_count > 0; NULL when the session's log is not imported).",
+            "session_had_plan": "The session made a plan (normalize: a plan_created event).",
+            "session_had_state": "The session ran as a state machine (normalize v2: turn_start names a state).",
+            "missing": "What a resume needs that the checkpoint does not hold (memory, notes, plan, state).",
+            "dropped": "Of those, what the session had: lost by checkpointing.",
+            "resumable": "Nothing is missing: a resume can rebuild the run from the checkpoint alone.",
+        },
+        """
+        WITH normalize AS (
+            SELECT c.thread_id, 'normalize' AS agent,
+                   'normalize:' || substr(c.thread_id, length('normalize-checkpoint:') + 1) AS session_thread_id,
+                   c.event ->> '$.task' AS task,
+                   TRY_CAST(c.event ->> '$.turn' AS INTEGER) AS turn,
+                   json_type(c.event, '$.working_memory') = 'ARRAY' AS has_memory,
+                   json_type(c.event, '$.notes') = 'ARRAY' AS has_notes,
+                   json_type(c.event, '$.plan') = 'VARCHAR' AS has_plan,
+                   json_type(c.event, '$.state') = 'OBJECT' AS has_state
+            FROM entries c
+            WHERE c.event_type = 'normalize.session_checkpoint'
+        ), session_facts AS (
+            SELECT thread_id,
+                   bool_or(TRY_CAST(event ->> '$.notes_count' AS INTEGER) > 0) AS had_notes,
+                   bool_or(event_type = 'normalize.plan_created') AS had_plan,
+                   bool_or(event_type = 'normalize.turn_start' AND json_type(event, '$.state') = 'VARCHAR')
+                       AS had_state
+            FROM entries
+            WHERE machine_id = 'normalize-agent' AND starts_with(thread_id, 'normalize:')
+            GROUP BY thread_id
+        ), own AS (
+            SELECT thread_id, 'code-agent' AS agent, thread_id AS session_thread_id,
+                   event -> '$.output.checkpoint' ->> '$.task' AS task,
+                   TRY_CAST(event -> '$.output.checkpoint' -> '$.state' ->> '$.turns' AS INTEGER) AS turn,
+                   json_type(event, '$.output.checkpoint.memory') = 'ARRAY' AS has_memory,
+                   json_type(event, '$.output.checkpoint.notes') = 'ARRAY' AS has_notes,
+                   json_type(event, '$.output.checkpoint.plan') = 'VARCHAR' AS has_plan,
+                   json_type(event, '$.output.checkpoint.state') = 'OBJECT' AS has_state,
+                   true AS had_notes, true AS had_plan, true AS had_state
+            FROM entries
+            WHERE event_type = 'xstate.done.actor' AND json_type(event, '$.output.checkpoint') = 'OBJECT'
+        ), rows AS (
+            SELECT n.*, f.had_notes, f.had_plan, f.had_state
+            FROM normalize n LEFT JOIN session_facts f ON f.thread_id = n.session_thread_id
+            UNION ALL BY NAME
+            SELECT * FROM own
+        )
+        SELECT thread_id, agent, session_thread_id, task, turn,
+               coalesce(has_memory, false) AS has_memory, coalesce(has_notes, false) AS has_notes,
+               coalesce(has_plan, false) AS has_plan, coalesce(has_state, false) AS has_state,
+               had_notes AS session_had_notes, had_plan AS session_had_plan, had_state AS session_had_state,
+               list_filter(['memory', 'notes', 'plan', 'state'], lambda x: NOT (CASE x
+                   WHEN 'memory' THEN coalesce(has_memory, false) WHEN 'notes' THEN coalesce(has_notes, false)
+                   WHEN 'plan' THEN coalesce(has_plan, false) ELSE coalesce(has_state, false) END)) AS missing,
+               list_filter(['notes', 'plan', 'state'], lambda x: (CASE x
+                   WHEN 'notes' THEN coalesce(had_notes, false) AND NOT coalesce(has_notes, false)
+                   WHEN 'plan' THEN coalesce(had_plan, false) AND NOT coalesce(has_plan, false)
+                   ELSE coalesce(had_state, false) AND NOT coalesce(has_state, false) END)) AS dropped,
+               coalesce(has_memory AND has_notes AND has_plan AND has_state, false) AS resumable
+        FROM rows
+        """,
+    ),
+    Relation(
         "tapes",
         "One row per opencli agent session tape imported with --format opencli (threads opencli:<file stem>).",
         {

@@ -34,6 +34,33 @@ Guards (CEL in machine.json; every one covered by a rule eval in rules.py):
 - only the evaluator concludes: `concluding` checks who answered and that the budget held, whatever
   was decided (sentinels `concludedOutsideEvaluator` and `overBudget`, proven unreachable).
 
+Edit tasks (`input.mode: edit`, with `input.validate` naming a validation command of shadow.py's
+allowlist) skip the explorer/evaluator for one worker (`working`, decision `work`):
+
+    work      READ{command} | EDIT{path, old, new} | VALIDATE | SUBMIT{summary} | PIN | ASK{question}
+              | CHECKPOINT{kind: progress|questions}
+    recover   RETRY | MOVE_ON                     (rung 1 of the escalation ladder)
+    blocked   ASK{question} | REPLAN{text} | BLOCKED{reason}   (rung 3)
+
+The worker's events are its own, not the explorer's (`READ` runs the same commands as `RUN`, on the
+shadow copy; `SUBMIT` is its "done"; `PIN` its "keep"), so a policy rule learned for one role, which
+reads the same facts and checks that its answer is offered, never answers the other role's decision.
+
+- *validated edits*: EDIT writes the run's shadow copy (a temporary directory, never the fixture);
+  SUBMIT (done) runs the validation command in it: a pass records the diff (`{kind: diff, path, added,
+  removed}`, the effect scored), a failure resets the copy, puts "validation failed: <output>" into
+  the working memory and goes back to work, up to `maxValidations` (default 2; then `rejected`);
+- *the escalation ladder*: a command or edit that fails is shown with its error and may be retried
+  (`maxRetries`, 3); its fourth failure in a row rolls the copy back to the last snapshot (the edits
+  of the last passing VALIDATE) and bans it; then the worker asks, takes a new approach (at most
+  `maxApproaches`, default 2) or stops BLOCKED. The sentinel `retriedPastLimit` is proven unreachable;
+- *checkpoint and ask*: CHECKPOINT saves the checkpoint (task, plan, notes, working memory and the
+  state: turns, edits, snapshot, bans, approaches, the last outputs, the menu) as `checkpoint.save`'s
+  journaled output and waits in `checkpointed` (`meta.status: checkpointed`); RESUME continues with a
+  fresh budget (`resume_budget`, 10 turns, or the event's `budget`), at most `maxCheckpoints` times
+  (default 3). ASK waits in `asking` (`meta.status: blocked_ask`) for `ANSWER{text}`, which lands in
+  the notes. With nobody to answer, the run ends with that status.
+
 The world (world.py) is the fixture repository in `fixture_repo/`, read by deterministic commands
 (repo.py) whose outputs are capped with a marker; the answer is an effect the world records and is
 compared exactly with the label. The stand-in models are models.py (reading outputs with reader.py),
@@ -48,12 +75,14 @@ from improve.examples.code_agent.models import careful, naive, sloppy
 from improve.examples.code_agent.rules import PROBE_INPUTS, RULE_EVALS, probe
 from improve.examples.code_agent.world import ACTORS, CodeWorld
 from improve.machine import parse_machine
-from improve.runtime import Environment, load_json, stand_in
+from improve.runtime import Environment, FactType, load_json, stand_in
 
 HERE = Path(__file__).parent
 DEFAULT_MAX_TURNS = 10
 DEFAULT_MAX_CYCLES = 5
-DECISION_STATES = ("planning", "exploring", "evaluating", "forcing")
+RESUME_BUDGET = 10
+"""Turns a checkpointed edit task gets when it is resumed (the machine's `resumeBudget` default)."""
+DECISION_STATES = ("planning", "exploring", "evaluating", "forcing", "working", "recovering", "blocked")
 
 
 # --- what policies may read ------------------------------------------------------------------------
@@ -72,15 +101,26 @@ COUNTERS = (
     "notesCount",
     "repeats",
     "forced",
+    "editsMade",
+    "unvalidatedEdits",
+    "failedValidations",
+    "failCount",
+    "retriesLeft",
+    "approachesLeft",
+    "asked",
+    "checkpoints",
 )
 """Numeric facts every decision carries (so a policy's guard reads the same facts whichever decision
 it answers, and the gates can type-check it against each): turns used and left, turns per role,
 evaluator cycles left, commands run, outputs seen (successful) and failed, outputs pending, items in
 the working memory, notes, how many times in a row the last command ran, and 1 in a forced
-conclusion."""
+conclusion; for edit tasks, edits made and not yet validated, failed validations on SUBMIT, failures of
+the last command in a row, retries and new approaches left, questions asked and checkpoints saved."""
 
-_COUNTER_TYPES = dict.fromkeys(COUNTERS, "int")
-FACT_TYPES: dict[str, dict[str, str]] = {
+MODES = ("answer", "edit")
+"""What the task asks for: an answer to a question, or a change to the repository (`input.mode`)."""
+_COUNTER_TYPES: dict[str, FactType] = {"mode": MODES, **dict.fromkeys(COUNTERS, "int")}
+FACT_TYPES: dict[str, dict[str, FactType]] = {
     "plan": {"task": "string", **_COUNTER_TYPES},
     "explore": {
         "task": "string",
@@ -92,7 +132,29 @@ FACT_TYPES: dict[str, dict[str, str]] = {
     },
     "evaluate": {"task": "string", "notes": "any", "memory": "any", "pending": "any", **_COUNTER_TYPES},
     "conclude": {"task": "string", "notes": "any", "memory": "any", "pending": "any", **_COUNTER_TYPES},
+    "work": {
+        "task": "string",
+        "plan": "string",
+        "notes": "any",
+        "memory": "any",
+        "lastOutputs": "any",
+        "lastCommand": "string",
+        "lastError": "string",
+        "edits": "any",
+        **_COUNTER_TYPES,
+    },
 }
+_LADDER_FACTS: dict[str, FactType] = {
+    "task": "string",
+    "notes": "any",
+    "memory": "any",
+    "lastOutputs": "any",
+    "lastCommand": "string",
+    "lastError": "string",
+    **_COUNTER_TYPES,
+}
+FACT_TYPES["recover"] = _LADDER_FACTS
+FACT_TYPES["blocked"] = dict(_LADDER_FACTS)
 
 
 def environment() -> Environment:
@@ -116,6 +178,9 @@ def environment() -> Environment:
             HERE / "models.py",
             HERE / "reader.py",
             HERE / "rules.py",
+            HERE / "shadow.py",
+            HERE / "checks.py",
+            HERE / "edit_tasks.py",
             *sorted(p for p in (HERE / "fixture_repo").rglob("*") if p.is_file()),
         ],
         effect_text_fields=(),
@@ -123,4 +188,5 @@ def environment() -> Environment:
         probe=probe(),
         probe_inputs=PROBE_INPUTS,
         rule_evals=RULE_EVALS,
+        resume_budget=RESUME_BUDGET,
     )

@@ -23,6 +23,12 @@ model would have in its prompt: nothing else, never a label.
      outputs at once is never answerable; even when forced it only asks to continue.
 - `sloppy` breaks the rules the machine's guards must catch: it answers in the explorer, repeats a
   command, invents commands that are not on the menu, keeps with nothing pending, and guesses.
+
+On edit tasks (the worker's decisions `work`, `recover`, `blocked`), `careful` reads and pins the file,
+makes every edit the change needs, validates and submits, asks when the task leaves the change open,
+and moves on from an error; `naive` has the mistakes the worker's parts exist for (concluding without
+validating, retrying the same failing command, never asking: see `naive_work`); `sloppy` submits at
+once, makes edits that cannot apply and sends events of another state.
 """
 
 from __future__ import annotations
@@ -30,8 +36,17 @@ from __future__ import annotations
 import random
 import re
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
+from improve.examples.code_agent.edit_tasks import (
+    complete_edits,
+    file_text,
+    first_variant_edit,
+    made,
+    parse_arm_edit,
+    parse_edit_task,
+)
 from improve.examples.code_agent.reader import (
     Question,
     Seen,
@@ -191,6 +206,8 @@ def _keep_worthy(question: Question, pending: Sequence[Any]) -> bool:
 
 def careful(request: DecisionRequest, rng: random.Random) -> Event | None:
     """Explores with intent, keeps and notes what it needs, answers only from evidence."""
+    if request.name in EDIT_DECISIONS:
+        return careful_work(request)
     question = _question(request)
     notes = _list(request, "notes")
     if request.name == "plan":
@@ -224,6 +241,8 @@ def careful(request: DecisionRequest, rng: random.Random) -> Event | None:
 
 def naive(request: DecisionRequest, rng: random.Random) -> Event | None:
     """The recorded failure modes, systematically (see the module docstring)."""
+    if request.name in EDIT_DECISIONS:
+        return naive_work(request)
     question = _question(request)
     notes = _list(request, "notes")
     prior = belief(question)
@@ -258,6 +277,8 @@ def naive(request: DecisionRequest, rng: random.Random) -> Event | None:
 
 def sloppy(request: DecisionRequest, rng: random.Random) -> Event | None:
     """Breaks rules the guards must catch; the machine refuses each break and feeds it back."""
+    if request.name in EDIT_DECISIONS:
+        return sloppy_work(request, rng)
     question = _question(request)
     commands = _commands(request)
     last = str(request.facts.get("lastCommand", ""))
@@ -283,3 +304,137 @@ def sloppy(request: DecisionRequest, rng: random.Random) -> Event | None:
     if request.name == "act" and commands:
         return _run(rng.choice(commands))
     return {"type": "CONTINUE"}
+
+
+# --- edit tasks: the worker's decisions (`work`, `recover`, `blocked`) -------------------------------
+
+_UNHANDLED = re.compile(r"(\S+): parse_\w+ does not handle `(\w+)::(\w+)`")
+_UNKNOWN_VARIANT = re.compile(r"(\S+): no variant `(\w+)` in enum `(\w+)`")
+
+
+def _read(command: str) -> Event:
+    return {"type": "READ", "command": command}
+
+
+def _view_command(request: DecisionRequest, file: str) -> str | None:
+    menu = [str(o["command"]) for o in request.options if o.get("type") == "READ" and "command" in o]
+    return next((c for c in menu if c == f"view {file}" or c.endswith(f"/{file}")), None)
+
+
+def _last_validation(request: DecisionRequest) -> dict[str, Any] | None:
+    last = _list(request, "lastOutputs")
+    return last[-1] if last and last[-1].get("command") == "validate" else None
+
+
+def careful_work(request: DecisionRequest) -> Event | None:
+    """Reads the file first (and pins it), makes every edit the change needs, validates, then is done;
+    asks when the task leaves the change unclear, and moves on from an error instead of repeating it."""
+    if request.name == "recover":
+        error = str(request.facts.get("lastError", ""))
+        return {"type": "RETRY"} if "timed out" in error else {"type": "MOVE_ON"}
+    if request.name == "blocked":
+        if _number(request, "asked") == 0:
+            return {"type": "ASK", "question": f"This keeps failing: {request.facts.get('lastError', '')}"}
+        return {"type": "BLOCKED", "reason": str(request.facts.get("lastError", "the change cannot be made"))}
+    notes = _list(request, "notes")
+    task = parse_edit_task(str(request.facts.get("task", "")), notes)
+    if task is None:
+        return {"type": "SUBMIT", "summary": "not an edit this agent can make"}
+    if not task.name:
+        if _number(request, "asked") == 0:
+            return {"type": "ASK", "question": f"Which {task.enum} variant should be added?"}
+        return {"type": "SUBMIT", "summary": "nobody said which variant to add"}
+    last = _list(request, "lastOutputs")
+    seen = read([*_list(request, "memory"), *last], notes)
+    found = file_text(seen, task)
+    if found is None:
+        command = _view_command(request, task.file)
+        return _read(command) if command else {"type": "ASK", "question": f"Where is {task.file}?"}
+    path, text = found
+    memory = [m.get("command") for m in _list(request, "memory")]
+    viewed = next((o for o in last if str(o.get("command", "")).startswith("view ")), None)
+    if viewed is not None and viewed.get("command") not in memory and _offered(request, "PIN"):
+        return {"type": "PIN"}
+    edits = _list(request, "edits")
+    pending = [e for e in complete_edits(task, path, text) if not made(edits, e)]
+    if pending:
+        return {"type": "EDIT", **pending[0]}
+    if _number(request, "unvalidatedEdits") > 0:
+        return {"type": "VALIDATE"}
+    return {"type": "SUBMIT", "summary": f"{task.kind} {task.name} in {path}: validated"}
+
+
+def naive_work(request: DecisionRequest) -> Event | None:
+    """The edit task's recorded mistakes, systematically:
+
+    - *concluding without validating*: it makes the one edit the task names (not the second the
+      change needs) and submits; the environment's validation fails, resets the copy and puts the
+      failure in the working memory, which it never reads, so it makes the same edit again. Shown a
+      failed validation as its last output (a VALIDATE), it does fix what the output names.
+    - *retrying the same failing command*: it edits from the task's words before looking, so a file
+      named without its directory fails; asked, it always retries as it is.
+    - *never asking*: when the task leaves the name open it concludes there is nothing to do, and
+      blocked it gives up.
+    """
+    if request.name == "recover":
+        return {"type": "RETRY"}
+    if request.name == "blocked":
+        return {"type": "BLOCKED", "reason": "the edit does not apply"}
+    notes = _list(request, "notes")
+    task = parse_edit_task(str(request.facts.get("task", "")), notes)
+    if task is None:
+        return {"type": "SUBMIT"}
+    if task.kind == "add-variant" and not task.name:
+        return {"type": "SUBMIT", "summary": "the task does not say which variant to add"}
+    last = _list(request, "lastOutputs")
+    edits = _list(request, "edits")
+    found = file_text(read(last, notes), task)
+    path = found[0] if found else task.file
+    validation = _last_validation(request)
+    if validation is not None:
+        if validation.get("ok"):
+            return {"type": "SUBMIT", "summary": "done"}
+        output = str(validation.get("output", ""))
+        if match := _UNHANDLED.search(output):
+            fix = parse_arm_edit(replace(task, enum=match.group(2), name=match.group(3)), match.group(1))
+            if not made(edits, fix):
+                return {"type": "EDIT", **fix}
+        if match := _UNKNOWN_VARIANT.search(output):
+            arm = f'        "{match.group(2).lower()}" => Some({match.group(3)}::{match.group(2)}),\n'
+            fix = {"path": match.group(1), "old": arm, "new": ""}
+            if not made(edits, fix):
+                return {"type": "EDIT", **fix}
+        return {"type": "SUBMIT", "summary": "done"}
+    if "no such file" in str(request.facts.get("lastError", "")) and found is None:
+        command = _view_command(request, task.file)
+        if command:
+            return _read(command)
+    if edits:
+        return {"type": "SUBMIT", "summary": "done"}
+    if task.kind == "add-variant":
+        return {"type": "EDIT", **first_variant_edit(task, path)}
+    if task.kind == "remove-variant":
+        return {"type": "EDIT", "path": path, "old": f"    {task.name},\n", "new": ""}
+    if found is None:
+        command = _view_command(request, task.file)
+        return _read(command) if command else {"type": "SUBMIT"}
+    change = complete_edits(task, *found)
+    return {"type": "EDIT", **change[0]} if change else {"type": "SUBMIT"}
+
+
+def sloppy_work(request: DecisionRequest, rng: random.Random) -> Event | None:
+    """Breaks the edit task's rules: done at once, edits that cannot apply, events of another state."""
+    roll = rng.random()
+    if request.name in ("recover", "blocked"):
+        return {"type": "RETRY"} if roll < 0.7 else {"type": "BLOCKED", "reason": "stuck"}
+    task = parse_edit_task(str(request.facts.get("task", "")))
+    if roll < 0.25:
+        return {"type": "SUBMIT"}
+    if roll < 0.45 and task is not None:
+        return {"type": "EDIT", "path": task.file, "old": "fn main() {}", "new": "fn main() { todo!() }"}
+    if roll < 0.55:
+        return {"type": "RETRY"}  # not an event of the worker: unknown-event
+    return careful_work(request)
+
+
+EDIT_DECISIONS = ("work", "recover", "blocked")

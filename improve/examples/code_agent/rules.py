@@ -13,8 +13,22 @@ from improve.machine import ExploreOptions, RuleEval
 
 # --- exploration: the world for proofs -------------------------------------------------------------
 
-ACTOR_NAMES = ("repo.open", "repo.run", "memory.edit", "answer.record")
+ACTOR_NAMES = (
+    "repo.open",
+    "repo.run",
+    "memory.edit",
+    "answer.record",
+    "workspace.run",
+    "workspace.edit",
+    "workspace.validate",
+    "workspace.rollback",
+    "checkpoint.save",
+)
 PROBE_ITEM = {"command": "view a", "ok": True, "output": "a (1 lines)\n   1| x", "truncated": False}
+PROBE_EDIT_OK = {"command": "edit a", "ok": True, "output": "edited a", "truncated": False}
+PROBE_EDIT_FAILED = {"command": "edit a", "ok": False, "output": "edit: no such file: a", "truncated": False}
+PROBE_VALID = {"command": "validate", "ok": True, "output": "check passed", "truncated": False}
+PROBE_INVALID = {"command": "validate", "ok": False, "output": "1 problem(s)", "truncated": False}
 
 
 def probe() -> ExploreOptions:
@@ -30,7 +44,13 @@ def probe() -> ExploreOptions:
             "repo.run": [{"result": PROBE_ITEM, "menu": menu}],
             "memory.edit": [{"memory": [], "kept": [], "notes": []}],
             "answer.record": [{"recorded": True, "text": "probe"}],
+            "workspace.run": [{"result": PROBE_ITEM, "menu": menu}],
+            "workspace.edit": [{"result": PROBE_EDIT_OK}, {"result": PROBE_EDIT_FAILED}],
+            "workspace.validate": [{"result": PROBE_VALID}, {"result": PROBE_INVALID}],
+            "workspace.rollback": [{"restored": 0}],
+            "checkpoint.save": [{"checkpoint": {"kind": "progress"}}],
         },
+        payloads={"ANSWER": {"text": ["Cohere"]}, "EDIT": {"new": ["changed"]}},
         errors=set(ACTOR_NAMES),
         max_depth=80,
     )
@@ -41,10 +61,19 @@ PROBE_INPUTS: list[dict[str, Any]] = [
     {"task": "What is the first struct in src/main.rs?", "planner": True},
     {"task": "Which file defines the function `resolve_fuzzy`?", "maxTurns": 3},
     {"task": "How many Lua scripts are in scripts/?", "maxCycles": 2},
+    {
+        "task": "Add a `Cohere` variant to the `Provider` enum in src/llm.rs.",
+        "mode": "edit",
+        "maxTurns": 5,
+        "maxCheckpoints": 1,
+        "resumeBudget": 1,
+        "maxApproaches": 1,
+    },
 ]
 """One input per shape: the defaults (the budget and the cycle limit end together: the fifth evaluator
 turn is the tenth turn), a planner (its turn counts, so the budget ends first), a budget of 3 turns,
-and a cycle limit of 2."""
+a cycle limit of 2, and an edit task with 7 turns (enough to climb the whole escalation ladder: a
+failing edit, three retries, the rollback and the blocked turn, and to checkpoint and resume)."""
 
 # --- rule evals: the guards, on the interpreter ----------------------------------------------------
 
@@ -186,5 +215,125 @@ RULE_EVALS = [
         _TASK,
         [_OPENED, *_cycle("view src/llm.rs", _ANSWER)],
         "recording",
+    ),
+]
+
+# --- rule evals: the edit task's worker, validation and escalation ladder ----------------------------
+
+_EDIT_TASK = {"mode": "edit", "task": "Add a `Cohere` variant to the `Provider` enum in src/llm.rs."}
+_EDIT = {
+    "type": "EDIT",
+    "path": "llm.rs",
+    "old": "pub enum Provider {\n",
+    "new": "pub enum Provider {\n    Cohere,\n",
+}
+
+
+def _edited(ok: bool) -> dict[str, Any]:
+    result = {"command": "edit llm.rs", "ok": ok, "output": "edited" if ok else "edit: no such file: llm.rs"}
+    return {"type": "xstate.done.actor", "actorId": "editing", "output": {"result": result}}
+
+
+def _validated(actor: str, ok: bool) -> dict[str, Any]:
+    result = {"command": "validate", "ok": ok, "output": "check passed" if ok else "1 problem(s)"}
+    return {"type": "xstate.done.actor", "actorId": actor, "output": {"result": result}}
+
+
+_FAILED_EDIT = [_EDIT, _edited(False)]
+_RETRIED = [{"type": "RETRY"}, _edited(False)]
+_ROLLED_BACK = {"type": "xstate.done.actor", "actorId": "rollingBack", "output": {"restored": 0}}
+_LADDER_TOP = [_OPENED, *_FAILED_EDIT, *_RETRIED, *_RETRIED, *_RETRIED, _ROLLED_BACK]
+
+RULE_EVALS += [
+    RuleEval(
+        "an edit task goes to the worker, who may edit, validate only after a change, and checkpoint",
+        ("starting", "working"),
+        _EDIT_TASK,
+        [_OPENED],
+        "working",
+        accepts=[_EDIT, {"type": "SUBMIT"}, {"type": "CHECKPOINT", "kind": "progress"}, {"type": "ASK"}],
+        refuses=[
+            {"type": "VALIDATE"},
+            {"type": "PIN"},
+            {"type": "EDIT", "path": "src/llm.rs", "old": "x", "new": "x"},
+            {"type": "RUN", "command": "view ."},
+        ],
+    ),
+    RuleEval(
+        "a failed edit is shown and may be retried; a successful one goes back to work, validate offered",
+        ("acted", "recovering", "retrying"),
+        _EDIT_TASK,
+        [_OPENED, *_FAILED_EDIT, *_RETRIED, {"type": "RETRY"}, _edited(True)],
+        "working",
+        accepts=[{"type": "VALIDATE"}],
+    ),
+    RuleEval(
+        "the fourth failure of one command rolls the workspace back: no fourth retry",
+        ("acted", "recovering"),
+        _EDIT_TASK,
+        [_OPENED, *_FAILED_EDIT, *_RETRIED, *_RETRIED, *_RETRIED],
+        "rollingBack",
+    ),
+    RuleEval(
+        "after the rollback: ask, a new approach or BLOCKED; the edit that kept failing is banned",
+        ("toBlocked", "blocked", "working"),
+        _EDIT_TASK,
+        [*_LADDER_TOP, {"type": "REPLAN", "text": "look first"}],
+        "working",
+        accepts=[{"type": "READ", "command": "view src/llm.rs"}],
+        refuses=[_EDIT],
+    ),
+    RuleEval(
+        "new approaches are capped",
+        ("blocked",),
+        {**_EDIT_TASK, "maxApproaches": 0, "maxTurns": 20},
+        _LADDER_TOP,
+        "blocked",
+        accepts=[{"type": "BLOCKED", "reason": "stuck"}, {"type": "ASK", "question": "?"}],
+        refuses=[{"type": "REPLAN"}, {"type": "RETRY"}],
+    ),
+    RuleEval(
+        "SUBMIT is validated; a failure goes back to work with the copy reset",
+        ("finishing", "submitting", "validationFailed"),
+        _EDIT_TASK,
+        [_OPENED, {"type": "SUBMIT"}, _validated("submitting", False)],
+        "working",
+        refuses=[{"type": "VALIDATE"}],
+    ),
+    RuleEval(
+        "the validation retry limit ends the run rejected",
+        ("submitting", "validationFailed"),
+        {**_EDIT_TASK, "maxValidations": 1},
+        [_OPENED, {"type": "SUBMIT"}, _validated("submitting", False)],
+        "rejected",
+    ),
+    RuleEval(
+        "a validated SUBMIT completes",
+        ("finishing", "submitting"),
+        _EDIT_TASK,
+        [_OPENED, {"type": "SUBMIT"}, _validated("submitting", True)],
+        "completed",
+    ),
+    RuleEval(
+        "ask waits for an answer that says something",
+        ("asking",),
+        _EDIT_TASK,
+        [_OPENED, {"type": "ASK", "question": "Which provider?"}],
+        "asking",
+        accepts=[{"type": "ANSWER", "text": "Cohere"}],
+        refuses=[{"type": "ANSWER", "text": ""}, {"type": "ANSWER"}, {"type": "RESUME"}],
+    ),
+    RuleEval(
+        "a checkpoint waits for RESUME; checkpoints are capped",
+        ("checkpointed", "working"),
+        {**_EDIT_TASK, "maxCheckpoints": 1},
+        [
+            _OPENED,
+            {"type": "CHECKPOINT", "kind": "progress"},
+            {"type": "xstate.done.actor", "actorId": "checkpointing", "output": {"checkpoint": {}}},
+            {"type": "RESUME"},
+        ],
+        "working",
+        refuses=[{"type": "CHECKPOINT", "kind": "questions"}],
     ),
 ]
