@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 from improve.cli.main import app
 from improve.cli.parity import app as parity_app
 from improve.demo import commit_workspace
+from improve.errors import ResumeRefusedError
 from improve.evals.outcome import outcome_row
 from improve.evals.scenarios import Scenario, load_scenarios
 from improve.evals.workspace import Workspace
@@ -1135,3 +1136,52 @@ def test_a_checkpointed_thread_is_resumable_in_the_warehouse(tmp_path: Path) -> 
     ]
     ended = runner.invoke(app, ["sql", "-w", str(ws), "SELECT end_status FROM threads", "--format", "json"])
     assert json.loads(ended.stdout) == [{"end_status": "checkpointed"}]
+
+
+def test_a_checkpointed_edit_resumes_through_the_resume_engine_on_its_rebuilt_shadow(tmp_path: Path) -> None:
+    """The two halves of issue 17 meet: the code agent checkpoints after an edit, and `improve.runtime.resume`
+    continues the same thread in a world rebuilt from the thread alone (its edit made again in a fresh
+    shadow copy), so the diff recorded after validation holds the edit made before the checkpoint."""
+    from improve.log.store import JsonlDirStore
+    from improve.runtime import resume, world_at
+
+    store = JsonlDirStore(tmp_path / "traces")
+    scenario = BY_ID["add-format-01"]
+    edit = {"type": "EDIT", "path": "src/config.rs", "old": "    Json,\n", "new": "    Json,\n    Yml,\n"}
+    thread = "train:v0:script:add-format-01:r1"
+    first = run(
+        ENV,
+        input=scenario.input,
+        world=CodeWorld(scenario.world),
+        people={},
+        decider=Script([edit, {"type": "CHECKPOINT", "kind": "progress"}]),
+        store=store,
+        thread_id=thread,
+    )
+    assert first.status == "checkpointed" and first.effects == []
+    entries = store.read(thread)
+    world = world_at(ENV, scenario.world, entries, thread)
+    resumed = resume(
+        ENV,
+        store=store,
+        thread_id=thread,
+        event={"type": "RESUME"},
+        decider=Script([{"type": "SUBMIT", "summary": "added Yml"}]),
+        world=world,
+    )
+    assert resumed.run.final_state == "completed", resumed.run.final_state
+    assert resumed.run.effects == [
+        {"kind": "diff", "path": "src/config.rs", "added": ["Yml,"], "removed": []}
+    ]
+    replayed = replay(ENV.machine, store.read(thread), verify=True, thread_id=thread)
+    assert replayed.verification == "verified" and replayed.final_state == "completed"
+    # A second resume of the finished thread is refused: it no longer waits.
+    with pytest.raises(ResumeRefusedError, match="not waiting"):
+        resume(
+            ENV,
+            store=store,
+            thread_id=thread,
+            event={"type": "RESUME", "budget": 5},
+            decider=Script([]),
+            world=world,
+        )
