@@ -14,6 +14,7 @@ as the working directory, no shell, a timeout, and a small environment.
 from __future__ import annotations
 
 import difflib
+import hashlib
 import os
 import shutil
 import subprocess
@@ -31,6 +32,12 @@ VALIDATIONS: dict[str, tuple[str, ...]] = {"check": (sys.executable, "-I", str(C
 VALIDATION_TIMEOUT = 30.0
 """Seconds a validation may run before it is stopped (and counts as failed)."""
 MAX_VALIDATION_OUTPUT = 2000
+_VALIDATED: dict[tuple[str, str], Validation] = {}
+"""Validations already run, by command and the copy's content. The bundled check reads the files and
+nothing else, so its verdict is a function of them: a round's counterfactual runs and reruns, which
+validate the same copies again and again, ask it once per content instead of starting a process each
+time. A validation that reads anything else (a clock, the network) must not be remembered like this."""
+_MAX_VALIDATED = 4096
 
 
 @dataclass(frozen=True)
@@ -143,6 +150,16 @@ class Shadow:
         argv = VALIDATIONS.get(name)
         if argv is None:
             return Validation(False, f"validation {name!r} is not one of {sorted(VALIDATIONS)}")
+        key = (name, _content_key(self.files))
+        known = _VALIDATED.get(key)
+        if known is None:
+            known = self._run(name, argv)
+            if len(_VALIDATED) >= _MAX_VALIDATED:
+                _VALIDATED.clear()
+            _VALIDATED[key] = known
+        return known
+
+    def _run(self, name: str, argv: tuple[str, ...]) -> Validation:
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}
         try:
             done = subprocess.run(
@@ -161,3 +178,10 @@ class Shadow:
 
     def changes(self) -> list[dict[str, Any]]:
         return diff_effects(self.base, self.files)
+
+
+def _content_key(files: Mapping[str, str]) -> str:
+    digest = hashlib.sha256()
+    for path in sorted(files):
+        digest.update(path.encode() + b"\0" + files[path].encode() + b"\0")
+    return digest.hexdigest()
