@@ -14,9 +14,10 @@ file (and its row has no label): a diagnosis feeds a round, and no round reads t
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import duckdb
+if TYPE_CHECKING:  # the connection is the caller's: importing DuckDB here would cost every loop import
+    import duckdb
 
 PRODUCTION_SQL = """
 WITH production AS (
