@@ -210,17 +210,27 @@ def chart_markdown(chart: Chart) -> list[str]:
 
 _W, _H = 720, 340
 _LEFT, _RIGHT, _TOP, _BOTTOM = 56, 16, 64, 84
+_SLANT_PX = 6.1
+"""How far left of its tick a slanted tick label reaches per character (7 px wide, at -30 degrees)."""
 
 
 def svg_chart(chart: Chart) -> str:
     """The chart as inline SVG (no script, no external reference), with a legend; text HTML-escaped."""
     labels = chart_labels(chart.x_labels)
     n = len(labels)
-    plot_w, plot_h = _W - _LEFT - _RIGHT, _H - _TOP - _BOTTOM
-    band = plot_w / max(n, 1)
+    plot_h = _H - _TOP - _BOTTOM
+    band = (_W - _LEFT - _RIGHT) / max(n, 1)
+    rotate = n > 6 or max((len(x) for x in labels), default=0) * 7 > band
+    left = _LEFT
+    if rotate:
+        # A label slanted at -30 degrees runs left of its tick by about 6 px a character: the first
+        # ones must not be cut off at the chart's left edge, so the plot starts far enough right.
+        reach = max((len(x) * _SLANT_PX - band * (i + 0.5) for i, x in enumerate(labels)), default=0.0)
+        left = int(min(max(_LEFT, reach + 8), _W / 3))
+        band = (_W - left - _RIGHT) / max(n, 1)
 
     def x_at(i: int) -> float:
-        return _LEFT + band * (i + 0.5)
+        return left + band * (i + 0.5)
 
     def y_at(v: float) -> float:
         return _TOP + plot_h * (1 - max(0.0, min(1.0, v)))
@@ -232,13 +242,12 @@ def svg_chart(chart: Chart) -> str:
     ]
     for tick in (0.0, 0.25, 0.5, 0.75, 1.0):
         y = y_at(tick)
-        parts.append(f'<line x1="{_LEFT}" y1="{y:.1f}" x2="{_W - _RIGHT}" y2="{y:.1f}" class="grid"/>')
-        parts.append(f'<text x="{_LEFT - 6}" y="{y + 4:.1f}" text-anchor="end" class="tick">{tick:g}</text>')
+        parts.append(f'<line x1="{left}" y1="{y:.1f}" x2="{_W - _RIGHT}" y2="{y:.1f}" class="grid"/>')
+        parts.append(f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end" class="tick">{tick:g}</text>')
     parts.append(
         f'<text x="14" y="{_TOP + plot_h / 2:.0f}" transform="rotate(-90 14 {_TOP + plot_h / 2:.0f})" '
         f'text-anchor="middle" class="axis">{escape(chart.y_title)}</text>'
     )
-    rotate = n > 6 or max((len(x) for x in labels), default=0) * 7 > band
     for i, label in enumerate(labels):
         x, y = x_at(i), _TOP + plot_h + 16
         anchor = (
@@ -268,7 +277,7 @@ def svg_chart(chart: Chart) -> str:
                     f'<circle cx="{x_at(i):.1f}" cy="{y_at(v):.1f}" r="4" fill="{colour}"><title>'
                     f"{escape(s.name)} {escape(labels[i])}: {v:.3f}</title></circle>"
                 )
-    legend_x = _LEFT
+    legend_x = left
     for s in chart.series:
         colour = s.colour
         mark = (
