@@ -124,6 +124,23 @@ def test_the_svg_escapes_every_label_and_has_no_script_or_reference() -> None:
     assert svg.count("<rect") == 2 * 3 + 2  # two bars per category, two legend marks
 
 
+def test_slanted_category_labels_start_inside_the_chart() -> None:
+    """Many categories slant their labels; the first, long ones must not run off the left edge."""
+    from improve.evals.charts import Chart, Series
+
+    labels = ("angry-small-refund", "approval-rejected", *(f"c{i}" for i in range(9)))
+    chart = Chart(
+        "t", "category", labels, (Series("after", "bar", tuple(1.0 for _ in labels), "#2563eb"),), "c"
+    )
+    svg = svg_chart(chart)
+    ticks = re.findall(
+        r'<text x="([0-9.]+)" y="[0-9.]+" text-anchor="end" transform="rotate\(-30[^>]*>([^<]+)<', svg
+    )
+    assert len(ticks) == len(labels)
+    for x, label in ticks:
+        assert float(x) - len(label) * 6.1 >= 0, (label, x)
+
+
 def changelog(tmp_path: Path, records: list[dict[str, object]]) -> Path:
     path = tmp_path / "CHANGELOG.md"
     path.write_text("# CHANGELOG: refunds policies\n\n" + "\n".join(entry_markdown(r) for r in records))
