@@ -70,8 +70,8 @@ def find_round(reports: Path, round_id: str | None) -> Path:
     ]
     if len(matches) != 1:
         known = ", ".join(d.name for d in folders[-5:])
-        what = "no round" if not matches else f"{len(matches)} rounds"
-        raise WorkspaceError(f"{what} in {reports} match {round_id!r}; the latest are: {known}")
+        what = "no round matches" if not matches else f"{len(matches)} rounds match"
+        raise WorkspaceError(f"{what} {round_id!r} in {reports}; the latest are: {known}")
     return matches[0]
 
 
