@@ -47,5 +47,5 @@ clean: ## Remove the virtualenv and generated traces
 conformance: $(STAMP) ## CEL's conformance suite (npm) through both CEL paths; every bundled thread through XState v5
 	@$(BIN)/python -m bench.cel_conformance
 
-hostile: $(STAMP) ## Run the table of hostile inputs (issue 14) against the CLI; prints counts as JSON
+hostile: $(STAMP) ## Run the table of hostile inputs against the CLI; prints counts as JSON
 	@$(BIN)/python -m bench.hostile

@@ -315,7 +315,7 @@ def main() -> None:
         },
     }
     if not args.no_xstate:
-        # The exported machines run in XState v5 through the JS host, thread by thread (issue 16).
+        # The exported machines run in XState v5 through the JS host, thread by thread.
         from bench.xstate_conformance import xstate_conformance
 
         report["xstate"] = xstate_conformance()

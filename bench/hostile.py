@@ -1,4 +1,4 @@
-"""`python -m bench.hostile`: the hostile-input table of issue 14, run against the real CLI.
+"""`python -m bench.hostile`: the hostile-input table, run against the real CLI.
 
 It builds a scratch workspace (`improve init DIR --from refunds`, then `improve run --env refunds
 --policy v0 --model naive --split all --k 1`), then runs every case as a subprocess of the `improve`

@@ -34,7 +34,7 @@ print(json.dumps({"seconds": time.perf_counter() - start, "rows": n, "cpu_second
 """
 
 INGEST_RATIO_GOAL = 1.5
-"""Issue 15: the ingest takes at most 1.5x the wall time of DuckDB's bare read_json of the same files."""
+"""The goal: the ingest takes at most 1.5x the wall time of DuckDB's bare read_json of the same files."""
 INGEST_RSS_GOAL_MB = 300
 """... and at most 300 MB more peak memory."""
 

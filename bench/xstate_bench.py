@@ -37,7 +37,7 @@ ENVIRONMENT = "refund-approval"
 WARMUP = 3
 """Untimed passes over the sequences before XState's timed one, so V8's JIT has settled."""
 GOAL = 3.0
-"""Issue 15: replay at least three times XState's rate on the same sequences."""
+"""The goal: replay at least three times XState's rate on the same sequences."""
 
 
 def _interpreter_seconds(machine: Any, seqs: list[Sequence]) -> float:

@@ -1139,7 +1139,7 @@ def test_a_checkpointed_thread_is_resumable_in_the_warehouse(tmp_path: Path) -> 
 
 
 def test_a_checkpointed_edit_resumes_through_the_resume_engine_on_its_rebuilt_shadow(tmp_path: Path) -> None:
-    """The two halves of issue 17 meet: the code agent checkpoints after an edit, and `improve.runtime.resume`
+    """Durable runs, both halves: the code agent checkpoints after an edit, and `improve.runtime.resume`
     continues the same thread in a world rebuilt from the thread alone (its edit made again in a fresh
     shadow copy), so the diff recorded after validation holds the edit made before the checkpoint."""
     from improve.log.store import JsonlDirStore

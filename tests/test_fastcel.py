@@ -850,7 +850,7 @@ def test_expr_evaluate_fast_and_slow_agree(src: str) -> None:
         assert outcomes[0][1] == outcomes[1][1]
 
 
-# --- the specification where `cel` itself departs from it (issue 14; `make conformance`) -----------
+# --- the specification where `cel` itself departs from it (`make conformance`) -----------
 
 SPEC: list[tuple[str, Any]] = [
     ("size('πέντε')", 5),

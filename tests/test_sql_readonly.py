@@ -1,4 +1,4 @@
-"""`improve sql` is read-only: every attack of issue 14 is refused and changes nothing, queries still run,
+"""`improve sql` is read-only: every attack in the hostile-input table is refused and changes nothing, queries still run,
 the Python API's sandboxed mode does the same, and no text makes the statement check raise anything but
 its refusal."""
 

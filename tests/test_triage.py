@@ -1,4 +1,4 @@
-"""triage: the support inbox's triage desk, a second kind of desk (issue 13).
+"""triage: the support inbox's triage desk, a second kind of desk.
 
 Its answers are enumerated strings (`ROUTE{queue}`, `CLOSE{reason}`), its facts booleans, an enumerated
 plan, numbers and free text, and its rules need negation and an order. Covered here: the world and its

@@ -610,7 +610,7 @@ def test_insert_rows_spans_chunks_in_order_and_stamps_the_time() -> None:
     assert con.execute("SELECT count(*) FROM t").fetchone() == (len(rows),)
 
 
-# --- issue 14: a bad file or line never sinks the batch, and every line is accounted for ----------------
+# --- a bad file or line never sinks the batch, and every line is accounted for ----------------
 
 
 @pytest.fixture
