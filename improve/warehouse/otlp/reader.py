@@ -16,7 +16,7 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from improve.log import MAX_LINE_BYTES, line_problem, preview, split_lines
 from improve.warehouse.otlp.ids import SPAN_ID_BYTES, TRACE_ID_BYTES, decode_id, ids_to_base64
@@ -246,43 +246,50 @@ def span_row(
     return SpanRow(trace_id, span_id, values[-3], values)
 
 
-def _resource(doc: Any, where: str) -> dict[str, Any]:
+class _Part(NamedTuple):
+    """A resource or an instrumentation scope, parsed into its protobuf message."""
+
+    message: Any
+    schema_url: str | None
+    normal: bytes
+    """Its canonical bytes (the message serialized deterministically, then its schema URL): equal for
+    the same part however the JSON spelled it."""
+
+
+def _part(doc: Any, where: str, key: str, message: Any, what: str, beside: str) -> _Part:
     from google.protobuf import json_format
-    from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
     if not isinstance(doc, dict):
-        raise ValueError(f"{where} must be an object with resource and scopeSpans")
-    message = Resource()
+        raise ValueError(f"{where} must be an object with {key} and {beside}")
     try:
-        json_format.ParseDict(doc.get("resource") or {}, message, ignore_unknown_fields=True)
+        json_format.ParseDict(doc.get(key) or {}, message, ignore_unknown_fields=True)
     except json_format.ParseError as error:
-        raise ValueError(f"{where}.resource is not an OTLP resource: {error}") from None
+        raise ValueError(f"{where}.{key} is not an OTLP {what}: {error}") from None
     schema_url = doc.get("schemaUrl")
-    return {
-        "attributes": message.attributes,
-        "schema_url": schema_url if isinstance(schema_url, str) and schema_url else None,
-        "normal": message.SerializeToString(deterministic=True) + b"\0" + str(schema_url).encode(),
-    }
+    return _Part(
+        message,
+        schema_url if isinstance(schema_url, str) and schema_url else None,
+        message.SerializeToString(deterministic=True) + b"\0" + str(schema_url).encode(),
+    )
+
+
+def _resource(doc: Any, where: str) -> dict[str, Any]:
+    from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+
+    part = _part(doc, where, "resource", Resource(), "resource", "scopeSpans")
+    return {"attributes": part.message.attributes, "schema_url": part.schema_url, "normal": part.normal}
 
 
 def _scope(doc: Any, where: str) -> dict[str, Any]:
-    from google.protobuf import json_format
     from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope
 
-    if not isinstance(doc, dict):
-        raise ValueError(f"{where} must be an object with scope and spans")
-    message = InstrumentationScope()
-    try:
-        json_format.ParseDict(doc.get("scope") or {}, message, ignore_unknown_fields=True)
-    except json_format.ParseError as error:
-        raise ValueError(f"{where}.scope is not an OTLP instrumentation scope: {error}") from None
-    schema_url = doc.get("schemaUrl")
+    part = _part(doc, where, "scope", InstrumentationScope(), "instrumentation scope", "spans")
     return {
-        "name": message.name or None,
-        "version": message.version or None,
-        "attributes": _flat(message.attributes),
-        "schema_url": schema_url if isinstance(schema_url, str) and schema_url else None,
-        "normal": message.SerializeToString(deterministic=True) + b"\0" + str(schema_url).encode(),
+        "name": part.message.name or None,
+        "version": part.message.version or None,
+        "attributes": _flat(part.message.attributes),
+        "schema_url": part.schema_url,
+        "normal": part.normal,
     }
 
 
