@@ -1,8 +1,11 @@
-"""The refund desk with a stand-in model that waits like a remote one: `naive`, but every call sleeps."""
+"""The refund desk with a stand-in model that waits like a remote one: `naive`, but every call sleeps.
+
+`slowed_refunds` is shared with bench/busy.py, whose stand-in spends CPU instead of waiting."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import replace
 
 from improve.runtime import Environment, load_environment
@@ -12,22 +15,25 @@ from improve.runtime.models import Model, ModelReply
 DELAY_SECONDS = 0.2
 
 
-class Sleepy:
-    def __init__(self, inner: Model, delay: float) -> None:
+class Slowed:
+    """`inner`, with `pause()` before every answer."""
+
+    def __init__(self, inner: Model, name: str, pause: Callable[[], None]) -> None:
         self.inner = inner
-        self.name = f"sleepy-{inner.name}"
-        self.delay = delay
+        self.name = f"{name}-{inner.name}"
+        self.pause = pause
 
     def answer(self, request: DecisionRequest) -> ModelReply:
-        time.sleep(self.delay)  # the network and the model's latency
+        self.pause()
         return self.inner.answer(request)
 
 
-def environment() -> Environment:
+def slowed_refunds(name: str, pause: Callable[[], None]) -> Environment:
+    """The refund desk named `name`, with a stand-in `name`: its `naive` model, slowed by `pause`."""
     env = load_environment("refunds")
     naive = env.models["naive"]
-    return replace(
-        env,
-        name="sleepy",
-        models={**env.models, "sleepy": lambda seed: Sleepy(naive(seed), DELAY_SECONDS)},
-    )
+    return replace(env, name=name, models={**env.models, name: lambda seed: Slowed(naive(seed), name, pause)})
+
+
+def environment() -> Environment:
+    return slowed_refunds("sleepy", lambda: time.sleep(DELAY_SECONDS))  # the network and the model's latency
