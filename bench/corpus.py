@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from improve.evals import run_scenario
 from improve.evals.scenarios import load_scenarios
 from improve.log.store import MemoryStore
 from improve.runtime import load_environment
 from improve.runtime.policy import PolicyDecider, compile_policy, load_policy
-from improve.runtime.run import run
 
 REPO = Path(__file__).resolve().parents[1]
 MODELS = ("careful", "naive", "sloppy")
@@ -29,16 +29,8 @@ def write_corpus(path: Path, threads: int) -> int:
             scenario = scenarios[i % len(scenarios)]
             model = MODELS[(i // len(scenarios)) % len(MODELS)]
             thread_id = f"{scenario.split}:v0:{scenario.id}:r{i}"
-            run(
-                env,
-                input=scenario.input,
-                world=env.make_world(scenario.world),
-                people=scenario.people,
-                decider=PolicyDecider(policy, {"decider": env.models[model](f"{scenario.id}:{i}")}),
-                store=store,
-                thread_id=thread_id,
-                stamp={"model": model},
-            )
+            decider = PolicyDecider(policy, {"decider": env.models[model](f"{scenario.id}:{i}")})
+            run_scenario(env, scenario, decider, store, thread_id, stamp={"model": model})
             for entry in store.read(thread_id):
                 line = json.loads(entry.to_line())
                 line["threadId"] = thread_id

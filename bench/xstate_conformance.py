@@ -30,6 +30,7 @@ from typing import Any
 
 from bench.xstate_node import NodeUnavailable, install, pins, run_driver
 from improve.errors import ImproveError
+from improve.evals import run_scenario
 from improve.evals.scenarios import load_scenarios
 from improve.log import JsonlDirStore, LogEntry, Store
 from improve.machine import (
@@ -44,7 +45,6 @@ from improve.machine import (
 )
 from improve.runtime import Environment, load_environment
 from improve.runtime.policy import PolicyDecider, compile_policy, load_policy
-from improve.runtime.run import run
 
 ENVIRONMENTS = ("refunds", "refund-approval", "tool-loop", "code-agent", "triage")
 SHOWN_DIFFS = 5
@@ -80,16 +80,8 @@ def record_threads(env: Environment, store: Store, runs: int = 1, first_run: int
         for scenario in scenarios:
             for r in range(first_run, first_run + runs):
                 thread_id = f"{scenario.split}:v0:{model}:{scenario.id}:r{r}"
-                run(
-                    env,
-                    input=scenario.input,
-                    world=env.make_world(scenario.world),
-                    people=scenario.people,
-                    decider=PolicyDecider(policy, {"decider": env.models[model](f"{scenario.id}:{r}")}),
-                    store=store,
-                    thread_id=thread_id,
-                    stamp={"model": model},
-                )
+                decider = PolicyDecider(policy, {"decider": env.models[model](f"{scenario.id}:{r}")})
+                run_scenario(env, scenario, decider, store, thread_id, stamp={"model": model})
                 ids.append(thread_id)
     return ids
 
