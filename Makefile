@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
 .DEFAULT_GOAL := help
-.PHONY: help demo test bench bench-scale mutation conformance hostile lint clean
+.PHONY: help demo test test-fast bench bench-scale mutation conformance hostile lint clean
 
 help: ## Show this help
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
@@ -23,8 +23,11 @@ demo: $(STAMP) ## Run the refund desk, replay a thread, then improve its policy 
 	$(BIN)/improve demo --dir build/demo --rounds 6 --k 3
 	$(BIN)/improve report --html -w build/demo
 
-test: $(STAMP) ## Run the test suite
-	$(BIN)/python -m pytest
+test: $(STAMP) ## Run the test suite: parallel workers, a random order (its seed printed at the end)
+	$(BIN)/python -m pytest -n auto
+
+test-fast: $(STAMP) ## The inner loop: the suite without the tests marked slow (whole rounds, fuzzing, subprocesses)
+	$(BIN)/python -m pytest -n auto -m "not slow"
 
 bench: $(STAMP) ## Print benchmark figures as JSON
 	@$(BIN)/python -m bench

@@ -1,18 +1,71 @@
+"""Fixtures every test module can ask for; shared plain functions are in tests/helpers.py."""
+
 from __future__ import annotations
 
-import shutil
+import os
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+import duckdb
+import pytest
+
+from improve import clock as product_clock
+from tests.helpers import FROZEN_AT, copy_workspace
+
+# The CLI sizes its tables to the terminal (`improve.cli.common`, read when it is imported), and pytest-xdist
+# hands its workers the controller's width in COLUMNS: the tests read whole rows, so they pin the width the
+# CLI uses for piped output, before any test imports the CLI, for every worker and every subprocess.
+os.environ["COLUMNS"] = "140"
+os.environ["LINES"] = "40"
 
 # The fake OpenAI-compatible endpoint's `serve` fixture, for every test module.
 pytest_plugins = ["tests.fake_openai"]
 
 
-def copy_workspace(target: Path) -> Path:
-    """A scratch copy of the example workspace: improve.toml, scenarios/ and policies/."""
-    target.mkdir(parents=True, exist_ok=True)
-    shutil.copy(REPO / "improve.toml", target / "improve.toml")
-    shutil.copytree(REPO / "scenarios", target / "scenarios")
-    shutil.copytree(REPO / "policies", target / "policies")
-    return target
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    """Say which random order ran (pytest-randomly's seed), even under -q, so a failure that depends on
+    the order can be run again in that order."""
+    seed = config.getoption("randomly_seed", default=None)
+    if isinstance(seed, int):
+        terminalreporter.write_line(f"random order: run it again with --randomly-seed={seed}")
+
+
+@pytest.fixture(autouse=True)
+def _close_duckdb_connections(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Every DuckDB connection a test opens, itself or through the product, is closed when the test
+    ends, passed or failed. DuckDB allows one configuration per database file per process, so a
+    connection left open (a failure's traceback keeps one alive) would refuse the next test's."""
+    opened: list[duckdb.DuckDBPyConnection] = []
+    real = duckdb.connect
+
+    def connect(*args: Any, **kwargs: Any) -> duckdb.DuckDBPyConnection:
+        con = real(*args, **kwargs)
+        opened.append(con)
+        return con
+
+    monkeypatch.setattr(duckdb, "connect", connect)
+    yield
+    for con in opened:
+        con.close()
+
+
+@pytest.fixture
+def clock() -> Iterator[product_clock.FrozenClock]:
+    """The product's clock frozen at `FROZEN_AT` (moving 1 ms a reading): a test that checks a stamp,
+    a day or an order of instants takes its expected values from here, not from the day it was written."""
+    with product_clock.frozen(FROZEN_AT) as frozen:
+        yield frozen
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Path:
+    """A scratch copy of the example workspace."""
+    return copy_workspace(tmp_path)
+
+
+@pytest.fixture
+def no_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No GitHub token in the environment: a round leaves its branch and PR body locally."""
+    for name in ("GITHUB_TOKEN", "GH_TOKEN"):
+        monkeypatch.delenv(name, raising=False)

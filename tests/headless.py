@@ -14,11 +14,16 @@ import socket
 import struct
 import subprocess
 import tempfile
-import time
-import urllib.request
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+WAIT_S = 300
+"""How long a silent browser is waited for before the test fails instead of hanging: a bound for a broken
+browser, not a measure of speed. Every step waits for the browser's own word (its DevTools address on
+stderr, the page's load event, a command's reply), never for time to pass."""
+
 
 FLAGS = [
     "--headless",
@@ -54,7 +59,8 @@ class _Socket:
         match = re.match(r"ws://([^:/]+):(\d+)(/.*)", url)
         assert match, url
         host, port, path = match[1], int(match[2]), match[3]
-        self.sock = socket.create_connection((host, port), timeout=30)
+        self.url = url
+        self.sock = socket.create_connection((host, port), timeout=WAIT_S)
         key = base64.b64encode(os.urandom(16)).decode()
         self.sock.sendall(
             (
@@ -107,42 +113,41 @@ class _Socket:
                 return result
 
 
-def load_page(
-    chromium: str, page: Path, *, width: int = 1200, height: int = 2000, settle: float = 0.5
-) -> PageLoad:
-    """Open `page` in a fresh headless Chromium, wait for its load event (and `settle` seconds), and
-    report what its console said, what it requested, and a PNG screenshot of `width` x `height`."""
+def _devtools_address(proc: subprocess.Popen[str]) -> str:
+    """The browser's DevTools websocket, as Chromium prints it on stderr once it listens; the rest of
+    stderr (D-Bus complaints) is drained on a thread so the browser never blocks on a full pipe."""
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        found = re.search(r"DevTools listening on (ws://\S+)", line)
+        if found:
+            threading.Thread(target=proc.stderr.read, daemon=True).start()
+            return found[1]
+    raise AssertionError(f"Chromium exited ({proc.wait()}) without opening its DevTools endpoint")
+
+
+def load_page(chromium: str, page: Path, *, width: int = 1200, height: int = 2000) -> PageLoad:
+    """Open `page` in a fresh headless Chromium, wait for its load event, and report what its console
+    said, what it requested, and a PNG screenshot of `width` x `height`."""
     profile = tempfile.mkdtemp(prefix="chromium-profile-")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
     proc = subprocess.Popen(
         [
             chromium,
             *FLAGS,
-            f"--remote-debugging-port={port}",
+            "--remote-debugging-port=0",  # the browser picks a free port and says which
             f"--user-data-dir={profile}",
             f"--window-size={width},{height}",
             "about:blank",
         ],
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,  # D-Bus complaints; what the page says comes over DevTools
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
-        targets: list[dict[str, Any]] = []
-        deadline = time.monotonic() + 30
-        while not any(t.get("type") == "page" for t in targets):
-            if time.monotonic() > deadline:
-                raise AssertionError("Chromium did not open its DevTools endpoint within 30 s")
-            try:
-                # No proxy from the environment: this is the local browser.
-                opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-                with opener.open(f"http://127.0.0.1:{port}/json/list", timeout=5) as answer:
-                    targets = json.loads(answer.read())
-            except OSError:
-                time.sleep(0.1)
-        target = next(t for t in targets if t.get("type") == "page")
-        ws = _Socket(target["webSocketDebuggerUrl"])
+        browser = _Socket(_devtools_address(proc))
+        created = browser.send("Target.createTarget", url="about:blank")
+        target = _reply(browser, created)["targetId"]
+        host = browser.url.split("/devtools/", 1)[0]
+        ws = _Socket(f"{host}/devtools/page/{target}")
         for method in ("Runtime.enable", "Log.enable", "Network.enable", "Page.enable"):
             ws.send(method)
         ws.send(
@@ -155,11 +160,10 @@ def load_page(
         url = page.resolve().as_uri()
         ws.send("Page.navigate", url=url)
         result = PageLoad()
-        loaded_at: float | None = None
-        probe: int | None = None
-        shot_id: int | None = None
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
+        loaded: bool | None = None
+        drained: int | None = None
+        shot: int | None = None
+        while True:
             message = ws.receive()
             method = message.get("method")
             params = message.get("params", {})
@@ -176,27 +180,33 @@ def load_page(
                 result.errors.append(params["entry"].get("text", ""))
             elif method == "Network.requestWillBeSent":
                 result.requests.append(params["request"]["url"])
-            elif shot_id is not None and message.get("id") == shot_id:
+            elif method == "Page.loadEventFired":
+                loaded = True
+            elif drained is not None and message.get("id") == drained:
+                # Everything the page said while loading arrived before this reply: now the picture, if
+                # the load was our page's (not the first about:blank's); else wait for the next load.
+                if message["result"]["result"].get("value") == f"complete {url}":
+                    shot = ws.send("Page.captureScreenshot", format="png")
+                else:
+                    loaded = drained = None
+            elif shot is not None and message.get("id") == shot:
                 result.screenshot = base64.b64decode(message["result"]["data"])
                 return result
-            elif probe is not None and message.get("id") == probe:
-                # Loaded when our page (not the first about:blank) says so; then settle a moment.
-                if loaded_at is None and message["result"]["result"].get("value") == f"complete {url}":
-                    loaded_at = time.monotonic()
-                probe = None
-            if shot_id is None and probe is None:
-                if loaded_at is not None and time.monotonic() - loaded_at >= settle:
-                    shot_id = ws.send("Page.captureScreenshot", format="png")
-                else:
-                    time.sleep(0.05)
-                    probe = ws.send(
-                        "Runtime.evaluate", expression="document.readyState + ' ' + location.href"
-                    )
-        raise AssertionError(f"{page} did not load within 60 s")
+            if loaded and drained is None:
+                drained = ws.send("Runtime.evaluate", expression="document.readyState + ' ' + location.href")
     finally:
         proc.kill()
-        proc.wait(timeout=30)
+        proc.wait()
         shutil.rmtree(profile, ignore_errors=True)
+
+
+def _reply(ws: _Socket, id_: int) -> dict[str, Any]:
+    """The result of command `id_` (events before it are dropped: nothing is listening yet)."""
+    while True:
+        message = ws.receive()
+        if message.get("id") == id_:
+            result: dict[str, Any] = message["result"]
+            return result
 
 
 def png_size(data: bytes) -> tuple[int, int]:

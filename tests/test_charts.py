@@ -272,6 +272,7 @@ def test_the_round_page_is_self_contained_and_escapes_what_users_wrote(tmp_path:
     assert "<code>held-out:v2:naive:c-1:r1</code>" in page
 
 
+@pytest.mark.slow
 def test_the_round_page_renders_in_chromium_without_console_errors_or_requests(tmp_path: Path) -> None:
     from tests.headless import find_chromium, load_page, png_size
 
@@ -302,7 +303,7 @@ def test_report_names_what_is_missing_or_broken_in_a_report_folder(tmp_path: Pat
     from typer.testing import CliRunner
 
     from improve.cli.main import app
-    from tests.conftest import copy_workspace
+    from tests.helpers import copy_workspace
 
     ws = copy_workspace(tmp_path / "ws")
     runner = CliRunner()

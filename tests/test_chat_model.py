@@ -18,8 +18,8 @@ from typer.testing import CliRunner
 from improve.cli.main import app
 from improve.demo import commit_workspace
 from improve.log import LogEntry
+from tests.helpers import copy_workspace
 
-from .conftest import copy_workspace
 from .fake_openai import FakeEndpoint, Reply, completion, error, tool_answer
 
 runner = CliRunner()
@@ -177,6 +177,7 @@ def test_a_refused_answer_is_sent_back_with_its_reason(serve: Serve, tmp_path: P
     assert json.loads(last[-2]["content"]) == {"type": "REFUND_NOW", "amount": 40}
 
 
+@pytest.mark.slow
 def test_429_is_retried_after_its_retry_after_and_500_is_retried(serve: Serve, tmp_path: Path) -> None:
     server = serve(
         [error(429, "slow down", retry_after=1), error(500, "boom"), tool_answer({"type": "ESCALATE"})]
@@ -245,6 +246,7 @@ def round_json(ws: Path, cache: str) -> dict[str, Any]:
     return dict(outcome)
 
 
+@pytest.mark.slow
 def test_a_recorded_round_replays_offline_with_identical_scorecards(serve: Serve, tmp_path: Path) -> None:
     server = serve(naive_desk)
     recorded_ws = workspace(tmp_path / "a", server.url, seed=3)

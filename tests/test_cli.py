@@ -13,15 +13,9 @@ from typer.testing import CliRunner
 from improve.cli.main import app
 from improve.demo import commit_workspace
 from improve.log.entry import LogEntry
-from tests.conftest import REPO, copy_workspace
+from tests.helpers import REPO
 
 runner = CliRunner()
-
-
-@pytest.fixture
-def ws(tmp_path: Path) -> Path:
-    """A scratch copy of the example workspace."""
-    return copy_workspace(tmp_path)
 
 
 def test_run_writes_one_thread_per_run_and_prints_json(ws: Path) -> None:
@@ -227,6 +221,7 @@ def seal(
     return [s["id"] for s in sealed]
 
 
+@pytest.mark.slow
 def test_the_test_split_is_sealed_until_unsealed_and_each_unsealing_is_recorded(ws: Path) -> None:
     commit_workspace(ws, user="t", message="workspace")  # who unseals: git's user where the workspace is
     sealed = seal(ws)

@@ -22,9 +22,8 @@ import pytest
 from typer.testing import CliRunner
 
 from improve.cli.main import app
-from improve.demo import commit_workspace
+from tests.helpers import REPO, committed_workspace, copy_workspace
 
-from .conftest import REPO, copy_workspace
 from .fake_openai import FakeEndpoint, Reply, completion, tool_answer
 
 distributed = pytest.importorskip("distributed")
@@ -53,12 +52,6 @@ def cluster() -> Iterator[str]:
             # What a user's worker environment would hold: the model's key, and no proxy for 127.0.0.1.
             client.run(_set_environment, {KEY_ENV: SECRET, "NO_PROXY": "127.0.0.1"})
         yield "dask://" + local.scheduler_address.removeprefix("tcp://")
-
-
-def scratch(target: Path) -> Path:
-    """The example workspace, committed (a round leaves its review branch in git)."""
-    commit_workspace(copy_workspace(target), user="t", message="workspace")
-    return target
 
 
 def invoke(*args: str, ok: bool = True) -> Any:
@@ -97,8 +90,9 @@ def _scorecard(ws: Path, doc: dict[str, Any]) -> str:
     return text.replace(round_doc["round_id"], "ROUND")
 
 
+@pytest.mark.slow
 def test_a_round_on_the_cluster_decides_as_a_local_round(tmp_path: Path, cluster: str) -> None:
-    local, remote = scratch(tmp_path / "local"), scratch(tmp_path / "remote")
+    local, remote = committed_workspace(tmp_path / "local"), committed_workspace(tmp_path / "remote")
     common = ("round", "--policy", "v0", "--k", "2", "--json")
     here = invoke(*common, "-w", str(local))
     there = invoke(*common, "-w", str(remote), "--executor", cluster)
@@ -149,6 +143,7 @@ def desk_workspace(target: Path) -> Path:
     return target
 
 
+@pytest.mark.slow
 def test_run_and_score_on_the_cluster_give_the_local_scorecards(tmp_path: Path, cluster: str) -> None:
     local, remote = desk_workspace(tmp_path / "local"), desk_workspace(tmp_path / "remote")
     assert "mydesk" not in sys.modules  # only a worker with the workspace on its path can load it
@@ -172,6 +167,7 @@ def test_run_and_score_on_the_cluster_give_the_local_scorecards(tmp_path: Path, 
     assert sealed[0][0]["split"] == "test" and sealed[1] == sealed[0]
 
 
+@pytest.mark.slow
 def test_parity_on_the_cluster_gives_the_local_rows(tmp_path: Path, cluster: str) -> None:
     ws = copy_workspace(tmp_path / "ws")
     compare = ("parity", "compare", "improve.examples.refunds.legacy:run", "v0", "--split", "held-out")
@@ -181,6 +177,7 @@ def test_parity_on_the_cluster_gives_the_local_rows(tmp_path: Path, cluster: str
     assert there["summary"] == here["summary"]
 
 
+@pytest.mark.slow
 def test_a_model_keeps_its_concurrency_cap_across_the_workers(
     tmp_path: Path, cluster: str, serve: Callable[[Callable[[dict[str, Any]], Reply]], FakeEndpoint]
 ) -> None:

@@ -4,8 +4,7 @@ rule evals, describe, the freeform-vs-machine comparison, and an improvement rou
 from __future__ import annotations
 
 import json
-import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +15,6 @@ from typer.testing import CliRunner
 
 from improve.cli.main import app
 from improve.cli.parity import app as parity_app
-from improve.demo import commit_workspace
 from improve.errors import ResumeRefusedError
 from improve.evals.outcome import outcome_row
 from improve.evals.scenarios import Scenario, load_scenarios
@@ -59,7 +57,7 @@ from improve.runtime.decision import Decision, DecisionRequest
 from improve.runtime.policy import PolicyDecider, compile_policy, load_policy
 from improve.runtime.run import RunResult, run
 from improve.runtime.vocabulary import vocabulary
-from tests.conftest import REPO
+from tests.helpers import REPO, desk_workspace
 
 ENV = environment()
 SCENARIO_FILE = REPO / "scenarios" / "code-agent.yaml"
@@ -612,6 +610,7 @@ INVARIANTS: list[Callable[[Snapshot], bool]] = [
 ]
 
 
+@pytest.mark.slow
 def test_the_invariants_are_proven_with_a_complete_search() -> None:
     assert ENV.probe is not None and len(ENV.probe_inputs) == 5
     reached: set[str] = set()
@@ -703,6 +702,7 @@ def test_rule_evals_pass_and_cover_every_guarded_state() -> None:
     ]
 
 
+@pytest.mark.slow
 def test_describe_works_on_the_machine() -> None:
     text = describe_text(ENV.config)
     assert (
@@ -821,27 +821,12 @@ def test_parity_compare_runs_the_freeform_runner_from_the_cli(tmp_path: Path) ->
 
 def scratch(tmp_path: Path, git_repo: bool = True, mode: str = "answer") -> Path:
     """A workspace for the code agent holding the scenarios of one mode: questions or edit tasks."""
-    (tmp_path / "scenarios").mkdir(parents=True)
     doc = yaml.safe_load(SCENARIO_FILE.read_text())
     doc["scenarios"] = [s for s in doc["scenarios"] if s["input"].get("mode", "answer") == mode]
-    (tmp_path / "scenarios" / "code-agent.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
-    shutil.copytree(REPO / "policies" / "code-agent", tmp_path / "policies" / "code-agent")
-    (tmp_path / "improve.toml").write_text(
-        '[workspace]\nenvironment = "code-agent"\n\n[environments."code-agent"]\n'
-        'scenarios = "scenarios/code-agent.yaml"\npolicies = "policies/code-agent"\n\n[objective]\nk = 3\n'
-    )
-    if git_repo:
-        commit_workspace(tmp_path, user="t", message="workspace")
-    return tmp_path
+    return desk_workspace(tmp_path, "code-agent", doc, commit=git_repo)
 
 
-@pytest.fixture
-def no_token(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    for name in ("GITHUB_TOKEN", "GH_TOKEN"):
-        monkeypatch.delenv(name, raising=False)
-    yield
-
-
+@pytest.mark.slow
 def test_a_round_promotes_a_fix_for_the_naive_premature_answers(tmp_path: Path, no_token: None) -> None:
     root = scratch(tmp_path)
     space = Workspace.load(root / "improve.toml")
@@ -994,6 +979,7 @@ def test_the_ladder_retries_rolls_back_then_offers_ask_replan_or_blocked() -> No
     assert result.snapshot.context["notes"] == ["new approach: look first"]
 
 
+@pytest.mark.slow
 def test_exploration_proves_the_ladder_ends_and_a_broken_copy_is_reported() -> None:
     assert ENV.probe is not None and EDIT_PROBE["mode"] == "edit"
     explored = explore_paths(ENV.machine, EDIT_PROBE, ENV.probe)
@@ -1085,6 +1071,7 @@ def test_checkpoint_and_ask_end_the_run_waiting_with_what_a_resume_needs() -> No
     )
 
 
+@pytest.mark.slow
 def test_a_round_promotes_a_fix_for_the_naive_edit_mistakes(tmp_path: Path, no_token: None) -> None:
     root = scratch(tmp_path, mode="edit")
     space = Workspace.load(root / "improve.toml")

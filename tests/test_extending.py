@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import git
+import pytest
 from typer.testing import CliRunner
 
 from improve.cli.main import app
@@ -21,6 +22,7 @@ def blocks(language: str) -> list[str]:
     return re.findall(rf"```{language}\n(.*?)```", DOC.read_text(), flags=re.S)
 
 
+@pytest.mark.slow
 def test_the_documented_proposer_gate_and_importer_work_as_written(tmp_path: Path) -> None:
     ws = tmp_path / "ws"
     assert runner.invoke(app, ["init", str(ws), "--env", "doc-desk"]).exit_code == 0

@@ -351,6 +351,7 @@ any_expression = st.binary(min_size=4, max_size=96).map(lambda tape: ExprGen(tap
 EXAMPLES_RUN = int(os.environ.get("FASTCEL_EXAMPLES", "6000"))
 
 
+@pytest.mark.slow
 def test_differential_against_cel() -> None:
     stats: Counter[str] = Counter()
 

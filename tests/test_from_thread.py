@@ -30,17 +30,11 @@ from improve.runtime import (
     read_thread,
     run,
 )
-from tests.conftest import REPO, copy_workspace
+from tests.helpers import REPO
 
 runner = CliRunner()
 
 APPROVAL_RUN = "train:v0:careful:large-refund-approved-01:r1"
-
-
-@pytest.fixture
-def ws(tmp_path: Path) -> Path:
-    """A scratch copy of the example workspace."""
-    return copy_workspace(tmp_path)
 
 
 def improve(ws: Path, *args: str) -> Any:

@@ -670,6 +670,7 @@ FUZZ_LINES = st.lists(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", sorted(IMPORTERS.sources()))
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(lines=FUZZ_LINES)

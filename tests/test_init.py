@@ -26,6 +26,7 @@ def improve(ws: Path, *args: str) -> tuple[int, str]:
     return result.exit_code, result.output
 
 
+@pytest.mark.slow
 def test_init_writes_a_workspace_whose_agent_passes_every_check_and_improves(tmp_path: Path) -> None:
     # A name no other test uses: the package is imported into this process.
     ws = tmp_path / "credits-agent"
@@ -119,6 +120,7 @@ def test_init_from_a_bundled_desk_writes_its_scenarios_and_policies(tmp_path: Pa
     assert code == 0, output
 
 
+@pytest.mark.slow
 def test_an_environment_installed_as_a_package_runs_by_its_slug(tmp_path: Path) -> None:
     """A throwaway package whose entry point registers an environment: pip-installed into a target
     folder (offline), then used by name from a workspace that does not mention its module."""

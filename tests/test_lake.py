@@ -16,6 +16,7 @@ import polars as pl
 import pytest
 from typer.testing import CliRunner
 
+from improve import clock
 from improve.cli.main import app
 from improve.errors import LakeError, WorkspaceError
 from improve.log import LogEntry, seal
@@ -29,10 +30,11 @@ from improve.warehouse import (
     open_lake,
     query,
 )
-from tests.conftest import REPO, copy_workspace
+from tests.helpers import FROZEN_AT, REPO, copy_workspace
 
 runner = CliRunner()
 
+RUN_DAY = FROZEN_AT[:10]
 OTHER_DAY = "2026-11-29"
 NULL_NAMES = ("__HIVE_DEFAULT_PARTITION__", "NULL")
 
@@ -78,8 +80,14 @@ def _shift_thread(source: Path, target: Path) -> None:
 def ws(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A workspace with real threads (`improve run` with two policy versions and two models), three of
     them copied to another day and version, one thread of an unknown agent with an id improve does not
-    parse (NULL partition keys), all ingested (`improve ingest`, outcomes replayed) and exported."""
-    root = copy_workspace(tmp_path_factory.mktemp("lake-ws"))
+    parse (NULL partition keys), all ingested (`improve ingest`, outcomes replayed) and exported. The
+    runs are recorded on the frozen clock's day (`RUN_DAY`)."""
+    with clock.frozen(FROZEN_AT):
+        return _recorded_workspace(tmp_path_factory.mktemp("lake-ws"))
+
+
+def _recorded_workspace(root: Path) -> Path:
+    copy_workspace(root)
     v0 = json.loads((root / "policies" / "refunds" / "v0.json").read_text())
     (root / "policies" / "refunds" / "v1.json").write_text(json.dumps(v0 | {"version": "1"}))
     for policy, model in (("v0", "naive"), ("v1", "sloppy")):
@@ -123,6 +131,7 @@ def rows(con: duckdb.DuckDBPyConnection, sql: str) -> list[tuple[Any, ...]]:
 # --- the lake --------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_readme_queries_answer_the_same_on_the_warehouse_and_the_lake(ws: Path) -> None:
     warehouse, lake = open_database(db(ws), read_only=True), open_lake(ws / "lake")
     for sql in readme_sql():
@@ -160,8 +169,8 @@ def test_the_lake_is_partitioned_by_the_threads_keys(ws: Path) -> None:
     (stranger,) = [p for p in entries if p.parts[0] == "environment=other-agent"]
     assert stranger.parts[1:] in {(f"policy_version={null}", "day=2026-11-28") for null in NULL_NAMES}
     assert entries == {
-        Path("environment=refunds/policy_version=v0/day=2026-11-30"),
-        Path("environment=refunds/policy_version=v1/day=2026-11-30"),
+        Path(f"environment=refunds/policy_version=v0/day={RUN_DAY}"),
+        Path(f"environment=refunds/policy_version=v1/day={RUN_DAY}"),
         Path(f"environment=refunds/policy_version=v7/day={OTHER_DAY}"),
         stranger,
     }

@@ -14,8 +14,7 @@ from typer.testing import CliRunner
 from improve.cli.main import app
 from improve.demo import commit_workspace
 from improve.warehouse import connect
-
-from .conftest import REPO, copy_workspace
+from tests.helpers import REPO, copy_workspace
 
 runner = CliRunner()
 
@@ -54,6 +53,7 @@ def tamper_order_total(path: Path, total: float) -> int:
     raise AssertionError(f"{path.name} has no order lookup")
 
 
+@pytest.mark.slow
 def test_a_tampered_baseline_thread_is_set_aside_by_the_round(ws: Path) -> None:
     cli(ws, "run", "--split", "train", "--k", "1", "--json")
     path = ws / "traces" / "train:v0:naive:partial-refund-01:r1.jsonl"
@@ -73,6 +73,7 @@ def test_a_tampered_baseline_thread_is_set_aside_by_the_round(ws: Path) -> None:
     assert "4730" not in json.dumps(outcome)
 
 
+@pytest.mark.slow
 def test_sql_shows_the_rows_the_round_scored(ws: Path) -> None:
     outcome = cli(ws, "round", "--policy", "v0", "--k", "2", "--json")["rounds"][0]
     assert outcome["status"] == "recommended"
@@ -160,6 +161,7 @@ def production_thread(store: Any, thread_id: str, case: tuple[str, str, int, int
     )
 
 
+@pytest.mark.slow
 def test_production_threads_become_scenarios_and_a_round_fixes_them(tmp_path: Path) -> None:
     from improve.log import JsonlDirStore
 
@@ -204,6 +206,7 @@ def test_production_threads_become_scenarios_and_a_round_fixes_them(tmp_path: Pa
     assert outcome["scores"]["held-out"]["before"] == 0.0 and outcome["scores"]["held-out"]["after"] == 1.0
 
 
+@pytest.mark.slow
 def test_a_round_sets_aside_each_kind_of_tampering_and_scores_none_of_them(tmp_path: Path) -> None:
     from .test_replay import TAMPERS
 

@@ -39,7 +39,7 @@ from improve.log import (
 )
 from improve.runtime import load_environment
 from improve.runtime.policy import load_policy
-from tests.conftest import REPO, copy_workspace
+from tests.helpers import REPO, copy_workspace
 
 ENVIRONMENTS = ("refunds", "refund-approval", "tool-loop", "code-agent", "triage")
 FIXTURES = sorted((REPO / "tests" / "fixtures").rglob("*.jsonl"))
@@ -116,6 +116,7 @@ def _thread_files(stores: dict[str, JsonlDirStore]) -> list[Path]:
     return [p for store in stores.values() for p in sorted(store.root.glob("*.jsonl"))] + FIXTURES
 
 
+@pytest.mark.slow
 def test_every_bundled_line_reads_the_same_both_ways(bundled: dict[str, JsonlDirStore]) -> None:
     files = _thread_files(bundled)
     lines = [line for path in files for line in path.read_bytes().splitlines()]
@@ -349,12 +350,14 @@ def mutated(draw: st.DrawFn) -> bytes:
     return data
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(entries())
 def test_fuzzed_valid_entries_read_the_same_both_ways(entry: dict[str, Any]) -> None:
     assert_same(json.dumps(entry).encode())
 
 
+@pytest.mark.slow
 @settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(mutated())
 def test_fuzzed_mutations_are_accepted_and_refused_the_same_both_ways(line: bytes) -> None:
@@ -439,6 +442,7 @@ def test_a_file_is_replayed_thread_by_thread_not_loaded_whole(tmp_path: Path) ->
         next(threads)
 
 
+@pytest.mark.slow
 def test_improve_replay_builds_no_pydantic_entry(
     bundled: dict[str, JsonlDirStore], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -32,8 +32,8 @@ from improve.machine import parse_machine
 from improve.runtime import load_environment
 from improve.runtime.policy import load_policy
 from improve.runtime.vocabulary import DecisionWords, Vocabulary, vocabulary
+from tests.helpers import REPO
 
-from .conftest import REPO
 from .fake_openai import MODEL, FakeEndpoint, Reply, Script, completion
 
 FIXTURES = REPO / "tests" / "fixtures" / "openai"

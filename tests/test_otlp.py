@@ -7,7 +7,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import shutil
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -32,7 +31,7 @@ from improve.log.store import JsonlDirStore
 from improve.runtime import load_environment
 from improve.runtime.policy import load_policy
 from improve.warehouse.db import open_database
-from tests.conftest import REPO
+from tests.helpers import REPO, copy_workspace
 
 runner = CliRunner()
 
@@ -54,11 +53,7 @@ def traces(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def ws(tmp_path: Path, traces: Path) -> Path:
-    shutil.copy(REPO / "improve.toml", tmp_path / "improve.toml")
-    shutil.copytree(REPO / "scenarios", tmp_path / "scenarios")
-    shutil.copytree(REPO / "policies", tmp_path / "policies", symlinks=False)
-    shutil.copytree(traces, tmp_path / "traces")
-    return tmp_path
+    return copy_workspace(tmp_path, traces=traces)
 
 
 def _threads(directory: Path) -> dict[str, list[LogEntry]]:
@@ -124,6 +119,7 @@ def _export(ws: Path, *args: str) -> dict[str, Any]:
     return doc
 
 
+@pytest.mark.slow
 def test_exported_threads_parse_as_otlp_and_follow_the_genai_conventions(ws: Path) -> None:
     threads = _threads(ws / "traces")
     doc = _export(ws, str(ws / "traces"), "--out", str(ws / "otlp"), "--batch", "7")
@@ -268,6 +264,7 @@ class _Collector:
         self.server.server_close()
 
 
+@pytest.mark.slow
 def test_export_to_a_local_collector_retries_503_and_429_and_delivers_every_span(
     ws: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -304,6 +301,7 @@ def test_export_to_a_local_collector_retries_503_and_429_and_delivers_every_span
     assert (ws / "both" / "traces.jsonl").read_bytes() == Path(files["file"]).read_bytes()
 
 
+@pytest.mark.slow
 def test_a_collector_that_keeps_failing_or_refuses_gives_a_clear_error(ws: Path) -> None:
     with _Collector([503] * 10) as collector:
         result = runner.invoke(
@@ -348,6 +346,7 @@ def test_a_malformed_header_variable_is_named_without_its_value(
     assert "topsecret" not in result.output and "key=value" in result.output
 
 
+@pytest.mark.slow
 def test_exported_and_ingested_again_gives_the_same_runs_calls_tools_and_tokens(ws: Path) -> None:
     assert runner.invoke(app, ["ingest", "-w", str(ws), str(ws / "traces")]).exit_code == 0
     doc = _export(ws, "--out", str(ws / "otlp"))

@@ -20,7 +20,7 @@ from improve.cli.parity import app
 from improve.evals.scenarios import Scenario, load_scenarios
 from improve.parity import ParityRun, diff_runs, label_difference, same_or_safer
 from improve.runtime import load_environment
-from tests.conftest import REPO, copy_workspace
+from tests.helpers import REPO
 
 runner = CliRunner()
 V0 = json.loads((REPO / "policies" / "refunds" / "v0.json").read_text())
@@ -32,12 +32,6 @@ def _not_in_github_actions(monkeypatch: pytest.MonkeyPatch) -> None:
     # When this suite itself runs in GitHub Actions, only the test that asks for it may annotate.
     monkeypatch.delenv("GITHUB_ACTIONS", raising=False)
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
-
-
-@pytest.fixture
-def ws(tmp_path: Path) -> Path:
-    """A scratch copy of the example workspace."""
-    return copy_workspace(tmp_path)
 
 
 def write_policy(ws: Path, name: str, doc: dict[str, Any]) -> str:
@@ -116,6 +110,7 @@ def scenario_count(ws: Path, split: str | None = None) -> int:
     return len([s for s in scenarios if s.split == split or (split is None and s.split != "test")])
 
 
+@pytest.mark.slow
 def test_v0_against_itself_is_all_same(ws: Path) -> None:
     code, doc = compare_json(ws, "v0", "v0")
     assert code == 0
@@ -133,6 +128,7 @@ def test_v0_against_itself_is_all_same(ws: Path) -> None:
     assert "no unreviewed regression" in table.stdout
 
 
+@pytest.mark.slow
 def test_improve_parity_compare_is_the_parity_console_script(ws: Path) -> None:
     # `improve parity compare` is the same command as the `parity compare` console script CI uses.
     held_out = ("v0", "v0", "--split", "held-out", "-w", str(ws))
@@ -148,6 +144,7 @@ def test_improve_parity_compare_is_the_parity_console_script(ws: Path) -> None:
     )
 
 
+@pytest.mark.slow
 def test_blocking_the_sloppy_models_rule_breaks_is_intended(ws: Path) -> None:
     write_policy(ws, "v1", guarded_v1())
     code, doc = compare_json(ws, "v0", "v1")
@@ -212,6 +209,7 @@ def test_without_a_safety_order_no_changed_outcome_is_safer() -> None:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("event", "changed"), [("ESCALATE", "small-refund-01"), ("CLOSE", "fraud-signal-01")]
 )
@@ -425,12 +423,13 @@ def dying_runner(env_name: str, scenario: Scenario, model: str) -> ParityRun:
     os._exit(0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("runner_name", "message"),
     [
         ("exiting_runner", "raised SystemExit(0) instead of returning a ParityRun"),
         ("interrupting_runner", "raised KeyboardInterrupt() instead of returning a ParityRun"),
-        ("hanging_runner", "did not finish within 1 s"),
+        ("hanging_runner", "did not finish within 3 s"),
         ("dying_runner", "the runner's worker process ended (exit code 0) before returning a result"),
     ],
 )
@@ -440,9 +439,9 @@ def test_a_runner_that_exits_hangs_or_dies_stops_parity_with_exit_3(
 ) -> None:
     spec = f"tests.test_parity:{runner_name}"
     old, new = (spec, "v0") if side == "OLD" else ("v0", spec)
-    started = time.monotonic()
-    result = compare(ws, old, new, "--scenario", "small-refund-01", "--timeout", "1")
-    assert time.monotonic() - started < 30
+    # Three seconds: the hanging runner never ends within them, and v0's one run on the other side ends
+    # well inside them on a busy machine. That the message says so shows the limit, not the run, ended it.
+    result = compare(ws, old, new, "--scenario", "small-refund-01", "--timeout", "3")
     assert result.exit_code == 3, result.output
     assert result.stdout == ""
     assert "Traceback" not in result.output
@@ -473,6 +472,7 @@ def test_the_timeout_must_be_positive(ws: Path) -> None:
 # --- GitHub Actions -------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_github_actions_gets_a_step_summary_and_at_most_ten_annotations(ws: Path, tmp_path: Path) -> None:
     write_policy(ws, "v9", always("ESCALATE", "9"))
     summary = tmp_path / "summary.md"
@@ -508,6 +508,7 @@ def test_github_actions_gets_a_step_summary_and_at_most_ten_annotations(ws: Path
 # --- the legacy loop ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_legacy_loop_behaves_like_the_machine_with_v0(ws: Path) -> None:
     models = ("--model", "careful", "--model", "sloppy", "--model", "naive")
     code, doc = compare_json(ws, "improve.examples.refunds.legacy:run", "v0", *models)

@@ -25,7 +25,7 @@ from improve.machine import compile_machine
 from improve.runtime import load_environment
 from improve.runtime.policy import PolicyDecider, compile_policy, load_policy
 from improve.runtime.run import run
-from tests.conftest import REPO, copy_workspace
+from tests.helpers import REPO, copy_workspace
 
 REFUNDS = load_environment("refunds")
 APPROVAL = load_environment("refund-approval")
@@ -354,6 +354,7 @@ def test_a_real_thread_is_chained_and_ended(recorded_lines: list[dict[str, Any]]
     assert replay(REFUNDS.machine, _entries(recorded_lines)).verification == "unverified"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(TAMPERS))
 def test_each_tampering_is_named_with_its_entry_and_kind(
     recorded_lines: list[dict[str, Any]], name: str, tmp_path: Path

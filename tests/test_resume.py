@@ -378,6 +378,7 @@ def as_json(result: subprocess.CompletedProcess[str]) -> Any:
     return json.loads(result.stdout)
 
 
+@pytest.mark.slow
 def test_the_refund_desk_waits_for_approval_then_resumes_in_a_new_process_and_scores_as_uninterrupted(
     tmp_path: Path,
 ) -> None:

@@ -19,7 +19,6 @@ import pytest
 from typer.testing import CliRunner
 
 from improve.cli.main import app
-from improve.demo import commit_workspace
 from improve.evals.outcome import OutcomeRow, outcome_row
 from improve.evals.workspace import Workspace
 from improve.loop import RoundOptions, next_version, run_round
@@ -28,7 +27,7 @@ from improve.loop.diagnose import KINDS, diagnose
 from improve.loop.gates import GATE_NAMES, GateResult
 from improve.loop.proposers import Proposal, ProposalError, ProposalRequest
 from improve.loop.proposers.rules import mine
-from tests.conftest import REPO, copy_workspace
+from tests.helpers import REPO, committed_workspace
 
 DESKS = ("refunds", "code-agent", "tool-loop", "triage")
 
@@ -166,15 +165,10 @@ def test_a_threshold_needs_two_scenarios_on_each_side() -> None:
 
 
 def scratch(tmp_path: Path, remote: Path | None = None) -> Workspace:
-    repo = commit_workspace(copy_workspace(tmp_path), user="t", message="workspace")
-    if remote is not None:
-        git.Repo.init(remote, bare=True)
-        repo.create_remote("origin", "https://github.com/acme/desk.git")
-        with repo.config_writer() as config:
-            config.set_value(f'url "{remote}"', "insteadOf", "https://github.com/acme/desk.git")
-    return Workspace.load(tmp_path / "improve.toml")
+    return Workspace.load(committed_workspace(tmp_path, remote=remote) / "improve.toml")
 
 
+@pytest.mark.slow
 def test_a_full_round_recommends_and_leaves_a_branch_without_a_token(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -291,6 +285,7 @@ def fake_github() -> Iterator[str]:
     server.shutdown()
 
 
+@pytest.mark.slow
 def test_a_round_with_a_remote_and_token_pushes_and_opens_the_pr(
     tmp_path: Path, fake_github: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -319,6 +314,7 @@ def test_a_round_with_a_remote_and_token_pushes_and_opens_the_pr(
             assert "ghp_secret_token_value" not in file.read_text()
 
 
+@pytest.mark.slow
 def test_a_round_never_sends_the_token_over_plain_http_unless_told(
     tmp_path: Path, fake_github: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -364,6 +360,7 @@ class _SameBehaviour:
         raise ProposalError("nothing to repair")
 
 
+@pytest.mark.slow
 def test_a_null_round_is_not_promoted(tmp_path: Path) -> None:
     space = scratch(tmp_path)
     result = run_round(space, RoundOptions(policy="v0", k=2, proposer=_SameBehaviour()))
@@ -437,6 +434,7 @@ class EscalateEverything:
 """
 
 
+@pytest.mark.slow
 def test_a_proposer_registered_in_the_workspace_is_used_by_name(tmp_path: Path) -> None:
     scratch(tmp_path)
     (tmp_path / "escalator.py").write_text(WORKSPACE_PROPOSER)
@@ -488,6 +486,7 @@ def test_runs_on_a_process_pool_equal_runs_in_threads(tmp_path: Path) -> None:
     assert len(key) == 12
 
 
+@pytest.mark.slow
 def test_round_cli_appends_the_scorecard_to_the_github_step_summary(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -706,6 +705,7 @@ def careful_pass_rate(env_name: str, policy_path: Path, scenarios: list[Any], k:
     return total / len(scenarios)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("env_name", DESKS)
 def test_demo_rounds_promote_and_the_final_policy_keeps_what_careful_gets_right(
     env_name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -763,6 +763,7 @@ class SameBehaviour:
 """
 
 
+@pytest.mark.slow
 def test_held_out_reads_are_counted_per_set_and_warn_past_what_the_set_supports(tmp_path: Path) -> None:
     import math
 
@@ -845,6 +846,7 @@ def test_held_out_reads_never_go_down_when_an_entry_is_lost() -> None:
     assert held_out_reads(text, "bb22") == 1 and held_out_reads(text, "cc33") == 0
 
 
+@pytest.mark.slow
 def test_a_branch_discarded_against_a_policy_is_not_proposed_against_it_again(tmp_path: Path) -> None:
     from improve.loop.changelog import discarded_branches
 
@@ -864,6 +866,7 @@ def test_a_branch_discarded_against_a_policy_is_not_proposed_against_it_again(tm
     assert second.branches and second.branches != first.branches, (first.branches, second.branches)
 
 
+@pytest.mark.slow
 def test_a_rerun_after_a_killed_round_replaces_its_report_and_adds_no_commit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

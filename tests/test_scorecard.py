@@ -289,6 +289,7 @@ def simulate(
     return Simulated(promoted / trials, extra / trials)
 
 
+@pytest.mark.slow
 def test_null_simulation_false_promotion_rate_at_most_5_percent() -> None:
     # The candidate behaves exactly like the baseline: every promotion is a false one.
     result = simulate(trials=1000, seed=1, fixed=0.0)
@@ -300,6 +301,7 @@ def test_null_simulation_false_promotion_rate_at_most_5_percent() -> None:
     assert result.promoted <= 0.05
 
 
+@pytest.mark.slow
 def test_power_simulation_fixing_the_always_failing_scenarios() -> None:
     # The candidate truly fixes the 3 always-failing scenarios of each split (pass 0 -> 0.9). The earlier
     # rule (bootstrap lower bound above 0, any failure after k baseline passes a regression) promoted it
@@ -363,7 +365,7 @@ from pathlib import Path  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
 from improve.cli.main import app  # noqa: E402
-from tests.conftest import copy_workspace  # noqa: E402
+from tests.helpers import copy_workspace  # noqa: E402
 
 V1 = {
     "id": "refunds-policy",
@@ -398,6 +400,7 @@ def workspace_copy(tmp_path: Path) -> Path:
     return tmp_path
 
 
+@pytest.mark.slow
 def test_score_cli_compares_versions_and_renders_markdown(tmp_path: Path) -> None:
     ws = workspace_copy(tmp_path)
     runner = CliRunner()

@@ -27,23 +27,10 @@ from improve.warehouse.readonly import (
     RULE_TYPE,
     check_statement,
 )
-from tests.conftest import REPO
+from tests.helpers import REPO, entry
 
 runner = CliRunner()
 SECRET = "s3cret-outside-the-workspace"
-
-
-def entry(i: int, thread: str = "train:v0:s:r1") -> dict[str, Any]:
-    return {
-        "schemaVersion": 1,
-        "id": f"{thread}#{i}",
-        "index": i,
-        "recordedAt": "2026-11-30T00:00:00Z",
-        "machineId": "refunds",
-        "machineVersion": "1",
-        "event": {"type": "@agent.init" if i == 0 else "STEP", "n": i},
-        "threadId": thread,
-    }
 
 
 @pytest.fixture
@@ -123,6 +110,7 @@ def test_every_statement_that_is_not_a_query_is_refused_and_changes_nothing(ws: 
     assert refused.value.rule == REFUSED[statement]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "statement",
     [

@@ -20,6 +20,7 @@ from improve.log.entry import LogEntry
 from improve.log.store import JsonlDirStore, MemoryStore, Store, ThreadPage
 from improve.warehouse.db import open_database
 from improve.warehouse.store import DuckDBStore
+from tests.helpers import log_entry
 
 FACTORIES: dict[str, Callable[[Path], Store]] = {
     "memory": lambda tmp_path: MemoryStore(),
@@ -35,20 +36,8 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
     return FACTORIES[request.param](tmp_path)
 
 
-def entry(index: int, type_: str = "STEP", **fields: Any) -> LogEntry:
-    return LogEntry(
-        id=fields.pop("id", f"e{index}"),
-        index=index,
-        recordedAt="2026-11-30T00:00:00Z",
-        machineId="refund-approval",
-        machineVersion="1",
-        event={"type": type_, **fields.pop("payload", {})},
-        **fields,
-    )
-
-
 def entries(start: int, stop: int, **fields: Any) -> list[LogEntry]:
-    return [entry(i, **fields) for i in range(start, stop)]
+    return [log_entry(i, **fields) for i in range(start, stop)]
 
 
 def rich_entry(index: int) -> LogEntry:
@@ -77,7 +66,7 @@ def test_stores_satisfy_the_protocol(store: Store) -> None:
 
 
 def test_append_then_read_round_trips_entries_exactly(store: Store) -> None:
-    batch = [entry(0, "@agent.init", payload={"input": {"amount": 5}}), rich_entry(1), entry(2)]
+    batch = [log_entry(0, "@agent.init", payload={"input": {"amount": 5}}), rich_entry(1), log_entry(2)]
     assert store.append(THREAD, 0, batch) == 3
     got = store.read(THREAD)
     assert got == batch
@@ -109,18 +98,18 @@ def test_length_and_unknown_thread(store: Store) -> None:
 def test_stale_expected_index_raises_conflict_and_changes_nothing(store: Store) -> None:
     store.append(THREAD, 0, entries(0, 3))
     with pytest.raises(ConflictError) as info:
-        store.append(THREAD, 1, [entry(1, id="late")])
+        store.append(THREAD, 1, [log_entry(1, id="late")])
     message = str(info.value)
     assert THREAD in message and "expected index 1" in message and "3 entries" in message
     with pytest.raises(ConflictError, match="expected index 5"):
-        store.append(THREAD, 5, [entry(5)])
+        store.append(THREAD, 5, [log_entry(5)])
     assert store.length(THREAD) == 3
     assert [e.id for e in store.read(THREAD)] == ["e0", "e1", "e2"]
 
 
 def test_first_append_must_start_at_zero(store: Store) -> None:
     with pytest.raises(ConflictError, match="expected index 1"):
-        store.append(THREAD, 1, [entry(1)])
+        store.append(THREAD, 1, [log_entry(1)])
     assert not store.exists(THREAD)
     assert store.length(THREAD) == 0
 
@@ -137,7 +126,7 @@ def test_empty_append_is_a_no_op_that_checks_the_index(store: Store) -> None:
 
 def test_batch_with_a_bad_index_in_the_middle_lands_nothing(store: Store) -> None:
     store.append(THREAD, 0, entries(0, 2))
-    batch = [entry(2), entry(3), entry(5, id="gap"), entry(6)]
+    batch = [log_entry(2), log_entry(3), log_entry(5, id="gap"), log_entry(6)]
     with pytest.raises(LogError) as info:
         store.append(THREAD, 2, batch)
     assert not isinstance(info.value, ConflictError)
@@ -149,16 +138,16 @@ def test_batch_with_a_bad_index_in_the_middle_lands_nothing(store: Store) -> Non
 
 def test_thread_id_mismatch_is_rejected(store: Store) -> None:
     with pytest.raises(LogError, match="threadId 'someone-else'"):
-        store.append(THREAD, 0, [entry(0, threadId=THREAD), entry(1, threadId="someone-else")])
+        store.append(THREAD, 0, [log_entry(0, threadId=THREAD), log_entry(1, threadId="someone-else")])
     assert store.length(THREAD) == 0
-    assert store.append(THREAD, 0, [entry(0, threadId=THREAD)]) == 1
+    assert store.append(THREAD, 0, [log_entry(0, threadId=THREAD)]) == 1
     assert store.read(THREAD)[0].threadId == THREAD
 
 
 @pytest.mark.parametrize("bad", ["", "has space", "../escape", "a/b", "-leading-dash", "x" * 256])
 def test_invalid_thread_id_is_rejected(store: Store, bad: str) -> None:
     with pytest.raises(LogError, match="not valid"):
-        store.append(bad, 0, [entry(0)])
+        store.append(bad, 0, [log_entry(0)])
     with pytest.raises(LogError, match="not valid"):
         store.read(bad)
     with pytest.raises(LogError, match="not valid"):
@@ -167,11 +156,11 @@ def test_invalid_thread_id_is_rejected(store: Store, bad: str) -> None:
 
 
 def test_fork_copies_everything(store: Store) -> None:
-    store.append(THREAD, 0, [entry(0, "@agent.init"), rich_entry(1), entry(2)])
+    store.append(THREAD, 0, [log_entry(0, "@agent.init"), rich_entry(1), log_entry(2)])
     assert store.fork(THREAD, "fork-all") == 3
     assert store.read("fork-all") == store.read(THREAD)
     # the fork is independent of its source
-    store.append("fork-all", 3, [entry(3)])
+    store.append("fork-all", 3, [log_entry(3)])
     assert store.length("fork-all") == 4
     assert store.length(THREAD) == 3
 
@@ -180,14 +169,14 @@ def test_fork_a_prefix(store: Store) -> None:
     store.append(THREAD, 0, entries(0, 5))
     assert store.fork(THREAD, "prefix", upto=2) == 2
     assert [e.id for e in store.read("prefix")] == ["e0", "e1"]
-    assert store.append("prefix", 2, [entry(2, id="new-branch")]) == 3
+    assert store.append("prefix", 2, [log_entry(2, id="new-branch")]) == 3
     with pytest.raises(LogError, match="upto must be at least 1"):
         store.fork(THREAD, "empty", upto=0)
     assert not store.exists("empty")
 
 
 def test_fork_rewrites_thread_id(store: Store) -> None:
-    store.append(THREAD, 0, [entry(0, threadId=THREAD), entry(1)])
+    store.append(THREAD, 0, [log_entry(0, threadId=THREAD), log_entry(1)])
     store.fork(THREAD, "copy")
     copied = store.read("copy")
     assert [e.threadId for e in copied] == ["copy", None]
@@ -197,7 +186,7 @@ def test_fork_rewrites_thread_id(store: Store) -> None:
 
 def test_fork_conflicts_when_target_exists(store: Store) -> None:
     store.append(THREAD, 0, entries(0, 2))
-    store.append("taken", 0, [entry(0, id="mine")])
+    store.append("taken", 0, [log_entry(0, id="mine")])
     with pytest.raises(ConflictError, match="'taken'"):
         store.fork(THREAD, "taken")
     assert [e.id for e in store.read("taken")] == ["mine"]
@@ -219,10 +208,10 @@ def test_fork_upto_past_the_end_and_unknown_source(store: Store) -> None:
 def chained(thread_id: str) -> list[LogEntry]:
     """A chained (schemaVersion 2) thread: init, a rich entry, a usage record (no state hash), the end."""
     plain = [
-        entry(0, "@agent.init", verification={"stateHash": "01" * 32}),
+        log_entry(0, "@agent.init", verification={"stateHash": "01" * 32}),
         rich_entry(1),
-        entry(2, "@agent.usage", payload={"calls": 1, "inputTokens": 300, "outputTokens": 20}),
-        entry(3, "@agent.end", payload={"status": "done"}, verification={"stateHash": "ab" * 32}),
+        log_entry(2, "@agent.usage", payload={"calls": 1, "inputTokens": 300, "outputTokens": 20}),
+        log_entry(3, "@agent.end", payload={"status": "done"}, verification={"stateHash": "ab" * 32}),
     ]
     sealed: list[LogEntry] = []
     previous = thread_id
@@ -269,7 +258,7 @@ def test_fork_of_a_tampered_chain_is_refused(store: Store) -> None:
 
 def test_list_threads_prefix_and_limit(store: Store) -> None:
     for tid in ["train:v1:b:r1", "train:v1:a:r1", "held-out:v1:a:r1", "train:v2:a:r1"]:
-        store.append(tid, 0, [entry(0)])
+        store.append(tid, 0, [log_entry(0)])
     assert store.list_threads() == ThreadPage(
         ["held-out:v1:a:r1", "train:v1:a:r1", "train:v1:b:r1", "train:v2:a:r1"], None
     )
@@ -288,8 +277,8 @@ def test_list_threads_prefix_and_limit(store: Store) -> None:
 def test_list_threads_pages_through_every_id_once_in_order(store: Store) -> None:
     ids = [f"t{n:03d}" for n in range(25)]
     for tid in reversed(ids):
-        store.append(tid, 0, [entry(0)])
-    store.append("other-0", 0, [entry(0)])
+        store.append(tid, 0, [log_entry(0)])
+    store.append("other-0", 0, [log_entry(0)])
     pages: list[list[str]] = []
     cursor: str | None = None
     while True:
@@ -305,13 +294,13 @@ def test_list_threads_pages_through_every_id_once_in_order(store: Store) -> None
 
 def test_exact_page_ends_without_a_cursor(store: Store) -> None:
     for n in range(10):
-        store.append(f"t{n}", 0, [entry(0)])
+        store.append(f"t{n}", 0, [log_entry(0)])
     assert store.list_threads(limit=10) == ThreadPage([f"t{n}" for n in range(10)], None)
 
 
 def test_delete_and_exists(store: Store) -> None:
     store.append(THREAD, 0, entries(0, 3))
-    store.append("keep", 0, [entry(0)])
+    store.append("keep", 0, [log_entry(0)])
     assert store.exists(THREAD)
     store.delete(THREAD)
     assert not store.exists(THREAD)
@@ -319,19 +308,20 @@ def test_delete_and_exists(store: Store) -> None:
     assert store.read(THREAD) == []
     assert store.list_threads().thread_ids == ["keep"]
     store.delete(THREAD)  # deleting an unknown thread is fine
-    assert store.append(THREAD, 0, [entry(0, id="fresh")]) == 1  # and it starts over at 0
+    assert store.append(THREAD, 0, [log_entry(0, id="fresh")]) == 1  # and it starts over at 0
     assert [e.id for e in store.read(THREAD)] == ["fresh"]
     assert store.exists("keep")
 
 
 def test_stored_entries_cannot_be_changed_through_returned_objects(store: Store) -> None:
-    batch = [entry(0, payload={"items": [1]})]
+    batch = [log_entry(0, payload={"items": [1]})]
     store.append(THREAD, 0, batch)
     batch[0].event["items"].append(2)
     store.read(THREAD)[0].event["items"].append(3)
     assert store.read(THREAD)[0].event == {"type": "STEP", "items": [1]}
 
 
+@pytest.mark.slow
 def test_concurrent_appenders_with_retries_lose_nothing(store: Store) -> None:
     writers, per_writer = 8, 40
 
@@ -341,7 +331,7 @@ def test_concurrent_appenders_with_retries_lose_nothing(store: Store) -> None:
             while True:
                 n = store.length(THREAD)
                 try:
-                    store.append(THREAD, n, [entry(n, id=f"w{worker}-{k}")])
+                    store.append(THREAD, n, [log_entry(n, id=f"w{worker}-{k}")])
                     break
                 except ConflictError:
                     conflicts += 1
@@ -370,7 +360,7 @@ def test_jsonl_layout_is_one_line_per_entry(jsonl: JsonlDirStore, tmp_path: Path
     jsonl.append(THREAD, 0, entries(0, 2))
     path = tmp_path / "threads" / f"{THREAD}.jsonl"
     assert jsonl.path(THREAD) == path
-    assert path.read_text().splitlines() == [entry(0).to_line(), entry(1).to_line()]
+    assert path.read_text().splitlines() == [log_entry(0).to_line(), log_entry(1).to_line()]
     assert path.read_bytes().endswith(b"\n")
     assert [p.name for p in (tmp_path / "threads").iterdir()] == [path.name]
 
@@ -378,19 +368,19 @@ def test_jsonl_layout_is_one_line_per_entry(jsonl: JsonlDirStore, tmp_path: Path
 def test_jsonl_torn_final_line_is_ignored_then_truncated(jsonl: JsonlDirStore) -> None:
     jsonl.append(THREAD, 0, entries(0, 2))
     path = jsonl.path(THREAD)
-    torn = entry(2, id="torn").to_line()[:30]
+    torn = log_entry(2, id="torn").to_line()[:30]
     with path.open("a") as f:
         f.write(torn)
     assert jsonl.length(THREAD) == 2
     assert [e.id for e in jsonl.read(THREAD)] == ["e0", "e1"]
     with pytest.raises(ConflictError):
-        jsonl.append(THREAD, 3, [entry(3)])
+        jsonl.append(THREAD, 3, [log_entry(3)])
     assert path.read_text().endswith(torn)  # a failed append leaves the file alone
-    assert jsonl.append(THREAD, 2, [entry(2, id="whole")]) == 3
+    assert jsonl.append(THREAD, 2, [log_entry(2, id="whole")]) == 3
     assert path.read_text().splitlines() == [
-        entry(0).to_line(),
-        entry(1).to_line(),
-        entry(2, id="whole").to_line(),
+        log_entry(0).to_line(),
+        log_entry(1).to_line(),
+        log_entry(2, id="whole").to_line(),
     ]
     assert [e.id for e in jsonl.read(THREAD)] == ["e0", "e1", "whole"]
 
@@ -398,9 +388,9 @@ def test_jsonl_torn_final_line_is_ignored_then_truncated(jsonl: JsonlDirStore) -
 def test_jsonl_complete_final_line_without_newline_is_still_torn(jsonl: JsonlDirStore) -> None:
     jsonl.append(THREAD, 0, entries(0, 1))
     with jsonl.path(THREAD).open("a") as f:
-        f.write(entry(1, id="unterminated").to_line())
+        f.write(log_entry(1, id="unterminated").to_line())
     assert jsonl.length(THREAD) == 1
-    assert jsonl.append(THREAD, 1, [entry(1, id="ok")]) == 2
+    assert jsonl.append(THREAD, 1, [log_entry(1, id="ok")]) == 2
     assert [e.id for e in jsonl.read(THREAD)] == ["e0", "ok"]
 
 
@@ -409,8 +399,8 @@ def test_jsonl_file_holding_only_a_torn_line(jsonl: JsonlDirStore) -> None:
     jsonl.path(THREAD).write_text('{"schemaVersion": 1, "id"')
     assert jsonl.length(THREAD) == 0
     assert jsonl.read(THREAD) == []
-    assert jsonl.append(THREAD, 0, [entry(0)]) == 1
-    assert jsonl.path(THREAD).read_text() == entry(0).to_line() + "\n"
+    assert jsonl.append(THREAD, 0, [log_entry(0)]) == 1
+    assert jsonl.path(THREAD).read_text() == log_entry(0).to_line() + "\n"
 
 
 def test_jsonl_corrupt_middle_line_names_file_and_line(jsonl: JsonlDirStore) -> None:
@@ -446,7 +436,7 @@ def test_jsonl_length_uses_the_cache_and_sees_outside_changes(
 
     # another writer (say, another process) changes the file: the count is recomputed
     with jsonl.path(THREAD).open("a") as f:
-        f.write(entry(3).to_line() + "\n")
+        f.write(log_entry(3).to_line() + "\n")
     assert jsonl.length(THREAD) == 4
     assert preads != []
     preads.clear()
@@ -459,17 +449,17 @@ def test_jsonl_separate_instances_share_the_directory(tmp_path: Path) -> None:
     b = JsonlDirStore(tmp_path / "threads", fsync=True)
     a.append(THREAD, 0, entries(0, 2))
     assert b.length(THREAD) == 2
-    b.append(THREAD, 2, [entry(2)])
+    b.append(THREAD, 2, [log_entry(2)])
     with pytest.raises(ConflictError, match="3 entries"):
-        a.append(THREAD, 2, [entry(2)])
+        a.append(THREAD, 2, [log_entry(2)])
     assert a.length(THREAD) == 3
     b.delete(THREAD)
     assert a.length(THREAD) == 0
-    assert a.append(THREAD, 0, [entry(0)]) == 1
+    assert a.append(THREAD, 0, [log_entry(0)]) == 1
 
 
 def test_jsonl_list_threads_ignores_other_files(jsonl: JsonlDirStore) -> None:
-    jsonl.append("real", 0, [entry(0)])
+    jsonl.append("real", 0, [log_entry(0)])
     (jsonl.root / "notes.txt").write_text("x")
     (jsonl.root / ".fork-abc.tmp").write_text("x")
     (jsonl.root / ".hidden.jsonl").write_text("x")
@@ -489,7 +479,7 @@ def test_jsonl_missing_root_is_empty(tmp_path: Path) -> None:
 
 def test_jsonl_rejects_ids_too_long_for_a_file_name(jsonl: JsonlDirStore) -> None:
     longest = "x" * 249
-    assert jsonl.append(longest, 0, [entry(0)]) == 1
+    assert jsonl.append(longest, 0, [log_entry(0)]) == 1
     assert jsonl.list_threads().thread_ids == [longest]
     with pytest.raises(LogError, match="at most 249"):
-        jsonl.append("x" * 250, 0, [entry(0)])
+        jsonl.append("x" * 250, 0, [log_entry(0)])

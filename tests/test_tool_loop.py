@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +20,6 @@ import typer
 from typer.testing import CliRunner
 
 from improve.cli.tape import tape_app
-from improve.demo import commit_workspace
 from improve.errors import ConfigError, TapeError, VersionMismatchError
 from improve.evals.scenarios import Scenario, load_scenarios
 from improve.evals.suite import SuiteSpec, run_suite
@@ -47,7 +44,7 @@ from improve.runtime.decision import Decision, DecisionRequest, Usage
 from improve.runtime.environment import Environment
 from improve.runtime.policy import PolicyDecider, compile_policy, load_policy
 from improve.runtime.run import RunResult, run
-from tests.conftest import REPO
+from tests.helpers import REPO, desk_workspace
 
 TAPES = Path("/work/shared/data/opencli-tapes")
 SCENARIOS = REPO / "scenarios" / "tool-loop.yaml"
@@ -729,26 +726,16 @@ def test_the_sandbox_tools() -> None:
 
 
 def scratch(tmp_path: Path) -> Workspace:
-    (tmp_path / "scenarios").mkdir(parents=True)
-    shutil.copy(SCENARIOS, tmp_path / "scenarios" / "tool-loop.yaml")
-    shutil.copytree(POLICIES, tmp_path / "policies" / "tool-loop")
-    (tmp_path / "improve.toml").write_text(
-        '[workspace]\nenvironment = "tool-loop"\n\n'
-        '[environments."tool-loop"]\nscenarios = "scenarios/tool-loop.yaml"\npolicies = "policies/tool-loop"\n\n'
-        "[objective]\nk = 2\nmax_model_calls = 100\ncost_budget = 1.5\nmin_gain = 0.0\nconfidence = 0.95\n"
+    objective = (
+        "k = 2\nmax_model_calls = 100\ncost_budget = 1.5\nmin_gain = 0.0\nconfidence = 0.95\n"
         "tolerance = 0.0\nseed = 20261130\n"
     )
-    commit_workspace(tmp_path, user="t", message="workspace")
-    return Workspace.load(tmp_path / "improve.toml")
+    return Workspace.load(
+        desk_workspace(tmp_path, "tool-loop", SCENARIOS, objective=objective) / "improve.toml"
+    )
 
 
-@pytest.fixture
-def no_token(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    for name in ("GITHUB_TOKEN", "GH_TOKEN"):
-        monkeypatch.delenv(name, raising=False)
-    yield
-
-
+@pytest.mark.slow
 def test_a_round_promotes_reporting_os_errors_at_once(tmp_path: Path, no_token: None) -> None:
     space = scratch(tmp_path)
     result = run_round(space, RoundOptions(env="tool-loop", policy="v0", k=2, model="naive"))

@@ -47,7 +47,7 @@ from improve.runtime.decision import Decision, DecisionRequest
 from improve.runtime.policy import PolicyDecider, compile_policy, load_policy
 from improve.runtime.run import run
 from improve.runtime.vocabulary import vocabulary
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 SCENARIOS = REPO / "scenarios" / "triage.yaml"
 POLICIES = REPO / "policies" / "triage"
@@ -414,6 +414,7 @@ REFERENCE = {
 }
 
 
+@pytest.mark.slow
 def test_a_policy_of_guarded_branches_over_the_facts_scores_one_with_naive(
     env: Environment, scenarios: list[Scenario], tmp_path: Path
 ) -> None:

@@ -34,37 +34,14 @@ from improve.warehouse.db import INSERT_CHUNK, insert_rows, open_database
 from improve.warehouse.ingest import ingest
 from improve.warehouse.schema import MIGRATIONS, migrate
 from improve.warehouse.store import DuckDBStore
-from tests.conftest import REPO
+from tests.helpers import REPO, copy_workspace, entry, scalar, write_lines
 
 runner = CliRunner()
 PYTHON = sys.executable
 
 
-def entry(i: int, thread: str = "train:v0:s:r1", **changes: Any) -> dict[str, Any]:
-    data: dict[str, Any] = {
-        "schemaVersion": 1,
-        "id": f"{thread}#{i}",
-        "index": i,
-        "recordedAt": "2026-11-30T00:00:00Z",
-        "machineId": "refunds",
-        "machineVersion": "1",
-        "event": {"type": "@agent.init" if i == 0 else "STEP", "n": i},
-        "threadId": thread,
-    }
-    data.update(changes)
-    return data
-
-
-def write(path: Path, lines: list[Any]) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join((x if isinstance(x, str) else json.dumps(x)) + "\n" for x in lines))
-    return path
-
-
 def count(con: duckdb.DuckDBPyConnection, sql: str) -> int:
-    row = con.execute(sql).fetchone()
-    assert row is not None
-    return int(row[0])
+    return int(scalar(con, sql))
 
 
 @pytest.fixture(scope="module")
@@ -147,13 +124,15 @@ def test_chained_threads_keep_their_hashes_on_both_paths(
     name = sorted(by_thread)[0]
     lines = (traces / f"{name}.jsonl").read_text().splitlines()
     careful = open_database()
-    report = ingest(careful, [write(tmp_path / f"{name}.jsonl", [*lines, "not json"])])
+    report = ingest(careful, [write_lines(tmp_path / f"{name}.jsonl", [*lines, "not json"])])
     assert (report.ingested, report.rejected, report.files[0].path) == (len(lines), 1, "careful")
     _verified_from_the_warehouse(careful, [name])
     # A line that differs from the stored one only in its entryHash is a conflict, not "already present".
     forged = json.loads(lines[1])
     forged["verification"]["entryHash"] = "0" * 32
-    again = ingest(careful, [write(tmp_path / "again" / f"{name}.jsonl", [lines[0], json.dumps(forged)])])
+    again = ingest(
+        careful, [write_lines(tmp_path / "again" / f"{name}.jsonl", [lines[0], json.dumps(forged)])]
+    )
     assert (again.already_present, again.rejected) == (1, 1)
     assert again.rejections[0][2].startswith(
         f"conflict: thread {name} index 1 already holds a different entry"
@@ -188,9 +167,9 @@ def test_outcomes_are_materialized_by_replay(recorded: tuple[Path, list[Any]], t
 
 def test_conflict_is_reported_and_never_overwritten(tmp_path: Path) -> None:
     con = open_database()
-    ingest(con, [write(tmp_path / "a.jsonl", [entry(0), entry(1)])])
+    ingest(con, [write_lines(tmp_path / "a.jsonl", [entry(0), entry(1)])])
     changed = entry(1, event={"type": "STEP", "n": 999})
-    report = ingest(con, [write(tmp_path / "b.jsonl", [entry(0), changed, entry(2)])])
+    report = ingest(con, [write_lines(tmp_path / "b.jsonl", [entry(0), changed, entry(2)])])
     assert (report.ingested, report.already_present, report.rejected) == (1, 1, 1)
     assert report.rejections[0][1:] == (
         2,
@@ -219,10 +198,11 @@ MALFORMED = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("bad", "message"), MALFORMED, ids=[m for _, m in MALFORMED])
 def test_each_malformed_line_is_rejected_with_its_line_number(tmp_path: Path, bad: Any, message: str) -> None:
     con = open_database()
-    path = write(tmp_path / "t.jsonl", [entry(0), "", bad])  # a blank line still counts in numbering
+    path = write_lines(tmp_path / "t.jsonl", [entry(0), "", bad])  # a blank line still counts in numbering
     report = ingest(con, [path])
     assert (report.lines_read, report.ingested, report.rejected) == (2, 1, 1)
     rows = con.execute("SELECT file, line, error, raw FROM rejected_lines").fetchall()
@@ -235,13 +215,13 @@ def test_each_malformed_line_is_rejected_with_its_line_number(tmp_path: Path, ba
 
 def test_duplicate_key_within_one_batch(tmp_path: Path) -> None:
     con = open_database()
-    a = write(tmp_path / "a.jsonl", [entry(0), entry(1)])
-    b = write(tmp_path / "b.jsonl", [entry(1), entry(2)])
+    a = write_lines(tmp_path / "a.jsonl", [entry(0), entry(1)])
+    b = write_lines(tmp_path / "b.jsonl", [entry(1), entry(2)])
     report = ingest(con, [a, b])
     # Identical copies of index 1: one lands, the other is already present; nothing is rejected.
     assert (report.lines_read, report.ingested, report.already_present, report.rejected) == (4, 3, 1, 0)
-    c = write(tmp_path / "c.jsonl", [entry(0, thread="x:v0:y:r1"), entry(1, thread="x:v0:y:r1")])
-    d = write(tmp_path / "d.jsonl", [entry(1, thread="x:v0:y:r1", id="other")])
+    c = write_lines(tmp_path / "c.jsonl", [entry(0, thread="x:v0:y:r1"), entry(1, thread="x:v0:y:r1")])
+    d = write_lines(tmp_path / "d.jsonl", [entry(1, thread="x:v0:y:r1", id="other")])
     report = ingest(con, [c, d])
     assert report.rejected == 2 and "appears more than once in this batch" in report.rejections[0][2]
 
@@ -261,11 +241,12 @@ def test_two_concurrent_ingests_cannot_both_insert_one_key(
     first, second = open_database(db), open_database(db)
     lines = [entry(0), entry(1)]
     if existing:
-        ingest(first, [write(tmp_path / "base.jsonl", [entry(0)])])
+        ingest(first, [write_lines(tmp_path / "base.jsonl", [entry(0)])])
         lines = [entry(1)]
-    a = write(tmp_path / "a.jsonl", lines)
-    b = write(tmp_path / "b.jsonl", [*lines[:-1], entry(1, event={"type": "STEP", "n": 999})])
-    monkeypatch.setenv("IMPROVE_INGEST_HOLD_SECONDS", "0.01")
+    a = write_lines(tmp_path / "a.jsonl", lines)
+    b = write_lines(tmp_path / "b.jsonl", [*lines[:-1], entry(1, event={"type": "STEP", "n": 999})])
+    (tmp_path / "hold").write_text("")  # the hold seam, read at once: the callback below does the holding
+    monkeypatch.setenv("IMPROVE_INGEST_HOLD", str(tmp_path / "hold"))
     holding, b_done = threading.Event(), threading.Event()
     outcome: dict[str, object] = {}
 
@@ -311,26 +292,46 @@ def test_two_concurrent_ingests_cannot_both_insert_one_key(
 def test_ctrl_c_while_lines_are_counted_stops_the_insert_and_rolls_back(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The bulk insert runs on a thread of its own while Python counts lines: an interrupt there stops
-    the statement before the batch rolls back, and the connection stays usable."""
+    """The bulk insert runs on a thread of its own while Python counts lines. Ctrl-C there interrupts
+    the statement, and DuckDB then holds the transaction aborted: it refuses every statement but ROLLBACK.
+    The interrupt is what comes out (not a TransactionException from restoring a setting on the aborted
+    transaction), nothing is committed, the setting the batch changed is back, and the connection works.
+
+    Deterministic: the second file's count waits for the statement to end, then leaves the transaction
+    as an interrupt landing mid-statement does (aborted), then raises the KeyboardInterrupt."""
     module = sys.modules["improve.warehouse.ingest"]
     con = open_database()
-    files = [write(tmp_path / f"{k}.jsonl", [entry(i, thread=f"t{k}") for i in range(50)]) for k in range(4)]
-    real, seen = module._scan, []
+    con.execute("SET preserve_insertion_order = true")
+    files = [
+        write_lines(tmp_path / f"{k}.jsonl", [entry(i, thread=f"t{k}") for i in range(50)]) for k in range(4)
+    ]
+    real_scan, real_statement, seen = module._scan, module._Statement, []
+    statements: list[Any] = []
+
+    class Recorded(real_statement):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any) -> None:
+            super().__init__(*args)
+            statements.append(self)
 
     def interrupted(known: Any, *args: Any) -> Any:
         seen.append(known.path)
         if len(seen) == 2:
+            statements[0]._thread.join()
+            with pytest.raises(duckdb.Error):
+                con.execute("SELECT error('the statement was interrupted')")
             raise KeyboardInterrupt
-        return real(known, *args)
+        return real_scan(known, *args)
 
     monkeypatch.setattr(module, "_scan", interrupted)
+    monkeypatch.setattr(module, "_Statement", Recorded)
     with pytest.raises(KeyboardInterrupt):
         ingest(con, files)
     for table in ("entries", "thread_lengths", "ingest_batches", "ingested_files"):
         assert count(con, f"SELECT count(*) FROM {table}") == 0
-    monkeypatch.setattr(module, "_scan", real)
+    assert scalar(con, "SELECT current_setting('preserve_insertion_order')") is True
+    monkeypatch.setattr(module, "_scan", real_scan)
     assert ingest(con, files).ingested == 200
+    assert scalar(con, "SELECT current_setting('preserve_insertion_order')") is True
 
 
 def _ingest_process(db: Path, paths: list[Path], env: dict[str, str], *extra: str) -> subprocess.Popen[str]:
@@ -347,25 +348,39 @@ def _ingest_process(db: Path, paths: list[Path], env: dict[str, str], *extra: st
     )
 
 
-def _wait_for(proc: subprocess.Popen[str], needle: str, seconds: float = 60) -> None:
+def _hold(tmp_path: Path) -> tuple[dict[str, str], Path]:
+    """The ingest's hold seam: a FIFO the batch reads before its COMMIT, so it holds the transaction
+    open until `_release` (no sleep, no deadline)."""
+    fifo = tmp_path / f"hold-{len(list(tmp_path.glob('hold-*')))}"
+    os.mkfifo(fifo)
+    return {"IMPROVE_INGEST_HOLD": str(fifo)}, fifo
+
+
+def _release(fifo: Path) -> None:
+    with fifo.open("w"):
+        pass
+
+
+def _wait_for(proc: subprocess.Popen[str], needle: str) -> list[str]:
+    """Read the process's stderr up to the line holding `needle`; the lines read."""
     assert proc.stderr is not None
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        line = proc.stderr.readline()
+    lines: list[str] = []
+    while line := proc.stderr.readline():
+        lines.append(line)
         if needle in line:
-            return
-        if not line and proc.poll() is not None:
-            break
-    raise AssertionError(f"never saw {needle!r}")
+            return lines
+    proc.wait()
+    raise AssertionError(f"never saw {needle!r} (exit {proc.returncode}): {''.join(lines)}")
 
 
 def test_a_killed_ingest_leaves_no_partial_batch(tmp_path: Path) -> None:
     db = tmp_path / "w.duckdb"
     con = open_database(db)
-    ingest(con, [write(tmp_path / "first.jsonl", [entry(0), entry(1)])])
+    ingest(con, [write_lines(tmp_path / "first.jsonl", [entry(0), entry(1)])])
     con.close()
-    batch = write(tmp_path / "second.jsonl", [entry(2), entry(3), entry(0, thread="b:v0:c:r1")])
-    proc = _ingest_process(db, [batch], {"IMPROVE_INGEST_HOLD_SECONDS": "60"})
+    batch = write_lines(tmp_path / "second.jsonl", [entry(2), entry(3), entry(0, thread="b:v0:c:r1")])
+    env, _ = _hold(tmp_path)
+    proc = _ingest_process(db, [batch], env)
     _wait_for(proc, "holding the batch open")
     proc.send_signal(signal.SIGKILL)
     proc.wait()
@@ -377,25 +392,51 @@ def test_a_killed_ingest_leaves_no_partial_batch(tmp_path: Path) -> None:
     assert ingest(con, [batch]).ingested == 3
 
 
+def test_ctrl_c_during_an_ingest_prints_one_line_exits_130_and_commits_nothing(tmp_path: Path) -> None:
+    """A person pressing Ctrl-C while the batch is open (held at the seam, then a real SIGINT): one line
+    on stderr that says what happened, exit 130, no traceback, and the warehouse as it was."""
+    db = tmp_path / "w.duckdb"
+    con = open_database(db)
+    ingest(con, [write_lines(tmp_path / "first.jsonl", [entry(0)])])
+    con.close()
+    env, _ = _hold(tmp_path)
+    proc = _ingest_process(db, [write_lines(tmp_path / "second.jsonl", [entry(1), entry(2)])], env)
+    _wait_for(proc, "holding the batch open")
+    proc.send_signal(signal.SIGINT)
+    # Read on from where _wait_for stopped (communicate() would read the pipe again under its buffer).
+    assert proc.stdout is not None and proc.stderr is not None
+    rest, out = proc.stderr.read(), proc.stdout.read()
+    assert proc.wait() == 130, rest
+    assert rest.splitlines() == [
+        "interrupted: a batch is committed whole or not at all; run the command again to finish"
+    ]
+    assert out == ""
+    con = open_database(db)
+    assert count(con, "SELECT count(*) FROM entries") == 1
+    assert count(con, "SELECT count(*) FROM ingest_batches") == 1
+
+
+@pytest.mark.slow
 def test_a_second_ingest_waits_for_the_lock_then_fails_clearly(tmp_path: Path) -> None:
     db = tmp_path / "w.duckdb"
     open_database(db).close()
-    holder = _ingest_process(
-        db, [write(tmp_path / "a.jsonl", [entry(0)])], {"IMPROVE_INGEST_HOLD_SECONDS": "8"}
-    )
+    env, fifo = _hold(tmp_path)
+    holder = _ingest_process(db, [write_lines(tmp_path / "a.jsonl", [entry(0)])], env)
     _wait_for(holder, "holding the batch open")
     started = time.monotonic()
     waiter = _ingest_process(
-        db, [write(tmp_path / "b.jsonl", [entry(0, thread="q:v0:q:r1")])], {}, "--lock-timeout", "1.5"
+        db, [write_lines(tmp_path / "b.jsonl", [entry(0, thread="q:v0:q:r1")])], {}, "--lock-timeout", "1.5"
     )
-    _, err = waiter.communicate(timeout=60)
+    _, err = waiter.communicate(timeout=120)
     assert waiter.returncode == 3
     assert "is locked by another process" in err and "waited 2s" in err
-    assert time.monotonic() - started >= 1.4
-    patient = _ingest_process(db, [tmp_path / "b.jsonl"], {}, "--lock-timeout", "60")
-    _, err = patient.communicate(timeout=90)
+    assert time.monotonic() - started >= 1.4  # it waited for the lock at least as long as it was told to
+    # A patient writer waits for as long as the holder holds the lock, then goes through.
+    patient = _ingest_process(db, [tmp_path / "b.jsonl"], {}, "--lock-timeout", "600")
+    _release(fifo)
+    _, err = patient.communicate(timeout=600)
     assert patient.returncode == 0, err
-    holder.wait(timeout=60)
+    assert holder.wait(timeout=120) == 0
     con = open_database(db)
     assert count(con, "SELECT count(*) FROM entries") == 2
 
@@ -423,7 +464,7 @@ def test_an_old_warehouse_is_upgraded_in_place(tmp_path: Path) -> None:
     ]
     assert count(con, "SELECT count(*) FROM threads") == 1
     # The upgraded warehouse takes the next entry of the old thread.
-    report = ingest(con, [write(tmp_path / "next.jsonl", [entry(1)])])
+    report = ingest(con, [write_lines(tmp_path / "next.jsonl", [entry(1)])])
     assert report.ingested == 1
 
 
@@ -479,10 +520,11 @@ def test_a_warehouse_with_the_primary_key_is_rebuilt_without_it(tmp_path: Path) 
     row = con.execute(comment).fetchone()
     assert row is not None and str(row[0]).startswith("The original line")
     report = ingest(
-        con, [write(tmp_path / "next.jsonl", [entry(2), entry(3, n=3), entry(2, thread="train:v0:t:r1")])]
+        con,
+        [write_lines(tmp_path / "next.jsonl", [entry(2), entry(3, n=3), entry(2, thread="train:v0:t:r1")])],
     )
     assert (report.ingested, report.already_present, report.rejected) == (2, 1, 0)
-    clash = ingest(con, [write(tmp_path / "clash.jsonl", [entry(1, event={"type": "STEP", "n": 7})])])
+    clash = ingest(con, [write_lines(tmp_path / "clash.jsonl", [entry(1, event={"type": "STEP", "n": 7})])])
     assert clash.rejected == 1 and "already holds a different entry" in clash.rejections[0][2]
     assert con.execute("SELECT * FROM thread_lengths ORDER BY 1").fetchall() == [
         ("train:v0:s:r1", 4),
@@ -496,10 +538,10 @@ def test_an_entry_written_around_thread_lengths_stops_the_next_ingest(tmp_path: 
     from improve.errors import WarehouseDamagedError
 
     con = open_database()
-    ingest(con, [write(tmp_path / "a.jsonl", [entry(0), entry(1)])])
+    ingest(con, [write_lines(tmp_path / "a.jsonl", [entry(0), entry(1)])])
     con.execute('INSERT INTO entries SELECT * REPLACE (2 AS "index") FROM entries WHERE "index" = 1')
     with pytest.raises(WarehouseDamagedError, match=r"entries \(3 rows\) disagree with thread_lengths \(2"):
-        ingest(con, [write(tmp_path / "b.jsonl", [entry(0, thread="other")])])
+        ingest(con, [write_lines(tmp_path / "b.jsonl", [entry(0, thread="other")])])
     assert count(con, "SELECT count(*) FROM ingest_batches") == 1
 
 
@@ -530,10 +572,7 @@ def test_a_newer_warehouse_is_refused(tmp_path: Path) -> None:
 
 @pytest.fixture
 def ws(tmp_path: Path, recorded: tuple[Path, list[Any]]) -> Path:
-    shutil.copy(REPO / "improve.toml", tmp_path / "improve.toml")
-    shutil.copytree(REPO / "scenarios", tmp_path / "scenarios")
-    shutil.copytree(recorded[0], tmp_path / "traces")
-    return tmp_path
+    return copy_workspace(tmp_path, traces=recorded[0])
 
 
 README_QUERIES = {
@@ -576,7 +615,7 @@ def test_cli_sql_errors_and_schema(ws: Path) -> None:
 
 
 def test_cli_ingest_exits_1_on_rejects_unless_allowed(ws: Path) -> None:
-    bad = write(ws / "bad.jsonl", [entry(0, thread="z:v0:z:r1"), "garbage"])
+    bad = write_lines(ws / "bad.jsonl", [entry(0, thread="z:v0:z:r1"), "garbage"])
     result = runner.invoke(app, ["ingest", "-w", str(ws), str(bad)])
     assert result.exit_code == 1 and f"rejected {bad}:2: not JSON" in result.stderr
     again = runner.invoke(app, ["ingest", "-w", str(ws), str(bad), "--allow-rejects", "--json"])
@@ -588,7 +627,7 @@ def test_cli_ingest_exits_1_on_rejects_unless_allowed(ws: Path) -> None:
 
 def test_every_line_after_a_gap_names_the_same_missing_index(tmp_path: Path) -> None:
     con = open_database()
-    report = ingest(con, [write(tmp_path / "g.jsonl", [entry(0), entry(1), entry(3), entry(4)])])
+    report = ingest(con, [write_lines(tmp_path / "g.jsonl", [entry(0), entry(1), entry(3), entry(4)])])
     assert (report.ingested, report.rejected) == (2, 2)
     errors = [e for _, _, e in report.rejections]
     assert errors == [
@@ -616,9 +655,8 @@ def test_insert_rows_spans_chunks_in_order_and_stamps_the_time() -> None:
 @pytest.fixture
 def small_ws(tmp_path: Path) -> Path:
     """A workspace with one good thread already ingested (3 entries): what must never be lost."""
-    shutil.copy(REPO / "improve.toml", tmp_path / "improve.toml")
-    shutil.copytree(REPO / "scenarios", tmp_path / "scenarios")
-    good = write(tmp_path / "traces" / "good.jsonl", [entry(i, thread="good") for i in range(3)])
+    copy_workspace(tmp_path)
+    good = write_lines(tmp_path / "traces" / "good.jsonl", [entry(i, thread="good") for i in range(3)])
     result = runner.invoke(app, ["ingest", "-w", str(tmp_path), str(good), "--no-outcomes"])
     assert result.exit_code == 0, result.output
     return tmp_path
@@ -647,7 +685,7 @@ def _balanced(doc: dict[str, Any]) -> None:
 
 def test_unreadable_files_are_skipped_with_the_reason_and_the_batch_lands(small_ws: Path) -> None:
     batch = small_ws / "batch"
-    write(batch / "ok.jsonl", [entry(i, thread="ok") for i in range(2)])
+    write_lines(batch / "ok.jsonl", [entry(i, thread="ok") for i in range(2)])
     (batch / "bin.jsonl").write_bytes(b"\x00\x01\x02binary\xff\xfe" * 50)
     (batch / "d.jsonl").mkdir()
     (batch / "x.jsonl").symlink_to(batch / "gone.jsonl")
@@ -727,9 +765,9 @@ def test_a_bom_crlf_file_with_one_bad_line_rejects_only_that_line(small_ws: Path
 
 def test_two_files_of_one_thread_that_differ_at_index_1_account_for_every_line(small_ws: Path) -> None:
     batch = small_ws / "two"
-    a = write(batch / "a.jsonl", [entry(i, thread="t1") for i in range(6)])
+    a = write_lines(batch / "a.jsonl", [entry(i, thread="t1") for i in range(6)])
     other = entry(1, thread="t1", event={"type": "OTHER"})
-    b = write(
+    b = write_lines(
         batch / "b.jsonl", [entry(0, thread="t1"), other, *[entry(i, thread="t1") for i in range(2, 6)]]
     )
     result = _ingest_cli(small_ws, str(batch), "--json")
@@ -750,7 +788,7 @@ def test_two_files_of_one_thread_that_differ_at_index_1_account_for_every_line(s
 
 def test_two_copies_of_a_file_with_a_gap_account_for_every_line(tmp_path: Path) -> None:
     con = open_database()
-    a = write(tmp_path / "a.jsonl", [entry(i, thread="t2") for i in (0, 1, 3, 4)])
+    a = write_lines(tmp_path / "a.jsonl", [entry(i, thread="t2") for i in (0, 1, 3, 4)])
     b = tmp_path / "b.jsonl"
     shutil.copy(a, b)
     report = ingest(con, [a, b])
@@ -763,7 +801,7 @@ def test_two_copies_of_a_file_with_a_gap_account_for_every_line(tmp_path: Path) 
 
 def test_ingest_after_touch_adds_nothing_anywhere(tmp_path: Path) -> None:
     con = open_database()
-    bad = write(tmp_path / "bad.jsonl", [entry(0), "garbage", entry(1), entry(3)])
+    bad = write_lines(tmp_path / "bad.jsonl", [entry(0), "garbage", entry(1), entry(3)])
     first = ingest(con, [bad])
     assert (first.ingested, first.rejected) == (2, 2)
     for _ in range(2):
@@ -793,7 +831,7 @@ def test_a_damaged_warehouse_is_exit_3_with_what_to_do(tmp_path: Path) -> None:
     shutil.copy(REPO / "improve.toml", tmp_path / "improve.toml")
     shutil.copytree(REPO / "scenarios", tmp_path / "scenarios")
     for k in range(200):
-        write(tmp_path / "t" / f"t{k}.jsonl", [entry(i, thread=f"t{k}") for i in range(50)])
+        write_lines(tmp_path / "t" / f"t{k}.jsonl", [entry(i, thread=f"t{k}") for i in range(50)])
     assert _ingest_cli(tmp_path, str(tmp_path / "t")).exit_code == 0
     db = tmp_path / "traces" / "traces.duckdb"
     with db.open(
@@ -801,7 +839,7 @@ def test_a_damaged_warehouse_is_exit_3_with_what_to_do(tmp_path: Path) -> None:
     ) as handle:  # dd if=/dev/urandom of=traces.duckdb bs=4096 seek=100 count=50 conv=notrunc
         handle.seek(4096 * 100)
         handle.write(os.urandom(4096 * 50))
-    more = write(tmp_path / "more.jsonl", [entry(0, thread="more")])
+    more = write_lines(tmp_path / "more.jsonl", [entry(0, thread="more")])
     for result in (
         _ingest_cli(tmp_path, str(more)),
         runner.invoke(app, ["sql", "-w", str(tmp_path), "SELECT max(event::VARCHAR) FROM entries"]),
@@ -823,11 +861,12 @@ def test_the_accounting_is_checked_before_commit(tmp_path: Path, monkeypatch: py
 
     monkeypatch.setattr(module, "_bulk_native", miscount)
     with pytest.raises(module.IngestAccountingError, match="lines read 3 != ingested 2"):
-        ingest(con, [write(tmp_path / "a.jsonl", [entry(0), entry(1)])])
+        ingest(con, [write_lines(tmp_path / "a.jsonl", [entry(0), entry(1)])])
     assert count(con, "SELECT count(*) FROM entries") == 0
     assert count(con, "SELECT count(*) FROM ingest_batches") == 0
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     lines=st.lists(
@@ -897,7 +936,7 @@ def test_what_a_batch_skipped_and_what_it_read_of_a_file_are_frozen(tmp_path: Pa
     con = open_database()
     binary = tmp_path / "b.jsonl"
     binary.write_bytes(b"\x00\x01binary")
-    report = ingest(con, [binary, write(tmp_path / "a.jsonl", [entry(0), entry(1)])])
+    report = ingest(con, [binary, write_lines(tmp_path / "a.jsonl", [entry(0), entry(1)])])
     assert report.ingested == 2 and [Path(s.file).name for s in report.skipped] == ["b.jsonl"]
     with pytest.raises(dataclasses.FrozenInstanceError):
         report.skipped[0].reason = "fine"  # type: ignore[misc]
@@ -954,7 +993,7 @@ def test_expand_paths_lists_the_files_and_a_symlink_loop_is_skipped_with_why(tmp
     from improve.warehouse import expand_paths
     from improve.warehouse.ingest import collect_paths
 
-    a = write(tmp_path / "a.jsonl", [entry(0)])
+    a = write_lines(tmp_path / "a.jsonl", [entry(0)])
     (tmp_path / "loop1.jsonl").symlink_to(tmp_path / "loop2.jsonl")
     (tmp_path / "loop2.jsonl").symlink_to(tmp_path / "loop1.jsonl")
     assert expand_paths([tmp_path]) == [a]

@@ -11,6 +11,8 @@ import sys
 import sysconfig
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -22,6 +24,7 @@ def run(*args: str | Path, cwd: Path, env: dict[str, str] | None = None) -> str:
     return result.stdout + result.stderr
 
 
+@pytest.mark.slow
 def test_the_wheel_runs_the_demo_from_a_fresh_virtualenv(tmp_path: Path) -> None:
     # The files git knows of, copied: a build of a clean tree, never of stale build/ leftovers.
     listed = run("git", "ls-files", "--cached", "--others", "--exclude-standard", "-z", cwd=REPO)

@@ -28,9 +28,13 @@ EXIT_FAILED = 1
 EXIT_INFRA = 3
 
 
+INTERRUPTED = "interrupted: what was journaled so far is kept; run the command again to resume"
+
+
 @contextmanager
-def handled() -> Iterator[None]:
-    """Turn our errors into a one-paragraph message on stderr and the exit codes of docs/contracts.md."""
+def handled(interrupted: str = INTERRUPTED) -> Iterator[None]:
+    """Turn our errors into a one-paragraph message on stderr and the exit codes of docs/contracts.md;
+    Ctrl-C into the one line `interrupted` (what the command keeps, and how to go on) and exit 130."""
     try:
         yield
     except ImproveError as error:
@@ -38,7 +42,7 @@ def handled() -> Iterator[None]:
         err.print(f"[bold red]error:[/] {escape(str(error))}", markup=True, highlight=False)
         raise typer.Exit(error.exit_code) from None
     except KeyboardInterrupt:
-        err.print("interrupted: what was journaled so far is kept; run the command again to resume")
+        err.print(interrupted)
         raise typer.Exit(130) from None
 
 

@@ -100,7 +100,7 @@ def ingest_command(
         improve ingest traces/ && improve ingest --format normalize ~/normalize-agent/logs
         improve ingest --format otlp phoenix-export.jsonl
     """
-    with handled():
+    with handled("interrupted: a batch is committed whole or not at all; run the command again to finish"):
         space = workspace(ws)
         target = db or space.warehouse
         # Before the warehouse is opened (and created): a wrong path must leave no empty warehouse behind.

@@ -18,6 +18,7 @@ from typing import Any
 
 import duckdb
 
+from improve import clock
 from improve.evals.outcome import OutcomeRow
 from improve.evals.scenarios import Scenario
 from improve.evals.workspace import Workspace
@@ -176,8 +177,8 @@ class Ledger:
                 con.execute("DELETE FROM outcomes WHERE thread_id = ?", [thread])
                 con.execute("DELETE FROM quarantine WHERE thread_id = ?", [thread])
                 con.execute(
-                    "INSERT INTO quarantine VALUES (?, ?, ?, ?, now())",
-                    [thread, self.env.name, reason, int(entries[0]) if entries else 0],
+                    "INSERT INTO quarantine VALUES (?, ?, ?, ?, ?)",
+                    [thread, self.env.name, reason, int(entries[0]) if entries else 0, clock.now()],
                 )
             con.execute("COMMIT")
         except BaseException:

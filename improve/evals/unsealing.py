@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from improve import clock
 from improve.errors import WorkspaceError
 
 if TYPE_CHECKING:
@@ -127,7 +128,7 @@ def record_unsealing(
     earlier = [r for r in read_unsealings(path) if r.get("test_set") == test_set]
     unsealing = Unsealing(
         number=len(earlier) + 1,
-        at=(at or dt.datetime.now(dt.UTC)).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        at=(at or clock.now()).strftime("%Y-%m-%dT%H:%M:%SZ"),
         who=who,
         command=command,
         environment=environment,

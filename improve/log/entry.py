@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import re
 import uuid
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from improve import clock
 
 SCHEMA_VERSION = 2
 """The version improve writes: 2, the chained form. Version 1 (no `entryHash`, no end entry) is still read."""
@@ -174,7 +176,8 @@ def entry_problems(error: ValidationError) -> str:
 
 
 def now_rfc3339() -> str:
-    return datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+    """The clock's now as a `recordedAt` value (`improve.clock`: the one seam tests freeze)."""
+    return clock.rfc3339()
 
 
 def new_entry_id() -> str:

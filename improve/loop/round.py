@@ -13,11 +13,11 @@ the next recommended branch, so nothing is lost and the branch merges cleanly.
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from typing import Any
 
+from improve import clock
 from improve.errors import ImproveError
 from improve.evals import (
     Batch,
@@ -110,7 +110,7 @@ def _run_round(space: Workspace, opts: RoundOptions, say: Say, inputs: Inputs, l
     store = ledger.store
     baseline_label = policy_label(inputs.policy)
     version = next_version(inputs.policies_dir, inputs.changelog)
-    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")
+    stamp = clock.now().strftime("%Y%m%d-%H%M%S")
     result = RoundResult(
         round_id=f"{stamp}-{inputs.env_name}-v{version}",
         environment=inputs.env_name,

@@ -47,12 +47,13 @@ import stat
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import duckdb
 
+from improve import clock
 from improve.errors import ConfigError, ConflictError, LogError, WarehouseDamagedError
 from improve.log import MAX_LINE_BYTES, lines_fit, preview, scan_lines, split_lines
 from improve.warehouse.importers import IMPORTERS
@@ -102,8 +103,10 @@ NATIVE_OK = f"""
     AND ("index"::VARCHAR != '0' OR etype = '@agent.init')
 """
 
-HOLD_ENV = "IMPROVE_INGEST_HOLD_SECONDS"
-"""Test seam: seconds to hold the transaction open before COMMIT (to kill or race a batch)."""
+HOLD_ENV = "IMPROVE_INGEST_HOLD"
+"""Test seam: a path. Before its COMMIT the batch says `holding the batch open` and reads the file, so a
+FIFO holds the transaction open until a writer opens and closes it (a test kills, interrupts or races the
+batch meanwhile, with no sleep and no deadline)."""
 
 
 @dataclass
@@ -493,12 +496,50 @@ def _batch(
     say: Callable[[str], None],
     max_line_bytes: int = MAX_LINE_BYTES,
 ) -> None:
+    with _unordered_inserts(con):
+        _transaction(con, report, known, importer, bulk=bulk, say=say, max_line_bytes=max_line_bytes)
+
+
+@contextlib.contextmanager
+def _unordered_inserts(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
+    """The batch inserts rows in any order: DuckDB then writes each thread's row groups straight to the
+    file, in parallel, instead of logging one ordered stream to be written again at the next checkpoint
+    (a 500 MB file cost about 2 s more CPU the ordered way). Nothing reads entries in insertion order:
+    every read of the batch's rows orders them itself.
+
+    The setting is restored after the transaction has ended (COMMIT or ROLLBACK), never inside it: an
+    interrupted statement aborts the transaction, and DuckDB refuses every statement on an aborted
+    transaction, a SET included, so restoring it there would raise over the interrupt."""
+    row = con.execute("SELECT current_setting('preserve_insertion_order')").fetchone()
+    keep = bool(row[0]) if row else True
+    restore = f"SET preserve_insertion_order = {'true' if keep else 'false'}"
+    con.execute("SET preserve_insertion_order = false")
+    try:
+        yield
+    except BaseException:
+        # A connection too damaged to roll back refuses this too: the batch's own error is the one to report.
+        with contextlib.suppress(duckdb.Error):
+            con.execute(restore)
+        raise
+    con.execute(restore)
+
+
+def _transaction(
+    con: duckdb.DuckDBPyConnection,
+    report: IngestReport,
+    known: list[_FileStat],
+    importer: Importer,
+    *,
+    bulk: bool,
+    say: Callable[[str], None],
+    max_line_bytes: int,
+) -> None:
     con.execute("BEGIN TRANSACTION")
     try:
         _check_lengths(con)
         con.execute(
-            "INSERT INTO ingest_batches VALUES (?, ?, now(), NULL, ?, 0, 0, 0, 0)",
-            [report.batch_id, report.format, len(known)],
+            "INSERT INTO ingest_batches VALUES (?, ?, ?, NULL, ?, 0, 0, 0, 0)",
+            [report.batch_id, report.format, clock.now(), len(known)],
         )
         con.execute(
             "CREATE OR REPLACE TEMP TABLE batch_files (path VARCHAR, size BIGINT, mtime_ns BIGINT, sha256 VARCHAR)"
@@ -558,14 +599,21 @@ def _batch(
             [report.batch_id, paths],
         )
         con.execute(
-            "UPDATE ingest_batches SET finished_at = now(), lines_read = ?, ingested = ?, already_present = ?, "
+            "UPDATE ingest_batches SET finished_at = ?, lines_read = ?, ingested = ?, already_present = ?, "
             "rejected = ? WHERE batch_id = ?",
-            [report.lines_read, report.ingested, report.already_present, report.rejected, report.batch_id],
+            [
+                clock.now(),
+                report.lines_read,
+                report.ingested,
+                report.already_present,
+                report.rejected,
+                report.batch_id,
+            ],
         )
-        hold = float(os.environ.get(HOLD_ENV, "0") or 0)
+        hold = os.environ.get(HOLD_ENV)
         if hold:
-            say(f"holding the batch open for {hold}s ({HOLD_ENV})")
-            time.sleep(hold)
+            say(f"holding the batch open until {hold} can be read ({HOLD_ENV})")
+            Path(hold).read_bytes()
         con.execute("COMMIT")
     except BaseException as error:
         # A damaged warehouse can fail the ROLLBACK too: the first error is the one to report.
@@ -676,25 +724,16 @@ def _bulk_native(
         WHERE {NATIVE_OK}
     """
     infos = {str(i.path): i for i in todo if isinstance(i, _FileInfo)}
-    # Rows in any order: DuckDB then writes each thread's row groups straight to the file, in parallel,
-    # instead of logging one ordered stream to be written again at the next checkpoint (a 500 MB file
-    # cost about 2 s more CPU the ordered way). Nothing reads entries in insertion order.
-    ordered_setting = con.execute("SELECT current_setting('preserve_insertion_order')").fetchone()
-    con.execute("SET preserve_insertion_order = false")
+    # DuckDB works without the GIL: the lines are counted on this thread while it reads and inserts.
+    worker = _Statement(con, statement, [report.batch_id])
     try:
-        # DuckDB works without the GIL: the lines are counted on this thread while it reads and inserts.
-        worker = _Statement(con, statement, [report.batch_id])
-        try:
-            for known in todo:
-                if not isinstance(known, _FileInfo):
-                    infos[str(known.path)] = _scan(known, max_line_bytes)
-        except BaseException:
-            worker.cancel()
-            raise
-        worker.result()
-    finally:
-        keep = bool(ordered_setting[0]) if ordered_setting else True
-        con.execute(f"SET preserve_insertion_order = {'true' if keep else 'false'}")
+        for known in todo:
+            if not isinstance(known, _FileInfo):
+                infos[str(known.path)] = _scan(known, max_line_bytes)
+    except BaseException:
+        worker.cancel()
+        raise
+    worker.result()
     ordered = [infos[str(i.path)] for i in todo]
     counts = dict(
         con.execute(
@@ -981,22 +1020,23 @@ def _careful(
         WHERE k.status = 'rejected'
         """
     )
+    at = clock.now()
     con.execute(
         """
-        UPDATE rejected_lines SET batch_id = ?, rejected_at = now() FROM rejecting n
+        UPDATE rejected_lines SET batch_id = ?, rejected_at = ? FROM rejecting n
         WHERE rejected_lines.file = n.file AND rejected_lines.line = n.line AND rejected_lines.error = n.error
           AND rejected_lines.raw IS NOT DISTINCT FROM n.raw
         """,
-        [report.batch_id],
+        [report.batch_id, at],
     )
     con.execute(
         """
         INSERT INTO rejected_lines (file, line, error, raw, batch_id, rejected_at)
-        SELECT n.file, n.line, n.error, n.raw, ?, now() FROM rejecting n
+        SELECT n.file, n.line, n.error, n.raw, ?, ? FROM rejecting n
         WHERE NOT EXISTS (SELECT 1 FROM rejected_lines x WHERE x.file = n.file AND x.line = n.line
                           AND x.error = n.error AND x.raw IS NOT DISTINCT FROM n.raw)
         """,
-        [report.batch_id],
+        [report.batch_id, at],
     )
     _check_classified(con)
     counts = con.execute(

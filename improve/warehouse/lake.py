@@ -33,12 +33,12 @@ import shutil
 import time
 import uuid
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import duckdb
 
+from improve import clock
 from improve.errors import LakeError
 from improve.warehouse.readonly import harden
 from improve.warehouse.views import RELATIONS, THREAD_PARTS, Relation, view_statements
@@ -165,7 +165,7 @@ def export_lake(con: duckdb.DuckDBPyConnection, directory: str | Path) -> LakeRe
         manifest = {
             "format": LAKE_FORMAT,
             "version": LAKE_VERSION,
-            "exported_at": datetime.now(UTC).isoformat(timespec="seconds"),
+            "exported_at": clock.now().isoformat(timespec="seconds"),
             "partition_by": PARTITION_KEYS,
             "tables": {t.table: {"rows": t.rows, "columns": dict(t.columns)} for t in tables},
         }

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import duckdb
 
+from improve import clock
 from improve.errors import LogError
 from improve.warehouse.views import view_statements
 
@@ -249,7 +250,7 @@ def ensure_views(con: duckdb.DuckDBPyConnection) -> bool:
         for statement in statements:
             con.execute(statement)
         con.execute("DELETE FROM schema_migrations WHERE name LIKE 'views:%'")
-        con.execute("INSERT INTO schema_migrations VALUES (?, now())", [marker])
+        con.execute("INSERT INTO schema_migrations VALUES (?, ?)", [marker, clock.now()])
         con.execute("COMMIT")
     except Exception:
         con.execute("ROLLBACK")
@@ -282,7 +283,7 @@ def migrate(con: duckdb.DuckDBPyConnection, migrations: tuple[Migration, ...] = 
         try:
             for statement in migration.statements:
                 con.execute(statement)
-            con.execute("INSERT INTO schema_migrations VALUES (?, now())", [migration.name])
+            con.execute("INSERT INTO schema_migrations VALUES (?, ?)", [migration.name, clock.now()])
             con.execute("COMMIT")
         except Exception:
             con.execute("ROLLBACK")

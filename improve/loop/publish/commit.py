@@ -26,11 +26,13 @@ second commit of the same candidate on the branch.
 
 from __future__ import annotations
 
+import os
 import tempfile
 from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import NamedTuple
 
+from improve import clock
 from improve.loop.publish.git import GitRunner
 
 __all__ = ["BranchCommit", "commit_to_branch"]
@@ -117,8 +119,10 @@ def commit_to_branch(
 
 
 def _identity_env(g: GitRunner) -> dict[str, str]:
-    """Author and committer for the commit: the user's git identity, or a fallback when none is set."""
-    env: dict[str, str] = {}
+    """Author and committer for the commit: the user's git identity, or a fallback when none is set;
+    dated by the clock (`improve.clock`) unless the user's environment already sets the dates."""
+    when = clock.now().strftime("%Y-%m-%dT%H:%M:%S+0000")
+    env = {name: when for name in ("GIT_AUTHOR_DATE", "GIT_COMMITTER_DATE") if name not in os.environ}
     if g.ok("var", "GIT_AUTHOR_IDENT") is None:
         env.update(GIT_AUTHOR_NAME=_FALLBACK_NAME, GIT_AUTHOR_EMAIL=_FALLBACK_EMAIL)
     if g.ok("var", "GIT_COMMITTER_IDENT") is None:
@@ -165,9 +169,8 @@ def _commit_on(g: GitRunner, parent: str, blobs: Mapping[str, str], message: str
         tree = g.run("write-tree", env=index_env, what="writing the tree").strip()
     if tree == g.tree_of(parent):
         return None
-    commit_env = _identity_env(g)
     return g.run(
-        "commit-tree", tree, "-p", parent, "-m", message, env=commit_env or None, what="creating the commit"
+        "commit-tree", tree, "-p", parent, "-m", message, env=_identity_env(g), what="creating the commit"
     ).strip()
 
 

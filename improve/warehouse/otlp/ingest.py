@@ -21,6 +21,7 @@ from pathlib import Path
 
 import duckdb
 
+from improve import clock
 from improve.errors import ConfigError
 from improve.log import MAX_LINE_BYTES
 from improve.warehouse.ingest import (
@@ -82,8 +83,8 @@ def ingest_otlp(
     con.execute("BEGIN TRANSACTION")
     try:
         con.execute(
-            "INSERT INTO ingest_batches VALUES (?, ?, now(), NULL, ?, 0, 0, 0, 0)",
-            [report.batch_id, FORMAT, len(files)],
+            "INSERT INTO ingest_batches VALUES (?, ?, ?, NULL, ?, 0, 0, 0, 0)",
+            [report.batch_id, FORMAT, clock.now(), len(files)],
         )
         for path in files:
             data = _read(path)
@@ -94,9 +95,16 @@ def ingest_otlp(
             report.files.append(_file(con, report, str(path), data, max_line_bytes))
         _check(con, report)
         con.execute(
-            "UPDATE ingest_batches SET finished_at = now(), lines_read = ?, ingested = ?, already_present = ?, "
+            "UPDATE ingest_batches SET finished_at = ?, lines_read = ?, ingested = ?, already_present = ?, "
             "rejected = ? WHERE batch_id = ?",
-            [report.lines_read, report.ingested, report.already_present, report.rejected, report.batch_id],
+            [
+                clock.now(),
+                report.lines_read,
+                report.ingested,
+                report.already_present,
+                report.rejected,
+                report.batch_id,
+            ],
         )
         con.execute("COMMIT")
     except BaseException:
@@ -156,9 +164,9 @@ def _insert(con: duckdb.DuckDBPyConnection, rows: list[SpanRow], batch_id: str) 
     names = ", ".join(f'"{name}"' for name in SPAN_COLUMNS)
     unnested = ", ".join(f"unnest(${n + 1})" for n in range(len(SPAN_COLUMNS)))
     con.execute(
-        f"INSERT INTO otel_spans ({names}, batch_id, ingested_at) SELECT *, ${len(SPAN_COLUMNS) + 1}, now() "
+        f"INSERT INTO otel_spans ({names}, batch_id, ingested_at) SELECT *, ${len(SPAN_COLUMNS) + 1}, ${len(SPAN_COLUMNS) + 2} "
         f"FROM (SELECT {unnested})",
-        [*columns, batch_id],
+        [*columns, batch_id, clock.now()],
     )
 
 
@@ -184,6 +192,7 @@ def _reject(
     )
     if not rejected:
         return
+    at = clock.now()
     con.execute(
         "CREATE OR REPLACE TEMP TABLE otlp_rejecting AS SELECT unnest($1) AS line, unnest($2) AS error, "
         "unnest($3) AS raw",
@@ -191,20 +200,20 @@ def _reject(
     )
     con.execute(
         """
-        UPDATE rejected_lines SET batch_id = $batch, rejected_at = now() FROM otlp_rejecting n
+        UPDATE rejected_lines SET batch_id = $batch, rejected_at = $at FROM otlp_rejecting n
         WHERE rejected_lines.file = $file AND rejected_lines.line = n.line AND rejected_lines.error = n.error
           AND rejected_lines.raw IS NOT DISTINCT FROM n.raw
         """,
-        {"batch": report.batch_id, "file": source},
+        {"batch": report.batch_id, "file": source, "at": at},
     )
     con.execute(
         """
         INSERT INTO rejected_lines (file, line, error, raw, batch_id, rejected_at)
-        SELECT DISTINCT $file, n.line, n.error, n.raw, $batch, now() FROM otlp_rejecting n
+        SELECT DISTINCT $file, n.line, n.error, n.raw, $batch, $at FROM otlp_rejecting n
         WHERE NOT EXISTS (SELECT 1 FROM rejected_lines x WHERE x.file = $file AND x.line = n.line
                           AND x.error = n.error AND x.raw IS NOT DISTINCT FROM n.raw)
         """,
-        {"batch": report.batch_id, "file": source},
+        {"batch": report.batch_id, "file": source, "at": at},
     )
     con.execute("DROP TABLE otlp_rejecting")
 

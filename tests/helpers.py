@@ -1,0 +1,115 @@
+"""What test files share, as plain functions: the example workspace copied or committed, a bundled desk's
+workspace, log entries and thread files, and a DuckDB scalar. Fixtures are in conftest.py."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import git
+
+from improve.demo import commit_workspace
+from improve.log import LogEntry
+
+REPO = Path(__file__).resolve().parents[1]
+
+FROZEN_AT = "2026-01-15T12:00:00Z"
+"""The instant the `clock` fixture freezes the product's clock at: expected stamps come from here."""
+
+
+def copy_workspace(target: Path, *, traces: Path | None = None) -> Path:
+    """A scratch copy of the example workspace: improve.toml, scenarios/ and policies/ (and `traces`, a
+    directory of threads, as its traces/)."""
+    target.mkdir(parents=True, exist_ok=True)
+    shutil.copy(REPO / "improve.toml", target / "improve.toml")
+    shutil.copytree(REPO / "scenarios", target / "scenarios")
+    shutil.copytree(REPO / "policies", target / "policies")
+    if traces is not None:
+        shutil.copytree(traces, target / "traces")
+    return target
+
+
+def committed_workspace(target: Path, *, remote: Path | None = None) -> Path:
+    """The example workspace in a git repository of its own (a round leaves its review branch there);
+    with `remote`, a bare repository standing in for GitHub as `origin`."""
+    repo = commit_workspace(copy_workspace(target), user="t", message="workspace")
+    if remote is not None:
+        git.Repo.init(remote, bare=True)
+        repo.create_remote("origin", "https://github.com/acme/desk.git")
+        with repo.config_writer() as config:
+            config.set_value(f'url "{remote}"', "insteadOf", "https://github.com/acme/desk.git")
+    return target
+
+
+def desk_workspace(
+    target: Path,
+    desk: str,
+    scenarios: dict[str, Any] | Path,
+    *,
+    objective: str = "k = 3\n",
+    commit: bool = True,
+) -> Path:
+    """A workspace for one bundled desk alone: its scenarios (a file, or a document to write), its
+    policies, an `[objective]` section, committed unless `commit` is False."""
+    (target / "scenarios").mkdir(parents=True)
+    file = target / "scenarios" / f"{desk}.yaml"
+    if isinstance(scenarios, Path):
+        shutil.copy(scenarios, file)
+    else:
+        import yaml
+
+        file.write_text(yaml.safe_dump(scenarios, sort_keys=False))
+    shutil.copytree(REPO / "policies" / desk, target / "policies" / desk)
+    (target / "improve.toml").write_text(
+        f'[workspace]\nenvironment = "{desk}"\n\n[environments."{desk}"]\n'
+        f'scenarios = "scenarios/{desk}.yaml"\npolicies = "policies/{desk}"\n\n[objective]\n{objective}'
+    )
+    if commit:
+        commit_workspace(target, user="t", message="workspace")
+    return target
+
+
+def entry(i: int, thread: str = "train:v0:s:r1", **changes: Any) -> dict[str, Any]:
+    """Line `i` of a thread file, as a dict: entry 0 is `@agent.init`, the rest `STEP`s."""
+    data: dict[str, Any] = {
+        "schemaVersion": 1,
+        "id": f"{thread}#{i}",
+        "index": i,
+        "recordedAt": "2026-11-30T00:00:00Z",
+        "machineId": "refunds",
+        "machineVersion": "1",
+        "event": {"type": "@agent.init" if i == 0 else "STEP", "n": i},
+        "threadId": thread,
+    }
+    data.update(changes)
+    return data
+
+
+def log_entry(index: int, type_: str = "STEP", **fields: Any) -> LogEntry:
+    """A `LogEntry` of refund-approval; `payload` goes into the event, other fields onto the entry."""
+    return LogEntry(
+        id=fields.pop("id", f"e{index}"),
+        index=index,
+        recordedAt=fields.pop("recordedAt", "2026-11-30T00:00:00Z"),
+        machineId=fields.pop("machineId", "refund-approval"),
+        machineVersion="1",
+        event={"type": type_, **fields.pop("payload", {})},
+        **fields,
+    )
+
+
+def write_lines(path: Path, lines: list[Any]) -> Path:
+    """A JSONL file of `lines` (dicts are dumped, strings written as they are)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join((x if isinstance(x, str) else json.dumps(x)) + "\n" for x in lines))
+    return path
+
+
+def scalar(con: duckdb.DuckDBPyConnection, sql: str, params: list[Any] | None = None) -> Any:
+    """The one value a query returns."""
+    row = con.execute(sql, params or []).fetchone()
+    assert row is not None, sql
+    return row[0]
