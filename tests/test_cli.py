@@ -11,9 +11,10 @@ import yaml
 from typer.testing import CliRunner
 
 from improve.cli.main import app
+from improve.clock import FrozenClock
 from improve.demo import commit_workspace
 from improve.log.entry import LogEntry
-from tests.helpers import REPO
+from tests.helpers import FROZEN_AT, REPO
 
 runner = CliRunner()
 
@@ -222,7 +223,9 @@ def seal(
 
 
 @pytest.mark.slow
-def test_the_test_split_is_sealed_until_unsealed_and_each_unsealing_is_recorded(ws: Path) -> None:
+def test_the_test_split_is_sealed_until_unsealed_and_each_unsealing_is_recorded(
+    ws: Path, clock: FrozenClock
+) -> None:
     commit_workspace(ws, user="t", message="workspace")  # who unseals: git's user where the workspace is
     sealed = seal(ws)
     checked = runner.invoke(app, ["scenarios", "check", "-w", str(ws), "--json"])
@@ -263,6 +266,7 @@ def test_the_test_split_is_sealed_until_unsealed_and_each_unsealing_is_recorded(
     unsealing = doc["unsealing"]
     assert unsealing["number"] == 1 and unsealing["test_set"] == counts["test_set"]
     assert unsealing["who"] == "t <improve@example.invalid>"
+    assert unsealing["at"].startswith(FROZEN_AT[:14])  # stamped by the product's clock (frozen here)
     assert unsealing["scores"][0]["version"] == "v0" and len(unsealing["scores"][0]["policy_hash"]) == 16
     assert doc["sealed"] == {"test_scenarios": 3, "unsealed": True, "unsealings": 1}
     assert "recorded in" in first.stderr and "test-unsealings.jsonl" in first.stderr
@@ -273,7 +277,7 @@ def test_the_test_split_is_sealed_until_unsealed_and_each_unsealing_is_recorded(
     # Each unsealing is one more line; a changed test set starts its count again.
     again = runner.invoke(app, args)
     assert again.exit_code == 0 and json.loads(again.stdout)["unsealing"]["number"] == 2
-    assert "the first was on" in again.stderr
+    assert f"the first was on {FROZEN_AT[:10]}" in " ".join(again.stderr.split())
     seal(ws, ("small-refund-04",), fresh=False)
     third = json.loads(runner.invoke(app, args).stdout)["unsealing"]
     assert third["number"] == 1 and third["test_set"] != counts["test_set"] and third["test_scenarios"] == 4

@@ -4,6 +4,7 @@ giving the warehouse's answers."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import re
 import subprocess
@@ -157,6 +158,12 @@ def test_the_lake_is_partitioned_by_the_threads_keys(ws: Path) -> None:
     lake = ws / "lake"
     manifest = json.loads((lake / "_lake.json").read_text())
     con = open_database(db(ws), read_only=True)
+    # The export, the ingest and the migrations are stamped by the product's clock (frozen in `ws`).
+    assert manifest["exported_at"].startswith(FROZEN_AT[:13])
+    for stamps in ("SELECT started_at FROM ingest_batches", "SELECT applied_at FROM schema_migrations"):
+        assert {str(r[0].astimezone(dt.UTC))[:13] for r in con.execute(stamps).fetchall()} == {
+            FROZEN_AT[:13].replace("T", " ")
+        }
     for table in LAKE_TABLES:
         count = con.execute(f"SELECT count(*) FROM {table}").fetchone()
         assert count is not None and manifest["tables"][table]["rows"] == count[0]

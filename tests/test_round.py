@@ -19,6 +19,7 @@ import pytest
 from typer.testing import CliRunner
 
 from improve.cli.main import app
+from improve.clock import FrozenClock
 from improve.evals.outcome import OutcomeRow, outcome_row
 from improve.evals.workspace import Workspace
 from improve.loop import RoundOptions, next_version, run_round
@@ -27,7 +28,7 @@ from improve.loop.diagnose import KINDS, diagnose
 from improve.loop.gates import GATE_NAMES, GateResult
 from improve.loop.proposers import Proposal, ProposalError, ProposalRequest
 from improve.loop.proposers.rules import mine
-from tests.helpers import REPO, committed_workspace
+from tests.helpers import FROZEN_AT, REPO, committed_workspace
 
 DESKS = ("refunds", "code-agent", "tool-loop", "triage")
 
@@ -170,13 +171,14 @@ def scratch(tmp_path: Path, remote: Path | None = None) -> Workspace:
 
 @pytest.mark.slow
 def test_a_full_round_recommends_and_leaves_a_branch_without_a_token(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, no_token: None, clock: FrozenClock
 ) -> None:
-    for name in ("GITHUB_TOKEN", "GH_TOKEN"):
-        monkeypatch.delenv(name, raising=False)
     space = scratch(tmp_path)
     result = run_round(space, RoundOptions(policy="v0", k=3))
     assert result.status == "recommended", result.decision_detail
+    # The round's id and its commit are stamped by the product's clock (frozen here).
+    day = FROZEN_AT[:10].replace("-", "")
+    assert result.round_id.startswith(f"{day}-12") and result.round_id.endswith("-refunds-v1")
     assert result.candidate_version == "v1" and result.cluster and result.cluster.startswith("wrong-answer:")
     held = result.scores["held-out"]
     assert held["after"] > held["before"] and held["violations_after"] == 0
@@ -196,6 +198,7 @@ def test_a_full_round_recommends_and_leaves_a_branch_without_a_token(
     assert (
         "| held-out | v1 |" in body and "git push -u origin improve/refunds-v1" in result.pr["instructions"]
     )  # type: ignore[index]
+    assert repo.commit(branch).committed_datetime.isoformat().startswith(FROZEN_AT[:13])
     branch_log = repo.git.show(f"{branch}:policies/refunds/CHANGELOG.md")
     assert "## v1 (recommended)" in branch_log
     # The two charts: pass rate per version (v0 -> v1, the round's own measurement) and per category.

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import sys
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
+from improve.clock import FrozenClock, frozen, now, rfc3339
 from improve.errors import ActorFailure, ConfigError, RunError
 from improve.log.replay import replay
 from improve.log.store import MemoryStore
@@ -15,6 +17,7 @@ from improve.machine import parse_machine
 from improve.runtime.decision import Decision, DecisionRequest, Usage
 from improve.runtime.environment import Environment, World
 from improve.runtime.run import RunResult, run
+from tests.helpers import FROZEN_AT
 
 
 class Scripted:
@@ -427,3 +430,30 @@ def test_a_decision_request_is_frozen() -> None:
     _, _, request = note_request()
     with pytest.raises(dataclasses.FrozenInstanceError):
         request.name = "other"  # type: ignore[misc]
+
+
+# --- the clock -------------------------------------------------------------------------------------------
+
+
+def test_every_journal_stamp_comes_from_the_clock(clock: FrozenClock) -> None:
+    """Frozen, the clock gives each entry of a run its own instant, in order, from the frozen one on."""
+    start = clock.peek()
+    _, store = go(shop(), Scripted(lambda r, i: {"type": "DISCOUNT", "pct": 5}))
+    stamps = [e.recordedAt for e in store.read("t:v0:s:r1")]
+    assert stamps[0] == rfc3339(start)
+    assert stamps == sorted(stamps) and len(set(stamps)) == len(stamps)
+    assert all(s.startswith(FROZEN_AT[:10]) for s in stamps)
+
+
+def test_a_frozen_clock_steps_nests_and_refuses_naive_times() -> None:
+    with frozen("2030-02-03T04:05:06Z", step=dt.timedelta(seconds=1)) as outer:
+        assert now() == dt.datetime(2030, 2, 3, 4, 5, 6, tzinfo=dt.UTC)
+        assert rfc3339() == "2030-02-03T04:05:07.000000Z"
+        with frozen(dt.datetime(1999, 12, 31, 23, 59, tzinfo=dt.UTC), step=dt.timedelta(0)):
+            assert now() == now() == dt.datetime(1999, 12, 31, 23, 59, tzinfo=dt.UTC)
+        outer.advance(dt.timedelta(days=1))
+        assert now() == dt.datetime(2030, 2, 4, 4, 5, 8, tzinfo=dt.UTC)
+    # Unfrozen again: the wall clock, whatever day this runs on.
+    assert abs(now() - dt.datetime.now(dt.UTC)) < dt.timedelta(minutes=5)
+    with pytest.raises(ValueError, match="aware datetime"), frozen(dt.datetime(2030, 1, 1)):
+        pass
