@@ -31,6 +31,8 @@ imports nothing else of ours) may raise these. Every error carries a message tha
     ├── ClusterError                  --executor dask://: dask is not installed, or the scheduler is unreachable
     ├── ActorFailure                  a tool failed in a way the machine handles (its `onError`)
     ├── ModelCallError                a model call failed (timeout, refusal); the policy's `onError`
+    │   └── ModelAnswerError          ... the endpoint answered, the model's answer was not one accepted
+    ├── EndpointError                 so many decisions fell back for the endpoint that runs measure nothing (exit 3)
     ├── ReplayMissError               replaying recorded model calls, a call was never recorded (exit code 3)
     ├── SpendLimitError               a round reached its spend limit (--max-usd) and stopped cleanly
     ├── FastCelFallback               the CEL fast path met a value outside its domain: Expr.evaluate asks cel
@@ -240,6 +242,17 @@ class ActorFailure(ImproveError):
 
 class ModelCallError(ImproveError):
     """A model call failed (timeout, refusal, unparsable answer). A policy's `onError` handles it."""
+
+
+class ModelAnswerError(ModelCallError):
+    """The endpoint answered, but the model's answer is not one the call accepts (a judgment outside its
+    closed choice): the model's doing, not the endpoint's, so it is not counted as an endpoint fallback."""
+
+
+class EndpointError(ImproveError):
+    """A model's endpoint failed for more of a command's decisions than it allows (the model never
+    answered, or a round's side fell back past `max_fallback_share`): the runs measure the endpoint, not
+    the policy, so nothing is compared or promoted. The threads written so far stay."""
 
 
 class ReplayMissError(ImproveError):

@@ -53,12 +53,13 @@ def workspace(tmp_path: Path, url: str, **settings: Any) -> Path:
     return ws
 
 
-def run(ws: Path, *args: str) -> dict[str, Any]:
+def run(ws: Path, *args: str, exit_code: int = 0) -> dict[str, Any]:
     result = runner.invoke(
         app, ["run", "-w", str(ws), "--model", "fake", "--k", "1", "--json", *args], env={KEY_ENV: SECRET}
     )
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == exit_code, result.output
     doc: dict[str, Any] = json.loads(result.stdout)
+    doc["stderr"] = " ".join(result.stderr.split())
     return doc
 
 
@@ -193,7 +194,11 @@ def test_429_is_retried_after_its_retry_after_and_500_is_retried(serve: Serve, t
 def test_a_call_that_hangs_past_the_timeout_takes_the_policys_on_error(serve: Serve, tmp_path: Path) -> None:
     server = serve(lambda body: Reply(200, completion("late").payload, delay=3))
     ws = workspace(tmp_path, server.url, timeout_s=0.5, max_retries=0)
-    doc = run(ws, "--scenario", "small-refund-01", "--split", "train")
+    # The model never answered: the run says so, exits 3, and keeps its thread.
+    doc = run(ws, "--scenario", "small-refund-01", "--split", "train", exit_code=3)
+    assert "1 of 1 decisions fell back to the policy's onError: could not reach the endpoint" in doc["stderr"]
+    assert "model fake never answered" in doc["stderr"] and "Traceback" not in doc["stderr"]
+    assert (doc["summary"]["decisions"], doc["summary"]["fallbacks"]) == (1, 1)
     entries = thread(ws, "small-refund-01")
     (landed,) = decisions(entries)
     # v0's onError escalates; the failed call is journaled with its reason, and the thread is complete.
@@ -384,6 +389,44 @@ def test_an_endpoint_echoing_the_key_never_gets_it_into_a_thread_or_an_output(
         app, ["run", "-w", str(ws), "--model", "fake", "--k", "1", "--scenario", "small-refund-01", "--json"],
         env={KEY_ENV: SECRET},
     )  # fmt: skip
-    assert result.exit_code == 0 and SECRET not in result.output
+    assert result.exit_code == 3 and SECRET not in result.output  # the model never answered: exit 3
     failed = usage(thread(ws, "small-refund-01", "train"))[0]
     assert "HTTP 401" in failed["error"] and "[redacted]" in failed["error"] and SECRET not in failed["error"]
+
+
+# --- honest failure accounting ---------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_round_on_a_failing_endpoint_compares_nothing_and_says_why(serve: Serve, tmp_path: Path) -> None:
+    """One call in three fails with HTTP 500 (after the retries): far more than max_fallback_share of the
+    baseline's decisions fell back, so the round stops before any comparison, and writes no report, no
+    CHANGELOG entry and no branch."""
+    calls = {"n": 0}
+
+    def flaky(body: dict[str, Any]) -> Reply:
+        calls["n"] += 1
+        return error(500, "upstream model crashed") if calls["n"] % 3 == 0 else naive_desk(body)
+
+    server = serve(flaky)
+    ws = workspace(tmp_path, server.url, max_retries=0)
+    repo = commit_workspace(ws, user="t", message="workspace")
+    changelog = (ws / "policies" / "refunds" / "CHANGELOG.md").read_text()
+    args = ["round", "-w", str(ws), "--policy", "v0", "--model", "fake", "--k", "1"]
+    result = runner.invoke(app, args, env={KEY_ENV: SECRET})
+    assert result.exit_code == 3, result.output
+    said = " ".join(result.stderr.split())
+    assert "the baseline v0 runs:" in said and "decisions fell back to the policy's onError" in said
+    assert f"the endpoint {server.url} answered HTTP 500" in said and "upstream model crashed" in said
+    assert "max_fallback_share = 0.05" in said and "compares and promotes nothing" in said
+    assert "Traceback" not in result.output
+    assert (ws / "policies" / "refunds" / "CHANGELOG.md").read_text() == changelog
+    assert not list((ws / "reports").glob("*/round.json")) and [h.name for h in repo.heads] == ["main"]
+    # Allowed a larger share, the same recorded runs are compared: the threshold is the objective's.
+    toml = ws / "improve.toml"
+    toml.write_text(toml.read_text().replace("[objective]\n", "[objective]\nmax_fallback_share = 1.0\n"))
+    again = runner.invoke(app, args, env={KEY_ENV: SECRET})
+    assert again.exit_code in (0, 1), again.output
+    pages = list((ws / "reports").glob("*/scorecard.md"))
+    assert pages, again.stderr[-3000:]
+    assert "model decisions | fell back (endpoint) |" in pages[0].read_text()

@@ -399,14 +399,18 @@ def test_ctrl_c_during_an_ingest_prints_one_line_exits_130_and_commits_nothing(t
     con = open_database(db)
     ingest(con, [write_lines(tmp_path / "first.jsonl", [entry(0)])])
     con.close()
-    env, _ = _hold(tmp_path)
+    env, fifo = _hold(tmp_path)
     proc = _ingest_process(db, [write_lines(tmp_path / "second.jsonl", [entry(1), entry(2)])], env)
     _wait_for(proc, "holding the batch open")
+    # Opening the FIFO's other end waits until the batch has opened it: then it is past saying so (an
+    # interrupt inside rich's print would be another test) and blocked reading, inside the transaction.
+    writer = fifo.open("wb")
     proc.send_signal(signal.SIGINT)
     # Read on from where _wait_for stopped (communicate() would read the pipe again under its buffer).
     assert proc.stdout is not None and proc.stderr is not None
     rest, out = proc.stderr.read(), proc.stdout.read()
     assert proc.wait() == 130, rest
+    writer.close()
     assert rest.splitlines() == [
         "interrupted: a batch is committed whole or not at all; run the command again to finish"
     ]

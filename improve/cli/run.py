@@ -25,8 +25,8 @@ from improve.cli.common import (
     workspace,
 )
 from improve.cli.unseal import record_unsealing_of
-from improve.errors import SealedSplitError, WorkspaceError
-from improve.evals import SEALED_SPLIT, UNSEAL_HOW, Ledger, OutcomeRow, SuiteSpec, write_threads
+from improve.errors import EndpointError, SealedSplitError, WorkspaceError
+from improve.evals import SEALED_SPLIT, UNSEAL_HOW, Ledger, OutcomeRow, SuiteSpec, fallbacks, write_threads
 from improve.llm import Meter
 from improve.log import JsonlDirStore
 
@@ -162,6 +162,7 @@ def run_command(
         if reused_count:
             err.print(f"reused {reused_count} recorded threads (--fresh runs them again)")
         summary = summarize(rows)
+        fell_back = fallbacks(rows)
         unsealed = [r for r in rows if r.split == SEALED_SPLIT]
         unsealing = (
             record_unsealing_of(
@@ -196,7 +197,17 @@ def run_command(
             out.print(
                 f"pass rate {summary['pass_rate']:.3f} ({summary['passed']}/{summary['runs']} runs), "
                 f"violations {summary['violations']}, model calls {summary['model_calls']}, "
-                f"tokens {summary['tokens']}"
+                f"tokens {summary['tokens']}, model decisions {fell_back.decisions}, fell back "
+                f"{fell_back.fallbacks}",
+                markup=False,
+            )
+        if fell_back.fallbacks:
+            err.print(f"warning: {fell_back.sentence()}", markup=False)
+        if fell_back.never_answered:
+            raise EndpointError(
+                f"model {model} never answered: {fell_back.sentence()}. The pass rate above measures the "
+                "policy's onError, not the model: fix the endpoint (its URL, key, server, or the way of "
+                "asking: `ask` in [models.NAME]) and run again with --fresh"
             )
 
 
@@ -211,6 +222,9 @@ def summarize(rows: list[OutcomeRow]) -> dict[str, Any]:
         "model_calls": sum(r.model_calls for r in rows),
         "tokens": sum(r.tokens for r in rows),
         "failed_attempts": sum(r.failed_attempts for r in rows),
+        "decisions": sum(r.decisions for r in rows),
+        "fallbacks": sum(r.fallbacks for r in rows),
+        "fallback_reason": next((r.fallback_reason for r in rows if r.fallback_reason), None),
     }
 
 

@@ -7,7 +7,14 @@ from improve.evals.cluster import EXECUTOR_HELP, ExecutorChoice, open_fanout, pa
 from improve.evals.fanout import Fanout, ModelGate
 from improve.evals.from_thread import load_thread, scenario_from_thread
 from improve.evals.holdout import HeldOutRead, bias_bound, scenarios_needed, set_key, supported_reads
-from improve.evals.outcome import OutcomeRow, compare_effects, effects_from_log, outcome_row
+from improve.evals.outcome import (
+    Fallbacks,
+    OutcomeRow,
+    compare_effects,
+    effects_from_log,
+    fallbacks,
+    outcome_row,
+)
 from improve.evals.resume import ResumeRequest, resume_thread, thread_environment
 from improve.evals.scenario_writer import append_scenario, scenario_yaml, split_warnings
 from improve.evals.scenarios import (
@@ -104,6 +111,7 @@ __all__ = [
     "Comparison",
     "ExecutorChoice",
     "Expected",
+    "Fallbacks",
     "Fanout",
     "HeldOutRead",
     "Ledger",
@@ -133,6 +141,7 @@ __all__ = [
     "decide",
     "describe_model",
     "effects_from_log",
+    "fallbacks",
     "gain_phrase",
     "history_chart",
     "load_scenarios",

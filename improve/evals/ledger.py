@@ -29,7 +29,7 @@ from improve.warehouse import ingest, open_database
 OUTCOMES_SQL = """
 SELECT thread_id, scenario, category, split, policy_version, run, status, final_state, output,
        expected_outcome, passed, reason, effects, violation_details, steps, model_calls, input_tokens,
-       output_tokens, failed_attempts, cost_usd, model
+       output_tokens, failed_attempts, cost_usd, model, decisions, fallbacks, fallback_reason
 FROM outcomes
 WHERE list_contains($threads, thread_id)
 ORDER BY thread_id
@@ -199,7 +199,8 @@ class Ledger:
 
 def _row(r: tuple[Any, ...]) -> OutcomeRow:
     (thread_id, scenario, category, split, version, run, status, final, output, expected, passed, reason,
-     effects, violations, steps, calls, tokens_in, tokens_out, failed, cost, model) = r  # fmt: skip
+     effects, violations, steps, calls, tokens_in, tokens_out, failed, cost, model, decisions, fallbacks,
+     fallback_reason) = r  # fmt: skip
     return OutcomeRow(
         thread_id=str(thread_id),
         scenario=str(scenario or ""),
@@ -222,6 +223,9 @@ def _row(r: tuple[Any, ...]) -> OutcomeRow:
         failed_attempts=int(failed),
         cost_usd=float(cost or 0.0),
         model=str(model) if model is not None else None,
+        decisions=int(decisions or 0),
+        fallbacks=int(fallbacks or 0),
+        fallback_reason=str(fallback_reason) if fallback_reason is not None else None,
     )
 
 

@@ -194,6 +194,9 @@ OUTCOME_COLUMNS = (
     "effects",
     "violation_details",
     "cost_usd",
+    "decisions",
+    "fallbacks",
+    "fallback_reason",
 )
 
 
@@ -224,6 +227,9 @@ def _row(env: Environment, r: OutcomeRow, entries: int, scored: bool) -> tuple[A
         json.dumps(r.effects),
         json.dumps(r.violations, default=str),
         r.cost_usd,
+        r.decisions,
+        r.fallbacks,
+        r.fallback_reason,
     )
 
 

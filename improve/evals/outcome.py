@@ -8,7 +8,7 @@ run passed (the outcome and every effect as labelled) and, when it did not, why.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -44,6 +44,12 @@ class OutcomeRow:
     """How its replay was checked: verified, unchained (an older thread), incomplete or unverified."""
     model: str | None = None
     """The model bound to the decider, from the thread's stamp."""
+    decisions: int = 0
+    """Decisions the model was asked."""
+    fallbacks: int = 0
+    """Of those, decisions the policy's onError answered because a model call failed (the endpoint)."""
+    fallback_reason: str | None = None
+    """The first failed call's error."""
 
     @property
     def tokens(self) -> int:
@@ -51,6 +57,41 @@ class OutcomeRow:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class Fallbacks:
+    """How many decisions runs asked a model, and how many of those the policy's onError answered
+    because a model call failed (the endpoint, not the model's answer)."""
+
+    decisions: int
+    fallbacks: int
+    reason: str | None
+    """The first failed call's error."""
+
+    @property
+    def share(self) -> float:
+        return self.fallbacks / self.decisions if self.decisions else 0.0
+
+    @property
+    def never_answered(self) -> bool:
+        """Every decision asked of the model fell back: the model was never consulted."""
+        return self.decisions > 0 and self.fallbacks == self.decisions
+
+    def sentence(self) -> str:
+        """`38 of 38 decisions fell back to the policy's onError: <the first error>`."""
+        why = f": {self.reason}" if self.reason else ""
+        return f"{self.fallbacks} of {self.decisions} decisions fell back to the policy's onError{why}"
+
+
+def fallbacks(rows: Iterable[OutcomeRow]) -> Fallbacks:
+    decisions = failed = 0
+    reason: str | None = None
+    for row in rows:
+        decisions += row.decisions
+        failed += row.fallbacks
+        reason = reason or row.fallback_reason
+    return Fallbacks(decisions, failed, reason)
 
 
 def effects_from_log(entries: Sequence[LogEntry]) -> list[dict[str, Any]]:
@@ -157,4 +198,7 @@ def outcome_row(
         failed_attempts=result.failed_attempts,
         model=(result.stamp.get("models") or {}).get("decider"),
         verification=result.verification,
+        decisions=result.decisions,
+        fallbacks=result.fallbacks,
+        fallback_reason=result.fallback_reason,
     )

@@ -30,8 +30,9 @@ def cards_table(cards: Sequence[Scorecard], cost_term: str = "model_calls") -> l
     priced = any(c.usd for c in cards)
     lines = [
         "| split | version | scenarios | runs / scenario | pass rate | violations | model calls / run | tokens / run |"
-        + (" USD / run |" if priced else ""),
-        "|---|---|---:|---:|---:|---:|---:|---:|" + ("---:|" if priced else ""),
+        + (" USD / run |" if priced else "")
+        + " model decisions | fell back (endpoint) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|" + ("---:|" if priced else "") + "---:|---:|",
     ]
     for c in cards:
         runs = c.runs or 1
@@ -39,6 +40,7 @@ def cards_table(cards: Sequence[Scorecard], cost_term: str = "model_calls") -> l
             f"| {c.split} | {c.policy_version} | {len(c.scenarios)} | {_runs(c)} | {_pct(c.pass_rate)} | "
             f"{c.violations} | {c.model_calls / runs:.2f} | {c.tokens / runs:.0f} |"
             + (f" {c.usd / runs:.5f} |" if priced else "")
+            + f" {c.decisions} | {c.fallbacks} |"
         )
     return lines
 

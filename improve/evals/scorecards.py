@@ -53,6 +53,10 @@ class ScenarioScore:
     reasons: list[str] = field(default_factory=list)
     failed_threads: list[str] = field(default_factory=list)
     """The ids of its runs that did not pass (what `improve replay` takes), sorted."""
+    decisions: int = 0
+    """Decisions its runs asked a model."""
+    fallbacks: int = 0
+    """Of those, decisions the policy's onError answered because a model call failed (the endpoint)."""
 
     @property
     def pass_fraction(self) -> float:
@@ -98,6 +102,14 @@ class Scorecard:
     def usd(self) -> float:
         return sum(s.usd for s in self.scenarios)
 
+    @property
+    def decisions(self) -> int:
+        return sum(s.decisions for s in self.scenarios)
+
+    @property
+    def fallbacks(self) -> int:
+        return sum(s.fallbacks for s in self.scenarios)
+
     def total(self, term: str) -> float:
         """The cost term summed: model calls (the default), tokens or USD."""
         return float(self.tokens if term == "tokens" else self.usd if term == "usd" else self.model_calls)
@@ -120,6 +132,8 @@ class Scorecard:
             "model_calls": self.model_calls,
             "tokens": self.tokens,
             "usd": round(self.usd, 6),
+            "decisions": self.decisions,
+            "fallbacks": self.fallbacks,
             "scenarios": [asdict(s) | {"pass_fraction": s.pass_fraction} for s in self.scenarios],
         }
 
@@ -170,6 +184,8 @@ def scorecard(rows: Iterable[OutcomeRow], policy_version: str, split: str) -> Sc
                 usd=sum(r.cost_usd for r in group),
                 reasons=sorted({r.reason for r in group if not r.passed}),
                 failed_threads=sorted(r.thread_id for r in group if not r.passed),
+                decisions=sum(r.decisions for r in group),
+                fallbacks=sum(r.fallbacks for r in group),
             )
         )
     return Scorecard(policy_version, split, scores)

@@ -146,6 +146,14 @@ class ObjectiveSection(_Section):
         description="A scenario whose drop is significant still does not count as a regression when its pass "
         "fraction drops by at most this much; 0 means every significant drop is one.",
     )
+    max_fallback_share: float = Field(
+        default=0.05,
+        ge=0,
+        le=1,
+        description="A round compares and promotes nothing (exit 3) when more than this share of either side's "
+        "model decisions fell back to the policy's onError because a model call failed (an HTTP error, a "
+        "timeout, a refused request): a failing endpoint must never read as a bad policy or a good one.",
+    )
     max_extra_runs: int = Field(
         default=6,
         ge=0,

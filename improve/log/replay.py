@@ -69,6 +69,12 @@ class ReplayResult:
     """The status the thread's last `@agent.end` entry records (None when it has none, or is version 1)."""
     budget_left: int | None = None
     """Model calls the budget in force at the end still allows (None when the thread states no budget)."""
+    decisions: int = 0
+    """Decisions a model was asked (at least one usage entry before the decision landed)."""
+    fallbacks: int = 0
+    """Of those, the decisions where a model call failed (the endpoint), so the policy's onError answered."""
+    fallback_reason: str | None = None
+    """The first failed call's error, as journaled on its usage entry."""
 
     @property
     def final_state(self) -> str:
@@ -176,6 +182,8 @@ def replay(
     stamp: dict[str, Any] = dict(chosen[0].metadata or {})
     snapshot: Snapshot | None = None
     steps = calls = tokens_in = tokens_out = failed = 0
+    decisions = fallbacks = 0
+    asked, erred, reason = False, False, None  # the usage entries since the last event
     cost = 0.0
     ended: RunStatus | None = None
     # The model-call budget in force: the stamp's from the start, each resume's from its entry on.
@@ -184,6 +192,12 @@ def replay(
         event = entry.event
         etype = event["type"]
         if etype == USAGE_EVENT:
+            asked = True
+            if (
+                event.get("error") and event.get("errorKind") != "answer"
+            ):  # the endpoint failed, not the answer
+                erred = True
+                reason = reason or str(event["error"])
             calls += int(event.get("calls", 1))
             tokens_in += int(event.get("inputTokens", 0))
             tokens_out += int(event.get("outputTokens", 0))
@@ -197,7 +211,12 @@ def replay(
                     # A run stopped waiting, and was resumed after: it stopped as it says.
                     _check_end(entry, budget.status(machine, snapshot, calls), snapshot)
             continue
-        resume = (entry.metadata or {}).get(RESUME_KEY)
+        metadata = entry.metadata or {}
+        if asked and "decision" in metadata:
+            decisions += 1
+            fallbacks += erred
+        asked = erred = False
+        resume = metadata.get(RESUME_KEY)
         if isinstance(resume, dict):
             budget = Budget(resume.get("maxModelCalls"), calls)
         try:
@@ -245,6 +264,9 @@ def replay(
         verification=verification,
         ended=ended,
         budget_left=budget.left(calls),
+        decisions=decisions,
+        fallbacks=fallbacks,
+        fallback_reason=reason,
     )
 
 

@@ -162,6 +162,8 @@ def _cards_table(cards: Sequence[Scorecard]) -> str:
             + _cell(c.violations, True)
             + _cell(f"{c.model_calls / runs:.2f}", True)
             + _cell(f"{c.tokens / runs:.0f}", True)
+            + _cell(c.decisions, True)
+            + _cell(c.fallbacks, True)
             + "</tr>"
         )
     head = [
@@ -173,6 +175,8 @@ def _cards_table(cards: Sequence[Scorecard]) -> str:
         "violations",
         "model calls / run",
         "tokens / run",
+        "model decisions",
+        "fell back (endpoint)",
     ]
     return _table(head, rows)
 

@@ -18,7 +18,7 @@ from dataclasses import asdict
 from typing import Any
 
 from improve import clock
-from improve.errors import ImproveError
+from improve.errors import EndpointError, ImproveError
 from improve.evals import (
     Batch,
     Check,
@@ -31,6 +31,7 @@ from improve.evals import (
     SuiteSpec,
     Workspace,
     decide,
+    fallbacks,
     paired,
     policy_label,
     scorecard,
@@ -147,6 +148,7 @@ def _run_round(space: Workspace, opts: RoundOptions, say: Say, inputs: Inputs, l
     say(f"baseline: {baseline_label} on {len(train)} train + {len(held_out)} held-out scenarios, k={k}")
     base_rows = _suite(env, inputs.scenarios, base_spec, ledger, opts, say, "baseline", models, meter, result)
     note("baseline")
+    _endpoint_answered(base_rows, f"baseline {baseline_label}", objective.max_fallback_share)
     base_cards = _cards(base_rows, baseline_label)
     threshold = goal_threshold(inputs.policy.description)
     if (
@@ -228,6 +230,8 @@ def _run_round(space: Workspace, opts: RoundOptions, say: Say, inputs: Inputs, l
     base_rows, cand_rows = settled.baseline, settled.candidate
     base_cards = _cards(base_rows, baseline_label)
     note("candidate")
+    for side, rows in ((f"baseline {baseline_label}", base_rows), (f"candidate {label}", cand_rows)):
+        _endpoint_answered(rows, side, objective.max_fallback_share)
     result.candidate_threads = sorted(r.thread_id for r in cand_rows)
     cand_cards = _cards(cand_rows, label)
     for split in ("train", "held-out"):
@@ -284,6 +288,18 @@ def _run_round(space: Workspace, opts: RoundOptions, say: Say, inputs: Inputs, l
         allow_insecure_github=opts.allow_insecure_github,
     )
     return result
+
+
+def _endpoint_answered(rows: Sequence[OutcomeRow], side: str, most: float) -> None:
+    """Refuse to go on when more than `most` of a side's model decisions fell back for the endpoint."""
+    fell = fallbacks(rows)
+    if fell.decisions and fell.share > most:
+        raise EndpointError(
+            f"the {side} runs: {fell.sentence()} ({fell.share:.0%} of its model decisions; the objective "
+            f"allows max_fallback_share = {most:g}). The runs measure the endpoint, not the policy, so the "
+            "round compares and promotes nothing: fix the endpoint (its server, URL or key, or the way of "
+            "asking: `ask` in [models.NAME]) and run the round again"
+        )
 
 
 def model_info(

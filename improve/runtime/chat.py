@@ -32,7 +32,7 @@ from typing import Any, Literal
 
 import httpx2 as httpx
 
-from improve.errors import ModelCallError
+from improve.errors import ModelAnswerError, ModelCallError
 from improve.llm import Endpoint, Meter, ModelSpec, ResponseCache
 from improve.machine import FREE_TEXT
 from improve.runtime.decision import DecisionRequest
@@ -352,7 +352,7 @@ class ChatModel:
             reply = self._reply(response, _json_object(response.get("content")), source)
             problem = judgment.check(reply.event)
             if problem is not None:
-                raise ModelCallError(f"model {self.name!r} answered the judgment {name} wrongly: {problem}")
+                raise ModelAnswerError(f"model {self.name!r} answered the judgment {name} wrongly: {problem}")
             return reply
 
     def _sample(self) -> str:

@@ -73,6 +73,8 @@ class Usage:
     fingerprint: str | None = None
     error: str | None = None
     """Why the call failed (after the endpoint's retries); the policy's `onError` took over."""
+    answer_error: bool = False
+    """The failure was the model's answer, not the endpoint (journaled as `errorKind: answer`)."""
 
     def to_event(self, decision: str) -> dict[str, Any]:
         event: dict[str, Any] = {
@@ -93,6 +95,8 @@ class Usage:
             event["fingerprint"] = self.fingerprint
         if self.error:
             event["error"] = self.error
+        if self.answer_error:
+            event["errorKind"] = "answer"
         return event
 
 

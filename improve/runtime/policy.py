@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from improve.errors import MachineError, ModelCallError, RunError, WorkspaceError
+from improve.errors import MachineError, ModelAnswerError, ModelCallError, RunError, WorkspaceError
 from improve.machine import (
     DONE_EVENT,
     ERROR_EVENT,
@@ -156,7 +156,9 @@ class PolicyDecider:
             reply = call()
         except ModelCallError as err:
             # Journaled as a call that failed, so the thread shows why the policy took its onError.
-            usage.append(Usage(ref, model.name, 0, 0, error=str(err)))
+            usage.append(
+                Usage(ref, model.name, 0, 0, error=str(err), answer_error=isinstance(err, ModelAnswerError))
+            )
             return {"type": ERROR_EVENT, "actorId": actor_id, "error": {"message": str(err)}}
         usage.append(
             Usage(

@@ -235,6 +235,18 @@ MIGRATIONS: tuple[Migration, ...] = (
             "DELETE FROM schema_migrations WHERE name LIKE 'views:%'",
         ),
     ),
+    Migration(
+        "008_outcome_fallbacks",
+        # How many decisions the model was asked and how many the policy's onError answered because the
+        # endpoint failed: a failing endpoint must never read as a weak or a strong policy.
+        (
+            "ALTER TABLE outcomes ADD COLUMN decisions INTEGER",
+            "ALTER TABLE outcomes ADD COLUMN fallbacks INTEGER",
+            "ALTER TABLE outcomes ADD COLUMN fallback_reason VARCHAR",
+            # Rows written before these columns existed are replayed again to fill them.
+            "DELETE FROM outcomes",
+        ),
+    ),
 )
 
 

@@ -250,6 +250,10 @@ RELATIONS: tuple[Relation, ...] = (
             "effects": "The effects the world recorded, in order (JSON array).",
             "violation_details": "Each violation: the rule and what broke it (JSON array).",
             "cost_usd": "USD the thread's model calls cost (0 when none was priced).",
+            "decisions": "Decisions the model was asked.",
+            "fallbacks": "Of those, decisions the policy's onError answered because a model call failed (the "
+            "endpoint: an HTTP error, a timeout, a refused request), not because of the model's answer.",
+            "fallback_reason": "The first failed model call's error (NULL when none failed).",
         },
     ),
     Relation(
