@@ -78,6 +78,88 @@ def error(status: int, message: str, retry_after: float | None = None, param: st
     )
 
 
+LITERAL_ERROR = (
+    "1 validation error:\n  {'type': 'literal_error', 'loc': ('body', 'response_format', 'type'), 'msg': "
+    "\"Input should be 'text' or 'json_object'\", 'input': 'json_schema'}\n\n  File \"llama_cpp/server/app.py\", "
+    "line 376, in create_chat_completion"
+)
+
+
+def way_of(body: dict[str, Any]) -> str:
+    return "tools" if "tools" in body else str(body.get("response_format", {}).get("type", "text"))
+
+
+def _without_usage(reply: Reply) -> Reply:
+    return Reply(reply.status, {k: v for k, v in reply.payload.items() if k != "usage"}, reply.headers)
+
+
+SERVERS: dict[str, Callable[[dict[str, Any], Script], Reply]] = {
+    # llama-cpp-python, --chat_format chatml-function-calling: `assert tool_choice == "auto"` fails with no
+    # message (HTTP 500); its request model knows only text and json_object (a pydantic error, HTTP 500).
+    "llama-cpp-python function calling": lambda body, answer: (
+        Reply(500, {"error": {"message": "", "type": "internal_server_error", "param": None, "code": None}})
+        if way_of(body) == "tools"
+        else Reply(500, {"error": {"message": LITERAL_ERROR, "type": "internal_server_error"}})
+        if way_of(body) == "json_schema"
+        else answer(body)
+    ),
+    # llama-cpp-python with the GGUF's own chat template: tools go into the template, nothing is parsed
+    # back: HTTP 200 with plain text.
+    "llama-cpp-python template": lambda body, answer: (
+        completion("I think the customer should get a refund.")
+        if way_of(body) == "tools"
+        else Reply(500, {"error": {"message": LITERAL_ERROR, "type": "internal_server_error"}})
+        if way_of(body) == "json_schema"
+        else answer(body)
+    ),
+    # llama.cpp's llama-server before --jinja was the default: tools are a runtime_error, HTTP 500.
+    "llama-server without jinja": lambda body, answer: (
+        Reply(
+            500,
+            {"error": {"code": 500, "message": "tools param requires --jinja flag", "type": "server_error"}},
+        )
+        if way_of(body) == "tools"
+        else answer(body)
+    ),
+    # vLLM without a tool-call parser: HTTP 400.
+    "vllm without a tool parser": lambda body, answer: (
+        Reply(
+            400,
+            {
+                "object": "error",
+                "message": 'tool_choice="required" requires --tool-call-parser to be set',
+                "type": "BadRequestError",
+                "code": 400,
+            },
+        )
+        if way_of(body) == "tools"
+        else answer(body)
+    ),
+    # Ollama, a model whose template has no tools: HTTP 400.
+    "ollama without tools": lambda body, answer: (
+        Reply(400, {"error": {"message": "smollm2 does not support tools", "type": "api_error"}})
+        if way_of(body) == "tools"
+        else answer(body)
+    ),
+    # A server that takes json_schema and generates unconstrained (llama-server's flat json_schema form).
+    "json schema ignored": lambda body, answer: (
+        Reply(400, {"error": {"message": "tools are not supported", "type": "invalid_request_error"}})
+        if way_of(body) == "tools"
+        else completion("Refund the customer, I'd say.")
+        if way_of(body) == "json_schema"
+        else answer(body)
+    ),
+    # Answers every way, and reports no usage at all.
+    "no usage": lambda body, answer: _without_usage(answer(body)),
+}
+"""Real servers' ways of refusing or ignoring a way of asking (docs/servers.md), around a script."""
+
+
+def as_server(kind: str, answer: Script) -> Script:
+    """`answer` (how a model would answer) behind the server `kind` of `SERVERS`."""
+    return lambda body: SERVERS[kind](body, answer)
+
+
 class FakeEndpoint:
     """The server, on a random free port, until `stop()`."""
 

@@ -160,8 +160,15 @@ def load_page(chromium: str, page: Path, *, width: int = 1200, height: int = 200
         url = page.resolve().as_uri()
         ws.send("Page.navigate", url=url)
         result = PageLoad()
-        loaded: bool | None = None
-        drained: int | None = None
+        # Loaded: a promise evaluated in the page resolves once its document is ours and complete. Sent
+        # to the first about:blank, the navigation destroys its context and the reply is an error: then
+        # it is sent again, to the new document. No event order across the browser's processes matters.
+        loaded = (
+            "new Promise(done => { const ours = () => document.readyState === 'complete' && "
+            f"location.href === {json.dumps(url)}; if (ours()) done(true); "
+            "else addEventListener('load', () => done(ours())); })"
+        )
+        probe = ws.send("Runtime.evaluate", expression=loaded, awaitPromise=True)
         shot: int | None = None
         while True:
             message = ws.receive()
@@ -180,20 +187,14 @@ def load_page(chromium: str, page: Path, *, width: int = 1200, height: int = 200
                 result.errors.append(params["entry"].get("text", ""))
             elif method == "Network.requestWillBeSent":
                 result.requests.append(params["request"]["url"])
-            elif method == "Page.loadEventFired":
-                loaded = True
-            elif drained is not None and message.get("id") == drained:
-                # Everything the page said while loading arrived before this reply: now the picture, if
-                # the load was our page's (not the first about:blank's); else wait for the next load.
-                if message["result"]["result"].get("value") == f"complete {url}":
+            elif message.get("id") == probe:
+                if message.get("result", {}).get("result", {}).get("value") is True:
                     shot = ws.send("Page.captureScreenshot", format="png")
-                else:
-                    loaded = drained = None
+                else:  # the context went away with the navigation: ask the new document
+                    probe = ws.send("Runtime.evaluate", expression=loaded, awaitPromise=True)
             elif shot is not None and message.get("id") == shot:
                 result.screenshot = base64.b64decode(message["result"]["data"])
                 return result
-            if loaded and drained is None:
-                drained = ws.send("Runtime.evaluate", expression="document.readyState + ' ' + location.href")
     finally:
         proc.kill()
         proc.wait()

@@ -20,7 +20,7 @@ from improve.demo import commit_workspace
 from improve.log import LogEntry
 from tests.helpers import copy_workspace
 
-from .fake_openai import FakeEndpoint, Reply, completion, error, tool_answer
+from .fake_openai import FakeEndpoint, Reply, as_server, completion, error, tool_answer, way_of
 
 runner = CliRunner()
 SECRET = "sk-chat-test-4242-never-in-a-file"
@@ -159,6 +159,61 @@ def test_an_endpoint_without_tools_falls_back_to_json_schema_then_json_object(
     assert decisions(thread(ws, "small-refund-02"))[0].event["type"] == "REFUND"
 
 
+@pytest.mark.parametrize(
+    ("server_kind", "ways", "said"),
+    [
+        (
+            "llama-cpp-python function calling",
+            ["tools", "json_schema", "json_object", "json_object"],
+            ["refused tools (HTTP 500: with no message); asking by json_schema", "refused json_schema"],
+        ),
+        (
+            "llama-cpp-python template",
+            ["tools", "json_schema", "json_object", "json_object"],
+            ["ignored tools (HTTP 200 without a tool call)", "refused json_schema (HTTP 500: 1 validation"],
+        ),
+        (
+            "llama-server without jinja",
+            ["tools", "json_schema", "json_schema"],
+            ["refused tools (HTTP 500: tools param requires --jinja flag); asking by json_schema"],
+        ),
+        (
+            "vllm without a tool parser",
+            ["tools", "json_schema", "json_schema"],
+            ['refused tools (HTTP 400: tool_choice="required" requires --tool-call-parser to be set)'],
+        ),
+        (
+            "ollama without tools",
+            ["tools", "json_schema", "json_schema"],
+            ["refused tools (HTTP 400: smollm2 does not support tools); asking by json_schema"],
+        ),
+        (
+            "json schema ignored",
+            ["tools", "json_schema", "json_object", "json_object"],
+            ["ignored the JSON schema (HTTP 200, the answer is not a JSON object); asking by json_object"],
+        ),
+        ("no usage", ["tools", "tools"], ["reports no token usage"]),
+    ],
+)
+def test_each_servers_way_of_refusing_or_ignoring_moves_to_a_way_it_answers(
+    serve: Serve, tmp_path: Path, server_kind: str, ways: list[str], said: list[str]
+) -> None:
+    """Two decisions, one at a time: the first finds the way the server answers (said once on stderr),
+    the second asks that way at once; no refusal is retried, and every decision is the model's."""
+    server = serve(as_server(server_kind, naive_desk))
+    ws = workspace(tmp_path, server.url)
+    scenarios = ("--scenario", "small-refund-01", "--scenario", "small-refund-02", "--concurrency", "1")
+    doc = run(ws, *scenarios, "--split", "train")
+    assert [way_of(r["body"]) for r in server.requests] == ways
+    for text in said:
+        assert doc["stderr"].count(text) == 1, doc["stderr"]
+    assert doc["model_calls"]["retries"] == 0 and doc["model_calls"]["failed"] == 0
+    assert (doc["summary"]["decisions"], doc["summary"]["fallbacks"]) == (2, 0)
+    assert decisions(thread(ws, "small-refund-02"))[0].event["type"] == "REFUND"
+    tokens = sum(u["inputTokens"] + u["outputTokens"] for u in usage(thread(ws, "small-refund-01")))
+    assert tokens == (0 if server_kind == "no usage" else 321 + 54)  # from the server's usage, or none
+
+
 def test_a_refused_answer_is_sent_back_with_its_reason(serve: Serve, tmp_path: Path) -> None:
     replies = [
         completion("not json at all"),  # unparsable: no answer
@@ -166,7 +221,8 @@ def test_a_refused_answer_is_sent_back_with_its_reason(serve: Serve, tmp_path: P
         tool_answer({"type": "REFUND", "amount": 23.5}),
     ]
     server = serve(replies)
-    ws = workspace(tmp_path, server.url)
+    # Asked by tools only: in `auto`, a reply without a tool call would say the endpoint ignores tools.
+    ws = workspace(tmp_path, server.url, ask="tools")
     run(ws, "--scenario", "small-refund-01", "--split", "train")
     (landed,) = decisions(thread(ws, "small-refund-01"))
     assert [a.kind for a in landed.attempts or []] == ["no-answer", "unknown-event"]

@@ -90,7 +90,7 @@ def resume_command(
                     '--event \'{"type": "APPROVE", "approver": "dana"}\''
                 ) from None
         environment = thread_environment(space, thread_id, env)
-        meter = Meter()
+        meter = Meter(say=lambda m: err.print(m, markup=False))
         try:
             result = resume_thread(
                 space, environment, ResumeRequest(thread_id, chosen, event_id, cache.value), meter

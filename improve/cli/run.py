@@ -124,7 +124,7 @@ def run_command(
             cache_mode=cache.value,
             people=not suspend,
         )
-        meter = Meter()
+        meter = Meter(say=lambda m: err.print(m, markup=False))
         store = JsonlDirStore(space.traces)
         err.print(
             f"running {len(chosen)} scenarios x {spec.k} on {env_name} with policy "

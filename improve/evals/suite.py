@@ -71,7 +71,7 @@ class SuiteSpec:
             self.model_spec,
             ResponseCache(self.cache_dir, self.cache_mode),
             meter,
-            gate=gate(self.model, self.model_spec.concurrency) if gate is not None else None,
+            gate=gate(self.model, self.model_spec.in_flight()) if gate is not None else None,
         )
 
     def model_factory(

@@ -3,7 +3,7 @@ the proposer and the decider share (`Endpoint`), recorded calls (`ResponseCache`
 spent (`Meter`)."""
 
 from improve.llm.cache import CACHE_DIR, CACHE_MODES, REDACTED, CacheMode, ResponseCache, request_key
-from improve.llm.endpoint import Endpoint
+from improve.llm.endpoint import REFUSAL_WORDS, Endpoint
 from improve.llm.meter import Meter
 from improve.llm.spec import API_KEY_ENV, BASE_URL_ENV, OPENAI_PREFIX, ModelSpec, Price, safe_url
 
@@ -14,6 +14,7 @@ __all__ = [
     "CACHE_MODES",
     "OPENAI_PREFIX",
     "REDACTED",
+    "REFUSAL_WORDS",
     "CacheMode",
     "Endpoint",
     "Meter",

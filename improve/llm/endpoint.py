@@ -3,15 +3,24 @@
 Calls go through the official `openai` SDK (`POST {base_url}/chat/completions`), which retries a
 timeout, a lost connection, HTTP 429 (after its `Retry-After`) and 5xx with exponential backoff and
 jitter, up to `max_retries`; every HTTP attempt is counted, so retries show in progress lines. An
-answer is normalised into a plain dict (what the cache stores); a 400 or 422 that refuses a feature
-of the request (`tools`, `response_format`) comes back as `{"rejected": ...}` so the caller can fall
-back; any other failure raises the caller's error, with the key redacted from the message and no
-chained exception that could carry it.
+answer is normalised into a plain dict (what the cache stores).
+
+An error that refuses a feature of the request (`tools`, `tool_choice`, `response_format`) comes back as
+`{"rejected": ...}` so the caller can ask another way. Real servers say so with any status: llama.cpp's
+`llama-server` answers 500 `tools param requires --jinja flag` on older builds and 400 on newer ones,
+llama-cpp-python answers 500 for every refusal (an `AssertionError` with no message at all when its
+`chatml-function-calling` handler meets `tool_choice: "required"`), vLLM and Ollama 400 (docs/servers.md).
+So a refusal is an error whose message names the feature, whatever its status, or a 5xx with no message
+to a request that carries tools; such a 5xx is not retried (the SDK's `x-should-retry` header, set by a
+response hook), since asking again the same way gets the same answer. Any other failure raises the
+caller's error, with the key redacted from the message and no chained exception that could carry it.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -23,7 +32,10 @@ if TYPE_CHECKING:
 
 from improve.errors import ImproveError
 from improve.llm.cache import REDACTED
-from improve.llm.spec import safe_url
+from improve.llm.spec import BASE_URL_ENV, safe_url
+
+MIN_SECRET = 8
+"""The shortest API key that is redacted (see `Endpoint.secrets`)."""
 
 
 class Endpoint:
@@ -40,7 +52,8 @@ class Endpoint:
         no_key: str,
         http_client: httpx.Client | None = None,
     ) -> None:
-        self.base_url = base_url
+        # The URL calls really go to: the SDK itself falls back to $OPENAI_BASE_URL, so messages must too.
+        self.base_url = base_url or os.environ.get(BASE_URL_ENV) or None
         self.timeout = timeout
         self.max_retries = max_retries
         self.error = error
@@ -58,7 +71,10 @@ class Endpoint:
 
     @property
     def secrets(self) -> list[str]:
-        return [self._api_key] if self._api_key else []
+        """What is redacted from messages and recordings: the key, when it can be one. A key shorter than
+        `MIN_SECRET` characters is a placeholder (a local server takes any), and replacing every `x` of
+        a recorded answer by `[redacted]` would corrupt it."""
+        return [self._api_key] if self._api_key and len(self._api_key) >= MIN_SECRET else []
 
     def redact(self, text: str) -> str:
         for secret in self.secrets:
@@ -68,6 +84,16 @@ class Endpoint:
     def _count(self, request: httpx.Request) -> None:
         with self._lock:
             self.attempts += 1
+
+    @staticmethod
+    def _refusals_are_final(response: httpx.Response) -> None:
+        """A 5xx that refuses a feature of the request is the server's answer, not a passing failure:
+        tell the SDK not to retry it."""
+        if response.status_code < 500 or "x-should-retry" in response.headers:
+            return
+        features = _features(response.request)
+        if features and _refuses(response.status_code, _error_text(response), features):
+            response.headers["x-should-retry"] = "false"
 
     def client(self) -> openai.OpenAI:
         import openai  # the SDK takes a third of a second to import: only commands that call a model pay
@@ -79,6 +105,7 @@ class Endpoint:
                 http = self._http_client or openai.DefaultHttpxClient()
                 hooks = dict(http.event_hooks)
                 hooks["request"] = [*hooks.get("request", []), self._count]
+                hooks["response"] = [*hooks.get("response", []), self._refusals_are_final]
                 http.event_hooks = hooks
                 self._client = openai.OpenAI(
                     api_key=self._api_key,
@@ -89,11 +116,34 @@ class Endpoint:
                 )
             return self._client
 
-    def complete(self, body: dict[str, Any], rejectable: Sequence[str] = ()) -> dict[str, Any]:
+    def context_window(self) -> int | None:
+        """The model's context in tokens, as the server reports it: llama.cpp's `GET /props`
+        (`default_generation_settings.n_ctx`), vLLM's `GET /v1/models` (`max_model_len`), LM Studio's
+        (`context_length`); None when it says nothing (llama-cpp-python, OpenAI): docs/servers.md."""
+        client = self.client()
+        base = str(client.base_url).rstrip("/")
+        root = base[: -len("/v1")] if base.endswith("/v1") else base
+        for url, read in ((f"{root}/props", _props_context), (f"{base}/models", _models_context)):
+            try:
+                answer = client._client.get(
+                    url, headers={"Authorization": f"Bearer {self._api_key}"}, timeout=5
+                )
+                found = read(answer.json()) if answer.status_code == 200 else None
+            except Exception:  # no such route, not JSON, not reachable: the next way, or unknown
+                found = None
+            if found:
+                return found
+        return None
+
+    def complete(
+        self, body: dict[str, Any], rejectable: Sequence[str] = (), *, fits: bool = False
+    ) -> dict[str, Any]:
         """The endpoint's answer to a chat completions request `body`, normalised.
 
-        A 400 or 422 whose message mentions one of `rejectable` (a feature of the request the endpoint
-        does not support) is returned as `{"rejected": {"status", "message"}}`.
+        An error whose message mentions one of `rejectable` (a feature of the request the endpoint does
+        not support), or a 5xx with no message to a request with tools, is returned as
+        `{"rejected": {"status", "message"}}`; with `fits`, a context-length error as
+        `{"too_long": {"status", "message", "context"}}` (the caller trims the request and asks again).
         """
         import openai
 
@@ -102,10 +152,14 @@ class Endpoint:
         try:
             completion = client.chat.completions.create(**body)
         except openai.APIStatusError as err:
-            message = self.redact(str(err.message))
-            if rejectable and _rejects(err, rejectable):
+            message = self.redact(_status_message(err))
+            if rejectable and _refuses(err.status_code, message + " " + str(err.param or ""), rejectable):
                 return {"rejected": {"status": err.status_code, "message": message[:500]}}
-            raise self.error(f"the endpoint {where} answered HTTP {err.status_code}: {message}") from None
+            said = f": {message}" if message else " with no message"
+            window = context_in(message) if fits else None
+            if window is not None:
+                return {"too_long": {"status": err.status_code, "message": message[:500], "context": window}}
+            raise self.error(f"the endpoint {where} answered HTTP {err.status_code}{said}") from None
         except openai.APIConnectionError as err:  # timeouts included
             raise self.error(f"could not reach the endpoint {where}: {self.redact(err.message)}") from None
         except openai.OpenAIError as err:
@@ -134,8 +188,102 @@ class Endpoint:
         }
 
 
-def _rejects(err: openai.APIStatusError, words: Sequence[str]) -> bool:
-    if err.status_code not in (400, 422):
-        return False
-    text = " ".join([str(err.message), json.dumps(err.body, default=str), str(err.param or "")]).lower()
-    return any(word in text for word in words)
+REFUSAL_WORDS = {
+    "tools": ("tool",),
+    "response_format": ("response_format", "response format", "json_schema", "json_object", "schema"),
+}
+"""What an error names when it refuses a feature of the request (docs/servers.md): `tools param
+requires --jinja flag`, `Invalid tool_choice`, `does not support tools`, `"required" tool choice requires
+--tool-call-parser`, `response_format type must be one of "text" or "json_object"`, pydantic's `Input
+should be 'text' or 'json_object'` for `response_format.type`."""
+
+
+def _features(request: httpx.Request) -> list[str]:
+    """The words of the refusable features a chat completions request carries."""
+    try:
+        body = json.loads(request.content or b"{}")
+    except ValueError:
+        return []
+    if not isinstance(body, dict):
+        return []
+    return [word for name, words in REFUSAL_WORDS.items() if name in body for word in words]
+
+
+def _refuses(status: int, text: str, words: Sequence[str]) -> bool:
+    """Whether an error (its status and message) refuses one of the features `words` name. A 5xx with no
+    message at all is llama-cpp-python's `assert tool_choice == "auto"`: a refusal of tools."""
+    if status < 400 or status in (401, 403, 404, 408, 429):
+        return False  # a key, a path, a limit: nothing another way of asking would change
+    lowered = text.lower()
+    if not lowered.strip():
+        return status >= 500 and "tool" in words
+    return any(word in lowered for word in words)
+
+
+def _status_message(err: openai.APIStatusError) -> str:
+    """The server's own message: `error.message` of the body (as OpenAI, llama.cpp and vLLM write it),
+    a bare `error` string (LM Studio), or the SDK's summary when the body is something else."""
+    body = err.body
+    if isinstance(body, dict):
+        inner = body.get("error", body)
+        if isinstance(inner, dict) and isinstance(inner.get("message"), str):
+            return str(inner["message"])
+        if isinstance(inner, str):
+            return inner
+        if isinstance(body.get("message"), str):
+            return str(body["message"])
+    if isinstance(body, str):
+        return body
+    return str(err.message)
+
+
+def _error_text(response: httpx.Response) -> str:
+    """An error response's message, read in a response hook (the body is read here once; the SDK reads
+    the same bytes after)."""
+    try:
+        response.read()
+        data = response.json()
+    except Exception:  # not JSON: its text is the message
+        return response.text
+    if isinstance(data, dict):
+        inner = data.get("error", data)
+        if isinstance(inner, dict):
+            return str(inner.get("message") or "") + " " + str(inner.get("param") or "")
+        return str(inner)
+    return str(data)
+
+
+_CONTEXT_ERROR = re.compile(
+    r"maximum context length is (?P<a>\d+)|context (?:window|size) of (?P<b>\d+)|available context size "
+    r"\((?P<c>\d+) tokens\)|maximum model length is (?P<d>\d+)|n_ctx\D{0,5}(?P<e>\d+)",
+    re.IGNORECASE,
+)
+
+
+def context_in(message: str) -> int | None:
+    """The context size a context-length error states (`This model's maximum context length is 2048
+    tokens`, llama.cpp's `exceeds the available context size (8192 tokens)`, vLLM's `maximum model length
+    is 4096`), or None when the message is about something else."""
+    lowered = message.lower()
+    if "context" not in lowered and "model length" not in lowered:
+        return None
+    found = _CONTEXT_ERROR.search(message)
+    if found is None:
+        return None
+    return int(next(v for v in found.groupdict().values() if v))
+
+
+def _props_context(data: Any) -> int | None:
+    settings = data.get("default_generation_settings") if isinstance(data, dict) else None
+    value = settings.get("n_ctx") if isinstance(settings, dict) else None
+    return value if isinstance(value, int) and value > 0 else None
+
+
+def _models_context(data: Any) -> int | None:
+    models = data.get("data") if isinstance(data, dict) else None
+    for model in models if isinstance(models, list) else []:
+        if isinstance(model, dict):
+            for key in ("max_model_len", "context_length", "max_context_length"):
+                if isinstance(model.get(key), int) and model[key] > 0:
+                    return int(model[key])
+    return None

@@ -22,6 +22,9 @@ class Meter:
     """Calls this command had already made, asked again (a counterfactual run repeating a run's first
     calls): answered from this command's own recording."""
     failed: int = 0
+    reasked: int = 0
+    """Requests sent again another way, after the endpoint refused or ignored a way of asking (not
+    retries: each was answered)."""
     input_tokens: int = 0
     output_tokens: int = 0
     usd: float = 0.0
@@ -29,12 +32,27 @@ class Meter:
     """Whether any call had a price (otherwise USD is unknown, not zero)."""
     fingerprints: set[str] = field(default_factory=set)
     """The endpoints' `system_fingerprint`s the calls reported (which build of the model answered)."""
+    say: Callable[[str], None] | None = field(default=None, repr=False, compare=False)
+    """Where a note goes as it is learned (the CLI's stderr); notes are kept either way."""
+    notes: list[str] = field(default_factory=list)
+    """What the command learned about its endpoints, each said once: `smollm2: the endpoint ignored tools
+    (HTTP 200, no tool call); asking by json_schema`."""
     _attempts: list[Callable[[], int]] = field(default_factory=list, repr=False)
     _retries_elsewhere: int = field(default=0, repr=False)
     """Retries counted by meters of other processes (workers of a cluster), absorbed here."""
     _absorbed_live: int = field(default=0, repr=False)
     """Live calls absorbed from other processes: their HTTP attempts were counted there."""
+    _absorbed_reasked: int = field(default=0, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def note(self, text: str) -> None:
+        """Keep `text` and say it, the first time only."""
+        with self._lock:
+            if text in self.notes:
+                return
+            self.notes.append(text)
+        if self.say is not None:
+            self.say(text)
 
     def watch(self, attempts: Callable[[], int]) -> None:
         """Count an endpoint's HTTP attempts (so retries = attempts - live calls)."""
@@ -62,6 +80,10 @@ class Meter:
                 self.usd += usd
                 self.priced = True
 
+    def reask(self) -> None:
+        with self._lock:
+            self.reasked += 1
+
     def fail(self) -> None:
         with self._lock:
             self.live += 1
@@ -70,6 +92,8 @@ class Meter:
     def absorb(self, counts: dict[str, Any], fingerprints: Iterable[str] = ()) -> None:
         """Add another process's meter (its `to_json()` and fingerprints): the calls a worker of a
         cluster made."""
+        for text in counts.get("notes") or []:
+            self.note(str(text))
         with self._lock:
             self.fingerprints.update(fingerprints)
             self.live += int(counts.get("live") or 0)
@@ -77,6 +101,8 @@ class Meter:
             self.recorded += int(counts.get("recorded") or 0)
             self.repeated += int(counts.get("repeated") or 0)
             self.failed += int(counts.get("failed") or 0)
+            self.reasked += int(counts.get("reasked") or 0)
+            self._absorbed_reasked += int(counts.get("reasked") or 0)
             self.input_tokens += int(counts.get("input_tokens") or 0)
             self.output_tokens += int(counts.get("output_tokens") or 0)
             self._retries_elsewhere += int(counts.get("retries") or 0)
@@ -86,8 +112,15 @@ class Meter:
 
     @property
     def retries(self) -> int:
-        own = max(0, sum(count() for count in self._attempts) - (self.live - self._absorbed_live))
+        own = max(
+            0,
+            sum(count() for count in self._attempts) - (self.live - self._absorbed_live) - self._own_reasked,
+        )
         return own + self._retries_elsewhere
+
+    @property
+    def _own_reasked(self) -> int:
+        return self.reasked - self._absorbed_reasked
 
     @property
     def calls(self) -> int:
@@ -117,9 +150,11 @@ class Meter:
             "recorded": self.recorded,
             "repeated": self.repeated,
             "failed": self.failed,
+            "reasked": self.reasked,
             "input_tokens": self.input_tokens,
             "output_tokens": self.output_tokens,
             "usd": round(self.usd, 9) if self.priced else None,
             "retries": self.retries,
             "limit_usd": self.limit_usd,
+            "notes": list(self.notes),
         }

@@ -11,6 +11,8 @@
     timeout_s = 30
     max_retries = 4
     concurrency = 16
+    ask = "auto"                               # auto | tools | json_schema | json_object (docs/servers.md)
+    context_tokens = 8192                      # optional: the model's context (default: asked of the server)
     price = { input_per_mtok = 0.40, output_per_mtok = 1.60 }   # USD per million tokens
 
 `--model openai:MODEL` is the same with every default: the base URL from `OPENAI_BASE_URL`, the key
@@ -64,7 +66,26 @@ class ModelSpec(BaseModel):
     max_retries: int = Field(
         default=4, ge=0, description="Retries of a timeout, 429 (after Retry-After), 5xx or lost connection."
     )
-    concurrency: int = Field(default=16, ge=1, description="Calls in flight to this model at most.")
+    concurrency: int | None = Field(
+        default=None,
+        ge=1,
+        description="Calls in flight to this model at most; default 16, or 1 for an endpoint on this machine "
+        "(localhost, 127.0.0.1, ::1): a local server (llama.cpp, llama-cpp-python, Ollama) answers one request "
+        "at a time unless told otherwise, and calls queued behind each other time out.",
+    )
+    ask: Literal["auto", "tools", "json_schema", "json_object"] = Field(
+        default="auto",
+        description="How a decision is asked for: `tools` (a function per option, tool_choice required), "
+        "`json_schema` (response_format json_schema), `json_object` (response_format json_object with the "
+        "schema in `response_format.schema` and in the prompt); `auto` starts with tools and moves on when "
+        "the endpoint refuses a way or ignores it (docs/servers.md).",
+    )
+    context_tokens: int | None = Field(
+        default=None,
+        ge=256,
+        description="The model's context window in tokens; default: what the server reports (llama.cpp's "
+        "/props, vLLM's /v1/models), else learned from its first context-length error.",
+    )
     price: Price | None = Field(default=None, description="USD per million tokens; no price, no cost.")
 
     @classmethod
@@ -73,6 +94,13 @@ class ModelSpec(BaseModel):
         if not name.startswith(OPENAI_PREFIX) or not name[len(OPENAI_PREFIX) :]:
             return None
         return cls(model=name[len(OPENAI_PREFIX) :])
+
+    def in_flight(self) -> int:
+        """The concurrency cap in force: `concurrency`, else 1 for a local endpoint and 16 for others."""
+        if self.concurrency is not None:
+            return self.concurrency
+        host = (urlsplit(self.endpoint() or "").hostname or "").lower()
+        return 1 if host in ("localhost", "127.0.0.1", "::1") or host.startswith("127.") else 16
 
     def endpoint(self) -> str | None:
         """The base URL calls go to (None: the SDK's default, OpenAI)."""

@@ -88,6 +88,7 @@ def _proposer(opts: RoundOptions, inputs: Inputs) -> Proposer:
         model=opts.proposer_model,
         base_url=opts.proposer_base_url,
         cache=opts.cache,
+        model_spec=inputs.space.config.models.get(opts.proposer_model) if opts.proposer_model else None,
     )
     return make_proposer(opts.proposer, setup, inputs.space)
 
@@ -136,7 +137,7 @@ def _run_round(space: Workspace, opts: RoundOptions, say: Say, inputs: Inputs, l
     )
     # One model for the whole round: the suites and the counterfactual runs share its session (its way
     # of asking, its concurrency cap, its cache) and one meter, whose limit every suite checks.
-    meter = opts.meter if opts.meter is not None else Meter(limit_usd=opts.max_usd)
+    meter = opts.meter if opts.meter is not None else Meter(limit_usd=opts.max_usd, say=say)
     session = base_spec.chat_session(meter)
     models = session.model if session is not None else base_spec.model_factory(env)
 
@@ -496,7 +497,12 @@ def _propose_and_gate(
         return None, [GateResult("propose", False, str(err))], 0, 0
     calls = proposal.calls
     repairs = 0
+    said: set[str] = set()
     while True:
+        for note in proposal.notes:
+            if note not in said:
+                said.add(note)
+                say(f"proposer: {note}")
         document = (
             proposal.document if proposal.document is not None else Unparsed("the proposer returned nothing")
         )

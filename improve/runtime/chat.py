@@ -1,15 +1,21 @@
 """The decider on a real model: a decision request as a chat completions request.
 
 The conversation is the environment's decision prompt, its facts and the offered options; the options
-are the only possible answers, asked for one of three ways, whichever the endpoint takes:
+are the only possible answers, asked for one of three ways (a model's `ask` in improve.toml; `auto`,
+the default, takes whichever the endpoint answers):
 
 1. `tools`: one function per offered event type, its payload fields a JSON Schema with `enum` of the
    offered values (free-text fields as strings), and `tool_choice: "required"`;
 2. `json_schema`: a response format whose `answer` is `oneOf` the options;
-3. `json_object`: the same schema written into the system message.
+3. `json_object`: `response_format: {"type": "json_object", "schema": ...}` (llama.cpp's server,
+   llama-cpp-python and LM Studio turn the schema into a grammar; others ignore it) and the same schema
+   written into the system message.
 
-An endpoint that refuses `tools` (or `response_format`) with a 400 or 422 moves every later call of
-that model to the next way; in `record` mode the refusal is stored, so a replay takes the same path.
+In `auto`, an endpoint that refuses a way (an error naming tools, tool choice or the response format, of
+any status: `llm/endpoint.py`) or ignores it (tools: a 200 without a tool call; json_schema: an answer
+that is not JSON) moves every later call of that model to the next way, and the call is asked again the
+next way; the session says so once (`Meter.note`). In `record` mode each answer is stored, so a replay
+takes the same path.
 A refused answer comes back through the decision protocol as an attempt: the previous answer and the
 refusal's reason are sent as the next messages. The answer is parsed as JSON, never evaluated; an
 answer that cannot be parsed is no answer, which the protocol refuses and retries.
@@ -33,15 +39,19 @@ from typing import Any, Literal
 import httpx2 as httpx
 
 from improve.errors import ModelAnswerError, ModelCallError
-from improve.llm import Endpoint, Meter, ModelSpec, ResponseCache
+from improve.llm import REFUSAL_WORDS, Endpoint, Meter, ModelSpec, ResponseCache
 from improve.machine import FREE_TEXT
 from improve.runtime.decision import DecisionRequest
 from improve.runtime.judgment import ModelJudgment
 from improve.runtime.models import ModelReply
 
 MODES = ("tools", "json_schema", "json_object")
-REJECTABLE = {"tools": ("tool",), "json_schema": ("response_format", "response format", "schema")}
-"""What a 400 or 422 mentions when the endpoint refuses a way of asking (then the next is tried)."""
+REJECTABLE = {
+    "tools": REFUSAL_WORDS["tools"],
+    "json_schema": REFUSAL_WORDS["response_format"],
+    "json_object": REFUSAL_WORDS["response_format"],
+}
+"""What an error mentions when the endpoint refuses a way of asking (then, in `auto`, the next is tried)."""
 
 SYSTEM_PROMPT = (
     "You are the decision step of an agent whose control flow is a state machine written by people. "
@@ -174,7 +184,7 @@ def chat_body(request: DecisionRequest, mode: str, spec: ModelSpec) -> dict[str,
             "json_schema": {"name": "answer", "schema": answer_schema(request), "strict": False},
         }
     else:
-        body["response_format"] = {"type": "json_object"}
+        body["response_format"] = {"type": "json_object", "schema": answer_schema(request)}
     return body
 
 
@@ -207,7 +217,7 @@ def judge_body(
     body["response_format"] = (
         {"type": "json_schema", "json_schema": {"name": "judgment", "schema": schema, "strict": False}}
         if mode == "json_schema"
-        else {"type": "json_object"}
+        else {"type": "json_object", "schema": schema}
     )
     return body
 
@@ -243,6 +253,27 @@ def parse_answer(response: dict[str, Any], request: DecisionRequest) -> dict[str
     return data if data is not None and isinstance(data.get("type"), str) else None
 
 
+def refused(mode: str, response: dict[str, Any]) -> str:
+    rejected = response["rejected"]
+    said = " ".join(str(rejected.get("message") or "").split())  # one line: some servers send a traceback
+    message = (said[:160] + "...") if len(said) > 160 else said or "with no message"
+    return f"the endpoint refused {mode} (HTTP {rejected.get('status')}: {message})"
+
+
+def unanswered(mode: str, response: dict[str, Any]) -> str | None:
+    """Why the endpoint did not answer the way it was asked (it refused it, or ignored it), or None.
+    Ignored is told by what comes back: no tool call to a request whose tool_choice is required; an
+    answer that is not JSON to a request for a JSON schema (a server that applies the schema returns
+    JSON whatever the model)."""
+    if "rejected" in response:
+        return refused(mode, response)
+    if mode == "tools" and not response.get("tool_calls"):
+        return "the endpoint ignored tools (HTTP 200 without a tool call)"
+    if mode == "json_schema" and _json_object(response.get("content")) is None:
+        return "the endpoint ignored the JSON schema (HTTP 200, the answer is not a JSON object)"
+    return None
+
+
 # --- the model -----------------------------------------------------------------------------------------
 
 
@@ -274,8 +305,10 @@ class ChatSession:
             http_client=http_client,
         )
         self.meter.watch(lambda: self.endpoint.attempts)
-        self.mode = MODES[0]
-        self.judge_mode = "json_schema"
+        self.auto = spec.ask == "auto"
+        """Whether the way of asking is learned from the endpoint (else the model's `ask` is kept)."""
+        self.mode = MODES[0] if spec.ask == "auto" else spec.ask
+        self.judge_mode = "json_object" if spec.ask == "json_object" else "json_schema"
         """Judgments ask for JSON only: `json_schema`, or `json_object` once the endpoint refused it."""
         # The meter's set: sessions of one meter (and the workers it absorbs) report one set.
         self.fingerprints: set[str] = self.meter.fingerprints
@@ -283,17 +316,30 @@ class ChatSession:
         # Each call holds the gate while in flight: this process's cap, or (a worker of a cluster) one
         # shared by every worker, so the model sees `concurrency` calls at most either way.
         self._gate: AbstractContextManager[Any] = (
-            gate if gate is not None else threading.BoundedSemaphore(spec.concurrency)
+            gate if gate is not None else threading.BoundedSemaphore(spec.in_flight())
         )
 
     def model(self, seed: str) -> ChatModel:
         return ChatModel(self, seed)
 
-    def fallback(self, mode: str) -> None:
-        """`mode` was refused by the endpoint: every later call asks the next way."""
+    def newer(self, mode: str) -> str:
+        """The way every call asks now, if another run learned a later one since `mode` was chosen."""
         with self._lock:
-            if MODES.index(self.mode) <= MODES.index(mode) < len(MODES) - 1:
-                self.mode = MODES[MODES.index(mode) + 1]
+            return self.mode if self.auto and MODES.index(self.mode) > MODES.index(mode) else mode
+
+    def fallback(self, mode: str, why: str) -> str:
+        """`mode` was refused or ignored by the endpoint (`why`): every later call asks the next way,
+        which is returned; said once."""
+        following = MODES[MODES.index(mode) + 1]
+        with self._lock:
+            if MODES.index(self.mode) <= MODES.index(mode):
+                self.mode = following
+        self.meter.note(f"{self.name}: {why}; asking by {following}")
+        return following
+
+    def judge_fallback(self, why: str) -> None:
+        self.judge_mode = "json_object"
+        self.meter.note(f"{self.name}: {why}; asking judgments by json_object")
 
     def send(self, body: dict[str, Any], rejectable: Sequence[str]) -> dict[str, Any]:
         with self._gate:
@@ -318,16 +364,18 @@ class ChatModel:
         sample = self._sample()
         mode = self._start(lambda m: chat_body(request, m, session.spec), MODES, session.mode, sample)
         while True:
+            if not self._recorded(chat_body(request, mode, session.spec), sample):
+                mode = session.newer(mode)
             body = chat_body(request, mode, session.spec)
-            response, source = self._fetch(body, sample, REJECTABLE.get(mode, ()))
-            if "rejected" in response and mode != MODES[-1]:
-                session.fallback(mode)
-                mode = MODES[MODES.index(mode) + 1]
+            response, source = self._fetch(body, sample, REJECTABLE[mode] if session.auto else ())
+            why = unanswered(mode, response) if session.auto else None
+            if why is not None and mode != MODES[-1]:
+                mode = session.fallback(mode, why)
+                if source == "live":
+                    session.meter.reask()
                 continue
             if "rejected" in response:
-                raise ModelCallError(
-                    f"model {self.name!r}: the endpoint refused the request: {response['rejected']}"
-                )
+                raise ModelCallError(f"model {self.name!r}: {why or refused(mode, response)}")
             return self._reply(response, parse_answer(response, request), source)
 
     def judge(self, name: str, judgment: ModelJudgment, request: DecisionRequest) -> ModelReply:
@@ -341,14 +389,16 @@ class ChatModel:
         )
         while True:
             body = judge_body(name, judgment, request, mode, session.spec)
-            response, source = self._fetch(
-                body, sample, REJECTABLE["json_schema"] if mode == "json_schema" else ()
-            )
-            if "rejected" in response and mode == "json_schema":
-                session.judge_mode = mode = "json_object"
+            response, source = self._fetch(body, sample, REJECTABLE[mode] if session.auto else ())
+            why = unanswered(mode, response) if session.auto else None
+            if why is not None and mode == "json_schema":
+                session.judge_fallback(why)
+                mode = "json_object"
+                if source == "live":
+                    session.meter.reask()
                 continue
             if "rejected" in response:
-                raise ModelCallError(f"model {self.name!r}: the endpoint refused the judgment {name}")
+                raise ModelCallError(f"model {self.name!r}: the judgment {name}: {refused(mode, response)}")
             reply = self._reply(response, _json_object(response.get("content")), source)
             problem = judgment.check(reply.event)
             if problem is not None:
@@ -373,6 +423,10 @@ class ChatModel:
                 return way
         return current
 
+    def _recorded(self, body: dict[str, Any], sample: str) -> bool:
+        cache = self.session.cache
+        return cache.mode != "live" and cache.load(cache.key({"request": body, "sample": sample})) is not None
+
     def _fetch(
         self, body: dict[str, Any], sample: str, rejectable: Sequence[str]
     ) -> tuple[dict[str, Any], Literal["live", "recorded", "repeated"]]:
@@ -394,6 +448,10 @@ class ChatModel:
     ) -> ModelReply:
         usage = response.get("usage") or {}
         tokens_in, tokens_out = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+        if source == "live" and not tokens_in and not tokens_out:
+            self.session.meter.note(
+                f"{self.name}: the endpoint reports no token usage (missing or zero); its tokens and cost count as 0"
+            )
         cost = self.session.spec.cost(tokens_in, tokens_out)
         self.session.meter.add(source=source, input_tokens=tokens_in, output_tokens=tokens_out, usd=cost)
         fingerprint = response.get("system_fingerprint")

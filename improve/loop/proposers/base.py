@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from improve.evals import Scenario
+from improve.llm import ModelSpec
 from improve.loop.gates import GateResult
 from improve.machine import MachineConfig
 from improve.runtime import Environment, Vocabulary
@@ -45,6 +46,9 @@ class Proposal:
     proposer: str
     calls: int = 0
     """Model calls the proposer made (0 for the rule miner)."""
+    notes: tuple[str, ...] = ()
+    """What the round should say about how it was asked: a refused response format, a request trimmed
+    to fit the model's context."""
 
 
 class Proposer(Protocol):
@@ -72,7 +76,10 @@ class ProposerSetup:
     model: str | None = None
     """The proposer's own model, for a proposer that asks one (`--proposer-model`)."""
     base_url: str | None = None
-    """Its OpenAI-compatible endpoint (`--base-url`; None: the provider's default)."""
+    """Its OpenAI-compatible endpoint (`--base-url`; None: the model's, else the provider's default)."""
+    model_spec: ModelSpec | None = None
+    """The proposer model's `[models.NAME]` of improve.toml when `model` names one: its endpoint, key,
+    timeout and context window."""
     cache: Literal["live", "record", "replay"] = "record"
     """How its model calls are cached (`--cache`)."""
 

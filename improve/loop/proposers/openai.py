@@ -15,13 +15,22 @@ required on every object. So the schema is sent with `strict: false`: endpoints 
 decoding (vLLM, llama.cpp, SGLang) enforce it, the others use it as guidance, and the gates validate
 the candidate either way.
 
-**Fallback.** An endpoint that does not support `json_schema` answers the request with HTTP 400 or 422
-(`openai.BadRequestError` / `UnprocessableEntityError`). Such an error is taken as a rejection of the
-response format when its message, body or `param` mentions `response_format`, `response format` or
-`schema`; any other error is an endpoint failure (`ProposalError`). On a rejection the proposer
-repeats the request with `{"type": "json_object"}` and the schema written into the system message, and
-keeps using `json_object` for the rest of its life. In `record` mode the rejection itself is stored
-under the json_schema request's hash, so a replay takes the same path without any call.
+**Fallback.** An endpoint that does not support `json_schema` refuses it with an error naming the
+response format (400, 422, or 500 from llama-cpp-python: `improve.llm.endpoint`); any other error is an
+endpoint failure (`ProposalError`). On a refusal the proposer repeats the request with `{"type":
+"json_object", "schema": S}` (llama.cpp's server and llama-cpp-python constrain the reply with the
+schema) and the schema written into the system message, keeps using `json_object` for the rest of its
+life, and says so once. In `record` mode the refusal itself is stored under the json_schema request's
+hash, so a replay takes the same path without any call.
+
+**Fitting the context.** The request is sized to the model's context window: `context_tokens` of its
+`[models.NAME]`, else what the server reports (`Endpoint.context_window`, recorded like a call), else
+learned from the first context-length error. A quarter of the window (at least 512 tokens, at most
+4096) is kept for the reply (`max_tokens`); the rest must hold the request, estimated at three
+characters a token. A request too long loses, in this order, the schema written into the prompt (the
+response format still carries it), then training examples (20, 10, 5, 2, 1); what was left out is
+reported (`Proposal.notes`). A request that does not fit even so is a `ProposalError` that says how
+large the context would have to be.
 
 **Safety.** The reply's content is parsed as JSON (a surrounding Markdown code fence is tolerated),
 never evaluated; the candidate is data that the gates validate. Unparsable content raises
@@ -52,11 +61,11 @@ from openai.types.chat import (
     ChatCompletionUserMessageParam,
 )
 from openai.types.chat.completion_create_params import ResponseFormat
-from openai.types.shared_params import ResponseFormatJSONObject, ResponseFormatJSONSchema
+from openai.types.shared_params import ResponseFormatJSONSchema
 from openai.types.shared_params.response_format_json_schema import JSONSchema
 
 from improve.errors import ProposalError
-from improve.llm import API_KEY_ENV, Endpoint, ResponseCache, safe_url
+from improve.llm import API_KEY_ENV, REFUSAL_WORDS, Endpoint, ResponseCache, safe_url
 from improve.loop.gates import GateResult
 from improve.loop.proposers.base import Proposal, ProposalRequest
 from improve.machine import MachineConfig
@@ -118,8 +127,10 @@ def json_schema_format() -> ResponseFormatJSONSchema:
     )
 
 
-def json_object_format() -> ResponseFormatJSONObject:
-    return ResponseFormatJSONObject(type="json_object")
+def json_object_format() -> dict[str, Any]:
+    """`json_object` with the schema beside it: llama.cpp's server, llama-cpp-python and LM Studio
+    constrain the reply with `schema`; other servers ignore the field."""
+    return {"type": "json_object", "schema": response_schema()}
 
 
 # --- the prompt ------------------------------------------------------------------------------------------
@@ -192,8 +203,8 @@ def _task(request: ProposalRequest) -> str:
     )
 
 
-def _user_prompt(request: ProposalRequest) -> str:
-    examples = request.examples[:MAX_EXAMPLES]
+def _user_prompt(request: ProposalRequest, most: int = MAX_EXAMPLES) -> str:
+    examples = request.examples[:most]
     left_out = len(request.examples) - len(examples)
     more = f" (the first {len(examples)} of {len(request.examples)})" if left_out > 0 else ""
     return "\n\n".join(
@@ -217,16 +228,22 @@ def _system_prompt(schema_in_prompt: bool) -> str:
     return f"{SYSTEM_PROMPT}\n\n{FALLBACK_SCHEMA_NOTE}{json.dumps(response_schema(), sort_keys=True)}"
 
 
-def propose_messages(request: ProposalRequest, schema_in_prompt: bool = False) -> list[Message]:
-    """The conversation that asks for a candidate."""
+def propose_messages(
+    request: ProposalRequest, schema_in_prompt: bool = False, examples: int = MAX_EXAMPLES
+) -> list[Message]:
+    """The conversation that asks for a candidate (with at most `examples` training examples)."""
     return [
         {"role": "system", "content": _system_prompt(schema_in_prompt)},
-        {"role": "user", "content": _user_prompt(request)},
+        {"role": "user", "content": _user_prompt(request, examples)},
     ]
 
 
 def repair_messages(
-    request: ProposalRequest, previous: Proposal, failure: GateResult, schema_in_prompt: bool = False
+    request: ProposalRequest,
+    previous: Proposal,
+    failure: GateResult,
+    schema_in_prompt: bool = False,
+    examples: int = MAX_EXAMPLES,
 ) -> list[Message]:
     """The follow-up conversation: the previous candidate, then the failing gate's name and detail verbatim."""
     candidate = json.dumps(
@@ -240,7 +257,7 @@ def repair_messages(
         'object: {"policy": <the complete corrected policy>, "rationale": "<what changed and why>"}.'
     )
     return [
-        *propose_messages(request, schema_in_prompt),
+        *propose_messages(request, schema_in_prompt, examples),
         {"role": "assistant", "content": candidate},
         {"role": "user", "content": feedback},
     ]
@@ -283,8 +300,24 @@ def parse_reply(content: str, where: str) -> tuple[Any, str]:
     return data, ""
 
 
-SCHEMA_WORDS = ("response_format", "response format", "schema")
-"""A 400 or 422 mentioning one of these refused the `json_schema` response format."""
+Conversation = Callable[[bool, int], list[Message]]
+"""The messages of one request: whether the schema is written into the prompt, and how many examples."""
+
+EXAMPLE_STEPS = (MAX_EXAMPLES, 10, 5, 2, 1)
+"""How far a request too long for the context is cut down, examples first kept whole."""
+
+CHARS_PER_TOKEN = 3
+"""A request's size in tokens, estimated: JSON-heavy text runs at about 3 to 4 characters a token, so 3
+over-counts a little, which is the safe side."""
+
+
+def reply_reserve(window: int) -> int:
+    """Tokens of the window kept for the reply (a whole policy)."""
+    return max(512, min(4096, window // 4))
+
+
+def estimated_tokens(messages: Sequence[Message]) -> int:
+    return sum(len(m["content"]) + 8 for m in messages) // CHARS_PER_TOKEN
 
 
 class OpenAIProposer:
@@ -302,6 +335,7 @@ class OpenAIProposer:
         timeout: float = 120.0,
         max_retries: int = 2,
         http_client: openai.DefaultHttpxClient | None = None,
+        context_tokens: int | None = None,
     ) -> None:
         self.model = model
         self.base_url = base_url
@@ -319,6 +353,11 @@ class OpenAIProposer:
         )
         self.json_schema_supported = True
         """Set to False once the endpoint rejected `json_schema`; then `json_object` is asked."""
+        self.context_tokens = context_tokens
+        """The model's context window (None: not known yet; asked of the server on first use)."""
+        self._asked_window = context_tokens is not None
+        self.notes: list[str] = []
+        """What the proposer learned about its endpoint, said once each (a refused format)."""
 
     def __repr__(self) -> str:
         return (
@@ -329,31 +368,102 @@ class OpenAIProposer:
     # -- the Proposer protocol --
 
     def propose(self, request: ProposalRequest) -> Proposal:
-        return self._complete(lambda schema_in_prompt: propose_messages(request, schema_in_prompt))
+        return self._complete(lambda schema, examples: propose_messages(request, schema, examples))
 
     def repair(self, request: ProposalRequest, previous: Proposal, failure: GateResult) -> Proposal:
         return self._complete(
-            lambda schema_in_prompt: repair_messages(request, previous, failure, schema_in_prompt)
+            lambda schema, examples: repair_messages(request, previous, failure, schema, examples)
         )
 
     # -- the calls --
 
-    def _complete(self, conversation: Callable[[bool], list[Message]]) -> Proposal:
-        calls = 0
-        if self.json_schema_supported:
-            response, called = self._request(conversation(False), json_schema_format())
+    def _complete(self, conversation: Conversation) -> Proposal:
+        calls, told_context = 0, False
+        while True:
+            schema_mode = self.json_schema_supported
+            messages, trimmed = self._fit(conversation, schema_in_prompt=not schema_mode)
+            response, called = self._request(
+                messages, json_schema_format() if schema_mode else json_object_format()
+            )
             calls += called
-            if "rejected" not in response:
-                return self._proposal(response, calls)
-            self.json_schema_supported = False
-        response, called = self._request(conversation(True), json_object_format())
-        calls += called
-        if "rejected" in response:  # only a json_schema request is ever stored as rejected
-            raise ProposalError(f"response {response['key']}: the endpoint rejected the request")
-        return self._proposal(response, calls)
+            if "rejected" in response and schema_mode:
+                self.json_schema_supported = False
+                self._note(
+                    f"the endpoint refused json_schema ({response['rejected'].get('message', '')[:120]})"
+                )
+                continue
+            if "too_long" in response and not told_context:
+                # The server said how large its context is: fit the request to it and ask once more.
+                told_context = True
+                self.context_tokens = int(response["too_long"]["context"])
+                continue
+            if "too_long" in response:
+                raise ProposalError(
+                    f"response {response['key']}: the request is too long for {self.model}'s context of "
+                    f"{self.context_tokens} tokens even trimmed: {response['too_long']['message']}"
+                )
+            if "rejected" in response:  # only a json_schema request is ever stored as rejected
+                raise ProposalError(f"response {response['key']}: the endpoint rejected the request")
+            return self._proposal(response, calls, trimmed)
+
+    def _note(self, what: str) -> None:
+        note = f"{self.model}: {what}; asking by json_object"
+        if note not in self.notes:
+            self.notes.append(note)
+
+    def _window(self) -> int | None:
+        """The model's context: configured, else the server's word (recorded like a call, so a replay
+        fits the request the same way without asking), else unknown."""
+        if not self._asked_window:
+            self._asked_window = True
+            try:
+                answer, _ = self.cache.fetch(
+                    {"context_window_of": self.model},
+                    lambda: {"context": self.endpoint.context_window()},
+                    secrets=self.endpoint.secrets,
+                )
+            except ProposalError:  # replaying a recording made before windows were recorded: unknown
+                answer = {}
+            found = answer.get("context")
+            self.context_tokens = int(found) if isinstance(found, int) else None
+        return self.context_tokens
+
+    def _fit(self, conversation: Conversation, *, schema_in_prompt: bool) -> tuple[list[Message], list[str]]:
+        """The request cut down to the model's context (see the module's "Fitting the context"), and
+        what was left out."""
+        full = conversation(schema_in_prompt, MAX_EXAMPLES)
+        window = self._window()
+        if window is None:
+            return full, []
+        budget = window - reply_reserve(window)
+        schemas = [True, False] if schema_in_prompt else [False]
+        for schema in schemas:
+            for examples in EXAMPLE_STEPS:
+                messages = conversation(schema, examples)
+                if estimated_tokens(messages) <= budget:
+                    left_out = []
+                    if schema != schema_in_prompt:
+                        left_out.append("the schema written into the prompt (the response format keeps it)")
+                    if examples < MAX_EXAMPLES:
+                        left_out.append(f"training examples beyond the first {examples}")
+                    if not left_out:
+                        return messages, []
+                    return messages, [
+                        f"the proposer's request was trimmed to fit {self.model}'s context of {window} tokens "
+                        f"(about {estimated_tokens(full):,} tokens whole, {reply_reserve(window):,} kept for "
+                        f"the reply): left out {' and '.join(left_out)}"
+                    ]
+        smallest = estimated_tokens(conversation(False, EXAMPLE_STEPS[-1]))
+        raise ProposalError(
+            f"the proposer's request needs about {smallest:,} tokens even trimmed (no schema in the prompt, one "
+            f"example), more than {self.model}'s context of {window} tokens leaves for it ({budget:,} after "
+            f"{reply_reserve(window):,} for the reply): give the model a context of at least "
+            f"{smallest + reply_reserve(smallest * 2):,} tokens (llama-server -c, llama-cpp-python --n_ctx, "
+            "Ollama num_ctx) or propose with `--proposer rules`"
+        )
 
     def _request(
-        self, messages: list[Message], response_format: ResponseFormat
+        self, messages: list[Message], response_format: ResponseFormat | dict[str, Any]
     ) -> tuple[dict[str, Any], int]:
         """The response (with its cache `key` added) and the number of endpoint calls made (0 or 1)."""
         body: dict[str, Any] = {
@@ -362,15 +472,20 @@ class OpenAIProposer:
             "response_format": response_format,
             "temperature": self.temperature,
         }
-        rejectable = SCHEMA_WORDS if response_format["type"] == "json_schema" else ()
+        window = self.context_tokens
+        if window is not None:
+            body["max_tokens"] = reply_reserve(window)
+        rejectable = REFUSAL_WORDS["response_format"] if response_format["type"] == "json_schema" else ()
         response, called = self.cache.fetch(
             body,
-            lambda: self.endpoint.complete({**body, "messages": _sdk_messages(messages)}, rejectable),
+            lambda: self.endpoint.complete(
+                {**body, "messages": _sdk_messages(messages)}, rejectable, fits=True
+            ),
             secrets=self.endpoint.secrets,
         )
         return {**response, "key": self.cache.key(body)}, int(called)
 
-    def _proposal(self, response: Mapping[str, Any], calls: int) -> Proposal:
+    def _proposal(self, response: Mapping[str, Any], calls: int, trimmed: Sequence[str]) -> Proposal:
         where = f"response {response.get('key', '?')}"
         content = response.get("content")
         if not isinstance(content, str) or not content.strip():
@@ -381,4 +496,10 @@ class OpenAIProposer:
         if response.get("finish_reason") == "length":
             where += " (cut off at the token limit: finish_reason 'length')"
         document, rationale = parse_reply(content, where)
-        return Proposal(document=document, rationale=rationale, proposer=self.name, calls=calls)
+        return Proposal(
+            document=document,
+            rationale=rationale,
+            proposer=self.name,
+            calls=calls,
+            notes=(*self.notes, *trimmed),
+        )

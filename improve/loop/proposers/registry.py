@@ -47,7 +47,19 @@ def openai_proposer(setup: ProposerSetup) -> Proposer:
             "--proposer openai needs --proposer-model (and --base-url for a non-OpenAI endpoint)"
         )
     cache = ResponseCache(setup.root / CACHE_DIR, setup.cache, miss=ProposalError)
-    return OpenAIProposer(model=setup.model, base_url=setup.base_url, cache=cache)
+    spec = setup.model_spec
+    if spec is None:
+        return OpenAIProposer(model=setup.model, base_url=setup.base_url, cache=cache)
+    return OpenAIProposer(
+        model=spec.model,
+        base_url=setup.base_url or spec.endpoint(),
+        api_key=spec.api_key(),
+        cache=cache,
+        temperature=spec.temperature,
+        timeout=max(spec.timeout_s, 120.0),  # a whole policy takes longer to write than one decision
+        max_retries=spec.max_retries,
+        context_tokens=spec.context_tokens,
+    )
 
 
 PROPOSERS: Registry[ProposerFactory] = Registry("proposers", _factory)
