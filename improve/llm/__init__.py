@@ -4,6 +4,7 @@ spent (`Meter`)."""
 
 from improve.llm.cache import CACHE_DIR, CACHE_MODES, REDACTED, CacheMode, ResponseCache, request_key
 from improve.llm.endpoint import REFUSAL_WORDS, Endpoint
+from improve.llm.local import LOCAL_KEY_ENV, LOCAL_MODEL, LocalServer, local_server
 from improve.llm.meter import Meter
 from improve.llm.spec import API_KEY_ENV, BASE_URL_ENV, OPENAI_PREFIX, ModelSpec, Price, safe_url
 
@@ -12,15 +13,19 @@ __all__ = [
     "BASE_URL_ENV",
     "CACHE_DIR",
     "CACHE_MODES",
+    "LOCAL_KEY_ENV",
+    "LOCAL_MODEL",
     "OPENAI_PREFIX",
     "REDACTED",
     "REFUSAL_WORDS",
     "CacheMode",
     "Endpoint",
+    "LocalServer",
     "Meter",
     "ModelSpec",
     "Price",
     "ResponseCache",
+    "local_server",
     "request_key",
     "safe_url",
 ]

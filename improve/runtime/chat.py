@@ -322,11 +322,6 @@ class ChatSession:
     def model(self, seed: str) -> ChatModel:
         return ChatModel(self, seed)
 
-    def newer(self, mode: str) -> str:
-        """The way every call asks now, if another run learned a later one since `mode` was chosen."""
-        with self._lock:
-            return self.mode if self.auto and MODES.index(self.mode) > MODES.index(mode) else mode
-
     def fallback(self, mode: str, why: str) -> str:
         """`mode` was refused or ignored by the endpoint (`why`): every later call asks the next way,
         which is returned; said once."""
@@ -362,10 +357,9 @@ class ChatModel:
     def answer(self, request: DecisionRequest) -> ModelReply:
         session = self.session
         sample = self._sample()
-        mode = self._start(lambda m: chat_body(request, m, session.spec), MODES, session.mode, sample)
+        mode = session.mode
         while True:
-            if not self._recorded(chat_body(request, mode, session.spec), sample):
-                mode = session.newer(mode)
+            mode = self._way(lambda m: chat_body(request, m, session.spec), MODES, mode, session.mode, sample)
             body = chat_body(request, mode, session.spec)
             response, source = self._fetch(body, sample, REJECTABLE[mode] if session.auto else ())
             why = unanswered(mode, response) if session.auto else None
@@ -384,10 +378,15 @@ class ChatModel:
         session = self.session
         sample = self._sample()
         ways = ("json_schema", "json_object")
-        mode = self._start(
-            lambda m: judge_body(name, judgment, request, m, session.spec), ways, session.judge_mode, sample
-        )
+        mode = session.judge_mode
         while True:
+            mode = self._way(
+                lambda m: judge_body(name, judgment, request, m, session.spec),
+                ways,
+                mode,
+                session.judge_mode,
+                sample,
+            )
             body = judge_body(name, judgment, request, mode, session.spec)
             response, source = self._fetch(body, sample, REJECTABLE[mode] if session.auto else ())
             why = unanswered(mode, response) if session.auto else None
@@ -410,22 +409,19 @@ class ChatModel:
         self.calls += 1
         return f"{self.seed}#{self.calls}"
 
-    def _start(
-        self, body: Callable[[str], dict[str, Any]], ways: Sequence[str], current: str, sample: str
+    def _way(
+        self, body: Callable[[str], dict[str, Any]], ways: Sequence[str], mode: str, current: str, sample: str
     ) -> str:
-        """The way to ask first. Runs in flight together may learn a fallback in another order than
-        when the calls were recorded: a recorded sample is asked the way it was recorded."""
+        """The way to ask `sample` now, from `mode` on. Runs in flight together learn a fallback in
+        another order than when the calls were recorded, so a recorded sample is asked the next way it
+        was recorded; any other, the later of `mode` and the session's `current` way (another run may
+        have learned one since)."""
         cache = self.session.cache
-        if cache.mode == "live":
-            return current
-        for way in ways:
-            if cache.load(cache.key({"request": body(way), "sample": sample})) is not None:
-                return way
-        return current
-
-    def _recorded(self, body: dict[str, Any], sample: str) -> bool:
-        cache = self.session.cache
-        return cache.mode != "live" and cache.load(cache.key({"request": body, "sample": sample})) is not None
+        if cache.mode != "live":
+            for way in ways[ways.index(mode) :]:
+                if cache.load(cache.key({"request": body(way), "sample": sample})) is not None:
+                    return way
+        return current if self.session.auto and ways.index(current) > ways.index(mode) else mode
 
     def _fetch(
         self, body: dict[str, Any], sample: str, rejectable: Sequence[str]
