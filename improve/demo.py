@@ -3,7 +3,8 @@ a scratch copy.
 
 It writes the desk's workspace into a scratch directory (a git repository of its own, as
 `improve init --from refunds` would), then runs improvement rounds with the `naive` stand-in model
-and the `rules` proposer. Between rounds it plays the reviewer:
+(or `--model local`: SmolLM2-135M on this machine, its server started for the demo and stopped after,
+`improve.llm.local`) and the `rules` proposer. Between rounds it plays the reviewer:
 the person's step, printed as such, merges the recommended branch; the next round starts from the
 merged version. The tool itself never merges.
 """
@@ -12,19 +13,23 @@ from __future__ import annotations
 
 import re
 import shutil
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import git
 
 from improve.evals import Workspace, p_value
-from improve.llm import CacheMode
+from improve.llm import CacheMode, Meter, local_server
 from improve.loop import RoundOptions, RoundResult, run_round
 from improve.runtime import load_environment
 from improve.scaffold import write_desk
 
 DESK = "refunds"
+LOCAL = "local"
+"""`--model local`: the small real model, served on this machine for the demo."""
 
 
 @dataclass
@@ -35,14 +40,20 @@ class DemoSummary:
     start_held_out: float | None
     final_held_out: float | None
     workspace: Path
+    seconds: float = 0.0
+    model_calls: str = ""
+    """The model's calls over every round (`Meter.summary`), for a model behind an endpoint."""
 
 
-def prepare(target: Path, env: str = DESK) -> Workspace:
+def prepare(target: Path, env: str = DESK, models: str = "") -> Workspace:
     """A fresh scratch workspace written from the bundled desk `env` (as `improve init --from NAME`
-    does), under git, with generated files ignored."""
+    does), with `models` (improve.toml sections) added, under git, with generated files ignored."""
     if target.exists():
         shutil.rmtree(target)
     write_desk(load_environment(env), target)
+    if models:
+        config = target / "improve.toml"
+        config.write_text(config.read_text(encoding="utf-8") + models, encoding="utf-8")
     commit_workspace(target, user="improve demo", message="The example workspace")
     return Workspace.load(target / "improve.toml")
 
@@ -76,14 +87,42 @@ def run_demo(
     cache: CacheMode = "record",
     env: str = DESK,
 ) -> DemoSummary:
-    space = prepare(target, env)
+    started = time.monotonic()
+    with _served(model, say) as models:
+        summary = _rounds(prepare(target, env, models), rounds, k, say, model, cache)
+    summary.seconds = time.monotonic() - started
+    return summary
+
+
+@contextmanager
+def _served(model: str, say: Callable[[str], None]) -> Iterator[str]:
+    """The improve.toml section of the demo's model: `[models.local]`, its server running for the block,
+    for `--model local`; nothing for a stand-in."""
+    if model != LOCAL:
+        yield ""
+        return
+    with local_server(say=say) as server:
+        spec = server.spec()
+        yield (
+            f"\n# The small real model of `improve demo --model local`, served for the demo on this machine.\n"
+            f'[models.{LOCAL}]\nmodel = "{spec.model}"\nbase_url = "{server.url}"\napi_key_env = "{spec.api_key_env}"\n'
+            f"context_tokens = {spec.context_tokens}\ntimeout_s = {spec.timeout_s:g}\nconcurrency = 1\n"
+        )
+
+
+def _rounds(
+    space: Workspace, rounds: int, k: int, say: Callable[[str], None], model: str, cache: CacheMode
+) -> DemoSummary:
+    meter = Meter(say=lambda m: say(f"   {m}"))
     current = "v0"
     results: list[RoundResult] = []
     skip: list[str] = []
     discarded_in_a_row = 0
     for number in range(1, rounds + 1):
         say(f"\n== round {number}: improve round --policy {current} --k {k} --proposer rules ==")
-        options = RoundOptions(policy=current, k=k, model=model, proposer="rules", skip=skip, cache=cache)
+        options = RoundOptions(
+            policy=current, k=k, model=model, proposer="rules", skip=skip, cache=cache, meter=meter
+        )
         result = run_round(space, options, say=lambda m: None if _is_progress(m) else say(f"   {m}"))
         results.append(result)
         say(line(result))
@@ -103,7 +142,8 @@ def run_demo(
     promoted = [r for r in results if r.status == "recommended"]
     start = held[0]["before"] if held else None
     final = promoted[-1].scores["held-out"]["after"] if promoted else start
-    return DemoSummary(results, "v0", current, start, final, space.root)
+    calls = meter.summary() if meter.calls else ""
+    return DemoSummary(results, "v0", current, start, final, space.root, model_calls=calls)
 
 
 def _is_progress(message: str) -> bool:

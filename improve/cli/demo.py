@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from improve.cli.common import CacheMode, CacheOption, ModelOption, err, handled, out
+from improve.cli.common import CacheMode, CacheOption, err, handled, out
 
 
 def demo_command(
@@ -16,7 +16,16 @@ def demo_command(
     ),
     rounds: Annotated[int, typer.Option("--rounds", min=1, help="Rounds to run at most.")] = 6,
     k: Annotated[int, typer.Option("--k", min=1, help="Runs per scenario.")] = 3,
-    model: Annotated[str, ModelOption] = "naive",
+    model: Annotated[
+        str,
+        typer.Option(
+            "--model",
+            "-m",
+            help="The decider: a stand-in of the desk (naive by default), `local` (SmolLM2-135M on this machine: "
+            "its server is started for the demo and stopped after; needs the local extra), or any model --model "
+            "takes elsewhere.",
+        ),
+    ] = "naive",
     cache: Annotated[CacheMode, CacheOption] = CacheMode.record,
     env: Annotated[
         str,
@@ -37,6 +46,8 @@ def demo_command(
         improve demo --dir build/demo --rounds 6
 
         improve demo --env tool-loop --dir build/demo-tool-loop
+
+        improve demo --model local --rounds 3     # a real small model decides, on this machine
     """
     from improve.demo import run_demo
 
@@ -70,3 +81,6 @@ def demo_command(
             markup=False,
         )
         out.print(f"the latest round as a page: improve report --html -w {summary.workspace}", markup=False)
+        if summary.model_calls:
+            out.print(f"model {model}: {summary.model_calls}", markup=False)
+        out.print(f"wall time {summary.seconds:.0f} s", markup=False)

@@ -117,13 +117,20 @@ class Endpoint:
             return self._client
 
     def context_window(self) -> int | None:
-        """The model's context in tokens, as the server reports it: llama.cpp's `GET /props`
-        (`default_generation_settings.n_ctx`), vLLM's `GET /v1/models` (`max_model_len`), LM Studio's
-        (`context_length`); None when it says nothing (llama-cpp-python, OpenAI): docs/servers.md."""
+        """The model's context in tokens, as the server reports it: llama-server's `GET /props`
+        (`default_generation_settings.n_ctx`), vLLM's `GET /v1/models` (`max_model_len`), Ollama's `GET
+        /api/ps` and LM Studio's `GET /api/v1/models` (the loaded model's `context_length`); None when
+        it says nothing (llama-cpp-python, OpenAI): docs/servers.md."""
         client = self.client()
         base = str(client.base_url).rstrip("/")
         root = base[: -len("/v1")] if base.endswith("/v1") else base
-        for url, read in ((f"{root}/props", _props_context), (f"{base}/models", _models_context)):
+        routes = (
+            (f"{root}/props", _props_context),  # llama-server
+            (f"{base}/models", _models_context),  # vLLM
+            (f"{root}/api/ps", _ollama_context),  # Ollama: the loaded model's context
+            (f"{root}/api/v1/models", _lmstudio_context),  # LM Studio: the loaded instance's
+        )
+        for url, read in routes:
             try:
                 answer = client._client.get(
                     url, headers={"Authorization": f"Bearer {self._api_key}"}, timeout=5
@@ -255,15 +262,17 @@ def _error_text(response: httpx.Response) -> str:
 
 _CONTEXT_ERROR = re.compile(
     r"maximum context length is (?P<a>\d+)|context (?:window|size) of (?P<b>\d+)|available context size "
-    r"\((?P<c>\d+) tokens\)|maximum model length is (?P<d>\d+)|n_ctx\D{0,5}(?P<e>\d+)",
+    r"\((?P<c>\d+) tokens\)|maximum model length (?:is|of) (?P<d>\d+)|context length is only (?P<e>\d+)"
+    r"|context length of only (?P<f>\d+)|n_ctx\D{0,5}(?P<g>\d+)",
     re.IGNORECASE,
 )
 
 
 def context_in(message: str) -> int | None:
-    """The context size a context-length error states (`This model's maximum context length is 2048
-    tokens`, llama.cpp's `exceeds the available context size (8192 tokens)`, vLLM's `maximum model length
-    is 4096`), or None when the message is about something else."""
+    """The context size a context-length error states (llama-cpp-python's and OpenAI's `This model's
+    maximum context length is 2048 tokens`, llama-server's `exceeds the available context size (8192
+    tokens)`, vLLM's `the model's context length is only 4096 tokens` or `maximum model length of 4096`,
+    LM Studio's `loaded with context length of only 4096 tokens`), or None when it is about something else."""
     lowered = message.lower()
     if "context" not in lowered and "model length" not in lowered:
         return None
@@ -286,4 +295,27 @@ def _models_context(data: Any) -> int | None:
             for key in ("max_model_len", "context_length", "max_context_length"):
                 if isinstance(model.get(key), int) and model[key] > 0:
                     return int(model[key])
+    return None
+
+
+def _ollama_context(data: Any) -> int | None:
+    models = data.get("models") if isinstance(data, dict) else None
+    for model in models if isinstance(models, list) else []:
+        if (
+            isinstance(model, dict)
+            and isinstance(model.get("context_length"), int)
+            and model["context_length"] > 0
+        ):
+            return int(model["context_length"])
+    return None
+
+
+def _lmstudio_context(data: Any) -> int | None:
+    models = data.get("models") if isinstance(data, dict) else None
+    for model in models if isinstance(models, list) else []:
+        for instance in model.get("loaded_instances") or [] if isinstance(model, dict) else []:
+            config = instance.get("config") if isinstance(instance, dict) else None
+            value = config.get("context_length") if isinstance(config, dict) else None
+            if isinstance(value, int) and value > 0:
+                return value
     return None
