@@ -22,7 +22,7 @@ from pathlib import Path
 import git
 
 from improve.evals import Workspace, p_value
-from improve.llm import CacheMode, Meter, local_server
+from improve.llm import OPENAI_PREFIX, CacheMode, Meter, local_server
 from improve.loop import RoundOptions, RoundResult, run_round
 from improve.runtime import load_environment
 from improve.scaffold import write_desk
@@ -114,6 +114,8 @@ def _rounds(
     space: Workspace, rounds: int, k: int, say: Callable[[str], None], model: str, cache: CacheMode
 ) -> DemoSummary:
     meter = Meter(say=lambda m: say(f"   {m}"))
+    # A stand-in's runs take a moment; a real model's take minutes, and their progress is worth seeing.
+    quiet = model not in space.config.models and not model.startswith(OPENAI_PREFIX)
     current = "v0"
     results: list[RoundResult] = []
     skip: list[str] = []
@@ -123,7 +125,9 @@ def _rounds(
         options = RoundOptions(
             policy=current, k=k, model=model, proposer="rules", skip=skip, cache=cache, meter=meter
         )
-        result = run_round(space, options, say=lambda m: None if _is_progress(m) else say(f"   {m}"))
+        result = run_round(
+            space, options, say=lambda m: None if quiet and _is_progress(m) else say(f"   {m}")
+        )
         results.append(result)
         say(line(result))
         if result.status == "recommended" and result.pr and result.candidate_version:

@@ -23,6 +23,7 @@ from improve.loop.gates import GateContext, GateResult, run_gates
 from improve.loop.proposers import Proposal, ProposalError, ProposalRequest
 from improve.loop.proposers.openai import (
     OpenAIProposer,
+    estimated_tokens,
     json_object_format,
     json_schema_format,
     propose_messages,
@@ -420,3 +421,61 @@ def test_response_formats_are_plain_json() -> None:
     assert fmt["json_schema"]["strict"] is False
     text = json.dumps(fmt)
     assert '"title"' not in text and '"default"' not in text and "$schema" not in text
+
+
+# --- 5. a small model's context ----------------------------------------------------------------------------
+
+
+def test_a_request_too_long_for_the_models_context_is_trimmed_to_fit_and_says_what_it_left_out(
+    serve: Callable[[Script], FakeEndpoint], tmp_path: Path
+) -> None:
+    """A server like llama-cpp-python: no word of its context until a request is too long, then 400
+    `context_length_exceeded` with the size. The proposer fits the request to it and asks again; the
+    reply's room (`max_tokens`) is kept; what was left out is in the proposal's notes."""
+    # Twenty long examples: whole, the request is too long for the window; with five it fits (and the
+    # repair, which carries the candidate and the gate's detail too, with fewer).
+    example = {**refunds_request().examples[0], "ticket": "I want my money back. " * 27}
+    request = dataclasses.replace(refunds_request(), examples=[example] * 20)
+    window = estimated_tokens(propose_messages(request, False, 5)) * 4 // 3 + 4
+    assert estimated_tokens(propose_messages(request, False, 20)) > window
+
+    def small_model(body: dict[str, Any]) -> Reply:
+        tokens = estimated_tokens(body["messages"])
+        if tokens + int(body.get("max_tokens") or 0) > window:
+            message = (
+                f"This model's maximum context length is {window} tokens. However, you requested "
+                f"{tokens} tokens ({tokens} in the messages, 0 in the completion)."
+            )
+            return Reply(
+                400,
+                {
+                    "error": {
+                        "message": message,
+                        "type": "invalid_request_error",
+                        "code": "context_length_exceeded",
+                    }
+                },
+            )
+        return reply_with(VALID, "fits")
+
+    endpoint = serve(small_model)
+    prop = proposer(
+        endpoint.url, ResponseCache(tmp_path / "cache", "record", miss=ProposalError), api_key=SECRET
+    )
+    first = prop.propose(request)
+    assert (first.document, first.rationale) == (VALID, "fits")
+    assert len(endpoint.requests) == 2 and "max_tokens" not in endpoint.requests[0]["body"]
+    fitted = endpoint.requests[1]["body"]
+    assert fitted["max_tokens"] == max(512, window // 4)  # a quarter of the window kept for the reply
+    assert len(json.dumps(fitted["messages"])) < len(json.dumps(endpoint.requests[0]["body"]["messages"]))
+    (note,) = first.notes
+    assert f"trimmed to fit {MODEL}'s context of {window} tokens" in note
+    assert "training examples beyond the first 5" in note
+    # Learned once: the repair is fitted from the start, with no second refusal.
+    prop.repair(request, first, FAILURE)
+    assert len(endpoint.requests) == 3
+    # A context too small for even the smallest request says how large it would have to be.
+    tiny = proposer(endpoint.url, api_key=SECRET)
+    tiny.context_tokens, tiny._asked_window = 600, True
+    with pytest.raises(ProposalError, match=r"give the model a context of at least [\d,]+ tokens"):
+        tiny.propose(request)
