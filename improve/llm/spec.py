@@ -95,12 +95,16 @@ class ModelSpec(BaseModel):
             return None
         return cls(model=name[len(OPENAI_PREFIX) :])
 
+    def local(self) -> bool:
+        """Whether the endpoint is on this machine (localhost, 127.x, ::1)."""
+        host = (urlsplit(self.endpoint() or "").hostname or "").lower()
+        return host in ("localhost", "::1") or host.startswith("127.")
+
     def in_flight(self) -> int:
         """The concurrency cap in force: `concurrency`, else 1 for a local endpoint and 16 for others."""
         if self.concurrency is not None:
             return self.concurrency
-        host = (urlsplit(self.endpoint() or "").hostname or "").lower()
-        return 1 if host in ("localhost", "127.0.0.1", "::1") or host.startswith("127.") else 16
+        return 1 if self.local() else 16
 
     def endpoint(self) -> str | None:
         """The base URL calls go to (None: the SDK's default, OpenAI)."""
@@ -113,11 +117,18 @@ class ModelSpec(BaseModel):
         return self.price.cost(input_tokens, output_tokens) if self.price is not None else None
 
     def public(self) -> dict[str, Any]:
-        """What identifies the model's behaviour, for thread stamps and reports: no key, no secret."""
+        """What identifies the model's behaviour, for thread stamps and reports: no key, no secret. An
+        endpoint on this machine is named without its port: a local server started on a free port each
+        time (`improve demo --model local`, the tests) serves the same model, and its recorded threads
+        stay this model's."""
+        endpoint = safe_url(self.endpoint())
+        if self.local():
+            parts = urlsplit(endpoint)
+            endpoint = urlunsplit((parts.scheme, parts.hostname or "", parts.path, "", ""))
         return {
             "provider": self.provider,
             "model": self.model,
-            "endpoint": safe_url(self.endpoint()),
+            "endpoint": endpoint,
             "temperature": self.temperature,
             "seed": self.seed,
             "maxOutputTokens": self.max_output_tokens,
