@@ -388,9 +388,8 @@ class OpenAIProposer:
             calls += called
             if "rejected" in response and schema_mode:
                 self.json_schema_supported = False
-                self._note(
-                    f"the endpoint refused json_schema ({response['rejected'].get('message', '')[:120]})"
-                )
+                said = " ".join(str(response["rejected"].get("message") or "").split())[:120]
+                self._note(f"the endpoint refused json_schema ({said})")
                 continue
             if "too_long" in response and not told_context:
                 # The server said how large its context is: fit the request to it and ask once more.
