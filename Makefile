@@ -32,10 +32,10 @@ demo: $(STAMP) ## Run the refund desk, replay a thread, then improve its policy 
 	$(BIN)/improve report --html -w build/demo
 
 test: $(STAMP) ## Run the test suite: parallel workers, a random order (its seed printed at the end)
-	$(BIN)/python -m pytest -n auto --dist loadgroup
+	$(BIN)/python -m pytest -n auto
 
 test-fast: $(STAMP) ## The inner loop: the suite without the tests marked slow (whole rounds, fuzzing, subprocesses)
-	$(BIN)/python -m pytest -n auto --dist loadgroup -m "not slow"
+	$(BIN)/python -m pytest -n auto -m "not slow"
 
 bench: $(STAMP) ## Print benchmark figures as JSON
 	@$(BIN)/python -m bench

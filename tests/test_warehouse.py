@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from improve.cli.main import app
+from improve.clock import FrozenClock
 from improve.evals.materialize import refresh_outcomes
 from improve.evals.scenarios import load_scenarios
 from improve.evals.suite import SuiteSpec, run_suite
@@ -34,7 +35,6 @@ from improve.warehouse.db import INSERT_CHUNK, insert_rows, open_database
 from improve.warehouse.ingest import ingest
 from improve.warehouse.schema import MIGRATIONS, migrate
 from improve.warehouse.store import DuckDBStore
-from improve.clock import FrozenClock
 from tests.helpers import REPO, copy_workspace, entry, scalar, write_lines
 
 runner = CliRunner()

@@ -79,7 +79,10 @@ def local_server(
     say: Callable[[str], None] | None = None,
 ) -> Iterator[LocalServer]:
     """Start the small model's server on 127.0.0.1 (a free port), yield it, and stop it. `threads`:
-    CPU threads for the model (default: every core). Sets `LOCAL_KEY_ENV` for the block."""
+    CPU threads for the model, default half the cores (as llama-cpp-python's own default): llama.cpp's
+    threads wait for each other by spinning, so more threads than idle cores make it many times slower
+    (measured: 38 s alone, 330 s beside two busy test workers, for the same eleven decisions). Sets
+    `LOCAL_KEY_ENV` for the block."""
     model = model_file()
     if importlib.util.find_spec("llama_cpp") is None:
         raise ConfigError(f"llama-cpp-python is not installed: {INSTALL}")
@@ -99,7 +102,7 @@ def local_server(
         "--n_ctx",
         str(CONTEXT_TOKENS),
         "--n_threads",
-        str(threads or os.cpu_count() or 1),
+        str(threads or max(1, (os.cpu_count() or 2) // 2)),
         "--api_key",
         key,
     ]
