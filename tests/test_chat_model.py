@@ -606,3 +606,18 @@ def test_a_local_endpoint_is_one_call_at_a_time_and_named_without_its_port() -> 
     assert local.public()["endpoint"] == "http://127.0.0.1/v1"
     assert ModelSpec(model="smollm2", base_url="http://127.0.0.1:9/v1").public() == local.public()
     assert remote.public()["endpoint"] == "https://api.example.com:8443/v1"
+
+
+def test_parity_on_a_failing_endpoint_compares_nothing(serve: Serve, tmp_path: Path) -> None:
+    """Both sides would fall back to v0's onError alike, which would read as 'same': parity refuses."""
+    server = serve(lambda body: error(503, "the model is loading"))
+    ws = workspace(tmp_path, server.url, max_retries=0)
+    result = runner.invoke(
+        app,
+        ["parity", "compare", "v0", "v0", "-w", str(ws), "--model", "fake", "--scenario", "small-refund-01"],
+        env={KEY_ENV: SECRET},
+    )
+    assert result.exit_code == 3, result.output
+    said = " ".join(result.stderr.split())
+    assert "1 of 1 decisions fell back to the policy's onError" in said and "answered HTTP 503" in said
+    assert "nothing is compared" in said and "Traceback" not in result.output

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from improve.errors import WorkspaceError
+from improve.errors import EndpointError, WorkspaceError
 from improve.evals import ModelGate, OutcomeRow, Scenario, SuiteSpec, Workspace, policy_hash, run_suite
 from improve.llm import CacheMode
 from improve.log import LogEntry, MemoryStore
@@ -130,6 +130,13 @@ class PolicyRunner:
         # run_suite seeds the model with `scenario:r1`, the same seed as `model_seed`.
         models = spec.model_factory(self.env, gate=self.gate)
         [row] = run_suite(self.env, [scenario], spec, store, fresh=True, models=models)
+        if row.fallbacks:
+            # The policy's onError answered for the endpoint: an outcome of the endpoint, not of the policy.
+            raise EndpointError(
+                f"policy {self.policy.version} on scenario {scenario.id} with model {model}: {row.fallbacks} of "
+                f"{row.decisions} decisions fell back to the policy's onError: {row.fallback_reason}. Parity "
+                "compares what policies do, so nothing is compared: fix the endpoint and run it again"
+            )
         return _from_row(row, store.read(row.thread_id))
 
 
