@@ -235,7 +235,7 @@ def test_without_dask_the_error_says_what_to_install(tmp_path: Path, monkeypatch
     ws = copy_workspace(tmp_path / "ws")
     result = invoke("round", "-w", str(ws), "--policy", "v0", "--executor", "dask://127.0.0.1:8786", ok=False)
     assert result.exit_code == 3
-    assert "pip install 'improve[cluster]'" in " ".join(result.stderr.split())
+    assert "pip install 'improve-agents[cluster]'" in " ".join(result.stderr.split())
 
 
 @pytest.mark.parametrize(

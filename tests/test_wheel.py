@@ -36,7 +36,7 @@ def test_the_wheel_runs_the_demo_from_a_fresh_virtualenv(tmp_path: Path) -> None
             shutil.copy2(path, source / name)
     run(sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-index", "--no-build-isolation",
         "-w", tmp_path / "dist", source, cwd=tmp_path)  # fmt: skip
-    (wheel,) = (tmp_path / "dist").glob("improve-*.whl")
+    (wheel,) = (tmp_path / "dist").glob("improve_agents-*.whl")
 
     venv = tmp_path / "venv"
     run(sys.executable, "-m", "venv", venv, cwd=tmp_path)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from rich.table import Table
 
+from improve import DISTRIBUTION
 from improve.cli.common import emit_json, err, out, workspace
 from improve.errors import ConfigError, WorkspaceError
 from improve.evals import OutcomeRow
@@ -45,7 +46,7 @@ def _outcome(row: OutcomeRow | None) -> RunOutcome | None:
 
 def _version() -> str:
     try:
-        return metadata.version("improve")
+        return metadata.version(DISTRIBUTION)
     except metadata.PackageNotFoundError:
         return ""
 

@@ -4,7 +4,7 @@
     [workspace]
     executor = "dask://10.0.0.5:8786"     # the default --executor of run, score, round, parity compare
 
-dask is an optional extra (`pip install 'improve[cluster]'`) and is imported only when a command is
+dask is an optional extra (`pip install 'improve-agents[cluster]'`) and is imported only when a command is
 given a `dask://` executor. What a worker needs (docs/scale-out.md): improve and the environment's
 package installed, the workspace at the same path (its root is put on the workers' `sys.path`, so an
 environment module of the workspace imports), and the model cache directory reachable when a model
@@ -27,7 +27,7 @@ LOCAL = "local"
 DASK_SCHEME = "dask://"
 EXECUTOR_HELP = (
     "local (threads of this process, the default) or dask://HOST:PORT, a Dask distributed scheduler "
-    "whose workers run the scenarios in batches (pip install 'improve[cluster]'); default from improve.toml "
+    "whose workers run the scenarios in batches (pip install 'improve-agents[cluster]'); default from improve.toml "
     "[workspace] executor."
 )
 CONNECT_TIMEOUT_S = 10.0
@@ -79,7 +79,7 @@ def open_fanout(choice: ExecutorChoice, root: Path, timeout: float | None = None
     except ImportError:
         raise ClusterError(
             f"--executor {choice} needs dask's distributed scheduler, which is not installed: "
-            "pip install 'improve[cluster]' (or run with --executor local)"
+            "pip install 'improve-agents[cluster]' (or run with --executor local)"
         ) from None
     from improve.evals.dask_worker import ModelSemaphores, WorkspaceOnPath
 

