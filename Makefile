@@ -21,6 +21,8 @@ endif
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	@# The distribution was called `improve` before it was `improve-agents`: an old install's entry points would count twice.
+	@$(BIN)/python -m pip uninstall --quiet --yes improve 2>/dev/null || true
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/python -m pip install --quiet -e '.[dev,local]'
 	@rm -f $(VENV)/.installed-*
 	@touch $@
