@@ -188,7 +188,7 @@ def explore_paths(
 ) -> ExploreResult:
     """Explore every path from `initial(machine, input)`; report terminals and, given a target, a witness."""
     opts = options or ExploreOptions()
-    key_of = opts.dedupe_by or (lambda s: s.hash())
+    key_of = opts.dedupe_by or Snapshot.key
     start = initial(machine, input)
     result = ExploreResult(False, True, None, {}, 0, 0, 0)
     if _matches(target, start):

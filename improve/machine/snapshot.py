@@ -8,6 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import msgspec
+
 Status = Literal["active", "done", "error"]
 
 
@@ -21,6 +23,7 @@ def canonical_hash(value: Any) -> str:
 
 
 _UNSET: Any = object()
+_KEY_ENCODER = msgspec.json.Encoder(order="sorted")
 
 
 class Invocation:
@@ -109,6 +112,13 @@ class Snapshot:
         of the context, so it adds nothing and would cost an evaluation)."""
         data = self.to_json_shallow()
         return canonical_hash(data)
+
+    def key(self) -> bytes:
+        """What tells this snapshot from every other, for a search's visited set: its canonical content
+        (the fields `hash` covers, keys sorted) encoded by msgspec, not hashed. Equal where `hash` is
+        equal and far cheaper: the search of the code agent's machine spent a third of its time on
+        `json.dumps` for the hash."""
+        return _KEY_ENCODER.encode(self.to_json_shallow())
 
     def to_json_shallow(self) -> dict[str, Any]:
         return {
