@@ -2,7 +2,7 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | cksum | cut -d' ' -f1)
 
 .DEFAULT_GOAL := help
 .PHONY: help demo test test-fast bench bench-scale mutation conformance hostile lint clean
@@ -18,12 +18,20 @@ ifeq ($(shell uname -m),x86_64)
 LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
 endif
 
+DUCKDB_OLDEST := 1.2.2
+DUCKDB_CLI    := 1.4.4
+
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	@# The distribution was called `improve` before it was `improve-agents`: an old install's entry points would count twice.
 	@$(BIN)/python -m pip uninstall --quiet --yes improve 2>/dev/null || true
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/python -m pip install --quiet -e '.[dev,local]'
+	@# Two more DuckDBs beside the installed one, for the tests that a warehouse and a lake are shared
+	@# across versions: the oldest Python duckdb the pins allow, and the oldest DuckDB CLI on PyPI.
+	$(BIN)/python -m pip install --quiet --upgrade --target $(VENV)/duckdb-oldest "duckdb==$(DUCKDB_OLDEST)"
+	$(BIN)/python -m pip install --quiet --upgrade --target $(VENV)/duckdb-cli "duckdb-cli==$(DUCKDB_CLI)"
+	@chmod +x $(VENV)/duckdb-cli/bin/duckdb
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 

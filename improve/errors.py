@@ -38,6 +38,7 @@ imports nothing else of ours) may raise these. Every error carries a message tha
     ├── FastCelFallback               the CEL fast path met a value outside its domain: Expr.evaluate asks cel
     ├── WarehouseLockedError          another process holds the warehouse file for writing
     ├── WarehouseDamagedError         the warehouse file is corrupted (exit code 3)
+    ├── WarehouseVersionError         the warehouse file was written by a newer DuckDB than this one (exit code 3)
     ├── OtlpSendError                 spans could not be sent to an OTLP/HTTP collector (exit code 3)
     ├── ProposalError                 a proposer produced no candidate (no rule fits, the endpoint failed)
     └── PullRequestError              committing, pushing or opening the round's PR failed (exit code 3)
@@ -296,6 +297,13 @@ class WarehouseLockedError(ImproveError):
 class WarehouseDamagedError(ImproveError):
     """The warehouse file is damaged (a block's checksum does not match): the message names the file and
     says how to recover (restore a backup, or move it aside and ingest the threads again)."""
+
+    exit_code = 3
+
+
+class WarehouseVersionError(ImproveError):
+    """The warehouse file is in a storage format this DuckDB cannot read (written by a newer DuckDB
+    that was not told to stay compatible). Upgrade duckdb, or rebuild the warehouse from the threads."""
 
     exit_code = 3
 

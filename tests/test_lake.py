@@ -333,3 +333,90 @@ def test_connect_is_read_only_and_closes(ws: Path, tmp_path: Path) -> None:
 def test_the_cli_does_not_import_polars() -> None:
     code = "import sys, improve.cli.main, improve.warehouse; sys.exit('polars' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], cwd=REPO, check=False).returncode == 0
+
+
+# --- other DuckDB versions -------------------------------------------------------------------------------
+
+OLDEST_DUCKDB = REPO / ".venv" / "duckdb-oldest"
+DUCKDB_CLI = REPO / ".venv" / "duckdb-cli" / "bin" / "duckdb"
+
+
+def _oldest_duckdb(code: str, *args: str) -> Any:
+    """`code` run by the oldest Python duckdb the pins allow (installed beside ours by make), whose
+    last line prints one JSON document."""
+    if not (OLDEST_DUCKDB / "duckdb").is_dir():
+        pytest.skip(
+            f"no second DuckDB at {OLDEST_DUCKDB}: `make test` installs it (DUCKDB_OLDEST in the Makefile)"
+        )
+    ran = subprocess.run(
+        [sys.executable, "-c", code, *args],
+        env={"PYTHONPATH": str(OLDEST_DUCKDB), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert ran.returncode == 0, ran.stderr
+    return json.loads(ran.stdout.splitlines()[-1])
+
+
+def test_a_warehouse_and_a_lake_written_here_open_with_the_oldest_duckdb_the_pins_allow(ws: Path) -> None:
+    """The warehouse file is written in the oldest storage format the pins allow, so a teammate's older
+    DuckDB opens it; its README queries (views included) and the lake's Parquet give the same answers."""
+    code = (
+        "import duckdb, json, sys\n"
+        "con = duckdb.connect(sys.argv[1], read_only=True)\n"
+        "queries = json.loads(sys.argv[3])\n"
+        "answers = [sorted(map(repr, con.execute(q).fetchall())) for q in queries]\n"
+        "lake = duckdb.connect()\n"
+        "parts = [lake.execute(f\"SELECT count(*) FROM read_parquet('{sys.argv[2]}/{t}/**/*.parquet', "
+        "hive_partitioning = true)\").fetchone()[0] for t in ('entries', 'outcomes')]\n"
+        "print(json.dumps({'version': duckdb.__version__, 'answers': answers, 'lake': parts}))"
+    )
+    queries = [*readme_sql(), "SELECT count(*) FROM entries", "SELECT count(*) FROM outcomes"]
+    old = _oldest_duckdb(code, str(db(ws)), str(ws / "lake"), json.dumps(queries))
+    assert old["version"].startswith("1.2.")
+    here = open_database(db(ws), read_only=True)
+    assert old["answers"] == [sorted(map(repr, here.execute(q).fetchall())) for q in queries]
+    assert old["lake"] == [scalar(here, f"SELECT count(*) FROM {t}") for t in ("entries", "outcomes")]
+
+
+def test_the_duckdb_cli_from_pypi_opens_the_warehouse_as_the_readme_says(ws: Path) -> None:
+    if not DUCKDB_CLI.is_file():
+        pytest.skip(f"no DuckDB CLI at {DUCKDB_CLI}: `make test` installs it (DUCKDB_CLI in the Makefile)")
+    ran = subprocess.run(
+        [str(DUCKDB_CLI), "-readonly", "-json", str(db(ws)), "-c", "SELECT count(*) AS n FROM threads"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert ran.returncode == 0, ran.stderr
+    here = open_database(db(ws), read_only=True)
+    assert json.loads(ran.stdout) == [{"n": scalar(here, "SELECT count(*) FROM threads")}]
+
+
+def test_a_warehouse_from_a_newer_duckdb_says_what_to_do(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What an older DuckDB answers a file in a newer storage format (its words, 1.2.2's, for a file 2.0
+    wrote by default) is named as such, with the two ways out: exit 3, no traceback."""
+    ws = copy_workspace(tmp_path / "ws")
+    (ws / "traces").mkdir()
+    (ws / "traces" / "traces.duckdb").write_bytes(b"")  # exists: opened read-only by `improve sql`
+
+    connect = duckdb.connect
+
+    def older(database: str = ":memory:", *args: Any, **kwargs: Any) -> duckdb.DuckDBPyConnection:
+        if database == ":memory:":
+            return connect(database, *args, **kwargs)
+        raise duckdb.IOException(
+            "IO Error: Trying to read a database file with version number 999, but we can only read versions "
+            "between 64 and 65.\nThe database file was created with an newer version of DuckDB."
+        )
+
+    monkeypatch.setattr(duckdb, "connect", older)
+    result = runner.invoke(app, ["sql", "-w", str(ws), "SELECT 1"])
+    said = " ".join(result.stderr.split())
+    assert result.exit_code == 3, result.output
+    assert "was written by a newer DuckDB than this one" in said and "version number 999" in said
+    assert "pip install -U duckdb" in said and "improve ingest traces/" in said
+    assert "Traceback" not in result.output

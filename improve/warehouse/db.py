@@ -14,7 +14,13 @@ from typing import Any
 import duckdb
 
 from improve import clock
-from improve.errors import ImproveError, WarehouseDamagedError, WarehouseLockedError, WorkspaceError
+from improve.errors import (
+    ImproveError,
+    WarehouseDamagedError,
+    WarehouseLockedError,
+    WarehouseVersionError,
+    WorkspaceError,
+)
 from improve.warehouse.readonly import hardening
 from improve.warehouse.schema import ensure_views, migrate
 
@@ -53,6 +59,10 @@ def open_database(
     # connection of this process to the same file (DuckDB shares one database per file), while a
     # startup config that differs from that database's is refused outright.
     config = hardening(memory_limit) if sandboxed else {}
+    if target != ":memory:" and not Path(target).exists():
+        # A new file is written in the oldest storage format the pins allow, so every DuckDB they allow
+        # (and the DuckDB CLI of those versions) opens it: a laptop and CI on different versions share it.
+        config = {**config, "storage_compatibility_version": STORAGE_COMPATIBILITY}
     deadline = time.monotonic() + lock_timeout
     delay = 0.05
     while True:
@@ -69,6 +79,12 @@ def open_database(
                 "process of its own"
             ) from None
         except duckdb.IOException as err:
+            if "version number" in str(err) and "can only read" in str(err):
+                raise WarehouseVersionError(
+                    f"warehouse {target} was written by a newer DuckDB than this one ({duckdb.__version__}): "
+                    f"{str(err).splitlines()[0]} Upgrade duckdb (pip install -U duckdb), or rebuild the "
+                    "warehouse here from the threads: move it aside and run `improve ingest traces/`"
+                ) from None
             if "lock" not in str(err).lower():
                 raise damaged(target, err) or ImproveError(f"cannot open warehouse {target}: {err}") from None
             if time.monotonic() >= deadline:
@@ -111,6 +127,10 @@ def damaged(target: str | Path, err: BaseException) -> WarehouseDamagedError | N
         "`improve ingest traces/`"
     )
 
+
+STORAGE_COMPATIBILITY = "v1.2.0"
+"""The storage format new warehouse files are written in: that of the oldest DuckDB the pins allow
+(`duckdb>=1.2` in pyproject.toml). DuckDB 2.0 writes a format 1.x cannot read unless told."""
 
 INSERT_CHUNK = 1000
 """Rows per INSERT statement in `insert_rows`: large enough to amortize planning, small enough that
