@@ -596,9 +596,13 @@ def test_the_small_real_model_makes_every_decision_and_its_recording_replays_wit
     assert all(u.get("recorded") for u in usage(replayed))
 
 
-def test_a_local_endpoint_is_one_call_at_a_time_and_named_without_its_port() -> None:
+def test_a_local_endpoint_is_one_call_at_a_time_and_named_without_its_port(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A server on this machine answers one request at a time unless told otherwise, and is started on a
-    free port each time: its threads stay its model's (the stamp names it without the port)."""
+    free port each time: its threads stay its model's (the stamp names it without the port). It needs no
+    key set: a local server takes any."""
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     local = ModelSpec(model="smollm2", base_url="http://127.0.0.1:41234/v1")
     remote = ModelSpec(model="gpt-4.1-mini", base_url="https://api.example.com:8443/v1")
     assert (local.in_flight(), remote.in_flight()) == (1, 16)
@@ -606,6 +610,7 @@ def test_a_local_endpoint_is_one_call_at_a_time_and_named_without_its_port() -> 
     assert local.public()["endpoint"] == "http://127.0.0.1/v1"
     assert ModelSpec(model="smollm2", base_url="http://127.0.0.1:9/v1").public() == local.public()
     assert remote.public()["endpoint"] == "https://api.example.com:8443/v1"
+    assert (local.api_key(), remote.api_key()) == ("local", None)
 
 
 def test_parity_on_a_failing_endpoint_compares_nothing(serve: Serve, tmp_path: Path) -> None:

@@ -30,6 +30,8 @@ from pydantic import BaseModel, ConfigDict, Field
 OPENAI_PREFIX = "openai:"
 BASE_URL_ENV = "OPENAI_BASE_URL"
 API_KEY_ENV = "OPENAI_API_KEY"
+LOCAL_PLACEHOLDER_KEY = "local"
+"""The key sent to an endpoint on this machine when none is set (too short to be redacted: no secret)."""
 
 
 class Price(BaseModel):
@@ -111,7 +113,9 @@ class ModelSpec(BaseModel):
         return self.base_url or os.environ.get(BASE_URL_ENV) or None
 
     def api_key(self) -> str | None:
-        return os.environ.get(self.api_key_env) or None
+        """The key from `api_key_env`; for an endpoint on this machine with none set, `local`: local
+        servers take any key (or none), and the SDK insists on one."""
+        return os.environ.get(self.api_key_env) or (LOCAL_PLACEHOLDER_KEY if self.local() else None)
 
     def cost(self, input_tokens: int, output_tokens: int) -> float | None:
         return self.price.cost(input_tokens, output_tokens) if self.price is not None else None
