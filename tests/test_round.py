@@ -810,9 +810,9 @@ def test_held_out_reads_are_counted_per_set_and_warn_past_what_the_set_supports(
     assert reads[0]["warning"] is None and reads[1]["warning"] is None
     assert reads[2]["warning"] and "read by 3 rounds, more than the 2 it supports" in reads[2]["warning"]
     entries = changelog.read_text()
-    for n in (1, 2, 3):
+    for n, times in ((1, "time"), (2, "times"), (3, "times")):
         assert (
-            f"- Held-out set `{key}` ({len(held_out)} scenarios) read {n} times, this round included"
+            f"- Held-out set `{key}` ({len(held_out)} scenarios) read {n} {times}, this round included"
             in entries
         )
     assert entries.count("**Held-out reuse warning**") == 1
@@ -843,8 +843,10 @@ def test_held_out_reads_are_counted_per_set_and_warn_past_what_the_set_supports(
 def test_held_out_reads_never_go_down_when_an_entry_is_lost() -> None:
     from improve.loop.heldout import held_out_reads
 
-    line = "- Held-out set `{key}` (27 scenarios) read {n} times, this round included; ..."
-    text = "\n".join(line.format(key=k, n=n) for k, n in (("aa11", 1), ("bb22", 1), ("aa11", 4)))
+    line = "- Held-out set `{key}` (27 scenarios) read {n} {times}, this round included; ..."
+    # Entries as written now ("read 1 time") and as written before ("read 1 times") both count.
+    reads = (("aa11", 1, "time"), ("bb22", 1, "times"), ("aa11", 4, "times"))
+    text = "\n".join(line.format(key=k, n=n, times=t) for k, n, t in reads)
     assert held_out_reads(text, "aa11") == 4  # the entries of reads 2 and 3 went with an unmerged branch
     assert held_out_reads(text, "bb22") == 1 and held_out_reads(text, "cc33") == 0
 

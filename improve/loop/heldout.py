@@ -19,14 +19,15 @@ from typing import Any
 
 from improve.evals import HeldOutRead, Scenario, set_key
 
-HELD_OUT_READ = re.compile(r"^- Held-out set `([0-9a-f]+)` \(\d+ scenarios\) read (\d+) times", re.M)
+HELD_OUT_READ = re.compile(r"^- Held-out set `([0-9a-f]+)` \(\d+ scenarios\) read (\d+) times?\b", re.M)
 """The line of an entry that records its round's read of a held-out set (`held_out_sentence`)."""
 
 
 def held_out_sentence(held_out: dict[str, Any]) -> str:
     """`Held-out set `KEY` (27 scenarios) read 3 times, ...`: which read a round was, and the bound."""
     return (
-        f"Held-out set `{held_out['key']}` ({held_out['scenarios']} scenarios) read {held_out['read']} times, "
+        f"Held-out set `{held_out['key']}` ({held_out['scenarios']} scenarios) read {held_out['read']} "
+        f"{'time' if held_out['read'] == 1 else 'times'}, "
         f"this round included; it supports {held_out['supported']} at held_out_bias = {held_out['max_bias']:g} "
         f"(reads <= 1 + floor(2 n eps^2 / ln 2)), and the earlier reads may bias this round's held-out pass "
         f"rates by up to sqrt((r - 1) ln 2 / (2n)) = {held_out['bias_bound']:.3f}."
