@@ -59,15 +59,19 @@ def open_database(
     # connection of this process to the same file (DuckDB shares one database per file), while a
     # startup config that differs from that database's is refused outright.
     config = hardening(memory_limit) if sandboxed else {}
-    if target != ":memory:" and not Path(target).exists():
-        # A new file is written in the oldest storage format the pins allow, so every DuckDB they allow
-        # (and the DuckDB CLI of those versions) opens it: a laptop and CI on different versions share it.
-        config = {**config, "storage_compatibility_version": STORAGE_COMPATIBILITY}
     deadline = time.monotonic() + lock_timeout
     delay = 0.05
     while True:
         try:
-            con = duckdb.connect(target, read_only=read_only and Path(target).exists(), config=config)
+            fresh = target != ":memory:" and not Path(target).exists()
+            if fresh:
+                # A new file is written in the oldest storage format the pins allow, so every DuckDB they
+                # allow (and the DuckDB CLI of those versions) opens it: a laptop and CI on different
+                # versions share it. The format is the file's own from then on; it is created by a
+                # connection of its own, because DuckDB refuses a second connection of this process to
+                # the file whose configuration differs from the first's (and the option is only needed once).
+                duckdb.connect(target, config={"storage_compatibility_version": STORAGE_COMPATIBILITY}).close()
+            con = duckdb.connect(target, read_only=read_only and target != ":memory:" and not fresh, config=config)
             break
         except duckdb.ConnectionException as err:
             # DuckDB keeps one database per file in a process: a sandboxed connection and a plain one
