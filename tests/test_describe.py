@@ -144,10 +144,10 @@ def test_mermaid_shape(refund: MachineConfig) -> None:
     assert "[*] --> classifying" in lines
     issue = [line for line in lines if line.startswith("classifying --> issuing : ")]
     assert len(issue) == 1
-    assert issue[0].startswith("classifying --> issuing : ISSUE [!(context.amount #gt; 100")
-    assert issue[0].endswith("…]")
+    # The whole guard: 44 characters fit (once cut mid-name: `!(context.amount > 100 && !context.appr…`).
+    assert issue[0] == "classifying --> issuing : ISSUE [!(context.amount #gt; 100 && !context.approved)]"
     assert "classifying --> refused : error" in lines
-    assert "issuing --> issued : always" in lines
+    assert "issuing --> issued : always 2" in lines  # after the sentinel's guarded `always 1`
     for final in refund.final_states():
         assert f"{final} --> [*]" in lines
     assert "classDef sentinel fill:#fdd,stroke:#c00" in lines
@@ -174,9 +174,10 @@ def test_mermaid_choice_state_sanitised_ids_and_highlight() -> None:
     assert "state route <<choice>>" in lines
     assert "[*] --> route" in lines
     assert 'state "ask-model" as ask_model' in lines
-    assert "route --> escalate : choice [facts.customer.refundsLast90d #gt;= 3]" in lines
-    assert "route --> ask_model : choice [guard:isVip]" in lines
-    assert "route --> ask_model : choice" in lines
+    # The branches in the order they are checked: the first whose guard holds is taken.
+    assert "route --> escalate : choice 1 [facts.customer.refundsLast90d #gt;= 3]" in lines
+    assert "route --> ask_model : choice 2 [guard:isVip]" in lines
+    assert "route --> ask_model : choice 3" in lines
     assert "ask_model --> answer : done" in lines
     assert "ask_model --> escalate : error" in lines
     assert "classDef changed fill:#ffd,stroke:#a80" in lines
@@ -504,3 +505,19 @@ def test_the_svg_diagram_draws_every_state_and_edge_escaped_and_marked(refund: M
     labels = [t.text or "" for t in root.findall("s:text", ns) if t.get("class") == "edge-label"]
     assert 'APPROVE [event.note != "<b>" && event.x < 1]' in labels
     assert "<b>" not in svg and "<script" not in svg
+
+
+def test_a_long_guard_is_shortened_at_whole_conjuncts_never_inside_a_name() -> None:
+    from improve.machine.describe import shorten_guard
+
+    guard = "facts.customer.refundsLast90d < 2 && facts.order.refundable <= facts.request.amount && x > 1"
+    assert shorten_guard(guard, 64) == "facts.customer.refundsLast90d < 2 && …"
+    assert shorten_guard(guard, 200) == guard
+    # A `&&` inside parentheses or quotes is not a place to cut.
+    nested = "(facts.a > 1 && facts.b < 2) && facts.reason.matches('a && b') && facts.c == 'long value here'"
+    assert shorten_guard(nested, 60) == "(facts.a > 1 && facts.b < 2) && …"
+    # One conjunct longer than the limit: cut after its last whole word.
+    assert (
+        shorten_guard("facts.customer.name.matches('a very long pattern of words')", 30)
+        == "facts.customer.name.matches( …"
+    )

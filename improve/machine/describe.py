@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+from collections import Counter
 from collections.abc import Collection
 from typing import Any
 
@@ -37,7 +38,7 @@ from improve.machine.walk import Edge, edges
 
 __all__ = ["describe_mermaid", "describe_text", "diff_states", "edge_text", "mermaid_label", "to_xstate"]
 
-MERMAID_GUARD_MAX = 40
+MERMAID_GUARD_MAX = 64
 """Guards longer than this are cut (with an ellipsis) in diagram labels."""
 
 SENTINEL_CLASS = "classDef sentinel fill:#fdd,stroke:#c00"
@@ -109,6 +110,53 @@ def _label(edge: Edge) -> str:
 def _shorten(text: str, limit: int) -> str:
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+
+
+def shorten_guard(guard: str, limit: int) -> str:
+    """A guard for a diagram's label: whole when it fits, else its first whole conjuncts (`a && b && …`,
+    split at the top-level `&&` and `||`), never cut inside a name or a number; a first conjunct longer
+    than the limit is cut after its last whole word."""
+    text = " ".join(guard.split())
+    if len(text) <= limit:
+        return text
+    parts = _top_level_parts(text)
+    kept = ""
+    for part, joiner in parts:
+        candidate = kept + part
+        if len(candidate) + 2 > limit:
+            break
+        kept = candidate + joiner
+    if kept:
+        return kept.rstrip() + " …"
+    words = text[: limit - 2].rsplit(" ", 1)[0]
+    return words + " …"
+
+
+def _top_level_parts(text: str) -> list[tuple[str, str]]:
+    """`text` cut at its `&&` / `||` outside parentheses, brackets and quotes: each part with the
+    operator (and spaces) that follows it."""
+    parts: list[tuple[str, str]] = []
+    depth, quote, start, i = 0, "", 0, 0
+    while i < len(text):
+        ch = text[i]
+        if quote:
+            if ch == "\\":
+                i += 1
+            elif ch == quote:
+                quote = ""
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif depth == 0 and text.startswith((" && ", " || "), i):
+            parts.append((text[start:i], text[i : i + 4]))
+            start = i = i + 4
+            continue
+        i += 1
+    parts.append((text[start:], ""))
+    return parts
 
 
 # --- text -----------------------------------------------------------------------------------------
@@ -258,23 +306,34 @@ def _mermaid_ids(names: Collection[str]) -> dict[str, str]:
     return ids
 
 
-def edge_text(edge: Edge, limit: int = MERMAID_GUARD_MAX) -> str:
-    """A transition as a diagram labels it, unescaped: its event and its guard, shortened."""
+def edge_text(edge: Edge, limit: int = MERMAID_GUARD_MAX, order: int | None = None) -> str:
+    """A transition as a diagram labels it, unescaped: its event, its place among the transitions
+    checked in turn (`choice 1`, `choice 2`: the first whose guard holds is taken), and its guard."""
     guard = _guard_text(edge.transition.guard)
-    return _label(edge) + (f" [{_shorten(guard, limit)}]" if guard else "")
+    label = _label(edge) + (f" {order}" if order is not None else "")
+    return label + (f" [{shorten_guard(guard, limit)}]" if guard else "")
 
 
-def _edge_label(event: str, t: TransitionConfig) -> str:
-    guard = _guard_text(t.guard)
-    label = event + (f" [{_shorten(guard, MERMAID_GUARD_MAX)}]" if guard else "")
-    return mermaid_label(label)
+def checked_in_turn(name: str, state: StateConfig) -> list[tuple[Edge, int | None]]:
+    """Every transition of a state with its place among those checked in turn for the same exit (the
+    branches of a choice, the transitions of one event): 1, 2, ...; None when it is the only one."""
+    listed = edges(name, state)
+    counts = Counter((e.kind, e.event) for e in listed)
+    seen: Counter[tuple[str, str | None]] = Counter()
+    ordered: list[tuple[Edge, int | None]] = []
+    for edge in listed:
+        key = (edge.kind, edge.event)
+        seen[key] += 1
+        ordered.append((edge, seen[key] if counts[key] > 1 else None))
+    return ordered
 
 
 def describe_mermaid(config: MachineConfig, highlight: Collection[str] = ()) -> str:
     """A Mermaid `stateDiagram-v2` of the machine (GitHub renders it in a ```mermaid block).
 
     Edges are labelled with the event (`always` for eventless, `choice` for choice branches,
-    `done` / `error` for an invoke's outcomes) and the guard, shortened. Sentinel finals get the
+    `done` / `error` for an invoke's outcomes), their order where several are checked in turn (`choice
+    1`, `choice 2`), and the guard, shortened at whole conjuncts. Sentinel finals get the
     `sentinel` class; states named in `highlight` that exist get the `changed` class.
     """
     ids = _mermaid_ids(list(config.states))
@@ -292,11 +351,11 @@ def describe_mermaid(config: MachineConfig, highlight: Collection[str] = ()) -> 
         lines.append(f"    [*] --> {ids[config.initial]}")
     for name, state in config.states.items():
         sid = ids[name]
-        for edge in edges(name, state):
+        for edge, order in checked_in_turn(name, state):
             target = sid if edge.target is None else ids.get(edge.target)
             if target is None:
                 continue  # a dangling target: validation reports it; the diagram cannot draw it
-            lines.append(f"    {sid} --> {target} : {_edge_label(_label(edge), edge.transition)}")
+            lines.append(f"    {sid} --> {target} : {mermaid_label(edge_text(edge, order=order))}")
         if state.is_final:
             lines.append(f"    {sid} --> [*]")
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from html import escape
 
 from improve.machine.config import MachineConfig
-from improve.machine.describe import MERMAID_GUARD_MAX, edge_text
+from improve.machine.describe import MERMAID_GUARD_MAX, checked_in_turn, edge_text
 from improve.machine.walk import edges
 
 __all__ = ["describe_svg"]
@@ -64,10 +64,10 @@ def describe_svg(config: MachineConfig, highlight: Collection[str] = ()) -> str:
         rows.setdefault(box.layer, []).append(box)
     # A forward edge's label sits just above its target, so each target is given room for its labels.
     for name, state in config.states.items():
-        for edge in edges(name, state):
+        for edge, order in checked_in_turn(name, state):
             dst = boxes.get(edge.target) if edge.target is not None else None
             if dst is not None and dst.layer > boxes[name].layer:
-                dst.slot = max(dst.slot, len(edge_text(edge, MERMAID_GUARD_MAX)) * _LABEL_W + 12)
+                dst.slot = max(dst.slot, len(edge_text(edge, MERMAID_GUARD_MAX, order)) * _LABEL_W + 12)
     widths = {layer: sum(b.slot for b in row) + _BOX_GAP * (len(row) - 1) for layer, row in rows.items()}
     width = max(widths.values(), default=200.0) + 2 * _MARGIN + 160  # room for side curves and labels
     for layer, row in rows.items():
@@ -86,11 +86,11 @@ def describe_svg(config: MachineConfig, highlight: Collection[str] = ()) -> str:
     labels: list[str] = []
     for name, state in config.states.items():
         src = boxes[name]
-        for n, edge in enumerate(edges(name, state)):
+        for n, (edge, order) in enumerate(checked_in_turn(name, state)):
             dst = boxes.get(edge.target) if edge.target is not None else src
             if dst is None:
                 continue  # a dangling target: validation reports it; the diagram cannot draw it
-            text = escape(edge_text(edge, MERMAID_GUARD_MAX))
+            text = escape(edge_text(edge, MERMAID_GUARD_MAX, order))
             if dst.layer > src.layer:
                 x1, y1, x2, y2 = src.cx, src.y + _BOX_H, dst.cx, dst.y
                 parts.append(
