@@ -37,9 +37,10 @@ from improve.log import (
     stream,
     to_log_entry,
 )
+from improve.machine import fold as fold_module
 from improve.runtime import load_environment
 from improve.runtime.policy import load_policy
-from tests.helpers import REPO, copy_workspace
+from tests.helpers import REPO, copy_workspace, fold_against_interpreter
 
 ENVIRONMENTS = ("refunds", "refund-approval", "tool-loop", "code-agent", "triage")
 FIXTURES = sorted((REPO / "tests" / "fixtures").rglob("*.jsonl"))
@@ -144,6 +145,48 @@ def test_every_bundled_thread_replays_and_verifies_the_same_both_ways(
             assert expected.verification == "verified"
             replayed += 1
     assert replayed > 100
+
+
+def _fold_differences(bundled: dict[str, JsonlDirStore]) -> tuple[int, list[str], int]:
+    """Every bundled thread's events folded by the interpreter and by `Machine.fold` (replay's fast
+    path), compared after each event: the steps compared, where they differ, and the steps the fast
+    path gave to the interpreter."""
+    steps, differences, fallbacks = 0, [], 0
+    for name, store in bundled.items():
+        machine = load_environment(name).machine
+        before = machine.fold.fallbacks
+        for thread_id in store.list_threads(limit=100_000).thread_ids:
+            entries = store.read_bulk(thread_id)
+            events = [e.event for e in entries[1:] if e.type not in ("@agent.usage", "@agent.end")]
+            pairs = fold_against_interpreter(machine, entries[0].event.get("input"), events)
+            steps += len(pairs)
+            differences += [f"{thread_id} step {i}" for i, (a, b) in enumerate(pairs) if a != b]
+        fallbacks += machine.fold.fallbacks - before
+    return steps, differences, fallbacks
+
+
+def test_every_bundled_thread_folds_the_same_fast_as_through_the_interpreter(
+    bundled: dict[str, JsonlDirStore],
+) -> None:
+    """Replay's fast path reaches, after every event of every bundled thread, the snapshot the
+    interpreter reaches (owed actor's input included), and takes none of those steps the slow way."""
+    steps, differences, fallbacks = _fold_differences(bundled)
+    assert steps > 1000 and differences == [] and fallbacks == 0, (steps, differences[:5], fallbacks)
+
+
+def test_the_fold_comparison_finds_a_fast_path_broken_on_purpose(
+    bundled: dict[str, JsonlDirStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The comparison above can fail: a fast path that takes the last passing candidate instead of the
+    first is found on the bundled threads."""
+    first = fold_module._select
+
+    def last_passing(steps: Any, env: Any, context: Any, event: Any) -> Any:
+        passing = [s for s in steps if first((s,), env, context, event) is not None]
+        return passing[-1] if passing else None
+
+    monkeypatch.setattr(fold_module, "_select", last_passing)
+    assert _fold_differences(bundled)[1] != []
 
 
 @pytest.mark.parametrize("colliding", [False, True], ids=["hashes", "every-hash-collides"])

@@ -43,6 +43,18 @@ def split_lines(data: bytes, *, bom: bool = True) -> list[tuple[int, bytes]]:
     return found
 
 
+def plain_lines(data: bytes) -> list[bytes] | None:
+    """The lines of `data` (split on LF, no BOM at its start) when `split_lines` would give them as they
+    are, numbered from 1 without a gap: none blank, none starting with whitespace, none ending in CR.
+    None otherwise, and the caller takes the line-by-line way; a file written by improve is plain."""
+    if not data or data[0] in _WHITESPACE_START or b"\r" in data or _BLANKISH.search(data) is not None:
+        return None
+    lines = data.split(b"\n")
+    if not lines[-1]:
+        lines.pop()  # the LF that ends the last line
+    return lines
+
+
 def json_depth(line: bytes) -> int:
     """How deeply objects and arrays nest in `line` (0 for a scalar), strings ignored."""
     depth = deepest = 0
@@ -127,13 +139,10 @@ def scan_lines(
         and _utf8(body)
         and lines_fit(body, max_bytes)
     )
-    if fast:
-        brackets = body.translate(None, _NOT_OPENING)  # a few bytes a line: LFs counted here, not in body
-        per_line = brackets.split(b"\n")
-        if max(map(len, per_line)) <= max_depth:
-            last = body.rfind(b"\n") + 1  # the text after the last LF is a line when it is not blank
-            breaks = len(per_line) - 1
-            return LineScan(breaks + (1 if body[last:].strip() else 0), {}, breaks)
+    if fast and lines_shallow(body, max_depth):
+        last = body.rfind(b"\n") + 1  # the text after the last LF is a line when it is not blank
+        breaks = body.count(b"\n")
+        return LineScan(breaks + (1 if body[last:].strip() else 0), {}, breaks)
     lines = split_lines(data, bom=bom)
     problems = {
         number: problem
@@ -141,6 +150,13 @@ def scan_lines(
         if (problem := line_problem(line, max_bytes=max_bytes, max_depth=max_depth)) is not None
     }
     return LineScan(len(lines), problems, data.count(b"\n"))
+
+
+def lines_shallow(data: bytes, max_depth: int = MAX_JSON_DEPTH) -> bool:
+    """True when no LF-separated segment of `data` has more than `max_depth` opening brackets, so none
+    nests deeper (a bound: brackets inside strings are counted too). One pass over the whole buffer."""
+    brackets = data.translate(None, _NOT_OPENING)  # a few bytes a line: LFs kept, counted here
+    return max(map(len, brackets.split(b"\n"))) <= max_depth
 
 
 def lines_fit(data: bytes, max_bytes: int) -> bool:

@@ -26,7 +26,7 @@ from improve.errors import DivergenceError, LogError, MachineError, VersionMisma
 from improve.log.bulk import EntryView
 from improve.log.chain import check_chain, is_chained
 from improve.log.entry import END_EVENT, INIT_EVENT, LEGACY_WAIT_STATUS, RESUME_KEY, USAGE_EVENT
-from improve.machine import RESUMABLE_STATUSES, Machine, Snapshot, initial, transition, wait_status
+from improve.machine import RESUMABLE_STATUSES, Fold, FoldRun, Machine, Snapshot, wait_status
 
 RunStatus = str
 """How a run ended: `done` (a final state), `waiting` (in a waiting state nobody answered: resumable;
@@ -180,12 +180,16 @@ def replay(
     if not chosen:
         raise LogError("replaying a prefix of length 0: the prefix must include the @agent.init entry")
     stamp: dict[str, Any] = dict(chosen[0].metadata or {})
-    snapshot: Snapshot | None = None
+    # The fold's fast path (`Machine.fold`): the same snapshots as `initial` and `transition`, built
+    # only where one is read (a verified state hash, a resumed run's end, the result).
+    fold = machine.fold
+    run: FoldRun | None = None
     steps = calls = tokens_in = tokens_out = failed = 0
     decisions = fallbacks = 0
     asked, erred, reason = False, False, None  # the usage entries since the last event
     cost = 0.0
     ended: RunStatus | None = None
+    hashed: tuple[int, str] | None = None  # (steps, hash): an end entry repeats the state before it
     # The model-call budget in force: the stamp's from the start, each resume's from its entry on.
     budget = Budget(stamp.get("maxModelCalls"), 0)
     for entry in chosen:
@@ -205,31 +209,31 @@ def replay(
             continue
         if etype == END_EVENT:
             ended = str(event.get("status"))
-            if verify and snapshot is not None:
-                _check_state(entry, snapshot)
+            if verify and run is not None:
+                hashed = _check_state(entry, fold, run, steps, hashed)
                 if entry is not entries[-1]:
                     # A run stopped waiting, and was resumed after: it stopped as it says.
-                    _check_end(entry, budget.status(machine, snapshot, calls), snapshot)
+                    before = fold.snapshot(run)
+                    _check_end(entry, budget.status(machine, before, calls), before)
             continue
-        metadata = entry.metadata or {}
-        if asked and "decision" in metadata:
-            decisions += 1
-            fallbacks += erred
+        metadata = entry.metadata
+        if metadata is not None:
+            if asked and "decision" in metadata:
+                decisions += 1
+                fallbacks += erred
+            resume = metadata.get(RESUME_KEY)
+            if isinstance(resume, dict):
+                budget = Budget(resume.get("maxModelCalls"), calls)
         asked = erred = False
-        resume = metadata.get(RESUME_KEY)
-        if isinstance(resume, dict):
-            budget = Budget(resume.get("maxModelCalls"), calls)
         try:
             if etype == INIT_EVENT:
-                snapshot = initial(machine, event.get("input"))
+                run = fold.start(event.get("input"))
             else:
-                assert snapshot is not None
-                before = snapshot
-                snapshot = transition(machine, before, event)
-                if snapshot is before:
+                assert run is not None
+                if not fold.step(run, event):
                     raise LogError(
-                        f"entry {entry.index} ({etype}) is not accepted in state '{before.value}' "
-                        f"(status {before.status}): the log and the machine disagree"
+                        f"entry {entry.index} ({etype}) is not accepted in state '{run.value}' "
+                        f"(status {run.status}): the log and the machine disagree"
                     )
         except MachineError as err:
             raise LogError(f"entry {entry.index} ({etype}): {err}") from err
@@ -237,8 +241,9 @@ def replay(
         if entry.attempts:
             failed += len(entry.attempts)
         if verify:
-            _check_state(entry, snapshot)
-    assert snapshot is not None
+            hashed = _check_state(entry, fold, run, steps, hashed)
+    assert run is not None
+    snapshot = fold.snapshot(run)
     status = budget.status(machine, snapshot, calls)
     verification: Verified = "unverified"
     if verify:
@@ -296,17 +301,23 @@ def resumable(status: Any) -> bool:
     return status in RESUMABLE_STATUSES or status == LEGACY_WAIT_STATUS
 
 
-def _check_state(entry: EntryView, snapshot: Snapshot) -> None:
-    """The journaled state hash, when the entry has one, against the snapshot replay reached."""
+def _check_state(
+    entry: EntryView, fold: Fold, run: FoldRun, steps: int, hashed: tuple[int, str] | None
+) -> tuple[int, str] | None:
+    """The journaled state hash, when the entry has one, against the snapshot replay reached (after
+    `steps` steps; `hashed` is the hash last computed and when, returned updated)."""
     journaled = entry.verification.stateHash if entry.verification is not None else None
     if journaled is None:
-        return
-    found = snapshot.hash()
+        return hashed
+    if hashed is None or hashed[0] != steps:
+        hashed = (steps, fold.snapshot(run).hash())
+    found = hashed[1]
     if found != journaled:
         raise DivergenceError(
             f"entry {entry.index} ({entry.type}) diverges: the journal says state hash "
-            f"{journaled[:12]}..., replay reached {found[:12]}... in state '{snapshot.value}'"
+            f"{journaled[:12]}..., replay reached {found[:12]}... in state '{run.value}'"
         )
+    return hashed
 
 
 def _check_end(end: EntryView, status: RunStatus, snapshot: Snapshot) -> None:

@@ -14,7 +14,7 @@ threads that come back after another's.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import msgspec
@@ -23,7 +23,16 @@ from pydantic import ValidationError
 from improve.errors import LogError
 from improve.log.bulk import BulkEntry, decode_entry, read_strictly
 from improve.log.entry import LogEntry, entry_problems
-from improve.log.lines import BOM, MAX_JSON_DEPTH, MAX_LINE_BYTES, line_problem
+from improve.log.lines import (
+    BOM,
+    MAX_JSON_DEPTH,
+    MAX_LINE_BYTES,
+    line_problem,
+    lines_fit,
+    lines_shallow,
+    plain_lines,
+    split_lines,
+)
 
 ThreadEntries = list[BulkEntry | LogEntry]
 
@@ -38,19 +47,52 @@ _THREAD_ONLY = msgspec.json.Decoder(_ThreadOnly)
 _key = hash  # how the first pass remembers a thread it has seen (a test makes every key collide)
 
 
-def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
-    """The non-blank lines of the file, numbered from 1, as `lines.split_lines` gives them, streamed."""
+_BLOCK = 1 << 20
+"""Bytes read at a time: the lines of a block are split and checked together, not one read per line."""
+
+
+def _blocks(path: Path) -> Iterator[tuple[Iterable[int], list[bytes], bool]]:
+    """The non-blank lines of the file, as `lines.split_lines` gives them, about a MiB at a time:
+    (their line numbers, the lines, whether every one of them is short and shallow enough that a line
+    msgspec reads has no `line_problem`: see `_decode`)."""
     try:
         handle = path.open("rb")
     except OSError as error:
         raise LogError(f"{path}: cannot be read ({error.strerror})") from None
     with handle:
-        for number, raw in enumerate(handle, start=1):
-            line = raw.removesuffix(b"\n").removesuffix(b"\r")
-            if number == 1 and line.startswith(BOM):
-                line = line[len(BOM) :]
-            if line.strip():
-                yield number, line
+        first = 1  # the number of the block's first line
+        pending: list[bytes] = []  # a line longer than a block, read so far
+        start = True
+        while True:
+            chunk = handle.read(_BLOCK)
+            if start:
+                start = False
+                chunk = chunk.removeprefix(BOM)
+            cut = chunk.rfind(b"\n")
+            if chunk and cut < 0:
+                pending.append(chunk)
+                continue
+            block = b"".join((*pending, chunk[: cut + 1])) if pending else chunk[: cut + 1]
+            if not chunk:
+                block = b"".join(pending)
+            pending = [chunk[cut + 1 :]] if cut + 1 < len(chunk) else []
+            if block:
+                fit = lines_fit(block, MAX_LINE_BYTES) and lines_shallow(block, MAX_JSON_DEPTH)
+                plain = plain_lines(block)
+                if plain is not None:
+                    yield range(first, first + len(plain)), plain, fit
+                else:
+                    found = split_lines(block, bom=False)
+                    yield [first - 1 + number for number, _ in found], [line for _, line in found], fit
+                first += block.count(b"\n")
+            if not chunk:
+                return
+
+
+def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
+    """The non-blank lines of the file, numbered from 1, as `lines.split_lines` gives them, streamed."""
+    for numbers, lines, _ in _blocks(path):
+        yield from zip(numbers, lines, strict=True)
 
 
 def _thread_of(line: bytes, default: str) -> str | None:
@@ -85,18 +127,25 @@ def read_file_threads(path: Path) -> Iterator[tuple[str, ThreadEntries]]:
     waiting: dict[str, ThreadEntries] = {}
     closed: set[str] = set()
     current: str | None = None
-    for number, line in _lines(path):
-        entry = _decode(path, number, line)
-        thread = entry.threadId or default
-        if thread != current:
-            if current is not None and current not in returning:
-                closed.add(current)
+    bucket: ThreadEntries = []  # the current thread's entries so far
+    last = 0  # the current thread's last line, when it returns after another's; else 0
+    for numbers, lines, fit in _blocks(path):
+        for number, line in zip(numbers, lines, strict=True):
+            entry: BulkEntry | LogEntry | None = read_strictly(line) if fit else None
+            if entry is None:
+                entry = _decode(path, number, line)
+            thread = entry.threadId or default
+            if thread != current:
+                if current is not None and current not in returning:
+                    closed.add(current)
+                    yield from _ready(waiting, closed)
+                current = thread
+                bucket = waiting.setdefault(thread, [])
+                last = returning.get(thread, 0)
+            bucket.append(entry)
+            if last == number:
+                closed.add(thread)
                 yield from _ready(waiting, closed)
-            current = thread
-        waiting.setdefault(thread, []).append(entry)
-        if returning.get(thread) == number:
-            closed.add(thread)
-            yield from _ready(waiting, closed)
     yield from waiting.items()  # the end of the file closes every thread
 
 
@@ -118,22 +167,30 @@ def _returning_threads(path: Path, default: str) -> dict[str, int] | None:
     seen: set[int] = set()
     returning: dict[str, int] = {}
     previous: str | None = None
+    back = False  # whether `previous` returns
     any_entry = False
-    for number, line in _lines(path):
-        thread = _thread_of(line, default)
-        if thread is None:
-            continue
-        any_entry = True
-        if thread != previous:
-            key = _key(thread)
-            if thread not in returning:
-                if key in seen:
-                    returning[thread] = number
-                else:
-                    seen.add(key)
-            previous = thread
-        if thread in returning:
-            returning[thread] = number
+    decode = _THREAD_ONLY.decode
+    for numbers, lines, _ in _blocks(path):
+        for number, line in zip(numbers, lines, strict=True):
+            try:
+                thread = decode(line).threadId or default
+            except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
+                found = _thread_of(line, default)
+                if found is None:
+                    continue
+                thread = found
+            any_entry = True
+            if thread != previous:
+                key = _key(thread)
+                if thread not in returning:
+                    if key in seen:
+                        returning[thread] = number
+                    else:
+                        seen.add(key)
+                previous = thread
+                back = thread in returning
+            if back:
+                returning[thread] = number
     return returning if any_entry else None
 
 

@@ -48,6 +48,7 @@ from improve.machine.expr import (
     referenced_paths,
     tokenize,
 )
+from improve.machine.fold import Fold, FoldRun
 from improve.machine.formula import Formula, parse_formula
 from improve.machine.interpreter import (
     DONE_EVENT,
@@ -88,6 +89,8 @@ __all__ = [
     "ExploreResult",
     "Expr",
     "Expression",
+    "Fold",
+    "FoldRun",
     "Formula",
     "GuardFn",
     "Invocation",
