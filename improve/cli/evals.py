@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
@@ -26,39 +26,11 @@ from improve.cli.common import (
 )
 from improve.cli.unseal import record_unsealed, unsealings_so_far
 from improve.errors import ScenarioError, SealedSplitError, WorkspaceError
-from improve.evals import (
-    OPEN_SPLITS,
-    SEALED_SPLIT,
-    SPLITS,
-    UNSEAL_HOW,
-    UNSEALINGS_FILE,
-    Comparison,
-    Ledger,
-    PlannedRun,
-    Recorded,
-    ScenarioSet,
-    Scorecard,
-    SuiteSpec,
-    UnsealedScore,
-    Workspace,
-    append_scenario,
-    compare,
-    describe_model,
-    load_scenarios,
-    load_thread,
-    policy_hash,
-    policy_label,
-    scenario_from_thread,
-    scorecard,
-    scorecard_markdown,
-    set_key,
-    split_warnings,
-    write_threads,
-)
-from improve.log import ThreadId, model_slug
-from improve.loop import held_out_status, policy_history, read_entries
-from improve.machine import MachineConfig, run_rule_evals, uncovered
-from improve.runtime import Environment, read_thread
+
+if TYPE_CHECKING:
+    from improve.evals import Comparison, Ledger, PlannedRun, ScenarioSet, Scorecard, Workspace
+    from improve.machine import MachineConfig
+    from improve.runtime import Environment
 
 
 def score_command(
@@ -115,6 +87,25 @@ def score_command(
         improve score --policy v1 --vs v0 --split held-out --format markdown
         improve score --policy v3 --vs v0 --split test --unseal
     """
+    from improve.evals import (
+        OPEN_SPLITS,
+        SEALED_SPLIT,
+        SPLITS,
+        UNSEAL_HOW,
+        UNSEALINGS_FILE,
+        Ledger,
+        Recorded,
+        UnsealedScore,
+        compare,
+        describe_model,
+        policy_hash,
+        policy_label,
+        scorecard,
+        scorecard_markdown,
+    )
+    from improve.log import ThreadId, model_slug
+    from improve.loop import held_out_status, policy_history, read_entries
+
     with handled():
         if fmt not in ("table", "markdown"):
             raise WorkspaceError(f"unknown format {fmt!r}; use table or markdown")
@@ -297,6 +288,8 @@ def _run_sealed(
 ) -> list[PlannedRun]:
     """Run the k runs of the test split's scenarios that are not recorded yet (the recorded ones are
     reused), with the cache recording what is new; the thread ids of all of them."""
+    from improve.evals import SuiteSpec, policy_label, write_threads
+
     objective = space.config.objective
     spec = SuiteSpec(
         policy,
@@ -384,6 +377,8 @@ def scenarios_check(
 
         improve scenarios check --env refunds
     """
+    from improve.evals import OPEN_SPLITS, SEALED_SPLIT, load_scenarios, set_key
+
     with handled():
         space = workspace(ws)
         env_name = space.env_name(env)
@@ -497,6 +492,9 @@ def scenarios_add(
             --expect issued --split held-out --category small-refund \\
             --effect '{"kind": "refund", "orderId": "O-5001", "amount": 23.5}'
     """
+    from improve.evals import append_scenario, load_thread, scenario_from_thread, split_warnings
+    from improve.runtime import read_thread
+
     with handled():
         if effect and no_effects:
             raise ScenarioError("--effect and --no-effects say different things; pass one of them")
@@ -585,6 +583,8 @@ def rules_command(
 
         improve rules --env refunds
     """
+    from improve.machine import run_rule_evals, uncovered
+
     with handled():
         environment = workspace(ws).environment(env)
         results = run_rule_evals(environment.machine, environment.rule_evals)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import asdict
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
@@ -26,9 +26,9 @@ from improve.cli.common import (
 )
 from improve.cli.unseal import record_unsealing_of
 from improve.errors import EndpointError, SealedSplitError, WorkspaceError
-from improve.evals import SEALED_SPLIT, UNSEAL_HOW, Ledger, OutcomeRow, SuiteSpec, fallbacks, write_threads
-from improve.llm import Meter
-from improve.log import JsonlDirStore
+
+if TYPE_CHECKING:
+    from improve.evals import OutcomeRow
 
 
 def run_command(
@@ -92,6 +92,10 @@ def run_command(
         improve run --env refund-approval --scenario large-approved-01 --k 1 --suspend
         improve run --split train --k 10 --executor dask://127.0.0.1:8786
     """
+    from improve.evals import SEALED_SPLIT, UNSEAL_HOW, Ledger, SuiteSpec, fallbacks, write_threads
+    from improve.llm import Meter
+    from improve.log import JsonlDirStore
+
     with handled():
         space = workspace(ws)
         env_name = space.env_name(env)

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
 
 from improve.cli.common import JsonOption, emit_json, err, handled, out
-from improve.examples.tool_loop.tape_replay import TapeReplay, replay_tapes
+
+if TYPE_CHECKING:
+    from improve.examples.tool_loop.tape_replay import TapeReplay
 
 tape_app = typer.Typer(
     help="opencli session tapes: replay them through the tool-loop machine and its guards.",
@@ -41,6 +43,8 @@ def replay_command(
 
         improve tape replay ~/opencli/tapes/ --json
     """
+    from improve.examples.tool_loop.tape_replay import replay_tapes
+
     with handled():
         replays = replay_tapes(paths, progress=lambda path: err.print(f"replaying {path}", markup=False))
         if as_json:

@@ -2,26 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from improve.cli.common import err
-from improve.evals import (
-    SEALED_SPLIT,
-    OutcomeRow,
-    ScenarioSet,
-    UnsealedScore,
-    Unsealing,
-    Workspace,
-    current_user,
-    policy_hash,
-    policy_label,
-    read_unsealings,
-    record_unsealing,
-    scorecard,
-    set_key,
-    unsealings_path,
-)
-from improve.machine import MachineConfig
+
+if TYPE_CHECKING:
+    from improve.evals import OutcomeRow, ScenarioSet, UnsealedScore, Unsealing, Workspace
+    from improve.machine import MachineConfig
 
 
 def record_unsealed(
@@ -34,6 +21,8 @@ def record_unsealed(
     comparison: dict[str, Any] | None = None,
 ) -> Unsealing:
     """Append the unsealing to the policies' test-unsealings.jsonl and say so on stderr."""
+    from improve.evals import current_user, read_unsealings, record_unsealing, set_key, unsealings_path
+
     path = unsealings_path(space.policies_dir(env_name))
     key = set_key(scenario_set.sealed)
     earlier = [r for r in read_unsealings(path) if r.get("test_set") == key]
@@ -69,6 +58,8 @@ def record_unsealing_of(
     command: str,
 ) -> Unsealing:
     """Record the unsealing of the test split's runs of one policy (`improve run --unseal`)."""
+    from improve.evals import SEALED_SPLIT, UnsealedScore, policy_hash, policy_label, scorecard
+
     card = scorecard(rows, policy_label(policy), SEALED_SPLIT)
     return record_unsealed(
         space, env_name, scenario_set, model, [UnsealedScore.of(card, policy_hash(policy))], command
@@ -77,6 +68,8 @@ def record_unsealing_of(
 
 def unsealings_so_far(space: Workspace, env_name: str, scenario_set: ScenarioSet) -> int:
     """How many times the current test set has been unsealed (its key: `set_key` of its scenarios)."""
+    from improve.evals import read_unsealings, set_key, unsealings_path
+
     key = set_key(scenario_set.sealed)
     path = unsealings_path(space.policies_dir(env_name))
     return sum(1 for r in read_unsealings(path) if r.get("test_set") == key)
