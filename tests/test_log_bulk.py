@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import random
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ from improve.log import (
     line_problem,
     read_file_threads,
     replay,
+    split_lines,
     stream,
     to_log_entry,
 )
@@ -458,6 +460,34 @@ def test_text_lines_read_as_their_bytes_do() -> None:
     except ValidationError as error:
         found = entry_problems(error)
     assert found == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    data=st.lists(
+        st.sampled_from(
+            [b"\n", b" ", b"\r", b"\t", b"{", b"[" * 70, b'"a"', b"\x00", b"\xff", b"\xef\xbb\xbf"]
+        ),
+        max_size=40,
+    ).map(b"".join),
+    block=st.integers(1, 16),
+)
+def test_a_file_read_a_block_at_a_time_gives_the_lines_split_lines_gives(data: bytes, block: int) -> None:
+    """`improve replay FILE` reads blocks of a MiB, cut after an LF (here of a few bytes): the same lines
+    with the same numbers as `split_lines` on the whole file, and a block said to fit only when each of its
+    lines is short and shallow enough to skip `line_problem` (see `stream._decode`)."""
+    with tempfile.TemporaryDirectory() as folder, pytest.MonkeyPatch.context() as patch:
+        path = Path(folder) / "t.jsonl"
+        path.write_bytes(data)
+        patch.setattr(stream, "_BLOCK", block)
+        patch.setattr(stream, "MAX_JSON_DEPTH", 100)
+        blocks = list(stream._blocks(path))
+    assert [pair for numbers, lines, _ in blocks for pair in zip(numbers, lines, strict=True)] == split_lines(
+        data
+    )
+    for _, lines, fit in blocks:
+        if fit:
+            assert all(line.count(b"[") + line.count(b"{") <= 100 for line in lines)
 
 
 def test_a_file_is_replayed_thread_by_thread_not_loaded_whole(tmp_path: Path) -> None:

@@ -127,22 +127,25 @@ def scan_lines(
     as `split_lines` and `line_problem` line by line, computed on the whole buffer when it can be.
 
     Calling `line_problem` on each of a million lines costs about a second of Python; a buffer that is
-    UTF-8, has no NUL byte, no blank or indented line, no line longer than `max_bytes` and no line with
-    more than `max_depth` opening brackets has no problem line, and its lines are its LFs. Anything else
-    is counted line by line, the slow and exact way. `bom=False`: `data` is a later part of a file, cut
-    after an LF (see `split_lines`)."""
+    UTF-8, has no NUL byte, no line longer than `max_bytes`, no line with more than `max_depth` opening
+    brackets and none without a bracket has no problem line, and its lines are its LFs (a line with a
+    bracket is not blank; one without might be). The brackets of every line come from one `translate` of
+    the buffer, which also counts its LFs. Anything else is counted line by line, the slow and exact way.
+    `bom=False`: `data` is a later part of a file, cut after an LF (see `split_lines`)."""
     body = data[len(BOM) :] if bom and data.startswith(BOM) else data
-    fast = (
-        (not body or body[0] not in _WHITESPACE_START)
-        and b"\0" not in body
-        and _BLANKISH.search(body) is None
-        and _utf8(body)
-        and lines_fit(body, max_bytes)
-    )
-    if fast and lines_shallow(body, max_depth):
-        last = body.rfind(b"\n") + 1  # the text after the last LF is a line when it is not blank
-        breaks = body.count(b"\n")
-        return LineScan(breaks + (1 if body[last:].strip() else 0), {}, breaks)
+    if b"\0" not in body and _utf8(body) and lines_fit(body, max_bytes):
+        # The opening brackets and LFs of the buffer, in order: a few bytes a line.
+        brackets = body.translate(None, _NOT_OPENING)
+        per_line = brackets.split(b"\n")
+        # Every line before the last LF has a bracket (so it is not blank), none has too many.
+        if (
+            not brackets.startswith(b"\n")
+            and b"\n\n" not in brackets
+            and max(map(len, per_line)) <= max_depth
+        ):
+            last = body.rfind(b"\n") + 1  # the text after the last LF is a line when it is not blank
+            breaks = len(per_line) - 1
+            return LineScan(breaks + (1 if body[last:].strip() else 0), {}, breaks)
     lines = split_lines(data, bom=bom)
     problems = {
         number: problem

@@ -65,9 +65,6 @@ def _blocks(path: Path) -> Iterator[tuple[Iterable[int], list[bytes], bool]]:
         start = True
         while True:
             chunk = handle.read(_BLOCK)
-            if start:
-                start = False
-                chunk = chunk.removeprefix(BOM)
             cut = chunk.rfind(b"\n")
             if chunk and cut < 0:
                 pending.append(chunk)
@@ -76,6 +73,9 @@ def _blocks(path: Path) -> Iterator[tuple[Iterable[int], list[bytes], bool]]:
             if not chunk:
                 block = b"".join(pending)
             pending = [chunk[cut + 1 :]] if cut + 1 < len(chunk) else []
+            if start:  # the first block holds the file's first bytes
+                start = False
+                block = block.removeprefix(BOM)
             if block:
                 fit = lines_fit(block, MAX_LINE_BYTES) and lines_shallow(block, MAX_JSON_DEPTH)
                 plain = plain_lines(block)
