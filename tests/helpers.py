@@ -4,8 +4,10 @@ workspace, log entries and thread files, and a DuckDB scalar. Fixtures are in co
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -127,12 +129,15 @@ def fold_against_interpreter(
     Each side is given its own copy of an event, emptied once the step is taken: what a snapshot keeps of
     it must be its own."""
 
-    def outcome_of(snapshot: Snapshot) -> Any:
+    def attempt(compute: Callable[[], Any]) -> Any:
         try:
-            owed: Any = snapshot.invoke.input if snapshot.invoke is not None else None
+            return compute()
         except Exception as error:
-            owed = ("error", type(error).__name__, str(error))
-        return snapshot.to_json_shallow(), owed
+            return ("error", type(error).__name__, str(error))
+
+    def outcome_of(digest: Any, snapshot: Snapshot) -> Any:
+        owed = attempt(lambda: snapshot.invoke.input if snapshot.invoke is not None else None)
+        return snapshot.to_json_shallow(), owed, digest
 
     pairs: list[tuple[Any, Any]] = []
     fold = machine.fold
@@ -142,26 +147,28 @@ def fold_against_interpreter(
         try:
             if position == 0:
                 reference = initial(machine, input)
-                expected: Any = outcome_of(reference)
+                expected: Any = outcome_of(attempt(reference.hash), reference)
             else:
                 assert reference is not None
                 event = copy.deepcopy(events[position - 1])
                 after = transition(machine, reference, event)
                 event.clear()
-                expected = "not taken" if after is reference else outcome_of(after)
+                expected = "not taken" if after is reference else outcome_of(attempt(after.hash), after)
                 reference = after
         except Exception as error:
             expected = ("error", type(error).__name__, str(error))
         try:
             if position == 0:
                 run = fold.start(input)
-                found: Any = outcome_of(fold.snapshot(run))
+                # The hash first: the fold hashes a run whose owed actor is not built yet.
+                found: Any = outcome_of(attempt(functools.partial(fold.hash, run)), fold.snapshot(run))
             else:
                 assert run is not None
                 event = copy.deepcopy(events[position - 1])
                 taken = fold.step(run, event)
                 event.clear()
-                found = outcome_of(fold.snapshot(run)) if taken else "not taken"
+                digest = attempt(functools.partial(fold.hash, run))
+                found = outcome_of(digest, fold.snapshot(run)) if taken else "not taken"
         except Exception as error:
             found = ("error", type(error).__name__, str(error))
         pairs.append((expected, found))

@@ -19,7 +19,7 @@ from improve.errors import (
     UnknownNameError,
 )
 from improve.machine import can, compile_expr, compile_machine, initial, parse_machine, transition
-from improve.machine.snapshot import Snapshot, canonical_json
+from improve.machine.snapshot import Snapshot, canonical_bytes, canonical_json, decoded_canonical_bytes
 from tests.helpers import fold_against_interpreter
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "improve" / "examples"
@@ -795,3 +795,70 @@ def test_the_fold_hands_each_odd_step_to_the_interpreter(
     machine = compile_machine(parse_machine(config), guards=NAMED_GUARDS)
     for expected, found in fold_against_interpreter(machine, inp, events):
         assert found == expected
+
+
+# --- canonical bytes: msgspec's text where it is json.dumps's, the json way elsewhere -------------------
+
+floats = st.one_of(
+    st.floats(),
+    st.floats(min_value=1e-6, max_value=2e-4),
+    st.floats(min_value=1e15, max_value=1e17),
+    st.sampled_from([1e-5, 1e-4, 1e16, -0.0, 5e-324, float("nan"), float("inf")]),
+)
+scalars = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**70), 2**70), floats, st.text(max_size=4), st.just("\ud800")
+)
+odd = st.one_of(
+    st.tuples(st.integers()),
+    st.frozensets(st.integers(), max_size=2),
+    st.binary(max_size=2),
+    st.datetimes(),
+    st.dictionaries(st.integers(), st.integers(), max_size=2),
+)
+values = st.recursive(
+    st.one_of(scalars, odd),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3),
+    max_leaves=10,
+)
+
+
+def _json_way(value: Any) -> Any:
+    try:
+        return canonical_json(value).encode("utf-8")
+    except Exception as error:
+        return type(error)
+
+
+def _fast_way(encode: Any, value: Any) -> Any:
+    try:
+        return encode(value)
+    except Exception as error:
+        return type(error)
+
+
+@settings(max_examples=500, deadline=None)
+@given(values)
+def test_canonical_bytes_are_the_canonical_json_or_its_error(value: Any) -> None:
+    """Hashes are taken over `canonical_bytes`: exactly `canonical_json`'s text, or its error, for any
+    value (floats where msgspec and Python write them differently, NaN, tuples, sets, bytes, dates, keys
+    that are not strings, a lone surrogate)."""
+    assert _fast_way(canonical_bytes, value) == _json_way(value)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.recursive(
+        scalars,
+        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3),
+        max_leaves=10,
+    )
+)
+def test_decoded_canonical_bytes_of_what_msgspec_decodes(value: Any) -> None:
+    """A log entry's content, as msgspec decodes it, is hashed the same fast way without reading it back."""
+    import msgspec
+
+    try:
+        decoded = msgspec.json.decode(json.dumps(value, allow_nan=False))
+    except (ValueError, msgspec.DecodeError, UnicodeEncodeError):
+        return  # not JSON, or not a line msgspec reads: never a bulk entry
+    assert _fast_way(decoded_canonical_bytes, decoded) == _json_way(decoded)

@@ -310,7 +310,7 @@ def _check_state(
     if journaled is None:
         return hashed
     if hashed is None or hashed[0] != steps:
-        hashed = (steps, fold.snapshot(run).hash())
+        hashed = (steps, fold.hash(run))
     found = hashed[1]
     if found != journaled:
         raise DivergenceError(

@@ -37,7 +37,7 @@ from improve.machine.interpreter import (
     initial,
     transition,
 )
-from improve.machine.snapshot import Invocation, Snapshot, Status
+from improve.machine.snapshot import Invocation, Snapshot, Status, canonical_hash, shallow_json
 
 Env = dict[str, Any]
 """The root variables of one step (`context`, `event`, `input`, `facts`), as `Scope.values` holds them."""
@@ -245,6 +245,17 @@ class Fold:
             error=run.error,
             invoke=invocation,
         )
+
+    def hash(self, run: FoldRun) -> str:
+        """`snapshot(run).hash()`, without building the snapshot or its owed actor."""
+        if run.invocation is not None:
+            invoke: tuple[str, str] | None = (run.invocation.id, run.invocation.src)
+        elif run.owed is not None and run.owed[0].invoke is not None:
+            invoke = (run.owed[0].invoke.id, run.owed[0].invoke.src)
+        else:
+            invoke = None
+        shallow = shallow_json(run.value, run.context, run.status, run.input, run.output, run.error, invoke)
+        return canonical_hash(shallow)
 
     # --- the fast path ------------------------------------------------------------------------------
 
