@@ -36,6 +36,8 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+import msgspec
+
 from improve.errors import LogError, TamperError
 from improve.log.bulk import BulkEntry, EntryView, bulk_content
 from improve.log.entry import END_EVENT, SCHEMA_VERSION, LogEntry, Verification
@@ -67,10 +69,21 @@ def content_bytes(entry: EntryView) -> bytes:
     return canonical_bytes(entry_content(entry))
 
 
+_STRING = msgspec.json.Encoder()
+
+
+def _json_string(text: str) -> bytes:
+    """`json.dumps(text, ensure_ascii=False)` as UTF-8 (msgspec escapes a string as json does)."""
+    try:
+        return _STRING.encode(text)
+    except Exception:  # a lone surrogate: the json way raises what it raises
+        return json.dumps(text, ensure_ascii=False).encode("utf-8")
+
+
 def _link(previous: str, content: bytes) -> str:
     # canonical_json([previous, content]) without serialising the content again for every `previous`
     # (the diagnosis tries several).
-    text = b"[" + json.dumps(previous, ensure_ascii=False).encode("utf-8") + b"," + content + b"]"
+    text = b"[" + _json_string(previous) + b"," + content + b"]"
     # 128 bits tell any edit apart (the chain has no key: it is evidence, not a signature) and every
     # entry of every thread carries one, so the shorter digest keeps lines and the warehouse smaller.
     return hashlib.sha256(text).hexdigest()[:HASH_HEX]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -23,24 +22,37 @@ def canonical_json(value: Any) -> str:
 
 
 _SORTED = msgspec.json.Encoder(order="sorted")
-_READ_BACK = msgspec.json.Decoder()
-# Where msgspec's text of a float is not Python's: an exponent (msgspec 1e16 and 1e-7, Python 1e+16 and
-# 1e-07), and the fixed notation msgspec keeps from 1e-4 down to 1e-5 where Python has an exponent
-# (0.00001 against 1e-05). Text that merely looks so (inside a string) only costs the slow way.
-_NOT_PYTHONS = re.compile(rb"[0-9]e|0\.0000")
+
+
+class _NotPythons(Exception):
+    """A float msgspec writes otherwise than Python: with an exponent (msgspec 1e16 and 1e-7, Python
+    1e+16 and 1e-07), or in the fixed notation msgspec keeps from 1e-4 down to 1e-5 (0.00001 against
+    Python's 1e-05)."""
+
+
+def _float(text: str) -> float:
+    if "e" in text or text.startswith(("0.0000", "-0.0000")):
+        raise _NotPythons
+    return float(text)
+
+
+# Reads msgspec's text back, seeing every float's text as msgspec wrote it (strings that merely look
+# like numbers are not floats to it).
+_READ_BACK = msgspec.json.Decoder(float_hook=_float)
 
 
 def canonical_bytes(value: Any) -> bytes:
-    """`canonical_json(value)` as UTF-8, and the same errors, about four times faster where it can be.
+    """`canonical_json(value)` as UTF-8, and the same errors, about twice as fast where it can be.
 
     msgspec writes the same text as `json.dumps` for JSON's own values (keys sorted by code point, the
-    same escapes, the same shortest digits of a float) except a float's exponent (`_NOT_PYTHONS`) and
+    same escapes, the same shortest digits of a float) except some floats' notation (`_NotPythons`) and
     what is not JSON: NaN and infinities (null, where canonical_json raises), and a set, bytes, a date
-    or a tuple (written, where it raises or writes a list). Its text is read back and must equal the
-    value, which rules all of those out; anything else goes the `json.dumps` way."""
+    or a tuple (written, where it raises or writes a list). Its text is read back, every float's
+    notation checked, and must equal the value, which rules all of those out; anything else goes the
+    `json.dumps` way."""
     try:
         text = _SORTED.encode(value)
-        if _NOT_PYTHONS.search(text) is None and _READ_BACK.decode(text) == value:
+        if _READ_BACK.decode(text) == value:
             return text
     except Exception:  # keys that are not strings, a lone surrogate, a type msgspec has no encoding for
         pass
@@ -49,14 +61,13 @@ def canonical_bytes(value: Any) -> bytes:
 
 def decoded_canonical_bytes(value: Any) -> bytes:
     """`canonical_bytes` of a value msgspec decoded from JSON (a log entry's content): only JSON's own
-    types are in it, so its text need not be read back."""
+    types are in it, so its text is read back for the floats' notation only."""
     try:
         text = _SORTED.encode(value)
-        if _NOT_PYTHONS.search(text) is None:
-            return text
-    except Exception:  # a lone surrogate (a JSON escape can write one): the json way says how it fails
-        pass
-    return canonical_json(value).encode("utf-8")
+        _READ_BACK.decode(text)
+        return text
+    except Exception:  # a float written otherwise than Python writes it, or a lone surrogate
+        return canonical_json(value).encode("utf-8")
 
 
 def canonical_hash(value: Any) -> str:
