@@ -43,18 +43,6 @@ def split_lines(data: bytes, *, bom: bool = True) -> list[tuple[int, bytes]]:
     return found
 
 
-def plain_lines(data: bytes) -> list[bytes] | None:
-    """The lines of `data` (split on LF, no BOM at its start) when `split_lines` would give them as they
-    are, numbered from 1 without a gap: none blank, none starting with whitespace, none ending in CR.
-    None otherwise, and the caller takes the line-by-line way; a file written by improve is plain."""
-    if not data or data[0] in _WHITESPACE_START or b"\r" in data or _BLANKISH.search(data) is not None:
-        return None
-    lines = data.split(b"\n")
-    if not lines[-1]:
-        lines.pop()  # the LF that ends the last line
-    return lines
-
-
 def json_depth(line: bytes) -> int:
     """How deeply objects and arrays nest in `line` (0 for a scalar), strings ignored."""
     depth = deepest = 0
@@ -112,12 +100,20 @@ class LineScan:
     breaks: int  # LF bytes: the line number the next buffer of the same file starts after
 
 
-# A line that is blank or starts with whitespace: the fast count below cannot tell the two apart, so
-# a buffer with either is counted line by line.
-_BLANKISH = re.compile(rb"\n[\n \t\r\x0b\x0c]")
-_WHITESPACE_START = frozenset(b"\n \t\r\x0b\x0c")
 # Every byte but the opening brackets and LF: deleted, what is left bounds each line's nesting.
 _NOT_OPENING = bytes(b for b in range(256) if b not in b"[{\n")
+
+
+def bracketed_lines(data: bytes, max_depth: int = MAX_JSON_DEPTH) -> tuple[int, bool] | None:
+    """When every LF-terminated line of `data` has an opening bracket (so none is blank: a file of JSON
+    objects), the number of those lines and whether none has more than `max_depth` opening brackets
+    (so none nests deeper: a bound, as brackets in strings count too); else None. The text after the
+    last LF is not counted. One `translate` of the whole buffer: a few bytes a line are left, LFs kept."""
+    brackets = data.translate(None, _NOT_OPENING)
+    if brackets.startswith(b"\n") or b"\n\n" in brackets:
+        return None
+    per_line = brackets.split(b"\n")
+    return len(per_line) - 1, max(map(len, per_line)) <= max_depth
 
 
 def scan_lines(
@@ -134,17 +130,10 @@ def scan_lines(
     `bom=False`: `data` is a later part of a file, cut after an LF (see `split_lines`)."""
     body = data[len(BOM) :] if bom and data.startswith(BOM) else data
     if b"\0" not in body and _utf8(body) and lines_fit(body, max_bytes):
-        # The opening brackets and LFs of the buffer, in order: a few bytes a line.
-        brackets = body.translate(None, _NOT_OPENING)
-        per_line = brackets.split(b"\n")
-        # Every line before the last LF has a bracket (so it is not blank), none has too many.
-        if (
-            not brackets.startswith(b"\n")
-            and b"\n\n" not in brackets
-            and max(map(len, per_line)) <= max_depth
-        ):
+        found = bracketed_lines(body, max_depth)
+        if found is not None and found[1]:
+            breaks = found[0]
             last = body.rfind(b"\n") + 1  # the text after the last LF is a line when it is not blank
-            breaks = len(per_line) - 1
             return LineScan(breaks + (1 if body[last:].strip() else 0), {}, breaks)
     lines = split_lines(data, bom=bom)
     problems = {
@@ -153,13 +142,6 @@ def scan_lines(
         if (problem := line_problem(line, max_bytes=max_bytes, max_depth=max_depth)) is not None
     }
     return LineScan(len(lines), problems, data.count(b"\n"))
-
-
-def lines_shallow(data: bytes, max_depth: int = MAX_JSON_DEPTH) -> bool:
-    """True when no LF-separated segment of `data` has more than `max_depth` opening brackets, so none
-    nests deeper (a bound: brackets inside strings are counted too). One pass over the whole buffer."""
-    brackets = data.translate(None, _NOT_OPENING)  # a few bytes a line: LFs kept, counted here
-    return max(map(len, brackets.split(b"\n"))) <= max_depth
 
 
 def lines_fit(data: bytes, max_bytes: int) -> bool:

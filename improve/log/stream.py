@@ -27,10 +27,9 @@ from improve.log.lines import (
     BOM,
     MAX_JSON_DEPTH,
     MAX_LINE_BYTES,
+    bracketed_lines,
     line_problem,
     lines_fit,
-    lines_shallow,
-    plain_lines,
     split_lines,
 )
 
@@ -51,10 +50,13 @@ _BLOCK = 1 << 20
 """Bytes read at a time: the lines of a block are split and checked together, not one read per line."""
 
 
-def _blocks(path: Path) -> Iterator[tuple[Iterable[int], list[bytes], bool]]:
-    """The non-blank lines of the file, as `lines.split_lines` gives them, about a MiB at a time:
-    (their line numbers, the lines, whether every one of them is short and shallow enough that a line
-    msgspec reads has no `line_problem`: see `_decode`)."""
+def _blocks(path: Path, *, check: bool = True) -> Iterator[tuple[Iterable[int], list[bytes], bool]]:
+    """The lines of the file, about a MiB at a time: (their line numbers, the lines, whether every one
+    of them is short and shallow enough that a line msgspec reads has no `line_problem`: see `_decode`).
+
+    Checked (`check`), the lines are the non-blank ones, as `lines.split_lines` gives them. Unchecked
+    (the first pass, which only reads thread ids), every LF-separated piece is given, CR removed: a
+    blank one is no entry, as the decoders find at once."""
     try:
         handle = path.open("rb")
     except OSError as error:
@@ -77,16 +79,27 @@ def _blocks(path: Path) -> Iterator[tuple[Iterable[int], list[bytes], bool]]:
                 start = False
                 block = block.removeprefix(BOM)
             if block:
-                fit = lines_fit(block, MAX_LINE_BYTES) and lines_shallow(block, MAX_JSON_DEPTH)
-                plain = plain_lines(block)
-                if plain is not None:
-                    yield range(first, first + len(plain)), plain, fit
-                else:
-                    found = split_lines(block, bom=False)
-                    yield [first - 1 + number for number, _ in found], [line for _, line in found], fit
+                yield _lines_of(block, first, check)
                 first += block.count(b"\n")
             if not chunk:
                 return
+
+
+def _lines_of(block: bytes, first: int, check: bool) -> tuple[Iterable[int], list[bytes], bool]:
+    """One block's lines (see `_blocks`), the first numbered `first`."""
+    found = bracketed_lines(block, MAX_JSON_DEPTH) if check and b"\r" not in block else None
+    if not check or found is not None:
+        # Every line is one LF-separated piece (checked: each has a bracket, so none is blank); the
+        # text after the last LF, at the end of the file, is a line unless it is blank.
+        lines = block.split(b"\n")
+        if not lines[-1].strip():
+            lines.pop()
+        if not check and b"\r" in block:
+            lines = [line.removesuffix(b"\r") for line in lines]
+        fit = found is not None and found[1] and lines_fit(block, MAX_LINE_BYTES)
+        return range(first, first + len(lines)), lines, fit
+    numbered = split_lines(block, bom=False)
+    return [first - 1 + number for number, _ in numbered], [line for _, line in numbered], False
 
 
 def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
@@ -170,7 +183,7 @@ def _returning_threads(path: Path, default: str) -> dict[str, int] | None:
     back = False  # whether `previous` returns
     any_entry = False
     decode = _THREAD_ONLY.decode
-    for numbers, lines, _ in _blocks(path):
+    for numbers, lines, _ in _blocks(path, check=False):
         for number, line in zip(numbers, lines, strict=True):
             try:
                 thread = decode(line).threadId or default
