@@ -79,27 +79,30 @@ def _blocks(path: Path, *, check: bool = True) -> Iterator[tuple[Iterable[int], 
                 start = False
                 block = block.removeprefix(BOM)
             if block:
-                yield _lines_of(block, first, check)
-                first += block.count(b"\n")
+                numbers, lines, fit, breaks = _lines_of(block, first, check)
+                yield numbers, lines, fit
+                first += breaks
             if not chunk:
                 return
 
 
-def _lines_of(block: bytes, first: int, check: bool) -> tuple[Iterable[int], list[bytes], bool]:
-    """One block's lines (see `_blocks`), the first numbered `first`."""
+def _lines_of(block: bytes, first: int, check: bool) -> tuple[Iterable[int], list[bytes], bool, int]:
+    """One block's lines (see `_blocks`), the first numbered `first`, and the block's LFs."""
     found = bracketed_lines(block, MAX_JSON_DEPTH) if check and b"\r" not in block else None
     if not check or found is not None:
         # Every line is one LF-separated piece (checked: each has a bracket, so none is blank); the
         # text after the last LF, at the end of the file, is a line unless it is blank.
         lines = block.split(b"\n")
+        breaks = len(lines) - 1
         if not lines[-1].strip():
             lines.pop()
         if not check and b"\r" in block:
             lines = [line.removesuffix(b"\r") for line in lines]
         fit = found is not None and found[1] and lines_fit(block, MAX_LINE_BYTES)
-        return range(first, first + len(lines)), lines, fit
+        return range(first, first + len(lines)), lines, fit, breaks
     numbered = split_lines(block, bom=False)
-    return [first - 1 + number for number, _ in numbered], [line for _, line in numbered], False
+    numbers = [first - 1 + number for number, _ in numbered]
+    return numbers, [line for _, line in numbered], False, block.count(b"\n")
 
 
 def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
