@@ -60,6 +60,16 @@ def _tree_fn(tree: CompiledTree) -> Value:
         return _expr_fn(tree)
     if isinstance(tree, dict):
         items = tuple((key, _tree_fn(value)) for key, value in tree.items())
+        # A dict display for the small ones (a context, an output): a comprehension is a call more.
+        if len(items) == 1:
+            ((k1, f1),) = items
+            return lambda env: {k1: f1(env)}
+        if len(items) == 2:
+            (k1, f1), (k2, f2) = items
+            return lambda env: {k1: f1(env), k2: f2(env)}
+        if len(items) == 3:
+            (k1, f1), (k2, f2), (k3, f3) = items
+            return lambda env: {k1: f1(env), k2: f2(env), k3: f3(env)}
         return lambda env: {key: fn(env) for key, fn in items}
     if isinstance(tree, list):
         fns = tuple(_tree_fn(value) for value in tree)
