@@ -88,9 +88,10 @@ def round_command(
         bool,
         typer.Option(
             "--allow-insecure-github",
+            envvar="IMPROVE_ALLOW_INSECURE_GITHUB",
             help="Send the GitHub token even when the push URL or GITHUB_API_URL is plain http:// (a local "
-            "GitHub Enterprise test). Without it such a round leaves the branch local and says why: the "
-            "token would travel in clear text.",
+            "GitHub Enterprise test; also IMPROVE_ALLOW_INSECURE_GITHUB=1 for a workflow run there). "
+            "Without it such a round leaves the branch local and says why: the token would travel in clear text.",
         ),
     ] = False,
     as_json: Annotated[bool, JsonOption] = False,
