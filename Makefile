@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | cksum | cut -d' ' -f1)
 
 .DEFAULT_GOAL := help
-.PHONY: help demo test test-fast bench bench-scale mutation conformance hostile lint clean
+.PHONY: help demo test test-fast test-lowest bench bench-scale mutation conformance hostile lint clean
 
 help: ## Show this help
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
@@ -50,6 +50,14 @@ test: $(STAMP) ## Run the test suite: parallel workers, a random order (its seed
 
 test-fast: $(STAMP) ## The inner loop: the suite without the tests marked slow (whole rounds, fuzzing, subprocesses)
 	$(BIN)/python -m pytest -n auto -m "not slow"
+
+LOWEST := .venv-lowest
+test-lowest: ## The suite with every dependency at the lowest version the pins allow (a virtualenv of its own)
+	@test -x $(LOWEST)/bin/python || $(PYTHON) -m venv $(LOWEST)
+	$(LOWEST)/bin/python -m pip install --quiet --upgrade pip
+	$(LOWEST)/bin/python .ci/lowest_pins.py > $(LOWEST)/constraints.txt
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(LOWEST)/bin/python -m pip install --quiet -c $(LOWEST)/constraints.txt -e '.[dev,local]'
+	$(LOWEST)/bin/python -m pytest -n auto
 
 bench: $(STAMP) ## Print benchmark figures as JSON
 	@$(BIN)/python -m bench

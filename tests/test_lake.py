@@ -187,6 +187,19 @@ def test_the_lake_is_partitioned_by_the_threads_keys(ws: Path) -> None:
     assert set(scan.columns) >= set(PARTITION_KEYS)
     by_thread = dict(con.execute("SELECT thread_id, policy_version FROM outcomes").fetchall())
     assert dict(zip(scan["thread_id"], scan["policy_version"], strict=True)) == by_thread
+    # JSON columns are text in the files (Parquet's JSON annotation reads as binary in polars and pyarrow),
+    # so a reader queries them as JSON at once; the lake's own views read them back as JSON.
+    json_columns = {
+        t: [n for n, k in manifest["tables"][t]["columns"].items() if k == "JSON"] for t in LAKE_TABLES
+    }
+    assert {"event", "attempts", "metadata"} <= set(json_columns["entries"]) and json_columns["outcomes"]
+    for table, names in json_columns.items():
+        frame = pl.scan_parquet(lake / table / "**" / "*.parquet", hive_partitioning=True).collect()
+        assert all(frame.schema[name] == pl.String for name in names), frame.schema
+    events = pl.scan_parquet(lake / "entries" / "**" / "*.parquet", hive_partitioning=True).collect()["event"]
+    assert "@agent.init" in set(events.str.json_path_match("$.type").drop_nulls())
+    lake_con = open_lake(lake)
+    assert lake_con.execute("SELECT typeof(event) FROM entries LIMIT 1").fetchone() == ("JSON",)
 
 
 def test_exporting_again_replaces_the_lake(ws: Path, tmp_path: Path) -> None:

@@ -187,7 +187,16 @@ def _write_tables(
             # A key that is a column of the table is that column; the others come from the thread.
             extra = [key for key in PARTITION_KEYS if key not in names]
             order = ', "index"' if "index" in names else ""
-            select = ", ".join(["t.*", *(f"k.{_quote_name(key)}" for key in extra)])
+            # JSON columns are written as plain UTF-8 text: Parquet's JSON annotation reaches polars and
+            # pyarrow as binary, and text is what every reader takes (the manifest still says JSON, and
+            # `open_lake` reads them back as JSON).
+            cells = [
+                f"CAST(t.{_quote_name(name)} AS VARCHAR) AS {_quote_name(name)}"
+                if kind == "JSON"
+                else f"t.{_quote_name(name)}"
+                for name, kind in columns[table]
+            ]
+            select = ", ".join([*cells, *(f"k.{_quote_name(key)}" for key in extra)])
             out = staging / table
             con.execute(
                 f"COPY (WITH k AS ({THREAD_KEYS}) SELECT {select} FROM {table} t LEFT JOIN k USING (thread_id) "
