@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 
 import typer
 import typer.main
-from typer import _click as click  # typer vendors click since 0.22: its groups are built on this copy
+from typer import _click as click  # typer vendors click since 0.26: its groups are built on this copy
 from typer.core import TyperCommand, TyperGroup
 from typer.models import CommandInfo
 

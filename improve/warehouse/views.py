@@ -346,7 +346,9 @@ RELATIONS: tuple[Relation, ...] = (
         ) AS l
         JOIN threads AS t USING (thread_id)
         WHERE l.event_type = '@agent.end'
-          AND l.event ->> '$.status' IN ('waiting', 'checkpointed', 'blocked_ask', 'idle')
+          -- json_extract_string, not ->>: DuckDB 1.2 plans `->> ... IN (...)` beside the filter above into a
+          -- cast of the whole event to a number on a Parquet lake.
+          AND json_extract_string(l.event, '$.status') IN ('waiting', 'checkpointed', 'blocked_ask', 'idle')
         """,
     ),
     Relation(
@@ -599,13 +601,13 @@ RELATIONS: tuple[Relation, ...] = (
                coalesce(has_memory, false) AS has_memory, coalesce(has_notes, false) AS has_notes,
                coalesce(has_plan, false) AS has_plan, coalesce(has_state, false) AS has_state,
                had_notes AS session_had_notes, had_plan AS session_had_plan, had_state AS session_had_state,
-               list_filter(['memory', 'notes', 'plan', 'state'], lambda x: NOT (CASE x
+               [x FOR x IN ['memory', 'notes', 'plan', 'state'] IF NOT (CASE x
                    WHEN 'memory' THEN coalesce(has_memory, false) WHEN 'notes' THEN coalesce(has_notes, false)
-                   WHEN 'plan' THEN coalesce(has_plan, false) ELSE coalesce(has_state, false) END)) AS missing,
-               list_filter(['notes', 'plan', 'state'], lambda x: (CASE x
+                   WHEN 'plan' THEN coalesce(has_plan, false) ELSE coalesce(has_state, false) END)] AS missing,
+               [x FOR x IN ['notes', 'plan', 'state'] IF (CASE x
                    WHEN 'notes' THEN coalesce(had_notes, false) AND NOT coalesce(has_notes, false)
                    WHEN 'plan' THEN coalesce(had_plan, false) AND NOT coalesce(has_plan, false)
-                   ELSE coalesce(had_state, false) AND NOT coalesce(has_state, false) END)) AS dropped,
+                   ELSE coalesce(had_state, false) AND NOT coalesce(has_state, false) END)] AS dropped,
                coalesce(has_memory AND has_notes AND has_plan AND has_state, false) AS resumable
         FROM rows
         """,
