@@ -63,7 +63,7 @@ ModelOption = typer.Option(
     "--model",
     "-m",
     help="The model bound to the policy's `decider` ref: a stand-in (careful, sloppy, naive), openai:MODEL "
-    "(OPENAI_BASE_URL, OPENAI_API_KEY), or a \\[models.NAME] of improve.toml.",
+    "(OPENAI_BASE_URL, OPENAI_API_KEY), or a [models.NAME] of improve.toml.",
 )
 
 

@@ -47,7 +47,7 @@ def demo_command(
 
         improve demo --env tool-loop --dir build/demo-tool-loop
 
-        improve demo --model local --rounds 3     # a real small model decides, on this machine
+        improve demo --model local --rounds 3   # a real small model, here
     """
     from improve.demo import run_demo
 

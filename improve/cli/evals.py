@@ -24,6 +24,7 @@ from improve.cli.common import (
     out,
     workspace,
 )
+from improve.cli.help import Command, Group
 from improve.cli.unseal import record_unsealed, unsealings_so_far
 from improve.errors import ScenarioError, SealedSplitError, WorkspaceError
 from improve.evals import (
@@ -363,11 +364,13 @@ def _print_tables(cards: list[Scorecard], comparisons: list[Comparison], seed: i
 
 
 scenarios_app = typer.Typer(
+    cls=Group,
+    rich_markup_mode=None,
     help="Scenario files: validate them, add a labelled one from a thread.", no_args_is_help=True
 )
 
 
-@scenarios_app.command("check")
+@scenarios_app.command("check", cls=Command)
 def scenarios_check(
     env: Annotated[str | None, EnvOption] = None,
     path: Annotated[
@@ -439,7 +442,7 @@ def scenarios_check(
             raise typer.Exit(EXIT_FAILED)
 
 
-@scenarios_app.command("add")
+@scenarios_app.command("add", cls=Command)
 def scenarios_add(
     from_thread: Annotated[
         str,

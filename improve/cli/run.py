@@ -89,7 +89,8 @@ def run_command(
 
         improve run --env refunds --policy v0 --model naive --split train --k 3
         improve run --model openai:gpt-4.1-mini --k 3 --cache record
-        improve run --env refund-approval --scenario large-approved-01 --k 1 --suspend
+        improve run --env refund-approval --scenario large-approved-01 --k 1 \\
+            --suspend
         improve run --split train --k 10 --executor dask://127.0.0.1:8786
     """
     with handled():
