@@ -19,8 +19,8 @@ from improve.evals.charts import (
     svg_chart,
 )
 from improve.evals.scorecards import ScenarioScore, Scorecard
-from improve.loop.changelog import entry_markdown
-from improve.loop.history import Measured, policy_history, read_entries
+from improve.loop.changelog import Changelog, Entry, entry_text, policy_history
+from improve.loop.round_record import RoundRecord
 
 
 def card(version: str, split: str, scores: dict[str, tuple[str, int]], runs: int = 2) -> Scorecard:
@@ -143,7 +143,8 @@ def test_slanted_category_labels_start_inside_the_chart() -> None:
 
 def changelog(tmp_path: Path, records: list[dict[str, object]]) -> Path:
     path = tmp_path / "CHANGELOG.md"
-    path.write_text("# CHANGELOG: refunds policies\n\n" + "\n".join(entry_markdown(r) for r in records))
+    entries = (entry_text(RoundRecord.model_validate({"environment": "refunds", **r})) for r in records)
+    path.write_text("# CHANGELOG: refunds policies\n\n" + "\n".join(entries))
     return path
 
 
@@ -188,14 +189,14 @@ def test_the_history_follows_the_line_of_recommended_versions_with_their_newest_
             record("v4", "v0", True, (0.5, 0.9), (0.4, 0.8)),  # an unmerged branch from v0
         ],
     )
-    entries = read_entries(path)
+    entries = Changelog.read(path).entries
     assert [(e.candidate, e.baseline, e.recommended) for e in entries] == [
         ("v1", "v0", True),
         ("v2", "v1", False),
         ("v3", "v1", True),
         ("v4", "v0", True),
     ]
-    current = Measured(
+    current = Entry(
         "v5", "v3", "r5", False, {"train": 0.81, "held-out": 0.74}, {"train": 0.85, "held-out": 0.8}
     )
     history = policy_history(entries, "v5", current)
@@ -206,17 +207,16 @@ def test_the_history_follows_the_line_of_recommended_versions_with_their_newest_
         ("v5", 0.85, 0.8),
     ]
     assert [h.version for h in policy_history(entries, "v3")] == ["v0", "v1", "v3"]
-    assert (
-        policy_history(entries, "v9") == [] and policy_history(read_entries(tmp_path / "none.md"), "v1") == []
-    )
+    assert policy_history(entries, "v9") == [] and Changelog.read(tmp_path / "none.md").history("v1") == []
     # A loop in hand-edited entries ends the walk instead of hanging it.
-    looped = [Measured("v1", "v2", "a", True, {}, {}), Measured("v2", "v1", "b", True, {}, {})]
+    looped = [Entry("v1", "v2", "a", True, {}, {}), Entry("v2", "v1", "b", True, {}, {})]
     assert policy_history(looped, "v2") == []
 
 
 def page_of_a_round(tmp_path: Path) -> Path:
     """A round's HTML page from a report folder as a round leaves it, with hostile user text in it."""
-    from improve.loop.report_page import load_round_report, round_page
+    from improve.loop.report_page import round_page
+    from improve.loop.round_record import read_round_record
     from improve.machine import parse_machine
     from tests.test_scorecard import V1
 
@@ -241,12 +241,12 @@ def page_of_a_round(tmp_path: Path) -> Path:
     traces = tmp_path / "traces"
     traces.mkdir()
     (traces / "train:v1:naive:b-1:r1.jsonl").write_text("{}\n")
-    report = load_round_report(folder)
+    read = read_round_record(folder)
+    read.history, read.baseline_policy = list(HISTORY), baseline
+    assert read.candidate_policy == parse_machine(candidate)
     page = round_page(
-        report,
-        HISTORY,
-        baseline,
-        parse_machine(candidate),
+        read,
+        folder.name,
         trace_href=lambda t: (
             f"./../../traces/{t}.jsonl".replace(":", "%3A") if (traces / f"{t}.jsonl").exists() else None
         ),

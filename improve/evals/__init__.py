@@ -10,6 +10,7 @@ from improve.evals.holdout import HeldOutRead, bias_bound, scenarios_needed, set
 from improve.evals.outcome import (
     Fallbacks,
     OutcomeRow,
+    Quarantined,
     compare_effects,
     effects_from_log,
     fallbacks,
@@ -28,15 +29,18 @@ from improve.evals.scenarios import (
     load_scenarios,
     read_yaml,
 )
-from improve.evals.suite import PlannedRun, SuiteSpec, run_scenario, run_suite, write_threads
+from improve.evals.suite import PlannedRun, SuiteSpec, run_scenario, run_suite, suite_spec, write_threads
 from improve.evals.unsealing import (
     UNSEALINGS_FILE,
+    Unsealed,
     UnsealedScore,
     Unsealing,
     current_user,
     read_unsealings,
     record_unsealing,
+    unseal,
     unsealings_path,
+    unsealings_so_far,
 )
 from improve.evals.workspace import CONFIG_NAME, Workspace, policy_hash, policy_label
 
@@ -119,6 +123,7 @@ __all__ = [
     "OutcomeRow",
     "PlannedRun",
     "PromotionDecision",
+    "Quarantined",
     "Recorded",
     "RerunRule",
     "Reruns",
@@ -128,6 +133,7 @@ __all__ = [
     "Scorecard",
     "Settled",
     "SuiteSpec",
+    "Unsealed",
     "UnsealedScore",
     "Unsealing",
     "VersionScore",
@@ -170,9 +176,12 @@ __all__ = [
     "set_key",
     "settle",
     "split_warnings",
+    "suite_spec",
     "supported_reads",
     "svg_chart",
     "thread_environment",
+    "unseal",
     "unsealings_path",
+    "unsealings_so_far",
     "write_threads",
 ]

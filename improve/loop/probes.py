@@ -8,10 +8,11 @@ Held-out scenarios are never used: nothing about them may shape a candidate.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 from improve.evals import Scenario, run_scenario
-from improve.log import END_EVENT, INIT_EVENT, USAGE_EVENT, LogEntry, MemoryStore, Store, ThreadId
+from improve.log import END_EVENT, INIT_EVENT, USAGE_EVENT, LogEntry, MemoryStore, ThreadId, ThreadPage
 from improve.machine import DECIDE_SRC, Snapshot, canonical_json, initial, transition
 from improve.runtime import (
     Decision,
@@ -23,6 +24,14 @@ from improve.runtime import (
 )
 
 PROBE_MODEL = "careful"
+
+
+class Reads(Protocol):
+    """What reading recorded threads needs of a store (`improve.log.Store`, or a round's own reads)."""
+
+    def read(self, thread_id: str, from_index: int = 0) -> list[LogEntry]: ...
+
+    def list_threads(self, prefix: str = "", limit: int = 100, cursor: str | None = None) -> ThreadPage: ...
 
 
 def requests_in(env: Environment, entries: Sequence[LogEntry]) -> list[DecisionRequest]:
@@ -54,9 +63,13 @@ class _Recorder:
 
 
 def probe_requests(
-    env: Environment, scenarios: Sequence[Scenario], store: Store | None = None
+    env: Environment,
+    scenarios: Sequence[Scenario],
+    store: Reads | None = None,
+    requests_of: Callable[[str], list[DecisionRequest]] | None = None,
 ) -> list[DecisionRequest]:
-    """One request per distinct (decision, facts, options) among the training scenarios' decisions."""
+    """One request per distinct (decision, facts, options) among the training scenarios' decisions;
+    `requests_of(thread_id)` gives a recorded thread's requests (default: read from `store`)."""
     recorded: dict[str, str] = {}
     if store is not None:
         page = store.list_threads(prefix="train:", limit=100_000)
@@ -82,7 +95,8 @@ def probe_requests(
         if scenario.split != "train":
             continue
         if store is not None and scenario.id in recorded:
-            found = requests_in(env, store.read(recorded[scenario.id]))
+            thread = recorded[scenario.id]
+            found = requests_of(thread) if requests_of is not None else requests_in(env, store.read(thread))
         else:
             decider = _Recorder(
                 PolicyDecider(compile_policy(v0), {"decider": env.models[PROBE_MODEL](scenario.id)})
