@@ -39,8 +39,8 @@ from bench.corpus import REPO
 PACKAGE = str(REPO / "improve") + os.sep
 ROUND_MODULES = (
     "improve/cli/loop.py",
+    "improve/cli/evals.py",
     "improve/loop/round.py",
-    "improve/loop/steps.py",
     "improve/loop/inputs.py",
     "improve/loop/record.py",
     "improve/loop/changelog.py",
@@ -48,7 +48,9 @@ ROUND_MODULES = (
     "improve/loop/history.py",
     "improve/loop/round_record.py",
     "improve/loop/render.py",
-    "improve/cli/evals.py",
+    "improve/loop/score.py",
+    "improve/loop/evidence.py",
+    "improve/loop/diagnose.py",
 )
 """Where the static figures look (those that exist)."""
 
@@ -72,6 +74,7 @@ class Walk:
         self.changelog_writes = 0
         self.validations: Counter[str] = Counter()
         self.dumps: Counter[str] = Counter()
+        self.dumped_by: Counter[str] = Counter()
         self.hashes: Counter[str] = Counter()
         self.store_reads: Counter[str] = Counter()
         self.ingest_reads: Counter[str] = Counter()
@@ -101,12 +104,16 @@ class Walk:
         def parsed(frame: FrameType) -> None:
             data = frame.f_locals.get("data")
             if isinstance(data, dict):
-                self.validations[str(data.get("version"))] += 1
+                self.validations[f"{data.get('id')}@{data.get('version')}"] += 1
 
         def dumped(frame: FrameType) -> None:
             model = frame.f_locals.get("self")
             if isinstance(model, MachineConfig):
                 self.dumps[f"{model.id}@{model.version}"] += 1
+                caller = frame.f_back
+                if caller is not None:
+                    where = f"{_module(caller.f_code.co_filename)}:{caller.f_code.co_qualname}"
+                    self.dumped_by[f"{model.id}@{model.version} by {where}"] += 1
 
         def hashed(frame: FrameType) -> None:
             policy = frame.f_locals.get("policy")
@@ -171,7 +178,9 @@ def module_entries(edges: Counter[tuple[str, str, int, str, str]]) -> dict[str, 
 
 
 def longest_functions(paths: tuple[str, ...] = ROUND_MODULES, top: int = 6) -> list[dict[str, Any]]:
-    """The longest functions (and methods) of the round's modules, with their parameter counts."""
+    """The longest functions (and methods) of the round's modules, with their parameter counts (`self`
+    not counted): `lines` from `def` to the end, `body_lines` from the first statement after the
+    docstring (a command's options and help text are its signature and docstring)."""
     found = []
     for rel in paths:
         path = REPO / rel
@@ -183,10 +192,15 @@ def longest_functions(paths: tuple[str, ...] = ROUND_MODULES, top: int = 6) -> l
                 args = node.args
                 params = [*args.posonlyargs, *args.args, *args.kwonlyargs]
                 named = [a.arg for a in params if a.arg not in ("self", "cls")]
+                body = (
+                    node.body[1:] if ast.get_docstring(node) is not None and len(node.body) > 1 else node.body
+                )
+                end = node.end_lineno or node.lineno
                 found.append(
                     {
                         "function": f"{rel}:{node.name}",
-                        "lines": (node.end_lineno or node.lineno) - node.lineno + 1,
+                        "lines": end - node.lineno + 1,
+                        "body_lines": end - body[0].lineno + 1,
                         "parameters": len(named) + bool(args.vararg) + bool(args.kwarg),
                     }
                 )
@@ -212,7 +226,7 @@ def walk(tmp: Path, k: int = 2) -> dict[str, Any]:
     if done.exit_code != 0:
         raise SystemExit(f"the round failed ({done.exit_code}): {done.output[-2000:]}")
     (result,) = json.loads(done.stdout)["rounds"]
-    baseline = "0"
+    baseline = "refunds-policy@0"
     reads = counted.store_reads
     threads = len(list((root / "traces").glob("*.jsonl")))
     entries = module_entries(counted.edges)
@@ -229,9 +243,12 @@ def walk(tmp: Path, k: int = 2) -> dict[str, Any]:
         "threads": threads,
         "changelog_reads": counted.changelog_reads,
         "changelog_writes": counted.changelog_writes,
-        "candidate_validations": sum(n for v, n in counted.validations.items() if v != baseline),
+        "candidate_validations": sum(
+            n for v, n in counted.validations.items() if v.startswith("refunds-policy@") and v != baseline
+        ),
         "validations_by_version": dict(counted.validations),
         "policy_serializations": dict(counted.dumps),
+        "policy_serialized_by": dict(counted.dumped_by),
         "policy_hash_calls": dict(counted.hashes),
         "jsonl_store_reads": {
             "reads": sum(reads.values()),

@@ -29,7 +29,15 @@ from improve.evals.scenarios import (
     load_scenarios,
     read_yaml,
 )
-from improve.evals.suite import PlannedRun, SuiteSpec, run_scenario, run_suite, suite_spec, write_threads
+from improve.evals.suite import (
+    PlannedRun,
+    SuiteSpec,
+    every,
+    run_scenario,
+    run_suite,
+    suite_spec,
+    write_threads,
+)
 from improve.evals.unsealing import (
     UNSEALINGS_FILE,
     Unsealed,
@@ -147,6 +155,7 @@ __all__ = [
     "decide",
     "describe_model",
     "effects_from_log",
+    "every",
     "fallbacks",
     "gain_phrase",
     "history_chart",

@@ -255,6 +255,17 @@ class PlannedRun:
     """The reused thread's entries, read once while checking it (None for a run made now)."""
 
 
+def every(runs: int, say: Callable[[str], None], what: str) -> Callable[[int, int], None]:
+    """A `ran` callback for `write_threads` that says `  what: done/total runs` every `runs` runs and
+    at the end."""
+
+    def ran(done: int, total: int) -> None:
+        if done == total or done % runs == 0:
+            say(f"  {what}: {done}/{total} runs")
+
+    return ran
+
+
 def write_threads(
     env: Environment,
     scenarios: Sequence[Scenario],

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from improve.evals import HeldOutRead, Scenario, VersionScore, p_value, set_key
 
 if TYPE_CHECKING:
-    from improve.loop.round_record import RoundRecord, SplitScore
+    from improve.loop.round_record import HeldOutReuse, RoundRecord, SplitScore
 
 CHANGELOG = "CHANGELOG.md"
 
@@ -302,6 +302,71 @@ def policy_history(entries: Sequence[Entry], head: str, current: Entry | None = 
     return [VersionScore(v, *rates[v]) for v in reversed(chain) if v in rates]
 
 
+# --- what a round knows from it -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Added:
+    """A round's entry, added: its text, the CHANGELOG with it (what the review branch carries), the
+    working tree's CHANGELOG now, and the history of versions that led to the round's head."""
+
+    entry: str
+    text: str
+    current: str
+    history: list[VersionScore]
+
+
+@dataclass(frozen=True)
+class Memory:
+    """What a round knows from its policies' CHANGELOG, read once when it starts: the version its
+    candidate takes, the branches already discarded against its baseline (the novelty gate refuses
+    them), the read of the held-out set its promotion rule would be, and the entries the history of
+    versions is drawn from. `add` writes the round's entry through the same object at its end."""
+
+    changelog: Changelog
+    version: str
+    discarded: tuple[DiscardedBranch, ...]
+    held_out: HeldOutReuse
+
+    def add(self, record: RoundRecord, env: str) -> Added:
+        """The round's entry: appended to the file for a discarded candidate; for a recommended one only
+        written into the text its review branch carries (the working tree stays as it is)."""
+        entry = entry_text(record)
+        current = Entry.of(record) if record.scores else None  # the round is the history's head
+        history = policy_history(
+            self.changelog.entries, record.candidate_version or record.baseline_version, current
+        )
+        if record.recommended:
+            now = self.changelog.current()
+            return Added(entry, now.with_entry(entry, env), now.text, history)
+        after = self.changelog.append(entry, env)
+        return Added(entry, after.text, after.text, history)
+
+
+def read_memory(
+    path: Path, policies_dir: Path, baseline: str, held_out: Sequence[Scenario], max_bias: float
+) -> Memory:
+    """Read the CHANGELOG at `path` once, for a round against `baseline` (a version label)."""
+    from improve.loop.round_record import HeldOutReuse
+
+    changelog = Changelog.read(path)
+    read = changelog.next_held_out_read(held_out, max_bias)
+    return Memory(
+        changelog,
+        changelog.next_version(policies_dir),
+        tuple(changelog.discarded_branches(baseline)),
+        HeldOutReuse(
+            key=read.key,
+            scenarios=read.scenarios,
+            read=read.read,
+            supported=read.supported,
+            max_bias=read.max_bias,
+            bias_bound=round(read.bias_bound, 6),
+            warning=read.warning(),
+        ),
+    )
+
+
 # --- writing an entry -----------------------------------------------------------------------------
 
 
@@ -337,7 +402,7 @@ def entry_text(record: RoundRecord) -> str:
             f"{extra}."
         )
     if record.held_out:
-        lines.append(f"- {record.held_out.sentence()}")
+        lines.append(f"- {record.held_out.sentence}")
         if record.held_out.warning:
             lines.append(f"- **Held-out reuse warning**: {record.held_out.warning}.")
     lines.append(f"- Regressions: {', '.join(record.regressions) if record.regressions else 'none'}.")

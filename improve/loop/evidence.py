@@ -11,11 +11,12 @@ Held-out threads are read only to judge a change (`Evidence.overrides`), never t
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from improve.evals import (
+    Check,
     Ledger,
     OutcomeRow,
     Quarantined,
@@ -32,7 +33,7 @@ from improve.log import LogEntry, MemoryStore, ThreadId
 from improve.loop.branches import added, answer_on, route, same_answer
 from improve.loop.diagnose import Diagnosis, diagnose
 from improve.loop.inputs import locate
-from improve.loop.probes import Reads, requests_in
+from improve.loop.probes import Reads, probe_requests, recorded_threads, requests_in
 from improve.machine import MODEL_DECIDE, MachineConfig, canonical_json, initial
 from improve.runtime import (
     Decision,
@@ -91,8 +92,9 @@ class Evidence:
     """The decisions of a policy's recorded runs, each thread read once, with the answers the labels
     imply were right there (counterfactual runs against each scenario's world).
 
-    `store` is where the threads are read (a thread a suite reused is handed on by it, `Reads`);
-    `models` makes the model of a counterfactual run, seeded as the run was."""
+    `store` is where the threads are read; `known` holds threads already read (a suite reads a thread
+    it reuses while checking it), handed on from there. `models` makes the model of a counterfactual
+    run, seeded as the run was."""
 
     def __init__(
         self, env: Environment, scenarios: Sequence[Scenario], store: Reads, models: ModelFactory
@@ -101,19 +103,29 @@ class Evidence:
         self.by_id = {s.id: s for s in scenarios}
         self.store = store
         self.models = models
+        self.known: dict[str, list[LogEntry]] = {}
         self._decisions: dict[str, list[tuple[DecisionRequest, LogEntry]]] = {}
 
     def decisions(self, thread_id: str) -> list[tuple[DecisionRequest, LogEntry]]:
         """Every decision of the thread: its request (replayed from the log) and the entry that answered it."""
         if thread_id not in self._decisions:
-            entries = self.store.read(thread_id)
+            known = self.known.pop(thread_id, None)
+            entries = known if known is not None else self.store.read(thread_id)
             landed = [e for e in entries if e.metadata and "decision" in e.metadata]
             self._decisions[thread_id] = list(zip(requests_in(self.env, entries), landed, strict=False))
         return self._decisions[thread_id]
 
     def requests(self, thread_id: str) -> list[DecisionRequest]:
-        """The requests of the thread's decisions (for the explore gate's probes), read at most once."""
+        """The requests of the thread's decisions, the thread read at most once."""
         return [request for request, _ in self.decisions(thread_id)]
+
+    def probes(self, scenarios: Sequence[Scenario]) -> list[DecisionRequest]:
+        """The explore gate's probe requests (`probe_requests`), from the threads read here."""
+        recorded = recorded_threads(self.store)
+        train = [s for s in scenarios if s.split == "train" and s.id in recorded]
+        return probe_requests(
+            self.env, scenarios, requests={s.id: self.requests(recorded[s.id]) for s in train}
+        )
 
     def examples(self, rows: Sequence[OutcomeRow], policy: MachineConfig) -> list[DecisionExample]:
         """Every decision of the given training rows, with its counterfactually correct options."""
@@ -160,6 +172,35 @@ class Evidence:
         examples = [e.to_json() for e in self.examples(train, policy)]
         return diagnose(rows, label, skip=skip, examples=examples), examples
 
+    def branches_hold(
+        self, rows: Sequence[OutcomeRow], baseline: MachineConfig, candidate: MachineConfig
+    ) -> Check | None:
+        """The promotion check that the branches the candidate adds answer right wherever they answer
+        on held-out (`overrides`); None when they answer no held-out decision."""
+        overrides = self.overrides(rows, baseline, candidate)
+        if not overrides:
+            return None
+        wrong = [o for o in overrides if not o.right]
+        scenarios = len({o.scenario for o in overrides})
+        if not wrong:
+            return Check(
+                "branches hold",
+                True,
+                f"the new branch answers {len(overrides)} held-out decision(s) of {scenarios} scenario(s), each "
+                "as the labels say",
+            )
+        shown = "; ".join(
+            f"{o.scenario}: {_answer_text(o.answer)} where the labels say "
+            f"{' or '.join(_answer_text(c) for c in o.correct)}"
+            for o in wrong[:5]
+        )
+        return Check(
+            "branches hold",
+            False,
+            f"the new branch answers {len(wrong)} of the {len(overrides)} held-out decision(s) it takes wrongly "
+            f"({shown}): its condition holds where its answer is not right, whatever the model answered there",
+        )
+
     def overrides(
         self, rows: Sequence[OutcomeRow], baseline: MachineConfig, candidate: MachineConfig
     ) -> list[Override]:
@@ -190,6 +231,11 @@ class Evidence:
                     correct = _correct_options(self.env, scenario, request, compiled, self.models, row)
                     seen[key] = Override(scenario.id, fired[0].answer(), fired[1], correct)
         return list(seen.values())
+
+
+def _answer_text(option: Mapping[str, Any]) -> str:
+    fields = ", ".join(f"{k}={v}" for k, v in option.items() if k != "type")
+    return f"{option.get('type')}{{{fields}}}" if fields else str(option.get("type"))
 
 
 def _correct_options(

@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Literal
 
 from improve.errors import WorkspaceError
-from improve.evals import CONFIG_NAME, Fanout, Scenario, Workspace
+from improve.evals import CONFIG_NAME, Fanout, Scenario, Workspace, policy_label
 from improve.llm import Meter
-from improve.loop.changelog import CHANGELOG, Changelog
+from improve.loop.changelog import CHANGELOG, Memory, read_memory
 from improve.loop.proposers import Proposer
 from improve.machine import MachineConfig
 from improve.runtime import Environment, vocabulary
@@ -60,17 +60,13 @@ class Inputs:
     scenarios: list[Scenario]
     """Train and held-out: never the sealed test split (`ScenarioSet.open_scenarios`)."""
     policies_dir: Path
-    changelog: Changelog
-    """The policies' CHANGELOG, read once for the round."""
+    memory: Memory
+    """What the round knows from the policies' CHANGELOG, read once."""
     env_hashes: dict[str, str]
-
-    @property
-    def train(self) -> list[Scenario]:
-        return [s for s in self.scenarios if s.split == "train"]
-
-    @property
-    def held_out(self) -> list[Scenario]:
-        return [s for s in self.scenarios if s.split == "held-out"]
+    train: list[Scenario]
+    held_out: list[Scenario]
+    goal: float | None
+    """The held-out pass rate the policy's goal asks for (`goal_threshold`), when it says one."""
 
 
 def review_branch(env_name: str, version: str) -> str:
@@ -116,6 +112,8 @@ def locate(space: Workspace, env: str | None, policy: str) -> Inputs:
         )
     scenario_set = space.scenarios(env_name)
     space.traces.mkdir(parents=True, exist_ok=True)
+    held_out = scenario_set.split("held-out")
+    bias = space.config.objective.held_out_bias
     return Inputs(
         space,
         environment,
@@ -126,8 +124,11 @@ def locate(space: Workspace, env: str | None, policy: str) -> Inputs:
         # proposers, gates and their probes, the overfit gate's literals) can read it.
         scenario_set.open_scenarios,
         policies_dir,
-        Changelog.read(changelog),
+        read_memory(changelog, policies_dir, policy_label(config), held_out, bias),
         environment.file_hashes(),
+        scenario_set.split("train"),
+        held_out,
+        goal_threshold(config.description),
     )
 
 

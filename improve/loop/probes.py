@@ -8,7 +8,7 @@ Held-out scenarios are never used: nothing about them may shape a candidate.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from improve.evals import Scenario, run_scenario
@@ -62,21 +62,27 @@ class _Recorder:
         return self.inner.decide(request)
 
 
+def recorded_threads(store: Reads) -> dict[str, str]:
+    """The first recorded training thread of each scenario in the store, by scenario id."""
+    recorded: dict[str, str] = {}
+    for thread_id in store.list_threads(prefix="train:", limit=100_000).thread_ids:
+        parsed = ThreadId.parse(thread_id)
+        if parsed is not None:
+            recorded.setdefault(parsed.scenario, thread_id)
+    return recorded
+
+
 def probe_requests(
     env: Environment,
     scenarios: Sequence[Scenario],
     store: Reads | None = None,
-    requests_of: Callable[[str], list[DecisionRequest]] | None = None,
+    requests: Mapping[str, list[DecisionRequest]] | None = None,
 ) -> list[DecisionRequest]:
-    """One request per distinct (decision, facts, options) among the training scenarios' decisions;
-    `requests_of(thread_id)` gives a recorded thread's requests (default: read from `store`)."""
-    recorded: dict[str, str] = {}
-    if store is not None:
-        page = store.list_threads(prefix="train:", limit=100_000)
-        for thread_id in page.thread_ids:
-            parsed = ThreadId.parse(thread_id)
-            if parsed is not None:
-                recorded.setdefault(parsed.scenario, thread_id)
+    """One request per distinct (decision, facts, options) among the training scenarios' decisions:
+    from the scenario's recorded thread in `store` (or its requests already read, `requests` by
+    scenario id), else from an offline run with the careful stand-in."""
+    given = dict(requests or {})
+    recorded = recorded_threads(store) if store is not None else {}
     from improve.machine import parse_machine
 
     v0 = parse_machine(
@@ -94,9 +100,10 @@ def probe_requests(
     for scenario in scenarios:
         if scenario.split != "train":
             continue
-        if store is not None and scenario.id in recorded:
-            thread = recorded[scenario.id]
-            found = requests_of(thread) if requests_of is not None else requests_in(env, store.read(thread))
+        if scenario.id in given:
+            found = given[scenario.id]
+        elif store is not None and scenario.id in recorded:
+            found = requests_in(env, store.read(recorded[scenario.id]))
         else:
             decider = _Recorder(
                 PolicyDecider(compile_policy(v0), {"decider": env.models[PROBE_MODEL](scenario.id)})

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from improve.errors import ImproveError
-from improve.loop.changelog import entry_text
+from improve.loop.changelog import Added
 from improve.loop.inputs import Inputs, review_branch
 from improve.loop.render import pr_body
 from improve.loop.round_record import PROPOSED, ROUND_RECORD, SCORECARDS, Review, RoundRecord
@@ -20,51 +20,99 @@ from improve.loop.round_record import PROPOSED, ROUND_RECORD, SCORECARDS, Review
 Say = Callable[[str], None]
 
 
-def leave_record(
-    record: RoundRecord, inputs: Inputs, say: Say, *, allow_insecure_github: bool = False
-) -> RoundRecord:
-    """Write the round's report folder and CHANGELOG entry, and open the review of a recommended
-    candidate (`allow_insecure_github`: see `RoundOptions`); the record, written once, as it ends."""
-    folder = report_folder(inputs.space.reports, record, say)
-    root = inputs.space.root
-    record.report = str(folder.relative_to(root)) if folder.is_relative_to(root) else str(folder)
-    body = pr_body(record)
-    (folder / "scorecard.md").write_text(body, encoding="utf-8")
-    # The scorecards as data, for analysts (the record holds them too; the markdown is for people).
-    (folder / SCORECARDS).write_text(
-        json.dumps([c.to_json() for c in record.scorecards], indent=2) + "\n", encoding="utf-8"
-    )
-    if record.proposed is not None:
-        (folder / PROPOSED).write_text(json.dumps(record.proposed, indent=2) + "\n", encoding="utf-8")
-    entry = entry_text(record)
-    (folder / "changelog-entry.md").write_text(entry, encoding="utf-8")
-    if not record.recommended:
-        inputs.changelog.append(entry, inputs.env_name)
+class Recorder:
+    """The round's record step: its report folder, its CHANGELOG entry, and a recommended candidate's
+    review branch and pull request (`allow_insecure_github`: see `RoundOptions`)."""
+
+    def __init__(self, inputs: Inputs, say: Say, allow_insecure_github: bool = False) -> None:
+        self.inputs, self.say, self.allow_insecure_github = inputs, say, allow_insecure_github
+
+    def leave(self, record: RoundRecord) -> RoundRecord:
+        """Write the report folder and the CHANGELOG entry, and open the review of a recommended
+        candidate; the record, written once, as it ends."""
+        inputs = self.inputs
+        folder = report_folder(inputs.space.reports, record, self.say)
+        root = inputs.space.root
+        record.report = str(folder.relative_to(root)) if folder.is_relative_to(root) else str(folder)
+        added = inputs.memory.add(record, inputs.env_name)
+        record.history = added.history
+        body = pr_body(record)
+        (folder / "scorecard.md").write_text(body, encoding="utf-8")
+        # The scorecards as data, for analysts (the record holds them too; the markdown is for people).
+        (folder / SCORECARDS).write_text(
+            json.dumps([c.to_json() for c in record.scorecards], indent=2) + "\n", encoding="utf-8"
+        )
+        if record.proposed is not None:
+            (folder / PROPOSED).write_text(json.dumps(record.proposed, indent=2) + "\n", encoding="utf-8")
+        (folder / "changelog-entry.md").write_text(added.entry, encoding="utf-8")
+        if not record.recommended:
+            record.write(folder)
+            self.say(f"discarded {record.candidate_version}: recorded in {inputs.memory.changelog.path}")
+            return record
+        (folder / "pr.md").write_text(body, encoding="utf-8")
+        record.pr = self.review(record, folder, body, added)
         record.write(folder)
-        say(f"discarded {record.candidate_version}: recorded in {inputs.changelog.path}")
         return record
-    (folder / "pr.md").write_text(body, encoding="utf-8")
-    policy_text = json.dumps(record.proposed, indent=2, ensure_ascii=False) + "\n"
-    changelog_text = inputs.changelog.current().with_entry(entry, inputs.env_name)
-    record.pr = open_review(
-        inputs,
-        record,
-        policy_text,
-        changelog_text,
-        body,
-        folder,
-        say,
-        allow_insecure_github=allow_insecure_github,
-    )
-    record.write(folder)
-    return record
+
+    def review(self, record: RoundRecord, folder: Path, body: str, added: Added) -> Review:
+        """Commit the candidate's policy file and the CHANGELOG with its entry to its review branch and
+        open the pull request with `body`; outside git, leave both files in the report folder with how
+        to apply them."""
+        inputs = self.inputs
+        policy_text = json.dumps(record.proposed, indent=2, ensure_ascii=False) + "\n"
+        name = (
+            f"v{record.candidate_version.lstrip('v')}.json" if record.candidate_version else "candidate.json"
+        )
+        policy_file = inputs.policies_dir / name
+        changelog = inputs.memory.changelog.path
+        try:
+            import git
+
+            repo = git.Repo(inputs.space.root, search_parent_directories=True)
+            top = Path(repo.working_tree_dir or inputs.space.root).resolve()
+        except Exception:
+            # Not a git repository: the files are left in the report for a person to apply.
+            (folder / name).write_text(policy_text, encoding="utf-8")
+            (folder / "CHANGELOG.md").write_text(added.text, encoding="utf-8")
+            return Review(
+                instructions=f"not a git repository: copy {folder / name} to {policy_file} "
+                f"and {folder / 'CHANGELOG.md'} to {changelog}",
+            )
+        from improve.loop.publish import branch_diff, open_pull_request
+
+        branch = review_branch(inputs.env_name, record.candidate_version or "")
+        policy_rel = str(policy_file.resolve().relative_to(top))
+        files = {policy_rel: policy_text, str(changelog.resolve().relative_to(top)): added.text}
+        # "refunds: policy v2: When facts.order.deliveredDaysAgo > 30, answer CLOSE" (the rule, not the numbers).
+        summary = (record.rationale or record.cluster or "").split(" without ")[0].split(": it ")[0]
+        title = f"{inputs.env_name}: policy {record.candidate_version}: {summary}"[:120]
+        try:
+            pr = open_pull_request(
+                top,
+                branch=branch,
+                files=files,
+                title=title,
+                body=body,
+                commit_message=f"{title}\n\nProposed by improve round {record.round_id}.",
+                allow_insecure_github=self.allow_insecure_github,
+                # A rerun proposing the same policy adds no commit (its CHANGELOG entry differs only in
+                # the round id); the branch keeps the first round's entry.
+                candidate=[policy_rel],
+            )
+        except ImproveError as err:
+            self.say(f"pull request: {err}")
+            return Review(error=str(err))
+        (folder / "policy.diff").write_text(branch_diff(top, branch, None), encoding="utf-8")
+        restore_changelog(repo, added.current, changelog, top)
+        self.say(f"pull request: {pr.pr_url}" if pr.pr_url else f"branch {branch} ready: {pr.instructions}")
+        return Review.model_validate(pr.to_json())
 
 
 ROUND_FILES = re.compile(
     r"(scorecard|pr|changelog-entry|CHANGELOG)\.md|policy\.(json|diff)|(candidate|scorecards)\.json|v\d+\.json"
     r"|report\.html"
 )
-"""The files `leave_record` writes into a report folder; a folder holding only these (and no round.json) is
+"""The files `Recorder.leave` writes into a report folder; a folder holding only these (and no round.json) is
 what a killed round left behind."""
 
 
@@ -97,63 +145,6 @@ def report_folder(reports: Path, record: RoundRecord, say: Say) -> Path:
     folder = reports / record.round_id
     folder.mkdir(parents=True, exist_ok=True)
     return folder
-
-
-def open_review(
-    inputs: Inputs,
-    record: RoundRecord,
-    policy_text: str,
-    changelog_text: str,
-    body: str,
-    report_dir: Path,
-    say: Say,
-    *,
-    allow_insecure_github: bool = False,
-) -> Review:
-    name = f"v{record.candidate_version.lstrip('v')}.json" if record.candidate_version else "candidate.json"
-    policy_file = inputs.policies_dir / name
-    changelog = inputs.changelog.path
-    try:
-        import git
-
-        repo = git.Repo(inputs.space.root, search_parent_directories=True)
-        top = Path(repo.working_tree_dir or inputs.space.root).resolve()
-    except Exception:
-        # Not a git repository: the files are left in the report for a person to apply.
-        (report_dir / name).write_text(policy_text, encoding="utf-8")
-        (report_dir / "CHANGELOG.md").write_text(changelog_text, encoding="utf-8")
-        return Review(
-            instructions=f"not a git repository: copy {report_dir / name} to {policy_file} "
-            f"and {report_dir / 'CHANGELOG.md'} to {changelog}",
-        )
-    from improve.loop.publish import branch_diff, open_pull_request
-
-    branch = review_branch(inputs.env_name, record.candidate_version or "")
-    policy_rel = str(policy_file.resolve().relative_to(top))
-    files = {policy_rel: policy_text, str(changelog.resolve().relative_to(top)): changelog_text}
-    # "refunds: policy v2: When facts.order.deliveredDaysAgo > 30, answer CLOSE" (the rule, not the numbers).
-    summary = (record.rationale or record.cluster or "").split(" without ")[0].split(": it ")[0]
-    title = f"{inputs.env_name}: policy {record.candidate_version}: {summary}"[:120]
-    try:
-        pr = open_pull_request(
-            top,
-            branch=branch,
-            files=files,
-            title=title,
-            body=body,
-            commit_message=f"{title}\n\nProposed by improve round {record.round_id}.",
-            allow_insecure_github=allow_insecure_github,
-            # A rerun proposing the same policy adds no commit (its CHANGELOG entry differs only in
-            # the round id); the branch keeps the first round's entry.
-            candidate=[policy_rel],
-        )
-    except ImproveError as err:
-        say(f"pull request: {err}")
-        return Review(error=str(err))
-    (report_dir / "policy.diff").write_text(branch_diff(top, branch, None), encoding="utf-8")
-    restore_changelog(repo, inputs.changelog.current().text, changelog, top)
-    say(f"pull request: {pr.pr_url}" if pr.pr_url else f"branch {branch} ready: {pr.instructions}")
-    return Review.model_validate(pr.to_json())
 
 
 def restore_changelog(repo: Any, current: str, changelog: Path, top: Path) -> None:

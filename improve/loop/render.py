@@ -43,7 +43,7 @@ def pr_body(record: RoundRecord) -> str:
         )
     )
     if record.held_out:
-        lines += ["## Held-out reuse", "", record.held_out.sentence(), ""]
+        lines += ["## Held-out reuse", "", record.held_out.sentence, ""]
         if record.held_out.warning:
             lines += [f"**Warning**: {record.held_out.warning}.", ""]
     if record.model_info:
@@ -74,7 +74,7 @@ def pr_body(record: RoundRecord) -> str:
 
 def model_markdown(info: ModelInfo) -> str:
     """Which model answered the round's runs, and how reproducible they are: one paragraph."""
-    if info.stand_in:
+    if info.provider == "stand-in":
         return f"Stand-in model `{info.name}`: deterministic, seeded per scenario and run, no endpoint."
     calls = info.calls
     fingerprints = ", ".join(f"`{f}`" for f in info.fingerprints) or "none reported"
@@ -105,13 +105,14 @@ def round_lines(record: RoundRecord) -> list[str]:
     read = record.held_out
     if read:
         lines.append(
-            f"  held-out read {read.times()} (set {read.key}, {read.scenarios} scenarios; "
+            f"  held-out read {read.read} time{'' if read.read == 1 else 's'} (set {read.key}, {read.scenarios} scenarios; "
             f"supports {read.supported}; bias bound {read.bias_bound:.3f})"
         )
         if read.warning:
             lines.append(f"  warning: {read.warning}")
     if record.pr:
-        lines.append(f"  pull request: {record.pr.where()}")
+        pr = record.pr
+        lines.append(f"  pull request: {pr.pr_url or pr.instructions or pr.error or ''}")
     if record.report:
         lines.append(f"  report: {record.report}")
     return lines

@@ -295,7 +295,9 @@ def write_round_page(space: Workspace, round_id: str | None, out: Path | None = 
             notes.append(f"the baseline policy is not drawn: {exc}")
     if record.history is None:
         changelog = Changelog.read(space.policies_dir(record.environment) / CHANGELOG)
-        record.history = changelog.history(record.head, Entry.of(record) if record.scores else None)
+        record.history = changelog.history(
+            record.candidate_version or record.baseline_version, Entry.of(record) if record.scores else None
+        )
     path = out if out is not None else folder / "report.html"
     traces = space.traces.resolve()
 

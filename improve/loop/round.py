@@ -22,14 +22,13 @@ the next recommended branch, so nothing is lost and the branch merges cleanly.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from improve import clock
 from improve.errors import EndpointError
 from improve.evals import (
     Batch,
-    Check,
     Ledger,
     OutcomeRow,
     PromotionDecision,
@@ -41,6 +40,7 @@ from improve.evals import (
     SuiteSpec,
     Workspace,
     decide,
+    every,
     fallbacks,
     paired,
     policy_label,
@@ -50,11 +50,9 @@ from improve.evals import (
     write_threads,
 )
 from improve.llm import Meter
-from improve.log import LogEntry, Store, ThreadPage
 from improve.loop.branches import added
-from improve.loop.changelog import Entry
 from improve.loop.diagnose import Diagnosis, in_cluster
-from improve.loop.evidence import Evidence, Override
+from improve.loop.evidence import Evidence
 from improve.loop.gates import (
     EnvironmentGate,
     Gate,
@@ -67,8 +65,7 @@ from improve.loop.gates import (
     gate,
     gates_for,
 )
-from improve.loop.inputs import Inputs, RoundOptions, goal_threshold, locate
-from improve.loop.probes import probe_requests
+from improve.loop.inputs import Inputs, RoundOptions, locate
 from improve.loop.proposers import (
     Proposal,
     ProposalError,
@@ -77,10 +74,9 @@ from improve.loop.proposers import (
     ProposerSetup,
     make_proposer,
 )
-from improve.loop.record import leave_record
+from improve.loop.record import Recorder
 from improve.loop.round_record import (
     Calls,
-    HeldOutReuse,
     ModelInfo,
     NewBranch,
     RoundRecord,
@@ -123,22 +119,6 @@ def run_rounds(
     return records
 
 
-class _Threads:
-    """The round's reads of its threads: a thread a suite reused was read while checking it and is
-    handed on from there; any other is read from the store, once (`Evidence` keeps what it read)."""
-
-    def __init__(self, store: Store) -> None:
-        self.store = store
-        self.known: dict[str, list[LogEntry]] = {}
-
-    def read(self, thread_id: str, from_index: int = 0) -> list[LogEntry]:
-        entries = self.known.pop(thread_id, None)
-        return entries[from_index:] if entries is not None else self.store.read(thread_id, from_index)
-
-    def list_threads(self, prefix: str = "", limit: int = 100, cursor: str | None = None) -> ThreadPage:
-        return self.store.list_threads(prefix, limit, cursor)
-
-
 class Round:
     """One round's state and its steps (see the module's docstring)."""
 
@@ -148,7 +128,7 @@ class Round:
         self.space, self.opts, self.inputs, self.ledger, self.say = space, opts, inputs, ledger, say
         self.objective = space.config.objective
         self.k = opts.k or self.objective.k
-        self.version = inputs.changelog.next_version(inputs.policies_dir)
+        self.version = inputs.memory.version
         self.round_id = f"{clock.now().strftime('%Y%m%d-%H%M%S')}-{inputs.env_name}-v{self.version}"
         self.label = policy_label(inputs.policy)
         self.spec = suite_spec(space, inputs.env, inputs.policy, opts.model, k=self.k, cache=opts.cache)
@@ -157,9 +137,7 @@ class Round:
         self.meter = opts.meter if opts.meter is not None else Meter(limit_usd=opts.max_usd, say=say)
         self.session = self.spec.chat_session(self.meter)
         self.models = self.session.model if self.session is not None else self.spec.model_factory(inputs.env)
-        self.threads = _Threads(ledger.store)
-        self.evidence = Evidence(inputs.env, inputs.scenarios, self.threads, self.models)
-        self.discarded = inputs.changelog.discarded_branches(self.label)
+        self.evidence = Evidence(inputs.env, inputs.scenarios, ledger.store, self.models)
         # What the steps find.
         self.status: Status = "discarded"
         self.detail = ""
@@ -201,11 +179,10 @@ class Round:
         self._note("baseline")
         self._answered(self.base_rows, f"baseline {self.label}")
         self.cards = _cards(self.base_rows, self.label)
-        held = self.cards["held-out"]
-        threshold = goal_threshold(inputs.policy.description)
-        if threshold is not None and held.pass_rate >= threshold and held.violations == 0:
+        held, goal = self.cards["held-out"], inputs.goal
+        if goal is not None and held.pass_rate >= goal and held.violations == 0:
             self.status, self.goal_met = "nothing-to-fix", True
-            self.detail = f"the goal already holds: held-out pass rate {held.pass_rate:.3f} >= {threshold}"
+            self.detail = f"the goal already holds: held-out pass rate {held.pass_rate:.3f} >= {goal}"
             return False
         return True
 
@@ -309,7 +286,7 @@ class Round:
                 )
         self.cards = {"train": base["train"], "candidate train": cand["train"]}
         self.cards |= {"held-out": base["held-out"], "candidate held-out": cand["held-out"]}
-        overrides = self.evidence.overrides(self.settled.baseline, self.inputs.policy, self.candidate)
+        hold = self.evidence.branches_hold(self.settled.baseline, self.inputs.policy, self.candidate)
         self.verdict = decide(
             base["train"],
             base["held-out"],
@@ -317,7 +294,7 @@ class Round:
             cand["held-out"],
             self.objective,
             self.settled.reruns,
-            extra=[_branches_hold(overrides)] if overrides else [],
+            extra=[hold] if hold else [],
         )
         self.status = "recommended" if self.verdict.promote else "discarded"
         self.detail = "; ".join(
@@ -332,19 +309,10 @@ class Round:
             return record
         if self.verdict is not None:
             # The promotion rule read the candidate's held-out runs: one more read of the held-out set.
-            read = self.inputs.changelog.next_held_out_read(
-                self.inputs.held_out, self.objective.held_out_bias
-            )
-            record.held_out = HeldOutReuse.of(read)
-            if read.over:
-                self.say(f"warning: {read.warning()}")
-        # The round itself is the history's head: its entry is not in the CHANGELOG yet.
-        record.history = self.inputs.changelog.history(
-            record.head, Entry.of(record) if record.scores else None
-        )
-        return leave_record(
-            record, self.inputs, self.say, allow_insecure_github=self.opts.allow_insecure_github
-        )
+            record.held_out = self.inputs.memory.held_out
+            if record.held_out.warning:
+                self.say(f"warning: {record.held_out.warning}")
+        return Recorder(self.inputs, self.say, self.opts.allow_insecure_github).leave(record)
 
     # --- what the steps share -------------------------------------------------------------------
 
@@ -367,14 +335,14 @@ class Round:
             self.ledger.store,
             concurrency=self.opts.concurrency,
             executor=self.opts.executor,
-            ran=_progress(self.say, what),
+            ran=every(25, self.say, what),
             meter=self.meter,
             models=self.models,
             runs=runs,
             compiled=self.gated.machine if self.gated is not None and spec is self.candidate_spec else None,
         )
         if keep:
-            self.threads.known |= {p.thread_id: p.entries for p in plan if p.entries is not None}
+            self.evidence.known |= {p.thread_id: p.entries for p in plan if p.entries is not None}
         recorded = self.ledger.record(
             [p.thread_id for p in plan],
             say=_prefixed(self.say, what),
@@ -434,7 +402,7 @@ class Round:
             },
             diagnosis=diagnosis.to_json(),
             examples=[e | {"in_cluster": in_cluster(e, chosen)} for e in examples],
-            discarded=[d.to_json() for d in self.discarded],
+            discarded=[dataclasses.asdict(d) for d in self.inputs.memory.discarded],
         )
 
     def _proposer(self) -> Proposer:
@@ -457,12 +425,12 @@ class Round:
         return GateContext(
             inputs.env,
             expected_hashes=inputs.env_hashes,
-            probes=probe_requests(inputs.env, inputs.train, self.threads, self.evidence.requests),
+            probes=self.evidence.probes(inputs.train),
             scenarios=inputs.scenarios,
-            gates=_with_novelty(gates_for(self.space)) if self.discarded else gates_for(self.space),
+            gates=_with_novelty(gates_for(self.space)) if inputs.memory.discarded else gates_for(self.space),
             baseline=inputs.policy,
             decisions=request.examples,
-            discarded=self.discarded,
+            discarded=inputs.memory.discarded,
         )
 
     def _record(self) -> RoundRecord:
@@ -551,14 +519,6 @@ def _cards(rows: Sequence[OutcomeRow], label: str) -> dict[str, Scorecard]:
     return {split: scorecard(rows, label, split) for split in SPLITS}
 
 
-def _progress(say: Say, what: str) -> Callable[[int, int], None]:
-    def ran(done: int, total: int) -> None:
-        if done == total or done % 25 == 0:
-            say(f"  {what}: {done}/{total} runs")
-
-    return ran
-
-
 def _prefixed(say: Say, what: str) -> Say:
     return lambda message: say(f"  {what}: {message}")
 
@@ -591,32 +551,3 @@ def _model_info(name: str, spec: SuiteSpec, session: Any, meter: Meter) -> Model
             "mixed": meter.mixed,
         }
     )
-
-
-def _branches_hold(overrides: Sequence[Override]) -> Check:
-    """The promotion check that the new branches answer right wherever they answer on held-out."""
-    wrong = [o for o in overrides if not o.right]
-    scenarios = len({o.scenario for o in overrides})
-    if not wrong:
-        return Check(
-            "branches hold",
-            True,
-            f"the new branch answers {len(overrides)} held-out decision(s) of {scenarios} scenario(s), each as "
-            "the labels say",
-        )
-    shown = "; ".join(
-        f"{o.scenario}: {_answer_text(o.answer)} where the labels say "
-        f"{' or '.join(_answer_text(c) for c in o.correct)}"
-        for o in wrong[:5]
-    )
-    return Check(
-        "branches hold",
-        False,
-        f"the new branch answers {len(wrong)} of the {len(overrides)} held-out decision(s) it takes wrongly "
-        f"({shown}): its condition holds where its answer is not right, whatever the model answered there",
-    )
-
-
-def _answer_text(option: Mapping[str, Any]) -> str:
-    fields = ", ".join(f"{k}={v}" for k, v in option.items() if k != "type")
-    return f"{option.get('type')}{{{fields}}}" if fields else str(option.get("type"))

@@ -20,7 +20,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_serializer, model_validator
 
 from improve.errors import ImproveError, WorkspaceError
-from improve.evals import HeldOutRead, PromotionDecision, Quarantined, Reruns, Scorecard, VersionScore
+from improve.evals import PromotionDecision, Quarantined, Reruns, Scorecard, VersionScore
 from improve.loop.diagnose import Hypothesis
 from improve.loop.gates import GateResult
 from improve.machine import MachineConfig, parse_machine
@@ -71,30 +71,22 @@ class HeldOutReuse(Part):
     max_bias: float
     bias_bound: float
     warning: str | None = None
+    sentence: str = ""
+    """`Held-out set `KEY` (27 scenarios) read 3 times, ...`: the read and its bound, as the CHANGELOG
+    entry and the PR body say it (written from the figures when not given)."""
 
-    @classmethod
-    def of(cls, read: HeldOutRead) -> HeldOutReuse:
-        return cls(
-            key=read.key,
-            scenarios=read.scenarios,
-            read=read.read,
-            supported=read.supported,
-            max_bias=read.max_bias,
-            bias_bound=round(read.bias_bound, 6),
-            warning=read.warning(),
-        )
-
-    def times(self) -> str:
-        return f"{self.read} {'time' if self.read == 1 else 'times'}"
-
-    def sentence(self) -> str:
-        """`Held-out set `KEY` (27 scenarios) read 3 times, ...`: which read a round was, and the bound."""
-        return (
-            f"Held-out set `{self.key}` ({self.scenarios} scenarios) read {self.times()}, this round "
-            f"included; it supports {self.supported} at held_out_bias = {self.max_bias:g} (reads <= 1 + "
-            "floor(2 n eps^2 / ln 2)), and the earlier reads may bias this round's held-out pass rates by "
-            f"up to sqrt((r - 1) ln 2 / (2n)) = {self.bias_bound:.3f}."
-        )
+    @model_validator(mode="after")
+    def _said(self) -> HeldOutReuse:
+        if not self.sentence:
+            times = "time" if self.read == 1 else "times"
+            said = (
+                f"Held-out set `{self.key}` ({self.scenarios} scenarios) read {self.read} {times}, this round "
+                f"included; it supports {self.supported} at held_out_bias = {self.max_bias:g} (reads <= 1 + "
+                "floor(2 n eps^2 / ln 2)), and the earlier reads may bias this round's held-out pass rates "
+                f"by up to sqrt((r - 1) ln 2 / (2n)) = {self.bias_bound:.3f}."
+            )
+            object.__setattr__(self, "sentence", said)
+        return self
 
 
 class Calls(Part):
@@ -130,10 +122,6 @@ class ModelInfo(Part):
     mixed: bool = False
     """Recorded and live calls were combined: a replay needs the recordings of both."""
 
-    @property
-    def stand_in(self) -> bool:
-        return self.provider == "stand-in"
-
 
 class Review(Part):
     """What became of a recommended candidate's review: the branch, the pull request, or why not
@@ -152,9 +140,6 @@ class Review(Part):
     error: str | None = None
     """Why the pull request could not be opened (saying where the branch is)."""
     notes: list[str] = Field(default_factory=list)
-
-    def where(self) -> str:
-        return self.pr_url or self.instructions or self.error or ""
 
 
 class NewBranch(Part):
@@ -223,11 +208,6 @@ class RoundRecord(BaseModel):
     history: list[VersionScore] | None = None
     """Pass rates of the versions that led to this round's head (the CHANGELOG's, this round last);
     None in a record from before it was recorded (read from the CHANGELOG then)."""
-
-    @property
-    def head(self) -> str:
-        """The version this round is about: its candidate, or the baseline when it proposed none."""
-        return self.candidate_version or self.baseline_version
 
     @model_validator(mode="before")
     @classmethod
