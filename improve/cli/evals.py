@@ -32,15 +32,15 @@ from improve.evals import (
     Comparison,
     Scorecard,
     append_scenario,
+    find_thread,
     load_scenarios,
-    load_thread,
     scenario_from_thread,
     set_key,
     split_warnings,
 )
-from improve.loop.score import ScoreRequest, score_policy
+from improve.loop import ScoreRequest, score_policy
 from improve.machine import run_rule_evals, uncovered
-from improve.runtime import read_thread
+from improve.runtime import recorded_thread
 
 
 def score_command(
@@ -297,7 +297,7 @@ def scenarios_add(
         env_name = space.env_name(env)
         environment = space.environment(env_name)
         expected_effects = [] if no_effects else _parse_effects(effect) if effect else None
-        thread_id, entries = load_thread(from_thread, space.traces)
+        thread_id, entries = find_thread(from_thread, space.traces)
         scenario = scenario_from_thread(
             environment,
             entries,
@@ -308,7 +308,7 @@ def scenarios_add(
             id=scenario_id,
             thread_id=thread_id,
         )
-        thread = read_thread(environment.machine, entries, thread_id)
+        thread = recorded_thread(environment.machine, entries, thread_id)
         recorded = {"final_state": thread.final_state, "status": thread.status, "effects": thread.effects}
         path = space.scenarios_path(env_name)
         scenarios = append_scenario(

@@ -34,13 +34,13 @@ from improve.evals import Ledger, Workspace
 from improve.loop import (
     RoundOptions,
     RoundRecord,
+    diagnose_policy,
     diagnose_production,
     find_round,
     round_lines,
     run_rounds,
     write_round_page,
 )
-from improve.loop.evidence import diagnose_policy
 
 
 def round_command(

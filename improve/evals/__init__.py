@@ -5,7 +5,7 @@ from typing import TYPE_CHECKING, Any
 
 from improve.evals.cluster import EXECUTOR_HELP, ExecutorChoice, open_fanout, parse_executor
 from improve.evals.fanout import Fanout, ModelGate
-from improve.evals.from_thread import load_thread, scenario_from_thread
+from improve.evals.from_thread import find_thread, scenario_from_thread
 from improve.evals.holdout import HeldOutRead, bias_bound, scenarios_needed, set_key, supported_reads
 from improve.evals.outcome import (
     Fallbacks,
@@ -157,10 +157,10 @@ __all__ = [
     "effects_from_log",
     "every",
     "fallbacks",
+    "find_thread",
     "gain_phrase",
     "history_chart",
     "load_scenarios",
-    "load_thread",
     "open_fanout",
     "outcome_row",
     "p_value",

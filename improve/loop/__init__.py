@@ -3,33 +3,81 @@ the promotion rule, record the round, and open a pull request a person reviews.
 
     >>> from improve.loop import RoundOptions, run_round
     >>> record = run_round(Workspace.find(), RoundOptions(policy="v3", k=3))
+
+Each name is imported from its module when it is first asked for, so a command that needs the
+CHANGELOG or a round's report does not load the proposers, the gates and what they import.
 """
 
-from improve.loop.changelog import Changelog, DiscardedBranch, Entry, HeldOutStatus, policy_history
-from improve.loop.diagnose import Diagnosis, diagnose
-from improve.loop.evidence import Evidence
-from improve.loop.gates import (
-    GATE_NAMES,
-    GATES,
-    EnvironmentGate,
-    ExploreGate,
-    Gate,
-    GateContext,
-    GateResult,
-    NoveltyGate,
-    Unparsed,
-    gates_for,
-    passed,
-    run_gates,
-)
-from improve.loop.inputs import Inputs, RoundOptions, locate, review_branch
-from improve.loop.probes import probe_requests
-from improve.loop.production import ProductionCluster, ProductionDiagnosis, diagnose_production
-from improve.loop.proposers import PROPOSERS, Proposal, ProposalRequest, Proposer, ProposerSetup
-from improve.loop.render import pr_body, round_lines
-from improve.loop.report_page import WrittenPage, find_round, write_round_page
-from improve.loop.round import Round, run_round, run_rounds
-from improve.loop.round_record import RoundRecord, read_round_record
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from improve.loop.branches import DiscardedBranch
+    from improve.loop.changelog import Changelog, Entry, HeldOutStatus, Memory, policy_history
+    from improve.loop.diagnose import Diagnosis, diagnose
+    from improve.loop.evidence import Evidence, TrainDiagnosis, diagnose_policy
+    from improve.loop.gates import (
+        GATE_NAMES,
+        GATES,
+        EnvironmentGate,
+        ExploreGate,
+        Gate,
+        GateContext,
+        GateResult,
+        NoveltyGate,
+        Unparsed,
+        gates_for,
+        passed,
+        run_gates,
+    )
+    from improve.loop.inputs import Inputs, RoundOptions, locate, review_branch
+    from improve.loop.probes import probe_requests
+    from improve.loop.production import ProductionCluster, ProductionDiagnosis, diagnose_production
+    from improve.loop.proposers import PROPOSERS, Proposal, ProposalRequest, Proposer, ProposerSetup
+    from improve.loop.render import pr_body, round_lines
+    from improve.loop.report_page import WrittenPage, find_round, write_round_page
+    from improve.loop.round import Round, run_round, run_rounds
+    from improve.loop.round_record import RoundRecord, read_round_record
+    from improve.loop.score import ScoreRequest, Scores, score_policy
+
+_MODULES = {
+    "improve.loop.branches": ("DiscardedBranch",),
+    "improve.loop.changelog": ("Changelog", "Entry", "HeldOutStatus", "Memory", "policy_history"),
+    "improve.loop.diagnose": ("Diagnosis", "diagnose"),
+    "improve.loop.evidence": ("Evidence", "TrainDiagnosis", "diagnose_policy"),
+    "improve.loop.gates": (
+        "GATE_NAMES",
+        "GATES",
+        "EnvironmentGate",
+        "ExploreGate",
+        "Gate",
+        "GateContext",
+        "GateResult",
+        "NoveltyGate",
+        "Unparsed",
+        "gates_for",
+        "passed",
+        "run_gates",
+    ),
+    "improve.loop.inputs": ("Inputs", "RoundOptions", "locate", "review_branch"),
+    "improve.loop.probes": ("probe_requests",),
+    "improve.loop.production": ("ProductionCluster", "ProductionDiagnosis", "diagnose_production"),
+    "improve.loop.proposers": ("PROPOSERS", "Proposal", "ProposalRequest", "Proposer", "ProposerSetup"),
+    "improve.loop.render": ("pr_body", "round_lines"),
+    "improve.loop.report_page": ("WrittenPage", "find_round", "write_round_page"),
+    "improve.loop.round": ("Round", "run_round", "run_rounds"),
+    "improve.loop.round_record": ("RoundRecord", "read_round_record"),
+    "improve.loop.score": ("ScoreRequest", "Scores", "score_policy"),
+}
+_LAZY = {name: module for module, names in _MODULES.items() for name in names}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
 
 __all__ = [
     "GATES",
@@ -47,6 +95,7 @@ __all__ = [
     "GateResult",
     "HeldOutStatus",
     "Inputs",
+    "Memory",
     "NoveltyGate",
     "ProductionCluster",
     "ProductionDiagnosis",
@@ -57,9 +106,13 @@ __all__ = [
     "Round",
     "RoundOptions",
     "RoundRecord",
+    "ScoreRequest",
+    "Scores",
+    "TrainDiagnosis",
     "Unparsed",
     "WrittenPage",
     "diagnose",
+    "diagnose_policy",
     "diagnose_production",
     "find_round",
     "gates_for",
@@ -74,5 +127,6 @@ __all__ = [
     "run_gates",
     "run_round",
     "run_rounds",
+    "score_policy",
     "write_round_page",
 ]

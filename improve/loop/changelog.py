@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from improve.evals import HeldOutRead, Scenario, VersionScore, p_value, set_key
+from improve.loop.branches import DiscardedBranch
 
 if TYPE_CHECKING:
     from improve.loop.round_record import HeldOutReuse, RoundRecord, SplitScore
@@ -86,18 +87,6 @@ class Entry:
             branches=tuple((b.guard, b.answer) for b in record.branches),
             held_out=(record.held_out.key, record.held_out.read) if record.held_out else None,
         )
-
-
-@dataclass(frozen=True)
-class DiscardedBranch:
-    """A branch a discarded candidate added against a policy, and the round that discarded it."""
-
-    guard: str
-    answer: str
-    round: str
-
-    def to_json(self) -> dict[str, str]:
-        return {"guard": self.guard, "answer": self.answer, "round": self.round}
 
 
 @dataclass(frozen=True)

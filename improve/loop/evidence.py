@@ -33,7 +33,7 @@ from improve.log import LogEntry, MemoryStore, ThreadId
 from improve.loop.branches import added, answer_on, route, same_answer
 from improve.loop.diagnose import Diagnosis, diagnose
 from improve.loop.inputs import locate
-from improve.loop.probes import Reads, probe_requests, recorded_threads, requests_in
+from improve.loop.probes import Reads, probe_requests, first_train_threads, requests_in
 from improve.machine import MODEL_DECIDE, MachineConfig, canonical_json, initial
 from improve.runtime import (
     Decision,
@@ -121,7 +121,7 @@ class Evidence:
 
     def probes(self, scenarios: Sequence[Scenario]) -> list[DecisionRequest]:
         """The explore gate's probe requests (`probe_requests`), from the threads read here."""
-        recorded = recorded_threads(self.store)
+        recorded = first_train_threads(self.store)
         train = [s for s in scenarios if s.split == "train" and s.id in recorded]
         return probe_requests(
             self.env, scenarios, requests={s.id: self.requests(recorded[s.id]) for s in train}

@@ -62,7 +62,7 @@ class _Recorder:
         return self.inner.decide(request)
 
 
-def recorded_threads(store: Reads) -> dict[str, str]:
+def first_train_threads(store: Reads) -> dict[str, str]:
     """The first recorded training thread of each scenario in the store, by scenario id."""
     recorded: dict[str, str] = {}
     for thread_id in store.list_threads(prefix="train:", limit=100_000).thread_ids:
@@ -82,7 +82,7 @@ def probe_requests(
     from the scenario's recorded thread in `store` (or its requests already read, `requests` by
     scenario id), else from an offline run with the careful stand-in."""
     given = dict(requests or {})
-    recorded = recorded_threads(store) if store is not None else {}
+    recorded = first_train_threads(store) if store is not None else {}
     from improve.machine import parse_machine
 
     v0 = parse_machine(

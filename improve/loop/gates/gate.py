@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from improve.evals import Scenario
-from improve.loop.changelog import DiscardedBranch
+from improve.loop.branches import DiscardedBranch
 from improve.machine import Machine, MachineConfig
 from improve.runtime import DecisionRequest, Environment, Vocabulary, vocabulary
 
