@@ -33,7 +33,7 @@ from improve.log import LogEntry, MemoryStore, ThreadId
 from improve.loop.branches import added, answer_on, route, same_answer
 from improve.loop.diagnose import Diagnosis, diagnose
 from improve.loop.inputs import locate
-from improve.loop.probes import Reads, probe_requests, first_train_threads, requests_in
+from improve.loop.probes import Reads, first_train_threads, probe_requests, requests_in
 from improve.machine import MODEL_DECIDE, MachineConfig, canonical_json, initial
 from improve.runtime import (
     Decision,
