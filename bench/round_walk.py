@@ -6,12 +6,16 @@ Counted, while the round runs in this process (the CLI command itself, through t
 - `changelog_reads`: opens of the policies' CHANGELOG.md for reading;
 - `candidate_validations`: `parse_machine` calls on the candidate's document (a version other than the
   baseline's), and `policy_serializations`: `MachineConfig.model_dump` calls per policy version;
-- `jsonl_store_reads`: reads of a thread file through the JSONL store, per thread (files ingest reads
-  into the warehouse are counted apart, `ingest_reads`);
-- `module_entries`: for each module of the package, how many distinct places in other modules of the
-  package call into it (a call site and the function it enters; a callback a lower layer calls back
-  into counts as an entry too). "Following the round's options from the CLI to the PR body, no module
-  is entered more than twice" reads: no module of the round's own walk has more than two.
+- `jsonl_store_reads`: reads of a thread file through the JSONL store, per thread (ingest's own read of
+  each file into the warehouse is not one of them);
+- `walk_entries`: for each module of the round's walk (the command, the round, its inputs, evidence,
+  diagnosis, probes, CHANGELOG, record, renderers), how many distinct places in other modules of the
+  package call into it (`sites`: a call site and the function it enters; a callback a lower layer
+  calls back into counts too) and from how many modules (`modules`). The progress channel (`say`, the
+  command's output) is left out, and so are the subsystems the round calls through one entry (gates,
+  proposers, publish) and `branches.py`, the policy-rule helpers they all share. "No module is entered
+  more than twice" reads: no module of the walk has more than two. `--full` adds every module's
+  entries with their call sites (`module_entries`).
 - the longest functions of the round's modules, by lines and by parameters (static, `ast`).
 
 Not a timing: the hook slows the round down several times. Kept out of `make bench` for that reason.
@@ -54,6 +58,23 @@ ROUND_MODULES = (
 )
 """Where the static figures look (those that exist)."""
 
+WALK = {
+    "improve/cli/loop.py",
+    "improve/loop/__init__.py",
+    "improve/loop/round.py",
+    "improve/loop/inputs.py",
+    "improve/loop/evidence.py",
+    "improve/loop/diagnose.py",
+    "improve/loop/probes.py",
+    "improve/loop/changelog.py",
+    "improve/loop/heldout.py",
+    "improve/loop/history.py",
+    "improve/loop/record.py",
+    "improve/loop/round_record.py",
+    "improve/loop/render.py",
+}
+"""The modules of the round's walk (those of the code measured)."""
+
 
 def _workspace(target: Path) -> Path:
     from improve.demo import commit_workspace
@@ -77,7 +98,6 @@ class Walk:
         self.dumped_by: Counter[str] = Counter()
         self.hashes: Counter[str] = Counter()
         self.store_reads: Counter[str] = Counter()
-        self.ingest_reads: Counter[str] = Counter()
         self.edges: Counter[tuple[str, str, int, str, str]] = Counter()
         self.handlers: dict[CodeType, Callable[[FrameType], None]] = {}
 
@@ -89,7 +109,6 @@ class Walk:
 
         from improve.log.store import JsonlDirStore
 
-        ingest = importlib.import_module("improve.warehouse.ingest")
         workspace = importlib.import_module("improve.evals.workspace")
         from improve.machine import MachineConfig, config
 
@@ -125,15 +144,11 @@ class Walk:
             if isinstance(store, JsonlDirStore) and isinstance(thread, str) and store.path(thread).is_file():
                 self.store_reads[thread] += 1
 
-        def ingested(frame: FrameType) -> None:
-            self.ingest_reads[Path(str(frame.f_locals.get("path"))).stem] += 1
-
         self.watch(pathlib.Path.open, opened)
         self.watch(config.parse_machine, parsed)
         self.watch(BaseModel.model_dump, dumped)
         self.watch(workspace.policy_hash, hashed)
         self.watch(JsonlDirStore._lines, read)
-        self.watch(ingest._read_regular, ingested)
         threading.setprofile(self.hook)
         sys.setprofile(self.hook)
 
@@ -230,14 +245,11 @@ def walk(tmp: Path, k: int = 2) -> dict[str, Any]:
     reads = counted.store_reads
     threads = len(list((root / "traces").glob("*.jsonl")))
     entries = module_entries(counted.edges)
-    round_walk = {
-        m: e["entries"]
-        for m, e in entries.items()
-        if m.startswith(("improve/loop/", "improve/cli/loop.py"))
-        and not m.startswith("improve/loop/gates/")
-        and not m.startswith("improve/loop/proposers/")
-        and not m.startswith("improve/loop/publish/")
-    }
+    walk = {}
+    for module, found in entries.items():
+        sites = [s for s in found["from"] if not s.endswith(("-> say", "<lambda>"))]
+        if module in WALK and sites:
+            walk[module] = {"sites": len(sites), "modules": len({s.split(":")[0] for s in sites})}
     return {
         "round": {"status": result["status"], "candidate": result.get("candidate_version"), "k": k},
         "threads": threads,
@@ -256,11 +268,7 @@ def walk(tmp: Path, k: int = 2) -> dict[str, Any]:
             "threads_read_more_than_once": sum(1 for n in reads.values() if n > 1),
             "most_reads_of_one_thread": max(reads.values(), default=0),
         },
-        "ingest_reads": {
-            "reads": sum(counted.ingest_reads.values()),
-            "most_of_one_file": max(counted.ingest_reads.values(), default=0),
-        },
-        "round_module_entries": dict(sorted(round_walk.items(), key=lambda kv: -kv[1])),
+        "walk_entries": dict(sorted(walk.items(), key=lambda kv: -kv[1]["sites"])),
         "module_entries": entries,
         "longest_functions": longest_functions(),
     }
