@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,8 +20,8 @@ from improve.evals.charts import (
     svg_chart,
 )
 from improve.evals.scorecards import ScenarioScore, Scorecard
-from improve.loop.changelog import entry_markdown
-from improve.loop.history import Measured, policy_history, read_entries
+from improve.loop.changelog import Changelog, Entry, entry_text, policy_history
+from improve.loop.round_record import RoundRecord
 
 
 def card(version: str, split: str, scores: dict[str, tuple[str, int]], runs: int = 2) -> Scorecard:
@@ -143,7 +144,8 @@ def test_slanted_category_labels_start_inside_the_chart() -> None:
 
 def changelog(tmp_path: Path, records: list[dict[str, object]]) -> Path:
     path = tmp_path / "CHANGELOG.md"
-    path.write_text("# CHANGELOG: refunds policies\n\n" + "\n".join(entry_markdown(r) for r in records))
+    entries = (entry_text(RoundRecord.model_validate({"environment": "refunds", **r})) for r in records)
+    path.write_text("# CHANGELOG: refunds policies\n\n" + "\n".join(entries))
     return path
 
 
@@ -188,14 +190,14 @@ def test_the_history_follows_the_line_of_recommended_versions_with_their_newest_
             record("v4", "v0", True, (0.5, 0.9), (0.4, 0.8)),  # an unmerged branch from v0
         ],
     )
-    entries = read_entries(path)
+    entries = Changelog.read(path).entries
     assert [(e.candidate, e.baseline, e.recommended) for e in entries] == [
         ("v1", "v0", True),
         ("v2", "v1", False),
         ("v3", "v1", True),
         ("v4", "v0", True),
     ]
-    current = Measured(
+    current = Entry(
         "v5", "v3", "r5", False, {"train": 0.81, "held-out": 0.74}, {"train": 0.85, "held-out": 0.8}
     )
     history = policy_history(entries, "v5", current)
@@ -206,17 +208,16 @@ def test_the_history_follows_the_line_of_recommended_versions_with_their_newest_
         ("v5", 0.85, 0.8),
     ]
     assert [h.version for h in policy_history(entries, "v3")] == ["v0", "v1", "v3"]
-    assert (
-        policy_history(entries, "v9") == [] and policy_history(read_entries(tmp_path / "none.md"), "v1") == []
-    )
+    assert policy_history(entries, "v9") == [] and Changelog.read(tmp_path / "none.md").history("v1") == []
     # A loop in hand-edited entries ends the walk instead of hanging it.
-    looped = [Measured("v1", "v2", "a", True, {}, {}), Measured("v2", "v1", "b", True, {}, {})]
+    looped = [Entry("v1", "v2", "a", True, {}, {}), Entry("v2", "v1", "b", True, {}, {})]
     assert policy_history(looped, "v2") == []
 
 
 def page_of_a_round(tmp_path: Path) -> Path:
     """A round's HTML page from a report folder as a round leaves it, with hostile user text in it."""
-    from improve.loop.report_page import load_round_report, round_page
+    from improve.loop.report_page import round_page
+    from improve.loop.round_record import read_round_record
     from improve.machine import parse_machine
     from tests.test_scorecard import V1
 
@@ -241,12 +242,12 @@ def page_of_a_round(tmp_path: Path) -> Path:
     traces = tmp_path / "traces"
     traces.mkdir()
     (traces / "train:v1:naive:b-1:r1.jsonl").write_text("{}\n")
-    report = load_round_report(folder)
+    read = read_round_record(folder)
+    read.history, read.baseline_policy = list(HISTORY), baseline
+    assert read.candidate_policy == parse_machine(candidate)
     page = round_page(
-        report,
-        HISTORY,
-        baseline,
-        parse_machine(candidate),
+        read,
+        folder.name,
         trace_href=lambda t: (
             f"./../../traces/{t}.jsonl".replace(":", "%3A") if (traces / f"{t}.jsonl").exists() else None
         ),
@@ -329,3 +330,144 @@ def test_report_names_what_is_missing_or_broken_in_a_report_folder(tmp_path: Pat
     done = runner.invoke(app, ["report", "-w", str(ws), "--html", "--out", str(tmp_path / "x.html")])
     assert done.exit_code == 0, done.output
     assert "Pass rate by category, v1 and v2" in (tmp_path / "x.html").read_text()
+
+
+def a_round(version: str, baseline: str, status: str, **fields: Any) -> RoundRecord:
+    """A round record with the sections a CHANGELOG entry writes."""
+    return RoundRecord.model_validate(
+        {
+            "round_id": f"20260101-000000-refunds-{version}",
+            "environment": "refunds",
+            "baseline_version": baseline,
+            "candidate_version": version,
+            "proposer": "rules",
+            "model": "naive",
+            "k": 3,
+            "seed": 7,
+            "status": status,
+            "recommended": status == "recommended",
+            "decision_detail": "held-out gain: FAIL (p = 0.2)",
+            **fields,
+        }
+    )
+
+
+def test_a_changelog_entry_parses_back_to_the_entry_it_records(tmp_path: Path) -> None:
+    """parse(render(record)) is the record's entry, whichever sections the round had: the heading, the
+    baseline, each split's pass rates, the branches it added and its read of the held-out set; and an
+    entry appended lands after one another process appended meanwhile."""
+    from improve.loop.changelog import HEADER, DiscardedBranch
+
+    score = {"mean_diff": 0.25, "violations_after": 0, "cost_before": 1.0, "cost_after": 0.5}
+    exact = {"test": "exact stratified test", "p": 0.0123, "alpha": 0.05}
+    held_out = {"key": "5f0c2a9e13b7", "scenarios": 27, "read": 3, "supported": 1, "max_bias": 0.1}
+    rich = a_round(
+        "v2",
+        "v1",
+        "discarded",
+        cluster="wrong-answer:triage:ROUTE{queue=billing}->ROUTE{queue=security}",
+        hypothesis={
+            "cause": "c",
+            "evidence": ["train:v1:naive:a:r1"],
+            "change": "ch",
+            "metric": "m",
+            "risk": "r",
+        },
+        branches=[
+            {
+                "guard": "facts.ticket.text.contains('password') && {'type': 'ROUTE'} in input.options",
+                "answer": "ROUTE{queue: 'security'}",
+            },
+            {"guard": "facts.order.amount > 30", "answer": "REFUND{amount: facts.order.refundable}"},
+        ],
+        gates=[{"name": "validate", "ok": True, "detail": "ok"}],
+        scores={
+            "train": {"before": 0.61234, "after": 0.8, **score, **exact, "extra_runs": 6},
+            "held-out": {"before": 0.4, "after": 0.45, **score, "ci_low": -0.1, "ci_high": 0.2},  # bootstrap
+        },
+        held_out={**held_out, "bias_bound": 0.16, "warning": "held-out set `5f0c2a9e13b7` has been read"},
+        report="reports/20260101-000000-refunds-v2",
+    )
+    gated = a_round("v3", "v1", "discarded", gates=[{"name": "validate", "ok": False, "detail": "$.initial"}])
+    promoted = a_round(
+        "v4",
+        "v1",
+        "recommended",
+        scores={s: {"before": 0.5, "after": 0.9, **score, **exact} for s in ("train", "held-out")},
+    )
+    records = [rich, gated, promoted]
+    text = HEADER.format(env="refunds") + "".join("\n" + entry_text(r) for r in records)
+    parsed = Changelog.parse(text)
+    assert parsed.entries == tuple(Entry.of(r) for r in records)
+    assert parsed.versions == (2, 3, 4)
+    assert parsed.discarded_branches("v1") == [
+        DiscardedBranch(b.guard, b.answer, rich.round_id) for b in rich.branches
+    ]
+    assert parsed.held_out_reads("5f0c2a9e13b7") == 3
+    assert [v.version for v in parsed.history("v4")] == ["v1", "v4"]
+    # Appended in one write at the end: another process's entry, appended since this one read the
+    # file, stays, and both parse back.
+    path = tmp_path / "CHANGELOG.md"
+    path.write_text(text)
+    mine = Changelog.read(path)
+    with path.open("a") as other:
+        other.write("\n" + entry_text(a_round("v5", "v4", "discarded")))
+    after = mine.append(entry_text(a_round("v6", "v4", "discarded")), "refunds")
+    assert [e.candidate for e in Changelog.read(path).entries] == ["v2", "v3", "v4", "v5", "v6"]
+    assert after.text == path.read_text()
+
+
+def test_a_round_record_reads_back_typed_and_an_older_one_is_migrated(tmp_path: Path) -> None:
+    """round.json as written reads back equal, scorecards and decision included; a record of the first
+    format (no `format`: scorecards.json and policy.json beside it) reads as the same typed record."""
+    from improve.evals.promotion import decide
+    from improve.evals.workspace import ObjectiveSection
+    from improve.loop.round_record import FORMAT, read_round_record
+    from tests.test_scorecard import V1
+
+    cards = before_after()
+    verdict = decide(cards[0], cards[2], cards[1], cards[3], ObjectiveSection())
+    written = a_round(
+        "v2",
+        "v1",
+        "discarded",
+        scorecards=cards,
+        decision=verdict,
+        proposed=dict(V1, version="2"),
+        gates=[{"name": "validate", "ok": True, "detail": "ok"}],
+        held_out={
+            "key": "ab12",
+            "scenarios": 27,
+            "read": 1,
+            "supported": 2,
+            "max_bias": 0.1,
+            "bias_bound": 0.0,
+        },
+        history=HISTORY,
+    )
+    folder = tmp_path / "new"
+    folder.mkdir()
+    written.write(folder)
+    read = read_round_record(folder)
+    assert read.to_json() == written.to_json() and read.format == FORMAT
+    assert read.decision == verdict and read.scorecards == cards and read.history == HISTORY
+    assert read.candidate_policy is not None and read.candidate_policy.version == "2"
+    assert read.held_out is not None and read.held_out.sentence.startswith(
+        "Held-out set `ab12` (27 scenarios) read 1 time,"
+    )
+    old = tmp_path / "old"
+    old.mkdir()
+    document = read.to_json()
+    for key in ("format", "scorecards", "decision", "proposed", "history"):
+        document.pop(key)
+    document["held_out"].pop("sentence")
+    (old / "round.json").write_text(json.dumps(document))
+    (old / "scorecards.json").write_text(json.dumps([c.to_json() for c in cards]))
+    (old / "policy.json").write_text(json.dumps(dict(V1, version="2")))
+    migrated = read_round_record(old)
+    assert migrated.format == FORMAT and migrated.scorecards == cards and migrated.decision is None
+    assert migrated.held_out == read.held_out and migrated.candidate_policy == read.candidate_policy
+    assert migrated.to_json() | {"decision": None, "history": None} == read.to_json() | {
+        "decision": None,
+        "history": None,
+    }

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from improve.cli.main import app
 from improve.errors import LogError, ScenarioError, WorkspaceError, WorldFromThreadError
-from improve.evals import Scenario, append_scenario, load_scenarios, load_thread, scenario_from_thread
+from improve.evals import Scenario, append_scenario, find_thread, load_scenarios, scenario_from_thread
 from improve.examples.refunds.world import world_from_thread
 from improve.log import JsonlDirStore
 from improve.runtime import (
@@ -27,7 +27,7 @@ from improve.runtime import (
     compile_policy,
     load_environment,
     load_policy,
-    read_thread,
+    recorded_thread,
     run,
 )
 from tests.helpers import REPO
@@ -167,7 +167,7 @@ def test_an_environment_without_the_hook_says_what_to_add(ws: Path) -> None:
 
 def test_a_thread_of_another_machine_or_nowhere_is_refused(ws: Path) -> None:
     run_json(ws, "--scenario", "small-refund-01")
-    _, entries = load_thread("train:v0:careful:small-refund-01:r1", ws / "traces")
+    _, entries = find_thread("train:v0:careful:small-refund-01:r1", ws / "traces")
     foreign = [e.model_copy(update={"machineId": "support-desk"}) for e in entries]
     with pytest.raises(WorkspaceError, match=r"recorded by machine 'support-desk'.*pass --env"):
         scenario_from_thread(refunds(), foreign, expect="issued", effects=None, split="train")
@@ -246,7 +246,7 @@ def test_a_production_thread_becomes_a_scenario(ws: Path, payments_fail: bool, o
 
 def test_a_hook_that_leaves_out_what_a_tool_reads_is_caught_at_the_entry(ws: Path) -> None:
     production_run(ws, "prod-1", PRODUCTION_WORLD, {"awaitingApproval": [{"type": "REJECT"}]})
-    _, entries = load_thread("prod-1", ws / "traces")
+    _, entries = find_thread("prod-1", ws / "traces")
     forgetful = dataclasses.replace(refunds(), world_from_thread=lambda thread: {"customers": {}})
     with pytest.raises(WorldFromThreadError, match=r"thread prod-1, entry 1 \(crm.verifyCustomer"):
         scenario_from_thread(
@@ -256,9 +256,9 @@ def test_a_hook_that_leaves_out_what_a_tool_reads_is_caught_at_the_entry(ws: Pat
 
 def test_bookkeeping_entries_are_passed_over_and_unreproducible_failures_refused(ws: Path) -> None:
     production_run(ws, "prod-2", PRODUCTION_WORLD, {"awaitingApproval": [{"type": "REJECT"}]})
-    _, entries = load_thread("prod-2", ws / "traces")
+    _, entries = find_thread("prod-2", ws / "traces")
     assert entries[-1].type == "@agent.end"  # the run's own end entry is passed over like usage
-    thread = read_thread(refunds().machine, entries, "prod-2")
+    thread = recorded_thread(refunds().machine, entries, "prod-2")
     assert thread.final_state == "closed" and thread.status == "done"
     assert [c.src for c in thread.calls] == [
         "crm.verifyCustomer",
@@ -279,7 +279,7 @@ def test_bookkeeping_entries_are_passed_over_and_unreproducible_failures_refused
     with pytest.raises(WorldFromThreadError, match=r"entry 1: crm\.verifyCustomer failed"):
         world_from_thread(broken)
     with pytest.raises(LogError, match="thread prod-2"):
-        read_thread(refunds().machine, entries[1:], "prod-2")
+        recorded_thread(refunds().machine, entries[1:], "prod-2")
 
 
 def item(id: str, ticket: str = "plain") -> Scenario:

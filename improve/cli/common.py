@@ -24,6 +24,12 @@ _WIDTH = shutil.get_terminal_size((140, 40)).columns
 err = Console(stderr=True, highlight=False, width=_WIDTH, soft_wrap=True)
 out = Console(highlight=False, width=_WIDTH, soft_wrap=True)
 
+
+def say(message: str) -> None:
+    """Progress and notes: one line on stderr, as written (never read as markup)."""
+    err.print(message, markup=False)
+
+
 EXIT_FAILED = 1
 EXIT_INFRA = 3
 
@@ -63,7 +69,7 @@ ModelOption = typer.Option(
     "--model",
     "-m",
     help="The model bound to the policy's `decider` ref: a stand-in (careful, sloppy, naive), openai:MODEL "
-    "(OPENAI_BASE_URL, OPENAI_API_KEY), or a \\[models.NAME] of improve.toml.",
+    "(OPENAI_BASE_URL, OPENAI_API_KEY), or a [models.NAME] of improve.toml.",
 )
 
 

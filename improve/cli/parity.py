@@ -24,6 +24,7 @@ from improve.cli.common import (
     out,
     workspace,
 )
+from improve.cli.help import Command, Group
 from improve.errors import SealedSplitError, WorkspaceError
 from improve.evals import SEALED_SPLIT, UNSEAL_HOW
 from improve.parity import (
@@ -38,6 +39,8 @@ from improve.parity import (
 
 app = typer.Typer(
     name="parity",
+    cls=Group,
+    rich_markup_mode=None,
     help="Compare two policies, or an old agent loop with the machine replacing it, scenario by scenario.",
     no_args_is_help=True,
     add_completion=False,
@@ -50,7 +53,7 @@ def main() -> None:
     """Compare two policies, or an old agent loop with the machine replacing it, scenario by scenario."""
 
 
-@app.command("compare")
+@app.command("compare", cls=Command)
 def compare_command(
     old: Annotated[
         str, typer.Argument(help="Baseline: a policy version (v3), a .json file, or module:function.")

@@ -180,7 +180,8 @@ def explore_command(
 
     Example:
 
-        improve explore --env refunds --target illegallyIssued --input '{"ticket": "x", "customerId": "C-1", "orderId": "O-1", "amount": 240}'
+        improve explore --env refunds --target illegallyIssued --input \\
+            '{"ticket":"x","customerId":"C-1","orderId":"O-1","amount":240}'
     """
     with handled():
         space = workspace(ws)

@@ -69,7 +69,8 @@ def resume_command(
 
     Example:
 
-        improve resume train:v0:naive:large-approved-01:r1 --event '{"type": "APPROVE", "approver": "dana"}'
+        improve resume train:v0:naive:large-approved-01:r1 \\
+            --event '{"type": "APPROVE", "approver": "dana"}'
     """
     from improve.evals import Ledger, ResumeRequest, resume_thread, thread_environment
     from improve.llm import Meter

@@ -24,9 +24,20 @@ from improve.cli.common import (
     out,
     workspace,
 )
-from improve.cli.unseal import record_unsealing_of
 from improve.errors import EndpointError, SealedSplitError, WorkspaceError
-from improve.evals import SEALED_SPLIT, UNSEAL_HOW, Ledger, OutcomeRow, SuiteSpec, fallbacks, write_threads
+from improve.evals import (
+    SEALED_SPLIT,
+    UNSEAL_HOW,
+    Ledger,
+    OutcomeRow,
+    UnsealedScore,
+    fallbacks,
+    policy_label,
+    scorecard,
+    suite_spec,
+    write_threads,
+)
+from improve.evals import unseal as unseal_test
 from improve.llm import Meter
 from improve.log import JsonlDirStore
 
@@ -89,7 +100,8 @@ def run_command(
 
         improve run --env refunds --policy v0 --model naive --split train --k 3
         improve run --model openai:gpt-4.1-mini --k 3 --cache record
-        improve run --env refund-approval --scenario large-approved-01 --k 1 --suspend
+        improve run --env refund-approval --scenario large-approved-01 --k 1 \\
+            --suspend
         improve run --split train --k 10 --executor dask://127.0.0.1:8786
     """
     with handled():
@@ -114,15 +126,8 @@ def run_command(
                 markup=False,
             )
         policy_config = space.load_policy(env_name, policy)
-        spec = SuiteSpec(
-            policy=policy_config,
-            model=model,
-            k=k or space.config.objective.k,
-            max_model_calls=space.config.objective.max_model_calls,
-            model_spec=space.model_spec(model, environment),
-            cache_dir=str(space.cache_dir),
-            cache_mode=cache.value,
-            people=not suspend,
+        spec = suite_spec(
+            space, environment, policy_config, model, k=k, cache=cache.value, people=not suspend
         )
         meter = Meter(say=lambda m: err.print(m, markup=False))
         store = JsonlDirStore(space.traces)
@@ -164,19 +169,15 @@ def run_command(
         summary = summarize(rows)
         fell_back = fallbacks(rows)
         unsealed = [r for r in rows if r.split == SEALED_SPLIT]
-        unsealing = (
-            record_unsealing_of(
-                space,
-                env_name,
-                scenario_set,
-                policy_config,
-                model,
-                unsealed,
-                command=f"improve run --policy {policy} --model {model} --split {split} --k {spec.k} --unseal",
+        unsealing = None
+        if unsealed:
+            card = scorecard(unsealed, policy_label(policy_config), SEALED_SPLIT)
+            command = f"improve run --policy {policy} --model {model} --split {split} --k {spec.k} --unseal"
+            recorded_unsealing = unseal_test(
+                space, scenario_set, model, [UnsealedScore.of(card, spec.policy_hash)], command
             )
-            if unsealed
-            else None
-        )
+            err.print(recorded_unsealing.message(), markup=False)
+            unsealing = recorded_unsealing.unsealing
         if as_json:
             emit_json(
                 {

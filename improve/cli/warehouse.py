@@ -97,7 +97,8 @@ def ingest_command(
 
     Example:
 
-        improve ingest traces/ && improve ingest --format normalize ~/normalize-agent/logs
+        improve ingest traces/
+        improve ingest --format normalize ~/normalize-agent/logs
         improve ingest --format otlp phoenix-export.jsonl
     """
     with handled("interrupted: a batch is committed whole or not at all; run the command again to finish"):
@@ -222,8 +223,9 @@ def sql_command(
 
     Example:
 
-        improve sql "SELECT guard, count(*) AS n FROM attempts GROUP BY guard ORDER BY n DESC"
-        improve sql --lake lake/ "SELECT policy_version, avg(passed::INT) FROM outcomes GROUP BY ALL"
+        improve sql "SELECT guard, count(*) AS n FROM attempts GROUP BY guard"
+        improve sql --lake lake/ \\
+            "SELECT policy_version, avg(passed::INT) FROM outcomes GROUP BY ALL"
     """
     with handled():
         if fmt not in FORMATS:
@@ -350,8 +352,10 @@ def export_command(
 
     Example:
 
-        improve export --format parquet lake/ && improve sql --lake lake/ "SELECT count(*) FROM threads"
-        improve export --format otlp --endpoint http://localhost:4318 "SELECT thread_id FROM outcomes WHERE NOT passed"
+        improve export --format parquet lake/
+        improve sql --lake lake/ "SELECT count(*) FROM threads"
+        improve export --format otlp --endpoint http://localhost:4318 \\
+            "SELECT thread_id FROM outcomes WHERE NOT passed"
     """
     with handled():
         if fmt == OTLP_FORMAT:

@@ -5,11 +5,12 @@ from typing import TYPE_CHECKING, Any
 
 from improve.evals.cluster import EXECUTOR_HELP, ExecutorChoice, open_fanout, parse_executor
 from improve.evals.fanout import Fanout, ModelGate
-from improve.evals.from_thread import load_thread, scenario_from_thread
+from improve.evals.from_thread import find_thread, scenario_from_thread
 from improve.evals.holdout import HeldOutRead, bias_bound, scenarios_needed, set_key, supported_reads
 from improve.evals.outcome import (
     Fallbacks,
     OutcomeRow,
+    Quarantined,
     compare_effects,
     effects_from_log,
     fallbacks,
@@ -28,15 +29,26 @@ from improve.evals.scenarios import (
     load_scenarios,
     read_yaml,
 )
-from improve.evals.suite import PlannedRun, SuiteSpec, run_scenario, run_suite, write_threads
+from improve.evals.suite import (
+    PlannedRun,
+    SuiteSpec,
+    every,
+    run_scenario,
+    run_suite,
+    suite_spec,
+    write_threads,
+)
 from improve.evals.unsealing import (
     UNSEALINGS_FILE,
+    Unsealed,
     UnsealedScore,
     Unsealing,
     current_user,
     read_unsealings,
     record_unsealing,
+    unseal,
     unsealings_path,
+    unsealings_so_far,
 )
 from improve.evals.workspace import CONFIG_NAME, Workspace, policy_hash, policy_label
 
@@ -119,6 +131,7 @@ __all__ = [
     "OutcomeRow",
     "PlannedRun",
     "PromotionDecision",
+    "Quarantined",
     "Recorded",
     "RerunRule",
     "Reruns",
@@ -128,6 +141,7 @@ __all__ = [
     "Scorecard",
     "Settled",
     "SuiteSpec",
+    "Unsealed",
     "UnsealedScore",
     "Unsealing",
     "VersionScore",
@@ -141,11 +155,12 @@ __all__ = [
     "decide",
     "describe_model",
     "effects_from_log",
+    "every",
     "fallbacks",
+    "find_thread",
     "gain_phrase",
     "history_chart",
     "load_scenarios",
-    "load_thread",
     "open_fanout",
     "outcome_row",
     "p_value",
@@ -170,9 +185,12 @@ __all__ = [
     "set_key",
     "settle",
     "split_warnings",
+    "suite_spec",
     "supported_reads",
     "svg_chart",
     "thread_environment",
+    "unseal",
     "unsealings_path",
+    "unsealings_so_far",
     "write_threads",
 ]

@@ -29,6 +29,9 @@ from typing import TYPE_CHECKING, Any
 
 from improve import clock
 from improve.errors import WorkspaceError
+from improve.evals.holdout import set_key
+from improve.evals.scenarios import ScenarioSet
+from improve.evals.workspace import Workspace
 
 if TYPE_CHECKING:
     from improve.evals.scorecards import Scorecard
@@ -170,3 +173,57 @@ def _git_config(root: Path, key: str) -> str:
     except (OSError, subprocess.SubprocessError):
         return ""
     return done.stdout.strip() if done.returncode == 0 else ""
+
+
+@dataclass(frozen=True)
+class Unsealed:
+    """An unsealing just recorded: the record, the file it went to, and the first unsealing of the same
+    test set (None when this is the first)."""
+
+    unsealing: Unsealing
+    path: Path
+    first: dict[str, Any] | None = None
+
+    def message(self) -> str:
+        """What a command says once it has recorded the unsealing (before it shows any test score)."""
+        u = self.unsealing
+        before = f"; the first was on {self.first.get('at')} by {self.first.get('who')}" if self.first else ""
+        return (
+            f"unsealed the test split of {u.environment}: unsealing {u.number} of test set {u.test_set} "
+            f"({u.test_scenarios} scenarios) by {u.who}, recorded in {self.path}{before}. Commit it with the "
+            "policies; a change made because of these scores makes the test split one more reused held-out set"
+        )
+
+
+def unseal(
+    space: Workspace,
+    scenario_set: ScenarioSet,
+    model: str,
+    scores: list[UnsealedScore],
+    command: str,
+    comparison: dict[str, Any] | None = None,
+) -> Unsealed:
+    """Record an unsealing of the workspace's test split (who, when, the command, the scores shown) in
+    the policies' test-unsealings.jsonl, before anything shows the scores."""
+    path = unsealings_path(space.policies_dir(scenario_set.environment))
+    key = set_key(scenario_set.sealed)
+    earlier = [r for r in read_unsealings(path) if r.get("test_set") == key]
+    unsealing = record_unsealing(
+        path,
+        who=current_user(space.root),
+        command=command,
+        environment=scenario_set.environment,
+        test_set=key,
+        test_scenarios=len(scenario_set.sealed),
+        model=model,
+        scores=scores,
+        comparison=comparison,
+    )
+    return Unsealed(unsealing, path, earlier[0] if earlier else None)
+
+
+def unsealings_so_far(space: Workspace, scenario_set: ScenarioSet) -> int:
+    """How many times the current test set has been unsealed (its key: `set_key` of its scenarios)."""
+    key = set_key(scenario_set.sealed)
+    path = unsealings_path(space.policies_dir(scenario_set.environment))
+    return sum(1 for r in read_unsealings(path) if r.get("test_set") == key)

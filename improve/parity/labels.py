@@ -64,12 +64,11 @@ def label_difference(
     only the rule-break rules apply."""
     if diff.empty:
         return "same", "outcome, effects, violations and rule breaks as before"
-    if scenario is not None:
-        if as_labelled(env, scenario, new) and not as_labelled(env, scenario, old):
-            return (
-                "intended",
-                f"the labels ask for it: {scenario.id} expects '{scenario.expected.outcome}' ({diff.outcome})",
-            )
+    if scenario is not None and as_labelled(env, scenario, new) and not as_labelled(env, scenario, old):
+        return (
+            "intended",
+            f"the labels ask for it: {scenario.id} expects '{scenario.expected.outcome}' ({diff.outcome})",
+        )
     problems = []
     if old.rule_breaks == 0:
         problems.append("the baseline broke no rule, so the difference does not come from blocking one")

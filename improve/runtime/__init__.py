@@ -40,7 +40,7 @@ from improve.runtime.policy import (
     load_policy,
     read_document_text,
 )
-from improve.runtime.recorded import ActorCall, PersonAnswer, RecordedThread, read_thread
+from improve.runtime.recorded import ActorCall, PersonAnswer, RecordedThread, recorded_thread
 from improve.runtime.resume import ResumeResult, WaitingThread, fold_thread, resume, world_at
 from improve.runtime.resume_bound import ResumeProof, prove_resumes, resume_proof
 from improve.runtime.run import DEFAULT_MAX_MODEL_CALLS, Journal, RunResult, run
@@ -94,7 +94,7 @@ __all__ = [
     "option",
     "prove_resumes",
     "read_document_text",
-    "read_thread",
+    "recorded_thread",
     "resume",
     "resume_proof",
     "run",

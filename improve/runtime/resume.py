@@ -51,7 +51,7 @@ from improve.machine import (
 )
 from improve.runtime.decision import Decider
 from improve.runtime.environment import Environment, World
-from improve.runtime.recorded import read_thread
+from improve.runtime.recorded import recorded_thread
 from improve.runtime.run import DEFAULT_MAX_MODEL_CALLS, Journal, People, Runner, RunResult, Spent
 
 
@@ -252,7 +252,7 @@ def _again(
     stop = next((i for i in range(position, len(entries)) if entries[i].type == END_EVENT), None)
     upto = len(entries) if stop is None else stop + 1
     replayed = replay(env.machine, entries, upto=upto, thread_id=thread_id)
-    recorded = read_thread(env.machine, entries[:upto], thread_id)
+    recorded = recorded_thread(env.machine, entries[:upto], thread_id)
     run = RunResult(
         thread_id=thread_id,
         # A resume that crashed before its run ended left no end entry: the thread is incomplete.
@@ -275,7 +275,7 @@ def world_at(
     """A fresh world from `fixture`, brought to where the thread's run left it by making each recorded
     tool call again, in order; refused (`world-changed`) at the first that answers otherwise."""
     world = env.make_world(fixture)
-    thread = read_thread(env.machine, entries, thread_id)
+    thread = recorded_thread(env.machine, entries, thread_id)
     for call in thread.calls:
         where = f"thread {thread_id}, entry {call.index} ({call.src} in state '{call.state}')"
         actor = env.actors.get(call.src)

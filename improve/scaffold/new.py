@@ -74,7 +74,8 @@ def toolkit_pin() -> ToolkitPin:
         dist = distribution(DISTRIBUTION)
     except PackageNotFoundError:  # running from a source tree that was never installed
         return ToolkitPin(
-            f"{DISTRIBUTION}=={FALLBACK_VERSION}", "this toolkit was not installed: the release of its version"
+            f"{DISTRIBUTION}=={FALLBACK_VERSION}",
+            "this toolkit was not installed: the release of its version",
         )
     release = f"{DISTRIBUTION}=={dist.version}"
     try:
@@ -85,10 +86,13 @@ def toolkit_pin() -> ToolkitPin:
         return ToolkitPin(release, "installed from a package index: that release")
     url = _without_credentials(str(direct.get("url", "")))
     vcs = direct.get("vcs_info")
-    if isinstance(vcs, dict) and vcs.get("vcs") == "git" and vcs.get("commit_id") and not url.startswith("file:"):
-        return ToolkitPin(
-            f"{DISTRIBUTION} @ git+{url}@{vcs['commit_id']}", "installed from git: that commit"
-        )
+    if (
+        isinstance(vcs, dict)
+        and vcs.get("vcs") == "git"
+        and vcs.get("commit_id")
+        and not url.startswith("file:")
+    ):
+        return ToolkitPin(f"{DISTRIBUTION} @ git+{url}@{vcs['commit_id']}", "installed from git: that commit")
     return ToolkitPin(
         release,
         f"installed from {url or 'a local path'}, which a CI runner cannot reach: the release of its "
