@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import shutil
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -32,6 +33,7 @@ from improve.runtime import load_environment
 from improve.runtime.policy import load_policy
 from improve.warehouse.db import open_database
 from tests.helpers import REPO, copy_workspace
+from tests.phoenix import Phoenix, running_phoenix
 
 runner = CliRunner()
 
@@ -860,3 +862,78 @@ def test_the_phoenix_project_is_the_environment_unless_named(ws: Path) -> None:
     toml.write_text(toml.read_text().replace('project = "desk-prod"', 'project = ""'))
     result = runner.invoke(app, ["export", "--format", "otlp", "-w", str(ws), threads])
     assert result.exit_code == 2 and "otlp.project" in result.output, result.output
+
+
+@pytest.fixture(scope="module")
+def phoenix(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Phoenix]:
+    with running_phoenix(tmp_path_factory.mktemp("phoenix")) as server:
+        yield server
+
+
+@pytest.mark.slow
+def test_a_real_phoenix_shows_runs_as_named_traces_with_inputs_outputs_errors_and_sessions(
+    ws: Path, phoenix: Phoenix
+) -> None:
+    """A handful of the refund desk's runs sent to Arize Phoenix, read back through Phoenix's REST API:
+    what a person sees there is what the export means."""
+    handful = ws / "handful"
+    handful.mkdir()
+    for path in sorted((ws / "traces").glob("held-out:v1:sloppy:*:r1.jsonl"))[:8]:
+        shutil.copy(path, handful)
+    threads = _threads(handful)
+    doc = _export(ws, str(handful), "--endpoint", phoenix.url, "--project", "refund-desk")
+    assert doc["projects"] == ["refund-desk"] and doc["rejected_spans"] == 0
+    spans = phoenix.spans("refund-desk", doc["spans"])
+    assert len(spans) == doc["spans"]
+    # The project is the one named; nothing went to Phoenix's default project.
+    assert "refund-desk" in {p["name"] for p in phoenix.get("/v1/projects")["data"]}
+    assert phoenix.pages("/v1/projects/default/spans") == []
+    # One trace per run, its root named so the runs tell apart: scenario, run, policy, model, outcome.
+    roots = {s["attributes"]["improve.thread.id"]: s for s in spans if s["parent_id"] is None}
+    assert sorted(roots) == sorted(threads) and len({s["context"]["trace_id"] for s in spans}) == len(threads)
+    assert len({root["name"] for root in roots.values()}) == len(roots)
+    verdicts = Counter()
+    for thread_id, root in roots.items():
+        attrs = root["attributes"]
+        scenario = threads[thread_id][0].metadata["scenario"]  # type: ignore[index]
+        assert root["span_kind"] == "AGENT"
+        assert root["name"].startswith(
+            f"invoke_agent refunds: {scenario} r1 (v1, sloppy) -> {attrs['improve.outcome']}"
+        )
+        assert json.loads(attrs["input.value"]) == threads[thread_id][0].event["input"]
+        assert json.loads(attrs["output.value"])["outcome"] == attrs["improve.outcome"]
+        # A failed run is an error, with why; a passing one OK.
+        if attrs["improve.passed"]:
+            assert (root["status_code"], root["name"].endswith(", passed")) == ("OK", True)
+        else:
+            assert root["status_code"] == "ERROR" and root["status_message"] == attrs["improve.reason"]
+            assert root["name"].endswith(", failed") and attrs["error.type"] in (
+                "failed",
+                attrs["improve.status"],
+            )
+        verdicts[root["status_code"]] += 1
+    assert verdicts["OK"] and verdicts["ERROR"], verdicts
+    # Model calls: Phoenix reads what each was asked and answered, and its tokens, from our attributes.
+    calls = [s for s in spans if s["span_kind"] == "LLM"]
+    assert len(calls) == sum(e.type == "@agent.usage" for entries in threads.values() for e in entries)
+    for call in calls:
+        attrs = call["attributes"]
+        asked, answered = json.loads(attrs["input.value"]), json.loads(attrs["output.value"])
+        assert asked["name"] == "chooseResolution" and asked["options"] and answered["type"]
+        # Phoenix parsed the GenAI conventions' messages into its own (the JSON schema held).
+        assert attrs["llm.input_messages.0.message.role"] == "user"
+        assert json.loads(attrs["llm.input_messages.0.message.content"])["options"] == asked["options"]
+        refused = asked.get("attempts", [])
+        assert f"llm.input_messages.{2 * len(refused)}.message.content" in attrs
+        assert f"llm.input_messages.{2 * len(refused) + 1}.message.content" not in attrs
+        assert json.loads(attrs["llm.output_messages.0.message.content"]) == answered
+        assert attrs["llm.token_count.prompt"] == attrs["gen_ai.usage.input_tokens"] > 0
+    assert any("attempts" in json.loads(c["attributes"]["input.value"]) for c in calls)
+    assert {s["span_kind"] for s in spans} == {"AGENT", "LLM", "TOOL"}
+    # Each thread is a session of one trace.
+    sessions = phoenix.pages("/v1/projects/refund-desk/sessions")
+    assert sorted(s["session_id"] for s in sessions) == sorted(threads)
+    assert all(
+        [t["trace_id"] for t in s["traces"]] == [roots[s["session_id"]]["context"]["trace_id"]]
+        for s in sessions
+    )
