@@ -322,7 +322,8 @@ def export_command(
         bool,
         typer.Option(
             "--content/--no-content",
-            help="otlp: include what runs were told and answered (inputs, tool outputs, decision payloads); "
+            help="otlp: include what runs were told and answered (inputs, tool outputs, decision payloads, the "
+            "messages of model calls); "
             "--no-content keeps names, types, counts, tokens and outcomes only.",
         ),
     ] = True,
