@@ -1,6 +1,7 @@
 """OpenTelemetry out and in: threads exported as OTLP traces (checked against the real protobuf schema,
-sent to a local OTLP/HTTP receiver), and OTLP/JSON from the OpenTelemetry SDK itself ingested into
-`otel_spans` with nothing lost; malformed spans rejected and counted."""
+sent to a local OTLP/HTTP receiver and to a real Arize Phoenix, read back through its API), and OTLP/JSON
+from the OpenTelemetry SDK itself ingested into `otel_spans` with nothing lost; malformed spans rejected
+and counted."""
 
 from __future__ import annotations
 
