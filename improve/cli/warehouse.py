@@ -324,10 +324,19 @@ def export_command(
         bool,
         typer.Option(
             "--content/--no-content",
-            help="otlp: include what runs were told and answered (inputs, tool outputs, decision payloads); "
+            help="otlp: include what runs were told and answered (inputs, tool outputs, decision payloads, the "
+            "messages of model calls); "
             "--no-content keeps names, types, counts, tokens and outcomes only.",
         ),
     ] = True,
+    project: Annotated[
+        str | None,
+        typer.Option(
+            "--project",
+            help="otlp: the Arize Phoenix project to file the traces under (the resource attribute "
+            "openinference.project.name; default: [otlp] project in improve.toml, else each environment's name).",
+        ),
+    ] = None,
     db: Annotated[Path | None, DbOption] = None,
     as_json: Annotated[bool, JsonOption] = False,
     ws: Annotated[Path | None, WorkspaceOption] = None,
@@ -341,10 +350,11 @@ def export_command(
     Exporting again replaces the lake (written beside it, swapped in when complete): rows are never
     duplicated. `improve sql --lake DIR` runs the warehouse's views over it.
 
-    --format otlp: one trace per thread, in the OpenTelemetry GenAI semantic conventions: an
-    `invoke_agent` span per run (environment, policy version, scenario, outcome, violations), a `chat`
-    span per model call (model, tokens, the decision's options and answer), an `execute_tool` span per
-    tool call, events for guard refusals and retries (docs/interop.md). Ids derive from the thread ids,
+    --format otlp: one trace per thread, in the OpenTelemetry GenAI semantic conventions and
+    OpenInference's (Arize Phoenix, MLflow): an `invoke_agent` span per run, named by its scenario and
+    outcome (failed runs have status ERROR), a `chat` span per model call (model, tokens, what it was
+    asked and answered), an `execute_tool` span per tool call, events for guard refusals and retries;
+    each thread is a session (docs/interop.md). Ids derive from the thread ids,
     so exporting again gives the same traces. Without --endpoint it writes OTLP/JSON (one export
     request per line) to --out/traces.jsonl; with one it POSTs protobuf to the collector, in batches,
     retrying 429 and 5xx with backoff (exit 3 after the last try). Threads from files are replayed and
@@ -356,6 +366,8 @@ def export_command(
         improve sql --lake lake/ "SELECT count(*) FROM threads"
         improve export --format otlp --endpoint http://localhost:4318 \\
             "SELECT thread_id FROM outcomes WHERE NOT passed"
+        improve export --format otlp --endpoint http://localhost:6006 \\
+            --project refunds-v3 train:v3:
     """
     with handled():
         if fmt == OTLP_FORMAT:
@@ -367,6 +379,7 @@ def export_command(
                 out_dir=out_dir,
                 batch=batch,
                 content=content,
+                project=project,
                 db=db,
                 as_json=as_json,
                 ws=ws,
@@ -374,8 +387,10 @@ def export_command(
             return
         if fmt != "parquet":
             raise WorkspaceError(f"unknown export format {fmt!r}; use --format parquet or --format otlp")
-        if endpoint is not None or out_dir is not None:
-            raise WorkspaceError("--endpoint and --out are for --format otlp; a lake is written to DIR")
+        if endpoint is not None or out_dir is not None or project is not None:
+            raise WorkspaceError(
+                "--endpoint, --out and --project are for --format otlp; a lake is written to DIR"
+            )
         if source is None:
             raise WorkspaceError("give the lake's directory: improve export --format parquet DIR")
         directory = Path(source)

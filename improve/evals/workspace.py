@@ -33,6 +33,9 @@
     seed = 20261130                  # resampling seed, printed with every scorecard
     held_out_bias = 0.1              # reuse: n held-out scenarios support 1 + floor(2 n 0.1^2 / ln 2) rounds
 
+    [otlp]
+    project = "support-desk"         # the Phoenix project exported traces go to (default: the environment's name)
+
 Paths are relative to the directory holding `improve.toml`, and that directory is importable, so a
 `module` may name a package that sits next to it. Without an `improve.toml`, the current directory is
 the workspace and `--env` must name the environment.
@@ -185,6 +188,17 @@ class ObjectiveSection(_Section):
     )
 
 
+class OtlpSection(_Section):
+    """How `improve export --format otlp` labels what it sends (docs/interop.md)."""
+
+    project: str | None = Field(
+        default=None,
+        min_length=1,
+        description="The project Arize Phoenix files the traces under (the resource attribute "
+        "`openinference.project.name`), when --project is not given; default: each environment's name.",
+    )
+
+
 class WorkspaceConfig(_Section):
     workspace: WorkspaceSection = Field(default_factory=WorkspaceSection)
     environments: dict[str, EnvironmentSection] = Field(default_factory=dict)
@@ -196,6 +210,7 @@ class WorkspaceConfig(_Section):
     gates: dict[str, ExtensionSection] = Field(default_factory=dict)
     importers: dict[str, ExtensionSection] = Field(default_factory=dict)
     objective: ObjectiveSection = Field(default_factory=ObjectiveSection)
+    otlp: OtlpSection = Field(default_factory=OtlpSection)
 
 
 class Workspace:

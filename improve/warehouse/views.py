@@ -147,7 +147,8 @@ RELATIONS: tuple[Relation, ...] = (
             "trace_id": "The trace.",
             "agent": "gen_ai.agent.name of its first span naming one, else the root's service.name.",
             "service": "The root span's service.name (the first span's when there is no root).",
-            "root_span": "The root span's name, e.g. `invoke_agent refunds`.",
+            "root_span": "The root span's name, e.g. `invoke_agent support-bot`; improve's say the run and its outcome, "
+            "`invoke_agent refunds: refund-01 r1 (v3, naive) -> issued, passed`.",
             "model": "The first model call's model (gen_ai.response.model, else gen_ai.request.model).",
             "models": "Every model named by a model call, sorted.",
             "model_calls": "Spans whose gen_ai.operation.name is chat, text_completion or generate_content.",
