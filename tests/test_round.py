@@ -207,7 +207,7 @@ def test_a_full_round_recommends_and_leaves_a_branch_without_a_token(
     history, categories = charts[0][1], charts[1][1]
     assert '["v0", "v1"]' in history
     assert f'line "held-out" [{held.before:.3f}, {held.after:.3f}]' in history
-    assert 'bar "after (v1)"' in categories and 'line "before (v0)"' in categories
+    assert 'bar "after (v1)"' in categories and 'bar "before (v0)"' in categories
     # The HTML page of the round, from the real CLI: charts, diagram, failing runs linked to their files.
     page = CliRunner().invoke(app, ["report", "-w", str(tmp_path), "--html", "--json"])
     assert page.exit_code == 0, page.output
