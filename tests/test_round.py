@@ -976,3 +976,19 @@ def test_a_failed_pull_request_says_where_the_branch_is_once(
     said = " ".join(result.stderr.split())
     assert "the pull request could not be opened: the GitHub API answered 422" in said
     assert "kept locally" not in said and "is pushed" in said
+
+
+def test_a_long_rule_in_a_title_is_cut_after_a_whole_word() -> None:
+    from improve.loop.record import whole_words
+
+    title = (
+        "refunds: policy v4: When facts.customer.refundsLast90d < 2 && facts.order.refundable <= "
+        "facts.request.amount && facts.order.deliveredDaysAgo <= 30, answer REFUND"
+    )
+    cut = whole_words(title, 120)
+    assert len(cut) <= 120 and cut.endswith(" …")
+    assert cut == (
+        "refunds: policy v4: When facts.customer.refundsLast90d < 2 && facts.order.refundable <= "
+        "facts.request.amount && …"
+    )
+    assert title.startswith(cut[:-2]) and whole_words("short title", 120) == "short title"

@@ -20,6 +20,20 @@ from improve.loop.round_record import PROPOSED, ROUND_RECORD, SCORECARDS, Review
 Say = Callable[[str], None]
 
 
+TITLE_MAX = 120
+"""The longest pull request title (and commit subject) a round writes."""
+
+
+def whole_words(text: str, limit: int) -> str:
+    """`text` whole when it fits, else cut after its last whole word with an ellipsis: a rule in a title
+    is never cut inside a name, a number or an operator."""
+    text = " ".join(text.split())
+    if len(text) <= limit:
+        return text
+    kept = text[: limit - 1].rsplit(" ", 1)[0].rstrip(" ,;:")[: limit - 2]
+    return kept + " …"
+
+
 class Recorder:
     """The round's record step: its report folder, its CHANGELOG entry, and a recommended candidate's
     review branch and pull request (`allow_insecure_github`: see `RoundOptions`)."""
@@ -85,7 +99,7 @@ class Recorder:
         files = {policy_rel: policy_text, str(changelog.resolve().relative_to(top)): added.text}
         # "refunds: policy v2: When facts.order.deliveredDaysAgo > 30, answer CLOSE" (the rule, not the numbers).
         summary = (record.rationale or record.cluster or "").split(" without ")[0].split(": it ")[0]
-        title = f"{inputs.env_name}: policy {record.candidate_version}: {summary}"[:120]
+        title = whole_words(f"{inputs.env_name}: policy {record.candidate_version}: {summary}", TITLE_MAX)
         try:
             pr = open_pull_request(
                 top,
