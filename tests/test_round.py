@@ -7,6 +7,7 @@ import copy
 import http.server
 import json
 import re
+import shlex
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -227,6 +228,24 @@ def test_a_full_round_recommends_and_leaves_a_branch_without_a_token(
     # The candidate's threads are on disk and replay to the recorded states.
     replay = CliRunner().invoke(app, ["replay", "-w", str(tmp_path), result.candidate_threads[0], "--verify"])
     assert replay.exit_code == 0, replay.output
+    # A reviewer with only the PR's branch, in a fresh clone (no traces/): the body's commands work.
+    clone = tmp_path.parent / f"{tmp_path.name}-review"
+    git.Repo.clone_from(tmp_path, clone, branch=branch)
+    assert not (clone / "traces").exists()
+    block = body.split("## Replay it", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
+    commands = [shlex.split(line) for line in block.splitlines()]
+    assert commands[0][:2] == ["improve", "run"] and [c[1] for c in commands[1:]] == ["replay"] * (
+        len(commands) - 1
+    )
+    for command in commands:
+        done = CliRunner().invoke(app, [*command[1:], "-w", str(clone)])
+        assert done.exit_code == 0, (command, done.output)
+    # Made again, a stand-in's run decides as the round's did (entry ids and stamps are drawn anew).
+    for thread in result.candidate_threads[:6]:
+        remade, original = ((w / "traces" / f"{thread}.jsonl").read_text() for w in (clone, tmp_path))
+        assert [json.loads(x)["event"] for x in remade.splitlines()] == [
+            json.loads(x)["event"] for x in original.splitlines()
+        ]
 
 
 class _FakeGitHub(http.server.BaseHTTPRequestHandler):
