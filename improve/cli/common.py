@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from improve.errors import ImproveError
+from improve.files import storage_error
 from improve.evals import EXECUTOR_HELP, Fanout, Workspace, open_fanout
 
 # Progress and logs go to stderr; stdout holds the result (a table, or exactly one JSON document).
@@ -34,16 +35,28 @@ INTERRUPTED = "interrupted: what was journaled so far is kept; run the command a
 @contextmanager
 def handled(interrupted: str = INTERRUPTED) -> Iterator[None]:
     """Turn our errors into a one-paragraph message on stderr and the exit codes of docs/contracts.md;
-    Ctrl-C into the one line `interrupted` (what the command keeps, and how to go on) and exit 130."""
+    Ctrl-C into the one line `interrupted` (what the command keeps, and how to go on) and exit 130.
+
+    An `OSError` that reaches here (a full disk, a read-only directory, a name the file system refuses)
+    is the system's refusal, not a bug: it is said as a `StorageError`, with the file and what to do."""
     try:
         yield
     except ImproveError as error:
-        # Escaped: messages quote improve.toml sections (`[importers.NAME]`), which rich reads as markup.
-        err.print(f"[bold red]error:[/] {escape(str(error))}", markup=True, highlight=False)
+        report(error)
         raise typer.Exit(error.exit_code) from None
+    except OSError as error:
+        storage = storage_error(error)
+        report(storage)
+        raise typer.Exit(storage.exit_code) from None
     except KeyboardInterrupt:
         err.print(interrupted)
         raise typer.Exit(130) from None
+
+
+def report(error: ImproveError) -> None:
+    """The one-paragraph `error:` message of `error` on stderr."""
+    # Escaped: messages quote improve.toml sections (`[importers.NAME]`), which rich reads as markup.
+    err.print(f"[bold red]error:[/] {escape(str(error))}", markup=True, highlight=False)
 
 
 def emit_json(document: Any) -> None:
