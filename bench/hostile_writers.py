@@ -28,7 +28,7 @@ from typing import Any
 
 import yaml
 
-from bench.hostile import AS_ROOT, Ctx, Result, git, nested
+from bench.hostile import Ctx, Result, git, nested
 
 Case = Callable[[Ctx], None]
 
@@ -51,7 +51,7 @@ def snapshot(root: Path) -> dict[str, str]:
     found: dict[str, str] = {}
     for path in sorted(root.rglob("*")):
         rel = path.relative_to(root)
-        if rel.parts[0] == ".git" or path.name.endswith(".lock"):
+        if rel.parts[0] == ".git" or path.name.endswith(".lock") or str(rel) == ".improve":
             continue
         if path.is_symlink():
             found[str(rel)] = "link:" + os.readlink(path)
@@ -92,6 +92,13 @@ def junk(root: Path) -> list[str]:
         if path.is_dir() and any(mark in path.name for mark in (".tmp", ".partial", ".staging")):
             found.append(f"{path.relative_to(root)}/ (temporary)")
     return sorted(found)
+
+
+def said_full(ctx: Ctx, result: Result) -> None:
+    """The output must say the disk is full (ENOSPC) or a file size limit was reached (EFBIG)."""
+    text = result.text.lower()
+    if "no space" not in text and "file size limit" not in text:
+        ctx.misleading("the error does not say the disk is full (or a size limit was reached)", result)
 
 
 def no_junk(ctx: Ctx, root: Path, result: Result | None = None) -> None:
@@ -137,18 +144,29 @@ GIT_ENV = {
 # Concurrent writers: real processes at once
 
 
+def from_thread(ctx: Ctx, sid: str) -> tuple[str, ...]:
+    """`improve scenarios add` of a refunds thread (that desk rebuilds a world from a thread) as `sid`."""
+    thread = sorted((ctx.base / "traces").glob("train:*.jsonl"))[0].stem
+    return (
+        "scenarios",
+        "add",
+        "--from-thread",
+        thread,
+        "--expect",
+        "closed",
+        "--split",
+        "train",
+        "--id",
+        sid,
+    )
+
+
 def case_concurrent_scenarios_add(ctx: Ctx) -> None:
-    ws = ctx.workspace("approval")
+    ws = ctx.workspace()
     ids = [f"conc-{n}" for n in range(1, 7)]
-    launched = [
-        ctx.start(
-            "improve", "scenarios", "add", "--from-thread", DONE, "--expect", "issued", "--split", "train",
-            "--category", "small", "--id", sid,
-        )
-        for sid in ids
-    ]  # fmt: skip
+    launched = [ctx.start("improve", *from_thread(ctx, sid)) for sid in ids]
     results = [ctx.finish(one, expect=[0]) for one in launched]
-    loaded = yaml.safe_load((ws / "scenarios" / "refund-approval.yaml").read_text())
+    loaded = yaml.safe_load((ws / "scenarios" / "refunds.yaml").resolve().read_text())
     kept = {s["id"] for s in loaded["scenarios"]}
     lost = [sid for sid in ids if sid not in kept]
     if lost:
@@ -229,7 +247,9 @@ def case_concurrent_export(ctx: Ctx) -> None:
     results = [ctx.finish(one, expect=[0, 2, 3], timeout=120) for one in launched]
     if not any(r.code == 0 for r in results):
         ctx.lost("neither of two exports to one lake finished", results[1])
-    rows = ctx.improve("sql", "--lake", lake, "--format", "json", "SELECT count(*) AS n FROM entries", expect=[0])
+    rows = ctx.improve(
+        "sql", "--lake", lake, "--format", "json", "SELECT count(*) AS n FROM entries", expect=[0]
+    )
     lines = sum(len(p.read_text().splitlines()) for p in (ws / "traces").glob("*.jsonl"))
     if int(rows.json()[0]["n"]) != lines:
         ctx.lost(f"the lake holds {rows.json()[0]['n']} entries, the threads {lines}", rows)
@@ -267,15 +287,21 @@ def case_concurrent_lock(ctx: Ctx) -> None:
 def crashed_resume(ctx: Ctx, event: str = APPROVE) -> Path:
     """The approval workspace with WAITING's resume killed right after its event was journaled."""
     ws = ctx.workspace("approval")
-    ctx.improve("resume", WAITING, "--event", event, env={"HOSTILE_KILL_AFTER_RESUME_EVENT": "1"}, expect=[-9])
+    ctx.improve(
+        "resume", WAITING, "--event", event, env={"HOSTILE_KILL_AFTER_RESUME_EVENT": "1"}, expect=[-9]
+    )
     return ws
 
 
 def outcome_of(ctx: Ctx, ws: Path, thread_id: str) -> list[dict[str, Any]]:
     res = ctx.improve(
-        "sql", "--format", "json", f"SELECT status, passed FROM outcomes WHERE thread_id = '{thread_id}'",
-        expect=[0], cwd=ws,
-    )  # fmt: skip
+        "sql",
+        "--format",
+        "json",
+        f"SELECT status, passed FROM outcomes WHERE thread_id = '{thread_id}'",
+        expect=[0],
+        cwd=ws,
+    )
     return list(res.json())
 
 
@@ -328,7 +354,7 @@ def case_full_disk_resume(ctx: Ctx) -> None:
     # The resume's event fits under the limit, the run's next entries do not (or nothing fits): either
     # way the command fails cleanly, and the same command finishes the run once there is room.
     res = ctx.improve("resume", WAITING, "--event", APPROVE, fsize=len(before) + 900, expect=[3])
-    said(ctx, res, "space")
+    said_full(ctx, res)
     if not path.read_bytes().startswith(before):
         ctx.lost("a resume on a full disk changed the thread's recorded entries", res)
     ctx.improve("replay", path, "--verify", expect=[0, 1])
@@ -448,7 +474,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     answer: Callable[[str, bytes], Reply]
     seen: list[str]
 
-    def do_POST(self) -> None:  # noqa: N802 (the stdlib's name)
+    def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length)
         self.seen.append(self.path)
@@ -505,7 +531,9 @@ def chat_reply(body: bytes, *, usage: Any = None, arguments: str = "{}", raw: by
         "created": 1_700_000_000,
         "model": "hostile-model",
         "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if tools else "stop"}],
-        "usage": usage if usage is not None else {"prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12},
+        "usage": usage
+        if usage is not None
+        else {"prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12},
     }
     return Reply(200, json.dumps(payload).encode(), {"Content-Type": "application/json"})
 
@@ -538,9 +566,20 @@ def case_endpoint(kind: str) -> Case:
         ws = ctx.workspace("approval")
         with server(answer) as (url, _):
             res = ctx.improve(
-                "run", "--model", "openai:hostile-model", "--k", "1", "--scenario", "small-01", "--scenario",
-                "large-approved-01", "--suspend", env=model_env(url), expect=[3], timeout=120,
-            )  # fmt: skip
+                "run",
+                "--model",
+                "openai:hostile-model",
+                "--k",
+                "1",
+                "--scenario",
+                "small-01",
+                "--scenario",
+                "large-approved-01",
+                "--suspend",
+                env=model_env(url),
+                expect=[3],
+                timeout=120,
+            )
         said(ctx, res, "fell back")
         if KEY in res.text:
             ctx.lost("the API key was printed", res)
@@ -606,9 +645,14 @@ def case_otlp_headers(value: str) -> Case:
         ctx.workspace("approval")
         with server(lambda path, body: Reply(200, b"")) as (url, seen):
             res = ctx.improve(
-                "export", "--format", "otlp", "--endpoint", url, env={"OTEL_EXPORTER_OTLP_HEADERS": value},
+                "export",
+                "--format",
+                "otlp",
+                "--endpoint",
+                url,
+                env={"OTEL_EXPORTER_OTLP_HEADERS": value},
                 expect=[2],
-            )  # fmt: skip
+            )
         if seen:
             ctx.lost(f"a request was sent with a header the variable could not hold: {seen[:2]}", res)
         if "secret-value" in res.text:
@@ -667,11 +711,27 @@ def case_otlp_big_request(ctx: Ctx) -> None:
     path = ctx.root / "big.jsonl"
     path.write_text(json.dumps(line) + "\n")
     res = ctx.improve(
-        "ingest", "--format", "otlp", path, "--db", ctx.root / "s.duckdb", "--json", expect=[0, 1], timeout=300
+        "ingest",
+        "--format",
+        "otlp",
+        path,
+        "--db",
+        ctx.root / "s.duckdb",
+        "--json",
+        expect=[0, 1],
+        timeout=300,
     )
     report = res.json()
-    if report["rejected"] == 1 and report["ingested"] == 0:
+    if report["rejected"] == 1 and report["ingested"] == 0 and report.get("requests_unread") != 1:
         ctx.misleading("a 100,000-span request is counted as 1 span rejected", res)
+    if report["rejected"]:
+        said(
+            ctx,
+            ctx.improve(
+                "ingest", "--format", "otlp", path, "--db", ctx.root / "t.duckdb", expect=[1], timeout=300
+            ),
+            "whole request",
+        )
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -687,23 +747,20 @@ def case_lake_manifest(kind: str) -> Case:
         honest = ctx.improve("sql", "--lake", lake, "--format", "json", query, expect=[0]).json()[0]["n"]
         manifest = lake / "_lake.json"
         data = json.loads(manifest.read_text())
-        text = json.dumps(data)
+        columns = data["tables"]["outcomes"]["columns"]
         if kind == "type-injection":
-            text = text.replace('"BOOLEAN"', '"BOOLEAN) OR TRUE AND (NULL IS NULL"', 1)
+            columns["passed"] = "BOOLEAN) OR TRUE AND (NULL IS NULL"
         elif kind == "type-read-text":
-            text = text.replace('"VARCHAR"', "\"VARCHAR) || (SELECT content FROM read_text('/etc/passwd')\"", 1)
+            columns["reason"] = "VARCHAR) || (SELECT content FROM read_text('/etc/passwd')"
         elif kind == "name-injection":
-            text = text.replace('"passed"', '"passed\\" OR TRUE OR \\"x"', 1)
+            columns['passed" OR TRUE OR "x'] = columns.pop("passed")
         elif kind == "table-traversal":
-            text = text.replace('"outcomes"', '"../../../etc/outcomes"', 1)
-        elif kind == "deep":
-            text = nested(100_000)
+            data["tables"]["../../../etc/outcomes"] = data["tables"].pop("outcomes")
         elif kind == "huge-number":
-            text = text.replace('"format"', '"rows": 1e999, "format"', 1)
-        else:
+            data["tables"]["outcomes"]["rows"] = float("inf")
+        elif kind != "deep":
             raise ValueError(kind)
-        if text == json.dumps(data) and kind != "deep":
-            raise RuntimeError(f"the manifest has nothing to forge for {kind}")
+        text = nested(100_000) if kind == "deep" else json.dumps(data).replace("Infinity", "1e999")
         manifest.write_text(text)
         res = ctx.improve("sql", "--lake", lake, "--format", "json", query, expect=[0, 2])
         if res.code == 0 and res.json()[0]["n"] != honest:
@@ -728,7 +785,9 @@ def case_unseal_readonly_policies(ctx: Ctx) -> None:
     ctx.thaw()
     scored = warehouse_count(ctx, ws, "SELECT count(*) FROM outcomes WHERE split = 'test'")
     if scored:
-        ctx.lost(f"the test split was scored into the warehouse ({scored} rows) with no unsealing recorded", res)
+        ctx.lost(
+            f"the test split was scored into the warehouse ({scored} rows) with no unsealing recorded", res
+        )
     if "pass rate" in res.out.lower():
         ctx.lost("test scores were shown with no unsealing recorded", res)
 
@@ -764,12 +823,13 @@ def case_full_disk(
         before = snapshot(root)
         res = ctx.improve(*argv, fsize=fsize, expect=list(expect), env=GIT_ENV, timeout=300)
         said(ctx, res, "error")
-        if "no space" not in res.text.lower() and "file size limit" not in res.text.lower() and "too large" not in res.text.lower():
-            ctx.misleading("the error does not say the disk is full (or a size limit was reached)", res)
+        said_full(ctx, res)
         no_junk(ctx, root, res)
         if keeps_journal:
             after = snapshot(root)
-            changed = [d for d in differences(before, after) if not d.startswith("traces/") or ": new" not in d]
+            changed = [
+                d for d in differences(before, after) if not d.startswith("traces/") or ": new" not in d
+            ]
             if changed:
                 ctx.lost(f"{name} on a full disk changed files it had not journaled: {changed[:8]}", res)
             if (ws / "traces").exists():
@@ -801,35 +861,62 @@ def drop_warehouse(ctx: Ctx, ws: Path) -> None:
     (ws / "traces" / "traces.duckdb").unlink()
 
 
+SCENARIOS_ADD = (
+    "scenarios",
+    "add",
+    "--from-thread",
+    "train:v0:naive:angry-small-refund-01:r1",
+    "--expect",
+    "closed",
+    "--split",
+    "train",
+    "--id",
+    "added-1",
+)
+
+
 def full_disk_cases() -> list[tuple[str, Case]]:
     return [
         (
             "full disk: init --from a desk",
-            case_full_disk("init", ("init", "new", "--from", "refund-approval"), 0, where=new_dir, expect=(3,)),
+            case_full_disk(
+                "init", ("init", "new", "--from", "refund-approval"), 0, where=new_dir, expect=(3,)
+            ),
         ),
-        ("full disk: init --env (a new agent)", case_full_disk("init", ("init", "agent", "--env", "my-agent"), 0, where=new_dir)),
+        (
+            "full disk: init --env (a new agent)",
+            case_full_disk("init", ("init", "agent", "--env", "my-agent"), 0, where=new_dir),
+        ),
         (
             "full disk: run (threads journaled so far stay whole)",
             case_full_disk(
-                "run", ("run", "--model", "careful", "--k", "2", "--suspend"), 4000, kind="approval",
-                expect=(3,), again=(0, 1), keeps_journal=True,
+                "run",
+                ("run", "--model", "careful", "--k", "2", "--suspend"),
+                4000,
+                kind="approval",
+                expect=(3,),
+                again=(0, 1),
+                keeps_journal=True,
             ),
-        ),  # fmt: skip
-        ("full disk: ingest into the warehouse", case_full_disk("ingest", ("ingest", "more"), 4096, prepare=add_thread_copy, expect=(3,), again=(0,))),
-        (
-            "full disk: ingest creating the warehouse",
-            case_full_disk("ingest", ("ingest", "traces"), 0, kind="approval", prepare=drop_warehouse, again=(0,)),
         ),
         (
-            "full disk: scenarios add",
+            "full disk: ingest into the warehouse",
             case_full_disk(
-                "scenarios add",
-                ("scenarios", "add", "--from-thread", DONE, "--expect", "issued", "--split", "train", "--id", "full-1"),
-                1000, kind="approval",
+                "ingest", ("ingest", "more"), 4096, prepare=add_thread_copy, expect=(3,), again=(0,)
             ),
-        ),  # fmt: skip
+        ),
+        (
+            "full disk: ingest creating the warehouse",
+            case_full_disk(
+                "ingest", ("ingest", "traces"), 0, kind="approval", prepare=drop_warehouse, again=(0,)
+            ),
+        ),
+        ("full disk: scenarios add", case_full_disk("scenarios add", SCENARIOS_ADD, 1000)),
         ("full disk: lock", case_full_disk("lock", ("lock",), 0)),
-        ("full disk: export --format parquet", case_full_disk("export", ("export", "lake"), 2000, kind="approval")),
+        (
+            "full disk: export --format parquet",
+            case_full_disk("export", ("export", "lake"), 2000, kind="approval"),
+        ),
         (
             "full disk: export --format otlp (files)",
             case_full_disk("export", ("export", "--format", "otlp", "--out", "otlp"), 2000, kind="approval"),
@@ -839,17 +926,36 @@ def full_disk_cases() -> list[tuple[str, Case]]:
             case_full_disk(
                 "score --unseal",
                 ("score", "--policy", "v0", "--model", "naive", "--split", "test", "--unseal"),
-                3000, expect=(3,), again=(0, 1), keeps_journal=True,
+                3000,
+                expect=(3,),
+                again=(0, 1),
+                keeps_journal=True,
             ),
-        ),  # fmt: skip
+        ),
         (
             "full disk: round (reports, CHANGELOG, branch)",
             case_full_disk(
-                "round", ("round", "--policy", "v0", "--k", "1"), 2500, kind="approval", git_repo=True,
-                expect=(3,), again=(0, 1), keeps_journal=True,
+                "round",
+                ("round", "--policy", "v0", "--k", "1"),
+                2500,
+                kind="approval",
+                git_repo=True,
+                expect=(3,),
+                again=(0, 1),
+                keeps_journal=True,
             ),
-        ),  # fmt: skip
-        ("full disk: report --html", case_full_disk("report", ("report", "--html", "--out", "page.html"), 0, kind="approval", prepare=a_round, again=(0,))),
+        ),
+        (
+            "full disk: report --html",
+            case_full_disk(
+                "report",
+                ("report", "--html", "--out", "page.html"),
+                0,
+                kind="approval",
+                prepare=a_round,
+                again=(0,),
+            ),
+        ),
     ]
 
 
@@ -863,9 +969,15 @@ def a_round(ctx: Ctx, ws: Path) -> None:
 
 
 def case_readonly(
-    name: str, argv: tuple[str, ...], target: str, *, kind: str = "refunds", git_repo: bool = False,
-    how: str = "readonly", expect: tuple[int, ...] = (2, 3),
-) -> Case:  # fmt: skip
+    name: str,
+    argv: tuple[str, ...],
+    target: str,
+    *,
+    kind: str = "refunds",
+    git_repo: bool = False,
+    how: str = "readonly",
+    expect: tuple[int, ...] = (2, 3),
+) -> Case:
     """`argv` with `target` read-only (or a file, or a dangling link, where a directory belongs): a
     clean error naming it, nothing half-written."""
 
@@ -904,23 +1016,71 @@ def case_readonly(
 def readonly_cases() -> list[tuple[str, Case]]:
     return [
         ("read-only policies/refunds: lock", case_readonly("lock", ("lock",), "policies/refunds")),
-        ("read-only scenarios/: scenarios add", case_readonly(
-            "scenarios add",
-            ("scenarios", "add", "--from-thread", DONE, "--expect", "issued", "--split", "train", "--id", "ro-1"),
-            "scenarios", kind="approval")),
-        ("read-only traces/: run", case_readonly("run", ("run", "--model", "careful", "--k", "2", "--suspend"), "traces", kind="approval", expect=(3,))),
-        ("read-only reports/: round (after its branch)", case_readonly(
-            "round", ("round", "--policy", "v0", "--k", "1"), "reports", kind="approval", git_repo=True, expect=(3,))),
-        ("reports/ a file: export --format otlp", case_readonly(
-            "export", ("export", "--format", "otlp", "--out", "reports/otlp"), "reports", kind="approval", how="file")),
-        ("reports/ a file: round", case_readonly(
-            "round", ("round", "--policy", "v0", "--k", "1"), "reports", kind="approval", git_repo=True, how="file", expect=(2, 3))),
-        ("reports/ a dangling link: round", case_readonly(
-            "round", ("round", "--policy", "v0", "--k", "1"), "reports", kind="approval", git_repo=True, how="dangling", expect=(2, 3))),
-        ("traces/ a file: run", case_readonly("run", ("run", "--model", "careful", "--k", "1"), "traces", kind="approval", how="file")),
+        ("read-only scenarios/: scenarios add", case_readonly("scenarios add", SCENARIOS_ADD, "scenarios")),
+        (
+            "read-only traces/: run",
+            case_readonly(
+                "run",
+                ("run", "--model", "careful", "--k", "2", "--suspend"),
+                "traces",
+                kind="approval",
+                expect=(3,),
+            ),
+        ),
+        (
+            "read-only reports/: round (after its branch)",
+            case_readonly(
+                "round",
+                ("round", "--policy", "v0", "--k", "1"),
+                "reports",
+                kind="approval",
+                git_repo=True,
+                expect=(3,),
+            ),
+        ),
+        (
+            "reports/ a file: export --format otlp",
+            case_readonly(
+                "export",
+                ("export", "--format", "otlp", "--out", "reports/otlp"),
+                "reports",
+                kind="approval",
+                how="file",
+            ),
+        ),
+        (
+            "reports/ a file: round",
+            case_readonly(
+                "round",
+                ("round", "--policy", "v0", "--k", "1"),
+                "reports",
+                kind="approval",
+                git_repo=True,
+                how="file",
+                expect=(2, 3),
+            ),
+        ),
+        (
+            "reports/ a dangling link: round",
+            case_readonly(
+                "round",
+                ("round", "--policy", "v0", "--k", "1"),
+                "reports",
+                kind="approval",
+                git_repo=True,
+                how="dangling",
+                expect=(2, 3),
+            ),
+        ),
+        (
+            "traces/ a file: run",
+            case_readonly(
+                "run", ("run", "--model", "careful", "--k", "1"), "traces", kind="approval", how="file"
+            ),
+        ),
         ("policies/refunds a file: lock", case_readonly("lock", ("lock",), "policies/refunds", how="file")),
         ("read-only traces/ (the thread): resume", case_resume_readonly_traces),
-    ]  # fmt: skip
+    ]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -984,7 +1144,10 @@ def case_waiting_readonly(ctx: Ctx) -> None:
     ctx.improve("sql", "SELECT count(*) FROM threads", expect=[0])
     res = ctx.improve("waiting", "--json", expect=[0])
     if len(res.json()["waiting"]) != 8:
-        ctx.lost(f"improve waiting on a read-only warehouse listed {len(res.json()['waiting'])} threads, not 8", res)
+        ctx.lost(
+            f"improve waiting on a read-only warehouse listed {len(res.json()['waiting'])} threads, not 8",
+            res,
+        )
 
 
 def case_lock_timeout_advice(ctx: Ctx) -> None:
@@ -1036,18 +1199,27 @@ def case_sparse(command: str) -> Case:
     def case(ctx: Ctx) -> None:
         path = sparse_file(ctx, 400 * 1024 * 1024)
         if command == "ingest":
-            res = ctx.improve("ingest", path.parent, "--db", ctx.root / "w.duckdb", expect=[1], rss=True, timeout=120)
+            res = ctx.improve(
+                "ingest", path.parent, "--db", ctx.root / "w.duckdb", expect=[1], rss=True, timeout=120
+            )
         elif command == "otlp":
             res = ctx.improve(
-                "ingest", "--format", "otlp", path.parent, "--db", ctx.root / "w.duckdb", expect=[1], rss=True,
+                "ingest",
+                "--format",
+                "otlp",
+                path.parent,
+                "--db",
+                ctx.root / "w.duckdb",
+                expect=[1],
+                rss=True,
                 timeout=120,
-            )  # fmt: skip
+            )
         else:
             res = ctx.improve("replay", path, "--verify", expect=[1, 2, 3], rss=True, timeout=120)
         peak = (res.peak_kib or 0) // 1024
         if peak > 400:
             ctx.misleading(f"{command} of a 400 MB sparse file peaked at {peak} MiB", res)
-        if command != "replay" and res.seconds > 5 and "%" not in res.err and "MB" not in res.err:
+        if command != "replay" and res.seconds > 5 and "MiB" not in res.err:
             ctx.misleading(f"{command} read for {res.seconds:.0f} s without a progress line", res)
 
     return case
@@ -1075,14 +1247,31 @@ def table() -> list[tuple[str, Case]]:
         ("--event nested 205 deep", case_event_refused(deep_event(205), [1, 2], ("deep",))),
         ("--event nested 10,000 deep", case_event_refused(deep_event(10_000), [1, 2], ("deep",))),
         ("--event with NaN", case_event_refused('{"type": "APPROVE", "approver": NaN}', [2], ("NaN",))),
-        ("--event with Infinity", case_event_refused('{"type": "APPROVE", "approver": Infinity}', [2], ("Infinity",))),
+        (
+            "--event with Infinity",
+            case_event_refused('{"type": "APPROVE", "approver": Infinity}', [2], ("Infinity",)),
+        ),
         ("--event with 1e999", case_event_refused('{"type": "APPROVE", "approver": 1e999}', [2], ("1e999",))),
-        ("--event with a duplicate key", case_event_refused(
-            '{"type": "APPROVE", "approver": "a", "approver": "b"}', [2], ("approver", "twice"))),
-        ("--event with a lone surrogate", case_event_refused('{"type": "APPROVE", "approver": "\\ud800"}', [1, 2])),
-        ("--event with a 10 MB field", case_event_refused(
-            '{"type": "APPROVE", "approver": "' + "x" * (10 * 1024 * 1024) + '"}', [1, 2], ("bytes",))),
-        ("--event with a null field", case_event_refused('{"type": "APPROVE", "approver": null}', [1], ("null",))),
+        (
+            "--event with a duplicate key",
+            case_event_refused(
+                '{"type": "APPROVE", "approver": "a", "approver": "b"}', [2], ("approver", "twice")
+            ),
+        ),
+        (
+            "--event with a lone surrogate",
+            case_event_refused('{"type": "APPROVE", "approver": "\\ud800"}', [1, 2]),
+        ),
+        (
+            "--event with a 10 MB field",
+            case_event_refused(
+                '{"type": "APPROVE", "approver": "' + "x" * (10 * 1024 * 1024) + '"}', [1, 2], ("bytes",)
+            ),
+        ),
+        (
+            "--event with a null field",
+            case_event_refused('{"type": "APPROVE", "approver": null}', [1], ("null",)),
+        ),
         ("--event not an object", case_event_refused("[1, 2]", [1, 2])),
         ("resume against a changed scenario input", case_event_changed_input),
         ("a thread with a trailing blank line: replay, ingest, resume", case_trailing_blank_line),
@@ -1126,5 +1315,4 @@ def table() -> list[tuple[str, Case]]:
         ("ingest of a 400 MB sparse file", case_sparse("ingest")),
         ("ingest --format otlp of a 400 MB sparse file", case_sparse("otlp")),
         ("replay --verify of a 400 MB sparse file", case_sparse("replay")),
-    ]  # fmt: skip
-
+    ]

@@ -28,15 +28,16 @@ import fcntl
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from improve.errors import BusyError, StorageError
+from improve.errors import BusyError, ConfigError, StorageError
 
 DEFAULT_LOCK_TIMEOUT = 600.0
 """How long a writer waits for another process's lock: long enough for another command's writes (a
 run of a suite) to finish, bounded so that a stuck process is reported rather than waited on forever."""
 
+LOCK_TIMEOUT_ENV = "IMPROVE_LOCK_TIMEOUT"
 _POLL = 0.05
 
 _HINTS = {
@@ -154,9 +155,16 @@ _HELD = _Held()
 
 
 @contextlib.contextmanager
-def locked(path: Path, what: str, timeout: float = DEFAULT_LOCK_TIMEOUT) -> Iterator[None]:
+def locked(
+    path: Path,
+    what: str,
+    timeout: float | None = None,
+    say: Callable[[str], None] | None = None,
+) -> Iterator[None]:
     """Hold an exclusive `flock` on the lock file `path` while the block runs (see the module docstring).
-    `what` says what it guards, for the message of a timeout ("the scenario file scenarios/x.yaml")."""
+    `what` says what it guards, for the message of a timeout ("the scenario file scenarios/x.yaml");
+    `say` is told once when another process holds it and the command waits. `timeout` defaults to
+    `lock_timeout()`."""
     key = os.path.abspath(path)
     with _HELD.lock:
         held = _HELD.fds.get(key)
@@ -170,7 +178,7 @@ def locked(path: Path, what: str, timeout: float = DEFAULT_LOCK_TIMEOUT) -> Iter
                 fd, depth = _HELD.fds[key]
                 _HELD.fds[key] = (fd, depth - 1)
         return
-    fd = _acquire(Path(path), what, timeout)
+    fd = _acquire(Path(path), what, lock_timeout() if timeout is None else timeout, say)
     with _HELD.lock:
         _HELD.fds[key] = (fd, 1)
     try:
@@ -181,7 +189,28 @@ def locked(path: Path, what: str, timeout: float = DEFAULT_LOCK_TIMEOUT) -> Iter
         os.close(fd)  # closing releases the flock
 
 
-def _acquire(path: Path, what: str, timeout: float) -> int:
+def lock_timeout() -> float:
+    """Seconds a command waits for another process's lock (a warehouse's, a shared file's):
+    `IMPROVE_LOCK_TIMEOUT` when set, else the caller's default (`DEFAULT_LOCK_TIMEOUT` here)."""
+    return env_seconds(LOCK_TIMEOUT_ENV, DEFAULT_LOCK_TIMEOUT)
+
+
+def env_seconds(name: str, default: float) -> float:
+    """A number of seconds from the environment variable `name` (`default` when unset); a value that is
+    not a non-negative number is a `ConfigError` naming the variable."""
+    text = os.environ.get(name)
+    if text is None or not text.strip():
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        raise ConfigError(f"{name}={text!r} is not a number of seconds (e.g. {name}=120)")
+    return value
+
+
+def _acquire(path: Path, what: str, timeout: float, say: Callable[[str], None] | None) -> int:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -193,11 +222,15 @@ def _acquire(path: Path, what: str, timeout: float) -> int:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return fd
         except BlockingIOError:
+            if say is not None:
+                say(f"waiting for another process writing {what} (it holds {path}) ...")
+                say = None
             if time.monotonic() >= deadline:
                 os.close(fd)
                 raise BusyError(
                     f"another process has been writing {what} for over {timeout:.0f} s (it holds the lock "
-                    f"{path}); wait for it to finish, or end it, and run the command again"
+                    f"{path}); wait for it to finish, or end it, and run the command again (set "
+                    f"{LOCK_TIMEOUT_ENV}=SECONDS to wait longer)"
                 ) from None
             time.sleep(_POLL)
         except OSError as error:

@@ -135,6 +135,7 @@ def ingest_command(
             doc = report.to_json() | {"warehouse": str(target)}
             if spans:
                 doc["unit"] = "span"  # lines_read counts spans (and lines that held none)
+                doc["requests_unread"] = report.unread
             if materialized:
                 doc["outcomes"] = materialized.__dict__
             emit_json(doc)
@@ -180,8 +181,14 @@ def ingest_command(
                     err.print(f"  {problem}", markup=False)
         if (report.rejected or report.skipped) and not allow_rejects:
             if report.rejected:
+                unread = (
+                    f" ({report.unread} of them whole requests that could not be read at all, each counted as "
+                    "one: the spans in them are not counted)"
+                    if report.unread
+                    else ""
+                )
                 err.print(
-                    f"{report.rejected} {'span' if spans else 'line'}(s) rejected: see "
+                    f"{report.rejected} {'span' if spans else 'line'}(s) rejected{unread}: see "
                     '`improve sql "SELECT * FROM rejected_lines"`; the rest was ingested (use --allow-rejects '
                     "to accept a partial ingest)"
                 )

@@ -42,6 +42,8 @@ from __future__ import annotations
 
 import hashlib
 import tomllib
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Literal
 
@@ -50,6 +52,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from improve.errors import WorkspaceError
 from improve.evals.cluster import LOCAL, ExecutorChoice, parse_executor
 from improve.evals.scenarios import ScenarioSet, load_scenarios
+from improve.files import locked
 from improve.llm import CACHE_DIR, ModelSpec
 from improve.machine import MachineConfig, canonical_json, format_validation_error
 from improve.registry import check_slug
@@ -241,6 +244,12 @@ class Workspace:
     @property
     def reports(self) -> Path:
         return self.path(self.config.workspace.reports)
+
+    def writing(self, say: Callable[[str], None] | None = None) -> AbstractContextManager[None]:
+        """The lock a command holds while it writes the workspace's threads and records them in its
+        warehouse (`run`, `score`, `round`, `resume`): two such commands at once take turns, so one
+        never deletes, rewrites or half-reads the other's threads. `say` is told when it waits."""
+        return locked(self.root / ".improve" / "threads.lock", f"the threads in {self.traces}", say=say)
 
     def env_name(self, given: str | None) -> str:
         """The environment a command works on: `--env`, else `[workspace] environment`, else the only one."""

@@ -41,12 +41,15 @@ from improve.log.lines import (
     MAX_JSON_DEPTH,
     MAX_LINE_BYTES,
     LineScan,
+    LongLine,
     json_depth,
     line_problem,
     lines_fit,
     preview,
+    read_lines,
     scan_lines,
     split_lines,
+    too_long,
 )
 from improve.log.replay import (
     Budget,
@@ -95,6 +98,7 @@ __all__ = [
     "JsonlDirStore",
     "LineScan",
     "LogEntry",
+    "LongLine",
     "MemoryStore",
     "ReplayResult",
     "RunStatus",
@@ -125,6 +129,7 @@ __all__ = [
     "now_rfc3339",
     "preview",
     "read_file_threads",
+    "read_lines",
     "rechain",
     "replay",
     "resumable",
@@ -134,5 +139,6 @@ __all__ = [
     "seal",
     "split_lines",
     "to_log_entry",
+    "too_long",
     "validate_log",
 ]

@@ -70,8 +70,12 @@ def open_database(
                 # versions share it. The format is the file's own from then on; it is created by a
                 # connection of its own, because DuckDB refuses a second connection of this process to
                 # the file whose configuration differs from the first's (and the option is only needed once).
-                duckdb.connect(target, config={"storage_compatibility_version": STORAGE_COMPATIBILITY}).close()
-            con = duckdb.connect(target, read_only=read_only and target != ":memory:" and not fresh, config=config)
+                duckdb.connect(
+                    target, config={"storage_compatibility_version": STORAGE_COMPATIBILITY}
+                ).close()
+            con = duckdb.connect(
+                target, read_only=read_only and target != ":memory:" and not fresh, config=config
+            )
             break
         except duckdb.ConnectionException as err:
             # DuckDB keeps one database per file in a process: a sandboxed connection and a plain one

@@ -55,7 +55,7 @@ import duckdb
 
 from improve import clock
 from improve.errors import ConfigError, ConflictError, LogError, WarehouseDamagedError
-from improve.log import MAX_LINE_BYTES, lines_fit, preview, scan_lines, split_lines
+from improve.log import MAX_LINE_BYTES, LongLine, lines_fit, preview, read_lines, scan_lines, too_long
 from improve.warehouse.importers import IMPORTERS
 from improve.warehouse.staging import CAND_COLUMNS, CHAIN_COLUMN, THREAD_ID_SQL, Importer
 
@@ -144,6 +144,9 @@ class IngestReport:
     skipped: list[SkippedFile] = field(default_factory=list)
     seconds: float = 0.0
     rejections: list[tuple[str, int | None, str]] = field(default_factory=list)  # first few, for display
+    unread: int = 0
+    """OTLP: rejections that are a whole request (a line, or a file) not read at all, each counted as one
+    though it may hold many spans (a line too long, not JSON)."""
 
     def total(self, name: str) -> int:
         return sum(getattr(f, name) for f in self.files)
@@ -285,16 +288,6 @@ def _open_regular(path: Path) -> tuple[int, os.stat_result]:
     return fd, st
 
 
-def _read_regular(path: Path) -> tuple[os.stat_result, bytes]:
-    """The bytes of `path`, refusing anything but a regular file (`_open_regular`)."""
-    fd, st = _open_regular(path)
-    try:
-        with os.fdopen(os.dup(fd), "rb") as handle:
-            return st, handle.read()
-    finally:
-        os.close(fd)
-
-
 def _file_stat(path: Path) -> _FileStat | SkippedFile:
     """Size, mtime and a fingerprint of a file, or why it cannot be read at all (binary, not a file).
 
@@ -322,25 +315,58 @@ def _file_stat(path: Path) -> _FileStat | SkippedFile:
 
 SCAN_CHUNK = 1 << 22
 """Bytes read at a time to count a file's lines (4 MiB, then cut after its last LF): a large file is not
-held whole in memory beside DuckDB's buffers. A line longer than this is read whole. Larger chunks cost
-more, not less: past glibc's mmap threshold (32 MiB at most) every buffer is fresh pages to fault in
-(32 MiB chunks: 1.6 s CPU to count 557 MB of lines, 4 MiB: 0.8 s)."""
+held whole in memory beside DuckDB's buffers. A line longer than the limit is not held either: its
+length is counted as it is read past. Larger chunks cost more, not less: past glibc's mmap threshold
+(32 MiB at most) every buffer is fresh pages to fault in (32 MiB chunks: 1.6 s CPU to count 557 MB of
+lines, 4 MiB: 0.8 s)."""
+
+PROGRESS_BYTES = 256 << 20
+"""A file this large says how far its read has got, every so many bytes."""
 
 
-def _scan(known: _FileStat, max_line_bytes: int = MAX_LINE_BYTES) -> _FileInfo:
-    """The file's non-blank line count and the lines that cannot be read (`scan_lines`), read in chunks."""
+def _scan(
+    known: _FileStat, max_line_bytes: int = MAX_LINE_BYTES, say: Callable[[str], None] | None = None
+) -> _FileInfo:
+    """The file's non-blank line count and the lines that cannot be read (`scan_lines`), read in chunks;
+    a line past `max_line_bytes` is counted as it goes by, never held (`say` hears of a big file's
+    progress)."""
     lines, breaks, problems = 0, 0, {}
+    long = -1  # the bytes so far of a line already past the limit (-1: none)
+    long_cr = False  # whether its last byte so far is a CR
+    done = 0
     try:
         fd, _ = _open_regular(known.path)
         with os.fdopen(fd, "rb") as handle:
             carry, start = b"", True
             while True:
                 block = handle.read(SCAN_CHUNK)
+                done += len(block)
+                if say is not None and known.size >= PROGRESS_BYTES and done % PROGRESS_BYTES < len(block):
+                    say(f"{known.path}: {done >> 20:,} of {known.size >> 20:,} MiB read")
+                if long >= 0:
+                    cut = block.find(b"\n")
+                    if cut < 0 and block:
+                        long, long_cr = long + len(block), block.endswith(b"\r")
+                        continue
+                    length = long + max(cut, 0)
+                    if (block[cut - 1 : cut] == b"\r") if cut > 0 else long_cr:
+                        length -= 1  # a CR before the LF is not part of the line
+                    lines, long = lines + 1, -1
+                    problems[breaks + 1] = too_long(length, max_line_bytes)
+                    if cut < 0:
+                        break
+                    breaks += 1
+                    block = block[cut + 1 :]
+                    if not block:
+                        continue
                 data = carry + block if carry else block
                 if block:
                     cut = data.rfind(b"\n") + 1
                     if cut == 0:  # no LF yet: one long line, read on
-                        carry = data
+                        if len(data) > max_line_bytes + 1:  # past the limit, a CR or not: counted, not held
+                            long, long_cr, carry, start = len(data), data.endswith(b"\r"), b"", False
+                        else:
+                            carry = data
                         continue
                     data, carry = data[:cut], data[cut:]
                 found = scan_lines(data, max_bytes=max_line_bytes, bom=start)
@@ -573,7 +599,7 @@ def _transaction(
                 str(s.path) for s in todo if s.size > max_line_bytes and not _lines_fit(s, max_line_bytes)
             }
             easy = [s for s in todo if str(s.path) not in long]
-            careful = [_scan(s, max_line_bytes) for s in todo if str(s.path) in long]
+            careful = [_scan(s, max_line_bytes, say) for s in todo if str(s.path) in long]
             infos = list(careful)
             if easy:
                 say(f"bulk read of {len(easy)} file(s)")
@@ -581,10 +607,10 @@ def _transaction(
                 infos, careful = done.infos + infos, done.careful + careful
                 fresh = not careful
         else:
-            infos = careful = [_scan(s, max_line_bytes) for s in todo]
+            infos = careful = [_scan(s, max_line_bytes, say) for s in todo]
         if careful:
             say(f"careful read of {len(careful)} file(s)")
-            _careful(con, report, careful, importer)
+            _careful(con, report, careful, importer, max_line_bytes)
         _check_accounting(con, report, infos)
         _advance_threads(con, report.batch_id, fresh=fresh)
         counted = [(f.file, f.lines_read, f.rejected) for f in report.files if f.path != "unchanged"]
@@ -812,7 +838,23 @@ def _content_key(prefix: str = "") -> str:
     )
 
 
-def load_raw_lines(con: duckdb.DuckDBPyConnection, infos: Sequence[_FileInfo]) -> None:
+def _file_lines(path: Path, max_line_bytes: int) -> Iterator[tuple[int, bytes | LongLine]]:
+    """The file's non-blank lines, streamed by the shared reader (a line past the limit kept as its
+    first bytes, never whole)."""
+    try:
+        fd, _ = _open_regular(path)
+        with os.fdopen(fd, "rb") as handle:
+            yield from read_lines(handle, max_bytes=max_line_bytes)
+    except OSError as error:
+        raise LogError(
+            f"{path}: cannot be read any more ({error.strerror or error}); it changed during the "
+            "ingest: run it again"
+        ) from None
+
+
+def load_raw_lines(
+    con: duckdb.DuckDBPyConnection, infos: Sequence[_FileInfo], max_line_bytes: int = MAX_LINE_BYTES
+) -> None:
     """TEMP TABLE raw_lines(file, line, raw): every non-blank line with its 1-based line number, read by
     the shared reader (`improve.log.lines`: BOM and CRs dropped, bytes decoded line by line); and TEMP
     TABLE reader_rejects(file, line, error): the lines the reader refused, with why.
@@ -825,16 +867,11 @@ def load_raw_lines(con: duckdb.DuckDBPyConnection, infos: Sequence[_FileInfo]) -
     texts: list[str] = []
     refused: list[tuple[str, int, str]] = []
     for info in infos:
-        try:
-            _, data = _read_regular(info.path)
-        except OSError as error:
-            raise LogError(
-                f"{info.path}: cannot be read any more ({error.strerror or error}); it changed during the "
-                "ingest: run it again"
-            ) from None
         name = str(info.path)
-        for number, line in split_lines(data):
+        for number, line in _file_lines(info.path, max_line_bytes):
             problem = info.problems.get(number)
+            if isinstance(line, LongLine):  # the scan found it too long: only its first bytes were kept
+                problem, line = problem or too_long(line.length, max_line_bytes), line.head
             if problem is None:
                 try:
                     text = line.decode("utf-8")
@@ -915,10 +952,14 @@ def _check_classified(con: duckdb.DuckDBPyConnection) -> None:
 
 
 def _careful(
-    con: duckdb.DuckDBPyConnection, report: IngestReport, infos: list[_FileInfo], importer: Importer
+    con: duckdb.DuckDBPyConnection,
+    report: IngestReport,
+    infos: list[_FileInfo],
+    importer: Importer,
+    max_line_bytes: int = MAX_LINE_BYTES,
 ) -> None:
     """Line by line, with line numbers: land, recognise as present, or reject with the reason."""
-    load_raw_lines(con, infos)
+    load_raw_lines(con, infos, max_line_bytes)
     con.execute(f"CREATE OR REPLACE TEMP TABLE cand ({CAND_COLUMNS})")
     importer.stage(con)
     # An importer of a format without a chain leaves the optional column out (see staging.CHAIN_COLUMN).
