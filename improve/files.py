@@ -8,10 +8,12 @@ writer never leaves one half written.
   was, and raises `StorageError` naming the file.
 - `append_whole(path, data)`: appends with one `write` on an `O_APPEND` descriptor, under an exclusive
   `flock` of the file, flushed to disk; a write that fails part way is cut back off, so the file ends
-  where it did (no torn last line).
-- `locked(path, what)`: an exclusive `flock` on a lock file (`path` itself, created empty when missing),
-  held while the block runs: a read-modify-write of a shared file (a scenario file, the unsealings
-  record) runs in one process at a time, on this host. It is re-entrant within a process (a command
+  where it did (no torn last line), and a file it created is removed. `data` may be a function of the
+  file's content as it stands under the lock (a record numbered after the ones before it).
+- `locked(path, what)`: an exclusive `flock` on a lock file (`path` itself, created empty when missing)
+  or on a directory (which leaves no file behind: for directories kept in version control), held while
+  the block runs: a read-modify-write of a shared file (a scenario file) runs in one process at a
+  time, on this host. It is re-entrant within a process (a command
   that holds it may call code that takes it again), and it waits up to `timeout` seconds for another
   process, then raises `BusyError`. A lock is released when its process ends, however it ends: a
   killed process never leaves a lock behind. `flock` is advisory and may not hold across hosts on a
@@ -104,9 +106,8 @@ def _mode_for(path: Path, mode: int | None) -> int | None:
         return mode
 
 
-def append_whole(path: Path, data: bytes | str) -> None:
+def append_whole(path: Path, data: bytes | str | Callable[[bytes], bytes | str]) -> None:
     """Append `data` to `path` (created when missing) whole, or not at all (see the module docstring)."""
-    payload = data.encode("utf-8") if isinstance(data, str) else data
     path = Path(path)
     try:
         fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -115,12 +116,17 @@ def append_whole(path: Path, data: bytes | str) -> None:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         end = os.fstat(fd).st_size
+        if callable(data):
+            data = data(os.pread(fd, end, 0) if end else b"")
+        payload = data.encode("utf-8") if isinstance(data, str) else data
         try:
             _write_all(fd, payload)
             os.fsync(fd)
         except OSError as error:
             with contextlib.suppress(OSError):
                 os.ftruncate(fd, end)
+                if end == 0:
+                    os.unlink(path)  # it was created here, or was empty: no empty file is left
             raise storage_error(error, f"append to {path}") from None
     finally:
         os.close(fd)
@@ -212,8 +218,11 @@ def env_seconds(name: str, default: float) -> float:
 
 def _acquire(path: Path, what: str, timeout: float, say: Callable[[str], None] | None) -> int:
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        if path.is_dir():
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     except OSError as error:
         raise storage_error(error, f"lock {what} ({path})") from None
     deadline = time.monotonic() + timeout

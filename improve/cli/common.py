@@ -53,6 +53,11 @@ def handled(interrupted: str = INTERRUPTED) -> Iterator[None]:
         raise typer.Exit(130) from None
 
 
+def say(message: str) -> None:
+    """A progress line on stderr, as written (no rich markup)."""
+    err.print(message, markup=False)
+
+
 def report(error: ImproveError) -> None:
     """The one-paragraph `error:` message of `error` on stderr."""
     # Escaped: messages quote improve.toml sections (`[importers.NAME]`), which rich reads as markup.

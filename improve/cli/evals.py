@@ -22,9 +22,10 @@ from improve.cli.common import (
     executor_for,
     handled,
     out,
+    say,
     workspace,
 )
-from improve.cli.unseal import record_unsealed, unsealings_so_far
+from improve.cli.unseal import check_unsealing, record_unsealed, unsealings_so_far
 from improve.errors import ScenarioError, SealedSplitError, WorkspaceError
 from improve.evals import (
     OPEN_SPLITS,
@@ -139,7 +140,9 @@ def score_command(
                 f"{SEALED_SPLIT}`) before any round chooses a policy, and score them once at the end"
             )
         objective = space.config.objective
-        with Ledger(space, environment) as ledger:
+        if unseal:
+            check_unsealing(space, env_name)
+        with space.writing(say), Ledger(space, environment) as ledger:
             store = ledger.store
             known = {s.id for s in scenarios}
             splits = [*OPEN_SPLITS, *([SEALED_SPLIT] if unseal else [])] if split == "all" else [split]
@@ -230,6 +233,8 @@ def score_command(
                     command=f"improve score --policy {policy}{f' --vs {vs}' if vs else ''} --model {model} "
                     f"--split {split} --unseal",
                     comparison=test_comparison.to_json() if test_comparison else None,
+                    ledger=ledger,
+                    thread_ids=thread_ids,
                 )
             if as_json:
                 emit_json(

@@ -27,6 +27,7 @@ from improve.cli.common import (
     executor_for,
     handled,
     out,
+    say,
     workspace,
 )
 from improve.errors import WorkspaceError
@@ -250,8 +251,8 @@ def diagnose_command(
             cache.value,
         )
         train = [s for s in inputs.scenarios if s.split == "train"]
-        plan = write_threads(inputs.env, train, spec, JsonlDirStore(space.traces), concurrency=8)
-        with Ledger(space, inputs.env) as ledger:
+        with space.writing(say), Ledger(space, inputs.env) as ledger:
+            plan = write_threads(inputs.env, train, spec, JsonlDirStore(space.traces), concurrency=8)
             recorded = ledger.record(
                 [p.thread_id for p in plan],
                 say=lambda m: err.print(m, markup=False),

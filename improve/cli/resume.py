@@ -19,6 +19,7 @@ from improve.cli.common import (
     err,
     handled,
     out,
+    say,
     strict_json,
     workspace,
 )
@@ -106,9 +107,9 @@ def resume_command(
                 max_depth=MAX_EVENT_DEPTH,
             )
         environment = thread_environment(space, thread_id, env)
-        meter = Meter(say=_say)
+        meter = Meter(say=say)
         # One writer of the workspace's threads at a time: a second resume (or run) waits for this one.
-        with space.writing(_say):
+        with space.writing(say):
             try:
                 result = resume_thread(
                     space,
@@ -159,10 +160,6 @@ def resume_command(
             out.print(f"  {'pass' if row.passed else 'FAIL'}: {row.reason}", markup=False)
 
 
-def _say(message: str) -> None:
-    err.print(message, markup=False)
-
-
 def _record(space: Any, environment: Any, thread_id: str) -> tuple[Any, str | None]:
     """Record the resumed thread in the warehouse: (what was recorded, None), or (None, why not) when
     the warehouse cannot be written (read-only, locked, a full disk): the resume itself stands."""
@@ -174,7 +171,7 @@ def _record(space: Any, environment: Any, thread_id: str) -> tuple[Any, str | No
 
     try:
         with Ledger(space, environment) as ledger:
-            return ledger.record([thread_id], say=_say), None
+            return ledger.record([thread_id], say=say), None
     except OSError as error:
         return None, str(storage_error(error))
     except (ImproveError, duckdb.Error) as error:

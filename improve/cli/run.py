@@ -22,9 +22,10 @@ from improve.cli.common import (
     executor_for,
     handled,
     out,
+    say,
     workspace,
 )
-from improve.cli.unseal import record_unsealing_of
+from improve.cli.unseal import check_unsealing, record_unsealing_of
 from improve.errors import EndpointError, SealedSplitError, WorkspaceError
 from improve.evals import SEALED_SPLIT, UNSEAL_HOW, Ledger, OutcomeRow, SuiteSpec, fallbacks, write_threads
 from improve.llm import Meter
@@ -135,48 +136,53 @@ def run_command(
             if spec.model_spec is not None and (done == total or done % 10 == 0):
                 err.print(f"  {done}/{total} runs: {meter.summary()}", markup=False)
 
-        with executor_for(space, executor) as fanout:
-            plan = write_threads(
-                environment,
-                chosen,
-                spec,
-                store,
-                fresh=fresh,
-                concurrency=concurrency,
-                executor=fanout,
-                ran=ran,
-                meter=meter,
-            )
-        # Every thread is recorded in the warehouse and read back from there, verified.
-        with Ledger(space, environment) as ledger:
-            recorded = ledger.record(
-                [p.thread_id for p in plan],
-                say=lambda m: err.print(m, markup=False),
-                rewritten=[p.thread_id for p in plan if not p.reused],
-            )
-        rows = recorded.rows
-        for done, row in enumerate(rows, start=1):
-            mark = "[green]pass[/]" if row.passed else "[red]FAIL[/]"
-            err.print(f"  [{done}/{len(rows)}] {row.thread_id} {mark} {row.final_state}", markup=True)
-        reused_count = sum(p.reused for p in plan)
-        if reused_count:
-            err.print(f"reused {reused_count} recorded threads (--fresh runs them again)")
-        summary = summarize(rows)
-        fell_back = fallbacks(rows)
-        unsealed = [r for r in rows if r.split == SEALED_SPLIT]
-        unsealing = (
-            record_unsealing_of(
-                space,
-                env_name,
-                scenario_set,
-                policy_config,
-                model,
-                unsealed,
-                command=f"improve run --policy {policy} --model {model} --split {split} --k {spec.k} --unseal",
-            )
-            if unsealed
-            else None
-        )
+        if unseal and any(s.split == SEALED_SPLIT for s in chosen):
+            check_unsealing(space, env_name)
+        # One writer of the workspace's threads at a time: another run, a round or a resume waits.
+        with space.writing(say):
+            with executor_for(space, executor) as fanout:
+                plan = write_threads(
+                    environment,
+                    chosen,
+                    spec,
+                    store,
+                    fresh=fresh,
+                    concurrency=concurrency,
+                    executor=fanout,
+                    ran=ran,
+                    meter=meter,
+                )
+            # Every thread is recorded in the warehouse and read back from there, verified.
+            with Ledger(space, environment) as ledger:
+                recorded = ledger.record(
+                    [p.thread_id for p in plan],
+                    say=say,
+                    rewritten=[p.thread_id for p in plan if not p.reused],
+                )
+                rows = recorded.rows
+                for done, row in enumerate(rows, start=1):
+                    mark = "[green]pass[/]" if row.passed else "[red]FAIL[/]"
+                    err.print(f"  [{done}/{len(rows)}] {row.thread_id} {mark} {row.final_state}", markup=True)
+                reused_count = sum(p.reused for p in plan)
+                if reused_count:
+                    err.print(f"reused {reused_count} recorded threads (--fresh runs them again)")
+                summary = summarize(rows)
+                fell_back = fallbacks(rows)
+                unsealed = [r for r in rows if r.split == SEALED_SPLIT]
+                unsealing = (
+                    record_unsealing_of(
+                        space,
+                        env_name,
+                        scenario_set,
+                        policy_config,
+                        model,
+                        unsealed,
+                        command=f"improve run --policy {policy} --model {model} --split {split} --k {spec.k} --unseal",
+                        ledger=ledger,
+                    )
+                    if unsealed
+                    else None
+                )
         if as_json:
             emit_json(
                 {

@@ -7,8 +7,8 @@ separated by one. The result is read back with `load_scenarios` before it replac
 hold the scenario exactly; otherwise nothing is written.
 
 Two appends at once (two `improve scenarios add` processes) are a read-modify-write of one file: each
-holds the file's lock (`.NAME.lock` beside it) from reading it to replacing it, so the second reads
-what the first wrote and neither loses the other's scenario. The replacement is atomic (`write_atomic`):
+holds the lock of the file's directory from reading it to replacing it, so the second reads what the
+first wrote and neither loses the other's scenario. The replacement is atomic (`write_atomic`):
 a full disk leaves the file as it was.
 """
 
@@ -82,7 +82,9 @@ def append_scenario(
     return the file as it now loads. Refused, with nothing written, when the file does not load now,
     the id is taken, or the result would not load back holding exactly `scenario`."""
     target = path.resolve()  # a symlinked file (the bundled desks') is written where it lives
-    with locked(target.with_name(f".{target.name}.lock"), f"the scenario file {path}"):
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # The directory is the lock: a lock file beside the scenario file would be one more file in git.
+    with locked(target.parent, f"the scenario file {path}"):
         if target.exists():
             current = load_scenarios(target, environment)
             taken = current.by_id().get(scenario.id)
@@ -163,7 +165,6 @@ def _replace_checked(
             f"appending scenario '{scenario.id}' to {path} would not read back as the same scenario "
             "(the file's layout around the `scenarios:` list?); nothing was written"
         )
-    target.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(target, text)
     loaded.source = str(path)
     return loaded

@@ -101,7 +101,8 @@ def run_round(space: Workspace, opts: RoundOptions, say: Say = lambda m: None) -
     """One round (see the module's docstring). Every thread it runs or reuses is recorded in the
     workspace's warehouse and read back from there; threads that do not verify are set aside."""
     inputs = locate(space, opts.env, opts.policy)
-    with Ledger(space, inputs.env) as ledger:
+    # One writer of the workspace's threads at a time: a second round (or run, or resume) waits.
+    with space.writing(say), Ledger(space, inputs.env) as ledger:
         return _run_round(space, opts, say, inputs, ledger)
 
 
