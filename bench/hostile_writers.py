@@ -53,6 +53,8 @@ def snapshot(root: Path) -> dict[str, str]:
         rel = path.relative_to(root)
         if rel.parts[0] == ".git" or path.name.endswith(".lock") or str(rel) == ".improve":
             continue
+        if path.name.endswith(".duckdb.wal") and path.stat().st_size == 0:
+            continue  # DuckDB's own, empty: see `junk`
         if path.is_symlink():
             found[str(rel)] = "link:" + os.readlink(path)
         elif path.is_dir():
@@ -84,7 +86,9 @@ def junk(root: Path) -> list[str]:
         rel = path.relative_to(root)
         if rel.parts[0] == ".git" or path.name.endswith(".lock") or not path.is_file():
             continue
-        if path.stat().st_size == 0 and path.name != ".gitkeep":
+        # An empty write-ahead log beside a warehouse is DuckDB's own (a commit that failed): it holds
+        # nothing, and the next connection reads past it.
+        if path.stat().st_size == 0 and path.name != ".gitkeep" and not path.name.endswith(".duckdb.wal"):
             found.append(f"{rel} (empty)")
         elif any(mark in path.name for mark in (".tmp", ".partial", ".part")):
             found.append(f"{rel} (temporary)")
@@ -902,7 +906,13 @@ def full_disk_cases() -> list[tuple[str, Case]]:
         (
             "full disk: ingest into the warehouse",
             case_full_disk(
-                "ingest", ("ingest", "more"), 4096, prepare=add_thread_copy, expect=(3,), again=(0,)
+                "ingest",
+                ("ingest", "more"),
+                512,
+                prepare=add_thread_copy,
+                kind="approval",
+                expect=(3,),
+                again=(0,),
             ),
         ),
         (

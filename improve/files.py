@@ -60,6 +60,15 @@ _HINTS = {
 }
 
 
+def hint_for(text: str) -> str | None:
+    """The hint for a system error another library reported as text (DuckDB's "IO Error: Could not write
+    file ...: No space left on device"), or None when it names none of the errors above."""
+    for number, hint in _HINTS.items():
+        if os.strerror(number) in text:
+            return hint
+    return None
+
+
 def storage_error(error: OSError, doing: str | None = None) -> StorageError:
     """`error` as a `StorageError`: what was being done (e.g. "write scenarios/x.yaml"; by default the file
     the system names), the system's reason, and a hint."""

@@ -15,9 +15,9 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from improve.errors import ImproveError, WorkspaceError
+from improve.errors import ImproveError, StorageError, WorkspaceError
 from improve.evals import EXECUTOR_HELP, Fanout, Workspace, open_fanout
-from improve.files import storage_error
+from improve.files import hint_for, storage_error
 
 # Progress and logs go to stderr; stdout holds the result (a table, or exactly one JSON document).
 # Piped output keeps whole table rows (140 columns) instead of rich's 80-column default.
@@ -48,6 +48,15 @@ def handled(interrupted: str = INTERRUPTED) -> Iterator[None]:
         storage = storage_error(error)
         report(storage)
         raise typer.Exit(storage.exit_code) from None
+    except Exception as error:
+        # DuckDB says a refused write in its own exception (an IOException, a failed COMMIT); the system's
+        # reason is in its text. Anything else is a bug, and keeps its traceback.
+        hint = hint_for(str(error)) if type(error).__module__.split(".")[0] in ("duckdb", "_duckdb") else None
+        if hint is None:
+            raise
+        first = str(error).splitlines()[0][:300]
+        report(StorageError(f"the warehouse could not be written: {first}; {hint}"))
+        raise typer.Exit(EXIT_INFRA) from None
     except KeyboardInterrupt:
         err.print(interrupted)
         raise typer.Exit(130) from None

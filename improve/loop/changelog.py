@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from improve.evals import p_value
+from improve.files import write_atomic
 from improve.loop.heldout import held_out_lines
 
 HEADER = (
@@ -108,5 +109,5 @@ def append_entry(path: Path, env: str, record: dict[str, Any]) -> str:
     entry = entry_markdown(record)
     if not text.endswith("\n"):
         text += "\n"
-    path.write_text(text + "\n" + entry, encoding="utf-8")
+    write_atomic(path, text + "\n" + entry)
     return entry

@@ -30,6 +30,7 @@ from improve.evals import (
     scorecard_from_json,
     svg_chart,
 )
+from improve.files import write_atomic
 from improve.loop.history import measured_from_record, policy_history, read_entries
 from improve.machine import MachineConfig, describe_mermaid, describe_svg, diff_states, parse_machine
 
@@ -375,5 +376,5 @@ def write_round_page(space: Workspace, round_id: str | None, out: Path | None = 
 
     page = round_page(report, history, baseline, candidate, trace_href)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(page, encoding="utf-8")
+    write_atomic(path, page)
     return WrittenPage(folder, path, r, notes)

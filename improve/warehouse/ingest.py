@@ -54,7 +54,8 @@ from pathlib import Path
 import duckdb
 
 from improve import clock
-from improve.errors import ConfigError, ConflictError, LogError, WarehouseDamagedError
+from improve.errors import ConfigError, ConflictError, LogError, StorageError, WarehouseDamagedError
+from improve.files import hint_for
 from improve.log import MAX_LINE_BYTES, LongLine, lines_fit, preview, read_lines, scan_lines, too_long
 from improve.warehouse.importers import IMPORTERS
 from improve.warehouse.staging import CAND_COLUMNS, CHAIN_COLUMN, THREAD_ID_SQL, Importer
@@ -467,11 +468,28 @@ def ingest(
             known.append(stat_or_skip)
     report = IngestReport(batch_id=uuid.uuid4().hex[:12], format=fmt, skipped=skipped)
     # Native files are read in bulk first; the importer stages only the files that need care.
-    _batch(con, report, known, importer, bulk=fmt == "native", say=say, max_line_bytes=max_line_bytes)
+    try:
+        _batch(con, report, known, importer, bulk=fmt == "native", say=say, max_line_bytes=max_line_bytes)
+    except duckdb.Error as error:
+        refused = storage_failure(error, "commit the ingest batch", "nothing of the batch was committed")
+        if refused is None:
+            raise
+        raise refused from None
     report.files.sort(key=lambda f: f.file)
     report.skipped.sort(key=lambda f: f.file)
     report.seconds = time.perf_counter() - started
     return report
+
+
+def storage_failure(error: BaseException, doing: str, kept: str) -> StorageError | None:
+    """A DuckDB error that is the system refusing a write (a full disk, a file size limit, a read-only
+    file) as the `StorageError` to raise: what was being done, DuckDB's first line, the hint, and what
+    was kept (`kept`); None for any other DuckDB error."""
+    text = str(error)
+    hint = hint_for(text)
+    if hint is None:
+        return None
+    return StorageError(f"cannot {doing}: {text.splitlines()[0][:300]}; {hint}; {kept}")
 
 
 def _check_accounting(con: duckdb.DuckDBPyConnection, report: IngestReport, todo: list[_FileInfo]) -> None:
