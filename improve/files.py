@@ -18,6 +18,9 @@ writer never leaves one half written.
   process, then raises `BusyError`. A lock is released when its process ends, however it ends: a
   killed process never leaves a lock behind. `flock` is advisory and may not hold across hosts on a
   network file system.
+- `ensure_directory(path, what)`: a directory a command will write into, made when missing, checked
+  before anything is written: a file in its place or a dangling symbolic link is refused (a link would
+  otherwise make its target's directories appear wherever it points).
 - `storage_error(error, doing)`: an `OSError` (from anywhere) as the `StorageError` the CLI reports:
   the file, the system's reason, and what to do about it.
 """
@@ -81,6 +84,27 @@ def storage_error(error: OSError, doing: str | None = None) -> StorageError:
         said = f"cannot {doing}" + (f" ({', '.join(missing)})" if missing else "")
     hint = _HINTS.get(error.errno or 0)
     return StorageError(f"{said}: {reason}" + (f"; {hint}" if hint else ""))
+
+
+def ensure_directory(path: Path, what: str) -> Path:
+    """`path` as a directory to write into (see the module docstring); `what` names it in a refusal."""
+    path = Path(path)
+    for part in (path, *path.parents):
+        if part.is_symlink() and not part.exists():
+            raise StorageError(
+                f"{what} {path} goes through {part}, a symbolic link to {os.readlink(part)}, which does not "
+                "exist; create its target or remove the link"
+            )
+    if path.exists() and not path.is_dir():
+        raise StorageError(f"{what} {path} is a file, not a directory; move it away")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".{os.getpid()}.{threading.get_ident()}.probe"
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644))
+        os.unlink(probe)
+    except OSError as error:
+        raise storage_error(error, f"write into {what} {path}") from None
+    return path
 
 
 def write_atomic(path: Path, data: bytes | str, *, mode: int | None = None) -> None:

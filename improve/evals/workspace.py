@@ -41,6 +41,7 @@ the workspace and `--env` must name the environment.
 from __future__ import annotations
 
 import hashlib
+import os
 import tomllib
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -231,7 +232,18 @@ class Workspace:
         return cls(path.parent.resolve(), config)
 
     def path(self, relative: str) -> Path:
-        return (self.root / relative).resolve()
+        """A path of the workspace, resolved; refused when it goes through a dangling symbolic link (a
+        command writing there would make the link's target appear, wherever it points)."""
+        path = self.root / relative
+        for part in (path, *path.parents):
+            if part == self.root:
+                break
+            if part.is_symlink() and not part.exists():
+                raise WorkspaceError(
+                    f"{path} goes through {part}, a symbolic link to {os.readlink(part)}, which does not exist; "
+                    "create its target or remove the link"
+                )
+        return path.resolve()
 
     @property
     def traces(self) -> Path:

@@ -12,6 +12,7 @@ from typing import Any
 
 from improve.errors import ImproveError
 from improve.evals import PromotionDecision, Scorecard, VersionScore, scorecard_markdown
+from improve.files import write_atomic
 from improve.loop.changelog import append_entry, entry_markdown
 from improve.loop.heldout import held_out_sentence, next_held_out_read
 from improve.loop.history import measured_from_record, policy_history, read_entries
@@ -59,28 +60,22 @@ def record(
         measured_from_record(result.to_json()),
     )
     body = pr_body(result, cards, verdict, inputs.policy, candidate, history)
-    (report_dir / "scorecard.md").write_text(body, encoding="utf-8")
+    write_atomic(report_dir / "scorecard.md", body)
     # The scorecards as data, for `improve report --html` (the markdown is for people).
-    (report_dir / "scorecards.json").write_text(
-        json.dumps([c.to_json() for c in cards], indent=2) + "\n", encoding="utf-8"
-    )
+    write_atomic(report_dir / "scorecards.json", json.dumps([c.to_json() for c in cards], indent=2) + "\n")
     if proposal is not None and proposal.document is not None:
-        (report_dir / "policy.json").write_text(
-            json.dumps(proposal.document, indent=2) + "\n", encoding="utf-8"
-        )
+        write_atomic(report_dir / "policy.json", json.dumps(proposal.document, indent=2) + "\n")
     record = result.to_json()
     if not result.recommended:
         entry = append_entry(inputs.changelog, inputs.env_name, record)
-        (report_dir / "changelog-entry.md").write_text(entry, encoding="utf-8")
-        (report_dir / "round.json").write_text(
-            json.dumps(record, indent=2, default=str) + "\n", encoding="utf-8"
-        )
+        write_atomic(report_dir / "changelog-entry.md", entry)
+        write_atomic(report_dir / "round.json", json.dumps(record, indent=2, default=str) + "\n")
         say(f"discarded {result.candidate_version}: recorded in {inputs.changelog}")
         return
     assert candidate is not None and proposal is not None
     entry = entry_markdown(record)
-    (report_dir / "changelog-entry.md").write_text(entry, encoding="utf-8")
-    (report_dir / "pr.md").write_text(body, encoding="utf-8")
+    write_atomic(report_dir / "changelog-entry.md", entry)
+    write_atomic(report_dir / "pr.md", body)
     policy_text = json.dumps(proposal.document, indent=2, ensure_ascii=False) + "\n"
     changelog_text = inputs.changelog.read_text(encoding="utf-8")
     changelog_text = changelog_text + ("" if changelog_text.endswith("\n") else "\n") + "\n" + entry
@@ -94,9 +89,7 @@ def record(
         say,
         allow_insecure_github=allow_insecure_github,
     )
-    (report_dir / "round.json").write_text(
-        json.dumps(result.to_json(), indent=2, default=str) + "\n", encoding="utf-8"
-    )
+    write_atomic(report_dir / "round.json", json.dumps(result.to_json(), indent=2, default=str) + "\n")
 
 
 ROUND_FILES = re.compile(
@@ -224,8 +217,8 @@ def open_review(
         top = Path(repo.working_tree_dir or inputs.space.root).resolve()
     except Exception:
         # Not a git repository: the files are left in the report for a person to apply.
-        (report_dir / name).write_text(policy_text, encoding="utf-8")
-        (report_dir / "CHANGELOG.md").write_text(changelog_text, encoding="utf-8")
+        write_atomic(report_dir / name, policy_text)
+        write_atomic(report_dir / "CHANGELOG.md", changelog_text)
         return {
             "pushed": False,
             "instructions": f"not a git repository: copy {report_dir / name} to {policy_file} "
@@ -255,7 +248,7 @@ def open_review(
     except ImproveError as err:
         say(f"pull request: {err}")
         return {"pushed": False, "error": str(err)}
-    (report_dir / "policy.diff").write_text(branch_diff(top, branch, None), encoding="utf-8")
+    write_atomic(report_dir / "policy.diff", branch_diff(top, branch, None))
     restore_changelog(repo, inputs.changelog, top)
     say(f"pull request: {pr.pr_url}" if pr.pr_url else f"branch {branch} ready: {pr.instructions}")
     return pr.to_json()
@@ -271,7 +264,7 @@ def restore_changelog(repo: Any, changelog: Path, top: Path) -> None:
         return
     current = changelog.read_text(encoding="utf-8")
     if current.startswith(head_text.rstrip("\n")):
-        changelog.write_text(head_text + ("\n" if not head_text.endswith("\n") else ""), encoding="utf-8")
+        write_atomic(changelog, head_text + ("\n" if not head_text.endswith("\n") else ""))
 
 
 def model_markdown(info: dict[str, Any]) -> str:
