@@ -43,7 +43,7 @@ ENTRY = {
 # - HOSTILE_FSIZE=N: a full disk, without root: writes past N bytes of any file fail with EFBIG
 #   (RLIMIT_FSIZE, inherited by what the command starts, git included; SIGXFSZ ignored, as a shell's
 #   `ulimit -f` leaves it to the writer to see the error);
-# - HOSTILE_RSS=FILE: the command's peak resident memory (KiB) written to FILE as it exits;
+# - HOSTILE_RSS=FILE: the command's peak resident memory (KiB, Linux's VmHWM) written to FILE as it exits;
 # - HOSTILE_KILL_AFTER_RESUME_EVENT=1: the process is killed (SIGKILL) right after a resume's event is
 #   journaled, before anything acts on it: the worst moment for a crash.
 PRELUDE = """
@@ -54,11 +54,15 @@ if os.environ.get('HOSTILE_FSIZE'):
     _n = int(os.environ.pop('HOSTILE_FSIZE'))
     resource.setrlimit(resource.RLIMIT_FSIZE, (_n, _n))
 if os.environ.get('HOSTILE_RSS'):
-    import atexit, resource
+    import atexit
     _rss = os.environ.pop('HOSTILE_RSS')
     def _peak():
+        # VmHWM, this process's own high-water mark: ru_maxrss would also count the parent it was forked
+        # from (Linux keeps the larger across exec).
+        with open('/proc/self/status') as status:
+            kib = next(line.split()[1] for line in status if line.startswith('VmHWM:'))
         with open(_rss, 'w') as fh:
-            fh.write(str(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss))
+            fh.write(kib)
     atexit.register(_peak)
 if os.environ.pop('HOSTILE_KILL_AFTER_RESUME_EVENT', None):
     import signal

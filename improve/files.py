@@ -38,7 +38,7 @@ from pathlib import Path
 
 from improve.errors import BusyError, ConfigError, StorageError
 
-DEFAULT_LOCK_TIMEOUT = 600.0
+FILE_LOCK_TIMEOUT = 600.0
 """How long a writer waits for another process's lock: long enough for another command's writes (a
 run of a suite) to finish, bounded so that a stuck process is reported rather than waited on forever."""
 
@@ -230,8 +230,8 @@ def locked(
 
 def lock_timeout() -> float:
     """Seconds a command waits for another process's lock (a warehouse's, a shared file's):
-    `IMPROVE_LOCK_TIMEOUT` when set, else the caller's default (`DEFAULT_LOCK_TIMEOUT` here)."""
-    return env_seconds(LOCK_TIMEOUT_ENV, DEFAULT_LOCK_TIMEOUT)
+    `IMPROVE_LOCK_TIMEOUT` when set, else the caller's default (`FILE_LOCK_TIMEOUT` here)."""
+    return env_seconds(LOCK_TIMEOUT_ENV, FILE_LOCK_TIMEOUT)
 
 
 def env_seconds(name: str, default: float) -> float:

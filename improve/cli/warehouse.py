@@ -24,7 +24,6 @@ from improve.errors import WorkspaceError
 from improve.evals import refresh_outcomes
 from improve.log import MAX_LINE_BYTES
 from improve.warehouse import (
-    DEFAULT_LOCK_TIMEOUT,
     FORMATS,
     OTLP_FORMAT,
     PARTITION_KEYS,
@@ -71,8 +70,13 @@ def ingest_command(
         bool, typer.Option("--outcomes/--no-outcomes", help="Replay new threads into `outcomes`.")
     ] = True,
     lock_timeout: Annotated[
-        float, typer.Option("--lock-timeout", help="Seconds to wait for another writer.")
-    ] = DEFAULT_LOCK_TIMEOUT,
+        float | None,
+        typer.Option(
+            "--lock-timeout",
+            help="Seconds to wait for another writer (default: $IMPROVE_LOCK_TIMEOUT, else 30).",
+            min=0,
+        ),
+    ] = None,
     max_line_bytes: Annotated[
         int,
         typer.Option("--max-line-bytes", help="Reject a line longer than this many bytes (default 8 MiB)."),

@@ -18,6 +18,7 @@ from improve import DISTRIBUTION
 from improve.errors import WorkspaceError
 from improve.evals import CONFIG_NAME
 from improve.registry import check_slug
+from improve.runtime import ENVIRONMENTS
 from improve.scaffold.workspace import workspace_toml, write_files
 
 TEMPLATE = Path(__file__).parent / "template"
@@ -98,6 +99,14 @@ def init_environment(root: Path, name: str, package: str | None = None) -> list[
     nothing (`write_files`): a write that fails leaves `root` as it was.
     """
     check_slug(name, "environment")
+    taken = ENVIRONMENTS.sources().get(name)
+    if taken is not None:
+        # A workspace's [environments.NAME] with the name of one already registered counts it twice:
+        # every command in the workspace would refuse to start.
+        raise WorkspaceError(
+            f"environment {name!r} is already registered ({taken.origin}); choose another name for a new "
+            f"agent, or write the bundled one's workspace with `improve init DIR --from {name}`"
+        )
     package = package_name(name, package, root)
     section = _renamed((TEMPLATE / "README.md").read_text(encoding="utf-8"), name, package)
     extended: dict[str, str] = {}

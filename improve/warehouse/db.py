@@ -1,7 +1,8 @@
 """Opening the warehouse: a DuckDB file (or `:memory:`), migrated, with a bounded wait for its lock.
 
 DuckDB lets one process hold a database file for writing. A second writer (another `improve ingest`)
-waits, retrying, up to `lock_timeout` seconds, then fails with a message that says who holds it.
+waits, retrying, up to `lock_timeout` seconds (default: `IMPROVE_LOCK_TIMEOUT`, else 30), then fails
+with a message that says who holds it.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from improve.errors import (
     WarehouseVersionError,
     WorkspaceError,
 )
-from improve.files import hint_for
+from improve.files import LOCK_TIMEOUT_ENV, env_seconds, hint_for
 from improve.warehouse.readonly import hardening
 from improve.warehouse.schema import ensure_views, migrate
 
@@ -38,7 +39,7 @@ def open_database(
     *,
     read_only: bool = False,
     sandboxed: bool = False,
-    lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+    lock_timeout: float | None = None,
     memory_limit: str | None = DEFAULT_MEMORY_LIMIT,
 ) -> duckdb.DuckDBPyConnection:
     """A DuckDB connection to a migrated warehouse. `:memory:` is a fresh in-memory warehouse.
@@ -62,6 +63,8 @@ def open_database(
     # connection of this process to the same file (DuckDB shares one database per file), while a
     # startup config that differs from that database's is refused outright.
     config = hardening(memory_limit) if sandboxed else {}
+    if lock_timeout is None:
+        lock_timeout = env_seconds(LOCK_TIMEOUT_ENV, DEFAULT_LOCK_TIMEOUT)
     deadline = time.monotonic() + lock_timeout
     delay = 0.05
     while True:
@@ -99,7 +102,9 @@ def open_database(
                 )
                 raise WarehouseLockedError(
                     f"warehouse {target} is locked by another process{' (' + holder + ')' if holder else ''}; "
-                    f"waited {lock_timeout:.0f}s. Wait for it to finish, or raise --lock-timeout"
+                    f"waited {lock_timeout:.0f}s. Wait for it to finish and run the command again, or wait "
+                    f"longer: {LOCK_TIMEOUT_ENV}=SECONDS for any command (`improve ingest --lock-timeout "
+                    "SECONDS` too)"
                 ) from None
             time.sleep(delay)
             delay = min(delay * 2, 1.0)
