@@ -18,9 +18,9 @@ writer never leaves one half written.
   process, then raises `BusyError`. A lock is released when its process ends, however it ends: a
   killed process never leaves a lock behind. `flock` is advisory and may not hold across hosts on a
   network file system.
-- `ensure_directory(path, what)`: a directory a command will write into, made when missing, checked
-  before anything is written: a file in its place or a dangling symbolic link is refused (a link would
-  otherwise make its target's directories appear wherever it points).
+- `check_directory(path, what)`: a directory a command will write into, checked before anything is
+  written: a file in its place, a dangling symbolic link (which would make its target's directories
+  appear wherever it points) or a directory that cannot be written is refused.
 - `storage_error(error, doing)`: an `OSError` (from anywhere) as the `StorageError` the CLI reports:
   the file, the system's reason, and what to do about it.
 """
@@ -86,8 +86,10 @@ def storage_error(error: OSError, doing: str | None = None) -> StorageError:
     return StorageError(f"{said}: {reason}" + (f"; {hint}" if hint else ""))
 
 
-def ensure_directory(path: Path, what: str) -> Path:
-    """`path` as a directory to write into (see the module docstring); `what` names it in a refusal."""
+def check_directory(path: Path, what: str) -> None:
+    """Refuse, before a command writes anything, a directory it will write into that is a file, goes
+    through a dangling symbolic link, or cannot be written (see the module docstring); `what` names it.
+    Nothing is left behind: a directory made to check it is removed again."""
     path = Path(path)
     for part in (path, *path.parents):
         if part.is_symlink() and not part.exists():
@@ -97,6 +99,7 @@ def ensure_directory(path: Path, what: str) -> Path:
             )
     if path.exists() and not path.is_dir():
         raise StorageError(f"{what} {path} is a file, not a directory; move it away")
+    made = [d for d in (path, *path.parents) if not d.exists()]
     try:
         path.mkdir(parents=True, exist_ok=True)
         probe = path / f".{os.getpid()}.{threading.get_ident()}.probe"
@@ -104,7 +107,10 @@ def ensure_directory(path: Path, what: str) -> Path:
         os.unlink(probe)
     except OSError as error:
         raise storage_error(error, f"write into {what} {path}") from None
-    return path
+    finally:
+        for directory in made:
+            with contextlib.suppress(OSError):
+                directory.rmdir()
 
 
 def write_atomic(path: Path, data: bytes | str, *, mode: int | None = None) -> None:

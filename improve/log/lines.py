@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import Protocol
 
 BOM = b"\xef\xbb\xbf"
 """The UTF-8 byte order mark some editors put at the start of a text file."""
@@ -144,8 +144,14 @@ class LongLine:
         return too_long(self.length, max_bytes)
 
 
+class Readable(Protocol):
+    """What `read_lines` reads from: a binary file, or anything with its `read`."""
+
+    def read(self, n: int = -1, /) -> bytes: ...
+
+
 def read_lines(
-    handle: BinaryIO, *, max_bytes: int = MAX_LINE_BYTES, chunk: int = READ_CHUNK
+    handle: Readable, *, max_bytes: int = MAX_LINE_BYTES, chunk: int = READ_CHUNK
 ) -> Iterator[tuple[int, bytes | LongLine]]:
     """The non-blank lines of a file open at its start, numbered from 1 (as `split_lines` numbers them),
     read `chunk` bytes at a time; a line longer than `max_bytes` comes as a `LongLine`, its bytes past

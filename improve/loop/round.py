@@ -38,7 +38,7 @@ from improve.evals import (
     settle,
     write_threads,
 )
-from improve.files import ensure_directory
+from improve.files import check_directory
 from improve.llm import Meter, ModelSpec
 from improve.loop.branches import added
 from improve.loop.changelog import discarded_branches
@@ -103,7 +103,7 @@ def run_round(space: Workspace, opts: RoundOptions, say: Say = lambda m: None) -
     workspace's warehouse and read back from there; threads that do not verify are set aside."""
     inputs = locate(space, opts.env, opts.policy)
     # Before anything runs or a branch is made: the round's report folder can be written.
-    ensure_directory(space.reports, "the reports directory")
+    check_directory(space.reports, "the reports directory")
     # One writer of the workspace's threads at a time: a second round (or run, or resume) waits.
     with space.writing(say), Ledger(space, inputs.env) as ledger:
         return _run_round(space, opts, say, inputs, ledger)

@@ -27,6 +27,7 @@ from improve import clock
 from improve.errors import ConfigError
 from improve.log import MAX_LINE_BYTES
 from improve.warehouse.ingest import (
+    PROGRESS_BYTES,
     FileReport,
     IngestAccountingError,
     IngestReport,
@@ -65,7 +66,9 @@ def collect_otlp_paths(paths: Iterable[str | Path]) -> tuple[list[Path], list[Sk
     return collect_paths(named)
 
 
-def _documents(path: Path, max_line_bytes: int) -> Iterator[Document | Rejected] | SkippedFile:
+def _documents(
+    path: Path, max_line_bytes: int, say: Callable[[str], None]
+) -> Iterator[Document | Rejected] | SkippedFile:
     """The file's documents (`read_file_documents`), or why it is skipped. A file larger than a line may
     be is read line by line as it streams (`stream_file_documents`): memory holds a line, never the file
     (a pretty-printed single document that large is not read as one)."""
@@ -88,12 +91,27 @@ def _documents(path: Path, max_line_bytes: int) -> Iterator[Document | Rejected]
     except OSError as error:
         handle.close()
         return SkippedFile(str(path), f"cannot be read: {error.strerror or error}")
-    return _streamed(handle, max_line_bytes)
+    return _streamed(handle, max_line_bytes, _Progress(handle, path, size, say))
 
 
-def _streamed(handle: BinaryIO, max_line_bytes: int) -> Iterator[Document | Rejected]:
+def _streamed(handle: BinaryIO, max_line_bytes: int, progress: _Progress) -> Iterator[Document | Rejected]:
     with handle:
-        yield from stream_file_documents(handle, max_line_bytes)
+        yield from stream_file_documents(progress, max_line_bytes)
+
+
+class _Progress:
+    """A file read through `read`, saying how far it has got every `PROGRESS_BYTES` (a big file's read
+    is not silent)."""
+
+    def __init__(self, handle: BinaryIO, path: Path, size: int, say: Callable[[str], None]) -> None:
+        self.handle, self.path, self.size, self.say, self.done = handle, path, size, say, 0
+
+    def read(self, n: int = -1) -> bytes:
+        block = self.handle.read(n)
+        self.done += len(block)
+        if self.size >= PROGRESS_BYTES and self.done % PROGRESS_BYTES < len(block):
+            self.say(f"{self.path}: {self.done >> 20:,} of {self.size >> 20:,} MiB read")
+        return block
 
 
 def ingest_otlp(
@@ -117,7 +135,7 @@ def ingest_otlp(
             [report.batch_id, FORMAT, clock.now(), len(files)],
         )
         for path in files:
-            documents = _documents(path, max_line_bytes)
+            documents = _documents(path, max_line_bytes, say)
             if isinstance(documents, SkippedFile):
                 report.skipped.append(documents)
                 continue

@@ -16,9 +16,9 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, BinaryIO, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from improve.log import MAX_LINE_BYTES, LongLine, line_problem, preview, read_lines, split_lines
+from improve.log import MAX_LINE_BYTES, LongLine, Readable, line_problem, preview, read_lines, split_lines
 from improve.warehouse.otlp.ids import SPAN_ID_BYTES, TRACE_ID_BYTES, decode_id, ids_to_base64
 
 if TYPE_CHECKING:
@@ -394,7 +394,7 @@ def read_file_documents(data: bytes, max_line_bytes: int = MAX_LINE_BYTES) -> It
 
 
 def stream_file_documents(
-    handle: BinaryIO, max_line_bytes: int = MAX_LINE_BYTES
+    handle: Readable, max_line_bytes: int = MAX_LINE_BYTES
 ) -> Iterator[Document | Rejected]:
     """`read_file_documents` of a file too large to be one document (larger than a line may be): each
     non-blank line is one, read as it streams by (`read_lines`), so memory holds a line, not the file."""
