@@ -24,7 +24,7 @@ from improve.errors import (
     WarehouseVersionError,
     WorkspaceError,
 )
-from improve.files import LOCK_TIMEOUT_ENV, env_seconds, hint_for
+from improve.files import LOCK_TIMEOUT_ENV, env_seconds, hint_for, locked
 from improve.warehouse.readonly import hardening
 from improve.warehouse.schema import ensure_views, migrate
 
@@ -141,14 +141,19 @@ def _create(path: Path) -> None:
     connection of this process to the file whose configuration differs from the first's (and the option
     is only needed once)."""
     temp = path.with_name(f".{path.name}.{os.getpid()}.creating")
-    try:
-        duckdb.connect(str(temp), config={"storage_compatibility_version": STORAGE_COMPATIBILITY}).close()
-        os.replace(temp, path)
-    except BaseException:
-        for leftover in (temp, temp.with_name(temp.name + ".wal")):
-            with contextlib.suppress(OSError):
-                leftover.unlink()
-        raise
+    # Two processes creating the same warehouse take turns (the directory's lock), and the second finds
+    # the first's file: replacing it would leave the first writing to a file no longer there.
+    with locked(path.parent, f"the new warehouse {path}"):
+        if not _absent(path):
+            return
+        try:
+            duckdb.connect(str(temp), config={"storage_compatibility_version": STORAGE_COMPATIBILITY}).close()
+            os.replace(temp, path)
+        except BaseException:
+            for leftover in (temp, temp.with_name(temp.name + ".wal")):
+                with contextlib.suppress(OSError):
+                    leftover.unlink()
+            raise
 
 
 def unwritable(target: str | Path, err: BaseException) -> ImproveError:
