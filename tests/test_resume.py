@@ -300,7 +300,10 @@ def test_an_interrupted_resume_refuses_other_events_and_finish_finishes_it() -> 
         ({"type": "ANSWER", "text": float("nan")}, "must be finite"),
         ({"type": "ANSWER", "text": "\ud800"}, "not Unicode text"),
         ({"type": "ANSWER", "text": "x" * 70_000}, "at most 65,536 bytes"),
-        ({"type": "ANSWER", "text": "yes", "deep": json.loads('{"a":' * 40 + "1" + "}" * 40)}, "deeper than 32"),
+        (
+            {"type": "ANSWER", "text": "yes", "deep": json.loads('{"a":' * 40 + "1" + "}" * 40)},
+            "deeper than 32",
+        ),
         ({"type": "ANSWER", "text": None}, r"needs the field 'text' \(it is null\)"),
     ],
 )

@@ -159,7 +159,7 @@ def read_lines(
     number = 0
     parts: list[bytes] = []  # the line in progress, when it spans chunks
     held = 0  # its bytes so far
-    long: _Long | None = None  # the line in progress, once it is past `max_bytes`
+    long: LongLineCount | None = None  # the line in progress, once it is past `max_bytes`
     first = True
     while block := handle.read(max(chunk, len(BOM)) if first else chunk):
         if first and block.startswith(BOM):
@@ -172,7 +172,8 @@ def read_lines(
             start = end + 1
             if long is not None:
                 long.add(piece)
-                yield number, long.done()
+                if not long.blank:
+                    yield number, long.done()
                 long = None
                 continue
             if parts:
@@ -180,10 +181,9 @@ def read_lines(
                 piece = b"".join(parts)
                 parts, held = [], 0
             line = piece[:-1] if piece.endswith(b"\r") else piece
-            if len(line) > max_bytes:
-                yield number, LongLine(len(line), line[:PREVIEW_BYTES])
-            elif line.strip():
-                yield number, line
+            if not line.strip():
+                continue
+            yield number, LongLine(len(line), line[:PREVIEW_BYTES]) if len(line) > max_bytes else line
         rest = block[start:]
         if long is not None:
             long.add(rest)
@@ -191,27 +191,29 @@ def read_lines(
             parts.append(rest)
             held += len(rest)
             if held > max_bytes + 1:  # past the limit even if its last byte is a CR before the LF
-                long = _Long()
+                long = LongLineCount()
                 long.add(b"".join(parts))
                 parts, held = [], 0
     number += 1
     if long is not None:
-        yield number, long.done()
+        if not long.blank:
+            yield number, long.done()
     elif parts:
         line = b"".join(parts).removesuffix(b"\r")
-        if len(line) > max_bytes:
-            yield number, LongLine(len(line), line[:PREVIEW_BYTES])
-        elif line.strip():
-            yield number, line
+        if line.strip():
+            yield number, LongLine(len(line), line[:PREVIEW_BYTES]) if len(line) > max_bytes else line
 
 
-class _Long:
-    """A long line being read: its length, its first bytes, and whether its last byte so far is a CR."""
+class LongLineCount:
+    """A line past the limit, read as it goes by: its length, its first bytes, whether its last byte so
+    far is a CR (not part of the line when an LF follows), and whether it is blank so far (all
+    whitespace: no line at all, as `split_lines` reads it)."""
 
     def __init__(self) -> None:
         self.length = 0
         self.head = b""
         self.cr = False
+        self.blank = True
 
     def add(self, piece: bytes) -> None:
         if not piece:
@@ -220,9 +222,10 @@ class _Long:
         if len(self.head) < PREVIEW_BYTES:
             self.head = (self.head + piece)[:PREVIEW_BYTES]
         self.cr = piece.endswith(b"\r")
+        self.blank = self.blank and not piece.strip()
 
     def done(self) -> LongLine:
-        """The line, ended by an LF: a CR right before it is not part of it."""
+        """The line, ended by an LF or the end of the file: a CR right before it is not part of it."""
         length = self.length - 1 if self.cr else self.length
         return LongLine(length, self.head[:length])
 

@@ -56,7 +56,17 @@ import duckdb
 from improve import clock
 from improve.errors import ConfigError, ConflictError, LogError, StorageError, WarehouseDamagedError
 from improve.files import hint_for
-from improve.log import MAX_LINE_BYTES, LongLine, lines_fit, preview, read_lines, scan_lines, too_long
+from improve.log import (
+    BOM,
+    MAX_LINE_BYTES,
+    LongLine,
+    LongLineCount,
+    lines_fit,
+    preview,
+    read_lines,
+    scan_lines,
+    too_long,
+)
 from improve.warehouse.importers import IMPORTERS
 from improve.warehouse.staging import CAND_COLUMNS, CHAIN_COLUMN, THREAD_ID_SQL, Importer
 
@@ -332,8 +342,7 @@ def _scan(
     a line past `max_line_bytes` is counted as it goes by, never held (`say` hears of a big file's
     progress)."""
     lines, breaks, problems = 0, 0, {}
-    long = -1  # the bytes so far of a line already past the limit (-1: none)
-    long_cr = False  # whether its last byte so far is a CR
+    long: LongLineCount | None = None  # a line already past the limit: counted as it goes by, not held
     done = 0
     try:
         fd, _ = _open_regular(known.path)
@@ -344,16 +353,15 @@ def _scan(
                 done += len(block)
                 if say is not None and known.size >= PROGRESS_BYTES and done % PROGRESS_BYTES < len(block):
                     say(f"{known.path}: {done >> 20:,} of {known.size >> 20:,} MiB read")
-                if long >= 0:
+                if long is not None:
                     cut = block.find(b"\n")
+                    long.add(block if cut < 0 else block[:cut])
                     if cut < 0 and block:
-                        long, long_cr = long + len(block), block.endswith(b"\r")
                         continue
-                    length = long + max(cut, 0)
-                    if (block[cut - 1 : cut] == b"\r") if cut > 0 else long_cr:
-                        length -= 1  # a CR before the LF is not part of the line
-                    lines, long = lines + 1, -1
-                    problems[breaks + 1] = too_long(length, max_line_bytes)
+                    if not long.blank:  # a blank line is no line, however long
+                        lines += 1
+                        problems[breaks + 1] = long.done().problem(max_line_bytes)
+                    long = None
                     if cut < 0:
                         break
                     breaks += 1
@@ -364,8 +372,10 @@ def _scan(
                 if block:
                     cut = data.rfind(b"\n") + 1
                     if cut == 0:  # no LF yet: one long line, read on
-                        if len(data) > max_line_bytes + 1:  # past the limit, a CR or not: counted, not held
-                            long, long_cr, carry, start = len(data), data.endswith(b"\r"), b"", False
+                        body = data[len(BOM) :] if start and data.startswith(BOM) else data
+                        if len(body) > max_line_bytes + 1:  # past the limit, a CR or not: counted, not held
+                            long, carry, start = LongLineCount(), b"", False
+                            long.add(body)
                         else:
                             carry = data
                         continue
