@@ -93,9 +93,11 @@ def line_problem(
     max_bytes: int = MAX_LINE_BYTES,
     max_depth: int = MAX_JSON_DEPTH,
     utf8_checked: bool = False,
+    surrogates: bool = True,
 ) -> str | None:
     """Why `line` cannot be read as one JSON document's text, or None. `utf8_checked`: the caller has
-    already decoded the whole file, so every line is known to be UTF-8."""
+    already decoded the whole file, so every line is known to be UTF-8. `surrogates=False`: a lone
+    surrogate escape is left to the caller (a line of many spans rejects the span that holds one)."""
     if len(line) > max_bytes:
         return too_long(len(line), max_bytes)
     if not utf8_checked:
@@ -105,7 +107,7 @@ def line_problem(
             return f"not UTF-8 text: invalid byte at offset {error.start} of the line (a JSONL line is UTF-8)"
     if b"\0" in line:
         return "contains a NUL byte: a JSONL line is text, and JSON escapes control characters"
-    if _MAYBE_SURROGATE.search(line) is not None and lone_surrogate(line):
+    if surrogates and _MAYBE_SURROGATE.search(line) is not None and lone_surrogate(line):
         return (
             "a lone surrogate escape (\\ud800-\\udfff without its pair): not Unicode text, which a thread "
             "cannot hold (replay refuses it)"

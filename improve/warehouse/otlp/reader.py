@@ -406,7 +406,8 @@ def stream_file_documents(
 
 
 def _line_document(number: int, line: bytes, max_line_bytes: int) -> Document | Rejected:
-    problem = line_problem(line, max_bytes=max_line_bytes)
+    # A lone surrogate is found span by span (`span_row`): the span that holds one is rejected alone.
+    problem = line_problem(line, max_bytes=max_line_bytes, surrogates=False)
     if problem is not None:
         return Rejected(number, problem, preview(line), whole=True)
     try:
