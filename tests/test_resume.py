@@ -580,6 +580,48 @@ def test_ingest_carries_what_a_thread_waits_for_into_any_warehouse(tmp_path: Pat
     assert "APPROVE{approver?}, REJECT{reason?}" in table.stdout
 
 
+def test_a_resume_killed_after_its_event_is_listed_interrupted_and_finished_by_finish(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from improve.log import store as store_module
+
+    space = desk(tmp_path / "ws")
+    runner = CliRunner()
+    ran = runner.invoke(
+        app, ["run", "-w", str(space), "--scenario", SCENARIO, "--model", "careful", "--k", "1", "--suspend"]
+    )
+    assert ran.exit_code == 0, ran.output
+    append = store_module.JsonlDirStore.append
+
+    def killed(self: Any, thread_id: str, expected_index: int, entries: Any) -> int:
+        length = append(self, thread_id, expected_index, entries)
+        if any(RESUME_KEY in (e.metadata or {}) for e in entries):
+            raise SystemExit(137)  # the process dies: nothing after the event is written
+        return length
+
+    monkeypatch.setattr(store_module.JsonlDirStore, "append", killed)
+    approve = ["resume", APPROVAL, "-w", str(space), "--event", '{"type": "APPROVE", "approver": "dana"}']
+    assert runner.invoke(app, approve).exit_code == 137
+    monkeypatch.undo()
+    assert runner.invoke(app, ["ingest", "-w", str(space), str(space / "traces")]).exit_code == 0
+    listed = json.loads(runner.invoke(app, ["waiting", "-w", str(space), "--json"]).stdout)["waiting"]
+    assert [(w["thread"], w["status"], w["state"], w["events"]) for w in listed] == [
+        (APPROVAL, "interrupted", "approving", [])
+    ]
+    other = runner.invoke(app, ["resume", APPROVAL, "-w", str(space), "--event", '{"type": "REJECT"}'])
+    assert other.exit_code == 1 and f"improve resume {APPROVAL} --finish" in " ".join(other.output.split())
+    finished = runner.invoke(app, ["resume", APPROVAL, "-w", str(space), "--finish", "--json"])
+    assert finished.exit_code == 0, finished.output
+    doc = json.loads(finished.stdout)
+    assert (doc["finished"], doc["status"], doc["final_state"], doc["passed"]) == (
+        True,
+        "done",
+        "issued",
+        True,
+    )
+    assert json.loads(runner.invoke(app, ["waiting", "-w", str(space), "--json"]).stdout)["waiting"] == []
+
+
 def test_a_desk_with_tools_resumes_on_its_world_rebuilt_from_the_fixture_and_the_thread(
     tmp_path: Path,
 ) -> None:

@@ -447,6 +447,18 @@ def test_a_second_ingest_waits_for_the_lock_then_fails_clearly(tmp_path: Path) -
     assert count(con, "SELECT count(*) FROM entries") == 2
 
 
+def test_a_zero_byte_warehouse_left_by_a_full_disk_is_a_new_one(tmp_path: Path) -> None:
+    """An older version could leave an empty file where a warehouse was being created (a full disk):
+    it holds nothing, so it is created again, never refused as "not a valid DuckDB database file"; and
+    a new warehouse appears whole, by a rename, with nothing left beside it."""
+    db = tmp_path / "w.duckdb"
+    db.write_bytes(b"")
+    con = open_database(db)
+    assert count(con, "SELECT count(*) FROM entries") == 0
+    con.close()
+    assert db.stat().st_size > 0 and sorted(p.name for p in tmp_path.iterdir()) == ["w.duckdb"]
+
+
 def test_an_old_warehouse_is_upgraded_in_place(tmp_path: Path) -> None:
     db = tmp_path / "old.duckdb"
     old = duckdb.connect(str(db))
