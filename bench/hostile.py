@@ -1,15 +1,21 @@
 """`python -m bench.hostile`: the hostile-input table, run against the real CLI.
 
-It builds a scratch workspace (`improve init DIR --from refunds`, then `improve run --env refunds
---policy v0 --model naive --split all --k 1`), then runs every case as a subprocess of the `improve`
-(or `parity`) console script's entry point under this interpreter, each with a timeout. A case is
-**clean** when every command in it exits with a documented code, prints no Python traceback, does not
-hang, and has the expected effect (no file written by `improve sql`, ingest's accounting adds up and
-good files land, no token sent over plain http). Anything else is a traceback, a hang, a wrong exit
-code, or data lost / a wrong effect. Prints one JSON document: the counts and every non-clean case with
-the tail of its output. Exits 1 when any case is not clean.
+It builds two scratch workspaces (`improve init DIR --from refunds`, then `improve run --env refunds
+--policy v0 --model naive --split all --k 1`; and the refund-approval desk run by `careful` with
+`--suspend`, its large refunds waiting for a person), then runs every case as a subprocess of the
+`improve` (or `parity`) console script's entry point under this interpreter, each with a timeout. A case
+is **clean** when every command in it exits with a documented code, prints no Python traceback, does
+not hang, has the expected effect (no file written by `improve sql`, ingest's accounting adds up and
+good files land, no token sent over plain http, nothing lost to a concurrent writer or a full disk)
+and says what happened (`misleading` otherwise: an exit 0 that hides a failure, advice naming an
+option that does not exist, a long read without progress). Anything else is a traceback, a hang, a
+wrong exit code, data lost / a wrong effect, or misleading. The writers' cases (concurrent processes, a
+crash mid-resume, full disks, read-only directories, hostile endpoints and manifests) are in
+`bench/hostile_writers.py`. Prints one JSON document: the counts and every non-clean case with the
+tail of its output. Exits 1 when any case is not clean.
 
-Not part of `make test` (`make hostile`): it runs a few hundred CLI processes and takes minutes.
+Not part of `make test` (`make hostile`): it runs several hundred CLI processes and takes minutes
+(`--only TEXT` runs the cases whose name contains TEXT).
 """
 
 from __future__ import annotations
