@@ -1034,6 +1034,14 @@ def full_disk_cases() -> list[tuple[str, Case]]:
     ]
 
 
+def case_full_disk_demo(ctx: Ctx) -> None:
+    ctx.root.joinpath("ws").mkdir()
+    res = ctx.improve("demo", "--dir", "d", "--rounds", "1", "--k", "1", fsize=3000, expect=[3], env=GIT_ENV)
+    said_full(ctx, res)
+    if (ctx.ws / "d").exists():
+        no_junk(ctx, ctx.ws / "d", res)
+
+
 def a_round(ctx: Ctx, ws: Path) -> None:
     committed(ws)
     ctx.improve("round", "--policy", "v0", "--k", "1", env=GIT_ENV, expect=[0, 1], timeout=300)
@@ -1379,6 +1387,7 @@ def table() -> list[tuple[str, Case]]:
         ("sql --lake: a manifest nested 100,000 deep", case_lake_manifest("deep")),
         ("sql --lake: a manifest with 1e999", case_lake_manifest("huge-number")),
         ("score --unseal with policies/ read-only records or scores nothing", case_unseal_readonly_policies),
+        ("full disk: demo", case_full_disk_demo),
         *full_disk_cases(),
         *readonly_cases(),
         ("init --env refunds", case_init_bundled_name("refunds")),
