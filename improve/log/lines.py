@@ -147,63 +147,43 @@ class LongLine:
 
 
 class Readable(Protocol):
-    """What `read_lines` reads from: a binary file, or anything with its `read`."""
+    """What `read_lines` reads from: a binary file, or anything with its `readline`."""
 
-    def read(self, n: int = -1, /) -> bytes: ...
+    def readline(self, size: int = -1, /) -> bytes: ...
 
 
 def read_lines(
     handle: Readable, *, max_bytes: int = MAX_LINE_BYTES, chunk: int = READ_CHUNK
 ) -> Iterator[tuple[int, bytes | LongLine]]:
-    """The non-blank lines of a file open at its start, numbered from 1 (as `split_lines` numbers them),
-    read `chunk` bytes at a time; a line longer than `max_bytes` comes as a `LongLine`, its bytes past
-    `PREVIEW_BYTES` never held. A BOM at the start and a CR before each LF are dropped."""
+    """The non-blank lines of a file open at its start, numbered from 1 (as `split_lines` numbers them);
+    a line longer than `max_bytes` comes as a `LongLine`, read past `chunk` bytes at a time, its bytes
+    past `PREVIEW_BYTES` never held. A BOM at the start and a CR before each LF are dropped. Lines are
+    read with `readline` bounded by the limit: as fast as iterating the file, without its unbounded
+    line."""
+    limit = max_bytes + 2  # the longest line kept, its CR and its LF
+    readline = handle.readline
+    size = limit + len(BOM)  # the first line may start with a BOM
+    raw = readline(size)
+    if raw.startswith(BOM):
+        raw, size = raw[len(BOM) :], limit
     number = 0
-    parts: list[bytes] = []  # the line in progress, when it spans chunks
-    held = 0  # its bytes so far
-    long: LongLineCount | None = None  # the line in progress, once it is past `max_bytes`
-    first = True
-    while block := handle.read(max(chunk, len(BOM)) if first else chunk):
-        if first and block.startswith(BOM):
-            block = block[len(BOM) :]
-        first = False
-        start = 0
-        while (end := block.find(b"\n", start)) >= 0:
-            number += 1
-            piece = block[start:end]
-            start = end + 1
-            if long is not None:
+    while raw:
+        number += 1
+        if len(raw) < size or raw[-1] == 10:  # the whole line, up to its LF (10)
+            line = raw.removesuffix(b"\n").removesuffix(b"\r")
+            if line.strip():
+                yield number, line if len(line) <= max_bytes else LongLine(len(line), line[:PREVIEW_BYTES])
+        else:  # it goes on past the limit: counted as it is read, never held
+            long = LongLineCount()
+            long.add(raw)
+            while piece := readline(chunk):
+                if piece[-1] == 10:
+                    long.add(piece[:-1])
+                    break
                 long.add(piece)
-                if not long.blank:
-                    yield number, long.done()
-                long = None
-                continue
-            if parts:
-                parts.append(piece)
-                piece = b"".join(parts)
-                parts, held = [], 0
-            line = piece[:-1] if piece.endswith(b"\r") else piece
-            if not line.strip():
-                continue
-            yield number, LongLine(len(line), line[:PREVIEW_BYTES]) if len(line) > max_bytes else line
-        rest = block[start:]
-        if long is not None:
-            long.add(rest)
-        elif rest:
-            parts.append(rest)
-            held += len(rest)
-            if held > max_bytes + 1:  # past the limit even if its last byte is a CR before the LF
-                long = LongLineCount()
-                long.add(b"".join(parts))
-                parts, held = [], 0
-    number += 1
-    if long is not None:
-        if not long.blank:
-            yield number, long.done()
-    elif parts:
-        line = b"".join(parts).removesuffix(b"\r")
-        if line.strip():
-            yield number, LongLine(len(line), line[:PREVIEW_BYTES]) if len(line) > max_bytes else line
+            if not long.blank:
+                yield number, long.done()
+        raw, size = readline(limit), limit
 
 
 class LongLineCount:

@@ -100,14 +100,14 @@ def _streamed(handle: BinaryIO, max_line_bytes: int, progress: _Progress) -> Ite
 
 
 class _Progress:
-    """A file read through `read`, saying how far it has got every `PROGRESS_BYTES` (a big file's read
-    is not silent)."""
+    """A file read through `readline`, saying how far it has got every `PROGRESS_BYTES` (a big file's
+    read is not silent)."""
 
     def __init__(self, handle: BinaryIO, path: Path, size: int, say: Callable[[str], None]) -> None:
         self.handle, self.path, self.size, self.say, self.done = handle, path, size, say, 0
 
-    def read(self, n: int = -1) -> bytes:
-        block = self.handle.read(n)
+    def readline(self, n: int = -1) -> bytes:
+        block = self.handle.readline(n)
         self.done += len(block)
         if self.size >= PROGRESS_BYTES and self.done % PROGRESS_BYTES < len(block):
             self.say(f"{self.path}: {self.done >> 20:,} of {self.size >> 20:,} MiB read")
