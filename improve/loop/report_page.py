@@ -20,6 +20,7 @@ from urllib.parse import quote
 
 from improve.errors import ImproveError, WorkspaceError
 from improve.evals import Scorecard, Workspace, category_chart, history_chart, p_value, svg_chart
+from improve.files import write_atomic
 from improve.loop.changelog import CHANGELOG, Changelog, Entry
 from improve.loop.gates import GateResult
 from improve.loop.round_record import ROUND_RECORD, RoundRecord, SplitScore, read_round_record
@@ -316,5 +317,5 @@ def write_round_page(space: Workspace, round_id: str | None, out: Path | None = 
 
     page = round_page(record, folder.name, trace_href)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(page, encoding="utf-8")
+    write_atomic(path, page)
     return WrittenPage(folder, path, record, notes)
