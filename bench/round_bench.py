@@ -41,7 +41,7 @@ def _round(target: Path, env: str, model: str, concurrency: int) -> dict[str, An
     return {
         "seconds": round(time.perf_counter() - start, 2),
         "status": result.status,
-        "held_out": result.scores.get("held-out", {}).get("after"),
+        "held_out": held.after if (held := result.scores.get("held-out")) else None,
     }
 
 

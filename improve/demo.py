@@ -23,7 +23,7 @@ import git
 
 from improve.evals import Workspace, p_value
 from improve.llm import OPENAI_PREFIX, CacheMode, Meter, local_server
-from improve.loop import RoundOptions, RoundResult, run_round
+from improve.loop import RoundOptions, RoundRecord, run_round
 from improve.runtime import load_environment
 from improve.scaffold import write_desk
 
@@ -34,7 +34,7 @@ LOCAL = "local"
 
 @dataclass
 class DemoSummary:
-    rounds: list[RoundResult]
+    rounds: list[RoundRecord]
     start_version: str
     final_version: str
     start_held_out: float | None
@@ -117,7 +117,7 @@ def _rounds(
     # A stand-in's runs take a moment; a real model's take minutes, and their progress is worth seeing.
     quiet = model not in space.config.models and not model.startswith(OPENAI_PREFIX)
     current = "v0"
-    results: list[RoundResult] = []
+    results: list[RoundRecord] = []
     skip: list[str] = []
     discarded_in_a_row = 0
     for number in range(1, rounds + 1):
@@ -131,7 +131,7 @@ def _rounds(
         results.append(result)
         say(line(result))
         if result.status == "recommended" and result.pr and result.candidate_version:
-            merge_as_reviewer(space, str(result.pr.get("branch")), say)
+            merge_as_reviewer(space, str(result.pr.branch), say)
             current, skip, discarded_in_a_row = result.candidate_version, [], 0
             continue
         if result.status in ("blocked", "nothing-to-fix"):
@@ -144,8 +144,8 @@ def _rounds(
             break
     held = [r.scores["held-out"] for r in results if r.scores.get("held-out")]
     promoted = [r for r in results if r.status == "recommended"]
-    start = held[0]["before"] if held else None
-    final = promoted[-1].scores["held-out"]["after"] if promoted else start
+    start = held[0].before if held else None
+    final = promoted[-1].scores["held-out"].after if promoted else start
     calls = meter.summary() if meter.calls else ""
     return DemoSummary(results, "v0", current, start, final, space.root, model_calls=calls)
 
@@ -155,29 +155,28 @@ def _is_progress(message: str) -> bool:
     return message.startswith("  ") and message.endswith(" runs")
 
 
-def line(r: RoundResult) -> str:
+def line(r: RoundRecord) -> str:
     held = r.scores.get("held-out")
-    hypothesis = (r.rationale or (r.hypothesis or {}).get("cause") or r.decision_detail or "").split(
-        " without"
-    )[0]
+    cause = r.hypothesis.cause if r.hypothesis else None
+    hypothesis = (r.rationale or cause or r.decision_detail or "").split(" without")[0]
     if held:
         return (
-            f"-> {r.candidate_version}: {r.status.upper()} | {hypothesis} | held-out {held['before']:.3f} -> "
-            f"{held['after']:.3f}{decided_by(r)} | violations {held['violations_after']} | model calls/run "
-            f"{held['cost_before']:.2f} -> {held['cost_after']:.2f}"
+            f"-> {r.candidate_version}: {r.status.upper()} | {hypothesis} | held-out {held.before:.3f} -> "
+            f"{held.after:.3f}{decided_by(r)} | violations {held.violations_after} | model calls/run "
+            f"{held.cost_before:.2f} -> {held.cost_after:.2f}"
         )
     return f"-> {r.candidate_version or '-'}: {r.status.upper()} | {hypothesis[:160]}"
 
 
-def decided_by(r: RoundResult) -> str:
+def decided_by(r: RoundRecord) -> str:
     """The test that decided, beside the status: ", exact stratified test p = 0.012 <= alpha 0.05", and
     the checks that failed when the test alone would have promoted (a status never sits next to figures
     that seem to say otherwise)."""
-    held = r.scores.get("held-out") or {}
-    if "p" not in held:
+    held = r.scores.get("held-out")
+    if held is None or held.p is None or held.alpha is None:
         return ""
-    p, alpha = held["p"], held["alpha"]
-    phrase = f", {held['test']} p = {p_value(p)} {'<=' if p <= alpha else '>'} alpha {alpha:g}"
+    p, alpha = held.p, held.alpha
+    phrase = f", {held.test} p = {p_value(p)} {'<=' if p <= alpha else '>'} alpha {alpha:g}"
     failed = re.findall(r"(?:^|; )([a-z -]+): FAIL \(", r.decision_detail)
     if r.status != "recommended" and p <= alpha and failed:
         phrase += f" but {', '.join(failed)} failed"

@@ -3,9 +3,11 @@ drawing with hostile labels, and the HTML report of a round (in headless Chromiu
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,9 +20,10 @@ from improve.evals.charts import (
     mermaid_xychart,
     svg_chart,
 )
+from improve.evals.report import cards_table
 from improve.evals.scorecards import ScenarioScore, Scorecard
-from improve.loop.changelog import entry_markdown
-from improve.loop.history import Measured, policy_history, read_entries
+from improve.loop.changelog import Changelog, Entry, entry_text, policy_history
+from improve.loop.round_record import RoundRecord
 
 
 def card(version: str, split: str, scores: dict[str, tuple[str, int]], runs: int = 2) -> Scorecard:
@@ -80,23 +83,37 @@ def test_the_history_chart_is_two_lines_over_the_versions_golden() -> None:
     assert history_chart(HISTORY[:1]) is None  # one version is a number, not a trend
 
 
-def test_the_category_chart_puts_before_as_a_line_over_after_bars_and_escapes_labels_golden() -> None:
+def test_the_category_chart_puts_before_and_after_bars_side_by_side_and_escapes_labels_golden() -> None:
     chart = category_chart(before_after())
     assert chart is not None
-    # Categories from user files: no raw quote, bracket, backtick, `#`, `;` or `<` reaches Mermaid.
+    # Categories from user files: no raw quote, bracket, backtick, `#`, `;` or `<` reaches Mermaid. Each
+    # category has a slot per version (Mermaid stacks bar series in one slot, and a line across
+    # categories would read as an order they do not have).
+    hostile = "say #quot;hi#quot; [x], #96;y#96; #35;1#59; #lt;b#gt;"
     assert mermaid_xychart(chart) == (
-        '%%{init: {"themeVariables": {"xyChart": {"plotColorPalette": "#2563eb, #ea580c"}}}}%%\n'
+        '%%{init: {"themeVariables": {"xyChart": {"plotColorPalette": "#ea580c, #2563eb"}}}}%%\n'
         "xychart-beta\n"
         '    title "Pass rate by category, v1 and v2"\n'
-        '    x-axis "category" ["late", "say #quot;hi#quot; [x], #96;y#96; #35;1#59; #lt;b#gt;", "small"]\n'
+        f'    x-axis "category" ["late · v1", "late · v2", "{hostile} · v1", "{hostile} · v2", "small · v1", '
+        '"small · v2"]\n'
         '    y-axis "pass rate" 0 --> 1\n'
-        '    bar "after (v2)" [0.500, 1.000, 1.000]\n'
-        '    line "before (v1)" [0.000, 0.000, 0.750]\n'
+        '    bar "before (v1)" [0.000, 0.000, 0.000, 0.000, 0.750, 0.000]\n'
+        '    bar "after (v2)" [0.000, 0.500, 0.000, 1.000, 0.000, 1.000]\n'
     )
+    assert "line" not in mermaid_xychart(chart)
     caption = chart_markdown(chart)[4]
-    assert caption.startswith("Bars: after (v2) in blue; line: before (v1) in orange.")
+    assert caption.startswith("Bars: before (v1) in orange, after (v2) in blue.")
     one = category_chart(before_after()[:1])
     assert one is not None and [s.kind for s in one.series] == ["bar"]
+    assert '"small"]' in mermaid_xychart(one)
+    # A long category is shortened before its version, so its two slots stay told apart.
+    long = [
+        card(v, "train", {"a": ("a-category-name-much-longer-than-any-axis-label", 1)}) for v in ("v1", "v2")
+    ]
+    chart = category_chart(long)
+    assert chart is not None
+    labels = mermaid_xychart(chart).splitlines()[3]
+    assert "… · v1" in labels and "… · v2" in labels and "(2)" not in labels
 
 
 def test_a_category_measured_on_one_side_only_is_left_out_and_said() -> None:
@@ -143,7 +160,8 @@ def test_slanted_category_labels_start_inside_the_chart() -> None:
 
 def changelog(tmp_path: Path, records: list[dict[str, object]]) -> Path:
     path = tmp_path / "CHANGELOG.md"
-    path.write_text("# CHANGELOG: refunds policies\n\n" + "\n".join(entry_markdown(r) for r in records))
+    entries = (entry_text(RoundRecord.model_validate({"environment": "refunds", **r})) for r in records)
+    path.write_text("# CHANGELOG: refunds policies\n\n" + "\n".join(entries))
     return path
 
 
@@ -188,14 +206,14 @@ def test_the_history_follows_the_line_of_recommended_versions_with_their_newest_
             record("v4", "v0", True, (0.5, 0.9), (0.4, 0.8)),  # an unmerged branch from v0
         ],
     )
-    entries = read_entries(path)
+    entries = Changelog.read(path).entries
     assert [(e.candidate, e.baseline, e.recommended) for e in entries] == [
         ("v1", "v0", True),
         ("v2", "v1", False),
         ("v3", "v1", True),
         ("v4", "v0", True),
     ]
-    current = Measured(
+    current = Entry(
         "v5", "v3", "r5", False, {"train": 0.81, "held-out": 0.74}, {"train": 0.85, "held-out": 0.8}
     )
     history = policy_history(entries, "v5", current)
@@ -206,17 +224,16 @@ def test_the_history_follows_the_line_of_recommended_versions_with_their_newest_
         ("v5", 0.85, 0.8),
     ]
     assert [h.version for h in policy_history(entries, "v3")] == ["v0", "v1", "v3"]
-    assert (
-        policy_history(entries, "v9") == [] and policy_history(read_entries(tmp_path / "none.md"), "v1") == []
-    )
+    assert policy_history(entries, "v9") == [] and Changelog.read(tmp_path / "none.md").history("v1") == []
     # A loop in hand-edited entries ends the walk instead of hanging it.
-    looped = [Measured("v1", "v2", "a", True, {}, {}), Measured("v2", "v1", "b", True, {}, {})]
+    looped = [Entry("v1", "v2", "a", True, {}, {}), Entry("v2", "v1", "b", True, {}, {})]
     assert policy_history(looped, "v2") == []
 
 
-def page_of_a_round(tmp_path: Path) -> Path:
+def page_of_a_round(tmp_path: Path, cards: list[Scorecard] | None = None) -> Path:
     """A round's HTML page from a report folder as a round leaves it, with hostile user text in it."""
-    from improve.loop.report_page import load_round_report, round_page
+    from improve.loop.report_page import round_page
+    from improve.loop.round_record import read_round_record
     from improve.machine import parse_machine
     from tests.test_scorecard import V1
 
@@ -232,7 +249,7 @@ def page_of_a_round(tmp_path: Path) -> Path:
         ],
     }
     (folder / "round.json").write_text(json.dumps(rec))
-    (folder / "scorecards.json").write_text(json.dumps([c.to_json() for c in before_after()]))
+    (folder / "scorecards.json").write_text(json.dumps([c.to_json() for c in cards or before_after()]))
     candidate = dict(V1, version="2")
     (folder / "policy.json").write_text(json.dumps(candidate))
     baseline = parse_machine(
@@ -241,12 +258,12 @@ def page_of_a_round(tmp_path: Path) -> Path:
     traces = tmp_path / "traces"
     traces.mkdir()
     (traces / "train:v1:naive:b-1:r1.jsonl").write_text("{}\n")
-    report = load_round_report(folder)
+    read = read_round_record(folder)
+    read.history, read.baseline_policy = list(HISTORY), baseline
+    assert read.candidate_policy == parse_machine(candidate)
     page = round_page(
-        report,
-        HISTORY,
-        baseline,
-        parse_machine(candidate),
+        read,
+        folder.name,
         trace_href=lambda t: (
             f"./../../traces/{t}.jsonl".replace(":", "%3A") if (traces / f"{t}.jsonl").exists() else None
         ),
@@ -267,9 +284,23 @@ def test_the_round_page_is_self_contained_and_escapes_what_users_wrote(tmp_path:
     assert (
         "&gt;= 3" in page and "class route," in page and "The candidate v2; the states" in page
     )  # the diagram (a guard), and its Mermaid text
+    # Runs per scenario as the markdown scorecard says them, and k beside them in the header: never "k"
+    # over a count that holds the reruns (the page once said k = 3 above a table of k 9).
+    assert "<th>runs / scenario</th>" in page and "<th>k</th>" not in page
+    assert "k = 3 runs per scenario;" in page
     # Failing runs are listed with their thread ids; one whose file exists is linked (colons quoted).
     assert 'href="./../../traces/train%3Av1%3Anaive%3Ab-1%3Ar1.jsonl"' in page
     assert "<code>held-out:v2:naive:c-1:r1</code>" in page
+
+
+def test_runs_per_scenario_read_the_same_in_the_markdown_and_the_page_when_reruns_ran(tmp_path: Path) -> None:
+    cards = before_after()
+    first, *rest = cards[3].scenarios
+    cards[3] = dataclasses.replace(cards[3], scenarios=[dataclasses.replace(first, runs=9), *rest])
+    assert (cards[0].runs_per_scenario, cards[3].runs_per_scenario) == ("2", "2-9")
+    assert "| held-out | v2 | 2 | 2-9 |" in "\n".join(cards_table(cards))
+    page = page_of_a_round(tmp_path, cards).read_text()
+    assert '<td class="num">2-9</td>' in page and "k = 3 runs per scenario (up to 9 with the reruns" in page
 
 
 @pytest.mark.slow
@@ -329,3 +360,144 @@ def test_report_names_what_is_missing_or_broken_in_a_report_folder(tmp_path: Pat
     done = runner.invoke(app, ["report", "-w", str(ws), "--html", "--out", str(tmp_path / "x.html")])
     assert done.exit_code == 0, done.output
     assert "Pass rate by category, v1 and v2" in (tmp_path / "x.html").read_text()
+
+
+def a_round(version: str, baseline: str, status: str, **fields: Any) -> RoundRecord:
+    """A round record with the sections a CHANGELOG entry writes."""
+    return RoundRecord.model_validate(
+        {
+            "round_id": f"20260101-000000-refunds-{version}",
+            "environment": "refunds",
+            "baseline_version": baseline,
+            "candidate_version": version,
+            "proposer": "rules",
+            "model": "naive",
+            "k": 3,
+            "seed": 7,
+            "status": status,
+            "recommended": status == "recommended",
+            "decision_detail": "held-out gain: FAIL (p = 0.2)",
+            **fields,
+        }
+    )
+
+
+def test_a_changelog_entry_parses_back_to_the_entry_it_records(tmp_path: Path) -> None:
+    """parse(render(record)) is the record's entry, whichever sections the round had: the heading, the
+    baseline, each split's pass rates, the branches it added and its read of the held-out set; and an
+    entry appended lands after one another process appended meanwhile."""
+    from improve.loop.changelog import HEADER, DiscardedBranch
+
+    score = {"mean_diff": 0.25, "violations_after": 0, "cost_before": 1.0, "cost_after": 0.5}
+    exact = {"test": "exact stratified test", "p": 0.0123, "alpha": 0.05}
+    held_out = {"key": "5f0c2a9e13b7", "scenarios": 27, "read": 3, "supported": 1, "max_bias": 0.1}
+    rich = a_round(
+        "v2",
+        "v1",
+        "discarded",
+        cluster="wrong-answer:triage:ROUTE{queue=billing}->ROUTE{queue=security}",
+        hypothesis={
+            "cause": "c",
+            "evidence": ["train:v1:naive:a:r1"],
+            "change": "ch",
+            "metric": "m",
+            "risk": "r",
+        },
+        branches=[
+            {
+                "guard": "facts.ticket.text.contains('password') && {'type': 'ROUTE'} in input.options",
+                "answer": "ROUTE{queue: 'security'}",
+            },
+            {"guard": "facts.order.amount > 30", "answer": "REFUND{amount: facts.order.refundable}"},
+        ],
+        gates=[{"name": "validate", "ok": True, "detail": "ok"}],
+        scores={
+            "train": {"before": 0.61234, "after": 0.8, **score, **exact, "extra_runs": 6},
+            "held-out": {"before": 0.4, "after": 0.45, **score, "ci_low": -0.1, "ci_high": 0.2},  # bootstrap
+        },
+        held_out={**held_out, "bias_bound": 0.16, "warning": "held-out set `5f0c2a9e13b7` has been read"},
+        report="reports/20260101-000000-refunds-v2",
+    )
+    gated = a_round("v3", "v1", "discarded", gates=[{"name": "validate", "ok": False, "detail": "$.initial"}])
+    promoted = a_round(
+        "v4",
+        "v1",
+        "recommended",
+        scores={s: {"before": 0.5, "after": 0.9, **score, **exact} for s in ("train", "held-out")},
+    )
+    records = [rich, gated, promoted]
+    text = HEADER.format(env="refunds") + "".join("\n" + entry_text(r) for r in records)
+    parsed = Changelog.parse(text)
+    assert parsed.entries == tuple(Entry.of(r) for r in records)
+    assert parsed.versions == (2, 3, 4)
+    assert parsed.discarded_branches("v1") == [
+        DiscardedBranch(b.guard, b.answer, rich.round_id) for b in rich.branches
+    ]
+    assert parsed.held_out_reads("5f0c2a9e13b7") == 3
+    assert [v.version for v in parsed.history("v4")] == ["v1", "v4"]
+    # Appended in one write at the end: another process's entry, appended since this one read the
+    # file, stays, and both parse back.
+    path = tmp_path / "CHANGELOG.md"
+    path.write_text(text)
+    mine = Changelog.read(path)
+    with path.open("a") as other:
+        other.write("\n" + entry_text(a_round("v5", "v4", "discarded")))
+    after = mine.append(entry_text(a_round("v6", "v4", "discarded")), "refunds")
+    assert [e.candidate for e in Changelog.read(path).entries] == ["v2", "v3", "v4", "v5", "v6"]
+    assert after.text == path.read_text()
+
+
+def test_a_round_record_reads_back_typed_and_an_older_one_is_migrated(tmp_path: Path) -> None:
+    """round.json as written reads back equal, scorecards and decision included; a record of the first
+    format (no `format`: scorecards.json and policy.json beside it) reads as the same typed record."""
+    from improve.evals.promotion import decide
+    from improve.evals.workspace import ObjectiveSection
+    from improve.loop.round_record import FORMAT, read_round_record
+    from tests.test_scorecard import V1
+
+    cards = before_after()
+    verdict = decide(cards[0], cards[2], cards[1], cards[3], ObjectiveSection())
+    written = a_round(
+        "v2",
+        "v1",
+        "discarded",
+        scorecards=cards,
+        decision=verdict,
+        proposed=dict(V1, version="2"),
+        gates=[{"name": "validate", "ok": True, "detail": "ok"}],
+        held_out={
+            "key": "ab12",
+            "scenarios": 27,
+            "read": 1,
+            "supported": 2,
+            "max_bias": 0.1,
+            "bias_bound": 0.0,
+        },
+        history=HISTORY,
+    )
+    folder = tmp_path / "new"
+    folder.mkdir()
+    written.write(folder)
+    read = read_round_record(folder)
+    assert read.to_json() == written.to_json() and read.format == FORMAT
+    assert read.decision == verdict and read.scorecards == cards and read.history == HISTORY
+    assert read.candidate_policy is not None and read.candidate_policy.version == "2"
+    assert read.held_out is not None and read.held_out.sentence.startswith(
+        "Held-out set `ab12` (27 scenarios) read 1 time,"
+    )
+    old = tmp_path / "old"
+    old.mkdir()
+    document = read.to_json()
+    for key in ("format", "scorecards", "decision", "proposed", "history"):
+        document.pop(key)
+    document["held_out"].pop("sentence")
+    (old / "round.json").write_text(json.dumps(document))
+    (old / "scorecards.json").write_text(json.dumps([c.to_json() for c in cards]))
+    (old / "policy.json").write_text(json.dumps(dict(V1, version="2")))
+    migrated = read_round_record(old)
+    assert migrated.format == FORMAT and migrated.scorecards == cards and migrated.decision is None
+    assert migrated.held_out == read.held_out and migrated.candidate_policy == read.candidate_policy
+    assert migrated.to_json() | {"decision": None, "history": None} == read.to_json() | {
+        "decision": None,
+        "history": None,
+    }

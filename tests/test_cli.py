@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -357,17 +359,16 @@ def test_the_defaults_a_commands_help_shows_are_the_librarys() -> None:
     from improve.cli import parity, warehouse
     from improve.cli.policy import verify_command
     from improve.log import MAX_LINE_BYTES
-    from improve.loop import GATE_NAMES
+    from improve.loop import GATE_NAMES, EnvironmentGate, ExploreGate
     from improve.parity import DEFAULT_RUN_TIMEOUT, REVIEWED_FILE
-    from improve.warehouse import DEFAULT_LOCK_TIMEOUT
 
-    assert (warehouse.MAX_LINE_BYTES, warehouse.DEFAULT_LOCK_TIMEOUT) == (
-        MAX_LINE_BYTES,
-        DEFAULT_LOCK_TIMEOUT,
-    )
+    assert warehouse.MAX_LINE_BYTES == MAX_LINE_BYTES
     assert (parity.DEFAULT_RUN_TIMEOUT, parity.REVIEWED_FILE) == (DEFAULT_RUN_TIMEOUT, REVIEWED_FILE)
-    # `improve verify --help` lists the built-in gates in the order they run.
-    assert f"Gates: {', '.join(GATE_NAMES)};" in " ".join((verify_command.__doc__ or "").split())
+    # `improve verify --help` lists the built-in gates in the order they run, and names two of them.
+    doc = " ".join((verify_command.__doc__ or "").split())
+    assert f"Gates: {', '.join(GATE_NAMES)};" in doc
+    assert f"{EnvironmentGate.name} compares with" in doc
+    assert f"; {ExploreGate.name} probes with" in doc
 
 
 def test_the_command_listing_matches_every_command_it_loads_lazily() -> None:
@@ -384,3 +385,68 @@ def test_the_command_listing_matches_every_command_it_loads_lazily() -> None:
         loaded = group.load(listed.name)
         assert loaded.name == listed.name
         assert loaded.get_short_help_str(limit=1000) == listed.help, listed.name
+
+
+def _commands() -> list[tuple[list[str], Any]]:
+    """Every command and group of `improve` (loaded), with the words that reach it; and `parity`'s own."""
+    import typer.main
+
+    from improve.cli import parity
+    from improve.cli.main import ImproveGroup
+
+    group = typer.main.get_command(app)
+    found: list[tuple[list[str], Any]] = [([], group)]
+    for listed in ImproveGroup.LAZY:
+        command = group.load(listed.name)
+        found.append(([listed.name], command))
+        for name, sub in getattr(command, "commands", {}).items():
+            found.append(([listed.name, name], sub))
+    found.append((["parity-script"], typer.main.get_command(parity.app)))
+    return found
+
+
+def _lone_words(lines: list[str], verbatim: set[str]) -> list[str]:
+    """Lines of one word that continue a wrapped paragraph (a heading, an option name or an example's
+    line, kept as written, is not one)."""
+    lone = []
+    for before, line in zip(["", *lines], lines, strict=False):
+        text = line.strip()
+        if before.strip() and " " not in text and not text.endswith(":") and not text.startswith("-"):
+            lone += [line] if text and text not in verbatim else []
+    return lone
+
+
+@pytest.mark.parametrize("width", [80, 100])
+def test_every_help_reads_well_at_80_and_100_columns(width: int) -> None:
+    """Paragraphs re-flowed with no word left alone on a line, `Example:` blocks as written, every
+    bracketed text kept (`[cluster]`, `[models.NAME]`) and every option name whole."""
+    import re
+
+    from improve.cli import parity
+
+    for words, command in _commands():
+        target, args = (parity.app, ["--help"]) if words == ["parity-script"] else (app, [*words, "--help"])
+        shown = runner.invoke(target, args, env={"COLUMNS": str(width)})
+        assert shown.exit_code == 0, (words, shown.output)
+        text, lines = shown.output, shown.output.splitlines()
+        where = " ".join(words) or "improve"
+        assert "…" not in text and "╭" not in text, where
+        assert all(len(line) <= width for line in lines), (where, [x for x in lines if len(x) > width])
+        flat = " ".join(text.split())
+        sources = [command.help or "", *(getattr(p, "help", None) or "" for p in command.params)]
+        examples = {
+            line.strip()
+            for source in sources
+            for block in re.findall(r"Example:\n\n((?:[ \t]+\S.*\n?)+)", inspect.cleandoc(source))
+            for line in block.splitlines()
+        }
+        for example in examples:  # as written, on a line of its own
+            assert any(line.strip() == example for line in lines), (where, example)
+        assert _lone_words(lines, examples) == [], (where, width)
+        for source in sources:
+            for bracketed in re.findall(r"\[[^\]\s][^\]]*\]", source):
+                assert " ".join(bracketed.split()) in flat, (where, bracketed)
+        for param in command.params:
+            for name in [*param.opts, *param.secondary_opts]:
+                if name.startswith("-"):
+                    assert re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", text), (where, name)

@@ -836,11 +836,11 @@ def test_a_round_promotes_a_fix_for_the_naive_premature_answers(tmp_path: Path, 
     assert result.cluster == "wrong-answer:explore:DONE->RUN{command=view .}"
     assert result.candidate_version == "v1"
     held, train = result.scores["held-out"], result.scores["train"]
-    assert held["violations_after"] == 0 and train["violations_after"] == 0
-    assert (round(held["before"], 3), round(held["after"], 3)) == (0.417, 0.833)
-    assert (round(train["before"], 3), round(train["after"], 3)) == (0.385, 0.846)
-    assert held["ci_low"] > 0 and result.regressions == []
-    assert all(g["ok"] for g in result.gates) and [g["name"] for g in result.gates] == list(GATE_NAMES)
+    assert held.violations_after == 0 and train.violations_after == 0
+    assert (round(held.before, 3), round(held.after, 3)) == (0.417, 0.833)
+    assert (round(train.before, 3), round(train.after, 3)) == (0.385, 0.846)
+    assert held.ci_low > 0 and result.regressions == []
+    assert all(g.ok for g in result.gates) and [g.name for g in result.gates] == list(GATE_NAMES)
     candidate = json.loads((root / str(result.report) / "policy.json").read_text())
     route = candidate["states"][candidate["initial"]]
     rule = route["choice"][0]
@@ -1079,8 +1079,8 @@ def test_a_round_promotes_a_fix_for_the_naive_edit_mistakes(tmp_path: Path, no_t
     result = run_round(space, RoundOptions(env="code-agent", policy="v0", k=3, model="naive"))
     assert result.status == "recommended", (result.cluster, result.decision_detail)
     held, train = result.scores["held-out"], result.scores["train"]
-    assert held["after"] > held["before"] and train["after"] > train["before"]
-    assert held["violations_after"] == 0 and result.regressions == []
+    assert held.after > held.before and train.after > train.before
+    assert held.violations_after == 0 and result.regressions == []
     candidate = json.loads((root / str(result.report) / "policy.json").read_text())
     rule = candidate["states"][candidate["initial"]]["choice"][0]
     # The fix validates before concluding: the answer the failed runs lacked.

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from typer.testing import CliRunner
 
 from improve.cli.main import app
 from improve.errors import LogError, ScenarioError, WorkspaceError, WorldFromThreadError
-from improve.evals import Scenario, append_scenario, load_scenarios, load_thread, scenario_from_thread
+from improve.evals import Scenario, append_scenario, find_thread, load_scenarios, scenario_from_thread
 from improve.examples.refunds.world import world_from_thread
 from improve.log import JsonlDirStore
 from improve.runtime import (
@@ -27,7 +28,7 @@ from improve.runtime import (
     compile_policy,
     load_environment,
     load_policy,
-    read_thread,
+    recorded_thread,
     run,
 )
 from tests.helpers import REPO
@@ -167,7 +168,7 @@ def test_an_environment_without_the_hook_says_what_to_add(ws: Path) -> None:
 
 def test_a_thread_of_another_machine_or_nowhere_is_refused(ws: Path) -> None:
     run_json(ws, "--scenario", "small-refund-01")
-    _, entries = load_thread("train:v0:careful:small-refund-01:r1", ws / "traces")
+    _, entries = find_thread("train:v0:careful:small-refund-01:r1", ws / "traces")
     foreign = [e.model_copy(update={"machineId": "support-desk"}) for e in entries]
     with pytest.raises(WorkspaceError, match=r"recorded by machine 'support-desk'.*pass --env"):
         scenario_from_thread(refunds(), foreign, expect="issued", effects=None, split="train")
@@ -246,7 +247,7 @@ def test_a_production_thread_becomes_a_scenario(ws: Path, payments_fail: bool, o
 
 def test_a_hook_that_leaves_out_what_a_tool_reads_is_caught_at_the_entry(ws: Path) -> None:
     production_run(ws, "prod-1", PRODUCTION_WORLD, {"awaitingApproval": [{"type": "REJECT"}]})
-    _, entries = load_thread("prod-1", ws / "traces")
+    _, entries = find_thread("prod-1", ws / "traces")
     forgetful = dataclasses.replace(refunds(), world_from_thread=lambda thread: {"customers": {}})
     with pytest.raises(WorldFromThreadError, match=r"thread prod-1, entry 1 \(crm.verifyCustomer"):
         scenario_from_thread(
@@ -256,9 +257,9 @@ def test_a_hook_that_leaves_out_what_a_tool_reads_is_caught_at_the_entry(ws: Pat
 
 def test_bookkeeping_entries_are_passed_over_and_unreproducible_failures_refused(ws: Path) -> None:
     production_run(ws, "prod-2", PRODUCTION_WORLD, {"awaitingApproval": [{"type": "REJECT"}]})
-    _, entries = load_thread("prod-2", ws / "traces")
+    _, entries = find_thread("prod-2", ws / "traces")
     assert entries[-1].type == "@agent.end"  # the run's own end entry is passed over like usage
-    thread = read_thread(refunds().machine, entries, "prod-2")
+    thread = recorded_thread(refunds().machine, entries, "prod-2")
     assert thread.final_state == "closed" and thread.status == "done"
     assert [c.src for c in thread.calls] == [
         "crm.verifyCustomer",
@@ -279,7 +280,7 @@ def test_bookkeeping_entries_are_passed_over_and_unreproducible_failures_refused
     with pytest.raises(WorldFromThreadError, match=r"entry 1: crm\.verifyCustomer failed"):
         world_from_thread(broken)
     with pytest.raises(LogError, match="thread prod-2"):
-        read_thread(refunds().machine, entries[1:], "prod-2")
+        recorded_thread(refunds().machine, entries[1:], "prod-2")
 
 
 def item(id: str, ticket: str = "plain") -> Scenario:
@@ -331,6 +332,54 @@ def test_appending_creates_a_missing_file_and_refuses_a_flow_list(tmp_path: Path
     with pytest.raises(ScenarioError, match="flow style"):
         append_scenario(flow, item("b"), "e")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["flow.yaml", "new"]
+
+
+WRITER = """
+import sys
+from pathlib import Path
+from improve.evals import Scenario, append_scenario, record_unsealing
+sys.stdin.read(1)  # every writer starts when the test says go: as close to at once as processes get
+n = sys.argv[2]
+if sys.argv[1] == "scenario":
+    scenario = Scenario.model_validate(
+        {"id": f"c{n}", "category": "c", "split": "train", "input": {"n": n}, "expected": {"outcome": "done"}}
+    )
+    append_scenario(Path("s.yaml"), scenario, "e")
+else:
+    record_unsealing(Path("u.jsonl"), who="t", command="c", environment="e", test_set="k", test_scenarios=1,
+                     model="m", scores=[])
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("what", ["scenario", "unsealing"])
+def test_writers_of_one_file_in_six_processes_at_once_lose_nothing(tmp_path: Path, what: str) -> None:
+    """Six `improve scenarios add` (or unsealings) at once: each reads, changes and writes the file under
+    its lock, so all six land (a read-modify-write without one kept one or two of six)."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    writers = [
+        subprocess.Popen(
+            [sys.executable, "-c", WRITER, what, str(n)],
+            cwd=tmp_path,
+            env=env,
+            stdin=subprocess.PIPE,
+            text=True,
+        )
+        for n in range(6)
+    ]
+    for writer in writers:
+        assert writer.stdin is not None
+        writer.stdin.write("go")
+        writer.stdin.close()
+    assert [writer.wait(timeout=120) for writer in writers] == [0] * 6
+    if what == "scenario":
+        assert sorted(load_scenarios(tmp_path / "s.yaml", "e").by_id()) == [f"c{n}" for n in range(6)]
+    else:
+        lines = (tmp_path / "u.jsonl").read_text().splitlines()
+        assert sorted(json.loads(line)["number"] for line in lines) == [1, 2, 3, 4, 5, 6]
 
 
 def test_the_template_environment_rebuilds_its_world(tmp_path: Path) -> None:

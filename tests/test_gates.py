@@ -711,3 +711,25 @@ def test_fuzz_the_policy_reader_refuses_any_bytes_clearly(tmp_path: Path, data: 
         load_policy(path)
     except ImproveError as error:
         assert str(path) in str(error), str(error)
+
+
+def test_novelty_refuses_a_branch_already_discarded_against_the_policy() -> None:
+    """A round whose CHANGELOG remembers discarded branches runs `novelty` right after `validate`; a
+    candidate adding only branches discarded before fails it, one adding another passes."""
+    from improve.loop.branches import DiscardedBranch, added
+    from improve.loop.gates import NoveltyGate
+
+    seen = v1([{"guard": "facts.customer.refundsLast90d >= 3", "target": "escalate"}])
+    baseline = parse_machine(V0)
+    new = added(baseline, parse_machine(seen))
+    memory = [DiscardedBranch(b.guard or "", b.answer(), "20260101-000000-refunds-v1") for b in new]
+    gates = [*BUILTIN_GATES[:2], NoveltyGate(), *BUILTIN_GATES[2:]]
+    ctx = context(baseline=baseline, gates=gates, discarded=memory)
+    results = run_gates(seen, ctx)
+    assert [r.name for r in results] == ["environment-unchanged", "validate", "novelty"]
+    assert not results[-1].ok and "already discarded against refunds-policy@0" in results[-1].detail
+    assert "`facts.customer.refundsLast90d >= 3` -> " in results[-1].detail
+    assert "20260101-000000-refunds-v1" in results[-1].detail
+    other = v1([{"guard": "facts.customer.refundsLast90d >= 4", "target": "escalate"}])
+    assert passed(run_gates(other, ctx))
+    assert passed(run_gates(seen, context(baseline=baseline, gates=gates)))  # nothing discarded before

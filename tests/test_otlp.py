@@ -1,12 +1,15 @@
 """OpenTelemetry out and in: threads exported as OTLP traces (checked against the real protobuf schema,
-sent to a local OTLP/HTTP receiver), and OTLP/JSON from the OpenTelemetry SDK itself ingested into
-`otel_spans` with nothing lost; malformed spans rejected and counted."""
+sent to a local OTLP/HTTP receiver and to a real Arize Phoenix, read back through its API), and OTLP/JSON
+from the OpenTelemetry SDK itself ingested into `otel_spans` with nothing lost; malformed spans rejected
+and counted."""
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import http.server
 import json
+import shutil
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -32,6 +35,7 @@ from improve.runtime import load_environment
 from improve.runtime.policy import load_policy
 from improve.warehouse.db import open_database
 from tests.helpers import REPO, copy_workspace
+from tests.phoenix import Phoenix, running_phoenix
 
 runner = CliRunner()
 
@@ -133,12 +137,36 @@ def test_exported_threads_parse_as_otlp_and_follow_the_genai_conventions(ws: Pat
         assert service == "refunds"
         by_trace.setdefault(span.trace_id, []).append(span)
     assert len(by_trace) == len(threads)
-    refusals = 0
+    refusals = errors = answers = 0
     for trace in by_trace.values():
         (root,) = [s for s in trace if not s.parent_span_id]
         attrs = _attrs(root)
         entries = threads[attrs["improve.thread.id"]]
-        assert root.name == "invoke_agent refunds" and attrs["gen_ai.operation.name"] == "invoke_agent"
+        stamp: dict[str, Any] = entries[0].metadata  # type: ignore[assignment]
+        # The name tells runs apart: the scenario and run, the policy and model, the outcome and verdict.
+        verdict = "passed" if attrs["improve.passed"] else "failed"
+        assert root.name.startswith(
+            f"invoke_agent refunds: {stamp['scenario']} r{stamp['run']} "
+            f"({attrs['improve.policy.version']}, {stamp['models']['decider']}) -> {attrs['improve.outcome']}"
+        ) and root.name.endswith(f", {verdict}"), root.name
+        assert (
+            attrs["gen_ai.operation.name"] == "invoke_agent" and attrs["openinference.span.kind"] == "AGENT"
+        )
+        # Each thread is a session, on every span (OpenInference's word and the GenAI conventions').
+        assert all(
+            _attrs(s)["session.id"] == _attrs(s)["gen_ai.conversation.id"] == attrs["improve.thread.id"]
+            for s in trace
+        )
+        assert json.loads(attrs["input.value"]) == entries[0].event["input"]
+        assert json.loads(attrs["output.value"])["outcome"] == attrs["improve.outcome"]
+        failed = (
+            attrs["improve.status"] != "done"
+            or bool(attrs.get("improve.violation.rules"))
+            or verdict == "failed"
+        )
+        assert root.status.code == (Status.STATUS_CODE_ERROR if failed else Status.STATUS_CODE_OK)
+        assert not failed or (root.status.message and attrs["error.type"])
+        errors += failed
         seed = f"{attrs['improve.thread.id']}:{entries[0].id}"
         assert root.trace_id == hashlib.sha256(f"improve-trace:{seed}".encode()).digest()[:16]
         assert root.span_id == hashlib.sha256(f"improve-span:{seed}:run".encode()).digest()[:8]
@@ -160,9 +188,32 @@ def test_exported_threads_parse_as_otlp_and_follow_the_genai_conventions(ws: Pat
         usage = [e for e in entries if e.type == "@agent.usage"]
         assert len(chats) == len(usage)
         assert all(
-            s.name == f"chat {_attrs(s)['gen_ai.request.model']}" and s.kind == Span.SPAN_KIND_CLIENT
+            s.name == f"chat {_attrs(s)['gen_ai.request.model']}"
+            and s.kind == Span.SPAN_KIND_CLIENT
+            and _attrs(s)["openinference.span.kind"] == "LLM"
             for s in chats
         )
+        # Each model call: what it was asked and answered, in both conventions.
+        for chat in chats:
+            chat_attrs = _attrs(chat)
+            asked = json.loads(chat_attrs["input.value"])
+            messages = json.loads(chat_attrs["gen_ai.input.messages"])
+            assert messages[0]["role"] == "user" and json.loads(messages[0]["parts"][0]["content"]) == {
+                "name": asked["name"],
+                "options": asked["options"],
+            }
+            # Each refused answer before it, fed back: the answer, then the refusal's reason.
+            assert len(messages) == 1 + 2 * len(asked.get("attempts", []))
+            for (said, told), attempt in zip(
+                zip(messages[1::2], messages[2::2], strict=True), asked.get("attempts", []), strict=True
+            ):
+                assert json.loads(said["parts"][0]["content"]) == attempt["event"]
+                assert told["parts"][0]["content"] == f"Refused: {attempt['reason']}"
+            (answered,) = json.loads(chat_attrs["gen_ai.output.messages"])
+            assert answered["role"] == "assistant" and answered["finish_reason"] == "stop"
+            assert json.loads(answered["parts"][0]["content"]) == json.loads(chat_attrs["output.value"])
+            assert chat_attrs["input.mime_type"] == chat_attrs["output.mime_type"] == "application/json"
+            answers += 1
         assert sum(int(_attrs(s)["gen_ai.usage.input_tokens"]) for s in chats) == sum(
             e.event["inputTokens"] for e in usage
         )
@@ -170,11 +221,20 @@ def test_exported_threads_parse_as_otlp_and_follow_the_genai_conventions(ws: Pat
         assert sorted(s.name for s in tools) == sorted(
             f"execute_tool {e.event['actorId']}" for e in _tools(entries)
         )
+        assert all(
+            _attrs(s)["openinference.span.kind"] == "TOOL"
+            and _attrs(s)["output.value"] == _attrs(s)["gen_ai.tool.call.result"]
+            for s in tools
+        )
         decided = [s for s in chats if "improve.decision.answer" in _attrs(s)]
         landed = [e for e in entries if "decision" in (e.metadata or {}) and e.type != "xstate.error.actor"]
         assert len(decided) == len(landed)
         for chat, entry in zip(decided, landed, strict=True):
             assert json.loads(_attrs(chat)["improve.decision.answer"]) == entry.event
+            assert json.loads(_attrs(chat)["output.value"]) == entry.event
+            assert len(json.loads(_attrs(chat)["input.value"]).get("attempts", [])) == len(
+                entry.attempts or []
+            )
             assert (
                 json.loads(_attrs(chat)["improve.decision.options"]) == entry.metadata["decision"]["options"]
             )  # type: ignore[index]
@@ -182,9 +242,8 @@ def test_exported_threads_parse_as_otlp_and_follow_the_genai_conventions(ws: Pat
         attempts = [a for e in entries for a in e.attempts or [] if a.kind == "rejected-by-guard"]
         assert len(guard_events) == len(attempts)
         refusals += len(guard_events)
-        if attrs["improve.status"] != "done" or attrs.get("improve.violation.rules"):
-            assert root.status.code == Status.STATUS_CODE_ERROR
     assert refusals > 0, "the sloppy model's refused answers show as guard_refusal events"
+    assert 0 < errors < len(by_trace) and answers > len(by_trace)
     # Reproducible and idempotent: the same threads give the same bytes, from files or the warehouse.
     first = path.read_bytes()
     _export(ws, str(ws / "traces"), "--out", str(ws / "otlp"), "--batch", "7")
@@ -605,6 +664,99 @@ def test_malformed_spans_are_rejected_one_by_one_and_counted(ws: Path, bad_file:
     assert allowed.exit_code == 0 and "spans read" in allowed.output
 
 
+def test_a_lone_surrogate_rejects_its_span_alone_and_a_whole_unread_request_is_said_as_one(
+    ws: Path, tmp_path: Path
+) -> None:
+    lines = [
+        json.dumps(_request(_span(1), _span(2, name="step \ud800"))),  # json.dumps escapes it: \ud800
+        "x" * 2000,  # not JSON: a whole request that could not be read
+    ]
+    path = tmp_path / "spoiled.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    good = tmp_path / "good.jsonl"
+    good.write_text(json.dumps(_request(_span(3))) + "\n")
+    result = runner.invoke(
+        app,
+        [
+            "ingest",
+            "--format",
+            "otlp",
+            "-w",
+            str(ws),
+            str(path),
+            str(good),
+            "--json",
+            "--max-line-bytes",
+            "1000",
+        ],
+    )
+    assert result.exit_code == 1, result.output
+    doc = json.loads(result.stdout)
+    assert (doc["ingested"], doc["rejected"], doc["requests_unread"]) == (2, 2, 1)
+    con = open_database(ws / "traces" / "traces.duckdb", read_only=True)
+    errors = [r[0] for r in con.execute("SELECT error FROM rejected_lines ORDER BY line").fetchall()]
+    con.close()
+    assert "spans[1]" in errors[0] and "line too long: 2,000 bytes" in errors[1]
+    text = runner.invoke(app, ["ingest", "--format", "otlp", "-w", str(ws), str(path)])
+    assert "1 of them whole requests that could not be read" in " ".join(text.stderr.split())
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "headers", "said"),
+    [
+        ("http://[::1", "", "Invalid IPv6 URL"),
+        ("http://exa mple.com:4318", "", "a space or a control character"),
+        ("http://127.0.0.1:9", "x-key=secret%0d%0aX-Evil: 1", "a value with a control character"),
+        ("http://127.0.0.1:9", "bad name=secret", "a header name that is not a token"),
+    ],
+)
+def test_an_endpoint_or_header_that_cannot_be_sent_is_refused_before_anything_is(
+    ws: Path, monkeypatch: pytest.MonkeyPatch, endpoint: str, headers: str, said: str
+) -> None:
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", headers)
+    result = runner.invoke(
+        app, ["export", "--format", "otlp", "-w", str(ws), str(ws / "traces"), "--endpoint", endpoint]
+    )
+    assert result.exit_code == 2 and said in result.output and "secret" not in result.output
+
+
+def test_a_collector_that_redirects_or_cuts_its_answer_short_is_said_as_such() -> None:
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    from improve.errors import OtlpSendError
+    from improve.warehouse.otlp.send import RetryPolicy, send_requests
+
+    class Collector(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            if self.path.startswith("/moved"):
+                self.send_response(307)
+                self.send_header("Location", "http://127.0.0.1:9/v1/traces")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            self.send_response(200)
+            self.send_header("Content-Length", "100")
+            self.end_headers()
+            self.wfile.write(b"\x0a" * 10)  # then the connection closes: 90 bytes short
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Collector)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    policy = RetryPolicy(tries=2, first_wait=0.0)
+    try:
+        with pytest.raises(OtlpSendError, match=r"a redirect \(HTTP 307 to http://127.0.0.1:9/v1/traces\)"):
+            send_requests([ExportTraceServiceRequest()], f"{url}/moved", policy=policy, sleep=lambda s: None)
+        with pytest.raises(OtlpSendError, match=r"after 2 tries; the last: no answer \(IncompleteRead\)"):
+            send_requests([ExportTraceServiceRequest()], url, policy=policy, sleep=lambda s: None)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def test_a_different_span_under_held_ids_is_a_conflict_never_overwritten(ws: Path) -> None:
     exports = ws / "exports"
     exports.mkdir()
@@ -690,8 +842,20 @@ def test_tool_errors_exhausted_decisions_and_answers_become_spans_and_events() -
     ]
     spans = thread_spans(ThreadRun("prod:t1", entries))
     agent, tool, first, second = spans
-    assert [s.name for s in spans] == ["invoke_agent desk", "execute_tool lookup", "chat m1", "chat m1"]
+    assert [s.name for s in spans] == [
+        "invoke_agent desk: s1 -> error",
+        "execute_tool lookup",
+        "chat m1",
+        "chat m1",
+    ]
     assert agent.status.code == Status.STATUS_CODE_ERROR and _attrs(agent)["error.type"] == "error"
+    assert agent.status.message == "the run ended error"
+    # Each call was asked the decision (and the refusals before it); a failed call answered nothing.
+    assert json.loads(_attrs(first)["input.value"]) == {"name": "choose", "options": [{"type": "PAY"}]}
+    assert json.loads(_attrs(first)["output.value"]) == {"type": "PAY"}
+    assert json.loads(_attrs(second)["input.value"])["attempts"] == [refused]
+    assert "output.value" not in _attrs(second) and "gen_ai.output.messages" not in _attrs(second)
+    assert "output.value" not in _attrs(tool) and _attrs(tool)["openinference.span.kind"] == "TOOL"
     assert tool.status.code == Status.STATUS_CODE_ERROR and tool.status.message == "slow"
     assert _attrs(tool)["error.type"] == "timeout" and _attrs(tool)["improve.tool.outcome"] == "error"
     # Each refused answer is an event on the model call that gave it; the exhaustion on the last call.
@@ -707,19 +871,163 @@ def test_tool_errors_exhausted_decisions_and_answers_become_spans_and_events() -
 
 
 def test_no_content_leaves_out_what_runs_were_told_and_answered(ws: Path) -> None:
+    """And no exported span repeats an attribute key, with content or without."""
     doc = _export(ws, str(ws / "traces"), "--out", str(ws / "bare"), "--no-content")
     text = Path(doc["file"]).read_text()
     ticket = next(iter(_threads(ws / "traces").values()))[0].event["input"]["ticket"]
-    assert ticket not in text and '"orderId"' not in text
+    assert ticket not in text and '"orderId"' not in text and "chooseResolution\\" not in text
     spans = _spans(_parse(Path(doc["file"])))
     keys = {key for _, span in spans for key in _attrs(span)} | {
         kv.key for _, span in spans for event in span.events for kv in event.attributes
     }
     assert not keys & {
         "improve.input",
+        "improve.decision.options",
         "improve.decision.answer",
         "gen_ai.tool.call.result",
         "improve.attempted",
+        "improve.effects",
+        "gen_ai.input.messages",
+        "gen_ai.output.messages",
+        "input.value",
+        "input.mime_type",
+        "output.value",
+        "output.mime_type",
     }
-    assert {"gen_ai.usage.input_tokens", "improve.decision.answer.type", "improve.outcome"} <= keys
-    assert len(spans) == _export(ws, str(ws / "traces"), "--out", str(ws / "full"))["spans"]
+    assert {
+        "gen_ai.usage.input_tokens",
+        "improve.decision.answer.type",
+        "improve.outcome",
+        "session.id",
+        "openinference.span.kind",
+    } <= keys
+    full = _export(ws, str(ws / "traces"), "--out", str(ws / "full"))
+    assert len(spans) == full["spans"]
+    full_keys = {key for _, span in _spans(_parse(Path(full["file"]))) for key in _attrs(span)}
+    assert {"gen_ai.input.messages", "output.value", "improve.effects"} <= full_keys
+    # Every span of the refund desk's threads, with content and without, has each attribute key once.
+    _assert_no_key_twice(_parse(Path(doc["file"])))
+    _assert_no_key_twice(_parse(Path(full["file"])))
+
+
+def _assert_no_key_twice(requests: list[ExportTraceServiceRequest]) -> None:
+    """OTLP requires an attribute's key to be unique on its span, its events and its resource."""
+    spans = [span for _, span in _spans(requests)]
+    for span in spans:
+        keys = [kv.key for kv in span.attributes]
+        assert len(keys) == len(set(keys)), (span.name, sorted(k for k in keys if keys.count(k) > 1))
+        for event in span.events:
+            keys = [kv.key for kv in event.attributes]
+            assert len(keys) == len(set(keys)), (span.name, event.name)
+    for resource in (rs.resource for r in requests for rs in r.resource_spans):
+        keys = [kv.key for kv in resource.attributes]
+        assert len(keys) == len(set(keys))
+    # The decision's name is on its last model call once, where the call and the decision both give it.
+    decided = [s for s in spans if any(kv.key == "improve.decision.refused" for kv in s.attributes)]
+    assert decided and all(
+        [kv.key for kv in s.attributes].count("improve.decision.name") == 1 for s in decided
+    )
+
+
+def _projects(path: Path) -> set[str]:
+    return {
+        kv.value.string_value
+        for request in _parse(path)
+        for rs in request.resource_spans
+        for kv in rs.resource.attributes
+        if kv.key == "openinference.project.name"
+    }
+
+
+def test_the_phoenix_project_is_the_environment_unless_named(ws: Path) -> None:
+    threads = str(min((ws / "traces").glob("*.jsonl")))  # one thread is enough
+    doc = _export(ws, threads, "--out", str(ws / "a"))
+    assert doc["projects"] == ["refunds"] and _projects(Path(doc["file"])) == {"refunds"}
+    (ws / "improve.toml").write_text((ws / "improve.toml").read_text() + '\n[otlp]\nproject = "desk-prod"\n')
+    doc = _export(ws, threads, "--out", str(ws / "b"))
+    assert doc["projects"] == ["desk-prod"] and _projects(Path(doc["file"])) == {"desk-prod"}
+    doc = _export(ws, threads, "--out", str(ws / "c"), "--project", "desk-v2")
+    assert doc["projects"] == ["desk-v2"] and _projects(Path(doc["file"])) == {"desk-v2"}
+    result = runner.invoke(app, ["export", "--format", "otlp", "-w", str(ws), threads, "--project", " "])
+    assert result.exit_code == 2 and "--project is empty" in result.output, result.output
+    result = runner.invoke(app, ["export", "-w", str(ws), str(ws / "lake"), "--project", "x"])
+    assert result.exit_code == 2 and "--project are for --format otlp" in result.output, result.output
+    toml = ws / "improve.toml"
+    toml.write_text(toml.read_text().replace('project = "desk-prod"', 'project = ""'))
+    result = runner.invoke(app, ["export", "--format", "otlp", "-w", str(ws), threads])
+    assert result.exit_code == 2 and "otlp.project" in result.output, result.output
+
+
+@pytest.fixture(scope="module")
+def phoenix(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Phoenix]:
+    with running_phoenix(tmp_path_factory.mktemp("phoenix")) as server:
+        yield server
+
+
+@pytest.mark.slow
+def test_a_real_phoenix_shows_runs_as_named_traces_with_inputs_outputs_errors_and_sessions(
+    ws: Path, phoenix: Phoenix
+) -> None:
+    """A handful of the refund desk's runs sent to Arize Phoenix, read back through Phoenix's REST API:
+    what a person sees there is what the export means."""
+    handful = ws / "handful"
+    handful.mkdir()
+    for path in sorted((ws / "traces").glob("held-out:v1:sloppy:*:r1.jsonl"))[:8]:
+        shutil.copy(path, handful)
+    threads = _threads(handful)
+    doc = _export(ws, str(handful), "--endpoint", phoenix.url, "--project", "refund-desk")
+    assert doc["projects"] == ["refund-desk"] and doc["rejected_spans"] == 0
+    spans = phoenix.spans("refund-desk", doc["spans"])
+    assert len(spans) == doc["spans"]
+    # The project is the one named; nothing went to Phoenix's default project.
+    assert "refund-desk" in {p["name"] for p in phoenix.get("/v1/projects")["data"]}
+    assert phoenix.pages("/v1/projects/default/spans") == []
+    # One trace per run, its root named so the runs tell apart: scenario, run, policy, model, outcome.
+    roots = {s["attributes"]["improve.thread.id"]: s for s in spans if s["parent_id"] is None}
+    assert sorted(roots) == sorted(threads) and len({s["context"]["trace_id"] for s in spans}) == len(threads)
+    assert len({root["name"] for root in roots.values()}) == len(roots)
+    verdicts = Counter()
+    for thread_id, root in roots.items():
+        attrs = root["attributes"]
+        scenario = threads[thread_id][0].metadata["scenario"]  # type: ignore[index]
+        assert root["span_kind"] == "AGENT"
+        assert root["name"].startswith(
+            f"invoke_agent refunds: {scenario} r1 (v1, sloppy) -> {attrs['improve.outcome']}"
+        )
+        assert json.loads(attrs["input.value"]) == threads[thread_id][0].event["input"]
+        assert json.loads(attrs["output.value"])["outcome"] == attrs["improve.outcome"]
+        # A failed run is an error, with why; a passing one OK.
+        if attrs["improve.passed"]:
+            assert (root["status_code"], root["name"].endswith(", passed")) == ("OK", True)
+        else:
+            assert root["status_code"] == "ERROR" and root["status_message"] == attrs["improve.reason"]
+            assert root["name"].endswith(", failed") and attrs["error.type"] in (
+                "failed",
+                attrs["improve.status"],
+            )
+        verdicts[root["status_code"]] += 1
+    assert verdicts["OK"] and verdicts["ERROR"], verdicts
+    # Model calls: Phoenix reads what each was asked and answered, and its tokens, from our attributes.
+    calls = [s for s in spans if s["span_kind"] == "LLM"]
+    assert len(calls) == sum(e.type == "@agent.usage" for entries in threads.values() for e in entries)
+    for call in calls:
+        attrs = call["attributes"]
+        asked, answered = json.loads(attrs["input.value"]), json.loads(attrs["output.value"])
+        assert asked["name"] == "chooseResolution" and asked["options"] and answered["type"]
+        # Phoenix parsed the GenAI conventions' messages into its own (the JSON schema held).
+        assert attrs["llm.input_messages.0.message.role"] == "user"
+        assert json.loads(attrs["llm.input_messages.0.message.content"])["options"] == asked["options"]
+        refused = asked.get("attempts", [])
+        assert f"llm.input_messages.{2 * len(refused)}.message.content" in attrs
+        assert f"llm.input_messages.{2 * len(refused) + 1}.message.content" not in attrs
+        assert json.loads(attrs["llm.output_messages.0.message.content"]) == answered
+        assert attrs["llm.token_count.prompt"] == attrs["gen_ai.usage.input_tokens"] > 0
+    assert any("attempts" in json.loads(c["attributes"]["input.value"]) for c in calls)
+    assert {s["span_kind"] for s in spans} == {"AGENT", "LLM", "TOOL"}
+    # Each thread is a session of one trace.
+    sessions = phoenix.pages("/v1/projects/refund-desk/sessions")
+    assert sorted(s["session_id"] for s in sessions) == sorted(threads)
+    assert all(
+        [t["trace_id"] for t in s["traces"]] == [roots[s["session_id"]]["context"]["trace_id"]]
+        for s in sessions
+    )

@@ -53,8 +53,8 @@ def guarded_v1() -> dict[str, Any]:
     return doc
 
 
-def pays_the_rest_v2() -> dict[str, Any]:
-    """Closes tickets past the window and pays what is left itself, without asking the model."""
+def pays_the_rest_v2(amount: str = "facts.order.refundable") -> dict[str, Any]:
+    """Closes tickets past the window and pays what is left itself (or `amount`), without asking the model."""
     doc = copy.deepcopy(V0)
     doc["version"] = "2"
     doc["initial"] = "route"
@@ -70,7 +70,7 @@ def pays_the_rest_v2() -> dict[str, Any]:
     doc["states"]["close"] = {"type": "final", "output": {"type": "'CLOSE'"}}
     doc["states"]["pay_rest"] = {
         "type": "final",
-        "output": {"type": "'REFUND'", "amount": "facts.order.refundable"},
+        "output": {"type": "'REFUND'", "amount": amount},
     }
     return doc
 
@@ -228,11 +228,29 @@ def test_a_policy_that_changes_outcomes_is_a_regression(ws: Path, event: str, ch
     assert row["review_entry"]["scenario"] == changed and row["review_entry"]["model"] == "careful"
 
 
+def test_a_difference_the_labels_ask_for_is_intended_whatever_the_rule_breaks(ws: Path) -> None:
+    """v2 pays what is left where the sloppy model closed the ticket: the baseline broke no rule, so by
+    the rule-break rules alone this is a regression; the labels ask for exactly this run, so it is
+    intended (the change a round makes). Paying five short is what no label asks for: a regression."""
+    write_policy(ws, "v2", pays_the_rest_v2())
+    args = ("--model", "sloppy", "--scenario", "partial-refund-01")
+    code, doc = compare_json(ws, "v0", "v2", *args)
+    assert code == 0, doc["rows"]
+    (row,) = doc["rows"]
+    assert (row["label"], row["outcome"]) == ("intended", "closed -> issued")
+    assert row["reason"] == "the labels ask for it: partial-refund-01 expects 'issued' (closed -> issued)"
+    write_policy(ws, "v3", pays_the_rest_v2("facts.order.refundable - 5"))
+    code, doc = compare_json(ws, "v0", "v3", *args)
+    assert code == 1 and doc["rows"][0]["label"] == "regression"
+    assert "the baseline broke no rule" in doc["rows"][0]["reason"]
+
+
 # --- the reviewed-differences file --------------------------------------------------------------------
 
 
 def test_reviewed_differences_accept_exactly_what_was_reviewed(ws: Path) -> None:
-    write_policy(ws, "v2", pays_the_rest_v2())
+    # Five short of what is left: not what the labels ask for (that would be intended without review).
+    write_policy(ws, "v2", pays_the_rest_v2("facts.order.refundable - 5"))
     args = (
         "v0",
         "v2",
@@ -246,19 +264,19 @@ def test_reviewed_differences_accept_exactly_what_was_reviewed(ws: Path) -> None
     code, doc = compare_json(ws, *args)
     assert code == 1
     [regression] = rows(doc, label="regression")
-    assert regression["scenario"] == "partial-refund-01" and regression["outcome"] == "closed -> issued"
+    assert regression["scenario"] == "partial-refund-01" and regression["outcome"] == "closed -> escalated"
     assert [r["scenario"] for r in rows(doc, label="intended")] == ["over-window-02"]
 
     entry = {
         "scenario": "partial-refund-01",
         "model": "sloppy",
-        "outcome": "closed -> issued",
+        "outcome": "closed -> escalated",
         "effects": {
-            "added": [{"kind": "refund", "orderId": "O-5013", "amount": 75}],
+            "added": [{"kind": "escalation", "reason": "decision-exhausted"}],
             "removed": [{"kind": "closure", "reason": "agent-closed"}],
         },
         "accepted_by": "dana",
-        "why": "v2 pays what is left to refund itself; the sloppy model used to close these tickets",
+        "why": "v2's short payment is refused and the ticket goes to a person; the sloppy model used to close it",
     }
     # The ready-to-paste entry in the JSON says the same as the one written by hand.
     pasted = regression["review_entry"]
@@ -273,9 +291,9 @@ def test_reviewed_differences_accept_exactly_what_was_reviewed(ws: Path) -> None
     assert accepted["label"] == "intended" and accepted["reviewed_by"] == "dana"
     assert doc["reviewed"]["file"].endswith("parity-reviewed.yaml")
 
-    # Reviewed 75, now pays 80: no longer exactly the reviewed difference.
+    # Reviewed another reason for the escalation: no longer exactly the reviewed difference.
     stale = copy.deepcopy(entry)
-    stale["effects"]["added"][0]["amount"] = 80
+    stale["effects"]["added"][0]["reason"] = "angry-customer"
     (ws / "parity-reviewed.yaml").write_text(yaml.safe_dump({"differences": [stale]}))
     result = compare(ws, *args)
     assert result.exit_code == 1, result.output

@@ -128,6 +128,8 @@ def _handler(state: FakeGitHub) -> type[BaseHTTPRequestHandler]:
                 }
                 state.pulls[number] = pr
                 self._send(201, pr)
+            elif parts.path.startswith("/repos/acme/desk/statuses/") and self.command == "POST":
+                self._send(201, {"id": len(state.requests), **body})
             elif parts.path.startswith("/repos/acme/desk/pulls/") and self.command == "PATCH":
                 number = int(parts.path.rsplit("/", 1)[1])
                 pr = state.pulls[number]

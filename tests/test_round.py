@@ -7,6 +7,7 @@ import copy
 import http.server
 import json
 import re
+import shlex
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -22,7 +23,7 @@ from improve.cli.main import app
 from improve.clock import FrozenClock
 from improve.evals.outcome import OutcomeRow, outcome_row
 from improve.evals.workspace import Workspace
-from improve.loop import RoundOptions, next_version, run_round
+from improve.loop import Changelog, RoundOptions, run_round
 from improve.loop.branches import insert_branch
 from improve.loop.diagnose import KINDS, diagnose
 from improve.loop.gates import GATE_NAMES, GateResult
@@ -181,8 +182,8 @@ def test_a_full_round_recommends_and_leaves_a_branch_without_a_token(
     assert result.round_id.startswith(f"{day}-12") and result.round_id.endswith("-refunds-v1")
     assert result.candidate_version == "v1" and result.cluster and result.cluster.startswith("wrong-answer:")
     held = result.scores["held-out"]
-    assert held["after"] > held["before"] and held["violations_after"] == 0
-    assert [g["name"] for g in result.gates][-1] == "interactions" and all(g["ok"] for g in result.gates)
+    assert held.after > held.before and held.violations_after == 0
+    assert [g.name for g in result.gates][-1] == "interactions" and all(g.ok for g in result.gates)
     repo = git.Repo(tmp_path)
     branch = "improve/refunds-v1"
     assert branch in [h.name for h in repo.heads]
@@ -196,8 +197,8 @@ def test_a_full_round_recommends_and_leaves_a_branch_without_a_token(
     body = (report / "pr.md").read_text()
     assert "## Hypothesis" in body and "```mermaid" in body and "improve replay held-out:v1:" in body
     assert (
-        "| held-out | v1 |" in body and "git push -u origin improve/refunds-v1" in result.pr["instructions"]
-    )  # type: ignore[index]
+        "| held-out | v1 |" in body and "git push -u origin improve/refunds-v1" in result.pr.instructions  # type: ignore[union-attr, operator]
+    )
     assert repo.commit(branch).committed_datetime.isoformat().startswith(FROZEN_AT[:13])
     branch_log = repo.git.show(f"{branch}:policies/refunds/CHANGELOG.md")
     assert "## v1 (recommended)" in branch_log
@@ -206,8 +207,8 @@ def test_a_full_round_recommends_and_leaves_a_branch_without_a_token(
     assert len(charts) == 2, body
     history, categories = charts[0][1], charts[1][1]
     assert '["v0", "v1"]' in history
-    assert f'line "held-out" [{held["before"]:.3f}, {held["after"]:.3f}]' in history
-    assert 'bar "after (v1)"' in categories and 'line "before (v0)"' in categories
+    assert f'line "held-out" [{held.before:.3f}, {held.after:.3f}]' in history
+    assert 'bar "after (v1)"' in categories and 'bar "before (v0)"' in categories
     # The HTML page of the round, from the real CLI: charts, diagram, failing runs linked to their files.
     page = CliRunner().invoke(app, ["report", "-w", str(tmp_path), "--html", "--json"])
     assert page.exit_code == 0, page.output
@@ -227,6 +228,24 @@ def test_a_full_round_recommends_and_leaves_a_branch_without_a_token(
     # The candidate's threads are on disk and replay to the recorded states.
     replay = CliRunner().invoke(app, ["replay", "-w", str(tmp_path), result.candidate_threads[0], "--verify"])
     assert replay.exit_code == 0, replay.output
+    # A reviewer with only the PR's branch, in a fresh clone (no traces/): the body's commands work.
+    clone = tmp_path.parent / f"{tmp_path.name}-review"
+    git.Repo.clone_from(tmp_path, clone, branch=branch)
+    assert not (clone / "traces").exists()
+    block = body.split("## Replay it", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
+    commands = [shlex.split(line) for line in block.splitlines()]
+    assert commands[0][:2] == ["improve", "run"] and [c[1] for c in commands[1:]] == ["replay"] * (
+        len(commands) - 1
+    )
+    for command in commands:
+        done = CliRunner().invoke(app, [*command[1:], "-w", str(clone)])
+        assert done.exit_code == 0, (command, done.output)
+    # Made again, a stand-in's run decides as the round's did (entry ids and stamps are drawn anew).
+    for thread in result.candidate_threads[:6]:
+        remade, original = ((w / "traces" / f"{thread}.jsonl").read_text() for w in (clone, tmp_path))
+        assert [json.loads(x)["event"] for x in remade.splitlines()] == [
+            json.loads(x)["event"] for x in original.splitlines()
+        ]
 
 
 class _FakeGitHub(http.server.BaseHTTPRequestHandler):
@@ -298,7 +317,7 @@ def test_a_round_with_a_remote_and_token_pushes_and_opens_the_pr(
     # The fake API is plain http on 127.0.0.1: the round sends the token there only when told to.
     result = run_round(space, RoundOptions(policy="v0", k=2, allow_insecure_github=True))
     assert result.status == "recommended", result.decision_detail
-    assert result.pr and result.pr["pushed"] and result.pr["pr_number"] == 7
+    assert result.pr and result.pr.pushed and result.pr.pr_number == 7
     posts = [r for r in _FakeGitHub.requests if r[0] == "POST"]
     assert len(posts) == 1
     _, path, body = posts[0]
@@ -369,11 +388,14 @@ def test_a_null_round_is_not_promoted(tmp_path: Path) -> None:
     result = run_round(space, RoundOptions(policy="v0", k=2, proposer=_SameBehaviour()))
     assert result.status == "discarded"
     assert "held-out gain: FAIL" in result.decision_detail
-    assert result.scores["held-out"]["mean_diff"] == 0
+    assert result.scores["held-out"].mean_diff == 0
     changelog = (tmp_path / "policies" / "refunds" / "CHANGELOG.md").read_text()
     assert "## v1 (discarded)" in changelog
     assert (
-        next_version(space.policies_dir("refunds"), tmp_path / "policies" / "refunds" / "CHANGELOG.md") == "2"
+        Changelog.read(tmp_path / "policies" / "refunds" / "CHANGELOG.md").next_version(
+            space.policies_dir("refunds")
+        )
+        == "2"
     )
 
 
@@ -723,7 +745,8 @@ def test_demo_rounds_promote_and_the_final_policy_keeps_what_careful_gets_right(
     assert promoted, [(r.status, r.decision_detail) for r in summary.rounds]
     for r in summary.rounds:
         for split in ("train", "held-out"):
-            assert r.scores.get(split, {}).get("violations_after", 0) == 0, (r.round_id, split)
+            score = r.scores.get(split)
+            assert score is None or score.violations_after == 0, (r.round_id, split)
     root = summary.workspace
     for r in summary.rounds:
         if r.status in ("recommended", "discarded") and r.scores:
@@ -841,19 +864,19 @@ def test_held_out_reads_are_counted_per_set_and_warn_past_what_the_set_supports(
 
 
 def test_held_out_reads_never_go_down_when_an_entry_is_lost() -> None:
-    from improve.loop.heldout import held_out_reads
-
     line = "- Held-out set `{key}` (27 scenarios) read {n} {times}, this round included; ..."
     # Entries as written now ("read 1 time") and as written before ("read 1 times") both count.
     reads = (("aa11", 1, "time"), ("bb22", 1, "times"), ("aa11", 4, "times"))
-    text = "\n".join(line.format(key=k, n=n, times=t) for k, n, t in reads)
-    assert held_out_reads(text, "aa11") == 4  # the entries of reads 2 and 3 went with an unmerged branch
-    assert held_out_reads(text, "bb22") == 1 and held_out_reads(text, "cc33") == 0
+    held_out_reads = Changelog.parse(
+        "\n".join(line.format(key=k, n=n, times=t) for k, n, t in reads)
+    ).held_out_reads
+    assert held_out_reads("aa11") == 4  # the entries of reads 2 and 3 went with an unmerged branch
+    assert held_out_reads("bb22") == 1 and held_out_reads("cc33") == 0
 
 
 @pytest.mark.slow
 def test_a_branch_discarded_against_a_policy_is_not_proposed_against_it_again(tmp_path: Path) -> None:
-    from improve.loop.changelog import discarded_branches
+    from improve.loop.changelog import DiscardedBranch
 
     space = scratch(tmp_path)
     toml = tmp_path / "improve.toml"
@@ -862,11 +885,11 @@ def test_a_branch_discarded_against_a_policy_is_not_proposed_against_it_again(tm
     space = Workspace.load(toml)
     first = run_round(space, RoundOptions(policy="v0", k=2))
     assert first.status == "discarded" and first.branches, first.decision_detail
-    changelog = tmp_path / "policies" / "refunds" / "CHANGELOG.md"
-    assert discarded_branches(changelog, "v0") == [
-        {"guard": b["guard"], "answer": b["answer"], "round": first.round_id} for b in first.branches
+    discarded_branches = Changelog.read(tmp_path / "policies" / "refunds" / "CHANGELOG.md").discarded_branches
+    assert discarded_branches("v0") == [
+        DiscardedBranch(b.guard, b.answer, first.round_id) for b in first.branches
     ]
-    assert discarded_branches(changelog, "v1") == []
+    assert discarded_branches("v1") == []
     second = run_round(space, RoundOptions(policy="v0", k=2))
     assert second.branches and second.branches != first.branches, (first.branches, second.branches)
 
@@ -890,8 +913,8 @@ def test_a_rerun_after_a_killed_round_replaces_its_report_and_adds_no_commit(
     second = run_round(space, RoundOptions(policy="v0", k=3), said.append)
     assert second.status == "recommended" and second.candidate_version == "v1"
     assert repo.commit(branch).hexsha == tip, repo.git.log("--oneline", branch)
-    assert second.pr is not None and second.pr["reused"] is True
-    assert any("already holds this candidate" in note for note in second.pr["notes"])
+    assert second.pr is not None and second.pr.reused is True
+    assert any("already holds this candidate" in note for note in second.pr.notes)
     assert not killed.exists() and any(f"replaced {killed.name}" in line for line in said)
     assert (tmp_path / second.report / "round.json").exists()  # type: ignore[operator]
     # A finished round is never redone or written over: a third run on the same candidate leaves
@@ -904,11 +927,20 @@ def test_a_rerun_after_a_killed_round_replaces_its_report_and_adds_no_commit(
 
 
 def test_a_round_id_with_a_round_json_gets_a_new_id_and_a_partial_folder_is_replaced(tmp_path: Path) -> None:
-    from improve.loop.inputs import RoundResult
     from improve.loop.record import report_folder
+    from improve.loop.round_record import RoundRecord
 
-    def result(round_id: str) -> RoundResult:
-        return RoundResult(round_id, "refunds", "v0", "v1", "rules", "naive", 3, 1)
+    def result(round_id: str) -> RoundRecord:
+        return RoundRecord(
+            round_id=round_id,
+            environment="refunds",
+            baseline_version="v0",
+            candidate_version="v1",
+            proposer="rules",
+            model="naive",
+            k=3,
+            seed=1,
+        )
 
     reports = tmp_path / "reports"
     done = reports / "20260101-000000-refunds-v1"
@@ -937,17 +969,26 @@ def test_a_failed_pull_request_says_where_the_branch_is_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import improve.loop
-    from improve.loop.inputs import RoundResult
+    from improve.loop.round_record import Review, RoundRecord
 
     scratch(tmp_path / "ws")
-    failed = RoundResult(
-        "r1", "refunds", "v0", "v1", "rules", "naive", 3, 1, recommended=True, status="recommended"
+    failed = RoundRecord(
+        round_id="r1",
+        environment="refunds",
+        baseline_version="v0",
+        candidate_version="v1",
+        proposer="rules",
+        model="naive",
+        k=3,
+        seed=1,
+        recommended=True,
+        status="recommended",
     )
-    failed.pr = {
-        "pushed": False,
-        "error": "the GitHub API answered 422 for acme/desk: Validation Failed; retry later. The branch "
+    failed.pr = Review(
+        pushed=False,
+        error="the GitHub API answered 422 for acme/desk: Validation Failed; retry later. The branch "
         "improve/refunds-v1 is pushed, so the PR can also be opened by hand.",
-    }
+    )
     # `improve round` imports run_rounds from improve.loop when it runs (its --help imports no loop).
     monkeypatch.setattr(improve.loop, "run_rounds", lambda *args, **kwargs: [failed])
     result = CliRunner().invoke(app, ["round", "-w", str(tmp_path / "ws"), "--policy", "v0"])
@@ -955,3 +996,19 @@ def test_a_failed_pull_request_says_where_the_branch_is_once(
     said = " ".join(result.stderr.split())
     assert "the pull request could not be opened: the GitHub API answered 422" in said
     assert "kept locally" not in said and "is pushed" in said
+
+
+def test_a_long_rule_in_a_title_is_cut_after_a_whole_word() -> None:
+    from improve.loop.record import whole_words
+
+    title = (
+        "refunds: policy v4: When facts.customer.refundsLast90d < 2 && facts.order.refundable <= "
+        "facts.request.amount && facts.order.deliveredDaysAgo <= 30, answer REFUND"
+    )
+    cut = whole_words(title, 120)
+    assert len(cut) <= 120 and cut.endswith(" …")
+    assert cut == (
+        "refunds: policy v4: When facts.customer.refundsLast90d < 2 && facts.order.refundable <= "
+        "facts.request.amount && …"
+    )
+    assert title.startswith(cut[:-2]) and whole_words("short title", 120) == "short title"

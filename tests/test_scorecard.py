@@ -422,16 +422,16 @@ def test_score_cli_compares_versions_and_renders_markdown(tmp_path: Path) -> Non
     assert "class route changed" in md.stdout or "route" in md.stdout.split("```mermaid")[1]
     # No round recorded v1 yet: only the category chart, v0 as the line and v1 as the bars.
     assert md.stdout.count("xychart-beta") == 1 and 'x-axis "category" [' in md.stdout
-    assert 'line "before (v0)"' in md.stdout and 'bar "after (v1)"' in md.stdout
+    assert 'bar "before (v0)"' in md.stdout and 'bar "after (v1)"' in md.stdout
     # Once the CHANGELOG records a round that proposed v1, its history is drawn too, as recorded.
-    from improve.loop.changelog import append_entry
+    from improve.loop.changelog import Changelog, entry_text
+    from improve.loop.round_record import RoundRecord
 
     score = {"before": 0.25, "after": 0.5, "mean_diff": 0.25, "p": 0.01, "alpha": 0.05, "test": "t"}
     score |= {"violations_after": 0, "cost_before": 1.0, "cost_after": 1.0}
-    append_entry(
-        ws / "policies" / "refunds" / "CHANGELOG.md",
-        "refunds",
+    record = RoundRecord.model_validate(
         {
+            "environment": "refunds",
             "candidate_version": "v1",
             "baseline_version": "v0",
             "round_id": "r1",
@@ -441,8 +441,9 @@ def test_score_cli_compares_versions_and_renders_markdown(tmp_path: Path) -> Non
             "k": 2,
             "seed": 1,
             "scores": {"train": score, "held-out": score | {"before": 0.125}},
-        },
+        }
     )
+    Changelog.read(ws / "policies" / "refunds" / "CHANGELOG.md").append(entry_text(record), "refunds")
     md = runner.invoke(app, ["score", "-w", str(ws), "--policy", "v1", "--vs", "v0", "--format", "markdown"])
     assert md.exit_code == 0 and md.stdout.count("xychart-beta") == 2
     assert (

@@ -744,9 +744,9 @@ def test_a_round_promotes_reporting_os_errors_at_once(tmp_path: Path, no_token: 
     assert result.cluster.endswith("->REPORT_BLOCKED")
     held, train = result.scores["held-out"], result.scores["train"]
     # naive fails the 8 blocked held-out scenarios of 20 (12/20 pass); the rule fixes all of them.
-    assert (held["before"], held["after"], held["violations_after"]) == (0.6, 1.0, 0)
-    assert (train["before"], train["after"], train["violations_after"]) == (0.68, 1.0, 0)
-    assert held["ci_low"] > 0 and not result.regressions
+    assert (held.before, held.after, held.violations_after) == (0.6, 1.0, 0)
+    assert (train.before, train.after, train.violations_after) == (0.68, 1.0, 0)
+    assert held.ci_low > 0 and not result.regressions
     candidate = json.loads((tmp_path / str(result.report) / "policy.json").read_text())
     route = candidate["states"][candidate["initial"]]
     assert route["choice"][0]["guard"] in (

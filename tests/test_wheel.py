@@ -3,15 +3,22 @@ virtualenv, runs `improve demo` and `improve init` from a directory that is not 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import subprocess
 import sys
 import sysconfig
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
+
+from tests import test_publish
+from tests.test_publish import FakeGitHub
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -24,8 +31,19 @@ def run(*args: str | Path, cwd: Path, env: dict[str, str] | None = None) -> str:
     return result.stdout + result.stderr
 
 
-@pytest.mark.slow
-def test_the_wheel_runs_the_demo_from_a_fresh_virtualenv(tmp_path: Path) -> None:
+@dataclass(frozen=True)
+class Installed:
+    """The wheel built from the source tree, installed into a fresh virtualenv."""
+
+    wheel: Path
+    venv: Path
+    env: dict[str, str]
+    """The environment to run the virtualenv's commands in (no PYTHONPATH or VIRTUAL_ENV of ours)."""
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
+    tmp_path = tmp_path_factory.mktemp("wheel")
     # The files git knows of, copied: a build of a clean tree, never of stale build/ leftovers.
     listed = run("git", "ls-files", "--cached", "--others", "--exclude-standard", "-z", cwd=REPO)
     source = tmp_path / "source"
@@ -41,7 +59,6 @@ def test_the_wheel_runs_the_demo_from_a_fresh_virtualenv(tmp_path: Path) -> None
     venv = tmp_path / "venv"
     run(sys.executable, "-m", "venv", venv, cwd=tmp_path)
     python = venv / "bin" / "python"
-    run(python, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", wheel, cwd=tmp_path)
     # Dependencies come from the test environment's site-packages (offline); `improve` itself only
     # from the wheel: a .pth line adds the folder without running the editable install's hook there.
     site = Path(
@@ -49,9 +66,15 @@ def test_the_wheel_runs_the_demo_from_a_fresh_virtualenv(tmp_path: Path) -> None
     )
     (site / "dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    run(python, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", wheel, cwd=tmp_path, env=env)
     where = run(python, "-c", "import improve; print(improve.__file__)", cwd=tmp_path, env=env)
     assert where.strip().startswith(str(site)), where
+    return Installed(wheel, venv, env)
 
+
+@pytest.mark.slow
+def test_the_wheel_runs_the_demo_from_a_fresh_virtualenv(installed: Installed, tmp_path: Path) -> None:
+    venv, env = installed.venv, installed.env
     improve = venv / "bin" / "improve"
     demo = run(
         improve, "demo", "--dir", tmp_path / "demo", "--rounds", "2", "--k", "1", cwd=tmp_path, env=env
@@ -67,3 +90,118 @@ def test_the_wheel_runs_the_demo_from_a_fresh_virtualenv(tmp_path: Path) -> None
     run(improve, "init", tmp_path / "triage", "--from", "triage", cwd=tmp_path, env=env)
     desk = run(improve, "scenarios", "check", cwd=tmp_path / "triage", env=env)
     assert "71 scenarios in 13 categories" in desk, desk
+
+
+# --- the workflow `improve init` writes, step by step --------------------------------------------------
+
+
+github = test_publish.github  # the fake GitHub API on 127.0.0.1, as a fixture here too
+
+
+def _steps(workflow: dict[str, Any], job: str) -> dict[str, str]:
+    """A job's `run:` steps by name (or first line): what the runner's bash would run."""
+    return {
+        step.get("name") or step["run"].splitlines()[0]: step["run"]
+        for step in workflow["jobs"][job]["steps"]
+        if "run" in step
+    }
+
+
+def _bash(script: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    # How GitHub's runner runs a `run:` step with the default shell on Linux.
+    return subprocess.run(
+        ["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", script],
+        cwd=cwd, env=env, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_every_step_of_the_scaffolded_workflow_runs_in_a_clone(
+    installed: Installed, github: FakeGitHub, tmp_path: Path
+) -> None:
+    """The workspace `improve init` writes, committed and pushed to a local bare remote that stands in
+    for GitHub. In a fresh clone, each `run:` step of the round job, then of the parity job, runs as the
+    runner runs it (the install step against a folder holding the toolkit's wheel instead of PyPI):
+    the round opens its PR and reports parity on it as a green status; the parity job is green on the
+    round's own branch and red on a hand-made regression."""
+    bin_dir = installed.venv / "bin"
+    env = {
+        **installed.env,
+        "PATH": f"{bin_dir}{os.pathsep}{installed.env.get('PATH', '')}",
+        "GIT_CONFIG_GLOBAL": str(tmp_path / "gitconfig"),
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_AUTHOR_NAME": "Dana",
+        "GIT_AUTHOR_EMAIL": "dana@example.invalid",
+        "GIT_COMMITTER_NAME": "Dana",
+        "GIT_COMMITTER_EMAIL": "dana@example.invalid",
+        "NO_PROXY": "127.0.0.1,localhost",
+    }
+    made = tmp_path / "made"
+    run(bin_dir / "improve", "init", made, "--env", "flow-desk", cwd=tmp_path, env=env)
+    workflow = yaml.safe_load((made / ".github" / "workflows" / "improve.yml").read_text())
+    requirement = workflow["env"]["IMPROVE_REQUIREMENT"]
+    assert requirement == installed.wheel.name.split("-")[0].replace("_", "-") + "==0.1.0"
+    bare = tmp_path / "desk.git"
+    run("git", "init", "-q", "--bare", "-b", "main", bare, cwd=tmp_path, env=env)
+    for args in (("init", "-q", "-b", "main"), ("add", "-A"), ("commit", "-q", "-m", "improve init")):
+        run("git", *args, cwd=made, env=env)
+    run("git", "push", "-q", str(bare), "main", cwd=made, env=env)
+    # Every clone reaches the bare repository under the GitHub URL the round names the repository by.
+    (tmp_path / "gitconfig").write_text(f'[url "{bare}"]\n\tinsteadOf = https://github.com/acme/desk.git\n')
+
+    def checkout(name: str, ref: str = "main") -> Path:
+        """actions/checkout with fetch-depth 0: every branch, `ref` checked out."""
+        clone = tmp_path / name
+        run("git", "clone", "-q", "https://github.com/acme/desk.git", clone, cwd=tmp_path, env=env)
+        run("git", "checkout", "-q", ref, cwd=clone, env=env)
+        return clone
+
+    runner_env = {
+        **env,
+        "IMPROVE_REQUIREMENT": requirement,
+        "PIP_NO_INDEX": "1",  # the toolkit's wheel stands in for PyPI
+        "PIP_FIND_LINKS": str(installed.wheel.parent),
+        "RUNNER_TEMP": str(tmp_path),
+        "GITHUB_TOKEN": "ghs_workflowTOKEN0123456789",
+        "GITHUB_API_URL": github.url,
+        "GITHUB_REPOSITORY": "acme/desk",
+        "IMPROVE_ALLOW_INSECURE_GITHUB": "1",  # the fake API is plain http on 127.0.0.1
+    }
+    # The round job.
+    clone = checkout("round")
+    for name, script in _steps(workflow, "round").items():
+        done = _bash(script, clone, runner_env)
+        assert done.returncode == 0, f"{name}:\n{done.stdout}\n{done.stderr}"
+    (pr,) = github.pulls.values()
+    branch = pr["head"]["ref"]
+    assert branch == "improve/flow-desk-v1" and pr["base"]["ref"] == "main"
+    (status,) = [r for r in github.requests if "/statuses/" in r.path]
+    pushed = run("git", "rev-parse", branch, cwd=bare, env=env).strip()
+    assert status.path == f"/repos/acme/desk/statuses/{pushed}"
+    assert status.body["state"] == "success" and status.body["context"] == "improve / parity"
+    assert status.body["description"] == "parity compare v0.json v1.json"
+    assert status.authorization == ["Bearer ghs_workflowTOKEN0123456789"]
+
+    # The parity job on the round's pull request: green.
+    parity = _steps(workflow, "parity")
+    checks_env = {**runner_env, "BASE_REF": "main"}
+    clone = checkout("pr", branch)
+    for name, script in parity.items():
+        done = _bash(script, clone, checks_env)
+        assert done.returncode == 0, f"{name}:\n{done.stdout}\n{done.stderr}"
+    assert "no unreviewed regression" in done.stdout
+
+    # A hand-made regression: a v1 that declines every ticket. Red, naming the rows.
+    clone = checkout("regression")
+    policy = json.loads((clone / "policies" / "flow-desk" / "v0.json").read_text())
+    policy.update(
+        version="1", initial="decided", states={"decided": {"type": "final", "output": {"type": "'DECLINE'"}}}
+    )
+    (clone / "policies" / "flow-desk" / "v1.json").write_text(json.dumps(policy, indent=2))
+    for name, script in parity.items():
+        done = _bash(script, clone, checks_env)
+        if name.startswith("parity compare"):
+            assert done.returncode == 1, f"{done.stdout}\n{done.stderr}"
+            assert "regression(s)" in done.stdout and "credited -> declined" in done.stdout
+        else:
+            assert done.returncode == 0, f"{name}:\n{done.stdout}\n{done.stderr}"

@@ -47,7 +47,7 @@ def demo_command(
 
         improve demo --env tool-loop --dir build/demo-tool-loop
 
-        improve demo --model local --rounds 3     # a real small model decides, on this machine
+        improve demo --model local --rounds 3   # a real small model, here
     """
     from improve.demo import run_demo
 
@@ -72,7 +72,7 @@ def demo_command(
         out.print(
             f"\n{len(promoted)} round(s) promoted: {summary.start_version} -> {summary.final_version}; held-out pass rate "
             f"{start} -> {final}; violations 0 in every replay: "
-            f"{all(r.scores.get('held-out', {}).get('violations_after', 0) == 0 for r in summary.rounds)}",
+            f"{all(held.violations_after == 0 for r in summary.rounds if (held := r.scores.get('held-out')))}",
             markup=False,
         )
         out.print(

@@ -19,18 +19,16 @@ from improve.cli.common import (
     WorkspaceOption,
     emit_json,
     err,
-    executor_for,
     handled,
     out,
+    say,
     workspace,
 )
-from improve.cli.unseal import record_unsealed, unsealings_so_far
-from improve.errors import ScenarioError, SealedSplitError, WorkspaceError
+from improve.cli.help import Command, Group
+from improve.errors import ScenarioError, WorkspaceError
 
 if TYPE_CHECKING:
-    from improve.evals import Comparison, Ledger, PlannedRun, ScenarioSet, Scorecard, Workspace
-    from improve.machine import MachineConfig
-    from improve.runtime import Environment
+    from improve.evals import Comparison, Scorecard
 
 
 def score_command(
@@ -87,230 +85,19 @@ def score_command(
         improve score --policy v1 --vs v0 --split held-out --format markdown
         improve score --policy v3 --vs v0 --split test --unseal
     """
-    from improve.evals import (
-        OPEN_SPLITS,
-        SEALED_SPLIT,
-        SPLITS,
-        UNSEAL_HOW,
-        UNSEALINGS_FILE,
-        Ledger,
-        Recorded,
-        UnsealedScore,
-        compare,
-        describe_model,
-        policy_hash,
-        policy_label,
-        scorecard,
-        scorecard_markdown,
-    )
-    from improve.log import ThreadId, model_slug
-    from improve.loop import held_out_status, policy_history, read_entries
+    from improve.loop import ScoreRequest, score_policy
 
     with handled():
         if fmt not in ("table", "markdown"):
             raise WorkspaceError(f"unknown format {fmt!r}; use table or markdown")
-        if split != "all" and split not in SPLITS:
-            raise WorkspaceError(f"unknown split {split!r}; use {', '.join(SPLITS)} or all")
-        if unseal and split not in (SEALED_SPLIT, "all"):
-            raise WorkspaceError(
-                f"--unseal unseals the sealed test split; pass --split {SEALED_SPLIT} (or all) with it, or "
-                f"leave --unseal out to score {split}"
-            )
-        if split == SEALED_SPLIT and not unseal:
-            raise SealedSplitError(f"--split {SEALED_SPLIT}: {UNSEAL_HOW}")
-        space = workspace(ws)
-        env_name = space.env_name(env)
-        environment = space.environment(env_name)
-        scenario_set = space.scenarios(env_name)
-        scenarios = scenario_set.scenarios
-        if unseal and not scenario_set.sealed:
-            raise ScenarioError(
-                f"{scenario_set.source}: no scenario has `split: {SEALED_SPLIT}`, so there is nothing to "
-                f"unseal; label some with `split: {SEALED_SPLIT}` (or `improve scenarios add --split "
-                f"{SEALED_SPLIT}`) before any round chooses a policy, and score them once at the end"
-            )
-        objective = space.config.objective
-        with Ledger(space, environment) as ledger:
-            store = ledger.store
-            known = {s.id for s in scenarios}
-            splits = [*OPEN_SPLITS, *([SEALED_SPLIT] if unseal else [])] if split == "all" else [split]
-            if split == "all" and not unseal and scenario_set.sealed:
-                err.print(
-                    f"the sealed test split ({len(scenario_set.sealed)} scenarios) is not scored; "
-                    f"`--split {SEALED_SPLIT} --unseal` scores it (and records the unsealing)",
-                    markup=False,
-                )
-            configs = {"new": space.load_policy(env_name, policy)}
-            if vs:
-                configs["old"] = space.load_policy(env_name, vs)
-            cards: list[Scorecard] = []
-            comparisons: list[Comparison] = []
-            thread_ids: list[str] = []
-            for part in splits:
-                pair: dict[str, Scorecard] = {}
-                for side in ("old", "new"):
-                    if side not in configs:
-                        continue
-                    label = policy_label(configs[side])
-                    # The recorded threads of this version and model, verified in the warehouse: a thread
-                    # that does not verify is set aside, never scored.
-                    rewritten: list[str] = []
-                    if part == SEALED_SPLIT:
-                        # Unsealing is one command: the test set's k runs are made (or reused) here, never
-                        # by a round, and exactly the current test set is scored.
-                        plan = _run_sealed(
-                            space, environment, scenario_set, configs[side], model, ledger, executor
-                        )
-                        ids = [p.thread_id for p in plan]
-                        rewritten = [p.thread_id for p in plan if not p.reused]
-                    else:
-                        ids = [
-                            tid
-                            for tid in ledger.recorded(f"{part}:{label}:{model_slug(model)}:")
-                            if (parsed := ThreadId.parse(tid)) is not None and parsed.scenario in known
-                        ]
-                    recorded = (
-                        ledger.record(ids, say=lambda m: err.print(m, markup=False), rewritten=rewritten)
-                        if ids
-                        else Recorded()
-                    )
-                    rows = recorded.rows
-                    if not rows:
-                        raise WorkspaceError(
-                            f"no recorded runs of {label} with model {model} on {part} in {space.traces}; run "
-                            f"`improve run --env {env_name} --policy {label} --model {model} --split {part} "
-                            f"--k {objective.k}` first"
-                        )
-                    pair[side] = scorecard(rows, label, part)
-                    thread_ids += [r.thread_id for r in rows]
-                cards += [pair[s] for s in ("old", "new") if s in pair]
-                if "old" in pair:
-                    comparisons.append(
-                        compare(
-                            pair["old"],
-                            pair["new"],
-                            confidence=objective.confidence,
-                            resamples=objective.bootstrap_resamples,
-                            seed=objective.seed,
-                            tolerance=objective.tolerance,
-                        )
-                    )
-            held_out_reads = (
-                held_out_status(
-                    space.policies_dir(env_name) / "CHANGELOG.md",
-                    scenario_set.split("held-out"),
-                    objective.held_out_bias,
-                )
-                if "held-out" in splits
-                else None
-            )
-            if held_out_reads and held_out_reads["warning"]:
-                err.print(f"warning: {held_out_reads['warning']}", markup=False)
-            unsealing = None
-            if unseal:
-                # Recorded before anything is shown: a look at the test scores is never unrecorded.
-                sides = [configs[s] for s in ("old", "new") if s in configs]
-                test_cards = [c for c in cards if c.split == SEALED_SPLIT]
-                test_comparison = next((c for c in comparisons if c.split == SEALED_SPLIT), None)
-                unsealing = record_unsealed(
-                    space,
-                    env_name,
-                    scenario_set,
-                    model,
-                    [UnsealedScore.of(c, policy_hash(cfg)) for cfg, c in zip(sides, test_cards, strict=True)],
-                    command=f"improve score --policy {policy}{f' --vs {vs}' if vs else ''} --model {model} "
-                    f"--split {split} --unseal",
-                    comparison=test_comparison.to_json() if test_comparison else None,
-                )
-            if as_json:
-                emit_json(
-                    {
-                        "seed": objective.seed,
-                        "scorecards": [c.to_json() for c in cards],
-                        "comparisons": [c.to_json() for c in comparisons],
-                        "sealed": {
-                            "test_scenarios": len(scenario_set.sealed),
-                            "unsealed": unseal,
-                            "unsealings": unsealings_so_far(space, env_name, scenario_set),
-                        },
-                        "unsealing": unsealing.to_json() if unsealing else None,
-                        "held_out_reads": held_out_reads,
-                    }
-                )
-                return
-            if fmt == "markdown":
-                title = f"Scorecard: {policy_label(configs['new'])}" + (f" vs {vs}" if vs else "")
-                threads = [store.read(tid) for tid in thread_ids[:1]]
-                stamp = dict(threads[0][0].metadata or {}) if threads and threads[0] else {}
-                prints = sorted(
-                    {
-                        str(e.event["fingerprint"])
-                        for tid in (thread_ids if stamp.get("modelSpec") else [])
-                        for e in store.read(tid)
-                        if e.event.get("fingerprint")
-                    }
-                )
-                # The versions that led to the scored one, as the rounds recorded them in the CHANGELOG.
-                history = policy_history(
-                    read_entries(space.policies_dir(env_name) / "CHANGELOG.md"), policy_label(configs["new"])
-                )
-                sys.stdout.write(
-                    scorecard_markdown(
-                        cards,
-                        comparisons,
-                        title=title,
-                        old_policy=configs.get("old"),
-                        new_policy=configs["new"] if vs else None,
-                        seed=objective.seed,
-                        model=describe_model(stamp, prints) if stamp else None,
-                        history=history,
-                    )
-                )
-                if unsealing:
-                    # A scorecard pasted into a review says that its test numbers were an unsealing.
-                    sys.stdout.write(
-                        f"\nThe test split was unsealed for this scorecard: unsealing {unsealing.number} of test "
-                        f"set `{unsealing.test_set}` ({unsealing.test_scenarios} scenarios) by {unsealing.who} "
-                        f"at {unsealing.at}, recorded in `{UNSEALINGS_FILE}`.\n"
-                    )
-                return
-            _print_tables(cards, comparisons, objective.seed)
-
-
-def _run_sealed(
-    space: Workspace,
-    environment: Environment,
-    scenario_set: ScenarioSet,
-    policy: MachineConfig,
-    model: str,
-    ledger: Ledger,
-    executor: str | None = None,
-) -> list[PlannedRun]:
-    """Run the k runs of the test split's scenarios that are not recorded yet (the recorded ones are
-    reused), with the cache recording what is new; the thread ids of all of them."""
-    from improve.evals import SuiteSpec, policy_label, write_threads
-
-    objective = space.config.objective
-    spec = SuiteSpec(
-        policy,
-        model,
-        objective.k,
-        objective.max_model_calls,
-        space.model_spec(model, environment),
-        str(space.cache_dir),
-        "record",
-    )
-    with executor_for(space, executor) as fanout:
-        plan = write_threads(
-            environment, scenario_set.sealed, spec, ledger.store, concurrency=8, executor=fanout
-        )
-    ran = sum(1 for p in plan if not p.reused)
-    err.print(
-        f"test split: {len(scenario_set.sealed)} scenarios x {spec.k} with {policy_label(policy)}, model "
-        f"{model} ({ran} runs made now, {len(plan) - ran} reused)",
-        markup=False,
-    )
-    return plan
+        request = ScoreRequest(policy, vs, split, model, unseal, env, executor, described=fmt == "markdown")
+        scores = score_policy(workspace(ws), request, say=say)
+        if as_json:
+            emit_json(scores.to_json())
+        elif fmt == "markdown":
+            sys.stdout.write(scores.markdown(vs))
+        else:
+            _print_tables(scores.cards, scores.comparisons, scores.seed)
 
 
 def _print_tables(cards: list[Scorecard], comparisons: list[Comparison], seed: int) -> None:
@@ -356,11 +143,14 @@ def _print_tables(cards: list[Scorecard], comparisons: list[Comparison], seed: i
 
 
 scenarios_app = typer.Typer(
-    help="Scenario files: validate them, add a labelled one from a thread.", no_args_is_help=True
+    cls=Group,
+    rich_markup_mode=None,
+    help="Scenario files: validate them, add a labelled one from a thread.",
+    no_args_is_help=True,
 )
 
 
-@scenarios_app.command("check")
+@scenarios_app.command("check", cls=Command)
 def scenarios_check(
     env: Annotated[str | None, EnvOption] = None,
     path: Annotated[
@@ -434,7 +224,7 @@ def scenarios_check(
             raise typer.Exit(EXIT_FAILED)
 
 
-@scenarios_app.command("add")
+@scenarios_app.command("add", cls=Command)
 def scenarios_add(
     from_thread: Annotated[
         str,
@@ -492,8 +282,8 @@ def scenarios_add(
             --expect issued --split held-out --category small-refund \\
             --effect '{"kind": "refund", "orderId": "O-5001", "amount": 23.5}'
     """
-    from improve.evals import append_scenario, load_thread, scenario_from_thread, split_warnings
-    from improve.runtime import read_thread
+    from improve.evals import append_scenario, find_thread, scenario_from_thread, split_warnings
+    from improve.runtime import recorded_thread
 
     with handled():
         if effect and no_effects:
@@ -502,7 +292,7 @@ def scenarios_add(
         env_name = space.env_name(env)
         environment = space.environment(env_name)
         expected_effects = [] if no_effects else _parse_effects(effect) if effect else None
-        thread_id, entries = load_thread(from_thread, space.traces)
+        thread_id, entries = find_thread(from_thread, space.traces)
         scenario = scenario_from_thread(
             environment,
             entries,
@@ -513,7 +303,7 @@ def scenarios_add(
             id=scenario_id,
             thread_id=thread_id,
         )
-        thread = read_thread(environment.machine, entries, thread_id)
+        thread = recorded_thread(environment.machine, entries, thread_id)
         recorded = {"final_state": thread.final_state, "status": thread.status, "effects": thread.effects}
         path = space.scenarios_path(env_name)
         scenarios = append_scenario(

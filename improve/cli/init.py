@@ -38,7 +38,8 @@ def init_command(
 
     Example:
 
-        improve init my-agent --env support-desk && cd my-agent && improve round --policy v0
+        improve init my-agent --env support-desk
+        cd my-agent && improve round --policy v0
         improve init desk --from refunds
     """
     with handled():

@@ -14,9 +14,10 @@ from typing import Any, NamedTuple
 
 import typer
 import typer.main
-from typer import _click as click  # typer vendors click since 0.22: its groups are built on this copy
-from typer.core import TyperCommand, TyperGroup
+from typer import _click as click  # typer vendors click since 0.26: its groups are built on this copy
 from typer.models import CommandInfo
+
+from improve.cli.help import Command, Group
 
 
 class LazyCommand(NamedTuple):
@@ -28,11 +29,11 @@ class LazyCommand(NamedTuple):
     help: str
 
 
-class _Listed(TyperCommand):
+class _Listed(Command):
     """What the group's listing shows until the command is resolved: a name and its one line."""
 
 
-class LazyGroup(TyperGroup):
+class LazyGroup(Group):
     """Subclass with `LAZY` set to the commands, in the order `--help` lists them."""
 
     LAZY: tuple[LazyCommand, ...] = ()
@@ -59,7 +60,7 @@ class LazyGroup(TyperGroup):
             command.name = name
             return command
         return typer.main.get_command_from_info(
-            CommandInfo(name=name, callback=target),
+            CommandInfo(name=name, callback=target, cls=Command),
             pretty_exceptions_short=True,
-            rich_markup_mode=self.rich_markup_mode,
+            rich_markup_mode=None,
         )

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 from contextlib import ExitStack
-from dataclasses import asdict
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -27,13 +26,14 @@ from improve.cli.common import (
     executor_for,
     handled,
     out,
+    say,
     workspace,
 )
 from improve.errors import WorkspaceError
 
 if TYPE_CHECKING:
     from improve.evals import Workspace
-    from improve.loop import RoundResult
+    from improve.loop import RoundRecord
 
 
 def round_command(
@@ -80,9 +80,10 @@ def round_command(
         bool,
         typer.Option(
             "--allow-insecure-github",
+            envvar="IMPROVE_ALLOW_INSECURE_GITHUB",
             help="Send the GitHub token even when the push URL or GITHUB_API_URL is plain http:// (a local "
-            "GitHub Enterprise test). Without it such a round leaves the branch local and says why: the "
-            "token would travel in clear text.",
+            "GitHub Enterprise test; also IMPROVE_ALLOW_INSECURE_GITHUB=1 for a workflow run there). "
+            "Without it such a round leaves the branch local and says why: the token would travel in clear text.",
         ),
     ] = False,
     as_json: Annotated[bool, JsonOption] = False,
@@ -110,7 +111,7 @@ def round_command(
         improve round --policy v3 --model fast --max-usd 2 --cache record
         improve round --policy v0 --k 10 --executor dask://127.0.0.1:8786
     """
-    from improve.loop import RoundOptions, run_rounds
+    from improve.loop import RoundOptions, round_lines, run_rounds
 
     with handled(), ExitStack() as stack:
         space = workspace(ws)
@@ -129,56 +130,30 @@ def round_command(
             max_usd=max_usd,
             allow_insecure_github=allow_insecure_github,
         )
-        results = run_rounds(space, options, rounds, say=lambda m: err.print(m, markup=False))
+        records = run_rounds(space, options, rounds, say=say)
         if as_json:
-            emit_json({"rounds": [r.to_json() for r in results]})
+            emit_json({"rounds": [r.to_json() for r in records]})
         else:
-            for r in results:
-                held = r.scores.get("held-out", {})
-                scores = f"held-out {held['before']:.3f} -> {held['after']:.3f}" if held else "no replay"
-                out.print(
-                    f"{r.round_id}: {r.status} {r.candidate_version or ''} [{r.cluster or '-'}] {scores}",
-                    markup=False,
-                )
-                out.print(f"  {r.decision_detail}", markup=False)
-                if r.held_out:
-                    read = r.held_out
-                    out.print(
-                        f"  held-out read {read['read']} time{'' if read['read'] == 1 else 's'} (set {read['key']}, {read['scenarios']} scenarios; "
-                        f"supports {read['supported']}; bias bound {read['bias_bound']:.3f})",
-                        markup=False,
-                    )
-                    if read["warning"]:
-                        out.print(f"  warning: {read['warning']}", markup=False)
-                if r.pr:
-                    out.print(
-                        f"  pull request: {r.pr.get('pr_url') or r.pr.get('instructions') or r.pr.get('error')}",
-                        markup=False,
-                    )
-                if r.report:
-                    out.print(f"  report: {r.report}", markup=False)
-        _step_summary(space.root, results)
-        failed_prs = [r for r in results if r.pr and r.pr.get("error")]
-        if failed_prs:
-            err.print(
-                # Each error says where the branch is (not created, kept locally, or pushed): the
-                # prefix must not claim one of those itself.
-                "the pull request could not be opened: "
-                + "; ".join(str(r.pr["error"]) for r in failed_prs if r.pr),
-                markup=False,
-            )
+            for line in (line for r in records for line in round_lines(r)):
+                out.print(line, markup=False)
+        _step_summary(space.root, records)
+        failed = [r.pr.error for r in records if r.pr and r.pr.error]
+        if failed:
+            # Each error says where the branch is (not created, kept locally, or pushed): the prefix must
+            # not claim one of those itself.
+            err.print("the pull request could not be opened: " + "; ".join(failed), markup=False)
             raise typer.Exit(EXIT_INFRA)
-        if not any(r.status in ("recommended", "nothing-to-fix") for r in results):
+        if not any(r.status in ("recommended", "nothing-to-fix") for r in records):
             raise typer.Exit(EXIT_FAILED)
 
 
-def _step_summary(root: Path, results: list[RoundResult]) -> None:
+def _step_summary(root: Path, records: list[RoundRecord]) -> None:
     """Under GitHub Actions, append each round's scorecard to the job summary."""
     target = os.environ.get("GITHUB_STEP_SUMMARY")
     if os.environ.get("GITHUB_ACTIONS") != "true" or not target:
         return
     with open(target, "a", encoding="utf-8") as summary:
-        for r in results:
+        for r in records:
             scorecard = root / r.report / "scorecard.md" if r.report else None
             if scorecard is not None and scorecard.exists():
                 summary.write(scorecard.read_text(encoding="utf-8") + "\n")
@@ -225,9 +200,7 @@ def diagnose_command(
         improve diagnose --policy v0 --json
         improve ingest prod/ && improve diagnose --source production
     """
-    from improve.evals import Ledger, SuiteSpec, policy_label, write_threads
-    from improve.log import JsonlDirStore
-    from improve.loop import diagnose_train, locate
+    from improve.loop import diagnose_policy
 
     with handled():
         space = workspace(ws)
@@ -236,49 +209,19 @@ def diagnose_command(
             return
         if policy is None:
             raise WorkspaceError("--policy is needed with --source scenarios, e.g. --policy v0")
-        inputs = locate(space, env, policy)
-        objective = space.config.objective
-        spec = SuiteSpec(
-            inputs.policy,
-            model,
-            k or objective.k,
-            objective.max_model_calls,
-            space.model_spec(model, inputs.env),
-            str(space.cache_dir),
-            cache.value,
-        )
-        train = [s for s in inputs.scenarios if s.split == "train"]
-        plan = write_threads(inputs.env, train, spec, JsonlDirStore(space.traces), concurrency=8)
-        with Ledger(space, inputs.env) as ledger:
-            recorded = ledger.record(
-                [p.thread_id for p in plan],
-                say=lambda m: err.print(m, markup=False),
-                rewritten=[p.thread_id for p in plan if not p.reused],
-            )
-            result, _ = diagnose_train(
-                inputs.env,
-                inputs.scenarios,
-                recorded.rows,
-                ledger.store,
-                inputs.policy,
-                spec.model_factory(inputs.env),
-            )
+        found = diagnose_policy(space, env, policy, model, k, cache=cache.value, say=say)
         if as_json:
-            emit_json(
-                result.to_json()
-                | {"sql": recorded.sql, "quarantined": [asdict(q) for q in recorded.quarantined]}
-            )
+            emit_json(found.to_json())
             return
+        result = found.diagnosis
         out.print(
-            f"{policy_label(inputs.policy)} on train: pass rate {result.train_pass_rate:.3f} over "
-            f"{result.train_runs} runs",
+            f"{found.policy} on train: pass rate {result.train_pass_rate:.3f} over {result.train_runs} runs",
             markup=False,
         )
         for c in result.clusters:
             mark = "->" if result.chosen and c.id == result.chosen.id else "  "
             out.print(
-                f"{mark} {c.kind:<20} {c.key:<28} effect {c.effect:.3f}  {c.title} "
-                f"({', '.join(c.categories)})",
+                f"{mark} {c.kind:<20} {c.key:<28} effect {c.effect:.3f}  {c.title} ({', '.join(c.categories)})",
                 markup=False,
             )
         if result.blocked:

@@ -132,6 +132,7 @@ class ImproveGroup(LazyGroup):
 app = typer.Typer(
     name="improve",
     cls=ImproveGroup,
+    rich_markup_mode=None,
     help="Make LLM agents reliable: run them as state machines, replay their traces, improve their policies.",
     no_args_is_help=True,
     add_completion=False,

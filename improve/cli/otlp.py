@@ -53,11 +53,13 @@ def export_otlp(
     out_dir: Path | None,
     batch: int,
     content: bool,
+    project: str | None,
     db: Path | None,
     as_json: bool,
     ws: Path | None,
 ) -> None:
     from improve.warehouse import (
+        OTLP_PROJECT,
         ThreadRun,
         export_requests,
         file_threads,
@@ -79,6 +81,9 @@ def export_otlp(
         traces_url(endpoint)
         headers = headers_from_env(os.environ)
     space = workspace(ws)
+    if project is not None and not project.strip():
+        raise ConfigError("--project is empty; give the Phoenix project's name, e.g. --project refunds")
+    project = project or space.config.otlp.project
     unscored: dict[str, str] = {}
     if source is not None and Path(source).exists():
         threads = file_threads([source])
@@ -108,14 +113,24 @@ def export_otlp(
             con.close()
         unscored = {r.thread_id: "no outcomes row" for r in runs if r.outcome is None}
         origin = str(target)
-    requests = list(export_requests(runs, batch=batch, version=_version(), content=content))
+    requests = list(export_requests(runs, batch=batch, version=_version(), content=content, project=project))
     spans = sum(len(s.spans) for r in requests for rs in r.resource_spans for s in rs.scope_spans)
+    projects = sorted(
+        {
+            kv.value.string_value
+            for r in requests
+            for rs in r.resource_spans
+            for kv in rs.resource.attributes
+            if kv.key == OTLP_PROJECT
+        }
+    )
     summary: dict[str, object] = {
         "source": origin,
         "threads": len(runs),
         "spans": spans,
         "requests": len(requests),
         "unscored": len(unscored),
+        "projects": projects,
     }
     done: list[str] = []
     if endpoint is None or out_dir is not None:
@@ -134,7 +149,7 @@ def export_otlp(
     if as_json:
         emit_json(summary)
         return
-    table = Table(title=f"OTLP export: {where}")
+    table = Table(title=f"OTLP export: {where}; Phoenix project {', '.join(projects)}")
     for column in ("threads", "traces", "spans", "requests", "without an outcome"):
         table.add_column(column)
     table.add_row(str(len(runs)), str(len(runs)), str(spans), str(len(requests)), str(len(unscored)))

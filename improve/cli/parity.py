@@ -24,6 +24,7 @@ from improve.cli.common import (
     out,
     workspace,
 )
+from improve.cli.help import Command, Group
 from improve.errors import SealedSplitError, WorkspaceError
 
 if TYPE_CHECKING:
@@ -36,6 +37,8 @@ REVIEWED_FILE = "parity-reviewed.yaml"
 
 app = typer.Typer(
     name="parity",
+    cls=Group,
+    rich_markup_mode=None,
     help="Compare two policies, or an old agent loop with the machine replacing it, scenario by scenario.",
     no_args_is_help=True,
     add_completion=False,
@@ -48,7 +51,7 @@ def main() -> None:
     """Compare two policies, or an old agent loop with the machine replacing it, scenario by scenario."""
 
 
-@app.command("compare")
+@app.command("compare", cls=Command)
 def compare_command(
     old: Annotated[
         str, typer.Argument(help="Baseline: a policy version (v3), a .json file, or module:function.")

@@ -167,7 +167,8 @@ def explore_command(
 
     Example:
 
-        improve explore --env refunds --target illegallyIssued --input '{"ticket": "x", "customerId": "C-1", "orderId": "O-1", "amount": 240}'
+        improve explore --env refunds --target illegallyIssued --input \\
+            '{"ticket":"x","customerId":"C-1","orderId":"O-1","amount":240}'
     """
     from improve.machine import ExploreOptions, can_reach, explore_paths
     from improve.runtime import resume_proof
@@ -286,6 +287,8 @@ def lock_command(
 
         improve lock --env refunds
     """
+    from improve.files import write_atomic
+
     with handled():
         space = workspace(ws)
         env_name = space.env_name(env)
@@ -297,5 +300,5 @@ def lock_command(
             "machine": f"{environment.config.id}@{environment.config.version}",
             "files": environment.file_hashes(),
         }
-        path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+        write_atomic(path, json.dumps(doc, indent=2) + "\n")
         err.print(f"wrote {path}")

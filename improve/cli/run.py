@@ -22,9 +22,9 @@ from improve.cli.common import (
     executor_for,
     handled,
     out,
+    say,
     workspace,
 )
-from improve.cli.unseal import record_unsealing_of
 from improve.errors import EndpointError, SealedSplitError, WorkspaceError
 
 if TYPE_CHECKING:
@@ -89,10 +89,23 @@ def run_command(
 
         improve run --env refunds --policy v0 --model naive --split train --k 3
         improve run --model openai:gpt-4.1-mini --k 3 --cache record
-        improve run --env refund-approval --scenario large-approved-01 --k 1 --suspend
+        improve run --env refund-approval --scenario large-approved-01 --k 1 \\
+            --suspend
         improve run --split train --k 10 --executor dask://127.0.0.1:8786
     """
-    from improve.evals import SEALED_SPLIT, UNSEAL_HOW, Ledger, SuiteSpec, fallbacks, write_threads
+    from improve.evals import (
+        SEALED_SPLIT,
+        UNSEAL_HOW,
+        Ledger,
+        UnsealedScore,
+        check_unsealable,
+        fallbacks,
+        policy_label,
+        scorecard,
+        suite_spec,
+        write_threads,
+    )
+    from improve.evals import unseal as unseal_test
     from improve.llm import Meter
     from improve.log import JsonlDirStore
 
@@ -118,15 +131,8 @@ def run_command(
                 markup=False,
             )
         policy_config = space.load_policy(env_name, policy)
-        spec = SuiteSpec(
-            policy=policy_config,
-            model=model,
-            k=k or space.config.objective.k,
-            max_model_calls=space.config.objective.max_model_calls,
-            model_spec=space.model_spec(model, environment),
-            cache_dir=str(space.cache_dir),
-            cache_mode=cache.value,
-            people=not suspend,
+        spec = suite_spec(
+            space, environment, policy_config, model, k=k, cache=cache.value, people=not suspend
         )
         meter = Meter(say=lambda m: err.print(m, markup=False))
         store = JsonlDirStore(space.traces)
@@ -139,48 +145,55 @@ def run_command(
             if spec.model_spec is not None and (done == total or done % 10 == 0):
                 err.print(f"  {done}/{total} runs: {meter.summary()}", markup=False)
 
-        with executor_for(space, executor) as fanout:
-            plan = write_threads(
-                environment,
-                chosen,
-                spec,
-                store,
-                fresh=fresh,
-                concurrency=concurrency,
-                executor=fanout,
-                ran=ran,
-                meter=meter,
-            )
-        # Every thread is recorded in the warehouse and read back from there, verified.
-        with Ledger(space, environment) as ledger:
-            recorded = ledger.record(
-                [p.thread_id for p in plan],
-                say=lambda m: err.print(m, markup=False),
-                rewritten=[p.thread_id for p in plan if not p.reused],
-            )
-        rows = recorded.rows
-        for done, row in enumerate(rows, start=1):
-            mark = "[green]pass[/]" if row.passed else "[red]FAIL[/]"
-            err.print(f"  [{done}/{len(rows)}] {row.thread_id} {mark} {row.final_state}", markup=True)
-        reused_count = sum(p.reused for p in plan)
-        if reused_count:
-            err.print(f"reused {reused_count} recorded threads (--fresh runs them again)")
-        summary = summarize(rows)
-        fell_back = fallbacks(rows)
-        unsealed = [r for r in rows if r.split == SEALED_SPLIT]
-        unsealing = (
-            record_unsealing_of(
-                space,
-                env_name,
-                scenario_set,
-                policy_config,
-                model,
-                unsealed,
-                command=f"improve run --policy {policy} --model {model} --split {split} --k {spec.k} --unseal",
-            )
-            if unsealed
-            else None
-        )
+        if unseal and any(s.split == SEALED_SPLIT for s in chosen):
+            check_unsealable(space, scenario_set)
+        # One writer of the workspace's threads at a time: another run, a round or a resume waits.
+        with space.writing(say):
+            with executor_for(space, executor) as fanout:
+                plan = write_threads(
+                    environment,
+                    chosen,
+                    spec,
+                    store,
+                    fresh=fresh,
+                    concurrency=concurrency,
+                    executor=fanout,
+                    ran=ran,
+                    meter=meter,
+                )
+            # Every thread is recorded in the warehouse and read back from there, verified.
+            with Ledger(space, environment) as ledger:
+                recorded = ledger.record(
+                    [p.thread_id for p in plan],
+                    say=say,
+                    rewritten=[p.thread_id for p in plan if not p.reused],
+                )
+                rows = recorded.rows
+                for done, row in enumerate(rows, start=1):
+                    mark = "[green]pass[/]" if row.passed else "[red]FAIL[/]"
+                    err.print(f"  [{done}/{len(rows)}] {row.thread_id} {mark} {row.final_state}", markup=True)
+                reused_count = sum(p.reused for p in plan)
+                if reused_count:
+                    err.print(f"reused {reused_count} recorded threads (--fresh runs them again)")
+                summary = summarize(rows)
+                fell_back = fallbacks(rows)
+                unsealed = [r for r in rows if r.split == SEALED_SPLIT]
+                unsealing = None
+                if unsealed:
+                    card = scorecard(unsealed, policy_label(policy_config), SEALED_SPLIT)
+                    command = (
+                        f"improve run --policy {policy} --model {model} --split {split} --k {spec.k} --unseal"
+                    )
+                    recorded_unsealing = unseal_test(
+                        space,
+                        scenario_set,
+                        model,
+                        [UnsealedScore.of(card, spec.policy_hash)],
+                        command,
+                        forget=lambda: ledger.forget([r.thread_id for r in unsealed]),
+                    )
+                    say(recorded_unsealing.message())
+                    unsealing = recorded_unsealing.unsealing
         if as_json:
             emit_json(
                 {

@@ -9,11 +9,14 @@ import typer
 from rich.table import Table
 
 from improve.cli.common import JsonOption, emit_json, err, handled, out
+from improve.cli.help import Command, Group
 
 if TYPE_CHECKING:
     from improve.examples.tool_loop.tape_replay import TapeReplay
 
 tape_app = typer.Typer(
+    cls=Group,
+    rich_markup_mode=None,
     help="opencli session tapes: replay them through the tool-loop machine and its guards.",
     no_args_is_help=True,
 )
@@ -25,7 +28,7 @@ def tape_group() -> None:
     # A callback keeps `tape` a command group (`improve tape replay ...`) even with one command.
 
 
-@tape_app.command("replay")
+@tape_app.command("replay", cls=Command)
 def replay_command(
     paths: Annotated[list[Path], typer.Argument(help="Tape files (*.jsonl) or directories of them.")],
     as_json: Annotated[bool, JsonOption] = False,

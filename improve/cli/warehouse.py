@@ -24,9 +24,8 @@ from improve.errors import WorkspaceError
 if TYPE_CHECKING:
     import duckdb
 
-# The warehouse's and the log's defaults, written out so that `--help` imports neither (DuckDB alone takes
-# longer to import than the whole help); tests/test_cli.py holds them equal to the library's.
-DEFAULT_LOCK_TIMEOUT = 30.0
+# The log's line limit, written out so that `--help` imports neither the log nor the warehouse (DuckDB alone
+# takes longer to import than the whole help); tests/test_cli.py holds it equal to the library's.
 MAX_LINE_BYTES = 8 << 20
 
 DbOption = typer.Option("--db", help="Warehouse file (default: the workspace's traces/traces.duckdb).")
@@ -57,8 +56,13 @@ def ingest_command(
         bool, typer.Option("--outcomes/--no-outcomes", help="Replay new threads into `outcomes`.")
     ] = True,
     lock_timeout: Annotated[
-        float, typer.Option("--lock-timeout", help="Seconds to wait for another writer.")
-    ] = DEFAULT_LOCK_TIMEOUT,
+        float | None,
+        typer.Option(
+            "--lock-timeout",
+            help="Seconds to wait for another writer (default: $IMPROVE_LOCK_TIMEOUT, else 30).",
+            min=0,
+        ),
+    ] = None,
     max_line_bytes: Annotated[
         int,
         typer.Option("--max-line-bytes", help="Reject a line longer than this many bytes (default 8 MiB)."),
@@ -83,7 +87,8 @@ def ingest_command(
 
     Example:
 
-        improve ingest traces/ && improve ingest --format normalize ~/normalize-agent/logs
+        improve ingest traces/
+        improve ingest --format normalize ~/normalize-agent/logs
         improve ingest --format otlp phoenix-export.jsonl
     """
     import duckdb
@@ -126,6 +131,7 @@ def ingest_command(
             doc = report.to_json() | {"warehouse": str(target)}
             if spans:
                 doc["unit"] = "span"  # lines_read counts spans (and lines that held none)
+                doc["requests_unread"] = report.unread
             if materialized:
                 doc["outcomes"] = materialized.__dict__
             emit_json(doc)
@@ -171,8 +177,14 @@ def ingest_command(
                     err.print(f"  {problem}", markup=False)
         if (report.rejected or report.skipped) and not allow_rejects:
             if report.rejected:
+                unread = (
+                    f" ({report.unread} of them whole requests that could not be read at all, each counted as "
+                    "one: the spans in them are not counted)"
+                    if report.unread
+                    else ""
+                )
                 err.print(
-                    f"{report.rejected} {'span' if spans else 'line'}(s) rejected: see "
+                    f"{report.rejected} {'span' if spans else 'line'}(s) rejected{unread}: see "
                     '`improve sql "SELECT * FROM rejected_lines"`; the rest was ingested (use --allow-rejects '
                     "to accept a partial ingest)"
                 )
@@ -213,8 +225,9 @@ def sql_command(
 
     Example:
 
-        improve sql "SELECT guard, count(*) AS n FROM attempts GROUP BY guard ORDER BY n DESC"
-        improve sql --lake lake/ "SELECT policy_version, avg(passed::INT) FROM outcomes GROUP BY ALL"
+        improve sql "SELECT guard, count(*) AS n FROM attempts GROUP BY guard"
+        improve sql --lake lake/ \\
+            "SELECT policy_version, avg(passed::INT) FROM outcomes GROUP BY ALL"
     """
     from improve.warehouse import FORMATS, open_database, open_lake
 
@@ -327,10 +340,19 @@ def export_command(
         bool,
         typer.Option(
             "--content/--no-content",
-            help="otlp: include what runs were told and answered (inputs, tool outputs, decision payloads); "
+            help="otlp: include what runs were told and answered (inputs, tool outputs, decision payloads, the "
+            "messages of model calls); "
             "--no-content keeps names, types, counts, tokens and outcomes only.",
         ),
     ] = True,
+    project: Annotated[
+        str | None,
+        typer.Option(
+            "--project",
+            help="otlp: the Arize Phoenix project to file the traces under (the resource attribute "
+            "openinference.project.name; default: [otlp] project in improve.toml, else each environment's name).",
+        ),
+    ] = None,
     db: Annotated[Path | None, DbOption] = None,
     as_json: Annotated[bool, JsonOption] = False,
     ws: Annotated[Path | None, WorkspaceOption] = None,
@@ -344,10 +366,11 @@ def export_command(
     Exporting again replaces the lake (written beside it, swapped in when complete): rows are never
     duplicated. `improve sql --lake DIR` runs the warehouse's views over it.
 
-    --format otlp: one trace per thread, in the OpenTelemetry GenAI semantic conventions: an
-    `invoke_agent` span per run (environment, policy version, scenario, outcome, violations), a `chat`
-    span per model call (model, tokens, the decision's options and answer), an `execute_tool` span per
-    tool call, events for guard refusals and retries (docs/interop.md). Ids derive from the thread ids,
+    --format otlp: one trace per thread, in the OpenTelemetry GenAI semantic conventions and
+    OpenInference's (Arize Phoenix, MLflow): an `invoke_agent` span per run, named by its scenario and
+    outcome (failed runs have status ERROR), a `chat` span per model call (model, tokens, what it was
+    asked and answered), an `execute_tool` span per tool call, events for guard refusals and retries;
+    each thread is a session (docs/interop.md). Ids derive from the thread ids,
     so exporting again gives the same traces. Without --endpoint it writes OTLP/JSON (one export
     request per line) to --out/traces.jsonl; with one it POSTs protobuf to the collector, in batches,
     retrying 429 and 5xx with backoff (exit 3 after the last try). Threads from files are replayed and
@@ -355,8 +378,12 @@ def export_command(
 
     Example:
 
-        improve export --format parquet lake/ && improve sql --lake lake/ "SELECT count(*) FROM threads"
-        improve export --format otlp --endpoint http://localhost:4318 "SELECT thread_id FROM outcomes WHERE NOT passed"
+        improve export --format parquet lake/
+        improve sql --lake lake/ "SELECT count(*) FROM threads"
+        improve export --format otlp --endpoint http://localhost:4318 \\
+            "SELECT thread_id FROM outcomes WHERE NOT passed"
+        improve export --format otlp --endpoint http://localhost:6006 \\
+            --project refunds-v3 train:v3:
     """
     from improve.warehouse import OTLP_FORMAT, PARTITION_KEYS, export_lake, open_database
 
@@ -370,6 +397,7 @@ def export_command(
                 out_dir=out_dir,
                 batch=batch,
                 content=content,
+                project=project,
                 db=db,
                 as_json=as_json,
                 ws=ws,
@@ -377,8 +405,10 @@ def export_command(
             return
         if fmt != "parquet":
             raise WorkspaceError(f"unknown export format {fmt!r}; use --format parquet or --format otlp")
-        if endpoint is not None or out_dir is not None:
-            raise WorkspaceError("--endpoint and --out are for --format otlp; a lake is written to DIR")
+        if endpoint is not None or out_dir is not None or project is not None:
+            raise WorkspaceError(
+                "--endpoint, --out and --project are for --format otlp; a lake is written to DIR"
+            )
         if source is None:
             raise WorkspaceError("give the lake's directory: improve export --format parquet DIR")
         directory = Path(source)

@@ -5,11 +5,12 @@ from typing import TYPE_CHECKING, Any
 
 from improve.evals.cluster import ExecutorChoice, open_fanout, parse_executor
 from improve.evals.fanout import Fanout, ModelGate
-from improve.evals.from_thread import load_thread, scenario_from_thread
+from improve.evals.from_thread import find_thread, scenario_from_thread
 from improve.evals.holdout import HeldOutRead, bias_bound, scenarios_needed, set_key, supported_reads
 from improve.evals.outcome import (
     Fallbacks,
     OutcomeRow,
+    Quarantined,
     compare_effects,
     effects_from_log,
     fallbacks,
@@ -28,15 +29,28 @@ from improve.evals.scenarios import (
     load_scenarios,
     read_yaml,
 )
-from improve.evals.suite import PlannedRun, SuiteSpec, run_scenario, run_suite, write_threads
+from improve.evals.suite import (
+    PlannedRun,
+    SuiteSpec,
+    every,
+    run_scenario,
+    run_suite,
+    suite_spec,
+    write_threads,
+)
 from improve.evals.unsealing import (
     UNSEALINGS_FILE,
+    Unsealed,
     UnsealedScore,
     Unsealing,
+    check_recordable,
+    check_unsealable,
     current_user,
     read_unsealings,
     record_unsealing,
+    unseal,
     unsealings_path,
+    unsealings_so_far,
 )
 from improve.evals.workspace import CONFIG_NAME, Workspace, policy_hash, policy_label
 
@@ -118,6 +132,7 @@ __all__ = [
     "OutcomeRow",
     "PlannedRun",
     "PromotionDecision",
+    "Quarantined",
     "Recorded",
     "RerunRule",
     "Reruns",
@@ -127,6 +142,7 @@ __all__ = [
     "Scorecard",
     "Settled",
     "SuiteSpec",
+    "Unsealed",
     "UnsealedScore",
     "Unsealing",
     "VersionScore",
@@ -134,17 +150,20 @@ __all__ = [
     "append_scenario",
     "bias_bound",
     "category_chart",
+    "check_recordable",
+    "check_unsealable",
     "compare",
     "compare_effects",
     "current_user",
     "decide",
     "describe_model",
     "effects_from_log",
+    "every",
     "fallbacks",
+    "find_thread",
     "gain_phrase",
     "history_chart",
     "load_scenarios",
-    "load_thread",
     "open_fanout",
     "outcome_row",
     "p_value",
@@ -169,9 +188,12 @@ __all__ = [
     "set_key",
     "settle",
     "split_warnings",
+    "suite_spec",
     "supported_reads",
     "svg_chart",
     "thread_environment",
+    "unseal",
     "unsealings_path",
+    "unsealings_so_far",
     "write_threads",
 ]

@@ -28,7 +28,7 @@ from improve.errors import (
 )
 from improve.evals.scenarios import SPLITS, Expected, Scenario
 from improve.log import JsonlDirStore, LogEntry
-from improve.runtime import ActorCall, Environment, RecordedThread, read_thread
+from improve.runtime import ActorCall, Environment, RecordedThread, recorded_thread
 
 HOOK_HELP = (
     "give its Environment a `world_from_thread=` function: from the thread's input and its tools' "
@@ -37,7 +37,7 @@ HOOK_HELP = (
 )
 
 
-def load_thread(source: str, traces: Path) -> tuple[str, list[LogEntry]]:
+def find_thread(source: str, traces: Path) -> tuple[str, list[LogEntry]]:
     """The thread `source` names: a path to a `.jsonl` file holding one thread, or a thread id in the
     workspace's `traces` (a JSONL store). Errors name the file and line."""
     path = Path(source)
@@ -105,7 +105,7 @@ def scenario_from_thread(
         raise LogError(f"thread {thread_id or '?'} is empty: a thread starts with an @agent.init entry")
     thread_id = thread_id or entries[0].threadId or "thread"
     check_machine(env, entries, thread_id)
-    thread = read_thread(env.machine, entries, thread_id)
+    thread = recorded_thread(env.machine, entries, thread_id)
     if not isinstance(thread.input, dict):
         raise ScenarioError(
             f"thread {thread_id}, entry 0: the input is {type(thread.input).__name__}, but a scenario's "

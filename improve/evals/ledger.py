@@ -19,7 +19,7 @@ from typing import Any
 import duckdb
 
 from improve import clock
-from improve.evals.outcome import OutcomeRow
+from improve.evals.outcome import OutcomeRow, Quarantined
 from improve.evals.scenarios import Scenario
 from improve.evals.workspace import Workspace
 from improve.log import JsonlDirStore
@@ -39,12 +39,6 @@ ORDER BY thread_id
 QUARANTINE_SQL = (
     "SELECT thread_id, reason FROM quarantine WHERE list_contains($threads, thread_id) ORDER BY thread_id"
 )
-
-
-@dataclass(frozen=True)
-class Quarantined:
-    thread_id: str
-    reason: str
 
 
 @dataclass

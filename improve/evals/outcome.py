@@ -19,6 +19,14 @@ from improve.runtime import Environment
 
 
 @dataclass(frozen=True)
+class Quarantined:
+    """A thread set aside instead of scored: its replay does not verify (the reason says where)."""
+
+    thread_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class OutcomeRow:
     thread_id: str
     scenario: str

@@ -9,6 +9,7 @@ under the same version) is refused (bump the policy version, or `fresh=True` to 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -20,7 +21,7 @@ from improve.errors import ImproveError, LogError, RunError, SpendLimitError, Wo
 from improve.evals.fanout import Fanout, ModelGate
 from improve.evals.outcome import OutcomeRow, outcome_row
 from improve.evals.scenarios import Scenario
-from improve.evals.workspace import policy_hash, policy_label
+from improve.evals.workspace import Workspace, policy_hash, policy_label
 from improve.llm import CacheMode, Meter, ModelSpec, ResponseCache
 from improve.log import LogEntry, MemoryStore, Store, ThreadId, is_chained, model_slug, replay
 from improve.machine import MachineConfig
@@ -89,6 +90,11 @@ class SuiteSpec:
             )
         return env.models[self.model]
 
+    @functools.cached_property
+    def policy_hash(self) -> str:
+        """The policy's hash (`policy_hash`), computed once per spec: every run's stamp carries it."""
+        return policy_hash(self.policy)
+
     def thread_id(self, scenario: Scenario, run_number: int) -> str:
         return str(
             ThreadId(
@@ -103,17 +109,38 @@ class SuiteSpec:
     def stamp(self, env: Environment, scenario: Scenario, run_number: int) -> dict[str, Any]:
         return {
             "environment": env.name,
-            "policy": {
-                "id": self.policy.id,
-                "version": self.policy.version,
-                "hash": policy_hash(self.policy),
-            },
+            "policy": {"id": self.policy.id, "version": self.policy.version, "hash": self.policy_hash},
             "models": {"decider": self.model},
             **({"modelSpec": self.model_spec.public()} if self.model_spec is not None else {}),
             "scenario": scenario.id,
             "split": scenario.split,
             "run": run_number,
         }
+
+
+def suite_spec(
+    space: Workspace,
+    env: Environment,
+    policy: MachineConfig,
+    model: str,
+    *,
+    k: int | None = None,
+    cache: CacheMode = "live",
+    people: bool = True,
+) -> SuiteSpec:
+    """The suite a workspace runs: `policy` with `model` (its `[models.NAME]` when it names one), k runs
+    per scenario (default: the objective's), the objective's budget, the workspace's call cache."""
+    objective = space.config.objective
+    return SuiteSpec(
+        policy,
+        model,
+        k or objective.k,
+        objective.max_model_calls,
+        space.model_spec(model, env),
+        str(space.cache_dir),
+        cache,
+        people,
+    )
 
 
 @dataclass(frozen=True)
@@ -210,10 +237,11 @@ def _run_one(
     stamp = spec.stamp(env, scenario, run_number)
     try:
         run_scenario(env, scenario, decider, store, thread_id, stamp, spec.max_model_calls, spec.people)
-    except ImproveError:
-        # A run that cannot finish (a recorded call missing on replay, a store failure) leaves no
-        # half-written thread: a later command runs it again from the start.
-        store.delete(thread_id)
+    except (ImproveError, OSError):
+        # A run that cannot finish (a recorded call missing on replay, a store failure, a full disk)
+        # leaves no half-written thread: a later command runs it again from the start.
+        with contextlib.suppress(ImproveError, OSError):
+            store.delete(thread_id)
         raise
 
 
@@ -229,6 +257,17 @@ class PlannedRun:
     """The reused thread's entries, read once while checking it (None for a run made now)."""
 
 
+def every(runs: int, say: Callable[[str], None], what: str) -> Callable[[int, int], None]:
+    """A `ran` callback for `write_threads` that says `  what: done/total runs` every `runs` runs and
+    at the end."""
+
+    def ran(done: int, total: int) -> None:
+        if done == total or done % runs == 0:
+            say(f"  {what}: {done}/{total} runs")
+
+    return ran
+
+
 def write_threads(
     env: Environment,
     scenarios: Sequence[Scenario],
@@ -242,6 +281,7 @@ def write_threads(
     meter: Meter | None = None,
     models: ModelFactory | None = None,
     runs: Sequence[int] | None = None,
+    compiled: Any = None,
 ) -> list[PlannedRun]:
     """Run every scenario k times (reusing threads recorded with this stamp), journaling one thread
     per run; the runs in planned order. `runs` are other run numbers to make instead of 1..k (the
@@ -256,9 +296,13 @@ def write_threads(
     is checked before each run (each batch, on an executor) starts; runs under way finish.
     `models` makes each run's model (default: `spec.model_factory`); a round passes one factory to
     all its suites, so they share one chat session: its fallback, its meter, its fingerprints.
+    `compiled`: the policy already compiled with the environment's judgments and guards (a round's
+    gates compiled the candidate), so it is not compiled again.
     """
     models = models or spec.model_factory(env, meter)
-    policy = compile_policy(spec.policy, env.judgments, env.policy_guards)
+    policy = (
+        compiled if compiled is not None else compile_policy(spec.policy, env.judgments, env.policy_guards)
+    )
     numbers = list(runs) if runs is not None else range(1, spec.k + 1)
     planned = [(scenario, n) for scenario in scenarios for n in numbers]
     # Threads already recorded with this stamp, read once: checked here, handed on with the plan.

@@ -33,6 +33,9 @@
     seed = 20261130                  # resampling seed, printed with every scorecard
     held_out_bias = 0.1              # reuse: n held-out scenarios support 1 + floor(2 n 0.1^2 / ln 2) rounds
 
+    [otlp]
+    project = "support-desk"         # the Phoenix project exported traces go to (default: the environment's name)
+
 Paths are relative to the directory holding `improve.toml`, and that directory is importable, so a
 `module` may name a package that sits next to it. Without an `improve.toml`, the current directory is
 the workspace and `--env` must name the environment.
@@ -41,7 +44,10 @@ the workspace and `--env` must name the environment.
 from __future__ import annotations
 
 import hashlib
+import os
 import tomllib
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Literal
 
@@ -50,6 +56,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from improve.errors import WorkspaceError
 from improve.evals.cluster import LOCAL, ExecutorChoice, parse_executor
 from improve.evals.scenarios import ScenarioSet, load_scenarios
+from improve.files import locked
 from improve.llm import CACHE_DIR, ModelSpec
 from improve.machine import MachineConfig, canonical_json, format_validation_error
 from improve.registry import check_slug
@@ -185,6 +192,17 @@ class ObjectiveSection(_Section):
     )
 
 
+class OtlpSection(_Section):
+    """How `improve export --format otlp` labels what it sends (docs/interop.md)."""
+
+    project: str | None = Field(
+        default=None,
+        min_length=1,
+        description="The project Arize Phoenix files the traces under (the resource attribute "
+        "`openinference.project.name`), when --project is not given; default: each environment's name.",
+    )
+
+
 class WorkspaceConfig(_Section):
     workspace: WorkspaceSection = Field(default_factory=WorkspaceSection)
     environments: dict[str, EnvironmentSection] = Field(default_factory=dict)
@@ -196,6 +214,7 @@ class WorkspaceConfig(_Section):
     gates: dict[str, ExtensionSection] = Field(default_factory=dict)
     importers: dict[str, ExtensionSection] = Field(default_factory=dict)
     objective: ObjectiveSection = Field(default_factory=ObjectiveSection)
+    otlp: OtlpSection = Field(default_factory=OtlpSection)
 
 
 class Workspace:
@@ -228,7 +247,18 @@ class Workspace:
         return cls(path.parent.resolve(), config)
 
     def path(self, relative: str) -> Path:
-        return (self.root / relative).resolve()
+        """A path of the workspace, resolved; refused when it goes through a dangling symbolic link (a
+        command writing there would make the link's target appear, wherever it points)."""
+        path = self.root / relative
+        for part in (path, *path.parents):
+            if part == self.root:
+                break
+            if part.is_symlink() and not part.exists():
+                raise WorkspaceError(
+                    f"{path} goes through {part}, a symbolic link to {os.readlink(part)}, which does not exist; "
+                    "create its target or remove the link"
+                )
+        return path.resolve()
 
     @property
     def traces(self) -> Path:
@@ -241,6 +271,12 @@ class Workspace:
     @property
     def reports(self) -> Path:
         return self.path(self.config.workspace.reports)
+
+    def writing(self, say: Callable[[str], None] | None = None) -> AbstractContextManager[None]:
+        """The lock a command holds while it writes the workspace's threads and records them in its
+        warehouse (`run`, `score`, `round`, `resume`): two such commands at once take turns, so one
+        never deletes, rewrites or half-reads the other's threads. `say` is told when it waits."""
+        return locked(self.root / ".improve" / "threads.lock", f"the threads in {self.traces}", say=say)
 
     def env_name(self, given: str | None) -> str:
         """The environment a command works on: `--env`, else `[workspace] environment`, else the only one."""

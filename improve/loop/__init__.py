@@ -2,73 +2,131 @@
 the promotion rule, record the round, and open a pull request a person reviews.
 
     >>> from improve.loop import RoundOptions, run_round
-    >>> result = run_round(Workspace.find(), RoundOptions(policy="v3", k=3))
+    >>> record = run_round(Workspace.find(), RoundOptions(policy="v3", k=3))
+
+Each name is imported from its module when it is first asked for, so a command that needs the
+CHANGELOG or a round's report does not load the proposers, the gates and what they import.
 """
 
-from improve.loop.diagnose import Diagnosis, diagnose
-from improve.loop.evidence import diagnose_train
-from improve.loop.gates import (
-    GATE_NAMES,
-    GATES,
-    EnvironmentGate,
-    ExploreGate,
-    Gate,
-    GateContext,
-    GateResult,
-    Unparsed,
-    gates_for,
-    passed,
-    run_gates,
-)
-from improve.loop.heldout import held_out_status
-from improve.loop.history import Measured, measured_from_record, policy_history, read_entries
-from improve.loop.inputs import Inputs, RoundOptions, RoundResult, locate, next_version, review_branch
-from improve.loop.probes import probe_requests
-from improve.loop.production import ProductionCluster, ProductionDiagnosis, diagnose_production
-from improve.loop.proposers import PROPOSERS, Proposal, ProposalRequest, Proposer, ProposerSetup
-from improve.loop.record import pr_body
-from improve.loop.report_page import WrittenPage, find_round, write_round_page
-from improve.loop.round import run_round, run_rounds
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from improve.loop.branches import DiscardedBranch
+    from improve.loop.changelog import Changelog, Entry, HeldOutStatus, Memory, policy_history
+    from improve.loop.diagnose import Diagnosis, diagnose
+    from improve.loop.evidence import Evidence, TrainDiagnosis, diagnose_policy
+    from improve.loop.gates import (
+        GATE_NAMES,
+        GATES,
+        EnvironmentGate,
+        ExploreGate,
+        Gate,
+        GateContext,
+        GateResult,
+        NoveltyGate,
+        Unparsed,
+        gates_for,
+        passed,
+        run_gates,
+    )
+    from improve.loop.inputs import Inputs, RoundOptions, locate, review_branch
+    from improve.loop.probes import probe_requests
+    from improve.loop.production import ProductionCluster, ProductionDiagnosis, diagnose_production
+    from improve.loop.proposers import PROPOSERS, Proposal, ProposalRequest, Proposer, ProposerSetup
+    from improve.loop.render import pr_body, round_lines
+    from improve.loop.report_page import WrittenPage, find_round, write_round_page
+    from improve.loop.round import Round, run_round, run_rounds
+    from improve.loop.round_record import RoundRecord, read_round_record
+    from improve.loop.score import ScoreRequest, Scores, score_policy
+
+_MODULES = {
+    "improve.loop.branches": ("DiscardedBranch",),
+    "improve.loop.changelog": ("Changelog", "Entry", "HeldOutStatus", "Memory", "policy_history"),
+    "improve.loop.diagnose": ("Diagnosis", "diagnose"),
+    "improve.loop.evidence": ("Evidence", "TrainDiagnosis", "diagnose_policy"),
+    "improve.loop.gates": (
+        "GATE_NAMES",
+        "GATES",
+        "EnvironmentGate",
+        "ExploreGate",
+        "Gate",
+        "GateContext",
+        "GateResult",
+        "NoveltyGate",
+        "Unparsed",
+        "gates_for",
+        "passed",
+        "run_gates",
+    ),
+    "improve.loop.inputs": ("Inputs", "RoundOptions", "locate", "review_branch"),
+    "improve.loop.probes": ("probe_requests",),
+    "improve.loop.production": ("ProductionCluster", "ProductionDiagnosis", "diagnose_production"),
+    "improve.loop.proposers": ("PROPOSERS", "Proposal", "ProposalRequest", "Proposer", "ProposerSetup"),
+    "improve.loop.render": ("pr_body", "round_lines"),
+    "improve.loop.report_page": ("WrittenPage", "find_round", "write_round_page"),
+    "improve.loop.round": ("Round", "run_round", "run_rounds"),
+    "improve.loop.round_record": ("RoundRecord", "read_round_record"),
+    "improve.loop.score": ("ScoreRequest", "Scores", "score_policy"),
+}
+_LAZY = {name: module for module, names in _MODULES.items() for name in names}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
 
 __all__ = [
     "GATES",
     "GATE_NAMES",
     "PROPOSERS",
+    "Changelog",
     "Diagnosis",
+    "DiscardedBranch",
+    "Entry",
     "EnvironmentGate",
+    "Evidence",
     "ExploreGate",
     "Gate",
     "GateContext",
     "GateResult",
+    "HeldOutStatus",
     "Inputs",
-    "Measured",
+    "Memory",
+    "NoveltyGate",
     "ProductionCluster",
     "ProductionDiagnosis",
     "Proposal",
     "ProposalRequest",
     "Proposer",
     "ProposerSetup",
+    "Round",
     "RoundOptions",
-    "RoundResult",
+    "RoundRecord",
+    "ScoreRequest",
+    "Scores",
+    "TrainDiagnosis",
     "Unparsed",
     "WrittenPage",
     "diagnose",
+    "diagnose_policy",
     "diagnose_production",
-    "diagnose_train",
     "find_round",
     "gates_for",
-    "held_out_status",
     "locate",
-    "measured_from_record",
-    "next_version",
     "passed",
     "policy_history",
     "pr_body",
     "probe_requests",
-    "read_entries",
+    "read_round_record",
     "review_branch",
+    "round_lines",
     "run_gates",
     "run_round",
     "run_rounds",
+    "score_policy",
     "write_round_page",
 ]

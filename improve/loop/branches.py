@@ -59,6 +59,16 @@ class Branch:
         return answer_text(self.output) if self.output is not None else self.target
 
 
+@dataclass(frozen=True)
+class DiscardedBranch:
+    """A branch a discarded candidate added against a policy, as its CHANGELOG entry wrote it (guard
+    and answer), and the round that discarded it."""
+
+    guard: str
+    answer: str
+    round: str
+
+
 def answer_text(output: Mapping[str, Any]) -> str:
     """A final's output tree as one answer: `ROUTE{queue: 'billing'}`, `REFUND{amount: facts.x}`."""
     kind = str(output.get("type", "?"))

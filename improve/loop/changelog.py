@@ -1,112 +1,421 @@
-"""The policies' CHANGELOG.md: one entry per candidate, recommended or discarded, newest last."""
+"""The policies' CHANGELOG.md as one object: read once per command, asked for what it records, and
+appended to through the same module.
+
+One entry per candidate a round proposed, recommended or discarded, newest last (docs/contracts.md):
+
+    ## v3 (discarded) — round 20261130-155524-refunds-v3
+
+    - Baseline: v2; proposer: rules; model: naive; k = 3; bootstrap seed 7.
+    - Branch added: `facts.order.deliveredDaysAgo > 30` -> `CLOSE`
+    - held-out: 0.605 -> 0.620 (mean diff +0.015, exact stratified test p = 0.31 > alpha 0.05), ...
+    - Held-out set `5f0c2a9e13b7` (27 scenarios) read 3 times, this round included; ...
+    - Decision: **discarded**. ...
+
+`Changelog.parse` reads those lines back once (`Entry`): the versions it names (the next version is
+the first one no entry and no policy file uses), the branches discarded against a policy (what a round
+must not propose against it again), the reads of each held-out set (the count survives across rounds
+and travels with the policies through review; changing the held-out set starts a new count, as its key
+is a hash of its scenarios), and the line of versions that led to a policy with their pass rates (the
+history chart). `entry_text` writes an entry from a round record; `Entry.of(record)` is the entry that
+text parses back to.
+"""
 
 from __future__ import annotations
 
+import os
 import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from improve.evals import p_value
-from improve.loop.heldout import held_out_lines
+from improve.evals import HeldOutRead, Scenario, VersionScore, p_value, set_key
+from improve.files import append_whole
+from improve.loop.branches import DiscardedBranch
+
+if TYPE_CHECKING:
+    from improve.loop.round_record import HeldOutReuse, RoundRecord, SplitScore
+
+CHANGELOG = "CHANGELOG.md"
 
 HEADER = (
     "# CHANGELOG: {env} policies\n\nEvery candidate a round proposes is recorded here, recommended or discarded, "
     "with its scorecard.\n"
 )
 
+_ENTRY = re.compile(
+    r"^## (?P<version>\S+) \((?P<decision>recommended|discarded)\) — round (?P<round>\S+)", re.M
+)
+_VERSION = re.compile(r"^## v(\d+)\b", re.M)
+_BASELINE = re.compile(r"^- Baseline: (?P<baseline>[^;]+);", re.M)
+_BRANCH = re.compile(r"^- Branch added: `(?P<guard>.+)` -> `(?P<answer>.+)`$", re.M)
+_SCORE = re.compile(
+    r"^- (?P<split>train|held-out): (?P<before>\d+(?:\.\d+)?) -> (?P<after>\d+(?:\.\d+)?)\b", re.M
+)
+_HELD_OUT_READ = re.compile(r"^- Held-out set `([0-9a-f]+)` \(\d+ scenarios\) read (\d+) times?\b", re.M)
+"""The line of an entry that records its round's read of a held-out set (`HeldOutReuse.sentence`)."""
 
-def entry_markdown(record: dict[str, Any]) -> str:
-    """A CHANGELOG entry from a round record (see round.py: RoundResult.to_json)."""
-    decision = "recommended" if record["recommended"] else "discarded"
-    lines = [
-        f"## {record['candidate_version']} ({decision}) — round {record['round_id']}",
-        "",
-        f"- Baseline: {record['baseline_version']}; proposer: {record['proposer']}; model: {record['model']}; "
-        f"k = {record['k']}; bootstrap seed {record['seed']}.",
-    ]
-    hypothesis = record.get("hypothesis")
-    if hypothesis:
-        lines += [
-            f"- Cluster: {record['cluster']}.",
-            f"- Hypothesis: {hypothesis['cause']}.",
-            f"- Change: {record.get('rationale') or hypothesis['change']}",
-            f"- Expected to move: {hypothesis['metric']}.",
-            f"- Risk: {hypothesis['risk']}.",
+
+@dataclass(frozen=True)
+class Entry:
+    """One round as its CHANGELOG entry records it."""
+
+    candidate: str
+    baseline: str
+    round_id: str
+    recommended: bool
+    before: dict[str, float]
+    """Each split's pass rate before (the baseline's), when the promotion rule ran."""
+    after: dict[str, float]
+    branches: tuple[tuple[str, str], ...] = ()
+    """The branches the candidate added: (guard, answer) as written."""
+    held_out: tuple[str, int] | None = None
+    """The held-out read it records: the set's key and which read it was."""
+
+    @classmethod
+    def of(cls, record: RoundRecord) -> Entry | None:
+        """The entry `entry_text(record)` writes, as `Changelog.parse` reads it back (None when the round
+        proposed no candidate: it writes no entry)."""
+        if not record.candidate_version:
+            return None
+        return cls(
+            candidate=record.candidate_version,
+            baseline=record.baseline_version.strip(),
+            round_id=record.round_id,
+            recommended=record.recommended,
+            before={split: float(_figure(s.before)) for split, s in _shown(record.scores)},
+            after={split: float(_figure(s.after)) for split, s in _shown(record.scores)},
+            branches=tuple((b.guard, b.answer) for b in record.branches),
+            held_out=(record.held_out.key, record.held_out.read) if record.held_out else None,
+        )
+
+
+@dataclass(frozen=True)
+class HeldOutStatus:
+    """Where a held-out set stands for `improve score`: the rounds that have read it, what it supports,
+    and how far those reads may bias the held-out pass rates of the policies they chose."""
+
+    key: str
+    scenarios: int
+    reads: int
+    supported: int
+    max_bias: float
+    bias_bound: float
+    warning: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "scenarios": self.scenarios,
+            "reads": self.reads,
+            "supported": self.supported,
+            "max_bias": self.max_bias,
+            "bias_bound": round(self.bias_bound, 6),
+            "warning": self.warning,
+        }
+
+
+@dataclass(frozen=True)
+class Changelog:
+    """A CHANGELOG as read once: its text and what its lines record."""
+
+    path: Path
+    text: str = ""
+    entries: tuple[Entry, ...] = ()
+    """Every entry with a baseline line, oldest first."""
+    versions: tuple[int, ...] = ()
+    """The number of every `## vN` heading."""
+    reads: tuple[tuple[str, int], ...] = ()
+    """Every held-out read line: the set's key and the count it states."""
+    seen: tuple[int, int] | None = field(default=None, compare=False)
+    """The file's size and modification time when read (None: no file)."""
+
+    @classmethod
+    def read(cls, path: Path) -> Changelog:
+        """The CHANGELOG at `path` (a missing file records nothing)."""
+        try:
+            with path.open(encoding="utf-8") as handle:
+                text = handle.read()
+                status = os.fstat(handle.fileno())
+        except FileNotFoundError:
+            return cls(path)
+        return cls.parse(text, path, (status.st_size, status.st_mtime_ns))
+
+    @classmethod
+    def parse(cls, text: str, path: Path = Path(CHANGELOG), seen: tuple[int, int] | None = None) -> Changelog:
+        heads = list(_ENTRY.finditer(text))
+        entries = []
+        for index, head in enumerate(heads):
+            end = heads[index + 1].start() if index + 1 < len(heads) else len(text)
+            entry = _entry(head, text[head.end() : end])
+            if entry is not None:
+                entries.append(entry)
+        return cls(
+            path,
+            text,
+            tuple(entries),
+            tuple(int(n) for n in _VERSION.findall(text)),
+            tuple((key, int(n)) for key, n in _HELD_OUT_READ.findall(text)),
+            seen,
+        )
+
+    def next_version(self, policies_dir: Path) -> str:
+        """The first version number no policy file in `policies_dir` and no entry uses."""
+        files = [
+            int(m.group(1)) for p in policies_dir.glob("v*.json") if (m := re.fullmatch(r"v(\d+)", p.stem))
         ]
-    diff = record.get("diff_summary")
-    if diff:
-        lines.append(f"- Diff: {diff}.")
-    for branch in record.get("branches") or []:
-        lines.append(f"- Branch added: `{branch['guard']}` -> `{branch['answer']}`")
-    gates = record.get("gates") or []
-    if gates:
-        summary = ", ".join(f"{g['name']} {'pass' if g['ok'] else 'FAIL'}" for g in gates)
-        lines.append(f"- Gates: {summary}; repairs used: {record.get('repairs', 0)}.")
-    scores = record.get("scores")
-    if scores:
-        for split in ("train", "held-out"):
-            s = scores.get(split)
-            if s:
-                lines.append(
-                    f"- {split}: {s['before']:.3f} -> {s['after']:.3f} (mean diff {s['mean_diff']:+.3f}, "
-                    f"{_test(s)}), violations {s['violations_after']}, model calls/run "
-                    f"{s['cost_before']:.2f} -> {s['cost_after']:.2f}"
-                    + (
-                        f", {s['extra_runs']} extra runs (reruns, both versions)"
-                        if s.get("extra_runs")
-                        else ""
-                    )
-                    + "."
-                )
-    lines += held_out_lines(record)  # which read of the held-out set the round was (loop/heldout.py)
-    regressions = record.get("regressions") or []
-    lines.append(f"- Regressions: {', '.join(regressions) if regressions else 'none'}.")
-    lines.append(f"- Decision: **{decision}**. {record.get('decision_detail', '')}".rstrip())
-    if record.get("report"):
-        lines.append(f"- Report: `{record['report']}`.")
+        return str(max([*files, *self.versions], default=0) + 1)
+
+    def discarded_branches(self, baseline: str) -> list[DiscardedBranch]:
+        """The branches of candidates discarded against `baseline` (a version label such as `v3`): what a
+        round must not propose against that policy again."""
+        return [
+            DiscardedBranch(guard, answer, e.round_id)
+            for e in self.entries
+            if not e.recommended and e.baseline == baseline
+            for guard, answer in e.branches
+        ]
+
+    def held_out_reads(self, key: str) -> int:
+        """How many rounds the CHANGELOG records as reads of the held-out set `key`: its lines that say
+        so, or the highest count one of them states when that is larger (an entry lost with a branch
+        nobody merged, or edited away, never lowers the count below a number already written)."""
+        numbers = [n for found, n in self.reads if found == key]
+        return max(len(numbers), max(numbers, default=0))
+
+    def next_held_out_read(self, held_out: Sequence[Scenario], max_bias: float) -> HeldOutRead:
+        """The read a round that decides on `held_out` makes: one more than recorded for the set."""
+        key = set_key(held_out)
+        return HeldOutRead(key, len(held_out), self.held_out_reads(key) + 1, max_bias)
+
+    def held_out_status(self, held_out: Sequence[Scenario], max_bias: float) -> HeldOutStatus:
+        upcoming = self.next_held_out_read(held_out, max_bias)
+        reads = upcoming.read - 1
+        # A policy chosen after r reads carries r bits, as the numbers of the (r + 1)-th read do.
+        warning = (
+            f"held-out set `{upcoming.key}` ({upcoming.scenarios} scenarios) has been read by {reads} rounds "
+            f"({self.path}); its held-out pass rates may be biased by up to sqrt(r ln 2 / (2n)) = "
+            f"{upcoming.bias_bound:.3f}, more than held_out_bias = {max_bias:g}: read the test split "
+            "(`--split test --unseal`) or fresh held-out scenarios for a number no round has adapted to"
+            if upcoming.bias_bound > max_bias
+            else None
+        )
+        return HeldOutStatus(
+            upcoming.key,
+            upcoming.scenarios,
+            reads,
+            upcoming.supported,
+            max_bias,
+            upcoming.bias_bound,
+            warning,
+        )
+
+    def history(self, head: str, current: Entry | None = None) -> list[VersionScore]:
+        """The versions that led to `head` with their pass rates (`policy_history`)."""
+        return policy_history(self.entries, head, current)
+
+    def with_entry(self, entry: str, env: str) -> str:
+        """The file's text with `entry` appended (a new file starts with the header)."""
+        text = self.text if self.seen is not None else HEADER.format(env=env)
+        return text + ("" if text.endswith("\n") else "\n") + "\n" + entry
+
+    def append(self, entry: str, env: str) -> Changelog:
+        """Append `entry` to the file (created with its header when missing), in one write at its end,
+        so an entry another process appended meanwhile stays; the CHANGELOG as it now reads."""
+        current = self.current()
+        added = current.with_entry(entry, env)[len(current.text) :]
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # Whole or not at all, under the file's lock: a full disk leaves the CHANGELOG as it was.
+        append_whole(self.path, added)
+        return Changelog.parse(current.text + added, self.path, _stat(self.path))
+
+    def current(self) -> Changelog:
+        """This CHANGELOG when the file is as it was read; otherwise the file read again."""
+        return self if _stat(self.path) == self.seen else Changelog.read(self.path)
+
+
+def _stat(path: Path) -> tuple[int, int] | None:
+    try:
+        status = path.stat()
+    except FileNotFoundError:
+        return None
+    return status.st_size, status.st_mtime_ns
+
+
+def _entry(head: re.Match[str], body: str) -> Entry | None:
+    baseline = _BASELINE.search(body)
+    if baseline is None:
+        return None
+    scores = {m["split"]: (float(m["before"]), float(m["after"])) for m in _SCORE.finditer(body)}
+    read = _HELD_OUT_READ.search(body)
+    return Entry(
+        candidate=head["version"],
+        baseline=baseline["baseline"].strip(),
+        round_id=head["round"],
+        recommended=head["decision"] == "recommended",
+        before={split: pair[0] for split, pair in scores.items()},
+        after={split: pair[1] for split, pair in scores.items()},
+        branches=tuple((b["guard"], b["answer"]) for b in _BRANCH.finditer(body)),
+        held_out=(read[1], int(read[2])) if read else None,
+    )
+
+
+def policy_history(entries: Sequence[Entry], head: str, current: Entry | None = None) -> list[VersionScore]:
+    """The versions that led to `head` (itself last) with their pass rates, oldest first.
+
+    `current` is the round being recorded (its candidate is `head`); without it the head's newest entry
+    starts the walk. A version proposed by a recommended entry leads back to that entry's baseline; the
+    walk stops at a version no recommended entry proposed (v0, a policy written by hand) or at a loop.
+    Each version gets the pass rates of the newest round that measured it, so the last two points are
+    always one round's own measurement of both sides; discarded candidates and unmerged branches stay
+    off the line.
+    """
+    start = current or next((e for e in entries[::-1] if e.candidate == head), None)
+    if start is None:
+        return []
+    rates: dict[str, tuple[float, float, str]] = {}
+
+    def note(version: str, scores: dict[str, float], round_id: str) -> None:
+        if version not in rates and "train" in scores and "held-out" in scores:
+            rates[version] = (scores["train"], scores["held-out"], round_id)
+
+    chain = [start.candidate]
+    step: Entry | None = start
+    while step is not None:
+        note(step.candidate, step.after, step.round_id)
+        note(step.baseline, step.before, step.round_id)
+        if step.baseline in chain:
+            break
+        baseline = step.baseline
+        chain.append(baseline)
+        step = next((e for e in entries[::-1] if e.recommended and e.candidate == baseline), None)
+    return [VersionScore(v, *rates[v]) for v in reversed(chain) if v in rates]
+
+
+# --- what a round knows from it -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Added:
+    """A round's entry, added: its text, the CHANGELOG with it (what the review branch carries), the
+    working tree's CHANGELOG now, and the history of versions that led to the round's head."""
+
+    entry: str
+    text: str
+    current: str
+    history: list[VersionScore]
+
+
+@dataclass(frozen=True)
+class Memory:
+    """What a round knows from its policies' CHANGELOG, read once when it starts: the version its
+    candidate takes, the branches already discarded against its baseline (the novelty gate refuses
+    them), the read of the held-out set its promotion rule would be, and the entries the history of
+    versions is drawn from. `add` writes the round's entry through the same object at its end."""
+
+    changelog: Changelog
+    version: str
+    discarded: tuple[DiscardedBranch, ...]
+    held_out: HeldOutReuse
+
+    def add(self, record: RoundRecord, env: str) -> Added:
+        """The round's entry: appended to the file for a discarded candidate; for a recommended one only
+        written into the text its review branch carries (the working tree stays as it is)."""
+        entry = entry_text(record)
+        current = Entry.of(record) if record.scores else None  # the round is the history's head
+        history = policy_history(
+            self.changelog.entries, record.candidate_version or record.baseline_version, current
+        )
+        if record.recommended:
+            now = self.changelog.current()
+            return Added(entry, now.with_entry(entry, env), now.text, history)
+        after = self.changelog.append(entry, env)
+        return Added(entry, after.text, after.text, history)
+
+
+def read_memory(
+    path: Path, policies_dir: Path, baseline: str, held_out: Sequence[Scenario], max_bias: float
+) -> Memory:
+    """Read the CHANGELOG at `path` once, for a round against `baseline` (a version label)."""
+    from improve.loop.round_record import HeldOutReuse
+
+    changelog = Changelog.read(path)
+    read = changelog.next_held_out_read(held_out, max_bias)
+    return Memory(
+        changelog,
+        changelog.next_version(policies_dir),
+        tuple(changelog.discarded_branches(baseline)),
+        HeldOutReuse(
+            key=read.key,
+            scenarios=read.scenarios,
+            read=read.read,
+            supported=read.supported,
+            max_bias=read.max_bias,
+            bias_bound=round(read.bias_bound, 6),
+            warning=read.warning(),
+        ),
+    )
+
+
+# --- writing an entry -----------------------------------------------------------------------------
+
+
+def entry_text(record: RoundRecord) -> str:
+    """The CHANGELOG entry of a round that proposed a candidate."""
+    decision = "recommended" if record.recommended else "discarded"
+    lines = [
+        f"## {record.candidate_version} ({decision}) — round {record.round_id}",
+        "",
+        f"- Baseline: {record.baseline_version}; proposer: {record.proposer}; model: {record.model}; "
+        f"k = {record.k}; bootstrap seed {record.seed}.",
+    ]
+    h = record.hypothesis
+    if h:
+        lines += [
+            f"- Cluster: {record.cluster}.",
+            f"- Hypothesis: {h.cause}.",
+            f"- Change: {record.rationale or h.change}",
+            f"- Expected to move: {h.metric}.",
+            f"- Risk: {h.risk}.",
+        ]
+    if record.diff_summary:
+        lines.append(f"- Diff: {record.diff_summary}.")
+    lines += [f"- Branch added: `{b.guard}` -> `{b.answer}`" for b in record.branches]
+    if record.gates:
+        summary = ", ".join(f"{g.name} {'pass' if g.ok else 'FAIL'}" for g in record.gates)
+        lines.append(f"- Gates: {summary}; repairs used: {record.repairs}.")
+    for split, s in _shown(record.scores):
+        extra = f", {s.extra_runs} extra runs (reruns, both versions)" if s.extra_runs else ""
+        lines.append(
+            f"- {split}: {s.before:.3f} -> {s.after:.3f} (mean diff {s.mean_diff:+.3f}, {_test(s)}), "
+            f"violations {s.violations_after}, model calls/run {s.cost_before:.2f} -> {s.cost_after:.2f}"
+            f"{extra}."
+        )
+    if record.held_out:
+        lines.append(f"- {record.held_out.sentence}")
+        if record.held_out.warning:
+            lines.append(f"- **Held-out reuse warning**: {record.held_out.warning}.")
+    lines.append(f"- Regressions: {', '.join(record.regressions) if record.regressions else 'none'}.")
+    lines.append(f"- Decision: **{decision}**. {record.decision_detail}".rstrip())
+    if record.report:
+        lines.append(f"- Report: `{record.report}`.")
     return "\n".join(lines) + "\n"
 
 
-ENTRY = re.compile(
-    r"^## (?P<version>\S+) \((?P<decision>recommended|discarded)\) — round (?P<round>\S+)", re.M
-)
-BASELINE = re.compile(r"^- Baseline: (?P<baseline>[^;]+);", re.M)
-_BRANCH = re.compile(r"^- Branch added: `(?P<guard>.+)` -> `(?P<answer>.+)`$", re.M)
+def _shown(scores: dict[str, SplitScore]) -> list[tuple[str, SplitScore]]:
+    return [(split, scores[split]) for split in ("train", "held-out") if split in scores]
 
 
-def discarded_branches(path: Path, baseline: str) -> list[dict[str, str]]:
-    """The branches of candidates discarded against `baseline` (a version label such as `v3`), from the
-    CHANGELOG's entries: what a round must not propose against that policy again."""
-    if not path.exists():
-        return []
-    text = path.read_text(encoding="utf-8")
-    starts = [m for m in ENTRY.finditer(text)]
-    found: list[dict[str, str]] = []
-    for index, head in enumerate(starts):
-        end = starts[index + 1].start() if index + 1 < len(starts) else len(text)
-        body = text[head.end() : end]
-        base = BASELINE.search(body)
-        if head["decision"] != "discarded" or base is None or base["baseline"].strip() != baseline:
-            continue
-        for branch in _BRANCH.finditer(body):
-            found.append({"guard": branch["guard"], "answer": branch["answer"], "round": head["round"]})
-    return found
+def _figure(rate: float) -> str:
+    """A pass rate as an entry writes it (three places), so `Entry.of` agrees with the parsed text."""
+    return f"{rate:.3f}"
 
 
-def _test(score: dict[str, Any]) -> str:
+def _test(score: SplitScore) -> str:
     """The test the promotion rule decided with, as the entry shows it; a record written before the
     exact tests shows its bootstrap interval, labelled as such."""
-    if "p" not in score:
-        return f"{score['confidence']:.0%} bootstrap CI [{score['ci_low']:+.3f}, {score['ci_high']:+.3f}]"
-    p, alpha = score["p"], score["alpha"]
-    return f"{score['test']} p = {p_value(p)} {'<=' if p <= alpha else '>'} alpha {alpha:g}"
-
-
-def append_entry(path: Path, env: str, record: dict[str, Any]) -> str:
-    """Append the entry (creating the file with its header when missing); return the entry text."""
-    text = path.read_text(encoding="utf-8") if path.exists() else HEADER.format(env=env)
-    entry = entry_markdown(record)
-    if not text.endswith("\n"):
-        text += "\n"
-    path.write_text(text + "\n" + entry, encoding="utf-8")
-    return entry
+    if score.p is None or score.alpha is None:
+        return f"{score.confidence:.0%} bootstrap CI [{score.ci_low:+.3f}, {score.ci_high:+.3f}]"
+    return (
+        f"{score.test} p = {p_value(score.p)} {'<=' if score.p <= score.alpha else '>'} alpha {score.alpha:g}"
+    )

@@ -234,26 +234,46 @@ def diagnose(
     training decisions (`examples`, evidence.py), failures are clustered by the answer that was right."""
     train = [r for r in rows if r.split == "train" and r.policy_version == policy_version]
     total = len(train)
-    clusters: list[Cluster] = []
-
     violating = [r for r in train if r.violations]
+    clusters = [
+        *_violations(violating, total),
+        *_failures([r for r in train if not r.passed and not r.violations], examples, total),
+        *_costs(train, total),
+    ]
+    clusters.sort(key=lambda c: (KINDS.index(c.kind), -c.effect, c.key))
+    passed = sum(r.passed for r in train) / total if total else 0.0
+    diagnosis = Diagnosis(policy_version, total, passed, clusters, None, None, skipped=list(skip))
     if violating:
-        rules = sorted({v.get("rule", "?") for r in violating for v in r.violations})
-        clusters.append(
-            _cluster(
-                "invariant-violation",
-                ",".join(rules),
-                f"{len(violating)} run(s) broke {', '.join(rules)}",
-                violating,
-                total,
-            )
+        diagnosis.blocked = (
+            f"invariant violations on train ({clusters[0].title}): the environment's rules were broken, which "
+            "no policy change may paper over; a person must fix the environment"
         )
+        return diagnosis
+    chosen = _choose(clusters, skip)
+    if chosen is not None:
+        diagnosis.chosen = chosen
+        diagnosis.hypothesis = _hypothesis(chosen, train)
+    return diagnosis
 
-    failing = [r for r in train if not r.passed and not r.violations]
+
+def _violations(violating: Sequence[OutcomeRow], total: int) -> list[Cluster]:
+    """One `invariant-violation` cluster of the runs that broke a rule, named by the rules."""
+    if not violating:
+        return []
+    rules = sorted({v.get("rule", "?") for r in violating for v in r.violations})
+    title = f"{len(violating)} run(s) broke {', '.join(rules)}"
+    return [_cluster("invariant-violation", ",".join(rules), title, violating, total)]
+
+
+def _failures(
+    failing: Sequence[OutcomeRow], examples: Sequence[Mapping[str, Any]] | None, total: int
+) -> list[Cluster]:
+    """`wrong-answer` clusters from the training decisions, then the other failed runs by where they
+    ended: `wrong-terminal` (expected -> actual) or `wrong-effect`."""
+    clusters: list[Cluster] = []
     by_answer: set[str] = set()
     if examples is not None:
-        answer_clusters, by_answer = _answer_clusters(failing, examples, total)
-        clusters += answer_clusters
+        clusters, by_answer = _answer_clusters(failing, examples, total)
     groups: dict[tuple[str, str], list[OutcomeRow]] = defaultdict(list)
     for r in failing:
         if r.thread_id in by_answer:
@@ -269,23 +289,21 @@ def diagnose(
         else:
             title = f"{len(members)} run(s) reached '{key}' with the wrong effects"
         clusters.append(_cluster(kind, key, title, members, total))
+    return clusters
 
+
+def _costs(train: Sequence[OutcomeRow], total: int) -> list[Cluster]:
+    """What costs retries and model calls: refused answers, runs that did not finish, and the
+    scenarios far above the median number of model calls."""
+    clusters: list[Cluster] = []
     rejected = [r for r in train if r.failed_attempts]
     if rejected:
         # Their failures are counted where they end (wrong terminal or effect); here they cost retries.
         attempts = sum(r.failed_attempts for r in rejected)
+        title = f"{attempts} refused answer(s) in {len(rejected)} run(s)"
         clusters.append(
-            _cluster(
-                "guard-rejections",
-                "attempts",
-                f"{attempts} refused answer(s) in {len(rejected)} run(s)",
-                rejected,
-                total,
-                cost=attempts / total,
-                counts_failures=False,
-            )
+            _cluster("guard-rejections", "attempts", title, rejected, total, attempts / total, False)
         )
-
     # A run still waiting (or `idle`, as threads before resumes said) never reached where it should end.
     ended_short = ("budget", "decision-exhausted", "incomplete", "idle", "stuck", *RESUMABLE_STATUSES)
     stuck = [r for r in train if r.status in ended_short]
@@ -294,40 +312,20 @@ def diagnose(
         clusters.append(
             _cluster("loops-and-budget", status, f"{len(members)} run(s) ended {status}", members, total)
         )
-
     calls = [r.model_calls for r in train]
     if calls:
         median = statistics.median(calls)
         hot = [r for r in train if r.model_calls > max(1.5 * median, median + 1)]
         if hot:
             excess = sum(r.model_calls - median for r in hot) / total
-            clusters.append(
-                _cluster(
-                    "cost-hotspot",
-                    "model-calls",
-                    f"{len(hot)} run(s) use more than 1.5x the median {median:g} model calls",
-                    hot,
-                    total,
-                    cost=excess,
-                )
-            )
+            title = f"{len(hot)} run(s) use more than 1.5x the median {median:g} model calls"
+            clusters.append(_cluster("cost-hotspot", "model-calls", title, hot, total, cost=excess))
+    return clusters
 
-    clusters.sort(key=lambda c: (KINDS.index(c.kind), -c.effect, c.key))
-    diagnosis = Diagnosis(
-        policy_version,
-        total,
-        sum(r.passed for r in train) / total if total else 0.0,
-        clusters,
-        None,
-        None,
-        skipped=list(skip),
-    )
-    if violating:
-        diagnosis.blocked = (
-            f"invariant violations on train ({clusters[0].title}): the environment's rules were broken, which "
-            "no policy change may paper over; a person must fix the environment"
-        )
-        return diagnosis
+
+def _choose(clusters: Sequence[Cluster], skip: Sequence[str]) -> Cluster | None:
+    """The cluster to fix: a failure cluster holding back the most train pass rate while one is left,
+    else the costliest; never one already tried (`skip`)."""
     # A fix for a wrong-answer cluster is a rule for its right answer (`in_cluster`), so trying one tries
     # every cluster with that right answer: those are skipped with it.
     tried = {(c.answer["decision"], c.answer["right"]) for c in clusters if c.id in skip and c.answer}
@@ -337,16 +335,13 @@ def diagnose(
         if c.id not in skip and (not c.answer or (c.answer["decision"], c.answer["right"]) not in tried)
     ]
     if not candidates:
-        return diagnosis
+        return None
     # A cost cluster's runs may fail too, but what holds them back is counted where they end: a failure
     # cluster is chosen while one is left, however many runs a cost cluster spans.
     holding_back = [c for c in candidates if c.kind in FAILURE_KINDS and c.effect > 0]
-    chosen = (
+    return (
         max(holding_back, key=lambda c: c.effect) if holding_back else max(candidates, key=lambda c: c.cost)
     )
-    diagnosis.chosen = chosen
-    diagnosis.hypothesis = _hypothesis(chosen, train)
-    return diagnosis
 
 
 def _hypothesis(cluster: Cluster, train: Sequence[OutcomeRow]) -> Hypothesis:

@@ -6,20 +6,34 @@ That last part is a counterfactual: the scenario is run again offline against it
 with the decision answered by each offered option in turn and everything else as in the baseline, and
 scored against the labels. Ground truth, not the model's opinion, says which choice was right.
 
-Held-out threads are never read here.
+Held-out threads are read only to judge a change (`Evidence.overrides`), never to shape one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from improve.evals import OutcomeRow, Scenario, outcome_row, policy_label, run_scenario
-from improve.log import MemoryStore, Store, ThreadId
+from improve.evals import (
+    Check,
+    Ledger,
+    OutcomeRow,
+    Quarantined,
+    Scenario,
+    Workspace,
+    outcome_row,
+    policy_label,
+    run_scenario,
+    suite_spec,
+    write_threads,
+)
+from improve.llm import CacheMode
+from improve.log import LogEntry, MemoryStore, ThreadId
 from improve.loop.branches import added, answer_on, route, same_answer
 from improve.loop.diagnose import Diagnosis, diagnose
-from improve.loop.probes import requests_in
+from improve.loop.inputs import locate
+from improve.loop.probes import Reads, first_train_threads, probe_requests, requests_in
 from improve.machine import MODEL_DECIDE, MachineConfig, canonical_json, initial
 from improve.runtime import (
     Decision,
@@ -29,6 +43,8 @@ from improve.runtime import (
     PolicyDecider,
     compile_policy,
 )
+
+Say = Callable[[str], None]
 
 
 @dataclass(frozen=True)
@@ -72,52 +88,154 @@ class _Counterfactual:
         return self.inner.decide(request)
 
 
-def decision_examples(
-    env: Environment,
-    scenarios: Sequence[Scenario],
-    rows: Sequence[OutcomeRow],
-    store: Store,
-    policy: MachineConfig,
-    models: ModelFactory,
-) -> list[DecisionExample]:
-    """Every decision of the given training rows, with its counterfactually correct options."""
-    by_id = {s.id: s for s in scenarios}
-    compiled = compile_policy(policy, env.judgments, env.policy_guards)
-    correct_cache: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    examples: list[DecisionExample] = []
-    for row in rows:
-        if row.split != "train":
-            continue
-        scenario = by_id.get(row.scenario)
-        if scenario is None:
-            continue
-        entries = store.read(row.thread_id)
-        landed = [e for e in entries if e.metadata and "decision" in e.metadata]
-        for request, entry in zip(requests_in(env, entries), landed, strict=False):
-            key = _key(request)
-            cache_key = (scenario.id, key)
-            if cache_key not in correct_cache:
-                correct_cache[cache_key] = _correct_options(env, scenario, request, compiled, models, row)
-            answered = None if entry.type == "xstate.error.actor" else dict(entry.event)
-            first = initial(compiled, request.to_input())
-            reaches_model = first.invoke is not None and first.invoke.src == MODEL_DECIDE
-            examples.append(
-                DecisionExample(
-                    thread_id=row.thread_id,
-                    scenario=scenario.id,
-                    category=scenario.category,
-                    name=request.name,
-                    facts=request.facts,
-                    options=request.options,
-                    answered=answered,
-                    passed=row.passed,
-                    correct=correct_cache[cache_key],
-                    expected=row.expected_outcome,
-                    final_state=row.final_state,
-                    reaches_model=reaches_model,
+class Evidence:
+    """The decisions of a policy's recorded runs, each thread read once, with the answers the labels
+    imply were right there (counterfactual runs against each scenario's world).
+
+    `store` is where the threads are read; `known` holds threads already read (a suite reads a thread
+    it reuses while checking it), handed on from there. `models` makes the model of a counterfactual
+    run, seeded as the run was."""
+
+    def __init__(
+        self, env: Environment, scenarios: Sequence[Scenario], store: Reads, models: ModelFactory
+    ) -> None:
+        self.env = env
+        self.by_id = {s.id: s for s in scenarios}
+        self.store = store
+        self.models = models
+        self.known: dict[str, list[LogEntry]] = {}
+        self._decisions: dict[str, list[tuple[DecisionRequest, LogEntry]]] = {}
+
+    def decisions(self, thread_id: str) -> list[tuple[DecisionRequest, LogEntry]]:
+        """Every decision of the thread: its request (replayed from the log) and the entry that answered it."""
+        if thread_id not in self._decisions:
+            known = self.known.pop(thread_id, None)
+            entries = known if known is not None else self.store.read(thread_id)
+            landed = [e for e in entries if e.metadata and "decision" in e.metadata]
+            self._decisions[thread_id] = list(zip(requests_in(self.env, entries), landed, strict=False))
+        return self._decisions[thread_id]
+
+    def requests(self, thread_id: str) -> list[DecisionRequest]:
+        """The requests of the thread's decisions, the thread read at most once."""
+        return [request for request, _ in self.decisions(thread_id)]
+
+    def probes(self, scenarios: Sequence[Scenario]) -> list[DecisionRequest]:
+        """The explore gate's probe requests (`probe_requests`), from the threads read here."""
+        recorded = first_train_threads(self.store)
+        train = [s for s in scenarios if s.split == "train" and s.id in recorded]
+        return probe_requests(
+            self.env, scenarios, requests={s.id: self.requests(recorded[s.id]) for s in train}
+        )
+
+    def examples(self, rows: Sequence[OutcomeRow], policy: MachineConfig) -> list[DecisionExample]:
+        """Every decision of the given training rows, with its counterfactually correct options."""
+        compiled = compile_policy(policy, self.env.judgments, self.env.policy_guards)
+        correct: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        examples: list[DecisionExample] = []
+        for row in rows:
+            scenario = self.by_id.get(row.scenario)
+            if row.split != "train" or scenario is None:
+                continue
+            for request, entry in self.decisions(row.thread_id):
+                key = (scenario.id, _key(request))
+                if key not in correct:
+                    correct[key] = _correct_options(self.env, scenario, request, compiled, self.models, row)
+                first = initial(compiled, request.to_input())
+                examples.append(
+                    DecisionExample(
+                        thread_id=row.thread_id,
+                        scenario=scenario.id,
+                        category=scenario.category,
+                        name=request.name,
+                        facts=request.facts,
+                        options=request.options,
+                        answered=None if entry.type == "xstate.error.actor" else dict(entry.event),
+                        passed=row.passed,
+                        correct=correct[key],
+                        expected=row.expected_outcome,
+                        final_state=row.final_state,
+                        reaches_model=first.invoke is not None and first.invoke.src == MODEL_DECIDE,
+                    )
                 )
+        return examples
+
+    def diagnose(
+        self, rows: Sequence[OutcomeRow], policy: MachineConfig, skip: Sequence[str] = ()
+    ) -> tuple[Diagnosis, list[dict[str, Any]]]:
+        """The diagnosis of the training rows and the training decisions it was made from: when a
+        training run failed, every training decision with the answers its labels imply were right, so
+        failures are clustered by the answer that would have fixed them (empty when nothing failed)."""
+        label = policy_label(policy)
+        train = [r for r in rows if r.split == "train"]
+        if all(r.passed for r in train):
+            return diagnose(rows, label, skip=skip), []
+        examples = [e.to_json() for e in self.examples(train, policy)]
+        return diagnose(rows, label, skip=skip, examples=examples), examples
+
+    def branches_hold(
+        self, rows: Sequence[OutcomeRow], baseline: MachineConfig, candidate: MachineConfig
+    ) -> Check | None:
+        """The promotion check that the branches the candidate adds answer right wherever they answer
+        on held-out (`overrides`); None when they answer no held-out decision."""
+        overrides = self.overrides(rows, baseline, candidate)
+        if not overrides:
+            return None
+        wrong = [o for o in overrides if not o.right]
+        scenarios = len({o.scenario for o in overrides})
+        if not wrong:
+            return Check(
+                "branches hold",
+                True,
+                f"the new branch answers {len(overrides)} held-out decision(s) of {scenarios} scenario(s), each "
+                "as the labels say",
             )
-    return examples
+        shown = "; ".join(
+            f"{o.scenario}: {_answer_text(o.answer)} where the labels say "
+            f"{' or '.join(_answer_text(c) for c in o.correct)}"
+            for o in wrong[:5]
+        )
+        return Check(
+            "branches hold",
+            False,
+            f"the new branch answers {len(wrong)} of the {len(overrides)} held-out decision(s) it takes wrongly "
+            f"({shown}): its condition holds where its answer is not right, whatever the model answered there",
+        )
+
+    def overrides(
+        self, rows: Sequence[OutcomeRow], baseline: MachineConfig, candidate: MachineConfig
+    ) -> list[Override]:
+        """Every held-out decision of the baseline's runs where one of the branches the candidate adds
+        would answer, with the options the labels say are right there.
+
+        This reads held-out to judge a change, never to shape one: a branch is a claim that its answer
+        is right wherever its condition holds, and the held-out decisions test that claim whatever the
+        model answered there (a branch that replaces one wrong answer by another costs the pass rate
+        nothing today, and overrides the right answer of a better model tomorrow)."""
+        new = {b.index for b in added(baseline, candidate)}
+        if not new:
+            return []
+        branches = route(candidate)
+        compiled = compile_policy(baseline, self.env.judgments, self.env.policy_guards)
+        seen: dict[tuple[str, str], Override] = {}
+        for row in rows:
+            scenario = self.by_id.get(row.scenario)
+            if row.split != "held-out" or scenario is None:
+                continue
+            for request in self.requests(row.thread_id):
+                example = {"name": request.name, "facts": request.facts, "options": request.options}
+                fired = answer_on(branches, example)
+                if fired is None or fired[0].index not in new:
+                    continue
+                key = (scenario.id, _key(request))
+                if key not in seen:
+                    correct = _correct_options(self.env, scenario, request, compiled, self.models, row)
+                    seen[key] = Override(scenario.id, fired[0].answer(), fired[1], correct)
+        return list(seen.values())
+
+
+def _answer_text(option: Mapping[str, Any]) -> str:
+    fields = ", ".join(f"{k}={v}" for k, v in option.items() if k != "type")
+    return f"{option.get('type')}{{{fields}}}" if fields else str(option.get("type"))
 
 
 def _correct_options(
@@ -145,26 +263,6 @@ def _correct_options(
     return good
 
 
-def diagnose_train(
-    env: Environment,
-    scenarios: Sequence[Scenario],
-    rows: Sequence[OutcomeRow],
-    store: Store,
-    policy: MachineConfig,
-    models: ModelFactory,
-    skip: Sequence[str] = (),
-) -> tuple[Diagnosis, list[dict[str, Any]]]:
-    """The diagnosis of the training rows and the training decisions it was made from: when a training
-    run failed, every training decision with the answers its labels imply were right, so failures are
-    clustered by the answer that would have fixed them (empty when nothing failed)."""
-    label = policy_label(policy)
-    train = [r for r in rows if r.split == "train"]
-    if all(r.passed for r in train):
-        return diagnose(rows, label, skip=skip), []
-    examples = [e.to_json() for e in decision_examples(env, scenarios, train, store, policy, models)]
-    return diagnose(rows, label, skip=skip, examples=examples), examples
-
-
 @dataclass(frozen=True)
 class Override:
     """A held-out decision a new branch answers, and whether the labels agree with its answer."""
@@ -179,41 +277,42 @@ class Override:
         return not self.correct or any(same_answer(self.answer, c) for c in self.correct)
 
 
-def held_out_overrides(
-    env: Environment,
-    scenarios: Sequence[Scenario],
-    rows: Sequence[OutcomeRow],
-    store: Store,
-    baseline: MachineConfig,
-    candidate: MachineConfig,
-    models: ModelFactory,
-) -> list[Override]:
-    """Every held-out decision of the baseline's runs where one of the branches the candidate adds
-    would answer, with the options the labels say are right there (counterfactual runs, as for the
-    training decisions).
+@dataclass(frozen=True)
+class TrainDiagnosis:
+    """`improve diagnose` of a policy's labelled training runs: the diagnosis, the SQL that read the
+    runs from the warehouse, and the threads set aside because they do not verify."""
 
-    This reads held-out to judge a change, never to shape one: a branch is a claim that its answer is
-    right wherever its condition holds, and the held-out decisions test that claim whatever the model
-    answered there (a branch that replaces one wrong answer by another costs the pass rate nothing
-    today, and overrides the right answer of a better model tomorrow)."""
-    new = {b.index for b in added(baseline, candidate)}
-    if not new:
-        return []
-    branches = route(candidate)
-    by_id = {s.id: s for s in scenarios}
-    compiled = compile_policy(baseline, env.judgments, env.policy_guards)
-    seen: dict[tuple[str, str], Override] = {}
-    for row in rows:
-        scenario = by_id.get(row.scenario)
-        if row.split != "held-out" or scenario is None:
-            continue
-        for request in requests_in(env, store.read(row.thread_id)):
-            example = {"name": request.name, "facts": request.facts, "options": request.options}
-            fired = answer_on(branches, example)
-            if fired is None or fired[0].index not in new:
-                continue
-            key = (scenario.id, _key(request))
-            if key not in seen:
-                correct = _correct_options(env, scenario, request, compiled, models, row)
-                seen[key] = Override(scenario.id, fired[0].answer(), fired[1], correct)
-    return list(seen.values())
+    policy: str
+    diagnosis: Diagnosis
+    sql: str
+    quarantined: list[Quarantined]
+
+    def to_json(self) -> dict[str, Any]:
+        return self.diagnosis.to_json() | {
+            "sql": self.sql,
+            "quarantined": [asdict(q) for q in self.quarantined],
+        }
+
+
+def diagnose_policy(
+    space: Workspace,
+    env: str | None,
+    policy: str,
+    model: str,
+    k: int | None = None,
+    *,
+    cache: CacheMode,
+    say: Say,
+) -> TrainDiagnosis:
+    """Run (or reuse) the policy's train runs, record them in the warehouse, and diagnose the verified
+    rows; held-out failures never shape a change, so only the train split is read."""
+    inputs = locate(space, env, policy)
+    spec = suite_spec(space, inputs.env, inputs.policy, model, k=k, cache=cache)
+    with space.writing(say), Ledger(space, inputs.env) as ledger:
+        plan = write_threads(inputs.env, inputs.train, spec, ledger.store, concurrency=8)
+        recorded = ledger.record(
+            [p.thread_id for p in plan], say=say, rewritten=[p.thread_id for p in plan if not p.reused]
+        )
+        evidence = Evidence(inputs.env, inputs.scenarios, ledger.store, spec.model_factory(inputs.env))
+        diagnosis, _ = evidence.diagnose(recorded.rows, inputs.policy)
+    return TrainDiagnosis(policy_label(inputs.policy), diagnosis, recorded.sql, recorded.quarantined)

@@ -1,17 +1,18 @@
-"""What a round takes and gives: its options, the inputs it locates and checks before anything runs
-(the workspace, the environment, the policy and its history, the scenarios), and its result."""
+"""What a round takes: its options, and the inputs it locates and checks before anything runs (the
+workspace, the environment, the policy and its history, the scenarios)."""
 
 from __future__ import annotations
 
 import re
 from concurrent.futures import Executor
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from improve.errors import WorkspaceError
-from improve.evals import CONFIG_NAME, Fanout, Scenario, Workspace
+from improve.evals import CONFIG_NAME, Fanout, Scenario, Workspace, policy_label
 from improve.llm import Meter
+from improve.loop.changelog import CHANGELOG, Memory, read_memory
 from improve.loop.proposers import Proposer
 from improve.machine import MachineConfig
 from improve.runtime import Environment, vocabulary
@@ -47,50 +48,6 @@ class RoundOptions:
     """Cluster ids already tried against this policy (each round aims at the next cause)."""
 
 
-@dataclass
-class RoundResult:
-    round_id: str
-    environment: str
-    baseline_version: str
-    candidate_version: str | None
-    proposer: str
-    model: str
-    k: int
-    seed: int
-    recommended: bool = False
-    status: str = "discarded"
-    """recommended, discarded, blocked (the environment needs a person) or nothing-to-fix."""
-    cluster: str | None = None
-    hypothesis: dict[str, Any] | None = None
-    rationale: str | None = None
-    diff_summary: str | None = None
-    gates: list[dict[str, Any]] = field(default_factory=list)
-    repairs: int = 0
-    scores: dict[str, dict[str, Any]] = field(default_factory=dict)
-    held_out: dict[str, Any] | None = None
-    """When the promotion rule read the held-out split: which read of the held-out set this was, what
-    the set supports and the warning past that (`improve.evals.HeldOutRead.to_json`)."""
-    regressions: list[str] = field(default_factory=list)
-    decision_detail: str = ""
-    model_calls: int = 0
-    report: str | None = None
-    pr: dict[str, Any] | None = None
-    candidate_threads: list[str] = field(default_factory=list)
-    goal_met: bool = False
-    quarantined: list[dict[str, Any]] = field(default_factory=list)
-    """Threads set aside because their replay does not verify: each thread id and the reason."""
-    model_info: dict[str, Any] | None = None
-    """The model the runs used (provider, model, temperature, seed, fingerprints) and its calls."""
-    branches: list[dict[str, str]] = field(default_factory=list)
-    """The branches the candidate adds (`guard`, `answer`): the CHANGELOG records them, so a branch
-    discarded against a policy is not proposed against it again."""
-    reruns: dict[str, Any] | None = None
-    """What the sequential rule ran beyond the first k runs (`improve.evals.reruns.Reruns.to_json`)."""
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-
 @dataclass(frozen=True)
 class Inputs:
     """What a round needs, located and checked before anything runs."""
@@ -103,8 +60,13 @@ class Inputs:
     scenarios: list[Scenario]
     """Train and held-out: never the sealed test split (`ScenarioSet.open_scenarios`)."""
     policies_dir: Path
-    changelog: Path
+    memory: Memory
+    """What the round knows from the policies' CHANGELOG, read once."""
     env_hashes: dict[str, str]
+    train: list[Scenario]
+    held_out: list[Scenario]
+    goal: float | None
+    """The held-out pass rate the policy's goal asks for (`goal_threshold`), when it says one."""
 
 
 def review_branch(env_name: str, version: str) -> str:
@@ -127,7 +89,7 @@ def locate(space: Workspace, env: str | None, policy: str) -> Inputs:
     if not scenarios_path.is_file():
         missing.append(f"the scenarios and split: {scenarios_path} does not exist")
     policies_dir = space.policies_dir(env_name)
-    changelog = policies_dir / "CHANGELOG.md"
+    changelog = policies_dir / CHANGELOG
     if not policies_dir.is_dir():
         missing.append(f"the policy history: {policies_dir} does not exist")
     elif not changelog.is_file():
@@ -150,6 +112,8 @@ def locate(space: Workspace, env: str | None, policy: str) -> Inputs:
         )
     scenario_set = space.scenarios(env_name)
     space.traces.mkdir(parents=True, exist_ok=True)
+    held_out = scenario_set.split("held-out")
+    bias = space.config.objective.held_out_bias
     return Inputs(
         space,
         environment,
@@ -160,26 +124,15 @@ def locate(space: Workspace, env: str | None, policy: str) -> Inputs:
         # proposers, gates and their probes, the overfit gate's literals) can read it.
         scenario_set.open_scenarios,
         policies_dir,
-        changelog,
+        read_memory(changelog, policies_dir, policy_label(config), held_out, bias),
         environment.file_hashes(),
+        scenario_set.split("train"),
+        held_out,
+        goal_threshold(config.description),
     )
-
-
-def next_version(policies_dir: Path, changelog: Path) -> str:
-    """The first version number no policy file and no CHANGELOG entry uses."""
-    numbers = [
-        int(m.group(1)) for p in policies_dir.glob("v*.json") if (m := re.fullmatch(r"v(\d+)", p.stem))
-    ]
-    if changelog.exists():
-        numbers += [int(n) for n in re.findall(r"^## v(\d+)\b", changelog.read_text(encoding="utf-8"), re.M)]
-    return str(max(numbers, default=0) + 1)
 
 
 def goal_threshold(description: str) -> float | None:
     """The held-out pass-rate criterion written in the goal, e.g. 'held-out pass rate ... >= 0.95'."""
     match = re.search(r"held-out pass rate[^.]*?(?:>=|≥|at least)\s*([01](?:\.\d+)?)", description, re.I)
     return float(match.group(1)) if match else None
-
-
-def asdict_shallow(opts: RoundOptions) -> dict[str, Any]:
-    return {f: getattr(opts, f) for f in opts.__dataclass_fields__}

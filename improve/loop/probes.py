@@ -8,10 +8,11 @@ Held-out scenarios are never used: nothing about them may shape a candidate.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Protocol
 
 from improve.evals import Scenario, run_scenario
-from improve.log import END_EVENT, INIT_EVENT, USAGE_EVENT, LogEntry, MemoryStore, Store, ThreadId
+from improve.log import END_EVENT, INIT_EVENT, USAGE_EVENT, LogEntry, MemoryStore, ThreadId, ThreadPage
 from improve.machine import DECIDE_SRC, Snapshot, canonical_json, initial, transition
 from improve.runtime import (
     Decision,
@@ -23,6 +24,14 @@ from improve.runtime import (
 )
 
 PROBE_MODEL = "careful"
+
+
+class Reads(Protocol):
+    """What reading recorded threads needs of a store (`improve.log.Store`, or a round's own reads)."""
+
+    def read(self, thread_id: str, from_index: int = 0) -> list[LogEntry]: ...
+
+    def list_threads(self, prefix: str = "", limit: int = 100, cursor: str | None = None) -> ThreadPage: ...
 
 
 def requests_in(env: Environment, entries: Sequence[LogEntry]) -> list[DecisionRequest]:
@@ -53,17 +62,27 @@ class _Recorder:
         return self.inner.decide(request)
 
 
-def probe_requests(
-    env: Environment, scenarios: Sequence[Scenario], store: Store | None = None
-) -> list[DecisionRequest]:
-    """One request per distinct (decision, facts, options) among the training scenarios' decisions."""
+def first_train_threads(store: Reads) -> dict[str, str]:
+    """The first recorded training thread of each scenario in the store, by scenario id."""
     recorded: dict[str, str] = {}
-    if store is not None:
-        page = store.list_threads(prefix="train:", limit=100_000)
-        for thread_id in page.thread_ids:
-            parsed = ThreadId.parse(thread_id)
-            if parsed is not None:
-                recorded.setdefault(parsed.scenario, thread_id)
+    for thread_id in store.list_threads(prefix="train:", limit=100_000).thread_ids:
+        parsed = ThreadId.parse(thread_id)
+        if parsed is not None:
+            recorded.setdefault(parsed.scenario, thread_id)
+    return recorded
+
+
+def probe_requests(
+    env: Environment,
+    scenarios: Sequence[Scenario],
+    store: Reads | None = None,
+    requests: Mapping[str, list[DecisionRequest]] | None = None,
+) -> list[DecisionRequest]:
+    """One request per distinct (decision, facts, options) among the training scenarios' decisions:
+    from the scenario's recorded thread in `store` (or its requests already read, `requests` by
+    scenario id), else from an offline run with the careful stand-in."""
+    given = dict(requests or {})
+    recorded = first_train_threads(store) if store is not None else {}
     from improve.machine import parse_machine
 
     v0 = parse_machine(
@@ -81,7 +100,9 @@ def probe_requests(
     for scenario in scenarios:
         if scenario.split != "train":
             continue
-        if store is not None and scenario.id in recorded:
+        if scenario.id in given:
+            found = given[scenario.id]
+        elif store is not None and scenario.id in recorded:
             found = requests_in(env, store.read(recorded[scenario.id]))
         else:
             decider = _Recorder(

@@ -4,13 +4,12 @@ charts, the scorecards, the gates, the policy diagram and the failing runs.
 Self-contained means nothing is fetched when the page is viewed: the CSS is inline, the charts and the
 diagram are SVG drawn here (`improve.evals.charts.svg_chart`, `improve.machine.describe_svg`), and there
 is no script at all. Every text that came from a user's files (scenario and category names, reasons,
-guards, version labels) is HTML-escaped. The page is read from what the round left in its report folder
-(`round.json`, `scorecards.json`, `policy.json`) and the policies' CHANGELOG.
+guards, version labels) is HTML-escaped. The page is drawn from the round's record (`round.json`,
+`improve.loop.round_record`) alone.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -20,32 +19,12 @@ from typing import Any
 from urllib.parse import quote
 
 from improve.errors import ImproveError, WorkspaceError
-from improve.evals import (
-    Scorecard,
-    VersionScore,
-    Workspace,
-    category_chart,
-    history_chart,
-    p_value,
-    scorecard_from_json,
-    svg_chart,
-)
-from improve.loop.history import measured_from_record, policy_history, read_entries
-from improve.machine import MachineConfig, describe_mermaid, describe_svg, diff_states, parse_machine
-
-ROUND_RECORD = "round.json"
-SCORECARDS = "scorecards.json"
-
-
-@dataclass(frozen=True)
-class RoundReport:
-    """What a round left in its report folder, read back."""
-
-    folder: Path
-    record: dict[str, Any]
-    cards: list[Scorecard]
-    proposed: dict[str, Any] | None
-    """The candidate policy's document (`policy.json`), when the round proposed one."""
+from improve.evals import Scorecard, Workspace, category_chart, history_chart, p_value, svg_chart
+from improve.files import write_atomic
+from improve.loop.changelog import CHANGELOG, Changelog, Entry
+from improve.loop.gates import GateResult
+from improve.loop.round_record import ROUND_RECORD, RoundRecord, SplitScore, read_round_record
+from improve.machine import describe_mermaid, describe_svg, diff_states
 
 
 def round_folders(reports: Path) -> list[Path]:
@@ -73,36 +52,6 @@ def find_round(reports: Path, round_id: str | None) -> Path:
         what = "no round matches" if not matches else f"{len(matches)} rounds match"
         raise WorkspaceError(f"{what} {round_id!r} in {reports}; the latest are: {known}")
     return matches[0]
-
-
-def _read_json(path: Path, what: str) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise WorkspaceError(f"{path} is missing: {what}") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise WorkspaceError(f"{path} is not readable JSON ({exc}); {what}") from None
-
-
-def load_round_report(folder: Path) -> RoundReport:
-    """Read a report folder; a folder from before scorecards.json was written is named as such."""
-    record = _read_json(folder / ROUND_RECORD, "the round's record, written when a round finishes")
-    cards_path = folder / SCORECARDS
-    if not cards_path.is_file():
-        raise WorkspaceError(
-            f"{cards_path} is missing: the round was recorded before rounds wrote their scorecards as data; "
-            f"{folder / 'scorecard.md'} has them as markdown, or run the round again"
-        )
-    raw_cards = _read_json(cards_path, "the round's scorecards")
-    try:
-        cards = [scorecard_from_json(c) for c in raw_cards]
-    except (KeyError, TypeError) as exc:
-        raise WorkspaceError(
-            f"{cards_path}: not a list of scorecards ({exc!r}); run the round again"
-        ) from None
-    proposed_path = folder / "policy.json"
-    proposed = _read_json(proposed_path, "the candidate policy") if proposed_path.is_file() else None
-    return RoundReport(folder, record, cards, proposed)
 
 
 # --- the page ---------------------------------------------------------------------------------------
@@ -157,7 +106,7 @@ def _cards_table(cards: Sequence[Scorecard]) -> str:
             + _cell(c.split)
             + _cell(c.policy_version)
             + _cell(len(c.scenarios), True)
-            + _cell(c.k, True)
+            + _cell(c.runs_per_scenario, True)
             + _cell(f"{c.pass_rate:.3f}", True)
             + _cell(c.violations, True)
             + _cell(f"{c.model_calls / runs:.2f}", True)
@@ -170,7 +119,7 @@ def _cards_table(cards: Sequence[Scorecard]) -> str:
         "split",
         "version",
         "scenarios",
-        "k",
+        "runs / scenario",
         "pass rate",
         "violations",
         "model calls / run",
@@ -181,32 +130,31 @@ def _cards_table(cards: Sequence[Scorecard]) -> str:
     return _table(head, rows)
 
 
-def _scores_table(scores: dict[str, Any]) -> str:
+def _scores_table(scores: dict[str, SplitScore]) -> str:
     rows = []
     for split, s in scores.items():
-        p = s.get("p")
-        alpha = s.get("alpha")
-        test = f"{s.get('test', 'test')} p = {p_value(p)}" + (
-            f" (alpha {alpha:g})" if alpha is not None else ""
-        )
-        test = test if p is not None else ""
+        test = ""
+        if s.p is not None:
+            test = f"{s.test or 'test'} p = {p_value(s.p)}" + (
+                f" (alpha {s.alpha:g})" if s.alpha is not None else ""
+            )
         rows.append(
             "<tr>"
             + _cell(split)
-            + _cell(f"{s['before']:.3f}", True)
-            + _cell(f"{s['after']:.3f}", True)
-            + _cell(f"{s['mean_diff']:+.3f}", True)
+            + _cell(f"{s.before:.3f}", True)
+            + _cell(f"{s.after:.3f}", True)
+            + _cell(f"{s.mean_diff:+.3f}", True)
             + _cell(test)
-            + _cell(s.get("violations_after", ""), True)
+            + _cell(s.violations_after, True)
             + "</tr>"
         )
     return _table(["split", "before", "after", "mean diff", "test", "violations after"], rows)
 
 
-def _gates_table(gates: Sequence[dict[str, Any]]) -> str:
+def _gates_table(gates: Sequence[GateResult]) -> str:
     rows = [
-        f'<tr>{_cell(g.get("name", ""))}<td class="{"pass" if g.get("ok") else "fail"}">'
-        f"{'pass' if g.get('ok') else 'fail'}</td>{_cell(str(g.get('detail', ''))[:400])}</tr>"
+        f'<tr>{_cell(g.name)}<td class="{"pass" if g.ok else "fail"}">'
+        f"{'pass' if g.ok else 'fail'}</td>{_cell(g.detail[:400])}</tr>"
         for g in gates
     ]
     return _table(["gate", "result", "detail"], rows)
@@ -253,33 +201,35 @@ def _failing(cards: Sequence[Scorecard], first: str | None, trace_href: Callable
     )
 
 
+def _reruns_note(record: RoundRecord) -> str:
+    """Where the sequential reruns ran scenarios beyond k, say so beside k: the table counts them."""
+    most = max((c.k for c in record.scorecards), default=record.k)
+    return f" (up to {most} with the reruns the promotion rule asked for)" if most > record.k else ""
+
+
 def round_page(
-    report: RoundReport,
-    history: Sequence[VersionScore],
-    baseline: MachineConfig | None,
-    candidate: MachineConfig | None,
-    trace_href: Callable[[str], str | None] = lambda _: None,
+    record: RoundRecord, folder: str, trace_href: Callable[[str], str | None] = lambda _: None
 ) -> str:
-    """The HTML page of a round. `history` is the line of versions that led to the candidate (see
-    `improve.loop.history`); the diagram is the candidate's with the states it changed highlighted (the
-    baseline's when no candidate was proposed); `trace_href` links a thread id to its file, or not."""
-    r = report.record
-    status = str(r.get("status", ""))
-    title = f"{r.get('environment', '')}: policy {r.get('candidate_version') or '(none)'}"
+    """The HTML page of a round (its report folder's name is `folder`). The history chart is the line of
+    versions that led to the candidate (`Changelog.history`); the diagram is the candidate's with the
+    states it changed highlighted (the baseline's when no candidate was proposed); `trace_href` links a
+    thread id to its file, or not."""
+    r = record
+    status = r.status
+    title = f"{r.environment}: policy {r.candidate_version or '(none)'}"
     sections = [
         f'<h1>{escape(title)} <span class="verdict {escape(status)}">{escape(status)}</span></h1>',
-        f'<p class="meta">Round <code>{escape(str(r.get("round_id", "")))}</code>; baseline '
-        f"{escape(str(r.get('baseline_version', '')))}; proposer {escape(str(r.get('proposer', '')))}; model "
-        f"<code>{escape(str(r.get('model', '')))}</code>; k = {escape(str(r.get('k', '')))}; bootstrap seed "
-        f"{escape(str(r.get('seed', '')))}.</p>",
+        f'<p class="meta">Round <code>{escape(r.round_id)}</code>; baseline {escape(r.baseline_version)}; '
+        f"proposer {escape(r.proposer)}; model <code>{escape(r.model)}</code>; k = {r.k} runs per scenario"
+        f"{_reruns_note(r)}; bootstrap seed {r.seed}.</p>",
     ]
-    if r.get("rationale"):
-        sections.append(f"<p><strong>Change:</strong> {escape(str(r['rationale']))}</p>")
-    if r.get("cluster"):
-        sections.append(f"<p><strong>Cluster:</strong> <code>{escape(str(r['cluster']))}</code></p>")
-    if r.get("decision_detail"):
-        sections.append(f"<p><strong>Promotion rule:</strong> {escape(str(r['decision_detail']))}</p>")
-    charts = [c for c in (history_chart(history), category_chart(report.cards)) if c is not None]
+    if r.rationale:
+        sections.append(f"<p><strong>Change:</strong> {escape(r.rationale)}</p>")
+    if r.cluster:
+        sections.append(f"<p><strong>Cluster:</strong> <code>{escape(r.cluster)}</code></p>")
+    if r.decision_detail:
+        sections.append(f"<p><strong>Promotion rule:</strong> {escape(r.decision_detail)}</p>")
+    charts = [c for c in (history_chart(r.history or ()), category_chart(r.scorecards)) if c is not None]
     if charts:
         sections.append('<h2>Pass rates at a glance</h2><div class="charts">')
         for chart in charts:
@@ -287,15 +237,16 @@ def round_page(
                 f"<figure>{svg_chart(chart)}<figcaption>{escape(chart.caption)}</figcaption></figure>"
             )
         sections.append("</div>")
-    sections += ["<h2>Scorecards</h2>", _cards_table(report.cards)]
-    if r.get("scores"):
-        sections += ["<h3>Paired by scenario</h3>", _scores_table(r["scores"])]
-    if r.get("gates"):
-        sections += ["<h2>Gates</h2>", _gates_table(r["gates"])]
+    sections += ["<h2>Scorecards</h2>", _cards_table(r.scorecards)]
+    if r.scores:
+        sections += ["<h3>Paired by scenario</h3>", _scores_table(r.scores)]
+    if r.gates:
+        sections += ["<h2>Gates</h2>", _gates_table(r.gates)]
+    baseline, candidate = r.baseline_policy, r.candidate_policy
     drawn = candidate or baseline
     if drawn is not None:
         changed = diff_states(baseline, candidate) if baseline is not None and candidate is not None else []
-        cand_label, base_label = r.get("candidate_version"), r.get("baseline_version")
+        cand_label, base_label = r.candidate_version, r.baseline_version
         what = (
             f"The candidate {cand_label}; the states it changed against {base_label} are amber"
             if candidate is not None and baseline is not None
@@ -309,9 +260,9 @@ def round_page(
             + escape(describe_mermaid(drawn, highlight=changed))
             + "</pre></details>",
         ]
-    sections += ["<h2>Failing runs</h2>", _failing(report.cards, r.get("candidate_version"), trace_href)]
+    sections += ["<h2>Failing runs</h2>", _failing(r.scorecards, r.candidate_version, trace_href)]
     sections.append(
-        f'<p class="meta">Written by <code>improve report --html</code> from {escape(report.folder.name)}. '
+        f'<p class="meta">Written by <code>improve report --html</code> from {escape(folder)}. '
         "The tool never merges; a person reviews.</p>"
     )
     return (
@@ -332,37 +283,28 @@ def round_page(
 class WrittenPage:
     folder: Path
     path: Path
-    record: dict[str, Any]
+    record: RoundRecord
     notes: list[str]
 
 
 def write_round_page(space: Workspace, round_id: str | None, out: Path | None = None) -> WrittenPage:
     """Write the HTML page of a round of `space` (the latest when `round_id` is None) to `out` (default:
     `report.html` in the round's report folder); thread ids link to their files in the workspace's
-    traces, relative to the page."""
+    traces, relative to the page. A record from before rounds recorded their baseline and history
+    takes them from the workspace (the policy file, the CHANGELOG)."""
     folder = find_round(space.reports, round_id)
-    report = load_round_report(folder)
-    r = report.record
-    env = str(r.get("environment") or space.env_name(None))
+    record = read_round_record(folder, environment=space.env_name(None))
     notes: list[str] = []
-    baseline: MachineConfig | None = None
-    try:
-        baseline = space.load_policy(env, str(r["baseline_version"]))
-    except (KeyError, ImproveError) as exc:
-        notes.append(f"the baseline policy is not drawn: {exc}")
-    candidate = None
-    if report.proposed is not None:
+    if record.baseline_policy is None:
         try:
-            candidate = parse_machine(report.proposed, str(folder / "policy.json"))
+            record.baseline_policy = space.load_policy(record.environment, record.baseline_version)
         except ImproveError as exc:
-            raise WorkspaceError(
-                f"{folder / 'policy.json'}: not a policy ({exc}); run the round again"
-            ) from None
-    history = policy_history(
-        read_entries(space.policies_dir(env) / "CHANGELOG.md"),
-        str(r.get("candidate_version") or r.get("baseline_version") or ""),
-        measured_from_record(r),
-    )
+            notes.append(f"the baseline policy is not drawn: {exc}")
+    if record.history is None:
+        changelog = Changelog.read(space.policies_dir(record.environment) / CHANGELOG)
+        record.history = changelog.history(
+            record.candidate_version or record.baseline_version, Entry.of(record) if record.scores else None
+        )
     path = out if out is not None else folder / "report.html"
     traces = space.traces.resolve()
 
@@ -373,7 +315,7 @@ def write_round_page(space: Workspace, round_id: str | None, out: Path | None = 
         # A thread id holds colons: quoted, and `./` first, so no browser reads `train:` as a scheme.
         return "./" + quote(os.path.relpath(file, path.resolve().parent).replace(os.sep, "/"))
 
-    page = round_page(report, history, baseline, candidate, trace_href)
+    page = round_page(record, folder.name, trace_href)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(page, encoding="utf-8")
-    return WrittenPage(folder, path, r, notes)
+    write_atomic(path, page)
+    return WrittenPage(folder, path, record, notes)

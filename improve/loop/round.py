@@ -1,9 +1,18 @@
 """One improvement round: from the traces of the current policy to a reviewed pull request.
 
-    locate inputs -> baseline (k runs per scenario, reused from traces when recorded)
-      -> diagnose (train failures only) -> propose one change -> gates (at most 3 repairs)
-      -> candidate on train, then held-out, k runs each -> the promotion rule (stated before replay)
-      -> CHANGELOG entry (recommended or discarded) -> report -> pull request (never merged)
+    Round.run:  baseline   k runs per scenario of the current policy (reused from traces when recorded)
+             -> diagnose   train failures only: clusters, the one to fix, the hypothesis
+             -> propose    one change
+             -> gate       the gates in order (novelty among them when the CHANGELOG remembers
+                           candidates discarded against this policy), at most 3 repairs
+             -> replay     the candidate on train, then held-out, k runs each, then the sequential reruns
+             -> decide     the promotion rule (stated before the replay)
+             -> record     the round record, its report, the CHANGELOG entry, the pull request
+
+Each step reads and sets the round's state and says whether the round goes on; `record` always runs
+last and returns the `RoundRecord` (written to the report only when a candidate was proposed). Every
+thread the round runs or reuses is recorded in the workspace's warehouse and read back from there;
+threads that do not verify are set aside.
 
 The working tree stays on the current policy: a recommended candidate lives on its own branch (with
 its CHANGELOG entry); discarded candidates are recorded in the working tree's CHANGELOG and travel with
@@ -13,17 +22,17 @@ the next recommended branch, so nothing is lost and the branch merges cleanly.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from improve import clock
-from improve.errors import EndpointError, ImproveError
+from improve.errors import EndpointError
 from improve.evals import (
     Batch,
-    Check,
     Ledger,
     OutcomeRow,
+    PromotionDecision,
+    Quarantined,
     RerunRule,
     Scenario,
     Scorecard,
@@ -31,37 +40,33 @@ from improve.evals import (
     SuiteSpec,
     Workspace,
     decide,
+    every,
     fallbacks,
     paired,
     policy_label,
     scorecard,
     settle,
+    suite_spec,
     write_threads,
 )
-from improve.llm import Meter, ModelSpec
+from improve.files import check_directory
+from improve.llm import Meter
 from improve.loop.branches import added
-from improve.loop.changelog import discarded_branches
 from improve.loop.diagnose import Diagnosis, in_cluster
-from improve.loop.evidence import Override, diagnose_train, held_out_overrides
+from improve.loop.evidence import Evidence
 from improve.loop.gates import (
     EnvironmentGate,
+    Gate,
     GateContext,
+    Gated,
     GateResult,
+    NoveltyGate,
     Unparsed,
+    ValidateGate,
+    gate,
     gates_for,
-    passed,
-    run_gates,
 )
-from improve.loop.inputs import (
-    Inputs,
-    RoundOptions,
-    RoundResult,
-    asdict_shallow,
-    goal_threshold,
-    locate,
-    next_version,
-)
-from improve.loop.probes import probe_requests
+from improve.loop.inputs import Inputs, RoundOptions, locate
 from improve.loop.proposers import (
     Proposal,
     ProposalError,
@@ -70,481 +75,483 @@ from improve.loop.proposers import (
     ProposerSetup,
     make_proposer,
 )
-from improve.loop.record import record
-from improve.machine import MachineConfig, diff_states, parse_machine
-from improve.runtime import ChatSession, Environment, ModelFactory, vocabulary
+from improve.loop.record import Recorder
+from improve.loop.round_record import (
+    Calls,
+    ModelInfo,
+    NewBranch,
+    RoundRecord,
+    SplitScore,
+    Status,
+)
+from improve.machine import MachineConfig, diff_states
+from improve.runtime import vocabulary
 
 MAX_REPAIRS = 3
 Say = Callable[[str], None]
+SPLITS = ("train", "held-out")
 
 
-def _proposer(opts: RoundOptions, inputs: Inputs) -> Proposer:
-    if not isinstance(opts.proposer, str):
-        return opts.proposer
-    setup = ProposerSetup(
-        environment=inputs.env,
-        scenarios=inputs.scenarios,
-        root=inputs.space.root,
-        model=opts.proposer_model,
-        base_url=opts.proposer_base_url,
-        cache=opts.cache,
-        model_spec=inputs.space.config.models.get(opts.proposer_model) if opts.proposer_model else None,
-    )
-    return make_proposer(opts.proposer, setup, inputs.space)
-
-
-def _cards(rows: Sequence[OutcomeRow], label: str) -> dict[str, Scorecard]:
-    return {split: scorecard(rows, label, split) for split in ("train", "held-out")}
-
-
-def run_round(space: Workspace, opts: RoundOptions, say: Say = lambda m: None) -> RoundResult:
-    """One round (see the module's docstring). Every thread it runs or reuses is recorded in the
-    workspace's warehouse and read back from there; threads that do not verify are set aside."""
+def run_round(space: Workspace, opts: RoundOptions, say: Say = lambda m: None) -> RoundRecord:
+    """One round (see the module's docstring)."""
     inputs = locate(space, opts.env, opts.policy)
-    with Ledger(space, inputs.env) as ledger:
-        return _run_round(space, opts, say, inputs, ledger)
-
-
-def _run_round(space: Workspace, opts: RoundOptions, say: Say, inputs: Inputs, ledger: Ledger) -> RoundResult:
-    objective = space.config.objective
-    k = opts.k or objective.k
-    env = inputs.env
-    store = ledger.store
-    baseline_label = policy_label(inputs.policy)
-    version = next_version(inputs.policies_dir, inputs.changelog)
-    stamp = clock.now().strftime("%Y%m%d-%H%M%S")
-    result = RoundResult(
-        round_id=f"{stamp}-{inputs.env_name}-v{version}",
-        environment=inputs.env_name,
-        baseline_version=baseline_label,
-        candidate_version=None,
-        proposer=opts.proposer if isinstance(opts.proposer, str) else opts.proposer.name,
-        model=opts.model,
-        k=k,
-        seed=objective.seed,
-    )
-    train = [s for s in inputs.scenarios if s.split == "train"]
-    held_out = [s for s in inputs.scenarios if s.split == "held-out"]
-
-    base_spec = SuiteSpec(
-        inputs.policy,
-        opts.model,
-        k,
-        objective.max_model_calls,
-        space.model_spec(opts.model, env),
-        str(space.cache_dir),
-        opts.cache,
-    )
-    # One model for the whole round: the suites and the counterfactual runs share its session (its way
-    # of asking, its concurrency cap, its cache) and one meter, whose limit every suite checks.
-    meter = opts.meter if opts.meter is not None else Meter(limit_usd=opts.max_usd, say=say)
-    session = base_spec.chat_session(meter)
-    models = session.model if session is not None else base_spec.model_factory(env)
-
-    def note(what: str) -> None:
-        result.model_info = model_info(opts.model, base_spec.model_spec, session, meter)
-        if session is not None:
-            say(f"  {what}: {meter.summary()}")
-
-    say(f"baseline: {baseline_label} on {len(train)} train + {len(held_out)} held-out scenarios, k={k}")
-    base_rows = _suite(env, inputs.scenarios, base_spec, ledger, opts, say, "baseline", models, meter, result)
-    note("baseline")
-    _endpoint_answered(base_rows, f"baseline {baseline_label}", objective.max_fallback_share)
-    base_cards = _cards(base_rows, baseline_label)
-    threshold = goal_threshold(inputs.policy.description)
-    if (
-        threshold is not None
-        and base_cards["held-out"].pass_rate >= threshold
-        and base_cards["held-out"].violations == 0
-    ):
-        result.status, result.goal_met = "nothing-to-fix", True
-        result.decision_detail = f"the goal already holds: held-out pass rate {base_cards['held-out'].pass_rate:.3f} >= {threshold}"
-        return result
-
-    say("diagnose: train failures only")
-    diagnosis, examples = diagnose_train(
-        env, inputs.scenarios, base_rows, store, inputs.policy, models, skip=opts.skip
-    )
-    if diagnosis.blocked:
-        result.status, result.decision_detail = "blocked", diagnosis.blocked
-        return result
-    if diagnosis.chosen is None or diagnosis.hypothesis is None:
-        result.status = "nothing-to-fix"
-        result.decision_detail = "no training failure or cost cluster left to address"
-        return result
-    result.candidate_version = f"v{version}"
-    result.cluster = diagnosis.chosen.id
-    result.hypothesis = asdict(diagnosis.hypothesis)
-    say(f"cluster: {diagnosis.chosen.title} -> {diagnosis.hypothesis.change}")
-
-    request = _request(inputs, diagnosis, examples, base_cards["train"], version, k, baseline_label)
-    proposer = _proposer(opts, inputs)
-    context = GateContext(
-        env,
-        expected_hashes=inputs.env_hashes,
-        probes=probe_requests(env, train, store),
-        scenarios=inputs.scenarios,
-        gates=gates_for(space),
-        baseline=inputs.policy,
-        decisions=request.examples,
-    )
-    proposal, gates, repairs, calls = _propose_and_gate(proposer, request, context, say)
-    result.branches = _branches_added(inputs.policy, proposal)
-    result.gates = [g.to_json() for g in gates]
-    result.repairs = repairs
-    result.model_calls = calls
-    if proposal is not None:
-        result.rationale = proposal.rationale
-    if proposal is None or not passed(gates):
-        last = gates[-1] if gates else None
-        result.decision_detail = (
-            f"the candidate did not pass the gates after {repairs} repair(s): {last.name}: {last.detail}"
-            if last is not None
-            else "the proposer produced no candidate"
-        )
-        note("evidence")
-        record(inputs, result, None, None, base_cards, None, proposal, say)
-        return result
-
-    candidate = parse_machine(proposal.document, source=f"candidate v{version}")
-    result.diff_summary = f"states changed: {', '.join(diff_states(inputs.policy, candidate)) or 'none'}"
-    label = policy_label(candidate)
-    cand_spec = dataclasses.replace(base_spec, policy=candidate)
-    say(f"candidate {label}: train, k={k}")
-    cand_rows = _suite(env, train, cand_spec, ledger, opts, say, "train", models, meter, result)
-    say(f"candidate {label}: held-out, k={k}")
-    cand_rows += _suite(env, held_out, cand_spec, ledger, opts, say, "held-out", models, meter, result)
-    settled = _rerun_changed(
-        env,
-        inputs.scenarios,
-        base_rows,
-        cand_rows,
-        (base_spec, cand_spec),
-        k,
-        ledger,
-        opts,
-        say,
-        models,
-        meter,
-        result,
-    )
-    base_rows, cand_rows = settled.baseline, settled.candidate
-    base_cards = _cards(base_rows, baseline_label)
-    note("candidate")
-    for side, rows in ((f"baseline {baseline_label}", base_rows), (f"candidate {label}", cand_rows)):
-        _endpoint_answered(rows, side, objective.max_fallback_share)
-    result.candidate_threads = sorted(r.thread_id for r in cand_rows)
-    cand_cards = _cards(cand_rows, label)
-    for split in ("train", "held-out"):
-        # A scenario whose threads were all set aside on one side cannot be paired: it is left out of
-        # both, and said so, rather than scored on one side only.
-        base_cards[split], cand_cards[split], unpaired = paired(base_cards[split], cand_cards[split])
-        if unpaired:
-            say(f"  {split}: left out of the comparison (no verified run on one side): {', '.join(unpaired)}")
-    overrides = held_out_overrides(env, inputs.scenarios, base_rows, store, inputs.policy, candidate, models)
-    verdict = decide(
-        base_cards["train"],
-        base_cards["held-out"],
-        cand_cards["train"],
-        cand_cards["held-out"],
-        objective,
-        settled.reruns,
-        extra=[_branches_hold(overrides)] if overrides else [],
-    )
-    result.recommended = verdict.promote
-    result.status = "recommended" if verdict.promote else "discarded"
-    result.regressions = [c.scenario for c in [*verdict.train.regressions, *verdict.held_out.regressions]]
-    result.decision_detail = "; ".join(
-        f"{c.name}: {'pass' if c.ok else 'FAIL'} ({c.detail})" for c in verdict.checks
-    )
-    result.scores = {
-        split: {
-            "before": cmp.baseline_rate,
-            "after": cmp.candidate_rate,
-            "mean_diff": cmp.mean_diff,
-            "ci_low": cmp.ci_low,
-            "ci_high": cmp.ci_high,
-            "confidence": cmp.confidence,
-            "test": cmp.test,
-            "p": cmp.p,
-            "alpha": cmp.alpha,
-            "extra_runs": settled.reruns.extra_runs_in(split),
-            "violations_after": cand_cards[split].violations,
-            "cost_before": base_cards[split].cost(objective.cost),
-            "cost_after": cand_cards[split].cost(objective.cost),
-            "k": k,
-        }
-        for split, cmp in (("train", verdict.train), ("held-out", verdict.held_out))
-    }
-    result.reruns = settled.reruns.to_json()
-    record(
-        inputs,
-        result,
-        candidate,
-        cand_cards,
-        base_cards,
-        verdict,
-        proposal,
-        say,
-        allow_insecure_github=opts.allow_insecure_github,
-    )
-    return result
-
-
-def _endpoint_answered(rows: Sequence[OutcomeRow], side: str, most: float) -> None:
-    """Refuse to go on when more than `most` of a side's model decisions fell back for the endpoint."""
-    fell = fallbacks(rows)
-    if fell.decisions and fell.share > most:
-        raise EndpointError(
-            f"the {side} runs: {fell.sentence()} ({fell.share:.0%} of its model decisions; the objective "
-            f"allows max_fallback_share = {most:g}). The runs measure the endpoint, not the policy, so the "
-            "round compares and promotes nothing: fix the endpoint (its server, URL or key, or the way of "
-            "asking: `ask` in [models.NAME]) and run the round again"
-        )
-
-
-def model_info(
-    name: str, spec: ModelSpec | None, session: ChatSession | None, meter: Meter
-) -> dict[str, Any]:
-    """Which model a round ran on and how its calls were answered, for reports: provider, model,
-    temperature, seed, the endpoint's fingerprints, and whether recorded and live calls were mixed."""
-    if spec is None:
-        return {"name": name, "provider": "stand-in", "calls": meter.to_json()}
-    return {
-        "name": name,
-        **spec.public(),
-        "fingerprints": sorted(session.fingerprints) if session is not None else [],
-        "calls": meter.to_json(),
-        "mixed": meter.mixed,
-    }
-
-
-def _suite(
-    env: Environment,
-    scenarios: Sequence[Scenario],
-    spec: SuiteSpec,
-    ledger: Ledger,
-    opts: RoundOptions,
-    say: Say,
-    what: str,
-    models: ModelFactory,
-    meter: Meter,
-    result: RoundResult,
-    runs: Sequence[int] | None = None,
-) -> list[OutcomeRow]:
-    """Run (or reuse) the suite's threads, record them in the warehouse, and read back the verified
-    rows; threads set aside are counted on the result. `runs`: run numbers other than 1..k."""
-
-    def ran(done: int, total: int) -> None:
-        if done == total or done % 25 == 0:
-            say(f"  {what}: {done}/{total} runs")
-
-    plan = write_threads(
-        env,
-        scenarios,
-        spec,
-        ledger.store,
-        concurrency=opts.concurrency,
-        executor=opts.executor,
-        ran=ran,
-        meter=meter,
-        models=models,
-        runs=runs,
-    )
-    recorded = ledger.record(
-        [p.thread_id for p in plan],
-        say=lambda m: say(f"  {what}: {m}"),
-        rewritten=[p.thread_id for p in plan if not p.reused],
-    )
-    result.quarantined += [asdict(q) for q in recorded.quarantined]
-    return recorded.rows
-
-
-def _rerun_changed(
-    env: Environment,
-    scenarios: Sequence[Scenario],
-    base_rows: list[OutcomeRow],
-    cand_rows: list[OutcomeRow],
-    specs: tuple[SuiteSpec, SuiteSpec],
-    k: int,
-    ledger: Ledger,
-    opts: RoundOptions,
-    say: Say,
-    models: ModelFactory,
-    meter: Meter,
-    result: RoundResult,
-) -> Settled:
-    """The sequential rule (`improve.evals.reruns`, stated before the replay): the scenarios whose
-    result changed run again under both policies, recorded in the warehouse like every other run."""
-    by_id = {s.id: s for s in scenarios}
-
-    def run_more(ids: Sequence[str], numbers: range) -> Batch:
-        chosen = [by_id[i] for i in ids]
-        what = f"reruns r{numbers.start}-r{numbers.stop - 1}"
-        return Batch(
-            _suite(
-                env, chosen, specs[0], ledger, opts, say, f"{what}, baseline", models, meter, result, numbers
-            ),
-            _suite(
-                env, chosen, specs[1], ledger, opts, say, f"{what}, candidate", models, meter, result, numbers
-            ),
-        )
-
-    settled = settle(
-        base_rows, cand_rows, RerunRule.from_objective(ledger.space.config.objective, k), run_more
-    )
-    if settled.reruns.scenarios:
-        say(f"reruns: {settled.reruns.summary()}")
-    return settled
-
-
-def _request(
-    inputs: Inputs,
-    diagnosis: Diagnosis,
-    examples: list[dict[str, Any]],
-    train_card: Scorecard,
-    version: str,
-    k: int,
-    baseline_label: str,
-) -> ProposalRequest:
-    assert diagnosis.chosen is not None
-    chosen = asdict(diagnosis.chosen)
-    return ProposalRequest(
-        environment=inputs.env_name,
-        goal=inputs.env.config.description,
-        policy=inputs.policy,
-        new_version=version,
-        vocabulary=vocabulary(inputs.env),
-        objective={
-            "train_pass_rate": train_card.pass_rate,
-            "violations": train_card.violations,
-            "model_calls_per_run": train_card.cost("model_calls"),
-            "k": k,
-            "goal": inputs.policy.description,
-        },
-        diagnosis=diagnosis.to_json(),
-        examples=[e | {"in_cluster": in_cluster(e, chosen)} for e in examples],
-        discarded=discarded_branches(inputs.changelog, baseline_label),
-    )
-
-
-def _branches_hold(overrides: Sequence[Override]) -> Check:
-    """The promotion check that the new branches answer right wherever they answer on held-out."""
-    wrong = [o for o in overrides if not o.right]
-    scenarios = len({o.scenario for o in overrides})
-    if not wrong:
-        return Check(
-            "branches hold",
-            True,
-            f"the new branch answers {len(overrides)} held-out decision(s) of {scenarios} scenario(s), each as "
-            "the labels say",
-        )
-    shown = "; ".join(
-        f"{o.scenario}: {_answer_text(o.answer)} where the labels say "
-        f"{' or '.join(_answer_text(c) for c in o.correct)}"
-        for o in wrong[:5]
-    )
-    return Check(
-        "branches hold",
-        False,
-        f"the new branch answers {len(wrong)} of the {len(overrides)} held-out decision(s) it takes wrongly "
-        f"({shown}): its condition holds where its answer is not right, whatever the model answered there",
-    )
-
-
-def _answer_text(option: Mapping[str, Any]) -> str:
-    fields = ", ".join(f"{k}={v}" for k, v in option.items() if k != "type")
-    return f"{option.get('type')}{{{fields}}}" if fields else str(option.get("type"))
-
-
-def _branches_added(baseline: MachineConfig, proposal: Proposal | None) -> list[dict[str, str]]:
-    """The branches the proposal adds to the baseline (none when it is not a readable policy)."""
-    if proposal is None or not isinstance(proposal.document, dict):
-        return []
-    try:
-        candidate = parse_machine(proposal.document, source="candidate")
-    except ImproveError:
-        return []
-    return [{"guard": b.guard or "", "answer": b.answer()} for b in added(baseline, candidate)]
-
-
-def _novelty(request: ProposalRequest, proposal: Proposal) -> GateResult | None:
-    """A failing result when every branch the proposal adds was already discarded against this policy."""
-    if not request.discarded:
-        return None
-    new = _branches_added(request.policy, proposal)
-    seen = {(d["guard"], d["answer"]): d["round"] for d in request.discarded}
-    if not new or any((b["guard"], b["answer"]) not in seen for b in new):
-        return None
-    rounds = sorted({seen[(b["guard"], b["answer"])] for b in new})
-    return GateResult(
-        "novelty",
-        False,
-        f"this change was already discarded against {request.policy.id}@{request.policy.version} (round(s) "
-        f"{', '.join(rounds)}, see the CHANGELOG): "
-        + "; ".join(f"`{b['guard']}` -> {b['answer']}" for b in new)
-        + ". Propose another condition or another answer",
-    )
-
-
-def _propose_and_gate(
-    proposer: Proposer, request: ProposalRequest, context: GateContext, say: Say
-) -> tuple[Proposal | None, list[GateResult], int, int]:
-    """Propose, gate, and repair with the failing gate's detail at most MAX_REPAIRS times."""
-    try:
-        proposal = proposer.propose(request)
-    except ProposalError as err:
-        return None, [GateResult("propose", False, str(err))], 0, 0
-    calls = proposal.calls
-    repairs = 0
-    said: set[str] = set()
-    while True:
-        for note in proposal.notes:
-            if note not in said:
-                said.add(note)
-                say(f"proposer: {note}")
-        document = (
-            proposal.document if proposal.document is not None else Unparsed("the proposer returned nothing")
-        )
-        repeated = _novelty(request, proposal)
-        gates = (
-            [repeated]
-            if repeated
-            else run_gates(document, context, source=f"candidate v{request.new_version}")
-        )
-        if passed(gates):
-            say(f"gates: all {len(gates)} pass" + (f" after {repairs} repair(s)" if repairs else ""))
-            return proposal, gates, repairs, calls
-        failed = gates[-1]
-        say(f"gates: {failed.name} failed: {failed.detail.splitlines()[0]}")
-        if (
-            failed.name == EnvironmentGate.name or repairs >= MAX_REPAIRS
-        ):  # a changed environment is not repaired
-            return proposal, gates, repairs, calls
-        repairs += 1
-        try:
-            proposal = proposer.repair(request, proposal, failed)
-        except ProposalError as err:
-            return proposal, [*gates, GateResult("repair", False, str(err))], repairs, calls
-        calls += proposal.calls
+    # Before anything runs or a branch is made: the round's report folder can be written.
+    check_directory(space.reports, "the reports directory")
+    # One writer of the workspace's threads at a time: a second round (or run, or resume) waits.
+    with space.writing(say), Ledger(space, inputs.env) as ledger:
+        return Round(space, opts, inputs, ledger, say).run()
 
 
 def run_rounds(
     space: Workspace, opts: RoundOptions, rounds: int, say: Say = lambda m: None
-) -> list[RoundResult]:
+) -> list[RoundRecord]:
     """Up to `rounds` candidates against the current policy, each aimed at the next cause, until one is
     recommended; stop early after 3 discarded in a row or when the goal already holds."""
-    results: list[RoundResult] = []
+    records: list[RoundRecord] = []
     skip = list(opts.skip)
     for number in range(1, rounds + 1):
         say(f"round {number}/{rounds} against {opts.policy}")
-        result = run_round(space, RoundOptions(**{**asdict_shallow(opts), "skip": skip}), say)
-        results.append(result)
-        if result.status in ("recommended", "blocked", "nothing-to-fix"):
+        record = run_round(space, dataclasses.replace(opts, skip=list(skip)), say)
+        records.append(record)
+        if record.status in ("recommended", "blocked", "nothing-to-fix"):
             break
-        if result.cluster:
-            skip.append(result.cluster)
+        if record.cluster:
+            skip.append(record.cluster)
         if number >= 3:  # every earlier round was discarded too, or the loop would have stopped
             say("3 candidates discarded in a row: stopping")
             break
-    return results
+    return records
+
+
+class Round:
+    """One round's state and its steps (see the module's docstring)."""
+
+    def __init__(
+        self, space: Workspace, opts: RoundOptions, inputs: Inputs, ledger: Ledger, say: Say
+    ) -> None:
+        self.space, self.opts, self.inputs, self.ledger, self.say = space, opts, inputs, ledger, say
+        self.objective = space.config.objective
+        self.k = opts.k or self.objective.k
+        self.version = inputs.memory.version
+        self.round_id = f"{clock.now().strftime('%Y%m%d-%H%M%S')}-{inputs.env_name}-v{self.version}"
+        self.label = policy_label(inputs.policy)
+        self.spec = suite_spec(space, inputs.env, inputs.policy, opts.model, k=self.k, cache=opts.cache)
+        # One model for the whole round: the suites and the counterfactual runs share its session (its way
+        # of asking, its concurrency cap, its cache) and one meter, whose limit every suite checks.
+        self.meter = opts.meter if opts.meter is not None else Meter(limit_usd=opts.max_usd, say=say)
+        self.session = self.spec.chat_session(self.meter)
+        self.models = self.session.model if self.session is not None else self.spec.model_factory(inputs.env)
+        self.evidence = Evidence(inputs.env, inputs.scenarios, ledger.store, self.models)
+        # What the steps find.
+        self.status: Status = "discarded"
+        self.detail = ""
+        self.goal_met = False
+        self.model_info: ModelInfo | None = None
+        self.quarantined: list[Quarantined] = []
+        self.base_rows: list[OutcomeRow] = []
+        self.cards: dict[str, Scorecard] = {}
+        """Each split's scorecards in the order they are shown: the baseline's, then the candidate's."""
+        self.diagnosis: Diagnosis | None = None
+        self.request: ProposalRequest | None = None
+        self.proposer: Proposer | None = None
+        self.proposal: Proposal | None = None
+        self.gates: list[GateResult] = []
+        self.gated: Gated | None = None
+        self.repairs = 0
+        self.calls = 0
+        self.candidate: MachineConfig | None = None
+        self.candidate_spec: SuiteSpec | None = None
+        self.settled: Settled | None = None
+        self.verdict: PromotionDecision | None = None
+
+    def run(self) -> RoundRecord:
+        for step in (self.baseline, self.diagnose, self.propose, self.gate, self.replay, self.decide):
+            if not step():
+                break
+        return self.record()
+
+    # --- the steps ------------------------------------------------------------------------------
+
+    def baseline(self) -> bool:
+        """The current policy's runs on both splits; the round stops when its goal already holds."""
+        inputs = self.inputs
+        self.say(
+            f"baseline: {self.label} on {len(inputs.train)} train + {len(inputs.held_out)} held-out "
+            f"scenarios, k={self.k}"
+        )
+        self.base_rows = self._suite(inputs.scenarios, self.spec, "baseline", keep=True)
+        self._note("baseline")
+        self._answered(self.base_rows, f"baseline {self.label}")
+        self.cards = _cards(self.base_rows, self.label)
+        held, goal = self.cards["held-out"], inputs.goal
+        if goal is not None and held.pass_rate >= goal and held.violations == 0:
+            self.status, self.goal_met = "nothing-to-fix", True
+            self.detail = f"the goal already holds: held-out pass rate {held.pass_rate:.3f} >= {goal}"
+            return False
+        return True
+
+    def diagnose(self) -> bool:
+        """The training failures clustered, the cluster to fix and the hypothesis."""
+        self.say("diagnose: train failures only")
+        self.diagnosis, examples = self.evidence.diagnose(self.base_rows, self.inputs.policy, self.opts.skip)
+        diagnosis = self.diagnosis
+        if diagnosis.blocked:
+            self.status, self.detail = "blocked", diagnosis.blocked
+            return False
+        if diagnosis.chosen is None or diagnosis.hypothesis is None:
+            self.status, self.detail = "nothing-to-fix", "no training failure or cost cluster left to address"
+            return False
+        self.say(f"cluster: {diagnosis.chosen.title} -> {diagnosis.hypothesis.change}")
+        self.request = self._request(diagnosis, examples)
+        return True
+
+    def propose(self) -> bool:
+        """One change, from the round's proposer."""
+        assert self.request is not None
+        self.proposer = self._proposer()
+        try:
+            self.proposal = self.proposer.propose(self.request)
+        except ProposalError as err:
+            self.gates = [GateResult("propose", False, str(err))]
+            self._note("evidence")
+            return False
+        self.calls = self.proposal.calls
+        return True
+
+    def gate(self) -> bool:
+        """The gates in order; a failure goes back to the proposer with its detail, at most
+        MAX_REPAIRS times (a changed environment is never repaired)."""
+        assert self.request is not None and self.proposer is not None and self.proposal is not None
+        context = self._gate_context(self.request)
+        said: set[str] = set()
+        while True:
+            for note in self.proposal.notes:
+                if note not in said:
+                    said.add(note)
+                    self.say(f"proposer: {note}")
+            document = self.proposal.document
+            self.gated = gate(
+                document if document is not None else Unparsed("the proposer returned nothing"),
+                context,
+                source=f"candidate v{self.version}",
+            )
+            self.gates = list(self.gated.results)
+            failed = self.gated.failed
+            if failed is None:
+                self.say(
+                    f"gates: all {len(self.gates)} pass"
+                    + (f" after {self.repairs} repair(s)" if self.repairs else "")
+                )
+                self.candidate = self.gated.config
+                return True
+            self.say(f"gates: {failed.name} failed: {failed.detail.splitlines()[0]}")
+            if failed.name == EnvironmentGate.name or self.repairs >= MAX_REPAIRS:
+                break
+            self.repairs += 1
+            try:
+                self.proposal = self.proposer.repair(self.request, self.proposal, failed)
+            except ProposalError as err:
+                self.gates.append(GateResult("repair", False, str(err)))
+                break
+            self.calls += self.proposal.calls
+        self._note("evidence")
+        return False
+
+    def replay(self) -> bool:
+        """The candidate on train, then held-out, then the sequential rule's reruns of both policies."""
+        assert self.candidate is not None and self.gated is not None
+        label = policy_label(self.candidate)
+        self.candidate_spec = dataclasses.replace(self.spec, policy=self.candidate)
+        self.say(f"candidate {label}: train, k={self.k}")
+        rows = self._suite(self.inputs.train, self.candidate_spec, "train")
+        self.say(f"candidate {label}: held-out, k={self.k}")
+        rows += self._suite(self.inputs.held_out, self.candidate_spec, "held-out")
+        rule = RerunRule.from_objective(self.objective, self.k)
+        self.settled = settle(self.base_rows, rows, rule, self._run_more)
+        if self.settled.reruns.scenarios:
+            self.say(f"reruns: {self.settled.reruns.summary()}")
+        self._note("candidate")
+        self._answered(self.settled.baseline, f"baseline {self.label}")
+        self._answered(self.settled.candidate, f"candidate {label}")
+        return True
+
+    def decide(self) -> bool:
+        """The promotion rule on the paired scorecards, with the new branches checked on held-out."""
+        assert self.settled is not None and self.candidate is not None
+        base = _cards(self.settled.baseline, self.label)
+        cand = _cards(self.settled.candidate, policy_label(self.candidate))
+        for split in SPLITS:
+            # A scenario whose threads were all set aside on one side cannot be paired: it is left out of
+            # both, and said so, rather than scored on one side only.
+            base[split], cand[split], unpaired = paired(base[split], cand[split])
+            if unpaired:
+                self.say(
+                    f"  {split}: left out of the comparison (no verified run on one side): {', '.join(unpaired)}"
+                )
+        self.cards = {"train": base["train"], "candidate train": cand["train"]}
+        self.cards |= {"held-out": base["held-out"], "candidate held-out": cand["held-out"]}
+        hold = self.evidence.branches_hold(self.settled.baseline, self.inputs.policy, self.candidate)
+        self.verdict = decide(
+            base["train"],
+            base["held-out"],
+            cand["train"],
+            cand["held-out"],
+            self.objective,
+            self.settled.reruns,
+            extra=[hold] if hold else [],
+        )
+        self.status = "recommended" if self.verdict.promote else "discarded"
+        self.detail = "; ".join(
+            f"{c.name}: {'pass' if c.ok else 'FAIL'} ({c.detail})" for c in self.verdict.checks
+        )
+        return True
+
+    def record(self) -> RoundRecord:
+        """The round record; when a candidate was proposed, its report, CHANGELOG entry and review."""
+        record = self._record()
+        if self.request is None:  # stopped before proposing: nothing to record beyond the record itself
+            return record
+        if self.verdict is not None:
+            # The promotion rule read the candidate's held-out runs: one more read of the held-out set.
+            record.held_out = self.inputs.memory.held_out
+            if record.held_out.warning:
+                self.say(f"warning: {record.held_out.warning}")
+        return Recorder(self.inputs, self.say, self.opts.allow_insecure_github).leave(record)
+
+    # --- what the steps share -------------------------------------------------------------------
+
+    def _suite(
+        self,
+        scenarios: Sequence[Scenario],
+        spec: SuiteSpec,
+        what: str,
+        runs: Sequence[int] | None = None,
+        keep: bool = False,
+    ) -> list[OutcomeRow]:
+        """Run (or reuse) the suite's threads, record them in the warehouse, and read back the verified
+        rows; threads set aside are counted. `runs`: run numbers other than 1..k (the reruns). `keep`:
+        hand the threads the suite reused on to the round's reads (the baseline's, which the diagnosis
+        reads). The candidate runs as the gates compiled it."""
+        plan = write_threads(
+            self.inputs.env,
+            scenarios,
+            spec,
+            self.ledger.store,
+            concurrency=self.opts.concurrency,
+            executor=self.opts.executor,
+            ran=every(25, self.say, what),
+            meter=self.meter,
+            models=self.models,
+            runs=runs,
+            compiled=self.gated.machine if self.gated is not None and spec is self.candidate_spec else None,
+        )
+        if keep:
+            self.evidence.known |= {p.thread_id: p.entries for p in plan if p.entries is not None}
+        recorded = self.ledger.record(
+            [p.thread_id for p in plan],
+            say=_prefixed(self.say, what),
+            rewritten=[p.thread_id for p in plan if not p.reused],
+        )
+        self.quarantined += recorded.quarantined
+        return recorded.rows
+
+    def _run_more(self, ids: Sequence[str], numbers: range) -> Batch:
+        """The sequential rule's batch: these scenarios run again under both policies."""
+        assert self.candidate_spec is not None
+        by_id = {s.id: s for s in self.inputs.scenarios}
+        chosen = [by_id[i] for i in ids]
+        what = f"reruns r{numbers.start}-r{numbers.stop - 1}"
+        return Batch(
+            self._suite(chosen, self.spec, f"{what}, baseline", numbers),
+            self._suite(chosen, self.candidate_spec, f"{what}, candidate", numbers),
+        )
+
+    def _note(self, what: str) -> None:
+        """Which model the runs used so far and how its calls went; said for a model behind an endpoint."""
+        self.model_info = _model_info(self.opts.model, self.spec, self.session, self.meter)
+        if self.session is not None:
+            self.say(f"  {what}: {self.meter.summary()}")
+
+    def _answered(self, rows: Sequence[OutcomeRow], side: str) -> None:
+        """Refuse to go on when more than max_fallback_share of a side's model decisions fell back for
+        the endpoint."""
+        most = self.objective.max_fallback_share
+        fell = fallbacks(rows)
+        if fell.decisions and fell.share > most:
+            raise EndpointError(
+                f"the {side} runs: {fell.sentence()} ({fell.share:.0%} of its model decisions; the objective "
+                f"allows max_fallback_share = {most:g}). The runs measure the endpoint, not the policy, so the "
+                "round compares and promotes nothing: fix the endpoint (its server, URL or key, or the way of "
+                "asking: `ask` in [models.NAME]) and run the round again"
+            )
+
+    def _request(self, diagnosis: Diagnosis, examples: list[dict[str, Any]]) -> ProposalRequest:
+        """What the proposer may read: never a held-out result."""
+        assert diagnosis.chosen is not None
+        chosen = dataclasses.asdict(diagnosis.chosen)
+        train = self.cards["train"]
+        inputs = self.inputs
+        return ProposalRequest(
+            environment=inputs.env_name,
+            goal=inputs.env.config.description,
+            policy=inputs.policy,
+            new_version=self.version,
+            vocabulary=vocabulary(inputs.env),
+            objective={
+                "train_pass_rate": train.pass_rate,
+                "violations": train.violations,
+                "model_calls_per_run": train.cost("model_calls"),
+                "k": self.k,
+                "goal": inputs.policy.description,
+            },
+            diagnosis=diagnosis.to_json(),
+            examples=[e | {"in_cluster": in_cluster(e, chosen)} for e in examples],
+            discarded=[dataclasses.asdict(d) for d in self.inputs.memory.discarded],
+        )
+
+    def _proposer(self) -> Proposer:
+        opts, inputs = self.opts, self.inputs
+        if not isinstance(opts.proposer, str):
+            return opts.proposer
+        setup = ProposerSetup(
+            environment=inputs.env,
+            scenarios=inputs.scenarios,
+            root=self.space.root,
+            model=opts.proposer_model,
+            base_url=opts.proposer_base_url,
+            cache=opts.cache,
+            model_spec=self.space.config.models.get(opts.proposer_model) if opts.proposer_model else None,
+        )
+        return make_proposer(opts.proposer, setup, self.space)
+
+    def _gate_context(self, request: ProposalRequest) -> GateContext:
+        inputs = self.inputs
+        return GateContext(
+            inputs.env,
+            expected_hashes=inputs.env_hashes,
+            probes=self.evidence.probes(inputs.train),
+            scenarios=inputs.scenarios,
+            gates=_with_novelty(gates_for(self.space)) if inputs.memory.discarded else gates_for(self.space),
+            baseline=inputs.policy,
+            decisions=request.examples,
+            discarded=inputs.memory.discarded,
+        )
+
+    def _record(self) -> RoundRecord:
+        """The record of what the steps found."""
+        proposed = self.proposal.document if self.proposal is not None else None
+        config = self.gated.config if self.gated is not None else None
+        return RoundRecord(
+            round_id=self.round_id,
+            environment=self.inputs.env_name,
+            baseline_version=self.label,
+            candidate_version=f"v{self.version}" if self.request is not None else None,
+            proposer=self.opts.proposer if isinstance(self.opts.proposer, str) else self.opts.proposer.name,
+            model=self.opts.model,
+            k=self.k,
+            seed=self.objective.seed,
+            status=self.status,
+            recommended=self.status == "recommended",
+            goal_met=self.goal_met,
+            decision_detail=self.detail or self._gate_detail(),
+            cluster=self.diagnosis.chosen.id if self.diagnosis and self.diagnosis.chosen else None,
+            hypothesis=self.diagnosis.hypothesis if self.request is not None and self.diagnosis else None,
+            rationale=self.proposal.rationale if self.proposal is not None else None,
+            branches=_new_branches(self.inputs.policy, config),
+            diff_summary=self._diff_summary(),
+            gates=self.gates,
+            repairs=self.repairs,
+            model_calls=self.calls,
+            scores=self._scores(),
+            regressions=[c.scenario for c in self._regressions()],
+            reruns=self.settled.reruns if self.settled is not None else None,
+            candidate_threads=sorted(r.thread_id for r in self.settled.candidate) if self.settled else [],
+            quarantined=self.quarantined,
+            model_info=self.model_info,
+            scorecards=list(self.cards.values()),
+            decision=self.verdict,
+            baseline_policy=self.inputs.policy,
+            candidate_policy=config,
+            proposed=proposed,
+        )
+
+    def _gate_detail(self) -> str:
+        if self.request is None or self.verdict is not None:
+            return ""
+        last = self.gates[-1] if self.gates else None
+        if last is None:
+            return "the proposer produced no candidate"
+        return (
+            f"the candidate did not pass the gates after {self.repairs} repair(s): {last.name}: {last.detail}"
+        )
+
+    def _diff_summary(self) -> str | None:
+        if self.settled is None or self.candidate is None:
+            return None
+        return f"states changed: {', '.join(diff_states(self.inputs.policy, self.candidate)) or 'none'}"
+
+    def _scores(self) -> dict[str, SplitScore]:
+        verdict, settled = self.verdict, self.settled
+        if verdict is None or settled is None:
+            return {}
+        cost = self.objective.cost
+        return {
+            split: SplitScore(
+                before=cmp.baseline_rate,
+                after=cmp.candidate_rate,
+                mean_diff=cmp.mean_diff,
+                ci_low=cmp.ci_low,
+                ci_high=cmp.ci_high,
+                confidence=cmp.confidence,
+                test=cmp.test,
+                p=cmp.p,
+                alpha=cmp.alpha,
+                extra_runs=settled.reruns.extra_runs_in(split),
+                violations_after=self.cards[f"candidate {split}"].violations,
+                cost_before=self.cards[split].cost(cost),
+                cost_after=self.cards[f"candidate {split}"].cost(cost),
+                k=self.k,
+            )
+            for split, cmp in (("train", verdict.train), ("held-out", verdict.held_out))
+        }
+
+    def _regressions(self) -> list[Any]:
+        return [*self.verdict.train.regressions, *self.verdict.held_out.regressions] if self.verdict else []
+
+
+def _cards(rows: Sequence[OutcomeRow], label: str) -> dict[str, Scorecard]:
+    return {split: scorecard(rows, label, split) for split in SPLITS}
+
+
+def _prefixed(say: Say, what: str) -> Say:
+    return lambda message: say(f"  {what}: {message}")
+
+
+def _with_novelty(gates: list[Gate]) -> list[Gate]:
+    """The gates with `novelty` right after `validate` (it reads the validated candidate)."""
+    at = next((i + 1 for i, g in enumerate(gates) if g.name == ValidateGate.name), 0)
+    return [*gates[:at], NoveltyGate(), *gates[at:]]
+
+
+def _new_branches(baseline: MachineConfig, candidate: MachineConfig | None) -> list[NewBranch]:
+    """The branches the candidate adds to the baseline (none when it did not validate)."""
+    if candidate is None:
+        return []
+    return [NewBranch(guard=b.guard or "", answer=b.answer()) for b in added(baseline, candidate)]
+
+
+def _model_info(name: str, spec: SuiteSpec, session: Any, meter: Meter) -> ModelInfo:
+    """Which model a round ran on and how its calls were answered, for reports: provider, model,
+    temperature, seed, the endpoint's fingerprints, and whether recorded and live calls were mixed."""
+    calls = Calls.model_validate(meter.to_json())
+    if spec.model_spec is None:
+        return ModelInfo(name=name, provider="stand-in", calls=calls)
+    return ModelInfo.model_validate(
+        {
+            "name": name,
+            **spec.model_spec.public(),
+            "fingerprints": sorted(session.fingerprints) if session is not None else [],
+            "calls": calls,
+            "mixed": meter.mixed,
+        }
+    )

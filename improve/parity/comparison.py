@@ -117,7 +117,7 @@ def compare(
         base = baseline[(model, scenario.id)]
         candidate = candidates[(model, scenario.id)]
         diff = diff_runs(env, base, candidate)
-        label, reason = label_difference(env, base, candidate, diff)
+        label, reason = label_difference(env, base, candidate, diff, scenario)
         reviewed_by = None
         review = reviews.get((scenario.id, model))
         if review is not None and reviewed is not None:

@@ -1,10 +1,17 @@
 """The label of a row: `same`, `intended` or `regression`, and the reason that decided it.
 
 - `same`: outcome, effects, violations and rule-break count are all equal.
-- `intended`: something differs, and the candidate blocks a rule break the baseline made: the
-  baseline broke at least one rule, the candidate breaks fewer, it has no violation the baseline did
-  not have, and its outcome is the same or safer (the environment's `safety_order`). Effects may differ.
+- `intended`: something differs, and either the scenario's labels ask for it (the candidate's run is
+  what the labels say, with no violation, and the baseline's is not), or the candidate blocks a rule
+  break the baseline made: the baseline broke at least one rule, the candidate breaks fewer, it has no
+  violation the baseline did not have, and its outcome is the same or safer (the environment's
+  `safety_order`). Effects may differ.
 - `regression`: any other difference.
+
+People wrote the labels: a change that turns a run the labels call wrong into the run they ask for (the
+change a round makes to fix labelled failures) is intended, whatever the baseline's rule breaks were.
+Every other difference is judged by the rule-break rules alone, so a change away from a labelled
+answer is a regression unless it blocks a rule break with a safer outcome.
 
 Parity knows no environment's states: how safe each outcome is comes from `Environment.safety_order`,
 so an environment without one only ever sees an unchanged outcome as "same or safer".
@@ -14,6 +21,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+from improve.evals import Scenario, compare_effects
 from improve.parity.diff import Difference, item_text
 from improve.parity.runners import ParityRun
 from improve.runtime import Environment
@@ -34,10 +42,33 @@ def same_or_safer(env: Environment, old: str, new: str) -> bool:
     return old_rank is not None and new_rank is not None and new_rank >= old_rank
 
 
-def label_difference(env: Environment, old: ParityRun, new: ParityRun, diff: Difference) -> tuple[Label, str]:
-    """The label rules of this module's docstring, with the reason that decided."""
+def as_labelled(env: Environment, scenario: Scenario, run: ParityRun) -> bool:
+    """Whether `run` is what the scenario's labels say: its outcome, its effects when labelled, and no
+    violation (as `improve score` passes a run)."""
+    expected = scenario.expected
+    return (
+        run.status == "done"
+        and run.final_state == expected.outcome
+        and not run.violations
+        and (
+            expected.effects is None
+            or compare_effects(run.effects, expected.effects, env.effect_text_fields).ok
+        )
+    )
+
+
+def label_difference(
+    env: Environment, old: ParityRun, new: ParityRun, diff: Difference, scenario: Scenario | None = None
+) -> tuple[Label, str]:
+    """The label rules of this module's docstring, with the reason that decided. Without `scenario`
+    only the rule-break rules apply."""
     if diff.empty:
         return "same", "outcome, effects, violations and rule breaks as before"
+    if scenario is not None and as_labelled(env, scenario, new) and not as_labelled(env, scenario, old):
+        return (
+            "intended",
+            f"the labels ask for it: {scenario.id} expects '{scenario.expected.outcome}' ({diff.outcome})",
+        )
     problems = []
     if old.rule_breaks == 0:
         problems.append("the baseline broke no rule, so the difference does not come from blocking one")

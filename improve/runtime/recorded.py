@@ -88,7 +88,7 @@ class RecordedThread:
         return script
 
 
-def read_thread(machine: Machine, entries: Sequence[LogEntry], thread_id: str) -> RecordedThread:
+def recorded_thread(machine: Machine, entries: Sequence[LogEntry], thread_id: str) -> RecordedThread:
     """Fold `entries` through `machine`, collecting each tool call and each person's answer.
 
     Raises `LogError` naming the thread and the entry when the log is not a thread of this machine or an

@@ -10,14 +10,18 @@ package), so what `init` writes is exactly what the tests run.
 from __future__ import annotations
 
 import importlib.util
+import json
 import keyword
-from importlib.metadata import PackageNotFoundError, version
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, distribution
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 from improve import DISTRIBUTION
 from improve.errors import WorkspaceError
 from improve.evals import CONFIG_NAME
 from improve.registry import check_slug
+from improve.runtime import ENVIRONMENTS
 from improve.scaffold.workspace import workspace_toml, write_files
 
 TEMPLATE = Path(__file__).parent / "template"
@@ -50,11 +54,61 @@ def _renamed(text: str, name: str, package: str) -> str:
     return text.replace(TEMPLATE_PACKAGE, package).replace(TEMPLATE_NAME, name)
 
 
-def _improve_version() -> str:
+FALLBACK_VERSION = "0.1.0"
+"""The version a source tree that was never installed stands for."""
+
+
+@dataclass(frozen=True)
+class ToolkitPin:
+    """What the scaffolded workflow installs: exactly the toolkit that wrote the workspace."""
+
+    requirement: str
+    """A pip requirement: `improve-agents @ git+URL@COMMIT` for a toolkit installed from a git
+    repository (the commit is the pin), else `improve-agents==VERSION` (a release on PyPI)."""
+    note: str
+    """Where the pin comes from, for the workflow's comment; says when CI cannot install it as is."""
+
+
+def toolkit_pin() -> ToolkitPin:
+    """The pin of the running toolkit, from its installed metadata (PEP 610's direct_url.json)."""
     try:
-        return version(DISTRIBUTION)
+        dist = distribution(DISTRIBUTION)
     except PackageNotFoundError:  # running from a source tree that was never installed
-        return "0.1.0"
+        return ToolkitPin(
+            f"{DISTRIBUTION}=={FALLBACK_VERSION}",
+            "this toolkit was not installed: the release of its version",
+        )
+    release = f"{DISTRIBUTION}=={dist.version}"
+    try:
+        direct = json.loads(dist.read_text("direct_url.json") or "null")
+    except ValueError:
+        direct = None
+    if not isinstance(direct, dict):
+        return ToolkitPin(release, "installed from a package index: that release")
+    url = _without_credentials(str(direct.get("url", "")))
+    vcs = direct.get("vcs_info")
+    if (
+        isinstance(vcs, dict)
+        and vcs.get("vcs") == "git"
+        and vcs.get("commit_id")
+        and not url.startswith("file:")
+    ):
+        return ToolkitPin(f"{DISTRIBUTION} @ git+{url}@{vcs['commit_id']}", "installed from git: that commit")
+    return ToolkitPin(
+        release,
+        f"installed from {url or 'a local path'}, which a CI runner cannot reach: the release of its "
+        "version; if that is not published, install from a git URL pinned to a commit instead",
+    )
+
+
+def _without_credentials(url: str) -> str:
+    """`url` without a user or password: a token in a clone URL never goes into a file."""
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = host + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def new_environment_files(name: str, package: str) -> dict[str, str | Path]:
@@ -74,39 +128,52 @@ def new_environment_files(name: str, package: str) -> dict[str, str | Path]:
     for file in ("v0.json", "CHANGELOG.md"):
         text = (TEMPLATE / "policies" / file).read_text(encoding="utf-8")
         files[f"policies/{name}/{file}"] = _renamed(text, name, package)
+    pin = toolkit_pin()
     workflow = (
-        (TEMPLATE / "workflow.yml").read_text(encoding="utf-8").replace("IMPROVE_VERSION", _improve_version())
+        (TEMPLATE / "workflow.yml")
+        .read_text(encoding="utf-8")
+        .replace("IMPROVE_REQUIREMENT_VALUE", pin.requirement)
+        .replace("IMPROVE_REQUIREMENT_NOTE", pin.note)
     )
     files[".github/workflows/improve.yml"] = _renamed(workflow, name, package)
     return files
 
 
-def _append(path: Path, text: str, present: str) -> bool:
-    """Append `text` unless `present` is already in the file; True when the file changed."""
+def _appended(path: Path, text: str, present: str) -> str | None:
+    """The file's text with `text` appended, or None when `present` is already in it."""
     before = path.read_text(encoding="utf-8") if path.exists() else ""
     if present in before:
-        return False
+        return None
     separator = "" if not before or before.endswith("\n\n") else ("\n" if before.endswith("\n") else "\n\n")
-    path.write_text(before + separator + text, encoding="utf-8")
-    return True
+    return before + separator + text
 
 
 def init_environment(root: Path, name: str, package: str | None = None) -> list[str]:
     """Scaffold a workspace for a new agent in `root`; the relative paths written or extended.
 
     Nothing existing is overwritten: when a file it would write exists, nothing is written. The
-    README gets a section and `.gitignore` the generated folders, appended to what is there.
+    README gets a section and `.gitignore` the generated folders, appended to what is there. All or
+    nothing (`write_files`): a write that fails leaves `root` as it was.
     """
     check_slug(name, "environment")
+    taken = ENVIRONMENTS.sources().get(name)
+    if taken is not None:
+        # A workspace's [environments.NAME] with the name of one already registered counts it twice:
+        # every command in the workspace would refuse to start.
+        raise WorkspaceError(
+            f"environment {name!r} is already registered ({taken.origin}); choose another name for a new "
+            f"agent, or write the bundled one's workspace with `improve init DIR --from {name}`"
+        )
     package = package_name(name, package, root)
-    root.mkdir(parents=True, exist_ok=True)
-    written = write_files(root, new_environment_files(name, package))
     section = _renamed((TEMPLATE / "README.md").read_text(encoding="utf-8"), name, package)
-    if _append(root / "README.md", section, section.splitlines()[0]):
-        written.append("README.md")
+    extended: dict[str, str] = {}
+    readme = _appended(root / "README.md", section, section.splitlines()[0])
+    if readme is not None:
+        extended["README.md"] = readme
     ignored = root / ".gitignore"
     existing = ignored.read_text(encoding="utf-8").splitlines() if ignored.exists() else []
     missing = [line for line in GITIGNORE if line not in existing]
-    if missing and _append(ignored, "\n".join(missing) + "\n", "\n".join(missing)):
-        written.append(".gitignore")
-    return written
+    ignore = _appended(ignored, "\n".join(missing) + "\n", "\n".join(missing)) if missing else None
+    if ignore is not None:
+        extended[".gitignore"] = ignore
+    return write_files(root, new_environment_files(name, package), replace=extended)

@@ -147,7 +147,8 @@ RELATIONS: tuple[Relation, ...] = (
             "trace_id": "The trace.",
             "agent": "gen_ai.agent.name of its first span naming one, else the root's service.name.",
             "service": "The root span's service.name (the first span's when there is no root).",
-            "root_span": "The root span's name, e.g. `invoke_agent refunds`.",
+            "root_span": "The root span's name, e.g. `invoke_agent support-bot`; improve's say the run and its outcome, "
+            "`invoke_agent refunds: refund-01 r1 (v3, naive) -> issued, passed`.",
             "model": "The first model call's model (gen_ai.response.model, else gen_ai.request.model).",
             "models": "Every model named by a model call, sorted.",
             "model_calls": "Spans whose gen_ai.operation.name is chat, text_completion or generate_content.",
@@ -306,7 +307,9 @@ RELATIONS: tuple[Relation, ...] = (
     Relation(
         "waiting",
         "One row per thread whose run stopped in a waiting state and can be resumed (`improve resume`): "
-        "where it waits, for which events, since when. `improve waiting` lists it.",
+        "where it waits, for which events, since when; and per thread whose resume was interrupted after "
+        "its event was journaled (status `interrupted`: `improve resume THREAD --finish` ends it). "
+        "`improve waiting` lists it.",
         {
             "thread_id": "The thread.",
             "environment": "The environment it ran in (its stamp's; NULL when the stamp names none).",
@@ -314,39 +317,52 @@ RELATIONS: tuple[Relation, ...] = (
             "policy_version": "Policy version label, e.g. v3.",
             "model": "The model's name as in the id.",
             "status": "waiting, checkpointed or blocked_ask (the waiting state's meta.status); idle in threads "
-            "written before runs could be resumed.",
-            "state": "The waiting state (NULL for an idle end entry, which did not say).",
-            "events": "The event types it accepts, in the order of the state's transitions.",
+            "written before runs could be resumed; interrupted when a resume's event was journaled and the run "
+            "has not ended since (finish it: `improve resume THREAD --finish`).",
+            "state": "The waiting state (NULL for an idle end entry, which did not say); for an interrupted "
+            "resume, the state it was resumed from.",
+            "events": "The event types it accepts, in the order of the state's transitions (none when "
+            "interrupted: only --finish goes on).",
             "waiting_for": "Each accepted event with the JSON Schema of its payload: [{type, payload}] as the end "
-            "entry's waitingFor records it.",
-            "since": "When the run stopped (its end entry's recorded_at).",
+            "entry's waitingFor records it (NULL when interrupted).",
+            "since": "When the run stopped (its end entry's recorded_at; when interrupted, its last entry's).",
             "resumes": "How many times the run was resumed before it stopped here.",
             "entries": "Entries in the thread.",
             "head_hash": "The end entry's entry_hash: a resume chains its first entry to it.",
         },
         """
         SELECT l.thread_id, l.environment, t.scenario, t.policy_version, t.model,
-               l.event ->> '$.status' AS status,
-               l.event ->> '$.state' AS state,
-               coalesce(json_extract_string(l.event, '$.waitingFor[*].type'), []) AS events,
-               l.event -> '$.waitingFor' AS waiting_for,
+               CASE WHEN l.interrupted THEN 'interrupted' ELSE l.event ->> '$.status' END AS status,
+               CASE WHEN l.interrupted THEN l.end_event ->> '$.state' ELSE l.event ->> '$.state' END AS state,
+               CASE WHEN l.interrupted THEN []
+                    ELSE coalesce(json_extract_string(l.event, '$.waitingFor[*].type'), []) END AS events,
+               CASE WHEN l.interrupted THEN NULL ELSE l.event -> '$.waitingFor' END AS waiting_for,
                TRY_CAST(l.recorded_at AS TIMESTAMPTZ) AS since,
                l.resumes, l.entries, l.head_hash
         FROM (
-            SELECT thread_id,
-                   arg_max(event, "index") AS event,
-                   arg_max(event_type, "index") AS event_type,
-                   arg_max(recorded_at, "index") AS recorded_at,
-                   arg_max_null(entry_hash, "index") AS head_hash,
-                   arg_min(metadata ->> '$.environment', "index") AS environment,
-                   count(*) FILTER (WHERE json_exists(metadata, '$.resume')) AS resumes,
-                   count(*) AS entries
-            FROM entries
-            GROUP BY thread_id
+            SELECT *, coalesce(last_resume > coalesce(last_end, -1), false) AS interrupted
+            FROM (
+                SELECT thread_id,
+                       arg_max(event, "index") AS event,
+                       arg_max(event_type, "index") AS event_type,
+                       arg_max(recorded_at, "index") AS recorded_at,
+                       arg_max_null(entry_hash, "index") AS head_hash,
+                       arg_min(metadata ->> '$.environment', "index") AS environment,
+                       count(*) FILTER (WHERE json_exists(metadata, '$.resume')) AS resumes,
+                       count(*) AS entries,
+                       max("index") FILTER (WHERE event_type = '@agent.end') AS last_end,
+                       arg_max(event, "index") FILTER (WHERE event_type = '@agent.end') AS end_event,
+                       max("index") FILTER (WHERE json_exists(metadata, '$.resume')) AS last_resume
+                FROM entries
+                GROUP BY thread_id
+            )
         ) AS l
         JOIN threads AS t USING (thread_id)
-        WHERE l.event_type = '@agent.end'
-          AND l.event ->> '$.status' IN ('waiting', 'checkpointed', 'blocked_ask', 'idle')
+        -- json_extract_string, not ->>: DuckDB 1.2 plans `->> ... IN (...)` beside the filter on the event
+        -- type into a cast of the whole event to a number on a Parquet lake.
+        WHERE l.interrupted
+           OR (l.event_type = '@agent.end'
+               AND json_extract_string(l.event, '$.status') IN ('waiting', 'checkpointed', 'blocked_ask', 'idle'))
         """,
     ),
     Relation(
@@ -599,13 +615,13 @@ RELATIONS: tuple[Relation, ...] = (
                coalesce(has_memory, false) AS has_memory, coalesce(has_notes, false) AS has_notes,
                coalesce(has_plan, false) AS has_plan, coalesce(has_state, false) AS has_state,
                had_notes AS session_had_notes, had_plan AS session_had_plan, had_state AS session_had_state,
-               list_filter(['memory', 'notes', 'plan', 'state'], lambda x: NOT (CASE x
+               [x FOR x IN ['memory', 'notes', 'plan', 'state'] IF NOT (CASE x
                    WHEN 'memory' THEN coalesce(has_memory, false) WHEN 'notes' THEN coalesce(has_notes, false)
-                   WHEN 'plan' THEN coalesce(has_plan, false) ELSE coalesce(has_state, false) END)) AS missing,
-               list_filter(['notes', 'plan', 'state'], lambda x: (CASE x
+                   WHEN 'plan' THEN coalesce(has_plan, false) ELSE coalesce(has_state, false) END)] AS missing,
+               [x FOR x IN ['notes', 'plan', 'state'] IF (CASE x
                    WHEN 'notes' THEN coalesce(had_notes, false) AND NOT coalesce(has_notes, false)
                    WHEN 'plan' THEN coalesce(had_plan, false) AND NOT coalesce(has_plan, false)
-                   ELSE coalesce(had_state, false) AND NOT coalesce(has_state, false) END)) AS dropped,
+                   ELSE coalesce(had_state, false) AND NOT coalesce(has_state, false) END)] AS dropped,
                coalesce(has_memory AND has_notes AND has_plan AND has_state, false) AS resumable
         FROM rows
         """,

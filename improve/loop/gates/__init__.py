@@ -13,8 +13,10 @@
 8. `interactions`: a new branch does not override another branch in a combination of their
    conditions that no training decision covers, unless the safety order ranks its answer safer;
 
-then the extension gates, by name: those installed packages register (entry points `improve.gates`)
-and, through `gates_for(workspace)`, the workspace's own (`[gates.NAME]` in improve.toml).
+in a round whose baseline has candidates discarded against it, `novelty` (a new branch not discarded
+against that policy before) right after `validate`; then the extension gates, by name: those installed
+packages register (entry points `improve.gates`) and, through `gates_for(workspace)`, the workspace's
+own (`[gates.NAME]` in improve.toml).
 
 Each gate is a `Gate` (a `name`, `run(ctx) -> GateResult`), one module each; the `GateContext` carries
 what they check against and what they made of the candidate (the parsed and the compiled policy). Each
@@ -28,9 +30,10 @@ from improve.loop.gates.gate import Gate, GateContext, GateResult, Unparsed
 from improve.loop.gates.interactions import InteractionsGate
 from improve.loop.gates.lint import LintGate
 from improve.loop.gates.lower import LowerGate, typed_request
+from improve.loop.gates.novelty import NoveltyGate
 from improve.loop.gates.overfit import OverfitGate
 from improve.loop.gates.registry import BUILTIN_GATES, GATE_NAMES, GATES, gates_for
-from improve.loop.gates.run import passed, run_gates
+from improve.loop.gates.run import Gated, gate, passed, run_gates
 from improve.loop.gates.scenario_literals import ScenarioLiterals, scenario_literals
 from improve.loop.gates.validate import ValidateGate
 from improve.loop.gates.vocabulary import VocabularyGate
@@ -44,14 +47,17 @@ __all__ = [
     "Gate",
     "GateContext",
     "GateResult",
+    "Gated",
     "InteractionsGate",
     "LintGate",
     "LowerGate",
+    "NoveltyGate",
     "OverfitGate",
     "ScenarioLiterals",
     "Unparsed",
     "ValidateGate",
     "VocabularyGate",
+    "gate",
     "gates_for",
     "passed",
     "run_gates",

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from improve.evals import Scenario
+from improve.loop.branches import DiscardedBranch
 from improve.machine import Machine, MachineConfig
 from improve.runtime import DecisionRequest, Environment, Vocabulary, vocabulary
 
@@ -75,6 +76,8 @@ class GateContext:
     """Training decisions (evidence.py's examples: `scenario`, `name`, `facts`, `options`, `correct`):
     where the overfit gate counts a threshold's support, and what the interactions gate calls covered.
     Empty outside a round: then both read the probe requests."""
+    discarded: Sequence[DiscardedBranch] = ()
+    """Branches discarded against `baseline` (its CHANGELOG): what the novelty gate refuses again."""
     gates: Sequence[Gate] = ()
     """The gates in order, from `gates_for(workspace)` (which adds a workspace's own); empty means
     `gates_for()`: the eight built-in ones and those installed packages register."""

@@ -3,15 +3,40 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from improve.loop.gates.gate import GateContext, GateResult
 from improve.loop.gates.registry import gates_for
+from improve.machine import Machine, MachineConfig
+
+
+@dataclass(frozen=True)
+class Gated:
+    """One candidate through the gates: each gate's result, and what they made of the candidate (the
+    validated policy and the compiled machine, as far as the gates got), handed on to its runs."""
+
+    results: list[GateResult]
+    config: MachineConfig | None = None
+    machine: Machine | None = None
+
+    @property
+    def passed(self) -> bool:
+        return passed(self.results)
+
+    @property
+    def failed(self) -> GateResult | None:
+        return None if self.passed or not self.results else self.results[-1]
 
 
 def run_gates(document: Any, ctx: GateContext, source: str = "candidate") -> list[GateResult]:
     """Every gate of `ctx.gates` in order until the first failure; the results so far."""
+    return gate(document, ctx, source).results
+
+
+def gate(document: Any, ctx: GateContext, source: str = "candidate") -> Gated:
+    """Every gate of `ctx.gates` in order until the first failure: the results so far, and the
+    candidate as the gates validated and compiled it."""
     # A fresh copy per candidate: what the gates make of it (config, machine) never leaks into the next.
     gates = ctx.gates or gates_for()
     run = replace(ctx, document=document, source=source, config=None, machine=None, gates=gates)
@@ -35,7 +60,7 @@ def run_gates(document: Any, ctx: GateContext, source: str = "candidate") -> lis
         if not result.ok:
             break
     ctx.words = run.words  # the vocabulary is the environment's, the same for every candidate
-    return results
+    return Gated(results, run.config, run.machine)
 
 
 def passed(results: Sequence[GateResult]) -> bool:

@@ -300,7 +300,7 @@ def _count(bits: int) -> int:
 
 
 @dataclass(frozen=True)
-class Vocabulary:
+class RuleTerms:
     """What the miner may write: fact types (`facts.x` -> number, int, bool, enum, string), the values of
     enumerated facts, and the environment's own constants (its rule thresholds, its enumerated payloads)."""
 
@@ -319,7 +319,7 @@ def _all(cases: Sequence[_Case], path: str, test: Any) -> bool:
     return bool(cases) and all(test(fact_at(c.facts, path)) for c in cases)
 
 
-def _atoms(cases: Sequence[_Case], vocab: Vocabulary) -> list[Atom]:
+def _atoms(cases: Sequence[_Case], vocab: RuleTerms) -> list[Atom]:
     atoms: list[Atom] = []
     numbers = sorted(
         p for p, k in vocab.fact_types.items() if k in ("number", "int") and _all(cases, p, _numeric)
@@ -373,7 +373,7 @@ def _text_atoms(cases: Sequence[_Case], path: str) -> list[Atom]:
     return atoms
 
 
-def _actions(cases: Sequence[_Case], vocab: Vocabulary) -> dict[Action, int]:
+def _actions(cases: Sequence[_Case], vocab: RuleTerms) -> dict[Action, int]:
     """Answers that are right for each failure to fix, with how many failures each is right for.
 
     A payload value is written as a fact whose value it equals, or as a constant when the environment
@@ -574,22 +574,22 @@ def _learn(
 
 def mine(
     examples: Sequence[Mapping[str, Any]],
-    vocab: Vocabulary | Mapping[str, FactType],
+    vocab: RuleTerms | Mapping[str, FactType],
     *,
     constants: Iterable[Any] = (),
     discarded: Iterable[tuple[str, str]] = (),
 ) -> list[Rule]:
     """Candidate rules, best first, for the examples flagged `in_cluster` (see the module docstring).
     `discarded` holds (guard, answer) pairs already discarded against the current policy."""
-    if not isinstance(vocab, Vocabulary):
+    if not isinstance(vocab, RuleTerms):
         # An environment's fact types: an enumerated fact is the tuple of its values.
-        vocab = Vocabulary(
+        vocab = RuleTerms(
             {p: "enum" if isinstance(k, tuple) else k for p, k in vocab.items()},
             {p: k for p, k in vocab.items() if isinstance(k, tuple)},
             frozenset(constants),
         )
     elif constants:
-        vocab = Vocabulary(vocab.fact_types, vocab.values, vocab.constants | frozenset(constants))
+        vocab = RuleTerms(vocab.fact_types, vocab.values, vocab.constants | frozenset(constants))
     refused = set(discarded)
     rules: list[Rule] = []
     for name, cases in sorted(_cases(examples).items()):
@@ -752,7 +752,7 @@ class RuleMinerProposer:
         key = self._key(request)
         if key not in self._ranked:
             words = request.vocabulary
-            vocab = Vocabulary(
+            vocab = RuleTerms(
                 {path: kind for path, kind in words.fact_paths.items()},
                 words.fact_values,
                 self.constants,
@@ -810,7 +810,7 @@ def _why_none(request: ProposalRequest, had_rules: bool) -> str:
             "runs): no single rule before the model fixes them"
         )
     words = request.vocabulary
-    vocab = Vocabulary(dict(words.fact_paths), words.fact_values)
+    vocab = RuleTerms(dict(words.fact_paths), words.fact_values)
     if not any(_actions(cases, vocab) for cases in by_name.values()):
         example = targets[0].correct[0]
         return (

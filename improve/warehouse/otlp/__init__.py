@@ -30,6 +30,9 @@ from improve.warehouse.otlp.spans import (
     thread_spans,
     unix_nanos,
 )
+from improve.warehouse.otlp.spans import (
+    PROJECT as OTLP_PROJECT,
+)
 from improve.warehouse.otlp.threads import (
     file_threads,
     is_query,
@@ -42,6 +45,7 @@ __all__ = [
     "DEFAULT_BATCH",
     "HEADER_VARIABLES",
     "OTLP_FORMAT",
+    "OTLP_PROJECT",
     "RetryPolicy",
     "RunOutcome",
     "SendReport",

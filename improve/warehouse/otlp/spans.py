@@ -1,22 +1,31 @@
-"""Threads as OpenTelemetry spans, following the GenAI semantic conventions.
+"""Threads as OpenTelemetry spans, in the GenAI semantic conventions and OpenInference's (what Arize
+Phoenix reads; MLflow reads both).
 
 One trace per thread (one run):
 
-- `invoke_agent {agent}`: the run, from its first entry to its last. The agent is the environment.
-  Our own fields go under `improve.`: thread id, environment, policy id/version/hash, scenario, split,
-  run, the run's status, and when the thread was replayed and scored, its outcome (final state),
-  whether it passed, the violations and their rules. Status ERROR when the run did not end `done` or
-  broke a rule (`error.type` says which).
+- `invoke_agent {agent}: {scenario} r{run} ({policy version}, {model}) -> {outcome}, {verdict}`: the run,
+  from its first entry to its last, named so a person tells runs apart in a list of traces. The agent is
+  the environment. Our own fields go under `improve.`: thread id, environment, policy id/version/hash,
+  scenario, split, run, the run's status, and when the thread was replayed and scored, its outcome
+  (final state), whether it passed, the violations and their rules. Its input is the run's input, its
+  output the outcome and the effects. Status ERROR (with `error.type` and a message) when the run did
+  not end `done`, broke a rule or failed its scenario; OK otherwise.
 - `chat {model}`: one per model call (an `@agent.usage` entry), from the entry before it to the call's
-  record, with `gen_ai.request.model`, `gen_ai.usage.input_tokens` / `output_tokens`; the decision it
-  served (`improve.decision.*`: name, options offered, the answer that landed) sits on the decision's
-  last call. A decision answered with no model call (a policy's rule) is an `improve.decision` event on
-  the agent span instead.
+  record, with `gen_ai.request.model`, `gen_ai.usage.input_tokens` / `output_tokens`, and the decision
+  it served: what the model was asked (the decision, the options offered, the refused answers fed back)
+  and what it answered, as `gen_ai.input.messages` / `gen_ai.output.messages` and as `input.value` /
+  `output.value`. The decision's summary (`improve.decision.*`: options offered, the answer that
+  landed) sits on the decision's last call. A decision answered with no model call (a policy's rule) is
+  an `improve.decision` event on the agent span instead.
 - `execute_tool {actor}`: one per actor completion (`xstate.done.actor` / `xstate.error.actor`), with
-  its output (`gen_ai.tool.call.result`), its effects and, for an error, status ERROR.
+  its output (`gen_ai.tool.call.result`, `output.value`), its effects and, for an error, status ERROR.
 - Span events: `improve.guard_refusal` for an answer a guard refused, `improve.retry` for any other
   refused answer (unknown event, invalid payload, no answer), `improve.decision_exhausted` when every
   answer was refused, `improve.event` for a person's answer.
+
+Every span carries `openinference.span.kind` (AGENT, LLM, TOOL) and the thread id as the session
+(`session.id`, `gen_ai.conversation.id`); each resource names its Phoenix project
+(`openinference.project.name`). No span repeats an attribute key (OTLP requires unique keys).
 
 Ids are derived from the thread id and its first entry's id (`ids.py`): exporting the same threads
 again gives the same traces, byte for byte, and a collector that deduplicates by id sees nothing new.
@@ -30,7 +39,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from improve.log import END_EVENT, INIT_EVENT, USAGE_EVENT, LogEntry, ThreadId
+from improve.log import END_EVENT, INIT_EVENT, MAX_USAGE_COUNT, USAGE_EVENT, LogEntry, ThreadId
 from improve.machine import DONE_EVENT, ERROR_EVENT
 from improve.warehouse.otlp.ids import span_id_for, trace_id_for
 
@@ -46,6 +55,11 @@ default request limit (4 MiB in the OpenTelemetry Collector)."""
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
+JSON_MIME = "application/json"
+SPAN_KIND = "openinference.span.kind"
+PROJECT = "openinference.project.name"
+"""The resource attribute Phoenix files spans under (its project); an OpenInference convention."""
+
 CONTENT_ATTRIBUTES = frozenset(
     {
         "improve.input",
@@ -55,11 +69,17 @@ CONTENT_ATTRIBUTES = frozenset(
         "improve.event",
         "gen_ai.tool.call.result",
         "improve.effects",
+        "gen_ai.input.messages",
+        "gen_ai.output.messages",
+        "input.value",
+        "input.mime_type",
+        "output.value",
+        "output.mime_type",
     }
 )
-"""What a run was told and answered (tickets, tool outputs, payloads): left out with `content=False`,
-as the GenAI conventions leave message content out unless asked (it may hold personal data). The
-types, counts, names, outcomes and refusal reasons stay."""
+"""What a run was told and answered (tickets, tool outputs, payloads, the messages of model calls):
+left out with `content=False`, as the GenAI conventions leave message content out unless asked (it may
+hold personal data). The types, counts, names, outcomes and refusal reasons stay."""
 
 
 @dataclass(frozen=True)
@@ -108,16 +128,34 @@ def _attributes(pairs: Iterable[tuple[str, Any]]) -> list[KeyValue]:
         if isinstance(value, bool):
             return AnyValue(bool_value=value)
         if isinstance(value, int):
-            return AnyValue(int_value=value)
+            # OTLP ints are 64-bit: a larger one (a payload's, a hostile count) travels as its text.
+            return (
+                AnyValue(int_value=value) if -(2**63) <= value < 2**63 else AnyValue(string_value=str(value))
+            )
         if isinstance(value, float):
             return AnyValue(double_value=value)
         if isinstance(value, str):
-            return AnyValue(string_value=value)
+            # Protobuf strings are UTF-8: a lone surrogate (JSON's \ud800) travels escaped.
+            return AnyValue(string_value=value.encode("utf-8", "backslashreplace").decode("utf-8"))
         if isinstance(value, tuple):
             return AnyValue(array_value=ArrayValue(values=[any_value(v) for v in value]))
         return AnyValue(string_value=_json(value))
 
-    return [KeyValue(key=key, value=any_value(value)) for key, value in pairs if value is not None]
+    # A key given twice keeps its place and takes the later value: OTLP requires unique keys.
+    unique = {key: value for key, value in pairs if value is not None}
+    return [KeyValue(key=key, value=any_value(value)) for key, value in unique.items()]
+
+
+def _set(span: Span, pairs: Iterable[tuple[str, Any]]) -> None:
+    """Set attributes on a span, each key once: a key the span holds already takes the new value in its
+    place (OTLP requires an attribute's key to be unique on its span); None values are left out."""
+    at = {kv.key: number for number, kv in enumerate(span.attributes)}
+    for kv in _attributes(pairs):
+        if kv.key in at:
+            span.attributes[at[kv.key]].value.CopyFrom(kv.value)
+        else:
+            at[kv.key] = len(span.attributes)
+            span.attributes.append(kv)
 
 
 def _span(
@@ -129,9 +167,14 @@ def _span(
     end: int,
     attributes: Iterable[tuple[str, Any]],
     parent: bytes | None,
+    role: str,
 ) -> Span:
+    """A span of the thread `run` (its id and first entry's id). `role` is its OpenInference span kind;
+    the thread is its session, in both conventions' words (OpenInference puts the session on every
+    span of a trace)."""
     from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
+    thread_id = run[0]
     return Span(
         trace_id=trace_id_for(*run),
         span_id=span_id_for(*run, part),
@@ -140,8 +183,22 @@ def _span(
         kind=kind,  # type: ignore[arg-type]  # the enum's int value
         start_time_unix_nano=start,
         end_time_unix_nano=max(end, start),
-        attributes=_attributes(attributes),
+        attributes=_attributes(
+            [
+                *attributes,
+                (SPAN_KIND, role),
+                ("session.id", thread_id),
+                ("gen_ai.conversation.id", thread_id),
+            ]
+        ),
     )
+
+
+def _content(key: str, value: Any) -> list[tuple[str, Any]]:
+    """OpenInference's `input` or `output` of a span: the value as JSON text, and its MIME type."""
+    if value is None:
+        return []
+    return [(f"{key}.value", _json(value)), (f"{key}.mime_type", JSON_MIME)]
 
 
 def _event(span: Span, name: str, at: int, attributes: Iterable[tuple[str, Any]]) -> None:
@@ -154,15 +211,66 @@ def _error(span: Span, error_type: str, message: str | None) -> None:
     span.status.code = Status.STATUS_CODE_ERROR
     if message:
         span.status.message = message
-    span.attributes.extend(_attributes([("error.type", error_type)]))
+    _set(span, [("error.type", error_type)])
+
+
+def _failed(span: Span) -> bool:
+    from opentelemetry.proto.trace.v1.trace_pb2 import Status
+
+    return span.status.code == Status.STATUS_CODE_ERROR
+
+
+def _paired(entry: LogEntry, decision: _Decision) -> bool:
+    """Whether each model call of the decision gave one answer: the refused ones in order, then the one
+    that landed (none when every answer was refused). Otherwise (a judgment's call beside the
+    decider's, a failed call a policy's onError answered for) which call gave what is not known."""
+    attempts = entry.attempts or []
+    return len(decision.chats) == len(attempts) + 1 or (
+        entry.type == ERROR_EVENT and len(decision.chats) == len(attempts)
+    )
+
+
+def _message(role: str, text: str, **more: str) -> dict[str, Any]:
+    """A message of the GenAI conventions' input and output messages JSON schemas: one text part."""
+    return {"role": role, "parts": [{"type": "text", "content": text}], **more}
+
+
+def _exchanges(
+    info: dict[str, Any], entry: LogEntry, answer: dict[str, Any] | None, decision: _Decision
+) -> None:
+    """What each model call of a decision was asked and what it answered, as far as the thread tells:
+    asked, the decision and its options, then each refused answer and its reason (the decider feeds
+    them back in that order); answered, its own answer. The thread does not hold the facts or the
+    prompt, so they are not here. When the calls are not paired with the answers, only the last call
+    gets the decision and the answer that landed."""
+    attempts = entry.attempts or []
+    asked = {"name": info.get("name"), "options": info.get("options")}
+    if _paired(entry, decision):
+        calls = [
+            (chat, attempts[:number], attempts[number].event if number < len(attempts) else answer)
+            for number, chat in enumerate(decision.chats)
+        ]
+    else:
+        calls = [(decision.chats[-1], [], answer)]
+    for chat, before, given in calls:
+        messages = [_message("user", _json(asked))]
+        for attempt in before:
+            messages += [
+                _message("assistant", _json(attempt.event)),
+                _message("user", f"Refused: {attempt.reason}"),
+            ]
+        request = asked | ({"attempts": [a.model_dump(exclude_none=True) for a in before]} if before else {})
+        pairs = [("gen_ai.input.messages", _json(messages)), *_content("input", request)]
+        if given is not None and not _failed(chat):
+            said = _message("assistant", _json(given), finish_reason="stop")
+            pairs += [("gen_ai.output.messages", _json([said])), *_content("output", given)]
+        _set(chat, pairs)
 
 
 def _refusals(entry: LogEntry, decision: _Decision, agent: Span, at: int) -> None:
     """One event per refused answer, on the model call that gave it when each answer had its call."""
     attempts = entry.attempts or []
-    paired = len(decision.chats) == len(attempts) + 1 or (
-        entry.type == ERROR_EVENT and len(decision.chats) == len(attempts)
-    )
+    paired = _paired(entry, decision)
     for number, attempt in enumerate(attempts, start=1):
         target = decision.chats[number - 1] if paired else (decision.chats[-1] if decision.chats else agent)
         when = target.end_time_unix_nano if paired else at
@@ -202,9 +310,38 @@ def thread_spans(run: ThreadRun, *, content: bool = True) -> list[Span]:
     return spans
 
 
+def _verdict(status: str, outcome: RunOutcome | None) -> tuple[list[str], str | None, str | None]:
+    """How a run went: the words for its span's name, and (error type, message) when it went wrong
+    (did not end `done`, broke a rule, or ended otherwise than its scenario expects)."""
+    words = [status] if status != "done" else []
+    if outcome is not None and outcome.violation_rules:
+        words.append("violation")
+    if outcome is not None and outcome.passed is not None:
+        words.append("passed" if outcome.passed else "failed")
+    reason = outcome.reason if outcome else None
+    if status != "done":
+        return words, status, reason or f"the run ended {status}"
+    if outcome is not None and outcome.violation_rules:
+        return words, "violation", reason or "broke " + ", ".join(outcome.violation_rules)
+    if outcome is not None and outcome.passed is False:
+        expected = f", expected {outcome.expected_outcome}" if outcome.expected_outcome else ""
+        return words, "failed", reason or f"ended in {outcome.final_state}{expected}"
+    return words, None, None
+
+
+def _run_name(
+    environment: str, scenario: Any, run: Any, labels: list[str], thread_id: str, ended: str, words: list[str]
+) -> str:
+    """`invoke_agent refunds: late-refund-01 r2 (v3, naive) -> credited, failed`: the agent (as the
+    GenAI conventions name an agent span), then what tells one run from another in a list of traces."""
+    subject = f"{scenario} r{run}" if scenario and run else str(scenario or thread_id)
+    which = f" ({', '.join(labels)})" if labels else ""
+    return f"invoke_agent {environment}: {subject}{which} -> {', '.join([ended, *(w for w in words if w != ended)])}"
+
+
 def _agent_span(run: ThreadRun, entries: list[LogEntry], times: list[int], tid: tuple[str, str]) -> Span:
     """The run's span: who ran (environment, policy, model), on what (scenario, input), and how it went."""
-    from opentelemetry.proto.trace.v1.trace_pb2 import Span
+    from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
     stamp = (entries[0].metadata or {}) if entries[0].type == INIT_EVENT else {}
     environment = str(stamp.get("environment") or entries[0].machineId)
@@ -214,53 +351,79 @@ def _agent_span(run: ThreadRun, entries: list[LogEntry], times: list[int], tid: 
     version = str(policy["version"]) if policy.get("version") is not None else None
     if version is not None and not version.startswith("v"):
         version = f"v{version}"  # the stamp says "3", thread ids and outcomes say "v3"
+    version = version or (parsed.policy_version if parsed else None)
+    model = models.get("decider")
+    scenario = stamp.get("scenario") or (parsed.scenario if parsed else None)
+    number = stamp.get("run") or (parsed.run if parsed else None)
+    ended = entries[-1].event.get("status") if entries[-1].type == END_EVENT else None
+    outcome = run.outcome
+    status = outcome.status if outcome else str(ended or "incomplete")
+    words, error_type, message = _verdict(status, outcome)
+    labels = [str(x) for x in (version, model or (parsed.model if parsed else None)) if x]
     agent = _span(
         tid,
         "run",
-        f"invoke_agent {environment}",
+        _run_name(
+            environment,
+            scenario,
+            number,
+            labels,
+            run.thread_id,
+            outcome.final_state if outcome else status,
+            words,
+        ),
         Span.SPAN_KIND_INTERNAL,
         min(times),
         max(times),
         [
             ("gen_ai.operation.name", "invoke_agent"),
             ("gen_ai.agent.name", environment),
-            ("gen_ai.request.model", models.get("decider")),
+            ("gen_ai.request.model", model),
             ("improve.thread.id", run.thread_id),
             ("improve.environment", environment),
             ("improve.machine.id", entries[0].machineId),
             ("improve.machine.version", entries[0].machineVersion),
             ("improve.policy.id", policy.get("id")),
-            ("improve.policy.version", version or (parsed.policy_version if parsed else None)),
+            ("improve.policy.version", version),
             ("improve.policy.hash", policy.get("hash")),
-            ("improve.scenario", stamp.get("scenario") or (parsed.scenario if parsed else None)),
+            ("improve.scenario", scenario),
             ("improve.split", stamp.get("split") or (parsed.split if parsed else None)),
-            ("improve.run", stamp.get("run") or (parsed.run if parsed else None)),
+            ("improve.run", number),
             ("improve.input", entries[0].event.get("input") if entries[0].type == INIT_EVENT else None),
             ("improve.entries", len(entries)),
+            ("improve.status", status),
         ],
         None,
+        "AGENT",
     )
-    ended = entries[-1].event.get("status") if entries[-1].type == END_EVENT else None
-    outcome = run.outcome
-    status = outcome.status if outcome else str(ended or "incomplete")
-    agent.attributes.extend(_attributes([("improve.status", status)]))
+    effects = [
+        effect
+        for entry in entries
+        if entry.type == DONE_EVENT and isinstance(entry.event.get("effects"), list)
+        for effect in entry.event["effects"]
+    ]
+    result: dict[str, Any] = {"status": status, "effects": effects}
     if outcome is not None:
-        agent.attributes.extend(
-            _attributes(
-                [
-                    ("improve.outcome", outcome.final_state),
-                    ("improve.passed", outcome.passed),
-                    ("improve.expected_outcome", outcome.expected_outcome),
-                    ("improve.violations", len(outcome.violation_rules)),
-                    ("improve.violation.rules", tuple(outcome.violation_rules)),
-                    ("improve.reason", outcome.reason),
-                ]
-            )
+        _set(
+            agent,
+            [
+                ("improve.outcome", outcome.final_state),
+                ("improve.passed", outcome.passed),
+                ("improve.expected_outcome", outcome.expected_outcome),
+                ("improve.violations", len(outcome.violation_rules)),
+                ("improve.violation.rules", tuple(outcome.violation_rules)),
+                ("improve.reason", outcome.reason),
+            ],
         )
-    if status != "done":
-        _error(agent, status, outcome.reason if outcome else f"the run ended {status}")
-    elif outcome is not None and outcome.violation_rules:
-        _error(agent, "violation", outcome.reason)
+        result |= {"outcome": outcome.final_state, "passed": outcome.passed, "reason": outcome.reason}
+    # What Phoenix and MLflow show for the trace: the run's input, and how it ended with what it did.
+    given = entries[0].event.get("input") if entries[0].type == INIT_EVENT else None
+    ended_with = {key: value for key, value in result.items() if value is not None}
+    _set(agent, [*_content("input", given), *_content("output", ended_with)])
+    if error_type is not None:
+        _error(agent, error_type, message)
+    else:
+        agent.status.code = Status.STATUS_CODE_OK
     return agent
 
 
@@ -297,8 +460,8 @@ def _thread_spans(run: ThreadRun) -> list[Span]:
                     ("gen_ai.operation.name", "chat"),
                     ("gen_ai.request.model", model),
                     ("gen_ai.response.model", model),
-                    ("gen_ai.usage.input_tokens", int(event.get("inputTokens") or 0)),
-                    ("gen_ai.usage.output_tokens", int(event.get("outputTokens") or 0)),
+                    ("gen_ai.usage.input_tokens", _tokens(event.get("inputTokens"))),
+                    ("gen_ai.usage.output_tokens", _tokens(event.get("outputTokens"))),
                     ("improve.model.ref", event.get("ref")),
                     ("improve.decision.name", event.get("decision")),
                     ("improve.usage.calls", event.get("calls") if event.get("calls", 1) != 1 else None),
@@ -307,6 +470,7 @@ def _thread_spans(run: ThreadRun) -> list[Span]:
                     ("improve.usage.fingerprint", event.get("fingerprint")),
                 ],
                 agent_id,
+                "LLM",
             )
             if event.get("error"):
                 _error(chat, "model_call_failed", str(event["error"]))
@@ -325,6 +489,16 @@ def _thread_spans(run: ThreadRun) -> list[Span]:
     return spans
 
 
+def _tokens(value: Any) -> int | None:
+    """A usage count for the GenAI attributes: a count as journaled (0 when absent), or left out when
+    it is none (a thread an older improve journaled with an endpoint's hostile usage)."""
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_USAGE_COUNT:
+        return None
+    return value
+
+
 def _decision(entry: LogEntry, meta: dict[str, Any], decision: _Decision, agent: Span, at: int) -> None:
     info = meta["decision"]
     exhausted = entry.type == ERROR_EVENT
@@ -338,7 +512,8 @@ def _decision(entry: LogEntry, meta: dict[str, Any], decision: _Decision, agent:
         ("improve.decision.refused", len(entry.attempts or [])),
     ]
     if decision.chats:
-        decision.chats[-1].attributes.extend(_attributes(fields))
+        _set(decision.chats[-1], fields)
+        _exchanges(info, entry, answer, decision)
     else:
         _event(agent, "improve.decision", at, fields)
     _refusals(entry, decision, agent, at)
@@ -378,8 +553,10 @@ def _tool(tid: tuple[str, str], entry: LogEntry, start: int, end: int, parent: b
             ("gen_ai.tool.call.result", event.get("output") if not failed else None),
             ("improve.tool.outcome", "error" if failed else "done"),
             ("improve.effects", event.get("effects")),
+            *_content("output", event.get("output") if not failed else None),
         ],
         parent,
+        "TOOL",
     )
     if failed:
         error = event.get("error")
@@ -390,10 +567,16 @@ def _tool(tid: tuple[str, str], entry: LogEntry, start: int, end: int, parent: b
 
 
 def export_requests(
-    runs: Iterable[ThreadRun], *, batch: int = DEFAULT_BATCH, version: str = "", content: bool = True
+    runs: Iterable[ThreadRun],
+    *,
+    batch: int = DEFAULT_BATCH,
+    version: str = "",
+    content: bool = True,
+    project: str | None = None,
 ) -> Iterator[ExportTraceServiceRequest]:
     """`ExportTraceServiceRequest`s of at most `batch` threads each, in thread id order; one resource
-    per environment (`service.name` is the environment), one instrumentation scope, `improve`."""
+    per environment (`service.name` is the environment), one instrumentation scope, `improve`. Each
+    resource names its Phoenix project (`openinference.project.name`): `project`, else the environment."""
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
     from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope
     from opentelemetry.proto.resource.v1.resource_pb2 import Resource
@@ -415,7 +598,9 @@ def export_requests(
         for service in sorted(by_service):
             request.resource_spans.append(
                 ResourceSpans(
-                    resource=Resource(attributes=_attributes([("service.name", service)])),
+                    resource=Resource(
+                        attributes=_attributes([("service.name", service), (PROJECT, project or service)])
+                    ),
                     scope_spans=[
                         ScopeSpans(
                             scope=InstrumentationScope(name=SCOPE_NAME, version=version),

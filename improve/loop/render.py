@@ -1,0 +1,143 @@
+"""A round record as people read it: the pull request's body (also the report's `scorecard.md`) and
+the lines `improve round` prints. The CHANGELOG entry is `changelog.entry_text`, the HTML page
+`report_page.round_page`; all four read the record and nothing else."""
+
+from __future__ import annotations
+
+from improve.evals import scorecard_markdown
+from improve.log import ThreadId
+from improve.loop.round_record import ModelInfo, RoundRecord
+
+REPLAYS_SHOWN = 6
+"""Candidate threads the body lists as `improve replay` commands."""
+
+
+def pr_body(record: RoundRecord) -> str:
+    """The pull request's body: the hypothesis, the scorecard with its charts and the promotion rule,
+    the held-out reuse, the model, the gates, and how to replay the candidate's runs."""
+    lines = [f"# {record.environment}: policy {record.candidate_version or '(none)'} ({record.status})", ""]
+    h = record.hypothesis
+    if h:
+        lines += [
+            "## Hypothesis",
+            "",
+            f"- **Cluster**: `{record.cluster}`",
+            f"- **Cause**: {h.cause}",
+            f"- **Change**: {record.rationale or h.change}",
+            f"- **Expected to move**: {h.metric}",
+            f"- **Risk**: {h.risk}",
+            f"- **Evidence** (training threads): {', '.join(f'`{t}`' for t in h.evidence[:8])}",
+            "",
+        ]
+    decision = record.decision
+    drawn = record.candidate_policy if decision is not None else None
+    lines.append(
+        scorecard_markdown(
+            record.scorecards,
+            [decision.train, decision.held_out] if decision else [],
+            title=f"Scorecard (k = {record.k} runs per scenario, model `{record.model}`)",
+            old_policy=record.baseline_policy if drawn else None,
+            new_policy=drawn,
+            decision=decision,
+            seed=record.seed,
+            history=record.history or (),
+        )
+    )
+    if record.held_out:
+        lines += ["## Held-out reuse", "", record.held_out.sentence, ""]
+        if record.held_out.warning:
+            lines += [f"**Warning**: {record.held_out.warning}.", ""]
+    if record.model_info:
+        lines += ["## Model", "", model_markdown(record.model_info), ""]
+    if record.gates:
+        lines += ["## Gates", "", "| gate | result | detail |", "|---|---|---|"]
+        for g in record.gates:
+            detail = g.detail.replace("\n", " ").replace("|", "\\|")[:300]
+            lines.append(f"| {g.name} | {'pass' if g.ok else '**fail**'} | {detail} |")
+        lines += ["", f"Repairs used: {record.repairs}.", ""]
+    if record.candidate_threads:
+        lines += replay_section(record)
+    lines += ["---", "Opened by `improve round`. A person reviews and merges; the tool never merges.", ""]
+    return "\n".join(lines)
+
+
+def replay_section(record: RoundRecord) -> list[str]:
+    """How a reviewer with only the pull request's branch replays the candidate's runs: `traces/` is
+    not in git, so the runs are made again first (a stand-in draws the same answers: the same threads),
+    then replayed, which calls no model, tool or person."""
+    shown = record.candidate_threads[:REPLAYS_SHOWN]
+    ids = [i for i in map(ThreadId.parse, shown) if i is not None]
+    scenarios = list(dict.fromkeys(i.scenario for i in ids))
+    again = [
+        f"improve run --env {record.environment} --policy {record.candidate_version} --model {record.model} "
+        f"--k {max((i.run for i in ids), default=1)} " + " ".join(f"--scenario {s}" for s in scenarios)
+    ]
+    stand_in = record.model_info is None or record.model_info.provider == "stand-in"
+    how = (
+        "the stand-in draws the same answers, so each run decides as the round's did"
+        if stand_in
+        else "a model behind an endpoint is asked again unless its recordings (.improve/cache) come along: "
+        "add `--cache replay` with them"
+    )
+    return [
+        "## Replay it",
+        "",
+        "Every run is a journaled thread; replaying one calls no model, tool or person. The threads are "
+        f"not in git (`traces/` is ignored): on this branch, make the runs again first ({how}), then "
+        "replay them:",
+        "",
+        "```sh",
+        *(again if ids else []),
+        *(f"improve replay {t} --verify" for t in shown),
+        "```",
+        "",
+        f'All {len(record.candidate_threads)} candidate threads: `improve sql "SELECT * FROM outcomes '
+        f"WHERE policy_version = '{record.candidate_version}'\"` after `improve ingest traces/`.",
+        "",
+    ]
+
+
+def model_markdown(info: ModelInfo) -> str:
+    """Which model answered the round's runs, and how reproducible they are: one paragraph."""
+    if info.provider == "stand-in":
+        return f"Stand-in model `{info.name}`: deterministic, seeded per scenario and run, no endpoint."
+    calls = info.calls
+    fingerprints = ", ".join(f"`{f}`" for f in info.fingerprints) or "none reported"
+    text = (
+        f"`{info.name}`: {info.provider} model `{info.model}` at {info.endpoint}, temperature "
+        f"{info.temperature}, seed {info.seed if info.seed is not None else 'not set'}; system fingerprint "
+        f"{fingerprints}. {calls.calls} calls ({calls.recorded} from recordings, {calls.live} live, "
+        f"{calls.failed} failed, {calls.retries} retries), {calls.input_tokens + calls.output_tokens:,} tokens, "
+        + (f"${calls.usd:.4f}." if calls.usd is not None else "cost unknown (no price).")
+    )
+    if info.mixed:
+        text += (
+            " **Mixed**: this round combined recorded and live calls, so a replay (`--cache replay`) needs "
+            "the recordings of both."
+        )
+    return text
+
+
+def round_lines(record: RoundRecord) -> list[str]:
+    """What `improve round` prints for a round: its id and outcome, the decision, the held-out read,
+    where its review is and where its report is."""
+    held = record.scores.get("held-out")
+    scores = f"held-out {held.before:.3f} -> {held.after:.3f}" if held else "no replay"
+    lines = [
+        f"{record.round_id}: {record.status} {record.candidate_version or ''} [{record.cluster or '-'}] {scores}",
+        f"  {record.decision_detail}",
+    ]
+    read = record.held_out
+    if read:
+        lines.append(
+            f"  held-out read {read.read} time{'' if read.read == 1 else 's'} (set {read.key}, {read.scenarios} scenarios; "
+            f"supports {read.supported}; bias bound {read.bias_bound:.3f})"
+        )
+        if read.warning:
+            lines.append(f"  warning: {read.warning}")
+    if record.pr:
+        pr = record.pr
+        lines.append(f"  pull request: {pr.pr_url or pr.instructions or pr.error or ''}")
+    if record.report:
+        lines.append(f"  report: {record.report}")
+    return lines

@@ -1,0 +1,290 @@
+"""The round record: what one round did and found, typed and versioned (`round.json`).
+
+A round builds its record once, when it ends, and writes it once; everything a round shows is
+rendered from it: the pull request's body (`render.pr_body`), the CHANGELOG entry
+(`changelog.entry_text`), the HTML page (`report_page.round_page`) and the lines `improve round`
+prints (`render.round_lines`). It is read back typed (`read_round_record`); a `round.json` written
+before the record had a `format` is migrated on the way in by one validator (`RoundRecord._migrate`),
+its scorecards and candidate taken from the files beside it.
+
+A section a later round wants to record (a production-impact preview, say) is one more optional field:
+older records read with it empty.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_serializer, model_validator
+
+from improve.errors import ImproveError, WorkspaceError
+from improve.evals import PromotionDecision, Quarantined, Reruns, Scorecard, VersionScore
+from improve.files import write_atomic
+from improve.loop.diagnose import Hypothesis
+from improve.loop.gates import GateResult
+from improve.machine import MachineConfig, parse_machine
+
+FORMAT = "improve.round/2"
+"""`round.json`'s format: 2 is the typed record; a file without a format is 1 (migrated when read)."""
+
+ROUND_RECORD = "round.json"
+SCORECARDS = "scorecards.json"
+PROPOSED = "policy.json"
+
+Status = Literal["recommended", "discarded", "blocked", "nothing-to-fix"]
+
+
+class Part(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore", populate_by_name=True)
+
+
+class SplitScore(Part):
+    """One split's comparison as the promotion rule read it (the `Comparison`), with the cost and
+    violations of both sides."""
+
+    before: float
+    after: float
+    mean_diff: float
+    ci_low: float = 0.0
+    ci_high: float = 0.0
+    confidence: float = 0.95
+    test: str | None = None
+    """The deciding test's name; None in a record from before the exact tests (a bootstrap interval)."""
+    p: float | None = None
+    alpha: float | None = None
+    extra_runs: int = 0
+    violations_after: int = 0
+    cost_before: float = 0.0
+    cost_after: float = 0.0
+    k: int = 0
+
+
+class HeldOutReuse(Part):
+    """Which read of the held-out set the round was, what the set supports, and the warning past that
+    (`improve.evals.HeldOutRead`, docs/contracts.md: held-out reuse)."""
+
+    key: str
+    scenarios: int
+    read: int
+    supported: int
+    max_bias: float
+    bias_bound: float
+    warning: str | None = None
+    sentence: str = ""
+    """`Held-out set `KEY` (27 scenarios) read 3 times, ...`: the read and its bound, as the CHANGELOG
+    entry and the PR body say it (written from the figures when not given)."""
+
+    @model_validator(mode="after")
+    def _said(self) -> HeldOutReuse:
+        if not self.sentence:
+            times = "time" if self.read == 1 else "times"
+            said = (
+                f"Held-out set `{self.key}` ({self.scenarios} scenarios) read {self.read} {times}, this round "
+                f"included; it supports {self.supported} at held_out_bias = {self.max_bias:g} (reads <= 1 + "
+                "floor(2 n eps^2 / ln 2)), and the earlier reads may bias this round's held-out pass rates "
+                f"by up to sqrt((r - 1) ln 2 / (2n)) = {self.bias_bound:.3f}."
+            )
+            object.__setattr__(self, "sentence", said)
+        return self
+
+
+class Calls(Part):
+    """The model calls of a round's runs (`improve.llm.Meter.to_json`)."""
+
+    calls: int = 0
+    live: int = 0
+    recorded: int = 0
+    repeated: int = 0
+    failed: int = 0
+    reasked: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    usd: float | None = None
+    retries: int = 0
+    limit_usd: float | None = None
+    notes: list[str] = Field(default_factory=list)
+
+
+class ModelInfo(Part):
+    """Which model the runs used and how its calls were answered: for a model behind an endpoint, what
+    identifies its behaviour (`improve.llm.ModelSpec.public`, never a key) and its fingerprints."""
+
+    name: str
+    provider: str
+    model: str | None = None
+    endpoint: str | None = None
+    temperature: float | None = None
+    seed: int | None = None
+    max_output_tokens: int | None = Field(default=None, alias="maxOutputTokens")
+    fingerprints: list[str] = Field(default_factory=list)
+    calls: Calls = Field(default_factory=Calls)
+    mixed: bool = False
+    """Recorded and live calls were combined: a replay needs the recordings of both."""
+
+
+class Review(Part):
+    """What became of a recommended candidate's review: the branch, the pull request, or why not
+    (`improve.loop.publish.PullRequestResult`, or the files to apply outside git)."""
+
+    pushed: bool = False
+    branch: str | None = None
+    commit: str | None = None
+    pr_number: int | None = None
+    pr_url: str | None = None
+    pr_action: str | None = None
+    reused: bool = False
+    base: str | None = None
+    remote: str | None = None
+    instructions: str | None = None
+    error: str | None = None
+    """Why the pull request could not be opened (saying where the branch is)."""
+    notes: list[str] = Field(default_factory=list)
+
+
+class NewBranch(Part):
+    """A branch the candidate adds, as written: its guard and its answer (the CHANGELOG records both,
+    so a branch discarded against a policy is not proposed against it again)."""
+
+    guard: str
+    answer: str
+
+
+class RoundRecord(BaseModel):
+    """One round, typed: its inputs, each step's outcome, the decision and where it left its review."""
+
+    model_config = ConfigDict(extra="ignore", ser_json_inf_nan="constants", validate_assignment=False)
+
+    format: str = FORMAT
+    round_id: str
+    environment: str
+    baseline_version: str
+    candidate_version: str | None = None
+    proposer: str
+    model: str
+    k: int
+    seed: int
+    status: Status = "discarded"
+    """recommended, discarded, blocked (the environment needs a person) or nothing-to-fix."""
+    recommended: bool = False
+    goal_met: bool = False
+    decision_detail: str = ""
+    # diagnose, propose, gate
+    cluster: str | None = None
+    hypothesis: Hypothesis | None = None
+    rationale: str | None = None
+    branches: list[NewBranch] = Field(default_factory=list)
+    diff_summary: str | None = None
+    gates: list[GateResult] = Field(default_factory=list)
+    repairs: int = 0
+    model_calls: int = 0
+    """Model calls the proposer made."""
+    # replay and decide
+    scores: dict[str, SplitScore] = Field(default_factory=dict)
+    regressions: list[str] = Field(default_factory=list)
+    held_out: HeldOutReuse | None = None
+    """Set when the promotion rule read the held-out split."""
+    reruns: Reruns | None = None
+    """What the sequential rule ran beyond the first k runs."""
+    candidate_threads: list[str] = Field(default_factory=list)
+    quarantined: list[Quarantined] = Field(default_factory=list)
+    """Threads set aside because their replay does not verify: each thread id and the reason."""
+    model_info: ModelInfo | None = None
+    # record
+    report: str | None = None
+    """The report folder, relative to the workspace."""
+    pr: Review | None = None
+    # what the renderers draw
+    scorecards: list[Scorecard] = Field(default_factory=list)
+    """Train and held-out, the baseline's and (after a replay) the candidate's."""
+    decision: PromotionDecision | None = None
+    baseline_policy: MachineConfig | None = Field(default=None, exclude=True)
+    """The baseline policy (not written: it is the workspace's `policies/<env>/<version>.json`)."""
+    candidate_policy: MachineConfig | None = Field(default=None, exclude=True)
+    """The candidate as the gates validated it (not written: read back from `proposed` when the
+    validate gate passed it)."""
+    proposed: Any = None
+    """The candidate document as the proposer returned it (`policy.json`), valid or not: data."""
+    history: list[VersionScore] | None = None
+    """Pass rates of the versions that led to this round's head (the CHANGELOG's, this round last);
+    None in a record from before it was recorded (read from the CHANGELOG then)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _migrate(cls, data: Any) -> Any:
+        """A `round.json` of format 1 (no `format`): scores of a bootstrap decision, `reruns` with its
+        summary, `model_info` and `pr` as loose dicts all read as they are; only the format changes."""
+        if isinstance(data, dict) and "format" not in data:
+            data = {**data, "format": FORMAT}
+        return data
+
+    @field_serializer("scorecards")
+    def _cards(self, cards: list[Scorecard]) -> list[dict[str, Any]]:
+        return [c.to_json() for c in cards]
+
+    @field_serializer("decision")
+    def _decision(self, decision: PromotionDecision | None) -> dict[str, Any] | None:
+        return decision.to_json() if decision is not None else None
+
+    @field_serializer("reruns")
+    def _reruns(self, reruns: Reruns | None) -> dict[str, Any] | None:
+        return reruns.to_json() if reruns is not None else None
+
+    def to_json(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True)
+
+    def write(self, folder: Path) -> Path:
+        path = folder / ROUND_RECORD
+        write_atomic(path, json.dumps(self.to_json(), indent=2, ensure_ascii=False) + "\n")
+        return path
+
+
+def read_round_record(folder: Path, environment: str | None = None) -> RoundRecord:
+    """The record in a report folder, typed. A record of format 1 takes its scorecards from
+    `scorecards.json` and its candidate from `policy.json` beside it (and `environment` when it names
+    none); one too old to have written scorecards is named as such."""
+    document = _read_json(folder / ROUND_RECORD, "the round's record, written when a round finishes")
+    if not isinstance(document, dict):
+        raise WorkspaceError(
+            f"{folder / ROUND_RECORD}: not a round record (a JSON object); run the round again"
+        )
+    if "format" not in document:
+        document = _beside(folder, document)
+        if environment and not document.get("environment"):
+            document["environment"] = environment
+    try:
+        record = RoundRecord.model_validate(document)
+    except ValueError as exc:
+        raise WorkspaceError(
+            f"{folder / ROUND_RECORD}: not a round record ({exc}); run the round again"
+        ) from None
+    if record.proposed is not None and any(g.name == "validate" and g.ok for g in record.gates):
+        try:
+            record.candidate_policy = parse_machine(record.proposed, f"{folder / ROUND_RECORD}: proposed")
+        except ImproveError as exc:
+            raise WorkspaceError(f"{folder / PROPOSED}: not a policy ({exc}); run the round again") from None
+    return record
+
+
+def _beside(folder: Path, document: dict[str, Any]) -> dict[str, Any]:
+    """A format-1 record with what it kept in files of its own: the scorecards, the candidate."""
+    cards = folder / SCORECARDS
+    if not cards.is_file():
+        raise WorkspaceError(
+            f"{cards} is missing: the round was recorded before rounds wrote their scorecards as data; "
+            f"{folder / 'scorecard.md'} has them as markdown, or run the round again"
+        )
+    found = {"scorecards": _read_json(cards, "the round's scorecards")}
+    if (folder / PROPOSED).is_file():
+        found["proposed"] = _read_json(folder / PROPOSED, "the candidate policy")
+    return {**document, **found}
+
+
+def _read_json(path: Path, what: str) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise WorkspaceError(f"{path} is missing: {what}") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise WorkspaceError(f"{path} is not readable JSON ({exc}); {what}") from None

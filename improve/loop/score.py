@@ -1,0 +1,317 @@
+"""Scoring a policy version from its recorded runs (`improve score`): per split, its scorecard from
+the threads verified in the warehouse, the paired comparison with another version, where the held-out
+set stands (the rounds that read it, from the CHANGELOG), and the sealed test split, unsealed and
+recorded, when asked.
+
+Only recorded runs are scored, never an agent's own report; a thread that does not verify is set
+aside. The test split's runs are made here (k from improve.toml, the recorded ones reused): no round
+ever runs them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from improve.errors import ScenarioError, SealedSplitError, WorkspaceError
+from improve.evals import (
+    OPEN_SPLITS,
+    SEALED_SPLIT,
+    SPLITS,
+    UNSEAL_HOW,
+    UNSEALINGS_FILE,
+    Comparison,
+    Ledger,
+    Recorded,
+    ScenarioSet,
+    Scorecard,
+    UnsealedScore,
+    Unsealing,
+    VersionScore,
+    Workspace,
+    check_unsealable,
+    compare,
+    describe_model,
+    open_fanout,
+    policy_hash,
+    policy_label,
+    scorecard,
+    scorecard_markdown,
+    suite_spec,
+    unseal,
+    unsealings_so_far,
+    write_threads,
+)
+from improve.log import ThreadId, model_slug
+from improve.loop.changelog import CHANGELOG, Changelog, HeldOutStatus
+from improve.machine import MachineConfig
+from improve.runtime import Environment
+
+Say = Callable[[str], None]
+SIDES = ("old", "new")
+
+
+@dataclass(frozen=True)
+class ScoreRequest:
+    """What `improve score` scores: `policy` (and `vs`, to compare with) on `split` with `model`'s runs."""
+
+    policy: str
+    vs: str | None = None
+    split: str = "all"
+    model: str = "naive"
+    unseal: bool = False
+    """Score the sealed test split too (making its runs), and record the unsealing."""
+    env: str | None = None
+    executor: str | None = None
+    """Where the test split's runs go (`--executor`); None: improve.toml's, else here."""
+    described: bool = False
+    """Describe the model the runs used (for the markdown scorecard: its stamp and fingerprints)."""
+
+    def check(self) -> None:
+        """Refuse a split that does not exist, and the sealed split without `unseal` (or the reverse)."""
+        if self.split != "all" and self.split not in SPLITS:
+            raise WorkspaceError(f"unknown split {self.split!r}; use {', '.join(SPLITS)} or all")
+        if self.unseal and self.split not in (SEALED_SPLIT, "all"):
+            raise WorkspaceError(
+                f"--unseal unseals the sealed test split; pass --split {SEALED_SPLIT} (or all) with it, or "
+                f"leave --unseal out to score {self.split}"
+            )
+        if self.split == SEALED_SPLIT and not self.unseal:
+            raise SealedSplitError(f"--split {SEALED_SPLIT}: {UNSEAL_HOW}")
+
+    @property
+    def command(self) -> str:
+        """The command, as an unsealing records it."""
+        vs = f" --vs {self.vs}" if self.vs else ""
+        return f"improve score --policy {self.policy}{vs} --model {self.model} --split {self.split} --unseal"
+
+
+@dataclass
+class Scores:
+    """What `improve score` shows: the scorecards, the comparisons, and what the sealed and held-out
+    splits have been through."""
+
+    seed: int
+    policies: dict[str, MachineConfig]
+    """`new`, the version scored, and `old`, the one it is compared with."""
+    cards: list[Scorecard] = field(default_factory=list)
+    comparisons: list[Comparison] = field(default_factory=list)
+    test_scenarios: int = 0
+    unsealed: bool = False
+    unsealings: int = 0
+    unsealing: Unsealing | None = None
+    held_out: HeldOutStatus | None = None
+    history: list[VersionScore] = field(default_factory=list)
+    model: str | None = None
+    """The model as its runs' stamps describe it (with `ScoreRequest.described`)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "seed": self.seed,
+            "scorecards": [c.to_json() for c in self.cards],
+            "comparisons": [c.to_json() for c in self.comparisons],
+            "sealed": {
+                "test_scenarios": self.test_scenarios,
+                "unsealed": self.unsealed,
+                "unsealings": self.unsealings,
+            },
+            "unsealing": self.unsealing.to_json() if self.unsealing else None,
+            "held_out_reads": self.held_out.to_json() if self.held_out else None,
+        }
+
+    def markdown(self, vs: str | None) -> str:
+        """The scorecard as the PR body shows it; an unsealing says so under it."""
+        new = self.policies["new"]
+        text = scorecard_markdown(
+            self.cards,
+            self.comparisons,
+            title=f"Scorecard: {policy_label(new)}" + (f" vs {vs}" if vs else ""),
+            old_policy=self.policies.get("old"),
+            new_policy=new if vs else None,
+            seed=self.seed,
+            model=self.model,
+            history=self.history,
+        )
+        u = self.unsealing
+        if u:
+            # A scorecard pasted into a review says that its test numbers were an unsealing.
+            text += (
+                f"\nThe test split was unsealed for this scorecard: unsealing {u.number} of test set "
+                f"`{u.test_set}` ({u.test_scenarios} scenarios) by {u.who} at {u.at}, recorded in "
+                f"`{UNSEALINGS_FILE}`.\n"
+            )
+        return text
+
+
+def score_policy(space: Workspace, request: ScoreRequest, say: Say = lambda m: None) -> Scores:
+    """Score `request.policy` (and compare with `request.vs`) split by split, from the runs recorded in
+    the workspace's warehouse; the sealed split is scored, and the unsealing recorded before anything
+    shows it, only with `request.unseal`."""
+    request.check()
+    env_name = space.env_name(request.env)
+    scoring = _Scoring(space, request, space.environment(env_name), space.scenarios(env_name), say)
+    if request.unseal:
+        check_unsealable(space, scoring.scenario_set)
+    # One writer of the workspace's threads at a time: the sealed split's runs are made here.
+    with space.writing(say), Ledger(space, scoring.env) as scoring.ledger:
+        return scoring.run()
+
+
+class _Scoring:
+    """One `improve score`: its inputs, and the ledger it reads the runs from."""
+
+    def __init__(
+        self, space: Workspace, request: ScoreRequest, env: Environment, scenario_set: ScenarioSet, say: Say
+    ) -> None:
+        self.space, self.request, self.env, self.scenario_set, self.say = (
+            space,
+            request,
+            env,
+            scenario_set,
+            say,
+        )
+        self.known = {s.id for s in scenario_set.scenarios}
+        self.ledger: Ledger
+
+    def run(self) -> Scores:
+        request, scenario_set = self.request, self.scenario_set
+        if request.unseal and not scenario_set.sealed:
+            raise ScenarioError(
+                f"{scenario_set.source}: no scenario has `split: {SEALED_SPLIT}`, so there is nothing to "
+                f"unseal; label some with `split: {SEALED_SPLIT}` (or `improve scenarios add --split "
+                f"{SEALED_SPLIT}`) before any round chooses a policy, and score them once at the end"
+            )
+        if request.split == "all" and not request.unseal and scenario_set.sealed:
+            self.say(
+                f"the sealed test split ({len(scenario_set.sealed)} scenarios) is not scored; "
+                f"`--split {SEALED_SPLIT} --unseal` scores it (and records the unsealing)"
+            )
+        policies = {"new": self.space.load_policy(self.env.name, request.policy)}
+        if request.vs:
+            policies["old"] = self.space.load_policy(self.env.name, request.vs)
+        scores = Scores(self.space.config.objective.seed, policies, test_scenarios=len(scenario_set.sealed))
+        threads = []
+        for split in self._splits():
+            rows = {side: self._rows(split, policies[side]) for side in SIDES if side in policies}
+            cards = {
+                side: scorecard(found.rows, policy_label(policies[side]), split)
+                for side, found in rows.items()
+            }
+            scores.cards += [cards[side] for side in SIDES if side in cards]
+            threads += [r.thread_id for found in rows.values() for r in found.rows]
+            if "old" in cards:
+                scores.comparisons.append(self._compare(cards["old"], cards["new"]))
+        self._changelog(scores)
+        if request.unseal:
+            self._unseal(scores, threads)
+        scores.unsealed = request.unseal
+        scores.unsealings = unsealings_so_far(self.space, scenario_set)
+        if request.described:
+            scores.model = self._model(threads)
+        return scores
+
+    def _splits(self) -> list[str]:
+        request = self.request
+        if request.split != "all":
+            return [request.split]
+        return [*OPEN_SPLITS, *([SEALED_SPLIT] if request.unseal else [])]
+
+    def _rows(self, split: str, policy: MachineConfig) -> Recorded:
+        """The recorded threads of this version and model on `split`, verified in the warehouse (a thread
+        that does not verify is set aside, never scored); the test split's are made here first."""
+        label, model = policy_label(policy), self.request.model
+        rewritten: list[str] = []
+        if split == SEALED_SPLIT:
+            # Unsealing is one command: the test set's k runs are made (or reused) here, never by a
+            # round, and exactly the current test set is scored.
+            plan = self._run_sealed(policy)
+            ids = [p.thread_id for p in plan]
+            rewritten = [p.thread_id for p in plan if not p.reused]
+        else:
+            ids = [
+                tid
+                for tid in self.ledger.recorded(f"{split}:{label}:{model_slug(model)}:")
+                if (parsed := ThreadId.parse(tid)) is not None and parsed.scenario in self.known
+            ]
+        found = self.ledger.record(ids, say=self.say, rewritten=rewritten) if ids else Recorded()
+        if not found.rows:
+            raise WorkspaceError(
+                f"no recorded runs of {label} with model {model} on {split} in {self.space.traces}; run "
+                f"`improve run --env {self.env.name} --policy {label} --model {model} --split {split} "
+                f"--k {self.space.config.objective.k}` first"
+            )
+        return found
+
+    def _run_sealed(self, policy: MachineConfig) -> list[Any]:
+        """The k runs of the test split's scenarios that are not recorded yet (the recorded ones are
+        reused), the call cache recording what is new."""
+        sealed, model = self.scenario_set.sealed, self.request.model
+        spec = suite_spec(self.space, self.env, policy, model, cache="record")
+        with open_fanout(self.space.executor(self.request.executor), self.space.root) as fanout:
+            if fanout is not None:
+                self.say(f"runs go to {fanout.where}")
+            plan = write_threads(self.env, sealed, spec, self.ledger.store, concurrency=8, executor=fanout)
+        ran = sum(1 for p in plan if not p.reused)
+        self.say(
+            f"test split: {len(sealed)} scenarios x {spec.k} with {policy_label(policy)}, model {model} "
+            f"({ran} runs made now, {len(plan) - ran} reused)"
+        )
+        return plan
+
+    def _compare(self, old: Scorecard, new: Scorecard) -> Comparison:
+        objective = self.space.config.objective
+        return compare(
+            old,
+            new,
+            confidence=objective.confidence,
+            resamples=objective.bootstrap_resamples,
+            seed=objective.seed,
+            tolerance=objective.tolerance,
+        )
+
+    def _changelog(self, scores: Scores) -> None:
+        """Where the held-out set stands, and the versions that led to the scored one, as the rounds
+        recorded them in the CHANGELOG (read once)."""
+        changelog = Changelog.read(self.space.policies_dir(self.env.name) / CHANGELOG)
+        if "held-out" in self._splits():
+            objective = self.space.config.objective
+            scores.held_out = changelog.held_out_status(
+                self.scenario_set.split("held-out"), objective.held_out_bias
+            )
+            if scores.held_out.warning:
+                self.say(f"warning: {scores.held_out.warning}")
+        scores.history = changelog.history(policy_label(scores.policies["new"]))
+
+    def _unseal(self, scores: Scores, threads: list[str]) -> None:
+        """Record the unsealing before anything is shown: a look at the test scores is never unrecorded,
+        and a test score whose unsealing could not be recorded leaves the warehouse again."""
+        tests = [t for t in threads if (p := ThreadId.parse(t)) is not None and p.split == SEALED_SPLIT]
+        sides = [scores.policies[s] for s in SIDES if s in scores.policies]
+        cards = [c for c in scores.cards if c.split == SEALED_SPLIT]
+        comparison = next((c for c in scores.comparisons if c.split == SEALED_SPLIT), None)
+        unsealed = unseal(
+            self.space,
+            self.scenario_set,
+            self.request.model,
+            [UnsealedScore.of(card, policy_hash(policy)) for policy, card in zip(sides, cards, strict=True)],
+            self.request.command,
+            comparison.to_json() if comparison else None,
+            forget=lambda: self.ledger.forget(tests),
+        )
+        scores.unsealing = unsealed.unsealing
+        self.say(unsealed.message())
+
+    def _model(self, threads: list[str]) -> str | None:
+        """The model the runs used, from the first thread's stamp, with every fingerprint its calls saw."""
+        store = self.ledger.store
+        first = store.read(threads[0]) if threads else []
+        stamp = dict(first[0].metadata or {}) if first else {}
+        if not stamp:
+            return None
+        # Fingerprints only for a model behind an endpoint (a stand-in has none): each thread read once.
+        read = [first, *(store.read(tid) for tid in threads[1:])] if stamp.get("modelSpec") else []
+        prints = sorted(
+            {str(e.event["fingerprint"]) for entries in read for e in entries if e.event.get("fingerprint")}
+        )
+        return describe_model(stamp, prints)
