@@ -218,10 +218,31 @@ def replay(
             ):  # the endpoint failed, not the answer
                 erred = True
                 reason = reason or str(event["error"])
-            calls += _count(entry, event, "calls", 1)
-            tokens_in += _count(entry, event, "inputTokens", 0)
-            tokens_out += _count(entry, event, "outputTokens", 0)
-            cost += _cost(entry, event)
+            n = event.get("calls", 1)
+            t_in = event.get("inputTokens", 0)
+            t_out = event.get("outputTokens", 0)
+            usd = event.get("costUsd", 0.0)
+            # The common case checked inline (exactly what `_count` and `_cost` accept, but for int
+            # subclasses, which they judge): a call each was a tenth of the fold of a usage entry.
+            if (
+                type(n) is int
+                and type(t_in) is int
+                and type(t_out) is int
+                and (type(usd) is float or type(usd) is int)
+                and 0 <= n <= MAX_USAGE_COUNT
+                and 0 <= t_in <= MAX_USAGE_COUNT
+                and 0 <= t_out <= MAX_USAGE_COUNT
+                and 0 <= usd <= MAX_USAGE_COUNT
+            ):
+                calls += n
+                tokens_in += t_in
+                tokens_out += t_out
+                cost += usd
+            else:
+                calls += _count(entry, event, "calls", 1)
+                tokens_in += _count(entry, event, "inputTokens", 0)
+                tokens_out += _count(entry, event, "outputTokens", 0)
+                cost += _cost(entry, event)
             continue
         if etype == END_EVENT:
             ended = str(event.get("status"))
