@@ -968,7 +968,7 @@ def test_a_round_id_with_a_round_json_gets_a_new_id_and_a_partial_folder_is_repl
 def test_a_failed_pull_request_says_where_the_branch_is_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from improve.cli import loop as loop_cli
+    import improve.loop
     from improve.loop.round_record import Review, RoundRecord
 
     scratch(tmp_path / "ws")
@@ -989,7 +989,8 @@ def test_a_failed_pull_request_says_where_the_branch_is_once(
         error="the GitHub API answered 422 for acme/desk: Validation Failed; retry later. The branch "
         "improve/refunds-v1 is pushed, so the PR can also be opened by hand.",
     )
-    monkeypatch.setattr(loop_cli, "run_rounds", lambda *args, **kwargs: [failed])
+    # `improve round` imports run_rounds from improve.loop when it runs (its --help imports no loop).
+    monkeypatch.setattr(improve.loop, "run_rounds", lambda *args, **kwargs: [failed])
     result = CliRunner().invoke(app, ["round", "-w", str(tmp_path / "ws"), "--policy", "v0"])
     assert result.exit_code == 3, result.output
     said = " ".join(result.stderr.split())

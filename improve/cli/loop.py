@@ -6,7 +6,7 @@ import os
 from contextlib import ExitStack
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
@@ -30,17 +30,10 @@ from improve.cli.common import (
     workspace,
 )
 from improve.errors import WorkspaceError
-from improve.evals import Ledger, Workspace
-from improve.loop import (
-    RoundOptions,
-    RoundRecord,
-    diagnose_policy,
-    diagnose_production,
-    find_round,
-    round_lines,
-    run_rounds,
-    write_round_page,
-)
+
+if TYPE_CHECKING:
+    from improve.evals import Workspace
+    from improve.loop import RoundRecord
 
 
 def round_command(
@@ -118,6 +111,8 @@ def round_command(
         improve round --policy v3 --model fast --max-usd 2 --cache record
         improve round --policy v0 --k 10 --executor dask://127.0.0.1:8786
     """
+    from improve.loop import RoundOptions, round_lines, run_rounds
+
     with handled(), ExitStack() as stack:
         space = workspace(ws)
         fanout = stack.enter_context(executor_for(space, executor))
@@ -205,6 +200,8 @@ def diagnose_command(
         improve diagnose --policy v0 --json
         improve ingest prod/ && improve diagnose --source production
     """
+    from improve.loop import diagnose_policy
+
     with handled():
         space = workspace(ws)
         if source == Source.production:
@@ -239,6 +236,9 @@ def diagnose_command(
 
 
 def _diagnose_production(space: Workspace, env: str | None, as_json: bool) -> None:
+    from improve.evals import Ledger
+    from improve.loop import diagnose_production
+
     environment = space.environment(env)
     with Ledger(space, environment) as ledger:
         found = diagnose_production(ledger.con, environment.name)
@@ -307,6 +307,8 @@ def report_command(
 
         improve report 20261130-155524-refunds-v3 --html --out build/v3.html
     """
+    from improve.loop import find_round, write_round_page
+
     with handled():
         space = workspace(ws)
         if out_file is not None and not html:

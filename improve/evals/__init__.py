@@ -3,7 +3,7 @@
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from improve.evals.cluster import EXECUTOR_HELP, ExecutorChoice, open_fanout, parse_executor
+from improve.evals.cluster import ExecutorChoice, open_fanout, parse_executor
 from improve.evals.fanout import Fanout, ModelGate
 from improve.evals.from_thread import find_thread, scenario_from_thread
 from improve.evals.holdout import HeldOutRead, bias_bound, scenarios_needed, set_key, supported_reads
@@ -113,7 +113,6 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "CONFIG_NAME",
-    "EXECUTOR_HELP",
     "OPEN_SPLITS",
     "OUTCOMES_SQL",
     "SEALED_SPLIT",
