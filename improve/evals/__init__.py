@@ -31,6 +31,7 @@ from improve.evals.scenarios import (
 )
 from improve.evals.suite import (
     PlannedRun,
+    StartFrom,
     SuiteSpec,
     every,
     run_scenario,
@@ -140,6 +141,7 @@ __all__ = [
     "ScenarioSet",
     "Scorecard",
     "Settled",
+    "StartFrom",
     "SuiteSpec",
     "Unsealed",
     "UnsealedScore",

@@ -5,7 +5,8 @@
              -> propose    one change
              -> gate       the gates in order (novelty among them when the CHANGELOG remembers
                            candidates discarded against this policy), at most 3 repairs
-             -> replay     the candidate on train, then held-out, k runs each, then the sequential reruns
+             -> replay     the candidate on train and held-out, k runs each, then the sequential reruns;
+                           replay-first: each candidate run starts from the baseline's recorded run
              -> decide     the promotion rule (stated before the replay)
              -> record     the round record, its report, the CHANGELOG entry, the pull request
 
@@ -37,6 +38,7 @@ from improve.evals import (
     Scenario,
     Scorecard,
     Settled,
+    StartFrom,
     SuiteSpec,
     Workspace,
     decide,
@@ -128,6 +130,9 @@ class Round:
         self.space, self.opts, self.inputs, self.ledger, self.say = space, opts, inputs, ledger, say
         self.objective = space.config.objective
         self.k = opts.k or self.objective.k
+        self.replay_first = (
+            opts.replay_first if opts.replay_first is not None else self.objective.replay_first
+        )
         self.version = inputs.memory.version
         self.round_id = f"{clock.now().strftime('%Y%m%d-%H%M%S')}-{inputs.env_name}-v{self.version}"
         self.label = policy_label(inputs.policy)
@@ -254,14 +259,15 @@ class Round:
         return False
 
     def replay(self) -> bool:
-        """The candidate on train, then held-out, then the sequential rule's reruns of both policies."""
+        """The candidate on train and held-out (one suite, so its runs overlap), then the sequential
+        rule's reruns of both policies; replay-first, each candidate run starts from the baseline's."""
         assert self.candidate is not None and self.gated is not None
         label = policy_label(self.candidate)
         self.candidate_spec = dataclasses.replace(self.spec, policy=self.candidate)
-        self.say(f"candidate {label}: train, k={self.k}")
-        rows = self._suite(self.inputs.train, self.candidate_spec, "train")
-        self.say(f"candidate {label}: held-out, k={self.k}")
-        rows += self._suite(self.inputs.held_out, self.candidate_spec, "held-out")
+        how = ", replay-first" if self.replay_first else ""
+        self.say(f"candidate {label}: train and held-out, k={self.k}{how}")
+        scenarios = [*self.inputs.train, *self.inputs.held_out]
+        rows = self._suite(scenarios, self.candidate_spec, "candidate", start=self._start(self.base_rows))
         rule = RerunRule.from_objective(self.objective, self.k)
         self.settled = settle(self.base_rows, rows, rule, self._run_more)
         if self.settled.reruns.scenarios:
@@ -323,11 +329,13 @@ class Round:
         what: str,
         runs: Sequence[int] | None = None,
         keep: bool = False,
+        start: StartFrom | None = None,
     ) -> list[OutcomeRow]:
         """Run (or reuse) the suite's threads, record them in the warehouse, and read back the verified
         rows; threads set aside are counted. `runs`: run numbers other than 1..k (the reruns). `keep`:
         hand the threads the suite reused on to the round's reads (the baseline's, which the diagnosis
-        reads). The candidate runs as the gates compiled it."""
+        reads). `start`: the baseline's runs these start from (replay-first). The candidate runs as
+        the gates compiled it."""
         plan = write_threads(
             self.inputs.env,
             scenarios,
@@ -340,6 +348,7 @@ class Round:
             models=self.models,
             runs=runs,
             compiled=self.gated.machine if self.gated is not None and spec is self.candidate_spec else None,
+            start_from=start,
         )
         if keep:
             self.evidence.known |= {p.thread_id: p.entries for p in plan if p.entries is not None}
@@ -357,10 +366,18 @@ class Round:
         by_id = {s.id: s for s in self.inputs.scenarios}
         chosen = [by_id[i] for i in ids]
         what = f"reruns r{numbers.start}-r{numbers.stop - 1}"
-        return Batch(
-            self._suite(chosen, self.spec, f"{what}, baseline", numbers),
-            self._suite(chosen, self.candidate_spec, f"{what}, candidate", numbers),
+        baseline = self._suite(chosen, self.spec, f"{what}, baseline", numbers)
+        candidate = self._suite(
+            chosen, self.candidate_spec, f"{what}, candidate", numbers, start=self._start(baseline)
         )
+        return Batch(baseline, candidate)
+
+    def _start(self, baseline: Sequence[OutcomeRow]) -> StartFrom | None:
+        """Replay-first: the baseline's verified runs, each the start of the candidate's run of the same
+        scenario and run number (a run set aside starts nothing: its candidate runs from scratch)."""
+        if not self.replay_first:
+            return None
+        return StartFrom(self.ledger.store, {(r.scenario, r.run): r.thread_id for r in baseline})
 
     def _note(self, what: str) -> None:
         """Which model the runs used so far and how its calls went; said for a model behind an endpoint."""

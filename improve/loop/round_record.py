@@ -96,6 +96,8 @@ class Calls(Part):
     live: int = 0
     recorded: int = 0
     repeated: int = 0
+    reused: int = 0
+    """Answers replay-first runs took from the baseline's recorded runs: no model was asked."""
     failed: int = 0
     reasked: int = 0
     input_tokens: int = 0

@@ -41,6 +41,7 @@ from improve.runtime.policy import (
     read_document_text,
 )
 from improve.runtime.recorded import ActorCall, PersonAnswer, RecordedThread, recorded_thread
+from improve.runtime.replay_first import REPLAY_FIRST_KEY, Parting, RecordedRun, ReplayFirstDecider
 from improve.runtime.resume import ResumeResult, WaitingThread, fold_thread, resume, world_at
 from improve.runtime.resume_bound import ResumeProof, prove_resumes, resume_proof
 from improve.runtime.run import DEFAULT_MAX_MODEL_CALLS, Journal, RunResult, run
@@ -51,6 +52,7 @@ __all__ = [
     "ENVIRONMENTS",
     "MAX_FREE_TEXT",
     "MODEL_DECIDE",
+    "REPLAY_FIRST_KEY",
     "Actor",
     "ActorCall",
     "ActorFailure",
@@ -69,9 +71,12 @@ __all__ = [
     "ModelFactory",
     "ModelJudgment",
     "ModelReply",
+    "Parting",
     "PersonAnswer",
     "PolicyDecider",
+    "RecordedRun",
     "RecordedThread",
+    "ReplayFirstDecider",
     "ResumeProof",
     "ResumeResult",
     "RunResult",
