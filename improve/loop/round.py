@@ -142,7 +142,14 @@ class Round:
         self.meter = opts.meter if opts.meter is not None else Meter(limit_usd=opts.max_usd, say=say)
         self.session = self.spec.chat_session(self.meter)
         self.models = self.session.model if self.session is not None else self.spec.model_factory(inputs.env)
-        self.evidence = Evidence(inputs.env, inputs.scenarios, ledger.store, self.models)
+        self.evidence = Evidence(
+            inputs.env,
+            inputs.scenarios,
+            ledger.store,
+            self.models,
+            replay_first=self.replay_first,
+            concurrency=opts.concurrency,
+        )
         # What the steps find.
         self.status: Status = "discarded"
         self.detail = ""
