@@ -198,6 +198,9 @@ def test_a_full_round_recommends_and_leaves_a_branch_without_a_token(
         assert (report / name).exists(), name
     body = (report / "pr.md").read_text()
     assert "## Hypothesis" in body and "```mermaid" in body and "improve replay held-out:v1:" in body
+    # No production thread in the warehouse: the preview says so, in the body and on the page.
+    assert result.impact is not None and result.impact.available == 0
+    assert "## Production impact preview\n\nNo production threads in the workspace's warehouse" in body
     assert (
         "| held-out | v1 |" in body and "git push -u origin improve/refunds-v1" in result.pr.instructions  # type: ignore[union-attr, operator]
     )
@@ -218,6 +221,7 @@ def test_a_full_round_recommends_and_leaves_a_branch_without_a_token(
     html = Path(written["html"]).read_text()
     assert written["round"] == result.round_id and Path(written["html"]) == report / "report.html"
     assert html.count("<svg") == 3 and "<script" not in html
+    assert "<h2>Production impact preview</h2>\n<p>No production threads" in html
     links = re.findall(r'href="(\./[^"]+)"', html)
     assert links and all((report / unquote(link)).resolve().is_file() for link in links)
     scored = json.loads((report / "scorecards.json").read_text())

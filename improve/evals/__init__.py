@@ -55,7 +55,7 @@ from improve.evals.workspace import CONFIG_NAME, Workspace, policy_hash, policy_
 
 if TYPE_CHECKING:
     from improve.evals.charts import VersionScore, category_chart, history_chart, svg_chart
-    from improve.evals.ledger import OUTCOMES_SQL, Ledger, Recorded
+    from improve.evals.ledger import OUTCOMES_SQL, Ledger, Production, Recorded
     from improve.evals.materialize import refresh_outcomes, score_threads
     from improve.evals.promotion import Check, PromotionDecision, decide, gain_phrase, p_value
     from improve.evals.report import describe_model, scorecard_markdown
@@ -95,6 +95,7 @@ _LAZY = {
     "score_threads": "improve.evals.materialize",
     "Ledger": "improve.evals.ledger",
     "Recorded": "improve.evals.ledger",
+    "Production": "improve.evals.ledger",
     "OUTCOMES_SQL": "improve.evals.ledger",
     "scorecard": "improve.evals.scorecards",
     "scorecard_from_json": "improve.evals.scorecards",
@@ -131,6 +132,7 @@ __all__ = [
     "ModelGate",
     "OutcomeRow",
     "PlannedRun",
+    "Production",
     "PromotionDecision",
     "Quarantined",
     "Recorded",

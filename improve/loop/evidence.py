@@ -16,7 +16,7 @@ Held-out threads are read only to judge a change (`Evidence.overrides`), never t
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -49,6 +49,7 @@ from improve.runtime import (
     PolicyDecider,
     RecordedRun,
     ReplayFirstDecider,
+    answer_text,
     compile_policy,
 )
 
@@ -237,8 +238,8 @@ class Evidence:
                 "as the labels say",
             )
         shown = "; ".join(
-            f"{o.scenario}: {_answer_text(o.answer)} where the labels say "
-            f"{' or '.join(_answer_text(c) for c in o.correct)}"
+            f"{o.scenario}: {answer_text(o.answer)} where the labels say "
+            f"{' or '.join(answer_text(c) for c in o.correct)}"
             for o in wrong[:5]
         )
         return Check(
@@ -279,11 +280,6 @@ class Evidence:
             Override(scenario.id, fired[0].answer(), fired[1], right)
             for (scenario, _, _, fired), right in zip(found, correct, strict=True)
         ]
-
-
-def _answer_text(option: Mapping[str, Any]) -> str:
-    fields = ", ".join(f"{k}={v}" for k, v in option.items() if k != "type")
-    return f"{option.get('type')}{{{fields}}}" if fields else str(option.get("type"))
 
 
 def _passes(

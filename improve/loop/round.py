@@ -8,6 +8,8 @@
              -> replay     the candidate on train and held-out, k runs each, then the sequential reruns;
                            replay-first: each candidate run starts from the baseline's recorded run
              -> decide     the promotion rule (stated before the replay)
+             -> preview    the production impact preview: how the candidate would decide on the
+                           workspace's recent production threads (it decides nothing)
              -> record     the round record, its report, the CHANGELOG entry, the pull request
 
 Each step reads and sets the round's state and says whether the round goes on; `record` always runs
@@ -67,6 +69,7 @@ from improve.loop.gates import (
     gate,
     gates_for,
 )
+from improve.loop.impact import preview_impact
 from improve.loop.inputs import Inputs, RoundOptions, locate
 from improve.loop.proposers import (
     Proposal,
@@ -79,6 +82,7 @@ from improve.loop.proposers import (
 from improve.loop.record import Recorder
 from improve.loop.round_record import (
     Calls,
+    Impact,
     ModelInfo,
     NewBranch,
     RoundRecord,
@@ -86,7 +90,7 @@ from improve.loop.round_record import (
     Status,
 )
 from improve.machine import MachineConfig, diff_states
-from improve.runtime import vocabulary
+from improve.runtime import compile_policy, vocabulary
 
 MAX_REPAIRS = 3
 Say = Callable[[str], None]
@@ -171,9 +175,19 @@ class Round:
         self.candidate_spec: SuiteSpec | None = None
         self.settled: Settled | None = None
         self.verdict: PromotionDecision | None = None
+        self.impact: Impact | None = None
 
     def run(self) -> RoundRecord:
-        for step in (self.baseline, self.diagnose, self.propose, self.gate, self.replay, self.decide):
+        steps = (
+            self.baseline,
+            self.diagnose,
+            self.propose,
+            self.gate,
+            self.replay,
+            self.decide,
+            self.preview,
+        )
+        for step in steps:
             if not step():
                 break
         return self.record()
@@ -313,6 +327,16 @@ class Round:
         self.detail = "; ".join(
             f"{c.name}: {'pass' if c.ok else 'FAIL'} ({c.detail})" for c in self.verdict.checks
         )
+        return True
+
+    def preview(self) -> bool:
+        """The production impact preview of the candidate (`loop/impact.py`): recorded, never decisive."""
+        assert self.gated is not None and self.candidate is not None
+        compiled = self.gated.machine or compile_policy(
+            self.candidate, self.inputs.env.judgments, self.inputs.env.policy_guards
+        )
+        self.impact = preview_impact(self.ledger, compiled, self.opts.model)
+        self.say(f"production: {self.impact.summary()}")
         return True
 
     def record(self) -> RoundRecord:
@@ -488,6 +512,7 @@ class Round:
             candidate_threads=sorted(r.thread_id for r in self.settled.candidate) if self.settled else [],
             quarantined=self.quarantined,
             model_info=self.model_info,
+            impact=self.impact,
             scorecards=list(self.cards.values()),
             decision=self.verdict,
             baseline_policy=self.inputs.policy,

@@ -41,7 +41,13 @@ from improve.runtime.policy import (
     read_document_text,
 )
 from improve.runtime.recorded import ActorCall, PersonAnswer, RecordedThread, recorded_thread
-from improve.runtime.replay_first import REPLAY_FIRST_KEY, Parting, RecordedRun, ReplayFirstDecider
+from improve.runtime.replay_first import (
+    REPLAY_FIRST_KEY,
+    Parting,
+    RecordedRun,
+    ReplayFirstDecider,
+    answer_text,
+)
 from improve.runtime.resume import ResumeResult, WaitingThread, fold_thread, resume, world_at
 from improve.runtime.resume_bound import ResumeProof, prove_resumes, resume_proof
 from improve.runtime.run import DEFAULT_MAX_MODEL_CALLS, Journal, RunResult, run
@@ -87,6 +93,7 @@ __all__ = [
     "World",
     "WorldFromThread",
     "WorldFromThreadError",
+    "answer_text",
     "build_request",
     "check_answer",
     "compile_policy",

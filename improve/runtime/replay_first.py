@@ -131,7 +131,7 @@ class ReplayFirstDecider(PolicyDecider):
                 self._part("the recorded run took no further answer here")
             elif answers[turn] != decision.event:
                 self._part(
-                    f"answered {_shown(decision.event)} where the recorded run answered {_shown(answers[turn])}"
+                    f"answered {answer_text(decision.event)} where the recorded run answered {answer_text(answers[turn])}"
                 )
         return decision
 
@@ -182,8 +182,9 @@ class ReplayFirstDecider(PolicyDecider):
         self.parted = Parting(self._decision, self._name, why)
 
 
-def _shown(event: Any) -> str:
+def answer_text(event: Any) -> str:
+    """An answer as reports show it: `REFUND{amount=40}`, `CLOSE`, or `(no answer)`."""
     if not isinstance(event, dict):
-        return "nothing"
+        return "(no answer)"
     fields = ", ".join(f"{k}={v}" for k, v in event.items() if k != "type")
     return f"{event.get('type')}{{{fields}}}" if fields else str(event.get("type"))
