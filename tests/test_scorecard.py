@@ -95,6 +95,30 @@ def test_paired_comparison_by_hand() -> None:
     assert (again.ci_low, again.ci_high) == (result.ci_low, result.ci_high)  # the seed reproduces it
 
 
+@pytest.mark.parametrize("seed", [1, 2, 3, 4])
+def test_the_descriptive_statistics_are_scipys_computed_without_scipy(seed: int) -> None:
+    from improve.evals.scorecards import bootstrap_ci, wilcoxon_p
+
+    rng = np.random.default_rng(seed)
+    diffs = np.round(rng.choice([0.0, 1 / 3, -1 / 3, 2 / 3, 1.0, -1.0, 0.0], 12 + 9 * seed), 12)
+    low, high, method = bootstrap_ci(diffs, 0.95, 2000, seed)
+    for name in ("BCa", "percentile"):
+        theirs = stats.bootstrap(
+            (diffs,),
+            np.mean,
+            confidence_level=0.95,
+            n_resamples=2000,
+            method=name,
+            random_state=np.random.default_rng(seed),
+        ).confidence_interval
+        if name == method:
+            assert (low, high) == pytest.approx((theirs.low, theirs.high), abs=1e-12)
+    assert method == "BCa"
+    assert wilcoxon_p(diffs) == pytest.approx(
+        stats.wilcoxon(diffs, zero_method="zsplit", method="asymptotic").pvalue, abs=1e-12
+    )
+
+
 def test_one_failure_after_k_passes_is_not_a_regression_a_real_drop_is() -> None:
     once = {"a-1": [True, True, False], "b-1": [True] * 3}
     base = scorecard(rows("v0", {"a-1": [True] * 3, "b-1": [True] * 3}), "v0", "held-out")

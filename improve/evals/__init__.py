@@ -69,7 +69,7 @@ if TYPE_CHECKING:
         scorecard_from_json,
     )
 
-# Scorecards, the promotion rule and reports need numpy and scipy, materializing outcomes needs
+# Scorecards, the promotion rule and reports need numpy, materializing outcomes needs
 # DuckDB: each is imported when one of its names is first asked for, so a command that uses
 # none of them starts without loading them.
 _LAZY = {
