@@ -17,6 +17,7 @@ import json
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -170,8 +171,75 @@ def replay_first_figures(tmp: Path, desks: tuple[str, ...] = DESKS) -> dict[str,
     return figures
 
 
+def real_model_figures(tmp: Path, k: int = 2, say: Callable[[str], None] = print) -> dict[str, Any]:
+    """One k-run refund-desk round with the small real model (SmolLM2-135M behind llama-cpp-python on
+    127.0.0.1), replay-first, then the same round with every candidate run from scratch.
+
+    Both rounds record the model's answers (`cache = "record"`, the default). The full round starts with
+    the replay-first round's recordings: a request the first round asked is answered from its recording,
+    one it never asked goes to the server, so the full round costs hours less on a busy machine, asks the
+    model the very requests a round of full re-runs asks (each counted in `calls`), and is answered as it
+    would have been (temperature 0). `calls`: the requests the round's runs asked the model (live,
+    answered from a recording, or a repeat of one); `reused`: answers replay-first runs took from the
+    baseline's threads without asking."""
+    from improve.demo import prepare
+    from improve.llm import CACHE_DIR, Meter, local_server
+
+    figures: dict[str, Any] = {}
+    with local_server(say=say) as server:
+        spec = server.spec()
+        section = (
+            f'\n[models.local]\nmodel = "{spec.model}"\nbase_url = "{server.url}"\n'
+            f'api_key_env = "{spec.api_key_env}"\ncontext_tokens = {spec.context_tokens}\n'
+            "timeout_s = 1800\nconcurrency = 1\n"
+        )
+        records = {}
+        for name, replay_first in (("replay_first", True), ("full_runs", False)):
+            space = prepare(tmp / f"real-{name}", "refunds", section)
+            if not replay_first:
+                shutil.copytree(tmp / "real-replay_first" / CACHE_DIR, space.root / CACHE_DIR)
+            meter = Meter()
+            start = time.perf_counter()
+            record = run_round(
+                space,
+                RoundOptions(policy="v0", k=k, model="local", replay_first=replay_first, meter=meter),
+                say=lambda m, n=name: say(f"[{n}] {m}"),
+            )
+            counts = meter.to_json()
+            figures[name] = {
+                "seconds": round(time.perf_counter() - start, 1),
+                **{key: counts[key] for key in ("calls", "live", "recorded", "repeated", "reused", "failed")},
+                **thread_calls(space.traces, k),
+                "status": record.status,
+            }
+            records[name] = _decision(record)
+            say(f"[{name}] {json.dumps(figures[name])}")
+    full, first = figures["full_runs"], figures["replay_first"]
+    candidate = lambda r: r["candidate"] + r["candidate_reruns"]  # noqa: E731
+    figures["same_decision_and_scores"] = records["full_runs"] == records["replay_first"]
+    figures["decision"] = records["replay_first"]
+    figures["round_calls_ratio"] = round(first["calls"] / max(1, full["calls"]), 3)
+    figures["candidate_calls_ratio"] = round(candidate(first) / max(1, candidate(full)), 3)
+    figures["note"] = (
+        f"refund desk, k={k}, SmolLM2-135M-Instruct Q4_1 via llama-cpp-python; the full round answered "
+        "from the replay-first round's recordings where it asked what that round asked (calls counts "
+        "every request either way); baseline/candidate(_reruns): calls asked by each side's threads"
+    )
+    return figures
+
+
 if __name__ == "__main__":
+    import argparse
+    import sys
     import tempfile
 
+    parser = argparse.ArgumentParser(prog="python -m bench.replay_first_bench", description=__doc__)
+    parser.add_argument("--real-model", action="store_true", help="the refund desk with the small real model")
+    parser.add_argument("--k", type=int, default=2, help="with --real-model: runs per scenario")
+    args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="improve-bench-replay-first-") as tmp:
-        print(json.dumps(replay_first_figures(Path(tmp)), indent=2))
+        if args.real_model:
+            found = real_model_figures(Path(tmp), args.k, say=lambda m: print(m, file=sys.stderr, flush=True))
+        else:
+            found = replay_first_figures(Path(tmp))
+        print(json.dumps(found, indent=2))
