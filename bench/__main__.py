@@ -12,6 +12,7 @@ from bench.chat_bench import chat_figures
 from bench.cluster_bench import cluster_figures
 from bench.explore_bench import explore_figures
 from bench.replay_bench import replay_figures
+from bench.replay_first_bench import replay_first_figures
 from bench.round_bench import round_figures
 from bench.startup_bench import startup_figures
 from bench.warehouse_bench import warehouse_figures
@@ -25,7 +26,17 @@ def main() -> None:
     parser.add_argument("--ingest-threads", type=int, default=20_000, help="threads in the ingest corpus")
     parser.add_argument(
         "--only",
-        choices=["startup", "replay", "xstate", "warehouse", "explore", "round", "cluster", "chat"],
+        choices=[
+            "startup",
+            "replay",
+            "xstate",
+            "warehouse",
+            "explore",
+            "round",
+            "replay-first",
+            "cluster",
+            "chat",
+        ],
         help="run one section",
     )
     parser.add_argument(
@@ -83,6 +94,13 @@ def main() -> None:
                 file=sys.stderr,
             )
             figures["round"] = round_figures(Path(tmp))
+        if args.only in (None, "replay-first"):
+            print(
+                "bench: model calls per round, replay-first against full re-runs, on the refund desk and "
+                "the code agent (k=3) ...",
+                file=sys.stderr,
+            )
+            figures["replay_first"] = replay_first_figures(Path(tmp))
         if args.only in (None, "cluster"):
             print(
                 "bench: one round (k=3) and 10 runs per scenario, locally and on a Dask LocalCluster of 1 "

@@ -171,7 +171,9 @@ def replay_first_figures(tmp: Path, desks: tuple[str, ...] = DESKS) -> dict[str,
     return figures
 
 
-def real_model_figures(tmp: Path, k: int = 2, say: Callable[[str], None] = print) -> dict[str, Any]:
+def real_model_figures(
+    tmp: Path, k: int = 2, say: Callable[[str], None] = print, recordings: Path | None = None
+) -> dict[str, Any]:
     """One k-run refund-desk round with the small real model (SmolLM2-135M behind llama-cpp-python on
     127.0.0.1), replay-first, then the same round with every candidate run from scratch.
 
@@ -181,7 +183,8 @@ def real_model_figures(tmp: Path, k: int = 2, say: Callable[[str], None] = print
     model the very requests a round of full re-runs asks (each counted in `calls`), and is answered as it
     would have been (temperature 0). `calls`: the requests the round's runs asked the model (live,
     answered from a recording, or a repeat of one); `reused`: answers replay-first runs took from the
-    baseline's threads without asking."""
+    baseline's threads without asking. `recordings`: a cache directory the replay-first round starts
+    with (an interrupted measurement's: its answers are counted in `calls` as `recorded`)."""
     from improve.demo import prepare
     from improve.llm import CACHE_DIR, Meter, local_server
 
@@ -198,6 +201,8 @@ def real_model_figures(tmp: Path, k: int = 2, say: Callable[[str], None] = print
             space = prepare(tmp / f"real-{name}", "refunds", section)
             if not replay_first:
                 shutil.copytree(tmp / "real-replay_first" / CACHE_DIR, space.root / CACHE_DIR)
+            elif recordings is not None:
+                shutil.copytree(recordings, space.root / CACHE_DIR)
             meter = Meter()
             start = time.perf_counter()
             record = run_round(
@@ -236,10 +241,13 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(prog="python -m bench.replay_first_bench", description=__doc__)
     parser.add_argument("--real-model", action="store_true", help="the refund desk with the small real model")
     parser.add_argument("--k", type=int, default=2, help="with --real-model: runs per scenario")
+    parser.add_argument("--recordings", type=Path, help="with --real-model: a cache to start from")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="improve-bench-replay-first-") as tmp:
         if args.real_model:
-            found = real_model_figures(Path(tmp), args.k, say=lambda m: print(m, file=sys.stderr, flush=True))
+            found = real_model_figures(
+                Path(tmp), args.k, lambda m: print(m, file=sys.stderr, flush=True), args.recordings
+            )
         else:
             found = replay_first_figures(Path(tmp))
         print(json.dumps(found, indent=2))
