@@ -16,6 +16,7 @@ from bench.chat_bench import chat_figures
 from bench.cluster_bench import cluster_figures
 from bench.explore_bench import explore_figures
 from bench.replay_bench import replay_figures
+from bench.replay_first_bench import replay_first_figures
 from bench.round_bench import round_figures
 from bench.startup_bench import startup_figures
 from bench.warehouse_bench import warehouse_figures
@@ -29,7 +30,17 @@ def main() -> None:
     parser.add_argument("--ingest-threads", type=int, default=20_000, help="threads in the ingest corpus")
     parser.add_argument(
         "--only",
-        choices=["startup", "replay", "xstate", "warehouse", "explore", "round", "cluster", "chat"],
+        choices=[
+            "startup",
+            "replay",
+            "xstate",
+            "warehouse",
+            "explore",
+            "round",
+            "replay-first",
+            "cluster",
+            "chat",
+        ],
         help="run one section",
     )
     parser.add_argument(
@@ -85,6 +96,11 @@ def main() -> None:
             "round",
             "one improvement round, then with a 200 ms model at concurrency 1, 8, 32",
             lambda tmp: round_figures(tmp),
+        ),
+        (
+            "replay-first",
+            "model calls per round, replay-first against full re-runs, on the refund desk and the code agent (k=3)",
+            lambda tmp: replay_first_figures(tmp),
         ),
         (
             "cluster",
