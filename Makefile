@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | cksum | cut -d' ' -f1)
 
 .DEFAULT_GOAL := help
-.PHONY: help demo test test-fast test-lowest bench bench-scale mutation conformance hostile lint clean phoenix
+.PHONY: help demo test test-fast test-lowest fuzz bench bench-scale mutation conformance hostile lint clean phoenix
 
 help: ## Show this help
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
@@ -58,6 +58,9 @@ test: $(STAMP) ## Run the test suite: parallel workers, a random order (its seed
 
 test-fast: $(STAMP) ## The inner loop: the suite without the tests marked slow (whole rounds, fuzzing, subprocesses)
 	$(BIN)/python -m pytest -n auto -m "not slow"
+
+fuzz: $(STAMP) ## The fuzz tests searching ten times deeper than `make test` does (IMPROVE_FUZZ=10)
+	IMPROVE_FUZZ=10 $(BIN)/python -m pytest -n auto -k "fuzz or differential_against_cel"
 
 LOWEST := .venv-lowest
 test-lowest: ## The suite with every dependency at the lowest version the pins allow (a virtualenv of its own)

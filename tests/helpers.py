@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import functools
 import json
+import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -175,3 +176,13 @@ def fold_against_interpreter(
         if expected[0] == "error" or found[0] == "error":
             break
     return pairs
+
+
+FUZZ = float(os.environ.get("IMPROVE_FUZZ", "1"))
+"""How much deeper than the suite's own the fuzz tests search: `make fuzz` sets IMPROVE_FUZZ=10."""
+
+
+def examples(suite: int) -> int:
+    """A fuzz test's `max_examples`: `suite` in `make test` (sized so the whole suite stays within its
+    time), IMPROVE_FUZZ times as many in `make fuzz`."""
+    return max(1, round(suite * FUZZ))

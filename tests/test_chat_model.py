@@ -522,16 +522,10 @@ def test_a_round_on_a_failing_endpoint_compares_nothing_and_says_why(serve: Serv
 
 # --- a real small model -----------------------------------------------------------------------------------
 
-# Train scenarios of six categories of the refund desk, each a decision the model makes: about two
-# minutes in all for both server configurations on two cores, beside the rest of the suite.
-REAL_SCENARIOS = (
-    "small-refund-01",
-    "partial-refund-01",
-    "over-window-01",
-    "missing-order-reply-01",
-    "fraud-signal-01",
-    "angry-small-refund-01",
-)
+# Train scenarios of three categories of the refund desk, each a decision the model makes (it gets two
+# right, in both server configurations: a weak model, but a model): a few minutes in all for both
+# configurations on two cores, beside the rest of the suite.
+REAL_SCENARIOS = ("small-refund-01", "over-window-01", "angry-small-refund-01")
 
 
 def _real_model_workspace(tmp_path: Path, url: str) -> Path:
@@ -589,7 +583,7 @@ def test_the_small_real_model_makes_every_decision_and_its_recording_replays_wit
     for text in learned:
         assert said.count(text) == 1, said
     summary, calls = doc["summary"], doc["model_calls"]
-    assert summary["decisions"] >= 5 and summary["fallbacks"] == 0, said
+    assert summary["decisions"] >= len(REAL_SCENARIOS) and summary["fallbacks"] == 0, said
     # Every decision asked live and answered; a retry (a timeout on a loaded machine) is no failure.
     assert calls["failed"] == 0 and calls["live"] == summary["decisions"]
     for thread_id in (t["thread_id"] for t in doc["threads"]):

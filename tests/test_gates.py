@@ -33,7 +33,7 @@ from improve.loop.gates import (
 from improve.loop.probes import probe_requests
 from improve.machine import MAX_DEPTH, check_depth, parse_machine
 from improve.runtime import load_environment
-from tests.helpers import REPO, copy_workspace
+from tests.helpers import REPO, copy_workspace, examples
 
 ENV = load_environment("refunds")
 SCENARIOS = load_scenarios(REPO / "scenarios" / "refunds.yaml").scenarios
@@ -287,7 +287,7 @@ FUZZ_CASES = {"count": 0}
 
 
 @pytest.mark.slow
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.one_of(json_values, mutated_v0(), st.builds(lambda d: {"states": {"s": d}}, json_values)))
 def test_fuzzed_documents_never_crash_a_gate(doc: Any) -> None:
     FUZZ_CASES["count"] += 1

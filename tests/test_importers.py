@@ -6,6 +6,7 @@ file, the event types, the fields of each event, the sessions' tasks, terminal e
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 import sys
@@ -24,6 +25,7 @@ from improve.errors import ConfigError, WorkspaceError
 from improve.warehouse.db import open_database
 from improve.warehouse.importers import IMPORTERS, Importer
 from improve.warehouse.ingest import IngestReport, ingest
+from tests.helpers import examples
 
 DATA = Path("/work/shared/data")
 NORMALIZE = DATA / "normalize-agent"
@@ -653,7 +655,7 @@ def test_a_format_named_before_native_still_takes_the_careful_path(
 
 # --- fuzz: any bytes through every bundled importer, never a crash, always balanced ------------------------
 
-from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 FUZZ_LINES = st.lists(
@@ -672,24 +674,27 @@ FUZZ_LINES = st.lists(
 
 @pytest.mark.slow
 @pytest.mark.parametrize("fmt", sorted(IMPORTERS.sources()))
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(lines=FUZZ_LINES)
-def test_fuzz_every_importer_takes_any_bytes_without_crashing(
-    tmp_path: Path, fmt: str, lines: list[bytes]
-) -> None:
+def test_fuzz_every_importer_takes_any_bytes_without_crashing(tmp_path: Path, fmt: str) -> None:
+    # One warehouse for every example (a new one each would cost most of the run), each file new to it.
     con = open_database()
-    path = tmp_path / f"fuzz-{fmt}.jsonl"
-    path.write_bytes(b"\n".join(lines))
-    try:
-        report = ingest(con, [path], fmt=fmt)
-    except (ConfigError, WorkspaceError) as error:  # a refusal of the whole file says why, never a crash
-        assert str(error)
-        return
-    finally:
-        con.close()
-    if report.skipped:
-        return
-    assert report.lines_read == report.ingested + report.already_present + report.rejected
+    files = itertools.count()
+
+    @settings(max_examples=examples(30), deadline=None, database=None)
+    @given(lines=FUZZ_LINES)
+    def check(lines: list[bytes]) -> None:
+        path = tmp_path / f"fuzz-{fmt}-{next(files)}.jsonl"
+        path.write_bytes(b"\n".join(lines))
+        try:
+            report = ingest(con, [path], fmt=fmt)
+        except (ConfigError, WorkspaceError) as error:  # a refusal of the whole file says why, never a crash
+            assert str(error)
+            return
+        if report.skipped:
+            return
+        assert report.lines_read == report.ingested + report.already_present + report.rejected
+
+    check()
+    con.close()
 
 
 def test_checkpoints_resumable_says_what_each_checkpoint_would_need() -> None:

@@ -43,7 +43,7 @@ from improve.machine import fold as fold_module
 from improve.machine import fold_of
 from improve.runtime import load_environment
 from improve.runtime.policy import load_policy
-from tests.helpers import REPO, copy_workspace, fold_against_interpreter
+from tests.helpers import REPO, copy_workspace, examples, fold_against_interpreter
 
 ENVIRONMENTS = ("refunds", "refund-approval", "tool-loop", "code-agent", "triage")
 FIXTURES = sorted((REPO / "tests" / "fixtures").rglob("*.jsonl"))
@@ -397,14 +397,14 @@ def mutated(draw: st.DrawFn) -> bytes:
 
 
 @pytest.mark.slow
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(entries())
 def test_fuzzed_valid_entries_read_the_same_both_ways(entry: dict[str, Any]) -> None:
     assert_same(json.dumps(entry).encode())
 
 
 @pytest.mark.slow
-@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(mutated())
 def test_fuzzed_mutations_are_accepted_and_refused_the_same_both_ways(line: bytes) -> None:
     assert_same(line)

@@ -4,6 +4,7 @@ the lock, migrations from an older schema, the views, outcomes, and `improve sql
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import os
 import shutil
@@ -17,7 +18,7 @@ from typing import Any
 
 import duckdb
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
@@ -36,7 +37,7 @@ from improve.warehouse.db import INSERT_CHUNK, insert_rows, open_database
 from improve.warehouse.ingest import ingest
 from improve.warehouse.schema import MIGRATIONS, migrate
 from improve.warehouse.store import DuckDBStore
-from tests.helpers import REPO, copy_workspace, entry, scalar, write_lines
+from tests.helpers import REPO, copy_workspace, entry, examples, scalar, write_lines
 
 runner = CliRunner()
 PYTHON = sys.executable
@@ -886,30 +887,39 @@ def test_the_accounting_is_checked_before_commit(tmp_path: Path, monkeypatch: py
     assert count(con, "SELECT count(*) FROM ingest_batches") == 0
 
 
-@pytest.mark.slow
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(
-    lines=st.lists(
-        st.one_of(
-            st.binary(max_size=60),
-            st.sampled_from([b"\xef\xbb\xbf", b"\r", b"{", b"[" * 200, b"\x00", b"\xff"]),
-            st.integers(0, 4).map(lambda i: json.dumps(entry(i, thread="fz")).encode()),
-        ),
-        max_size=12,
-    )
+FUZZ_INGEST_LINES = st.lists(
+    st.one_of(
+        st.binary(max_size=60),
+        st.sampled_from([b"\xef\xbb\xbf", b"\r", b"{", b"[" * 200, b"\x00", b"\xff"]),
+        st.integers(0, 4).map(lambda i: json.dumps(entry(i, thread="fz")).encode()),
+    ),
+    max_size=12,
 )
-def test_fuzz_ingest_lines_never_crash_and_always_balance(tmp_path: Path, lines: list[bytes]) -> None:
+
+
+@pytest.mark.slow
+def test_fuzz_ingest_lines_never_crash_and_always_balance(tmp_path: Path) -> None:
+    # One warehouse for every example (a new one each would cost most of the run): each file is new to
+    # it, and its tables grow by exactly what the file's report says.
     con = open_database()
-    path = tmp_path / "fz.jsonl"
-    path.write_bytes(b"\n".join(lines))
-    report = ingest(con, [path])
-    if report.skipped:  # binary: a NUL byte early on
-        assert report.files == [] and report.skipped[0].reason.startswith("binary")
-        return
-    assert report.lines_read == report.ingested + report.already_present + report.rejected
-    assert all(f.balanced for f in report.files)
-    assert count(con, "SELECT count(*) FROM entries") == report.ingested
-    assert count(con, "SELECT count(*) FROM rejected_lines") == report.rejected
+    files = itertools.count()
+
+    @settings(max_examples=examples(60), deadline=None, database=None)
+    @given(lines=FUZZ_INGEST_LINES)
+    def check(lines: list[bytes]) -> None:
+        path = tmp_path / f"fz-{next(files)}.jsonl"
+        path.write_bytes(b"\n".join(lines))
+        entries, rejected = (count(con, f"SELECT count(*) FROM {t}") for t in ("entries", "rejected_lines"))
+        report = ingest(con, [path])
+        if report.skipped:  # binary: a NUL byte early on
+            assert report.files == [] and report.skipped[0].reason.startswith("binary")
+            return
+        assert report.lines_read == report.ingested + report.already_present + report.rejected
+        assert all(f.balanced for f in report.files)
+        assert count(con, "SELECT count(*) FROM entries") - entries == report.ingested
+        assert count(con, "SELECT count(*) FROM rejected_lines") - rejected == report.rejected
+
+    check()
     con.close()
 
 
