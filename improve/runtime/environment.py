@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import functools
 import hashlib
+import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -69,6 +70,11 @@ def load_machine(path: Path) -> MachineConfig:
 FactType = str | tuple[Any, ...]
 """A fact's declared type: a type name, or the tuple of values of an enumerated fact."""
 
+CaseGenerator = Callable[[random.Random], Mapping[str, Any]]
+"""Draws one plausible case from the generator given: its `input`, `world` and `people` as a scenario
+has them and, when the environment labels the case by its own rules, `expected` (`outcome` and
+`effects`, as a scenario's) and a `category`."""
+
 
 @dataclass
 class Environment:
@@ -121,6 +127,10 @@ class Environment:
     counted across resumes. With a fresh budget per resume, exploration must prove the resumes along any
     path bounded (`improve explore`, the explore gate): a machine that can wait again after a resume
     counts its resumes in its context and guards on the count."""
+    cases: CaseGenerator | None = None
+    """A generator of plausible cases, unseen by any round: what checks a policy out of sample
+    (`improve.evals.out_of_sample`). A case without `expected` is labelled by the `careful` stand-in's
+    run of the first policy; a generator that knows the rules labels its own."""
     ref: EnvironmentRef | None = field(default=None, repr=False, compare=False)
     """How the registry loaded it, so a worker process can load it again (set by `load_environment`)."""
 
