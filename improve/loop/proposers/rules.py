@@ -214,22 +214,24 @@ class _Space:
     """Bits to name each atom among its kind over its fact (see `_costs`)."""
 
 
-def _costs(atoms: Sequence[Atom], constants: frozenset[float]) -> list[float]:
-    """What choosing each atom costs, in bits: log2 of how many atoms of its kind test its fact.
+def _costs(atoms: Sequence[Atom], masks: Sequence[int], constants: frozenset[float]) -> list[float]:
+    """What choosing each atom costs, in bits: log2 of how many different splits of the training
+    decisions the atoms of its kind over its fact make.
 
     A condition picked among many candidates (one of forty cut points of a number, one of two hundred
     words of a text) separates a small training set by chance far more easily than a flag, which has
     two; charging the choice against the information it gains (minimum description length) keeps a
-    coincidental threshold from winning over a plain flag that covers almost as much. The environment's
-    own thresholds are given, not chosen: they cost nothing."""
-    family: dict[tuple[str, str], int] = {}
-    for atom in atoms:
-        key = (atom.path, atom.kind)
-        family[key] = family.get(key, 0) + 1
+    coincidental threshold from winning over a plain flag that covers almost as much. Candidates that
+    split the training decisions alike are one choice (`x > 3` and `x >= 4` on whole numbers, two words
+    that always occur together). The environment's own thresholds are given, not chosen: they cost
+    nothing."""
+    family: dict[tuple[str, str], set[int]] = {}
+    for atom, mask in zip(atoms, masks, strict=True):
+        family.setdefault((atom.path, atom.kind), set()).add(mask)
     return [
         0.0
         if atom.threshold is not None and atom.threshold in constants
-        else math.log2(family[(atom.path, atom.kind)])
+        else math.log2(max(1, len(family[(atom.path, atom.kind)])))
         for atom in atoms
     ]
 
@@ -406,14 +408,8 @@ def mine(
             continue
         atoms = atoms_for(cases, vocab)
         known = frozenset(float(c) for c in vocab.constants if numeric(c))
-        space = _Space(
-            cases,
-            vocab,
-            atoms,
-            [mask_of(cases, lambda c, a=a: a.holds(c.facts)) for a in atoms],
-            known,
-            _costs(atoms, known),
-        )
+        masks = [mask_of(cases, lambda c, a=a: a.holds(c.facts)) for a in atoms]
+        space = _Space(cases, vocab, atoms, masks, known, _costs(atoms, masks, known))
         actions = _actions(cases, vocab)
         overall = {a: sum(c.right(a.output(c.facts)) for c in cases) for a in actions}
         earlier = [answer_on(route, {"name": name, "facts": c.facts, "options": c.options}) for c in cases]
