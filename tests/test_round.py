@@ -1037,9 +1037,15 @@ def test_a_narrower_rule_answers_as_the_discarded_one_on_fewer_decisions() -> No
         for d, r in ((1, 0), (12, 1), (29, 0), (20, 2))
     ]
     examples = [*late, *repeat, *ok]
-    wide = mine(examples, TYPES)[0]
+    wide = mine(examples, TYPES, generalize="shortest")[0]
     assert " || " in wide.condition, wide.condition
-    narrower = mine(examples, TYPES, narrower=[(wide.guard, "CLOSE")], discarded=[(wide.guard, "CLOSE")])
+    narrower = mine(
+        examples,
+        TYPES,
+        narrower=[(wide.guard, "CLOSE")],
+        discarded=[(wide.guard, "CLOSE")],
+        generalize="shortest",
+    )
     assert narrower and all(r.action.describe() == "CLOSE" and r.matches < wide.matches for r in narrower)
     assert " || " not in narrower[0].condition, narrower[0].condition
     assert mine(examples, TYPES, narrower=[(wide.guard, "ESCALATE")]) == []
@@ -1061,8 +1067,22 @@ def test_a_branch_discarded_against_a_policy_is_not_proposed_against_it_again(tm
         DiscardedBranch(b.guard, b.answer, first.round_id) for b in first.branches
     ]
     assert discarded_branches("v1") == []
+    # The working tree reverted: the CHANGELOG entry is gone, the workspace's own memory is not.
+    repo = git.Repo(tmp_path)
+    repo.git.checkout("--", ".")
+    assert not Changelog.read(tmp_path / "policies" / "refunds" / "CHANGELOG.md").discarded_branches("v0")
+    remembered = (tmp_path / ".improve" / "discarded" / "refunds.jsonl").read_text().splitlines()
+    assert len(remembered) == 1 and json.loads(remembered[0])["cluster"] == first.cluster
     second = run_round(space, RoundOptions(policy="v0", k=2))
+    # Neither the version the discarded candidate took nor the held-out read it made is given again.
+    assert (first.candidate_version, second.candidate_version) == ("v1", "v2")
+    assert first.held_out and second.held_out and second.held_out.read == first.held_out.read + 1
     assert second.branches and second.branches != first.branches, (first.branches, second.branches)
+    # It gained too little: the next round moves on to the next cluster, and says so.
+    assert second.cluster != first.cluster and second.aim and str(first.cluster) in second.aim
+    assert second.aim.startswith("the next cluster")
+    entry = Changelog.read(tmp_path / "policies" / "refunds" / "CHANGELOG.md").text
+    assert f"- Cluster: {second.cluster} (the next cluster: already tried" in entry
 
 
 @pytest.mark.slow

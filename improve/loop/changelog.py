@@ -370,15 +370,23 @@ def read_memory(
     from improve.loop.round_record import HeldOutReuse
 
     changelog = Changelog.read(path)
-    read = changelog.next_held_out_read(held_out, max_bias)
     lineage = changelog.lineage(baseline)
-    tried = tuple(t for t in read_discarded(remembered) if t.baseline in lineage) if remembered else ()
+    everything = read_discarded(remembered) if remembered else ()
+    read = changelog.next_held_out_read(held_out, max_bias)
+    remembered_reads = [t.held_out[1] for t in everything if t.held_out and t.held_out[0] == read.key]
+    if remembered_reads and max(remembered_reads) >= read.read:
+        read = HeldOutRead(read.key, read.scenarios, max(remembered_reads) + 1, max_bias)
+    tried = tuple(t for t in everything if t.baseline in lineage)
+    # A version a discarded candidate took stays taken when its entry is gone with a reverted working
+    # tree: its threads are recorded under it.
+    taken = [int(m.group(1)) for t in everything if (m := re.fullmatch(r"v(\d+)", t.candidate))]
+    version = str(max(int(changelog.next_version(policies_dir)), max(taken, default=0) + 1))
     discarded = [b for version in lineage for b in changelog.discarded_branches(version)]
     discarded += [DiscardedBranch(b.guard, b.answer, t.round) for t in tried for b in t.added]
     unique = list({(b.guard, b.answer): b for b in reversed(discarded)}.values())[::-1]
     return Memory(
         changelog,
-        changelog.next_version(policies_dir),
+        version,
         tuple(unique),
         HeldOutReuse(
             key=read.key,

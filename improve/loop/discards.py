@@ -62,6 +62,9 @@ class DiscardedCandidate:
     """The branches it added."""
     route: tuple[RouteBranch, ...]
     """Every guarded branch of the candidate, in order (the added ones among them)."""
+    held_out: tuple[str, int] | None = None
+    """The held-out set its promotion rule read (its key) and which read that was: a reverted
+    CHANGELOG does not lower the count."""
 
     @classmethod
     def of(cls, record: RoundRecord) -> DiscardedCandidate | None:
@@ -79,6 +82,7 @@ class DiscardedCandidate:
             reason=reason_of(record),
             added=tuple(b for b in candidate if (b.guard, b.answer) in new),
             route=candidate,
+            held_out=(record.held_out.key, record.held_out.read) if record.held_out else None,
         )
 
     def branches(self) -> tuple[list[Branch], set[int]]:
@@ -96,6 +100,7 @@ class DiscardedCandidate:
             "reason": self.reason,
             "added": [{"guard": b.guard, "output": dict(b.output)} for b in self.added],
             "route": [{"guard": b.guard, "output": dict(b.output)} for b in self.route],
+            "held_out": list(self.held_out) if self.held_out else None,
         }
 
     @classmethod
@@ -111,6 +116,7 @@ class DiscardedCandidate:
             reason=reason,
             added=tuple(RouteBranch(str(b["guard"]), dict(b["output"])) for b in doc.get("added") or []),
             route=tuple(RouteBranch(str(b["guard"]), dict(b["output"])) for b in doc.get("route") or []),
+            held_out=(str(doc["held_out"][0]), int(doc["held_out"][1])) if doc.get("held_out") else None,
         )
 
 
