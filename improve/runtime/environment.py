@@ -99,9 +99,11 @@ class Environment:
     calls a changed outcome "safer" only when both states are ranked and the new one ranks at least as
     high; a state not listed is only ever "same" as itself."""
     fact_types: Mapping[str, Mapping[str, FactType]] = field(default_factory=dict)
-    """Per decision name, the type of each fact path: `"number"`, `"int"`, `"bool"`, `"string"` (free
-    text), `"list"`, `"any"`, or a tuple of the values an enumerated fact takes (`("free", "pro")`). The
-    vocabulary a policy's guards are type-checked against, and what the rule miner may test."""
+    """Per decision name, the type of each fact path: `"number"`, `"int"`, `"bool"`, `"text"` (free
+    text, tested for words), `"string"` (tested for words only when its values read as prose: not a
+    name, an id or an address), `"list"`, `"any"`, or a tuple of the values an enumerated fact takes
+    (`("free", "pro")`). The vocabulary a policy's guards are type-checked against, and what the rule
+    miner may test."""
     policy_guards: dict[str, GuardFn] = field(default_factory=dict)
     """Named guards the environment exports to policies (called with the request as context)."""
     judgments: dict[str, Judgment] = field(default_factory=dict)

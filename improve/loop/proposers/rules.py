@@ -8,31 +8,30 @@ model:
    value the environment offers, `ROUTE{queue: 'billing'}`) or facts (`REFUND{amount:
    facts.order.refundable}`), right for the cluster's failed decisions;
 2. a *condition*: at most `MAX_TERMS` alternatives joined by `||`, each at most `MAX_ATOMS` conditions
-   joined by `&&`, over the decision's facts by their declared types:
-   - numbers: thresholds (`facts.x >= 3`) and comparisons between facts (`facts.a > facts.b`);
-   - booleans: `facts.x == true`, `facts.x == false`;
-   - enumerated strings: `==`, `!=`, membership `in [...]` and its negation;
-   - free text: a word or two-word phrase, case-insensitive (`facts.t.matches('(?i)\\bbreach\\b')`),
-     and its negation.
-   It holds for the decisions the branch is for and for no training decision where its answer would be
-   wrong. Learned by sequential covering: each alternative grown by a beam search on FOIL's
-   information gain less the bits it takes to choose each condition (a threshold among forty cut
-   points fits a small training set by chance far more easily than a flag), the next one for the
-   failures the earlier ones leave, as long as they come from at least `MIN_SUPPORT` scenarios.
+   joined by `&&`, over the decision's facts by their declared types (conditions.py). It holds for the
+   decisions the branch is for and for no training decision where its answer would be wrong, unless a
+   branch already in front of it answers that decision rightly (a handbook's rules each apply where the
+   ones before them do not). Learned by sequential covering: each alternative grown by a beam search on
+   FOIL's information gain less the bits it takes to choose each condition (a threshold among forty
+   cut points fits a small training set by chance far more easily than a flag), chosen among the exact
+   ones by the evidence it carries (`_surprise`, less those bits: one that does not pay for itself is
+   no rule), the next one for the failures the earlier ones leave, as long as they come from at least
+   `MIN_SUPPORT` scenarios. Each alternative then keeps what its evidence has in common (generalize.py):
+   a branch answers where the evidence says it is right, not wherever the shortest condition reaches.
 3. a *place* among the branches already there (`place`): before any branch that answers one of the
    failures it fixes wrongly (the labels decide where both match), else before the first branch whose
    answer is less safe (the environment's `safety_order` decides where no label does), else last before
-   the model. Because the condition excludes every training decision where its answer is wrong, no
-   training decision that is right today changes.
+   the model; a rule that leaves some decisions to a branch in front of it is kept only where it is
+   placed behind that branch (`in_place`). So no training decision that is right today changes.
 
 The branch also carries `ANSWER in input.options`: it never answers an option the environment does not
 offer (a guard refused it), and falls through to the next branch or the model instead.
 
-What a condition may test is what holds across scenarios: a threshold needs at least `MIN_SUPPORT`
-training scenarios on each side of it (or is one of the environment's own constants), a word or phrase
-must appear in the text of at least `MIN_SUPPORT` training scenarios. A rule already discarded against
-the current policy (its CHANGELOG) is never proposed again. Candidates are ranked: most failures fixed,
-fewest conditions, the environment's constants; a repair after a failed gate takes the next one.
+A rule already discarded against the current policy or a version it descends from (the CHANGELOG, and
+the workspace's memory of discarded candidates) is never proposed again; when the round asks for a
+narrower rule than a discarded one (it reached too far), only rules answering as it did on strictly
+fewer training decisions are. Candidates are ranked: most failures fixed, fewest conditions, the
+environment's constants; a repair after a failed gate takes the next one.
 """
 
 from __future__ import annotations
