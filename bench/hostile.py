@@ -1,15 +1,21 @@
 """`python -m bench.hostile`: the hostile-input table, run against the real CLI.
 
-It builds a scratch workspace (`improve init DIR --from refunds`, then `improve run --env refunds
---policy v0 --model naive --split all --k 1`), then runs every case as a subprocess of the `improve`
-(or `parity`) console script's entry point under this interpreter, each with a timeout. A case is
-**clean** when every command in it exits with a documented code, prints no Python traceback, does not
-hang, and has the expected effect (no file written by `improve sql`, ingest's accounting adds up and
-good files land, no token sent over plain http). Anything else is a traceback, a hang, a wrong exit
-code, or data lost / a wrong effect. Prints one JSON document: the counts and every non-clean case with
-the tail of its output. Exits 1 when any case is not clean.
+It builds two scratch workspaces (`improve init DIR --from refunds`, then `improve run --env refunds
+--policy v0 --model naive --split all --k 1`; and the refund-approval desk run by `careful` with
+`--suspend`, its large refunds waiting for a person), then runs every case as a subprocess of the
+`improve` (or `parity`) console script's entry point under this interpreter, each with a timeout. A case
+is **clean** when every command in it exits with a documented code, prints no Python traceback, does
+not hang, has the expected effect (no file written by `improve sql`, ingest's accounting adds up and
+good files land, no token sent over plain http, nothing lost to a concurrent writer or a full disk)
+and says what happened (`misleading` otherwise: an exit 0 that hides a failure, advice naming an
+option that does not exist, a long read without progress). Anything else is a traceback, a hang, a
+wrong exit code, data lost / a wrong effect, or misleading. The writers' cases (concurrent processes, a
+crash mid-resume, full disks, read-only directories, hostile endpoints and manifests) are in
+`bench/hostile_writers.py`. Prints one JSON document: the counts and every non-clean case with the
+tail of its output. Exits 1 when any case is not clean.
 
-Not part of `make test` (`make hostile`): it runs a few hundred CLI processes and takes minutes.
+Not part of `make test` (`make hostile`): it runs several hundred CLI processes and takes minutes
+(`--only TEXT` runs the cases whose name contains TEXT).
 """
 
 from __future__ import annotations
@@ -39,8 +45,44 @@ ENTRY = {
     "improve": "import sys; from improve.cli.main import app; sys.argv[0] = 'improve'; sys.exit(app())",
     "parity": "import sys; from improve.cli.parity import app; sys.argv[0] = 'parity'; sys.exit(app())",
 }
+# Run before the entry point, each part only when its variable is set:
+# - HOSTILE_FSIZE=N: a full disk, without root: writes past N bytes of any file fail with EFBIG
+#   (RLIMIT_FSIZE, inherited by what the command starts, git included; SIGXFSZ ignored, as a shell's
+#   `ulimit -f` leaves it to the writer to see the error);
+# - HOSTILE_RSS=FILE: the command's peak resident memory (KiB, Linux's VmHWM) written to FILE as it exits;
+# - HOSTILE_KILL_AFTER_RESUME_EVENT=1: the process is killed (SIGKILL) right after a resume's event is
+#   journaled, before anything acts on it: the worst moment for a crash.
+PRELUDE = """
+import os, sys
+if os.environ.get('HOSTILE_FSIZE'):
+    import resource, signal
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    _n = int(os.environ.pop('HOSTILE_FSIZE'))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (_n, _n))
+if os.environ.get('HOSTILE_RSS'):
+    import atexit
+    _rss = os.environ.pop('HOSTILE_RSS')
+    def _peak():
+        # VmHWM, this process's own high-water mark: ru_maxrss would also count the parent it was forked
+        # from (Linux keeps the larger across exec).
+        with open('/proc/self/status') as status:
+            kib = next(line.split()[1] for line in status if line.startswith('VmHWM:'))
+        with open(_rss, 'w') as fh:
+            fh.write(kib)
+    atexit.register(_peak)
+if os.environ.pop('HOSTILE_KILL_AFTER_RESUME_EVENT', None):
+    import signal
+    from improve.log import store as _store
+    _append = _store.JsonlDirStore.append
+    def _killed(self, thread_id, expected_index, entries):
+        written = _append(self, thread_id, expected_index, entries)
+        if any('resume' in (e.metadata or {}) for e in entries):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return written
+    _store.JsonlDirStore.append = _killed
+"""
 TOKEN = "hostile-fake-token-0123456789"
-KINDS = ("clean", "traceback", "hang", "wrong_exit", "data_lost")
+KINDS = ("clean", "traceback", "hang", "wrong_exit", "data_lost", "misleading")
 
 
 class CaseFailed(Exception):
@@ -58,6 +100,8 @@ class Result:
     out: str
     err: str
     seconds: float
+    peak_kib: int | None = None
+    """The command's peak resident memory, when asked for (`rss=True`)."""
 
     @property
     def text(self) -> str:
@@ -68,23 +112,103 @@ class Result:
 
 
 @dataclass
+class Launched:
+    """A command started in the background (`Ctx.start`), for cases that run several at once."""
+
+    shown: list[str]
+    proc: subprocess.Popen[bytes]
+    start: float
+    rss: Path | None
+
+
+@dataclass
 class Ctx:
-    """One case's scratch directory (a copy of the base workspace) and its commands."""
+    """One case's scratch directory (a copy of a base workspace) and its commands."""
 
     name: str
     root: Path
     base: Path
+    bases: dict[str, Path] = field(default_factory=dict)
     extra_path: list[str] = field(default_factory=list)
     calls: list[Result] = field(default_factory=list)
+    frozen: list[Path] = field(default_factory=list)
 
     @property
     def ws(self) -> Path:
         return self.root / "ws"
 
-    def workspace(self) -> Path:
+    def workspace(self, kind: str = "refunds") -> Path:
+        """A copy of the base workspace of `kind` (refunds: runs of v0 by naive; approval: the
+        refund-approval desk run by careful with --suspend, its large refunds waiting for a person)."""
         if not self.ws.exists():
-            shutil.copytree(self.base, self.ws, symlinks=True)
+            shutil.copytree(self.bases.get(kind, self.base), self.ws, symlinks=True)
         return self.ws
+
+    def start(
+        self,
+        script: str,
+        *args: str | Path,
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
+        fsize: int | None = None,
+        rss: bool = False,
+    ) -> Launched:
+        argv = [sys.executable, "-c", PRELUDE + ENTRY[script], *map(str, args)]
+        environ = {k: v for k, v in os.environ.items() if not k.startswith(("GITHUB_", "GH_"))}
+        pythonpath = [str(REPO), *self.extra_path]
+        environ.update(
+            PYTHONPATH=os.pathsep.join(pythonpath),
+            PYTHONDONTWRITEBYTECODE="1",
+            NO_COLOR="1",
+            COLUMNS="200",
+            **(env or {}),
+        )
+        peak = None
+        if fsize is not None:
+            environ["HOSTILE_FSIZE"] = str(fsize)
+        if rss:
+            peak = self.root / f".rss-{len(self.calls)}-{time.perf_counter_ns()}"
+            environ["HOSTILE_RSS"] = str(peak)
+        proc = subprocess.Popen(
+            argv,
+            cwd=cwd or self.workspace(),
+            env=environ,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+        )
+        return Launched([script, *map(str, args)], proc, time.perf_counter(), peak)
+
+    def finish(self, launched: Launched, *, expect: Sequence[int], timeout: float = TIMEOUT) -> Result:
+        shown = launched.shown
+        try:
+            stdout, stderr = launched.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            launched.proc.kill()
+            stdout, stderr = launched.proc.communicate()
+            tail = _decode(stdout) + _decode(stderr)
+            raise CaseFailed("hang", f"{_short(shown)}: no exit within {timeout:g} s", tail) from None
+        peak = None
+        if launched.rss is not None and launched.rss.exists():
+            peak = int(launched.rss.read_text() or 0)
+        result = Result(
+            shown,
+            launched.proc.returncode,
+            _decode(stdout),
+            _decode(stderr),
+            time.perf_counter() - launched.start,
+            peak,
+        )
+        self.calls.append(result)
+        if "Traceback (most recent call last)" in result.text:
+            raise CaseFailed("traceback", f"{_short(shown)}: a Python traceback", result.text)
+        if result.code not in expect:
+            raise CaseFailed(
+                "wrong_exit",
+                f"{_short(shown)}: exit {result.code}, expected {'/'.join(map(str, expect))}",
+                result.text,
+            )
+        return result
 
     def run(
         self,
@@ -94,48 +218,37 @@ class Ctx:
         timeout: float = TIMEOUT,
         env: dict[str, str] | None = None,
         cwd: Path | None = None,
+        fsize: int | None = None,
+        rss: bool = False,
     ) -> Result:
-        argv = [sys.executable, "-c", ENTRY[script], *map(str, args)]
-        environ = {k: v for k, v in os.environ.items() if not k.startswith(("GITHUB_", "GH_"))}
-        pythonpath = [str(REPO), *self.extra_path]
-        environ.update(PYTHONPATH=os.pathsep.join(pythonpath), NO_COLOR="1", COLUMNS="200", **(env or {}))
-        start = time.perf_counter()
-        shown = [script, *map(str, args)]
-        try:
-            proc = subprocess.run(
-                argv,
-                cwd=cwd or self.workspace(),
-                env=environ,
-                capture_output=True,
-                timeout=timeout,
-                stdin=subprocess.DEVNULL,
-            )
-        except subprocess.TimeoutExpired as exc:
-            tail = _decode(exc.stdout) + _decode(exc.stderr)
-            raise CaseFailed("hang", f"{_short(shown)}: no exit within {timeout:g} s", tail) from None
-        result = Result(
-            shown,
-            proc.returncode,
-            _decode(proc.stdout),
-            _decode(proc.stderr),
-            time.perf_counter() - start,
-        )
-        self.calls.append(result)
-        if "Traceback (most recent call last)" in result.text:
-            raise CaseFailed("traceback", f"{_short(shown)}: a Python traceback", result.text)
-        if proc.returncode not in expect:
-            raise CaseFailed(
-                "wrong_exit",
-                f"{_short(shown)}: exit {proc.returncode}, expected {'/'.join(map(str, expect))}",
-                result.text,
-            )
-        return result
+        launched = self.start(script, *args, env=env, cwd=cwd, fsize=fsize, rss=rss)
+        return self.finish(launched, expect=expect, timeout=timeout)
 
     def improve(self, *args: str | Path, expect: Sequence[int], **kw: Any) -> Result:
         return self.run("improve", *args, expect=expect, **kw)
 
     def lost(self, why: str, result: Result | None = None) -> None:
         raise CaseFailed("data_lost", why, result.text if result else "")
+
+    def misleading(self, why: str, result: Result | None = None) -> None:
+        raise CaseFailed("misleading", why, result.text if result else "")
+
+    def freeze(self, path: Path) -> None:
+        """Make `path` read-only for the commands of this case: `chattr +i` as root (whom modes do not
+        stop), mode bits otherwise. Undone before the case's directory is removed."""
+        self.frozen.append(path)
+        if AS_ROOT:
+            subprocess.run(["chattr", "+i", str(path)], check=True, capture_output=True)
+        else:
+            path.chmod(path.stat().st_mode & ~0o222)
+
+    def thaw(self) -> None:
+        for path in reversed(self.frozen):
+            if AS_ROOT:
+                subprocess.run(["chattr", "-i", str(path)], check=False, capture_output=True)
+            elif path.exists():
+                path.chmod(path.stat().st_mode | 0o200)
+        self.frozen.clear()
 
 
 def _decode(data: bytes | str | None) -> str:
@@ -1040,6 +1153,9 @@ def table() -> list[tuple[str, Callable[[Ctx], None]]]:
         ("round: http:// GITHUB_API_URL and remote with a token", case_round_http("http")),
         ("round: https remote, http:// GITHUB_API_URL with a token", case_round_http("https")),
     ]
+    from bench import hostile_writers  # it builds on this module's harness
+
+    cases += hostile_writers.table()
     return cases
 
 
@@ -1070,8 +1186,20 @@ def build_base(root: Path) -> Path:
     return base
 
 
-def run_case(index: int, name: str, fn: Callable[[Ctx], None], root: Path, base: Path) -> dict[str, Any]:
-    ctx = Ctx(name, root / f"case-{index:03d}", base)
+def build_approval_base(root: Path) -> Path:
+    """The refund-approval desk, run once by careful with nobody answering: its large refunds stop
+    waiting in `approving` for a person's APPROVE or REJECT, ready to be resumed."""
+    ctx = Ctx("setup", root, root)
+    base = root / "approval"
+    ctx.improve("init", base, "--from", "refund-approval", expect=[0], cwd=root)
+    ctx.improve("run", "--model", "careful", "--k", "1", "--suspend", expect=[0, 1], cwd=base, timeout=300)
+    return base
+
+
+def run_case(
+    index: int, name: str, fn: Callable[[Ctx], None], root: Path, bases: dict[str, Path]
+) -> dict[str, Any]:
+    ctx = Ctx(name, root / f"case-{index:03d}", bases["refunds"], bases)
     ctx.root.mkdir()
     start = time.perf_counter()
     row: dict[str, Any] = {"case": name}
@@ -1084,6 +1212,7 @@ def run_case(index: int, name: str, fn: Callable[[Ctx], None], root: Path, base:
         row.update(result="harness_error", why=f"{type(exc).__name__}: {exc}")
     row["seconds"] = round(time.perf_counter() - start, 2)
     row["commands"] = len(ctx.calls)
+    ctx.thaw()
     shutil.rmtree(ctx.root, ignore_errors=True) if not os.environ.get("HOSTILE_KEEP") else None
     return row
 
@@ -1105,10 +1234,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="improve-hostile-") as tmp:
         root = Path(tmp)
         print("hostile: building the scratch workspace ...", file=sys.stderr)
-        base = build_base(root)
+        bases = {"refunds": build_base(root), "approval": build_approval_base(root)}
         print(f"hostile: {len(cases)} cases, {args.jobs} at a time ...", file=sys.stderr)
         with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-            futures = [pool.submit(run_case, i, n, f, root, base) for i, (n, f) in enumerate(cases)]
+            futures = [pool.submit(run_case, i, n, f, root, bases) for i, (n, f) in enumerate(cases)]
             rows = []
             for future in futures:
                 row = future.result()
@@ -1122,6 +1251,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "hangs": counts["hang"],
         "wrong_exit": counts["wrong_exit"],
         "data_lost": counts["data_lost"],
+        "misleading": counts["misleading"],
         "harness_errors": counts["harness_error"],
         "commands": sum(r["commands"] for r in rows),
         "seconds": round(time.perf_counter() - start, 1),

@@ -40,6 +40,8 @@ imports nothing else of ours) may raise these. Every error carries a message tha
     ├── WarehouseDamagedError         the warehouse file is corrupted (exit code 3)
     ├── WarehouseVersionError         the warehouse file was written by a newer DuckDB than this one (exit code 3)
     ├── OtlpSendError                 spans could not be sent to an OTLP/HTTP collector (exit code 3)
+    ├── StorageError                  a file could not be written: no space, read-only, a name too long (exit 3)
+    ├── BusyError                     another process holds the lock of what a command would write (exit 3)
     ├── ProposalError                 a proposer produced no candidate (no rule fits, the endpoint failed)
     └── PullRequestError              committing, pushing or opening the round's PR failed (exit code 3)
 
@@ -311,5 +313,21 @@ class WarehouseVersionError(ImproveError):
 class OtlpSendError(ImproveError):
     """Sending spans to an OTLP/HTTP collector failed after every retry (or the collector refused them
     outright): the message names the endpoint, the last answer, and how many batches went through."""
+
+    exit_code = 3
+
+
+class StorageError(ImproveError):
+    """The system refused a write (or the read before it): no space left, a file size limit, a read-only
+    or immutable directory, a permission, a name too long, a file where a directory belongs. The message
+    names the file, the system's reason and what to do; a write made through `improve.files` left the
+    file as it was."""
+
+    exit_code = 3
+
+
+class BusyError(ImproveError):
+    """Another process has held the lock of what this command would write for longer than the command
+    waits (`improve.files.locked`): the message names what is locked and the lock file."""
 
     exit_code = 3

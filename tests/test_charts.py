@@ -3,6 +3,7 @@ drawing with hostile labels, and the HTML report of a round (in headless Chromiu
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -19,6 +20,7 @@ from improve.evals.charts import (
     mermaid_xychart,
     svg_chart,
 )
+from improve.evals.report import cards_table
 from improve.evals.scorecards import ScenarioScore, Scorecard
 from improve.loop.changelog import Changelog, Entry, entry_text, policy_history
 from improve.loop.round_record import RoundRecord
@@ -81,23 +83,37 @@ def test_the_history_chart_is_two_lines_over_the_versions_golden() -> None:
     assert history_chart(HISTORY[:1]) is None  # one version is a number, not a trend
 
 
-def test_the_category_chart_puts_before_as_a_line_over_after_bars_and_escapes_labels_golden() -> None:
+def test_the_category_chart_puts_before_and_after_bars_side_by_side_and_escapes_labels_golden() -> None:
     chart = category_chart(before_after())
     assert chart is not None
-    # Categories from user files: no raw quote, bracket, backtick, `#`, `;` or `<` reaches Mermaid.
+    # Categories from user files: no raw quote, bracket, backtick, `#`, `;` or `<` reaches Mermaid. Each
+    # category has a slot per version (Mermaid stacks bar series in one slot, and a line across
+    # categories would read as an order they do not have).
+    hostile = "say #quot;hi#quot; [x], #96;y#96; #35;1#59; #lt;b#gt;"
     assert mermaid_xychart(chart) == (
-        '%%{init: {"themeVariables": {"xyChart": {"plotColorPalette": "#2563eb, #ea580c"}}}}%%\n'
+        '%%{init: {"themeVariables": {"xyChart": {"plotColorPalette": "#ea580c, #2563eb"}}}}%%\n'
         "xychart-beta\n"
         '    title "Pass rate by category, v1 and v2"\n'
-        '    x-axis "category" ["late", "say #quot;hi#quot; [x], #96;y#96; #35;1#59; #lt;b#gt;", "small"]\n'
+        f'    x-axis "category" ["late · v1", "late · v2", "{hostile} · v1", "{hostile} · v2", "small · v1", '
+        '"small · v2"]\n'
         '    y-axis "pass rate" 0 --> 1\n'
-        '    bar "after (v2)" [0.500, 1.000, 1.000]\n'
-        '    line "before (v1)" [0.000, 0.000, 0.750]\n'
+        '    bar "before (v1)" [0.000, 0.000, 0.000, 0.000, 0.750, 0.000]\n'
+        '    bar "after (v2)" [0.000, 0.500, 0.000, 1.000, 0.000, 1.000]\n'
     )
+    assert "line" not in mermaid_xychart(chart)
     caption = chart_markdown(chart)[4]
-    assert caption.startswith("Bars: after (v2) in blue; line: before (v1) in orange.")
+    assert caption.startswith("Bars: before (v1) in orange, after (v2) in blue.")
     one = category_chart(before_after()[:1])
     assert one is not None and [s.kind for s in one.series] == ["bar"]
+    assert '"small"]' in mermaid_xychart(one)
+    # A long category is shortened before its version, so its two slots stay told apart.
+    long = [
+        card(v, "train", {"a": ("a-category-name-much-longer-than-any-axis-label", 1)}) for v in ("v1", "v2")
+    ]
+    chart = category_chart(long)
+    assert chart is not None
+    labels = mermaid_xychart(chart).splitlines()[3]
+    assert "… · v1" in labels and "… · v2" in labels and "(2)" not in labels
 
 
 def test_a_category_measured_on_one_side_only_is_left_out_and_said() -> None:
@@ -214,7 +230,7 @@ def test_the_history_follows_the_line_of_recommended_versions_with_their_newest_
     assert policy_history(looped, "v2") == []
 
 
-def page_of_a_round(tmp_path: Path) -> Path:
+def page_of_a_round(tmp_path: Path, cards: list[Scorecard] | None = None) -> Path:
     """A round's HTML page from a report folder as a round leaves it, with hostile user text in it."""
     from improve.loop.report_page import round_page
     from improve.loop.round_record import read_round_record
@@ -233,7 +249,7 @@ def page_of_a_round(tmp_path: Path) -> Path:
         ],
     }
     (folder / "round.json").write_text(json.dumps(rec))
-    (folder / "scorecards.json").write_text(json.dumps([c.to_json() for c in before_after()]))
+    (folder / "scorecards.json").write_text(json.dumps([c.to_json() for c in cards or before_after()]))
     candidate = dict(V1, version="2")
     (folder / "policy.json").write_text(json.dumps(candidate))
     baseline = parse_machine(
@@ -268,9 +284,23 @@ def test_the_round_page_is_self_contained_and_escapes_what_users_wrote(tmp_path:
     assert (
         "&gt;= 3" in page and "class route," in page and "The candidate v2; the states" in page
     )  # the diagram (a guard), and its Mermaid text
+    # Runs per scenario as the markdown scorecard says them, and k beside them in the header: never "k"
+    # over a count that holds the reruns (the page once said k = 3 above a table of k 9).
+    assert "<th>runs / scenario</th>" in page and "<th>k</th>" not in page
+    assert "k = 3 runs per scenario;" in page
     # Failing runs are listed with their thread ids; one whose file exists is linked (colons quoted).
     assert 'href="./../../traces/train%3Av1%3Anaive%3Ab-1%3Ar1.jsonl"' in page
     assert "<code>held-out:v2:naive:c-1:r1</code>" in page
+
+
+def test_runs_per_scenario_read_the_same_in_the_markdown_and_the_page_when_reruns_ran(tmp_path: Path) -> None:
+    cards = before_after()
+    first, *rest = cards[3].scenarios
+    cards[3] = dataclasses.replace(cards[3], scenarios=[dataclasses.replace(first, runs=9), *rest])
+    assert (cards[0].runs_per_scenario, cards[3].runs_per_scenario) == ("2", "2-9")
+    assert "| held-out | v2 | 2 | 2-9 |" in "\n".join(cards_table(cards))
+    page = page_of_a_round(tmp_path, cards).read_text()
+    assert '<td class="num">2-9</td>' in page and "k = 3 runs per scenario (up to 9 with the reruns" in page
 
 
 @pytest.mark.slow

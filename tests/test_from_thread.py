@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -331,6 +332,54 @@ def test_appending_creates_a_missing_file_and_refuses_a_flow_list(tmp_path: Path
     with pytest.raises(ScenarioError, match="flow style"):
         append_scenario(flow, item("b"), "e")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["flow.yaml", "new"]
+
+
+WRITER = """
+import sys
+from pathlib import Path
+from improve.evals import Scenario, append_scenario, record_unsealing
+sys.stdin.read(1)  # every writer starts when the test says go: as close to at once as processes get
+n = sys.argv[2]
+if sys.argv[1] == "scenario":
+    scenario = Scenario.model_validate(
+        {"id": f"c{n}", "category": "c", "split": "train", "input": {"n": n}, "expected": {"outcome": "done"}}
+    )
+    append_scenario(Path("s.yaml"), scenario, "e")
+else:
+    record_unsealing(Path("u.jsonl"), who="t", command="c", environment="e", test_set="k", test_scenarios=1,
+                     model="m", scores=[])
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("what", ["scenario", "unsealing"])
+def test_writers_of_one_file_in_six_processes_at_once_lose_nothing(tmp_path: Path, what: str) -> None:
+    """Six `improve scenarios add` (or unsealings) at once: each reads, changes and writes the file under
+    its lock, so all six land (a read-modify-write without one kept one or two of six)."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    writers = [
+        subprocess.Popen(
+            [sys.executable, "-c", WRITER, what, str(n)],
+            cwd=tmp_path,
+            env=env,
+            stdin=subprocess.PIPE,
+            text=True,
+        )
+        for n in range(6)
+    ]
+    for writer in writers:
+        assert writer.stdin is not None
+        writer.stdin.write("go")
+        writer.stdin.close()
+    assert [writer.wait(timeout=120) for writer in writers] == [0] * 6
+    if what == "scenario":
+        assert sorted(load_scenarios(tmp_path / "s.yaml", "e").by_id()) == [f"c{n}" for n in range(6)]
+    else:
+        lines = (tmp_path / "u.jsonl").read_text().splitlines()
+        assert sorted(json.loads(line)["number"] for line in lines) == [1, 2, 3, 4, 5, 6]
 
 
 def test_the_template_environment_rebuilds_its_world(tmp_path: Path) -> None:

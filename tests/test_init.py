@@ -103,12 +103,40 @@ def test_init_refuses_to_overwrite_and_writes_nothing(tmp_path: Path) -> None:
         (["--env", "a", "--from", "refunds"], "exactly one of"),
         ([], "exactly one of"),
         (["--from", "no-such-desk"], "unknown environment 'no-such-desk'"),
+        (["--env", "refunds"], "environment 'refunds' is already registered"),
+        (["--env", "code-agent"], "--from code-agent"),
     ],
 )
 def test_init_explains_bad_arguments(tmp_path: Path, args: list[str], message: str) -> None:
     result = runner.invoke(app, ["init", str(tmp_path / "ws"), *args])
     assert result.exit_code == 2 and message in result.output, result.output
     assert not (tmp_path / "ws" / "improve.toml").exists()
+
+
+@pytest.mark.parametrize("source", [["--from", "refund-approval"], ["--env", "full-disk-desk"]])
+def test_init_on_a_full_disk_writes_nothing_a_second_init_would_refuse(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: list[str]
+) -> None:
+    import errno
+
+    from improve.scaffold import workspace as scaffold
+
+    (tmp_path / "README.md").write_text("mine\n")
+    real, calls = scaffold.write_atomic, []
+
+    def full(path: Path, data: bytes | str) -> None:
+        calls.append(path)
+        if len(calls) == 3:  # two files written, then the disk is full
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        real(path, data)
+
+    monkeypatch.setattr(scaffold, "write_atomic", full)
+    result = runner.invoke(app, ["init", str(tmp_path), *source])
+    assert result.exit_code == 3 and "No space left on device" in result.output, result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["README.md"]  # as it was
+    assert (tmp_path / "README.md").read_text() == "mine\n"
+    monkeypatch.undo()
+    assert runner.invoke(app, ["init", str(tmp_path), *source]).exit_code == 0
 
 
 def test_init_from_a_bundled_desk_writes_its_scenarios_and_policies(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -249,6 +250,50 @@ def test_lake_on_a_directory_that_is_not_one_exits_2(ws: Path, tmp_path: Path) -
     assert bad.exit_code == 2 and "is not an improve lake manifest" in bad.stderr
     both = runner.invoke(app, ["sql", "--lake", str(ws / "lake"), "--db", str(db(ws)), "SELECT 1"])
     assert both.exit_code == 2 and "not both" in both.stderr
+
+
+@pytest.mark.parametrize(
+    "forge",
+    [
+        lambda m: m["tables"]["outcomes"]["columns"].update(passed="BOOLEAN) OR TRUE AND (NULL IS NULL"),
+        lambda m: m["tables"]["outcomes"]["columns"].update(
+            reason="VARCHAR) || (SELECT content FROM read_text('x')"
+        ),
+        lambda m: m["tables"]["outcomes"]["columns"].update({'passed" OR TRUE OR "x': "BOOLEAN"}),
+        lambda m: m["tables"]["outcomes"].update(rows=-1),
+        lambda m: m["tables"].update({"../outcomes": m["tables"].pop("outcomes")}),
+    ],
+    ids=[
+        "a type spliced into SQL",
+        "a type reading a file",
+        "an unknown column",
+        "rows not a count",
+        "a table renamed",
+    ],
+)
+def test_a_forged_manifest_is_refused_and_nothing_of_it_reaches_sql(
+    ws: Path, tmp_path: Path, forge: Any
+) -> None:
+    lake = tmp_path / "lake"
+    shutil.copytree(ws / "lake", lake)
+    manifest = json.loads((lake / "_lake.json").read_text())
+    forge(manifest)
+    (lake / "_lake.json").write_text(json.dumps(manifest))
+    result = runner.invoke(app, ["sql", "--lake", str(lake), "SELECT count(*) FROM outcomes WHERE passed"])
+    assert result.exit_code == 2 and "export the lake again" in result.stderr, result.output
+
+
+def test_a_manifest_nested_deep_or_huge_is_no_manifest(tmp_path: Path) -> None:
+    from improve.warehouse.lake import lake_type
+
+    (tmp_path / "lake").mkdir()
+    (tmp_path / "lake" / "_lake.json").write_text('{"a":' * 100_000 + "1" + "}" * 100_000)
+    result = runner.invoke(app, ["sql", "--lake", str(tmp_path / "lake"), "SELECT 1"])
+    assert result.exit_code == 2 and "is not JSON" in result.stderr
+    # Types are rebuilt from what is recognised, never copied: the lake's views hold only these names.
+    assert (
+        lake_type("DECIMAL(18, 3)[]", "x") == "DECIMAL(18,3)[]" and lake_type("VARCHAR[]", "x") == "VARCHAR[]"
+    )
 
 
 def test_export_refuses_a_directory_that_holds_something_else(ws: Path) -> None:

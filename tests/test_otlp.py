@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import http.server
 import json
 import shutil
 import threading
@@ -661,6 +662,99 @@ def test_malformed_spans_are_rejected_one_by_one_and_counted(ws: Path, bad_file:
         app, ["ingest", "--format", "otlp", "-w", str(ws), str(bad_file), "--allow-rejects"]
     )
     assert allowed.exit_code == 0 and "spans read" in allowed.output
+
+
+def test_a_lone_surrogate_rejects_its_span_alone_and_a_whole_unread_request_is_said_as_one(
+    ws: Path, tmp_path: Path
+) -> None:
+    lines = [
+        json.dumps(_request(_span(1), _span(2, name="step \ud800"))),  # json.dumps escapes it: \ud800
+        "x" * 2000,  # not JSON: a whole request that could not be read
+    ]
+    path = tmp_path / "spoiled.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    good = tmp_path / "good.jsonl"
+    good.write_text(json.dumps(_request(_span(3))) + "\n")
+    result = runner.invoke(
+        app,
+        [
+            "ingest",
+            "--format",
+            "otlp",
+            "-w",
+            str(ws),
+            str(path),
+            str(good),
+            "--json",
+            "--max-line-bytes",
+            "1000",
+        ],
+    )
+    assert result.exit_code == 1, result.output
+    doc = json.loads(result.stdout)
+    assert (doc["ingested"], doc["rejected"], doc["requests_unread"]) == (2, 2, 1)
+    con = open_database(ws / "traces" / "traces.duckdb", read_only=True)
+    errors = [r[0] for r in con.execute("SELECT error FROM rejected_lines ORDER BY line").fetchall()]
+    con.close()
+    assert "spans[1]" in errors[0] and "line too long: 2,000 bytes" in errors[1]
+    text = runner.invoke(app, ["ingest", "--format", "otlp", "-w", str(ws), str(path)])
+    assert "1 of them whole requests that could not be read" in " ".join(text.stderr.split())
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "headers", "said"),
+    [
+        ("http://[::1", "", "Invalid IPv6 URL"),
+        ("http://exa mple.com:4318", "", "a space or a control character"),
+        ("http://127.0.0.1:9", "x-key=secret%0d%0aX-Evil: 1", "a value with a control character"),
+        ("http://127.0.0.1:9", "bad name=secret", "a header name that is not a token"),
+    ],
+)
+def test_an_endpoint_or_header_that_cannot_be_sent_is_refused_before_anything_is(
+    ws: Path, monkeypatch: pytest.MonkeyPatch, endpoint: str, headers: str, said: str
+) -> None:
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", headers)
+    result = runner.invoke(
+        app, ["export", "--format", "otlp", "-w", str(ws), str(ws / "traces"), "--endpoint", endpoint]
+    )
+    assert result.exit_code == 2 and said in result.output and "secret" not in result.output
+
+
+def test_a_collector_that_redirects_or_cuts_its_answer_short_is_said_as_such() -> None:
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    from improve.errors import OtlpSendError
+    from improve.warehouse.otlp.send import RetryPolicy, send_requests
+
+    class Collector(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            if self.path.startswith("/moved"):
+                self.send_response(307)
+                self.send_header("Location", "http://127.0.0.1:9/v1/traces")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            self.send_response(200)
+            self.send_header("Content-Length", "100")
+            self.end_headers()
+            self.wfile.write(b"\x0a" * 10)  # then the connection closes: 90 bytes short
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Collector)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    policy = RetryPolicy(tries=2, first_wait=0.0)
+    try:
+        with pytest.raises(OtlpSendError, match=r"a redirect \(HTTP 307 to http://127.0.0.1:9/v1/traces\)"):
+            send_requests([ExportTraceServiceRequest()], f"{url}/moved", policy=policy, sleep=lambda s: None)
+        with pytest.raises(OtlpSendError, match=r"after 2 tries; the last: no answer \(IncompleteRead\)"):
+            send_requests([ExportTraceServiceRequest()], url, policy=policy, sleep=lambda s: None)
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_a_different_span_under_held_ids_is_a_conflict_never_overwritten(ws: Path) -> None:

@@ -344,6 +344,22 @@ def _entries(lines: list[dict[str, Any]]) -> list[LogEntry]:
     return [LogEntry.model_validate(line) for line in lines]
 
 
+@pytest.mark.parametrize("value", [10**30, -5, "lots", 1.5, True])
+def test_a_usage_count_no_endpoint_could_mean_fails_its_thread_alone(
+    recorded_lines: list[dict[str, Any]], value: Any
+) -> None:
+    """An older improve journaled whatever usage an endpoint claimed: chained as written, the thread
+    still does not replay (a warehouse would sink its whole batch on a 10**30 count)."""
+    lines = copy.deepcopy(recorded_lines)
+    i = _usage(lines)
+    lines[i]["event"]["inputTokens"] = value
+    for line in lines:
+        line["verification"].pop("entryHash", None)
+    resealed = rechained(_entries(lines), THREAD)
+    with pytest.raises(LogError, match=rf"entry {i} \(@agent.usage\): inputTokens is .*, not a count"):
+        replay(REFUNDS.machine, resealed, verify=True, thread_id=THREAD)
+
+
 def test_a_real_thread_is_chained_and_ended(recorded_lines: list[dict[str, Any]]) -> None:
     assert all(
         line["schemaVersion"] == 2 and len(line["verification"]["entryHash"]) == 32 for line in recorded_lines

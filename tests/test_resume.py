@@ -244,6 +244,79 @@ def test_without_an_event_id_repeating_the_same_resume_is_idempotent_too() -> No
     assert refused.value.kind == "not-waiting"
 
 
+class Crashing(MemoryStore):
+    """A store whose process dies right after the append that journals a resume's event: the worst
+    moment, the event taken and nothing acted on it yet."""
+
+    def append(self, thread_id: str, expected_index: int, entries: Any) -> int:
+        length = super().append(thread_id, expected_index, entries)
+        if any(RESUME_KEY in (e.metadata or {}) for e in entries):
+            raise SystemExit("killed")
+        return length
+
+
+def crashed_mid_resume(env: Environment) -> MemoryStore:
+    store = start(env, Scripted("ASK"), Crashing())
+    with pytest.raises(SystemExit):
+        go_on(env, store, {"type": "ANSWER", "text": "yes"})
+    entries = store.read(THREAD)
+    assert entries[-1].type != END_EVENT and RESUME_KEY in (entries[-1].metadata or {})
+    return store
+
+
+def test_a_resume_interrupted_after_its_event_is_finished_by_the_same_resume() -> None:
+    env = worker()
+    store = crashed_mid_resume(env)
+    finished = go_on(env, store, {"type": "ANSWER", "text": "yes"})
+    assert finished.finished and not finished.duplicate
+    assert (finished.run.status, finished.run.final_state) == ("done", "finished")
+    entries = store.read(THREAD)
+    assert sum(RESUME_KEY in (e.metadata or {}) for e in entries) == 1  # the event is not journaled twice
+    assert verified(env, store).status == "done"
+    assert go_on(env, store, {"type": "ANSWER", "text": "yes"}).duplicate  # and now it is a repeat
+
+
+def test_an_interrupted_resume_refuses_other_events_and_finish_finishes_it() -> None:
+    env = worker()
+    store = crashed_mid_resume(env)
+    length = len(store.read(THREAD))
+    with pytest.raises(ResumeRefusedError, match="was interrupted while being resumed") as refused:
+        go_on(env, store, {"type": "ANSWER", "text": "no"})
+    assert refused.value.kind == "interrupted" and "--finish" in str(refused.value)
+    assert len(store.read(THREAD)) == length
+    finished = go_on(env, store, {"type": "RESUME"}, finish=True)  # the event given is not used
+    assert finished.finished and finished.run.status == "done"
+    assert verified(env, store).snapshot.context["answer"] == "yes"
+    again = go_on(env, store, None, finish=True)  # finishing again answers as the resume that ended
+    assert again.duplicate and again.run.status == "done"
+    with pytest.raises(ResumeRefusedError) as refused:
+        go_on(env, start(env, Scripted("ASK")), None, finish=True)
+    assert refused.value.kind == "not-interrupted"
+
+
+@pytest.mark.parametrize(
+    ("event", "problem"),
+    [
+        ({"type": "ANSWER", "text": float("nan")}, "must be finite"),
+        ({"type": "ANSWER", "text": "\ud800"}, "not Unicode text"),
+        ({"type": "ANSWER", "text": "x" * 70_000}, "at most 65,536 bytes"),
+        (
+            {"type": "ANSWER", "text": "yes", "deep": json.loads('{"a":' * 40 + "1" + "}" * 40)},
+            "deeper than 32",
+        ),
+        ({"type": "ANSWER", "text": None}, r"needs the field 'text' \(it is null\)"),
+    ],
+)
+def test_an_event_past_the_bounds_is_refused_before_anything_is_written(event: Any, problem: str) -> None:
+    env = worker()
+    store = start(env, Scripted("ASK"))
+    length = len(store.read(THREAD))
+    with pytest.raises(ResumeRefusedError, match=problem) as refused:
+        go_on(env, store, event)
+    assert refused.value.kind == "invalid-payload"
+    assert len(store.read(THREAD)) == length
+
+
 def test_a_tampered_thread_or_a_changed_environment_is_refused() -> None:
     env = worker()
     store = start(env, Scripted("ASK"))
@@ -505,6 +578,48 @@ def test_ingest_carries_what_a_thread_waits_for_into_any_warehouse(tmp_path: Pat
         assert w["waiting_for"] == ends[w["thread"]]["waitingFor"] and w["resumes"] == 0
     table = runner.invoke(app, ["waiting", "-w", str(space), "--db", str(other)])
     assert "APPROVE{approver?}, REJECT{reason?}" in table.stdout
+
+
+def test_a_resume_killed_after_its_event_is_listed_interrupted_and_finished_by_finish(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from improve.log import store as store_module
+
+    space = desk(tmp_path / "ws")
+    runner = CliRunner()
+    ran = runner.invoke(
+        app, ["run", "-w", str(space), "--scenario", SCENARIO, "--model", "careful", "--k", "1", "--suspend"]
+    )
+    assert ran.exit_code == 0, ran.output
+    append = store_module.JsonlDirStore.append
+
+    def killed(self: Any, thread_id: str, expected_index: int, entries: Any) -> int:
+        length = append(self, thread_id, expected_index, entries)
+        if any(RESUME_KEY in (e.metadata or {}) for e in entries):
+            raise SystemExit(137)  # the process dies: nothing after the event is written
+        return length
+
+    monkeypatch.setattr(store_module.JsonlDirStore, "append", killed)
+    approve = ["resume", APPROVAL, "-w", str(space), "--event", '{"type": "APPROVE", "approver": "dana"}']
+    assert runner.invoke(app, approve).exit_code == 137
+    monkeypatch.undo()
+    assert runner.invoke(app, ["ingest", "-w", str(space), str(space / "traces")]).exit_code == 0
+    listed = json.loads(runner.invoke(app, ["waiting", "-w", str(space), "--json"]).stdout)["waiting"]
+    assert [(w["thread"], w["status"], w["state"], w["events"]) for w in listed] == [
+        (APPROVAL, "interrupted", "approving", [])
+    ]
+    other = runner.invoke(app, ["resume", APPROVAL, "-w", str(space), "--event", '{"type": "REJECT"}'])
+    assert other.exit_code == 1 and f"improve resume {APPROVAL} --finish" in " ".join(other.output.split())
+    finished = runner.invoke(app, ["resume", APPROVAL, "-w", str(space), "--finish", "--json"])
+    assert finished.exit_code == 0, finished.output
+    doc = json.loads(finished.stdout)
+    assert (doc["finished"], doc["status"], doc["final_state"], doc["passed"]) == (
+        True,
+        "done",
+        "issued",
+        True,
+    )
+    assert json.loads(runner.invoke(app, ["waiting", "-w", str(space), "--json"]).stdout)["waiting"] == []
 
 
 def test_a_desk_with_tools_resumes_on_its_world_rebuilt_from_the_fixture_and_the_thread(

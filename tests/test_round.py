@@ -7,6 +7,7 @@ import copy
 import http.server
 import json
 import re
+import shlex
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -207,7 +208,7 @@ def test_a_full_round_recommends_and_leaves_a_branch_without_a_token(
     history, categories = charts[0][1], charts[1][1]
     assert '["v0", "v1"]' in history
     assert f'line "held-out" [{held.before:.3f}, {held.after:.3f}]' in history
-    assert 'bar "after (v1)"' in categories and 'line "before (v0)"' in categories
+    assert 'bar "after (v1)"' in categories and 'bar "before (v0)"' in categories
     # The HTML page of the round, from the real CLI: charts, diagram, failing runs linked to their files.
     page = CliRunner().invoke(app, ["report", "-w", str(tmp_path), "--html", "--json"])
     assert page.exit_code == 0, page.output
@@ -227,6 +228,24 @@ def test_a_full_round_recommends_and_leaves_a_branch_without_a_token(
     # The candidate's threads are on disk and replay to the recorded states.
     replay = CliRunner().invoke(app, ["replay", "-w", str(tmp_path), result.candidate_threads[0], "--verify"])
     assert replay.exit_code == 0, replay.output
+    # A reviewer with only the PR's branch, in a fresh clone (no traces/): the body's commands work.
+    clone = tmp_path.parent / f"{tmp_path.name}-review"
+    git.Repo.clone_from(tmp_path, clone, branch=branch)
+    assert not (clone / "traces").exists()
+    block = body.split("## Replay it", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
+    commands = [shlex.split(line) for line in block.splitlines()]
+    assert commands[0][:2] == ["improve", "run"] and [c[1] for c in commands[1:]] == ["replay"] * (
+        len(commands) - 1
+    )
+    for command in commands:
+        done = CliRunner().invoke(app, [*command[1:], "-w", str(clone)])
+        assert done.exit_code == 0, (command, done.output)
+    # Made again, a stand-in's run decides as the round's did (entry ids and stamps are drawn anew).
+    for thread in result.candidate_threads[:6]:
+        remade, original = ((w / "traces" / f"{thread}.jsonl").read_text() for w in (clone, tmp_path))
+        assert [json.loads(x)["event"] for x in remade.splitlines()] == [
+            json.loads(x)["event"] for x in original.splitlines()
+        ]
 
 
 class _FakeGitHub(http.server.BaseHTTPRequestHandler):
@@ -1186,3 +1205,19 @@ def test_a_failed_pull_request_says_where_the_branch_is_once(
     said = " ".join(result.stderr.split())
     assert "the pull request could not be opened: the GitHub API answered 422" in said
     assert "kept locally" not in said and "is pushed" in said
+
+
+def test_a_long_rule_in_a_title_is_cut_after_a_whole_word() -> None:
+    from improve.loop.record import whole_words
+
+    title = (
+        "refunds: policy v4: When facts.customer.refundsLast90d < 2 && facts.order.refundable <= "
+        "facts.request.amount && facts.order.deliveredDaysAgo <= 30, answer REFUND"
+    )
+    cut = whole_words(title, 120)
+    assert len(cut) <= 120 and cut.endswith(" …")
+    assert cut == (
+        "refunds: policy v4: When facts.customer.refundsLast90d < 2 && facts.order.refundable <= "
+        "facts.request.amount && …"
+    )
+    assert title.startswith(cut[:-2]) and whole_words("short title", 120) == "short title"

@@ -422,7 +422,7 @@ def test_score_cli_compares_versions_and_renders_markdown(tmp_path: Path) -> Non
     assert "class route changed" in md.stdout or "route" in md.stdout.split("```mermaid")[1]
     # No round recorded v1 yet: only the category chart, v0 as the line and v1 as the bars.
     assert md.stdout.count("xychart-beta") == 1 and 'x-axis "category" [' in md.stdout
-    assert 'line "before (v0)"' in md.stdout and 'bar "after (v1)"' in md.stdout
+    assert 'bar "before (v0)"' in md.stdout and 'bar "after (v1)"' in md.stdout
     # Once the CHANGELOG records a round that proposed v1, its history is drawn too, as recorded.
     from improve.loop.changelog import Changelog, entry_text
     from improve.loop.round_record import RoundRecord

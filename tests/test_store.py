@@ -418,6 +418,47 @@ def test_jsonl_corrupt_middle_line_names_file_and_line(jsonl: JsonlDirStore) -> 
         jsonl.read(THREAD)
 
 
+def test_jsonl_blank_lines_are_no_entries_as_every_reader_reads_them(jsonl: JsonlDirStore) -> None:
+    jsonl.append(THREAD, 0, entries(0, 2))
+    path = jsonl.path(THREAD)
+    lines = path.read_text().splitlines()
+    path.write_text(f"{lines[0]}\n\n  \r\n{lines[1]}\n\n")  # a person's edit: blank lines, one of spaces
+    assert jsonl.length(THREAD) == 2
+    assert [e.id for e in jsonl.read(THREAD)] == ["e0", "e1"]
+    assert jsonl.append(THREAD, 2, [log_entry(2)]) == 3
+    assert [e.id for e in jsonl.read(THREAD, 1)] == ["e1", "e2"]
+    path.write_text(path.read_text().replace(lines[1], "{not json"))
+    with pytest.raises(LogError, match=", line 4: not a valid log entry"):  # the file's own line number
+        jsonl.read(THREAD)
+
+
+def test_jsonl_a_failed_write_leaves_the_thread_as_it_was(
+    jsonl: JsonlDirStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+
+    from improve.errors import StorageError
+    from improve.log import store as store_module
+
+    jsonl.append(THREAD, 0, entries(0, 2))
+    before = jsonl.path(THREAD).read_bytes()
+    real = os.write
+
+    def full(fd: int, data: bytes) -> int:
+        real(fd, data[:10])  # part of the batch lands, then the disk is full
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(store_module.os, "write", full)
+    with pytest.raises(StorageError, match="No space left on device; the disk is full"):
+        jsonl.append(THREAD, 2, entries(2, 4))
+    with pytest.raises(StorageError):
+        jsonl.append("train:v1:other:r1", 0, entries(0, 1))
+    monkeypatch.undo()
+    assert jsonl.path(THREAD).read_bytes() == before
+    assert not jsonl.path("train:v1:other:r1").exists()  # no empty thread left behind
+    assert jsonl.append(THREAD, 2, entries(2, 3)) == 3
+
+
 def test_jsonl_length_uses_the_cache_and_sees_outside_changes(
     jsonl: JsonlDirStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -3,6 +3,7 @@ the lock, migrations from an older schema, the views, outcomes, and `improve sql
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -444,6 +445,18 @@ def test_a_second_ingest_waits_for_the_lock_then_fails_clearly(tmp_path: Path) -
     assert holder.wait(timeout=120) == 0
     con = open_database(db)
     assert count(con, "SELECT count(*) FROM entries") == 2
+
+
+def test_a_zero_byte_warehouse_left_by_a_full_disk_is_a_new_one(tmp_path: Path) -> None:
+    """An older version could leave an empty file where a warehouse was being created (a full disk):
+    it holds nothing, so it is created again, never refused as "not a valid DuckDB database file"; and
+    a new warehouse appears whole, by a rename, with nothing left beside it."""
+    db = tmp_path / "w.duckdb"
+    db.write_bytes(b"")
+    con = open_database(db)
+    assert count(con, "SELECT count(*) FROM entries") == 0
+    con.close()
+    assert db.stat().st_size > 0 and sorted(p.name for p in tmp_path.iterdir()) == ["w.duckdb"]
 
 
 def test_an_old_warehouse_is_upgraded_in_place(tmp_path: Path) -> None:
@@ -904,7 +917,26 @@ def test_fuzz_ingest_lines_never_crash_and_always_balance(tmp_path: Path, lines:
 @given(
     data=st.lists(
         st.sampled_from(
-            [b"\n", b" ", b"\r", b"\t", b"\x0b", b"\x1c", b"{", b"[", b"]", b'"', b"a", b"\x00", b"\xff", BOM]
+            [
+                b"\n",
+                b" ",
+                b"\r",
+                b"\t",
+                b"\x0b",
+                b"\x1c",
+                b"{",
+                b"[",
+                b"]",
+                b'"',
+                b"a",
+                b"\x00",
+                b"\xff",
+                BOM,
+                b"\\",
+                b"\\ud800",
+                b"\\udc00",
+                b"\\ud83d\\ude00",
+            ]
         ),
         max_size=40,
     ).map(b"".join),
@@ -934,6 +966,38 @@ def test_scan_lines_agrees_with_reading_line_by_line(data: bytes, max_bytes: int
         info = module._scan(module._FileStat(path, len(data), 0, ""), max_bytes)
     shallow = {n: p for n, p in expected.items() if "deep" not in p}
     assert info.lines == len(lines) and {n: p for n, p in info.problems.items() if "deep" not in p} == shallow
+    # Streamed (replay, a careful ingest, OTLP), 3 bytes at a time: the same lines, a long one as its
+    # length, never held whole.
+    from improve.log.lines import LongLine, read_lines
+
+    streamed = list(read_lines(io.BytesIO(data), max_bytes=max_bytes, chunk=3))
+    assert [(n, line.length if isinstance(line, LongLine) else line) for n, line in streamed] == [
+        (n, len(line) if len(line) > max_bytes else line) for n, line in lines
+    ]
+
+
+def test_a_lone_surrogate_escape_is_told_from_a_pair_and_from_an_escaped_backslash() -> None:
+    """What JSON decodes to a string with a lone surrogate (no text: replay refuses it) is refused by
+    the reader every path shares; a surrogate pair (an emoji) and the letters after an escaped
+    backslash are text."""
+    from improve.log.lines import line_problem, lone_surrogate
+
+    lone = [
+        r'"\ud800"',
+        r'"\udc80"',
+        r'"\ud83d"',
+        r'"\ud83d x\ude00"',
+        r'"\ud83d\\ude00"',
+        r'"\ud83d\ud83d\ude00"',
+    ]
+    text = [r'"\ud83d\ude00"', r'"\\ud800"', r'"\\\ud83d\ude00"', r'"\uD83D\uDE00"', r'"\u00e9"']
+    for line in lone:
+        with pytest.raises(UnicodeEncodeError):
+            json.loads(line).encode("utf-8")
+        assert lone_surrogate(line.encode()) and "lone surrogate" in (line_problem(line.encode()) or "")
+    for line in text:
+        json.loads(line).encode("utf-8")
+        assert not lone_surrogate(line.encode()) and line_problem(line.encode()) is None
 
 
 def test_what_a_batch_skipped_and_what_it_read_of_a_file_are_frozen(tmp_path: Path) -> None:

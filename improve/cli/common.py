@@ -15,8 +15,9 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from improve.errors import ImproveError
+from improve.errors import ImproveError, StorageError, WorkspaceError
 from improve.evals import EXECUTOR_HELP, Fanout, Workspace, open_fanout
+from improve.files import hint_for, storage_error
 
 # Progress and logs go to stderr; stdout holds the result (a table, or exactly one JSON document).
 # Piped output keeps whole table rows (140 columns) instead of rich's 80-column default.
@@ -40,16 +41,82 @@ INTERRUPTED = "interrupted: what was journaled so far is kept; run the command a
 @contextmanager
 def handled(interrupted: str = INTERRUPTED) -> Iterator[None]:
     """Turn our errors into a one-paragraph message on stderr and the exit codes of docs/contracts.md;
-    Ctrl-C into the one line `interrupted` (what the command keeps, and how to go on) and exit 130."""
+    Ctrl-C into the one line `interrupted` (what the command keeps, and how to go on) and exit 130.
+
+    An `OSError` that reaches here (a full disk, a read-only directory, a name the file system refuses)
+    is the system's refusal, not a bug: it is said as a `StorageError`, with the file and what to do."""
     try:
         yield
     except ImproveError as error:
-        # Escaped: messages quote improve.toml sections (`[importers.NAME]`), which rich reads as markup.
-        err.print(f"[bold red]error:[/] {escape(str(error))}", markup=True, highlight=False)
+        report(error)
         raise typer.Exit(error.exit_code) from None
+    except OSError as error:
+        storage = storage_error(error)
+        report(storage)
+        raise typer.Exit(storage.exit_code) from None
+    except Exception as error:
+        # DuckDB says a refused write in its own exception (an IOException, a failed COMMIT); the system's
+        # reason is in its text. Anything else is a bug, and keeps its traceback.
+        hint = hint_for(str(error)) if type(error).__module__.split(".")[0] in ("duckdb", "_duckdb") else None
+        if hint is None:
+            raise
+        first = str(error).splitlines()[0][:300]
+        report(StorageError(f"the warehouse could not be written: {first}; {hint}"))
+        raise typer.Exit(EXIT_INFRA) from None
     except KeyboardInterrupt:
         err.print(interrupted)
         raise typer.Exit(130) from None
+
+
+def report(error: ImproveError) -> None:
+    """The one-paragraph `error:` message of `error` on stderr."""
+    # Escaped: messages quote improve.toml sections (`[importers.NAME]`), which rich reads as markup.
+    err.print(f"[bold red]error:[/] {escape(str(error))}", markup=True, highlight=False)
+
+
+def strict_json(text: str, what: str, example: str, *, max_bytes: int, max_depth: int) -> Any:
+    """`text` parsed as strict JSON (RFC 8259, as other tools will read it back): a `WorkspaceError`
+    naming `what` for a text longer than `max_bytes`, nested deeper than `max_depth`, with NaN or
+    Infinity or a number too large for a double (1e999), or with a key given twice. Checked before the
+    text is parsed, so a hostile one costs no recursion and no memory to refuse."""
+    from improve.log import json_depth
+
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > max_bytes:
+        raise WorkspaceError(f"{what} is {size:,} bytes; it takes at most {max_bytes:,} bytes of JSON")
+    depth = json_depth(text.encode("utf-8", "surrogatepass"))
+    if depth > max_depth:
+        raise WorkspaceError(
+            f"{what} is nested {depth:,} deep; it takes at most {max_depth} levels of objects and arrays"
+        )
+
+    def constant(name: str) -> Any:
+        raise WorkspaceError(
+            f"{what} holds {name}, which is not JSON (a number must be finite); e.g. {example}"
+        )
+
+    def number(literal: str) -> float:
+        value = float(literal)
+        if value in (float("inf"), float("-inf")):
+            raise WorkspaceError(
+                f"{what} holds the number {literal}, too large for JSON's numbers; e.g. {example}"
+            )
+        return value
+
+    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        found: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in found:
+                raise WorkspaceError(f"{what} gives the key {key!r} twice; give each key once")
+            found[key] = value
+        return found
+
+    try:
+        return json.loads(text, parse_constant=constant, parse_float=number, object_pairs_hook=unique)
+    except json.JSONDecodeError as error:
+        raise WorkspaceError(
+            f"{what} is not JSON (column {error.colno}): {error.msg}; e.g. {example}"
+        ) from None
 
 
 def emit_json(document: Any) -> None:

@@ -22,6 +22,7 @@ from improve.cli.common import (
 )
 from improve.errors import MachineConfigError, WorkspaceError
 from improve.evals import Workspace
+from improve.files import write_atomic
 from improve.log import JsonlDirStore
 from improve.loop import (
     GATE_NAMES,
@@ -306,5 +307,5 @@ def lock_command(
             "machine": f"{environment.config.id}@{environment.config.version}",
             "files": environment.file_hashes(),
         }
-        path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+        write_atomic(path, json.dumps(doc, indent=2) + "\n")
         err.print(f"wrote {path}")

@@ -19,6 +19,8 @@ from improve.cli.common import (
     err,
     handled,
     out,
+    say,
+    strict_json,
     workspace,
 )
 from improve.errors import ResumeRefusedError, WorkspaceError
@@ -54,6 +56,14 @@ def resume_command(
             "derived from the wait and the event, so repeating the command is a no-op.",
         ),
     ] = None,
+    finish: Annotated[
+        bool,
+        typer.Option(
+            "--finish",
+            help="Finish a resume that was interrupted (killed, a full disk) after its event was journaled: "
+            "the run goes on from where the thread stops, with that event; nothing is journaled twice.",
+        ),
+    ] = False,
     env: Annotated[str | None, EnvOption] = None,
     cache: Annotated[CacheMode, CacheOption] = CacheMode.record,
     as_json: Annotated[bool, JsonOption] = False,
@@ -65,15 +75,22 @@ def resume_command(
     accepts (unknown-event, invalid-payload, rejected-by-guard), journaled with its id, and the run goes
     on in the same thread to its next wait or its end, under the policy, model and world it started
     with. Refused (exit 1, nothing written): a thread that is not waiting, does not verify, or whose
-    environment or policy changed. The thread is then recorded in the warehouse and scored.
+    environment, policy or scenario input changed. The thread is then recorded in the warehouse and
+    scored; when the warehouse cannot be written, the resume still stands (exit 0, with a warning) and
+    `improve ingest traces/` records it later.
+
+    A resume interrupted after its event was journaled (the process killed, the disk full) is finished
+    by the same command again, or by --finish; until then any other event is refused.
 
     Example:
 
         improve resume train:v0:naive:large-approved-01:r1 \\
             --event '{"type": "APPROVE", "approver": "dana"}'
+        improve resume train:v0:naive:large-approved-01:r1 --finish
     """
-    from improve.evals import Ledger, ResumeRequest, resume_thread, thread_environment
+    from improve.evals import ResumeRequest, resume_thread, thread_environment
     from improve.llm import Meter
+    from improve.runtime import MAX_EVENT_BYTES, MAX_EVENT_DEPTH
 
     with handled():
         space = workspace(ws)
@@ -83,40 +100,54 @@ def resume_command(
         if answer is not None:
             chosen = {"type": "ANSWER", "text": answer}
         elif event is not None:
-            try:
-                chosen = json.loads(event)
-            except json.JSONDecodeError as error:
-                raise WorkspaceError(
-                    f"--event is not JSON (column {error.colno}): {error.msg}; e.g. "
-                    '--event \'{"type": "APPROVE", "approver": "dana"}\''
-                ) from None
-        environment = thread_environment(space, thread_id, env)
-        meter = Meter(say=lambda m: err.print(m, markup=False))
-        try:
-            result = resume_thread(
-                space, environment, ResumeRequest(thread_id, chosen, event_id, cache.value), meter
+            chosen = strict_json(
+                event,
+                "--event",
+                '--event \'{"type": "APPROVE", "approver": "dana"}\'',
+                max_bytes=MAX_EVENT_BYTES,
+                max_depth=MAX_EVENT_DEPTH,
             )
-        except ResumeRefusedError as refused:
-            if as_json:
-                emit_json({"thread": thread_id, "refused": refused.kind, "reason": str(refused)})
-            raise
-        with Ledger(space, environment) as ledger:
-            recorded = ledger.record([thread_id], say=lambda m: err.print(m, markup=False))
-        row = recorded.rows[0] if recorded.rows else None
+        environment = thread_environment(space, thread_id, env)
+        meter = Meter(say=say)
+        # One writer of the workspace's threads at a time: a second resume (or run) waits for this one.
+        with space.writing(say):
+            try:
+                result = resume_thread(
+                    space,
+                    environment,
+                    ResumeRequest(thread_id, chosen, event_id, cache.value, finish=finish),
+                    meter,
+                )
+            except ResumeRefusedError as refused:
+                if as_json:
+                    emit_json({"thread": thread_id, "refused": refused.kind, "reason": str(refused)})
+                raise
+            recorded, unrecorded = _record(space, environment, thread_id)
+        row = recorded.rows[0] if recorded is not None and recorded.rows else None
         waits = _waiting_for(space, thread_id) if result.run.status != "done" else None
         document = {
             **result.to_json(),
             "waiting_for": waits,
             "passed": row.passed if row is not None else None,
             "reason": row.reason if row is not None else None,
-            "quarantined": [q.reason for q in recorded.quarantined],
+            "quarantined": [q.reason for q in recorded.quarantined] if recorded is not None else [],
+            "recorded": unrecorded is None,
         }
+        if unrecorded is not None:
+            err.print(
+                f"warning: the resume took effect (journaled at entry {result.entry}, the run {result.run.status}), "
+                f"but the warehouse could not record it: {unrecorded}. Run `improve ingest traces/` once the "
+                "warehouse can be written; the thread is complete in traces/",
+                markup=False,
+            )
         if as_json:
             emit_json(document)
             return
         said = (
             "already resumed with this event: nothing written"
             if result.duplicate
+            else f"interrupted resume finished from entry {result.entry}"
+            if result.finished
             else f"journaled at entry {result.entry}"
         )
         err.print(f"event {result.event_id}: {said}", markup=False)
@@ -128,6 +159,24 @@ def resume_command(
             out.print(f"  waits for: {', '.join(w['type'] for w in waits)}", markup=False)
         if row is not None and row.expected_outcome is not None:
             out.print(f"  {'pass' if row.passed else 'FAIL'}: {row.reason}", markup=False)
+
+
+def _record(space: Any, environment: Any, thread_id: str) -> tuple[Any, str | None]:
+    """Record the resumed thread in the warehouse: (what was recorded, None), or (None, why not) when
+    the warehouse cannot be written (read-only, locked, a full disk): the resume itself stands."""
+    import duckdb
+
+    from improve.errors import ImproveError
+    from improve.evals import Ledger
+    from improve.files import storage_error
+
+    try:
+        with Ledger(space, environment) as ledger:
+            return ledger.record([thread_id], say=say), None
+    except OSError as error:
+        return None, str(storage_error(error))
+    except (ImproveError, duckdb.Error) as error:
+        return None, str(error).splitlines()[0]
 
 
 def _waiting_for(space: Any, thread_id: str) -> list[dict[str, Any]] | None:
@@ -161,8 +210,6 @@ def waiting_command(
 
         improve waiting --json
     """
-    from improve.warehouse import open_database
-
     with handled():
         space = workspace(ws)
         target = db or space.warehouse
@@ -170,7 +217,7 @@ def waiting_command(
             raise WorkspaceError(
                 f"no warehouse at {target}; `improve run` or `improve ingest traces/` creates it"
             )
-        con = open_database(target)
+        con = _open_for_reading(target)
         try:
             query = (
                 "SELECT thread_id, environment, scenario, status, state, events, waiting_for, since, resumes "
@@ -196,7 +243,10 @@ def waiting_command(
         if as_json:
             emit_json({"waiting": threads})
             return
-        table = Table(title=f"{len(threads)} thread(s) waiting (improve resume THREAD --event ...)")
+        table = Table(
+            title=f"{len(threads)} thread(s) waiting (improve resume THREAD --event ...; an interrupted "
+            "resume: improve resume THREAD --finish)"
+        )
         for column in ("thread", "status", "state", "waits for", "since"):
             table.add_column(column, overflow="fold")
         for t in threads:
@@ -204,8 +254,33 @@ def waiting_command(
         out.print(table)
 
 
+def _open_for_reading(target: Path) -> Any:
+    """The warehouse, opened to be brought up to date (migrated, its views recreated) when it can be
+    written, else read-only as it stands: listing what waits needs no write (`improve sql` reads a
+    read-only warehouse too)."""
+    from improve.errors import (
+        ImproveError,
+        WarehouseDamagedError,
+        WarehouseLockedError,
+        WarehouseVersionError,
+    )
+    from improve.warehouse import open_database
+
+    try:
+        return open_database(target)
+    except (WarehouseDamagedError, WarehouseLockedError, WarehouseVersionError):
+        raise
+    except (ImproveError, OSError) as error:
+        try:
+            return open_database(target, read_only=True)
+        except ImproveError:
+            raise error from None
+
+
 def _events(thread: dict[str, Any]) -> str:
     """Each accepted event with its payload fields (a trailing ? for an optional one)."""
+    if thread["status"] == "interrupted":
+        return f"nothing: a resume was interrupted (improve resume {thread['thread']} --finish)"
     shown = []
     for wait in thread["waiting_for"] or [{"type": e, "payload": {}} for e in thread["events"]]:
         payload = wait.get("payload") or {}

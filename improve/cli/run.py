@@ -22,6 +22,7 @@ from improve.cli.common import (
     executor_for,
     handled,
     out,
+    say,
     workspace,
 )
 from improve.errors import EndpointError, SealedSplitError, WorkspaceError
@@ -31,6 +32,7 @@ from improve.evals import (
     Ledger,
     OutcomeRow,
     UnsealedScore,
+    check_unsealable,
     fallbacks,
     policy_label,
     scorecard,
@@ -140,44 +142,55 @@ def run_command(
             if spec.model_spec is not None and (done == total or done % 10 == 0):
                 err.print(f"  {done}/{total} runs: {meter.summary()}", markup=False)
 
-        with executor_for(space, executor) as fanout:
-            plan = write_threads(
-                environment,
-                chosen,
-                spec,
-                store,
-                fresh=fresh,
-                concurrency=concurrency,
-                executor=fanout,
-                ran=ran,
-                meter=meter,
-            )
-        # Every thread is recorded in the warehouse and read back from there, verified.
-        with Ledger(space, environment) as ledger:
-            recorded = ledger.record(
-                [p.thread_id for p in plan],
-                say=lambda m: err.print(m, markup=False),
-                rewritten=[p.thread_id for p in plan if not p.reused],
-            )
-        rows = recorded.rows
-        for done, row in enumerate(rows, start=1):
-            mark = "[green]pass[/]" if row.passed else "[red]FAIL[/]"
-            err.print(f"  [{done}/{len(rows)}] {row.thread_id} {mark} {row.final_state}", markup=True)
-        reused_count = sum(p.reused for p in plan)
-        if reused_count:
-            err.print(f"reused {reused_count} recorded threads (--fresh runs them again)")
-        summary = summarize(rows)
-        fell_back = fallbacks(rows)
-        unsealed = [r for r in rows if r.split == SEALED_SPLIT]
-        unsealing = None
-        if unsealed:
-            card = scorecard(unsealed, policy_label(policy_config), SEALED_SPLIT)
-            command = f"improve run --policy {policy} --model {model} --split {split} --k {spec.k} --unseal"
-            recorded_unsealing = unseal_test(
-                space, scenario_set, model, [UnsealedScore.of(card, spec.policy_hash)], command
-            )
-            err.print(recorded_unsealing.message(), markup=False)
-            unsealing = recorded_unsealing.unsealing
+        if unseal and any(s.split == SEALED_SPLIT for s in chosen):
+            check_unsealable(space, scenario_set)
+        # One writer of the workspace's threads at a time: another run, a round or a resume waits.
+        with space.writing(say):
+            with executor_for(space, executor) as fanout:
+                plan = write_threads(
+                    environment,
+                    chosen,
+                    spec,
+                    store,
+                    fresh=fresh,
+                    concurrency=concurrency,
+                    executor=fanout,
+                    ran=ran,
+                    meter=meter,
+                )
+            # Every thread is recorded in the warehouse and read back from there, verified.
+            with Ledger(space, environment) as ledger:
+                recorded = ledger.record(
+                    [p.thread_id for p in plan],
+                    say=say,
+                    rewritten=[p.thread_id for p in plan if not p.reused],
+                )
+                rows = recorded.rows
+                for done, row in enumerate(rows, start=1):
+                    mark = "[green]pass[/]" if row.passed else "[red]FAIL[/]"
+                    err.print(f"  [{done}/{len(rows)}] {row.thread_id} {mark} {row.final_state}", markup=True)
+                reused_count = sum(p.reused for p in plan)
+                if reused_count:
+                    err.print(f"reused {reused_count} recorded threads (--fresh runs them again)")
+                summary = summarize(rows)
+                fell_back = fallbacks(rows)
+                unsealed = [r for r in rows if r.split == SEALED_SPLIT]
+                unsealing = None
+                if unsealed:
+                    card = scorecard(unsealed, policy_label(policy_config), SEALED_SPLIT)
+                    command = (
+                        f"improve run --policy {policy} --model {model} --split {split} --k {spec.k} --unseal"
+                    )
+                    recorded_unsealing = unseal_test(
+                        space,
+                        scenario_set,
+                        model,
+                        [UnsealedScore.of(card, spec.policy_hash)],
+                        command,
+                        forget=lambda: ledger.forget([r.thread_id for r in unsealed]),
+                    )
+                    say(recorded_unsealing.message())
+                    unsealing = recorded_unsealing.unsealing
         if as_json:
             emit_json(
                 {

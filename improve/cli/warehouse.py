@@ -24,7 +24,6 @@ from improve.errors import WorkspaceError
 from improve.evals import refresh_outcomes
 from improve.log import MAX_LINE_BYTES
 from improve.warehouse import (
-    DEFAULT_LOCK_TIMEOUT,
     FORMATS,
     OTLP_FORMAT,
     PARTITION_KEYS,
@@ -71,8 +70,13 @@ def ingest_command(
         bool, typer.Option("--outcomes/--no-outcomes", help="Replay new threads into `outcomes`.")
     ] = True,
     lock_timeout: Annotated[
-        float, typer.Option("--lock-timeout", help="Seconds to wait for another writer.")
-    ] = DEFAULT_LOCK_TIMEOUT,
+        float | None,
+        typer.Option(
+            "--lock-timeout",
+            help="Seconds to wait for another writer (default: $IMPROVE_LOCK_TIMEOUT, else 30).",
+            min=0,
+        ),
+    ] = None,
     max_line_bytes: Annotated[
         int,
         typer.Option("--max-line-bytes", help="Reject a line longer than this many bytes (default 8 MiB)."),
@@ -136,6 +140,7 @@ def ingest_command(
             doc = report.to_json() | {"warehouse": str(target)}
             if spans:
                 doc["unit"] = "span"  # lines_read counts spans (and lines that held none)
+                doc["requests_unread"] = report.unread
             if materialized:
                 doc["outcomes"] = materialized.__dict__
             emit_json(doc)
@@ -181,8 +186,14 @@ def ingest_command(
                     err.print(f"  {problem}", markup=False)
         if (report.rejected or report.skipped) and not allow_rejects:
             if report.rejected:
+                unread = (
+                    f" ({report.unread} of them whole requests that could not be read at all, each counted as "
+                    "one: the spans in them are not counted)"
+                    if report.unread
+                    else ""
+                )
                 err.print(
-                    f"{report.rejected} {'span' if spans else 'line'}(s) rejected: see "
+                    f"{report.rejected} {'span' if spans else 'line'}(s) rejected{unread}: see "
                     '`improve sql "SELECT * FROM rejected_lines"`; the rest was ingested (use --allow-rejects '
                     "to accept a partial ingest)"
                 )

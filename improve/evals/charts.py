@@ -14,6 +14,7 @@ names and version labels come from user files) is passed through `mermaid_label`
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from html import escape
@@ -82,8 +83,8 @@ def history_chart(history: Sequence[VersionScore]) -> Chart | None:
 
 def category_chart(cards: Sequence[Scorecard]) -> Chart | None:
     """Pass rate per scenario category (train and held-out together: the mean of the pass fractions of
-    its scenarios), the first version of `cards` ("before", a line) against the last ("after", bars);
-    one version alone is bars only. None when the cards hold no scenario."""
+    its scenarios), the first version of `cards` ("before") beside the last ("after"), bars side by
+    side; one version alone is one bar per category. None when the cards hold no scenario."""
     versions = list(dict.fromkeys(c.policy_version for c in cards))
     if not versions:
         return None
@@ -133,9 +134,9 @@ def _by_category(cards: Sequence[Scorecard]) -> dict[str, float]:
 # --- Mermaid --------------------------------------------------------------------------------------
 
 
-def _short(text: str) -> str:
+def _short(text: str, limit: int = LABEL_MAX) -> str:
     text = " ".join(text.split())
-    return text if len(text) <= LABEL_MAX else text[: LABEL_MAX - 1].rstrip() + "…"
+    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
 
 
 def chart_labels(labels: Sequence[str]) -> list[str]:
@@ -160,19 +161,45 @@ def _quoted(text: str) -> str:
 
 
 def mermaid_series(chart: Chart) -> list[Series]:
-    """The series as Mermaid draws them: GitHub's Mermaid puts a chart's bar series on top of each other
-    (the smaller hidden), so every bar series but the last becomes a line over the last one's bars."""
-    bars = [s for s in chart.series if s.kind == "bar"]
-    lined = [
-        s if s.kind == "line" or s is bars[-1] else Series(s.name, "line", s.values, s.colour)
-        for s in chart.series
+    """The series as `mermaid_xychart` draws them: bars first, so lines are drawn over them."""
+    return [s for s in chart.series if s.kind == "bar"] + [s for s in chart.series if s.kind == "line"]
+
+
+def _tag(name: str) -> str:
+    """A series' short name for an axis label: "before (v1)" -> "v1"."""
+    found = re.search(r"\(([^()]+)\)\s*$", name)
+    return found[1] if found else name
+
+
+def mermaid_layout(chart: Chart) -> tuple[list[str], list[Series]]:
+    """The axis labels and series as Mermaid draws them. GitHub's Mermaid puts a chart's bar series on
+    top of each other in one slot (the smaller hidden), and a line across categories would read as an
+    order they do not have; so with several bar series each category gets a slot per series (`small ·
+    v1`, `small · v2`), each series a bar in its own slots and zero in the others'."""
+    series = mermaid_series(chart)
+    bars = [s for s in series if s.kind == "bar"]
+    if len(bars) < 2:
+        return chart_labels(chart.x_labels), series
+    # The category is shortened, never the series' tag: two slots of one category must stay told apart.
+    labels = [
+        f"{_short(x, LABEL_MAX - len(_tag(b.name)) - 3)} · {_tag(b.name)}"
+        for x in chart.x_labels
+        for b in bars
     ]
-    # Bars first, so the lines are drawn over them.
-    return [s for s in lined if s.kind == "bar"] + [s for s in lined if s.kind == "line"]
+    spread = [
+        Series(
+            s.name,
+            s.kind,
+            tuple(value if s.kind == "line" or s is b else 0.0 for value in s.values for b in bars),
+            s.colour,
+        )
+        for s in series
+    ]
+    return chart_labels(labels), spread
 
 
 def how_to_read(series: Sequence[Series]) -> str:
-    """The legend as a sentence ("Bars: after (v3) in blue; line: before (v2) in orange."): GitHub's
+    """The legend as a sentence ("Bars: before (v2) in orange, after (v3) in blue."): GitHub's
     Mermaid draws no legend."""
     parts = []
     for kind in ("bar", "line"):
@@ -186,13 +213,13 @@ def how_to_read(series: Sequence[Series]) -> str:
 
 def mermaid_xychart(chart: Chart) -> str:
     """The chart as a Mermaid `xychart-beta` block's body, colours fixed so the caption holds."""
-    series = mermaid_series(chart)
+    labels, series = mermaid_layout(chart)
     palette = ", ".join(s.colour for s in series)
     lines = [
         '%%{init: {"themeVariables": {"xyChart": {"plotColorPalette": "' + palette + '"}}}}%%',
         "xychart-beta horizontal" if chart.horizontal else "xychart-beta",
         f"    title {_quoted(chart.title)}",
-        f"    x-axis {_quoted(chart.x_title)} [{', '.join(_quoted(x) for x in chart_labels(chart.x_labels))}]",
+        f"    x-axis {_quoted(chart.x_title)} [{', '.join(_quoted(x) for x in labels)}]",
         f"    y-axis {_quoted(chart.y_title)} 0 --> 1",
     ]
     for s in series:

@@ -16,12 +16,6 @@ def _pct(x: float) -> str:
     return f"{x:.3f}"
 
 
-def _runs(card: Scorecard) -> str:
-    """ "3", or "3-9" when the sequential reruns ran some scenarios again."""
-    counts = [s.runs for s in card.scenarios] or [0]
-    return str(max(counts)) if min(counts) == max(counts) else f"{min(counts)}-{max(counts)}"
-
-
 def _p(p: float) -> str:
     return p_value(p)
 
@@ -37,7 +31,7 @@ def cards_table(cards: Sequence[Scorecard], cost_term: str = "model_calls") -> l
     for c in cards:
         runs = c.runs or 1
         lines.append(
-            f"| {c.split} | {c.policy_version} | {len(c.scenarios)} | {_runs(c)} | {_pct(c.pass_rate)} | "
+            f"| {c.split} | {c.policy_version} | {len(c.scenarios)} | {c.runs_per_scenario} | {_pct(c.pass_rate)} | "
             f"{c.violations} | {c.model_calls / runs:.2f} | {c.tokens / runs:.0f} |"
             + (f" {c.usd / runs:.5f} |" if priced else "")
             + f" {c.decisions} | {c.fallbacks} |"

@@ -18,8 +18,10 @@ from improve.evals.scenarios import Scenario
 from improve.evals.suite import SuiteSpec
 from improve.evals.workspace import Workspace, policy_hash
 from improve.llm import CacheMode, Meter
-from improve.log import JsonlDirStore
+from improve.log import JsonlDirStore, LogEntry
+from improve.machine import canonical_json
 from improve.runtime import (
+    MAX_ENTRIES,
     Environment,
     PolicyDecider,
     ResumeResult,
@@ -28,6 +30,10 @@ from improve.runtime import (
     resume,
     world_at,
 )
+
+MAX_THREAD_ENTRIES = 2 * MAX_ENTRIES
+"""More entries than a run's thread holds: a run stops journaling steps at `MAX_ENTRIES` (its last
+step and end entry past it), and each later resume adds only its event and an end entry."""
 
 
 @dataclass(frozen=True)
@@ -38,6 +44,8 @@ class ResumeRequest:
     event: Any
     event_id: str | None = None
     cache_mode: CacheMode = "record"
+    finish: bool = False
+    """Finish a resume that was interrupted before its run ended (the event is the one it journaled)."""
 
 
 def thread_environment(space: Workspace, thread_id: str, given: str | None = None) -> Environment:
@@ -47,6 +55,7 @@ def thread_environment(space: Workspace, thread_id: str, given: str | None = Non
     store = JsonlDirStore(space.traces)
     if not store.exists(thread_id):
         raise ResumeRefusedError(f"no thread {thread_id!r} in {space.traces} to resume", kind="not-found")
+    _check_length(store, thread_id)
     first = store.read(thread_id, 0)[:1]
     name = (first[0].metadata or {}).get("environment") if first else None
     return space.environment(str(name) if name else None)
@@ -58,11 +67,14 @@ def resume_thread(
     """Resume the waiting thread of the workspace's traces with the request's event; see the module."""
     store = JsonlDirStore(space.traces)
     thread_id = request.thread_id
+    _check_length(store, thread_id)
     # Verified first: nothing (policy, model, world) is read off a thread that does not check.
     folded = fold_thread(env, store, thread_id)
     entries = folded.entries
     stamp = dict(entries[0].metadata or {})
     scenario = _scenario(space, env, stamp, thread_id)
+    if scenario is not None:
+        _check_input(scenario, entries, thread_id)
     policy_stamp = stamp.get("policy") or {}
     version = str(policy_stamp.get("version", ""))
     ref = version if version.startswith("v") else f"v{version}"
@@ -83,7 +95,8 @@ def resume_thread(
         cache_mode=request.cache_mode,
     )
     # Each stretch of the run draws its own seed: a stand-in resumed does not repeat its first answers.
-    stretch = 1 + folded.resumes
+    # Finishing an interrupted resume goes on with that stretch's seed.
+    stretch = folded.resumes if folded.interrupted is not None else 1 + folded.resumes
     seed = f"{stamp.get('scenario', thread_id)}:r{stamp.get('run', 1)}:resume{stretch}"
     model = spec.model_factory(env, meter)(seed)
     decider = PolicyDecider(
@@ -99,7 +112,33 @@ def resume_thread(
         decider=decider,
         world=world,
         event_id=request.event_id,
+        finish=request.finish,
     )
+
+
+def _check_length(store: JsonlDirStore, thread_id: str) -> None:
+    """A thread longer than any run journals was not written by a run: refused before it is read (a
+    crafted million-entry file would otherwise be folded whole, in time and memory)."""
+    length = store.length(thread_id)
+    if length > MAX_THREAD_ENTRIES:
+        raise ResumeRefusedError(
+            f"thread {thread_id} has {length:,} entries; a run journals at most {MAX_ENTRIES:,} (its budget of "
+            "entries), so this thread was not written by one and is not resumed; nothing was read past its length",
+            kind="does-not-verify",
+        )
+
+
+def _check_input(scenario: Scenario, entries: list[LogEntry], thread_id: str) -> None:
+    """The scenario's input must still be the one the run started with: its label, its world and its
+    people's answers are about that input."""
+    started = entries[0].event.get("input")
+    if canonical_json(started) != canonical_json(scenario.input):
+        raise ResumeRefusedError(
+            f"thread {thread_id} started from the input {canonical_json(started)[:300]}, but scenario "
+            f"{scenario.id!r} now has the input {canonical_json(scenario.input)[:300]}; the run goes on only "
+            "against the scenario it started from (restore the input, or run the scenario again)",
+            kind="world-changed",
+        )
 
 
 def _scenario(space: Workspace, env: Environment, stamp: dict[str, Any], thread_id: str) -> Scenario | None:

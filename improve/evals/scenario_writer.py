@@ -5,20 +5,23 @@ key per line, `input` and each member of `world`, `people` and `expected` as a o
 text in double quotes, the list's own indentation, and a blank line before it when the items are
 separated by one. The result is read back with `load_scenarios` before it replaces the file, and must
 hold the scenario exactly; otherwise nothing is written.
+
+Two appends at once (two `improve scenarios add` processes) are a read-modify-write of one file: each
+holds the lock of the file's directory from reading it to replacing it, so the second reads what the
+first wrote and neither loses the other's scenario. The replacement is atomic (`write_atomic`):
+a full disk leaves the file as it was.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from improve.errors import ScenarioError
-from improve.evals.scenarios import OPEN_SPLITS, Scenario, ScenarioSet, load_scenarios
+from improve.evals.scenarios import OPEN_SPLITS, Scenario, ScenarioSet, load_scenarios, load_scenarios_text
+from improve.files import locked, write_atomic
 
 
 class _Dumper(yaml.SafeDumper):
@@ -79,18 +82,21 @@ def append_scenario(
     return the file as it now loads. Refused, with nothing written, when the file does not load now,
     the id is taken, or the result would not load back holding exactly `scenario`."""
     target = path.resolve()  # a symlinked file (the bundled desks') is written where it lives
-    if target.exists():
-        current = load_scenarios(target, environment)
-        taken = current.by_id().get(scenario.id)
-        if taken is not None:
-            raise ScenarioError(
-                f"{path}: scenario id '{scenario.id}' is already used; pass --id with another id"
-            )
-        text = target.read_text(encoding="utf-8")
-        new_text = _appended(text, scenario, target, comment)
-    else:
-        new_text = f"environment: {flow(environment)}\nscenarios:\n" + scenario_yaml(scenario, 2, comment)
-    return _replace_checked(path, target, new_text, scenario, environment)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # The directory is the lock: a lock file beside the scenario file would be one more file in git.
+    with locked(target.parent, f"the scenario file {path}"):
+        if target.exists():
+            current = load_scenarios(target, environment)
+            taken = current.by_id().get(scenario.id)
+            if taken is not None:
+                raise ScenarioError(
+                    f"{path}: scenario id '{scenario.id}' is already used; pass --id with another id"
+                )
+            text = target.read_text(encoding="utf-8")
+            new_text = _appended(text, scenario, target, comment)
+        else:
+            new_text = f"environment: {flow(environment)}\nscenarios:\n" + scenario_yaml(scenario, 2, comment)
+        return _replace_checked(path, target, new_text, scenario, environment)
 
 
 def _appended(text: str, scenario: Scenario, path: Path, comment: str | None) -> str:
@@ -147,29 +153,19 @@ def _before_key(lines: list[str], key: yaml.Node) -> int:
 def _replace_checked(
     path: Path, target: Path, text: str, scenario: Scenario, environment: str
 ) -> ScenarioSet:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    handle, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    temp = Path(name)
+    """Check that `text` loads holding exactly `scenario`, then replace the file with it (atomically)."""
     try:
-        with os.fdopen(handle, "w", encoding="utf-8") as out:
-            out.write(text)
-        if target.exists():
-            shutil.copymode(target, temp)
-        try:
-            loaded = load_scenarios(temp, environment)
-        except ScenarioError as error:
-            raise ScenarioError(
-                f"appending scenario '{scenario.id}' would leave {path} unreadable, so nothing was written: "
-                + str(error).replace(str(temp), str(path))
-            ) from None
-        if loaded.by_id().get(scenario.id) != scenario:
-            raise ScenarioError(
-                f"appending scenario '{scenario.id}' to {path} would not read back as the same scenario "
-                "(the file's layout around the `scenarios:` list?); nothing was written"
-            )
-        os.replace(temp, target)
-    finally:
-        temp.unlink(missing_ok=True)
+        loaded = load_scenarios_text(text, target, environment)
+    except ScenarioError as error:
+        raise ScenarioError(
+            f"appending scenario '{scenario.id}' would leave {path} unreadable, so nothing was written: {error}"
+        ) from None
+    if loaded.by_id().get(scenario.id) != scenario:
+        raise ScenarioError(
+            f"appending scenario '{scenario.id}' to {path} would not read back as the same scenario "
+            "(the file's layout around the `scenarios:` list?); nothing was written"
+        )
+    write_atomic(target, text)
     loaded.source = str(path)
     return loaded
 

@@ -126,21 +126,45 @@ def _item_lines(text: str) -> list[int]:
 def read_yaml(path: Path, error: type[ConfigError], what: str) -> tuple[str, Any]:
     """The text and the decoded document of a YAML file; a syntax error names the line and column."""
     try:
-        text = path.read_text(encoding="utf-8")
+        raw = path.read_bytes()
     except FileNotFoundError:
         raise error(f"{path}: no such {what}") from None
+    except IsADirectoryError:
+        raise error(f"{path}: a directory, not a {what}") from None
     try:
-        return text, yaml.load(text, Loader=SafeLoader)
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise error(
+            f"{path}: not UTF-8 text (byte {err.start} is {raw[err.start]:#04x}); a {what} is YAML text"
+        ) from None
+    return text, parse_yaml(text, path, error)
+
+
+def parse_yaml(text: str, path: Path, error: type[ConfigError]) -> Any:
+    """The YAML document in `text` (read from `path`); a syntax error names the line and column."""
+    try:
+        return yaml.load(text, Loader=SafeLoader)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
-        raise error(f"{where}: invalid YAML: {getattr(err, 'problem', err)}") from None
+        raise error(f"{where}: invalid YAML: {getattr(err, 'problem', None) or err}") from None
+    except RecursionError:
+        raise error(f"{path}: invalid YAML: nested too deep to read") from None
 
 
 def load_scenarios(path: Path, environment: str | None = None) -> ScenarioSet:
     """Read and validate a scenario file; ids must be unique, and its `environment:` must be
     `environment` when one is given (the environment the scenarios are about to run on)."""
     text, data = read_yaml(path, ScenarioError, "scenario file")
+    return _scenario_set(text, data, path, environment)
+
+
+def load_scenarios_text(text: str, path: Path, environment: str | None = None) -> ScenarioSet:
+    """`load_scenarios` of `text`, as if it were the content of `path` (checked before it is written)."""
+    return _scenario_set(text, parse_yaml(text, path, ScenarioError), path, environment)
+
+
+def _scenario_set(text: str, data: Any, path: Path, environment: str | None) -> ScenarioSet:
     if not isinstance(data, dict) or "scenarios" not in data:
         raise ScenarioError(f"{path}: expected a mapping with `environment` and a `scenarios` list")
     try:

@@ -80,6 +80,12 @@ class Scorecard:
         return max((s.runs for s in self.scenarios), default=0)
 
     @property
+    def runs_per_scenario(self) -> str:
+        """ "3", or "3-9" when the sequential reruns ran some scenarios again: how every renderer says it."""
+        counts = [s.runs for s in self.scenarios] or [0]
+        return str(max(counts)) if min(counts) == max(counts) else f"{min(counts)}-{max(counts)}"
+
+    @property
     def pass_rate(self) -> float:
         """The primary metric: the mean over scenarios of their pass fractions."""
         if not self.scenarios:

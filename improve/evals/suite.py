@@ -9,6 +9,7 @@ under the same version) is refused (bump the policy version, or `fresh=True` to 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -236,10 +237,11 @@ def _run_one(
     stamp = spec.stamp(env, scenario, run_number)
     try:
         run_scenario(env, scenario, decider, store, thread_id, stamp, spec.max_model_calls, spec.people)
-    except ImproveError:
-        # A run that cannot finish (a recorded call missing on replay, a store failure) leaves no
-        # half-written thread: a later command runs it again from the start.
-        store.delete(thread_id)
+    except (ImproveError, OSError):
+        # A run that cannot finish (a recorded call missing on replay, a store failure, a full disk)
+        # leaves no half-written thread: a later command runs it again from the start.
+        with contextlib.suppress(ImproveError, OSError):
+            store.delete(thread_id)
         raise
 
 

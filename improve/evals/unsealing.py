@@ -18,20 +18,23 @@ it with the policies, and a reviewer sees how often the final number was looked 
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import getpass
 import json
 import os
 import subprocess
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from improve import clock
-from improve.errors import WorkspaceError
+from improve.errors import ImproveError, WorkspaceError
 from improve.evals.holdout import set_key
 from improve.evals.scenarios import ScenarioSet
 from improve.evals.workspace import Workspace
+from improve.files import append_whole, storage_error
 
 if TYPE_CHECKING:
     from improve.evals.scorecards import Scorecard
@@ -97,8 +100,12 @@ def read_unsealings(path: Path) -> list[dict[str, Any]]:
     """Every recorded unsealing, oldest first; none when the file does not exist."""
     if not path.exists():
         return []
+    return _records(path, path.read_bytes())
+
+
+def _records(path: Path, data: bytes) -> list[dict[str, Any]]:
     found: list[dict[str, Any]] = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for number, line in enumerate(data.decode("utf-8", "replace").splitlines(), start=1):
         if not line.strip():
             continue
         try:
@@ -127,29 +134,48 @@ def record_unsealing(
     comparison: dict[str, Any] | None = None,
     at: dt.datetime | None = None,
 ) -> Unsealing:
-    """Append one unsealing to the file (created when missing) and return it."""
-    earlier = [r for r in read_unsealings(path) if r.get("test_set") == test_set]
-    unsealing = Unsealing(
-        number=len(earlier) + 1,
-        at=(at or clock.now()).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        who=who,
-        command=command,
-        environment=environment,
-        test_set=test_set,
-        test_scenarios=test_scenarios,
-        model=model,
-        scores=scores,
-        comparison=comparison,
-    )
-    line = json.dumps(unsealing.to_json(), ensure_ascii=False) + "\n"
+    """Append one unsealing to the file (created when missing) and return it. Numbered and appended
+    under the file's lock, in one write (`append_whole`): two unsealings at once get numbers 1 and 2, a
+    full disk leaves the file as it was."""
+    made: list[Unsealing] = []
+
+    def line(current: bytes) -> bytes:
+        earlier = [r for r in _records(path, current) if r.get("test_set") == test_set]
+        unsealing = Unsealing(
+            number=len(earlier) + 1,
+            at=(at or clock.now()).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            who=who,
+            command=command,
+            environment=environment,
+            test_set=test_set,
+            test_scenarios=test_scenarios,
+            model=model,
+            scores=scores,
+            comparison=comparison,
+        )
+        made.append(unsealing)
+        return (json.dumps(unsealing.to_json(), ensure_ascii=False) + "\n").encode("utf-8")
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    # One write of the whole line in append mode: a record is never interleaved with another's.
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    append_whole(path, line)
+    return made[-1]
+
+
+def check_recordable(path: Path) -> None:
+    """Refuse, before anything is run or scored, an unsealing that could not be recorded: the file (or,
+    when it does not exist yet, its directory) must be writable. A full disk is found only when the
+    record is written."""
+    doing = f"record the unsealing in {path}; nothing was run or scored (the test split is scored only when its unsealing can be recorded)"
     try:
-        os.write(fd, line.encode("utf-8"))
-    finally:
-        os.close(fd)
-    return unsealing
+        if path.exists():
+            os.close(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC))
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        probe = path.with_name(f".{path.name}.{os.getpid()}.probe")
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644))
+        os.unlink(probe)
+    except OSError as error:
+        raise storage_error(error, doing) from None
 
 
 def current_user(root: Path) -> str:
@@ -202,24 +228,38 @@ def unseal(
     scores: list[UnsealedScore],
     command: str,
     comparison: dict[str, Any] | None = None,
+    forget: Callable[[], None] | None = None,
 ) -> Unsealed:
     """Record an unsealing of the workspace's test split (who, when, the command, the scores shown) in
-    the policies' test-unsealings.jsonl, before anything shows the scores."""
+    the policies' test-unsealings.jsonl, before anything shows the scores. When it cannot be written (a
+    full disk), `forget` takes the test runs' scores out of the warehouse again before the error goes on:
+    no test score stays recorded without its unsealing."""
     path = unsealings_path(space.policies_dir(scenario_set.environment))
     key = set_key(scenario_set.sealed)
     earlier = [r for r in read_unsealings(path) if r.get("test_set") == key]
-    unsealing = record_unsealing(
-        path,
-        who=current_user(space.root),
-        command=command,
-        environment=scenario_set.environment,
-        test_set=key,
-        test_scenarios=len(scenario_set.sealed),
-        model=model,
-        scores=scores,
-        comparison=comparison,
-    )
+    try:
+        unsealing = record_unsealing(
+            path,
+            who=current_user(space.root),
+            command=command,
+            environment=scenario_set.environment,
+            test_set=key,
+            test_scenarios=len(scenario_set.sealed),
+            model=model,
+            scores=scores,
+            comparison=comparison,
+        )
+    except ImproveError:
+        if forget is not None:
+            with contextlib.suppress(Exception):
+                forget()
+        raise
     return Unsealed(unsealing, path, earlier[0] if earlier else None)
+
+
+def check_unsealable(space: Workspace, scenario_set: ScenarioSet) -> None:
+    """Before anything is run or scored: the unsealing must be recordable (`check_recordable`)."""
+    check_recordable(unsealings_path(space.policies_dir(scenario_set.environment)))
 
 
 def unsealings_so_far(space: Workspace, scenario_set: ScenarioSet) -> int:

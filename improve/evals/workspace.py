@@ -44,7 +44,10 @@ the workspace and `--env` must name the environment.
 from __future__ import annotations
 
 import hashlib
+import os
 import tomllib
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Literal
 
@@ -53,6 +56,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from improve.errors import WorkspaceError
 from improve.evals.cluster import LOCAL, ExecutorChoice, parse_executor
 from improve.evals.scenarios import ScenarioSet, load_scenarios
+from improve.files import locked
 from improve.llm import CACHE_DIR, ModelSpec
 from improve.machine import MachineConfig, canonical_json, format_validation_error
 from improve.registry import check_slug
@@ -243,7 +247,18 @@ class Workspace:
         return cls(path.parent.resolve(), config)
 
     def path(self, relative: str) -> Path:
-        return (self.root / relative).resolve()
+        """A path of the workspace, resolved; refused when it goes through a dangling symbolic link (a
+        command writing there would make the link's target appear, wherever it points)."""
+        path = self.root / relative
+        for part in (path, *path.parents):
+            if part == self.root:
+                break
+            if part.is_symlink() and not part.exists():
+                raise WorkspaceError(
+                    f"{path} goes through {part}, a symbolic link to {os.readlink(part)}, which does not exist; "
+                    "create its target or remove the link"
+                )
+        return path.resolve()
 
     @property
     def traces(self) -> Path:
@@ -256,6 +271,12 @@ class Workspace:
     @property
     def reports(self) -> Path:
         return self.path(self.config.workspace.reports)
+
+    def writing(self, say: Callable[[str], None] | None = None) -> AbstractContextManager[None]:
+        """The lock a command holds while it writes the workspace's threads and records them in its
+        warehouse (`run`, `score`, `round`, `resume`): two such commands at once take turns, so one
+        never deletes, rewrites or half-reads the other's threads. `say` is told when it waits."""
+        return locked(self.root / ".improve" / "threads.lock", f"the threads in {self.traces}", say=say)
 
     def env_name(self, given: str | None) -> str:
         """The environment a command works on: `--env`, else `[workspace] environment`, else the only one."""

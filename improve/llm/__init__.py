@@ -3,7 +3,7 @@ the proposer and the decider share (`Endpoint`), recorded calls (`ResponseCache`
 spent (`Meter`)."""
 
 from improve.llm.cache import CACHE_DIR, CACHE_MODES, REDACTED, CacheMode, ResponseCache, request_key
-from improve.llm.endpoint import REFUSAL_WORDS, Endpoint
+from improve.llm.endpoint import MAX_ANSWER_BYTES, MAX_TOKENS, REFUSAL_WORDS, Endpoint, usage_dict
 from improve.llm.local import LOCAL_KEY_ENV, LOCAL_MODEL, LocalServer, local_server
 from improve.llm.meter import Meter
 from improve.llm.spec import API_KEY_ENV, BASE_URL_ENV, OPENAI_PREFIX, ModelSpec, Price, safe_url
@@ -15,6 +15,8 @@ __all__ = [
     "CACHE_MODES",
     "LOCAL_KEY_ENV",
     "LOCAL_MODEL",
+    "MAX_ANSWER_BYTES",
+    "MAX_TOKENS",
     "OPENAI_PREFIX",
     "REDACTED",
     "REFUSAL_WORDS",
@@ -28,4 +30,5 @@ __all__ = [
     "local_server",
     "request_key",
     "safe_url",
+    "usage_dict",
 ]

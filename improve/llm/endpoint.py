@@ -171,28 +171,86 @@ class Endpoint:
             raise self.error(f"could not reach the endpoint {where}: {self.redact(err.message)}") from None
         except openai.OpenAIError as err:
             raise self.error(f"the openai client failed: {self.redact(str(err))}") from None
-        if not completion.choices:
-            raise self.error(f"the endpoint {where} answered no choices")
-        choice = completion.choices[0]
-        usage = completion.usage
-        calls = [
-            {"name": call.function.name, "arguments": call.function.arguments}
-            for call in choice.message.tool_calls or []
-            if call.type == "function"
-        ]
-        return {
-            "content": choice.message.content,
-            "tool_calls": calls,
-            "refusal": choice.message.refusal,
-            "finish_reason": choice.finish_reason,
-            "model": completion.model,
-            "system_fingerprint": completion.system_fingerprint,
-            "usage": {
-                "prompt_tokens": usage.prompt_tokens if usage else 0,
-                "completion_tokens": usage.completion_tokens if usage else 0,
-                "total_tokens": usage.total_tokens if usage else 0,
-            },
-        }
+        try:
+            return _answer(completion)
+        except ValueError as problem:
+            raise self.error(f"the endpoint {where} answered {problem}") from None
+
+
+MAX_ANSWER_BYTES = 1 << 20
+"""The longest answer a call accepts (its text and its tool calls' arguments, 1 MiB): a decision, a
+judgment or a proposed policy is far shorter. A longer one is the endpoint's fault, refused before it
+is recorded or journaled."""
+
+MAX_TOKENS = 100_000_000
+"""The most tokens a usage count of one call may say (no context window is near it): a larger count,
+a negative one or one that is not an integer is the endpoint's fault, refused before it is counted."""
+
+
+def _answer(completion: Any) -> dict[str, Any]:
+    """A chat completion as the plain dict the cache stores, checked: the SDK builds its objects from
+    the body without validating them, so a body that is not a completion, an oversized answer or a
+    usage count that is not a count is found here (`ValueError`, saying what was answered)."""
+    from openai.types.chat import ChatCompletion
+
+    if not isinstance(completion, ChatCompletion):
+        shown = str(completion)[:120].replace("\n", " ")
+        raise ValueError(
+            f"something that is not a chat completion ({type(completion).__name__}: {shown!r}); is it an "
+            "OpenAI-compatible endpoint (its /v1 base URL)?"
+        )
+    choices = completion.choices
+    if not isinstance(choices, list) or not choices:
+        raise ValueError("no choices")
+    message = getattr(choices[0], "message", None)
+    content = getattr(message, "content", None)
+    if content is not None and not isinstance(content, str):
+        raise ValueError(f"a message content that is not text ({type(content).__name__})")
+    calls = []
+    for call in getattr(message, "tool_calls", None) or []:
+        function = getattr(call, "function", None)
+        if getattr(call, "type", None) != "function" or function is None:
+            continue
+        name, arguments = getattr(function, "name", None), getattr(function, "arguments", None)
+        if not isinstance(name, str) or not isinstance(arguments, str):
+            raise ValueError("a tool call whose name or arguments are not text")
+        calls.append({"name": name, "arguments": arguments})
+    size = len((content or "").encode("utf-8", "surrogatepass")) + sum(
+        len(c["name"]) + len(c["arguments"].encode("utf-8", "surrogatepass")) for c in calls
+    )
+    if size > MAX_ANSWER_BYTES:
+        raise ValueError(f"{size:,} bytes; a call accepts at most {MAX_ANSWER_BYTES:,} (an answer is short)")
+    refusal = getattr(message, "refusal", None)
+    return {
+        "content": content,
+        "tool_calls": calls,
+        "refusal": refusal[:2000] if isinstance(refusal, str) else None,
+        "finish_reason": _short_text(getattr(choices[0], "finish_reason", None)),
+        "model": _short_text(completion.model),
+        "system_fingerprint": _short_text(completion.system_fingerprint),
+        "usage": usage_dict(completion.usage),
+    }
+
+
+def _short_text(value: Any) -> str | None:
+    return value[:200] if isinstance(value, str) else None
+
+
+def usage_dict(usage: Any) -> dict[str, int]:
+    """The usage of an answer (an SDK object, or the dict a recording holds) as three checked counts:
+    absent counts are 0; a count that is not an integer from 0 to `MAX_TOKENS` is a `ValueError`."""
+    found = {}
+    for name in ("prompt_tokens", "completion_tokens", "total_tokens"):
+        value = usage.get(name) if isinstance(usage, dict) else getattr(usage, name, None)
+        if value is None:
+            value = 0
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TOKENS:
+            raise ValueError(
+                f"a usage.{name} of {str(value)[:40]!r}, not a count of tokens (an integer from 0 to "
+                f"{MAX_TOKENS:,}); its answer is not used"
+            )
+        found[name] = value
+    return found
 
 
 REFUSAL_WORDS = {

@@ -24,6 +24,10 @@ SCHEMA_VERSION = 2
 UNCHAINED_VERSION = 1
 INIT_EVENT = "@agent.init"
 USAGE_EVENT = "@agent.usage"
+MAX_USAGE_COUNT = 100_000_000
+"""The largest count a usage entry may hold (calls, input or output tokens; its cost in USD): no call
+comes near it. Replay fails a thread whose usage says more, or less than 0 (the same bound as the
+endpoint's `improve.llm.MAX_TOKENS`, which refuses such an answer before it is journaled)."""
 END_EVENT = "@agent.end"
 """The last entry of a finished run: `{"type": "@agent.end", "status": ...}` (a `RunStatus` other than
 `incomplete`). Replay does not fold it; without it a chained thread is incomplete.

@@ -4,12 +4,18 @@ A file is read as bytes and split on LF; a UTF-8 byte order mark at the start of
 before each LF are dropped, so a file saved by an editor on Windows reads as the same lines as one
 written by `improve`. Each line is then checked on its own (`line_problem`): one line that is not UTF-8
 or is too long is that line's problem, never the whole file's.
+
+A reader that streams a file (`read_lines`) never holds a line longer than the limit: it keeps its
+first bytes and its length (`LongLine`) and reads on to the next LF, so a file that is one 2 GB line (a
+sparse file's hole) costs a chunk of memory, not the file.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Protocol
 
 BOM = b"\xef\xbb\xbf"
 """The UTF-8 byte order mark some editors put at the start of a text file."""
@@ -55,20 +61,45 @@ def json_depth(line: bytes) -> int:
     return deepest
 
 
+_MAYBE_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
+# A run of backslashes, then a surrogate's code: an escape when the run is odd (the last backslash escapes).
+_SURROGATE = re.compile(rb"(\\+)u[dD]([89a-fA-F])[0-9a-fA-F]{2}")
+
+
+def lone_surrogate(line: bytes) -> bool:
+    """Whether the JSON text escapes a surrogate (U+D800-U+DFFF) that is not half of a pair: a high one
+    right before a low one (`\\ud83d\\ude00`) is a character, anything else is no text at all."""
+    low_due = -1  # where the low half of the last high surrogate must start
+    for found in _SURROGATE.finditer(line):
+        run = found.group(1)
+        if len(run) % 2 == 0:
+            continue  # an escaped backslash, then the letters `ud8..`: text, not an escape
+        at = found.start(1) + len(run) - 1
+        high = found.group(2).lower() in b"89ab"
+        if low_due >= 0:
+            if high or at != low_due:
+                return True
+            low_due = -1
+        elif high:
+            low_due = found.end()
+        else:
+            return True
+    return low_due >= 0
+
+
 def line_problem(
     line: bytes,
     *,
     max_bytes: int = MAX_LINE_BYTES,
     max_depth: int = MAX_JSON_DEPTH,
     utf8_checked: bool = False,
+    surrogates: bool = True,
 ) -> str | None:
     """Why `line` cannot be read as one JSON document's text, or None. `utf8_checked`: the caller has
-    already decoded the whole file, so every line is known to be UTF-8."""
+    already decoded the whole file, so every line is known to be UTF-8. `surrogates=False`: a lone
+    surrogate escape is left to the caller (a line of many spans rejects the span that holds one)."""
     if len(line) > max_bytes:
-        return (
-            f"line too long: {len(line):,} bytes, the limit is {max_bytes:,} "
-            "(raise it with --max-line-bytes if such lines are expected)"
-        )
+        return too_long(len(line), max_bytes)
     if not utf8_checked:
         try:
             line.decode("utf-8")
@@ -76,6 +107,11 @@ def line_problem(
             return f"not UTF-8 text: invalid byte at offset {error.start} of the line (a JSONL line is UTF-8)"
     if b"\0" in line:
         return "contains a NUL byte: a JSONL line is text, and JSON escapes control characters"
+    if surrogates and _MAYBE_SURROGATE.search(line) is not None and lone_surrogate(line):
+        return (
+            "a lone surrogate escape (\\ud800-\\udfff without its pair): not Unicode text, which a thread "
+            "cannot hold (replay refuses it)"
+        )
     # Counting brackets is a cheap bound: a line with few cannot nest deeply, so most skip the scan.
     if line.count(b"[") + line.count(b"{") > max_depth:
         depth = json_depth(line)
@@ -84,7 +120,99 @@ def line_problem(
     return None
 
 
-def preview(line: bytes, limit: int = 4096) -> str:
+def too_long(length: int, max_bytes: int = MAX_LINE_BYTES) -> str:
+    """The reason a line of `length` bytes is refused."""
+    return (
+        f"line too long: {length:,} bytes, the limit is {max_bytes:,} "
+        "(raise it with --max-line-bytes if such lines are expected)"
+    )
+
+
+PREVIEW_BYTES = 4096
+"""What is kept of a line refused before parsing (`rejected_lines.raw`)."""
+
+READ_CHUNK = 1 << 22
+"""Bytes a streaming reader reads at a time (4 MiB)."""
+
+
+@dataclass(frozen=True)
+class LongLine:
+    """A line longer than a streaming reader keeps: its length in bytes and its first bytes."""
+
+    length: int
+    head: bytes
+
+    def problem(self, max_bytes: int = MAX_LINE_BYTES) -> str:
+        return too_long(self.length, max_bytes)
+
+
+class Readable(Protocol):
+    """What `read_lines` reads from: a binary file, or anything with its `readline`."""
+
+    def readline(self, size: int = -1, /) -> bytes: ...
+
+
+def read_lines(
+    handle: Readable, *, max_bytes: int = MAX_LINE_BYTES, chunk: int = READ_CHUNK
+) -> Iterator[tuple[int, bytes | LongLine]]:
+    """The non-blank lines of a file open at its start, numbered from 1 (as `split_lines` numbers them);
+    a line longer than `max_bytes` comes as a `LongLine`, read past `chunk` bytes at a time, its bytes
+    past `PREVIEW_BYTES` never held. A BOM at the start and a CR before each LF are dropped. Lines are
+    read with `readline` bounded by the limit: as fast as iterating the file, without its unbounded
+    line."""
+    limit = max_bytes + 2  # the longest line kept, its CR and its LF
+    readline = handle.readline
+    size = limit + len(BOM)  # the first line may start with a BOM
+    raw = readline(size)
+    if raw.startswith(BOM):
+        raw, size = raw[len(BOM) :], limit
+    number = 0
+    while raw:
+        number += 1
+        if len(raw) < size or raw[-1] == 10:  # the whole line, up to its LF (10)
+            line = raw.removesuffix(b"\n").removesuffix(b"\r")
+            if line.strip():
+                yield number, line if len(line) <= max_bytes else LongLine(len(line), line[:PREVIEW_BYTES])
+        else:  # it goes on past the limit: counted as it is read, never held
+            long = LongLineCount()
+            long.add(raw)
+            while piece := readline(chunk):
+                if piece[-1] == 10:
+                    long.add(piece[:-1])
+                    break
+                long.add(piece)
+            if not long.blank:
+                yield number, long.done()
+        raw, size = readline(limit), limit
+
+
+class LongLineCount:
+    """A line past the limit, read as it goes by: its length, its first bytes, whether its last byte so
+    far is a CR (not part of the line when an LF follows), and whether it is blank so far (all
+    whitespace: no line at all, as `split_lines` reads it)."""
+
+    def __init__(self) -> None:
+        self.length = 0
+        self.head = b""
+        self.cr = False
+        self.blank = True
+
+    def add(self, piece: bytes) -> None:
+        if not piece:
+            return
+        self.length += len(piece)
+        if len(self.head) < PREVIEW_BYTES:
+            self.head = (self.head + piece)[:PREVIEW_BYTES]
+        self.cr = piece.endswith(b"\r")
+        self.blank = self.blank and not piece.strip()
+
+    def done(self) -> LongLine:
+        """The line, ended by an LF or the end of the file: a CR right before it is not part of it."""
+        length = self.length - 1 if self.cr else self.length
+        return LongLine(length, self.head[:length])
+
+
+def preview(line: bytes, limit: int = PREVIEW_BYTES) -> str:
     """Text to keep of a line that was rejected before parsing: its first `limit` bytes, undecodable
     bytes replaced (what `rejected_lines.raw` holds for it)."""
     text = line[:limit].decode("utf-8", errors="replace")
@@ -123,6 +251,7 @@ def scan_lines(
     fast = (
         (not body or body[0] not in _WHITESPACE_START)
         and b"\0" not in body
+        and _MAYBE_SURROGATE.search(body) is None
         and _BLANKISH.search(body) is None
         and _utf8(body)
         and lines_fit(body, max_bytes)

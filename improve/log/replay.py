@@ -25,7 +25,14 @@ from typing import Any, Literal
 from improve.errors import DivergenceError, LogError, MachineError, VersionMismatchError
 from improve.log.bulk import EntryView
 from improve.log.chain import check_chain, is_chained
-from improve.log.entry import END_EVENT, INIT_EVENT, LEGACY_WAIT_STATUS, RESUME_KEY, USAGE_EVENT
+from improve.log.entry import (
+    END_EVENT,
+    INIT_EVENT,
+    LEGACY_WAIT_STATUS,
+    MAX_USAGE_COUNT,
+    RESUME_KEY,
+    USAGE_EVENT,
+)
 from improve.machine import RESUMABLE_STATUSES, Machine, Snapshot, initial, transition, wait_status
 
 RunStatus = str
@@ -198,10 +205,10 @@ def replay(
             ):  # the endpoint failed, not the answer
                 erred = True
                 reason = reason or str(event["error"])
-            calls += int(event.get("calls", 1))
-            tokens_in += int(event.get("inputTokens", 0))
-            tokens_out += int(event.get("outputTokens", 0))
-            cost += float(event.get("costUsd", 0.0))
+            calls += _count(entry, event, "calls", 1)
+            tokens_in += _count(entry, event, "inputTokens", 0)
+            tokens_out += _count(entry, event, "outputTokens", 0)
+            cost += _cost(entry, event)
             continue
         if etype == END_EVENT:
             ended = str(event.get("status"))
@@ -289,6 +296,27 @@ class Budget:
         if not isinstance(self.max_model_calls, int) or isinstance(self.max_model_calls, bool):
             return None
         return max(0, self.max_model_calls - (calls - self.calls_before))
+
+
+def _count(entry: EntryView, event: dict[str, Any], name: str, default: int) -> int:
+    """A usage entry's count, checked: an integer from 0 to `MAX_USAGE_COUNT` (a count an endpoint could
+    not have meant, journaled by an older improve, fails the thread alone, not a warehouse's batch)."""
+    value = event.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_USAGE_COUNT:
+        raise LogError(
+            f"entry {entry.index} ({USAGE_EVENT}): {name} is {str(value)[:40]}, not a count (an integer from "
+            f"0 to {MAX_USAGE_COUNT:,})"
+        )
+    return value
+
+
+def _cost(entry: EntryView, event: dict[str, Any]) -> float:
+    value = event.get("costUsd", 0.0)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= MAX_USAGE_COUNT:
+        raise LogError(
+            f"entry {entry.index} ({USAGE_EVENT}): costUsd is {str(value)[:40]}, not a cost in USD"
+        )
+    return float(value)
 
 
 def resumable(status: Any) -> bool:

@@ -45,6 +45,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import re
 import threading
 import uuid
 from collections.abc import Iterator, Sequence
@@ -55,6 +56,7 @@ from typing import Protocol, runtime_checkable
 from pydantic import ValidationError
 
 from improve.errors import ConflictError, LogError
+from improve.files import storage_error
 from improve.log.bulk import BulkEntry, decode_entry
 from improve.log.chain import rechain
 from improve.log.entry import THREAD_ID_PATTERN, LogEntry, check_thread_id, entry_problems
@@ -173,6 +175,27 @@ def retarget(entries: Sequence[LogEntry], new_id: str, source_id: str) -> list[L
         else e.model_copy(deep=True)
         for e in rechain(entries, source_id, new_id)
     ]
+
+
+_MAYBE_BLANK = re.compile(rb"\n[\n \t\r\x0b\x0c]")
+
+
+def _nonblank(data: bytes) -> tuple[list[bytes], list[int] | None]:
+    """The lines of `data` (complete lines, each ending in LF) without the blank ones, as every reader
+    reads them (improve.log.lines): a BOM at the start and a CR before the LF are not part of an entry
+    (a thread saved by a Windows editor still reads). With each line's 0-based number in the file when
+    a blank line was left out (else None: the numbers are the positions)."""
+    if data.startswith(BOM):
+        data = data[len(BOM) :]
+    lines = data.split(b"\n")[:-1]  # the part after the last newline is empty (torn part excluded)
+    if b"\r" in data:
+        lines = [line.removesuffix(b"\r") for line in lines]
+    if (data[:1].isspace() or _MAYBE_BLANK.search(data) is not None) and any(
+        not line.strip() for line in lines
+    ):
+        kept = [(number, line) for number, line in enumerate(lines) if line.strip()]
+        return [line for _, line in kept], [number for number, _ in kept]
+    return lines, None
 
 
 def _invalid(path: Path, number: int, error: ValidationError) -> LogError:
@@ -352,15 +375,20 @@ class JsonlDirStore:
         lines = 0
         valid_end = 0
         offset = 0
+        blank = False  # a line that may be blank: counted exactly below
         while True:
             chunk = os.pread(fd, _READ_CHUNK, offset)
             if not chunk:
                 break
             lines += chunk.count(b"\n")
+            blank = blank or _MAYBE_BLANK.search(chunk) is not None or (offset == 0 and chunk[:1].isspace())
             last = chunk.rfind(b"\n")
             if last >= 0:
                 valid_end = offset + last + 1
             offset += len(chunk)
+        if blank:
+            # A person's edit left a blank line (or one of spaces): it is no entry, as every reader skips it.
+            lines = len(_nonblank(os.pread(fd, valid_end, 0))[0]) if valid_end else 0
         count = _Count(st.st_ino, st.st_size, st.st_mtime_ns, lines, valid_end)
         self._remember(path, count)
         return count
@@ -401,72 +429,75 @@ class JsonlDirStore:
         create = expected_index == 0
         if create:
             self.root.mkdir(parents=True, exist_ok=True)
-        with self._locked(path, exclusive=True, writable=True, create=create) as fd:
-            if fd is None:
-                raise conflict(thread_id, expected_index, 0)
-            count = self._count(path, fd)
-            if count.lines != expected_index:
-                raise conflict(thread_id, expected_index, count.lines)
-            if count.valid_end < count.size:
-                os.ftruncate(fd, count.valid_end)  # a torn line from a crash: never part of the log
-            try:
-                written = os.write(fd, data)
-                while written < len(data):  # a short write (rare on regular files): finish it
-                    written += os.write(fd, data[written:])
-            except OSError:
-                os.ftruncate(fd, count.valid_end)  # leave nothing of a failed batch behind
-                raise
-            if self.fsync:
-                os.fsync(fd)
-            st = os.fstat(fd)
-            lines = count.lines + len(entries)
-            self._remember(path, _Count(st.st_ino, st.st_size, st.st_mtime_ns, lines, st.st_size))
+        try:
+            with self._locked(path, exclusive=True, writable=True, create=create) as fd:
+                if fd is None:
+                    raise conflict(thread_id, expected_index, 0)
+                count = self._count(path, fd)
+                if count.lines != expected_index:
+                    raise conflict(thread_id, expected_index, count.lines)
+                if count.valid_end < count.size:
+                    os.ftruncate(fd, count.valid_end)  # a torn line from a crash: never part of the log
+                try:
+                    written = os.write(fd, data)
+                    while written < len(data):  # a short write (rare on regular files): finish it
+                        written += os.write(fd, data[written:])
+                    if self.fsync:
+                        os.fsync(fd)
+                except OSError:
+                    # Leave nothing of a failed batch behind (a full disk): the thread ends where it did,
+                    # and a thread this append was creating is not left as an empty file.
+                    os.ftruncate(fd, count.valid_end)
+                    if count.valid_end == 0:
+                        os.unlink(path)
+                        self._forget(path)
+                    raise
+                st = os.fstat(fd)
+                lines = count.lines + len(entries)
+                self._remember(path, _Count(st.st_ino, st.st_size, st.st_mtime_ns, lines, st.st_size))
+        except OSError as error:
+            raise storage_error(error, f"append to thread {thread_id} ({path})") from None
         if count.valid_end == 0:
             self._sync_dir()  # the file may be new: make its name durable too
         return lines
 
     def read(self, thread_id: str, from_index: int = 0) -> list[LogEntry]:
-        path, lines = self._lines(thread_id, from_index)
+        path, lines, numbers = self._lines(thread_id, from_index)
         entries: list[LogEntry] = []
-        for number in range(from_index, len(lines)):
+        for index in range(from_index, len(lines)):
             try:
-                entries.append(LogEntry.model_validate_json(lines[number]))
+                entries.append(LogEntry.model_validate_json(lines[index]))
             except ValidationError as exc:
-                raise _invalid(path, number, exc) from None
+                raise _invalid(path, numbers[index] if numbers else index, exc) from None
         return entries
 
     def read_bulk(self, thread_id: str, from_index: int = 0) -> list[BulkEntry | LogEntry]:
         """`read` through the bulk decode path (`improve.log.bulk`): the same entries, accepted and
         refused alike, as light structs for readers that only read them (replay, verify)."""
-        path, lines = self._lines(thread_id, from_index)
+        path, lines, numbers = self._lines(thread_id, from_index)
         try:
             return [decode_entry(line) for line in lines[from_index:]]
         except ValidationError:
             pass  # find which line, and say so as `read` does
-        for number in range(from_index, len(lines)):
+        for index in range(from_index, len(lines)):
             try:
-                decode_entry(lines[number])
+                decode_entry(lines[index])
             except ValidationError as exc:
-                raise _invalid(path, number, exc) from None
+                raise _invalid(path, numbers[index] if numbers else index, exc) from None
         raise AssertionError("unreachable: a line failed to decode, then decoded")  # pragma: no cover
 
-    def _lines(self, thread_id: str, from_index: int) -> tuple[Path, list[bytes]]:
-        """The thread file's complete lines (a torn last line left out), read under a shared lock."""
+    def _lines(self, thread_id: str, from_index: int) -> tuple[Path, list[bytes], list[int] | None]:
+        """The thread file's complete non-blank lines (a torn last line left out), read under a shared
+        lock, and each one's 0-based line number in the file when a blank line shifts them (else None)."""
         path = self.path(thread_id)
         check_from_index(thread_id, from_index)
         with self._locked(path, exclusive=False) as fd:
             if fd is None:
-                return path, []
+                return path, [], None
             count = self._count(path, fd)
             data = os.pread(fd, count.valid_end, 0) if count.valid_end else b""
-        # As every reader does (improve.log.lines): a BOM at the start and a CR before the LF are not
-        # part of the entry (a thread saved by a Windows editor still reads).
-        if data.startswith(BOM):
-            data = data[len(BOM) :]
-        lines = data.split(b"\n")[:-1]  # the part after the last newline is empty (torn part excluded)
-        if b"\r" in data:
-            lines = [line.removesuffix(b"\r") for line in lines]
-        return path, lines
+        lines, numbers = _nonblank(data)
+        return path, lines, numbers
 
     def length(self, thread_id: str) -> int:
         path = self.path(thread_id)

@@ -23,7 +23,7 @@ from pydantic import ValidationError
 from improve.errors import LogError
 from improve.log.bulk import BulkEntry, decode_entry, read_strictly
 from improve.log.entry import LogEntry, entry_problems
-from improve.log.lines import BOM, MAX_JSON_DEPTH, MAX_LINE_BYTES, line_problem
+from improve.log.lines import MAX_JSON_DEPTH, MAX_LINE_BYTES, LongLine, line_problem, read_lines
 
 ThreadEntries = list[BulkEntry | LogEntry]
 
@@ -38,23 +38,21 @@ _THREAD_ONLY = msgspec.json.Decoder(_ThreadOnly)
 _key = hash  # how the first pass remembers a thread it has seen (a test makes every key collide)
 
 
-def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
-    """The non-blank lines of the file, numbered from 1, as `lines.split_lines` gives them, streamed."""
+def _lines(path: Path) -> Iterator[tuple[int, bytes | LongLine]]:
+    """The non-blank lines of the file, numbered from 1, as `lines.split_lines` gives them, streamed (a
+    line past the limit as a `LongLine`: a file that is one huge line is not held in memory)."""
     try:
         handle = path.open("rb")
     except OSError as error:
         raise LogError(f"{path}: cannot be read ({error.strerror})") from None
     with handle:
-        for number, raw in enumerate(handle, start=1):
-            line = raw.removesuffix(b"\n").removesuffix(b"\r")
-            if number == 1 and line.startswith(BOM):
-                line = line[len(BOM) :]
-            if line.strip():
-                yield number, line
+        yield from read_lines(handle, max_bytes=MAX_LINE_BYTES)
 
 
-def _thread_of(line: bytes, default: str) -> str | None:
+def _thread_of(line: bytes | LongLine, default: str) -> str | None:
     """The thread a line belongs to, or None for a line that is not an entry (the second pass says why)."""
+    if isinstance(line, LongLine):
+        return None
     try:
         thread = _THREAD_ONLY.decode(line).threadId
     except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
@@ -137,7 +135,9 @@ def _returning_threads(path: Path, default: str) -> dict[str, int] | None:
     return returning if any_entry else None
 
 
-def _decode(path: Path, number: int, line: bytes) -> BulkEntry | LogEntry:
+def _decode(path: Path, number: int, line: bytes | LongLine) -> BulkEntry | LogEntry:
+    if isinstance(line, LongLine):
+        raise LogError(f"{path}:{number}: not a log entry: {line.problem()}")
     if len(line) <= MAX_LINE_BYTES and (
         len(line) < 2 * MAX_JSON_DEPTH or line.count(91) + line.count(123) <= MAX_JSON_DEPTH
     ):

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from improve.evals import HeldOutRead, Scenario, VersionScore, p_value, set_key
+from improve.files import append_whole
 from improve.loop.branches import DiscardedBranch
 from improve.loop.discards import DiscardedCandidate, read_discarded, remember
 
@@ -235,8 +236,8 @@ class Changelog:
         current = self.current()
         added = current.with_entry(entry, env)[len(current.text) :]
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self.path.open("a", encoding="utf-8") as handle:
-            handle.write(added)
+        # Whole or not at all, under the file's lock: a full disk leaves the CHANGELOG as it was.
+        append_whole(self.path, added)
         return Changelog.parse(current.text + added, self.path, _stat(self.path))
 
     def current(self) -> Changelog:

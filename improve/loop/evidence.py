@@ -308,7 +308,7 @@ def diagnose_policy(
     rows; held-out failures never shape a change, so only the train split is read."""
     inputs = locate(space, env, policy)
     spec = suite_spec(space, inputs.env, inputs.policy, model, k=k, cache=cache)
-    with Ledger(space, inputs.env) as ledger:
+    with space.writing(say), Ledger(space, inputs.env) as ledger:
         plan = write_threads(inputs.env, inputs.train, spec, ledger.store, concurrency=8)
         recorded = ledger.record(
             [p.thread_id for p in plan], say=say, rewritten=[p.thread_id for p in plan if not p.reused]

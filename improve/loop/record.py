@@ -12,12 +12,27 @@ from pathlib import Path
 from typing import Any
 
 from improve.errors import ImproveError
+from improve.files import write_atomic
 from improve.loop.changelog import Added
 from improve.loop.inputs import Inputs, review_branch
 from improve.loop.render import pr_body
 from improve.loop.round_record import PROPOSED, ROUND_RECORD, SCORECARDS, Review, RoundRecord
 
 Say = Callable[[str], None]
+
+
+TITLE_MAX = 120
+"""The longest pull request title (and commit subject) a round writes."""
+
+
+def whole_words(text: str, limit: int) -> str:
+    """`text` whole when it fits, else cut after its last whole word with an ellipsis: a rule in a title
+    is never cut inside a name, a number or an operator."""
+    text = " ".join(text.split())
+    if len(text) <= limit:
+        return text
+    kept = text[: limit - 1].rsplit(" ", 1)[0].rstrip(" ,;:")[: limit - 2]
+    return kept + " …"
 
 
 class Recorder:
@@ -37,19 +52,19 @@ class Recorder:
         added = inputs.memory.add(record, inputs.env_name)
         record.history = added.history
         body = pr_body(record)
-        (folder / "scorecard.md").write_text(body, encoding="utf-8")
+        write_atomic(folder / "scorecard.md", body)
         # The scorecards as data, for analysts (the record holds them too; the markdown is for people).
-        (folder / SCORECARDS).write_text(
-            json.dumps([c.to_json() for c in record.scorecards], indent=2) + "\n", encoding="utf-8"
+        write_atomic(
+            folder / SCORECARDS, json.dumps([c.to_json() for c in record.scorecards], indent=2) + "\n"
         )
         if record.proposed is not None:
-            (folder / PROPOSED).write_text(json.dumps(record.proposed, indent=2) + "\n", encoding="utf-8")
-        (folder / "changelog-entry.md").write_text(added.entry, encoding="utf-8")
+            write_atomic(folder / PROPOSED, json.dumps(record.proposed, indent=2) + "\n")
+        write_atomic(folder / "changelog-entry.md", added.entry)
         if not record.recommended:
             record.write(folder)
             self.say(f"discarded {record.candidate_version}: recorded in {inputs.memory.changelog.path}")
             return record
-        (folder / "pr.md").write_text(body, encoding="utf-8")
+        write_atomic(folder / "pr.md", body)
         record.pr = self.review(record, folder, body, added)
         record.write(folder)
         return record
@@ -72,8 +87,8 @@ class Recorder:
             top = Path(repo.working_tree_dir or inputs.space.root).resolve()
         except Exception:
             # Not a git repository: the files are left in the report for a person to apply.
-            (folder / name).write_text(policy_text, encoding="utf-8")
-            (folder / "CHANGELOG.md").write_text(added.text, encoding="utf-8")
+            write_atomic(folder / name, policy_text)
+            write_atomic(folder / "CHANGELOG.md", added.text)
             return Review(
                 instructions=f"not a git repository: copy {folder / name} to {policy_file} "
                 f"and {folder / 'CHANGELOG.md'} to {changelog}",
@@ -85,7 +100,7 @@ class Recorder:
         files = {policy_rel: policy_text, str(changelog.resolve().relative_to(top)): added.text}
         # "refunds: policy v2: When facts.order.deliveredDaysAgo > 30, answer CLOSE" (the rule, not the numbers).
         summary = (record.rationale or record.cluster or "").split(" without ")[0].split(": it ")[0]
-        title = f"{inputs.env_name}: policy {record.candidate_version}: {summary}"[:120]
+        title = whole_words(f"{inputs.env_name}: policy {record.candidate_version}: {summary}", TITLE_MAX)
         try:
             pr = open_pull_request(
                 top,
@@ -102,7 +117,7 @@ class Recorder:
         except ImproveError as err:
             self.say(f"pull request: {err}")
             return Review(error=str(err))
-        (folder / "policy.diff").write_text(branch_diff(top, branch, None), encoding="utf-8")
+        write_atomic(folder / "policy.diff", branch_diff(top, branch, None))
         restore_changelog(repo, added.current, changelog, top)
         self.say(f"pull request: {pr.pr_url}" if pr.pr_url else f"branch {branch} ready: {pr.instructions}")
         return Review.model_validate(pr.to_json())
@@ -157,4 +172,4 @@ def restore_changelog(repo: Any, current: str, changelog: Path, top: Path) -> No
     except Exception:
         return
     if current.startswith(head_text.rstrip("\n")):
-        changelog.write_text(head_text + ("\n" if not head_text.endswith("\n") else ""), encoding="utf-8")
+        write_atomic(changelog, head_text + ("\n" if not head_text.endswith("\n") else ""))

@@ -5,6 +5,7 @@ the lines `improve round` prints. The CHANGELOG entry is `changelog.entry_text`,
 from __future__ import annotations
 
 from improve.evals import scorecard_markdown
+from improve.log import ThreadId
 from improve.loop.round_record import ModelInfo, RoundRecord
 
 REPLAYS_SHOWN = 6
@@ -55,21 +56,45 @@ def pr_body(record: RoundRecord) -> str:
             lines.append(f"| {g.name} | {'pass' if g.ok else '**fail**'} | {detail} |")
         lines += ["", f"Repairs used: {record.repairs}.", ""]
     if record.candidate_threads:
-        lines += [
-            "## Replay it",
-            "",
-            "Every run is a journaled thread; replaying one calls no model, tool or person:",
-            "",
-            "```sh",
-            *(f"improve replay {t} --verify" for t in record.candidate_threads[:REPLAYS_SHOWN]),
-            "```",
-            "",
-            f'All {len(record.candidate_threads)} candidate threads: `improve sql "SELECT * FROM outcomes '
-            f"WHERE policy_version = '{record.candidate_version}'\"` after `improve ingest traces/`.",
-            "",
-        ]
+        lines += replay_section(record)
     lines += ["---", "Opened by `improve round`. A person reviews and merges; the tool never merges.", ""]
     return "\n".join(lines)
+
+
+def replay_section(record: RoundRecord) -> list[str]:
+    """How a reviewer with only the pull request's branch replays the candidate's runs: `traces/` is
+    not in git, so the runs are made again first (a stand-in draws the same answers: the same threads),
+    then replayed, which calls no model, tool or person."""
+    shown = record.candidate_threads[:REPLAYS_SHOWN]
+    ids = [i for i in map(ThreadId.parse, shown) if i is not None]
+    scenarios = list(dict.fromkeys(i.scenario for i in ids))
+    again = [
+        f"improve run --env {record.environment} --policy {record.candidate_version} --model {record.model} "
+        f"--k {max((i.run for i in ids), default=1)} " + " ".join(f"--scenario {s}" for s in scenarios)
+    ]
+    stand_in = record.model_info is None or record.model_info.provider == "stand-in"
+    how = (
+        "the stand-in draws the same answers, so each run decides as the round's did"
+        if stand_in
+        else "a model behind an endpoint is asked again unless its recordings (.improve/cache) come along: "
+        "add `--cache replay` with them"
+    )
+    return [
+        "## Replay it",
+        "",
+        "Every run is a journaled thread; replaying one calls no model, tool or person. The threads are "
+        f"not in git (`traces/` is ignored): on this branch, make the runs again first ({how}), then "
+        "replay them:",
+        "",
+        "```sh",
+        *(again if ids else []),
+        *(f"improve replay {t} --verify" for t in shown),
+        "```",
+        "",
+        f'All {len(record.candidate_threads)} candidate threads: `improve sql "SELECT * FROM outcomes '
+        f"WHERE policy_version = '{record.candidate_version}'\"` after `improve ingest traces/`.",
+        "",
+    ]
 
 
 def model_markdown(info: ModelInfo) -> str:

@@ -20,6 +20,7 @@ from urllib.parse import quote
 
 from improve.errors import ImproveError, WorkspaceError
 from improve.evals import Scorecard, Workspace, category_chart, history_chart, p_value, svg_chart
+from improve.files import write_atomic
 from improve.loop.changelog import CHANGELOG, Changelog, Entry
 from improve.loop.gates import GateResult
 from improve.loop.round_record import ROUND_RECORD, RoundRecord, SplitScore, read_round_record
@@ -105,7 +106,7 @@ def _cards_table(cards: Sequence[Scorecard]) -> str:
             + _cell(c.split)
             + _cell(c.policy_version)
             + _cell(len(c.scenarios), True)
-            + _cell(c.k, True)
+            + _cell(c.runs_per_scenario, True)
             + _cell(f"{c.pass_rate:.3f}", True)
             + _cell(c.violations, True)
             + _cell(f"{c.model_calls / runs:.2f}", True)
@@ -118,7 +119,7 @@ def _cards_table(cards: Sequence[Scorecard]) -> str:
         "split",
         "version",
         "scenarios",
-        "k",
+        "runs / scenario",
         "pass rate",
         "violations",
         "model calls / run",
@@ -200,6 +201,12 @@ def _failing(cards: Sequence[Scorecard], first: str | None, trace_href: Callable
     )
 
 
+def _reruns_note(record: RoundRecord) -> str:
+    """Where the sequential reruns ran scenarios beyond k, say so beside k: the table counts them."""
+    most = max((c.k for c in record.scorecards), default=record.k)
+    return f" (up to {most} with the reruns the promotion rule asked for)" if most > record.k else ""
+
+
 def round_page(
     record: RoundRecord, folder: str, trace_href: Callable[[str], str | None] = lambda _: None
 ) -> str:
@@ -213,8 +220,8 @@ def round_page(
     sections = [
         f'<h1>{escape(title)} <span class="verdict {escape(status)}">{escape(status)}</span></h1>',
         f'<p class="meta">Round <code>{escape(r.round_id)}</code>; baseline {escape(r.baseline_version)}; '
-        f"proposer {escape(r.proposer)}; model <code>{escape(r.model)}</code>; k = {r.k}; bootstrap seed "
-        f"{r.seed}.</p>",
+        f"proposer {escape(r.proposer)}; model <code>{escape(r.model)}</code>; k = {r.k} runs per scenario"
+        f"{_reruns_note(r)}; bootstrap seed {r.seed}.</p>",
     ]
     if r.rationale:
         sections.append(f"<p><strong>Change:</strong> {escape(r.rationale)}</p>")
@@ -310,5 +317,5 @@ def write_round_page(space: Workspace, round_id: str | None, out: Path | None = 
 
     page = round_page(record, folder.name, trace_href)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(page, encoding="utf-8")
+    write_atomic(path, page)
     return WrittenPage(folder, path, record, notes)

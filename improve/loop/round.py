@@ -49,6 +49,7 @@ from improve.evals import (
     suite_spec,
     write_threads,
 )
+from improve.files import check_directory
 from improve.llm import Meter
 from improve.loop.branches import added
 from improve.loop.diagnose import Diagnosis, in_cluster
@@ -95,7 +96,10 @@ SPLITS = ("train", "held-out")
 def run_round(space: Workspace, opts: RoundOptions, say: Say = lambda m: None) -> RoundRecord:
     """One round (see the module's docstring)."""
     inputs = locate(space, opts.env, opts.policy)
-    with Ledger(space, inputs.env) as ledger:
+    # Before anything runs or a branch is made: the round's report folder can be written.
+    check_directory(space.reports, "the reports directory")
+    # One writer of the workspace's threads at a time: a second round (or run, or resume) waits.
+    with space.writing(say), Ledger(space, inputs.env) as ledger:
         return Round(space, opts, inputs, ledger, say).run()
 
 

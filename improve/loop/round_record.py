@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_serializer, model_valid
 
 from improve.errors import ImproveError, WorkspaceError
 from improve.evals import PromotionDecision, Quarantined, Reruns, Scorecard, VersionScore
+from improve.files import write_atomic
 from improve.loop.diagnose import Hypothesis
 from improve.loop.gates import GateResult
 from improve.machine import MachineConfig, parse_machine
@@ -238,7 +239,7 @@ class RoundRecord(BaseModel):
 
     def write(self, folder: Path) -> Path:
         path = folder / ROUND_RECORD
-        path.write_text(json.dumps(self.to_json(), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        write_atomic(path, json.dumps(self.to_json(), indent=2, ensure_ascii=False) + "\n")
         return path
 
 

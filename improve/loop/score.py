@@ -30,6 +30,7 @@ from improve.evals import (
     Unsealing,
     VersionScore,
     Workspace,
+    check_unsealable,
     compare,
     describe_model,
     open_fanout,
@@ -150,7 +151,10 @@ def score_policy(space: Workspace, request: ScoreRequest, say: Say = lambda m: N
     request.check()
     env_name = space.env_name(request.env)
     scoring = _Scoring(space, request, space.environment(env_name), space.scenarios(env_name), say)
-    with Ledger(space, scoring.env) as scoring.ledger:
+    if request.unseal:
+        check_unsealable(space, scoring.scenario_set)
+    # One writer of the workspace's threads at a time: the sealed split's runs are made here.
+    with space.writing(say), Ledger(space, scoring.env) as scoring.ledger:
         return scoring.run()
 
 
@@ -200,7 +204,7 @@ class _Scoring:
                 scores.comparisons.append(self._compare(cards["old"], cards["new"]))
         self._changelog(scores)
         if request.unseal:
-            self._unseal(scores)
+            self._unseal(scores, threads)
         scores.unsealed = request.unseal
         scores.unsealings = unsealings_so_far(self.space, scenario_set)
         if request.described:
@@ -279,8 +283,10 @@ class _Scoring:
                 self.say(f"warning: {scores.held_out.warning}")
         scores.history = changelog.history(policy_label(scores.policies["new"]))
 
-    def _unseal(self, scores: Scores) -> None:
-        """Record the unsealing before anything is shown: a look at the test scores is never unrecorded."""
+    def _unseal(self, scores: Scores, threads: list[str]) -> None:
+        """Record the unsealing before anything is shown: a look at the test scores is never unrecorded,
+        and a test score whose unsealing could not be recorded leaves the warehouse again."""
+        tests = [t for t in threads if (p := ThreadId.parse(t)) is not None and p.split == SEALED_SPLIT]
         sides = [scores.policies[s] for s in SIDES if s in scores.policies]
         cards = [c for c in scores.cards if c.split == SEALED_SPLIT]
         comparison = next((c for c in scores.comparisons if c.split == SEALED_SPLIT), None)
@@ -291,6 +297,7 @@ class _Scoring:
             [UnsealedScore.of(card, policy_hash(policy)) for policy, card in zip(sides, cards, strict=True)],
             self.request.command,
             comparison.to_json() if comparison else None,
+            forget=lambda: self.ledger.forget(tests),
         )
         scores.unsealing = unsealed.unsealing
         self.say(unsealed.message())

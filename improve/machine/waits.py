@@ -58,9 +58,12 @@ def payload_problem(schema: Mapping[str, Any], event: Mapping[str, Any]) -> str 
         known = ", ".join(sorted(properties)) or "none"
         return f"'{event['type']}' takes no field '{name}'; its fields are: {known}"
     for name in schema.get("required") or ():
-        if name not in given:
-            return f"'{event['type']}' needs the field '{name}'"
+        if given.get(name) is None:
+            return f"'{event['type']}' needs the field '{name}'" + (" (it is null)" if name in given else "")
     for name, value in given.items():
+        if value is None:
+            # null means absent in a thread (docs/contracts.md): a field is given with a value or left out.
+            return f"'{event['type']}'.{name} is null; leave the field out instead"
         wanted = properties[name].get("type")
         if wanted is None:
             continue

@@ -42,14 +42,26 @@ from improve.runtime.policy import (
     read_document_text,
 )
 from improve.runtime.recorded import ActorCall, PersonAnswer, RecordedThread, recorded_thread
-from improve.runtime.resume import ResumeResult, WaitingThread, fold_thread, resume, world_at
+from improve.runtime.resume import (
+    MAX_EVENT_BYTES,
+    MAX_EVENT_DEPTH,
+    ResumeResult,
+    WaitingThread,
+    event_problem,
+    fold_thread,
+    resume,
+    world_at,
+)
 from improve.runtime.resume_bound import ResumeProof, prove_resumes, resume_proof
-from improve.runtime.run import DEFAULT_MAX_MODEL_CALLS, Journal, RunResult, run
+from improve.runtime.run import DEFAULT_MAX_MODEL_CALLS, MAX_ENTRIES, Journal, RunResult, run
 from improve.runtime.vocabulary import Vocabulary, vocabulary
 
 __all__ = [
     "DEFAULT_MAX_MODEL_CALLS",
     "ENVIRONMENTS",
+    "MAX_ENTRIES",
+    "MAX_EVENT_BYTES",
+    "MAX_EVENT_DEPTH",
     "MAX_FREE_TEXT",
     "MODEL_DECIDE",
     "Actor",
@@ -87,6 +99,7 @@ __all__ = [
     "build_request",
     "check_answer",
     "compile_policy",
+    "event_problem",
     "first_option",
     "fold_thread",
     "load_environment",

@@ -39,7 +39,7 @@ from typing import Any, Literal
 import httpx2 as httpx
 
 from improve.errors import ModelAnswerError, ModelCallError
-from improve.llm import REFUSAL_WORDS, Endpoint, Meter, ModelSpec, ResponseCache
+from improve.llm import REFUSAL_WORDS, Endpoint, Meter, ModelSpec, ResponseCache, usage_dict
 from improve.machine import FREE_TEXT
 from improve.runtime.decision import DecisionRequest
 from improve.runtime.judgment import ModelJudgment
@@ -442,8 +442,11 @@ class ChatModel:
         event: dict[str, Any] | None,
         source: Literal["live", "recorded", "repeated"],
     ) -> ModelReply:
-        usage = response.get("usage") or {}
-        tokens_in, tokens_out = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+        try:
+            usage = usage_dict(response.get("usage") or {})
+        except ValueError as problem:  # a recording edited, or made by an older version without the check
+            raise ModelCallError(f"model {self.name!r}: the answer {source} holds {problem}") from None
+        tokens_in, tokens_out = usage["prompt_tokens"], usage["completion_tokens"]
         if source == "live" and not tokens_in and not tokens_out:
             self.session.meter.note(
                 f"{self.name}: the endpoint reports no token usage (missing or zero); its tokens and cost count as 0"

@@ -12,12 +12,20 @@ one is derived from the wait being resumed and the event, so repeating the same 
 The world the tools act on is the caller's: the world as the run left it. For a scenario's fixture
 world, `world_at` rebuilds it by making the thread's recorded tool calls again and checking each
 answers as recorded.
+
+A resume interrupted after its event was journaled (the process killed, the disk full) leaves the
+thread with the event and no end entry after it: the run has not ended. It is *finished*, not
+resumed again: the same resume (the same event id) or `finish=True` drives the run on from where the
+thread stops, to its next wait or its end, as the interrupted resume would have; any other event is
+refused (`interrupted`) until then. A tool whose completion was not journaled before the interruption
+is invoked again (at least once, as every journal-before-acting loop does).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -54,6 +62,53 @@ from improve.runtime.environment import Environment, World
 from improve.runtime.recorded import recorded_thread
 from improve.runtime.run import DEFAULT_MAX_MODEL_CALLS, Journal, People, Runner, RunResult, Spent
 
+MAX_EVENT_BYTES = 64 << 10
+"""The largest event a resume journals, as canonical JSON (64 KiB): an approval, an answer, a webhook's
+payload; far below the longest line ingest reads (8 MiB)."""
+
+MAX_EVENT_DEPTH = 32
+"""The deepest nesting of objects and arrays in an event (the event object counts as 1): far below what
+ingest (128) and replay (about 200) read, so a journaled event always reads back."""
+
+
+def event_problem(event: Any) -> str | None:
+    """Why `event` cannot be journaled as it is (past the bounds above, a number that is not finite, a
+    string that is not Unicode text, a key that is not a string), or None. Iterative: an event nested
+    ten thousand deep is measured, not recursed into."""
+    stack: list[tuple[Any, int, str]] = [(event, 1, "event")]
+    while stack:
+        value, depth, where = stack.pop()
+        if isinstance(value, dict | list):
+            if depth > MAX_EVENT_DEPTH:
+                return f"{where} is nested deeper than {MAX_EVENT_DEPTH} levels of objects and arrays"
+            if isinstance(value, dict):
+                for key, item in value.items():
+                    if not isinstance(key, str):
+                        return f"{where} has the key {key!r}, which is not a string"
+                    if not _unicode(key):
+                        return f"{where} has a key that is not Unicode text (a lone surrogate)"
+                    stack.append((item, depth + 1, f"{where}.{key[:40]}"))
+            else:
+                stack.extend((item, depth + 1, f"{where}[{n}]") for n, item in enumerate(value))
+        elif isinstance(value, float) and not math.isfinite(value):
+            return f"{where} is {value}, which JSON cannot hold (a number must be finite)"
+        elif isinstance(value, str) and not _unicode(value):
+            return f"{where} is not Unicode text (a lone surrogate such as \\ud800)"
+        elif value is not None and not isinstance(value, bool | int | float | str):
+            return f"{where} is a {type(value).__name__}, not a JSON value"
+    size = len(canonical_json(event).encode("utf-8"))
+    if size > MAX_EVENT_BYTES:
+        return f"the event is {size:,} bytes as JSON; a resume takes at most {MAX_EVENT_BYTES:,} bytes"
+    return None
+
+
+def _unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
 
 @dataclass(frozen=True)
 class ResumeResult:
@@ -65,6 +120,8 @@ class ResumeResult:
     """The index of the entry that journaled the event."""
     duplicate: bool
     """The event id had resumed this thread already: nothing was journaled, the result is that resume's."""
+    finished: bool = False
+    """The resume had been interrupted before its run ended: the run was driven on from where it stopped."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -72,6 +129,7 @@ class ResumeResult:
             "event_id": self.event_id,
             "entry": self.entry,
             "duplicate": self.duplicate,
+            "finished": self.finished,
             "status": self.run.status,
             "final_state": self.run.final_state,
             "entries": self.run.entries,
@@ -95,6 +153,18 @@ class WaitingThread:
         """How many times the run has been resumed so far."""
         return sum(RESUME_KEY in (e.metadata or {}) for e in self.entries)
 
+    @property
+    def interrupted(self) -> int | None:
+        """The position of the entry that journaled a resume whose run has not ended (no end entry after
+        it: the process was killed, or a write failed), or None."""
+        for position in range(len(self.entries) - 1, -1, -1):
+            entry = self.entries[position]
+            if entry.type == END_EVENT:
+                return None
+            if RESUME_KEY in (entry.metadata or {}):
+                return position
+        return None
+
 
 def resume(
     env: Environment,
@@ -106,20 +176,32 @@ def resume(
     world: World,
     event_id: str | None = None,
     people: Mapping[str, Sequence[dict[str, Any]]] | None = None,
+    finish: bool = False,
 ) -> ResumeResult:
     """Resume the waiting thread `thread_id` of `store` with `event` and run on to the next wait or the end.
 
     `world` is the world as the run left it (`world_at` for a fixture's); `people` may script answers to
     later waits, as a scenario's do. Raises `ResumeRefusedError` (its `kind` says which check) with
-    nothing journaled when the thread or the event is refused."""
+    nothing journaled when the thread or the event is refused.
+
+    A resume that was interrupted before its run ended is finished instead (see the module): by the same
+    event (id), or by `finish=True` whatever `event` is; another event is refused (`interrupted`)."""
     folded = fold_thread(env, store, thread_id)
     entries = folded.entries
+    interrupted = folded.interrupted
+    if finish or interrupted is not None:
+        return _finish_or_refuse(
+            env, store, thread_id, folded, event, event_id, decider, world, people, finish
+        )
     if not isinstance(event, dict) or not isinstance(event.get("type"), str) or not event["type"]:
         raise ResumeRefusedError(
-            f"thread {thread_id}: the event {event!r} is not an object with a `type`, e.g. "
+            f"thread {thread_id}: the event {str(event)[:200]} is not an object with a `type`, e.g. "
             '{"type": "APPROVE", "approver": "dana"}',
             kind="unknown-event",
         )
+    problem = event_problem(event)
+    if problem is not None:
+        raise ResumeRefusedError(f"invalid-payload: thread {thread_id}: {problem}", kind="invalid-payload")
     event = dict(event)
     replayed = folded.replayed
     waiting = replayed.ended is not None and resumable(replayed.ended) and entries[-1].type == END_EVENT
@@ -148,6 +230,64 @@ def resume(
     runner = Runner(env, world, People(people or {}), decider, journal, budget, spent)
     result = runner.drive(after)
     return ResumeResult(result, event_id, written.index, duplicate=False)
+
+
+def _finish_or_refuse(
+    env: Environment,
+    store: Store,
+    thread_id: str,
+    folded: WaitingThread,
+    event: Any,
+    event_id: str | None,
+    decider: Decider,
+    world: World,
+    people: Mapping[str, Sequence[dict[str, Any]]] | None,
+    finish: bool,
+) -> ResumeResult:
+    """Finish the interrupted resume, answer (`finish`) as the last resume did, or refuse."""
+    entries = folded.entries
+    position = folded.interrupted
+    if position is None:
+        last = _last_resume(entries)
+        if last is None:
+            raise ResumeRefusedError(
+                f"thread {thread_id} has no interrupted resume to finish: it was never resumed (it ended "
+                f"{folded.replayed.ended or 'without an end entry'} in state '{folded.replayed.final_state}'); "
+                "resume it with --event",
+                kind="not-interrupted",
+            )
+        return _again(env, store, thread_id, entries, last, dict(entries[last].event))
+    taken = entries[position]
+    taken_id = str(((taken.metadata or {}).get(RESUME_KEY) or {}).get("eventId"))
+    given = event_id if event_id is not None else _derived_or_none(entries[position - 1], event)
+    same = given == taken_id
+    if not (finish or same):
+        raise ResumeRefusedError(
+            f"thread {thread_id} was interrupted while being resumed with {canonical_json(taken.event)} (entry "
+            f"{taken.index}, event id {taken_id}): its run has not ended, so no other event can resume it. "
+            f"Finish it first with `improve resume {thread_id} --finish` (or the same command again)",
+            kind="interrupted",
+        )
+    replayed = folded.replayed
+    journal = Journal(store, thread_id, env.machine)
+    spent = Spent(
+        replayed.model_calls, replayed.input_tokens, replayed.output_tokens, replayed.failed_attempts
+    )
+    budget = replayed.budget_left if replayed.budget_left is not None else DEFAULT_MAX_MODEL_CALLS
+    runner = Runner(env, world, People(people or {}), decider, journal, budget, spent)
+    result = runner.drive(replayed.snapshot)
+    return ResumeResult(result, taken_id, taken.index, duplicate=False, finished=True)
+
+
+def _derived_or_none(wait: LogEntry, event: Any) -> str | None:
+    return derived_event_id(wait, event) if isinstance(event, dict) else None
+
+
+def _last_resume(entries: Sequence[LogEntry]) -> int | None:
+    for position in range(len(entries) - 1, -1, -1):
+        if RESUME_KEY in (entries[position].metadata or {}):
+            return position
+    return None
 
 
 def fold_thread(env: Environment, store: Store, thread_id: str) -> WaitingThread:

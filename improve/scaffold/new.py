@@ -21,6 +21,7 @@ from improve import DISTRIBUTION
 from improve.errors import WorkspaceError
 from improve.evals import CONFIG_NAME
 from improve.registry import check_slug
+from improve.runtime import ENVIRONMENTS
 from improve.scaffold.workspace import workspace_toml, write_files
 
 TEMPLATE = Path(__file__).parent / "template"
@@ -138,32 +139,41 @@ def new_environment_files(name: str, package: str) -> dict[str, str | Path]:
     return files
 
 
-def _append(path: Path, text: str, present: str) -> bool:
-    """Append `text` unless `present` is already in the file; True when the file changed."""
+def _appended(path: Path, text: str, present: str) -> str | None:
+    """The file's text with `text` appended, or None when `present` is already in it."""
     before = path.read_text(encoding="utf-8") if path.exists() else ""
     if present in before:
-        return False
+        return None
     separator = "" if not before or before.endswith("\n\n") else ("\n" if before.endswith("\n") else "\n\n")
-    path.write_text(before + separator + text, encoding="utf-8")
-    return True
+    return before + separator + text
 
 
 def init_environment(root: Path, name: str, package: str | None = None) -> list[str]:
     """Scaffold a workspace for a new agent in `root`; the relative paths written or extended.
 
     Nothing existing is overwritten: when a file it would write exists, nothing is written. The
-    README gets a section and `.gitignore` the generated folders, appended to what is there.
+    README gets a section and `.gitignore` the generated folders, appended to what is there. All or
+    nothing (`write_files`): a write that fails leaves `root` as it was.
     """
     check_slug(name, "environment")
+    taken = ENVIRONMENTS.sources().get(name)
+    if taken is not None:
+        # A workspace's [environments.NAME] with the name of one already registered counts it twice:
+        # every command in the workspace would refuse to start.
+        raise WorkspaceError(
+            f"environment {name!r} is already registered ({taken.origin}); choose another name for a new "
+            f"agent, or write the bundled one's workspace with `improve init DIR --from {name}`"
+        )
     package = package_name(name, package, root)
-    root.mkdir(parents=True, exist_ok=True)
-    written = write_files(root, new_environment_files(name, package))
     section = _renamed((TEMPLATE / "README.md").read_text(encoding="utf-8"), name, package)
-    if _append(root / "README.md", section, section.splitlines()[0]):
-        written.append("README.md")
+    extended: dict[str, str] = {}
+    readme = _appended(root / "README.md", section, section.splitlines()[0])
+    if readme is not None:
+        extended["README.md"] = readme
     ignored = root / ".gitignore"
     existing = ignored.read_text(encoding="utf-8").splitlines() if ignored.exists() else []
     missing = [line for line in GITIGNORE if line not in existing]
-    if missing and _append(ignored, "\n".join(missing) + "\n", "\n".join(missing)):
-        written.append(".gitignore")
-    return written
+    ignore = _appended(ignored, "\n".join(missing) + "\n", "\n".join(missing)) if missing else None
+    if ignore is not None:
+        extended[".gitignore"] = ignore
+    return write_files(root, new_environment_files(name, package), replace=extended)

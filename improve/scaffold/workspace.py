@@ -6,12 +6,13 @@ nothing is written and the error lists them.
 
 from __future__ import annotations
 
-import shutil
+import contextlib
 from collections.abc import Mapping
 from pathlib import Path
 
-from improve.errors import WorkspaceError
+from improve.errors import ImproveError, WorkspaceError
 from improve.evals import CONFIG_NAME
+from improve.files import storage_error, write_atomic
 from improve.runtime import Environment
 
 OBJECTIVE = """\
@@ -53,17 +54,56 @@ def refuse_existing(root: Path, relative: list[str]) -> None:
         )
 
 
-def write_files(root: Path, files: Mapping[str, str | Path]) -> list[str]:
-    """Write text (a str) or copy a file (a Path) to each relative path, after checking none exists."""
+def write_files(
+    root: Path, files: Mapping[str, str | Path], replace: Mapping[str, str] | None = None
+) -> list[str]:
+    """Write text (a str) or copy a file (a Path) to each relative path, after checking none exists;
+    then replace the files of `replace` (a README extended) with their new text.
+
+    All or nothing: each file is written whole (`write_atomic`), and when one cannot be (a full disk, a
+    read-only directory, a name too long) the files and directories written before it are removed
+    again and the replaced ones get their old text back, so a failed init leaves the directory as it
+    was: nothing that a second one would refuse to overwrite."""
     refuse_existing(root, list(files))
-    for relative, content in files.items():
-        path = root / relative
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if isinstance(content, Path):
-            shutil.copyfile(content, path)
-        else:
-            path.write_text(content, encoding="utf-8")
-    return list(files)
+    written: list[Path] = []
+    replaced: list[tuple[Path, bytes | None]] = []
+    made: list[Path] = []
+    try:
+        for relative, content in files.items():
+            path = root / relative
+            made += _make_parents(path.parent)
+            data = content.read_bytes() if isinstance(content, Path) else content.encode("utf-8")
+            write_atomic(path, data)
+            written.append(path)
+        for relative, text in (replace or {}).items():
+            path = root / relative
+            made += _make_parents(path.parent)
+            replaced.append((path, path.read_bytes() if path.exists() else None))
+            write_atomic(path, text)
+    except (OSError, ImproveError):
+        for path, old in reversed(replaced):
+            with contextlib.suppress(OSError, ImproveError):
+                if old is None:
+                    path.unlink(missing_ok=True)
+                else:
+                    write_atomic(path, old)
+        for path in reversed(written):
+            path.unlink(missing_ok=True)
+        for directory in reversed(made):
+            with contextlib.suppress(OSError):
+                directory.rmdir()
+        raise
+    return [*files, *(replace or {})]
+
+
+def _make_parents(directory: Path) -> list[Path]:
+    """Create `directory` and its missing parents; the ones created, outermost first."""
+    missing = [d for d in (directory, *directory.parents) if not d.exists()][::-1]
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise storage_error(error, f"create {directory}") from None
+    return missing
 
 
 def desk_files(env: Environment) -> dict[str, str | Path]:
@@ -89,6 +129,6 @@ def desk_files(env: Environment) -> dict[str, str | Path]:
 
 
 def write_desk(env: Environment, root: Path) -> list[str]:
-    """Write a bundled environment's workspace into `root`; the relative paths written."""
-    root.mkdir(parents=True, exist_ok=True)
+    """Write a bundled environment's workspace into `root` (created when missing); the relative paths
+    written."""
     return write_files(root, desk_files(env))

@@ -1,11 +1,14 @@
 """Opening the warehouse: a DuckDB file (or `:memory:`), migrated, with a bounded wait for its lock.
 
 DuckDB lets one process hold a database file for writing. A second writer (another `improve ingest`)
-waits, retrying, up to `lock_timeout` seconds, then fails with a message that says who holds it.
+waits, retrying, up to `lock_timeout` seconds (default: `IMPROVE_LOCK_TIMEOUT`, else 30), then fails
+with a message that says who holds it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,6 +24,7 @@ from improve.errors import (
     WarehouseVersionError,
     WorkspaceError,
 )
+from improve.files import LOCK_TIMEOUT_ENV, env_seconds, hint_for, locked
 from improve.warehouse.readonly import hardening
 from improve.warehouse.schema import ensure_views, migrate
 
@@ -35,7 +39,7 @@ def open_database(
     *,
     read_only: bool = False,
     sandboxed: bool = False,
-    lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+    lock_timeout: float | None = None,
     memory_limit: str | None = DEFAULT_MEMORY_LIMIT,
 ) -> duckdb.DuckDBPyConnection:
     """A DuckDB connection to a migrated warehouse. `:memory:` is a fresh in-memory warehouse.
@@ -59,20 +63,15 @@ def open_database(
     # connection of this process to the same file (DuckDB shares one database per file), while a
     # startup config that differs from that database's is refused outright.
     config = hardening(memory_limit) if sandboxed else {}
+    if lock_timeout is None:
+        lock_timeout = env_seconds(LOCK_TIMEOUT_ENV, DEFAULT_LOCK_TIMEOUT)
     deadline = time.monotonic() + lock_timeout
     delay = 0.05
     while True:
         try:
-            fresh = target != ":memory:" and not Path(target).exists()
+            fresh = target != ":memory:" and not sandboxed and _absent(Path(target))
             if fresh:
-                # A new file is written in the oldest storage format the pins allow, so every DuckDB they
-                # allow (and the DuckDB CLI of those versions) opens it: a laptop and CI on different
-                # versions share it. The format is the file's own from then on; it is created by a
-                # connection of its own, because DuckDB refuses a second connection of this process to
-                # the file whose configuration differs from the first's (and the option is only needed once).
-                duckdb.connect(
-                    target, config={"storage_compatibility_version": STORAGE_COMPATIBILITY}
-                ).close()
+                _create(Path(target))
             con = duckdb.connect(
                 target, read_only=read_only and target != ":memory:" and not fresh, config=config
             )
@@ -94,7 +93,7 @@ def open_database(
                     "warehouse here from the threads: move it aside and run `improve ingest traces/`"
                 ) from None
             if "lock" not in str(err).lower():
-                raise damaged(target, err) or ImproveError(f"cannot open warehouse {target}: {err}") from None
+                raise damaged(target, err) or unwritable(target, err) from None
             if time.monotonic() >= deadline:
                 holder = (
                     str(err).split("Conflicting lock is held in")[-1].strip()
@@ -103,12 +102,14 @@ def open_database(
                 )
                 raise WarehouseLockedError(
                     f"warehouse {target} is locked by another process{' (' + holder + ')' if holder else ''}; "
-                    f"waited {lock_timeout:.0f}s. Wait for it to finish, or raise --lock-timeout"
+                    f"waited {lock_timeout:.0f}s. Wait for it to finish and run the command again, or wait "
+                    f"longer: {LOCK_TIMEOUT_ENV}=SECONDS for any command (`improve ingest --lock-timeout "
+                    "SECONDS` too)"
                 ) from None
             time.sleep(delay)
             delay = min(delay * 2, 1.0)
         except duckdb.Error as err:  # a damaged file fails here or at its first read, as a bare duckdb.Error
-            raise damaged(target, err) or ImproveError(f"cannot open warehouse {target}: {err}") from None
+            raise damaged(target, err) or unwritable(target, err) from None
     if memory_limit and not sandboxed:
         con.execute(f"SET memory_limit = '{memory_limit}'")
     if not (read_only and target != ":memory:"):
@@ -117,8 +118,50 @@ def open_database(
             ensure_views(con)
         except duckdb.Error as err:
             con.close()
-            raise damaged(target, err) or err from None
+            raise damaged(target, err) or unwritable(target, err) from None
     return con
+
+
+def _absent(path: Path) -> bool:
+    """No warehouse there yet: no file, or an empty one (left by a creation that an older version did not
+    finish: it holds nothing, and DuckDB would call it not a database)."""
+    try:
+        return path.stat().st_size == 0
+    except FileNotFoundError:
+        return True
+
+
+def _create(path: Path) -> None:
+    """Create a new warehouse file, whole or not at all: made under a temporary name beside it, then
+    renamed into place, so a full disk leaves no empty or half-written file behind.
+
+    It is written in the oldest storage format the pins allow, so every DuckDB they allow (and the DuckDB
+    CLI of those versions) opens it: a laptop and CI on different versions share it. The format is the
+    file's own from then on; it is created by a connection of its own, because DuckDB refuses a second
+    connection of this process to the file whose configuration differs from the first's (and the option
+    is only needed once)."""
+    temp = path.with_name(f".{path.name}.{os.getpid()}.creating")
+    # Two processes creating the same warehouse take turns (the directory's lock), and the second finds
+    # the first's file: replacing it would leave the first writing to a file no longer there.
+    with locked(path.parent, f"the new warehouse {path}"):
+        if not _absent(path):
+            return
+        try:
+            duckdb.connect(str(temp), config={"storage_compatibility_version": STORAGE_COMPATIBILITY}).close()
+            os.replace(temp, path)
+        except BaseException:
+            for leftover in (temp, temp.with_name(temp.name + ".wal")):
+                with contextlib.suppress(OSError):
+                    leftover.unlink()
+            raise
+
+
+def unwritable(target: str | Path, err: BaseException) -> ImproveError:
+    """The error to raise when DuckDB could not open or bring up to date the warehouse file: its first
+    line, and what to do when the system said why (a full disk, a read-only file)."""
+    text = str(err).splitlines()[0] if str(err) else type(err).__name__
+    hint = hint_for(str(err))
+    return ImproveError(f"cannot open warehouse {target}: {text}" + (f"; {hint}" if hint else ""))
 
 
 def damaged(target: str | Path, err: BaseException) -> WarehouseDamagedError | None:

@@ -54,8 +54,19 @@ from pathlib import Path
 import duckdb
 
 from improve import clock
-from improve.errors import ConfigError, ConflictError, LogError, WarehouseDamagedError
-from improve.log import MAX_LINE_BYTES, lines_fit, preview, scan_lines, split_lines
+from improve.errors import ConfigError, ConflictError, LogError, StorageError, WarehouseDamagedError
+from improve.files import hint_for
+from improve.log import (
+    BOM,
+    MAX_LINE_BYTES,
+    LongLine,
+    LongLineCount,
+    lines_fit,
+    preview,
+    read_lines,
+    scan_lines,
+    too_long,
+)
 from improve.warehouse.importers import IMPORTERS
 from improve.warehouse.staging import CAND_COLUMNS, CHAIN_COLUMN, THREAD_ID_SQL, Importer
 
@@ -144,6 +155,9 @@ class IngestReport:
     skipped: list[SkippedFile] = field(default_factory=list)
     seconds: float = 0.0
     rejections: list[tuple[str, int | None, str]] = field(default_factory=list)  # first few, for display
+    unread: int = 0
+    """OTLP: rejections that are a whole request (a line, or a file) not read at all, each counted as one
+    though it may hold many spans (a line too long, not JSON)."""
 
     def total(self, name: str) -> int:
         return sum(getattr(f, name) for f in self.files)
@@ -285,16 +299,6 @@ def _open_regular(path: Path) -> tuple[int, os.stat_result]:
     return fd, st
 
 
-def _read_regular(path: Path) -> tuple[os.stat_result, bytes]:
-    """The bytes of `path`, refusing anything but a regular file (`_open_regular`)."""
-    fd, st = _open_regular(path)
-    try:
-        with os.fdopen(os.dup(fd), "rb") as handle:
-            return st, handle.read()
-    finally:
-        os.close(fd)
-
-
 def _file_stat(path: Path) -> _FileStat | SkippedFile:
     """Size, mtime and a fingerprint of a file, or why it cannot be read at all (binary, not a file).
 
@@ -322,25 +326,58 @@ def _file_stat(path: Path) -> _FileStat | SkippedFile:
 
 SCAN_CHUNK = 1 << 22
 """Bytes read at a time to count a file's lines (4 MiB, then cut after its last LF): a large file is not
-held whole in memory beside DuckDB's buffers. A line longer than this is read whole. Larger chunks cost
-more, not less: past glibc's mmap threshold (32 MiB at most) every buffer is fresh pages to fault in
-(32 MiB chunks: 1.6 s CPU to count 557 MB of lines, 4 MiB: 0.8 s)."""
+held whole in memory beside DuckDB's buffers. A line longer than the limit is not held either: its
+length is counted as it is read past. Larger chunks cost more, not less: past glibc's mmap threshold
+(32 MiB at most) every buffer is fresh pages to fault in (32 MiB chunks: 1.6 s CPU to count 557 MB of
+lines, 4 MiB: 0.8 s)."""
+
+PROGRESS_BYTES = 256 << 20
+"""A file this large says how far its read has got, every so many bytes."""
 
 
-def _scan(known: _FileStat, max_line_bytes: int = MAX_LINE_BYTES) -> _FileInfo:
-    """The file's non-blank line count and the lines that cannot be read (`scan_lines`), read in chunks."""
+def _scan(
+    known: _FileStat, max_line_bytes: int = MAX_LINE_BYTES, say: Callable[[str], None] | None = None
+) -> _FileInfo:
+    """The file's non-blank line count and the lines that cannot be read (`scan_lines`), read in chunks;
+    a line past `max_line_bytes` is counted as it goes by, never held (`say` hears of a big file's
+    progress)."""
     lines, breaks, problems = 0, 0, {}
+    long: LongLineCount | None = None  # a line already past the limit: counted as it goes by, not held
+    done = 0
     try:
         fd, _ = _open_regular(known.path)
         with os.fdopen(fd, "rb") as handle:
             carry, start = b"", True
             while True:
                 block = handle.read(SCAN_CHUNK)
+                done += len(block)
+                if say is not None and known.size >= PROGRESS_BYTES and done % PROGRESS_BYTES < len(block):
+                    say(f"{known.path}: {done >> 20:,} of {known.size >> 20:,} MiB read")
+                if long is not None:
+                    cut = block.find(b"\n")
+                    long.add(block if cut < 0 else block[:cut])
+                    if cut < 0 and block:
+                        continue
+                    if not long.blank:  # a blank line is no line, however long
+                        lines += 1
+                        problems[breaks + 1] = long.done().problem(max_line_bytes)
+                    long = None
+                    if cut < 0:
+                        break
+                    breaks += 1
+                    block = block[cut + 1 :]
+                    if not block:
+                        continue
                 data = carry + block if carry else block
                 if block:
                     cut = data.rfind(b"\n") + 1
                     if cut == 0:  # no LF yet: one long line, read on
-                        carry = data
+                        body = data[len(BOM) :] if start and data.startswith(BOM) else data
+                        if len(body) > max_line_bytes + 1:  # past the limit, a CR or not: counted, not held
+                            long, carry, start = LongLineCount(), b"", False
+                            long.add(body)
+                        else:
+                            carry = data
                         continue
                     data, carry = data[:cut], data[cut:]
                 found = scan_lines(data, max_bytes=max_line_bytes, bom=start)
@@ -441,11 +478,28 @@ def ingest(
             known.append(stat_or_skip)
     report = IngestReport(batch_id=uuid.uuid4().hex[:12], format=fmt, skipped=skipped)
     # Native files are read in bulk first; the importer stages only the files that need care.
-    _batch(con, report, known, importer, bulk=fmt == "native", say=say, max_line_bytes=max_line_bytes)
+    try:
+        _batch(con, report, known, importer, bulk=fmt == "native", say=say, max_line_bytes=max_line_bytes)
+    except duckdb.Error as error:
+        refused = storage_failure(error, "commit the ingest batch", "nothing of the batch was committed")
+        if refused is None:
+            raise
+        raise refused from None
     report.files.sort(key=lambda f: f.file)
     report.skipped.sort(key=lambda f: f.file)
     report.seconds = time.perf_counter() - started
     return report
+
+
+def storage_failure(error: BaseException, doing: str, kept: str) -> StorageError | None:
+    """A DuckDB error that is the system refusing a write (a full disk, a file size limit, a read-only
+    file) as the `StorageError` to raise: what was being done, DuckDB's first line, the hint, and what
+    was kept (`kept`); None for any other DuckDB error."""
+    text = str(error)
+    hint = hint_for(text)
+    if hint is None:
+        return None
+    return StorageError(f"cannot {doing}: {text.splitlines()[0][:300]}; {hint}; {kept}")
 
 
 def _check_accounting(con: duckdb.DuckDBPyConnection, report: IngestReport, todo: list[_FileInfo]) -> None:
@@ -573,7 +627,7 @@ def _transaction(
                 str(s.path) for s in todo if s.size > max_line_bytes and not _lines_fit(s, max_line_bytes)
             }
             easy = [s for s in todo if str(s.path) not in long]
-            careful = [_scan(s, max_line_bytes) for s in todo if str(s.path) in long]
+            careful = [_scan(s, max_line_bytes, say) for s in todo if str(s.path) in long]
             infos = list(careful)
             if easy:
                 say(f"bulk read of {len(easy)} file(s)")
@@ -581,10 +635,10 @@ def _transaction(
                 infos, careful = done.infos + infos, done.careful + careful
                 fresh = not careful
         else:
-            infos = careful = [_scan(s, max_line_bytes) for s in todo]
+            infos = careful = [_scan(s, max_line_bytes, say) for s in todo]
         if careful:
             say(f"careful read of {len(careful)} file(s)")
-            _careful(con, report, careful, importer)
+            _careful(con, report, careful, importer, max_line_bytes)
         _check_accounting(con, report, infos)
         _advance_threads(con, report.batch_id, fresh=fresh)
         counted = [(f.file, f.lines_read, f.rejected) for f in report.files if f.path != "unchanged"]
@@ -812,7 +866,23 @@ def _content_key(prefix: str = "") -> str:
     )
 
 
-def load_raw_lines(con: duckdb.DuckDBPyConnection, infos: Sequence[_FileInfo]) -> None:
+def _file_lines(path: Path, max_line_bytes: int) -> Iterator[tuple[int, bytes | LongLine]]:
+    """The file's non-blank lines, streamed by the shared reader (a line past the limit kept as its
+    first bytes, never whole)."""
+    try:
+        fd, _ = _open_regular(path)
+        with os.fdopen(fd, "rb") as handle:
+            yield from read_lines(handle, max_bytes=max_line_bytes)
+    except OSError as error:
+        raise LogError(
+            f"{path}: cannot be read any more ({error.strerror or error}); it changed during the "
+            "ingest: run it again"
+        ) from None
+
+
+def load_raw_lines(
+    con: duckdb.DuckDBPyConnection, infos: Sequence[_FileInfo], max_line_bytes: int = MAX_LINE_BYTES
+) -> None:
     """TEMP TABLE raw_lines(file, line, raw): every non-blank line with its 1-based line number, read by
     the shared reader (`improve.log.lines`: BOM and CRs dropped, bytes decoded line by line); and TEMP
     TABLE reader_rejects(file, line, error): the lines the reader refused, with why.
@@ -825,16 +895,11 @@ def load_raw_lines(con: duckdb.DuckDBPyConnection, infos: Sequence[_FileInfo]) -
     texts: list[str] = []
     refused: list[tuple[str, int, str]] = []
     for info in infos:
-        try:
-            _, data = _read_regular(info.path)
-        except OSError as error:
-            raise LogError(
-                f"{info.path}: cannot be read any more ({error.strerror or error}); it changed during the "
-                "ingest: run it again"
-            ) from None
         name = str(info.path)
-        for number, line in split_lines(data):
+        for number, line in _file_lines(info.path, max_line_bytes):
             problem = info.problems.get(number)
+            if isinstance(line, LongLine):  # the scan found it too long: only its first bytes were kept
+                problem, line = problem or too_long(line.length, max_line_bytes), line.head
             if problem is None:
                 try:
                     text = line.decode("utf-8")
@@ -915,10 +980,14 @@ def _check_classified(con: duckdb.DuckDBPyConnection) -> None:
 
 
 def _careful(
-    con: duckdb.DuckDBPyConnection, report: IngestReport, infos: list[_FileInfo], importer: Importer
+    con: duckdb.DuckDBPyConnection,
+    report: IngestReport,
+    infos: list[_FileInfo],
+    importer: Importer,
+    max_line_bytes: int = MAX_LINE_BYTES,
 ) -> None:
     """Line by line, with line numbers: land, recognise as present, or reject with the reason."""
-    load_raw_lines(con, infos)
+    load_raw_lines(con, infos, max_line_bytes)
     con.execute(f"CREATE OR REPLACE TEMP TABLE cand ({CAND_COLUMNS})")
     importer.stage(con)
     # An importer of a format without a chain leaves the optional column out (see staging.CHAIN_COLUMN).

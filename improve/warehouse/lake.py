@@ -28,7 +28,9 @@ on top unchanged, with its comments: `improve sql --lake DIR` runs the same SQL 
 
 from __future__ import annotations
 
+import contextlib
 import json
+import re
 import shutil
 import time
 import uuid
@@ -39,7 +41,8 @@ from typing import Any
 import duckdb
 
 from improve import clock
-from improve.errors import LakeError
+from improve.errors import LakeError, StorageError
+from improve.files import hint_for, write_atomic
 from improve.warehouse.readonly import harden
 from improve.warehouse.views import RELATIONS, THREAD_PARTS, Relation, view_statements
 
@@ -157,10 +160,11 @@ def export_lake(con: duckdb.DuckDBPyConnection, directory: str | Path) -> LakeRe
             f"the warehouse has no table {', '.join(missing)}: it was written by an older improve; open it "
             "once for writing (`improve ingest` with no new files) to upgrade it, then export"
         )
+    created = not target.exists()
     target.mkdir(parents=True, exist_ok=True)
     staging = target / f".export-{uuid.uuid4().hex[:12]}"
-    staging.mkdir()
     try:
+        staging.mkdir()
         tables = _write_tables(con, staging, columns)
         manifest = {
             "format": LAKE_FORMAT,
@@ -169,10 +173,19 @@ def export_lake(con: duckdb.DuckDBPyConnection, directory: str | Path) -> LakeRe
             "partition_by": PARTITION_KEYS,
             "tables": {t.table: {"rows": t.rows, "columns": dict(t.columns)} for t in tables},
         }
-        (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+        write_atomic(staging / MANIFEST, json.dumps(manifest, indent=2) + "\n")
         _swap_in(staging, target)
+    except duckdb.IOException as error:
+        hint = hint_for(str(error))
+        raise StorageError(
+            f"cannot write the lake {target}: {str(error).splitlines()[0][:300]}"
+            + (f"; {hint}" if hint else "")
+            + ("" if created else "; the lake there is as it was")
+        ) from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+        if created and not any(target.iterdir()):
+            target.rmdir()  # a failed export into a new directory leaves no directory behind
     return LakeReport(str(target), replaced, tables, time.monotonic() - started)
 
 
@@ -217,7 +230,8 @@ def _write_tables(
             )
         con.execute("COMMIT")
     except BaseException:
-        con.execute("ROLLBACK")
+        with contextlib.suppress(duckdb.Error):
+            con.execute("ROLLBACK")
         raise
     return tables
 
@@ -250,9 +264,12 @@ def read_manifest(directory: str | Path) -> dict[str, Any]:
             "and pass that DIR to --lake"
         )
     try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as error:
-        raise LakeError(f"{path} is not JSON ({error}); export the lake again") from None
+        text = path.read_bytes()
+        if len(text) > MAX_MANIFEST_BYTES:
+            raise LakeError(f"{path} is {len(text):,} bytes, not a lake manifest; export the lake again")
+        manifest = json.loads(text.decode("utf-8"))
+    except (ValueError, RecursionError) as error:
+        raise LakeError(f"{path} is not JSON ({str(error)[:200]}); export the lake again") from None
     tables = manifest.get("tables") if isinstance(manifest, dict) else None
     if (
         not isinstance(manifest, dict)
@@ -266,10 +283,63 @@ def read_manifest(directory: str | Path) -> dict[str, Any]:
         )
     if manifest.get("version") != LAKE_VERSION:
         raise LakeError(
-            f"{path} is lake format version {manifest.get('version')}, this improve reads version "
+            f"{path} is lake format version {str(manifest.get('version'))[:40]}, this improve reads version "
             f"{LAKE_VERSION}; export the lake again with this improve, or upgrade improve"
         )
+    for table in LAKE_TABLES:
+        described = tables[table]
+        rows = described.get("rows")
+        if isinstance(rows, bool) or not isinstance(rows, int) or rows < 0:
+            raise LakeError(
+                f"{path}: tables.{table}.rows is {str(rows)[:40]}, not a count of rows; export the lake again"
+            )
+        known = {r.name: r for r in RELATIONS}[table].columns
+        for name, kind in described["columns"].items():
+            # A column a later migration added flows into the lake (quoted, as every name is); anything
+            # but a plain name is no column this warehouse writes.
+            if name not in known and not _COLUMN_NAME.fullmatch(name):
+                raise LakeError(
+                    f"{path}: tables.{table} has the column {name[:80]!r}, which is not a column name of "
+                    f"{table}; export the lake again"
+                )
+            described["columns"][name] = lake_type(kind, f"{path}: tables.{table}.columns.{name}")
     return manifest
+
+
+_COLUMN_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+
+MAX_MANIFEST_BYTES = 1 << 20
+"""A lake manifest lists two tables' columns: a few KiB. A larger file is not one."""
+
+_BASE_TYPES = frozenset(
+    {
+        "BIGINT", "BLOB", "BOOLEAN", "DATE", "DOUBLE", "FLOAT", "HUGEINT", "INTEGER", "INTERVAL", "JSON",
+        "SMALLINT", "TIME", "TIMESTAMP", "TIMESTAMP WITH TIME ZONE", "TINYINT", "UBIGINT", "UINTEGER",
+        "USMALLINT", "UTINYINT", "UUID", "VARCHAR",
+    }
+)  # fmt: skip
+_DECIMAL = re.compile(r"DECIMAL\((\d{1,2}),(\d{1,2})\)")
+
+
+def lake_type(kind: Any, where: str) -> str:
+    """The type a manifest gives a column, as the type name this module writes into the lake's views:
+    one of DuckDB's scalar types (`_BASE_TYPES`) or DECIMAL(p,s), with any number of `[]`. Built from
+    the recognised parts, never the manifest's text: a manifest cannot splice anything into SQL."""
+    text = kind if isinstance(kind, str) else ""
+    base, lists = text, 0
+    while base.endswith("[]"):
+        base, lists = base[:-2], lists + 1
+    decimal = _DECIMAL.fullmatch(base.replace(" ", ""))
+    if base in _BASE_TYPES:
+        name = next(t for t in _BASE_TYPES if t == base)
+    elif decimal is not None and 1 <= int(decimal[1]) <= 38 and int(decimal[2]) <= int(decimal[1]):
+        name = f"DECIMAL({int(decimal[1])},{int(decimal[2])})"
+    else:
+        raise LakeError(
+            f"{where} has the type {str(kind)[:80]!r}, not a column type of a lake (e.g. VARCHAR, BIGINT, "
+            "JSON, VARCHAR[]); export the lake again"
+        )
+    return name + "[]" * lists
 
 
 def lake_relations(directory: str | Path, manifest: dict[str, Any]) -> tuple[Relation, ...]:

@@ -10,6 +10,7 @@ they are recreated whenever that definition changes (its hash is recorded as `vi
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from dataclasses import dataclass
 
@@ -265,7 +266,8 @@ def ensure_views(con: duckdb.DuckDBPyConnection) -> bool:
         con.execute("INSERT INTO schema_migrations VALUES (?, ?)", [marker, clock.now()])
         con.execute("COMMIT")
     except Exception:
-        con.execute("ROLLBACK")
+        with contextlib.suppress(duckdb.Error):  # a failed COMMIT (a full disk) has ended the transaction
+            con.execute("ROLLBACK")
         raise
     return True
 
@@ -298,7 +300,8 @@ def migrate(con: duckdb.DuckDBPyConnection, migrations: tuple[Migration, ...] = 
             con.execute("INSERT INTO schema_migrations VALUES (?, ?)", [migration.name, clock.now()])
             con.execute("COMMIT")
         except Exception:
-            con.execute("ROLLBACK")
+            with contextlib.suppress(duckdb.Error):  # a failed COMMIT (a full disk) has ended the transaction
+                con.execute("ROLLBACK")
             raise
         now.append(migration.name)
     return now

@@ -307,7 +307,9 @@ RELATIONS: tuple[Relation, ...] = (
     Relation(
         "waiting",
         "One row per thread whose run stopped in a waiting state and can be resumed (`improve resume`): "
-        "where it waits, for which events, since when. `improve waiting` lists it.",
+        "where it waits, for which events, since when; and per thread whose resume was interrupted after "
+        "its event was journaled (status `interrupted`: `improve resume THREAD --finish` ends it). "
+        "`improve waiting` lists it.",
         {
             "thread_id": "The thread.",
             "environment": "The environment it ran in (its stamp's; NULL when the stamp names none).",
@@ -315,41 +317,52 @@ RELATIONS: tuple[Relation, ...] = (
             "policy_version": "Policy version label, e.g. v3.",
             "model": "The model's name as in the id.",
             "status": "waiting, checkpointed or blocked_ask (the waiting state's meta.status); idle in threads "
-            "written before runs could be resumed.",
-            "state": "The waiting state (NULL for an idle end entry, which did not say).",
-            "events": "The event types it accepts, in the order of the state's transitions.",
+            "written before runs could be resumed; interrupted when a resume's event was journaled and the run "
+            "has not ended since (finish it: `improve resume THREAD --finish`).",
+            "state": "The waiting state (NULL for an idle end entry, which did not say); for an interrupted "
+            "resume, the state it was resumed from.",
+            "events": "The event types it accepts, in the order of the state's transitions (none when "
+            "interrupted: only --finish goes on).",
             "waiting_for": "Each accepted event with the JSON Schema of its payload: [{type, payload}] as the end "
-            "entry's waitingFor records it.",
-            "since": "When the run stopped (its end entry's recorded_at).",
+            "entry's waitingFor records it (NULL when interrupted).",
+            "since": "When the run stopped (its end entry's recorded_at; when interrupted, its last entry's).",
             "resumes": "How many times the run was resumed before it stopped here.",
             "entries": "Entries in the thread.",
             "head_hash": "The end entry's entry_hash: a resume chains its first entry to it.",
         },
         """
         SELECT l.thread_id, l.environment, t.scenario, t.policy_version, t.model,
-               l.event ->> '$.status' AS status,
-               l.event ->> '$.state' AS state,
-               coalesce(json_extract_string(l.event, '$.waitingFor[*].type'), []) AS events,
-               l.event -> '$.waitingFor' AS waiting_for,
+               CASE WHEN l.interrupted THEN 'interrupted' ELSE l.event ->> '$.status' END AS status,
+               CASE WHEN l.interrupted THEN l.end_event ->> '$.state' ELSE l.event ->> '$.state' END AS state,
+               CASE WHEN l.interrupted THEN []
+                    ELSE coalesce(json_extract_string(l.event, '$.waitingFor[*].type'), []) END AS events,
+               CASE WHEN l.interrupted THEN NULL ELSE l.event -> '$.waitingFor' END AS waiting_for,
                TRY_CAST(l.recorded_at AS TIMESTAMPTZ) AS since,
                l.resumes, l.entries, l.head_hash
         FROM (
-            SELECT thread_id,
-                   arg_max(event, "index") AS event,
-                   arg_max(event_type, "index") AS event_type,
-                   arg_max(recorded_at, "index") AS recorded_at,
-                   arg_max_null(entry_hash, "index") AS head_hash,
-                   arg_min(metadata ->> '$.environment', "index") AS environment,
-                   count(*) FILTER (WHERE json_exists(metadata, '$.resume')) AS resumes,
-                   count(*) AS entries
-            FROM entries
-            GROUP BY thread_id
+            SELECT *, coalesce(last_resume > coalesce(last_end, -1), false) AS interrupted
+            FROM (
+                SELECT thread_id,
+                       arg_max(event, "index") AS event,
+                       arg_max(event_type, "index") AS event_type,
+                       arg_max(recorded_at, "index") AS recorded_at,
+                       arg_max_null(entry_hash, "index") AS head_hash,
+                       arg_min(metadata ->> '$.environment', "index") AS environment,
+                       count(*) FILTER (WHERE json_exists(metadata, '$.resume')) AS resumes,
+                       count(*) AS entries,
+                       max("index") FILTER (WHERE event_type = '@agent.end') AS last_end,
+                       arg_max(event, "index") FILTER (WHERE event_type = '@agent.end') AS end_event,
+                       max("index") FILTER (WHERE json_exists(metadata, '$.resume')) AS last_resume
+                FROM entries
+                GROUP BY thread_id
+            )
         ) AS l
         JOIN threads AS t USING (thread_id)
-        WHERE l.event_type = '@agent.end'
-          -- json_extract_string, not ->>: DuckDB 1.2 plans `->> ... IN (...)` beside the filter above into a
-          -- cast of the whole event to a number on a Parquet lake.
-          AND json_extract_string(l.event, '$.status') IN ('waiting', 'checkpointed', 'blocked_ask', 'idle')
+        -- json_extract_string, not ->>: DuckDB 1.2 plans `->> ... IN (...)` beside the filter on the event
+        -- type into a cast of the whole event to a number on a Parquet lake.
+        WHERE l.interrupted
+           OR (l.event_type = '@agent.end'
+               AND json_extract_string(l.event, '$.status') IN ('waiting', 'checkpointed', 'blocked_ask', 'idle'))
         """,
     ),
     Relation(

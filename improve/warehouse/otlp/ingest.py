@@ -14,10 +14,12 @@ the document and why, and the span's JSON.
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 import duckdb
 
@@ -25,13 +27,23 @@ from improve import clock
 from improve.errors import ConfigError
 from improve.log import MAX_LINE_BYTES
 from improve.warehouse.ingest import (
+    PROGRESS_BYTES,
     FileReport,
     IngestAccountingError,
     IngestReport,
     SkippedFile,
     collect_paths,
 )
-from improve.warehouse.otlp.reader import SPAN_COLUMNS, Rejected, SpanRow, read_document, read_file_documents
+from improve.warehouse.otlp.reader import (
+    SPAN_COLUMNS,
+    Document,
+    Rejected,
+    SpanRow,
+    read_document,
+    read_file_documents,
+    safe_text,
+    stream_file_documents,
+)
 
 FORMAT = "otlp"
 SUFFIXES = (".json", ".jsonl", ".ndjson")
@@ -54,16 +66,52 @@ def collect_otlp_paths(paths: Iterable[str | Path]) -> tuple[list[Path], list[Sk
     return collect_paths(named)
 
 
-def _read(path: Path) -> bytes | SkippedFile:
+def _documents(
+    path: Path, max_line_bytes: int, say: Callable[[str], None]
+) -> Iterator[Document | Rejected] | SkippedFile:
+    """The file's documents (`read_file_documents`), or why it is skipped. A file larger than a line may
+    be is read line by line as it streams (`stream_file_documents`): memory holds a line, never the file
+    (a pretty-printed single document that large is not read as one)."""
     try:
-        data = path.read_bytes()
+        handle = path.open("rb")
     except OSError as error:
         return SkippedFile(str(path), f"cannot be read: {error.strerror or error}")
-    if b"\0" in data[:BINARY_PROBE]:
-        return SkippedFile(
-            str(path), "binary (a NUL byte in its first 8 KiB), not an OTLP/JSON file: skipped"
-        )
-    return data
+    try:
+        head = handle.read(BINARY_PROBE)
+        if b"\0" in head:
+            handle.close()
+            return SkippedFile(
+                str(path), "binary (a NUL byte in its first 8 KiB), not an OTLP/JSON file: skipped"
+            )
+        size = os.fstat(handle.fileno()).st_size
+        handle.seek(0)
+        if size <= max_line_bytes:
+            with handle:
+                return read_file_documents(handle.read(), max_line_bytes)
+    except OSError as error:
+        handle.close()
+        return SkippedFile(str(path), f"cannot be read: {error.strerror or error}")
+    return _streamed(handle, max_line_bytes, _Progress(handle, path, size, say))
+
+
+def _streamed(handle: BinaryIO, max_line_bytes: int, progress: _Progress) -> Iterator[Document | Rejected]:
+    with handle:
+        yield from stream_file_documents(progress, max_line_bytes)
+
+
+class _Progress:
+    """A file read through `readline`, saying how far it has got every `PROGRESS_BYTES` (a big file's
+    read is not silent)."""
+
+    def __init__(self, handle: BinaryIO, path: Path, size: int, say: Callable[[str], None]) -> None:
+        self.handle, self.path, self.size, self.say, self.done = handle, path, size, say, 0
+
+    def readline(self, n: int = -1) -> bytes:
+        block = self.handle.readline(n)
+        self.done += len(block)
+        if self.size >= PROGRESS_BYTES and self.done % PROGRESS_BYTES < len(block):
+            self.say(f"{self.path}: {self.done >> 20:,} of {self.size >> 20:,} MiB read")
+        return block
 
 
 def ingest_otlp(
@@ -87,12 +135,12 @@ def ingest_otlp(
             [report.batch_id, FORMAT, clock.now(), len(files)],
         )
         for path in files:
-            data = _read(path)
-            if isinstance(data, SkippedFile):
-                report.skipped.append(data)
+            documents = _documents(path, max_line_bytes, say)
+            if isinstance(documents, SkippedFile):
+                report.skipped.append(documents)
                 continue
             say(f"reading {path}")
-            report.files.append(_file(con, report, str(path), data, max_line_bytes))
+            report.files.append(_file(con, report, str(path), documents))
         _check(con, report)
         con.execute(
             "UPDATE ingest_batches SET finished_at = ?, lines_read = ?, ingested = ?, already_present = ?, "
@@ -118,16 +166,23 @@ def ingest_otlp(
 
 
 def _file(
-    con: duckdb.DuckDBPyConnection, report: IngestReport, source: str, data: bytes, max_line_bytes: int
+    con: duckdb.DuckDBPyConnection,
+    report: IngestReport,
+    source: str,
+    documents: Iterable[Document | Rejected],
 ) -> FileReport:
     counted = FileReport(source, path=FORMAT)
     rows: list[SpanRow] = []
     rejected: list[Rejected] = []
-    for item in read_file_documents(data, max_line_bytes):
+    for item in documents:
         parts = [item] if isinstance(item, Rejected) else read_document(item.doc, source, item.line)
         for part in parts:
             counted.lines_read += 1
-            (rejected if isinstance(part, Rejected) else rows).append(part)  # type: ignore[arg-type]
+            if isinstance(part, Rejected):
+                rejected.append(part)
+                report.unread += part.whole
+            else:
+                rows.append(part)
     held = _held(con, rows)
     seen: dict[tuple[str, str], str] = {}
     new: list[SpanRow] = []
@@ -196,7 +251,11 @@ def _reject(
     con.execute(
         "CREATE OR REPLACE TEMP TABLE otlp_rejecting AS SELECT unnest($1) AS line, unnest($2) AS error, "
         "unnest($3) AS raw",
-        [[r.line for r in rejected], [r.error for r in rejected], [r.raw for r in rejected]],
+        [
+            [r.line for r in rejected],
+            [safe_text(r.error) for r in rejected],
+            [safe_text(r.raw) for r in rejected],
+        ],
     )
     con.execute(
         """

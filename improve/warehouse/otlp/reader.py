@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from improve.log import MAX_LINE_BYTES, line_problem, preview, split_lines
+from improve.log import MAX_LINE_BYTES, LongLine, Readable, line_problem, preview, read_lines, split_lines
 from improve.warehouse.otlp.ids import SPAN_ID_BYTES, TRACE_ID_BYTES, decode_id, ids_to_base64
 
 if TYPE_CHECKING:
@@ -79,6 +79,8 @@ class Rejected:
     line: int
     error: str
     raw: str
+    whole: bool = False
+    """A whole request (a line, or the file) that could not be read: the spans it holds are not counted."""
 
 
 def _value(value: AnyValue) -> Any:
@@ -243,7 +245,26 @@ def span_row(
         source,
         line,
     )
+    for value in values:
+        if isinstance(value, str) and not _text(value):
+            raise _SpanProblem(
+                "a string holds a lone surrogate (\\ud800-\\udfff without its pair): not Unicode text"
+            )
     return SpanRow(trace_id, span_id, values[-3], values)
+
+
+def _text(value: str) -> bool:
+    """Whether `value` is Unicode text (JSON's `\\ud800` escape gives a lone surrogate, which is not)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def safe_text(value: str) -> str:
+    """`value` with any lone surrogate written as its escape (`\\ud800`): text a database can hold."""
+    return value if _text(value) else value.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 class _Part(NamedTuple):
@@ -313,6 +334,7 @@ def read_document(doc: Any, source: str, line: int) -> Iterator[SpanRow | Reject
             "not an OTLP trace export: expected an ExportTraceServiceRequest, a JSON object with a "
             '"resourceSpans" list (as the OpenTelemetry Collector\'s file exporter writes)',
             _dumps(doc)[:4096],
+            whole=True,
         )
         return
     if "resourceSpans" not in doc:
@@ -320,6 +342,7 @@ def read_document(doc: Any, source: str, line: int) -> Iterator[SpanRow | Reject
             line,
             'no "resourceSpans": this is not an OTLP trace export (metrics and logs exports are not read)',
             _dumps(doc)[:4096],
+            whole=True,
         )
         return
     for r, resource_doc in enumerate(doc["resourceSpans"]):
@@ -328,7 +351,7 @@ def read_document(doc: Any, source: str, line: int) -> Iterator[SpanRow | Reject
             resource = _resource(resource_doc, where)
             scopes = _list(resource_doc, "scopeSpans", where)
         except ValueError as error:
-            yield Rejected(line, str(error), _dumps(resource_doc)[:4096])
+            yield Rejected(line, str(error), _dumps(resource_doc)[:4096], whole=True)
             continue
         for s, scope_doc in enumerate(scopes):
             at = f"{where}.scopeSpans[{s}]"
@@ -336,7 +359,7 @@ def read_document(doc: Any, source: str, line: int) -> Iterator[SpanRow | Reject
                 scope = _scope(scope_doc, at)
                 spans = _list(scope_doc, "spans", at)
             except ValueError as error:
-                yield Rejected(line, str(error), _dumps(scope_doc)[:4096])
+                yield Rejected(line, str(error), _dumps(scope_doc)[:4096], whole=True)
                 continue
             for n, span in enumerate(spans):
                 try:
@@ -364,14 +387,30 @@ def read_file_documents(data: bytes, max_line_bytes: int = MAX_LINE_BYTES) -> It
         try:
             yield Document(lines[0][0], json.loads(data.decode("utf-8").lstrip("\ufeff")))
             return
-        except ValueError:
+        except (ValueError, RecursionError):
             pass  # not one document: each line is read, and rejected, on its own
     for number, line in lines:
-        problem = line_problem(line, max_bytes=max_line_bytes)
-        if problem is not None:
-            yield Rejected(number, problem, preview(line))
-            continue
-        try:
-            yield Document(number, json.loads(line))
-        except ValueError as error:
-            yield Rejected(number, f"not JSON: {error}", preview(line))
+        yield _line_document(number, line, max_line_bytes)
+
+
+def stream_file_documents(
+    handle: Readable, max_line_bytes: int = MAX_LINE_BYTES
+) -> Iterator[Document | Rejected]:
+    """`read_file_documents` of a file too large to be one document (larger than a line may be): each
+    non-blank line is one, read as it streams by (`read_lines`), so memory holds a line, not the file."""
+    for number, line in read_lines(handle, max_bytes=max_line_bytes):
+        if isinstance(line, LongLine):
+            yield Rejected(number, line.problem(max_line_bytes), preview(line.head) + "…", whole=True)
+        else:
+            yield _line_document(number, line, max_line_bytes)
+
+
+def _line_document(number: int, line: bytes, max_line_bytes: int) -> Document | Rejected:
+    # A lone surrogate is found span by span (`span_row`): the span that holds one is rejected alone.
+    problem = line_problem(line, max_bytes=max_line_bytes, surrogates=False)
+    if problem is not None:
+        return Rejected(number, problem, preview(line), whole=True)
+    try:
+        return Document(number, json.loads(line))
+    except (ValueError, RecursionError) as error:
+        return Rejected(number, f"not JSON: {error}", preview(line), whole=True)

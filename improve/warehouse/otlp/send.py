@@ -12,6 +12,8 @@ of this module includes them, and the endpoint is shown without any user:passwor
 from __future__ import annotations
 
 import base64
+import http.client
+import re
 import time
 import urllib.error
 import urllib.parse
@@ -24,6 +26,9 @@ from improve.errors import ConfigError, OtlpSendError
 
 if TYPE_CHECKING:
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9a-z-]+")
+"""An HTTP header name (RFC 9110's token, lowercased)."""
 
 HEADER_VARIABLES = ("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "OTEL_EXPORTER_OTLP_HEADERS")
 TRACES_PATH = "/v1/traces"
@@ -63,15 +68,37 @@ class SendReport:
 def traces_url(endpoint: str) -> str:
     """The URL to POST to: `endpoint` when it already ends in /v1/traces, else with it appended (as the
     SDKs treat OTEL_EXPORTER_OTLP_ENDPOINT). Only http and https."""
-    parts = urllib.parse.urlsplit(endpoint)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
+    problem = _url_problem(endpoint)
+    parts = urllib.parse.urlsplit(endpoint) if problem is None else None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.netloc:
         raise ConfigError(
-            f"--endpoint {shown(endpoint)!r} is not an http(s) URL; give the collector's OTLP/HTTP address, "
-            "e.g. http://localhost:4318 (spans go to its /v1/traces)"
+            f"--endpoint {_printable(endpoint)!r} is not an http(s) URL{f' ({problem})' if problem else ''}; give "
+            "the collector's OTLP/HTTP address, e.g. http://localhost:4318 (spans go to its /v1/traces)"
         )
     if parts.path.rstrip("/").endswith(TRACES_PATH):
         return endpoint
     return endpoint.rstrip("/") + TRACES_PATH
+
+
+def _url_problem(url: str) -> str | None:
+    """What makes `url` unusable before anything is sent: a space or a control character, a host that
+    does not parse (`http://[::1`), a port that is not a number."""
+    if any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in url):
+        return "it holds a space or a control character"
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 - parsing the port is the check
+    except ValueError as error:
+        return str(error)
+    return None
+
+
+def _printable(url: str) -> str:
+    """`url` for a message: without credentials when it parses, cut short when it is long."""
+    try:
+        return shown(url)[:200]
+    except ValueError:
+        return url[:200]
 
 
 def shown(url: str) -> str:
@@ -99,7 +126,14 @@ def headers_from_env(environ: Mapping[str, str]) -> dict[str, str]:
                     f"{name}: item {number} is not key=value (expected e.g. 'authorization=Bearer%20TOKEN,"
                     "x-tenant=acme', values URL-encoded); fix the variable"
                 )
-            headers[key.strip().lower()] = urllib.parse.unquote(value.strip())
+            key, value = key.strip().lower(), urllib.parse.unquote(value.strip())
+            if not _HEADER_NAME.fullmatch(key) or any(ord(c) < 32 or ord(c) == 127 for c in value):
+                # A CR or LF would split the request's headers (header injection): refused, never sent.
+                raise ConfigError(
+                    f"{name}: item {number} has a header name that is not a token or a value with a control "
+                    "character (a line break, a NUL); fix the variable (values URL-encoded, e.g. %20 for a space)"
+                )
+            headers[key] = value
     return headers
 
 
@@ -111,6 +145,16 @@ def _wait_for(error: urllib.error.HTTPError, default: float, cap: float) -> floa
         except ValueError:
             pass  # an HTTP date: rare from collectors; the backoff stands
     return default
+
+
+def _read_body(error: urllib.error.HTTPError) -> bytes:
+    """An error answer's body, what of it arrives (a collector may close the connection mid-body)."""
+    if not error.fp:
+        return b""
+    try:
+        return error.read(64 << 10)
+    except (OSError, http.client.HTTPException):
+        return b""
 
 
 def _status_message(body: bytes) -> str:
@@ -180,8 +224,16 @@ def send_requests(
                     )
                 break
             except urllib.error.HTTPError as error:
-                reason = _status_message(error.read() if error.fp else b"")
+                reason = _status_message(_read_body(error))
                 problem = f"HTTP {error.code}{': ' + reason if reason else ''}"
+                if 300 <= error.code < 400:
+                    where = error.headers.get("Location") if error.headers else None
+                    raise OtlpSendError(
+                        f"{report.endpoint} answered batch {report.batches + 1} ({spans} spans) with a redirect "
+                        f"(HTTP {error.code}{' to ' + _printable(where) if where else ''}); an OTLP exporter "
+                        "does not follow redirects of its POSTs: give --endpoint the address it points to. "
+                        f"{report.batches} batch(es) were delivered before it"
+                    ) from None
                 if error.code != 429 and error.code < 500:
                     raise OtlpSendError(
                         f"{report.endpoint} refused batch {report.batches + 1} ({spans} spans) with {problem}; "
@@ -190,8 +242,10 @@ def send_requests(
                         f"{' or '.join(HEADER_VARIABLES)}"
                     ) from None
                 delay = _wait_for(error, wait, policy.max_wait)
-            except (urllib.error.URLError, TimeoutError, ConnectionError) as error:
-                reason_text = getattr(error, "reason", error)
+            except (urllib.error.URLError, TimeoutError, ConnectionError, http.client.HTTPException) as error:
+                # HTTPException: the collector closed the connection mid-answer (IncompleteRead), or
+                # answered something that is not HTTP: as a lost connection, tried again.
+                reason_text = getattr(error, "reason", None) or type(error).__name__
                 problem = f"no answer ({reason_text})"
                 delay = wait
             if attempt == policy.tries:

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from improve.log import END_EVENT, INIT_EVENT, USAGE_EVENT, LogEntry, ThreadId
+from improve.log import END_EVENT, INIT_EVENT, MAX_USAGE_COUNT, USAGE_EVENT, LogEntry, ThreadId
 from improve.machine import DONE_EVENT, ERROR_EVENT
 from improve.warehouse.otlp.ids import span_id_for, trace_id_for
 
@@ -128,11 +128,15 @@ def _attributes(pairs: Iterable[tuple[str, Any]]) -> list[KeyValue]:
         if isinstance(value, bool):
             return AnyValue(bool_value=value)
         if isinstance(value, int):
-            return AnyValue(int_value=value)
+            # OTLP ints are 64-bit: a larger one (a payload's, a hostile count) travels as its text.
+            return (
+                AnyValue(int_value=value) if -(2**63) <= value < 2**63 else AnyValue(string_value=str(value))
+            )
         if isinstance(value, float):
             return AnyValue(double_value=value)
         if isinstance(value, str):
-            return AnyValue(string_value=value)
+            # Protobuf strings are UTF-8: a lone surrogate (JSON's \ud800) travels escaped.
+            return AnyValue(string_value=value.encode("utf-8", "backslashreplace").decode("utf-8"))
         if isinstance(value, tuple):
             return AnyValue(array_value=ArrayValue(values=[any_value(v) for v in value]))
         return AnyValue(string_value=_json(value))
@@ -456,8 +460,8 @@ def _thread_spans(run: ThreadRun) -> list[Span]:
                     ("gen_ai.operation.name", "chat"),
                     ("gen_ai.request.model", model),
                     ("gen_ai.response.model", model),
-                    ("gen_ai.usage.input_tokens", int(event.get("inputTokens") or 0)),
-                    ("gen_ai.usage.output_tokens", int(event.get("outputTokens") or 0)),
+                    ("gen_ai.usage.input_tokens", _tokens(event.get("inputTokens"))),
+                    ("gen_ai.usage.output_tokens", _tokens(event.get("outputTokens"))),
                     ("improve.model.ref", event.get("ref")),
                     ("improve.decision.name", event.get("decision")),
                     ("improve.usage.calls", event.get("calls") if event.get("calls", 1) != 1 else None),
@@ -483,6 +487,16 @@ def _thread_spans(run: ThreadRun) -> list[Span]:
                 agent, "improve.event", at, [("improve.event.type", etype), ("improve.event", entry.event)]
             )
     return spans
+
+
+def _tokens(value: Any) -> int | None:
+    """A usage count for the GenAI attributes: a count as journaled (0 when absent), or left out when
+    it is none (a thread an older improve journaled with an endpoint's hostile usage)."""
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_USAGE_COUNT:
+        return None
+    return value
 
 
 def _decision(entry: LogEntry, meta: dict[str, Any], decision: _Decision, agent: Span, at: int) -> None:

@@ -8,7 +8,9 @@ caller scores them (the warehouse layer knows no environment).
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 from collections.abc import Iterable
 from pathlib import Path
@@ -16,6 +18,7 @@ from pathlib import Path
 import duckdb
 
 from improve.errors import LogError, WorkspaceError
+from improve.files import storage_error
 from improve.log import LogEntry, split_lines
 from improve.warehouse.ingest import collect_paths
 from improve.warehouse.otlp.spans import RunOutcome, ThreadRun
@@ -122,12 +125,24 @@ def warehouse_threads(
 def write_json_lines(requests: Iterable[dict[str, object]], path: Path) -> int:
     """Write OTLP/JSON documents one per line (as the Collector's file exporter does), atomically:
     the file is written beside its place and renamed, so a reader never sees half an export."""
+    created = not path.parent.exists()
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{path.name}.partial")
     count = 0
-    with partial.open("w", encoding="utf-8") as handle:
-        for doc in requests:
-            handle.write(json.dumps(doc, separators=(",", ":"), ensure_ascii=False) + "\n")
-            count += 1
-    partial.replace(path)
+    try:
+        with partial.open("w", encoding="utf-8") as handle:
+            for doc in requests:
+                handle.write(json.dumps(doc, separators=(",", ":"), ensure_ascii=False) + "\n")
+                count += 1
+            handle.flush()
+            os.fsync(handle.fileno())
+        partial.replace(path)
+    except BaseException as error:
+        partial.unlink(missing_ok=True)  # a full disk, an interrupt: no half export is left behind
+        if created:
+            with contextlib.suppress(OSError):
+                path.parent.rmdir()
+        if isinstance(error, OSError):
+            raise storage_error(error, f"write {path}") from None
+        raise
     return count
