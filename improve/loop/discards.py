@@ -14,7 +14,8 @@ it was discarded (`reach`: its branch answered wrongly where it answered, or mad
 branches it added (guard, answer, and the output as written), and its route (every guarded branch of
 the candidate, in order): enough to evaluate what it answered, so a later candidate that answers the
 same decisions the same way is recognised as the same candidate (the novelty gate), whatever its
-guard looks like. Lines are appended whole; a last line cut short by a killed process is ignored.
+guard looks like. Lines are appended whole (`improve.files.append_whole`: a failed write leaves the
+file as it was); a last line cut short all the same (an older writer, a copy) is ignored.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from improve.errors import WorkspaceError
+from improve.files import append_whole
 from improve.loop.branches import Branch, answer_text, route
 
 if TYPE_CHECKING:
@@ -164,9 +166,7 @@ def read_discarded(path: Path) -> tuple[DiscardedCandidate, ...]:
 def remember(path: Path, candidate: DiscardedCandidate) -> None:
     """Append one discarded candidate, as one whole line."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    line = json.dumps(candidate.to_json(), sort_keys=True, ensure_ascii=False) + "\n"
-    with path.open("a", encoding="utf-8") as handle:
-        handle.write(line)
+    append_whole(path, json.dumps(candidate.to_json(), sort_keys=True, ensure_ascii=False) + "\n")
 
 
 def route_of(branches: Sequence[Branch]) -> tuple[RouteBranch, ...]:

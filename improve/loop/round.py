@@ -198,10 +198,19 @@ class Round:
     def diagnose(self) -> bool:
         """The training failures clustered, the cluster to fix and the hypothesis. A cluster whose
         candidate was discarded along this policy's line gets a narrower rule once when that candidate
-        reached too far, else the round moves on to the next cluster (`discards.focus`)."""
+        reached too far, else the round moves on to the next cluster (`discards.focus`); when every cluster
+        was tried, the one tried longest ago comes round again."""
         self.say("diagnose: train failures only")
-        skip = [*self.opts.skip, *(c for c in self.focus.skip if c not in self.opts.skip)]
+        tried = [c for c in self.focus.skip if c not in self.opts.skip]
+        skip = [*self.opts.skip, *tried]
         self.diagnosis, examples = self.evidence.diagnose(self.base_rows, self.inputs.policy, skip)
+        again: str | None = None
+        while self.diagnosis.chosen is None and not self.diagnosis.blocked and tried:
+            # Every cluster left was tried along this line: the one tried longest ago comes round again
+            # (the novelty gate still refuses a candidate that answers as a discarded one did).
+            again = tried.pop(0)
+            skip.remove(again)
+            self.diagnosis, examples = self.evidence.diagnose(self.base_rows, self.inputs.policy, skip)
         diagnosis = self.diagnosis
         if diagnosis.blocked:
             self.status, self.detail = "blocked", diagnosis.blocked
@@ -210,6 +219,11 @@ class Round:
             self.status, self.detail = "nothing-to-fix", "no training failure or cost cluster left to address"
             return False
         self.aim = self.focus.says(diagnosis.chosen.id)
+        if again is not None and diagnosis.chosen.id == again:
+            self.aim = (
+                f"cluster {again} again: every cluster was tried along this policy's line, {again} longest ago "
+                "(a candidate answering as a discarded one did is still refused)"
+            )
         if self.aim:
             self.say(f"aiming at {self.aim}")
         self.say(f"cluster: {diagnosis.chosen.title} -> {diagnosis.hypothesis.change}")

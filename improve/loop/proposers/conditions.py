@@ -275,16 +275,16 @@ def worded(cases: Sequence[Case], path: str, kind: str) -> bool:
 
 def _comparable(cases: Sequence[Case], vocab: RuleTerms) -> list[tuple[str, str]]:
     """Pairs of facts of one kind whose equality may be a rule: enumerated facts that share a value (the
-    requester's department and the system's owner), two flags, two identifiers (`string` facts that do
-    not read as prose)."""
+    requester's department and the system's owner), two identifiers (`string` facts that do not read as
+    prose: the requester and the approver). Not two flags: any two flags are comparable, and whether two
+    unrelated ones differ (`customer.locked != openTicket.found`) splits a small training set by chance
+    far more often than it states a rule; tests of each flag say what a rule over both does."""
     groups: dict[str, list[str]] = {}
     for path, kind in sorted(vocab.fact_types.items()):
         if kind == "enum" and _all(
             cases, path, lambda v: isinstance(v, str | int) and not isinstance(v, bool)
         ):
             groups.setdefault("enum", []).append(path)
-        elif kind == "bool" and _all(cases, path, lambda v: isinstance(v, bool)):
-            groups.setdefault("bool", []).append(path)
         elif (
             kind == "string"
             and not worded(cases, path, kind)

@@ -222,15 +222,20 @@ def _costs(atoms: Sequence[Atom], masks: Sequence[int], constants: frozenset[flo
     two; charging the choice against the information it gains (minimum description length) keeps a
     coincidental threshold from winning over a plain flag that covers almost as much. Candidates that
     split the training decisions alike are one choice (`x > 3` and `x >= 4` on whole numbers, two words
-    that always occur together). The environment's own thresholds are given, not chosen: they cost
-    nothing."""
+    that always occur together). A comparison of two facts is chosen among every pair of facts, not
+    among the ones its first fact makes. The environment's own thresholds are given, not chosen: they
+    cost nothing."""
+
+    def kin(atom: Atom) -> tuple[str, str]:
+        return ("", atom.kind) if atom.kind in ("pair", "same") else (atom.path, atom.kind)
+
     family: dict[tuple[str, str], set[int]] = {}
     for atom, mask in zip(atoms, masks, strict=True):
-        family.setdefault((atom.path, atom.kind), set()).add(mask)
+        family.setdefault(kin(atom), set()).add(mask)
     return [
         0.0
         if atom.threshold is not None and atom.threshold in constants
-        else math.log2(max(1, len(family[(atom.path, atom.kind)])))
+        else math.log2(max(1, len(family[kin(atom)])))
         for atom in atoms
     ]
 
@@ -336,10 +341,12 @@ def _grow(
 def _surprise(covered: int, right: int, wrong: int) -> float:
     """Bits of evidence that a condition holding in `covered` scenarios, all of them right, is no
     coincidence: -log2 of the chance that `covered` scenarios drawn at random from the `right + wrong`
-    where the answer is decided are all right (hypergeometric)."""
+    where the answer is decided are all right (hypergeometric). One wrong scenario more is imagined (a
+    pseudo-count, as Laplace's rule of succession does): where training shows none, an answer right in
+    every scenario still carries the evidence of how many it was right in, rather than none."""
     if covered <= 0 or covered > right:
         return 0.0
-    return math.log2(math.comb(right + wrong, covered)) - math.log2(math.comb(right, covered))
+    return math.log2(math.comb(right + wrong + 1, covered)) - math.log2(math.comb(right, covered))
 
 
 def _learn(
@@ -357,7 +364,10 @@ def _learn(
     covered = 0
     remaining = positives
     while remaining and len(terms) < MAX_TERMS:
-        grown = _grow(space, remaining, negatives, right, about, skip_first if not terms else set(), design)
+        # A further alternative is judged on what the earlier ones leave (sequential covering): the right
+        # answers they already cover are no evidence for it, nor against it.
+        left = right & ~covered
+        grown = _grow(space, remaining, negatives, left, about, skip_first if not terms else set(), design)
         if grown is None:
             break
         term, cover, _ = grown
