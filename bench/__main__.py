@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
+import traceback
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from bench.chat_bench import chat_figures
 from bench.cluster_bench import cluster_figures
 from bench.explore_bench import explore_figures
 from bench.replay_bench import replay_figures
+from bench.replay_first_bench import replay_first_figures
 from bench.round_bench import round_figures
 from bench.startup_bench import startup_figures
 from bench.warehouse_bench import warehouse_figures
@@ -25,7 +30,17 @@ def main() -> None:
     parser.add_argument("--ingest-threads", type=int, default=20_000, help="threads in the ingest corpus")
     parser.add_argument(
         "--only",
-        choices=["startup", "replay", "xstate", "warehouse", "explore", "round", "cluster", "chat"],
+        choices=[
+            "startup",
+            "replay",
+            "xstate",
+            "warehouse",
+            "explore",
+            "round",
+            "replay-first",
+            "cluster",
+            "chat",
+        ],
         help="run one section",
     )
     parser.add_argument(
@@ -91,49 +106,69 @@ def main() -> None:
             json.dump({"scale": scale_figures(Path(tmp), sizes, rounds)}, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return
-    figures: dict[str, object] = {"machine": {"cores": __import__("os").cpu_count()}}
-    with tempfile.TemporaryDirectory(prefix="improve-bench-") as tmp:
-        if args.only in (None, "startup"):
-            print("bench: start-up of improve --help and each command's --help ...", file=sys.stderr)
-            figures["startup"] = startup_figures(args.repeat)
-        if args.only in (None, "replay"):
-            print(f"bench: replay over {args.threads} threads ...", file=sys.stderr)
-            figures["replay"] = replay_figures(Path(tmp), args.threads, args.repeat)
-        if args.only in (None, "xstate"):
-            print(
-                f"bench: {args.xstate_threads} refund-approval threads through XState v5 (Node), the "
-                "interpreter and replay ...",
-                file=sys.stderr,
-            )
-            figures["xstate"] = xstate_figures(Path(tmp), args.xstate_threads, args.repeat)
-        if args.only in (None, "explore"):
-            print("bench: exploration proof ...", file=sys.stderr)
-            figures["explore"] = explore_figures(args.repeat)
-        if args.only in (None, "round"):
-            print(
-                "bench: one improvement round, then with a 200 ms model at concurrency 1, 8, 32 ...",
-                file=sys.stderr,
-            )
-            figures["round"] = round_figures(Path(tmp))
-        if args.only in (None, "cluster"):
-            print(
-                "bench: one round (k=3) and 10 runs per scenario, locally and on a Dask LocalCluster of 1 "
-                "and 2 worker processes ...",
-                file=sys.stderr,
-            )
-            figures["cluster"] = cluster_figures(Path(tmp), args.repeat)
-        if args.only in (None, "chat"):
-            print(
-                "bench: the chat adapter per decision against a bare post, then a 200 ms endpoint at "
-                "concurrency 1, 8, 32 ...",
-                file=sys.stderr,
-            )
-            figures["chat"] = chat_figures(args.repeat)
-        if args.only in (None, "warehouse"):
-            print(f"bench: ingest of {args.ingest_threads} threads ...", file=sys.stderr)
-            figures["warehouse"] = warehouse_figures(Path(tmp), args.ingest_threads, args.repeat)
+    figures: dict[str, object] = {"machine": {"cores": os.cpu_count()}}
+    sections: list[tuple[str, str, Callable[[Path], Any]]] = [
+        (
+            "startup",
+            "start-up of improve --help and each command's --help",
+            lambda tmp: startup_figures(args.repeat),
+        ),
+        (
+            "replay",
+            f"replay over {args.threads} threads",
+            lambda tmp: replay_figures(tmp, args.threads, args.repeat),
+        ),
+        (
+            "xstate",
+            f"{args.xstate_threads} refund-approval threads through XState v5 (Node), the interpreter and replay",
+            lambda tmp: xstate_figures(tmp, args.xstate_threads, args.repeat),
+        ),
+        ("explore", "exploration proof", lambda tmp: explore_figures(args.repeat)),
+        (
+            "round",
+            "one improvement round, then with a 200 ms model at concurrency 1, 8, 32",
+            lambda tmp: round_figures(tmp),
+        ),
+        (
+            "replay-first",
+            "model calls per round, replay-first against full re-runs, on the refund desk and the code agent (k=3)",
+            lambda tmp: replay_first_figures(tmp),
+        ),
+        (
+            "cluster",
+            "one round (k=3) and 10 runs per scenario, locally and on a Dask LocalCluster of 1 and 2 worker "
+            "processes",
+            lambda tmp: cluster_figures(tmp, args.repeat),
+        ),
+        (
+            "chat",
+            "the chat adapter per decision against a bare post, then a 200 ms endpoint at concurrency 1, 8, 32",
+            lambda tmp: chat_figures(args.repeat),
+        ),
+        (
+            "warehouse",
+            f"ingest of {args.ingest_threads} threads",
+            lambda tmp: warehouse_figures(tmp, args.ingest_threads, args.repeat),
+        ),
+    ]
+    failed = []
+    for name, what, run in sections:
+        if args.only not in (None, name):
+            continue
+        print(f"bench: {what} ...", file=sys.stderr)
+        # A section that fails is reported with its error; the sections before and after it still print.
+        with tempfile.TemporaryDirectory(prefix=f"improve-bench-{name}-") as tmp:
+            try:
+                figures[name] = run(Path(tmp))
+            except Exception as error:
+                failed.append(name)
+                trace = traceback.format_exception(error)
+                figures[name] = {"error": f"{type(error).__name__}: {error}", "traceback": trace[-3:]}
+                print(f"bench: {name} failed: {type(error).__name__}: {error}", file=sys.stderr)
     json.dump(figures, sys.stdout, indent=2)
     sys.stdout.write("\n")
+    if failed:
+        sys.exit(f"bench: failed sections: {', '.join(failed)} (their errors are in the JSON)")
 
 
 if __name__ == "__main__":

@@ -35,5 +35,26 @@ def slowed_refunds(name: str, pause: Callable[[], None]) -> Environment:
     return replace(env, name=name, models={**env.models, name: lambda seed: Slowed(naive(seed), name, pause)})
 
 
+waits: list[tuple[float, float]] = []
+"""Every sleep's (start, end) on the monotonic clock: `waited` tells how much of a round was spent with
+at least one call waiting, whatever else the machine was doing."""
+
+
+def _sleep() -> None:
+    start = time.perf_counter()
+    time.sleep(DELAY_SECONDS)  # the network and the model's latency
+    waits.append((start, time.perf_counter()))
+
+
+def waited(since: int = 0) -> float:
+    """Seconds during which at least one call (of `waits[since:]`) was waiting: the union of the sleeps."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(waits[since:]):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
+
+
 def environment() -> Environment:
-    return slowed_refunds("sleepy", lambda: time.sleep(DELAY_SECONDS))  # the network and the model's latency
+    return slowed_refunds("sleepy", _sleep)

@@ -160,6 +160,13 @@ def as_server(kind: str, answer: Script) -> Script:
     return lambda body: SERVERS[kind](body, answer)
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    # The listen backlog: socketserver's default of 5 drops connections when more runs than that call
+    # at once (the chat bench drives 32, each call a new connection), and a dropped call is a failed one.
+    request_queue_size = 256
+
+
 class FakeEndpoint:
     """The server, on a random free port, until `stop()`."""
 
@@ -200,8 +207,7 @@ class FakeEndpoint:
             def log_message(self, format: str, *args: Any) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
+        self.server = _Server(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
         self._thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
         self._thread.start()

@@ -3,8 +3,11 @@ workspace, log entries and thread files, and a DuckDB scalar. Fixtures are in co
 
 from __future__ import annotations
 
+import copy
+import functools
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +16,7 @@ import git
 
 from improve.demo import commit_workspace
 from improve.log import LogEntry
+from improve.machine import Machine, Snapshot, initial, transition
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -113,3 +117,61 @@ def scalar(con: duckdb.DuckDBPyConnection, sql: str, params: list[Any] | None = 
     row = con.execute(sql, params or []).fetchone()
     assert row is not None, sql
     return row[0]
+
+
+def fold_against_interpreter(
+    machine: Machine, input: Any, events: list[dict[str, Any]]
+) -> list[tuple[Any, Any]]:
+    """Each step of a run as the interpreter takes it (`initial`, then `transition` event by event) and
+    as the fold does (`Machine.fold`), side by side: the snapshot reached (its JSON, and its owed actor's
+    input or the error evaluating it), `not taken`, or the error raised (type and message). Both stop at
+    their first error; a step that is not taken leaves the run where it was, and the next event goes on.
+    Each side is given its own copy of an event, emptied once the step is taken: what a snapshot keeps of
+    it must be its own."""
+
+    def attempt(compute: Callable[[], Any]) -> Any:
+        try:
+            return compute()
+        except Exception as error:
+            return ("error", type(error).__name__, str(error))
+
+    def outcome_of(digest: Any, snapshot: Snapshot) -> Any:
+        owed = attempt(lambda: snapshot.invoke.input if snapshot.invoke is not None else None)
+        return snapshot.to_json_shallow(), owed, digest
+
+    pairs: list[tuple[Any, Any]] = []
+    fold = machine.fold
+    reference: Snapshot | None = None
+    run = None
+    for position in range(len(events) + 1):
+        try:
+            if position == 0:
+                reference = initial(machine, input)
+                expected: Any = outcome_of(attempt(reference.hash), reference)
+            else:
+                assert reference is not None
+                event = copy.deepcopy(events[position - 1])
+                after = transition(machine, reference, event)
+                event.clear()
+                expected = "not taken" if after is reference else outcome_of(attempt(after.hash), after)
+                reference = after
+        except Exception as error:
+            expected = ("error", type(error).__name__, str(error))
+        try:
+            if position == 0:
+                run = fold.start(input)
+                # The hash first: the fold hashes a run whose owed actor is not built yet.
+                found: Any = outcome_of(attempt(functools.partial(fold.hash, run)), fold.snapshot(run))
+            else:
+                assert run is not None
+                event = copy.deepcopy(events[position - 1])
+                taken = fold.step(run, event)
+                event.clear()
+                digest = attempt(functools.partial(fold.hash, run))
+                found = outcome_of(digest, fold.snapshot(run)) if taken else "not taken"
+        except Exception as error:
+            found = ("error", type(error).__name__, str(error))
+        pairs.append((expected, found))
+        if expected[0] == "error" or found[0] == "error":
+            break
+    return pairs

@@ -317,6 +317,60 @@ def test_commands_that_need_no_statistics_or_endpoints_do_not_import_them(
     assert done.stdout.splitlines()[-1] == "loaded: ", done.stdout[-500:]
 
 
+# A command's own `--help` imports its module and typer, not the layers the command runs with.
+NOT_FOR_A_COMMANDS_HELP = (
+    *NOT_FOR_HELP,
+    "improve.machine",
+    "improve.log",
+    "improve.runtime",
+    "improve.parity",
+    "improve.llm",
+    "improve.examples",
+    "cel",
+    "msgspec",
+    "httpx2",
+)
+
+
+def test_no_commands_help_imports_what_the_command_runs_with() -> None:
+    """Every command's `--help` (and each sub-command's) in one fresh interpreter: none of them imports
+    DuckDB, the evaluation package or any layer below the CLI, so each costs what typer costs."""
+    import subprocess
+
+    from improve.cli.main import ImproveGroup
+
+    helps = [[c.name, "--help"] for c in ImproveGroup.LAZY]
+    helps += [["scenarios", "check", "--help"], ["tape", "replay", "--help"], ["parity", "compare", "--help"]]
+    code = (
+        "import sys\n"
+        "from improve.cli.main import app\n"
+        f"for args in {helps!r}:\n"
+        "    try:\n        app(args)\n    except SystemExit:\n        pass\n"
+        f"print('loaded:', ','.join(m for m in {NOT_FOR_A_COMMANDS_HELP!r} if m in sys.modules))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120, check=True
+    )
+    assert done.stdout.splitlines()[-1] == "loaded: ", done.stdout[-500:]
+
+
+def test_the_defaults_a_commands_help_shows_are_the_librarys() -> None:
+    """The defaults the CLI writes out (so that `--help` imports no library) are the library's own."""
+    from improve.cli import parity, warehouse
+    from improve.cli.policy import verify_command
+    from improve.log import MAX_LINE_BYTES
+    from improve.loop import GATE_NAMES, EnvironmentGate, ExploreGate
+    from improve.parity import DEFAULT_RUN_TIMEOUT, REVIEWED_FILE
+
+    assert warehouse.MAX_LINE_BYTES == MAX_LINE_BYTES
+    assert (parity.DEFAULT_RUN_TIMEOUT, parity.REVIEWED_FILE) == (DEFAULT_RUN_TIMEOUT, REVIEWED_FILE)
+    # `improve verify --help` lists the built-in gates in the order they run, and names two of them.
+    doc = " ".join((verify_command.__doc__ or "").split())
+    assert f"Gates: {', '.join(GATE_NAMES)};" in doc
+    assert f"{EnvironmentGate.name} compares with" in doc
+    assert f"; {ExploreGate.name} probes with" in doc
+
+
 def test_the_command_listing_matches_every_command_it_loads_lazily() -> None:
     """`improve --help` lists each command's one line from improve.cli.main without importing the
     command; loading it must give a command whose own first line is the same (and that exists)."""

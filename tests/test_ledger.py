@@ -205,6 +205,30 @@ def test_production_threads_become_scenarios_and_a_round_fixes_them(tmp_path: Pa
     assert "refundable" in outcome["rationale"]
     assert outcome["scores"]["held-out"]["before"] == 0.0 and outcome["scores"]["held-out"]["after"] == 1.0
 
+    # The production impact preview: the mined rule (no refund in 90 days: refund what is refundable)
+    # changes the 4 threads that asked for more than was left (their refused refund, then the
+    # escalation), and one small ticket where it would refund the whole order instead of the part asked
+    # for: what a reviewer should see before merging. The other small ticket's answer is the same.
+    impact = outcome["impact"]
+    assert (impact["available"], impact["threads"], impact["decisions"], impact["changed"]) == (6, 6, 6, 5)
+    assert impact["unknown"] == impact["unreadable"] == 0
+    change, small = impact["changes"]
+    assert (change["decision"], change["before"], change["after"], change["threads"]) == (
+        "chooseResolution", "ESCALATE", "REFUND", 4
+    )  # fmt: skip
+    first = PARTIAL[int(change["examples"][0].split("-")[1]) - 1]
+    assert change["example"] == f"ESCALATE -> REFUND{{amount={float(first[2] - first[3])}}}"
+    assert (small["before"], small["after"], small["examples"]) == ("REFUND", "REFUND", ["prod-0006"])
+    assert small["example"] == "REFUND{amount=20.0} -> REFUND{amount=45.0}"
+    body = (ws / outcome["report"] / "pr.md").read_text()
+    assert "## Production impact preview" in body
+    assert "the candidate would answer 5 (83.3%) differently at some decision" in body
+    assert f"`{change['examples'][0]}` ({change['example']})" in body
+    page = runner.invoke(app, ["report", "--html", "-w", str(ws)])
+    assert page.exit_code == 0, page.output
+    html = next((ws / "reports").glob("*/report.html")).read_text()
+    assert "Production impact preview" in html and change["examples"][0] in html
+
 
 @pytest.mark.slow
 def test_a_round_sets_aside_each_kind_of_tampering_and_scores_none_of_them(tmp_path: Path) -> None:

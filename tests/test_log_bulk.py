@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import random
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -34,12 +35,14 @@ from improve.log import (
     line_problem,
     read_file_threads,
     replay,
+    split_lines,
     stream,
     to_log_entry,
 )
+from improve.machine import fold as fold_module
 from improve.runtime import load_environment
 from improve.runtime.policy import load_policy
-from tests.helpers import REPO, copy_workspace
+from tests.helpers import REPO, copy_workspace, fold_against_interpreter
 
 ENVIRONMENTS = ("refunds", "refund-approval", "tool-loop", "code-agent", "triage")
 FIXTURES = sorted((REPO / "tests" / "fixtures").rglob("*.jsonl"))
@@ -144,6 +147,48 @@ def test_every_bundled_thread_replays_and_verifies_the_same_both_ways(
             assert expected.verification == "verified"
             replayed += 1
     assert replayed > 100
+
+
+def _fold_differences(bundled: dict[str, JsonlDirStore]) -> tuple[int, list[str], int]:
+    """Every bundled thread's events folded by the interpreter and by `Machine.fold` (replay's fast
+    path), compared after each event: the steps compared, where they differ, and the steps the fast
+    path gave to the interpreter."""
+    steps, differences, fallbacks = 0, [], 0
+    for name, store in bundled.items():
+        machine = load_environment(name).machine
+        before = machine.fold.fallbacks
+        for thread_id in store.list_threads(limit=100_000).thread_ids:
+            entries = store.read_bulk(thread_id)
+            events = [e.event for e in entries[1:] if e.type not in ("@agent.usage", "@agent.end")]
+            pairs = fold_against_interpreter(machine, entries[0].event.get("input"), events)
+            steps += len(pairs)
+            differences += [f"{thread_id} step {i}" for i, (a, b) in enumerate(pairs) if a != b]
+        fallbacks += machine.fold.fallbacks - before
+    return steps, differences, fallbacks
+
+
+def test_every_bundled_thread_folds_the_same_fast_as_through_the_interpreter(
+    bundled: dict[str, JsonlDirStore],
+) -> None:
+    """Replay's fast path reaches, after every event of every bundled thread, the snapshot the
+    interpreter reaches (owed actor's input included), and takes none of those steps the slow way."""
+    steps, differences, fallbacks = _fold_differences(bundled)
+    assert steps > 1000 and differences == [] and fallbacks == 0, (steps, differences[:5], fallbacks)
+
+
+def test_the_fold_comparison_finds_a_fast_path_broken_on_purpose(
+    bundled: dict[str, JsonlDirStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The comparison above can fail: a fast path that takes the last passing candidate instead of the
+    first is found on the bundled threads."""
+    first = fold_module._select
+
+    def last_passing(steps: Any, env: Any, context: Any, event: Any) -> Any:
+        passing = [s for s in steps if first((s,), env, context, event) is not None]
+        return passing[-1] if passing else None
+
+    monkeypatch.setattr(fold_module, "_select", last_passing)
+    assert _fold_differences(bundled)[1] != []
 
 
 @pytest.mark.parametrize("colliding", [False, True], ids=["hashes", "every-hash-collides"])
@@ -415,6 +460,58 @@ def test_text_lines_read_as_their_bytes_do() -> None:
     except ValidationError as error:
         found = entry_problems(error)
     assert found == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    data=st.lists(
+        st.sampled_from(
+            [b"\n", b" ", b"\r", b"\t", b"{", b"[" * 70, b'"a"', b"\x00", b"\xff", b"\xef\xbb\xbf"]
+        ),
+        max_size=40,
+    ).map(b"".join),
+    block=st.integers(1, 16),
+    held=st.integers(1, 200),
+)
+def test_a_file_read_a_block_at_a_time_gives_the_lines_split_lines_gives(
+    data: bytes, block: int, held: int
+) -> None:
+    """`improve replay FILE` reads blocks of a MiB, cut after an LF (here of a few bytes): the same lines
+    with the same numbers as `split_lines` on the whole file, and a block said to fit only when each of its
+    lines is short and shallow enough to skip `line_problem` (see `stream._decode`). A line that goes on
+    past what a reader holds (here `held` bytes) is given as its length and first bytes, never held whole."""
+    from improve.log.lines import PREVIEW_BYTES, LongLine
+
+    with tempfile.TemporaryDirectory() as folder, pytest.MonkeyPatch.context() as patch:
+        path = Path(folder) / "t.jsonl"
+        path.write_bytes(data)
+        patch.setattr(stream, "_BLOCK", block)
+        patch.setattr(stream, "_HELD", held)
+        patch.setattr(stream, "MAX_JSON_DEPTH", 100)
+        blocks = list(stream._blocks(path))
+        unchecked = list(stream._blocks(path, check=False))
+    numbered = [pair for numbers, lines, _ in blocks for pair in zip(numbers, lines, strict=True)]
+    expected = split_lines(data)
+    assert [number for number, _ in numbered] == [number for number, _ in expected]
+    long_ones = set()
+    for (number, line), (_, whole) in zip(numbered, expected, strict=True):
+        if isinstance(line, LongLine):
+            assert (line.length, line.head) == (len(whole), whole[:PREVIEW_BYTES])
+            assert len(whole) > held - 4  # past what is held (less a BOM, a CR)
+            long_ones.add(number)
+        else:
+            assert line == whole and len(line) <= held + block
+    # The first pass, which reads thread ids only, is given the blank lines too (no entry decodes from one)
+    # and no line past what is held (none is an entry).
+    pieces = [pair for numbers, lines, _ in unchecked for pair in zip(numbers, lines, strict=True)]
+    assert [(number, line) for number, line in pieces if line.strip()] == [
+        (number, line) for number, line in expected if number not in long_ones
+    ]
+    for _, lines, fit in blocks:
+        if fit:
+            assert all(
+                isinstance(line, bytes) and line.count(b"[") + line.count(b"{") <= 100 for line in lines
+            )
 
 
 def test_a_file_is_replayed_thread_by_thread_not_loaded_whole(tmp_path: Path) -> None:

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from improve.errors import (
     EvaluationError,
@@ -16,7 +19,8 @@ from improve.errors import (
     UnknownNameError,
 )
 from improve.machine import can, compile_expr, compile_machine, initial, parse_machine, transition
-from improve.machine.snapshot import Snapshot, canonical_json
+from improve.machine.snapshot import Snapshot, canonical_bytes, canonical_json, decoded_canonical_bytes
+from tests.helpers import fold_against_interpreter
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "improve" / "examples"
 
@@ -532,3 +536,329 @@ def test_compiled_parts_are_frozen() -> None:
         state.final = True  # type: ignore[misc]
     with pytest.raises(dataclasses.FrozenInstanceError):
         state.invoke.src = "other"  # type: ignore[misc]
+
+
+# --- the fold (`Machine.fold`, replay's fast path) against the interpreter ------------------------------
+
+# Guards, assigns and outputs for generated machines: mostly the plain case, then values outside the fast
+# path's domain (a big int, a uint literal only cel evaluates) and every way an expression can fail (a
+# missing key, a non-bool guard, an overflow, a string where a number is expected), less often, so that
+# runs go on for a few steps before one fails.
+PLAIN_GUARDS: list[Any] = [
+    "context.n > 2",
+    "context.n <= 1",
+    "has(event.v) && event.v == 1",
+    "has(event.v)",
+    "has(event.f) && event.f > 1.5",
+    "size(context.s) > 2",
+    "context.flag",
+    "input.k == 'a'",
+    {"type": "odd"},
+]
+ODD_GUARDS: list[Any] = [
+    "context.n",
+    "event.missing > 0",
+    "1u == 1u",
+    "has(event.v) && event.v > 0",
+    {"type": "boom"},
+    {"type": "one"},
+]
+GUARDS = PLAIN_GUARDS * 3 + ODD_GUARDS
+PLAIN_ASSIGNS: list[dict[str, Any]] = [
+    {"n": "context.n + 1"},
+    {"s": "context.s + 'x'"},
+    {"flag": "true"},
+    {"o": "{'a': context.n, 'b': [context.s]}"},
+    {"o": "has(event.o) ? event.o : {}"},
+    {"t": "has(event.v) ? event.v : 0", "n": "context.n * 2"},
+    {"n": "context.n + 1", "previous": "context.n"},
+]
+ODD_ASSIGNS: list[dict[str, Any]] = [
+    {"n": "event.v"},
+    {"o": "event.o"},
+    {"n": "context.n + 9223372036854775800"},
+]
+ASSIGNS = PLAIN_ASSIGNS * 4 + ODD_ASSIGNS
+OUTPUTS: list[Any] = [
+    {"n": "context.n", "s": "context.s"},
+    "context.o",
+    None,
+    {"list": ["context.n", 1, None]},
+]
+EVENT_TYPES = ["A", "B", "C"] * 3 + ["xstate.done.actor", "xstate.error.actor"]
+
+
+def _odd(context: Any, event: Any, params: Any) -> bool:
+    return isinstance(context.get("n"), int) and context["n"] % 2 == 1
+
+
+def _boom(context: Any, event: Any, params: Any) -> bool:
+    if "boom" in event:
+        raise RuntimeError("boom")
+    return True
+
+
+def _one(context: Any, event: Any, params: Any) -> Any:
+    return 1 if context.get("flag") else False
+
+
+NAMED_GUARDS = {"odd": _odd, "boom": _boom, "one": _one}
+
+
+def _leaf(rng: random.Random) -> Any:
+    """A JSON value for an event field: mostly a small int, sometimes what the fast path hands to cel."""
+    return rng.choice(
+        [
+            lambda: rng.randint(-5, 5),
+            lambda: rng.randint(-5, 5),
+            lambda: None,
+            lambda: rng.random() < 0.5,
+            lambda: rng.randint(2**63 - 3, 2**64),
+            lambda: rng.uniform(-1e6, 1e6),
+            lambda: rng.choice(["", "a", "é", "\ud800", "1"]),
+            lambda: [rng.randint(0, 3)],
+        ]
+    )()
+
+
+def _transitions(rng: random.Random, targets: list[str], least: int = 0) -> list[dict[str, Any]]:
+    out = []
+    for _ in range(rng.randint(least, 3)):
+        t: dict[str, Any] = {}
+        target = rng.choice([*targets, None])
+        if target is not None:
+            t["target"] = target
+        if rng.random() < 1 / 3:
+            t["guard"] = rng.choice(GUARDS)
+        if rng.random() < 1 / 2:
+            t["assign"] = rng.choice(ASSIGNS)
+        out.append(t)
+    return out
+
+
+def generated_run(rng: random.Random) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]]:
+    """A machine of a few states of every kind, an input, and events to fold through it."""
+    names = [f"s{i}" for i in range(rng.randint(1, 4))]
+    finals = ["end", "stop"]
+    targets = names * 3 + finals  # a run should take a few steps before it ends
+    states: dict[str, Any] = {}
+    for name in names:
+        kind = rng.choice(["on", "choice", "always", "invoke", "decide"])
+        accepted = rng.sample("ABC", rng.randint(2, 3))
+        state: dict[str, Any] = {"on": {e: _transitions(rng, targets, 1) for e in accepted}}
+        if kind == "choice":
+            state = {"type": "choice", "choice": _transitions(rng, targets, 1)}
+        elif kind == "always":
+            state["always"] = _transitions(rng, targets, 1)
+        elif kind == "invoke":
+            state["invoke"] = {
+                "src": "tool",
+                "input": {"n": "context.n", "x": rng.choice(["context.s", "event.missing", "event.type"])},
+                "onDone": _transitions(rng, targets),
+                "onError": _transitions(rng, targets),
+            }
+        elif kind == "decide":
+            state["invoke"] = {
+                "src": "agent.decide",
+                "input": {"name": "'pick'", "allowedEvents": sorted(accepted), "facts": {"n": "context.n"}},
+            }
+        states[name] = state
+    for name in finals:
+        output = rng.choice(OUTPUTS)
+        states[name] = {"type": "final", **({"output": output} if output is not None else {})}
+    config = _tiny(states, context={"n": "input.n", "s": "''", "flag": "false", "o": "{}", "k": "input.k"})
+    n = rng.randint(-3, 5) if rng.random() < 0.8 else rng.randint(2**63 - 2, 2**64)
+    inp: dict[str, Any] = {"n": n, "k": rng.choice("ab")}
+    events = []
+    for _ in range(rng.randint(1, 12)):
+        event: dict[str, Any] = {"type": rng.choice(EVENT_TYPES)}
+        if rng.random() < 0.5:
+            event["v"] = _leaf(rng)
+        if rng.random() < 0.3:
+            event["f"] = rng.choice([0.5, 2.0, float("nan"), float("inf"), 3])
+        if rng.random() < 0.3:
+            event["o"] = {rng.choice("ab"): _leaf(rng) for _ in range(rng.randint(0, 2))}
+        if event["type"].startswith("xstate.") and rng.random() < 0.5:
+            event["actorId"] = rng.choice([*names, "other"])
+        if rng.random() < 0.05:
+            event["boom"] = True
+        events.append(event)
+    return config, inp, events
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 2**32 - 1))
+def test_the_fold_reaches_what_the_interpreter_reaches_on_generated_machines(seed: int) -> None:
+    """Replay folds with `Machine.fold`: after every event, the same snapshot, the same `not taken`, the
+    same error, whatever the machine, the values and the failures. (Hypothesis draws a seed, a case is
+    made from it: drawing each part of a machine through hypothesis cost seconds per hundred cases.)"""
+    config, inp, events = generated_run(random.Random(seed))
+    machine = compile_machine(parse_machine(config), guards=NAMED_GUARDS)
+    for expected, found in fold_against_interpreter(machine, inp, events):
+        assert found == expected
+
+
+def test_the_fold_takes_the_fast_path_on_plain_steps_and_the_reference_on_the_rest() -> None:
+    """The fast path is the one taken where nothing is unusual, so the differential tests test it; a
+    value outside its domain (a big int) or a failing guard hands the step to the interpreter."""
+    machine = approval_machine()
+    fold = machine.fold
+    before = fold.fallbacks
+    run = fold.start({"amount": 150, "reason": "x"})
+    assert fold.step(run, {"type": "ESCALATE"}) and fold.step(run, {"type": "APPROVE", "approver": "d"})
+    assert fold.snapshot(run).value == "issued" and fold.fallbacks == before
+    big = fold.start({"amount": 2**64, "reason": "x"})
+    assert fold.step(big, {"type": "ISSUE"}) is False  # the guard reads the big int: cel decides
+    assert fold.fallbacks == before + 1
+
+
+FOLD_CASES: list[tuple[str, dict[str, Any], dict[str, Any], list[dict[str, Any]]]] = [
+    # (name, states, input, events): each odd path of a step once, where the fast path must bail
+    (
+        "a guard returns an int",
+        {"a": {"on": {"GO": {"target": "b", "guard": "context.n"}}}},
+        {"n": 1},
+        [{"type": "GO"}],
+    ),
+    (
+        "a named guard returns an int",
+        {"a": {"on": {"GO": {"target": "b", "guard": {"type": "one"}}}}},
+        {"n": 1},
+        [{"type": "GO"}],
+    ),
+    (
+        "a named guard raises",
+        {"a": {"on": {"GO": {"target": "b", "guard": {"type": "boom"}}}}},
+        {"n": 1},
+        [{"type": "GO", "boom": 1}],
+    ),
+    (
+        "a guard reads a missing key",
+        {"a": {"on": {"GO": {"target": "b", "guard": "event.x > 1"}}}},
+        {"n": 1},
+        [{"type": "GO"}],
+    ),
+    (
+        "a big int goes to cel",
+        {"a": {"on": {"GO": {"target": "b", "assign": {"n": "event.v"}}}}},
+        {"n": 1},
+        [{"type": "GO", "v": 2**64}],
+    ),
+    (
+        "cel alone evaluates it",
+        {"a": {"on": {"GO": {"target": "b", "guard": "1u == 1u"}}}},
+        {"n": 1},
+        [{"type": "GO"}],
+    ),
+    (
+        "no choice branch matches",
+        {"a": {"type": "choice", "choice": [{"target": "b", "guard": "context.n > 5"}]}},
+        {"n": 1},
+        [],
+    ),
+    ("an eventless loop", {"a": {"always": {"target": "c"}}, "c": {"always": {"target": "a"}}}, {"n": 1}, []),
+    (
+        "an actor fails, no onError",
+        {"a": {"invoke": {"src": "t"}}},
+        {"n": 1},
+        [{"type": "xstate.error.actor", "error": "x"}],
+    ),
+    (
+        "another actor's answer",
+        {"a": {"invoke": {"src": "t", "onDone": "b"}}},
+        {"n": 1},
+        [{"type": "xstate.done.actor", "actorId": "z"}],
+    ),
+    (
+        "a targetless assign keeps the owed actor",
+        {
+            "a": {
+                "invoke": {"src": "t", "input": {"n": "context.n"}},
+                "on": {"UP": {"assign": {"n": "context.n + 1"}}},
+            }
+        },
+        {"n": 1},
+        [{"type": "UP"}, {"type": "UP"}],
+    ),
+    ("an event without a type", {"a": {"on": {"GO": "b"}}}, {"n": 1}, [{"v": 1}]),
+    ("events after the end", {"a": {"on": {"GO": "b"}}}, {"n": 1}, [{"type": "GO"}, {"type": "GO"}]),
+]
+
+
+@pytest.mark.parametrize(
+    ("states", "inp", "events"), [c[1:] for c in FOLD_CASES], ids=[c[0] for c in FOLD_CASES]
+)
+def test_the_fold_hands_each_odd_step_to_the_interpreter(
+    states: dict[str, Any], inp: dict[str, Any], events: list[dict[str, Any]]
+) -> None:
+    config = _tiny({**states, "b": {"type": "final", "output": {"n": "context.n"}}}, context={"n": "input.n"})
+    machine = compile_machine(parse_machine(config), guards=NAMED_GUARDS)
+    for expected, found in fold_against_interpreter(machine, inp, events):
+        assert found == expected
+
+
+# --- canonical bytes: msgspec's text where it is json.dumps's, the json way elsewhere -------------------
+
+floats = st.one_of(
+    st.floats(),
+    st.floats(min_value=1e-6, max_value=2e-4),
+    st.floats(min_value=1e15, max_value=1e17),
+    st.sampled_from([1e-5, 1e-4, 1e16, -0.0, 5e-324, float("nan"), float("inf")]),
+)
+scalars = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**70), 2**70), floats, st.text(max_size=4), st.just("\ud800")
+)
+odd = st.one_of(
+    st.tuples(st.integers()),
+    st.frozensets(st.integers(), max_size=2),
+    st.binary(max_size=2),
+    st.datetimes(),
+    st.dictionaries(st.integers(), st.integers(), max_size=2),
+)
+values = st.recursive(
+    st.one_of(scalars, odd),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3),
+    max_leaves=10,
+)
+
+
+def _json_way(value: Any) -> Any:
+    try:
+        return canonical_json(value).encode("utf-8")
+    except Exception as error:
+        return type(error)
+
+
+def _fast_way(encode: Any, value: Any) -> Any:
+    try:
+        return encode(value)
+    except Exception as error:
+        return type(error)
+
+
+@settings(max_examples=500, deadline=None)
+@given(values)
+def test_canonical_bytes_are_the_canonical_json_or_its_error(value: Any) -> None:
+    """Hashes are taken over `canonical_bytes`: exactly `canonical_json`'s text, or its error, for any
+    value (floats where msgspec and Python write them differently, NaN, tuples, sets, bytes, dates, keys
+    that are not strings, a lone surrogate)."""
+    assert _fast_way(canonical_bytes, value) == _json_way(value)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.recursive(
+        scalars,
+        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3),
+        max_leaves=10,
+    )
+)
+def test_decoded_canonical_bytes_of_what_msgspec_decodes(value: Any) -> None:
+    """A log entry's content, as msgspec decodes it, is hashed the same fast way without reading it back."""
+    import msgspec
+
+    try:
+        decoded = msgspec.json.decode(json.dumps(value, allow_nan=False))
+    except (ValueError, msgspec.DecodeError, UnicodeEncodeError):
+        return  # not JSON, or not a line msgspec reads: never a bulk entry
+    assert _fast_way(decoded_canonical_bytes, decoded) == _json_way(decoded)

@@ -344,19 +344,37 @@ def _entries(lines: list[dict[str, Any]]) -> list[LogEntry]:
     return [LogEntry.model_validate(line) for line in lines]
 
 
-@pytest.mark.parametrize("value", [10**30, -5, "lots", 1.5, True])
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("inputTokens", 10**30),
+        ("inputTokens", -5),
+        ("inputTokens", "lots"),
+        ("inputTokens", 1.5),
+        ("inputTokens", True),
+        ("calls", -1),
+        ("calls", False),
+        ("outputTokens", 10**8 + 1),
+        ("costUsd", float("nan")),
+        ("costUsd", -0.5),
+        ("costUsd", True),
+        ("costUsd", "0.1"),
+    ],
+)
 def test_a_usage_count_no_endpoint_could_mean_fails_its_thread_alone(
-    recorded_lines: list[dict[str, Any]], value: Any
+    recorded_lines: list[dict[str, Any]], name: str, value: Any
 ) -> None:
     """An older improve journaled whatever usage an endpoint claimed: chained as written, the thread
-    still does not replay (a warehouse would sink its whole batch on a 10**30 count)."""
+    still does not replay (a warehouse would sink its whole batch on a 10**30 count), whichever of the
+    counts (or the cost) it is."""
     lines = copy.deepcopy(recorded_lines)
     i = _usage(lines)
-    lines[i]["event"]["inputTokens"] = value
+    lines[i]["event"][name] = value
     for line in lines:
         line["verification"].pop("entryHash", None)
     resealed = rechained(_entries(lines), THREAD)
-    with pytest.raises(LogError, match=rf"entry {i} \(@agent.usage\): inputTokens is .*, not a count"):
+    what = "not a cost in USD" if name == "costUsd" else "not a count"
+    with pytest.raises(LogError, match=rf"entry {i} \(@agent.usage\): {name} is .*, {what}"):
         replay(REFUNDS.machine, resealed, verify=True, thread_id=THREAD)
 
 
@@ -585,6 +603,9 @@ def test_a_replay_result_cannot_be_edited_after_the_fact() -> None:
     result = replay(REFUNDS.machine, _recorded())
     with pytest.raises(dataclasses.FrozenInstanceError):
         result.status = "done"  # type: ignore[misc]
+    # Built field by field (replay skips the dataclass's __init__): every field, and nothing else.
+    assert set(vars(result)) == {field.name for field in dataclasses.fields(result)}
+    assert result == dataclasses.replace(result)
 
 
 def test_run_status_names_each_way_a_run_ends() -> None:

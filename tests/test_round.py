@@ -8,6 +8,7 @@ import http.server
 import json
 import re
 import shlex
+import shutil
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -23,13 +24,15 @@ from improve.cli.main import app
 from improve.clock import FrozenClock
 from improve.evals.outcome import OutcomeRow, outcome_row
 from improve.evals.workspace import Workspace
+from improve.log import USAGE_EVENT, JsonlDirStore, ThreadId
 from improve.loop import Changelog, RoundOptions, run_round
 from improve.loop.branches import insert_branch
 from improve.loop.diagnose import KINDS, diagnose
 from improve.loop.gates import GATE_NAMES, GateResult
 from improve.loop.proposers import Proposal, ProposalError, ProposalRequest
 from improve.loop.proposers.rules import mine
-from tests.helpers import FROZEN_AT, REPO, committed_workspace
+from improve.runtime import REPLAY_FIRST_KEY
+from tests.helpers import FROZEN_AT, REPO, committed_workspace, desk_workspace
 
 DESKS = ("refunds", "code-agent", "tool-loop", "triage")
 
@@ -196,6 +199,9 @@ def test_a_full_round_recommends_and_leaves_a_branch_without_a_token(
         assert (report / name).exists(), name
     body = (report / "pr.md").read_text()
     assert "## Hypothesis" in body and "```mermaid" in body and "improve replay held-out:v1:" in body
+    # No production thread in the warehouse: the preview says so, in the body and on the page.
+    assert result.impact is not None and result.impact.available == 0
+    assert "## Production impact preview\n\nNo production threads in the workspace's warehouse" in body
     assert (
         "| held-out | v1 |" in body and "git push -u origin improve/refunds-v1" in result.pr.instructions  # type: ignore[union-attr, operator]
     )
@@ -216,6 +222,7 @@ def test_a_full_round_recommends_and_leaves_a_branch_without_a_token(
     html = Path(written["html"]).read_text()
     assert written["round"] == result.round_id and Path(written["html"]) == report / "report.html"
     assert html.count("<svg") == 3 and "<script" not in html
+    assert "<h2>Production impact preview</h2>\n<p>No production threads" in html
     links = re.findall(r'href="(\./[^"]+)"', html)
     assert links and all((report / unquote(link)).resolve().is_file() for link in links)
     scored = json.loads((report / "scorecards.json").read_text())
@@ -240,12 +247,15 @@ def test_a_full_round_recommends_and_leaves_a_branch_without_a_token(
     for command in commands:
         done = CliRunner().invoke(app, [*command[1:], "-w", str(clone)])
         assert done.exit_code == 0, (command, done.output)
-    # Made again, a stand-in's run decides as the round's did (entry ids and stamps are drawn anew).
+
+    # Made again, a stand-in's run decides as the round's did (entry ids and stamps are drawn anew; a
+    # run made again asks the model where the round's replay-first run reused the baseline's answer).
+    def events(text: str) -> list[dict[str, Any]]:
+        return [{k: v for k, v in json.loads(x)["event"].items() if k != "reused"} for x in text.splitlines()]
+
     for thread in result.candidate_threads[:6]:
         remade, original = ((w / "traces" / f"{thread}.jsonl").read_text() for w in (clone, tmp_path))
-        assert [json.loads(x)["event"] for x in remade.splitlines()] == [
-            json.loads(x)["event"] for x in original.splitlines()
-        ]
+        assert events(remade) == events(original)
 
 
 class _FakeGitHub(http.server.BaseHTTPRequestHandler):
@@ -397,6 +407,64 @@ def test_a_null_round_is_not_promoted(tmp_path: Path) -> None:
         )
         == "2"
     )
+
+
+BUNDLED = ("refunds", "refund-approval", "code-agent", "tool-loop", "triage")
+
+
+def candidate_threads(traces: Path) -> dict[str, tuple[list[Any], int, int, dict[str, Any] | None]]:
+    """Each candidate thread: its events but the model's usage records, its calls, the calls answered
+    from the baseline's run, and what its end entry says of replay-first."""
+    store = JsonlDirStore(traces)
+    found = {}
+    for thread_id in store.list_threads(limit=100_000).thread_ids:
+        parsed = ThreadId.parse(thread_id)
+        if parsed is None or parsed.policy_version == "v0":
+            continue
+        entries = store.read(thread_id)
+        usage = [e.event for e in entries if e.type == USAGE_EVENT]
+        events = [(e.type, e.event, e.attempts) for e in entries if e.type != USAGE_EVENT]
+        note = (entries[-1].metadata or {}).get(REPLAY_FIRST_KEY)
+        found[thread_id] = (events, len(usage), sum(bool(u.get("reused")) for u in usage), note)
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("desk", BUNDLED)
+def test_a_replay_first_round_decides_as_a_round_of_full_runs(desk: str, tmp_path: Path) -> None:
+    # With the deterministic stand-ins, a candidate run that takes the baseline's recorded answers is
+    # the run it would have been: every thread, score and the decision are those of full re-runs.
+    records, threads = {}, {}
+    for replay_first in (False, True):
+        root = desk_workspace(
+            tmp_path / str(replay_first),
+            desk,
+            REPO / "scenarios" / f"{desk}.yaml",
+            objective="k = 2\nmax_extra_runs = 2\n",
+        )
+        if replay_first:  # the same baseline runs, reused from the first round's traces
+            (root / "traces").mkdir()
+            for thread in (tmp_path / "False" / "traces").glob("*:v0:*"):
+                shutil.copy(thread, root / "traces" / thread.name)
+        space = Workspace.load(root / "improve.toml")
+        records[replay_first] = run_round(space, RoundOptions(policy="v0", k=2, replay_first=replay_first))
+        threads[replay_first] = candidate_threads(space.traces)
+    full, first = records[False], records[True]
+    assert first.status == full.status and first.decision_detail == full.decision_detail
+    assert first.scores == full.scores and first.reruns == full.reruns and first.scores
+    assert not first.quarantined and not full.quarantined  # every replay-first thread verifies
+    assert threads[True].keys() == threads[False].keys()
+    reused = 0
+    for thread_id, (events, calls, _, note) in threads[True].items():
+        assert (events, calls) == threads[False][thread_id][:2], thread_id
+        assert note is not None and threads[False][thread_id][3] is None
+        parsed = ThreadId.parse(thread_id)
+        assert parsed is not None and note["from"] == thread_id.replace(
+            f":{parsed.policy_version}:", ":v0:", 1
+        )
+        assert note["reused"] + note["asked"] == calls
+        reused += note["reused"]
+    assert reused and first.model_info is not None and first.model_info.calls.reused == reused
 
 
 class _AlwaysInvalid:
@@ -1187,7 +1255,7 @@ def test_a_round_id_with_a_round_json_gets_a_new_id_and_a_partial_folder_is_repl
 def test_a_failed_pull_request_says_where_the_branch_is_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from improve.cli import loop as loop_cli
+    import improve.loop
     from improve.loop.round_record import Review, RoundRecord
 
     scratch(tmp_path / "ws")
@@ -1208,7 +1276,8 @@ def test_a_failed_pull_request_says_where_the_branch_is_once(
         error="the GitHub API answered 422 for acme/desk: Validation Failed; retry later. The branch "
         "improve/refunds-v1 is pushed, so the PR can also be opened by hand.",
     )
-    monkeypatch.setattr(loop_cli, "run_rounds", lambda *args, **kwargs: [failed])
+    # `improve round` imports run_rounds from improve.loop when it runs (its --help imports no loop).
+    monkeypatch.setattr(improve.loop, "run_rounds", lambda *args, **kwargs: [failed])
     result = CliRunner().invoke(app, ["round", "-w", str(tmp_path / "ws"), "--policy", "v0"])
     assert result.exit_code == 3, result.output
     said = " ".join(result.stderr.split())

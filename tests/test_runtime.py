@@ -16,6 +16,7 @@ from improve.log.store import MemoryStore
 from improve.machine import parse_machine
 from improve.runtime.decision import Decision, DecisionRequest, Usage
 from improve.runtime.environment import Environment, World
+from improve.runtime.models import stand_in
 from improve.runtime.run import RunResult, run
 from tests.helpers import FROZEN_AT
 
@@ -457,3 +458,163 @@ def test_a_frozen_clock_steps_nests_and_refuses_naive_times() -> None:
     assert abs(now() - dt.datetime.now(dt.UTC)) < dt.timedelta(minutes=5)
     with pytest.raises(ValueError, match="aware datetime"), frozen(dt.datetime(2030, 1, 1)):
         pass
+
+
+# --- replay-first runs --------------------------------------------------------------------------------
+
+
+def twice() -> Environment:
+    """A machine asking the same decision twice (the same facts, the same options), then a third one
+    whose facts say what the first two answered."""
+
+    def decide(name: str, facts: dict[str, str]) -> dict[str, Any]:
+        return {
+            "src": "agent.decide",
+            "input": {"name": f"'{name}'", "allowedEvents": ["A", "B"], "facts": facts},
+        }
+
+    config = parse_machine(
+        {
+            "id": "twice",
+            "version": "1",
+            "initial": "first",
+            "context": {"picked": "''"},
+            "states": {
+                "first": {
+                    "invoke": decide("pick", {"n": "1"}),
+                    "on": {e: {"target": "second", "assign": {"picked": f"'{e}'"}} for e in ("A", "B")},
+                },
+                "second": {
+                    "invoke": decide("pick", {"n": "1"}),
+                    "on": {
+                        e: {"target": "third", "assign": {"picked": f"context.picked + '{e}'"}}
+                        for e in ("A", "B")
+                    },
+                },
+                "third": {
+                    "invoke": decide("last", {"picked": "context.picked"}),
+                    "on": {e: f"done{e}" for e in ("A", "B")},
+                },
+                "doneA": {"type": "final"},
+                "doneB": {"type": "final"},
+            },
+        }
+    )
+    coin = stand_in("coin", lambda request, rng: dict(rng.choice(request.options)))
+    return Environment(name="twice", config=config, actors={}, make_world=World, models={"coin": coin})
+
+
+ASK = {"invoke": {"src": "model.decide", "input": {"model": "'decider'"}, "onDone": "answer"}}
+ANSWER = {"type": "final", "output": "event.output"}
+MODEL_DECIDES = {"id": "p", "version": "0", "initial": "ask", "states": {"ask": ASK, "answer": ANSWER}}
+B_FIRST = {  # answers the third decision itself when the first two were both A, else asks the model
+    "id": "p",
+    "version": "1",
+    "initial": "route",
+    "states": {
+        "route": {
+            "type": "choice",
+            "choice": [
+                {"guard": "input.name == 'last' && facts.picked == 'AA'", "target": "b"},
+                {"target": "ask"},
+            ],
+        },
+        "b": {"type": "final", "output": {"type": "'B'"}},
+        "ask": ASK,
+        "answer": ANSWER,
+    },
+}
+
+
+class Counting:
+    """A stand-in, counting the calls it answers."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.name, self.answered = inner, inner.name, 0
+
+    def answer(self, request: DecisionRequest) -> Any:
+        self.answered += 1
+        return self.inner.answer(request)
+
+    def advance(self, request: DecisionRequest, number: int) -> None:
+        self.inner.advance(request, number)
+
+
+def replay_first_run(
+    policy: dict[str, Any], seed: str, baseline: list[Any] | None
+) -> tuple[list[Any], Counting, Any]:
+    """A run of `twice` with `policy` and the coin seeded by `seed`, replay-first from `baseline`'s
+    entries when given: its entries, its model, and its decider."""
+    from improve.runtime import PolicyDecider, RecordedRun, ReplayFirstDecider, compile_policy
+
+    env = twice()
+    compiled = compile_policy(parse_machine(policy))
+    model = Counting(env.models["coin"](seed))
+    decider = (
+        ReplayFirstDecider(compiled, {"decider": model}, {}, RecordedRun.of("t:v0:s:r1", baseline))
+        if baseline is not None
+        else PolicyDecider(compiled, {"decider": model}, {})
+    )
+    store = MemoryStore()
+    note = decider.note if isinstance(decider, ReplayFirstDecider) else None
+    run(
+        env,
+        input={},
+        world=World(),
+        people={},
+        decider=decider,
+        store=store,
+        thread_id="t:v1:s:r1",
+        note=note,
+    )
+    entries = store.read("t:v1:s:r1")
+    assert replay(env.machine, entries, verify=True, thread_id="t:v1:s:r1").verification == "verified"
+    return entries, model, decider
+
+
+def test_a_replay_first_run_of_the_same_policy_asks_nothing_and_is_the_same_run() -> None:
+    for seed in ("s:r1", "s:r2", "s:r3", "s:r4"):
+        baseline, _, _ = replay_first_run(MODEL_DECIDES, seed, None)
+        entries, model, decider = replay_first_run(MODEL_DECIDES, seed, baseline)
+        assert model.answered == 0 and decider.reused == 3 and decider.parted is None
+        # The same events, the same draws: the usage entries say what was asked, answered and reused.
+        assert [e.event for e in entries if e.type != "@agent.usage"][:-1] == [
+            e.event for e in baseline if e.type != "@agent.usage"
+        ][:-1]
+        usage = [e.event for e in entries if e.type == "@agent.usage"]
+        recorded = [e.event for e in baseline if e.type == "@agent.usage"]
+        assert [u["asked"] for u in usage] == [r["asked"] for r in recorded] and usage[0]["asked"] == usage[
+            1
+        ]["asked"]
+        assert [u["answer"] for u in usage] == [r["answer"] for r in recorded]
+        assert all(u["reused"] for u in usage) and not any(r.get("reused") for r in recorded)
+        assert entries[-1].metadata == {
+            "replayFirst": {"from": "t:v0:s:r1", "reused": 3, "asked": 0, "parted": None}
+        }
+
+
+def test_a_replay_first_run_asks_the_model_only_where_its_path_departs() -> None:
+    seen = set()
+    for n in range(1, 13):
+        seed = f"s:r{n}"
+        baseline, _, _ = replay_first_run(MODEL_DECIDES, seed, None)
+        full, _, _ = replay_first_run(B_FIRST, seed, None)
+        entries, model, decider = replay_first_run(B_FIRST, seed, baseline)
+        picked = "".join(e.type for e in baseline[1:] if e.type in "AB")[:2]
+        last = next(e.type for e in reversed(baseline) if e.type in "AB")
+        # The same run a full re-run makes (the stand-in draws what it would have), asking nothing: the
+        # candidate either asks what the baseline asked, or answers by its rule.
+        unflagged = [{k: v for k, v in e.event.items() if k != "reused"} for e in entries]
+        assert unflagged[:-1] == [e.event for e in full][:-1] or picked == "AA"
+        assert model.answered == 0
+        if picked == "AA" and last == "A":
+            seen.add("parted")
+            assert decider.parted is not None and (decider.parted.decision, decider.parted.name) == (
+                3,
+                "last",
+            )
+            assert "answered B where the recorded run answered A" in decider.parted.why
+        else:
+            seen.add("same" if picked != "AA" else "same answer by rule")
+            assert decider.parted is None
+    assert seen == {"parted", "same", "same answer by rule"}, seen

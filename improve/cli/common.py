@@ -1,4 +1,8 @@
-"""What every command shares: error handling with exit codes, JSON output, the stderr console."""
+"""What every command shares: error handling with exit codes, JSON output, the stderr console.
+
+Nothing here (nor at the top of a command's module) imports the layers below the CLI: a command's
+`--help` imports its module and nothing else it runs with, so the layers are imported in the command's
+body (and named under TYPE_CHECKING for annotations); tests/test_cli.py checks every command's `--help`."""
 
 from __future__ import annotations
 
@@ -9,15 +13,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
 from improve.errors import ImproveError, StorageError, WorkspaceError
-from improve.evals import EXECUTOR_HELP, Fanout, Workspace, open_fanout
-from improve.files import hint_for, storage_error
+
+if TYPE_CHECKING:
+    from improve.evals import Fanout, Workspace
 
 # Progress and logs go to stderr; stdout holds the result (a table, or exactly one JSON document).
 # Piped output keeps whole table rows (140 columns) instead of rich's 80-column default.
@@ -51,12 +56,16 @@ def handled(interrupted: str = INTERRUPTED) -> Iterator[None]:
         report(error)
         raise typer.Exit(error.exit_code) from None
     except OSError as error:
+        from improve.files import storage_error
+
         storage = storage_error(error)
         report(storage)
         raise typer.Exit(storage.exit_code) from None
     except Exception as error:
         # DuckDB says a refused write in its own exception (an IOException, a failed COMMIT); the system's
         # reason is in its text. Anything else is a bug, and keeps its traceback.
+        from improve.files import hint_for
+
         hint = hint_for(str(error)) if type(error).__module__.split(".")[0] in ("duckdb", "_duckdb") else None
         if hint is None:
             raise
@@ -124,6 +133,8 @@ def emit_json(document: Any) -> None:
 
 
 def workspace(path: Path | None) -> Workspace:
+    from improve.evals import Workspace
+
     return Workspace.find(path)
 
 
@@ -140,6 +151,11 @@ ModelOption = typer.Option(
 )
 
 
+EXECUTOR_HELP = (
+    "local (threads of this process, the default) or dask://HOST:PORT, a Dask distributed scheduler "
+    "whose workers run the scenarios in batches (pip install 'improve-agents[cluster]'); default from improve.toml "
+    "[workspace] executor."
+)
 ExecutorOption = typer.Option("--executor", help=EXECUTOR_HELP)
 
 
@@ -147,6 +163,8 @@ ExecutorOption = typer.Option("--executor", help=EXECUTOR_HELP)
 def executor_for(space: Workspace, given: str | None) -> Iterator[Fanout | None]:
     """The command's executor (`--executor`, else improve.toml's, else local), said on stderr when it
     is a cluster; closed when the command is done with it."""
+    from improve.evals import open_fanout
+
     with open_fanout(space.executor(given), space.root) as fanout:
         if fanout is not None:
             err.print(f"runs go to {fanout.where}", markup=False)

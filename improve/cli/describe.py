@@ -16,7 +16,6 @@ from improve.cli.common import (
     workspace,
 )
 from improve.errors import WorkspaceError
-from improve.machine import describe_mermaid, describe_text, diff_states, to_xstate
 
 
 def describe_command(
@@ -43,6 +42,8 @@ def describe_command(
         improve describe --env refunds --format mermaid
         improve describe --diff v0 v1 --format mermaid
     """
+    from improve.machine import describe_mermaid, describe_text, diff_states, to_xstate
+
     with handled():
         space = workspace(ws)
         env_name = space.env_name(env)

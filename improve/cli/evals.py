@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
@@ -26,21 +26,9 @@ from improve.cli.common import (
 )
 from improve.cli.help import Command, Group
 from improve.errors import ScenarioError, WorkspaceError
-from improve.evals import (
-    OPEN_SPLITS,
-    SEALED_SPLIT,
-    Comparison,
-    Scorecard,
-    append_scenario,
-    find_thread,
-    load_scenarios,
-    scenario_from_thread,
-    set_key,
-    split_warnings,
-)
-from improve.loop import ScoreRequest, score_policy
-from improve.machine import run_rule_evals, uncovered
-from improve.runtime import recorded_thread
+
+if TYPE_CHECKING:
+    from improve.evals import Comparison, Scorecard
 
 
 def score_command(
@@ -97,6 +85,8 @@ def score_command(
         improve score --policy v1 --vs v0 --split held-out --format markdown
         improve score --policy v3 --vs v0 --split test --unseal
     """
+    from improve.loop import ScoreRequest, score_policy
+
     with handled():
         if fmt not in ("table", "markdown"):
             raise WorkspaceError(f"unknown format {fmt!r}; use table or markdown")
@@ -177,6 +167,8 @@ def scenarios_check(
 
         improve scenarios check --env refunds
     """
+    from improve.evals import OPEN_SPLITS, SEALED_SPLIT, load_scenarios, set_key
+
     with handled():
         space = workspace(ws)
         env_name = space.env_name(env)
@@ -290,6 +282,9 @@ def scenarios_add(
             --expect issued --split held-out --category small-refund \\
             --effect '{"kind": "refund", "orderId": "O-5001", "amount": 23.5}'
     """
+    from improve.evals import append_scenario, find_thread, scenario_from_thread, split_warnings
+    from improve.runtime import recorded_thread
+
     with handled():
         if effect and no_effects:
             raise ScenarioError("--effect and --no-effects say different things; pass one of them")
@@ -378,6 +373,8 @@ def rules_command(
 
         improve rules --env refunds
     """
+    from improve.machine import run_rule_evals, uncovered
+
     with handled():
         environment = workspace(ws).environment(env)
         results = run_rule_evals(environment.machine, environment.rule_evals)

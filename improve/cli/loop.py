@@ -6,7 +6,7 @@ import os
 from contextlib import ExitStack
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
@@ -30,17 +30,10 @@ from improve.cli.common import (
     workspace,
 )
 from improve.errors import WorkspaceError
-from improve.evals import Ledger, Workspace
-from improve.loop import (
-    RoundOptions,
-    RoundRecord,
-    diagnose_policy,
-    diagnose_production,
-    find_round,
-    round_lines,
-    run_rounds,
-    write_round_page,
-)
+
+if TYPE_CHECKING:
+    from improve.evals import Workspace
+    from improve.loop import RoundRecord
 
 
 def round_command(
@@ -83,6 +76,15 @@ def round_command(
         str | None, typer.Option("--base-url", help="OpenAI-compatible endpoint (key from OPENAI_API_KEY).")
     ] = None,
     cache: Annotated[CacheMode, CacheOption] = CacheMode.record,
+    full_runs: Annotated[
+        bool,
+        typer.Option(
+            "--full-runs",
+            help="Run every candidate run from its start, asking the model at each decision, instead of "
+            "starting it from the baseline's recorded run of the same scenario (replay-first, the default: "
+            "[objective] replay_first). For a model whose answer depends on anything besides the request.",
+        ),
+    ] = False,
     allow_insecure_github: Annotated[
         bool,
         typer.Option(
@@ -100,7 +102,9 @@ def round_command(
 
     Each round diagnoses the training failures, proposes one change, gates it, replays it on train
     then held-out k times, applies the promotion rule, records the CHANGELOG entry, and opens a pull
-    request for a recommended candidate (or leaves a branch and reports/<round>/pr.md). The sealed
+    request for a recommended candidate (or leaves a branch and reports/<round>/pr.md). Each candidate
+    run starts from the baseline's recorded run of the same scenario and sample, and asks the model
+    only where its path departs from it (replay-first; --full-runs turns it off). The sealed
     test split is never read. Each entry counts the rounds that read the held-out set ("held-out read N
     times", per set: a changed held-out set starts again), and warns past the reads n held-out
     scenarios support, 1 + floor(2 n eps^2 / ln 2) with eps = held_out_bias of improve.toml's
@@ -117,7 +121,10 @@ def round_command(
         improve round --policy v0 --env refunds --k 3 --rounds 3
         improve round --policy v3 --model fast --max-usd 2 --cache record
         improve round --policy v0 --k 10 --executor dask://127.0.0.1:8786
+        improve round --policy v3 --model local-llm --full-runs
     """
+    from improve.loop import RoundOptions, round_lines, run_rounds
+
     with handled(), ExitStack() as stack:
         space = workspace(ws)
         fanout = stack.enter_context(executor_for(space, executor))
@@ -134,6 +141,7 @@ def round_command(
             cache=cache.value,
             max_usd=max_usd,
             allow_insecure_github=allow_insecure_github,
+            replay_first=False if full_runs else None,
         )
         records = run_rounds(space, options, rounds, say=say)
         if as_json:
@@ -205,6 +213,8 @@ def diagnose_command(
         improve diagnose --policy v0 --json
         improve ingest prod/ && improve diagnose --source production
     """
+    from improve.loop import diagnose_policy
+
     with handled():
         space = workspace(ws)
         if source == Source.production:
@@ -239,6 +249,9 @@ def diagnose_command(
 
 
 def _diagnose_production(space: Workspace, env: str | None, as_json: bool) -> None:
+    from improve.evals import Ledger
+    from improve.loop import diagnose_production
+
     environment = space.environment(env)
     with Ledger(space, environment) as ledger:
         found = diagnose_production(ledger.con, environment.name)
@@ -307,6 +320,8 @@ def report_command(
 
         improve report 20261130-155524-refunds-v3 --html --out build/v3.html
     """
+    from improve.loop import find_round, write_round_page
+
     with handled():
         space = workspace(ws)
         if out_file is not None and not html:

@@ -5,34 +5,24 @@ from __future__ import annotations
 import os
 from importlib import metadata
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.table import Table
 
 from improve import DISTRIBUTION
 from improve.cli.common import emit_json, err, out, workspace
 from improve.errors import ConfigError, WorkspaceError
-from improve.evals import OutcomeRow
-from improve.warehouse import (
-    OTLP_PROJECT,
-    RunOutcome,
-    SendReport,
-    ThreadRun,
-    export_requests,
-    file_threads,
-    headers_from_env,
-    open_database,
-    request_json,
-    selected_thread_ids,
-    send_requests,
-    traces_url,
-    warehouse_threads,
-    write_json_lines,
-)
+
+if TYPE_CHECKING:
+    from improve.evals import OutcomeRow
+    from improve.warehouse import RunOutcome, SendReport
 
 FILE_NAME = "traces.jsonl"
 
 
 def _outcome(row: OutcomeRow | None) -> RunOutcome | None:
+    from improve.warehouse import RunOutcome
+
     if row is None:
         return None
     return RunOutcome(
@@ -68,6 +58,21 @@ def export_otlp(
     as_json: bool,
     ws: Path | None,
 ) -> None:
+    from improve.warehouse import (
+        OTLP_PROJECT,
+        ThreadRun,
+        export_requests,
+        file_threads,
+        headers_from_env,
+        open_database,
+        request_json,
+        selected_thread_ids,
+        send_requests,
+        traces_url,
+        warehouse_threads,
+        write_json_lines,
+    )
+
     if batch < 1:
         raise ConfigError(f"--batch must be at least 1 thread per request, got {batch}")
     headers: dict[str, str] = {}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
@@ -26,16 +26,14 @@ from improve.cli.common import (
 )
 from improve.cli.help import Command, Group
 from improve.errors import SealedSplitError, WorkspaceError
-from improve.evals import SEALED_SPLIT, UNSEAL_HOW
-from improve.parity import (
-    DEFAULT_MODELS,
-    DEFAULT_RUN_TIMEOUT,
-    REVIEWED_FILE,
-    ParityReport,
-    compare,
-    load_reviewed,
-    resolve_side,
-)
+
+if TYPE_CHECKING:
+    from improve.parity import ParityReport
+
+# The parity package's defaults, written out so that `--help` imports no parity (nor the evaluation
+# package below it); tests/test_cli.py holds them equal to the library's.
+DEFAULT_RUN_TIMEOUT = 300.0
+REVIEWED_FILE = "parity-reviewed.yaml"
 
 app = typer.Typer(
     name="parity",
@@ -115,6 +113,9 @@ def compare_command(
         parity compare improve.examples.refunds.legacy:run v0
         parity compare v0 v1 --executor dask://127.0.0.1:8786
     """
+    from improve.evals import SEALED_SPLIT, UNSEAL_HOW
+    from improve.parity import DEFAULT_MODELS, compare, load_reviewed, resolve_side
+
     with handled():
         space = workspace(ws)
         env_name = space.env_name(env)

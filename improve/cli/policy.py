@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
@@ -21,29 +21,11 @@ from improve.cli.common import (
     workspace,
 )
 from improve.errors import MachineConfigError, WorkspaceError
-from improve.evals import Workspace
-from improve.files import write_atomic
-from improve.log import JsonlDirStore
-from improve.loop import (
-    GATE_NAMES,
-    EnvironmentGate,
-    ExploreGate,
-    GateContext,
-    Unparsed,
-    gates_for,
-    passed,
-    probe_requests,
-    run_gates,
-)
-from improve.machine import (
-    ExploreOptions,
-    ExploreResult,
-    MachineConfig,
-    can_reach,
-    explore_paths,
-    loads_document,
-)
-from improve.runtime import Environment, read_document_text, resume_proof, vocabulary
+
+if TYPE_CHECKING:
+    from improve.evals import Workspace
+    from improve.machine import ExploreResult
+    from improve.runtime import Environment
 
 LOCK_NAME = "environment.lock.json"
 
@@ -61,6 +43,10 @@ def recorded_hashes(space: Workspace, env_name: str) -> dict[str, str] | None:
 
 
 def _policy_document(space: Workspace, env_name: str, ref: str) -> tuple[Any, str]:
+    from improve.loop import Unparsed
+    from improve.machine import loads_document
+    from improve.runtime import read_document_text
+
     path = space.policy_path(env_name, ref)
     if not path.exists():
         raise WorkspaceError(f"policy {ref!r} not found at {path}")
@@ -83,14 +69,18 @@ def verify_command(
 ) -> None:
     """Run the gates on a policy, in order, stopping at the first failure; exit 1 when one fails.
 
-    Gates: {gates}; then, by name, the workspace's own (gates in improve.toml) and those installed
-    packages register. {environment} compares with policies/<env>/environment.lock.json when present;
-    {explore} probes with the training scenarios' recorded decisions.
+    Gates: environment-unchanged, validate, vocabulary, lower, lint, explore, overfit, interactions;
+    then, by name, the workspace's own (gates in improve.toml) and those installed packages register.
+    environment-unchanged compares with policies/<env>/environment.lock.json when present; explore
+    probes with the training scenarios' recorded decisions.
 
     Example:
 
         improve verify v1 --env refunds
     """
+    from improve.log import JsonlDirStore
+    from improve.loop import GateContext, gates_for, passed, probe_requests, run_gates
+
     with handled():
         space = workspace(ws)
         env_name = space.env_name(env)
@@ -122,12 +112,6 @@ def verify_command(
             raise typer.Exit(EXIT_FAILED)
 
 
-# The names come from the gates themselves, so the help never lists a gate that does not run.
-verify_command.__doc__ = (verify_command.__doc__ or "").format(
-    gates=", ".join(GATE_NAMES), environment=EnvironmentGate.name, explore=ExploreGate.name
-)
-
-
 def vocabulary_command(
     env: Annotated[str | None, EnvOption] = None,
     as_json: Annotated[bool, JsonOption] = False,
@@ -139,6 +123,8 @@ def vocabulary_command(
 
         improve vocabulary --env refunds --json
     """
+    from improve.runtime import vocabulary
+
     with handled():
         space = workspace(ws)
         words = vocabulary(space.environment(env))
@@ -184,6 +170,9 @@ def explore_command(
         improve explore --env refunds --target illegallyIssued --input \\
             '{"ticket":"x","customerId":"C-1","orderId":"O-1","amount":240}'
     """
+    from improve.machine import ExploreOptions, can_reach, explore_paths
+    from improve.runtime import resume_proof
+
     with handled():
         space = workspace(ws)
         environment = space.environment(env)
@@ -276,6 +265,8 @@ def schema_command(
 
         improve schema policy > policy.schema.json
     """
+    from improve.machine import MachineConfig
+
     with handled():
         if what not in ("policy", "machine"):
             raise WorkspaceError(f"unknown schema {what!r}; use policy or machine")
@@ -296,6 +287,8 @@ def lock_command(
 
         improve lock --env refunds
     """
+    from improve.files import write_atomic
+
     with handled():
         space = workspace(ws)
         env_name = space.env_name(env)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -21,22 +21,19 @@ from improve.cli.common import (
     workspace,
 )
 from improve.errors import DivergenceError, LogError, TamperError, WorkspaceError
-from improve.evals import Workspace
-from improve.log import (
-    EntryView,
-    JsonlDirStore,
-    gc_paused,
-    head,
-    read_file_threads,
-)
-from improve.log import replay as replay_thread
-from improve.runtime import Environment
+
+if TYPE_CHECKING:
+    from improve.evals import Workspace
+    from improve.log import EntryView
+    from improve.runtime import Environment
 
 
 def _threads_from(args: list[str], traces: Path) -> Iterator[tuple[str, Sequence[EntryView]]]:
     """Files (one thread or many with `threadId`), directories of them, or thread ids in traces/,
     checked up front and then read one thread at a time through the bulk decode path, so replaying a
     million entries holds about one thread of them at once."""
+    from improve.log import JsonlDirStore, read_file_threads
+
     sources: list[tuple[str, str]] = []
     for arg in args:
         path = Path(arg)
@@ -68,6 +65,8 @@ def _threads_from(args: list[str], traces: Path) -> Iterator[tuple[str, Sequence
 
 def _paused(threads: Iterator[tuple[str, Sequence[EntryView]]]) -> Iterator[tuple[str, Sequence[EntryView]]]:
     """Each thread read with the cyclic collector paused (see `gc_paused`); replay runs with it on."""
+    from improve.log import gc_paused
+
     while True:
         with gc_paused():
             thread = next(threads, None)
@@ -123,6 +122,9 @@ def replay_command(
 
         improve replay train:v0:naive:small-refund-01:r1 --verify
     """
+    from improve.log import head
+    from improve.log import replay as replay_thread
+
     with handled():
         space = workspace(ws)
         threads = _paused(_threads_from(targets, space.traces))

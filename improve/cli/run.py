@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import asdict
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
@@ -26,22 +26,9 @@ from improve.cli.common import (
     workspace,
 )
 from improve.errors import EndpointError, SealedSplitError, WorkspaceError
-from improve.evals import (
-    SEALED_SPLIT,
-    UNSEAL_HOW,
-    Ledger,
-    OutcomeRow,
-    UnsealedScore,
-    check_unsealable,
-    fallbacks,
-    policy_label,
-    scorecard,
-    suite_spec,
-    write_threads,
-)
-from improve.evals import unseal as unseal_test
-from improve.llm import Meter
-from improve.log import JsonlDirStore
+
+if TYPE_CHECKING:
+    from improve.evals import OutcomeRow
 
 
 def run_command(
@@ -106,6 +93,22 @@ def run_command(
             --suspend
         improve run --split train --k 10 --executor dask://127.0.0.1:8786
     """
+    from improve.evals import (
+        SEALED_SPLIT,
+        UNSEAL_HOW,
+        Ledger,
+        UnsealedScore,
+        check_unsealable,
+        fallbacks,
+        policy_label,
+        scorecard,
+        suite_spec,
+        write_threads,
+    )
+    from improve.evals import unseal as unseal_test
+    from improve.llm import Meter
+    from improve.log import JsonlDirStore
+
     with handled():
         space = workspace(ws)
         env_name = space.env_name(env)

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
 
 from improve.cli.common import JsonOption, emit_json, err, handled, out
 from improve.cli.help import Command, Group
-from improve.examples.tool_loop.tape_replay import TapeReplay, replay_tapes
+
+if TYPE_CHECKING:
+    from improve.examples.tool_loop.tape_replay import TapeReplay
 
 tape_app = typer.Typer(
     cls=Group,
@@ -44,6 +46,8 @@ def replay_command(
 
         improve tape replay ~/opencli/tapes/ --json
     """
+    from improve.examples.tool_loop.tape_replay import replay_tapes
+
     with handled():
         replays = replay_tapes(paths, progress=lambda path: err.print(f"replaying {path}", markup=False))
         if as_json:

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
-import duckdb
 import typer
 from rich.table import Table
 
@@ -21,26 +20,13 @@ from improve.cli.common import (
     workspace,
 )
 from improve.errors import WorkspaceError
-from improve.evals import refresh_outcomes
-from improve.log import MAX_LINE_BYTES
-from improve.warehouse import (
-    FORMATS,
-    OTLP_FORMAT,
-    PARTITION_KEYS,
-    cell_text,
-    damaged,
-    expand_paths,
-    export_lake,
-    ingest,
-    ingest_otlp,
-    open_database,
-    open_lake,
-    query_readonly,
-    render_csv,
-    render_json,
-    render_markdown,
-    schema_doc,
-)
+
+if TYPE_CHECKING:
+    import duckdb
+
+# The log's line limit, written out so that `--help` imports neither the log nor the warehouse (DuckDB alone
+# takes longer to import than the whole help); tests/test_cli.py holds it equal to the library's.
+MAX_LINE_BYTES = 8 << 20
 
 DbOption = typer.Option("--db", help="Warehouse file (default: the workspace's traces/traces.duckdb).")
 
@@ -105,6 +91,11 @@ def ingest_command(
         improve ingest --format normalize ~/normalize-agent/logs
         improve ingest --format otlp phoenix-export.jsonl
     """
+    import duckdb
+
+    from improve.evals import refresh_outcomes
+    from improve.warehouse import OTLP_FORMAT, damaged, expand_paths, ingest, ingest_otlp, open_database
+
     with handled("interrupted: a batch is committed whole or not at all; run the command again to finish"):
         space = workspace(ws)
         target = db or space.warehouse
@@ -238,6 +229,8 @@ def sql_command(
         improve sql --lake lake/ \\
             "SELECT policy_version, avg(passed::INT) FROM outcomes GROUP BY ALL"
     """
+    from improve.warehouse import FORMATS, open_database, open_lake
+
     with handled():
         if fmt not in FORMATS:
             raise WorkspaceError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
@@ -260,6 +253,18 @@ def sql_command(
 
 
 def _sql(con: duckdb.DuckDBPyConnection, statement: str | None, fmt: str, schema: bool, source: Path) -> None:
+    import duckdb
+
+    from improve.warehouse import (
+        cell_text,
+        damaged,
+        query_readonly,
+        render_csv,
+        render_json,
+        render_markdown,
+        schema_doc,
+    )
+
     if schema:
         doc = schema_doc(con)
         if fmt == "json":
@@ -380,6 +385,8 @@ def export_command(
         improve export --format otlp --endpoint http://localhost:6006 \\
             --project refunds-v3 train:v3:
     """
+    from improve.warehouse import OTLP_FORMAT, PARTITION_KEYS, export_lake, open_database
+
     with handled():
         if fmt == OTLP_FORMAT:
             from improve.cli.otlp import export_otlp

@@ -3,7 +3,7 @@
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from improve.evals.cluster import EXECUTOR_HELP, ExecutorChoice, open_fanout, parse_executor
+from improve.evals.cluster import ExecutorChoice, open_fanout, parse_executor
 from improve.evals.fanout import Fanout, ModelGate
 from improve.evals.from_thread import find_thread, scenario_from_thread
 from improve.evals.holdout import HeldOutRead, bias_bound, scenarios_needed, set_key, supported_reads
@@ -31,6 +31,7 @@ from improve.evals.scenarios import (
 )
 from improve.evals.suite import (
     PlannedRun,
+    StartFrom,
     SuiteSpec,
     every,
     run_scenario,
@@ -56,7 +57,7 @@ from improve.evals.workspace import CONFIG_NAME, Workspace, policy_hash, policy_
 
 if TYPE_CHECKING:
     from improve.evals.charts import VersionScore, category_chart, history_chart, svg_chart
-    from improve.evals.ledger import OUTCOMES_SQL, Ledger, Recorded
+    from improve.evals.ledger import OUTCOMES_SQL, Ledger, Production, Recorded
     from improve.evals.materialize import refresh_outcomes, score_threads
     from improve.evals.promotion import Check, PromotionDecision, decide, gain_phrase, p_value
     from improve.evals.report import describe_model, scorecard_markdown
@@ -70,7 +71,7 @@ if TYPE_CHECKING:
         scorecard_from_json,
     )
 
-# Scorecards, the promotion rule and reports need numpy and scipy, materializing outcomes needs
+# Scorecards, the promotion rule and reports need numpy, materializing outcomes needs
 # DuckDB: each is imported when one of its names is first asked for, so a command that uses
 # none of them starts without loading them.
 _LAZY = {
@@ -96,6 +97,7 @@ _LAZY = {
     "score_threads": "improve.evals.materialize",
     "Ledger": "improve.evals.ledger",
     "Recorded": "improve.evals.ledger",
+    "Production": "improve.evals.ledger",
     "OUTCOMES_SQL": "improve.evals.ledger",
     "scorecard": "improve.evals.scorecards",
     "scorecard_from_json": "improve.evals.scorecards",
@@ -113,7 +115,6 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "CONFIG_NAME",
-    "EXECUTOR_HELP",
     "OPEN_SPLITS",
     "OUTCOMES_SQL",
     "SEALED_SPLIT",
@@ -132,6 +133,7 @@ __all__ = [
     "ModelGate",
     "OutcomeRow",
     "PlannedRun",
+    "Production",
     "PromotionDecision",
     "Quarantined",
     "Recorded",
@@ -142,6 +144,7 @@ __all__ = [
     "ScenarioSet",
     "Scorecard",
     "Settled",
+    "StartFrom",
     "SuiteSpec",
     "Unsealed",
     "UnsealedScore",

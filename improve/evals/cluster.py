@@ -25,11 +25,6 @@ from improve.evals.fanout import Fanout
 
 LOCAL = "local"
 DASK_SCHEME = "dask://"
-EXECUTOR_HELP = (
-    "local (threads of this process, the default) or dask://HOST:PORT, a Dask distributed scheduler "
-    "whose workers run the scenarios in batches (pip install 'improve-agents[cluster]'); default from improve.toml "
-    "[workspace] executor."
-)
 CONNECT_TIMEOUT_S = 10.0
 """Seconds to reach the scheduler, and then to see at least one worker."""
 

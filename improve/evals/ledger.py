@@ -22,9 +22,9 @@ from improve import clock
 from improve.evals.outcome import OutcomeRow, Quarantined
 from improve.evals.scenarios import Scenario
 from improve.evals.workspace import Workspace
-from improve.log import JsonlDirStore
+from improve.log import JsonlDirStore, LogEntry
 from improve.runtime import Environment
-from improve.warehouse import ingest, open_database
+from improve.warehouse import COLUMNS, ingest, open_database, row_entry
 
 OUTCOMES_SQL = """
 SELECT thread_id, scenario, category, split, policy_version, run, status, final_state, output,
@@ -35,6 +35,15 @@ WHERE list_contains($threads, thread_id)
 ORDER BY thread_id
 """
 """The rows a score, a diagnosis or a round reads: one per verified thread of the ones it ran."""
+
+PRODUCTION_THREADS_SQL = """
+SELECT o.thread_id, max(e.recorded_at) AS last
+FROM outcomes o JOIN entries e USING (thread_id)
+WHERE o.environment = $environment AND o.expected_outcome IS NULL AND coalesce(o.split, '') != 'test'
+GROUP BY o.thread_id
+ORDER BY last DESC, o.thread_id
+"""
+"""An environment's production threads (verified, unlabelled, never the sealed test split), newest first."""
 
 QUARANTINE_SQL = (
     "SELECT thread_id, reason FROM quarantine WHERE list_contains($threads, thread_id) ORDER BY thread_id"
@@ -64,6 +73,14 @@ class Recorded:
             f"set aside {len(self.quarantined)} thread(s) whose replay does not verify (see the quarantine "
             f"table), e.g. {first.thread_id}: {first.reason}"
         )
+
+
+@dataclass(frozen=True)
+class Production:
+    """Production threads read from the warehouse: how many it holds, and the newest, with their entries."""
+
+    available: int
+    threads: list[tuple[str, list[LogEntry]]]
 
 
 class Ledger:
@@ -185,6 +202,21 @@ class Ledger:
         found = {row.thread_id: row for row in map(_row, self.con.execute(OUTCOMES_SQL, params).fetchall())}
         quarantined = [Quarantined(*r) for r in self.con.execute(QUARANTINE_SQL, params).fetchall()]
         return Recorded([found[t] for t in thread_ids if t in found], quarantined, list(thread_ids))
+
+    def production(self, limit: int) -> Production:
+        """The `limit` most recent production threads of the environment (by their last entry), with
+        their entries, and how many the warehouse holds."""
+        found = self.con.execute(PRODUCTION_THREADS_SQL, {"environment": self.env.name}).fetchall()
+        newest = [str(r[0]) for r in found[:limit]]
+        threads: dict[str, list[LogEntry]] = {t: [] for t in newest}
+        if newest:
+            rows = self.con.execute(
+                f'SELECT {COLUMNS} FROM entries WHERE list_contains($ids, thread_id) ORDER BY thread_id, "index"',
+                {"ids": newest},
+            ).fetchall()
+            for row in rows:
+                threads[str(row[0])].append(row_entry(row))
+        return Production(len(found), [(t, threads[t]) for t in newest])
 
     def recorded(self, prefix: str) -> list[str]:
         """Thread ids in the workspace's traces starting with `prefix` (`train:v3:naive:`)."""

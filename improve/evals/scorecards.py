@@ -4,7 +4,7 @@ The unit of analysis is the scenario, not the run: each scenario's pass fraction
 paired per-scenario differences between two versions. The promotion rule decides with exact tests on
 the pass counts (`improve.evals.exact`): the stratified conditional test of the gain, and a one-sided
 Fisher test per scenario for a drop. Beside them, descriptive figures the rule does not use: the
-bootstrap confidence interval of the mean difference (scipy), the sign test and the Wilcoxon
+bootstrap confidence interval of the mean difference, the sign test and the Wilcoxon
 signed-rank test, and wins / ties / losses. Every resampling is seeded; the seed is part of the result,
 so a scorecard reproduces.
 """
@@ -12,11 +12,11 @@ so a scorecard reproduces.
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
-from math import comb
+from math import comb, sqrt
+from statistics import NormalDist
 from typing import TYPE_CHECKING, Any
 
 from improve.errors import ConfigError
@@ -297,10 +297,14 @@ def bootstrap_ci(
     diffs: np.ndarray[Any, Any], confidence: float, resamples: int, seed: int
 ) -> tuple[float, float, str]:
     """BCa bootstrap interval of the mean, percentile when BCa is degenerate; exact when all equal;
-    none (the mean twice, "skipped") with 0 resamples: the interval is descriptive, no rule reads it."""
-    # numpy and scipy take half a second to import: only the commands that compare pay for them.
+    none (the mean twice, "skipped") with 0 resamples: the interval is descriptive, no rule reads it.
+
+    The computation of `scipy.stats.bootstrap` (one batch of `resamples` resamples drawn by
+    `numpy.random.default_rng(seed).integers`, the jackknife's acceleration, linear quantiles), in
+    numpy and the standard library: importing scipy.stats would cost a round more than the rest of its
+    statistics (tests/test_scorecard.py checks the two agree)."""
+    # numpy takes a tenth of a second to import: only the commands that compare pay for it.
     import numpy as np
-    from scipy import stats
 
     if len(diffs) == 0:
         return 0.0, 0.0, "empty"
@@ -308,21 +312,62 @@ def bootstrap_ci(
         return float(diffs[0]), float(diffs[0]), "constant"
     if resamples == 0:
         return float(np.mean(diffs)), float(np.mean(diffs)), "skipped"
-    for method in ("BCa", "percentile"):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            result = stats.bootstrap(
-                (diffs,),
-                np.mean,
-                confidence_level=confidence,
-                n_resamples=resamples,
-                method=method,
-                random_state=np.random.default_rng(seed),
-            )
-        low, high = float(result.confidence_interval.low), float(result.confidence_interval.high)
+    n = len(diffs)
+    means = diffs[np.random.default_rng(seed).integers(0, n, (resamples, n))].mean(axis=-1)
+    alpha = (1 - confidence) / 2
+    bca = _bca_levels(diffs, means, alpha)
+    for method, levels in (("BCa", bca), ("percentile", (alpha, 1 - alpha))):
+        if levels is None:
+            continue
+        low, high = (float(x) for x in np.percentile(means, [100 * levels[0], 100 * levels[1]]))
         if np.isfinite(low) and np.isfinite(high):
             return low, high, method
     return float(np.mean(diffs)), float(np.mean(diffs)), "degenerate"
+
+
+def _bca_levels(
+    diffs: np.ndarray[Any, Any], means: np.ndarray[Any, Any], alpha: float
+) -> tuple[float, float] | None:
+    """The bias-corrected and accelerated quantile levels of the bootstrap means (Efron and Tibshirani
+    14.3, 15.4), or None when they are not defined (the bootstrap or the jackknife is degenerate)."""
+    import numpy as np
+
+    normal = NormalDist()
+    theta = float(np.mean(diffs))
+    below = (np.count_nonzero(means < theta) + np.count_nonzero(means <= theta)) / (2 * len(means))
+    n = len(diffs)
+    keep = ~np.eye(n, dtype=bool)
+    jackknife = np.broadcast_to(diffs, (n, n))[keep].reshape(n, n - 1).mean(axis=-1)
+    u = (n - 1) * (jackknife.mean() - jackknife)
+    spread = float(np.sum(u**2)) / n**2
+    if not 0 < below < 1 or spread == 0:
+        return None
+    z0 = normal.inv_cdf(below)
+    accel = float(np.sum(u**3)) / n**3 / 6 / spread**1.5
+    levels = []
+    for z in (normal.inv_cdf(alpha), -normal.inv_cdf(alpha)):
+        shifted = z0 + z
+        if accel * shifted == 1:
+            return None
+        levels.append(normal.cdf(z0 + shifted / (1 - accel * shifted)))
+    return levels[0], levels[1]
+
+
+def wilcoxon_p(diffs: np.ndarray[Any, Any]) -> float:
+    """The two-sided Wilcoxon signed-rank test's p-value, by its normal approximation, zeros split
+    between the signs and ties averaged (`scipy.stats.wilcoxon(diffs, zero_method="zsplit",
+    method="asymptotic")`, in numpy: no scipy import for a descriptive figure)."""
+    import numpy as np
+
+    n = len(diffs)
+    _, group, sizes = np.unique(np.abs(diffs), return_inverse=True, return_counts=True)
+    ranks = (np.cumsum(sizes) - sizes + (sizes + 1) / 2)[group]
+    positive = float(ranks[diffs > 0].sum() + ranks[diffs == 0].sum() / 2)
+    spread = (n * (n + 1) * (2 * n + 1) - float(np.sum(sizes**3 - sizes)) / 2) / 24
+    if spread <= 0:
+        return 1.0
+    z = (positive - n * (n + 1) / 4) / sqrt(spread)
+    return min(1.0, 2 * NormalDist().cdf(-abs(z)))
 
 
 def _sign_test(wins: int, losses: int) -> float:
@@ -349,7 +394,6 @@ def compare(
     of each scenario's candidate passes under the design that produced the runs (the sequential reruns'
     `Reruns.nulls`); by default k fixed runs, each scenario's hypergeometric distribution."""
     import numpy as np
-    from scipy import stats
 
     base, cand = baseline.by_id(), candidate.by_id()
     if set(base) != set(cand):
@@ -370,12 +414,7 @@ def compare(
     low, high, method = bootstrap_ci(diffs, confidence, resamples, seed)
     wins, losses = int(np.sum(diffs > 0)), int(np.sum(diffs < 0))
     sign_p = _sign_test(wins, losses)
-    if np.any(diffs != 0):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            wilcoxon_p = float(stats.wilcoxon(diffs, zero_method="zsplit", method="asymptotic").pvalue)
-    else:
-        wilcoxon_p = 1.0
+    signed_rank_p = wilcoxon_p(diffs) if np.any(diffs != 0) else 1.0
     changed = [
         Change(
             i,
@@ -410,7 +449,7 @@ def compare(
         seed=seed,
         method=method,
         sign_p=sign_p,
-        wilcoxon_p=wilcoxon_p,
+        wilcoxon_p=signed_rank_p,
         wins=wins,
         ties=len(ids) - wins - losses,
         losses=losses,

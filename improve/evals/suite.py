@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import functools
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +33,8 @@ from improve.runtime import (
     EnvironmentRef,
     ModelFactory,
     PolicyDecider,
+    RecordedRun,
+    ReplayFirstDecider,
     RunResult,
     compile_policy,
     run,
@@ -143,6 +145,26 @@ def suite_spec(
     )
 
 
+Recordings = Callable[[Scenario, int], RecordedRun | None]
+"""The recorded run a (scenario, run number) starts from (replay-first), or None to run it from scratch."""
+
+
+@dataclass(frozen=True)
+class StartFrom:
+    """The baseline's runs a candidate's runs start from (replay-first, `improve.runtime.replay_first`):
+    the verified baseline thread of each (scenario, run number), read from `store` as its run starts."""
+
+    store: Store
+    threads: Mapping[tuple[str, int], str]
+
+    def recorded(self, scenario: Scenario, run_number: int) -> RecordedRun | None:
+        thread_id = self.threads.get((scenario.id, run_number))
+        if thread_id is None:
+            return None
+        entries = self.store.read(thread_id) if self.store.exists(thread_id) else []
+        return RecordedRun.of(thread_id, entries) if entries else None
+
+
 @dataclass(frozen=True)
 class RunBatch:
     """Runs for one task of an executor: picklable, so a process pool or a Dask worker can take it."""
@@ -154,6 +176,8 @@ class RunBatch:
     concurrency: int = 1
     """Runs of the batch in flight at once in the worker (they wait on models)."""
     gate: ModelGate | None = None
+    recorded: tuple[RecordedRun | None, ...] = ()
+    """For replay-first runs: the recorded run each of `runs` starts from (read by the caller)."""
 
 
 @dataclass(frozen=True)
@@ -180,12 +204,17 @@ def execute_batch(batch: RunBatch) -> BatchResult:
     spec = batch.spec
     meter = Meter()
     store = MemoryStore()
-    runner = functools.partial(_run_one, models=spec.model_factory(env, meter, batch.gate))
+    recorded = {(sc.id, n): r for (sc, n), r in zip(batch.runs, batch.recorded, strict=False)}
+    runner = functools.partial(
+        _run_one,
+        models=spec.model_factory(env, meter, batch.gate),
+        recordings=(lambda sc, n: recorded.get((sc.id, n))) if recorded else None,
+    )
     policy = compile_policy(spec.policy, env.judgments, env.policy_guards)
     todo = list(batch.runs)
     asyncio.run(_run_concurrently(runner, env, policy, todo, spec, store, max(1, batch.concurrency), None))
     threads = [WrittenThread(tid, store.read(tid)) for tid in (spec.thread_id(sc, n) for sc, n in todo)]
-    if spec.model_spec is None:
+    if spec.model_spec is None and not meter.reused:
         return BatchResult(threads)
     return BatchResult(threads, meter.to_json(), tuple(sorted(meter.fingerprints)))
 
@@ -199,9 +228,10 @@ def run_scenario(
     stamp: dict[str, Any] | None = None,
     max_model_calls: int = DEFAULT_MAX_MODEL_CALLS,
     people: bool = True,
+    note: Callable[[], dict[str, Any]] | None = None,
 ) -> RunResult:
     """One run of a scenario: its input, a fresh world from its fixture, its people script (`people`
-    False: nobody answers, and the run stops at its first wait)."""
+    False: nobody answers, and the run stops at its first wait); `note`, its end entry's metadata."""
     return run(
         env,
         input=scenario.input,
@@ -212,6 +242,7 @@ def run_scenario(
         thread_id=thread_id,
         stamp=stamp,
         max_model_calls=max_model_calls,
+        note=note,
     )
 
 
@@ -224,6 +255,7 @@ def _run_one(
     store: Store,
     models: ModelFactory,
     meter: Meter | None = None,
+    recordings: Recordings | None = None,
 ) -> None:
     # Checked before anything is written: a run that does not start leaves no thread behind.
     if meter is not None and meter.over_limit():
@@ -233,10 +265,19 @@ def _run_one(
         store.delete(thread_id)
     # A fresh model per run, seeded by scenario and run: reproducible, and runs differ.
     model = models(f"{scenario.id}:r{run_number}")
-    decider = PolicyDecider(policy, {"decider": model}, env.judgments)
+    recorded = recordings(scenario, run_number) if recordings is not None else None
+    decider: PolicyDecider
+    note: Callable[[], dict[str, Any]] | None = None
+    if recorded is not None:
+        decider = ReplayFirstDecider(policy, {"decider": model}, env.judgments, recorded)
+        note = decider.note
+    else:
+        decider = PolicyDecider(policy, {"decider": model}, env.judgments)
     stamp = spec.stamp(env, scenario, run_number)
     try:
-        run_scenario(env, scenario, decider, store, thread_id, stamp, spec.max_model_calls, spec.people)
+        run_scenario(env, scenario, decider, store, thread_id, stamp, spec.max_model_calls, spec.people, note)
+        if meter is not None and isinstance(decider, ReplayFirstDecider):
+            meter.reuse(decider.reused)
     except (ImproveError, OSError):
         # A run that cannot finish (a recorded call missing on replay, a store failure, a full disk)
         # leaves no half-written thread: a later command runs it again from the start.
@@ -282,6 +323,7 @@ def write_threads(
     models: ModelFactory | None = None,
     runs: Sequence[int] | None = None,
     compiled: Any = None,
+    start_from: StartFrom | None = None,
 ) -> list[PlannedRun]:
     """Run every scenario k times (reusing threads recorded with this stamp), journaling one thread
     per run; the runs in planned order. `runs` are other run numbers to make instead of 1..k (the
@@ -297,7 +339,8 @@ def write_threads(
     `models` makes each run's model (default: `spec.model_factory`); a round passes one factory to
     all its suites, so they share one chat session: its fallback, its meter, its fingerprints.
     `compiled`: the policy already compiled with the environment's judgments and guards (a round's
-    gates compiled the candidate), so it is not compiled again.
+    gates compiled the candidate), so it is not compiled again. `start_from`: the recorded runs these
+    runs start from, replay-first (a round's candidate starts from the baseline's runs).
     """
     models = models or spec.model_factory(env, meter)
     policy = (
@@ -314,9 +357,10 @@ def write_threads(
                 recorded[spec.thread_id(sc, n)] = entries
     todo = [(sc, n) for sc, n in planned if spec.thread_id(sc, n) not in recorded]
     if executor is not None and todo:
-        _fan_out(Fanout.of(executor), env, spec, store, todo, max(1, concurrency), ran, meter)
+        _fan_out(Fanout.of(executor), env, spec, store, todo, max(1, concurrency), ran, meter, start_from)
     elif todo:
-        runner = functools.partial(_run_one, models=models, meter=meter)
+        recordings = start_from.recorded if start_from is not None else None
+        runner = functools.partial(_run_one, models=models, meter=meter, recordings=recordings)
         asyncio.run(_run_concurrently(runner, env, policy, todo, spec, store, max(1, concurrency), ran))
     plan = []
     for scenario, n in planned:
@@ -371,16 +415,19 @@ def _fan_out(
     concurrency: int,
     ran: Callable[[int, int], None] | None,
     meter: Meter | None,
+    start_from: StartFrom | None = None,
 ) -> None:
     """Send the runs to the executor in batches and write each batch's threads as it comes back."""
     # A worker loads the environment again by its registered name (an environment made in code without
     # the registry is looked up by its name there).
     ref = env.ref or EnvironmentRef(env.name)
     size = fanout.batch_size(len(todo))
-    batches = [
-        RunBatch(ref, spec, tuple(todo[i : i + size]), concurrency, fanout.gate)
-        for i in range(0, len(todo), size)
-    ]
+    batches = []
+    for i in range(0, len(todo), size):
+        runs = tuple(todo[i : i + size])
+        # Read here: the workers have no access to the store.
+        recorded = tuple(start_from.recorded(sc, n) for sc, n in runs) if start_from is not None else ()
+        batches.append(RunBatch(ref, spec, runs, concurrency, fanout.gate, recorded))
     pending: deque[Future[BatchResult]] = deque()
     queued = deque(batches)
     done = 0

@@ -175,6 +175,15 @@ class ObjectiveSection(_Section):
         description="The round's cap on reruns, both policies and every scenario together (held-out scenarios "
         "are served first); the scorecard reports the extra runs made.",
     )
+    replay_first: bool = Field(
+        default=True,
+        description="A candidate's run of a scenario starts from the baseline's recorded run of the same "
+        "scenario and sample: where the candidate asks a model the very request the baseline asked, the "
+        "recorded answer is the answer (the same draw: the paired comparison shares its random numbers), "
+        "and the model is asked only what the baseline never asked. Turn it off (false, or `improve round "
+        "--full-runs`) for a model whose answer depends on anything besides the request (docs/contracts.md, "
+        "replay-first runs).",
+    )
     bootstrap_resamples: int = Field(
         default=5000,
         ge=0,

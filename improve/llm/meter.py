@@ -21,6 +21,9 @@ class Meter:
     repeated: int = 0
     """Calls this command had already made, asked again (a counterfactual run repeating a run's first
     calls): answered from this command's own recording."""
+    reused: int = 0
+    """Calls answered by the same request's recorded answer in the run a run started from (replay-first):
+    no model and no recording was asked, and they are not among `calls`."""
     failed: int = 0
     reasked: int = 0
     """Requests sent again another way, after the endpoint refused or ignored a way of asking (not
@@ -80,6 +83,10 @@ class Meter:
                 self.usd += usd
                 self.priced = True
 
+    def reuse(self, calls: int) -> None:
+        with self._lock:
+            self.reused += calls
+
     def reask(self) -> None:
         with self._lock:
             self.reasked += 1
@@ -100,6 +107,7 @@ class Meter:
             self._absorbed_live += int(counts.get("live") or 0)
             self.recorded += int(counts.get("recorded") or 0)
             self.repeated += int(counts.get("repeated") or 0)
+            self.reused += int(counts.get("reused") or 0)
             self.failed += int(counts.get("failed") or 0)
             self.reasked += int(counts.get("reasked") or 0)
             self._absorbed_reasked += int(counts.get("reasked") or 0)
@@ -135,11 +143,13 @@ class Meter:
         return self.limit_usd is not None and self.usd >= self.limit_usd
 
     def summary(self) -> str:
-        """`model calls 120 (8 recorded), tokens 53,211, $0.0213, retries 2, failed 0`."""
+        """`model calls 120 (8 recorded), tokens 53,211, $0.0213, retries 2, failed 0`; with `, 300
+        answers reused` after the calls when replay-first runs took recorded answers."""
         cost = f"${self.usd:.4f}" if self.priced else "USD unknown (no price)"
         recorded = f" ({self.recorded} recorded)" if self.recorded else ""
+        reused = f", {self.reused} answers reused" if self.reused else ""
         return (
-            f"model calls {self.calls}{recorded}, tokens {self.input_tokens + self.output_tokens:,}, {cost}, "
+            f"model calls {self.calls}{recorded}{reused}, tokens {self.input_tokens + self.output_tokens:,}, {cost}, "
             f"retries {self.retries}, failed {self.failed}"
         )
 
@@ -149,6 +159,7 @@ class Meter:
             "live": self.live,
             "recorded": self.recorded,
             "repeated": self.repeated,
+            "reused": self.reused,
             "failed": self.failed,
             "reasked": self.reasked,
             "input_tokens": self.input_tokens,

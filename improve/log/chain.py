@@ -36,10 +36,12 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+import msgspec
+
 from improve.errors import LogError, TamperError
 from improve.log.bulk import BulkEntry, EntryView, bulk_content
 from improve.log.entry import END_EVENT, SCHEMA_VERSION, LogEntry, Verification
-from improve.machine import canonical_json
+from improve.machine import canonical_bytes, decoded_canonical_bytes
 
 HASH_HEX = 32
 """Hex digits of an entryHash: the first 128 bits of the sha256."""
@@ -60,18 +62,36 @@ def entry_content(entry: EntryView) -> dict[str, Any]:
     return data
 
 
-def _link(previous: str, content_json: str) -> str:
+def content_bytes(entry: EntryView) -> bytes:
+    """`canonical_json(entry_content(entry))` as UTF-8: what the entry's hash covers, as hashed."""
+    if isinstance(entry, BulkEntry):
+        return decoded_canonical_bytes(bulk_content(entry))  # msgspec decoded it: JSON's own values
+    return canonical_bytes(entry_content(entry))
+
+
+_STRING = msgspec.json.Encoder()
+
+
+def _json_string(text: str) -> bytes:
+    """`json.dumps(text, ensure_ascii=False)` as UTF-8 (msgspec escapes a string as json does)."""
+    try:
+        return _STRING.encode(text)
+    except Exception:  # a lone surrogate: the json way raises what it raises
+        return json.dumps(text, ensure_ascii=False).encode("utf-8")
+
+
+def _link(previous: str, content: bytes) -> str:
     # canonical_json([previous, content]) without serialising the content again for every `previous`
     # (the diagnosis tries several).
-    text = "[" + json.dumps(previous, ensure_ascii=False) + "," + content_json + "]"
+    text = b"[" + _json_string(previous) + b"," + content + b"]"
     # 128 bits tell any edit apart (the chain has no key: it is evidence, not a signature) and every
     # entry of every thread carries one, so the shorter digest keeps lines and the warehouse smaller.
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:HASH_HEX]
+    return hashlib.sha256(text).hexdigest()[:HASH_HEX]
 
 
 def entry_hash(entry: EntryView, previous: str) -> str:
     """The entryHash `entry` has when it follows `previous` (an entryHash, or the thread id for entry 0)."""
-    return _link(previous, canonical_json(entry_content(entry)))
+    return _link(previous, content_bytes(entry))
 
 
 def seal(entry: LogEntry, previous: str) -> LogEntry:
@@ -126,7 +146,7 @@ def check_chain(entries: Sequence[EntryView], thread_id: str | None) -> None:
         if (
             entry.schemaVersion != SCHEMA_VERSION
             or found is None
-            or _link(previous, canonical_json(entry_content(entry))) != found
+            or _link(previous, content_bytes(entry)) != found
         ):
             raise _diagnose(entries, position, thread_id)
         previous = found
@@ -137,9 +157,9 @@ def _describe(entries: Sequence[EntryView], position: int) -> str:
     return f"entry {position} ({entry.type}, id {entry.id})"
 
 
-def _chains_after(entry: EntryView, content_json: str, previous: str) -> bool:
+def _chains_after(entry: EntryView, content: bytes, previous: str) -> bool:
     found = entry.verification.entryHash if entry.verification is not None else None
-    return found is not None and _link(previous, content_json) == found
+    return found is not None and _link(previous, content) == found
 
 
 def _diagnose(entries: Sequence[EntryView], p: int, thread_id: str) -> TamperError:
@@ -153,15 +173,15 @@ def _diagnose(entries: Sequence[EntryView], p: int, thread_id: str) -> TamperErr
 
     expected = thread_id if p == 0 else entries[p - 1].verification.entryHash  # type: ignore[union-attr]
     assert expected is not None
-    content_json = canonical_json(entry_content(entry))
+    content = content_bytes(entry)
     # Where was it written? After the thread's start, or after some other entry of the thread.
     after: int | None = None
-    if p > 0 and _chains_after(entry, content_json, thread_id):
+    if p > 0 and _chains_after(entry, content, thread_id):
         after = -1
     else:
         for q, other in enumerate(entries):
             other_hash = other.verification.entryHash if other.verification is not None else None
-            if q != p - 1 and q != p and other_hash and _chains_after(entry, content_json, other_hash):
+            if q != p - 1 and q != p and other_hash and _chains_after(entry, content, other_hash):
                 after = q
                 break
     if after is not None and after > p:
@@ -172,7 +192,7 @@ def _diagnose(entries: Sequence[EntryView], p: int, thread_id: str) -> TamperErr
         )
     if p + 1 < len(entries):
         nxt = entries[p + 1]
-        if _chains_after(nxt, canonical_json(entry_content(nxt)), expected):
+        if _chains_after(nxt, content_bytes(nxt), expected):
             return tamper(
                 "inserted",
                 "inserted: it is not part of the chain (the entry after it follows the one before it)",

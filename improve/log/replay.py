@@ -33,7 +33,7 @@ from improve.log.entry import (
     RESUME_KEY,
     USAGE_EVENT,
 )
-from improve.machine import RESUMABLE_STATUSES, Machine, Snapshot, initial, transition, wait_status
+from improve.machine import RESUMABLE_STATUSES, Fold, FoldRun, Machine, Snapshot, wait_status
 
 RunStatus = str
 """How a run ended: `done` (a final state), `waiting` (in a waiting state nobody answered: resumable;
@@ -90,6 +90,15 @@ class ReplayResult:
     @property
     def tokens(self) -> int:
         return self.input_tokens + self.output_tokens
+
+
+def _result(**fields: Any) -> ReplayResult:
+    """A `ReplayResult` of every field, built without the frozen dataclass's `__init__`, which sets each
+    of its sixteen fields through `object.__setattr__`: a tenth of replaying a short thread. It is as
+    frozen as any other (tests/test_replay.py checks that every field is given, and nothing else)."""
+    result = object.__new__(ReplayResult)
+    result.__dict__.update(fields)
+    return result
 
 
 @contextmanager
@@ -187,12 +196,16 @@ def replay(
     if not chosen:
         raise LogError("replaying a prefix of length 0: the prefix must include the @agent.init entry")
     stamp: dict[str, Any] = dict(chosen[0].metadata or {})
-    snapshot: Snapshot | None = None
+    # The fold's fast path (`Machine.fold`): the same snapshots as `initial` and `transition`, built
+    # only where one is read (a verified state hash, a resumed run's end, the result).
+    fold = machine.fold
+    run: FoldRun | None = None
     steps = calls = tokens_in = tokens_out = failed = 0
     decisions = fallbacks = 0
     asked, erred, reason = False, False, None  # the usage entries since the last event
     cost = 0.0
     ended: RunStatus | None = None
+    hashed: tuple[int, str] | None = None  # (steps, hash): an end entry repeats the state before it
     # The model-call budget in force: the stamp's from the start, each resume's from its entry on.
     budget = Budget(stamp.get("maxModelCalls"), 0)
     for entry in chosen:
@@ -205,38 +218,59 @@ def replay(
             ):  # the endpoint failed, not the answer
                 erred = True
                 reason = reason or str(event["error"])
-            calls += _count(entry, event, "calls", 1)
-            tokens_in += _count(entry, event, "inputTokens", 0)
-            tokens_out += _count(entry, event, "outputTokens", 0)
-            cost += _cost(entry, event)
+            n = event.get("calls", 1)
+            t_in = event.get("inputTokens", 0)
+            t_out = event.get("outputTokens", 0)
+            usd = event.get("costUsd", 0.0)
+            # The common case checked inline (exactly what `_count` and `_cost` accept, but for int
+            # subclasses, which they judge): a call each was a tenth of the fold of a usage entry.
+            if (
+                type(n) is int
+                and type(t_in) is int
+                and type(t_out) is int
+                and (type(usd) is float or type(usd) is int)
+                and 0 <= n <= MAX_USAGE_COUNT
+                and 0 <= t_in <= MAX_USAGE_COUNT
+                and 0 <= t_out <= MAX_USAGE_COUNT
+                and 0 <= usd <= MAX_USAGE_COUNT
+            ):
+                calls += n
+                tokens_in += t_in
+                tokens_out += t_out
+                cost += usd
+            else:
+                calls += _count(entry, event, "calls", 1)
+                tokens_in += _count(entry, event, "inputTokens", 0)
+                tokens_out += _count(entry, event, "outputTokens", 0)
+                cost += _cost(entry, event)
             continue
         if etype == END_EVENT:
             ended = str(event.get("status"))
-            if verify and snapshot is not None:
-                _check_state(entry, snapshot)
+            if verify and run is not None:
+                hashed = _check_state(entry, fold, run, steps, hashed)
                 if entry is not entries[-1]:
                     # A run stopped waiting, and was resumed after: it stopped as it says.
-                    _check_end(entry, budget.status(machine, snapshot, calls), snapshot)
+                    before = fold.snapshot(run)
+                    _check_end(entry, budget.status(machine, before, calls), before)
             continue
-        metadata = entry.metadata or {}
-        if asked and "decision" in metadata:
-            decisions += 1
-            fallbacks += erred
+        metadata = entry.metadata
+        if metadata is not None:
+            if asked and "decision" in metadata:
+                decisions += 1
+                fallbacks += erred
+            resume = metadata.get(RESUME_KEY)
+            if isinstance(resume, dict):
+                budget = Budget(resume.get("maxModelCalls"), calls)
         asked = erred = False
-        resume = metadata.get(RESUME_KEY)
-        if isinstance(resume, dict):
-            budget = Budget(resume.get("maxModelCalls"), calls)
         try:
             if etype == INIT_EVENT:
-                snapshot = initial(machine, event.get("input"))
+                run = fold.start(event.get("input"))
             else:
-                assert snapshot is not None
-                before = snapshot
-                snapshot = transition(machine, before, event)
-                if snapshot is before:
+                assert run is not None
+                if not fold.step(run, event):
                     raise LogError(
-                        f"entry {entry.index} ({etype}) is not accepted in state '{before.value}' "
-                        f"(status {before.status}): the log and the machine disagree"
+                        f"entry {entry.index} ({etype}) is not accepted in state '{run.value}' "
+                        f"(status {run.status}): the log and the machine disagree"
                     )
         except MachineError as err:
             raise LogError(f"entry {entry.index} ({etype}): {err}") from err
@@ -244,8 +278,9 @@ def replay(
         if entry.attempts:
             failed += len(entry.attempts)
         if verify:
-            _check_state(entry, snapshot)
-    assert snapshot is not None
+            hashed = _check_state(entry, fold, run, steps, hashed)
+    assert run is not None
+    snapshot = fold.snapshot(run)
     status = budget.status(machine, snapshot, calls)
     verification: Verified = "unverified"
     if verify:
@@ -257,7 +292,7 @@ def replay(
             verification = "verified"
             if len(chosen) == len(entries):
                 _check_end(entries[-1], status, snapshot)
-    return ReplayResult(
+    return _result(
         snapshot=snapshot,
         status=status,
         entries=len(chosen),
@@ -324,17 +359,23 @@ def resumable(status: Any) -> bool:
     return status in RESUMABLE_STATUSES or status == LEGACY_WAIT_STATUS
 
 
-def _check_state(entry: EntryView, snapshot: Snapshot) -> None:
-    """The journaled state hash, when the entry has one, against the snapshot replay reached."""
+def _check_state(
+    entry: EntryView, fold: Fold, run: FoldRun, steps: int, hashed: tuple[int, str] | None
+) -> tuple[int, str] | None:
+    """The journaled state hash, when the entry has one, against the snapshot replay reached (after
+    `steps` steps; `hashed` is the hash last computed and when, returned updated)."""
     journaled = entry.verification.stateHash if entry.verification is not None else None
     if journaled is None:
-        return
-    found = snapshot.hash()
+        return hashed
+    if hashed is None or hashed[0] != steps:
+        hashed = (steps, fold.hash(run))
+    found = hashed[1]
     if found != journaled:
         raise DivergenceError(
             f"entry {entry.index} ({entry.type}) diverges: the journal says state hash "
-            f"{journaled[:12]}..., replay reached {found[:12]}... in state '{snapshot.value}'"
+            f"{journaled[:12]}..., replay reached {found[:12]}... in state '{run.value}'"
         )
+    return hashed
 
 
 def _check_end(end: EntryView, status: RunStatus, snapshot: Snapshot) -> None:

@@ -14,8 +14,9 @@ threads that come back after another's.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import BinaryIO, cast
 
 import msgspec
 from pydantic import ValidationError
@@ -23,7 +24,17 @@ from pydantic import ValidationError
 from improve.errors import LogError
 from improve.log.bulk import BulkEntry, decode_entry, read_strictly
 from improve.log.entry import LogEntry, entry_problems
-from improve.log.lines import MAX_JSON_DEPTH, MAX_LINE_BYTES, LongLine, line_problem, read_lines
+from improve.log.lines import (
+    BOM,
+    MAX_JSON_DEPTH,
+    MAX_LINE_BYTES,
+    LongLine,
+    LongLineCount,
+    bracketed_lines,
+    line_problem,
+    lines_fit,
+    split_lines,
+)
 
 ThreadEntries = list[BulkEntry | LogEntry]
 
@@ -38,15 +49,114 @@ _THREAD_ONLY = msgspec.json.Decoder(_ThreadOnly)
 _key = hash  # how the first pass remembers a thread it has seen (a test makes every key collide)
 
 
-def _lines(path: Path) -> Iterator[tuple[int, bytes | LongLine]]:
-    """The non-blank lines of the file, numbered from 1, as `lines.split_lines` gives them, streamed (a
-    line past the limit as a `LongLine`: a file that is one huge line is not held in memory)."""
+_BLOCK = 1 << 20
+"""Bytes read at a time: the lines of a block are split and checked together, not one read per line."""
+
+_HELD = MAX_LINE_BYTES + 2 + len(BOM)
+"""The most of one line a reader holds (the longest line kept, its CR, its LF and a BOM before the first):
+past it, the line is a `LongLine`, counted as it is read, never held."""
+
+
+def _blocks(
+    path: Path, *, check: bool = True
+) -> Iterator[tuple[Iterable[int], Sequence[bytes | LongLine], bool]]:
+    """The lines of the file, about a MiB at a time: (their line numbers, the lines, whether every one
+    of them is short and shallow enough that a line msgspec reads has no `line_problem`: see `_decode`).
+
+    Checked (`check`), the lines are the non-blank ones, as `lines.split_lines` gives them, a line past
+    the limit as a `LongLine`. Unchecked (the first pass, which only reads thread ids), every
+    LF-separated piece is given, CR removed: a blank one is no entry, as the decoders find at once, and
+    a line past the limit, never an entry, is not given."""
     try:
         handle = path.open("rb")
     except OSError as error:
         raise LogError(f"{path}: cannot be read ({error.strerror})") from None
     with handle:
-        yield from read_lines(handle, max_bytes=MAX_LINE_BYTES)
+        first = 1  # the number of the block's first line
+        pending: list[bytes] = []  # the start of a line that goes on past the last block, read so far
+        held = 0  # its bytes
+        after = b""  # what was read past a long line's LF: the next block starts with it
+        start = True
+        while True:
+            chunk = handle.read(_BLOCK)
+            if after:
+                chunk, after = after + chunk, b""
+            cut = chunk.rfind(b"\n")
+            if chunk and cut < 0:
+                pending.append(chunk)
+                held += len(chunk)
+                if held > _HELD:  # a line past the limit (a sparse file's hole): counted, not held
+                    if start:
+                        head = b"".join(pending)
+                        if BOM.startswith(head):
+                            continue  # a BOM cut by the block (tiny blocks only): no line yet
+                        pending, start = [head.removeprefix(BOM)], False
+                    long, after = _long_line(handle, pending)
+                    if long is not None and check:
+                        yield (first,), [long], False
+                    first += 1
+                    pending, held = [], 0
+                continue
+            block = b"".join((*pending, chunk[: cut + 1])) if pending else chunk[: cut + 1]
+            if not chunk:
+                block = b"".join(pending)
+            pending = [chunk[cut + 1 :]] if cut + 1 < len(chunk) else []
+            held = len(pending[0]) if pending else 0
+            if start:  # the first block holds the file's first bytes
+                start = False
+                block = block.removeprefix(BOM)
+            if block:
+                numbers, lines, fit, breaks = _lines_of(block, first, check)
+                yield numbers, lines, fit
+                first += breaks
+            if not chunk:
+                return
+
+
+def _long_line(handle: BinaryIO, pending: list[bytes]) -> tuple[LongLine | None, bytes]:
+    """A line longer than `_HELD` whose first bytes are `pending` (no LF among them), read on to its LF:
+    the line (None when it is blank) and the bytes read past its LF."""
+    count = LongLineCount()
+    for piece in pending:
+        count.add(piece)
+    rest = b""
+    while piece := handle.read(_BLOCK):
+        cut = piece.find(b"\n")
+        if cut >= 0:
+            count.add(piece[:cut])
+            rest = piece[cut + 1 :]
+            break
+        count.add(piece)
+    return (None if count.blank else count.done()), rest
+
+
+def _lines_of(
+    block: bytes, first: int, check: bool
+) -> tuple[Iterable[int], Sequence[bytes | LongLine], bool, int]:
+    """One block's lines (see `_blocks`), the first numbered `first`, and the block's LFs."""
+    found = bracketed_lines(block, MAX_JSON_DEPTH) if check and b"\r" not in block else None
+    lines: list[bytes]
+    if not check or found is not None:
+        # Every line is one LF-separated piece (checked: each has a bracket, so none is blank); the
+        # text after the last LF, at the end of the file, is a line unless it is blank.
+        lines = block.split(b"\n")
+        breaks = len(lines) - 1
+        if not lines[-1].strip():
+            lines.pop()
+        if not check and b"\r" in block:
+            lines = [line.removesuffix(b"\r") for line in lines]
+        fit = found is not None and found[1] and lines_fit(block, MAX_LINE_BYTES)
+        return range(first, first + len(lines)), lines, fit, breaks
+    numbered = split_lines(block, bom=False)
+    numbers = [first - 1 + number for number, _ in numbered]
+    return numbers, [line for _, line in numbered], False, block.count(b"\n")
+
+
+def _lines(path: Path) -> Iterator[tuple[int, bytes | LongLine]]:
+    """The non-blank lines of the file, numbered from 1, as `lines.split_lines` gives them, streamed (a
+    line past the limit as a `LongLine`: a file that is one huge line is not held in memory)."""
+    for numbers, lines, _ in _blocks(path):
+        yield from zip(numbers, lines, strict=True)
 
 
 def _thread_of(line: bytes | LongLine, default: str) -> str | None:
@@ -83,18 +193,25 @@ def read_file_threads(path: Path) -> Iterator[tuple[str, ThreadEntries]]:
     waiting: dict[str, ThreadEntries] = {}
     closed: set[str] = set()
     current: str | None = None
-    for number, line in _lines(path):
-        entry = _decode(path, number, line)
-        thread = entry.threadId or default
-        if thread != current:
-            if current is not None and current not in returning:
-                closed.add(current)
+    bucket: ThreadEntries = []  # the current thread's entries so far
+    last = 0  # the current thread's last line, when it returns after another's; else 0
+    for numbers, lines, fit in _blocks(path):
+        for number, line in zip(numbers, lines, strict=True):
+            entry: BulkEntry | LogEntry | None = read_strictly(line) if fit and type(line) is bytes else None
+            if entry is None:
+                entry = _decode(path, number, line)
+            thread = entry.threadId or default
+            if thread != current:
+                if current is not None and current not in returning:
+                    closed.add(current)
+                    yield from _ready(waiting, closed)
+                current = thread
+                bucket = waiting.setdefault(thread, [])
+                last = returning.get(thread, 0)
+            bucket.append(entry)
+            if last == number:
+                closed.add(thread)
                 yield from _ready(waiting, closed)
-            current = thread
-        waiting.setdefault(thread, []).append(entry)
-        if returning.get(thread) == number:
-            closed.add(thread)
-            yield from _ready(waiting, closed)
     yield from waiting.items()  # the end of the file closes every thread
 
 
@@ -116,22 +233,31 @@ def _returning_threads(path: Path, default: str) -> dict[str, int] | None:
     seen: set[int] = set()
     returning: dict[str, int] = {}
     previous: str | None = None
+    back = False  # whether `previous` returns
     any_entry = False
-    for number, line in _lines(path):
-        thread = _thread_of(line, default)
-        if thread is None:
-            continue
-        any_entry = True
-        if thread != previous:
-            key = _key(thread)
-            if thread not in returning:
-                if key in seen:
-                    returning[thread] = number
-                else:
-                    seen.add(key)
-            previous = thread
-        if thread in returning:
-            returning[thread] = number
+    decode = _THREAD_ONLY.decode
+    for numbers, lines, _ in _blocks(path, check=False):
+        # Unchecked blocks hold no `LongLine` (see `_blocks`).
+        for number, line in zip(numbers, cast(Sequence[bytes], lines), strict=True):
+            try:
+                thread = decode(line).threadId or default
+            except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
+                found = _thread_of(line, default)
+                if found is None:
+                    continue
+                thread = found
+            any_entry = True
+            if thread != previous:
+                key = _key(thread)
+                if thread not in returning:
+                    if key in seen:
+                        returning[thread] = number
+                    else:
+                        seen.add(key)
+                previous = thread
+                back = thread in returning
+            if back:
+                returning[thread] = number
     return returning if any_entry else None
 
 

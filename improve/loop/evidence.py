@@ -6,12 +6,18 @@ That last part is a counterfactual: the scenario is run again offline against it
 with the decision answered by each offered option in turn and everything else as in the baseline, and
 scored against the labels. Ground truth, not the model's opinion, says which choice was right.
 
+Counterfactual runs start from the thread they vary (replay-first, `improve.runtime.replay_first`):
+wherever one asks the model what the thread asked, the thread's answer is the answer, so only the
+decisions after the varied one ask the model. They run `concurrency` at a time: a slow model is
+waited on in parallel.
+
 Held-out threads are read only to judge a change (`Evidence.overrides`), never to shape one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -41,6 +47,9 @@ from improve.runtime import (
     Environment,
     ModelFactory,
     PolicyDecider,
+    RecordedRun,
+    ReplayFirstDecider,
+    answer_text,
     compile_policy,
 )
 
@@ -94,17 +103,28 @@ class Evidence:
 
     `store` is where the threads are read; `known` holds threads already read (a suite reads a thread
     it reuses while checking it), handed on from there. `models` makes the model of a counterfactual
-    run, seeded as the run was."""
+    run, seeded as the run was; `replay_first`: a counterfactual run takes the thread's answers where it
+    asks what the thread asked; `concurrency`: counterfactual runs at once."""
 
     def __init__(
-        self, env: Environment, scenarios: Sequence[Scenario], store: Reads, models: ModelFactory
+        self,
+        env: Environment,
+        scenarios: Sequence[Scenario],
+        store: Reads,
+        models: ModelFactory,
+        *,
+        replay_first: bool = True,
+        concurrency: int = 1,
     ) -> None:
         self.env = env
         self.by_id = {s.id: s for s in scenarios}
         self.store = store
         self.models = models
+        self.replay_first = replay_first
+        self.concurrency = max(1, concurrency)
         self.known: dict[str, list[LogEntry]] = {}
         self._decisions: dict[str, list[tuple[DecisionRequest, LogEntry]]] = {}
+        self._recorded: dict[str, RecordedRun] = {}
 
     def decisions(self, thread_id: str) -> list[tuple[DecisionRequest, LogEntry]]:
         """Every decision of the thread: its request (replayed from the log) and the entry that answered it."""
@@ -113,7 +133,31 @@ class Evidence:
             entries = known if known is not None else self.store.read(thread_id)
             landed = [e for e in entries if e.metadata and "decision" in e.metadata]
             self._decisions[thread_id] = list(zip(requests_in(self.env, entries), landed, strict=False))
+            self._recorded[thread_id] = RecordedRun.of(thread_id, entries)
         return self._decisions[thread_id]
+
+    def correct(
+        self, cases: Sequence[tuple[Scenario, DecisionRequest, OutcomeRow]], policy: Any
+    ) -> list[list[dict[str, Any]]]:
+        """For each (scenario, decision, the row of the thread it is in): the offered options that make
+        the run pass, from counterfactual runs (`concurrency` at once), each in the order offered."""
+        runs = [(i, option) for i, (_, request, _) in enumerate(cases) for option in request.options]
+
+        def passes(run: tuple[int, dict[str, Any]]) -> bool:
+            scenario, request, row = cases[run[0]]
+            recorded = self._recorded.get(row.thread_id) if self.replay_first else None
+            return _passes(self.env, scenario, request, run[1], policy, self.models, row, recorded)
+
+        if self.concurrency > 1 and len(runs) > 1:
+            with ThreadPoolExecutor(self.concurrency, thread_name_prefix="improve-counterfactual") as pool:
+                passed = list(pool.map(passes, runs))
+        else:
+            passed = [passes(run) for run in runs]
+        correct: list[list[dict[str, Any]]] = [[] for _ in cases]
+        for (i, option), ok in zip(runs, passed, strict=True):
+            if ok:
+                correct[i].append(dict(option))
+        return correct
 
     def requests(self, thread_id: str) -> list[DecisionRequest]:
         """The requests of the thread's decisions, the thread read at most once."""
@@ -130,16 +174,20 @@ class Evidence:
     def examples(self, rows: Sequence[OutcomeRow], policy: MachineConfig) -> list[DecisionExample]:
         """Every decision of the given training rows, with its counterfactually correct options."""
         compiled = compile_policy(policy, self.env.judgments, self.env.policy_guards)
-        correct: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        train = [
+            (row, scenario, self.decisions(row.thread_id))
+            for row in rows
+            if row.split == "train" and (scenario := self.by_id.get(row.scenario)) is not None
+        ]
+        cases: dict[tuple[str, str], tuple[Scenario, DecisionRequest, OutcomeRow]] = {}
+        for row, scenario, decisions in train:
+            for request, _ in decisions:
+                cases.setdefault((scenario.id, _key(request)), (scenario, request, row))
+        correct = dict(zip(cases, self.correct(list(cases.values()), compiled), strict=True))
         examples: list[DecisionExample] = []
-        for row in rows:
-            scenario = self.by_id.get(row.scenario)
-            if row.split != "train" or scenario is None:
-                continue
-            for request, entry in self.decisions(row.thread_id):
+        for row, scenario, decisions in train:
+            for request, entry in decisions:
                 key = (scenario.id, _key(request))
-                if key not in correct:
-                    correct[key] = _correct_options(self.env, scenario, request, compiled, self.models, row)
                 first = initial(compiled, request.to_input())
                 examples.append(
                     DecisionExample(
@@ -190,8 +238,8 @@ class Evidence:
                 "as the labels say",
             )
         shown = "; ".join(
-            f"{o.scenario}: {_answer_text(o.answer)} where the labels say "
-            f"{' or '.join(_answer_text(c) for c in o.correct)}"
+            f"{o.scenario}: {answer_text(o.answer)} where the labels say "
+            f"{' or '.join(answer_text(c) for c in o.correct)}"
             for o in wrong[:5]
         )
         return Check(
@@ -216,7 +264,7 @@ class Evidence:
             return []
         branches = route(candidate)
         compiled = compile_policy(baseline, self.env.judgments, self.env.policy_guards)
-        seen: dict[tuple[str, str], Override] = {}
+        fired_at: dict[tuple[str, str], tuple[Scenario, DecisionRequest, OutcomeRow, Any]] = {}
         for row in rows:
             scenario = self.by_id.get(row.scenario)
             if row.split != "held-out" or scenario is None:
@@ -224,43 +272,42 @@ class Evidence:
             for request in self.requests(row.thread_id):
                 example = {"name": request.name, "facts": request.facts, "options": request.options}
                 fired = answer_on(branches, example)
-                if fired is None or fired[0].index not in new:
-                    continue
-                key = (scenario.id, _key(request))
-                if key not in seen:
-                    correct = _correct_options(self.env, scenario, request, compiled, self.models, row)
-                    seen[key] = Override(scenario.id, fired[0].answer(), fired[1], correct)
-        return list(seen.values())
+                if fired is not None and fired[0].index in new:
+                    fired_at.setdefault((scenario.id, _key(request)), (scenario, request, row, fired))
+        found = fired_at.values()
+        correct = self.correct([(scenario, request, row) for scenario, request, row, _ in found], compiled)
+        return [
+            Override(scenario.id, fired[0].answer(), fired[1], right)
+            for (scenario, _, _, fired), right in zip(found, correct, strict=True)
+        ]
 
 
-def _answer_text(option: Mapping[str, Any]) -> str:
-    fields = ", ".join(f"{k}={v}" for k, v in option.items() if k != "type")
-    return f"{option.get('type')}{{{fields}}}" if fields else str(option.get("type"))
-
-
-def _correct_options(
+def _passes(
     env: Environment,
     scenario: Scenario,
     request: DecisionRequest,
+    option: dict[str, Any],
     policy: Any,
     models: ModelFactory,
     row: OutcomeRow,
-) -> list[dict[str, Any]]:
+    recorded: RecordedRun | None,
+) -> bool:
+    """Whether the scenario passes with `request` answered by `option` and every other decision as the
+    policy makes it: with the thread's recorded answers where it asks what the thread asked
+    (`recorded`), and the run's own seed for the rest (a stand-in answers as it did in the run, a model
+    behind an endpoint numbers its samples as the run did)."""
     parsed = ThreadId.parse(row.thread_id)
-    # The run's own seed: a stand-in answers the other decisions as it did in the run, and a model
-    # behind an endpoint answers the calls the run made from their recordings (the same samples).
     seed = f"{scenario.id}:r{parsed.run if parsed else 1}"
-    good = []
-    for option in request.options:
-        store = MemoryStore()
-        thread = f"counterfactual:v0:{scenario.id}:r1"
-        decider = _Counterfactual(
-            _key(request), option, PolicyDecider(policy, {"decider": models(seed)}, env.judgments)
-        )
-        run_scenario(env, scenario, decider, store, thread)
-        if outcome_row(env, scenario, thread, store.read(thread)).passed:
-            good.append(dict(option))
-    return good
+    models_ = {"decider": models(seed)}
+    inner = (
+        ReplayFirstDecider(policy, models_, env.judgments, recorded)
+        if recorded is not None
+        else PolicyDecider(policy, models_, env.judgments)
+    )
+    store = MemoryStore()
+    thread = f"counterfactual:v0:{scenario.id}:r1"
+    run_scenario(env, scenario, _Counterfactual(_key(request), option, inner), store, thread)
+    return outcome_row(env, scenario, thread, store.read(thread)).passed
 
 
 @dataclass(frozen=True)
@@ -313,6 +360,13 @@ def diagnose_policy(
         recorded = ledger.record(
             [p.thread_id for p in plan], say=say, rewritten=[p.thread_id for p in plan if not p.reused]
         )
-        evidence = Evidence(inputs.env, inputs.scenarios, ledger.store, spec.model_factory(inputs.env))
+        evidence = Evidence(
+            inputs.env,
+            inputs.scenarios,
+            ledger.store,
+            spec.model_factory(inputs.env),
+            replay_first=space.config.objective.replay_first,
+            concurrency=8,
+        )
         diagnosis, _ = evidence.diagnose(recorded.rows, inputs.policy)
     return TrainDiagnosis(policy_label(inputs.policy), diagnosis, recorded.sql, recorded.quarantined)

@@ -47,6 +47,9 @@ class RoundOptions:
     Enterprise test); otherwise the round leaves the branch local and says why."""
     skip: list[str] = field(default_factory=list)
     """Cluster ids already tried against this policy (each round aims at the next cause)."""
+    replay_first: bool | None = None
+    """Start each candidate run from the baseline's recorded run of the same scenario and sample
+    (`[objective] replay_first`, the default); False runs every candidate run from scratch."""
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from improve.evals import scorecard_markdown
 from improve.log import ThreadId
-from improve.loop.round_record import ModelInfo, RoundRecord
+from improve.loop.round_record import Impact, ModelInfo, RoundRecord
 
 REPLAYS_SHOWN = 6
 """Candidate threads the body lists as `improve replay` commands."""
@@ -47,6 +47,8 @@ def pr_body(record: RoundRecord) -> str:
         lines += ["## Held-out reuse", "", record.held_out.sentence, ""]
         if record.held_out.warning:
             lines += [f"**Warning**: {record.held_out.warning}.", ""]
+    if record.impact:
+        lines += ["## Production impact preview", "", *impact_markdown(record.impact), ""]
     if record.model_info:
         lines += ["## Model", "", model_markdown(record.model_info), ""]
     if record.gates:
@@ -59,6 +61,29 @@ def pr_body(record: RoundRecord) -> str:
         lines += replay_section(record)
     lines += ["---", "Opened by `improve round`. A person reviews and merges; the tool never merges.", ""]
     return "\n".join(lines)
+
+
+def impact_markdown(impact: Impact) -> list[str]:
+    """The preview's sentence, and its changes as a table (decision, answered, would answer, threads)."""
+    lines = [impact.summary()]
+    if impact.changes:
+        lines += [
+            "",
+            "| decision | answered | the candidate would answer | threads | for example |",
+            "|---|---|---|---:|---|",
+        ]
+        for c in impact.changes:
+            examples = [f"`{c.examples[0]}` ({c.example})", *(f"`{t}`" for t in c.examples[1:])]
+            cells = [c.decision, f"`{c.before}`", f"`{c.after}`", str(c.threads), ", ".join(examples)]
+            lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
+    if impact.threads:
+        lines += [
+            "",
+            "Read without calling anything: at each decision the candidate decides on the request the thread "
+            "recorded, taking the thread's answer wherever it asks the model what the thread asked; a thread is "
+            "read up to its first changed decision.",
+        ]
+    return lines
 
 
 def replay_section(record: RoundRecord) -> list[str]:
@@ -99,9 +124,17 @@ def replay_section(record: RoundRecord) -> list[str]:
 
 def model_markdown(info: ModelInfo) -> str:
     """Which model answered the round's runs, and how reproducible they are: one paragraph."""
-    if info.provider == "stand-in":
-        return f"Stand-in model `{info.name}`: deterministic, seeded per scenario and run, no endpoint."
     calls = info.calls
+    reused = (
+        f" Replay-first: {calls.reused} answers the candidate's runs took from the baseline's recorded runs "
+        "instead of asking."
+        if calls.reused
+        else ""
+    )
+    if info.provider == "stand-in":
+        return (
+            f"Stand-in model `{info.name}`: deterministic, seeded per scenario and run, no endpoint.{reused}"
+        )
     fingerprints = ", ".join(f"`{f}`" for f in info.fingerprints) or "none reported"
     text = (
         f"`{info.name}`: {info.provider} model `{info.model}` at {info.endpoint}, temperature "
@@ -109,6 +142,7 @@ def model_markdown(info: ModelInfo) -> str:
         f"{fingerprints}. {calls.calls} calls ({calls.recorded} from recordings, {calls.live} live, "
         f"{calls.failed} failed, {calls.retries} retries), {calls.input_tokens + calls.output_tokens:,} tokens, "
         + (f"${calls.usd:.4f}." if calls.usd is not None else "cost unknown (no price).")
+        + reused
     )
     if info.mixed:
         text += (
@@ -135,6 +169,8 @@ def round_lines(record: RoundRecord) -> list[str]:
         )
         if read.warning:
             lines.append(f"  warning: {read.warning}")
+    if record.impact:
+        lines.append(f"  production: {record.impact.summary()}")
     if record.pr:
         pr = record.pr
         lines.append(f"  pull request: {pr.pr_url or pr.instructions or pr.error or ''}")

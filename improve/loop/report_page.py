@@ -23,7 +23,7 @@ from improve.evals import Scorecard, Workspace, category_chart, history_chart, p
 from improve.files import write_atomic
 from improve.loop.changelog import CHANGELOG, Changelog, Entry
 from improve.loop.gates import GateResult
-from improve.loop.round_record import ROUND_RECORD, RoundRecord, SplitScore, read_round_record
+from improve.loop.round_record import ROUND_RECORD, Impact, RoundRecord, SplitScore, read_round_record
 from improve.machine import describe_mermaid, describe_svg, diff_states
 
 
@@ -160,6 +160,26 @@ def _gates_table(gates: Sequence[GateResult]) -> str:
     return _table(["gate", "result", "detail"], rows)
 
 
+def _impact(impact: Impact) -> str:
+    rows = [
+        "<tr>"
+        + _cell(c.decision)
+        + f"<td><code>{escape(c.before)}</code></td><td><code>{escape(c.after)}</code></td>"
+        + _cell(c.threads, True)
+        + "<td>"
+        + ", ".join(f"<code>{escape(t)}</code>" for t in c.examples)
+        + (f" (<code>{escape(c.example)}</code>)" if c.example else "")
+        + "</td></tr>"
+        for c in impact.changes
+    ]
+    table = (
+        _table(["decision", "answered", "the candidate would answer", "threads", "for example"], rows)
+        if rows
+        else ""
+    )
+    return f"<p>{escape(impact.summary())}</p>{table}"
+
+
 FAILED_RUNS_SHOWN = 5
 """Failed runs listed per scenario; the rest are counted (the warehouse has them all)."""
 
@@ -240,6 +260,8 @@ def round_page(
     sections += ["<h2>Scorecards</h2>", _cards_table(r.scorecards)]
     if r.scores:
         sections += ["<h3>Paired by scenario</h3>", _scores_table(r.scores)]
+    if r.impact:
+        sections += ["<h2>Production impact preview</h2>", _impact(r.impact)]
     if r.gates:
         sections += ["<h2>Gates</h2>", _gates_table(r.gates)]
     baseline, candidate = r.baseline_policy, r.candidate_policy

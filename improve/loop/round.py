@@ -5,8 +5,11 @@
              -> propose    one change
              -> gate       the gates in order (novelty among them when the CHANGELOG remembers
                            candidates discarded against this policy), at most 3 repairs
-             -> replay     the candidate on train, then held-out, k runs each, then the sequential reruns
+             -> replay     the candidate on train and held-out, k runs each, then the sequential reruns;
+                           replay-first: each candidate run starts from the baseline's recorded run
              -> decide     the promotion rule (stated before the replay)
+             -> preview    the production impact preview: how the candidate would decide on the
+                           workspace's recent production threads (it decides nothing)
              -> record     the round record, its report, the CHANGELOG entry, the pull request
 
 Each step reads and sets the round's state and says whether the round goes on; `record` always runs
@@ -37,6 +40,7 @@ from improve.evals import (
     Scenario,
     Scorecard,
     Settled,
+    StartFrom,
     SuiteSpec,
     Workspace,
     decide,
@@ -67,6 +71,7 @@ from improve.loop.gates import (
     gate,
     gates_for,
 )
+from improve.loop.impact import preview_impact
 from improve.loop.inputs import Inputs, RoundOptions, locate
 from improve.loop.proposers import (
     Proposal,
@@ -79,6 +84,7 @@ from improve.loop.proposers import (
 from improve.loop.record import Recorder
 from improve.loop.round_record import (
     Calls,
+    Impact,
     ModelInfo,
     NewBranch,
     RoundRecord,
@@ -86,7 +92,7 @@ from improve.loop.round_record import (
     Status,
 )
 from improve.machine import MachineConfig, canonical_json, diff_states
-from improve.runtime import vocabulary
+from improve.runtime import compile_policy, vocabulary
 
 MAX_REPAIRS = 3
 Say = Callable[[str], None]
@@ -133,6 +139,9 @@ class Round:
         self.space, self.opts, self.inputs, self.ledger, self.say = space, opts, inputs, ledger, say
         self.objective = space.config.objective
         self.k = opts.k or self.objective.k
+        self.replay_first = (
+            opts.replay_first if opts.replay_first is not None else self.objective.replay_first
+        )
         self.version = inputs.memory.version
         self.round_id = f"{clock.now().strftime('%Y%m%d-%H%M%S')}-{inputs.env_name}-v{self.version}"
         self.label = policy_label(inputs.policy)
@@ -142,7 +151,14 @@ class Round:
         self.meter = opts.meter if opts.meter is not None else Meter(limit_usd=opts.max_usd, say=say)
         self.session = self.spec.chat_session(self.meter)
         self.models = self.session.model if self.session is not None else self.spec.model_factory(inputs.env)
-        self.evidence = Evidence(inputs.env, inputs.scenarios, ledger.store, self.models)
+        self.evidence = Evidence(
+            inputs.env,
+            inputs.scenarios,
+            ledger.store,
+            self.models,
+            replay_first=self.replay_first,
+            concurrency=opts.concurrency,
+        )
         self.focus = focus(inputs.memory.tried)
         """Where the round aims after the candidates discarded along the policy's line."""
         self.aim: str | None = None
@@ -168,9 +184,19 @@ class Round:
         self.candidate_spec: SuiteSpec | None = None
         self.settled: Settled | None = None
         self.verdict: PromotionDecision | None = None
+        self.impact: Impact | None = None
 
     def run(self) -> RoundRecord:
-        for step in (self.baseline, self.diagnose, self.propose, self.gate, self.replay, self.decide):
+        steps = (
+            self.baseline,
+            self.diagnose,
+            self.propose,
+            self.gate,
+            self.replay,
+            self.decide,
+            self.preview,
+        )
+        for step in steps:
             if not step():
                 break
         return self.record()
@@ -283,14 +309,15 @@ class Round:
         return False
 
     def replay(self) -> bool:
-        """The candidate on train, then held-out, then the sequential rule's reruns of both policies."""
+        """The candidate on train and held-out (one suite, so its runs overlap), then the sequential
+        rule's reruns of both policies; replay-first, each candidate run starts from the baseline's."""
         assert self.candidate is not None and self.gated is not None
         label = policy_label(self.candidate)
         self.candidate_spec = dataclasses.replace(self.spec, policy=self.candidate)
-        self.say(f"candidate {label}: train, k={self.k}")
-        rows = self._suite(self.inputs.train, self.candidate_spec, "train")
-        self.say(f"candidate {label}: held-out, k={self.k}")
-        rows += self._suite(self.inputs.held_out, self.candidate_spec, "held-out")
+        how = ", replay-first" if self.replay_first else ""
+        self.say(f"candidate {label}: train and held-out, k={self.k}{how}")
+        scenarios = [*self.inputs.train, *self.inputs.held_out]
+        rows = self._suite(scenarios, self.candidate_spec, "candidate", start=self._start(self.base_rows))
         rule = RerunRule.from_objective(self.objective, self.k)
         self.settled = settle(self.base_rows, rows, rule, self._run_more)
         if self.settled.reruns.scenarios:
@@ -331,6 +358,16 @@ class Round:
         )
         return True
 
+    def preview(self) -> bool:
+        """The production impact preview of the candidate (`loop/impact.py`): recorded, never decisive."""
+        assert self.gated is not None and self.candidate is not None
+        compiled = self.gated.machine or compile_policy(
+            self.candidate, self.inputs.env.judgments, self.inputs.env.policy_guards
+        )
+        self.impact = preview_impact(self.ledger, compiled, self.opts.model)
+        self.say(f"production: {self.impact.summary()}")
+        return True
+
     def record(self) -> RoundRecord:
         """The round record; when a candidate was proposed, its report, CHANGELOG entry and review."""
         record = self._record()
@@ -352,11 +389,13 @@ class Round:
         what: str,
         runs: Sequence[int] | None = None,
         keep: bool = False,
+        start: StartFrom | None = None,
     ) -> list[OutcomeRow]:
         """Run (or reuse) the suite's threads, record them in the warehouse, and read back the verified
         rows; threads set aside are counted. `runs`: run numbers other than 1..k (the reruns). `keep`:
         hand the threads the suite reused on to the round's reads (the baseline's, which the diagnosis
-        reads). The candidate runs as the gates compiled it."""
+        reads). `start`: the baseline's runs these start from (replay-first). The candidate runs as
+        the gates compiled it."""
         plan = write_threads(
             self.inputs.env,
             scenarios,
@@ -369,6 +408,7 @@ class Round:
             models=self.models,
             runs=runs,
             compiled=self.gated.machine if self.gated is not None and spec is self.candidate_spec else None,
+            start_from=start,
         )
         if keep:
             self.evidence.known |= {p.thread_id: p.entries for p in plan if p.entries is not None}
@@ -386,10 +426,18 @@ class Round:
         by_id = {s.id: s for s in self.inputs.scenarios}
         chosen = [by_id[i] for i in ids]
         what = f"reruns r{numbers.start}-r{numbers.stop - 1}"
-        return Batch(
-            self._suite(chosen, self.spec, f"{what}, baseline", numbers),
-            self._suite(chosen, self.candidate_spec, f"{what}, candidate", numbers),
+        baseline = self._suite(chosen, self.spec, f"{what}, baseline", numbers)
+        candidate = self._suite(
+            chosen, self.candidate_spec, f"{what}, candidate", numbers, start=self._start(baseline)
         )
+        return Batch(baseline, candidate)
+
+    def _start(self, baseline: Sequence[OutcomeRow]) -> StartFrom | None:
+        """Replay-first: the baseline's verified runs, each the start of the candidate's run of the same
+        scenario and run number (a run set aside starts nothing: its candidate runs from scratch)."""
+        if not self.replay_first:
+            return None
+        return StartFrom(self.ledger.store, {(r.scenario, r.run): r.thread_id for r in baseline})
 
     def _note(self, what: str) -> None:
         """Which model the runs used so far and how its calls went; said for a model behind an endpoint."""
@@ -522,6 +570,7 @@ class Round:
             candidate_threads=sorted(r.thread_id for r in self.settled.candidate) if self.settled else [],
             quarantined=self.quarantined,
             model_info=self.model_info,
+            impact=self.impact,
             scorecards=list(self.cards.values()),
             decision=self.verdict,
             baseline_policy=self.inputs.policy,

@@ -7,8 +7,8 @@ prints (`render.round_lines`). It is read back typed (`read_round_record`); a `r
 before the record had a `format` is migrated on the way in by one validator (`RoundRecord._migrate`),
 its scorecards and candidate taken from the files beside it.
 
-A section a later round wants to record (a production-impact preview, say) is one more optional field:
-older records read with it empty.
+A section a later round wants to record (as the production impact preview was) is one more optional
+field: older records read with it empty.
 """
 
 from __future__ import annotations
@@ -97,6 +97,8 @@ class Calls(Part):
     live: int = 0
     recorded: int = 0
     repeated: int = 0
+    reused: int = 0
+    """Answers replay-first runs took from the baseline's recorded runs: no model was asked."""
     failed: int = 0
     reasked: int = 0
     input_tokens: int = 0
@@ -151,6 +153,67 @@ class NewBranch(Part):
     answer: str
 
 
+class ImpactChange(Part):
+    """Production decisions the candidate would answer otherwise, by kind: the decision, the event type
+    answered and the one the candidate would answer, in how many threads, a few of them, and the first
+    one's answers in full."""
+
+    decision: str
+    before: str
+    after: str
+    threads: int
+    examples: list[str] = Field(default_factory=list)
+    example: str = ""
+    """The first example's answers: `REFUND{amount=90} -> REFUND{amount=60}`."""
+
+
+class Impact(Part):
+    """The production impact preview: the candidate's policy run over the decisions of the workspace's
+    most recent production threads (unlabelled, from the warehouse), each thread's recorded answers
+    taken wherever it asks what the thread asked (`improve.loop.impact`)."""
+
+    available: int = 0
+    """Production threads of the environment in the warehouse."""
+    threads: int = 0
+    """Those read: the most recent, at most `limit`."""
+    limit: int = 0
+    decisions: int = 0
+    """Decisions read: each thread's, up to the first one the candidate would answer otherwise."""
+    changed: int = 0
+    """Threads with a decision the candidate would answer otherwise (each counts its first only: from
+    there the candidate's run would go elsewhere)."""
+    unknown: int = 0
+    """Threads where the candidate would ask the model what the thread never asked (its answer is not
+    known without asking) before any change."""
+    unreadable: int = 0
+    """Threads the environment's machine no longer folds (it changed since they were recorded)."""
+    changes: list[ImpactChange] = Field(default_factory=list)
+    """The changes, most threads first."""
+
+    def summary(self) -> str:
+        """One sentence: what the candidate would change, or that there was nothing to read."""
+        if not self.available:
+            return (
+                "No production threads in the workspace's warehouse: nothing to preview (`improve ingest` a "
+                "deployed agent's threads to see how much of its traffic a change touches)."
+            )
+        share = f" ({self.changed / self.threads:.1%})" if self.threads else ""
+        read = (
+            f"the {self.threads} most recent of {self.available} production threads"
+            if self.threads < self.available
+            else f"all {self.threads} production threads"
+        )
+        text = (
+            f"Of {read} ({self.decisions} decisions read), the candidate would answer {self.changed}{share} "
+            "differently at some decision"
+        )
+        text += (
+            f"; in {self.unknown} it would ask the model what the thread never asked" if self.unknown else ""
+        )
+        text += f"; {self.unreadable} no longer fold under the machine" if self.unreadable else ""
+        return text + "."
+
+
 class RoundRecord(BaseModel):
     """One round, typed: its inputs, each step's outcome, the decision and where it left its review."""
 
@@ -194,6 +257,9 @@ class RoundRecord(BaseModel):
     quarantined: list[Quarantined] = Field(default_factory=list)
     """Threads set aside because their replay does not verify: each thread id and the reason."""
     model_info: ModelInfo | None = None
+    impact: Impact | None = None
+    """The production impact preview of a candidate that passed the gates; None without one (or in a
+    record from before previews)."""
     # record
     report: str | None = None
     """The report folder, relative to the workspace."""

@@ -48,6 +48,7 @@ from improve.machine.expr import (
     referenced_paths,
     tokenize,
 )
+from improve.machine.fold import Fold, FoldRun
 from improve.machine.formula import Formula, parse_formula
 from improve.machine.interpreter import (
     DONE_EVENT,
@@ -65,7 +66,14 @@ from improve.machine.interpreter import (
 )
 from improve.machine.lint import has_errors, lint
 from improve.machine.rules import RuleEval, RuleResult, run_rule_evals, uncovered
-from improve.machine.snapshot import Invocation, Snapshot, canonical_hash, canonical_json
+from improve.machine.snapshot import (
+    Invocation,
+    Snapshot,
+    canonical_bytes,
+    canonical_hash,
+    canonical_json,
+    decoded_canonical_bytes,
+)
 from improve.machine.waits import payload_problem, wait_status, waiting_for
 from improve.machine.walk import Constant, Expression, edges, expressions, literals, state_path
 
@@ -88,6 +96,8 @@ __all__ = [
     "ExploreResult",
     "Expr",
     "Expression",
+    "Fold",
+    "FoldRun",
     "Formula",
     "GuardFn",
     "Invocation",
@@ -107,11 +117,13 @@ __all__ = [
     "branches",
     "can",
     "can_reach",
+    "canonical_bytes",
     "canonical_hash",
     "canonical_json",
     "check_depth",
     "compile_expr",
     "compile_machine",
+    "decoded_canonical_bytes",
     "describe_mermaid",
     "describe_svg",
     "describe_text",

@@ -42,6 +42,13 @@ from improve.runtime.policy import (
     read_document_text,
 )
 from improve.runtime.recorded import ActorCall, PersonAnswer, RecordedThread, recorded_thread
+from improve.runtime.replay_first import (
+    REPLAY_FIRST_KEY,
+    Parting,
+    RecordedRun,
+    ReplayFirstDecider,
+    answer_text,
+)
 from improve.runtime.resume import (
     MAX_EVENT_BYTES,
     MAX_EVENT_DEPTH,
@@ -64,6 +71,7 @@ __all__ = [
     "MAX_EVENT_DEPTH",
     "MAX_FREE_TEXT",
     "MODEL_DECIDE",
+    "REPLAY_FIRST_KEY",
     "Actor",
     "ActorCall",
     "ActorFailure",
@@ -83,9 +91,12 @@ __all__ = [
     "ModelFactory",
     "ModelJudgment",
     "ModelReply",
+    "Parting",
     "PersonAnswer",
     "PolicyDecider",
+    "RecordedRun",
     "RecordedThread",
+    "ReplayFirstDecider",
     "ResumeProof",
     "ResumeResult",
     "RunResult",
@@ -96,6 +107,7 @@ __all__ = [
     "World",
     "WorldFromThread",
     "WorldFromThreadError",
+    "answer_text",
     "build_request",
     "check_answer",
     "compile_policy",

@@ -404,6 +404,11 @@ class ChatModel:
                 raise ModelAnswerError(f"model {self.name!r} answered the judgment {name} wrongly: {problem}")
             return reply
 
+    def advance(self, request: DecisionRequest, number: int) -> None:
+        """The run's call `number` was answered from a recording of the run this one started from
+        (replay-first): later samples are numbered after it, so no recorded sample answers twice."""
+        self.calls = max(self.calls, number)
+
     def _sample(self) -> str:
         """This run's next sample: a call's identity in the cache, with its request."""
         self.calls += 1

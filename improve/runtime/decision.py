@@ -7,6 +7,7 @@ refusal is fed back to the decider as an attempt and it tries again (default 2 r
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 from collections.abc import Mapping
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from improve.log import Attempt
-from improve.machine import FREE_TEXT, Machine, Snapshot, can, refusing_guard
+from improve.machine import FREE_TEXT, Machine, Snapshot, can, canonical_json, refusing_guard
 
 DEFAULT_MAX_RETRIES = 2
 MAX_FREE_TEXT = 100_000
@@ -75,6 +76,13 @@ class Usage:
     """Why the call failed (after the endpoint's retries); the policy's `onError` took over."""
     answer_error: bool = False
     """The failure was the model's answer, not the endpoint (journaled as `errorKind: answer`)."""
+    asked: str | None = None
+    """What was asked, as a digest (`asked_digest`): a later run asking the very same request may take
+    this call's answer instead of asking again (replay-first, `improve.runtime.replay_first`)."""
+    answer: Any = None
+    """What the model answered (the event, or a judgment's object); None when it failed or gave nothing."""
+    reused: bool = False
+    """Answered by the same request's recorded answer in the run this one started from: no model was asked."""
 
     def to_event(self, decision: str) -> dict[str, Any]:
         event: dict[str, Any] = {
@@ -97,6 +105,12 @@ class Usage:
             event["error"] = self.error
         if self.answer_error:
             event["errorKind"] = "answer"
+        if self.asked is not None:
+            event["asked"] = self.asked
+            if self.error is None:
+                event["answer"] = self.answer
+        if self.reused:
+            event["reused"] = True
         return event
 
 
@@ -107,6 +121,14 @@ class Decision:
     event: dict[str, Any] | None
     usage: list[Usage] = field(default_factory=list)
     source: str = ""
+
+
+def asked_digest(ask: str, model: str, request: DecisionRequest) -> str:
+    """The sha256 (hex) of what a policy asks a model: the ref it asks (`decider`, or `judge:NAME` for a
+    judgment's question), the model's name and the request with its attempts, as canonical JSON. Two
+    calls with the same digest are the very same request, so one's answer is a draw of the other's."""
+    text = canonical_json({"ask": ask, "model": model, "request": request.to_input()})
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 class Decider(Protocol):

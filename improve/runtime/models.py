@@ -32,6 +32,11 @@ class ModelReply:
 
 
 class Model(Protocol):
+    """Answers decision requests. A model may also have `advance(request, number)`: a call of its run
+    was answered from a recording (replay-first), so it moves on as if it had been asked that call,
+    and its later answers are the ones a run asking every call would get (a stand-in draws from its
+    generator, a model behind an endpoint numbers its next samples after it)."""
+
     name: str
 
     def answer(self, request: DecisionRequest) -> ModelReply: ...
@@ -61,6 +66,11 @@ class StandInModel:
         input_tokens = SYSTEM_PROMPT_TOKENS + size // 4
         output_tokens = 12 + len(json.dumps(event or {})) // 4 + self._rng.randint(8, 40)
         return ModelReply(event=event, input_tokens=input_tokens, output_tokens=output_tokens)
+
+    def advance(self, request: DecisionRequest, number: int) -> None:
+        """A call answered from a recording: draw as answering it would, so the run's later calls draw
+        what they would have (the answer is the recording's)."""
+        self.answer(request)
 
 
 def stand_in(name: str, behaviour: Behaviour) -> ModelFactory:

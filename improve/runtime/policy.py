@@ -8,8 +8,10 @@ data: the interpreter folds it like any machine; nothing in it is ever executed 
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +30,7 @@ from improve.machine import (
     transition,
 )
 from improve.machine import MODEL_DECIDE as MODEL_DECIDE
-from improve.runtime.decision import Decision, DecisionRequest, Usage
+from improve.runtime.decision import Decision, DecisionRequest, Usage, asked_digest
 from improve.runtime.judgment import Judgment, ModelJudgment
 from improve.runtime.models import Model, ModelReply
 
@@ -126,9 +128,8 @@ class PolicyDecider:
             if isinstance(judgment, ModelJudgment) and decider is not None and judge is not None:
                 # The decider is a model behind an endpoint: it answers the judgment's question too.
                 name = invocation.src
-                return self._ask(
-                    lambda: judge(name, judgment, request), f"judge:{name}", decider, usage, invocation
-                )
+                ask = Ask(f"judge:{name}", decider, request, lambda: judge(name, judgment, request))
+                return self._ask(ask, usage, invocation)
             try:
                 return {**done, "output": judgment(request.to_input(), dict(invocation.input or {}))}
             except Exception as err:  # a judgment is people's code: its failure is the policy's onError
@@ -140,35 +141,56 @@ class PolicyDecider:
                 f"policy {self.policy.id}@{self.policy.version} asks model ref '{ref}', which is not "
                 f"bound; bound refs are {sorted(self.models)} (bind it with --model)"
             )
-        return self._ask(lambda: model.answer(request), ref, model, usage, invocation)
+        return self._ask(Ask(ref, model, request, lambda: model.answer(request)), usage, invocation)
 
-    def _ask(
-        self,
-        call: Callable[[], ModelReply],
-        ref: str,
-        model: Model,
-        usage: list[Usage],
-        invocation: Invocation,
-    ) -> dict[str, Any]:
-        """A model call as the event the policy receives; its usage (or its failure) journaled."""
+    def _ask(self, ask: Ask, usage: list[Usage], invocation: Invocation) -> dict[str, Any]:
+        """A model call as the event the policy receives; its usage (or its failure) journaled, with
+        what was asked and what the model answered."""
         actor_id = invocation.id
+        model = ask.model
         try:
-            reply = call()
+            reply = ask.call()
         except ModelCallError as err:
             # Journaled as a call that failed, so the thread shows why the policy took its onError.
             usage.append(
-                Usage(ref, model.name, 0, 0, error=str(err), answer_error=isinstance(err, ModelAnswerError))
+                Usage(
+                    ask.ref,
+                    model.name,
+                    0,
+                    0,
+                    error=str(err),
+                    answer_error=isinstance(err, ModelAnswerError),
+                    asked=ask.asked,
+                )
             )
             return {"type": ERROR_EVENT, "actorId": actor_id, "error": {"message": str(err)}}
         usage.append(
             Usage(
-                ref,
+                ask.ref,
                 model.name,
                 reply.input_tokens,
                 reply.output_tokens,
                 reply.cost_usd,
                 reply.recorded,
                 reply.fingerprint,
+                asked=ask.asked,
+                answer=reply.event,
             )
         )
         return {"type": DONE_EVENT, "actorId": actor_id, "output": reply.event}
+
+
+@dataclass(frozen=True)
+class Ask:
+    """One model call a policy makes: the ref it asks (`judge:NAME` for a judgment's question), the model
+    bound to it, the decision request, and the call itself."""
+
+    ref: str
+    model: Model
+    request: DecisionRequest
+    call: Callable[[], ModelReply]
+
+    @functools.cached_property
+    def asked(self) -> str:
+        """What is asked, as a digest (`asked_digest`)."""
+        return asked_digest(self.ref, self.model.name, self.request)

@@ -16,7 +16,7 @@ crashed, a store failed) has none: its thread is incomplete, which is what it is
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -126,15 +126,16 @@ class Journal:
         self.last_id = entry.id
         return entry
 
-    def end(self, status: RunStatus, final: Snapshot) -> LogEntry:
+    def end(self, status: RunStatus, final: Snapshot, metadata: dict[str, Any] | None = None) -> LogEntry:
         """The run's last entry, `{"type": "@agent.end", "status": status}`, with the final state's hash;
-        a run that stopped waiting also says where (`state`) and for what (`waitingFor`)."""
+        a run that stopped waiting also says where (`state`) and for what (`waitingFor`). `metadata`:
+        what else the run says of itself (a replay-first run, what it started from)."""
         event: dict[str, Any] = {"type": END_EVENT, "status": status}
         state = self.machine.states[final.value]
         if status in RESUMABLE_STATUSES and final.invoke is None and state.idle:
             event["state"] = final.value
             event["waitingFor"] = waiting_for(self.machine, final.value)
-        return self.write(event, final)
+        return self.write(event, final, metadata=metadata)
 
     def resumed(
         self, event: dict[str, Any], after: Snapshot, event_id: str, max_model_calls: int
@@ -166,12 +167,20 @@ def run(
     thread_id: str,
     stamp: Mapping[str, Any] | None = None,
     max_model_calls: int = DEFAULT_MAX_MODEL_CALLS,
+    note: Callable[[], dict[str, Any]] | None = None,
 ) -> RunResult:
-    """Run `env` once from `input` to the end, journaling the thread `thread_id` into `store`."""
+    """Run `env` once from `input` to the end, journaling the thread `thread_id` into `store`. `note`:
+    the end entry's metadata, asked for when the run ends (a replay-first decider's `note`)."""
     if store.length(thread_id):
         raise ConflictError(f"thread {thread_id} already has entries; delete it or use another run number")
     runner = Runner(
-        env, world, People(people), decider, Journal(store, thread_id, env.machine), max_model_calls
+        env,
+        world,
+        People(people),
+        decider,
+        Journal(store, thread_id, env.machine),
+        max_model_calls,
+        note=note,
     )
     return runner.start(input, {**(stamp or {}), "maxModelCalls": max_model_calls})
 
@@ -198,8 +207,10 @@ class Runner:
         journal: Journal,
         max_model_calls: int,
         spent: Spent | None = None,
+        note: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         self.env = env
+        self.note = note
         self.machine = env.machine
         self.world = world
         self.people = people
@@ -240,7 +251,7 @@ class Runner:
             snapshot = nxt
         spent = self.calls - self.calls_before
         status = stop or run_status(self.machine, snapshot, spent, {"maxModelCalls": self.max_model_calls})
-        self.journal.end(status, snapshot)
+        self.journal.end(status, snapshot, self.note() if self.note is not None else None)
         return RunResult(
             thread_id=self.journal.thread_id,
             status=status,

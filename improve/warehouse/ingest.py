@@ -768,12 +768,15 @@ def _bulk_native(
                threadId IS NOT NULL AND {_is("threadId", "VARCHAR")}, filename, ?,
                hashes[2]
         FROM (
-            SELECT *, {THREAD_SQL} AS thread, event -> '$.type' AS etype_json, event ->> '$.type' AS etype,
-                   -- both hashes from one parse of verification (two ->> would parse it twice)
-                   json_extract_string(verification, ['$.stateHash', '$.entryHash']) AS hashes
-            FROM read_json({_sql_list([i.path for i in todo])}, format = 'newline_delimited',
-                           columns = {NATIVE_COLUMNS}, filename = true, ignore_errors = true,
-                           maximum_object_size = {max(max_line_bytes + 1, 1 << 26)})
+            -- the type's string from the type's JSON value: the event, the largest field, is parsed once
+            SELECT *, etype_json ->> '$' AS etype FROM (
+                SELECT *, {THREAD_SQL} AS thread, json_extract(event, '$.type') AS etype_json,
+                       -- both hashes from one parse of verification (two ->> would parse it twice)
+                       json_extract_string(verification, ['$.stateHash', '$.entryHash']) AS hashes
+                FROM read_json({_sql_list([i.path for i in todo])}, format = 'newline_delimited',
+                               columns = {NATIVE_COLUMNS}, filename = true, ignore_errors = true,
+                               maximum_object_size = {max(max_line_bytes + 1, 1 << 26)})
+            )
         ) AS s
         WHERE {NATIVE_OK}
     """

@@ -1,0 +1,352 @@
+"""Folding many events fast: a compiled machine compiled once more, for replay.
+
+`transition` (interpreter.py) is the reference. Per step it builds a `Scope`, a `Snapshot` and an
+`Invocation` with its thunk, and reaches every expression through `Expr.evaluate` and `evaluate_tree`:
+about 5 µs a step, most of a replay's time. A replay needs only where the run stands after each entry
+(and, to verify, each entry's snapshot hash), so `Fold` compiles every state's transitions into plain
+closures over one mapping of root variables, and keeps a run in a small mutable `FoldRun`; a `Snapshot`
+is built when one is asked for (`snapshot`).
+
+It does exactly what the reference does, by construction: the fast step handles the plain case only,
+committing nothing until it has succeeded. Anything else (an expression that raises or leaves the fast
+path's domain, a guard that returns a non-bool, a named guard that raises, a choice with no branch
+taken, an eventless loop, an event whose type is not a string) makes it give the step to the reference:
+`transition` on the snapshot the run stands at, which returns the result or raises the error the
+reference raises. Guards, assigns and named guards are pure (the contract), so evaluating one again
+changes nothing. `Fold.fallbacks` counts those steps. The differential tests (tests/test_fold.py) hold
+the two to equal snapshots after every event of every bundled thread and of generated event sequences,
+and fail when the fast path is broken on purpose.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from improve.machine.expr import CompiledTree, Expr, Scope
+from improve.machine.interpreter import (
+    DONE_EVENT,
+    ERROR_EVENT,
+    MAX_MICROSTEPS,
+    Invoke,
+    Machine,
+    State,
+    Transition,
+    _invocation,
+    _scope,
+    initial,
+    transition,
+)
+from improve.machine.snapshot import Invocation, Snapshot, Status, canonical_hash, shallow_json
+
+Env = dict[str, Any]
+"""The root variables of one step (`context`, `event`, `input`, `facts`), as `Scope.values` holds them."""
+Value = Callable[[Env], Any]
+
+
+class _Bail(Exception):
+    """The fast step met something outside the plain case: the reference takes the step."""
+
+
+def _expr_fn(expr: Expr) -> Value:
+    if expr.fast is not None:
+        return expr.fast  # raises FastCelError or FastCelFallback where `evaluate` would do more: bail
+    return lambda env: expr.evaluate(Scope.of(env))
+
+
+def _tree_fn(tree: CompiledTree) -> Value:
+    """`evaluate_tree(tree, scope)` as one closure (the same values: literals are returned as they are)."""
+    if isinstance(tree, Expr):
+        return _expr_fn(tree)
+    if isinstance(tree, dict):
+        items = tuple((key, _tree_fn(value)) for key, value in tree.items())
+        # A dict display for the small ones (a context, an output): a comprehension is a call more.
+        if len(items) == 1:
+            ((k1, f1),) = items
+            return lambda env: {k1: f1(env)}
+        if len(items) == 2:
+            (k1, f1), (k2, f2) = items
+            return lambda env: {k1: f1(env), k2: f2(env)}
+        if len(items) == 3:
+            (k1, f1), (k2, f2), (k3, f3) = items
+            return lambda env: {k1: f1(env), k2: f2(env), k3: f3(env)}
+        return lambda env: {key: fn(env) for key, fn in items}
+    if isinstance(tree, list):
+        fns = tuple(_tree_fn(value) for value in tree)
+        return lambda env: [fn(env) for fn in fns]
+    return lambda env: tree
+
+
+Assign = Callable[[Env, dict[str, Any]], dict[str, Any]]
+
+
+def _assign_fn(assign: dict[str, CompiledTree]) -> Assign:
+    """`_apply`: every value evaluated against the context before the step (the one in `env`, which
+    the new dict is not), then merged over it, new keys last."""
+    items = tuple((key, _tree_fn(tree)) for key, tree in assign.items())
+    if len(items) == 1:
+        ((key, fn),) = items
+
+        def assign_one(env: Env, context: dict[str, Any]) -> dict[str, Any]:
+            out = context.copy()
+            out[key] = fn(env)
+            return out
+
+        return assign_one
+
+    def assign_many(env: Env, context: dict[str, Any]) -> dict[str, Any]:
+        out = context.copy()
+        for k, f in items:
+            out[k] = f(env)
+        return out
+
+    return assign_many
+
+
+class _Step:
+    """One compiled candidate transition."""
+
+    __slots__ = ("assign", "guard", "named", "params", "target")
+
+    def __init__(self, t: Transition) -> None:
+        self.guard: Value | None = _expr_fn(t.guard) if t.guard is not None else None
+        self.named = t.guard_fn
+        self.params: Mapping[str, Any] = t.named_guard.params if t.named_guard is not None else {}
+        self.assign: Assign | None = _assign_fn(t.assign) if t.assign else None
+        self.target = t.target
+
+
+def _steps(ts: tuple[Transition, ...]) -> tuple[_Step, ...]:
+    return tuple(_Step(t) for t in ts)
+
+
+def _select(steps: tuple[_Step, ...], env: Env, context: dict[str, Any], event: Any) -> _Step | None:
+    """The first candidate whose guard passes (`interpreter._select`), or None; bails where the
+    reference would raise."""
+    for s in steps:
+        if s.guard is not None:
+            passed = s.guard(env)
+        elif s.named is not None:
+            passed = s.named(context, event, s.params)
+        else:
+            return s
+        if passed is True:
+            return s
+        if passed is not False:
+            raise _Bail  # not a bool: the reference says so
+    return None
+
+
+class _State:
+    """A state compiled for folding."""
+
+    __slots__ = (
+        "actor",
+        "branches",
+        "choice",
+        "decide",
+        "done",
+        "error",
+        "final",
+        "invoke",
+        "on",
+        "output",
+        "source",
+    )
+
+    def __init__(self, state: State) -> None:
+        self.source = state
+        self.final = state.final
+        self.output: Value | None = _tree_fn(state.output) if state.output is not None else None
+        self.on = {event: _steps(ts) for event, ts in state.on.items()}
+        self.choice = bool(state.choice)
+        self.branches = _steps(state.choice or state.always)
+        inv = state.invoke
+        self.invoke: Invoke | None = inv
+        self.actor = inv.id if inv is not None else None
+        self.decide = inv is not None and inv.decide is not None
+        self.done = _steps(inv.on_done) if inv is not None else ()
+        self.error = _steps(inv.on_error) if inv is not None else ()
+
+
+class FoldRun:
+    """Where a folded run stands: what a `Snapshot` holds, kept in place from step to step.
+
+    The owed actor is kept as the state that owes it and the context and event it was entered with
+    (`Invocation` objects are built by `Fold.snapshot`, once)."""
+
+    __slots__ = ("context", "env", "error", "input", "invocation", "output", "owed", "status", "value")
+
+    def __init__(self, input: Any) -> None:
+        self.input = input
+        self.value = ""
+        self.context: dict[str, Any] = {}
+        self.status: Status = "active"
+        self.output: Any = None
+        self.error: Any = None
+        # The owed actor: None, or (state, context, event) until `snapshot` builds its Invocation.
+        self.owed: tuple[State, dict[str, Any], Any] | None = None
+        self.invocation: Invocation | None = None
+        # The roots every step shares: `input` and `facts` as `_scope` adds them; `context` and
+        # `event` are set before each evaluation.
+        env: Env = {}
+        if input is not None:
+            env["input"] = input
+            if isinstance(input, dict) and input.get("facts") is not None:
+                env["facts"] = input["facts"]
+        self.env = env
+
+
+class Fold:
+    """`initial` and `transition` for a replay: `start`, `step`, and `snapshot` when one is needed."""
+
+    def __init__(self, machine: Machine) -> None:
+        self.machine = machine
+        self.states = {name: _State(state) for name, state in machine.states.items()}
+        self.context_init = _tree_fn(machine.context_init)
+        self.initial = machine.config.initial
+        self.fallbacks = 0
+        """Steps (and starts) the reference took because the fast path bailed."""
+
+    # --- the public steps ---------------------------------------------------------------------------
+
+    def start(self, input: Any = None) -> FoldRun:
+        """The run `initial(machine, input)` starts."""
+        run = FoldRun(input)
+        try:
+            env = run.env
+            context = dict(self.context_init(env))
+            self._settle(run, self.initial, context, {"type": "xstate.init", "input": input})
+        except Exception:
+            self.fallbacks += 1
+            self._load(run, initial(self.machine, input))
+        return run
+
+    def step(self, run: FoldRun, event: Mapping[str, Any]) -> bool:
+        """Fold `event` into `run`, as `transition` would; False (and `run` unchanged) when the machine
+        does not take it, where `transition` returns the snapshot it was given."""
+        if run.status != "active":
+            return False
+        try:
+            return self._step(run, event)
+        except Exception:
+            self.fallbacks += 1
+            before = self.snapshot(run)
+            after = transition(self.machine, before, event)
+            if after is before:
+                return False
+            self._load(run, after)
+            return True
+
+    def snapshot(self, run: FoldRun) -> Snapshot:
+        """The `Snapshot` the reference reaches at this point of the run."""
+        invocation = run.invocation
+        if invocation is None and run.owed is not None:
+            state, context, event = run.owed
+            invocation = _invocation(state, _scope(context, event, run.input))
+            run.invocation = invocation
+            run.owed = None
+        return Snapshot(
+            value=run.value,
+            context=run.context,
+            status=run.status,
+            input=run.input,
+            output=run.output,
+            error=run.error,
+            invoke=invocation,
+        )
+
+    def hash(self, run: FoldRun) -> str:
+        """`snapshot(run).hash()`, without building the snapshot or its owed actor."""
+        if run.invocation is not None:
+            invoke: tuple[str, str] | None = (run.invocation.id, run.invocation.src)
+        elif run.owed is not None and run.owed[0].invoke is not None:
+            invoke = (run.owed[0].invoke.id, run.owed[0].invoke.src)
+        else:
+            invoke = None
+        shallow = shallow_json(run.value, run.context, run.status, run.input, run.output, run.error, invoke)
+        return canonical_hash(shallow)
+
+    # --- the fast path ------------------------------------------------------------------------------
+
+    def _step(self, run: FoldRun, event: Mapping[str, Any]) -> bool:
+        etype = event.get("type")
+        if type(etype) is not str or type(event) is not dict:
+            raise _Bail  # no type (the reference raises), or not the plain case
+        state = self.states[run.value]
+        if etype in (DONE_EVENT, ERROR_EVENT):
+            if state.actor is None or event.get("actorId", state.actor) != state.actor:
+                return False
+            if etype == ERROR_EVENT:
+                candidates = state.error
+                if not candidates:
+                    # An actor failed where no onError is given: the run ends in error.
+                    run.status = "error"
+                    run.error = event.get("error")
+                    run.output = None
+                    run.owed = run.invocation = None
+                    return True
+            else:
+                candidates = () if state.decide else state.done
+        else:
+            candidates = state.on.get(etype, ())
+        if not candidates:
+            return False
+        context = run.context
+        env = run.env
+        env["context"] = context
+        env["event"] = event
+        taken = _select(candidates, env, context, event)
+        if taken is None:
+            return False
+        if taken.assign is not None:
+            context = taken.assign(env, context)
+        if taken.target is None:
+            # A targetless transition stays without re-entering: the same actor is still owed.
+            run.context = context
+            return True
+        self._settle(run, taken.target, context, dict(event))
+        return True
+
+    def _settle(self, run: FoldRun, value: str, context: dict[str, Any], event: dict[str, Any]) -> None:
+        """`interpreter._settle`: enter `value`, follow choices and eventless transitions; commits to
+        `run` only once the state is stable."""
+        env = run.env
+        env["event"] = event
+        states = self.states
+        for _ in range(MAX_MICROSTEPS):
+            state = states[value]
+            if state.final:
+                env["context"] = context
+                output = state.output(env) if state.output is not None else None
+                run.value, run.context, run.status, run.output = value, context, "done", output
+                run.owed = run.invocation = None
+                return
+            branches = state.branches
+            if branches:
+                env["context"] = context
+                taken = _select(branches, env, context, event)
+                if taken is None:
+                    if state.choice:
+                        raise _Bail  # no branch matched: the reference raises
+                else:
+                    if taken.assign is not None:
+                        context = taken.assign(env, context)
+                    if taken.target is not None:
+                        value = taken.target
+                        continue
+            run.value, run.context = value, context
+            run.owed = (state.source, context, event) if state.invoke is not None else None
+            run.invocation = None
+            return
+        raise _Bail  # the eventless loop did not settle: the reference says where
+
+    def _load(self, run: FoldRun, snapshot: Snapshot) -> None:
+        """Stand `run` where the reference's `snapshot` is."""
+        run.value = snapshot.value
+        run.context = snapshot.context
+        run.status = snapshot.status
+        run.output = snapshot.output
+        run.error = snapshot.error
+        run.invocation = snapshot.invoke
+        run.owed = None
