@@ -16,7 +16,7 @@ import git
 
 from improve.demo import commit_workspace
 from improve.log import LogEntry
-from improve.machine import Machine, Snapshot, initial, transition
+from improve.machine import Machine, Snapshot, fold_of, initial, transition
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -123,7 +123,7 @@ def fold_against_interpreter(
     machine: Machine, input: Any, events: list[dict[str, Any]]
 ) -> list[tuple[Any, Any]]:
     """Each step of a run as the interpreter takes it (`initial`, then `transition` event by event) and
-    as the fold does (`Machine.fold`), side by side: the snapshot reached (its JSON, and its owed actor's
+    as the fold does (`fold_of(machine)`), side by side: the snapshot reached (its JSON, and its owed actor's
     input or the error evaluating it), `not taken`, or the error raised (type and message). Both stop at
     their first error; a step that is not taken leaves the run where it was, and the next event goes on.
     Each side is given its own copy of an event, emptied once the step is taken: what a snapshot keeps of
@@ -140,7 +140,7 @@ def fold_against_interpreter(
         return snapshot.to_json_shallow(), owed, digest
 
     pairs: list[tuple[Any, Any]] = []
-    fold = machine.fold
+    fold = fold_of(machine)
     reference: Snapshot | None = None
     run = None
     for position in range(len(events) + 1):

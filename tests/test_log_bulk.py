@@ -40,6 +40,7 @@ from improve.log import (
     to_log_entry,
 )
 from improve.machine import fold as fold_module
+from improve.machine import fold_of
 from improve.runtime import load_environment
 from improve.runtime.policy import load_policy
 from tests.helpers import REPO, copy_workspace, fold_against_interpreter
@@ -150,20 +151,20 @@ def test_every_bundled_thread_replays_and_verifies_the_same_both_ways(
 
 
 def _fold_differences(bundled: dict[str, JsonlDirStore]) -> tuple[int, list[str], int]:
-    """Every bundled thread's events folded by the interpreter and by `Machine.fold` (replay's fast
+    """Every bundled thread's events folded by the interpreter and by `fold_of(machine)` (replay's fast
     path), compared after each event: the steps compared, where they differ, and the steps the fast
     path gave to the interpreter."""
     steps, differences, fallbacks = 0, [], 0
     for name, store in bundled.items():
         machine = load_environment(name).machine
-        before = machine.fold.fallbacks
+        before = fold_of(machine).fallbacks
         for thread_id in store.list_threads(limit=100_000).thread_ids:
             entries = store.read_bulk(thread_id)
             events = [e.event for e in entries[1:] if e.type not in ("@agent.usage", "@agent.end")]
             pairs = fold_against_interpreter(machine, entries[0].event.get("input"), events)
             steps += len(pairs)
             differences += [f"{thread_id} step {i}" for i, (a, b) in enumerate(pairs) if a != b]
-        fallbacks += machine.fold.fallbacks - before
+        fallbacks += fold_of(machine).fallbacks - before
     return steps, differences, fallbacks
 
 

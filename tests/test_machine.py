@@ -18,7 +18,15 @@ from improve.errors import (
     MachineError,
     UnknownNameError,
 )
-from improve.machine import can, compile_expr, compile_machine, initial, parse_machine, transition
+from improve.machine import (
+    can,
+    compile_expr,
+    compile_machine,
+    fold_of,
+    initial,
+    parse_machine,
+    transition,
+)
 from improve.machine.snapshot import Snapshot, canonical_bytes, canonical_json, decoded_canonical_bytes
 from tests.helpers import fold_against_interpreter
 
@@ -538,7 +546,7 @@ def test_compiled_parts_are_frozen() -> None:
         state.invoke.src = "other"  # type: ignore[misc]
 
 
-# --- the fold (`Machine.fold`, replay's fast path) against the interpreter ------------------------------
+# --- the fold (`fold_of(machine)`, replay's fast path) against the interpreter ------------------------------
 
 # Guards, assigns and outputs for generated machines: mostly the plain case, then values outside the fast
 # path's domain (a big int, a uint literal only cel evaluates) and every way an expression can fail (a
@@ -689,7 +697,7 @@ def generated_run(rng: random.Random) -> tuple[dict[str, Any], dict[str, Any], l
 @settings(max_examples=300, deadline=None)
 @given(st.integers(0, 2**32 - 1))
 def test_the_fold_reaches_what_the_interpreter_reaches_on_generated_machines(seed: int) -> None:
-    """Replay folds with `Machine.fold`: after every event, the same snapshot, the same `not taken`, the
+    """Replay folds with `fold_of(machine)`: after every event, the same snapshot, the same `not taken`, the
     same error, whatever the machine, the values and the failures. (Hypothesis draws a seed, a case is
     made from it: drawing each part of a machine through hypothesis cost seconds per hundred cases.)"""
     config, inp, events = generated_run(random.Random(seed))
@@ -702,7 +710,7 @@ def test_the_fold_takes_the_fast_path_on_plain_steps_and_the_reference_on_the_re
     """The fast path is the one taken where nothing is unusual, so the differential tests test it; a
     value outside its domain (a big int) or a failing guard hands the step to the interpreter."""
     machine = approval_machine()
-    fold = machine.fold
+    fold = fold_of(machine)
     before = fold.fallbacks
     run = fold.start({"amount": 150, "reason": "x"})
     assert fold.step(run, {"type": "ESCALATE"}) and fold.step(run, {"type": "APPROVE", "approver": "d"})

@@ -33,7 +33,7 @@ from improve.log.entry import (
     RESUME_KEY,
     USAGE_EVENT,
 )
-from improve.machine import RESUMABLE_STATUSES, Fold, FoldRun, Machine, Snapshot, wait_status
+from improve.machine import RESUMABLE_STATUSES, Fold, FoldRun, Machine, Snapshot, fold_of, wait_status
 
 RunStatus = str
 """How a run ended: `done` (a final state), `waiting` (in a waiting state nobody answered: resumable;
@@ -196,9 +196,9 @@ def replay(
     if not chosen:
         raise LogError("replaying a prefix of length 0: the prefix must include the @agent.init entry")
     stamp: dict[str, Any] = dict(chosen[0].metadata or {})
-    # The fold's fast path (`Machine.fold`): the same snapshots as `initial` and `transition`, built
+    # The fold's fast path (`fold_of(machine)`): the same snapshots as `initial` and `transition`, built
     # only where one is read (a verified state hash, a resumed run's end, the result).
-    fold = machine.fold
+    fold = fold_of(machine)
     run: FoldRun | None = None
     steps = calls = tokens_in = tokens_out = failed = 0
     decisions = fallbacks = 0

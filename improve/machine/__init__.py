@@ -48,7 +48,7 @@ from improve.machine.expr import (
     referenced_paths,
     tokenize,
 )
-from improve.machine.fold import Fold, FoldRun
+from improve.machine.fold import Fold, FoldRun, fold_of
 from improve.machine.formula import Formula, parse_formula
 from improve.machine.interpreter import (
     DONE_EVENT,
@@ -131,6 +131,7 @@ __all__ = [
     "edges",
     "explore_paths",
     "expressions",
+    "fold_of",
     "format_validation_error",
     "has_errors",
     "initial",

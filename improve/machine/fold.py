@@ -350,3 +350,12 @@ class Fold:
         run.error = snapshot.error
         run.invocation = snapshot.invoke
         run.owed = None
+
+
+def fold_of(machine: Machine) -> Fold:
+    """`machine` compiled once more for folding many events (replay), once per machine: kept on the
+    machine itself, as a cached property would be, so every replay of its threads shares it."""
+    found = machine.__dict__.get("_fold")
+    if found is None:
+        found = machine.__dict__["_fold"] = Fold(machine)
+    return found

@@ -18,8 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
-from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from improve.errors import EvaluationError, MachineConfigError, MachineError, UnknownNameError
 from improve.machine.config import (
@@ -44,9 +43,6 @@ from improve.machine.expr import (
     tree_exprs,
 )
 from improve.machine.snapshot import Invocation, Snapshot
-
-if TYPE_CHECKING:
-    from improve.machine.fold import Fold
 
 MAX_MICROSTEPS = 100
 FREE_TEXT = "text"
@@ -121,13 +117,6 @@ class Machine:
     @property
     def version(self) -> str:
         return self.config.version
-
-    @cached_property
-    def fold(self) -> Fold:
-        """This machine compiled once more for folding many events (replay): `improve.machine.fold`."""
-        from improve.machine.fold import Fold  # fold.py builds on this module
-
-        return Fold(self)
 
     def expressions(self) -> list[Expr]:
         """Every compiled expression, for linting and vocabulary checks."""
