@@ -5,10 +5,10 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | cksum | cut -d' ' -f1)
 
 .DEFAULT_GOAL := help
-.PHONY: help demo test test-fast test-lowest fuzz bench bench-scale mutation conformance hostile lint clean phoenix
+.PHONY: help demo test test-fast test-lowest fuzz bench bench-scale bench-generalize mutation conformance hostile lint clean phoenix
 
 help: ## Show this help
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
 
 # llama-cpp-python (the `local` extra: the small real model of the tests and `improve demo --model local`)
 # is built from source. On x86-64 it is built for AVX2 without native tuning: one build runs on any x86-64
@@ -83,6 +83,9 @@ bench: $(STAMP) ## Print benchmark figures as JSON
 
 bench-scale: $(STAMP) ## Growth: replay, ingest and a round at 10k, 100k, 1M entries (time, us/entry, peak RSS)
 	@$(BIN)/python -m bench --scale
+
+bench-generalize: $(STAMP) ## Out of sample: each desk's demo, then v0 and its final policy on 400 generated cases
+	@$(BIN)/python -m bench --generalize --fixtures
 
 mutation: $(STAMP) ## Mutation score per core module as JSON (cosmic-ray, a seeded sample; not in `make test`)
 	@$(BIN)/python -m bench.mutation

@@ -58,7 +58,39 @@ def main() -> None:
         "--round-sizes",
         help="with --scale: the round's entry counts, or none (default: --sizes; a 1M-entry round is long)",
     )
+    parser.add_argument(
+        "--generalize",
+        action="store_true",
+        help="out of sample instead: each bundled desk's demo, then v0 and its final policy on generated "
+        "cases with careful and naive (see bench/generalize_bench.py)",
+    )
+    parser.add_argument("--cases", type=int, default=400, help="with --generalize: generated cases per desk")
+    parser.add_argument(
+        "--fixtures",
+        action="store_true",
+        help="with --generalize: the two desks of other domains in tests/fixtures/desks too",
+    )
+    parser.add_argument(
+        "--design",
+        choices=["shortest", "shortest+common", "evidence", "evidence+common", "evidence+bounded"],
+        help="with --generalize: the rule miner's design (default: its default; see "
+        "improve/loop/proposers/generalize.py)",
+    )
+    parser.add_argument(
+        "--desks", help="with --generalize: the desks to run, comma-separated (default: every bundled desk)"
+    )
     args = parser.parse_args()
+    if args.generalize:
+        from bench.generalize_bench import DESKS, FIXTURE_DESKS, generalize_figures
+
+        desks = (*DESKS, *FIXTURE_DESKS) if args.fixtures else DESKS
+        if args.desks:
+            desks = tuple(args.desks.split(","))
+        with tempfile.TemporaryDirectory(prefix="improve-bench-generalize-") as tmp:
+            figures = generalize_figures(Path(tmp), args.cases, desks, design=args.design)
+            json.dump({"generalize": figures}, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return
     if args.scale:
         from bench.scale_bench import scale_figures
 

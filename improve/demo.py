@@ -89,7 +89,7 @@ def run_demo(
 ) -> DemoSummary:
     started = time.monotonic()
     with _served(model, say) as models:
-        summary = _rounds(prepare(target, env, models), rounds, k, say, model, cache)
+        summary = demo_rounds(prepare(target, env, models), rounds, k, say, model, cache)
     summary.seconds = time.monotonic() - started
     return summary
 
@@ -110,7 +110,7 @@ def _served(model: str, say: Callable[[str], None]) -> Iterator[str]:
         )
 
 
-def _rounds(
+def demo_rounds(
     space: Workspace, rounds: int, k: int, say: Callable[[str], None], model: str, cache: CacheMode
 ) -> DemoSummary:
     meter = Meter(say=lambda m: say(f"   {m}"))

@@ -733,3 +733,29 @@ def test_novelty_refuses_a_branch_already_discarded_against_the_policy() -> None
     other = v1([{"guard": "facts.customer.refundsLast90d >= 4", "target": "escalate"}])
     assert passed(run_gates(other, ctx))
     assert passed(run_gates(seen, context(baseline=baseline, gates=gates)))  # nothing discarded before
+
+
+def test_novelty_refuses_a_candidate_that_answers_as_a_discarded_one_did() -> None:
+    """Two branches that answer the same decisions the same way are one candidate: a candidate whose
+    guard is written otherwise but answers every known decision (training and held-out) as a
+    discarded candidate did fails `novelty`; one that answers some decision otherwise passes."""
+    from improve.loop.discards import DiscardedCandidate, RouteBranch
+    from improve.loop.gates import NoveltyGate
+
+    escalate = {"type": "'ESCALATE'"}
+    offered = "{'type': 'ESCALATE'} in input.options"
+    was = RouteBranch(f"facts.customer.refundsLast90d >= 3 && {offered}", escalate)
+    tried = DiscardedCandidate("20260101-000000-refunds-v1", "v0", "v1", "c", "reach", (was,), (was,))
+    baseline = parse_machine(V0)
+    gates = [*BUILTIN_GATES[:2], NoveltyGate(), *BUILTIN_GATES[2:]]
+    held_out = [{"name": p.name, "facts": p.facts, "options": p.options} for p in PROBES[:3]]
+    ctx = context(baseline=baseline, gates=gates, tried=[tried], held_out_decisions=held_out)
+    refunds = {p.facts["customer"]["refundsLast90d"] for p in PROBES}
+    assert 3 in refunds and max(refunds) > 3, refunds  # decisions on both sides of each guard below
+    same = v1([{"guard": f"facts.customer.refundsLast90d > 2 && {offered}", "target": "escalate"}])
+    results = run_gates(same, ctx)
+    assert [r.name for r in results] == ["environment-unchanged", "validate", "novelty"]
+    assert not results[-1].ok and "exactly as candidate v1 did" in results[-1].detail, results[-1].detail
+    assert "discarded against v0 in round 20260101-000000-refunds-v1" in results[-1].detail
+    other = v1([{"guard": f"facts.customer.refundsLast90d >= 4 && {offered}", "target": "escalate"}])
+    assert passed(run_gates(other, ctx)), [r.to_json() for r in run_gates(other, ctx)]

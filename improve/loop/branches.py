@@ -30,6 +30,7 @@ from improve.machine import (
     Scope,
     StateConfig,
     TransitionConfig,
+    canonical_json,
     compile_expr,
 )
 from improve.runtime import Environment
@@ -176,6 +177,21 @@ def answer_on(branches: Sequence[Branch], example: Mapping[str, Any]) -> tuple[B
             continue
         return branch, answer
     return None
+
+
+def answers(
+    branches: Sequence[Branch], new: set[int], decisions: Iterable[Mapping[str, Any]]
+) -> frozenset[tuple[str, str]]:
+    """What the branches numbered `new` answer among `decisions` (`name`, `facts`, `options`): each
+    decision they answer first, with the answer, both as canonical JSON. Two candidates with the same
+    set answer the same decisions the same way: one candidate, whatever their guards say."""
+    found = set()
+    for example in decisions:
+        fired = answer_on(branches, example)
+        if fired is not None and fired[0].index in new:
+            key = canonical_json([example.get("name"), example.get("facts"), example.get("options")])
+            found.add((key, canonical_json(fired[1])))
+    return frozenset(found)
 
 
 def offered(output: Mapping[str, Any]) -> str:

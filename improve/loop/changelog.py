@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from improve.evals import HeldOutRead, Scenario, VersionScore, p_value, set_key
 from improve.files import append_whole
 from improve.loop.branches import DiscardedBranch
+from improve.loop.discards import DiscardedCandidate, read_discarded, remember
 
 if TYPE_CHECKING:
     from improve.loop.round_record import HeldOutReuse, RoundRecord, SplitScore
@@ -176,6 +177,16 @@ class Changelog:
             for guard, answer in e.branches
         ]
 
+    def lineage(self, version: str) -> tuple[str, ...]:
+        """`version` and the versions it descends from, newest first: each recommended entry leads from
+        its candidate back to its baseline (a version no recommended entry proposed ends the line)."""
+        line = [version]
+        while True:
+            step = next((e for e in self.entries[::-1] if e.recommended and e.candidate == line[-1]), None)
+            if step is None or step.baseline in line:
+                return tuple(line)
+            line.append(step.baseline)
+
     def held_out_reads(self, key: str) -> int:
         """How many rounds the CHANGELOG records as reads of the held-out set `key`: its lines that say
         so, or the highest count one of them states when that is larger (an entry lost with a branch
@@ -316,11 +327,25 @@ class Memory:
     changelog: Changelog
     version: str
     discarded: tuple[DiscardedBranch, ...]
+    """Branches discarded against the baseline or a version it descends from, as the CHANGELOG and the
+    workspace's memory of discarded candidates (`discards.py`) record them."""
     held_out: HeldOutReuse
+    tried: tuple[DiscardedCandidate, ...] = ()
+    """The candidates the workspace remembers discarding against the baseline or a version it descends
+    from, oldest first: what the novelty gate compares a candidate's answers with, and what tells a
+    round which clusters were tried (`lineage` says against which version)."""
+    lineage: tuple[str, ...] = ()
+    """The baseline and the versions it descends from, newest first."""
+    remembered: Path | None = None
+    """Where the workspace remembers discarded candidates (None: nowhere)."""
 
     def add(self, record: RoundRecord, env: str) -> Added:
-        """The round's entry: appended to the file for a discarded candidate; for a recommended one only
-        written into the text its review branch carries (the working tree stays as it is)."""
+        """The round's entry: appended to the file for a discarded candidate (and the candidate to the
+        workspace's memory); for a recommended one only written into the text its review branch
+        carries (the working tree stays as it is)."""
+        discarded = DiscardedCandidate.of(record)
+        if discarded is not None and self.remembered is not None:
+            remember(self.remembered, discarded)
         entry = entry_text(record)
         current = Entry.of(record) if record.scores else None  # the round is the history's head
         history = policy_history(
@@ -334,17 +359,36 @@ class Memory:
 
 
 def read_memory(
-    path: Path, policies_dir: Path, baseline: str, held_out: Sequence[Scenario], max_bias: float
+    path: Path,
+    policies_dir: Path,
+    baseline: str,
+    held_out: Sequence[Scenario],
+    max_bias: float,
+    remembered: Path | None = None,
 ) -> Memory:
-    """Read the CHANGELOG at `path` once, for a round against `baseline` (a version label)."""
+    """Read the CHANGELOG at `path` once, and the workspace's memory of discarded candidates at
+    `remembered`, for a round against `baseline` (a version label)."""
     from improve.loop.round_record import HeldOutReuse
 
     changelog = Changelog.read(path)
+    lineage = changelog.lineage(baseline)
+    everything = read_discarded(remembered) if remembered else ()
     read = changelog.next_held_out_read(held_out, max_bias)
+    remembered_reads = [t.held_out[1] for t in everything if t.held_out and t.held_out[0] == read.key]
+    if remembered_reads and max(remembered_reads) >= read.read:
+        read = HeldOutRead(read.key, read.scenarios, max(remembered_reads) + 1, max_bias)
+    tried = tuple(t for t in everything if t.baseline in lineage)
+    # A version a discarded candidate took stays taken when its entry is gone with a reverted working
+    # tree: its threads are recorded under it.
+    taken = [int(m.group(1)) for t in everything if (m := re.fullmatch(r"v(\d+)", t.candidate))]
+    version = str(max(int(changelog.next_version(policies_dir)), max(taken, default=0) + 1))
+    discarded = [b for version in lineage for b in changelog.discarded_branches(version)]
+    discarded += [DiscardedBranch(b.guard, b.answer, t.round) for t in tried for b in t.added]
+    unique = list({(b.guard, b.answer): b for b in reversed(discarded)}.values())[::-1]
     return Memory(
         changelog,
-        changelog.next_version(policies_dir),
-        tuple(changelog.discarded_branches(baseline)),
+        version,
+        tuple(unique),
         HeldOutReuse(
             key=read.key,
             scenarios=read.scenarios,
@@ -354,6 +398,9 @@ def read_memory(
             bias_bound=round(read.bias_bound, 6),
             warning=read.warning(),
         ),
+        tried,
+        lineage,
+        remembered,
     )
 
 
@@ -372,7 +419,7 @@ def entry_text(record: RoundRecord) -> str:
     h = record.hypothesis
     if h:
         lines += [
-            f"- Cluster: {record.cluster}.",
+            f"- Cluster: {record.cluster}" + (f" ({record.aim})." if record.aim else "."),
             f"- Hypothesis: {h.cause}.",
             f"- Change: {record.rationale or h.change}",
             f"- Expected to move: {h.metric}.",

@@ -13,6 +13,7 @@ from improve.errors import WorkspaceError
 from improve.evals import CONFIG_NAME, Fanout, Scenario, Workspace, policy_label
 from improve.llm import Meter
 from improve.loop.changelog import CHANGELOG, Memory, read_memory
+from improve.loop.discards import discarded_path
 from improve.loop.proposers import Proposer
 from improve.machine import MachineConfig
 from improve.runtime import Environment, vocabulary
@@ -127,7 +128,14 @@ def locate(space: Workspace, env: str | None, policy: str) -> Inputs:
         # proposers, gates and their probes, the overfit gate's literals) can read it.
         scenario_set.open_scenarios,
         policies_dir,
-        read_memory(changelog, policies_dir, policy_label(config), held_out, bias),
+        read_memory(
+            changelog,
+            policies_dir,
+            policy_label(config),
+            held_out,
+            bias,
+            discarded_path(space.root, env_name),
+        ),
         environment.file_hashes(),
         scenario_set.split("train"),
         held_out,

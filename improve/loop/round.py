@@ -57,6 +57,7 @@ from improve.files import check_directory
 from improve.llm import Meter
 from improve.loop.branches import added
 from improve.loop.diagnose import Diagnosis, in_cluster
+from improve.loop.discards import focus
 from improve.loop.evidence import Evidence
 from improve.loop.gates import (
     EnvironmentGate,
@@ -90,7 +91,7 @@ from improve.loop.round_record import (
     SplitScore,
     Status,
 )
-from improve.machine import MachineConfig, diff_states
+from improve.machine import MachineConfig, canonical_json, diff_states
 from improve.runtime import compile_policy, vocabulary
 
 MAX_REPAIRS = 3
@@ -158,6 +159,10 @@ class Round:
             replay_first=self.replay_first,
             concurrency=opts.concurrency,
         )
+        self.focus = focus(inputs.memory.tried)
+        """Where the round aims after the candidates discarded along the policy's line."""
+        self.aim: str | None = None
+        """What the round said about its cluster: a narrower rule for it, or the next cluster."""
         # What the steps find.
         self.status: Status = "discarded"
         self.detail = ""
@@ -217,9 +222,21 @@ class Round:
         return True
 
     def diagnose(self) -> bool:
-        """The training failures clustered, the cluster to fix and the hypothesis."""
+        """The training failures clustered, the cluster to fix and the hypothesis. A cluster whose
+        candidate was discarded along this policy's line gets a narrower rule once when that candidate
+        reached too far, else the round moves on to the next cluster (`discards.focus`); when every cluster
+        was tried, the one tried longest ago comes round again."""
         self.say("diagnose: train failures only")
-        self.diagnosis, examples = self.evidence.diagnose(self.base_rows, self.inputs.policy, self.opts.skip)
+        tried = [c for c in self.focus.skip if c not in self.opts.skip]
+        skip = [*self.opts.skip, *tried]
+        self.diagnosis, examples = self.evidence.diagnose(self.base_rows, self.inputs.policy, skip)
+        again: str | None = None
+        while self.diagnosis.chosen is None and not self.diagnosis.blocked and tried:
+            # Every cluster left was tried along this line: the one tried longest ago comes round again
+            # (the novelty gate still refuses a candidate that answers as a discarded one did).
+            again = tried.pop(0)
+            skip.remove(again)
+            self.diagnosis, examples = self.evidence.diagnose(self.base_rows, self.inputs.policy, skip)
         diagnosis = self.diagnosis
         if diagnosis.blocked:
             self.status, self.detail = "blocked", diagnosis.blocked
@@ -227,6 +244,14 @@ class Round:
         if diagnosis.chosen is None or diagnosis.hypothesis is None:
             self.status, self.detail = "nothing-to-fix", "no training failure or cost cluster left to address"
             return False
+        self.aim = self.focus.says(diagnosis.chosen.id)
+        if again is not None and diagnosis.chosen.id == again:
+            self.aim = (
+                f"cluster {again} again: every cluster was tried along this policy's line, {again} longest ago "
+                "(a candidate answering as a discarded one did is still refused)"
+            )
+        if self.aim:
+            self.say(f"aiming at {self.aim}")
         self.say(f"cluster: {diagnosis.chosen.title} -> {diagnosis.hypothesis.change}")
         self.request = self._request(diagnosis, examples)
         return True
@@ -455,7 +480,18 @@ class Round:
             diagnosis=diagnosis.to_json(),
             examples=[e | {"in_cluster": in_cluster(e, chosen)} for e in examples],
             discarded=[dataclasses.asdict(d) for d in self.inputs.memory.discarded],
+            narrower=self._narrower(diagnosis.chosen.id),
         )
+
+    def _narrower(self, cluster: str) -> list[dict[str, str]]:
+        """The branches a narrower rule for `cluster` must stay inside (none unless the focus says so)."""
+        last = (self.focus.narrower or {}).get(cluster)
+        if last is None:
+            return []
+        return [
+            {"guard": b.guard, "answer": b.answer, "candidate": last.candidate, "round": last.round}
+            for b in last.added
+        ]
 
     def _proposer(self) -> Proposer:
         opts, inputs = self.opts, self.inputs
@@ -479,11 +515,28 @@ class Round:
             expected_hashes=inputs.env_hashes,
             probes=self.evidence.probes(inputs.train),
             scenarios=inputs.scenarios,
-            gates=_with_novelty(gates_for(self.space)) if inputs.memory.discarded else gates_for(self.space),
+            gates=_with_novelty(gates_for(self.space))
+            if inputs.memory.discarded or inputs.memory.tried
+            else gates_for(self.space),
             baseline=inputs.policy,
             decisions=request.examples,
             discarded=inputs.memory.discarded,
+            tried=inputs.memory.tried,
+            held_out_decisions=self._held_out_decisions() if inputs.memory.tried else [],
         )
+
+    def _held_out_decisions(self) -> list[dict[str, Any]]:
+        """The baseline's held-out decisions, their name, facts and options only (each once): where the
+        novelty gate compares what a candidate answers with what a discarded one did. No label, no
+        outcome: nothing here can shape a candidate."""
+        found: dict[str, dict[str, Any]] = {}
+        for row in self.base_rows:
+            if row.split != "held-out":
+                continue
+            for request in self.evidence.requests(row.thread_id):
+                decision = {"name": request.name, "facts": request.facts, "options": request.options}
+                found.setdefault(canonical_json(decision), decision)
+        return list(found.values())
 
     def _record(self) -> RoundRecord:
         """The record of what the steps found."""
@@ -503,6 +556,7 @@ class Round:
             goal_met=self.goal_met,
             decision_detail=self.detail or self._gate_detail(),
             cluster=self.diagnosis.chosen.id if self.diagnosis and self.diagnosis.chosen else None,
+            aim=self.aim,
             hypothesis=self.diagnosis.hypothesis if self.request is not None and self.diagnosis else None,
             rationale=self.proposal.rationale if self.proposal is not None else None,
             branches=_new_branches(self.inputs.policy, config),

@@ -235,6 +235,9 @@ class RoundRecord(BaseModel):
     decision_detail: str = ""
     # diagnose, propose, gate
     cluster: str | None = None
+    aim: str | None = None
+    """Why this cluster, after candidates discarded along the policy's line: a narrower rule for it,
+    or the next cluster after those tried (None when none was tried)."""
     hypothesis: Hypothesis | None = None
     rationale: str | None = None
     branches: list[NewBranch] = Field(default_factory=list)

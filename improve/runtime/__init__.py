@@ -14,6 +14,7 @@ from improve.runtime.decision import (
 from improve.runtime.environment import (
     ENVIRONMENTS,
     Actor,
+    CaseGenerator,
     Environment,
     EnvironmentRef,
     FactType,
@@ -74,6 +75,7 @@ __all__ = [
     "Actor",
     "ActorCall",
     "ActorFailure",
+    "CaseGenerator",
     "ChatModel",
     "ChatSession",
     "Decider",

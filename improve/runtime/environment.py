@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import functools
 import hashlib
+import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -69,6 +70,11 @@ def load_machine(path: Path) -> MachineConfig:
 FactType = str | tuple[Any, ...]
 """A fact's declared type: a type name, or the tuple of values of an enumerated fact."""
 
+CaseGenerator = Callable[[random.Random], Mapping[str, Any]]
+"""Draws one plausible case from the generator given: its `input`, `world` and `people` as a scenario
+has them and, when the environment labels the case by its own rules, `expected` (`outcome` and
+`effects`, as a scenario's) and a `category`."""
+
 
 @dataclass
 class Environment:
@@ -93,9 +99,11 @@ class Environment:
     calls a changed outcome "safer" only when both states are ranked and the new one ranks at least as
     high; a state not listed is only ever "same" as itself."""
     fact_types: Mapping[str, Mapping[str, FactType]] = field(default_factory=dict)
-    """Per decision name, the type of each fact path: `"number"`, `"int"`, `"bool"`, `"string"` (free
-    text), `"list"`, `"any"`, or a tuple of the values an enumerated fact takes (`("free", "pro")`). The
-    vocabulary a policy's guards are type-checked against, and what the rule miner may test."""
+    """Per decision name, the type of each fact path: `"number"`, `"int"`, `"bool"`, `"text"` (free
+    text, tested for words), `"string"` (tested for words only when its values read as prose: not a
+    name, an id or an address), `"list"`, `"any"`, or a tuple of the values an enumerated fact takes
+    (`("free", "pro")`). The vocabulary a policy's guards are type-checked against, and what the rule
+    miner may test."""
     policy_guards: dict[str, GuardFn] = field(default_factory=dict)
     """Named guards the environment exports to policies (called with the request as context)."""
     judgments: dict[str, Judgment] = field(default_factory=dict)
@@ -121,6 +129,10 @@ class Environment:
     counted across resumes. With a fresh budget per resume, exploration must prove the resumes along any
     path bounded (`improve explore`, the explore gate): a machine that can wait again after a resume
     counts its resumes in its context and guards on the count."""
+    cases: CaseGenerator | None = None
+    """A generator of plausible cases, unseen by any round: what checks a policy out of sample
+    (`improve.evals.out_of_sample`). A case without `expected` is labelled by the `careful` stand-in's
+    run of the first policy; a generator that knows the rules labels its own."""
     ref: EnvironmentRef | None = field(default=None, repr=False, compare=False)
     """How the registry loaded it, so a worker process can load it again (set by `load_environment`)."""
 

@@ -71,6 +71,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from improve.examples.code_agent.cases import draw
 from improve.examples.code_agent.models import careful, naive, sloppy
 from improve.examples.code_agent.rules import PROBE_INPUTS, RULE_EVALS, probe
 from improve.examples.code_agent.world import ACTORS, CodeWorld
@@ -189,4 +190,5 @@ def environment() -> Environment:
         probe_inputs=PROBE_INPUTS,
         rule_evals=RULE_EVALS,
         resume_budget=RESUME_BUDGET,
+        cases=draw,
     )

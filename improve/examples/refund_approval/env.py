@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from improve.examples.refund_approval.cases import draw
 from improve.examples.refund_approval.models import careful, naive, sloppy
 from improve.examples.refund_approval.rules import PROBE_INPUTS, RULE_EVALS, probe
 from improve.machine import parse_machine
@@ -40,4 +41,5 @@ def environment() -> Environment:
         probe=probe(),
         probe_inputs=PROBE_INPUTS,
         rule_evals=RULE_EVALS,
+        cases=draw,
     )

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from improve.examples.refunds.cases import draw
 from improve.examples.refunds.models import careful, naive, sentiment, sloppy
 from improve.examples.refunds.rules import PROBE_INPUTS, RULE_EVALS, probe
 from improve.examples.refunds.world import (
@@ -104,4 +105,5 @@ def environment() -> Environment:
         probe=probe(),
         probe_inputs=PROBE_INPUTS,
         rule_evals=RULE_EVALS,
+        cases=draw,
     )

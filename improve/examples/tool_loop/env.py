@@ -39,6 +39,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from improve.examples.tool_loop.cases import draw
 from improve.examples.tool_loop.guards import GuardRegistry
 from improve.examples.tool_loop.models import careful, naive, sloppy
 from improve.examples.tool_loop.rules import PROBE_INPUTS, RULE_EVALS, probe
@@ -122,4 +123,5 @@ def environment(guards: GuardRegistry | None = None) -> Environment:
         probe=probe(),
         probe_inputs=PROBE_INPUTS,
         rule_evals=RULE_EVALS,
+        cases=draw,
     )

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from improve.examples.triage.cases import draw
 from improve.examples.triage.models import careful, naive, sloppy
 from improve.examples.triage.rules import FACT_TYPES, PROBE_INPUTS, RULE_EVALS, probe
 from improve.examples.triage.world import ACTORS, InboxWorld, world_from_thread
@@ -56,4 +57,5 @@ def environment() -> Environment:
         probe=probe(),
         probe_inputs=PROBE_INPUTS,
         rule_evals=RULE_EVALS,
+        cases=draw,
     )

@@ -23,6 +23,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from improve.evals import Scenario
 from improve.loop.branches import DiscardedBranch
+from improve.loop.discards import DiscardedCandidate
 from improve.machine import Machine, MachineConfig
 from improve.runtime import DecisionRequest, Environment, Vocabulary, vocabulary
 
@@ -77,7 +78,14 @@ class GateContext:
     where the overfit gate counts a threshold's support, and what the interactions gate calls covered.
     Empty outside a round: then both read the probe requests."""
     discarded: Sequence[DiscardedBranch] = ()
-    """Branches discarded against `baseline` (its CHANGELOG): what the novelty gate refuses again."""
+    """Branches discarded against `baseline` or a version before it: what the novelty gate refuses
+    again as written."""
+    tried: Sequence[DiscardedCandidate] = ()
+    """Candidates the workspace remembers discarding against `baseline` or a version before it: what
+    the novelty gate refuses again when a candidate answers as one of them did."""
+    held_out_decisions: Sequence[Mapping[str, Any]] = ()
+    """The held-out decisions of the baseline's runs, their `name`, `facts` and `options` only (no
+    label, no outcome): where the novelty gate compares what two candidates answer."""
     gates: Sequence[Gate] = ()
     """The gates in order, from `gates_for(workspace)` (which adds a workspace's own); empty means
     `gates_for()`: the eight built-in ones and those installed packages register."""

@@ -10,7 +10,7 @@ from improve.loop.gates.gate import GateContext, GateResult
 from improve.machine import Scope, state_path
 from improve.runtime import Vocabulary, compile_policy
 
-_PROBE_VALUES = {"number": 1.5, "int": 1, "string": "text", "bool": False, "any": None}
+_PROBE_VALUES = {"number": 1.5, "int": 1, "string": "text", "text": "text", "bool": False, "any": None}
 
 
 def typed_request(vocab: Vocabulary, decision: int = 0) -> dict[str, Any]:

@@ -1,33 +1,68 @@
-"""`novelty`: a candidate must add a branch not already discarded against the policy it would replace.
+"""`novelty`: a candidate must not be one already discarded against the policy it would replace, or
+against a version that policy descends from.
 
-The memory is the CHANGELOG's (`Changelog.discarded_branches`): each discarded candidate's entry lists
-the branches it added, against its baseline. A round whose baseline has such a memory runs this gate
-right after `validate`; a candidate whose every new branch was discarded before fails it, and the
-proposer is asked for another condition or another answer.
+Two memories say what was discarded: the CHANGELOG's (`Changelog.discarded_branches`: each discarded
+candidate's entry lists the branches it added, against its baseline) and the workspace's own
+(`discards.py`, which a reverted working tree does not lose). A candidate fails when every branch it
+adds was discarded before as written, or when its new branches answer the training and held-out
+decisions exactly as a discarded candidate's did: the same decisions, the same answers. Two branches
+that answer alike are one candidate, whatever their guards say (`type != 'employee'` and `type ==
+'contractor'` where no intern ever asked), and a round that tried one must not spend a held-out read
+on the other. A round whose baseline has such a memory runs this gate right after `validate`; on a
+failure the proposer is asked for another condition or another answer.
 """
 
 from __future__ import annotations
 
-from improve.loop.branches import added
+from improve.loop.branches import added, answers, route
 from improve.loop.gates.gate import GateContext, GateResult
+
+WHY = {
+    "reach": "its branch answered decisions wrongly where it answered, or made a scenario worse",
+    "gain": "it gained too little",
+    "gates": "it did not pass the gates",
+    "none": "no rule was proposed",
+}
 
 
 class NoveltyGate:
     name = "novelty"
 
     def run(self, ctx: GateContext) -> GateResult:
-        if not ctx.discarded or ctx.baseline is None:
-            return GateResult(self.name, True, "no branch was discarded against this policy")
-        new = [(b.guard or "", b.answer()) for b in added(ctx.baseline, ctx.policy)]
+        if (not ctx.discarded and not ctx.tried) or ctx.baseline is None:
+            return GateResult(self.name, True, "no candidate was discarded against this policy")
+        new_branches = added(ctx.baseline, ctx.policy)
+        new = [(b.guard or "", b.answer()) for b in new_branches]
         seen = {(d.guard, d.answer): d.round for d in ctx.discarded}
-        if not new or any(branch not in seen for branch in new):
-            return GateResult(self.name, True, f"{len(new)} new branch(es), not discarded before")
-        rounds = sorted({seen[branch] for branch in new})
+        if new and all(branch in seen for branch in new):
+            rounds = sorted({seen[branch] for branch in new})
+            return GateResult(
+                self.name,
+                False,
+                f"this change was already discarded against {ctx.baseline.id}@{ctx.baseline.version} or a "
+                f"version before it (round(s) {', '.join(rounds)}, see the CHANGELOG): "
+                + "; ".join(f"`{guard}` -> {answer}" for guard, answer in new)
+                + ". Propose another condition or another answer",
+            )
+        decisions = [*ctx.training_decisions(), *ctx.held_out_decisions]
+        answered = answers(route(ctx.policy), {b.index for b in new_branches}, decisions)
+        if answered:
+            for tried in ctx.tried:
+                branches, indexes = tried.branches()
+                if indexes and answers(branches, indexes, decisions) == answered:
+                    shown = "; ".join(f"`{b.guard}` -> {b.answer}" for b in tried.added)
+                    return GateResult(
+                        self.name,
+                        False,
+                        f"this change answers the {len(answered)} training and held-out decision(s) it takes "
+                        f"exactly as candidate {tried.candidate} did ({shown}), discarded against "
+                        f"{tried.baseline} in round {tried.round}: {WHY[tried.reason]}. Two branches that "
+                        "answer the same decisions the same way are one candidate: propose a rule that "
+                        "answers other decisions, or another answer",
+                    )
         return GateResult(
             self.name,
-            False,
-            f"this change was already discarded against {ctx.baseline.id}@{ctx.baseline.version} (round(s) "
-            f"{', '.join(rounds)}, see the CHANGELOG): "
-            + "; ".join(f"`{guard}` -> {answer}" for guard, answer in new)
-            + ". Propose another condition or another answer",
+            True,
+            f"{len(new)} new branch(es), not discarded before, answering {len(answered)} known decision(s) "
+            "unlike any discarded candidate",
         )

@@ -35,6 +35,10 @@ class ProposalRequest:
     discarded: list[dict[str, str]] = field(default_factory=list)
     """Branches already discarded against this policy (its CHANGELOG): `guard` and `answer` (as
     `EVENT{field: source}`), and the `round` that discarded them. Proposing one again wastes a round."""
+    narrower: list[dict[str, str]] = field(default_factory=list)
+    """When the cluster's candidate was discarded for reaching too far: its branches (`guard`,
+    `answer`, the `candidate` version and its `round`). A rule for the cluster must then answer what one
+    of them answered, on strictly fewer training decisions."""
 
 
 @dataclass(frozen=True)

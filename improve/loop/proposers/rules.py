@@ -8,36 +8,34 @@ model:
    value the environment offers, `ROUTE{queue: 'billing'}`) or facts (`REFUND{amount:
    facts.order.refundable}`), right for the cluster's failed decisions;
 2. a *condition*: at most `MAX_TERMS` alternatives joined by `||`, each at most `MAX_ATOMS` conditions
-   joined by `&&`, over the decision's facts by their declared types:
-   - numbers: thresholds (`facts.x >= 3`) and comparisons between facts (`facts.a > facts.b`);
-   - booleans: `facts.x == true`, `facts.x == false`;
-   - enumerated strings: `==`, `!=`, membership `in [...]` and its negation;
-   - free text: a word or two-word phrase, case-insensitive (`facts.t.matches('(?i)\\bbreach\\b')`),
-     and its negation.
-   It holds for the decisions the branch is for and for no training decision where its answer would be
-   wrong. Learned by sequential covering: each alternative grown by a beam search on FOIL's
-   information gain less the bits it takes to choose each condition (a threshold among forty cut
-   points fits a small training set by chance far more easily than a flag), the next one for the
-   failures the earlier ones leave, as long as they come from at least `MIN_SUPPORT` scenarios.
+   joined by `&&`, over the decision's facts by their declared types (conditions.py). It holds for the
+   decisions the branch is for and for no training decision where its answer would be wrong, unless a
+   branch already in front of it answers that decision rightly (a handbook's rules each apply where the
+   ones before them do not). Learned by sequential covering: each alternative grown by a beam search on
+   FOIL's information gain less the bits it takes to choose each condition (a threshold among forty
+   cut points fits a small training set by chance far more easily than a flag), chosen among the exact
+   ones by the evidence it carries (`_surprise`, less those bits: one that does not pay for itself is
+   no rule), the next one for the failures the earlier ones leave, as long as they come from at least
+   `MIN_SUPPORT` scenarios. Each alternative then keeps what its evidence has in common (generalize.py):
+   a branch answers where the evidence says it is right, not wherever the shortest condition reaches.
 3. a *place* among the branches already there (`place`): before any branch that answers one of the
    failures it fixes wrongly (the labels decide where both match), else before the first branch whose
    answer is less safe (the environment's `safety_order` decides where no label does), else last before
-   the model. Because the condition excludes every training decision where its answer is wrong, no
-   training decision that is right today changes.
+   the model; a rule that leaves some decisions to a branch in front of it is kept only where it is
+   placed behind that branch (`in_place`). So no training decision that is right today changes.
 
 The branch also carries `ANSWER in input.options`: it never answers an option the environment does not
 offer (a guard refused it), and falls through to the next branch or the model instead.
 
-What a condition may test is what holds across scenarios: a threshold needs at least `MIN_SUPPORT`
-training scenarios on each side of it (or is one of the environment's own constants), a word or phrase
-must appear in the text of at least `MIN_SUPPORT` training scenarios. A rule already discarded against
-the current policy (its CHANGELOG) is never proposed again. Candidates are ranked: most failures fixed,
-fewest conditions, the environment's constants; a repair after a failed gate takes the next one.
+A rule already discarded against the current policy or a version it descends from (the CHANGELOG, and
+the workspace's memory of discarded candidates) is never proposed again; when the round asks for a
+narrower rule than a discarded one (it reached too far), only rules answering as it did on strictly
+fewer training decisions are. Candidates are ranked: most failures fixed, fewest conditions, the
+environment's constants; a repair after a failed gate takes the next one.
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 import re
@@ -48,16 +46,30 @@ from typing import Any
 from improve.errors import ImproveError, ProposalError
 from improve.loop.branches import (
     Branch,
+    answer_on,
     answer_text,
-    decision_input,
     fact_at,
     insert_branch,
     offered,
     route,
-    same_answer,
 )
 from improve.loop.gates import GateResult
+from improve.loop.proposers import generalize as reach
 from improve.loop.proposers.base import Proposal, ProposalRequest
+from improve.loop.proposers.conditions import (
+    MIN_SUPPORT,
+    Atom,
+    Case,
+    RuleTerms,
+    atoms_for,
+    count,
+    decisions_by_name,
+    literal,
+    mask_of,
+    numeric,
+    quote,
+)
+from improve.loop.proposers.generalize import DESIGNS, GENERALIZE, Design, Generalization, keep
 from improve.machine import MAX_EXPRESSION_LENGTH, Expr, Scope, compile_expr
 from improve.runtime import FactType
 
@@ -70,112 +82,6 @@ BEAM = 8
 MAX_CANDIDATES = 12
 VARIANTS = 3
 """Rules per answer, each starting from another first condition: what a repair falls back on."""
-MIN_SUPPORT = 2
-"""Training scenarios needed on each side of a threshold, and with a word in their text."""
-MAX_SET = 6
-"""Enumerated facts with at most this many values are also tested for membership in subsets."""
-
-_STOPWORDS = """
-the and for you are not but was our can has had his her its any all get
-got one out who how why now per via yes this that with from have been were they
-their them then than these those there here what when where which while will would could should your
-yours about after before again also just only very into over under more most some such same other
-each every both much many please thanks thank want need does doing done came come like make made
-said says sure ever never still even because hello dear regards
-"""
-STOPWORDS = frozenset(_STOPWORDS.split())
-"""Words that say nothing about a case: a condition on them would be a coincidence of the training data."""
-
-WORD = re.compile(r"[a-z]{3,20}")
-
-
-# --- conditions -----------------------------------------------------------------------------------------
-
-
-def _numeric(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def _number(value: float | int) -> str:
-    if isinstance(value, int) or float(value).is_integer():
-        return str(int(value))
-    return repr(float(value))
-
-
-def _quote(text: str) -> str:
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
-def _words(text: str) -> list[str]:
-    return [w for w in WORD.findall(text.lower()) if w not in STOPWORDS]
-
-
-def _phrase_pattern(phrase: str) -> str:
-    return r"(?i)\b" + r"\s+".join(phrase.split()) + r"\b"
-
-
-_COMPARE = {
-    ">": lambda a, b: a > b,
-    ">=": lambda a, b: a >= b,
-    "<": lambda a, b: a < b,
-    "<=": lambda a, b: a <= b,
-}
-
-
-@dataclass(frozen=True)
-class Atom:
-    """One condition over one fact (or two, for a comparison between facts)."""
-
-    kind: str
-    """`threshold`, `pair`, `flag`, `equals`, `member` or `text`."""
-    path: str
-    op: str
-    """`>`, `>=`, `<`, `<=` (threshold, pair); `==` (flag, equals, member, text); `!=` (negated)."""
-    value: Any
-    """The threshold, the other fact's path, the flag's value, the enumerated value (or a tuple of them
-    for `member`), or the word or phrase."""
-
-    @property
-    def negated(self) -> bool:
-        return self.op == "!="
-
-    @property
-    def threshold(self) -> float | None:
-        return float(self.value) if self.kind == "threshold" else None
-
-    @property
-    def paths(self) -> set[str]:
-        return {self.path, self.value} if self.kind == "pair" else {self.path}
-
-    def cel(self) -> str:
-        if self.kind == "threshold":
-            return f"{self.path} {self.op} {_number(self.value)}"
-        if self.kind == "pair":
-            return f"{self.path} {self.op} {self.value}"
-        if self.kind == "flag":
-            return f"{self.path} == {'true' if self.value else 'false'}"
-        if self.kind == "equals":
-            return f"{self.path} {self.op} {_literal(self.value)}"
-        if self.kind == "member":
-            listed = f"{self.path} in [{', '.join(_literal(v) for v in self.value)}]"
-            return f"!({listed})" if self.negated else listed
-        test = f"{self.path}.matches({_quote(_phrase_pattern(self.value))})"
-        return f"!{test}" if self.negated else test
-
-    def holds(self, facts: Mapping[str, Any]) -> bool:
-        """What the CEL condition gives on these facts (checked against CEL before a rule is proposed)."""
-        a = fact_at(facts, self.path)
-        if self.kind in ("threshold", "pair"):
-            b = fact_at(facts, self.value) if self.kind == "pair" else self.value
-            return _numeric(a) and _numeric(b) and bool(_COMPARE[self.op](a, b))
-        if self.kind == "flag":
-            return a is self.value
-        if self.kind == "equals":
-            return bool(a == self.value) != self.negated
-        if self.kind == "member":
-            return bool(a in self.value) != self.negated
-        found = isinstance(a, str) and re.search(_phrase_pattern(self.value), a) is not None
-        return found != self.negated
 
 
 @dataclass(frozen=True)
@@ -191,8 +97,8 @@ class Action:
         }
 
     def cel(self) -> dict[str, str]:
-        fields = {f: (v if how == "fact" else _literal(v)) for f, how, v in self.payload}
-        return {"type": _quote(self.event), **fields}
+        fields = {f: (v if how == "fact" else literal(v)) for f, how, v in self.payload}
+        return {"type": quote(self.event), **fields}
 
     def describe(self) -> str:
         fields = ", ".join(f"{f}: {v if how == 'fact' else json.dumps(v)}" for f, how, v in self.payload)
@@ -205,14 +111,6 @@ class Action:
                 str(v).split(".")[-1].lower() if how == "fact" else re.sub(r"\W+", "_", str(v)).lower()
             )
         return "answer_" + "_".join(p for p in parts if p)
-
-
-def _literal(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if _numeric(value):
-        return _number(value)
-    return _quote(str(value))
 
 
 @dataclass(frozen=True)
@@ -245,135 +143,7 @@ class Rule:
         return f"{condition} && {offered(self.action.cel())}"
 
 
-# --- the training decisions -----------------------------------------------------------------------------
-
-
-@dataclass
-class _Case:
-    scenario: str
-    facts: dict[str, Any]
-    options: list[dict[str, Any]]
-    correct: list[dict[str, Any]]
-    target: bool
-    """A failure of the cluster this rule is for: its answer was not among the right ones."""
-
-    def offers(self, option: Mapping[str, Any]) -> bool:
-        return any(same_answer(option, o) for o in self.options)
-
-    def right(self, option: Mapping[str, Any]) -> bool:
-        return any(same_answer(option, c) for c in self.correct)
-
-    def request(self, name: str) -> dict[str, Any]:
-        return decision_input(name, self.facts, self.options)
-
-
-def _cases(examples: Sequence[Mapping[str, Any]]) -> dict[str, list[_Case]]:
-    """The training decisions by decision name."""
-    by_name: dict[str, list[_Case]] = {}
-    for e in examples:
-        correct = list(e.get("correct") or [])
-        answered = e.get("answered")
-        target = bool(
-            e.get("in_cluster")
-            and not e.get("passed")
-            and correct
-            and not (answered and any(same_answer(answered, c) for c in correct))
-        )
-        case = _Case(str(e.get("scenario", "")), dict(e["facts"]), list(e["options"]), correct, target)
-        by_name.setdefault(str(e.get("name", "")), []).append(case)
-    return by_name
-
-
-def _mask(cases: Sequence[_Case], test: Any) -> int:
-    bits = 0
-    for i, case in enumerate(cases):
-        if test(case):
-            bits |= 1 << i
-    return bits
-
-
-def _count(bits: int) -> int:
-    return bits.bit_count()
-
-
-# --- what a rule may say ------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class RuleTerms:
-    """What the miner may write: fact types (`facts.x` -> number, int, bool, enum, string), the values of
-    enumerated facts, and the environment's own constants (its rule thresholds, its enumerated payloads)."""
-
-    fact_types: Mapping[str, str]
-    values: Mapping[str, Sequence[Any]] = field(default_factory=dict)
-    constants: frozenset[Any] = frozenset()
-
-
-def _scenarios_split(cases: Sequence[_Case], path: str, below: Any) -> tuple[int, int]:
-    low = {c.scenario for c in cases if below(fact_at(c.facts, path))}
-    high = {c.scenario for c in cases if not below(fact_at(c.facts, path))}
-    return len(low), len(high)
-
-
-def _all(cases: Sequence[_Case], path: str, test: Any) -> bool:
-    return bool(cases) and all(test(fact_at(c.facts, path)) for c in cases)
-
-
-def _atoms(cases: Sequence[_Case], vocab: RuleTerms) -> list[Atom]:
-    atoms: list[Atom] = []
-    numbers = sorted(
-        p for p, k in vocab.fact_types.items() if k in ("number", "int") and _all(cases, p, _numeric)
-    )
-    for path in numbers:
-        seen = sorted({float(fact_at(c.facts, path)) for c in cases})
-        constants = {float(c) for c in vocab.constants if _numeric(c)}
-        for t in sorted(set(seen) | {c for c in constants if seen and seen[0] <= c <= seen[-1]}):
-            value: float | int = int(t) if t.is_integer() else t
-            own = t in constants
-            # x >= t splits below t from the rest; x > t splits up to t from the rest.
-            for ops, below in (((">=", "<"), lambda v, t=t: v < t), ((">", "<="), lambda v, t=t: v <= t)):
-                low, high = _scenarios_split(cases, path, below)
-                if own or (low >= MIN_SUPPORT and high >= MIN_SUPPORT):
-                    atoms += [Atom("threshold", path, op, value) for op in ops]
-    for left, right in itertools.combinations(numbers, 2):
-        atoms += [Atom("pair", left, op, right) for op in (">", ">=", "<", "<=")]
-    for path, kind in sorted(vocab.fact_types.items()):
-        if kind == "bool" and _all(cases, path, lambda v: isinstance(v, bool)):
-            atoms += [Atom("flag", path, "==", True), Atom("flag", path, "==", False)]
-        elif kind == "enum" and _all(cases, path, lambda v: isinstance(v, str | int | bool)):
-            observed = sorted({fact_at(c.facts, path) for c in cases}, key=str)
-            declared = [v for v in vocab.values.get(path, observed) if v in observed] or observed
-            for v in declared:
-                atoms += [Atom("equals", path, "==", v), Atom("equals", path, "!=", v)]
-            if 3 < len(declared) <= MAX_SET:
-                for size in range(2, len(declared) - 1):
-                    for subset in itertools.combinations(declared, size):
-                        atoms += [Atom("member", path, "==", subset), Atom("member", path, "!=", subset)]
-        elif kind == "string" and _all(cases, path, lambda v: isinstance(v, str)):
-            atoms += _text_atoms(cases, path)
-    return atoms
-
-
-def _text_atoms(cases: Sequence[_Case], path: str) -> list[Atom]:
-    """Words and two-word phrases found in the text of at least MIN_SUPPORT training scenarios (one
-    scenario's words would be its literal), one of them a failure to fix."""
-    owners: dict[str, set[str]] = {}
-    in_target: set[str] = set()
-    for case in cases:
-        words = _words(str(fact_at(case.facts, path)))
-        grams = set(words) | {f"{a} {b}" for a, b in itertools.pairwise(words)}
-        for gram in grams:
-            owners.setdefault(gram, set()).add(case.scenario)
-        if case.target:
-            in_target |= grams
-    atoms = []
-    for gram in sorted(owners):
-        if len(owners[gram]) >= MIN_SUPPORT and (gram in in_target or " " not in gram):
-            atoms += [Atom("text", path, "==", gram), Atom("text", path, "!=", gram)]
-    return atoms
-
-
-def _actions(cases: Sequence[_Case], vocab: RuleTerms) -> dict[Action, int]:
+def _actions(cases: Sequence[Case], vocab: RuleTerms) -> dict[Action, int]:
     """Answers that are right for each failure to fix, with how many failures each is right for.
 
     A payload value is written as a fact whose value it equals, or as a constant when the environment
@@ -398,13 +168,13 @@ def _actions(cases: Sequence[_Case], vocab: RuleTerms) -> dict[Action, int]:
                     for p in paths
                     if (got := fact_at(case.facts, p)) is not None
                     and type(got) is not bool
-                    and ((_numeric(got) and _numeric(value) and float(got) == float(value)) or got == value)
+                    and ((numeric(got) and numeric(value) and float(got) == float(value)) or got == value)
                 ]
                 named = (
                     value in vocab.constants
                     or len(offered_in.get(json.dumps([name, value]), ())) >= MIN_SUPPORT
                 )
-                if named and not (_numeric(value) and sources):
+                if named and not (numeric(value) and sources):
                     sources.append((name, "const", value))
                 choices = [[*c, s] for c in choices for s in sources]
             for combo in choices:
@@ -434,7 +204,8 @@ def _tightness(atom: Atom) -> float:
 
 @dataclass
 class _Space:
-    cases: list[_Case]
+    cases: list[Case]
+    vocab: RuleTerms
     atoms: list[Atom]
     masks: list[int]
     constants: frozenset[float]
@@ -442,22 +213,29 @@ class _Space:
     """Bits to name each atom among its kind over its fact (see `_costs`)."""
 
 
-def _costs(atoms: Sequence[Atom], constants: frozenset[float]) -> list[float]:
-    """What choosing each atom costs, in bits: log2 of how many atoms of its kind test its fact.
+def _costs(atoms: Sequence[Atom], masks: Sequence[int], constants: frozenset[float]) -> list[float]:
+    """What choosing each atom costs, in bits: log2 of how many different splits of the training
+    decisions the atoms of its kind over its fact make.
 
     A condition picked among many candidates (one of forty cut points of a number, one of two hundred
     words of a text) separates a small training set by chance far more easily than a flag, which has
     two; charging the choice against the information it gains (minimum description length) keeps a
-    coincidental threshold from winning over a plain flag that covers almost as much. The environment's
-    own thresholds are given, not chosen: they cost nothing."""
-    family: dict[tuple[str, str], int] = {}
-    for atom in atoms:
-        key = (atom.path, "pair" if atom.kind == "pair" else atom.kind)
-        family[key] = family.get(key, 0) + 1
+    coincidental threshold from winning over a plain flag that covers almost as much. Candidates that
+    split the training decisions alike are one choice (`x > 3` and `x >= 4` on whole numbers, two words
+    that always occur together). A comparison of two facts is chosen among every pair of facts, not
+    among the ones its first fact makes. The environment's own thresholds are given, not chosen: they
+    cost nothing."""
+
+    def kin(atom: Atom) -> tuple[str, str]:
+        return ("", atom.kind) if atom.kind in ("pair", "same") else (atom.path, atom.kind)
+
+    family: dict[tuple[str, str], set[int]] = {}
+    for atom, mask in zip(atoms, masks, strict=True):
+        family.setdefault(kin(atom), set()).add(mask)
     return [
         0.0
         if atom.threshold is not None and atom.threshold in constants
-        else math.log2(family[(atom.path, "pair" if atom.kind == "pair" else atom.kind)])
+        else math.log2(max(1, len(family[kin(atom)])))
         for atom in atoms
     ]
 
@@ -467,15 +245,15 @@ def _score(
 ) -> tuple[float, ...] | None:
     """How good adding atom `index` to a term now covering (cover_p, cover_n) is; None if useless."""
     atom, mask = space.atoms[index], space.masks[index]
-    p = _count(mask & cover_p)
+    p = count(mask & cover_p)
     if p == 0:
         return None
-    n = _count(mask & cover_n)
+    n = count(mask & cover_n)
     # Ties go to conditions about the facts the answer is made of, then the environment's own
     # thresholds, then positive tests over negations, then comparisons between facts (scale-free), then
     # the threshold closest to the failures.
     return (
-        round(_foil(_count(cover_p), _count(cover_n), p, n) - space.costs[index], 9),
+        round(_foil(count(cover_p), count(cover_n), p, n) - space.costs[index], 9),
         float(p),
         float(len(atom.paths & about)),
         float(atom.threshold is not None and atom.threshold in space.constants),
@@ -495,26 +273,34 @@ def _grow(
     space: _Space,
     positives: int,
     negatives: int,
+    right: int,
     about: set[str],
     skip_first: set[Atom],
+    design: Design,
 ) -> tuple[tuple[Atom, ...], int, float] | None:
     """One alternative: conditions added until it matches no decision its answer would get wrong.
 
     A beam search: the `BEAM` best partial conjunctions by FOIL gain (less the cost of choosing each
     condition) are extended together, so a first condition that looks best alone but cannot be made
-    exact in `MAX_ATOMS` does not end the search. Among exact conjunctions the one covering failures of
-    the most scenarios wins; then the one that compresses the most: the bits the failures it covers are
-    worth, less the bits its conditions cost (minimum description length: a word picked among hundreds
-    to cover the same failures as a flag loses to the flag); then the fewest conditions, then the best
-    score. Returns the conjunction, what it covers, and its net worth in bits."""
-    beam: list[tuple[tuple[float, ...], tuple[int, ...], int, int]] = [((), (), positives, negatives)]
-    best: tuple[tuple[float, float, int, tuple[float, ...]], tuple[int, ...], int] | None = None
-    # Bits a failure covered is worth: what knowing the condition holds tells about the answer.
-    total_p, total_n = _scenarios(space, positives), _scenarios(space, negatives)
-    per_failure = math.log2((total_p + total_n) / total_p) if total_p else 0.0
+    exact in `MAX_ATOMS` does not end the search. Among the exact conjunctions, by evidence: the one
+    that compresses the most wins (minimum description length: the bits of evidence that the right
+    answers it covers are no coincidence, `_surprise`, less the bits its conditions cost), and one that
+    does not pay for its conditions is no rule, however many failures it covers: a conjunction of three
+    conditions picked among thousands fits a few scenarios by chance. By coverage: the one covering
+    failures of the most scenarios wins, then the one that compresses the most (each failure worth
+    log2((P + N) / P) bits). Ties go to fewer conditions, then the best score. Returns the
+    conjunction, what it covers (all decisions where it holds), and its net worth in bits."""
+    everything = (1 << len(space.cases)) - 1
+    beam: list[tuple[tuple[float, ...], tuple[int, ...], int]] = [((), (), everything)]
+    best: tuple[tuple[float, ...], tuple[int, ...], int, float] | None = None
+    total_r, total_n = _scenarios(space, right), _scenarios(space, negatives)
+    total_p = _scenarios(space, positives)
+    # Bits a scenario covered is worth: what knowing the condition holds tells about the answer.
+    per_scenario = math.log2((total_p + total_n) / total_p) if total_p else 0.0
     for depth in range(MAX_ATOMS):
-        grown: dict[frozenset[int], tuple[tuple[float, ...], tuple[int, ...], int, int]] = {}
-        for _, chosen, cover_p, cover_n in beam:
+        grown: dict[frozenset[int], tuple[tuple[float, ...], tuple[int, ...], int]] = {}
+        for _, chosen, cover in beam:
+            cover_p, cover_n = cover & positives, cover & negatives
             for index, atom in enumerate(space.atoms):
                 if index in chosen or (depth == 0 and atom in skip_first):
                     continue
@@ -526,45 +312,68 @@ def _grow(
                 if score is None:
                     continue
                 key = frozenset((*chosen, index))
-                mask = space.masks[index]
                 if key not in grown or score > grown[key][0]:
-                    grown[key] = (score, (*chosen, index), cover_p & mask, cover_n & mask)
+                    grown[key] = (score, (*chosen, index), cover & space.masks[index])
         if not grown:
             break
         ranked = sorted(grown.values(), key=lambda g: g[0], reverse=True)
-        for score, chosen, cover_p, cover_n in ranked:
-            if cover_n == 0:
-                net = _scenarios(space, cover_p) * per_failure - sum(space.costs[i] for i in chosen)
-                rank = (float(_scenarios(space, cover_p)), round(net, 9), -len(chosen), score)
-                if best is None or rank > best[0]:
-                    best = (rank, chosen, cover_p)
-        beam = [g for g in ranked if g[3] != 0][:BEAM]
+        for score, chosen, cover in ranked:
+            if cover & negatives:
+                continue
+            cost = sum(space.costs[i] for i in chosen)
+            fixed = float(_scenarios(space, cover & positives))
+            if design.evidence:
+                net = _surprise(_scenarios(space, cover & right), total_r, total_n) - cost
+                rank: tuple[float, ...] = (round(net, 9), fixed, -len(chosen), *score)
+            else:
+                net = fixed * per_scenario - cost
+                rank = (fixed, round(net, 9), -len(chosen), *score)
+            if best is None or rank > best[0]:
+                best = (rank, chosen, cover, net)
+        beam = [g for g in ranked if g[2] & negatives][:BEAM]
         if not beam:
             break
-    if best is None:
+    if best is None or (design.evidence and best[3] <= 0):
         return None
-    return tuple(space.atoms[i] for i in best[1]), best[2], best[0][1]
+    return tuple(space.atoms[i] for i in best[1]), best[2], best[3]
+
+
+def _surprise(covered: int, right: int, wrong: int) -> float:
+    """Bits of evidence that a condition holding in `covered` scenarios, all of them right, is no
+    coincidence: -log2 of the chance that `covered` scenarios drawn at random from the `right + wrong`
+    where the answer is decided are all right (hypergeometric). One wrong scenario more is imagined (a
+    pseudo-count, as Laplace's rule of succession does): where training shows none, an answer right in
+    every scenario still carries the evidence of how many it was right in, rather than none."""
+    if covered <= 0 or covered > right:
+        return 0.0
+    return math.log2(math.comb(right + wrong + 1, covered)) - math.log2(math.comb(right, covered))
 
 
 def _learn(
     space: _Space,
     positives: int,
     negatives: int,
+    right: int,
     about: set[str],
     skip_first: set[Atom],
+    design: Design,
 ) -> tuple[tuple[tuple[Atom, ...], ...], int] | None:
-    """Alternatives by sequential covering: each for the failures the earlier ones leave."""
+    """Alternatives by sequential covering: each for the failures the earlier ones leave, each kept to
+    what its evidence has in common (`keep`)."""
     terms: list[tuple[Atom, ...]] = []
     covered = 0
     remaining = positives
     while remaining and len(terms) < MAX_TERMS:
-        grown = _grow(space, remaining, negatives, about, skip_first if not terms else set())
+        # A further alternative is judged on what the earlier ones leave (sequential covering): the right
+        # answers they already cover are no evidence for it, nor against it.
+        left = right & ~covered
+        grown = _grow(space, remaining, negatives, left, about, skip_first if not terms else set(), design)
         if grown is None:
             break
         term, cover, _ = grown
         if not cover & remaining or (terms and _scenarios(space, cover & remaining) < MIN_SUPPORT):
             break  # a further alternative needs its own support: failures of two scenarios
-        terms.append(term)
+        terms.append(term + keep(space.cases, space.vocab, term, cover & right, design))
         covered |= cover
         remaining &= ~cover
     if not terms:
@@ -578,9 +387,20 @@ def mine(
     *,
     constants: Iterable[Any] = (),
     discarded: Iterable[tuple[str, str]] = (),
+    generalize: Generalization = GENERALIZE,
+    narrower: Sequence[tuple[str, str]] = (),
+    route: Sequence[Branch] = (),
+    ranks: Mapping[str, int | None] | None = None,
 ) -> list[Rule]:
     """Candidate rules, best first, for the examples flagged `in_cluster` (see the module docstring).
-    `discarded` holds (guard, answer) pairs already discarded against the current policy."""
+    `discarded` holds (guard, answer) pairs already discarded against the current policy; `generalize`
+    how far a branch reaches beyond its evidence (`DESIGNS`); `narrower`, (guard, answer) pairs of a
+    discarded candidate's branches: then only rules with one of their answers that match strictly
+    fewer training decisions than its guard does. `route` is the policy's branches and `ranks` how safe
+    each answer is: a decision an earlier branch answers rightly, one at least as safe as the new answer
+    (so it stays in front of the new branch, `place`), is not the new branch's to answer, as the rules
+    of a handbook each apply where the ones before them do not."""
+    design = DESIGNS[generalize]
     if not isinstance(vocab, RuleTerms):
         # An environment's fact types: an enumerated fact is the tuple of its values.
         vocab = RuleTerms(
@@ -592,20 +412,16 @@ def mine(
         vocab = RuleTerms(vocab.fact_types, vocab.values, vocab.constants | frozenset(constants))
     refused = set(discarded)
     rules: list[Rule] = []
-    for name, cases in sorted(_cases(examples).items()):
+    for name, cases in sorted(decisions_by_name(examples).items()):
         if not any(c.target for c in cases):
             continue
-        atoms = _atoms(cases, vocab)
-        known = frozenset(float(c) for c in vocab.constants if _numeric(c))
-        space = _Space(
-            cases,
-            atoms,
-            [_mask(cases, lambda c, a=a: a.holds(c.facts)) for a in atoms],
-            known,
-            _costs(atoms, known),
-        )
+        atoms = atoms_for(cases, vocab)
+        known = frozenset(float(c) for c in vocab.constants if numeric(c))
+        masks = [mask_of(cases, lambda c, a=a: a.holds(c.facts)) for a in atoms]
+        space = _Space(cases, vocab, atoms, masks, known, _costs(atoms, masks, known))
         actions = _actions(cases, vocab)
         overall = {a: sum(c.right(a.output(c.facts)) for c in cases) for a in actions}
+        earlier = [answer_on(route, {"name": name, "facts": c.facts, "options": c.options}) for c in cases]
         for action in sorted(actions, key=lambda a: (-actions[a], -overall[a], a.describe())):
             positives = negatives = right = 0
             for i, case in enumerate(cases):
@@ -614,34 +430,36 @@ def mine(
                     right |= 1 << i
                     if case.target:
                         positives |= 1 << i
-                elif case.correct and case.offers(output):
+                elif case.correct and case.offers(output) and not _shadowed(earlier[i], case, action, ranks):
                     # Offered and wrong: the branch would answer it wrongly, even where the model answers
                     # wrongly today (a better model, or a later rule, would be overridden). A decision no
                     # answer makes right (its run fails whatever is answered here) cannot be made worse;
-                    # one where the answer is not offered falls through.
+                    # one where the answer is not offered falls through, and one an earlier branch answers
+                    # rightly never reaches it.
                     negatives |= 1 << i
             about = {v for _, how, v in action.payload if how == "fact"}
-            skip: set[Atom] = set()
-            for _ in range(VARIANTS):
-                learned = _learn(space, positives, negatives, about, skip)
-                if learned is None:
-                    break
-                terms, covered = learned
-                skip.add(terms[0][0])
+            answer = answer_text(action.cel())
+            outer = [m for g, a in narrower if a == answer and (m := _guard_mask(g, cases, name)) is not None]
+            if narrower and not outer:
+                continue  # a narrower rule answers what the discarded one did
+            for terms, covered in _variants(space, positives, negatives, right, about, design, bool(outer)):
                 rule = Rule(
                     action,
                     terms,
-                    fixes=_count(covered & positives),
-                    matches=_count(covered & right),
+                    fixes=count(covered & positives),
+                    matches=count(covered & right),
                     constants=sum(1 for t in terms for a in t if a.threshold in space.constants),
                     decision=name,
                 )
-                if (rule.guard, answer_text(action.cel())) in refused or len(
-                    rule.guard
-                ) > MAX_EXPRESSION_LENGTH:
+                if (rule.guard, answer) in refused or len(rule.guard) > MAX_EXPRESSION_LENGTH:
                     continue
-                if _agrees(rule, cases, name):
-                    rules.append(rule)
+                if not rule.fixes or not _agrees(rule, cases, name):
+                    continue
+                if outer:
+                    inside = _guard_mask(rule.guard, cases, name)
+                    if inside is None or not any(inside & ~m == 0 and inside != m for m in outer):
+                        continue
+                rules.append(rule)
     rules.sort(key=lambda r: (-r.fixes, len(r.atoms), -r.constants, r.guard))
     unique: list[Rule] = []
     for rule in rules:
@@ -650,16 +468,93 @@ def mine(
     return unique[:MAX_CANDIDATES]
 
 
-def _agrees(rule: Rule, cases: Sequence[_Case], name: str) -> bool:
+def _shadowed(
+    earlier: tuple[Branch, dict[str, Any]] | None,
+    case: Case,
+    action: Action,
+    ranks: Mapping[str, int | None] | None,
+) -> bool:
+    """An existing branch answers the decision rightly and stays in front of a new branch answering
+    `action` (its answer is at least as safe)."""
+    if earlier is None or not ranks or not case.right(earlier[1]):
+        return False
+    theirs, mine = ranks.get(earlier[0].event or ""), ranks.get(action.event)
+    return theirs is not None and mine is not None and theirs >= mine
+
+
+def in_place(
+    rule: Rule, position: int, branches: Sequence[Branch], examples: Sequence[Mapping[str, Any]]
+) -> bool:
+    """At `position` among `branches`, the rule's branch answers no training decision wrongly: every
+    decision it would get wrong is answered first by a branch in front of it."""
+    front = [b for b in branches if b.guard is not None and b.index < position]
+    for case in decisions_by_name(examples).get(rule.decision, []):
+        output = rule.action.output(case.facts)
+        if (
+            not case.correct
+            or case.right(output)
+            or not case.offers(output)
+            or not _holds(rule.terms, case.facts)
+        ):
+            continue
+        if answer_on(front, {"name": rule.decision, "facts": case.facts, "options": case.options}) is None:
+            return False
+    return True
+
+
+def _variants(
+    space: _Space, positives: int, negatives: int, right: int, about: set[str], design: Design, narrower: bool
+) -> list[tuple[tuple[tuple[Atom, ...], ...], int]]:
+    """The rules learned for one answer (`VARIANTS`, each from another first condition), each with the
+    decisions it covers. For a narrower rule than one discarded, also each with fewer alternatives (the
+    later ones, learned from fewer failures, dropped first) and each kept to the ranges its evidence
+    spans (`bounded`)."""
+    found: list[tuple[tuple[tuple[Atom, ...], ...], int]] = []
+    for chosen in [design, DESIGNS["evidence+bounded"]] if narrower else [design]:
+        skip: set[Atom] = set()
+        for _ in range(VARIANTS):
+            learned = _learn(space, positives, negatives, right, about, skip, chosen)
+            if learned is None:
+                break
+            terms, covered = learned
+            skip.add(terms[0][0])
+            found.append((terms, covered))
+            if narrower:
+                for fewer in range(len(terms) - 1, 0, -1):
+                    kept = terms[:fewer]
+                    found.append((kept, mask_of(space.cases, lambda c, t=kept: _holds(t, c.facts))))
+    return found
+
+
+def _holds(terms: tuple[tuple[Atom, ...], ...], facts: Mapping[str, Any]) -> bool:
+    return any(all(a.holds(facts) for a in term) for term in terms)
+
+
+def _guard_mask(guard: str, cases: Sequence[Case], name: str) -> int | None:
+    """The training decisions where a guard (CEL) holds; None when it does not compile or evaluate."""
+    try:
+        expr = compile_expr(guard, "guard")
+    except ImproveError:
+        return None
+    bits = 0
+    for i, case in enumerate(cases):
+        try:
+            value = expr.evaluate(Scope(input=case.request(name), facts=case.facts, context={}, event={}))
+        except ImproveError:
+            return None
+        if value is True:
+            bits |= 1 << i
+    return bits
+
+
+def _agrees(rule: Rule, cases: Sequence[Case], name: str) -> bool:
     """The guard, evaluated by CEL on every training decision, matches exactly where the miner says."""
     try:
         expr = compile_expr(rule.guard, "mined guard")
     except ImproveError:
         return False
     for case in cases:
-        expected = any(all(a.holds(case.facts) for a in term) for term in rule.terms) and case.offers(
-            rule.action.output(case.facts)
-        )
+        expected = _holds(rule.terms, case.facts) and case.offers(rule.action.output(case.facts))
         try:
             got = expr.evaluate(Scope(input=case.request(name), facts=case.facts, context={}, event={}))
         except ImproveError:
@@ -686,7 +581,7 @@ def place(
 ) -> Placement:
     """Where the rule's branch goes among the guarded `branches` (see the module docstring)."""
     guarded = [b for b in branches if b.guard is not None]
-    cases = _cases(examples).get(rule.decision, [])
+    cases = decisions_by_name(examples).get(rule.decision, [])
     compiled: list[tuple[Branch, Expr | None]] = []
     for b in guarded:
         try:
@@ -734,12 +629,16 @@ class RuleMinerProposer:
         self,
         constants: Iterable[Any] = (),
         ranks: Mapping[str, int | None] | None = None,
+        generalize: Generalization | None = None,
     ) -> None:
         self.constants = frozenset(constants)
         """The environment's own constants (rule thresholds, enumerated payloads): preferred, and
         allowed without support across scenarios."""
         self.ranks = dict(ranks or {})
         """Event -> how safe answering it is (`branches.answer_rank`), for placing a branch."""
+        self.generalize = generalize or reach.GENERALIZE
+        """How far a mined branch reaches beyond its evidence (`generalize.DESIGNS`; default: the module's
+        `GENERALIZE`, read when the proposer is made, so a measurement can set it for a whole demo)."""
         self._ranked: dict[str, list[Rule]] = {}
         self._tried: dict[str, int] = {}
 
@@ -758,7 +657,26 @@ class RuleMinerProposer:
                 self.constants,
             )
             discarded = [(d["guard"], d["answer"]) for d in request.discarded]
-            self._ranked[key] = mine(request.examples, vocab, discarded=discarded)
+            narrower = [(d["guard"], d["answer"]) for d in request.narrower]
+            branches = route(request.policy)
+            mined = mine(
+                request.examples,
+                vocab,
+                discarded=discarded,
+                narrower=narrower,
+                route=branches,
+                ranks=self.ranks,
+                generalize=self.generalize,
+            )
+            # A rule that leaves some of its wrong answers to the branches in front of it must be placed
+            # behind them.
+            self._ranked[key] = [
+                r
+                for r in mined
+                if in_place(
+                    r, place(r, branches, request.examples, self.ranks).position, branches, request.examples
+                )
+            ]
             self._tried[key] = 0
         return self._ranked[key]
 
@@ -783,6 +701,12 @@ class RuleMinerProposer:
             f"{where.reason}): it fixes {rule.fixes} failed training decision(s) and matches {rule.matches} "
             "training decision(s), each of which the labels confirm (counterfactual runs)."
         )
+        if request.narrower:
+            first = request.narrower[0]
+            rationale += (
+                f" A narrower rule than candidate {first['candidate']}'s (round {first['round']}), discarded for "
+                "reaching too far: it matches strictly fewer training decisions."
+            )
         return Proposal(document=document, rationale=rationale, proposer=self.name)
 
     def propose(self, request: ProposalRequest) -> Proposal:
@@ -802,7 +726,12 @@ def _why_none(request: ProposalRequest, had_rules: bool) -> str:
             "no further rule separates the cluster's decisions from the rest: every other condition over the "
             "facts also matches training decisions where the answer would be wrong"
         )
-    by_name = _cases(request.examples)
+    if request.narrower:
+        return (
+            f"no rule narrower than candidate {request.narrower[0]['candidate']}'s: none answers as it did on "
+            "strictly fewer training decisions and still fixes a failure"
+        )
+    by_name = decisions_by_name(request.examples)
     targets = [c for cases in by_name.values() for c in cases if c.target]
     if not targets:
         return (

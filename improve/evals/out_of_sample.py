@@ -1,0 +1,236 @@
+"""Out of sample: a policy scored on plausible cases that no round has seen.
+
+An environment may supply a generator of plausible cases (`Environment.cases`): each draw is a scenario
+without an id, its input, world and people, and, when the environment knows its own rules (a handbook),
+its label. A draw without a label is labelled by the reference: the first policy (`v0`, the model
+deciding everything) run with the reference model (`careful`, the stand-in people trust), whose outcome
+and effects become the label. The bundled desks label that way; a desk whose people wrote their rules
+down labels its own.
+
+Each policy then runs once per case with each model, seeded by the case, and a case *agrees* when its
+outcome and effects are the label's and no rule is broken. With the reference model the agreement says
+how often the policy's learned branches override an answer that was right (a branch answers first,
+whatever the model would have said); with a weaker model it says how much of that model's gap the
+branches close. The cases are drawn from a seeded generator, so two runs of the check read the same
+cases; no round, diagnosis or proposer ever reads them.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from improve.errors import WorkspaceError
+from improve.evals.outcome import OutcomeRow, outcome_row
+from improve.evals.scenarios import Expected, Scenario
+from improve.evals.suite import run_scenario
+from improve.evals.workspace import policy_label
+from improve.log import LogEntry, MemoryStore
+from improve.machine import MachineConfig
+from improve.runtime import Environment, ModelFactory, PolicyDecider, compile_policy
+
+REFERENCE_MODEL = "careful"
+"""The stand-in whose runs of the first policy label the cases a generator leaves unlabelled."""
+CASES = 400
+SEED = 20261130
+MAX_DRAWS = 4
+"""Draws per case at most: a draw the reference cannot finish is drawn again."""
+SHOWN = 5
+"""Disagreements kept per policy and model, for the report."""
+
+
+@dataclass(frozen=True)
+class Disagreement:
+    """A case whose run did not end as labelled: where it ended, where the label says, and who answered
+    its decisions (`policy:<final>`: a branch's final, or the model's)."""
+
+    case: str
+    category: str
+    expected: str
+    got: str
+    reason: str
+    answered_by: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "case": self.case,
+            "category": self.category,
+            "expected": self.expected,
+            "got": self.got,
+            "reason": self.reason,
+            "answered_by": list(self.answered_by),
+        }
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """One policy with one model on the generated cases."""
+
+    policy: str
+    model: str
+    cases: int
+    agreed: int
+    by_category: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """Category -> (agreed, cases)."""
+    by_rule: int = 0
+    """Disagreeing cases where one of the policy's own branches answered a decision (not the model)."""
+    shown: tuple[Disagreement, ...] = ()
+
+    @property
+    def rate(self) -> float:
+        return self.agreed / self.cases if self.cases else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "policy": self.policy,
+            "model": self.model,
+            "cases": self.cases,
+            "agreed": self.agreed,
+            "agreement": round(self.rate, 4),
+            "disagreements_by_rule": self.by_rule,
+            "by_category": {c: {"agreed": a, "cases": n} for c, (a, n) in sorted(self.by_category.items())},
+            "shown": [d.to_json() for d in self.shown],
+        }
+
+
+def _scenario(number: int, draw: Mapping[str, Any], expected: Expected) -> Scenario:
+    return Scenario(
+        id=f"generated-{number:04d}",
+        category=str(draw.get("category") or "generated"),
+        # Generated cases belong to no scenario file; like the sealed split, no round reads them.
+        split="test",
+        input=dict(draw.get("input") or {}),
+        world=dict(draw.get("world") or {}),
+        people={k: list(v) for k, v in (draw.get("people") or {}).items()},
+        expected=expected,
+    )
+
+
+def generate_cases(
+    env: Environment,
+    n: int = CASES,
+    seed: int = SEED,
+    *,
+    reference: MachineConfig | None = None,
+    reference_model: ModelFactory | None = None,
+) -> list[Scenario]:
+    """`n` cases from the environment's generator, labelled: by the generator, or by the reference
+    policy's run with the reference model (both needed then; default model: `careful`)."""
+    if env.cases is None:
+        raise WorkspaceError(
+            f"environment {env.name!r} has no generator of cases (Environment.cases): nothing to check out "
+            "of sample; give it one that draws plausible inputs and worlds"
+        )
+    rng = random.Random(seed)
+    labelled = env.cases(rng)
+    if "expected" in labelled and labelled.get("expected"):
+        draws = [labelled, *(env.cases(rng) for _ in range(n - 1))]
+        return [_scenario(i, d, Expected.model_validate(d["expected"])) for i, d in enumerate(draws, 1)]
+    if reference is None:
+        raise WorkspaceError(
+            f"environment {env.name!r} draws cases without labels: name the reference policy that labels them"
+        )
+    model = reference_model if reference_model is not None else env.models.get(REFERENCE_MODEL)
+    if model is None:
+        raise WorkspaceError(
+            f"environment {env.name!r} has no {REFERENCE_MODEL!r} stand-in to label its generated cases"
+        )
+    compiled = compile_policy(reference, env.judgments, env.policy_guards)
+    cases: list[Scenario] = []
+    draw: Mapping[str, Any] = labelled
+    for attempt in range(MAX_DRAWS * n):
+        if attempt:
+            draw = env.cases(rng)
+        unlabelled = _scenario(len(cases) + 1, draw, Expected(outcome=""))
+        row, _ = _run(env, compiled, model, unlabelled)
+        # A run of the reference that does not finish (it waits for a person nobody scripted, it runs
+        # out of budget) labels nothing: the case is drawn again.
+        if row.status == "done" and not row.violations:
+            label = Expected(outcome=row.final_state, effects=list(row.effects))
+            cases.append(unlabelled.model_copy(update={"expected": label}))
+            if len(cases) == n:
+                return cases
+    raise WorkspaceError(
+        f"environment {env.name!r}: the reference finished only {len(cases)} of {MAX_DRAWS * n} drawn cases; "
+        "its generator draws cases the reference cannot decide"
+    )
+
+
+def _run(
+    env: Environment, compiled: Any, model: ModelFactory, case: Scenario
+) -> tuple[OutcomeRow, list[LogEntry]]:
+    """One run of the case (seeded by it), scored against its label."""
+    store, thread = MemoryStore(), f"test:generated:{case.id}:r1"
+    decider = PolicyDecider(compiled, {"decider": model(f"{case.id}:r1")}, env.judgments)
+    run_scenario(env, case, decider, store, thread)
+    entries = store.read(thread)
+    return outcome_row(env, case, thread, entries), entries
+
+
+def agreement(
+    env: Environment, policy: MachineConfig, model_name: str, model: ModelFactory, cases: Sequence[Scenario]
+) -> Agreement:
+    """The policy with the model on every case: how many end as labelled."""
+    compiled = compile_policy(policy, env.judgments, env.policy_guards)
+    label = policy_label(policy)
+    agreed = 0
+    per: Counter[str] = Counter()
+    total: Counter[str] = Counter()
+    by_rule = 0
+    shown: list[Disagreement] = []
+    for case in cases:
+        row, entries = _run(env, compiled, model, case)
+        total[case.category] += 1
+        if row.passed:
+            agreed += 1
+            per[case.category] += 1
+            continue
+        sources = tuple(
+            str(e.metadata.get("source", "")) for e in entries if e.metadata and "decision" in e.metadata
+        )
+        if any(_by_rule(policy, s) for s in sources):
+            by_rule += 1
+        if len(shown) < SHOWN:
+            shown.append(
+                Disagreement(
+                    case.id, case.category, case.expected.outcome, row.final_state, row.reason, sources
+                )
+            )
+    return Agreement(
+        label,
+        model_name,
+        len(cases),
+        agreed,
+        {c: (per[c], total[c]) for c in total},
+        by_rule,
+        tuple(shown),
+    )
+
+
+def _by_rule(policy: MachineConfig, source: str) -> bool:
+    """The decision was answered by one of the policy's own finals with a fixed answer (a branch), not
+    by a final that passes the model's answer on."""
+    if not source.startswith("policy:"):
+        return False
+    state = policy.states.get(source.split(":", 1)[1])
+    if state is None or not state.is_final:
+        return False
+    return not (isinstance(state.output, str) and "event.output" in state.output)
+
+
+def out_of_sample(
+    env: Environment,
+    policies: Sequence[MachineConfig],
+    models: Mapping[str, ModelFactory],
+    *,
+    n: int = CASES,
+    seed: int = SEED,
+    reference: MachineConfig | None = None,
+) -> list[Agreement]:
+    """Every policy with every model on the same `n` generated cases (labelled as `generate_cases`
+    says, the reference being the first policy unless named)."""
+    cases = generate_cases(env, n, seed, reference=reference or (policies[0] if policies else None))
+    return [agreement(env, p, name, model, cases) for p in policies for name, model in models.items()]

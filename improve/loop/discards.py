@@ -1,0 +1,215 @@
+"""The candidates a workspace's rounds discarded, kept where a reverted working tree cannot lose them.
+
+A discarded candidate's CHANGELOG entry is an edit of the working tree until a recommended branch
+carries it into review: `git checkout -- .` after a discarded round takes it away, and the next round
+would propose the same candidate again. So a round also appends one line per discarded candidate to
+`.improve/discarded/<environment>.jsonl` in the workspace, its state directory (beside the model-call
+cache): ignored by git (`improve init` and the demo write `.improve/` into `.gitignore`), so no
+checkout, stash, reset or branch switch touches it, and read back, with the CHANGELOG, by every round
+that starts. The CHANGELOG stays the record people review; this file is the workspace's own memory.
+
+Each line holds what the next rounds need: the baseline and the cluster the candidate was for, why
+it was discarded (`reach`: its branch answered wrongly where it answered, or made a scenario worse;
+`gain`: no significant gain; `gates`: it never passed the gates; `none`: no rule was found), the
+branches it added (guard, answer, and the output as written), and its route (every guarded branch of
+the candidate, in order): enough to evaluate what it answered, so a later candidate that answers the
+same decisions the same way is recognised as the same candidate (the novelty gate), whatever its
+guard looks like. Lines are appended whole (`improve.files.append_whole`: a failed write leaves the
+file as it was); a last line cut short all the same (an older writer, a copy) is ignored.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from improve.errors import WorkspaceError
+from improve.files import append_whole
+from improve.loop.branches import Branch, answer_text, route
+
+if TYPE_CHECKING:
+    from improve.loop.round_record import RoundRecord
+
+DISCARDED_DIR = ".improve/discarded"
+Reason = Literal["reach", "gain", "gates", "none"]
+REASONS: tuple[Reason, ...] = ("reach", "gain", "gates", "none")
+
+
+@dataclass(frozen=True)
+class RouteBranch:
+    """A guarded branch as a candidate wrote it: its guard and its output tree."""
+
+    guard: str
+    output: Mapping[str, Any]
+
+    @property
+    def answer(self) -> str:
+        return answer_text(self.output)
+
+
+@dataclass(frozen=True)
+class DiscardedCandidate:
+    """A candidate a round discarded, as the workspace remembers it."""
+
+    round: str
+    baseline: str
+    """The version label it would have replaced (`v3`)."""
+    candidate: str
+    cluster: str | None
+    reason: Reason
+    added: tuple[RouteBranch, ...]
+    """The branches it added."""
+    route: tuple[RouteBranch, ...]
+    """Every guarded branch of the candidate, in order (the added ones among them)."""
+    held_out: tuple[str, int] | None = None
+    """The held-out set its promotion rule read (its key) and which read that was: a reverted
+    CHANGELOG does not lower the count."""
+
+    @classmethod
+    def of(cls, record: RoundRecord) -> DiscardedCandidate | None:
+        """What the workspace remembers of a round that discarded its candidate (None for a round that
+        recommended one, or proposed nothing)."""
+        if record.recommended or not record.candidate_version:
+            return None
+        candidate = route_of(route(record.candidate_policy)) if record.candidate_policy is not None else ()
+        new = {(b.guard, b.answer) for b in record.branches}
+        return cls(
+            round=record.round_id,
+            baseline=record.baseline_version.strip(),
+            candidate=record.candidate_version,
+            cluster=record.cluster,
+            reason=reason_of(record),
+            added=tuple(b for b in candidate if (b.guard, b.answer) in new),
+            route=candidate,
+            held_out=(record.held_out.key, record.held_out.read) if record.held_out else None,
+        )
+
+    def branches(self) -> tuple[list[Branch], set[int]]:
+        """Its route as branches, and the indexes of the added ones."""
+        added = {(b.guard, b.answer) for b in self.added}
+        branches = [Branch(i, b.guard, f"branch_{i}", dict(b.output)) for i, b in enumerate(self.route)]
+        return branches, {b.index for b in branches if (b.guard, b.answer()) in added}
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "round": self.round,
+            "baseline": self.baseline,
+            "candidate": self.candidate,
+            "cluster": self.cluster,
+            "reason": self.reason,
+            "added": [{"guard": b.guard, "output": dict(b.output)} for b in self.added],
+            "route": [{"guard": b.guard, "output": dict(b.output)} for b in self.route],
+            "held_out": list(self.held_out) if self.held_out else None,
+        }
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> DiscardedCandidate:
+        reason = doc.get("reason")
+        if reason not in REASONS:
+            raise ValueError(f"reason {reason!r} is not one of {', '.join(REASONS)}")
+        return cls(
+            round=str(doc["round"]),
+            baseline=str(doc["baseline"]),
+            candidate=str(doc["candidate"]),
+            cluster=None if doc.get("cluster") is None else str(doc["cluster"]),
+            reason=reason,
+            added=tuple(RouteBranch(str(b["guard"]), dict(b["output"])) for b in doc.get("added") or []),
+            route=tuple(RouteBranch(str(b["guard"]), dict(b["output"])) for b in doc.get("route") or []),
+            held_out=(str(doc["held_out"][0]), int(doc["held_out"][1])) if doc.get("held_out") else None,
+        )
+
+
+def reason_of(record: RoundRecord) -> Reason:
+    """Why a round discarded its candidate: its branch reached too far (it answered held-out decisions
+    wrongly, made a scenario worse or broke a rule), it gained too little, it never passed the gates,
+    or no rule was proposed at all."""
+    if record.decision is not None:
+        failed = {c.name for c in record.decision.checks if not c.ok}
+        return "reach" if failed & {"branches hold", "no regressions", "violations"} else "gain"
+    if record.proposed is None:
+        return "none"
+    return "gates"
+
+
+def discarded_path(root: Path, env: str) -> Path:
+    """Where a workspace at `root` remembers the candidates discarded for environment `env`."""
+    return root / DISCARDED_DIR / f"{env}.jsonl"
+
+
+def read_discarded(path: Path) -> tuple[DiscardedCandidate, ...]:
+    """Every candidate remembered at `path`, oldest first (none when there is no file)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return ()
+    found = []
+    lines = text.split("\n")
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            found.append(DiscardedCandidate.from_json(json.loads(line)))
+        except (ValueError, KeyError, TypeError) as err:
+            if number == len(lines):
+                continue  # the last line, cut short: a write that never finished
+            raise WorkspaceError(
+                f"{path}, line {number}: not a discarded candidate ({err}). The file is the workspace's memory "
+                "of discarded candidates, one JSON object per line: fix or delete that line (the CHANGELOG "
+                "still records the candidates a review carried)"
+            ) from err
+    return tuple(found)
+
+
+def remember(path: Path, candidate: DiscardedCandidate) -> None:
+    """Append one discarded candidate, as one whole line."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    append_whole(path, json.dumps(candidate.to_json(), sort_keys=True, ensure_ascii=False) + "\n")
+
+
+def route_of(branches: Sequence[Branch]) -> tuple[RouteBranch, ...]:
+    """The guarded branches that answer with an output tree, as a candidate remembers them."""
+    return tuple(RouteBranch(b.guard, dict(b.output)) for b in branches if b.guard is not None and b.output)
+
+
+@dataclass(frozen=True)
+class Focus:
+    """Where a round aims after discarded candidates: the clusters tried enough along the policy's line
+    (skipped: the round moves on to the next cluster), and the clusters whose one candidate reached too
+    far (tried again, with a narrower rule inside that candidate's)."""
+
+    skip: tuple[str, ...] = ()
+    narrower: Mapping[str, DiscardedCandidate] | None = None
+
+    def says(self, chosen: str | None) -> str | None:
+        """What the round says about its cluster: a narrower rule for it, or the next cluster after the
+        ones already tried; None when no cluster was tried before."""
+        if chosen is not None and self.narrower and chosen in self.narrower:
+            last = self.narrower[chosen]
+            return (
+                f"a narrower rule for cluster {chosen}: candidate {last.candidate} (round {last.round}, against "
+                f"{last.baseline}) reached too far"
+            )
+        if not self.skip:
+            return None
+        return f"the next cluster: already tried along this policy's line: {', '.join(self.skip)}"
+
+
+def focus(tried: Sequence[DiscardedCandidate]) -> Focus:
+    """Each cluster gets one candidate along a policy's line, and one narrower candidate when the first
+    was discarded for reaching too far (`reach`): a rule that gained too little, never passed the gates
+    or was never found is not helped by the same cause again."""
+    by_cluster: dict[str, list[DiscardedCandidate]] = {}
+    for candidate in tried:
+        if candidate.cluster:
+            by_cluster.setdefault(candidate.cluster, []).append(candidate)
+    skip: list[str] = []
+    narrower: dict[str, DiscardedCandidate] = {}
+    for cluster, candidates in by_cluster.items():
+        if len(candidates) == 1 and candidates[0].reason == "reach" and candidates[0].added:
+            narrower[cluster] = candidates[0]
+        else:
+            skip.append(cluster)
+    return Focus(tuple(skip), narrower)

@@ -1,0 +1,323 @@
+"""What a mined condition may say: the training decisions as cases, and the conditions over their facts.
+
+A condition is a conjunction of atoms over the decision's facts, by their declared types:
+
+- numbers: thresholds (`facts.x >= 3`) and comparisons between facts (`facts.a > facts.b`);
+- two facts of one kind (enumerated facts sharing a value, flags, identifiers): equal or not
+  (`facts.requester.department != facts.system.ownerDepartment`);
+- booleans: `facts.x == true`, `facts.x == false`;
+- enumerated strings: `==`, `!=`, membership `in [...]` and its negation;
+- free text: a word or two-word phrase, case-insensitive (`facts.t.matches('(?i)\\bbreach\\b')`), and
+  its negation. A fact declared `text` is free text meant for word tests; one declared `string` is
+  tested for words only when its values read as prose (`worded`): a name, an id or an address is
+  not a place for words.
+
+What a condition may test is what holds across scenarios: a threshold needs at least `MIN_SUPPORT`
+training scenarios on each side of it (or is one of the environment's own constants), a word or phrase
+must appear in the text of at least `MIN_SUPPORT` training scenarios.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from improve.loop.branches import decision_input, fact_at, same_answer
+
+MIN_SUPPORT = 2
+"""Training scenarios needed on each side of a threshold, and with a word in their text."""
+MAX_SET = 6
+"""Enumerated facts with at most this many values are also tested for membership in subsets."""
+PROSE_WORDS = 3
+"""A `string` fact is tested for words when most of its values have at least this many (see `_worded`)."""
+
+_STOPWORDS = """
+the and for you are not but was our can has had his her its any all get
+got one out who how why now per via yes this that with from have been were they
+their them then than these those there here what when where which while will would could should your
+yours about after before again also just only very into over under more most some such same other
+each every both much many please thanks thank want need does doing done came come like make made
+said says sure ever never still even because hello dear regards
+"""
+STOPWORDS = frozenset(_STOPWORDS.split())
+"""Words that say nothing about a case: a condition on them would be a coincidence of the training data."""
+
+WORD = re.compile(r"[a-z]{3,20}")
+
+
+# --- conditions -----------------------------------------------------------------------------------------
+
+
+def numeric(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _number(value: float | int) -> str:
+    if isinstance(value, int) or float(value).is_integer():
+        return str(int(value))
+    return repr(float(value))
+
+
+def quote(text: str) -> str:
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _words(text: str) -> list[str]:
+    return [w for w in WORD.findall(text.lower()) if w not in STOPWORDS]
+
+
+def _phrase_pattern(phrase: str) -> str:
+    return r"(?i)\b" + r"\s+".join(phrase.split()) + r"\b"
+
+
+_COMPARE = {
+    ">": lambda a, b: a > b,
+    ">=": lambda a, b: a >= b,
+    "<": lambda a, b: a < b,
+    "<=": lambda a, b: a <= b,
+}
+
+
+@dataclass(frozen=True)
+class Atom:
+    """One condition over one fact (or two, for a comparison between facts)."""
+
+    kind: str
+    """`threshold`, `pair` (two numbers compared), `same` (two facts of one kind equal), `flag`,
+    `equals`, `member` or `text`."""
+    path: str
+    op: str
+    """`>`, `>=`, `<`, `<=` (threshold, pair); `==` (same, flag, equals, member, text); `!=` (negated)."""
+    value: Any
+    """The threshold, the other fact's path (pair, same), the flag's value, the enumerated value (or a
+    tuple of them for `member`), or the word or phrase."""
+
+    @property
+    def negated(self) -> bool:
+        return self.op == "!="
+
+    @property
+    def threshold(self) -> float | None:
+        return float(self.value) if self.kind == "threshold" else None
+
+    @property
+    def paths(self) -> set[str]:
+        return {self.path, self.value} if self.kind in ("pair", "same") else {self.path}
+
+    def cel(self) -> str:
+        if self.kind == "threshold":
+            return f"{self.path} {self.op} {_number(self.value)}"
+        if self.kind in ("pair", "same"):
+            return f"{self.path} {self.op} {self.value}"
+        if self.kind == "flag":
+            return f"{self.path} == {'true' if self.value else 'false'}"
+        if self.kind == "equals":
+            return f"{self.path} {self.op} {literal(self.value)}"
+        if self.kind == "member":
+            listed = f"{self.path} in [{', '.join(literal(v) for v in self.value)}]"
+            return f"!({listed})" if self.negated else listed
+        test = f"{self.path}.matches({quote(_phrase_pattern(self.value))})"
+        return f"!{test}" if self.negated else test
+
+    def holds(self, facts: Mapping[str, Any]) -> bool:
+        """What the CEL condition gives on these facts (checked against CEL before a rule is proposed)."""
+        a = fact_at(facts, self.path)
+        if self.kind in ("threshold", "pair"):
+            b = fact_at(facts, self.value) if self.kind == "pair" else self.value
+            return numeric(a) and numeric(b) and bool(_COMPARE[self.op](a, b))
+        if self.kind == "same":
+            b = fact_at(facts, self.value)
+            return a is not None and type(a) is type(b) and (a == b) != self.negated
+        if self.kind == "flag":
+            return a is self.value
+        if self.kind == "equals":
+            return bool(a == self.value) != self.negated
+        if self.kind == "member":
+            return bool(a in self.value) != self.negated
+        found = isinstance(a, str) and re.search(_phrase_pattern(self.value), a) is not None
+        return found != self.negated
+
+
+def literal(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if numeric(value):
+        return _number(value)
+    return quote(str(value))
+
+
+# --- the training decisions -----------------------------------------------------------------------------
+
+
+@dataclass
+class Case:
+    scenario: str
+    facts: dict[str, Any]
+    options: list[dict[str, Any]]
+    correct: list[dict[str, Any]]
+    target: bool
+    """A failure of the cluster this rule is for: its answer was not among the right ones."""
+
+    def offers(self, option: Mapping[str, Any]) -> bool:
+        return any(same_answer(option, o) for o in self.options)
+
+    def right(self, option: Mapping[str, Any]) -> bool:
+        return any(same_answer(option, c) for c in self.correct)
+
+    def request(self, name: str) -> dict[str, Any]:
+        return decision_input(name, self.facts, self.options)
+
+
+def decisions_by_name(examples: Sequence[Mapping[str, Any]]) -> dict[str, list[Case]]:
+    """The training decisions by decision name."""
+    by_name: dict[str, list[Case]] = {}
+    for e in examples:
+        correct = list(e.get("correct") or [])
+        answered = e.get("answered")
+        target = bool(
+            e.get("in_cluster")
+            and not e.get("passed")
+            and correct
+            and not (answered and any(same_answer(answered, c) for c in correct))
+        )
+        case = Case(str(e.get("scenario", "")), dict(e["facts"]), list(e["options"]), correct, target)
+        by_name.setdefault(str(e.get("name", "")), []).append(case)
+    return by_name
+
+
+def mask_of(cases: Sequence[Case], test: Any) -> int:
+    bits = 0
+    for i, case in enumerate(cases):
+        if test(case):
+            bits |= 1 << i
+    return bits
+
+
+def count(bits: int) -> int:
+    return bits.bit_count()
+
+
+# --- what a rule may say ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RuleTerms:
+    """What the miner may write: fact types (`facts.x` -> number, int, bool, enum, string), the values of
+    enumerated facts, and the environment's own constants (its rule thresholds, its enumerated payloads)."""
+
+    fact_types: Mapping[str, str]
+    values: Mapping[str, Sequence[Any]] = field(default_factory=dict)
+    constants: frozenset[Any] = frozenset()
+
+
+def _scenarios_split(cases: Sequence[Case], path: str, below: Any) -> tuple[int, int]:
+    low = {c.scenario for c in cases if below(fact_at(c.facts, path))}
+    high = {c.scenario for c in cases if not below(fact_at(c.facts, path))}
+    return len(low), len(high)
+
+
+def _all(cases: Sequence[Case], path: str, test: Any) -> bool:
+    return bool(cases) and all(test(fact_at(c.facts, path)) for c in cases)
+
+
+def atoms_for(cases: Sequence[Case], vocab: RuleTerms) -> list[Atom]:
+    atoms: list[Atom] = []
+    numbers = sorted(
+        p for p, k in vocab.fact_types.items() if k in ("number", "int") and _all(cases, p, numeric)
+    )
+    for path in numbers:
+        seen = sorted({float(fact_at(c.facts, path)) for c in cases})
+        constants = {float(c) for c in vocab.constants if numeric(c)}
+        for t in sorted(set(seen) | {c for c in constants if seen and seen[0] <= c <= seen[-1]}):
+            value: float | int = int(t) if t.is_integer() else t
+            own = t in constants
+            # x >= t splits below t from the rest; x > t splits up to t from the rest.
+            for ops, below in (((">=", "<"), lambda v, t=t: v < t), ((">", "<="), lambda v, t=t: v <= t)):
+                low, high = _scenarios_split(cases, path, below)
+                if own or (low >= MIN_SUPPORT and high >= MIN_SUPPORT):
+                    atoms += [Atom("threshold", path, op, value) for op in ops]
+    for left, right in itertools.combinations(numbers, 2):
+        atoms += [Atom("pair", left, op, right) for op in (">", ">=", "<", "<=")]
+    for left, right in _comparable(cases, vocab):
+        atoms += [Atom("same", left, "==", right), Atom("same", left, "!=", right)]
+    for path, kind in sorted(vocab.fact_types.items()):
+        if kind == "bool" and _all(cases, path, lambda v: isinstance(v, bool)):
+            atoms += [Atom("flag", path, "==", True), Atom("flag", path, "==", False)]
+        elif kind == "enum" and _all(cases, path, lambda v: isinstance(v, str | int | bool)):
+            observed = sorted({fact_at(c.facts, path) for c in cases}, key=str)
+            declared = [v for v in vocab.values.get(path, observed) if v in observed] or observed
+            for v in declared:
+                atoms += [Atom("equals", path, "==", v), Atom("equals", path, "!=", v)]
+            if 3 < len(declared) <= MAX_SET:
+                for size in range(2, len(declared) - 1):
+                    for subset in itertools.combinations(declared, size):
+                        atoms += [Atom("member", path, "==", subset), Atom("member", path, "!=", subset)]
+        elif worded(cases, path, kind):
+            atoms += _text_atoms(cases, path)
+    return atoms
+
+
+def worded(cases: Sequence[Case], path: str, kind: str) -> bool:
+    """Whether a text fact is tested for words: always when declared `text` (free text meant for word
+    tests); when declared `string`, only when its values read as prose: most of them at least
+    `PROSE_WORDS` words. A name, an id or an address is one token, and a word test on it would single
+    out the cases that name it (`system.name.matches('confluence')`), not state a rule."""
+    if kind not in ("text", "string") or not _all(cases, path, lambda v: isinstance(v, str)):
+        return False
+    if kind == "text":
+        return True
+    values = {str(fact_at(c.facts, path)) for c in cases}
+    return 2 * sum(len(v.split()) >= PROSE_WORDS for v in values) >= len(values)
+
+
+def _comparable(cases: Sequence[Case], vocab: RuleTerms) -> list[tuple[str, str]]:
+    """Pairs of facts of one kind whose equality may be a rule: enumerated facts that share a value (the
+    requester's department and the system's owner), two identifiers (`string` facts that do not read as
+    prose: the requester and the approver). Not two flags: any two flags are comparable, and whether two
+    unrelated ones differ (`customer.locked != openTicket.found`) splits a small training set by chance
+    far more often than it states a rule; tests of each flag say what a rule over both does."""
+    groups: dict[str, list[str]] = {}
+    for path, kind in sorted(vocab.fact_types.items()):
+        if kind == "enum" and _all(
+            cases, path, lambda v: isinstance(v, str | int) and not isinstance(v, bool)
+        ):
+            groups.setdefault("enum", []).append(path)
+        elif (
+            kind == "string"
+            and not worded(cases, path, kind)
+            and _all(cases, path, lambda v: isinstance(v, str))
+        ):
+            groups.setdefault("string", []).append(path)
+    pairs = []
+    for kind, paths in sorted(groups.items()):
+        for left, right in itertools.combinations(paths, 2):
+            if kind == "enum" and not _values(cases, vocab, left) & _values(cases, vocab, right):
+                continue
+            pairs.append((left, right))
+    return pairs
+
+
+def _values(cases: Sequence[Case], vocab: RuleTerms, path: str) -> set[Any]:
+    return set(vocab.values.get(path) or ()) | {fact_at(c.facts, path) for c in cases}
+
+
+def _text_atoms(cases: Sequence[Case], path: str) -> list[Atom]:
+    """Words and two-word phrases found in the text of at least MIN_SUPPORT training scenarios (one
+    scenario's words would be its literal), one of them a failure to fix."""
+    owners: dict[str, set[str]] = {}
+    in_target: set[str] = set()
+    for case in cases:
+        words = _words(str(fact_at(case.facts, path)))
+        grams = set(words) | {f"{a} {b}" for a, b in itertools.pairwise(words)}
+        for gram in grams:
+            owners.setdefault(gram, set()).add(case.scenario)
+        if case.target:
+            in_target |= grams
+    atoms = []
+    for gram in sorted(owners):
+        if len(owners[gram]) >= MIN_SUPPORT and (gram in in_target or " " not in gram):
+            atoms += [Atom("text", path, "==", gram), Atom("text", path, "!=", gram)]
+    return atoms
