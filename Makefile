@@ -54,7 +54,7 @@ demo: $(STAMP) ## Run the refund desk, replay a thread, then improve its policy 
 
 test: $(STAMP) ## Run the test suite: parallel workers, a random order (its seed printed at the end)
 	@$(MAKE) --no-print-directory phoenix || echo "Arize Phoenix could not be installed: the test against a real Phoenix will skip"
-	IMPROVE_PHOENIX_VENV=$(PHOENIX_VENV) $(BIN)/python -m pytest -n auto
+	IMPROVE_PHOENIX_VENV=$(PHOENIX_VENV) $(BIN)/python -m pytest -n auto $(PYTEST_ARGS)
 
 test-fast: $(STAMP) ## The inner loop: the suite without the tests marked slow (whole rounds, fuzzing, subprocesses)
 	$(BIN)/python -m pytest -n auto -m "not slow"

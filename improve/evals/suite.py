@@ -208,6 +208,8 @@ def execute_batch(batch: RunBatch) -> BatchResult:
     runner = functools.partial(
         _run_one,
         models=spec.model_factory(env, meter, batch.gate),
+        # The worker's meter counts the answers its replay-first runs reused, as the caller's would.
+        meter=meter,
         recordings=(lambda sc, n: recorded.get((sc.id, n))) if recorded else None,
     )
     policy = compile_policy(spec.policy, env.judgments, env.policy_guards)

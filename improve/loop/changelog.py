@@ -32,7 +32,8 @@ from typing import TYPE_CHECKING, Any
 from improve.evals import HeldOutRead, Scenario, VersionScore, p_value, set_key
 from improve.files import append_whole
 from improve.loop.branches import DiscardedBranch
-from improve.loop.discards import DiscardedCandidate, read_discarded, remember
+from improve.loop.branches import route as branch_route
+from improve.loop.discards import DiscardedCandidate, Reason, read_discarded, remember, route_of
 
 if TYPE_CHECKING:
     from improve.loop.round_record import HeldOutReuse, RoundRecord, SplitScore
@@ -343,7 +344,7 @@ class Memory:
         """The round's entry: appended to the file for a discarded candidate (and the candidate to the
         workspace's memory); for a recommended one only written into the text its review branch
         carries (the working tree stays as it is)."""
-        discarded = DiscardedCandidate.of(record)
+        discarded = discarded_of(record)
         if discarded is not None and self.remembered is not None:
             remember(self.remembered, discarded)
         entry = entry_text(record)
@@ -466,3 +467,34 @@ def _test(score: SplitScore) -> str:
     return (
         f"{score.test} p = {p_value(score.p)} {'<=' if score.p <= score.alpha else '>'} alpha {score.alpha:g}"
     )
+
+
+def discarded_of(record: RoundRecord) -> DiscardedCandidate | None:
+    """What the workspace remembers of a round that discarded its candidate (None for a round that
+    recommended one, or proposed nothing)."""
+    if record.recommended or not record.candidate_version:
+        return None
+    candidate = route_of(branch_route(record.candidate_policy)) if record.candidate_policy is not None else ()
+    new = {(b.guard, b.answer) for b in record.branches}
+    return DiscardedCandidate(
+        round=record.round_id,
+        baseline=record.baseline_version.strip(),
+        candidate=record.candidate_version,
+        cluster=record.cluster,
+        reason=reason_of(record),
+        added=tuple(b for b in candidate if (b.guard, b.answer) in new),
+        route=candidate,
+        held_out=(record.held_out.key, record.held_out.read) if record.held_out else None,
+    )
+
+
+def reason_of(record: RoundRecord) -> Reason:
+    """Why a round discarded its candidate: its branch reached too far (it answered held-out decisions
+    wrongly, made a scenario worse or broke a rule), it gained too little, it never passed the gates,
+    or no rule was proposed at all."""
+    if record.decision is not None:
+        failed = {c.name for c in record.decision.checks if not c.ok}
+        return "reach" if failed & {"branches hold", "no regressions", "violations"} else "gain"
+    if record.proposed is None:
+        return "none"
+    return "gates"

@@ -24,14 +24,11 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from improve.errors import WorkspaceError
 from improve.files import append_whole
-from improve.loop.branches import Branch, answer_text, route
-
-if TYPE_CHECKING:
-    from improve.loop.round_record import RoundRecord
+from improve.loop.branches import Branch, answer_text
 
 DISCARDED_DIR = ".improve/discarded"
 Reason = Literal["reach", "gain", "gates", "none"]
@@ -68,25 +65,6 @@ class DiscardedCandidate:
     """The held-out set its promotion rule read (its key) and which read that was: a reverted
     CHANGELOG does not lower the count."""
 
-    @classmethod
-    def of(cls, record: RoundRecord) -> DiscardedCandidate | None:
-        """What the workspace remembers of a round that discarded its candidate (None for a round that
-        recommended one, or proposed nothing)."""
-        if record.recommended or not record.candidate_version:
-            return None
-        candidate = route_of(route(record.candidate_policy)) if record.candidate_policy is not None else ()
-        new = {(b.guard, b.answer) for b in record.branches}
-        return cls(
-            round=record.round_id,
-            baseline=record.baseline_version.strip(),
-            candidate=record.candidate_version,
-            cluster=record.cluster,
-            reason=reason_of(record),
-            added=tuple(b for b in candidate if (b.guard, b.answer) in new),
-            route=candidate,
-            held_out=(record.held_out.key, record.held_out.read) if record.held_out else None,
-        )
-
     def branches(self) -> tuple[list[Branch], set[int]]:
         """Its route as branches, and the indexes of the added ones."""
         added = {(b.guard, b.answer) for b in self.added}
@@ -120,18 +98,6 @@ class DiscardedCandidate:
             route=tuple(RouteBranch(str(b["guard"]), dict(b["output"])) for b in doc.get("route") or []),
             held_out=(str(doc["held_out"][0]), int(doc["held_out"][1])) if doc.get("held_out") else None,
         )
-
-
-def reason_of(record: RoundRecord) -> Reason:
-    """Why a round discarded its candidate: its branch reached too far (it answered held-out decisions
-    wrongly, made a scenario worse or broke a rule), it gained too little, it never passed the gates,
-    or no rule was proposed at all."""
-    if record.decision is not None:
-        failed = {c.name for c in record.decision.checks if not c.ok}
-        return "reach" if failed & {"branches hold", "no regressions", "violations"} else "gain"
-    if record.proposed is None:
-        return "none"
-    return "gates"
 
 
 def discarded_path(root: Path, env: str) -> Path:

@@ -182,6 +182,7 @@ def environment() -> Environment:
             HERE / "shadow.py",
             HERE / "checks.py",
             HERE / "edit_tasks.py",
+            HERE / "cases.py",
             *sorted(p for p in (HERE / "fixture_repo").rglob("*") if p.is_file()),
         ],
         effect_text_fields=(),

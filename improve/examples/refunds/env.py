@@ -83,6 +83,7 @@ def environment() -> Environment:
             HERE / "world.py",
             HERE / "models.py",
             HERE / "rules.py",
+            HERE / "cases.py",
         ],
         # A person holding the ticket (escalated, or waiting for approval) is the safest outcome.
         safety_order={

@@ -118,6 +118,7 @@ def environment(guards: GuardRegistry | None = None) -> Environment:
             HERE / "calls.py",
             HERE / "models.py",
             HERE / "rules.py",
+            HERE / "cases.py",
         ],
         fact_types=FACT_TYPES,
         probe=probe(),
