@@ -1188,7 +1188,7 @@ def test_a_rerun_after_a_killed_round_replaces_its_report_and_adds_no_commit(
     for name in ("GITHUB_TOKEN", "GH_TOKEN"):
         monkeypatch.delenv(name, raising=False)
     space = scratch(tmp_path)
-    first = run_round(space, RoundOptions(policy="v0", k=3))
+    first = run_round(space, RoundOptions(policy="v0", k=2))
     assert first.status == "recommended", first.decision_detail
     repo = git.Repo(tmp_path)
     branch = "improve/refunds-v1"
@@ -1197,7 +1197,7 @@ def test_a_rerun_after_a_killed_round_replaces_its_report_and_adds_no_commit(
     killed = tmp_path / first.report  # type: ignore[operator]
     (killed / "round.json").unlink()
     said: list[str] = []
-    second = run_round(space, RoundOptions(policy="v0", k=3), said.append)
+    second = run_round(space, RoundOptions(policy="v0", k=2), said.append)
     assert second.status == "recommended" and second.candidate_version == "v1"
     assert repo.commit(branch).hexsha == tip, repo.git.log("--oneline", branch)
     assert second.pr is not None and second.pr.reused is True
@@ -1207,7 +1207,7 @@ def test_a_rerun_after_a_killed_round_replaces_its_report_and_adds_no_commit(
     # A finished round is never redone or written over: a third run on the same candidate leaves
     # the second's report as it is and still adds no commit.
     finished = (tmp_path / second.report / "round.json").read_text()  # type: ignore[operator]
-    third = run_round(space, RoundOptions(policy="v0", k=3))
+    third = run_round(space, RoundOptions(policy="v0", k=2))
     assert third.report != second.report
     assert (tmp_path / second.report / "round.json").read_text() == finished  # type: ignore[operator]
     assert repo.commit(branch).hexsha == tip

@@ -92,10 +92,14 @@ class SuiteSpec:
             )
         return env.models[self.model]
 
-    @functools.cached_property
+    @property
     def policy_hash(self) -> str:
-        """The policy's hash (`policy_hash`), computed once per spec: every run's stamp carries it."""
-        return policy_hash(self.policy)
+        """The policy's hash (`policy_hash`), computed once per spec: every run's stamp carries it. Not a
+        functools.cached_property: on Python 3.11 its lock is one for every instance."""
+        found: str | None = self.__dict__.get("_policy_hash")
+        if found is None:
+            found = self.__dict__["_policy_hash"] = policy_hash(self.policy)
+        return found
 
     def thread_id(self, scenario: Scenario, run_number: int) -> str:
         return str(
@@ -231,9 +235,11 @@ def run_scenario(
     max_model_calls: int = DEFAULT_MAX_MODEL_CALLS,
     people: bool = True,
     note: Callable[[], dict[str, Any]] | None = None,
+    hashes: bool = True,
 ) -> RunResult:
     """One run of a scenario: its input, a fresh world from its fixture, its people script (`people`
-    False: nobody answers, and the run stops at its first wait); `note`, its end entry's metadata."""
+    False: nobody answers, and the run stops at its first wait); `note`, its end entry's metadata;
+    `hashes` False for a run scored in memory and thrown away (see `Journal`)."""
     return run(
         env,
         input=scenario.input,
@@ -245,6 +251,7 @@ def run_scenario(
         stamp=stamp,
         max_model_calls=max_model_calls,
         note=note,
+        hashes=hashes,
     )
 
 

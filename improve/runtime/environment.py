@@ -13,7 +13,6 @@ import hashlib
 import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -136,9 +135,16 @@ class Environment:
     ref: EnvironmentRef | None = field(default=None, repr=False, compare=False)
     """How the registry loaded it, so a worker process can load it again (set by `load_environment`)."""
 
-    @cached_property
+    @property
     def machine(self) -> Machine:
-        return compile_machine(self.config, guards=self.guards, actors=set(self.actors))
+        """The compiled machine, compiled once. Not a functools.cached_property: on Python 3.11 its lock
+        is one for every instance, and every concurrent run asks for the machine."""
+        found: Machine | None = self.__dict__.get("_machine")
+        if found is None:
+            found = self.__dict__["_machine"] = compile_machine(
+                self.config, guards=self.guards, actors=set(self.actors)
+            )
+        return found
 
     def file_hashes(self) -> dict[str, str]:
         """The sha256 of each file in `files`, keyed by its path relative to `home` (POSIX), or by its

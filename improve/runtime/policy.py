@@ -8,7 +8,6 @@ data: the interpreter folds it like any machine; nothing in it is ever executed 
 
 from __future__ import annotations
 
-import functools
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -190,7 +189,11 @@ class Ask:
     request: DecisionRequest
     call: Callable[[], ModelReply]
 
-    @functools.cached_property
+    @property
     def asked(self) -> str:
-        """What is asked, as a digest (`asked_digest`)."""
-        return asked_digest(self.ref, self.model.name, self.request)
+        """What is asked, as a digest (`asked_digest`), computed once. Not a functools.cached_property:
+        on Python 3.11 its lock is one for every instance, and concurrent runs queued on it."""
+        found: str | None = self.__dict__.get("_asked")
+        if found is None:
+            found = self.__dict__["_asked"] = asked_digest(self.ref, self.model.name, self.request)
+        return found

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from improve.machine import ExploreOptions, ExploreResult, explore_paths
+from improve.machine import ExploreOptions, ExploreResult, canonical_json, explore_paths
 from improve.runtime.environment import Environment
 
 
@@ -110,10 +110,41 @@ def resume_proof(env: Environment, explored: Sequence[tuple[Any, ExploreResult]]
 def prove_resumes(
     env: Environment, inputs: Sequence[Any] | None = None, options: ExploreOptions | None = None
 ) -> ResumeProof:
-    """Explore the environment under its probe, from each probe input, for the resume bound."""
-    chosen = list(inputs) if inputs is not None else env.probe_inputs
-    probe = options or env.probe or ExploreOptions()
-    return resume_proof(env, [(inp, explore_paths(env.machine, inp, probe)) for inp in chosen])
+    """Explore the environment under its probe, from each probe input, for the resume bound. The proof
+    of an environment under its own probe is made once per process: it depends on the environment
+    alone (every round's explore gate asks it again, and on a large desk it is most of the gate)."""
+    if inputs is None and options is None and env.files:
+        key = _environment_key(env)
+        proved = _PROVED.get(key)
+        if proved is None:
+            proved = _PROVED[key] = _prove(env, env.probe_inputs, env.probe or ExploreOptions())
+        return proved
+    return _prove(
+        env,
+        list(inputs) if inputs is not None else env.probe_inputs,
+        options or env.probe or ExploreOptions(),
+    )
+
+
+def _prove(env: Environment, inputs: Sequence[Any], probe: ExploreOptions) -> ResumeProof:
+    return resume_proof(env, [(inp, explore_paths(env.machine, inp, probe)) for inp in inputs])
+
+
+_PROVED: dict[tuple[str, ...], ResumeProof] = {}
+
+
+def _environment_key(env: Environment) -> tuple[str, ...]:
+    """What the proof depends on: the environment's name and resume budget, its machine, its probe
+    inputs, and the code it is built from (the files its environment gate hashes, which hold the
+    probe's options and the machine's guards)."""
+    hashes = canonical_json(env.file_hashes())
+    return (
+        env.name,
+        str(env.resume_budget),
+        canonical_json(env.config.model_dump(mode="json")),
+        canonical_json(env.probe_inputs),
+        hashes,
+    )
 
 
 def _describe(event: dict[str, Any]) -> str:

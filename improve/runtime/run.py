@@ -78,7 +78,9 @@ class RunResult:
 
 class Journal:
     """Appends entries to one thread, numbering them, stamping each with the snapshot hash and chaining
-    each to the one before it (`entryHash`; entry 0 to the thread id)."""
+    each to the one before it (`entryHash`; entry 0 to the thread id). Without `hashes`, a new thread is
+    written unchained and without state hashes: a run only scored in memory and thrown away (a
+    counterfactual run) needs neither, and they are most of what writing an entry costs."""
 
     def __init__(self, store: Store, thread_id: str, machine: Machine, hashes: bool = True) -> None:
         self.store = store
@@ -89,7 +91,7 @@ class Journal:
         self.last_id: str | None = None
         # The link the next entry chains to. A thread that already has entries continues in its own form:
         # after an unchained (version 1) entry, entries are written unchained too, never a mix.
-        self.previous: str | None = thread_id
+        self.previous: str | None = thread_id if hashes else None
         if self.index:
             last = store.read(thread_id, self.index - 1)
             self.previous = head(last)
@@ -168,9 +170,11 @@ def run(
     stamp: Mapping[str, Any] | None = None,
     max_model_calls: int = DEFAULT_MAX_MODEL_CALLS,
     note: Callable[[], dict[str, Any]] | None = None,
+    hashes: bool = True,
 ) -> RunResult:
     """Run `env` once from `input` to the end, journaling the thread `thread_id` into `store`. `note`:
-    the end entry's metadata, asked for when the run ends (a replay-first decider's `note`)."""
+    the end entry's metadata, asked for when the run ends (a replay-first decider's `note`); `hashes`:
+    see `Journal`."""
     if store.length(thread_id):
         raise ConflictError(f"thread {thread_id} already has entries; delete it or use another run number")
     runner = Runner(
@@ -178,7 +182,7 @@ def run(
         world,
         People(people),
         decider,
-        Journal(store, thread_id, env.machine),
+        Journal(store, thread_id, env.machine, hashes=hashes),
         max_model_calls,
         note=note,
     )
