@@ -538,11 +538,9 @@ def test_an_sdk_written_file_lands_with_nothing_lost(ws: Path, pretty: bool) -> 
             for link in span.links
         ]
         assert row[12] == "support-bot" and json.loads(row[13]) == dict(span.resource.attributes)
-        assert (row[14], row[15], row[16]) == (
-            "acme.agent",
-            "2.1.0",
-            "https://opentelemetry.io/schemas/1.30.0",
-        )
+        # The scope's schema URL lands when the SDK's encoder writes it (opentelemetry-sdk 1.30 leaves it out).
+        written = json.loads(path.read_text())["resourceSpans"][0]["scopeSpans"][0].get("schemaUrl")
+        assert (row[14], row[15], row[16]) == ("acme.agent", "2.1.0", written)
         assert json.loads(row[17])["spanId"] == f"{ctx.span_id:016x}"  # raw keeps the span, ids in hex
     # Types survive: a double stays a double, ints ints, in the JSON the columns hold.
     chat = next(r for r in rows.values() if r[3].startswith("chat"))

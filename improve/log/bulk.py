@@ -165,7 +165,8 @@ def read_strictly(data: bytes) -> BulkEntry | None:
     UTF-8 with no raw control character: msgspec refuses both."""
     try:
         entry = _DECODER.decode(data)
-    except (msgspec.ValidationError, msgspec.DecodeError):
+    except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError):
+        # msgspec before 0.20 says invalid UTF-8 in a string with UnicodeDecodeError, not DecodeError.
         return None
     event_type = entry.event.get("type")
     if isinstance(event_type, str) and event_type and _valid_recorded_at(entry.recordedAt):

@@ -165,7 +165,7 @@ def _thread_of(line: bytes | LongLine, default: str) -> str | None:
         return None
     try:
         thread = _THREAD_ONLY.decode(line).threadId
-    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
+    except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError, RecursionError):
         # msgspec is stricter than the contract (and deeper nesting than it takes is refused anyway): ask the decoder that reads it as the second pass will.
         try:
             thread = decode_entry(line).threadId
@@ -241,7 +241,7 @@ def _returning_threads(path: Path, default: str) -> dict[str, int] | None:
         for number, line in zip(numbers, cast(Sequence[bytes], lines), strict=True):
             try:
                 thread = decode(line).threadId or default
-            except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
+            except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError, RecursionError):
                 found = _thread_of(line, default)
                 if found is None:
                     continue

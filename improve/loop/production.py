@@ -24,7 +24,7 @@ WITH production AS (
     SELECT o.*,
            (SELECT count(*) FROM entries e
             WHERE e.thread_id = o.thread_id AND e.event_type = '@agent.usage'
-              AND e.event ->> '$.error' IS NOT NULL) AS model_errors
+              AND (e.event ->> '$.error') IS NOT NULL) AS model_errors
     FROM outcomes o
     WHERE o.environment = $environment AND o.expected_outcome IS NULL AND coalesce(o.split, '') != 'test'
 )
@@ -44,7 +44,7 @@ FROM production p
 JOIN decisions d USING (thread_id)
 LEFT JOIN attempts a ON a.thread_id = d.thread_id AND a."index" = d."index"
 GROUP BY ALL
-ORDER BY threads DESC, decision, answer, refusal, guard, final_state
+ORDER BY threads DESC, d.decision, answer, refusal, guard, p.final_state
 """
 """Production threads of one environment, clustered by decision, answer, refusal, guard and end."""
 

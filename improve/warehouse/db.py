@@ -180,8 +180,9 @@ def damaged(target: str | Path, err: BaseException) -> WarehouseDamagedError | N
 
 
 STORAGE_COMPATIBILITY = "v1.2.0"
-"""The storage format new warehouse files are written in: that of the oldest DuckDB the pins allow
-(`duckdb>=1.2` in pyproject.toml). DuckDB 2.0 writes a format 1.x cannot read unless told."""
+"""The storage format new warehouse files are written in: DuckDB 1.2's, which every DuckDB the pins allow
+(`duckdb>=1.3` in pyproject.toml) and the DuckDB CLIs on PyPI read. DuckDB 2.0 writes a format 1.x cannot
+read unless told."""
 
 INSERT_CHUNK = 1000
 """Rows per INSERT statement in `insert_rows`: large enough to amortize planning, small enough that

@@ -50,6 +50,7 @@ RULE_EXPLAIN = "EXPLAIN of a query only"
 RULE_PARSE = "parseable SQL"
 
 _PRAGMA_TABLE_INFO = re.compile(r"\s*PRAGMA\s+table_info\s*\(", re.IGNORECASE)
+_PRAGMA_REWRITTEN = re.compile(r"SELECT \* FROM pragma_(\w+)\(")
 # EXPLAIN [ANALYZE] [(options)] <statement>: what follows is checked as a statement of its own, so that
 # `EXPLAIN ANALYZE COPY ...` (which runs the COPY) is refused like the COPY.
 _EXPLAIN = re.compile(r"\s*EXPLAIN\s+(?:ANALY[SZ]E\s+)?(?:\([^()]*\)\s*)?(?P<explained>.*)\Z", re.I | re.S)
@@ -118,10 +119,13 @@ def check_statement(sql: str) -> str:
 
 def _check_one(statement: Any) -> None:
     kind = _type(statement)
-    if kind == duckdb.StatementType.SELECT:
+    # DuckDB before 2 parses some pragmas into a query of their table function (`PRAGMA database_size`
+    # reaches here as `SELECT * FROM pragma_database_size();`): judged as the PRAGMA it was written as.
+    rewritten = _PRAGMA_REWRITTEN.match(statement.query) if kind == duckdb.StatementType.SELECT else None
+    if kind == duckdb.StatementType.SELECT and (rewritten is None or rewritten.group(1) == "table_info"):
         return
-    if kind == duckdb.StatementType.PRAGMA:
-        if _PRAGMA_TABLE_INFO.match(statement.query):
+    if kind == duckdb.StatementType.PRAGMA or rewritten is not None:
+        if rewritten is None and _PRAGMA_TABLE_INFO.match(statement.query):
             return
         raise SqlRefusedError(
             f"refused by the rule '{RULE_PRAGMA}': of the PRAGMA statements, improve sql runs only "

@@ -181,7 +181,7 @@ RELATIONS: tuple[Relation, ...] = (
         )
         SELECT trace_id,
                coalesce(arg_min(attributes ->> '$."gen_ai.agent.name"', start_unix_nano)
-                            FILTER (WHERE attributes ->> '$."gen_ai.agent.name"' IS NOT NULL),
+                            FILTER (WHERE (attributes ->> '$."gen_ai.agent.name"') IS NOT NULL),
                         arg_min(service_name, start_unix_nano) FILTER (WHERE parent_span_id IS NULL),
                         arg_min(service_name, start_unix_nano)) AS agent,
                coalesce(arg_min(service_name, start_unix_nano) FILTER (WHERE parent_span_id IS NULL),
@@ -203,7 +203,7 @@ RELATIONS: tuple[Relation, ...] = (
                     ELSE coalesce(sum(tokens_out), 0) END AS output_tokens,
                count(*) FILTER (WHERE op = 'execute_tool') AS tool_calls,
                coalesce(list(DISTINCT attributes ->> '$."gen_ai.tool.name"' ORDER BY attributes ->> '$."gen_ai.tool.name"')
-                            FILTER (WHERE op = 'execute_tool' AND attributes ->> '$."gen_ai.tool.name"' IS NOT NULL),
+                            FILTER (WHERE op = 'execute_tool' AND (attributes ->> '$."gen_ai.tool.name"') IS NOT NULL),
                         []) AS tools,
                count(*) FILTER (WHERE status_code = 'ERROR') AS errors,
                count(*) AS spans,
@@ -453,10 +453,10 @@ RELATIONS: tuple[Relation, ...] = (
                sum(coalesce(TRY_CAST(event ->> '$.inputTokens' AS BIGINT), 0)
                    + coalesce(TRY_CAST(event ->> '$.outputTokens' AS BIGINT), 0)) AS tokens,
                sum(TRY_CAST(event ->> '$.costUsd' AS DOUBLE)) AS cost_usd,
-               count(*) FILTER (WHERE event ->> '$.recorded' = 'true') AS recorded_calls,
+               count(*) FILTER (WHERE (event ->> '$.recorded') = 'true') AS recorded_calls,
                list(DISTINCT event ->> '$.model' ORDER BY event ->> '$.model') AS models,
                list(DISTINCT event ->> '$.fingerprint' ORDER BY event ->> '$.fingerprint')
-                   FILTER (WHERE event ->> '$.fingerprint' IS NOT NULL) AS fingerprints
+                   FILTER (WHERE (event ->> '$.fingerprint') IS NOT NULL) AS fingerprints
         FROM entries
         WHERE event_type = '@agent.usage'
         GROUP BY thread_id

@@ -60,7 +60,7 @@ _CANDIDATES = f"""
             {_json_field("machineId", "VARCHAR")}
             {_json_field("machineVersion", "VARCHAR")}
             {_json_field("event", "OBJECT")}
-            WHEN json_type(j, '$.event.type') IS DISTINCT FROM 'VARCHAR' OR j ->> '$.event.type' = ''
+            WHEN json_type(j, '$.event.type') IS DISTINCT FROM 'VARCHAR' OR (j ->> '$.event.type') = ''
                 THEN 'event.type must be a non-empty string'
             {_optional_field("causationId", "VARCHAR")}
             {_optional_field("attempts", "ARRAY")}
@@ -69,7 +69,7 @@ _CANDIDATES = f"""
             {_optional_field("threadId", "VARCHAR")}
             WHEN NOT regexp_full_match(thread, {THREAD_ID_SQL})
                 THEN 'thread id ' || thread || ' is not valid: letters, digits and ._:@+=- only'
-            WHEN (j ->> '$.index') = '0' AND j ->> '$.event.type' != '@agent.init'
+            WHEN (j ->> '$.index') = '0' AND (j ->> '$.event.type') != '@agent.init'
                 THEN 'entry 0 of a thread must be @agent.init, found ' || (j ->> '$.event.type')
         END AS error,
         thread AS thread_id,
