@@ -101,12 +101,14 @@ SPLITS = ("train", "held-out")
 
 def run_round(space: Workspace, opts: RoundOptions, say: Say = lambda m: None) -> RoundRecord:
     """One round (see the module's docstring)."""
-    inputs = locate(space, opts.env, opts.policy)
     # Before anything runs or a branch is made: the round's report folder can be written.
     check_directory(space.reports, "the reports directory")
-    # One writer of the workspace's threads at a time: a second round (or run, or resume) waits.
-    with space.writing(say), Ledger(space, inputs.env) as ledger:
-        return Round(space, opts, inputs, ledger, say).run()
+    # One writer of the workspace's threads at a time: a second round (or run, or resume) waits, and
+    # reads the CHANGELOG and the discarded candidates (the version it takes) after this one has written.
+    with space.writing(say):
+        inputs = locate(space, opts.env, opts.policy)
+        with Ledger(space, inputs.env) as ledger:
+            return Round(space, opts, inputs, ledger, say).run()
 
 
 def run_rounds(
