@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from math import comb
+from typing import Any
 
 import numpy as np
 import pytest
@@ -294,23 +295,29 @@ def simulate(
                 if broken is not None and split == "held-out" and i == mix.failing:
                     q = broken
                 world.rates[f"{split}-{i}"] = (split, p, q)
-        first = range(1, k + 1)
-        everything = list(world.rates)
-        settled = settle(
-            world.runs("v0", everything, first),
-            world.runs("v1", everything, first),
-            RerunRule.from_objective(objective, k),
-            world.run_more,
-        )
-        cards = [
-            scorecard(rows, version, split)
-            for rows, version in ((settled.baseline, "v0"), (settled.candidate, "v1"))
-            for split in ("train", "held-out")
-        ]
-        verdict = decide(*cards, objective, settled.reruns)
-        promoted += verdict.promote
-        extra += settled.reruns.extra_runs
+        promote, extra_runs = decided_round(world, list(world.rates), k, objective)
+        promoted += promote
+        extra += extra_runs
     return Simulated(promoted / trials, extra / trials)
+
+
+def decided_round(world: Any, everything: list[str], k: int, objective: Any) -> tuple[bool, int]:
+    """One simulated round over `world`'s scenarios: k runs a side, the sequential reruns, the promotion
+    rule; whether it promoted, and how many extra runs it took."""
+    first = range(1, k + 1)
+    settled = settle(
+        world.runs("v0", everything, first),
+        world.runs("v1", everything, first),
+        RerunRule.from_objective(objective, k),
+        world.run_more,
+    )
+    cards = [
+        scorecard(rows, version, split)
+        for rows, version in ((settled.baseline, "v0"), (settled.candidate, "v1"))
+        for split in ("train", "held-out")
+    ]
+    verdict = decide(*cards, objective, settled.reruns)
+    return verdict.promote, settled.reruns.extra_runs
 
 
 @pytest.mark.slow
@@ -412,22 +419,9 @@ def simulate_replay_first(
                     q = float(rng.uniform(0.3, 0.8))
                     paths = Paths(split, float(rng.random()), p, (q, q), (q, q))
                 world.paths[f"{split}-{i}"] = paths
-        first = range(1, k + 1)
-        everything = list(world.paths)
-        settled = settle(
-            world.runs("v0", everything, first),
-            world.runs("v1", everything, first),
-            RerunRule.from_objective(objective, k),
-            world.run_more,
-        )
-        cards = [
-            scorecard(rows, version, split)
-            for rows, version in ((settled.baseline, "v0"), (settled.candidate, "v1"))
-            for split in ("train", "held-out")
-        ]
-        verdict = decide(*cards, objective, settled.reruns)
-        promoted += verdict.promote
-        extra += settled.reruns.extra_runs
+        promote, extra_runs = decided_round(world, list(world.paths), k, objective)
+        promoted += promote
+        extra += extra_runs
     return Simulated(promoted / trials, extra / trials)
 
 
