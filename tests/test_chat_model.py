@@ -126,8 +126,9 @@ def test_tools_carry_the_offered_options_and_the_answer_lands_with_its_usage(
     assert "`fp_test`" in card.stdout and "USD / run" in card.stdout
 
 
+@pytest.mark.parametrize("concurrency", ["1", "4"])
 def test_an_endpoint_without_tools_falls_back_to_json_schema_then_json_object(
-    serve: Serve, tmp_path: Path
+    serve: Serve, tmp_path: Path, concurrency: str
 ) -> None:
     def no_tools_no_schema(body: dict[str, Any]) -> Reply:
         if "tools" in body:
@@ -138,7 +139,8 @@ def test_an_endpoint_without_tools_falls_back_to_json_schema_then_json_object(
 
     server = serve(no_tools_no_schema)
     ws = workspace(tmp_path, server.url)
-    # One run at a time: runs in flight together would each try tools before the first refusal is seen.
+    # Runs in flight together (4) wait for the one place a local endpoint has, and each learns from the
+    # call before its own: the way the first call found refused is not tried again.
     run(
         ws,
         "--scenario",
@@ -148,7 +150,7 @@ def test_an_endpoint_without_tools_falls_back_to_json_schema_then_json_object(
         "--split",
         "train",
         "--concurrency",
-        "1",
+        concurrency,
     )
     ways = [
         ("tools" if "tools" in r["body"] else r["body"]["response_format"]["type"]) for r in server.requests

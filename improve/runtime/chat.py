@@ -34,6 +34,7 @@ import re
 import threading
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import httpx2 as httpx
@@ -336,13 +337,39 @@ class ChatSession:
         self.judge_mode = "json_object"
         self.meter.note(f"{self.name}: {why}; asking judgments by json_object")
 
-    def send(self, body: dict[str, Any], rejectable: Sequence[str]) -> dict[str, Any]:
+    def send(
+        self, body: dict[str, Any], rejectable: Sequence[str], turn: Turn | None = None
+    ) -> dict[str, Any]:
+        """`body`'s response from the endpoint, sent once a place under the concurrency cap is free.
+        `turn`: what the session learns from the call, decided while the place is held (see `Turn`)."""
         with self._gate:
+            if turn is not None and turn.stale():
+                raise Relearned
             try:
-                return self.endpoint.complete(body, rejectable)
+                response = self.endpoint.complete(body, rejectable)
             except ModelCallError:
                 self.meter.fail()
                 raise
+            if turn is not None:
+                turn.heard(response)
+            return response
+
+
+@dataclass(frozen=True)
+class Turn:
+    """A call's way of asking, checked and learned from while the call holds its place under the cap. A
+    local server answers one call at a time: runs that start together would otherwise each spend a whole
+    call (a long ignored answer) finding out what the first one already did. So a call whose way the
+    session learned to be refused or ignored while it waited is not sent (`stale`), and what a call's
+    response teaches is learned before the next call takes the place (`heard`)."""
+
+    stale: Callable[[], bool]
+    heard: Callable[[dict[str, Any]], None]
+
+
+class Relearned(Exception):
+    """A call that waited for its turn was not sent: meanwhile the session learned that its way of asking
+    is refused or ignored. Internal to this module: the caller asks again the way now learned."""
 
 
 class ChatModel:
@@ -361,7 +388,13 @@ class ChatModel:
         while True:
             mode = self._way(lambda m: chat_body(request, m, session.spec), MODES, mode, session.mode, sample)
             body = chat_body(request, mode, session.spec)
-            response, source = self._fetch(body, sample, REJECTABLE[mode] if session.auto else ())
+            try:
+                response, source = self._fetch(
+                    body, sample, REJECTABLE[mode] if session.auto else (), self._turn(mode)
+                )
+            except Relearned:
+                mode = session.mode
+                continue
             why = unanswered(mode, response) if session.auto else None
             if why is not None and mode != MODES[-1]:
                 mode = session.fallback(mode, why)
@@ -388,7 +421,13 @@ class ChatModel:
                 sample,
             )
             body = judge_body(name, judgment, request, mode, session.spec)
-            response, source = self._fetch(body, sample, REJECTABLE[mode] if session.auto else ())
+            try:
+                response, source = self._fetch(
+                    body, sample, REJECTABLE[mode] if session.auto else (), self._judge_turn(mode)
+                )
+            except Relearned:
+                mode = session.judge_mode
+                continue
             why = unanswered(mode, response) if session.auto else None
             if why is not None and mode == "json_schema":
                 session.judge_fallback(why)
@@ -428,14 +467,42 @@ class ChatModel:
                     return way
         return current if self.session.auto and ways.index(current) > ways.index(mode) else mode
 
+    def _turn(self, mode: str) -> Turn | None:
+        """A decision's call asked `mode`: stale once the session asks past it; an ignored or refused
+        answer teaches the session the next way."""
+        session = self.session
+        if not session.auto:
+            return None
+
+        def heard(response: dict[str, Any]) -> None:
+            why = unanswered(mode, response)
+            if why is not None and mode != MODES[-1]:
+                session.fallback(mode, why)
+
+        return Turn(lambda: MODES.index(session.mode) > MODES.index(mode), heard)
+
+    def _judge_turn(self, mode: str) -> Turn | None:
+        """A judgment's call asked `mode`: as `_turn`, with judgments' two ways."""
+        session = self.session
+        if not session.auto or mode != "json_schema":
+            return None
+
+        def heard(response: dict[str, Any]) -> None:
+            why = unanswered(mode, response)
+            if why is not None:
+                session.judge_fallback(why)
+
+        return Turn(lambda: session.judge_mode == "json_object", heard)
+
     def _fetch(
-        self, body: dict[str, Any], sample: str, rejectable: Sequence[str]
+        self, body: dict[str, Any], sample: str, rejectable: Sequence[str], turn: Turn | None
     ) -> tuple[dict[str, Any], Literal["live", "recorded", "repeated"]]:
-        """The response to `body` as `sample`, and where it came from."""
+        """The response to `body` as `sample`, and where it came from; `Relearned` when the call, once
+        its turn came, was no longer worth sending (`turn`)."""
         session = self.session
         keyed = {"request": body, "sample": sample}
         response, live = session.cache.fetch(
-            keyed, functools.partial(session.send, body, rejectable), secrets=session.endpoint.secrets
+            keyed, functools.partial(session.send, body, rejectable, turn), secrets=session.endpoint.secrets
         )
         if live:
             return response, "live"
