@@ -95,6 +95,17 @@ def test_predicate_targets_and_limits_make_the_search_incomplete() -> None:
     assert not result.complete and "crm.verifyCustomer" in result.cuts[0]
 
 
+@pytest.mark.parametrize("env", [REFUNDS, APPROVAL], ids=lambda e: e.name)
+def test_a_full_exploration_reached_exactly_the_states_a_search_for_each_can_reach(env: Environment) -> None:
+    # `improve explore` answers every target a complete exploration never reached from that exploration.
+    assert env.probe is not None
+    for inp in env.probe_inputs:
+        full = explore_paths(env.machine, inp, env.probe)
+        assert full.complete and full.reached <= set(env.machine.states)
+        for state in env.machine.states:
+            assert can_reach(env.machine, state, inp, env.probe).reachable == (state in full.reached), state
+
+
 def test_explore_cli_proves_and_finds(tmp_path: Any) -> None:
     runner = CliRunner()
     ok = runner.invoke(app, ["explore", "--env", "refunds", "--json"])

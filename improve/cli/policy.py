@@ -24,7 +24,6 @@ from improve.errors import MachineConfigError, WorkspaceError
 
 if TYPE_CHECKING:
     from improve.evals import Workspace
-    from improve.machine import ExploreResult
     from improve.runtime import Environment
 
 LOCK_NAME = "environment.lock.json"
@@ -170,7 +169,7 @@ def explore_command(
         improve explore --env refunds --target illegallyIssued --input \\
             '{"ticket":"x","customerId":"C-1","orderId":"O-1","amount":240}'
     """
-    from improve.machine import ExploreOptions, can_reach, explore_paths
+    from improve.machine import ExploreOptions, can_reach, check_target, explore_paths
     from improve.runtime import resume_proof
 
     with handled():
@@ -188,13 +187,17 @@ def explore_command(
         )
         rows = []
         reachable = False
-        explored: dict[int, ExploreResult] = {}  # full explorations, reused for the resume bound
+        # One full exploration per input answers every target it never reached (the same search
+        # `can_reach` would make, to the same end) and gives the resume bound; only a target it reached
+        # is searched again, for the shortest way there.
         for goal in targets:
-            for i, inp in enumerate(inputs):
-                result = can_reach(environment.machine, goal, inp, options)
-                full = explore_paths(environment.machine, inp, options) if not result.reachable else result
-                if not result.reachable:
-                    explored.setdefault(i, full)
+            check_target(environment.machine, goal)
+        explored = [explore_paths(environment.machine, inp, options) for inp in inputs]
+        for goal in targets:
+            for inp, full in zip(inputs, explored, strict=True):
+                result = can_reach(environment.machine, goal, inp, options) if goal in full.reached else full
+                if result.reachable:
+                    full = result
                 reachable |= result.reachable
                 rows.append(
                     {
@@ -206,13 +209,7 @@ def explore_command(
                         "transitions": full.transitions,
                     }
                 )
-        proof = resume_proof(
-            environment,
-            [
-                (inp, explored.get(i) or explore_paths(environment.machine, inp, options))
-                for i, inp in enumerate(inputs)
-            ],
-        )
+        proof = resume_proof(environment, list(zip(inputs, explored, strict=True)))
         run_budget = space.config.objective.max_model_calls
         if as_json:
             emit_json(

@@ -37,6 +37,7 @@ from improve.machine.explore import (
     ResumeBound,
     branches,
     can_reach,
+    check_target,
     explore_paths,
 )
 from improve.machine.expr import (
@@ -121,6 +122,7 @@ __all__ = [
     "canonical_hash",
     "canonical_json",
     "check_depth",
+    "check_target",
     "compile_expr",
     "compile_machine",
     "decoded_canonical_bytes",

@@ -105,6 +105,9 @@ class ExploreResult:
     """Why the search is incomplete (first few reasons)."""
     resumes: ResumeBound | None = None
     """How many resumes one path can take (None when the search stopped at a target before the end)."""
+    reached: set[str] = field(default_factory=set)
+    """Every state a transition tried led to (and the initial one): a state missing from a complete
+    search's `reached` is unreachable, as `can_reach` would prove with a search of its own."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -191,6 +194,8 @@ def explore_paths(
     key_of = opts.dedupe_by or Snapshot.key
     start = initial(machine, input)
     result = ExploreResult(False, True, None, {}, 0, 0, 0)
+    reached = result.reached
+    reached.add(start.value)
     if _matches(target, start):
         result.reachable, result.witness = True, []
         return result
@@ -229,6 +234,7 @@ def explore_paths(
             if nxt is snapshot:
                 result.pruned_by_guard += 1
                 continue
+            reached.add(nxt.value)
             if _matches(target, nxt):
                 if not result.reachable:
                     result.reachable, result.witness = True, [*path, event]
@@ -344,14 +350,19 @@ class _Graph:
         return out
 
 
-def can_reach(
-    machine: Machine, target: Target, input: Any, options: ExploreOptions | None = None
-) -> ExploreResult:
-    """Whether `target` (a state id or a predicate) is reachable; stops at the first witness."""
+def check_target(machine: Machine, target: Target) -> None:
+    """A target named by its state must be one of the machine's states."""
     if isinstance(target, str) and target not in machine.states:
         from improve.errors import MachineConfigError
 
         raise MachineConfigError(f"target state '{target}' does not exist; states are {list(machine.states)}")
+
+
+def can_reach(
+    machine: Machine, target: Target, input: Any, options: ExploreOptions | None = None
+) -> ExploreResult:
+    """Whether `target` (a state id or a predicate) is reachable; stops at the first witness."""
+    check_target(machine, target)
     return explore_paths(machine, input, options, target=target, stop_at_target=True)
 
 
