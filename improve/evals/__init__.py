@@ -57,6 +57,7 @@ from improve.evals.workspace import CONFIG_NAME, Workspace, policy_hash, policy_
 
 if TYPE_CHECKING:
     from improve.evals.charts import VersionScore, category_chart, history_chart, svg_chart
+    from improve.evals.export import ExportSelection, OtlpExport, otlp_export, select_for_export
     from improve.evals.ledger import OUTCOMES_SQL, Ledger, Production, Recorded
     from improve.evals.materialize import refresh_outcomes, score_threads
     from improve.evals.promotion import Check, PromotionDecision, decide, gain_phrase, p_value
@@ -94,6 +95,10 @@ _LAZY = {
     "p_value": "improve.evals.promotion",
     "gain_phrase": "improve.evals.promotion",
     "refresh_outcomes": "improve.evals.materialize",
+    "ExportSelection": "improve.evals.export",
+    "OtlpExport": "improve.evals.export",
+    "otlp_export": "improve.evals.export",
+    "select_for_export": "improve.evals.export",
     "score_threads": "improve.evals.materialize",
     "Ledger": "improve.evals.ledger",
     "Recorded": "improve.evals.ledger",
@@ -126,11 +131,13 @@ __all__ = [
     "Comparison",
     "ExecutorChoice",
     "Expected",
+    "ExportSelection",
     "Fallbacks",
     "Fanout",
     "HeldOutRead",
     "Ledger",
     "ModelGate",
+    "OtlpExport",
     "OutcomeRow",
     "PlannedRun",
     "Production",
@@ -169,6 +176,7 @@ __all__ = [
     "history_chart",
     "load_scenarios",
     "open_fanout",
+    "otlp_export",
     "outcome_row",
     "p_value",
     "paired",
@@ -189,6 +197,7 @@ __all__ = [
     "scorecard",
     "scorecard_from_json",
     "scorecard_markdown",
+    "select_for_export",
     "set_key",
     "settle",
     "split_warnings",
