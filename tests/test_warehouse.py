@@ -338,8 +338,11 @@ def test_ctrl_c_while_lines_are_counted_stops_the_insert_and_rolls_back(
 
 
 def _ingest_process(db: Path, paths: list[Path], env: dict[str, str], *extra: str) -> subprocess.Popen[str]:
+    # A job a shell starts in the background, as `make test &` is, starts with SIGINT ignored, and Python
+    # keeps ignoring it: the child takes SIGINT as a terminal's Ctrl-C reaches a command, whoever ran the suite.
     script = (
-        "import sys; from improve.cli.main import app; "
+        "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+        "from improve.cli.main import app; "
         "sys.argv = ['improve', 'ingest', '--db', sys.argv[1], '--no-outcomes', *sys.argv[2:]]; app()"
     )
     return subprocess.Popen(
