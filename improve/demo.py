@@ -23,7 +23,7 @@ import git
 
 from improve.evals import Workspace, p_value
 from improve.llm import OPENAI_PREFIX, CacheMode, Meter, local_server
-from improve.loop import RoundOptions, RoundRecord, run_round
+from improve.loop import Counterfactuals, RoundOptions, RoundRecord, run_round
 from improve.runtime import load_environment
 from improve.scaffold import write_desk
 
@@ -114,6 +114,7 @@ def demo_rounds(
     space: Workspace, rounds: int, k: int, say: Callable[[str], None], model: str, cache: CacheMode
 ) -> DemoSummary:
     meter = Meter(say=lambda m: say(f"   {m}"))
+    counterfactuals = Counterfactuals()  # a round against the same policy as the last asks the same runs
     # A stand-in's runs take a moment; a real model's take minutes, and their progress is worth seeing.
     quiet = model not in space.config.models and not model.startswith(OPENAI_PREFIX)
     current = "v0"
@@ -123,7 +124,14 @@ def demo_rounds(
     for number in range(1, rounds + 1):
         say(f"\n== round {number}: improve round --policy {current} --k {k} --proposer rules ==")
         options = RoundOptions(
-            policy=current, k=k, model=model, proposer="rules", skip=skip, cache=cache, meter=meter
+            policy=current,
+            k=k,
+            model=model,
+            proposer="rules",
+            skip=skip,
+            cache=cache,
+            meter=meter,
+            counterfactuals=counterfactuals,
         )
         result = run_round(
             space, options, say=lambda m: None if quiet and _is_progress(m) else say(f"   {m}")

@@ -279,7 +279,7 @@ class ExprGen:
         if kind == "size":
             return f"size({sub()})" if self.byte() % 2 else f"{member()}.size()"
         if kind == "method":
-            return f"{member()}.{self.pick(['startsWith', 'endsWith', 'contains'])}({sub()})"
+            return f"{member()}.{self.pick(['startsWith', 'endsWith', 'contains', 'matches'])}({sub()})"
         if kind == "list":
             return "[" + ", ".join(sub() for _ in range(self.byte() % 4)) + "]"
         keys = [self.pick([self.string_literal, self.atom, sub])() for _ in range(self.byte() % 4)]
@@ -329,7 +329,9 @@ class ExprGen:
                 return f"{left} in {sub(self.pick(['list', 'map']))}"
             if choice == 8:
                 left = sub("string")
-                return f"{left}.{self.pick(['startsWith', 'endsWith', 'contains'])}({sub('string')})"
+                return (
+                    f"{left}.{self.pick(['startsWith', 'endsWith', 'contains', 'matches'])}({sub('string')})"
+                )
             return f"has({sub('map')}.{self.pick(['i', 'f', 's', 'm', 'x'])})"
         if kind == "list":
             if choice <= 5:
@@ -584,6 +586,13 @@ TABLE: list[tuple[str, Any]] = [
     ("context.a.startsWith('h')", ERROR),
     ("context.s.startsWith(1)", ERROR),
     ("context.zz.startsWith(context.yy)", ERROR),  # the argument's error
+    ("context.s.matches('h.*')", True),  # a match anywhere, as RE2 and Rust's regex search
+    ("context.u.matches('^h.llo$')", True),  # `.` is a code point
+    ("context.s.matches('(?i)\\\\bHI\\\\b')", True),
+    ("'hi agent'.matches('\\\\bage\\\\b')", False),
+    ("context.a.matches('h')", ERROR),
+    ("context.s.matches(1)", ERROR),
+    ("context.zz.matches(context.yy)", ERROR),  # the argument's error
     # literals with errors inside
     ("[context.zz, context.yy]", ERROR),
     ("{context.zz: context.yy}", ERROR),
@@ -742,7 +751,6 @@ UNSUPPORTED = [
     "context.l.exists_one(x, x > 0)",
     "context.l.map(x, x * 2)",
     "context.l.filter(x, x > 0)",
-    "context.s.matches('h.*')",
     "timestamp('2020-01-01T00:00:00Z')",
     "duration('1s')",
     "context.?a",
@@ -796,6 +804,9 @@ OUT_OF_DOMAIN: list[tuple[str, dict[str, Any]]] = [
     ("context.x", {"context": {"x": b"ab"}}),
     ("[1] + context.m", {"context": {"m": {"a": 1}}}),
     ("{true: 1}", {}),
+    # a pattern cel refuses: the whole expression is cel's (`regex_matches`)
+    ("context.s.matches('(')", {"context": {"s": "hi"}}),
+    ("context.s.matches('[') || true", {"context": {"s": "hi"}}),
 ]
 
 

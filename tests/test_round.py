@@ -557,6 +557,61 @@ def test_locate_names_what_is_missing(tmp_path: Path) -> None:
     assert space.root == tmp_path.resolve()
 
 
+def test_a_stand_ins_counterfactual_runs_are_remembered_and_a_models_are_asked_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import improve.loop.evidence as evidence
+    from improve.evals import run_scenario
+    from improve.evals.scenarios import load_scenarios
+    from improve.log import MemoryStore
+    from improve.loop.counterfactuals import Counterfactuals, StandIn
+    from improve.runtime import load_environment
+    from improve.runtime.policy import PolicyDecider, compile_policy, load_policy
+
+    env = load_environment("refunds")
+    scenarios = load_scenarios(REPO / "scenarios" / "refunds.yaml").split("train")[:4]
+    policy = load_policy(REPO / "policies" / "refunds" / "v0.json")
+    compiled = compile_policy(policy, env.judgments, env.policy_guards)
+    store, rows = MemoryStore(), []
+    for sc in scenarios:
+        thread = f"train:v0:{sc.id}:r1"
+        models = {"decider": env.models["naive"](f"{sc.id}:r1")}
+        run_scenario(env, sc, PolicyDecider(compiled, models, env.judgments), store, thread)
+        rows.append(outcome_row(env, sc, thread, store.read(thread)))
+    ran: list[str] = []
+    run = evidence._passes
+    monkeypatch.setattr(evidence, "_passes", lambda *args: ran.append(args[1].id) or run(*args))
+    memo = Counterfactuals()
+
+    def examples(stand_in: StandIn | None, model: str = "naive") -> list[Any]:
+        found = evidence.Evidence(env, scenarios, store, env.models[model], memo=memo, stand_in=stand_in)
+        return found.examples(rows, policy)
+
+    first = examples(StandIn(env.file_hashes(), "naive"))
+    runs = len(ran)
+    assert runs >= len(scenarios) and any(e.correct for e in first)
+    # The same runs again (the next round against the same baseline): none is run.
+    assert examples(StandIn(env.file_hashes(), "naive")) == first and len(ran) == runs
+    # Another stand-in answers otherwise, and another file of the environment may too: run again.
+    examples(StandIn(env.file_hashes(), "careful"), "careful")
+    assert len(ran) == 2 * runs
+    examples(StandIn({**env.file_hashes(), "env.py": "changed"}, "naive"))
+    assert len(ran) == 3 * runs
+    # A model behind an endpoint samples: its runs are asked again, whatever the memo holds.
+    assert examples(None) == first and len(ran) == 4 * runs
+
+
+def test_counterfactuals_keep_the_most_recent() -> None:
+    from improve.loop.counterfactuals import Counterfactuals
+
+    memo = Counterfactuals(limit=2)
+    memo.put("a", True)
+    memo.put("b", False)
+    assert memo.get("a") is True  # now the most recent
+    memo.put("c", True)
+    assert (memo.get("a"), memo.get("b"), memo.get("c")) == (True, None, True)
+
+
 def test_runs_on_a_process_pool_equal_runs_in_threads(tmp_path: Path) -> None:
     from concurrent.futures import ProcessPoolExecutor
 

@@ -319,6 +319,17 @@ def test_stored_entries_cannot_be_changed_through_returned_objects(store: Store)
     batch[0].event["items"].append(2)
     store.read(THREAD)[0].event["items"].append(3)
     assert store.read(THREAD)[0].event == {"type": "STEP", "items": [1]}
+    # Every part of an entry: its metadata, its attempts and their events, its verification.
+    rich = rich_entry(1)
+    store.append(THREAD, 1, [rich])
+    for got in (rich, store.read(THREAD, 1)[0]):
+        assert got.metadata is not None and got.attempts is not None and got.attempts[0].event is not None
+        assert got.verification is not None
+        got.metadata["decision"]["options"].append("CHANGED")
+        got.attempts[0].event["type"] = "CHANGED"
+        got.attempts.append(got.attempts[0])
+        got.verification.stateHash = "changed"
+    assert store.read(THREAD, 1) == [rich_entry(1)]
 
 
 @pytest.mark.slow

@@ -43,6 +43,7 @@ Durability and concurrency:
 from __future__ import annotations
 
 import contextlib
+import copy
 import fcntl
 import os
 import re
@@ -51,7 +52,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from pydantic import ValidationError
 
@@ -59,7 +60,14 @@ from improve.errors import ConflictError, LogError
 from improve.files import storage_error
 from improve.log.bulk import BulkEntry, decode_entry
 from improve.log.chain import rechain
-from improve.log.entry import THREAD_ID_PATTERN, LogEntry, check_thread_id, entry_problems
+from improve.log.entry import (
+    THREAD_ID_PATTERN,
+    Attempt,
+    LogEntry,
+    Verification,
+    check_thread_id,
+    entry_problems,
+)
 from improve.log.lines import BOM
 
 SUFFIX = ".jsonl"
@@ -219,6 +227,37 @@ def check_from_index(thread_id: str, from_index: int) -> None:
 # --- in memory --------------------------------------------------------------------------------------
 
 
+def copy_entry(entry: LogEntry) -> LogEntry:
+    """A deep copy of an entry, as `entry.model_copy(deep=True)` makes, in about half its time (see
+    `_copy_data`). A memory store copies every entry in and out, and a counterfactual run is all memory."""
+    copied: LogEntry = _copy_data(entry)
+    return copied
+
+
+_LOG_MODELS = frozenset({LogEntry, Attempt, Verification})
+"""The models an entry is made of: none has extra fields or private attributes, so a copy of one is
+its shallow copy with each field's value copied."""
+
+
+def _copy_data(value: Any) -> Any:
+    """A deep copy of JSON-like data and the log's models, without `copy.deepcopy`'s bookkeeping;
+    anything else (a tuple, a subclass, another object) as `copy.deepcopy` copies it."""
+    kind = type(value)
+    if kind is dict:
+        return {key: _copy_data(item) for key, item in value.items()}
+    if kind is list:
+        return [_copy_data(item) for item in value]
+    if kind is str or kind is int or kind is float or kind is bool or value is None:
+        return value
+    if kind in _LOG_MODELS:
+        copied = value.model_copy()  # a new model whose fields still share their values with `value`'s
+        fields = copied.__dict__
+        for name, item in fields.items():
+            fields[name] = _copy_data(item)
+        return copied
+    return copy.deepcopy(value)
+
+
 class MemoryStore:
     """Threads in a dict, behind a lock. Entries are copied in and out, so callers cannot alter them."""
 
@@ -228,7 +267,7 @@ class MemoryStore:
 
     def append(self, thread_id: str, expected_index: int, entries: Sequence[LogEntry]) -> int:
         check_batch(thread_id, expected_index, entries)
-        copies = [e.model_copy(deep=True) for e in entries]
+        copies = [copy_entry(e) for e in entries]
         with self._lock:
             current = self._threads.get(thread_id)
             actual = 0 if current is None else len(current)
@@ -246,7 +285,7 @@ class MemoryStore:
         check_from_index(thread_id, from_index)
         with self._lock:
             entries = self._threads.get(thread_id, [])[from_index:]
-        return [e.model_copy(deep=True) for e in entries]
+        return [copy_entry(e) for e in entries]
 
     def length(self, thread_id: str) -> int:
         checked_thread_id(thread_id)

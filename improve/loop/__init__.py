@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from improve.loop.branches import DiscardedBranch
     from improve.loop.changelog import Changelog, Entry, HeldOutStatus, Memory, policy_history
+    from improve.loop.counterfactuals import Counterfactuals
     from improve.loop.diagnose import Diagnosis, diagnose
     from improve.loop.evidence import Evidence, TrainDiagnosis, diagnose_policy
     from improve.loop.gates import (
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
 _MODULES = {
     "improve.loop.branches": ("DiscardedBranch",),
     "improve.loop.changelog": ("Changelog", "Entry", "HeldOutStatus", "Memory", "policy_history"),
+    "improve.loop.counterfactuals": ("Counterfactuals",),
     "improve.loop.diagnose": ("Diagnosis", "diagnose"),
     "improve.loop.evidence": ("Evidence", "TrainDiagnosis", "diagnose_policy"),
     "improve.loop.gates": (
@@ -84,6 +86,7 @@ __all__ = [
     "GATE_NAMES",
     "PROPOSERS",
     "Changelog",
+    "Counterfactuals",
     "Diagnosis",
     "DiscardedBranch",
     "Entry",

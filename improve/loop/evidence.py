@@ -11,6 +11,9 @@ wherever one asks the model what the thread asked, the thread's answer is the an
 decisions after the varied one ask the model. They run `concurrency` at a time: a slow model is
 waited on in parallel.
 
+A counterfactual run with a stand-in model is a function of what it is run from: a loop of rounds
+remembers them (`improve.loop.counterfactuals`) and answers the ones it asks again from there.
+
 Held-out threads are read only to judge a change (`Evidence.overrides`), never to shape one.
 """
 
@@ -37,6 +40,7 @@ from improve.evals import (
 from improve.llm import CacheMode
 from improve.log import LogEntry, MemoryStore, ThreadId
 from improve.loop.branches import added, answer_on, route, same_answer
+from improve.loop.counterfactuals import Counterfactuals, StandIn, digest
 from improve.loop.diagnose import Diagnosis, diagnose
 from improve.loop.inputs import locate
 from improve.loop.probes import Reads, first_train_threads, probe_requests, requests_in
@@ -104,7 +108,8 @@ class Evidence:
     `store` is where the threads are read; `known` holds threads already read (a suite reads a thread
     it reuses while checking it), handed on from there. `models` makes the model of a counterfactual
     run, seeded as the run was; `replay_first`: a counterfactual run takes the thread's answers where it
-    asks what the thread asked; `concurrency`: counterfactual runs at once."""
+    asks what the thread asked; `concurrency`: counterfactual runs at once; `memo`: where counterfactual
+    runs are remembered, with `stand_in` saying the model is a stand-in (`Counterfactuals`)."""
 
     def __init__(
         self,
@@ -115,6 +120,8 @@ class Evidence:
         *,
         replay_first: bool = True,
         concurrency: int = 1,
+        memo: Counterfactuals | None = None,
+        stand_in: StandIn | None = None,
     ) -> None:
         self.env = env
         self.by_id = {s.id: s for s in scenarios}
@@ -125,6 +132,14 @@ class Evidence:
         self.known: dict[str, list[LogEntry]] = {}
         self._decisions: dict[str, list[tuple[DecisionRequest, LogEntry]]] = {}
         self._recorded: dict[str, RecordedRun] = {}
+        self.memo = memo if stand_in is not None else None  # a model behind an endpoint is asked again
+        self._memo_base = (
+            digest([env.name, dict(stand_in.env_hashes), env.config.model_dump(mode="json"), stand_in.model])
+            if stand_in
+            else None
+        )
+        self._digests: dict[tuple[str, str], str | None] = {}
+        """Digests of scenarios and recorded runs, each computed once."""
 
     def decisions(self, thread_id: str) -> list[tuple[DecisionRequest, LogEntry]]:
         """Every decision of the thread: its request (replayed from the log) and the entry that answered it."""
@@ -142,11 +157,19 @@ class Evidence:
         """For each (scenario, decision, the row of the thread it is in): the offered options that make
         the run pass, from counterfactual runs (`concurrency` at once), each in the order offered."""
         runs = [(i, option) for i, (_, request, _) in enumerate(cases) for option in request.options]
+        memo = self.memo
+        policy_digest = digest(policy.config.model_dump(mode="json", by_alias=True)) if memo else None
 
         def passes(run: tuple[int, dict[str, Any]]) -> bool:
             scenario, request, row = cases[run[0]]
             recorded = self._recorded.get(row.thread_id) if self.replay_first else None
-            return _passes(self.env, scenario, request, run[1], policy, self.models, row, recorded)
+            key = self._memo_key(scenario, request, run[1], policy_digest, row, recorded) if memo else None
+            found = memo.get(key) if memo is not None and key is not None else None
+            if found is None:
+                found = _passes(self.env, scenario, request, run[1], policy, self.models, row, recorded)
+                if memo is not None and key is not None:
+                    memo.put(key, found)
+            return found
 
         if self.concurrency > 1 and len(runs) > 1:
             with ThreadPoolExecutor(self.concurrency, thread_name_prefix="improve-counterfactual") as pool:
@@ -158,6 +181,29 @@ class Evidence:
             if ok:
                 correct[i].append(dict(option))
         return correct
+
+    def _memo_key(
+        self,
+        scenario: Scenario,
+        request: DecisionRequest,
+        option: dict[str, Any],
+        policy_digest: str | None,
+        row: OutcomeRow,
+        recorded: RecordedRun | None,
+    ) -> str | None:
+        """The digest of everything a counterfactual run is a function of (`Counterfactuals`); None
+        when some of it is not JSON-like data."""
+        parts = [self._memo_base, policy_digest, self._digest("scenario", scenario.id, scenario.model_dump)]
+        if recorded is not None:
+            parts.append(self._digest("recorded", row.thread_id, lambda: asdict(recorded)))
+        if None in parts:
+            return None
+        return digest([*parts, recorded is not None, _key(request), option, _seed(scenario, row)])
+
+    def _digest(self, kind: str, name: str, value: Callable[[], Any]) -> str | None:
+        if (kind, name) not in self._digests:
+            self._digests[kind, name] = digest(value())
+        return self._digests[kind, name]
 
     def requests(self, thread_id: str) -> list[DecisionRequest]:
         """The requests of the thread's decisions, the thread read at most once."""
@@ -296,9 +342,7 @@ def _passes(
     policy makes it: with the thread's recorded answers where it asks what the thread asked
     (`recorded`), and the run's own seed for the rest (a stand-in answers as it did in the run, a model
     behind an endpoint numbers its samples as the run did)."""
-    parsed = ThreadId.parse(row.thread_id)
-    seed = f"{scenario.id}:r{parsed.run if parsed else 1}"
-    models_ = {"decider": models(seed)}
+    models_ = {"decider": models(_seed(scenario, row))}
     inner = (
         ReplayFirstDecider(policy, models_, env.judgments, recorded)
         if recorded is not None
@@ -309,6 +353,12 @@ def _passes(
     # Scored here and thrown away: written without hashes (nothing will verify it).
     run_scenario(env, scenario, _Counterfactual(_key(request), option, inner), store, thread, hashes=False)
     return outcome_row(env, scenario, thread, store.read(thread)).passed
+
+
+def _seed(scenario: Scenario, row: OutcomeRow) -> str:
+    """The seed of the run `row` is: a counterfactual run's model answers as that run's did."""
+    parsed = ThreadId.parse(row.thread_id)
+    return f"{scenario.id}:r{parsed.run if parsed else 1}"
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from improve.errors import WorkspaceError
 from improve.evals import CONFIG_NAME, Fanout, Scenario, Workspace, policy_label
 from improve.llm import Meter
 from improve.loop.changelog import CHANGELOG, Memory, read_memory
+from improve.loop.counterfactuals import Counterfactuals
 from improve.loop.discards import discarded_path
 from improve.loop.proposers import Proposer
 from improve.machine import MachineConfig
@@ -41,6 +42,9 @@ class RoundOptions:
     """Stop starting runs once the round's model calls cost this much (needs a price on the model)."""
     meter: Meter | None = None
     """Counts the round's model calls (a caller's own, to share one across rounds); default a new one."""
+    counterfactuals: Counterfactuals | None = None
+    """What the diagnosis's counterfactual runs found (a caller's own, to share one across rounds: a
+    stand-in's runs are not run again); default a new one."""
     open_pr: bool = True
     allow_insecure_github: bool = False
     """Send the GitHub token even when the push URL or GITHUB_API_URL is plain `http://` (a local GitHub

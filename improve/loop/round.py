@@ -56,6 +56,7 @@ from improve.evals import (
 from improve.files import check_directory
 from improve.llm import Meter
 from improve.loop.branches import added
+from improve.loop.counterfactuals import Counterfactuals, StandIn
 from improve.loop.diagnose import Diagnosis, in_cluster
 from improve.loop.discards import focus
 from improve.loop.evidence import Evidence
@@ -118,9 +119,13 @@ def run_rounds(
     recommended; stop early after 3 discarded in a row or when the goal already holds."""
     records: list[RoundRecord] = []
     skip = list(opts.skip)
+    # The rounds diagnose the same baseline: a counterfactual run one of them ran is not run again.
+    counterfactuals = opts.counterfactuals if opts.counterfactuals is not None else Counterfactuals()
     for number in range(1, rounds + 1):
         say(f"round {number}/{rounds} against {opts.policy}")
-        record = run_round(space, dataclasses.replace(opts, skip=list(skip)), say)
+        record = run_round(
+            space, dataclasses.replace(opts, skip=list(skip), counterfactuals=counterfactuals), say
+        )
         records.append(record)
         if record.status in ("recommended", "blocked", "nothing-to-fix"):
             break
@@ -160,6 +165,8 @@ class Round:
             self.models,
             replay_first=self.replay_first,
             concurrency=opts.concurrency,
+            memo=opts.counterfactuals if opts.counterfactuals is not None else Counterfactuals(),
+            stand_in=StandIn(inputs.env_hashes, self.spec.model) if self.session is None else None,
         )
         self.focus = focus(inputs.memory.tried)
         """Where the round aims after the candidates discarded along the policy's line."""

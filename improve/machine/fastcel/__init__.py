@@ -17,7 +17,8 @@ key reads `no such key 'x'`, as `Expr.evaluate` formats cel's `KeyError`), or ra
 Subset: int and double literals (decimal), strings in single or double quotes with the escapes
 `\\ \' \" \n \t \r`, `true false null`, identifiers, `a.f`, `a[i]`, list and map literals,
 `! -` (unary), `* / %`, `+ -`, `== != < <= > >= in`, `&&`, `||`, `?:`, `has(a.f)`, `size(x)`,
-`x.size()`, `s.startsWith(t)`, `s.endsWith(t)`, `s.contains(t)`. Anything else (uint, hex, raw,
+`x.size()`, `s.startsWith(t)`, `s.endsWith(t)`, `s.contains(t)`, `s.matches(p)` (cel itself matches the two
+strings: its regular expressions are not Python's). Anything else (uint, hex, raw,
 bytes or triple-quoted strings, other escapes, other functions and macros, optional syntax `?.`,
 message construction, a leading `.`, comments, reserved words) gives `None`.
 

@@ -61,6 +61,10 @@ operations are here, the order of evaluation (operands, `&&`, `?:`, map literals
   length; anything else fails as `Undefined variable or function: 'size'. ...`. `startsWith`,
   `endsWith`, `contains` take two strings, otherwise `Undefined variable or function: 'startsWith'.
   ...`; their argument is evaluated (and its error reported) before the receiver.
+- `s.matches(p)` is a string method as those three are (the same errors, in the same order); the
+  match itself is asked of `cel` on the two strings alone (`regex_matches`): its regular expressions
+  are Rust's, which Python's `re` does not reproduce. A pattern cel refuses is left to cel with the
+  whole expression.
 - Binary operands, list elements and call arguments are evaluated left to right, the first error wins.
 - Maps come back from cel in hash order; the fast path keeps insertion order (dicts compare equal and
   snapshots hash with sorted keys, so the order is not observable there).
@@ -68,6 +72,7 @@ operations are here, the order of evaluation (operands, `&&`, `?:`, map literals
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from typing import Any, Final
@@ -318,6 +323,32 @@ def logical_not(a: Any) -> bool:
     raise no_overload()
 
 
+@functools.cache
+def _matches_program() -> Any:
+    import cel  # ~0.1 s to import: only an expression that calls `matches` pays
+
+    return cel.compile("s.matches(p)")
+
+
+@functools.lru_cache(maxsize=4096)
+def regex_matches(s: str, pattern: str) -> bool:
+    """`s.matches(pattern)` as `cel` answers it, converting two strings rather than the whole scope (a
+    guard's `facts` can be large); raises `FastCelFallback` where cel fails. A pure function of its two
+    strings, so the answers are kept (bounded): guards ask the same few patterns of the same texts."""
+    import cel
+
+    ctx = cel.Context()
+    try:
+        ctx.add_variable("s", s)
+        ctx.add_variable("p", pattern)
+        result = _matches_program().execute(ctx)
+    except Exception:  # an invalid pattern, a string cel cannot hold: cel reads the whole expression
+        raise FastCelFallback from None
+    if type(result) is not bool:  # pragma: no cover - cel's matches answers a bool or fails
+        raise FastCelFallback
+    return result
+
+
 BINARY: Final[dict[str, Callable[[Any, Any], Any]]] = {
     "+": _add,
     "-": _sub,
@@ -337,4 +368,5 @@ STRING_METHODS: Final[dict[str, Callable[[str, str], bool]]] = {
     "startsWith": str.startswith,
     "endsWith": str.endswith,
     "contains": str.__contains__,
+    "matches": regex_matches,
 }

@@ -140,7 +140,7 @@ def _tokenize(source: str) -> list[Token]:
 
 Node = tuple[Any, ...]
 _RELATIONS = frozenset({"==", "!=", "<", "<=", ">", ">=", "in"})
-_METHODS = {"size": 0, "startsWith": 1, "endsWith": 1, "contains": 1}
+_METHODS = {"size": 0, "startsWith": 1, "endsWith": 1, "contains": 1, "matches": 1}
 
 
 class _Parser:
