@@ -124,13 +124,16 @@ class Atom:
 
     def holds(self, facts: Mapping[str, Any]) -> bool:
         """What the CEL condition gives on these facts (checked against CEL before a rule is proposed)."""
-        a = fact_at(facts, self.path)
+        other = fact_at(facts, self.value) if self.kind in ("pair", "same") else None
+        return self.holds_on(fact_at(facts, self.path), other)
+
+    def holds_on(self, a: Any, other: Any = None) -> bool:
+        """`holds`, given the value at `path` and, for a comparison of two facts, the other fact's."""
         if self.kind in ("threshold", "pair"):
-            b = fact_at(facts, self.value) if self.kind == "pair" else self.value
+            b = other if self.kind == "pair" else self.value
             return numeric(a) and numeric(b) and bool(_COMPARE[self.op](a, b))
         if self.kind == "same":
-            b = fact_at(facts, self.value)
-            return a is not None and type(a) is type(b) and (a == b) != self.negated
+            return a is not None and type(a) is type(other) and (a == other) != self.negated
         if self.kind == "flag":
             return a is self.value
         if self.kind == "equals":
@@ -188,6 +191,28 @@ def decisions_by_name(examples: Sequence[Mapping[str, Any]]) -> dict[str, list[C
     return by_name
 
 
+def masks_of(cases: Sequence[Case], atoms: Sequence[Atom]) -> list[int]:
+    """Each atom's `mask_of` over the cases, each fact read once per case rather than once per atom."""
+    columns: dict[str, list[Any]] = {}
+
+    def column(path: str) -> list[Any]:
+        found = columns.get(path)
+        if found is None:
+            found = columns[path] = [fact_at(c.facts, path) for c in cases]
+        return found
+
+    masks = []
+    for atom in atoms:
+        values = column(atom.path)
+        others = column(atom.value) if atom.kind in ("pair", "same") else [None] * len(cases)
+        bits = 0
+        for i, (a, b) in enumerate(zip(values, others, strict=True)):
+            if atom.holds_on(a, b):
+                bits |= 1 << i
+        masks.append(bits)
+    return masks
+
+
 def mask_of(cases: Sequence[Case], test: Any) -> int:
     bits = 0
     for i, case in enumerate(cases):
@@ -213,9 +238,11 @@ class RuleTerms:
     constants: frozenset[Any] = frozenset()
 
 
-def _scenarios_split(cases: Sequence[Case], path: str, below: Any) -> tuple[int, int]:
-    low = {c.scenario for c in cases if below(fact_at(c.facts, path))}
-    high = {c.scenario for c in cases if not below(fact_at(c.facts, path))}
+def _scenarios_split(column: Sequence[tuple[str, Any]], below: Any) -> tuple[int, int]:
+    """How many scenarios have a decision below the split, and how many one above it; `column` holds
+    each decision's scenario and value."""
+    low = {scenario for scenario, value in column if below(value)}
+    high = {scenario for scenario, value in column if not below(value)}
     return len(low), len(high)
 
 
@@ -229,14 +256,15 @@ def atoms_for(cases: Sequence[Case], vocab: RuleTerms) -> list[Atom]:
         p for p, k in vocab.fact_types.items() if k in ("number", "int") and _all(cases, p, numeric)
     )
     for path in numbers:
-        seen = sorted({float(fact_at(c.facts, path)) for c in cases})
+        column = [(c.scenario, fact_at(c.facts, path)) for c in cases]
+        seen = sorted({float(value) for _, value in column})
         constants = {float(c) for c in vocab.constants if numeric(c)}
         for t in sorted(set(seen) | {c for c in constants if seen and seen[0] <= c <= seen[-1]}):
             value: float | int = int(t) if t.is_integer() else t
             own = t in constants
             # x >= t splits below t from the rest; x > t splits up to t from the rest.
             for ops, below in (((">=", "<"), lambda v, t=t: v < t), ((">", "<="), lambda v, t=t: v <= t)):
-                low, high = _scenarios_split(cases, path, below)
+                low, high = _scenarios_split(column, below)
                 if own or (low >= MIN_SUPPORT and high >= MIN_SUPPORT):
                     atoms += [Atom("threshold", path, op, value) for op in ops]
     for left, right in itertools.combinations(numbers, 2):

@@ -66,6 +66,7 @@ from improve.loop.proposers.conditions import (
     decisions_by_name,
     literal,
     mask_of,
+    masks_of,
     numeric,
     quote,
 )
@@ -211,6 +212,14 @@ class _Space:
     constants: frozenset[float]
     costs: list[float] = field(default_factory=list)
     """Bits to name each atom among its kind over its fact (see `_costs`)."""
+    by_scenario: list[int] = field(default_factory=list)
+    """Each scenario's decisions as a mask (see `_scenarios`)."""
+
+    def __post_init__(self) -> None:
+        masks: dict[str, int] = {}
+        for i, case in enumerate(self.cases):
+            masks[case.scenario] = masks.get(case.scenario, 0) | 1 << i
+        self.by_scenario = list(masks.values())
 
 
 def _costs(atoms: Sequence[Atom], masks: Sequence[int], constants: frozenset[float]) -> list[float]:
@@ -266,7 +275,7 @@ def _score(
 def _scenarios(space: _Space, mask: int) -> int:
     """How many distinct scenarios the decisions in `mask` come from: k runs of one scenario are one
     piece of evidence, not k."""
-    return len({space.cases[i].scenario for i in range(len(space.cases)) if mask >> i & 1})
+    return sum(1 for decisions in space.by_scenario if decisions & mask)
 
 
 def _grow(
@@ -417,7 +426,7 @@ def mine(
             continue
         atoms = atoms_for(cases, vocab)
         known = frozenset(float(c) for c in vocab.constants if numeric(c))
-        masks = [mask_of(cases, lambda c, a=a: a.holds(c.facts)) for a in atoms]
+        masks = masks_of(cases, atoms)
         space = _Space(cases, vocab, atoms, masks, known, _costs(atoms, masks, known))
         actions = _actions(cases, vocab)
         overall = {a: sum(c.right(a.output(c.facts)) for c in cases) for a in actions}
