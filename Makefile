@@ -52,15 +52,21 @@ demo: $(STAMP) ## Run the refund desk, replay a thread, then improve its policy 
 	$(BIN)/improve demo --dir build/demo --rounds 6 --k 3
 	$(BIN)/improve report --html -w build/demo
 
+# A machine whose environment turns bytecode off (PYTHONDONTWRITEBYTECODE) has every test worker rewrite
+# the tests' asserts and compile the package again (about 10 s of a worker's start), and every `improve`
+# the tests start compile what it imports: the suite keeps its bytecode, in the virtualenv rather than
+# beside the sources.
+PYTEST_ENV := PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=$(CURDIR)/$(VENV)/pycache
+
 test: $(STAMP) ## Run the test suite: parallel workers, a random order (its seed printed at the end)
 	@$(MAKE) --no-print-directory phoenix || echo "Arize Phoenix could not be installed: the test against a real Phoenix will skip"
-	IMPROVE_PHOENIX_VENV=$(PHOENIX_VENV) $(BIN)/python -m pytest -n auto $(PYTEST_ARGS)
+	$(PYTEST_ENV) IMPROVE_PHOENIX_VENV=$(PHOENIX_VENV) $(BIN)/python -m pytest -n auto $(PYTEST_ARGS)
 
 test-fast: $(STAMP) ## The inner loop: the suite without the tests marked slow (whole rounds, fuzzing, subprocesses)
-	$(BIN)/python -m pytest -n auto -m "not slow"
+	$(PYTEST_ENV) $(BIN)/python -m pytest -n auto -m "not slow"
 
 fuzz: $(STAMP) ## The fuzz tests searching ten times deeper than `make test` does (IMPROVE_FUZZ=10)
-	IMPROVE_FUZZ=10 $(BIN)/python -m pytest -n auto -k "fuzz or differential_against_cel"
+	$(PYTEST_ENV) IMPROVE_FUZZ=10 $(BIN)/python -m pytest -n auto -k "fuzz or differential_against_cel"
 
 LOWEST := .venv-lowest
 test-lowest: ## The suite with every dependency at the lowest version the pins allow (a virtualenv of its own)
@@ -68,7 +74,7 @@ test-lowest: ## The suite with every dependency at the lowest version the pins a
 	$(LOWEST)/bin/python -m pip install --quiet --upgrade pip
 	$(LOWEST)/bin/python .ci/lowest_pins.py > $(LOWEST)/constraints.txt
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(LOWEST)/bin/python -m pip install --quiet -c $(LOWEST)/constraints.txt -e '.[dev,local]'
-	$(LOWEST)/bin/python -m pytest -n auto
+	PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=$(CURDIR)/$(LOWEST)/pycache $(LOWEST)/bin/python -m pytest -n auto
 
 phoenix: $(PHOENIX_STAMP) ## Arize Phoenix in a virtualenv of its own (PHOENIX_VENV), for the test against a real Phoenix
 
