@@ -4,7 +4,7 @@ rule evals, describe, the freeform-vs-machine comparison, and an improvement rou
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +49,7 @@ from improve.loop.gates import GATE_NAMES
 from improve.machine import MachineConfig, compile_machine, parse_machine
 from improve.machine.config import TransitionConfig
 from improve.machine.describe import describe_mermaid, describe_text, to_xstate
-from improve.machine.explore import can_reach, explore_paths
+from improve.machine.explore import ExploreResult, can_reach, explore_paths
 from improve.machine.interpreter import Machine
 from improve.machine.rules import run_rule_evals, uncovered
 from improve.machine.snapshot import Snapshot
@@ -611,6 +611,25 @@ INVARIANTS: list[Callable[[Snapshot], bool]] = [
 
 
 @pytest.mark.slow
+def checked(inp: Any, invariants: Sequence[Callable[[Snapshot], bool]]) -> tuple[ExploreResult, set[str]]:
+    """One complete search from `inp` that checks every invariant on every snapshot it reaches (as one
+    search per invariant would): the search, and the names of the invariants some snapshot breaks."""
+    broken: set[str] = set()
+
+    def check(snapshot: Snapshot) -> bool:
+        broken.update(i.__name__ for i in invariants if i(snapshot))
+        return False  # never the target: the search goes on to the end
+
+    assert ENV.probe is not None
+    return explore_paths(ENV.machine, inp, ENV.probe, target=check), broken
+
+
+def witnesses(inp: Any, broken: set[str]) -> dict[str, Any]:
+    """A path to a snapshot breaking each invariant named, for the failure message."""
+    every = {i.__name__: i for i in [*INVARIANTS, *EDIT_INVARIANTS]}
+    return {name: can_reach(ENV.machine, every[name], inp, ENV.probe).witness for name in sorted(broken)}
+
+
 def test_the_invariants_are_proven_with_a_complete_search() -> None:
     assert ENV.probe is not None and len(ENV.probe_inputs) == 5
     # Every sentinel unreachable from every probe input, by a complete search: `improve explore`'s proofs.
@@ -623,10 +642,9 @@ def test_the_invariants_are_proven_with_a_complete_search() -> None:
     assert {r["target"] for r in rows} == set(ENV.config.sentinels())
     reached: set[str] = set()
     for inp in ENV.probe_inputs[:4]:  # the questions; the edit task's proofs are below
-        for invariant in INVARIANTS:
-            result = explore_paths(ENV.machine, inp, ENV.probe, target=invariant)
-            assert not result.reachable and result.complete, (invariant.__name__, inp, result.witness)
-        reached |= set(explore_paths(ENV.machine, inp, ENV.probe).terminals)
+        result, broken = checked(inp, INVARIANTS)
+        assert result.complete and not broken, (inp, witnesses(inp, broken))
+        reached |= set(result.terminals)
     assert set(ENV.config.sentinels()) == {"concludedOutsideEvaluator", "overBudget", "retriedPastLimit"}
     assert reached == {"answered", "exhausted", "unanswered", "failed"}
 
@@ -981,6 +999,28 @@ def test_the_ladder_retries_rolls_back_then_offers_ask_replan_or_blocked() -> No
 
 
 @pytest.mark.slow
+def retried_past_the_limit(s: Snapshot) -> bool:
+    return bool(s.context["failCount"] > s.context["maxRetries"] + 1)
+
+
+def over_the_resumed_budget(s: Snapshot) -> bool:
+    ctx = s.context
+    bound = EDIT_PROBE["maxTurns"] + ctx["maxCheckpoints"] * ctx["resumeBudget"]
+    return bool(ctx["turns"] > bound or ctx["checkpoints"] > ctx["maxCheckpoints"])
+
+
+def past_the_other_limits(s: Snapshot) -> bool:
+    ctx = s.context
+    return bool(
+        ctx["approaches"] > ctx["maxApproaches"]
+        or ctx["validations"] > ctx["maxValidations"]
+        or any(ctx["banned"].count(c) > 1 for c in ctx["banned"])
+    )
+
+
+EDIT_INVARIANTS = [retried_past_the_limit, over_the_resumed_budget, past_the_other_limits]
+
+
 def test_exploration_proves_the_ladder_ends_and_a_broken_copy_is_reported() -> None:
     assert ENV.probe is not None and EDIT_PROBE["mode"] == "edit"
     explored = explore_paths(ENV.machine, EDIT_PROBE, ENV.probe)
@@ -990,27 +1030,9 @@ def test_exploration_proves_the_ladder_ends_and_a_broken_copy_is_reported() -> N
     for stage in ("recovering", "rollingBack", "blocked", "checkpointed", "asking"):
         assert can_reach(ENV.machine, stage, EDIT_PROBE, ENV.probe).reachable, stage
 
-    def retried_past_the_limit(s: Snapshot) -> bool:
-        return bool(s.context["failCount"] > s.context["maxRetries"] + 1)
-
-    def over_the_resumed_budget(s: Snapshot) -> bool:
-        ctx = s.context
-        bound = EDIT_PROBE["maxTurns"] + ctx["maxCheckpoints"] * ctx["resumeBudget"]
-        return bool(ctx["turns"] > bound or ctx["checkpoints"] > ctx["maxCheckpoints"])
-
-    def past_the_other_limits(s: Snapshot) -> bool:
-        ctx = s.context
-        return bool(
-            ctx["approaches"] > ctx["maxApproaches"]
-            or ctx["validations"] > ctx["maxValidations"]
-            or any(ctx["banned"].count(c) > 1 for c in ctx["banned"])
-        )
-
-    for invariant in (retried_past_the_limit, over_the_resumed_budget, past_the_other_limits):
-        proof = explore_paths(ENV.machine, EDIT_PROBE, ENV.probe, target=invariant)
-        assert not proof.reachable and proof.complete, invariant.__name__
-    sentinel = can_reach(ENV.machine, "retriedPastLimit", EDIT_PROBE, ENV.probe)
-    assert not sentinel.reachable and sentinel.complete
+    proof, broken = checked(EDIT_PROBE, EDIT_INVARIANTS)
+    assert proof.complete and not broken, witnesses(EDIT_PROBE, broken)
+    assert "retriedPastLimit" not in proof.reached  # the sentinel: unreachable, by the same complete search
 
     def no_rollback(config: MachineConfig) -> None:
         # The ladder without its second rung: retries are never cut off.
