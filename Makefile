@@ -54,9 +54,9 @@ demo: $(STAMP) ## Run the refund desk, replay a thread, then improve its policy 
 
 # A machine whose environment turns bytecode off (PYTHONDONTWRITEBYTECODE) has every test worker rewrite
 # the tests' asserts and compile the package again (about 10 s of a worker's start), and every `improve`
-# the tests start compile what it imports: the suite keeps its bytecode, in the virtualenv rather than
-# beside the sources.
-PYTEST_ENV := PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=$(CURDIR)/$(VENV)/pycache
+# the tests start compile what it imports: the suite writes its bytecode, as Python does by default
+# (`__pycache__/`, ignored by git).
+PYTEST_ENV := PYTHONDONTWRITEBYTECODE=
 
 test: $(STAMP) ## Run the test suite: parallel workers, a random order (its seed printed at the end)
 	@$(MAKE) --no-print-directory phoenix || echo "Arize Phoenix could not be installed: the test against a real Phoenix will skip"
@@ -74,7 +74,7 @@ test-lowest: ## The suite with every dependency at the lowest version the pins a
 	$(LOWEST)/bin/python -m pip install --quiet --upgrade pip
 	$(LOWEST)/bin/python .ci/lowest_pins.py > $(LOWEST)/constraints.txt
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(LOWEST)/bin/python -m pip install --quiet -c $(LOWEST)/constraints.txt -e '.[dev,local]'
-	PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=$(CURDIR)/$(LOWEST)/pycache $(LOWEST)/bin/python -m pytest -n auto
+	$(PYTEST_ENV) $(LOWEST)/bin/python -m pytest -n auto
 
 phoenix: $(PHOENIX_STAMP) ## Arize Phoenix in a virtualenv of its own (PHOENIX_VENV), for the test against a real Phoenix
 
