@@ -316,6 +316,7 @@ def _refund_scenarios() -> list[Any]:
     return load_scenarios(REPO / "scenarios" / "refunds.yaml").split("train")
 
 
+@pytest.mark.slow
 def test_the_workers_model_calls_are_metered_here_with_their_fingerprints(
     tmp_path: Path, cluster: str, serve: Callable[[Callable[[dict[str, Any]], Reply]], FakeEndpoint]
 ) -> None:

@@ -630,6 +630,7 @@ def witnesses(inp: Any, broken: set[str]) -> dict[str, Any]:
     return {name: can_reach(ENV.machine, every[name], inp, ENV.probe).witness for name in sorted(broken)}
 
 
+@pytest.mark.slow
 def test_the_invariants_are_proven_with_a_complete_search() -> None:
     assert ENV.probe is not None and len(ENV.probe_inputs) == 5
     # Every sentinel unreachable from every probe input, by a complete search: `improve explore`'s proofs.
@@ -1021,6 +1022,7 @@ def past_the_other_limits(s: Snapshot) -> bool:
 EDIT_INVARIANTS = [retried_past_the_limit, over_the_resumed_budget, past_the_other_limits]
 
 
+@pytest.mark.slow
 def test_exploration_proves_the_ladder_ends_and_a_broken_copy_is_reported() -> None:
     assert ENV.probe is not None and EDIT_PROBE["mode"] == "edit"
     explored = explore_paths(ENV.machine, EDIT_PROBE, ENV.probe)

@@ -449,6 +449,7 @@ def test_bench_times_xstate_on_the_same_sequences(xstate_install: Path, tmp_path
     assert figures["goal_met"] == (figures["replay_over_xstate"] >= 3.0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["refund-approval", "refunds", "tool-loop"])
 def test_every_recorded_thread_runs_the_same_in_xstate(
     xstate_install: Path, tmp_path: Path, name: str
