@@ -363,8 +363,16 @@ class Turn:
     session learned to be refused or ignored while it waited is not sent (`stale`), and what a call's
     response teaches is learned before the next call takes the place (`heard`)."""
 
+    mode: str
     stale: Callable[[], bool]
-    heard: Callable[[dict[str, Any]], None]
+    """Whether the session now asks past `mode`."""
+    learn: Callable[[str], object]
+    """The session's fallback from `mode`, given why the endpoint refused or ignored it."""
+
+    def heard(self, response: dict[str, Any]) -> None:
+        why = unanswered(self.mode, response)
+        if why is not None:
+            self.learn(why)
 
 
 class Relearned(Exception):
@@ -468,31 +476,22 @@ class ChatModel:
         return current if self.session.auto and ways.index(current) > ways.index(mode) else mode
 
     def _turn(self, mode: str) -> Turn | None:
-        """A decision's call asked `mode`: stale once the session asks past it; an ignored or refused
-        answer teaches the session the next way."""
+        """A decision's call asked `mode` (no turn for the last way: there is none to learn past it)."""
         session = self.session
-        if not session.auto:
+        if not session.auto or mode == MODES[-1]:
             return None
-
-        def heard(response: dict[str, Any]) -> None:
-            why = unanswered(mode, response)
-            if why is not None and mode != MODES[-1]:
-                session.fallback(mode, why)
-
-        return Turn(lambda: MODES.index(session.mode) > MODES.index(mode), heard)
+        return Turn(
+            mode,
+            lambda: MODES.index(session.mode) > MODES.index(mode),
+            lambda why: session.fallback(mode, why),
+        )
 
     def _judge_turn(self, mode: str) -> Turn | None:
         """A judgment's call asked `mode`: as `_turn`, with judgments' two ways."""
         session = self.session
         if not session.auto or mode != "json_schema":
             return None
-
-        def heard(response: dict[str, Any]) -> None:
-            why = unanswered(mode, response)
-            if why is not None:
-                session.judge_fallback(why)
-
-        return Turn(lambda: session.judge_mode == "json_object", heard)
+        return Turn(mode, lambda: session.judge_mode == "json_object", session.judge_fallback)
 
     def _fetch(
         self, body: dict[str, Any], sample: str, rejectable: Sequence[str], turn: Turn | None

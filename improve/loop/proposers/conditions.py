@@ -202,9 +202,10 @@ def masks_of(cases: Sequence[Case], atoms: Sequence[Atom]) -> list[int]:
         return found
 
     masks = []
+    alone = [None] * len(cases)  # the other value of an atom over one fact
     for atom in atoms:
         values = column(atom.path)
-        others = column(atom.value) if atom.kind in ("pair", "same") else [None] * len(cases)
+        others = column(atom.value) if atom.kind in ("pair", "same") else alone
         bits = 0
         for i, (a, b) in enumerate(zip(values, others, strict=True)):
             if atom.holds_on(a, b):
