@@ -81,14 +81,17 @@ def local_server(
     say: Callable[[str], None] | None = None,
 ) -> Iterator[LocalServer]:
     """Start the small model's server on 127.0.0.1 (a free port), yield it, and stop it. `threads`:
-    CPU threads for the model, default half the cores (as llama-cpp-python's own default): llama.cpp's
-    threads wait for each other by spinning, so more threads than idle cores make it many times slower
-    (measured: 38 s alone, 330 s beside two busy test workers, for the same eleven decisions). Sets
-    `LOCAL_KEY_ENV` for the block."""
+    CPU threads for the model, default half the cores (as llama-cpp-python's own default for generating),
+    and as many for reading a prompt (where its default is every core): llama.cpp's threads wait for each
+    other by spinning, so more threads than idle cores make it many times slower (measured: 38 s alone,
+    330 s beside two busy test workers, for the same eleven decisions; a 352-token prompt read with both
+    cores of a busy 2-core machine took twice the wall time and twice the CPU time it took with one).
+    Sets `LOCAL_KEY_ENV` for the block."""
     model = model_file()
     if importlib.util.find_spec("llama_cpp") is None:
         raise ConfigError(f"llama-cpp-python is not installed: {INSTALL}")
     key = secrets.token_hex(16)
+    n_threads = str(threads or max(1, (os.cpu_count() or 2) // 2))
     command = [
         sys.executable,
         "-m",
@@ -104,7 +107,9 @@ def local_server(
         "--n_ctx",
         str(CONTEXT_TOKENS),
         "--n_threads",
-        str(threads or max(1, (os.cpu_count() or 2) // 2)),
+        n_threads,
+        "--n_threads_batch",
+        n_threads,
         "--api_key",
         key,
     ]
