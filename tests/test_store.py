@@ -17,7 +17,7 @@ import pytest
 from improve.errors import ConflictError, LogError, TamperError
 from improve.log import check_chain, head, seal
 from improve.log.entry import LogEntry
-from improve.log.store import JsonlDirStore, MemoryStore, Store, ThreadPage
+from improve.log.store import JsonlDirStore, KeptReads, MemoryStore, Store, ThreadPage
 from improve.warehouse.db import open_database
 from improve.warehouse.store import DuckDBStore
 from tests.helpers import log_entry
@@ -535,3 +535,25 @@ def test_jsonl_rejects_ids_too_long_for_a_file_name(jsonl: JsonlDirStore) -> Non
     assert jsonl.list_threads().thread_ids == [longest]
     with pytest.raises(LogError, match="at most 249"):
         jsonl.append("x" * 250, 0, [log_entry(0)])
+
+
+def test_kept_reads_decode_each_thread_once_and_take_what_a_caller_read() -> None:
+    """A round reads each baseline thread for its diagnosis, its gates and the candidate run that starts
+    from it: through `KeptReads` the store is read once per thread."""
+    reads: list[str] = []
+
+    class Counting(MemoryStore):
+        def read(self, thread_id: str, from_index: int = 0) -> list[LogEntry]:
+            reads.append(thread_id)
+            return super().read(thread_id, from_index)
+
+    store = Counting()
+    store.append(THREAD, 0, entries(0, 3))
+    kept = KeptReads(store)
+    assert kept.read(THREAD) == entries(0, 3)
+    assert kept.read(THREAD, 1) == entries(1, 3)
+    assert kept.read(THREAD)[0] is kept.read(THREAD)[0]  # shared, not copied: its readers only read
+    assert reads == [THREAD]
+    kept.keep("train:v1:other:r1", entries(0, 1))
+    assert kept.read("train:v1:other:r1") == entries(0, 1) and reads == [THREAD]
+    assert kept.list_threads().thread_ids == [THREAD]

@@ -23,7 +23,7 @@ from improve.evals.outcome import OutcomeRow, outcome_row
 from improve.evals.scenarios import Scenario
 from improve.evals.workspace import Workspace, policy_hash, policy_label
 from improve.llm import CacheMode, Meter, ModelSpec, ResponseCache
-from improve.log import LogEntry, MemoryStore, Store, ThreadId, is_chained, model_slug, replay
+from improve.log import KeptReads, LogEntry, MemoryStore, Store, ThreadId, is_chained, model_slug, replay
 from improve.machine import MachineConfig
 from improve.runtime import (
     DEFAULT_MAX_MODEL_CALLS,
@@ -156,16 +156,17 @@ Recordings = Callable[[Scenario, int], RecordedRun | None]
 @dataclass(frozen=True)
 class StartFrom:
     """The baseline's runs a candidate's runs start from (replay-first, `improve.runtime.replay_first`):
-    the verified baseline thread of each (scenario, run number), read from `store` as its run starts."""
+    the verified baseline thread of each (scenario, run number), read from `store` as its run starts (a
+    round's `KeptReads`, which its diagnosis read them through)."""
 
-    store: Store
+    store: Store | KeptReads
     threads: Mapping[tuple[str, int], str]
 
     def recorded(self, scenario: Scenario, run_number: int) -> RecordedRun | None:
         thread_id = self.threads.get((scenario.id, run_number))
         if thread_id is None:
             return None
-        entries = self.store.read(thread_id) if self.store.exists(thread_id) else []
+        entries = self.store.read(thread_id)  # an unknown thread reads as empty
         return RecordedRun.of(thread_id, entries) if entries else None
 
 

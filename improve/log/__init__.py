@@ -67,6 +67,7 @@ from improve.log.replay import (
 )
 from improve.log.store import (
     JsonlDirStore,
+    KeptReads,
     MemoryStore,
     Store,
     ThreadPage,
@@ -100,6 +101,7 @@ __all__ = [
     "BulkVerification",
     "EntryView",
     "JsonlDirStore",
+    "KeptReads",
     "LineScan",
     "LogEntry",
     "LongLine",

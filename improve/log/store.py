@@ -258,6 +258,33 @@ def _copy_data(value: Any) -> Any:
     return copy.deepcopy(value)
 
 
+class KeptReads:
+    """A reader over a store that decodes each thread once and then hands the same entries to every
+    reader: for one command that reads threads again and again (a round reads each baseline thread for
+    its diagnosis, its gates and the candidate run that starts from it). Its readers share the entries,
+    so none may change them; and it is not a `Store`: a thread written after it was read is not seen.
+    `keep` takes entries a caller has already read."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._kept: dict[str, list[LogEntry]] = {}
+        self._lock = threading.Lock()
+
+    def read(self, thread_id: str, from_index: int = 0) -> list[LogEntry]:
+        with self._lock:
+            entries = self._kept.get(thread_id)
+            if entries is None:
+                entries = self._kept[thread_id] = self.store.read(thread_id)
+        return entries[from_index:]
+
+    def keep(self, thread_id: str, entries: list[LogEntry]) -> None:
+        with self._lock:
+            self._kept[thread_id] = entries
+
+    def list_threads(self, prefix: str = "", limit: int = 100, cursor: str | None = None) -> ThreadPage:
+        return self.store.list_threads(prefix, limit, cursor)
+
+
 class MemoryStore:
     """Threads in a dict, behind a lock. Entries are copied in and out, so callers cannot alter them."""
 

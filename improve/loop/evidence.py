@@ -105,8 +105,8 @@ class Evidence:
     """The decisions of a policy's recorded runs, each thread read once, with the answers the labels
     imply were right there (counterfactual runs against each scenario's world).
 
-    `store` is where the threads are read; `known` holds threads already read (a suite reads a thread
-    it reuses while checking it), handed on from there. `models` makes the model of a counterfactual
+    `store` is where the threads are read (a round's `KeptReads`: each decoded once per round).
+    `models` makes the model of a counterfactual
     run, seeded as the run was; `replay_first`: a counterfactual run takes the thread's answers where it
     asks what the thread asked; `concurrency`: counterfactual runs at once; `memo`: where counterfactual
     runs are remembered, with `stand_in` saying the model is a stand-in (`Counterfactuals`)."""
@@ -129,7 +129,6 @@ class Evidence:
         self.models = models
         self.replay_first = replay_first
         self.concurrency = max(1, concurrency)
-        self.known: dict[str, list[LogEntry]] = {}
         self._decisions: dict[str, list[tuple[DecisionRequest, LogEntry]]] = {}
         self._recorded: dict[str, RecordedRun] = {}
         self.memo = memo if stand_in is not None else None  # a model behind an endpoint is asked again
@@ -144,8 +143,7 @@ class Evidence:
     def decisions(self, thread_id: str) -> list[tuple[DecisionRequest, LogEntry]]:
         """Every decision of the thread: its request (replayed from the log) and the entry that answered it."""
         if thread_id not in self._decisions:
-            known = self.known.pop(thread_id, None)
-            entries = known if known is not None else self.store.read(thread_id)
+            entries = self.store.read(thread_id)
             landed = [e for e in entries if e.metadata and "decision" in e.metadata]
             self._decisions[thread_id] = list(zip(requests_in(self.env, entries), landed, strict=False))
             self._recorded[thread_id] = RecordedRun.of(thread_id, entries)

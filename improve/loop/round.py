@@ -55,6 +55,7 @@ from improve.evals import (
 )
 from improve.files import check_directory
 from improve.llm import Meter
+from improve.log import KeptReads
 from improve.loop.branches import added
 from improve.loop.counterfactuals import Counterfactuals, StandIn
 from improve.loop.diagnose import Diagnosis, in_cluster
@@ -158,10 +159,12 @@ class Round:
         self.meter = opts.meter if opts.meter is not None else Meter(limit_usd=opts.max_usd, say=say)
         self.session = self.spec.chat_session(self.meter)
         self.models = self.session.model if self.session is not None else self.spec.model_factory(inputs.env)
+        self.reads = KeptReads(ledger.store)
+        """The threads this round reads again (the baseline's), each decoded once."""
         self.evidence = Evidence(
             inputs.env,
             inputs.scenarios,
-            ledger.store,
+            self.reads,
             self.models,
             replay_first=self.replay_first,
             concurrency=opts.concurrency,
@@ -219,7 +222,7 @@ class Round:
             f"baseline: {self.label} on {len(inputs.train)} train + {len(inputs.held_out)} held-out "
             f"scenarios, k={self.k}"
         )
-        self.base_rows = self._suite(inputs.scenarios, self.spec, "baseline", keep=True)
+        self.base_rows = self._suite(inputs.scenarios, self.spec, "baseline")
         self._note("baseline")
         self._answered(self.base_rows, f"baseline {self.label}")
         self.cards = _cards(self.base_rows, self.label)
@@ -397,14 +400,12 @@ class Round:
         spec: SuiteSpec,
         what: str,
         runs: Sequence[int] | None = None,
-        keep: bool = False,
         start: StartFrom | None = None,
     ) -> list[OutcomeRow]:
         """Run (or reuse) the suite's threads, record them in the warehouse, and read back the verified
-        rows; threads set aside are counted. `runs`: run numbers other than 1..k (the reruns). `keep`:
-        hand the threads the suite reused on to the round's reads (the baseline's, which the diagnosis
-        reads). `start`: the baseline's runs these start from (replay-first). The candidate runs as
-        the gates compiled it."""
+        rows; threads set aside are counted, and those it reused (read while checked) kept for the
+        round's reads. `runs`: run numbers other than 1..k (the reruns). `start`: the baseline's runs
+        these start from (replay-first). The candidate runs as the gates compiled it."""
         plan = write_threads(
             self.inputs.env,
             scenarios,
@@ -419,8 +420,9 @@ class Round:
             compiled=self.gated.machine if self.gated is not None and spec is self.candidate_spec else None,
             start_from=start,
         )
-        if keep:
-            self.evidence.known |= {p.thread_id: p.entries for p in plan if p.entries is not None}
+        for p in plan:
+            if p.entries is not None:  # reused: read while it was checked
+                self.reads.keep(p.thread_id, p.entries)
         recorded = self.ledger.record(
             [p.thread_id for p in plan],
             say=_prefixed(self.say, what),
@@ -446,7 +448,7 @@ class Round:
         scenario and run number (a run set aside starts nothing: its candidate runs from scratch)."""
         if not self.replay_first:
             return None
-        return StartFrom(self.ledger.store, {(r.scenario, r.run): r.thread_id for r in baseline})
+        return StartFrom(self.reads, {(r.scenario, r.run): r.thread_id for r in baseline})
 
     def _note(self, what: str) -> None:
         """Which model the runs used so far and how its calls went; said for a model behind an endpoint."""
