@@ -14,10 +14,12 @@ model:
    ones before them do not). Learned by sequential covering: each alternative grown by a beam search on
    FOIL's information gain less the bits it takes to choose each condition (a threshold among forty
    cut points fits a small training set by chance far more easily than a flag), chosen among the exact
-   ones by the evidence it carries (`_surprise`, less those bits: one that does not pay for itself is
-   no rule), the next one for the failures the earlier ones leave, as long as they come from at least
-   `MIN_SUPPORT` scenarios. Each alternative then keeps what its evidence has in common (generalize.py):
-   a branch answers where the evidence says it is right, not wherever the shortest condition reaches.
+   ones by the evidence it carries (`_surprise`, counted as if any one of the scenarios it covers were
+   missing, `_evidence`, less those bits: one that does not pay for itself is no rule), the next one
+   for the failures the earlier ones leave, as long as they come from at least `MIN_SUPPORT`
+   scenarios. Each alternative then keeps what its evidence has in common, and keeps a near miss out
+   on both grounds training cannot tell apart (generalize.py): a branch answers where the evidence
+   says it is right, not wherever the shortest condition reaches.
 3. a *place* among the branches already there (`place`): before any branch that answers one of the
    failures it fixes wrongly (the labels decide where both match), else before the first branch whose
    answer is less safe (the environment's `safety_order` decides where no label does), else last before
