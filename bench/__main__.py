@@ -72,7 +72,14 @@ def main() -> None:
     )
     parser.add_argument(
         "--design",
-        choices=["shortest", "shortest+common", "evidence", "evidence+common", "evidence+bounded"],
+        choices=[
+            "shortest",
+            "shortest+common",
+            "evidence",
+            "evidence+common",
+            "evidence+bounded",
+            "evidence+agree",
+        ],
         help="with --generalize: the rule miner's design (default: its default; see "
         "improve/loop/proposers/generalize.py)",
     )

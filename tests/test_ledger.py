@@ -185,7 +185,8 @@ def test_production_threads_become_scenarios_and_a_round_fixes_them(tmp_path: Pa
     assert "refundable" in top["guard"]
     assert sql(ws, found["sql"])[0]["threads"] == 4  # the SQL it shows runs as it is
 
-    for thread, split in zip(top["examples"][:2], ("train", "held-out"), strict=True):
+    # Two labelled for training (a rule's evidence never rests on one scenario), one held out.
+    for thread, split in zip(top["examples"][:3], ("train", "train", "held-out"), strict=True):
         case = PARTIAL[int(thread.split("-")[1]) - 1]
         left = case[2] - case[3]
         effect = json.dumps({"kind": "refund", "orderId": case[1], "amount": left})
@@ -198,7 +199,7 @@ def test_production_threads_become_scenarios_and_a_round_fixes_them(tmp_path: Pa
     assert runner.invoke(app, ["scenarios", "check", "-w", str(ws)]).exit_code == 0
     repo = git.Repo(ws)
     repo.git.add(A=True)
-    repo.git.commit(m="two production threads labelled", author="Dana <dana@example.invalid>")
+    repo.git.commit(m="three production threads labelled", author="Dana <dana@example.invalid>")
 
     outcome = cli(ws, "round", "--policy", "v0", "--k", "1", "--json")["rounds"][0]
     assert outcome["status"] == "recommended", outcome["decision_detail"]

@@ -430,7 +430,9 @@ def candidate_threads(traces: Path) -> dict[str, tuple[list[Any], int, int, dict
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("desk", BUNDLED)
+# refund-approval's first round has no candidate to replay: its suspicious requests each name their own
+# cause, and no condition has the evidence of a rule (test_evidence_that_rests_on_one_scenario_is_no_rule).
+@pytest.mark.parametrize("desk", [d for d in BUNDLED if d != "refund-approval"])
 def test_a_replay_first_round_decides_as_a_round_of_full_runs(desk: str, tmp_path: Path) -> None:
     # With the deterministic stand-ins, a candidate run that takes the baseline's recorded answers is
     # the run it would have been: every thread, score and the decision are those of full re-runs.
@@ -1151,6 +1153,103 @@ def test_a_rule_keeps_what_its_evidence_has_in_common() -> None:
     assert "plan" not in mine(examples, types, generalize="evidence")[0].condition
     shown = [*examples, case(20, 80, "annual", "CANCEL", False)]
     assert "plan" not in mine(shown, types, generalize="evidence+common")[0].condition
+
+
+def test_evidence_that_rests_on_one_scenario_is_no_rule() -> None:
+    """Three suspicious requests, each naming its own cause (a stolen card, a duplicate charge, fraud),
+    two of them happening to use the word 'order' that no everyday training request uses: the word
+    separates the training decisions cleanly, but its evidence rests on two scenarios, and without
+    either of them it would not pay for its choice among the words: no rule (the cases stay with the
+    model). A flag two of them share costs one bit and still is one; a word four of them share too."""
+
+    def case(i: int, reason: str, suspicious: bool, flagged: bool = False) -> dict[str, Any]:
+        return {
+            "thread_id": f"train:v0:r{i}:r1",
+            "scenario": f"r{i}",
+            "facts": {"reason": reason, "flagged": flagged},
+            "options": [{"type": "ISSUE"}, {"type": "REFUSE"}],
+            "answered": {"type": "ISSUE"},
+            "correct": [{"type": "REFUSE" if suspicious else "ISSUE"}],
+            "passed": not suspicious,
+            "in_cluster": suspicious,
+        }
+
+    everyday = [
+        "The mug arrived chipped on the rim",
+        "My subscription renewed after I cancelled it",
+        "The venue cancelled the concert and the tickets were never reissued",
+        "The monitor arm arrived bent in transit",
+        "The hotel booking was cancelled by the property",
+        "The fridge door was dented and the replacement is late",
+        "Changed my mind about the desk after assembling it",
+        "The jacket does not suit me and the colour is wrong",
+        "The same TV is cheaper at another store",
+    ]
+    suspicious = [
+        "My card was stolen and someone bought this with it",
+        "A duplicate charge on my statement for the same order",
+        "I think this was a fraudulent order placed on my account",
+    ]
+    examples = [
+        *(case(i, r, False) for i, r in enumerate(everyday)),
+        *(case(20 + i, r, True) for i, r in enumerate(suspicious)),
+    ]
+    types = {"facts.reason": "text", "facts.flagged": "bool"}
+    assert mine(examples, types) == [], [r.guard for r in mine(examples, types)]
+    flagged = [{**e, "facts": {**e["facts"], "flagged": e["scenario"] in ("r21", "r22")}} for e in examples]
+    assert mine(flagged, types)[0].condition == "facts.flagged == true"
+    more = [
+        *examples,
+        case(30, "Another order I never placed", True),
+        case(31, "An order for someone else", True),
+    ]
+    assert "order" in mine(more, types)[0].condition
+
+
+def test_a_near_miss_keeps_both_explanations() -> None:
+    """A full refund is right for annual plans renewed in the last twelve days, none with a refund
+    history. One annual renewal of nineteen days ago with two refunds is answered otherwise: the refund
+    history keeps it out, and so does the renewal date; training cannot tell which, so the branch keeps
+    both and an annual renewal of twenty days with no refunds stays with the model. Monthly plans,
+    unlike the covered answers in several respects, are no near miss: they add nothing about the
+    customer's tenure."""
+
+    def case(i: int, plan: str, days: int, refunds: int, months: int, right: str) -> dict[str, Any]:
+        return {
+            "thread_id": f"train:v0:c{i}:r1",
+            "scenario": f"c{i}",
+            "facts": {"plan": plan, "days": days, "refunds": refunds, "months": months},
+            "options": [{"type": "FULL"}, {"type": "NONE"}],
+            "answered": {"type": "NONE"},
+            "correct": [{"type": right}],
+            "passed": right == "NONE",
+            "in_cluster": right == "FULL",
+        }
+
+    examples = [
+        *(
+            case(i, "annual", d, 0, m, "FULL")
+            for i, (d, m) in enumerate(((0, 50), (4, 9), (6, 39), (12, 55)))
+        ),
+        case(10, "annual", 19, 2, 43, "NONE"),
+        *(
+            case(20 + i, "monthly", d, r, m, "NONE")
+            for i, (d, r, m) in enumerate(
+                ((8, 3, 27), (15, 0, 54), (5, 0, 3), (27, 1, 53), (11, 0, 6), (19, 1, 33))
+            )
+        ),
+    ]
+    types = {
+        "facts.plan": ("monthly", "annual"),
+        "facts.days": "int",
+        "facts.refunds": "int",
+        "facts.months": "int",
+    }
+    common = mine(examples, types, generalize="evidence+common")[0]
+    assert "days" not in common.condition, common.condition
+    agreed = mine(examples, types, generalize="evidence+agree")[0]
+    assert "facts.days <= 12" in agreed.condition and "refunds" in agreed.condition, agreed.condition
+    assert "months" not in agreed.condition, agreed.condition
 
 
 def test_a_decision_an_earlier_branch_answers_is_not_the_new_branch_to_answer() -> None:

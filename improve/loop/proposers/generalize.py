@@ -16,19 +16,26 @@ gain against agreement out of sample:
   answer still right, it does not matter and is left out; where it never shows another value, a case
   with one is left to the model;
 - `+bounded`: `+common`, and the numbers kept to the range the covered right answers span (where
-  training decisions lie outside it).
+  training decisions lie outside it);
+- `+agree`: `+common`, each chosen threshold moved to the edge of the covered right answers, and a
+  near miss kept out on both grounds the training data cannot tell apart (`agree`).
+
+Every `evidence` design counts a condition's evidence as if any one of the scenarios it covers were
+missing (`rules._evidence`): evidence that rests on one scenario is no rule.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from improve.loop.branches import fact_at
 from improve.loop.proposers.conditions import Atom, Case, RuleTerms, numeric
 
-Generalization = Literal["shortest", "shortest+common", "evidence", "evidence+common", "evidence+bounded"]
+Generalization = Literal[
+    "shortest", "shortest+common", "evidence", "evidence+common", "evidence+bounded", "evidence+agree"
+]
 
 
 @dataclass(frozen=True)
@@ -36,7 +43,7 @@ class Design:
     evidence: bool
     """Exact conjunctions ranked by the bits they save, and kept only when they save any; otherwise by
     the failures they cover."""
-    keep: Literal["nothing", "common", "bounded"]
+    keep: Literal["nothing", "common", "bounded", "agree"]
     """What an alternative keeps of what its covered right answers have in common."""
 
 
@@ -46,8 +53,9 @@ DESIGNS: dict[Generalization, Design] = {
     "evidence": Design(evidence=True, keep="nothing"),
     "evidence+common": Design(evidence=True, keep="common"),
     "evidence+bounded": Design(evidence=True, keep="bounded"),
+    "evidence+agree": Design(evidence=True, keep="agree"),
 }
-GENERALIZE: Generalization = "evidence+common"
+GENERALIZE: Generalization = "evidence+agree"
 """The default, chosen from the measurements (docs/architecture.md, The rule miner)."""
 
 
@@ -58,6 +66,8 @@ def keep(
     over `cases`) have in common; none that any training decision would not already satisfy the same."""
     if design.keep == "nothing" or not right:
         return ()
+    if design.keep == "agree":
+        design = Design(design.evidence, "common")
     covered = [c for i, c in enumerate(cases) if right >> i & 1]
     tested = {p for atom in term for p in atom.paths}
     kept: list[Atom] = []
@@ -80,4 +90,85 @@ def keep(
                 kept.append(Atom("threshold", path, ">=", low))
             if any(v > high for v in everywhere):
                 kept.append(Atom("threshold", path, "<=", high))
+    return tuple(kept)
+
+
+def agree(
+    cases: Sequence[Case],
+    vocab: RuleTerms,
+    term: tuple[Atom, ...],
+    right: int,
+    excluded: int,
+    given: frozenset[float],
+) -> tuple[Atom, ...]:
+    """`term` narrowed to where every explanation the training data allows agrees.
+
+    A threshold the term chose among many that separate equally is moved to the edge of the right
+    answers it covers (`x < 30` -> `x <= 13` when 13 is the largest covered): what lies between is a
+    value no training decision showed. The environment's own thresholds (`given`) stay. And a decision
+    answered otherwise (`excluded`, a mask over `cases`) that the term keeps out on one ground only is
+    kept out on a second one when the facts offer one: a flag or an enumerated value constant across
+    the covered right answers, or a number outside their range. Training cannot tell which of the two
+    is why that decision is different, so the branch answers only where both agree. A decision that
+    differs from them in several respects is no near miss: any of them keeps it out, and it says
+    nothing about which matters."""
+    covered = [c for i, c in enumerate(cases) if right >> i & 1]
+    if not covered:
+        return term
+
+    def column(path: str, among: Sequence[Case]) -> list[Any]:
+        return [fact_at(c.facts, path) for c in among]
+
+    narrowed: list[Atom] = []
+    for atom in term:
+        values = column(atom.path, covered)
+        if atom.kind == "threshold" and float(atom.value) not in given and all(numeric(v) for v in values):
+            atom = (
+                Atom("threshold", atom.path, "<=", max(values))
+                if atom.op in ("<", "<=")
+                else Atom("threshold", atom.path, ">=", min(values))
+            )
+        narrowed.append(atom)
+    tested = {p for atom in narrowed for p in atom.paths}
+    others = [c for i, c in enumerate(cases) if excluded >> i & 1]
+    # Each alternative ground a covered-right-answer-preserving test over an untested fact offers.
+    grounds: list[Atom] = []
+    for path, kind in sorted(vocab.fact_types.items()):
+        if path in tested:
+            continue
+        values = column(path, covered)
+        if kind == "bool" and all(v is values[0] for v in values) and isinstance(values[0], bool):
+            grounds.append(Atom("flag", path, "==", values[0]))
+        elif kind == "enum" and all(isinstance(v, str | int) and not isinstance(v, bool) for v in values):
+            seen = set(values)
+            if len(seen) == 1:
+                grounds.append(Atom("equals", path, "==", values[0]))
+            else:
+                grounds += [
+                    Atom("equals", path, "!=", v)
+                    for v in sorted({fact_at(c.facts, path) for c in others} - seen, key=str)
+                    if isinstance(v, str | int) and not isinstance(v, bool)
+                ]
+        elif kind in ("number", "int") and all(numeric(v) for v in values):
+            grounds += [
+                Atom("threshold", path, "<=", max(values)),
+                Atom("threshold", path, ">=", min(values)),
+            ]
+    kept = list(narrowed)
+
+    def outs(atom: Atom) -> int:
+        return len({c.scenario for c in others if not atom.holds(c.facts)})
+
+    for other in others:
+        alone = [a for a in kept if not a.holds(other.facts)]
+        if len(alone) != 1:
+            continue
+        # A near miss: kept out by one test of the term, and unlike the covered right answers in just
+        # one other respect, which keeps out at least as many of the decisions answered otherwise as
+        # that test does. Training cannot tell which of the two makes it different: keep both. A
+        # decision unlike them in many respects says nothing about any one of them, and a respect
+        # that sets apart fewer of them is the weaker explanation.
+        differ = [a for a in grounds if not a.holds(other.facts)]
+        if len(differ) == 1 and differ[0] not in kept and outs(differ[0]) >= outs(alone[0]):
+            kept.append(differ[0])
     return tuple(kept)

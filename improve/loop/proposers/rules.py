@@ -14,10 +14,12 @@ model:
    ones before them do not). Learned by sequential covering: each alternative grown by a beam search on
    FOIL's information gain less the bits it takes to choose each condition (a threshold among forty
    cut points fits a small training set by chance far more easily than a flag), chosen among the exact
-   ones by the evidence it carries (`_surprise`, less those bits: one that does not pay for itself is
-   no rule), the next one for the failures the earlier ones leave, as long as they come from at least
-   `MIN_SUPPORT` scenarios. Each alternative then keeps what its evidence has in common (generalize.py):
-   a branch answers where the evidence says it is right, not wherever the shortest condition reaches.
+   ones by the evidence it carries (`_surprise`, counted as if any one of the scenarios it covers were
+   missing, `_evidence`, less those bits: one that does not pay for itself is no rule), the next one
+   for the failures the earlier ones leave, as long as they come from at least `MIN_SUPPORT`
+   scenarios. Each alternative then keeps what its evidence has in common, and keeps a near miss out
+   on both grounds training cannot tell apart (generalize.py): a branch answers where the evidence
+   says it is right, not wherever the shortest condition reaches.
 3. a *place* among the branches already there (`place`): before any branch that answers one of the
    failures it fixes wrongly (the labels decide where both match), else before the first branch whose
    answer is less safe (the environment's `safety_order` decides where no label does), else last before
@@ -70,7 +72,7 @@ from improve.loop.proposers.conditions import (
     numeric,
     quote,
 )
-from improve.loop.proposers.generalize import DESIGNS, GENERALIZE, Design, Generalization, keep
+from improve.loop.proposers.generalize import DESIGNS, GENERALIZE, Design, Generalization, agree, keep
 from improve.machine import MAX_EXPRESSION_LENGTH, Expr, Scope, compile_expr
 from improve.runtime import FactType
 
@@ -332,7 +334,7 @@ def _grow(
             cost = sum(space.costs[i] for i in chosen)
             fixed = float(_scenarios(space, cover & positives))
             if design.evidence:
-                net = _surprise(_scenarios(space, cover & right), total_r, total_n) - cost
+                net = _evidence(_scenarios(space, cover & right), total_r, total_n) - cost
                 rank: tuple[float, ...] = (round(net, 9), fixed, -len(chosen), *score)
             else:
                 net = fixed * per_scenario - cost
@@ -345,6 +347,15 @@ def _grow(
     if best is None or (design.evidence and best[3] <= 0):
         return None
     return tuple(space.atoms[i] for i in best[1]), best[2], best[3]
+
+
+def _evidence(covered: int, right: int, wrong: int) -> float:
+    """The evidence of a condition covering `covered` right scenarios (`_surprise`) were any one of
+    them missing from training: evidence that rests on one scenario is that scenario's literal. A word
+    that two of three suspicious requests happen to share (`reason.matches('order')`, where each names
+    its own cause: a stolen card, a duplicate charge, fraud) is no rule, however cleanly it separates
+    the training decisions; a flag that two scenarios share still is, its choice costing one bit."""
+    return _surprise(covered - 1, right - 1, wrong)
 
 
 def _surprise(covered: int, right: int, wrong: int) -> float:
@@ -382,7 +393,10 @@ def _learn(
         term, cover, _ = grown
         if not cover & remaining or (terms and _scenarios(space, cover & remaining) < MIN_SUPPORT):
             break  # a further alternative needs its own support: failures of two scenarios
-        terms.append(term + keep(space.cases, space.vocab, term, cover & right, design))
+        term += keep(space.cases, space.vocab, term, cover & right, design)
+        if design.keep == "agree":
+            term = agree(space.cases, space.vocab, term, cover & right, negatives, space.constants)
+        terms.append(term)
         covered |= cover
         remaining &= ~cover
     if not terms:
