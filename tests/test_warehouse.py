@@ -858,11 +858,12 @@ def test_a_damaged_warehouse_is_exit_3_with_what_to_do(tmp_path: Path) -> None:
         write_lines(tmp_path / "t" / f"t{k}.jsonl", [entry(i, thread=f"t{k}") for i in range(50)])
     assert _ingest_cli(tmp_path, str(tmp_path / "t")).exit_code == 0
     db = tmp_path / "traces" / "traces.duckdb"
-    with db.open(
-        "r+b"
-    ) as handle:  # dd if=/dev/urandom of=traces.duckdb bs=4096 seek=100 count=50 conv=notrunc
-        handle.seek(4096 * 100)
-        handle.write(os.urandom(4096 * 50))
+    # Every block after DuckDB's three 4 KiB headers, whichever holds what (the catalog, the entries):
+    # dd if=/dev/urandom of=traces.duckdb bs=4096 seek=3 count=... conv=notrunc
+    size = db.stat().st_size
+    with db.open("r+b") as handle:
+        handle.seek(3 * 4096)
+        handle.write(os.urandom(size - 3 * 4096))
     more = write_lines(tmp_path / "more.jsonl", [entry(0, thread="more")])
     for result in (
         _ingest_cli(tmp_path, str(more)),

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
+import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -114,6 +117,8 @@ def open_database(
         con.execute(f"SET memory_limit = '{memory_limit}'")
     if not (read_only and target != ":memory:"):
         try:
+            if fresh:  # a copy of the process's template: its schema is this warehouse's from now
+                con.execute("UPDATE schema_migrations SET applied_at = ?", [clock.now()])
             migrate(con)
             ensure_views(con)
         except duckdb.Error as err:
@@ -137,9 +142,9 @@ def _create(path: Path) -> None:
 
     It is written in the oldest storage format the pins allow, so every DuckDB they allow (and the DuckDB
     CLI of those versions) opens it: a laptop and CI on different versions share it. The format is the
-    file's own from then on; it is created by a connection of its own, because DuckDB refuses a second
-    connection of this process to the file whose configuration differs from the first's (and the option
-    is only needed once)."""
+    file's own from then on. It is a copy of the process's `_template`, made by a connection of its own,
+    because DuckDB refuses a second connection of this process to the file whose configuration differs
+    from the first's (and the option is only needed once)."""
     temp = path.with_name(f".{path.name}.{os.getpid()}.creating")
     # Two processes creating the same warehouse take turns (the directory's lock), and the second finds
     # the first's file: replacing it would leave the first writing to a file no longer there.
@@ -147,13 +152,37 @@ def _create(path: Path) -> None:
         if not _absent(path):
             return
         try:
-            duckdb.connect(str(temp), config={"storage_compatibility_version": STORAGE_COMPATIBILITY}).close()
+            shutil.copyfile(_template(), temp)
             os.replace(temp, path)
         except BaseException:
             for leftover in (temp, temp.with_name(temp.name + ".wal")):
                 with contextlib.suppress(OSError):
                     leftover.unlink()
             raise
+
+
+_TEMPLATE: tuple[tempfile.TemporaryDirectory[str], Path] | None = None
+_TEMPLATE_LOCK = threading.Lock()
+
+
+def _template() -> Path:
+    """A new warehouse, migrated and with its views, made once per process in a directory of its own
+    (removed at exit): each new warehouse is a copy of it. Migrating and writing the views' 262
+    statements take about ten times as long as copying the file, and a process (a test run, a library
+    user's loop) can create many."""
+    global _TEMPLATE
+    with _TEMPLATE_LOCK:
+        if _TEMPLATE is None:
+            folder = tempfile.TemporaryDirectory(prefix="improve-warehouse-")
+            made = Path(folder.name) / "new.duckdb"
+            con = duckdb.connect(str(made), config={"storage_compatibility_version": STORAGE_COMPATIBILITY})
+            try:
+                migrate(con)
+                ensure_views(con)
+            finally:
+                con.close()
+            _TEMPLATE = (folder, made)
+        return _TEMPLATE[1]
 
 
 def unwritable(target: str | Path, err: BaseException) -> ImproveError:

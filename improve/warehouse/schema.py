@@ -255,7 +255,9 @@ def ensure_views(con: duckdb.DuckDBPyConnection) -> bool:
     """Recreate the views and comments when their definition changed; True when it did."""
     statements = view_statements()
     marker = "views:" + hashlib.sha256("\n".join(statements).encode()).hexdigest()[:16]
-    present = con.execute("SELECT 1 FROM schema_migrations WHERE name = ?", [marker]).fetchone()
+    # fetchall, not fetchone: a result left unfinished makes DuckDB refuse the connection's next arrow
+    # fetch (polars reads through one).
+    present = con.execute("SELECT 1 FROM schema_migrations WHERE name = ?", [marker]).fetchall()
     if present:
         return False
     con.execute("BEGIN TRANSACTION")
