@@ -37,7 +37,15 @@ from improve.machine.interpreter import (
     initial,
     transition,
 )
-from improve.machine.snapshot import Invocation, Snapshot, Status, canonical_hash, shallow_json
+from improve.machine.snapshot import (
+    Invocation,
+    Snapshot,
+    Status,
+    canonical_hash,
+    plain_hash,
+    plain_json,
+    shallow_json,
+)
 
 Env = dict[str, Any]
 """The root variables of one step (`context`, `event`, `input`, `facts`), as `Scope.values` holds them."""
@@ -175,7 +183,19 @@ class FoldRun:
     The owed actor is kept as the state that owes it and the context and event it was entered with
     (`Invocation` objects are built by `Fold.snapshot`, once)."""
 
-    __slots__ = ("context", "env", "error", "input", "invocation", "output", "owed", "status", "value")
+    __slots__ = (
+        "context",
+        "env",
+        "error",
+        "input",
+        "invocation",
+        "output",
+        "owed",
+        "plain_context",
+        "plain_input",
+        "status",
+        "value",
+    )
 
     def __init__(self, input: Any) -> None:
         self.input = input
@@ -187,6 +207,10 @@ class FoldRun:
         # The owed actor: None, or (state, context, event) until `snapshot` builds its Invocation.
         self.owed: tuple[State, dict[str, Any], Any] | None = None
         self.invocation: Invocation | None = None
+        # What `Fold.hash` found `plain_json` so far: the input (None: not asked yet), and the last
+        # context all of whose values are (a step's context shares most of its values with the last).
+        self.plain_input: bool | None = None
+        self.plain_context: dict[str, Any] | None = None
         # The roots every step shares: `input` and `facts` as `_scope` adds them; `context` and
         # `event` are set before each evaluation.
         env: Env = {}
@@ -265,6 +289,8 @@ class Fold:
         else:
             invoke = None
         shallow = shallow_json(run.value, run.context, run.status, run.input, run.output, run.error, invoke)
+        if _plain_run(run):
+            return plain_hash(shallow)
         return canonical_hash(shallow)
 
     # --- the fast path ------------------------------------------------------------------------------
@@ -350,6 +376,25 @@ class Fold:
         run.error = snapshot.error
         run.invocation = snapshot.invoke
         run.owed = None
+
+
+def _plain_run(run: FoldRun) -> bool:
+    """`plain_json` of what a run's hash covers (its state, status and actor are strings), asking only
+    of the input once and of the context's values that were not in the last context found plain: values
+    are never changed in place (a step's assign makes a new context; what it reads from an event is a
+    copy), so the same object is still plain."""
+    if run.plain_input is None:
+        run.plain_input = plain_json(run.input)
+    if not run.plain_input or not (run.output is None or plain_json(run.output)):
+        return False
+    if not (run.error is None or plain_json(run.error)):
+        return False
+    context = run.context
+    if context is not run.plain_context:
+        if not plain_json(context, run.plain_context):
+            return False
+        run.plain_context = context
+    return True
 
 
 def fold_of(machine: Machine) -> Fold:
