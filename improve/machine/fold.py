@@ -62,11 +62,48 @@ def _expr_fn(expr: Expr) -> Value:
     return lambda env: expr.evaluate(Scope.of(env))
 
 
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
+def _constant(tree: CompiledTree) -> tuple[bool, Any]:
+    """(True, its value) for a tree that evaluates to the same immutable value in any scope: a literal
+    scalar, or an expression that reads no variable (`false`, `'no-reply'`) and evaluates on the fast
+    path to a scalar; (False, None) for anything else (an expression that fails is left to fail where
+    it is evaluated)."""
+    if isinstance(tree, Expr):
+        if tree.roots or tree.fast is None:
+            return False, None
+        try:
+            value = tree.fast({})
+        except Exception:
+            return False, None
+        return (True, value) if type(value) in _SCALARS else (False, None)
+    if isinstance(tree, dict | list):
+        return False, None
+    return True, tree
+
+
 def _tree_fn(tree: CompiledTree) -> Value:
     """`evaluate_tree(tree, scope)` as one closure (the same values: literals are returned as they are)."""
+    known, value = _constant(tree)
+    if known:
+        return lambda env: value
     if isinstance(tree, Expr):
         return _expr_fn(tree)
     if isinstance(tree, dict):
+        constants = {key: _constant(item) for key, item in tree.items()}
+        if any(known for known, _ in constants.values()):
+            # A copy of the constant values (every key in its place), then the others evaluated in order.
+            fixed = {key: constant for key, (_, constant) in constants.items()}
+            rest = tuple((key, _tree_fn(tree[key])) for key, (known, _) in constants.items() if not known)
+
+            def with_constants(env: Env) -> dict[str, Any]:
+                out = fixed.copy()
+                for key, fn in rest:
+                    out[key] = fn(env)
+                return out
+
+            return with_constants
         items = tuple((key, _tree_fn(value)) for key, value in tree.items())
         # A dict display for the small ones (a context, an output): a comprehension is a call more.
         if len(items) == 1:
@@ -228,6 +265,7 @@ class Fold:
         self.machine = machine
         self.states = {name: _State(state) for name, state in machine.states.items()}
         self.context_init = _tree_fn(machine.context_init)
+        self.context_tree = isinstance(machine.context_init, dict)  # evaluated to a fresh dict
         self.initial = machine.config.initial
         self.fallbacks = 0
         """Steps (and starts) the reference took because the fast path bailed."""
@@ -239,7 +277,9 @@ class Fold:
         run = FoldRun(input)
         try:
             env = run.env
-            context = dict(self.context_init(env))
+            context = self.context_init(env)
+            if not self.context_tree:
+                context = dict(context)  # an expression's result: the run's own copy, as `initial` makes
             self._settle(run, self.initial, context, {"type": "xstate.init", "input": input})
         except Exception:
             self.fallbacks += 1
@@ -251,16 +291,58 @@ class Fold:
         does not take it, where `transition` returns the snapshot it was given."""
         if run.status != "active":
             return False
+        # The fast path, in this method (a call less on every event); anything it bails on or that
+        # raises is the reference's step (`_reference_step`).
         try:
-            return self._step(run, event)
-        except Exception:
-            self.fallbacks += 1
-            before = self.snapshot(run)
-            after = transition(self.machine, before, event)
-            if after is before:
+            etype = event.get("type")
+            if type(etype) is not str or type(event) is not dict:
+                raise _Bail  # no type (the reference raises), or not the plain case
+            state = self.states[run.value]
+            if etype in (DONE_EVENT, ERROR_EVENT):
+                if state.actor is None or event.get("actorId", state.actor) != state.actor:
+                    return False
+                if etype == ERROR_EVENT:
+                    candidates = state.error
+                    if not candidates:
+                        # An actor failed where no onError is given: the run ends in error.
+                        run.status = "error"
+                        run.error = event.get("error")
+                        run.output = None
+                        run.owed = run.invocation = None
+                        return True
+                else:
+                    candidates = () if state.decide else state.done
+            else:
+                candidates = state.on.get(etype, ())
+            if not candidates:
                 return False
-            self._load(run, after)
+            context = run.context
+            env = run.env
+            env["context"] = context
+            env["event"] = event
+            taken = _select(candidates, env, context, event)
+            if taken is None:
+                return False
+            if taken.assign is not None:
+                context = taken.assign(env, context)
+            if taken.target is None:
+                # A targetless transition stays without re-entering: the same actor is still owed.
+                run.context = context
+                return True
+            self._settle(run, taken.target, context, dict(event))
             return True
+        except Exception:
+            return self._reference_step(run, event)
+
+    def _reference_step(self, run: FoldRun, event: Mapping[str, Any]) -> bool:
+        """`transition` takes the step from the snapshot the run stands at (the fast path bailed)."""
+        self.fallbacks += 1
+        before = self.snapshot(run)
+        after = transition(self.machine, before, event)
+        if after is before:
+            return False
+        self._load(run, after)
+        return True
 
     def snapshot(self, run: FoldRun) -> Snapshot:
         """The `Snapshot` the reference reaches at this point of the run."""
@@ -294,45 +376,6 @@ class Fold:
         return canonical_hash(shallow)
 
     # --- the fast path ------------------------------------------------------------------------------
-
-    def _step(self, run: FoldRun, event: Mapping[str, Any]) -> bool:
-        etype = event.get("type")
-        if type(etype) is not str or type(event) is not dict:
-            raise _Bail  # no type (the reference raises), or not the plain case
-        state = self.states[run.value]
-        if etype in (DONE_EVENT, ERROR_EVENT):
-            if state.actor is None or event.get("actorId", state.actor) != state.actor:
-                return False
-            if etype == ERROR_EVENT:
-                candidates = state.error
-                if not candidates:
-                    # An actor failed where no onError is given: the run ends in error.
-                    run.status = "error"
-                    run.error = event.get("error")
-                    run.output = None
-                    run.owed = run.invocation = None
-                    return True
-            else:
-                candidates = () if state.decide else state.done
-        else:
-            candidates = state.on.get(etype, ())
-        if not candidates:
-            return False
-        context = run.context
-        env = run.env
-        env["context"] = context
-        env["event"] = event
-        taken = _select(candidates, env, context, event)
-        if taken is None:
-            return False
-        if taken.assign is not None:
-            context = taken.assign(env, context)
-        if taken.target is None:
-            # A targetless transition stays without re-entering: the same actor is still owed.
-            run.context = context
-            return True
-        self._settle(run, taken.target, context, dict(event))
-        return True
 
     def _settle(self, run: FoldRun, value: str, context: dict[str, Any], event: dict[str, Any]) -> None:
         """`interpreter._settle`: enter `value`, follow choices and eventless transitions; commits to
