@@ -42,7 +42,6 @@ from improve.machine.snapshot import (
     Snapshot,
     Status,
     canonical_hash,
-    new_snapshot,
     plain_hash,
     plain_json,
     shallow_json,
@@ -353,7 +352,15 @@ class Fold:
             invocation = _invocation(state, _scope(context, event, run.input))
             run.invocation = invocation
             run.owed = None
-        return new_snapshot(run.value, run.context, run.status, run.input, run.output, run.error, invocation)
+        return Snapshot(
+            value=run.value,
+            context=run.context,
+            status=run.status,
+            input=run.input,
+            output=run.output,
+            error=run.error,
+            invoke=invocation,
+        )
 
     def hash(self, run: FoldRun) -> str:
         """`snapshot(run).hash()`, without building the snapshot or its owed actor."""

@@ -6,7 +6,7 @@ import hashlib
 import itertools
 import json
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import msgspec
@@ -235,22 +235,6 @@ class Snapshot:
     @property
     def done(self) -> bool:
         return self.status == "done"
-
-
-_new = object.__new__
-_set = object.__setattr__
-
-
-_FIELDS = tuple(f.name for f in fields(Snapshot))
-
-
-def new_snapshot(*values: Any) -> Snapshot:
-    """`Snapshot(*values)`, all seven fields given in order, without the frozen dataclass's keyword
-    `__init__`, which costs twice as much: the fold builds one per thread."""
-    snapshot: Snapshot = _new(Snapshot)
-    for name, value in zip(_FIELDS, values, strict=True):
-        _set(snapshot, name, value)
-    return snapshot
 
 
 def shallow_json(
