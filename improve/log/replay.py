@@ -314,7 +314,7 @@ def replay(
 
 class Budget(NamedTuple):
     """The model-call budget of one stretch of a run: from its start, or from the event that resumed it.
-    (A named tuple: every replay makes one, and a frozen dataclass's `__init__` costs three times as much.)"""
+    (A named tuple: every replay makes one, and a frozen dataclass's `__init__` costs up to twice as much.)"""
 
     max_model_calls: Any
     """The stamp's (or the resume's) `maxModelCalls`; anything but an int means no budget is known."""
