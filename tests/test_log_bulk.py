@@ -27,6 +27,7 @@ from improve.evals import SuiteSpec, load_scenarios
 from improve.evals.suite import write_threads
 from improve.log import (
     BulkEntry,
+    EntryView,
     JsonlDirStore,
     LogEntry,
     decode_entry,
@@ -39,6 +40,7 @@ from improve.log import (
     stream,
     to_log_entry,
 )
+from improve.log.chain import content_bytes
 from improve.machine import fold as fold_module
 from improve.machine import fold_of
 from improve.runtime import load_environment
@@ -56,12 +58,22 @@ def _normal(value: Any) -> str:
     return json.dumps(value, sort_keys=True, ensure_ascii=True, allow_nan=True)
 
 
+def _hashed(entry: EntryView) -> str:
+    """The entry's content as its entryHash covers it (`content_bytes`, or the error it raises), beside
+    the content itself."""
+    try:
+        hashed = repr(content_bytes(entry))
+    except Exception as error:
+        hashed = type(error).__name__
+    return _normal(entry_content(entry)) + " " + hashed
+
+
 def by_contract(line: bytes) -> Outcome:
     try:
         entry = LogEntry.model_validate_json(line)
     except ValidationError as error:
         return ("refused", entry_problems(error), "")
-    return ("read", repr(entry.model_dump()), _normal(entry_content(entry)))
+    return ("read", repr(entry.model_dump()), _hashed(entry))
 
 
 def by_bulk(line: bytes) -> Outcome:
@@ -69,7 +81,7 @@ def by_bulk(line: bytes) -> Outcome:
         entry = decode_entry(line)
     except ValidationError as error:
         return ("refused", entry_problems(error), "")
-    return ("read", repr(to_log_entry(entry).model_dump()), _normal(entry_content(entry)))
+    return ("read", repr(to_log_entry(entry).model_dump()), _hashed(entry))
 
 
 def by_file_reader(line: bytes) -> Outcome:
@@ -79,7 +91,7 @@ def by_file_reader(line: bytes) -> Outcome:
         entry = stream._decode(Path("f.jsonl"), 1, line)
     except LogError as error:
         return ("refused", str(error), "")
-    return ("read", repr(to_log_entry(entry).model_dump()), _normal(entry_content(entry)))
+    return ("read", repr(to_log_entry(entry).model_dump()), _hashed(entry))
 
 
 def by_checked_contract(line: bytes) -> Outcome:
@@ -443,6 +455,34 @@ def test_lines_only_the_contract_can_judge_are_judged_by_it(text: str) -> None:
             decode_entry(text.encode())
     else:
         assert isinstance(decode_entry(text.encode()), LogEntry)  # read by the contract's own parser
+
+
+@pytest.mark.parametrize("odd", [1e16, 1e-5, -2.5e-7, 1.5e300, 0.0001, 1e15])
+def test_floats_written_otherwise_by_msgspec_are_hashed_as_the_contract_says(odd: float) -> None:
+    """A decoded entry's content is hashed as msgspec writes it only where that is the canonical text:
+    a float msgspec writes in another notation than json (1e16, 1e-05) in the event, the metadata or a
+    refused attempt's event makes it hash the json way, as the contract's entry does."""
+    entry = {
+        "id": "e",
+        "index": 0,
+        "recordedAt": "2026-11-30T00:00:00Z",
+        "machineId": "m",
+        "machineVersion": "1",
+        "event": {"type": "X", "n": 1.5},
+        "metadata": {"m": [1.5]},
+        "attempts": [{"kind": "rejected-by-guard", "reason": "r", "event": {"type": "X", "n": 1.5}}],
+    }
+    for where in ("event", "metadata", "attempts"):
+        odd_entry = json.loads(json.dumps(entry))
+        if where == "event":
+            odd_entry["event"]["n"] = odd
+        elif where == "metadata":
+            odd_entry["metadata"]["m"] = [{"deep": odd}]
+        else:
+            odd_entry["attempts"][0]["event"]["n"] = odd
+        line = json.dumps(odd_entry).encode()
+        assert isinstance(decode_entry(line), BulkEntry)
+        assert by_bulk(line) == by_contract(line)
 
 
 def test_text_lines_read_as_their_bytes_do() -> None:

@@ -706,6 +706,35 @@ def test_the_fold_reaches_what_the_interpreter_reaches_on_generated_machines(see
         assert found == expected
 
 
+@pytest.mark.parametrize("odd", [1e16, 1e-5, -2.5e-7, 1.5e300])
+def test_the_folds_hash_notices_a_float_written_otherwise_in_a_value_that_replaced_another(
+    odd: float,
+) -> None:
+    """The fold's hash asks again only of context values it has not found plain before: a value assigned
+    over a plain one (a map, a list, a float) with a float msgspec writes otherwise than json is noticed,
+    and the hash is the interpreter's."""
+    config = _tiny(
+        {
+            "a": {"on": {"GO": {"target": "b", "assign": {"o": "event.o", "l": "event.l", "f": "event.f"}}}},
+            "b": {"on": {"GO": {"target": "a", "assign": {"o": "event.o", "l": "event.l", "f": "event.f"}}}},
+        },
+        context={"o": "{'x': 1.5}", "l": "[1.5]", "f": "1.5", "i": "input"},
+    )
+    machine = compile_machine(parse_machine(config))
+    events = [
+        {"type": "GO", "o": {"x": 2.5}, "l": [2.5], "f": 2.5},
+        {"type": "GO", "o": {"x": odd}, "l": [2.5], "f": 2.5},
+        {"type": "GO", "o": {"x": 2.5}, "l": [odd], "f": 2.5},
+        {"type": "GO", "o": {"x": 2.5}, "l": [2.5], "f": odd},
+        {"type": "GO", "o": {"x": 2.5}, "l": [2.5], "f": 2.5},
+    ]
+    for inp in ({"x": 2.5}, {"x": [odd]}):
+        pairs = fold_against_interpreter(machine, inp, events)
+        assert len(pairs) == len(events) + 1
+        for expected, found in pairs:
+            assert found == expected
+
+
 def test_the_fold_takes_the_fast_path_on_plain_steps_and_the_reference_on_the_rest() -> None:
     """The fast path is the one taken where nothing is unusual, so the differential tests test it; a
     value outside its domain (a big int) or a failing guard hands the step to the interpreter."""

@@ -41,7 +41,7 @@ import msgspec
 from improve.errors import LogError, TamperError
 from improve.log.bulk import BulkEntry, EntryView, bulk_content
 from improve.log.entry import END_EVENT, SCHEMA_VERSION, LogEntry, Verification
-from improve.machine import canonical_bytes, decoded_canonical_bytes
+from improve.machine import canonical_bytes, decoded_canonical_bytes, plain_json
 
 HASH_HEX = 32
 """Hex digits of an entryHash: the first 128 bits of the sha256."""
@@ -65,8 +65,17 @@ def entry_content(entry: EntryView) -> dict[str, Any]:
 def content_bytes(entry: EntryView) -> bytes:
     """`canonical_json(entry_content(entry))` as UTF-8: what the entry's hash covers, as hashed."""
     if isinstance(entry, BulkEntry):
-        return decoded_canonical_bytes(bulk_content(entry))  # msgspec decoded it: JSON's own values
+        # msgspec decoded it: JSON's own values, floats only where the schema says Any.
+        return decoded_canonical_bytes(bulk_content(entry), plain=_floats_plain(entry))
     return canonical_bytes(entry_content(entry))
+
+
+def _floats_plain(entry: BulkEntry) -> bool:
+    """`plain_json` of the parts of a decoded entry that can hold a float: its other fields are strings
+    and integers by the schema."""
+    if not plain_json(entry.event) or (entry.metadata is not None and not plain_json(entry.metadata)):
+        return False
+    return entry.attempts is None or all(a.event is None or plain_json(a.event) for a in entry.attempts)
 
 
 _STRING = msgspec.json.Encoder()

@@ -20,7 +20,7 @@ import gc
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from improve.errors import DivergenceError, LogError, MachineError, VersionMismatchError
 from improve.log.bulk import EntryView
@@ -312,9 +312,9 @@ def replay(
     )
 
 
-@dataclass(frozen=True)
-class Budget:
-    """The model-call budget of one stretch of a run: from its start, or from the event that resumed it."""
+class Budget(NamedTuple):
+    """The model-call budget of one stretch of a run: from its start, or from the event that resumed it.
+    (A named tuple: every replay makes one, and a frozen dataclass's `__init__` costs up to twice as much.)"""
 
     max_model_calls: Any
     """The stamp's (or the resume's) `maxModelCalls`; anything but an int means no budget is known."""

@@ -74,6 +74,8 @@ from improve.machine.snapshot import (
     canonical_hash,
     canonical_json,
     decoded_canonical_bytes,
+    plain_hash,
+    plain_json,
 )
 from improve.machine.waits import payload_problem, wait_status, waiting_for
 from improve.machine.walk import Constant, Expression, edges, expressions, literals, state_path
@@ -144,6 +146,8 @@ __all__ = [
     "parse_formula",
     "parse_machine",
     "payload_problem",
+    "plain_hash",
+    "plain_json",
     "referenced_paths",
     "refusing_guard",
     "run_rule_evals",

@@ -37,7 +37,15 @@ from improve.machine.interpreter import (
     initial,
     transition,
 )
-from improve.machine.snapshot import Invocation, Snapshot, Status, canonical_hash, shallow_json
+from improve.machine.snapshot import (
+    Invocation,
+    Snapshot,
+    Status,
+    canonical_hash,
+    plain_hash,
+    plain_json,
+    shallow_json,
+)
 
 Env = dict[str, Any]
 """The root variables of one step (`context`, `event`, `input`, `facts`), as `Scope.values` holds them."""
@@ -54,11 +62,48 @@ def _expr_fn(expr: Expr) -> Value:
     return lambda env: expr.evaluate(Scope.of(env))
 
 
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
+def _constant(tree: CompiledTree) -> tuple[bool, Any]:
+    """(True, its value) for a tree that evaluates to the same immutable value in any scope: a literal
+    scalar, or an expression that reads no variable (`false`, `'no-reply'`) and evaluates on the fast
+    path to a scalar; (False, None) for anything else (an expression that fails is left to fail where
+    it is evaluated)."""
+    if isinstance(tree, Expr):
+        if tree.roots or tree.fast is None:
+            return False, None
+        try:
+            value = tree.fast({})
+        except Exception:
+            return False, None
+        return (True, value) if type(value) in _SCALARS else (False, None)
+    if isinstance(tree, dict | list):
+        return False, None
+    return True, tree
+
+
 def _tree_fn(tree: CompiledTree) -> Value:
     """`evaluate_tree(tree, scope)` as one closure (the same values: literals are returned as they are)."""
+    known, value = _constant(tree)
+    if known:
+        return lambda env: value
     if isinstance(tree, Expr):
         return _expr_fn(tree)
     if isinstance(tree, dict):
+        constants = {key: _constant(item) for key, item in tree.items()}
+        if any(known for known, _ in constants.values()):
+            # A copy of the constant values (every key in its place), then the others evaluated in order.
+            fixed = {key: constant for key, (_, constant) in constants.items()}
+            rest = tuple((key, _tree_fn(tree[key])) for key, (known, _) in constants.items() if not known)
+
+            def with_constants(env: Env) -> dict[str, Any]:
+                out = fixed.copy()
+                for key, fn in rest:
+                    out[key] = fn(env)
+                return out
+
+            return with_constants
         items = tuple((key, _tree_fn(value)) for key, value in tree.items())
         # A dict display for the small ones (a context, an output): a comprehension is a call more.
         if len(items) == 1:
@@ -175,7 +220,19 @@ class FoldRun:
     The owed actor is kept as the state that owes it and the context and event it was entered with
     (`Invocation` objects are built by `Fold.snapshot`, once)."""
 
-    __slots__ = ("context", "env", "error", "input", "invocation", "output", "owed", "status", "value")
+    __slots__ = (
+        "context",
+        "env",
+        "error",
+        "input",
+        "invocation",
+        "output",
+        "owed",
+        "plain_context",
+        "plain_input",
+        "status",
+        "value",
+    )
 
     def __init__(self, input: Any) -> None:
         self.input = input
@@ -187,6 +244,10 @@ class FoldRun:
         # The owed actor: None, or (state, context, event) until `snapshot` builds its Invocation.
         self.owed: tuple[State, dict[str, Any], Any] | None = None
         self.invocation: Invocation | None = None
+        # What `Fold.hash` found `plain_json` so far: the input (None: not asked yet), and the last
+        # context all of whose values are (a step's context shares most of its values with the last).
+        self.plain_input: bool | None = None
+        self.plain_context: dict[str, Any] | None = None
         # The roots every step shares: `input` and `facts` as `_scope` adds them; `context` and
         # `event` are set before each evaluation.
         env: Env = {}
@@ -204,6 +265,7 @@ class Fold:
         self.machine = machine
         self.states = {name: _State(state) for name, state in machine.states.items()}
         self.context_init = _tree_fn(machine.context_init)
+        self.context_tree = isinstance(machine.context_init, dict)  # evaluated to a fresh dict
         self.initial = machine.config.initial
         self.fallbacks = 0
         """Steps (and starts) the reference took because the fast path bailed."""
@@ -215,7 +277,9 @@ class Fold:
         run = FoldRun(input)
         try:
             env = run.env
-            context = dict(self.context_init(env))
+            context = self.context_init(env)
+            if not self.context_tree:
+                context = dict(context)  # an expression's result: the run's own copy, as `initial` makes
             self._settle(run, self.initial, context, {"type": "xstate.init", "input": input})
         except Exception:
             self.fallbacks += 1
@@ -227,16 +291,58 @@ class Fold:
         does not take it, where `transition` returns the snapshot it was given."""
         if run.status != "active":
             return False
+        # The fast path, in this method (a call less on every event); anything it bails on or that
+        # raises is the reference's step (`_reference_step`).
         try:
-            return self._step(run, event)
-        except Exception:
-            self.fallbacks += 1
-            before = self.snapshot(run)
-            after = transition(self.machine, before, event)
-            if after is before:
+            etype = event.get("type")
+            if type(etype) is not str or type(event) is not dict:
+                raise _Bail  # no type (the reference raises), or not the plain case
+            state = self.states[run.value]
+            if etype in (DONE_EVENT, ERROR_EVENT):
+                if state.actor is None or event.get("actorId", state.actor) != state.actor:
+                    return False
+                if etype == ERROR_EVENT:
+                    candidates = state.error
+                    if not candidates:
+                        # An actor failed where no onError is given: the run ends in error.
+                        run.status = "error"
+                        run.error = event.get("error")
+                        run.output = None
+                        run.owed = run.invocation = None
+                        return True
+                else:
+                    candidates = () if state.decide else state.done
+            else:
+                candidates = state.on.get(etype, ())
+            if not candidates:
                 return False
-            self._load(run, after)
+            context = run.context
+            env = run.env
+            env["context"] = context
+            env["event"] = event
+            taken = _select(candidates, env, context, event)
+            if taken is None:
+                return False
+            if taken.assign is not None:
+                context = taken.assign(env, context)
+            if taken.target is None:
+                # A targetless transition stays without re-entering: the same actor is still owed.
+                run.context = context
+                return True
+            self._settle(run, taken.target, context, dict(event))
             return True
+        except Exception:
+            return self._reference_step(run, event)
+
+    def _reference_step(self, run: FoldRun, event: Mapping[str, Any]) -> bool:
+        """`transition` takes the step from the snapshot the run stands at (the fast path bailed)."""
+        self.fallbacks += 1
+        before = self.snapshot(run)
+        after = transition(self.machine, before, event)
+        if after is before:
+            return False
+        self._load(run, after)
+        return True
 
     def snapshot(self, run: FoldRun) -> Snapshot:
         """The `Snapshot` the reference reaches at this point of the run."""
@@ -265,48 +371,11 @@ class Fold:
         else:
             invoke = None
         shallow = shallow_json(run.value, run.context, run.status, run.input, run.output, run.error, invoke)
+        if _plain_run(run):
+            return plain_hash(shallow)
         return canonical_hash(shallow)
 
     # --- the fast path ------------------------------------------------------------------------------
-
-    def _step(self, run: FoldRun, event: Mapping[str, Any]) -> bool:
-        etype = event.get("type")
-        if type(etype) is not str or type(event) is not dict:
-            raise _Bail  # no type (the reference raises), or not the plain case
-        state = self.states[run.value]
-        if etype in (DONE_EVENT, ERROR_EVENT):
-            if state.actor is None or event.get("actorId", state.actor) != state.actor:
-                return False
-            if etype == ERROR_EVENT:
-                candidates = state.error
-                if not candidates:
-                    # An actor failed where no onError is given: the run ends in error.
-                    run.status = "error"
-                    run.error = event.get("error")
-                    run.output = None
-                    run.owed = run.invocation = None
-                    return True
-            else:
-                candidates = () if state.decide else state.done
-        else:
-            candidates = state.on.get(etype, ())
-        if not candidates:
-            return False
-        context = run.context
-        env = run.env
-        env["context"] = context
-        env["event"] = event
-        taken = _select(candidates, env, context, event)
-        if taken is None:
-            return False
-        if taken.assign is not None:
-            context = taken.assign(env, context)
-        if taken.target is None:
-            # A targetless transition stays without re-entering: the same actor is still owed.
-            run.context = context
-            return True
-        self._settle(run, taken.target, context, dict(event))
-        return True
 
     def _settle(self, run: FoldRun, value: str, context: dict[str, Any], event: dict[str, Any]) -> None:
         """`interpreter._settle`: enter `value`, follow choices and eventless transitions; commits to
@@ -350,6 +419,25 @@ class Fold:
         run.error = snapshot.error
         run.invocation = snapshot.invoke
         run.owed = None
+
+
+def _plain_run(run: FoldRun) -> bool:
+    """`plain_json` of what a run's hash covers (its state, status and actor are strings), asking only
+    of the input once and of the context's values that were not in the last context found plain: values
+    are never changed in place (a step's assign makes a new context; what it reads from an event is a
+    copy), so the same object is still plain."""
+    if run.plain_input is None:
+        run.plain_input = plain_json(run.input)
+    if not run.plain_input or not (run.output is None or plain_json(run.output)):
+        return False
+    if not (run.error is None or plain_json(run.error)):
+        return False
+    context = run.context
+    if context is not run.plain_context:
+        if not plain_json(context, run.plain_context):
+            return False
+        run.plain_context = context
+    return True
 
 
 def fold_of(machine: Machine) -> Fold:

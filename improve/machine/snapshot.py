@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -41,33 +42,81 @@ def _float(text: str) -> float:
 _READ_BACK = msgspec.json.Decoder(float_hook=_float)
 
 
+_NO_KEY = itertools.repeat("")
+
+
+def plain_json(value: Any, before: dict[str, Any] | None = None) -> bool:
+    """Whether msgspec's sorted text of `value` is `canonical_json`'s, told from the value itself: only
+    JSON's own types (dicts with string keys, lists, str, int, bool, None, float: exactly these, no
+    subclass), and every float one that both write alike: zero, or a magnitude from 1e-4 up to 1e16
+    (outside it, or NaN and the infinities, they differ: see `_NotPythons`). A walk over the value
+    costs about half of encoding it again and reading the text back.
+
+    `before`: a dict found plain earlier whose values are never changed in place (a run's last context):
+    a list or dict of `value` (a dict) that is the very object `before` holds under its key is plain."""
+    t = type(value)
+    if t is dict:
+        pairs: Iterable[tuple[Any, Any]] = value.items()
+    elif t is list:
+        pairs = zip(_NO_KEY, value, strict=False)  # the keys never run out
+    elif t is float:
+        return bool(1e-4 <= abs(value) < 1e16 or value == 0.0)
+    else:
+        return t is str or t is int or t is bool or value is None
+    for key, item in pairs:
+        if type(key) is not str:
+            return False
+        k = type(item)
+        if k is str or k is int or k is bool or item is None:
+            continue
+        if k is float:
+            if not (1e-4 <= abs(item) < 1e16 or item == 0.0):
+                return False
+        elif (before is None or item is not before.get(key)) and not plain_json(item):
+            return False
+    return True
+
+
 def canonical_bytes(value: Any) -> bytes:
-    """`canonical_json(value)` as UTF-8, and the same errors, about twice as fast where it can be.
+    """`canonical_json(value)` as UTF-8, and the same errors, several times as fast where it can be.
 
     msgspec writes the same text as `json.dumps` for JSON's own values (keys sorted by code point, the
     same escapes, the same shortest digits of a float) except some floats' notation (`_NotPythons`) and
     what is not JSON: NaN and infinities (null, where canonical_json raises), and a set, bytes, a date
-    or a tuple (written, where it raises or writes a list). Its text is read back, every float's
-    notation checked, and must equal the value, which rules all of those out; anything else goes the
-    `json.dumps` way."""
+    or a tuple (written, where it raises or writes a list). A value of JSON's own types whose floats
+    both write alike (`plain_json`) is written by msgspec; for any other, msgspec's text is read back, every
+    float's notation checked, and must equal the value; anything else goes the `json.dumps` way."""
     try:
+        if plain_json(value):
+            return _SORTED.encode(value)
         text = _SORTED.encode(value)
         if _READ_BACK.decode(text) == value:
             return text
-    except Exception:  # keys that are not strings, a lone surrogate, a type msgspec has no encoding for
+    except Exception:  # a lone surrogate, a type msgspec has no encoding for, nesting past the stack
         pass
     return canonical_json(value).encode("utf-8")
 
 
-def decoded_canonical_bytes(value: Any) -> bytes:
+def decoded_canonical_bytes(value: Any, *, plain: bool | None = None) -> bytes:
     """`canonical_bytes` of a value msgspec decoded from JSON (a log entry's content): only JSON's own
-    types are in it, so its text is read back for the floats' notation only."""
+    types are in it, so only its floats' notation is in question: its text is read back when `plain_json`
+    finds a float the two write differently. `plain`: the caller has asked `plain_json` of the parts of
+    the value that can hold a float."""
     try:
         text = _SORTED.encode(value)
-        _READ_BACK.decode(text)
+        if not (plain_json(value) if plain is None else plain):
+            _READ_BACK.decode(text)
         return text
     except Exception:  # a float written otherwise than Python writes it, or a lone surrogate
         return canonical_json(value).encode("utf-8")
+
+
+def plain_hash(value: Any) -> str:
+    """`canonical_hash` of a value the caller has found `plain_json`."""
+    try:
+        return hashlib.sha256(_SORTED.encode(value)).hexdigest()
+    except Exception:  # a lone surrogate, nesting past the stack: the json way raises what it raises
+        return canonical_hash(value)
 
 
 def canonical_hash(value: Any) -> str:
