@@ -31,35 +31,30 @@ if TYPE_CHECKING:
     from improve.evals import Comparison, Scorecard
 
 
+ScoredPolicyOption = typer.Option("--policy", "-p", help="The version to score (v1) or a .json path.")
+VsOption = typer.Option("--vs", help="Compare against this version, scenario by scenario.")
+ScoreSplitOption = typer.Option(
+    "--split",
+    "-s",
+    help="train, held-out, test (sealed: needs --unseal) or all (each split scored apart; test only with --unseal).",
+)
+ScoredModelOption = typer.Option("--model", "-m", help="The model whose recorded runs are scored.")
+UnsealOption = typer.Option(
+    "--unseal",
+    help="Score the sealed test split (with --split test or all), making its k runs that are not recorded "
+    "yet; the unsealing is recorded in the policies' test-unsealings.jsonl.",
+)
+ScoreFormatOption = typer.Option("--format", "-f", help="table or markdown (the PR body's scorecard).")
+
+
 def score_command(
-    policy: Annotated[str, typer.Option("--policy", "-p", help="The version to score (v1) or a .json path.")],
-    vs: Annotated[
-        str | None, typer.Option("--vs", help="Compare against this version, scenario by scenario.")
-    ] = None,
-    split: Annotated[
-        str,
-        typer.Option(
-            "--split",
-            "-s",
-            help="train, held-out, test (sealed: needs --unseal) or all (each split scored apart; test only "
-            "with --unseal).",
-        ),
-    ] = "all",
-    model: Annotated[
-        str, typer.Option("--model", "-m", help="The model whose recorded runs are scored.")
-    ] = "naive",
-    unseal: Annotated[
-        bool,
-        typer.Option(
-            "--unseal",
-            help="Score the sealed test split (with --split test or all), making its k runs that are not "
-            "recorded yet; the unsealing is recorded in the policies' test-unsealings.jsonl.",
-        ),
-    ] = False,
+    policy: Annotated[str, ScoredPolicyOption],
+    vs: Annotated[str | None, VsOption] = None,
+    split: Annotated[str, ScoreSplitOption] = "all",
+    model: Annotated[str, ScoredModelOption] = "naive",
+    unseal: Annotated[bool, UnsealOption] = False,
     env: Annotated[str | None, EnvOption] = None,
-    fmt: Annotated[
-        str, typer.Option("--format", "-f", help="table or markdown (the PR body's scorecard).")
-    ] = "table",
+    fmt: Annotated[str, ScoreFormatOption] = "table",
     executor: Annotated[str | None, ExecutorOption] = None,
     as_json: Annotated[bool, JsonOption] = False,
     ws: Annotated[Path | None, WorkspaceOption] = None,
@@ -67,25 +62,19 @@ def score_command(
     """Score a policy version from its recorded runs (replayed, never the agent's report).
 
     Per split: each scenario's pass fraction over its k runs, their mean (the objective), violations
-    and cost. With --vs: paired per-scenario differences, the exact stratified test of the gain (the
-    promotion rule's test, one-sided), wins / ties / losses, the scenarios that changed with the exact
-    test of each drop, and a descriptive bootstrap interval of the mean difference (its seed from
-    improve.toml, printed); --json adds the sign and Wilcoxon tests.
-
-    The sealed test split (`split: test` in the scenario file) is never read by a round; it is scored
-    only here, with --unseal, and each unsealing is recorded (who, when, which policy version, the
-    scores) in the policies' test-unsealings.jsonl. Its runs are made here (k from improve.toml; the
-    recorded ones are reused). Unseal it for a final number: a change made because of a test score
-    makes the test split one more reused held-out set. Scoring held-out warns when the rounds that
-    read it (counted in the CHANGELOG) are more than its size supports. The runs --unseal makes go
-    to --executor (a Dask cluster with dask://HOST:PORT).
+    and cost. With --vs: paired differences, the promotion rule's exact test of the gain, wins / ties /
+    losses, the scenarios that changed with the exact test of each drop, a bootstrap interval of the
+    mean difference (seeded from improve.toml); --json adds the sign and Wilcoxon tests. Scoring
+    held-out warns when more rounds read it than its size supports. The sealed test split is scored only
+    with --unseal (its missing runs made, to --executor when given), each unsealing recorded in the
+    policies' test-unsealings.jsonl: unseal it once, for a final number.
 
     Example:
 
         improve score --policy v1 --vs v0 --split held-out --format markdown
         improve score --policy v3 --vs v0 --split test --unseal
     """
-    from improve.loop import ScoreRequest, score_policy
+    from improve.loop import ScoreRequest, score_policy  # imported when run: --help stays fast
 
     with handled():
         if fmt not in ("table", "markdown"):
