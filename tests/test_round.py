@@ -125,6 +125,29 @@ def example(
     }
 
 
+def decision(
+    scenario: str,
+    facts: dict[str, Any],
+    options: tuple[str, ...],
+    answered: str,
+    right: str,
+    in_cluster: bool | None = None,
+) -> dict[str, Any]:
+    """One training decision as the rule miner reads it: answered `answered` where `right` was right, in
+    the cluster to fix when answered wrongly (unless `in_cluster` says otherwise), passed when not in it."""
+    wrong = right != answered if in_cluster is None else in_cluster
+    return {
+        "thread_id": f"train:v0:{scenario}:r1",
+        "scenario": scenario,
+        "facts": facts,
+        "options": [{"type": t} for t in options],
+        "answered": {"type": answered},
+        "correct": [{"type": right}],
+        "passed": not wrong,
+        "in_cluster": wrong,
+    }
+
+
 PLANTED = [  # close after 30 days, whatever else; refunds otherwise
     *(
         example(d, r, "ESCALATE", ["CLOSE"], True, False, f"late-{d}")
@@ -1101,16 +1124,8 @@ def test_identifiers_stay_out_of_word_tests_unless_the_fact_is_declared_text() -
     systems = ("confluence", "jira", "github", "payroll", "ledger", "vault")
 
     def case(i: int, system: str, secret: bool) -> dict[str, Any]:
-        return {
-            "thread_id": f"train:v0:s{i}:r1",
-            "scenario": f"s{i}",
-            "facts": {"system": system, "secret": secret},
-            "options": [{"type": "GRANT"}, {"type": "ESCALATE"}],
-            "answered": {"type": "GRANT"},
-            "correct": [{"type": "ESCALATE" if secret else "GRANT"}],
-            "passed": not secret,
-            "in_cluster": secret,
-        }
+        facts = {"system": system, "secret": secret}
+        return decision(f"s{i}", facts, ("GRANT", "ESCALATE"), "GRANT", "ESCALATE" if secret else "GRANT")
 
     examples = [case(i, s, s in ("payroll", "vault")) for i, s in enumerate(systems * 2)]
     named = mine(examples, {"facts.system": "string", "facts.secret": "bool"})
@@ -1126,16 +1141,7 @@ def test_a_rule_keeps_what_its_evidence_has_in_common() -> None:
     shows an annual plan with the same right answer, the plan is left out."""
 
     def case(i: int, days: int, plan: str, right: str, in_cluster: bool) -> dict[str, Any]:
-        return {
-            "thread_id": f"train:v0:c{i}:r1",
-            "scenario": f"c{i}",
-            "facts": {"days": days, "plan": plan},
-            "options": [{"type": t} for t in ("KEEP", "CANCEL")],
-            "answered": {"type": "KEEP"},
-            "correct": [{"type": right}],
-            "passed": not in_cluster,
-            "in_cluster": in_cluster,
-        }
+        return decision(f"c{i}", {"days": days, "plan": plan}, ("KEEP", "CANCEL"), "KEEP", right, in_cluster)
 
     examples = [
         *(case(i, d, "monthly", "CANCEL", True) for i, d in enumerate((40, 50, 60, 70))),
@@ -1163,16 +1169,8 @@ def test_evidence_that_rests_on_one_scenario_is_no_rule() -> None:
     model). A flag two of them share costs one bit and still is one; a word four of them share too."""
 
     def case(i: int, reason: str, suspicious: bool, flagged: bool = False) -> dict[str, Any]:
-        return {
-            "thread_id": f"train:v0:r{i}:r1",
-            "scenario": f"r{i}",
-            "facts": {"reason": reason, "flagged": flagged},
-            "options": [{"type": "ISSUE"}, {"type": "REFUSE"}],
-            "answered": {"type": "ISSUE"},
-            "correct": [{"type": "REFUSE" if suspicious else "ISSUE"}],
-            "passed": not suspicious,
-            "in_cluster": suspicious,
-        }
+        facts = {"reason": reason, "flagged": flagged}
+        return decision(f"r{i}", facts, ("ISSUE", "REFUSE"), "ISSUE", "REFUSE" if suspicious else "ISSUE")
 
     everyday = [
         "The mug arrived chipped on the rim",
@@ -1215,16 +1213,8 @@ def test_a_near_miss_keeps_both_explanations() -> None:
     customer's tenure."""
 
     def case(i: int, plan: str, days: int, refunds: int, months: int, right: str) -> dict[str, Any]:
-        return {
-            "thread_id": f"train:v0:c{i}:r1",
-            "scenario": f"c{i}",
-            "facts": {"plan": plan, "days": days, "refunds": refunds, "months": months},
-            "options": [{"type": "FULL"}, {"type": "NONE"}],
-            "answered": {"type": "NONE"},
-            "correct": [{"type": right}],
-            "passed": right == "NONE",
-            "in_cluster": right == "FULL",
-        }
+        facts = {"plan": plan, "days": days, "refunds": refunds, "months": months}
+        return decision(f"c{i}", facts, ("FULL", "NONE"), "NONE", right)
 
     examples = [
         *(
