@@ -391,65 +391,71 @@ class ChatModel:
 
     def answer(self, request: DecisionRequest) -> ModelReply:
         session = self.session
-        sample = self._sample()
-        mode = session.mode
-        while True:
-            mode = self._way(lambda m: chat_body(request, m, session.spec), MODES, mode, session.mode, sample)
-            body = chat_body(request, mode, session.spec)
-            try:
-                response, source = self._fetch(
-                    body, sample, REJECTABLE[mode] if session.auto else (), self._turn(mode)
-                )
-            except Relearned:
-                mode = session.mode
-                continue
-            why = unanswered(mode, response) if session.auto else None
-            if why is not None and mode != MODES[-1]:
-                mode = session.fallback(mode, why)
-                if source == "live":
-                    session.meter.reask()
-                continue
-            if "rejected" in response:
-                raise ModelCallError(f"model {self.name!r}: {why or refused(mode, response)}")
-            return self._reply(response, parse_answer(response, request), source)
+        response, source, mode, why = self._asked(
+            lambda m: chat_body(request, m, session.spec),
+            MODES,
+            lambda: session.mode,
+            session.fallback,
+            self._turn,
+        )
+        if "rejected" in response:
+            raise ModelCallError(f"model {self.name!r}: {why or refused(mode, response)}")
+        return self._reply(response, parse_answer(response, request), source)
 
     def judge(self, name: str, judgment: ModelJudgment, request: DecisionRequest) -> ModelReply:
         """The judgment's answer about the decision's facts, checked against its closed fields; an answer
         that is not one is a failed call (the policy's `onError`)."""
         session = self.session
+
+        def fallback(mode: str, why: str) -> str:
+            session.judge_fallback(why)
+            return "json_object"
+
+        response, source, mode, _ = self._asked(
+            lambda m: judge_body(name, judgment, request, m, session.spec),
+            ("json_schema", "json_object"),
+            lambda: session.judge_mode,
+            fallback,
+            self._judge_turn,
+        )
+        if "rejected" in response:
+            raise ModelCallError(f"model {self.name!r}: the judgment {name}: {refused(mode, response)}")
+        reply = self._reply(response, _json_object(response.get("content")), source)
+        problem = judgment.check(reply.event)
+        if problem is not None:
+            raise ModelAnswerError(f"model {self.name!r} answered the judgment {name} wrongly: {problem}")
+        return reply
+
+    def _asked(
+        self,
+        body: Callable[[str], dict[str, Any]],
+        ways: Sequence[str],
+        current: Callable[[], str],
+        fallback: Callable[[str, str], str],
+        turn: Callable[[str], Turn | None],
+    ) -> tuple[dict[str, Any], Literal["live", "recorded", "repeated"], str, str | None]:
+        """One call, asked the session's `current` way of `ways` and, while the endpoint refuses or
+        ignores it, the next (`fallback` learns it for the session): the response, where it came from,
+        the way that got it, and why the last way was not answered either (None when it was)."""
+        session = self.session
         sample = self._sample()
-        ways = ("json_schema", "json_object")
-        mode = session.judge_mode
+        mode = current()
         while True:
-            mode = self._way(
-                lambda m: judge_body(name, judgment, request, m, session.spec),
-                ways,
-                mode,
-                session.judge_mode,
-                sample,
-            )
-            body = judge_body(name, judgment, request, mode, session.spec)
+            mode = self._way(body, ways, mode, current(), sample)
             try:
                 response, source = self._fetch(
-                    body, sample, REJECTABLE[mode] if session.auto else (), self._judge_turn(mode)
+                    body(mode), sample, REJECTABLE[mode] if session.auto else (), turn(mode)
                 )
             except Relearned:
-                mode = session.judge_mode
+                mode = current()
                 continue
             why = unanswered(mode, response) if session.auto else None
-            if why is not None and mode == "json_schema":
-                session.judge_fallback(why)
-                mode = "json_object"
+            if why is not None and mode != ways[-1]:
+                mode = fallback(mode, why)
                 if source == "live":
                     session.meter.reask()
                 continue
-            if "rejected" in response:
-                raise ModelCallError(f"model {self.name!r}: the judgment {name}: {refused(mode, response)}")
-            reply = self._reply(response, _json_object(response.get("content")), source)
-            problem = judgment.check(reply.event)
-            if problem is not None:
-                raise ModelAnswerError(f"model {self.name!r} answered the judgment {name} wrongly: {problem}")
-            return reply
+            return response, source, mode, why
 
     def advance(self, request: DecisionRequest, number: int) -> None:
         """The run's call `number` was answered from a recording of the run this one started from
