@@ -20,8 +20,9 @@ must appear in the text of at least `MIN_SUPPORT` training scenarios.
 from __future__ import annotations
 
 import itertools
+import operator
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,11 +74,11 @@ def _phrase_pattern(phrase: str) -> str:
     return r"(?i)\b" + r"\s+".join(phrase.split()) + r"\b"
 
 
-_COMPARE = {
-    ">": lambda a, b: a > b,
-    ">=": lambda a, b: a >= b,
-    "<": lambda a, b: a < b,
-    "<=": lambda a, b: a <= b,
+_COMPARE: dict[str, Callable[[Any, Any], bool]] = {
+    ">": operator.gt,
+    ">=": operator.ge,
+    "<": operator.lt,
+    "<=": operator.le,
 }
 
 
@@ -201,9 +202,23 @@ def masks_of(cases: Sequence[Case], atoms: Sequence[Atom]) -> list[int]:
             found = columns[path] = [fact_at(c.facts, path) for c in cases]
         return found
 
+    numbers: dict[str, list[tuple[int, Any]]] = {}
+
+    def numbered(path: str) -> list[tuple[int, Any]]:
+        """The bit of each case whose value at `path` is a number, with the value."""
+        found = numbers.get(path)
+        if found is None:
+            found = numbers[path] = [(1 << i, v) for i, v in enumerate(column(path)) if numeric(v)]
+        return found
+
     masks = []
     alone = [None] * len(cases)  # the other value of an atom over one fact
     for atom in atoms:
+        if atom.kind == "threshold" and numeric(atom.value):
+            # Most atoms are thresholds: `holds_on` on the numbers alone, without a call per case.
+            compare, limit = _COMPARE[atom.op], atom.value
+            masks.append(sum(bit for bit, a in numbered(atom.path) if compare(a, limit)))
+            continue
         values = column(atom.path)
         others = column(atom.value) if atom.kind in ("pair", "same") else alone
         bits = 0

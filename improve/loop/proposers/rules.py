@@ -191,12 +191,6 @@ def _actions(cases: Sequence[Case], vocab: RuleTerms) -> dict[Action, int]:
 # --- learning -----------------------------------------------------------------------------------------
 
 
-def _foil(p0: int, n0: int, p1: int, n1: int) -> float:
-    if p1 == 0:
-        return float("-inf")
-    return p1 * (math.log2(p1 / (p1 + n1)) - math.log2(p0 / (p0 + n0)))
-
-
 def _tightness(atom: Atom) -> float:
     """Among thresholds that separate the cases equally well, the one closest to the failures to fix:
     what the training data did not show stays with the model."""
@@ -216,6 +210,8 @@ class _Space:
     """Bits to name each atom among its kind over its fact (see `_costs`)."""
     by_scenario: list[int] = field(default_factory=list)
     """Each scenario's decisions as a mask (see `_scenarios`)."""
+    scenario_counts: dict[int, int] = field(default_factory=dict)
+    """`_scenarios` of the masks asked so far: the search asks of the same covers again and again."""
 
     def __post_init__(self) -> None:
         masks: dict[str, int] = {}
@@ -251,33 +247,30 @@ def _costs(atoms: Sequence[Atom], masks: Sequence[int], constants: frozenset[flo
     ]
 
 
-def _score(
-    space: _Space, index: int, cover_p: int, cover_n: int, about: set[str]
-) -> tuple[float, ...] | None:
-    """How good adding atom `index` to a term now covering (cover_p, cover_n) is; None if useless."""
-    atom, mask = space.atoms[index], space.masks[index]
-    p = count(mask & cover_p)
-    if p == 0:
-        return None
-    n = count(mask & cover_n)
-    # Ties go to conditions about the facts the answer is made of, then the environment's own
-    # thresholds, then positive tests over negations, then comparisons between facts (scale-free), then
-    # the threshold closest to the failures.
-    return (
-        round(_foil(count(cover_p), count(cover_n), p, n) - space.costs[index], 9),
-        float(p),
-        float(len(atom.paths & about)),
-        float(atom.threshold is not None and atom.threshold in space.constants),
-        float(not atom.negated),
-        float(atom.kind == "pair"),
-        _tightness(atom),
-    )
+def _ties(space: _Space, about: set[str]) -> list[tuple[float, ...]]:
+    """What breaks a tie between two atoms of one FOIL score, per atom (it depends on the atom alone):
+    conditions about the facts the answer is made of, then the environment's own thresholds, then
+    positive tests over negations, then comparisons between facts (scale-free), then the threshold
+    closest to the failures."""
+    return [
+        (
+            float(len(atom.paths & about)),
+            float(atom.threshold is not None and atom.threshold in space.constants),
+            float(not atom.negated),
+            float(atom.kind == "pair"),
+            _tightness(atom),
+        )
+        for atom in space.atoms
+    ]
 
 
 def _scenarios(space: _Space, mask: int) -> int:
     """How many distinct scenarios the decisions in `mask` come from: k runs of one scenario are one
     piece of evidence, not k."""
-    return sum(1 for decisions in space.by_scenario if decisions & mask)
+    known = space.scenario_counts.get(mask)
+    if known is None:
+        known = space.scenario_counts[mask] = sum(1 for decisions in space.by_scenario if decisions & mask)
+    return known
 
 
 def _grow(
@@ -308,23 +301,34 @@ def _grow(
     total_p = _scenarios(space, positives)
     # Bits a scenario covered is worth: what knowing the condition holds tells about the answer.
     per_scenario = math.log2((total_p + total_n) / total_p) if total_p else 0.0
+    ties = _ties(space, about)
+    # Two facts compared are a rule about the answer's own amounts (pay what is refundable when less was
+    # asked); between unrelated facts, a coincidence of scale.
+    usable = [
+        (index, space.masks[index], space.costs[index], ties[index], atom in skip_first)
+        for index, atom in enumerate(space.atoms)
+        if not (atom.kind == "pair" and not atom.paths & about)
+    ]
     for depth in range(MAX_ATOMS):
         grown: dict[frozenset[int], tuple[tuple[float, ...], tuple[int, ...], int]] = {}
         for _, chosen, cover in beam:
             cover_p, cover_n = cover & positives, cover & negatives
-            for index, atom in enumerate(space.atoms):
-                if index in chosen or (depth == 0 and atom in skip_first):
+            p0, n0 = cover_p.bit_count(), cover_n.bit_count()
+            # Adding an atom is scored by its FOIL gain over the term so far, less the bits its choice
+            # costs; ties are broken by `_ties`. This loop runs for every atom of every partial term,
+            # so what depends on the term alone is computed once per term.
+            before = math.log2(p0 / (p0 + n0))
+            for index, mask, cost, tie, skipped in usable:
+                if (depth == 0 and skipped) or index in chosen:
                     continue
-                if atom.kind == "pair" and not atom.paths & about:
-                    # Two facts compared are a rule about the answer's own amounts (pay what is
-                    # refundable when less was asked); between unrelated facts, a coincidence of scale.
+                p = (mask & cover_p).bit_count()
+                if p == 0:
                     continue
-                score = _score(space, index, cover_p, cover_n, about)
-                if score is None:
-                    continue
+                n = (mask & cover_n).bit_count()
+                score = (round(p * (math.log2(p / (p + n)) - before) - cost, 9), float(p), *tie)
                 key = frozenset((*chosen, index))
                 if key not in grown or score > grown[key][0]:
-                    grown[key] = (score, (*chosen, index), cover & space.masks[index])
+                    grown[key] = (score, (*chosen, index), cover & mask)
         if not grown:
             break
         ranked = sorted(grown.values(), key=lambda g: g[0], reverse=True)
