@@ -173,25 +173,39 @@ def scorecard(rows: Iterable[OutcomeRow], policy_version: str, split: str) -> Sc
     scores = []
     for scenario_id in sorted(grouped):
         group = grouped[scenario_id]
+        # One pass over the runs (a promotion decision scores thousands of simulated rounds this way).
         outcomes: dict[str, int] = defaultdict(int)
+        passed = violations = calls = tokens = decisions = fallbacks = 0
+        usd: float = 0
+        failed: list[OutcomeRow] = []
         for r in group:
             outcomes[r.final_state] += 1
+            if r.passed:
+                passed += 1
+            else:
+                failed.append(r)
+            violations += len(r.violations)
+            calls += r.model_calls
+            tokens += r.tokens
+            usd += r.cost_usd
+            decisions += r.decisions
+            fallbacks += r.fallbacks
         scores.append(
             ScenarioScore(
                 scenario=scenario_id,
                 category=group[0].category,
                 split=group[0].split,
                 runs=len(group),
-                passed=sum(r.passed for r in group),
-                violations=sum(len(r.violations) for r in group),
-                model_calls=sum(r.model_calls for r in group),
-                tokens=sum(r.tokens for r in group),
+                passed=passed,
+                violations=violations,
+                model_calls=calls,
+                tokens=tokens,
                 outcomes=dict(outcomes),
-                usd=sum(r.cost_usd for r in group),
-                reasons=sorted({r.reason for r in group if not r.passed}),
-                failed_threads=sorted(r.thread_id for r in group if not r.passed),
-                decisions=sum(r.decisions for r in group),
-                fallbacks=sum(r.fallbacks for r in group),
+                usd=usd,
+                reasons=sorted({r.reason for r in failed}),
+                failed_threads=sorted(r.thread_id for r in failed),
+                decisions=decisions,
+                fallbacks=fallbacks,
             )
         )
     return Scorecard(policy_version, split, scores)

@@ -774,7 +774,8 @@ def _bulk_native(
                        -- both hashes from one parse of verification (two ->> would parse it twice)
                        json_extract_string(verification, ['$.stateHash', '$.entryHash']) AS hashes
                 FROM read_json({_sql_list([i.path for i in todo])}, format = 'newline_delimited',
-                               columns = {NATIVE_COLUMNS}, filename = true, ignore_errors = true,
+                               columns = {NATIVE_COLUMNS}, auto_detect = false, filename = true,
+                               ignore_errors = true,
                                maximum_object_size = {max(max_line_bytes + 1, 1 << 26)})
             )
         ) AS s
