@@ -207,6 +207,24 @@ def test_bad_scenario_file_names_file_line_scenario_and_field(ws: Path) -> None:
     assert scenario_line <= line
 
 
+def test_a_scenario_file_read_twice_gives_two_documents_and_an_edit_is_read_anew(tmp_path: Path) -> None:
+    # Parsed documents are kept (a command reads one file several times): each read is still the
+    # caller's own to change, dates stay dates, and a changed file is parsed again.
+    from improve.errors import ScenarioError
+    from improve.evals.scenarios import parse_yaml
+
+    path = tmp_path / "s.yaml"
+    text = "when: 2026-01-02\nitems: &a [1, {x: 2}]\nagain: *a\n"
+    first = parse_yaml(text, path, ScenarioError)
+    first["items"][1]["x"] = 99
+    second = parse_yaml(text, path, ScenarioError)
+    assert second == yaml.safe_load(text) and second["when"].isoformat() == "2026-01-02"
+    assert second["items"] is second["again"]  # an alias is the same object, as YAML built it
+    assert parse_yaml(text.replace("2026", "2027"), path, ScenarioError)["when"].year == 2027
+    with pytest.raises(ScenarioError, match=r"s.yaml:2:1: invalid YAML"):
+        parse_yaml("a: [1", path, ScenarioError)
+
+
 def seal(
     ws: Path,
     ids: tuple[str, ...] = ("small-refund-05", "fraud-signal-09", "over-window-09"),

@@ -22,6 +22,9 @@ Errors name the file, the line, the scenario id and the field.
 
 from __future__ import annotations
 
+import pickle
+import threading
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Literal
 
@@ -140,8 +143,32 @@ def read_yaml(path: Path, error: type[ConfigError], what: str) -> tuple[str, Any
     return text, parse_yaml(text, path, error)
 
 
+_PARSED: OrderedDict[str, bytes] = OrderedDict()
+"""The documents of the texts parsed last, pickled: a command reads one scenario file several times (to
+plan, to score, to record), and building a document from YAML costs ten times as much as unpickling a
+copy of it. Only this process's own pickles are ever loaded."""
+_PARSED_KEPT = 16
+_parsed_lock = threading.Lock()
+
+
 def parse_yaml(text: str, path: Path, error: type[ConfigError]) -> Any:
-    """The YAML document in `text` (read from `path`); a syntax error names the line and column."""
+    """The YAML document in `text` (read from `path`); a syntax error names the line and column. Each
+    call returns a document of its own (the caller may change it)."""
+    with _parsed_lock:
+        kept = _PARSED.get(text)
+        if kept is not None:
+            _PARSED.move_to_end(text)
+    if kept is not None:
+        return pickle.loads(kept)  # pickled just below by this process: never bytes from outside
+    document = _parse_yaml(text, path, error)
+    with _parsed_lock:
+        _PARSED[text] = pickle.dumps(document, protocol=pickle.HIGHEST_PROTOCOL)
+        while len(_PARSED) > _PARSED_KEPT:
+            _PARSED.popitem(last=False)
+    return document
+
+
+def _parse_yaml(text: str, path: Path, error: type[ConfigError]) -> Any:
     try:
         return yaml.load(text, Loader=SafeLoader)
     except yaml.YAMLError as err:
