@@ -557,3 +557,22 @@ def test_kept_reads_decode_each_thread_once_and_take_what_a_caller_read() -> Non
     kept.keep("train:v1:other:r1", entries(0, 1))
     assert kept.read("train:v1:other:r1") == entries(0, 1) and reads == [THREAD]
     assert kept.list_threads().thread_ids == [THREAD]
+
+
+def test_entry_ids_are_version_4_uuids_and_a_forked_process_draws_other_ones() -> None:
+    import uuid
+
+    from improve.log.entry import new_entry_id
+
+    ids = {new_entry_id() for _ in range(1000)}
+    assert len(ids) == 1000 and all(uuid.UUID(i).version == 4 for i in ids)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its next ids, to the parent
+        os.write(write, " ".join(new_entry_id() for _ in range(3)).encode())
+        os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    with os.fdopen(read) as pipe:
+        child = pipe.read().split()
+    assert len(child) == 3 and not set(child) & ({new_entry_id() for _ in range(3)} | ids)
