@@ -206,7 +206,7 @@ def _nonblank(data: bytes) -> tuple[list[bytes], list[int] | None]:
     return lines, None
 
 
-def _invalid(path: Path, number: int, error: ValidationError) -> LogError:
+def _invalid(path: str | Path, number: int, error: ValidationError) -> LogError:
     return LogError(f"{path}, line {number + 1}: not a valid log entry: {entry_problems(error)}")
 
 
@@ -376,7 +376,10 @@ class JsonlDirStore:
     def __init__(self, root: Path | str, fsync: bool = False) -> None:
         self.root = Path(root)
         self.fsync = fsync
-        self._counts: dict[Path, _Count] = {}
+        # Files are named by strings inside the store: a `Path` per append (joined, hashed as a key,
+        # compared) cost a tenth of writing an entry.
+        self._root = os.fspath(self.root)
+        self._counts: dict[str, _Count] = {}
         self._counts_lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -386,17 +389,21 @@ class JsonlDirStore:
 
     def path(self, thread_id: str) -> Path:
         """The file that holds `thread_id`."""
+        return Path(self._file(thread_id))
+
+    def _file(self, thread_id: str) -> str:
+        """`path`, as the string the store's own calls use."""
         checked_thread_id(thread_id)
         if len(thread_id) > MAX_FILE_THREAD_ID:
             raise LogError(
                 f"thread id {thread_id[:40]!r}... is {len(thread_id)} characters; a JSONL store allows "
                 f"at most {MAX_FILE_THREAD_ID} (the file name limit)"
             )
-        return self.root / f"{thread_id}{SUFFIX}"
+        return os.path.join(self._root, thread_id + SUFFIX)
 
     @contextlib.contextmanager
     def _locked(
-        self, path: Path, *, exclusive: bool, writable: bool = False, create: bool = False
+        self, path: str, *, exclusive: bool, writable: bool = False, create: bool = False
     ) -> Iterator[int | None]:
         """An fd on `path` holding a `flock` (exclusive or shared), or None when the file does not exist
         and `create` is false. A `writable` fd is opened read-write with `O_APPEND`. Retries when the
@@ -405,10 +412,17 @@ class JsonlDirStore:
         flags = (os.O_RDWR | os.O_APPEND) if writable or create else os.O_RDONLY
         if create:
             flags |= os.O_CREAT
+        made = False
         while True:
             try:
                 fd = os.open(path, flags | os.O_CLOEXEC, 0o644)
             except FileNotFoundError:
+                if create and not made:
+                    # The store's folder is made by the first thread written into it (once, not
+                    # checked before every new thread).
+                    os.makedirs(self._root, exist_ok=True)
+                    made = True
+                    continue
                 if create:
                     raise
                 yield None
@@ -427,7 +441,7 @@ class JsonlDirStore:
             finally:
                 os.close(fd)  # closing releases the flock
 
-    def _count(self, path: Path, fd: int) -> _Count:
+    def _count(self, path: str, fd: int) -> _Count:
         """Complete lines in the file open at `fd` (locked), from the cache when the file is unchanged."""
         st = os.fstat(fd)
         with self._counts_lock:
@@ -459,11 +473,11 @@ class JsonlDirStore:
         self._remember(path, count)
         return count
 
-    def _remember(self, path: Path, count: _Count) -> None:
+    def _remember(self, path: str, count: _Count) -> None:
         with self._counts_lock:
             self._counts[path] = count
 
-    def _forget(self, path: Path) -> None:
+    def _forget(self, path: str) -> None:
         with self._counts_lock:
             self._counts.pop(path, None)
 
@@ -484,7 +498,7 @@ class JsonlDirStore:
         Under the exclusive lock: count the complete lines, check the index, truncate a torn final line
         left by a crash, write every new line with one `os.write`, and fsync when asked to."""
         check_batch(thread_id, expected_index, entries)
-        path = self.path(thread_id)
+        path = self._file(thread_id)
         if not entries:
             actual = self.length(thread_id)
             if actual != expected_index:
@@ -493,8 +507,6 @@ class JsonlDirStore:
         data = "".join(e.to_line() + "\n" for e in entries).encode("utf-8")
         # Only an append at index 0 may create the file: a failed append must not leave an empty thread.
         create = expected_index == 0
-        if create:
-            self.root.mkdir(parents=True, exist_ok=True)
         try:
             with self._locked(path, exclusive=True, writable=True, create=create) as fd:
                 if fd is None:
@@ -552,10 +564,10 @@ class JsonlDirStore:
                 raise _invalid(path, numbers[index] if numbers else index, exc) from None
         raise AssertionError("unreachable: a line failed to decode, then decoded")  # pragma: no cover
 
-    def _lines(self, thread_id: str, from_index: int) -> tuple[Path, list[bytes], list[int] | None]:
+    def _lines(self, thread_id: str, from_index: int) -> tuple[str, list[bytes], list[int] | None]:
         """The thread file's complete non-blank lines (a torn last line left out), read under a shared
         lock, and each one's 0-based line number in the file when a blank line shifts them (else None)."""
-        path = self.path(thread_id)
+        path = self._file(thread_id)
         check_from_index(thread_id, from_index)
         with self._locked(path, exclusive=False) as fd:
             if fd is None:
@@ -566,7 +578,7 @@ class JsonlDirStore:
         return path, lines, numbers
 
     def length(self, thread_id: str) -> int:
-        path = self.path(thread_id)
+        path = self._file(thread_id)
         with self._locked(path, exclusive=False) as fd:
             return 0 if fd is None else self._count(path, fd).lines
 
@@ -621,11 +633,11 @@ class JsonlDirStore:
         return page(ids, prefix, limit, cursor)
 
     def exists(self, thread_id: str) -> bool:
-        return self.path(thread_id).is_file()
+        return os.path.isfile(self._file(thread_id))
 
     def delete(self, thread_id: str) -> None:
         """Remove the file, holding its exclusive lock so no append is half way through."""
-        path = self.path(thread_id)
+        path = self._file(thread_id)
         try:
             with self._locked(path, exclusive=True) as fd:
                 if fd is None:
