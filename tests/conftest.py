@@ -31,6 +31,20 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
         terminalreporter.write_line(f"random order: run it again with --randomly-seed={seed}")
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Longest work first, so the workers finish on short tests instead of one running a minute-long
+    test alone at the end while the other idles: modules by how many slow tests they hold, then each
+    module's slow tests before its others. Each module stays whole (its fixtures are set up once per
+    worker), and every tie keeps pytest-randomly's order."""
+    slow: dict[Path, int] = {}
+    place: dict[Path, int] = {}  # where pytest-randomly put the module
+    for item in items:
+        slow[item.path] = slow.get(item.path, 0) + (item.get_closest_marker("slow") is not None)
+        place.setdefault(item.path, len(place))
+    items.sort(key=lambda item: (-slow[item.path], place[item.path], item.get_closest_marker("slow") is None))
+
+
 @pytest.fixture(autouse=True)
 def _close_duckdb_connections(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Every DuckDB connection a test opens, itself or through the product, is closed when the test
