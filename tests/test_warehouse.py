@@ -303,6 +303,7 @@ def test_ctrl_c_while_lines_are_counted_stops_the_insert_and_rolls_back(
     Deterministic: the second file's count waits for the statement to end, then leaves the transaction
     as an interrupt landing mid-statement does (aborted), then raises the KeyboardInterrupt."""
     module = sys.modules["improve.warehouse.ingest"]
+    monkeypatch.setattr(module, "SMALL_BATCH_BYTES", 0)  # the streaming path: read_json beside the count
     con = open_database()
     con.execute("SET preserve_insertion_order = true")
     files = [
@@ -925,6 +926,75 @@ def test_fuzz_ingest_lines_never_crash_and_always_balance(tmp_path: Path) -> Non
 
     check()
     con.close()
+
+
+def _variant(i: int, thread: str, how: int) -> bytes:
+    """Entry `i` of `thread` as a line written another way: spaced, a null field, escapes, a repeated
+    key, a CRLF ending, a float index, a wrong type."""
+    data = entry(i, thread=thread)
+    if how == 0:
+        return json.dumps(data, separators=(", ", " : ")).encode()
+    if how == 1:
+        return json.dumps({**data, "causationId": None, "metadata": None}).encode()
+    if how == 2:
+        return json.dumps({**data, "event": {**data["event"], "note": 'caf\u00e9 \\ "q" \u2028'}}).encode()
+    if how == 3:
+        return json.dumps(data)[:-1].encode() + b', "index": ' + str(i).encode() + b"}"
+    if how == 4:
+        return json.dumps(data).encode() + b"\r"
+    if how == 5:
+        return json.dumps({**data, "index": float(i)}).encode()
+    return json.dumps({**data, "machineId": 7}).encode()
+
+
+@pytest.mark.slow
+def test_a_small_batch_read_as_text_lands_what_read_json_lands(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Small batches are read by read_text, larger ones by read_json: on the same files (good lines,
+    lines written other ways, broken lines, several files a batch) both land the same entries, reject
+    the same lines for the same reasons, and report the same counts."""
+    module = sys.modules["improve.warehouse.ingest"]
+    small = module.SMALL_BATCH_BYTES
+    streamed, as_text = open_database(), open_database()
+    names = itertools.count()
+    line = st.one_of(
+        st.binary(max_size=40),
+        st.sampled_from([b"", b" ", b"\xef\xbb\xbf", b"{", b"[1]", b'"s"', b"null", b"\xff"]),
+        st.tuples(st.integers(0, 3), st.integers(0, 6)).map(lambda t: _variant(t[0], "fz", t[1])),
+        st.integers(0, 3).map(lambda i: json.dumps(entry(i, thread="fz")).encode()),
+    )
+
+    def landed(con: duckdb.DuckDBPyConnection) -> list[Any]:
+        return (
+            con.execute(
+                """SELECT * EXCLUDE (batch_id) FROM entries ORDER BY source, thread_id, "index" """
+            ).fetchall()
+            + con.execute("SELECT * EXCLUDE (batch_id, rejected_at) FROM rejected_lines ORDER BY file, line").fetchall()
+        )
+
+    @settings(max_examples=examples(40), deadline=None, database=None)
+    @given(files=st.lists(st.lists(line, max_size=8), min_size=1, max_size=4))
+    def check(files: list[list[bytes]]) -> None:
+        paths = []
+        for lines in files:
+            path = tmp_path / f"t{next(names)}.jsonl"
+            path.write_bytes(b"\n".join(lines))
+            paths.append(path)
+        reports = []
+        for con, limit in ((streamed, 0), (as_text, small)):
+            monkeypatch.setattr(module, "SMALL_BATCH_BYTES", limit)
+            report = ingest(con, paths)
+            reports.append(
+                [(f.file, f.lines_read, f.ingested, f.already_present, f.rejected) for f in report.files]
+            )
+        assert reports[0] == reports[1]
+        assert landed(streamed) == landed(as_text)
+
+    check()
+    assert count(as_text, "SELECT count(*) FROM entries") > 0  # the fuzzing reached lines that land
+    streamed.close()
+    as_text.close()
 
 
 @settings(max_examples=400, deadline=None)
