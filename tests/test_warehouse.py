@@ -970,7 +970,9 @@ def test_a_small_batch_read_as_text_lands_what_read_json_lands(
             con.execute(
                 """SELECT * EXCLUDE (batch_id) FROM entries ORDER BY source, thread_id, "index" """
             ).fetchall()
-            + con.execute("SELECT * EXCLUDE (batch_id, rejected_at) FROM rejected_lines ORDER BY file, line").fetchall()
+            + con.execute(
+                "SELECT * EXCLUDE (batch_id, rejected_at) FROM rejected_lines ORDER BY file, line"
+            ).fetchall()
         )
 
     @settings(max_examples=examples(40), deadline=None, database=None)
