@@ -56,7 +56,9 @@ def now() -> dt.datetime:
 
 def rfc3339(at: dt.datetime | None = None) -> str:
     """`at` (default: now) as RFC 3339 in UTC with microseconds, the form of a journal's `recordedAt`."""
-    moment = (at or now()).astimezone(dt.UTC)
+    moment = at or now()
+    if moment.tzinfo is not dt.UTC:  # the clock's own instants are UTC already: no conversion to make
+        moment = moment.astimezone(dt.UTC)
     return moment.isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
