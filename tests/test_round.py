@@ -162,7 +162,7 @@ TYPES = {"facts.days": "int", "facts.refunds": "int"}
 
 
 def test_the_miner_finds_a_planted_rule() -> None:
-    rules = mine(PLANTED, TYPES, constants=[30.0])
+    rules = mine(PLANTED, TYPES, thresholds={"facts.days": [30.0]})
     assert rules, "no rule mined"
     best = rules[0]
     assert (best.action.describe(), best.condition, best.fixes) == ("CLOSE", "facts.days > 30", 4)
@@ -807,8 +807,8 @@ def test_the_miner_joins_alternatives_and_tests_membership_in_an_enumerated_set(
 
 
 def test_a_discarded_rule_is_not_proposed_again() -> None:
-    first = mine(PLANTED, TYPES, constants=[30.0])[0]
-    again = mine(PLANTED, TYPES, constants=[30.0], discarded=[(first.guard, first.action.describe())])
+    first = mine(PLANTED, TYPES, thresholds={"facts.days": [30.0]})[0]
+    again = mine(PLANTED, TYPES, thresholds={"facts.days": [30.0]}, discarded=[(first.guard, first.action.describe())])
     assert all(r.guard != first.guard for r in again)
 
 
@@ -816,7 +816,7 @@ def test_a_safer_branch_goes_before_a_less_safe_one_it_may_overlap() -> None:
     from improve.loop.branches import Branch
     from improve.loop.proposers.rules import place
 
-    rule = mine(PLANTED, TYPES, constants=[30.0])[0]  # CLOSE
+    rule = mine(PLANTED, TYPES, thresholds={"facts.days": [30.0]})[0]  # CLOSE
     refund = Branch(0, "facts.refunds < 1", "pay", {"type": "'REFUND'"})
     escalate = Branch(0, "facts.refunds > 5", "esc", {"type": "'ESCALATE'"})
     ranks = {"CLOSE": 3, "REFUND": 1, "ESCALATE": 4}

@@ -13,7 +13,8 @@ A condition is a conjunction of atoms over the decision's facts, by their declar
   not a place for words.
 
 What a condition may test is what holds across scenarios: a threshold needs at least `MIN_SUPPORT`
-training scenarios on each side of it (or is one of the environment's own constants), a word or phrase
+training scenarios on each side of it (or is one of the environment's own thresholds for that fact:
+a number its machine compares the fact's value with), a word or phrase
 must appear in the text of at least `MIN_SUPPORT` training scenarios.
 """
 
@@ -232,11 +233,20 @@ def count(bits: int) -> int:
 @dataclass(frozen=True)
 class RuleTerms:
     """What the miner may write: fact types (`facts.x` -> number, int, bool, enum, string), the values of
-    enumerated facts, and the environment's own constants (its rule thresholds, its enumerated payloads)."""
+    enumerated facts, the environment's own constants (its enumerated payloads, its numbers) and, per
+    fact, its own thresholds: the numbers its machine compares that fact's value with."""
 
     fact_types: Mapping[str, str]
     values: Mapping[str, Sequence[Any]] = field(default_factory=dict)
     constants: frozenset[Any] = frozenset()
+    thresholds: Mapping[str, frozenset[float]] = field(default_factory=dict)
+
+    def given(self, atom: Atom) -> bool:
+        """The atom is a threshold the environment itself sets for its fact: not chosen, so it costs
+        nothing. A constant is the environment's rule about the values it is compared with (a 30-day
+        window on the days since a renewal); about another fact it is one number among many, chosen
+        like any other (the months a customer has been active are no window of 30 days)."""
+        return atom.threshold is not None and atom.threshold in self.thresholds.get(atom.path, ())
 
 
 def _scenarios_split(column: Sequence[tuple[str, Any]], below: Any) -> tuple[int, int]:
@@ -259,7 +269,7 @@ def atoms_for(cases: Sequence[Case], vocab: RuleTerms) -> list[Atom]:
     for path in numbers:
         column = [(c.scenario, fact_at(c.facts, path)) for c in cases]
         seen = sorted({float(value) for _, value in column})
-        constants = {float(c) for c in vocab.constants if numeric(c)}
+        constants = vocab.thresholds.get(path, frozenset())
         for t in sorted(set(seen) | {c for c in constants if seen and seen[0] <= c <= seen[-1]}):
             value: float | int = int(t) if t.is_integer() else t
             own = t in constants
