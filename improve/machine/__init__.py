@@ -78,7 +78,16 @@ from improve.machine.snapshot import (
     plain_json,
 )
 from improve.machine.waits import payload_problem, wait_status, waiting_for
-from improve.machine.walk import Comparison, Constant, Expression, compared, edges, expressions, literals, state_path
+from improve.machine.walk import (
+    Comparison,
+    Constant,
+    Expression,
+    compared,
+    edges,
+    expressions,
+    literals,
+    state_path,
+)
 
 __all__ = [
     "ALLOWED_ROOTS",

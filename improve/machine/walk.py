@@ -266,7 +266,9 @@ def compared(config: MachineConfig) -> Iterator[Comparison]:
             number_after = after.kind == "number" and (
                 last + 2 >= len(tokens) or tokens[last + 2].text not in _ARITHMETIC
             )
-            number_before = before.kind == "number" and (first < 2 or tokens[first - 2].text not in _ARITHMETIC)
+            number_before = before.kind == "number" and (
+                first < 2 or tokens[first - 2].text not in _ARITHMETIC
+            )
             sides = ((left, after if number_after else None), (right, before if number_before else None))
             for operand, number in sides:
                 if operand is None or number is None:

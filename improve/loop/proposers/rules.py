@@ -242,12 +242,7 @@ def _costs(atoms: Sequence[Atom], masks: Sequence[int], vocab: RuleTerms) -> lis
     family: dict[tuple[str, str], set[int]] = {}
     for atom, mask in zip(atoms, masks, strict=True):
         family.setdefault(kin(atom), set()).add(mask)
-    return [
-        0.0
-        if vocab.given(atom)
-        else math.log2(max(1, len(family[kin(atom)])))
-        for atom in atoms
-    ]
+    return [0.0 if vocab.given(atom) else math.log2(max(1, len(family[kin(atom)]))) for atom in atoms]
 
 
 def _score(
