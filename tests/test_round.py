@@ -1244,13 +1244,13 @@ def test_a_near_miss_keeps_both_explanations() -> None:
     assert "months" not in agreed.condition, agreed.condition
 
 
-def test_a_constant_is_free_only_for_the_facts_the_machine_compares_it_with() -> None:
+def test_a_constant_reaches_past_the_evidence_only_for_the_facts_the_machine_compares_it_with() -> None:
     """The machine compares the days since a renewal with 30. A prorated refund is right for customers
     of at most thirteen months here (the facts training shows), and nothing in the machine says
-    anything about months: `months < 30` is a threshold chosen like any other, so it moves to the edge
-    of the right answers it covers (`months <= 13`), and customers of 14 to 29 months stay with the
-    model. Only where the machine compares the months with 30 is `months < 30` the environment's rule,
-    kept as written."""
+    anything about months: 30 is the environment's number, so `months < 30` costs nothing to name,
+    but as a rule about months it reaches only to the edge of the right answers it covers
+    (`months <= 13`), and customers of 14 to 29 months stay with the model. Only where the machine
+    compares the months with 30 is `months < 30` the environment's rule, kept as written."""
     from improve.loop.proposers.registry import thresholds
     from improve.machine.config import parse_machine
 

@@ -241,12 +241,25 @@ class RuleTerms:
     constants: frozenset[Any] = frozenset()
     thresholds: Mapping[str, frozenset[float]] = field(default_factory=dict)
 
+    def own(self, atom: Atom) -> bool:
+        """The atom is a threshold at one of the environment's own numbers (its constants, and its
+        thresholds for the atom's fact): a number its people think in, so naming it costs nothing,
+        whatever fact it is about."""
+        return atom.threshold is not None and atom.threshold in self.numbers_for(atom.path)
+
     def given(self, atom: Atom) -> bool:
-        """The atom is a threshold the environment itself sets for its fact: not chosen, so it costs
-        nothing. A constant is the environment's rule about the values it is compared with (a 30-day
-        window on the days since a renewal); about another fact it is one number among many, chosen
-        like any other (the months a customer has been active are no window of 30 days)."""
+        """The atom is a threshold the environment itself sets for its fact: its rule about the values
+        the machine compares with it (a 30-day window on the days since a renewal), so the branch
+        reaches as far as that rule does. About another fact the same number is a cut point among the
+        ones that separate the training decisions equally (the months a customer has been active are
+        no window of 30 days): the branch reaches only to the edge of its evidence (`generalize.agree`)."""
         return atom.threshold is not None and atom.threshold in self.thresholds.get(atom.path, ())
+
+    def numbers_for(self, path: str) -> frozenset[float]:
+        """The environment's own numbers a threshold over the fact at `path` may take without support."""
+        return frozenset(float(c) for c in self.constants if numeric(c)) | self.thresholds.get(
+            path, frozenset()
+        )
 
 
 def _scenarios_split(column: Sequence[tuple[str, Any]], below: Any) -> tuple[int, int]:
@@ -269,7 +282,7 @@ def atoms_for(cases: Sequence[Case], vocab: RuleTerms) -> list[Atom]:
     for path in numbers:
         column = [(c.scenario, fact_at(c.facts, path)) for c in cases]
         seen = sorted({float(value) for _, value in column})
-        constants = vocab.thresholds.get(path, frozenset())
+        constants = vocab.numbers_for(path)
         for t in sorted(set(seen) | {c for c in constants if seen and seen[0] <= c <= seen[-1]}):
             value: float | int = int(t) if t.is_integer() else t
             own = t in constants

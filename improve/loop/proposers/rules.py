@@ -233,8 +233,8 @@ def _costs(atoms: Sequence[Atom], masks: Sequence[int], vocab: RuleTerms) -> lis
     coincidental threshold from winning over a plain flag that covers almost as much. Candidates that
     split the training decisions alike are one choice (`x > 3` and `x >= 4` on whole numbers, two words
     that always occur together). A comparison of two facts is chosen among every pair of facts, not
-    among the ones its first fact makes. The environment's own thresholds for a fact are given, not
-    chosen: they cost nothing (`RuleTerms.given`)."""
+    among the ones its first fact makes. The environment's own numbers are named, not chosen: a
+    threshold at one costs nothing (`RuleTerms.own`)."""
 
     def kin(atom: Atom) -> tuple[str, str]:
         return ("", atom.kind) if atom.kind in ("pair", "same") else (atom.path, atom.kind)
@@ -242,7 +242,7 @@ def _costs(atoms: Sequence[Atom], masks: Sequence[int], vocab: RuleTerms) -> lis
     family: dict[tuple[str, str], set[int]] = {}
     for atom, mask in zip(atoms, masks, strict=True):
         family.setdefault(kin(atom), set()).add(mask)
-    return [0.0 if vocab.given(atom) else math.log2(max(1, len(family[kin(atom)]))) for atom in atoms]
+    return [0.0 if vocab.own(atom) else math.log2(max(1, len(family[kin(atom)]))) for atom in atoms]
 
 
 def _score(
@@ -261,7 +261,7 @@ def _score(
         round(_foil(count(cover_p), count(cover_n), p, n) - space.costs[index], 9),
         float(p),
         float(len(atom.paths & about)),
-        float(space.vocab.given(atom)),
+        float(space.vocab.own(atom)),
         float(not atom.negated),
         float(atom.kind == "pair"),
         _tightness(atom),
@@ -469,7 +469,7 @@ def mine(
                     terms,
                     fixes=count(covered & positives),
                     matches=count(covered & right),
-                    constants=sum(1 for t in terms for a in t if vocab.given(a)),
+                    constants=sum(1 for t in terms for a in t if vocab.own(a)),
                     decision=name,
                 )
                 if (rule.guard, answer) in refused or len(rule.guard) > MAX_EXPRESSION_LENGTH:
@@ -654,11 +654,11 @@ class RuleMinerProposer:
         thresholds: Mapping[str, frozenset[float]] | None = None,
     ) -> None:
         self.constants = frozenset(constants)
-        """The environment's own constants (enumerated payloads, numbers): its payload values are
+        """The environment's own constants (rule thresholds, enumerated payloads): preferred, and
         allowed without support across scenarios."""
         self.thresholds = dict(thresholds or {})
-        """Fact path -> the environment's own thresholds for it (`registry.thresholds`): preferred, and
-        allowed without support across scenarios."""
+        """Fact path -> the environment's own thresholds for it (`registry.thresholds`): a branch reaches
+        as far as these do, and only to the edge of its evidence at any other number."""
         self.ranks = dict(ranks or {})
         """Event -> how safe answering it is (`branches.answer_rank`), for placing a branch."""
         self.generalize = generalize or reach.GENERALIZE
