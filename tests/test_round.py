@@ -1251,6 +1251,7 @@ def test_a_constant_reaches_past_the_evidence_only_for_the_facts_the_machine_com
     but as a rule about months it reaches only to the edge of the right answers it covers
     (`months <= 13`), and customers of 14 to 29 months stay with the model. Only where the machine
     compares the months with 30 is `months < 30` the environment's rule, kept as written."""
+    from improve.loop.proposers.conditions import Atom, RuleTerms
     from improve.loop.proposers.registry import thresholds
     from improve.machine.config import parse_machine
 
@@ -1301,6 +1302,10 @@ def test_a_constant_reaches_past_the_evidence_only_for_the_facts_the_machine_com
     )
     tied = thresholds(machine)
     assert tied == {"facts.days": frozenset({30.0})}, tied  # `+ 1 >= 2` compares no fact with 2
+    # 30 costs nothing to name about any fact (the environment's number); it is the rule only for days.
+    vocab = RuleTerms(types, constants=frozenset({30.0}), thresholds=tied)
+    months, days = Atom("threshold", "facts.months", "<", 30), Atom("threshold", "facts.days", ">", 30)
+    assert [f(a) for a in (months, days) for f in (vocab.own, vocab.given)] == [True, False, True, True]
     assert mine(examples, types, constants=[30.0], thresholds=tied)[0].condition == "facts.months <= 13"
     own = mine(examples, types, thresholds={"facts.months": [30.0]})[0]
     assert own.condition == "facts.months < 30", own.condition
