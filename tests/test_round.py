@@ -162,7 +162,7 @@ TYPES = {"facts.days": "int", "facts.refunds": "int"}
 
 
 def test_the_miner_finds_a_planted_rule() -> None:
-    rules = mine(PLANTED, TYPES, constants=[30.0])
+    rules = mine(PLANTED, TYPES, thresholds={"facts.days": [30.0]})
     assert rules, "no rule mined"
     best = rules[0]
     assert (best.action.describe(), best.condition, best.fixes) == ("CLOSE", "facts.days > 30", 4)
@@ -807,8 +807,10 @@ def test_the_miner_joins_alternatives_and_tests_membership_in_an_enumerated_set(
 
 
 def test_a_discarded_rule_is_not_proposed_again() -> None:
-    first = mine(PLANTED, TYPES, constants=[30.0])[0]
-    again = mine(PLANTED, TYPES, constants=[30.0], discarded=[(first.guard, first.action.describe())])
+    first = mine(PLANTED, TYPES, thresholds={"facts.days": [30.0]})[0]
+    again = mine(
+        PLANTED, TYPES, thresholds={"facts.days": [30.0]}, discarded=[(first.guard, first.action.describe())]
+    )
     assert all(r.guard != first.guard for r in again)
 
 
@@ -816,7 +818,7 @@ def test_a_safer_branch_goes_before_a_less_safe_one_it_may_overlap() -> None:
     from improve.loop.branches import Branch
     from improve.loop.proposers.rules import place
 
-    rule = mine(PLANTED, TYPES, constants=[30.0])[0]  # CLOSE
+    rule = mine(PLANTED, TYPES, thresholds={"facts.days": [30.0]})[0]  # CLOSE
     refund = Branch(0, "facts.refunds < 1", "pay", {"type": "'REFUND'"})
     escalate = Branch(0, "facts.refunds > 5", "esc", {"type": "'ESCALATE'"})
     ranks = {"CLOSE": 3, "REFUND": 1, "ESCALATE": 4}
@@ -1240,6 +1242,73 @@ def test_a_near_miss_keeps_both_explanations() -> None:
     agreed = mine(examples, types, generalize="evidence+agree")[0]
     assert "facts.days <= 12" in agreed.condition and "refunds" in agreed.condition, agreed.condition
     assert "months" not in agreed.condition, agreed.condition
+
+
+def test_a_constant_reaches_past_the_evidence_only_for_the_facts_the_machine_compares_it_with() -> None:
+    """The machine compares the days since a renewal with 30. A prorated refund is right for customers
+    of at most thirteen months here (the facts training shows), and nothing in the machine says
+    anything about months: 30 is the environment's number, so `months < 30` costs nothing to name,
+    but as a rule about months it reaches only to the edge of the right answers it covers
+    (`months <= 13`), and customers of 14 to 29 months stay with the model. Only where the machine
+    compares the months with 30 is `months < 30` the environment's rule, kept as written."""
+    from improve.loop.proposers.conditions import Atom, RuleTerms
+    from improve.loop.proposers.registry import thresholds
+    from improve.machine.config import parse_machine
+
+    def case(i: int, months: int, days: int, right: str) -> dict[str, Any]:
+        return {
+            "thread_id": f"train:v0:m{i}:r1",
+            "scenario": f"m{i}",
+            "facts": {"days": days, "months": months},
+            "options": [{"type": "PRORATED"}, {"type": "NONE"}],
+            "answered": {"type": "NONE"},
+            "correct": [{"type": right}],
+            "passed": right == "NONE",
+            "in_cluster": right == "PRORATED",
+        }
+
+    examples = [
+        *(case(i, m, d, "PRORATED") for i, (m, d) in enumerate(((3, 45), (7, 90), (10, 38), (13, 61)))),
+        *(case(10 + i, m, d, "NONE") for i, (m, d) in enumerate(((31, 50), (36, 41), (48, 80), (60, 70)))),
+    ]
+    types = {"facts.days": "int", "facts.months": "int"}
+    machine = parse_machine(
+        {
+            "id": "m",
+            "version": "1",
+            "initial": "deciding",
+            "context": {"sub": None},
+            "states": {
+                "deciding": {
+                    "invoke": {
+                        "src": "agent.decide",
+                        "input": {
+                            "name": "'resolve'",
+                            "allowedEvents": ["PRORATED", "NONE"],
+                            "facts": {
+                                "days": "context.sub.daysSinceRenewal",
+                                "months": "context.sub.monthsActive",
+                            },
+                        },
+                    },
+                    "on": {
+                        "PRORATED": {"guard": "context.sub.daysSinceRenewal > 30", "target": "done"},
+                        "NONE": {"guard": "context.sub.monthsActive + 1 >= 2", "target": "done"},
+                    },
+                },
+                "done": {"type": "final"},
+            },
+        }
+    )
+    tied = thresholds(machine)
+    assert tied == {"facts.days": frozenset({30.0})}, tied  # `+ 1 >= 2` compares no fact with 2
+    # 30 costs nothing to name about any fact (the environment's number); it is the rule only for days.
+    vocab = RuleTerms(types, constants=frozenset({30.0}), thresholds=tied)
+    months, days = Atom("threshold", "facts.months", "<", 30), Atom("threshold", "facts.days", ">", 30)
+    assert [f(a) for a in (months, days) for f in (vocab.own, vocab.given)] == [True, False, True, True]
+    assert mine(examples, types, constants=[30.0], thresholds=tied)[0].condition == "facts.months <= 13"
+    own = mine(examples, types, thresholds={"facts.months": [30.0]})[0]
+    assert own.condition == "facts.months < 30", own.condition
 
 
 def test_a_decision_an_earlier_branch_answers_is_not_the_new_branch_to_answer() -> None:

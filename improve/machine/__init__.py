@@ -78,7 +78,16 @@ from improve.machine.snapshot import (
     plain_json,
 )
 from improve.machine.waits import payload_problem, wait_status, waiting_for
-from improve.machine.walk import Constant, Expression, edges, expressions, literals, state_path
+from improve.machine.walk import (
+    Comparison,
+    Constant,
+    Expression,
+    compared,
+    edges,
+    expressions,
+    literals,
+    state_path,
+)
 
 __all__ = [
     "ALLOWED_ROOTS",
@@ -93,6 +102,7 @@ __all__ = [
     "SENTINEL_PREFIX",
     "SENTINEL_TAG",
     "WAITING_STATUS",
+    "Comparison",
     "Constant",
     "DecideInputConfig",
     "ExploreOptions",
@@ -125,6 +135,7 @@ __all__ = [
     "canonical_json",
     "check_depth",
     "check_target",
+    "compared",
     "compile_expr",
     "compile_machine",
     "decoded_canonical_bytes",

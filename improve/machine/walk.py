@@ -212,3 +212,104 @@ def literals(config: MachineConfig) -> Iterator[Constant]:
                     yield Constant(expr.path, float(token.text.rstrip("uU")))
                 except ValueError:
                     continue
+
+
+class Comparison(NamedTuple):
+    """A number an expression compares a selection with: `context.order.deliveredDaysAgo <= 30` is
+    (`context.order.deliveredDaysAgo`, 30.0)."""
+
+    path: str
+    operand: str
+    value: float
+
+
+_COMPARISON_OPS = frozenset({"<", "<=", ">", ">=", "==", "!="})
+_ARITHMETIC = frozenset({"+", "-", "*", "/", "%", "."})
+
+
+def _operators(tokens: list[Any]) -> list[tuple[int, int, str]]:
+    """Where each operator is, as (first token, last token, text): `<=` is written as two tokens."""
+    found: list[tuple[int, int, str]] = []
+    i = 0
+    while i < len(tokens):
+        tok = tokens[i]
+        pair = tok.text + tokens[i + 1].text if i + 1 < len(tokens) else ""
+        if (
+            tok.kind == "punct"
+            and pair in _COMPARISON_OPS
+            and tokens[i + 1].start == tok.start + 1
+            and tokens[i + 1].kind == "punct"
+        ):
+            found.append((i, i + 1, pair))
+            i += 2
+            continue
+        if tok.kind == "punct":
+            found.append((i, i, tok.text))
+        i += 1
+    return found
+
+
+def compared(config: MachineConfig) -> Iterator[Comparison]:
+    """Every number written as one side of a comparison whose other side is a plain selection
+    (`a.b.c < 30`, `30 >= a.b.c`): the numbers a machine's guards compare each of its values with. A
+    number inside arithmetic (`a + 1 >= b`) is compared with no selection of its own."""
+    for expr in expressions(config):
+        tokens = tokenize(expr.source)
+        ops = _operators(tokens)
+        for first, last, text in ops:
+            if text not in _COMPARISON_OPS or first == 0 or last + 1 >= len(tokens):
+                continue
+            left = _selection_before(tokens, first)
+            right = _selection_after(tokens, last + 1)
+            before, after = tokens[first - 1], tokens[last + 1]
+            # A number is alone when no arithmetic binds it to more (`a + 1 >= b` compares `a + 1`).
+            number_after = after.kind == "number" and (
+                last + 2 >= len(tokens) or tokens[last + 2].text not in _ARITHMETIC
+            )
+            number_before = before.kind == "number" and (
+                first < 2 or tokens[first - 2].text not in _ARITHMETIC
+            )
+            sides = ((left, after if number_after else None), (right, before if number_before else None))
+            for operand, number in sides:
+                if operand is None or number is None:
+                    continue
+                try:
+                    yield Comparison(expr.path, operand, float(number.text.rstrip("uU")))
+                except ValueError:
+                    continue
+
+
+def _selection_before(tokens: list[Any], end: int) -> str | None:
+    """The dotted selection ending just before token `end`, unless arithmetic binds it to more."""
+    parts: list[str] = []
+    i = end - 1
+    while i >= 0 and tokens[i].kind == "ident":
+        parts.append(tokens[i].text)
+        if i >= 1 and tokens[i - 1].text == ".":
+            i -= 2
+            continue
+        i -= 1
+        break
+    else:
+        return None
+    if not parts or (i >= 0 and tokens[i].text in _ARITHMETIC):
+        return None
+    return ".".join(reversed(parts))
+
+
+def _selection_after(tokens: list[Any], start: int) -> str | None:
+    """The dotted selection starting at token `start`, unless arithmetic or a call binds it to more."""
+    parts: list[str] = []
+    i = start
+    while i < len(tokens) and tokens[i].kind == "ident":
+        parts.append(tokens[i].text)
+        if i + 2 < len(tokens) and tokens[i + 1].text == "." and tokens[i + 2].kind == "ident":
+            i += 2
+            continue
+        i += 1
+        break
+    else:
+        return None
+    if not parts or (i < len(tokens) and (tokens[i].text in _ARITHMETIC or tokens[i].text == "(")):
+        return None
+    return ".".join(parts)

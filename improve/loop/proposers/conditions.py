@@ -13,7 +13,8 @@ A condition is a conjunction of atoms over the decision's facts, by their declar
   not a place for words.
 
 What a condition may test is what holds across scenarios: a threshold needs at least `MIN_SUPPORT`
-training scenarios on each side of it (or is one of the environment's own constants), a word or phrase
+training scenarios on each side of it (or is one of the environment's own thresholds for that fact:
+a number its machine compares the fact's value with), a word or phrase
 must appear in the text of at least `MIN_SUPPORT` training scenarios.
 """
 
@@ -247,11 +248,33 @@ def count(bits: int) -> int:
 @dataclass(frozen=True)
 class RuleTerms:
     """What the miner may write: fact types (`facts.x` -> number, int, bool, enum, string), the values of
-    enumerated facts, and the environment's own constants (its rule thresholds, its enumerated payloads)."""
+    enumerated facts, the environment's own constants (its enumerated payloads, its numbers) and, per
+    fact, its own thresholds: the numbers its machine compares that fact's value with."""
 
     fact_types: Mapping[str, str]
     values: Mapping[str, Sequence[Any]] = field(default_factory=dict)
     constants: frozenset[Any] = frozenset()
+    thresholds: Mapping[str, frozenset[float]] = field(default_factory=dict)
+
+    def own(self, atom: Atom) -> bool:
+        """The atom is a threshold at one of the environment's own numbers (its constants, and its
+        thresholds for the atom's fact): a number its people think in, so naming it costs nothing,
+        whatever fact it is about."""
+        return atom.threshold is not None and atom.threshold in self.numbers_for(atom.path)
+
+    def given(self, atom: Atom) -> bool:
+        """The atom is a threshold the environment itself sets for its fact: its rule about the values
+        the machine compares with it (a 30-day window on the days since a renewal), so the branch
+        reaches as far as that rule does. About another fact the same number is a cut point among the
+        ones that separate the training decisions equally (the months a customer has been active are
+        no window of 30 days): the branch reaches only to the edge of its evidence (`generalize.agree`)."""
+        return atom.threshold is not None and atom.threshold in self.thresholds.get(atom.path, ())
+
+    def numbers_for(self, path: str) -> frozenset[float]:
+        """The environment's own numbers a threshold over the fact at `path` may take without support."""
+        return frozenset(float(c) for c in self.constants if numeric(c)) | self.thresholds.get(
+            path, frozenset()
+        )
 
 
 def _scenarios_split(column: Sequence[tuple[str, Any]], below: Any) -> tuple[int, int]:
@@ -274,7 +297,7 @@ def atoms_for(cases: Sequence[Case], vocab: RuleTerms) -> list[Atom]:
     for path in numbers:
         column = [(c.scenario, fact_at(c.facts, path)) for c in cases]
         seen = sorted({float(value) for _, value in column})
-        constants = {float(c) for c in vocab.constants if numeric(c)}
+        constants = vocab.numbers_for(path)
         for t in sorted(set(seen) | {c for c in constants if seen and seen[0] <= c <= seen[-1]}):
             value: float | int = int(t) if t.is_integer() else t
             own = t in constants

@@ -99,13 +99,13 @@ def agree(
     term: tuple[Atom, ...],
     right: int,
     excluded: int,
-    given: frozenset[float],
 ) -> tuple[Atom, ...]:
     """`term` narrowed to where every explanation the training data allows agrees.
 
     A threshold the term chose among many that separate equally is moved to the edge of the right
     answers it covers (`x < 30` -> `x <= 13` when 13 is the largest covered): what lies between is a
-    value no training decision showed. The environment's own thresholds (`given`) stay. And a decision
+    value no training decision showed. The environment's own thresholds for the fact stay
+    (`RuleTerms.given`). And a decision
     answered otherwise (`excluded`, a mask over `cases`) that the term keeps out on one ground only is
     kept out on a second one when the facts offer one: a flag or an enumerated value constant across
     the covered right answers, or a number outside their range. Training cannot tell which of the two
@@ -122,7 +122,7 @@ def agree(
     narrowed: list[Atom] = []
     for atom in term:
         values = column(atom.path, covered)
-        if atom.kind == "threshold" and float(atom.value) not in given and all(numeric(v) for v in values):
+        if atom.kind == "threshold" and not vocab.given(atom) and all(numeric(v) for v in values):
             atom = (
                 Atom("threshold", atom.path, "<=", max(values))
                 if atom.op in ("<", "<=")

@@ -12,7 +12,7 @@ from improve.evals import Workspace
 from improve.loop.branches import answer_rank
 from improve.loop.proposers.base import Proposer, ProposerFactory, ProposerSetup
 from improve.loop.proposers.rules import RuleMinerProposer
-from improve.machine import literals
+from improve.machine import DECIDE_SRC, MachineConfig, compared, literals
 from improve.registry import Registry
 from improve.runtime import vocabulary
 
@@ -29,11 +29,41 @@ def _factory(target: object, where: str) -> ProposerFactory:
 
 def rule_miner(setup: ProposerSetup) -> Proposer:
     """The built-in rule miner: the environment's own constants (rule thresholds, enumerated payload
-    values) preferred, and each answer ranked by how safe its outcomes are, for placing a branch."""
+    values) preferred, each threshold for the facts the machine compares it with (`thresholds`), and
+    each answer ranked by how safe its outcomes are, for placing a branch."""
     env = setup.environment
     constants = [c.value for c in literals(env.config)]
     ranks = {event: answer_rank(env, event) for event in vocabulary(env).events}
-    return RuleMinerProposer(constants=constants, ranks=ranks)
+    return RuleMinerProposer(constants=constants, ranks=ranks, thresholds=thresholds(env.config))
+
+
+def thresholds(config: MachineConfig) -> dict[str, frozenset[float]]:
+    """Each decision fact's own thresholds: the numbers the machine's expressions compare the value it
+    is read from with (`context.order.deliveredDaysAgo <= 30` makes 30 a threshold of
+    `facts.order.deliveredDaysAgo` wherever a decision reads that fact from it, or from
+    `context.order`). A constant is the environment's rule about the values it is compared with; about
+    any other fact it is one number among many."""
+    sources: dict[str, set[str]] = {}  # a selection -> the fact paths read from it
+    for state in config.states.values():
+        if state.invoke is None or state.invoke.src != DECIDE_SRC or not isinstance(state.invoke.input, dict):
+            continue
+        for path, source in _facts(state.invoke.input.get("facts") or {}, "facts"):
+            sources.setdefault(source.strip(), set()).add(path)
+    found: dict[str, set[float]] = {}
+    for comparison in compared(config):
+        operand = comparison.operand
+        for source, paths in sources.items():
+            if operand == source or operand.startswith(source + "."):
+                for path in paths:
+                    found.setdefault(path + operand[len(source) :], set()).add(comparison.value)
+    return {path: frozenset(values) for path, values in found.items()}
+
+
+def _facts(tree: object, prefix: str) -> list[tuple[str, str]]:
+    """A decision's facts as (fact path, the expression it is read from)."""
+    if isinstance(tree, dict):
+        return [pair for key, sub in tree.items() for pair in _facts(sub, f"{prefix}.{key}")]
+    return [(prefix, tree)] if isinstance(tree, str) else []
 
 
 def openai_proposer(setup: ProposerSetup) -> Proposer:

@@ -205,7 +205,6 @@ class _Space:
     vocab: RuleTerms
     atoms: list[Atom]
     masks: list[int]
-    constants: frozenset[float]
     costs: list[float] = field(default_factory=list)
     """Bits to name each atom among its kind over its fact (see `_costs`)."""
     by_scenario: list[int] = field(default_factory=list)
@@ -220,7 +219,7 @@ class _Space:
         self.by_scenario = list(masks.values())
 
 
-def _costs(atoms: Sequence[Atom], masks: Sequence[int], constants: frozenset[float]) -> list[float]:
+def _costs(atoms: Sequence[Atom], masks: Sequence[int], vocab: RuleTerms) -> list[float]:
     """What choosing each atom costs, in bits: log2 of how many different splits of the training
     decisions the atoms of its kind over its fact make.
 
@@ -230,8 +229,8 @@ def _costs(atoms: Sequence[Atom], masks: Sequence[int], constants: frozenset[flo
     coincidental threshold from winning over a plain flag that covers almost as much. Candidates that
     split the training decisions alike are one choice (`x > 3` and `x >= 4` on whole numbers, two words
     that always occur together). A comparison of two facts is chosen among every pair of facts, not
-    among the ones its first fact makes. The environment's own thresholds are given, not chosen: they
-    cost nothing."""
+    among the ones its first fact makes. The environment's own numbers are named, not chosen: a
+    threshold at one costs nothing (`RuleTerms.own`)."""
 
     def kin(atom: Atom) -> tuple[str, str]:
         return ("", atom.kind) if atom.kind in ("pair", "same") else (atom.path, atom.kind)
@@ -239,12 +238,7 @@ def _costs(atoms: Sequence[Atom], masks: Sequence[int], constants: frozenset[flo
     family: dict[tuple[str, str], set[int]] = {}
     for atom, mask in zip(atoms, masks, strict=True):
         family.setdefault(kin(atom), set()).add(mask)
-    return [
-        0.0
-        if atom.threshold is not None and atom.threshold in constants
-        else math.log2(max(1, len(family[kin(atom)])))
-        for atom in atoms
-    ]
+    return [0.0 if vocab.own(atom) else math.log2(max(1, len(family[kin(atom)]))) for atom in atoms]
 
 
 def _ties(space: _Space, about: set[str]) -> list[tuple[float, ...]]:
@@ -255,7 +249,7 @@ def _ties(space: _Space, about: set[str]) -> list[tuple[float, ...]]:
     return [
         (
             float(len(atom.paths & about)),
-            float(atom.threshold is not None and atom.threshold in space.constants),
+            float(space.vocab.own(atom)),
             float(not atom.negated),
             float(atom.kind == "pair"),
             _tightness(atom),
@@ -399,7 +393,7 @@ def _learn(
             break  # a further alternative needs its own support: failures of two scenarios
         term += keep(space.cases, space.vocab, term, cover & right, design)
         if design.keep == "agree":
-            term = agree(space.cases, space.vocab, term, cover & right, negatives, space.constants)
+            term = agree(space.cases, space.vocab, term, cover & right, negatives)
         terms.append(term)
         covered |= cover
         remaining &= ~cover
@@ -413,6 +407,7 @@ def mine(
     vocab: RuleTerms | Mapping[str, FactType],
     *,
     constants: Iterable[Any] = (),
+    thresholds: Mapping[str, Iterable[float]] | None = None,
     discarded: Iterable[tuple[str, str]] = (),
     generalize: Generalization = GENERALIZE,
     narrower: Sequence[tuple[str, str]] = (),
@@ -426,26 +421,29 @@ def mine(
     fewer training decisions than its guard does. `route` is the policy's branches and `ranks` how safe
     each answer is: a decision an earlier branch answers rightly, one at least as safe as the new answer
     (so it stays in front of the new branch, `place`), is not the new branch's to answer, as the rules
-    of a handbook each apply where the ones before them do not."""
+    of a handbook each apply where the ones before them do not. `constants` are the environment's
+    own values, `thresholds` its own thresholds for each fact (`RuleTerms`)."""
     design = DESIGNS[generalize]
     if not isinstance(vocab, RuleTerms):
         # An environment's fact types: an enumerated fact is the tuple of its values.
         vocab = RuleTerms(
             {p: "enum" if isinstance(k, tuple) else k for p, k in vocab.items()},
             {p: k for p, k in vocab.items() if isinstance(k, tuple)},
-            frozenset(constants),
         )
-    elif constants:
-        vocab = RuleTerms(vocab.fact_types, vocab.values, vocab.constants | frozenset(constants))
+    vocab = RuleTerms(
+        vocab.fact_types,
+        vocab.values,
+        vocab.constants | frozenset(constants),
+        {**vocab.thresholds, **{p: frozenset(float(v) for v in vs) for p, vs in (thresholds or {}).items()}},
+    )
     refused = set(discarded)
     rules: list[Rule] = []
     for name, cases in sorted(decisions_by_name(examples).items()):
         if not any(c.target for c in cases):
             continue
         atoms = atoms_for(cases, vocab)
-        known = frozenset(float(c) for c in vocab.constants if numeric(c))
         masks = masks_of(cases, atoms)
-        space = _Space(cases, vocab, atoms, masks, known, _costs(atoms, masks, known))
+        space = _Space(cases, vocab, atoms, masks, _costs(atoms, masks, vocab))
         actions = _actions(cases, vocab)
         overall = {a: sum(c.right(a.output(c.facts)) for c in cases) for a in actions}
         earlier = [answer_on(route, {"name": name, "facts": c.facts, "options": c.options}) for c in cases]
@@ -475,7 +473,7 @@ def mine(
                     terms,
                     fixes=count(covered & positives),
                     matches=count(covered & right),
-                    constants=sum(1 for t in terms for a in t if a.threshold in space.constants),
+                    constants=sum(1 for t in terms for a in t if vocab.own(a)),
                     decision=name,
                 )
                 if (rule.guard, answer) in refused or len(rule.guard) > MAX_EXPRESSION_LENGTH:
@@ -657,10 +655,14 @@ class RuleMinerProposer:
         constants: Iterable[Any] = (),
         ranks: Mapping[str, int | None] | None = None,
         generalize: Generalization | None = None,
+        thresholds: Mapping[str, frozenset[float]] | None = None,
     ) -> None:
         self.constants = frozenset(constants)
         """The environment's own constants (rule thresholds, enumerated payloads): preferred, and
         allowed without support across scenarios."""
+        self.thresholds = dict(thresholds or {})
+        """Fact path -> the environment's own thresholds for it (`registry.thresholds`): a branch reaches
+        as far as these do, and only to the edge of its evidence at any other number."""
         self.ranks = dict(ranks or {})
         """Event -> how safe answering it is (`branches.answer_rank`), for placing a branch."""
         self.generalize = generalize or reach.GENERALIZE
@@ -682,6 +684,7 @@ class RuleMinerProposer:
                 {path: kind for path, kind in words.fact_paths.items()},
                 words.fact_values,
                 self.constants,
+                self.thresholds,
             )
             discarded = [(d["guard"], d["answer"]) for d in request.discarded]
             narrower = [(d["guard"], d["answer"]) for d in request.narrower]
