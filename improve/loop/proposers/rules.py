@@ -79,9 +79,9 @@ from improve.runtime import FactType
 MAX_TERMS = 3
 """Alternatives (`||`) in one condition."""
 MAX_ATOMS = 3
+"""Conditions (`&&`) in one alternative."""
 BEAM = 8
 """Partial conjunctions extended together while growing one alternative."""
-"""Conditions (`&&`) in one alternative."""
 MAX_CANDIDATES = 12
 VARIANTS = 3
 """Rules per answer, each starting from another first condition: what a repair falls back on."""
