@@ -33,7 +33,7 @@ from improve.log.lines import BOM
 from improve.log.store import JsonlDirStore
 from improve.runtime import load_environment
 from improve.runtime.policy import load_policy
-from improve.warehouse.db import INSERT_CHUNK, insert_rows, open_database
+from improve.warehouse.db import insert_rows, open_database
 from improve.warehouse.ingest import ingest
 from improve.warehouse.schema import MIGRATIONS, migrate
 from improve.warehouse.store import DuckDBStore
@@ -659,19 +659,32 @@ def test_every_line_after_a_gap_names_the_same_missing_index(tmp_path: Path) -> 
     ]
 
 
-def test_insert_rows_spans_chunks_in_order_and_stamps_the_time(clock: FrozenClock) -> None:
+def test_insert_rows_keeps_every_value_in_order_and_stamps_the_time(clock: FrozenClock) -> None:
     stamp = clock.peek()
     con = duckdb.connect(":memory:")
-    con.execute('CREATE TABLE t (n INTEGER, label VARCHAR, tags VARCHAR[], "at" TIMESTAMPTZ NOT NULL)')
-    # One row past two whole chunks: the last statement carries a single row.
-    rows = [(n, f"row {n}", [str(n)] if n % 2 else []) for n in range(2 * INSERT_CHUNK + 1)]
-    insert_rows(con, "t", ("n", "label", "tags"), rows, now="at")
-    got = con.execute("SELECT n, label, tags FROM t ORDER BY n").fetchall()
-    assert got == [(n, label, tags) for n, label, tags in rows]
+    con.execute(
+        'CREATE TABLE t (n INTEGER, label VARCHAR, tags VARCHAR[], ok BOOLEAN, "at" TIMESTAMPTZ NOT NULL)'
+    )
+    # Lists stay one value each (empty, one item, None), None stays NULL in any column, whatever the
+    # first rows hold.
+    rows = [
+        (
+            n,
+            None if n % 7 == 0 else f"row {n}",
+            [str(n)] if n % 2 else ([] if n % 3 else None),
+            n % 5 == 0 or None,
+        )
+        for n in range(2001)
+    ]
+    insert_rows(con, "t", ("n", "label", "tags", "ok"), rows, now="at")
+    got = con.execute("SELECT n, label, tags, ok FROM t ORDER BY n").fetchall()
+    assert got == rows
     # One instant, the clock's, for the whole call.
     assert con.execute('SELECT DISTINCT "at" FROM t').fetchall() == [(stamp,)]
-    insert_rows(con, "t", ("n", "label", "tags"), [], now="at")  # nothing to insert is not an error
+    insert_rows(con, "t", ("n", "label", "tags", "ok"), [], now="at")  # nothing to insert is not an error
     assert con.execute("SELECT count(*) FROM t").fetchone() == (len(rows),)
+    insert_rows(con, "t", ("n", "tags"), [(5000, ["only"])], now="at")  # one row holding a one-item list
+    assert con.execute("SELECT tags FROM t WHERE n = 5000").fetchone() == (["only"],)
 
 
 # --- a bad file or line never sinks the batch, and every line is accounted for ----------------

@@ -67,6 +67,7 @@ from improve.log import (
     scan_lines,
     too_long,
 )
+from improve.warehouse.db import insert_rows
 from improve.warehouse.importers import IMPORTERS
 from improve.warehouse.staging import CAND_COLUMNS, CHAIN_COLUMN, THREAD_ID_SQL, Importer
 
@@ -89,6 +90,7 @@ _FIELDS = (
 NATIVE_COLUMNS = "{" + ", ".join(f"'{name}': 'JSON'" for name in _FIELDS) + "}"
 FILE_STEM_SQL = r"regexp_extract(filename, '([^/]+)\.jsonl?$', 1)"
 
+BATCH_FILE_COLUMNS = ("path", "size", "mtime_ns", "sha256")
 SMALL_BATCH_BYTES = 32 << 20
 """A batch of files this small in all is read as text and split into lines by DuckDB (`read_text`), not by
 `read_json`: the same rows, without `read_json`'s cost per file (a round's batch of 104 one-run threads:
@@ -466,21 +468,6 @@ def _file_info(path: Path, max_line_bytes: int = MAX_LINE_BYTES) -> _FileInfo | 
     return known if isinstance(known, SkippedFile) else _scan(known, max_line_bytes)
 
 
-def insert_rows(
-    con: duckdb.DuckDBPyConnection, table: str, rows: Sequence[tuple[object, ...]], chunk: int = 500
-) -> None:
-    """Many rows in few statements (one INSERT per row costs about a millisecond in DuckDB)."""
-    if not rows:
-        return
-    width = len(rows[0])
-    marks = "(" + ", ".join("?" * width) + ")"
-    for start in range(0, len(rows), chunk):
-        part = rows[start : start + chunk]
-        con.execute(
-            f"INSERT INTO {table} VALUES {', '.join([marks] * len(part))}", [v for row in part for v in row]
-        )
-
-
 def _sql_list(paths: Sequence[Path]) -> str:
     return "[" + ", ".join("'" + str(p).replace("'", "''") + "'" for p in paths) + "]"
 
@@ -641,7 +628,12 @@ def _transaction(
         con.execute(
             "CREATE OR REPLACE TEMP TABLE batch_files (path VARCHAR, size BIGINT, mtime_ns BIGINT, sha256 VARCHAR)"
         )
-        insert_rows(con, "batch_files", [(str(i.path), i.size, i.mtime_ns, i.sha256) for i in known])
+        insert_rows(
+            con,
+            "batch_files",
+            BATCH_FILE_COLUMNS,
+            [(str(i.path), i.size, i.mtime_ns, i.sha256) for i in known],
+        )
         seen = dict(
             con.execute(
                 "SELECT b.path, [f.lines, f.rejected] FROM batch_files b JOIN ingested_files f "
@@ -686,7 +678,7 @@ def _transaction(
         _advance_threads(con, report.batch_id, fresh=fresh)
         counted = [(f.file, f.lines_read, f.rejected) for f in report.files if f.path != "unchanged"]
         con.execute("CREATE OR REPLACE TEMP TABLE file_counts (path VARCHAR, lines BIGINT, rejected BIGINT)")
-        insert_rows(con, "file_counts", counted)
+        insert_rows(con, "file_counts", ("path", "lines", "rejected"), counted)
         paths = [str(i.path) for i in todo]
         con.execute("DELETE FROM ingested_files WHERE list_contains(?, path)", [paths])
         con.execute(
@@ -995,7 +987,7 @@ def load_raw_lines(
     if files:
         con.execute("INSERT INTO raw_lines SELECT file, line, raw FROM columns")
     con.execute("CREATE OR REPLACE TEMP TABLE reader_rejects (file VARCHAR, line BIGINT, error VARCHAR)")
-    insert_rows(con, "reader_rejects", refused)
+    insert_rows(con, "reader_rejects", ("file", "line", "error"), refused)
 
 
 def _check_staged(con: duckdb.DuckDBPyConnection, fmt: str) -> None:
