@@ -20,6 +20,7 @@ must appear in the text of at least `MIN_SUPPORT` training scenarios.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import operator
 import re
@@ -272,9 +273,12 @@ class RuleTerms:
 
     def numbers_for(self, path: str) -> frozenset[float]:
         """The environment's own numbers a threshold over the fact at `path` may take without support."""
-        return frozenset(float(c) for c in self.constants if numeric(c)) | self.thresholds.get(
-            path, frozenset()
-        )
+        return self._numbers | self.thresholds.get(path, frozenset())
+
+    @functools.cached_property
+    def _numbers(self) -> frozenset[float]:
+        """The numbers among the constants (asked of every atom, several times a search)."""
+        return frozenset(float(c) for c in self.constants if numeric(c))
 
 
 def _scenarios_split(column: Sequence[tuple[str, Any]], below: Any) -> tuple[int, int]:

@@ -304,8 +304,10 @@ def _grow(
         if not (atom.kind == "pair" and not atom.paths & about)
     ]
     for depth in range(MAX_ATOMS):
-        grown: dict[frozenset[int], tuple[tuple[float, ...], tuple[int, ...], int]] = {}
+        # Keyed by the set of atoms chosen, as bits: `x && y` and `y && x` are one conjunction.
+        grown: dict[int, tuple[tuple[float, ...], tuple[int, ...], int]] = {}
         for _, chosen, cover in beam:
+            chosen_bits = sum(1 << i for i in chosen)
             cover_p, cover_n = cover & positives, cover & negatives
             p0, n0 = cover_p.bit_count(), cover_n.bit_count()
             # Adding an atom is scored by its FOIL gain over the term so far, less the bits its choice
@@ -320,7 +322,7 @@ def _grow(
                     continue
                 n = (mask & cover_n).bit_count()
                 score = (round(p * (math.log2(p / (p + n)) - before) - cost, 9), float(p), *tie)
-                key = frozenset((*chosen, index))
+                key = chosen_bits | 1 << index
                 if key not in grown or score > grown[key][0]:
                     grown[key] = (score, (*chosen, index), cover & mask)
         if not grown:
