@@ -154,6 +154,18 @@ class Ledger:
         ids = list(thread_ids)
         files = [str(self.store.path(tid)) for tid in ids]
         con = self.con
+        held = con.execute(
+            """
+            SELECT EXISTS (SELECT 1 FROM thread_lengths WHERE list_contains($ids, thread_id))
+                OR EXISTS (SELECT 1 FROM outcomes WHERE list_contains($ids, thread_id))
+                OR EXISTS (SELECT 1 FROM quarantine WHERE list_contains($ids, thread_id))
+                OR EXISTS (SELECT 1 FROM ingested_files WHERE list_contains($files, path))
+                OR EXISTS (SELECT 1 FROM rejected_lines WHERE list_contains($files, file))
+            """,
+            {"ids": ids, "files": files},
+        ).fetchone()
+        if held is not None and not held[0]:
+            return  # threads run for the first time (most of a round's): nothing to delete
         con.execute("BEGIN TRANSACTION")
         try:
             for table in ("entries", "thread_lengths", "outcomes", "quarantine"):
