@@ -393,7 +393,7 @@ class ReplayFirstRound:
                 fires, shared, path = self.drawn[s, n]
                 own = (one.base if version == "v0" else one.cand)[path]
                 passed = bool(self.rng.random() < own) if fires else bool(shared)
-                found.append(row(s, version, passed, split=one.split, run=n))
+                found.append(simulated_row(s, version, passed, one.split, n))
         return found
 
     def run_more(self, ids: Sequence[str], numbers: range) -> Batch:
