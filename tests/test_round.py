@@ -659,6 +659,41 @@ def test_runs_on_a_process_pool_equal_runs_in_threads(tmp_path: Path) -> None:
     assert len(key) == 12
 
 
+def test_runs_of_a_stand_in_go_one_at_a_time_and_runs_that_wait_overlap(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stand-in answers at once: on threads its runs would only take turns at the GIL, so a suite runs
+    them one at a time whatever the concurrency; a model that waits (here the refund desk's `naive`,
+    slowed like a remote one) gets the concurrency asked for."""
+    import improve.evals.suite as suite_module
+    from bench.sleepy import slowed_refunds
+    from improve.evals.scenarios import load_scenarios
+    from improve.evals.suite import SuiteSpec, run_suite
+    from improve.log.store import JsonlDirStore
+    from improve.runtime import load_environment, runs_overlap
+    from improve.runtime.policy import load_policy
+
+    caps: list[int] = []
+    real = suite_module._run_concurrently
+
+    async def recorded(*args: Any) -> None:
+        caps.append(args[6])
+        await real(*args)
+
+    monkeypatch.setattr(suite_module, "_run_concurrently", recorded)
+    scenarios = load_scenarios(REPO / "scenarios" / "refunds.yaml").split("held-out")[:3]
+    policy = load_policy(REPO / "policies" / "refunds" / "v0.json")
+    for env, model in (
+        (load_environment("refunds"), "naive"),
+        (slowed_refunds("slowed", lambda: None), "slowed"),
+    ):
+        rows = run_suite(
+            env, scenarios, SuiteSpec(policy, model, 1), JsonlDirStore(tmp_path / model), concurrency=8
+        )
+        assert len(rows) == 3 and runs_overlap(env.models[model]) == (model == "slowed")
+    assert caps == [1, 8]
+
+
 @pytest.mark.slow
 def test_round_cli_appends_the_scorecard_to_the_github_step_summary(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch

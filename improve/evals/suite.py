@@ -38,6 +38,7 @@ from improve.runtime import (
     RunResult,
     compile_policy,
     run,
+    runs_overlap,
 )
 
 Progress = Callable[[int, int, OutcomeRow, bool], None]
@@ -341,7 +342,7 @@ def write_threads(
     ledger ingests and verifies them in the warehouse.
 
     Runs wait on models, so they overlap: up to `concurrency` at a time (asyncio, each run in a worker
-    thread); `ran(done, total)` reports each finished run. For CPU-bound runs pass an `executor` (a
+    thread), but runs of a stand-in that answers at once go one at a time (`runs_overlap`); `ran(done, total)` reports each finished run. For CPU-bound runs pass an `executor` (a
     `ProcessPoolExecutor`, or a `Fanout` onto a Dask cluster): it takes the runs in batches and sends
     back their threads, which are written to `store` here, so the workers need no access to it.
     `meter` counts the model calls (a worker's are added as its batch comes back), and its spend limit
@@ -371,7 +372,8 @@ def write_threads(
     elif todo:
         recordings = start_from.recorded if start_from is not None else None
         runner = functools.partial(_run_one, models=models, meter=meter, recordings=recordings)
-        asyncio.run(_run_concurrently(runner, env, policy, todo, spec, store, max(1, concurrency), ran))
+        cap = max(1, concurrency) if spec.model_spec is not None or runs_overlap(models) else 1
+        asyncio.run(_run_concurrently(runner, env, policy, todo, spec, store, cap, ran))
     plan = []
     for scenario, n in planned:
         thread_id = spec.thread_id(scenario, n)

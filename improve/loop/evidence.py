@@ -55,6 +55,7 @@ from improve.runtime import (
     ReplayFirstDecider,
     answer_text,
     compile_policy,
+    runs_overlap,
 )
 
 Say = Callable[[str], None]
@@ -128,7 +129,8 @@ class Evidence:
         self.store = store
         self.models = models
         self.replay_first = replay_first
-        self.concurrency = max(1, concurrency)
+        # Counterfactual runs of a stand-in that answers at once gain nothing from threads (`runs_overlap`).
+        self.concurrency = max(1, concurrency) if stand_in is None or runs_overlap(models) else 1
         self._decisions: dict[str, list[tuple[DecisionRequest, LogEntry]]] = {}
         self._recorded: dict[str, RecordedRun] = {}
         self.memo = memo if stand_in is not None else None  # a model behind an endpoint is asked again

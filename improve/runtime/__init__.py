@@ -31,6 +31,7 @@ from improve.runtime.models import (
     StandInModel,
     first_option,
     option,
+    runs_overlap,
     stand_in,
 )
 from improve.runtime.policy import (
@@ -125,6 +126,7 @@ __all__ = [
     "resume",
     "resume_proof",
     "run",
+    "runs_overlap",
     "stand_in",
     "vocabulary",
     "world_at",

@@ -48,6 +48,16 @@ Behaviour = Callable[[DecisionRequest, random.Random], dict[str, Any] | None]
 ModelFactory = Callable[[str], Model]
 """Makes a fresh model instance from a seed string."""
 
+
+def runs_overlap(models: ModelFactory) -> bool:
+    """Whether runs of the stand-in models `models` makes gain from going at once: whether they wait.
+    A `StandInModel` answers at once, in Python, so its runs on several threads only take turns holding
+    the GIL, and each hand-over costs (the code-agent demo's rounds: 15% more CPU on eight threads than
+    on one); those run one at a time, whatever concurrency was asked. Any other model (one that waits
+    like a remote one) overlaps. A model behind an endpoint always does: ask this of stand-ins only."""
+    return not isinstance(models("concurrency"), StandInModel)
+
+
 SYSTEM_PROMPT_TOKENS = 180
 """What the instructions around a request cost, so token counts look like a real call's."""
 
