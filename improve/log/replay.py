@@ -395,7 +395,7 @@ def _check_state(
     if journaled is None:
         return hashed
     if hashed is None or hashed[0] != steps:
-        hashed = (steps, fold.hash(run))
+        hashed = (steps, fold.hash(run, journaled))
     found = hashed[1]
     if found != journaled:
         raise DivergenceError(
