@@ -293,6 +293,9 @@ def no_surrogate_escape(data: bytes) -> bool:
 
 
 def _utf8(data: bytes) -> bool:
+    # ASCII is UTF-8: checked without decoding (most logs), which builds a str as large as the buffer.
+    if data.isascii():
+        return True
     try:
         data.decode("utf-8")
     except UnicodeDecodeError:
