@@ -140,6 +140,15 @@ def fold_against_interpreter(
         owed = attempt(lambda: snapshot.invoke.input if snapshot.invoke is not None else None)
         return snapshot.to_json_shallow(), owed, digest
 
+    def _fold_hash(run: Any, journaled: Any) -> Any:
+        """The fold's hash, asked three ways: alone, told the reference's (the journaled one, which
+        msgspec's text is hashed against first), and told another: all three must agree."""
+        digest = attempt(functools.partial(fold.hash, run))
+        told = [digest]
+        if isinstance(journaled, str):
+            told = [attempt(functools.partial(fold.hash, run, j)) for j in (journaled, "0" * 64)]
+        return digest if all(t == digest for t in told) else ("the hash told another", digest, told)
+
     pairs: list[tuple[Any, Any]] = []
     fold = fold_of(machine)
     reference: Snapshot | None = None
@@ -162,13 +171,13 @@ def fold_against_interpreter(
             if position == 0:
                 run = fold.start(input)
                 # The hash first: the fold hashes a run whose owed actor is not built yet.
-                found: Any = outcome_of(attempt(functools.partial(fold.hash, run)), fold.snapshot(run))
+                found: Any = outcome_of(_fold_hash(run, expected[2]), fold.snapshot(run))
             else:
                 assert run is not None
                 event = copy.deepcopy(events[position - 1])
                 taken = fold.step(run, event)
                 event.clear()
-                digest = attempt(functools.partial(fold.hash, run))
+                digest = _fold_hash(run, expected[2] if isinstance(expected, tuple) else None)
                 found = outcome_of(digest, fold.snapshot(run)) if taken else "not taken"
         except Exception as error:
             found = ("error", type(error).__name__, str(error))

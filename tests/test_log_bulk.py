@@ -22,7 +22,7 @@ from pydantic import ValidationError
 from typer.testing import CliRunner
 
 from improve.cli.main import app
-from improve.errors import LogError
+from improve.errors import LogError, TamperError
 from improve.evals import SuiteSpec, load_scenarios
 from improve.evals.suite import write_threads
 from improve.log import (
@@ -40,7 +40,7 @@ from improve.log import (
     stream,
     to_log_entry,
 )
-from improve.log.chain import content_bytes
+from improve.log.chain import check_chain, content_bytes, seal
 from improve.machine import fold as fold_module
 from improve.machine import fold_of
 from improve.runtime import load_environment
@@ -483,6 +483,12 @@ def test_floats_written_otherwise_by_msgspec_are_hashed_as_the_contract_says(odd
         line = json.dumps(odd_entry).encode()
         assert isinstance(decode_entry(line), BulkEntry)
         assert by_bulk(line) == by_contract(line)
+        # Its chain is checked against the canonical text: msgspec's, hashed first, does not chain.
+        sealed = decode_entry(seal(LogEntry.model_validate_json(line), "t").to_line().encode())
+        assert isinstance(sealed, BulkEntry)
+        check_chain([sealed], "t")
+        with pytest.raises(TamperError):
+            check_chain([sealed], "u")
 
 
 def test_text_lines_read_as_their_bytes_do() -> None:

@@ -222,6 +222,17 @@ def rechained(entries: list[LogEntry], thread_id: str) -> list[LogEntry]:
             lambda es: [es[0], es[1].model_copy(update={"machineVersion": "9"}), *es[2:]],
             "entry 1: version mismatch, expected refunds@1, found refunds@9",
         ),
+        # The log's shape is judged before what its entries say: an event the machine refuses, then a
+        # wrong version further on, is named by the version (the fold checks the shape in its own pass).
+        (
+            lambda es: [
+                es[0],
+                es[1].model_copy(update={"event": {"type": "NOT_AN_EVENT"}}),
+                *es[2:-1],
+                es[-1].model_copy(update={"machineVersion": "9"}),
+            ],
+            r"entry \d+: version mismatch, expected refunds@1, found refunds@9",
+        ),
     ],
 )
 def test_invalid_logs_are_refused(mutate: Any, message: str) -> None:

@@ -13,22 +13,40 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import typer
-from rich.console import Console
-from rich.markup import escape
 
 from improve.errors import ImproveError, StorageError, WorkspaceError
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from improve.evals import Fanout, Workspace
 
 # Progress and logs go to stderr; stdout holds the result (a table, or exactly one JSON document).
 # Piped output keeps whole table rows (140 columns) instead of rich's 80-column default.
 _WIDTH = shutil.get_terminal_size((140, 40)).columns
-err = Console(stderr=True, highlight=False, width=_WIDTH, soft_wrap=True)
-out = Console(highlight=False, width=_WIDTH, soft_wrap=True)
+
+
+class _Console:
+    """A rich `Console`, made when first used: importing rich is about a tenth of a command's start-up,
+    and a command's `--help` prints nothing through one (its tables import rich where they are made)."""
+
+    def __init__(self, *, stderr: bool) -> None:
+        self._stderr = stderr
+        self._console: Console | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console(stderr=self._stderr, highlight=False, width=_WIDTH, soft_wrap=True)
+        return getattr(self._console, name)
+
+
+err = cast("Console", _Console(stderr=True))
+out = cast("Console", _Console(stderr=False))
 
 
 def say(message: str) -> None:
@@ -80,6 +98,8 @@ def handled(interrupted: str = INTERRUPTED) -> Iterator[None]:
 def report(error: ImproveError) -> None:
     """The one-paragraph `error:` message of `error` on stderr."""
     # Escaped: messages quote improve.toml sections (`[importers.NAME]`), which rich reads as markup.
+    from rich.markup import escape
+
     err.print(f"[bold red]error:[/] {escape(str(error))}", markup=True, highlight=False)
 
 

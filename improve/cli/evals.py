@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.table import Table
 
 from improve.cli.common import (
     EXIT_FAILED,
@@ -90,6 +89,8 @@ def score_command(
 
 
 def _print_tables(cards: list[Scorecard], comparisons: list[Comparison], seed: int) -> None:
+    from rich.table import Table
+
     from improve.evals import gain_phrase, p_value
 
     table = Table(title="scorecards (pass rate = mean of per-scenario pass fractions)")

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.table import Table
 
 from improve.cli.common import (
     EXIT_FAILED,
@@ -265,6 +264,8 @@ def _diagnose_production(space: Workspace, env: str | None, as_json: bool) -> No
             markup=False,
         )
         return
+    from rich.table import Table
+
     table = Table(title=f"{environment.name}: {found.threads} production thread(s), by what happened")
     for column in ("threads", "decision", "answer", "refused before", "final state", "status", "USD/thread"):
         table.add_column(column, overflow="fold")

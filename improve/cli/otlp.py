@@ -7,8 +7,6 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rich.table import Table
-
 from improve import DISTRIBUTION
 from improve.cli.common import emit_json, err, out, workspace
 
@@ -75,6 +73,8 @@ def export_otlp(
     if as_json:
         emit_json(summary)
         return
+    from rich.table import Table
+
     table = Table(title=f"OTLP export: {where}; Phoenix project {', '.join(export.projects)}")
     for column in ("threads", "traces", "spans", "requests", "without an outcome"):
         table.add_column(column)

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.table import Table
 
 from improve.cli.common import (
     EXIT_FAILED,
@@ -187,6 +186,8 @@ def _print_tables(report: ParityReport) -> None:
         if not changed:
             out.print(heading)
             continue
+        from rich.table import Table
+
         table = Table(title=heading, title_justify="left")
         for column in (
             "scenario",

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.table import Table
 
 from improve.cli.common import (
     EXIT_FAILED,
@@ -220,6 +219,8 @@ def explore_command(
                 }
             )
         else:
+            from rich.table import Table
+
             table = Table(title=f"exploring {environment.name}")
             for column in ("target", "input", "reachable", "proof", "states", "terminals"):
                 table.add_column(column, overflow="fold")

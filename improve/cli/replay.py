@@ -7,8 +7,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.markup import escape
-from rich.table import Table
 
 from improve.cli.common import (
     EXIT_FAILED,
@@ -122,6 +120,8 @@ def replay_command(
 
         improve replay train:v0:naive:small-refund-01:r1 --verify
     """
+    from rich.markup import escape
+
     from improve.log import head
     from improve.log import replay as replay_thread
 
@@ -182,6 +182,8 @@ def replay_command(
             emit_json({"threads": results, **failed})
         else:
             title = f"replayed {len(results)} thread(s)" + (" (chain and hashes verified)" if verify else "")
+            from rich.table import Table
+
             table = Table(title=title)
             for column in ("thread", "final state", "status", "output"):
                 table.add_column(column, overflow="fold")

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 
 from improve.cli.common import (
     CacheMode,
@@ -243,6 +242,8 @@ def waiting_command(
         if as_json:
             emit_json({"waiting": threads})
             return
+        from rich.table import Table
+
         table = Table(
             title=f"{len(threads)} thread(s) waiting (improve resume THREAD --event ...; an interrupted "
             "resume: improve resume THREAD --finish)"

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.table import Table
 
 from improve.cli.common import (
     CacheMode,
@@ -28,6 +27,8 @@ from improve.cli.common import (
 from improve.errors import EndpointError, SealedSplitError, WorkspaceError
 
 if TYPE_CHECKING:
+    from rich.table import Table
+
     from improve.evals import OutcomeRow
 
 
@@ -272,6 +273,8 @@ def per_scenario(rows: list[OutcomeRow]) -> list[dict[str, Any]]:
 
 
 def outcome_table(rows: list[OutcomeRow]) -> Table:
+    from rich.table import Table
+
     table = Table(title="outcomes against expected (full reasons with --json)")
     for column in ("scenario", "split", "expected", "outcomes", "pass"):
         table.add_column(column, no_wrap=True)

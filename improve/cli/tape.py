@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.table import Table
 
 from improve.cli.common import JsonOption, emit_json, err, handled, out
 from improve.cli.help import Command, Group
@@ -57,6 +56,8 @@ def replay_command(
 
 
 def _table(replays: list[TapeReplay]) -> None:
+    from rich.table import Table
+
     table = Table(title=f"replayed {len(replays)} tape(s) through tool-loop")
     for column in ("tape", "prompts", "model calls", "tool executions", "guard firings", "consumed exactly"):
         table.add_column(column, overflow="fold")

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.table import Table
 
 from improve.cli.common import (
     EXIT_FAILED,
@@ -136,6 +135,8 @@ def ingest_command(
                 doc["outcomes"] = materialized.__dict__
             emit_json(doc)
         else:
+            from rich.table import Table
+
             table = Table(title=f"ingest into {target} ({report.seconds:.2f}s)")
             unit = "spans read" if spans else "lines read"
             for column in ("file", unit, "ingested", "already present", "rejected", "path"):
@@ -297,6 +298,8 @@ def _sql(con: duckdb.DuckDBPyConnection, statement: str | None, fmt: str, schema
     elif fmt == "markdown":
         sys.stdout.write(render_markdown(result))
     else:
+        from rich.table import Table
+
         table = Table(show_lines=False)
         for column in result.columns:
             table.add_column(column, overflow="fold")
@@ -425,6 +428,8 @@ def export_command(
             emit_json(report.to_json() | {"warehouse": str(target)})
             return
         verb = "replaced" if report.replaced else "wrote"
+        from rich.table import Table
+
         table = Table(
             title=f"{verb} lake {report.directory} from {target} ({report.seconds:.2f}s), "
             f"partitioned by {', '.join(PARTITION_KEYS)}"

@@ -41,7 +41,7 @@ import msgspec
 from improve.errors import LogError, TamperError
 from improve.log.bulk import BulkEntry, EntryView, bulk_content
 from improve.log.entry import END_EVENT, SCHEMA_VERSION, LogEntry, Verification
-from improve.machine import canonical_bytes, decoded_canonical_bytes, plain_json
+from improve.machine import canonical_bytes, decoded_canonical_bytes, plain_json, sorted_text
 
 HASH_HEX = 32
 """Hex digits of an entryHash: the first 128 bits of the sha256."""
@@ -152,13 +152,20 @@ def check_chain(entries: Sequence[EntryView], thread_id: str | None) -> None:
     previous = thread_id
     for position, entry in enumerate(entries):
         found = entry.verification.entryHash if entry.verification is not None else None
-        if (
-            entry.schemaVersion != SCHEMA_VERSION
-            or found is None
-            or _link(previous, content_bytes(entry)) != found
-        ):
+        if entry.schemaVersion != SCHEMA_VERSION or found is None or not _links(entry, previous, found):
             raise _diagnose(entries, position, thread_id)
         previous = found
+
+
+def _links(entry: EntryView, previous: str, found: str) -> bool:
+    """Whether `entry` chains after `previous` to its entryHash `found`. A decoded entry's msgspec text is
+    hashed first (`sorted_text`): when it chains, it is the canonical text, and the floats in the entry
+    need no walk; when it does not, the canonical text decides."""
+    if isinstance(entry, BulkEntry):
+        text = sorted_text(bulk_content(entry))
+        if text is not None and _link(previous, text) == found:
+            return True
+    return _link(previous, content_bytes(entry)) == found
 
 
 def _describe(entries: Sequence[EntryView], position: int) -> str:

@@ -286,14 +286,16 @@ def lines_fit(data: bytes, max_bytes: int) -> bool:
 
 
 def no_surrogate_escape(data: bytes) -> bool:
-    """True when `data` escapes no surrogate at all (so none is lone); False when it might. Two substring
-    searches, far cheaper than the regex on text without a `\\ud` (almost every log)."""
-    if b"\\ud" not in data and b"\\uD" not in data:
-        return True
-    return _MAYBE_SURROGATE.search(data) is None
+    """True when `data` escapes no surrogate at all (so none is lone); False when it might. A text with no
+    backslash escapes nothing (one memchr); else the regex, whose search for its literal start is three to
+    four times as fast as searching for `\\ud` and `\\uD` (4 MiB of log lines: 1.7-2.6 ms against 7-8 ms)."""
+    return b"\\" not in data or _MAYBE_SURROGATE.search(data) is None
 
 
 def _utf8(data: bytes) -> bool:
+    # ASCII is UTF-8: checked without decoding (most logs), which builds a str as large as the buffer.
+    if data.isascii():
+        return True
     try:
         data.decode("utf-8")
     except UnicodeDecodeError:

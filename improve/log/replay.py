@@ -149,6 +149,10 @@ def validate_log(machine: Machine, entries: Sequence[EntryView]) -> None:
                 )
 
 
+class _Misshapen(Exception):
+    """The fold's pass found an entry `validate_log` refuses: it says which, and why."""
+
+
 def _misplaced(machine: Machine, entry: EntryView, position: int, thread: str | None) -> None:
     """Raise for an entry out of place: a wrong index, machine, version or thread, checked in that order."""
     expected = f"{machine.id}@{machine.version}"
@@ -191,7 +195,8 @@ def replay(
             # First, so an edited, missing or moved entry is named as such, not as whatever check of the
             # log's shape it happens to break.
             check_chain(entries, thread_id if thread_id is not None else entries[0].threadId)
-    validate_log(machine, entries)
+    if upto is not None or not entries or entries[0].type != INIT_EVENT:
+        validate_log(machine, entries)  # a prefix's rest is checked too; an empty or headless log is named
     chosen = entries if upto is None else entries[:upto]
     if not chosen:
         raise LogError("replaying a prefix of length 0: the prefix must include the @agent.init entry")
@@ -208,77 +213,99 @@ def replay(
     hashed: tuple[int, str] | None = None  # (steps, hash): an end entry repeats the state before it
     # The model-call budget in force: the stamp's from the start, each resume's from its entry on.
     budget = Budget(stamp.get("maxModelCalls"), 0)
-    for entry in chosen:
-        event = entry.event
-        etype = event["type"]
-        if etype == USAGE_EVENT:
-            asked = True
+    # `validate_log`'s checks are made in the fold's own pass; anything that fails in it (a check, the
+    # fold, a count) asks `validate_log` first, so a log of the wrong shape is named as such, whatever
+    # else an earlier entry of it broke (as when the whole log was validated before folding).
+    machine_id, version, thread = machine.id, machine.version, chosen[0].threadId
+    last = len(entries) - 1
+    try:
+        for position, entry in enumerate(chosen):
             if (
-                event.get("error") and event.get("errorKind") != "answer"
-            ):  # the endpoint failed, not the answer
-                erred = True
-                reason = reason or str(event["error"])
-            n = event.get("calls", 1)
-            t_in = event.get("inputTokens", 0)
-            t_out = event.get("outputTokens", 0)
-            usd = event.get("costUsd", 0.0)
-            # The common case checked inline (exactly what `_count` and `_cost` accept, but for int
-            # subclasses, which they judge): a call each was a tenth of the fold of a usage entry.
-            if (
-                type(n) is int
-                and type(t_in) is int
-                and type(t_out) is int
-                and (type(usd) is float or type(usd) is int)
-                and 0 <= n <= MAX_USAGE_COUNT
-                and 0 <= t_in <= MAX_USAGE_COUNT
-                and 0 <= t_out <= MAX_USAGE_COUNT
-                and 0 <= usd <= MAX_USAGE_COUNT
+                entry.index != position
+                or entry.machineId != machine_id
+                or entry.machineVersion != version
+                or entry.threadId != thread
             ):
-                calls += n
-                tokens_in += t_in
-                tokens_out += t_out
-                cost += usd
-            else:
-                calls += _count(entry, event, "calls", 1)
-                tokens_in += _count(entry, event, "inputTokens", 0)
-                tokens_out += _count(entry, event, "outputTokens", 0)
-                cost += _cost(entry, event)
-            continue
-        if etype == END_EVENT:
-            ended = str(event.get("status"))
-            if verify and run is not None:
+                raise _Misshapen
+            event = entry.event
+            etype = event["type"]
+            if etype == USAGE_EVENT:
+                asked = True
+                if (
+                    event.get("error") and event.get("errorKind") != "answer"
+                ):  # the endpoint failed, not the answer
+                    erred = True
+                    reason = reason or str(event["error"])
+                n = event.get("calls", 1)
+                t_in = event.get("inputTokens", 0)
+                t_out = event.get("outputTokens", 0)
+                usd = event.get("costUsd", 0.0)
+                # The common case checked inline (exactly what `_count` and `_cost` accept, but for int
+                # subclasses, which they judge): a call each was a tenth of the fold of a usage entry.
+                if (
+                    type(n) is int
+                    and type(t_in) is int
+                    and type(t_out) is int
+                    and (type(usd) is float or type(usd) is int)
+                    and 0 <= n <= MAX_USAGE_COUNT
+                    and 0 <= t_in <= MAX_USAGE_COUNT
+                    and 0 <= t_out <= MAX_USAGE_COUNT
+                    and 0 <= usd <= MAX_USAGE_COUNT
+                ):
+                    calls += n
+                    tokens_in += t_in
+                    tokens_out += t_out
+                    cost += usd
+                else:
+                    calls += _count(entry, event, "calls", 1)
+                    tokens_in += _count(entry, event, "inputTokens", 0)
+                    tokens_out += _count(entry, event, "outputTokens", 0)
+                    cost += _cost(entry, event)
+                continue
+            if etype == END_EVENT:
+                if position != last and not (
+                    resumable(event.get("status")) and RESUME_KEY in (entries[position + 1].metadata or {})
+                ):
+                    raise _Misshapen
+                ended = str(event.get("status"))
+                if verify and run is not None:
+                    hashed = _check_state(entry, fold, run, steps, hashed)
+                    if entry is not entries[-1]:
+                        # A run stopped waiting, and was resumed after: it stopped as it says.
+                        before = fold.snapshot(run)
+                        _check_end(entry, budget.status(machine, before, calls), before)
+                continue
+            metadata = entry.metadata
+            if metadata is not None:
+                if asked and "decision" in metadata:
+                    decisions += 1
+                    fallbacks += erred
+                resume = metadata.get(RESUME_KEY)
+                if isinstance(resume, dict):
+                    budget = Budget(resume.get("maxModelCalls"), calls)
+            asked = erred = False
+            try:
+                if etype == INIT_EVENT:
+                    if position:
+                        raise _Misshapen
+                    run = fold.start(event.get("input"))
+                else:
+                    assert run is not None
+                    if not fold.step(run, event):
+                        raise LogError(
+                            f"entry {entry.index} ({etype}) is not accepted in state '{run.value}' "
+                            f"(status {run.status}): the log and the machine disagree"
+                        )
+            except MachineError as err:
+                raise LogError(f"entry {entry.index} ({etype}): {err}") from err
+            steps += 1
+            if entry.attempts:
+                failed += len(entry.attempts)
+            if verify:
                 hashed = _check_state(entry, fold, run, steps, hashed)
-                if entry is not entries[-1]:
-                    # A run stopped waiting, and was resumed after: it stopped as it says.
-                    before = fold.snapshot(run)
-                    _check_end(entry, budget.status(machine, before, calls), before)
-            continue
-        metadata = entry.metadata
-        if metadata is not None:
-            if asked and "decision" in metadata:
-                decisions += 1
-                fallbacks += erred
-            resume = metadata.get(RESUME_KEY)
-            if isinstance(resume, dict):
-                budget = Budget(resume.get("maxModelCalls"), calls)
-        asked = erred = False
-        try:
-            if etype == INIT_EVENT:
-                run = fold.start(event.get("input"))
-            else:
-                assert run is not None
-                if not fold.step(run, event):
-                    raise LogError(
-                        f"entry {entry.index} ({etype}) is not accepted in state '{run.value}' "
-                        f"(status {run.status}): the log and the machine disagree"
-                    )
-        except MachineError as err:
-            raise LogError(f"entry {entry.index} ({etype}): {err}") from err
-        steps += 1
-        if entry.attempts:
-            failed += len(entry.attempts)
-        if verify:
-            hashed = _check_state(entry, fold, run, steps, hashed)
+    except Exception:
+        validate_log(machine, entries)  # raises when the log's shape is wrong (and `_Misshapen` says it is)
+        raise
     assert run is not None
     snapshot = fold.snapshot(run)
     status = budget.status(machine, snapshot, calls)
@@ -368,7 +395,7 @@ def _check_state(
     if journaled is None:
         return hashed
     if hashed is None or hashed[0] != steps:
-        hashed = (steps, fold.hash(run))
+        hashed = (steps, fold.hash(run, journaled))
     found = hashed[1]
     if found != journaled:
         raise DivergenceError(

@@ -76,6 +76,7 @@ from improve.machine.snapshot import (
     decoded_canonical_bytes,
     plain_hash,
     plain_json,
+    sorted_text,
 )
 from improve.machine.waits import payload_problem, wait_status, waiting_for
 from improve.machine.walk import (
@@ -162,6 +163,7 @@ __all__ = [
     "referenced_paths",
     "refusing_guard",
     "run_rule_evals",
+    "sorted_text",
     "state_path",
     "to_xstate",
     "tokenize",

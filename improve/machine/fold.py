@@ -20,6 +20,7 @@ and fail when the fast path is broken on purpose.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -45,6 +46,7 @@ from improve.machine.snapshot import (
     plain_hash,
     plain_json,
     shallow_json,
+    sorted_text,
 )
 
 Env = dict[str, Any]
@@ -362,8 +364,11 @@ class Fold:
             invoke=invocation,
         )
 
-    def hash(self, run: FoldRun) -> str:
-        """`snapshot(run).hash()`, without building the snapshot or its owed actor."""
+    def hash(self, run: FoldRun, journaled: str | None = None) -> str:
+        """`snapshot(run).hash()`, without building the snapshot or its owed actor.
+
+        `journaled`: the hash the caller compares it with. When msgspec's text of the snapshot hashes
+        to it, that is the hash (`sorted_text`), found without asking `plain_json` of the run's values."""
         if run.invocation is not None:
             invoke: tuple[str, str] | None = (run.invocation.id, run.invocation.src)
         elif run.owed is not None and run.owed[0].invoke is not None:
@@ -371,6 +376,10 @@ class Fold:
         else:
             invoke = None
         shallow = shallow_json(run.value, run.context, run.status, run.input, run.output, run.error, invoke)
+        if journaled is not None:
+            text = sorted_text(shallow)
+            if text is not None and hashlib.sha256(text).hexdigest() == journaled:
+                return journaled
         if _plain_run(run):
             return plain_hash(shallow)
         return canonical_hash(shallow)

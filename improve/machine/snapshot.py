@@ -111,6 +111,22 @@ def decoded_canonical_bytes(value: Any, *, plain: bool | None = None) -> bytes:
         return canonical_json(value).encode("utf-8")
 
 
+def sorted_text(value: Any) -> bytes | None:
+    """msgspec's text of `value`, keys sorted (None where msgspec cannot write it: a lone surrogate,
+    nesting past the stack): `canonical_bytes` of a value `plain_json` finds plain, written without the
+    walk that finds it so.
+
+    For a caller that compares a hash of the text with a journaled one, made of canonical text: when
+    they match, this text is that canonical text (no other text hashes alike), and `plain_json` need not
+    be asked. A value it is not the canonical text of (a float msgspec writes otherwise, as `1e16` for
+    `1e+16`) hashes otherwise, and the caller compares the canonical text's hash after all; a float both
+    write alike is written alike, so a text that matches has every float in Python's notation."""
+    try:
+        return _SORTED.encode(value)
+    except Exception:
+        return None
+
+
 def plain_hash(value: Any) -> str:
     """`canonical_hash` of a value the caller has found `plain_json`."""
     try:
