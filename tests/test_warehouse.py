@@ -18,7 +18,7 @@ from typing import Any
 
 import duckdb
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
@@ -988,8 +988,9 @@ def test_a_small_batch_read_as_text_lands_what_read_json_lands(
             ).fetchall()
         )
 
-    @settings(max_examples=examples(40), deadline=None, database=None)
+    @settings(max_examples=examples(20), deadline=None, database=None)
     @given(files=st.lists(st.lists(line, max_size=8), min_size=1, max_size=4))
+    @example(files=[[_variant(0, "seen", 0), _variant(1, "seen", 4), b"{", _variant(2, "seen", 2)]])
     def check(files: list[list[bytes]]) -> None:
         paths = []
         for lines in files:
