@@ -524,10 +524,13 @@ def test_a_round_on_a_failing_endpoint_compares_nothing_and_says_why(serve: Serv
 
 # --- a real small model -----------------------------------------------------------------------------------
 
-# Train scenarios of three categories of the refund desk, each a decision the model makes (it gets two
-# right, in both server configurations: a weak model, but a model): a few minutes in all for both
-# configurations on two cores, beside the rest of the suite.
-REAL_SCENARIOS = ("small-refund-01", "over-window-01", "angry-small-refund-01")
+# Train scenarios of two categories of the refund desk, each a decision the model makes (it gets the
+# small refund right and not the one past the window, in both server configurations: a weak model, but
+# a model, above the onError answer's pass rate). Each decision is a prompt of about 800 tokens read on
+# one core (5 to 15 s beside the rest of the suite): a third scenario, as there once was, made these two
+# tests the suite's longest by half again (both alone: 52 s of CPU with two, 69-89 s with three) without
+# asking anything of the adapter that these two do not.
+REAL_SCENARIOS = ("small-refund-01", "over-window-01")
 
 
 def _real_model_workspace(tmp_path: Path, url: str) -> Path:
