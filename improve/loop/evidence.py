@@ -44,7 +44,7 @@ from improve.loop.counterfactuals import Counterfactuals, StandIn, digest
 from improve.loop.diagnose import Diagnosis, diagnose
 from improve.loop.inputs import locate
 from improve.loop.probes import Reads, first_train_threads, probe_requests, requests_in
-from improve.machine import MODEL_DECIDE, MachineConfig, canonical_json, initial
+from improve.machine import MODEL_DECIDE, MachineConfig, canonical_bytes, initial
 from improve.runtime import (
     Decision,
     DecisionRequest,
@@ -85,7 +85,7 @@ class DecisionExample:
 
 
 def _key(request: DecisionRequest) -> str:
-    return canonical_json([request.name, request.facts, request.options])
+    return canonical_bytes([request.name, request.facts, request.options]).decode("utf-8")
 
 
 class _Counterfactual:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from improve.log import Attempt
-from improve.machine import FREE_TEXT, Machine, Snapshot, can, canonical_json, refusing_guard
+from improve.machine import FREE_TEXT, Machine, Snapshot, can, canonical_bytes, refusing_guard
 
 DEFAULT_MAX_RETRIES = 2
 MAX_FREE_TEXT = 100_000
@@ -127,8 +127,8 @@ def asked_digest(ask: str, model: str, request: DecisionRequest) -> str:
     """The sha256 (hex) of what a policy asks a model: the ref it asks (`decider`, or `judge:NAME` for a
     judgment's question), the model's name and the request with its attempts, as canonical JSON. Two
     calls with the same digest are the very same request, so one's answer is a draw of the other's."""
-    text = canonical_json({"ask": ask, "model": model, "request": request.to_input()})
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+    text = canonical_bytes({"ask": ask, "model": model, "request": request.to_input()})
+    return hashlib.sha256(text).hexdigest()
 
 
 class Decider(Protocol):
