@@ -90,7 +90,6 @@ _FIELDS = (
 NATIVE_COLUMNS = "{" + ", ".join(f"'{name}': 'JSON'" for name in _FIELDS) + "}"
 FILE_STEM_SQL = r"regexp_extract(filename, '([^/]+)\.jsonl?$', 1)"
 
-BATCH_FILE_COLUMNS = ("path", "size", "mtime_ns", "sha256")
 SMALL_BATCH_BYTES = 32 << 20
 """A batch of files this small in all is read as text and split into lines by DuckDB (`read_text`), not by
 `read_json`: the same rows, without `read_json`'s cost per file (a round's batch of 104 one-run threads:
@@ -628,12 +627,8 @@ def _transaction(
         con.execute(
             "CREATE OR REPLACE TEMP TABLE batch_files (path VARCHAR, size BIGINT, mtime_ns BIGINT, sha256 VARCHAR)"
         )
-        insert_rows(
-            con,
-            "batch_files",
-            BATCH_FILE_COLUMNS,
-            [(str(i.path), i.size, i.mtime_ns, i.sha256) for i in known],
-        )
+        files = [(str(i.path), i.size, i.mtime_ns, i.sha256) for i in known]
+        insert_rows(con, "batch_files", ("path", "size", "mtime_ns", "sha256"), files)
         seen = dict(
             con.execute(
                 "SELECT b.path, [f.lines, f.rejected] FROM batch_files b JOIN ingested_files f "
@@ -792,13 +787,17 @@ def _bulk_native(
     its lines, or that wrote to a thread that does not continue (a repeat, a gap, an entry already
     present), has its rows taken out and goes to the careful path."""
     infos = {str(i.path): i for i in todo if isinstance(i, _FileInfo)}
+
+    def count_lines() -> None:
+        for known in todo:
+            if not isinstance(known, _FileInfo):
+                infos[str(known.path)] = _scan(known, max_line_bytes)
+
     small = sum(i.size for i in todo) <= SMALL_BATCH_BYTES
     if small:
         # Counted first: a file with a line the shared reader refuses (not UTF-8, say) goes to the careful
         # path whole, and read_text, which refuses a whole statement for one such line, never sees it.
-        for known in todo:
-            if not isinstance(known, _FileInfo):
-                infos[str(known.path)] = _scan(known, max_line_bytes)
+        count_lines()
         readable = [i.path for i in todo if not infos[str(i.path)].problems]
         source = _text_source(readable) if readable else ""
     else:
@@ -832,9 +831,7 @@ def _bulk_native(
         # DuckDB works without the GIL: the lines are counted on this thread while it reads and inserts.
         worker = _Statement(con, statement, [report.batch_id])
         try:
-            for known in todo:
-                if not isinstance(known, _FileInfo):
-                    infos[str(known.path)] = _scan(known, max_line_bytes)
+            count_lines()
         except BaseException:
             worker.cancel()
             raise
