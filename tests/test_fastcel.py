@@ -939,3 +939,22 @@ def test_raw_cel_still_deviates() -> None:
 )
 def test_celfix_rewrites(src: str, fixed: str) -> None:
     assert celfix.rewrite(src).strip() == fixed
+
+
+def test_cel_is_imported_without_its_command_line_and_its_command_line_still_imports() -> None:
+    """A fresh interpreter compiling and evaluating a guard leaves `cel`'s REPL (prompt_toolkit,
+    pygments) unimported; someone's own `import cel.cli` after that gets the real one."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from improve.machine.expr import compile_cel, Scope\n"
+        "assert compile_cel('a.matches(\"x\") && b > 1').execute(Scope(a='xy', b=2).cel_context(frozenset('ab')))\n"
+        "print(','.join(m for m in ('prompt_toolkit', 'pygments', 'cel.cli') if m in sys.modules))\n"
+        "import cel.cli\n"
+        "print(cel.cli.__file__.endswith('cli.py'), callable(cel.cli.main), hasattr(sys.modules['cel'], 'cli'))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines() == ["", "True True True"]

@@ -112,6 +112,10 @@ def local_server(
         n_threads,
         "--api_key",
         key,
+        # Flash attention reads a prompt in less CPU (a 900-token prompt on one thread, side by side:
+        # 9.8-10.1 s against 10.6-11.3 s, and 8.6 s against 12.4 s on a quieter machine).
+        "--flash_attn",
+        "true",
     ]
     if chat_format:
         command += ["--chat_format", chat_format]

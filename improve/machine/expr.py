@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from improve.errors import EvaluationError, ExpressionError, FastCelError, FastCelFallback
-from improve.machine import celfix
+from improve.machine import cel_library, celfix
 from improve.machine.fastcel import compile_fast
 
 MAX_EXPRESSION_LENGTH = 512
@@ -126,7 +126,7 @@ def cel_error_detail(err: Exception) -> str:
 def compile_cel(source: str) -> Any:
     """`source` compiled by `cel`, rewritten where cel departs from the CEL specification (`celfix`);
     raises what `cel.compile` raises on the source as written."""
-    import cel  # ~0.1 s to import (it brings its own CLI): only commands that compile a guard pay
+    cel = cel_library.cel()  # imported here: only commands that compile a guard pay for it
 
     program = cel.compile(source)
     fixed = celfix.rewrite(source)
@@ -218,9 +218,7 @@ class Scope:
 
     def cel_context(self, roots: frozenset[str]) -> Any:
         if self._ctx is None:
-            import cel
-
-            self._ctx = cel.Context()
+            self._ctx = cel_library.cel().Context()
             celfix.register(self._ctx)
         for root in roots:
             if root not in self._have and root in self.values:

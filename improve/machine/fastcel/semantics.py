@@ -78,6 +78,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from improve.errors import FastCelError, FastCelFallback
+from improve.machine import cel_library
 from improve.machine.fastcel.domain import INT_MAX, INT_MIN, check_key, check_keys, load
 from improve.machine.fastcel.messages import (
     bad_index,
@@ -325,9 +326,7 @@ def logical_not(a: Any) -> bool:
 
 @functools.cache
 def _matches_program() -> Any:
-    import cel  # ~0.1 s to import: only an expression that calls `matches` pays
-
-    return cel.compile("s.matches(p)")
+    return cel_library.cel().compile("s.matches(p)")  # imported here: only a `matches` pays for it
 
 
 @functools.lru_cache(maxsize=4096)
@@ -335,9 +334,7 @@ def regex_matches(s: str, pattern: str) -> bool:
     """`s.matches(pattern)` as `cel` answers it, converting two strings rather than the whole scope (a
     guard's `facts` can be large); raises `FastCelFallback` where cel fails. A pure function of its two
     strings, so the answers are kept (bounded): guards ask the same few patterns of the same texts."""
-    import cel
-
-    ctx = cel.Context()
+    ctx = cel_library.cel().Context()
     try:
         ctx.add_variable("s", s)
         ctx.add_variable("p", pattern)
