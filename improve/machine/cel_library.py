@@ -29,10 +29,10 @@ def cel() -> Any:
         placeholder = types.ModuleType("cel.cli")
         sys.modules.setdefault("cel.cli", placeholder)
         try:
-            import cel as loaded
+            import cel as imported
         finally:
             if sys.modules.get("cel.cli") is placeholder:
                 del sys.modules["cel.cli"]
-        if getattr(loaded, "cli", None) is placeholder:
-            del loaded.cli
-        return loaded
+        if getattr(imported, "cli", None) is placeholder:
+            del imported.cli
+        return imported
