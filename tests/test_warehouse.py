@@ -196,6 +196,8 @@ MALFORMED = [
     (entry(1, event={"n": 1}), "event.type must be a non-empty string"),
     (entry(1, attempts={"kind": "x"}), "field attempts must be an array"),
     (entry(1, threadId="no spaces allowed"), "thread id no spaces allowed is not valid"),
+    (entry(1, threadId="-starts-with-a-dash"), "thread id -starts-with-a-dash is not valid"),
+    (entry(1, threadId="t" * 256), f"thread id {'t' * 256} is not valid"),
     (entry(0, thread="train:v0:t:r1", event={"type": "STEP"}), "entry 0 of a thread must be @agent.init"),
     (entry(5), "gap in indices: thread train:v0:s:r1 continues at index 1 but this line has index 5"),
 ]
@@ -214,6 +216,21 @@ def test_each_malformed_line_is_rejected_with_its_line_number(tmp_path: Path, ba
     assert (file, line) == (str(path), 3)
     assert message in error
     assert raw == (bad if isinstance(bad, str) else json.dumps(bad))
+
+
+def test_a_thread_id_of_255_characters_lands_on_both_paths(tmp_path: Path) -> None:
+    """The longest thread id there may be: read in bulk, and line by line beside a line that is not JSON."""
+    con = open_database()
+    longest = "t:" + "x" * 253
+    bulk = ingest(
+        con, [write_lines(tmp_path / "a.jsonl", [entry(0, thread=longest), entry(1, thread=longest)])]
+    )
+    other = "u:" + "y" * 253
+    careful = ingest(con, [write_lines(tmp_path / "b.jsonl", [entry(0, thread=other), "not json {"])])
+    assert (bulk.ingested, careful.ingested, careful.rejected) == (2, 1, 1)
+    assert con.execute(
+        "SELECT max(length(thread_id)), count(DISTINCT thread_id) FROM entries"
+    ).fetchone() == (255, 2)
 
 
 def test_duplicate_key_within_one_batch(tmp_path: Path) -> None:

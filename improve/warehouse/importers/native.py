@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import duckdb
 
-from improve.warehouse.staging import CHAIN_COLUMN, FILE_STEM, THREAD_ID_SQL
+from improve.warehouse.staging import CHAIN_COLUMN, FILE_STEM, thread_id_ok
 
 _KIND_TEXT = {"VARCHAR": "a string", "OBJECT": "an object", "ARRAY": "an array"}
 
@@ -67,7 +67,7 @@ _CANDIDATES = f"""
             {_optional_field("metadata", "OBJECT")}
             {_optional_field("verification", "OBJECT")}
             {_optional_field("threadId", "VARCHAR")}
-            WHEN NOT regexp_full_match(thread, {THREAD_ID_SQL})
+            WHEN NOT {thread_id_ok("thread")}
                 THEN 'thread id ' || thread || ' is not valid: letters, digits and ._:@+=- only'
             WHEN (j ->> '$.index') = '0' AND (j ->> '$.event.type') != '@agent.init'
                 THEN 'entry 0 of a thread must be @agent.init, found ' || (j ->> '$.event.type')

@@ -46,11 +46,11 @@ import duckdb
 
 from improve.warehouse.staging import (
     FILE_STEM,
-    THREAD_ID_SQL,
     fields_sql,
     json_lines_sql,
     rfc3339_sql,
     sanitise_id_sql,
+    thread_id_ok,
 )
 
 MACHINE_ID = "normalize-agent"
@@ -117,7 +117,7 @@ def _checkpoints_sql() -> str:
                         || ', not an RFC 3339 string'
                 WHEN b.ts IS NULL THEN b.doc_name || 'has a timestamp that is not RFC 3339: '
                     || (b.j ->> '$.timestamp')
-                WHEN NOT regexp_full_match(b.thread, {THREAD_ID_SQL})
+                WHEN NOT {thread_id_ok("b.thread")}
                     THEN 'thread id ' || b.thread || ' is not valid: at most 255 of letters, digits and ._:@+=-'
             END,
             b.thread, 0, b.thread || '#' || b.first_line, b.ts, '{MACHINE_ID}', '{CHECKPOINT_VERSION}',
