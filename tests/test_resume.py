@@ -451,6 +451,14 @@ def as_json(result: subprocess.CompletedProcess[str]) -> Any:
     return json.loads(result.stdout)
 
 
+def here(*args: str, space: Path) -> Any:
+    """A read of what the processes left (or a run to compare with), in this process: what crosses
+    processes is the suspend and the resumes, and a new interpreter costs a second of CPU each."""
+    result = CliRunner().invoke(app, [*args, "-w", str(space)])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
 @pytest.mark.slow
 def test_the_refund_desk_waits_for_approval_then_resumes_in_a_new_process_and_scores_as_uninterrupted(
     tmp_path: Path,
@@ -464,7 +472,7 @@ def test_the_refund_desk_waits_for_approval_then_resumes_in_a_new_process_and_sc
     end = json.loads((space / "traces" / f"{APPROVAL}.jsonl").read_text().splitlines()[-1])["event"]
     assert end["status"] == "waiting" and end["state"] == "approving"
     assert [w["type"] for w in end["waitingFor"]] == ["APPROVE", "REJECT"]
-    waiting = as_json(cli("waiting", "--json", cwd=space))["waiting"]
+    waiting = here("waiting", "--json", space=space)["waiting"]
     assert [(w["thread"], w["state"], w["events"]) for w in waiting] == [
         (APPROVAL, "approving", ["APPROVE", "REJECT"])
     ]
@@ -484,7 +492,7 @@ def test_the_refund_desk_waits_for_approval_then_resumes_in_a_new_process_and_sc
     approve = lines[resumed["entry"]]
     assert approve["event"] == {"type": "APPROVE", "approver": "dana"}
     assert approve["metadata"]["resume"]["eventId"] == "approval-7"
-    assert as_json(cli("waiting", "--json", cwd=space))["waiting"] == []
+    assert here("waiting", "--json", space=space)["waiting"] == []
 
     # Process 3: the same delivery again changes nothing.
     again = as_json(
@@ -494,19 +502,15 @@ def test_the_refund_desk_waits_for_approval_then_resumes_in_a_new_process_and_sc
     assert len((space / "traces" / f"{APPROVAL}.jsonl").read_text().splitlines()) == len(lines)
 
     # The thread verifies end to end.
-    verify = as_json(cli("replay", APPROVAL, "--verify", "--json", cwd=space))
+    verify = here("replay", APPROVAL, "--verify", "--json", space=space)
     assert [(t["verification"], t["status"], t["final_state"]) for t in verify["threads"]] == [
         ("verified", "done", "issued")
     ]
 
     # It scores like an uninterrupted run of the same scenario, policy and model.
     whole = desk(tmp_path / "uninterrupted")
-    straight = as_json(
-        cli("run", "--scenario", SCENARIO, "--model", "careful", "--k", "1", "--json", cwd=whole)
-    )
-    rescored = as_json(
-        cli("run", "--scenario", SCENARIO, "--model", "careful", "--k", "1", "--json", cwd=space)
-    )
+    straight = here("run", "--scenario", SCENARIO, "--model", "careful", "--k", "1", "--json", space=whole)
+    rescored = here("run", "--scenario", SCENARIO, "--model", "careful", "--k", "1", "--json", space=space)
     keys = (
         "thread",
         "final_state",
