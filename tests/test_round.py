@@ -492,6 +492,46 @@ def test_a_replay_first_round_decides_as_a_round_of_full_runs(desk: str, tmp_pat
     assert reused and first.model_info is not None and first.model_info.calls.reused == reused
 
 
+@pytest.mark.slow
+def test_a_rerun_whose_baseline_run_is_set_aside_runs_its_candidate_from_scratch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A batch of reruns is recorded in one go: each candidate run starts from the baseline's run as
+    # written, before the warehouse verified it. One whose baseline thread does not verify (edited here
+    # between its writing and the recording) is run again from scratch, as if it had waited.
+    import improve.loop.round as round_module
+
+    tampered: list[str] = []
+    write = round_module.write_threads
+
+    def write_then_tamper(*args: Any, **kwargs: Any) -> Any:
+        plan = write(*args, **kwargs)
+        if kwargs.get("runs") is not None and kwargs.get("start_from") is None and not tampered:
+            path = kwargs.get("store", args[3]).path(plan[0].thread_id)
+            lines = path.read_text().splitlines(keepends=True)
+            first = json.loads(lines[0])
+            first["recordedAt"] = "2001-01-01T00:00:00.000000Z"  # covered by the entry's hash
+            path.write_text(json.dumps(first) + "\n" + "".join(lines[1:]))
+            tampered.append(plan[0].thread_id)
+        return plan
+
+    monkeypatch.setattr(round_module, "write_threads", write_then_tamper)
+    space = scratch(tmp_path)
+    record = run_round(space, RoundOptions(policy="v0", k=2))
+    assert record.reruns is not None and record.reruns.batches and tampered
+    assert [q.thread_id for q in record.quarantined] == tampered
+    candidate = tampered[0].replace(":v0:", ":v1:", 1)
+    entries = JsonlDirStore(space.traces).read(candidate)
+    assert entries[-1].type == "@agent.end" and REPLAY_FIRST_KEY not in (entries[-1].metadata or {})
+    assert candidate in record.candidate_threads
+    sibling = ThreadId.parse(candidate)
+    assert sibling is not None
+    others = [t for t in record.candidate_threads if t != candidate and f":r{sibling.run}" in t]
+    assert others and all(
+        REPLAY_FIRST_KEY in (JsonlDirStore(space.traces).read(t)[-1].metadata or {}) for t in others
+    )
+
+
 class _AlwaysInvalid:
     name = "broken"
 
