@@ -223,7 +223,7 @@ class Round:
             f"baseline: {self.label} on {len(inputs.train)} train + {len(inputs.held_out)} held-out "
             f"scenarios, k={self.k}"
         )
-        self.base_rows = self._suite(inputs.scenarios, self.spec, "baseline")
+        self.base_rows = self._verified(self._write(inputs.scenarios, self.spec, "baseline"), "baseline")
         self._note("baseline")
         self._answered(self.base_rows, f"baseline {self.label}")
         self.cards = _cards(self.base_rows, self.label)
@@ -330,7 +330,10 @@ class Round:
         how = ", replay-first" if self.replay_first else ""
         self.say(f"candidate {label}: train and held-out, k={self.k}{how}")
         scenarios = [*self.inputs.train, *self.inputs.held_out]
-        rows = self._suite(scenarios, self.candidate_spec, "candidate", start=self._start(self.base_rows))
+        start = self._start(self.base_rows)
+        rows = self._verified(
+            self._write(scenarios, self.candidate_spec, "candidate", start=start), "candidate"
+        )
         rule = RerunRule.from_objective(self.objective, self.k)
         self.settled = settle(self.base_rows, rows, rule, self._run_more)
         if self.settled.reruns.scenarios:
@@ -395,19 +398,6 @@ class Round:
 
     # --- what the steps share -------------------------------------------------------------------
 
-    def _suite(
-        self,
-        scenarios: Sequence[Scenario],
-        spec: SuiteSpec,
-        what: str,
-        runs: Sequence[int] | None = None,
-        start: StartFrom | None = None,
-    ) -> list[OutcomeRow]:
-        """Run (or reuse) the suite's threads, record them in the warehouse, and read back the verified
-        rows. `runs`: run numbers other than 1..k (the reruns). `start`: the baseline's runs these start
-        from (replay-first)."""
-        return self._verified(self._write(scenarios, spec, what, runs, start), what)
-
     def _write(
         self,
         scenarios: Sequence[Scenario],
@@ -418,7 +408,8 @@ class Round:
         fresh: bool = False,
     ) -> list[PlannedRun]:
         """Run (or reuse) the suite's threads; those it reused (read while checked) are kept for the
-        round's reads. The candidate runs as the gates compiled it."""
+        round's reads. `runs`: run numbers other than 1..k (the reruns). `start`: the baseline's runs
+        these start from (replay-first). The candidate runs as the gates compiled it."""
         plan = write_threads(
             self.inputs.env,
             scenarios,
