@@ -703,7 +703,7 @@ def test_runs_of_a_stand_in_go_one_at_a_time_and_runs_that_wait_overlap(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A stand-in answers at once: on threads its runs would only take turns at the GIL, so a suite runs
-    them one at a time whatever the concurrency; a model that waits (here the refund desk's `naive`,
+    them one at a time, in its own thread, whatever the concurrency; a model that waits (here the refund desk's `naive`,
     slowed like a remote one) gets the concurrency asked for."""
     import improve.evals.suite as suite_module
     from bench.sleepy import slowed_refunds
@@ -715,12 +715,19 @@ def test_runs_of_a_stand_in_go_one_at_a_time_and_runs_that_wait_overlap(
 
     caps: list[int] = []
     real = suite_module._run_concurrently
+    run_one = suite_module._run_one
+    threads: dict[str, set[str]] = {}
 
     async def recorded(*args: Any) -> None:
         caps.append(args[6])
         await real(*args)
 
+    def one(*args: Any, **kwargs: Any) -> None:
+        threads.setdefault(args[3].model, set()).add(threading.current_thread().name)
+        run_one(*args, **kwargs)
+
     monkeypatch.setattr(suite_module, "_run_concurrently", recorded)
+    monkeypatch.setattr(suite_module, "_run_one", one)
     scenarios = load_scenarios(REPO / "scenarios" / "refunds.yaml").split("held-out")[:3]
     policy = load_policy(REPO / "policies" / "refunds" / "v0.json")
     for env, model in (
@@ -731,7 +738,9 @@ def test_runs_of_a_stand_in_go_one_at_a_time_and_runs_that_wait_overlap(
             env, scenarios, SuiteSpec(policy, model, 1), JsonlDirStore(tmp_path / model), concurrency=8
         )
         assert len(rows) == 3 and runs_overlap(env.models[model]) == (model == "slowed")
-    assert caps == [1, 8]
+    # The stand-in's runs in the calling thread, with no event loop; the slowed model's on the pool's.
+    assert caps == [8] and threads["naive"] == {threading.current_thread().name}
+    assert all(name.startswith("improve-run") for name in threads["slowed"])
 
 
 @pytest.mark.slow
