@@ -189,6 +189,99 @@ def test_a_threshold_needs_two_scenarios_on_each_side() -> None:
     assert mine(PLANTED[:1] + PLANTED[4:6], TYPES) == []
 
 
+def _grow_by_loop(
+    space: Any, positives: int, negatives: int, right: int, about: set[str], skip_first: set[Any], design: Any
+) -> Any:
+    """The beam search of `rules._grow` as a loop over the atoms, one at a time (what it was): the
+    search that counts them all at once must find what this finds (how the exact conjunctions it finds
+    rank is shared: `rules._Worth`)."""
+    import math
+
+    from improve.loop.proposers import rules
+
+    beam: list[Any] = [((), (), (1 << len(space.cases)) - 1)]
+    best: Any = None
+    worth = rules._Worth.of(space, positives, negatives, right, design)
+    ties = rules._ties(space, about)
+    usable = [
+        (index, space.masks[index], space.costs[index], ties[index], atom in skip_first)
+        for index, atom in enumerate(space.atoms)
+        if not (atom.kind == "pair" and not atom.paths & about)
+    ]
+    for depth in range(rules.MAX_ATOMS):
+        grown: dict[int, Any] = {}
+        for _, chosen, cover in beam:
+            chosen_bits = sum(1 << i for i in chosen)
+            cover_p, cover_n = cover & positives, cover & negatives
+            p0, n0 = cover_p.bit_count(), cover_n.bit_count()
+            before = math.log2(p0 / (p0 + n0))
+            for index, mask, cost, tie, skipped in usable:
+                if (depth == 0 and skipped) or index in chosen:
+                    continue
+                p = (mask & cover_p).bit_count()
+                if p == 0:
+                    continue
+                n = (mask & cover_n).bit_count()
+                score = (round(p * (math.log2(p / (p + n)) - before) - cost, 9), float(p), *tie)
+                key = chosen_bits | 1 << index
+                if key not in grown or score > grown[key][0]:
+                    grown[key] = (score, (*chosen, index), cover & mask)
+        if not grown:
+            break
+        ranked = sorted(grown.values(), key=lambda g: g[0], reverse=True)
+        best = worth.pick(best, [g for g in ranked if not g[2] & negatives])
+        beam = [g for g in ranked if g[2] & negatives][: rules.BEAM]
+        if not beam:
+            break
+    return worth.result(best)
+
+
+@pytest.mark.parametrize("generalize", ["evidence+agree", "shortest", "evidence+bounded"])
+def test_the_beam_search_counts_every_atom_at_once_and_finds_what_the_loop_finds(
+    generalize: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import random
+
+    from improve.loop.proposers import rules
+
+    reasons = ("broken on arrival", "wrong size", "chargeback from my bank", "never arrived", "late")
+    rules_found = 0
+    for seed in range(6):
+        draw = random.Random(seed)
+        examples = []
+        for number in range(draw.randint(14, 30)):
+            facts = {
+                "days": draw.choice((1, 5, 12, 29, 30, 31, 45, 60, 90)),
+                "amount": draw.choice((10, 25, 40, 80, 120)),
+                "refunds": draw.randint(0, 3),
+                "vip": draw.random() < 0.3,
+                "reason": draw.choice(reasons),
+            }
+            # Mostly a rule (close late tickets, escalate a VIP's), with noise.
+            if draw.random() < 0.15:
+                right = draw.choice(("REFUND", "CLOSE", "ESCALATE"))
+            else:
+                right = "CLOSE" if facts["days"] > 30 else "ESCALATE" if facts["vip"] else "REFUND"
+            answered = right if draw.random() < 0.5 else "REFUND"
+            examples.append(
+                decision(f"s{number // 2}", facts, ("REFUND", "CLOSE", "ESCALATE"), answered, right)
+            )
+        types = {
+            "facts.days": "int",
+            "facts.amount": "number",
+            "facts.refunds": "int",
+            "facts.vip": "bool",
+            "facts.reason": "string",
+        }
+        found = [(r.guard, r.fixes, r.matches) for r in mine(examples, types, generalize=generalize)]  # type: ignore[arg-type]
+        with monkeypatch.context() as patched:
+            patched.setattr(rules, "_grow", _grow_by_loop)
+            looped = [(r.guard, r.fixes, r.matches) for r in mine(examples, types, generalize=generalize)]  # type: ignore[arg-type]
+        assert found == looped, seed
+        rules_found += bool(found)
+    assert rules_found >= 4  # the searches found rules to compare
+
+
 # --- full rounds on the refund desk -----------------------------------------------------------------------
 
 
