@@ -189,6 +189,99 @@ def test_a_threshold_needs_two_scenarios_on_each_side() -> None:
     assert mine(PLANTED[:1] + PLANTED[4:6], TYPES) == []
 
 
+def _grow_by_loop(
+    space: Any, positives: int, negatives: int, right: int, about: set[str], skip_first: set[Any], design: Any
+) -> Any:
+    """The beam search of `rules._grow` as a loop over the atoms, one at a time (what it was): the
+    search that counts them all at once must find what this finds (how the exact conjunctions it finds
+    rank is shared: `rules._Worth`)."""
+    import math
+
+    from improve.loop.proposers import rules
+
+    beam: list[Any] = [((), (), (1 << len(space.cases)) - 1)]
+    best: Any = None
+    worth = rules._Worth.of(space, positives, negatives, right, design)
+    ties = rules._ties(space, about)
+    usable = [
+        (index, space.masks[index], space.costs[index], ties[index], atom in skip_first)
+        for index, atom in enumerate(space.atoms)
+        if not (atom.kind == "pair" and not atom.paths & about)
+    ]
+    for depth in range(rules.MAX_ATOMS):
+        grown: dict[int, Any] = {}
+        for _, chosen, cover in beam:
+            chosen_bits = sum(1 << i for i in chosen)
+            cover_p, cover_n = cover & positives, cover & negatives
+            p0, n0 = cover_p.bit_count(), cover_n.bit_count()
+            before = math.log2(p0 / (p0 + n0))
+            for index, mask, cost, tie, skipped in usable:
+                if (depth == 0 and skipped) or index in chosen:
+                    continue
+                p = (mask & cover_p).bit_count()
+                if p == 0:
+                    continue
+                n = (mask & cover_n).bit_count()
+                score = (round(p * (math.log2(p / (p + n)) - before) - cost, 9), float(p), *tie)
+                key = chosen_bits | 1 << index
+                if key not in grown or score > grown[key][0]:
+                    grown[key] = (score, (*chosen, index), cover & mask)
+        if not grown:
+            break
+        ranked = sorted(grown.values(), key=lambda g: g[0], reverse=True)
+        best = worth.pick(best, [g for g in ranked if not g[2] & negatives])
+        beam = [g for g in ranked if g[2] & negatives][: rules.BEAM]
+        if not beam:
+            break
+    return worth.result(best)
+
+
+@pytest.mark.parametrize("generalize", ["evidence+agree", "shortest", "evidence+bounded"])
+def test_the_beam_search_counts_every_atom_at_once_and_finds_what_the_loop_finds(
+    generalize: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import random
+
+    from improve.loop.proposers import rules
+
+    reasons = ("broken on arrival", "wrong size", "chargeback from my bank", "never arrived", "late")
+    rules_found = 0
+    for seed in range(6):
+        draw = random.Random(seed)
+        examples = []
+        for number in range(draw.randint(14, 30)):
+            facts = {
+                "days": draw.choice((1, 5, 12, 29, 30, 31, 45, 60, 90)),
+                "amount": draw.choice((10, 25, 40, 80, 120)),
+                "refunds": draw.randint(0, 3),
+                "vip": draw.random() < 0.3,
+                "reason": draw.choice(reasons),
+            }
+            # Mostly a rule (close late tickets, escalate a VIP's), with noise.
+            if draw.random() < 0.15:
+                right = draw.choice(("REFUND", "CLOSE", "ESCALATE"))
+            else:
+                right = "CLOSE" if facts["days"] > 30 else "ESCALATE" if facts["vip"] else "REFUND"
+            answered = right if draw.random() < 0.5 else "REFUND"
+            examples.append(
+                decision(f"s{number // 2}", facts, ("REFUND", "CLOSE", "ESCALATE"), answered, right)
+            )
+        types = {
+            "facts.days": "int",
+            "facts.amount": "number",
+            "facts.refunds": "int",
+            "facts.vip": "bool",
+            "facts.reason": "string",
+        }
+        found = [(r.guard, r.fixes, r.matches) for r in mine(examples, types, generalize=generalize)]  # type: ignore[arg-type]
+        with monkeypatch.context() as patched:
+            patched.setattr(rules, "_grow", _grow_by_loop)
+            looped = [(r.guard, r.fixes, r.matches) for r in mine(examples, types, generalize=generalize)]  # type: ignore[arg-type]
+        assert found == looped, seed
+        rules_found += bool(found)
+    assert rules_found >= 4  # the searches found rules to compare
+
+
 # --- full rounds on the refund desk -----------------------------------------------------------------------
 
 
@@ -492,6 +585,46 @@ def test_a_replay_first_round_decides_as_a_round_of_full_runs(desk: str, tmp_pat
     assert reused and first.model_info is not None and first.model_info.calls.reused == reused
 
 
+@pytest.mark.slow
+def test_a_rerun_whose_baseline_run_is_set_aside_runs_its_candidate_from_scratch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A batch of reruns is recorded in one go: each candidate run starts from the baseline's run as
+    # written, before the warehouse verified it. One whose baseline thread does not verify (edited here
+    # between its writing and the recording) is run again from scratch, as if it had waited.
+    import improve.loop.round as round_module
+
+    tampered: list[str] = []
+    write = round_module.write_threads
+
+    def write_then_tamper(*args: Any, **kwargs: Any) -> Any:
+        plan = write(*args, **kwargs)
+        if kwargs.get("runs") is not None and kwargs.get("start_from") is None and not tampered:
+            path = kwargs.get("store", args[3]).path(plan[0].thread_id)
+            lines = path.read_text().splitlines(keepends=True)
+            first = json.loads(lines[0])
+            first["recordedAt"] = "2001-01-01T00:00:00.000000Z"  # covered by the entry's hash
+            path.write_text(json.dumps(first) + "\n" + "".join(lines[1:]))
+            tampered.append(plan[0].thread_id)
+        return plan
+
+    monkeypatch.setattr(round_module, "write_threads", write_then_tamper)
+    space = scratch(tmp_path)
+    record = run_round(space, RoundOptions(policy="v0", k=2))
+    assert record.reruns is not None and record.reruns.batches and tampered
+    assert [q.thread_id for q in record.quarantined] == tampered
+    candidate = tampered[0].replace(":v0:", ":v1:", 1)
+    entries = JsonlDirStore(space.traces).read(candidate)
+    assert entries[-1].type == "@agent.end" and REPLAY_FIRST_KEY not in (entries[-1].metadata or {})
+    assert candidate in record.candidate_threads
+    sibling = ThreadId.parse(candidate)
+    assert sibling is not None
+    others = [t for t in record.candidate_threads if t != candidate and f":r{sibling.run}" in t]
+    assert others and all(
+        REPLAY_FIRST_KEY in (JsonlDirStore(space.traces).read(t)[-1].metadata or {}) for t in others
+    )
+
+
 class _AlwaysInvalid:
     name = "broken"
 
@@ -663,7 +796,7 @@ def test_runs_of_a_stand_in_go_one_at_a_time_and_runs_that_wait_overlap(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A stand-in answers at once: on threads its runs would only take turns at the GIL, so a suite runs
-    them one at a time whatever the concurrency; a model that waits (here the refund desk's `naive`,
+    them one at a time, in its own thread, whatever the concurrency; a model that waits (here the refund desk's `naive`,
     slowed like a remote one) gets the concurrency asked for."""
     import improve.evals.suite as suite_module
     from bench.sleepy import slowed_refunds
@@ -675,12 +808,19 @@ def test_runs_of_a_stand_in_go_one_at_a_time_and_runs_that_wait_overlap(
 
     caps: list[int] = []
     real = suite_module._run_concurrently
+    run_one = suite_module._run_one
+    threads: dict[str, set[str]] = {}
 
     async def recorded(*args: Any) -> None:
         caps.append(args[6])
         await real(*args)
 
+    def one(*args: Any, **kwargs: Any) -> None:
+        threads.setdefault(args[3].model, set()).add(threading.current_thread().name)
+        run_one(*args, **kwargs)
+
     monkeypatch.setattr(suite_module, "_run_concurrently", recorded)
+    monkeypatch.setattr(suite_module, "_run_one", one)
     scenarios = load_scenarios(REPO / "scenarios" / "refunds.yaml").split("held-out")[:3]
     policy = load_policy(REPO / "policies" / "refunds" / "v0.json")
     for env, model in (
@@ -691,7 +831,9 @@ def test_runs_of_a_stand_in_go_one_at_a_time_and_runs_that_wait_overlap(
             env, scenarios, SuiteSpec(policy, model, 1), JsonlDirStore(tmp_path / model), concurrency=8
         )
         assert len(rows) == 3 and runs_overlap(env.models[model]) == (model == "slowed")
-    assert caps == [1, 8]
+    # The stand-in's runs in the calling thread, with no event loop; the slowed model's on the pool's.
+    assert caps == [8] and threads["naive"] == {threading.current_thread().name}
+    assert all(name.startswith("improve-run") for name in threads["slowed"])
 
 
 @pytest.mark.slow

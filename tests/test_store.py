@@ -17,7 +17,7 @@ import pytest
 from improve.errors import ConflictError, LogError, TamperError
 from improve.log import check_chain, head, seal
 from improve.log.entry import LogEntry
-from improve.log.store import JsonlDirStore, KeptReads, MemoryStore, Store, ThreadPage
+from improve.log.store import JsonlDirStore, KeptReads, MemoryStore, RunBuffer, Store, ThreadPage
 from improve.warehouse.db import open_database
 from improve.warehouse.store import DuckDBStore
 from tests.helpers import log_entry
@@ -576,3 +576,52 @@ def test_entry_ids_are_version_4_uuids_and_a_forked_process_draws_other_ones() -
     with os.fdopen(read) as pipe:
         child = pipe.read().split()
     assert len(child) == 3 and not set(child) & ({new_entry_id() for _ in range(3)} | ids)
+
+
+# --- a run's buffer ---------------------------------------------------------------------------------
+
+
+def test_a_runs_buffer_holds_its_one_thread_uncopied() -> None:
+    buffer = RunBuffer(THREAD)
+    assert isinstance(buffer, Store)
+    assert buffer.length(THREAD) == 0 and not buffer.exists(THREAD) and buffer.read(THREAD) == []
+    first = entries(0, 2)
+    assert buffer.append(THREAD, 0, first) == 2 and buffer.append(THREAD, 2, entries(2, 3)) == 3
+    assert buffer.read(THREAD, 1) == entries(1, 3) and buffer.entries[0] is first[0]
+    assert buffer.list_threads().thread_ids == [THREAD] and buffer.read("other") == []
+    with pytest.raises(ConflictError):
+        buffer.append(THREAD, 1, entries(1, 2))
+    with pytest.raises(LogError, match="holds thread"):
+        buffer.append("other", 0, entries(0, 1))
+    with pytest.raises(LogError, match="its one thread only"):
+        buffer.fork(THREAD, "other")
+    buffer.delete(THREAD)
+    assert not buffer.exists(THREAD) and buffer.append(THREAD, 0, entries(0, 1)) == 1
+
+
+def test_a_suite_run_that_fails_writes_no_thread_and_one_that_ends_is_written_whole(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from improve.errors import RunError
+    from improve.evals import SuiteSpec, load_scenarios, write_threads
+    from improve.runtime import load_environment, load_policy
+    from tests.helpers import REPO
+
+    class Fails:
+        name = "fails"
+
+        def answer(self, request: Any) -> Any:
+            raise RunError("the model is gone")
+
+    env = load_environment("refunds")
+    env = replace(env, models={**env.models, "fails": lambda seed: Fails()})
+    scenarios = load_scenarios(REPO / "scenarios" / "refunds.yaml").split("train")[:2]
+    policy = load_policy(REPO / "policies" / "refunds" / "v0.json")
+    store = JsonlDirStore(tmp_path / "traces")
+    with pytest.raises(RunError, match="the model is gone"):
+        write_threads(env, scenarios, SuiteSpec(policy, "fails", 1), store)
+    assert store.list_threads().thread_ids == []  # its first entries were journaled, never written
+    plan = write_threads(env, scenarios, SuiteSpec(policy, "naive", 1), store)
+    for planned in plan:
+        thread = store.read(planned.thread_id)
+        assert thread[-1].event["type"] == "@agent.end" and check_chain(thread, planned.thread_id) is None

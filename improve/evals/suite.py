@@ -9,7 +9,6 @@ under the same version) is refused (bump the policy version, or `fresh=True` to 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -23,7 +22,17 @@ from improve.evals.outcome import OutcomeRow, outcome_row
 from improve.evals.scenarios import Scenario
 from improve.evals.workspace import Workspace, policy_hash, policy_label
 from improve.llm import CacheMode, Meter, ModelSpec, ResponseCache
-from improve.log import KeptReads, LogEntry, MemoryStore, Store, ThreadId, is_chained, model_slug, replay
+from improve.log import (
+    KeptReads,
+    LogEntry,
+    MemoryStore,
+    RunBuffer,
+    Store,
+    ThreadId,
+    is_chained,
+    model_slug,
+    replay,
+)
 from improve.machine import MachineConfig
 from improve.runtime import (
     DEFAULT_MAX_MODEL_CALLS,
@@ -285,16 +294,14 @@ def _run_one(
     else:
         decider = PolicyDecider(policy, {"decider": model}, env.judgments)
     stamp = spec.stamp(env, scenario, run_number)
-    try:
-        run_scenario(env, scenario, decider, store, thread_id, stamp, spec.max_model_calls, spec.people, note)
-        if meter is not None and isinstance(decider, ReplayFirstDecider):
-            meter.reuse(decider.reused)
-    except (ImproveError, OSError):
-        # A run that cannot finish (a recorded call missing on replay, a store failure, a full disk)
-        # leaves no half-written thread: a later command runs it again from the start.
-        with contextlib.suppress(ImproveError, OSError):
-            store.delete(thread_id)
-        raise
+    # Journaled in memory and written whole when it ends: a run that cannot finish (a recorded call
+    # missing on replay, a model that fails) leaves no half-written thread, and a later command runs it
+    # again from the start, as it would an incomplete one.
+    buffer = RunBuffer(thread_id)
+    run_scenario(env, scenario, decider, buffer, thread_id, stamp, spec.max_model_calls, spec.people, note)
+    store.append(thread_id, 0, buffer.entries)  # all or nothing (a full disk leaves no thread)
+    if meter is not None and isinstance(decider, ReplayFirstDecider):
+        meter.reuse(decider.reused)
 
 
 @dataclass(frozen=True)
@@ -373,7 +380,13 @@ def write_threads(
         recordings = start_from.recorded if start_from is not None else None
         runner = functools.partial(_run_one, models=models, meter=meter, recordings=recordings)
         cap = max(1, concurrency) if spec.model_spec is not None or runs_overlap(models) else 1
-        asyncio.run(_run_concurrently(runner, env, policy, todo, spec, store, cap, ran))
+        if cap == 1:  # in this thread: no event loop, no hand-over of the GIL to a worker per run
+            for done, (scenario, n) in enumerate(todo, start=1):
+                runner(env, policy, scenario, spec, n, store)
+                if ran:
+                    ran(done, len(todo))
+        else:
+            asyncio.run(_run_concurrently(runner, env, policy, todo, spec, store, cap, ran))
     plan = []
     for scenario, n in planned:
         thread_id = spec.thread_id(scenario, n)

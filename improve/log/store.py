@@ -23,6 +23,7 @@ Thread ids are checked with `check_thread_id` (letters, digits and `._:@+=-`); a
 Durability and concurrency:
 
 - `MemoryStore` keeps everything in a dict behind a lock: safe across threads, gone with the process.
+- `RunBuffer` holds the one thread a run is journaling, for a caller that writes it whole at the end.
 - `JsonlDirStore` keeps one file per thread, `root/<thread_id>.jsonl`, one `LogEntry.to_line()` per
   line. An append takes an exclusive `flock` on the file, so appenders in any thread or process on
   the same host are serialised and a stale `expected_index` is always caught; readers take a shared
@@ -346,6 +347,51 @@ class MemoryStore:
         checked_thread_id(thread_id)
         with self._lock:
             self._threads.pop(thread_id, None)
+
+
+class RunBuffer:
+    """The one new thread a run journals, held in memory until the run ends, then written whole by
+    its caller (`entries`): a suite's run, which a later command runs again from the start when it
+    was cut short (an incomplete thread is never reused), so writing it entry by entry, each append
+    opening and locking its file, would keep nothing worth keeping. Entries are not copied: the
+    journal that appends them never changes them. It holds that one thread only."""
+
+    def __init__(self, thread_id: str) -> None:
+        self.thread_id = checked_thread_id(thread_id)
+        self.entries: list[LogEntry] = []
+
+    def _mine(self, thread_id: str) -> bool:
+        checked_thread_id(thread_id)
+        return thread_id == self.thread_id
+
+    def append(self, thread_id: str, expected_index: int, entries: Sequence[LogEntry]) -> int:
+        check_batch(thread_id, expected_index, entries)
+        if not self._mine(thread_id):
+            raise LogError(f"this run's buffer holds thread {self.thread_id!r} only, not {thread_id!r}")
+        if expected_index != len(self.entries):
+            raise conflict(thread_id, expected_index, len(self.entries))
+        self.entries.extend(entries)
+        return len(self.entries)
+
+    def read(self, thread_id: str, from_index: int = 0) -> list[LogEntry]:
+        check_from_index(thread_id, from_index)
+        return self.entries[from_index:] if self._mine(thread_id) else []
+
+    def length(self, thread_id: str) -> int:
+        return len(self.entries) if self._mine(thread_id) else 0
+
+    def fork(self, source_id: str, new_id: str, upto: int | None = None) -> int:
+        raise LogError(f"cannot fork {source_id!r} into {new_id!r}: a run's buffer holds its one thread only")
+
+    def list_threads(self, prefix: str = "", limit: int = 100, cursor: str | None = None) -> ThreadPage:
+        return page([self.thread_id] if self.entries else [], prefix, limit, cursor)
+
+    def exists(self, thread_id: str) -> bool:
+        return self._mine(thread_id) and bool(self.entries)
+
+    def delete(self, thread_id: str) -> None:
+        if self._mine(thread_id):
+            self.entries = []
 
 
 # --- a directory of JSONL files ---------------------------------------------------------------------

@@ -34,6 +34,7 @@ from improve.evals import (
     Batch,
     Ledger,
     OutcomeRow,
+    PlannedRun,
     PromotionDecision,
     Quarantined,
     RerunRule,
@@ -222,7 +223,7 @@ class Round:
             f"baseline: {self.label} on {len(inputs.train)} train + {len(inputs.held_out)} held-out "
             f"scenarios, k={self.k}"
         )
-        self.base_rows = self._suite(inputs.scenarios, self.spec, "baseline")
+        self.base_rows = self._verified(self._write(inputs.scenarios, self.spec, "baseline"), "baseline")
         self._note("baseline")
         self._answered(self.base_rows, f"baseline {self.label}")
         self.cards = _cards(self.base_rows, self.label)
@@ -329,7 +330,10 @@ class Round:
         how = ", replay-first" if self.replay_first else ""
         self.say(f"candidate {label}: train and held-out, k={self.k}{how}")
         scenarios = [*self.inputs.train, *self.inputs.held_out]
-        rows = self._suite(scenarios, self.candidate_spec, "candidate", start=self._start(self.base_rows))
+        start = self._start(self.base_rows)
+        rows = self._verified(
+            self._write(scenarios, self.candidate_spec, "candidate", start=start), "candidate"
+        )
         rule = RerunRule.from_objective(self.objective, self.k)
         self.settled = settle(self.base_rows, rows, rule, self._run_more)
         if self.settled.reruns.scenarios:
@@ -394,16 +398,16 @@ class Round:
 
     # --- what the steps share -------------------------------------------------------------------
 
-    def _suite(
+    def _write(
         self,
         scenarios: Sequence[Scenario],
         spec: SuiteSpec,
         what: str,
         runs: Sequence[int] | None = None,
         start: StartFrom | None = None,
-    ) -> list[OutcomeRow]:
-        """Run (or reuse) the suite's threads, record them in the warehouse, and read back the verified
-        rows; threads set aside are counted, and those it reused (read while checked) kept for the
+        fresh: bool = False,
+    ) -> list[PlannedRun]:
+        """Run (or reuse) the suite's threads; those it reused (read while checked) are kept for the
         round's reads. `runs`: run numbers other than 1..k (the reruns). `start`: the baseline's runs
         these start from (replay-first). The candidate runs as the gates compiled it."""
         plan = write_threads(
@@ -411,6 +415,7 @@ class Round:
             scenarios,
             spec,
             self.ledger.store,
+            fresh=fresh,
             concurrency=self.opts.concurrency,
             executor=self.opts.executor,
             ran=every(25, self.say, what),
@@ -423,6 +428,11 @@ class Round:
         for p in plan:
             if p.entries is not None:  # reused: read while it was checked
                 self.reads.keep(p.thread_id, p.entries)
+        return plan
+
+    def _verified(self, plan: Sequence[PlannedRun], what: str) -> list[OutcomeRow]:
+        """Record the planned runs' threads in the warehouse and read back the verified rows; threads set
+        aside are counted."""
         recorded = self.ledger.record(
             [p.thread_id for p in plan],
             say=_prefixed(self.say, what),
@@ -432,16 +442,30 @@ class Round:
         return recorded.rows
 
     def _run_more(self, ids: Sequence[str], numbers: range) -> Batch:
-        """The sequential rule's batch: these scenarios run again under both policies."""
+        """The sequential rule's batch: these scenarios run again under both policies, recorded together.
+        Replay-first, each candidate run starts from the baseline's run as written, before the warehouse
+        verified it: one whose baseline run is then set aside runs again from scratch, as it would have
+        had it waited (it hardly ever happens: that thread was written a moment before)."""
         assert self.candidate_spec is not None
         by_id = {s.id: s for s in self.inputs.scenarios}
         chosen = [by_id[i] for i in ids]
         what = f"reruns r{numbers.start}-r{numbers.stop - 1}"
-        baseline = self._suite(chosen, self.spec, f"{what}, baseline", numbers)
-        candidate = self._suite(
-            chosen, self.candidate_spec, f"{what}, candidate", numbers, start=self._start(baseline)
+        base_plan = self._write(chosen, self.spec, f"{what}, baseline", numbers)
+        start = self._start_planned(base_plan)
+        cand_plan = self._write(chosen, self.candidate_spec, f"{what}, candidate", numbers, start=start)
+        rows = {r.thread_id: r for r in self._verified([*base_plan, *cand_plan], what)}
+        if start is not None:
+            for p in base_plan:
+                if p.thread_id not in rows:
+                    # Its baseline run was set aside: the candidate's runs again from scratch, replacing it.
+                    again = self._write([p.scenario], self.candidate_spec, what, [p.run], fresh=True)
+                    for a in again:
+                        rows.pop(a.thread_id, None)
+                    rows |= {r.thread_id: r for r in self._verified(again, what)}
+        return Batch(
+            [rows[p.thread_id] for p in base_plan if p.thread_id in rows],
+            [rows[p.thread_id] for p in cand_plan if p.thread_id in rows],
         )
-        return Batch(baseline, candidate)
 
     def _start(self, baseline: Sequence[OutcomeRow]) -> StartFrom | None:
         """Replay-first: the baseline's verified runs, each the start of the candidate's run of the same
@@ -449,6 +473,12 @@ class Round:
         if not self.replay_first:
             return None
         return StartFrom(self.reads, {(r.scenario, r.run): r.thread_id for r in baseline})
+
+    def _start_planned(self, plan: Sequence[PlannedRun]) -> StartFrom | None:
+        """Replay-first: the baseline's runs as written, before the warehouse verified them (`_run_more`)."""
+        if not self.replay_first:
+            return None
+        return StartFrom(self.reads, {(p.scenario.id, p.run): p.thread_id for p in plan})
 
     def _note(self, what: str) -> None:
         """Which model the runs used so far and how its calls went; said for a model behind an endpoint."""

@@ -45,6 +45,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from improve.errors import ImproveError, ProposalError
 from improve.loop.branches import (
     Branch,
@@ -211,12 +213,28 @@ class _Space:
     """Each scenario's decisions as a mask (see `_scenarios`)."""
     scenario_counts: dict[int, int] = field(default_factory=dict)
     """`_scenarios` of the masks asked so far: the search asks of the same covers again and again."""
+    _grid: np.ndarray | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         masks: dict[str, int] = {}
         for i, case in enumerate(self.cases):
             masks[case.scenario] = masks.get(case.scenario, 0) | 1 << i
         self.by_scenario = list(masks.values())
+
+    def grid(self) -> np.ndarray:
+        """Each atom's mask as a row of bytes (case i is bit i % 8 of byte i // 8), made once."""
+        if self._grid is None:
+            data = b"".join(m.to_bytes(self._bytes, "little") for m in self.masks)
+            self._grid = np.frombuffer(data, dtype=np.uint8).reshape(len(self.masks), self._bytes)
+        return self._grid
+
+    def bits(self, mask: int) -> np.ndarray:
+        """A mask of cases as a row of bytes, as `grid` holds them."""
+        return np.frombuffer(mask.to_bytes(self._bytes, "little"), dtype=np.uint8)
+
+    @property
+    def _bytes(self) -> int:
+        return (len(self.cases) + 7) // 8
 
 
 def _costs(atoms: Sequence[Atom], masks: Sequence[int], vocab: RuleTerms) -> list[float]:
@@ -288,65 +306,226 @@ def _grow(
     failures of the most scenarios wins, then the one that compresses the most (each failure worth
     log2((P + N) / P) bits). Ties go to fewer conditions, then the best score. Returns the
     conjunction, what it covers (all decisions where it holds), and its net worth in bits."""
-    everything = (1 << len(space.cases)) - 1
-    beam: list[tuple[tuple[float, ...], tuple[int, ...], int]] = [((), (), everything)]
-    best: tuple[tuple[float, ...], tuple[int, ...], int, float] | None = None
-    total_r, total_n = _scenarios(space, right), _scenarios(space, negatives)
-    total_p = _scenarios(space, positives)
-    # Bits a scenario covered is worth: what knowing the condition holds tells about the answer.
-    per_scenario = math.log2((total_p + total_n) / total_p) if total_p else 0.0
-    ties = _ties(space, about)
+    beam: list[_Grown] = [((), (), (1 << len(space.cases)) - 1)]
+    best: _Best | None = None
+    worth = _Worth.of(space, positives, negatives, right, design)
     # Two facts compared are a rule about the answer's own amounts (pay what is refundable when less was
     # asked); between unrelated facts, a coincidence of scale.
-    usable = [
-        (index, space.masks[index], space.costs[index], ties[index], atom in skip_first)
-        for index, atom in enumerate(space.atoms)
-        if not (atom.kind == "pair" and not atom.paths & about)
-    ]
+    usable = [i for i, atom in enumerate(space.atoms) if not (atom.kind == "pair" and not atom.paths & about)]
+    search = _Search(space, positives, negatives, usable, _ties(space, about), skip_first, worth)
     for depth in range(MAX_ATOMS):
-        # Keyed by the set of atoms chosen, as bits: `x && y` and `y && x` are one conjunction.
-        grown: dict[int, tuple[tuple[float, ...], tuple[int, ...], int]] = {}
-        for _, chosen, cover in beam:
-            chosen_bits = sum(1 << i for i in chosen)
-            cover_p, cover_n = cover & positives, cover & negatives
-            p0, n0 = cover_p.bit_count(), cover_n.bit_count()
-            # Adding an atom is scored by its FOIL gain over the term so far, less the bits its choice
-            # costs; ties are broken by `_ties`. This loop runs for every atom of every partial term,
-            # so what depends on the term alone is computed once per term.
-            before = math.log2(p0 / (p0 + n0))
-            for index, mask, cost, tie, skipped in usable:
-                if (depth == 0 and skipped) or index in chosen:
-                    continue
-                p = (mask & cover_p).bit_count()
-                if p == 0:
-                    continue
-                n = (mask & cover_n).bit_count()
-                score = (round(p * (math.log2(p / (p + n)) - before) - cost, 9), float(p), *tie)
-                key = chosen_bits | 1 << index
-                if key not in grown or score > grown[key][0]:
-                    grown[key] = (score, (*chosen, index), cover & mask)
-        if not grown:
+        exact, beam = search.extend(beam, depth)
+        best = worth.pick(best, exact)
+        if not beam:
             break
-        ranked = sorted(grown.values(), key=lambda g: g[0], reverse=True)
-        for score, chosen, cover in ranked:
-            if cover & negatives:
-                continue
+    return worth.result(best)
+
+
+_Best = tuple[tuple[float, ...], tuple[int, ...], int, float]
+"""The best exact conjunction so far: its rank, its atoms, its cover, its net worth in bits."""
+
+
+@dataclass(frozen=True)
+class _Worth:
+    """What an exact conjunction is worth, and how the exact ones rank (see `_grow`)."""
+
+    space: _Space
+    positives: int
+    right: int
+    design: Design
+    total_r: int
+    total_n: int
+    per_scenario: float
+    """Bits a scenario covered is worth, by coverage: what knowing the condition holds tells about the
+    answer."""
+
+    @classmethod
+    def of(cls, space: _Space, positives: int, negatives: int, right: int, design: Design) -> _Worth:
+        total_p = _scenarios(space, positives)
+        total_r, total_n = _scenarios(space, right), _scenarios(space, negatives)
+        per_scenario = math.log2((total_p + total_n) / total_p) if total_p else 0.0
+        return cls(space, positives, right, design, total_r, total_n, per_scenario)
+
+    def by_scenarios(self) -> list[float]:
+        """The bits of covering 0, 1, 2, ... scenarios (of right answers by evidence, of failures by
+        coverage), before the conditions' cost."""
+        counts = range(len(self.space.by_scenario) + 1)
+        if self.design.evidence:
+            return [_evidence(c, self.total_r, self.total_n) for c in counts]
+        return [c * self.per_scenario for c in counts]
+
+    def pick(self, best: _Best | None, exact: Sequence[_Grown]) -> _Best | None:
+        """`best`, or the first of the exact conjunctions (best first) that ranks above it."""
+        space = self.space
+        for score, chosen, cover in exact:
             cost = sum(space.costs[i] for i in chosen)
-            fixed = float(_scenarios(space, cover & positives))
-            if design.evidence:
-                net = _evidence(_scenarios(space, cover & right), total_r, total_n) - cost
+            fixed = float(_scenarios(space, cover & self.positives))
+            if self.design.evidence:
+                net = _evidence(_scenarios(space, cover & self.right), self.total_r, self.total_n) - cost
                 rank: tuple[float, ...] = (round(net, 9), fixed, -len(chosen), *score)
             else:
-                net = fixed * per_scenario - cost
+                net = fixed * self.per_scenario - cost
                 rank = (fixed, round(net, 9), -len(chosen), *score)
             if best is None or rank > best[0]:
                 best = (rank, chosen, cover, net)
-        beam = [g for g in ranked if g[2] & negatives][:BEAM]
-        if not beam:
-            break
-    if best is None or (design.evidence and best[3] <= 0):
-        return None
-    return tuple(space.atoms[i] for i in best[1]), best[2], best[3]
+        return best
+
+    def result(self, best: _Best | None) -> tuple[tuple[Atom, ...], int, float] | None:
+        """The conjunction found, what it covers, its net worth; None when there is none, or by evidence
+        when it does not pay for its conditions."""
+        if best is None or (self.design.evidence and best[3] <= 0):
+            return None
+        return tuple(self.space.atoms[i] for i in best[1]), best[2], best[3]
+
+
+_Grown = tuple[tuple[float, ...], tuple[int, ...], int]
+"""A conjunction of the search: its score (`_Search._score`), its atoms in the order chosen, its cover."""
+
+_ONES = np.array([bin(b).count("1") for b in range(256)], dtype=np.int64)
+"""The bits set in each byte: a mask's count is the sum over its bytes (numpy's own count of bits is
+newer than the oldest numpy this supports, and a product of matrices would be BLAS's, whose threads
+wait for each other on a busy machine)."""
+
+_MARGIN = 1e-6
+"""Far more than rounding to 9 decimals (or summing in another order) moves a score or a net worth: a
+conjunction this far under another cannot rank above it, whatever its ties."""
+
+
+class _Search:
+    """The steps of one beam search, each extending every partial conjunction by every usable atom at
+    once, with the results of a loop over the atoms that tries each in turn.
+
+    A conjunction reached from two partial ones (`x && y` and `y && x`) keeps the better score, the first
+    met among equals, and ranks where it was first met among conjunctions of equal score. Counts are
+    counts of the bits of the atoms' masks, a byte at a time (`_ONES`); a score is computed with the loop's
+    floating-point operations, the logarithms from `math.log2`. Only where the order depends on them are
+    scores made tuples, rounded and tied: conjunctions reached twice, and those that can still rank first
+    among the exact ones (by their net worth, `worth[scenarios covered]` less their cost) or reach the
+    next beam."""
+
+    def __init__(
+        self,
+        space: _Space,
+        positives: int,
+        negatives: int,
+        usable: list[int],
+        ties: list[tuple[float, ...]],
+        skip_first: set[Atom],
+        worth: _Worth,
+    ) -> None:
+        self.space, self.positives, self.negatives, self.ties = space, positives, negatives, ties
+        self.design = worth.design
+        self.worth = np.array(worth.by_scenarios(), dtype=np.float64)
+        self.usable = np.array(usable, dtype=np.int64)
+        self.rows = space.grid()[self.usable]
+        self.costs = np.array(space.costs, dtype=np.float64)[self.usable]
+        self.skipped = np.array([space.atoms[i] in skip_first for i in usable], dtype=bool)
+        # What an exact conjunction is worth counts the scenarios of its right answers (evidence) or of
+        # the failures it fixes (coverage); the ranks of both designs count the latter first or second.
+        self.of_right = np.stack([space.bits(m & worth.right) for m in space.by_scenario])
+        self.of_fixed = np.stack([space.bits(m & positives) for m in space.by_scenario])
+        self.width = len(space.cases) + 1
+        self.radix = max(1, len(space.atoms))
+        assert self.radix**MAX_ATOMS < 2**62, "too many atoms to number their conjunctions"
+
+    def extend(self, beam: Sequence[_Grown], depth: int) -> tuple[list[_Grown], list[_Grown]]:
+        """The conjunctions one atom longer than one in `beam`: the exact ones (matching no negative)
+        that can rank first, best first, and the next beam."""
+        parts: list[tuple[np.ndarray, ...]] = []
+        for b, (_, chosen, cover) in enumerate(beam):
+            cover_p, cover_n = cover & self.positives, cover & self.negatives
+            p0, n0 = cover_p.bit_count(), cover_n.bit_count()
+            before = math.log2(p0 / (p0 + n0))
+            p = _ONES[self.rows & self.space.bits(cover_p)].sum(axis=1)
+            n = _ONES[self.rows & self.space.bits(cover_n)].sum(axis=1)
+            ok = p > 0
+            if depth == 0:
+                ok &= ~self.skipped
+            if chosen:
+                ok &= ~np.isin(self.usable, chosen)
+            at = np.flatnonzero(ok)
+            p, n = p[at], n[at]
+            score = p * (self._log2_ratio(p, n) - before) - self.costs[at]
+            atoms = np.empty((len(at), depth + 1), dtype=np.int64)
+            if depth:
+                atoms[:, :depth] = chosen
+            atoms[:, depth] = self.usable[at]
+            atoms.sort(axis=1)
+            key = atoms @ (self.radix ** np.arange(depth, -1, -1, dtype=np.int64))
+            parts.append((np.full(len(at), b), at, p, n, score, key))
+        self.parent, self.at, self.p, n, self.score, key = (
+            np.concatenate(column) for column in zip(*parts, strict=True)
+        )
+        if not len(key):
+            return [], []
+        _, self.first, which, times = np.unique(
+            key, return_index=True, return_inverse=True, return_counts=True
+        )
+        self.winner = self.first.copy()
+        for k in np.flatnonzero(times > 1).tolist():
+            # Reached from several partial conjunctions: the better score, the first met among equals.
+            met = np.flatnonzero(which == k).tolist()
+            win = met[0]
+            for i in met[1:]:
+                if self._score(i) > self._score(win):
+                    win = i
+            self.winner[k] = win
+        exact = np.flatnonzero(n[self.winner] == 0)
+        inexact = np.flatnonzero(n[self.winner] != 0)
+        if len(inexact) > BEAM:
+            near = self.score[self.winner[inexact]]
+            edge = np.partition(near, len(near) - BEAM)[len(near) - BEAM]
+            inexact = inexact[near >= edge - _MARGIN]
+        return self._ranked(self._first_candidates(exact, beam), beam), self._ranked(inexact, beam)[:BEAM]
+
+    def _first_candidates(self, exact: np.ndarray, beam: Sequence[_Grown]) -> np.ndarray:
+        """The exact conjunctions that can rank first: those worth (`_grow`'s rank) within `_MARGIN` of
+        the most, after the failures they fix for a ranking by coverage."""
+        if len(exact) < 2:
+            return exact
+        w = self.winner[exact]
+        parents = np.stack([self.space.bits(cover) for _, _, cover in beam])
+        covered = (parents[self.parent[w]] & self.rows[self.at[w]])[:, None, :]
+        fixed = (covered & self.of_fixed).any(axis=2).sum(axis=1)
+        spent = np.array([sum(self.space.costs[i] for i in chosen) for _, chosen, _ in beam])[self.parent[w]]
+        spent = spent + self.costs[self.at[w]]
+        if self.design.evidence:
+            net = self.worth[(covered & self.of_right).any(axis=2).sum(axis=1)] - spent
+            near: np.ndarray = net >= net.max() - _MARGIN
+        else:
+            most = fixed == fixed.max()
+            net = np.where(most, self.worth[fixed] - spent, -np.inf)
+            near = most & (net >= net.max() - _MARGIN)
+        found: np.ndarray = exact[near]
+        return found
+
+    def _ranked(self, found: np.ndarray, beam: Sequence[_Grown]) -> list[_Grown]:
+        """The conjunctions `found` in the loop's order: by score, then where each was first met."""
+        entries = [
+            (self._score(w), int(self.first[k]), w) for k in found.tolist() for w in (int(self.winner[k]),)
+        ]
+        entries.sort(key=lambda e: e[1])
+        entries.sort(key=lambda e: e[0], reverse=True)  # stable: equal scores stay in the order met
+        ranked: list[_Grown] = []
+        for score, _, w in entries:
+            _, chosen, cover = beam[int(self.parent[w])]
+            atom = int(self.usable[self.at[w]])
+            ranked.append((score, (*chosen, atom), cover & self.space.masks[atom]))
+        return ranked
+
+    def _score(self, i: int) -> tuple[float, ...]:
+        """The candidate's score as the loop ranks it: its FOIL gain less its cost (9 decimals), its
+        positives, then the ties of the atom it adds."""
+        return (round(float(self.score[i]), 9), float(self.p[i]), *self.ties[int(self.usable[self.at[i]])])
+
+    def _log2_ratio(self, p: np.ndarray, n: np.ndarray) -> np.ndarray:
+        """log2(p / (p + n)) of each pair, by `math.log2` on each distinct pair."""
+        code = p * self.width + n
+        distinct, where = np.unique(code, return_inverse=True)
+        values = [
+            math.log2((c // self.width) / (c // self.width + c % self.width)) for c in distinct.tolist()
+        ]
+        return np.array(values, dtype=np.float64)[where]
 
 
 def _evidence(covered: int, right: int, wrong: int) -> float:
