@@ -348,6 +348,7 @@ NOT_FOR_A_COMMANDS_HELP = (
     "msgspec",
     "httpx2",
     "rich",  # the consoles and tables print a command's result, never its help (about 30 ms of a start)
+    "pydantic",  # typer coerces an option's value through it, but no option's value is read for --help
 )
 
 

@@ -40,9 +40,10 @@ from improve.log import (
     stream,
     to_log_entry,
 )
+from improve.log.bulk import bulk_content, content_struct
 from improve.log.chain import check_chain, content_bytes, seal
 from improve.machine import fold as fold_module
-from improve.machine import fold_of
+from improve.machine import fold_of, sorted_text
 from improve.runtime import load_environment
 from improve.runtime.policy import load_policy
 from tests.helpers import REPO, copy_workspace, examples, fold_against_interpreter
@@ -108,6 +109,13 @@ def by_checked_contract(line: bytes) -> Outcome:
 def assert_same(line: bytes) -> None:
     assert by_bulk(line) == by_contract(line), line
     assert by_file_reader(line) == by_checked_contract(line), line
+    try:
+        entry = decode_entry(line)
+    except ValidationError:
+        return
+    if isinstance(entry, BulkEntry) and entry.schemaVersion == 2:
+        # The chain hashes a decoded entry's content written from the struct: the dict's text.
+        assert sorted_text(content_struct(entry)) == sorted_text(bulk_content(entry)), line
 
 
 # --- every bundled thread ------------------------------------------------------------------------------

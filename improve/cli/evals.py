@@ -137,6 +137,7 @@ scenarios_app = typer.Typer(
     rich_markup_mode=None,
     help="Scenario files: validate them, add a labelled one from a thread.",
     no_args_is_help=True,
+    add_completion=False,
 )
 
 

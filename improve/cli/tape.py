@@ -18,6 +18,7 @@ tape_app = typer.Typer(
     rich_markup_mode=None,
     help="opencli session tapes: replay them through the tool-loop machine and its guards.",
     no_args_is_help=True,
+    add_completion=False,
 )
 
 

@@ -76,7 +76,12 @@ class EntryView(Protocol):
 NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
 
 
-class BulkAttempt(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+# `omit_defaults`: msgspec writes a struct without the fields that are None (and an entry without
+# schemaVersion 1), as the chain's content leaves out absent fields (`content_struct`); nothing else
+# writes these structs.
+
+
+class BulkAttempt(msgspec.Struct, forbid_unknown_fields=True, frozen=True, omit_defaults=True):
     """`Attempt`, field for field."""
 
     kind: FailureKind
@@ -85,14 +90,14 @@ class BulkAttempt(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     guard: str | None = None
 
 
-class BulkVerification(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+class BulkVerification(msgspec.Struct, forbid_unknown_fields=True, frozen=True, omit_defaults=True):
     """`Verification`, field for field."""
 
     stateHash: str | None = None
     entryHash: str | None = None
 
 
-class BulkEntry(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+class BulkEntry(msgspec.Struct, forbid_unknown_fields=True, frozen=True, omit_defaults=True):
     """`LogEntry`, field for field (see the module docstring for what keeps them equal)."""
 
     id: NonEmpty
@@ -225,6 +230,21 @@ def bulk_content(entry: BulkEntry) -> dict[str, Any]:
     if entry.verification is not None and entry.verification.stateHash is not None:
         data["verification"] = {"stateHash": entry.verification.stateHash}
     return data
+
+
+def content_struct(entry: BulkEntry) -> BulkEntry:
+    """`bulk_content` of a schemaVersion 2 entry as a struct that msgspec, fields and keys sorted, writes
+    as it writes that dict: the entry without `threadId` and `verification.entryHash` (and without an
+    empty `verification`), absent fields omitted. A copy made in C, where the dict was built in Python:
+    the chain's check of a decoded entry hashes this text first (see `chain._links`). Not for version 1,
+    whose `schemaVersion` msgspec leaves out as the default."""
+    verification = entry.verification
+    kept = (
+        None
+        if verification is None or verification.stateHash is None
+        else BulkVerification(verification.stateHash)
+    )
+    return msgspec.structs.replace(entry, threadId=None, verification=kept)
 
 
 def _attempt_content(attempt: BulkAttempt) -> dict[str, Any]:

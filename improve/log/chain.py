@@ -39,7 +39,7 @@ from typing import Any
 import msgspec
 
 from improve.errors import LogError, TamperError
-from improve.log.bulk import BulkEntry, EntryView, bulk_content
+from improve.log.bulk import BulkEntry, EntryView, bulk_content, content_struct
 from improve.log.entry import END_EVENT, SCHEMA_VERSION, LogEntry, Verification
 from improve.machine import canonical_bytes, decoded_canonical_bytes, plain_json, sorted_text
 
@@ -162,7 +162,8 @@ def _links(entry: EntryView, previous: str, found: str) -> bool:
     hashed first (`sorted_text`): when it chains, it is the canonical text, and the floats in the entry
     need no walk; when it does not, the canonical text decides."""
     if isinstance(entry, BulkEntry):
-        text = sorted_text(bulk_content(entry))
+        # check_chain asks only of schemaVersion 2 entries, whose content `content_struct` writes.
+        text = sorted_text(content_struct(entry))
         if text is not None and _link(previous, text) == found:
             return True
     return _link(previous, content_bytes(entry)) == found

@@ -92,12 +92,13 @@ class ReplayResult:
         return self.input_tokens + self.output_tokens
 
 
-def _result(**fields: Any) -> ReplayResult:
+def _result(fields: dict[str, Any]) -> ReplayResult:
     """A `ReplayResult` of every field, built without the frozen dataclass's `__init__`, which sets each
-    of its sixteen fields through `object.__setattr__`: a tenth of replaying a short thread. It is as
-    frozen as any other (tests/test_replay.py checks that every field is given, and nothing else)."""
+    of its sixteen fields through `object.__setattr__`: a tenth of replaying a short thread. `fields`
+    becomes its `__dict__` (a dict display, not keywords: packing sixteen keywords cost as much again).
+    It is as frozen as any other (tests/test_replay.py checks that every field is given, and nothing else)."""
     result = object.__new__(ReplayResult)
-    result.__dict__.update(fields)
+    object.__setattr__(result, "__dict__", fields)
     return result
 
 
@@ -216,7 +217,8 @@ def replay(
     # `validate_log`'s checks are made in the fold's own pass; anything that fails in it (a check, the
     # fold, a count) asks `validate_log` first, so a log of the wrong shape is named as such, whatever
     # else an earlier entry of it broke (as when the whole log was validated before folding).
-    machine_id, version, thread = machine.id, machine.version, chosen[0].threadId
+    config = machine.config
+    machine_id, version, thread = config.id, config.version, chosen[0].threadId
     last = len(entries) - 1
     try:
         for position, entry in enumerate(chosen):
@@ -320,22 +322,24 @@ def replay(
             if len(chosen) == len(entries):
                 _check_end(entries[-1], status, snapshot)
     return _result(
-        snapshot=snapshot,
-        status=status,
-        entries=len(chosen),
-        steps=steps,
-        model_calls=calls,
-        input_tokens=tokens_in,
-        output_tokens=tokens_out,
-        failed_attempts=failed,
-        stamp=stamp,
-        cost_usd=cost,
-        verification=verification,
-        ended=ended,
-        budget_left=budget.left(calls),
-        decisions=decisions,
-        fallbacks=fallbacks,
-        fallback_reason=reason,
+        {
+            "snapshot": snapshot,
+            "status": status,
+            "entries": len(chosen),
+            "steps": steps,
+            "model_calls": calls,
+            "input_tokens": tokens_in,
+            "output_tokens": tokens_out,
+            "failed_attempts": failed,
+            "stamp": stamp,
+            "cost_usd": cost,
+            "verification": verification,
+            "ended": ended,
+            "budget_left": budget.left(calls),
+            "decisions": decisions,
+            "fallbacks": fallbacks,
+            "fallback_reason": reason,
+        }
     )
 
 

@@ -65,6 +65,7 @@ def _expr_fn(expr: Expr) -> Value:
 
 
 _SCALARS = frozenset({str, int, float, bool, type(None)})
+_MICROSTEPS = range(MAX_MICROSTEPS)
 
 
 def _constant(tree: CompiledTree) -> tuple[bool, Any]:
@@ -153,7 +154,7 @@ def _assign_fn(assign: dict[str, CompiledTree]) -> Assign:
 class _Step:
     """One compiled candidate transition."""
 
-    __slots__ = ("assign", "guard", "named", "params", "target")
+    __slots__ = ("assign", "guard", "named", "params", "target", "to")
 
     def __init__(self, t: Transition) -> None:
         self.guard: Value | None = _expr_fn(t.guard) if t.guard is not None else None
@@ -161,6 +162,8 @@ class _Step:
         self.params: Mapping[str, Any] = t.named_guard.params if t.named_guard is not None else {}
         self.assign: Assign | None = _assign_fn(t.assign) if t.assign else None
         self.target = t.target
+        self.to: _State | None = None
+        """The target's compiled state (`Fold` links it once every state is compiled)."""
 
 
 def _steps(ts: tuple[Transition, ...]) -> tuple[_Step, ...]:
@@ -196,12 +199,15 @@ class _State:
         "error",
         "final",
         "invoke",
+        "name",
         "on",
         "output",
         "source",
+        "stable",
     )
 
-    def __init__(self, state: State) -> None:
+    def __init__(self, name: str, state: State) -> None:
+        self.name = name
         self.source = state
         self.final = state.final
         self.output: Value | None = _tree_fn(state.output) if state.output is not None else None
@@ -214,6 +220,11 @@ class _State:
         self.decide = inv is not None and inv.decide is not None
         self.done = _steps(inv.on_done) if inv is not None else ()
         self.error = _steps(inv.on_error) if inv is not None else ()
+        self.stable = not self.final and not self.branches
+        """Entered, it is where the run stands: no output to evaluate, no branch to follow."""
+
+    def steps(self) -> tuple[_Step, ...]:
+        return (*self.branches, *self.done, *self.error, *(s for ts in self.on.values() for s in ts))
 
 
 class FoldRun:
@@ -265,7 +276,11 @@ class Fold:
 
     def __init__(self, machine: Machine) -> None:
         self.machine = machine
-        self.states = {name: _State(state) for name, state in machine.states.items()}
+        self.states = states = {name: _State(name, state) for name, state in machine.states.items()}
+        for state in states.values():
+            for step in state.steps():
+                if step.target is not None:
+                    step.to = states[step.target]
         self.context_init = _tree_fn(machine.context_init)
         self.context_tree = isinstance(machine.context_init, dict)  # evaluated to a fresh dict
         self.initial = machine.config.initial
@@ -282,7 +297,7 @@ class Fold:
             context = self.context_init(env)
             if not self.context_tree:
                 context = dict(context)  # an expression's result: the run's own copy, as `initial` makes
-            self._settle(run, self.initial, context, {"type": "xstate.init", "input": input})
+            self._settle(run, self.states[self.initial], context, {"type": "xstate.init", "input": input})
         except Exception:
             self.fallbacks += 1
             self._load(run, initial(self.machine, input))
@@ -327,11 +342,18 @@ class Fold:
                 return False
             if taken.assign is not None:
                 context = taken.assign(env, context)
-            if taken.target is None:
+            to = taken.to
+            if to is None:
                 # A targetless transition stays without re-entering: the same actor is still owed.
                 run.context = context
                 return True
-            self._settle(run, taken.target, context, dict(event))
+            if to.stable:
+                # `_settle`'s last step, the only one it would take (the commonest target: an actor's state).
+                run.value, run.context = to.name, context
+                run.owed = (to.source, context, dict(event)) if to.invoke is not None else None
+                run.invocation = None
+                return True
+            self._settle(run, to, context, dict(event))
             return True
         except Exception:
             return self._reference_step(run, event)
@@ -386,18 +408,16 @@ class Fold:
 
     # --- the fast path ------------------------------------------------------------------------------
 
-    def _settle(self, run: FoldRun, value: str, context: dict[str, Any], event: dict[str, Any]) -> None:
-        """`interpreter._settle`: enter `value`, follow choices and eventless transitions; commits to
+    def _settle(self, run: FoldRun, state: _State, context: dict[str, Any], event: dict[str, Any]) -> None:
+        """`interpreter._settle`: enter `state`, follow choices and eventless transitions; commits to
         `run` only once the state is stable."""
         env = run.env
         env["event"] = event
-        states = self.states
-        for _ in range(MAX_MICROSTEPS):
-            state = states[value]
+        for _ in _MICROSTEPS:
             if state.final:
                 env["context"] = context
                 output = state.output(env) if state.output is not None else None
-                run.value, run.context, run.status, run.output = value, context, "done", output
+                run.value, run.context, run.status, run.output = state.name, context, "done", output
                 run.owed = run.invocation = None
                 return
             branches = state.branches
@@ -410,10 +430,10 @@ class Fold:
                 else:
                     if taken.assign is not None:
                         context = taken.assign(env, context)
-                    if taken.target is not None:
-                        value = taken.target
+                    if taken.to is not None:
+                        state = taken.to
                         continue
-            run.value, run.context = value, context
+            run.value, run.context = state.name, context
             run.owed = (state.source, context, event) if state.invoke is not None else None
             run.invocation = None
             return
