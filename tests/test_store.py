@@ -144,7 +144,9 @@ def test_thread_id_mismatch_is_rejected(store: Store) -> None:
     assert store.read(THREAD)[0].threadId == THREAD
 
 
-@pytest.mark.parametrize("bad", ["", "has space", "../escape", "a/b", "-leading-dash", "x" * 256])
+@pytest.mark.parametrize(
+    "bad", ["", "has space", "../escape", "a/b", "-leading-dash", "x" * 256, "trailing-newline\n"]
+)
 def test_invalid_thread_id_is_rejected(store: Store, bad: str) -> None:
     with pytest.raises(LogError, match="not valid"):
         store.append(bad, 0, [log_entry(0)])

@@ -45,7 +45,8 @@ budget of model calls from this entry on (the environment's `resume_budget`, or 
 LEGACY_WAIT_STATUS = "idle"
 """What end entries written before resumable runs said for a run stopped in a waiting state; read as
 the status the state declares (`waiting` by default)."""
-THREAD_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+=-]{0,254}$")
+# Used with fullmatch: `$` would also match before a trailing line feed ("t1\n" was a valid id).
+THREAD_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+=-]{0,254}")
 
 FailureKind = Literal["unknown-event", "invalid-payload", "rejected-by-guard", "no-answer"]
 
@@ -206,7 +207,7 @@ _V4 = (0x4000 << 64) | (0x8000 << 48)
 
 def check_thread_id(thread_id: str) -> str:
     """Thread ids become file names and SQL keys: letters, digits and `._:@+=-` only."""
-    if not isinstance(thread_id, str) or not THREAD_ID_PATTERN.match(thread_id):
+    if not isinstance(thread_id, str) or not THREAD_ID_PATTERN.fullmatch(thread_id):
         raise ValueError(
             f"thread id {thread_id!r} is not valid: use letters, digits and . _ : @ + = - "
             "(at most 255 characters), e.g. 'train:v3:naive:refund-small:r1'"

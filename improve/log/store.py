@@ -672,7 +672,7 @@ class JsonlDirStore:
                     if not name.endswith(SUFFIX) or name.startswith("."):
                         continue
                     thread_id = name[: -len(SUFFIX)]
-                    if THREAD_ID_PATTERN.match(thread_id) and item.is_file():
+                    if THREAD_ID_PATTERN.fullmatch(thread_id) and item.is_file():
                         ids.append(thread_id)
         except FileNotFoundError:
             pass
