@@ -33,7 +33,7 @@ from improve.errors import ConfigError, WorkspaceError
 
 T = TypeVar("T")
 
-SLUG = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+SLUG = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}\Z")
 SLUG_HINT = "lowercase letters, digits, '-' and '_', starting with a letter or digit, at most 63 characters"
 
 

@@ -99,6 +99,7 @@ def test_init_refuses_to_overwrite_and_writes_nothing(tmp_path: Path) -> None:
     ("args", "message"),
     [
         (["--env", "Bad Name"], "not a slug"),
+        (["--env", "desk\n"], "not a slug"),  # `$` alone would match before the line feed
         (["--env", "json"], "already importable"),
         (["--env", "a", "--from", "refunds"], "exactly one of"),
         ([], "exactly one of"),

@@ -28,7 +28,7 @@ DASK_SCHEME = "dask://"
 CONNECT_TIMEOUT_S = 10.0
 """Seconds to reach the scheduler, and then to see at least one worker."""
 
-_ADDRESS = re.compile(r"^(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):(?P<port>[0-9]{1,5})$")
+_ADDRESS = re.compile(r"^(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):(?P<port>[0-9]{1,5})\Z")
 
 
 @dataclass(frozen=True)

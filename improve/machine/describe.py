@@ -239,7 +239,7 @@ def describe_text(config: MachineConfig) -> str:
 
 # --- mermaid --------------------------------------------------------------------------------------
 
-_MERMAID_ID = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_MERMAID_ID = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 _MERMAID_KEYWORDS = frozenset(
     {
         "state",

@@ -48,7 +48,7 @@ Position = Literal["context", "guard", "assign", "invoke-input", "decision-input
 """Where an expression sits: a context initialiser, a guard, an assign value, an actor's input, an
 `agent.decide` request (its name, facts, payloads, prompt), or a final state's output."""
 
-_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
 def child_path(path: str, key: str) -> str:

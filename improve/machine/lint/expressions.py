@@ -12,7 +12,7 @@ from improve.machine.expr import ALLOWED_ROOTS, compile_expr
 from improve.machine.lint.document import Document, relative
 from improve.machine.walk import Expression, Position, expressions
 
-_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 _CEL_CONSTANTS = frozenset({"true", "false", "null"})
 _QUOTING = "every expression position holds CEL, so a literal string is quoted inside it (\"'text'\")"
 _WHAT: dict[Position, str] = {
