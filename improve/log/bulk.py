@@ -159,6 +159,20 @@ def decode_entry(line: bytes | str, *, shallow: bool = False) -> BulkEntry | Log
     return LogEntry.model_validate_json(line)
 
 
+def convert_entry(fields: dict[str, Any]) -> BulkEntry | LogEntry:
+    """An entry's fields (JSON's values, as a warehouse row gives them) as an entry, as
+    `LogEntry.model_validate` would read them: a `BulkEntry` where msgspec's strict conversion and the
+    validators' checks accept them, else what pydantic makes of them (the `LogEntry`, or its error)."""
+    try:
+        entry = msgspec.convert(fields, BulkEntry)
+    except msgspec.ValidationError:
+        return LogEntry.model_validate(fields)
+    event_type = entry.event.get("type")
+    if isinstance(event_type, str) and event_type and _valid_recorded_at(entry.recordedAt):
+        return entry
+    return LogEntry.model_validate(fields)
+
+
 def read_strictly(data: bytes) -> BulkEntry | None:
     """The line as msgspec reads it with the validators' checks, or None when it is pydantic's to judge.
     The caller rules out nesting past pydantic's limit first (see `decode_entry`). A line this reads is
