@@ -2,8 +2,8 @@
 
 `LogEntry` (entry.py) stays the contract and its documentation; the structs here mirror it field for
 field so that readers of many entries (replay, `improve replay --verify`, a store's reads, the
-materializer's reads of the warehouse: `convert_entry`) skip
-pydantic's per-entry model building, which cost as much as the fold itself. The rule that keeps them
+materializer's reads of the warehouse: `convert_entry`) skip pydantic's per-entry model building, which
+cost as much as the fold itself. The rule that keeps them
 honest: **the bulk path accepts exactly what `LogEntry` accepts, with the same values**, and a line it
 refuses is refused with pydantic's own message. msgspec is stricter than pydantic's lax JSON mode
 (`"index": 1.0`, `1e400`, nesting past pydantic's depth limit, ...), so any line msgspec or the checks
