@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -30,6 +31,7 @@ from improve.log import (
     EntryView,
     JsonlDirStore,
     LogEntry,
+    convert_entry,
     decode_entry,
     entry_content,
     entry_problems,
@@ -46,6 +48,8 @@ from improve.machine import fold as fold_module
 from improve.machine import fold_of, sorted_text
 from improve.runtime import load_environment
 from improve.runtime.policy import load_policy
+from improve.warehouse import COLUMNS, ingest, open_database, row_entry, row_view
+from improve.warehouse.store import entry_row
 from tests.helpers import REPO, copy_workspace, examples, fold_against_interpreter
 
 ENVIRONMENTS = ("refunds", "refund-approval", "tool-loop", "code-agent", "triage")
@@ -168,6 +172,48 @@ def test_every_bundled_thread_replays_and_verifies_the_same_both_ways(
             assert expected.verification == "verified"
             replayed += 1
     assert replayed > 100
+
+
+def by_fields(fields: Any) -> Outcome:
+    """The contract's reading of an entry's fields (a warehouse row's, `row_entry`)."""
+    try:
+        entry = LogEntry.model_validate(fields)
+    except ValidationError as error:
+        return ("refused", entry_problems(error), "")
+    return ("read", repr(entry.model_dump()), _hashed(entry))
+
+
+def by_conversion(fields: Any) -> Outcome:
+    try:
+        entry = convert_entry(fields)
+    except ValidationError as error:
+        return ("refused", entry_problems(error), "")
+    return ("read", repr(to_log_entry(entry).model_dump()), _hashed(entry))
+
+
+def test_every_bundled_thread_reads_back_from_the_warehouse_the_same_both_ways(
+    bundled: dict[str, JsonlDirStore],
+) -> None:
+    # What the materializer replays: each row of `entries` as the bulk path's struct (`row_view`) and as
+    # the contract's model (`row_entry`), the same values, hashes, replay and verification.
+    con = open_database()
+    ingest(con, [str(p) for p in _thread_files(bundled) if p not in FIXTURES])
+    rows = con.execute(f'SELECT {COLUMNS} FROM entries ORDER BY thread_id, "index"').fetchall()
+    assert len(rows) > 1000
+    threads: dict[str, list[tuple[Any, ...]]] = {}
+    for row in rows:
+        threads.setdefault(row[0], []).append(row)
+        view = row_view(row)
+        entry = row_entry(row)
+        assert repr(to_log_entry(view).model_dump()) == repr(entry.model_dump()) and _hashed(view) == _hashed(
+            entry
+        )
+    assert sum(isinstance(row_view(row), BulkEntry) for row in rows) >= 0.99 * len(rows)
+    machines = {load_environment(name).machine.id: load_environment(name).machine for name in bundled}
+    for thread_id, held in threads.items():
+        machine = machines[held[0][4]]
+        expected = replay(machine, [row_entry(r) for r in held], verify=True, thread_id=thread_id)
+        assert replay(machine, [row_view(r) for r in held], verify=True, thread_id=thread_id) == expected
 
 
 def _fold_differences(bundled: dict[str, JsonlDirStore]) -> tuple[int, list[str], int]:
@@ -428,6 +474,31 @@ def test_fuzzed_valid_entries_read_the_same_both_ways(entry: dict[str, Any]) -> 
 @given(mutated())
 def test_fuzzed_mutations_are_accepted_and_refused_the_same_both_ways(line: bytes) -> None:
     assert_same(line)
+
+
+@pytest.mark.slow
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(entries().map(lambda e: json.dumps(e).encode()), mutated()))
+def test_fuzzed_warehouse_rows_are_read_as_the_contract_reads_them(line: bytes) -> None:
+    # A row as the warehouse holds an entry the contract read (`entry_row`): `row_view` reads it as
+    # `row_entry` does, the same values and hashes; and the fields of any line, converted, are read
+    # or refused as `LogEntry.model_validate` reads or refuses them.
+    try:
+        entry = LogEntry.model_validate_json(line)
+    except ValidationError:
+        pass
+    else:
+        row = entry_row("t", entry)
+        view, held = row_view(row), row_entry(row)
+        assert repr(to_log_entry(view).model_dump()) == repr(held.model_dump()), line
+        assert _hashed(view) == _hashed(held), line
+    if line_problem(line) is not None:
+        return  # nested past the ingest's limit: no row holds it
+    try:
+        fields = msgspec.json.decode(line)
+    except msgspec.DecodeError:
+        return  # no row's JSON columns read so: `row_view` reads it as `row_entry` does
+    assert by_conversion(fields) == by_fields(fields), line
 
 
 @pytest.mark.parametrize(

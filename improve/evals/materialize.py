@@ -20,9 +20,9 @@ from improve.errors import ImproveError, LogError
 from improve.evals.outcome import OutcomeRow, outcome_row
 from improve.evals.scenarios import Scenario, load_scenarios
 from improve.evals.workspace import Workspace
-from improve.log import LogEntry, ThreadId, gc_paused
+from improve.log import EntryView, LogEntry, ThreadId, gc_paused
 from improve.runtime import Environment
-from improve.warehouse import COLUMNS, insert_rows, row_entry
+from improve.warehouse import COLUMNS, insert_rows, row_view
 
 
 @dataclass
@@ -63,7 +63,9 @@ def _pending(con: duckdb.DuckDBPyConnection, machine_ids: list[str], only: list[
 
 def _threads(
     con: duckdb.DuckDBPyConnection, thread_ids: list[str], chunk: int = 2000
-) -> Iterator[tuple[str, list[LogEntry]]]:
+) -> Iterator[tuple[str, list[EntryView]]]:
+    """Each thread's entries as the warehouse holds them, for the replay that verifies and scores them
+    (`row_view`: the bulk path's structs)."""
     for start in range(0, len(thread_ids), chunk):
         ids = thread_ids[start : start + chunk]
         rows = con.execute(
@@ -71,13 +73,13 @@ def _threads(
             [ids],
         ).fetchall()
         current: str | None = None
-        batch: list[LogEntry] = []
+        batch: list[EntryView] = []
         for row in rows:
             if row[0] != current:
                 if current is not None:
                     yield current, batch
                 current, batch = row[0], []
-            batch.append(row_entry(row))
+            batch.append(row_view(row))
         if current is not None:
             yield current, batch
 

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from improve.evals.scenarios import Scenario
-from improve.log import LogEntry, ThreadId, replay
+from improve.log import EntryView, ThreadId, replay
 from improve.machine import DONE_EVENT, ERROR_EVENT, canonical_json
 from improve.runtime import Environment
 
@@ -102,7 +102,7 @@ def fallbacks(rows: Iterable[OutcomeRow]) -> Fallbacks:
     return Fallbacks(decisions, failed, reason)
 
 
-def effects_from_log(entries: Sequence[LogEntry]) -> list[dict[str, Any]]:
+def effects_from_log(entries: Sequence[EntryView]) -> list[dict[str, Any]]:
     """The world's receipts, in the order they were recorded."""
     out: list[dict[str, Any]] = []
     for entry in entries:
@@ -150,7 +150,7 @@ def outcome_row(
     env: Environment,
     scenario: Scenario | None,
     thread_id: str,
-    entries: Sequence[LogEntry],
+    entries: Sequence[EntryView],
     verify: bool = False,
 ) -> OutcomeRow:
     """Replay one thread and score it against the scenario's labels (unscored when `scenario` is None:

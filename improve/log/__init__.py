@@ -14,6 +14,7 @@ from improve.log.bulk import (
     BulkVerification,
     EntryView,
     VerificationView,
+    convert_entry,
     decode_entry,
     to_log_entry,
 )
@@ -124,6 +125,7 @@ __all__ = [
     "check_upto",
     "checked_thread_id",
     "conflict",
+    "convert_entry",
     "decode_entry",
     "entry_content",
     "entry_hash",

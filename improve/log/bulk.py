@@ -1,8 +1,9 @@
 """The bulk decode path: log entry lines into light msgspec structs, without a pydantic model per entry.
 
 `LogEntry` (entry.py) stays the contract and its documentation; the structs here mirror it field for
-field so that readers of many entries (replay, `improve replay --verify`, a store's reads) skip
-pydantic's per-entry model building, which cost as much as the fold itself. The rule that keeps them
+field so that readers of many entries (replay, `improve replay --verify`, a store's reads, the
+materializer's reads of the warehouse: `convert_entry`) skip pydantic's per-entry model building, which
+cost as much as the fold itself. The rule that keeps them
 honest: **the bulk path accepts exactly what `LogEntry` accepts, with the same values**, and a line it
 refuses is refused with pydantic's own message. msgspec is stricter than pydantic's lax JSON mode
 (`"index": 1.0`, `1e400`, nesting past pydantic's depth limit, ...), so any line msgspec or the checks
@@ -162,6 +163,20 @@ def decode_entry(line: bytes | str, *, shallow: bool = False) -> BulkEntry | Log
         if entry is not None:
             return entry
     return LogEntry.model_validate_json(line)
+
+
+def convert_entry(fields: dict[str, Any]) -> BulkEntry | LogEntry:
+    """An entry's fields (JSON's values, as a warehouse row gives them) as an entry, as
+    `LogEntry.model_validate` would read them: a `BulkEntry` where msgspec's strict conversion and the
+    validators' checks accept them, else what pydantic makes of them (the `LogEntry`, or its error)."""
+    try:
+        entry = msgspec.convert(fields, BulkEntry)
+    except msgspec.ValidationError:
+        return LogEntry.model_validate(fields)
+    event_type = entry.event.get("type")
+    if isinstance(event_type, str) and event_type and _valid_recorded_at(entry.recordedAt):
+        return entry
+    return LogEntry.model_validate(fields)
 
 
 def read_strictly(data: bytes) -> BulkEntry | None:

@@ -61,7 +61,7 @@ from improve.warehouse.sql import (
     render_markdown,
     schema_doc,
 )
-from improve.warehouse.store import COLUMNS, row_entry
+from improve.warehouse.store import COLUMNS, row_entry, row_view
 
 __all__ = [
     "COLUMNS",
@@ -102,6 +102,7 @@ __all__ = [
     "render_markdown",
     "request_json",
     "row_entry",
+    "row_view",
     "schema_doc",
     "selected_thread_ids",
     "send_requests",
