@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import random
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -73,20 +74,23 @@ def _hashed(entry: EntryView) -> str:
     return _normal(entry_content(entry)) + " " + hashed
 
 
-def by_contract(line: bytes) -> Outcome:
+def _outcome(read: Callable[[Any], Any], given: Any) -> Outcome:
+    """What a reader makes of `given`: refused with the contract's problems, or read (as the contract's
+    LogEntry, and its content's hash)."""
     try:
-        entry = LogEntry.model_validate_json(line)
+        entry = read(given)
     except ValidationError as error:
         return ("refused", entry_problems(error), "")
-    return ("read", repr(entry.model_dump()), _hashed(entry))
+    logged = entry if isinstance(entry, LogEntry) else to_log_entry(entry)
+    return ("read", repr(logged.model_dump()), _hashed(entry))
+
+
+def by_contract(line: bytes) -> Outcome:
+    return _outcome(LogEntry.model_validate_json, line)
 
 
 def by_bulk(line: bytes) -> Outcome:
-    try:
-        entry = decode_entry(line)
-    except ValidationError as error:
-        return ("refused", entry_problems(error), "")
-    return ("read", repr(to_log_entry(entry).model_dump()), _hashed(entry))
+    return _outcome(decode_entry, line)
 
 
 def by_file_reader(line: bytes) -> Outcome:
@@ -176,19 +180,11 @@ def test_every_bundled_thread_replays_and_verifies_the_same_both_ways(
 
 def by_fields(fields: Any) -> Outcome:
     """The contract's reading of an entry's fields (a warehouse row's, `row_entry`)."""
-    try:
-        entry = LogEntry.model_validate(fields)
-    except ValidationError as error:
-        return ("refused", entry_problems(error), "")
-    return ("read", repr(entry.model_dump()), _hashed(entry))
+    return _outcome(LogEntry.model_validate, fields)
 
 
 def by_conversion(fields: Any) -> Outcome:
-    try:
-        entry = convert_entry(fields)
-    except ValidationError as error:
-        return ("refused", entry_problems(error), "")
-    return ("read", repr(to_log_entry(entry).model_dump()), _hashed(entry))
+    return _outcome(convert_entry, fields)
 
 
 def test_every_bundled_thread_reads_back_from_the_warehouse_the_same_both_ways(
