@@ -10,7 +10,7 @@ import tempfile
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from bench.chat_bench import chat_figures
 from bench.cluster_bench import cluster_figures
@@ -21,6 +21,7 @@ from bench.round_bench import round_figures
 from bench.startup_bench import startup_figures
 from bench.warehouse_bench import warehouse_figures
 from bench.xstate_bench import xstate_figures
+from improve.loop.proposers.generalize import Generalization
 
 
 def main() -> None:
@@ -68,18 +69,11 @@ def main() -> None:
     parser.add_argument(
         "--fixtures",
         action="store_true",
-        help="with --generalize: the two desks of other domains in tests/fixtures/desks too",
+        help="with --generalize: the three desks of other domains in tests/fixtures/desks too",
     )
     parser.add_argument(
         "--design",
-        choices=[
-            "shortest",
-            "shortest+common",
-            "evidence",
-            "evidence+common",
-            "evidence+bounded",
-            "evidence+agree",
-        ],
+        choices=list(get_args(Generalization)),
         help="with --generalize: the rule miner's design (default: its default; see "
         "improve/loop/proposers/generalize.py)",
     )

@@ -1238,18 +1238,84 @@ def test_the_workspace_remembers_discarded_candidates_in_its_state_directory(tmp
         read_discarded(path)
 
 
-def test_a_round_moves_on_or_tries_a_narrower_rule_after_a_discard() -> None:
-    """Each cluster gets one candidate along a policy's line, and a narrower one when the first reached
-    too far; then the next cluster."""
+def test_a_round_moves_on_or_tries_a_narrower_or_broader_rule_after_a_discard() -> None:
+    """Each cluster gets one candidate along a policy's line and a narrower one when the first reached
+    too far; then the next cluster, and when every one was tried, a broader rule for one whose
+    candidate gained too little."""
     from improve.loop.discards import focus
 
     aim = focus(
-        [discarded("a", "gain"), discarded("b", "reach"), discarded("c", "reach"), discarded("c", "reach")]
+        [
+            discarded("a", "gain"),
+            discarded("b", "reach"),
+            discarded("c", "reach"),
+            discarded("c", "gain"),
+            discarded("e", "gates"),
+        ]
     )
-    assert aim.skip == ("a", "c") and set(aim.narrower or {}) == {"b"}
+    assert (
+        aim.skip == ("a", "c", "e") and set(aim.narrower or {}) == {"b"} and set(aim.broader or {}) == {"a"}
+    )
     assert "a narrower rule for cluster b" in str(aim.says("b"))
-    assert aim.says("d") == "the next cluster: already tried along this policy's line: a, c"
+    assert aim.says("d") == "the next cluster: already tried along this policy's line: a, c, e"
+    # When every cluster was tried, the one that gained too little comes round with a broader rule.
+    assert aim.again("a").startswith("a broader rule for cluster a: every cluster was tried")
+    assert aim.again("c").startswith("cluster c again: every cluster was tried")
     assert focus([]).says("a") is None
+
+
+def test_a_broader_rule_reaches_to_the_decisions_answered_otherwise() -> None:
+    """After a rule gained too little, the cluster's next rule moves each threshold it chose to the edge
+    of the training decisions answered otherwise: the days between 30 and 40, which no training
+    decision showed, are answered."""
+    late = [example(d, 0, "REFUND", ["CLOSE"], True, False, f"late-{d}") for d in (40, 45, 52, 60, 70, 80)]
+    refunders = [example(d, 3, "REFUND", ["ESCALATE"], False, True, f"refunder-{d}") for d in (50, 65)]
+    ok = [
+        example(d, r, "REFUND", ["REFUND"], False, True, f"ok-{d}")
+        for d, r in ((1, 0), (5, 1), (12, 0), (18, 2), (25, 0), (30, 1))
+    ]
+    examples = [*late, *refunders, *ok]
+    near = mine(examples, TYPES)[0]
+    assert near.condition == "facts.days >= 40 && facts.refunds <= 0", near.condition
+    far = mine(examples, TYPES, broader=[(near.guard, "CLOSE")], discarded=[(near.guard, "CLOSE")])[0]
+    assert far.condition == "facts.days > 30 && facts.refunds < 1", far.condition
+    # A number it kept (never seen varying with the answer) stays at its right answers' edge: reaching
+    # further along the fact the rule is about is no reason to reach along another.
+    for case, holds in zip(examples, [0] * 6 + [2, 1] + [0] * 6, strict=True):
+        case["facts"]["holds"] = holds
+    types = {**TYPES, "facts.holds": "int"}
+    near = mine(examples, types)[0]
+    assert near.condition == "facts.holds <= 0 && facts.days >= 40 && facts.refunds <= 0", near.condition
+    far = mine(examples, types, broader=[(near.guard, "CLOSE")], discarded=[(near.guard, "CLOSE")])[0]
+    assert far.condition == "facts.holds < 1 && facts.days > 30 && facts.refunds <= 0", far.condition
+    # A broader rule is asked only of the answer the discarded candidate gave.
+    assert mine(examples, types, broader=[(near.guard, "ESCALATE")])[0].condition == near.condition
+
+
+def test_a_recommended_candidates_version_stays_its_own_before_its_merge(tmp_path: Path) -> None:
+    """A round started before a review branch is merged keeps the version a recommended candidate took
+    only for the same candidate (a killed round run again); another takes the next free version, since
+    the recommended one's threads are recorded under it."""
+    from improve.loop.changelog import content, read_memory
+    from improve.loop.discards import discarded_path, recommended_versions, remember_recommended
+    from improve.machine import parse_machine
+
+    changelog = tmp_path / "policies" / "CHANGELOG.md"
+    changelog.parent.mkdir()
+    changelog.write_text("# CHANGELOG\n", encoding="utf-8")
+    path = discarded_path(tmp_path, "refunds")
+    v0 = parse_machine(json.loads((REPO / "improve/examples/refunds/policies/v0.json").read_text()))
+    held, other = v0.model_copy(update={"version": "1"}), v0.model_copy(update={"description": "other"})
+    remember_recommended(path, "v1", "round-1", content(held))
+    remember_recommended(path, "v3", "round-3", "0123")
+    with path.parent.parent.joinpath("recommended", "refunds.jsonl").open("a") as cut_short:
+        cut_short.write('{"cand')
+    assert recommended_versions(path) == {"v1": content(held), "v3": "0123"}
+    memory = read_memory(changelog, changelog.parent, "v0", [], 0.05, path)
+    assert memory.version == "1"
+    assert memory.own_version("1", held.model_copy(update={"version": "7"})) == "1"
+    assert memory.own_version("1", other) == "4" and memory.own_version("2", other) == "2"
+    assert memory.own_version("5", held) == "1"  # recommended before: its branch holds it
 
 
 def test_a_reverted_changelog_still_remembers_the_discarded_candidates(tmp_path: Path) -> None:

@@ -22,9 +22,10 @@ text parses back to.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,7 +34,16 @@ from improve.evals import HeldOutRead, Scenario, VersionScore, p_value, set_key
 from improve.files import append_whole
 from improve.loop.branches import DiscardedBranch
 from improve.loop.branches import route as branch_route
-from improve.loop.discards import DiscardedCandidate, Reason, read_discarded, remember, route_of
+from improve.loop.discards import (
+    DiscardedCandidate,
+    Reason,
+    read_discarded,
+    recommended_versions,
+    remember,
+    remember_recommended,
+    route_of,
+)
+from improve.machine import MachineConfig, canonical_json
 
 if TYPE_CHECKING:
     from improve.loop.round_record import HeldOutReuse, RoundRecord, SplitScore
@@ -339,6 +349,22 @@ class Memory:
     """The baseline and the versions it descends from, newest first."""
     remembered: Path | None = None
     """Where the workspace remembers discarded candidates (None: nowhere)."""
+    recommended: Mapping[str, str] = field(default_factory=dict)
+    """The versions recommended candidates took, and what each holds (`content`): a review branch
+    nobody merged yet holds its version for that candidate alone (`own_version`)."""
+
+    def own_version(self, version: str, candidate: MachineConfig) -> str:
+        """`version` (a number), or the next free one when a recommended candidate that holds something
+        else took it: its threads are recorded under it. A candidate recommended before keeps the
+        version it took then (its review branch already holds it)."""
+        mine = content(candidate)
+        same = [label for label, held in self.recommended.items() if held == mine]
+        if same and re.fullmatch(r"v\d+", same[-1]):
+            return same[-1][1:]
+        if self.recommended.get(f"v{version}") is None:
+            return version
+        numbers = [int(m.group(1)) for label in self.recommended if (m := re.fullmatch(r"v(\d+)", label))]
+        return str(max([int(version), *numbers]) + 1)
 
     def add(self, record: RoundRecord, env: str) -> Added:
         """The round's entry: appended to the file for a discarded candidate (and the candidate to the
@@ -347,6 +373,11 @@ class Memory:
         discarded = discarded_of(record)
         if discarded is not None and self.remembered is not None:
             remember(self.remembered, discarded)
+        candidate = record.candidate_policy
+        if record.recommended and record.candidate_version and candidate and self.remembered is not None:
+            remember_recommended(
+                self.remembered, record.candidate_version, record.round_id, content(candidate)
+            )
         entry = entry_text(record)
         current = Entry.of(record) if record.scores else None  # the round is the history's head
         history = policy_history(
@@ -402,7 +433,15 @@ def read_memory(
         tried,
         lineage,
         remembered,
+        recommended_versions(remembered) if remembered else {},
     )
+
+
+def content(policy: MachineConfig) -> str:
+    """What a policy holds, whatever version it is numbered: the hash of its document without `version`."""
+    data = policy.model_dump(mode="json", by_alias=True, exclude_none=True)
+    data.pop("version", None)
+    return hashlib.sha256(canonical_json(data).encode()).hexdigest()[:16]
 
 
 # --- writing an entry -----------------------------------------------------------------------------

@@ -14,7 +14,12 @@ it was discarded (`reach`: its branch answered wrongly where it answered, or mad
 branches it added (guard, answer, and the output as written), and its route (every guarded branch of
 the candidate, in order): enough to evaluate what it answered, so a later candidate that answers the
 same decisions the same way is recognised as the same candidate (the novelty gate), whatever its
-guard looks like. Lines are appended whole (`improve.files.append_whole`: a failed write leaves the
+guard looks like. A recommended candidate leaves one line too, in `.improve/recommended/<environment>.jsonl`:
+its version and what it holds (`content`, the policy's hash with its version left out). Until a
+person merges it, its review branch and its recorded threads hold that version: a round started
+before the merge that proposes another candidate under it takes the next free version instead, and
+one that proposes the same candidate again (a killed round run again) keeps it.
+Lines are appended whole (`improve.files.append_whole`: a failed write leaves the
 file as it was); a last line cut short all the same (an older writer, a copy) is ignored.
 """
 
@@ -31,6 +36,7 @@ from improve.files import append_whole
 from improve.loop.branches import Branch, answer_text
 
 DISCARDED_DIR = ".improve/discarded"
+RECOMMENDED_DIR = ".improve/recommended"
 Reason = Literal["reach", "gain", "gates", "none"]
 REASONS: tuple[Reason, ...] = ("reach", "gain", "gates", "none")
 
@@ -105,6 +111,37 @@ def discarded_path(root: Path, env: str) -> Path:
     return root / DISCARDED_DIR / f"{env}.jsonl"
 
 
+def recommended_path(discarded: Path) -> Path:
+    """Where the workspace whose discarded candidates are at `discarded` remembers its recommended ones."""
+    return discarded.parent.parent / Path(RECOMMENDED_DIR).name / discarded.name
+
+
+def remember_recommended(discarded: Path, candidate: str, round_id: str, content: str) -> None:
+    """Append the version a recommended candidate took and what it holds (see the module docstring)."""
+    path = recommended_path(discarded)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    line = {"candidate": candidate, "round": round_id, "content": content}
+    append_whole(path, json.dumps(line, sort_keys=True) + "\n")
+
+
+def recommended_versions(discarded: Path) -> dict[str, str]:
+    """Each version a recommended candidate took, and what it holds (the latest line for a version).
+    A line that is not one (cut short, edited) is skipped: it can only let a round reuse a version,
+    which the thread store's stamp check still refuses."""
+    try:
+        text = recommended_path(discarded).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return {}
+    found: dict[str, str] = {}
+    for line in text.splitlines():
+        try:
+            doc = json.loads(line)
+            found[str(doc["candidate"])] = str(doc["content"])
+        except (ValueError, KeyError, TypeError):
+            continue
+    return found
+
+
 def read_discarded(path: Path) -> tuple[DiscardedCandidate, ...]:
     """Every candidate remembered at `path`, oldest first (none when there is no file)."""
     try:
@@ -143,11 +180,14 @@ def route_of(branches: Sequence[Branch]) -> tuple[RouteBranch, ...]:
 @dataclass(frozen=True)
 class Focus:
     """Where a round aims after discarded candidates: the clusters tried enough along the policy's line
-    (skipped: the round moves on to the next cluster), and the clusters whose one candidate reached too
-    far (tried again, with a narrower rule inside that candidate's)."""
+    (skipped: the round moves on to the next cluster), the clusters whose one candidate reached too
+    far (tried again, with a narrower rule inside that candidate's), and, among the skipped, those
+    whose one candidate gained too little (when every cluster was tried and one comes round again, it
+    gets a rule that reaches as far as its evidence allows)."""
 
     skip: tuple[str, ...] = ()
     narrower: Mapping[str, DiscardedCandidate] | None = None
+    broader: Mapping[str, DiscardedCandidate] | None = None
 
     def says(self, chosen: str | None) -> str | None:
         """What the round says about its cluster: a narrower rule for it, or the next cluster after the
@@ -162,20 +202,39 @@ class Focus:
             return None
         return f"the next cluster: already tried along this policy's line: {', '.join(self.skip)}"
 
+    def again(self, cluster: str) -> str:
+        """What the round says when every cluster was tried and `cluster`, tried longest ago, comes round
+        again: with a broader rule when its one candidate gained too little."""
+        said = f"every cluster was tried along this policy's line, {cluster} longest ago"
+        last = (self.broader or {}).get(cluster)
+        if last is None:
+            return f"cluster {cluster} again: {said} (a candidate answering as a discarded one did is still refused)"
+        return (
+            f"a broader rule for cluster {cluster}: {said}, and candidate {last.candidate} (round {last.round}, "
+            f"against {last.baseline}) gained too little where it answered only as far as its right answers"
+        )
+
 
 def focus(tried: Sequence[DiscardedCandidate]) -> Focus:
     """Each cluster gets one candidate along a policy's line, and one narrower candidate when the first
     was discarded for reaching too far (`reach`): a rule that gained too little, never passed the gates
-    or was never found is not helped by the same cause again."""
+    or was never found is not helped by the same cause again, and the round moves on. One that gained
+    too little (`gain`) gets a broader rule when it comes round again, every other cluster tried: its
+    thresholds at the edge of the decisions answered otherwise rather than of its right answers, since
+    the values between, which no training decision showed, may be where held-out cases found it silent."""
     by_cluster: dict[str, list[DiscardedCandidate]] = {}
     for candidate in tried:
         if candidate.cluster:
             by_cluster.setdefault(candidate.cluster, []).append(candidate)
     skip: list[str] = []
     narrower: dict[str, DiscardedCandidate] = {}
+    broader: dict[str, DiscardedCandidate] = {}
     for cluster, candidates in by_cluster.items():
-        if len(candidates) == 1 and candidates[0].reason == "reach" and candidates[0].added:
-            narrower[cluster] = candidates[0]
-        else:
-            skip.append(cluster)
-    return Focus(tuple(skip), narrower)
+        first = candidates[0]
+        if len(candidates) == 1 and first.reason == "reach" and first.added:
+            narrower[cluster] = first
+            continue
+        skip.append(cluster)
+        if len(candidates) == 1 and first.reason == "gain" and first.added:
+            broader[cluster] = first
+    return Focus(tuple(skip), narrower, broader)

@@ -25,7 +25,7 @@ the next recommended branch, so nothing is lost and the branch merges cleanly.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from improve import clock
@@ -60,7 +60,7 @@ from improve.log import KeptReads
 from improve.loop.branches import added
 from improve.loop.counterfactuals import Counterfactuals, StandIn
 from improve.loop.diagnose import Diagnosis, in_cluster
-from improve.loop.discards import focus
+from improve.loop.discards import DiscardedCandidate, focus
 from improve.loop.evidence import Evidence
 from improve.loop.gates import (
     EnvironmentGate,
@@ -175,6 +175,8 @@ class Round:
         self.focus = focus(inputs.memory.tried)
         """Where the round aims after the candidates discarded along the policy's line."""
         self.aim: str | None = None
+        self.again: str | None = None
+        """The cluster that came round again, every other one tried along this policy's line."""
         """What the round said about its cluster: a narrower rule for it, or the next cluster."""
         # What the steps find.
         self.status: Status = "discarded"
@@ -238,7 +240,8 @@ class Round:
         """The training failures clustered, the cluster to fix and the hypothesis. A cluster whose
         candidate was discarded along this policy's line gets a narrower rule once when that candidate
         reached too far, else the round moves on to the next cluster (`discards.focus`); when every cluster
-        was tried, the one tried longest ago comes round again."""
+        was tried, the one tried longest ago comes round again (with a broader rule when its one
+        candidate gained too little)."""
         self.say("diagnose: train failures only")
         tried = [c for c in self.focus.skip if c not in self.opts.skip]
         skip = [*self.opts.skip, *tried]
@@ -259,10 +262,7 @@ class Round:
             return False
         self.aim = self.focus.says(diagnosis.chosen.id)
         if again is not None and diagnosis.chosen.id == again:
-            self.aim = (
-                f"cluster {again} again: every cluster was tried along this policy's line, {again} longest ago "
-                "(a candidate answering as a discarded one did is still refused)"
-            )
+            self.aim, self.again = self.focus.again(again), again
         if self.aim:
             self.say(f"aiming at {self.aim}")
         self.say(f"cluster: {diagnosis.chosen.title} -> {diagnosis.hypothesis.change}")
@@ -306,7 +306,8 @@ class Round:
                     f"gates: all {len(self.gates)} pass"
                     + (f" after {self.repairs} repair(s)" if self.repairs else "")
                 )
-                self.candidate = self.gated.config
+                config = self.gated.config
+                self.candidate = self._numbered(config) if config is not None else None
                 return True
             self.say(f"gates: {failed.name} failed: {failed.detail.splitlines()[0]}")
             if failed.name == EnvironmentGate.name or self.repairs >= MAX_REPAIRS:
@@ -320,6 +321,24 @@ class Round:
             self.calls += self.proposal.calls
         self._note("evidence")
         return False
+
+    def _numbered(self, candidate: MachineConfig) -> MachineConfig:
+        """The candidate under its own version: a recommended candidate nobody merged yet holds the one
+        this round took if it holds something else (its review branch and threads are under it)."""
+        version = self.inputs.memory.own_version(self.version, candidate)
+        if version == self.version:
+            return candidate
+        self.say(
+            f"candidate v{version}: v{self.version} is held by a recommended candidate not merged yet "
+            "(its review branch and threads)"
+        )
+        self.version = version
+        self.round_id = f"{self.round_id.rsplit('-v', 1)[0]}-v{version}"
+        if self.proposal is not None and isinstance(self.proposal.document, dict):
+            self.proposal = dataclasses.replace(
+                self.proposal, document={**self.proposal.document, "version": version}
+            )
+        return candidate.model_copy(update={"version": version})
 
     def replay(self) -> bool:
         """The candidate on train and held-out (one suite, so its runs overlap), then the sequential
@@ -521,12 +540,15 @@ class Round:
             diagnosis=diagnosis.to_json(),
             examples=[e | {"in_cluster": in_cluster(e, chosen)} for e in examples],
             discarded=[dataclasses.asdict(d) for d in self.inputs.memory.discarded],
-            narrower=self._narrower(diagnosis.chosen.id),
+            narrower=self._again(self.focus.narrower, diagnosis.chosen.id),
+            broader=self._again(self.focus.broader, diagnosis.chosen.id) if self.again else [],
         )
 
-    def _narrower(self, cluster: str) -> list[dict[str, str]]:
-        """The branches a narrower rule for `cluster` must stay inside (none unless the focus says so)."""
-        last = (self.focus.narrower or {}).get(cluster)
+    @staticmethod
+    def _again(tried: Mapping[str, DiscardedCandidate] | None, cluster: str) -> list[dict[str, str]]:
+        """The branches of the candidate a narrower (or broader) rule for `cluster` is measured against:
+        none unless the focus says so."""
+        last = (tried or {}).get(cluster)
         if last is None:
             return []
         return [
@@ -582,7 +604,7 @@ class Round:
     def _record(self) -> RoundRecord:
         """The record of what the steps found."""
         proposed = self.proposal.document if self.proposal is not None else None
-        config = self.gated.config if self.gated is not None else None
+        config = self.candidate or (self.gated.config if self.gated is not None else None)
         return RoundRecord(
             round_id=self.round_id,
             environment=self.inputs.env_name,

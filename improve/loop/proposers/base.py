@@ -39,6 +39,10 @@ class ProposalRequest:
     """When the cluster's candidate was discarded for reaching too far: its branches (`guard`,
     `answer`, the `candidate` version and its `round`). A rule for the cluster must then answer what one
     of them answered, on strictly fewer training decisions."""
+    broader: list[dict[str, str]] = field(default_factory=list)
+    """When the cluster's candidate was discarded for gaining too little: its branches, as `narrower`.
+    A rule for the cluster may then reach as far as its evidence allows: its thresholds at the edge of
+    the training decisions answered otherwise, not of its right answers."""
 
 
 @dataclass(frozen=True)

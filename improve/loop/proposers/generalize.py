@@ -18,7 +18,12 @@ gain against agreement out of sample:
 - `+bounded`: `+common`, and the numbers kept to the range the covered right answers span (where
   training decisions lie outside it);
 - `+agree`: `+common`, each chosen threshold moved to the edge of the covered right answers, and a
-  near miss kept out on both grounds the training data cannot tell apart (`agree`).
+  near miss kept out on both grounds the training data cannot tell apart (`agree`);
+- `+far`: `+bounded`, with near misses kept out as `+agree` does, but each chosen threshold moved to
+  the edge of the decisions answered otherwise: the values between, which no training decision
+  showed, are answered, along the fact the rule is about and no other. No default: a round asks for
+  it once for a cluster whose `+agree` candidate gained too little on held-out cases (its branch was
+  silent where they lay), so a held-out read, not the miner, decides how far the evidence reaches.
 
 Every `evidence` design counts a condition's evidence as if any one of the scenarios it covers were
 missing (`rules._evidence`): evidence that rests on one scenario is no rule.
@@ -34,7 +39,13 @@ from improve.loop.branches import fact_at
 from improve.loop.proposers.conditions import Atom, Case, RuleTerms, numeric
 
 Generalization = Literal[
-    "shortest", "shortest+common", "evidence", "evidence+common", "evidence+bounded", "evidence+agree"
+    "shortest",
+    "shortest+common",
+    "evidence",
+    "evidence+common",
+    "evidence+bounded",
+    "evidence+agree",
+    "evidence+far",
 ]
 
 
@@ -43,7 +54,7 @@ class Design:
     evidence: bool
     """Exact conjunctions ranked by the bits they save, and kept only when they save any; otherwise by
     the failures they cover."""
-    keep: Literal["nothing", "common", "bounded", "agree"]
+    keep: Literal["nothing", "common", "bounded", "agree", "far"]
     """What an alternative keeps of what its covered right answers have in common."""
 
 
@@ -54,6 +65,7 @@ DESIGNS: dict[Generalization, Design] = {
     "evidence+common": Design(evidence=True, keep="common"),
     "evidence+bounded": Design(evidence=True, keep="bounded"),
     "evidence+agree": Design(evidence=True, keep="agree"),
+    "evidence+far": Design(evidence=True, keep="far"),
 }
 GENERALIZE: Generalization = "evidence+agree"
 """The default, chosen from the measurements (docs/architecture.md, The rule miner)."""
@@ -68,6 +80,10 @@ def keep(
         return ()
     if design.keep == "agree":
         design = Design(design.evidence, "common")
+    elif design.keep == "far":
+        # Reaching further along the fact the rule is about is no reason to reach along any other: the
+        # numbers it never saw vary with this answer stay in the range its right answers span.
+        design = Design(design.evidence, "bounded")
     covered = [c for i, c in enumerate(cases) if right >> i & 1]
     tested = {p for atom in term for p in atom.paths}
     kept: list[Atom] = []
@@ -99,13 +115,15 @@ def agree(
     term: tuple[Atom, ...],
     right: int,
     excluded: int,
+    far: frozenset[Atom] = frozenset(),
 ) -> tuple[Atom, ...]:
     """`term` narrowed to where every explanation the training data allows agrees.
 
     A threshold the term chose among many that separate equally is moved to the edge of the right
     answers it covers (`x < 30` -> `x <= 13` when 13 is the largest covered): what lies between is a
-    value no training decision showed. The environment's own thresholds for the fact stay
-    (`RuleTerms.given`). And a decision
+    value no training decision showed. A threshold in `far` (one the rule chose, not one it kept),
+    to the edge of the decisions answered otherwise instead (`x < 30` -> `x < 25` when 25 is the smallest of them above 13): what lies between is
+    answered. The environment's own thresholds for the fact stay (`RuleTerms.given`). And a decision
     answered otherwise (`excluded`, a mask over `cases`) that the term keeps out on one ground only is
     kept out on a second one when the facts offer one: a flag or an enumerated value constant across
     the covered right answers, or a number outside their range. Training cannot tell which of the two
@@ -119,18 +137,22 @@ def agree(
     def column(path: str, among: Sequence[Case]) -> list[Any]:
         return [fact_at(c.facts, path) for c in among]
 
+    others = [c for i, c in enumerate(cases) if excluded >> i & 1]
     narrowed: list[Atom] = []
     for atom in term:
         values = column(atom.path, covered)
         if atom.kind == "threshold" and not vocab.given(atom) and all(numeric(v) for v in values):
             atom = (
-                Atom("threshold", atom.path, "<=", max(values))
-                if atom.op in ("<", "<=")
-                else Atom("threshold", atom.path, ">=", min(values))
+                _far(atom, values, column(atom.path, others))
+                if atom in far
+                else (
+                    Atom("threshold", atom.path, "<=", max(values))
+                    if atom.op in ("<", "<=")
+                    else Atom("threshold", atom.path, ">=", min(values))
+                )
             )
         narrowed.append(atom)
     tested = {p for atom in narrowed for p in atom.paths}
-    others = [c for i, c in enumerate(cases) if excluded >> i & 1]
     # Each alternative ground a covered-right-answer-preserving test over an untested fact offers.
     grounds: list[Atom] = []
     for path, kind in sorted(vocab.fact_types.items()):
@@ -172,3 +194,16 @@ def agree(
         if len(differ) == 1 and differ[0] not in kept and outs(differ[0]) >= outs(alone[0]):
             kept.append(differ[0])
     return tuple(kept)
+
+
+def _far(atom: Atom, covered: Sequence[Any], others: Sequence[Any]) -> Atom:
+    """A threshold at the edge of the decisions answered otherwise, beyond the right answers it covers:
+    the nearest of them on the far side, excluded (`x > 2` when 2 is the largest below the covered ones);
+    as chosen when none lies there."""
+    if atom.op in ("<", "<="):
+        high = max(covered)
+        beyond = [v for v in others if numeric(v) and v > high]
+        return Atom("threshold", atom.path, "<", min(beyond)) if beyond else atom
+    low = min(covered)
+    beyond = [v for v in others if numeric(v) and v < low]
+    return Atom("threshold", atom.path, ">", max(beyond)) if beyond else atom

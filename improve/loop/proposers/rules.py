@@ -572,9 +572,10 @@ def _learn(
         term, cover, _ = grown
         if not cover & remaining or (terms and _scenarios(space, cover & remaining) < MIN_SUPPORT):
             break  # a further alternative needs its own support: failures of two scenarios
+        chosen = frozenset(term) if design.keep == "far" else frozenset()
         term += keep(space.cases, space.vocab, term, cover & right, design)
-        if design.keep == "agree":
-            term = agree(space.cases, space.vocab, term, cover & right, negatives)
+        if design.keep in ("agree", "far"):
+            term = agree(space.cases, space.vocab, term, cover & right, negatives, far=chosen)
         terms.append(term)
         covered |= cover
         remaining &= ~cover
@@ -592,6 +593,7 @@ def mine(
     discarded: Iterable[tuple[str, str]] = (),
     generalize: Generalization = GENERALIZE,
     narrower: Sequence[tuple[str, str]] = (),
+    broader: Sequence[tuple[str, str]] = (),
     route: Sequence[Branch] = (),
     ranks: Mapping[str, int | None] | None = None,
 ) -> list[Rule]:
@@ -599,7 +601,8 @@ def mine(
     `discarded` holds (guard, answer) pairs already discarded against the current policy; `generalize`
     how far a branch reaches beyond its evidence (`DESIGNS`); `narrower`, (guard, answer) pairs of a
     discarded candidate's branches: then only rules with one of their answers that match strictly
-    fewer training decisions than its guard does. `route` is the policy's branches and `ranks` how safe
+    fewer training decisions than its guard does; `broader`, those of a candidate that gained too little:
+    then rules with one of their answers reach as far as their evidence allows (`evidence+far`). `route` is the policy's branches and `ranks` how safe
     each answer is: a decision an earlier branch answers rightly, one at least as safe as the new answer
     (so it stays in front of the new branch, `place`), is not the new branch's to answer, as the rules
     of a handbook each apply where the ones before them do not. `constants` are the environment's
@@ -648,7 +651,9 @@ def mine(
             outer = [m for g, a in narrower if a == answer and (m := _guard_mask(g, cases, name)) is not None]
             if narrower and not outer:
                 continue  # a narrower rule answers what the discarded one did
-            for terms, covered in _variants(space, positives, negatives, right, about, design, bool(outer)):
+            reach_far = any(a == answer for _, a in broader) and design.keep == "agree"
+            chosen = DESIGNS["evidence+far"] if reach_far else design
+            for terms, covered in _variants(space, positives, negatives, right, about, chosen, bool(outer)):
                 rule = Rule(
                     action,
                     terms,
@@ -869,12 +874,14 @@ class RuleMinerProposer:
             )
             discarded = [(d["guard"], d["answer"]) for d in request.discarded]
             narrower = [(d["guard"], d["answer"]) for d in request.narrower]
+            broader = [(d["guard"], d["answer"]) for d in request.broader]
             branches = route(request.policy)
             mined = mine(
                 request.examples,
                 vocab,
                 discarded=discarded,
                 narrower=narrower,
+                broader=broader,
                 route=branches,
                 ranks=self.ranks,
                 generalize=self.generalize,
@@ -917,6 +924,12 @@ class RuleMinerProposer:
             rationale += (
                 f" A narrower rule than candidate {first['candidate']}'s (round {first['round']}), discarded for "
                 "reaching too far: it matches strictly fewer training decisions."
+            )
+        if request.broader:
+            first = request.broader[0]
+            rationale += (
+                f" A broader rule than candidate {first['candidate']}'s (round {first['round']}), discarded for "
+                "gaining too little: its thresholds reach to the training decisions answered otherwise."
             )
         return Proposal(document=document, rationale=rationale, proposer=self.name)
 
