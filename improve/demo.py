@@ -119,7 +119,6 @@ def demo_rounds(
     quiet = model not in space.config.models and not model.startswith(OPENAI_PREFIX)
     current = "v0"
     results: list[RoundRecord] = []
-    skip: list[str] = []
     discarded_in_a_row = 0
     for number in range(1, rounds + 1):
         say(f"\n== round {number}: improve round --policy {current} --k {k} --proposer rules ==")
@@ -128,7 +127,6 @@ def demo_rounds(
             k=k,
             model=model,
             proposer="rules",
-            skip=skip,
             cache=cache,
             meter=meter,
             counterfactuals=counterfactuals,
@@ -140,12 +138,13 @@ def demo_rounds(
         say(line(result))
         if result.status == "recommended" and result.pr and result.candidate_version:
             merge_as_reviewer(space, str(result.pr.branch), say)
-            current, skip, discarded_in_a_row = result.candidate_version, [], 0
+            current, discarded_in_a_row = result.candidate_version, 0
             continue
         if result.status in ("blocked", "nothing-to-fix"):
             break
-        if result.cluster:
-            skip.append(result.cluster)
+        # Where the next round aims after a discarded candidate (a narrower or broader rule for its
+        # cluster, or the next cluster) is the workspace's memory of discarded candidates, as for any
+        # `improve round`.
         discarded_in_a_row += 1
         if discarded_in_a_row >= 3:
             say("3 candidates discarded in a row against the same policy: stopping")
