@@ -1638,6 +1638,23 @@ def test_a_branch_discarded_against_a_policy_is_not_proposed_against_it_again(tm
 
 
 @pytest.mark.slow
+def test_a_round_without_a_narrower_rule_moves_on_to_the_next_cluster(tmp_path: Path, no_token: None) -> None:
+    """A second rule for a tried cluster that the miner cannot find is no candidate and costs no held-out
+    read: the round moves on to the next cluster, says so, and records the candidate it found there."""
+    space = scratch(tmp_path)
+    first = run_round(space, RoundOptions(policy="v0", k=1))
+    assert first.status == "discarded" and first.branches, first.decision_detail
+    assert "branches hold failed" in first.decision_detail or "branches hold: FAIL" in first.decision_detail
+    said: list[str] = []
+    second = run_round(space, RoundOptions(policy="v0", k=1), said.append)
+    assert any(line.startswith(f"no narrower or broader rule for cluster {first.cluster}") for line in said)
+    assert second.cluster != first.cluster and second.aim, second
+    assert second.aim.endswith(f"(no narrower or broader rule for {first.cluster})"), second.aim
+    assert second.status == "recommended" and second.candidate_version == "v2", second.decision_detail
+    assert first.held_out and second.held_out and second.held_out.read == first.held_out.read + 1
+
+
+@pytest.mark.slow
 def test_a_rerun_after_a_killed_round_replaces_its_report_and_adds_no_commit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -177,6 +177,8 @@ class Round:
         self.aim: str | None = None
         self.again: str | None = None
         """The cluster that came round again, every other one tried along this policy's line."""
+        self.passed_over: list[str] = []
+        """Clusters this round asked a narrower or broader rule for and got none: it moved on."""
         """What the round said about its cluster: a narrower rule for it, or the next cluster."""
         # What the steps find.
         self.status: Status = "discarded"
@@ -243,8 +245,8 @@ class Round:
         was tried, the one tried longest ago comes round again (with a broader rule when its one
         candidate gained too little)."""
         self.say("diagnose: train failures only")
-        tried = [c for c in self.focus.skip if c not in self.opts.skip]
-        skip = [*self.opts.skip, *tried]
+        tried = [c for c in self.focus.skip if c not in self.opts.skip and c not in self.passed_over]
+        skip = [*self.opts.skip, *self.passed_over, *tried]
         self.diagnosis, examples = self.evidence.diagnose(self.base_rows, self.inputs.policy, skip)
         again: str | None = None
         while self.diagnosis.chosen is None and not self.diagnosis.blocked and tried:
@@ -261,8 +263,12 @@ class Round:
             self.status, self.detail = "nothing-to-fix", "no training failure or cost cluster left to address"
             return False
         self.aim = self.focus.says(diagnosis.chosen.id)
+        self.again = None
         if again is not None and diagnosis.chosen.id == again:
             self.aim, self.again = self.focus.again(again), again
+        if self.passed_over:
+            passed = ", ".join(self.passed_over)
+            self.aim = f"{self.aim or 'the next cluster'} (no narrower or broader rule for {passed})"
         if self.aim:
             self.say(f"aiming at {self.aim}")
         self.say(f"cluster: {diagnosis.chosen.title} -> {diagnosis.hypothesis.change}")
@@ -276,6 +282,13 @@ class Round:
         try:
             self.proposal = self.proposer.propose(self.request)
         except ProposalError as err:
+            chosen = self.diagnosis.chosen if self.diagnosis is not None else None
+            if chosen is not None and (self.request.narrower or self.request.broader):
+                # A second rule for a tried cluster that the proposer cannot find costs no held-out read
+                # and is no candidate: the round moves on to the next cluster instead of ending.
+                self.say(f"no narrower or broader rule for cluster {chosen.id}: {err}")
+                self.passed_over.append(chosen.id)
+                return self.diagnose() and self.propose()
             self.gates = [GateResult("propose", False, str(err))]
             self._note("evidence")
             return False
