@@ -121,9 +121,10 @@ def agree(
 
     A threshold the term chose among many that separate equally is moved to the edge of the right
     answers it covers (`x < 30` -> `x <= 13` when 13 is the largest covered): what lies between is a
-    value no training decision showed. A threshold in `far` (one the rule chose, not one it kept),
-    to the edge of the decisions answered otherwise instead (`x < 30` -> `x < 25` when 25 is the smallest of them above 13): what lies between is
-    answered. The environment's own thresholds for the fact stay (`RuleTerms.given`). And a decision
+    value no training decision showed. A threshold in `far` (one the rule chose, not one it kept)
+    moves to the edge of the decisions answered otherwise instead (`x < 30` -> `x < 25` when 25 is the
+    smallest of them above 13): what lies between is answered. The environment's own thresholds for
+    the fact stay (`RuleTerms.given`). And a decision
     answered otherwise (`excluded`, a mask over `cases`) that the term keeps out on one ground only is
     kept out on a second one when the facts offer one: a flag or an enumerated value constant across
     the covered right answers, or a number outside their range. Training cannot tell which of the two
