@@ -151,7 +151,9 @@ def demo_rounds(
             break
     held = [r.scores["held-out"] for r in results if r.scores.get("held-out")]
     promoted = [r for r in results if r.status == "recommended"]
-    start = held[0].before if held else None
+    # A first round that never replayed a candidate still scored its baseline on held-out.
+    cards = [c for c in results[0].scorecards if c.split == "held-out"] if results else []
+    start = held[0].before if held else (cards[0].pass_rate if cards else None)
     final = promoted[-1].scores["held-out"].after if promoted else start
     calls = meter.summary() if meter.calls else ""
     return DemoSummary(results, "v0", current, start, final, space.root, model_calls=calls)
