@@ -94,3 +94,8 @@ def compiled() -> bool:
     """Whether the fold modules imported are the compiled ones."""
     module = sys.modules.get(NATIVE_MODULES[0])
     return module is not None and not str(getattr(module, "__file__", "")).endswith(".py")
+
+
+def described() -> str:
+    """Which fold modules run, in words (what `make bench` prints beside its replay figures)."""
+    return "compiled (mypyc)" if compiled() else f"pure Python: {REASON or 'not imported yet'}"
