@@ -21,6 +21,7 @@ from types import ModuleType
 # Python itself), not pathlib, importlib.util/abc, hashlib or json (about 30 ms of imports).
 
 NATIVE_MODULES = (
+    "improve.log.replay",
     "improve.machine.fold",
     "improve.machine.fastcel.compiler",
     "improve.machine.fastcel.domain",
