@@ -2,7 +2,9 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | cksum | cut -d' ' -f1)
+# The compiled fold modules (setup.py) are built from these sources: a change to one installs again.
+NATIVE_SOURCES := setup.py improve/log/replay.py improve/machine/fold.py $(wildcard improve/machine/fastcel/*.py)
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml Makefile $(NATIVE_SOURCES) | cksum | cut -d' ' -f1)
 
 .DEFAULT_GOAL := help
 .PHONY: help demo test test-fast test-lowest fuzz bench bench-scale bench-generalize mutation conformance hostile lint clean phoenix
@@ -29,7 +31,7 @@ PHOENIX_VERSION := 20.26.1
 PHOENIX_VENV    ?= $(HOME)/.cache/improve/phoenix-venv
 PHOENIX_STAMP   := $(PHOENIX_VENV)/.installed-$(PHOENIX_VERSION)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(NATIVE_SOURCES)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	@# The distribution was called `improve` before it was `improve-agents`: an old install's entry points would count twice.

@@ -108,7 +108,7 @@ def main() -> None:
         sys.stdout.write("\n")
         return
     figures: dict[str, object] = {"machine": {"cores": os.cpu_count()}}
-    sections: list[tuple[str, str, Callable[[Path], Any]]] = [
+    sections: list[Section] = [
         (
             "startup",
             "start-up of improve --help and each command's --help",
@@ -152,24 +152,40 @@ def main() -> None:
             lambda tmp: warehouse_figures(tmp, args.ingest_threads, args.repeat),
         ),
     ]
-    failed = []
-    for name, what, run in sections:
-        if args.only not in (None, name):
-            continue
-        print(f"bench: {what} ...", file=sys.stderr)
-        # A section that fails is reported with its error; the sections before and after it still print.
-        with tempfile.TemporaryDirectory(prefix=f"improve-bench-{name}-") as tmp:
-            try:
-                figures[name] = run(Path(tmp))
-            except Exception as error:
-                failed.append(name)
-                trace = traceback.format_exception(error)
-                figures[name] = {"error": f"{type(error).__name__}: {error}", "traceback": trace[-3:]}
-                print(f"bench: {name} failed: {type(error).__name__}: {error}", file=sys.stderr)
+    failed = run_sections(figures, sections, args.only)
     json.dump(figures, sys.stdout, indent=2)
     sys.stdout.write("\n")
     if failed:
         sys.exit(f"bench: failed sections: {', '.join(failed)} (their errors are in the JSON)")
+
+
+Section = tuple[str, str, Callable[[Path], Any]]
+"""A section of `make bench`: its name, what it measures, and the run that returns its figures."""
+
+
+def run_sections(figures: dict[str, object], sections: list[Section], only: str | None = None) -> list[str]:
+    """Run the sections (or the one named `only`) into `figures`, each in a temporary folder of its own;
+    the names of those that failed. A section that fails, or exits, is reported in `figures` with its
+    error, and the sections before and after it still run and print; an interrupt (Ctrl-C) stops the run
+    there, and the sections finished before it still print."""
+    failed = []
+    for name, what, run in sections:
+        if only not in (None, name):
+            continue
+        print(f"bench: {what} ...", file=sys.stderr)
+        with tempfile.TemporaryDirectory(prefix=f"improve-bench-{name}-") as tmp:
+            try:
+                figures[name] = run(Path(tmp))
+            except KeyboardInterrupt:
+                failed.append(name)
+                figures[name] = {"error": "interrupted"}
+                break
+            except (Exception, SystemExit) as error:
+                failed.append(name)
+                trace = traceback.format_exception(error)
+                figures[name] = {"error": f"{type(error).__name__}: {error}", "traceback": trace[-3:]}
+                print(f"bench: {name} failed: {type(error).__name__}: {error}", file=sys.stderr)
+    return failed
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from typing import Any
 import msgspec
 
 from bench.corpus import unchain, write_corpus
+from improve import native
 from improve.log import BulkEntry, EntryView, LogEntry, decode_entry, gc_paused, read_file_threads, replay
 from improve.machine import initial, transition
 from improve.runtime import load_environment
@@ -122,6 +123,7 @@ def replay_figures(tmp: Path, threads: int, repeat: int) -> dict[str, Any]:
             "its floor (read + pydantic decode + bare loop)",
         },
         "streamed_file_events_per_s": round(entries / streamed_med),
+        "fold_modules": native.described(),
         "note": "replay = read + bulk decode (msgspec structs; pydantic for lines they refuse) + group + "
         "fold; floor = read + the same msgspec decoder + bare loop, so the ratio is the fold's and the "
         "contract checks' overhead; streamed = what `improve replay FILE` does (two passes, every line "

@@ -29,6 +29,7 @@ from typing import Any
 
 from bench.xstate_conformance import Sequence, record_threads, sequence
 from bench.xstate_node import NodeUnavailable, install, pins, run_driver
+from improve import native
 from improve.log import JsonlDirStore, gc_paused, read_file_threads, replay
 from improve.machine import initial, to_xstate, transition
 from improve.runtime import load_environment
@@ -119,6 +120,7 @@ def xstate_figures(tmp: Path, threads: int, repeat: int) -> dict[str, Any]:
     out["replay_events_per_s"] = round(events / replayed)
     # Replay also reads the `@agent.usage` / `@agent.end` lines; counted, its rate per line read.
     out["replay_entries_per_s"] = round(entries / replayed)
+    out["fold_modules"] = native.described()
     if folder is None:
         return out
     out["xstate"] = {

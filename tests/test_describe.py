@@ -449,6 +449,39 @@ def test_bench_times_xstate_on_the_same_sequences(xstate_install: Path, tmp_path
     assert figures["goal_met"] == (figures["replay_over_xstate"] >= 3.0)
 
 
+def test_bench_loses_no_finished_section(capsys: pytest.CaptureFixture[str]) -> None:
+    """`make bench` runs its sections one after another: one that raises or exits is reported with its
+    error and the others still give their figures; an interrupt stops the run, and what finished before
+    it is kept."""
+    from bench.__main__ import Section, run_sections
+
+    def raises(tmp: Path) -> Any:
+        raise RuntimeError("5 of 67 calls failed")
+
+    def exits(tmp: Path) -> Any:
+        raise SystemExit("a tool gave up")
+
+    def interrupted(tmp: Path) -> Any:
+        raise KeyboardInterrupt
+
+    def fine(tmp: Path) -> Any:
+        assert tmp.is_dir()
+        return {"events_per_s": 1}
+
+    sections: list[Section] = [("a", "", fine), ("b", "", raises), ("c", "", exits), ("d", "", fine)]
+    figures: dict[str, object] = {}
+    assert run_sections(figures, sections) == ["b", "c"]
+    assert figures["a"] == figures["d"] == {"events_per_s": 1}
+    assert figures["b"]["error"] == "RuntimeError: 5 of 67 calls failed"  # type: ignore[index]
+    assert figures["c"]["error"] == "SystemExit: a tool gave up"  # type: ignore[index]
+    assert "b failed: RuntimeError" in capsys.readouterr().err
+    figures = {}
+    assert run_sections(figures, [("a", "", fine), ("b", "", interrupted), ("c", "", fine)]) == ["b"]
+    assert figures == {"a": {"events_per_s": 1}, "b": {"error": "interrupted"}}
+    figures = {}
+    assert run_sections(figures, sections, only="d") == [] and figures == {"d": {"events_per_s": 1}}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["refund-approval", "refunds", "tool-loop"])
 def test_every_recorded_thread_runs_the_same_in_xstate(

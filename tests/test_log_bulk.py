@@ -10,7 +10,10 @@ flipped, numbers pydantic's lax mode reads and msgspec does not, nesting past py
 from __future__ import annotations
 
 import json
+import os
 import random
+import subprocess
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -23,6 +26,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 from typer.testing import CliRunner
 
+from improve import native
 from improve.cli.main import app
 from improve.errors import LogError, TamperError
 from improve.evals import SuiteSpec, load_scenarios
@@ -45,7 +49,6 @@ from improve.log import (
 )
 from improve.log.bulk import bulk_content, content_struct
 from improve.log.chain import check_chain, content_bytes, seal
-from improve.machine import fold as fold_module
 from improve.machine import fold_of, sorted_text
 from improve.runtime import load_environment
 from improve.runtime.policy import load_policy
@@ -221,13 +224,40 @@ def _fold_differences(bundled: dict[str, JsonlDirStore]) -> tuple[int, list[str]
         machine = load_environment(name).machine
         before = fold_of(machine).fallbacks
         for thread_id in store.list_threads(limit=100_000).thread_ids:
-            entries = store.read_bulk(thread_id)
-            events = [e.event for e in entries[1:] if e.type not in ("@agent.usage", "@agent.end")]
-            pairs = fold_against_interpreter(machine, entries[0].event.get("input"), events)
+            pairs = _fold_pairs(machine, store, thread_id)
             steps += len(pairs)
             differences += [f"{thread_id} step {i}" for i, (a, b) in enumerate(pairs) if a != b]
         fallbacks += fold_of(machine).fallbacks - before
     return steps, differences, fallbacks
+
+
+def _fold_pairs(machine: Any, store: JsonlDirStore, thread_id: str) -> list[tuple[Any, Any]]:
+    entries = store.read_bulk(thread_id)
+    events = [e.event for e in entries[1:] if e.type not in ("@agent.usage", "@agent.end")]
+    return fold_against_interpreter(machine, entries[0].event.get("input"), events)
+
+
+def _fold_outcomes(roots: dict[str, str]) -> list[str]:
+    """What every bundled thread folds to, step by step (the fold and the interpreter side by side), and
+    its verified replay, as text: the same in a process on the compiled fold modules as on the pure ones."""
+    out = []
+    for name, root in sorted(roots.items()):
+        machine = load_environment(name).machine
+        store = JsonlDirStore(Path(root))
+        for thread_id in store.list_threads(limit=100_000).thread_ids:
+            out.append(repr(_fold_pairs(machine, store, thread_id)))
+            out.append(repr(replay(machine, store.read_bulk(thread_id), verify=True, thread_id=thread_id)))
+    return out
+
+
+def _in_pure_process(code: str, *args: str) -> str:
+    """`code` run by a Python process that loads the pure fold modules (`IMPROVE_PURE`): its stdout."""
+    env = os.environ | {native.PURE_VARIABLE: "1"}
+    result = subprocess.run(
+        [sys.executable, "-c", code, *args], cwd=REPO, env=env, capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
 
 
 def test_every_bundled_thread_folds_the_same_fast_as_through_the_interpreter(
@@ -239,19 +269,70 @@ def test_every_bundled_thread_folds_the_same_fast_as_through_the_interpreter(
     assert steps > 1000 and differences == [] and fallbacks == 0, (steps, differences[:5], fallbacks)
 
 
-def test_the_fold_comparison_finds_a_fast_path_broken_on_purpose(
-    bundled: dict[str, JsonlDirStore], monkeypatch: pytest.MonkeyPatch
-) -> None:
+_BROKEN_ON_PURPOSE = """
+import json, sys
+from typing import Any
+from improve.log import JsonlDirStore
+from improve.machine import fold as fold_module
+from tests.test_log_bulk import _fold_differences
+first = fold_module._select
+def last_passing(steps: Any, env: Any, context: Any, event: Any) -> Any:
+    passing = [s for s in steps if first((s,), env, context, event) is not None]
+    return passing[-1] if passing else None
+fold_module._select = last_passing
+roots = json.loads(sys.argv[1])
+print(len(_fold_differences({name: JsonlDirStore(root) for name, root in roots.items()})[1]))
+"""
+
+
+@pytest.mark.slow
+def test_the_fold_comparison_finds_a_fast_path_broken_on_purpose(bundled: dict[str, JsonlDirStore]) -> None:
     """The comparison above can fail: a fast path that takes the last passing candidate instead of the
-    first is found on the bundled threads."""
-    first = fold_module._select
+    first is found on the bundled threads (in a process on the pure fold modules: a compiled module's
+    functions are not looked up by name, so they cannot be replaced)."""
+    roots = json.dumps({name: str(store.root) for name, store in bundled.items()})
+    assert int(_in_pure_process(_BROKEN_ON_PURPOSE, roots)) > 0
 
-    def last_passing(steps: Any, env: Any, context: Any, event: Any) -> Any:
-        passing = [s for s in steps if first((s,), env, context, event) is not None]
-        return passing[-1] if passing else None
 
-    monkeypatch.setattr(fold_module, "_select", last_passing)
-    assert _fold_differences(bundled)[1] != []
+@pytest.mark.slow
+def test_the_compiled_fold_answers_as_the_pure_one(bundled: dict[str, JsonlDirStore]) -> None:
+    """The compiled fold modules (setup.py) against the pure-Python ones they are compiled from: every
+    bundled thread folded step by step and replayed with verification gives the same text in a process
+    on each (the step-by-step text is what the test above finds a broken fast path changing)."""
+    if not native.compiled():
+        pytest.skip(f"the fold modules are not compiled: {native.REASON}")
+    roots = {name: str(store.root) for name, store in bundled.items()}
+    code = "import json, sys\nfrom tests.test_log_bulk import _fold_outcomes\n"
+    code += "print(json.dumps(_fold_outcomes(json.loads(sys.argv[1]))))"
+    pure = json.loads(_in_pure_process(code, json.dumps(roots)))
+    ours = _fold_outcomes(roots)
+    assert len(ours) > 200 and len(pure) == len(ours)
+    assert [i for i, (a, b) in enumerate(zip(ours, pure, strict=True)) if a != b] == []
+
+
+def test_the_compiled_modules_are_used_only_as_built(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The compiled fold modules are used when the record of the sources they were built from matches the
+    source files, never after an edit, without a record, or with IMPROVE_PURE set; setup.py compiles the
+    modules improve/native.py lists."""
+    import ast
+
+    tree = ast.parse((REPO / "setup.py").read_text())
+    (listed,) = [
+        n.value for n in tree.body if isinstance(n, ast.Assign) and n.targets[0].id == "NATIVE_MODULES"
+    ]  # type: ignore[attr-defined]
+    assert ast.literal_eval(listed) == native.NATIVE_MODULES
+    monkeypatch.delenv(native.PURE_VARIABLE, raising=False)
+    assert "not compiled" in str(native.pure_reason(tmp_path))
+    record = tmp_path / "native.sources"
+    found = {n: native.fingerprint(Path(native.source_of(n)).read_bytes()) for n in native.NATIVE_MODULES}
+    record.write_text("".join(f"{name} {value}\n" for name, value in found.items()))
+    assert native.pure_reason(tmp_path) is None
+    edited = found | {native.NATIVE_MODULES[-1]: native.fingerprint(b"x = 1\n")}
+    record.write_text("".join(f"{name} {value}\n" for name, value in edited.items()))
+    assert "source changed" in str(native.pure_reason(tmp_path))
+    record.write_text("".join(f"{name} {value}\n" for name, value in found.items()))
+    monkeypatch.setenv(native.PURE_VARIABLE, "1")
+    assert "IMPROVE_PURE" in str(native.pure_reason(tmp_path))
 
 
 @pytest.mark.parametrize("colliding", [False, True], ids=["hashes", "every-hash-collides"])

@@ -57,15 +57,13 @@ from improve.log.lines import (
 )
 from improve.log.replay import (
     Budget,
-    ReplayResult,
-    RunStatus,
-    Verified,
     gc_paused,
     replay,
     resumable,
     run_status,
     validate_log,
 )
+from improve.log.result import ReplayResult, RunStatus, Verified
 from improve.log.store import (
     JsonlDirStore,
     KeptReads,

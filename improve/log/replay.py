@@ -19,8 +19,7 @@ from __future__ import annotations
 import gc
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Any, Literal, NamedTuple
+from typing import Any, NamedTuple
 
 from improve.errors import DivergenceError, LogError, MachineError, VersionMismatchError
 from improve.log.bulk import EntryView
@@ -33,73 +32,8 @@ from improve.log.entry import (
     RESUME_KEY,
     USAGE_EVENT,
 )
+from improve.log.result import ReplayResult, RunStatus, Verified, result_of
 from improve.machine import RESUMABLE_STATUSES, Fold, FoldRun, Machine, Snapshot, fold_of, wait_status
-
-RunStatus = str
-"""How a run ended: `done` (a final state), `waiting` (in a waiting state nobody answered: resumable;
-a state may name it `checkpointed` or `blocked_ask` in `meta.status`), `budget` (model calls ran out),
-`decision-exhausted` (every retry refused and no `onError`), `error` (an actor failed with no
-`onError`), `incomplete` (the thread stops while an actor is owed). Threads written before runs could
-be resumed say `idle` where they stopped waiting; it reads as the waiting state's status."""
-
-Verified = Literal["verified", "unchained", "incomplete", "unverified"]
-"""How a replay was verified:
-
-- `verified`: a chained thread (schemaVersion 2): every entryHash and the chain checked, every state
-  hash matched, and its `@agent.end` entry is there (and agrees with the status replay derives).
-- `unchained`: a schemaVersion 1 thread: the state hashes it carries matched; nothing covers the rest
-  of its content (effects, usage, attempts), and a removed last entry cannot be told.
-- `incomplete`: the chain and the state hashes check, but the end entry is missing: the run stopped
-  before it ended (a crash, a kill), or its last entries were removed. Not verified.
-- `unverified`: replayed with `verify=False`: nothing was checked but the log's shape.
-"""
-
-
-@dataclass(frozen=True)
-class ReplayResult:
-    """The state a thread folds to, and what it cost."""
-
-    snapshot: Snapshot
-    status: RunStatus
-    entries: int
-    steps: int
-    model_calls: int
-    input_tokens: int
-    output_tokens: int
-    failed_attempts: int
-    stamp: dict[str, Any] = field(default_factory=dict)
-    cost_usd: float = 0.0
-    """The journaled cost of the model calls (`costUsd` of usage entries; 0 when none is priced)."""
-    verification: Verified = "unverified"
-    """What `verify` established about the thread (see `Verified`)."""
-    ended: RunStatus | None = None
-    """The status the thread's last `@agent.end` entry records (None when it has none, or is version 1)."""
-    budget_left: int | None = None
-    """Model calls the budget in force at the end still allows (None when the thread states no budget)."""
-    decisions: int = 0
-    """Decisions a model was asked (at least one usage entry before the decision landed)."""
-    fallbacks: int = 0
-    """Of those, the decisions where a model call failed (the endpoint), so the policy's onError answered."""
-    fallback_reason: str | None = None
-    """The first failed call's error, as journaled on its usage entry."""
-
-    @property
-    def final_state(self) -> str:
-        return self.snapshot.value
-
-    @property
-    def tokens(self) -> int:
-        return self.input_tokens + self.output_tokens
-
-
-def _result(fields: dict[str, Any]) -> ReplayResult:
-    """A `ReplayResult` of every field, built without the frozen dataclass's `__init__`, which sets each
-    of its sixteen fields through `object.__setattr__`: a tenth of replaying a short thread. `fields`
-    becomes its `__dict__` (a dict display, not keywords: packing sixteen keywords cost as much again).
-    It is as frozen as any other (tests/test_replay.py checks that every field is given, and nothing else)."""
-    result = object.__new__(ReplayResult)
-    object.__setattr__(result, "__dict__", fields)
-    return result
 
 
 @contextmanager
@@ -321,7 +255,7 @@ def replay(
             verification = "verified"
             if len(chosen) == len(entries):
                 _check_end(entries[-1], status, snapshot)
-    return _result(
+    return result_of(
         {
             "snapshot": snapshot,
             "status": status,
