@@ -33,7 +33,7 @@ from improve.log import (
     model_slug,
     replay,
 )
-from improve.machine import MachineConfig
+from improve.machine import MachineConfig, canonical_hash
 from improve.runtime import (
     DEFAULT_MAX_MODEL_CALLS,
     ChatSession,
@@ -49,6 +49,9 @@ from improve.runtime import (
     run,
     runs_overlap,
 )
+
+DIGESTS = "digests"
+"""The stamp's digests of the environment's files and of the scenario (`SuiteSpec.stamp`)."""
 
 Progress = Callable[[int, int, OutcomeRow, bool], None]
 """Called after each run: (done, total, row, reused)."""
@@ -123,6 +126,9 @@ class SuiteSpec:
         )
 
     def stamp(self, env: Environment, scenario: Scenario, run_number: int) -> dict[str, Any]:
+        """What a run is a run of, on its entry 0: a thread recorded with the same stamp is reused
+        (`write_threads`). `digests`: the environment's files and what the scenario starts from, so
+        a run recorded before either changed is run again rather than reused."""
         return {
             "environment": env.name,
             "policy": {"id": self.policy.id, "version": self.policy.version, "hash": self.policy_hash},
@@ -131,7 +137,18 @@ class SuiteSpec:
             "scenario": scenario.id,
             "split": scenario.split,
             "run": run_number,
+            DIGESTS: {"environment": env.files_digest, "scenario": self._scenario_digest(scenario)},
         }
+
+    def _scenario_digest(self, scenario: Scenario) -> str:
+        """A sha256 of what a run of the scenario starts from (input, world, people; not the label, which
+        only scores it), kept per scenario object for the spec's suites (each run's stamp asks)."""
+        kept: dict[int, tuple[Scenario, str]] = self.__dict__.setdefault("_scenario_digests", {})
+        found = kept.get(id(scenario))
+        if found is None or found[0] is not scenario:
+            started = scenario.model_dump(mode="json", include={"input", "world", "people"})
+            found = kept[id(scenario)] = (scenario, canonical_hash(started))
+        return found[1]
 
 
 def suite_spec(
@@ -525,12 +542,18 @@ def _reusable(env: Environment, store: Store, thread_id: str, stamp: dict[str, A
     entries = store.read(thread_id)
     if not entries:
         return None
-    recorded = {k: v for k, v in (entries[0].metadata or {}).items() if k != "maxModelCalls"}
-    if recorded != stamp:
+    metadata = entries[0].metadata or {}
+    recorded = {k: v for k, v in metadata.items() if k not in ("maxModelCalls", DIGESTS)}
+    wanted = {k: v for k, v in stamp.items() if k != DIGESTS}
+    if recorded != wanted:
         raise WorkspaceError(
-            f"thread {thread_id} was recorded with a different stamp ({_stamp_diff(recorded, stamp)}); "
+            f"thread {thread_id} was recorded with a different stamp ({_stamp_diff(recorded, wanted)}); "
             "bump the policy version, or run with --fresh to replace the recorded threads"
         )
+    if metadata.get(DIGESTS) != stamp[DIGESTS]:
+        # Recorded before the environment's files or the scenario changed (or by a version of improve
+        # that did not stamp them): evidence of other inputs, so it is run again, and replaced.
+        return None
     try:
         result = replay(env.machine, entries)
     except LogError:

@@ -447,7 +447,7 @@ class Round:
             scenarios,
             spec,
             self.ledger.store,
-            fresh=fresh,
+            fresh=fresh or self.opts.fresh,
             concurrency=self.opts.concurrency,
             executor=self.opts.executor,
             ran=every(25, self.say, what),
