@@ -585,6 +585,49 @@ def test_a_replay_first_round_decides_as_a_round_of_full_runs(desk: str, tmp_pat
     assert reused and first.model_info is not None and first.model_info.calls.reused == reused
 
 
+def thread_events(traces: Path) -> dict[str, list[Any]]:
+    """Every thread's events and attempts (not its ids, times or hashes)."""
+    store = JsonlDirStore(traces)
+    return {
+        t: [(e.type, e.event, e.attempts) for e in store.read(t)]
+        for t in store.list_threads(limit=100_000).thread_ids
+    }
+
+
+@pytest.mark.slow
+def test_reruns_run_ahead_journal_and_decide_as_reruns_run_batch_by_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Where runs wait on a model together, the first batch of reruns also runs the batches the rule
+    # may yet ask for, held in memory; a batch asked for is written, the rest is dropped unwritten. The
+    # threads and the decision are those of batch after batch (the stand-in is taken for one that waits).
+    import improve.loop.round as round_module
+
+    records, threads, published = {}, {}, []
+    publish = round_module.Ahead.publish
+    monkeypatch.setattr(
+        round_module.Ahead, "publish", lambda self, t: published.append(t) or publish(self, t)
+    )
+    for ahead in (False, True):
+        monkeypatch.setattr(round_module, "runs_overlap", lambda models, ahead=ahead: ahead)
+        root = desk_workspace(
+            tmp_path / str(ahead),
+            "refunds",
+            REPO / "scenarios" / "refunds.yaml",
+            objective="k = 2\nmax_extra_runs = 4\n",
+        )
+        space = Workspace.load(root / "improve.toml")
+        records[ahead] = run_round(space, RoundOptions(policy="v0", k=2, concurrency=4))
+        threads[ahead] = thread_events(space.traces)
+    batched, ahead = records[False], records[True]
+    assert ahead.reruns is not None and ahead.reruns.batches == 2 and published
+    assert (
+        ahead.status == batched.status and ahead.scores == batched.scores and ahead.reruns == batched.reruns
+    )
+    assert threads[True] == threads[False]  # nothing run ahead and dropped was journaled
+    assert len(published) == ahead.reruns.extra_runs
+
+
 @pytest.mark.slow
 def test_a_rerun_whose_baseline_run_is_set_aside_runs_its_candidate_from_scratch(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -67,6 +67,7 @@ from improve.log.replay import (
     validate_log,
 )
 from improve.log.store import (
+    Ahead,
     JsonlDirStore,
     KeptReads,
     MemoryStore,
@@ -95,6 +96,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "UNCHAINED_VERSION",
     "USAGE_EVENT",
+    "Ahead",
     "Attempt",
     "AttemptView",
     "Budget",
