@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import threading
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
@@ -359,6 +360,7 @@ def write_threads(
     runs: Sequence[int] | None = None,
     compiled: Any = None,
     start_from: StartFrom | None = None,
+    slots: threading.Semaphore | None = None,
 ) -> list[PlannedRun]:
     """Run every scenario k times (reusing threads recorded with this stamp), journaling one thread
     per run; the runs in planned order. `runs` are other run numbers to make instead of 1..k (the
@@ -375,7 +377,8 @@ def write_threads(
     all its suites, so they share one chat session: its fallback, its meter, its fingerprints.
     `compiled`: the policy already compiled with the environment's judgments and guards (a round's
     gates compiled the candidate), so it is not compiled again. `start_from`: the recorded runs these
-    runs start from, replay-first (a round's candidate starts from the baseline's runs).
+    runs start from, replay-first (a round's candidate starts from the baseline's runs). `slots`: runs
+    in flight across suites that run at once (a round's), each run taking one while it runs here.
     """
     models = models or spec.model_factory(env, meter)
     policy = (
@@ -403,6 +406,8 @@ def write_threads(
                 if ran:
                     ran(done, len(todo))
         else:
+            if slots is not None:
+                runner = functools.partial(_in_slot, slots, runner)
             asyncio.run(_run_concurrently(runner, env, policy, todo, spec, store, cap, ran))
     plan = []
     for scenario, n in planned:
@@ -508,6 +513,11 @@ def _batch_result(future: Future[BatchResult], fanout: Fanout) -> BatchResult:
             f"a batch of runs failed on {fanout.where}: {type(error).__name__}: {error}; the runs already "
             "written are kept, and running the command again resumes with the rest (or use --executor local)"
         ) from error
+
+
+def _in_slot(slots: threading.Semaphore, runner: Callable[..., None], *args: Any) -> None:
+    with slots:
+        runner(*args)
 
 
 async def _run_concurrently(

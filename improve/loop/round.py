@@ -61,7 +61,7 @@ from improve.evals import (
 from improve.files import check_directory
 from improve.llm import Meter
 from improve.log import Ahead, KeptReads, LogEntry, Store, ThreadPage
-from improve.loop.branches import added
+from improve.loop.branches import added, answer_on, route
 from improve.loop.counterfactuals import Counterfactuals, StandIn
 from improve.loop.diagnose import Diagnosis, in_cluster
 from improve.loop.discards import DiscardedCandidate, focus
@@ -98,7 +98,7 @@ from improve.loop.round_record import (
     SplitScore,
     Status,
 )
-from improve.machine import MachineConfig, canonical_json, diff_states
+from improve.machine import ERROR_EVENT, MachineConfig, canonical_json, diff_states
 from improve.runtime import compile_policy, runs_overlap, vocabulary
 
 MAX_REPAIRS = 3
@@ -210,6 +210,8 @@ class Round:
         """The reruns run ahead (`_ahead`), the baseline's and the candidate's, by scenario and run."""
         self._ahead_store: Ahead | None = None
         self._background: _Background | None = None
+        self._slots = threading.Semaphore(max(1, opts.concurrency))
+        """Runs in flight at once across the round's suites (the reruns run ahead beside the candidate's)."""
 
     def run(self) -> RoundRecord:
         steps = (
@@ -371,8 +373,10 @@ class Round:
         self.say(f"candidate {label}: train and held-out, k={self.k}{how}")
         scenarios = [*self.inputs.train, *self.inputs.held_out]
         start = self._start(self.base_rows)
+        self._run_ahead_of_branches()
         plan = self._write(scenarios, self.candidate_spec, "candidate", start=start)
-        self._run_ahead_of(plan)
+        if self._background is None:
+            self._run_ahead_of(plan)
         rows = self._verified(plan, "candidate")
         rule = RerunRule.from_objective(self.objective, self.k)
         self.settled = settle(self.base_rows, rows, rule, self._run_more)
@@ -466,6 +470,7 @@ class Round:
             runs=runs,
             compiled=self.gated.machine if self.gated is not None and spec is self.candidate_spec else None,
             start_from=start,
+            slots=self._slots,
         )
         for p in plan:
             if p.entries is not None:  # reused: read while it was checked
@@ -537,15 +542,19 @@ class Round:
         by_id = {s.id: s for s in self.inputs.scenarios}
         chosen = [by_id[i] for i in ids]
         what = f"reruns r{numbers.start}-r{numbers.stop - 1}"
-        if self._ahead(chosen, numbers, what):
+        held = self._ahead(chosen, numbers, what)
+        rest = [sc for sc in chosen if sc.id not in held]
+        base_plan, cand_plan = [], []
+        if held:
             assert self._held is not None
-            base_plan = [self._published(self._held[0][(sc.id, n)]) for sc in chosen for n in numbers]
-            cand_plan = [self._published(self._held[1][(sc.id, n)]) for sc in chosen for n in numbers]
-            start = self._start_planned(base_plan)
-        else:
-            base_plan = self._write(chosen, self.spec, f"{what}, baseline", numbers)
-            start = self._start_planned(base_plan)
-            cand_plan = self._write(chosen, self.candidate_spec, f"{what}, candidate", numbers, start=start)
+            taken = [(sc.id, n) for sc in chosen if sc.id in held for n in numbers]
+            base_plan = [self._published(self._held[0][key]) for key in taken]
+            cand_plan = [self._published(self._held[1][key]) for key in taken]
+        if rest:
+            base_plan += self._write(rest, self.spec, f"{what}, baseline", numbers)
+        start = self._start_planned(base_plan)
+        if rest:
+            cand_plan += self._write(rest, self.candidate_spec, f"{what}, candidate", numbers, start=start)
         rows = {r.thread_id: r for r in self._verified([*base_plan, *cand_plan], what)}
         if start is not None:
             for p in base_plan:
@@ -581,8 +590,38 @@ class Round:
         if chosen and runs and 2 * len(chosen) * len(runs) <= self.objective.max_extra_runs_total:
             self._background = _Background(lambda: self._hold(chosen, runs, "reruns ahead"))
 
-    def _ahead(self, chosen: Sequence[Scenario], numbers: range, what: str) -> bool:
-        """Whether the batch's runs were run ahead (and are held); False: run them now, as asked.
+    def _run_ahead_of_branches(self) -> None:
+        """Where runs wait on a model together: before the candidate's first runs, the reruns of the
+        scenarios where a branch the candidate adds answers a decision of the baseline's runs otherwise
+        than it was answered start in the background, held (`_hold`): only there do the candidate's runs
+        part from the baseline's, so only there can their pass fraction change (as far as its branches
+        tell: a batch asks for what was not run ahead, and it runs then). A candidate that adds no branch (or whose reruns the
+        round's cap could not pay for) runs nothing ahead here (`_run_ahead_of`)."""
+        assert self.candidate is not None
+        new = {b.index for b in added(self.inputs.policy, self.candidate)}
+        runs = range(self.k + 1, self.k + self.objective.max_extra_runs + 1)
+        if not new or not runs or not self._overlaps():
+            return
+        branches = route(self.candidate)
+        parting: set[str] = set()
+        for row in self.base_rows:
+            if row.scenario in parting:
+                continue
+            for request, answered in self.evidence.decisions(row.thread_id):
+                decision = {"name": request.name, "facts": request.facts, "options": request.options}
+                fired = answer_on(branches, decision)
+                if fired is None or fired[0].index not in new:
+                    continue
+                if answered.type == ERROR_EVENT or canonical_json(fired[1]) != canonical_json(answered.event):
+                    parting.add(row.scenario)  # the candidate answers otherwise: its run parts here
+                    break
+        chosen = [s for s in self.inputs.scenarios if s.id in parting]
+        if chosen and 2 * len(chosen) * len(runs) <= self.objective.max_extra_runs_total:
+            self._background = _Background(lambda: self._hold(chosen, runs, "reruns ahead"))
+
+    def _ahead(self, chosen: Sequence[Scenario], numbers: range, what: str) -> set[str]:
+        """The scenarios of the batch whose runs were run ahead (and are held); the others run now, as
+        asked.
 
         When the model is waited on and runs overlap, the reruns of every batch the sequential rule may
         yet ask of a scenario (up to max_extra_runs each, both policies) run at once, ahead of need: in
@@ -599,7 +638,8 @@ class Round:
             if not background.done():
                 self._held = None  # it failed: what it held is dropped, and the batches run as asked
         if self._held is not None:
-            return all((sc.id, n) in self._held[0] for sc in chosen for n in numbers)
+            held = self._held[0]
+            return {sc.id for sc in chosen if all((sc.id, n) in held for n in numbers)}
         runs = range(numbers.start, max(numbers.stop, self.k + self.objective.max_extra_runs + 1))
         if (
             self._ahead_store is not None
@@ -607,9 +647,9 @@ class Round:
             or 2 * len(chosen) * len(runs) > self.objective.max_extra_runs_total
             or not self._overlaps()
         ):
-            return False
+            return set()
         self._hold(chosen, runs, f"{what} and after")
-        return True
+        return {sc.id for sc in chosen}
 
     def _hold(self, chosen: Sequence[Scenario], runs: range, what: str) -> None:
         """Run the reruns `runs` of `chosen` under both policies, held in memory (`_ahead`)."""
