@@ -93,22 +93,28 @@ def _workspace(target: Path, desk: str) -> Workspace:
     return Workspace.load(target / "improve.toml")
 
 
-def thread_calls(traces: Path, k: int) -> dict[str, int]:
-    """The calls each side of a round asked its model, read from its threads: baseline and candidate on
-    their first k runs, and on the reruns."""
+def thread_calls(traces: Path, k: int, baseline: str = "v0", only: set[str] | None = None) -> dict[str, int]:
+    """The calls each side of a round asked its model, read from its threads: baseline (`baseline`, the
+    policy version) and candidate on their first k runs, and on the reruns. `only`: the threads to read
+    (a round's own, in a workspace holding earlier rounds' too)."""
     store = JsonlDirStore(traces)
     counts = dict.fromkeys(("baseline", "candidate", "baseline_reruns", "candidate_reruns", "reused"), 0)
     for thread_id in store.list_threads(limit=1_000_000).thread_ids:
         parsed = ThreadId.parse(thread_id)
-        if parsed is None:
+        if parsed is None or (only is not None and thread_id not in only):
             continue
-        side = "baseline" if parsed.policy_version == "v0" else "candidate"
+        side = "baseline" if parsed.policy_version == baseline else "candidate"
         if parsed.run > k:
             side += "_reruns"
         for entry in store.read(thread_id):
             if entry.type == USAGE_EVENT:
                 counts["reused" if entry.event.get("reused") else side] += 1
     return counts
+
+
+def _files(traces: Path) -> dict[str, tuple[int, int]]:
+    """Each thread file's (size, mtime): what a round wrote is what differs after it."""
+    return {p.stem: (p.stat().st_size, p.stat().st_mtime_ns) for p in traces.glob("*.jsonl")}
 
 
 def _answered(desk: str) -> int:
@@ -172,20 +178,29 @@ def replay_first_figures(tmp: Path, desks: tuple[str, ...] = DESKS) -> dict[str,
 
 
 def real_model_figures(
-    tmp: Path, k: int = 2, say: Callable[[str], None] = print, recordings: Path | None = None
+    tmp: Path,
+    k: int = 2,
+    say: Callable[[str], None] = print,
+    recordings: Path | None = None,
+    rounds: int = 1,
 ) -> dict[str, Any]:
-    """One k-run refund-desk round with the small real model (SmolLM2-135M behind llama-cpp-python on
-    127.0.0.1), replay-first, then the same round with every candidate run from scratch.
+    """Refund-desk rounds with the small real model (SmolLM2-135M behind llama-cpp-python on 127.0.0.1),
+    k runs each, replay-first, then the same rounds with every candidate run from scratch, each mode in a
+    workspace of its own; `rounds` consecutive rounds as a user runs them (`improve demo`'s reviewer
+    merges a recommended candidate, and the next round starts from it), each counted on its own.
 
-    Both rounds record the model's answers (`cache = "record"`, the default). The full round starts with
-    the replay-first round's recordings: a request the first round asked is answered from its recording,
-    one it never asked goes to the server, so the full round costs hours less on a busy machine, asks the
-    model the very requests a round of full re-runs asks (each counted in `calls`), and is answered as it
+    Every round records the model's answers (`cache = "record"`, the default). The full rounds start with
+    the replay-first rounds' recordings: a request those asked is answered from its recording, one they
+    never asked goes to the server, so the full rounds cost hours less on a busy machine, ask the model
+    the very requests rounds of full re-runs ask (each counted in `calls`), and are answered as they
     would have been (temperature 0). `calls`: the requests the round's runs asked the model (live,
     answered from a recording, or a repeat of one); `reused`: answers replay-first runs took from the
-    baseline's threads without asking. `recordings`: a cache directory the replay-first round starts
-    with (an interrupted measurement's: its answers are counted in `calls` as `recorded`)."""
-    from improve.demo import prepare
+    baseline's threads without asking. A round reads the baseline's runs the workspace already recorded
+    with the same stamp (the candidate runs of the round before, when it was merged; the baseline's,
+    when it was discarded) and asks nothing for them: `baseline` counts only the calls asked now.
+    `recordings`: a cache directory the replay-first rounds start with (an interrupted measurement's:
+    its answers are counted in `calls` as `recorded`)."""
+    from improve.demo import merge_as_reviewer, prepare
     from improve.llm import CACHE_DIR, Meter, local_server
 
     figures: dict[str, Any] = {}
@@ -196,39 +211,74 @@ def real_model_figures(
             f'api_key_env = "{spec.api_key_env}"\ncontext_tokens = {spec.context_tokens}\n'
             "timeout_s = 1800\nconcurrency = 1\n"
         )
-        records = {}
+        records: dict[str, list[dict[str, Any]]] = {}
         for name, replay_first in (("replay_first", True), ("full_runs", False)):
             space = prepare(tmp / f"real-{name}", "refunds", section)
             if not replay_first:
                 shutil.copytree(tmp / "real-replay_first" / CACHE_DIR, space.root / CACHE_DIR)
             elif recordings is not None:
                 shutil.copytree(recordings, space.root / CACHE_DIR)
-            meter = Meter()
-            start = time.perf_counter()
-            record = run_round(
-                space,
-                RoundOptions(policy="v0", k=k, model="local", replay_first=replay_first, meter=meter),
-                say=lambda m, n=name: say(f"[{n}] {m}"),
-            )
-            counts = meter.to_json()
-            figures[name] = {
-                "seconds": round(time.perf_counter() - start, 1),
-                **{key: counts[key] for key in ("calls", "live", "recorded", "repeated", "reused", "failed")},
-                **thread_calls(space.traces, k),
-                "status": record.status,
-            }
-            records[name] = _decision(record)
-            say(f"[{name}] {json.dumps(figures[name])}")
-    full, first = figures["full_runs"], figures["replay_first"]
+            figures[name], records[name] = [], []
+            policy = "v0"
+            for number in range(1, rounds + 1):
+                meter = Meter()
+                before = _files(space.traces)
+                start = time.perf_counter()
+                record = run_round(
+                    space,
+                    RoundOptions(policy=policy, k=k, model="local", replay_first=replay_first, meter=meter),
+                    say=lambda m, n=f"{name} round {number}": say(f"[{n}] {m}"),
+                )
+                counts = meter.to_json()
+                written = {t for t, stat in _files(space.traces).items() if before.get(t) != stat}
+                one = {
+                    "round": number,
+                    "baseline_policy": policy,
+                    "seconds": round(time.perf_counter() - start, 1),
+                    **{
+                        key: counts[key]
+                        for key in ("calls", "live", "recorded", "repeated", "reused", "failed")
+                    },
+                    **thread_calls(space.traces, k, policy, written),
+                    "status": record.status,
+                }
+                figures[name].append(one)
+                records[name].append(_decision(record))
+                say(f"[{name} round {number}] {json.dumps(one)}")
+                if record.status == "recommended" and record.pr and record.candidate_version:
+                    merge_as_reviewer(space, str(record.pr.branch), lambda m, n=name: say(f"[{n}] {m}"))
+                    policy = record.candidate_version
+                elif record.status in ("blocked", "nothing-to-fix"):
+                    break
     candidate = lambda r: r["candidate"] + r["candidate_reruns"]  # noqa: E731
-    figures["same_decision_and_scores"] = records["full_runs"] == records["replay_first"]
-    figures["decision"] = records["replay_first"]
-    figures["round_calls_ratio"] = round(first["calls"] / max(1, full["calls"]), 3)
-    figures["candidate_calls_ratio"] = round(candidate(first) / max(1, candidate(full)), 3)
+    by_round = []
+    for first, full, decided, decided_full in zip(
+        figures["replay_first"],
+        figures["full_runs"],
+        records["replay_first"],
+        records["full_runs"],
+        strict=False,
+    ):
+        by_round.append(
+            {
+                "round": first["round"],
+                "same_decision_and_scores": decided == decided_full,
+                "decision": decided,
+                "round_calls_ratio": round(first["calls"] / max(1, full["calls"]), 3),
+                "candidate_calls_ratio": round(candidate(first) / max(1, candidate(full)), 3),
+            }
+        )
+    figures["by_round"] = by_round
+    total = {n: sum(r["calls"] for r in figures[n]) for n in ("replay_first", "full_runs")}
+    figures["all_rounds_calls_ratio"] = round(total["replay_first"] / max(1, total["full_runs"]), 3)
     figures["note"] = (
-        f"refund desk, k={k}, SmolLM2-135M-Instruct Q4_1 via llama-cpp-python; the full round answered "
-        "from the replay-first round's recordings where it asked what that round asked (calls counts "
-        "every request either way); baseline/candidate(_reruns): calls asked by each side's threads"
+        f"refund desk, k={k}, {rounds} consecutive round(s) per mode in one workspace (a recommended "
+        "candidate merged as improve demo's reviewer does, the next round against it), SmolLM2-135M-Instruct "
+        "Q4_1 via llama-cpp-python; the full rounds answered from the replay-first rounds' recordings where "
+        "they asked what those asked (calls counts every request either way); baseline/candidate(_reruns): "
+        "calls asked by each side's threads the round wrote; a round reads the baseline runs its workspace "
+        "recorded with the same stamp (the round before's candidate runs, once merged) and asks nothing for "
+        "them, in both modes; by_round[0] is the first round, which pays for its baseline"
     )
     return figures
 
@@ -242,11 +292,18 @@ if __name__ == "__main__":
     parser.add_argument("--real-model", action="store_true", help="the refund desk with the small real model")
     parser.add_argument("--k", type=int, default=2, help="with --real-model: runs per scenario")
     parser.add_argument("--recordings", type=Path, help="with --real-model: a cache to start from")
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="with --real-model: consecutive rounds per mode"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="improve-bench-replay-first-") as tmp:
         if args.real_model:
             found = real_model_figures(
-                Path(tmp), args.k, lambda m: print(m, file=sys.stderr, flush=True), args.recordings
+                Path(tmp),
+                args.k,
+                lambda m: print(m, file=sys.stderr, flush=True),
+                args.recordings,
+                args.rounds,
             )
         else:
             found = replay_first_figures(Path(tmp))

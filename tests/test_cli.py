@@ -74,6 +74,22 @@ def test_second_run_reuses_recorded_threads(ws: Path) -> None:
     assert path.read_text() == before
     fresh = runner.invoke(app, [*args, "--fresh"])
     assert fresh.exit_code == 0 and path.read_text() != before
+    # A thread recorded before what its run starts from changed is evidence of other inputs: it is run
+    # again (not refused, not reused). So is one whose stamp carries no digests (an older improve's).
+    scenarios = ws / "scenarios" / "refunds.yaml"
+    scenarios.write_text(scenarios.read_text().replace("deliveredDaysAgo: 1}", "deliveredDaysAgo: 2}", 1))
+    for change in ("scenario", "no digests"):
+        if change == "no digests":
+            lines = path.read_text().splitlines()
+            entry = json.loads(lines[0])
+            del entry["metadata"]["digests"]
+            path.write_text("\n".join([json.dumps(entry), *lines[1:]]) + "\n")
+        before = path.read_text()
+        again = runner.invoke(app, args)
+        assert again.exit_code == 0 and "reused" not in again.stderr, again.output
+        assert path.read_text() != before
+    stamp = json.loads(path.read_text().splitlines()[0])["metadata"]
+    assert set(stamp["digests"]) == {"environment", "scenario"}
 
 
 def test_threads_of_two_models_for_one_policy_coexist(ws: Path) -> None:

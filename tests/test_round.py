@@ -585,6 +585,69 @@ def test_a_replay_first_round_decides_as_a_round_of_full_runs(desk: str, tmp_pat
     assert reused and first.model_info is not None and first.model_info.calls.reused == reused
 
 
+def thread_events(traces: Path) -> dict[str, list[Any]]:
+    """Every thread's events and attempts (not its ids, times or hashes)."""
+    store = JsonlDirStore(traces)
+    return {
+        t: [(e.type, e.event, e.attempts) for e in store.read(t)]
+        for t in store.list_threads(limit=100_000).thread_ids
+    }
+
+
+@pytest.mark.slow
+def test_reruns_run_ahead_journal_and_decide_as_reruns_run_batch_by_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Where runs wait on a model together, the reruns run ahead, held in memory: of the scenarios where
+    # a new branch answers otherwise (here on every other decision it answers, so the batches also run
+    # the rest as asked), or else of those whose runs changed as written; a batch asked for is written,
+    # the rest dropped unwritten. The threads and the decision are those of batch after batch (the
+    # stand-in is taken for one that waits).
+    import improve.loop.round as round_module
+
+    records, threads, published = {}, {}, []
+    publish = round_module.Ahead.publish
+    monkeypatch.setattr(
+        round_module.Ahead, "publish", lambda self, t: published.append(t) or publish(self, t)
+    )
+    answer_on, calls = round_module.answer_on, [0]
+
+    def every_other(branches: Any, decision: Any) -> Any:
+        calls[0] += 1
+        return answer_on(branches, decision) if calls[0] % 2 else None
+
+    monkeypatch.setattr(round_module, "answer_on", every_other)
+    for how in ("batched", "branches", "written"):
+        monkeypatch.setattr(round_module, "runs_overlap", lambda models, how=how: how != "batched")
+        if how == "written":
+            monkeypatch.setattr(round_module.Round, "_run_ahead_of_branches", lambda self: None)
+        root = desk_workspace(
+            tmp_path / how,
+            "refunds",
+            REPO / "scenarios" / "refunds.yaml",
+            objective="k = 2\nmax_extra_runs = 4\n",
+        )
+        space = Workspace.load(root / "improve.toml")
+        records[how] = run_round(space, RoundOptions(policy="v0", k=2, concurrency=4))
+        threads[how] = thread_events(space.traces)
+        if how != "batched":
+            reruns = records[how].reruns
+            assert reruns is not None and reruns.batches == 2 and published
+            # Every other branch answer seen: a scenario or more is not held, and its batches run as asked.
+            assert (
+                0 < len(published) < reruns.extra_runs
+                if how == "branches"
+                else len(published) == reruns.extra_runs
+            )
+            published.clear()
+    batched = records["batched"]
+    for how in ("branches", "written"):
+        ahead = records[how]
+        assert ahead.status == batched.status and ahead.scores == batched.scores
+        assert ahead.reruns == batched.reruns
+        assert threads[how] == threads["batched"], how  # nothing run ahead and dropped was journaled
+
+
 @pytest.mark.slow
 def test_a_rerun_whose_baseline_run_is_set_aside_runs_its_candidate_from_scratch(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -17,7 +17,7 @@ import pytest
 from improve.errors import ConflictError, LogError, TamperError
 from improve.log import check_chain, head, seal
 from improve.log.entry import LogEntry
-from improve.log.store import JsonlDirStore, KeptReads, MemoryStore, RunBuffer, Store, ThreadPage
+from improve.log.store import Ahead, JsonlDirStore, KeptReads, MemoryStore, RunBuffer, Store, ThreadPage
 from improve.warehouse.db import open_database
 from improve.warehouse.store import DuckDBStore
 from tests.helpers import log_entry
@@ -599,6 +599,26 @@ def test_a_runs_buffer_holds_its_one_thread_uncopied() -> None:
         buffer.fork(THREAD, "other")
     buffer.delete(THREAD)
     assert not buffer.exists(THREAD) and buffer.append(THREAD, 0, entries(0, 1)) == 1
+
+
+def test_threads_held_ahead_reach_the_store_only_when_published(tmp_path: Path) -> None:
+    base = JsonlDirStore(tmp_path)
+    other = "train:v1:refund-small:r2"
+    base.append(other, 0, entries(0, 1))  # an earlier copy, replaced when its new run is published
+    ahead = Ahead(base)
+    assert ahead.read(other) == base.read(other) and ahead.exists(other)
+    ahead.delete(other)
+    for thread in (THREAD, other):
+        ahead.append(thread, 0, entries(0, 2))
+    with pytest.raises(ConflictError):
+        ahead.append(THREAD, 1, entries(1, 2))
+    assert base.read(THREAD) == [] and len(base.read(other)) == 1  # nothing written yet
+    assert ahead.length(THREAD) == 2 and ahead.held(THREAD)
+    assert ahead.publish(other) == base.read(other) and len(base.read(other)) == 2
+    assert not ahead.held(other) and ahead.read(other) == base.read(other)
+    assert base.list_threads().thread_ids == [other] and ahead.list_threads().thread_ids == [THREAD, other]
+    with pytest.raises(LogError, match="only written or dropped"):
+        ahead.fork(THREAD, "train:v1:refund-small:r3")
 
 
 def test_a_suite_run_that_fails_writes_no_thread_and_one_that_ends_is_written_whole(tmp_path: Path) -> None:

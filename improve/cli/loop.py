@@ -84,6 +84,15 @@ def round_command(
             "[objective] replay_first). For a model whose answer depends on anything besides the request.",
         ),
     ] = False,
+    fresh: Annotated[
+        bool,
+        typer.Option(
+            "--fresh",
+            help="Run the baseline (and every run of the round) again instead of reusing the threads the "
+            "workspace recorded with the same stamp: policy, environment files, scenario, run and model "
+            "(an earlier round's candidate, `improve run`). For a model that changed behind the same name.",
+        ),
+    ] = False,
     allow_insecure_github: Annotated[
         bool,
         typer.Option(
@@ -103,7 +112,9 @@ def round_command(
     then held-out k times, applies the promotion rule, records the CHANGELOG entry, and opens a pull
     request for a recommended candidate (or leaves a branch and reports/<round>/pr.md). Each candidate
     run starts from the baseline's recorded run of the same scenario and sample, and asks the model
-    only where its path departs from it (replay-first; --full-runs turns it off). The sealed
+    only where its path departs from it (replay-first; --full-runs turns it off). A run the
+    workspace already recorded with the same stamp (an earlier round's candidate, now the baseline;
+    `improve run`) is read rather than run again (--fresh runs it again). The sealed
     test split is never read. Each entry counts the rounds that read the held-out set ("held-out read N
     times", per set: a changed held-out set starts again), and warns past the reads n held-out
     scenarios support, 1 + floor(2 n eps^2 / ln 2) with eps = held_out_bias of improve.toml's
@@ -141,6 +152,7 @@ def round_command(
             max_usd=max_usd,
             allow_insecure_github=allow_insecure_github,
             replay_first=False if full_runs else None,
+            fresh=fresh,
         )
         records = run_rounds(space, options, rounds, say=say)
         if as_json:

@@ -62,7 +62,7 @@ if TYPE_CHECKING:
     from improve.evals.materialize import refresh_outcomes, score_threads
     from improve.evals.promotion import Check, PromotionDecision, decide, gain_phrase, p_value
     from improve.evals.report import describe_model, scorecard_markdown
-    from improve.evals.reruns import Batch, RerunRule, Reruns, Settled, settle
+    from improve.evals.reruns import Batch, RerunRule, Reruns, Settled, changed_scenarios, settle
     from improve.evals.scorecards import (
         Comparison,
         Scorecard,
@@ -85,6 +85,7 @@ _LAZY = {
     "Reruns": "improve.evals.reruns",
     "Settled": "improve.evals.reruns",
     "settle": "improve.evals.reruns",
+    "changed_scenarios": "improve.evals.reruns",
     "Comparison": "improve.evals.scorecards",
     "PromotionDecision": "improve.evals.promotion",
     "Check": "improve.evals.promotion",
@@ -161,6 +162,7 @@ __all__ = [
     "append_scenario",
     "bias_bound",
     "category_chart",
+    "changed_scenarios",
     "check_recordable",
     "check_unsealable",
     "compare",

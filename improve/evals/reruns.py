@@ -240,14 +240,20 @@ def conditional_null(batches: Sequence[PairedCounts], forced: bool) -> NullDistr
     return NullDistribution(low, [paths.get(y, 0) for y in range(low, high + 1)])
 
 
+def changed_scenarios(baseline: Sequence[OutcomeRow], candidate: Sequence[OutcomeRow]) -> list[str]:
+    """The scenarios whose pass fraction differs between the two policies' rows: those the sequential
+    rule runs again first, in id order."""
+    base, cand = _tally(baseline), _tally(candidate)
+    return [i for i in sorted(set(base) & set(cand)) if _changed(_counts(base[i], cand[i]))]
+
+
 def settle(
     baseline: Sequence[OutcomeRow], candidate: Sequence[OutcomeRow], rule: RerunRule, run_more: RunMore
 ) -> Settled:
     """Apply the sequential rule to the first k runs of both policies (see the module's docstring)."""
     base_rows, cand_rows = list(baseline), list(candidate)
     base, cand = _tally(base_rows), _tally(cand_rows)
-    ids = sorted(set(base) & set(cand))
-    changed = [i for i in ids if _changed(_counts(base[i], cand[i]))]
+    changed = changed_scenarios(base_rows, cand_rows)
     first = {i: _shown(_counts(base[i], cand[i])) for i in changed}
     history = {i: [_counts(base[i], cand[i])] for i in changed}
     # Held-out first: when the total cap binds, the split the gain is decided on gets the runs.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import threading
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
@@ -33,7 +34,7 @@ from improve.log import (
     model_slug,
     replay,
 )
-from improve.machine import MachineConfig
+from improve.machine import MachineConfig, canonical_hash
 from improve.runtime import (
     DEFAULT_MAX_MODEL_CALLS,
     ChatSession,
@@ -49,6 +50,9 @@ from improve.runtime import (
     run,
     runs_overlap,
 )
+
+DIGESTS = "digests"
+"""The stamp's digests of the environment's files and of the scenario (`SuiteSpec.stamp`)."""
 
 Progress = Callable[[int, int, OutcomeRow, bool], None]
 """Called after each run: (done, total, row, reused)."""
@@ -123,6 +127,9 @@ class SuiteSpec:
         )
 
     def stamp(self, env: Environment, scenario: Scenario, run_number: int) -> dict[str, Any]:
+        """What a run is a run of, on its entry 0: a thread recorded with the same stamp is reused
+        (`write_threads`). `digests`: the environment's files and what the scenario starts from, so
+        a run recorded before either changed is run again rather than reused."""
         return {
             "environment": env.name,
             "policy": {"id": self.policy.id, "version": self.policy.version, "hash": self.policy_hash},
@@ -131,7 +138,18 @@ class SuiteSpec:
             "scenario": scenario.id,
             "split": scenario.split,
             "run": run_number,
+            DIGESTS: {"environment": env.files_digest, "scenario": self._scenario_digest(scenario)},
         }
+
+    def _scenario_digest(self, scenario: Scenario) -> str:
+        """A sha256 of what a run of the scenario starts from (input, world, people; not the label, which
+        only scores it), kept per scenario object for the spec's suites (each run's stamp asks)."""
+        kept: dict[int, tuple[Scenario, str]] = self.__dict__.setdefault("_scenario_digests", {})
+        found = kept.get(id(scenario))
+        if found is None or found[0] is not scenario:
+            started = scenario.model_dump(mode="json", include={"input", "world", "people"})
+            found = kept[id(scenario)] = (scenario, canonical_hash(started))
+        return found[1]
 
 
 def suite_spec(
@@ -342,6 +360,7 @@ def write_threads(
     runs: Sequence[int] | None = None,
     compiled: Any = None,
     start_from: StartFrom | None = None,
+    slots: threading.Semaphore | None = None,
 ) -> list[PlannedRun]:
     """Run every scenario k times (reusing threads recorded with this stamp), journaling one thread
     per run; the runs in planned order. `runs` are other run numbers to make instead of 1..k (the
@@ -358,7 +377,8 @@ def write_threads(
     all its suites, so they share one chat session: its fallback, its meter, its fingerprints.
     `compiled`: the policy already compiled with the environment's judgments and guards (a round's
     gates compiled the candidate), so it is not compiled again. `start_from`: the recorded runs these
-    runs start from, replay-first (a round's candidate starts from the baseline's runs).
+    runs start from, replay-first (a round's candidate starts from the baseline's runs). `slots`: runs
+    in flight across suites that run at once (a round's), each run taking one while it runs here.
     """
     models = models or spec.model_factory(env, meter)
     policy = (
@@ -386,6 +406,8 @@ def write_threads(
                 if ran:
                     ran(done, len(todo))
         else:
+            if slots is not None:
+                runner = functools.partial(_in_slot, slots, runner)
             asyncio.run(_run_concurrently(runner, env, policy, todo, spec, store, cap, ran))
     plan = []
     for scenario, n in planned:
@@ -493,6 +515,11 @@ def _batch_result(future: Future[BatchResult], fanout: Fanout) -> BatchResult:
         ) from error
 
 
+def _in_slot(slots: threading.Semaphore, runner: Callable[..., None], *args: Any) -> None:
+    with slots:
+        runner(*args)
+
+
 async def _run_concurrently(
     runner: Callable[..., None],
     env: Environment,
@@ -525,12 +552,18 @@ def _reusable(env: Environment, store: Store, thread_id: str, stamp: dict[str, A
     entries = store.read(thread_id)
     if not entries:
         return None
-    recorded = {k: v for k, v in (entries[0].metadata or {}).items() if k != "maxModelCalls"}
-    if recorded != stamp:
+    metadata = entries[0].metadata or {}
+    recorded = {k: v for k, v in metadata.items() if k not in ("maxModelCalls", DIGESTS)}
+    wanted = {k: v for k, v in stamp.items() if k != DIGESTS}
+    if recorded != wanted:
         raise WorkspaceError(
-            f"thread {thread_id} was recorded with a different stamp ({_stamp_diff(recorded, stamp)}); "
+            f"thread {thread_id} was recorded with a different stamp ({_stamp_diff(recorded, wanted)}); "
             "bump the policy version, or run with --fresh to replace the recorded threads"
         )
+    if metadata.get(DIGESTS) != stamp[DIGESTS]:
+        # Recorded before the environment's files or the scenario changed (or by a version of improve
+        # that did not stamp them): evidence of other inputs, so it is run again, and replaced.
+        return None
     try:
         result = replay(env.machine, entries)
     except LogError:

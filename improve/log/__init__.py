@@ -65,6 +65,7 @@ from improve.log.replay import (
 )
 from improve.log.result import ReplayResult, RunStatus, Verified
 from improve.log.store import (
+    Ahead,
     JsonlDirStore,
     KeptReads,
     MemoryStore,
@@ -93,6 +94,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "UNCHAINED_VERSION",
     "USAGE_EVENT",
+    "Ahead",
     "Attempt",
     "AttemptView",
     "Budget",

@@ -349,6 +349,75 @@ class MemoryStore:
             self._threads.pop(thread_id, None)
 
 
+class Ahead:
+    """Threads written ahead of need, held in memory over the store they belong in, which it reads
+    through: a round's reruns run before the sequential rule asks for them. `publish` writes one to
+    `base` when it is asked for; the others are dropped unwritten, so the store ends as if only what
+    was asked for had run. Entries are not copied: the runs that append them never change them."""
+
+    def __init__(self, base: Store) -> None:
+        self.base = base
+        self._held: dict[str, list[LogEntry]] = {}
+        self._lock = threading.Lock()
+
+    def append(self, thread_id: str, expected_index: int, entries: Sequence[LogEntry]) -> int:
+        check_batch(thread_id, expected_index, entries)
+        with self._lock:
+            current = self._held.setdefault(thread_id, [])
+            if expected_index != len(current):
+                raise conflict(thread_id, expected_index, len(current))
+            current.extend(entries)
+            return len(current)
+
+    def read(self, thread_id: str, from_index: int = 0) -> list[LogEntry]:
+        with self._lock:
+            held = self._held.get(thread_id)
+        if held is None:
+            return self.base.read(thread_id, from_index)
+        check_from_index(thread_id, from_index)
+        return held[from_index:]
+
+    def length(self, thread_id: str) -> int:
+        with self._lock:
+            held = self._held.get(thread_id)
+        return len(held) if held is not None else self.base.length(thread_id)
+
+    def fork(self, source_id: str, new_id: str, upto: int | None = None) -> int:
+        raise LogError(
+            f"cannot fork {source_id!r} into {new_id!r}: threads run ahead are only written or dropped"
+        )
+
+    def list_threads(self, prefix: str = "", limit: int = 100, cursor: str | None = None) -> ThreadPage:
+        with self._lock:
+            held = list(self._held)
+        known = set(self.base.list_threads(prefix, 1_000_000).thread_ids) | set(held)
+        return page(sorted(known), prefix, limit, cursor)
+
+    def exists(self, thread_id: str) -> bool:
+        with self._lock:
+            if thread_id in self._held:
+                return True
+        return self.base.exists(thread_id)
+
+    def delete(self, thread_id: str) -> None:
+        # A thread of `base` is replaced when the one held here is published over it.
+        with self._lock:
+            self._held.pop(thread_id, None)
+
+    def held(self, thread_id: str) -> bool:
+        with self._lock:
+            return thread_id in self._held
+
+    def publish(self, thread_id: str) -> list[LogEntry]:
+        """Write the held thread to `base` (replacing an earlier copy there) and hand back its entries."""
+        with self._lock:
+            entries = self._held.pop(thread_id)
+        if self.base.exists(thread_id):
+            self.base.delete(thread_id)
+        self.base.append(thread_id, 0, entries)
+        return entries
+
+
 class RunBuffer:
     """The one new thread a run journals, held in memory until the run ends, then written whole by
     its caller (`entries`): a suite's run, which a later command runs again from the start when it

@@ -38,7 +38,7 @@ from improve.evals import (
     write_threads,
 )
 from improve.llm import CacheMode
-from improve.log import LogEntry, MemoryStore, ThreadId
+from improve.log import LogEntry, RunBuffer, ThreadId
 from improve.loop.branches import added, answer_on, route, same_answer
 from improve.loop.counterfactuals import Counterfactuals, StandIn, digest
 from improve.loop.diagnose import Diagnosis, diagnose
@@ -348,11 +348,11 @@ def _passes(
         if recorded is not None
         else PolicyDecider(policy, models_, env.judgments)
     )
-    store = MemoryStore()
     thread = f"counterfactual:v0:{scenario.id}:r1"
+    store = RunBuffer(thread)  # its one thread, uncopied: nothing changes its entries
     # Scored here and thrown away: written without hashes (nothing will verify it).
     run_scenario(env, scenario, _Counterfactual(_key(request), option, inner), store, thread, hashes=False)
-    return outcome_row(env, scenario, thread, store.read(thread)).passed
+    return outcome_row(env, scenario, thread, store.entries).passed
 
 
 def _seed(scenario: Scenario, row: OutcomeRow) -> str:

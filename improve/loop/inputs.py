@@ -51,6 +51,9 @@ class RoundOptions:
     Enterprise test); otherwise the round leaves the branch local and says why."""
     skip: list[str] = field(default_factory=list)
     """Cluster ids already tried against this policy (each round aims at the next cause)."""
+    fresh: bool = False
+    """Run every run of the round again, the baseline's too, instead of reusing a thread the workspace
+    recorded with the same stamp (`SuiteSpec.stamp`: policy, environment files, scenario, run, model)."""
     replay_first: bool | None = None
     """Start each candidate run from the baseline's recorded run of the same scenario and sample
     (`[objective] replay_first`, the default); False runs every candidate run from scratch."""

@@ -25,11 +25,13 @@ the next recommended branch, so nothing is lost and the branch merges cleanly.
 from __future__ import annotations
 
 import dataclasses
+import queue
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from improve import clock
-from improve.errors import EndpointError
+from improve.errors import EndpointError, ImproveError
 from improve.evals import (
     Batch,
     Ledger,
@@ -44,9 +46,11 @@ from improve.evals import (
     StartFrom,
     SuiteSpec,
     Workspace,
+    changed_scenarios,
     decide,
     every,
     fallbacks,
+    outcome_row,
     paired,
     policy_label,
     scorecard,
@@ -56,8 +60,8 @@ from improve.evals import (
 )
 from improve.files import check_directory
 from improve.llm import Meter
-from improve.log import KeptReads
-from improve.loop.branches import added
+from improve.log import Ahead, KeptReads, LogEntry, Store, ThreadPage
+from improve.loop.branches import added, answer_on, route
 from improve.loop.counterfactuals import Counterfactuals, StandIn
 from improve.loop.diagnose import Diagnosis, in_cluster
 from improve.loop.discards import DiscardedCandidate, focus
@@ -94,8 +98,8 @@ from improve.loop.round_record import (
     SplitScore,
     Status,
 )
-from improve.machine import MachineConfig, canonical_json, diff_states
-from improve.runtime import compile_policy, vocabulary
+from improve.machine import ERROR_EVENT, MachineConfig, canonical_json, diff_states
+from improve.runtime import compile_policy, runs_overlap, vocabulary
 
 MAX_REPAIRS = 3
 Say = Callable[[str], None]
@@ -202,6 +206,12 @@ class Round:
         self.settled: Settled | None = None
         self.verdict: PromotionDecision | None = None
         self.impact: Impact | None = None
+        self._held: tuple[dict[tuple[str, int], PlannedRun], dict[tuple[str, int], PlannedRun]] | None = None
+        """The reruns run ahead (`_ahead`), the baseline's and the candidate's, by scenario and run."""
+        self._ahead_store: Ahead | None = None
+        self._background: _Background | None = None
+        self._slots = threading.Semaphore(max(1, opts.concurrency))
+        """Runs in flight at once across the round's suites (the reruns run ahead beside the candidate's)."""
 
     def run(self) -> RoundRecord:
         steps = (
@@ -227,7 +237,7 @@ class Round:
             f"baseline: {self.label} on {len(inputs.train)} train + {len(inputs.held_out)} held-out "
             f"scenarios, k={self.k}"
         )
-        self.base_rows = self._verified(self._write(inputs.scenarios, self.spec, "baseline"), "baseline")
+        self.base_rows = self._written_and_verified(inputs.scenarios, self.spec, "baseline")
         self._note("baseline")
         self._answered(self.base_rows, f"baseline {self.label}")
         self.cards = _cards(self.base_rows, self.label)
@@ -363,9 +373,11 @@ class Round:
         self.say(f"candidate {label}: train and held-out, k={self.k}{how}")
         scenarios = [*self.inputs.train, *self.inputs.held_out]
         start = self._start(self.base_rows)
-        rows = self._verified(
-            self._write(scenarios, self.candidate_spec, "candidate", start=start), "candidate"
-        )
+        self._run_ahead_of_branches()
+        plan = self._write(scenarios, self.candidate_spec, "candidate", start=start)
+        if self._background is None:
+            self._run_ahead_of(plan)
+        rows = self._verified(plan, "candidate")
         rule = RerunRule.from_objective(self.objective, self.k)
         self.settled = settle(self.base_rows, rows, rule, self._run_more)
         if self.settled.reruns.scenarios:
@@ -438,16 +450,18 @@ class Round:
         runs: Sequence[int] | None = None,
         start: StartFrom | None = None,
         fresh: bool = False,
+        store: Store | None = None,
     ) -> list[PlannedRun]:
         """Run (or reuse) the suite's threads; those it reused (read while checked) are kept for the
         round's reads. `runs`: run numbers other than 1..k (the reruns). `start`: the baseline's runs
-        these start from (replay-first). The candidate runs as the gates compiled it."""
+        these start from (replay-first). The candidate runs as the gates compiled it. `store`: where
+        runs made ahead of need are held (`_ahead`); default the workspace's traces."""
         plan = write_threads(
             self.inputs.env,
             scenarios,
             spec,
-            self.ledger.store,
-            fresh=fresh,
+            store if store is not None else self.ledger.store,
+            fresh=fresh or self.opts.fresh,
             concurrency=self.opts.concurrency,
             executor=self.opts.executor,
             ran=every(25, self.say, what),
@@ -456,22 +470,68 @@ class Round:
             runs=runs,
             compiled=self.gated.machine if self.gated is not None and spec is self.candidate_spec else None,
             start_from=start,
+            slots=self._slots,
         )
         for p in plan:
             if p.entries is not None:  # reused: read while it was checked
                 self.reads.keep(p.thread_id, p.entries)
         return plan
 
+    def _written_and_verified(
+        self, scenarios: Sequence[Scenario], spec: SuiteSpec, what: str
+    ) -> list[OutcomeRow]:
+        """`_verified(_write(...))`; where runs wait on a model together, each run is recorded soon after
+        it ends, while the others still wait (the suite runs on a thread of its own; what ended is
+        recorded a chunk at a time, as the last chunk's recording allows): the same threads and rows,
+        the recording no longer after the last wait."""
+        if not self._overlaps():
+            return self._verified(self._write(scenarios, spec, what), what)
+        ended: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+        planned: list[list[PlannedRun]] = []
+
+        def write() -> None:
+            try:
+                planned.append(self._write(scenarios, spec, what, store=_Told(self.ledger.store, ended)))
+            finally:
+                ended.put(None)
+
+        suite = _Background(write, reraise=True)
+        rows: dict[str, OutcomeRow] = {}
+        # At least a wave of runs a chunk: each recording costs the warehouse a batch.
+        least = max(8, self.opts.concurrency)
+        made: list[str] = []
+        finished = False
+        while not finished:
+            thread_id = ended.get()  # waits for the next run to end
+            while thread_id is not None:
+                made.append(thread_id)
+                if ended.empty():
+                    break
+                thread_id = ended.get()
+            finished = thread_id is None
+            if made and (finished or len(made) >= least):
+                rows |= {r.thread_id: r for r in self._verified_ids(made, made, what)}
+                made = []
+        suite.done()  # raises the suite's error, if it failed
+        plan = planned[0]
+        reused = [p.thread_id for p in plan if p.reused]
+        if reused:
+            rows |= {r.thread_id: r for r in self._verified_ids(reused, [], what)}
+        return [rows[p.thread_id] for p in plan if p.thread_id in rows]
+
+    def _verified_ids(
+        self, thread_ids: Sequence[str], rewritten: Sequence[str], what: str
+    ) -> list[OutcomeRow]:
+        recorded = self.ledger.record(thread_ids, say=_prefixed(self.say, what), rewritten=rewritten)
+        self.quarantined += recorded.quarantined
+        return recorded.rows
+
     def _verified(self, plan: Sequence[PlannedRun], what: str) -> list[OutcomeRow]:
         """Record the planned runs' threads in the warehouse and read back the verified rows; threads set
         aside are counted."""
-        recorded = self.ledger.record(
-            [p.thread_id for p in plan],
-            say=_prefixed(self.say, what),
-            rewritten=[p.thread_id for p in plan if not p.reused],
+        return self._verified_ids(
+            [p.thread_id for p in plan], [p.thread_id for p in plan if not p.reused], what
         )
-        self.quarantined += recorded.quarantined
-        return recorded.rows
 
     def _run_more(self, ids: Sequence[str], numbers: range) -> Batch:
         """The sequential rule's batch: these scenarios run again under both policies, recorded together.
@@ -482,9 +542,19 @@ class Round:
         by_id = {s.id: s for s in self.inputs.scenarios}
         chosen = [by_id[i] for i in ids]
         what = f"reruns r{numbers.start}-r{numbers.stop - 1}"
-        base_plan = self._write(chosen, self.spec, f"{what}, baseline", numbers)
+        held = self._ahead(chosen, numbers, what)
+        rest = [sc for sc in chosen if sc.id not in held]
+        base_plan, cand_plan = [], []
+        if held:
+            assert self._held is not None
+            taken = [(sc.id, n) for sc in chosen if sc.id in held for n in numbers]
+            base_plan = [self._published(self._held[0][key]) for key in taken]
+            cand_plan = [self._published(self._held[1][key]) for key in taken]
+        if rest:
+            base_plan += self._write(rest, self.spec, f"{what}, baseline", numbers)
         start = self._start_planned(base_plan)
-        cand_plan = self._write(chosen, self.candidate_spec, f"{what}, candidate", numbers, start=start)
+        if rest:
+            cand_plan += self._write(rest, self.candidate_spec, f"{what}, candidate", numbers, start=start)
         rows = {r.thread_id: r for r in self._verified([*base_plan, *cand_plan], what)}
         if start is not None:
             for p in base_plan:
@@ -498,6 +568,116 @@ class Round:
             [rows[p.thread_id] for p in base_plan if p.thread_id in rows],
             [rows[p.thread_id] for p in cand_plan if p.thread_id in rows],
         )
+
+    def _run_ahead_of(self, plan: Sequence[PlannedRun]) -> None:
+        """Where runs wait on a model together: while the warehouse records the candidate's first runs,
+        the reruns the sequential rule is about to ask for start in the background, held (`_hold`). The
+        scenarios are those whose pass fraction changed in the runs as written (the rule reads them
+        verified, and takes from what ran ahead only what it asks for)."""
+        if not self._overlaps():
+            return
+        env = self.inputs.env
+        try:
+            written = [
+                outcome_row(env, p.scenario, p.thread_id, p.entries or self.ledger.store.read(p.thread_id))
+                for p in plan
+            ]
+        except ImproveError:
+            return  # a thread that does not even fold: the warehouse will say why; nothing runs ahead
+        by_id = {s.id: s for s in self.inputs.scenarios}
+        chosen = [by_id[i] for i in changed_scenarios(self.base_rows, written)]
+        runs = range(self.k + 1, self.k + self.objective.max_extra_runs + 1)
+        if chosen and runs and 2 * len(chosen) * len(runs) <= self.objective.max_extra_runs_total:
+            self._background = _Background(lambda: self._hold(chosen, runs, "reruns ahead"))
+
+    def _run_ahead_of_branches(self) -> None:
+        """Where runs wait on a model together: before the candidate's first runs, the reruns of the
+        scenarios where a branch the candidate adds answers a decision of the baseline's runs otherwise
+        than it was answered start in the background, held (`_hold`): only there do the candidate's runs
+        part from the baseline's, so only there can their pass fraction change (as far as its branches
+        tell: a batch asks for what was not run ahead, and it runs then). A candidate that adds no branch (or whose reruns the
+        round's cap could not pay for) runs nothing ahead here (`_run_ahead_of`)."""
+        assert self.candidate is not None
+        new = {b.index for b in added(self.inputs.policy, self.candidate)}
+        runs = range(self.k + 1, self.k + self.objective.max_extra_runs + 1)
+        if not new or not runs or not self._overlaps():
+            return
+        branches = route(self.candidate)
+        parting: set[str] = set()
+        for row in self.base_rows:
+            if row.scenario in parting:
+                continue
+            for request, answered in self.evidence.decisions(row.thread_id):
+                decision = {"name": request.name, "facts": request.facts, "options": request.options}
+                fired = answer_on(branches, decision)
+                if fired is None or fired[0].index not in new:
+                    continue
+                if answered.type == ERROR_EVENT or canonical_json(fired[1]) != canonical_json(answered.event):
+                    parting.add(row.scenario)  # the candidate answers otherwise: its run parts here
+                    break
+        chosen = [s for s in self.inputs.scenarios if s.id in parting]
+        if chosen and 2 * len(chosen) * len(runs) <= self.objective.max_extra_runs_total:
+            self._background = _Background(lambda: self._hold(chosen, runs, "reruns ahead"))
+
+    def _ahead(self, chosen: Sequence[Scenario], numbers: range, what: str) -> set[str]:
+        """The scenarios of the batch whose runs were run ahead (and are held); the others run now, as
+        asked.
+
+        When the model is waited on and runs overlap, the reruns of every batch the sequential rule may
+        yet ask of a scenario (up to max_extra_runs each, both policies) run at once, ahead of need: in
+        the background while the candidate's first runs are recorded (`_run_ahead_of`), else with the
+        first batch. They are held in memory (`Ahead`): each batch takes its runs from there, and only
+        what a batch asks for is written and recorded; the rest is dropped, never journaled. Each run
+        is the run it would have been (seeded by scenario and run number, replay-first from the
+        baseline's run of its number), so the threads and the decision are those of runs made batch by
+        batch; the model calls of dropped runs are spent and counted. Worth it only where waiting
+        dominates: off at concurrency 1, for stand-ins that answer at once, and when the round's cap on
+        extra runs could not pay for it."""
+        if self._background is not None:
+            background, self._background = self._background, None
+            if not background.done():
+                self._held = None  # it failed: what it held is dropped, and the batches run as asked
+        if self._held is not None:
+            held = self._held[0]
+            return {sc.id for sc in chosen if all((sc.id, n) in held for n in numbers)}
+        runs = range(numbers.start, max(numbers.stop, self.k + self.objective.max_extra_runs + 1))
+        if (
+            self._ahead_store is not None
+            or len(runs) <= len(numbers)
+            or 2 * len(chosen) * len(runs) > self.objective.max_extra_runs_total
+            or not self._overlaps()
+        ):
+            return set()
+        self._hold(chosen, runs, f"{what} and after")
+        return {sc.id for sc in chosen}
+
+    def _hold(self, chosen: Sequence[Scenario], runs: range, what: str) -> None:
+        """Run the reruns `runs` of `chosen` under both policies, held in memory (`_ahead`)."""
+        assert self.candidate_spec is not None
+        self._ahead_store = store = Ahead(self.ledger.store)
+        base = self._write(chosen, self.spec, f"{what}, baseline", runs, store=store)
+        start = (
+            StartFrom(store, {(p.scenario.id, p.run): p.thread_id for p in base})
+            if self.replay_first
+            else None
+        )
+        cand = self._write(chosen, self.candidate_spec, f"{what}, candidate", runs, start=start, store=store)
+        self._held = ({(p.scenario.id, p.run): p for p in base}, {(p.scenario.id, p.run): p for p in cand})
+
+    def _published(self, planned: PlannedRun) -> PlannedRun:
+        """A run made ahead, written to the workspace's traces now that a batch asks for it."""
+        store = self._ahead_store
+        if store is not None and not planned.reused and store.held(planned.thread_id):
+            self.reads.keep(planned.thread_id, store.publish(planned.thread_id))
+        return planned
+
+    def _overlaps(self) -> bool:
+        """Whether the round's runs wait on a model together: what running reruns ahead pays off for."""
+        if self.opts.concurrency <= 1:
+            return False
+        if self.session is not None:
+            return self.spec.model_spec is not None and self.spec.model_spec.in_flight() > 1
+        return runs_overlap(self.models)
 
     def _start(self, baseline: Sequence[OutcomeRow]) -> StartFrom | None:
         """Replay-first: the baseline's verified runs, each the start of the candidate's run of the same
@@ -696,6 +876,60 @@ class Round:
 
     def _regressions(self) -> list[Any]:
         return [*self.verdict.train.regressions, *self.verdict.held_out.regressions] if self.verdict else []
+
+
+class _Background:
+    """`work` on a thread of its own; `done()` waits for it and says whether it finished without error
+    (`reraise`: raises that error in the caller's thread instead)."""
+
+    def __init__(self, work: Callable[[], None], reraise: bool = False) -> None:
+        self._error: BaseException | None = None
+        self._reraise = reraise
+        self._thread = threading.Thread(target=self._run, args=(work,), name="improve-round", daemon=True)
+        self._thread.start()
+
+    def _run(self, work: Callable[[], None]) -> None:
+        try:
+            work()
+        except BaseException as error:  # handed to the caller's thread by done()
+            self._error = error
+
+    def done(self) -> bool:
+        self._thread.join()
+        if self._error is not None and self._reraise:
+            raise self._error
+        return self._error is None
+
+
+class _Told:
+    """`base`, telling `ended` the id of each thread written whole (a suite's run, as it ends)."""
+
+    def __init__(self, base: Store, ended: queue.SimpleQueue[str | None]) -> None:
+        self.base, self.ended = base, ended
+
+    def append(self, thread_id: str, expected_index: int, entries: Sequence[LogEntry]) -> int:
+        length = self.base.append(thread_id, expected_index, entries)
+        if expected_index == 0:
+            self.ended.put(thread_id)
+        return length
+
+    def read(self, thread_id: str, from_index: int = 0) -> list[LogEntry]:
+        return self.base.read(thread_id, from_index)
+
+    def length(self, thread_id: str) -> int:
+        return self.base.length(thread_id)
+
+    def fork(self, source_id: str, new_id: str, upto: int | None = None) -> int:
+        return self.base.fork(source_id, new_id, upto)
+
+    def list_threads(self, prefix: str = "", limit: int = 100, cursor: str | None = None) -> ThreadPage:
+        return self.base.list_threads(prefix, limit, cursor)
+
+    def exists(self, thread_id: str) -> bool:
+        return self.base.exists(thread_id)
+
+    def delete(self, thread_id: str) -> None:
+        self.base.delete(thread_id)
 
 
 def _cards(rows: Sequence[OutcomeRow], label: str) -> dict[str, Scorecard]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import functools
 import hashlib
+import json
 import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -144,6 +145,16 @@ class Environment:
             found = self.__dict__["_machine"] = compile_machine(
                 self.config, guards=self.guards, actors=set(self.actors)
             )
+        return found
+
+    @property
+    def files_digest(self) -> str:
+        """One sha256 over `file_hashes()`, taken the first time it is asked and kept: the code this
+        process loaded. A recorded run is reused only when its stamp carries the same (`SuiteSpec.stamp`)."""
+        found: str | None = self.__dict__.get("_files_digest")
+        if found is None:
+            text = json.dumps(self.file_hashes(), sort_keys=True, separators=(",", ":"))
+            found = self.__dict__["_files_digest"] = hashlib.sha256(text.encode()).hexdigest()
         return found
 
     def file_hashes(self) -> dict[str, str]:

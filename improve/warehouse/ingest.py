@@ -282,7 +282,8 @@ def collect_paths(paths: Iterable[str | Path]) -> tuple[list[Path], list[Skipped
         if problem is not None:
             skipped.setdefault(str(path), problem)
         else:
-            found[str(path.resolve())] = path.resolve()
+            resolved = path.resolve()
+            found[str(resolved)] = resolved
 
     for raw in paths:
         text = str(raw)
