@@ -87,7 +87,9 @@ def _workspace(target: Path, desk: str) -> Workspace:
     )
     (target / "improve.toml").write_text(
         f'[workspace]\nenvironment = "{name}"\n\n[environments.{name}]\nmodule = "{MODULES[desk]}"\n\n'
-        "[objective]\nk = 3\n",
+        # Reruns run when the rule asks: the counted stand-in is taken for a model that waits, and a rerun
+        # run ahead and dropped would count as a call no thread asked (bench/round_bench.py times them).
+        "[objective]\nk = 3\nrun_ahead = false\n",
         encoding="utf-8",
     )
     return Workspace.load(target / "improve.toml")
@@ -172,7 +174,7 @@ def replay_first_figures(tmp: Path, desks: tuple[str, ...] = DESKS) -> dict[str,
         "one k=3 round per desk and mode with the naive stand-in; model_calls: every call the stand-in "
         "answered in the round; baseline/candidate(_reruns): calls asked by each side's threads; reused: "
         "answers replay-first took from the baseline's runs; counterfactual: the diagnosis's and the "
-        "branches check's counterfactual runs"
+        "branches check's counterfactual runs; reruns run when the rule asks (run_ahead = false)"
     )
     return figures
 

@@ -617,20 +617,23 @@ def test_reruns_run_ahead_journal_and_decide_as_reruns_run_batch_by_batch(
         return answer_on(branches, decision) if calls[0] % 2 else None
 
     monkeypatch.setattr(round_module, "answer_on", every_other)
-    for how in ("batched", "branches", "written"):
+    for how in ("batched", "branches", "written", "off"):
         monkeypatch.setattr(round_module, "runs_overlap", lambda models, how=how: how != "batched")
         if how == "written":
             monkeypatch.setattr(round_module.Round, "_run_ahead_of_branches", lambda self: None)
+        off = "run_ahead = false\n" if how == "off" else ""  # every rerun run when asked, none ahead
         root = desk_workspace(
             tmp_path / how,
             "refunds",
             REPO / "scenarios" / "refunds.yaml",
-            objective="k = 2\nmax_extra_runs = 4\n",
+            objective=f"k = 2\nmax_extra_runs = 4\n{off}",
         )
         space = Workspace.load(root / "improve.toml")
         records[how] = run_round(space, RoundOptions(policy="v0", k=2, concurrency=4))
         threads[how] = thread_events(space.traces)
-        if how != "batched":
+        if how in ("batched", "off"):
+            assert not published
+        else:
             reruns = records[how].reruns
             assert reruns is not None and reruns.batches == 2 and published
             # Every other branch answer seen: a scenario or more is not held, and its batches run as asked.
@@ -641,7 +644,7 @@ def test_reruns_run_ahead_journal_and_decide_as_reruns_run_batch_by_batch(
             )
             published.clear()
     batched = records["batched"]
-    for how in ("branches", "written"):
+    for how in ("branches", "written", "off"):
         ahead = records[how]
         assert ahead.status == batched.status and ahead.scores == batched.scores
         assert ahead.reruns == batched.reruns

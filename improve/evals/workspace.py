@@ -184,6 +184,13 @@ class ObjectiveSection(_Section):
         "--full-runs`) for a model whose answer depends on anything besides the request (docs/contracts.md, "
         "replay-first runs).",
     )
+    run_ahead: bool = Field(
+        default=True,
+        description="Where a round's runs wait on a model together (concurrency above 1), run the reruns the "
+        "sequential rule may ask ahead of need, in the background, and drop unwritten what it never asks "
+        "for: less waiting, the same threads and decision, and the model calls of dropped runs spent "
+        "(docs/contracts.md, waiting together). false: every rerun is run when asked, no call spent ahead.",
+    )
     bootstrap_resamples: int = Field(
         default=5000,
         ge=0,

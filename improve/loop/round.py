@@ -574,7 +574,7 @@ class Round:
         the reruns the sequential rule is about to ask for start in the background, held (`_hold`). The
         scenarios are those whose pass fraction changed in the runs as written (the rule reads them
         verified, and takes from what ran ahead only what it asks for)."""
-        if not self._overlaps():
+        if not self._runs_ahead():
             return
         env = self.inputs.env
         try:
@@ -600,7 +600,7 @@ class Round:
         assert self.candidate is not None
         new = {b.index for b in added(self.inputs.policy, self.candidate)}
         runs = range(self.k + 1, self.k + self.objective.max_extra_runs + 1)
-        if not new or not runs or not self._overlaps():
+        if not new or not runs or not self._runs_ahead():
             return
         branches = route(self.candidate)
         parting: set[str] = set()
@@ -645,7 +645,7 @@ class Round:
             self._ahead_store is not None
             or len(runs) <= len(numbers)
             or 2 * len(chosen) * len(runs) > self.objective.max_extra_runs_total
-            or not self._overlaps()
+            or not self._runs_ahead()
         ):
             return set()
         self._hold(chosen, runs, f"{what} and after")
@@ -670,6 +670,10 @@ class Round:
         if store is not None and not planned.reused and store.held(planned.thread_id):
             self.reads.keep(planned.thread_id, store.publish(planned.thread_id))
         return planned
+
+    def _runs_ahead(self) -> bool:
+        """Whether reruns run ahead of need (`_ahead`): runs wait together, and the objective allows it."""
+        return self.objective.run_ahead and self._overlaps()
 
     def _overlaps(self) -> bool:
         """Whether the round's runs wait on a model together: what running reruns ahead pays off for."""
