@@ -1638,11 +1638,58 @@ def test_a_decision_an_earlier_branch_answers_is_not_the_new_branch_to_answer() 
     ranks = {"ESCALATE": 4, "CLOSE": 3, "REFUND": 1}
     # Without the branch, a rule must exclude the repeat refunders itself.
     assert all("facts.refunds" in r.condition for r in mine(examples, TYPES))
-    behind = mine(examples, TYPES, route=[escalate], ranks=ranks)[0]
+    behind = mine(examples, TYPES, route=[escalate], ranks=ranks, generalize="evidence+agree")[0]
     assert behind.condition in ("facts.days > 29", "facts.days >= 31"), behind.condition
+    # The default also keeps it out of what the branch in front answers, within the range its own
+    # right answers span (`cede`, the next test): still behind that branch, and not refusing itself.
+    ceding = mine(examples, TYPES, route=[escalate], ranks=ranks)[0]
+    assert ceding.condition == "facts.days >= 31 && facts.refunds <= 0", ceding.condition
     position = place(behind, [escalate], examples, ranks).position
     assert position == 1 and in_place(behind, position, [escalate], examples)
     assert not in_place(behind, 0, [escalate], examples)
+
+
+def test_a_rule_behind_a_branch_keeps_out_of_what_that_branch_answers_otherwise() -> None:
+    """Gold customers' late tickets are escalated by the branch in front, which stops at 40 days, the
+    edge of its evidence. The rule for late tickets, learned behind it, has no gold ticket among its
+    evidence for closing: it keeps out of gold tickets (`tier != 'gold'`), so a gold ticket 60 days late,
+    past the front branch's edge, is left to the model rather than closed against what training showed
+    for every gold ticket like it. Without that (`evidence+agree`) the rule closes it."""
+    from improve.loop.branches import Branch, answer_on
+
+    def tiered(tier: str, case: dict[str, Any]) -> dict[str, Any]:
+        case["facts"]["tier"] = tier
+        return case
+
+    gold = Branch(0, "facts.tier == 'gold' && facts.days <= 40", "escalate", {"type": "'ESCALATE'"})
+    examples = [
+        *(
+            tiered(t, example(d, 0, "REFUND", ["CLOSE"], True, False, f"late-{d}"))
+            for d, t in ((31, "basic"), (38, "silver"), (45, "basic"), (52, "silver"), (60, "basic"))
+        ),
+        *(
+            tiered("gold", example(d, 0, "ESCALATE", ["ESCALATE"], False, True, f"gold-{d}"))
+            for d in (33, 39)
+        ),
+        *(
+            tiered(t, example(d, 0, "REFUND", ["REFUND"], False, True, f"ok-{d}"))
+            for d, t in ((1, "gold"), (12, "basic"), (29, "silver"), (20, "gold"))
+        ),
+    ]
+    types = {**TYPES, "facts.tier": ("basic", "silver", "gold")}
+    ranks = {"ESCALATE": 4, "CLOSE": 3, "REFUND": 1}
+    ceding = mine(examples, types, route=[gold], ranks=ranks)[0]
+    assert ceding.condition == "facts.days >= 31 && facts.tier != 'gold'", ceding.condition
+    reaching = mine(examples, types, route=[gold], ranks=ranks, generalize="evidence+agree")[0]
+    assert reaching.condition == "facts.days >= 31", reaching.condition
+    late_gold = {
+        "name": "",
+        "facts": {"days": 60, "refunds": 0, "tier": "gold"},
+        "options": examples[0]["options"],
+    }
+    for rule, answered in ((ceding, None), (reaching, "CLOSE")):
+        fired = answer_on([gold, Branch(1, rule.guard, "close", {"type": "'CLOSE'"})], late_gold)
+        assert (fired[1]["type"] if fired else None) == answered
 
 
 def test_a_narrower_rule_answers_as_the_discarded_one_on_fewer_decisions() -> None:

@@ -23,7 +23,9 @@ gain against agreement out of sample:
   the edge of the decisions answered otherwise: the values between, which no training decision
   showed, are answered, along the fact the rule is about and no other. No default: a round asks for
   it once for a cluster whose `+agree` candidate gained too little on held-out cases (its branch was
-  silent where they lay), so a held-out read, not the miner, decides how far the evidence reaches.
+  silent where they lay), so a held-out read, not the miner, decides how far the evidence reaches;
+- `+ceded` (the default): `+agree`, and kept out of the decisions a branch in front answers rightly
+  with another answer, where a test its covered right answers all pass keeps them out (`cede`).
 
 Every `evidence` design counts a condition's evidence as if any one of the scenarios it covers were
 missing (`rules._evidence`): evidence that rests on one scenario is no rule.
@@ -46,6 +48,7 @@ Generalization = Literal[
     "evidence+bounded",
     "evidence+agree",
     "evidence+far",
+    "evidence+ceded",
 ]
 
 
@@ -56,6 +59,8 @@ class Design:
     the failures they cover."""
     keep: Literal["nothing", "common", "bounded", "agree", "far"]
     """What an alternative keeps of what its covered right answers have in common."""
+    cede: bool = False
+    """Whether it also keeps out of what the branches in front answer otherwise (`cede`)."""
 
 
 DESIGNS: dict[Generalization, Design] = {
@@ -66,9 +71,11 @@ DESIGNS: dict[Generalization, Design] = {
     "evidence+bounded": Design(evidence=True, keep="bounded"),
     "evidence+agree": Design(evidence=True, keep="agree"),
     "evidence+far": Design(evidence=True, keep="far"),
+    "evidence+ceded": Design(evidence=True, keep="agree", cede=True),
 }
-GENERALIZE: Generalization = "evidence+agree"
-"""The default, chosen from the measurements (docs/architecture.md, The rule miner)."""
+GENERALIZE: Generalization = "evidence+ceded"
+"""The default, chosen from the measurements (docs/architecture.md, The rule miner). A round asked for a
+broader or a narrower rule keeps its `cede`."""
 
 
 def keep(
@@ -154,7 +161,37 @@ def agree(
             )
         narrowed.append(atom)
     tested = {p for atom in narrowed for p in atom.paths}
-    # Each alternative ground a covered-right-answer-preserving test over an untested fact offers.
+    grounds = _grounds(vocab, tested, covered, others, column)
+    kept = list(narrowed)
+
+    def outs(atom: Atom) -> int:
+        return len({c.scenario for c in others if not atom.holds(c.facts)})
+
+    for other in others:
+        alone = [a for a in kept if not a.holds(other.facts)]
+        if len(alone) != 1:
+            continue
+        # A near miss: kept out by one test of the term, and unlike the covered right answers in just
+        # one other respect, which keeps out at least as many of the decisions answered otherwise as
+        # that test does. Training cannot tell which of the two makes it different: keep both. A
+        # decision unlike them in many respects says nothing about any one of them, and a respect
+        # that sets apart fewer of them is the weaker explanation.
+        differ = [a for a in grounds if not a.holds(other.facts)]
+        if len(differ) == 1 and differ[0] not in kept and outs(differ[0]) >= outs(alone[0]):
+            kept.append(differ[0])
+    return tuple(kept)
+
+
+def _grounds(
+    vocab: RuleTerms,
+    tested: set[str],
+    covered: Sequence[Case],
+    others: Sequence[Case],
+    column: Any,
+) -> list[Atom]:
+    """Each alternative ground a test over an untested fact offers for keeping decisions out while
+    keeping every covered right answer in: a flag or an enumerated value constant across them, a value
+    of an enumerated fact that some of `others` have and none of them has, or their range of a number."""
     grounds: list[Atom] = []
     for path, kind in sorted(vocab.fact_types.items()):
         if path in tested:
@@ -177,23 +214,38 @@ def agree(
                 Atom("threshold", path, "<=", max(values)),
                 Atom("threshold", path, ">=", min(values)),
             ]
-    kept = list(narrowed)
+    return grounds
 
-    def outs(atom: Atom) -> int:
-        return len({c.scenario for c in others if not atom.holds(c.facts)})
 
-    for other in others:
-        alone = [a for a in kept if not a.holds(other.facts)]
-        if len(alone) != 1:
-            continue
-        # A near miss: kept out by one test of the term, and unlike the covered right answers in just
-        # one other respect, which keeps out at least as many of the decisions answered otherwise as
-        # that test does. Training cannot tell which of the two makes it different: keep both. A
-        # decision unlike them in many respects says nothing about any one of them, and a respect
-        # that sets apart fewer of them is the weaker explanation.
-        differ = [a for a in grounds if not a.holds(other.facts)]
-        if len(differ) == 1 and differ[0] not in kept and outs(differ[0]) >= outs(alone[0]):
-            kept.append(differ[0])
+def cede(
+    cases: Sequence[Case], vocab: RuleTerms, term: tuple[Atom, ...], right: int, ceded: int
+) -> tuple[Atom, ...]:
+    """`term` kept out of the decisions an earlier branch answers rightly with another answer (`ceded`,
+    a mask over `cases`), where a ground keeps them out and every right answer it covers in.
+
+    Such decisions are no evidence against the new branch in training (the earlier branch answers them
+    first), so nothing in its search keeps it from them. But the earlier branch's condition stops at the
+    edge of its own evidence, and a case just past that edge, like the ceded ones in every respect the
+    earlier branch tests, would reach the new branch and get its answer, against what training showed
+    for cases like it. A later rule of a handbook speaks where the earlier ones do not; it does not
+    answer, differently, the cases they speak for."""
+    covered = [c for i, c in enumerate(cases) if right >> i & 1]
+    inside = [c for i, c in enumerate(cases) if ceded >> i & 1 and all(a.holds(c.facts) for a in term)]
+    if not covered or not inside:
+        return term
+
+    def column(path: str, among: Sequence[Case]) -> list[Any]:
+        return [fact_at(c.facts, path) for c in among]
+
+    kept = list(term)
+    while inside:
+        grounds = _grounds(vocab, {p for atom in kept for p in atom.paths}, covered, inside, column)
+        scored = [(sum(not g.holds(c.facts) for c in inside), g) for g in grounds]
+        best = max(scored, key=lambda s: s[0], default=(0, None))
+        if best[1] is None or best[0] == 0:
+            break
+        kept.append(best[1])
+        inside = [c for c in inside if best[1].holds(c.facts)]
     return tuple(kept)
 
 

@@ -42,7 +42,7 @@ import json
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -74,7 +74,7 @@ from improve.loop.proposers.conditions import (
     numeric,
     quote,
 )
-from improve.loop.proposers.generalize import DESIGNS, GENERALIZE, Design, Generalization, agree, keep
+from improve.loop.proposers.generalize import DESIGNS, GENERALIZE, Design, Generalization, agree, cede, keep
 from improve.machine import MAX_EXPRESSION_LENGTH, Expr, Scope, compile_expr
 from improve.runtime import FactType
 
@@ -556,6 +556,7 @@ def _learn(
     about: set[str],
     skip_first: set[Atom],
     design: Design,
+    ceded: int = 0,
 ) -> tuple[tuple[tuple[Atom, ...], ...], int] | None:
     """Alternatives by sequential covering: each for the failures the earlier ones leave, each kept to
     what its evidence has in common (`keep`)."""
@@ -576,6 +577,8 @@ def _learn(
         term += keep(space.cases, space.vocab, term, cover & right, design)
         if design.keep in ("agree", "far"):
             term = agree(space.cases, space.vocab, term, cover & right, negatives, far=chosen)
+        if design.cede and ceded:
+            term = cede(space.cases, space.vocab, term, cover & right, ceded)
         terms.append(term)
         covered |= cover
         remaining &= ~cover
@@ -632,14 +635,16 @@ def mine(
         overall = {a: sum(c.right(a.output(c.facts)) for c in cases) for a in actions}
         earlier = [answer_on(route, {"name": name, "facts": c.facts, "options": c.options}) for c in cases]
         for action in sorted(actions, key=lambda a: (-actions[a], -overall[a], a.describe())):
-            positives = negatives = right = 0
+            positives = negatives = right = ceded = 0
             for i, case in enumerate(cases):
                 output = action.output(case.facts)
                 if case.right(output):
                     right |= 1 << i
                     if case.target:
                         positives |= 1 << i
-                elif case.correct and case.offers(output) and not _shadowed(earlier[i], case, action, ranks):
+                elif case.correct and case.offers(output) and _shadowed(earlier[i], case, action, ranks):
+                    ceded |= 1 << i
+                elif case.correct and case.offers(output):
                     # Offered and wrong: the branch would answer it wrongly, even where the model answers
                     # wrongly today (a better model, or a later rule, would be overridden). A decision no
                     # answer makes right (its run fails whatever is answered here) cannot be made worse;
@@ -652,8 +657,10 @@ def mine(
             if narrower and not outer:
                 continue  # a narrower rule answers what the discarded one did
             reach_far = any(a == answer for _, a in broader) and design.keep == "agree"
-            chosen = DESIGNS["evidence+far"] if reach_far else design
-            for terms, covered in _variants(space, positives, negatives, right, about, chosen, bool(outer)):
+            chosen = replace(DESIGNS["evidence+far"], cede=design.cede) if reach_far else design
+            for terms, covered in _variants(
+                space, positives, negatives, right, about, chosen, bool(outer), ceded
+            ):
                 rule = Rule(
                     action,
                     terms,
@@ -714,17 +721,24 @@ def in_place(
 
 
 def _variants(
-    space: _Space, positives: int, negatives: int, right: int, about: set[str], design: Design, narrower: bool
+    space: _Space,
+    positives: int,
+    negatives: int,
+    right: int,
+    about: set[str],
+    design: Design,
+    narrower: bool,
+    ceded: int = 0,
 ) -> list[tuple[tuple[tuple[Atom, ...], ...], int]]:
     """The rules learned for one answer (`VARIANTS`, each from another first condition), each with the
     decisions it covers. For a narrower rule than one discarded, also each with fewer alternatives (the
     later ones, learned from fewer failures, dropped first) and each kept to the ranges its evidence
     spans (`bounded`)."""
     found: list[tuple[tuple[tuple[Atom, ...], ...], int]] = []
-    for chosen in [design, DESIGNS["evidence+bounded"]] if narrower else [design]:
+    for chosen in [design, replace(DESIGNS["evidence+bounded"], cede=design.cede)] if narrower else [design]:
         skip: set[Atom] = set()
         for _ in range(VARIANTS):
-            learned = _learn(space, positives, negatives, right, about, skip, chosen)
+            learned = _learn(space, positives, negatives, right, about, skip, chosen, ceded)
             if learned is None:
                 break
             terms, covered = learned
