@@ -1765,6 +1765,16 @@ def test_a_round_without_a_narrower_rule_moves_on_to_the_next_cluster(tmp_path: 
     assert second.aim.endswith(f"(no narrower or broader rule for {first.cluster})"), second.aim
     assert second.status == "recommended" and second.candidate_version == "v2", second.decision_detail
     assert first.held_out and second.held_out and second.held_out.read == first.held_out.read + 1
+    # Every cluster skipped: nothing is left to try, and the round says which failures remain rather
+    # than that none does.
+    from improve.loop.evidence import diagnose_policy
+
+    found = diagnose_policy(space, None, "v0", "naive", 1, cache="live", say=lambda _: None).diagnosis
+    every = [c.id for c in found.clusters]
+    third = run_round(space, RoundOptions(policy="v0", k=1, skip=every))
+    assert third.status == "nothing-to-fix", third.decision_detail
+    assert third.decision_detail.startswith("every failure cluster left was tried"), third.decision_detail
+    assert all(c in third.decision_detail for c in every)
 
 
 @pytest.mark.slow

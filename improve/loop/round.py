@@ -270,7 +270,7 @@ class Round:
             self.status, self.detail = "blocked", diagnosis.blocked
             return False
         if diagnosis.chosen is None or diagnosis.hypothesis is None:
-            self.status, self.detail = "nothing-to-fix", "no training failure or cost cluster left to address"
+            self.status, self.detail = "nothing-to-fix", self._nothing_left(diagnosis)
             return False
         self.aim = self.focus.says(diagnosis.chosen.id)
         self.again = None
@@ -284,6 +284,17 @@ class Round:
         self.say(f"cluster: {diagnosis.chosen.title} -> {diagnosis.hypothesis.change}")
         self.request = self._request(diagnosis, examples)
         return True
+
+    def _nothing_left(self, diagnosis: Diagnosis) -> str:
+        """Why no cluster is left: none at all, or every one was tried (and what a user can do then)."""
+        left = [c.id for c in diagnosis.clusters]
+        if not left:
+            return "no training failure or cost cluster left to address"
+        return (
+            f"every failure cluster left was tried along this policy's line or in this run, and none has a "
+            f"candidate to try now: {', '.join(left)} (the CHANGELOG says why each candidate was "
+            "discarded); label more training scenarios like their failures, or try another proposer"
+        )
 
     def propose(self) -> bool:
         """One change, from the round's proposer."""
