@@ -105,3 +105,33 @@ def test_an_environment_without_a_generator_says_how_to_give_it_one() -> None:
     env = dataclasses.replace(load_environment("refunds"), cases=None)
     with pytest.raises(WorkspaceError, match=r"has no generator of cases \(Environment.cases\)"):
         generate_cases(env, 5)
+
+
+def test_the_cli_checks_a_users_desk_out_of_sample(desks: Workspace) -> None:
+    """`improve out-of-sample` on a desk of the fixture workspace, as a user runs it: the same cases for
+    every policy and stand-in, labelled by the desk's handbook; a model behind an endpoint and a bad
+    count are refused with a message and a non-zero exit, nothing run."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from improve.cli.main import app
+
+    runner = CliRunner()
+    base = ["out-of-sample", "-w", str(desks.root), "--env", "library-loans"]
+    done = runner.invoke(app, [*base, "v0", "--cases", "30", "-m", "careful", "-m", "naive", "--json"])
+    assert done.exit_code == 0, done.output
+    found = json.loads(done.stdout)
+    assert found["cases"] == 30 and "generator" in found["labelled_by"]
+    rates = {(a["policy"], a["model"]): a["agreement"] for a in found["agreements"]}
+    assert rates[("v0", "careful")] == 1.0 and rates[("v0", "naive")] < 0.5, rates
+    table = runner.invoke(app, [*base, "v0", "--cases", "10", "-m", "naive"])
+    assert table.exit_code == 0 and "library-loans: 10 generated cases" in table.stdout, table.output
+    for bad, says in (
+        (["v0", "-m", "openai:gpt-4o-mini"], "runs stand-ins only"),
+        (["v0", "--cases", "0"], "--cases must be at least 1"),
+        (["v9"], "policy 'v9' not found"),
+    ):
+        refused = runner.invoke(app, [*base, *bad])
+        assert refused.exit_code != 0 and says in refused.output, refused.output
+        assert "Traceback" not in refused.output

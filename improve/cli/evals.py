@@ -386,3 +386,83 @@ def rules_command(
             out.print(f"guarded states not covered: {', '.join(gaps) or 'none'}", markup=False)
         if gaps or not all(r.ok for r in results):
             raise typer.Exit(EXIT_FAILED)
+
+
+OosCasesOption = typer.Option(
+    "--cases", "-n", help="How many cases to draw from the environment's generator."
+)
+OosModelOption = typer.Option(
+    "--model",
+    "-m",
+    help="A stand-in to run each policy with; repeat for several (default: careful and naive).",
+)
+OosSeedOption = typer.Option("--seed", help="The generator's seed: the same seed draws the same cases.")
+
+
+def out_of_sample_command(
+    versions: Annotated[
+        list[str],
+        typer.Argument(
+            help="Policy versions (v0 v3); the first labels cases the generator leaves unlabelled.",
+            metavar="VERSION...",
+        ),
+    ],
+    cases: Annotated[int, OosCasesOption] = 400,
+    models: Annotated[list[str] | None, OosModelOption] = None,
+    seed: Annotated[int | None, OosSeedOption] = None,
+    env: Annotated[str | None, EnvOption] = None,
+    as_json: Annotated[bool, JsonOption] = False,
+    ws: Annotated[Path | None, WorkspaceOption] = None,
+) -> None:
+    """Check policies on plausible cases no round has seen, drawn from the environment's generator.
+
+    Each policy runs once per case with each stand-in. A case agrees when it ends as labelled: by the
+    generator's own labels when it has them (a handbook in code), else by careful's run of the first
+    version. With careful, agreement below 1.000 counts right answers a learned branch overrode; with a
+    weaker stand-in, how much of its gap the branches close. The environment needs a generator
+    (Environment.cases; docs/extending.md, "Plausible cases").
+
+    Example:
+
+        improve out-of-sample v0 v5 --cases 400
+        improve out-of-sample v0 v5 -m careful -m naive --json
+    """
+    from improve.evals import check_out_of_sample  # imported when run: --help stays fast
+
+    with handled():
+        chosen = models or ["careful", "naive"]
+        found = check_out_of_sample(workspace(ws), env, versions, chosen, n=cases, seed=seed)
+        if as_json:
+            emit_json(found.to_json())
+            return
+        from rich.table import Table
+
+        table = Table(
+            title=f"{found.environment}: {found.cases} generated cases (seed {found.seed}), labelled by {found.labelled_by}"
+        )
+        for column in (
+            "policy",
+            "model",
+            "agreed",
+            "agreement",
+            "overridden by a branch",
+            "worst categories",
+        ):
+            table.add_column(column)
+        for a in found.agreements:
+            worst = sorted(
+                (
+                    (agreed / total, category)
+                    for category, (agreed, total) in a.by_category.items()
+                    if agreed < total
+                )
+            )[:3]
+            table.add_row(
+                a.policy,
+                a.model,
+                f"{a.agreed}/{a.cases}",
+                f"{a.rate:.3f}",
+                str(a.by_rule),
+                ", ".join(f"{c} {r:.2f}" for r, c in worst) or "-",
+            )
+        out.print(table)

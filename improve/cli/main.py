@@ -82,6 +82,11 @@ class ImproveGroup(LazyGroup):
             "Score a policy version from its recorded runs (replayed, never the agent's report).",
         ),
         LazyCommand(
+            "out-of-sample",
+            "improve.cli.evals:out_of_sample_command",
+            "Check policies on plausible cases no round has seen, drawn from the environment's generator.",
+        ),
+        LazyCommand(
             "rules",
             "improve.cli.evals:rules_command",
             "Run the environment's rule evals: its guards tested on the interpreter, no model called.",

@@ -60,6 +60,7 @@ if TYPE_CHECKING:
     from improve.evals.export import ExportSelection, OtlpExport, otlp_export, select_for_export
     from improve.evals.ledger import OUTCOMES_SQL, Ledger, Production, Recorded
     from improve.evals.materialize import refresh_outcomes, score_threads
+    from improve.evals.out_of_sample import OutOfSample, check_out_of_sample
     from improve.evals.promotion import Check, PromotionDecision, decide, gain_phrase, p_value
     from improve.evals.report import describe_model, scorecard_markdown
     from improve.evals.reruns import Batch, RerunRule, Reruns, Settled, changed_scenarios, settle
@@ -101,6 +102,8 @@ _LAZY = {
     "otlp_export": "improve.evals.export",
     "select_for_export": "improve.evals.export",
     "score_threads": "improve.evals.materialize",
+    "OutOfSample": "improve.evals.out_of_sample",
+    "check_out_of_sample": "improve.evals.out_of_sample",
     "Ledger": "improve.evals.ledger",
     "Recorded": "improve.evals.ledger",
     "Production": "improve.evals.ledger",
@@ -139,6 +142,7 @@ __all__ = [
     "Ledger",
     "ModelGate",
     "OtlpExport",
+    "OutOfSample",
     "OutcomeRow",
     "PlannedRun",
     "Production",
@@ -163,6 +167,7 @@ __all__ = [
     "bias_bound",
     "category_chart",
     "changed_scenarios",
+    "check_out_of_sample",
     "check_recordable",
     "check_unsealable",
     "compare",

@@ -27,7 +27,7 @@ from improve.errors import WorkspaceError
 from improve.evals.outcome import OutcomeRow, outcome_row
 from improve.evals.scenarios import Expected, Scenario
 from improve.evals.suite import run_scenario
-from improve.evals.workspace import policy_label
+from improve.evals.workspace import Workspace, policy_label
 from improve.log import LogEntry, MemoryStore
 from improve.machine import MachineConfig
 from improve.runtime import Environment, ModelFactory, PolicyDecider, compile_policy
@@ -234,3 +234,68 @@ def out_of_sample(
     says, the reference being the first policy unless named)."""
     cases = generate_cases(env, n, seed, reference=reference or (policies[0] if policies else None))
     return [agreement(env, p, name, model, cases) for p in policies for name, model in models.items()]
+
+
+@dataclass(frozen=True)
+class OutOfSample:
+    """`improve out-of-sample`: policies of one environment, each with each stand-in, on the same
+    generated cases."""
+
+    environment: str
+    cases: int
+    seed: int
+    labelled_by: str
+    """The generator's own labels, or the reference policy's run with `careful`."""
+    agreements: list[Agreement]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "environment": self.environment,
+            "cases": self.cases,
+            "seed": self.seed,
+            "labelled_by": self.labelled_by,
+            "agreements": [a.to_json() for a in self.agreements],
+        }
+
+
+def check_out_of_sample(
+    space: Workspace,
+    env_name: str | None,
+    versions: Sequence[str],
+    models: Sequence[str],
+    *,
+    n: int = CASES,
+    seed: int | None = None,
+) -> OutOfSample:
+    """The workspace's policies `versions` (the first labels unlabelled cases) with each stand-in of
+    `models` on `n` cases from the environment's generator."""
+    seed = SEED if seed is None else seed
+    if not versions:
+        raise WorkspaceError("name at least one policy version to check (v0, v3, ...)")
+    if n < 1:
+        raise WorkspaceError(f"--cases must be at least 1, not {n}")
+    name = space.env_name(env_name)
+    env = space.environment(name)
+    unknown = [m for m in models if m not in env.models]
+    if unknown:
+        raise WorkspaceError(
+            f"out of sample runs stand-ins only (environment {name}'s: {', '.join(sorted(env.models))}), "
+            f"not {', '.join(unknown)}: a model behind an endpoint would be asked every case of every policy; "
+            "measure it on the labelled scenarios with `improve run` and `improve score`"
+        )
+    policies = [space.load_policy(name, v) for v in versions]
+    cases = generate_cases(env, n, seed, reference=policies[0])
+    own = _labels(env, seed)
+    labelled_by = (
+        "the environment's generator (its rules)"
+        if own
+        else f"{REFERENCE_MODEL}'s run of {policy_label(policies[0])}"
+    )
+    found = [agreement(env, p, m, env.models[m], cases) for p in policies for m in models]
+    return OutOfSample(name, len(cases), seed, labelled_by, found)
+
+
+def _labels(env: Environment, seed: int) -> bool:
+    """Whether the generator labels its own draws (its first draw says)."""
+    assert env.cases is not None
+    return bool(env.cases(random.Random(seed)).get("expected"))
