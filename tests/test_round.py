@@ -1771,8 +1771,16 @@ def test_a_round_without_a_narrower_rule_moves_on_to_the_next_cluster(tmp_path: 
 
     found = diagnose_policy(space, None, "v0", "naive", 1, cache="live", say=lambda _: None).diagnosis
     every = [c.id for c in found.clusters]
-    third = run_round(space, RoundOptions(policy="v0", k=1, skip=every))
+    changelog = (space.policies_dir("refunds") / "CHANGELOG.md").read_text(encoding="utf-8")
+    # The first cluster is left to try: its narrower rule is not found, and then nothing is left.
+    said.clear()
+    third = run_round(
+        space, RoundOptions(policy="v0", k=1, skip=[c for c in every if c != first.cluster]), said.append
+    )
+    assert any(line.startswith(f"no narrower or broader rule for cluster {first.cluster}") for line in said)
     assert third.status == "nothing-to-fix", third.decision_detail
+    # No candidate: the CHANGELOG, which records candidates, is left as it is.
+    assert (space.policies_dir("refunds") / "CHANGELOG.md").read_text(encoding="utf-8") == changelog
     assert third.decision_detail.startswith("every failure cluster left was tried"), third.decision_detail
     assert all(c in third.decision_detail for c in every)
 

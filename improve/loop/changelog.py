@@ -386,6 +386,10 @@ class Memory:
         if record.recommended:
             now = self.changelog.current()
             return Added(entry, now.with_entry(entry, env), now.text, history)
+        if record.status == "nothing-to-fix":
+            # No candidate was proposed: the CHANGELOG records candidates, and no version is spent.
+            now = self.changelog.current()
+            return Added(entry, now.text, now.text, history)
         after = self.changelog.append(entry, env)
         return Added(entry, after.text, after.text, history)
 
@@ -448,8 +452,11 @@ def content(policy: MachineConfig) -> str:
 
 
 def entry_text(record: RoundRecord) -> str:
-    """The CHANGELOG entry of a round that proposed a candidate."""
+    """The CHANGELOG entry of a round that proposed a candidate (a round with nothing to fix has one
+    only in its report folder)."""
     decision = "recommended" if record.recommended else "discarded"
+    if record.status == "nothing-to-fix":
+        decision = "nothing to fix"
     lines = [
         f"## {record.candidate_version} ({decision}) — round {record.round_id}",
         "",

@@ -60,6 +60,10 @@ class Recorder:
         if record.proposed is not None:
             write_atomic(folder / PROPOSED, json.dumps(record.proposed, indent=2) + "\n")
         write_atomic(folder / "changelog-entry.md", added.entry)
+        if record.status == "nothing-to-fix":
+            record.write(folder)
+            self.say(f"nothing to fix: the CHANGELOG is left as it is; report in {record.report}")
+            return record
         if not record.recommended:
             record.write(folder)
             self.say(f"discarded {record.candidate_version}: recorded in {inputs.memory.changelog.path}")
