@@ -1,5 +1,5 @@
 """Out of sample: plausible cases drawn from an environment's generator, their labels (the environment's
-own handbook, or `careful`'s run of v0), and how far a policy's answers agree with them; and the three desks
+own handbook, or `careful`'s run of v0), and how far a policy's answers agree with them; and the four desks
 of other domains in tests/fixtures/desks, written from the docs as a user would, that the rule miner was
 never shaped by."""
 
@@ -21,12 +21,12 @@ from improve.runtime.policy import load_policy
 from tests.helpers import REPO
 
 FIXTURES = REPO / "tests" / "fixtures" / "desks"
-DESKS = ("access-request", "cancellation", "library-loans")
+DESKS = ("access-request", "cancellation", "library-loans", "expense-claims")
 
 
 @pytest.fixture
 def desks(tmp_path: Path) -> Workspace:
-    """The fixture workspace, copied: the three desks registered by module, as a user's workspace has them."""
+    """The fixture workspace, copied: the four desks registered by module, as a user's workspace has them."""
     shutil.copytree(FIXTURES, tmp_path / "desks", ignore=shutil.ignore_patterns("__pycache__"))
     return Workspace.load(tmp_path / "desks" / "improve.toml")
 
