@@ -1328,6 +1328,38 @@ def test_a_round_moves_on_or_tries_a_narrower_or_broader_rule_after_a_discard() 
     assert aim.again("a").startswith("a broader rule for cluster a: every cluster was tried")
     assert aim.again("c").startswith("cluster c again: every cluster was tried")
     assert focus([]).says("a") is None
+    # The cluster tried longest ago comes round first: by each cluster's last candidate.
+    assert focus([discarded("a", "gates"), discarded("e", "gates"), discarded("a", "gates")]).skip == (
+        "e",
+        "a",
+    )
+    # A candidate that reached too far against an earlier version, whose branches answer otherwise
+    # behind the baseline's (its round renewed), counts for nothing: the cluster is fresh again.
+    older = discarded("b", "reach")
+    assert focus([older], renewed={older.round}) == focus([])
+
+
+def test_a_rule_that_reached_too_far_is_tried_again_when_a_branch_promoted_since_answers_first() -> None:
+    """A rule closing late tickets was discarded against v0 for answering a repeat refunder's late
+    ticket wrongly. Behind the escalation v1 promoted since (`refunds > 2`), it no longer answers that
+    ticket: the same rule is another candidate now. Behind a branch that answers none of its decisions
+    first, it answers as it did, and stays discarded."""
+    from improve.loop.branches import Branch
+    from improve.loop.discards import answers_anew
+
+    late = discarded("late", "reach", "facts.days > 30")
+    options = [{"type": t} for t in ("REFUND", "CLOSE", "ESCALATE")]
+    decisions = [
+        {"name": "", "facts": {"days": 40, "refunds": 0}, "options": options},
+        {"name": "", "facts": {"days": 50, "refunds": 3}, "options": options},
+        {"name": "", "facts": {"days": 5, "refunds": 3}, "options": options},
+    ]
+    escalate = Branch(0, "facts.refunds > 2", "escalate", {"type": "'ESCALATE'"})
+    model = Branch(1, None, "ask_model", None)
+    assert answers_anew(late, [escalate, model], decisions)
+    elsewhere = Branch(0, "facts.refunds > 9", "escalate", {"type": "'ESCALATE'"})
+    assert not answers_anew(late, [elsewhere, model], decisions)
+    assert not answers_anew(late, [model], decisions)
 
 
 def test_a_broader_rule_reaches_to_the_decisions_answered_otherwise() -> None:

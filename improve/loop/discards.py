@@ -26,14 +26,14 @@ file as it was); a last line cut short all the same (an older writer, a copy) is
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from improve.errors import WorkspaceError
 from improve.files import append_whole
-from improve.loop.branches import Branch, answer_text
+from improve.loop.branches import Branch, answer_text, answers
 
 DISCARDED_DIR = ".improve/discarded"
 RECOMMENDED_DIR = ".improve/recommended"
@@ -172,6 +172,24 @@ def remember(path: Path, candidate: DiscardedCandidate) -> None:
     append_whole(path, json.dumps(candidate.to_json(), sort_keys=True, ensure_ascii=False) + "\n")
 
 
+def answers_anew(
+    candidate: DiscardedCandidate, baseline: Sequence[Branch], decisions: Sequence[Mapping[str, Any]]
+) -> bool:
+    """Whether the branches `candidate` added, placed behind the guarded `baseline` branches (where a
+    rule goes that no safety rank puts in front), answer `decisions` otherwise than in the candidate's
+    own policy: a branch in front now answers some of them first."""
+    own, indexes = candidate.branches()
+    if not indexes:
+        return False
+    guarded = [b for b in baseline if b.guard is not None]
+    placed = [Branch(i, b.guard, b.target, b.output) for i, b in enumerate(guarded)]
+    placed += [
+        Branch(len(guarded) + j, b.guard, f"again_{j}", dict(b.output)) for j, b in enumerate(candidate.added)
+    ]
+    again = answers(placed, set(range(len(guarded), len(placed))), decisions)
+    return again != answers(own, indexes, decisions)
+
+
 def route_of(branches: Sequence[Branch]) -> tuple[RouteBranch, ...]:
     """The guarded branches that answer with an output tree, as a candidate remembers them."""
     return tuple(RouteBranch(b.guard, dict(b.output)) for b in branches if b.guard is not None and b.output)
@@ -215,15 +233,22 @@ class Focus:
         )
 
 
-def focus(tried: Sequence[DiscardedCandidate]) -> Focus:
+def focus(tried: Sequence[DiscardedCandidate], renewed: Collection[str] = ()) -> Focus:
     """Each cluster gets one candidate along a policy's line, and one narrower candidate when the first
     was discarded for reaching too far (`reach`): a rule that gained too little, never passed the gates
     or was never found is not helped by the same cause again, and the round moves on. One that gained
     too little (`gain`) gets a broader rule when it comes round again, every other cluster tried: its
     thresholds at the edge of the decisions answered otherwise rather than of its right answers, since
-    the values between, which no training decision showed, may be where held-out cases found it silent."""
+    the values between, which no training decision showed, may be where held-out cases found it silent.
+
+    A candidate discarded for reaching too far whose round is in `renewed` counts for nothing here: its
+    branches, behind the branches of the round's baseline, answer otherwise than they did (a branch
+    promoted since answers first some of the decisions they took, `answers_anew`), so the same rule is
+    another candidate now."""
     by_cluster: dict[str, list[DiscardedCandidate]] = {}
     for candidate in tried:
+        if candidate.round in renewed:
+            continue
         if candidate.cluster:
             by_cluster.setdefault(candidate.cluster, []).append(candidate)
     skip: list[str] = []
@@ -237,4 +262,6 @@ def focus(tried: Sequence[DiscardedCandidate]) -> Focus:
         skip.append(cluster)
         if len(candidates) == 1 and first.reason == "gain" and first.added:
             broader[cluster] = first
-    return Focus(tuple(skip), narrower, broader)
+    # Tried longest ago first (by each cluster's last candidate): the order clusters come round again.
+    last = {c.cluster: i for i, c in enumerate(tried) if c.cluster}
+    return Focus(tuple(sorted(skip, key=last.__getitem__)), narrower, broader)

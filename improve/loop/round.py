@@ -61,10 +61,10 @@ from improve.evals import (
 from improve.files import check_directory
 from improve.llm import Meter
 from improve.log import Ahead, KeptReads, LogEntry, Store, ThreadPage
-from improve.loop.branches import added, answer_on, route
+from improve.loop.branches import DiscardedBranch, added, answer_on, route
 from improve.loop.counterfactuals import Counterfactuals, StandIn
 from improve.loop.diagnose import Diagnosis, in_cluster
-from improve.loop.discards import DiscardedCandidate, focus
+from improve.loop.discards import DiscardedCandidate, answers_anew, focus
 from improve.loop.evidence import Evidence
 from improve.loop.gates import (
     EnvironmentGate,
@@ -177,6 +177,9 @@ class Round:
             stand_in=StandIn(inputs.env_hashes, self.spec.model) if self.session is None else None,
         )
         self.focus = focus(inputs.memory.tried)
+        self.renewed: frozenset[str] = frozenset()
+        """Rounds whose candidate, discarded for reaching too far, answers otherwise behind this round's
+        baseline (`discards.answers_anew`): set once the baseline's runs are known."""
         """Where the round aims after the candidates discarded along the policy's line."""
         self.aim: str | None = None
         self.again: str | None = None
@@ -255,6 +258,7 @@ class Round:
         was tried, the one tried longest ago comes round again (with a broader rule when its one
         candidate gained too little)."""
         self.say("diagnose: train failures only")
+        self._renew()
         tried = [c for c in self.focus.skip if c not in self.opts.skip and c not in self.passed_over]
         skip = [*self.opts.skip, *self.passed_over, *tried]
         self.diagnosis, examples = self.evidence.diagnose(self.base_rows, self.inputs.policy, skip)
@@ -284,6 +288,30 @@ class Round:
         self.say(f"cluster: {diagnosis.chosen.title} -> {diagnosis.hypothesis.change}")
         self.request = self._request(diagnosis, examples)
         return True
+
+    def _renew(self) -> None:
+        """A candidate discarded for reaching too far against an earlier version of the line is tried
+        again when a branch promoted since answers first some of the decisions it took: its branches,
+        behind this baseline's, answer the training and held-out decisions otherwise. One that answers
+        them as it did still asks for a narrower rule (and the novelty gate refuses it)."""
+        memory = self.inputs.memory
+        ancestors = [t for t in memory.tried if t.reason == "reach" and t.baseline != self.label]
+        if not ancestors or self.renewed:
+            return
+        decisions = [*self._decisions("train"), *self._decisions("held-out")]
+        current = route(self.inputs.policy)
+        self.renewed = frozenset(t.round for t in ancestors if answers_anew(t, current, decisions))
+        if self.renewed:
+            self.focus = focus(memory.tried, self.renewed)
+            self.say(
+                "tried again behind the branches promoted since: candidate(s) "
+                + ", ".join(t.candidate for t in ancestors if t.round in self.renewed)
+            )
+
+    @property
+    def discarded(self) -> list[DiscardedBranch]:
+        """The branches a candidate must not add as written: the memory's, less those of renewed rounds."""
+        return [d for d in self.inputs.memory.discarded if d.round not in self.renewed]
 
     def _nothing_left(self, diagnosis: Diagnosis) -> str:
         """Why no cluster is left: none at all, or every one was tried (and what a user can do then)."""
@@ -747,7 +775,7 @@ class Round:
             },
             diagnosis=diagnosis.to_json(),
             examples=[e | {"in_cluster": in_cluster(e, chosen)} for e in examples],
-            discarded=[dataclasses.asdict(d) for d in self.inputs.memory.discarded],
+            discarded=[dataclasses.asdict(d) for d in self.discarded],
             narrower=self._again(self.focus.narrower, diagnosis.chosen.id),
             broader=self._again(self.focus.broader, diagnosis.chosen.id) if self.again else [],
         )
@@ -791,7 +819,7 @@ class Round:
             else gates_for(self.space),
             baseline=inputs.policy,
             decisions=request.examples,
-            discarded=inputs.memory.discarded,
+            discarded=self.discarded,
             tried=inputs.memory.tried,
             held_out_decisions=self._held_out_decisions() if inputs.memory.tried else [],
         )
@@ -800,9 +828,13 @@ class Round:
         """The baseline's held-out decisions, their name, facts and options only (each once): where the
         novelty gate compares what a candidate answers with what a discarded one did. No label, no
         outcome: nothing here can shape a candidate."""
+        return self._decisions("held-out")
+
+    def _decisions(self, split: str) -> list[dict[str, Any]]:
+        """The baseline's decisions on `split`: name, facts and options, each once."""
         found: dict[str, dict[str, Any]] = {}
         for row in self.base_rows:
-            if row.split != "held-out":
+            if row.split != split:
                 continue
             for request in self.evidence.requests(row.thread_id):
                 decision = {"name": request.name, "facts": request.facts, "options": request.options}
