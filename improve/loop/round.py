@@ -177,10 +177,10 @@ class Round:
             stand_in=StandIn(inputs.env_hashes, self.spec.model) if self.session is None else None,
         )
         self.focus = focus(inputs.memory.tried)
-        self.renewed: frozenset[str] = frozenset()
-        """Rounds whose candidate, discarded for reaching too far, answers otherwise behind this round's
-        baseline (`discards.answers_anew`): set once the baseline's runs are known."""
         """Where the round aims after the candidates discarded along the policy's line."""
+        self.renewed: frozenset[str] | None = None
+        """Rounds whose candidate, discarded for reaching too far, answers otherwise behind this round's
+        baseline (`discards.answers_anew`): found once, when the baseline's runs are known."""
         self.aim: str | None = None
         self.again: str | None = None
         """The cluster that came round again, every other one tried along this policy's line."""
@@ -295,8 +295,11 @@ class Round:
         behind this baseline's, answer the training and held-out decisions otherwise. One that answers
         them as it did still asks for a narrower rule (and the novelty gate refuses it)."""
         memory = self.inputs.memory
+        if self.renewed is not None:
+            return
+        self.renewed = frozenset()
         ancestors = [t for t in memory.tried if t.reason == "reach" and t.baseline != self.label]
-        if not ancestors or self.renewed:
+        if not ancestors:
             return
         decisions = [*self._decisions("train"), *self._decisions("held-out")]
         current = route(self.inputs.policy)
@@ -311,7 +314,8 @@ class Round:
     @property
     def discarded(self) -> list[DiscardedBranch]:
         """The branches a candidate must not add as written: the memory's, less those of renewed rounds."""
-        return [d for d in self.inputs.memory.discarded if d.round not in self.renewed]
+        renewed = self.renewed or frozenset()
+        return [d for d in self.inputs.memory.discarded if d.round not in renewed]
 
     def _nothing_left(self, diagnosis: Diagnosis) -> str:
         """Why no cluster is left: none at all, or every one was tried (and what a user can do then)."""
