@@ -135,3 +135,29 @@ def test_the_cli_checks_a_users_desk_out_of_sample(desks: Workspace) -> None:
         refused = runner.invoke(app, [*base, *bad])
         assert refused.exit_code != 0 and says in refused.output, refused.output
         assert "Traceback" not in refused.output
+
+
+@pytest.mark.slow
+def test_a_rule_that_reached_too_far_is_promoted_once_the_rule_in_front_of_it_is(tmp_path: Path) -> None:
+    """On the expense claims desk, the first rule for late claims also rejects a held-out late claim
+    without a receipt as late (the handbook says missing receipt: its first rule), and is discarded.
+    Once the missing-receipt rule is promoted, the same late rule, behind it, no longer answers that
+    claim: the round tries it again rather than asking for a narrower rule forever, and it is promoted."""
+    from improve.demo import commit_workspace, demo_rounds
+
+    shutil.copytree(FIXTURES, tmp_path / "desks", ignore=shutil.ignore_patterns("__pycache__"))
+    config = tmp_path / "desks" / "improve.toml"
+    config.write_text(
+        config.read_text().replace('environment = "access-request"', 'environment = "expense-claims"')
+    )
+    commit_workspace(tmp_path / "desks", user="test", message="desks")
+    said: list[str] = []
+    summary = demo_rounds(Workspace.load(config), 6, 3, said.append, "naive", "record")
+    late = [r for r in summary.rounds if r.cluster and "reason=late" in r.cluster]
+    assert [r.status for r in late][:1] == ["discarded"] and late[-1].recommended, [
+        (r.candidate_version, r.status) for r in summary.rounds
+    ]
+    receipt = next(r for r in summary.rounds if r.recommended and "missing-receipt" in (r.cluster or ""))
+    assert summary.rounds.index(receipt) < summary.rounds.index(late[-1])
+    assert any("tried again behind the branches promoted since" in line for line in said), said
+    assert late[0].branches[0].guard == late[-1].branches[0].guard  # the same rule, another candidate now
