@@ -404,7 +404,7 @@ def out_of_sample_command(
         list[str],
         typer.Argument(
             help="Policy versions (v0 v3); the first labels cases the generator leaves unlabelled.",
-            metavar="VERSION...",
+            metavar="VERSION",
         ),
     ],
     cases: Annotated[int, OosCasesOption] = 400,

@@ -122,7 +122,8 @@ def generate_cases(
     if env.cases is None:
         raise WorkspaceError(
             f"environment {env.name!r} has no generator of cases (Environment.cases): nothing to check out "
-            "of sample; give it one that draws plausible inputs and worlds"
+            "of sample; give it one that draws plausible inputs and worlds (docs/extending.md, 'Plausible "
+            "cases: checking a policy out of sample')"
         )
     rng = random.Random(seed)
     labelled = env.cases(rng)
