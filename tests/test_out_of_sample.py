@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -128,7 +129,7 @@ def test_the_cli_checks_a_users_desk_out_of_sample(desks: Workspace) -> None:
     table = runner.invoke(app, [*base, "v0", "--cases", "10", "-m", "naive"])
     assert table.exit_code == 0 and "library-loans: 10 generated cases" in table.stdout, table.output
     for bad, says in (
-        (["v0", "-m", "openai:gpt-4o-mini"], "runs stand-ins only"),
+        (["v0", "-m", "clever"], "has no model 'clever'"),
         (["v0", "--cases", "0"], "--cases must be at least 1"),
         (["v9"], "policy 'v9' not found"),
     ):
@@ -161,3 +162,51 @@ def test_a_rule_that_reached_too_far_is_promoted_once_the_rule_in_front_of_it_is
     assert summary.rounds.index(receipt) < summary.rounds.index(late[-1])
     assert any("tried again behind the branches promoted since" in line for line in said), said
     assert late[0].branches[0].guard == late[-1].branches[0].guard  # the same rule, another candidate now
+
+
+def test_the_cli_checks_a_model_behind_an_endpoint_and_refuses_one_that_never_answers(
+    desks: Workspace, serve: Any
+) -> None:
+    """A model behind an endpoint is asked every case of every policy; its figures stand when it answers.
+    When it never answers, the agreement would measure the policy's onError: printed, then said, exit 3."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from improve.cli.main import app
+    from tests.fake_openai import Reply, error, tool_answer
+
+    def model_section(url: str) -> str:
+        return (
+            f'\n[models.fake]\nmodel = "test-model"\nbase_url = "{url}"\napi_key_env = "FAKE_OPENAI_KEY"\n'
+            'timeout_s = 5\nmax_retries = 0\nask = "tools"\n'
+        )
+
+    config = desks.root / "improve.toml"
+    base = config.read_text()
+    args = [
+        "out-of-sample",
+        "-w",
+        str(desks.root),
+        "--env",
+        "library-loans",
+        "v0",
+        "--cases",
+        "6",
+        "-m",
+        "fake",
+    ]
+    runner = CliRunner()
+    answering = serve(lambda body: tool_answer({"type": "REFER"}))
+    config.write_text(base + model_section(answering.url))
+    done = runner.invoke(app, [*args, "--json"], env={"FAKE_OPENAI_KEY": "sk-test"})
+    assert done.exit_code == 0, done.output
+    (one,) = json.loads(done.stdout)["agreements"]
+    assert one["model"] == "fake" and one["fell_back"] == 0 and one["model_decisions"] == 6
+    assert len(answering.requests) == 6
+    silent = serve(lambda body: Reply(error(500, "boom").status, error(500, "boom").payload))
+    config.write_text(base + model_section(silent.url))
+    refused = runner.invoke(app, [*args, "--json"], env={"FAKE_OPENAI_KEY": "sk-test"})
+    assert refused.exit_code == 3, refused.output
+    assert json.loads(refused.stdout)["agreements"][0]["fell_back"] == 6  # printed first: nothing lost
+    assert "model fake never answered" in refused.stderr and "Traceback" not in refused.output

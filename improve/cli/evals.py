@@ -27,7 +27,7 @@ from improve.cli.help import Command, Group
 from improve.errors import ScenarioError, WorkspaceError
 
 if TYPE_CHECKING:
-    from improve.evals import Comparison, Scorecard
+    from improve.evals import Comparison, OutOfSample, Scorecard
 
 
 ScoredPolicyOption = typer.Option("--policy", "-p", help="The version to score (v1) or a .json path.")
@@ -394,7 +394,8 @@ OosCasesOption = typer.Option(
 OosModelOption = typer.Option(
     "--model",
     "-m",
-    help="A stand-in to run each policy with; repeat for several (default: careful and naive).",
+    help="A model to run each policy with: a stand-in, openai:MODEL or a [models.NAME] (every case of "
+    "every policy asks it); repeat for several (default: careful and naive).",
 )
 OosSeedOption = typer.Option("--seed", help="The generator's seed: the same seed draws the same cases.")
 
@@ -416,53 +417,76 @@ def out_of_sample_command(
 ) -> None:
     """Check policies on plausible cases no round has seen, drawn from the environment's generator.
 
-    Each policy runs once per case with each stand-in. A case agrees when it ends as labelled: by the
+    Each policy runs once per case with each model. A case agrees when it ends as labelled: by the
     generator's own labels when it has them (a handbook in code), else by careful's run of the first
     version. With careful, agreement below 1.000 counts right answers a learned branch overrode; with a
-    weaker stand-in, how much of its gap the branches close. The environment needs a generator
-    (Environment.cases; docs/extending.md, "Plausible cases").
+    weaker stand-in or your real model, how much of its gap the branches close. A model behind an
+    endpoint is asked every case of every policy (start with --cases 40); when it never answers, the
+    command says so and exits 3, since the figures would measure the policy's onError. The environment
+    needs a generator (Environment.cases; docs/extending.md, "Plausible cases").
 
     Example:
 
         improve out-of-sample v0 v5 --cases 400
         improve out-of-sample v0 v5 -m careful -m naive --json
+        improve out-of-sample v0 v5 -m openai:smollm2 --cases 40
     """
+    from improve.errors import EndpointError
     from improve.evals import check_out_of_sample  # imported when run: --help stays fast
+    from improve.llm import Meter
 
     with handled():
         chosen = models or ["careful", "naive"]
-        found = check_out_of_sample(workspace(ws), env, versions, chosen, n=cases, seed=seed)
-        if as_json:
-            emit_json(found.to_json())
-            return
-        from rich.table import Table
-
-        table = Table(
-            title=f"{found.environment}: {found.cases} generated cases (seed {found.seed}), labelled by {found.labelled_by}"
+        meter = Meter(say=say)
+        found = check_out_of_sample(
+            workspace(ws), env, versions, chosen, n=cases, seed=seed, say=say, meter=meter
         )
-        for column in (
-            "policy",
-            "model",
-            "agreed",
-            "agreement",
-            "overridden by a branch",
-            "worst categories",
-        ):
-            table.add_column(column)
+        _print_out_of_sample(found, as_json)
         for a in found.agreements:
-            worst = sorted(
-                (
-                    (agreed / total, category)
-                    for category, (agreed, total) in a.by_category.items()
-                    if agreed < total
-                )
-            )[:3]
-            table.add_row(
-                a.policy,
-                a.model,
-                f"{a.agreed}/{a.cases}",
-                f"{a.rate:.3f}",
-                str(a.by_rule),
-                ", ".join(f"{c} {r:.2f}" for r, c in worst) or "-",
+            if a.fell_back.fallbacks and not a.fell_back.never_answered:
+                err.print(f"warning: {a.policy} with {a.model}: {a.fell_back.sentence()}", markup=False)
+        silent = found.never_answered()
+        if silent:
+            first = silent[0]
+            raise EndpointError(
+                f"model {first.model} never answered ({first.policy}: {first.fell_back.sentence()}): its "
+                "agreement measures the policy's onError, not the model; fix the endpoint and run again"
             )
-        out.print(table)
+
+
+def _print_out_of_sample(found: OutOfSample, as_json: bool) -> None:
+    """The agreements as one JSON document, or as a table."""
+    if as_json:
+        emit_json(found.to_json())
+        return
+    from rich.table import Table
+
+    table = Table(
+        title=f"{found.environment}: {found.cases} generated cases (seed {found.seed}), labelled by {found.labelled_by}"
+    )
+    for column in (
+        "policy",
+        "model",
+        "agreed",
+        "agreement",
+        "overridden by a branch",
+        "worst categories",
+    ):
+        table.add_column(column)
+    for a in found.agreements:
+        worst = sorted(
+            (
+                (agreed / total, category)
+                for category, (agreed, total) in a.by_category.items()
+                if agreed < total
+            )
+        )[:3]
+        table.add_row(
+            a.policy,
+            a.model,
+            f"{a.agreed}/{a.cases}",
+            f"{a.rate:.3f}",
+            str(a.by_rule),
+            ", ".join(f"{c} {r:.2f}" for r, c in worst) or "-",
+        )
+    out.print(table)

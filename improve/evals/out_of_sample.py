@@ -19,15 +19,16 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from improve.errors import WorkspaceError
-from improve.evals.outcome import OutcomeRow, outcome_row
+from improve.evals.outcome import Fallbacks, OutcomeRow, fallbacks, outcome_row
 from improve.evals.scenarios import Expected, Scenario
-from improve.evals.suite import run_scenario
+from improve.evals.suite import run_scenario, suite_spec
 from improve.evals.workspace import Workspace, policy_label
+from improve.llm import Meter
 from improve.log import LogEntry, MemoryStore
 from improve.machine import MachineConfig
 from improve.runtime import Environment, ModelFactory, PolicyDecider, compile_policy
@@ -37,6 +38,8 @@ REFERENCE_MODEL = "careful"
 CASES = 400
 SEED = 20261130
 MAX_DRAWS = 4
+PROGRESS = 50
+"""Cases between two progress lines of `agreement` (a model behind an endpoint takes seconds a case)."""
 """Draws per case at most: a draw the reference cannot finish is drawn again."""
 SHOWN = 5
 """Disagreements kept per policy and model, for the report."""
@@ -78,6 +81,8 @@ class Agreement:
     by_rule: int = 0
     """Disagreeing cases where one of the policy's own branches answered a decision (not the model)."""
     shown: tuple[Disagreement, ...] = ()
+    fell_back: Fallbacks = field(default_factory=lambda: Fallbacks(0, 0, None))
+    """Decisions asked of the model, and those the policy's onError answered because a call failed."""
 
     @property
     def rate(self) -> float:
@@ -91,6 +96,8 @@ class Agreement:
             "agreed": self.agreed,
             "agreement": round(self.rate, 4),
             "disagreements_by_rule": self.by_rule,
+            "model_decisions": self.fell_back.decisions,
+            "fell_back": self.fell_back.fallbacks,
             "by_category": {c: {"agreed": a, "cases": n} for c, (a, n) in sorted(self.by_category.items())},
             "shown": [d.to_json() for d in self.shown],
         }
@@ -172,9 +179,15 @@ def _run(
 
 
 def agreement(
-    env: Environment, policy: MachineConfig, model_name: str, model: ModelFactory, cases: Sequence[Scenario]
+    env: Environment,
+    policy: MachineConfig,
+    model_name: str,
+    model: ModelFactory,
+    cases: Sequence[Scenario],
+    say: Callable[[str], None] | None = None,
 ) -> Agreement:
-    """The policy with the model on every case: how many end as labelled."""
+    """The policy with the model on every case: how many end as labelled (`say`: progress, every
+    `PROGRESS` cases)."""
     compiled = compile_policy(policy, env.judgments, env.policy_guards)
     label = policy_label(policy)
     agreed = 0
@@ -182,8 +195,12 @@ def agreement(
     total: Counter[str] = Counter()
     by_rule = 0
     shown: list[Disagreement] = []
-    for case in cases:
+    rows: list[OutcomeRow] = []
+    for done, case in enumerate(cases, start=1):
+        if say is not None and (done % PROGRESS == 0 or done == len(cases)):
+            say(f"  {label} with {model_name}: {done}/{len(cases)} cases")
         row, entries = _run(env, compiled, model, case)
+        rows.append(row)
         total[case.category] += 1
         if row.passed:
             agreed += 1
@@ -208,6 +225,7 @@ def agreement(
         {c: (per[c], total[c]) for c in total},
         by_rule,
         tuple(shown),
+        fallbacks(rows),
     )
 
 
@@ -249,6 +267,11 @@ class OutOfSample:
     """The generator's own labels, or the reference policy's run with `careful`."""
     agreements: list[Agreement]
 
+    def never_answered(self) -> list[Agreement]:
+        """The policy and model pairs whose model answered none of the decisions it was asked: their
+        agreement measures the policy's onError, not the model."""
+        return [a for a in self.agreements if a.fell_back.never_answered]
+
     def to_json(self) -> dict[str, Any]:
         return {
             "environment": self.environment,
@@ -267,9 +290,11 @@ def check_out_of_sample(
     *,
     n: int = CASES,
     seed: int | None = None,
+    say: Callable[[str], None] | None = None,
+    meter: Meter | None = None,
 ) -> OutOfSample:
-    """The workspace's policies `versions` (the first labels unlabelled cases) with each stand-in of
-    `models` on `n` cases from the environment's generator."""
+    """The workspace's policies `versions` (the first labels unlabelled cases) with each of `models` (a
+    stand-in, or a model behind an endpoint) on `n` cases from the environment's generator."""
     seed = SEED if seed is None else seed
     if not versions:
         raise WorkspaceError("name at least one policy version to check (v0, v3, ...)")
@@ -277,14 +302,15 @@ def check_out_of_sample(
         raise WorkspaceError(f"--cases must be at least 1, not {n}")
     name = space.env_name(env_name)
     env = space.environment(name)
-    unknown = [m for m in models if m not in env.models]
-    if unknown:
-        raise WorkspaceError(
-            f"out of sample runs stand-ins only (environment {name}'s: {', '.join(sorted(env.models))}), "
-            f"not {', '.join(unknown)}: a model behind an endpoint would be asked every case of every policy; "
-            "measure it on the labelled scenarios with `improve run` and `improve score`"
-        )
     policies = [space.load_policy(name, v) for v in versions]
+    # A stand-in by name; a model behind an endpoint (`openai:MODEL`, a `[models.NAME]`) through the
+    # workspace's spec of it, its calls counted by `meter`: it is asked every case of every policy.
+    factories = {
+        m: env.models[m]
+        if m in env.models
+        else suite_spec(space, env, policies[0], m).model_factory(env, meter)
+        for m in models
+    }
     cases = generate_cases(env, n, seed, reference=policies[0])
     own = _labels(env, seed)
     labelled_by = (
@@ -292,7 +318,11 @@ def check_out_of_sample(
         if own
         else f"{REFERENCE_MODEL}'s run of {policy_label(policies[0])}"
     )
-    found = [agreement(env, p, m, env.models[m], cases) for p in policies for m in models]
+    found = [
+        agreement(env, p, m, factories[m], cases, say if m not in env.models else None)
+        for p in policies
+        for m in models
+    ]
     return OutOfSample(name, len(cases), seed, labelled_by, found)
 
 
