@@ -38,7 +38,7 @@ REFERENCE_MODEL = "careful"
 CASES = 400
 SEED = 20261130
 MAX_DRAWS = 4
-PROGRESS = 50
+PROGRESS = 10
 """Cases between two progress lines of `agreement` (a model behind an endpoint takes seconds a case)."""
 """Draws per case at most: a draw the reference cannot finish is drawn again."""
 SHOWN = 5
