@@ -143,7 +143,8 @@ def test_a_rule_that_reached_too_far_is_promoted_once_the_rule_in_front_of_it_is
     """On the expense claims desk, the first rule for late claims also rejects a held-out late claim
     without a receipt as late (the handbook says missing receipt: its first rule), and is discarded.
     Once the missing-receipt rule is promoted, the same late rule, behind it, no longer answers that
-    claim: the round tries it again rather than asking for a narrower rule forever, and it is promoted."""
+    claim: the round tries it again rather than asking for a narrower rule forever, and it is promoted.
+    A cluster the rule miner found no rule for against the last version is not tried again against it."""
     from improve.demo import commit_workspace, demo_rounds
 
     shutil.copytree(FIXTURES, tmp_path / "desks", ignore=shutil.ignore_patterns("__pycache__"))
@@ -153,7 +154,7 @@ def test_a_rule_that_reached_too_far_is_promoted_once_the_rule_in_front_of_it_is
     )
     commit_workspace(tmp_path / "desks", user="test", message="desks")
     said: list[str] = []
-    summary = demo_rounds(Workspace.load(config), 6, 3, said.append, "naive", "record")
+    summary = demo_rounds(Workspace.load(config), 9, 3, said.append, "naive", "record")
     late = [r for r in summary.rounds if r.cluster and "reason=late" in r.cluster]
     assert [r.status for r in late][:1] == ["discarded"] and late[-1].recommended, [
         (r.candidate_version, r.status) for r in summary.rounds
@@ -162,6 +163,11 @@ def test_a_rule_that_reached_too_far_is_promoted_once_the_rule_in_front_of_it_is
     assert summary.rounds.index(receipt) < summary.rounds.index(late[-1])
     assert any("tried again behind the branches promoted since" in line for line in said), said
     assert late[0].branches[0].guard == late[-1].branches[0].guard  # the same rule, another candidate now
+    # The escalation cluster has no rule against the last version: the rule miner, which answers the same
+    # request the same way, is not asked again, and the round says what is left.
+    last = summary.rounds[-1]
+    assert last.status == "nothing-to-fix" and summary.rounds[-2].status == "discarded", last
+    assert last.decision_detail.startswith("every failure cluster left was tried"), last.decision_detail
 
 
 def test_the_cli_checks_a_model_behind_an_endpoint_and_refuses_one_that_never_answers(

@@ -4,6 +4,7 @@ without a GitHub remote), and a null round that must not be promoted."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import http.server
 import json
 import re
@@ -1337,6 +1338,14 @@ def test_a_round_moves_on_or_tries_a_narrower_or_broader_rule_after_a_discard() 
     # behind the baseline's (its round renewed), counts for nothing: the cluster is fresh again.
     older = discarded("b", "reach")
     assert focus([older], renewed={older.round}) == focus([])
+    # A cluster nothing was proposed for against this very baseline is spent for a proposer that answers
+    # the same request the same way; against another baseline, or with a branch proposed, it is not.
+    nothing = dataclasses.replace(discarded("f", "gates"), added=(), route=())
+    assert focus([nothing], baseline="v0").spent == ("f",)
+    assert (
+        focus([nothing], baseline="v3").spent == ()
+        and focus([discarded("f", "gates")], baseline="v0").spent == ()
+    )
 
 
 def test_a_rule_that_reached_too_far_is_tried_again_when_a_branch_promoted_since_answers_first() -> None:

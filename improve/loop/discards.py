@@ -206,6 +206,9 @@ class Focus:
     skip: tuple[str, ...] = ()
     narrower: Mapping[str, DiscardedCandidate] | None = None
     broader: Mapping[str, DiscardedCandidate] | None = None
+    spent: tuple[str, ...] = ()
+    """Tried clusters whose last candidate, against the round's own baseline, added no branch (nothing
+    was proposed for them): a proposer that answers the same request the same way finds nothing again."""
 
     def says(self, chosen: str | None) -> str | None:
         """What the round says about its cluster: a narrower rule for it, or the next cluster after the
@@ -233,7 +236,9 @@ class Focus:
         )
 
 
-def focus(tried: Sequence[DiscardedCandidate], renewed: Collection[str] = ()) -> Focus:
+def focus(
+    tried: Sequence[DiscardedCandidate], renewed: Collection[str] = (), baseline: str | None = None
+) -> Focus:
     """Each cluster gets one candidate along a policy's line, and one narrower candidate when the first
     was discarded for reaching too far (`reach`): a rule that gained too little, never passed the gates
     or was never found is not helped by the same cause again, and the round moves on. One that gained
@@ -264,4 +269,10 @@ def focus(tried: Sequence[DiscardedCandidate], renewed: Collection[str] = ()) ->
             broader[cluster] = first
     # Tried longest ago first (by each cluster's last candidate): the order clusters come round again.
     last = {c.cluster: i for i, c in enumerate(tried) if c.cluster}
-    return Focus(tuple(sorted(skip, key=last.__getitem__)), narrower, broader)
+    latest = {c.cluster: c for c in tried if c.cluster}
+    spent = tuple(
+        c
+        for c in skip
+        if latest[c].baseline == baseline and not latest[c].added and latest[c].round not in renewed
+    )
+    return Focus(tuple(sorted(skip, key=last.__getitem__)), narrower, broader, spent)

@@ -176,7 +176,7 @@ class Round:
             memo=opts.counterfactuals if opts.counterfactuals is not None else Counterfactuals(),
             stand_in=StandIn(inputs.env_hashes, self.spec.model) if self.session is None else None,
         )
-        self.focus = focus(inputs.memory.tried)
+        self.focus = focus(inputs.memory.tried, baseline=self.label)
         """Where the round aims after the candidates discarded along the policy's line."""
         self.renewed: frozenset[str] | None = None
         """Rounds whose candidate, discarded for reaching too far, answers otherwise behind this round's
@@ -263,6 +263,8 @@ class Round:
         skip = [*self.opts.skip, *self.passed_over, *tried]
         self.diagnosis, examples = self.evidence.diagnose(self.base_rows, self.inputs.policy, skip)
         again: str | None = None
+        if self.focus.spent and self._deterministic():
+            tried = [c for c in tried if c not in self.focus.spent]
         while self.diagnosis.chosen is None and not self.diagnosis.blocked and tried:
             # Every cluster left was tried along this line: the one tried longest ago comes round again
             # (the novelty gate still refuses a candidate that answers as a discarded one did).
@@ -289,6 +291,11 @@ class Round:
         self.request = self._request(diagnosis, examples)
         return True
 
+    def _deterministic(self) -> bool:
+        """Whether the round's proposer answers the same request the same way (the rule miner)."""
+        proposer = self.opts.proposer if not isinstance(self.opts.proposer, str) else self._proposer()
+        return bool(getattr(proposer, "deterministic", False))
+
     def _renew(self) -> None:
         """A candidate discarded for reaching too far against an earlier version of the line is tried
         again when a branch promoted since answers first some of the decisions it took: its branches,
@@ -305,7 +312,7 @@ class Round:
         current = route(self.inputs.policy)
         self.renewed = frozenset(t.round for t in ancestors if answers_anew(t, current, decisions))
         if self.renewed:
-            self.focus = focus(memory.tried, self.renewed)
+            self.focus = focus(memory.tried, self.renewed, self.label)
             self.say(
                 "tried again behind the branches promoted since: candidate(s) "
                 + ", ".join(t.candidate for t in ancestors if t.round in self.renewed)

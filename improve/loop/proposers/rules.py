@@ -849,6 +849,9 @@ class RuleMinerProposer:
     """The built-in proposer: mines one choice branch from the training decisions."""
 
     name = "rules"
+    deterministic = True
+    """It answers the same request the same way: a cluster it found no rule for against a policy is not
+    asked again against that policy (`discards.Focus.spent`)."""
 
     def __init__(
         self,
