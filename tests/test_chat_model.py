@@ -210,6 +210,8 @@ def test_each_servers_way_of_refusing_or_ignoring_moves_to_a_way_it_answers(
     assert [way_of(r["body"]) for r in server.requests] == ways
     for text in said:
         assert doc["stderr"].count(text) == 1, doc["stderr"]
+    if len(set(ways)) > 1:  # a way was learned: the note says how to ask it from the first call
+        assert f'ask = "{ways[-1]}" in its [models.NAME] asks so from the first call' in doc["stderr"]
     assert doc["model_calls"]["retries"] == 0 and doc["model_calls"]["failed"] == 0
     assert (doc["summary"]["decisions"], doc["summary"]["fallbacks"]) == (2, 0)
     assert decisions(thread(ws, "small-refund-02"))[0].event["type"] == "REFUND"

@@ -330,7 +330,9 @@ class ChatSession:
         with self._lock:
             if MODES.index(self.mode) <= MODES.index(mode):
                 self.mode = following
-        self.meter.note(f"{self.name}: {why}; asking by {following}")
+        # Each command learns the way again (its first call): a model defined with that way skips it.
+        hint = f' (ask = "{following}" in its [models.NAME] asks so from the first call)' if self.auto else ""
+        self.meter.note(f"{self.name}: {why}; asking by {following}{hint}")
         return following
 
     def judge_fallback(self, why: str) -> None:
