@@ -142,16 +142,13 @@ def agree(
     if not covered:
         return term
 
-    def column(path: str, among: Sequence[Case]) -> list[Any]:
-        return [fact_at(c.facts, path) for c in among]
-
     others = [c for i, c in enumerate(cases) if excluded >> i & 1]
     narrowed: list[Atom] = []
     for atom in term:
-        values = column(atom.path, covered)
+        values = _column(atom.path, covered)
         if atom.kind == "threshold" and not vocab.given(atom) and all(numeric(v) for v in values):
             atom = (
-                _far(atom, values, column(atom.path, others))
+                _far(atom, values, _column(atom.path, others))
                 if atom in far
                 else (
                     Atom("threshold", atom.path, "<=", max(values))
@@ -161,7 +158,7 @@ def agree(
             )
         narrowed.append(atom)
     tested = {p for atom in narrowed for p in atom.paths}
-    grounds = _grounds(vocab, tested, covered, others, column)
+    grounds = _grounds(vocab, tested, covered, others)
     kept = list(narrowed)
 
     def outs(atom: Atom) -> int:
@@ -182,12 +179,12 @@ def agree(
     return tuple(kept)
 
 
+def _column(path: str, among: Sequence[Case]) -> list[Any]:
+    return [fact_at(c.facts, path) for c in among]
+
+
 def _grounds(
-    vocab: RuleTerms,
-    tested: set[str],
-    covered: Sequence[Case],
-    others: Sequence[Case],
-    column: Any,
+    vocab: RuleTerms, tested: set[str], covered: Sequence[Case], others: Sequence[Case]
 ) -> list[Atom]:
     """Each alternative ground a test over an untested fact offers for keeping decisions out while
     keeping every covered right answer in: a flag or an enumerated value constant across them, a value
@@ -196,7 +193,7 @@ def _grounds(
     for path, kind in sorted(vocab.fact_types.items()):
         if path in tested:
             continue
-        values = column(path, covered)
+        values = _column(path, covered)
         if kind == "bool" and all(v is values[0] for v in values) and isinstance(values[0], bool):
             grounds.append(Atom("flag", path, "==", values[0]))
         elif kind == "enum" and all(isinstance(v, str | int) and not isinstance(v, bool) for v in values):
@@ -234,12 +231,9 @@ def cede(
     if not covered or not inside:
         return term
 
-    def column(path: str, among: Sequence[Case]) -> list[Any]:
-        return [fact_at(c.facts, path) for c in among]
-
     kept = list(term)
     while inside:
-        grounds = _grounds(vocab, {p for atom in kept for p in atom.paths}, covered, inside, column)
+        grounds = _grounds(vocab, {p for atom in kept for p in atom.paths}, covered, inside)
         scored = [(sum(not g.holds(c.facts) for c in inside), g) for g in grounds]
         best = max(scored, key=lambda s: s[0], default=(0, None))
         if best[1] is None or best[0] == 0:
