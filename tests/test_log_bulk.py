@@ -788,25 +788,29 @@ def _first_pass_line(thread: str, style: str, index: int) -> bytes:
         max_size=30,
     ),
     blank=st.sets(st.integers(0, 30)),
+    long=st.sets(st.integers(0, 30), max_size=2),
     crlf=st.booleans(),
     block=st.sampled_from([1, 7, 40, 200, 1 << 16]),
 )
 def test_the_first_pass_reads_each_line_s_thread_as_decoding_it_does(
-    lines: list[tuple[str, str]], blank: set[int], crlf: bool, block: int
+    lines: list[tuple[str, str]], blank: set[int], long: set[int], crlf: bool, block: int
 ) -> None:
     """`read_file_threads`' first pass reads a line that ends as the line before with its thread, as the
     same thread, without decoding it (`stream._ending`): over lines of JSON text, written in every way a
     line can end (a thread id given twice, escaped, nested in the event, a key ending in an escaped
-    `"threadId`, ...), among blank lines, with CRLF endings, read a few bytes at a time, it finds the same
-    returning threads at the same lines as decoding every line does."""
+    `"threadId`, ...), among blank lines and lines too long to hold, with CRLF endings, read a few bytes at
+    a time, it finds the same returning threads at the same lines as decoding every line does."""
     text = [_first_pass_line(thread, style, i) for i, (thread, style) in enumerate(lines)]
     for at in sorted(blank, reverse=True):
         text.insert(min(at, len(text)), b"  ")
+    for at in sorted(long, reverse=True):  # past what a reader holds (here 300 bytes): counted, never read
+        text.insert(min(at, len(text)), b"x" * 500)
     data = b"".join(line + (b"\r\n" if crlf else b"\n") for line in text)
     with tempfile.TemporaryDirectory() as folder, pytest.MonkeyPatch.context() as patch:
         path = Path(folder) / "f.jsonl"
         path.write_bytes(data)
         patch.setattr(stream, "_BLOCK", block)
+        patch.setattr(stream, "_HELD", 300)
         assert stream._returning_threads(path, "f") == _returning_line_by_line(data, "f")
 
 
