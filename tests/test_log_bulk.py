@@ -679,7 +679,7 @@ def test_text_lines_read_as_their_bytes_do() -> None:
 def test_a_file_read_a_block_at_a_time_gives_the_lines_split_lines_gives(
     data: bytes, block: int, held: int
 ) -> None:
-    """`improve replay FILE` reads blocks of a MiB, cut after an LF (here of a few bytes): the same lines
+    """`improve replay FILE` reads blocks of 64 KiB, cut after an LF (here of a few bytes): the same lines
     with the same numbers as `split_lines` on the whole file, and a block said to fit only when each of its
     lines is short and shallow enough to skip `line_problem` (see `stream._decode`). A line that goes on
     past what a reader holds (here `held` bytes) is given as its length and first bytes, never held whole."""
@@ -718,6 +718,154 @@ def test_a_file_read_a_block_at_a_time_gives_the_lines_split_lines_gives(
             assert all(
                 isinstance(line, bytes) and line.count(b"[") + line.count(b"{") <= 100 for line in lines
             )
+
+
+def _returning_line_by_line(data: bytes, default: str) -> dict[str, int] | None:
+    """The first pass of `read_file_threads` as it was: every line decoded for its thread, one by one."""
+    seen: set[str] = set()
+    returning: dict[str, int] = {}
+    previous: str | None = None
+    any_entry = False
+    for number, line in split_lines(data):
+        try:
+            thread = stream._THREAD_ONLY.decode(line).threadId or default
+        except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError, RecursionError):
+            found = stream._thread_of(line, default)
+            if found is None:
+                continue
+            thread = found
+        any_entry = True
+        if thread != previous:
+            if thread in seen and thread not in returning:
+                returning[thread] = number
+            seen.add(thread)
+            previous = thread
+        if thread in returning:
+            returning[thread] = number
+    return returning if any_entry else None
+
+
+# How a line may end: its thread last, compact or spaced as json.dumps writes it, escaped, null, absent,
+# first, given twice, beside a nested `threadId`, or after a key that ends in an escaped `"threadId`.
+_LINE_STYLES = ("compact", "spaced", "escaped", "null", "absent", "first", "twice", "nested", "escaped-key")
+
+
+def _first_pass_line(thread: str, style: str, index: int) -> bytes:
+    fields: dict[str, Any] = {"id": f"e{index}", "index": index, "event": {"type": "X", "n": index}}
+    if style == "nested":
+        fields["event"]["threadId"] = "nested"
+        return json.dumps(fields | {"threadId": thread}, separators=(",", ":")).encode()[:-1] + (
+            b',"event2":{"threadId":"' + thread.encode() + b'"}}'
+        )
+    if style == "absent":
+        return json.dumps(fields).encode()
+    if style == "null":
+        return json.dumps(fields | {"threadId": None}, separators=(",", ":")).encode()
+    if style == "first":
+        return json.dumps({"threadId": thread} | fields, separators=(",", ":")).encode()
+    if style == "twice":
+        return json.dumps({"threadId": "other"} | fields, separators=(",", ":")).encode()[:-1] + (
+            b',"threadId":' + json.dumps(thread).encode() + b"}"
+        )
+    if style == "escaped-key":  # its thread is given first; the last key is `k"threadId`, not `threadId`
+        return json.dumps({"threadId": thread} | fields, separators=(",", ":")).encode()[:-1] + (
+            b',"k\\"threadId":"b"}'
+        )
+    if style == "escaped":
+        return json.dumps(fields | {"threadId": thread}, ensure_ascii=True).encode().replace(b"a", b"\\u0061")
+    text = json.dumps(
+        fields | {"threadId": thread},
+        ensure_ascii=False,
+        **({} if style == "spaced" else {"separators": (",", ":")}),
+    )
+    return text.encode()
+
+
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    lines=st.lists(
+        st.tuples(st.sampled_from(["a", "b", "c", "é", 'q"t', ""]), st.sampled_from(_LINE_STYLES)),
+        max_size=30,
+    ),
+    blank=st.sets(st.integers(0, 30)),
+    long=st.sets(st.integers(0, 30), max_size=2),
+    crlf=st.booleans(),
+    block=st.sampled_from([1, 7, 40, 200, 1 << 16]),
+)
+def test_the_first_pass_reads_each_line_s_thread_as_decoding_it_does(
+    lines: list[tuple[str, str]], blank: set[int], long: set[int], crlf: bool, block: int
+) -> None:
+    """`read_file_threads`' first pass reads a line that ends as the line before with its thread, as the
+    same thread, without decoding it (`stream._ending`): over lines of JSON text, written in every way a
+    line can end (a thread id given twice, escaped, nested in the event, a key ending in an escaped
+    `"threadId`, ...), among blank lines and lines too long to hold, with CRLF endings, read a few bytes at
+    a time, it finds the same returning threads at the same lines as decoding every line does."""
+    text = [_first_pass_line(thread, style, i) for i, (thread, style) in enumerate(lines)]
+    for at in sorted(blank, reverse=True):
+        text.insert(min(at, len(text)), b"  ")
+    for at in sorted(long, reverse=True):  # past what a reader holds (here 300 bytes): counted, never read
+        text.insert(min(at, len(text)), b"x" * 500)
+    data = b"".join(line + (b"\r\n" if crlf else b"\n") for line in text)
+    with tempfile.TemporaryDirectory() as folder, pytest.MonkeyPatch.context() as patch:
+        path = Path(folder) / "f.jsonl"
+        path.write_bytes(data)
+        patch.setattr(stream, "_BLOCK", block)
+        patch.setattr(stream, "_HELD", 300)
+        assert stream._returning_threads(path, "f") == _returning_line_by_line(data, "f")
+
+
+def test_a_line_ending_as_its_thread_s_is_read_without_decoding_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lines that end as the one before are not decoded (the pass's point); a line whose last key ends
+    in `"threadId` after an escaped quote is no thread's ending: the line after it that ends alike is
+    decoded, and its thread is the one given earlier in it."""
+    decoded: list[bytes] = []
+    real = stream._THREAD_ONLY
+
+    class Counting:
+        def decode(self, line: bytes) -> Any:
+            decoded.append(bytes(line))
+            return real.decode(line)
+
+    monkeypatch.setattr(stream, "_THREAD_ONLY", Counting())
+    lines = [
+        _first_pass_line("b", "escaped-key", 0),  # b's, ending `"k\\"threadId":"b"}`
+        _first_pass_line("c", "escaped-key", 1),  # ends alike, and is c's
+        *(_first_pass_line("b", "compact", i) for i in (2, 3, 4)),
+        *(_first_pass_line("a", "compact", i) for i in (5, 6)),
+    ]
+    path = tmp_path / "f.jsonl"
+    path.write_bytes(b"".join(line + b"\n" for line in lines))
+    assert stream._returning_threads(path, "f") == {"b": 5}
+    assert decoded == [lines[0], lines[1], lines[2], lines[5]]
+
+
+def test_a_broken_line_ending_as_a_thread_s_only_keeps_that_thread_waiting(tmp_path: Path) -> None:
+    """A line that is not JSON text but ends as the line before it is taken for that thread's in the first
+    pass: the second pass refuses it with the same error as any broken line, and hands over no thread
+    before it that is not whole."""
+    good = [
+        {
+            "id": f"{thread}{i}",
+            "index": i,
+            "recordedAt": "2026-11-30T00:00:00Z",
+            "machineId": "m",
+            "machineVersion": "1",
+            "event": {"type": "@agent.init" if i == 0 else "X"},
+            "threadId": thread,
+        }
+        for thread, i in (("a", 0), ("a", 1), ("b", 0), ("a", 2), ("b", 1))
+    ]
+    lines = [json.dumps(e, separators=(",", ":")) for e in good]
+    lines.append('{"id": "a3", "index": [,"threadId":"b"}')  # broken, ending as b's lines do
+    path = tmp_path / "f.jsonl"
+    path.write_text("".join(line + "\n" for line in lines))
+    handed: list[tuple[str, list[int]]] = []
+    with pytest.raises(LogError, match=r"f\.jsonl:6: not a log entry"):
+        for thread, entries in read_file_threads(path):
+            handed.append((thread, [e.index for e in entries]))
+    assert handed == [("a", [0, 1, 2])]
 
 
 def test_a_file_is_replayed_thread_by_thread_not_loaded_whole(tmp_path: Path) -> None:

@@ -27,7 +27,14 @@ from improve.machine import (
     parse_machine,
     transition,
 )
-from improve.machine.snapshot import Snapshot, canonical_bytes, canonical_json, decoded_canonical_bytes
+from improve.machine.snapshot import (
+    Invocation,
+    Snapshot,
+    canonical_bytes,
+    canonical_json,
+    decoded_canonical_bytes,
+    snapshot_of,
+)
 from tests.helpers import fold_against_interpreter
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "improve" / "examples"
@@ -178,6 +185,42 @@ def test_snapshot_json_round_trip_and_hash_is_canonical() -> None:
     assert again.hash() == snap.hash()
     other = transition(machine, snap, {"type": "APPROVE", "approver": "kim"})
     assert other.hash() != snap.hash()
+
+
+def test_a_snapshot_built_field_by_field_is_the_dataclass_s_own() -> None:
+    """`snapshot_of` (the fold's and the interpreter's constructor, which skips the frozen dataclass's
+    `__init__`) sets every field in the dataclass's order, and what it builds is equal, hashes alike and
+    stays frozen."""
+    import dataclasses
+
+    assert tuple(f.name for f in dataclasses.fields(Snapshot)) == (
+        "value",
+        "context",
+        "status",
+        "input",
+        "output",
+        "error",
+        "invoke",
+    )
+    invoke = Invocation("a", "agent.decide", {"n": 1})
+    values = ("s", {"k": [1]}, "done", {"in": 2}, {"out": 3}, {"kind": "x"}, invoke)
+    built = snapshot_of(*values)
+    assert built == Snapshot(*values)
+    assert tuple(getattr(built, f.name) for f in dataclasses.fields(Snapshot)) == values
+    assert built.hash() == Snapshot(*values).hash()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        built.value = "t"  # type: ignore[misc]
+
+
+def test_an_owed_actor_s_input_is_evaluated_in_the_scope_of_its_step() -> None:
+    """The input of the actor a snapshot owes is evaluated on first read, in the scope it was entered with
+    (built then, not when the snapshot was), by the interpreter and by the fold alike."""
+    machine = approval_machine()
+    snap = initial(machine, {"amount": 150, "reason": "x"})
+    fold = fold_of(machine)
+    folded = fold.snapshot(fold.start({"amount": 150, "reason": "x"}))
+    assert snap.invoke is not None and folded.invoke is not None
+    assert folded.invoke.input == snap.invoke.input
 
 
 def _tiny(states: dict[str, Any], **extra: Any) -> dict[str, Any]:

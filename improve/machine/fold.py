@@ -34,7 +34,6 @@ from improve.machine.interpreter import (
     State,
     Transition,
     _invocation,
-    _scope,
     initial,
     transition,
 )
@@ -46,6 +45,7 @@ from improve.machine.snapshot import (
     plain_hash,
     plain_json,
     shallow_json,
+    snapshot_of,
     sorted_text,
 )
 
@@ -373,18 +373,10 @@ class Fold:
         invocation = run.invocation
         if invocation is None and run.owed is not None:
             state, context, event = run.owed
-            invocation = _invocation(state, _scope(context, event, run.input))
+            invocation = _invocation(state, context, event, run.input)
             run.invocation = invocation
             run.owed = None
-        return Snapshot(
-            value=run.value,
-            context=run.context,
-            status=run.status,
-            input=run.input,
-            output=run.output,
-            error=run.error,
-            invoke=invocation,
-        )
+        return snapshot_of(run.value, run.context, run.status, run.input, run.output, run.error, invocation)
 
     def hash(self, run: FoldRun, journaled: str | None = None) -> str:
         """`snapshot(run).hash()`, without building the snapshot or its owed actor.

@@ -42,7 +42,7 @@ from improve.machine.expr import (
     evaluate_tree,
     tree_exprs,
 )
-from improve.machine.snapshot import Invocation, Snapshot
+from improve.machine.snapshot import Invocation, Snapshot, snapshot_of
 
 MAX_MICROSTEPS = 100
 FREE_TEXT = "text"
@@ -385,21 +385,26 @@ def _settle(machine: Machine, value: str, context: dict[str, Any], inp: Any, eve
                     value = t.target
                     visited.append(value)
                     continue
-        # The owed actor's input is evaluated lazily; its scope is built only when a state invokes.
-        invocation = _invocation(state, _scope(context, event, inp)) if state.invoke is not None else None
-        return Snapshot(value=value, context=context, status="active", input=inp, invoke=invocation)
+        # The owed actor's input is evaluated lazily, and its scope built only then.
+        invocation = _invocation(state, context, event, inp)
+        return snapshot_of(value, context, "active", inp, None, None, invocation)
     raise MachineError(
         f"eventless transitions did not settle after {MAX_MICROSTEPS} steps: {' -> '.join(visited[-8:])}"
     )
 
 
-def _invocation(state: State, scope: Scope) -> Invocation | None:
+def _invocation(state: State, context: Any, event: Any, inp: Any) -> Invocation | None:
+    """The actor `state` invokes, its input evaluated on first use in the scope of `context`, `event` and
+    `inp` (built then too: most snapshots' owed input is never read, and a scope cost as much as the
+    rest of the invocation)."""
     inv = state.invoke
     if inv is None:
         return None
     if inv.decide is None:
-        return Invocation(inv.id, inv.src, thunk=lambda: evaluate_tree(inv.input, scope))
-    return Invocation(inv.id, inv.src, thunk=lambda: _decide_input(inv, scope))
+        return Invocation(
+            inv.id, inv.src, thunk=lambda: evaluate_tree(inv.input, _scope(context, event, inp))
+        )
+    return Invocation(inv.id, inv.src, thunk=lambda: _decide_input(inv, _scope(context, event, inp)))
 
 
 def _decide_input(inv: Invoke, scope: Scope) -> dict[str, Any]:

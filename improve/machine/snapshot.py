@@ -253,6 +253,36 @@ class Snapshot:
         return self.status == "done"
 
 
+_FIELDS = ("value", "context", "status", "input", "output", "error", "invoke")
+_NEW = object.__new__
+_SET_VALUE, _SET_CONTEXT, _SET_STATUS, _SET_INPUT, _SET_OUTPUT, _SET_ERROR, _SET_INVOKE = (
+    Snapshot.__dict__[name].__set__ for name in _FIELDS
+)
+
+
+def snapshot_of(
+    value: str,
+    context: dict[str, Any],
+    status: Status,
+    input: Any,
+    output: Any,
+    error: Any,
+    invoke: Invocation | None,
+) -> Snapshot:
+    """`Snapshot(value, context, ...)`, every field given, built without the frozen dataclass's `__init__`
+    (keywords, then an `object.__setattr__` a field: 1.4 µs, a tenth of replaying a short thread): each
+    slot is set through its descriptor."""
+    snapshot = _NEW(Snapshot)
+    _SET_VALUE(snapshot, value)
+    _SET_CONTEXT(snapshot, context)
+    _SET_STATUS(snapshot, status)
+    _SET_INPUT(snapshot, input)
+    _SET_OUTPUT(snapshot, output)
+    _SET_ERROR(snapshot, error)
+    _SET_INVOKE(snapshot, invoke)
+    return snapshot
+
+
 def shallow_json(
     value: str,
     context: dict[str, Any],
