@@ -210,6 +210,25 @@ def test_the_cli_checks_a_model_behind_an_endpoint_and_refuses_one_that_never_an
     (one,) = json.loads(done.stdout)["agreements"]
     assert one["model"] == "fake" and one["fell_back"] == 0 and one["model_decisions"] == 6
     assert len(answering.requests) == 6
+    # Its runs overlap up to the model's cap: the first two calls meet at a barrier, which they pass only
+    # when both are in flight at once (serial runs would break it), and the figures are the same.
+    import threading
+
+    barrier, lock, met = threading.Barrier(2, timeout=30), threading.Lock(), []
+
+    def together(body: dict[str, Any]) -> Any:
+        with lock:
+            first = len(met) < 2
+            met.append(first)
+        if first:
+            barrier.wait()
+        return tool_answer({"type": "REFER"})
+
+    overlapping = serve(together)
+    config.write_text(base + model_section(overlapping.url) + "concurrency = 2\n")
+    again = runner.invoke(app, [*args, "--json"], env={"FAKE_OPENAI_KEY": "sk-test"})
+    assert again.exit_code == 0 and not barrier.broken, again.output
+    assert json.loads(again.stdout)["agreements"] == json.loads(done.stdout)["agreements"]
     silent = serve(lambda body: Reply(error(500, "boom").status, error(500, "boom").payload))
     config.write_text(base + model_section(silent.url))
     refused = runner.invoke(app, [*args, "--json"], env={"FAKE_OPENAI_KEY": "sk-test"})

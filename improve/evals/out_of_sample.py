@@ -20,6 +20,7 @@ from __future__ import annotations
 import random
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -185,9 +186,11 @@ def agreement(
     model: ModelFactory,
     cases: Sequence[Scenario],
     say: Callable[[str], None] | None = None,
+    workers: int = 1,
 ) -> Agreement:
     """The policy with the model on every case: how many end as labelled (`say`: progress, every
-    `PROGRESS` cases)."""
+    `PROGRESS` cases). `workers`: runs at once, for a model behind an endpoint whose waits overlap (its
+    session keeps the calls in flight under its own cap); the figures do not depend on it."""
     compiled = compile_policy(policy, env.judgments, env.policy_guards)
     label = policy_label(policy)
     agreed = 0
@@ -196,27 +199,29 @@ def agreement(
     by_rule = 0
     shown: list[Disagreement] = []
     rows: list[OutcomeRow] = []
-    for done, case in enumerate(cases, start=1):
-        if say is not None and (done % PROGRESS == 0 or done == len(cases)):
-            say(f"  {label} with {model_name}: {done}/{len(cases)} cases")
-        row, entries = _run(env, compiled, model, case)
-        rows.append(row)
-        total[case.category] += 1
-        if row.passed:
-            agreed += 1
-            per[case.category] += 1
-            continue
-        sources = tuple(
-            str(e.metadata.get("source", "")) for e in entries if e.metadata and "decision" in e.metadata
-        )
-        if any(_by_rule(policy, s) for s in sources):
-            by_rule += 1
-        if len(shown) < SHOWN:
-            shown.append(
-                Disagreement(
-                    case.id, case.category, case.expected.outcome, row.final_state, row.reason, sources
-                )
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        # In the cases' order whatever order they finish in: the same figures and the same shown cases.
+        runs = pool.map(lambda case: _run(env, compiled, model, case), cases)
+        for done, (case, (row, entries)) in enumerate(zip(cases, runs, strict=True), start=1):
+            if say is not None and (done % PROGRESS == 0 or done == len(cases)):
+                say(f"  {label} with {model_name}: {done}/{len(cases)} cases")
+            rows.append(row)
+            total[case.category] += 1
+            if row.passed:
+                agreed += 1
+                per[case.category] += 1
+                continue
+            sources = tuple(
+                str(e.metadata.get("source", "")) for e in entries if e.metadata and "decision" in e.metadata
             )
+            if any(_by_rule(policy, s) for s in sources):
+                by_rule += 1
+            if len(shown) < SHOWN:
+                shown.append(
+                    Disagreement(
+                        case.id, case.category, case.expected.outcome, row.final_state, row.reason, sources
+                    )
+                )
     return Agreement(
         label,
         model_name,
@@ -305,12 +310,10 @@ def check_out_of_sample(
     policies = [space.load_policy(name, v) for v in versions]
     # A stand-in by name; a model behind an endpoint (`openai:MODEL`, a `[models.NAME]`) through the
     # workspace's spec of it, its calls counted by `meter`: it is asked every case of every policy.
-    factories = {
-        m: env.models[m]
-        if m in env.models
-        else suite_spec(space, env, policies[0], m).model_factory(env, meter)
-        for m in models
-    }
+    specs = {m: suite_spec(space, env, policies[0], m) for m in models if m not in env.models}
+    factories = {m: env.models[m] if m in env.models else specs[m].model_factory(env, meter) for m in models}
+    # A stand-in answers at once; a model behind an endpoint is waited on, its runs overlapping up to its cap.
+    workers = {m: spec.model_spec.in_flight() if spec.model_spec else 1 for m, spec in specs.items()}
     cases = generate_cases(env, n, seed, reference=policies[0])
     own = _labels(env, seed)
     labelled_by = (
@@ -319,7 +322,7 @@ def check_out_of_sample(
         else f"{REFERENCE_MODEL}'s run of {policy_label(policies[0])}"
     )
     found = [
-        agreement(env, p, m, factories[m], cases, say if m not in env.models else None)
+        agreement(env, p, m, factories[m], cases, say if m in specs else None, workers.get(m, 1))
         for p in policies
         for m in models
     ]
