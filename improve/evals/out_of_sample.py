@@ -39,9 +39,9 @@ REFERENCE_MODEL = "careful"
 CASES = 400
 SEED = 20261130
 MAX_DRAWS = 4
+"""Draws per case at most: a draw the reference cannot finish is drawn again."""
 PROGRESS = 10
 """Cases between two progress lines of `agreement` (a model behind an endpoint takes seconds a case)."""
-"""Draws per case at most: a draw the reference cannot finish is drawn again."""
 SHOWN = 5
 """Disagreements kept per policy and model, for the report."""
 
@@ -262,7 +262,7 @@ def out_of_sample(
 
 @dataclass(frozen=True)
 class OutOfSample:
-    """`improve out-of-sample`: policies of one environment, each with each stand-in, on the same
+    """`improve out-of-sample`: policies of one environment, each with each model, on the same
     generated cases."""
 
     environment: str

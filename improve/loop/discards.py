@@ -250,10 +250,9 @@ def focus(
     branches, behind the branches of the round's baseline, answer otherwise than they did (a branch
     promoted since answers first some of the decisions they took, `answers_anew`), so the same rule is
     another candidate now."""
+    kept = [t for t in tried if t.round not in renewed]
     by_cluster: dict[str, list[DiscardedCandidate]] = {}
-    for candidate in tried:
-        if candidate.round in renewed:
-            continue
+    for candidate in kept:
         if candidate.cluster:
             by_cluster.setdefault(candidate.cluster, []).append(candidate)
     skip: list[str] = []
@@ -268,11 +267,7 @@ def focus(
         if len(candidates) == 1 and first.reason == "gain" and first.added:
             broader[cluster] = first
     # Tried longest ago first (by each cluster's last candidate): the order clusters come round again.
-    last = {c.cluster: i for i, c in enumerate(tried) if c.cluster}
-    latest = {c.cluster: c for c in tried if c.cluster}
-    spent = tuple(
-        c
-        for c in skip
-        if latest[c].baseline == baseline and not latest[c].added and latest[c].round not in renewed
-    )
-    return Focus(tuple(sorted(skip, key=last.__getitem__)), narrower, broader, spent)
+    last = {cluster: candidates[-1] for cluster, candidates in by_cluster.items()}
+    spent = tuple(c for c in skip if last[c].baseline == baseline and not last[c].added)
+    latest = {candidate.cluster: i for i, candidate in enumerate(kept) if candidate.cluster}
+    return Focus(tuple(sorted(skip, key=latest.__getitem__)), narrower, broader, spent)

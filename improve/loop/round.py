@@ -178,6 +178,7 @@ class Round:
         )
         self.focus = focus(inputs.memory.tried, baseline=self.label)
         """Where the round aims after the candidates discarded along the policy's line."""
+        self._split_decisions: dict[str, list[dict[str, Any]]] = {}
         self.renewed: frozenset[str] | None = None
         """Rounds whose candidate, discarded for reaching too far, answers otherwise behind this round's
         baseline (`discards.answers_anew`): found once, when the baseline's runs are known."""
@@ -842,7 +843,10 @@ class Round:
         return self._decisions("held-out")
 
     def _decisions(self, split: str) -> list[dict[str, Any]]:
-        """The baseline's decisions on `split`: name, facts and options, each once."""
+        """The baseline's decisions on `split`: name, facts and options, each once (read once a round:
+        the renewal check and the novelty gate both ask)."""
+        if split in self._split_decisions:
+            return self._split_decisions[split]
         found: dict[str, dict[str, Any]] = {}
         for row in self.base_rows:
             if row.split != split:
@@ -850,7 +854,8 @@ class Round:
             for request in self.evidence.requests(row.thread_id):
                 decision = {"name": request.name, "facts": request.facts, "options": request.options}
                 found.setdefault(canonical_json(decision), decision)
-        return list(found.values())
+        self._split_decisions[split] = list(found.values())
+        return self._split_decisions[split]
 
     def _record(self) -> RoundRecord:
         """The record of what the steps found."""
