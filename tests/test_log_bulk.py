@@ -841,22 +841,24 @@ def test_a_line_ending_as_its_thread_s_is_read_without_decoding_it(
     assert decoded == [lines[0], lines[1], lines[2], lines[5]]
 
 
+def _plain(thread: str, i: int) -> dict[str, object]:
+    """Entry `i` of `thread`, unchained: its first an `@agent.init`, the rest an `X`."""
+    return {
+        "id": f"{thread}{i}",
+        "index": i,
+        "recordedAt": "2026-11-30T00:00:00Z",
+        "machineId": "m",
+        "machineVersion": "1",
+        "event": {"type": "@agent.init" if i == 0 else "X"},
+        "threadId": thread,
+    }
+
+
 def test_a_broken_line_ending_as_a_thread_s_only_keeps_that_thread_waiting(tmp_path: Path) -> None:
     """A line that is not JSON text but ends as the line before it is taken for that thread's in the first
     pass: the second pass refuses it with the same error as any broken line, and hands over no thread
     before it that is not whole."""
-    good = [
-        {
-            "id": f"{thread}{i}",
-            "index": i,
-            "recordedAt": "2026-11-30T00:00:00Z",
-            "machineId": "m",
-            "machineVersion": "1",
-            "event": {"type": "@agent.init" if i == 0 else "X"},
-            "threadId": thread,
-        }
-        for thread, i in (("a", 0), ("a", 1), ("b", 0), ("a", 2), ("b", 1))
-    ]
+    good = [_plain(thread, i) for thread, i in (("a", 0), ("a", 1), ("b", 0), ("a", 2), ("b", 1))]
     lines = [json.dumps(e, separators=(",", ":")) for e in good]
     lines.append('{"id": "a3", "index": [,"threadId":"b"}')  # broken, ending as b's lines do
     path = tmp_path / "f.jsonl"
@@ -871,19 +873,7 @@ def test_a_broken_line_ending_as_a_thread_s_only_keeps_that_thread_waiting(tmp_p
 def test_a_file_is_replayed_thread_by_thread_not_loaded_whole(tmp_path: Path) -> None:
     """A thread is handed over once the next one starts, before the rest of the file is decoded: a
     broken line further on is only reached when the stream gets there, and then named with its line."""
-    good = [
-        {
-            "id": f"{thread}{i}",
-            "index": i,
-            "recordedAt": "2026-11-30T00:00:00Z",
-            "machineId": "m",
-            "machineVersion": "1",
-            "event": {"type": "@agent.init" if i == 0 else "X"},
-            "threadId": thread,
-        }
-        for thread in ("a", "b")
-        for i in range(3)
-    ]
+    good = [_plain(thread, i) for thread in ("a", "b") for i in range(3)]
     path = tmp_path / "three.jsonl"
     path.write_text("".join(json.dumps(e) + "\n" for e in good) + '{"threadId": "c", "index": "x"}\n')
     threads = read_file_threads(path)
