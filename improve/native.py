@@ -22,6 +22,7 @@ from types import ModuleType
 
 NATIVE_MODULES = (
     "improve.log.replay",
+    "improve.log.nesting",
     "improve.machine.fold",
     "improve.machine.fastcel.compiler",
     "improve.machine.fastcel.domain",

@@ -32,6 +32,7 @@ from improve.errors import LogError, TamperError
 from improve.evals import SuiteSpec, load_scenarios
 from improve.evals.suite import write_threads
 from improve.log import (
+    MAX_ENTRY_DEPTH,
     BulkEntry,
     EntryView,
     JsonlDirStore,
@@ -611,6 +612,44 @@ def test_lines_only_the_contract_can_judge_are_judged_by_it(text: str) -> None:
             decode_entry(text.encode())
     else:
         assert isinstance(decode_entry(text.encode()), LogEntry)  # read by the contract's own parser
+
+
+def _nested(levels: int) -> Any:
+    """A value that nests `levels` levels of arrays and objects, alternating."""
+    value: Any = 1
+    for level in range(levels):
+        value = [value] if level % 2 else {"n": value}
+    return value
+
+
+@pytest.mark.parametrize("where", ["event", "metadata", "attempt"])
+@pytest.mark.parametrize("depth", [188, 189, 190, 191, 198, 199, 200, 201, 202])
+def test_lines_nested_near_the_parser_s_limit_are_read_as_the_contract_reads_them(
+    where: str, depth: int
+) -> None:
+    # `depth` is the line's own nesting: the entry's object, then what holds the nested value.
+    entry: dict[str, Any] = {
+        "id": "a",
+        "index": 0,
+        "recordedAt": "2026-11-30T00:00:00Z",
+        "machineId": "m",
+        "machineVersion": "1",
+        "event": {"type": "X"},
+    }
+    if where == "event":
+        entry["event"]["d"] = _nested(depth - 2)
+    elif where == "metadata":
+        entry["metadata"] = {"d": _nested(depth - 2)}
+    else:  # the entry, the attempts' array, an attempt, its event
+        entry["attempts"] = [
+            {"kind": "invalid-payload", "reason": "r", "event": {"type": "Y", "d": _nested(depth - 4)}}
+        ]
+    line = json.dumps(entry).encode()
+    assert_same(line)
+    accepted = by_contract(line)[0] != "refused"
+    assert accepted == (depth <= MAX_ENTRY_DEPTH), depth  # the limit is where the contract says it is
+    if depth >= MAX_ENTRY_DEPTH - 10:  # near the limit: the contract's own parser reads it
+        assert not accepted or isinstance(decode_entry(line), LogEntry)
 
 
 @pytest.mark.parametrize("odd", [1e16, 1e-5, -2.5e-7, 1.5e300, 0.0001, 1e15])
