@@ -18,6 +18,8 @@ import yaml
 from typer.testing import CliRunner
 
 from improve.cli.main import app
+from improve.evals import load_scenarios
+from improve.evals.scenario_writer import append_scenario
 
 runner = CliRunner()
 REPO = Path(__file__).resolve().parents[1]
@@ -83,6 +85,40 @@ def test_init_writes_a_workspace_whose_agent_passes_every_check_and_improves(tmp
     files = repo.git.show("--name-only", "--format=", branch).split()
     assert sorted(files) == ["policies/credit-desk/CHANGELOG.md", "policies/credit-desk/v1.json"]
     assert (ws / outcome["report"] / "pr.md").is_file()
+
+    # The reviewer merges v1, then checks it on tickets no round saw (the template's `cases.py`). No
+    # labelled ticket had a repeat claimant asking above the fee, so v1's branch credits them, where
+    # careful escalates; the user labels a few of the drafts the check writes, and the next round
+    # learns where the rule stops.
+    repo.git.merge(branch)
+    drafts = tmp_path / "drafts.yaml"
+    code, output = improve(ws, "out-of-sample", "v0", "v1", "-m", "careful", "--scenarios", str(drafts))
+    assert code == 0 and "wrote" in output, output
+    checked = _agreements(ws, "v1")
+    assert checked["v1"] < 1.0, checked
+    labelled = load_scenarios(drafts, "credit-desk").scenarios
+    assert labelled and all(s.expected.outcome == "escalated" for s in labelled), labelled
+    for number, draft in enumerate(labelled[:6]):  # the labels are right: the user keeps them
+        split = "held-out" if number >= 4 else "train"
+        kept = draft.model_copy(update={"category": "repeat-claimant", "split": split})
+        append_scenario(ws / "scenarios" / "credit-desk.yaml", kept, "credit-desk")
+    assert improve(ws, "scenarios", "check")[0] == 0
+    repo.git.add(A=True)
+    repo.git.commit(m="label six drafts", author="Dana <dana@example.invalid>")
+    result = runner.invoke(app, ["round", "--policy", "v1", "-w", str(ws), "--json"], env=env)
+    assert result.exit_code == 0, result.output
+    (outcome,) = json.loads(result.stdout)["rounds"]
+    assert outcome["status"] == "recommended" and outcome["candidate_version"] == "v2", outcome
+    repo.git.merge(outcome["pr"]["branch"])
+    assert _agreements(ws, "v2") == {"v0": 1.0, "v2": 1.0}
+
+
+def _agreements(ws: Path, version: str) -> dict[str, float]:
+    """`improve out-of-sample v0 VERSION -m careful`: each policy's agreement with careful's labels."""
+    code, output = improve(ws, "out-of-sample", "v0", version, "-m", "careful", "--json")
+    assert code == 0, output
+    found = json.loads(output[output.index("{") :])
+    return {a["policy"]: a["agreement"] for a in found["agreements"]}
 
 
 def test_init_refuses_to_overwrite_and_writes_nothing(tmp_path: Path) -> None:

@@ -79,13 +79,12 @@ def test_unlabelled_cases_are_labelled_by_carefuls_run_of_the_first_policy() -> 
         generate_cases(env, 5)
 
 
-def test_a_branch_that_overrides_right_answers_shows_out_of_sample() -> None:
-    """A branch that closes every ticket older than five days disagrees with careful wherever careful
-    would pay, and each such case is counted as one a branch answered."""
-    env = load_environment("refunds")
+def _closes_too_much() -> dict[str, Any]:
+    """The refund desk's v0 with a branch in front that closes every ticket older than five days: it
+    overrides careful wherever careful would pay."""
     v0 = load_policy(REPO / "policies" / "refunds" / "v0.json")
     guard = "facts.order.deliveredDaysAgo > 5 && {'type': 'CLOSE'} in input.options"
-    document = insert_branch(
+    return insert_branch(
         v0.model_dump(mode="json", by_alias=True, exclude_none=True),
         guard,
         {"type": "'CLOSE'"},
@@ -94,12 +93,60 @@ def test_a_branch_that_overrides_right_answers_shows_out_of_sample() -> None:
         name="answer_close",
         description="closes too much",
     )
-    wide = v0.model_validate(document)
+
+
+def test_a_branch_that_overrides_right_answers_shows_out_of_sample() -> None:
+    """A branch that closes every ticket older than five days disagrees with careful wherever careful
+    would pay, and each such case is counted as one a branch answered."""
+    env = load_environment("refunds")
+    v0 = load_policy(REPO / "policies" / "refunds" / "v0.json")
+    wide = v0.model_validate(_closes_too_much())
     first, second = out_of_sample(env, [v0, wide], {"careful": env.models["careful"]}, n=40)
     assert (first.policy, first.rate) == ("v0", 1.0)
     assert second.rate < 0.8 and second.by_rule == second.cases - second.agreed
     assert second.shown and "policy:answer_close" in second.shown[0].answered_by
     assert second.to_json()["agreement"] == round(second.rate, 4)
+
+
+def test_the_cases_a_branch_answered_otherwise_are_written_as_scenarios_to_label(tmp_path: Path) -> None:
+    """`--scenarios FILE`: the cases the last policy's learned branch answered otherwise than labelled,
+    as a scenario file a person checks and adds from (in train, labelled as the check labelled them, a
+    comment naming the branch); never over a file that exists, which is refused before anything runs."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from improve.cli.main import app
+    from improve.evals import load_scenarios
+
+    runner = CliRunner()
+    ws = tmp_path / "desk"
+    assert runner.invoke(app, ["init", str(ws), "--from", "refunds"]).exit_code == 0
+    (ws / "policies" / "refunds" / "v1.json").write_text(json.dumps(_closes_too_much()))
+    base = ["out-of-sample", "-w", str(ws), "v0", "v1", "--cases", "40", "-m", "careful"]
+    hinted = runner.invoke(app, base)
+    assert hinted.exit_code == 0 and "--scenarios FILE writes them" in hinted.output, hinted.output
+    drafts = tmp_path / "drafts.yaml"
+    done = runner.invoke(app, [*base, "--scenarios", str(drafts), "--json"])
+    assert done.exit_code == 0, done.output
+    found = json.loads(done.stdout)  # stdout is the JSON document alone
+    (second,) = [a for a in found["agreements"] if a["policy"] == "v1"]
+    shown = [d for d in second["shown"] if d["by_rule"]]
+    assert shown and all(
+        d["input"] and d["world"] and d["answered_by"] == ["policy:answer_close"] for d in shown
+    )
+    written = load_scenarios(drafts, "refunds").scenarios
+    overridden = second["cases"] - second["agreed"]
+    assert len(written) == min(10, overridden) and {s.split for s in written} == {"train"}
+    assert [s.id for s in written][: len(shown)] == [
+        f"generated-{found['seed']}-{d['case'].removeprefix('generated-')}" for d in shown
+    ]
+    assert all(s.expected.outcome != "closed" and s.category == s.expected.outcome for s in written)
+    assert "v1's answer_close answered it: ended closed" in drafts.read_text()
+    before = drafts.read_bytes()
+    again = runner.invoke(app, [*base, "--scenarios", str(drafts)])
+    assert again.exit_code == 2 and "already exists" in again.output and "Traceback" not in again.output
+    assert drafts.read_bytes() == before and "generated cases" not in again.output  # refused before running
 
 
 def test_an_environment_without_a_generator_says_how_to_give_it_one() -> None:

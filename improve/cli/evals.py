@@ -398,6 +398,13 @@ OosModelOption = typer.Option(
     "every policy asks it); repeat for several (default: careful and naive).",
 )
 OosSeedOption = typer.Option("--seed", help="The generator's seed: the same seed draws the same cases.")
+OosScenariosOption = typer.Option(
+    "--scenarios",
+    help="Write the cases a learned branch answered otherwise than labelled (at most 10 per policy and "
+    "model) to this new file as scenarios to check: labelled as the check labelled them, in train. "
+    "Move those whose label is right into the environment's scenario file; the next round learns from them.",
+    metavar="FILE",
+)
 
 
 def out_of_sample_command(
@@ -411,6 +418,7 @@ def out_of_sample_command(
     cases: Annotated[int, OosCasesOption] = 400,
     models: Annotated[list[str] | None, OosModelOption] = None,
     seed: Annotated[int | None, OosSeedOption] = None,
+    drafts: Annotated[Path | None, OosScenariosOption] = None,
     env: Annotated[str | None, EnvOption] = None,
     as_json: Annotated[bool, JsonOption] = False,
     ws: Annotated[Path | None, WorkspaceOption] = None,
@@ -423,13 +431,16 @@ def out_of_sample_command(
     weaker stand-in or your real model, how much of its gap the branches close. A model behind an
     endpoint is asked every case of every policy (start with --cases 40); when it never answers, the
     command says so and exits 3, since the figures would measure the policy's onError. The environment
-    needs a generator (Environment.cases; docs/extending.md, "Plausible cases").
+    needs a generator (Environment.cases; docs/extending.md, "Plausible cases"). A case a learned branch
+    answered otherwise than labelled is a rule reaching past its evidence: --scenarios writes such cases
+    as scenarios, so that a person checks their labels and adds them for the next round to learn from.
 
     Example:
 
         improve out-of-sample v0 v5 --cases 400
         improve out-of-sample v0 v5 -m careful -m naive --json
         improve out-of-sample v0 v5 -m openai:smollm2 --cases 40
+        improve out-of-sample v0 v5 --scenarios overridden.yaml
     """
     from improve.errors import EndpointError
     from improve.evals import check_out_of_sample  # imported when run: --help stays fast
@@ -438,10 +449,15 @@ def out_of_sample_command(
     with handled():
         chosen = models or ["careful", "naive"]
         meter = Meter(say=say)
+        if drafts is not None and drafts.exists():  # refused before the cases run, not after
+            raise ScenarioError(
+                f"{drafts}: already exists; --scenarios writes a new file (name another, or move this one away)"
+            )
         found = check_out_of_sample(
             workspace(ws), env, versions, chosen, n=cases, seed=seed, say=say, meter=meter
         )
         _print_out_of_sample(found, as_json)
+        _write_drafts(found, drafts, as_json)
         for a in found.agreements:
             if a.fell_back.fallbacks and not a.fell_back.never_answered:
                 err.print(f"warning: {a.policy} with {a.model}: {a.fell_back.sentence()}", markup=False)
@@ -452,6 +468,35 @@ def out_of_sample_command(
                 f"model {first.model} never answered ({first.policy}: {first.fell_back.sentence()}): its "
                 "agreement measures the policy's onError, not the model; fix the endpoint and run again"
             )
+
+
+def _write_drafts(found: OutOfSample, path: Path | None, as_json: bool) -> None:
+    """The cases learned branches answered otherwise than labelled: written as scenarios when `path` is
+    given, else a hint that they can be (said on stderr, so --json stays one document)."""
+    from improve.evals.scenario_writer import write_drafts
+
+    drafts = found.drafts()
+    if not drafts:
+        if path is not None:
+            err.print(
+                f"no learned branch answered a case otherwise than labelled: {path} not written", markup=False
+            )
+        return
+    if path is None:
+        if not as_json:
+            err.print(
+                f"{len(drafts)} case(s) a learned branch answered otherwise than labelled: --scenarios FILE "
+                "writes them as scenarios to check and add, so the next round learns where the rule stops",
+                markup=False,
+            )
+        return
+    write_drafts(path, found.environment, drafts)
+    err.print(
+        f"wrote {len(drafts)} case(s) a learned branch answered otherwise than labelled to {path}: check each "
+        "label (a comment says who labelled it), give some the held-out split, then move them into the "
+        "environment's scenario file (`improve scenarios check`)",
+        markup=False,
+    )
 
 
 def _print_out_of_sample(found: OutOfSample, as_json: bool) -> None:

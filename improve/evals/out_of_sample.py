@@ -44,6 +44,9 @@ PROGRESS = 10
 """Cases between two progress lines of `agreement` (a model behind an endpoint takes seconds a case)."""
 SHOWN = 5
 """Disagreements kept per policy and model, for the report."""
+DRAFTS = 10
+"""Cases a learned branch answered otherwise than labelled, kept per policy and model: the drafts of
+scenarios `improve out-of-sample --scenarios` writes (a person labels each, so a few, not all)."""
 
 
 @dataclass(frozen=True)
@@ -57,16 +60,27 @@ class Disagreement:
     got: str
     reason: str
     answered_by: tuple[str, ...]
+    scenario: Scenario | None = None
+    """The case itself (its input, world, people and label): what a scenario made of it holds."""
+    by_rule: bool = False
+    """One of the policy's own branches answered a decision of it (not the model)."""
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        found: dict[str, Any] = {
             "case": self.case,
             "category": self.category,
             "expected": self.expected,
             "got": self.got,
             "reason": self.reason,
             "answered_by": list(self.answered_by),
+            "by_rule": self.by_rule,
         }
+        if self.scenario is not None:
+            found["input"] = self.scenario.input
+            found["world"] = self.scenario.world
+            if self.scenario.people:
+                found["people"] = self.scenario.people
+        return found
 
 
 @dataclass(frozen=True)
@@ -84,6 +98,8 @@ class Agreement:
     shown: tuple[Disagreement, ...] = ()
     fell_back: Fallbacks = field(default_factory=lambda: Fallbacks(0, 0, None))
     """Decisions asked of the model, and those the policy's onError answered because a call failed."""
+    overridden: tuple[Disagreement, ...] = ()
+    """The first `DRAFTS` disagreements a branch of the policy answered (`by_rule`)."""
 
     @property
     def rate(self) -> float:
@@ -198,6 +214,7 @@ def agreement(
     total: Counter[str] = Counter()
     by_rule = 0
     shown: list[Disagreement] = []
+    overridden: list[Disagreement] = []
     rows: list[OutcomeRow] = []
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         # In the cases' order whatever order they finish in: the same figures and the same shown cases.
@@ -214,14 +231,22 @@ def agreement(
             sources = tuple(
                 str(e.metadata.get("source", "")) for e in entries if e.metadata and "decision" in e.metadata
             )
-            if any(_by_rule(policy, s) for s in sources):
-                by_rule += 1
+            ruled = any(_by_rule(policy, s) for s in sources)
+            found = Disagreement(
+                case.id,
+                case.category,
+                case.expected.outcome,
+                row.final_state,
+                row.reason,
+                sources,
+                case,
+                ruled,
+            )
+            by_rule += ruled
             if len(shown) < SHOWN:
-                shown.append(
-                    Disagreement(
-                        case.id, case.category, case.expected.outcome, row.final_state, row.reason, sources
-                    )
-                )
+                shown.append(found)
+            if ruled and len(overridden) < DRAFTS:
+                overridden.append(found)
     return Agreement(
         label,
         model_name,
@@ -231,6 +256,7 @@ def agreement(
         by_rule,
         tuple(shown),
         fallbacks(rows),
+        tuple(overridden),
     )
 
 
@@ -285,6 +311,38 @@ class OutOfSample:
             "labelled_by": self.labelled_by,
             "agreements": [a.to_json() for a in self.agreements],
         }
+
+    def drafts(self) -> list[tuple[Scenario, str]]:
+        """The cases a learned branch of the last policy checked (the one under review: earlier versions
+        are what it grew from) answered otherwise than labelled, each once (the first model to meet it
+        says why), as scenarios to label: in the training split, so that the next round's miner sees
+        them, an id that names the seed and the case, the label's outcome as the category; and a comment
+        for the person who checks the label."""
+        seen: dict[str, tuple[Scenario, str]] = {}
+        last = self.agreements[-1].policy if self.agreements else None
+        for a in self.agreements:
+            if a.policy != last:
+                continue
+            for d in a.overridden:
+                if d.scenario is None or d.case in seen:
+                    continue
+                branches = sorted({s.split(":", 1)[1] for s in d.answered_by if s.startswith("policy:")})
+                number = d.case.removeprefix("generated-")
+                draft = d.scenario.model_copy(
+                    update={
+                        "id": f"generated-{self.seed}-{number}",
+                        "category": d.expected,
+                        "split": "train",
+                        "description": f"Drawn by {self.environment}'s case generator (seed {self.seed}, case "
+                        f"{number}): {a.policy} with {a.model} ended it {d.got}.",
+                    }
+                )
+                why = (
+                    f"{a.policy}'s {', '.join(branches) or 'branch'} answered it: ended {d.got}; labelled "
+                    f"{d.expected} by {self.labelled_by}. Check the label before keeping it."
+                )
+                seen[d.case] = (draft, why)
+        return list(seen.values())
 
 
 def check_out_of_sample(

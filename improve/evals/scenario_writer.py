@@ -14,6 +14,7 @@ a full disk leaves the file as it was.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -182,3 +183,26 @@ def split_warnings(scenarios: ScenarioSet, category: str) -> list[str]:
         f"fails until one is added (every category needs both train and held-out); add one with --split {missing[0]} "
         f"--category {category}"
     ]
+
+
+def write_drafts(path: Path, environment: str, drafts: Sequence[tuple[Scenario, str]]) -> ScenarioSet:
+    """A new scenario file at `path` holding `drafts` (each scenario with a comment above it), for a person
+    to check and move into the environment's own file. Refused, with nothing written, when `path` exists
+    (nothing a person edited is ever replaced); read back with `load_scenarios` before it is kept."""
+    text = f"environment: {flow(environment)}\nscenarios:\n" + "\n".join(
+        scenario_yaml(scenario, 2, comment) for scenario, comment in drafts
+    )
+    loaded = load_scenarios_text(text, path, environment)
+    if [s.id for s in loaded.scenarios] != [s.id for s, _ in drafts]:
+        raise ScenarioError(f"{path}: the drafts did not read back as written; nothing written")
+    try:
+        with path.open("x", encoding="utf-8") as handle:
+            handle.write(text)
+    except FileExistsError:
+        raise ScenarioError(
+            f"{path}: already exists; the drafts go to a new file (name another, or move this one away)"
+        ) from None
+    except OSError as error:
+        path.unlink(missing_ok=True)
+        raise ScenarioError(f"{path}: cannot be written ({error.strerror or error})") from None
+    return loaded

@@ -2,7 +2,8 @@
 
 The template is a small, working environment of its own domain (a support desk granting account
 credits): a machine with two tools, one decision with payloads, a rule as a guard and a sentinel; a
-world with an audit; three stand-in models; twelve labelled scenarios in both splits; `v0`. Every
+world with an audit; three stand-in models; a generator of plausible cases; twelve labelled scenarios
+in both splits; `v0`. Every
 file is the template's with the names changed (`support-desk` to NAME, `support_desk` to the
 package), so what `init` writes is exactly what the tests run.
 """
@@ -28,7 +29,7 @@ TEMPLATE = Path(__file__).parent / "template"
 TEMPLATE_NAME = "support-desk"
 TEMPLATE_PACKAGE = "support_desk"
 
-PACKAGE_FILES = ("__init__.py", "env.py", "world.py", "models.py", "rules.py", "machine.json")
+PACKAGE_FILES = ("__init__.py", "env.py", "world.py", "models.py", "rules.py", "cases.py", "machine.json")
 GITIGNORE = ("traces/", "reports/", ".improve/")
 
 

@@ -1,5 +1,5 @@
-"""The environment: the machine, its tools and world, stand-in models, rule evals and probes, as one
-`Environment` registered under its name (improve.toml: `[environments.support-desk] module =
+"""The environment: the machine, its tools and world, stand-in models, rule evals and probes, and a
+generator of plausible cases, as one `Environment` registered under its name (improve.toml: `[environments.support-desk] module =
 "support_desk.env:environment"`)."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ from pathlib import Path
 
 from improve.runtime import Environment, load_machine
 
+from .cases import draw
 from .models import MODELS
 from .rules import FACT_TYPES, PROBE_INPUTS, RULE_EVALS, probe
 from .world import ACTORS, CreditWorld, world_from_thread
@@ -29,6 +30,7 @@ def environment() -> Environment:
         probe=probe(),
         probe_inputs=PROBE_INPUTS,
         rule_evals=RULE_EVALS,
+        cases=draw,
         # For parity: a changed outcome is "safer" when it ranks higher (a person holding the ticket).
         safety_order={"overCredited": 0, "credited": 1, "declined": 2, "escalated": 3},
     )
