@@ -75,6 +75,7 @@ def test_init_writes_a_workspace_whose_agent_passes_every_check_and_improves(tmp
     }
     result = runner.invoke(app, ["round", "--policy", "v0", "-w", str(ws), "--json"], env=env)
     assert result.exit_code == 0, result.output
+    assert result.output.count("git remote add origin") == 1  # how to publish it, said once: in the summary
     (outcome,) = json.loads(result.stdout)["rounds"]
     assert outcome["status"] == "recommended" and outcome["candidate_version"] == "v1"
     assert outcome["environment"] == "credit-desk" and "credit-desk" in outcome["round_id"]

@@ -123,7 +123,8 @@ class Recorder:
             return Review(error=str(err))
         write_atomic(folder / "policy.diff", branch_diff(top, branch, None))
         restore_changelog(repo, added.current, changelog, top)
-        self.say(f"pull request: {pr.pr_url}" if pr.pr_url else f"branch {branch} ready: {pr.instructions}")
+        # How to publish a branch left unpushed is said once, in the round's summary (`render`).
+        self.say(f"pull request: {pr.pr_url}" if pr.pr_url else f"branch {branch} ready, not published")
         return Review.model_validate(pr.to_json())
 
 
