@@ -340,6 +340,9 @@ def round_json(ws: Path, cache: str) -> dict[str, Any]:
     )
     assert result.exit_code in (0, 1), result.output
     (outcome,) = json.loads(result.stdout)["rounds"]
+    # The progress lines count the round's calls so far, said as such: the last is the whole round's.
+    said = [line for line in result.stderr.splitlines() if "the round so far, after the" in line]
+    assert said and f"model calls {outcome['model_info']['calls']['calls']}" in said[-1], result.stderr
     return dict(outcome)
 
 

@@ -748,10 +748,11 @@ class Round:
         return StartFrom(self.reads, {(p.scenario.id, p.run): p.thread_id for p in plan})
 
     def _note(self, what: str) -> None:
-        """Which model the runs used so far and how its calls went; said for a model behind an endpoint."""
+        """Which model the runs used so far and how its calls went; said for a model behind an endpoint:
+        the round's calls up to the end of `what` (the meter counts the whole round)."""
         self.model_info = _model_info(self.opts.model, self.spec, self.session, self.meter)
         if self.session is not None:
-            self.say(f"  {what}: {self.meter.summary()}")
+            self.say(f"  the round so far, after the {what} runs: {self.meter.summary()}")
 
     def _answered(self, rows: Sequence[OutcomeRow], side: str) -> None:
         """Refuse to go on when more than max_fallback_share of a side's model decisions fell back for
