@@ -108,10 +108,11 @@ def test_a_branch_that_overrides_right_answers_shows_out_of_sample() -> None:
     assert second.to_json()["agreement"] == round(second.rate, 4)
 
 
-def test_the_cases_a_branch_answered_otherwise_are_written_as_scenarios_to_label(tmp_path: Path) -> None:
-    """`--scenarios FILE`: the cases the last policy's learned branch answered otherwise than labelled,
-    as a scenario file a person checks and adds from (in train, labelled as the check labelled them, a
-    comment naming the branch); never over a file that exists, which is refused before anything runs."""
+def test_the_cases_a_version_ends_otherwise_are_written_as_scenarios_to_label(tmp_path: Path) -> None:
+    """`--scenarios FILE`: the cases the last policy ended otherwise than labelled, as a scenario file a
+    person checks and adds from (in train, labelled as the check labelled them, a comment naming who
+    answered: the learned branch first, then the model); never over a file that exists, which is refused
+    before anything runs."""
     import json
 
     from typer.testing import CliRunner
@@ -142,7 +143,16 @@ def test_the_cases_a_branch_answered_otherwise_are_written_as_scenarios_to_label
         f"generated-{found['seed']}-{d['case'].removeprefix('generated-')}" for d in shown
     ]
     assert all(s.expected.outcome != "closed" and s.category == s.expected.outcome for s in written)
-    assert "v1's answer_close answered it: ended closed" in drafts.read_text()
+    assert "v1's learned answer_close answered it: ended closed" in drafts.read_text()
+    # With a weaker model, the cases its own answers got wrong are drafted too, after the branch's.
+    weaker = tmp_path / "weaker.yaml"
+    naive = [*base[:-2], "-m", "naive", "--scenarios", str(weaker)]
+    assert runner.invoke(app, naive).exit_code == 0
+    comments = [line for line in weaker.read_text().splitlines() if line.lstrip().startswith("#")]
+    assert (
+        comments[0].startswith("  # v1's learned answer_close")
+        and "naive answered it under v1" in comments[-1]
+    )
     before = drafts.read_bytes()
     again = runner.invoke(app, [*base, "--scenarios", str(drafts)])
     assert again.exit_code == 2 and "already exists" in again.output and "Traceback" not in again.output

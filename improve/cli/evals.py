@@ -400,9 +400,10 @@ OosModelOption = typer.Option(
 OosSeedOption = typer.Option("--seed", help="The generator's seed: the same seed draws the same cases.")
 OosScenariosOption = typer.Option(
     "--scenarios",
-    help="Write the cases a learned branch answered otherwise than labelled (at most 10 per policy and "
-    "model) to this new file as scenarios to check: labelled as the check labelled them, in train. "
-    "Move those whose label is right into the environment's scenario file; the next round learns from them.",
+    help="Write the cases the last version ended otherwise than labelled (at most 10 per model: half "
+    "answered by a learned branch, half by the model, where both are many) to this new file as scenarios to "
+    "check: labelled as the check labelled them, in train. Move those whose label is right into the "
+    "environment's scenario file; the next round learns from them.",
     metavar="FILE",
 )
 
@@ -431,16 +432,17 @@ def out_of_sample_command(
     weaker stand-in or your real model, how much of its gap the branches close. A model behind an
     endpoint is asked every case of every policy (start with --cases 40); when it never answers, the
     command says so and exits 3, since the figures would measure the policy's onError. The environment
-    needs a generator (Environment.cases; docs/extending.md, "Plausible cases"). A case a learned branch
-    answered otherwise than labelled is a rule reaching past its evidence: --scenarios writes such cases
-    as scenarios, so that a person checks their labels and adds them for the next round to learn from.
+    needs a generator (Environment.cases; docs/extending.md, "Plausible cases"). A case the last version
+    ends otherwise than labelled is a rule reaching past its evidence (a learned branch answered it) or a
+    gap the labelled scenarios do not show (the model answered it): --scenarios writes such cases as
+    scenarios, so that a person checks their labels and adds them for the next round to learn from.
 
     Example:
 
         improve out-of-sample v0 v5 --cases 400
         improve out-of-sample v0 v5 -m careful -m naive --json
         improve out-of-sample v0 v5 -m openai:smollm2 --cases 40
-        improve out-of-sample v0 v5 --scenarios overridden.yaml
+        improve out-of-sample v0 v5 --scenarios drafts.yaml
     """
     from improve.errors import EndpointError
     from improve.evals import check_out_of_sample  # imported when run: --help stays fast
@@ -471,30 +473,29 @@ def out_of_sample_command(
 
 
 def _write_drafts(found: OutOfSample, path: Path | None, as_json: bool) -> None:
-    """The cases learned branches answered otherwise than labelled: written as scenarios when `path` is
+    """The cases the last version ended otherwise than labelled: written as scenarios when `path` is
     given, else a hint that they can be (said on stderr, so --json stays one document)."""
     from improve.evals.scenario_writer import write_drafts
 
     drafts = found.drafts()
+    last = found.agreements[-1].policy if found.agreements else "the last version"
     if not drafts:
         if path is not None:
-            err.print(
-                f"no learned branch answered a case otherwise than labelled: {path} not written", markup=False
-            )
+            err.print(f"{last} ended every case as labelled: {path} not written", markup=False)
         return
     if path is None:
         if not as_json:
             err.print(
-                f"{len(drafts)} case(s) a learned branch answered otherwise than labelled: --scenarios FILE "
-                "writes them as scenarios to check and add, so the next round learns where the rule stops",
+                f"{len(drafts)} case(s) {last} ended otherwise than labelled: --scenarios FILE writes them as "
+                "scenarios to check and add, so the next round learns from them",
                 markup=False,
             )
         return
     write_drafts(path, found.environment, drafts)
     err.print(
-        f"wrote {len(drafts)} case(s) a learned branch answered otherwise than labelled to {path}: check each "
-        "label (a comment says who labelled it), give some the held-out split, then move them into the "
-        "environment's scenario file (`improve scenarios check`)",
+        f"wrote {len(drafts)} case(s) {last} ended otherwise than labelled to {path}: check each label (a "
+        "comment says who answered and who labelled it), give some the held-out split, then move them into "
+        "the environment's scenario file (`improve scenarios check`)",
         markup=False,
     )
 

@@ -45,8 +45,8 @@ PROGRESS = 10
 SHOWN = 5
 """Disagreements kept per policy and model, for the report."""
 DRAFTS = 10
-"""Cases a learned branch answered otherwise than labelled, kept per policy and model: the drafts of
-scenarios `improve out-of-sample --scenarios` writes (a person labels each, so a few, not all)."""
+"""Disagreements kept per policy and model as drafts of scenarios (`improve out-of-sample --scenarios`):
+a person checks each label, so a few, not all."""
 
 
 @dataclass(frozen=True)
@@ -98,8 +98,9 @@ class Agreement:
     shown: tuple[Disagreement, ...] = ()
     fell_back: Fallbacks = field(default_factory=lambda: Fallbacks(0, 0, None))
     """Decisions asked of the model, and those the policy's onError answered because a call failed."""
-    overridden: tuple[Disagreement, ...] = ()
-    """The first `DRAFTS` disagreements a branch of the policy answered (`by_rule`)."""
+    drafted: tuple[Disagreement, ...] = ()
+    """`DRAFTS` disagreements, in the cases' order: those a branch of the policy answered (`by_rule`),
+    then those the model answered, half of each where both are many (`_halves`)."""
 
     @property
     def rate(self) -> float:
@@ -214,7 +215,8 @@ def agreement(
     total: Counter[str] = Counter()
     by_rule = 0
     shown: list[Disagreement] = []
-    overridden: list[Disagreement] = []
+    ruled: list[Disagreement] = []
+    unruled: list[Disagreement] = []
     rows: list[OutcomeRow] = []
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         # In the cases' order whatever order they finish in: the same figures and the same shown cases.
@@ -231,7 +233,7 @@ def agreement(
             sources = tuple(
                 str(e.metadata.get("source", "")) for e in entries if e.metadata and "decision" in e.metadata
             )
-            ruled = any(_by_rule(policy, s) for s in sources)
+            branch = any(_by_rule(policy, s) for s in sources)
             found = Disagreement(
                 case.id,
                 case.category,
@@ -240,13 +242,14 @@ def agreement(
                 row.reason,
                 sources,
                 case,
-                ruled,
+                branch,
             )
-            by_rule += ruled
+            by_rule += branch
             if len(shown) < SHOWN:
                 shown.append(found)
-            if ruled and len(overridden) < DRAFTS:
-                overridden.append(found)
+            kept = ruled if branch else unruled
+            if len(kept) < DRAFTS:
+                kept.append(found)
     return Agreement(
         label,
         model_name,
@@ -256,8 +259,17 @@ def agreement(
         by_rule,
         tuple(shown),
         fallbacks(rows),
-        tuple(overridden),
+        _halves(ruled, unruled, DRAFTS),
     )
+
+
+def _halves(
+    first: Sequence[Disagreement], second: Sequence[Disagreement], n: int
+) -> tuple[Disagreement, ...]:
+    """`n` of both lists: half from each (the first's half rounded up), the rest from whichever has more."""
+    take = max((n + 1) // 2, n - len(second))
+    chosen = list(first[:take])
+    return (*chosen, *second[: n - len(chosen)])
 
 
 def _by_rule(policy: MachineConfig, source: str) -> bool:
@@ -313,20 +325,19 @@ class OutOfSample:
         }
 
     def drafts(self) -> list[tuple[Scenario, str]]:
-        """The cases a learned branch of the last policy checked (the one under review: earlier versions
-        are what it grew from) answered otherwise than labelled, each once (the first model to meet it
-        says why), as scenarios to label: in the training split, so that the next round's miner sees
-        them, an id that names the seed and the case, the label's outcome as the category; and a comment
-        for the person who checks the label."""
+        """The cases the last policy checked (the one under review: the earlier versions are what it grew
+        from) ended otherwise than labelled, each once (the first model to meet it says why), as
+        scenarios to label: in the training split, so that the next round learns from them, an id that
+        names the seed and the case, the label's outcome as the category; and a comment for the person
+        who checks the label, naming who answered (a learned branch, or the model)."""
         seen: dict[str, tuple[Scenario, str]] = {}
         last = self.agreements[-1].policy if self.agreements else None
         for a in self.agreements:
             if a.policy != last:
                 continue
-            for d in a.overridden:
+            for d in a.drafted:
                 if d.scenario is None or d.case in seen:
                     continue
-                branches = sorted({s.split(":", 1)[1] for s in d.answered_by if s.startswith("policy:")})
                 number = d.case.removeprefix("generated-")
                 draft = d.scenario.model_copy(
                     update={
@@ -337,10 +348,12 @@ class OutOfSample:
                         f"{number}): {a.policy} with {a.model} ended it {d.got}.",
                     }
                 )
-                why = (
-                    f"{a.policy}'s {', '.join(branches) or 'branch'} answered it: ended {d.got}; labelled "
-                    f"{d.expected} by {self.labelled_by}. Check the label before keeping it."
-                )
+                if d.by_rule:
+                    finals = sorted({s.split(":", 1)[1] for s in d.answered_by if s.startswith("policy:")})
+                    who = f"{a.policy}'s learned {', '.join(finals)} answered it"
+                else:
+                    who = f"{a.model} answered it under {a.policy}"
+                why = f"{who}: ended {d.got}; labelled {d.expected} by {self.labelled_by}. Check the label."
                 seen[d.case] = (draft, why)
         return list(seen.values())
 
