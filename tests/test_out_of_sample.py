@@ -230,8 +230,9 @@ def test_a_rule_that_reached_too_far_is_promoted_once_the_rule_in_front_of_it_is
 def test_the_cli_checks_a_model_behind_an_endpoint_and_refuses_one_that_never_answers(
     desks: Workspace, serve: Any
 ) -> None:
-    """A model behind an endpoint is asked every case of every policy; its figures stand when it answers.
-    When it never answers, the agreement would measure the policy's onError: printed, then said, exit 3."""
+    """A model behind an endpoint is asked every case of every policy; its figures stand when it answers,
+    and its answers are recorded, so the same check again asks nothing. When it never answers, the
+    agreement would measure the policy's onError: printed, then said, exit 3."""
     import json
 
     from typer.testing import CliRunner
@@ -267,6 +268,11 @@ def test_the_cli_checks_a_model_behind_an_endpoint_and_refuses_one_that_never_an
     (one,) = json.loads(done.stdout)["agreements"]
     assert one["model"] == "fake" and one["fell_back"] == 0 and one["model_decisions"] == 6
     assert len(answering.requests) == 6
+    # Its answers were recorded: the same check again asks nothing, with the same figures.
+    cached = runner.invoke(app, [*args, "--json"], env={"FAKE_OPENAI_KEY": "sk-test"})
+    assert cached.exit_code == 0 and len(answering.requests) == 6, cached.output
+    assert json.loads(cached.stdout)["agreements"] == json.loads(done.stdout)["agreements"]
+    args += ["--cache", "live"]  # from here on every case is asked anew
     # Its runs overlap up to the model's cap: the first two calls meet at a barrier, which they pass only
     # when both are in flight at once (serial runs would break it), and the figures are the same.
     import threading

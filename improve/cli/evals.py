@@ -12,6 +12,8 @@ import typer
 
 from improve.cli.common import (
     EXIT_FAILED,
+    CacheMode,
+    CacheOption,
     EnvOption,
     ExecutorOption,
     JsonOption,
@@ -420,6 +422,7 @@ def out_of_sample_command(
     models: Annotated[list[str] | None, OosModelOption] = None,
     seed: Annotated[int | None, OosSeedOption] = None,
     drafts: Annotated[Path | None, OosScenariosOption] = None,
+    cache: Annotated[CacheMode, CacheOption] = CacheMode.record,
     env: Annotated[str | None, EnvOption] = None,
     as_json: Annotated[bool, JsonOption] = False,
     ws: Annotated[Path | None, WorkspaceOption] = None,
@@ -430,7 +433,8 @@ def out_of_sample_command(
     generator's own labels when it has them (a handbook in code), else by careful's run of the first
     version. With careful, agreement below 1.000 counts right answers a learned branch overrode; with a
     weaker stand-in or your real model, how much of its gap the branches close. A model behind an
-    endpoint is asked every case of every policy (start with --cases 40); when it never answers, the
+    endpoint is asked every case of every policy (start with --cases 40; its answers are recorded, so the
+    same check again asks nothing: --cache live asks anew); when it never answers, the
     command says so and exits 3, since the figures would measure the policy's onError. The environment
     needs a generator (Environment.cases; docs/extending.md, "Plausible cases"). A case the last version
     ends otherwise than labelled is a rule reaching past its evidence (a learned branch answered it) or a
@@ -456,7 +460,7 @@ def out_of_sample_command(
                 f"{drafts}: already exists; --scenarios writes a new file (name another, or move this one away)"
             )
         found = check_out_of_sample(
-            workspace(ws), env, versions, chosen, n=cases, seed=seed, say=say, meter=meter
+            workspace(ws), env, versions, chosen, n=cases, seed=seed, say=say, meter=meter, cache=cache.value
         )
         _print_out_of_sample(found, as_json)
         _write_drafts(found, drafts, as_json)

@@ -29,7 +29,7 @@ from improve.evals.outcome import Fallbacks, OutcomeRow, fallbacks, outcome_row
 from improve.evals.scenarios import Expected, Scenario
 from improve.evals.suite import run_scenario, suite_spec
 from improve.evals.workspace import Workspace, policy_label
-from improve.llm import Meter
+from improve.llm import CacheMode, Meter
 from improve.log import LogEntry, MemoryStore
 from improve.machine import MachineConfig
 from improve.runtime import Environment, ModelFactory, PolicyDecider, compile_policy
@@ -368,9 +368,12 @@ def check_out_of_sample(
     seed: int | None = None,
     say: Callable[[str], None] | None = None,
     meter: Meter | None = None,
+    cache: CacheMode = "record",
 ) -> OutOfSample:
     """The workspace's policies `versions` (the first labels unlabelled cases) with each of `models` (a
-    stand-in, or a model behind an endpoint) on `n` cases from the environment's generator."""
+    stand-in, or a model behind an endpoint) on `n` cases from the environment's generator. `cache`: how a
+    model behind an endpoint is asked (`record`: a request recorded before, by an earlier check of the
+    same cases, is answered from its recording)."""
     seed = SEED if seed is None else seed
     if not versions:
         raise WorkspaceError("name at least one policy version to check (v0, v3, ...)")
@@ -381,7 +384,7 @@ def check_out_of_sample(
     policies = [space.load_policy(name, v) for v in versions]
     # A stand-in by name; a model behind an endpoint (`openai:MODEL`, a `[models.NAME]`) through the
     # workspace's spec of it, its calls counted by `meter`: it is asked every case of every policy.
-    specs = {m: suite_spec(space, env, policies[0], m) for m in models if m not in env.models}
+    specs = {m: suite_spec(space, env, policies[0], m, cache=cache) for m in models if m not in env.models}
     factories = {m: env.models[m] if m in env.models else specs[m].model_factory(env, meter) for m in models}
     # A stand-in answers at once; a model behind an endpoint is waited on, its runs overlapping up to its cap.
     workers = {m: spec.model_spec.in_flight() if spec.model_spec else 1 for m, spec in specs.items()}
