@@ -319,6 +319,8 @@ def test_a_full_round_recommends_and_leaves_a_branch_without_a_token(
     # No production thread in the warehouse: the preview says so, in the body and on the page.
     assert result.impact is not None and result.impact.available == 0
     assert "## Production impact preview\n\nNo production threads in the workspace's warehouse" in body
+    # The desk draws plausible cases: the body says how to check the candidate on them.
+    assert "## Out of sample" in body and "    improve out-of-sample v0 v1 --env refunds --scenarios" in body
     assert (
         "| held-out | v1 |" in body and "git push -u origin improve/refunds-v1" in result.pr.instructions  # type: ignore[union-attr, operator]
     )
@@ -340,6 +342,7 @@ def test_a_full_round_recommends_and_leaves_a_branch_without_a_token(
     assert written["round"] == result.round_id and Path(written["html"]) == report / "report.html"
     assert html.count("<svg") == 3 and "<script" not in html
     assert "<h2>Production impact preview</h2>\n<p>No production threads" in html
+    assert "<h2>Out of sample</h2>" in html and "<pre>improve out-of-sample v0 v1 --env refunds" in html
     links = re.findall(r'href="(\./[^"]+)"', html)
     assert links and all((report / unquote(link)).resolve().is_file() for link in links)
     scored = json.loads((report / "scorecards.json").read_text())

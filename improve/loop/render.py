@@ -49,6 +49,8 @@ def pr_body(record: RoundRecord) -> str:
             lines += [f"**Warning**: {record.held_out.warning}.", ""]
     if record.impact:
         lines += ["## Production impact preview", "", *impact_markdown(record.impact), ""]
+    if record.cases and record.candidate_policy is not None:
+        lines += ["## Out of sample", "", out_of_sample_markdown(record), ""]
     if record.model_info:
         lines += ["## Model", "", model_markdown(record.model_info), ""]
     if record.gates:
@@ -61,6 +63,29 @@ def pr_body(record: RoundRecord) -> str:
         lines += replay_section(record)
     lines += ["---", "Opened by `improve round`. A person reviews and merges; the tool never merges.", ""]
     return "\n".join(lines)
+
+
+OUT_OF_SAMPLE = (
+    "The scorecard is the labelled scenarios'. A learned branch answers wherever its condition holds, which "
+    "can reach past what they show; to see where, on cases the environment's generator draws (with "
+    "`careful`: a branch's answer where careful's was right; with your model: how much of its gap the "
+    "branches close), run the command below. `drafts.yaml` then holds the cases the candidate ended "
+    "otherwise than labelled, as scenarios to check and add."
+)
+"""What the pull request and the report page say of checking a candidate out of sample."""
+
+
+def out_of_sample_command(record: RoundRecord) -> str:
+    """The command that checks the round's candidate against its baseline on generated cases."""
+    return (
+        f"improve out-of-sample {record.baseline_version} {record.candidate_version} --env "
+        f"{record.environment} --scenarios drafts.yaml"
+    )
+
+
+def out_of_sample_markdown(record: RoundRecord) -> str:
+    """How a reviewer checks the candidate on plausible cases no round saw (the round does not)."""
+    return f"{OUT_OF_SAMPLE}\n\n    {out_of_sample_command(record)}"
 
 
 def impact_markdown(impact: Impact) -> list[str]:

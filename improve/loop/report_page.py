@@ -23,6 +23,7 @@ from improve.evals import Scorecard, Workspace, category_chart, history_chart, p
 from improve.files import write_atomic
 from improve.loop.changelog import CHANGELOG, Changelog, Entry
 from improve.loop.gates import GateResult
+from improve.loop.render import OUT_OF_SAMPLE, out_of_sample_command
 from improve.loop.round_record import ROUND_RECORD, Impact, RoundRecord, SplitScore, read_round_record
 from improve.machine import describe_mermaid, describe_svg, diff_states
 
@@ -262,6 +263,11 @@ def round_page(
         sections += ["<h3>Paired by scenario</h3>", _scores_table(r.scores)]
     if r.impact:
         sections += ["<h2>Production impact preview</h2>", _impact(r.impact)]
+    if r.cases and r.candidate_policy is not None:
+        sections += [
+            "<h2>Out of sample</h2>",
+            f"<p>{escape(OUT_OF_SAMPLE)}</p><pre>{escape(out_of_sample_command(r))}</pre>",
+        ]
     if r.gates:
         sections += ["<h2>Gates</h2>", _gates_table(r.gates)]
     baseline, candidate = r.baseline_policy, r.candidate_policy

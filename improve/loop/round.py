@@ -891,6 +891,7 @@ class Round:
             quarantined=self.quarantined,
             model_info=self.model_info,
             impact=self.impact,
+            cases=self.inputs.env.cases is not None,
             scorecards=list(self.cards.values()),
             decision=self.verdict,
             baseline_policy=self.inputs.policy,

@@ -260,6 +260,9 @@ class RoundRecord(BaseModel):
     impact: Impact | None = None
     """The production impact preview of a candidate that passed the gates; None without one (or in a
     record from before previews)."""
+    cases: bool = False
+    """The environment draws plausible cases (`Environment.cases`): the pull request says how to check
+    the candidate on them (`improve out-of-sample`), which the round does not."""
     # record
     report: str | None = None
     """The report folder, relative to the workspace."""
