@@ -78,6 +78,9 @@ def test_init_writes_a_workspace_whose_agent_passes_every_check_and_improves(tmp
     assert result.output.count("git remote add origin") == 1  # how to publish it, said once: in the summary
     (outcome,) = json.loads(result.stdout)["rounds"]
     assert outcome["status"] == "recommended" and outcome["candidate_version"] == "v1"
+    # Before anyone merges, the round's own check on generated tickets shows the branch reaching too far.
+    checked = outcome["out_of_sample"]
+    assert checked["candidate_agreed"] < checked["baseline_agreed"] == checked["cases"], checked
     assert outcome["environment"] == "credit-desk" and "credit-desk" in outcome["round_id"]
     held = outcome["scores"]["held-out"]
     assert held["after"] > held["before"] and held["violations_after"] == 0

@@ -319,7 +319,14 @@ def test_a_full_round_recommends_and_leaves_a_branch_without_a_token(
     # No production thread in the warehouse: the preview says so, in the body and on the page.
     assert result.impact is not None and result.impact.available == 0
     assert "## Production impact preview\n\nNo production threads in the workspace's warehouse" in body
-    # The desk draws plausible cases: the body says how to check the candidate on them.
+    # The desk draws plausible cases: the round checked the candidate on some with careful, and the body
+    # says what it found and how to check further.
+    checked = result.out_of_sample
+    assert checked is not None and (checked.cases, checked.baseline_agreed) == (100, 100)
+    assert checked.candidate_agreed == 100 - checked.by_branch and len(checked.examples) == min(
+        3, checked.by_branch
+    )
+    assert f"The round checked it {checked.summary()}." in body
     assert "## Out of sample" in body and "    improve out-of-sample v0 v1 --env refunds --scenarios" in body
     assert (
         "| held-out | v1 |" in body and "git push -u origin improve/refunds-v1" in result.pr.instructions  # type: ignore[union-attr, operator]

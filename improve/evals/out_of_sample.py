@@ -389,21 +389,19 @@ def check_out_of_sample(
     # A stand-in answers at once; a model behind an endpoint is waited on, its runs overlapping up to its cap.
     workers = {m: spec.model_spec.in_flight() if spec.model_spec else 1 for m, spec in specs.items()}
     cases = generate_cases(env, n, seed, reference=policies[0])
-    own = _labels(env, seed)
-    labelled_by = (
-        "the environment's generator (its rules)"
-        if own
-        else f"{REFERENCE_MODEL}'s run of {policy_label(policies[0])}"
-    )
+    labelled = labelled_by(env, seed, policy_label(policies[0]))
     found = [
         agreement(env, p, m, factories[m], cases, say if m in specs else None, workers.get(m, 1))
         for p in policies
         for m in models
     ]
-    return OutOfSample(name, len(cases), seed, labelled_by, found)
+    return OutOfSample(name, len(cases), seed, labelled, found)
 
 
-def _labels(env: Environment, seed: int) -> bool:
-    """Whether the generator labels its own draws (its first draw says)."""
+def labelled_by(env: Environment, seed: int, reference: str) -> str:
+    """Who labels the cases the generator draws with `seed`: the generator itself (its first draw has a
+    label), or `careful`'s run of the `reference` policy."""
     assert env.cases is not None
-    return bool(env.cases(random.Random(seed)).get("expected"))
+    if env.cases(random.Random(seed)).get("expected"):
+        return "the environment's generator (its rules)"
+    return f"{REFERENCE_MODEL}'s run of {reference}"

@@ -191,6 +191,15 @@ class ObjectiveSection(_Section):
         "for: less waiting, the same threads and decision, and the model calls of dropped runs spent "
         "(docs/contracts.md, waiting together). false: every rerun is run when asked, no call spent ahead.",
     )
+    out_of_sample_cases: int = Field(
+        default=100,
+        ge=0,
+        le=10_000,
+        description="A recommended candidate and its baseline are run with the `careful` stand-in on this many "
+        "cases drawn by the environment's generator (Environment.cases), labelled as `improve out-of-sample` "
+        "labels them: the pull request shows how often a learned branch answers where careful's answer was "
+        "right. Recorded, never decisive; skipped without a generator or a careful stand-in; 0 skips it.",
+    )
     bootstrap_resamples: int = Field(
         default=5000,
         ge=0,

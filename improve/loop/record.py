@@ -123,8 +123,10 @@ class Recorder:
             return Review(error=str(err))
         write_atomic(folder / "policy.diff", branch_diff(top, branch, None))
         restore_changelog(repo, added.current, changelog, top)
-        # How to publish a branch left unpushed is said once, in the round's summary (`render`).
-        self.say(f"pull request: {pr.pr_url}" if pr.pr_url else f"branch {branch} ready, not published")
+        # How to publish a branch left unpushed is said once, in the round's summary (`render`); why it was
+        # not published (a refusal, a missing remote) is said here as it happens.
+        why = f": {'; '.join(pr.notes)}" if pr.notes else ""
+        self.say(f"pull request: {pr.pr_url}" if pr.pr_url else f"branch {branch} ready, not published{why}")
         return Review.model_validate(pr.to_json())
 
 

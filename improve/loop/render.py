@@ -84,8 +84,15 @@ def out_of_sample_command(record: RoundRecord) -> str:
 
 
 def out_of_sample_markdown(record: RoundRecord) -> str:
-    """How a reviewer checks the candidate on plausible cases no round saw (the round does not)."""
-    return f"{OUT_OF_SAMPLE}\n\n    {out_of_sample_command(record)}"
+    """What the round's own check on generated cases found, and how a reviewer checks further."""
+    found = record.out_of_sample
+    lines = []
+    if found is not None:
+        lines.append(f"The round checked it {found.summary()}.")
+        lines += [f"- `{e}`" for e in found.examples]
+        lines.append("")
+    lines += [OUT_OF_SAMPLE, "", f"    {out_of_sample_command(record)}"]
+    return "\n".join(lines)
 
 
 def impact_markdown(impact: Impact) -> list[str]:
@@ -196,6 +203,8 @@ def round_lines(record: RoundRecord) -> list[str]:
             lines.append(f"  warning: {read.warning}")
     if record.impact:
         lines.append(f"  production: {record.impact.summary()}")
+    if record.out_of_sample:
+        lines.append(f"  out of sample: {record.out_of_sample.summary()}")
     if record.pr:
         pr = record.pr
         lines.append(f"  pull request: {pr.pr_url or pr.instructions or pr.error or ''}")

@@ -264,9 +264,16 @@ def round_page(
     if r.impact:
         sections += ["<h2>Production impact preview</h2>", _impact(r.impact)]
     if r.cases and r.candidate_policy is not None:
+        found = r.out_of_sample
+        checked = (
+            f"<p>{escape('The round checked it ' + found.summary())}.</p>"
+            + "".join(f"<p><code>{escape(e)}</code></p>" for e in found.examples)
+            if found is not None
+            else ""
+        )
         sections += [
             "<h2>Out of sample</h2>",
-            f"<p>{escape(OUT_OF_SAMPLE)}</p><pre>{escape(out_of_sample_command(r))}</pre>",
+            f"{checked}<p>{escape(OUT_OF_SAMPLE)}</p><pre>{escape(out_of_sample_command(r))}</pre>",
         ]
     if r.gates:
         sections += ["<h2>Gates</h2>", _gates_table(r.gates)]

@@ -25,13 +25,14 @@ the next recommended branch, so nothing is lost and the branch merges cleanly.
 from __future__ import annotations
 
 import dataclasses
+import json
 import queue
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from improve import clock
-from improve.errors import EndpointError, ImproveError
+from improve.errors import EndpointError, ImproveError, WorkspaceError
 from improve.evals import (
     Batch,
     Ledger,
@@ -94,6 +95,7 @@ from improve.loop.round_record import (
     Impact,
     ModelInfo,
     NewBranch,
+    OutOfSampleCheck,
     RoundRecord,
     SplitScore,
     Status,
@@ -210,6 +212,7 @@ class Round:
         self.settled: Settled | None = None
         self.verdict: PromotionDecision | None = None
         self.impact: Impact | None = None
+        self.out_of_sample: OutOfSampleCheck | None = None
         self._held: tuple[dict[tuple[str, int], PlannedRun], dict[tuple[str, int], PlannedRun]] | None = None
         """The reruns run ahead (`_ahead`), the baseline's and the candidate's, by scenario and run."""
         self._ahead_store: Ahead | None = None
@@ -477,7 +480,45 @@ class Round:
         )
         self.impact = preview_impact(self.ledger, compiled, self.opts.model)
         self.say(f"production: {self.impact.summary()}")
+        if self.status == "recommended":
+            self.out_of_sample = self._out_of_sample()
+            if self.out_of_sample is not None:
+                self.say(f"out of sample: {self.out_of_sample.summary()}")
         return True
+
+    def _out_of_sample(self) -> OutOfSampleCheck | None:
+        """The candidate and the baseline with `careful` on cases the environment's generator draws (the
+        objective's `out_of_sample_cases`): recorded, never decisive; None without a generator, a careful
+        stand-in or cases to draw, or when the generator draws cases the reference cannot label."""
+        from improve.evals.out_of_sample import REFERENCE_MODEL, agreement, generate_cases, labelled_by
+
+        env, n = self.inputs.env, self.objective.out_of_sample_cases
+        careful = env.models.get(REFERENCE_MODEL)
+        if env.cases is None or careful is None or not n or self.candidate is None:
+            return None
+        seed = self.objective.seed
+        try:
+            cases = generate_cases(env, n, seed, reference=self.inputs.policy, reference_model=careful)
+        except WorkspaceError as error:
+            self.say(f"out of sample: not checked: {error}")
+            return None
+        base = agreement(env, self.inputs.policy, REFERENCE_MODEL, careful, cases)
+        cand = agreement(env, self.candidate, REFERENCE_MODEL, careful, cases)
+        examples = [
+            f"input {json.dumps(d.scenario.input, sort_keys=True)[:200]}, world "
+            f"{json.dumps(d.scenario.world, sort_keys=True)[:200]}: labelled {d.expected}, ended {d.got}"
+            for d in cand.drafted
+            if d.by_rule and d.scenario is not None
+        ][:3]
+        return OutOfSampleCheck(
+            cases=len(cases),
+            seed=seed,
+            labelled_by=labelled_by(env, seed, self.label),
+            baseline_agreed=base.agreed,
+            candidate_agreed=cand.agreed,
+            by_branch=cand.by_rule,
+            examples=examples,
+        )
 
     def record(self) -> RoundRecord:
         """The round record; when a candidate was proposed, its report, CHANGELOG entry and review."""
@@ -892,6 +933,7 @@ class Round:
             model_info=self.model_info,
             impact=self.impact,
             cases=self.inputs.env.cases is not None,
+            out_of_sample=self.out_of_sample,
             scorecards=list(self.cards.values()),
             decision=self.verdict,
             baseline_policy=self.inputs.policy,

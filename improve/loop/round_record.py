@@ -167,6 +167,33 @@ class ImpactChange(Part):
     """The first example's answers: `REFUND{amount=90} -> REFUND{amount=60}`."""
 
 
+class OutOfSampleCheck(Part):
+    """The candidate and its baseline run with `careful` on cases the environment's generator drew, no
+    round having seen them (`evals.out_of_sample`): how often a learned branch answers otherwise than
+    labelled, where careful's own answer would have agreed."""
+
+    cases: int
+    seed: int
+    labelled_by: str
+    baseline_agreed: int
+    candidate_agreed: int
+    by_branch: int
+    """The candidate's disagreements where one of its branches answered (not the model)."""
+    examples: list[str] = Field(default_factory=list)
+    """A few of those: the case's input, its label and where the candidate ended it."""
+
+    def summary(self) -> str:
+        return (
+            f"with careful on {self.cases} generated cases (seed {self.seed}, labelled by {self.labelled_by}): "
+            f"baseline {self.baseline_agreed}/{self.cases}, candidate {self.candidate_agreed}/{self.cases}; "
+            + (
+                f"a learned branch answered {self.by_branch} case(s) otherwise than labelled"
+                if self.by_branch
+                else "no learned branch answered a case otherwise than labelled"
+            )
+        )
+
+
 class Impact(Part):
     """The production impact preview: the candidate's policy run over the decisions of the workspace's
     most recent production threads (unlabelled, from the warehouse), each thread's recorded answers
@@ -262,7 +289,9 @@ class RoundRecord(BaseModel):
     record from before previews)."""
     cases: bool = False
     """The environment draws plausible cases (`Environment.cases`): the pull request says how to check
-    the candidate on them (`improve out-of-sample`), which the round does not."""
+    the candidate on them further (`improve out-of-sample`)."""
+    out_of_sample: OutOfSampleCheck | None = None
+    """A recommended candidate and its baseline with `careful` on generated cases; None when not run."""
     # record
     report: str | None = None
     """The report folder, relative to the workspace."""
