@@ -18,8 +18,7 @@ import yaml
 from typer.testing import CliRunner
 
 from improve.cli.main import app
-from improve.evals import load_scenarios
-from improve.evals.scenario_writer import append_scenario
+from improve.evals import append_scenario, load_scenarios
 
 runner = CliRunner()
 REPO = Path(__file__).resolve().parents[1]

@@ -17,7 +17,7 @@ from improve.evals.outcome import (
     outcome_row,
 )
 from improve.evals.resume import ResumeRequest, resume_thread, thread_environment
-from improve.evals.scenario_writer import append_scenario, scenario_yaml, split_warnings
+from improve.evals.scenario_writer import append_scenario, scenario_yaml, split_warnings, write_drafts
 from improve.evals.scenarios import (
     OPEN_SPLITS,
     SEALED_SPLIT,
@@ -60,7 +60,12 @@ if TYPE_CHECKING:
     from improve.evals.export import ExportSelection, OtlpExport, otlp_export, select_for_export
     from improve.evals.ledger import OUTCOMES_SQL, Ledger, Production, Recorded
     from improve.evals.materialize import refresh_outcomes, score_threads
-    from improve.evals.out_of_sample import OutOfSample, check_out_of_sample
+    from improve.evals.out_of_sample import (
+        AgainstReference,
+        OutOfSample,
+        against_reference,
+        check_out_of_sample,
+    )
     from improve.evals.promotion import Check, PromotionDecision, decide, gain_phrase, p_value
     from improve.evals.report import describe_model, scorecard_markdown
     from improve.evals.reruns import Batch, RerunRule, Reruns, Settled, changed_scenarios, settle
@@ -103,6 +108,8 @@ _LAZY = {
     "select_for_export": "improve.evals.export",
     "score_threads": "improve.evals.materialize",
     "OutOfSample": "improve.evals.out_of_sample",
+    "AgainstReference": "improve.evals.out_of_sample",
+    "against_reference": "improve.evals.out_of_sample",
     "check_out_of_sample": "improve.evals.out_of_sample",
     "Ledger": "improve.evals.ledger",
     "Recorded": "improve.evals.ledger",
@@ -130,6 +137,7 @@ __all__ = [
     "SPLITS",
     "UNSEALINGS_FILE",
     "UNSEAL_HOW",
+    "AgainstReference",
     "Batch",
     "Check",
     "Comparison",
@@ -163,6 +171,7 @@ __all__ = [
     "Unsealing",
     "VersionScore",
     "Workspace",
+    "against_reference",
     "append_scenario",
     "bias_bound",
     "category_chart",
@@ -215,5 +224,6 @@ __all__ = [
     "unseal",
     "unsealings_path",
     "unsealings_so_far",
+    "write_drafts",
     "write_threads",
 ]

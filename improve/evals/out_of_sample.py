@@ -299,6 +299,37 @@ def out_of_sample(
 
 
 @dataclass(frozen=True)
+class AgainstReference:
+    """A candidate and its baseline with the reference model (`careful`) on the same generated cases."""
+
+    cases: int
+    seed: int
+    labelled_by: str
+    baseline: Agreement
+    candidate: Agreement
+
+
+def against_reference(
+    env: Environment, baseline: MachineConfig, candidate: MachineConfig, n: int, seed: int
+) -> AgainstReference | None:
+    """`candidate` and `baseline` with `careful` on `n` cases the environment's generator draws (labelled
+    by it, or by careful's run of the baseline): what a round records of a candidate it recommends. None
+    without a generator, a careful stand-in or a case to draw; `WorkspaceError` when the generator draws
+    cases the reference cannot label."""
+    careful = env.models.get(REFERENCE_MODEL)
+    if env.cases is None or careful is None or n < 1:
+        return None
+    cases = generate_cases(env, n, seed, reference=baseline, reference_model=careful)
+    return AgainstReference(
+        len(cases),
+        seed,
+        labelled_by(env, seed, policy_label(baseline)),
+        agreement(env, baseline, REFERENCE_MODEL, careful, cases),
+        agreement(env, candidate, REFERENCE_MODEL, careful, cases),
+    )
+
+
+@dataclass(frozen=True)
 class OutOfSample:
     """`improve out-of-sample`: policies of one environment, each with each model, on the same
     generated cases."""

@@ -490,6 +490,8 @@ def entry_text(record: RoundRecord) -> str:
         if record.held_out.warning:
             lines.append(f"- **Held-out reuse warning**: {record.held_out.warning}.")
     lines.append(f"- Regressions: {', '.join(record.regressions) if record.regressions else 'none'}.")
+    if record.out_of_sample:
+        lines.append(f"- Out of sample: {record.out_of_sample.summary()}.")
     lines.append(f"- Decision: **{decision}**. {record.decision_detail}".rstrip())
     if record.report:
         lines.append(f"- Report: `{record.report}`.")

@@ -47,6 +47,7 @@ from improve.evals import (
     StartFrom,
     SuiteSpec,
     Workspace,
+    against_reference,
     changed_scenarios,
     decide,
     every,
@@ -488,35 +489,34 @@ class Round:
 
     def _out_of_sample(self) -> OutOfSampleCheck | None:
         """The candidate and the baseline with `careful` on cases the environment's generator draws (the
-        objective's `out_of_sample_cases`): recorded, never decisive; None without a generator, a careful
-        stand-in or cases to draw, or when the generator draws cases the reference cannot label."""
-        from improve.evals.out_of_sample import REFERENCE_MODEL, agreement, generate_cases, labelled_by
-
-        env, n = self.inputs.env, self.objective.out_of_sample_cases
-        careful = env.models.get(REFERENCE_MODEL)
-        if env.cases is None or careful is None or not n or self.candidate is None:
-            return None
-        seed = self.objective.seed
+        objective's `out_of_sample_cases`; `evals.against_reference`): recorded, never decisive."""
+        assert self.candidate is not None
         try:
-            cases = generate_cases(env, n, seed, reference=self.inputs.policy, reference_model=careful)
+            found = against_reference(
+                self.inputs.env,
+                self.inputs.policy,
+                self.candidate,
+                self.objective.out_of_sample_cases,
+                self.objective.seed,
+            )
         except WorkspaceError as error:
             self.say(f"out of sample: not checked: {error}")
             return None
-        base = agreement(env, self.inputs.policy, REFERENCE_MODEL, careful, cases)
-        cand = agreement(env, self.candidate, REFERENCE_MODEL, careful, cases)
+        if found is None:
+            return None
         examples = [
             f"input {json.dumps(d.scenario.input, sort_keys=True)[:200]}, world "
             f"{json.dumps(d.scenario.world, sort_keys=True)[:200]}: labelled {d.expected}, ended {d.got}"
-            for d in cand.drafted
+            for d in found.candidate.drafted
             if d.by_rule and d.scenario is not None
         ][:3]
         return OutOfSampleCheck(
-            cases=len(cases),
-            seed=seed,
-            labelled_by=labelled_by(env, seed, self.label),
-            baseline_agreed=base.agreed,
-            candidate_agreed=cand.agreed,
-            by_branch=cand.by_rule,
+            cases=found.cases,
+            seed=found.seed,
+            labelled_by=found.labelled_by,
+            baseline_agreed=found.baseline.agreed,
+            candidate_agreed=found.candidate.agreed,
+            by_branch=found.candidate.by_rule,
             examples=examples,
         )
 
