@@ -327,6 +327,7 @@ def test_a_full_round_recommends_and_leaves_a_branch_without_a_token(
         3, checked.by_branch
     )
     assert f"The round checked it {checked.summary()}." in body
+    assert f"- Out of sample: {checked.summary()}." in (report / "changelog-entry.md").read_text()
     assert "## Out of sample" in body and "    improve out-of-sample v0 v1 --env refunds --scenarios" in body
     assert (
         "| held-out | v1 |" in body and "git push -u origin improve/refunds-v1" in result.pr.instructions  # type: ignore[union-attr, operator]
