@@ -222,5 +222,13 @@ def load_environment(
             f"environment {name!r} is built with name {env.name!r}; the registered name is its identity "
             f"in threads, branches and reports, so set Environment(name={name!r}, ...)"
         )
+    from improve.runtime.vocabulary import fact_type_problems  # the vocabulary reads environments
+
+    problems = fact_type_problems(env)
+    if problems:
+        raise WorkspaceError(
+            f"environment {name!r}: " + "; ".join(problems) + ". A declared fact type the machine does not "
+            "match is otherwise ignored: the fact stays untyped, and no policy or rule could use it"
+        )
     env.ref = EnvironmentRef(name, tuple(sorted((local or {}).items())), str(root) if root else None)
     return env
