@@ -36,6 +36,7 @@ from improve.evals.suite import (
     every,
     run_scenario,
     run_suite,
+    stale,
     suite_spec,
     write_threads,
 )
@@ -208,6 +209,7 @@ __all__ = [
     "set_key",
     "settle",
     "split_warnings",
+    "stale",
     "suite_spec",
     "supported_reads",
     "svg_chart",
