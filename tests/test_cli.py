@@ -122,6 +122,13 @@ def test_score_leaves_out_runs_recorded_before_the_scenario_changed(ws: Path) ->
     assert (scenarios, rate) == (["fraud-signal-04", "small-refund-04"], 0.5) and "not scored" not in said
 
 
+def test_score_of_an_unknown_policy_says_only_that(ws: Path) -> None:
+    # It used to say first that the sealed test split is not scored, as if scoring had begun.
+    result = runner.invoke(app, ["score", "-w", str(ws), "-p", "v99"])
+    assert result.exit_code == 2
+    assert "policy 'v99' not found" in result.stderr and "sealed test split" not in result.stderr
+
+
 def test_threads_of_two_models_for_one_policy_coexist(ws: Path) -> None:
     args = ["run", "-w", str(ws), "--split", "held-out", "--k", "1", "--scenario", "fraud-signal-04"]
     assert runner.invoke(app, [*args, "--model", "naive"]).exit_code == 0

@@ -183,14 +183,14 @@ class _Scoring:
                 f"unseal; label some with `split: {SEALED_SPLIT}` (or `improve scenarios add --split "
                 f"{SEALED_SPLIT}`) before any round chooses a policy, and score them once at the end"
             )
+        policies = {"new": self.space.load_policy(self.env.name, request.policy)}
+        if request.vs:
+            policies["old"] = self.space.load_policy(self.env.name, request.vs)
         if request.split == "all" and not request.unseal and scenario_set.sealed:
             self.say(
                 f"the sealed test split ({len(scenario_set.sealed)} scenarios) is not scored; "
                 f"`--split {SEALED_SPLIT} --unseal` scores it (and records the unsealing)"
             )
-        policies = {"new": self.space.load_policy(self.env.name, request.policy)}
-        if request.vs:
-            policies["old"] = self.space.load_policy(self.env.name, request.vs)
         scores = Scores(self.space.config.objective.seed, policies, test_scenarios=len(scenario_set.sealed))
         threads = []
         for split in self._splits():
