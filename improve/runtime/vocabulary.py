@@ -15,10 +15,6 @@ from improve.machine import DECIDE_SRC, FREE_TEXT, Scope
 from improve.runtime.environment import Environment, FactType
 from improve.runtime.policy import DEFAULT_MODEL_REF, MODEL_DECIDE
 
-FACT_KINDS = ("number", "int", "bool", "text", "string", "list", "any")
-"""The type names a fact may be declared with (`Environment.fact_types`); an enumerated fact is declared
-by the tuple of its values instead."""
-
 REQUEST_FIELDS = ("name", "options", "facts", "attempts", "prompt", "allowedEvents", "payloads")
 """The fields of a decision request, a policy's `input`."""
 
@@ -125,41 +121,3 @@ def vocabulary(env: Environment) -> Vocabulary:
         guards=sorted(env.policy_guards),
         judgments=sorted(env.judgments),
     )
-
-
-def fact_type_problems(env: Environment) -> list[str]:
-    """What is wrong with the environment's `fact_types`: a decision the machine does not have, a path
-    that is no fact of its decision, a type that is not one of `FACT_KINDS` (nor a tuple of values).
-    Each would be ignored silently otherwise: the fact left untyped (`any`), so the rule miner and
-    policies could never use it, with nothing said about why."""
-    declared_facts: dict[str, set[str]] = {}
-    for state in env.config.states.values():
-        if state.invoke is None or state.invoke.src != DECIDE_SRC:
-            continue
-        raw = state.invoke.input or {}
-        paths = _fact_paths(raw.get("facts") or {}, "facts", {})
-        paths.pop("facts", None)
-        facts = declared_facts.setdefault(_literal_name(str(raw.get("name", "''"))), set())
-        facts.update(p.removeprefix("facts.") for p in paths)
-    problems: list[str] = []
-    for decision, types in env.fact_types.items():
-        if decision not in declared_facts:
-            problems.append(
-                f"fact_types names decision {decision!r}, which the machine does not have; its decisions "
-                f"are {sorted(declared_facts)}"
-            )
-            continue
-        for path, kind in types.items():
-            if path not in declared_facts[decision]:
-                problems.append(
-                    f"fact_types[{decision!r}] names {path!r}, which is no fact of decision {decision!r} "
-                    f"(the machine's `facts` of that decision, as paths without `facts.`: "
-                    f"{', '.join(sorted(declared_facts[decision])) or 'none'})"
-                )
-            elif not isinstance(kind, tuple) and kind not in FACT_KINDS:
-                problems.append(
-                    f"fact_types[{decision!r}][{path!r}] is {kind!r}, not a fact type: use one of "
-                    f"{', '.join(FACT_KINDS)}, or the tuple of the values of an enumerated fact "
-                    "(('basic', 'pro'))"
-                )
-    return problems
