@@ -92,6 +92,43 @@ def test_second_run_reuses_recorded_threads(ws: Path) -> None:
     assert set(stamp["digests"]) == {"environment", "scenario"}
 
 
+def test_score_leaves_out_runs_recorded_before_the_scenario_changed(ws: Path) -> None:
+    # `run` and `round` run such a thread again rather than reuse it (evidence of other inputs); `score`
+    # used to score it all the same, so a changed world or tool read as the old one's pass rate.
+    run = ["run", "-w", str(ws), "--split", "held-out", "--k", "1", "--model", "naive"]
+    for scenario in ("small-refund-04", "fraud-signal-04"):
+        assert runner.invoke(app, [*run, "--scenario", scenario]).exit_code == 0
+    score = ["score", "-w", str(ws), "-p", "v0", "-m", "naive", "-s", "held-out", "--json"]
+
+    def scored() -> tuple[list[str], float, str]:
+        result = runner.invoke(app, score)
+        assert result.exit_code == 0, result.output
+        (card,) = json.loads(result.stdout)["scorecards"]
+        return sorted(s["scenario"] for s in card["scenarios"]), card["pass_rate"], result.stderr
+
+    assert scored()[:2] == (["fraud-signal-04", "small-refund-04"], 0.5)
+    path = ws / "scenarios" / "refunds.yaml"
+    text = path.read_text()
+    old = "orders: {O-5004: {customerId: C-1004, total: 38.25, refunded: 0, deliveredDaysAgo: 1}}"
+    assert old in text
+    path.write_text(text.replace(old, old.replace("deliveredDaysAgo: 1", "deliveredDaysAgo: 2")))
+    scenarios, rate, said = scored()
+    assert (scenarios, rate) == (["fraud-signal-04"], 0.0)
+    assert "held-out: 1 recorded run(s) of v0 with model naive are not scored" in said
+    assert "held-out:v0:naive:small-refund-04:r1" in said
+    # Run again, it is scored again.
+    assert runner.invoke(app, [*run, "--scenario", "small-refund-04"]).exit_code == 0
+    scenarios, rate, said = scored()
+    assert (scenarios, rate) == (["fraud-signal-04", "small-refund-04"], 0.5) and "not scored" not in said
+
+
+def test_score_of_an_unknown_policy_says_only_that(ws: Path) -> None:
+    # It used to say first that the sealed test split is not scored, as if scoring had begun.
+    result = runner.invoke(app, ["score", "-w", str(ws), "-p", "v99"])
+    assert result.exit_code == 2
+    assert "policy 'v99' not found" in result.stderr and "sealed test split" not in result.stderr
+
+
 def test_threads_of_two_models_for_one_policy_coexist(ws: Path) -> None:
     args = ["run", "-w", str(ws), "--split", "held-out", "--k", "1", "--scenario", "fraud-signal-04"]
     assert runner.invoke(app, [*args, "--model", "naive"]).exit_code == 0

@@ -329,3 +329,24 @@ def test_the_workflow_installs_exactly_the_toolkit_that_wrote_it(monkeypatch: py
     text = workflow_text()
     assert 'IMPROVE_REQUIREMENT: "improve-agents @ git+https://github.com/acme/improve.git@' in text
     assert text.count('python -m pip install "$IMPROVE_REQUIREMENT"') == 2
+
+
+def test_a_fact_type_the_machine_does_not_have_is_refused_not_ignored(tmp_path: Path) -> None:
+    # A typo in `fact_types` used to leave the fact untyped (`any`): every check passed, and the rule miner
+    # silently never used the fact. Every command that loads the environment now names what is wrong.
+    ws = tmp_path / "typo-agent"
+    assert runner.invoke(app, ["init", str(ws), "--env", "typo-desk"]).exit_code == 0
+    rules = ws / "typo_desk" / "rules.py"
+    text = rules.read_text()
+    assert '"account.creditsThisYear": "int"' in text and '"requested": "number"' in text
+    rules.write_text(
+        text.replace('"account.creditsThisYear": "int"', '"account.creditsthisyear": "int"').replace(
+            '"requested": "number"', '"requested": "integer"'
+        )
+    )
+    for command in (["verify", "v0"], ["run", "--model", "careful", "--k", "1"], ["scenarios", "check"]):
+        code, output = improve(ws, *command)
+        assert code == 2, (command, output)
+        assert "fact_types['resolve'] names 'account.creditsthisyear', which is no fact of decision" in output
+        assert "account.creditsThisYear" in output  # the facts it has, to spot the typo
+        assert "fact_types['resolve']['requested'] is 'integer', not a fact type" in output

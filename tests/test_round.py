@@ -1382,6 +1382,43 @@ def test_a_rule_that_reached_too_far_is_tried_again_when_a_branch_promoted_since
     assert not answers_anew(late, [model], decisions)
 
 
+def test_a_rule_is_not_tried_again_where_it_still_answers_a_held_out_decision_it_got_wrong(
+    tmp_path: Path,
+) -> None:
+    """The rule closing late tickets was discarded for closing a held-out late ticket of a customer
+    without refunds (the labels: refund it). An escalation promoted since answers the repeat refunders'
+    tickets first, so the rule answers otherwise behind it; but it still closes that ticket, and on the
+    same held-out set the same check refuses it again: trying it again spent a held-out read (and a
+    round) to learn nothing. It is tried again once that ticket is answered in front of it, or on
+    another held-out set."""
+    from improve.loop.branches import Branch, decision_key
+    from improve.loop.discards import answers_anew, discarded_path, read_discarded, remember, wrong_key
+
+    options = [{"type": t} for t in ("REFUND", "CLOSE", "ESCALATE")]
+    decisions = [
+        {"name": "", "facts": {"days": 40, "refunds": 0}, "options": options},
+        {"name": "", "facts": {"days": 50, "refunds": 3}, "options": options},
+        {"name": "", "facts": {"days": 5, "refunds": 3}, "options": options},
+    ]
+    wrong = wrong_key(decision_key("", {"days": 40, "refunds": 0}, options))
+    late = dataclasses.replace(
+        discarded("late", "reach", "facts.days > 30"), held_out=("set-a", 1), wrong=(wrong,)
+    )
+    path = discarded_path(tmp_path, "refunds")
+    remember(path, late)
+    assert read_discarded(path) == (late,)  # the memory keeps what it got wrong
+
+    escalate = Branch(0, "facts.refunds > 2", "escalate", {"type": "'ESCALATE'"})
+    model = Branch(1, None, "ask_model", None)
+    assert not answers_anew(late, [escalate, model], decisions, "set-a")
+    assert answers_anew(late, [escalate, model], decisions, "set-b")  # other labels may say otherwise
+    # A branch in front that answers the ticket it got wrong: the rule is another candidate now.
+    newcomers = Branch(0, "facts.refunds < 1", "refund", {"type": "'REFUND'"})
+    assert answers_anew(late, [newcomers, model], decisions, "set-a")
+    # What an older memory line does not say, the renewal does not guess.
+    assert answers_anew(dataclasses.replace(late, wrong=()), [escalate, model], decisions, "set-a")
+
+
 def test_a_broader_rule_reaches_to_the_decisions_answered_otherwise() -> None:
     """After a rule gained too little, the cluster's next rule moves each threshold it chose to the edge
     of the training decisions answered otherwise: the days between 30 and 40, which no training

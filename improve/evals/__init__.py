@@ -36,6 +36,7 @@ from improve.evals.suite import (
     every,
     run_scenario,
     run_suite,
+    stale,
     suite_spec,
     write_threads,
 )
@@ -217,6 +218,7 @@ __all__ = [
     "set_key",
     "settle",
     "split_warnings",
+    "stale",
     "suite_spec",
     "supported_reads",
     "svg_chart",

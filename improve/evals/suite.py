@@ -577,6 +577,23 @@ def _reusable(env: Environment, store: Store, thread_id: str, stamp: dict[str, A
     return entries
 
 
+def inputs_digests(env: Environment, scenario: Scenario) -> dict[str, str]:
+    """What a run of `scenario` starts from, as its stamp's `digests` hold it: the environment's files
+    and the scenario's input, world and people."""
+    started = scenario.model_dump(mode="json", include={"input", "world", "people"})
+    return {"environment": env.files_digest, "scenario": canonical_hash(started)}
+
+
+def stale(env: Environment, store: Store, thread_id: str, scenario: Scenario) -> bool:
+    """Whether the thread was recorded from other inputs than a run of `scenario` would start from now
+    (the environment's files or the scenario changed since): the evidence `write_threads` would not
+    reuse. A thread whose stamp holds no digests (an older improve, another agent's log) cannot say,
+    and is not called stale."""
+    entries = store.read(thread_id)
+    recorded = (entries[0].metadata or {}).get(DIGESTS) if entries else None
+    return isinstance(recorded, dict) and recorded != inputs_digests(env, scenario)
+
+
 def _stamp_diff(recorded: dict[str, Any], wanted: dict[str, Any]) -> str:
     keys = sorted(set(recorded) | set(wanted))
     diffs = [

@@ -189,6 +189,11 @@ def answer_on(branches: Sequence[Branch], example: Mapping[str, Any]) -> tuple[B
     return None
 
 
+def decision_key(name: Any, facts: Any, options: Any) -> str:
+    """A decision (its name, facts and options) as canonical JSON: the key `answers` gives it."""
+    return canonical_json([name, facts, options])
+
+
 def answers(
     branches: Sequence[Branch], new: set[int], decisions: Iterable[Mapping[str, Any]]
 ) -> frozenset[tuple[str, str]]:
@@ -199,7 +204,7 @@ def answers(
     for example in decisions:
         fired = answer_on(branches, example)
         if fired is not None and fired[0].index in new:
-            key = canonical_json([example.get("name"), example.get("facts"), example.get("options")])
+            key = decision_key(example.get("name"), example.get("facts"), example.get("options"))
             found.add((key, canonical_json(fired[1])))
     return frozenset(found)
 

@@ -533,6 +533,7 @@ def discarded_of(record: RoundRecord) -> DiscardedCandidate | None:
         added=tuple(b for b in candidate if (b.guard, b.answer) in new),
         route=candidate,
         held_out=(record.held_out.key, record.held_out.read) if record.held_out else None,
+        wrong=tuple(record.wrong_held_out),
     )
 
 

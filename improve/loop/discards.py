@@ -25,6 +25,7 @@ file as it was); a last line cut short all the same (an older writer, a copy) is
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -70,6 +71,9 @@ class DiscardedCandidate:
     held_out: tuple[str, int] | None = None
     """The held-out set its promotion rule read (its key) and which read that was: a reverted
     CHANGELOG does not lower the count."""
+    wrong: tuple[str, ...] = ()
+    """The held-out decisions of that set its added branches answered wrongly (`decision_key`s, as
+    sha256 digests): where they still answer one of them, the same check refuses it again."""
 
     def branches(self) -> tuple[list[Branch], set[int]]:
         """Its route as branches, and the indexes of the added ones."""
@@ -87,6 +91,7 @@ class DiscardedCandidate:
             "added": [{"guard": b.guard, "output": dict(b.output)} for b in self.added],
             "route": [{"guard": b.guard, "output": dict(b.output)} for b in self.route],
             "held_out": list(self.held_out) if self.held_out else None,
+            **({"wrong": list(self.wrong)} if self.wrong else {}),
         }
 
     @classmethod
@@ -103,6 +108,7 @@ class DiscardedCandidate:
             added=tuple(RouteBranch(str(b["guard"]), dict(b["output"])) for b in doc.get("added") or []),
             route=tuple(RouteBranch(str(b["guard"]), dict(b["output"])) for b in doc.get("route") or []),
             held_out=(str(doc["held_out"][0]), int(doc["held_out"][1])) if doc.get("held_out") else None,
+            wrong=tuple(str(w) for w in doc.get("wrong") or ()),
         )
 
 
@@ -173,11 +179,17 @@ def remember(path: Path, candidate: DiscardedCandidate) -> None:
 
 
 def answers_anew(
-    candidate: DiscardedCandidate, baseline: Sequence[Branch], decisions: Sequence[Mapping[str, Any]]
+    candidate: DiscardedCandidate,
+    baseline: Sequence[Branch],
+    decisions: Sequence[Mapping[str, Any]],
+    held_out: str | None = None,
 ) -> bool:
     """Whether the branches `candidate` added, placed behind the guarded `baseline` branches (where a
     rule goes that no safety rank puts in front), answer `decisions` otherwise than in the candidate's
-    own policy: a branch in front now answers some of them first."""
+    own policy: a branch in front now answers some of them first. Not when the held-out set is the one
+    it was discarded on (`held_out`, its key) and they still answer a held-out decision it answered
+    wrongly there: the same labels would refuse it for the same reason, and the round would spend a
+    read of the held-out set to learn nothing."""
     own, indexes = candidate.branches()
     if not indexes:
         return False
@@ -187,7 +199,16 @@ def answers_anew(
         Branch(len(guarded) + j, b.guard, f"again_{j}", dict(b.output)) for j, b in enumerate(candidate.added)
     ]
     again = answers(placed, set(range(len(guarded), len(placed))), decisions)
+    if candidate.wrong and candidate.held_out is not None and candidate.held_out[0] == held_out:
+        still = {wrong_key(key) for key, _ in again}
+        if still & set(candidate.wrong):
+            return False
     return again != answers(own, indexes, decisions)
+
+
+def wrong_key(key: str) -> str:
+    """How the memory writes a decision's key (`decision_key`): its sha256, so a line stays short."""
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()[:32]
 
 
 def route_of(branches: Sequence[Branch]) -> tuple[RouteBranch, ...]:

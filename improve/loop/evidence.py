@@ -39,7 +39,7 @@ from improve.evals import (
 )
 from improve.llm import CacheMode
 from improve.log import LogEntry, RunBuffer, ThreadId
-from improve.loop.branches import added, answer_on, route, same_answer
+from improve.loop.branches import added, answer_on, decision_key, route, same_answer
 from improve.loop.counterfactuals import Counterfactuals, StandIn, digest
 from improve.loop.diagnose import Diagnosis, diagnose
 from improve.loop.inputs import locate
@@ -268,13 +268,15 @@ class Evidence:
 
     def branches_hold(
         self, rows: Sequence[OutcomeRow], baseline: MachineConfig, candidate: MachineConfig
-    ) -> Check | None:
+    ) -> tuple[Check | None, tuple[str, ...]]:
         """The promotion check that the branches the candidate adds answer right wherever they answer
-        on held-out (`overrides`); None when they answer no held-out decision."""
+        on held-out (`overrides`), None when they answer no held-out decision; and the keys
+        (`decision_key`) of the held-out decisions they answer wrongly."""
         overrides = self.overrides(rows, baseline, candidate)
         if not overrides:
-            return None
+            return None, ()
         wrong = [o for o in overrides if not o.right]
+        keys = tuple(sorted({o.key for o in wrong}))
         scenarios = len({o.scenario for o in overrides})
         if not wrong:
             return Check(
@@ -282,7 +284,7 @@ class Evidence:
                 True,
                 f"the new branch answers {len(overrides)} held-out decision(s) of {scenarios} scenario(s), each "
                 "as the labels say",
-            )
+            ), keys
         shown = "; ".join(
             f"{o.scenario}: {answer_text(o.answer)} where the labels say "
             f"{' or '.join(answer_text(c) for c in o.correct)}"
@@ -293,7 +295,7 @@ class Evidence:
             False,
             f"the new branch answers {len(wrong)} of the {len(overrides)} held-out decision(s) it takes wrongly "
             f"({shown}): its condition holds where its answer is not right, whatever the model answered there",
-        )
+        ), keys
 
     def overrides(
         self, rows: Sequence[OutcomeRow], baseline: MachineConfig, candidate: MachineConfig
@@ -323,8 +325,14 @@ class Evidence:
         found = fired_at.values()
         correct = self.correct([(scenario, request, row) for scenario, request, row, _ in found], compiled)
         return [
-            Override(scenario.id, fired[0].answer(), fired[1], right)
-            for (scenario, _, _, fired), right in zip(found, correct, strict=True)
+            Override(
+                scenario.id,
+                fired[0].answer(),
+                fired[1],
+                right,
+                decision_key(request.name, request.facts, request.options),
+            )
+            for (scenario, request, _, fired), right in zip(found, correct, strict=True)
         ]
 
 
@@ -369,6 +377,8 @@ class Override:
     branch: str
     answer: dict[str, Any]
     correct: list[dict[str, Any]]
+    key: str = ""
+    """The decision's key (`decision_key`)."""
 
     @property
     def right(self) -> bool:

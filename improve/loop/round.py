@@ -66,7 +66,7 @@ from improve.log import Ahead, KeptReads, LogEntry, Store, ThreadPage
 from improve.loop.branches import DiscardedBranch, added, answer_on, route
 from improve.loop.counterfactuals import Counterfactuals, StandIn
 from improve.loop.diagnose import Diagnosis, in_cluster
-from improve.loop.discards import DiscardedCandidate, answers_anew, focus
+from improve.loop.discards import DiscardedCandidate, answers_anew, focus, wrong_key
 from improve.loop.evidence import Evidence
 from improve.loop.gates import (
     EnvironmentGate,
@@ -182,6 +182,8 @@ class Round:
         self.focus = focus(inputs.memory.tried, baseline=self.label)
         """Where the round aims after the candidates discarded along the policy's line."""
         self._split_decisions: dict[str, list[dict[str, Any]]] = {}
+        self.wrong_held_out: tuple[str, ...] = ()
+        """The held-out decisions the candidate's new branches answered wrongly (`decide`)."""
         self.renewed: frozenset[str] | None = None
         """Rounds whose candidate, discarded for reaching too far, answers otherwise behind this round's
         baseline (`discards.answers_anew`): found once, when the baseline's runs are known."""
@@ -315,7 +317,8 @@ class Round:
             return
         decisions = [*self._decisions("train"), *self._decisions("held-out")]
         current = route(self.inputs.policy)
-        self.renewed = frozenset(t.round for t in ancestors if answers_anew(t, current, decisions))
+        held_out = memory.held_out.key
+        self.renewed = frozenset(t.round for t in ancestors if answers_anew(t, current, decisions, held_out))
         if self.renewed:
             self.focus = focus(memory.tried, self.renewed, self.label)
             self.say(
@@ -457,7 +460,8 @@ class Round:
                 )
         self.cards = {"train": base["train"], "candidate train": cand["train"]}
         self.cards |= {"held-out": base["held-out"], "candidate held-out": cand["held-out"]}
-        hold = self.evidence.branches_hold(self.settled.baseline, self.inputs.policy, self.candidate)
+        hold, wrong = self.evidence.branches_hold(self.settled.baseline, self.inputs.policy, self.candidate)
+        self.wrong_held_out = tuple(wrong_key(key) for key in wrong)
         self.verdict = decide(
             base["train"],
             base["held-out"],
@@ -927,6 +931,7 @@ class Round:
             model_calls=self.calls,
             scores=self._scores(),
             regressions=[c.scenario for c in self._regressions()],
+            wrong_held_out=list(self.wrong_held_out),
             reruns=self.settled.reruns if self.settled is not None else None,
             candidate_threads=sorted(r.thread_id for r in self.settled.candidate) if self.settled else [],
             quarantined=self.quarantined,

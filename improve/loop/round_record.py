@@ -276,6 +276,9 @@ class RoundRecord(BaseModel):
     # replay and decide
     scores: dict[str, SplitScore] = Field(default_factory=dict)
     regressions: list[str] = Field(default_factory=list)
+    wrong_held_out: list[str] = Field(default_factory=list)
+    """The held-out decisions the new branches answered wrongly (`discards.wrong_key` of each one's
+    `branches.decision_key`)."""
     held_out: HeldOutReuse | None = None
     """Set when the promotion rule read the held-out split."""
     reruns: Reruns | None = None

@@ -38,6 +38,7 @@ from improve.evals import (
     policy_label,
     scorecard,
     scorecard_markdown,
+    stale,
     suite_spec,
     unseal,
     unsealings_so_far,
@@ -182,14 +183,14 @@ class _Scoring:
                 f"unseal; label some with `split: {SEALED_SPLIT}` (or `improve scenarios add --split "
                 f"{SEALED_SPLIT}`) before any round chooses a policy, and score them once at the end"
             )
+        policies = {"new": self.space.load_policy(self.env.name, request.policy)}
+        if request.vs:
+            policies["old"] = self.space.load_policy(self.env.name, request.vs)
         if request.split == "all" and not request.unseal and scenario_set.sealed:
             self.say(
                 f"the sealed test split ({len(scenario_set.sealed)} scenarios) is not scored; "
                 f"`--split {SEALED_SPLIT} --unseal` scores it (and records the unsealing)"
             )
-        policies = {"new": self.space.load_policy(self.env.name, request.policy)}
-        if request.vs:
-            policies["old"] = self.space.load_policy(self.env.name, request.vs)
         scores = Scores(self.space.config.objective.seed, policies, test_scenarios=len(scenario_set.sealed))
         threads = []
         for split in self._splits():
@@ -229,11 +230,7 @@ class _Scoring:
             ids = [p.thread_id for p in plan]
             rewritten = [p.thread_id for p in plan if not p.reused]
         else:
-            ids = [
-                tid
-                for tid in self.ledger.recorded(f"{split}:{label}:{model_slug(model)}:")
-                if (parsed := ThreadId.parse(tid)) is not None and parsed.scenario in self.known
-            ]
+            ids = self._current(split, label, model)
         found = self.ledger.record(ids, say=self.say, rewritten=rewritten) if ids else Recorded()
         if not found.rows:
             raise WorkspaceError(
@@ -242,6 +239,29 @@ class _Scoring:
                 f"--k {self.space.config.objective.k}` first"
             )
         return found
+
+    def _current(self, split: str, label: str, model: str) -> list[str]:
+        """The recorded threads of this version and model on an open split, of scenarios in the file, less
+        those recorded from other inputs than a run would start from now (the environment's files or the
+        scenario changed since: `improve run` and `round` run those again rather than reuse them), said
+        with how many were left out."""
+        by_id = self.scenario_set.by_id()
+        ids, left_out = [], []
+        for tid in self.ledger.recorded(f"{split}:{label}:{model_slug(model)}:"):
+            parsed = ThreadId.parse(tid)
+            if parsed is None or parsed.scenario not in self.known:
+                continue
+            if stale(self.env, self.ledger.store, tid, by_id[parsed.scenario]):
+                left_out.append(tid)
+            else:
+                ids.append(tid)
+        if left_out:
+            self.say(
+                f"{split}: {len(left_out)} recorded run(s) of {label} with model {model} are not scored: they "
+                f"were recorded before the environment's files or their scenario changed (e.g. {left_out[0]}); "
+                f"`improve run --policy {label} --model {model} --split {split}` records runs of what is there now"
+            )
+        return ids
 
     def _run_sealed(self, policy: MachineConfig) -> list[Any]:
         """The k runs of the test split's scenarios that are not recorded yet (the recorded ones are

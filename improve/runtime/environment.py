@@ -19,11 +19,14 @@ from typing import Any
 
 from improve.errors import WorkspaceError
 from improve.machine import (
+    DECIDE_SRC,
     ExploreOptions,
     GuardFn,
     Machine,
     MachineConfig,
     RuleEval,
+    Scope,
+    compile_expr,
     compile_machine,
     parse_machine,
 )
@@ -222,5 +225,69 @@ def load_environment(
             f"environment {name!r} is built with name {env.name!r}; the registered name is its identity "
             f"in threads, branches and reports, so set Environment(name={name!r}, ...)"
         )
+    problems = fact_type_problems(env)
+    if problems:
+        raise WorkspaceError(
+            f"environment {name!r}: " + "; ".join(problems) + ". A declared fact type the machine does not "
+            "match is otherwise ignored: the fact stays untyped, and no policy or rule could use it"
+        )
     env.ref = EnvironmentRef(name, tuple(sorted((local or {}).items())), str(root) if root else None)
     return env
+
+
+FACT_KINDS = ("number", "int", "bool", "text", "string", "list", "any")
+"""The type names a fact may be declared with (`Environment.fact_types`); an enumerated fact is declared
+by the tuple of its values instead."""
+
+
+def fact_type_problems(env: Environment) -> list[str]:
+    """What is wrong with the environment's `fact_types`: a decision the machine does not have, a path
+    that is no fact of its decision, a type that is not one of `FACT_KINDS` (nor a tuple of values).
+    Each would be ignored silently otherwise: the fact left untyped (`any`), so the rule miner and
+    policies could never use it, with nothing said about why."""
+    declared_facts: dict[str, set[str]] = {}
+    for state in env.config.states.values():
+        if state.invoke is None or state.invoke.src != DECIDE_SRC:
+            continue
+        raw = state.invoke.input or {}
+        facts = declared_facts.setdefault(_decision_name(str(raw.get("name", "''"))), set())
+        facts.update(_fact_paths(raw.get("facts") or {}))
+    problems: list[str] = []
+    for decision, types in env.fact_types.items():
+        if decision not in declared_facts:
+            problems.append(
+                f"fact_types names decision {decision!r}, which the machine does not have; its decisions "
+                f"are {sorted(declared_facts)}"
+            )
+            continue
+        for path, kind in types.items():
+            if path not in declared_facts[decision]:
+                problems.append(
+                    f"fact_types[{decision!r}] names {path!r}, which is no fact of decision {decision!r} "
+                    f"(the machine's `facts` of that decision, as paths without `facts.`: "
+                    f"{', '.join(sorted(declared_facts[decision])) or 'none'})"
+                )
+            elif not isinstance(kind, tuple) and kind not in FACT_KINDS:
+                problems.append(
+                    f"fact_types[{decision!r}][{path!r}] is {kind!r}, not a fact type: use one of "
+                    f"{', '.join(FACT_KINDS)}, or the tuple of the values of an enumerated fact "
+                    "(('basic', 'pro'))"
+                )
+    return problems
+
+
+def _decision_name(source: str) -> str:
+    """A decision's name is a CEL expression, almost always a quoted literal (as the vocabulary reads it)."""
+    try:
+        return str(compile_expr(source, "decision name").evaluate(Scope()))
+    except Exception:
+        return source
+
+
+def _fact_paths(tree: Any, prefix: str = "") -> set[str]:
+    """Every path of a decision's `facts` tree, maps and leaves, without `facts.`."""
+    found: set[str] = {prefix} if prefix else set()
+    if isinstance(tree, dict):
+        for key, sub in tree.items():
+            found |= _fact_paths(sub, f"{prefix}.{key}" if prefix else str(key))
+    return found
