@@ -1319,8 +1319,8 @@ def test_the_workspace_remembers_discarded_candidates_in_its_state_directory(tmp
 def test_a_round_moves_on_or_tries_a_narrower_or_broader_rule_after_a_discard() -> None:
     """Each cluster gets one candidate along a policy's line and a narrower one when the first reached
     too far; then the next cluster, and when every one was tried, a broader rule for one whose
-    candidate gained too little."""
-    from improve.loop.discards import focus
+    candidate gained too little; each model's clusters apart."""
+    from improve.loop.discards import DiscardedCandidate, focus
 
     aim = focus(
         [
@@ -1357,6 +1357,13 @@ def test_a_round_moves_on_or_tries_a_narrower_or_broader_rule_after_a_discard() 
         focus([nothing], baseline="v3").spent == ()
         and focus([discarded("f", "gates")], baseline="v0").spent == ()
     )
+    # A cluster is a model's failures: one tried on naive's runs is fresh on a real model's, while one
+    # remembered without a model (an older memory) counts for every model.
+    on_naive = dataclasses.replace(nothing, model="naive")
+    assert focus([on_naive], baseline="v0", model="naive").spent == ("f",)
+    assert focus([on_naive], baseline="v0", model="small") == focus([])
+    assert focus([nothing], baseline="v0", model="small").spent == ("f",)
+    assert DiscardedCandidate.from_json(on_naive.to_json()) == on_naive
 
 
 def test_a_rule_that_reached_too_far_is_tried_again_when_a_branch_promoted_since_answers_first() -> None:
@@ -1827,6 +1834,7 @@ def test_a_branch_discarded_against_a_policy_is_not_proposed_against_it_again(tm
     assert not Changelog.read(tmp_path / "policies" / "refunds" / "CHANGELOG.md").discarded_branches("v0")
     remembered = (tmp_path / ".improve" / "discarded" / "refunds.jsonl").read_text().splitlines()
     assert len(remembered) == 1 and json.loads(remembered[0])["cluster"] == first.cluster
+    assert json.loads(remembered[0])["model"] == first.model == "naive"  # a cluster is a model's failures
     second = run_round(space, RoundOptions(policy="v0", k=2))
     # Neither the version the discarded candidate took nor the held-out read it made is given again.
     assert (first.candidate_version, second.candidate_version) == ("v1", "v2")

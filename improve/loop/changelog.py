@@ -534,6 +534,7 @@ def discarded_of(record: RoundRecord) -> DiscardedCandidate | None:
         route=candidate,
         held_out=(record.held_out.key, record.held_out.read) if record.held_out else None,
         wrong=tuple(record.wrong_held_out),
+        model=record.model,
     )
 
 

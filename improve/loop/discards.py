@@ -74,6 +74,9 @@ class DiscardedCandidate:
     wrong: tuple[str, ...] = ()
     """The held-out decisions of that set its added branches answered wrongly (`decision_key`s, as
     sha256 digests): where they still answer one of them, the same check refuses it again."""
+    model: str | None = None
+    """The model whose runs its round read (None: remembered before the memory kept it). Failures, and
+    so clusters, are a model's: a cluster tried on one model's runs is another's to try afresh."""
 
     def branches(self) -> tuple[list[Branch], set[int]]:
         """Its route as branches, and the indexes of the added ones."""
@@ -92,6 +95,7 @@ class DiscardedCandidate:
             "route": [{"guard": b.guard, "output": dict(b.output)} for b in self.route],
             "held_out": list(self.held_out) if self.held_out else None,
             **({"wrong": list(self.wrong)} if self.wrong else {}),
+            **({"model": self.model} if self.model is not None else {}),
         }
 
     @classmethod
@@ -109,6 +113,7 @@ class DiscardedCandidate:
             route=tuple(RouteBranch(str(b["guard"]), dict(b["output"])) for b in doc.get("route") or []),
             held_out=(str(doc["held_out"][0]), int(doc["held_out"][1])) if doc.get("held_out") else None,
             wrong=tuple(str(w) for w in doc.get("wrong") or ()),
+            model=None if doc.get("model") is None else str(doc["model"]),
         )
 
 
@@ -258,7 +263,10 @@ class Focus:
 
 
 def focus(
-    tried: Sequence[DiscardedCandidate], renewed: Collection[str] = (), baseline: str | None = None
+    tried: Sequence[DiscardedCandidate],
+    renewed: Collection[str] = (),
+    baseline: str | None = None,
+    model: str | None = None,
 ) -> Focus:
     """Each cluster gets one candidate along a policy's line, and one narrower candidate when the first
     was discarded for reaching too far (`reach`): a rule that gained too little, never passed the gates
@@ -270,8 +278,13 @@ def focus(
     A candidate discarded for reaching too far whose round is in `renewed` counts for nothing here: its
     branches, behind the branches of the round's baseline, answer otherwise than they did (a branch
     promoted since answers first some of the decisions they took, `answers_anew`), so the same rule is
-    another candidate now."""
-    kept = [t for t in tried if t.round not in renewed]
+    another candidate now.
+
+    Only the candidates tried on `model`'s runs count (and those remembered without a model): a cluster
+    is a model's failures, so one tried, or found rule-less, on a stand-in's runs is tried afresh on a
+    real model's. A branch discarded against the baseline stays refused whatever the model
+    (`Memory.discarded`): its labels, not the model, refused it."""
+    kept = [t for t in tried if t.round not in renewed and (model is None or t.model in (None, model))]
     by_cluster: dict[str, list[DiscardedCandidate]] = {}
     for candidate in kept:
         if candidate.cluster:

@@ -179,7 +179,7 @@ class Round:
             memo=opts.counterfactuals if opts.counterfactuals is not None else Counterfactuals(),
             stand_in=StandIn(inputs.env_hashes, self.spec.model) if self.session is None else None,
         )
-        self.focus = focus(inputs.memory.tried, baseline=self.label)
+        self.focus = focus(inputs.memory.tried, baseline=self.label, model=opts.model)
         """Where the round aims after the candidates discarded along the policy's line."""
         self._split_decisions: dict[str, list[dict[str, Any]]] = {}
         self.wrong_held_out: tuple[str, ...] = ()
@@ -320,7 +320,7 @@ class Round:
         held_out = memory.held_out.key
         self.renewed = frozenset(t.round for t in ancestors if answers_anew(t, current, decisions, held_out))
         if self.renewed:
-            self.focus = focus(memory.tried, self.renewed, self.label)
+            self.focus = focus(memory.tried, self.renewed, self.label, self.opts.model)
             self.say(
                 "tried again behind the branches promoted since: candidate(s) "
                 + ", ".join(t.candidate for t in ancestors if t.round in self.renewed)
