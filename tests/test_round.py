@@ -1880,6 +1880,10 @@ def test_a_round_without_a_narrower_rule_moves_on_to_the_next_cluster(tmp_path: 
     assert (space.policies_dir("refunds") / "CHANGELOG.md").read_text(encoding="utf-8") == changelog
     assert third.decision_detail.startswith("every failure cluster left was tried"), third.decision_detail
     assert all(c in third.decision_detail for c in every)
+    # Its goal does not hold: what `improve round` prints says nothing was left to try, not to fix.
+    from improve.loop.render import round_lines
+
+    assert not third.goal_met and round_lines(third)[0].startswith(f"{third.round_id}: nothing-left-to-try ")
 
 
 @pytest.mark.slow
