@@ -78,7 +78,10 @@ def test_a_scenario_run_becomes_a_scenario_that_runs_the_same(ws: Path) -> None:
     )
     assert result.exit_code == 0, result.output
     added = json.loads(result.stdout)
-    assert added["warnings"] == [] and added["thread"] == APPROVAL_RUN
+    assert added["thread"] == APPROVAL_RUN
+    # A copy of a train scenario in held-out would score what training saw: allowed, and said.
+    (leak,) = added["warnings"]
+    assert "'large-refund-approved-01' (train), 'approval-replayed-01' (held-out) start from the same" in leak
     assert added["recorded"] == {"final_state": "issued", "status": "done", "effects": original["effects"]}
 
     # Appended as text: everything that was there stays, comments included, and the item reads back.
@@ -97,7 +100,9 @@ def test_a_scenario_run_becomes_a_scenario_that_runs_the_same(ws: Path) -> None:
 
     checked = improve(ws, "scenarios", "check", "--json")
     assert checked.exit_code == 0, checked.output
-    assert json.loads(checked.stdout)["ok"] is True
+    assert json.loads(checked.stdout)["ok"] is True and json.loads(checked.stdout)["warnings"] == [leak]
+    said = improve(ws, "scenarios", "check")
+    assert said.exit_code == 0 and f"warning: {ws / 'scenarios' / 'refunds.yaml'}: {leak}" in said.stderr
 
 
 def test_defaults_outcome_only_and_the_one_split_warning(ws: Path) -> None:

@@ -160,7 +160,7 @@ def scenarios_check(
 
         improve scenarios check --env refunds
     """
-    from improve.evals import OPEN_SPLITS, SEALED_SPLIT, load_scenarios, set_key
+    from improve.evals import OPEN_SPLITS, SEALED_SPLIT, leak_warnings, load_scenarios, set_key
 
     with handled():
         space = workspace(ws)
@@ -199,7 +199,10 @@ def scenarios_check(
                 "test": len(scenario_set.sealed),
                 "held_out_set": set_key(scenario_set.split("held-out")),
                 "test_set": set_key(scenario_set.sealed) if scenario_set.sealed else None,
+                "warnings": leak_warnings(scenario_set),
             }
+        for warning in summary.get("warnings", []) if not as_json else []:
+            err.print(f"warning: {source}: {warning}", markup=False)
         if as_json:
             emit_json(summary | {"ok": not problems, "problems": problems})
         elif problems:
@@ -275,7 +278,13 @@ def scenarios_add(
             --expect issued --split held-out --category small-refund \\
             --effect '{"kind": "refund", "orderId": "O-5001", "amount": 23.5}'
     """
-    from improve.evals import append_scenario, find_thread, scenario_from_thread, split_warnings
+    from improve.evals import (
+        append_scenario,
+        find_thread,
+        leak_warnings,
+        scenario_from_thread,
+        split_warnings,
+    )
     from improve.runtime import recorded_thread
 
     with handled():
@@ -305,7 +314,7 @@ def scenarios_add(
             env_name,
             comment=f"From thread {thread_id} (improve scenarios add --from-thread).",
         )
-        warnings = split_warnings(scenarios, scenario.category)
+        warnings = split_warnings(scenarios, scenario.category) + leak_warnings(scenarios, scenario)
         if expect in environment.config.sentinels():
             warnings.append(
                 f"--expect {expect!r} is a sentinel of {env_name}, a state that must never be reached; a "

@@ -17,7 +17,13 @@ from improve.evals.outcome import (
     outcome_row,
 )
 from improve.evals.resume import ResumeRequest, resume_thread, thread_environment
-from improve.evals.scenario_writer import append_scenario, scenario_yaml, split_warnings, write_drafts
+from improve.evals.scenario_writer import (
+    append_scenario,
+    leak_warnings,
+    scenario_yaml,
+    split_warnings,
+    write_drafts,
+)
 from improve.evals.scenarios import (
     OPEN_SPLITS,
     SEALED_SPLIT,
@@ -191,6 +197,7 @@ __all__ = [
     "find_thread",
     "gain_phrase",
     "history_chart",
+    "leak_warnings",
     "load_scenarios",
     "open_fanout",
     "otlp_export",

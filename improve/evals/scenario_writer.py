@@ -23,6 +23,7 @@ import yaml
 from improve.errors import ScenarioError
 from improve.evals.scenarios import OPEN_SPLITS, Scenario, ScenarioSet, load_scenarios, load_scenarios_text
 from improve.files import locked, write_atomic
+from improve.machine import canonical_json
 
 
 class _Dumper(yaml.SafeDumper):
@@ -183,6 +184,35 @@ def split_warnings(scenarios: ScenarioSet, category: str) -> list[str]:
         f"fails until one is added (every category needs both train and held-out); add one with --split {missing[0]} "
         f"--category {category}"
     ]
+
+
+def leak_warnings(scenarios: ScenarioSet, only: Scenario | None = None) -> list[str]:
+    """Scenarios of different splits that start from the same input, world and people (one of them
+    `only`, when given): the held-out or test score of one measures a run training has already seen.
+    Said, not refused: a person may mean it (the same request labelled twice), but rarely does. Values
+    compare as the tools read them (140 and 140.0 alike)."""
+    by_input: dict[str, list[Scenario]] = {}
+    for s in scenarios.scenarios:
+        by_input.setdefault(canonical_json(s.input), []).append(s)
+    warnings = []
+    for same_input in by_input.values():
+        groups: list[list[Scenario]] = []
+        for s in same_input:
+            group = next((g for g in groups if g[0].world == s.world and g[0].people == s.people), None)
+            if group is None:
+                groups.append([s])
+            else:
+                group.append(s)
+        for same in groups:
+            if len({s.split for s in same}) < 2 or (only is not None and only.id not in {s.id for s in same}):
+                continue
+            named = ", ".join(f"'{s.id}' ({s.split})" for s in same)
+            warnings.append(
+                f"scenarios {named} start from the same input, world and people: a score on one split of a "
+                "run the other split's scenario already holds measures what training saw; give each split "
+                "its own cases"
+            )
+    return warnings
 
 
 def write_drafts(path: Path, environment: str, drafts: Sequence[tuple[Scenario, str]]) -> ScenarioSet:
