@@ -159,6 +159,24 @@ def test_the_cases_a_version_ends_otherwise_are_written_as_scenarios_to_label(tm
     assert drafts.read_bytes() == before and "generated cases" not in again.output  # refused before running
 
 
+def test_a_round_s_check_against_careful_counts_what_a_branch_overrode() -> None:
+    """`against_reference`, what a round records: the baseline, whose careful runs label the cases, agrees
+    with every one (taken as such, not run again: the candidate's real runs of the same policy show it),
+    and a branch that closes too much loses exactly the cases it answered."""
+    from improve.evals import against_reference
+
+    env = load_environment("refunds")
+    v0 = load_policy(REPO / "policies" / "refunds" / "v0.json")
+    same = against_reference(env, v0, v0, 60, seed=9)
+    assert same is not None and same.cases == 60 and same.labelled_by == "careful's run of v0"
+    assert same.baseline.agreed == same.candidate.agreed == 60
+    wide = against_reference(env, v0, v0.model_validate(_closes_too_much()), 60, seed=9)
+    assert wide is not None and wide.baseline.agreed == 60
+    assert 0 < wide.candidate.by_rule == 60 - wide.candidate.agreed
+    assert against_reference(dataclasses.replace(env, cases=None), v0, v0, 60, seed=9) is None
+    assert against_reference(env, v0, v0, 0, seed=9) is None
+
+
 def test_an_environment_without_a_generator_says_how_to_give_it_one() -> None:
     env = dataclasses.replace(load_environment("refunds"), cases=None)
     with pytest.raises(WorkspaceError, match=r"has no generator of cases \(Environment.cases\)"):

@@ -320,13 +320,23 @@ def against_reference(
     if env.cases is None or careful is None or n < 1:
         return None
     cases = generate_cases(env, n, seed, reference=baseline, reference_model=careful)
+    label = policy_label(baseline)
+    by = labelled_by(env, seed, label)
+    if by.startswith(REFERENCE_MODEL):
+        # Labelled by careful's runs of the baseline: its runs again would be those very runs (a stand-in
+        # draws the same answers for the same case), so every case agrees.
+        base = Agreement(label, REFERENCE_MODEL, len(cases), len(cases), _categories(cases))
+    else:
+        base = agreement(env, baseline, REFERENCE_MODEL, careful, cases)
     return AgainstReference(
-        len(cases),
-        seed,
-        labelled_by(env, seed, policy_label(baseline)),
-        agreement(env, baseline, REFERENCE_MODEL, careful, cases),
-        agreement(env, candidate, REFERENCE_MODEL, careful, cases),
+        len(cases), seed, by, base, agreement(env, candidate, REFERENCE_MODEL, careful, cases)
     )
+
+
+def _categories(cases: Sequence[Scenario]) -> dict[str, tuple[int, int]]:
+    """Each category's (agreed, cases) when every case agrees."""
+    counts = Counter(c.category for c in cases)
+    return {c: (n, n) for c, n in counts.items()}
 
 
 @dataclass(frozen=True)
