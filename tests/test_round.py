@@ -295,6 +295,11 @@ def test_a_full_round_recommends_and_leaves_a_branch_without_a_token(
     tmp_path: Path, no_token: None, clock: FrozenClock
 ) -> None:
     space = scratch(tmp_path)
+    # The check on generated cases is off by default (a round of stand-ins is seconds); `init` turns it on.
+    toml = tmp_path / "improve.toml"
+    toml.write_text(toml.read_text().replace("[objective]\n", "[objective]\nout_of_sample_cases = 100\n", 1))
+    git.Repo(tmp_path).git.commit("-am", "check out of sample")
+    space = Workspace.load(toml)
     result = run_round(space, RoundOptions(policy="v0", k=3))
     assert result.status == "recommended", result.decision_detail
     # The round's id and its commit are stamped by the product's clock (frozen here).
@@ -485,6 +490,7 @@ def test_a_round_never_sends_the_token_over_plain_http_unless_told(
     assert result.exit_code == 0, result.output
     (done,) = json.loads(result.stdout)["rounds"]
     assert done["status"] == "recommended"
+    assert done["out_of_sample"] is None  # off unless the objective asks (improve init's does)
     pr = done["pr"]
     assert pr["pushed"] is False and pr["pr_number"] is None
     assert "refused to send the GitHub token over plain http" in pr["instructions"]
