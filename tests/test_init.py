@@ -112,6 +112,10 @@ def test_init_writes_a_workspace_whose_agent_passes_every_check_and_improves(tmp
     assert result.exit_code == 0, result.output
     (outcome,) = json.loads(result.stdout)["rounds"]
     assert outcome["status"] == "recommended" and outcome["candidate_version"] == "v2", outcome
+    # Checked against careful's runs of v0, not of v1, whose branch careful's runs would follow.
+    checked = outcome["out_of_sample"]
+    assert checked["labelled_by"] == "careful's run of v0", checked
+    assert checked["baseline_agreed"] < checked["candidate_agreed"] == checked["cases"], checked
     repo.git.merge(outcome["pr"]["branch"])
     assert _agreements(ws, "v2") == {"v0": 1.0, "v2": 1.0}
 

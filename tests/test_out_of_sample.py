@@ -160,21 +160,25 @@ def test_the_cases_a_version_ends_otherwise_are_written_as_scenarios_to_label(tm
 
 
 def test_a_round_s_check_against_careful_counts_what_a_branch_overrode() -> None:
-    """`against_reference`, what a round records: the baseline, whose careful runs label the cases, agrees
-    with every one (taken as such, not run again: the candidate's real runs of the same policy show it),
-    and a branch that closes too much loses exactly the cases it answered."""
+    """`against_reference`, what a round records: labelled by careful's runs of the line's first policy;
+    a baseline that is that policy agrees with every case (taken as such, not run again: the candidate's
+    real runs of the same policy show it), and a branch that closes too much loses exactly the cases it
+    answered, as baseline or as candidate: labels from the baseline's own runs would hide it."""
     from improve.evals import against_reference
 
     env = load_environment("refunds")
     v0 = load_policy(REPO / "policies" / "refunds" / "v0.json")
-    same = against_reference(env, v0, v0, 60, seed=9)
+    same = against_reference(env, v0, v0, v0, 60, seed=9)
     assert same is not None and same.cases == 60 and same.labelled_by == "careful's run of v0"
     assert same.baseline.agreed == same.candidate.agreed == 60
-    wide = against_reference(env, v0, v0.model_validate(_closes_too_much()), 60, seed=9)
+    closes = v0.model_validate(_closes_too_much())
+    wide = against_reference(env, v0, v0, closes, 60, seed=9)
     assert wide is not None and wide.baseline.agreed == 60
     assert 0 < wide.candidate.by_rule == 60 - wide.candidate.agreed
-    assert against_reference(dataclasses.replace(env, cases=None), v0, v0, 60, seed=9) is None
-    assert against_reference(env, v0, v0, 0, seed=9) is None
+    behind = against_reference(env, v0, closes, closes, 60, seed=9)
+    assert behind is not None and behind.baseline.agreed == behind.candidate.agreed == wide.candidate.agreed
+    assert against_reference(dataclasses.replace(env, cases=None), v0, v0, v0, 60, seed=9) is None
+    assert against_reference(env, v0, v0, v0, 0, seed=9) is None
 
 
 def test_an_environment_without_a_generator_says_how_to_give_it_one() -> None:

@@ -310,27 +310,44 @@ class AgainstReference:
 
 
 def against_reference(
-    env: Environment, baseline: MachineConfig, candidate: MachineConfig, n: int, seed: int
+    env: Environment,
+    reference: MachineConfig,
+    baseline: MachineConfig,
+    candidate: MachineConfig,
+    n: int,
+    seed: int,
 ) -> AgainstReference | None:
-    """`candidate` and `baseline` with `careful` on `n` cases the environment's generator draws (labelled
-    by it, or by careful's run of the baseline): what a round records of a candidate it recommends. None
-    without a generator, a careful stand-in or a case to draw; `WorkspaceError` when the generator draws
-    cases the reference cannot label."""
+    """`candidate` and `baseline` with `careful` on `n` cases the environment's generator draws, labelled
+    by it, or by careful's run of `reference`: the first policy of the line, the model deciding
+    everything (labels from a baseline with learned branches would take their answers for right ones).
+    What a round records of a candidate it recommends. None without a generator, a careful stand-in or a
+    case to draw; `WorkspaceError` when the generator draws cases the reference cannot label."""
     careful = env.models.get(REFERENCE_MODEL)
     if env.cases is None or careful is None or n < 1:
         return None
-    cases = generate_cases(env, n, seed, reference=baseline, reference_model=careful)
-    label = policy_label(baseline)
-    by = labelled_by(env, seed, label)
-    if by.startswith(REFERENCE_MODEL):
-        # Labelled by careful's runs of the baseline: its runs again would be those very runs (a stand-in
-        # draws the same answers for the same case), so every case agrees.
+    cases = generate_cases(env, n, seed, reference=reference, reference_model=careful)
+    by = labelled_by(env, seed, policy_label(reference))
+    if by.startswith(REFERENCE_MODEL) and _same(baseline, reference):
+        # The baseline is the policy whose careful runs labelled the cases: its runs again would be those
+        # very runs (a stand-in draws the same answers for the same case), so every case agrees.
+        label = policy_label(baseline)
         base = Agreement(label, REFERENCE_MODEL, len(cases), len(cases), _categories(cases))
     else:
         base = agreement(env, baseline, REFERENCE_MODEL, careful, cases)
     return AgainstReference(
         len(cases), seed, by, base, agreement(env, candidate, REFERENCE_MODEL, careful, cases)
     )
+
+
+def _same(one: MachineConfig, other: MachineConfig) -> bool:
+    """Whether two policies hold the same machine, whatever versions they are numbered."""
+
+    def held(policy: MachineConfig) -> dict[str, Any]:
+        data = policy.model_dump(mode="json", by_alias=True, exclude_none=True)
+        data.pop("version", None)
+        return data
+
+    return held(one) == held(other)
 
 
 def _categories(cases: Sequence[Scenario]) -> dict[str, tuple[int, int]]:

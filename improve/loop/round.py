@@ -495,10 +495,18 @@ class Round:
         """The candidate and the baseline with `careful` on cases the environment's generator draws (the
         objective's `out_of_sample_cases`; `evals.against_reference`): recorded, never decisive."""
         assert self.candidate is not None
+        inputs = self.inputs
+        # Labelled by careful's runs of the line's first policy (v0: the model decides everything), not of
+        # the baseline, whose learned branches careful's runs would take for right answers.
+        root = inputs.memory.lineage[-1] if inputs.memory.lineage else self.label
         try:
+            reference = (
+                inputs.policy if root == self.label else inputs.space.load_policy(inputs.env_name, root)
+            )
             found = against_reference(
-                self.inputs.env,
-                self.inputs.policy,
+                inputs.env,
+                reference,
+                inputs.policy,
                 self.candidate,
                 self.objective.out_of_sample_cases,
                 self.objective.seed,
