@@ -118,9 +118,12 @@ def round_command(
     test split is never read. Each entry counts the rounds that read the held-out set ("held-out read N
     times", per set: a changed held-out set starts again), and warns past the reads n held-out
     scenarios support, 1 + floor(2 n eps^2 / ln 2) with eps = held_out_bias of improve.toml's
-    objective (docs/contracts.md, held-out reuse).
+    objective (docs/contracts.md, held-out reuse). With out_of_sample_cases in the objective (improve
+    init writes 100), a recommended candidate also runs with careful on cases the environment's
+    generator draws, and the PR says how often a learned branch answered where careful was right.
 
-    Exit 0 when a candidate is recommended (or the goal already holds), 1 when every candidate was
+    Exit 0 when a candidate is recommended (or the goal already holds, or every failure cluster was
+    tried: nothing-left-to-try), 1 when every candidate was
     discarded or the spend limit stopped the round, 2 on usage errors, 3 when a run, git or the
     endpoint failed. With --executor dask://HOST:PORT the suites' runs go to a Dask cluster's
     workers in batches (diagnosis and the gates stay here); the decision is the same as a local
