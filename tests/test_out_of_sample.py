@@ -157,6 +157,12 @@ def test_the_cases_a_version_ends_otherwise_are_written_as_scenarios_to_label(tm
     again = runner.invoke(app, [*base, "--scenarios", str(drafts)])
     assert again.exit_code == 2 and "already exists" in again.output and "Traceback" not in again.output
     assert drafts.read_bytes() == before and "generated cases" not in again.output  # refused before running
+    nowhere = runner.invoke(app, [*base, "--scenarios", str(tmp_path / "missing" / "d.yaml")])
+    assert (
+        nowhere.exit_code == 2
+        and "no directory" in nowhere.output
+        and "generated cases" not in nowhere.output
+    )
 
 
 def test_a_round_s_check_against_careful_counts_what_a_branch_overrode() -> None:

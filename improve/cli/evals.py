@@ -464,9 +464,14 @@ def out_of_sample_command(
     with handled():
         chosen = models or ["careful", "naive"]
         meter = Meter(say=say)
-        if drafts is not None and drafts.exists():  # refused before the cases run, not after
+        # Refused before the cases run (a real model's answers take minutes), not after.
+        if drafts is not None and drafts.exists():
             raise ScenarioError(
                 f"{drafts}: already exists; --scenarios writes a new file (name another, or move this one away)"
+            )
+        if drafts is not None and not drafts.parent.is_dir():
+            raise ScenarioError(
+                f"{drafts}: no directory {drafts.parent} to write it in; create it, or name another"
             )
         found = check_out_of_sample(
             workspace(ws), env, versions, chosen, n=cases, seed=seed, say=say, meter=meter, cache=cache.value
