@@ -105,6 +105,8 @@ def test_a_branch_that_overrides_right_answers_shows_out_of_sample() -> None:
     assert (first.policy, first.rate) == ("v0", 1.0)
     assert second.rate < 0.8 and second.by_rule == second.cases - second.agreed
     assert second.shown and "policy:answer_close" in second.shown[0].answered_by
+    assert second.branches == {"answer_close": second.by_rule} and first.branches == {}
+    assert second.to_json()["by_branch"] == {"answer_close": second.by_rule}
     assert second.to_json()["agreement"] == round(second.rate, 4)
 
 

@@ -550,7 +550,7 @@ def _print_out_of_sample(found: OutOfSample, as_json: bool) -> None:
             a.model,
             f"{a.agreed}/{a.cases}",
             f"{a.rate:.3f}",
-            str(a.by_rule),
+            str(a.by_rule) + "".join(f"\n{name} {n}" for name, n in list(a.branches.items())[:3]),
             ", ".join(f"{c} {r:.2f}" for r, c in worst) or "-",
         )
     out.print(table)

@@ -95,6 +95,8 @@ class Agreement:
     """Category -> (agreed, cases)."""
     by_rule: int = 0
     """Disagreeing cases where one of the policy's own branches answered a decision (not the model)."""
+    branches: dict[str, int] = field(default_factory=dict)
+    """Of those, how many each branch answered (its final state's name), most first."""
     shown: tuple[Disagreement, ...] = ()
     fell_back: Fallbacks = field(default_factory=lambda: Fallbacks(0, 0, None))
     """Decisions asked of the model, and those the policy's onError answered because a call failed."""
@@ -114,6 +116,7 @@ class Agreement:
             "agreed": self.agreed,
             "agreement": round(self.rate, 4),
             "disagreements_by_rule": self.by_rule,
+            "by_branch": dict(self.branches),
             "model_decisions": self.fell_back.decisions,
             "fell_back": self.fell_back.fallbacks,
             "by_category": {c: {"agreed": a, "cases": n} for c, (a, n) in sorted(self.by_category.items())},
@@ -217,6 +220,7 @@ def agreement(
     shown: list[Disagreement] = []
     ruled: list[Disagreement] = []
     unruled: list[Disagreement] = []
+    overriders: Counter[str] = Counter()
     rows: list[OutcomeRow] = []
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         # In the cases' order whatever order they finish in: the same figures and the same shown cases.
@@ -245,6 +249,7 @@ def agreement(
                 branch,
             )
             by_rule += branch
+            overriders.update({s.split(":", 1)[1] for s in sources if _by_rule(policy, s)})
             if len(shown) < SHOWN:
                 shown.append(found)
             kept = ruled if branch else unruled
@@ -257,6 +262,7 @@ def agreement(
         agreed,
         {c: (per[c], total[c]) for c in total},
         by_rule,
+        dict(overriders.most_common()),
         tuple(shown),
         fallbacks(rows),
         _halves(ruled, unruled, DRAFTS),
