@@ -80,6 +80,16 @@ def test_init_writes_a_workspace_whose_agent_passes_every_check_and_improves(tmp
     # Before anyone merges, the round's own check on generated tickets shows the branch reaching too far.
     checked = outcome["out_of_sample"]
     assert checked["candidate_agreed"] < checked["baseline_agreed"] == checked["cases"], checked
+    from improve.loop.render import round_lines
+    from improve.loop.round_record import read_round_record
+
+    said = round_lines(
+        read_round_record(ws / outcome["report"])
+    )  # what `improve round` prints without --json
+    assert (
+        "    to label some of them: improve out-of-sample v0 v1 --env credit-desk --scenarios drafts.yaml"
+        in said
+    )
     assert outcome["environment"] == "credit-desk" and "credit-desk" in outcome["round_id"]
     held = outcome["scores"]["held-out"]
     assert held["after"] > held["before"] and held["violations_after"] == 0

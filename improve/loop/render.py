@@ -213,6 +213,8 @@ def round_lines(record: RoundRecord) -> list[str]:
         lines.append(f"  production: {record.impact.summary()}")
     if record.out_of_sample:
         lines.append(f"  out of sample: {record.out_of_sample.summary()}")
+        if record.out_of_sample.by_branch and record.candidate_policy is not None:
+            lines.append(f"    to label some of them: {out_of_sample_command(record)}")
     if record.pr:
         pr = record.pr
         lines.append(f"  pull request: {pr.pr_url or pr.instructions or pr.error or ''}")
