@@ -1464,7 +1464,8 @@ def test_a_recommended_candidates_version_stays_its_own_before_its_merge(tmp_pat
     """A round started before a review branch is merged keeps the version a recommended candidate took
     only for the same candidate (a killed round run again); another takes the next free version, since
     the recommended one's threads are recorded under it."""
-    from improve.loop.changelog import content, read_memory
+    from improve.evals import policy_content as content
+    from improve.loop.changelog import read_memory
     from improve.loop.discards import discarded_path, recommended_versions, remember_recommended
     from improve.machine import parse_machine
 

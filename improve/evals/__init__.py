@@ -60,7 +60,7 @@ from improve.evals.unsealing import (
     unsealings_path,
     unsealings_so_far,
 )
-from improve.evals.workspace import CONFIG_NAME, Workspace, policy_hash, policy_label
+from improve.evals.workspace import CONFIG_NAME, Workspace, policy_content, policy_hash, policy_label
 
 if TYPE_CHECKING:
     from improve.evals.charts import VersionScore, category_chart, history_chart, svg_chart
@@ -205,6 +205,7 @@ __all__ = [
     "p_value",
     "paired",
     "parse_executor",
+    "policy_content",
     "policy_hash",
     "policy_label",
     "read_unsealings",

@@ -28,7 +28,7 @@ from improve.errors import WorkspaceError
 from improve.evals.outcome import Fallbacks, OutcomeRow, fallbacks, outcome_row
 from improve.evals.scenarios import Expected, Scenario
 from improve.evals.suite import run_scenario, suite_spec
-from improve.evals.workspace import Workspace, policy_label
+from improve.evals.workspace import Workspace, policy_content, policy_label
 from improve.llm import CacheMode, Meter
 from improve.log import LogEntry, MemoryStore
 from improve.machine import MachineConfig
@@ -62,8 +62,12 @@ class Disagreement:
     answered_by: tuple[str, ...]
     scenario: Scenario | None = None
     """The case itself (its input, world, people and label): what a scenario made of it holds."""
-    by_rule: bool = False
-    """One of the policy's own branches answered a decision of it (not the model)."""
+    branches: tuple[str, ...] = ()
+    """The policy's own branches (their finals) that answered a decision of it, not the model."""
+
+    @property
+    def by_rule(self) -> bool:
+        return bool(self.branches)
 
     def to_json(self) -> dict[str, Any]:
         found: dict[str, Any] = {
@@ -155,7 +159,7 @@ def generate_cases(
         )
     rng = random.Random(seed)
     labelled = env.cases(rng)
-    if "expected" in labelled and labelled.get("expected"):
+    if labelled.get("expected"):
         draws = [labelled, *(env.cases(rng) for _ in range(n - 1))]
         return [_scenario(i, d, Expected.model_validate(d["expected"])) for i, d in enumerate(draws, 1)]
     if reference is None:
@@ -237,7 +241,7 @@ def agreement(
             sources = tuple(
                 str(e.metadata.get("source", "")) for e in entries if e.metadata and "decision" in e.metadata
             )
-            branch = any(_by_rule(policy, s) for s in sources)
+            branches = tuple(dict.fromkeys(s.split(":", 1)[1] for s in sources if _by_rule(policy, s)))
             found = Disagreement(
                 case.id,
                 case.category,
@@ -246,13 +250,13 @@ def agreement(
                 row.reason,
                 sources,
                 case,
-                branch,
+                branches,
             )
-            by_rule += branch
-            overriders.update({s.split(":", 1)[1] for s in sources if _by_rule(policy, s)})
+            by_rule += found.by_rule
+            overriders.update(branches)
             if len(shown) < SHOWN:
                 shown.append(found)
-            kept = ruled if branch else unruled
+            kept = ruled if found.by_rule else unruled
             if len(kept) < DRAFTS:
                 kept.append(found)
     return Agreement(
@@ -332,28 +336,17 @@ def against_reference(
     if env.cases is None or careful is None or n < 1:
         return None
     cases = generate_cases(env, n, seed, reference=reference, reference_model=careful)
-    by = labelled_by(env, seed, policy_label(reference))
-    if by.startswith(REFERENCE_MODEL) and _same(baseline, reference):
+    if not labels_own(env, seed) and policy_content(baseline) == policy_content(reference):
         # The baseline is the policy whose careful runs labelled the cases: its runs again would be those
         # very runs (a stand-in draws the same answers for the same case), so every case agrees.
         label = policy_label(baseline)
         base = Agreement(label, REFERENCE_MODEL, len(cases), len(cases), _categories(cases))
     else:
         base = agreement(env, baseline, REFERENCE_MODEL, careful, cases)
+    by = labelled_by(env, seed, policy_label(reference))
     return AgainstReference(
         len(cases), seed, by, base, agreement(env, candidate, REFERENCE_MODEL, careful, cases)
     )
-
-
-def _same(one: MachineConfig, other: MachineConfig) -> bool:
-    """Whether two policies hold the same machine, whatever versions they are numbered."""
-
-    def held(policy: MachineConfig) -> dict[str, Any]:
-        data = policy.model_dump(mode="json", by_alias=True, exclude_none=True)
-        data.pop("version", None)
-        return data
-
-    return held(one) == held(other)
 
 
 def _categories(cases: Sequence[Scenario]) -> dict[str, tuple[int, int]]:
@@ -413,8 +406,7 @@ class OutOfSample:
                     }
                 )
                 if d.by_rule:
-                    finals = sorted({s.split(":", 1)[1] for s in d.answered_by if s.startswith("policy:")})
-                    who = f"{a.policy}'s learned {', '.join(finals)} answered it"
+                    who = f"{a.policy}'s learned {', '.join(sorted(d.branches))} answered it"
                 else:
                     who = f"{a.model} answered it under {a.policy}"
                 why = f"{who}: ended {d.got}; labelled {d.expected} by {self.labelled_by}. Check the label."
@@ -462,10 +454,16 @@ def check_out_of_sample(
     return OutOfSample(name, len(cases), seed, labelled, found)
 
 
-def labelled_by(env: Environment, seed: int, reference: str) -> str:
-    """Who labels the cases the generator draws with `seed`: the generator itself (its first draw has a
-    label), or `careful`'s run of the `reference` policy."""
+def labels_own(env: Environment, seed: int) -> bool:
+    """Whether the generator labels the cases it draws with `seed` (its first draw has a label, as
+    `generate_cases` reads it), rather than leaving them to `careful`'s run of a reference policy."""
     assert env.cases is not None
-    if env.cases(random.Random(seed)).get("expected"):
+    return bool(env.cases(random.Random(seed)).get("expected"))
+
+
+def labelled_by(env: Environment, seed: int, reference: str) -> str:
+    """Who labels the cases the generator draws with `seed`: the generator itself, or `careful`'s run of
+    the `reference` policy."""
+    if labels_own(env, seed):
         return "the environment's generator (its rules)"
     return f"{REFERENCE_MODEL}'s run of {reference}"

@@ -408,3 +408,10 @@ def policy_label(policy: MachineConfig) -> str:
 def policy_hash(policy: MachineConfig) -> str:
     data: dict[str, Any] = policy.model_dump(mode="json", by_alias=True, exclude_none=True)
     return hashlib.sha256(canonical_json(data).encode()).hexdigest()[:16]
+
+
+def policy_content(policy: MachineConfig) -> str:
+    """What a policy holds, whatever version it is numbered: the hash of its document without `version`."""
+    data: dict[str, Any] = policy.model_dump(mode="json", by_alias=True, exclude_none=True)
+    data.pop("version", None)
+    return hashlib.sha256(canonical_json(data).encode()).hexdigest()[:16]

@@ -22,7 +22,6 @@ text parses back to.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -30,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from improve.evals import HeldOutRead, Scenario, VersionScore, p_value, set_key
+from improve.evals import HeldOutRead, Scenario, VersionScore, p_value, policy_content, set_key
 from improve.files import append_whole
 from improve.loop.branches import DiscardedBranch
 from improve.loop.branches import route as branch_route
@@ -43,7 +42,7 @@ from improve.loop.discards import (
     remember_recommended,
     route_of,
 )
-from improve.machine import MachineConfig, canonical_json
+from improve.machine import MachineConfig
 
 if TYPE_CHECKING:
     from improve.loop.round_record import HeldOutReuse, RoundRecord, SplitScore
@@ -357,7 +356,7 @@ class Memory:
         """`version` (a number), or the next free one when a recommended candidate that holds something
         else took it: its threads are recorded under it. A candidate recommended before keeps the
         version it took then (its review branch already holds it)."""
-        mine = content(candidate)
+        mine = policy_content(candidate)
         same = [label for label, held in self.recommended.items() if held == mine]
         if same and re.fullmatch(r"v\d+", same[-1]):
             return same[-1][1:]
@@ -376,7 +375,7 @@ class Memory:
         candidate = record.candidate_policy
         if record.recommended and record.candidate_version and candidate and self.remembered is not None:
             remember_recommended(
-                self.remembered, record.candidate_version, record.round_id, content(candidate)
+                self.remembered, record.candidate_version, record.round_id, policy_content(candidate)
             )
         entry = entry_text(record)
         current = Entry.of(record) if record.scores else None  # the round is the history's head
@@ -439,13 +438,6 @@ def read_memory(
         remembered,
         recommended_versions(remembered) if remembered else {},
     )
-
-
-def content(policy: MachineConfig) -> str:
-    """What a policy holds, whatever version it is numbered: the hash of its document without `version`."""
-    data = policy.model_dump(mode="json", by_alias=True, exclude_none=True)
-    data.pop("version", None)
-    return hashlib.sha256(canonical_json(data).encode()).hexdigest()[:16]
 
 
 # --- writing an entry -----------------------------------------------------------------------------
