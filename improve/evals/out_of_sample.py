@@ -390,8 +390,8 @@ class OutOfSample:
         seen: dict[str, tuple[Scenario, str]] = {}
         last = self.agreements[-1].policy if self.agreements else None
         for a in self.agreements:
-            if a.policy != last:
-                continue
+            if a.policy != last or a.fell_back.never_answered:
+                continue  # a model that never answered measured the policy's onError: nothing to label
             for d in a.drafted:
                 if d.scenario is None or d.case in seen:
                     continue

@@ -496,6 +496,8 @@ class Round:
         objective's `out_of_sample_cases`; `evals.against_reference`): recorded, never decisive."""
         assert self.candidate is not None
         inputs = self.inputs
+        if not self.objective.out_of_sample_cases or inputs.env.cases is None:
+            return None  # off (the default), or nothing to draw: no policy read for it
         # Labelled by careful's runs of the line's first policy (v0: the model decides everything), not of
         # the baseline, whose learned branches careful's runs would take for right answers.
         root = inputs.memory.lineage[-1] if inputs.memory.lineage else self.label
