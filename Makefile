@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 # The compiled fold modules (setup.py) are built from these sources: a change to one installs again.
-NATIVE_SOURCES := setup.py improve/log/replay.py improve/log/nesting.py improve/machine/fold.py $(wildcard improve/machine/fastcel/*.py)
+NATIVE_SOURCES := setup.py improve/log/replay.py improve/machine/fold.py $(wildcard improve/machine/fastcel/*.py)
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml Makefile $(NATIVE_SOURCES) | cksum | cut -d' ' -f1)
 
 .DEFAULT_GOAL := help

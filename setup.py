@@ -19,7 +19,6 @@ from setuptools.command.build_ext import build_ext
 # The modules compiled, as improve/native.py lists them (a test holds the two lists equal).
 NATIVE_MODULES = (
     "improve.log.replay",
-    "improve.log.nesting",
     "improve.machine.fold",
     "improve.machine.fastcel.compiler",
     "improve.machine.fastcel.domain",

@@ -22,7 +22,6 @@ from types import ModuleType
 
 NATIVE_MODULES = (
     "improve.log.replay",
-    "improve.log.nesting",
     "improve.machine.fold",
     "improve.machine.fastcel.compiler",
     "improve.machine.fastcel.domain",
