@@ -75,7 +75,7 @@ if TYPE_CHECKING:
     )
     from improve.evals.promotion import Check, PromotionDecision, decide, gain_phrase, p_value
     from improve.evals.report import describe_model, scorecard_markdown
-    from improve.evals.reruns import Batch, RerunRule, Reruns, Settled, changed_scenarios, settle
+    from improve.evals.reruns import Batch, RerunRule, Reruns, Settled, rerun_scenarios, settle
     from improve.evals.scorecards import (
         Comparison,
         Scorecard,
@@ -98,7 +98,7 @@ _LAZY = {
     "Reruns": "improve.evals.reruns",
     "Settled": "improve.evals.reruns",
     "settle": "improve.evals.reruns",
-    "changed_scenarios": "improve.evals.reruns",
+    "rerun_scenarios": "improve.evals.reruns",
     "Comparison": "improve.evals.scorecards",
     "PromotionDecision": "improve.evals.promotion",
     "Check": "improve.evals.promotion",
@@ -182,7 +182,6 @@ __all__ = [
     "append_scenario",
     "bias_bound",
     "category_chart",
-    "changed_scenarios",
     "check_out_of_sample",
     "check_recordable",
     "check_unsealable",
@@ -212,6 +211,7 @@ __all__ = [
     "read_yaml",
     "record_unsealing",
     "refresh_outcomes",
+    "rerun_scenarios",
     "resume_thread",
     "run_scenario",
     "run_suite",

@@ -95,7 +95,7 @@ def decide(
             resamples=objective.bootstrap_resamples,
             seed=objective.seed,
             tolerance=objective.tolerance,
-            nulls=reruns.nulls(counts) if reruns is not None else None,
+            nulls=reruns.nulls(counts, base.split) if reruns is not None else None,
         )
 
     train = paired(baseline_train, candidate_train)

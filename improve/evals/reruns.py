@@ -6,14 +6,20 @@ each scenario under both policies, a scenario whose pass fraction differs betwee
 more runs under each policy per batch (the same run numbers on both sides), until one of
 
 - "no change": its pass fractions are equal again, so the first difference was noise;
+- "better on train": a train scenario the candidate passes more often. A train scenario bears on the
+  decision only through the regression test (the gain is decided on held-out), and a drop is not
+  what it shows: only a train scenario the candidate passes less often runs again. A fix is mined
+  from train failures, so most of a round's changed scenarios are the train scenarios it fixes: with
+  a model behind an endpoint, their reruns were most of a round's calls (the baseline's, which
+  replay-first cannot take from anywhere);
 - "cap": it has had `max_extra_runs` extra runs under each policy;
 - "total cap": the round's `max_extra_runs_total` (both policies, every scenario) is spent; held-out
   scenarios are served first, then train, each in id order.
 
-A scenario whose change persists runs to its cap: the tests then judge the change on every run. (A
-rule that also stopped as soon as a change looked significant was measured in tests/test_scorecard.py's
-simulations: it saved about a tenth of the reruns and cost power and regression detection, because
-the exact tests must condition on that stop.)
+A held-out scenario whose change persists runs to its cap: the tests then judge the change on every
+run. (A rule that also stopped as soon as a change looked significant was measured in
+tests/test_scorecard.py's simulations: it saved about a tenth of the reruns and cost power and
+regression detection, because the exact tests must condition on that stop.)
 
 Which scenarios ran again, and how often, depended on their counts; the tests stay exact by
 conditioning on that design (`conditional_null`). The loop takes a `RunMore` callable, so it is tested
@@ -75,7 +81,7 @@ class ScenarioReruns:
     extra_runs: int
     """Extra runs under each policy (the round ran twice as many)."""
     stopped: str
-    """no change, cap or total cap (see the module's docstring)."""
+    """no change, better on train, cap or total cap (see the module's docstring)."""
     before: str
     """Passes over runs on both sides after the first k runs: "3/3 -> 2/3"."""
     after: str
@@ -125,18 +131,20 @@ class Reruns:
             + ", ".join(f"{n} {why}" for why, n in sorted(stops.items()))
         )
 
-    def nulls(self, counts: Mapping[str, PairedCounts]) -> dict[str, NullDistribution]:
+    def nulls(self, counts: Mapping[str, PairedCounts], split: str) -> dict[str, NullDistribution]:
         """Each scenario's null distribution of the candidate's passes given the design these reruns
-        followed (`conditional_null`); `counts` are the scenarios compared, pooled over every run."""
+        followed (`conditional_null`); `counts` are the scenarios of `split` compared, pooled over every
+        run."""
         listed = {s.scenario: s for s in self.scenarios}
+        goes_on = reruns_go_on(split)
         found: dict[str, NullDistribution] = {}
         for scenario, pooled in counts.items():
             one = listed.get(scenario)
             if one is not None and _pooled(one.batches) == pooled:
-                found[scenario] = conditional_null(one.batches, one.forced)
-            elif one is None and self.rule.max_extra_runs and not _changed(pooled):
-                # Unchanged after the first k runs, so it stopped there: that is part of the design.
-                found[scenario] = conditional_null([pooled], forced=False)
+                found[scenario] = conditional_null(one.batches, one.forced, goes_on)
+            elif one is None and self.rule.max_extra_runs and not goes_on(pooled):
+                # Not run again after the first k runs: that is part of the design.
+                found[scenario] = conditional_null([pooled], False, goes_on)
             else:
                 # Reruns off (nothing depended on the counts), or counts this record does not describe.
                 found[scenario] = hypergeometric(pooled)
@@ -195,6 +203,17 @@ def _changed(counts: PairedCounts) -> bool:
     return counts.passed_before * counts.runs_after != counts.passed_after * counts.runs_before
 
 
+def _worse(counts: PairedCounts) -> bool:
+    """The candidate passes less often (cross-multiplied, as `_changed`)."""
+    return counts.passed_after * counts.runs_before < counts.passed_before * counts.runs_after
+
+
+def reruns_go_on(split: str) -> Callable[[PairedCounts], bool]:
+    """Whether a scenario of `split` runs again after counts like these (caps aside): on held-out while
+    its pass fractions differ, elsewhere while the candidate passes less often (the module's docstring)."""
+    return _changed if split == "held-out" else _worse
+
+
 def _pooled(batches: Sequence[PairedCounts]) -> PairedCounts:
     return PairedCounts(
         sum(b.runs_before for b in batches),
@@ -204,17 +223,21 @@ def _pooled(batches: Sequence[PairedCounts]) -> PairedCounts:
     )
 
 
-def conditional_null(batches: Sequence[PairedCounts], forced: bool) -> NullDistribution:
+def conditional_null(
+    batches: Sequence[PairedCounts], forced: bool, goes_on: Callable[[PairedCounts], bool] = _changed
+) -> NullDistribution:
     """The null distribution of a scenario's total candidate passes given the design the rule followed.
 
     Under the null (both policies pass the scenario with the same probability), each batch's candidate
     count given the batch's total passes is hypergeometric, independent of the earlier batches. Whether
     a next batch ran depended on the counts so far, so the distribution is the product of the batches'
     hypergeometric distributions restricted to the paths on which the rule made the same decisions:
-    continue (changed) after every batch but the last, stop (no change) after the last, unless a cap
-    stopped it, which it would have whatever its counts. Conditioning on the design this way keeps the
-    tests exact: rerunning the scenarios that looked different does not inflate the false-promotion
-    rate, and a scenario that never changed carries no weight (its count is fixed by the condition)."""
+    continue (`goes_on`: on held-out, changed) after every batch but the last, stop after the last,
+    unless a cap stopped it, which it would have whatever its counts. Conditioning on the design this
+    way keeps the tests exact: rerunning the scenarios that looked different does not inflate the
+    false-promotion rate, and a scenario that never changed carries no weight (its count is fixed by
+    the condition; on train, where only a drop goes on, a scenario that stopped after its first runs
+    cannot show one)."""
     paths: dict[int, int] = {0: 1}
     runs_before = runs_after = passes = 0
     for number, batch in enumerate(batches):
@@ -234,17 +257,26 @@ def conditional_null(batches: Sequence[PairedCounts], forced: bool) -> NullDistr
         paths = {
             y: w
             for y, w in grown.items()
-            if _changed(PairedCounts(runs_before, passes - y, runs_after, y)) != last
+            if goes_on(PairedCounts(runs_before, passes - y, runs_after, y)) != last
         }
     low, high = min(paths), max(paths)
     return NullDistribution(low, [paths.get(y, 0) for y in range(low, high + 1)])
 
 
 def changed_scenarios(baseline: Sequence[OutcomeRow], candidate: Sequence[OutcomeRow]) -> list[str]:
-    """The scenarios whose pass fraction differs between the two policies' rows: those the sequential
-    rule runs again first, in id order."""
+    """The scenarios whose pass fraction differs between the two policies' rows, in id order."""
     base, cand = _tally(baseline), _tally(candidate)
     return [i for i in sorted(set(base) & set(cand)) if _changed(_counts(base[i], cand[i]))]
+
+
+def rerun_scenarios(baseline: Sequence[OutcomeRow], candidate: Sequence[OutcomeRow]) -> list[str]:
+    """The scenarios the sequential rule runs again after these rows, caps aside (`reruns_go_on`: on
+    held-out those whose pass fraction differs, on train those the candidate passes less often), in id
+    order."""
+    base, cand = _tally(baseline), _tally(candidate)
+    return [
+        i for i in sorted(set(base) & set(cand)) if reruns_go_on(base[i].split)(_counts(base[i], cand[i]))
+    ]
 
 
 def settle(
@@ -269,6 +301,8 @@ def settle(
             counts = _counts(base[i], cand[i])
             if not _changed(counts):
                 stopped[i] = "no change"
+            elif not reruns_go_on(base[i].split)(counts):
+                stopped[i] = "better on train"
             elif extra[i] >= rule.max_extra_runs:
                 stopped[i] = "cap"
             else:

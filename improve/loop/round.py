@@ -48,13 +48,13 @@ from improve.evals import (
     SuiteSpec,
     Workspace,
     against_reference,
-    changed_scenarios,
     decide,
     every,
     fallbacks,
     outcome_row,
     paired,
     policy_label,
+    rerun_scenarios,
     scorecard,
     settle,
     suite_spec,
@@ -678,8 +678,8 @@ class Round:
     def _run_ahead_of(self, plan: Sequence[PlannedRun]) -> None:
         """Where runs wait on a model together: while the warehouse records the candidate's first runs,
         the reruns the sequential rule is about to ask for start in the background, held (`_hold`). The
-        scenarios are those whose pass fraction changed in the runs as written (the rule reads them
-        verified, and takes from what ran ahead only what it asks for)."""
+        scenarios are those it runs again after the runs as written (`rerun_scenarios`; the rule reads
+        them verified, and takes from what ran ahead only what it asks for)."""
         if not self._runs_ahead():
             return
         env = self.inputs.env
@@ -691,18 +691,21 @@ class Round:
         except ImproveError:
             return  # a thread that does not even fold: the warehouse will say why; nothing runs ahead
         by_id = {s.id: s for s in self.inputs.scenarios}
-        chosen = [by_id[i] for i in changed_scenarios(self.base_rows, written)]
+        chosen = [by_id[i] for i in rerun_scenarios(self.base_rows, written)]
         runs = range(self.k + 1, self.k + self.objective.max_extra_runs + 1)
         if chosen and runs and 2 * len(chosen) * len(runs) <= self.objective.max_extra_runs_total:
             self._background = _Background(lambda: self._hold(chosen, runs, "reruns ahead"))
 
     def _run_ahead_of_branches(self) -> None:
         """Where runs wait on a model together: before the candidate's first runs, the reruns of the
-        scenarios where a branch the candidate adds answers a decision of the baseline's runs otherwise
-        than it was answered start in the background, held (`_hold`): only there do the candidate's runs
-        part from the baseline's, so only there can their pass fraction change (as far as its branches
-        tell: a batch asks for what was not run ahead, and it runs then). A candidate that adds no branch (or whose reruns the
-        round's cap could not pay for) runs nothing ahead here (`_run_ahead_of`)."""
+        held-out scenarios where a branch the candidate adds answers a decision of the baseline's runs
+        otherwise than it was answered start in the background, held (`_hold`): only there do the
+        candidate's runs part from the baseline's, so only there can their pass fraction change (as far
+        as its branches tell: a batch asks for what was not run ahead, and it runs then). Train
+        scenarios wait: they run again only if the candidate passes them less often, which the runs
+        have yet to show, and most are the failures it was mined to fix. A candidate that adds no
+        branch there (or whose reruns the round's cap could not pay for) runs nothing ahead here
+        (`_run_ahead_of`)."""
         assert self.candidate is not None
         new = {b.index for b in added(self.inputs.policy, self.candidate)}
         runs = range(self.k + 1, self.k + self.objective.max_extra_runs + 1)
@@ -711,7 +714,7 @@ class Round:
         branches = route(self.candidate)
         parting: set[str] = set()
         for row in self.base_rows:
-            if row.scenario in parting:
+            if row.scenario in parting or row.split != "held-out":
                 continue
             for request, answered in self.evidence.decisions(row.thread_id):
                 decision = {"name": request.name, "facts": request.facts, "options": request.options}
