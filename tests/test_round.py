@@ -920,6 +920,44 @@ def test_runs_of_a_stand_in_go_one_at_a_time_and_runs_that_wait_overlap(
     assert all(name.startswith("improve-run") for name in threads["slowed"])
 
 
+def overlapping_desk() -> Any:
+    """The refund desk with a stand-in whose runs overlap (as a model that waits), waiting for nothing."""
+    from bench.sleepy import slowed_refunds
+
+    return slowed_refunds("overlapping", lambda: None)
+
+
+def test_every_suite_of_a_round_runs_on_one_pool_of_threads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Baseline, candidate, reruns and the reruns run ahead share the round's `concurrency` worker
+    # threads: a pool a suite would start threads again (each waits for the GIL to start).
+    import improve.evals.suite as suite_module
+
+    run_one, workers = suite_module._run_one, set()
+
+    def one(*args: Any, **kwargs: Any) -> None:
+        workers.add(threading.current_thread())  # the thread itself: another pool's names repeat
+        run_one(*args, **kwargs)
+
+    monkeypatch.setattr(suite_module, "_run_one", one)
+    (tmp_path / "scenarios").mkdir()
+    shutil.copytree(REPO / "policies" / "refunds", tmp_path / "policies" / "overlapping")
+    scenarios = (REPO / "scenarios" / "refunds.yaml").read_text(encoding="utf-8")
+    (tmp_path / "scenarios" / "overlapping.yaml").write_text(
+        scenarios.replace("\nenvironment: refunds\n", "\nenvironment: overlapping\n"), encoding="utf-8"
+    )
+    (tmp_path / "improve.toml").write_text(
+        '[workspace]\nenvironment = "overlapping"\n\n[environments.overlapping]\n'
+        'module = "tests.test_round:overlapping_desk"\n\n[objective]\nk = 2\n',
+        encoding="utf-8",
+    )
+    space = Workspace.load(tmp_path / "improve.toml")
+    record = run_round(space, RoundOptions(policy="v0", k=2, model="overlapping", concurrency=4))
+    assert record.reruns is not None and record.reruns.extra_runs  # reruns ran, on the same threads
+    assert 1 < len(workers) <= 4 and all(w.name.startswith("improve-run") for w in workers)
+
+
 @pytest.mark.slow
 def test_round_cli_appends_the_scorecard_to_the_github_step_summary(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -37,6 +37,7 @@ from improve.evals.scenarios import (
 )
 from improve.evals.suite import (
     PlannedRun,
+    Slots,
     StartFrom,
     SuiteSpec,
     every,
@@ -171,6 +172,7 @@ __all__ = [
     "ScenarioSet",
     "Scorecard",
     "Settled",
+    "Slots",
     "StartFrom",
     "SuiteSpec",
     "Unsealed",

@@ -44,6 +44,7 @@ from improve.evals import (
     Scenario,
     Scorecard,
     Settled,
+    Slots,
     StartFrom,
     SuiteSpec,
     Workspace,
@@ -220,8 +221,9 @@ class Round:
         """The reruns run ahead (`_ahead`), the baseline's and the candidate's, by scenario and run."""
         self._ahead_store: Ahead | None = None
         self._background: _Background | None = None
-        self._slots = threading.Semaphore(max(1, opts.concurrency))
-        """Runs in flight at once across the round's suites (the reruns run ahead beside the candidate's)."""
+        self._slots = Slots(opts.concurrency)
+        """Runs in flight at once across the round's suites (the reruns run ahead beside the candidate's),
+        on one pool of threads; closed when the round ends."""
 
     def run(self) -> RoundRecord:
         steps = (
@@ -233,10 +235,13 @@ class Round:
             self.decide,
             self.preview,
         )
-        for step in steps:
-            if not step():
-                break
-        return self.record()
+        try:
+            for step in steps:
+                if not step():
+                    break
+            return self.record()
+        finally:
+            self._slots.close()
 
     # --- the steps ------------------------------------------------------------------------------
 
