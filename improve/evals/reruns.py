@@ -129,6 +129,7 @@ class Reruns:
             f"again: {self.extra_runs} extra runs in {self.batches} batch(es) (at most "
             f"{self.rule.max_extra_runs} per scenario per policy, {self.rule.max_extra_runs_total} in all); "
             + ", ".join(f"{n} {why}" for why, n in sorted(stops.items()))
+            + (" (on train only a drop runs again)" if "better on train" in stops else "")
         )
 
     def nulls(self, counts: Mapping[str, PairedCounts], split: str) -> dict[str, NullDistribution]:
