@@ -930,17 +930,23 @@ def overlapping_desk() -> Any:
 def test_every_suite_of_a_round_runs_on_one_pool_of_threads(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Baseline, candidate, reruns and the reruns run ahead share the round's `concurrency` worker
-    # threads: a pool a suite would start threads again (each waits for the GIL to start).
+    # Baseline, candidate, reruns, the reruns run ahead and the counterfactual runs share the round's
+    # `concurrency` worker threads: a pool a suite would start threads again (each waits for the GIL).
     import improve.evals.suite as suite_module
+    import improve.loop.evidence as evidence_module
 
-    run_one, workers = suite_module._run_one, set()
+    run_one, passes, workers, varied = suite_module._run_one, evidence_module._passes, set(), set()
 
     def one(*args: Any, **kwargs: Any) -> None:
         workers.add(threading.current_thread())  # the thread itself: another pool's names repeat
         run_one(*args, **kwargs)
 
+    def counterfactual(*args: Any) -> bool:
+        varied.add(threading.current_thread())
+        return bool(passes(*args))
+
     monkeypatch.setattr(suite_module, "_run_one", one)
+    monkeypatch.setattr(evidence_module, "_passes", counterfactual)
     (tmp_path / "scenarios").mkdir()
     shutil.copytree(REPO / "policies" / "refunds", tmp_path / "policies" / "overlapping")
     scenarios = (REPO / "scenarios" / "refunds.yaml").read_text(encoding="utf-8")
@@ -956,6 +962,7 @@ def test_every_suite_of_a_round_runs_on_one_pool_of_threads(
     record = run_round(space, RoundOptions(policy="v0", k=2, model="overlapping", concurrency=4))
     assert record.reruns is not None and record.reruns.extra_runs  # reruns ran, on the same threads
     assert 1 < len(workers) <= 4 and all(w.name.startswith("improve-run") for w in workers)
+    assert varied and len(workers | varied) <= 4
 
 
 @pytest.mark.slow

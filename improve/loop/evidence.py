@@ -20,7 +20,7 @@ Held-out threads are read only to judge a change (`Evidence.overrides`), never t
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -110,7 +110,8 @@ class Evidence:
     `models` makes the model of a counterfactual
     run, seeded as the run was; `replay_first`: a counterfactual run takes the thread's answers where it
     asks what the thread asked; `concurrency`: counterfactual runs at once; `memo`: where counterfactual
-    runs are remembered, with `stand_in` saying the model is a stand-in (`Counterfactuals`)."""
+    runs are remembered, with `stand_in` saying the model is a stand-in (`Counterfactuals`); `pool`: the
+    threads they run on (a round's, `evals.Slots`; default a pool for each call, started then)."""
 
     def __init__(
         self,
@@ -123,6 +124,7 @@ class Evidence:
         concurrency: int = 1,
         memo: Counterfactuals | None = None,
         stand_in: StandIn | None = None,
+        pool: Executor | None = None,
     ) -> None:
         self.env = env
         self.by_id = {s.id: s for s in scenarios}
@@ -139,6 +141,7 @@ class Evidence:
             if stand_in
             else None
         )
+        self.pool = pool
         self._digests: dict[tuple[str, str], str | None] = {}
         """Digests of scenarios and recorded runs, each computed once."""
 
@@ -171,7 +174,9 @@ class Evidence:
                     memo.put(key, found)
             return found
 
-        if self.concurrency > 1 and len(runs) > 1:
+        if self.concurrency > 1 and len(runs) > 1 and self.pool is not None:
+            passed = list(self.pool.map(passes, runs))
+        elif self.concurrency > 1 and len(runs) > 1:
             with ThreadPoolExecutor(self.concurrency, thread_name_prefix="improve-counterfactual") as pool:
                 passed = list(pool.map(passes, runs))
         else:

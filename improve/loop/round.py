@@ -170,6 +170,9 @@ class Round:
         self.models = self.session.model if self.session is not None else self.spec.model_factory(inputs.env)
         self.reads = KeptReads(ledger.store)
         """The threads this round reads again (the baseline's), each decoded once."""
+        self._slots = Slots(opts.concurrency)
+        """Runs in flight at once across the round's suites (the reruns run ahead beside the candidate's),
+        on one pool of threads, the counterfactual runs' too; closed when the round ends."""
         self.evidence = Evidence(
             inputs.env,
             inputs.scenarios,
@@ -179,6 +182,7 @@ class Round:
             concurrency=opts.concurrency,
             memo=opts.counterfactuals if opts.counterfactuals is not None else Counterfactuals(),
             stand_in=StandIn(inputs.env_hashes, self.spec.model) if self.session is None else None,
+            pool=self._slots.pool,
         )
         self.focus = focus(inputs.memory.tried, baseline=self.label, model=opts.model)
         """Where the round aims after the candidates discarded along the policy's line."""
@@ -221,9 +225,6 @@ class Round:
         """The reruns run ahead (`_ahead`), the baseline's and the candidate's, by scenario and run."""
         self._ahead_store: Ahead | None = None
         self._background: _Background | None = None
-        self._slots = Slots(opts.concurrency)
-        """Runs in flight at once across the round's suites (the reruns run ahead beside the candidate's),
-        on one pool of threads; closed when the round ends."""
 
     def run(self) -> RoundRecord:
         steps = (
