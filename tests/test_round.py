@@ -177,6 +177,22 @@ def test_the_miner_finds_a_planted_rule() -> None:
     assert doc["states"]["answer_close"]["output"] == {"type": "'CLOSE'"}
 
 
+def test_a_payload_number_no_fact_equals_is_said_with_how_to_name_it() -> None:
+    # A fee the machine computes (half a nightly rate) equals no fact: mined as the number offered, the
+    # branch answers only where that very number is offered, and the rationale says how to do better.
+    from improve.loop.proposers.rules import Action, unnamed_payload
+
+    loose = Action("APPROVE", (("fee", "const", 70.0),))
+    assert "fee 70.0 is a number offered in the decisions that no fact equals" in unnamed_payload(
+        loose, frozenset()
+    )
+    assert "expose it as a fact" in unnamed_payload(loose, frozenset())
+    # A fact, a number the environment names, a word: nothing to say.
+    assert unnamed_payload(Action("APPROVE", (("fee", "fact", "facts.halfRate"),)), frozenset()) == ""
+    assert unnamed_payload(loose, frozenset({70})) == ""
+    assert unnamed_payload(Action("ROUTE", (("queue", "const", "billing"),)), frozenset()) == ""
+
+
 def test_a_threshold_needs_two_scenarios_on_each_side() -> None:
     # 30 is no constant of the environment here: `days > 30` is supported (4 scenarios above, 4 at or
     # below), a threshold with one scenario on a side is not.

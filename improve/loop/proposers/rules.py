@@ -845,6 +845,24 @@ def place(
 # --- the proposer ---------------------------------------------------------------------------------------
 
 
+def unnamed_payload(action: Action, constants: frozenset[Any]) -> str:
+    """A sentence for the rationale when a payload value is a number the decisions offered that no fact
+    equals and the environment does not name (so the branch answers only where that very number is
+    offered), saying how to let a branch name it; empty otherwise."""
+    loose = [
+        f"{field} {json.dumps(value)}"
+        for field, how, value in action.payload
+        if how == "const" and numeric(value) and value not in constants
+    ]
+    if not loose:
+        return ""
+    return (
+        f" Its {', '.join(loose)} is a number offered in the decisions that no fact equals, so the branch "
+        "answers only where that very number is offered: if the machine computes it (a rate halved, a "
+        "share of an amount), expose it as a fact of the decision and a branch can name it for every case."
+    )
+
+
 class RuleMinerProposer:
     """The built-in proposer: mines one choice branch from the training decisions."""
 
@@ -935,6 +953,7 @@ class RuleMinerProposer:
             f"When {rule.condition}, answer {rule.action.describe()} without asking the model (placed "
             f"{where.reason}): it fixes {rule.fixes} failed training decision(s) and matches {rule.matches} "
             "training decision(s), each of which the labels confirm (counterfactual runs)."
+            + unnamed_payload(rule.action, self.constants)
         )
         if request.narrower:
             first = request.narrower[0]
