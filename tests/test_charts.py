@@ -225,6 +225,22 @@ def test_the_history_follows_the_line_of_recommended_versions_with_their_newest_
     ]
     assert [h.version for h in policy_history(entries, "v3")] == ["v0", "v1", "v3"]
     assert policy_history(entries, "v9") == [] and Changelog.read(tmp_path / "none.md").history("v1") == []
+    assert {e.model for e in entries} == {"naive"}
+    # A round on another model (a real one, after the stand-in's rounds): only its own model's figures
+    # are on the line, never beside the stand-in's, which it cannot be compared with.
+    real = Entry(
+        "v5",
+        "v3",
+        "r5",
+        False,
+        {"train": 0.4, "held-out": 0.3},
+        {"train": 0.6, "held-out": 0.5},
+        model="smol",
+    )
+    assert [(h.version, h.held_out) for h in policy_history(entries, "v5", real)] == [
+        ("v3", 0.3),
+        ("v5", 0.5),
+    ]
     # A loop in hand-edited entries ends the walk instead of hanging it.
     looped = [Entry("v1", "v2", "a", True, {}, {}), Entry("v2", "v1", "b", True, {}, {})]
     assert policy_history(looped, "v2") == []

@@ -76,8 +76,8 @@ def history_chart(history: Sequence[VersionScore]) -> Chart | None:
             Series("train", "line", tuple(p.train for p in history), BLUE),
             Series("held-out", "line", tuple(p.held_out for p in history), ORANGE),
         ),
-        caption="Each version as the latest round that measured it recorded it (the policies' CHANGELOG), "
-        "along the line of versions that led here.",
+        caption="Each version as the latest round on the same model that measured it recorded it (the "
+        "policies' CHANGELOG), along the line of versions that led here.",
     )
 
 

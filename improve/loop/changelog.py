@@ -58,7 +58,7 @@ _ENTRY = re.compile(
     r"^## (?P<version>\S+) \((?P<decision>recommended|discarded)\) — round (?P<round>\S+)", re.M
 )
 _VERSION = re.compile(r"^## v(\d+)\b", re.M)
-_BASELINE = re.compile(r"^- Baseline: (?P<baseline>[^;]+);", re.M)
+_BASELINE = re.compile(r"^- Baseline: (?P<baseline>[^;]+);(?:.*?; model: (?P<model>[^;]+);)?", re.M)
 _BRANCH = re.compile(r"^- Branch added: `(?P<guard>.+)` -> `(?P<answer>.+)`$", re.M)
 _SCORE = re.compile(
     r"^- (?P<split>train|held-out): (?P<before>\d+(?:\.\d+)?) -> (?P<after>\d+(?:\.\d+)?)\b", re.M
@@ -82,6 +82,8 @@ class Entry:
     """The branches the candidate added: (guard, answer) as written."""
     held_out: tuple[str, int] | None = None
     """The held-out read it records: the set's key and which read it was."""
+    model: str | None = None
+    """The model the round ran on (None: an entry that does not say)."""
 
     @classmethod
     def of(cls, record: RoundRecord) -> Entry | None:
@@ -98,6 +100,7 @@ class Entry:
             after={split: float(_figure(s.after)) for split, s in _shown(record.scores)},
             branches=tuple((b.guard, b.answer) for b in record.branches),
             held_out=(record.held_out.key, record.held_out.read) if record.held_out else None,
+            model=record.model,
         )
 
 
@@ -278,6 +281,7 @@ def _entry(head: re.Match[str], body: str) -> Entry | None:
         after={split: pair[1] for split, pair in scores.items()},
         branches=tuple((b["guard"], b["answer"]) for b in _BRANCH.finditer(body)),
         held_out=(read[1], int(read[2])) if read else None,
+        model=baseline["model"].strip() if baseline["model"] else None,
     )
 
 
@@ -287,24 +291,27 @@ def policy_history(entries: Sequence[Entry], head: str, current: Entry | None = 
     `current` is the round being recorded (its candidate is `head`); without it the head's newest entry
     starts the walk. A version proposed by a recommended entry leads back to that entry's baseline; the
     walk stops at a version no recommended entry proposed (v0, a policy written by hand) or at a loop.
-    Each version gets the pass rates of the newest round that measured it, so the last two points are
-    always one round's own measurement of both sides; discarded candidates and unmerged branches stay
-    off the line.
+    Each version gets the pass rates of the newest round on the walk that measured it with the head's
+    model, so the last two points are always one round's own measurement of both sides, and a version
+    measured only with another model (a stand-in's rounds before a real model's) stays off the line
+    rather than beside figures it cannot be compared with; discarded candidates and unmerged branches
+    stay off it too.
     """
     start = current or next((e for e in entries[::-1] if e.candidate == head), None)
     if start is None:
         return []
     rates: dict[str, tuple[float, float, str]] = {}
 
-    def note(version: str, scores: dict[str, float], round_id: str) -> None:
-        if version not in rates and "train" in scores and "held-out" in scores:
-            rates[version] = (scores["train"], scores["held-out"], round_id)
+    def note(version: str, scores: dict[str, float], step: Entry) -> None:
+        same = step.model is None or start.model is None or step.model == start.model
+        if same and version not in rates and "train" in scores and "held-out" in scores:
+            rates[version] = (scores["train"], scores["held-out"], step.round_id)
 
     chain = [start.candidate]
     step: Entry | None = start
     while step is not None:
-        note(step.candidate, step.after, step.round_id)
-        note(step.baseline, step.before, step.round_id)
+        note(step.candidate, step.after, step)
+        note(step.baseline, step.before, step)
         if step.baseline in chain:
             break
         baseline = step.baseline
