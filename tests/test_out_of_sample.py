@@ -1,5 +1,5 @@
 """Out of sample: plausible cases drawn from an environment's generator, their labels (the environment's
-own handbook, or `careful`'s run of v0), and how far a policy's answers agree with them; and the four desks
+own handbook, or `careful`'s run of v0), and how far a policy's answers agree with them; and the five desks
 of other domains in tests/fixtures/desks, written from the docs as a user would, that the rule miner was
 never shaped by."""
 
@@ -22,12 +22,12 @@ from improve.runtime.policy import load_policy
 from tests.helpers import REPO
 
 FIXTURES = REPO / "tests" / "fixtures" / "desks"
-DESKS = ("access-request", "cancellation", "library-loans", "expense-claims")
+DESKS = ("access-request", "cancellation", "library-loans", "expense-claims", "late-checkout")
 
 
 @pytest.fixture
 def desks(tmp_path: Path) -> Workspace:
-    """The fixture workspace, copied: the four desks registered by module, as a user's workspace has them."""
+    """The fixture workspace, copied: the five desks registered by module, as a user's workspace has them."""
     shutil.copytree(FIXTURES, tmp_path / "desks", ignore=shutil.ignore_patterns("__pycache__"))
     return Workspace.load(tmp_path / "desks" / "improve.toml")
 
@@ -37,7 +37,8 @@ def test_a_fixture_desk_labels_as_its_handbook_says_and_careful_follows_it(
     desks: Workspace, name: str
 ) -> None:
     """Every labelled scenario is what the desk's handbook answers (its generator labels the same way),
-    both splits hold every category, `careful` passes every scenario and `naive` fails most."""
+    both splits hold every category, `careful` passes every scenario and `naive` fails much of the desk
+    (at least 40%: the late-checkout desk's naive escalates after 16:00 as its handbook does)."""
     env = desks.environment(name)
     scenarios = desks.scenarios(name).open_scenarios
     assert {s.split for s in scenarios} == {"train", "held-out"}
@@ -56,7 +57,7 @@ def test_a_fixture_desk_labels_as_its_handbook_says_and_careful_follows_it(
             rows.append(outcome_row(env, scenario, thread, store.read(thread)))
         assert all(not r.violations for r in rows)
         passed[model] = sum(r.passed for r in rows) / len(rows)
-    assert passed["careful"] == 1.0 and passed["naive"] < 0.5, passed
+    assert passed["careful"] == 1.0 and passed["naive"] < 0.6, passed
 
 
 def test_generated_cases_are_the_same_for_a_seed_and_labelled_by_the_handbook(desks: Workspace) -> None:

@@ -314,6 +314,9 @@ def test_a_full_round_recommends_and_leaves_a_branch_without_a_token(
     # The check on generated cases is off by default (a round of stand-ins is seconds); `init` turns it on.
     toml = tmp_path / "improve.toml"
     toml.write_text(toml.read_text().replace("[objective]\n", "[objective]\nout_of_sample_cases = 100\n", 1))
+    # A CHANGELOG ending in a blank line, as a hand-written one may: the working tree still ends clean.
+    notes = tmp_path / "policies" / "refunds" / "CHANGELOG.md"
+    notes.write_text(notes.read_text() + "\n")
     git.Repo(tmp_path).git.commit("-am", "check out of sample")
     space = Workspace.load(toml)
     result = run_round(space, RoundOptions(policy="v0", k=3))

@@ -172,11 +172,13 @@ def report_folder(reports: Path, record: RoundRecord, say: Say) -> Path:
 def restore_changelog(repo: Any, current: str, changelog: Path, top: Path) -> None:
     """The branch carries every entry written since HEAD; the working tree (whose CHANGELOG reads
     `current`) goes back to HEAD's CHANGELOG when it merely appended entries, so the branch merges
-    cleanly."""
-    rel = str(changelog.resolve().relative_to(top))
+    cleanly. HEAD's file is restored byte for byte (read from its blob: `git show` through GitPython
+    drops a final newline, and a file that ended in a blank line, or in none, was left modified, so the
+    reviewer's merge refused to run)."""
+    rel = changelog.resolve().relative_to(top).as_posix()
     try:
-        head_text = repo.git.show(f"HEAD:{rel}")
+        head_text = (repo.head.commit.tree / rel).data_stream.read().decode("utf-8")
     except Exception:
         return
     if current.startswith(head_text.rstrip("\n")):
-        write_atomic(changelog, head_text + ("\n" if not head_text.endswith("\n") else ""))
+        write_atomic(changelog, head_text)
