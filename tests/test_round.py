@@ -1639,6 +1639,30 @@ def test_a_rule_keeps_what_its_evidence_has_in_common() -> None:
     assert "plan" not in mine(shown, types, generalize="evidence+common")[0].condition
 
 
+def test_an_enumerated_test_keeps_to_the_values_its_evidence_takes() -> None:
+    """Pro customers' tickets are routed and free ones' closed; no training ticket is an enterprise
+    customer's. `plan != 'free'` and `plan == 'pro'` separate training alike, but the first also answers
+    for enterprise customers, which no training decision showed the rule answering: the default keeps
+    to `plan == 'pro'` and leaves them to the model. Once training shows an enterprise customer routed
+    too, the rule answers for both."""
+
+    def case(i: int, plan: str, seats: int, right: str) -> dict[str, Any]:
+        return decision(f"c{i}", {"plan": plan, "seats": seats}, ("CLOSE", "ROUTE"), "CLOSE", right)
+
+    examples = [
+        *(case(i, "pro", s, "ROUTE") for i, s in enumerate((3, 8, 12, 20))),
+        *(case(10 + i, "free", s, "CLOSE") for i, s in enumerate((1, 2, 5, 9))),
+    ]
+    types = {"facts.plan": ("free", "pro", "enterprise"), "facts.seats": "int"}
+    assert mine(examples, types, generalize="evidence+common")[0].condition == "facts.plan != 'free'"
+    assert [r.condition for r in mine(examples, types)] == ["facts.plan == 'pro'"]
+    shown = [*examples, *(case(20 + i, "enterprise", s, "ROUTE") for i, s in enumerate((40, 90)))]
+    assert mine(shown, types)[0].condition in (
+        "facts.plan != 'free'",
+        "facts.plan in ['pro', 'enterprise']",
+    ), mine(shown, types)[0].condition
+
+
 def test_evidence_that_rests_on_one_scenario_is_no_rule() -> None:
     """Three suspicious requests, each naming its own cause (a stolen card, a duplicate charge, fraud),
     two of them happening to use the word 'order' that no everyday training request uses: the word

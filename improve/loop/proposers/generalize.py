@@ -17,8 +17,9 @@ gain against agreement out of sample:
   with one is left to the model;
 - `+bounded`: `+common`, and the numbers kept to the range the covered right answers span (where
   training decisions lie outside it);
-- `+agree`: `+common`, each chosen threshold moved to the edge of the covered right answers, and a
-  near miss kept out on both grounds the training data cannot tell apart (`agree`);
+- `+agree`: `+common`, each chosen threshold moved to the edge of the covered right answers (and each
+  enumerated test kept to the values they take), and a near miss kept out on both grounds the training
+  data cannot tell apart (`agree`);
 - `+far`: `+bounded`, with near misses kept out as `+agree` does, but each chosen threshold moved to
   the edge of the decisions answered otherwise: the values between, which no training decision
   showed, are answered, along the fact the rule is about and no other. No default: a round asks for
@@ -128,7 +129,8 @@ def agree(
 
     A threshold the term chose among many that separate equally is moved to the edge of the right
     answers it covers (`x < 30` -> `x <= 13` when 13 is the largest covered): what lies between is a
-    value no training decision showed. A threshold in `far` (one the rule chose, not one it kept)
+    value no training decision showed. An enumerated test that admits a value none of them has is
+    narrowed to the values they take (`_seen_values`), for the same reason. A threshold in `far` (one the rule chose, not one it kept)
     moves to the edge of the decisions answered otherwise instead (`x < 30` -> `x < 25` when 25 is the
     smallest of them above 13): what lies between is answered. The environment's own thresholds for
     the fact stay (`RuleTerms.given`). And a decision
@@ -156,7 +158,10 @@ def agree(
                     else Atom("threshold", atom.path, ">=", min(values))
                 )
             )
-        narrowed.append(atom)
+        elif atom.kind in ("equals", "member") and vocab.fact_types.get(atom.path) == "enum":
+            atom = _seen_values(atom, values, _known_values(vocab, atom.path, cases))
+        if atom not in narrowed:  # a test narrowed to one the term has already
+            narrowed.append(atom)
     tested = {p for atom in narrowed for p in atom.paths}
     grounds = _grounds(vocab, tested, covered, others)
     kept = list(narrowed)
@@ -177,6 +182,29 @@ def agree(
         if len(differ) == 1 and differ[0] not in kept and outs(differ[0]) >= outs(alone[0]):
             kept.append(differ[0])
     return tuple(kept)
+
+
+def _known_values(vocab: RuleTerms, path: str, cases: Sequence[Case]) -> list[Any]:
+    """An enumerated fact's values: the declared ones in their order, then any other the cases show."""
+    declared = list(vocab.values.get(path) or ())
+    observed = sorted({v for v in _column(path, cases) if v not in declared}, key=str)
+    return [*declared, *observed]
+
+
+def _seen_values(atom: Atom, covered: Sequence[Any], known: Sequence[Any]) -> Atom:
+    """An enumerated test narrowed to the values the right answers it covers take, when it admits a known
+    value none of them has (`classification not in [public, confidential]` -> `== 'secret'` when every
+    covered case is secret): a value the rule was never seen answering for is left to the model, as
+    `keep` leaves an untested fact's unseen values. A test already within those values stays."""
+    if not all(isinstance(v, str | int) and not isinstance(v, bool) for v in covered):
+        return atom
+    seen = set(covered)
+    if not any(atom.holds_on(v) for v in known if v not in seen):
+        return atom
+    values = [v for v in known if v in seen and atom.holds_on(v)]
+    if len(values) == 1:
+        return Atom("equals", atom.path, "==", values[0])
+    return Atom("member", atom.path, "==", tuple(values)) if values else atom
 
 
 def _column(path: str, among: Sequence[Case]) -> list[Any]:
