@@ -12,6 +12,7 @@ import threading
 import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -676,9 +677,11 @@ def test_the_same_candidate_with_another_changelog_entry_adds_no_commit(
 ) -> None:
     # A rerun of a round proposes the same policy; its CHANGELOG entry differs only in the round id.
     ws = make_workspace(tmp_path)
-    first = call(ws, api_env(github), candidate=["policies/refunds/v1.json"])
+    masked = partial(re.sub, r"round \d+", "round")
+    entry = {**FILES, "policies/refunds/CHANGELOG.md": CHANGELOG_V1 + "- Report: round 1.\n"}
+    first = call(ws, api_env(github), files=entry, candidate=["policies/refunds/v1.json"], alike=masked)
     rerun = {**FILES, "policies/refunds/CHANGELOG.md": CHANGELOG_V1 + "- Report: round 2.\n"}
-    second = call(ws, api_env(github), files=rerun, candidate=["policies/refunds/v1.json"])
+    second = call(ws, api_env(github), files=rerun, candidate=["policies/refunds/v1.json"], alike=masked)
     assert second.reused and second.commit == first.commit
     assert second.notes and "already holds this candidate (policies/refunds/v1.json)" in second.notes[0]
     assert ws.bare is not None
@@ -686,3 +689,7 @@ def test_the_same_candidate_with_another_changelog_entry_adds_no_commit(
     # Without naming the candidate, the changed entry is a change: a commit on top (as before).
     third = call(ws, api_env(github), files=rerun)
     assert not third.reused and third.commit != first.commit
+    # The same candidate measured otherwise: its entry says other figures, so it goes on top.
+    other = {**FILES, "policies/refunds/CHANGELOG.md": CHANGELOG_V1 + "- held-out 0.5 -> 0.6, round 3.\n"}
+    fourth = call(ws, api_env(github), files=other, candidate=["policies/refunds/v1.json"], alike=masked)
+    assert not fourth.reused and fourth.commit != third.commit

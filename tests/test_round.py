@@ -2011,6 +2011,14 @@ def test_a_rerun_after_a_killed_round_replaces_its_report_and_adds_no_commit(
     assert third.report != second.report
     assert (tmp_path / second.report / "round.json").read_text() == finished  # type: ignore[operator]
     assert repo.commit(branch).hexsha == tip
+    # The same candidate measured otherwise (k = 3: other figures) goes on top, so the branch's CHANGELOG
+    # holds the evidence its PR body shows, not the first round's.
+    fourth = run_round(space, RoundOptions(policy="v0", k=3))
+    assert fourth.status == "recommended" and fourth.candidate_version == "v1"
+    top = repo.commit(branch)
+    assert top.hexsha != tip and top.parents[0].hexsha == tip
+    entry = (top.tree / "policies" / "refunds" / "CHANGELOG.md").data_stream.read().decode()
+    assert "k = 3" in entry and "k = 2" not in entry and fourth.round_id in entry
 
 
 def test_a_round_id_with_a_round_json_gets_a_new_id_and_a_partial_folder_is_replaced(tmp_path: Path) -> None:

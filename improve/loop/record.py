@@ -8,6 +8,7 @@ import json
 import re
 import shutil
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -114,9 +115,11 @@ class Recorder:
                 body=body,
                 commit_message=f"{title}\n\nProposed by improve round {record.round_id}.",
                 allow_insecure_github=self.allow_insecure_github,
-                # A rerun proposing the same policy adds no commit (its CHANGELOG entry differs only in
-                # the round id); the branch keeps the first round's entry.
+                # A rerun proposing the same policy with the same evidence adds no commit (its CHANGELOG
+                # entry differs only in the round id); measured otherwise (another model, other figures),
+                # its entry goes on top, so the branch holds the evidence its PR body shows.
                 candidate=[policy_rel],
+                alike=partial(ROUND_ID.sub, "<round>"),
             )
         except ImproveError as err:
             self.say(f"pull request: {err}")
@@ -129,6 +132,10 @@ class Recorder:
         self.say(f"pull request: {pr.pr_url}" if pr.pr_url else f"branch {branch} ready, not published{why}")
         return Review.model_validate(pr.to_json())
 
+
+ROUND_ID = re.compile(r"\b\d{8}-\d{6}-[A-Za-z0-9_.-]+-v\d+(?:-\d+)?\b")
+"""A round id as `Round` makes it (`20261204-004707-refunds-v1`, `-2` after it when taken): what a rerun
+of the same round changes in its CHANGELOG entry."""
 
 ROUND_FILES = re.compile(
     r"(scorecard|pr|changelog-entry|CHANGELOG)\.md|policy\.(json|diff)|(candidate|scorecards)\.json|v\d+\.json"

@@ -19,16 +19,18 @@ Branch reuse. If `branch` already exists (locally, or as `<remote>/<branch>` fro
 and its tip already holds the same content for every file, it is reused as is (no new commit). If it
 holds different content, a new commit goes on top of its tip, so the push that follows is a
 fast-forward (`push.py` never forces one). With `same_if` (the candidate's own files, e.g. the policy),
-a tip that already holds those is reused too, whatever the other files say: a round rerun on the same
-candidate writes a CHANGELOG entry that differs only in its round id, and committing that would put a
-second commit of the same candidate on the branch.
+a tip that already holds those is reused too when every other file reads the same once `alike` has
+rewritten both: a round rerun on the same candidate writes a CHANGELOG entry that differs only in its
+round id (which `alike` masks), and committing that would put a second commit of the same candidate on
+the branch. Where another file says something else (the same candidate measured again on another model,
+with other figures), a commit goes on top: the branch carries the evidence of the round that proposes it.
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import NamedTuple
 
@@ -58,6 +60,7 @@ def commit_to_branch(
     base_commit: str,
     remote: str | None,
     same_if: Collection[str] = (),
+    alike: Callable[[str], str] = lambda text: text,
 ) -> BranchCommit:
     """Point `refs/heads/<branch>` at a commit holding `files` (repository paths to content).
 
@@ -78,7 +81,12 @@ def commit_to_branch(
         commit = start
         reused = True
         notes.append(f"the branch {branch} already holds this content at {start[:12]}; reused it")
-    elif start is not None and candidate and _holds(g, start, candidate):
+    elif (
+        start is not None
+        and candidate
+        and _holds(g, start, candidate)
+        and _reads_alike(g, start, {p: c for p, c in files.items() if p not in candidate}, alike)
+    ):
         commit = start
         reused = True
         notes.append(
@@ -172,6 +180,16 @@ def _commit_on(g: GitRunner, parent: str, blobs: Mapping[str, str], message: str
     return g.run(
         "commit-tree", tree, "-p", parent, "-m", message, env=_identity_env(g), what="creating the commit"
     ).strip()
+
+
+def _reads_alike(g: GitRunner, commit: str, files: Mapping[str, bytes], alike: Callable[[str], str]) -> bool:
+    """Whether each of `files` at `commit` reads as the content given, once `alike` rewrote both (git's
+    output loses a final newline, so none counts)."""
+    for path, data in files.items():
+        held = g.ok("show", f"{commit}:{path}")
+        if held is None or alike(held).rstrip("\n") != alike(data.decode("utf-8", "replace")).rstrip("\n"):
+            return False
+    return True
 
 
 def _holds(g: GitRunner, commit: str, blobs: Mapping[str, str]) -> bool:

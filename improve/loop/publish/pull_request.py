@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import shlex
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -85,6 +85,7 @@ def open_pull_request(
     body_file: str | Path | None = None,
     allow_insecure_github: bool = False,
     candidate: Iterable[str] = (),
+    alike: Callable[[str], str] = lambda text: text,
 ) -> PullRequestResult:
     """Commit exactly `files` to `branch` (from HEAD or `base`), push it, and open or update its PR.
 
@@ -95,7 +96,8 @@ def open_pull_request(
     the body for the `gh pr create` line). A push URL or API URL that is plain `http://` sends nothing
     either (the token would travel in clear text) unless `allow_insecure_github`; `instructions` and
     `notes` say so. `candidate` names the files (of `files`) that are the proposal itself: a branch whose
-    tip already holds them gets no new commit. Never merges. Raises `PullRequestError` (exit code 3).
+    tip already holds them, and the other files as they read once `alike` rewrote them (a round id
+    masked), gets no new commit. Never merges. Raises `PullRequestError` (exit code 3).
     """
     token = find_token(env)
     scrub = Scrubber(env, token)
@@ -135,6 +137,7 @@ def open_pull_request(
         base_commit=base_commit,
         remote=remote if has_remote else None,
         same_if=[repo_path(path, prefix) for path in candidate],
+        alike=alike,
     )
 
     base_name = base_branch_name(g, base, remote, has_remote)
