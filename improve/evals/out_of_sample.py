@@ -38,6 +38,8 @@ REFERENCE_MODEL = "careful"
 """The stand-in whose runs of the first policy label the cases a generator leaves unlabelled."""
 CASES = 400
 SEED = 20261130
+UNNAMED = "generated"
+"""The category of a case whose draw names none."""
 MAX_DRAWS = 4
 """Draws per case at most: a draw the reference cannot finish is drawn again."""
 PROGRESS = 10
@@ -131,7 +133,7 @@ class Agreement:
 def _scenario(number: int, draw: Mapping[str, Any], expected: Expected) -> Scenario:
     return Scenario(
         id=f"generated-{number:04d}",
-        category=str(draw.get("category") or "generated"),
+        category=str(draw.get("category") or UNNAMED),
         # Generated cases belong to no scenario file; like the sealed split, no round reads them.
         split="test",
         input=dict(draw.get("input") or {}),
@@ -385,7 +387,8 @@ class OutOfSample:
         """The cases the last policy checked (the one under review: the earlier versions are what it grew
         from) ended otherwise than labelled, each once (the first model to meet it says why), as
         scenarios to label: in the training split, so that the next round learns from them, an id that
-        names the seed and the case, the label's outcome as the category; and a comment for the person
+        names the seed and the case, the category its draw named (else the label's outcome, so drafts sort
+        by what they should end as); and a comment for the person
         who checks the label, naming who answered (a learned branch, or the model)."""
         seen: dict[str, tuple[Scenario, str]] = {}
         last = self.agreements[-1].policy if self.agreements else None
@@ -399,7 +402,7 @@ class OutOfSample:
                 draft = d.scenario.model_copy(
                     update={
                         "id": f"generated-{self.seed}-{number}",
-                        "category": d.expected,
+                        "category": d.expected if d.category == UNNAMED else d.category,
                         "split": "train",
                         "description": f"Drawn by {self.environment}'s case generator (seed {self.seed}, case "
                         f"{number}): {a.policy} with {a.model} ended it {d.got}.",
