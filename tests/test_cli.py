@@ -192,6 +192,24 @@ def test_replay_verifies_and_flags_divergence(ws: Path) -> None:
     assert f"entry {target} (xstate.done.actor" in bad.stderr and "content changed" in bad.stderr
 
 
+def test_a_thread_that_does_not_fold_is_named_and_the_others_still_replay(ws: Path) -> None:
+    """A thread recorded by other files of the environment under the same version (its machine reads an
+    input this run does not have) is named as invalid, with why it may be; the rest replay; exit 1."""
+    for scenario in ("partial-refund-01", "small-refund-01"):
+        runner.invoke(app, ["run", "-w", str(ws), "--split", "train", "--k", "1", "--scenario", scenario])
+    path = ws / "traces" / "train:v0:naive:small-refund-01:r1.jsonl"
+    entries = [json.loads(line) for line in path.read_text().splitlines()]
+    del entries[0]["event"]["input"]["customerId"]
+    entries[0]["metadata"]["digests"]["environment"] = "0" * 64
+    path.write_text("\n".join(json.dumps(e) for e in entries) + "\n")
+    result = runner.invoke(app, ["replay", "-w", str(ws), str(ws / "traces"), "--json"])
+    assert result.exit_code == 1, result.output
+    assert "INVALID train:v0:naive:small-refund-01:r1: entry 0 (@agent.init)" in result.stderr
+    assert "recorded with other files of environment 'refunds': digest 000000000000" in result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["invalid"] == 1 and [t["final_state"] for t in doc["threads"] if "final_state" in t]
+
+
 def test_replay_of_a_malformed_file_names_the_line(ws: Path) -> None:
     path = ws / "broken.jsonl"
     path.write_text('{"schemaVersion": 1}\n')

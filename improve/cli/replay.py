@@ -89,6 +89,20 @@ def _environment_for(
     return cache[machine_id]
 
 
+def _changed(environment: Environment, entries: Sequence[EntryView]) -> str:
+    """Why a thread may no longer replay: the environment's files changed since it was recorded."""
+    from improve.evals import recorded_with
+
+    recorded = recorded_with(environment, entries)
+    if recorded is None:
+        return ""
+    return (
+        f" (recorded with other files of environment {environment.name!r}: digest {recorded[:12]}, now "
+        f"{environment.files_digest[:12]}; a machine that behaves otherwise needs a new `version`, and a "
+        "thread replays with the files that recorded it)"
+    )
+
+
 def replay_command(
     targets: Annotated[list[str], typer.Argument(help="JSONL files, directories, or thread ids in traces/.")],
     verify: Annotated[
@@ -112,7 +126,8 @@ def replay_command(
     Prints each thread's final state and output. With --verify, checks each chained thread's hash
     chain (every entry's entryHash: an edited, removed, inserted or reordered entry is named), every
     journaled snapshot hash, and that the thread ends with its run's @agent.end entry; exits 1 when a
-    thread is tampered, diverged or incomplete. Threads of the older, unchained form (schemaVersion 1)
+    thread is tampered, diverged or incomplete. A thread that does not fold (the machine refuses an
+    entry) is named as invalid, the others still replayed, and the exit is 1. Threads of the older, unchained form (schemaVersion 1)
     are checked as far as their state hashes go and reported as unchained, not as a failure (unless
     --require-chain).
 
@@ -130,7 +145,7 @@ def replay_command(
         threads = _paused(_threads_from(targets, space.traces))
         cache: dict[str, Environment] = {}
         results: list[dict[str, Any]] = []
-        failed: dict[str, int] = {"tampered": 0, "diverged": 0, "incomplete": 0, "unchained": 0}
+        failed: dict[str, int] = {"tampered": 0, "diverged": 0, "invalid": 0, "incomplete": 0, "unchained": 0}
         for thread_id, entries in threads:
             if not entries:
                 raise LogError(f"thread {thread_id} is empty")
@@ -146,8 +161,17 @@ def replay_command(
                 continue
             except DivergenceError as error:
                 failed["diverged"] += 1
-                results.append({"thread": thread_id, "diverged": str(error)})
-                err.print(f"[red]DIVERGED[/] {escape(thread_id)}: {escape(str(error))}", markup=True)
+                why = f"{error}{_changed(environment, entries)}"
+                results.append({"thread": thread_id, "diverged": why})
+                err.print(f"[red]DIVERGED[/] {escape(thread_id)}: {escape(why)}", markup=True)
+                continue
+            except LogError as error:
+                # It does not fold (an entry the machine refuses, another machine version): named, and the
+                # other threads still replayed.
+                failed["invalid"] += 1
+                why = f"{error}{_changed(environment, entries)}"
+                results.append({"thread": thread_id, "invalid": why})
+                err.print(f"[red]INVALID[/] {escape(thread_id)}: {escape(why)}", markup=True)
                 continue
             if result.verification == "incomplete":
                 failed["incomplete"] += 1
@@ -190,7 +214,7 @@ def replay_command(
             if verify:
                 table.add_column("verification", overflow="fold")
             for item in results:
-                bad = next((key for key in ("tampered", "diverged") if key in item), None)
+                bad = next((key for key in ("tampered", "diverged", "invalid") if key in item), None)
                 if bad:
                     table.add_row(
                         item["thread"], f"[red]{bad}[/]", "", escape(item[bad]), *([""] if verify else [])
@@ -202,7 +226,7 @@ def replay_command(
                     row.append(f"[{style}]{item['verification']}[/]")
                 table.add_row(*row)
             out.print(table)
-        if failed["tampered"] or failed["diverged"] or failed["incomplete"]:
+        if failed["tampered"] or failed["diverged"] or failed["invalid"] or failed["incomplete"]:
             raise typer.Exit(EXIT_FAILED)
         if require_chain and failed["unchained"]:
             raise typer.Exit(EXIT_FAILED)

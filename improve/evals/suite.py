@@ -25,6 +25,7 @@ from improve.evals.scenarios import Scenario
 from improve.evals.workspace import Workspace, policy_hash, policy_label
 from improve.llm import CacheMode, Meter, ModelSpec, ResponseCache
 from improve.log import (
+    EntryView,
     KeptReads,
     LogEntry,
     MemoryStore,
@@ -616,6 +617,15 @@ def stale(env: Environment, store: Store, thread_id: str, scenario: Scenario) ->
     entries = store.read(thread_id)
     recorded = (entries[0].metadata or {}).get(DIGESTS) if entries else None
     return isinstance(recorded, dict) and recorded != inputs_digests(env, scenario)
+
+
+def recorded_with(env: Environment, entries: Sequence[EntryView]) -> str | None:
+    """The digest of the environment's files the thread was recorded with, when it is not theirs now (its
+    machine or tools changed since, under the same version): why a thread may no longer fold. None when
+    they are the same, or its stamp holds no digest."""
+    recorded = (entries[0].metadata or {}).get(DIGESTS) if entries else None
+    found = recorded.get("environment") if isinstance(recorded, dict) else None
+    return found if isinstance(found, str) and found != env.files_digest else None
 
 
 def _stamp_diff(recorded: dict[str, Any], wanted: dict[str, Any]) -> str:
