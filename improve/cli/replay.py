@@ -159,19 +159,14 @@ def replay_command(
                 )
                 err.print(f"[red]TAMPERED[/] {escape(str(error))}", markup=True)
                 continue
-            except DivergenceError as error:
-                failed["diverged"] += 1
-                why = f"{error}{_changed(environment, entries)}"
-                results.append({"thread": thread_id, "diverged": why})
-                err.print(f"[red]DIVERGED[/] {escape(thread_id)}: {escape(why)}", markup=True)
-                continue
             except LogError as error:
-                # It does not fold (an entry the machine refuses, another machine version): named, and the
-                # other threads still replayed.
-                failed["invalid"] += 1
+                # Diverged, or it does not fold at all (an entry the machine refuses, another machine
+                # version): named, and the other threads still replayed.
+                kind = "diverged" if isinstance(error, DivergenceError) else "invalid"
+                failed[kind] += 1
                 why = f"{error}{_changed(environment, entries)}"
-                results.append({"thread": thread_id, "invalid": why})
-                err.print(f"[red]INVALID[/] {escape(thread_id)}: {escape(why)}", markup=True)
+                results.append({"thread": thread_id, kind: why})
+                err.print(f"[red]{kind.upper()}[/] {escape(thread_id)}: {escape(why)}", markup=True)
                 continue
             if result.verification == "incomplete":
                 failed["incomplete"] += 1
