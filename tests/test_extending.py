@@ -1,10 +1,13 @@
 """docs/extending.md's worked examples, run as written: its proposer, gate and importer registered in
-a workspace that `improve init` wrote, then used by name through the CLI."""
+a workspace that `improve init` wrote, then used by name through the CLI; its deployed agent serving a
+ticket, whose thread the warehouse then reads as production."""
 
 from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import git
@@ -31,7 +34,7 @@ def test_the_documented_proposer_gate_and_importer_work_as_written(tmp_path: Pat
         first = code.splitlines()[0]
         if re.fullmatch(r"# \w+\.py", first):
             modules[first[2:]] = code
-    assert sorted(modules) == ["desk_gates.py", "my_importers.py", "my_proposers.py"]
+    assert sorted(modules) == ["desk_gates.py", "my_importers.py", "my_proposers.py", "serve.py"]
     for name, code in modules.items():
         (ws / name).write_text(code)
     registrations = [b for b in blocks("toml") if re.match(r"\[(proposers|gates|importers)\.", b)]
@@ -72,3 +75,13 @@ def test_the_documented_proposer_gate_and_importer_work_as_written(tmp_path: Pat
     rows = runner.invoke(app, ["sql", "-w", str(ws), query, "--format", "json"])
     assert rows.exit_code == 0, rows.output
     assert [r["event_type"] for r in json.loads(rows.stdout)] == ["chatlog.user", "chatlog.assistant"]
+
+    served = subprocess.run(
+        [sys.executable, "serve.py"], cwd=ws, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert served.returncode == 0 and served.stdout.strip() == "credited", served.stderr
+    production = ws / "traces" / "production"
+    assert runner.invoke(app, ["ingest", "-w", str(ws), str(production)]).exit_code == 0
+    found = runner.invoke(app, ["diagnose", "-w", str(ws), "--source", "production", "--json"])
+    assert found.exit_code == 0, found.output
+    assert json.loads(found.stdout)["threads"] == 1

@@ -13,8 +13,9 @@ from typer.testing import CliRunner
 
 from improve.cli.main import app
 from improve.demo import commit_workspace
+from improve.evals import PRODUCTION_DIR, Workspace, deploy
 from improve.warehouse import connect
-from tests.helpers import REPO, copy_workspace
+from tests.helpers import copy_workspace
 
 runner = CliRunner()
 
@@ -124,24 +125,12 @@ PARTIAL = [  # (customer, order, total, refunded, asked): more asked than is lef
 SMALL = [("C-5", "O-5", 30, 0, 30), ("C-6", "O-6", 45, 0, 20)]
 
 
-def production_thread(store: Any, thread_id: str, case: tuple[str, str, int, int, int]) -> None:
-    """A deployed agent's run: the refund desk on v0 with the naive model, no scenario, no label."""
-    from improve.runtime import PolicyDecider, compile_policy, load_environment, load_policy, run
-
-    env = load_environment("refunds")
+def production_thread(agent: Any, thread_id: str, case: tuple[str, str, int, int, int]) -> None:
+    """A deployed agent's run (`improve.evals.deploy`): the refund desk on v0, no scenario, no label."""
     customer, order, total, refunded, asked = case
-    policy = compile_policy(
-        load_policy(REPO / "policies" / "refunds" / "v0.json"), env.judgments, env.policy_guards
-    )
-    run(
-        env,
-        input={
-            "ticket": "The parcel arrived damaged.",
-            "customerId": customer,
-            "orderId": order,
-            "amount": asked,
-        },
-        world=env.make_world(
+    agent.run(
+        {"ticket": "The parcel arrived damaged.", "customerId": customer, "orderId": order, "amount": asked},
+        agent.env.make_world(
             {
                 "customers": {customer: {"refundsLast90d": 0, "accountAgeDays": 300}},
                 "orders": {
@@ -154,25 +143,26 @@ def production_thread(store: Any, thread_id: str, case: tuple[str, str, int, int
                 },
             }
         ),
-        people={},
-        decider=PolicyDecider(policy, {"decider": env.models["naive"](thread_id)}, env.judgments),
-        store=store,
         thread_id=thread_id,
     )
 
 
 @pytest.mark.slow
 def test_production_threads_become_scenarios_and_a_round_fixes_them(tmp_path: Path) -> None:
-    from improve.log import JsonlDirStore
 
     ws = copy_workspace(tmp_path / "ws")
     # A workspace whose only labelled scenarios will come from production.
     (ws / "scenarios" / "refunds.yaml").write_text("environment: refunds\nscenarios: []\n")
     commit_workspace(ws, user="t", message="workspace")
-    prod = JsonlDirStore(tmp_path / "prod")
+    # The deployed agent journals into the workspace's traces/production/ by default.
+    agent = deploy(Workspace.load(ws / "improve.toml"), "v0", model="naive")
     for number, case in enumerate(PARTIAL + SMALL, start=1):
-        production_thread(prod, f"prod-{number:04d}", case)
-    ingested = runner.invoke(app, ["ingest", "-w", str(ws), str(tmp_path / "prod")])
+        production_thread(agent, f"prod-{number:04d}", case)
+    prod = ws / "traces" / PRODUCTION_DIR
+    stamp = json.loads((prod / "prod-0001.jsonl").read_text().splitlines()[0])["metadata"]
+    assert stamp["environment"] == "refunds" and stamp["policy"]["version"] == "0"
+    assert stamp["models"] == {"decider": "naive"} and "scenario" not in stamp
+    ingested = runner.invoke(app, ["ingest", "-w", str(ws), str(prod)])
     assert ingested.exit_code == 0, ingested.output
 
     found = cli(ws, "diagnose", "--source", "production", "--json")
@@ -192,7 +182,7 @@ def test_production_threads_become_scenarios_and_a_round_fixes_them(tmp_path: Pa
         effect = json.dumps({"kind": "refund", "orderId": case[1], "amount": left})
         added = runner.invoke(
             app,
-            ["scenarios", "add", "-w", str(ws), "--from-thread", str(tmp_path / "prod" / f"{thread}.jsonl"),
+            ["scenarios", "add", "-w", str(ws), "--from-thread", str(prod / f"{thread}.jsonl"),
              "--expect", "issued", "--effect", effect, "--split", split, "--category", "partial-refund"],
         )  # fmt: skip
         assert added.exit_code == 0, added.output

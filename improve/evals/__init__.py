@@ -4,6 +4,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from improve.evals.cluster import ExecutorChoice, open_fanout, parse_executor
+from improve.evals.deploy import PRODUCTION_DIR, Agent, deploy
 from improve.evals.fanout import Fanout, ModelGate
 from improve.evals.from_thread import find_thread, scenario_from_thread
 from improve.evals.holdout import HeldOutRead, bias_bound, scenarios_needed, set_key, supported_reads
@@ -142,11 +143,13 @@ __all__ = [
     "CONFIG_NAME",
     "OPEN_SPLITS",
     "OUTCOMES_SQL",
+    "PRODUCTION_DIR",
     "SEALED_SPLIT",
     "SPLITS",
     "UNSEALINGS_FILE",
     "UNSEAL_HOW",
     "AgainstReference",
+    "Agent",
     "Batch",
     "Check",
     "Comparison",
@@ -192,6 +195,7 @@ __all__ = [
     "compare_effects",
     "current_user",
     "decide",
+    "deploy",
     "describe_model",
     "effects_from_log",
     "every",

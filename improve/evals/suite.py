@@ -133,14 +133,22 @@ class SuiteSpec:
         (`write_threads`). `digests`: the environment's files and what the scenario starts from, so
         a run recorded before either changed is run again rather than reused."""
         return {
-            "environment": env.name,
-            "policy": {"id": self.policy.id, "version": self.policy.version, "hash": self.policy_hash},
-            "models": {"decider": self.model},
-            **({"modelSpec": self.model_spec.public()} if self.model_spec is not None else {}),
+            **self.live_stamp(env),
             "scenario": scenario.id,
             "split": scenario.split,
             "run": run_number,
             DIGESTS: {"environment": env.files_digest, "scenario": self._scenario_digest(scenario)},
+        }
+
+    def live_stamp(self, env: Environment) -> dict[str, Any]:
+        """The stamp of a run of no scenario (a deployed agent's, `deploy`): the environment, the policy,
+        the model, and the digest of the environment's files."""
+        return {
+            "environment": env.name,
+            "policy": {"id": self.policy.id, "version": self.policy.version, "hash": self.policy_hash},
+            "models": {"decider": self.model},
+            **({"modelSpec": self.model_spec.public()} if self.model_spec is not None else {}),
+            DIGESTS: {"environment": env.files_digest},
         }
 
     def _scenario_digest(self, scenario: Scenario) -> str:

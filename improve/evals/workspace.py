@@ -261,9 +261,15 @@ class Workspace:
         return cls(here, WorkspaceConfig())
 
     @classmethod
-    def load(cls, path: Path) -> Workspace:
+    def load(cls, path: Path | str) -> Workspace:
+        """The workspace whose improve.toml is at `path`."""
+        path = Path(path)
         try:
             data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise WorkspaceError(
+                f"{path}: no such file; pass the workspace's improve.toml (`improve init` writes one)"
+            ) from None
         except tomllib.TOMLDecodeError as err:
             raise WorkspaceError(f"{path}: invalid TOML: {err}") from None
         try:
