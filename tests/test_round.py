@@ -946,6 +946,25 @@ def overlapping_desk() -> Any:
     return slowed_refunds("overlapping", lambda: None)
 
 
+def _overlapping_workspace(root: Path, goal: str | None = None) -> Workspace:
+    """A workspace of the overlapping desk, labelled as the refund desk; `goal` its held-out criterion."""
+    (root / "scenarios").mkdir(parents=True)
+    shutil.copytree(REPO / "policies" / "refunds", root / "policies" / "overlapping")
+    if goal is not None:  # the goal's criterion, which the refund desk's policy states as >= 0.95
+        v0 = root / "policies" / "overlapping" / "v0.json"
+        v0.write_text(v0.read_text().replace(">= 0.95", f">= {goal}"))
+    scenarios = (REPO / "scenarios" / "refunds.yaml").read_text(encoding="utf-8")
+    (root / "scenarios" / "overlapping.yaml").write_text(
+        scenarios.replace("\nenvironment: refunds\n", "\nenvironment: overlapping\n"), encoding="utf-8"
+    )
+    (root / "improve.toml").write_text(
+        '[workspace]\nenvironment = "overlapping"\n\n[environments.overlapping]\n'
+        'module = "tests.test_round:overlapping_desk"\n\n[objective]\nk = 2\n',
+        encoding="utf-8",
+    )
+    return Workspace.load(root / "improve.toml")
+
+
 def test_every_suite_of_a_round_runs_on_one_pool_of_threads(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -966,22 +985,50 @@ def test_every_suite_of_a_round_runs_on_one_pool_of_threads(
 
     monkeypatch.setattr(suite_module, "_run_one", one)
     monkeypatch.setattr(evidence_module, "_passes", counterfactual)
-    (tmp_path / "scenarios").mkdir()
-    shutil.copytree(REPO / "policies" / "refunds", tmp_path / "policies" / "overlapping")
-    scenarios = (REPO / "scenarios" / "refunds.yaml").read_text(encoding="utf-8")
-    (tmp_path / "scenarios" / "overlapping.yaml").write_text(
-        scenarios.replace("\nenvironment: refunds\n", "\nenvironment: overlapping\n"), encoding="utf-8"
-    )
-    (tmp_path / "improve.toml").write_text(
-        '[workspace]\nenvironment = "overlapping"\n\n[environments.overlapping]\n'
-        'module = "tests.test_round:overlapping_desk"\n\n[objective]\nk = 2\n',
-        encoding="utf-8",
-    )
-    space = Workspace.load(tmp_path / "improve.toml")
+    space = _overlapping_workspace(tmp_path)
     record = run_round(space, RoundOptions(policy="v0", k=2, model="overlapping", concurrency=4))
     assert record.reruns is not None and record.reruns.extra_runs  # reruns ran, on the same threads
     assert 1 < len(workers) <= 4 and all(w.name.startswith("improve-run") for w in workers)
     assert varied and len(workers | varied) <= 4
+
+
+def test_a_held_out_baseline_run_beside_the_diagnosis_decides_and_says_as_one_run_before_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where runs wait on a model together, the round diagnoses, proposes and gates once the baseline's
+    training runs are recorded, while its held-out runs still wait: the same rows, decision and messages
+    (the round's own wait for the join) as a round that runs them all first (concurrency 1). A goal that
+    already holds on held-out stops it as before diagnosing, with nothing of the diagnosis said."""
+    import improve.loop.round as round_module
+
+    # What the diagnosis had of the baseline when it started: how many held-out rows.
+    diagnose, held_out_rows = round_module.Round.diagnose, []
+
+    def counted(self: Any) -> bool:
+        held_out_rows.append(sum(r.split == "held-out" for r in self.base_rows))
+        return bool(diagnose(self))
+
+    monkeypatch.setattr(round_module.Round, "diagnose", counted)
+    records, said = {}, {}
+    for concurrency in (1, 4):
+        space = _overlapping_workspace(tmp_path / f"c{concurrency}")
+        lines: list[str] = []
+        records[concurrency] = run_round(
+            space, RoundOptions(policy="v0", k=2, model="overlapping", concurrency=concurrency), lines.append
+        )
+        said[concurrency] = [m for m in lines if not re.search(r"\d+/\d+ runs|^\s+(reruns|baseline)", m)]
+    one, four = records[1], records[4]
+    assert held_out_rows[0] > 0 and held_out_rows[1] == 0  # concurrency 4 diagnosed before them
+    assert (one.status, one.rationale, one.scores) == (four.status, four.rationale, four.scores)
+    assert [re.sub(r"\d{8}-\d{6}", "", m) for m in said[1]] == [
+        re.sub(r"\d{8}-\d{6}", "", m) for m in said[4]
+    ]
+    # A goal the baseline already meets on held-out: nothing to fix, and no diagnosis said or recorded.
+    lines = []
+    space = _overlapping_workspace(tmp_path / "goal", goal="0.0")
+    met = run_round(space, RoundOptions(policy="v0", k=2, model="overlapping", concurrency=4), lines.append)
+    assert met.status == "nothing-to-fix" and met.goal_met and met.cluster is None
+    assert not any(m.startswith(("diagnose", "cluster", "gates")) for m in lines), lines
 
 
 @pytest.mark.slow

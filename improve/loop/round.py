@@ -1,6 +1,8 @@
 """One improvement round: from the traces of the current policy to a reviewed pull request.
 
-    Round.run:  baseline   k runs per scenario of the current policy (reused from traces when recorded)
+    Round.run:  baseline   k runs per scenario of the current policy (reused from traces when recorded);
+                           where runs wait on a model, the held-out ones go on while the round diagnoses,
+                           proposes and gates (`_train_first`), joined before the candidate runs
              -> diagnose   train failures only: clusters, the one to fix, the hypothesis
              -> propose    one change
              -> gate       the gates in order (novelty among them when the CHANGELOG remembers
@@ -153,7 +155,8 @@ class Round:
     def __init__(
         self, space: Workspace, opts: RoundOptions, inputs: Inputs, ledger: Ledger, say: Say
     ) -> None:
-        self.space, self.opts, self.inputs, self.ledger, self.say = space, opts, inputs, ledger, say
+        self.space, self.opts, self.inputs, self.ledger = space, opts, inputs, ledger
+        self.say = _Held(say)
         self.objective = space.config.objective
         self.k = opts.k or self.objective.k
         self.replay_first = (
@@ -225,6 +228,9 @@ class Round:
         """The reruns run ahead (`_ahead`), the baseline's and the candidate's, by scenario and run."""
         self._ahead_store: Ahead | None = None
         self._background: _Background | None = None
+        self._held_out: _Background | None = None
+        """The held-out baseline, running while the round diagnoses (`_train_first`)."""
+        self._held_out_rows: list[list[OutcomeRow]] | None = None
 
     def run(self) -> RoundRecord:
         steps = (
@@ -240,8 +246,13 @@ class Round:
             for step in steps:
                 if not step():
                     break
+            self._held_out_baseline()  # a round that stopped early still records the baseline's runs
             return self.record()
         finally:
+            if self._held_out is not None:
+                self._held_out.join()  # its runs are on the pool closed next
+                for message in self.say.release():  # a round that raised meanwhile still says what it did
+                    self.say(message)
             self._slots.close()
 
     # --- the steps ------------------------------------------------------------------------------
@@ -253,16 +264,97 @@ class Round:
             f"baseline: {self.label} on {len(inputs.train)} train + {len(inputs.held_out)} held-out "
             f"scenarios, k={self.k}"
         )
+        if self._train_first():
+            # Diagnosing, proposing and gating read no held-out run: the suite of both splits goes on in
+            # the background once its training runs are recorded, the held-out runs waiting on the model
+            # while the round works, and is joined before the candidate runs (`_held_out_baseline`).
+            train = [self.spec.thread_id(sc, n) for sc in inputs.train for n in range(1, self.k + 1)]
+            ready = threading.Event()
+            early: list[list[OutcomeRow]] = []
+            every_row: list[list[OutcomeRow]] = []
+
+            def train_recorded(rows: list[OutcomeRow]) -> None:
+                early.append(rows)
+                ready.set()
+
+            def suite() -> None:
+                try:
+                    both = [*inputs.train, *inputs.held_out]  # the training runs first
+                    every_row.append(
+                        self._written_and_verified(both, self.spec, "baseline", train, train_recorded)
+                    )
+                finally:
+                    ready.set()  # a suite that failed wakes the round, which then raises its error
+
+            self._held_out = _Background(suite, reraise=True)
+            self._held_out_rows = every_row
+            ready.wait()
+            if not early:
+                self._held_out.done()
+            self.base_rows = early[0]
+            self._answered(self.base_rows, f"baseline {self.label} on train")
+            self.cards = _cards(self.base_rows, self.label)
+            # Until it is joined, the round's own messages wait, so they read as they would after it; and
+            # where the goal turns out to hold already, what the round did meanwhile is dropped unsaid.
+            self.say.hold()
+            return True
         self.base_rows = self._written_and_verified(inputs.scenarios, self.spec, "baseline")
         self._note("baseline")
         self._answered(self.base_rows, f"baseline {self.label}")
         self.cards = _cards(self.base_rows, self.label)
-        held, goal = self.cards["held-out"], inputs.goal
-        if goal is not None and held.pass_rate >= goal and held.violations == 0:
-            self.status, self.goal_met = "nothing-to-fix", True
-            self.detail = f"the goal already holds: held-out pass rate {held.pass_rate:.3f} >= {goal}"
+        return not self._goal_holds()
+
+    def _train_first(self) -> bool:
+        """Whether the held-out baseline may run while the round diagnoses, proposes and gates: its runs
+        wait on a model together, and nothing before the candidate's runs reads a held-out run but the
+        goal (no discarded candidate whose novelty or renewal is judged on one). The goal is checked when
+        it is joined (`_held_out_baseline`)."""
+        inputs = self.inputs
+        return self._overlaps() and not inputs.memory.tried and bool(inputs.train) and bool(inputs.held_out)
+
+    def _held_out_baseline(self) -> bool:
+        """The held-out baseline run beside the diagnosis (`_train_first`), joined: its rows after the
+        training ones, as one suite of both splits lists them; then what the round said meanwhile. False
+        when the goal already holds on it: the round stops as if it had checked before diagnosing."""
+        if self._held_out is None or self._held_out_rows is None:
+            return True
+        try:
+            self._held_out.done()  # raises the suite's error, if it failed
+        finally:
+            said = self.say.release()
+        # In the scenario file's order, as the suite of both splits at once gives them.
+        order = {
+            self.spec.thread_id(sc, n): i
+            for i, (sc, n) in enumerate((sc, n) for sc in self.inputs.scenarios for n in range(1, self.k + 1))
+        }
+        self.base_rows = sorted(self._held_out_rows[0], key=lambda r: order.get(r.thread_id, len(order)))
+        self._held_out_rows = None
+        self._note("baseline")
+        self._answered(self.base_rows, f"baseline {self.label}")
+        self.cards = _cards(self.base_rows, self.label)
+        if self._goal_holds():
+            self._undo_speculation()
             return False
+        for message in said:
+            self.say(message)
         return True
+
+    def _goal_holds(self) -> bool:
+        """Whether the baseline already meets the goal on held-out (the round then has nothing to fix)."""
+        held_out, goal = self.cards["held-out"], self.inputs.goal
+        if goal is not None and held_out.pass_rate >= goal and held_out.violations == 0:
+            self.status, self.goal_met = "nothing-to-fix", True
+            self.detail = f"the goal already holds: held-out pass rate {held_out.pass_rate:.3f} >= {goal}"
+            return True
+        return False
+
+    def _undo_speculation(self) -> None:
+        """Forget what the round found while the held-out baseline ran: a round whose goal holds stops
+        before diagnosing."""
+        self.diagnosis = self.request = self.proposer = self.proposal = self.gated = None
+        self.candidate, self.gates, self.repairs, self.calls = None, [], 0, 0
+        self.aim = self.again = None
+        self.passed_over = []
 
     def diagnose(self) -> bool:
         """The training failures clustered, the cluster to fix and the hypothesis. A cluster whose
@@ -430,6 +522,8 @@ class Round:
     def replay(self) -> bool:
         """The candidate on train and held-out (one suite, so its runs overlap), then the sequential
         rule's reruns of both policies; replay-first, each candidate run starts from the baseline's."""
+        if not self._held_out_baseline():
+            return False
         assert self.candidate is not None and self.gated is not None
         label = policy_label(self.candidate)
         self.candidate_spec = dataclasses.replace(self.spec, policy=self.candidate)
@@ -590,12 +684,18 @@ class Round:
         return plan
 
     def _written_and_verified(
-        self, scenarios: Sequence[Scenario], spec: SuiteSpec, what: str
+        self,
+        scenarios: Sequence[Scenario],
+        spec: SuiteSpec,
+        what: str,
+        first: Sequence[str] = (),
+        on_first: Callable[[list[OutcomeRow]], None] | None = None,
     ) -> list[OutcomeRow]:
         """`_verified(_write(...))`; where runs wait on a model together, each run is recorded soon after
         it ends, while the others still wait (the suite runs on a thread of its own; what ended is
         recorded a chunk at a time, as the last chunk's recording allows): the same threads and rows,
-        the recording no longer after the last wait."""
+        the recording no longer after the last wait. `on_first` is given the rows of the threads `first`
+        once they are all recorded (or when the suite ends, what is found of them)."""
         if not self._overlaps():
             return self._verified(self._write(scenarios, spec, what), what)
         ended: queue.SimpleQueue[str | None] = queue.SimpleQueue()
@@ -612,6 +712,7 @@ class Round:
         # At least a wave of runs a chunk: each recording costs the warehouse a batch.
         least = max(8, self.opts.concurrency)
         made: list[str] = []
+        waiting = set(first)  # of `first`, the threads not recorded yet
         finished = False
         while not finished:
             thread_id = ended.get()  # waits for the next run to end
@@ -623,12 +724,18 @@ class Round:
             finished = thread_id is None
             if made and (finished or len(made) >= least):
                 rows |= {r.thread_id: r for r in self._verified_ids(made, made, what)}
+                waiting.difference_update(made)
                 made = []
+                if on_first is not None and first and not waiting:
+                    on_first([rows[t] for t in first if t in rows])
+                    on_first = None
         suite.done()  # raises the suite's error, if it failed
         plan = planned[0]
         reused = [p.thread_id for p in plan if p.reused]
         if reused:
             rows |= {r.thread_id: r for r in self._verified_ids(reused, [], what)}
+        if on_first is not None:
+            on_first([rows[t] for t in first if t in rows])
         return [rows[p.thread_id] for p in plan if p.thread_id in rows]
 
     def _verified_ids(
@@ -1009,6 +1116,29 @@ class Round:
         return [*self.verdict.train.regressions, *self.verdict.held_out.regressions] if self.verdict else []
 
 
+class _Held:
+    """The round's `say`: while held, what the round's own thread says waits (`release` hands it back);
+    what other threads say (a suite's progress) is said at once."""
+
+    def __init__(self, say: Say) -> None:
+        self._say = say
+        self._owner = threading.get_ident()
+        self._held: list[str] | None = None
+
+    def __call__(self, message: str) -> None:
+        if self._held is not None and threading.get_ident() == self._owner:
+            self._held.append(message)
+        else:
+            self._say(message)
+
+    def hold(self) -> None:
+        self._held = []
+
+    def release(self) -> list[str]:
+        held, self._held = self._held or [], None
+        return held
+
+
 class _Background:
     """`work` on a thread of its own; `done()` waits for it and says whether it finished without error
     (`reraise`: raises that error in the caller's thread instead)."""
@@ -1024,6 +1154,10 @@ class _Background:
             work()
         except BaseException as error:  # handed to the caller's thread by done()
             self._error = error
+
+    def join(self) -> None:
+        """Wait for it, whatever its end (`done` says how it ended)."""
+        self._thread.join()
 
     def done(self) -> bool:
         self._thread.join()
