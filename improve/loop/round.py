@@ -228,9 +228,10 @@ class Round:
         """The reruns run ahead (`_ahead`), the baseline's and the candidate's, by scenario and run."""
         self._ahead_store: Ahead | None = None
         self._background: _Background | None = None
-        self._held_out: _Background | None = None
-        """The held-out baseline, running while the round diagnoses (`_train_first`)."""
-        self._held_out_rows: list[list[OutcomeRow]] | None = None
+        self._baseline_suite: _Background | None = None
+        """The baseline's suite, going on with its held-out runs while the round diagnoses (`_train_first`)."""
+        self._baseline_rows: list[list[OutcomeRow]] | None = None
+        """What it gives when it ends: the baseline's rows on both splits."""
 
     def run(self) -> RoundRecord:
         steps = (
@@ -246,11 +247,11 @@ class Round:
             for step in steps:
                 if not step():
                     break
-            self._held_out_baseline()  # a round that stopped early still records the baseline's runs
+            self._join_baseline()  # a round that stopped early still records the baseline's runs
             return self.record()
         finally:
-            if self._held_out is not None:
-                self._held_out.join()  # its runs are on the pool closed next
+            if self._baseline_suite is not None:
+                self._baseline_suite.join()  # its runs are on the pool closed next
                 for message in self.say.release():  # a round that raised meanwhile still says what it did
                     self.say(message)
             self._slots.close()
@@ -267,7 +268,7 @@ class Round:
         if self._train_first():
             # Diagnosing, proposing and gating read no held-out run: the suite of both splits goes on in
             # the background once its training runs are recorded, the held-out runs waiting on the model
-            # while the round works, and is joined before the candidate runs (`_held_out_baseline`).
+            # while the round works, and is joined before the candidate runs (`_join_baseline`).
             train = [self.spec.thread_id(sc, n) for sc in inputs.train for n in range(1, self.k + 1)]
             ready = threading.Event()
             early: list[list[OutcomeRow]] = []
@@ -286,11 +287,11 @@ class Round:
                 finally:
                     ready.set()  # a suite that failed wakes the round, which then raises its error
 
-            self._held_out = _Background(suite, reraise=True)
-            self._held_out_rows = every_row
+            self._baseline_suite = _Background(suite, reraise=True)
+            self._baseline_rows = every_row
             ready.wait()
             if not early:
-                self._held_out.done()
+                self._baseline_suite.done()
             self.base_rows = early[0]
             self._answered(self.base_rows, f"baseline {self.label} on train")
             self.cards = _cards(self.base_rows, self.label)
@@ -308,18 +309,19 @@ class Round:
         """Whether the held-out baseline may run while the round diagnoses, proposes and gates: its runs
         wait on a model together, and nothing before the candidate's runs reads a held-out run but the
         goal (no discarded candidate whose novelty or renewal is judged on one). The goal is checked when
-        it is joined (`_held_out_baseline`)."""
+        it is joined (`_join_baseline`)."""
         inputs = self.inputs
         return self._overlaps() and not inputs.memory.tried and bool(inputs.train) and bool(inputs.held_out)
 
-    def _held_out_baseline(self) -> bool:
-        """The held-out baseline run beside the diagnosis (`_train_first`), joined: its rows after the
-        training ones, as one suite of both splits lists them; then what the round said meanwhile. False
-        when the goal already holds on it: the round stops as if it had checked before diagnosing."""
-        if self._held_out is None or self._held_out_rows is None:
+    def _join_baseline(self) -> bool:
+        """The baseline's suite, whose held-out runs went on beside the diagnosis (`_train_first`),
+        joined: its rows on both splits, in the order a suite of the scenario file gives them; then what
+        the round said meanwhile. False when the goal already holds on held-out: the round stops as if it
+        had checked before diagnosing."""
+        if self._baseline_suite is None or self._baseline_rows is None:
             return True
         try:
-            self._held_out.done()  # raises the suite's error, if it failed
+            self._baseline_suite.done()  # raises the suite's error, if it failed
         finally:
             said = self.say.release()
         # In the scenario file's order, as the suite of both splits at once gives them.
@@ -327,8 +329,8 @@ class Round:
             self.spec.thread_id(sc, n): i
             for i, (sc, n) in enumerate((sc, n) for sc in self.inputs.scenarios for n in range(1, self.k + 1))
         }
-        self.base_rows = sorted(self._held_out_rows[0], key=lambda r: order.get(r.thread_id, len(order)))
-        self._held_out_rows = None
+        self.base_rows = sorted(self._baseline_rows[0], key=lambda r: order.get(r.thread_id, len(order)))
+        self._baseline_rows = None
         self._note("baseline")
         self._answered(self.base_rows, f"baseline {self.label}")
         self.cards = _cards(self.base_rows, self.label)
@@ -522,7 +524,7 @@ class Round:
     def replay(self) -> bool:
         """The candidate on train and held-out (one suite, so its runs overlap), then the sequential
         rule's reruns of both policies; replay-first, each candidate run starts from the baseline's."""
-        if not self._held_out_baseline():
+        if not self._join_baseline():
             return False
         assert self.candidate is not None and self.gated is not None
         label = policy_label(self.candidate)
