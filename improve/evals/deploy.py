@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from improve.evals.workspace import Workspace
     from improve.llm import Meter
     from improve.machine import Machine
-    from improve.runtime import Environment
+    from improve.runtime import Environment, ModelFactory
 
 PRODUCTION_DIR = "production"
 """Where, under the workspace's traces, a deployed agent journals its threads by default."""
@@ -40,7 +40,8 @@ class Agent:
     env: Environment
     spec: SuiteSpec
     store: Store
-    meter: Meter | None = None
+    models: ModelFactory
+    """The model of each run (one session for a model behind an endpoint: its client, its way of asking)."""
     _policy: Machine | None = field(default=None, repr=False)
 
     def run(
@@ -57,7 +58,7 @@ class Agent:
         if self._policy is None:
             self._policy = compile_policy(self.spec.policy, self.env.judgments, self.env.policy_guards)
         thread = thread_id or f"prod-{uuid.uuid4().hex[:16]}"
-        model = self.spec.model_factory(self.env, self.meter)(thread)
+        model = self.models(thread)
         return run(
             self.env,
             input=dict(input),
@@ -86,5 +87,5 @@ def deploy(
     name = space.env_name(env)
     environment = space.environment(name)
     spec = suite_spec(space, environment, space.load_policy(name, version), model)
-    spec.model_factory(environment)  # a model the environment cannot reach is refused here, not mid-run
-    return Agent(environment, spec, store or JsonlDirStore(space.traces / PRODUCTION_DIR), meter)
+    models = spec.model_factory(environment, meter)  # one the environment cannot reach is refused here
+    return Agent(environment, spec, store or JsonlDirStore(space.traces / PRODUCTION_DIR), models)
