@@ -17,14 +17,15 @@ from .world import ACTORS
 
 FACT_TYPES = {
     "resolve": {
-        "ticket": "string",
+        "ticket": "text",  # free text, meant for word tests; a name or an id would be "string"
         "requested": "number",
-        "account.plan": "string",
+        "account.plan": ("basic", "pro", "team"),  # an enumeration: the tuple of its values
         "account.monthlyFee": "number",
         "account.creditsThisYear": "int",
     }
 }
-"""The type of each fact a policy may read, per decision: the rules proposer learns conditions over these."""
+"""The type of each fact a policy may read, per decision: the rules proposer learns conditions over these
+(docs/extending.md, What the rule miner can learn from)."""
 
 
 def probe() -> ExploreOptions:
