@@ -12,10 +12,11 @@ from __future__ import annotations
 from typing import Any
 
 from improve.machine import ExploreOptions, RuleEval
+from improve.runtime import FactType
 
 from .world import ACTORS
 
-FACT_TYPES = {
+FACT_TYPES: dict[str, dict[str, FactType]] = {
     "resolve": {
         "ticket": "text",  # free text, meant for word tests; a name or an id would be "string"
         "requested": "number",
