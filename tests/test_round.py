@@ -997,8 +997,10 @@ def test_a_held_out_baseline_run_beside_the_diagnosis_decides_and_says_as_one_ru
 ) -> None:
     """Where runs wait on a model together, the round diagnoses, proposes and gates once the baseline's
     training runs are recorded, while its held-out runs still wait: the same rows, decision and messages
-    (the round's own wait for the join) as a round that runs them all first (concurrency 1). A goal that
-    already holds on held-out stops it as before diagnosing, with nothing of the diagnosis said."""
+    (the round's own wait for the join) as a round that runs them all first (concurrency 1), whose
+    candidate runs in the suite's order where this one starts those that part from the baseline's first.
+    A goal that already holds on held-out stops it as before diagnosing, with nothing of the diagnosis
+    said."""
     import improve.loop.round as round_module
 
     # What the diagnosis had of the baseline when it started: how many held-out rows.
@@ -1008,7 +1010,16 @@ def test_a_held_out_baseline_run_beside_the_diagnosis_decides_and_says_as_one_ru
         held_out_rows.append(sum(r.split == "held-out" for r in self.base_rows))
         return bool(diagnose(self))
 
+    # And the candidate's runs that part from the baseline's (those that wait on the model) go first.
+    write, candidate_order = round_module.Round._write, []
+
+    def ordered(self: Any, scenarios: Any, spec: Any, what: str, *args: Any, **kwargs: Any) -> Any:
+        if what == "candidate":
+            candidate_order.append(([s.id for s in scenarios], self._parting()))
+        return write(self, scenarios, spec, what, *args, **kwargs)
+
     monkeypatch.setattr(round_module.Round, "diagnose", counted)
+    monkeypatch.setattr(round_module.Round, "_write", ordered)
     records, said = {}, {}
     for concurrency in (1, 4):
         space = _overlapping_workspace(tmp_path / f"c{concurrency}")
@@ -1019,6 +1030,10 @@ def test_a_held_out_baseline_run_beside_the_diagnosis_decides_and_says_as_one_ru
         said[concurrency] = [m for m in lines if not re.search(r"\d+/\d+ runs|^\s+(reruns|baseline)", m)]
     one, four = records[1], records[4]
     assert held_out_rows[0] > 0 and held_out_rows[1] == 0  # concurrency 4 diagnosed before them
+    (sequential, parting), (overlapping, parting_too) = candidate_order
+    assert parting == parting_too and 0 < len(parting) < len(sequential)
+    assert set(overlapping[: len(parting)]) == parting and sorted(overlapping) == sorted(sequential)
+    assert set(sequential[: len(parting)]) != parting  # concurrency 1 keeps the suite's order
     assert (one.status, one.rationale, one.scores) == (four.status, four.rationale, four.scores)
     assert [re.sub(r"\d{8}-\d{6}", "", m) for m in said[1]] == [
         re.sub(r"\d{8}-\d{6}", "", m) for m in said[4]

@@ -534,7 +534,18 @@ class Round:
         scenarios = [*self.inputs.train, *self.inputs.held_out]
         start = self._start(self.base_rows)
         self._run_ahead_of_branches()
-        plan = self._write(scenarios, self.candidate_spec, "candidate", start=start)
+        if start is not None and self._overlaps():
+            # The runs that part from the baseline's (and wait on the model) start first, so their waits
+            # are not behind the others' replays; the plan keeps the suite's order.
+            parting = self._parting()
+            at = {(sc.id, n): i for i, sc in enumerate(scenarios) for n in range(1, self.k + 1)}
+            first = [sc for sc in scenarios if sc.id in parting] + [
+                sc for sc in scenarios if sc.id not in parting
+            ]
+            plan = self._write(first, self.candidate_spec, "candidate", start=start)
+            plan.sort(key=lambda p: at.get((p.scenario.id, p.run), len(at)))
+        else:
+            plan = self._write(scenarios, self.candidate_spec, "candidate", start=start)
         if self._background is None:
             self._run_ahead_of(plan)
         rows = self._verified(plan, "candidate")
@@ -821,15 +832,26 @@ class Round:
         have yet to show, and most are the failures it was mined to fix. A candidate that adds no
         branch there (or whose reruns the round's cap could not pay for) runs nothing ahead here
         (`_run_ahead_of`)."""
+        runs = range(self.k + 1, self.k + self.objective.max_extra_runs + 1)
+        if not runs or not self._runs_ahead():
+            return
+        parting = self._parting("held-out")
+        chosen = [s for s in self.inputs.scenarios if s.id in parting]
+        if chosen and 2 * len(chosen) * len(runs) <= self.objective.max_extra_runs_total:
+            self._background = _Background(lambda: self._hold(chosen, runs, "reruns ahead"))
+
+    def _parting(self, split: str | None = None) -> set[str]:
+        """The scenarios (of `split`, else both) where a branch the candidate adds answers a decision of
+        the baseline's runs otherwise than it was answered: where the candidate's runs part from the
+        baseline's (replay-first: where they ask the model)."""
         assert self.candidate is not None
         new = {b.index for b in added(self.inputs.policy, self.candidate)}
-        runs = range(self.k + 1, self.k + self.objective.max_extra_runs + 1)
-        if not new or not runs or not self._runs_ahead():
-            return
+        if not new:
+            return set()
         branches = route(self.candidate)
         parting: set[str] = set()
         for row in self.base_rows:
-            if row.scenario in parting or row.split != "held-out":
+            if row.scenario in parting or (split is not None and row.split != split):
                 continue
             for request, answered in self.evidence.decisions(row.thread_id):
                 decision = {"name": request.name, "facts": request.facts, "options": request.options}
@@ -839,9 +861,7 @@ class Round:
                 if answered.type == ERROR_EVENT or canonical_json(fired[1]) != canonical_json(answered.event):
                     parting.add(row.scenario)  # the candidate answers otherwise: its run parts here
                     break
-        chosen = [s for s in self.inputs.scenarios if s.id in parting]
-        if chosen and 2 * len(chosen) * len(runs) <= self.objective.max_extra_runs_total:
-            self._background = _Background(lambda: self._hold(chosen, runs, "reruns ahead"))
+        return parting
 
     def _ahead(self, chosen: Sequence[Scenario], numbers: range, what: str) -> set[str]:
         """The scenarios of the batch whose runs were run ahead (and are held); the others run now, as
