@@ -661,3 +661,24 @@ def test_a_desk_with_tools_resumes_on_its_world_rebuilt_from_the_fixture_and_the
     (row,) = json.loads(scored.stdout)["threads"]
     assert [e["kind"] for e in row["effects"]] == ["approval-requested", "approval-given", "refund"]
     assert (row["final_state"], row["passed"]) == ("issued", True)
+
+
+def test_a_deployed_agents_run_that_waits_is_resumed_by_the_agent(tmp_path: Path) -> None:
+    """`improve.evals.deploy`: a live run that reaches the approval ends waiting in traces/production/;
+    the agent resumes it with the approver's event, in the same thread, once (the same event id twice
+    changes nothing), and a thread that is not waiting is refused."""
+    from improve.evals import Workspace, deploy
+
+    ws = tmp_path / "desk"
+    assert CliRunner().invoke(app, ["init", str(ws), "--from", "refund-approval"]).exit_code == 0
+    agent = deploy(Workspace.load(ws / "improve.toml"), "v0", model="careful")
+    ticket = {"amount": 250, "reason": "The monitor arm arrived bent in transit."}
+    waited = agent.run(ticket, agent.env.make_world({}), thread_id="prod-1")
+    assert waited.status == "waiting" and (ws / "traces" / "production" / "prod-1.jsonl").is_file()
+    approve = {"type": "APPROVE", "approver": "dana"}
+    done = agent.resume("prod-1", approve, agent.env.make_world({}), event_id="e-1")
+    assert done.run.status == "done" and done.run.final_state == "issued" and not done.duplicate
+    again = agent.resume("prod-1", approve, agent.env.make_world({}), event_id="e-1")
+    assert again.duplicate and again.entry == done.entry
+    with pytest.raises(ResumeRefusedError):
+        agent.resume("prod-1", approve, agent.env.make_world({}), event_id="e-2")

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from improve.evals.suite import SuiteSpec, suite_spec
 from improve.log import JsonlDirStore, Store
-from improve.runtime import PolicyDecider, RunResult, World, compile_policy, run
+from improve.runtime import PolicyDecider, ResumeResult, RunResult, World, compile_policy, resume, run
 
 if TYPE_CHECKING:
     from improve.evals.workspace import Workspace
@@ -54,22 +54,41 @@ class Agent:
     ) -> RunResult:
         """Run the agent once from `input` against `world` (your `World`, reaching your systems), journaling
         the thread `thread_id` (default: `prod-` and a random id). `people`: scripted answers of the
-        people it may wait for; without them a run that waits ends `waiting`, for `improve resume`."""
-        if self._policy is None:
-            self._policy = compile_policy(self.spec.policy, self.env.judgments, self.env.policy_guards)
+        people it may wait for; without them a run that waits ends `waiting`, for `resume`."""
         thread = thread_id or f"prod-{uuid.uuid4().hex[:16]}"
-        model = self.models(thread)
         return run(
             self.env,
             input=dict(input),
             world=world,
             people=people or {},
-            decider=PolicyDecider(self._policy, {"decider": model}, self.env.judgments),
+            decider=self._decider(thread),
             store=self.store,
             thread_id=thread,
             stamp=self.spec.live_stamp(self.env),
             max_model_calls=self.spec.max_model_calls,
         )
+
+    def resume(
+        self, thread_id: str, event: Mapping[str, Any], world: World, *, event_id: str | None = None
+    ) -> ResumeResult:
+        """Go on with a run of this agent that stopped waiting (for an approval, an answer): `event` is what
+        it waits for (`{"type": "APPROVE", "approver": "dana"}`), checked against what its state accepts
+        and journaled before anything acts on it; the same `event_id` twice changes nothing
+        (`improve.runtime.resume`, docs/contracts.md, Suspend and resume)."""
+        return resume(
+            self.env,
+            store=self.store,
+            thread_id=thread_id,
+            event=dict(event),
+            decider=self._decider(thread_id),
+            world=world,
+            event_id=event_id,
+        )
+
+    def _decider(self, thread_id: str) -> PolicyDecider:
+        if self._policy is None:
+            self._policy = compile_policy(self.spec.policy, self.env.judgments, self.env.policy_guards)
+        return PolicyDecider(self._policy, {"decider": self.models(thread_id)}, self.env.judgments)
 
 
 def deploy(
