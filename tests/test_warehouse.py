@@ -1008,6 +1008,8 @@ def test_a_small_batch_read_as_text_lands_what_read_json_lands(
     @settings(max_examples=examples(20), deadline=None, database=None)
     @given(files=st.lists(st.lists(line, max_size=8), min_size=1, max_size=4))
     @example(files=[[_variant(0, "seen", 0), _variant(1, "seen", 4), b"{", _variant(2, "seen", 2)]])
+    # Two files hold one entry, the first also a line that is not UTF-8: the entry is the first file's.
+    @example(files=[[b"\x80", _variant(0, "two", 0)], [_variant(0, "two", 0)]])
     def check(files: list[list[bytes]]) -> None:
         paths = []
         for lines in files:

@@ -42,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import glob
 import hashlib
+import itertools
 import os
 import stat
 import threading
@@ -801,7 +802,11 @@ def _bulk_native(
         # Counted first: a file with a line the shared reader refuses (not UTF-8, say) goes to the careful
         # path whole, and read_text, which refuses a whole statement for one such line, never sees it.
         count_lines()
-        readable = [i.path for i in todo if not infos[str(i.path)].problems]
+        # Only the files before the first such one: the careful path takes it and every file after it in
+        # the batch's order, so an entry two files hold is the earlier file's, as the shared reader has it.
+        readable = list(
+            itertools.takewhile(lambda path: not infos[str(path)].problems, (i.path for i in todo))
+        )
         source = _text_source(readable) if readable else ""
     else:
         source = _json_source([i.path for i in todo], max_line_bytes)
