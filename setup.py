@@ -18,7 +18,9 @@ from setuptools.command.build_ext import build_ext
 
 # The modules compiled, as improve/native.py lists them (a test holds the two lists equal).
 NATIVE_MODULES = (
+    "improve.log.chain",
     "improve.log.replay",
+    "improve.log.stream",
     "improve.machine.fold",
     "improve.machine.fastcel.compiler",
     "improve.machine.fastcel.domain",

@@ -21,7 +21,9 @@ from types import ModuleType
 # Python itself), not pathlib, importlib.util/abc, hashlib or json (about 30 ms of imports).
 
 NATIVE_MODULES = (
+    "improve.log.chain",
     "improve.log.replay",
+    "improve.log.stream",
     "improve.machine.fold",
     "improve.machine.fastcel.compiler",
     "improve.machine.fastcel.domain",

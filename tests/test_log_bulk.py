@@ -314,7 +314,8 @@ def test_the_compiled_fold_answers_as_the_pure_one(bundled: dict[str, JsonlDirSt
 def test_the_compiled_modules_are_used_only_as_built(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The compiled fold modules are used when the record of the sources they were built from matches the
     source files, never after an edit, without a record, or with IMPROVE_PURE set; setup.py compiles the
-    modules improve/native.py lists."""
+    modules improve/native.py lists, and none of them defines a msgspec struct (compiled, its decoder
+    refuses every line: the first pass of a multi-thread file decoded each line the slow way)."""
     import ast
 
     tree = ast.parse((REPO / "setup.py").read_text())
@@ -322,6 +323,14 @@ def test_the_compiled_modules_are_used_only_as_built(tmp_path: Path, monkeypatch
         n.value for n in tree.body if isinstance(n, ast.Assign) and n.targets[0].id == "NATIVE_MODULES"
     ]  # type: ignore[attr-defined]
     assert ast.literal_eval(listed) == native.NATIVE_MODULES
+    structs = [
+        f"{name}.{node.name}"
+        for name in native.NATIVE_MODULES
+        for node in ast.walk(ast.parse(Path(native.source_of(name)).read_text()))
+        if isinstance(node, ast.ClassDef) and any("Struct" in ast.unparse(base) for base in node.bases)
+    ]
+    assert structs == []
+    assert stream._THREAD_ONLY.decode(b'{"threadId": "t"}').threadId == "t"
     monkeypatch.delenv(native.PURE_VARIABLE, raising=False)
     assert "not compiled" in str(native.pure_reason(tmp_path))
     record = tmp_path / "native.sources"

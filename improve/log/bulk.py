@@ -127,6 +127,13 @@ class BulkEntry(msgspec.Struct, forbid_unknown_fields=True, frozen=True, omit_de
 _DECODER = msgspec.json.Decoder(BulkEntry)
 
 
+class ThreadOnly(msgspec.Struct):
+    """What the first pass of a multi-thread file reads of a line (`stream`): its thread id only. Defined
+    here, not in `stream`: a struct class in a module mypyc compiles decodes nothing."""
+
+    threadId: str | None = None
+
+
 def _valid_recorded_at(value: str) -> bool:
     # The same test as LogEntry's validator, so both paths accept the same timestamps.
     try:

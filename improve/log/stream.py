@@ -23,7 +23,7 @@ import msgspec
 from pydantic import ValidationError
 
 from improve.errors import LogError
-from improve.log.bulk import BulkEntry, decode_entry, read_strictly
+from improve.log.bulk import BulkEntry, ThreadOnly, decode_entry, read_strictly
 from improve.log.entry import LogEntry, entry_problems
 from improve.log.lines import (
     BOM,
@@ -40,13 +40,7 @@ from improve.log.lines import (
 ThreadEntries = list[BulkEntry | LogEntry]
 
 
-class _ThreadOnly(msgspec.Struct):
-    """The first pass reads nothing of a line but its thread id."""
-
-    threadId: str | None = None
-
-
-_THREAD_ONLY = msgspec.json.Decoder(_ThreadOnly)
+_THREAD_ONLY = msgspec.json.Decoder(ThreadOnly)
 _key = hash  # how the first pass remembers a thread it has seen (a test makes every key collide)
 
 
