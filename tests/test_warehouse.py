@@ -646,6 +646,11 @@ def test_cli_sql_errors_and_schema(ws: Path) -> None:
     runner.invoke(app, ["ingest", "-w", str(ws), str(ws / "traces")])
     bad = runner.invoke(app, ["sql", "-w", str(ws), "SELECT nope FROM outcomes"])
     assert bad.exit_code == 2 and 'Referenced column "nope" not found' in bad.stderr
+    assert "views:" not in bad.stderr
+    # A table that is not there: DuckDB's error, then what the warehouse has.
+    unknown = runner.invoke(app, ["sql", "-w", str(ws), "SELECT * FROM runs"])
+    assert unknown.exit_code == 2 and "Table with name runs does not exist" in unknown.stderr
+    assert "views: attempts," in unknown.stderr and "tables: entries," in unknown.stderr
     schema = runner.invoke(app, ["sql", "-w", str(ws), "--schema", "--format", "json"])
     doc = {r["name"]: r for r in json.loads(schema.stdout)}
     assert {"entries", "rejected_lines", "outcomes", "threads", "decisions", "attempts", "usage"} <= set(doc)

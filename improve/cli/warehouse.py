@@ -285,6 +285,16 @@ def _sql(con: duckdb.DuckDBPyConnection, statement: str | None, fmt: str, schema
         if (problem := damaged(source, error)) is not None:
             raise problem from None  # a damaged file is a data error (exit 3), not a bad statement
         err.print(str(error), markup=False)
+        if isinstance(error, duckdb.CatalogException) and "does not exist" in str(error):
+            # DuckDB suggests the nearest name in its own catalog (`duckdb_constraints` for `runs`).
+            relations = schema_doc(con)
+            views = ", ".join(r["name"] for r in relations if r["kind"] == "view")
+            tables = ", ".join(r["name"] for r in relations if r["kind"] == "table")
+            err.print(
+                f"the warehouse's views: {views}; its tables: {tables} (`improve sql --schema` describes "
+                "every column; a run's result is a row of outcomes, its entries are rows of entries)",
+                markup=False,
+            )
         if isinstance(error, duckdb.PermissionException):
             err.print(
                 "improve sql reads the warehouse (or the lake) only: files elsewhere and the network are "
