@@ -909,6 +909,27 @@ def test_a_damaged_warehouse_is_exit_3_with_what_to_do(tmp_path: Path) -> None:
         assert f"warehouse {db} is damaged" in result.stderr and "improve ingest traces/" in result.stderr
 
 
+def test_a_corrupt_block_is_damage_at_once_not_a_lock_to_wait_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DuckDB 1.x says a bad checksum as an IOException "... in block at location N": "block" holds "lock",
+    and the file was taken for one another process holds, waited for, then reported locked."""
+    from improve.errors import WarehouseDamagedError
+
+    db = tmp_path / "traces.duckdb"
+    db.write_bytes(b"")  # present: not created afresh
+
+    def corrupt(*args: Any, **kwargs: Any) -> Any:
+        raise duckdb.IOException(
+            "IO Error: Corrupt database file: computed checksum 1 does not match stored checksum 2 in block "
+            "at location 274432"
+        )
+
+    monkeypatch.setattr(duckdb, "connect", corrupt)
+    with pytest.raises(WarehouseDamagedError, match="is damaged"):
+        open_database(db, lock_timeout=0)
+
+
 def test_the_accounting_is_checked_before_commit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A miscount (here: a report that claims one line more) aborts the batch; nothing is committed."""
     module = sys.modules["improve.warehouse.ingest"]

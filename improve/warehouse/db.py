@@ -96,8 +96,11 @@ def open_database(
                     f"{str(err).splitlines()[0]} Upgrade duckdb (pip install -U duckdb), or rebuild the "
                     "warehouse here from the threads: move it aside and run `improve ingest traces/`"
                 ) from None
+            # Corruption first: DuckDB 1.x says it "in block at location N", and "block" holds "lock".
+            if (problem := damaged(target, err)) is not None:
+                raise problem from None
             if "lock" not in str(err).lower():
-                raise damaged(target, err) or unwritable(target, err) from None
+                raise unwritable(target, err) from None
             if time.monotonic() >= deadline:
                 holder = (
                     str(err).split("Conflicting lock is held in")[-1].strip()
@@ -211,7 +214,7 @@ def damaged(target: str | Path, err: BaseException) -> WarehouseDamagedError | N
 
 STORAGE_COMPATIBILITY = "v1.2.0"
 """The storage format new warehouse files are written in: DuckDB 1.2's, which every DuckDB the pins allow
-(`duckdb>=1.3` in pyproject.toml) and the DuckDB CLIs on PyPI read. DuckDB 2.0 writes a format 1.x cannot
+(`duckdb>=1.4` in pyproject.toml) and the DuckDB CLIs on PyPI read. DuckDB 2.0 writes a format 1.x cannot
 read unless told."""
 
 
