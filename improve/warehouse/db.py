@@ -214,7 +214,7 @@ def damaged(target: str | Path, err: BaseException) -> WarehouseDamagedError | N
 
 STORAGE_COMPATIBILITY = "v1.2.0"
 """The storage format new warehouse files are written in: DuckDB 1.2's, which every DuckDB the pins allow
-(`duckdb>=1.4` in pyproject.toml) and the DuckDB CLIs on PyPI read. DuckDB 2.0 writes a format 1.x cannot
+(`duckdb>=1.4.4` in pyproject.toml) and the DuckDB CLIs on PyPI read. DuckDB 2.0 writes a format 1.x cannot
 read unless told."""
 
 
