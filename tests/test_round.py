@@ -26,7 +26,7 @@ from improve.clock import FrozenClock
 from improve.evals.outcome import OutcomeRow, outcome_row
 from improve.evals.workspace import Workspace
 from improve.log import USAGE_EVENT, JsonlDirStore, ThreadId
-from improve.loop import Changelog, RoundOptions, run_round
+from improve.loop import Changelog, RoundOptions, run_round, run_rounds
 from improve.loop.branches import insert_branch
 from improve.loop.diagnose import KINDS, diagnose
 from improve.loop.gates import GATE_NAMES, GateResult
@@ -319,8 +319,15 @@ def test_a_full_round_recommends_and_leaves_a_branch_without_a_token(
     notes.write_text(notes.read_text() + "\n")
     git.Repo(tmp_path).git.commit("-am", "check out of sample")
     space = Workspace.load(toml)
-    result = run_round(space, RoundOptions(policy="v0", k=3))
+    said: list[str] = []
+    # Asked for three candidates, the rounds stop at the first recommended one, and say why.
+    (result,) = run_rounds(space, RoundOptions(policy="v0", k=3), 3, said.append)
     assert result.status == "recommended", result.decision_detail
+    assert said[0] == "round 1/3 against v0"
+    assert (
+        "v1 recommended in round 1 of 3: the rounds left start from it once it is merged "
+        "(improve round --policy v1)" in said
+    )
     # The round's id and its commit are stamped by the product's clock (frozen here).
     day = FROZEN_AT[:10].replace("-", "")
     assert result.round_id.startswith(f"{day}-12") and result.round_id.endswith("-refunds-v1")

@@ -51,7 +51,13 @@ def round_command(
         ),
     ] = "rules",
     rounds: Annotated[
-        int, typer.Option("--rounds", min=1, help="Candidates to try, each aimed at the next cause.")
+        int,
+        typer.Option(
+            "--rounds",
+            min=1,
+            help="Candidates to try, each aimed at the next cause, until one is recommended (the next "
+            "round starts from it once a person merges it).",
+        ),
     ] = 1,
     model: Annotated[str, ModelOption] = "naive",
     concurrency: Annotated[int, typer.Option("--concurrency", min=1, help="Runs in flight at once.")] = 8,

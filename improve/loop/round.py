@@ -139,6 +139,12 @@ def run_rounds(
             space, dataclasses.replace(opts, skip=list(skip), counterfactuals=counterfactuals), say
         )
         records.append(record)
+        if record.status == "recommended" and number < rounds:
+            # The rounds left would start from the candidate, which only a person's merge makes a policy.
+            say(
+                f"{record.candidate_version} recommended in round {number} of {rounds}: the rounds left start "
+                f"from it once it is merged (improve round --policy {record.candidate_version})"
+            )
         if record.status in ("recommended", "blocked", "nothing-to-fix"):
             break
         if record.cluster:
