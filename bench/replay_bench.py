@@ -14,7 +14,16 @@ import msgspec
 
 from bench.corpus import unchain, write_corpus
 from improve import native
-from improve.log import BulkEntry, EntryView, LogEntry, decode_entry, gc_paused, read_file_threads, replay
+from improve.log import (
+    BulkEntry,
+    EntryView,
+    LogEntry,
+    decode_entry,
+    gc_paused,
+    read_file_thread_lines,
+    read_file_threads,
+    replay,
+)
 from improve.machine import initial, transition
 from improve.runtime import load_environment
 
@@ -73,8 +82,12 @@ def _streamed(path: Path, machine: Any, *, verify: bool = False) -> float:
     """What `improve replay FILE [--verify]` does: the file streamed thread by thread (`read_file_threads`:
     a first pass for thread ids, every line checked by `line_problem`, bulk decode), each replayed."""
     start = time.perf_counter()
-    for thread_id, thread in read_file_threads(path):
-        replay(machine, thread, verify=verify, thread_id=thread_id)
+    if verify:  # the lines kept, as the command keeps them: the chain is checked over them as written
+        for thread_id, thread, lines in read_file_thread_lines(path):
+            replay(machine, thread, verify=True, thread_id=thread_id, lines=lines)
+    else:
+        for thread_id, thread in read_file_threads(path):
+            replay(machine, thread, thread_id=thread_id)
     return time.perf_counter() - start
 
 
@@ -172,8 +185,9 @@ def _chain_figures(tmp: Path, corpus: Path, machine: Any, repeat: int) -> dict[s
         "entries": {"chained": sum(1 for _ in corpus.open()), "unchained": old_entries},
         "note": "the same threads replayed (streamed read + decode + fold, as `improve replay FILE`) chained "
         "(schemaVersion 2, one @agent.end entry more per thread) and unchained (version 1); verify = that "
-        "replay checking every entryHash and stateHash (`--verify`); in-memory: the entries decoded into "
-        "one list first, for context; medians of alternating runs",
+        "replay checking every entryHash, over the lines as read, and stateHash (`--verify`); in-memory: "
+        "the entries decoded into one list first, without their lines, for context; medians of "
+        "alternating runs",
     }
 
 

@@ -18,6 +18,7 @@ import git
 from improve.demo import commit_workspace
 from improve.log import LogEntry
 from improve.machine import Machine, Snapshot, fold_of, initial, transition
+from improve.machine.snapshot import shallow_json, sorted_text
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -147,6 +148,21 @@ def fold_against_interpreter(
         told = [digest]
         if isinstance(journaled, str):
             told = [attempt(functools.partial(fold.hash, run, j)) for j in (journaled, "0" * 64)]
+        # Then (building the owed actor): the text the hash is tried on first, made of pieces written
+        # once, is msgspec's text of the snapshot.
+        snapshot = fold.snapshot(run)
+        invoke = (snapshot.invoke.id, snapshot.invoke.src) if snapshot.invoke is not None else None
+        whole = shallow_json(
+            snapshot.value,
+            snapshot.context,
+            snapshot.status,
+            snapshot.input,
+            snapshot.output,
+            snapshot.error,
+            invoke,
+        )
+        if fold.text(run) != sorted_text(whole):
+            return ("the text is not msgspec's", fold.text(run), sorted_text(whole))
         return digest if all(t == digest for t in told) else ("the hash told another", digest, told)
 
     pairs: list[tuple[Any, Any]] = []

@@ -17,7 +17,8 @@ from typer.testing import CliRunner
 
 from improve.cli.main import app
 from improve.errors import DivergenceError, LogError, TamperError, VersionMismatchError
-from improve.log import seal
+from improve.log import BulkEntry, decode_entry, seal
+from improve.log.chain import content_bytes, line_content
 from improve.log.entry import LogEntry
 from improve.log.replay import replay
 from improve.log.store import MemoryStore
@@ -410,11 +411,13 @@ def test_each_tampering_is_named_with_its_entry_and_kind(
         replay(REFUNDS.machine, _entries(lines), verify=True, thread_id=THREAD)
     assert (info.value.index, info.value.kind) == (index, kind), str(info.value)
     assert f"entry {index} (" in str(info.value) and WORDS[kind] in str(info.value)
-    # The same through the command line: exit 1, the entry and what is wrong with it on stderr.
+    # The same through the command line: exit 1, the entry and what is wrong with it on stderr. The file
+    # is laid out as improve writes it, so the command checks the chain over the lines as written
+    # (`line_content`); the entries above, without their lines, were written again (`content_bytes`).
     ws = copy_workspace(tmp_path)
     path = ws / "traces" / f"{THREAD}.jsonl"
     path.parent.mkdir()
-    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    path.write_text("".join(LogEntry.model_validate(line).to_line() + "\n" for line in lines))
     result = runner.invoke(app, ["replay", "-w", str(ws), THREAD, "--verify", "--json"])
     assert result.exit_code == 1, result.output
     assert (
@@ -442,6 +445,60 @@ def test_each_tampering_is_named_with_its_entry_and_kind(
         aside,
         rejected,
     )
+
+
+def test_the_lines_improve_writes_are_verified_as_written(tmp_path: Path) -> None:
+    """A thread's lines are the canonical text its hashes cover, with `entryHash` and `threadId` put in
+    (`LogEntry.to_line`), so `--verify` hashes them as they are (`line_content`); the same entries laid
+    out otherwise verify the slower way, and an edit of the bytes is named either way."""
+    ws = copy_workspace(tmp_path)
+    args = ["run", "-w", str(ws), "--env", "refunds", "--policy", "v0", "--model", "naive"]
+    assert runner.invoke(app, [*args, "--scenario", "partial-refund-01", "--k", "1"]).exit_code in (0, 1)
+    path = ws / "traces" / f"{THREAD}.jsonl"
+    written = path.read_bytes().splitlines()
+    for line in written:
+        keys = list(json.loads(line))  # a thread's own file leaves out the threadId its name says
+        assert keys == sorted(keys) and "threadId" not in keys, keys
+        entry = decode_entry(line)
+        assert isinstance(entry, BulkEntry)
+        assert line_content(line, entry) == content_bytes(entry)
+        # Any other layout of the same entry is not taken for it: the caller writes the content again.
+        moved = json.dumps({"threadId": THREAD, **json.loads(line)}, separators=(",", ":")).encode()
+        assert line_content(moved, decode_entry(moved)) is None  # type: ignore[arg-type]
+
+    def verify(lines: list[bytes]) -> Any:
+        path.write_bytes(b"".join(line + b"\n" for line in lines))
+        return runner.invoke(app, ["replay", "-w", str(ws), THREAD, "--verify", "--json"])
+
+    assert json.loads(verify(written).stdout)["threads"][0]["verification"] == "verified"
+    # A file of many threads: every line ends with its threadId, and is still hashed as written.
+    carried = [
+        LogEntry.model_validate({**json.loads(line), "threadId": THREAD}).to_line().encode()
+        for line in written
+    ]
+    for line in carried:
+        keys = list(json.loads(line))
+        assert keys[-1] == "threadId" and keys[:-1] == sorted(keys[:-1]), keys
+        assert line_content(line, decode_entry(line)) == content_bytes(decode_entry(line))  # type: ignore[arg-type]
+    many = tmp_path / "many.jsonl"
+    many.write_bytes(b"".join(line + b"\n" for line in carried))
+    replayed = runner.invoke(app, ["replay", "-w", str(ws), str(many), "--verify", "--json"])
+    assert json.loads(replayed.stdout)["threads"][0]["verification"] == "verified", replayed.output
+    shuffled = [json.dumps(dict(reversed(json.loads(line).items()))).encode() for line in written]
+    assert json.loads(verify(shuffled).stdout)["threads"][0]["verification"] == "verified"
+    # An amount edited in the bytes as written: the entry is named, its content changed.
+    lookup = next(i for i, line in enumerate(written) if b'"lookingUpOrder"' in line)
+    edited = list(written)
+    edited[lookup] = edited[lookup].replace(b'"refundable":', b'"refundable":1', 1)
+    assert edited[lookup] != written[lookup]
+    result = verify(edited)
+    assert result.exit_code == 1, result.output
+    assert f"entry {lookup} (xstate.done.actor" in result.stderr and "content changed" in result.stderr
+    # Moved into another thread's file, the lines still name their own thread: caught at entry 0.
+    other = "held-out:v0:naive:partial-refund-01:r2"
+    (ws / "traces" / f"{other}.jsonl").write_bytes(b"".join(line + b"\n" for line in written))
+    moved_in = runner.invoke(app, ["replay", "-w", str(ws), other, "--verify"])
+    assert moved_in.exit_code == 1 and "entry 0 (@agent.init" in moved_in.stderr, moved_in.output
 
 
 def test_the_reported_problem_a_refund_and_usage_edited_together(

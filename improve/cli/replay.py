@@ -26,11 +26,15 @@ if TYPE_CHECKING:
     from improve.runtime import Environment
 
 
-def _threads_from(args: list[str], traces: Path) -> Iterator[tuple[str, Sequence[EntryView]]]:
+Thread = tuple[str, "Sequence[EntryView]", list[bytes]]
+"""A thread to replay: its id, its entries, and the lines they were decoded from (`replay(lines=)`)."""
+
+
+def _threads_from(args: list[str], traces: Path) -> Iterator[Thread]:
     """Files (one thread or many with `threadId`), directories of them, or thread ids in traces/,
     checked up front and then read one thread at a time through the bulk decode path, so replaying a
     million entries holds about one thread of them at once."""
-    from improve.log import JsonlDirStore, read_file_threads
+    from improve.log import JsonlDirStore, read_file_thread_lines
 
     sources: list[tuple[str, str]] = []
     for arg in args:
@@ -49,19 +53,19 @@ def _threads_from(args: list[str], traces: Path) -> Iterator[tuple[str, Sequence
             store = JsonlDirStore(source)
             for tid in store.list_threads(limit=1_000_000).thread_ids:
                 found += 1
-                yield tid, store.read_bulk(tid)
+                yield (tid, *store.read_bulk_lines(tid))
         elif kind == "file":
-            for thread in read_file_threads(Path(source)):
+            for thread in read_file_thread_lines(Path(source)):
                 found += 1
                 yield thread
         else:
             found += 1
-            yield source, JsonlDirStore(traces).read_bulk(source)
+            yield (source, *JsonlDirStore(traces).read_bulk_lines(source))
     if not found:  # a directory with no thread in it: nothing replayed must not read as a pass
         raise WorkspaceError(f"no thread found in {', '.join(args)}: nothing to replay")
 
 
-def _paused(threads: Iterator[tuple[str, Sequence[EntryView]]]) -> Iterator[tuple[str, Sequence[EntryView]]]:
+def _paused(threads: Iterator[Thread]) -> Iterator[Thread]:
     """Each thread read with the cyclic collector paused (see `gc_paused`); replay runs with it on."""
     from improve.log import gc_paused
 
@@ -146,12 +150,14 @@ def replay_command(
         cache: dict[str, Environment] = {}
         results: list[dict[str, Any]] = []
         failed: dict[str, int] = {"tampered": 0, "diverged": 0, "invalid": 0, "incomplete": 0, "unchained": 0}
-        for thread_id, entries in threads:
+        for thread_id, entries, lines in threads:
             if not entries:
                 raise LogError(f"thread {thread_id} is empty")
             environment = _environment_for(space, entries[0].machineId, env, cache)
             try:
-                result = replay_thread(environment.machine, entries, verify=verify, thread_id=thread_id)
+                result = replay_thread(
+                    environment.machine, entries, verify=verify, thread_id=thread_id, lines=lines
+                )
             except TamperError as error:
                 failed["tampered"] += 1
                 results.append(

@@ -79,7 +79,7 @@ from improve.log.store import (
     conflict,
     retarget,
 )
-from improve.log.stream import read_file_threads
+from improve.log.stream import read_file_thread_lines, read_file_threads
 
 __all__ = [
     "BOM",
@@ -140,6 +140,7 @@ __all__ = [
     "new_entry_id",
     "now_rfc3339",
     "preview",
+    "read_file_thread_lines",
     "read_file_threads",
     "read_lines",
     "rechain",

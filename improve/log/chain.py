@@ -141,20 +141,86 @@ def rechain(entries: Sequence[LogEntry], source_id: str, new_id: str) -> list[Lo
     return out
 
 
-def check_chain(entries: Sequence[EntryView], thread_id: str | None) -> None:
+def check_chain(
+    entries: Sequence[EntryView], thread_id: str | None, lines: Sequence[bytes] | None = None
+) -> None:
     """Check every entryHash of a chained thread in order; raise `TamperError` at the first bad entry,
-    saying whether its content changed, an entry is missing or was inserted, or the order changed."""
+    saying whether its content changed, an entry is missing or was inserted, or the order changed.
+
+    `lines`: the lines the entries were decoded from, one each, when at hand: a line laid out as
+    `LogEntry.to_line` writes it is hashed as it is (`line_content`), not written again."""
     if thread_id is None:
         raise LogError(
             "checking a chained thread needs its thread id (entry 0 is chained to it): pass thread_id=, "
             "or read the entries from a file whose lines carry threadId"
         )
     previous = thread_id
+    written = _json_string(thread_id)  # `previous` as JSON
+    thread: str | None = None
+    tail = b""  # `_thread_tail(thread)`, made once for the thread
     for position, entry in enumerate(entries):
-        found = entry.verification.entryHash if entry.verification is not None else None
-        if entry.schemaVersion != SCHEMA_VERSION or found is None or not _links(entry, previous, found):
+        verification = entry.verification
+        found = verification.entryHash if verification is not None else None
+        if entry.schemaVersion != SCHEMA_VERSION or found is None:
+            raise _diagnose(entries, position, thread_id)
+        if lines is not None and isinstance(entry, BulkEntry):
+            if position == 0 or entry.threadId != thread:
+                thread, tail = entry.threadId, _thread_tail(entry.threadId)
+            assert verification is not None
+            link = found.encode("utf-8")
+            cut = _line_cut(lines[position], link, verification.stateHash, tail)
+            if cut is not None:
+                text = b"".join((b"[", written, b",", lines[position][: cut[0]], cut[1], b"]"))
+                if hashlib.sha256(text).hexdigest()[:HASH_HEX] == found:
+                    previous = found
+                    written = b'"' + link + b'"'  # an entryHash is hex: its own JSON text, quoted
+                    continue
+        if not _links(entry, previous, found):
             raise _diagnose(entries, position, thread_id)
         previous = found
+        written = _json_string(found)
+
+
+_THREAD_KEY = b',"threadId":'
+
+
+def line_content(line: bytes, entry: BulkEntry) -> bytes | None:
+    """What the entryHash of `entry` covers, cut out of the line it was decoded from, when the line is
+    laid out as `LogEntry.to_line` writes it: the canonical text of the content, its last member
+    `verification` with `entryHash` put in first, then `threadId`. None for any other layout (the
+    caller writes the content again: `content_bytes`).
+
+    Why a match is the entry: the cut-out text hashes to the entryHash only if it is the canonical text
+    the writer hashed, so the line is that text with `entryHash` inside its last member and `threadId`
+    after it, which is the entry decoded from the line, and nothing else."""
+    verification = entry.verification
+    if verification is None or verification.entryHash is None:
+        return None
+    link = verification.entryHash.encode("utf-8")
+    cut = _line_cut(line, link, verification.stateHash, _thread_tail(entry.threadId))
+    return None if cut is None else line[: cut[0]] + cut[1]
+
+
+def _thread_tail(thread: str | None) -> bytes:
+    """How a line `LogEntry.to_line` wrote ends, after its content: `threadId` and the closing brace."""
+    return b"}" if thread is None else _THREAD_KEY + _json_string(thread) + b"}"
+
+
+def _line_cut(line: bytes, link: bytes, state: str | None, tail: bytes) -> tuple[int, bytes] | None:
+    """`line_content` as the length of the line's start it keeps and what follows that start in it
+    (the `verification` member without `entryHash`, and the closing brace); None for another layout.
+    `link`: the entry's entryHash; `state`: its stateHash; `tail`: `_thread_tail` of its thread."""
+    if not line.endswith(tail):
+        return None
+    end = len(line) - len(tail)
+    if state is None:
+        written = b',"verification":{"entryHash":"' + link + b'"}'
+        return (end - len(written), b"}") if line.endswith(written, 0, end) else None
+    hashed = b'"stateHash":"' + state.encode("utf-8") + b'"}'
+    written = b'"verification":{"entryHash":"' + link + b'",' + hashed
+    if not line.endswith(written, 0, end):
+        return None
+    return end - len(written), b'"verification":{' + hashed + b"}"
 
 
 def _links(entry: EntryView, previous: str, found: str) -> bool:

@@ -116,20 +116,22 @@ def replay(
     verify: bool = False,
     upto: int | None = None,
     thread_id: str | None = None,
+    lines: Sequence[bytes] | None = None,
 ) -> ReplayResult:
     """Fold `entries[:upto]` through `machine`.
 
     `verify` checks the hash chain of a chained thread, whole even when `upto` folds a prefix (the chain
     is seeded by the thread's id: `thread_id`, else the `threadId` its entries carry), the journaled
     snapshot hashes of the entries folded, and, when the whole thread is folded, the end entry's status.
-    It raises `TamperError` or `DivergenceError` at the first bad entry."""
+    It raises `TamperError` or `DivergenceError` at the first bad entry. `lines`: the lines the entries
+    were decoded from (`read_file_thread_lines`), which the chain is checked over as written."""
     chained = False
     if verify and entries:
         chained = is_chained(entries)
         if chained:
             # First, so an edited, missing or moved entry is named as such, not as whatever check of the
             # log's shape it happens to break.
-            check_chain(entries, thread_id if thread_id is not None else entries[0].threadId)
+            check_chain(entries, thread_id if thread_id is not None else entries[0].threadId, lines)
     if upto is not None or not entries or entries[0].type != INIT_EVENT:
         validate_log(machine, entries)  # a prefix's rest is checked too; an empty or headless log is named
     chosen = entries if upto is None else entries[:upto]

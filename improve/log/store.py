@@ -667,9 +667,16 @@ class JsonlDirStore:
     def read_bulk(self, thread_id: str, from_index: int = 0) -> list[BulkEntry | LogEntry]:
         """`read` through the bulk decode path (`improve.log.bulk`): the same entries, accepted and
         refused alike, as light structs for readers that only read them (replay, verify)."""
+        return self.read_bulk_lines(thread_id, from_index)[0]
+
+    def read_bulk_lines(
+        self, thread_id: str, from_index: int = 0
+    ) -> tuple[list[BulkEntry | LogEntry], list[bytes]]:
+        """`read_bulk`, with the lines the entries were decoded from (what `replay(..., lines=)` checks
+        the hash chain over as written)."""
         path, lines, numbers = self._lines(thread_id, from_index)
         try:
-            return [decode_entry(line) for line in lines[from_index:]]
+            return [decode_entry(line) for line in lines[from_index:]], lines[from_index:]
         except ValidationError:
             pass  # find which line, and say so as `read` does
         for index in range(from_index, len(lines)):

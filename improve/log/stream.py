@@ -189,20 +189,33 @@ def read_file_threads(path: Path) -> Iterator[tuple[str, ThreadEntries]]:
     Lines without `threadId` belong to the thread named by the file (its stem). A line that is not a
     log entry raises `LogError` naming the file and line, when the second pass reaches it (threads
     that closed before it have been handed over). An empty or blank file is one empty thread."""
+    for thread, entries, _ in _threads(path, keep_lines=False):
+        yield thread, entries
+
+
+def read_file_thread_lines(path: Path) -> Iterator[tuple[str, ThreadEntries, list[bytes]]]:
+    """`read_file_threads`, each thread with the lines its entries were decoded from (without their line
+    break): what `replay(..., lines=)` verifies the hash chain over without writing the entries again."""
+    yield from _threads(path, keep_lines=True)
+
+
+def _threads(path: Path, *, keep_lines: bool) -> Iterator[tuple[str, ThreadEntries, list[bytes]]]:
+    """The threads of `read_file_threads`, with their lines when `keep_lines` (else empty lists)."""
     default = path.stem
     returning = _returning_threads(path, default)
     if returning is None:
         # Nothing decodes: the second pass names the first bad line; a blank file is an empty thread.
         for number, line in _lines(path):
             _decode(path, number, line)
-        yield default, []
+        yield default, [], []
         return
     # Threads in order of first appearance; each waits until it and every thread before it has closed.
     # A thread closes where its lines stop, unless it returns later: then at its last line.
-    waiting: dict[str, ThreadEntries] = {}
+    waiting: dict[str, tuple[ThreadEntries, list[bytes]]] = {}
     closed: set[str] = set()
     current: str | None = None
     bucket: ThreadEntries = []  # the current thread's entries so far
+    kept: list[bytes] = []  # and their lines, when kept
     last = 0  # the current thread's last line, when it returns after another's; else 0
     for numbers, lines, fit in _blocks(path):
         for number, line in zip(numbers, lines, strict=True):
@@ -215,23 +228,30 @@ def read_file_threads(path: Path) -> Iterator[tuple[str, ThreadEntries]]:
                     closed.add(current)
                     yield from _ready(waiting, closed)
                 current = thread
-                bucket = waiting.setdefault(thread, [])
+                bucket, kept = waiting.setdefault(thread, ([], []))
                 last = returning.get(thread, 0)
             bucket.append(entry)
+            if keep_lines:
+                assert type(line) is bytes  # a LongLine is never an entry: `_decode` refused it
+                kept.append(line)
             if last == number:
                 closed.add(thread)
                 yield from _ready(waiting, closed)
-    yield from waiting.items()  # the end of the file closes every thread
+    for thread, (entries, thread_lines) in waiting.items():  # the end of the file closes every thread
+        yield thread, entries, thread_lines
 
 
-def _ready(waiting: dict[str, ThreadEntries], closed: set[str]) -> Iterator[tuple[str, ThreadEntries]]:
+def _ready(
+    waiting: dict[str, tuple[ThreadEntries, list[bytes]]], closed: set[str]
+) -> Iterator[tuple[str, ThreadEntries, list[bytes]]]:
     """The closed threads at the head of the queue: none waits on an earlier thread still open."""
     while waiting:
         first = next(iter(waiting))
         if first not in closed:
             return
         closed.discard(first)
-        yield first, waiting.pop(first)
+        entries, lines = waiting.pop(first)
+        yield first, entries, lines
 
 
 def _returning_threads(path: Path, default: str) -> dict[str, int] | None:

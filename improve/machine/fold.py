@@ -235,15 +235,18 @@ class FoldRun:
 
     __slots__ = (
         "context",
+        "context_text",
         "env",
         "error",
         "input",
+        "input_text",
         "invocation",
         "output",
         "owed",
         "plain_context",
         "plain_input",
         "status",
+        "text_context",
         "value",
     )
 
@@ -261,6 +264,12 @@ class FoldRun:
         # context all of whose values are (a step's context shares most of its values with the last).
         self.plain_input: bool | None = None
         self.plain_context: dict[str, Any] | None = None
+        # What `Fold.hash` wrote of the snapshot so far (msgspec's sorted text, `_snapshot_text`): the
+        # input, and the last context written with the text of the snapshot up to its rest (the same
+        # object has the same text: see `_plain_run`).
+        self.input_text: bytes | None = None
+        self.text_context: dict[str, Any] | None = None
+        self.context_text = b""
         # The roots every step shares: `input` and `facts` as `_scope` adds them; `context` and
         # `event` are set before each evaluation.
         env: Env = {}
@@ -383,20 +392,20 @@ class Fold:
 
         `journaled`: the hash the caller compares it with. When msgspec's text of the snapshot hashes
         to it, that is the hash (`sorted_text`), found without asking `plain_json` of the run's values."""
-        if run.invocation is not None:
-            invoke: tuple[str, str] | None = (run.invocation.id, run.invocation.src)
-        elif run.owed is not None and run.owed[0].invoke is not None:
-            invoke = (run.owed[0].invoke.id, run.owed[0].invoke.src)
-        else:
-            invoke = None
-        shallow = shallow_json(run.value, run.context, run.status, run.input, run.output, run.error, invoke)
+        invoke = _invoke_of(run)
         if journaled is not None:
-            text = sorted_text(shallow)
+            text = _snapshot_text(run, invoke)
             if text is not None and hashlib.sha256(text).hexdigest() == journaled:
                 return journaled
+        shallow = shallow_json(run.value, run.context, run.status, run.input, run.output, run.error, invoke)
         if _plain_run(run):
             return plain_hash(shallow)
         return canonical_hash(shallow)
+
+    def text(self, run: FoldRun) -> bytes | None:
+        """msgspec's text of what `hash` covers (`sorted_text(shallow_json(...))`, None where msgspec
+        cannot write it), as `hash` makes it: from pieces written once (`_snapshot_text`)."""
+        return _snapshot_text(run, _invoke_of(run))
 
     # --- the fast path ------------------------------------------------------------------------------
 
@@ -440,6 +449,67 @@ class Fold:
         run.error = snapshot.error
         run.invocation = snapshot.invoke
         run.owed = None
+
+
+def _invoke_of(run: FoldRun) -> tuple[str, str] | None:
+    """The id and source of the run's owed actor, if any (built or not yet)."""
+    if run.invocation is not None:
+        return run.invocation.id, run.invocation.src
+    if run.owed is not None and run.owed[0].invoke is not None:
+        return run.owed[0].invoke.id, run.owed[0].invoke.src
+    return None
+
+
+def _snapshot_text(run: FoldRun, invoke: tuple[str, str] | None) -> bytes | None:
+    """`sorted_text(shallow_json(...))` of the run, from pieces written once: the input once per run, the
+    context once per context object (a step that assigns nothing keeps it), the rest once per state,
+    actor and status while there is no output or error. msgspec writes a dict's members one after
+    another, keys sorted, so the pieces joined in the keys' order (context, error, input, then invoke,
+    output, status, value) are the text of the whole; None where msgspec cannot write a piece."""
+    if run.input_text is None:
+        run.input_text = sorted_text(run.input)
+        if run.input_text is None:
+            return None
+    context = run.context
+    if context is not run.text_context:
+        text = sorted_text(context)
+        if text is None:
+            return None
+        # The snapshot's text up to its rest, as it is without an error (the common case).
+        run.text_context = context
+        run.context_text = b"".join((b'{"context":', text, _NO_ERROR, run.input_text, b","))
+    key = (invoke, run.status, run.value) if run.output is None else None
+    rest = _REST.get(key) if key is not None else None
+    if rest is None:
+        rest = sorted_text(
+            {
+                "invoke": {"id": invoke[0], "src": invoke[1]} if invoke else None,
+                "output": run.output,
+                "status": run.status,
+                "value": run.value,
+            }
+        )
+        if rest is None:
+            return None
+        rest = rest[1:]
+        if key is not None and len(_REST) < _REST_KEPT:
+            _REST[key] = rest
+    if run.error is None:
+        return run.context_text + rest
+    error = sorted_text(run.error)
+    if error is None:
+        return None
+    start = run.context_text
+    cut = len(start) - len(run.input_text) - len(_NO_ERROR) - 1  # where `,"error":null` begins
+    return b"".join((start[:cut], b',"error":', error, start[cut + len(b',"error":null') :], rest))
+
+
+_NO_ERROR = b',"error":null,"input":'
+
+_REST: dict[tuple[tuple[str, str] | None, str, str], bytes] = {}
+"""`_snapshot_text`'s rest of a snapshot without output, by its actor, status and state: as many as the
+states of the machines replayed (kept up to `_REST_KEPT`)."""
+_REST_KEPT = 4096
 
 
 def _plain_run(run: FoldRun) -> bool:
