@@ -759,3 +759,34 @@ def test_novelty_refuses_a_candidate_that_answers_as_a_discarded_one_did() -> No
     assert "discarded against v0 in round 20260101-000000-refunds-v1" in results[-1].detail
     other = v1([{"guard": f"facts.customer.refundsLast90d >= 4 && {offered}", "target": "escalate"}])
     assert passed(run_gates(other, ctx)), [r.to_json() for r in run_gates(other, ctx)]
+
+    # Discarded because the labels refused its answer on a held-out decision (`wrong`): a candidate that
+    # answers that decision the same way on the same held-out set is refused, however else it answers.
+    import dataclasses
+
+    from improve.loop.branches import decision_key
+    from improve.loop.discards import wrong_key
+
+    every = [{"name": p.name, "facts": p.facts, "options": p.options} for p in PROBES]
+    refused = next(d for d in every if d["facts"]["customer"]["refundsLast90d"] >= 4)
+    key = wrong_key(decision_key(refused["name"], refused["facts"], refused["options"]))
+    wrong = dataclasses.replace(tried, held_out=("set-a", 1), wrong=(key,))
+    again = context(
+        baseline=baseline, gates=gates, tried=[wrong], held_out_decisions=every, held_out_key="set-a"
+    )
+    refusal = run_gates(other, again)[-1]
+    assert not refusal.ok and "the labels of the same held-out set refuse" in refusal.detail, refusal.detail
+    # Another held-out set, or another answer there, is another question.
+    elsewhere = dataclasses.replace(again, held_out_key="set-b")
+    assert passed(run_gates(other, elsewhere)), [r.to_json() for r in run_gates(other, elsewhere)]
+    closing = v1(
+        [
+            {
+                "guard": "facts.customer.refundsLast90d >= 4 && {'type': 'CLOSE'} in input.options",
+                "target": "close",
+            }
+        ],
+        close={"type": "final", "output": {"type": "'CLOSE'"}},
+    )
+    novelty = next(r for r in run_gates(closing, again) if r.name == "novelty")
+    assert novelty.ok, novelty.detail

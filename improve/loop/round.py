@@ -1034,12 +1034,14 @@ class Round:
             discarded=self.discarded,
             tried=inputs.memory.tried,
             held_out_decisions=self._held_out_decisions() if inputs.memory.tried else [],
+            held_out_key=inputs.memory.held_out.key,
         )
 
     def _held_out_decisions(self) -> list[dict[str, Any]]:
         """The baseline's held-out decisions, their name, facts and options only (each once): where the
         novelty gate compares what a candidate answers with what a discarded one did. No label, no
-        outcome: nothing here can shape a candidate."""
+        outcome: only the memory's record of which of them a discarded candidate answered wrongly, in
+        the round that spent that read, refuses a candidate again."""
         return self._decisions("held-out")
 
     def _decisions(self, split: str) -> list[dict[str, Any]]:

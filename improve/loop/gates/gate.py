@@ -86,6 +86,9 @@ class GateContext:
     held_out_decisions: Sequence[Mapping[str, Any]] = ()
     """The held-out decisions of the baseline's runs, their `name`, `facts` and `options` only (no
     label, no outcome): where the novelty gate compares what two candidates answer."""
+    held_out_key: str | None = None
+    """The key of the held-out set those decisions are of: a decision a discarded candidate answered
+    wrongly (`DiscardedCandidate.wrong`) counts only on the set it was answered on."""
     gates: Sequence[Gate] = ()
     """The gates in order, from `gates_for(workspace)` (which adds a workspace's own); empty means
     `gates_for()`: the eight built-in ones and those installed packages register."""

@@ -8,13 +8,17 @@ adds was discarded before as written, or when its new branches answer the traini
 decisions exactly as a discarded candidate's did: the same decisions, the same answers. Two branches
 that answer alike are one candidate, whatever their guards say (`type != 'employee'` and `type ==
 'contractor'` where no intern ever asked), and a round that tried one must not spend a held-out read
-on the other. A round whose baseline has such a memory runs this gate right after `validate`; on a
+on the other. It fails too when its new branches answer a held-out decision as a candidate discarded
+for reaching too far answered it wrongly (`DiscardedCandidate.wrong`, on the same held-out set): the
+same labels refuse it for the same reason, whatever else it answers (a rule re-proposed behind a
+branch promoted since, which answers first only some of the decisions it took). A round whose baseline has such a memory runs this gate right after `validate`; on a
 failure the proposer is asked for another condition or another answer.
 """
 
 from __future__ import annotations
 
 from improve.loop.branches import added, answers, route
+from improve.loop.discards import wrong_key
 from improve.loop.gates.gate import GateContext, GateResult
 
 WHY = {
@@ -60,9 +64,39 @@ class NoveltyGate:
                         "answer the same decisions the same way are one candidate: propose a rule that "
                         "answers other decisions, or another answer",
                     )
+            refused = _refused_again(ctx, answered)
+            if refused is not None:
+                return refused
         return GateResult(
             self.name,
             True,
             f"{len(new)} new branch(es), not discarded before, answering {len(answered)} known decision(s) "
             "unlike any discarded candidate",
         )
+
+
+def _refused_again(ctx: GateContext, answered: frozenset[tuple[str, str]]) -> GateResult | None:
+    """A failure when the new branches answer a held-out decision of the set a candidate discarded for
+    reaching too far was read on, with the answer its branches gave there and the labels refused."""
+    if ctx.held_out_key is None or not ctx.held_out_decisions:
+        return None
+    for tried in ctx.tried:
+        if tried.reason != "reach" or not tried.wrong or tried.held_out is None:
+            continue
+        if tried.held_out[0] != ctx.held_out_key:
+            continue
+        branches, indexes = tried.branches()
+        wrong = set(tried.wrong)
+        theirs = {a for a in answers(branches, indexes, ctx.held_out_decisions) if wrong_key(a[0]) in wrong}
+        again = theirs & answered
+        if again:
+            shown = "; ".join(f"`{b.guard}` -> {b.answer}" for b in tried.added)
+            return GateResult(
+                NoveltyGate.name,
+                False,
+                f"this change answers {len(again)} held-out decision(s) as candidate {tried.candidate} did "
+                f"({shown}), discarded against {tried.baseline} in round {tried.round} because the labels "
+                f"of the same held-out set refuse that answer there: {WHY[tried.reason]}. Propose a rule "
+                "that keeps out of the decisions it answered wrongly, or another answer",
+            )
+    return None
