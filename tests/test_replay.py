@@ -471,6 +471,9 @@ def test_the_lines_improve_writes_are_verified_as_written(tmp_path: Path) -> Non
         return runner.invoke(app, ["replay", "-w", str(ws), THREAD, "--verify", "--json"])
 
     assert json.loads(verify(written).stdout)["threads"][0]["verification"] == "verified"
+    entries = [decode_entry(line) for line in written]
+    with pytest.raises(LogError, match="one line per entry: 2 line"):
+        replay(REFUNDS.machine, entries, verify=True, thread_id=THREAD, lines=written[:2])
     # A file of many threads: every line ends with its threadId, and is still hashed as written.
     carried = [
         LogEntry.model_validate({**json.loads(line), "threadId": THREAD}).to_line().encode()

@@ -154,6 +154,11 @@ def check_chain(
             "checking a chained thread needs its thread id (entry 0 is chained to it): pass thread_id=, "
             "or read the entries from a file whose lines carry threadId"
         )
+    if lines is not None and len(lines) != len(entries):
+        raise LogError(
+            f"checking a chain over its lines needs one line per entry: {len(lines)} line(s) for "
+            f"{len(entries)} entries (pass the lines the entries were decoded from, or none)"
+        )
     previous = thread_id
     written = _json_string(thread_id)  # `previous` as JSON
     thread: str | None = None
