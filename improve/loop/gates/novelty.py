@@ -11,14 +11,15 @@ that answer alike are one candidate, whatever their guards say (`type != 'employ
 on the other. It fails too when its new branches answer a held-out decision as a candidate discarded
 for reaching too far answered it wrongly (`DiscardedCandidate.wrong`, on the same held-out set): the
 same labels refuse it for the same reason, whatever else it answers (a rule re-proposed behind a
-branch promoted since, which answers first only some of the decisions it took). A round whose baseline has such a memory runs this gate right after `validate`; on a
-failure the proposer is asked for another condition or another answer.
+branch promoted since, which answers first only some of the decisions it took). A round whose
+baseline has such a memory runs this gate right after `validate`; on a failure the proposer is asked
+for another condition or another answer.
 """
 
 from __future__ import annotations
 
 from improve.loop.branches import added, answers, route
-from improve.loop.discards import wrong_key
+from improve.loop.discards import DiscardedCandidate, wrong_key
 from improve.loop.gates.gate import GateContext, GateResult
 
 WHY = {
@@ -54,12 +55,11 @@ class NoveltyGate:
             for tried in ctx.tried:
                 branches, indexes = tried.branches()
                 if indexes and answers(branches, indexes, decisions) == answered:
-                    shown = "; ".join(f"`{b.guard}` -> {b.answer}" for b in tried.added)
                     return GateResult(
                         self.name,
                         False,
                         f"this change answers the {len(answered)} training and held-out decision(s) it takes "
-                        f"exactly as candidate {tried.candidate} did ({shown}), discarded against "
+                        f"exactly as candidate {tried.candidate} did ({_shown(tried)}), discarded against "
                         f"{tried.baseline} in round {tried.round}: {WHY[tried.reason]}. Two branches that "
                         "answer the same decisions the same way are one candidate: propose a rule that "
                         "answers other decisions, or another answer",
@@ -73,6 +73,11 @@ class NoveltyGate:
             f"{len(new)} new branch(es), not discarded before, answering {len(answered)} known decision(s) "
             "unlike any discarded candidate",
         )
+
+
+def _shown(tried: DiscardedCandidate) -> str:
+    """The branches a discarded candidate added, as a message shows them."""
+    return "; ".join(f"`{b.guard}` -> {b.answer}" for b in tried.added)
 
 
 def _refused_again(ctx: GateContext, answered: frozenset[tuple[str, str]]) -> GateResult | None:
@@ -90,12 +95,11 @@ def _refused_again(ctx: GateContext, answered: frozenset[tuple[str, str]]) -> Ga
         theirs = {a for a in answers(branches, indexes, ctx.held_out_decisions) if wrong_key(a[0]) in wrong}
         again = theirs & answered
         if again:
-            shown = "; ".join(f"`{b.guard}` -> {b.answer}" for b in tried.added)
             return GateResult(
                 NoveltyGate.name,
                 False,
                 f"this change answers {len(again)} held-out decision(s) as candidate {tried.candidate} did "
-                f"({shown}), discarded against {tried.baseline} in round {tried.round} because the labels "
+                f"({_shown(tried)}), discarded against {tried.baseline} in round {tried.round} because the labels "
                 f"of the same held-out set refuse that answer there: {WHY[tried.reason]}. Propose a rule "
                 "that keeps out of the decisions it answered wrongly, or another answer",
             )
