@@ -40,7 +40,7 @@ import msgspec
 
 from improve.errors import LogError, TamperError
 from improve.log.bulk import BulkEntry, EntryView, bulk_content, content_struct
-from improve.log.entry import END_EVENT, SCHEMA_VERSION, LogEntry, Verification
+from improve.log.entry import END_EVENT, SCHEMA_VERSION, LogEntry, Verification, line_tail
 from improve.machine import canonical_bytes, decoded_canonical_bytes, plain_json, sorted_text
 
 HASH_HEX = 32
@@ -162,7 +162,7 @@ def check_chain(
     previous = thread_id
     written = _json_string(thread_id)  # `previous` as JSON
     thread: str | None = None
-    tail = b""  # `_thread_tail(thread)`, made once for the thread
+    tail = b""  # `line_tail(thread)`, made once for the thread
     for position, entry in enumerate(entries):
         verification = entry.verification
         found = verification.entryHash if verification is not None else None
@@ -170,7 +170,7 @@ def check_chain(
             raise _diagnose(entries, position, thread_id)
         if lines is not None and isinstance(entry, BulkEntry):
             if position == 0 or entry.threadId != thread:
-                thread, tail = entry.threadId, _thread_tail(entry.threadId)
+                thread, tail = entry.threadId, line_tail(entry.threadId)
             assert verification is not None
             link = found.encode("utf-8")
             cut = _line_cut(lines[position], link, verification.stateHash, tail)
@@ -183,10 +183,8 @@ def check_chain(
         if not _links(entry, previous, found):
             raise _diagnose(entries, position, thread_id)
         previous = found
-        written = _json_string(found)
-
-
-_THREAD_KEY = b',"threadId":'
+        if lines is not None:
+            written = _json_string(found)
 
 
 def line_content(line: bytes, entry: BulkEntry) -> bytes | None:
@@ -202,19 +200,14 @@ def line_content(line: bytes, entry: BulkEntry) -> bytes | None:
     if verification is None or verification.entryHash is None:
         return None
     link = verification.entryHash.encode("utf-8")
-    cut = _line_cut(line, link, verification.stateHash, _thread_tail(entry.threadId))
+    cut = _line_cut(line, link, verification.stateHash, line_tail(entry.threadId))
     return None if cut is None else line[: cut[0]] + cut[1]
-
-
-def _thread_tail(thread: str | None) -> bytes:
-    """How a line `LogEntry.to_line` wrote ends, after its content: `threadId` and the closing brace."""
-    return b"}" if thread is None else _THREAD_KEY + _json_string(thread) + b"}"
 
 
 def _line_cut(line: bytes, link: bytes, state: str | None, tail: bytes) -> tuple[int, bytes] | None:
     """`line_content` as the length of the line's start it keeps and what follows that start in it
     (the `verification` member without `entryHash`, and the closing brace); None for another layout.
-    `link`: the entry's entryHash; `state`: its stateHash; `tail`: `_thread_tail` of its thread."""
+    `link`: the entry's entryHash; `state`: its stateHash; `tail`: `line_tail` of its thread."""
     if not line.endswith(tail):
         return None
     end = len(line) - len(tail)

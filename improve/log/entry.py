@@ -174,12 +174,14 @@ class LogEntry(BaseModel):
             text = canonical_bytes(data)
         except ValueError:  # NaN or an infinity in an unchained entry: pydantic writes it as null
             return self.model_dump_json(exclude_none=True)
-        if thread is not None:
-            text = b"%s,%s%s}" % (text[:-1], _THREAD_KEY, canonical_bytes(thread))
-        return text.decode("utf-8")
+        return (text[:-1] + line_tail(thread)).decode("utf-8")
 
 
-_THREAD_KEY = b'"threadId":'
+def line_tail(thread: str | None) -> bytes:
+    """How `LogEntry.to_line` ends a line after the entry's other fields: `threadId`, when the line
+    carries one, and the closing brace (what `chain` cuts off a line to find the hashed content)."""
+    return b"}" if thread is None else b',"threadId":' + canonical_bytes(thread) + b"}"
+
 
 MAX_ENTRY_DEPTH = 200
 """How deeply a log entry may nest objects and arrays: the limit of pydantic's JSON parser, which every

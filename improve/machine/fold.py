@@ -265,8 +265,8 @@ class FoldRun:
         self.plain_input: bool | None = None
         self.plain_context: dict[str, Any] | None = None
         # What `Fold.hash` wrote of the snapshot so far (msgspec's sorted text, `_snapshot_text`): the
-        # input, and the last context written with the text of the snapshot up to its rest (the same
-        # object has the same text: see `_plain_run`).
+        # input, and the last context written with its text (the same object has the same text: see
+        # `_plain_run`).
         self.input_text: bytes | None = None
         self.text_context: dict[str, Any] | None = None
         self.context_text = b""
@@ -463,7 +463,7 @@ def _invoke_of(run: FoldRun) -> tuple[str, str] | None:
 def _snapshot_text(run: FoldRun, invoke: tuple[str, str] | None) -> bytes | None:
     """`sorted_text(shallow_json(...))` of the run, from pieces written once: the input once per run, the
     context once per context object (a step that assigns nothing keeps it), the rest once per state,
-    actor and status while there is no output or error. msgspec writes a dict's members one after
+    actor and status while there is no output. msgspec writes a dict's members one after
     another, keys sorted, so the pieces joined in the keys' order (context, error, input, then invoke,
     output, status, value) are the text of the whole; None where msgspec cannot write a piece."""
     if run.input_text is None:
@@ -475,9 +475,10 @@ def _snapshot_text(run: FoldRun, invoke: tuple[str, str] | None) -> bytes | None
         text = sorted_text(context)
         if text is None:
             return None
-        # The snapshot's text up to its rest, as it is without an error (the common case).
-        run.text_context = context
-        run.context_text = b"".join((b'{"context":', text, _NO_ERROR, run.input_text, b","))
+        run.text_context, run.context_text = context, text
+    error = b"null" if run.error is None else sorted_text(run.error)
+    if error is None:
+        return None
     key = (invoke, run.status, run.value) if run.output is None else None
     rest = _REST.get(key) if key is not None else None
     if rest is None:
@@ -494,17 +495,11 @@ def _snapshot_text(run: FoldRun, invoke: tuple[str, str] | None) -> bytes | None
         rest = rest[1:]
         if key is not None and len(_REST) < _REST_KEPT:
             _REST[key] = rest
-    if run.error is None:
-        return run.context_text + rest
-    error = sorted_text(run.error)
-    if error is None:
-        return None
-    start = run.context_text
-    cut = len(start) - len(run.input_text) - len(_NO_ERROR) - 1  # where `,"error":null` begins
-    return b"".join((start[:cut], b',"error":', error, start[cut + len(b',"error":null') :], rest))
+    # shallow_json's keys in order: context, error, input, then the rest (invoke, output, status, value).
+    return b"".join(
+        (b'{"context":', run.context_text, b',"error":', error, b',"input":', run.input_text, b",", rest)
+    )
 
-
-_NO_ERROR = b',"error":null,"input":'
 
 _REST: dict[tuple[tuple[str, str] | None, str, str], bytes] = {}
 """`_snapshot_text`'s rest of a snapshot without output, by its actor, status and state: as many as the
