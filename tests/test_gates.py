@@ -508,6 +508,29 @@ def test_interactions_refuse_a_new_branch_that_overrides_another_where_no_case_s
     assert passed(run_gates(first, context(baseline=parse_machine(baseline), decisions=DECISIONS)))
 
 
+def test_interactions_move_a_fact_across_a_comparison_with_a_margin() -> None:
+    """A comparison of two facts of one unit is crossed where its margin puts the edge (13 days before
+    the supply runs out), not where the other fact's value is."""
+    from improve.loop.gates.interactions import variants
+
+    facts = {"rx": {"since": 20, "supply": 30}, "paid": 10.0}
+    assert variants("facts.rx.since <= facts.rx.supply - 13", facts, {}) == [
+        [("rx.since", 16)],
+        [("rx.since", 17)],
+        [("rx.since", 18)],
+    ]
+    assert variants("facts.paid >= double(facts.rx.supply) + 12.5", facts, {}) == [
+        [("paid", 42.49)],
+        [("paid", 42.5)],
+        [("paid", 42.51)],
+    ]
+    assert variants("facts.rx.since < facts.rx.supply", facts, {}) == [
+        [("rx.since", 29)],
+        [("rx.since", 30)],
+        [("rx.since", 31)],
+    ]
+
+
 def offered_refund() -> str:
     return "{'type': 'REFUND', 'amount': facts.order.refundable} in input.options"
 

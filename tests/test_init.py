@@ -354,9 +354,10 @@ def test_a_fact_type_the_machine_does_not_have_is_refused_not_ignored(tmp_path: 
     text = rules.read_text()
     assert '"account.creditsThisYear": "int"' in text and '"requested": "number"' in text
     rules.write_text(
-        text.replace('"account.creditsThisYear": "int"', '"account.creditsthisyear": "int"').replace(
-            '"requested": "number"', '"requested": "integer"'
-        )
+        text.replace('"account.creditsThisYear": "int"', '"account.creditsthisyear": "int"')
+        .replace('"requested": "number"', '"requested": "integer"')
+        .replace('"ticket": "text"', '"ticket": "text:words"')
+        .replace('"account.monthlyFee": "number"', '"account.monthlyFee": "number:usd"')
     )
     for command in (["verify", "v0"], ["run", "--model", "careful", "--k", "1"], ["scenarios", "check"]):
         code, output = improve(ws, *command)
@@ -364,3 +365,6 @@ def test_a_fact_type_the_machine_does_not_have_is_refused_not_ignored(tmp_path: 
         assert "fact_types['resolve'] names 'account.creditsthisyear', which is no fact of decision" in output
         assert "account.creditsThisYear" in output  # the facts it has, to spot the typo
         assert "fact_types['resolve']['requested'] is 'integer', not a fact type" in output
+        # A unit is a number's ('number:usd' is one), never a text's.
+        assert "fact_types['resolve']['ticket'] is 'text:words': only a number has a unit" in output
+        assert "['account.monthlyFee']" not in output

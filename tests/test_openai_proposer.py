@@ -391,6 +391,22 @@ def test_recorded_fixture_replays() -> None:
     assert not any(SECRET in t for t in cache_texts(directory))
 
 
+def test_declared_units_are_in_the_vocabulary_the_proposer_reads() -> None:
+    """Money declared in dollars: the vocabulary types the facts as numbers and says their unit, so a
+    proposer knows which two it may compare; a vocabulary without units says nothing of them (the
+    recorded fixture's prompt is unchanged)."""
+    env = load_environment("refunds")
+    types = dict(env.fact_types["chooseResolution"])
+    assert "units" not in json.dumps(vocabulary(env).to_json())
+    types.update({"requested": "number:usd", "order.refundable": "number:usd"})
+    words = vocabulary(dataclasses.replace(env, fact_types={"chooseResolution": types}))
+    assert words.fact_units == {"facts.requested": "usd", "facts.order.refundable": "usd"}
+    assert words.fact_paths["facts.requested"] == words.fact_paths["facts.order.refundable"] == "number"
+    request = dataclasses.replace(refunds_request(), vocabulary=words)
+    prompt = propose_messages(request, False, 5)[-1]["content"]
+    assert '"units": {' in prompt and '"facts.requested": "usd"' in prompt
+
+
 # --- 5. replies that are not a candidate -----------------------------------------------------------------
 
 

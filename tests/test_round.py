@@ -1665,6 +1665,41 @@ def test_the_miner_compares_two_enumerated_facts() -> None:
     assert (best.action.describe(), best.condition) == ("ESCALATE", "facts.department != facts.owner")
 
 
+def test_two_numbers_of_one_unit_are_compared_with_a_margin_at_the_edge_of_the_evidence() -> None:
+    """A refill more than a week early is denied: the days since the last fill against the days it
+    supplies (30 or 90), which no threshold on either fact states. Declared in one unit, the facts are
+    compared, with the margin the training refills show (13 days or more early), not the plain
+    comparison, which would also deny refills a few days early, which no training decision showed;
+    with no unit, comparing them would be a coincidence of scale, and no rule compares them."""
+    early = [(16, 30), (70, 90), (11, 30), (77, 90)]  # 14, 20, 19, 13 days early
+    due = [(90, 90), (49, 30), (41, 30), (91, 90), (48, 30), (30, 30)]
+    examples = [
+        decision(f"early-{i}", {"since": since, "supply": supply}, ("FILL", "DENY"), "FILL", "DENY")
+        for i, (since, supply) in enumerate(early)
+    ] + [
+        decision(f"due-{i}", {"since": since, "supply": supply}, ("FILL", "DENY"), "FILL", "FILL")
+        for i, (since, supply) in enumerate(due)
+    ]
+    days = mine(examples, {"facts.since": "int:days", "facts.supply": "int:days"})
+    assert days[0].action.describe() == "DENY"
+    assert days[0].condition == "facts.since <= facts.supply - 13", [r.guard for r in days]
+    plain = mine(examples, {"facts.since": "int", "facts.supply": "int"})
+    assert not any(re.search(r"facts\.since [<>=]+ facts\.supply", r.condition) for r in plain), [
+        r.condition for r in plain
+    ]
+    # Numbers, not whole ones: the margin is a double, added to the other fact made a double (CEL adds no
+    # int to a double), and the condition holds in CEL where the miner says it does.
+    money = [
+        decision(f"m-{i}", {"paid": a + 0.5, "owed": b}, ("FILL", "DENY"), "FILL", d)
+        for i, (a, b, d) in enumerate(
+            [(16, 30, "DENY"), (70, 90, "DENY"), (11, 30, "DENY"), (77, 90, "DENY")]
+            + [(a, b, "FILL") for a, b in due]
+        )
+    ]
+    usd = mine(money, {"facts.paid": "number:usd", "facts.owed": "number:usd"})
+    assert usd[0].condition == "facts.owed >= double(facts.paid) + 12.5", [r.guard for r in usd]
+
+
 def test_identifiers_stay_out_of_word_tests_unless_the_fact_is_declared_text() -> None:
     """A name is no place for words: a `string` fact whose values are single tokens gives no word test
     (the rule stays with the other facts); declared `text`, it is tested for words like any text."""

@@ -22,6 +22,7 @@ from improve.runtime.environment import (
     WorldFromThread,
     load_environment,
     load_machine,
+    split_unit,
 )
 from improve.runtime.judgment import Judgment, ModelJudgment
 from improve.runtime.models import (
@@ -127,6 +128,7 @@ __all__ = [
     "resume_proof",
     "run",
     "runs_overlap",
+    "split_unit",
     "stand_in",
     "vocabulary",
     "world_at",

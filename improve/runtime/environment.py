@@ -12,6 +12,7 @@ import functools
 import hashlib
 import json
 import random
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -105,8 +106,9 @@ class Environment:
     """Per decision name, the type of each fact path: `"number"`, `"int"`, `"bool"`, `"text"` (free
     text, tested for words), `"string"` (tested for words only when its values read as prose: not a
     name, an id or an address), `"list"`, `"any"`, or a tuple of the values an enumerated fact takes
-    (`("free", "pro")`). The vocabulary a policy's guards are type-checked against, and what the rule
-    miner may test."""
+    (`("free", "pro")`); a number may carry its unit (`"int:days"`: two facts of one unit may be
+    compared, `split_unit`). The vocabulary a policy's guards are type-checked against, and what the
+    rule miner may test."""
     policy_guards: dict[str, GuardFn] = field(default_factory=dict)
     """Named guards the environment exports to policies (called with the request as context)."""
     judgments: dict[str, Judgment] = field(default_factory=dict)
@@ -237,7 +239,21 @@ def load_environment(
 
 FACT_KINDS = ("number", "int", "bool", "text", "string", "list", "any")
 """The type names a fact may be declared with (`Environment.fact_types`); an enumerated fact is declared
-by the tuple of its values instead."""
+by the tuple of its values instead, and a number may carry its unit (`"int:days"`, `split_unit`)."""
+
+UNIT = re.compile(r"[a-z][a-z0-9_-]{0,39}")
+"""A unit's name: a lowercase word (`days`, `usd`, `seats`)."""
+
+
+def split_unit(kind: FactType) -> tuple[FactType, str | None]:
+    """A declared fact type and its unit, apart: `"int:days"` -> `("int", "days")`, `"int"` -> `("int",
+    None)`. Two numbers of one unit measure the same thing, so a rule may compare them with each other
+    (`facts.rx.daysSinceFill >= facts.rx.daysSupply`); numbers of different units or of none are compared
+    only with thresholds, since whether one exceeds the other is a coincidence of scale."""
+    if isinstance(kind, str) and ":" in kind:
+        base, unit = kind.split(":", 1)
+        return base, unit
+    return kind, None
 
 
 def fact_type_problems(env: Environment) -> list[str]:
@@ -267,11 +283,18 @@ def fact_type_problems(env: Environment) -> list[str]:
                     f"(the machine's `facts` of that decision, as paths without `facts.`: "
                     f"{', '.join(sorted(declared_facts[decision])) or 'none'})"
                 )
-            elif not isinstance(kind, tuple) and kind not in FACT_KINDS:
+                continue
+            base, unit = split_unit(kind)
+            if not isinstance(base, tuple) and base not in FACT_KINDS:
                 problems.append(
                     f"fact_types[{decision!r}][{path!r}] is {kind!r}, not a fact type: use one of "
-                    f"{', '.join(FACT_KINDS)}, or the tuple of the values of an enumerated fact "
-                    "(('basic', 'pro'))"
+                    f"{', '.join(FACT_KINDS)} (a number with its unit: 'int:days', 'number:usd'), or the "
+                    "tuple of the values of an enumerated fact (('basic', 'pro'))"
+                )
+            elif unit is not None and (base not in ("number", "int") or not UNIT.fullmatch(unit)):
+                problems.append(
+                    f"fact_types[{decision!r}][{path!r}] is {kind!r}: only a number has a unit, written "
+                    "after a colon as a lowercase word ('int:days', 'number:usd')"
                 )
     return problems
 

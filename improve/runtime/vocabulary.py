@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from improve.machine import DECIDE_SRC, FREE_TEXT, Scope
-from improve.runtime.environment import Environment, FactType
+from improve.runtime.environment import Environment, FactType, split_unit
 from improve.runtime.policy import DEFAULT_MODEL_REF, MODEL_DECIDE
 
 REQUEST_FIELDS = ("name", "options", "facts", "attempts", "prompt", "allowedEvents", "payloads")
@@ -29,6 +29,8 @@ class DecisionWords:
     """Fact path (as a policy writes it, `facts.order.refundable`) -> type (`enum` for an enumerated one)."""
     values: dict[str, list[Any]] = field(default_factory=dict)
     """Enumerated fact path -> the values it takes, as declared."""
+    units: dict[str, str] = field(default_factory=dict)
+    """Numeric fact path -> its declared unit (`"int:days"`): facts of one unit may be compared."""
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,14 @@ class Vocabulary:
         return paths
 
     @property
+    def fact_units(self) -> dict[str, str]:
+        """Numeric fact path -> its declared unit, over every decision."""
+        units: dict[str, str] = {}
+        for d in self.decisions:
+            units.update(d.units)
+        return units
+
+    @property
     def fact_values(self) -> dict[str, list[Any]]:
         """Enumerated fact path -> its declared values, over every decision."""
         values: dict[str, list[Any]] = {}
@@ -65,6 +75,9 @@ class Vocabulary:
 
     def to_json(self) -> dict[str, Any]:
         doc = asdict(self)
+        for decision in doc["decisions"]:
+            if not decision["units"]:
+                del decision["units"]  # only where declared: a prompt says nothing of what is not
         doc["events"] = self.events
         doc["actors"] = self.actors
         doc["request_fields"] = list(self.request_fields)
@@ -112,9 +125,13 @@ def vocabulary(env: Environment) -> Vocabulary:
         declared = env.fact_types.get(decision, {})
         typed = _fact_paths(raw.get("facts") or {}, "facts", declared)
         typed.pop("facts", None)
-        facts = {path: kind if isinstance(kind, str) else "enum" for path, kind in typed.items()}
-        values = {path: list(kind) for path, kind in typed.items() if not isinstance(kind, str)}
-        decisions.append(DecisionWords(name=decision, state=name, events=events, facts=facts, values=values))
+        split = {path: split_unit(kind) for path, kind in typed.items()}
+        facts = {path: kind if isinstance(kind, str) else "enum" for path, (kind, _) in split.items()}
+        values = {path: list(kind) for path, (kind, _) in split.items() if not isinstance(kind, str)}
+        units = {path: unit for path, (_, unit) in split.items() if unit is not None}
+        decisions.append(
+            DecisionWords(name=decision, state=name, events=events, facts=facts, values=values, units=units)
+        )
     return Vocabulary(
         environment=env.name,
         decisions=decisions,

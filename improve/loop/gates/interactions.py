@@ -34,7 +34,11 @@ MAX_BASES = 40
 _PATH = r"facts(?:\.[A-Za-z_]\w*)+"
 _NUMBER = r"-?\d+(?:\.\d+)?"
 _THRESHOLD = re.compile(rf"^\s*({_PATH})\s*(?:>=|<=|>|<|==|!=)\s*({_NUMBER})\s*$")
-_PAIR = re.compile(rf"^\s*({_PATH})\s*(?:>=|<=|>|<)\s*({_PATH})\s*$")
+_PAIR = re.compile(
+    rf"^\s*({_PATH})\s*(?:>=|<=|>|<)\s*(?:({_PATH})|double\(\s*({_PATH})\s*\))\s*(?:([+-])\s*(\d+(?:\.\d+)?))?\s*$"
+)
+"""Two facts compared, the other one with a margin when of one unit (`facts.a <= facts.b - 13`,
+`facts.a >= double(facts.b) + 12.5`)."""
 _FLAG = re.compile(rf"^\s*({_PATH})\s*(?:==\s*(?:true|false))?\s*$")
 _ENUM = re.compile(rf"^\s*({_PATH})\s*(?:==|!=|in)\s*(.+)$")
 _TEXT = re.compile(rf"^\s*({_PATH})\.(matches|contains)\(\s*(['\"])(.*)\3\s*\)\s*$")
@@ -73,10 +77,12 @@ def variants(atom: str, facts: Mapping[str, Any], types: Mapping[str, Any]) -> l
         d = _step(t)
         return [[(path, _number(v))] for v in (t - d, t, t + d)]
     if m := _PAIR.match(atom):
-        path, other = m.group(1)[6:], fact_at(facts, m.group(2))
+        path, other = m.group(1)[6:], fact_at(facts, m.group(2) or m.group(3))
         if isinstance(other, int | float) and not isinstance(other, bool):
-            d = _step(other)
-            return [[(path, _number(v))] for v in (other - d, other, other + d)]
+            margin = float(m.group(5) or 0) * (-1 if m.group(4) == "-" else 1)
+            edge = other + (int(margin) if margin.is_integer() and isinstance(other, int) else margin)
+            d = _step(edge)
+            return [[(path, _number(v))] for v in (edge - d, edge, edge + d)]
         return []
     if m := _TEXT.match(atom):
         # The CEL string literal escapes its backslashes: `'(?i)\\\\bword\\\\b'`.

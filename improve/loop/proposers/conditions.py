@@ -97,6 +97,10 @@ class Atom:
     value: Any
     """The threshold, the other fact's path (pair, same), the flag's value, the enumerated value (or a
     tuple of them for `member`), or the word or phrase."""
+    offset: int | float = 0
+    """For a pair of one unit, what is added to the other fact (`facts.since >= facts.supply - 7`): an
+    int between two `int` facts, else a float, written against `double(...)` since CEL adds no int to a
+    double."""
 
     @property
     def negated(self) -> bool:
@@ -113,6 +117,11 @@ class Atom:
     def cel(self) -> str:
         if self.kind == "threshold":
             return f"{self.path} {self.op} {_number(self.value)}"
+        if self.kind == "pair" and self.offset:
+            sign = "+" if self.offset > 0 else "-"
+            if isinstance(self.offset, int):
+                return f"{self.path} {self.op} {self.value} {sign} {abs(self.offset)}"
+            return f"{self.path} {self.op} double({self.value}) {sign} {float(abs(self.offset))!r}"
         if self.kind in ("pair", "same"):
             return f"{self.path} {self.op} {self.value}"
         if self.kind == "flag":
@@ -134,7 +143,7 @@ class Atom:
         """`holds`, given the value at `path` and, for a comparison of two facts, the other fact's."""
         if self.kind in ("threshold", "pair"):
             b = other if self.kind == "pair" else self.value
-            return numeric(a) and numeric(b) and bool(_COMPARE[self.op](a, b))
+            return numeric(a) and numeric(b) and bool(_COMPARE[self.op](a, b + self.offset))
         if self.kind == "same":
             return a is not None and type(a) is type(other) and (a == other) != self.negated
         if self.kind == "flag":
@@ -249,13 +258,22 @@ def count(bits: int) -> int:
 @dataclass(frozen=True)
 class RuleTerms:
     """What the miner may write: fact types (`facts.x` -> number, int, bool, enum, string), the values of
-    enumerated facts, the environment's own constants (its enumerated payloads, its numbers) and, per
-    fact, its own thresholds: the numbers its machine compares that fact's value with."""
+    enumerated facts, the environment's own constants (its enumerated payloads, its numbers), per
+    fact, its own thresholds (the numbers its machine compares that fact's value with), and the units
+    of numeric facts declared with one."""
 
     fact_types: Mapping[str, str]
     values: Mapping[str, Sequence[Any]] = field(default_factory=dict)
     constants: frozenset[Any] = frozenset()
     thresholds: Mapping[str, frozenset[float]] = field(default_factory=dict)
+    units: Mapping[str, str] = field(default_factory=dict)
+    """Numeric fact path -> its declared unit (`"int:days"`)."""
+
+    def one_unit(self, atom: Atom) -> bool:
+        """The atom compares two numbers declared in one unit (the days since a fill and the days it
+        supplies): a rule about the facts themselves, not a coincidence of their scales."""
+        unit = self.units.get(atom.path)
+        return atom.kind == "pair" and unit is not None and self.units.get(atom.value) == unit
 
     def own(self, atom: Atom) -> bool:
         """The atom is a threshold at one of the environment's own numbers (its constants, and its
@@ -312,6 +330,8 @@ def atoms_for(cases: Sequence[Case], vocab: RuleTerms) -> list[Atom]:
                     atoms += [Atom("threshold", path, op, value) for op in ops]
     for left, right in itertools.combinations(numbers, 2):
         atoms += [Atom("pair", left, op, right) for op in (">", ">=", "<", "<=")]
+        if vocab.units.get(left) is not None and vocab.units.get(left) == vocab.units.get(right):
+            atoms += _offsets(cases, vocab, left, right)
     for left, right in _comparable(cases, vocab):
         atoms += [Atom("same", left, "==", right), Atom("same", left, "!=", right)]
     for path, kind in sorted(vocab.fact_types.items()):
@@ -329,6 +349,40 @@ def atoms_for(cases: Sequence[Case], vocab: RuleTerms) -> list[Atom]:
         elif worded(cases, path, kind):
             atoms += _text_atoms(cases, path)
     return atoms
+
+
+def _offsets(cases: Sequence[Case], vocab: RuleTerms, left: str, right: str) -> list[Atom]:
+    """Comparisons of two facts of one unit with a margin (`facts.since >= facts.supply - 7`: a week
+    early): the differences the training decisions show, as cut points, each with `MIN_SUPPORT`
+    scenarios on either side, as a threshold over one fact has. Zero is the comparison itself."""
+    plain = Atom("pair", left, ">=", right)
+    differences = [(c.scenario, d) for c in cases if (d := difference(plain, c.facts)) is not None]
+    atoms: list[Atom] = []
+    for t in sorted({d for _, d in differences}):
+        offset = margin(vocab, plain, t)
+        if not offset:
+            continue
+        for ops, below in (((">=", "<"), lambda v, t=t: v < t), ((">", "<="), lambda v, t=t: v <= t)):
+            low, high = _scenarios_split(differences, below)
+            if low >= MIN_SUPPORT and high >= MIN_SUPPORT:
+                atoms += [Atom("pair", left, op, right, offset) for op in ops]
+    return atoms
+
+
+def difference(atom: Atom, facts: Mapping[str, Any]) -> int | float | None:
+    """How far the fact a comparison of two facts is about lies above the other one, when both are
+    numbers."""
+    a, b = fact_at(facts, atom.path), fact_at(facts, atom.value)
+    return a - b if numeric(a) and numeric(b) else None
+
+
+def margin(vocab: RuleTerms, atom: Atom, value: float) -> int | float:
+    """`value` as the margin of a comparison of two facts: an int when both are declared `int` and it is
+    whole (CEL adds an int to an int), else a float rounded off its last bits of arithmetic."""
+    whole = all(vocab.fact_types.get(p) == "int" for p in (atom.path, atom.value))
+    if whole and float(value).is_integer():
+        return int(value)
+    return round(float(value), 9)
 
 
 def worded(cases: Sequence[Case], path: str, kind: str) -> bool:

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from improve.loop.branches import fact_at
-from improve.loop.proposers.conditions import Atom, Case, RuleTerms, numeric
+from improve.loop.proposers.conditions import Atom, Case, RuleTerms, difference, margin, numeric
 
 Generalization = Literal[
     "shortest",
@@ -158,6 +158,8 @@ def agree(
                     else Atom("threshold", atom.path, ">=", min(values))
                 )
             )
+        elif vocab.one_unit(atom):
+            atom = _margin(vocab, atom, covered, others, atom in far)
         elif atom.kind in ("equals", "member") and vocab.fact_types.get(atom.path) == "enum":
             atom = _seen_values(atom, values, _known_values(vocab, atom.path, cases))
         if atom not in narrowed:  # a test narrowed to one the term has already
@@ -189,6 +191,26 @@ def agree(
         if len(differ) == 1 and differ[0] not in kept and outs(differ[0]) >= outs(alone[0]):
             kept.append(differ[0])
     return tuple(kept)
+
+
+def _margin(vocab: RuleTerms, atom: Atom, covered: Sequence[Case], others: Sequence[Case], far: bool) -> Atom:
+    """A comparison of two facts of one unit moved as `agree` moves a threshold, along their difference
+    (`since < supply` -> `since <= supply - 13` when the covered right answers are 13 days early or
+    more): to the edge of the right answers it covers, or, chosen and `far`, of the decisions answered
+    otherwise."""
+    found = [difference(atom, c.facts) for c in covered]
+    differences = [d for d in found if d is not None]
+    if len(differences) != len(found):
+        return atom
+    low = Atom("threshold", "", atom.op, atom.offset)
+    moved = (
+        _far(low, differences, [d for c in others if (d := difference(atom, c.facts)) is not None])
+        if far
+        else Atom("threshold", "", "<=", max(differences))
+        if atom.op in ("<", "<=")
+        else Atom("threshold", "", ">=", min(differences))
+    )
+    return Atom("pair", atom.path, moved.op, atom.value, margin(vocab, atom, moved.value))
 
 
 def _known_values(vocab: RuleTerms, path: str, cases: Sequence[Case]) -> list[Any]:

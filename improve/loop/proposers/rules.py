@@ -76,7 +76,7 @@ from improve.loop.proposers.conditions import (
 )
 from improve.loop.proposers.generalize import DESIGNS, GENERALIZE, Design, Generalization, agree, cede, keep
 from improve.machine import MAX_EXPRESSION_LENGTH, Expr, Scope, compile_expr
-from improve.runtime import FactType
+from improve.runtime import FactType, split_unit
 
 MAX_TERMS = 3
 """Alternatives (`||`) in one condition."""
@@ -194,11 +194,15 @@ def _actions(cases: Sequence[Case], vocab: RuleTerms) -> dict[Action, int]:
 
 
 def _tightness(atom: Atom) -> float:
-    """Among thresholds that separate the cases equally well, the one closest to the failures to fix:
-    what the training data did not show stays with the model."""
-    if atom.threshold is None:
+    """Among thresholds (or margins between two facts) that separate the cases equally well, the one
+    closest to the failures to fix: what the training data did not show stays with the model."""
+    if atom.kind == "pair":
+        limit = float(atom.offset)
+    elif atom.threshold is not None:
+        limit = atom.threshold
+    else:
         return 0.0
-    return atom.threshold if atom.op in (">", ">=") else -atom.threshold
+    return limit if atom.op in (">", ">=") else -limit
 
 
 @dataclass
@@ -247,10 +251,15 @@ def _costs(atoms: Sequence[Atom], masks: Sequence[int], vocab: RuleTerms) -> lis
     coincidental threshold from winning over a plain flag that covers almost as much. Candidates that
     split the training decisions alike are one choice (`x > 3` and `x >= 4` on whole numbers, two words
     that always occur together). A comparison of two facts is chosen among every pair of facts, not
-    among the ones its first fact makes. The environment's own numbers are named, not chosen: a
-    threshold at one costs nothing (`RuleTerms.own`)."""
+    among the ones its first fact makes; two facts of one unit are compared as a threshold over their
+    difference is chosen, among its cut points (the comparison itself, a margin of zero, one of them:
+    no margin is cheaper than another, and the closest to the failures wins a tie, `_tightness`). The
+    environment's own
+    numbers are named, not chosen: a threshold at one costs nothing (`RuleTerms.own`)."""
 
     def kin(atom: Atom) -> tuple[str, str]:
+        if vocab.one_unit(atom):
+            return (f"{atom.path} - {atom.value}", "margin")
         return ("", atom.kind) if atom.kind in ("pair", "same") else (atom.path, atom.kind)
 
     family: dict[tuple[str, str], set[int]] = {}
@@ -310,8 +319,13 @@ def _grow(
     best: _Best | None = None
     worth = _Worth.of(space, positives, negatives, right, design)
     # Two facts compared are a rule about the answer's own amounts (pay what is refundable when less was
-    # asked); between unrelated facts, a coincidence of scale.
-    usable = [i for i, atom in enumerate(space.atoms) if not (atom.kind == "pair" and not atom.paths & about)]
+    # asked) or about two measures of one unit (the days since a fill against the days it supplies);
+    # between unrelated facts, a coincidence of scale (durationDays > tenureMonths).
+    usable = [
+        i
+        for i, atom in enumerate(space.atoms)
+        if atom.kind != "pair" or atom.paths & about or space.vocab.one_unit(atom)
+    ]
     search = _Search(space, positives, negatives, usable, _ties(space, about), skip_first, worth)
     for depth in range(MAX_ATOMS):
         exact, beam = search.extend(beam, depth)
@@ -612,16 +626,20 @@ def mine(
     own values, `thresholds` its own thresholds for each fact (`RuleTerms`)."""
     design = DESIGNS[generalize]
     if not isinstance(vocab, RuleTerms):
-        # An environment's fact types: an enumerated fact is the tuple of its values.
+        # An environment's fact types: an enumerated fact is the tuple of its values, a number may carry
+        # its unit (`"int:days"`).
+        split = {p: split_unit(k) for p, k in vocab.items()}
         vocab = RuleTerms(
-            {p: "enum" if isinstance(k, tuple) else k for p, k in vocab.items()},
-            {p: k for p, k in vocab.items() if isinstance(k, tuple)},
+            {p: "enum" if isinstance(k, tuple) else k for p, (k, _) in split.items()},
+            {p: k for p, (k, _) in split.items() if isinstance(k, tuple)},
+            units={p: u for p, (_, u) in split.items() if u is not None},
         )
     vocab = RuleTerms(
         vocab.fact_types,
         vocab.values,
         vocab.constants | frozenset(constants),
         {**vocab.thresholds, **{p: frozenset(float(v) for v in vs) for p, vs in (thresholds or {}).items()}},
+        vocab.units,
     )
     refused = set(discarded)
     rules: list[Rule] = []
@@ -906,6 +924,7 @@ class RuleMinerProposer:
                 words.fact_values,
                 self.constants,
                 self.thresholds,
+                words.fact_units,
             )
             discarded = [(d["guard"], d["answer"]) for d in request.discarded]
             narrower = [(d["guard"], d["answer"]) for d in request.narrower]
