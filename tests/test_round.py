@@ -1700,6 +1700,37 @@ def test_two_numbers_of_one_unit_are_compared_with_a_margin_at_the_edge_of_the_e
     assert usd[0].condition == "facts.owed >= double(facts.paid) + 12.5", [r.guard for r in usd]
 
 
+def test_a_unit_leaves_a_comparison_with_the_amount_answered_as_it_is() -> None:
+    """Pay one month's fee where more was asked: a comparison with a fact the answer is made of is that
+    comparison exactly, unit or none (no margin at the edge of the training asks, 28 or more over)."""
+
+    def case(i: int, requested: float, fee: float) -> dict[str, Any]:
+        over = requested > fee
+        return {
+            "thread_id": f"train:v0:c-{i}:r1",
+            "scenario": f"c-{i}",
+            "facts": {"requested": requested, "fee": fee},
+            "options": [
+                {"type": "CREDIT", "amount": requested},
+                {"type": "CREDIT", "amount": fee},
+                {"type": "ESCALATE"},
+            ],
+            "answered": {"type": "ESCALATE"} if over else {"type": "CREDIT", "amount": requested},
+            "correct": [{"type": "CREDIT", "amount": min(requested, fee)}],
+            "passed": not over,
+            "in_cluster": over,
+        }
+
+    asks = [(90, 30), (40, 12), (250, 90), (60, 30), (15, 30), (12, 12), (20, 90), (5, 12)]
+    examples = [case(i, float(r), float(f)) for i, (r, f) in enumerate(asks)]
+    plain = mine(examples, {"facts.requested": "number", "facts.fee": "number"})
+    usd = mine(examples, {"facts.requested": "number:usd", "facts.fee": "number:usd"})
+    assert [(r.action.describe(), r.condition) for r in usd] == [
+        (r.action.describe(), r.condition) for r in plain
+    ]
+    assert usd[0].condition == "facts.fee < facts.requested", [r.guard for r in usd]
+
+
 def test_identifiers_stay_out_of_word_tests_unless_the_fact_is_declared_text() -> None:
     """A name is no place for words: a `string` fact whose values are single tokens gives no word test
     (the rule stays with the other facts); declared `text`, it is tested for words like any text."""

@@ -124,13 +124,17 @@ def agree(
     right: int,
     excluded: int,
     far: frozenset[Atom] = frozenset(),
+    about: set[str] | frozenset[str] = frozenset(),
 ) -> tuple[Atom, ...]:
     """`term` narrowed to where every explanation the training data allows agrees.
 
     A threshold the term chose among many that separate equally is moved to the edge of the right
     answers it covers (`x < 30` -> `x <= 13` when 13 is the largest covered): what lies between is a
     value no training decision showed. An enumerated test that admits a value none of them has is
-    narrowed to the values they take (`_seen_values`), for the same reason. A threshold in `far` (one the rule chose, not one it kept)
+    narrowed to the values they take (`_seen_values`), for the same reason; so is the margin of a
+    comparison of two facts of one unit (`_margin`), unless one of them is a fact the answer is made
+    of (`about`: paying what is refundable where less was asked is that comparison exactly). A
+    threshold in `far` (one the rule chose, not one it kept)
     moves to the edge of the decisions answered otherwise instead (`x < 30` -> `x < 25` when 25 is the
     smallest of them above 13): what lies between is answered. The environment's own thresholds for
     the fact stay (`RuleTerms.given`). And a decision
@@ -158,7 +162,7 @@ def agree(
                     else Atom("threshold", atom.path, ">=", min(values))
                 )
             )
-        elif vocab.one_unit(atom):
+        elif vocab.one_unit(atom) and not atom.paths & about:
             atom = _margin(vocab, atom, covered, others, atom in far)
         elif atom.kind in ("equals", "member") and vocab.fact_types.get(atom.path) == "enum":
             atom = _seen_values(atom, values, _known_values(vocab, atom.path, cases))

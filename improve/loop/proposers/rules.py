@@ -319,12 +319,15 @@ def _grow(
     best: _Best | None = None
     worth = _Worth.of(space, positives, negatives, right, design)
     # Two facts compared are a rule about the answer's own amounts (pay what is refundable when less was
-    # asked) or about two measures of one unit (the days since a fill against the days it supplies);
-    # between unrelated facts, a coincidence of scale (durationDays > tenureMonths).
+    # asked: exactly that, with no margin) or about two measures of one unit (the days since a fill
+    # against the days it supplies, with a margin); between unrelated facts, a coincidence of scale
+    # (durationDays > tenureMonths).
     usable = [
         i
         for i, atom in enumerate(space.atoms)
-        if atom.kind != "pair" or atom.paths & about or space.vocab.one_unit(atom)
+        if atom.kind != "pair"
+        or (atom.paths & about and not atom.offset)
+        or (space.vocab.one_unit(atom) and not atom.paths & about)
     ]
     search = _Search(space, positives, negatives, usable, _ties(space, about), skip_first, worth)
     for depth in range(MAX_ATOMS):
@@ -590,7 +593,7 @@ def _learn(
         chosen = frozenset(term) if design.keep == "far" else frozenset()
         term += keep(space.cases, space.vocab, term, cover & right, design)
         if design.keep in ("agree", "far"):
-            term = agree(space.cases, space.vocab, term, cover & right, negatives, far=chosen)
+            term = agree(space.cases, space.vocab, term, cover & right, negatives, far=chosen, about=about)
         if design.cede and ceded:
             term = cede(space.cases, space.vocab, term, cover & right, ceded)
         terms.append(term)
