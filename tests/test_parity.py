@@ -376,6 +376,21 @@ def test_unknown_policy_and_bad_runner_are_usage_errors(ws: Path) -> None:
     assert "bad runner spec 'no.such.module:run'" in result.stderr
     result = compare(ws, "v0", "v0", "--model", "brilliant")
     assert result.exit_code == 2 and "brilliant" in result.stderr
+    assert "without --model" not in result.stderr
+
+
+def test_a_default_model_the_environment_lacks_says_it_was_the_default(
+    ws: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A desk written without a `sloppy` stand-in: the user named no model, so the message says where the
+    # one it lacks came from and how to choose.
+    import improve.parity
+
+    monkeypatch.setattr(improve.parity, "DEFAULT_MODELS", ("careful", "clumsy"))
+    result = compare(ws, "v0", "v0")
+    assert result.exit_code == 2, result.output
+    assert "without --model, parity compare runs careful and clumsy" in result.stderr
+    assert "has no model 'clumsy'" in result.stderr and "--model careful" in result.stderr
 
 
 def test_a_policy_nested_ten_thousand_deep_is_refused_with_the_limit(ws: Path) -> None:

@@ -133,7 +133,16 @@ def compare_command(
             chosen = [s for s in chosen if s.id in set(scenario)]
         models = list(dict.fromkeys(model or DEFAULT_MODELS))
         for name in models:
-            space.model_spec(name, environment)  # an unknown name is refused here, with what is known
+            try:
+                space.model_spec(name, environment)  # an unknown name is refused here, with what is known
+            except WorkspaceError as unknown:
+                if model:
+                    raise
+                # The user named no model: say where this one came from.
+                raise WorkspaceError(
+                    f"without --model, parity compare runs {' and '.join(DEFAULT_MODELS)}; {unknown}. Name the "
+                    "models to compare with --model (repeatable), e.g. --model careful"
+                ) from None
         default_reviewed = space.root / REVIEWED_FILE
         reviewed_path = reviewed or (default_reviewed if default_reviewed.is_file() else None)
         accepted = (

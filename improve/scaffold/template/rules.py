@@ -21,7 +21,7 @@ FACT_TYPES: dict[str, dict[str, FactType]] = {
         "ticket": "text",  # free text, meant for word tests; a name or an id would be "string"
         "requested": "number",
         "account.plan": ("basic", "pro", "team"),  # an enumeration: the tuple of its values
-        "account.monthlyFee": "number",
+        "account.monthlyFee": "number",  # a number may carry its unit, "number:usd": two of one unit are comparable
         "account.creditsThisYear": "int",
     }
 }
