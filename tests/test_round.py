@@ -1700,6 +1700,63 @@ def test_two_numbers_of_one_unit_are_compared_with_a_margin_at_the_edge_of_the_e
     assert usd[0].condition == "facts.owed >= double(facts.paid) + 12.5", [r.guard for r in usd]
 
 
+def test_the_machine_shows_which_numbers_measure_one_thing() -> None:
+    """Facts read from values the machine compares, adds or subtracts are in one unit, without a
+    declaration (its guard refuses a controlled drug before its supply runs out); a product, an equality
+    and a number read from nothing so related are not."""
+    from improve.loop.proposers.conditions import RuleTerms
+    from improve.loop.proposers.registry import units
+    from improve.machine import parse_machine, related
+
+    machine = parse_machine(
+        {
+            "id": "m",
+            "version": "1",
+            "initial": "deciding",
+            "context": {"rx": None, "price": 0, "months": 0, "refills": 0},
+            "states": {
+                "deciding": {
+                    "invoke": {
+                        "src": "agent.decide",
+                        "input": {
+                            "name": "'refill'",
+                            "allowedEvents": ["FILL", "DENY"],
+                            "facts": {
+                                "rx": "context.rx",
+                                "price": "context.price",
+                                "months": "context.months",
+                                "refills": "context.refills",
+                            },
+                        },
+                    },
+                    "on": {
+                        "FILL": {
+                            "guard": "!(context.rx.controlled && context.rx.since < context.rx.supply) "
+                            "&& context.price * context.months > 0.0 && context.refills == context.months",
+                            "target": "done",
+                        },
+                        "DENY": {"target": "done"},
+                    },
+                },
+                "done": {"type": "final"},
+            },
+        }
+    )
+    assert set(related(machine)) == {("context.rx.since", "context.rx.supply")}
+    found = units(machine)
+    assert found.keys() == {"facts.rx.since", "facts.rx.supply"} and len(set(found.values())) == 1
+    early = [(16, 30), (70, 90), (11, 30), (77, 90)]
+    due = [(90, 90), (49, 30), (41, 30), (91, 90), (48, 30), (30, 30)]
+    examples = [
+        decision(f"s-{i}", {"rx": {"since": a, "supply": b}}, ("FILL", "DENY"), "FILL", right)
+        for i, (a, b, right) in enumerate(
+            [(a, b, "DENY") for a, b in early] + [(a, b, "FILL") for a, b in due]
+        )
+    ]
+    vocab = RuleTerms({"facts.rx.since": "int", "facts.rx.supply": "int"}, units=found)
+    assert mine(examples, vocab)[0].condition == "facts.rx.since <= facts.rx.supply - 13"
+
+
 def test_a_unit_leaves_a_comparison_with_the_amount_answered_as_it_is() -> None:
     """Pay one month's fee where more was asked: a comparison with a fact the answer is made of is that
     comparison exactly, unit or none (no margin at the edge of the training asks, 28 or more over)."""

@@ -87,6 +87,7 @@ from improve.machine.walk import (
     edges,
     expressions,
     literals,
+    related,
     state_path,
 )
 
@@ -162,6 +163,7 @@ __all__ = [
     "plain_json",
     "referenced_paths",
     "refusing_guard",
+    "related",
     "run_rule_evals",
     "sorted_text",
     "state_path",

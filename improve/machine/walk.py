@@ -279,6 +279,59 @@ def compared(config: MachineConfig) -> Iterator[Comparison]:
                     continue
 
 
+_MEASURED = frozenset({"<", "<=", ">", ">="})
+"""Operators whose two sides measure one thing (with `+` and `-`): a count of days against a count of
+days, an amount less an amount."""
+
+
+def related(config: MachineConfig) -> Iterator[tuple[str, str]]:
+    """Every two plain selections an expression compares (`<`, `<=`, `>`, `>=`) or adds or subtracts
+    (`context.amount - context.policy.deductible`): quantities the machine itself treats as measuring
+    one thing, in one unit. Equality is left out (an id equal to an id says nothing of units), and so
+    are products and quotients (a price times months is neither)."""
+    for expr in expressions(config):
+        tokens = tokenize(expr.source)
+        for first, last, text in _operators(tokens):
+            if (text not in _MEASURED and text not in ("+", "-")) or first == 0 or last + 1 >= len(tokens):
+                continue
+            left, right = _selection_ending(tokens, first), _selection_starting(tokens, last + 1)
+            if left is not None and right is not None and left != right:
+                yield left, right
+
+
+def _selection_ending(tokens: list[Any], end: int) -> str | None:
+    """The dotted selection ending just before token `end` (not a call's name, nor a field of a call's
+    result), whatever binds it."""
+    parts: list[str] = []
+    i = end - 1
+    while i >= 0 and tokens[i].kind == "ident":
+        parts.append(tokens[i].text)
+        if i >= 2 and tokens[i - 1].text == "." and tokens[i - 2].kind == "ident":
+            i -= 2
+            continue
+        i -= 1
+        break
+    if not parts or (i >= 0 and tokens[i].text in (".", ")")):
+        return None
+    return ".".join(reversed(parts))
+
+
+def _selection_starting(tokens: list[Any], start: int) -> str | None:
+    """The dotted selection starting at token `start` (not a call), whatever binds it."""
+    parts: list[str] = []
+    i = start
+    while i < len(tokens) and tokens[i].kind == "ident":
+        parts.append(tokens[i].text)
+        if i + 2 < len(tokens) and tokens[i + 1].text == "." and tokens[i + 2].kind == "ident":
+            i += 2
+            continue
+        i += 1
+        break
+    if not parts or (i < len(tokens) and tokens[i].text in ("(", "[")):
+        return None
+    return ".".join(parts)
+
+
 def _selection_before(tokens: list[Any], end: int) -> str | None:
     """The dotted selection ending just before token `end`, unless arithmetic binds it to more."""
     parts: list[str] = []

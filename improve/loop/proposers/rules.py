@@ -251,20 +251,22 @@ def _costs(atoms: Sequence[Atom], masks: Sequence[int], vocab: RuleTerms) -> lis
     coincidental threshold from winning over a plain flag that covers almost as much. Candidates that
     split the training decisions alike are one choice (`x > 3` and `x >= 4` on whole numbers, two words
     that always occur together). A comparison of two facts is chosen among every pair of facts, not
-    among the ones its first fact makes; two facts of one unit are compared as a threshold over their
-    difference is chosen, among its cut points (the comparison itself, a margin of zero, one of them:
-    no margin is cheaper than another, and the closest to the failures wins a tie, `_tightness`). The
-    environment's own
+    among the ones its first fact makes, with or without a unit (declaring one makes no other
+    comparison cheaper); a margin between two facts of one unit is chosen as a threshold over their
+    difference is, among its cut points (the comparison itself one of them). The environment's own
     numbers are named, not chosen: a threshold at one costs nothing (`RuleTerms.own`)."""
 
     def kin(atom: Atom) -> tuple[str, str]:
-        if vocab.one_unit(atom):
+        if atom.kind == "pair" and atom.offset:
             return (f"{atom.path} - {atom.value}", "margin")
         return ("", atom.kind) if atom.kind in ("pair", "same") else (atom.path, atom.kind)
 
     family: dict[tuple[str, str], set[int]] = {}
     for atom, mask in zip(atoms, masks, strict=True):
         family.setdefault(kin(atom), set()).add(mask)
+        if vocab.one_unit(atom) and not atom.offset:
+            # The comparison itself is one of the cut points of the two facts' difference.
+            family.setdefault((f"{atom.path} - {atom.value}", "margin"), set()).add(mask)
     return [0.0 if vocab.own(atom) else math.log2(max(1, len(family[kin(atom)]))) for atom in atoms]
 
 
@@ -898,6 +900,7 @@ class RuleMinerProposer:
         ranks: Mapping[str, int | None] | None = None,
         generalize: Generalization | None = None,
         thresholds: Mapping[str, frozenset[float]] | None = None,
+        units: Mapping[str, str] | None = None,
     ) -> None:
         self.constants = frozenset(constants)
         """The environment's own constants (rule thresholds, enumerated payloads): preferred, and
@@ -905,6 +908,9 @@ class RuleMinerProposer:
         self.thresholds = dict(thresholds or {})
         """Fact path -> the environment's own thresholds for it (`registry.thresholds`): a branch reaches
         as far as these do, and only to the edge of its evidence at any other number."""
+        self.units = dict(units or {})
+        """Fact path -> the unit the machine measures it in (`registry.units`), where the environment
+        declares none."""
         self.ranks = dict(ranks or {})
         """Event -> how safe answering it is (`branches.answer_rank`), for placing a branch."""
         self.generalize = generalize or reach.GENERALIZE
@@ -927,7 +933,7 @@ class RuleMinerProposer:
                 words.fact_values,
                 self.constants,
                 self.thresholds,
-                words.fact_units,
+                {**self.units, **words.fact_units},
             )
             discarded = [(d["guard"], d["answer"]) for d in request.discarded]
             narrower = [(d["guard"], d["answer"]) for d in request.narrower]
