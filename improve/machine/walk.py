@@ -294,14 +294,20 @@ def related(config: MachineConfig) -> Iterator[tuple[str, str]]:
         for first, last, text in _operators(tokens):
             if (text not in _MEASURED and text not in ("+", "-")) or first == 0 or last + 1 >= len(tokens):
                 continue
-            left, right = _selection_ending(tokens, first), _selection_starting(tokens, last + 1)
+            # Whatever else binds them: `a - b - c` relates `b` and `c` too.
+            left = _selection_before(tokens, first, frozenset())
+            right = _selection_after(tokens, last + 1, frozenset({"(", "["}))
             if left is not None and right is not None and left != right:
                 yield left, right
 
 
-def _selection_ending(tokens: list[Any], end: int) -> str | None:
-    """The dotted selection ending just before token `end` (not a call's name, nor a field of a call's
-    result), whatever binds it."""
+_CALLED = frozenset({".", ")"})
+"""What before a selection makes it a field of a call's result."""
+
+
+def _selection_before(tokens: list[Any], end: int, bound: frozenset[str] = _ARITHMETIC) -> str | None:
+    """The dotted selection ending just before token `end`, unless the token before it is in `bound`
+    (by default: arithmetic binds it to more)."""
     parts: list[str] = []
     i = end - 1
     while i >= 0 and tokens[i].kind == "ident":
@@ -311,13 +317,16 @@ def _selection_ending(tokens: list[Any], end: int) -> str | None:
             continue
         i -= 1
         break
-    if not parts or (i >= 0 and tokens[i].text in (".", ")")):
+    if not parts or (i >= 0 and tokens[i].text in bound | _CALLED):
         return None
     return ".".join(reversed(parts))
 
 
-def _selection_starting(tokens: list[Any], start: int) -> str | None:
-    """The dotted selection starting at token `start` (not a call), whatever binds it."""
+def _selection_after(
+    tokens: list[Any], start: int, bound: frozenset[str] = _ARITHMETIC | {"("}
+) -> str | None:
+    """The dotted selection starting at token `start`, unless the token after it is in `bound` (by
+    default: arithmetic or a call binds it to more)."""
     parts: list[str] = []
     i = start
     while i < len(tokens) and tokens[i].kind == "ident":
@@ -327,42 +336,6 @@ def _selection_starting(tokens: list[Any], start: int) -> str | None:
             continue
         i += 1
         break
-    if not parts or (i < len(tokens) and tokens[i].text in ("(", "[")):
-        return None
-    return ".".join(parts)
-
-
-def _selection_before(tokens: list[Any], end: int) -> str | None:
-    """The dotted selection ending just before token `end`, unless arithmetic binds it to more."""
-    parts: list[str] = []
-    i = end - 1
-    while i >= 0 and tokens[i].kind == "ident":
-        parts.append(tokens[i].text)
-        if i >= 1 and tokens[i - 1].text == ".":
-            i -= 2
-            continue
-        i -= 1
-        break
-    else:
-        return None
-    if not parts or (i >= 0 and tokens[i].text in _ARITHMETIC):
-        return None
-    return ".".join(reversed(parts))
-
-
-def _selection_after(tokens: list[Any], start: int) -> str | None:
-    """The dotted selection starting at token `start`, unless arithmetic or a call binds it to more."""
-    parts: list[str] = []
-    i = start
-    while i < len(tokens) and tokens[i].kind == "ident":
-        parts.append(tokens[i].text)
-        if i + 2 < len(tokens) and tokens[i + 1].text == "." and tokens[i + 2].kind == "ident":
-            i += 2
-            continue
-        i += 1
-        break
-    else:
-        return None
-    if not parts or (i < len(tokens) and (tokens[i].text in _ARITHMETIC or tokens[i].text == "(")):
+    if not parts or (i < len(tokens) and tokens[i].text in bound):
         return None
     return ".".join(parts)
