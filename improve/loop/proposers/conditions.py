@@ -260,18 +260,18 @@ class RuleTerms:
     """What the miner may write: fact types (`facts.x` -> number, int, bool, enum, string), the values of
     enumerated facts, the environment's own constants (its enumerated payloads, its numbers), per
     fact, its own thresholds (the numbers its machine compares that fact's value with), and the units
-    of numeric facts declared with one."""
+    numeric facts are in: declared (`"int:days"`) or shown by the machine (`registry.units`)."""
 
     fact_types: Mapping[str, str]
     values: Mapping[str, Sequence[Any]] = field(default_factory=dict)
     constants: frozenset[Any] = frozenset()
     thresholds: Mapping[str, frozenset[float]] = field(default_factory=dict)
     units: Mapping[str, str] = field(default_factory=dict)
-    """Numeric fact path -> its declared unit (`"int:days"`)."""
+    """Numeric fact path -> its unit."""
 
     def one_unit(self, atom: Atom) -> bool:
-        """The atom compares two numbers declared in one unit (the days since a fill and the days it
-        supplies): a rule about the facts themselves, not a coincidence of their scales."""
+        """The atom compares two numbers in one unit (the days since a fill and the days it supplies): a
+        rule about the facts themselves, not a coincidence of their scales."""
         unit = self.units.get(atom.path)
         return atom.kind == "pair" and unit is not None and self.units.get(atom.value) == unit
 
@@ -330,7 +330,7 @@ def atoms_for(cases: Sequence[Case], vocab: RuleTerms) -> list[Atom]:
                     atoms += [Atom("threshold", path, op, value) for op in ops]
     for left, right in itertools.combinations(numbers, 2):
         atoms += [Atom("pair", left, op, right) for op in (">", ">=", "<", "<=")]
-        if vocab.units.get(left) is not None and vocab.units.get(left) == vocab.units.get(right):
+        if vocab.one_unit(Atom("pair", left, ">=", right)):
             atoms += _offsets(cases, vocab, left, right)
     for left, right in _comparable(cases, vocab):
         atoms += [Atom("same", left, "==", right), Atom("same", left, "!=", right)]

@@ -130,20 +130,19 @@ def agree(
 
     A threshold the term chose among many that separate equally is moved to the edge of the right
     answers it covers (`x < 30` -> `x <= 13` when 13 is the largest covered): what lies between is a
-    value no training decision showed. An enumerated test that admits a value none of them has is
-    narrowed to the values they take (`_seen_values`), for the same reason; so is the margin of a
-    comparison of two facts of one unit (`_margin`), unless one of them is a fact the answer is made
-    of (`about`: paying what is refundable where less was asked is that comparison exactly). A
-    threshold in `far` (one the rule chose, not one it kept)
-    moves to the edge of the decisions answered otherwise instead (`x < 30` -> `x < 25` when 25 is the
-    smallest of them above 13): what lies between is answered. The environment's own thresholds for
-    the fact stay (`RuleTerms.given`). And a decision
-    answered otherwise (`excluded`, a mask over `cases`) that the term keeps out on one ground only is
-    kept out on a second one when the facts offer one: a flag or an enumerated value constant across
-    the covered right answers, or a number outside their range. Training cannot tell which of the two
-    is why that decision is different, so the branch answers only where both agree. A decision that
-    differs from them in several respects is no near miss: any of them keeps it out, and it says
-    nothing about which matters."""
+    value no training decision showed. So is the margin of a comparison of two facts of one unit, along
+    their difference (`_margin`), unless one of them is a fact the answer is made of (`about`: paying
+    what is refundable where less was asked is that comparison exactly). An enumerated test that admits
+    a value none of them has is narrowed to the values they take (`_seen_values`), for the same reason.
+    A threshold in `far` (one the rule chose, not one it kept) moves to the edge of the decisions
+    answered otherwise instead (`x < 30` -> `x < 25` when 25 is the smallest of them above 13): what
+    lies between is answered. The environment's own thresholds for the fact stay (`RuleTerms.given`).
+    And a decision answered otherwise (`excluded`, a mask over `cases`) that the term keeps out on one
+    ground only is kept out on a second one when the facts offer one: a flag or an enumerated value
+    constant across the covered right answers, or a number outside their range. Training cannot tell
+    which of the two is why that decision is different, so the branch answers only where both agree. A
+    decision that differs from them in several respects is no near miss: any of them keeps it out, and
+    it says nothing about which matters."""
     covered = [c for i, c in enumerate(cases) if right >> i & 1]
     if not covered:
         return term
