@@ -417,6 +417,7 @@ def test_unparsable_content_is_a_proposal_error(serve: Callable[[list[Reply]], F
             completion(""),
             completion('{"policy": {"id": "p"', finish_reason="length"),
             completion("```json\n" + json.dumps({"policy": VALID, "rationale": "fenced"}) + "\n```"),
+            completion(json.dumps({"policy": VALID, "rationale": "<what changed and why>"})),
         ]
     )
     prop = proposer(endpoint.url, api_key=SECRET)
@@ -428,6 +429,9 @@ def test_unparsable_content_is_a_proposal_error(serve: Callable[[list[Reply]], F
         prop.propose(refunds_request())
     fenced = prop.propose(refunds_request())
     assert (fenced.document, fenced.rationale) == (VALID, "fenced")
+    # SmolLM2 echoed the prompt's placeholder as its rationale: recorded as none, not as a rationale.
+    echoed = prop.propose(refunds_request())
+    assert (echoed.document, echoed.rationale) == (VALID, "")
 
 
 def test_response_formats_are_plain_json() -> None:

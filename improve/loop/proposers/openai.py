@@ -281,6 +281,10 @@ def _sdk_messages(messages: Sequence[Message]) -> list[ChatCompletionMessagePara
 _FENCE = re.compile(r"^\s*```[A-Za-z0-9_-]*\s*\n(?P<body>.*)\n\s*```\s*$", re.DOTALL)
 
 
+_PLACEHOLDER = re.compile(r"^\s*<[^<>]*>\s*$")
+"""A rationale that is only a placeholder in angle brackets, as the prompt writes its own."""
+
+
 def parse_reply(content: str, where: str) -> tuple[Any, str]:
     """The candidate document and rationale in a reply's content (JSON only; never evaluated)."""
     fenced = _FENCE.match(content)
@@ -295,7 +299,11 @@ def parse_reply(content: str, where: str) -> tuple[Any, str]:
         ) from None
     if isinstance(data, dict) and isinstance(data.get("policy"), dict):
         rationale = data.get("rationale")
-        return data["policy"], rationale if isinstance(rationale, str) else ""
+        if not isinstance(rationale, str) or _PLACEHOLDER.match(rationale):
+            # A small model echoes the prompt's `"<what changed and why>"`: no rationale, not ours to
+            # record as one (the CHANGELOG then states the round's hypothesis).
+            return data["policy"], ""
+        return data["policy"], rationale
     # A bare policy (or anything else): the validate gate says what is wrong with it.
     return data, ""
 
