@@ -405,6 +405,10 @@ def test_declared_units_are_in_the_vocabulary_the_proposer_reads() -> None:
     request = dataclasses.replace(refunds_request(), vocabulary=words)
     prompt = propose_messages(request, False, 5)[-1]["content"]
     assert '"units": {' in prompt and '"facts.requested": "usd"' in prompt
+    # The units a machine shows (tool-loop's guards compare its counters with their limits) are there
+    # too, undeclared.
+    shown = vocabulary(load_environment("tool-loop")).fact_units
+    assert shown["facts.turn.used"] == shown["facts.turn.max"] != shown["facts.tokens.used"], shown
 
 
 # --- 5. replies that are not a candidate -----------------------------------------------------------------

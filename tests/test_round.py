@@ -1705,8 +1705,8 @@ def test_the_machine_shows_which_numbers_measure_one_thing() -> None:
     declaration (its guard refuses a controlled drug before its supply runs out); a product, an equality
     and a number read from nothing so related are not."""
     from improve.loop.proposers.conditions import RuleTerms
-    from improve.loop.proposers.registry import units
     from improve.machine import parse_machine, related
+    from improve.runtime import units_shown
 
     machine = parse_machine(
         {
@@ -1743,7 +1743,7 @@ def test_the_machine_shows_which_numbers_measure_one_thing() -> None:
         }
     )
     assert set(related(machine)) == {("context.rx.since", "context.rx.supply")}
-    found = units(machine)
+    found = units_shown(machine)["refill"]
     assert found.keys() == {"facts.rx.since", "facts.rx.supply"} and len(set(found.values())) == 1
     early = [(16, 30), (70, 90), (11, 30), (77, 90)]
     due = [(90, 90), (49, 30), (41, 30), (91, 90), (48, 30), (30, 30)]

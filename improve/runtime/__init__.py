@@ -63,7 +63,7 @@ from improve.runtime.resume import (
 )
 from improve.runtime.resume_bound import ResumeProof, prove_resumes, resume_proof
 from improve.runtime.run import DEFAULT_MAX_MODEL_CALLS, MAX_ENTRIES, Journal, RunResult, run
-from improve.runtime.vocabulary import Vocabulary, vocabulary
+from improve.runtime.vocabulary import Vocabulary, fact_sources, read_from, units_shown, vocabulary
 
 __all__ = [
     "DEFAULT_MAX_MODEL_CALLS",
@@ -114,6 +114,7 @@ __all__ = [
     "check_answer",
     "compile_policy",
     "event_problem",
+    "fact_sources",
     "first_option",
     "fold_thread",
     "load_environment",
@@ -123,6 +124,7 @@ __all__ = [
     "option",
     "prove_resumes",
     "read_document_text",
+    "read_from",
     "recorded_thread",
     "resume",
     "resume_proof",
@@ -130,6 +132,7 @@ __all__ = [
     "runs_overlap",
     "split_unit",
     "stand_in",
+    "units_shown",
     "vocabulary",
     "world_at",
 ]

@@ -7,11 +7,11 @@ to policies, judgment actors, and model refs. Anything else is refused by the vo
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from improve.machine import DECIDE_SRC, FREE_TEXT, Scope
+from improve.machine import DECIDE_SRC, FREE_TEXT, MachineConfig, Scope, related
 from improve.runtime.environment import Environment, FactType, split_unit
 from improve.runtime.policy import DEFAULT_MODEL_REF, MODEL_DECIDE
 
@@ -30,7 +30,8 @@ class DecisionWords:
     values: dict[str, list[Any]] = field(default_factory=dict)
     """Enumerated fact path -> the values it takes, as declared."""
     units: dict[str, str] = field(default_factory=dict)
-    """Numeric fact path -> its declared unit (`"int:days"`): facts of one unit may be compared."""
+    """Numeric fact path -> its unit, declared (`"int:days"`) or shown by the machine (`units_shown`):
+    facts of one unit may be compared."""
 
 
 @dataclass(frozen=True)
@@ -107,7 +108,69 @@ def _fact_paths(tree: Any, prefix: str, declared: Mapping[str, FactType]) -> dic
     return out
 
 
+def fact_sources(facts: Any, prefix: str = "facts") -> dict[str, set[str]]:
+    """Each selection a decision's `facts` read from -> the fact paths read from it."""
+    if isinstance(facts, dict):
+        found: dict[str, set[str]] = {}
+        for key, sub in facts.items():
+            for source, paths in fact_sources(sub, f"{prefix}.{key}").items():
+                found.setdefault(source, set()).update(paths)
+        return found
+    return {facts.strip(): {prefix}} if isinstance(facts, str) else {}
+
+
+def read_from(sources: Mapping[str, set[str]], operand: str) -> list[str]:
+    """The fact paths holding the value at `operand`: read from it, or from a selection it lies under
+    (`context.order` read as `facts.order` holds `context.order.total` at `facts.order.total`)."""
+    return sorted(
+        path + operand[len(source) :]
+        for source, paths in sources.items()
+        if operand == source or operand.startswith(source + ".")
+        for path in paths
+    )
+
+
+def units_shown(config: MachineConfig) -> dict[str, dict[str, str]]:
+    """Per decision, the units its machine shows its facts in: facts read from values the machine's
+    expressions compare or add or subtract (`context.amount - context.policy.deductible`,
+    `context.rx.daysSinceFill < context.rx.daysSupply`; `machine.related`) measure one thing, and so
+    does every fact joined to them that way. Each class of them is one unit, named after its first
+    fact. Two numbers of one unit are a rule when compared, two of different units a coincidence."""
+    relations = list(related(config))
+    shown: dict[str, dict[str, str]] = {}
+    for state in config.states.values():
+        if state.invoke is None or state.invoke.src != DECIDE_SRC or not isinstance(state.invoke.input, dict):
+            continue
+        sources = fact_sources(state.invoke.input.get("facts") or {})
+        pairs = [
+            (a, b)
+            for left, right in relations
+            for a in read_from(sources, left)
+            for b in read_from(sources, right)
+        ]
+        name = _literal_name(str(state.invoke.input.get("name", "''")))
+        shown.setdefault(name, {}).update({path: f"as {first}" for path, first in _joined(pairs).items()})
+    return shown
+
+
+def _joined(pairs: Sequence[tuple[str, str]]) -> dict[str, str]:
+    """Each path of `pairs` -> the first path of the class the pairs join it to (union-find)."""
+    parent: dict[str, str] = {}
+
+    def root(path: str) -> str:
+        while parent.get(path, path) != path:
+            path = parent[path]
+        return path
+
+    for a, b in pairs:
+        ra, rb = root(a), root(b)
+        if ra != rb:
+            parent[max(ra, rb)] = min(ra, rb)
+    return {path: root(path) for path in sorted(parent.keys() | set(parent.values()))}
+
+
 def vocabulary(env: Environment) -> Vocabulary:
+    shown = units_shown(env.config)
     decisions = []
     for name, state in env.config.states.items():
         if state.invoke is None or state.invoke.src != DECIDE_SRC:
@@ -128,7 +191,9 @@ def vocabulary(env: Environment) -> Vocabulary:
         split = {path: split_unit(kind) for path, kind in typed.items()}
         facts = {path: kind if isinstance(kind, str) else "enum" for path, (kind, _) in split.items()}
         values = {path: list(kind) for path, (kind, _) in split.items() if not isinstance(kind, str)}
-        units = {path: unit for path, (_, unit) in split.items() if unit is not None}
+        # The units the machine shows, for numbers; a declared unit wins.
+        units = {p: u for p, u in shown.get(decision, {}).items() if facts.get(p) in ("number", "int")}
+        units.update({path: unit for path, (_, unit) in split.items() if unit is not None})
         decisions.append(
             DecisionWords(name=decision, state=name, events=events, facts=facts, values=values, units=units)
         )

@@ -260,7 +260,7 @@ class RuleTerms:
     """What the miner may write: fact types (`facts.x` -> number, int, bool, enum, string), the values of
     enumerated facts, the environment's own constants (its enumerated payloads, its numbers), per
     fact, its own thresholds (the numbers its machine compares that fact's value with), and the units
-    numeric facts are in: declared (`"int:days"`) or shown by the machine (`registry.units`)."""
+    numeric facts are in: declared (`"int:days"`) or shown by the machine (`runtime/vocabulary.py: units_shown`)."""
 
     fact_types: Mapping[str, str]
     values: Mapping[str, Sequence[Any]] = field(default_factory=dict)

@@ -900,7 +900,6 @@ class RuleMinerProposer:
         ranks: Mapping[str, int | None] | None = None,
         generalize: Generalization | None = None,
         thresholds: Mapping[str, frozenset[float]] | None = None,
-        units: Mapping[str, str] | None = None,
     ) -> None:
         self.constants = frozenset(constants)
         """The environment's own constants (rule thresholds, enumerated payloads): preferred, and
@@ -908,9 +907,6 @@ class RuleMinerProposer:
         self.thresholds = dict(thresholds or {})
         """Fact path -> the environment's own thresholds for it (`registry.thresholds`): a branch reaches
         as far as these do, and only to the edge of its evidence at any other number."""
-        self.units = dict(units or {})
-        """Fact path -> the unit the machine measures it in (`registry.units`), where the environment
-        declares none."""
         self.ranks = dict(ranks or {})
         """Event -> how safe answering it is (`branches.answer_rank`), for placing a branch."""
         self.generalize = generalize or reach.GENERALIZE
@@ -933,7 +929,7 @@ class RuleMinerProposer:
                 words.fact_values,
                 self.constants,
                 self.thresholds,
-                {**self.units, **words.fact_units},
+                words.fact_units,
             )
             discarded = [(d["guard"], d["answer"]) for d in request.discarded]
             narrower = [(d["guard"], d["answer"]) for d in request.narrower]
