@@ -1,6 +1,6 @@
 """Out of sample: each desk's demo, then its first and its final policy on generated cases.
 
-For every bundled desk (and, with `--fixtures`, the five desks of other domains under tests/fixtures/desks,
+For every bundled desk (and, with `--fixtures`, the six desks of other domains under tests/fixtures/desks,
 which no part of the miner was shaped by), the demo's rounds run from `v0` with the `naive` stand-in
 (k = 3, as `improve demo --env NAME`), then `v0` and the final policy each run once on the same N
 cases drawn from the desk's generator (`Environment.cases`, `improve.evals.out_of_sample`), with
@@ -29,7 +29,14 @@ from improve.loop.proposers.generalize import Generalization
 
 DESKS = ("refunds", "refund-approval", "triage", "tool-loop", "code-agent")
 FIXTURES = REPO / "tests" / "fixtures" / "desks"
-FIXTURE_DESKS = ("access-request", "cancellation", "library-loans", "expense-claims", "late-checkout")
+FIXTURE_DESKS = (
+    "access-request",
+    "cancellation",
+    "library-loans",
+    "expense-claims",
+    "late-checkout",
+    "refill-desk",
+)
 
 
 def _fixture(target: Path, env: str) -> Workspace:

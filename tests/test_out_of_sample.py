@@ -1,7 +1,7 @@
 """Out of sample: plausible cases drawn from an environment's generator, their labels (the environment's
-own handbook, or `careful`'s run of v0), and how far a policy's answers agree with them; and the five desks
-of other domains in tests/fixtures/desks, written from the docs as a user would, that the rule miner was
-never shaped by."""
+own handbook, or `careful`'s run of v0), and how far a policy's answers agree with them; and the six desks
+of other domains in tests/fixtures/desks, written from the docs as a user would (their improve.toml
+says which of them shaped the rule miner)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ DESKS = ("access-request", "cancellation", "library-loans", "expense-claims", "l
 
 @pytest.fixture
 def desks(tmp_path: Path) -> Workspace:
-    """The fixture workspace, copied: the five desks registered by module, as a user's workspace has them."""
+    """The fixture workspace, copied: the six desks registered by module, as a user's workspace has them."""
     shutil.copytree(FIXTURES, tmp_path / "desks", ignore=shutil.ignore_patterns("__pycache__"))
     return Workspace.load(tmp_path / "desks" / "improve.toml")
 
@@ -262,6 +262,39 @@ def test_a_rule_that_reached_too_far_is_promoted_once_the_rule_in_front_of_it_is
     last = summary.rounds[-1]
     assert last.status == "nothing-to-fix" and summary.rounds[-2].status == "discarded", last
     assert last.decision_detail.startswith("every failure cluster left was tried"), last.decision_detail
+
+
+def test_two_counts_of_days_the_machine_compares_are_compared_by_a_learned_rule(tmp_path: Path) -> None:
+    """On the refill desk, a drug that is not controlled may be refilled up to a week early: a rule over
+    the days since the last fill against the days it supplies, which no threshold on either states. Its
+    fact types declare no unit, but its machine's guard compares the two (a controlled drug is never
+    filled before its supply runs out), so they are one unit: the rounds learn the early refills' rule
+    as a margin at the edge of the training refills, and promote it."""
+    from improve.demo import commit_workspace, demo_rounds
+    from improve.runtime import units_shown
+
+    shutil.copytree(FIXTURES, tmp_path / "desks", ignore=shutil.ignore_patterns("__pycache__"))
+    config = tmp_path / "desks" / "improve.toml"
+    config.write_text(
+        config.read_text().replace('environment = "access-request"', 'environment = "refill-desk"')
+    )
+    commit_workspace(tmp_path / "desks", user="test", message="desks")
+    space = Workspace.load(config)
+    shown = units_shown(space.environment("refill-desk").config)["refill"]
+    assert shown["facts.daysSinceFill"] == shown["facts.daysSupply"], shown
+    summary = demo_rounds(space, 6, 3, lambda line: None, "naive", "record")
+    early = [
+        b.guard
+        for r in summary.rounds
+        if r.recommended
+        for b in r.branches
+        if "facts.daysSinceFill <= facts.daysSupply - " in b.guard
+    ]
+    assert early and "too-early" in early[0], [(r.candidate_version, r.status) for r in summary.rounds]
+    assert summary.final_held_out > summary.start_held_out + 0.4, (
+        summary.start_held_out,
+        summary.final_held_out,
+    )
 
 
 def test_the_cli_checks_a_model_behind_an_endpoint_and_refuses_one_that_never_answers(
