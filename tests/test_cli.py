@@ -243,6 +243,18 @@ def test_describe_formats(ws: Path, fmt: str, needle: str) -> None:
     if fmt == "text":
         # The goal comes first.
         assert result.stdout.lstrip().startswith("Goal") or result.stdout.lstrip().startswith("Resolve")
+        # A decision's facts with their types: what a policy and the rule miner may use.
+        assert "facts: ticket (string), requested (number), order.total (number)" in result.stdout
+
+
+def test_describe_says_which_numbers_are_in_one_unit(ws: Path) -> None:
+    # The tool loop's guards compare its counters with their limits: each pair is one unit, which the
+    # rule miner may compare; a policy described alone has no environment to type its facts.
+    result = runner.invoke(app, ["describe", "-w", str(ws), "--env", "tool-loop"])
+    assert result.exit_code == 0, result.output
+    lines = [line.strip() for line in result.stdout.splitlines()]
+    assert "one unit, compared with each other (the machine compares them): turn.max, turn.used" in lines
+    assert "turn.used (int)" in result.stdout and "plan (list)" in result.stdout
 
 
 @pytest.mark.parametrize(

@@ -57,9 +57,18 @@ def describe_command(
             else:
                 raise WorkspaceError(f"--diff takes --format text or mermaid, not {fmt!r}")
             return
-        config = space.load_policy(env_name, policy) if policy else space.environment(env_name).config
+        if policy:
+            environment, config = None, space.load_policy(env_name, policy)
+        else:
+            environment = space.environment(env_name)
+            config = environment.config
         if fmt == "text":
-            out.print(describe_text(config), markup=False)
+            facts = None
+            if environment is not None:
+                from improve.runtime import fact_lines, vocabulary
+
+                facts = {d.name: fact_lines(d) for d in vocabulary(environment).decisions}
+            out.print(describe_text(config, facts), markup=False)
         elif fmt == "mermaid":
             out.print(describe_mermaid(config), markup=False)
         elif fmt == "xstate":

@@ -19,7 +19,7 @@ import copy
 import json
 import re
 from collections import Counter
-from collections.abc import Collection
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from pydantic import ValidationError
@@ -176,8 +176,10 @@ def _transition_line(label: str, t: TransitionConfig, names: Collection[str]) ->
     return line
 
 
-def describe_text(config: MachineConfig) -> str:
-    """A plain-text account of the machine for a terminal: goal, id@version, states, summary."""
+def describe_text(config: MachineConfig, facts: Mapping[str, Sequence[str]] | None = None) -> str:
+    """A plain-text account of the machine for a terminal: goal, id@version, states, summary. `facts`:
+    per decision name, its facts as the environment types them (`daysSupply (int)`), and lines about
+    them (which numbers are in one unit), in place of the facts' bare names."""
     names = list(config.states)
     goal = config.description.strip() or "(no goal written: add a `description` with success criteria)"
     lines = [f"Goal: {goal}", f"Machine: {config.id}@{config.version} (initial: {config.initial})"]
@@ -211,7 +213,10 @@ def describe_text(config: MachineConfig) -> str:
                     for ev, fields in decide.payloads.items():
                         for fld, expr in fields.items():
                             lines.append(pad + f"  payload {ev}.{fld} one of {expr}")
-                    if decide.facts:
+                    typed = (facts or {}).get(decide.name.strip().strip("'\""))
+                    if typed:
+                        lines += [pad + "  " + line for line in typed]
+                    elif decide.facts:
                         lines.append(pad + "  facts: " + ", ".join(decide.facts))
                     if decide.prompt:
                         lines.append(pad + "  prompt: " + _shorten(decide.prompt, 100))

@@ -63,7 +63,14 @@ from improve.runtime.resume import (
 )
 from improve.runtime.resume_bound import ResumeProof, prove_resumes, resume_proof
 from improve.runtime.run import DEFAULT_MAX_MODEL_CALLS, MAX_ENTRIES, Journal, RunResult, run
-from improve.runtime.vocabulary import Vocabulary, fact_sources, read_from, units_shown, vocabulary
+from improve.runtime.vocabulary import (
+    Vocabulary,
+    fact_lines,
+    fact_sources,
+    read_from,
+    units_shown,
+    vocabulary,
+)
 
 __all__ = [
     "DEFAULT_MAX_MODEL_CALLS",
@@ -114,6 +121,7 @@ __all__ = [
     "check_answer",
     "compile_policy",
     "event_problem",
+    "fact_lines",
     "fact_sources",
     "first_option",
     "fold_thread",

@@ -85,6 +85,30 @@ class Vocabulary:
         return doc
 
 
+def fact_lines(words: DecisionWords) -> list[str]:
+    """A decision's facts as `improve describe` shows them: each with its type (an enumeration with its
+    values, a number with its declared unit), then which numbers are in one unit (compared with each
+    other by the rule miner), declared or shown by the machine."""
+    shown = []
+    for path, kind in words.facts.items():
+        if kind == "map":
+            continue
+        unit = words.units.get(path, "")
+        what = "|".join(str(v) for v in words.values[path]) if path in words.values else kind
+        if unit and not unit.startswith("as "):
+            what += f":{unit}"
+        shown.append(f"{path.removeprefix('facts.')} ({what})")
+    lines = ["facts: " + ", ".join(shown)] if shown else []
+    classes: dict[str, list[str]] = {}
+    for path, unit in sorted(words.units.items()):
+        classes.setdefault(unit, []).append(path.removeprefix("facts."))
+    for unit, paths in classes.items():
+        if len(paths) > 1:
+            said = "the machine compares them" if unit.startswith("as ") else f"all in {unit}"
+            lines.append(f"one unit, compared with each other ({said}): {', '.join(paths)}")
+    return lines
+
+
 def _literal_name(source: str) -> str:
     """A decision's name is a CEL expression, almost always a quoted literal."""
     try:
