@@ -357,7 +357,7 @@ def test_a_fact_type_the_machine_does_not_have_is_refused_not_ignored(tmp_path: 
         text.replace('"account.creditsThisYear": "int"', '"account.creditsthisyear": "int"')
         .replace('"requested": "number"', '"requested": "integer"')
         .replace('"ticket": "text"', '"ticket": "text:words"')
-        .replace('"account.monthlyFee": "number"', '"account.monthlyFee": "number:usd"')
+        .replace('"account.monthlyFee": "number"', '"account.monthlyFee": "number:US$"')
     )
     for command in (["verify", "v0"], ["run", "--model", "careful", "--k", "1"], ["scenarios", "check"]):
         code, output = improve(ws, *command)
@@ -367,4 +367,15 @@ def test_a_fact_type_the_machine_does_not_have_is_refused_not_ignored(tmp_path: 
         assert "fact_types['resolve']['requested'] is 'integer', not a fact type" in output
         # A unit is a number's ('number:usd' is one), never a text's.
         assert "fact_types['resolve']['ticket'] is 'text:words': only a number has a unit" in output
-        assert "['account.monthlyFee']" not in output
+        assert "['account.monthlyFee'] is 'number:US$': a unit is a lowercase word after the colon" in output
+    # Units written as the docs say are accepted (another package: this process imported the first).
+    ws = tmp_path / "unit-agent"
+    assert runner.invoke(app, ["init", str(ws), "--env", "unit-desk"]).exit_code == 0
+    rules = ws / "unit_desk" / "rules.py"
+    rules.write_text(
+        rules.read_text()
+        .replace('"requested": "number"', '"requested": "number:usd"')
+        .replace('"account.monthlyFee": "number"', '"account.monthlyFee": "number:usd"')
+    )
+    code, output = improve(ws, "verify", "v0")
+    assert code == 0, output

@@ -291,10 +291,15 @@ def fact_type_problems(env: Environment) -> list[str]:
                     f"{', '.join(FACT_KINDS)} (a number with its unit: 'int:days', 'number:usd'), or the "
                     "tuple of the values of an enumerated fact (('basic', 'pro'))"
                 )
-            elif unit is not None and (base not in ("number", "int") or not UNIT.fullmatch(unit)):
+            elif unit is not None and base not in ("number", "int"):
                 problems.append(
                     f"fact_types[{decision!r}][{path!r}] is {kind!r}: only a number has a unit, written "
                     "after a colon as a lowercase word ('int:days', 'number:usd')"
+                )
+            elif unit is not None and not UNIT.fullmatch(unit):
+                problems.append(
+                    f"fact_types[{decision!r}][{path!r}] is {kind!r}: a unit is a lowercase word after the "
+                    "colon, letters, digits, '-' or '_' ('int:days', 'number:usd')"
                 )
     return problems
 
