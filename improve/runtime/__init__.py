@@ -65,9 +65,10 @@ from improve.runtime.resume_bound import ResumeProof, prove_resumes, resume_proo
 from improve.runtime.run import DEFAULT_MAX_MODEL_CALLS, MAX_ENTRIES, Journal, RunResult, run
 from improve.runtime.vocabulary import (
     Vocabulary,
+    decision_sources,
     fact_lines,
-    fact_sources,
     read_from,
+    split_types,
     units_shown,
     vocabulary,
 )
@@ -120,9 +121,9 @@ __all__ = [
     "build_request",
     "check_answer",
     "compile_policy",
+    "decision_sources",
     "event_problem",
     "fact_lines",
-    "fact_sources",
     "first_option",
     "fold_thread",
     "load_environment",
@@ -138,6 +139,7 @@ __all__ = [
     "resume_proof",
     "run",
     "runs_overlap",
+    "split_types",
     "split_unit",
     "stand_in",
     "units_shown",

@@ -56,7 +56,7 @@ class Vocabulary:
 
     @property
     def fact_units(self) -> dict[str, str]:
-        """Numeric fact path -> its declared unit, over every decision."""
+        """Numeric fact path -> its unit (declared or shown by the machine), over every decision."""
         units: dict[str, str] = {}
         for d in self.decisions:
             units.update(d.units)
@@ -78,7 +78,7 @@ class Vocabulary:
         doc = asdict(self)
         for decision in doc["decisions"]:
             if not decision["units"]:
-                del decision["units"]  # only where declared: a prompt says nothing of what is not
+                del decision["units"]  # only where there are units: a prompt says nothing of what is not
         doc["events"] = self.events
         doc["actors"] = self.actors
         doc["request_fields"] = list(self.request_fields)
@@ -132,6 +132,28 @@ def _fact_paths(tree: Any, prefix: str, declared: Mapping[str, FactType]) -> dic
     return out
 
 
+def split_types(types: Mapping[str, FactType]) -> tuple[dict[str, str], dict[str, list[Any]], dict[str, str]]:
+    """Declared fact types apart: each path's kind (`enum` for an enumerated one), the values of the
+    enumerated ones, and the units of the numbers that carry one (`"int:days"`)."""
+    split = {path: split_unit(kind) for path, kind in types.items()}
+    kinds = {path: kind if isinstance(kind, str) else "enum" for path, (kind, _) in split.items()}
+    values = {path: list(kind) for path, (kind, _) in split.items() if not isinstance(kind, str)}
+    return kinds, values, {path: unit for path, (_, unit) in split.items() if unit is not None}
+
+
+def decision_sources(config: MachineConfig) -> dict[str, dict[str, set[str]]]:
+    """Per decision name, each selection its `facts` read from -> the fact paths read from it."""
+    found: dict[str, dict[str, set[str]]] = {}
+    for state in config.states.values():
+        if state.invoke is None or state.invoke.src != DECIDE_SRC or not isinstance(state.invoke.input, dict):
+            continue
+        name = _literal_name(str(state.invoke.input.get("name", "''")))
+        mine = found.setdefault(name, {})
+        for source, paths in fact_sources(state.invoke.input.get("facts") or {}).items():
+            mine.setdefault(source, set()).update(paths)
+    return found
+
+
 def fact_sources(facts: Any, prefix: str = "facts") -> dict[str, set[str]]:
     """Each selection a decision's `facts` read from -> the fact paths read from it."""
     if isinstance(facts, dict):
@@ -162,18 +184,14 @@ def units_shown(config: MachineConfig) -> dict[str, dict[str, str]]:
     fact. Two numbers of one unit are a rule when compared, two of different units a coincidence."""
     relations = list(related(config))
     shown: dict[str, dict[str, str]] = {}
-    for state in config.states.values():
-        if state.invoke is None or state.invoke.src != DECIDE_SRC or not isinstance(state.invoke.input, dict):
-            continue
-        sources = fact_sources(state.invoke.input.get("facts") or {})
+    for name, sources in decision_sources(config).items():
         pairs = [
             (a, b)
             for left, right in relations
             for a in read_from(sources, left)
             for b in read_from(sources, right)
         ]
-        name = _literal_name(str(state.invoke.input.get("name", "''")))
-        shown.setdefault(name, {}).update({path: f"as {first}" for path, first in _joined(pairs).items()})
+        shown[name] = {path: f"as {first}" for path, first in _joined(pairs).items()}
     return shown
 
 
@@ -212,12 +230,10 @@ def vocabulary(env: Environment) -> Vocabulary:
         declared = env.fact_types.get(decision, {})
         typed = _fact_paths(raw.get("facts") or {}, "facts", declared)
         typed.pop("facts", None)
-        split = {path: split_unit(kind) for path, kind in typed.items()}
-        facts = {path: kind if isinstance(kind, str) else "enum" for path, (kind, _) in split.items()}
-        values = {path: list(kind) for path, (kind, _) in split.items() if not isinstance(kind, str)}
+        facts, values, declared_units = split_types(typed)
         # The units the machine shows, for numbers; a declared unit wins.
         units = {p: u for p, u in shown.get(decision, {}).items() if facts.get(p) in ("number", "int")}
-        units.update({path: unit for path, (_, unit) in split.items() if unit is not None})
+        units.update(declared_units)
         decisions.append(
             DecisionWords(name=decision, state=name, events=events, facts=facts, values=values, units=units)
         )

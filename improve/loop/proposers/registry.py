@@ -12,9 +12,9 @@ from improve.evals import Workspace
 from improve.loop.branches import answer_rank
 from improve.loop.proposers.base import Proposer, ProposerFactory, ProposerSetup
 from improve.loop.proposers.rules import RuleMinerProposer
-from improve.machine import DECIDE_SRC, MachineConfig, compared, literals
+from improve.machine import MachineConfig, compared, literals
 from improve.registry import Registry
-from improve.runtime import fact_sources, read_from, vocabulary
+from improve.runtime import decision_sources, read_from, vocabulary
 
 
 def _factory(target: object, where: str) -> ProposerFactory:
@@ -44,10 +44,8 @@ def thresholds(config: MachineConfig) -> dict[str, frozenset[float]]:
     `context.order`). A constant is the environment's rule about the values it is compared with; about
     any other fact it is one number among many."""
     sources: dict[str, set[str]] = {}
-    for state in config.states.values():
-        if state.invoke is None or state.invoke.src != DECIDE_SRC or not isinstance(state.invoke.input, dict):
-            continue
-        for source, paths in fact_sources(state.invoke.input.get("facts") or {}).items():
+    for read in decision_sources(config).values():
+        for source, paths in read.items():
             sources.setdefault(source, set()).update(paths)
     found: dict[str, set[float]] = {}
     for comparison in compared(config):

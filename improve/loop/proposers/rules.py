@@ -76,7 +76,7 @@ from improve.loop.proposers.conditions import (
 )
 from improve.loop.proposers.generalize import DESIGNS, GENERALIZE, Design, Generalization, agree, cede, keep
 from improve.machine import MAX_EXPRESSION_LENGTH, Expr, Scope, compile_expr
-from improve.runtime import FactType, split_unit
+from improve.runtime import FactType, split_types
 
 MAX_TERMS = 3
 """Alternatives (`||`) in one condition."""
@@ -633,12 +633,8 @@ def mine(
     if not isinstance(vocab, RuleTerms):
         # An environment's fact types: an enumerated fact is the tuple of its values, a number may carry
         # its unit (`"int:days"`).
-        split = {p: split_unit(k) for p, k in vocab.items()}
-        vocab = RuleTerms(
-            {p: "enum" if isinstance(k, tuple) else k for p, (k, _) in split.items()},
-            {p: k for p, (k, _) in split.items() if isinstance(k, tuple)},
-            units={p: u for p, (_, u) in split.items() if u is not None},
-        )
+        kinds, values, units = split_types(vocab)
+        vocab = RuleTerms(kinds, values, units=units)
     vocab = RuleTerms(
         vocab.fact_types,
         vocab.values,
