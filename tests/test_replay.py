@@ -497,6 +497,16 @@ def test_the_lines_improve_writes_are_verified_as_written(tmp_path: Path) -> Non
     result = verify(edited)
     assert result.exit_code == 1, result.output
     assert f"entry {lookup} (xstate.done.actor" in result.stderr and "content changed" in result.stderr
+    # A key spliced in where the line's end is still as written (the fast path's cut matches): a
+    # duplicate, which the decoder takes over the hashed one, is caught, with the entry of each kind.
+    for kind, key in (("usage", b'"event":{"type":"@agent.usage","calls":0},'), ("state", b'"index":0,')):
+        spliced = list(written)
+        at_ = next(
+            i for i, line in enumerate(written) if (b'"stateHash"' in line) == (kind == "state") and i > 0
+        )
+        spliced[at_] = spliced[at_].replace(b'"verification":', key + b'"verification":', 1)
+        result = verify(spliced)
+        assert result.exit_code == 1 and f"entry {at_} (" in result.stderr, (kind, result.output)
     # Moved into another thread's file, the lines still name their own thread: caught at entry 0.
     other = "held-out:v0:naive:partial-refund-01:r2"
     (ws / "traces" / f"{other}.jsonl").write_bytes(b"".join(line + b"\n" for line in written))

@@ -160,31 +160,51 @@ def check_chain(
             f"{len(entries)} entries (pass the lines the entries were decoded from, or none)"
         )
     previous = thread_id
-    written = _json_string(thread_id)  # `previous` as JSON
+    opening = b"[" + _json_string(thread_id) + b","  # what the hashed text starts with: `previous` as JSON
     thread: str | None = None
     tail = b""  # `line_tail(thread)`, made once for the thread
+    sha256 = hashlib.sha256
     for position, entry in enumerate(entries):
         verification = entry.verification
         found = verification.entryHash if verification is not None else None
         if entry.schemaVersion != SCHEMA_VERSION or found is None:
             raise _diagnose(entries, position, thread_id)
         if lines is not None and isinstance(entry, BulkEntry):
+            assert verification is not None
             if position == 0 or entry.threadId != thread:
                 thread, tail = entry.threadId, line_tail(entry.threadId)
-            assert verification is not None
+            # `_line_cut` inline (this loop is most of `--verify`'s cost): the line's end as
+            # `LogEntry.to_line` writes it, and the content the hash covers is what precedes it.
+            line = lines[position]
             link = found.encode("utf-8")
-            cut = _line_cut(lines[position], link, verification.stateHash, tail)
-            if cut is not None:
-                text = b"".join((b"[", written, b",", lines[position][: cut[0]], cut[1], b"]"))
-                if hashlib.sha256(text).hexdigest()[:HASH_HEX] == found:
-                    previous = found
-                    written = b'"' + link + b'"'  # an entryHash is hex: its own JSON text, quoted
-                    continue
+            state = verification.stateHash
+            if state is None:
+                end = b"".join((_NO_STATE, link, b'"}', tail))
+                text = (
+                    b"".join((opening, line[: len(line) - len(end)], b"}]")) if line.endswith(end) else None
+                )
+            else:
+                hashed = state.encode("utf-8")
+                end = b"".join((_WITH_STATE, link, b'","stateHash":"', hashed, b'"}', tail))
+                text = (
+                    b"".join((opening, line[: len(line) - len(end)], _STATE_ONLY, hashed, b'"}}]'))
+                    if line.endswith(end)
+                    else None
+                )
+            if text is not None and sha256(text).hexdigest()[:HASH_HEX] == found:
+                previous = found
+                opening = b"".join((b'["', link, b'",'))  # an entryHash is hex: its own JSON text, quoted
+                continue
         if not _links(entry, previous, found):
             raise _diagnose(entries, position, thread_id)
         previous = found
         if lines is not None:
-            written = _json_string(found)
+            opening = b"[" + _json_string(found) + b","
+
+
+_NO_STATE = b',"verification":{"entryHash":"'
+_WITH_STATE = b'"verification":{"entryHash":"'
+_STATE_ONLY = b'"verification":{"stateHash":"'
 
 
 def line_content(line: bytes, entry: BulkEntry) -> bytes | None:

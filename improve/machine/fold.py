@@ -402,6 +402,13 @@ class Fold:
             return plain_hash(shallow)
         return canonical_hash(shallow)
 
+    def matches(self, run: FoldRun, journaled: str) -> bool:
+        """Whether msgspec's text of the run's snapshot hashes to `journaled`: `hash(run, journaled) ==
+        journaled` as most of a verified replay asks it, without the canonical text a mismatch needs (the
+        caller asks `hash` for that)."""
+        text = _snapshot_text(run, _invoke_of(run))
+        return text is not None and hashlib.sha256(text).hexdigest() == journaled
+
     def text(self, run: FoldRun) -> bytes | None:
         """msgspec's text of what `hash` covers (`sorted_text(shallow_json(...))`, None where msgspec
         cannot write it), as `hash` makes it: from pieces written once (`_snapshot_text`)."""
