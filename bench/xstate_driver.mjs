@@ -8,6 +8,10 @@
 // its input), a machine is made per thread with the thread's input bound.
 // mode "bench": time the same folds, `repeat` times after `warmup` untimed passes; events = the init
 // plus every event folded.
+// mode "serve": the "bench" payload on the first line of stdin, `warmup` untimed passes, then one line
+// `{"events": n}` out; after that each line in ("pass") times one more pass and answers
+// `{"seconds": s}`, until stdin closes. The caller times its own side between passes, so the two
+// sides interleave pass by pass in one process each.
 
 import { initialTransition, transition } from 'xstate'
 import { hostMachine, fromLog, toJson } from './host.mjs'
@@ -102,8 +106,31 @@ function bench (payload) {
   return { events, seconds }
 }
 
-const chunks = []
-for await (const chunk of process.stdin) chunks.push(chunk)
-const payload = JSON.parse(Buffer.concat(chunks).toString('utf8'))
-const answer = payload.mode === 'bench' ? bench(payload) : conform(payload)
-process.stdout.write(JSON.stringify(answer))
+async function serve (lines, first) {
+  const payload = JSON.parse(first)
+  const exported = payload.machine
+  const machine = hostMachine(exported)
+  let events = 0
+  for (const t of payload.threads) events += 1 + t.events.length
+  for (let w = 0; w < (payload.warmup ?? 1); w++) for (const thread of payload.threads) fold(machine, exported, thread)
+  process.stdout.write(JSON.stringify({ events }) + '\n')
+  for await (const line of lines) {
+    if (line.trim() !== 'pass') throw new Error(`serve: expected "pass", got ${JSON.stringify(line.slice(0, 40))}`)
+    const start = process.hrtime.bigint()
+    for (const thread of payload.threads) fold(machine, exported, thread)
+    process.stdout.write(JSON.stringify({ seconds: Number(process.hrtime.bigint() - start) / 1e9 }) + '\n')
+  }
+}
+
+if (process.argv[2] === 'serve') {
+  const { createInterface } = await import('node:readline')
+  const lines = createInterface({ input: process.stdin, crlfDelay: Infinity })[Symbol.asyncIterator]()
+  const first = await lines.next()
+  await serve({ [Symbol.asyncIterator]: () => lines }, first.value)
+} else {
+  const chunks = []
+  for await (const chunk of process.stdin) chunks.push(chunk)
+  const payload = JSON.parse(Buffer.concat(chunks).toString('utf8'))
+  const answer = payload.mode === 'bench' ? bench(payload) : conform(payload)
+  process.stdout.write(JSON.stringify(answer))
+}

@@ -16,6 +16,8 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +88,58 @@ def install() -> Path:
         raise NodeUnavailable(f"npm install into {folder} failed: {' / '.join(tail)}")
     (folder / STAMP).write_text(json.dumps(pins()) + "\n", encoding="utf-8")
     return folder
+
+
+class Peer:
+    """XState in a Node process that stays up (the driver's "serve" mode): `timed_pass` folds every thread
+    once more and returns the seconds Node measured, so a caller can time its own side in between."""
+
+    def __init__(self, process: subprocess.Popen[str], events: int) -> None:
+        self._process = process
+        self.events = events
+
+    def timed_pass(self) -> float:
+        stdin, stdout = self._process.stdin, self._process.stdout
+        assert stdin is not None and stdout is not None
+        stdin.write("pass\n")
+        stdin.flush()
+        line = stdout.readline()
+        if not line:
+            raise DriverFailed(f"the XState driver stopped (exit {self._process.wait()})")
+        seconds: float = json.loads(line)["seconds"]
+        return seconds
+
+
+@contextmanager
+def serve_driver(folder: Path, payload: dict[str, Any]) -> Iterator[Peer]:
+    """The driver in "serve" mode with `payload` (a "bench" payload): warmed up, ready for passes; closed
+    (stdin shut, the process waited for) when the block ends."""
+    with tempfile.TemporaryDirectory(prefix="improve-xstate-") as tmp:
+        work = Path(tmp)
+        shutil.copy(HOST_DIR / "host.mjs", work / "host.mjs")
+        shutil.copy(DRIVER, work / "driver.mjs")
+        (work / "node_modules").symlink_to(folder / "node_modules", target_is_directory=True)
+        with subprocess.Popen(
+            [node(), str(work / "driver.mjs"), "serve"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        ) as process:
+            assert process.stdin is not None and process.stdout is not None and process.stderr is not None
+            try:
+                process.stdin.write(json.dumps(payload) + "\n")
+                process.stdin.flush()
+                ready = process.stdout.readline()
+                if not ready:
+                    raise DriverFailed(f"the XState driver failed to start: {process.stderr.read()[-2000:]}")
+                yield Peer(process, json.loads(ready)["events"])
+            except BaseException:
+                process.kill()
+                raise
+            process.stdin.close()
+            if process.wait(timeout=60) != 0:
+                raise DriverFailed(f"the XState driver failed: {process.stderr.read()[-2000:]}")
 
 
 def run_driver(folder: Path, payload: dict[str, Any], timeout: float = 900) -> dict[str, Any]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -438,14 +439,17 @@ def test_a_policy_runs_in_xstate_with_its_request_bound_as_input(xstate_install:
 
 def test_bench_times_xstate_on_the_same_sequences(xstate_install: Path, tmp_path: Path) -> None:
     """`make bench`'s xstate section: the three rates from one set of sequences, and their ratios."""
-    from bench.xstate_bench import xstate_figures
+    from bench.xstate_bench import ROUNDS, xstate_figures
 
     figures = xstate_figures(tmp_path, threads=60, repeat=1)
     assert figures["threads"] >= 60 and figures["entries"] > figures["events"] > figures["threads"]
     peer = figures["xstate"]["events_per_s"]
     assert peer > 0 and figures["interpreter_events_per_s"] > 0 and figures["replay_events_per_s"] > 0
-    assert figures["replay_over_xstate"] == pytest.approx(figures["replay_events_per_s"] / peer, abs=0.01)
-    assert len(figures["xstate"]["events_per_s_each_round"]) == 1
+    # XState stays up in one Node process and times a pass a round, interleaved with ours: at least
+    # ROUNDS rounds, each ratio taken within its round, the figure their median.
+    each = figures["replay_over_xstate_each_round"]
+    assert len(each) == len(figures["xstate"]["events_per_s_each_round"]) == ROUNDS
+    assert figures["replay_over_xstate"] == pytest.approx(statistics.median(each), abs=0.01)
     assert figures["goal_met"] == (figures["replay_over_xstate"] >= 3.0)
 
 
