@@ -375,7 +375,8 @@ SCAN_CHUNK = 1 << 22
 held whole in memory beside DuckDB's buffers. A line longer than the limit is not held either: its
 length is counted as it is read past. Larger chunks cost more, not less: past glibc's mmap threshold
 (32 MiB at most) every buffer is fresh pages to fault in (32 MiB chunks: 1.6 s CPU to count 557 MB of
-lines, 4 MiB: 0.8 s)."""
+lines, 4 MiB: 0.8 s). A file smaller than two chunks is read whole, with no carry to join and no cut to
+copy (557 MB in files of 5.6 MB: 0.45 s of CPU, against 0.9 s in 4 MiB chunks)."""
 
 PROGRESS_BYTES = 256 << 20
 """A file this large says how far its read has got, every so many bytes."""
@@ -394,8 +395,11 @@ def _scan(
         fd, _ = _open_regular(known.path)
         with os.fdopen(fd, "rb") as handle:
             carry, start = b"", True
+            # A file not much larger than a chunk is read whole: a block that ends at an LF is cut there
+            # without a copy, and there is no carry to join to the next.
+            size = known.size + 1 if known.size < 2 * SCAN_CHUNK else SCAN_CHUNK
             while True:
-                block = handle.read(SCAN_CHUNK)
+                block = handle.read(size)
                 done += len(block)
                 if say is not None and known.size >= PROGRESS_BYTES and done % PROGRESS_BYTES < len(block):
                     say(f"{known.path}: {done >> 20:,} of {known.size >> 20:,} MiB read")
