@@ -368,14 +368,19 @@ def test_a_fact_type_the_machine_does_not_have_is_refused_not_ignored(tmp_path: 
         # A unit is a number's ('number:usd' is one), never a text's.
         assert "fact_types['resolve']['ticket'] is 'text:words': only a number has a unit" in output
         assert "['account.monthlyFee'] is 'number:US$': a unit is a lowercase word after the colon" in output
-    # Units written as the docs say are accepted (another package: this process imported the first).
+    # Units written as the docs say are accepted (another package: this process imported the first), and
+    # an enumeration written as a list, as JSON writes one, is the tuple it means.
     ws = tmp_path / "unit-agent"
     assert runner.invoke(app, ["init", str(ws), "--env", "unit-desk"]).exit_code == 0
     rules = ws / "unit_desk" / "rules.py"
+    text = rules.read_text()
+    assert '"account.plan": ("basic", "pro", "team")' in text
     rules.write_text(
-        rules.read_text()
-        .replace('"requested": "number"', '"requested": "number:usd"')
+        text.replace('"requested": "number"', '"requested": "number:usd"')
         .replace('"account.monthlyFee": "number"', '"account.monthlyFee": "number:usd"')
+        .replace('"account.plan": ("basic", "pro", "team")', '"account.plan": ["basic", "pro", "team"]')
     )
     code, output = improve(ws, "verify", "v0")
     assert code == 0, output
+    code, output = improve(ws, "describe", "--env", "unit-desk")
+    assert code == 0 and "account.plan (basic|pro|team)" in output, output

@@ -106,7 +106,7 @@ class Environment:
     """Per decision name, the type of each fact path: `"number"`, `"int"`, `"bool"`, `"text"` (free
     text, tested for words), `"string"` (tested for words only when its values read as prose: not a
     name, an id or an address), `"list"`, `"any"`, or a tuple of the values an enumerated fact takes
-    (`("free", "pro")`); a number may carry its unit (`"int:days"`: two facts of one unit may be
+    (`("free", "pro")`, or a list of them); a number may carry its unit (`"int:days"`: two facts of one unit may be
     compared, `split_unit`). The vocabulary a policy's guards are type-checked against, and what the
     rule miner may test."""
     policy_guards: dict[str, GuardFn] = field(default_factory=dict)
@@ -140,6 +140,18 @@ class Environment:
     run of the first policy; a generator that knows the rules labels its own."""
     ref: EnvironmentRef | None = field(default=None, repr=False, compare=False)
     """How the registry loaded it, so a worker process can load it again (set by `load_environment`)."""
+
+    def __post_init__(self) -> None:
+        # An enumeration written as a list (as JSON has it, or by habit) is the tuple the readers expect.
+        if isinstance(self.fact_types, Mapping) and all(
+            isinstance(t, Mapping) for t in self.fact_types.values()
+        ):
+            self.fact_types = {
+                decision: {
+                    path: tuple(kind) if isinstance(kind, list) else kind for path, kind in types.items()
+                }
+                for decision, types in self.fact_types.items()
+            }
 
     @property
     def machine(self) -> Machine:
@@ -289,7 +301,7 @@ def fact_type_problems(env: Environment) -> list[str]:
                 problems.append(
                     f"fact_types[{decision!r}][{path!r}] is {kind!r}, not a fact type: use one of "
                     f"{', '.join(FACT_KINDS)} (a number with its unit: 'int:days', 'number:usd'), or the "
-                    "tuple of the values of an enumerated fact (('basic', 'pro'))"
+                    "values of an enumerated fact, a tuple or a list (('basic', 'pro'))"
                 )
             elif unit is not None and base not in ("number", "int"):
                 problems.append(
