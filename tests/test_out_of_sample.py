@@ -1,5 +1,5 @@
 """Out of sample: plausible cases drawn from an environment's generator, their labels (the environment's
-own handbook, or `careful`'s run of v0), and how far a policy's answers agree with them; and the six desks
+own handbook, or `careful`'s run of v0), and how far a policy's answers agree with them; and the seven desks
 of other domains in tests/fixtures/desks, written from the docs as a user would (their improve.toml
 says which of them shaped the rule miner)."""
 
@@ -14,7 +14,7 @@ import pytest
 
 from improve.errors import WorkspaceError
 from improve.evals import Workspace, outcome_row, run_scenario
-from improve.evals.out_of_sample import agreement, generate_cases, out_of_sample
+from improve.evals.out_of_sample import agreement, check_out_of_sample, generate_cases, out_of_sample
 from improve.log import MemoryStore
 from improve.loop.branches import insert_branch
 from improve.runtime import PolicyDecider, compile_policy, load_environment
@@ -27,7 +27,7 @@ DESKS = ("access-request", "cancellation", "library-loans", "expense-claims", "l
 
 @pytest.fixture
 def desks(tmp_path: Path) -> Workspace:
-    """The fixture workspace, copied: the six desks registered by module, as a user's workspace has them."""
+    """The fixture workspace, copied: the seven desks registered by module, as a user's workspace has them."""
     shutil.copytree(FIXTURES, tmp_path / "desks", ignore=shutil.ignore_patterns("__pycache__"))
     return Workspace.load(tmp_path / "desks" / "improve.toml")
 
@@ -295,6 +295,46 @@ def test_two_counts_of_days_the_machine_compares_are_compared_by_a_learned_rule(
         summary.start_held_out,
         summary.final_held_out,
     )
+
+
+def test_a_decision_no_answer_fixes_alone_is_labelled_through_the_next_one(tmp_path: Path) -> None:
+    """On the parcel desk a claim is resolved, then the customer is mailed or called. A claim that must be
+    escalated must also be called about, so with the model mailing everyone no answer at the first
+    decision makes its run pass alone: the escalations' right answer was unknown, and the first rule
+    (refund the claims the labels refund) reached them unseen, 12 of 100 generated claims refunded that a
+    person must see. A counterfactual run now answers the next decision too where no answer fixes the run
+    alone: the escalations are labelled, the rule keeps off them, and careful agrees on every case."""
+    from improve.demo import commit_workspace, demo_rounds
+    from improve.loop import evidence
+
+    assert evidence.DOWNSTREAM == 1
+    shutil.copytree(FIXTURES, tmp_path / "desks", ignore=shutil.ignore_patterns("__pycache__"))
+    config = tmp_path / "desks" / "improve.toml"
+    config.write_text(
+        config.read_text().replace('environment = "access-request"', 'environment = "parcel-desk"')
+    )
+    commit_workspace(tmp_path / "desks", user="test", message="desks")
+    summary = demo_rounds(Workspace.load(config), 1, 3, lambda line: None, "naive", "record")
+    first = summary.rounds[0]
+    assert first.recommended and "REFUND" in (first.cluster or ""), first
+    guard = first.branches[0].guard
+    assert "facts.claims90d <=" in guard, guard  # the escalations' cause, kept out
+    space = Workspace.load(config)
+    env = space.environment("parcel-desk")
+    v1 = load_policy(space.policies_dir("parcel-desk") / "v1.json")
+    (agreement,) = out_of_sample(env, [v1], {"careful": env.models["careful"]}, n=100)
+    assert agreement.by_rule == 0 and agreement.rate == 1.0, agreement
+    # The rule learned blind, written by hand: it refunds claims a person must see. Each such case ends
+    # in the state its label names (the desk's `done`), so the draft says which effects differ.
+    blind = "(facts.daysLate >= 7 && facts.status == 'delayed') || (facts.tier == 'basic' && facts.status != 'delayed')"
+    text = (space.policies_dir("parcel-desk") / "v1.json").read_text()
+    (space.policies_dir("parcel-desk") / "v2.json").write_text(
+        text.replace(guard.split(" && {'type'")[0], f"({blind})").replace('"version": "1"', '"version": "2"')
+    )
+    checked = check_out_of_sample(space, "parcel-desk", ["v2"], ["careful"], n=100)
+    drafted = checked.drafts()
+    assert drafted and all("ended done (missing effects" in why for _, why in drafted), drafted[:2]
+    assert any('"kind":"escalation"' in why for _, why in drafted), drafted[:2]
 
 
 def test_the_cli_checks_a_model_behind_an_endpoint_and_refuses_one_that_never_answers(

@@ -412,7 +412,8 @@ class OutOfSample:
                     who = f"{a.policy}'s learned {', '.join(sorted(d.branches))} answered it"
                 else:
                     who = f"{a.model} answered it under {a.policy}"
-                why = f"{who}: ended {d.got}; labelled {d.expected} by {self.labelled_by}. Check the label."
+                ended = f"ended {d.got}" + (f" ({d.reason})" if d.got == d.expected and d.reason else "")
+                why = f"{who}: {ended}; labelled {d.expected} by {self.labelled_by}. Check the label."
                 seen[d.case] = (draft, why)
         return list(seen.values())
 

@@ -7,7 +7,8 @@ Only the train split is read: a held-out failure must never shape a change. Clus
 2. `wrong-answer`: given the training decisions (evidence.py), failed runs grouped by the answer that
    would have been right: a cluster is (decision, wrong answer, right answer), so failures that end in
    the same wrong state but need different answers are different clusters. A run is in a cluster when
-   one of its decisions answered the wrong answer where the right one alone makes it pass;
+   one of its decisions answered the wrong answer where the right one makes it pass (alone, or, where no
+   answer does alone, with the next decision answered otherwise too: `evidence.DOWNSTREAM`);
 3. `wrong-terminal`: the other failed runs that ended in another final state than labelled (grouped by
    expected -> actual);
 4. `wrong-effect`: the right final state with the wrong effects;
@@ -179,7 +180,7 @@ def fix_points(example: Mapping[str, Any]) -> list[str]:
 
 def in_cluster(example: Mapping[str, Any], cluster: Mapping[str, Any]) -> bool:
     """The training decision is one a fix for the cluster is about: for `wrong-answer`, any failed
-    decision where the cluster's right answer alone makes the run pass, whatever it answered instead
+    decision where the cluster's right answer makes the run pass, whatever it answered instead
     (the cluster is named by its largest group; one rule for the right answer serves them all);
     otherwise any decision of the cluster's runs."""
     answer = cluster.get("answer")
@@ -352,8 +353,9 @@ def _hypothesis(cluster: Cluster, train: Sequence[OutcomeRow]) -> Hypothesis:
         a = cluster.answer
         cause = (
             f"at decision '{a['decision']}' the decider answered {a['wrong']} in {len(members)} training run(s) of "
-            f"{scenarios} scenario(s) ({', '.join(cluster.categories)}), where answering {a['right']} alone makes "
-            "them pass (counterfactual runs against each scenario's world)"
+            f"{scenarios} scenario(s) ({', '.join(cluster.categories)}), where answering {a['right']} makes them "
+            "pass (counterfactual runs against each scenario's world; where no answer does alone, with the next "
+            "decision answered otherwise too)"
         )
         change = (
             f"one choice branch that answers {a['right']} at '{a['decision']}' when the facts show this case"

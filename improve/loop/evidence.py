@@ -4,7 +4,9 @@ For every decision in a training thread: the request (facts and offered options,
 log), the answer that landed, whether the run passed, and the options that would have made it pass.
 That last part is a counterfactual: the scenario is run again offline against its own fixture world,
 with the decision answered by each offered option in turn and everything else as in the baseline, and
-scored against the labels. Ground truth, not the model's opinion, says which choice was right.
+scored against the labels. Ground truth, not the model's opinion, says which choice was right. When a
+later decision fails the run whatever this one answers, the next decision is answered by each of its
+options too (`DOWNSTREAM`): an option is right if some answer there makes the run pass.
 
 Counterfactual runs start from the thread they vary (replay-first, `improve.runtime.replay_first`):
 wherever one asks the model what the thread asked, the thread's answer is the answer, so only the
@@ -74,7 +76,8 @@ class DecisionExample:
     passed: bool
     """Whether the run passed."""
     correct: list[dict[str, Any]]
-    """The offered options that make the run pass (counterfactual runs against the scenario's world)."""
+    """The offered options that make the run pass (counterfactual runs against the scenario's world), with
+    the next decision answered otherwise too where the run needs it (`DOWNSTREAM`)."""
     expected: str
     final_state: str
     reaches_model: bool = True
@@ -89,17 +92,28 @@ def _key(request: DecisionRequest) -> str:
 
 
 class _Counterfactual:
-    """Answers one decision (matched by name, facts and options) with a fixed option; defers otherwise."""
+    """Answers the decisions it fixes (matched by name, facts and options) with their fixed options;
+    defers otherwise."""
 
-    def __init__(self, key: str, option: dict[str, Any], inner: PolicyDecider) -> None:
-        self.key = key
-        self.option = option
+    def __init__(self, fixed: dict[str, dict[str, Any]], inner: PolicyDecider) -> None:
+        self.fixed = fixed
         self.inner = inner
 
     def decide(self, request: DecisionRequest) -> Decision:
-        if _key(request) == self.key:
-            return Decision(event=dict(self.option), source="counterfactual")
+        option = self.fixed.get(_key(request))
+        if option is not None:
+            return Decision(event=dict(option), source="counterfactual")
         return self.inner.decide(request)
+
+
+DOWNSTREAM = 1
+"""How many decisions after the varied one a counterfactual run may answer otherwise too. A run can fail
+at a later decision whatever the varied one answers (an agent that decides, then tells the customer):
+without this, no option of the earlier decision makes it pass, and its right and wrong answers are
+unknown, so a rule for it is learned blind to the cases it must not answer. With it, for a decision no
+option fixes alone, an option is right when it makes the run pass with the next decision answered by
+another of its options; wrong when none does. One level: each option costs at most one run per option
+of the next decision, and only at a decision no option fixes alone."""
 
 
 class Evidence:
@@ -159,30 +173,45 @@ class Evidence:
     ) -> list[list[dict[str, Any]]]:
         """For each (scenario, decision, the row of the thread it is in): the offered options that make
         the run pass, from counterfactual runs (`concurrency` at once), each in the order offered."""
-        runs = [(i, option) for i, (_, request, _) in enumerate(cases) for option in request.options]
         memo = self.memo
         policy_digest = digest(policy.config.model_dump(mode="json", by_alias=True)) if memo else None
 
-        def passes(run: tuple[int, dict[str, Any]]) -> bool:
-            scenario, request, row = cases[run[0]]
+        def passes(run: tuple[int, dict[str, Any], int]) -> bool:
+            i, option, more = run
+            scenario, request, row = cases[i]
             recorded = self._recorded.get(row.thread_id) if self.replay_first else None
-            key = self._memo_key(scenario, request, run[1], policy_digest, row, recorded) if memo else None
+            key = (
+                self._memo_key(scenario, request, option, policy_digest, row, recorded, more)
+                if memo
+                else None
+            )
             found = memo.get(key) if memo is not None and key is not None else None
             if found is None:
-                found = _passes(self.env, scenario, request, run[1], policy, self.models, row, recorded)
+                found = _passes(self.env, scenario, request, option, policy, self.models, row, recorded, more)
                 if memo is not None and key is not None:
                     memo.put(key, found)
             return found
 
-        if self.concurrency > 1 and len(runs) > 1 and self.pool is not None:
-            passed = list(self.pool.map(passes, runs))
-        elif self.concurrency > 1 and len(runs) > 1:
-            with ThreadPoolExecutor(self.concurrency, thread_name_prefix="improve-counterfactual") as pool:
-                passed = list(pool.map(passes, runs))
-        else:
-            passed = [passes(run) for run in runs]
+        def run_all(runs: list[tuple[int, dict[str, Any], int]]) -> list[bool]:
+            if self.concurrency > 1 and len(runs) > 1 and self.pool is not None:
+                return list(self.pool.map(passes, runs))
+            if self.concurrency > 1 and len(runs) > 1:
+                with ThreadPoolExecutor(
+                    self.concurrency, thread_name_prefix="improve-counterfactual"
+                ) as pool:
+                    return list(pool.map(passes, runs))
+            return [passes(run) for run in runs]
+
         correct: list[list[dict[str, Any]]] = [[] for _ in cases]
-        for (i, option), ok in zip(runs, passed, strict=True):
+        runs = [(i, option, 0) for i, (_, request, _) in enumerate(cases) for option in request.options]
+        for (i, option, _), ok in zip(runs, run_all(runs), strict=True):
+            if ok:
+                correct[i].append(dict(option))
+        # A decision no option fixes alone: the next decision answered otherwise too (`DOWNSTREAM`). Only
+        # then: where an option fixes the run alone, a later decision that could make up for a wrong one
+        # (a loop that asks again) must not make the wrong one look right.
+        again = [(i, option, DOWNSTREAM) for i, option, _ in runs if not correct[i]] if DOWNSTREAM else []
+        for (i, option, _), ok in zip(again, run_all(again), strict=True):
             if ok:
                 correct[i].append(dict(option))
         return correct
@@ -195,15 +224,16 @@ class Evidence:
         policy_digest: str | None,
         row: OutcomeRow,
         recorded: RecordedRun | None,
+        more: int,
     ) -> str | None:
-        """The digest of everything a counterfactual run is a function of (`Counterfactuals`); None
-        when some of it is not JSON-like data."""
+        """The digest of everything a counterfactual run is a function of (`Counterfactuals`), and of how
+        many later decisions it may vary; None when some of it is not JSON-like data."""
         parts = [self._memo_base, policy_digest, self._digest("scenario", scenario.id, scenario.model_dump)]
         if recorded is not None:
             parts.append(self._digest("recorded", row.thread_id, lambda: asdict(recorded)))
         if None in parts:
             return None
-        return digest([*parts, recorded is not None, _key(request), option, _seed(scenario, row)])
+        return digest([*parts, recorded is not None, _key(request), option, _seed(scenario, row), more])
 
     def _digest(self, kind: str, name: str, value: Callable[[], Any]) -> str | None:
         if (kind, name) not in self._digests:
@@ -350,11 +380,32 @@ def _passes(
     models: ModelFactory,
     row: OutcomeRow,
     recorded: RecordedRun | None,
+    more: int = 0,
 ) -> bool:
     """Whether the scenario passes with `request` answered by `option` and every other decision as the
     policy makes it: with the thread's recorded answers where it asks what the thread asked
     (`recorded`), and the run's own seed for the rest (a stand-in answers as it did in the run, a model
-    behind an endpoint numbers its samples as the run did)."""
+    behind an endpoint numbers its samples as the run did); or, `more` > 0, with the next decision
+    answered by another of its options too (`_completes`)."""
+    return _completes(
+        env, scenario, {_key(request): option}, _key(request), policy, models, row, recorded, more
+    )
+
+
+def _completes(
+    env: Environment,
+    scenario: Scenario,
+    fixed: dict[str, dict[str, Any]],
+    last: str,
+    policy: Any,
+    models: ModelFactory,
+    row: OutcomeRow,
+    recorded: RecordedRun | None,
+    more: int,
+) -> bool:
+    """Whether the scenario passes with the `fixed` decisions answered so, and, when it does not and
+    `more` allows, with the first decision after `last` (the last one fixed) answered by another of its
+    options too (`DOWNSTREAM`)."""
     models_ = {"decider": models(_seed(scenario, row))}
     inner = (
         ReplayFirstDecider(policy, models_, env.judgments, recorded)
@@ -364,8 +415,28 @@ def _passes(
     thread = f"counterfactual:v0:{scenario.id}:r1"
     store = RunBuffer(thread)  # its one thread, uncopied: nothing changes its entries
     # Scored here and thrown away: written without hashes (nothing will verify it).
-    run_scenario(env, scenario, _Counterfactual(_key(request), option, inner), store, thread, hashes=False)
-    return outcome_row(env, scenario, thread, store.entries).passed
+    run_scenario(env, scenario, _Counterfactual(fixed, inner), store, thread, hashes=False)
+    if outcome_row(env, scenario, thread, store.entries).passed:
+        return True
+    if more <= 0:
+        return False
+    entries = store.entries
+    landed = [e for e in entries if e.metadata and "decision" in e.metadata]
+    decisions = list(zip(requests_in(env, entries), landed, strict=False))
+    keys = [_key(request) for request, _ in decisions]
+    if last not in keys:
+        return False
+    after = [(k, r, e) for k, (r, e) in zip(keys, decisions, strict=True)][keys.index(last) + 1 :]
+    following = next(((k, r, e) for k, r, e in after if k not in fixed), None)
+    if following is None:
+        return False
+    key, request, entry = following
+    answered = None if entry.type == "xstate.error.actor" else dict(entry.event)
+    return any(
+        _completes(env, scenario, fixed | {key: option}, key, policy, models, row, recorded, more - 1)
+        for option in request.options
+        if answered is None or not same_answer(option, answered)  # that answer is the run that failed
+    )
 
 
 def _seed(scenario: Scenario, row: OutcomeRow) -> str:

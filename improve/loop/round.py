@@ -640,6 +640,8 @@ class Round:
         examples = [
             f"input {json.dumps(d.scenario.input, sort_keys=True)[:200]}, world "
             f"{json.dumps(d.scenario.world, sort_keys=True)[:200]}: labelled {d.expected}, ended {d.got}"
+            # The same final state: the difference is in the effects, which the reason names.
+            + (f" ({d.reason[:200]})" if d.expected == d.got and d.reason else "")
             for d in found.candidate.drafted
             if d.by_rule and d.scenario is not None
         ][:3]
