@@ -314,7 +314,7 @@ def test_a_decision_no_answer_fixes_alone_is_labelled_through_the_next_one(tmp_p
         config.read_text().replace('environment = "access-request"', 'environment = "parcel-desk"')
     )
     commit_workspace(tmp_path / "desks", user="test", message="desks")
-    summary = demo_rounds(Workspace.load(config), 1, 3, lambda line: None, "naive", "record")
+    summary = demo_rounds(Workspace.load(config), 3, 3, lambda line: None, "naive", "record")
     first = summary.rounds[0]
     assert first.recommended and "REFUND" in (first.cluster or ""), first
     guard = first.branches[0].guard
@@ -324,6 +324,11 @@ def test_a_decision_no_answer_fixes_alone_is_labelled_through_the_next_one(tmp_p
     v1 = load_policy(space.policies_dir("parcel-desk") / "v1.json")
     (agreement,) = out_of_sample(env, [v1], {"careful": env.models["careful"]}, n=100)
     assert agreement.by_rule == 0 and agreement.rate == 1.0, agreement
+    # Escalating is right, but an escalated claim is also called about, and the model mails everyone: the
+    # escalation rule gains nothing alone, and its discard says where its runs still fail.
+    escalate = next(r for r in summary.rounds if "->ESCALATE" in (r.cluster or ""))
+    assert escalate.status == "discarded" and "still fail (escalate-" in escalate.decision_detail, escalate
+    assert '"kind":"call"' in escalate.decision_detail.split("still fail")[1], escalate.decision_detail
     # The rule learned blind, written by hand: it refunds claims a person must see. Each such case ends
     # in the state its label names (the desk's `done`), so the draft says which effects differ.
     blind = "(facts.daysLate >= 7 && facts.status == 'delayed') || (facts.tier == 'basic' && facts.status != 'delayed')"

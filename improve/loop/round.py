@@ -594,7 +594,28 @@ class Round:
         self.detail = "; ".join(
             f"{c.name}: {'pass' if c.ok else 'FAIL'} ({c.detail})" for c in self.verdict.checks
         )
+        if not self.verdict.promote:
+            self.detail += self._still_failing(self.settled.candidate)
         return True
+
+    def _still_failing(self, rows: Sequence[OutcomeRow]) -> str:
+        """Where the candidate's branch answered a training run otherwise than the baseline and the run
+        still fails: said, with one run's reason, because a branch that answers its decisions right can
+        gain nothing while a later decision fails those runs (an agent that decides twice). Empty when
+        every such run passes."""
+        parting = self._parting("train")
+        failing = sorted(
+            (r for r in rows if r.split == "train" and r.scenario in parting and not r.passed),
+            key=lambda r: r.thread_id,
+        )
+        if not parting or not failing:
+            return ""
+        scenarios = sorted({r.scenario for r in failing})
+        return (
+            f"; its branch answers {len(parting)} training scenario(s) otherwise than the baseline, and "
+            f"{len(scenarios)} still fail ({failing[0].scenario}: {failing[0].reason[:240]}): if its answer is "
+            "right there, a later decision fails those runs, and a rule for that decision may have to come first"
+        )
 
     def preview(self) -> bool:
         """The production impact preview of the candidate (`loop/impact.py`): recorded, never decisive."""
