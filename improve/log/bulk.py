@@ -15,11 +15,11 @@ test (tests/test_log_bulk.py) holds the two paths to that over every bundled thr
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Annotated, Any, Literal, Protocol
 
 import msgspec
 
-from improve.log import strict
 from improve.log.entry import MAX_ENTRY_DEPTH, Attempt, FailureKind, LogEntry, Verification
 
 
@@ -134,6 +134,15 @@ class ThreadOnly(msgspec.Struct):
     threadId: str | None = None
 
 
+def _valid_recorded_at(value: str) -> bool:
+    # The same test as LogEntry's validator, so both paths accept the same timestamps.
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return False
+    return parsed.tzinfo is not None
+
+
 # A line with fewer brackets than this cannot nest as deep as pydantic's parser refuses; one with more
 # goes to pydantic, which refuses it (or reads it) as the contract says.
 _BRACKETS = MAX_ENTRY_DEPTH - 10
@@ -173,16 +182,25 @@ def convert_entry(fields: dict[str, Any]) -> BulkEntry | LogEntry:
     except msgspec.ValidationError:
         return LogEntry.model_validate(fields)
     event_type = entry.event.get("type")
-    if isinstance(event_type, str) and event_type and strict.valid_recorded_at(entry.recordedAt):
+    if isinstance(event_type, str) and event_type and _valid_recorded_at(entry.recordedAt):
         return entry
     return LogEntry.model_validate(fields)
 
 
 def read_strictly(data: bytes) -> BulkEntry | None:
-    """The line as msgspec reads it with the validators' checks, or None when it is pydantic's to judge
-    (`strict.read_strictly` with this module's decoder)."""
-    entry: BulkEntry | None = strict.read_strictly(_DECODER, data)
-    return entry
+    """The line as msgspec reads it with the validators' checks, or None when it is pydantic's to judge.
+    The caller rules out nesting past pydantic's limit first (see `decode_entry`). A line this reads is
+    UTF-8 with no raw control character: msgspec refuses both."""
+    try:
+        entry = _DECODER.decode(data)
+    except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError, RecursionError):
+        # msgspec before 0.20 says invalid UTF-8 in a string with UnicodeDecodeError, not DecodeError; a
+        # line nested deeper than Python's recursion limit, with RecursionError.
+        return None
+    event_type = entry.event.get("type")
+    if isinstance(event_type, str) and event_type and _valid_recorded_at(entry.recordedAt):
+        return entry
+    return None
 
 
 def to_log_entry(entry: BulkEntry | LogEntry) -> LogEntry:
