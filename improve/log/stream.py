@@ -90,9 +90,9 @@ def _pieces(path: Path) -> Iterator[bytes | LongLine | None]:
         after = b""  # what was read past a long line's LF: the next block starts with it
         start = True
         while True:
-            chunk = handle.read(_BLOCK)
-            if after:
-                chunk, after = after + chunk, b""
+            # What was read past a long line's LF is a chunk of its own: joined to a fresh read, a line
+            # after it could be held whole up to three blocks long, past `_HELD` when that is small.
+            chunk, after = (after, b"") if after else (handle.read(_BLOCK), b"")
             cut = chunk.rfind(b"\n")
             if chunk and cut < 0:
                 pending.append(chunk)
