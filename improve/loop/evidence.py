@@ -163,8 +163,7 @@ class Evidence:
         """Every decision of the thread: its request (replayed from the log) and the entry that answered it."""
         if thread_id not in self._decisions:
             entries = self.store.read(thread_id)
-            landed = [e for e in entries if e.metadata and "decision" in e.metadata]
-            self._decisions[thread_id] = list(zip(requests_in(self.env, entries), landed, strict=False))
+            self._decisions[thread_id] = _decisions_in(self.env, entries)
             self._recorded[thread_id] = RecordedRun.of(thread_id, entries)
         return self._decisions[thread_id]
 
@@ -420,9 +419,7 @@ def _completes(
         return True
     if more <= 0:
         return False
-    entries = store.entries
-    landed = [e for e in entries if e.metadata and "decision" in e.metadata]
-    decisions = list(zip(requests_in(env, entries), landed, strict=False))
+    decisions = _decisions_in(env, store.entries)
     keys = [_key(request) for request, _ in decisions]
     if last not in keys:
         return False
@@ -437,6 +434,13 @@ def _completes(
         for option in request.options
         if answered is None or not same_answer(option, answered)  # that answer is the run that failed
     )
+
+
+def _decisions_in(env: Environment, entries: Sequence[LogEntry]) -> list[tuple[DecisionRequest, LogEntry]]:
+    """Every decision of a thread's entries: its request (replayed from the log) and the entry that
+    answered it."""
+    landed = [e for e in entries if e.metadata and "decision" in e.metadata]
+    return list(zip(requests_in(env, entries), landed, strict=False))
 
 
 def _seed(scenario: Scenario, row: OutcomeRow) -> str:
