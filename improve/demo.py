@@ -168,6 +168,8 @@ def line(r: RoundRecord) -> str:
     held = r.scores.get("held-out")
     cause = r.hypothesis.cause if r.hypothesis else None
     hypothesis = (r.rationale or cause or r.decision_detail or "").split(" without")[0]
+    if r.behind is not None and r.rationale:
+        hypothesis += f", with candidate {r.behind.candidate}'s branches"
     if held:
         return (
             f"-> {r.candidate_version}: {r.status.upper()} | {hypothesis} | held-out {held.before:.3f} -> "

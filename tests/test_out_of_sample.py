@@ -314,7 +314,7 @@ def test_a_decision_no_answer_fixes_alone_is_labelled_through_the_next_one(tmp_p
         config.read_text().replace('environment = "access-request"', 'environment = "parcel-desk"')
     )
     commit_workspace(tmp_path / "desks", user="test", message="desks")
-    summary = demo_rounds(Workspace.load(config), 3, 3, lambda line: None, "naive", "record")
+    summary = demo_rounds(Workspace.load(config), 5, 3, lambda line: None, "naive", "record")
     first = summary.rounds[0]
     assert first.recommended and "REFUND" in (first.cluster or ""), first
     guard = first.branches[0].guard
@@ -329,6 +329,19 @@ def test_a_decision_no_answer_fixes_alone_is_labelled_through_the_next_one(tmp_p
     escalate = next(r for r in summary.rounds if "->ESCALATE" in (r.cluster or ""))
     assert escalate.status == "discarded" and "still fail (escalate-" in escalate.decision_detail, escalate
     assert '"kind":"call"' in escalate.decision_detail.split("still fail")[1], escalate.decision_detail
+    assert "('notify' in 6 of them): the next round tries a branch for it" in escalate.decision_detail
+    assert escalate.still_failing and all(s.startswith("escalate-") for s in escalate.still_failing)
+    # The next round runs that candidate again and learns the call from its runs, where escalated claims
+    # reach 'notify' (the baseline's never did): both branches as one candidate, promoted.
+    at = summary.rounds.index(escalate)
+    behind = summary.rounds[at + 1]
+    assert behind.behind is not None and behind.behind.round == escalate.round_id, behind
+    assert behind.recommended and behind.cluster == "wrong-answer:notify:EMAIL->CALL", behind
+    assert [b.answer for b in behind.branches] == ["ESCALATE", "CALL"], behind.branches
+    assert "resolution == 'escalate'" in behind.branches[1].guard
+    held = behind.scores["held-out"]
+    assert held.after > held.before and f"candidate {escalate.candidate_version}" in (behind.aim or "")
+    assert all(r.behind is None for r in summary.rounds[at + 2 :])  # each discarded candidate followed once
     # The rule learned blind, written by hand: it refunds claims a person must see. Each such case ends
     # in the state its label names (the desk's `done`), so the draft says which effects differ.
     blind = "(facts.daysLate >= 7 && facts.status == 'delayed') || (facts.tier == 'basic' && facts.status != 'delayed')"

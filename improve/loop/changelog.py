@@ -523,17 +523,23 @@ def discarded_of(record: RoundRecord) -> DiscardedCandidate | None:
         return None
     candidate = route_of(branch_route(record.candidate_policy)) if record.candidate_policy is not None else ()
     new = {(b.guard, b.answer) for b in record.branches}
+    reason = reason_of(record)
+    policy = record.candidate_policy
+    later = tuple(record.still_failing) if reason == "gain" and policy is not None else ()
     return DiscardedCandidate(
         round=record.round_id,
         baseline=record.baseline_version.strip(),
         candidate=record.candidate_version,
         cluster=record.cluster,
-        reason=reason_of(record),
+        reason=reason,
         added=tuple(b for b in candidate if (b.guard, b.answer) in new),
         route=candidate,
         held_out=(record.held_out.key, record.held_out.read) if record.held_out else None,
         wrong=tuple(record.wrong_held_out),
         model=record.model,
+        later=later,
+        policy=policy.model_dump(mode="json", by_alias=True, exclude_none=True) if later and policy else None,
+        behind=record.behind.round if record.behind is not None else None,
     )
 
 

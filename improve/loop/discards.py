@@ -14,7 +14,9 @@ it was discarded (`reach`: its branch answered wrongly where it answered, or mad
 branches it added (guard, answer, and the output as written), and its route (every guarded branch of
 the candidate, in order): enough to evaluate what it answered, so a later candidate that answers the
 same decisions the same way is recognised as the same candidate (the novelty gate), whatever its
-guard looks like. A recommended candidate leaves one line too, in `.improve/recommended/<environment>.jsonl`:
+guard looks like. A candidate that gained too little while the training runs its branches answered
+otherwise still failed also keeps those scenarios (`later`) and its policy document: the next round
+tries the later decision behind its branches, once (`behind`). A recommended candidate leaves one line too, in `.improve/recommended/<environment>.jsonl`:
 its version and what it holds (`content`, the policy's hash with its version left out). Until a
 person merges it, its review branch and its recorded threads hold that version: a round started
 before the merge that proposes another candidate under it takes the next free version instead, and
@@ -77,6 +79,16 @@ class DiscardedCandidate:
     model: str | None = None
     """The model whose runs its round read (None: remembered before the memory kept it). Failures, and
     so clusters, are a model's: a cluster tried on one model's runs is another's to try afresh."""
+    later: tuple[str, ...] = ()
+    """The training scenarios its branches answered otherwise than the baseline and that still failed,
+    when it gained too little: a later decision fails them, and the next round may try that decision
+    behind its branches (`Round._behind`)."""
+    policy: Mapping[str, Any] | None = None
+    """The candidate's policy document, kept when `later` is: the round behind it runs it again as it
+    was (its recorded runs are reused)."""
+    behind: str | None = None
+    """The round whose candidate this one carried the branches of (`Round._behind`): each discarded
+    candidate is followed so once."""
 
     def branches(self) -> tuple[list[Branch], set[int]]:
         """Its route as branches, and the indexes of the added ones."""
@@ -96,6 +108,9 @@ class DiscardedCandidate:
             "held_out": list(self.held_out) if self.held_out else None,
             **({"wrong": list(self.wrong)} if self.wrong else {}),
             **({"model": self.model} if self.model is not None else {}),
+            **({"later": list(self.later)} if self.later else {}),
+            **({"policy": dict(self.policy)} if self.policy is not None else {}),
+            **({"behind": self.behind} if self.behind is not None else {}),
         }
 
     @classmethod
@@ -114,6 +129,9 @@ class DiscardedCandidate:
             held_out=(str(doc["held_out"][0]), int(doc["held_out"][1])) if doc.get("held_out") else None,
             wrong=tuple(str(w) for w in doc.get("wrong") or ()),
             model=None if doc.get("model") is None else str(doc["model"]),
+            later=tuple(str(s) for s in doc.get("later") or ()),
+            policy=dict(doc["policy"]) if isinstance(doc.get("policy"), dict) else None,
+            behind=None if doc.get("behind") is None else str(doc["behind"]),
         )
 
 

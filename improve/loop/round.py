@@ -69,6 +69,7 @@ from improve.log import Ahead, KeptReads, LogEntry, Store, ThreadPage
 from improve.loop.branches import DiscardedBranch, added, answer_on, route
 from improve.loop.counterfactuals import Counterfactuals, StandIn
 from improve.loop.diagnose import Diagnosis, in_cluster
+from improve.loop.diagnose import diagnose as cluster_failures
 from improve.loop.discards import DiscardedCandidate, answers_anew, focus, wrong_key
 from improve.loop.evidence import Evidence
 from improve.loop.gates import (
@@ -95,6 +96,7 @@ from improve.loop.proposers import (
 )
 from improve.loop.record import Recorder
 from improve.loop.round_record import (
+    Behind,
     Calls,
     Impact,
     ModelInfo,
@@ -104,7 +106,7 @@ from improve.loop.round_record import (
     SplitScore,
     Status,
 )
-from improve.machine import ERROR_EVENT, MachineConfig, canonical_json, diff_states
+from improve.machine import ERROR_EVENT, MachineConfig, canonical_json, diff_states, parse_machine
 from improve.runtime import compile_policy, runs_overlap, vocabulary
 
 MAX_REPAIRS = 3
@@ -202,11 +204,15 @@ class Round:
         """Rounds whose candidate, discarded for reaching too far, answers otherwise behind this round's
         baseline (`discards.answers_anew`): found once, when the baseline's runs are known."""
         self.aim: str | None = None
+        """What the round said about its cluster: a narrower rule for it, or the next cluster."""
         self.again: str | None = None
         """The cluster that came round again, every other one tried along this policy's line."""
         self.passed_over: list[str] = []
         """Clusters this round asked a narrower or broader rule for and got none: it moved on."""
-        """What the round said about its cluster: a narrower rule for it, or the next cluster."""
+        self.behind: DiscardedCandidate | None = None
+        """The discarded candidate whose branches this round's candidate carries (`_behind`)."""
+        self.still_failing: list[str] = []
+        """The training scenarios the candidate's branches answered otherwise that still fail (`decide`)."""
         # What the steps find.
         self.status: Status = "discarded"
         self.detail = ""
@@ -372,6 +378,8 @@ class Round:
         candidate gained too little)."""
         self.say("diagnose: train failures only")
         self._renew()
+        if self._behind():
+            return True
         tried = [c for c in self.focus.skip if c not in self.opts.skip and c not in self.passed_over]
         skip = [*self.opts.skip, *self.passed_over, *tried]
         self.diagnosis, examples = self.evidence.diagnose(self.base_rows, self.inputs.policy, skip)
@@ -402,6 +410,75 @@ class Round:
             self.say(f"aiming at {self.aim}")
         self.say(f"cluster: {diagnosis.chosen.title} -> {diagnosis.hypothesis.change}")
         self.request = self._request(diagnosis, examples)
+        return True
+
+    def _behind(self) -> bool:
+        """The decision after a discarded candidate's branches, tried with them as one candidate.
+
+        A branch that answers its decision rightly gains nothing while a later decision fails the same
+        runs (an agent that resolves a claim, then tells the customer: an escalated claim must also be
+        called about). Its baseline's runs never reached the later decision in the situations the
+        branch makes, so no rule for it can be learned from them. The candidate's own training runs did:
+        the newest candidate discarded against this baseline for gaining too little while runs its
+        branches answered otherwise still failed (`DiscardedCandidate.later`) is run again as it was
+        (its recorded runs are reused), its failures there are diagnosed at a decision other than the
+        one its cluster was at, in those scenarios, and the proposer adds a branch for that decision
+        to the candidate: both are gated, replayed and judged against the baseline as one candidate.
+        Each discarded candidate is followed so once, and one that was itself such a candidate is not
+        (one decision after, as `evidence.DOWNSTREAM` looks one decision ahead); False when none is to
+        follow or its runs show no such cluster (the round goes on as usual)."""
+        memory, label = self.inputs.memory, self.label
+        followed = {t.behind for t in memory.tried if t.behind}
+        last = next(
+            (
+                t
+                for t in reversed(memory.tried)
+                if t.later
+                and t.policy is not None
+                and t.behind is None
+                and t.baseline == label
+                and t.round not in followed
+                and t.model in (None, self.opts.model)
+                and t.cluster is not None
+                and t.cluster.startswith("wrong-answer:")
+            ),
+            None,
+        )
+        if last is None or last.policy is None or last.cluster is None:
+            return False
+        try:
+            policy = parse_machine(dict(last.policy), f"candidate {last.candidate} (round {last.round})")
+        except ImproveError:
+            return False  # a memory written by another version of the schema: not followed
+        first = last.cluster.split(":")[1]
+        self.say(
+            f"behind candidate {last.candidate} (round {last.round}): its branch gained too little while "
+            f"{len(last.later)} training scenario(s) it answered otherwise still failed; its runs again, "
+            "for the decision after it"
+        )
+        spec = dataclasses.replace(self.spec, policy=policy)
+        rows = self._written_and_verified(self.inputs.train, spec, f"candidate {last.candidate}")
+        diagnosis, examples = self.evidence.diagnose(rows, policy)
+        later = set(last.later)
+        skip = [
+            c.id
+            for c in diagnosis.clusters
+            if not (c.answer and c.answer["decision"] != first and later & set(c.scenarios))
+        ]
+        diagnosis = cluster_failures(rows, policy_label(policy), skip=skip, examples=examples)
+        if diagnosis.chosen is None or diagnosis.hypothesis is None:
+            self.say(f"behind candidate {last.candidate}: no failure at a later decision to fix; on as usual")
+            return False
+        shown = "; ".join(f"`{b.guard}` -> {b.answer}" for b in last.added)
+        self.behind, self.diagnosis = last, diagnosis
+        self.aim = (
+            f"the decision after candidate {last.candidate}'s branch ({shown}; round {last.round}), which gained "
+            f"too little while {len(last.later)} training scenario(s) it answered otherwise still failed: "
+            "a branch for it, with that branch, as one candidate"
+        )
+        self.say(f"aiming at {self.aim}")
+        self.say(f"cluster: {diagnosis.chosen.title} -> {diagnosis.hypothesis.change}")
+        self.request = self._request(diagnosis, examples, policy)
         return True
 
     def _deterministic(self) -> bool:
@@ -601,8 +678,9 @@ class Round:
     def _still_failing(self, rows: Sequence[OutcomeRow]) -> str:
         """Where the candidate's branch answered a training run otherwise than the baseline and the run
         still fails: said, with one run's reason, because a branch that answers its decisions right can
-        gain nothing while a later decision fails those runs (an agent that decides twice). Empty when
-        every such run passes."""
+        gain nothing while a later decision fails those runs (an agent that decides twice). Those whose
+        failed runs asked another decision than the cluster's are kept (`still_failing`): the next round
+        tries that decision behind the branch (`_behind`). Empty when every such run passes."""
         parting = self._parting("train")
         failing = sorted(
             (r for r in rows if r.split == "train" and r.scenario in parting and not r.passed),
@@ -611,10 +689,25 @@ class Round:
         if not parting or not failing:
             return ""
         scenarios = sorted({r.scenario for r in failing})
-        return (
+        chosen = self.diagnosis.chosen if self.diagnosis is not None else None
+        first = chosen.answer["decision"] if chosen is not None and chosen.answer else None
+        later: dict[str, set[str]] = {}
+        for row in failing if first is not None else ():
+            for request in self.evidence.requests(row.thread_id):
+                if request.name != first:
+                    later.setdefault(request.name, set()).add(row.scenario)
+        self.still_failing = sorted(set().union(*later.values())) if later else []
+        said = (
             f"; its branch answers {len(parting)} training scenario(s) otherwise than the baseline, and "
             f"{len(scenarios)} still fail ({failing[0].scenario}: {failing[0].reason[:240]}): if its answer is "
-            "right there, a later decision fails those runs, and a rule for that decision may have to come first"
+            "right there, a later decision fails those runs"
+        )
+        if not later:
+            return said + ", and a rule for that decision may have to come first"
+        names = ", ".join(f"'{name}'" for name in sorted(later))
+        return (
+            f"{said} ({names} in {len(self.still_failing)} of them): the next round tries a branch for it "
+            "behind this one, both as one candidate"
         )
 
     def preview(self) -> bool:
@@ -989,8 +1082,11 @@ class Round:
                 "asking: `ask` in [models.NAME]) and run the round again"
             )
 
-    def _request(self, diagnosis: Diagnosis, examples: list[dict[str, Any]]) -> ProposalRequest:
-        """What the proposer may read: never a held-out result."""
+    def _request(
+        self, diagnosis: Diagnosis, examples: list[dict[str, Any]], policy: MachineConfig | None = None
+    ) -> ProposalRequest:
+        """What the proposer may read: never a held-out result. `policy`: the one to change, when not the
+        baseline (a discarded candidate's, `_behind`)."""
         assert diagnosis.chosen is not None
         chosen = dataclasses.asdict(diagnosis.chosen)
         train = self.cards["train"]
@@ -998,7 +1094,7 @@ class Round:
         return ProposalRequest(
             environment=inputs.env_name,
             goal=inputs.env.config.description,
-            policy=inputs.policy,
+            policy=policy or inputs.policy,
             new_version=self.version,
             vocabulary=vocabulary(inputs.env),
             objective={
@@ -1102,7 +1198,7 @@ class Round:
             cluster=self.diagnosis.chosen.id if self.diagnosis and self.diagnosis.chosen else None,
             aim=self.aim,
             hypothesis=self.diagnosis.hypothesis if self.request is not None and self.diagnosis else None,
-            rationale=self.proposal.rationale if self.proposal is not None else None,
+            rationale=self._rationale(),
             branches=_new_branches(self.inputs.policy, config),
             diff_summary=self._diff_summary(),
             gates=self.gates,
@@ -1111,6 +1207,8 @@ class Round:
             scores=self._scores(),
             regressions=[c.scenario for c in self._regressions()],
             wrong_held_out=list(self.wrong_held_out),
+            still_failing=self.still_failing,
+            behind=Behind(round=self.behind.round, candidate=self.behind.candidate) if self.behind else None,
             reruns=self.settled.reruns if self.settled is not None else None,
             candidate_threads=sorted(r.thread_id for r in self.settled.candidate) if self.settled else [],
             quarantined=self.quarantined,
@@ -1123,6 +1221,18 @@ class Round:
             baseline_policy=self.inputs.policy,
             candidate_policy=config,
             proposed=proposed,
+        )
+
+    def _rationale(self) -> str | None:
+        """The proposer's rationale; behind a discarded candidate, also the branches it carries."""
+        if self.proposal is None:
+            return None
+        if self.behind is None:
+            return self.proposal.rationale
+        shown = "; ".join(f"`{b.guard}` -> {b.answer}" for b in self.behind.added)
+        return (
+            f"{self.proposal.rationale} It carries the branch(es) of candidate {self.behind.candidate} "
+            f"(round {self.behind.round}), which gained too little alone: {shown}."
         )
 
     def _gate_detail(self) -> str:

@@ -61,6 +61,13 @@ class SplitScore(Part):
     k: int = 0
 
 
+class Behind(Part):
+    """The discarded candidate a candidate carries the branches of (`Round._behind`)."""
+
+    round: str
+    candidate: str
+
+
 class HeldOutReuse(Part):
     """Which read of the held-out set the round was, what the set supports, and the warning past that
     (`improve.evals.HeldOutRead`, docs/contracts.md: held-out reuse)."""
@@ -279,6 +286,12 @@ class RoundRecord(BaseModel):
     wrong_held_out: list[str] = Field(default_factory=list)
     """The held-out decisions the new branches answered wrongly (`discards.wrong_key` of each one's
     `branches.decision_key`)."""
+    still_failing: list[str] = Field(default_factory=list)
+    """The training scenarios whose runs the candidate's branches answered otherwise than the baseline's
+    and that failed all the same: a later decision fails them (`Round._still_failing`)."""
+    behind: Behind | None = None
+    """The discarded candidate whose branches this one carries, with a branch for the decision its runs
+    still failed at (`Round._behind`); None for a candidate of one cluster."""
     held_out: HeldOutReuse | None = None
     """Set when the promotion rule read the held-out split."""
     reruns: Reruns | None = None
