@@ -2035,6 +2035,36 @@ def test_a_decision_an_earlier_branch_answers_is_not_the_new_branch_to_answer() 
     assert not in_place(behind, 0, [escalate], examples)
 
 
+def test_a_rule_in_front_of_a_branch_does_not_leave_decisions_to_it() -> None:
+    """A branch that answers the failures to fix wrongly gets the new branch in front of it, so what it
+    answers rightly cannot be left to it: the rule keeps out of those decisions itself. (Left to it, every
+    rule found reached them, needed to go behind it and in front of it at once, and none was proposed:
+    on the parcel desk, the call after an escalation behind a branch that mails basic customers.)"""
+    from improve.loop.branches import Branch
+    from improve.loop.proposers.rules import in_place, place
+
+    close = Branch(0, "facts.days <= 50", "close", {"type": "'CLOSE'"})
+    examples = [
+        *(
+            example(d, r, "CLOSE", ["ESCALATE"], True, False, f"repeat-{d}")
+            for d, r in ((12, 3), (30, 4), (44, 5))
+        ),
+        *(
+            example(d, r, "ESCALATE", ["ESCALATE"], False, True, f"old-{d}")
+            for d, r in ((60, 0), (75, 1), (90, 4))
+        ),
+        *(
+            example(d, r, "CLOSE", ["CLOSE"], False, True, f"ok-{d}")
+            for d, r in ((5, 0), (20, 1), (33, 0), (48, 1))
+        ),
+    ]
+    ranks = {"CLOSE": 4, "ESCALATE": 3, "REFUND": 1}
+    rule = mine(examples, TYPES, route=[close], ranks=ranks)[0]
+    assert rule.condition == "facts.refunds >= 3", rule.condition
+    position = place(rule, [close], examples, ranks).position
+    assert position == 0 and in_place(rule, position, [close], examples)
+
+
 def test_a_rule_behind_a_branch_keeps_out_of_what_that_branch_answers_otherwise() -> None:
     """Gold customers' late tickets are escalated by the branch in front, which stops at 40 days, the
     edge of its evidence. The rule for late tickets, learned behind it, has no gold ticket among its

@@ -11,7 +11,8 @@ model:
    joined by `&&`, over the decision's facts by their declared types (conditions.py). It holds for the
    decisions the branch is for and for no training decision where its answer would be wrong, unless a
    branch already in front of it answers that decision rightly (a handbook's rules each apply where the
-   ones before them do not). Learned by sequential covering: each alternative grown by a beam search on
+   ones before them do not); a branch that answers one of its failures, wrongly, is not in front of
+   it: the new branch goes before that one (`place`). Learned by sequential covering: each alternative grown by a beam search on
    FOIL's information gain less the bits it takes to choose each condition (a threshold among forty
    cut points fits a small training set by chance far more easily than a flag), chosen among the exact
    ones by the evidence it carries (`_surprise`, counted as if any one of the scenarios it covers were
@@ -627,7 +628,8 @@ def mine(
     then rules with one of their answers reach as far as their evidence allows (`evidence+far`). `route` is the policy's branches and `ranks` how safe
     each answer is: a decision an earlier branch answers rightly, one at least as safe as the new answer
     (so it stays in front of the new branch, `place`), is not the new branch's to answer, as the rules
-    of a handbook each apply where the ones before them do not. `constants` are the environment's
+    of a handbook each apply where the ones before them do not; unless that branch is the first to
+    answer one of the failures the new one fixes, or behind it: the new branch goes in front of it. `constants` are the environment's
     own values, `thresholds` its own thresholds for each fact (`RuleTerms`)."""
     design = DESIGNS[generalize]
     if not isinstance(vocab, RuleTerms):
@@ -655,13 +657,29 @@ def mine(
         earlier = [answer_on(route, {"name": name, "facts": c.facts, "options": c.options}) for c in cases]
         for action in sorted(actions, key=lambda a: (-actions[a], -overall[a], a.describe())):
             positives = negatives = right = ceded = 0
+            # A branch that answers a failure to fix (wrongly) gets the new branch in front of it (`place`):
+            # no decision it, or a branch behind it, answers is left to it.
+            front = min(
+                (
+                    found[0].index
+                    for case, found in zip(cases, earlier, strict=True)
+                    if found is not None and case.target and case.right(action.output(case.facts))
+                ),
+                default=None,
+            )
             for i, case in enumerate(cases):
                 output = action.output(case.facts)
                 if case.right(output):
                     right |= 1 << i
                     if case.target:
                         positives |= 1 << i
-                elif case.correct and case.offers(output) and _shadowed(earlier[i], case, action, ranks):
+                elif (
+                    case.correct
+                    and case.offers(output)
+                    and (found := earlier[i]) is not None
+                    and _shadowed(found, case, action, ranks)
+                    and (front is None or found[0].index < front)
+                ):
                     ceded |= 1 << i
                 elif case.correct and case.offers(output):
                     # Offered and wrong: the branch would answer it wrongly, even where the model answers
