@@ -1,5 +1,5 @@
 """Out of sample: plausible cases drawn from an environment's generator, their labels (the environment's
-own handbook, or `careful`'s run of v0), and how far a policy's answers agree with them; and the seven desks
+own handbook, or `careful`'s run of v0), and how far a policy's answers agree with them; and the eight desks
 of other domains in tests/fixtures/desks, written from the docs as a user would (their improve.toml
 says which of them shaped the rule miner)."""
 
@@ -27,9 +27,20 @@ DESKS = ("access-request", "cancellation", "library-loans", "expense-claims", "l
 
 @pytest.fixture
 def desks(tmp_path: Path) -> Workspace:
-    """The fixture workspace, copied: the seven desks registered by module, as a user's workspace has them."""
+    """The fixture workspace, copied: the eight desks registered by module, as a user's workspace has them."""
     shutil.copytree(FIXTURES, tmp_path / "desks", ignore=shutil.ignore_patterns("__pycache__"))
     return Workspace.load(tmp_path / "desks" / "improve.toml")
+
+
+def _aimed(tmp_path: Path, env: str) -> Path:
+    """The fixture workspace copied under git, its default environment `env`: its improve.toml."""
+    from improve.demo import commit_workspace
+
+    shutil.copytree(FIXTURES, tmp_path / "desks", ignore=shutil.ignore_patterns("__pycache__"))
+    config = tmp_path / "desks" / "improve.toml"
+    config.write_text(config.read_text().replace('environment = "access-request"', f'environment = "{env}"'))
+    commit_workspace(tmp_path / "desks", user="test", message="desks")
+    return config
 
 
 @pytest.mark.parametrize("name", DESKS)
@@ -239,14 +250,9 @@ def test_a_rule_that_reached_too_far_is_promoted_once_the_rule_in_front_of_it_is
     Once the missing-receipt rule is promoted, the same late rule, behind it, no longer answers that
     claim: the round tries it again rather than asking for a narrower rule forever, and it is promoted.
     A cluster the rule miner found no rule for against the last version is not tried again against it."""
-    from improve.demo import commit_workspace, demo_rounds
+    from improve.demo import demo_rounds
 
-    shutil.copytree(FIXTURES, tmp_path / "desks", ignore=shutil.ignore_patterns("__pycache__"))
-    config = tmp_path / "desks" / "improve.toml"
-    config.write_text(
-        config.read_text().replace('environment = "access-request"', 'environment = "expense-claims"')
-    )
-    commit_workspace(tmp_path / "desks", user="test", message="desks")
+    config = _aimed(tmp_path, "expense-claims")
     said: list[str] = []
     summary = demo_rounds(Workspace.load(config), 9, 3, said.append, "naive", "record")
     late = [r for r in summary.rounds if r.cluster and "reason=late" in r.cluster]
@@ -270,15 +276,10 @@ def test_two_counts_of_days_the_machine_compares_are_compared_by_a_learned_rule(
     fact types declare no unit, but its machine's guard compares the two (a controlled drug is never
     filled before its supply runs out), so they are one unit: the rounds learn the early refills' rule
     as a margin at the edge of the training refills, and promote it."""
-    from improve.demo import commit_workspace, demo_rounds
+    from improve.demo import demo_rounds
     from improve.runtime import units_shown
 
-    shutil.copytree(FIXTURES, tmp_path / "desks", ignore=shutil.ignore_patterns("__pycache__"))
-    config = tmp_path / "desks" / "improve.toml"
-    config.write_text(
-        config.read_text().replace('environment = "access-request"', 'environment = "refill-desk"')
-    )
-    commit_workspace(tmp_path / "desks", user="test", message="desks")
+    config = _aimed(tmp_path, "refill-desk")
     space = Workspace.load(config)
     shown = units_shown(space.environment("refill-desk").config)["refill"]
     assert shown["facts.daysSinceFill"] == shown["facts.daysSupply"], shown
@@ -304,16 +305,11 @@ def test_a_decision_no_answer_fixes_alone_is_labelled_through_the_next_one(tmp_p
     (refund the claims the labels refund) reached them unseen, 12 of 100 generated claims refunded that a
     person must see. A counterfactual run now answers the next decision too where no answer fixes the run
     alone: the escalations are labelled, the rule keeps off them, and careful agrees on every case."""
-    from improve.demo import commit_workspace, demo_rounds
+    from improve.demo import demo_rounds
     from improve.loop import evidence
 
     assert evidence.DOWNSTREAM == 1
-    shutil.copytree(FIXTURES, tmp_path / "desks", ignore=shutil.ignore_patterns("__pycache__"))
-    config = tmp_path / "desks" / "improve.toml"
-    config.write_text(
-        config.read_text().replace('environment = "access-request"', 'environment = "parcel-desk"')
-    )
-    commit_workspace(tmp_path / "desks", user="test", message="desks")
+    config = _aimed(tmp_path, "parcel-desk")
     summary = demo_rounds(Workspace.load(config), 5, 3, lambda line: None, "naive", "record")
     first = summary.rounds[0]
     assert first.recommended and "REFUND" in (first.cluster or ""), first
@@ -426,3 +422,30 @@ def test_the_cli_checks_a_model_behind_an_endpoint_and_refuses_one_that_never_an
     assert refused.exit_code == 3, refused.output
     assert json.loads(refused.stdout)["agreements"][0]["fell_back"] == 6  # printed first: nothing lost
     assert "model fake never answered" in refused.stderr and "Traceback" not in refused.output
+
+
+def test_a_rule_that_gains_nothing_until_the_next_decision_changes_is_promoted_with_that_change(
+    tmp_path: Path,
+) -> None:
+    """The incident desk grades an alert, then pages the on-call engineer or opens a ticket; the model
+    grades by error rate alone and tickets everything. The SEV1 rule is the handbook's (data loss, or
+    checkout failing for one request in twenty) and gains nothing: a SEV1 must also be paged. The next
+    round runs that candidate again, learns the page from its runs (the baseline's never graded a SEV1
+    whose notification could be learned from), and both are promoted as one candidate; the desk is
+    then learned whole, in and out of sample."""
+    from improve.demo import demo_rounds
+
+    config = _aimed(tmp_path, "incident-desk")
+    summary = demo_rounds(Workspace.load(config), 6, 3, lambda line: None, "naive", "record")
+    first, behind = summary.rounds[0], summary.rounds[1]
+    assert first.status == "discarded" and "SEV1" in (first.cluster or ""), first
+    assert "facts.dataLoss == true" in first.branches[0].guard and first.still_failing, first
+    assert behind.behind is not None and behind.behind.round == first.round_id and behind.recommended
+    assert [b.answer for b in behind.branches] == ["SEV1", "PAGE"], behind.branches
+    assert "facts.severity == 'sev1'" in behind.branches[1].guard, behind.branches[1].guard
+    assert summary.final_held_out == 1.0, [(r.candidate_version, r.status) for r in summary.rounds]
+    space = Workspace.load(config)
+    env = space.environment("incident-desk")
+    final = space.load_policy("incident-desk", summary.final_version)
+    found = out_of_sample(env, [final], {m: env.models[m] for m in ("careful", "naive")}, n=200)
+    assert [(a.model, a.rate) for a in found] == [("careful", 1.0), ("naive", 1.0)], found
