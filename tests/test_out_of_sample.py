@@ -337,7 +337,9 @@ def test_a_decision_no_answer_fixes_alone_is_labelled_through_the_next_one(tmp_p
     assert "resolution == 'escalate'" in behind.branches[1].guard
     held = behind.scores["held-out"]
     assert held.after > held.before and f"candidate {escalate.candidate_version}" in (behind.aim or "")
-    assert all(r.behind is None for r in summary.rounds[at + 2 :])  # each discarded candidate followed once
+    assert behind.followed == escalate.round_id
+    # Each discarded candidate is looked behind once: the memory says so for the rounds after.
+    assert all(r.behind is None and r.followed != escalate.round_id for r in summary.rounds[at + 2 :])
     # The rule learned blind, written by hand: it refunds claims a person must see. Each such case ends
     # in the state its label names (the desk's `done`), so the draft says which effects differ.
     blind = "(facts.daysLate >= 7 && facts.status == 'delayed') || (facts.tier == 'basic' && facts.status != 'delayed')"

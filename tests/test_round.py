@@ -1447,7 +1447,7 @@ def test_the_workspace_remembers_discarded_candidates_in_its_state_directory(tmp
     first, second = discarded("a", "gain"), discarded("b", "reach", "facts.days > 40")
     # A candidate followed behind another keeps what the round behind it needs, and which it followed.
     first = dataclasses.replace(first, later=("late-01",), policy={"id": "refunds", "version": "1"})
-    second = dataclasses.replace(second, behind=first.round)
+    second = dataclasses.replace(second, behind=first.round, followed=first.round)
     remember(path, first)
     remember(path, second)
     assert read_discarded(path) == (first, second)

@@ -16,7 +16,7 @@ the candidate, in order): enough to evaluate what it answered, so a later candid
 same decisions the same way is recognised as the same candidate (the novelty gate), whatever its
 guard looks like. A candidate that gained too little while the training runs its branches answered
 otherwise still failed also keeps those scenarios (`later`) and its policy document: the next round
-tries the later decision behind its branches, once (`behind`). A recommended candidate leaves one line too, in `.improve/recommended/<environment>.jsonl`:
+tries the later decision behind its branches, once (`followed`; `behind` when it carries them). A recommended candidate leaves one line too, in `.improve/recommended/<environment>.jsonl`:
 its version and what it holds (`content`, the policy's hash with its version left out). Until a
 person merges it, its review branch and its recorded threads hold that version: a round started
 before the merge that proposes another candidate under it takes the next free version instead, and
@@ -87,8 +87,10 @@ class DiscardedCandidate:
     """The candidate's policy document, kept when `later` is: the round behind it runs it again as it
     was (its recorded runs are reused)."""
     behind: str | None = None
-    """The round whose candidate this one carried the branches of (`Round._behind`): each discarded
-    candidate is followed so once."""
+    """The round whose candidate this one carried the branches of (`Round._behind`)."""
+    followed: str | None = None
+    """The round whose candidate this one's round looked behind, carried or not: each discarded
+    candidate is looked behind once."""
 
     def branches(self) -> tuple[list[Branch], set[int]]:
         """Its route as branches, and the indexes of the added ones."""
@@ -111,6 +113,7 @@ class DiscardedCandidate:
             **({"later": list(self.later)} if self.later else {}),
             **({"policy": dict(self.policy)} if self.policy is not None else {}),
             **({"behind": self.behind} if self.behind is not None else {}),
+            **({"followed": self.followed} if self.followed is not None else {}),
         }
 
     @classmethod
@@ -132,6 +135,7 @@ class DiscardedCandidate:
             later=tuple(str(s) for s in doc.get("later") or ()),
             policy=dict(doc["policy"]) if isinstance(doc.get("policy"), dict) else None,
             behind=None if doc.get("behind") is None else str(doc["behind"]),
+            followed=None if doc.get("followed") is None else str(doc["followed"]),
         )
 
 

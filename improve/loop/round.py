@@ -211,6 +211,8 @@ class Round:
         """Clusters this round asked a narrower or broader rule for and got none: it moved on."""
         self.behind: DiscardedCandidate | None = None
         """The discarded candidate whose branches this round's candidate carries (`_behind`)."""
+        self.followed: str | None = None
+        """The round of the discarded candidate this round looked behind (`_behind`), carried or not."""
         self.still_failing: list[str] = []
         """The training scenarios the candidate's branches answered otherwise that still fail (`decide`)."""
         # What the steps find.
@@ -424,11 +426,12 @@ class Round:
         (its recorded runs are reused), its failures there are diagnosed at a decision other than the
         one its cluster was at, in those scenarios, and the proposer adds a branch for that decision
         to the candidate: both are gated, replayed and judged against the baseline as one candidate.
-        Each discarded candidate is followed so once, and one that was itself such a candidate is not
-        (one decision after, as `evidence.DOWNSTREAM` looks one decision ahead); False when none is to
-        follow or its runs show no such cluster (the round goes on as usual)."""
+        Each discarded candidate is looked behind once, whatever its runs show (`followed`, kept in
+        the memory with this round's candidate when it is discarded), and one that was itself such a
+        candidate is not (one decision after, as `evidence.DOWNSTREAM` looks one decision ahead); False
+        when none is to follow or its runs show no such cluster (the round goes on as usual)."""
         memory, label = self.inputs.memory, self.label
-        followed = {t.behind for t in memory.tried if t.behind}
+        followed = {t.followed or t.behind for t in memory.tried}
         last = next(
             (
                 t
@@ -451,6 +454,7 @@ class Round:
         except ImproveError:
             return False  # a memory written by another version of the schema: not followed
         first = last.cluster.split(":")[1]
+        self.followed = last.round
         self.say(
             f"behind candidate {last.candidate} (round {last.round}): its branch gained too little while "
             f"{len(last.later)} training scenario(s) it answered otherwise still failed; its runs again, "
@@ -1209,6 +1213,7 @@ class Round:
             wrong_held_out=list(self.wrong_held_out),
             still_failing=self.still_failing,
             behind=Behind(round=self.behind.round, candidate=self.behind.candidate) if self.behind else None,
+            followed=self.followed,
             reruns=self.settled.reruns if self.settled is not None else None,
             candidate_threads=sorted(r.thread_id for r in self.settled.candidate) if self.settled else [],
             quarantined=self.quarantined,

@@ -292,6 +292,9 @@ class RoundRecord(BaseModel):
     behind: Behind | None = None
     """The discarded candidate whose branches this one carries, with a branch for the decision its runs
     still failed at (`Round._behind`); None for a candidate of one cluster."""
+    followed: str | None = None
+    """The round of the discarded candidate this round looked behind (`Round._behind`), whether or not
+    its runs showed a decision to fix: each is looked behind once."""
     held_out: HeldOutReuse | None = None
     """Set when the promotion rule read the held-out split."""
     reruns: Reruns | None = None
