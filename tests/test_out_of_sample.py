@@ -451,3 +451,43 @@ def test_a_rule_that_gains_nothing_until_the_next_decision_changes_is_promoted_w
     final = space.load_policy("incident-desk", summary.final_version)
     found = out_of_sample(env, [final], {m: env.models[m] for m in ("careful", "naive")}, n=200)
     assert [(a.model, a.rate) for a in found] == [("careful", 1.0), ("naive", 1.0)], found
+
+
+def test_a_discarded_candidate_whose_runs_show_no_later_failure_to_fix_is_looked_behind_once(
+    tmp_path: Path,
+) -> None:
+    """A candidate remembered as still failing at a later decision whose runs show nothing to fix there
+    (the model mailed a claim it should have refunded: mailing was right, the resolution was not): the
+    round says so, goes on as usual, and records that it looked, so the memory keeps the next round
+    from looking again."""
+    import json
+
+    from improve.loop import RoundOptions, run_round
+    from improve.loop.changelog import discarded_of
+    from improve.loop.discards import DiscardedCandidate, discarded_path, read_discarded, remember
+
+    config = _aimed(tmp_path, "parcel-desk")
+    space = Workspace.load(config)
+    v0 = json.loads((space.policies_dir("parcel-desk") / "v0.json").read_text())
+    looked = DiscardedCandidate(
+        "20261201-000000-parcel-desk-v9",
+        "v0",
+        "v9",
+        "wrong-answer:resolve:RESHIP->WAIT",
+        "gain",
+        (),
+        (),
+        model="naive",
+        later=("refund-01",),
+        policy=v0,
+    )
+    memory = discarded_path(space.root, "parcel-desk")
+    remember(memory, looked)
+    said: list[str] = []
+    record = run_round(space, RoundOptions(env="parcel-desk", policy="v0", k=1), said.append)
+    assert any("no failure at a later decision to fix; on as usual" in line for line in said), said
+    assert record.followed == looked.round and record.behind is None and record.cluster, record
+    # Had its candidate been discarded, the memory's line for it would keep that its round looked.
+    discarded = discarded_of(record.model_copy(update={"recommended": False, "status": "discarded"}))
+    assert discarded is not None and discarded.followed == looked.round and discarded.behind is None
+    assert read_discarded(memory) == (looked,)  # a recommended candidate leaves no discarded line
