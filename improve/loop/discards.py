@@ -16,7 +16,8 @@ the candidate, in order): enough to evaluate what it answered, so a later candid
 same decisions the same way is recognised as the same candidate (the novelty gate), whatever its
 guard looks like. A candidate that gained too little while the training runs its branches answered
 otherwise still failed also keeps those scenarios (`later`) and its policy document: the next round
-tries the later decision behind its branches, once (`followed`; `behind` when it carries them). A recommended candidate leaves one line too, in `.improve/recommended/<environment>.jsonl`:
+tries the later decision behind its branches, once (`followed`; `behind` when it carries them).
+A recommended candidate leaves one line too, in `.improve/recommended/<environment>.jsonl`:
 its version and what it holds (`content`, the policy's hash with its version left out). Until a
 person merges it, its review branch and its recorded threads hold that version: a round started
 before the merge that proposes another candidate under it takes the next free version instead, and

@@ -288,7 +288,8 @@ class RoundRecord(BaseModel):
     `branches.decision_key`)."""
     still_failing: list[str] = Field(default_factory=list)
     """The training scenarios whose runs the candidate's branches answered otherwise than the baseline's
-    and that failed all the same: a later decision fails them (`Round._still_failing`)."""
+    and that failed all the same, having asked another decision than the cluster's: that decision may
+    fail them (`Round._still_failing`)."""
     behind: Behind | None = None
     """The discarded candidate whose branches this one carries, with a branch for the decision its runs
     still failed at (`Round._behind`); None for a candidate of one cluster."""
