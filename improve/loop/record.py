@@ -105,7 +105,11 @@ class Recorder:
         files = {policy_rel: policy_text, str(changelog.resolve().relative_to(top)): added.text}
         # "refunds: policy v2: When facts.order.deliveredDaysAgo > 30, answer CLOSE" (the rule, not the numbers).
         summary = (record.rationale or record.cluster or "").split(" without ")[0].split(": it ")[0]
-        title = whole_words(f"{inputs.env_name}: policy {record.candidate_version}: {summary}", TITLE_MAX)
+        # A candidate carrying a discarded one's branches says so before its own rule, which may be cut.
+        carried = f" (with the branch of {record.behind.candidate})" if record.behind is not None else ""
+        title = whole_words(
+            f"{inputs.env_name}: policy {record.candidate_version}{carried}: {summary}", TITLE_MAX
+        )
         try:
             pr = open_pull_request(
                 top,
