@@ -377,7 +377,8 @@ class Round:
         candidate was discarded along this policy's line gets a narrower rule once when that candidate
         reached too far, else the round moves on to the next cluster (`discards.focus`); when every cluster
         was tried, the one tried longest ago comes round again (with a broader rule when its one
-        candidate gained too little)."""
+        candidate gained too little). First, a candidate that gained too little while a later decision
+        still failed its runs is looked behind (`_behind`)."""
         self.say("diagnose: train failures only")
         self._renew()
         if self._behind():
