@@ -12,9 +12,10 @@ model:
    decisions the branch is for and for no training decision where its answer would be wrong, unless a
    branch already in front of it answers that decision rightly (a handbook's rules each apply where the
    ones before them do not); a branch that answers one of its failures, wrongly, is not in front of
-   it: the new branch goes before that one (`place`). Learned by sequential covering: each alternative grown by a beam search on
-   FOIL's information gain less the bits it takes to choose each condition (a threshold among forty
-   cut points fits a small training set by chance far more easily than a flag), chosen among the exact
+   it: the new branch goes before that one (`place`). Learned by sequential covering: each alternative
+   grown by a beam search on FOIL's information gain less the bits it takes to choose each condition
+   (a threshold among forty cut points fits a small training set by chance far more easily than a
+   flag), chosen among the exact
    ones by the evidence it carries (`_surprise`, counted as if any one of the scenarios it covers were
    missing, `_evidence`, less those bits: one that does not pay for itself is no rule), the next one
    for the failures the earlier ones leave, as long as they come from at least `MIN_SUPPORT`
@@ -629,8 +630,9 @@ def mine(
     each answer is: a decision an earlier branch answers rightly, one at least as safe as the new answer
     (so it stays in front of the new branch, `place`), is not the new branch's to answer, as the rules
     of a handbook each apply where the ones before them do not; unless that branch is the first to
-    answer one of the failures the new one fixes, or behind it: the new branch goes in front of it. `constants` are the environment's
-    own values, `thresholds` its own thresholds for each fact (`RuleTerms`)."""
+    answer one of the failures the new one fixes, or behind it: the new branch goes in front of it.
+    `constants` are the environment's own values, `thresholds` its own thresholds for each fact
+    (`RuleTerms`)."""
     design = DESIGNS[generalize]
     if not isinstance(vocab, RuleTerms):
         # An environment's fact types: an enumerated fact is the tuple of its values, a number may carry
