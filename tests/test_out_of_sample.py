@@ -1,5 +1,5 @@
 """Out of sample: plausible cases drawn from an environment's generator, their labels (the environment's
-own handbook, or `careful`'s run of v0), and how far a policy's answers agree with them; and the eight desks
+own handbook, or `careful`'s run of v0), and how far a policy's answers agree with them; and the nine desks
 of other domains in tests/fixtures/desks, written from the docs as a user would (their improve.toml
 says which of them shaped the rule miner)."""
 
@@ -22,12 +22,19 @@ from improve.runtime.policy import load_policy
 from tests.helpers import REPO
 
 FIXTURES = REPO / "tests" / "fixtures" / "desks"
-DESKS = ("access-request", "cancellation", "library-loans", "expense-claims", "late-checkout")
+DESKS = (
+    "access-request",
+    "cancellation",
+    "library-loans",
+    "expense-claims",
+    "late-checkout",
+    "warranty-desk",
+)
 
 
 @pytest.fixture
 def desks(tmp_path: Path) -> Workspace:
-    """The fixture workspace, copied: the eight desks registered by module, as a user's workspace has them."""
+    """The fixture workspace, copied: the nine desks registered by module, as a user's workspace has them."""
     shutil.copytree(FIXTURES, tmp_path / "desks", ignore=shutil.ignore_patterns("__pycache__"))
     return Workspace.load(tmp_path / "desks" / "improve.toml")
 
@@ -453,6 +460,32 @@ def test_a_rule_that_gains_nothing_until_the_next_decision_changes_is_promoted_w
     final = space.load_policy("incident-desk", summary.final_version)
     found = out_of_sample(env, [final], {m: env.models[m] for m in ("careful", "naive")}, n=200)
     assert [(a.model, a.rate) for a in found] == [("careful", 1.0), ("naive", 1.0)], found
+
+
+def test_a_safer_rule_is_learned_behind_a_less_safe_branch_the_labels_prefer(tmp_path: Path) -> None:
+    """The warranty desk refunds a defect within the 30-day return window and replaces a product
+    repaired twice; the handbook refunds first, and the environment ranks a replacement safer than a
+    refund. Once the refund rule is promoted, the replace rule leaves the window to it, as the labels
+    say wherever both match, and goes behind it: in front (the safer answer first), it had to keep out
+    of the window itself, which takes a fourth condition, and no rule was found."""
+    from improve.demo import demo_rounds
+    from improve.loop.branches import route
+
+    config = _aimed(tmp_path, "warranty-desk")
+    summary = demo_rounds(Workspace.load(config), 4, 3, lambda line: None, "naive", "record")
+    promoted = [r for r in summary.rounds if r.recommended]
+    answers = [b.answer.split("{")[0] for r in promoted for b in r.branches]
+    assert answers[:2] == ["REFUND", "REPLACE"], answers
+    replace = promoted[1].branches[0].guard
+    assert "facts.product.repairsBefore >= 2" in replace and "ageDays <= 30" not in replace, replace
+    space = Workspace.load(config)
+    final = space.load_policy("warranty-desk", summary.final_version)
+    events = [b.event for b in route(final)]
+    assert events.index("REFUND") < events.index("REPLACE"), events
+    assert summary.final_held_out >= 0.7, (summary.start_held_out, summary.final_held_out)
+    env = space.environment("warranty-desk")
+    found = out_of_sample(env, [final], {"careful": env.models["careful"]}, n=200)
+    assert [a.rate for a in found] == [1.0], found
 
 
 def test_a_discarded_candidate_whose_runs_show_no_later_failure_to_fix_is_looked_behind_once(

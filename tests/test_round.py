@@ -2065,6 +2065,44 @@ def test_a_rule_in_front_of_a_branch_does_not_leave_decisions_to_it() -> None:
     assert position == 0 and in_place(rule, position, [close], examples)
 
 
+def test_a_safer_rule_leaves_to_a_less_safe_branch_what_the_labels_give_it_and_goes_behind_it() -> None:
+    """Customers with repeated refunds are closed, but a hand-written branch in front refunds VIPs (a
+    fact the miner is not given), and the labels say it is right there: the safety order (closing safer
+    than refunding) does not put the new branch in front of it where the labels decide, so the rule
+    leaves those decisions to it and goes behind it. With the safer answer forced in front, the rule had
+    to keep out of the VIPs' decisions itself, and no condition it may write does. (On a warranty desk:
+    replace a product repaired twice, but refund one within its return window, which a branch in front
+    does; keeping out of the window itself took a fourth condition, and no rule was found.)"""
+    from improve.loop.branches import Branch
+    from improve.loop.proposers.rules import in_place, place
+
+    def vip(case: dict[str, Any]) -> dict[str, Any]:
+        case["facts"]["vip"] = True
+        return case
+
+    refund = Branch(0, "facts.vip == true", "pay", {"type": "'REFUND'"})
+    examples = [
+        *(
+            example(d, r, "REFUND", ["CLOSE"], True, False, f"repeat-{d}")
+            for d, r in ((15, 2), (40, 3), (25, 2), (33, 4))
+        ),
+        *(
+            vip(example(d, r, "REFUND", ["REFUND"], False, True, f"vip-{d}"))
+            for d, r in ((16, 2), (38, 3), (24, 4))
+        ),
+        *(
+            example(d, r, "REFUND", ["REFUND"], False, True, f"ok-{d}")
+            for d, r in ((20, 0), (35, 1), (50, 0))
+        ),
+    ]
+    ranks = {"CLOSE": 3, "REFUND": 1, "ESCALATE": 4}
+    rule = mine(examples, TYPES, route=[refund], ranks=ranks)[0]
+    assert rule.condition.startswith("facts.refunds >= 2"), rule.condition
+    where = place(rule, [refund], examples, ranks)
+    assert where.position == 1 and in_place(rule, where.position, [refund], examples), where
+    assert not in_place(rule, 0, [refund], examples)
+
+
 def test_a_rule_behind_a_branch_keeps_out_of_what_that_branch_answers_otherwise() -> None:
     """Gold customers' late tickets are escalated by the branch in front, which stops at 40 days, the
     edge of its evidence. The rule for late tickets, learned behind it, has no gold ticket among its

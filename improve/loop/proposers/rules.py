@@ -24,9 +24,10 @@ model:
    says it is right, not wherever the shortest condition reaches.
 3. a *place* among the branches already there (`place`): before any branch that answers one of the
    failures it fixes wrongly (the labels decide where both match), else before the first branch whose
-   answer is less safe (the environment's `safety_order` decides where no label does), else last before
-   the model; a rule that leaves some decisions to a branch in front of it is kept only where it is
-   placed behind that branch (`in_place`). So no training decision that is right today changes.
+   answer is less safe and to which it leaves no decision (the environment's `safety_order` decides
+   where no label does), else last before the model; a rule that leaves some decisions to a branch in
+   front of it is kept only where it is placed behind that branch (`in_place`). So no training decision
+   that is right today changes.
 
 The branch also carries `ANSWER in input.options`: it never answers an option the environment does not
 offer (a guard refused it), and falls through to the next branch or the model instead.
@@ -626,11 +627,14 @@ def mine(
     how far a branch reaches beyond its evidence (`DESIGNS`); `narrower`, (guard, answer) pairs of a
     discarded candidate's branches: then only rules with one of their answers that match strictly
     fewer training decisions than its guard does; `broader`, those of a candidate that gained too little:
-    then rules with one of their answers reach as far as their evidence allows (`evidence+far`). `route` is the policy's branches and `ranks` how safe
-    each answer is: a decision an earlier branch answers rightly, one at least as safe as the new answer
-    (so it stays in front of the new branch, `place`), is not the new branch's to answer, as the rules
-    of a handbook each apply where the ones before them do not; unless that branch is the first to
-    answer one of the failures the new one fixes, or behind it: the new branch goes in front of it.
+    then rules with one of their answers reach as far as their evidence allows (`evidence+far`).
+    `route` is the policy's branches and `ranks` how safe each answer is: a decision an earlier branch
+    answers rightly, one at least as safe as the new answer (so it stays in front of the new branch,
+    `place`), is not the new branch's to answer, as the rules of a handbook each apply where the ones
+    before them do not; unless that branch is the first to answer one of the failures the new one fixes,
+    or behind it: the new branch goes in front of it. Where no rule for an answer is found so, the
+    decisions a less safe branch answers rightly are left to it too, and the new branch goes behind it
+    (`place`): the labels decide where both match, the safety order only where none does.
     `constants` are the environment's own values, `thresholds` its own thresholds for each fact
     (`RuleTerms`)."""
     design = DESIGNS[generalize]
@@ -658,7 +662,7 @@ def mine(
         overall = {a: sum(c.right(a.output(c.facts)) for c in cases) for a in actions}
         earlier = [answer_on(route, {"name": name, "facts": c.facts, "options": c.options}) for c in cases]
         for action in sorted(actions, key=lambda a: (-actions[a], -overall[a], a.describe())):
-            positives = negatives = right = ceded = 0
+            positives = negatives = right = ceded = lesser = 0
             # A branch that answers a failure to fix (wrongly) gets the new branch in front of it (`place`):
             # no decision it, or a branch behind it, answers is left to it.
             front = min(
@@ -679,10 +683,14 @@ def mine(
                     case.correct
                     and case.offers(output)
                     and (found := earlier[i]) is not None
-                    and _shadowed(found, case, action, ranks)
+                    and case.right(found[1])
                     and (front is None or found[0].index < front)
                 ):
-                    ceded |= 1 << i
+                    if _safer(found[0], action, ranks):
+                        ceded |= 1 << i
+                    else:
+                        lesser |= 1 << i
+                        negatives |= 1 << i
                 elif case.correct and case.offers(output):
                     # Offered and wrong: the branch would answer it wrongly, even where the model answers
                     # wrongly today (a better model, or a later rule, would be overridden). A decision no
@@ -697,9 +705,14 @@ def mine(
                 continue  # a narrower rule answers what the discarded one did
             reach_far = any(a == answer for _, a in broader) and design.keep == "agree"
             chosen = replace(DESIGNS["evidence+far"], cede=design.cede) if reach_far else design
-            for terms, covered in _variants(
-                space, positives, negatives, right, about, chosen, bool(outer), ceded
-            ):
+            learned = _variants(space, positives, negatives, right, about, chosen, bool(outer), ceded)
+            if not learned and lesser:
+                # No rule in front of the less safe branches: one behind them, leaving to them what the
+                # labels say they answer rightly.
+                learned = _variants(
+                    space, positives, negatives & ~lesser, right, about, chosen, bool(outer), ceded | lesser
+                )
+            for terms, covered in learned:
                 rule = Rule(
                     action,
                     terms,
@@ -725,17 +738,12 @@ def mine(
     return unique[:MAX_CANDIDATES]
 
 
-def _shadowed(
-    earlier: tuple[Branch, dict[str, Any]] | None,
-    case: Case,
-    action: Action,
-    ranks: Mapping[str, int | None] | None,
-) -> bool:
-    """An existing branch answers the decision rightly and stays in front of a new branch answering
-    `action` (its answer is at least as safe)."""
-    if earlier is None or not ranks or not case.right(earlier[1]):
+def _safer(earlier: Branch, action: Action, ranks: Mapping[str, int | None] | None) -> bool:
+    """The existing branch's answer is at least as safe as `action`: it stays in front of a new branch
+    answering `action` (`place`)."""
+    if not ranks:
         return False
-    theirs, mine = ranks.get(earlier[0].event or ""), ranks.get(action.event)
+    theirs, mine = ranks.get(earlier.event or ""), ranks.get(action.event)
     return theirs is not None and mine is not None and theirs >= mine
 
 
@@ -872,7 +880,14 @@ def place(
                 f"before branch {b.index} ({b.answer()}), which answers some of the failures it fixes",
             )
         theirs = ranks.get(b.event or "")
-        if mine_rank is not None and theirs is not None and mine_rank > theirs:
+        # Safer first, where no label says otherwise: not in front of a branch the labels prefer on the
+        # training decisions both match (the rule leaves those to it, `in_place`).
+        if (
+            mine_rank is not None
+            and theirs is not None
+            and mine_rank > theirs
+            and in_place(rule, b.index, branches, examples)
+        ):
             return Placement(
                 b.index,
                 f"before branch {b.index} ({b.answer()}): where both match, the safer answer goes first",
