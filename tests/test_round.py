@@ -1703,6 +1703,30 @@ def test_two_numbers_of_one_unit_are_compared_with_a_margin_at_the_edge_of_the_e
     assert usd[0].condition == "facts.owed >= double(facts.paid) + 12.5", [r.guard for r in usd]
 
 
+def test_a_threshold_at_the_edge_of_its_evidence_is_written_as_a_person_would() -> None:
+    """A ratio the machine computes (a loan over its applicant's income) has as many digits as a float
+    holds; the rule's threshold, at the edge of the decisions it answers rightly, is written with the
+    fewest digits that move it outward by at most a thousandth and past no training decision, so the
+    scorecard reads `>= 0.5136`, not `>= 0.5136752136752136`, and matches the same decisions."""
+    from improve.loop.proposers.generalize import edge
+
+    high = [601 / 1170, 0.74, 0.61, 0.76]
+    low = [0.4748, 0.4, 0.17, 0.26, 0.05, 0.33]
+    examples = [
+        decision(f"high-{i}", {"ratio": r}, ("APPROVE", "REFER"), "APPROVE", "REFER")
+        for i, r in enumerate(high)
+    ] + [
+        decision(f"low-{i}", {"ratio": r}, ("APPROVE", "REFER"), "APPROVE", "APPROVE")
+        for i, r in enumerate(low)
+    ]
+    rule = mine(examples, {"facts.ratio": "number"})[0]
+    assert rule.condition == "facts.ratio >= 0.5136", rule.condition
+    # Never past a training decision's value, never further than a thousandth; whole numbers stay.
+    assert edge("x", ">=", 0.51367, [0.51366]).value == 0.51367
+    assert edge("x", "<=", 2229.99, [2300.0]).cel() == "x <= 2230"
+    assert edge("x", "<=", 92.4, [100.0]).value == 92.4 and edge("x", ">=", 30, [2]).value == 30
+
+
 def test_the_machine_shows_which_numbers_measure_one_thing() -> None:
     """Facts read from values the machine compares, adds or subtracts are in one unit, without a
     declaration (its guard refuses a controlled drug before its supply runs out); a product, an equality

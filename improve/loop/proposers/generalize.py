@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
 from typing import Any, Literal
 
 from improve.loop.branches import fact_at
@@ -111,9 +112,9 @@ def keep(
         elif design.keep == "bounded" and kind in ("number", "int") and all(numeric(v) for v in everywhere):
             low, high = min(values), max(values)
             if any(v < low for v in everywhere):
-                kept.append(Atom("threshold", path, ">=", low))
+                kept.append(edge(path, ">=", low, everywhere))
             if any(v > high for v in everywhere):
-                kept.append(Atom("threshold", path, "<=", high))
+                kept.append(edge(path, "<=", high, everywhere))
     return tuple(kept)
 
 
@@ -156,9 +157,9 @@ def agree(
                 _far(atom, values, _column(atom.path, others))
                 if atom in far
                 else (
-                    Atom("threshold", atom.path, "<=", max(values))
+                    edge(atom.path, "<=", max(values), _column(atom.path, cases))
                     if atom.op in ("<", "<=")
-                    else Atom("threshold", atom.path, ">=", min(values))
+                    else edge(atom.path, ">=", min(values), _column(atom.path, cases))
                 )
             )
         elif vocab.one_unit(atom) and not atom.paths & about:
@@ -168,7 +169,7 @@ def agree(
         if atom not in narrowed:  # a test narrowed to one the term has already
             narrowed.append(atom)
     tested = {p for atom in narrowed for p in atom.paths}
-    grounds = _grounds(vocab, tested, covered, others)
+    grounds = _grounds(vocab, tested, covered, others, cases)
     kept = list(narrowed)
 
     counted: dict[Atom, int] = {}
@@ -244,11 +245,16 @@ def _column(path: str, among: Sequence[Case]) -> list[Any]:
 
 
 def _grounds(
-    vocab: RuleTerms, tested: set[str], covered: Sequence[Case], others: Sequence[Case]
+    vocab: RuleTerms,
+    tested: set[str],
+    covered: Sequence[Case],
+    others: Sequence[Case],
+    cases: Sequence[Case],
 ) -> list[Atom]:
     """Each alternative ground a test over an untested fact offers for keeping decisions out while
     keeping every covered right answer in: a flag or an enumerated value constant across them, a value
-    of an enumerated fact that some of `others` have and none of them has, or their range of a number."""
+    of an enumerated fact that some of `others` have and none of them has, or their range of a number
+    (`cases`: every training decision, which a range's edge written shorter moves past none of)."""
     grounds: list[Atom] = []
     for path, kind in sorted(vocab.fact_types.items()):
         if path in tested:
@@ -267,10 +273,8 @@ def _grounds(
                     if isinstance(v, str | int) and not isinstance(v, bool)
                 ]
         elif kind in ("number", "int") and all(numeric(v) for v in values):
-            grounds += [
-                Atom("threshold", path, "<=", max(values)),
-                Atom("threshold", path, ">=", min(values)),
-            ]
+            everywhere = _column(path, cases)
+            grounds += [edge(path, "<=", max(values), everywhere), edge(path, ">=", min(values), everywhere)]
     return grounds
 
 
@@ -293,7 +297,7 @@ def cede(
 
     kept = list(term)
     while inside:
-        grounds = _grounds(vocab, {p for atom in kept for p in atom.paths}, covered, inside)
+        grounds = _grounds(vocab, {p for atom in kept for p in atom.paths}, covered, inside, cases)
         scored = [(sum(not g.holds(c.facts) for c in inside), g) for g in grounds]
         best = max(scored, key=lambda s: s[0], default=(0, None))
         if best[1] is None or best[0] == 0:
@@ -301,6 +305,35 @@ def cede(
         kept.append(best[1])
         inside = [c for c in inside if best[1].holds(c.facts)]
     return tuple(kept)
+
+
+READABLE = 1e-3
+"""How far, relative to it, a threshold at the edge of the covered right answers may move outward to be
+written with fewer digits (`edge`)."""
+
+
+def edge(path: str, op: str, value: Any, column: Sequence[Any]) -> Atom:
+    """The threshold `path op value` at an edge of the right answers a term covers (`<=` their largest
+    value, `>=` their smallest), written with the fewest significant digits that move it outward by at
+    most `READABLE` of it, past no value in `column` (the fact's value in every training decision, so
+    the branch matches the same ones): `loanToIncome >= 0.5136`, not `>= 0.5136752136752136` (a ratio
+    the machine computes), and a scorecard reads as a rule. Whole numbers and short decimals stay."""
+    if not isinstance(value, float) or value.is_integer() or value == 0:
+        return Atom("threshold", path, op, value)
+    up = op in ("<", "<=")
+    beyond = [v for v in column if numeric(v) and (v > value if up else v < value)]
+    limit = (min(beyond) if up else max(beyond)) if beyond else None
+    exact = Decimal(repr(value))
+    for digits in range(1, len(exact.as_tuple().digits)):
+        step = Decimal(1).scaleb(exact.adjusted() - digits + 1)
+        written = float(exact.quantize(step, rounding=ROUND_CEILING if up else ROUND_FLOOR))
+        if (
+            (written >= value if up else written <= value)
+            and abs(written - value) <= READABLE * abs(value)
+            and (limit is None or (written < limit if up else written > limit))
+        ):
+            return Atom("threshold", path, op, written)
+    return Atom("threshold", path, op, value)
 
 
 def _far(atom: Atom, covered: Sequence[Any], others: Sequence[Any]) -> Atom:
