@@ -31,6 +31,8 @@ def environment() -> Environment:
         probe_inputs=PROBE_INPUTS,
         rule_evals=RULE_EVALS,
         cases=draw,
-        # For parity: a changed outcome is "safer" when it ranks higher (a person holding the ticket).
+        # How safe each outcome is, higher safer (a person holding the ticket): parity calls a changed
+        # outcome safer by it, and a mined branch goes in front of a less safe one where no label
+        # says otherwise.
         safety_order={"overCredited": 0, "credited": 1, "declined": 2, "escalated": 3},
     )
