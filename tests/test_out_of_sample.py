@@ -268,7 +268,7 @@ def test_a_rule_that_reached_too_far_is_promoted_once_the_rule_in_front_of_it_is
     ]
     receipt = next(r for r in summary.rounds if r.recommended and "missing-receipt" in (r.cluster or ""))
     assert summary.rounds.index(receipt) < summary.rounds.index(late[-1])
-    assert any("tried again behind the branches promoted since" in line for line in said), said
+    assert any("tried again behind this baseline's branches" in line for line in said), said
     assert late[0].branches[0].guard == late[-1].branches[0].guard  # the same rule, another candidate now
     # The escalation cluster has no rule against the last version: the rule miner, which answers the same
     # request the same way, is not asked again, and the round says what is left.
@@ -467,25 +467,33 @@ def test_a_safer_rule_is_learned_behind_a_less_safe_branch_the_labels_prefer(tmp
     repaired twice; the handbook refunds first, and the environment ranks a replacement safer than a
     refund. Once the refund rule is promoted, the replace rule leaves the window to it, as the labels
     say wherever both match, and goes behind it: in front (the safer answer first), it had to keep out
-    of the window itself, which takes a fourth condition, and no rule was found."""
+    of the window itself, which takes a fourth condition, and no rule was found. The escalation rule
+    goes in front of the replace branch (safer still, and no training decision shows both matching),
+    escalates a held-out claim the handbook replaces and is discarded; behind the replace branch it
+    answers the held-out decisions otherwise, so the next round tries it there, and it is promoted."""
     from improve.demo import demo_rounds
     from improve.loop.branches import route
 
     config = _aimed(tmp_path, "warranty-desk")
-    summary = demo_rounds(Workspace.load(config), 4, 3, lambda line: None, "naive", "record")
+    said: list[str] = []
+    summary = demo_rounds(Workspace.load(config), 6, 3, said.append, "naive", "record")
     promoted = [r for r in summary.rounds if r.recommended]
     answers = [b.answer.split("{")[0] for r in promoted for b in r.branches]
-    assert answers[:2] == ["REFUND", "REPLACE"], answers
+    assert answers == ["REFUND", "REPLACE", "ESCALATE"], answers
     replace = promoted[1].branches[0].guard
     assert "facts.product.repairsBefore >= 2" in replace and "ageDays <= 30" not in replace, replace
+    escalations = [r for r in summary.rounds if r.cluster and r.cluster.endswith("->ESCALATE")]
+    assert [r.status for r in escalations] == ["discarded", "recommended"], escalations
+    assert escalations[0].branches[0].guard == escalations[1].branches[0].guard  # the same rule, behind
+    assert any("tried again behind this baseline's branches" in line for line in said), said
+    assert "Tried again behind the branches there" in escalations[1].rationale, escalations[1].rationale
     space = Workspace.load(config)
     final = space.load_policy("warranty-desk", summary.final_version)
-    events = [b.event for b in route(final)]
-    assert events.index("REFUND") < events.index("REPLACE"), events
-    assert summary.final_held_out >= 0.7, (summary.start_held_out, summary.final_held_out)
+    assert [b.event for b in route(final) if b.guard] == ["REFUND", "REPLACE", "ESCALATE"], route(final)
+    assert summary.final_held_out >= 0.8, (summary.start_held_out, summary.final_held_out)
     env = space.environment("warranty-desk")
     found = out_of_sample(env, [final], {"careful": env.models["careful"]}, n=200)
-    assert [a.rate for a in found] == [1.0], found
+    assert found[0].rate >= 0.99, found
 
 
 def test_a_discarded_candidate_whose_runs_show_no_later_failure_to_fix_is_looked_behind_once(

@@ -300,8 +300,8 @@ def focus(
 
     A candidate discarded for reaching too far whose round is in `renewed` counts for nothing here: its
     branches, behind the branches of the round's baseline, answer otherwise than they did (a branch
-    promoted since answers first some of the decisions they took, `answers_anew`), so the same rule is
-    another candidate now.
+    promoted since, or one the safety order had put them in front of, answers first some of the
+    decisions they took, `answers_anew`), so the same rule, behind them, is another candidate now.
 
     Only the candidates tried on `model`'s runs count (and those remembered without a model): a cluster
     is a model's failures, so one tried, or found rule-less, on a stand-in's runs is tried afresh on a

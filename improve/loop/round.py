@@ -492,15 +492,18 @@ class Round:
         return bool(getattr(proposer, "deterministic", False))
 
     def _renew(self) -> None:
-        """A candidate discarded for reaching too far against an earlier version of the line is tried
-        again when a branch promoted since answers first some of the decisions it took: its branches,
-        behind this baseline's, answer the training and held-out decisions otherwise. One that answers
-        them as it did still asks for a narrower rule (and the novelty gate refuses it)."""
+        """A candidate discarded for reaching too far is tried again when its branches, behind this
+        baseline's, answer the training and held-out decisions otherwise than it did: a branch promoted
+        since answers first some of the decisions it took, or it stood in front of a less safe branch
+        (the safety order puts a new branch there where no training label decides) that answers rightly
+        the held-out decisions it took wrongly; its rule then goes behind (`ProposalRequest.behind`).
+        One that answers them as it did still asks for a narrower rule (and the novelty gate refuses
+        it)."""
         memory = self.inputs.memory
         if self.renewed is not None:
             return
         self.renewed = frozenset()
-        ancestors = [t for t in memory.tried if t.reason == "reach" and t.baseline != self.label]
+        ancestors = [t for t in memory.tried if t.reason == "reach"]
         if not ancestors:
             return
         decisions = [*self._decisions("train"), *self._decisions("held-out")]
@@ -510,7 +513,7 @@ class Round:
         if self.renewed:
             self.focus = focus(memory.tried, self.renewed, self.label, self.opts.model)
             self.say(
-                "tried again behind the branches promoted since: candidate(s) "
+                "tried again behind this baseline's branches: candidate(s) "
                 + ", ".join(t.candidate for t in ancestors if t.round in self.renewed)
             )
 
@@ -1114,7 +1117,18 @@ class Round:
             discarded=[dataclasses.asdict(d) for d in self.discarded],
             narrower=self._again(self.focus.narrower, diagnosis.chosen.id),
             broader=self._again(self.focus.broader, diagnosis.chosen.id) if self.again else [],
+            behind=self._behind_again(),
         )
+
+    def _behind_again(self) -> list[dict[str, str]]:
+        """The branches of the candidates tried again behind this baseline's (`_renew`)."""
+        renewed = self.renewed or frozenset()
+        return [
+            {"guard": b.guard, "answer": b.answer, "candidate": t.candidate, "round": t.round}
+            for t in self.inputs.memory.tried
+            if t.round in renewed
+            for b in t.added
+        ]
 
     @staticmethod
     def _again(tried: Mapping[str, DiscardedCandidate] | None, cluster: str) -> list[dict[str, str]]:

@@ -43,6 +43,10 @@ class ProposalRequest:
     """When the cluster's candidate was discarded for gaining too little: its branches, as `narrower`.
     A rule for the cluster may then reach as far as its evidence allows: its thresholds at the edge of
     the training decisions answered otherwise, not of its right answers."""
+    behind: list[dict[str, str]] = field(default_factory=list)
+    """Branches of candidates discarded for reaching too far that are tried again behind the policy's
+    branches (`Round._renew`), as `narrower`: a rule with one of their answers goes behind every branch
+    there, not in front of a less safe one, where held-out decisions showed them answering rightly."""
 
 
 @dataclass(frozen=True)

@@ -982,7 +982,10 @@ class RuleMinerProposer:
                 r
                 for r in mined
                 if in_place(
-                    r, place(r, branches, request.examples, self.ranks).position, branches, request.examples
+                    r,
+                    place(r, branches, request.examples, self._ranks(request, r)).position,
+                    branches,
+                    request.examples,
                 )
             ]
             self._tried[key] = 0
@@ -994,7 +997,7 @@ class RuleMinerProposer:
             raise ProposalError(_why_none(request, bool(rules)))
         rule = rules[index]
         policy = request.policy
-        where = place(rule, route(policy), request.examples, self.ranks)
+        where = place(rule, route(policy), request.examples, self._ranks(request, rule))
         document = insert_branch(
             policy.model_dump(mode="json", by_alias=True, exclude_none=True),
             rule.guard,
@@ -1016,6 +1019,13 @@ class RuleMinerProposer:
                 f" A narrower rule than candidate {first['candidate']}'s (round {first['round']}), discarded for "
                 "reaching too far: it matches strictly fewer training decisions."
             )
+        again = [b for b in request.behind if b["answer"] == answer_text(rule.action.cel())]
+        if again:
+            rationale += (
+                f" Tried again behind the branches there: candidate {again[0]['candidate']}'s (round "
+                f"{again[0]['round']}), discarded for reaching too far, answers the training and held-out "
+                "decisions otherwise behind them."
+            )
         if request.broader:
             first = request.broader[0]
             rationale += (
@@ -1023,6 +1033,13 @@ class RuleMinerProposer:
                 "gaining too little: its thresholds reach to the training decisions answered otherwise."
             )
         return Proposal(document=document, rationale=rationale, proposer=self.name)
+
+    def _ranks(self, request: ProposalRequest, rule: Rule) -> Mapping[str, int | None]:
+        """How safe each answer is, for placing `rule`; none for an answer tried again behind the
+        branches there (`ProposalRequest.behind`): it goes behind them, not in front of a less safe one."""
+        if any(b["answer"] == answer_text(rule.action.cel()) for b in request.behind):
+            return {}
+        return self.ranks
 
     def propose(self, request: ProposalRequest) -> Proposal:
         return self._proposal(request, 0)
