@@ -1117,16 +1117,17 @@ class Round:
             discarded=[dataclasses.asdict(d) for d in self.discarded],
             narrower=self._again(self.focus.narrower, diagnosis.chosen.id),
             broader=self._again(self.focus.broader, diagnosis.chosen.id) if self.again else [],
-            behind=self._behind_again(),
+            behind=self._behind_again(diagnosis.chosen.id),
         )
 
-    def _behind_again(self) -> list[dict[str, str]]:
-        """The branches of the candidates tried again behind this baseline's (`_renew`)."""
+    def _behind_again(self, cluster: str) -> list[dict[str, str]]:
+        """The branches of `cluster`'s candidates tried again behind this baseline's (`_renew`): a rule
+        for another cluster keeps the safety order's place."""
         renewed = self.renewed or frozenset()
         return [
             {"guard": b.guard, "answer": b.answer, "candidate": t.candidate, "round": t.round}
             for t in self.inputs.memory.tried
-            if t.round in renewed
+            if t.round in renewed and t.cluster == cluster
             for b in t.added
         ]
 
