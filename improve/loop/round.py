@@ -1124,24 +1124,15 @@ class Round:
         """The branches of `cluster`'s candidates tried again behind this baseline's (`_renew`): a rule
         for another cluster keeps the safety order's place."""
         renewed = self.renewed or frozenset()
-        return [
-            {"guard": b.guard, "answer": b.answer, "candidate": t.candidate, "round": t.round}
-            for t in self.inputs.memory.tried
-            if t.round in renewed and t.cluster == cluster
-            for b in t.added
-        ]
+        tried = self.inputs.memory.tried
+        return [e for t in tried if t.round in renewed and t.cluster == cluster for e in _added(t)]
 
     @staticmethod
     def _again(tried: Mapping[str, DiscardedCandidate] | None, cluster: str) -> list[dict[str, str]]:
         """The branches of the candidate a narrower (or broader) rule for `cluster` is measured against:
         none unless the focus says so."""
         last = (tried or {}).get(cluster)
-        if last is None:
-            return []
-        return [
-            {"guard": b.guard, "answer": b.answer, "candidate": last.candidate, "round": last.round}
-            for b in last.added
-        ]
+        return [] if last is None else _added(last)
 
     def _proposer(self) -> Proposer:
         opts, inputs = self.opts, self.inputs
@@ -1417,3 +1408,11 @@ def _model_info(name: str, spec: SuiteSpec, session: Any, meter: Meter) -> Model
             "mixed": meter.mixed,
         }
     )
+
+
+def _added(candidate: DiscardedCandidate) -> list[dict[str, str]]:
+    """A discarded candidate's added branches as a proposal request names them (`ProposalRequest.narrower`)."""
+    return [
+        {"guard": b.guard, "answer": b.answer, "candidate": candidate.candidate, "round": candidate.round}
+        for b in candidate.added
+    ]
