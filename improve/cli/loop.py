@@ -121,9 +121,10 @@ def round_command(
     only where its path departs from it (replay-first; --full-runs turns it off). A run the
     workspace already recorded with the same stamp (an earlier round's candidate, now the baseline;
     `improve run`) is read rather than run again (--fresh runs it again). After a discarded
-    candidate, the next round aims at the next cluster or a narrower rule; after one whose branch
-    gained nothing because a later decision still failed its runs, it runs that candidate again and
-    adds a branch for the later decision: both one candidate. The sealed
+    candidate, the next round aims at the next cluster or a narrower rule, or tries the same rule
+    behind the policy's branches when, there, it no longer answers the held-out decisions it took
+    wrongly; after one whose branch gained nothing because a later decision still failed its runs, it
+    runs that candidate again and adds a branch for the later decision: both one candidate. The sealed
     test split is never read. Each entry counts the rounds that read the held-out set ("held-out read N
     times", per set: a changed held-out set starts again), and warns past the reads n held-out
     scenarios support, 1 + floor(2 n eps^2 / ln 2) with eps = held_out_bias of improve.toml's
