@@ -474,7 +474,7 @@ class Round:
         if diagnosis.chosen is None or diagnosis.hypothesis is None:
             self.say(f"behind candidate {last.candidate}: no failure at a later decision to fix; on as usual")
             return False
-        shown = "; ".join(f"`{b.guard}` -> {b.answer}" for b in last.added)
+        shown = _shown(last)
         self.behind, self.diagnosis = last, diagnosis
         self.aim = (
             f"the decision after candidate {last.candidate}'s branch ({shown}; round {last.round}), which gained "
@@ -1241,7 +1241,7 @@ class Round:
             return None
         if self.behind is None:
             return self.proposal.rationale
-        shown = "; ".join(f"`{b.guard}` -> {b.answer}" for b in self.behind.added)
+        shown = _shown(self.behind)
         return (
             f"{self.proposal.rationale} It carries the branch(es) of candidate {self.behind.candidate} "
             f"(round {self.behind.round}), which gained too little alone: {shown}."
@@ -1416,3 +1416,8 @@ def _added(candidate: DiscardedCandidate) -> list[dict[str, str]]:
         {"guard": b.guard, "answer": b.answer, "candidate": candidate.candidate, "round": candidate.round}
         for b in candidate.added
     ]
+
+
+def _shown(candidate: DiscardedCandidate) -> str:
+    """A discarded candidate's added branches as the round's messages show them."""
+    return "; ".join(f"`{b.guard}` -> {b.answer}" for b in candidate.added)
