@@ -343,6 +343,33 @@ def test_changed_content_adds_a_commit_on_top_of_the_existing_branch(
     assert [r.method for r in github.requests].count("POST") == 1
 
 
+def test_a_branch_holding_another_lines_candidate_is_left_alone_and_the_next_name_is_used(
+    tmp_path: Path, github: FakeGitHub
+) -> None:
+    # The history a branch was proposed on was reset and the rounds ran again: the same version number
+    # names another candidate. Committed on top of the old branch, the PR would carry the old candidate
+    # and miss what the new base holds.
+    ws = make_workspace(tmp_path)
+    first = call(ws, api_env(github))
+    (ws.root / "policies" / "refunds" / "v0.json").write_text(V0 + "\n")
+    git(ws.root, "commit", "-q", "-am", "another line: v0 edited")
+    base = git(ws.root, "rev-parse", "HEAD").strip()
+    other = {**FILES, "policies/refunds/v1.json": V1.replace("route", "route2")}
+
+    second = call(ws, api_env(github), files=other)
+
+    assert second.branch == f"{BRANCH}-2" and not second.reused and second.pushed
+    assert ws.bare is not None
+    assert git(ws.bare, "rev-parse", BRANCH).strip() == first.commit  # the old branch is untouched
+    assert git(ws.bare, "rev-parse", f"{BRANCH}-2^").strip() == base  # the new one starts at the base
+    assert f"{BRANCH} (at {first.commit[:12]}) holds another candidate" in second.notes[0]
+    assert github.pulls[2]["head"]["ref"] == f"{BRANCH}-2"
+    # Run again, the candidate finds its own branch; the old line's candidate, proposed again, its own.
+    assert call(ws, api_env(github), files=other).branch == f"{BRANCH}-2"
+    again = call(ws, api_env(github))
+    assert again.branch == BRANCH and again.reused and again.commit == first.commit
+
+
 def test_without_a_token_the_branch_stays_local_with_instructions(tmp_path: Path, github: FakeGitHub) -> None:
     ws = make_workspace(tmp_path)
     dirty(ws.root)

@@ -128,6 +128,7 @@ class Recorder:
         except ImproveError as err:
             self.say(f"pull request: {err}")
             return Review(error=str(err))
+        branch = pr.branch  # another name when the version's branch holds another line's candidate
         write_atomic(folder / "policy.diff", branch_diff(top, branch, None))
         restore_changelog(repo, added.current, changelog, top)
         # How to publish a branch left unpushed is said once, in the round's summary (`render`); why it was

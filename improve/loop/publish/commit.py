@@ -18,7 +18,10 @@ branch checked out in any worktree is never moved.
 Branch reuse. If `branch` already exists (locally, or as `<remote>/<branch>` from an earlier fetch)
 and its tip already holds the same content for every file, it is reused as is (no new commit). If it
 holds different content, a new commit goes on top of its tip, so the push that follows is a
-fast-forward (`push.py` never forces one). With `same_if` (the candidate's own files, e.g. the policy),
+fast-forward (`push.py` never forces one), as long as the tip contains the base: a branch of the same
+name that does not holds another line's candidate (the history it was proposed on was reset since), and
+a commit on it would carry that candidate along and miss what the base changed. The next free name
+(`<branch>-2`, ...) is used then, and the old branch is left alone. With `same_if` (the candidate's own files, e.g. the policy),
 a tip that already holds those is reused too when every other file reads the same once `alike` has
 rewritten both: a round rerun on the same candidate writes a CHANGELOG entry that differs only in its
 round id (which `alike` masks), and committing that would put a second commit of the same candidate on
@@ -44,11 +47,18 @@ _FALLBACK_EMAIL = "improve@localhost"
 
 
 class BranchCommit(NamedTuple):
-    """The branch tip holding the files: `reused` when it already did (no new commit was made)."""
+    """The branch tip holding the files: `reused` when it already did (no new commit was made).
+    `branch` is the branch used: the one asked for, or the first of `<branch>-2`, `-3`, ... when it holds
+    another line's candidate (see `commit_to_branch`)."""
 
     commit: str
     reused: bool
     notes: list[str]
+    branch: str
+
+
+MAX_SUFFIX = 100
+"""Branch names tried past the one asked for (`-2` to `-100`) before giving up."""
 
 
 def commit_to_branch(
@@ -65,34 +75,45 @@ def commit_to_branch(
     """Point `refs/heads/<branch>` at a commit holding `files` (repository paths to content).
 
     The parent is the branch's tip (local, else `<remote>/<branch>` when `remote` is given), or
-    `base_commit` for a new branch. Raises `PullRequestError` when the files change nothing on a new
-    branch or the branch is checked out somewhere.
+    `base_commit` for a new branch. A branch that exists with other content and does not contain
+    `base_commit` holds another line's candidate (a round's branch of the same version, made before
+    the history it was proposed on was reset or rewritten): a commit on top of it would carry that
+    candidate's history and miss the base's changes, so the PR would conflict or drop them. It is left
+    as it is, and the first of `<branch>-2`, `<branch>-3`, ... that is free or holds this line's
+    candidate is used instead (`BranchCommit.branch`, and a note says why). Raises `PullRequestError`
+    when the files change nothing on a new branch or the branch is checked out somewhere.
     """
-    ref = f"refs/heads/{branch}"
-    local_tip = g.commit_of(ref)
-    remote_tip = g.commit_of(f"refs/remotes/{remote}/{branch}") if remote is not None else None
-    start = local_tip or remote_tip
-    notes: list[str] = []
-
     blobs = _write_blobs(g, files)
-    reused = False
     candidate = {path: blobs[path] for path in same_if if path in blobs}
-    if start is not None and _holds(g, start, blobs):
-        commit = start
-        reused = True
-        notes.append(f"the branch {branch} already holds this content at {start[:12]}; reused it")
-    elif (
-        start is not None
-        and candidate
-        and _holds(g, start, candidate)
-        and _reads_alike(g, start, {p: c for p, c in files.items() if p not in candidate}, alike)
-    ):
-        commit = start
-        reused = True
-        notes.append(
-            f"the branch {branch} already holds this candidate ({', '.join(sorted(candidate))}) at "
-            f"{start[:12]}; reused it without a second commit"
+    skipped: list[str] = []
+    for suffix in range(1, MAX_SUFFIX + 1):
+        name = branch if suffix == 1 else f"{branch}-{suffix}"
+        local_tip = g.commit_of(f"refs/heads/{name}")
+        remote_tip = g.commit_of(f"refs/remotes/{remote}/{name}") if remote is not None else None
+        start = local_tip or remote_tip
+        held = None if start is None else _held(g, name, start, blobs, candidate, files, alike)
+        if (
+            start is None
+            or held is not None
+            or g.ok("merge-base", "--is-ancestor", base_commit, start) is not None
+        ):
+            break
+        skipped.append(f"{name} (at {start[:12]})")
+    else:
+        raise g.error(
+            f"the branches {branch} to {branch}-{MAX_SUFFIX} all hold candidates of other lines of history",
+            "delete the ones no longer wanted (git branch -D NAME) and run the round again",
         )
+    notes: list[str] = []
+    if skipped:
+        notes.append(
+            f"{', '.join(skipped)} holds another candidate, on a history without this round's base "
+            f"{base_commit[:12]}: left as it is, and this candidate goes to {name}"
+        )
+    if held is not None:
+        assert start is not None
+        commit, reused = start, True
+        notes.append(held)
     else:
         parent = start or base_commit
         new = _commit_on(g, parent, blobs, message)
@@ -101,15 +122,16 @@ def commit_to_branch(
                 f"nothing to commit: the files already have this content at {parent[:12]}; "
                 "the round has no change to propose"
             )
-        commit = new
+        commit, reused = new, False
         if start is not None:
             notes.append(
-                f"the branch {branch} existed at {start[:12]} with other content; added {commit[:12]} on top"
+                f"the branch {name} existed at {start[:12]} with other content; added {commit[:12]} on top"
             )
+    ref = f"refs/heads/{name}"
     if commit != local_tip:
-        if branch in g.checked_out_branches():
+        if name in g.checked_out_branches():
             raise g.error(
-                f"the branch {branch} is checked out in a work tree, so it cannot be moved without "
+                f"the branch {name} is checked out in a work tree, so it cannot be moved without "
                 "touching that checkout; switch to another branch or run the round with another branch name"
             )
         old = local_tip or "0" * len(commit)
@@ -123,7 +145,7 @@ def commit_to_branch(
             what=f"updating {ref}",
             hint="another process moved the branch meanwhile; run the round again",
         )
-    return BranchCommit(commit, reused, notes)
+    return BranchCommit(commit, reused, notes, name)
 
 
 def _identity_env(g: GitRunner) -> dict[str, str]:
@@ -180,6 +202,28 @@ def _commit_on(g: GitRunner, parent: str, blobs: Mapping[str, str], message: str
     return g.run(
         "commit-tree", tree, "-p", parent, "-m", message, env=_identity_env(g), what="creating the commit"
     ).strip()
+
+
+def _held(
+    g: GitRunner,
+    name: str,
+    start: str,
+    blobs: Mapping[str, str],
+    candidate: Mapping[str, str],
+    files: Mapping[str, bytes],
+    alike: Callable[[str], str],
+) -> str | None:
+    """Why the branch `name` at `start` is reused as it is (a note), or None when it holds other content:
+    every file as given, or the candidate's files with the others reading alike."""
+    if _holds(g, start, blobs):
+        return f"the branch {name} already holds this content at {start[:12]}; reused it"
+    others = {p: c for p, c in files.items() if p not in candidate}
+    if candidate and _holds(g, start, candidate) and _reads_alike(g, start, others, alike):
+        return (
+            f"the branch {name} already holds this candidate ({', '.join(sorted(candidate))}) at "
+            f"{start[:12]}; reused it without a second commit"
+        )
+    return None
 
 
 def _reads_alike(g: GitRunner, commit: str, files: Mapping[str, bytes], alike: Callable[[str], str]) -> bool:

@@ -88,6 +88,8 @@ def open_pull_request(
     alike: Callable[[str], str] = lambda text: text,
 ) -> PullRequestResult:
     """Commit exactly `files` to `branch` (from HEAD or `base`), push it, and open or update its PR.
+    (`PullRequestResult.branch` is `branch-2` or later when `branch` holds another line's candidate:
+    `commit.commit_to_branch`.)
 
     `files` maps paths relative to the workspace (the repository root in the usual layout) to their
     full new content. The working tree, the index and the checked-out branch are left untouched. With
@@ -129,7 +131,7 @@ def open_pull_request(
         )
 
     has_remote = remote in g.remotes()
-    commit, reused, notes = commit_to_branch(
+    commit, reused, notes, branch = commit_to_branch(
         g,
         branch=branch,
         files=content,
