@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import threading
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar
 from urllib.parse import unquote
@@ -32,6 +33,7 @@ from improve.loop.diagnose import KINDS, diagnose
 from improve.loop.gates import GATE_NAMES, GateResult
 from improve.loop.proposers import Proposal, ProposalError, ProposalRequest
 from improve.loop.proposers.rules import mine
+from improve.loop.publish.git import unfinished_operation
 from improve.runtime import REPLAY_FIRST_KEY
 from tests.helpers import FROZEN_AT, REPO, committed_workspace, desk_workspace
 
@@ -823,6 +825,31 @@ def test_locate_names_what_is_missing(tmp_path: Path) -> None:
     assert result.exit_code == 2
     assert "the scenarios and split" in result.stderr and "the policy history" in result.stderr
     assert space.root == tmp_path.resolve()
+
+
+def test_a_round_does_not_start_in_the_middle_of_a_merge(tmp_path: Path) -> None:
+    """Merging a review branch can stop on a conflict in the CHANGELOG: a round then would read the
+    conflict markers and write its entry over what the person is resolving."""
+    scratch(tmp_path)
+    changelog = tmp_path / "policies" / "refunds" / "CHANGELOG.md"
+    run = partial(subprocess.run, cwd=tmp_path, check=True, capture_output=True)
+    run(["git", "checkout", "-q", "-b", "other"])
+    changelog.write_text(changelog.read_text() + "\n## v1 (recommended)\none line\n")
+    run(["git", "commit", "-qam", "one"])
+    run(["git", "checkout", "-q", "-"])
+    changelog.write_text(changelog.read_text() + "\n## v1 (recommended)\nanother line\n")
+    run(["git", "commit", "-qam", "another"])
+    assert subprocess.run(["git", "merge", "-q", "other"], cwd=tmp_path, capture_output=True).returncode == 1
+    conflicted = changelog.read_bytes()
+
+    result = CliRunner().invoke(app, ["round", "-w", str(tmp_path), "--policy", "v0"])
+
+    assert result.exit_code == 2
+    assert "in the middle of a merge (unmerged: policies/refunds/CHANGELOG.md)" in result.stderr
+    assert "git merge --abort" in result.stderr and "Traceback" not in result.output
+    assert changelog.read_bytes() == conflicted  # what the person is resolving is left alone
+    run(["git", "merge", "--abort"])
+    assert unfinished_operation(tmp_path) is None
 
 
 def test_a_stand_ins_counterfactual_runs_are_remembered_and_a_models_are_asked_again(

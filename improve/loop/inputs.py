@@ -95,6 +95,15 @@ def locate(space: Workspace, env: str | None, policy: str) -> Inputs:
     from improve.loop.publish import check_branch_name
 
     check_branch_name(review_branch(env_name, "v1"))
+    # A round reads the policies and the CHANGELOG and writes its entry there: in the middle of a merge,
+    # they may hold conflict markers or either side, and the entry would overwrite what the person resolved.
+    from improve.loop.publish.git import unfinished_operation
+
+    unfinished = unfinished_operation(space.root)
+    if unfinished is not None:
+        raise WorkspaceError(
+            f"a round cannot start: the repository is in the middle of {unfinished}, then run the round again"
+        )
     environment = space.environment(env_name)
     scenarios_path = space.scenarios_path(env_name)
     if not scenarios_path.is_file():

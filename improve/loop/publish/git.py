@@ -34,6 +34,7 @@ __all__ = [
     "git_detail",
     "open_repo",
     "repo_path",
+    "unfinished_operation",
 ]
 
 
@@ -160,6 +161,42 @@ def open_repo(workspace_root: Path, scrub: Scrubber) -> OpenedRepository:
         rel = "."
     prefix = "" if rel in {"", "."} else rel + "/"
     return OpenedRepository(GitRunner(repo, scrub), prefix)
+
+
+_UNFINISHED = (
+    ("MERGE_HEAD", "a merge", "git merge --abort"),
+    ("rebase-merge", "a rebase", "git rebase --abort"),
+    ("rebase-apply", "a rebase", "git rebase --abort"),
+    ("CHERRY_PICK_HEAD", "a cherry-pick", "git cherry-pick --abort"),
+    ("REVERT_HEAD", "a revert", "git revert --abort"),
+)
+"""What git leaves in its directory while an operation waits for a person: the marker, what it is, and
+how to abort it."""
+
+
+def unfinished_operation(workspace_root: Path) -> str | None:
+    """What git operation the repository holding `workspace_root` is in the middle of (a merge waiting
+    for its conflicts to be resolved, say), with its unmerged paths and how to finish or abort it; None
+    when there is none, or no repository."""
+    try:
+        repo = git.Repo(workspace_root, search_parent_directories=True)
+    except (InvalidGitRepositoryError, NoSuchPathError):
+        return None
+    git_dir = Path(repo.git_dir)
+    found = next(((what, abort) for marker, what, abort in _UNFINISHED if (git_dir / marker).exists()), None)
+    try:
+        unmerged = sorted(
+            {line.split("\t", 1)[1] for line in repo.git.ls_files("-u").splitlines() if "\t" in line}
+        )
+    except GitCommandError:
+        unmerged = []
+    if found is None and not unmerged:
+        return None
+    what, abort = found or ("a merge", "git merge --abort")
+    paths = (
+        f" (unmerged: {', '.join(unmerged[:5])}{', ...' if len(unmerged) > 5 else ''})" if unmerged else ""
+    )
+    return f"{what}{paths}; finish it (resolve, git add, git commit) or abort it ({abort})"
 
 
 def repo_path(path: str, prefix: str) -> str:
