@@ -34,7 +34,7 @@ from improve.loop.gates import GATE_NAMES, GateResult
 from improve.loop.proposers import Proposal, ProposalError, ProposalRequest
 from improve.loop.proposers.rules import mine
 from improve.loop.publish.git import unfinished_operation
-from improve.runtime import REPLAY_FIRST_KEY
+from improve.runtime import REPLAY_FIRST_KEY, FactType
 from tests.helpers import FROZEN_AT, REPO, committed_workspace, desk_workspace
 
 DESKS = ("refunds", "code-agent", "tool-loop", "triage")
@@ -1752,6 +1752,32 @@ def test_a_threshold_at_the_edge_of_its_evidence_is_written_as_a_person_would() 
     assert edge("x", ">=", 0.51367, [0.51366]).value == 0.51367
     assert edge("x", "<=", 2229.99, [2300.0]).cel() == "x <= 2230"
     assert edge("x", "<=", 92.4, [100.0]).value == 92.4 and edge("x", ">=", 30, [2]).value == 30
+
+
+def test_a_bound_kept_from_the_evidence_keeps_out_two_scenarios_or_is_no_bound() -> None:
+    """A rule kept to the range of its evidence (`evidence+bounded`, a narrower rule) bounds a number
+    only where two training scenarios lie beyond the bound, as a threshold it chooses needs: a bound past
+    one scenario is that scenario's value, which the overfit gate refuses as a literal of the test (on
+    a card-disputes desk, `daysAgo >= 20`, with one training dispute below it, cost a round its candidate)."""
+    late = [
+        decision(f"late-{a}", {"late": True, "amount": a}, ("REFUND", "CLOSE"), "REFUND", "CLOSE")
+        for a in (20, 40, 60, 90)
+    ]
+    rest = [
+        decision(f"due-{a}", {"late": False, "amount": a}, ("REFUND", "CLOSE"), "REFUND", "REFUND")
+        for a in (5, 50, 120, 150, 200)
+    ]
+    types: dict[str, FactType] = {"facts.late": "bool", "facts.amount": "number"}
+
+    def kept(examples: list[dict[str, Any]]) -> str:
+        # The variant whose chosen condition is the flag; the others choose a threshold first.
+        found = [r.condition for r in mine(examples, types, generalize="evidence+bounded")]
+        return next(c for c in found if c.startswith("facts.late == true")) if found else ""
+
+    assert kept(late + rest) == "facts.late == true && facts.amount <= 90"
+    # With a second scenario below the range, the lower bound keeps out two and is kept too.
+    more = [*rest, decision("due-3", {"late": False, "amount": 3}, ("REFUND", "CLOSE"), "REFUND", "REFUND")]
+    assert kept(late + more) == "facts.late == true && facts.amount >= 20 && facts.amount <= 90"
 
 
 def test_the_machine_shows_which_numbers_measure_one_thing() -> None:

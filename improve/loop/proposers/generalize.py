@@ -16,7 +16,7 @@ gain against agreement out of sample:
   answer still right, it does not matter and is left out; where it never shows another value, a case
   with one is left to the model;
 - `+bounded`: `+common`, and the numbers kept to the range the covered right answers span (where
-  training decisions lie outside it);
+  two training scenarios lie beyond a bound, as a threshold the miner chooses needs: `_bounds`);
 - `+agree`: `+common`, each chosen threshold moved to the edge of the covered right answers (and each
   enumerated test kept to the values they take), and a near miss kept out on both grounds the training
   data cannot tell apart (`agree`);
@@ -40,7 +40,7 @@ from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
 from typing import Any, Literal
 
 from improve.loop.branches import fact_at
-from improve.loop.proposers.conditions import Atom, Case, RuleTerms, difference, margin, numeric
+from improve.loop.proposers.conditions import MIN_SUPPORT, Atom, Case, RuleTerms, difference, margin, numeric
 
 Generalization = Literal[
     "shortest",
@@ -110,12 +110,25 @@ def keep(
             elif kind == "enum" and not isinstance(value, bool | dict | list):
                 kept.append(Atom("equals", path, "==", value))
         elif design.keep == "bounded" and kind in ("number", "int") and all(numeric(v) for v in everywhere):
-            low, high = min(values), max(values)
-            if any(v < low for v in everywhere):
-                kept.append(edge(path, ">=", low, everywhere))
-            if any(v > high for v in everywhere):
-                kept.append(edge(path, "<=", high, everywhere))
+            kept += _bounds(path, values, cases)
     return tuple(kept)
+
+
+def _bounds(path: str, values: Sequence[Any], cases: Sequence[Case]) -> list[Atom]:
+    """The range `values` span over the fact at `path`, as the bounds that keep training decisions out:
+    each with at least `MIN_SUPPORT` scenarios beyond it, as a threshold the miner chooses needs. A
+    bound past one scenario alone is that scenario's value (the overfit gate refuses it as a literal of
+    the test), and says nothing about where the answer changes."""
+    everywhere = _column(path, cases)
+    low, high = min(values), max(values)
+    below = {c.scenario for c, v in zip(cases, everywhere, strict=True) if v < low}
+    above = {c.scenario for c, v in zip(cases, everywhere, strict=True) if v > high}
+    bounds: list[Atom] = []
+    if len(below) >= MIN_SUPPORT:
+        bounds.append(edge(path, ">=", low, everywhere))
+    if len(above) >= MIN_SUPPORT:
+        bounds.append(edge(path, "<=", high, everywhere))
+    return bounds
 
 
 def agree(
@@ -140,7 +153,7 @@ def agree(
     lies between is answered. The environment's own thresholds for the fact stay (`RuleTerms.given`).
     And a decision answered otherwise (`excluded`, a mask over `cases`) that the term keeps out on one
     ground only is kept out on a second one when the facts offer one: a flag or an enumerated value
-    constant across the covered right answers, or a number outside their range. Training cannot tell
+    constant across the covered right answers, or a number outside their range (`_bounds`). Training cannot tell
     which of the two is why that decision is different, so the branch answers only where both agree. A
     decision that differs from them in several respects is no near miss: any of them keeps it out, and
     it says nothing about which matters."""
@@ -272,9 +285,12 @@ def _grounds(
                     for v in sorted({fact_at(c.facts, path) for c in others} - seen, key=str)
                     if isinstance(v, str | int) and not isinstance(v, bool)
                 ]
-        elif kind in ("number", "int") and all(numeric(v) for v in values):
-            everywhere = _column(path, cases)
-            grounds += [edge(path, "<=", max(values), everywhere), edge(path, ">=", min(values), everywhere)]
+        elif (
+            kind in ("number", "int")
+            and all(numeric(v) for v in values)
+            and all(numeric(v) for v in _column(path, cases))
+        ):
+            grounds += reversed(_bounds(path, values, cases))  # the upper bound first, as before
     return grounds
 
 
