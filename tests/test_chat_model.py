@@ -269,6 +269,30 @@ def test_a_call_that_hangs_past_the_timeout_takes_the_policys_on_error(serve: Se
     assert doc["threads"][0]["status"] == "done" and doc["model_calls"]["failed"] == 1
 
 
+def test_a_run_whose_calls_fail_past_the_objectives_share_exits_3(serve: Serve, tmp_path: Path) -> None:
+    """The endpoint answers the first decision, then fails: half the decisions are the policy's
+    onError, so the pass rate measures the endpoint as much as the model. Past the objective's
+    max_fallback_share the run exits 3, as a round refuses to compare; within it, it warns."""
+    answered: list[int] = []
+
+    def first_only(body: dict[str, Any]) -> Reply:
+        answered.append(1)
+        return naive_desk(body) if len(answered) == 1 else error(500, "down")
+
+    ws = workspace(tmp_path, serve(first_only).url, max_retries=0)
+    two = ("--scenario", "small-refund-01", "--scenario", "small-refund-02", "--concurrency", "1")
+    doc = run(ws, *two, "--split", "train", exit_code=3)
+    assert (doc["summary"]["decisions"], doc["summary"]["fallbacks"]) == (2, 1)
+    assert "1 of 2 decisions fell back" in doc["stderr"] and "max_fallback_share = 0.05" in doc["stderr"]
+    assert "never answered" not in doc["stderr"] and "Traceback" not in doc["stderr"]
+    config = ws / "improve.toml"
+    config.write_text(
+        config.read_text().replace("[objective]\n", "[objective]\nmax_fallback_share = 0.5\n", 1)
+    )
+    doc = run(ws, *two, "--split", "train", "--fresh")
+    assert "warning: 1 of 2 decisions fell back" in doc["stderr"]
+
+
 @pytest.mark.parametrize(
     ("spoil", "said"),
     [

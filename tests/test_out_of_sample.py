@@ -360,7 +360,7 @@ def test_a_decision_no_answer_fixes_alone_is_labelled_through_the_next_one(tmp_p
     assert any('"kind":"escalation"' in why for _, why in drafted), drafted[:2]
 
 
-def test_the_cli_checks_a_model_behind_an_endpoint_and_refuses_one_that_never_answers(
+def test_the_cli_checks_a_model_behind_an_endpoint_and_refuses_one_that_never_or_seldom_answers(
     desks: Workspace, serve: Any
 ) -> None:
     """A model behind an endpoint is asked every case of every policy; its figures stand when it answers,
@@ -431,6 +431,17 @@ def test_the_cli_checks_a_model_behind_an_endpoint_and_refuses_one_that_never_an
     assert refused.exit_code == 3, refused.output
     assert json.loads(refused.stdout)["agreements"][0]["fell_back"] == 6  # printed first: nothing lost
     assert "model fake never answered" in refused.stderr and "Traceback" not in refused.output
+    # Answered once in six, then failing: past the objective's share of fallbacks, refused as well.
+    calls: list[int] = []
+
+    def once(body: dict[str, Any]) -> Any:
+        calls.append(1)
+        return tool_answer({"type": "REFER"}) if len(calls) == 1 else error(500, "boom")
+
+    config.write_text(base + model_section(serve(once).url) + "concurrency = 1\n")
+    mixed = runner.invoke(app, [*args, "--json"], env={"FAKE_OPENAI_KEY": "sk-test"})
+    assert mixed.exit_code == 3, mixed.output
+    assert "5 of 6 decisions fell back" in mixed.stderr and "max_fallback_share = 0.05" in mixed.stderr
 
 
 def test_a_rule_that_gains_nothing_until_the_next_decision_changes_is_promoted_with_that_change(

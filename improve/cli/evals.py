@@ -443,8 +443,9 @@ def out_of_sample_command(
     version. With careful, agreement below 1.000 counts right answers a learned branch overrode; with a
     weaker stand-in or your real model, how much of its gap the branches close. A model behind an
     endpoint is asked every case of every policy (start with --cases 40; its answers are recorded, so the
-    same check again asks nothing: --cache live asks anew); when it never answers, the
-    command says so and exits 3, since the figures would measure the policy's onError. The environment
+    same check again asks nothing: --cache live asks anew); when it never answers, or its calls fail
+    for more of its decisions than the objective's max_fallback_share, the command says so and exits 3,
+    since the figures would measure the policy's onError. The environment
     needs a generator (Environment.cases; docs/extending.md, "Plausible cases"). A case the last version
     ends otherwise than labelled is a rule reaching past its evidence (a learned branch answered it) or a
     gap the labelled scenarios do not show (the model answered it): --scenarios writes such cases as
@@ -473,8 +474,9 @@ def out_of_sample_command(
             raise ScenarioError(
                 f"{drafts}: no directory {drafts.parent} to write it in; create it, or name another"
             )
+        space = workspace(ws)
         found = check_out_of_sample(
-            workspace(ws), env, versions, chosen, n=cases, seed=seed, say=say, meter=meter, cache=cache.value
+            space, env, versions, chosen, n=cases, seed=seed, say=say, meter=meter, cache=cache.value
         )
         _print_out_of_sample(found, as_json)
         _write_drafts(found, drafts, as_json)
@@ -487,6 +489,16 @@ def out_of_sample_command(
             raise EndpointError(
                 f"model {first.model} never answered ({first.policy}: {first.fell_back.sentence()}): its "
                 "agreement measures the policy's onError, not the model; fix the endpoint and run again"
+            )
+        most = space.config.objective.max_fallback_share
+        mixed = [a for a in found.agreements if a.fell_back.past(most)]
+        if mixed:
+            first = mixed[0]
+            raise EndpointError(
+                f"model {first.model} ({first.policy}): {first.fell_back.sentence()} "
+                f"({first.fell_back.share:.0%} of its decisions; the objective allows max_fallback_share = "
+                f"{most:g}): its agreement mixes the model's answers with the policy's onError; fix the "
+                "endpoint and run again (recorded answers are not asked again)"
             )
 
 

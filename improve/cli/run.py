@@ -84,7 +84,10 @@ def run_command(
     the progress lines count its calls, tokens, USD and retries. The sealed test split is left out
     of --split all, and refused alone, unless --unseal (recorded, as `improve score --unseal` is).
     With --executor dask://HOST:PORT the runs go to a Dask cluster's workers in batches, and their
-    threads come back here to be written and recorded (docs/scale-out.md).
+    threads come back here to be written and recorded (docs/scale-out.md). A model call that fails
+    (the endpoint down, a timeout) leaves the decision to the policy's onError: the run exits 3 when
+    the model never answered, or when more of its decisions than the objective's max_fallback_share
+    fell back so, as the pass rate then measures the endpoint; the threads are kept either way.
 
     Example:
 
@@ -226,6 +229,15 @@ def run_command(
                 f"model {model} never answered: {fell_back.sentence()}. The pass rate above measures the "
                 "policy's onError, not the model: fix the endpoint (its URL, key, server, or the way of "
                 "asking: `ask` in [models.NAME]) and run again with --fresh"
+            )
+        most = space.config.objective.max_fallback_share
+        if fell_back.past(most):
+            raise EndpointError(
+                f"model {model}: {fell_back.sentence()} ({fell_back.share:.0%} of its decisions; the "
+                f"objective allows max_fallback_share = {most:g}). The pass rate above mixes the model's "
+                "answers with the policy's onError: fix the endpoint (its URL, key, server, or the way of "
+                "asking: `ask` in [models.NAME]) and run again with --fresh (recorded answers are not asked "
+                "again)"
             )
 
 

@@ -86,6 +86,11 @@ class Fallbacks:
         """Every decision asked of the model fell back: the model was never consulted."""
         return self.decisions > 0 and self.fallbacks == self.decisions
 
+    def past(self, most: float) -> bool:
+        """More than `most` (the objective's `max_fallback_share`) of the decisions fell back: what the
+        runs measure is the endpoint more than the model."""
+        return self.decisions > 0 and self.share > most
+
     def sentence(self) -> str:
         """`38 of 38 decisions fell back to the policy's onError: <the first error>`."""
         why = f": {self.reason}" if self.reason else ""

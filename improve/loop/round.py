@@ -1082,7 +1082,7 @@ class Round:
         the endpoint."""
         most = self.objective.max_fallback_share
         fell = fallbacks(rows)
-        if fell.decisions and fell.share > most:
+        if fell.past(most):
             raise EndpointError(
                 f"the {side} runs: {fell.sentence()} ({fell.share:.0%} of its model decisions; the objective "
                 f"allows max_fallback_share = {most:g}). The runs measure the endpoint, not the policy, so the "
