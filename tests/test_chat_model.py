@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -267,6 +268,23 @@ def test_a_call_that_hangs_past_the_timeout_takes_the_policys_on_error(serve: Se
     (failed,) = usage(entries)
     assert "could not reach the endpoint" in failed["error"] and failed["inputTokens"] == 0
     assert doc["threads"][0]["status"] == "done" and doc["model_calls"]["failed"] == 1
+
+
+def test_an_endpoint_nothing_listens_at_is_asked_three_times_then_no_more(tmp_path: Path) -> None:
+    """A run started before its server: each call would spend its retries (seconds each) before the run
+    said the model never answered. After three calls in a row found nothing listening, and none ever
+    answered, the rest fall back at once."""
+    with socket.socket() as probe:  # a port nothing listens at once it is closed
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    ws = workspace(tmp_path, f"http://127.0.0.1:{port}/v1", max_retries=0)
+    doc = run(ws, "--split", "train", "--concurrency", "1", exit_code=3)
+    decided = doc["summary"]["decisions"]
+    assert decided > 3 and doc["summary"]["fallbacks"] == decided
+    assert doc["stderr"].count("could not reach the endpoint") >= 1
+    assert "model fake never answered" in doc["stderr"] and "Traceback" not in doc["stderr"]
+    reasons = [u["error"] for t in doc["threads"] for u in usage(thread(ws, t["scenario"]))]
+    assert sum("asks it no more" in r for r in reasons) == decided - 3, reasons
 
 
 def test_a_run_whose_calls_fail_past_the_objectives_share_exits_3(serve: Serve, tmp_path: Path) -> None:

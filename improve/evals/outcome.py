@@ -93,7 +93,7 @@ class Fallbacks:
 
     def sentence(self) -> str:
         """`38 of 38 decisions fell back to the policy's onError: <the first error>`."""
-        why = f": {self.reason}" if self.reason else ""
+        why = f": {self.reason.rstrip('.')}" if self.reason else ""  # a sentence of its own may follow
         return f"{self.fallbacks} of {self.decisions} decisions fell back to the policy's onError{why}"
 
 

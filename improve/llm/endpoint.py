@@ -37,6 +37,11 @@ from improve.llm.spec import BASE_URL_ENV, safe_url
 MIN_SECRET = 8
 """The shortest API key that is redacted (see `Endpoint.secrets`)."""
 
+UNREACHED = 3
+"""Calls in a row that found nothing listening at an endpoint that has not answered yet (each after its
+retries), after which the command asks it no more: a run of a thousand scenarios against a server that
+is not up would otherwise spend its retries on every call before saying the model never answered."""
+
 
 class Endpoint:
     """The SDK client for one base URL and key (made on first use, shared by threads)."""
@@ -64,6 +69,10 @@ class Endpoint:
         self._lock = threading.Lock()
         self.attempts = 0
         """HTTP requests sent, retries included."""
+        self.answered = False
+        """Whether the endpoint has answered a call (an HTTP error is an answer)."""
+        self.unreached = 0
+        """Calls in a row that could not connect (not timeouts: a slow server is there)."""
 
     def __repr__(self) -> str:
         key = "set" if self._api_key else "unset"
@@ -116,6 +125,10 @@ class Endpoint:
                 )
             return self._client
 
+    def _reached(self) -> None:
+        with self._lock:
+            self.answered, self.unreached = True, 0
+
     def context_window(self) -> int | None:
         """The model's context in tokens, as the server reports it: llama-server's `GET /props`
         (`default_generation_settings.n_ctx`), vLLM's `GET /v1/models` (`max_model_len`), Ollama's `GET
@@ -156,9 +169,18 @@ class Endpoint:
 
         client = self.client()
         where = safe_url(self.base_url)
+        with self._lock:
+            given_up = not self.answered and self.unreached >= UNREACHED
+        if given_up:
+            raise self.error(
+                f"could not reach the endpoint {where}: nothing answered its first {UNREACHED} calls (each "
+                f"after {self.max_retries} retries), so this command asks it no more; start the server, or "
+                "fix base_url in [models.NAME]"
+            )
         try:
             completion = client.chat.completions.create(**body)
         except openai.APIStatusError as err:
+            self._reached()
             message = self.redact(_status_message(err))
             if rejectable and _refuses(err.status_code, message + " " + str(err.param or ""), rejectable):
                 return {"rejected": {"status": err.status_code, "message": message[:500]}}
@@ -168,9 +190,13 @@ class Endpoint:
                 return {"too_long": {"status": err.status_code, "message": message[:500], "context": window}}
             raise self.error(f"the endpoint {where} answered HTTP {err.status_code}{said}") from None
         except openai.APIConnectionError as err:  # timeouts included
+            if not isinstance(err, openai.APITimeoutError):
+                with self._lock:
+                    self.unreached += 1
             raise self.error(f"could not reach the endpoint {where}: {self.redact(err.message)}") from None
         except openai.OpenAIError as err:
             raise self.error(f"the openai client failed: {self.redact(str(err))}") from None
+        self._reached()
         try:
             return _answer(completion)
         except ValueError as problem:
