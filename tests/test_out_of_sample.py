@@ -1,5 +1,5 @@
 """Out of sample: plausible cases drawn from an environment's generator, their labels (the environment's
-own handbook, or `careful`'s run of v0), and how far a policy's answers agree with them; and the nine desks
+own handbook, or `careful`'s run of v0), and how far a policy's answers agree with them; and the ten desks
 of other domains in tests/fixtures/desks, written from the docs as a user would (their improve.toml
 says which of them shaped the rule miner)."""
 
@@ -29,12 +29,13 @@ DESKS = (
     "expense-claims",
     "late-checkout",
     "warranty-desk",
+    "card-disputes",
 )
 
 
 @pytest.fixture
 def desks(tmp_path: Path) -> Workspace:
-    """The fixture workspace, copied: the nine desks registered by module, as a user's workspace has them."""
+    """The fixture workspace, copied: the ten desks registered by module, as a user's workspace has them."""
     shutil.copytree(FIXTURES, tmp_path / "desks", ignore=shutil.ignore_patterns("__pycache__"))
     return Workspace.load(tmp_path / "desks" / "improve.toml")
 
@@ -505,6 +506,32 @@ def test_a_safer_rule_is_learned_behind_a_less_safe_branch_the_labels_prefer(tmp
     env = space.environment("warranty-desk")
     found = out_of_sample(env, [final], {"careful": env.models["careful"]}, n=200)
     assert found[0].rate >= 0.99, found
+
+
+def test_after_a_rule_on_the_wrong_facts_reaches_too_far_a_rule_of_another_cause_is_tried(
+    tmp_path: Path,
+) -> None:
+    """The card-disputes desk charges back goods not received and cancelled subscriptions of 300 or more,
+    unless the cardholder disputes often. Every training charge-back happens to be a card-not-present
+    payment, most at a travel or electronics merchant: the first rule stands on the chip and the
+    category, escalates nothing it should not in training, and charges back a held-out dispute the
+    handbook escalates, so it is discarded. No narrower rule is left; a beam whose partial conditions
+    each cover other decisions finds the one that stands on the amount (beside it, the chip conditions
+    fill a beam of eight), the novelty gate lets it through (it no longer takes that held-out dispute),
+    and it is promoted."""
+    from improve.demo import demo_rounds
+
+    config = _aimed(tmp_path, "card-disputes")
+    said: list[str] = []
+    summary = demo_rounds(Workspace.load(config), 6, 3, said.append, "naive", "record")
+    chargebacks = [r for r in summary.rounds if r.cluster and r.cluster.endswith("->CHARGEBACK")]
+    assert [r.status for r in chargebacks] == ["discarded", "recommended"], chargebacks
+    first, other = (r.branches[0].guard for r in chargebacks)
+    assert "facts.transaction.category in" in first and "amount >= " not in first, first
+    assert "facts.dispute.amount >= 308.7" in other and "facts.card.disputesThisYear <= 2" in other, other
+    assert "Another cause than candidate" in chargebacks[1].rationale, chargebacks[1].rationale
+    assert any("(or one of another cause)" in line for line in said), said
+    assert summary.final_held_out >= 0.85, (summary.start_held_out, summary.final_held_out)
 
 
 def test_a_discarded_candidate_whose_runs_show_no_later_failure_to_fix_is_looked_behind_once(

@@ -209,12 +209,21 @@ def test_a_threshold_needs_two_scenarios_on_each_side() -> None:
 
 
 def _grow_by_loop(
-    space: Any, positives: int, negatives: int, right: int, about: set[str], skip_first: set[Any], design: Any
+    space: Any,
+    positives: int,
+    negatives: int,
+    right: int,
+    about: set[str],
+    skip_first: set[Any],
+    design: Any,
+    diverse: bool = False,
 ) -> Any:
     """The beam search of `rules._grow` as a loop over the atoms, one at a time (what it was): the
     search that counts them all at once must find what this finds (how the exact conjunctions it finds
-    rank is shared: `rules._Worth`)."""
+    rank is shared: `rules._Worth`). Not the diverse beam of another cause's rule (`rules._distinct`)."""
     import math
+
+    assert not diverse
 
     from improve.loop.proposers import rules
 

@@ -121,7 +121,8 @@ def round_command(
     only where its path departs from it (replay-first; --full-runs turns it off). A run the
     workspace already recorded with the same stamp (an earlier round's candidate, now the baseline;
     `improve run`) is read rather than run again (--fresh runs it again). After a discarded
-    candidate, the next round aims at the next cluster or a narrower rule, or tries the same rule
+    candidate, the next round aims at the next cluster or a narrower rule (or, when none is left, one
+    of another cause), or tries the same rule
     behind the policy's branches when, there, it no longer answers the held-out decisions it took
     wrongly; after one whose branch gained nothing because a later decision still failed its runs, it
     runs that candidate again and adds a branch for the later decision: both one candidate. The sealed

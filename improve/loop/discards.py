@@ -265,8 +265,8 @@ class Focus:
         if chosen is not None and self.narrower and chosen in self.narrower:
             last = self.narrower[chosen]
             return (
-                f"a narrower rule for cluster {chosen}: candidate {last.candidate} (round {last.round}, against "
-                f"{last.baseline}) reached too far"
+                f"a narrower rule for cluster {chosen} (or one of another cause): candidate {last.candidate} "
+                f"(round {last.round}, against {last.baseline}) reached too far"
             )
         if not self.skip:
             return None

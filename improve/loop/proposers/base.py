@@ -38,7 +38,9 @@ class ProposalRequest:
     narrower: list[dict[str, str]] = field(default_factory=list)
     """When the cluster's candidate was discarded for reaching too far: its branches (`guard`,
     `answer`, the `candidate` version and its `round`). A rule for the cluster must then answer what one
-    of them answered, on strictly fewer training decisions."""
+    of them answered, on strictly fewer training decisions; or, after those, on other training decisions
+    than they did (another cause: the novelty gate refuses it where it answers held-out decisions as the
+    discarded one did)."""
     broader: list[dict[str, str]] = field(default_factory=list)
     """When the cluster's candidate was discarded for gaining too little: its branches, as `narrower`.
     A rule for the cluster may then reach as far as its evidence allows: its thresholds at the edge of

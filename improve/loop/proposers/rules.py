@@ -35,7 +35,8 @@ offer (a guard refused it), and falls through to the next branch or the model in
 A rule already discarded against the current policy or a version it descends from (the CHANGELOG, and
 the workspace's memory of discarded candidates) is never proposed again; when the round asks for a
 narrower rule than a discarded one (it reached too far), only rules answering as it did on strictly
-fewer training decisions are. Candidates are ranked: most failures fixed, fewest conditions, the
+fewer training decisions are, and after them the rule of another cause, which covers other training
+decisions than it did (`_variants`). Candidates are ranked: most failures fixed, fewest conditions, the
 environment's constants; a repair after a failed gate takes the next one.
 """
 
@@ -87,6 +88,9 @@ MAX_ATOMS = 3
 """Conditions (`&&`) in one alternative."""
 BEAM = 8
 """Partial conjunctions extended together while growing one alternative."""
+DIVERSE_POOL = 4
+"""A beam of partial conjunctions that cover different decisions is chosen among this many times `BEAM`
+of the best (`_distinct`)."""
 MAX_CANDIDATES = 12
 VARIANTS = 3
 """Rules per answer, each starting from another first condition: what a repair falls back on."""
@@ -129,6 +133,9 @@ class Rule:
     matches: int
     constants: int
     decision: str = ""
+    another: bool = False
+    """For a narrower rule than a discarded one: this one is not narrower, but stands on another cause
+    (`_variants`)."""
 
     @property
     def atoms(self) -> tuple[Atom, ...]:
@@ -307,6 +314,7 @@ def _grow(
     about: set[str],
     skip_first: set[Atom],
     design: Design,
+    diverse: bool = False,
 ) -> tuple[tuple[Atom, ...], int, float] | None:
     """One alternative: conditions added until it matches no decision its answer would get wrong.
 
@@ -334,7 +342,7 @@ def _grow(
         or (atom.paths & about and not atom.offset)
         or (space.vocab.one_unit(atom) and not atom.paths & about)
     ]
-    search = _Search(space, positives, negatives, usable, _ties(space, about), skip_first, worth)
+    search = _Search(space, positives, negatives, usable, _ties(space, about), skip_first, worth, diverse)
     for depth in range(MAX_ATOMS):
         exact, beam = search.extend(beam, depth)
         best = worth.pick(best, exact)
@@ -434,9 +442,12 @@ class _Search:
         ties: list[tuple[float, ...]],
         skip_first: set[Atom],
         worth: _Worth,
+        diverse: bool = False,
     ) -> None:
         self.space, self.positives, self.negatives, self.ties = space, positives, negatives, ties
         self.design = worth.design
+        self.diverse = diverse
+        """Each partial conjunction of the beam covers other decisions than the others (`_distinct`)."""
         self.worth = np.array(worth.by_scenarios(), dtype=np.float64)
         self.usable = np.array(usable, dtype=np.int64)
         self.rows = space.grid()[self.usable]
@@ -494,11 +505,15 @@ class _Search:
             self.winner[k] = win
         exact = np.flatnonzero(n[self.winner] == 0)
         inexact = np.flatnonzero(n[self.winner] != 0)
-        if len(inexact) > BEAM:
+        pool = BEAM * DIVERSE_POOL if self.diverse else BEAM
+        if len(inexact) > pool:
             near = self.score[self.winner[inexact]]
-            edge = np.partition(near, len(near) - BEAM)[len(near) - BEAM]
+            edge = np.partition(near, len(near) - pool)[len(near) - pool]
             inexact = inexact[near >= edge - _MARGIN]
-        return self._ranked(self._first_candidates(exact, beam), beam), self._ranked(inexact, beam)[:BEAM]
+        ranked = self._ranked(inexact, beam)
+        return self._ranked(self._first_candidates(exact, beam), beam), (
+            _distinct(ranked) if self.diverse else ranked[:BEAM]
+        )
 
     def _first_candidates(self, exact: np.ndarray, beam: Sequence[_Grown]) -> np.ndarray:
         """The exact conjunctions that can rank first: those worth (`_grow`'s rank) within `_MARGIN` of
@@ -550,6 +565,21 @@ class _Search:
         return np.array(values, dtype=np.float64)[where]
 
 
+def _distinct(ranked: list[_Grown]) -> list[_Grown]:
+    """The first `BEAM` of `ranked` that cover different decisions: partial conjunctions that cover the
+    same ones (a flag and the enumerated value that goes with it) grow alike, and a beam full of them
+    leaves out the one that leads elsewhere."""
+    seen: set[int] = set()
+    kept: list[_Grown] = []
+    for grown in ranked:
+        if grown[2] not in seen:
+            seen.add(grown[2])
+            kept.append(grown)
+            if len(kept) == BEAM:
+                break
+    return kept
+
+
 def _evidence(covered: int, right: int, wrong: int) -> float:
     """The evidence of a condition covering `covered` right scenarios (`_surprise`) were any one of
     them missing from training: evidence that rests on one scenario is that scenario's literal. A word
@@ -579,6 +609,7 @@ def _learn(
     skip_first: set[Atom],
     design: Design,
     ceded: int = 0,
+    diverse: bool = False,
 ) -> tuple[tuple[tuple[Atom, ...], ...], int] | None:
     """Alternatives by sequential covering: each for the failures the earlier ones leave, each kept to
     what its evidence has in common (`keep`)."""
@@ -589,7 +620,9 @@ def _learn(
         # A further alternative is judged on what the earlier ones leave (sequential covering): the right
         # answers they already cover are no evidence for it, nor against it.
         left = right & ~covered
-        grown = _grow(space, remaining, negatives, left, about, skip_first if not terms else set(), design)
+        grown = _grow(
+            space, remaining, negatives, left, about, skip_first if not terms else set(), design, diverse
+        )
         if grown is None:
             break
         term, cover, _ = grown
@@ -712,7 +745,7 @@ def mine(
                 learned = _variants(
                     space, positives, negatives & ~lesser, right, about, chosen, bool(outer), ceded | lesser
                 )
-            for terms, covered in learned:
+            for terms, covered, another in learned:
                 rule = Rule(
                     action,
                     terms,
@@ -727,10 +760,18 @@ def mine(
                     continue
                 if outer:
                     inside = _guard_mask(rule.guard, cases, name)
-                    if inside is None or not any(inside & ~m == 0 and inside != m for m in outer):
+                    if inside is None:
                         continue
+                    if not any(inside & ~m == 0 and inside != m for m in outer):
+                        # Not narrower: kept only as another cause's rule, one that covers other
+                        # training decisions than the discarded one; the novelty gate refuses it where
+                        # it answers held-out decisions as that one did.
+                        if not another or inside in outer:
+                            continue
+                        rule = replace(rule, another=True)
                 rules.append(rule)
-    rules.sort(key=lambda r: (-r.fixes, len(r.atoms), -r.constants, r.guard))
+    # Narrower rules first: another cause's is tried after them.
+    rules.sort(key=lambda r: (r.another, -r.fixes, len(r.atoms), -r.constants, r.guard))
     unique: list[Rule] = []
     for rule in rules:
         if all(rule.guard != u.guard for u in unique):
@@ -776,12 +817,14 @@ def _variants(
     design: Design,
     narrower: bool,
     ceded: int = 0,
-) -> list[tuple[tuple[tuple[Atom, ...], ...], int]]:
+) -> list[tuple[tuple[tuple[Atom, ...], ...], int, bool]]:
     """The rules learned for one answer (`VARIANTS`, each from another first condition), each with the
-    decisions it covers. For a narrower rule than one discarded, also each with fewer alternatives (the
-    later ones, learned from fewer failures, dropped first) and each kept to the ranges its evidence
-    spans (`bounded`)."""
-    found: list[tuple[tuple[tuple[Atom, ...], ...], int]] = []
+    decisions it covers and whether it is another cause's. For a narrower rule than one discarded, also
+    each with fewer alternatives (the later ones, learned from fewer failures, dropped first) and each
+    kept to the ranges its evidence spans (`bounded`); and the rule a beam of partial conditions that
+    each cover other decisions finds (`_distinct`): where the discarded rule stood on the wrong facts
+    (a card's chip and a merchant's category where the amount decides), one that stands on others."""
+    found: list[tuple[tuple[tuple[Atom, ...], ...], int, bool]] = []
     for chosen in [design, replace(DESIGNS["evidence+bounded"], cede=design.cede)] if narrower else [design]:
         skip: set[Atom] = set()
         for _ in range(VARIANTS):
@@ -790,11 +833,15 @@ def _variants(
                 break
             terms, covered = learned
             skip.add(terms[0][0])
-            found.append((terms, covered))
+            found.append((terms, covered, False))
             if narrower:
                 for fewer in range(len(terms) - 1, 0, -1):
                     kept = terms[:fewer]
-                    found.append((kept, mask_of(space.cases, lambda c, t=kept: _holds(t, c.facts))))
+                    found.append((kept, mask_of(space.cases, lambda c, t=kept: _holds(t, c.facts)), False))
+    if narrower:
+        other = _learn(space, positives, negatives, right, about, set(), design, ceded, diverse=True)
+        if other is not None:
+            found.append((*other, True))
     return found
 
 
@@ -1016,8 +1063,12 @@ class RuleMinerProposer:
         if request.narrower:
             first = request.narrower[0]
             rationale += (
-                f" A narrower rule than candidate {first['candidate']}'s (round {first['round']}), discarded for "
-                "reaching too far: it matches strictly fewer training decisions."
+                f" Another cause than candidate {first['candidate']}'s (round {first['round']}), discarded for "
+                "reaching too far: no narrower rule was left, and this one stands on other conditions, which "
+                "match other training decisions than it did."
+                if rule.another
+                else f" A narrower rule than candidate {first['candidate']}'s (round {first['round']}), "
+                "discarded for reaching too far: it matches strictly fewer training decisions."
             )
         again = [b for b in request.behind if b["answer"] == answer_text(rule.action.cel())]
         if again:
