@@ -112,6 +112,11 @@ def test_diagnose_json_carries_the_sql_it_ran(ws: Path) -> None:
     assert len(rows) == doc["train_runs"] and {r["split"] for r in rows} == {"train"}
     failed = {r["thread_id"] for r in rows if not r["passed"]}
     assert set(doc["chosen"]["threads"]) <= failed
+    # Said in words, the pass rate names the model it is of (not only the policy).
+    said = runner.invoke(app, ["diagnose", "--policy", "v0", "--k", "1", "-w", str(ws)])
+    assert said.exit_code == 0 and said.stdout.startswith(
+        f"v0 with naive on train: pass rate {doc['train_pass_rate']:.3f}"
+    ), said.stdout
 
 
 # --- production threads, from diagnosis to a fix ------------------------------------------------------

@@ -253,7 +253,8 @@ def diagnose_command(
             return
         result = found.diagnosis
         out.print(
-            f"{found.policy} on train: pass rate {result.train_pass_rate:.3f} over {result.train_runs} runs",
+            f"{found.policy} with {model} on train: pass rate {result.train_pass_rate:.3f} over "
+            f"{result.train_runs} runs",
             markup=False,
         )
         for c in result.clusters:
