@@ -179,6 +179,8 @@ def test_production_threads_become_scenarios_and_a_round_fixes_them(tmp_path: Pa
     )  # fmt: skip
     assert "refundable" in top["guard"]
     assert sql(ws, found["sql"])[0]["threads"] == 4  # the SQL it shows runs as it is
+    # An answer is named with its payload, as a round's clusters name it (a number as `#`).
+    assert [c["answer"] for c in found["clusters"][1:]] == ["REFUND{amount=#}"], found["clusters"]
 
     # Two labelled for training (a rule's evidence never rests on one scenario), one held out.
     for thread, split in zip(top["examples"][:3], ("train", "train", "held-out"), strict=True):

@@ -3,7 +3,7 @@
 A production thread is ingested and replayed like any other, and gets an `outcomes` row without a
 label (`expected_outcome` NULL): its final state, status, the violations the world's audit finds in
 its effects, its cost. Clustering them needs no label either: threads are grouped by the decision, the
-answer that landed, the refusal kind and the guard that refused an earlier answer, and the final state,
+answer that landed (with its payload, `ANSWER_SQL`), the refusal kind and the guard that refused an earlier answer, and the final state,
 with counts, cost and example threads. A cluster that matters becomes labelled scenarios with
 `improve scenarios add --from-thread`, and the next round learns from them.
 
@@ -19,6 +19,22 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # the connection is the caller's: importing DuckDB here would cost every loop import
     import duckdb
 
+ANSWER_SQL = """CASE
+    WHEN d.chosen_event IS NULL THEN '(every answer refused)'
+    WHEN len(list_filter(json_keys(d.chosen), lambda k: k != 'type')) = 0 THEN d.chosen_event
+    ELSE d.chosen_event || '{' || array_to_string(list_sort(list_transform(
+        list_filter(json_keys(d.chosen), lambda k: k != 'type'),
+        lambda k: k || '=' || CASE
+            WHEN json_type(d.chosen, '$."' || k || '"') = 'VARCHAR'
+                 AND length(d.chosen ->> ('$."' || k || '"')) <= 32
+            THEN d.chosen ->> ('$."' || k || '"')
+            ELSE '#'
+        END)), ', ') || '}'
+END"""
+"""The answer that landed as the round's clusters name it (`diagnose.answer_key`): the event with its
+payload, a short text value as itself (`DENY{reason=late}`), a number or anything longer as `#`, which
+the round would name by the fact it equals; so two reasons of one event are two clusters."""
+
 PRODUCTION_SQL = """
 WITH production AS (
     SELECT o.*,
@@ -29,7 +45,7 @@ WITH production AS (
     WHERE o.environment = $environment AND o.expected_outcome IS NULL AND coalesce(o.split, '') != 'test'
 )
 SELECT d.decision,
-       coalesce(d.chosen_event, '(every answer refused)') AS answer,
+       {answer} AS answer,
        coalesce(a.kind, '') AS refusal,
        coalesce(a.guard, '') AS guard,
        p.final_state,
@@ -45,7 +61,7 @@ JOIN decisions d USING (thread_id)
 LEFT JOIN attempts a ON a.thread_id = d.thread_id AND a."index" = d."index"
 GROUP BY ALL
 ORDER BY threads DESC, d.decision, answer, refusal, guard, p.final_state
-"""
+""".replace("{answer}", ANSWER_SQL.replace("\n", "\n       "))
 """Production threads of one environment, clustered by decision, answer, refusal, guard and end."""
 
 
