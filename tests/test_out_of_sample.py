@@ -523,7 +523,7 @@ def test_after_a_rule_on_the_wrong_facts_reaches_too_far_a_rule_of_another_cause
 
     config = _aimed(tmp_path, "card-disputes")
     said: list[str] = []
-    summary = demo_rounds(Workspace.load(config), 6, 3, said.append, "naive", "record")
+    summary = demo_rounds(Workspace.load(config), 4, 3, said.append, "naive", "record")
     chargebacks = [r for r in summary.rounds if r.cluster and r.cluster.endswith("->CHARGEBACK")]
     assert [r.status for r in chargebacks] == ["discarded", "recommended"], chargebacks
     first, other = (r.branches[0].guard for r in chargebacks)
@@ -531,7 +531,7 @@ def test_after_a_rule_on_the_wrong_facts_reaches_too_far_a_rule_of_another_cause
     assert "facts.dispute.amount >= 308.7" in other and "facts.card.disputesThisYear <= 2" in other, other
     assert "Another cause than candidate" in chargebacks[1].rationale, chargebacks[1].rationale
     assert any("(or one of another cause)" in line for line in said), said
-    assert summary.final_held_out >= 0.85, (summary.start_held_out, summary.final_held_out)
+    assert summary.final_held_out >= 0.75, (summary.start_held_out, summary.final_held_out)
 
 
 def test_a_discarded_candidate_whose_runs_show_no_later_failure_to_fix_is_looked_behind_once(
