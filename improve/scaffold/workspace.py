@@ -27,6 +27,7 @@ max_model_calls = 100     # model-call budget per run
 min_gain = 0.0            # the held-out mean gain must exceed this (and be significant)
 confidence = 0.95         # the promotion rule's tests run at alpha = 1 - confidence
 tolerance = 0.0           # a significant drop of a scenario no larger than this is allowed
+max_fallback_share = 0.05 # more decisions than this left to onError by failed model calls: exit 3
 max_extra_runs = 6        # reruns of a scenario whose result changed, per policy (0: none)
 max_extra_runs_total = 300  # reruns of a round, both policies and every scenario
 seed = 20261130           # resampling seed, printed with every scorecard
