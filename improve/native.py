@@ -24,6 +24,7 @@ NATIVE_MODULES = (
     "improve.log.chain",
     "improve.log.replay",
     "improve.log.stream",
+    "improve.log.strict",
     "improve.machine.fold",
     "improve.machine.fastcel.compiler",
     "improve.machine.fastcel.domain",

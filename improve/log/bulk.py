@@ -15,11 +15,11 @@ test (tests/test_log_bulk.py) holds the two paths to that over every bundled thr
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
 from typing import Annotated, Any, Literal, Protocol
 
 import msgspec
 
+from improve.log import strict
 from improve.log.entry import MAX_ENTRY_DEPTH, Attempt, FailureKind, LogEntry, Verification
 
 
@@ -124,7 +124,8 @@ class BulkEntry(msgspec.Struct, forbid_unknown_fields=True, frozen=True, omit_de
         return to_log_entry(self)
 
 
-_DECODER = msgspec.json.Decoder(BulkEntry)
+ENTRY_DECODER = msgspec.json.Decoder(BulkEntry)
+"""Reads one line as a `BulkEntry`, with msgspec's checks only (`read_strictly` adds the validators')."""
 
 
 class ThreadOnly(msgspec.Struct):
@@ -132,15 +133,6 @@ class ThreadOnly(msgspec.Struct):
     here, not in `stream`: a struct class in a module mypyc compiles decodes nothing."""
 
     threadId: str | None = None
-
-
-def _valid_recorded_at(value: str) -> bool:
-    # The same test as LogEntry's validator, so both paths accept the same timestamps.
-    try:
-        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return False
-    return parsed.tzinfo is not None
 
 
 # A line with fewer brackets than this cannot nest as deep as pydantic's parser refuses; one with more
@@ -182,7 +174,7 @@ def convert_entry(fields: dict[str, Any]) -> BulkEntry | LogEntry:
     except msgspec.ValidationError:
         return LogEntry.model_validate(fields)
     event_type = entry.event.get("type")
-    if isinstance(event_type, str) and event_type and _valid_recorded_at(entry.recordedAt):
+    if isinstance(event_type, str) and event_type and strict.valid_recorded_at(entry.recordedAt):
         return entry
     return LogEntry.model_validate(fields)
 
@@ -190,17 +182,10 @@ def convert_entry(fields: dict[str, Any]) -> BulkEntry | LogEntry:
 def read_strictly(data: bytes) -> BulkEntry | None:
     """The line as msgspec reads it with the validators' checks, or None when it is pydantic's to judge.
     The caller rules out nesting past pydantic's limit first (see `decode_entry`). A line this reads is
-    UTF-8 with no raw control character: msgspec refuses both."""
-    try:
-        entry = _DECODER.decode(data)
-    except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError, RecursionError):
-        # msgspec before 0.20 says invalid UTF-8 in a string with UnicodeDecodeError, not DecodeError; a
-        # line nested deeper than Python's recursion limit, with RecursionError.
-        return None
-    event_type = entry.event.get("type")
-    if isinstance(event_type, str) and event_type and _valid_recorded_at(entry.recordedAt):
-        return entry
-    return None
+    UTF-8 with no raw control character: msgspec refuses both. (`strict.read_strictly`, compiled, which
+    the stream reader calls with `ENTRY_DECODER` itself.)"""
+    entry: BulkEntry | None = strict.read_strictly(ENTRY_DECODER, data)
+    return entry
 
 
 def to_log_entry(entry: BulkEntry | LogEntry) -> LogEntry:

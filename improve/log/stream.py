@@ -23,7 +23,7 @@ import msgspec
 from pydantic import ValidationError
 
 from improve.errors import LogError
-from improve.log.bulk import BulkEntry, ThreadOnly, decode_entry, read_strictly
+from improve.log.bulk import ENTRY_DECODER, BulkEntry, ThreadOnly, decode_entry
 from improve.log.entry import LogEntry, entry_problems
 from improve.log.lines import (
     BOM,
@@ -36,6 +36,7 @@ from improve.log.lines import (
     lines_fit,
     split_lines,
 )
+from improve.log.strict import read_strictly
 
 ThreadEntries = list[BulkEntry | LogEntry]
 
@@ -219,7 +220,9 @@ def _threads(path: Path, *, keep_lines: bool) -> Iterator[tuple[str, ThreadEntri
     last = 0  # the current thread's last line, when it returns after another's; else 0
     for numbers, lines, fit in _blocks(path):
         for number, line in zip(numbers, lines, strict=True):
-            entry: BulkEntry | LogEntry | None = read_strictly(line) if fit and type(line) is bytes else None
+            entry: BulkEntry | LogEntry | None = (
+                read_strictly(ENTRY_DECODER, line) if fit and type(line) is bytes else None
+            )
             if entry is None:
                 entry = _decode(path, number, line)
             thread = entry.threadId or default
@@ -354,7 +357,7 @@ def _decode(path: Path, number: int, line: bytes | LongLine) -> BulkEntry | LogE
     ):
         # A line msgspec reads is UTF-8 without a NUL, and with this few brackets (or bytes) it nests
         # no deeper than the limit: `line_problem` has nothing to say about it, so it is not asked.
-        entry = read_strictly(line)
+        entry: BulkEntry | None = read_strictly(ENTRY_DECODER, line)
         if entry is not None:
             return entry
     problem = line_problem(line)
