@@ -495,9 +495,8 @@ def out_of_sample_command(
         if mixed:
             first = mixed[0]
             raise EndpointError(
-                f"model {first.model} ({first.policy}): {first.fell_back.sentence()} "
-                f"({first.fell_back.share:.0%} of its decisions; the objective allows max_fallback_share = "
-                f"{most:g}): its agreement mixes the model's answers with the policy's onError; fix the "
+                f"model {first.model} ({first.policy}): {first.fell_back.beyond(most)}: its agreement mixes "
+                "the model's answers with the policy's onError; fix the "
                 "endpoint and run again (recorded answers are not asked again)"
             )
 

@@ -233,8 +233,7 @@ def run_command(
         most = space.config.objective.max_fallback_share
         if fell_back.past(most):
             raise EndpointError(
-                f"model {model}: {fell_back.sentence()} ({fell_back.share:.0%} of its decisions; the "
-                f"objective allows max_fallback_share = {most:g}). The pass rate above mixes the model's "
+                f"model {model}: {fell_back.beyond(most)}. The pass rate above mixes the model's "
                 "answers with the policy's onError: fix the endpoint (its URL, key, server, or the way of "
                 "asking: `ask` in [models.NAME]) and run again with --fresh (recorded answers are not asked "
                 "again)"

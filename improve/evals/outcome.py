@@ -91,6 +91,13 @@ class Fallbacks:
         runs measure is the endpoint more than the model."""
         return self.decisions > 0 and self.share > most
 
+    def beyond(self, most: float) -> str:
+        """`sentence`, with the share fallen back against `most`, the objective's allowance."""
+        return (
+            f"{self.sentence()} ({self.share:.0%} of its decisions; the objective allows "
+            f"max_fallback_share = {most:g})"
+        )
+
     def sentence(self) -> str:
         """`38 of 38 decisions fell back to the policy's onError: <the first error>`."""
         why = f": {self.reason.rstrip('.')}" if self.reason else ""  # a sentence of its own may follow

@@ -1084,8 +1084,7 @@ class Round:
         fell = fallbacks(rows)
         if fell.past(most):
             raise EndpointError(
-                f"the {side} runs: {fell.sentence()} ({fell.share:.0%} of its model decisions; the objective "
-                f"allows max_fallback_share = {most:g}). The runs measure the endpoint, not the policy, so the "
+                f"the {side} runs: {fell.beyond(most)}. The runs measure the endpoint, not the policy, so the "
                 "round compares and promotes nothing: fix the endpoint (its server, URL or key, or the way of "
                 "asking: `ask` in [models.NAME]) and run the round again"
             )

@@ -110,16 +110,16 @@ def keep(
             elif kind == "enum" and not isinstance(value, bool | dict | list):
                 kept.append(Atom("equals", path, "==", value))
         elif design.keep == "bounded" and kind in ("number", "int") and all(numeric(v) for v in everywhere):
-            kept += _bounds(path, values, cases)
+            kept += _bounds(path, values, cases, everywhere)
     return tuple(kept)
 
 
-def _bounds(path: str, values: Sequence[Any], cases: Sequence[Case]) -> list[Atom]:
-    """The range `values` span over the fact at `path`, as the bounds that keep training decisions out:
+def _bounds(path: str, values: Sequence[Any], cases: Sequence[Case], everywhere: Sequence[Any]) -> list[Atom]:
+    """The range `values` span over the fact at `path` (`everywhere`: its value in each of `cases`), as
+    the bounds that keep training decisions out:
     each with at least `MIN_SUPPORT` scenarios beyond it, as a threshold the miner chooses needs. A
     bound past one scenario alone is that scenario's value (the overfit gate refuses it as a literal of
     the test), and says nothing about where the answer changes."""
-    everywhere = _column(path, cases)
     low, high = min(values), max(values)
     below = {c.scenario for c, v in zip(cases, everywhere, strict=True) if v < low}
     above = {c.scenario for c, v in zip(cases, everywhere, strict=True) if v > high}
@@ -285,12 +285,10 @@ def _grounds(
                     for v in sorted({fact_at(c.facts, path) for c in others} - seen, key=str)
                     if isinstance(v, str | int) and not isinstance(v, bool)
                 ]
-        elif (
-            kind in ("number", "int")
-            and all(numeric(v) for v in values)
-            and all(numeric(v) for v in _column(path, cases))
-        ):
-            grounds += reversed(_bounds(path, values, cases))  # the upper bound first, as before
+        elif kind in ("number", "int") and all(numeric(v) for v in values):
+            everywhere = _column(path, cases)
+            if all(numeric(v) for v in everywhere):
+                grounds += reversed(_bounds(path, values, cases, everywhere))  # the upper bound first
     return grounds
 
 

@@ -1070,7 +1070,7 @@ class RuleMinerProposer:
                 else f" A narrower rule than candidate {first['candidate']}'s (round {first['round']}), "
                 "discarded for reaching too far: it matches strictly fewer training decisions."
             )
-        again = [b for b in request.behind if b["answer"] == answer_text(rule.action.cel())]
+        again = _behind(request, rule)
         if again:
             rationale += (
                 f" Tried again behind the branches there: candidate {again[0]['candidate']}'s (round "
@@ -1088,9 +1088,7 @@ class RuleMinerProposer:
     def _ranks(self, request: ProposalRequest, rule: Rule) -> Mapping[str, int | None]:
         """How safe each answer is, for placing `rule`; none for an answer tried again behind the
         branches there (`ProposalRequest.behind`): it goes behind them, not in front of a less safe one."""
-        if any(b["answer"] == answer_text(rule.action.cel()) for b in request.behind):
-            return {}
-        return self.ranks
+        return {} if _behind(request, rule) else self.ranks
 
     def propose(self, request: ProposalRequest) -> Proposal:
         return self._proposal(request, 0)
@@ -1100,6 +1098,12 @@ class RuleMinerProposer:
         self._rules(request)
         self._tried[key] = self._tried.get(key, 0) + 1
         return self._proposal(request, self._tried[key])
+
+
+def _behind(request: ProposalRequest, rule: Rule) -> list[dict[str, str]]:
+    """The branches tried again behind the policy's (`ProposalRequest.behind`) that answer as `rule` does."""
+    answer = answer_text(rule.action.cel())
+    return [b for b in request.behind if b["answer"] == answer]
 
 
 def _why_none(request: ProposalRequest, had_rules: bool) -> str:
