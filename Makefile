@@ -2,8 +2,10 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-# The compiled fold modules (setup.py) are built from these sources: a change to one installs again.
-NATIVE_SOURCES := setup.py improve/log/replay.py improve/machine/fold.py $(wildcard improve/machine/fastcel/*.py)
+# The compiled modules (setup.py's NATIVE_MODULES; a test holds the lists equal) are built from these
+# sources: a change to one installs again (else improve.native loads them all pure until then).
+NATIVE_SOURCES := setup.py improve/log/chain.py improve/log/replay.py improve/log/stream.py improve/log/strict.py \
+                  improve/machine/fold.py $(wildcard improve/machine/fastcel/*.py)
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml Makefile $(NATIVE_SOURCES) | cksum | cut -d' ' -f1)
 
 .DEFAULT_GOAL := help
