@@ -130,6 +130,38 @@ def test_a_branch_that_overrides_right_answers_shows_out_of_sample() -> None:
     assert second.to_json()["agreement"] == round(second.rate, 4)
 
 
+def test_a_branch_is_blamed_only_where_it_answered_otherwise_than_careful(desks: Workspace) -> None:
+    """On a desk that decides twice (resolve a parcel claim, then mail or call the customer), a branch
+    that mails everyone answers the second decision of every run. Where careful would mail too it
+    overrode nothing: a run that fails because the model resolved the claim wrongly is the model's,
+    and is not counted against the branch (it was, as any run a branch answered in)."""
+    env = desks.environment("parcel-desk")
+    v0 = load_policy(desks.policies_dir("parcel-desk") / "v0.json")
+    mails = v0.model_validate(
+        insert_branch(
+            v0.model_dump(mode="json", by_alias=True, exclude_none=True),
+            "input.name == 'notify' && {'type': 'EMAIL'} in input.options",
+            {"type": "'EMAIL'"},
+            0,
+            version="1",
+            name="answer_email",
+            description="mails everyone",
+        )
+    )
+    careful, naive = (
+        agreement(env, mails, name, env.models[name], generate_cases(env, 100, seed=11))
+        for name in ("careful", "naive")
+    )
+    # With careful, every disagreement is a call the branch made a mail.
+    assert 0 < careful.by_rule == careful.cases - careful.agreed and careful.branches == {
+        "answer_email": careful.by_rule
+    }
+    # With naive, which reships every claim, most runs fail at the first decision: those are naive's,
+    # and only where careful would have called is the branch named.
+    assert naive.cases - naive.agreed > naive.by_rule + 20, naive
+    assert any(not d.by_rule and "policy:answer_email" in d.answered_by for d in naive.shown), naive.shown
+
+
 def test_the_cases_a_version_ends_otherwise_are_written_as_scenarios_to_label(tmp_path: Path) -> None:
     """`--scenarios FILE`: the cases the last policy ended otherwise than labelled, as a scenario file a
     person checks and adds from (in train, labelled as the check labelled them, a comment naming who

@@ -447,7 +447,8 @@ def out_of_sample_command(
     for more of its decisions than the objective's max_fallback_share, the command says so and exits 3,
     since the figures would measure the policy's onError. The environment
     needs a generator (Environment.cases; docs/extending.md, "Plausible cases"). A case the last version
-    ends otherwise than labelled is a rule reaching past its evidence (a learned branch answered it) or a
+    ends otherwise than labelled is a rule reaching past its evidence (a learned branch answered it
+    otherwise than careful would: "overridden by a branch") or a
     gap the labelled scenarios do not show (the model answered it): --scenarios writes such cases as
     scenarios, so that a person checks their labels and adds them for the next round to learn from.
 

@@ -32,7 +32,16 @@ from improve.evals.workspace import Workspace, policy_content, policy_label
 from improve.llm import CacheMode, Meter
 from improve.log import LogEntry, MemoryStore
 from improve.machine import MachineConfig
-from improve.runtime import Environment, ModelFactory, PolicyDecider, compile_policy
+from improve.runtime import (
+    Decision,
+    DecisionRequest,
+    Environment,
+    Model,
+    ModelCallError,
+    ModelFactory,
+    PolicyDecider,
+    compile_policy,
+)
 
 REFERENCE_MODEL = "careful"
 """The stand-in whose runs of the first policy label the cases a generator leaves unlabelled."""
@@ -65,7 +74,8 @@ class Disagreement:
     scenario: Scenario | None = None
     """The case itself (its input, world, people and label): what a scenario made of it holds."""
     branches: tuple[str, ...] = ()
-    """The policy's own branches (their finals) that answered a decision of it, not the model."""
+    """The policy's own branches (their finals) that answered a decision of it otherwise than the
+    reference model (`careful`) answers it: those that overrode a right answer (`_Overrides`)."""
 
     @property
     def by_rule(self) -> bool:
@@ -100,7 +110,8 @@ class Agreement:
     by_category: dict[str, tuple[int, int]] = field(default_factory=dict)
     """Category -> (agreed, cases)."""
     by_rule: int = 0
-    """Disagreeing cases where one of the policy's own branches answered a decision (not the model)."""
+    """Disagreeing cases where one of the policy's own branches answered a decision otherwise than the
+    reference model answers it (a branch that answered as it does overrode nothing)."""
     branches: dict[str, int] = field(default_factory=dict)
     """Of those, how many each branch answered (its final state's name), most first."""
     shown: tuple[Disagreement, ...] = ()
@@ -205,6 +216,54 @@ def _run(
     return outcome_row(env, case, thread, entries), entries
 
 
+class _Overrides(PolicyDecider):
+    """A `PolicyDecider` that notes each decision one of the policy's branches answered otherwise than
+    the reference model (`careful`) answers the same request: the branches that overrode a right
+    answer. A branch whose answer is the reference's did not, even in a run that ends otherwise than
+    labelled (on a desk that decides twice, the model may go wrong at the next decision); without a
+    reference, every branch that answered is noted."""
+
+    def __init__(
+        self, policy: MachineConfig, compiled: Any, model: Model, reference: Model | None, judgments: Any
+    ) -> None:
+        super().__init__(compiled, {"decider": model}, judgments)
+        self.config = policy
+        self.reference = reference
+        self.overrides: list[str] = []
+
+    def decide(self, request: DecisionRequest) -> Decision:
+        decision = super().decide(request)
+        if not _by_rule(self.config, decision.source):
+            return decision
+        right: Any = None
+        if self.reference is not None:
+            try:
+                right = self.reference.answer(request).event
+            except ModelCallError:  # the reference gave no answer: the branch's cannot be called right
+                right = None
+        if self.reference is None or right != decision.event:
+            self.overrides.append(decision.source.split(":", 1)[1])
+        return decision
+
+
+def _checked_run(
+    env: Environment, policy: MachineConfig, compiled: Any, model: ModelFactory, case: Scenario
+) -> tuple[OutcomeRow, list[LogEntry], tuple[str, ...]]:
+    """`_run`, and the branches that answered a decision otherwise than the reference would (`_Overrides`)."""
+    store, thread = MemoryStore(), f"test:generated:{case.id}:r1"
+    reference = env.models.get(REFERENCE_MODEL)
+    decider = _Overrides(
+        policy,
+        compiled,
+        model(f"{case.id}:r1"),
+        reference(f"{case.id}:reference") if reference is not None else None,
+        env.judgments,
+    )
+    run_scenario(env, case, decider, store, thread)
+    entries = store.read(thread)
+    return outcome_row(env, case, thread, entries), entries, tuple(dict.fromkeys(decider.overrides))
+
+
 def agreement(
     env: Environment,
     policy: MachineConfig,
@@ -230,8 +289,8 @@ def agreement(
     rows: list[OutcomeRow] = []
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         # In the cases' order whatever order they finish in: the same figures and the same shown cases.
-        runs = pool.map(lambda case: _run(env, compiled, model, case), cases)
-        for done, (case, (row, entries)) in enumerate(zip(cases, runs, strict=True), start=1):
+        runs = pool.map(lambda case: _checked_run(env, policy, compiled, model, case), cases)
+        for done, (case, (row, entries, branches)) in enumerate(zip(cases, runs, strict=True), start=1):
             if say is not None and (done % PROGRESS == 0 or done == len(cases)):
                 say(f"  {label} with {model_name}: {done}/{len(cases)} cases")
             rows.append(row)
@@ -243,7 +302,6 @@ def agreement(
             sources = tuple(
                 str(e.metadata.get("source", "")) for e in entries if e.metadata and "decision" in e.metadata
             )
-            branches = tuple(dict.fromkeys(s.split(":", 1)[1] for s in sources if _by_rule(policy, s)))
             found = Disagreement(
                 case.id,
                 case.category,
