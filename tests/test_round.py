@@ -20,6 +20,7 @@ from urllib.parse import unquote
 
 import git
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from improve.cli.main import app
@@ -1447,8 +1448,9 @@ def test_held_out_reads_are_counted_per_set_and_warn_past_what_the_set_supports(
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     fifth = json.loads(CliRunner().invoke(app, [*args, "--json"]).stdout)["rounds"][0]
     fresh = fifth["held_out"]
-    # Every cluster was tried along v0's line by now: the one tried longest ago comes round again.
-    assert fifth["aim"].startswith(f"cluster {fifth['cluster']} again: every cluster was tried"), fifth["aim"]
+    # Every candidate so far gained too little on the old set: on this one none counts as tried, and
+    # the round aims afresh.
+    assert fifth["aim"] is None and fifth["cluster"], fifth
     assert fresh["read"] == 1 and fresh["key"] != key and fresh["scenarios"] == len(held_out) + 1
 
 
@@ -2289,6 +2291,23 @@ def test_a_branch_discarded_against_a_policy_is_not_proposed_against_it_again(tm
     assert second.aim.startswith("the next cluster")
     entry = Changelog.read(tmp_path / "policies" / "refunds" / "CHANGELOG.md").text
     assert f"- Cluster: {second.cluster} (the next cluster: already tried" in entry
+    # A held-out scenario added: the gain both were refused for was read on another set, so the first
+    # cluster is tried again, its candidate proposed as before, and the round says why.
+    scenarios = tmp_path / "scenarios" / "refunds.yaml"
+    doc = yaml.safe_load(scenarios.read_text())
+    held = next(sc for sc in doc["scenarios"] if sc["split"] == "held-out")
+    doc["scenarios"].append({**held, "id": f"{held['id']}-again"})
+    scenarios.write_text(yaml.safe_dump(doc, sort_keys=False))
+    said: list[str] = []
+    third = run_round(Workspace.load(toml), RoundOptions(policy="v0", k=2), said.append)
+    assert third.cluster == first.cluster and third.branches == first.branches, (
+        third.cluster,
+        third.branches,
+    )
+    assert third.held_out and third.held_out.key != first.held_out.key
+    again = next(line for line in said if "may be proposed again" in line)
+    assert f"v1 (round {first.round_id}, set {first.held_out.key})" in again, again
+    assert f"v2 (round {second.round_id}" in again and third.held_out.key in again, again
 
 
 @pytest.mark.slow

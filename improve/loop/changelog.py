@@ -358,6 +358,9 @@ class Memory:
     recommended: Mapping[str, str] = field(default_factory=dict)
     """The versions recommended candidates took, and what each holds (`content`): a review branch
     nobody merged yet holds its version for that candidate alone (`own_version`)."""
+    stale: tuple[DiscardedCandidate, ...] = ()
+    """Candidates discarded along the line for gaining too little on a held-out set that has changed
+    since: neither refused nor counted as tried (`read_memory`)."""
 
     def own_version(self, version: str, candidate: MachineConfig) -> str:
         """`version` (a number), or the next free one when a recommended candidate that holds something
@@ -419,12 +422,27 @@ def read_memory(
     remembered_reads = [t.held_out[1] for t in everything if t.held_out and t.held_out[0] == read.key]
     if remembered_reads and max(remembered_reads) >= read.read:
         read = HeldOutRead(read.key, read.scenarios, max(remembered_reads) + 1, max_bias)
-    tried = tuple(t for t in everything if t.baseline in lineage)
+    # A candidate that gained too little did so on the held-out set its round read: once that set has
+    # changed (scenarios added that show its answer), it may be proposed again, and its cluster is not
+    # tried. The CHANGELOG's entries of those rounds are set aside with it; one the workspace does not
+    # remember (a fresh clone) says no reason, and still refuses.
+    stale = tuple(
+        t
+        for t in everything
+        if t.baseline in lineage
+        and t.reason == "gain"
+        and t.held_out is not None
+        and t.held_out[0] != read.key
+    )
+    gone = {t.round for t in stale}
+    tried = tuple(t for t in everything if t.baseline in lineage and t.round not in gone)
     # A version a discarded candidate took stays taken when its entry is gone with a reverted working
     # tree: its threads are recorded under it.
     taken = [int(m.group(1)) for t in everything if (m := re.fullmatch(r"v(\d+)", t.candidate))]
     version = str(max(int(changelog.next_version(policies_dir)), max(taken, default=0) + 1))
-    discarded = [b for version in lineage for b in changelog.discarded_branches(version)]
+    discarded = [
+        b for version in lineage for b in changelog.discarded_branches(version) if b.round not in gone
+    ]
     discarded += [DiscardedBranch(b.guard, b.answer, t.round) for t in tried for b in t.added]
     unique = list({(b.guard, b.answer): b for b in reversed(discarded)}.values())[::-1]
     return Memory(
@@ -444,6 +462,7 @@ def read_memory(
         lineage,
         remembered,
         recommended_versions(remembered) if remembered else {},
+        stale,
     )
 
 

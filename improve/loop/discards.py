@@ -14,7 +14,8 @@ it was discarded (`reach`: its branch answered wrongly where it answered, or mad
 branches it added (guard, answer, and the output as written), and its route (every guarded branch of
 the candidate, in order): enough to evaluate what it answered, so a later candidate that answers the
 same decisions the same way is recognised as the same candidate (the novelty gate), whatever its
-guard looks like. A candidate that gained too little while the training runs its branches answered
+guard looks like. A candidate that gained too little on a held-out set that has changed since is set
+aside (`changelog.read_memory`): scenarios added may show the gain it lacked. A candidate that gained too little while the training runs its branches answered
 otherwise still failed also keeps those scenarios (`later`) and its policy document: the next round
 tries the later decision behind its branches, once (`followed`; `behind` when it carries them).
 A recommended candidate leaves one line too, in `.improve/recommended/<environment>.jsonl`:

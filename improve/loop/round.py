@@ -279,6 +279,15 @@ class Round:
             f"baseline: {self.label} on {len(inputs.train)} train + {len(inputs.held_out)} held-out "
             f"scenarios, k={self.k}"
         )
+        stale = inputs.memory.stale
+        if stale:
+            self.say(
+                f"the held-out set is now {inputs.memory.held_out.key}: candidates discarded for gaining too "
+                "little on another may be proposed again: "
+                + ", ".join(
+                    f"{t.candidate} (round {t.round}, set {(t.held_out or ('?',))[0]})" for t in stale
+                )
+            )
         if self._train_first():
             # Diagnosing, proposing and gating read no held-out run: the suite of both splits goes on in
             # the background once its training runs are recorded, the held-out runs waiting on the model
