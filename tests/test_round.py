@@ -2259,6 +2259,34 @@ def test_a_narrower_rule_answers_as_the_discarded_one_on_fewer_decisions() -> No
 
 
 @pytest.mark.slow
+def test_a_cluster_whose_every_rule_was_discarded_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When every rule that separates a cluster was discarded before, the miner says that (and where
+    to look), not that no condition separates it."""
+    from improve.loop.branches import answer_text
+    from improve.loop.proposers import ProposalError
+    from improve.loop.proposers.rules import RuleMinerProposer
+
+    asked: list[tuple[RuleMinerProposer, Any]] = []
+    propose = RuleMinerProposer.propose
+    monkeypatch.setattr(
+        RuleMinerProposer,
+        "propose",
+        lambda self, request: asked.append((self, request)) or propose(self, request),
+    )
+    run_round(scratch(tmp_path), RoundOptions(policy="v0", k=1))
+    proposer, request = asked[0]
+    found = proposer._rules(request)
+    assert found
+    every = [{"guard": r.guard, "answer": answer_text(r.action.cel()), "round": "r-old"} for r in found]
+    again = RuleMinerProposer(proposer.constants, proposer.ranks, proposer.generalize, proposer.thresholds)
+    with pytest.raises(ProposalError, match="were all discarded before along this policy's line") as raised:
+        again.propose(dataclasses.replace(request, discarded=every))
+    assert f"`{found[0].guard}` -> " in str(raised.value) and "(round r-old)" in str(raised.value)
+
+
+@pytest.mark.slow
 def test_a_branch_discarded_against_a_policy_is_not_proposed_against_it_again(tmp_path: Path) -> None:
     from improve.loop.changelog import DiscardedBranch
 

@@ -991,6 +991,8 @@ class RuleMinerProposer:
         """How far a mined branch reaches beyond its evidence (`generalize.DESIGNS`; default: the module's
         `GENERALIZE`, read when the proposer is made, so a measurement can set it for a whole demo)."""
         self._ranked: dict[str, list[Rule]] = {}
+        self._refused: dict[str, list[Rule]] = {}
+        """Per request: the rules found that were all discarded before, when nothing else was found."""
         self._tried: dict[str, int] = {}
 
     def _key(self, request: ProposalRequest) -> str:
@@ -1010,19 +1012,16 @@ class RuleMinerProposer:
                 words.fact_units,
             )
             discarded = [(d["guard"], d["answer"]) for d in request.discarded]
-            narrower = [(d["guard"], d["answer"]) for d in request.narrower]
-            broader = [(d["guard"], d["answer"]) for d in request.broader]
             branches = route(request.policy)
-            mined = mine(
-                request.examples,
-                vocab,
-                discarded=discarded,
-                narrower=narrower,
-                broader=broader,
-                route=branches,
-                ranks=self.ranks,
-                generalize=self.generalize,
-            )
+            mined = self._mine(request, vocab, discarded)
+            if not mined and discarded:
+                # Nothing left: the rules found may all have been discarded before, which the round says.
+                refused = set(discarded)
+                self._refused[key] = [
+                    r
+                    for r in self._mine(request, vocab, [])
+                    if (r.guard, answer_text(r.action.cel())) in refused
+                ]
             # A rule that leaves some of its wrong answers to the branches in front of it must be placed
             # behind them.
             self._ranked[key] = [
@@ -1038,9 +1037,37 @@ class RuleMinerProposer:
             self._tried[key] = 0
         return self._ranked[key]
 
+    def _mine(
+        self, request: ProposalRequest, vocab: RuleTerms, discarded: list[tuple[str, str]]
+    ) -> list[Rule]:
+        """The miner's rules for the request, but those `discarded` (guard, answer) as written."""
+        return mine(
+            request.examples,
+            vocab,
+            discarded=discarded,
+            narrower=[(d["guard"], d["answer"]) for d in request.narrower],
+            broader=[(d["guard"], d["answer"]) for d in request.broader],
+            route=route(request.policy),
+            ranks=self.ranks,
+            generalize=self.generalize,
+        )
+
     def _proposal(self, request: ProposalRequest, index: int) -> Proposal:
         rules = self._rules(request)
         if index >= len(rules):
+            refused = self._refused.get(self._key(request), [])
+            if not rules and refused:
+                rounds = {(d["guard"], d["answer"]): d.get("round", "?") for d in request.discarded}
+                shown = "; ".join(
+                    f"`{r.guard}` -> {a} (round {rounds.get((r.guard, a), '?')})"
+                    for r in refused[:2]
+                    if (a := answer_text(r.action.cel()))
+                )
+                raise ProposalError(
+                    "the rules that separate the cluster's failed decisions were all discarded before along "
+                    f"this policy's line: {shown}. The CHANGELOG says why; a rule discarded for gaining too "
+                    "little is proposed again once held-out scenarios that show its answer are added"
+                )
             raise ProposalError(_why_none(request, bool(rules)))
         rule = rules[index]
         policy = request.policy
