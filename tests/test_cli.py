@@ -308,6 +308,30 @@ def test_a_scenario_file_read_twice_gives_two_documents_and_an_edit_is_read_anew
         parse_yaml("a: [1", path, ScenarioError)
 
 
+def test_a_scenario_whose_input_the_machine_cannot_start_with_is_named_by_check_and_by_run(ws: Path) -> None:
+    """A key misspelt in a scenario's input (`customerid`): `scenarios check` names the file, line,
+    scenario and key; a run that reaches it stops with exit 2 naming the scenario, not only the path."""
+    path = ws / "scenarios" / "refunds.yaml"
+    doc = yaml.safe_load(path.read_text())
+    victim = doc["scenarios"][3]
+    victim["input"]["customerid"] = victim["input"].pop("customerId")
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    line = next(n for n, text in enumerate(path.read_text().splitlines(), 1) if f"id: {victim['id']}" in text)
+    checked = runner.invoke(app, ["scenarios", "check", "-w", str(ws)])
+    assert checked.exit_code == 1, checked.output
+    assert (
+        f"{path}:{line}: scenario '{victim['id']}': input: refunds's machine cannot start with it"
+        in checked.stderr
+    )
+    assert "input.customerId" in checked.stderr and "Traceback" not in checked.output
+    ran = runner.invoke(app, ["run", "-w", str(ws), "--k", "1", "--scenario", victim["id"]])
+    assert ran.exit_code == 2, ran.output
+    assert (
+        f"scenario '{victim['id']}' ({victim['split']}, run 1): environment refunds's machine" in ran.stderr
+    )
+    assert "input.customerId" in ran.stderr
+
+
 def seal(
     ws: Path,
     ids: tuple[str, ...] = ("small-refund-05", "fraud-signal-09", "over-window-09"),

@@ -26,7 +26,7 @@ from improve.cli.common import (
     workspace,
 )
 from improve.cli.help import Command, Group
-from improve.errors import ScenarioError, WorkspaceError
+from improve.errors import MachineError, ScenarioError, WorkspaceError
 
 if TYPE_CHECKING:
     from improve.evals import Comparison, OutOfSample, Scorecard
@@ -152,8 +152,9 @@ def scenarios_check(
     as_json: Annotated[bool, JsonOption] = False,
     ws: Annotated[Path | None, WorkspaceOption] = None,
 ) -> None:
-    """Check a scenario file: valid fields, unique ids, every category in both train and held-out, and
-    expected outcomes that name final states of the environment. Exit 1 on any problem. The sealed
+    """Check a scenario file: valid fields, unique ids, every category in both train and held-out,
+    expected outcomes that name final states of the environment, and inputs the environment's machine
+    can start with (its context reads each key it names). Exit 1 on any problem. The sealed
     `test` split is optional and counted apart (a category may be in it alone).
 
     Example:
@@ -161,6 +162,8 @@ def scenarios_check(
         improve scenarios check --env refunds
     """
     from improve.evals import OPEN_SPLITS, SEALED_SPLIT, leak_warnings, load_scenarios, set_key
+    from improve.evals.scenarios import scenario_lines
+    from improve.machine import initial
 
     with handled():
         space = workspace(ws)
@@ -176,13 +179,24 @@ def scenarios_check(
         else:
             finals = set(environment.config.final_states())
             categories: dict[str, set[str]] = {}
+            lines = scenario_lines(source)
             for s in scenario_set.scenarios:
+                where = f"{source}:{lines[s.id]}" if s.id in lines else str(source)
                 if s.split != SEALED_SPLIT:
                     categories.setdefault(s.category, set()).add(s.split)
                 if s.expected.outcome not in finals:
                     problems.append(
-                        f"{source}: scenario '{s.id}': expected.outcome '{s.expected.outcome}' is not a final "
+                        f"{where}: scenario '{s.id}': expected.outcome '{s.expected.outcome}' is not a final "
                         f"state of {environment.name}; final states are {sorted(finals)}"
+                    )
+                # The machine's first step reads the input alone (its context, its first choices): a key
+                # spelled otherwise is found here, not when a run of the whole suite stops on it.
+                try:
+                    initial(environment.machine, s.input)
+                except MachineError as error:
+                    problems.append(
+                        f"{where}: scenario '{s.id}': input: {environment.name}'s machine cannot start with "
+                        f"it: {error}"
                     )
             for category, splits in sorted(categories.items()):
                 missing = sorted(set(OPEN_SPLITS) - splits)

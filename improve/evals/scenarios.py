@@ -112,6 +112,25 @@ class ScenarioSet(BaseModel):
         return {s.id: s for s in self.scenarios}
 
 
+def scenario_lines(path: Path) -> dict[str, int]:
+    """Each scenario id of the file at `path` -> the 1-based line its item starts at (none for a file
+    that cannot be read or parsed): for a message about a scenario to point into the file."""
+    try:
+        text = path.read_text(encoding="utf-8")
+        doc = yaml.load(text, Loader=SafeLoader)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return {}
+    items = doc.get("scenarios") if isinstance(doc, dict) else None
+    if not isinstance(items, list):
+        return {}
+    lines = _item_lines(text)
+    return {
+        str(item["id"]): line
+        for item, line in zip(items, lines, strict=False)
+        if isinstance(item, dict) and "id" in item
+    }
+
+
 def _item_lines(text: str) -> list[int]:
     """1-based line of each item under `scenarios:`, so errors can point into the file."""
     try:

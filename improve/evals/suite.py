@@ -18,7 +18,15 @@ from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from improve.errors import ImproveError, LogError, RunError, SpendLimitError, WorkspaceError
+from improve.errors import (
+    ImproveError,
+    LogError,
+    MachineError,
+    RunError,
+    ScenarioError,
+    SpendLimitError,
+    WorkspaceError,
+)
 from improve.evals.fanout import Fanout, ModelGate
 from improve.evals.outcome import OutcomeRow, outcome_row
 from improve.evals.scenarios import Scenario
@@ -326,7 +334,19 @@ def _run_one(
     # missing on replay, a model that fails) leaves no half-written thread, and a later command runs it
     # again from the start, as it would an incomplete one.
     buffer = RunBuffer(thread_id)
-    run_scenario(env, scenario, decider, buffer, thread_id, stamp, spec.max_model_calls, spec.people, note)
+    try:
+        run_scenario(
+            env, scenario, decider, buffer, thread_id, stamp, spec.max_model_calls, spec.people, note
+        )
+    except MachineError as err:
+        # The environment's own machine could not take a step on this scenario's data: a key its input
+        # or world spells otherwise, a value of another type, or an expression of the machine that
+        # fails on any data. Either way the scenario says where to start looking.
+        raise ScenarioError(
+            f"scenario '{scenario.id}' ({scenario.split}, run {run_number}): environment {env.name}'s machine "
+            f"could not take a step: {err}. Check what the scenario's input and world give the path it "
+            "names (a key spelled otherwise, a value of another type), or the machine's expression"
+        ) from None
     store.append(thread_id, 0, buffer.entries)  # all or nothing (a full disk leaves no thread)
     if meter is not None and isinstance(decider, ReplayFirstDecider):
         meter.reuse(decider.reused)
