@@ -177,6 +177,31 @@ def test_the_null_of_a_rerun_scenario_is_conditioned_on_the_design() -> None:
     )
 
 
+def test_a_gain_test_the_design_leaves_nothing_to_say_says_so() -> None:
+    """At k = 1 on train, where runs go on only after a drop, a scenario fixed in its one run stopped
+    there: under the condition its count could be nothing else, so the gain test's p is 1 for any gain.
+    The phrase says no test was possible, rather than reading as a gain that failed its test."""
+    from improve.evals.promotion import gain_phrase
+
+    table = {f"s-{n}": [n < 3] for n in range(6)}  # three fixed of six, each in its one run
+    base = scorecard(rows("v0", {s: [False] for s in table}, split="train"), "v0", "train")
+    cand = scorecard(rows("v1", table, split="train"), "v1", "train")
+    goes_on = reruns_go_on("train")
+    nulls = {
+        s: conditional_null([PairedCounts(1, 0, 1, int(passes[0]))], False, goes_on)
+        for s, passes in table.items()
+    }
+    design = compare(base, cand, nulls=nulls)
+    assert design.mean_diff == 0.5 and design.p == 1.0 and design.fixed
+    assert gain_phrase(design).endswith(
+        "(no test possible: no scenario's count could differ under the null; on train, runs go on only "
+        "after a drop)"
+    )
+    # Without reruns the same runs are tested ((1/2)^3 for the three fixed), and nothing is added.
+    plain = compare(base, cand)
+    assert not plain.fixed and plain.p == pytest.approx(1 / 8) and "no test" not in gain_phrase(plain)
+
+
 def test_reruns_run_only_changed_scenarios_under_both_policies_until_no_change_or_cap() -> None:
     scripted = {  # scenario -> the pass of each run number under (baseline, candidate)
         "held-out-steady": ([True] * 9, [True] * 9),

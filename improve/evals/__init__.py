@@ -76,7 +76,7 @@ if TYPE_CHECKING:
         against_reference,
         check_out_of_sample,
     )
-    from improve.evals.promotion import Check, PromotionDecision, decide, gain_phrase, p_value
+    from improve.evals.promotion import Check, PromotionDecision, decide, fixed_note, gain_phrase, p_value
     from improve.evals.report import describe_model, scorecard_markdown
     from improve.evals.reruns import Batch, RerunRule, Reruns, Settled, rerun_scenarios, settle
     from improve.evals.scorecards import (
@@ -111,6 +111,7 @@ _LAZY = {
     "decide": "improve.evals.promotion",
     "p_value": "improve.evals.promotion",
     "gain_phrase": "improve.evals.promotion",
+    "fixed_note": "improve.evals.promotion",
     "refresh_outcomes": "improve.evals.materialize",
     "ExportSelection": "improve.evals.export",
     "OtlpExport": "improve.evals.export",
@@ -201,6 +202,7 @@ __all__ = [
     "every",
     "fallbacks",
     "find_thread",
+    "fixed_note",
     "gain_phrase",
     "history_chart",
     "leak_warnings",

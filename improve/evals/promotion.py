@@ -60,7 +60,17 @@ class PromotionDecision:
 
 def gain_phrase(cmp: Comparison) -> str:
     """ "exact stratified test p = 0.012 <= alpha 0.05": the test, its p and the level, side by side."""
-    return f"{cmp.test} p = {p_value(cmp.p)} {'<=' if cmp.significant else '>'} alpha {cmp.alpha:g}"
+    said = f"{cmp.test} p = {p_value(cmp.p)} {'<=' if cmp.significant else '>'} alpha {cmp.alpha:g}"
+    return said + fixed_note(cmp.fixed and cmp.mean_diff != 0, cmp.split, cmp.sequential)
+
+
+def fixed_note(fixed: bool, split: str, sequential: bool) -> str:
+    """What a p of 1 beside a gain means where the runs' design fixes every scenario's count: no test
+    was possible, not a gain that failed one (`fixed`: so, and the pass rate moved)."""
+    if not fixed:
+        return ""
+    why = "; on train, runs go on only after a drop" if sequential and split == "train" else ""
+    return f" (no test possible: no scenario's count could differ under the null{why})"
 
 
 def p_value(p: float) -> str:

@@ -273,6 +273,9 @@ class Comparison:
     """Every scenario's smallest possible drop p-value given its totals (what Tarone's count reads)."""
     sequential: bool = False
     """The tests conditioned on the sequential reruns' design (`improve.evals.reruns`), not on k fixed runs."""
+    fixed: bool = False
+    """Every scenario's candidate count is fixed under the null, given its totals and the design: the
+    gain test can say nothing (p = 1), as on train at k = 1, whose reruns go on only after a drop."""
 
     @property
     def test(self) -> str:
@@ -474,4 +477,5 @@ def compare(
         counts=counts,
         floors=floors,
         sequential=nulls is not None,
+        fixed=all(sum(1 for w in null[i].weights if w) <= 1 for i in ids),
     )

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from improve.evals import HeldOutRead, Scenario, VersionScore, p_value, policy_content, set_key
+from improve.evals import HeldOutRead, Scenario, VersionScore, fixed_note, p_value, policy_content, set_key
 from improve.files import append_whole
 from improve.loop.branches import DiscardedBranch
 from improve.loop.branches import route as branch_route
@@ -499,7 +499,7 @@ def entry_text(record: RoundRecord) -> str:
     for split, s in _shown(record.scores):
         extra = f", {s.extra_runs} extra runs (reruns, both versions)" if s.extra_runs else ""
         lines.append(
-            f"- {split}: {s.before:.3f} -> {s.after:.3f} (mean diff {s.mean_diff:+.3f}, {_test(s)}), "
+            f"- {split}: {s.before:.3f} -> {s.after:.3f} (mean diff {s.mean_diff:+.3f}, {_test(s, split)}), "
             f"violations {s.violations_after}, model calls/run {s.cost_before:.2f} -> {s.cost_after:.2f}"
             f"{extra}."
         )
@@ -525,14 +525,15 @@ def _figure(rate: float) -> str:
     return f"{rate:.3f}"
 
 
-def _test(score: SplitScore) -> str:
+def _test(score: SplitScore, split: str) -> str:
     """The test the promotion rule decided with, as the entry shows it; a record written before the
     exact tests shows its bootstrap interval, labelled as such."""
     if score.p is None or score.alpha is None:
         return f"{score.confidence:.0%} bootstrap CI [{score.ci_low:+.3f}, {score.ci_high:+.3f}]"
-    return (
+    said = (
         f"{score.test} p = {p_value(score.p)} {'<=' if score.p <= score.alpha else '>'} alpha {score.alpha:g}"
     )
+    return said + fixed_note(score.fixed and score.mean_diff != 0, split, score.sequential)
 
 
 def discarded_of(record: RoundRecord) -> DiscardedCandidate | None:

@@ -1286,6 +1286,8 @@ class Round:
                 test=cmp.test,
                 p=cmp.p,
                 alpha=cmp.alpha,
+                fixed=cmp.fixed,
+                sequential=cmp.sequential,
                 extra_runs=settled.reruns.extra_runs_in(split),
                 violations_after=self.cards[f"candidate {split}"].violations,
                 cost_before=self.cards[split].cost(cost),

@@ -54,6 +54,10 @@ class SplitScore(Part):
     """The deciding test's name; None in a record from before the exact tests (a bootstrap interval)."""
     p: float | None = None
     alpha: float | None = None
+    fixed: bool = False
+    """The runs' design fixed every scenario's count: the test could say nothing (`Comparison.fixed`)."""
+    sequential: bool = False
+    """The test was conditioned on the sequential reruns' design (`Comparison.sequential`)."""
     extra_runs: int = 0
     violations_after: int = 0
     cost_before: float = 0.0
