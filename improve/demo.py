@@ -23,7 +23,7 @@ import git
 
 from improve.evals import Workspace, p_value
 from improve.llm import OPENAI_PREFIX, CacheMode, Meter, local_server
-from improve.loop import Counterfactuals, RoundOptions, RoundRecord, run_round
+from improve.loop import MAX_DISCARDED_IN_A_ROW, Counterfactuals, RoundOptions, RoundRecord, run_round
 from improve.runtime import load_environment
 from improve.scaffold import write_desk
 
@@ -146,8 +146,8 @@ def demo_rounds(
         # cluster, or the next cluster) is the workspace's memory of discarded candidates, as for any
         # `improve round`.
         discarded_in_a_row += 1
-        if discarded_in_a_row >= 3:
-            say("3 candidates discarded in a row against the same policy: stopping")
+        if discarded_in_a_row >= MAX_DISCARDED_IN_A_ROW:
+            say(f"{MAX_DISCARDED_IN_A_ROW} candidates discarded in a row against the same policy: stopping")
             break
     held = [r.scores["held-out"] for r in results if r.scores.get("held-out")]
     promoted = [r for r in results if r.status == "recommended"]

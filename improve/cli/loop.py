@@ -56,7 +56,8 @@ def round_command(
             "--rounds",
             min=1,
             help="Candidates to try, each aimed at the next cause, until one is recommended (the next "
-            "round starts from it once a person merges it).",
+            "round starts from it once a person merges it); it stops after 3 discarded in a row, each "
+            "having read the held-out set (run it again to go on).",
         ),
     ] = 1,
     model: Annotated[str, ModelOption] = "naive",

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from improve.loop.proposers import PROPOSERS, Proposal, ProposalRequest, Proposer, ProposerSetup
     from improve.loop.render import pr_body, round_lines
     from improve.loop.report_page import WrittenPage, find_round, write_round_page
-    from improve.loop.round import Round, run_round, run_rounds
+    from improve.loop.round import MAX_DISCARDED_IN_A_ROW, Round, run_round, run_rounds
     from improve.loop.round_record import RoundRecord, read_round_record
     from improve.loop.score import ScoreRequest, Scores, score_policy
 
@@ -67,7 +67,7 @@ _MODULES = {
     "improve.loop.proposers": ("PROPOSERS", "Proposal", "ProposalRequest", "Proposer", "ProposerSetup"),
     "improve.loop.render": ("pr_body", "round_lines"),
     "improve.loop.report_page": ("WrittenPage", "find_round", "write_round_page"),
-    "improve.loop.round": ("Round", "run_round", "run_rounds"),
+    "improve.loop.round": ("MAX_DISCARDED_IN_A_ROW", "Round", "run_round", "run_rounds"),
     "improve.loop.round_record": ("RoundRecord", "read_round_record"),
     "improve.loop.score": ("ScoreRequest", "Scores", "score_policy"),
 }
@@ -84,6 +84,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "GATES",
     "GATE_NAMES",
+    "MAX_DISCARDED_IN_A_ROW",
     "PROPOSERS",
     "Changelog",
     "Counterfactuals",

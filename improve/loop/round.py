@@ -126,11 +126,17 @@ def run_round(space: Workspace, opts: RoundOptions, say: Say = lambda m: None) -
             return Round(space, opts, inputs, ledger, say).run()
 
 
+MAX_DISCARDED_IN_A_ROW = 3
+"""`--rounds` stops after this many candidates discarded in a row against one policy: each read the
+held-out set, and a fourth cause is seldom found where three were not."""
+
+
 def run_rounds(
     space: Workspace, opts: RoundOptions, rounds: int, say: Say = lambda m: None
 ) -> list[RoundRecord]:
     """Up to `rounds` candidates against the current policy, each aimed at the next cause, until one is
-    recommended; stop early after 3 discarded in a row or when the goal already holds."""
+    recommended; stop early after `MAX_DISCARDED_IN_A_ROW` discarded in a row or when the goal already
+    holds."""
     records: list[RoundRecord] = []
     skip = list(opts.skip)
     # The rounds diagnose the same baseline: a counterfactual run one of them ran is not run again.
@@ -151,8 +157,11 @@ def run_rounds(
             break
         if record.cluster:
             skip.append(record.cluster)
-        if number >= 3:  # every earlier round was discarded too, or the loop would have stopped
-            say("3 candidates discarded in a row: stopping")
+        if number >= MAX_DISCARDED_IN_A_ROW:  # every earlier one was discarded too, or the loop had stopped
+            say(
+                f"{MAX_DISCARDED_IN_A_ROW} candidates discarded in a row against {opts.policy}: stopping (each "
+                "read the held-out set; label more scenarios, or run again to go on)"
+            )
             break
     return records
 

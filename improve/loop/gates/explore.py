@@ -76,7 +76,9 @@ class ExploreGate:
                     f"on decision '{request.name}' with facts {facts} and options {json.dumps(options)}, the "
                     "policy can end with an answer that is not an offered option (or in error), after: "
                     f"{steps or 'start'}. Every final output must be one of the offered options; give every "
-                    "invoke an onError that leads to a final with a safe offered event",
+                    "invoke an onError that leads to a final with a safe offered event (one per decision, "
+                    "chosen by `input.name`, where decisions offer different events: docs/contracts.md, "
+                    "Policy)",
                 )
             if not result.complete:
                 return GateResult(
