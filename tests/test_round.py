@@ -1474,6 +1474,34 @@ def discarded(cluster: str, reason: str, guard: str = "facts.days > 30", baselin
     )  # type: ignore[arg-type]
 
 
+def test_a_changed_held_out_set_sets_aside_what_gained_too_little_and_what_found_nothing_after_it(
+    tmp_path: Path,
+) -> None:
+    """Against a held-out set other than the one a candidate gained too little on, it is set aside; so
+    is a later round of its cluster that found no rule (the rule it found was that candidate's, then
+    refused); a candidate that reached too far, and another cluster's round that found nothing, stay."""
+    from improve.evals import set_key
+    from improve.evals.scenarios import load_scenarios
+    from improve.loop.changelog import read_memory
+    from improve.loop.discards import discarded_path, remember
+
+    path = discarded_path(tmp_path, "refunds")
+    gain = dataclasses.replace(discarded("a", "gain"), round="r1", held_out=("0ld5e7", 1))
+    after = dataclasses.replace(discarded("a", "none"), round="r2", added=(), route=())
+    other = dataclasses.replace(discarded("b", "none"), round="r3", added=(), route=())
+    reach = dataclasses.replace(
+        discarded("c", "reach", "facts.days > 40"), round="r4", held_out=("0ld5e7", 2)
+    )
+    for candidate in (gain, after, other, reach):
+        remember(path, candidate)
+    held_out = load_scenarios(REPO / "scenarios" / "refunds.yaml").split("held-out")
+    assert set_key(held_out) != "0ld5e7"
+    memory = read_memory(tmp_path / "CHANGELOG.md", tmp_path, "v0", held_out, 0.1, path)
+    assert [t.round for t in memory.stale] == ["r1", "r2"]
+    assert [t.round for t in memory.tried] == ["r3", "r4"]
+    assert [d.round for d in memory.discarded] == ["r4"]
+
+
 def test_the_workspace_remembers_discarded_candidates_in_its_state_directory(tmp_path: Path) -> None:
     """One JSON line per discarded candidate under .improve/discarded/: read back whole, a last line cut
     short by a killed process ignored, a broken line in the middle named with its file and line."""
@@ -2327,6 +2355,14 @@ def test_a_branch_discarded_against_a_policy_is_not_proposed_against_it_again(tm
     doc["scenarios"].append({**held, "id": f"{held['id']}-again"})
     scenarios.write_text(yaml.safe_dump(doc, sort_keys=False))
     said: list[str] = []
+    # Without the workspace's memory (a fresh clone), the CHANGELOG's entry says as much: the second
+    # candidate gained too little on the old set, so it is set aside (the first's entry was reverted).
+    from improve.loop.changelog import read_memory
+
+    policies = tmp_path / "policies" / "refunds"
+    held_out = Workspace.load(toml).scenarios("refunds").split("held-out")
+    memory = read_memory(policies / "CHANGELOG.md", policies, "v0", held_out, 0.1)
+    assert [t.candidate for t in memory.stale] == ["v2"] and memory.discarded == (), memory
     third = run_round(Workspace.load(toml), RoundOptions(policy="v0", k=2), said.append)
     assert third.cluster == first.cluster and third.branches == first.branches, (
         third.cluster,

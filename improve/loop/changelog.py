@@ -60,6 +60,12 @@ _ENTRY = re.compile(
 _VERSION = re.compile(r"^## v(\d+)\b", re.M)
 _BASELINE = re.compile(r"^- Baseline: (?P<baseline>[^;]+);(?:.*?; model: (?P<model>[^;]+);)?", re.M)
 _BRANCH = re.compile(r"^- Branch added: `(?P<guard>.+)` -> `(?P<answer>.+)`$", re.M)
+_CLUSTER = re.compile(r"^- Cluster: (?P<cluster>\S+?)(?: \(|\.?$)", re.M)
+_DISCARDED = re.compile(r"^- Decision: \*\*discarded\*\*\. (?P<checks>.*)$", re.M)
+_CHECK = re.compile(r"(?:^|; )(?P<name>[a-z][a-z -]*?): (?P<verdict>pass|FAIL) \(")
+REACH_CHECKS = frozenset({"branches hold", "no regressions", "violations"})
+"""The promotion rule's checks a candidate fails by reaching too far (`reason_of`): any other failed
+check alone (the held-out gain) is gaining too little."""
 _SCORE = re.compile(
     r"^- (?P<split>train|held-out): (?P<before>\d+(?:\.\d+)?) -> (?P<after>\d+(?:\.\d+)?)\b", re.M
 )
@@ -84,6 +90,10 @@ class Entry:
     """The held-out read it records: the set's key and which read it was."""
     model: str | None = None
     """The model the round ran on (None: an entry that does not say)."""
+    cluster: str | None = None
+    """The failure cluster its candidate was for."""
+    gained_too_little: bool = False
+    """Discarded by the promotion rule for its held-out gain alone (`reason_of`'s `gain`)."""
 
     @classmethod
     def of(cls, record: RoundRecord) -> Entry | None:
@@ -101,6 +111,10 @@ class Entry:
             branches=tuple((b.guard, b.answer) for b in record.branches),
             held_out=(record.held_out.key, record.held_out.read) if record.held_out else None,
             model=record.model,
+            cluster=record.cluster,
+            gained_too_little=not record.recommended
+            and record.decision is not None
+            and reason_of(record) == "gain",
         )
 
 
@@ -272,6 +286,13 @@ def _entry(head: re.Match[str], body: str) -> Entry | None:
         return None
     scores = {m["split"]: (float(m["before"]), float(m["after"])) for m in _SCORE.finditer(body)}
     read = _HELD_OUT_READ.search(body)
+    cluster = _CLUSTER.search(body)
+    decided = _DISCARDED.search(body)
+    failed = (
+        {m["name"] for m in _CHECK.finditer(decided["checks"]) if m["verdict"] == "FAIL"}
+        if decided
+        else set()
+    )
     return Entry(
         candidate=head["version"],
         baseline=baseline["baseline"].strip(),
@@ -282,6 +303,8 @@ def _entry(head: re.Match[str], body: str) -> Entry | None:
         branches=tuple((b["guard"], b["answer"]) for b in _BRANCH.finditer(body)),
         held_out=(read[1], int(read[2])) if read else None,
         model=baseline["model"].strip() if baseline["model"] else None,
+        cluster=cluster["cluster"] if cluster else None,
+        gained_too_little=bool(failed) and not failed & REACH_CHECKS,
     )
 
 
@@ -426,14 +449,7 @@ def read_memory(
     # changed (scenarios added that show its answer), it may be proposed again, and its cluster is not
     # tried. The CHANGELOG's entries of those rounds are set aside with it; one the workspace does not
     # remember (a fresh clone) says no reason, and still refuses.
-    stale = tuple(
-        t
-        for t in everything
-        if t.baseline in lineage
-        and t.reason == "gain"
-        and t.held_out is not None
-        and t.held_out[0] != read.key
-    )
+    stale = _stale(changelog, everything, lineage, read.key)
     gone = {t.round for t in stale}
     tried = tuple(t for t in everything if t.baseline in lineage and t.round not in gone)
     # A version a discarded candidate took stays taken when its entry is gone with a reverted working
@@ -464,6 +480,41 @@ def read_memory(
         recommended_versions(remembered) if remembered else {},
         stale,
     )
+
+
+def _stale(
+    changelog: Changelog, everything: Sequence[DiscardedCandidate], lineage: Sequence[str], key: str
+) -> tuple[DiscardedCandidate, ...]:
+    """The candidates along the line discarded for gaining too little on a held-out set other than `key`
+    (the workspace's memory, and the CHANGELOG's entries it does not hold, as far as they say), and the
+    rounds after one of them that found nothing for its cluster: the rule found was that discarded one,
+    which is refused no longer."""
+    remembered = {t.round for t in everything}
+    gained: list[DiscardedCandidate] = [
+        t
+        for t in everything
+        if t.baseline in lineage and t.reason == "gain" and t.held_out is not None and t.held_out[0] != key
+    ]
+    gained += [
+        DiscardedCandidate(
+            e.round_id, e.baseline, e.candidate, e.cluster, "gain", (), (), e.held_out, model=e.model
+        )
+        for e in changelog.entries
+        if e.round_id not in remembered
+        and e.gained_too_little
+        and e.baseline in lineage
+        and e.held_out is not None
+        and e.held_out[0] != key
+    ]
+    first: dict[str | None, str] = {}
+    for t in sorted(gained, key=lambda t: t.round):
+        first.setdefault(t.cluster, t.round)
+    found_nothing = [
+        t
+        for t in everything
+        if t.reason == "none" and t.baseline in lineage and t.cluster in first and t.round > first[t.cluster]
+    ]
+    return tuple(sorted([*gained, *found_nothing], key=lambda t: t.round))
 
 
 # --- writing an entry -----------------------------------------------------------------------------
@@ -570,7 +621,7 @@ def reason_of(record: RoundRecord) -> Reason:
     or no rule was proposed at all."""
     if record.decision is not None:
         failed = {c.name for c in record.decision.checks if not c.ok}
-        return "reach" if failed & {"branches hold", "no regressions", "violations"} else "gain"
+        return "reach" if failed & REACH_CHECKS else "gain"
     if record.proposed is None:
         return "none"
     return "gates"

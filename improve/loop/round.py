@@ -294,7 +294,9 @@ class Round:
                 f"the held-out set is now {inputs.memory.held_out.key}: candidates discarded for gaining too "
                 "little on another may be proposed again: "
                 + ", ".join(
-                    f"{t.candidate} (round {t.round}, set {(t.held_out or ('?',))[0]})" for t in stale
+                    f"{t.candidate} (round {t.round}, "
+                    + (f"set {t.held_out[0]})" if t.held_out else "which found nothing but those)")
+                    for t in stale
                 )
             )
         if self._train_first():
