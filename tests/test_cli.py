@@ -330,6 +330,18 @@ def test_a_scenario_whose_input_the_machine_cannot_start_with_is_named_by_check_
         f"scenario '{victim['id']}' ({victim['split']}, run 1): environment refunds's machine" in ran.stderr
     )
     assert "input.customerId" in ran.stderr
+    # A split misspelt in another scenario: the file no longer loads, and one check still names all three.
+    doc["scenarios"][5]["split"] = "trian"
+    doc["scenarios"][7]["expected"]["outcome"] = "isued"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    every = runner.invoke(app, ["scenarios", "check", "-w", str(ws)])
+    assert every.exit_code == 1, every.output
+    assert f"scenario '{doc['scenarios'][5]['id']}': split: Input should be" in every.stderr
+    assert (
+        f"scenario '{doc['scenarios'][7]['id']}': expected.outcome 'isued' is not a final state"
+        in every.stderr
+    )
+    assert f"scenario '{victim['id']}': input: refunds's machine cannot start with it" in every.stderr
 
 
 def seal(

@@ -162,7 +162,7 @@ def scenarios_check(
         improve scenarios check --env refunds
     """
     from improve.evals import OPEN_SPLITS, SEALED_SPLIT, leak_warnings, load_scenarios, set_key
-    from improve.evals.scenarios import scenario_lines
+    from improve.evals.scenarios import ScenarioSet, scenario_lines, valid_scenarios
     from improve.machine import initial
 
     with handled():
@@ -172,32 +172,37 @@ def scenarios_check(
         problems: list[str] = []
         summary: dict[str, Any] = {"file": str(source)}
         environment = space.environment(env_name)
+        scenario_set: ScenarioSet | None = None
         try:
             scenario_set = load_scenarios(source, env_name)
+            scenarios = scenario_set.scenarios
         except ScenarioError as error:
             problems = str(error).splitlines()
-        else:
-            finals = set(environment.config.final_states())
-            categories: dict[str, set[str]] = {}
-            lines = scenario_lines(source)
-            for s in scenario_set.scenarios:
-                where = f"{source}:{lines[s.id]}" if s.id in lines else str(source)
-                if s.split != SEALED_SPLIT:
-                    categories.setdefault(s.category, set()).add(s.split)
-                if s.expected.outcome not in finals:
-                    problems.append(
-                        f"{where}: scenario '{s.id}': expected.outcome '{s.expected.outcome}' is not a final "
-                        f"state of {environment.name}; final states are {sorted(finals)}"
-                    )
-                # The machine's first step reads the input alone (its context, its first choices): a key
-                # spelled otherwise is found here, not when a run of the whole suite stops on it.
-                try:
-                    initial(environment.machine, s.input)
-                except MachineError as error:
-                    problems.append(
-                        f"{where}: scenario '{s.id}': input: {environment.name}'s machine cannot start with "
-                        f"it: {error}"
-                    )
+            # The scenarios that are valid on their own are checked further all the same: every problem
+            # of the file at once, not one kind per try.
+            scenarios = valid_scenarios(source)
+        finals = set(environment.config.final_states())
+        categories: dict[str, set[str]] = {}
+        lines = scenario_lines(source)
+        for s in scenarios:
+            where = f"{source}:{lines[s.id]}" if s.id in lines else str(source)
+            if s.split != SEALED_SPLIT:
+                categories.setdefault(s.category, set()).add(s.split)
+            if s.expected.outcome not in finals:
+                problems.append(
+                    f"{where}: scenario '{s.id}': expected.outcome '{s.expected.outcome}' is not a final "
+                    f"state of {environment.name}; final states are {sorted(finals)}"
+                )
+            # The machine's first step reads the input alone (its context, its first choices): a key
+            # spelled otherwise is found here, not when a run of the whole suite stops on it.
+            try:
+                initial(environment.machine, s.input)
+            except MachineError as error:
+                problems.append(
+                    f"{where}: scenario '{s.id}': input: {environment.name}'s machine cannot start with "
+                    f"it: {error}"
+                )
+        if scenario_set is not None:
             for category, splits in sorted(categories.items()):
                 missing = sorted(set(OPEN_SPLITS) - splits)
                 if missing:

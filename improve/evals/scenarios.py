@@ -112,6 +112,23 @@ class ScenarioSet(BaseModel):
         return {s.id: s for s in self.scenarios}
 
 
+def valid_scenarios(path: Path) -> list[Scenario]:
+    """The items of a scenario file that are valid scenarios on their own (none when the file cannot be
+    read as YAML with a `scenarios` list): what a check of a file with some invalid items still checks."""
+    try:
+        doc = yaml.load(path.read_text(encoding="utf-8"), Loader=SafeLoader)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return []
+    items = doc.get("scenarios") if isinstance(doc, dict) else None
+    found = []
+    for item in items if isinstance(items, list) else []:
+        try:
+            found.append(Scenario.model_validate(item))
+        except ValidationError:
+            continue
+    return found
+
+
 def scenario_lines(path: Path) -> dict[str, int]:
     """Each scenario id of the file at `path` -> the 1-based line its item starts at (none for a file
     that cannot be read or parsed): for a message about a scenario to point into the file."""
