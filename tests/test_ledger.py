@@ -9,6 +9,7 @@ from typing import Any
 
 import git
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from improve.cli.main import app
@@ -117,6 +118,29 @@ def test_diagnose_json_carries_the_sql_it_ran(ws: Path) -> None:
     assert said.exit_code == 0 and said.stdout.startswith(
         f"v0 with naive on train: pass rate {doc['train_pass_rate']:.3f}"
     ), said.stdout
+
+
+def test_a_relabelled_scenario_is_scored_against_its_label_now(ws: Path) -> None:
+    """A run is reused after its scenario's label changed (the label only scores it), but its row is
+    scored again against the new label: not the old verdict, in the run's table, the warehouse or
+    `improve score`."""
+    path = ws / "scenarios" / "refunds.yaml"
+    doc = yaml.safe_load(path.read_text())
+    scenario = next(s for s in doc["scenarios"] if s["split"] == "train")
+    args = ("run", "--model", "careful", "--k", "1", "--scenario", scenario["id"], "--json")
+    first = cli(ws, *args)
+    assert [t["passed"] for t in first["threads"]] == [True], first
+    right = scenario["expected"]["outcome"]
+    scenario["expected"]["outcome"] = "escalated" if right != "escalated" else "closed"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    again = cli(ws, *args)
+    assert [t["thread_id"] for t in again["threads"]] == [t["thread_id"] for t in first["threads"]]
+    assert [t["passed"] for t in again["threads"]] == [False], again
+    (row,) = sql(ws, f"SELECT expected_outcome, passed FROM outcomes WHERE scenario = '{scenario['id']}'")
+    assert row == {"expected_outcome": scenario["expected"]["outcome"], "passed": False}
+    scenario["expected"]["outcome"] = right
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    assert [t["passed"] for t in cli(ws, *args)["threads"]] == [True]
 
 
 # --- production threads, from diagnosis to a fix ------------------------------------------------------

@@ -18,7 +18,7 @@ import duckdb
 
 from improve.errors import ImproveError, LogError
 from improve.evals.outcome import OutcomeRow, outcome_row
-from improve.evals.scenarios import Scenario, load_scenarios
+from improve.evals.scenarios import Scenario, label_digest, load_scenarios
 from improve.evals.workspace import Workspace
 from improve.log import EntryView, LogEntry, ThreadId, gc_paused
 from improve.runtime import Environment
@@ -43,20 +43,36 @@ def scenarios_by_id(workspace: Workspace, env: Environment) -> dict[str, Scenari
     return load_scenarios(path, env.name).by_id()
 
 
-def _pending(con: duckdb.DuckDBPyConnection, machine_ids: list[str], only: list[str] | None) -> list[str]:
+def _pending(
+    con: duckdb.DuckDBPyConnection,
+    machine_ids: list[str],
+    only: list[str] | None,
+    labels: list[dict[str, str]] | None = None,
+) -> list[str]:
+    """The threads to replay: without an outcomes row, or one of fewer entries than the thread has now,
+    or scored against another label than their scenario's now (`labels`: each scenario's digest)."""
     # Only the threads asked for, when a command records its own: the warehouse may hold many more.
     restrict = "WHERE list_contains($only, thread_id)" if only is not None else ""
     rows = con.execute(
         f"""
+        WITH labels AS (
+            SELECT l.environment, l.scenario, l.label FROM (SELECT unnest($labels) AS l)
+        )
         SELECT t.thread_id FROM (
             SELECT thread_id, count(*) AS n, min(machine_id) AS machine_id FROM entries {restrict}
             GROUP BY thread_id
         ) t LEFT JOIN outcomes o USING (thread_id) LEFT JOIN quarantine q USING (thread_id)
+        LEFT JOIN labels l ON l.environment = o.environment AND l.scenario = o.scenario
         WHERE list_contains($machines, t.machine_id)
-          AND (o.thread_id IS NULL OR o.entries != t.n) AND (q.thread_id IS NULL OR q.entries != t.n)
+          AND (o.thread_id IS NULL OR o.entries != t.n OR (l.label IS NOT NULL AND o.label IS DISTINCT FROM l.label))
+          AND (q.thread_id IS NULL OR q.entries != t.n)
         ORDER BY t.thread_id
         """,
-        {"machines": machine_ids, **({"only": only} if only is not None else {})},
+        {
+            "machines": machine_ids,
+            "labels": labels or [],
+            **({"only": only} if only is not None else {}),
+        },
     ).fetchall()
     return [r[0] for r in rows]
 
@@ -98,14 +114,19 @@ def refresh_outcomes(
     id, then scenario id) already read instead of reading each environment's scenario file."""
     envs = envs if envs is not None else workspace.environments_by_machine_id()
     report = MaterializeReport(errors=[])
-    pending = _pending(con, list(envs), only)
-    if not pending:
-        return report  # nothing to replay: skip reading the scenario files
     given = scenarios or {}
     scenario_sets = {
         machine_id: given[machine_id] if machine_id in given else scenarios_by_id(workspace, env)
         for machine_id, env in envs.items()
     }
+    labels = [
+        {"environment": envs[machine_id].name, "scenario": sid, "label": label_digest(scenario)}
+        for machine_id, by_id in scenario_sets.items()
+        for sid, scenario in by_id.items()
+    ]
+    pending = _pending(con, list(envs), only, labels)
+    if not pending:
+        return report
     rows: list[tuple[Any, ...]] = []
     quarantined: list[tuple[Any, ...]] = []
     with gc_paused():
@@ -162,7 +183,7 @@ def _replay_pending(
             quarantined.append((thread_id, env.name, reason, len(entries)))
             report.quarantined += 1
             continue
-        rows.append(_row(env, scored, len(entries), scenario is not None))
+        rows.append(_row(env, scored, len(entries), label_digest(scenario) if scenario is not None else None))
         report.replayed += 1
         if progress and done % 500 == 0:
             progress(done, len(pending))
@@ -199,10 +220,13 @@ OUTCOME_COLUMNS = (
     "decisions",
     "fallbacks",
     "fallback_reason",
+    "label",
 )
 
 
-def _row(env: Environment, r: OutcomeRow, entries: int, scored: bool) -> tuple[Any, ...]:
+def _row(env: Environment, r: OutcomeRow, entries: int, label: str | None) -> tuple[Any, ...]:
+    """The outcomes row of a replayed thread; `label`: the digest of what scored it (None: unscored)."""
+    scored = label is not None
     return (
         r.thread_id,
         env.name,
@@ -232,6 +256,7 @@ def _row(env: Environment, r: OutcomeRow, entries: int, scored: bool) -> tuple[A
         r.decisions,
         r.fallbacks,
         r.fallback_reason,
+        label,
     )
 
 

@@ -32,6 +32,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from improve.errors import ConfigError, ScenarioError, SealedSplitError
+from improve.machine import canonical_hash
 
 # libyaml's parser when PyYAML was built with it: a scenario file is read on every scoring pass,
 # and the pure-Python parser is most of that pass's time on a few hundred scenarios.
@@ -110,6 +111,13 @@ class ScenarioSet(BaseModel):
 
     def by_id(self) -> dict[str, Scenario]:
         return {s.id: s for s in self.scenarios}
+
+
+def label_digest(scenario: Scenario) -> str:
+    """A digest of what scores a run of the scenario (its label, category and world, whose audit counts
+    violations): a row scored against another digest is scored again (`materialize.refresh_outcomes`)."""
+    scored = scenario.model_dump(mode="json", include={"expected", "category", "world"})
+    return canonical_hash(scored)[:16]
 
 
 def valid_scenarios(path: Path) -> list[Scenario]:

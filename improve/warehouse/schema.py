@@ -248,6 +248,13 @@ MIGRATIONS: tuple[Migration, ...] = (
             "DELETE FROM outcomes",
         ),
     ),
+    Migration(
+        "009_outcome_label",
+        # What scored a row (the scenario's label, category and world, as a digest): a row scored
+        # against a label that has changed since is scored again. Rows without one (written before it
+        # existed) are scored again when a command reads them.
+        ("ALTER TABLE outcomes ADD COLUMN label VARCHAR",),
+    ),
 )
 
 

@@ -255,6 +255,8 @@ RELATIONS: tuple[Relation, ...] = (
             "fallbacks": "Of those, decisions the policy's onError answered because a model call failed (the "
             "endpoint: an HTTP error, a timeout, a refused request), not because of the model's answer.",
             "fallback_reason": "The first failed model call's error (NULL when none failed).",
+            "label": "A digest of what scored the row: the scenario's label, category and world (NULL when "
+            "the scenario is unknown); a row whose scenario has been relabelled since is scored again.",
         },
     ),
     Relation(
