@@ -15,6 +15,8 @@ from typer.testing import CliRunner
 from improve.cli.main import app
 from improve.demo import commit_workspace
 from improve.evals import PRODUCTION_DIR, Workspace, deploy
+from improve.log import JsonlDirStore
+from improve.runtime import recorded_thread
 from improve.warehouse import connect
 from tests.helpers import copy_workspace
 
@@ -174,6 +176,32 @@ def production_thread(agent: Any, thread_id: str, case: tuple[str, str, int, int
         ),
         thread_id=thread_id,
     )
+
+
+def test_a_production_thread_is_audited_in_the_world_its_tools_answered_from(ws: Path) -> None:
+    """A thread of no scenario has no fixture: its audit reads the world `world_from_thread` rebuilds
+    from what its tools answered (the order's total and window, the customer), not an empty one, where
+    a rule that reads the world would see nothing (or, for another desk's audit, false violations)."""
+    import dataclasses
+
+    from improve.evals import outcome_row
+
+    agent = deploy(Workspace.load(ws / "improve.toml"), "v0", model="careful")
+    production_thread(agent, "prod-audit", SMALL[0])
+    entries = JsonlDirStore(ws / "traces" / PRODUCTION_DIR).read("prod-audit")
+    seen: list[dict[str, Any]] = []
+
+    def make_world(fixture: Any) -> Any:
+        seen.append(fixture)
+        return agent.env.make_world(fixture)
+
+    env = dataclasses.replace(agent.env, make_world=make_world)
+    row = outcome_row(env, None, "prod-audit", entries)
+    assert row.violations == [] and seen[-1]["orders"]["O-5"]["total"] == 30, seen
+    assert seen[-1] == agent.env.world_from_thread(recorded_thread(agent.env.machine, entries, "prod-audit"))
+    # Without the hook (or when it cannot read the thread) nothing is guessed: the empty world.
+    outcome_row(dataclasses.replace(env, world_from_thread=None), None, "prod-audit", entries)
+    assert seen[-1] == {}
 
 
 @pytest.mark.slow

@@ -15,7 +15,7 @@ from typing import Any
 from improve.evals.scenarios import Scenario
 from improve.log import EntryView, ThreadId, replay
 from improve.machine import DONE_EVENT, ERROR_EVENT, canonical_json
-from improve.runtime import Environment
+from improve.runtime import Environment, recorded_thread
 
 
 @dataclass(frozen=True)
@@ -158,6 +158,20 @@ def compare_effects(
     return EffectDiff(missing=sorted((want - have).elements()), unexpected=sorted((have - want).elements()))
 
 
+def _world_of(env: Environment, entries: Sequence[EntryView], thread_id: str) -> dict[str, Any]:
+    """The world a thread of no scenario (a production run) is audited in: the one the environment's
+    `world_from_thread` rebuilds from what its tools answered, so that a rule the audit checks against
+    the world (a member's plan, an order's total) reads what the run read; the empty world when the
+    environment has no such hook or it cannot rebuild this thread."""
+    if env.world_from_thread is None:
+        return {}
+    try:
+        world = env.world_from_thread(recorded_thread(env.machine, entries, thread_id))  # type: ignore[arg-type]
+    except Exception:  # people's code, on a thread it may not know how to read: no world is guessed
+        return {}
+    return world if isinstance(world, dict) else {}
+
+
 def outcome_row(
     env: Environment,
     scenario: Scenario | None,
@@ -170,7 +184,8 @@ def outcome_row(
     first, so a thread that was tampered with raises instead of being scored."""
     result = replay(env.machine, entries, verify=verify, thread_id=thread_id)
     effects = effects_from_log(entries)
-    violations = env.make_world(scenario.world if scenario else {}).audit(effects)
+    world = scenario.world if scenario else _world_of(env, entries, thread_id)
+    violations = env.make_world(world).audit(effects)
     snapshot = result.snapshot
     state = env.machine.states[snapshot.value]
     if state.config.is_sentinel:
