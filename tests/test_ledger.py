@@ -198,6 +198,11 @@ def test_a_production_thread_is_audited_in_the_world_its_tools_answered_from(ws:
     env = dataclasses.replace(agent.env, make_world=make_world)
     row = outcome_row(env, None, "prod-audit", entries)
     assert row.violations == [] and seen[-1]["orders"]["O-5"]["total"] == 30, seen
+    assert row.policy_version == "v0" and row.model == "careful"  # from its stamp: the id says neither
+    assert runner.invoke(app, ["ingest", "-w", str(ws), str(ws / "traces" / PRODUCTION_DIR)]).exit_code == 0
+    for relation in ("outcomes", "threads"):
+        (found,) = sql(ws, f"SELECT policy_version, model FROM {relation} WHERE thread_id = 'prod-audit'")
+        assert found == {"policy_version": "v0", "model": "careful"}, relation
     assert seen[-1] == agent.env.world_from_thread(recorded_thread(agent.env.machine, entries, "prod-audit"))
     # Without the hook (or when it cannot read the thread) nothing is guessed: the empty world.
     outcome_row(dataclasses.replace(env, world_from_thread=None), None, "prod-audit", entries)

@@ -158,6 +158,17 @@ def compare_effects(
     return EffectDiff(missing=sorted((want - have).elements()), unexpected=sorted((have - want).elements()))
 
 
+def _stamped_version(stamp: dict[str, Any]) -> str:
+    """The policy version a thread's stamp names (`{"policy": {"version": "3"}}`, as a deployed agent
+    stamps its runs) as thread ids label it (`v3`); empty when it names none."""
+    policy = stamp.get("policy")
+    version = policy.get("version") if isinstance(policy, dict) else None
+    if not isinstance(version, (str, int)) or version == "":
+        return ""
+    text = str(version)
+    return text if text.startswith("v") else f"v{text}"
+
+
 def _world_of(env: Environment, entries: Sequence[EntryView], thread_id: str) -> dict[str, Any]:
     """The world a thread of no scenario (a production run) is audited in: the one the environment's
     `world_from_thread` rebuilds from what its tools answered, so that a rule the audit checks against
@@ -215,7 +226,7 @@ def outcome_row(
         scenario=scenario.id if scenario else (parsed.scenario if parsed else ""),
         category=scenario.category if scenario else "",
         split=parsed.split if parsed else str(result.stamp.get("split", "")),
-        policy_version=parsed.policy_version if parsed else str(result.stamp.get("policyVersion", "")),
+        policy_version=parsed.policy_version if parsed else _stamped_version(result.stamp),
         run=parsed.run if parsed else int(result.stamp.get("run", 1)),
         status=result.status,
         final_state=snapshot.value,

@@ -266,8 +266,10 @@ RELATIONS: tuple[Relation, ...] = (
         {
             "thread_id": "The thread.",
             "split": "train or held-out (NULL when the id is not split:version:model:scenario:rK).",
-            "policy_version": "Policy version label, e.g. v3.",
-            "model": "The model's name as in the id (NULL for ids of the older form without one).",
+            "policy_version": "Policy version label, e.g. v3 (from the id, else from the stamp of its first entry, "
+            "as a deployed agent's thread has it).",
+            "model": "The model's name as in the id, else as the stamp of its first entry names it (NULL for ids "
+            "of the older form without one and no stamp).",
             "scenario": "Scenario id.",
             "run": "Run number.",
             "machine_id": "Environment machine id.",
@@ -285,10 +287,15 @@ RELATIONS: tuple[Relation, ...] = (
         f"""
         SELECT thread_id,
                CASE WHEN regexp_matches(thread_id, {THREAD_PARTS}) THEN string_split(thread_id, ':')[1] END AS split,
-               CASE WHEN regexp_matches(thread_id, {THREAD_PARTS}) THEN string_split(thread_id, ':')[2] END
-                   AS policy_version,
-               CASE WHEN regexp_matches(thread_id, {THREAD_PARTS}) AND len(string_split(thread_id, ':')) = 5
-                    THEN string_split(thread_id, ':')[3] END AS model,
+               coalesce(
+                   CASE WHEN regexp_matches(thread_id, {THREAD_PARTS}) THEN string_split(thread_id, ':')[2] END,
+                   'v' || ltrim(min(metadata ->> '$.policy.version') FILTER (WHERE "index" = 0), 'v')
+               ) AS policy_version,
+               coalesce(
+                   CASE WHEN regexp_matches(thread_id, {THREAD_PARTS}) AND len(string_split(thread_id, ':')) = 5
+                        THEN string_split(thread_id, ':')[3] END,
+                   min(metadata ->> '$.models.decider') FILTER (WHERE "index" = 0)
+               ) AS model,
                CASE WHEN regexp_matches(thread_id, {THREAD_PARTS}) THEN string_split(thread_id, ':')[-2] END
                    AS scenario,
                CASE WHEN regexp_matches(thread_id, {THREAD_PARTS})
