@@ -17,7 +17,14 @@ from typer.testing import CliRunner
 
 from improve.cli.main import app
 from improve.errors import LogError, ScenarioError, WorkspaceError, WorldFromThreadError
-from improve.evals import Scenario, append_scenario, find_thread, load_scenarios, scenario_from_thread
+from improve.evals import (
+    Scenario,
+    Workspace,
+    append_scenario,
+    find_thread,
+    load_scenarios,
+    scenario_from_thread,
+)
 from improve.examples.refunds.world import world_from_thread
 from improve.log import JsonlDirStore
 from improve.runtime import (
@@ -173,7 +180,7 @@ def test_an_environment_without_the_hook_says_what_to_add(ws: Path) -> None:
 
 def test_a_thread_of_another_machine_or_nowhere_is_refused(ws: Path) -> None:
     run_json(ws, "--scenario", "small-refund-01")
-    _, entries = find_thread("train:v0:careful:small-refund-01:r1", ws / "traces")
+    _, entries = find_thread("train:v0:careful:small-refund-01:r1", Workspace.load(ws / "improve.toml"))
     foreign = [e.model_copy(update={"machineId": "support-desk"}) for e in entries]
     with pytest.raises(WorkspaceError, match=r"recorded by machine 'support-desk'.*pass --env"):
         scenario_from_thread(refunds(), foreign, expect="issued", effects=None, split="train")
@@ -252,7 +259,7 @@ def test_a_production_thread_becomes_a_scenario(ws: Path, payments_fail: bool, o
 
 def test_a_hook_that_leaves_out_what_a_tool_reads_is_caught_at_the_entry(ws: Path) -> None:
     production_run(ws, "prod-1", PRODUCTION_WORLD, {"awaitingApproval": [{"type": "REJECT"}]})
-    _, entries = find_thread("prod-1", ws / "traces")
+    _, entries = find_thread("prod-1", Workspace.load(ws / "improve.toml"))
     forgetful = dataclasses.replace(refunds(), world_from_thread=lambda thread: {"customers": {}})
     with pytest.raises(WorldFromThreadError, match=r"thread prod-1, entry 1 \(crm.verifyCustomer"):
         scenario_from_thread(
@@ -262,7 +269,7 @@ def test_a_hook_that_leaves_out_what_a_tool_reads_is_caught_at_the_entry(ws: Pat
 
 def test_bookkeeping_entries_are_passed_over_and_unreproducible_failures_refused(ws: Path) -> None:
     production_run(ws, "prod-2", PRODUCTION_WORLD, {"awaitingApproval": [{"type": "REJECT"}]})
-    _, entries = find_thread("prod-2", ws / "traces")
+    _, entries = find_thread("prod-2", Workspace.load(ws / "improve.toml"))
     assert entries[-1].type == "@agent.end"  # the run's own end entry is passed over like usage
     thread = recorded_thread(refunds().machine, entries, "prod-2")
     assert thread.final_state == "closed" and thread.status == "done"

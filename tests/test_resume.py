@@ -24,6 +24,7 @@ from improve.loop.gates.gate import GateContext
 from improve.machine import ExploreOptions, explore_paths, parse_machine
 from improve.runtime import Environment, World, prove_resumes, resume, run
 from improve.runtime.decision import Decision, DecisionRequest, Usage
+from tests.helpers import copy_workspace
 
 REPO = Path(__file__).resolve().parents[1]
 THREAD = "t:v0:m:s:r1"
@@ -682,3 +683,47 @@ def test_a_deployed_agents_run_that_waits_is_resumed_by_the_agent(tmp_path: Path
     assert again.duplicate and again.entry == done.entry
     with pytest.raises(ResumeRefusedError):
         agent.resume("prod-1", approve, agent.env.make_world({}), event_id="e-2")
+    # From the command line its world would have to be rebuilt from the thread, and this desk has no
+    # world_from_thread: refused, saying so and what to do (not "no thread", not a guessed world).
+    waits = agent.run(ticket, agent.env.make_world({}), thread_id="prod-2")
+    assert waits.status == "waiting"
+    refused = CliRunner().invoke(app, ["resume", "prod-2", "--event", json.dumps(approve), "-w", str(ws)])
+    assert (
+        refused.exit_code == 1 and "world_from_thread" in refused.stderr and "Agent.resume" in refused.stderr
+    )
+
+
+def test_a_deployed_agents_waiting_run_is_found_resumed_and_recorded_from_the_command_line(
+    tmp_path: Path,
+) -> None:
+    """`improve waiting` lists a deployed agent's run waiting for approval in traces/production/;
+    `improve resume ID` finds it there, rebuilds its world with the desk's world_from_thread (checked
+    against every recorded tool call), goes on, and records it: it no longer waits. `improve replay ID`
+    finds it too."""
+    from improve.evals import Workspace, deploy
+
+    ws = copy_workspace(tmp_path / "ws")
+    agent = deploy(Workspace.load(ws / "improve.toml"), "v0", model="careful")
+    world = {
+        "customers": {"C-9": {"refundsLast90d": 0, "accountAgeDays": 400}},
+        "orders": {"O-9": {"customerId": "C-9", "total": 240, "refunded": 0, "deliveredDaysAgo": 4}},
+    }
+    ticket = {"ticket": "The lamp arrived broken.", "customerId": "C-9", "orderId": "O-9", "amount": 240}
+    assert agent.run(ticket, agent.env.make_world(world), thread_id="prod-9").status == "waiting"
+    production = ws / "traces" / "production"
+    assert CliRunner().invoke(app, ["ingest", str(production), "-w", str(ws)]).exit_code == 0
+    listed = json.loads(CliRunner().invoke(app, ["waiting", "--json", "-w", str(ws)]).stdout)["waiting"]
+    assert [w["thread"] for w in listed] == ["prod-9"]
+    event = json.dumps({"type": "APPROVE", "approver": "dana"})
+    resumed = CliRunner().invoke(app, ["resume", "prod-9", "--event", event, "--json", "-w", str(ws)])
+    assert resumed.exit_code == 0, resumed.output
+    assert (json.loads(resumed.stdout)["status"], json.loads(resumed.stdout)["final_state"]) == (
+        "done",
+        "issued",
+    )
+    assert json.loads(CliRunner().invoke(app, ["waiting", "--json", "-w", str(ws)]).stdout)["waiting"] == []
+    replayed = CliRunner().invoke(app, ["replay", "prod-9", "--verify", "-w", str(ws)])
+    assert replayed.exit_code == 0 and "issued" in replayed.stdout, replayed.output
+    # The whole of traces/ replays its production/ too, as ingest reads it.
+    every = CliRunner().invoke(app, ["replay", str(ws / "traces"), "--json", "-w", str(ws)])
+    assert every.exit_code == 0 and "prod-9" in {t["thread"] for t in json.loads(every.stdout)["threads"]}

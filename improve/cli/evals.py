@@ -313,7 +313,7 @@ def scenarios_add(
         env_name = space.env_name(env)
         environment = space.environment(env_name)
         expected_effects = [] if no_effects else _parse_effects(effect) if effect else None
-        thread_id, entries = find_thread(from_thread, space.traces)
+        thread_id, entries = find_thread(from_thread, space)
         scenario = scenario_from_thread(
             environment,
             entries,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -30,23 +31,27 @@ Thread = tuple[str, "Sequence[EntryView]", list[bytes]]
 """A thread to replay: its id, its entries, and the lines they were decoded from (`replay(lines=)`)."""
 
 
-def _threads_from(args: list[str], traces: Path) -> Iterator[Thread]:
-    """Files (one thread or many with `threadId`), directories of them, or thread ids in traces/,
-    checked up front and then read one thread at a time through the bulk decode path, so replaying a
-    million entries holds about one thread of them at once."""
+def _threads_from(args: list[str], places: Sequence[Path]) -> Iterator[Thread]:
+    """Files (one thread or many with `threadId`), directories of them (and of their subdirectories:
+    traces/ holds a deployed agent's production/), or thread ids in `places` (traces/, then
+    traces/production/), checked up front and then read one thread at a time through the bulk decode
+    path, so replaying a million entries holds about one thread of them at once."""
     from improve.log import JsonlDirStore, read_file_thread_lines
 
-    sources: list[tuple[str, str]] = []
+    sources: list[tuple[str, Path]] = []
     for arg in args:
         path = Path(arg)
         if path.is_dir():
-            sources.append(("dir", arg))
+            sources += [("dir", d) for d in _thread_dirs(path)]
         elif path.is_file():
-            sources.append(("file", arg))
-        elif (traces / f"{arg}.jsonl").is_file():
-            sources.append(("thread", arg))
+            sources.append(("file", path))
         else:
-            raise WorkspaceError(f"{arg}: no such file, directory, or thread in {traces}")
+            held = next((d for d in places if (d / f"{arg}.jsonl").is_file()), None)
+            if held is None:
+                raise WorkspaceError(
+                    f"{arg}: no such file, directory, or thread in {' or '.join(str(d) for d in places)}"
+                )
+            sources.append(("thread", held / arg))
     found = 0
     for kind, source in sources:
         if kind == "dir":
@@ -55,14 +60,25 @@ def _threads_from(args: list[str], traces: Path) -> Iterator[Thread]:
                 found += 1
                 yield (tid, *store.read_bulk_lines(tid))
         elif kind == "file":
-            for thread in read_file_thread_lines(Path(source)):
+            for thread in read_file_thread_lines(source):
                 found += 1
                 yield thread
         else:
             found += 1
-            yield (source, *JsonlDirStore(traces).read_bulk_lines(source))
+            yield (source.name, *JsonlDirStore(source.parent).read_bulk_lines(source.name))
     if not found:  # a directory with no thread in it: nothing replayed must not read as a pass
         raise WorkspaceError(f"no thread found in {', '.join(args)}: nothing to replay")
+
+
+def _thread_dirs(root: Path) -> list[Path]:
+    """`root` and every directory under it that holds a `.jsonl` file, in order: where a directory's
+    threads are (hidden directories left out)."""
+    found = [root]
+    for directory, subdirs, files in os.walk(root):
+        subdirs[:] = sorted(d for d in subdirs if not d.startswith("."))
+        if Path(directory) != root and any(f.endswith(".jsonl") for f in files):
+            found.append(Path(directory))
+    return found
 
 
 def _paused(threads: Iterator[Thread]) -> Iterator[Thread]:
@@ -108,7 +124,12 @@ def _changed(environment: Environment, entries: Sequence[EntryView]) -> str:
 
 
 def replay_command(
-    targets: Annotated[list[str], typer.Argument(help="JSONL files, directories, or thread ids in traces/.")],
+    targets: Annotated[
+        list[str],
+        typer.Argument(
+            help="JSONL files, directories (with their subdirectories), or thread ids in traces/."
+        ),
+    ],
     verify: Annotated[
         bool,
         typer.Option("--verify", help="Check each thread's hash chain, its state hashes and its end entry."),
@@ -146,7 +167,7 @@ def replay_command(
 
     with handled():
         space = workspace(ws)
-        threads = _paused(_threads_from(targets, space.traces))
+        threads = _paused(_threads_from(targets, space.thread_dirs))
         cache: dict[str, Environment] = {}
         results: list[dict[str, Any]] = []
         failed: dict[str, int] = {"tampered": 0, "diverged": 0, "invalid": 0, "incomplete": 0, "unchained": 0}

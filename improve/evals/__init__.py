@@ -4,7 +4,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from improve.evals.cluster import ExecutorChoice, open_fanout, parse_executor
-from improve.evals.deploy import PRODUCTION_DIR, Agent, deploy
+from improve.evals.deploy import Agent, deploy
 from improve.evals.fanout import Fanout, ModelGate
 from improve.evals.from_thread import find_thread, scenario_from_thread
 from improve.evals.holdout import HeldOutRead, bias_bound, scenarios_needed, set_key, supported_reads
@@ -63,7 +63,14 @@ from improve.evals.unsealing import (
     unsealings_path,
     unsealings_so_far,
 )
-from improve.evals.workspace import CONFIG_NAME, Workspace, policy_content, policy_hash, policy_label
+from improve.evals.workspace import (
+    CONFIG_NAME,
+    PRODUCTION_DIR,
+    Workspace,
+    policy_content,
+    policy_hash,
+    policy_label,
+)
 
 if TYPE_CHECKING:
     from improve.evals.charts import VersionScore, category_chart, history_chart, svg_chart

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from improve.evals.suite import SuiteSpec, suite_spec
+from improve.evals.workspace import PRODUCTION_DIR  # where a deployed agent journals, by default
 from improve.log import JsonlDirStore, Store
 from improve.runtime import PolicyDecider, ResumeResult, RunResult, World, compile_policy, resume, run
 
@@ -28,9 +29,6 @@ if TYPE_CHECKING:
     from improve.llm import Meter
     from improve.machine import Machine
     from improve.runtime import Environment, ModelFactory
-
-PRODUCTION_DIR = "production"
-"""Where, under the workspace's traces, a deployed agent journals its threads by default."""
 
 
 @dataclass

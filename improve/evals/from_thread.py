@@ -27,7 +27,8 @@ from improve.errors import (
     WorldFromThreadError,
 )
 from improve.evals.scenarios import SPLITS, Expected, Scenario
-from improve.log import JsonlDirStore, LogEntry
+from improve.evals.workspace import Workspace
+from improve.log import LogEntry
 from improve.runtime import ActorCall, Environment, RecordedThread, recorded_thread
 
 HOOK_HELP = (
@@ -37,21 +38,22 @@ HOOK_HELP = (
 )
 
 
-def find_thread(source: str, traces: Path) -> tuple[str, list[LogEntry]]:
-    """The thread `source` names: a path to a `.jsonl` file holding one thread, or a thread id in the
-    workspace's `traces` (a JSONL store). Errors name the file and line."""
+def find_thread(source: str, space: Workspace) -> tuple[str, list[LogEntry]]:
+    """The thread `source` names: a path to a `.jsonl` file holding one thread, or a thread id of the
+    workspace (traces/, or a deployed agent's traces/production/). Errors name the file and line."""
     path = Path(source)
     if path.is_file():
         return _read_file(path)
-    store = JsonlDirStore(traces)
     try:
+        store = space.thread_store(source)
         found = store.exists(source)
     except LogError:
-        found = False  # not a valid thread id either: reported below with both places looked at
+        found = False  # not a valid thread id either: reported below with every place looked at
     if not found:
+        places = " or ".join(str(d) for d in space.thread_dirs)
         raise WorkspaceError(
-            f"{source}: no such file, and no thread {source!r} in {traces}; pass a thread id from "
-            f"{traces} (a file name without .jsonl) or a path to a .jsonl thread"
+            f"{source}: no such file, and no thread {source!r} in {places}; pass a thread id (a file name "
+            "there, without .jsonl) or a path to a .jsonl thread"
         )
     return source, store.read(source)
 

@@ -125,7 +125,8 @@ class Ledger:
         """
         from improve.evals.materialize import refresh_outcomes, scenarios_by_id
 
-        paths = [self.store.path(tid) for tid in thread_ids]
+        # A thread of traces/, or a deployed agent's of traces/production/ (a resumed one, say).
+        paths = [self.space.thread_store(tid).path(tid) for tid in thread_ids]
         missing = [p for p in paths if not p.is_file()]
         if missing:
             raise FileNotFoundError(f"threads not written: {', '.join(str(p) for p in missing[:5])}")
@@ -152,7 +153,7 @@ class Ledger:
         """Remove threads from the warehouse (entries and their thread_lengths rows, outcomes, quarantine,
         file bookkeeping) in one transaction: they are about to be written again."""
         ids = list(thread_ids)
-        files = [str(self.store.path(tid)) for tid in ids]
+        files = [str(self.space.thread_store(tid).path(tid)) for tid in ids]
         con = self.con
         held = con.execute(
             """

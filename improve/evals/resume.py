@@ -27,6 +27,7 @@ from improve.runtime import (
     ResumeResult,
     compile_policy,
     fold_thread,
+    recorded_thread,
     resume,
     world_at,
 )
@@ -52,9 +53,10 @@ def thread_environment(space: Workspace, thread_id: str, given: str | None = Non
     """The environment a thread of the workspace's traces ran in: `given`, else its stamp's."""
     if given is not None:
         return space.environment(given)
-    store = JsonlDirStore(space.traces)
+    store = space.thread_store(thread_id)
     if not store.exists(thread_id):
-        raise ResumeRefusedError(f"no thread {thread_id!r} in {space.traces} to resume", kind="not-found")
+        places = " or ".join(str(d) for d in space.thread_dirs)
+        raise ResumeRefusedError(f"no thread {thread_id!r} in {places} to resume", kind="not-found")
     _check_length(store, thread_id)
     first = store.read(thread_id, 0)[:1]
     name = (first[0].metadata or {}).get("environment") if first else None
@@ -65,8 +67,8 @@ def resume_thread(
     space: Workspace, env: Environment, request: ResumeRequest, meter: Meter | None = None
 ) -> ResumeResult:
     """Resume the waiting thread of the workspace's traces with the request's event; see the module."""
-    store = JsonlDirStore(space.traces)
     thread_id = request.thread_id
+    store = space.thread_store(thread_id)
     _check_length(store, thread_id)
     # Verified first: nothing (policy, model, world) is read off a thread that does not check.
     folded = fold_thread(env, store, thread_id)
@@ -102,7 +104,7 @@ def resume_thread(
     decider = PolicyDecider(
         compile_policy(policy, env.judgments, env.policy_guards), {"decider": model}, env.judgments
     )
-    fixture = scenario.world if scenario is not None else {}
+    fixture = scenario.world if scenario is not None else _deployed_world(env, entries, thread_id)
     world = world_at(env, fixture, entries, thread_id)
     return resume(
         env,
@@ -114,6 +116,28 @@ def resume_thread(
         event_id=request.event_id,
         finish=request.finish,
     )
+
+
+def _deployed_world(env: Environment, entries: list[LogEntry], thread_id: str) -> dict[str, Any]:
+    """The fixture of a thread that ran no scenario (a deployed agent's): the environment's own
+    `world_from_thread` rebuilds it from what the tools answered (`world_at` then checks every call);
+    without that hook nothing is guessed and the thread is refused."""
+    if env.world_from_thread is None:
+        raise ResumeRefusedError(
+            f"thread {thread_id} ran no scenario (a deployed agent's run), so its world is rebuilt from what "
+            f"its tools answered, by the environment's world_from_thread, which {env.name} lacks: add it "
+            "(docs/extending.md, 'A world from a thread'), or resume the run through the deployed agent "
+            "(Agent.resume), which holds its world",
+            kind="world-changed",
+        )
+    world = env.world_from_thread(recorded_thread(env.machine, entries, thread_id))
+    if not isinstance(world, dict):
+        raise ResumeRefusedError(
+            f"environment {env.name}'s world_from_thread returned {type(world).__name__} for thread {thread_id}, "
+            "not a fixture (a mapping)",
+            kind="world-changed",
+        )
+    return world
 
 
 def _check_length(store: JsonlDirStore, thread_id: str) -> None:

@@ -58,9 +58,13 @@ from improve.evals.cluster import LOCAL, ExecutorChoice, parse_executor
 from improve.evals.scenarios import ScenarioSet, load_scenarios
 from improve.files import locked
 from improve.llm import CACHE_DIR, ModelSpec
+from improve.log import JsonlDirStore
 from improve.machine import MachineConfig, canonical_json, format_validation_error
 from improve.registry import check_slug
 from improve.runtime import ENVIRONMENTS, Environment, load_environment, load_policy
+
+PRODUCTION_DIR = "production"
+"""The folder of the workspace's traces a deployed agent journals into (`deploy`)."""
 
 CONFIG_NAME = "improve.toml"
 
@@ -295,6 +299,21 @@ class Workspace:
     @property
     def traces(self) -> Path:
         return self.path(self.config.workspace.traces)
+
+    @property
+    def thread_dirs(self) -> tuple[Path, Path]:
+        """Where the workspace's threads are, by id: traces/ (runs of scenarios), then the deployed
+        agent's traces/production/ (`deploy`)."""
+        return self.traces, self.traces / PRODUCTION_DIR
+
+    def thread_store(self, thread_id: str) -> JsonlDirStore:
+        """The store of `thread_dirs` that holds `thread_id` (traces/ when neither does: where a new one
+        goes). A thread id that is not valid is refused (`LogError`)."""
+        for directory in self.thread_dirs:
+            store = JsonlDirStore(directory)
+            if store.exists(thread_id):
+                return store
+        return JsonlDirStore(self.traces)
 
     @property
     def warehouse(self) -> Path:
