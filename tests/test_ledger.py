@@ -122,6 +122,22 @@ def test_diagnose_json_carries_the_sql_it_ran(ws: Path) -> None:
     ), said.stdout
 
 
+def test_ingest_names_the_threads_it_sets_aside(ws: Path) -> None:
+    """A thread edited after it was written is never scored: `improve ingest` says so by name, not
+    only in its --json."""
+    cli(ws, "run", "--model", "careful", "--k", "1", "--scenario", "small-refund-01", "--json")
+    (path,) = (ws / "traces").glob("*small-refund-01*.jsonl")
+    tamper_order_total(path, 9999.0)
+    fresh = ws / "fresh"
+    fresh.mkdir()
+    path.rename(fresh / path.name)
+    (ws / "traces" / "traces.duckdb").unlink()
+    said = runner.invoke(app, ["ingest", str(fresh), "-w", str(ws)])
+    assert said.exit_code == 0, said.output
+    assert "set aside 1 thread(s) whose replay does not verify" in said.stderr, said.stderr
+    assert f"  {path.stem}: " in said.stderr
+
+
 def test_a_relabelled_scenario_is_scored_against_its_label_now(ws: Path) -> None:
     """A run is reused after its scenario's label changed (the label only scores it), but its row is
     scored again against the new label: not the old verdict, in the run's table, the warehouse or

@@ -664,6 +664,19 @@ def test_a_desk_with_tools_resumes_on_its_world_rebuilt_from_the_fixture_and_the
     assert (row["final_state"], row["passed"]) == ("issued", True)
 
 
+def test_a_run_its_people_script_answered_is_run_again_to_wait_under_suspend(tmp_path: Path) -> None:
+    """`improve run --suspend` asks for runs that stop at their first wait: a recorded run of the same
+    stamp that the scenario's people script answered is not reused (nothing would wait), it runs again
+    and waits; one already waiting is reused as it is."""
+    space = desk(tmp_path / "desk")
+    args = ["run", "--scenario", SCENARIO, "--model", "careful", "--k", "1", "--json", "-w", str(space)]
+    answered = json.loads(CliRunner().invoke(app, args).stdout)["threads"]
+    assert [(t["final_state"], t["status"]) for t in answered] == [("issued", "done")]
+    for _ in range(2):
+        waits = json.loads(CliRunner().invoke(app, [*args, "--suspend"]).stdout)["threads"]
+        assert [(t["final_state"], t["status"]) for t in waits] == [("approving", "waiting")]
+
+
 def test_a_deployed_agents_run_that_waits_is_resumed_by_the_agent(tmp_path: Path) -> None:
     """`improve.evals.deploy`: a live run that reaches the approval ends waiting in traces/production/;
     the agent resumes it with the approver's event, in the same thread, once (the same event id twice

@@ -176,6 +176,14 @@ def ingest_command(
                 )
                 for problem in materialized.errors or []:
                     err.print(f"  {problem}", markup=False)
+                if materialized.quarantined:
+                    err.print(
+                        f"set aside {materialized.quarantined} thread(s) whose replay does not verify, never "
+                        'scored (`improve sql "SELECT * FROM quarantine"`):',
+                        markup=False,
+                    )
+                    for problem in materialized.set_aside:
+                        err.print(f"  {problem}", markup=False)
         if (report.rejected or report.skipped) and not allow_rejects:
             if report.rejected:
                 unread = (

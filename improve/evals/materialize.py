@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import duckdb
@@ -33,6 +33,8 @@ class MaterializeReport:
     failed: int = 0
     quarantined: int = 0
     errors: list[str] | None = None
+    set_aside: list[str] = field(default_factory=list)
+    """The first threads set aside (quarantined), each as `thread: why`."""
 
 
 def scenarios_by_id(workspace: Workspace, env: Environment) -> dict[str, Scenario]:
@@ -169,6 +171,8 @@ def _replay_pending(
             # It does not verify: set aside with the reason, never scored.
             quarantined.append((thread_id, env.name, str(err), len(entries)))
             report.quarantined += 1
+            if len(report.set_aside) < 20:
+                report.set_aside.append(f"{thread_id}: {err}")
             continue
         except ImproveError as err:
             report.failed += 1
@@ -182,6 +186,8 @@ def _replay_pending(
             reason = f"incomplete: thread {thread_id} has no @agent.end entry after entry {len(entries) - 1}"
             quarantined.append((thread_id, env.name, reason, len(entries)))
             report.quarantined += 1
+            if len(report.set_aside) < 20:
+                report.set_aside.append(f"{thread_id}: {reason}")
             continue
         rows.append(_row(env, scored, len(entries), label_digest(scenario) if scenario is not None else None))
         report.replayed += 1

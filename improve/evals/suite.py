@@ -420,7 +420,7 @@ def write_threads(
     recorded: dict[str, list[LogEntry]] = {}
     if not fresh:
         for sc, n in planned:
-            entries = _reusable(env, store, spec.thread_id(sc, n), spec.stamp(env, sc, n))
+            entries = _reusable(env, store, spec.thread_id(sc, n), spec.stamp(env, sc, n), spec.people)
             if entries is not None:
                 recorded[spec.thread_id(sc, n)] = entries
     todo = [(sc, n) for sc, n in planned if spec.thread_id(sc, n) not in recorded]
@@ -600,10 +600,16 @@ async def _run_concurrently(
         await asyncio.gather(*(one(sc, n) for sc, n in todo))
 
 
-def _reusable(env: Environment, store: Store, thread_id: str, stamp: dict[str, Any]) -> list[LogEntry] | None:
-    """The thread's entries when it was recorded with this stamp and finished; None to run it."""
+def _reusable(
+    env: Environment, store: Store, thread_id: str, stamp: dict[str, Any], people: bool = True
+) -> list[LogEntry] | None:
+    """The thread's entries when it was recorded with this stamp and finished; None to run it. Without
+    `people` (`improve run --suspend`: each run stops at its first wait), a run the people script
+    answered is not what was asked for: it runs again, to wait there."""
     entries = store.read(thread_id)
     if not entries:
+        return None
+    if not people and any((e.metadata or {}).get("source") == "person" for e in entries):
         return None
     metadata = entries[0].metadata or {}
     recorded = {k: v for k, v in metadata.items() if k not in ("maxModelCalls", DIGESTS)}
