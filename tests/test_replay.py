@@ -657,10 +657,42 @@ def test_replay_of_a_file_that_is_not_a_thread_says_which_line(
     path = tmp_path / "bad.jsonl"
     path.write_bytes(content)
     result = CliRunner().invoke(app, ["replay", "-w", str(ws), str(path)])
-    assert result.exit_code == 3, result.output
+    assert result.exit_code == 1, result.output  # named as invalid, as a thread that does not fold is
     assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
     assert "Traceback" not in result.output
-    assert f"error: {path}{message}" in " ".join(result.stderr.split())
+    assert f"INVALID {path}{message}" in " ".join(result.stderr.split())
+
+
+def test_a_thread_with_a_line_that_is_no_entry_is_named_and_the_others_still_replay(
+    recorded_lines: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    """A directory of threads, one with a garbage line: that one is invalid (its file and line named),
+    the others replay and verify, the table says not every thread verified, and the exit is 1. A thread
+    file whose last line is cut short says so beside its verdict."""
+    ws = copy_workspace(tmp_path / "ws")
+    folder = tmp_path / "threads"
+    folder.mkdir()
+    good = "".join(json.dumps(line) + "\n" for line in recorded_lines)
+    (folder / f"{THREAD}.jsonl").write_text(good)
+    other = THREAD.replace(":r1", ":r9")
+    lines = good.splitlines(keepends=True)
+    (folder / f"{other}.jsonl").write_text("".join([*lines[:2], "{not json\n", *lines[2:]]))
+    result = runner.invoke(app, ["replay", "-w", str(ws), str(folder), "--verify"])
+    assert result.exit_code == 1, result.output
+    assert f"INVALID {folder / other}.jsonl, line 3: not a valid log entry" in " ".join(result.stderr.split())
+    assert "replayed 2 thread(s) (1 did not verify)" in result.stdout and "verified" in result.stdout
+    # In the workspace's traces, by id: a store reads whole lines only, and the end entry cut short is
+    # left out, as a torn write is, and said so.
+    (ws / "traces").mkdir(exist_ok=True)
+    (ws / "traces" / f"{THREAD}.jsonl").write_text("".join(lines[:-1]) + lines[-1][:40])
+    torn = runner.invoke(app, ["replay", "-w", str(ws), THREAD, "--verify", "--json"])
+    assert torn.exit_code == 1, torn.output
+    said = " ".join(torn.stderr.split())
+    assert (
+        "ends with a line cut short (no line break)" in said
+        and "(its file's last line was cut short)" in said
+    )
+    assert json.loads(torn.stdout)["threads"][0]["torn"]
 
 
 def test_replay_reads_a_thread_with_a_byte_order_mark(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -31,7 +32,23 @@ Thread = tuple[str, "Sequence[EntryView]", list[bytes]]
 """A thread to replay: its id, its entries, and the lines they were decoded from (`replay(lines=)`)."""
 
 
-def _threads_from(args: list[str], places: Sequence[Path]) -> Iterator[Thread]:
+@dataclass(frozen=True)
+class _Read:
+    """A thread read, and what its file says beyond its entries (`torn`: its last line was cut short)."""
+
+    thread: Thread
+    torn: str = ""
+
+
+@dataclass(frozen=True)
+class _Unreadable:
+    """A source (a file, a thread) with a line that is no log entry: named, and the others still replayed."""
+
+    source: str
+    why: str
+
+
+def _threads_from(args: list[str], places: Sequence[Path]) -> Iterator[_Read | _Unreadable]:
     """Files (one thread or many with `threadId`), directories of them (and of their subdirectories:
     traces/ holds a deployed agent's production/), or thread ids in `places` (traces/, then
     traces/production/), checked up front and then read one thread at a time through the bulk decode
@@ -54,20 +71,43 @@ def _threads_from(args: list[str], places: Sequence[Path]) -> Iterator[Thread]:
             sources.append(("thread", held / arg))
     found = 0
     for kind, source in sources:
-        if kind == "dir":
-            store = JsonlDirStore(source)
-            for tid in store.list_threads(limit=1_000_000).thread_ids:
+        if kind == "file":
+            try:
+                for thread in read_file_thread_lines(source):
+                    found += 1
+                    yield _Read(thread)
+            except LogError as error:  # the threads after the line in this file are not read
                 found += 1
-                yield (tid, *store.read_bulk_lines(tid))
-        elif kind == "file":
-            for thread in read_file_thread_lines(source):
-                found += 1
-                yield thread
-        else:
+                yield _Unreadable(
+                    str(source), f"{error} (the file's threads after that line were not replayed)"
+                )
+            continue
+        store = JsonlDirStore(source if kind == "dir" else source.parent)
+        ids = store.list_threads(limit=1_000_000).thread_ids if kind == "dir" else [source.name]
+        for tid in ids:
             found += 1
-            yield (source.name, *JsonlDirStore(source.parent).read_bulk_lines(source.name))
+            try:
+                yield _Read((tid, *store.read_bulk_lines(tid)), _torn(store.path(tid)))
+            except LogError as error:
+                yield _Unreadable(tid, str(error))
     if not found:  # a directory with no thread in it: nothing replayed must not read as a pass
         raise WorkspaceError(f"no thread found in {', '.join(args)}: nothing to replay")
+
+
+def _torn(path: Path) -> str:
+    """Why the thread file's last line was left out, when it was: it has no line break (a run writing
+    it, or a file cut short); a store reads only whole lines, as a crash mid-write leaves a torn one."""
+    try:
+        with path.open("rb") as handle:
+            size = handle.seek(0, os.SEEK_END)
+            if size == 0:
+                return ""
+            handle.seek(size - 1)
+            if handle.read(1) == b"\n":
+                return ""
+    except OSError:
+        return ""
+    return f"{path} ends with a line cut short (no line break): left out, as a torn write is"
 
 
 def _thread_dirs(root: Path) -> list[Path]:
@@ -81,7 +121,7 @@ def _thread_dirs(root: Path) -> list[Path]:
     return found
 
 
-def _paused(threads: Iterator[Thread]) -> Iterator[Thread]:
+def _paused(threads: Iterator[_Read | _Unreadable]) -> Iterator[_Read | _Unreadable]:
     """Each thread read with the cyclic collector paused (see `gc_paused`); replay runs with it on."""
     from improve.log import gc_paused
 
@@ -152,7 +192,9 @@ def replay_command(
     chain (every entry's entryHash: an edited, removed, inserted or reordered entry is named), every
     journaled snapshot hash, and that the thread ends with its run's @agent.end entry; exits 1 when a
     thread is tampered, diverged or incomplete. A thread that does not fold (the machine refuses an
-    entry) is named as invalid, the others still replayed, and the exit is 1. Threads of the older, unchained form (schemaVersion 1)
+    entry), or has a line that is no log entry (a file of many threads: those after that line are not
+    read), is named as invalid, the others still replayed, and the exit is 1. A thread file whose last
+    line is cut short (a torn write) has it left out, and says so. Threads of the older, unchained form (schemaVersion 1)
     are checked as far as their state hashes go and reported as unchained, not as a failure (unless
     --require-chain).
 
@@ -171,7 +213,15 @@ def replay_command(
         cache: dict[str, Environment] = {}
         results: list[dict[str, Any]] = []
         failed: dict[str, int] = {"tampered": 0, "diverged": 0, "invalid": 0, "incomplete": 0, "unchained": 0}
-        for thread_id, entries, lines in threads:
+        for item in threads:
+            if isinstance(item, _Unreadable):
+                failed["invalid"] += 1
+                results.append({"thread": item.source, "invalid": item.why})
+                err.print(f"[red]INVALID[/] {escape(item.why)}", markup=True)
+                continue
+            (thread_id, entries, lines), torn = item.thread, item.torn
+            if torn:
+                err.print(f"[yellow]warning[/]: {escape(torn)}", markup=True)
             if not entries:
                 raise LogError(f"thread {thread_id} is empty")
             environment = _environment_for(space, entries[0].machineId, env, cache)
@@ -200,7 +250,8 @@ def replay_command(
                 err.print(
                     f"[red]INCOMPLETE[/] {escape(thread_id)}: its {len(entries)} entries chain, but it has "
                     f"no @agent.end entry after entry {len(entries) - 1}: the run stopped before it ended, "
-                    "or its last entries were removed",
+                    "or its last entries were removed"
+                    + (" (its file's last line was cut short)" if torn else ""),
                     markup=True,
                 )
             elif result.verification == "unchained":
@@ -216,6 +267,7 @@ def replay_command(
                     "verified": verify,
                     "verification": result.verification,
                     "head": head(entries),
+                    **({"torn": torn} if torn else {}),
                 }
             )
         if failed["unchained"]:
@@ -227,7 +279,9 @@ def replay_command(
         if as_json:
             emit_json({"threads": results, **failed})
         else:
-            title = f"replayed {len(results)} thread(s)" + (" (chain and hashes verified)" if verify else "")
+            bad = sum(failed[k] for k in ("tampered", "diverged", "invalid", "incomplete"))
+            checked = f" ({bad} did not verify)" if bad else " (chain and hashes verified)"
+            title = f"replayed {len(results)} thread(s)" + (checked if verify else "")
             from rich.table import Table
 
             table = Table(title=title)
@@ -235,17 +289,21 @@ def replay_command(
                 table.add_column(column, overflow="fold")
             if verify:
                 table.add_column("verification", overflow="fold")
-            for item in results:
-                bad = next((key for key in ("tampered", "diverged", "invalid") if key in item), None)
-                if bad:
+            for shown in results:
+                wrong = next((key for key in ("tampered", "diverged", "invalid") if key in shown), None)
+                if wrong:
                     table.add_row(
-                        item["thread"], f"[red]{bad}[/]", "", escape(item[bad]), *([""] if verify else [])
+                        shown["thread"],
+                        f"[red]{wrong}[/]",
+                        "",
+                        escape(shown[wrong]),
+                        *([""] if verify else []),
                     )
                     continue
-                row = [item["thread"], item["final_state"], item["status"], escape(str(item["output"]))]
+                row = [shown["thread"], shown["final_state"], shown["status"], escape(str(shown["output"]))]
                 if verify:
-                    style = {"verified": "green", "unchained": "yellow"}.get(item["verification"], "red")
-                    row.append(f"[{style}]{item['verification']}[/]")
+                    style = {"verified": "green", "unchained": "yellow"}.get(shown["verification"], "red")
+                    row.append(f"[{style}]{shown['verification']}[/]")
                 table.add_row(*row)
             out.print(table)
         if failed["tampered"] or failed["diverged"] or failed["invalid"] or failed["incomplete"]:
