@@ -507,6 +507,17 @@ def test_the_refund_desk_waits_for_approval_then_resumes_in_a_new_process_and_sc
     assert [(t["verification"], t["status"], t["final_state"]) for t in verify["threads"]] == [
         ("verified", "done", "issued")
     ]
+    # The approver's name edited in the entry that resumed it: its content changed (it stands after the
+    # waiting run's end entry by right, so it is not called inserted).
+    edited = space / "edited"
+    edited.mkdir()
+    copy = [dict(line) for line in lines]
+    copy[resumed["entry"]] = {**copy[resumed["entry"]], "event": {"type": "APPROVE", "approver": "mallory"}}
+    (edited / f"{APPROVAL}.jsonl").write_text("".join(json.dumps(line) + "\n" for line in copy))
+    tampered = CliRunner().invoke(app, ["replay", str(edited), "--verify", "--json", "-w", str(space)])
+    assert tampered.exit_code == 1, tampered.output
+    (found,) = json.loads(tampered.stdout)["threads"]
+    assert (found["entry"], found["kind"]) == (resumed["entry"], "changed"), found
 
     # It scores like an uninterrupted run of the same scenario, policy and model.
     whole = desk(tmp_path / "uninterrupted")

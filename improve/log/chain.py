@@ -40,7 +40,7 @@ import msgspec
 
 from improve.errors import LogError, TamperError
 from improve.log.bulk import BulkEntry, EntryView, bulk_content, content_struct
-from improve.log.entry import END_EVENT, SCHEMA_VERSION, LogEntry, Verification, line_tail
+from improve.log.entry import END_EVENT, RESUME_KEY, SCHEMA_VERSION, LogEntry, Verification, line_tail
 from improve.machine import canonical_bytes, decoded_canonical_bytes, plain_json, sorted_text
 
 HASH_HEX = 32
@@ -304,7 +304,9 @@ def _diagnose(entries: Sequence[EntryView], p: int, thread_id: str) -> TamperErr
             "inserted",
             f"inserted: it is a copy of an entry written right after {origin}, not after entry {p - 1}",
         )
-    if p > 0 and entries[p - 1].type == END_EVENT:
+    if p > 0 and entries[p - 1].type == END_EVENT and RESUME_KEY not in (entry.metadata or {}):
+        # An entry that resumed a run stopped waiting comes after its end entry by right: its content
+        # changed (below), it was not put there.
         return tamper("inserted", f"inserted: it comes after the run's {END_EVENT} entry")
     if entry.index > p:
         gone = f"entry {p}" if entry.index == p + 1 else f"entries {p} to {entry.index - 1}"

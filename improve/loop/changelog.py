@@ -112,9 +112,7 @@ class Entry:
             held_out=(record.held_out.key, record.held_out.read) if record.held_out else None,
             model=record.model,
             cluster=record.cluster,
-            gained_too_little=not record.recommended
-            and record.decision is not None
-            and reason_of(record) == "gain",
+            gained_too_little=not record.recommended and _gained_too_little(record.decision_detail),
         )
 
 
@@ -288,11 +286,6 @@ def _entry(head: re.Match[str], body: str) -> Entry | None:
     read = _HELD_OUT_READ.search(body)
     cluster = _CLUSTER.search(body)
     decided = _DISCARDED.search(body)
-    failed = (
-        {m["name"] for m in _CHECK.finditer(decided["checks"]) if m["verdict"] == "FAIL"}
-        if decided
-        else set()
-    )
     return Entry(
         candidate=head["version"],
         baseline=baseline["baseline"].strip(),
@@ -304,8 +297,15 @@ def _entry(head: re.Match[str], body: str) -> Entry | None:
         held_out=(read[1], int(read[2])) if read else None,
         model=baseline["model"].strip() if baseline["model"] else None,
         cluster=cluster["cluster"] if cluster else None,
-        gained_too_little=bool(failed) and not failed & REACH_CHECKS,
+        gained_too_little=decided is not None and _gained_too_little(decided["checks"]),
     )
+
+
+def _gained_too_little(checks: str) -> bool:
+    """Whether the promotion rule's checks as a discarded entry states them (`name: FAIL (...)`) failed
+    only on the gain (`reason_of`'s `gain`), not by reaching too far."""
+    failed = {m["name"] for m in _CHECK.finditer(checks) if m["verdict"] == "FAIL"}
+    return bool(failed) and not failed & REACH_CHECKS
 
 
 def policy_history(entries: Sequence[Entry], head: str, current: Entry | None = None) -> list[VersionScore]:
