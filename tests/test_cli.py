@@ -214,8 +214,8 @@ def test_replay_of_a_malformed_file_names_the_line(ws: Path) -> None:
     path = ws / "broken.jsonl"
     path.write_text('{"schemaVersion": 1}\n')
     result = runner.invoke(app, ["replay", "-w", str(ws), str(path)])
-    assert result.exit_code == 3
-    assert f"{path}:1: not a log entry" in result.stderr
+    assert result.exit_code == 1  # named invalid, as a thread that does not fold is
+    assert f"INVALID {path}:1: not a log entry" in result.stderr
 
 
 @pytest.mark.parametrize("content", [None, "", "\n  \n"])

@@ -161,8 +161,16 @@ def scenarios_check(
 
         improve scenarios check --env refunds
     """
-    from improve.evals import OPEN_SPLITS, SEALED_SPLIT, leak_warnings, load_scenarios, set_key
-    from improve.evals.scenarios import ScenarioSet, scenario_lines, valid_scenarios
+    from improve.evals import (
+        OPEN_SPLITS,
+        SEALED_SPLIT,
+        ScenarioSet,
+        leak_warnings,
+        load_scenarios,
+        scenario_lines,
+        set_key,
+        valid_scenarios,
+    )
     from improve.machine import initial
 
     with handled():

@@ -35,6 +35,8 @@ from improve.evals.scenarios import (
     ScenarioSet,
     load_scenarios,
     read_yaml,
+    scenario_lines,
+    valid_scenarios,
 )
 from improve.evals.suite import (
     PlannedRun,
@@ -214,6 +216,8 @@ __all__ = [
     "history_chart",
     "leak_warnings",
     "load_scenarios",
+    "scenario_lines",
+    "valid_scenarios",
     "open_fanout",
     "otlp_export",
     "outcome_row",
