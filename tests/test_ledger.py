@@ -252,6 +252,18 @@ def test_production_threads_become_scenarios_and_a_round_fixes_them(tmp_path: Pa
     )  # fmt: skip
     assert "refundable" in top["guard"]
     assert sql(ws, found["sql"])[0]["threads"] == 4  # the SQL it shows runs as it is
+    assert (top["model"], top["policy_version"]) == ("naive", "v0")
+    # One model's and one version's threads: the stamps say which; another model has none here, and a
+    # version the workspace does not have is refused.
+    assert (
+        cli(ws, "diagnose", "--source", "production", "--model", "naive", "--policy", "v0", "--json")[
+            "clusters"
+        ]
+        == found["clusters"]
+    )
+    assert cli(ws, "diagnose", "--source", "production", "--model", "careful", "--json")["clusters"] == []
+    unknown = runner.invoke(app, ["diagnose", "--source", "production", "--policy", "v9", "-w", str(ws)])
+    assert unknown.exit_code == 2 and "v9" in unknown.stderr
     # An answer is named with its payload, as a round's clusters name it (a number as `#`).
     assert [c["answer"] for c in found["clusters"][1:]] == ["REFUND{amount=#}"], found["clusters"]
 

@@ -207,7 +207,12 @@ class Source(StrEnum):
 
 def diagnose_command(
     policy: Annotated[
-        str | None, typer.Option("--policy", "-p", help="The policy version to diagnose (scenarios).")
+        str | None,
+        typer.Option(
+            "--policy",
+            "-p",
+            help="The policy version to diagnose (scenarios); with --source production, only its threads.",
+        ),
     ] = None,
     source: Annotated[
         Source,
@@ -221,7 +226,15 @@ def diagnose_command(
     k: Annotated[
         int | None, typer.Option("--k", min=1, help="Runs per scenario (default from improve.toml).")
     ] = None,
-    model: Annotated[str, ModelOption] = "naive",
+    model: Annotated[
+        str | None,
+        typer.Option(
+            "--model",
+            "-m",
+            help="The model whose runs to diagnose (scenarios; default naive); with --source production, "
+            "only the threads it decided (default: every model's, each its own clusters).",
+        ),
+    ] = None,
     cache: Annotated[CacheMode, CacheOption] = CacheMode.record,
     as_json: Annotated[bool, JsonOption] = False,
     ws: Annotated[Path | None, WorkspaceOption] = None,
@@ -230,8 +243,9 @@ def diagnose_command(
 
     --source scenarios (the default) reads (or records) the policy's train runs only, verified in the
     warehouse; held-out failures never shape a change. --source production clusters the ingested
-    threads of a deployed agent (no scenario, no label) by decision, answer, refusal, guard and final
-    state, with counts, cost and example threads; turn a cluster into scenarios with `improve
+    threads of a deployed agent (no scenario, no label; --policy and --model keep one version's and one
+    model's) by model, policy version, decision, answer, refusal, guard and final state, with counts,
+    violations, failed model calls, cost and example threads; turn a cluster into scenarios with `improve
     scenarios add --from-thread`. --json includes the SQL, so an analyst can run it with `improve sql`.
 
     Example:
@@ -244,10 +258,11 @@ def diagnose_command(
     with handled():
         space = workspace(ws)
         if source == Source.production:
-            _diagnose_production(space, env, as_json)
+            _diagnose_production(space, env, policy, model, as_json)
             return
         if policy is None:
             raise WorkspaceError("--policy is needed with --source scenarios, e.g. --policy v0")
+        model = model or "naive"
         found = diagnose_policy(space, env, policy, model, k, cache=cache.value, say=say)
         if as_json:
             emit_json(found.to_json())
@@ -275,38 +290,51 @@ def diagnose_command(
             )
 
 
-def _diagnose_production(space: Workspace, env: str | None, as_json: bool) -> None:
-    from improve.evals import Ledger
+def _diagnose_production(
+    space: Workspace, env: str | None, policy: str | None, model: str | None, as_json: bool
+) -> None:
+    from improve.evals import Ledger, policy_label
     from improve.loop import diagnose_production
 
     environment = space.environment(env)
+    version = None
+    if policy is not None:
+        version = policy_label(space.load_policy(environment.name, policy))  # an unknown version: refused
     with Ledger(space, environment) as ledger:
-        found = diagnose_production(ledger.con, environment.name)
+        found = diagnose_production(ledger.con, environment.name, version, model)
     if as_json:
         emit_json(found.to_json())
         return
+    of = "".join(
+        f" {what} {value}" for what, value in (("of policy", version), ("decided by", model)) if value
+    )
     if not found.clusters:
         out.print(
-            f"no production threads of {environment.name} in {space.warehouse}: ingest a deployed agent's "
+            f"no production threads of {environment.name}{of} in {space.warehouse}: ingest a deployed agent's "
             "threads first (improve ingest PATH)",
             markup=False,
         )
         return
     from rich.table import Table
 
-    table = Table(title=f"{environment.name}: {found.threads} production thread(s), by what happened")
-    for column in ("threads", "decision", "answer", "refused before", "final state", "status", "USD/thread"):
+    table = Table(title=f"{environment.name}: {found.threads} production thread(s){of}, by what happened")
+    columns = ("threads", "model", "policy", "decision", "answer", "refused before", "final state", "status")
+    for column in (*columns, "violations", "failed calls", "USD/thread"):
         table.add_column(column, overflow="fold")
     table.add_column("examples", overflow="fold", max_width=48)
     for c in found.clusters:
         refused = f"{c.refusal}: {c.guard}" if c.guard else c.refusal
         table.add_row(
             str(c.threads),
+            c.model or "-",
+            c.policy_version or "-",
             c.decision,
             c.answer,
             refused or "-",
             c.final_state,
             c.status,
+            str(c.violations),
+            str(c.model_errors),
             f"{c.cost_usd_per_thread:.4f}",
             ", ".join(c.examples),
         )

@@ -43,8 +43,11 @@ WITH production AS (
               AND (e.event ->> '$.error') IS NOT NULL) AS model_errors
     FROM outcomes o
     WHERE o.environment = $environment AND o.expected_outcome IS NULL AND coalesce(o.split, '') != 'test'
+      AND ($policy IS NULL OR o.policy_version = $policy) AND ($model IS NULL OR o.model = $model)
 )
-SELECT d.decision,
+SELECT coalesce(p.model, '') AS model,
+       coalesce(p.policy_version, '') AS policy_version,
+       d.decision,
        {answer} AS answer,
        coalesce(a.kind, '') AS refusal,
        coalesce(a.guard, '') AS guard,
@@ -60,13 +63,17 @@ FROM production p
 JOIN decisions d USING (thread_id)
 LEFT JOIN attempts a ON a.thread_id = d.thread_id AND a."index" = d."index"
 GROUP BY ALL
-ORDER BY threads DESC, d.decision, answer, refusal, guard, p.final_state
+ORDER BY threads DESC, d.decision, answer, refusal, guard, p.final_state, model, policy_version
 """.replace("{answer}", ANSWER_SQL.replace("\n", "\n       "))
-"""Production threads of one environment, clustered by decision, answer, refusal, guard and end."""
+"""Production threads of one environment (of one policy version, one model, when given), clustered by
+model and policy version (their failures are theirs), decision, answer, refusal, guard and end."""
 
 
 @dataclass(frozen=True)
 class ProductionCluster:
+    model: str
+    """The model that decided (from the threads' stamps), or empty."""
+    policy_version: str
     decision: str
     answer: str
     refusal: str
@@ -89,28 +96,43 @@ class ProductionDiagnosis:
     threads: int
     clusters: list[ProductionCluster]
     sql: str
+    policy: str | None = None
+    """The policy version the threads were restricted to (None: every version)."""
+    model: str | None = None
+    """The model they were restricted to (None: every model)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
             "source": "production",
             "environment": self.environment,
+            "policy": self.policy,
+            "model": self.model,
             "threads": self.threads,
             "clusters": [asdict(c) for c in self.clusters],
             "sql": self.sql,
         }
 
 
-def diagnose_production(con: duckdb.DuckDBPyConnection, environment: str) -> ProductionDiagnosis:
-    """The clusters of an environment's production threads, largest first, with the SQL that made them."""
-    rows = con.execute(PRODUCTION_SQL, {"environment": environment}).fetchall()
+def diagnose_production(
+    con: duckdb.DuckDBPyConnection, environment: str, policy: str | None = None, model: str | None = None
+) -> ProductionDiagnosis:
+    """The clusters of an environment's production threads (of `policy`, a version label, and `model`,
+    when given), largest first, with the SQL that made them."""
+    params = {"environment": environment, "policy": policy, "model": model}
+    rows = con.execute(PRODUCTION_SQL, params).fetchall()
     names = [f.name for f in fields(ProductionCluster)]
     clusters = [
-        ProductionCluster(**dict(zip(names, [*row[:11], list(row[11])], strict=True))) for row in rows
+        ProductionCluster(**dict(zip(names, [*row[:-1], list(row[-1])], strict=True))) for row in rows
     ]
     threads = con.execute(
-        "SELECT count(*) FROM outcomes WHERE environment = ? AND expected_outcome IS NULL "
-        "AND coalesce(split, '') != 'test'",
-        [environment],
+        "SELECT count(*) FROM outcomes WHERE environment = $environment AND expected_outcome IS NULL "
+        "AND coalesce(split, '') != 'test' AND ($policy IS NULL OR policy_version = $policy) "
+        "AND ($model IS NULL OR model = $model)",
+        params,
     ).fetchone()
-    sql = PRODUCTION_SQL.replace("$environment", "'" + environment.replace("'", "''") + "'").strip()
-    return ProductionDiagnosis(environment, int(threads[0]) if threads else 0, clusters, sql)
+    sql = PRODUCTION_SQL
+    for name, value in params.items():  # written in, so `improve sql` runs it as it is
+        sql = sql.replace(f"${name}", "NULL" if value is None else "'" + value.replace("'", "''") + "'")
+    return ProductionDiagnosis(
+        environment, int(threads[0]) if threads else 0, clusters, sql.strip(), policy, model
+    )
