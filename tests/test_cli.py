@@ -344,6 +344,25 @@ def test_a_scenario_whose_input_the_machine_cannot_start_with_is_named_by_check_
     assert f"scenario '{victim['id']}': input: refunds's machine cannot start with it" in every.stderr
 
 
+def test_a_label_that_is_no_final_state_is_refused_by_every_command_that_scores(ws: Path) -> None:
+    """`expected.outcome: isued` can never be reached: a run, a score or a round would count every run
+    of the scenario as the agent's failure. Refused before anything runs, with the file and line."""
+    path = ws / "scenarios" / "refunds.yaml"
+    doc = yaml.safe_load(path.read_text())
+    doc["scenarios"][2]["expected"]["outcome"] = "isued"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    line = next(
+        n for n, t in enumerate(path.read_text().splitlines(), 1) if f"id: {doc['scenarios'][2]['id']}" in t
+    )
+    for command in (["run", "--k", "1"], ["round", "--policy", "v0", "--k", "1"]):
+        refused = runner.invoke(app, [*command, "-w", str(ws)])
+        assert refused.exit_code == 2, refused.output
+        assert (
+            f"{path}:{line}: scenario '{doc['scenarios'][2]['id']}': expected.outcome 'isued' is not a final"
+            in (" ".join(refused.stderr.split()))
+        )
+
+
 def seal(
     ws: Path,
     ids: tuple[str, ...] = ("small-refund-05", "fraud-signal-09", "over-window-09"),

@@ -53,9 +53,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from improve.errors import WorkspaceError
+from improve.errors import ScenarioError, WorkspaceError
 from improve.evals.cluster import LOCAL, ExecutorChoice, parse_executor
-from improve.evals.scenarios import ScenarioSet, load_scenarios
+from improve.evals.scenarios import ScenarioSet, load_scenarios, scenario_lines
 from improve.files import locked
 from improve.llm import CACHE_DIR, ModelSpec
 from improve.log import JsonlDirStore
@@ -403,8 +403,23 @@ class Workspace:
         return self.path(section.scenarios if section and section.scenarios else f"scenarios/{env}.yaml")
 
     def scenarios(self, env: str) -> ScenarioSet:
-        """The environment's scenario file, checked to be about that environment."""
-        return load_scenarios(self.scenarios_path(env), env)
+        """The environment's scenario file, checked to be about that environment, and every label a
+        final state of its machine (a run can end nowhere else: a misspelt label would fail every run
+        of its scenario, as if the agent were wrong)."""
+        path = self.scenarios_path(env)
+        found = load_scenarios(path, env)
+        finals = set(self.environment(env).config.final_states())
+        wrong = [s for s in found.scenarios if s.expected.outcome not in finals]
+        if wrong:
+            lines = scenario_lines(path)
+            raise ScenarioError(
+                "\n".join(
+                    f"{path}:{lines.get(s.id, 1)}: scenario '{s.id}': expected.outcome '{s.expected.outcome}' "
+                    f"is not a final state of {env}; final states are {sorted(finals)}"
+                    for s in wrong
+                )
+            )
+        return found
 
     def policies_dir(self, env: str) -> Path:
         section = self.config.environments.get(env)
