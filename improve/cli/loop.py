@@ -301,6 +301,7 @@ def _diagnose_production(
     if policy is not None:
         version = policy_label(space.load_policy(environment.name, policy))  # an unknown version: refused
     with Ledger(space, environment) as ledger:
+        ledger.refresh()  # threads ingested but not yet replayed, or rows an older improve wrote
         found = diagnose_production(ledger.con, environment.name, version, model)
     if as_json:
         emit_json(found.to_json())

@@ -216,9 +216,20 @@ class Ledger:
         quarantined = [Quarantined(*r) for r in self.con.execute(QUARANTINE_SQL, params).fetchall()]
         return Recorded([found[t] for t in thread_ids if t in found], quarantined, list(thread_ids))
 
+    def refresh(self) -> None:
+        """Replay and score the environment's threads the warehouse holds without a current outcomes
+        row (ingested but not replayed, relabelled since, or written by an older improve)."""
+        from improve.evals.materialize import refresh_outcomes, scenarios_by_id
+
+        if self._scenarios is None:
+            self._scenarios = scenarios_by_id(self.space, self.env)
+        machine = self.env.config.id
+        refresh_outcomes(self.con, self.space, envs={machine: self.env}, scenarios={machine: self._scenarios})
+
     def production(self, limit: int) -> Production:
         """The `limit` most recent production threads of the environment (by their last entry), with
-        their entries, and how many the warehouse holds."""
+        their entries, and how many the warehouse holds (their rows brought up to date first)."""
+        self.refresh()
         found = self.con.execute(PRODUCTION_THREADS_SQL, {"environment": self.env.name}).fetchall()
         newest = [str(r[0]) for r in found[:limit]]
         threads: dict[str, list[LogEntry]] = {t: [] for t in newest}

@@ -252,8 +252,12 @@ MIGRATIONS: tuple[Migration, ...] = (
         "009_outcome_label",
         # What scored a row (the scenario's label, category and world, as a digest): a row scored
         # against a label that has changed since is scored again. Rows without one (written before it
-        # existed) are scored again when a command reads them.
-        ("ALTER TABLE outcomes ADD COLUMN label VARCHAR",),
+        # existed) are scored again when a command reads them. Production rows (no label) were audited
+        # in an empty world before the environment's world_from_thread rebuilt theirs: replayed again.
+        (
+            "ALTER TABLE outcomes ADD COLUMN label VARCHAR",
+            "DELETE FROM outcomes WHERE expected_outcome IS NULL",
+        ),
     ),
 )
 
