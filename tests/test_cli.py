@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -361,6 +362,23 @@ def test_a_label_that_is_no_final_state_is_refused_by_every_command_that_scores(
             f"{path}:{line}: scenario '{doc['scenarios'][2]['id']}': expected.outcome 'isued' is not a final"
             in (" ".join(refused.stderr.split()))
         )
+
+
+def test_a_value_of_the_wrong_type_in_improve_toml_names_its_line(ws: Path) -> None:
+    """`k = "three"` under [objective]: the error names the file, the line and the path, as a TOML
+    syntax error does; a key in a dotted table header, and a table the file has, are found too."""
+    toml = ws / "improve.toml"
+    text = re.sub(r"(?m)^k = .*$", 'k = "three"', toml.read_text(), count=1)
+    toml.write_text(text + '\n[models.smol]\nprovider = "openai"\nmodel = "m"\nconcurrency = "many"\n')
+    lines = toml.read_text().splitlines()
+    k = lines.index('k = "three"') + 1
+    many = lines.index('concurrency = "many"') + 1
+    result = runner.invoke(app, ["run", "-w", str(ws)])
+    assert result.exit_code == 2, result.output
+    said = " ".join(result.stderr.split())
+    assert f"{toml.resolve()}:{k}: $.objective.k: Input should be a valid integer" in said, said
+    assert f"{toml.resolve()}:{many}: $.models.smol.concurrency:" in said, said
+    assert "Traceback" not in result.output
 
 
 def seal(

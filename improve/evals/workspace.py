@@ -247,6 +247,27 @@ class WorkspaceConfig(_Section):
     otlp: OtlpSection = Field(default_factory=OtlpSection)
 
 
+def _toml_line(text: str, loc: tuple[int | str, ...]) -> int | None:
+    """The 1-based line of improve.toml that a validation problem at `loc` (`("objective", "k")`) is
+    about: the key's line in its table, else the table's header; None when neither is found (a key the
+    file does not have, as a missing field)."""
+    names = tuple(str(part) for part in loc)
+    table: tuple[str, ...] = ()
+    header: int | None = None
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.split("#", 1)[0].strip()
+        if line.startswith("["):
+            table = tuple(part.strip().strip("\"'") for part in line.strip("[]").split("."))
+            if header is None and table and names[: len(table)] == table:
+                header = number
+            continue
+        if "=" in line:
+            key = tuple(part.strip().strip("\"'") for part in line.split("=", 1)[0].split("."))
+            if (*table, *key) == names[: len(table) + len(key)]:
+                return number
+    return header
+
+
 class Workspace:
     """A directory with `improve.toml`, `scenarios/`, `policies/`, `traces/` and `reports/`."""
 
@@ -279,7 +300,15 @@ class Workspace:
         try:
             config = WorkspaceConfig.model_validate(data)
         except ValidationError as err:
-            raise WorkspaceError(format_validation_error(err, str(path))) from None
+            text = path.read_text(encoding="utf-8")
+            problems = format_validation_error(err, str(path)).splitlines()
+            lines = [_toml_line(text, problem["loc"]) for problem in err.errors()]
+            raise WorkspaceError(
+                "\n".join(
+                    problem.replace(f"{path}: ", f"{path}:{line}: ", 1) if line else problem
+                    for problem, line in zip(problems, lines, strict=True)
+                )
+            ) from None
         return cls(path.parent.resolve(), config)
 
     def path(self, relative: str) -> Path:
