@@ -83,6 +83,31 @@ RELATIONS: tuple[Relation, ...] = (
         },
     ),
     Relation(
+        "ingested_files",
+        "One row per file ingested: how it looked when read, so a file read again unchanged is skipped, and "
+        "one changed since is read again (its lines past what the warehouse holds ingested, others checked).",
+        {
+            "path": "The file, as given to ingest (resolved).",
+            "size": "Its size in bytes when read.",
+            "mtime_ns": "Its modification time (nanoseconds) when read.",
+            "sha256": "The sha256 of its content when read.",
+            "lines": "Non-blank lines read from it.",
+            "rejected": "Of those, lines sent to rejected_lines.",
+            "batch_id": "The ingest batch that last read it.",
+        },
+        in_lake=False,
+    ),
+    Relation(
+        "schema_migrations",
+        "The warehouse's schema changes applied, in order (and the version of its views): a warehouse is "
+        "migrated forward when opened; one written by a newer improve is refused.",
+        {
+            "name": "The migration (`009_outcome_label`), or `views:` and the digest of the views' definitions.",
+            "applied_at": "When it was applied.",
+        },
+        in_lake=False,
+    ),
+    Relation(
         "ingest_batches",
         "One row per `improve ingest` batch (one transaction): lines read = ingested + already present + rejected.",
         {
