@@ -658,7 +658,9 @@ def test_cli_sql_errors_and_schema(ws: Path) -> None:
     # Every relation and every column is described, the bookkeeping tables too.
     assert {"ingested_files", "schema_migrations"} <= set(doc)
     assert [name for name, r in doc.items() if not r["description"]] == []
-    assert [f"{name}.{c['name']}" for name, r in doc.items() for c in r["columns"] if not c["description"]] == []
+    assert [
+        f"{name}.{c['name']}" for name, r in doc.items() for c in r["columns"] if not c["description"]
+    ] == []
     missing = runner.invoke(app, ["sql", "-w", str(ws), "--db", str(ws / "none.duckdb"), "SELECT 1"])
     assert missing.exit_code == 2 and "no warehouse at" in missing.stderr
 
