@@ -33,6 +33,7 @@ from improve.log import LogEntry
 from improve.log.store import JsonlDirStore
 from improve.runtime import load_environment
 from improve.runtime.policy import load_policy
+from improve.warehouse import tools_of
 from improve.warehouse.db import open_database
 from tests.helpers import REPO, copy_workspace
 from tests.phoenix import Phoenix, running_phoenix
@@ -218,9 +219,12 @@ def test_exported_threads_parse_as_otlp_and_follow_the_genai_conventions(ws: Pat
             e.event["inputTokens"] for e in usage
         )
         tools = [s for s in trace if _attrs(s)["gen_ai.operation.name"] == "execute_tool"]
-        assert sorted(s.name for s in tools) == sorted(
-            f"execute_tool {e.event['actorId']}" for e in _tools(entries)
+        # Named for the tool the state ran (its invoke's src), the state's actor id beside it.
+        ran = tools_of(load_environment("refunds").machine)
+        assert sorted((s.name, _attrs(s)["improve.actor.id"]) for s in tools) == sorted(
+            (f"execute_tool {ran[e.event['actorId']]}", e.event["actorId"]) for e in _tools(entries)
         )
+        assert {_attrs(s)["gen_ai.tool.name"] for s in tools} <= set(load_environment("refunds").actors)
         assert all(
             _attrs(s)["openinference.span.kind"] == "TOOL"
             and _attrs(s)["output.value"] == _attrs(s)["gen_ai.tool.call.result"]

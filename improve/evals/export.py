@@ -4,6 +4,7 @@ carry them. `improve export --format otlp` prints what this returns."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -60,6 +61,22 @@ def _looks_like_path(source: str) -> bool:
     return "/" in source or source.endswith((".jsonl", ".json"))
 
 
+def _named_tools(space: Workspace, runs: list[ThreadRun]) -> list[ThreadRun]:
+    """The runs, each with the tools its machine's invokes run (`tools_of`), when the workspace knows
+    that machine: its tool spans are named for the tool, not the state."""
+    from improve.warehouse import tools_of
+
+    machines = {run.entries[0].machineId for run in runs if run.entries}
+    if not machines:
+        return runs
+    known = space.environments_by_machine_id()
+    tools = {m: tools_of(known[m].machine) for m in machines if m in known}
+    return [
+        dataclasses.replace(run, tools=tools.get(run.entries[0].machineId, {})) if run.entries else run
+        for run in runs
+    ]
+
+
 def select_for_export(space: Workspace, source: str | None, db: Path | None = None) -> ExportSelection:
     """The threads `source` names: a JSONL file or directory (each thread replayed and scored against
     the workspace's environments), else a thread id prefix or a query over the warehouse at `db`
@@ -79,7 +96,7 @@ def select_for_export(space: Workspace, source: str | None, db: Path | None = No
             raise WorkspaceError(f"{source}: no thread found (no *.jsonl file with a log entry)")
         rows, unscored = score_threads(space, threads)
         runs = [ThreadRun(tid, entries, run_outcome(rows.get(tid))) for tid, entries in threads]
-        return ExportSelection(runs, unscored, source)
+        return ExportSelection(_named_tools(space, runs), unscored, source)
     if source is not None and _looks_like_path(source):
         raise WorkspaceError(
             f"{source}: no such file or directory; pass a JSONL thread file or directory, a thread id "
@@ -97,7 +114,9 @@ def select_for_export(space: Workspace, source: str | None, db: Path | None = No
     finally:
         con.close()
     return ExportSelection(
-        runs, {r.thread_id: "no outcomes row" for r in runs if r.outcome is None}, str(target)
+        _named_tools(space, runs),
+        {r.thread_id: "no outcomes row" for r in runs if r.outcome is None},
+        str(target),
     )
 
 

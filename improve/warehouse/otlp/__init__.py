@@ -28,6 +28,7 @@ from improve.warehouse.otlp.spans import (
     export_requests,
     request_json,
     thread_spans,
+    tools_of,
     unix_nanos,
 )
 from improve.warehouse.otlp.spans import (
@@ -63,6 +64,7 @@ __all__ = [
     "send_requests",
     "span_id_for",
     "thread_spans",
+    "tools_of",
     "trace_id_for",
     "traces_url",
     "unix_nanos",

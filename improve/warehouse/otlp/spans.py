@@ -34,13 +34,13 @@ again gives the same traces, byte for byte, and a collector that deduplicates by
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from improve.log import END_EVENT, INIT_EVENT, MAX_USAGE_COUNT, USAGE_EVENT, LogEntry, ThreadId
-from improve.machine import DONE_EVENT, ERROR_EVENT
+from improve.machine import DONE_EVENT, ERROR_EVENT, Machine
 from improve.warehouse.otlp.ids import span_id_for, trace_id_for
 
 if TYPE_CHECKING:  # protobuf loads only when something is exported
@@ -101,6 +101,9 @@ class ThreadRun:
     thread_id: str
     entries: Sequence[LogEntry]
     outcome: RunOutcome | None = None
+    tools: Mapping[str, str] = field(default_factory=dict)
+    """Each actor id of the machine that ran it -> the tool its invoke runs (`src`, `members.lookup`), when
+    the machine is known (`tools_of`): a tool span is named for the tool, not for the state that ran it."""
 
 
 @dataclass
@@ -108,6 +111,17 @@ class _Decision:
     """The model calls made for the decision under way, until its answer lands."""
 
     chats: list[Span] = field(default_factory=list)
+
+
+def tools_of(machine: Machine) -> dict[str, str]:
+    """`ThreadRun.tools` of a machine: each invoke's id (its state's name by default) -> its `src`, for
+    the invokes whose id names one tool only."""
+    found: dict[str, set[str]] = {}
+    for state in machine.states.values():
+        invoke = state.invoke
+        if invoke is not None:
+            found.setdefault(invoke.id, set()).add(invoke.src)
+    return {actor: next(iter(srcs)) for actor, srcs in found.items() if len(srcs) == 1}
 
 
 def unix_nanos(recorded_at: str) -> int:
@@ -480,7 +494,7 @@ def _thread_spans(run: ThreadRun) -> list[Span]:
             _decision(entry, meta, decision, agent, at)
             decision = _Decision()
         elif etype in (DONE_EVENT, ERROR_EVENT):
-            spans.append(_tool(tid, entry, before, at, agent_id))
+            spans.append(_tool(tid, entry, before, at, agent_id, run.tools))
         else:
             # A person's answer to a waiting state: what the run was told, in its place on the timeline.
             _event(
@@ -532,22 +546,26 @@ def _decision(entry: LogEntry, meta: dict[str, Any], decision: _Decision, agent:
         )
 
 
-def _tool(tid: tuple[str, str], entry: LogEntry, start: int, end: int, parent: bytes) -> Span:
+def _tool(
+    tid: tuple[str, str], entry: LogEntry, start: int, end: int, parent: bytes, tools: Mapping[str, str]
+) -> Span:
     from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
     event = entry.event
     actor = str(event.get("actorId") or "actor")
+    tool = tools.get(actor, actor)
     failed = entry.type == ERROR_EVENT
     span = _span(
         tid,
         str(entry.index),
-        f"execute_tool {actor}",
+        f"execute_tool {tool}",
         Span.SPAN_KIND_INTERNAL,
         start,
         end,
         [
             ("gen_ai.operation.name", "execute_tool"),
-            ("gen_ai.tool.name", actor),
+            ("gen_ai.tool.name", tool),
+            ("improve.actor.id", actor),
             ("gen_ai.tool.call.id", entry.id),
             ("gen_ai.tool.type", "function"),
             ("gen_ai.tool.call.result", event.get("output") if not failed else None),
