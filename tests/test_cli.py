@@ -345,6 +345,25 @@ def test_a_scenario_whose_input_the_machine_cannot_start_with_is_named_by_check_
     assert f"scenario '{victim['id']}': input: refunds's machine cannot start with it" in every.stderr
 
 
+def test_a_fact_value_its_declared_type_does_not_allow_is_named_by_check(tmp_path: Path) -> None:
+    """The triage desk declares the customer's plan an enumeration (free, pro, enterprise): a world that
+    gives `enterprize` runs, and no rule over the plan could match it. `scenarios check` runs each
+    scenario once with careful, in memory, and names the decision, the fact and the declared values."""
+    ws = tmp_path / "triage"
+    assert runner.invoke(app, ["init", str(ws), "--from", "triage"]).exit_code == 0
+    path = ws / "scenarios" / "triage.yaml"
+    doc = yaml.safe_load(path.read_text())
+    victim = next(s for s in doc["scenarios"] if s.get("world", {}).get("accounts"))
+    (account,) = victim["world"]["accounts"].values()
+    account["plan"] = "enterprize"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    checked = runner.invoke(app, ["scenarios", "check", "-w", str(ws)])
+    assert checked.exit_code == 1, checked.output
+    said = " ".join(checked.stderr.split())
+    assert f"scenario '{victim['id']}': decision 'triage': customer.plan = 'enterprize' is not one of" in said
+    assert "'enterprise'" in said
+
+
 def test_a_label_that_is_no_final_state_is_refused_by_every_command_that_scores(ws: Path) -> None:
     """`expected.outcome: isued` can never be reached: a run, a score or a round would count every run
     of the scenario as the agent's failure. Refused before anything runs, with the file and line."""

@@ -154,7 +154,8 @@ def scenarios_check(
 ) -> None:
     """Check a scenario file: valid fields, unique ids, every category in both train and held-out,
     expected outcomes that name final states of the environment, and inputs the environment's machine
-    can start with (its context reads each key it names). Exit 1 on any problem. The sealed
+    can start with (its context reads each key it names), and decisions whose facts are of their declared
+    types (a run with careful, in memory: an enumerated value misspelt is named). Exit 1 on any problem. The sealed
     `test` split is optional and counted apart (a category may be in it alone).
 
     Example:
@@ -165,6 +166,7 @@ def scenarios_check(
         OPEN_SPLITS,
         SEALED_SPLIT,
         ScenarioSet,
+        fact_problems,
         leak_warnings,
         load_scenarios,
         scenario_lines,
@@ -210,6 +212,11 @@ def scenarios_check(
                     f"{where}: scenario '{s.id}': input: {environment.name}'s machine cannot start with "
                     f"it: {error}"
                 )
+                continue
+            # Its decisions' facts, as a run with careful makes them, against their declared types.
+            problems += [
+                f"{where}: scenario '{s.id}': {problem}" for problem in fact_problems(environment, s)
+            ]
         if scenario_set is not None:
             for category, splits in sorted(categories.items()):
                 missing = sorted(set(OPEN_SPLITS) - splits)

@@ -5,6 +5,7 @@ from typing import TYPE_CHECKING, Any
 
 from improve.evals.cluster import ExecutorChoice, open_fanout, parse_executor
 from improve.evals.deploy import Agent, deploy
+from improve.evals.fact_check import fact_problems
 from improve.evals.fanout import Fanout, ModelGate
 from improve.evals.from_thread import find_thread, scenario_from_thread
 from improve.evals.holdout import HeldOutRead, bias_bound, scenarios_needed, set_key, supported_reads
@@ -209,6 +210,7 @@ __all__ = [
     "describe_model",
     "effects_from_log",
     "every",
+    "fact_problems",
     "fallbacks",
     "find_thread",
     "fixed_note",

@@ -1,0 +1,88 @@
+"""What a scenario's decisions see, checked against the facts the environment declares.
+
+A value a scenario gives that its declared type does not allow (`category: harrassment` for an
+enumeration of `harassment`, `spam`, ...; a number written as text) is accepted by the machine and the
+run: the model reads it, a learned rule over the fact silently never matches it, and the scenario
+teaches nothing about that rule. `improve scenarios check` runs each scenario once, in memory, with the
+environment's `careful` stand-in deciding, and names every decision fact of those runs whose value is
+not of its declared type.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from typing import Any
+
+from improve.evals.scenarios import Scenario
+from improve.evals.suite import run_scenario
+from improve.log import MemoryStore
+from improve.runtime import Decision, DecisionRequest, Environment, FactType, Model, split_unit
+
+REFERENCE_MODEL = "careful"
+
+
+class _Seeing:
+    """A decider that answers as the model does and keeps every request it was asked."""
+
+    def __init__(self, model: Model) -> None:
+        self.model = model
+        self.requests: list[DecisionRequest] = []
+
+    def decide(self, request: DecisionRequest) -> Decision:
+        self.requests.append(request)
+        return Decision(event=self.model.answer(request).event, source="model")
+
+
+def fact_problems(env: Environment, scenario: Scenario) -> list[str]:
+    """Each declared fact of the scenario's decisions (as `careful` makes them) whose value its type
+    does not allow: `decision 'moderate': post.category = 'harrassment' is not one of [...]`. None
+    when the environment declares no facts or has no `careful` stand-in, or the run cannot be made (the
+    check of its input says why)."""
+    factory = env.models.get(REFERENCE_MODEL)
+    if not env.fact_types or factory is None:
+        return []
+    seeing = _Seeing(factory(f"{scenario.id}:facts"))
+    # A run that cannot be made is named by the input check, or by `improve run`: its requests so far
+    # are checked all the same.
+    with contextlib.suppress(Exception):
+        run_scenario(env, scenario, seeing, MemoryStore(), f"check:{scenario.id}", hashes=False)
+    problems: list[str] = []
+    for request in seeing.requests:
+        for path, kind in env.fact_types.get(request.name, {}).items():
+            found, value = _at(request.facts, path)
+            why = _mistyped(value, kind) if found else None
+            if why:
+                problems.append(f"decision '{request.name}': {path} = {value!r} {why}")
+    return list(dict.fromkeys(problems))
+
+
+def _at(facts: Mapping[str, Any], path: str) -> tuple[bool, Any]:
+    value: Any = facts
+    for part in path.split("."):
+        if not isinstance(value, Mapping) or part not in value:
+            return False, None
+        value = value[part]
+    return True, value
+
+
+def _mistyped(value: Any, kind: FactType) -> str | None:
+    """Why `value` is not of the declared `kind`, or None (a None value: the fact is absent here)."""
+    if value is None:
+        return None
+    base, _ = split_unit(kind)
+    if isinstance(base, tuple):
+        return None if value in base else f"is not one of its declared values {list(base)}"
+    expected = {
+        "number": (int, float),
+        "int": (int,),
+        "bool": (bool,),
+        "text": (str,),
+        "string": (str,),
+        "list": (list,),
+    }.get(str(base))
+    if expected is None:
+        return None
+    if isinstance(value, bool) and bool not in expected:
+        return f"is a bool, declared {base}"
+    return None if isinstance(value, expected) else f"is a {type(value).__name__}, declared {base}"
