@@ -258,6 +258,12 @@ class EndpointError(ImproveError):
     the policy, so nothing is compared or promoted. The threads written so far stay."""
 
 
+class ProposerEndpointError(ImproveError):
+    """The proposer's endpoint failed (nothing listens, an HTTP error, a timeout, an answer that is no
+    completion): no proposal was made, so the round stops (exit 3) and records no candidate, spending
+    neither a version nor its cluster. A model that answered with a bad proposal is a `ProposalError`."""
+
+
 class ReplayMissError(ImproveError):
     """Replaying recorded model calls (`--cache replay`), a request has no recorded response: the run
     would diverge from the recording, so it stops instead of asking a model or taking `onError`."""

@@ -11,6 +11,7 @@ import dataclasses
 import json
 import os
 import shutil
+import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 import openai
 import pytest
 
+from improve.errors import ProposerEndpointError
 from improve.llm import ResponseCache, request_key
 from improve.loop.gates import GateContext, GateResult, run_gates
 from improve.loop.proposers import Proposal, ProposalError, ProposalRequest
@@ -247,7 +249,7 @@ def test_live_mode_stores_nothing_and_needs_a_key(
     assert not (tmp_path / "cache").exists()
 
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
-    with pytest.raises(ProposalError, match="OPENAI_API_KEY"):
+    with pytest.raises(ProposerEndpointError, match="OPENAI_API_KEY"):
         proposer(endpoint.url).propose(refunds_request())
     assert len(endpoint.requests) == 2
     with pytest.raises(ValueError, match="needs a directory"):
@@ -315,9 +317,10 @@ def test_other_endpoint_errors_do_not_fall_back_and_never_show_the_key(
         ]
     )
     prop = proposer(endpoint.url, api_key=SECRET)
-    with pytest.raises(ProposalError, match=r"HTTP 400: .*maximum context length"):
+    # The endpoint failed, not the model's proposal: no proposal was made (the round stops, exit 3).
+    with pytest.raises(ProposerEndpointError, match=r"HTTP 400: .*maximum context length"):
         prop.propose(refunds_request())
-    with pytest.raises(ProposalError, match="HTTP 401") as err:
+    with pytest.raises(ProposerEndpointError, match="HTTP 401") as err:
         prop.propose(refunds_request())
     assert SECRET not in str(err.value) and "[redacted]" in str(err.value)
     assert [r["body"]["response_format"]["type"] for r in endpoint.requests] == ["json_schema"] * 2
@@ -503,3 +506,47 @@ def test_a_request_too_long_for_the_models_context_is_trimmed_to_fit_and_says_wh
     tiny.context_tokens, tiny._asked_window = 600, True
     with pytest.raises(ProposalError, match=r"give the model a context of at least [\d,]+ tokens"):
         tiny.propose(request)
+
+
+def test_a_round_whose_proposer_endpoint_fails_stops_with_exit_3_and_spends_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nothing listens where the proposer is asked: no proposal was made, so the round is no discarded
+    candidate (exit 1, which CI reads as "nothing better this time"): it stops with exit 3, and neither
+    a CHANGELOG entry, a version nor the cluster is spent."""
+    from typer.testing import CliRunner
+
+    from improve.cli.main import app
+    from tests.helpers import copy_workspace
+
+    ws = copy_workspace(tmp_path / "ws")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    with socket.socket() as held:  # a port nothing listens at, held so no one else takes it
+        held.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{held.getsockname()[1]}/v1"
+        args = [
+            "round",
+            "-w",
+            str(ws),
+            "--policy",
+            "v0",
+            "--k",
+            "1",
+            "--proposer",
+            "openai",
+            "--base-url",
+            url,
+            "--proposer-model",
+            "local",
+        ]
+        result = CliRunner().invoke(app, [*args, "--cache", "live"])
+    assert result.exit_code == 3, result.output
+    assert "could not reach the endpoint" in result.stderr
+    changelog = (ws / "policies" / "refunds" / "CHANGELOG.md").read_text()
+    assert "(discarded)" not in changelog
+    assert not (ws / ".improve" / "discarded" / "refunds.jsonl").exists()
+    # Without a model, or a key, the round is refused before anything runs (exit 2).
+    monkeypatch.delenv("OPENAI_API_KEY")
+    for missing in (args[:-2], args):
+        refused = CliRunner().invoke(app, missing)
+        assert refused.exit_code == 2 and "baseline:" not in refused.output, refused.output

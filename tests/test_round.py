@@ -1683,7 +1683,10 @@ def test_a_recommended_candidates_version_stays_its_own_before_its_merge(tmp_pat
         cut_short.write('{"cand')
     assert recommended_versions(path) == {"v1": content(held), "v3": "0123"}
     memory = read_memory(changelog, changelog.parent, "v0", [], 0.05, path)
-    assert memory.version == "1"
+    # The versions recommended candidates took are not given to a round: a candidate it discards at
+    # the gates keeps the version it started with (a discarded v1 beside the recommended v1).
+    assert memory.version == "4"
+    assert memory.own_version("4", held.model_copy(update={"version": "7"})) == "1"
     assert memory.own_version("1", held.model_copy(update={"version": "7"})) == "1"
     assert memory.own_version("1", other) == "4" and memory.own_version("2", other) == "2"
     assert memory.own_version("5", held) == "1"  # recommended before: its branch holds it

@@ -454,7 +454,11 @@ def read_memory(
     tried = tuple(t for t in everything if t.baseline in lineage and t.round not in gone)
     # A version a discarded candidate took stays taken when its entry is gone with a reverted working
     # tree: its threads are recorded under it.
+    # So does a version a recommended candidate took, until its branch is merged (a round meanwhile
+    # proposing another candidate must not take it: `Memory.own_version` keeps it for that candidate).
+    recommended = recommended_versions(remembered) if remembered else {}
     taken = [int(m.group(1)) for t in everything if (m := re.fullmatch(r"v(\d+)", t.candidate))]
+    taken += [int(m.group(1)) for label in recommended if (m := re.fullmatch(r"v(\d+)", label))]
     version = str(max(int(changelog.next_version(policies_dir)), max(taken, default=0) + 1))
     discarded = [
         b for version in lineage for b in changelog.discarded_branches(version) if b.round not in gone
@@ -477,7 +481,7 @@ def read_memory(
         tried,
         lineage,
         remembered,
-        recommended_versions(remembered) if remembered else {},
+        recommended,
         stale,
     )
 

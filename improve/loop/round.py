@@ -56,6 +56,7 @@ from improve.evals import (
     fallbacks,
     outcome_row,
     paired,
+    policy_content,
     policy_label,
     rerun_scenarios,
     scorecard,
@@ -284,6 +285,9 @@ class Round:
     def baseline(self) -> bool:
         """The current policy's runs on both splits; the round stops when its goal already holds."""
         inputs = self.inputs
+        # Made before anything runs: a proposer that cannot be made (a model or a key missing) is named
+        # now, not after the baseline's runs (each round makes its own, so a tried request is its own).
+        self._proposer()
         self.say(
             f"baseline: {self.label} on {len(inputs.train)} train + {len(inputs.held_out)} held-out "
             f"scenarios, k={self.k}"
@@ -585,7 +589,7 @@ class Round:
                 if note not in said:
                     said.add(note)
                     self.say(f"proposer: {note}")
-            document = self.proposal.document
+            document = self._ours(self.proposal.document)
             self.gated = gate(
                 document if document is not None else Unparsed("the proposer returned nothing"),
                 context,
@@ -614,16 +618,38 @@ class Round:
         self._note("evidence")
         return False
 
+    def _ours(self, document: Any) -> Any:
+        """The proposed document under the policy's own id and goal (`description`) and the version this
+        round gives it: a proposal changes what the policy does, not what it is; a model that wrote
+        others (its own version, a description of its change) is corrected, and the round says so."""
+        if not isinstance(document, dict):
+            return document
+        policy = self.inputs.policy
+        own = {"id": policy.id, "version": str(self.version), "description": policy.description}
+        own = {k: v for k, v in own.items() if v is not None}
+        changed = sorted(k for k, v in own.items() if document.get(k) != v)
+        if changed:
+            self.say(
+                f"proposer: its candidate's {', '.join(changed)} set to the round's ({', '.join(f'{k} {own[k]!r}'[:80] for k in changed)})"
+            )
+        return {**document, **own}
+
     def _numbered(self, candidate: MachineConfig) -> MachineConfig:
         """The candidate under its own version: a recommended candidate nobody merged yet holds the one
         this round took if it holds something else (its review branch and threads are under it)."""
         version = self.inputs.memory.own_version(self.version, candidate)
         if version == self.version:
             return candidate
-        self.say(
-            f"candidate v{version}: v{self.version} is held by a recommended candidate not merged yet "
-            "(its review branch and threads)"
-        )
+        if self.inputs.memory.recommended.get(f"v{version}") == policy_content(candidate):
+            self.say(
+                f"candidate v{version}: the same candidate was recommended as v{version}, not merged yet: it "
+                "keeps that version (its review branch and threads)"
+            )
+        else:
+            self.say(
+                f"candidate v{version}: v{self.version} is held by a recommended candidate not merged yet "
+                "(its review branch and threads)"
+            )
         self.version = version
         self.round_id = f"{self.round_id.rsplit('-v', 1)[0]}-v{version}"
         if self.proposal is not None and isinstance(self.proposal.document, dict):

@@ -64,7 +64,7 @@ from openai.types.chat.completion_create_params import ResponseFormat
 from openai.types.shared_params import ResponseFormatJSONSchema
 from openai.types.shared_params.response_format_json_schema import JSONSchema
 
-from improve.errors import ProposalError
+from improve.errors import ProposalError, ProposerEndpointError
 from improve.llm import API_KEY_ENV, REFUSAL_WORDS, Endpoint, ResponseCache, safe_url
 from improve.loop.gates import GateResult
 from improve.loop.proposers.base import Proposal, ProposalRequest
@@ -354,7 +354,7 @@ class OpenAIProposer:
             api_key=api_key if api_key else os.environ.get(API_KEY_ENV) or None,
             timeout=timeout,
             max_retries=max_retries,
-            error=ProposalError,
+            error=ProposerEndpointError,
             no_key=f"the openai proposer has no API key: set {API_KEY_ENV} (any non-empty value for a local "
             "endpoint that needs none), or replay recorded responses (--cache replay)",
             http_client=http_client,

@@ -7,8 +7,11 @@ made once per round (it may keep state across repairs, like the rule miner's ran
 
 from __future__ import annotations
 
+import os
+
 from improve.errors import ProposalError, WorkspaceError
 from improve.evals import Workspace
+from improve.llm import API_KEY_ENV
 from improve.loop.branches import answer_rank
 from improve.loop.proposers.base import Proposer, ProposerFactory, ProposerSetup
 from improve.loop.proposers.rules import RuleMinerProposer
@@ -66,6 +69,13 @@ def openai_proposer(setup: ProposerSetup) -> Proposer:
         )
     cache = ResponseCache(setup.root / CACHE_DIR, setup.cache, miss=ProposalError)
     spec = setup.model_spec
+    key = (spec.api_key() if spec is not None else None) or os.environ.get(API_KEY_ENV)
+    if not key and setup.cache != "replay":
+        raise WorkspaceError(
+            f"the openai proposer has no API key for {setup.model!r}: set {API_KEY_ENV}, or api_key_env in "
+            f"[models.{setup.model}] (any non-empty value for a local endpoint that needs none), or replay "
+            "recorded responses (--cache replay)"
+        )
     if spec is None:
         return OpenAIProposer(model=setup.model, base_url=setup.base_url, cache=cache)
     return OpenAIProposer(
