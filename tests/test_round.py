@@ -564,6 +564,30 @@ class _SameBehaviour:
         raise ProposalError("nothing to repair")
 
 
+class _Renaming(_SameBehaviour):
+    """A proposal that renames the policy, rewrites its goal and numbers itself."""
+
+    def propose(self, request: ProposalRequest) -> Proposal:
+        proposal = super().propose(request)
+        doc = {**proposal.document, "id": "mine", "version": "99", "description": "x"}
+        return dataclasses.replace(proposal, document=doc)
+
+
+def test_a_proposal_keeps_the_policys_id_and_goal_and_takes_the_rounds_version(tmp_path: Path) -> None:
+    """A model's proposal that wrote its own id, description (the goal later rounds read) and version:
+    the candidate is the policy's under the round's version, and the round says what it set back."""
+    space = scratch(tmp_path)
+    said: list[str] = []
+    result = run_round(space, RoundOptions(policy="v0", k=1, proposer=_Renaming()), said.append)
+    assert result.candidate_version == "v1" and result.candidate_policy is not None
+    v0 = space.load_policy("refunds", "v0")
+    assert (result.candidate_policy.id, result.candidate_policy.version) == (v0.id, "1")
+    assert result.candidate_policy.description == v0.description
+    assert any(
+        line.startswith("proposer: its candidate's description, id, version set to") for line in said
+    ), said
+
+
 @pytest.mark.slow
 def test_a_null_round_is_not_promoted(tmp_path: Path) -> None:
     space = scratch(tmp_path)
