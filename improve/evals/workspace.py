@@ -59,7 +59,7 @@ from improve.evals.scenarios import ScenarioSet, load_scenarios, scenario_lines
 from improve.files import locked
 from improve.llm import CACHE_DIR, ModelSpec
 from improve.log import JsonlDirStore
-from improve.machine import MachineConfig, canonical_json, format_validation_error
+from improve.machine import MachineConfig, canonical_json
 from improve.registry import check_slug
 from improve.runtime import ENVIRONMENTS, Environment, load_environment, load_policy
 
@@ -301,14 +301,12 @@ class Workspace:
             config = WorkspaceConfig.model_validate(data)
         except ValidationError as err:
             text = path.read_text(encoding="utf-8")
-            problems = format_validation_error(err, str(path)).splitlines()
-            lines = [_toml_line(text, problem["loc"]) for problem in err.errors()]
-            raise WorkspaceError(
-                "\n".join(
-                    problem.replace(f"{path}: ", f"{path}:{line}: ", 1) if line else problem
-                    for problem, line in zip(problems, lines, strict=True)
-                )
-            ) from None
+            said = []
+            for problem in err.errors():  # as `format_validation_error` says each, with its line
+                where = "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in problem["loc"])
+                line = _toml_line(text, problem["loc"])
+                said.append(f"{path}{f':{line}' if line else ''}: {where}: {problem['msg']}")
+            raise WorkspaceError("\n".join(said)) from None
         return cls(path.parent.resolve(), config)
 
     def path(self, relative: str) -> Path:
