@@ -550,3 +550,22 @@ def test_a_round_whose_proposer_endpoint_fails_stops_with_exit_3_and_spends_noth
     for missing in (args[:-2], args):
         refused = CliRunner().invoke(app, missing)
         assert refused.exit_code == 2 and "baseline:" not in refused.output, refused.output
+
+
+def test_the_proposers_timeout_is_the_models_when_the_workspace_sets_it(tmp_path: Path) -> None:
+    """A policy takes longer to write than a decision: the proposer waits at least 120 s, unless
+    `[models.NAME] timeout_s` says otherwise (a hung endpoint then costs what the workspace chose)."""
+    from improve.llm import ModelSpec
+    from improve.loop.proposers.base import ProposerSetup
+    from improve.loop.proposers.registry import openai_proposer
+    from improve.runtime import load_environment
+
+    env = load_environment("refunds")
+    setup = ProposerSetup(env, [], tmp_path, model="local", base_url="http://127.0.0.1:9/v1", cache="live")
+    made = {}
+    for given in ({}, {"timeout_s": 5}):
+        spec = ModelSpec.model_validate(
+            {"provider": "openai", "model": "m", "base_url": "http://127.0.0.1:9/v1", **given}
+        )
+        made[bool(given)] = openai_proposer(dataclasses.replace(setup, model_spec=spec))
+    assert made[False].endpoint.timeout == 120.0 and made[True].endpoint.timeout == 5

@@ -84,7 +84,9 @@ def openai_proposer(setup: ProposerSetup) -> Proposer:
         api_key=spec.api_key(),
         cache=cache,
         temperature=spec.temperature,
-        timeout=max(spec.timeout_s, 120.0),  # a whole policy takes longer to write than one decision
+        # A whole policy takes longer to write than one decision: at least 120 s, unless the workspace
+        # set the model's timeout_s itself.
+        timeout=spec.timeout_s if "timeout_s" in spec.model_fields_set else max(spec.timeout_s, 120.0),
         max_retries=spec.max_retries,
         context_tokens=spec.context_tokens,
     )
