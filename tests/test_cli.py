@@ -364,6 +364,35 @@ def test_a_fact_value_its_declared_type_does_not_allow_is_named_by_check(tmp_pat
     assert "'enterprise'" in said
 
 
+def test_a_policy_that_reads_a_fact_its_environment_does_not_offer_runs_with_a_warning(ws: Path) -> None:
+    """A hand-edited policy file whose guard reads `facts.loyaltyYears`: `improve verify` refuses it;
+    `improve run` runs it as asked, but says first why its decisions will end in policy-error."""
+    import json as _json
+
+    doc = _json.loads((ws / "policies" / "refunds" / "v0.json").read_text())
+    doc["version"] = "9"
+    doc["states"] = {
+        "route": {
+            "type": "choice",
+            "choice": [
+                {"guard": "facts.loyaltyYears > 5", "target": "escalate"},
+                {"target": doc["initial"]},
+            ],
+        },
+        "escalate": {"type": "final", "output": {"type": "'ESCALATE'"}},
+        **doc["states"],
+    }
+    doc["initial"] = "route"
+    path = ws / "hand.json"
+    path.write_text(_json.dumps(doc))
+    ran = runner.invoke(
+        app, ["run", "-w", str(ws), "--policy", str(path), "--k", "1", "--scenario", "small-refund-01"]
+    )
+    assert ran.exit_code in (0, 1), ran.output
+    said = " ".join(ran.stderr.split())
+    assert "warning: policy" in said and "loyaltyYears" in said and "improve verify" in said, said
+
+
 def test_a_label_that_is_no_final_state_is_refused_by_every_command_that_scores(ws: Path) -> None:
     """`expected.outcome: isued` can never be reached: a run, a score or a round would count every run
     of the scenario as the agent's failure. Refused before anything runs, with the file and line."""

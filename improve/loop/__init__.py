@@ -30,6 +30,7 @@ if TYPE_CHECKING:
         gates_for,
         passed,
         run_gates,
+        vocabulary_problems,
     )
     from improve.loop.inputs import Inputs, RoundOptions, locate, review_branch
     from improve.loop.probes import probe_requests
@@ -60,6 +61,7 @@ _MODULES = {
         "gates_for",
         "passed",
         "run_gates",
+        "vocabulary_problems",
     ),
     "improve.loop.inputs": ("Inputs", "RoundOptions", "locate", "review_branch"),
     "improve.loop.probes": ("probe_requests",),
@@ -132,5 +134,6 @@ __all__ = [
     "run_round",
     "run_rounds",
     "score_policy",
+    "vocabulary_problems",
     "write_round_page",
 ]

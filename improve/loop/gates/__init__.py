@@ -36,7 +36,7 @@ from improve.loop.gates.registry import BUILTIN_GATES, GATE_NAMES, GATES, gates_
 from improve.loop.gates.run import Gated, gate, passed, run_gates
 from improve.loop.gates.scenario_literals import ScenarioLiterals, scenario_literals
 from improve.loop.gates.validate import ValidateGate
-from improve.loop.gates.vocabulary import VocabularyGate
+from improve.loop.gates.vocabulary import VocabularyGate, vocabulary_problems
 
 __all__ = [
     "BUILTIN_GATES",
@@ -63,4 +63,5 @@ __all__ = [
     "run_gates",
     "scenario_literals",
     "typed_request",
+    "vocabulary_problems",
 ]

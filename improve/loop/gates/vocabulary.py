@@ -13,7 +13,7 @@ from improve.machine import (
     state_path,
     tokenize,
 )
-from improve.runtime import MODEL_DECIDE, Vocabulary
+from improve.runtime import MODEL_DECIDE, Environment, Vocabulary, vocabulary
 
 
 class VocabularyGate:
@@ -26,6 +26,12 @@ class VocabularyGate:
                 self.name, False, "names outside the vocabulary:\n" + "\n".join(f"- {p}" for p in problems)
             )
         return GateResult(self.name, True, "ok")
+
+
+def vocabulary_problems(policy: MachineConfig, env: Environment) -> list[str]:
+    """What the vocabulary gate refuses in `policy` for `env`: names and fact paths it does not offer."""
+    vocab = vocabulary(env)
+    return [*_names(policy, vocab), *_paths(policy, vocab)]
 
 
 def _literal_string(source: str) -> str | None:
