@@ -59,7 +59,7 @@ def _threads_from(args: list[str], places: Sequence[Path]) -> Iterator[_Read | _
     for arg in args:
         path = Path(arg)
         if path.is_dir():
-            sources += [("dir", d) for d in _thread_dirs(path)]
+            sources += [("dir", d) for d in _folders_of_threads(path)]
         elif path.is_file():
             sources.append(("file", path))
         else:
@@ -110,7 +110,7 @@ def _torn(path: Path) -> str:
     return f"{path} ends with a line cut short (no line break): left out, as a torn write is"
 
 
-def _thread_dirs(root: Path) -> list[Path]:
+def _folders_of_threads(root: Path) -> list[Path]:
     """`root` and every directory under it that holds a `.jsonl` file, in order: where a directory's
     threads are (hidden directories left out)."""
     found = [root]

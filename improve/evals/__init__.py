@@ -5,7 +5,6 @@ from typing import TYPE_CHECKING, Any
 
 from improve.evals.cluster import ExecutorChoice, open_fanout, parse_executor
 from improve.evals.deploy import Agent, deploy
-from improve.evals.fact_check import fact_problems
 from improve.evals.fanout import Fanout, ModelGate
 from improve.evals.from_thread import find_thread, scenario_from_thread
 from improve.evals.holdout import HeldOutRead, bias_bound, scenarios_needed, set_key, supported_reads
@@ -78,6 +77,7 @@ from improve.evals.workspace import (
 if TYPE_CHECKING:
     from improve.evals.charts import VersionScore, category_chart, history_chart, svg_chart
     from improve.evals.export import ExportSelection, OtlpExport, otlp_export, select_for_export
+    from improve.evals.fact_check import fact_problems
     from improve.evals.ledger import OUTCOMES_SQL, Ledger, Production, Recorded
     from improve.evals.materialize import refresh_outcomes, score_threads
     from improve.evals.out_of_sample import (
@@ -128,6 +128,7 @@ _LAZY = {
     "otlp_export": "improve.evals.export",
     "select_for_export": "improve.evals.export",
     "score_threads": "improve.evals.materialize",
+    "fact_problems": "improve.evals.fact_check",
     "OutOfSample": "improve.evals.out_of_sample",
     "AgainstReference": "improve.evals.out_of_sample",
     "against_reference": "improve.evals.out_of_sample",

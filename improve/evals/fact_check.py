@@ -14,12 +14,11 @@ import contextlib
 from collections.abc import Mapping
 from typing import Any
 
+from improve.evals.out_of_sample import REFERENCE_MODEL
 from improve.evals.scenarios import Scenario
 from improve.evals.suite import run_scenario
 from improve.log import MemoryStore
 from improve.runtime import Decision, DecisionRequest, Environment, FactType, Model, split_unit
-
-REFERENCE_MODEL = "careful"
 
 
 class _Seeing:

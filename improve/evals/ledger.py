@@ -123,7 +123,6 @@ class Ledger:
         their earlier copies leave the warehouse first. Any other thread whose file no longer matches
         what the warehouse holds was changed after it was written: it is set aside with the reason.
         """
-        from improve.evals.materialize import refresh_outcomes, scenarios_by_id
 
         # A thread of traces/, or a deployed agent's of traces/production/ (a resumed one, say).
         paths = [self.space.thread_store(tid).path(tid) for tid in thread_ids]
@@ -134,16 +133,7 @@ class Ledger:
             self.forget(rewritten)
         report = ingest(self.con, [str(p) for p in paths])
         self._quarantine_rejected([f.file for f in report.files if f.rejected], report.batch_id)
-        if self._scenarios is None:  # read once per command: a round records three times
-            self._scenarios = scenarios_by_id(self.space, self.env)
-        machine = self.env.config.id
-        refresh_outcomes(
-            self.con,
-            self.space,
-            only=list(thread_ids),
-            envs={machine: self.env},
-            scenarios={machine: self._scenarios},
-        )
+        self.refresh(only=list(thread_ids))
         recorded = self.read(thread_ids)
         if say and recorded.quarantined:
             say(recorded.set_aside())
@@ -216,15 +206,17 @@ class Ledger:
         quarantined = [Quarantined(*r) for r in self.con.execute(QUARANTINE_SQL, params).fetchall()]
         return Recorded([found[t] for t in thread_ids if t in found], quarantined, list(thread_ids))
 
-    def refresh(self) -> None:
-        """Replay and score the environment's threads the warehouse holds without a current outcomes
-        row (ingested but not replayed, relabelled since, or written by an older improve)."""
+    def refresh(self, only: list[str] | None = None) -> None:
+        """Replay and score the environment's threads (`only` these) the warehouse holds without a
+        current outcomes row (ingested but not replayed, relabelled since, or written by an older improve)."""
         from improve.evals.materialize import refresh_outcomes, scenarios_by_id
 
-        if self._scenarios is None:
+        if self._scenarios is None:  # read once per command: a round records three times
             self._scenarios = scenarios_by_id(self.space, self.env)
         machine = self.env.config.id
-        refresh_outcomes(self.con, self.space, envs={machine: self.env}, scenarios={machine: self._scenarios})
+        refresh_outcomes(
+            self.con, self.space, only=only, envs={machine: self.env}, scenarios={machine: self._scenarios}
+        )
 
     def production(self, limit: int) -> Production:
         """The `limit` most recent production threads of the environment (by their last entry), with

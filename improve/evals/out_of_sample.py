@@ -209,8 +209,12 @@ def _run(
     env: Environment, compiled: Any, model: ModelFactory, case: Scenario
 ) -> tuple[OutcomeRow, list[LogEntry]]:
     """One run of the case (seeded by it), scored against its label."""
+    return _scored(env, case, PolicyDecider(compiled, {"decider": model(f"{case.id}:r1")}, env.judgments))
+
+
+def _scored(env: Environment, case: Scenario, decider: PolicyDecider) -> tuple[OutcomeRow, list[LogEntry]]:
+    """The case run once with `decider`, in memory, and scored against its label."""
     store, thread = MemoryStore(), f"test:generated:{case.id}:r1"
-    decider = PolicyDecider(compiled, {"decider": model(f"{case.id}:r1")}, env.judgments)
     run_scenario(env, case, decider, store, thread)
     entries = store.read(thread)
     return outcome_row(env, case, thread, entries), entries
@@ -250,7 +254,6 @@ def _checked_run(
     env: Environment, policy: MachineConfig, compiled: Any, model: ModelFactory, case: Scenario
 ) -> tuple[OutcomeRow, list[LogEntry], tuple[str, ...]]:
     """`_run`, and the branches that answered a decision otherwise than the reference would (`_Overrides`)."""
-    store, thread = MemoryStore(), f"test:generated:{case.id}:r1"
     reference = env.models.get(REFERENCE_MODEL)
     decider = _Overrides(
         policy,
@@ -259,9 +262,8 @@ def _checked_run(
         reference(f"{case.id}:reference") if reference is not None else None,
         env.judgments,
     )
-    run_scenario(env, case, decider, store, thread)
-    entries = store.read(thread)
-    return outcome_row(env, case, thread, entries), entries, tuple(dict.fromkeys(decider.overrides))
+    row, entries = _scored(env, case, decider)
+    return row, entries, tuple(dict.fromkeys(decider.overrides))
 
 
 def agreement(

@@ -120,16 +120,23 @@ def label_digest(scenario: Scenario) -> str:
     return canonical_hash(scored)[:16]
 
 
+def _items(path: Path) -> tuple[str, list[Any]]:
+    """The text of a scenario file and the items of its `scenarios` list, as YAML reads them (no items
+    when it cannot be read so)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+        doc = yaml.load(text, Loader=SafeLoader)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return "", []
+    items = doc.get("scenarios") if isinstance(doc, dict) else None
+    return text, items if isinstance(items, list) else []
+
+
 def valid_scenarios(path: Path) -> list[Scenario]:
     """The items of a scenario file that are valid scenarios on their own (none when the file cannot be
     read as YAML with a `scenarios` list): what a check of a file with some invalid items still checks."""
-    try:
-        doc = yaml.load(path.read_text(encoding="utf-8"), Loader=SafeLoader)
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        return []
-    items = doc.get("scenarios") if isinstance(doc, dict) else None
     found = []
-    for item in items if isinstance(items, list) else []:
+    for item in _items(path)[1]:
         try:
             found.append(Scenario.model_validate(item))
         except ValidationError:
@@ -140,15 +147,8 @@ def valid_scenarios(path: Path) -> list[Scenario]:
 def scenario_lines(path: Path) -> dict[str, int]:
     """Each scenario id of the file at `path` -> the 1-based line its item starts at (none for a file
     that cannot be read or parsed): for a message about a scenario to point into the file."""
-    try:
-        text = path.read_text(encoding="utf-8")
-        doc = yaml.load(text, Loader=SafeLoader)
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        return {}
-    items = doc.get("scenarios") if isinstance(doc, dict) else None
-    if not isinstance(items, list):
-        return {}
-    lines = _item_lines(text)
+    text, items = _items(path)
+    lines = _item_lines(text) if items else []
     return {
         str(item["id"]): line
         for item, line in zip(items, lines, strict=False)
