@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import statistics
 import time
@@ -15,16 +16,21 @@ import msgspec
 from bench.corpus import unchain, write_corpus
 from improve import native
 from improve.log import (
+    END_EVENT,
+    INIT_EVENT,
+    USAGE_EVENT,
     BulkEntry,
     EntryView,
     LogEntry,
+    check_chain,
     decode_entry,
     gc_paused,
     read_file_thread_lines,
     read_file_threads,
     replay,
+    stream,
 )
-from improve.machine import initial, transition
+from improve.machine import fold_of, initial, transition
 from improve.runtime import load_environment
 
 
@@ -173,6 +179,7 @@ def replay_figures(tmp: Path, threads: int, repeat: int) -> dict[str, Any]:
         "ratio is the fold's and the contract checks' overhead; all with the cyclic GC paused; medians",
         "interpreter": _interpreter_figures(machine),
         "chain": chain,
+        "where_the_time_goes": _where_the_time_goes(corpus, machine, repeat),
     }
 
 
@@ -220,6 +227,89 @@ def _chain_figures(tmp: Path, corpus: Path, machine: Any, repeat: int) -> dict[s
         "the entries decoded into one list first, without their lines, for context; medians of "
         "alternating runs",
     }
+
+
+def _where_the_time_goes(corpus: Path, machine: Any, repeat: int) -> dict[str, Any]:
+    """The streamed replay and its verification cut into their parts, each timed alone (medians): what
+    the distance to the goals (replay >= 250,000 entries/s; verify <= 1.5x a replay) is made of, beside
+    what no implementation can skip (reading the file; one sha256 per entry and per journaled state)."""
+
+    def timed(work: Callable[[], object]) -> float:
+        runs = []
+        for _ in range(repeat):
+            with gc_paused():
+                start = time.perf_counter()
+                work()
+                runs.append(time.perf_counter() - start)
+        return statistics.median(runs)
+
+    def drain(items: Any) -> None:
+        for _ in items:
+            pass
+
+    replay_s = timed(lambda: _streamed(corpus, machine))
+    first = timed(lambda: stream._returning_threads(corpus, corpus.stem))
+    blocks = timed(lambda: drain(stream._blocks(corpus)))
+    read = timed(lambda: drain(read_file_threads(corpus)))
+    # The in-memory parts, on the threads read once (after the streamed ones, which hold a thread at a time).
+    threads = list(read_file_thread_lines(corpus))
+    lines = [line for _, _, thread_lines in threads for line in thread_lines]
+    texts = _state_texts(machine, threads)
+    folded = timed(lambda: [replay(machine, entries, thread_id=t) for t, entries, _ in threads])
+    verified = timed(lambda: [replay(machine, e, verify=True, thread_id=t, lines=ls) for t, e, ls in threads])
+    chain = timed(lambda: [check_chain(entries, t, ls) for t, entries, ls in threads])
+    sha_lines = timed(lambda: [hashlib.sha256(line).hexdigest() for line in lines])
+    sha_states = timed(lambda: [hashlib.sha256(text).hexdigest() for text in texts])
+    parts = {
+        "first_pass": first,
+        "read_and_check_lines": blocks,
+        "decode_and_group": max(0.0, read - first - blocks),
+        "fold": max(0.0, replay_s - read),
+    }
+    extra = max(0.0, verified - folded)
+    return {
+        "entries": len(lines),
+        "replay_seconds": round(replay_s, 3),
+        "replay_parts_seconds": {name: round(value, 3) for name, value in parts.items()},
+        "replay_parts_share": {name: round(value / replay_s, 2) for name, value in parts.items()},
+        "verify_extra_seconds": round(extra, 3),
+        "verify_extra_parts_seconds": {
+            "entry_hashes": round(chain, 3),
+            "state_hashes": round(max(0.0, extra - chain), 3),
+        },
+        "sha256_alone_seconds": {"lines": round(sha_lines, 3), "states": round(sha_states, 3)},
+        "verify_over_replay_if_only_sha256": round((replay_s + sha_lines + sha_states) / replay_s, 2),
+        "note": "each part timed alone on the same corpus: replay_parts = the streamed replay's first pass "
+        "(each line's thread, `stream._returning_threads`), the second pass's reading, splitting and "
+        "checking of lines (`stream._blocks`), decoding and grouping (what `read_file_threads` adds to "
+        "both), and the fold (the replay less the read); verify_extra = verify less a replay of the "
+        "same decoded threads, entry_hashes the chain checked alone (`check_chain` over the lines), "
+        "state_hashes the rest (each journaled state's text written and hashed); sha256_alone = hashing "
+        "every line and every journaled state's text and nothing else: the part of verification no "
+        "implementation in this format skips, and verify_over_replay_if_only_sha256 the ratio it "
+        "alone would give",
+    }
+
+
+def _state_texts(machine: Any, threads: list[tuple[str, Any, list[bytes]]]) -> list[bytes]:
+    """The text of every state a journaled stateHash covers, as verification hashes it."""
+    fold = fold_of(machine)
+    texts: list[bytes] = []
+    for _, entries, _ in threads:
+        run = None
+        for entry in entries:
+            kind = entry.event["type"]
+            if kind in (USAGE_EVENT, END_EVENT):
+                continue
+            if kind == INIT_EVENT:
+                run = fold.start(entry.event.get("input"))
+            else:
+                fold.step(run, entry.event)
+            if entry.verification is not None and entry.verification.stateHash is not None:
+                text = fold.text(run)
+                if text is not None:
+                    texts.append(text)
+    return texts
 
 
 def _thread_ids(path: Path) -> set[str]:

@@ -714,6 +714,46 @@ def test_floats_written_otherwise_by_msgspec_are_hashed_as_the_contract_says(odd
             check_chain([sealed], "u")
 
 
+def _zoned(value: str) -> bool:
+    """`LogEntry`'s test of a timestamp, as it is written there: parsed, and with a zone."""
+    from datetime import datetime
+
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).tzinfo is not None
+    except ValueError:
+        return False
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(
+    head=st.text(alphabet="0123456789-T: Z٣", min_size=19, max_size=19)
+    | st.datetimes().map(lambda d: d.isoformat(timespec="seconds")),
+    fraction=st.text(alphabet="0123456789٣.Z+", min_size=0, max_size=8),
+)
+@example(head="2026-02-30T10:00:00", fraction=".123456Z")  # no such day, in the layout improve writes
+@example(head="2026-11-30T24:00:00", fraction=".123456Z")
+@example(head="2026-11-30T10:00:60", fraction=".123456Z")
+@example(head="2026-11-30 10:00:00", fraction=".123456Z")  # another separator
+@example(head="20261130T101010.123", fraction=".123456Z")  # valid alone, not with a fraction after it
+@example(head="2026-11-30T10+01:00", fraction=".123456Z")  # a zone already
+@example(head="2026-11-30T10:00:00", fraction=".12345٣Z")  # a digit that is not ASCII
+@example(head="2026-11-30T10:00:00", fraction=".123456Z")
+def test_a_timestamp_is_judged_as_the_contract_judges_it_the_second_time_too(
+    head: str, fraction: str
+) -> None:
+    """The strict read judges a timestamp in the layout improve writes by its date and time to the second,
+    once per second (`strict.valid_recorded_at`): every timestamp, in that layout or near it, is judged as
+    `LogEntry` judges it, the first time and again from what was remembered, and with a fraction that
+    differs from one seen in the same second."""
+    from improve.log.strict import valid_recorded_at
+
+    value = head + fraction
+    assert valid_recorded_at(value) == _zoned(value)
+    assert valid_recorded_at(value) == _zoned(value)
+    other = head + ".000000Z"
+    assert valid_recorded_at(other) == _zoned(other)
+
+
 def test_text_lines_read_as_their_bytes_do() -> None:
     """A line given as text (a `str`) is read as its UTF-8 bytes are; one with a lone surrogate, which
     has no UTF-8 form, is pydantic's to judge."""

@@ -716,9 +716,38 @@ def test_a_replay_result_cannot_be_edited_after_the_fact() -> None:
     result = replay(REFUNDS.machine, _recorded())
     with pytest.raises(dataclasses.FrozenInstanceError):
         result.status = "done"  # type: ignore[misc]
-    # Built field by field (replay skips the dataclass's __init__): every field, and nothing else.
-    assert set(vars(result)) == {field.name for field in dataclasses.fields(result)}
+    # Built field by field (replay skips the dataclass's __init__): every field, and nothing else, once
+    # its snapshot, built when first read, is.
+    names = {field.name for field in dataclasses.fields(result)}
+    assert result.final_state == "issued" and "snapshot" not in vars(result)
+    assert result.snapshot == replay(REFUNDS.machine, _recorded()).snapshot
+    assert set(vars(result)) == names
     assert result == dataclasses.replace(result)
+
+
+def test_a_replay_results_snapshot_is_built_when_read_and_travels_with_it() -> None:
+    """replay leaves the snapshot to be built when it is first read: a result compares, copies and pickles
+    with it built (a pickle holds the snapshot, never the fold it is built from), and it is the snapshot the
+    interpreter reaches."""
+    import copy
+    import pickle
+
+    from improve.machine import initial, transition
+
+    entries = _recorded()
+    snapshot = initial(REFUNDS.machine, entries[0].event.get("input"))
+    for entry in entries[1:]:
+        if entry.type not in ("@agent.usage", "@agent.end"):
+            snapshot = transition(REFUNDS.machine, snapshot, entry.event)
+    for read in (pickle.loads, copy.copy, copy.deepcopy):
+        result = replay(REFUNDS.machine, entries)
+        data = pickle.dumps(result) if read is pickle.loads else result
+        again = read(data)  # type: ignore[operator]
+        assert "_snapshot_of" not in vars(again)
+        assert again.snapshot == snapshot and again == replay(REFUNDS.machine, entries)
+    assert repr(replay(REFUNDS.machine, entries)) == repr(result)
+    with pytest.raises(AttributeError, match="no attribute 'snapshots'"):
+        result.snapshots  # type: ignore[attr-defined]  # noqa: B018
 
 
 def test_run_status_names_each_way_a_run_ends() -> None:

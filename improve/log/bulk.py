@@ -82,7 +82,7 @@ NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
 # writes these structs.
 
 
-class BulkAttempt(msgspec.Struct, forbid_unknown_fields=True, frozen=True, omit_defaults=True):
+class BulkAttempt(msgspec.Struct, forbid_unknown_fields=True, frozen=True, omit_defaults=True, gc=False):
     """`Attempt`, field for field."""
 
     kind: FailureKind
@@ -91,14 +91,14 @@ class BulkAttempt(msgspec.Struct, forbid_unknown_fields=True, frozen=True, omit_
     guard: str | None = None
 
 
-class BulkVerification(msgspec.Struct, forbid_unknown_fields=True, frozen=True, omit_defaults=True):
+class BulkVerification(msgspec.Struct, forbid_unknown_fields=True, frozen=True, omit_defaults=True, gc=False):
     """`Verification`, field for field."""
 
     stateHash: str | None = None
     entryHash: str | None = None
 
 
-class BulkEntry(msgspec.Struct, forbid_unknown_fields=True, frozen=True, omit_defaults=True):
+class BulkEntry(msgspec.Struct, forbid_unknown_fields=True, frozen=True, omit_defaults=True, gc=False):
     """`LogEntry`, field for field (see the module docstring for what keeps them equal)."""
 
     id: NonEmpty

@@ -240,8 +240,8 @@ def bracketed_lines(data: bytes, max_depth: int = MAX_JSON_DEPTH) -> tuple[int, 
     brackets = data.translate(None, _NOT_OPENING)
     if brackets.startswith(b"\n") or b"\n\n" in brackets:
         return None
-    per_line = brackets.split(b"\n")
-    return len(per_line) - 1, max(map(len, per_line)) <= max_depth
+    # Each line's brackets are a stretch between LFs: none longer than the bound, without splitting them.
+    return brackets.count(b"\n"), lines_fit(brackets, max_depth)
 
 
 def scan_lines(

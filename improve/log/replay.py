@@ -132,7 +132,7 @@ def replay(
             # First, so an edited, missing or moved entry is named as such, not as whatever check of the
             # log's shape it happens to break.
             check_chain(entries, thread_id if thread_id is not None else entries[0].threadId, lines)
-    if upto is not None or not entries or entries[0].type != INIT_EVENT:
+    if upto is not None or not entries or entries[0].event["type"] != INIT_EVENT:
         validate_log(machine, entries)  # a prefix's rest is checked too; an empty or headless log is named
     chosen = entries if upto is None else entries[:upto]
     if not chosen:
@@ -211,7 +211,7 @@ def replay(
                     if entry is not entries[-1]:
                         # A run stopped waiting, and was resumed after: it stopped as it says.
                         before = fold.snapshot(run)
-                        _check_end(entry, budget.status(machine, before, calls), before)
+                        _check_end(entry, budget.status(machine, before, calls), before.status, before.value)
                 continue
             metadata = entry.metadata
             if metadata is not None:
@@ -251,21 +251,28 @@ def replay(
         validate_log(machine, entries)  # raises when the log's shape is wrong (and `_Misshapen` says it is)
         raise
     assert run is not None
-    snapshot = fold.snapshot(run)
-    status = budget.status(machine, snapshot, calls)
+    # The status from the run itself: the snapshot is built when the result's is first read (`result_of`).
+    status = derived_status(
+        machine,
+        run.status,
+        run.error,
+        run.value,
+        fold.actor_source(run),
+        calls - budget.calls_before,
+        budget.max_model_calls,
+    )
     verification: Verified = "unverified"
     if verify:
         if not chained:
             verification = "unchained"
-        elif entries[-1].type != END_EVENT:
+        elif entries[-1].event["type"] != END_EVENT:
             verification = "incomplete"
         else:
             verification = "verified"
             if len(chosen) == len(entries):
-                _check_end(entries[-1], status, snapshot)
+                _check_end(entries[-1], status, run.status, run.value)
     return result_of(
         {
-            "snapshot": snapshot,
             "status": status,
             "entries": len(chosen),
             "steps": steps,
@@ -281,7 +288,9 @@ def replay(
             "decisions": decisions,
             "fallbacks": fallbacks,
             "fallback_reason": reason,
-        }
+        },
+        fold,
+        run,
     )
 
 
@@ -351,34 +360,51 @@ def _check_state(
     return hashed
 
 
-def _check_end(end: EntryView, status: RunStatus, snapshot: Snapshot) -> None:
-    """The status the run journaled as it ended against the one replay derives. The runner also stops
-    a run that is still active when it reaches its entry cap, as `budget`, a limit the log does not
-    carry: that `budget` is accepted whatever an active snapshot derives."""
+def _check_end(end: EntryView, status: RunStatus, snapshot_status: str, value: str) -> None:
+    """The status the run journaled as it ended against the one replay derives (`status`, in state `value`,
+    the snapshot's own status `snapshot_status`). The runner also stops a run that is still active when it
+    reaches its entry cap, as `budget`, a limit the log does not carry: that `budget` is accepted whatever
+    an active snapshot derives."""
     recorded = end.event.get("status")
-    if recorded == status or (recorded == "budget" and snapshot.status == "active"):
+    if recorded == status or (recorded == "budget" and snapshot_status == "active"):
         return
     if recorded == LEGACY_WAIT_STATUS and status in RESUMABLE_STATUSES:
         return  # written before runs could be resumed: `idle` then meant what `waiting` says now
     raise DivergenceError(
         f"entry {end.index} ({END_EVENT}) diverges: the run recorded status {recorded!r} as it ended, "
-        f"replay derives {status!r} in state '{snapshot.value}'"
+        f"replay derives {status!r} in state '{value}'"
     )
 
 
 def run_status(machine: Machine, snapshot: Snapshot, model_calls: int, stamp: dict[str, Any]) -> RunStatus:
     """Derive how a run ended from its last snapshot, so live runs and replays agree on it."""
-    if snapshot.status == "done":
+    invoke = snapshot.invoke
+    return derived_status(
+        machine,
+        snapshot.status,
+        snapshot.error,
+        snapshot.value,
+        invoke.src if invoke is not None else None,
+        model_calls,
+        stamp.get("maxModelCalls"),
+    )
+
+
+def derived_status(
+    machine: Machine, status: str, error: Any, value: str, source: str | None, model_calls: int, budget: Any
+) -> RunStatus:
+    """`run_status` of a snapshot's parts: its status, error and state, the source of the actor it owes
+    (None: none), the model calls counted against its `budget` (`maxModelCalls`, anything but an int
+    meaning none is known)."""
+    if status == "done":
         return "done"
-    if snapshot.status == "error":
-        err = snapshot.error
-        if isinstance(err, dict) and err.get("kind") in ("decision-exhausted", "no-options"):
+    if status == "error":
+        if isinstance(error, dict) and error.get("kind") in ("decision-exhausted", "no-options"):
             return "decision-exhausted"
         return "error"
-    if snapshot.invoke is None:
-        state = machine.states[snapshot.value]
+    if source is None:
+        state = machine.states[value]
         return wait_status(state) if state.idle else "stuck"
-    budget = stamp.get("maxModelCalls")
-    if snapshot.invoke.src == "agent.decide" and isinstance(budget, int) and model_calls >= budget:
+    if source == "agent.decide" and isinstance(budget, int) and model_calls >= budget:
         return "budget"
     return "incomplete"

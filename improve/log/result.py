@@ -61,18 +61,47 @@ class ReplayResult:
 
     @property
     def final_state(self) -> str:
-        return self.snapshot.value
+        built = self.__dict__.get("snapshot")
+        if built is not None:
+            return str(built.value)
+        return str(self.__dict__[_PENDING][1].value)
+
+    def __getattr__(self, name: str) -> Any:
+        # Only a missing attribute comes here: `snapshot`, when replay left it to be built (`result_of`).
+        pending = self.__dict__.get(_PENDING) if name == "snapshot" else None
+        if pending is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        fold, run = pending
+        snapshot = fold.snapshot(run)
+        self.__dict__["snapshot"] = snapshot
+        del self.__dict__[_PENDING]
+        return snapshot
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A copy or a pickle holds the snapshot itself, never the fold's run it is built from.
+        self.snapshot  # noqa: B018  (built, if it was not yet)
+        return self.__dict__
 
     @property
     def tokens(self) -> int:
         return self.input_tokens + self.output_tokens
 
 
-def result_of(fields: dict[str, Any]) -> ReplayResult:
+_PENDING = "_snapshot_of"
+"""Where a `ReplayResult` keeps the fold and the run its `snapshot` is built from, until it is read."""
+
+
+def result_of(fields: dict[str, Any], fold: Any = None, run: Any = None) -> ReplayResult:
     """A `ReplayResult` of every field, built without the frozen dataclass's `__init__`, which sets each
     of its sixteen fields through `object.__setattr__`: a tenth of replaying a short thread. `fields`
     becomes its `__dict__` (a dict display, not keywords: packing sixteen keywords cost as much again).
-    It is as frozen as any other (tests/test_replay.py checks that every field is given, and nothing else)."""
+    It is as frozen as any other (tests/test_replay.py checks that every field is given, and nothing else).
+
+    Without `snapshot` in `fields`, `fold` and `run` (a `Fold` and the `FoldRun` replay ended with) build it
+    when it is first read: a replay whose result is read for its status and counts (most of `improve
+    replay`, a warehouse's materializing) never builds one, which was a fifth of replaying a short thread."""
+    if "snapshot" not in fields:
+        fields[_PENDING] = (fold, run)
     result = object.__new__(ReplayResult)
     object.__setattr__(result, "__dict__", fields)
     return result

@@ -409,6 +409,11 @@ class Fold:
         text = _snapshot_text(run, _invoke_of(run))
         return text is not None and hashlib.sha256(text).hexdigest() == journaled
 
+    def actor_source(self, run: FoldRun) -> str | None:
+        """The source of the actor the run owes (`snapshot(run).invoke.src`), None when it owes none."""
+        invoke = _invoke_of(run)
+        return invoke[1] if invoke is not None else None
+
     def text(self, run: FoldRun) -> bytes | None:
         """msgspec's text of what `hash` covers (`sorted_text(shallow_json(...))`, None where msgspec
         cannot write it), as `hash` makes it: from pieces written once (`_snapshot_text`)."""
