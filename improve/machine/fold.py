@@ -320,19 +320,23 @@ class Fold:
         # The fast path, in this method (a call less on every event); anything it bails on or that
         # raises is the reference's step (`_reference_step`).
         try:
-            etype = event.get("type")
-            if type(etype) is not str or type(event) is not dict:
-                raise _Bail  # no type (the reference raises), or not the plain case
+            if type(event) is not dict:
+                raise _Bail  # not the plain case
+            # Read as the dict it is: a Mapping's `get` is a method looked up on every call.
+            plain: dict[str, Any] = event
+            etype = plain.get("type")
+            if type(etype) is not str:
+                raise _Bail  # no type: the reference raises
             state = self.states[run.value]
             if etype in (DONE_EVENT, ERROR_EVENT):
-                if state.actor is None or event.get("actorId", state.actor) != state.actor:
+                if state.actor is None or plain.get("actorId", state.actor) != state.actor:
                     return False
                 if etype == ERROR_EVENT:
                     candidates = state.error
                     if not candidates:
                         # An actor failed where no onError is given: the run ends in error.
                         run.status = "error"
-                        run.error = event.get("error")
+                        run.error = plain.get("error")
                         run.output = None
                         run.owed = run.invocation = None
                         return True
