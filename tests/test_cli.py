@@ -366,7 +366,8 @@ def test_a_fact_value_its_declared_type_does_not_allow_is_named_by_check(tmp_pat
 
 def test_a_policy_that_reads_a_fact_its_environment_does_not_offer_runs_with_a_warning(ws: Path) -> None:
     """A hand-edited policy file whose guard reads `facts.loyaltyYears`: `improve verify` refuses it;
-    `improve run` runs it as asked, but says first why its decisions will end in policy-error."""
+    `improve run` and `parity compare` run it as asked, but say first why its decisions will end in
+    policy-error."""
     import json as _json
 
     doc = _json.loads((ws / "policies" / "refunds" / "v0.json").read_text())
@@ -391,6 +392,26 @@ def test_a_policy_that_reads_a_fact_its_environment_does_not_offer_runs_with_a_w
     assert ran.exit_code in (0, 1), ran.output
     said = " ".join(ran.stderr.split())
     assert "warning: policy" in said and "loyaltyYears" in said and "improve verify" in said, said
+    # `parity compare` too: its regressions would otherwise read as the policy's own decisions.
+    compared = runner.invoke(
+        app,
+        [
+            "parity",
+            "compare",
+            "v0",
+            str(path),
+            "-w",
+            str(ws),
+            "--model",
+            "careful",
+            "--scenario",
+            "small-refund-01",
+        ],
+    )
+    assert compared.exit_code in (0, 1), compared.output
+    said = " ".join(compared.stderr.split())
+    assert f"warning: policy {path}" in said and "loyaltyYears" in said, said
+    assert "warning: policy v0" not in said
 
 
 def test_a_label_that_is_no_final_state_is_refused_by_every_command_that_scores(ws: Path) -> None:

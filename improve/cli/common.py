@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from improve.evals import Fanout, Workspace
+    from improve.machine import MachineConfig
+    from improve.runtime import Environment
 
 # Progress and logs go to stderr; stdout holds the result (a table, or exactly one JSON document).
 # Piped output keeps whole table rows (140 columns) instead of rich's 80-column default.
@@ -52,6 +54,21 @@ out = cast("Console", _Console(stderr=False))
 def say(message: str) -> None:
     """Progress and notes: one line on stderr, as written (never read as markup)."""
     err.print(message, markup=False)
+
+
+def warn_unknown_names(named: str, policy: MachineConfig, environment: Environment) -> None:
+    """Say, before a policy runs as asked, that it uses names its environment does not offer: its
+    decisions that reach them end in policy-error, which a scorecard or a comparison shows as the
+    agent's failures."""
+    from improve.loop import vocabulary_problems
+
+    unknown = vocabulary_problems(policy, environment)
+    if unknown:
+        say(
+            f"warning: policy {named} uses names {environment.name} does not offer (its decisions that "
+            f"reach them end in policy-error; `improve verify {named}` runs every gate): "
+            + "; ".join(unknown[:3])
+        )
 
 
 EXIT_FAILED = 1

@@ -21,6 +21,7 @@ from improve.cli.common import (
     executor_for,
     handled,
     out,
+    warn_unknown_names,
     workspace,
 )
 from improve.cli.help import Command, Group
@@ -113,7 +114,7 @@ def compare_command(
         parity compare v0 v1 --executor dask://127.0.0.1:8786
     """
     from improve.evals import SEALED_SPLIT, UNSEAL_HOW
-    from improve.parity import DEFAULT_MODELS, compare, load_reviewed, resolve_side
+    from improve.parity import DEFAULT_MODELS, PolicyRunner, compare, load_reviewed, resolve_side
 
     with handled():
         space = workspace(ws)
@@ -158,6 +159,9 @@ def compare_command(
         budget = space.config.objective.max_model_calls
         old_side = resolve_side(space, environment, old, budget, cache.value)
         new_side = resolve_side(space, environment, new, budget, cache.value)
+        for side in (old_side, new_side):
+            if isinstance(side.runner, PolicyRunner):  # compared as asked; its policy-errors explained first
+                warn_unknown_names(side.ref, side.runner.policy, environment)
         err.print(
             f"parity on {env_name}: {len(chosen)} scenarios x {len(models)} model(s) ({', '.join(models)}); "
             f"OLD {old_side.description}, NEW {new_side.description}"

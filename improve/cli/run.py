@@ -22,6 +22,7 @@ from improve.cli.common import (
     handled,
     out,
     say,
+    warn_unknown_names,
     workspace,
 )
 from improve.errors import EndpointError, SealedSplitError, WorkspaceError
@@ -112,7 +113,6 @@ def run_command(
     from improve.evals import unseal as unseal_test
     from improve.llm import Meter
     from improve.log import JsonlDirStore
-    from improve.loop import vocabulary_problems
 
     with handled():
         space = workspace(ws)
@@ -136,14 +136,7 @@ def run_command(
                 markup=False,
             )
         policy_config = space.load_policy(env_name, policy)
-        unknown = vocabulary_problems(policy_config, environment)
-        if unknown:  # run as asked, but not without saying why its decisions will end in policy-error
-            err.print(
-                f"warning: policy {policy} uses names {env_name} does not offer (its decisions that reach "
-                f"them end in policy-error; `improve verify {policy}` runs every gate): "
-                + "; ".join(unknown[:3]),
-                markup=False,
-            )
+        warn_unknown_names(policy, policy_config, environment)  # run as asked, but not without saying so
         spec = suite_spec(
             space, environment, policy_config, model, k=k, cache=cache.value, people=not suspend
         )
