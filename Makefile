@@ -9,7 +9,7 @@ NATIVE_SOURCES := setup.py improve/log/chain.py improve/log/replay.py improve/lo
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml Makefile $(NATIVE_SOURCES) | cksum | cut -d' ' -f1)
 
 .DEFAULT_GOAL := help
-.PHONY: help demo test test-fast test-lowest fuzz bench bench-scale bench-generalize mutation conformance hostile lint clean phoenix
+.PHONY: help docs demo test test-fast test-lowest fuzz bench bench-scale bench-generalize mutation conformance hostile lint clean phoenix
 
 help: ## Show this help
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -99,6 +99,9 @@ bench-generalize: $(STAMP) ## Out of sample: each desk's demo, then v0 and its f
 
 mutation: $(STAMP) ## Mutation score per core module as JSON (cosmic-ray, a seeded sample; not in `make test`)
 	@$(BIN)/python -m bench.mutation
+
+docs: $(STAMP) ## Write docs/cli.md, the command reference, from the commands' own help
+	$(BIN)/python -m improve.cli.reference > docs/cli.md
 
 lint: $(STAMP) ## ruff, mypy, and the layering contract (import-linter)
 	$(BIN)/ruff check improve tests bench

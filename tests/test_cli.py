@@ -632,6 +632,33 @@ def test_the_command_listing_matches_every_command_it_loads_lazily() -> None:
         assert loaded.get_short_help_str(limit=1000) == listed.help, listed.name
 
 
+def _comparable(page: str) -> list[str]:
+    """The reference without what typer's versions within the pins render otherwise: the usage line and
+    the metavars (`--env <str>` and `--env TEXT`, `[statement]` and `statement`)."""
+    lines = []
+    for line in page.splitlines():
+        if line.startswith("$ improve"):
+            continue
+        item = re.match(r"\* `([^`]*)`(.*)", line)
+        if item:
+            words = item.group(1).split()
+            names = [w.strip(",") for w in words if w.startswith("-")] or [words[0].strip("[]").lower()]
+            line = f"* {' '.join(names)}{item.group(2)}"
+        lines.append(line)
+    return lines
+
+
+def test_the_command_reference_is_what_the_commands_say() -> None:
+    """docs/cli.md is written from the commands (`make docs`): every command, its arguments, options and
+    defaults. An option added or a help changed without writing it again fails here, saying how to."""
+    from improve.cli.reference import reference
+
+    written = (REPO / "docs" / "cli.md").read_text(encoding="utf-8")
+    assert _comparable(written) == _comparable(reference()), "docs/cli.md is out of date: run `make docs`"
+    for option in ("`--outcomes", "`--max-paths", ", --openai-model", "`--lake"):
+        assert option in written, option
+
+
 def _commands() -> list[tuple[list[str], Any]]:
     """Every command and group of `improve` (loaded), with the words that reach it; and `parity`'s own."""
     import typer.main
