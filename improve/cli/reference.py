@@ -13,7 +13,6 @@ import sys
 
 import typer.cli
 import typer.main
-from typer import _click as click
 
 from improve.cli.lazy import LazyGroup
 from improve.cli.main import app
@@ -27,7 +26,7 @@ def reference() -> str:
     assert isinstance(group, LazyGroup)
     for command in group.LAZY:
         group.commands[command.name] = group.load(command.name)
-    context = click.Context(group, info_name="improve")
+    context = typer.Context(group, info_name="improve")
     page: str = typer.cli.get_docs_for_click(obj=group, ctx=context, name="improve", title="Commands")
     return f"{GENERATED}\n\n{page.strip()}\n"
 
