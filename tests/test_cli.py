@@ -169,6 +169,21 @@ def test_a_scenario_file_about_another_environment_is_refused(ws: Path) -> None:
     assert not (ws / "traces").exists() or not list((ws / "traces").glob("*.jsonl"))
 
 
+def test_a_scenario_file_that_is_not_there_is_a_usage_error_for_every_command(ws: Path) -> None:
+    """No file is no check that failed: `scenarios check --file` of a path that is not there exits 2 with
+    `improve run` (and says which file it would check without it)."""
+    missing = ws / "scenarios" / "refundz.yaml"
+    checked = runner.invoke(app, ["scenarios", "check", "-w", str(ws), "--file", str(missing), "--json"])
+    assert checked.exit_code == 2, checked.output
+    assert f"{missing}: no such scenario file" in checked.stderr and "refunds.yaml" in checked.stderr
+    assert checked.stdout == ""
+    (ws / "scenarios" / "refunds.yaml").unlink()
+    for command in (["scenarios", "check"], ["run", "--k", "1"]):
+        result = runner.invoke(app, [*command, "-w", str(ws)])
+        assert result.exit_code == 2, (command, result.output)
+        assert "refunds.yaml: no such scenario file" in result.stderr, result.stderr
+
+
 def test_replay_verifies_and_flags_divergence(ws: Path) -> None:
     runner.invoke(
         app, ["run", "-w", str(ws), "--split", "train", "--k", "1", "--scenario", "partial-refund-01"]

@@ -179,6 +179,15 @@ def scenarios_check(
         space = workspace(ws)
         env_name = space.env_name(env)
         source = path or space.scenarios_path(env_name)
+        if not source.is_file():  # nothing to check: a usage error (exit 2), as `improve run` says it
+            raise WorkspaceError(
+                f"{source}: no such scenario file"
+                + (
+                    ""
+                    if path is None
+                    else f" (without --file, the workspace's: {space.scenarios_path(env_name)})"
+                )
+            )
         problems: list[str] = []
         summary: dict[str, Any] = {"file": str(source)}
         environment = space.environment(env_name)
