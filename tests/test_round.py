@@ -565,12 +565,15 @@ class _SameBehaviour:
 
 
 class _Renaming(_SameBehaviour):
-    """A proposal that renames the policy, rewrites its goal and numbers itself."""
+    """A proposal that renames the policy, rewrites its goal and numbers itself; made as a model's is
+    (its model named, its request trimmed to fit, which it says)."""
+
+    model = "tiny-model"
 
     def propose(self, request: ProposalRequest) -> Proposal:
         proposal = super().propose(request)
         doc = {**proposal.document, "id": "mine", "version": "99", "description": "x"}
-        return dataclasses.replace(proposal, document=doc)
+        return dataclasses.replace(proposal, document=doc, notes=("the request was trimmed to fit",))
 
 
 def test_a_proposal_keeps_the_policys_id_and_goal_and_takes_the_rounds_version(tmp_path: Path) -> None:
@@ -586,6 +589,14 @@ def test_a_proposal_keeps_the_policys_id_and_goal_and_takes_the_rounds_version(t
     assert any(
         line.startswith("proposer: its candidate's description, id, version set to") for line in said
     ), said
+    # The record names the proposer's model and what it said of its proposal.
+    entry = (tmp_path / "policies" / "refunds" / "CHANGELOG.md").read_text()
+    assert f"proposer: {_Renaming.name} (model tiny-model);" in entry
+    assert "- The proposer said: the request was trimmed to fit" in entry
+    assert (result.proposer_model, result.proposer_notes) == (
+        "tiny-model",
+        ["the request was trimmed to fit"],
+    )
 
 
 @pytest.mark.slow

@@ -524,6 +524,11 @@ def _stale(
 # --- writing an entry -----------------------------------------------------------------------------
 
 
+def proposer_text(record: RoundRecord) -> str:
+    """The proposer as a record names it: `rules`, or `openai (model smollm2)`."""
+    return record.proposer + (f" (model {record.proposer_model})" if record.proposer_model else "")
+
+
 def entry_text(record: RoundRecord) -> str:
     """The CHANGELOG entry of a round that proposed a candidate (a round with nothing to fix has one
     only in its report folder)."""
@@ -533,9 +538,10 @@ def entry_text(record: RoundRecord) -> str:
     lines = [
         f"## {record.candidate_version} ({decision}) — round {record.round_id}",
         "",
-        f"- Baseline: {record.baseline_version}; proposer: {record.proposer}; model: {record.model}; "
+        f"- Baseline: {record.baseline_version}; proposer: {proposer_text(record)}; model: {record.model}; "
         f"k = {record.k}; bootstrap seed {record.seed}.",
     ]
+    lines += [f"- The proposer said: {note}" for note in record.proposer_notes]
     h = record.hypothesis
     if h:
         lines += [

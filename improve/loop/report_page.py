@@ -21,7 +21,7 @@ from urllib.parse import quote
 from improve.errors import ImproveError, WorkspaceError
 from improve.evals import Scorecard, Workspace, category_chart, history_chart, p_value, svg_chart
 from improve.files import write_atomic
-from improve.loop.changelog import CHANGELOG, Changelog, Entry
+from improve.loop.changelog import CHANGELOG, Changelog, Entry, proposer_text
 from improve.loop.gates import GateResult
 from improve.loop.render import OUT_OF_SAMPLE, out_of_sample_command
 from improve.loop.round_record import ROUND_RECORD, Impact, RoundRecord, SplitScore, read_round_record
@@ -241,7 +241,7 @@ def round_page(
     sections = [
         f'<h1>{escape(title)} <span class="verdict {escape(status)}">{escape(status)}</span></h1>',
         f'<p class="meta">Round <code>{escape(r.round_id)}</code>; baseline {escape(r.baseline_version)}; '
-        f"proposer {escape(r.proposer)}; model <code>{escape(r.model)}</code>; k = {r.k} runs per scenario"
+        f"proposer {escape(proposer_text(r))}; model <code>{escape(r.model)}</code>; k = {r.k} runs per scenario"
         f"{_reruns_note(r)}; bootstrap seed {r.seed}.</p>",
     ]
     if r.rationale:

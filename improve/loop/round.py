@@ -1234,6 +1234,11 @@ class Round:
         self._split_decisions[split] = list(found.values())
         return self._split_decisions[split]
 
+    def _proposer_model(self) -> str | None:
+        """The model the proposer asked, when it asks one (an LLM proposer's `model`)."""
+        model = getattr(self.proposer, "model", None)
+        return model if isinstance(model, str) else None
+
     def _record(self) -> RoundRecord:
         """The record of what the steps found."""
         proposed = self.proposal.document if self.proposal is not None else None
@@ -1244,6 +1249,8 @@ class Round:
             baseline_version=self.label,
             candidate_version=f"v{self.version}" if self.request is not None else None,
             proposer=self.opts.proposer if isinstance(self.opts.proposer, str) else self.opts.proposer.name,
+            proposer_model=self._proposer_model(),
+            proposer_notes=list(self.proposal.notes) if self.proposal is not None else [],
             model=self.opts.model,
             k=self.k,
             seed=self.objective.seed,

@@ -263,6 +263,10 @@ class RoundRecord(BaseModel):
     baseline_version: str
     candidate_version: str | None = None
     proposer: str
+    proposer_model: str | None = None
+    """The model a proposer that asks one asked (`--proposer-model`); None for the rule miner."""
+    proposer_notes: list[str] = Field(default_factory=list)
+    """What the proposer said of its proposal (its request trimmed to fit the model's context, ...)."""
     model: str
     k: int
     seed: int
