@@ -38,6 +38,7 @@ from improve.machine.interpreter import (
     transition,
 )
 from improve.machine.snapshot import (
+    SORTED_ENCODER,
     Invocation,
     Snapshot,
     Status,
@@ -399,7 +400,7 @@ class Fold:
         invoke = _invoke_of(run)
         if journaled is not None:
             text = _snapshot_text(run, invoke)
-            if text is not None and hashlib.sha256(text).hexdigest() == journaled:
+            if text is not None and _sha256(text).hexdigest() == journaled:
                 return journaled
         shallow = shallow_json(run.value, run.context, run.status, run.input, run.output, run.error, invoke)
         if _plain_run(run):
@@ -411,7 +412,7 @@ class Fold:
         journaled` as most of a verified replay asks it, without the canonical text a mismatch needs (the
         caller asks `hash` for that)."""
         text = _snapshot_text(run, _invoke_of(run))
-        return text is not None and hashlib.sha256(text).hexdigest() == journaled
+        return text is not None and _sha256(text).hexdigest() == journaled
 
     def actor_source(self, run: FoldRun) -> str | None:
         """The source of the actor the run owes (`snapshot(run).invoke.src`), None when it owes none."""
@@ -488,8 +489,11 @@ def _snapshot_text(run: FoldRun, invoke: tuple[str, str] | None) -> bytes | None
             return None
     context = run.context
     if context is not run.text_context:
-        text = sorted_text(context)
-        if text is None:
+        # `sorted_text` inline (most steps write a new context): a call into a module the build does not
+        # compile costs a frame each time.
+        try:
+            text = SORTED_ENCODER.encode(context)
+        except Exception:  # a lone surrogate, nesting past the stack: as `sorted_text` says
             return None
         run.text_context, run.context_text = context, text
     error = b"null" if run.error is None else sorted_text(run.error)
@@ -516,6 +520,8 @@ def _snapshot_text(run: FoldRun, invoke: tuple[str, str] | None) -> bytes | None
         (b'{"context":', run.context_text, b',"error":', error, b',"input":', run.input_text, b",", rest)
     )
 
+
+_sha256 = hashlib.sha256
 
 _REST: dict[tuple[tuple[str, str] | None, str, str], bytes] = {}
 """`_snapshot_text`'s rest of a snapshot without output, by its actor, status and state: as many as the

@@ -22,7 +22,8 @@ def canonical_json(value: Any) -> str:
     return _CANONICAL.encode(value)
 
 
-_SORTED = msgspec.json.Encoder(order="sorted")
+SORTED_ENCODER = msgspec.json.Encoder(order="sorted")
+"""msgspec's writer of sorted keys: `sorted_text` and the fold's pieces of a snapshot's text (fold.py)."""
 
 
 class _NotPythons(Exception):
@@ -88,8 +89,8 @@ def canonical_bytes(value: Any) -> bytes:
     float's notation checked, and must equal the value; anything else goes the `json.dumps` way."""
     try:
         if plain_json(value):
-            return _SORTED.encode(value)
-        text = _SORTED.encode(value)
+            return SORTED_ENCODER.encode(value)
+        text = SORTED_ENCODER.encode(value)
         if _READ_BACK.decode(text) == value:
             return text
     except Exception:  # a lone surrogate, a type msgspec has no encoding for, nesting past the stack
@@ -103,7 +104,7 @@ def decoded_canonical_bytes(value: Any, *, plain: bool | None = None) -> bytes:
     finds a float the two write differently. `plain`: the caller has asked `plain_json` of the parts of
     the value that can hold a float."""
     try:
-        text = _SORTED.encode(value)
+        text = SORTED_ENCODER.encode(value)
         if not (plain_json(value) if plain is None else plain):
             _READ_BACK.decode(text)
         return text
@@ -122,7 +123,7 @@ def sorted_text(value: Any) -> bytes | None:
     `1e+16`) hashes otherwise, and the caller compares the canonical text's hash after all; a float both
     write alike is written alike, so a text that matches has every float in Python's notation."""
     try:
-        return _SORTED.encode(value)
+        return SORTED_ENCODER.encode(value)
     except Exception:
         return None
 
@@ -130,7 +131,7 @@ def sorted_text(value: Any) -> bytes | None:
 def plain_hash(value: Any) -> str:
     """`canonical_hash` of a value the caller has found `plain_json`."""
     try:
-        return hashlib.sha256(_SORTED.encode(value)).hexdigest()
+        return hashlib.sha256(SORTED_ENCODER.encode(value)).hexdigest()
     except Exception:  # a lone surrogate, nesting past the stack: the json way raises what it raises
         return canonical_hash(value)
 
