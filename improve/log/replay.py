@@ -148,8 +148,10 @@ def replay(
     cost = 0.0
     ended: RunStatus | None = None
     hashed: tuple[int, str] | None = None  # (steps, hash): an end entry repeats the state before it
-    # The model-call budget in force: the stamp's from the start, each resume's from its entry on.
-    budget = Budget(stamp.get("maxModelCalls"), 0)
+    # The model-call budget in force: the stamp's from the start, each resume's from its entry on (a
+    # `Budget`'s two fields kept apart: making one per replay was a Python call on every thread).
+    max_calls: Any = stamp.get("maxModelCalls")
+    calls_before = 0
     # `validate_log`'s checks are made in the fold's own pass; anything that fails in it (a check, the
     # fold, a count) asks `validate_log` first, so a log of the wrong shape is named as such, whatever
     # else an earlier entry of it broke (as when the whole log was validated before folding).
@@ -211,7 +213,8 @@ def replay(
                     if entry is not entries[-1]:
                         # A run stopped waiting, and was resumed after: it stopped as it says.
                         before = fold.snapshot(run)
-                        _check_end(entry, budget.status(machine, before, calls), before.status, before.value)
+                        stretch = Budget(max_calls, calls_before)
+                        _check_end(entry, stretch.status(machine, before, calls), before.status, before.value)
                 continue
             metadata = entry.metadata
             if metadata is not None:
@@ -220,7 +223,7 @@ def replay(
                     fallbacks += erred
                 resume = metadata.get(RESUME_KEY)
                 if isinstance(resume, dict):
-                    budget = Budget(resume.get("maxModelCalls"), calls)
+                    max_calls, calls_before = resume.get("maxModelCalls"), calls
             asked = erred = False
             try:
                 if etype == INIT_EVENT:
@@ -258,8 +261,8 @@ def replay(
         run.error,
         run.value,
         fold.actor_source(run),
-        calls - budget.calls_before,
-        budget.max_model_calls,
+        calls - calls_before,
+        max_calls,
     )
     verification: Verified = "unverified"
     if verify:
@@ -284,7 +287,7 @@ def replay(
             "cost_usd": cost,
             "verification": verification,
             "ended": ended,
-            "budget_left": budget.left(calls),
+            "budget_left": _left(max_calls, calls - calls_before),
             "decisions": decisions,
             "fallbacks": fallbacks,
             "fallback_reason": reason,
@@ -310,9 +313,14 @@ class Budget(NamedTuple):
         )
 
     def left(self, calls: int) -> int | None:
-        if not isinstance(self.max_model_calls, int) or isinstance(self.max_model_calls, bool):
-            return None
-        return max(0, self.max_model_calls - (calls - self.calls_before))
+        return _left(self.max_model_calls, calls - self.calls_before)
+
+
+def _left(max_model_calls: Any, spent: int) -> int | None:
+    """Model calls a budget still allows after `spent` of its stretch (None: no budget is known)."""
+    if not isinstance(max_model_calls, int) or isinstance(max_model_calls, bool):
+        return None
+    return max(0, max_model_calls - spent)
 
 
 def _count(entry: EntryView, event: dict[str, Any], name: str, default: int) -> int:
