@@ -25,6 +25,7 @@ from typer.testing import CliRunner
 
 from improve.cli.main import app
 from improve.clock import FrozenClock
+from improve.evals.holdout import set_key
 from improve.evals.outcome import OutcomeRow, outcome_row
 from improve.evals.workspace import Workspace
 from improve.log import USAGE_EVENT, JsonlDirStore, ThreadId
@@ -1607,6 +1608,19 @@ def test_a_round_moves_on_or_tries_a_narrower_or_broader_rule_after_a_discard() 
     assert focus([on_naive], baseline="v0", model="small") == focus([])
     assert focus([nothing], baseline="v0", model="small").spent == ("f",)
     assert DiscardedCandidate.from_json(on_naive.to_json()) == on_naive
+    # No rule found, or none that passed the gates, is a finding about the training set it was mined
+    # from: once scenarios are labelled (another set), the cluster is tried afresh, and the round says
+    # so; one that reached too far or gained too little keeps its own follow-up, and a candidate
+    # remembered without a set (an older memory) still counts.
+    found_none = dataclasses.replace(nothing, reason="none", train="set-1")
+    gated = dataclasses.replace(discarded("g", "gates"), train="set-1")
+    reached = dataclasses.replace(discarded("b", "reach"), train="set-1")
+    assert focus([found_none, gated, reached], train="set-1").skip == ("f", "g")
+    again = focus([found_none, gated, reached], train="set-2")
+    assert again.skip == () and again.afresh == ("f", "g") and set(again.narrower or {}) == {"b"}
+    assert focus([nothing], train="set-2").skip == ("f",)
+    assert focus([found_none, dataclasses.replace(found_none, train="set-2")], train="set-2").afresh == ()
+    assert DiscardedCandidate.from_json(found_none.to_json()) == found_none
 
 
 def test_a_rule_that_reached_too_far_is_tried_again_when_a_branch_promoted_since_answers_first() -> None:
@@ -2375,6 +2389,12 @@ def test_a_branch_discarded_against_a_policy_is_not_proposed_against_it_again(tm
     remembered = (tmp_path / ".improve" / "discarded" / "refunds.jsonl").read_text().splitlines()
     assert len(remembered) == 1 and json.loads(remembered[0])["cluster"] == first.cluster
     assert json.loads(remembered[0])["model"] == first.model == "naive"  # a cluster is a model's failures
+    # And the training set its cluster was mined from: one found rule-less is tried once that changes.
+    assert (
+        json.loads(remembered[0])["train"]
+        == first.train_set
+        == set_key(space.scenarios("refunds").split("train"))
+    )
     second = run_round(space, RoundOptions(policy="v0", k=2))
     # Neither the version the discarded candidate took nor the held-out read it made is given again.
     assert (first.candidate_version, second.candidate_version) == ("v1", "v2")

@@ -622,6 +622,7 @@ def discarded_of(record: RoundRecord) -> DiscardedCandidate | None:
         policy=policy.model_dump(mode="json", by_alias=True, exclude_none=True) if later and policy else None,
         behind=record.behind.round if record.behind is not None else None,
         followed=record.followed,
+        train=record.train_set,
     )
 
 

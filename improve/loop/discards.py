@@ -15,7 +15,9 @@ branches it added (guard, answer, and the output as written), and its route (eve
 the candidate, in order): enough to evaluate what it answered, so a later candidate that answers the
 same decisions the same way is recognised as the same candidate (the novelty gate), whatever its
 guard looks like. A candidate that gained too little on a held-out set that has changed since is set
-aside (`changelog.read_memory`): scenarios added may show the gain it lacked. A candidate that gained too little while the training runs its branches answered
+aside (`changelog.read_memory`): scenarios added may show the gain it lacked. The training set a
+candidate's cluster was mined from is kept too (`train`): a cluster that had no rule, or none that
+passed the gates, is tried afresh once scenarios are labelled (`focus`). A candidate that gained too little while the training runs its branches answered
 otherwise still failed also keeps those scenarios (`later`) and its policy document: the next round
 tries the later decision behind its branches, once (`followed`; `behind` when it carries them).
 A recommended candidate leaves one line too, in `.improve/recommended/<environment>.jsonl`:
@@ -93,6 +95,10 @@ class DiscardedCandidate:
     followed: str | None = None
     """The round whose candidate this one's round looked behind, carried or not: each discarded
     candidate is looked behind once."""
+    train: str | None = None
+    """The training set its cluster was mined from (`evals.set_key`; None: remembered before the
+    memory kept it). No rule found (`none`) or none that passed the gates (`gates`) is a finding about
+    those scenarios: scenarios labelled since may show the rule (`focus`)."""
 
     def branches(self) -> tuple[list[Branch], set[int]]:
         """Its route as branches, and the indexes of the added ones."""
@@ -116,6 +122,7 @@ class DiscardedCandidate:
             **({"policy": dict(self.policy)} if self.policy is not None else {}),
             **({"behind": self.behind} if self.behind is not None else {}),
             **({"followed": self.followed} if self.followed is not None else {}),
+            **({"train": self.train} if self.train is not None else {}),
         }
 
     @classmethod
@@ -138,6 +145,7 @@ class DiscardedCandidate:
             policy=dict(doc["policy"]) if isinstance(doc.get("policy"), dict) else None,
             behind=None if doc.get("behind") is None else str(doc["behind"]),
             followed=None if doc.get("followed") is None else str(doc["followed"]),
+            train=None if doc.get("train") is None else str(doc["train"]),
         )
 
 
@@ -259,6 +267,8 @@ class Focus:
     spent: tuple[str, ...] = ()
     """Tried clusters whose last candidate, against the round's own baseline, added no branch (nothing
     was proposed for them): a proposer that answers the same request the same way finds nothing again."""
+    afresh: tuple[str, ...] = ()
+    """Clusters found rule-less, or whose rule failed the gates, on another training set: tried afresh."""
 
     def says(self, chosen: str | None) -> str | None:
         """What the round says about its cluster: a narrower rule for it, or the next cluster after the
@@ -291,6 +301,7 @@ def focus(
     renewed: Collection[str] = (),
     baseline: str | None = None,
     model: str | None = None,
+    train: str | None = None,
 ) -> Focus:
     """Each cluster gets one candidate along a policy's line, and one narrower candidate when the first
     was discarded for reaching too far (`reach`): a rule that gained too little, never passed the gates
@@ -307,8 +318,18 @@ def focus(
     Only the candidates tried on `model`'s runs count (and those remembered without a model): a cluster
     is a model's failures, so one tried, or found rule-less, on a stand-in's runs is tried afresh on a
     real model's. A branch discarded against the baseline stays refused whatever the model
-    (`Memory.discarded`): its labels, not the model, refused it."""
-    kept = [t for t in tried if t.round not in renewed and (model is None or t.model in (None, model))]
+    (`Memory.discarded`): its labels, not the model, refused it.
+
+    A cluster found rule-less (`none`), or whose rule never passed the gates (`gates`), on a training
+    set other than `train` is tried afresh too: the scenarios labelled since may show a rule the
+    earlier ones did not (the round's own advice is to label more like its failures). Its branches, if
+    any, stay refused as written (the novelty gate)."""
+    mine = [t for t in tried if t.round not in renewed and (model is None or t.model in (None, model))]
+    kept = [
+        t
+        for t in mine
+        if not (train is not None and t.train not in (None, train) and t.reason in ("none", "gates"))
+    ]
     by_cluster: dict[str, list[DiscardedCandidate]] = {}
     for candidate in kept:
         if candidate.cluster:
@@ -328,4 +349,5 @@ def focus(
     last = {cluster: candidates[-1] for cluster, candidates in by_cluster.items()}
     spent = tuple(c for c in skip if last[c].baseline == baseline and not last[c].added)
     latest = {candidate.cluster: i for i, candidate in enumerate(kept) if candidate.cluster}
-    return Focus(tuple(sorted(skip, key=latest.__getitem__)), narrower, broader, spent)
+    afresh = sorted({t.cluster for t in mine if t.cluster and t not in kept and t.cluster not in by_cluster})
+    return Focus(tuple(sorted(skip, key=latest.__getitem__)), narrower, broader, spent, tuple(afresh))

@@ -60,6 +60,7 @@ from improve.evals import (
     policy_label,
     rerun_scenarios,
     scorecard,
+    set_key,
     settle,
     suite_spec,
     write_threads,
@@ -205,7 +206,9 @@ class Round:
             stand_in=StandIn(inputs.env_hashes, self.spec.model) if self.session is None else None,
             pool=self._slots.pool,
         )
-        self.focus = focus(inputs.memory.tried, baseline=self.label, model=opts.model)
+        self.train_key = set_key(inputs.train)
+        """The training split's key: a cluster found rule-less on another set is tried again."""
+        self.focus = focus(inputs.memory.tried, baseline=self.label, model=opts.model, train=self.train_key)
         """Where the round aims after the candidates discarded along the policy's line."""
         self._split_decisions: dict[str, list[dict[str, Any]]] = {}
         self.wrong_held_out: tuple[str, ...] = ()
@@ -302,6 +305,11 @@ class Round:
                     + (f"set {t.held_out[0]})" if t.held_out else "which found nothing but those)")
                     for t in stale
                 )
+            )
+        if self.focus.afresh:
+            self.say(
+                f"the training set is now {self.train_key}: tried afresh, the cluster(s) that had no rule (or "
+                f"none that passed the gates) on another: {', '.join(self.focus.afresh)}"
             )
         if self._train_first():
             # Diagnosing, proposing and gating read no held-out run: the suite of both splits goes on in
@@ -535,7 +543,7 @@ class Round:
         held_out = memory.held_out.key
         self.renewed = frozenset(t.round for t in ancestors if answers_anew(t, current, decisions, held_out))
         if self.renewed:
-            self.focus = focus(memory.tried, self.renewed, self.label, self.opts.model)
+            self.focus = focus(memory.tried, self.renewed, self.label, self.opts.model, self.train_key)
             self.say(
                 "tried again behind this baseline's branches: candidate(s) "
                 + ", ".join(t.candidate for t in ancestors if t.round in self.renewed)
@@ -1271,6 +1279,7 @@ class Round:
             regressions=[c.scenario for c in self._regressions()],
             wrong_held_out=list(self.wrong_held_out),
             still_failing=self.still_failing,
+            train_set=self.train_key,
             behind=Behind(round=self.behind.round, candidate=self.behind.candidate) if self.behind else None,
             followed=self.followed,
             reruns=self.settled.reruns if self.settled is not None else None,

@@ -306,6 +306,9 @@ class RoundRecord(BaseModel):
     its runs showed a decision to fix: each is looked behind once."""
     held_out: HeldOutReuse | None = None
     """Set when the promotion rule read the held-out split."""
+    train_set: str | None = None
+    """The training split's key (`evals.set_key`): what the clusters were mined from. A cluster a
+    candidate found no rule for, or none that passed the gates, is tried again once it changes."""
     reruns: Reruns | None = None
     """What the sequential rule ran beyond the first k runs."""
     candidate_threads: list[str] = Field(default_factory=list)
