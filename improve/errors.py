@@ -27,6 +27,7 @@ imports nothing else of ours) may raise these. Every error carries a message tha
     │   └── TapeError                 an opencli session tape line is not in the tape format
     ├── ResumeRefusedError            `improve resume` refused a thread or an event: which check, why (exit 1)
     ├── RunError                      a run could not complete (an actor crashed, a store failed)
+    │   ├── ActorCrash                ... a tool raised what it does not declare (its bug, or the world's data)
     │   └── NondeterministicHarness   parity: two fresh runs of OLD differed, so nothing is compared
     ├── ClusterError                  --executor dask://: dask is not installed, or the scheduler is unreachable
     ├── ActorFailure                  a tool failed in a way the machine handles (its `onError`)
@@ -216,6 +217,11 @@ def _resume_refused_error(message: str, kind: str) -> ResumeRefusedError:
 
 class RunError(ImproveError):
     """A run could not complete: an actor crashed unexpectedly, a store failed."""
+
+
+class ActorCrash(RunError):
+    """A tool raised something other than `ActorFailure`: a bug of the tool, or a scenario's world it
+    cannot read (a number written as text). The suite names the scenario (`evals.suite`)."""
 
 
 class NondeterministicHarness(RunError):

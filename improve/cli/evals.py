@@ -155,7 +155,8 @@ def scenarios_check(
     """Check a scenario file: valid fields, unique ids, every category in both train and held-out,
     expected outcomes that name final states of the environment, and inputs the environment's machine
     can start with (its context reads each key it names), and decisions whose facts are of their declared
-    types (a run with careful, in memory: an enumerated value misspelt is named). Exit 1 on any problem. The sealed
+    types, and runs that stop (each scenario run once with careful, in memory: an enumerated value
+    misspelt, or a tool that crashes on the scenario's world, is named). Exit 1 on any problem. The sealed
     `test` split is optional and counted apart (a category may be in it alone).
 
     Example:

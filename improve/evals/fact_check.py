@@ -5,12 +5,12 @@ enumeration of `harassment`, `spam`, ...; a number written as text) is accepted 
 run: the model reads it, a learned rule over the fact silently never matches it, and the scenario
 teaches nothing about that rule. `improve scenarios check` runs each scenario once, in memory, with the
 environment's `careful` stand-in deciding, and names every decision fact of those runs whose value is
-not of its declared type.
+not of its declared type, and a run that stops (a tool that crashes on the scenario's world, such as
+`monthsInArrears: two` where the tool reads a number): `improve run` would stop the suite on it.
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -34,19 +34,25 @@ class _Seeing:
 
 
 def fact_problems(env: Environment, scenario: Scenario) -> list[str]:
-    """Each declared fact of the scenario's decisions (as `careful` makes them) whose value its type
-    does not allow: `decision 'moderate': post.category = 'harrassment' is not one of [...]`. None
-    when the environment declares no facts or has no `careful` stand-in, or the run cannot be made (the
-    check of its input says why)."""
+    """What a run of the scenario with `careful` shows wrong: that it stops (`a run with careful stops:
+    actor 'accounts.lookup' crashed ...`), and each declared fact of its decisions whose value its type
+    does not allow (`decision 'moderate': post.category = 'harrassment' is not one of [...]`). None
+    when the environment has no `careful` stand-in (the check of the input names a run that cannot
+    start; the stand-in is what makes a run here without asking a model)."""
     factory = env.models.get(REFERENCE_MODEL)
-    if not env.fact_types or factory is None:
+    if factory is None:
         return []
     seeing = _Seeing(factory(f"{scenario.id}:facts"))
-    # A run that cannot be made is named by the input check, or by `improve run`: its requests so far
-    # are checked all the same.
-    with contextlib.suppress(Exception):
-        run_scenario(env, scenario, seeing, MemoryStore(), f"check:{scenario.id}", hashes=False)
+    thread = f"check:{scenario.id}"
     problems: list[str] = []
+    try:
+        run_scenario(env, scenario, seeing, MemoryStore(), thread, hashes=False)
+    except Exception as err:  # a tool's own bug is the scenario's problem to name, whatever it raises
+        said = str(err).removeprefix(f"thread {thread}: ") or repr(err)
+        problems.append(
+            f"a run with {REFERENCE_MODEL} stops: {said} (`improve run` would stop the suite on it)"
+        )
+    # The requests made before it stopped are checked all the same.
     for request in seeing.requests:
         for path, kind in env.fact_types.get(request.name, {}).items():
             found, value = _at(request.facts, path)

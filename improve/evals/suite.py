@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from improve.errors import (
+    ActorCrash,
     ImproveError,
     LogError,
     MachineError,
@@ -347,6 +348,15 @@ def _run_one(
             f"could not take a step: {err}. Check what the scenario's input and world give the path it "
             "names (a key spelled otherwise, a value of another type), or the machine's expression"
         ) from None
+    except ActorCrash as err:
+        # A tool that crashes on the scenario's world (a value of another type than it reads) stops the
+        # suite: the scenario is where to look, and the check finds every other one like it at once.
+        said = str(err).removeprefix(f"thread {thread_id}: ")
+        raise ActorCrash(
+            f"scenario '{scenario.id}' ({scenario.split}, run {run_number}, thread {thread_id}): {said}. "
+            "`improve scenarios check` runs every scenario once with careful and names each one whose run "
+            "stops, with its line"
+        ) from err
     store.append(thread_id, 0, buffer.entries)  # all or nothing (a full disk leaves no thread)
     if meter is not None and isinstance(decider, ReplayFirstDecider):
         meter.reuse(decider.reused)

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from improve.errors import ActorFailure, ConfigError, ConflictError, RunError
+from improve.errors import ActorCrash, ActorFailure, ConfigError, ConflictError, RunError
 from improve.log import (
     END_EVENT,
     INIT_EVENT,
@@ -339,7 +339,7 @@ class Runner:
         except ActorFailure as failure:
             event = {"type": ERROR_EVENT, "actorId": invocation.id, "error": failure.to_error()}
         except Exception as err:
-            raise RunError(
+            raise ActorCrash(
                 f"thread {self.journal.thread_id}: actor '{invocation.src}' crashed in state "
                 f"'{snapshot.value}': {err!r}"
             ) from err
