@@ -399,7 +399,7 @@ def test_a_fact_value_its_declared_type_does_not_allow_is_named_by_check(tmp_pat
 def test_a_policy_that_reads_a_fact_its_environment_does_not_offer_runs_with_a_warning(ws: Path) -> None:
     """A hand-edited policy file whose guard reads `facts.loyaltyYears`: `improve verify` refuses it;
     `improve run` and `parity compare` run it as asked, but say first why its decisions will end in
-    policy-error."""
+    policy-error; `improve round` refuses to start from it."""
     import json as _json
 
     doc = _json.loads((ws / "policies" / "refunds" / "v0.json").read_text())
@@ -424,6 +424,15 @@ def test_a_policy_that_reads_a_fact_its_environment_does_not_offer_runs_with_a_w
     assert ran.exit_code in (0, 1), ran.output
     said = " ".join(ran.stderr.split())
     assert "warning: policy" in said and "loyaltyYears" in said and "improve verify" in said, said
+    # The thread says the policy failed, not that a decider gave no answer.
+    (thread,) = (ws / "traces").glob("*:v9:*small-refund-01*.jsonl")
+    errors = [
+        e["event"]["error"]["message"]
+        for e in map(_json.loads, thread.read_text().splitlines())
+        if "error" in e["event"]
+    ]
+    assert errors and "the policy failed: state 'route'.choice[0].guard" in errors[0], errors
+    assert "loyaltyYears" in errors[0] and "did not produce an event" not in errors[0]
     # `parity compare` too: its regressions would otherwise read as the policy's own decisions.
     compared = runner.invoke(
         app,
@@ -444,6 +453,15 @@ def test_a_policy_that_reads_a_fact_its_environment_does_not_offer_runs_with_a_w
     said = " ".join(compared.stderr.split())
     assert f"warning: policy {path}" in said and "loyaltyYears" in said, said
     assert "warning: policy v0" not in said
+    # A round cannot start from it: every baseline run would end in policy-error and be diagnosed as the
+    # agent's failures. It says so before anything runs, with the file.
+    threads = sorted(p.name for p in (ws / "traces").rglob("*.jsonl"))
+    rounded = runner.invoke(app, ["round", "-w", str(ws), "--policy", str(path)])
+    assert rounded.exit_code == 2, rounded.output
+    said = " ".join(rounded.stderr.split())
+    assert f"{path}: a round cannot start from this policy" in said and "facts.loyaltyYears" in said, said
+    assert f"improve verify {path}" in said and "Traceback" not in rounded.output
+    assert sorted(p.name for p in (ws / "traces").rglob("*.jsonl")) == threads
 
 
 def test_a_label_that_is_no_final_state_is_refused_by_every_command_that_scores(ws: Path) -> None:

@@ -130,6 +130,18 @@ def locate(space: Workspace, env: str | None, policy: str) -> Inputs:
         raise WorkspaceError(
             f"environment {env_name} has no decision (agent.decide): nothing for a policy to do"
         )
+    # A baseline that reads a fact (or sends an event) its environment does not offer ends those
+    # decisions in policy-error: the round would run every baseline run, diagnose the errors as the
+    # agent's failures and stop on them. Said before anything runs, with the file.
+    from improve.loop.gates.vocabulary import vocabulary_problems
+
+    unknown = vocabulary_problems(config, environment)
+    if unknown:
+        raise WorkspaceError(
+            f"{policy_path}: a round cannot start from this policy: it uses names {env_name} does not offer: "
+            + "; ".join(unknown[:5])
+            + f". Fix the policy (`improve verify {policy}` runs every gate on it), or start from another version"
+        )
     scenario_set = space.scenarios(env_name)
     space.traces.mkdir(parents=True, exist_ok=True)
     held_out = scenario_set.split("held-out")

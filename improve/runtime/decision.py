@@ -123,6 +123,10 @@ class Decision:
     source: str = ""
 
 
+POLICY_ERROR = "policy-error: "
+"""How a decision's `source` begins when the policy itself failed to evaluate (`PolicyDecider`)."""
+
+
 def asked_digest(ask: str, model: str, request: DecisionRequest) -> str:
     """The sha256 (hex) of what a policy asks a model: the ref it asks (`decider`, or `judge:NAME` for a
     judgment's question), the model's name and the request with its attempts, as canonical JSON. Two

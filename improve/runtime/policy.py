@@ -29,7 +29,7 @@ from improve.machine import (
     transition,
 )
 from improve.machine import MODEL_DECIDE as MODEL_DECIDE
-from improve.runtime.decision import Decision, DecisionRequest, Usage, asked_digest
+from improve.runtime.decision import POLICY_ERROR, Decision, DecisionRequest, Usage, asked_digest
 from improve.runtime.judgment import Judgment, ModelJudgment
 from improve.runtime.models import Model, ModelReply
 
@@ -109,7 +109,7 @@ class PolicyDecider:
                 snapshot = transition(self.policy, snapshot, self._call(invocation, request, usage))
         except MachineError as err:
             # A policy that fails to evaluate gives no answer; the environment records the attempt.
-            return Decision(event=None, usage=usage, source=f"policy-error: {err}")
+            return Decision(event=None, usage=usage, source=f"{POLICY_ERROR}{err}")
         if snapshot.status != "done" or not isinstance(snapshot.output, dict):
             return Decision(event=None, usage=usage, source=f"policy:{snapshot.value}")
         return Decision(event=dict(snapshot.output), usage=usage, source=f"policy:{snapshot.value}")

@@ -50,7 +50,7 @@ from improve.machine import (
     transition,
     waiting_for,
 )
-from improve.runtime.decision import DEFAULT_MAX_RETRIES, Decider, build_request, check_answer
+from improve.runtime.decision import DEFAULT_MAX_RETRIES, POLICY_ERROR, Decider, build_request, check_answer
 from improve.runtime.environment import Environment, World
 
 DEFAULT_MAX_MODEL_CALLS = 100
@@ -312,6 +312,11 @@ class Runner:
                 self.tokens_out += use.output_tokens
                 self.journal.write(use.to_event(request.name))
             refusal = check_answer(self.machine, snapshot, request, decision.event)
+            if refusal is not None and refusal.kind == "no-answer" and source.startswith(POLICY_ERROR):
+                # The policy itself failed (a guard reading a fact the request does not hold): said as
+                # such, or the thread blames a decider that was never asked.
+                failed = source.removeprefix(POLICY_ERROR)
+                refusal = refusal.model_copy(update={"reason": f"no-answer: the policy failed: {failed}"})
             if refusal is None:
                 assert decision.event is not None
                 self.failed += len(attempts)
