@@ -34,6 +34,7 @@ imports nothing else of ours) may raise these. Every error carries a message tha
     ├── ModelCallError                a model call failed (timeout, refusal); the policy's `onError`
     │   └── ModelAnswerError          ... the endpoint answered, the model's answer was not one accepted
     ├── EndpointError                 so many decisions fell back for the endpoint that runs measure nothing (exit 3)
+    │   └── MissingKeyError           ... a model's first call found no API key: the command stops there
     ├── ReplayMissError               replaying recorded model calls, a call was never recorded (exit code 3)
     ├── SpendLimitError               a round reached its spend limit (--max-usd) and stopped cleanly
     ├── FastCelFallback               the CEL fast path met a value outside its domain: Expr.evaluate asks cel
@@ -262,6 +263,11 @@ class EndpointError(ImproveError):
     """A model's endpoint failed for more of a command's decisions than it allows (the model never
     answered, or a round's side fell back past `max_fallback_share`): the runs measure the endpoint, not
     the policy, so nothing is compared or promoted. The threads written so far stay."""
+
+
+class MissingKeyError(EndpointError):
+    """A run's model has no API key: every call would fall back, so the command stops at the first one
+    instead (the runs it finished, from recorded calls, stay)."""
 
 
 class ProposerEndpointError(ImproveError):

@@ -364,6 +364,49 @@ def test_replay_without_a_recording_stops_and_leaves_no_thread(tmp_path: Path) -
     assert not list((ws / "traces").glob("*.jsonl"))
 
 
+def test_a_model_without_its_key_stops_the_run_at_the_first_call(tmp_path: Path) -> None:
+    """An endpoint elsewhere whose key is not set: every call would fall back to the policy's onError,
+    and the run would journal a suite of fallbacks that measure nothing (and that a later run with the
+    key would have to replace). It stops at the first call that needs the key, says which variable to
+    set, and writes no thread. No request leaves the machine: the key is missing before any is sent."""
+    ws = workspace(tmp_path, "https://models.example.invalid/v1")
+    result = runner.invoke(
+        app,
+        ["run", "-w", str(ws), "--model", "fake", "--k", "1", "--split", "train"],
+        env={KEY_ENV: ""},
+    )
+    assert result.exit_code == 3, result.output
+    said = " ".join(result.stderr.split())
+    assert f"model 'fake' has no API key: set {KEY_ENV}" in said and "Traceback" not in result.output, said
+    assert "fell back" not in said
+    assert not list((ws / "traces").glob("*.jsonl"))
+
+
+def test_threads_recorded_with_another_setup_say_how_to_go_on(serve: Serve, tmp_path: Path) -> None:
+    """Recorded threads are reused only for what they were recorded with. A model set up otherwise (its
+    temperature changed) is the run's to redo: --fresh, or a name of its own. A policy edited under its
+    version is the policy's: a new version."""
+    ws = workspace(tmp_path, serve(naive_desk).url)
+    one = ("--scenario", "small-refund-01", "--split", "train")
+    run(ws, *one)
+    config = ws / "improve.toml"
+    config.write_text(config.read_text().replace("[models.fake]\n", "[models.fake]\ntemperature = 0.5\n"))
+    doc = runner.invoke(
+        app, ["run", "-w", str(ws), "--model", "fake", "--k", "1", *one], env={KEY_ENV: SECRET}
+    )
+    said = " ".join(doc.stderr.split())
+    assert doc.exit_code == 2 and "recorded with a different stamp (modelSpec:" in said, doc.output
+    assert "run with --fresh" in said and "[models.NAME]" in said and "bump the policy version" not in said
+    run(ws, *one, "--fresh")
+    policy = ws / "policies" / "refunds" / "v0.json"
+    policy.write_text(policy.read_text().replace('"description": "', '"description": "Edited. ', 1))
+    doc = runner.invoke(
+        app, ["run", "-w", str(ws), "--model", "fake", "--k", "1", *one], env={KEY_ENV: SECRET}
+    )
+    said = " ".join(doc.stderr.split())
+    assert doc.exit_code == 2 and "(policy:" in said and "bump the policy version" in said, doc.output
+
+
 def test_an_unknown_model_name_says_what_is_known(tmp_path: Path) -> None:
     ws = workspace(tmp_path, "http://127.0.0.1:9/v1")
     result = runner.invoke(app, ["run", "-w", str(ws), "--model", "gpt-9", "--k", "1"])

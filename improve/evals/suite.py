@@ -625,9 +625,16 @@ def _reusable(
     recorded = {k: v for k, v in metadata.items() if k not in ("maxModelCalls", DIGESTS)}
     wanted = {k: v for k, v in stamp.items() if k != DIGESTS}
     if recorded != wanted:
-        raise WorkspaceError(
-            f"thread {thread_id} was recorded with a different stamp ({_stamp_diff(recorded, wanted)}); "
+        # A policy edited under its version is the policy's to fix (its threads are evidence of the old
+        # content); a model set up otherwise (another endpoint, temperature, seed) is the run's.
+        fix = (
             "bump the policy version, or run with --fresh to replace the recorded threads"
+            if recorded.get("policy") != wanted.get("policy")
+            else "run with --fresh to replace the recorded threads, or give the new setup its own name in "
+            "[models.NAME] so both are kept"
+        )
+        raise WorkspaceError(
+            f"thread {thread_id} was recorded with a different stamp ({_stamp_diff(recorded, wanted)}); {fix}"
         )
     if metadata.get(DIGESTS) != stamp[DIGESTS]:
         # Recorded before the environment's files or the scenario changed (or by a version of improve

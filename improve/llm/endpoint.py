@@ -56,6 +56,7 @@ class Endpoint:
         error: type[ImproveError],
         no_key: str,
         http_client: httpx.Client | None = None,
+        no_key_error: type[ImproveError] | None = None,
     ) -> None:
         # The URL calls really go to: the SDK itself falls back to $OPENAI_BASE_URL, so messages must too.
         self.base_url = base_url or os.environ.get(BASE_URL_ENV) or None
@@ -64,6 +65,9 @@ class Endpoint:
         self.error = error
         self._api_key = api_key
         self._no_key = no_key
+        # A missing key is no passing failure: a caller whose `error` falls back (a run's model) names
+        # another, so the command stops at the first call instead of falling back on every one.
+        self._no_key_error = no_key_error or error
         self._http_client = http_client
         self._client: openai.OpenAI | None = None
         self._lock = threading.Lock()
@@ -110,7 +114,7 @@ class Endpoint:
         with self._lock:
             if self._client is None:
                 if not self._api_key:
-                    raise self.error(self._no_key)
+                    raise self._no_key_error(self._no_key)
                 http = self._http_client or openai.DefaultHttpxClient()
                 hooks = dict(http.event_hooks)
                 hooks["request"] = [*hooks.get("request", []), self._count]

@@ -39,7 +39,7 @@ from typing import Any, Literal
 
 import httpx2 as httpx
 
-from improve.errors import ModelAnswerError, ModelCallError
+from improve.errors import MissingKeyError, ModelAnswerError, ModelCallError
 from improve.llm import REFUSAL_WORDS, Endpoint, Meter, ModelSpec, ResponseCache, usage_dict
 from improve.machine import FREE_TEXT
 from improve.runtime.decision import DecisionRequest
@@ -302,8 +302,10 @@ class ChatSession:
             max_retries=spec.max_retries,
             error=ModelCallError,
             no_key=f"model {name!r} has no API key: set {spec.api_key_env} (any non-empty value for a "
-            "local endpoint that needs none), or replay recorded calls (--cache replay)",
+            "local endpoint that needs none), or replay recorded calls (--cache replay). No run that "
+            "needed a call was recorded",
             http_client=http_client,
+            no_key_error=MissingKeyError,
         )
         self.meter.watch(lambda: self.endpoint.attempts)
         self.auto = spec.ask == "auto"
