@@ -318,6 +318,10 @@ def test_verify_cli_exit_codes_and_json(tmp_path: Path) -> None:
     lock.write_text(json.dumps(data))
     changed = runner.invoke(app, ["verify", "v0", "-w", str(tmp_path)])
     assert changed.exit_code == 1 and "FAIL environment-unchanged" in changed.stdout
+    # It says where the hashes were recorded and how to record a meant change; no round is involved.
+    said = " ".join(changed.stdout.split())
+    assert f"changed since it was locked in {lock}: machine.json" in said and "`improve lock`" in said, said
+    assert "round" not in said and "discarded" not in said
 
 
 # --- extension gates -------------------------------------------------------------------------------------

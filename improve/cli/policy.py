@@ -90,6 +90,7 @@ def verify_command(
         context = GateContext(
             environment,
             expected_hashes=recorded_hashes(space, env_name),
+            hashes_from=str(lock_path(space, env_name)),
             probes=probe_requests(environment, scenarios, store),
             scenarios=scenarios,
             gates=gates_for(space),

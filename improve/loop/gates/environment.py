@@ -1,4 +1,5 @@
-"""`environment-unchanged`: the environment's files hash as recorded when the round started."""
+"""`environment-unchanged`: the environment's files hash as recorded when the round started (or, for
+`improve verify`, as `improve lock` recorded them)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,14 @@ class EnvironmentGate:
             for name, want in sorted(ctx.expected_hashes.items())
             if now.get(name) != want
         ]
+        if changed and ctx.hashes_from is not None:
+            return GateResult(
+                self.name,
+                False,
+                f"the environment changed since it was locked in {ctx.hashes_from}: {', '.join(changed)}. "
+                "The policies were made against the locked files: if the change is meant, check them against "
+                "it (`improve run`, `improve score`) and record it with `improve lock`",
+            )
         if changed:
             return GateResult(
                 self.name,

@@ -65,6 +65,9 @@ class GateContext:
     env: Environment
     expected_hashes: Mapping[str, str] | None = None
     """The environment's file hashes when the round started (None: nothing to compare)."""
+    hashes_from: str | None = None
+    """Where `expected_hashes` were recorded, when not at the round's start: the lock file `improve
+    verify` read (its failure then says to lock again, not that a candidate changed anything)."""
     probes: list[DecisionRequest] = field(default_factory=list)
     """Recorded decision requests of training scenarios, for the explore gate."""
     scenarios: Sequence[Scenario] = ()
