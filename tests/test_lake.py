@@ -60,7 +60,7 @@ def readme_blocks(language: str) -> list[str]:
 def readme_sql() -> list[str]:
     statements = [s.strip() for block in readme_blocks("sql") for s in block.split(";")]
     found = [s for s in statements if s and not all(line.startswith("--") for line in s.splitlines())]
-    assert len(found) == 3, found
+    assert len(found) == 4, found
     return found
 
 
