@@ -8,6 +8,7 @@ import json
 import re
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 
@@ -317,6 +318,16 @@ def test_runs_per_scenario_read_the_same_in_the_markdown_and_the_page_when_rerun
     assert "| held-out | v2 | 2 | 2-9 |" in "\n".join(cards_table(cards))
     page = page_of_a_round(tmp_path, cards).read_text()
     assert '<td class="num">2-9</td>' in page and "k = 3 runs per scenario (up to 9 with the reruns" in page
+    # And `improve score`'s table in the terminal.
+    from rich.console import Console
+
+    from improve.cli import evals as score_cli
+
+    shown = Console(width=200, record=True)
+    with mock.patch.object(score_cli, "out", shown):
+        score_cli._print_tables(cards, [], 1)
+    row = next(line for line in shown.export_text().splitlines() if "held-out" in line and "v2" in line)
+    assert "│ 2-9 " in row, row
 
 
 @pytest.mark.slow

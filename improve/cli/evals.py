@@ -113,7 +113,7 @@ def _print_tables(cards: list[Scorecard], comparisons: list[Comparison], seed: i
             c.split,
             c.policy_version,
             str(len(c.scenarios)),
-            str(c.k),
+            c.runs_per_scenario,
             f"{c.pass_rate:.3f}",
             str(c.violations),
             f"{c.model_calls / runs:.2f}",
