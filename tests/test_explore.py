@@ -125,6 +125,17 @@ def test_explore_cli_proves_and_finds(tmp_path: Any) -> None:
         ],
     )
     assert given.exit_code == 1 and "witness for issued" in given.stdout
+    # A witness whose answer no decision offered (a probe value beyond the closed choice) says so: the
+    # guard lets through what the decision protocol would refuse from a decider.
+    sales = runner.invoke(app, ["explore", "--env", "triage", "--target", "routed", "--json"])
+    (found, *_) = [r for r in json.loads(sales.stdout)["results"] if r["reachable"]]
+    assert {"type": "ROUTE", "queue": "sales"} in found["witness"]  # the shortest way there: a probe value
+    assert found["beyond_choice"] == [
+        "ROUTE{queue: 'sales'} is outside the values decision 'triaging' offers "
+        "('billing', 'technical', 'security', 'accounts')"
+    ]
+    shown = runner.invoke(app, ["explore", "--env", "triage", "--target", "routed"])
+    assert "note: ROUTE{queue: 'sales'} is outside" in " ".join(shown.stdout.split())
     bad = runner.invoke(app, ["explore", "--env", "refunds", "--target", "nowhere"])
     assert bad.exit_code == 2 and "target state 'nowhere' does not exist" in bad.stderr
 

@@ -169,7 +169,7 @@ def explore_command(
         improve explore --env refunds --target illegallyIssued --input \\
             '{"ticket":"x","customerId":"C-1","orderId":"O-1","amount":240}'
     """
-    from improve.machine import ExploreOptions, can_reach, check_target, explore_paths
+    from improve.machine import ExploreOptions, beyond_choice, can_reach, check_target, explore_paths
     from improve.runtime import resume_proof
 
     with handled():
@@ -207,6 +207,7 @@ def explore_command(
                         "terminals": full.terminals,
                         "states": full.states,
                         "transitions": full.transitions,
+                        "beyond_choice": beyond_choice(environment.machine, inp, result.witness or []),
                     }
                 )
         proof = resume_proof(environment, list(zip(inputs, explored, strict=True)))
@@ -240,6 +241,13 @@ def explore_command(
                     out.print(f"witness for {r['target']}:", markup=False)
                     for step in r["witness"] or []:
                         out.print(f"  {json.dumps(step)}", markup=False)
+                    for note in r["beyond_choice"]:
+                        out.print(
+                            f"  note: {note}: a decider's answer of it is refused as invalid, but the guard lets "
+                            f"it through, so a decider that ignores the closed choice (or a person's event) "
+                            f"reaches {r['target']}; the guard should refuse it too",
+                            markup=False,
+                        )
             mark = "" if proof.holds else "FAILED: "
             out.print(f"resumes: {mark}{proof.summary(run_budget)}", markup=False)
         if reachable or not proof.holds:

@@ -182,6 +182,35 @@ def branches(
     return events, None
 
 
+def beyond_choice(machine: Machine, input: Any, witness: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The answers of a witness that its decisions did not offer: a payload value outside a decision's
+    enumerated values (a probe value, `APPROVE{months: -1}`), or an event it does not allow. The decision
+    protocol refuses such an answer from a decider, but a guard that lets it through is still a finding:
+    the proof is for a decider that ignores the closed choice too (module docstring)."""
+    found: list[str] = []
+    snapshot = initial(machine, input)
+    for event in witness:
+        invocation = snapshot.invoke
+        if (
+            invocation is not None
+            and invocation.src == DECIDE_SRC
+            and event.get("type") not in (ERROR_EVENT,)
+        ):
+            request = invocation.input
+            own = request.get("payloads", {}).get(event.get("type"), {})
+            if event.get("type") not in request.get("allowedEvents", ()):
+                found.append(f"{event.get('type')} is not an event decision '{snapshot.value}' allows")
+            for name, allowed in own.items():
+                value = event.get(name)
+                if allowed != FREE_TEXT and isinstance(allowed, list) and value not in allowed:
+                    found.append(
+                        f"{event.get('type')}{{{name}: {value!r}}} is outside the values decision "
+                        f"'{snapshot.value}' offers ({', '.join(map(repr, allowed))})"
+                    )
+        snapshot = transition(machine, snapshot, dict(event))
+    return found
+
+
 def explore_paths(
     machine: Machine,
     input: Any,
