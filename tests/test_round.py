@@ -1610,15 +1610,17 @@ def test_a_round_moves_on_or_tries_a_narrower_or_broader_rule_after_a_discard() 
     assert DiscardedCandidate.from_json(on_naive.to_json()) == on_naive
     # No rule found, or none that passed the gates, is a finding about the training set it was mined
     # from: once scenarios are labelled (another set), the cluster is tried afresh, and the round says
-    # so; one that reached too far or gained too little keeps its own follow-up, and a candidate
-    # remembered without a set (an older memory) still counts.
+    # so; one that reached too far or gained too little keeps its own follow-up. One remembered without
+    # a set (an older memory) is tried afresh once: the round that tries it remembers its set.
     found_none = dataclasses.replace(nothing, reason="none", train="set-1")
     gated = dataclasses.replace(discarded("g", "gates"), train="set-1")
     reached = dataclasses.replace(discarded("b", "reach"), train="set-1")
     assert focus([found_none, gated, reached], train="set-1").skip == ("f", "g")
     again = focus([found_none, gated, reached], train="set-2")
     assert again.skip == () and again.afresh == ("f", "g") and set(again.narrower or {}) == {"b"}
-    assert focus([nothing], train="set-2").skip == ("f",)
+    assert focus([nothing], train="set-2").skip == () and focus([nothing], train="set-2").afresh == ("f",)
+    assert focus([nothing, dataclasses.replace(nothing, train="set-2")], train="set-2").skip == ("f",)
+    assert focus([nothing]).skip == ("f",)  # no set to compare with (a caller that does not say it)
     assert focus([found_none, dataclasses.replace(found_none, train="set-2")], train="set-2").afresh == ()
     assert DiscardedCandidate.from_json(found_none.to_json()) == found_none
 

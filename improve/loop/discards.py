@@ -323,13 +323,11 @@ def focus(
     A cluster found rule-less (`none`), or whose rule never passed the gates (`gates`), on a training
     set other than `train` is tried afresh too: the scenarios labelled since may show a rule the
     earlier ones did not (the round's own advice is to label more like its failures). Its branches, if
-    any, stay refused as written (the novelty gate)."""
+    any, stay refused as written (the novelty gate). One remembered without its training set (before
+    the memory kept it) is tried afresh once: which set it was mined from is not known, and the round
+    that tries it again remembers its own."""
     mine = [t for t in tried if t.round not in renewed and (model is None or t.model in (None, model))]
-    kept = [
-        t
-        for t in mine
-        if not (train is not None and t.train not in (None, train) and t.reason in ("none", "gates"))
-    ]
+    kept = [t for t in mine if not (train is not None and t.train != train and t.reason in ("none", "gates"))]
     by_cluster: dict[str, list[DiscardedCandidate]] = {}
     for candidate in kept:
         if candidate.cluster:
