@@ -1625,6 +1625,28 @@ def test_a_round_moves_on_or_tries_a_narrower_or_broader_rule_after_a_discard() 
     assert DiscardedCandidate.from_json(found_none.to_json()) == found_none
 
 
+def test_nothing_left_says_which_clusters_were_tried_with_another_of_the_same_right_answer() -> None:
+    """A rule for the right answer serves every cluster with that answer, so trying one tries them all
+    (`diagnose._choose`): the message says so, rather than listing clusters no CHANGELOG entry names."""
+    from improve.loop.diagnose import Cluster, Diagnosis
+    from improve.loop.round import nothing_left
+
+    def cluster(wrong: str, right: str) -> Cluster:
+        answer = {"decision": "arrange", "wrong": wrong, "right": right}
+        return Cluster("wrong-answer", f"arrange:{wrong}->{right}", "", [], [], [], 0.1, answer=answer)
+
+    tried, shares, other = (
+        cluster("APPROVE", "ESCALATE"),
+        cluster("REFER", "ESCALATE"),
+        cluster("DENY", "REFER"),
+    )
+    diagnosis = Diagnosis("v4", 10, 0.5, [tried, shares, other], None, None, skipped=[tried.id, other.id])
+    said = nothing_left(diagnosis)
+    assert f"{shares.id} (with {tried.id}: the same right answer)" in said, said
+    assert f"{other.id} (with" not in said and f"{tried.id} (with" not in said
+    assert nothing_left(Diagnosis("v4", 10, 1.0, [], None, None)).startswith("no training failure")
+
+
 def test_a_rule_that_reached_too_far_is_tried_again_when_a_branch_promoted_since_answers_first() -> None:
     """A rule closing late tickets was discarded against v0 for answering a repeat refunder's late
     ticket wrongly. Behind the escalation v1 promoted since (`refunds > 2`), it no longer answers that

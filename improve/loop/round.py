@@ -432,7 +432,7 @@ class Round:
             self.status, self.detail = "blocked", diagnosis.blocked
             return False
         if diagnosis.chosen is None or diagnosis.hypothesis is None:
-            self.status, self.detail = "nothing-to-fix", self._nothing_left(diagnosis)
+            self.status, self.detail = "nothing-to-fix", nothing_left(diagnosis)
             return False
         self.aim = self.focus.says(diagnosis.chosen.id)
         self.again = None
@@ -554,17 +554,6 @@ class Round:
         """The branches a candidate must not add as written: the memory's, less those of renewed rounds."""
         renewed = self.renewed or frozenset()
         return [d for d in self.inputs.memory.discarded if d.round not in renewed]
-
-    def _nothing_left(self, diagnosis: Diagnosis) -> str:
-        """Why no cluster is left: none at all, or every one was tried (and what a user can do then)."""
-        left = [c.id for c in diagnosis.clusters]
-        if not left:
-            return "no training failure or cost cluster left to address"
-        return (
-            f"every failure cluster left was tried along this policy's line or in this run, and none has a "
-            f"candidate to try now: {', '.join(left)} (the CHANGELOG says why each candidate was "
-            "discarded); label more training scenarios like their failures, or try another proposer"
-        )
 
     def propose(self) -> bool:
         """One change, from the round's proposer."""
@@ -1484,3 +1473,29 @@ def _added(candidate: DiscardedCandidate) -> list[dict[str, str]]:
 def _shown(candidate: DiscardedCandidate) -> str:
     """A discarded candidate's added branches as the round's messages show them."""
     return "; ".join(f"`{b.guard}` -> {b.answer}" for b in candidate.added)
+
+
+def nothing_left(diagnosis: Diagnosis) -> str:
+    """Why no cluster is left: none at all, or every one was tried (and what a user can do then)."""
+    left = [c.id for c in diagnosis.clusters]
+    if not left:
+        return "no training failure or cost cluster left to address"
+    # A wrong-answer cluster whose right answer a tried one shares was tried with it (`diagnose._choose`):
+    # one rule for that answer serves both. Said, or the list names clusters no entry mentions.
+    tried = {c.id for c in diagnosis.clusters if c.id in diagnosis.skipped}
+    by_answer = {
+        (c.answer["decision"], c.answer["right"]): c.id
+        for c in diagnosis.clusters
+        if c.id in tried and c.answer
+    }
+    shown = [
+        f"{c.id} (with {by_answer[key]}: the same right answer)"
+        if c.id not in tried and c.answer and (key := (c.answer["decision"], c.answer["right"])) in by_answer
+        else c.id
+        for c in diagnosis.clusters
+    ]
+    return (
+        f"every failure cluster left was tried along this policy's line or in this run, and none has a "
+        f"candidate to try now: {', '.join(shown)} (the CHANGELOG says why each candidate was "
+        "discarded); label more training scenarios like their failures, or try another proposer"
+    )
