@@ -396,6 +396,28 @@ def test_a_fact_value_its_declared_type_does_not_allow_is_named_by_check(tmp_pat
     assert f"scenario '{crasher['id']}' (" in said and "`improve scenarios check`" in said, said
 
 
+def test_demo_and_lock_print_one_json_document_for_scripts(tmp_path: Path, ws: Path) -> None:
+    """`--json`: what the demo did (each round's record as `improve round --json` prints it), and what
+    `improve lock` recorded; the progress goes to stderr."""
+    import json as _json
+
+    demo = runner.invoke(app, ["demo", "--rounds", "1", "--k", "1", "--dir", str(tmp_path / "d"), "--json"])
+    assert demo.exit_code == 0, demo.output
+    doc = _json.loads(demo.stdout)
+    assert (doc["environment"], doc["start_version"], doc["workspace"]) == (
+        "refunds",
+        "v0",
+        str(tmp_path / "d"),
+    )
+    assert len(doc["rounds"]) == 1 and doc["rounds"][0]["round_id"] and "round 1" in demo.stderr
+    assert doc["promoted"] == sum(r["status"] == "recommended" for r in doc["rounds"])
+    locked = runner.invoke(app, ["lock", "-w", str(ws), "--json"])
+    assert locked.exit_code == 0, locked.output
+    found = _json.loads(locked.stdout)
+    assert found["environment"] == "refunds" and found["files"] and Path(found["path"]).is_file()
+    assert _json.loads(Path(found["path"]).read_text())["files"] == found["files"]
+
+
 def test_a_policy_that_reads_a_fact_its_environment_does_not_offer_runs_with_a_warning(ws: Path) -> None:
     """A hand-edited policy file whose guard reads `facts.loyaltyYears`: `improve verify` refuses it;
     `improve run` and `parity compare` run it as asked, but say first why its decisions will end in

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from improve.cli.common import CacheMode, CacheOption, err, handled, out
+from improve.cli.common import CacheMode, CacheOption, JsonOption, emit_json, err, handled, out
 
 
 def demo_command(
@@ -35,6 +35,7 @@ def demo_command(
             help="The desk to improve: refunds, code-agent, tool-loop, triage, or any registered environment.",
         ),
     ] = "refunds",
+    as_json: Annotated[bool, JsonOption] = False,
 ) -> None:
     """Improve a bundled desk from v0, round by round, in a scratch git workspace (refunds by default).
 
@@ -62,6 +63,22 @@ def demo_command(
             env=env,
         )
         promoted = [r for r in summary.rounds if r.status == "recommended"]
+        if as_json:  # each round's record as `improve round --json` prints it, and where the demo ended
+            emit_json(
+                {
+                    "workspace": str(summary.workspace),
+                    "environment": env,
+                    "model": model,
+                    "start_version": summary.start_version,
+                    "final_version": summary.final_version,
+                    "start_held_out": summary.start_held_out,
+                    "final_held_out": summary.final_held_out,
+                    "promoted": len(promoted),
+                    "seconds": round(summary.seconds, 3),
+                    "rounds": [r.to_json() for r in summary.rounds],
+                }
+            )
+            return
         out.print("\nround summary:", markup=False)
         from improve.demo import line
 

@@ -284,6 +284,7 @@ def schema_command(
 
 def lock_command(
     env: Annotated[str | None, EnvOption] = None,
+    as_json: Annotated[bool, JsonOption] = False,
     ws: Annotated[Path | None, WorkspaceOption] = None,
 ) -> None:
     """Record the environment's file hashes in policies/<env>/environment.lock.json.
@@ -309,3 +310,5 @@ def lock_command(
         }
         write_atomic(path, json.dumps(doc, indent=2) + "\n")
         err.print(f"wrote {path}")
+        if as_json:
+            emit_json({"path": str(path), **doc})
