@@ -384,3 +384,61 @@ def test_a_fact_type_the_machine_does_not_have_is_refused_not_ignored(tmp_path: 
     assert code == 0, output
     code, output = improve(ws, "describe", "--env", "unit-desk")
     assert code == 0 and "account.plan (basic|pro|team)" in output, output
+
+
+@pytest.mark.slow
+def test_a_fact_given_whole_types_its_fields_and_the_miner_reads_them(tmp_path: Path) -> None:
+    """A decision that hands its tool's answer over whole (`"account": "context.account"`), its fields
+    typed in `fact_types` (`account.plan`): the fields are facts a policy may read and the miner learns
+    from, as when each is listed in the machine. (They were refused as 'no fact of decision'.)"""
+    ws = tmp_path / "whole-agent"
+    assert runner.invoke(app, ["init", str(ws), "--env", "whole-desk"]).exit_code == 0
+    machine = ws / "whole_desk" / "machine.json"
+    doc = json.loads(machine.read_text())
+    facts = doc["states"]["resolving"]["invoke"]["input"]["facts"]
+    assert isinstance(facts["account"], dict)
+    facts["account"] = "context.account"
+    machine.write_text(json.dumps(doc, indent=2))
+    for command in (["verify", "v0"], ["scenarios", "check"]):
+        code, output = improve(ws, *command)
+        assert code == 0, (command, output)
+    code, output = improve(ws, "describe", "--env", "whole-desk")
+    assert code == 0 and "account.plan (basic|pro|team)" in output, output
+    # A policy reading a field passes the vocabulary gate; one reading a field never declared does not.
+    policy = json.loads((ws / "policies" / "whole-desk" / "v0.json").read_text())
+    policy["version"] = "1"
+    policy["states"] = {
+        "route": {
+            "type": "choice",
+            "choice": [
+                {"guard": "facts.account.creditsThisYear >= 3", "target": "escalate"},
+                {"target": policy["initial"]},
+            ],
+        },
+        **policy["states"],
+    }
+    policy["initial"] = "route"
+    (ws / "policies" / "whole-desk" / "v1.json").write_text(json.dumps(policy))
+    code, output = improve(ws, "verify", "v1")
+    assert code == 0, output
+    (ws / "policies" / "whole-desk" / "v2.json").write_text(
+        json.dumps(policy)
+        .replace("creditsThisYear", "creditsThisDecade")
+        .replace('"version": "1"', '"version": "2"')
+    )
+    code, output = improve(ws, "verify", "v2")
+    assert code == 1 and "unknown fact path 'facts.account.creditsThisDecade'" in output, output
+    # The miner's rule reads the fields: the round's branch tests them.
+    repo = git.Repo.init(ws, initial_branch="main")
+    repo.git.add(A=True)
+    repo.git.commit(m="improve init", author="Dana <dana@example.invalid>")
+    env = {
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@x",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@x",
+    }
+    result = runner.invoke(app, ["round", "--policy", "v0", "-w", str(ws), "--json"], env=env)
+    assert result.exit_code == 0, result.output
+    (outcome,) = json.loads(result.stdout)["rounds"]
+    assert outcome["branches"] and "facts.account." in outcome["branches"][0]["guard"], outcome

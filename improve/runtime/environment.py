@@ -288,8 +288,11 @@ def fact_type_problems(env: Environment) -> list[str]:
                 f"are {sorted(declared_facts)}"
             )
             continue
+        leaves = declared_facts[decision]
         for path, kind in types.items():
-            if path not in declared_facts[decision]:
+            # A fact given whole (`"request": "context.request"`) holds its fields: a path under it is
+            # one of them (`request.category`), its type declared here and checked on the scenarios' runs.
+            if path not in leaves and not any(path.startswith(f"{leaf}.") for leaf in _whole(leaves)):
                 problems.append(
                     f"fact_types[{decision!r}] names {path!r}, which is no fact of decision {decision!r} "
                     f"(the machine's `facts` of that decision, as paths without `facts.`: "
@@ -322,6 +325,11 @@ def _decision_name(source: str) -> str:
         return str(compile_expr(source, "decision name").evaluate(Scope()))
     except Exception:
         return source
+
+
+def _whole(paths: set[str]) -> set[str]:
+    """The facts of a decision given whole, by one expression: the paths no other path is under."""
+    return {p for p in paths if not any(q.startswith(f"{p}.") for q in paths)}
 
 
 def _fact_paths(tree: Any, prefix: str = "") -> set[str]:

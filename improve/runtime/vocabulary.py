@@ -129,6 +129,15 @@ def _fact_paths(tree: Any, prefix: str, declared: Mapping[str, FactType]) -> dic
         return out
     relative = prefix.removeprefix("facts.")
     out[prefix] = declared.get(relative, "any")
+    # A fact given whole (`"request": "context.request"`): the fields declared under it are facts too.
+    under = {path: kind for path, kind in declared.items() if path.startswith(f"{relative}.")}
+    if under:
+        out[prefix] = "map"
+        for path, kind in under.items():
+            parts = path.split(".")
+            for depth in range(len(relative.split(".")) + 1, len(parts)):
+                out.setdefault("facts." + ".".join(parts[:depth]), "map")
+            out["facts." + path] = kind
     return out
 
 
