@@ -25,8 +25,11 @@ gain against agreement out of sample:
   showed, are answered, along the fact the rule is about and no other. No default: a round asks for
   it once for a cluster whose `+agree` candidate gained too little on held-out cases (its branch was
   silent where they lay), so a held-out read, not the miner, decides how far the evidence reaches;
-- `+ceded` (the default): `+agree`, and kept out of the decisions a branch in front answers rightly
-  with another answer, where a test its covered right answers all pass keeps them out (`cede`).
+- `+ceded`: `+agree`, and kept out of the decisions a branch in front answers rightly with another
+  answer, where a test its covered right answers all pass keeps them out (`cede`);
+- `+joint` (the default): `+ceded`, with a covered right answer counted as evidence along one
+  enumerated fact or flag only when it is like the failures the alternative fixes in every other one
+  they share (`alike`): right answers that differ from them in two respects show neither alone.
 
 Every `evidence` design counts a condition's evidence as if any one of the scenarios it covers were
 missing (`rules._evidence`): evidence that rests on one scenario is no rule.
@@ -51,6 +54,7 @@ Generalization = Literal[
     "evidence+agree",
     "evidence+far",
     "evidence+ceded",
+    "evidence+joint",
 ]
 
 
@@ -63,6 +67,9 @@ class Design:
     """What an alternative keeps of what its covered right answers have in common."""
     cede: bool = False
     """Whether it also keeps out of what the branches in front answer otherwise (`cede`)."""
+    joint: bool = False
+    """Whether a covered right answer counts as evidence along one enumerated fact or flag only when it
+    is like the failures the alternative fixes in every other one they share (`alike`)."""
 
 
 DESIGNS: dict[Generalization, Design] = {
@@ -74,19 +81,26 @@ DESIGNS: dict[Generalization, Design] = {
     "evidence+agree": Design(evidence=True, keep="agree"),
     "evidence+far": Design(evidence=True, keep="far"),
     "evidence+ceded": Design(evidence=True, keep="agree", cede=True),
+    "evidence+joint": Design(evidence=True, keep="agree", cede=True, joint=True),
 }
-GENERALIZE: Generalization = "evidence+ceded"
+GENERALIZE: Generalization = "evidence+joint"
 """The default, chosen from the measurements (docs/architecture.md, The rule miner). A round asked for a
 broader or a narrower rule keeps its `cede`."""
 
 
 def keep(
-    cases: Sequence[Case], vocab: RuleTerms, term: tuple[Atom, ...], right: int, design: Design
+    cases: Sequence[Case],
+    vocab: RuleTerms,
+    term: tuple[Atom, ...],
+    right: int,
+    design: Design,
+    fixes: int = 0,
 ) -> tuple[Atom, ...]:
     """The conditions an alternative `term` keeps of what the right answers it covers (`right`, a mask
     over `cases`) have in common; none that any training decision would not already satisfy the same."""
     if design.keep == "nothing" or not right:
         return ()
+    joint = design.joint and fixes
     if design.keep == "agree":
         design = Design(design.evidence, "common")
     elif design.keep == "far":
@@ -101,6 +115,8 @@ def keep(
             continue
         values = [fact_at(c.facts, path) for c in covered]
         everywhere = [fact_at(c.facts, path) for c in cases]
+        if kind in ("bool", "enum") and joint:
+            values = _column(path, alike(cases, vocab, covered, fixes, path))
         if kind in ("bool", "enum"):
             value = values[0]
             if value is None or any(v != value or type(v) is not type(value) for v in values):
@@ -139,6 +155,7 @@ def agree(
     excluded: int,
     far: frozenset[Atom] = frozenset(),
     about: set[str] | frozenset[str] = frozenset(),
+    fixes: int = 0,
 ) -> tuple[Atom, ...]:
     """`term` narrowed to where every explanation the training data allows agrees.
 
@@ -178,6 +195,8 @@ def agree(
         elif vocab.one_unit(atom) and not atom.paths & about:
             atom = _margin(vocab, atom, covered, others, atom in far)
         elif atom.kind in ("equals", "member") and vocab.fact_types.get(atom.path) == "enum":
+            if fixes:
+                values = _column(atom.path, alike(cases, vocab, covered, fixes, atom.path))
             atom = _seen_values(atom, values, _known_values(vocab, atom.path, cases))
         if atom not in narrowed:  # a test narrowed to one the term has already
             narrowed.append(atom)
@@ -251,6 +270,28 @@ def _seen_values(atom: Atom, covered: Sequence[Any], known: Sequence[Any]) -> At
     if len(values) == 1:
         return Atom("equals", atom.path, "==", values[0])
     return Atom("member", atom.path, "==", tuple(values)) if values else atom
+
+
+def alike(
+    cases: Sequence[Case], vocab: RuleTerms, covered: Sequence[Case], fixes: int, path: str
+) -> list[Case]:
+    """The covered right answers that tell how far a rule reaches along the enumerated fact or flag at
+    `path`: those like the failures it fixes (`fixes`, a mask over `cases`) in every other enumerated fact
+    and flag the failures all share. A right answer unlike them in two respects (another category and a
+    hazard reported) is evidence for neither alone: the case that differs in one of them (the category,
+    no hazard) is one no training decision showed, and is left to the model."""
+    failures = [c for i, c in enumerate(cases) if fixes >> i & 1]
+    if not failures:
+        return list(covered)
+    shared: dict[str, Any] = {}
+    for other, kind in vocab.fact_types.items():
+        if other == path or kind not in ("bool", "enum"):
+            continue
+        column = _column(other, failures)
+        first = column[0]
+        if first is not None and all(v == first and type(v) is type(first) for v in column):
+            shared[other] = first
+    return [c for c in covered if all(fact_at(c.facts, p) == v for p, v in shared.items())]
 
 
 def _column(path: str, among: Sequence[Case]) -> list[Any]:

@@ -629,9 +629,12 @@ def _learn(
         if not cover & remaining or (terms and _scenarios(space, cover & remaining) < MIN_SUPPORT):
             break  # a further alternative needs its own support: failures of two scenarios
         chosen = frozenset(term) if design.keep == "far" else frozenset()
-        term += keep(space.cases, space.vocab, term, cover & right, design)
+        fixes = cover & remaining if design.joint else 0
+        term += keep(space.cases, space.vocab, term, cover & right, design, fixes)
         if design.keep in ("agree", "far"):
-            term = agree(space.cases, space.vocab, term, cover & right, negatives, far=chosen, about=about)
+            term = agree(
+                space.cases, space.vocab, term, cover & right, negatives, far=chosen, about=about, fixes=fixes
+            )
         if design.cede and ceded:
             term = cede(space.cases, space.vocab, term, cover & right, ceded)
         terms.append(term)
