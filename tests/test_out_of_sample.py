@@ -605,3 +605,28 @@ def test_a_discarded_candidate_whose_runs_show_no_later_failure_to_fix_is_looked
     discarded = discarded_of(record.model_copy(update={"recommended": False, "status": "discarded"}))
     assert discarded is not None and discarded.followed == looked.round and discarded.behind is None
     assert read_discarded(memory) == (looked,)  # a recommended candidate leaves no discarded line
+
+
+@pytest.mark.slow
+def test_a_rule_reaches_along_one_fact_only_on_evidence_alike_in_the_others(tmp_path: Path) -> None:
+    """On the repair desk a heating failure in the cold is an emergency, and so is any reported hazard.
+    The emergency rule's failures are cold heating requests without a hazard; the right answers it covers
+    also hold cold plumbing and electrical requests with one. Those differ in the category and the hazard
+    both, so they show neither alone: the rule keeps to heating without a hazard, and no generated case
+    a learned branch answers ends otherwise than the handbook says (it dispatched cold plumbing requests
+    as emergencies when each fact was taken apart)."""
+    from improve.demo import demo_rounds
+
+    config = _aimed(tmp_path, "repair-desk")
+    space = Workspace.load(config)
+    summary = demo_rounds(space, 6, 3, lambda line: None, "naive", "record")
+    emergency = [
+        b.guard for r in summary.rounds if r.recommended for b in r.branches if "'emergency'" in b.answer
+    ]
+    assert emergency, [(r.candidate_version, r.status, r.cluster) for r in summary.rounds]
+    assert "facts.request.category == 'heating'" in emergency[0] and "hazard == false" in emergency[0]
+    env = space.environment("repair-desk")
+    final = space.load_policy("repair-desk", summary.final_version)
+    (checked,) = out_of_sample(env, [final], {"careful": env.models["careful"]}, n=200)
+    assert checked.agreed == checked.cases and not checked.by_rule, checked
+    assert summary.final_held_out >= summary.start_held_out + 0.4
