@@ -2493,6 +2493,17 @@ def test_a_round_without_a_narrower_rule_moves_on_to_the_next_cluster(tmp_path: 
     from improve.loop.render import round_lines
 
     assert not third.goal_met and round_lines(third)[0].startswith(f"{third.round_id}: nothing-left-to-try ")
+    # The workspace remembers the cluster it found no narrower rule for against v0: the rule miner, which
+    # answers the same request the same way, is not asked again (each asking took a version).
+    assert third.cluster == first.cluster
+    said.clear()
+    fourth = run_round(
+        space, RoundOptions(policy="v0", k=1, skip=[c for c in every if c != first.cluster]), said.append
+    )
+    assert fourth.status == "nothing-to-fix" and not any(
+        "no narrower or broader rule" in line for line in said
+    )
+    assert fourth.decision_detail.startswith("every failure cluster left was tried"), fourth.decision_detail
 
 
 @pytest.mark.slow

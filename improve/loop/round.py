@@ -1255,7 +1255,7 @@ class Round:
             recommended=self.status == "recommended",
             goal_met=self.goal_met,
             decision_detail=self.detail or self._gate_detail(),
-            cluster=self.diagnosis.chosen.id if self.diagnosis and self.diagnosis.chosen else None,
+            cluster=self._cluster(),
             aim=self.aim,
             hypothesis=self.diagnosis.hypothesis if self.request is not None and self.diagnosis else None,
             rationale=self._rationale(),
@@ -1284,6 +1284,14 @@ class Round:
             candidate_policy=config,
             proposed=proposed,
         )
+
+    def _cluster(self) -> str | None:
+        """The cluster the round's candidate is for; when it asked a narrower or broader rule for one and
+        got none, then found nothing else, that one: the workspace remembers it was tried against this
+        baseline with nothing found (`discards.focus`: spent), or every later round asks again."""
+        if self.diagnosis is not None and self.diagnosis.chosen is not None:
+            return self.diagnosis.chosen.id
+        return self.passed_over[-1] if self.passed_over and self.request is not None else None
 
     def _rationale(self) -> str | None:
         """The proposer's rationale; behind a discarded candidate, also the branches it carries."""
