@@ -1733,6 +1733,11 @@ def test_a_broader_rule_reaches_to_the_decisions_answered_otherwise() -> None:
     assert far.condition == "facts.holds < 1 && facts.days > 30 && facts.refunds <= 0", far.condition
     # A broader rule is asked only of the answer the discarded candidate gave.
     assert mine(examples, types, broader=[(near.guard, "ESCALATE")])[0].condition == near.condition
+    # Where no rule reaching further is a candidate (here discarded as written; with a real model's many
+    # failures, past the length a guard may have), the rule the miner finds anyway is: it is another
+    # candidate against this baseline's branches, or the novelty gate says it is the same.
+    fallback = mine(examples, types, broader=[(near.guard, "CLOSE")], discarded=[(far.guard, "CLOSE")])
+    assert fallback and fallback[0].condition == near.condition, [r.condition for r in fallback]
 
 
 def test_a_recommended_candidates_version_stays_its_own_before_its_merge(tmp_path: Path) -> None:

@@ -741,38 +741,49 @@ def mine(
                 continue  # a narrower rule answers what the discarded one did
             reach_far = any(a == answer for _, a in broader) and design.keep == "agree"
             chosen = replace(DESIGNS["evidence+far"], cede=design.cede) if reach_far else design
-            learned = _variants(space, positives, negatives, right, about, chosen, bool(outer), ceded)
-            if not learned and lesser:
-                # No rule in front of the less safe branches: one behind them, leaving to them what the
-                # labels say they answer rightly.
-                learned = _variants(
-                    space, positives, negatives & ~lesser, right, about, chosen, bool(outer), ceded | lesser
-                )
-            for terms, covered, another in learned:
-                rule = Rule(
-                    action,
-                    terms,
-                    fixes=count(covered & positives),
-                    matches=count(covered & right),
-                    constants=sum(1 for t in terms for a in t if vocab.own(a)),
-                    decision=name,
-                )
-                if (rule.guard, answer) in refused or len(rule.guard) > MAX_EXPRESSION_LENGTH:
-                    continue
-                if not rule.fixes or not _agrees(rule, cases, name):
-                    continue
-                if outer:
-                    inside = _guard_mask(rule.guard, cases, name)
-                    if inside is None:
-                        continue
-                    if not any(inside & ~m == 0 and inside != m for m in outer):
-                        # Not narrower: kept only as another cause's rule, one that covers other
-                        # training decisions than the discarded one; the novelty gate refuses it where
-                        # it answers held-out decisions as that one did.
-                        if not another or inside in outer:
-                            continue
-                        rule = replace(rule, another=True)
-                rules.append(rule)
+            # A rule reaching further that none fits (its ranges kept and its near misses kept out make it
+            # too long, or it fixes nothing): the rule the miner finds anyway, against this baseline's
+            # branches, is another candidate than the one that gained too little, or the novelty gate
+            # says it is the same.
+            for attempt in (chosen, design) if chosen is not design else (chosen,):
+                learned = _variants(space, positives, negatives, right, about, attempt, bool(outer), ceded)
+                if not learned and lesser:
+                    # No rule in front of the less safe branches: one behind them, leaving to them what
+                    # the labels say they answer rightly.
+                    learned = _variants(
+                        space,
+                        positives,
+                        negatives & ~lesser,
+                        right,
+                        about,
+                        attempt,
+                        bool(outer),
+                        ceded | lesser,
+                    )
+                made = [
+                    rule
+                    for terms, covered, another in learned
+                    if (
+                        rule := _rule_of(
+                            action,
+                            terms,
+                            covered,
+                            another,
+                            positives,
+                            right,
+                            vocab,
+                            name,
+                            cases,
+                            answer,
+                            refused,
+                            outer,
+                        )
+                    )
+                    is not None
+                ]
+                rules += made
+                if made:
+                    break
     # Narrower rules first: another cause's is tried after them.
     rules.sort(key=lambda r: (r.another, -r.fixes, len(r.atoms), -r.constants, r.guard))
     unique: list[Rule] = []
@@ -780,6 +791,49 @@ def mine(
         if all(rule.guard != u.guard for u in unique):
             unique.append(rule)
     return unique[:MAX_CANDIDATES]
+
+
+def _rule_of(
+    action: Action,
+    terms: tuple[tuple[Atom, ...], ...],
+    covered: int,
+    another: bool,
+    positives: int,
+    right: int,
+    vocab: RuleTerms,
+    name: str,
+    cases: Sequence[Case],
+    answer: str,
+    refused: set[tuple[str, str]],
+    outer: Sequence[int],
+) -> Rule | None:
+    """The rule a learned condition makes for `action`, or None where it is no candidate: discarded as
+    written, too long, fixing nothing, disagreeing with a training decision, or (asked for a narrower
+    rule than the `outer` guards) neither narrower nor another cause's."""
+    rule = Rule(
+        action,
+        terms,
+        fixes=count(covered & positives),
+        matches=count(covered & right),
+        constants=sum(1 for t in terms for a in t if vocab.own(a)),
+        decision=name,
+    )
+    if (rule.guard, answer) in refused or len(rule.guard) > MAX_EXPRESSION_LENGTH:
+        return None
+    if not rule.fixes or not _agrees(rule, cases, name):
+        return None
+    if outer:
+        inside = _guard_mask(rule.guard, cases, name)
+        if inside is None:
+            return None
+        if not any(inside & ~m == 0 and inside != m for m in outer):
+            # Not narrower: kept only as another cause's rule, one that covers other training decisions
+            # than the discarded one; the novelty gate refuses it where it answers held-out decisions as
+            # that one did.
+            if not another or inside in outer:
+                return None
+            rule = replace(rule, another=True)
+    return rule
 
 
 def _safer(earlier: Branch, action: Action, ranks: Mapping[str, int | None] | None) -> bool:
