@@ -663,7 +663,8 @@ def mine(
     how far a branch reaches beyond its evidence (`DESIGNS`); `narrower`, (guard, answer) pairs of a
     discarded candidate's branches: then only rules with one of their answers that match strictly
     fewer training decisions than its guard does; `broader`, those of a candidate that gained too little:
-    then rules with one of their answers reach as far as their evidence allows (`evidence+far`).
+    then rules with one of their answers reach as far as their evidence allows (`evidence+far`), or, where
+    none of those is a candidate, as far as the default design does.
     `route` is the policy's branches and `ranks` how safe each answer is: a decision an earlier branch
     answers rightly, one at least as safe as the new answer (so it stays in front of the new branch,
     `place`), is not the new branch's to answer, as the rules of a handbook each apply where the ones
