@@ -1584,6 +1584,11 @@ def test_a_round_moves_on_or_tries_a_narrower_or_broader_rule_after_a_discard() 
     assert aim.again("a").startswith("a broader rule for cluster a: every cluster was tried")
     assert aim.again("c").startswith("cluster c again: every cluster was tried")
     assert focus([]).says("a") is None
+    # The broader rule that followed one that gained too little reached too far: a narrower one inside
+    # it, once (a second that reaches too far moves on).
+    after = focus([discarded("a", "gain"), discarded("a", "reach")])
+    assert set(after.narrower or {}) == {"a"} and after.skip == ()
+    assert focus([discarded("a", "gain"), discarded("a", "reach"), discarded("a", "reach")]).skip == ("a",)
     # The cluster tried longest ago comes round first: by each cluster's last candidate.
     assert focus([discarded("a", "gates"), discarded("e", "gates"), discarded("a", "gates")]).skip == (
         "e",

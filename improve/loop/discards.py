@@ -308,7 +308,8 @@ def focus(
     or was never found is not helped by the same cause again, and the round moves on. One that gained
     too little (`gain`) gets a broader rule when it comes round again, every other cluster tried: its
     thresholds at the edge of the decisions answered otherwise rather than of its right answers, since
-    the values between, which no training decision showed, may be where held-out cases found it silent.
+    the values between, which no training decision showed, may be where held-out cases found it silent;
+    and when that broader rule reaches too far, a narrower one inside it, once.
 
     A candidate discarded for reaching too far whose round is in `renewed` counts for nothing here: its
     branches, behind the branches of the round's baseline, answer otherwise than they did (a branch
@@ -336,9 +337,12 @@ def focus(
     narrower: dict[str, DiscardedCandidate] = {}
     broader: dict[str, DiscardedCandidate] = {}
     for cluster, candidates in by_cluster.items():
-        first = candidates[0]
-        if len(candidates) == 1 and first.reason == "reach" and first.added:
-            narrower[cluster] = first
+        first, newest = candidates[0], candidates[-1]
+        # One narrower rule per cluster, inside the candidate that reached too far: the first one, or
+        # the broader one that followed a rule that gained too little (it reached past the evidence).
+        reached = [c for c in candidates if c.reason == "reach"]
+        if newest.reason == "reach" and newest.added and reached == [newest] and len(candidates) <= 2:
+            narrower[cluster] = newest
             continue
         skip.append(cluster)
         if len(candidates) == 1 and first.reason == "gain" and first.added:
