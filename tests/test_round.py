@@ -2093,6 +2093,16 @@ def test_evidence_that_rests_on_one_scenario_is_no_rule() -> None:
     ]
     types = {"facts.reason": "text", "facts.flagged": "bool"}
     assert mine(examples, types) == [], [r.guard for r in mine(examples, types)]
+    # The round says why, and which scenarios a rule would rest on: labelling more like them shows one.
+    from types import SimpleNamespace
+
+    from improve.loop.proposers.rules import _why_none
+
+    words = SimpleNamespace(fact_paths={"facts.reason": "text", "facts.flagged": "bool"}, fact_values={})
+    request = SimpleNamespace(narrower=[], examples=examples, vocabulary=words)
+    said = _why_none(request, False)  # type: ignore[arg-type]
+    assert said.startswith("no condition over the facts separates"), said
+    assert "with one scenario left out" in said and "scenario(s) r20, r21, r22: label more like them" in said
     flagged = [{**e, "facts": {**e["facts"], "flagged": e["scenario"] in ("r21", "r22")}} for e in examples]
     assert mine(flagged, types)[0].condition == "facts.flagged == true"
     more = [

@@ -1219,8 +1219,14 @@ def _why_none(request: ProposalRequest, had_rules: bool) -> str:
             f"from the vocabulary: each right option (e.g. {json.dumps(example)}) has a payload value that is "
             "neither a fact of the decision nor a value the environment offers in several scenarios"
         )
+    # Which scenarios the rule would rest on: more labelled like them is what shows a rule (a word in two
+    # of three notes, a threshold with one scenario on a side, is no evidence yet).
+    scenarios = sorted({c.scenario for c in targets})
+    shown = ", ".join(scenarios[:6]) + (f" and {len(scenarios) - 6} more" if len(scenarios) > 6 else "")
     return (
         "no condition over the facts separates the cluster's failed decisions from the training decisions "
         f"where the right answer would be wrong (conditions: at most {MAX_TERMS} alternatives of at most "
-        f"{MAX_ATOMS} tests; thresholds need {MIN_SUPPORT} scenarios on each side, words {MIN_SUPPORT} scenarios)"
+        f"{MAX_ATOMS} tests; thresholds need {MIN_SUPPORT} scenarios on each side, words {MIN_SUPPORT} scenarios, "
+        f"and a condition must pay for itself with one scenario left out). Its failures are in training "
+        f"scenario(s) {shown}: label more like them, or unlike them where the answer differs"
     )
