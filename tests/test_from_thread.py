@@ -141,6 +141,35 @@ def test_defaults_outcome_only_and_the_one_split_warning(ws: Path) -> None:
     assert again.exit_code == 2 and "already used" in again.output
 
 
+def test_a_label_the_reference_does_not_reach_is_added_with_a_warning(ws: Path) -> None:
+    """An effect typed with another order's id: the label is the person's and is added, but `careful`,
+    the environment's reference, ends otherwise, and the command says how, before a round learns from it."""
+    original = only_thread(run_json(ws, "--scenario", "large-refund-approved-01"))
+    wrong = [{**e, "orderId": "O-9999"} if "orderId" in e else e for e in original["effects"]]
+    result = add(
+        ws,
+        *(
+            "--from-thread",
+            APPROVAL_RUN,
+            "--expect",
+            "issued",
+            "--split",
+            "train",
+            "--id",
+            "typo-01",
+            "--json",
+        ),
+        *(arg for effect in wrong for arg in ("--effect", json.dumps(effect))),
+    )
+    assert result.exit_code == 0, result.output
+    warnings = json.loads(result.stdout)["warnings"]
+    said = [
+        w for w in warnings if w.startswith("careful, the environment's reference, does not reach this label")
+    ]
+    assert said and "O-9999" in said[0] and "missing effects" in said[0], warnings
+    assert "typo-01" in load_scenarios(ws / "scenarios" / "refunds.yaml").by_id()
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -314,7 +314,8 @@ def scenarios_add(
     each expected effect with --effect (without one, the outcome alone is compared). The item is
     appended as text at the end of the `scenarios:` list, and read back before the file is replaced;
     a bad label, a taken id or a result that would not load writes nothing (exit 2). A category in
-    only one split is a warning: `improve scenarios check` fails until the other split has one.
+    only one split is a warning: `improve scenarios check` fails until the other split has one. So is a
+    label `careful`, the environment's reference, does not reach (an effect's id mistyped).
 
     Example:
 
@@ -326,6 +327,7 @@ def scenarios_add(
         append_scenario,
         find_thread,
         leak_warnings,
+        reference_disagrees,
         scenario_from_thread,
         split_warnings,
     )
@@ -363,6 +365,12 @@ def scenarios_add(
             warnings.append(
                 f"--expect {expect!r} is a sentinel of {env_name}, a state that must never be reached; a "
                 "scenario labelled with it passes only when the rule is broken"
+            )
+        disagrees = reference_disagrees(environment, scenario)
+        if disagrees is not None:
+            warnings.append(
+                f"careful, the environment's reference, does not reach this label: {disagrees}. Check the "
+                "label (an effect's id or amount, the final state) before a round learns from it"
             )
         if as_json:
             emit_json(

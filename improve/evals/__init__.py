@@ -77,7 +77,7 @@ from improve.evals.workspace import (
 if TYPE_CHECKING:
     from improve.evals.charts import VersionScore, category_chart, history_chart, svg_chart
     from improve.evals.export import ExportSelection, OtlpExport, otlp_export, select_for_export
-    from improve.evals.fact_check import fact_problems
+    from improve.evals.fact_check import fact_problems, reference_disagrees
     from improve.evals.ledger import OUTCOMES_SQL, Ledger, Production, Recorded
     from improve.evals.materialize import refresh_outcomes, score_threads
     from improve.evals.out_of_sample import (
@@ -129,6 +129,7 @@ _LAZY = {
     "select_for_export": "improve.evals.export",
     "score_threads": "improve.evals.materialize",
     "fact_problems": "improve.evals.fact_check",
+    "reference_disagrees": "improve.evals.fact_check",
     "OutOfSample": "improve.evals.out_of_sample",
     "AgainstReference": "improve.evals.out_of_sample",
     "against_reference": "improve.evals.out_of_sample",
@@ -232,6 +233,7 @@ __all__ = [
     "read_yaml",
     "record_unsealing",
     "recorded_with",
+    "reference_disagrees",
     "refresh_outcomes",
     "rerun_scenarios",
     "resume_thread",

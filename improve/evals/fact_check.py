@@ -91,3 +91,23 @@ def _mistyped(value: Any, kind: FactType) -> str | None:
     if isinstance(value, bool) and bool not in expected:
         return f"is a bool, declared {base}"
     return None if isinstance(value, expected) else f"is a {type(value).__name__}, declared {base}"
+
+
+def reference_disagrees(env: Environment, scenario: Scenario) -> str | None:
+    """Why a run of the scenario with `careful` fails its label, or None when it passes (or the
+    environment has no `careful`, or the run cannot be made: the check says why). A label the
+    environment's own reference does not reach is worth a second look (a typo in an effect's id, the
+    wrong final state) before a round learns from it."""
+    from improve.evals.outcome import outcome_row
+
+    factory = env.models.get(REFERENCE_MODEL)
+    if factory is None:
+        return None
+    store, thread = MemoryStore(), f"check:{scenario.id}"
+    seeing = _Seeing(factory(f"{scenario.id}:label"))
+    try:
+        run_scenario(env, scenario, seeing, store, thread, hashes=False)
+    except Exception:  # named by `improve scenarios check` (a run that stops)
+        return None
+    row = outcome_row(env, scenario, thread, store.read(thread))
+    return None if row.passed else row.reason
