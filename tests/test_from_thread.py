@@ -157,6 +157,8 @@ def test_a_label_the_reference_does_not_reach_is_added_with_a_warning(ws: Path) 
             "train",
             "--id",
             "typo-01",
+            "--category",
+            "large-refund-approved",
             "--json",
         ),
         *(arg for effect in wrong for arg in ("--effect", json.dumps(effect))),
@@ -168,6 +170,11 @@ def test_a_label_the_reference_does_not_reach_is_added_with_a_warning(ws: Path) 
     ]
     assert said and "O-9999" in said[0] and "missing effects" in said[0], warnings
     assert "typo-01" in load_scenarios(ws / "scenarios" / "refunds.yaml").by_id()
+    # `scenarios check` says it too (a warning: the label is the person's), of that scenario alone.
+    checked = improve(ws, "scenarios", "check", "--json")
+    assert checked.exit_code == 0, checked.output
+    unreached = [w for w in json.loads(checked.stdout)["warnings"] if "does not reach its label" in w]
+    assert len(unreached) == 1 and unreached[0].startswith("scenario 'typo-01' (line "), unreached
 
 
 @pytest.mark.parametrize(

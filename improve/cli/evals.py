@@ -156,7 +156,8 @@ def scenarios_check(
     expected outcomes that name final states of the environment, and inputs the environment's machine
     can start with (its context reads each key it names), and decisions whose facts are of their declared
     types, and runs that stop (each scenario run once with careful, in memory: an enumerated value
-    misspelt, or a tool that crashes on the scenario's world, is named). Exit 1 on any problem. The sealed
+    misspelt, or a tool that crashes on the scenario's world, is named; a label careful does not
+    reach is a warning). Exit 1 on any problem. The sealed
     `test` split is optional and counted apart (a category may be in it alone).
 
     Example:
@@ -170,6 +171,7 @@ def scenarios_check(
         fact_problems,
         leak_warnings,
         load_scenarios,
+        reference_disagrees,
         scenario_lines,
         set_key,
         valid_scenarios,
@@ -204,6 +206,7 @@ def scenarios_check(
         finals = set(environment.config.final_states())
         categories: dict[str, set[str]] = {}
         lines = scenario_lines(source)
+        unreached: list[str] = []
         for s in scenarios:
             where = f"{source}:{lines[s.id]}" if s.id in lines else str(source)
             if s.split != SEALED_SPLIT:
@@ -224,9 +227,16 @@ def scenarios_check(
                 )
                 continue
             # Its decisions' facts, as a run with careful makes them, against their declared types.
-            problems += [
-                f"{where}: scenario '{s.id}': {problem}" for problem in fact_problems(environment, s)
-            ]
+            found = fact_problems(environment, s)
+            problems += [f"{where}: scenario '{s.id}': {problem}" for problem in found]
+            # A label the environment's own reference does not reach: said, not refused (the label is
+            # the person's), as `scenarios add` says it of the one it adds.
+            disagrees = None if found or s.split == SEALED_SPLIT else reference_disagrees(environment, s)
+            if disagrees is not None:
+                unreached.append(
+                    f"scenario '{s.id}' (line {lines.get(s.id, '?')}): careful, the environment's reference, "
+                    f"does not reach its label: {disagrees}"
+                )
         if scenario_set is not None:
             for category, splits in sorted(categories.items()):
                 missing = sorted(set(OPEN_SPLITS) - splits)
@@ -243,7 +253,7 @@ def scenarios_check(
                 "test": len(scenario_set.sealed),
                 "held_out_set": set_key(scenario_set.split("held-out")),
                 "test_set": set_key(scenario_set.sealed) if scenario_set.sealed else None,
-                "warnings": leak_warnings(scenario_set),
+                "warnings": leak_warnings(scenario_set) + unreached,
             }
         for warning in summary.get("warnings", []) if not as_json else []:
             err.print(f"warning: {source}: {warning}", markup=False)
