@@ -168,10 +168,9 @@ def scenarios_check(
         OPEN_SPLITS,
         SEALED_SPLIT,
         ScenarioSet,
-        fact_problems,
         leak_warnings,
         load_scenarios,
-        reference_disagrees,
+        reference_check,
         scenario_lines,
         set_key,
         valid_scenarios,
@@ -227,15 +226,14 @@ def scenarios_check(
                 )
                 continue
             # Its decisions' facts, as a run with careful makes them, against their declared types.
-            found = fact_problems(environment, s)
-            problems += [f"{where}: scenario '{s.id}': {problem}" for problem in found]
-            # A label the environment's own reference does not reach: said, not refused (the label is
-            # the person's), as `scenarios add` says it of the one it adds.
-            disagrees = None if found or s.split == SEALED_SPLIT else reference_disagrees(environment, s)
-            if disagrees is not None:
+            # And a label the environment's own reference does not reach: said, not refused (the label
+            # is the person's), as `scenarios add` says it of the one it adds. One run tells both.
+            checked = reference_check(environment, s)
+            problems += [f"{where}: scenario '{s.id}': {problem}" for problem in checked.problems]
+            if checked.unreached is not None and s.split != SEALED_SPLIT:
                 unreached.append(
                     f"scenario '{s.id}' (line {lines.get(s.id, '?')}): careful, the environment's reference, "
-                    f"does not reach its label: {disagrees}"
+                    f"does not reach its label: {checked.unreached}"
                 )
         if scenario_set is not None:
             for category, splits in sorted(categories.items()):

@@ -77,7 +77,7 @@ from improve.evals.workspace import (
 if TYPE_CHECKING:
     from improve.evals.charts import VersionScore, category_chart, history_chart, svg_chart
     from improve.evals.export import ExportSelection, OtlpExport, otlp_export, select_for_export
-    from improve.evals.fact_check import fact_problems, reference_disagrees
+    from improve.evals.fact_check import ReferenceCheck, reference_check, reference_disagrees
     from improve.evals.ledger import OUTCOMES_SQL, Ledger, Production, Recorded
     from improve.evals.materialize import refresh_outcomes, score_threads
     from improve.evals.out_of_sample import (
@@ -128,8 +128,9 @@ _LAZY = {
     "otlp_export": "improve.evals.export",
     "select_for_export": "improve.evals.export",
     "score_threads": "improve.evals.materialize",
-    "fact_problems": "improve.evals.fact_check",
     "reference_disagrees": "improve.evals.fact_check",
+    "reference_check": "improve.evals.fact_check",
+    "ReferenceCheck": "improve.evals.fact_check",
     "OutOfSample": "improve.evals.out_of_sample",
     "AgainstReference": "improve.evals.out_of_sample",
     "against_reference": "improve.evals.out_of_sample",
@@ -182,6 +183,7 @@ __all__ = [
     "PromotionDecision",
     "Quarantined",
     "Recorded",
+    "ReferenceCheck",
     "RerunRule",
     "Reruns",
     "ResumeRequest",
@@ -212,7 +214,6 @@ __all__ = [
     "describe_model",
     "effects_from_log",
     "every",
-    "fact_problems",
     "fallbacks",
     "find_thread",
     "fixed_note",
@@ -233,6 +234,7 @@ __all__ = [
     "read_yaml",
     "record_unsealing",
     "recorded_with",
+    "reference_check",
     "reference_disagrees",
     "refresh_outcomes",
     "rerun_scenarios",

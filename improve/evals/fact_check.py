@@ -12,6 +12,7 @@ not of its declared type, and a run that stops (a tool that crashes on the scena
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from improve.evals.out_of_sample import REFERENCE_MODEL
@@ -33,20 +34,33 @@ class _Seeing:
         return Decision(event=self.model.answer(request).event, source="model")
 
 
-def fact_problems(env: Environment, scenario: Scenario) -> list[str]:
-    """What a run of the scenario with `careful` shows wrong: that it stops (`a run with careful stops:
-    actor 'accounts.lookup' crashed ...`), and each declared fact of its decisions whose value its type
-    does not allow (`decision 'moderate': post.category = 'harrassment' is not one of [...]`). None
-    when the environment has no `careful` stand-in (the check of the input names a run that cannot
-    start; the stand-in is what makes a run here without asking a model)."""
+@dataclass(frozen=True)
+class ReferenceCheck:
+    """What one run of a scenario with `careful`, in memory, shows."""
+
+    problems: list[str]
+    """That the run stops, and each declared fact of its decisions whose value its type does not allow."""
+    unreached: str | None = None
+    """Why the run fails the scenario's label, when it ran through and does (the label is the person's:
+    a warning, worth a second look before a round learns from it)."""
+
+
+def reference_check(env: Environment, scenario: Scenario) -> ReferenceCheck:
+    """One run of the scenario with `careful`: that it stops (`a run with careful stops: actor
+    'accounts.lookup' crashed ...`), each declared fact of its decisions whose value its type does not
+    allow (`decision 'moderate': post.category = 'harrassment' is not one of [...]`), and whether it
+    ends as labelled. Nothing when the environment has no `careful` stand-in (the check of the input
+    names a run that cannot start; the stand-in is what makes a run here without asking a model)."""
+    from improve.evals.outcome import outcome_row
+
     factory = env.models.get(REFERENCE_MODEL)
     if factory is None:
-        return []
-    seeing = _Seeing(factory(f"{scenario.id}:facts"))
-    thread = f"check:{scenario.id}"
+        return ReferenceCheck([])
+    seeing = _Seeing(factory(f"{scenario.id}:check"))
+    store, thread = MemoryStore(), f"check:{scenario.id}"
     problems: list[str] = []
     try:
-        run_scenario(env, scenario, seeing, MemoryStore(), thread, hashes=False)
+        run_scenario(env, scenario, seeing, store, thread, hashes=False)
     except Exception as err:  # a tool's own bug is the scenario's problem to name, whatever it raises
         said = str(err).removeprefix(f"thread {thread}: ") or repr(err)
         problems.append(
@@ -59,7 +73,11 @@ def fact_problems(env: Environment, scenario: Scenario) -> list[str]:
             why = _mistyped(value, kind) if found else None
             if why:
                 problems.append(f"decision '{request.name}': {path} = {value!r} {why}")
-    return list(dict.fromkeys(problems))
+    problems = list(dict.fromkeys(problems))
+    if problems:
+        return ReferenceCheck(problems)
+    row = outcome_row(env, scenario, thread, store.read(thread))
+    return ReferenceCheck([], None if row.passed else row.reason)
 
 
 def _at(facts: Mapping[str, Any], path: str) -> tuple[bool, Any]:
@@ -94,20 +112,6 @@ def _mistyped(value: Any, kind: FactType) -> str | None:
 
 
 def reference_disagrees(env: Environment, scenario: Scenario) -> str | None:
-    """Why a run of the scenario with `careful` fails its label, or None when it passes (or the
-    environment has no `careful`, or the run cannot be made: the check says why). A label the
-    environment's own reference does not reach is worth a second look (a typo in an effect's id, the
-    wrong final state) before a round learns from it."""
-    from improve.evals.outcome import outcome_row
-
-    factory = env.models.get(REFERENCE_MODEL)
-    if factory is None:
-        return None
-    store, thread = MemoryStore(), f"check:{scenario.id}"
-    seeing = _Seeing(factory(f"{scenario.id}:label"))
-    try:
-        run_scenario(env, scenario, seeing, store, thread, hashes=False)
-    except Exception:  # named by `improve scenarios check` (a run that stops)
-        return None
-    row = outcome_row(env, scenario, thread, store.read(thread))
-    return None if row.passed else row.reason
+    """`reference_check`'s `unreached`: why `careful` does not reach the scenario's label (a typo in an
+    effect's id, the wrong final state), or None."""
+    return reference_check(env, scenario).unreached
