@@ -101,13 +101,38 @@ def test_score_leaves_out_runs_recorded_before_the_scenario_changed(ws: Path) ->
         assert runner.invoke(app, [*run, "--scenario", scenario]).exit_code == 0
     score = ["score", "-w", str(ws), "-p", "v0", "-m", "naive", "-s", "held-out", "--json"]
 
+    unscored: list[Any] = []
+
     def scored() -> tuple[list[str], float, str]:
         result = runner.invoke(app, score)
         assert result.exit_code == 0, result.output
-        (card,) = json.loads(result.stdout)["scorecards"]
+        doc = json.loads(result.stdout)
+        (card,) = doc["scorecards"]
+        unscored[:] = doc["unscored"]
         return sorted(s["scenario"] for s in card["scenarios"]), card["pass_rate"], result.stderr
 
-    assert scored()[:2] == (["fraud-signal-04", "small-refund-04"], 0.5)
+    scenarios, rate, said = scored()
+    assert (scenarios, rate) == (["fraud-signal-04", "small-refund-04"], 0.5)
+    # The held-out scenarios never run are left out, and said so: a count column alone hid them.
+    held_out = [
+        s["id"]
+        for s in yaml.safe_load((ws / "scenarios" / "refunds.yaml").read_text())["scenarios"]
+        if s.get("split") == "held-out"
+    ]
+    (left,) = unscored
+    assert left["of"] == len(held_out) and len(left["scenarios"]) == len(held_out) - 2
+    assert set(left["scenarios"]) == set(held_out) - {"fraud-signal-04", "small-refund-04"}
+    assert (
+        f"warning: held-out: {len(held_out) - 2} of {len(held_out)} scenarios have no current recorded run"
+        in said
+    )
+    assert "improve run --env refunds --policy v0 --model naive --split held-out" in said
+    markdown = runner.invoke(app, [*score[:-1], "--format", "markdown"])
+    assert markdown.exit_code == 0, markdown.output
+    assert (
+        f"held-out: {len(held_out) - 2} of {len(held_out)} scenarios have no recorded run of v0"
+        in markdown.stdout
+    )
     path = ws / "scenarios" / "refunds.yaml"
     text = path.read_text()
     old = "orders: {O-5004: {customerId: C-1004, total: 38.25, refunded: 0, deliveredDaysAgo: 1}}"

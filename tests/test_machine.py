@@ -423,6 +423,23 @@ def test_missing_field_at_run_time_names_the_expression() -> None:
     machine = compile_machine(parse_machine(config))
     with pytest.raises(EvaluationError, match=r"state 'a'.on.GO\[0\].guard: `event.amount > 1` failed"):
         transition(machine, initial(machine, {}), {"type": "GO"})
+    # It also says which values it read, with their CEL types: an int beside a double names its input.
+    config = _tiny(
+        {
+            "a": {"on": {"GO": {"target": "b", "guard": "event.amount <= context.limit - context.paid"}}},
+            "b": {"type": "final"},
+        },
+        context={"limit": "1000", "paid": "0.5"},
+    )
+    machine = compile_machine(parse_machine(config))
+    with pytest.raises(EvaluationError) as failed:
+        transition(machine, initial(machine, {}), {"type": "GO", "amount": 2.5})
+    assert (
+        "failed with event.amount = 2.5 (double), context.limit = 1000 (int), context.paid = 0.5 (double): "
+        "No such overload"
+    ) in str(failed.value)
+    with pytest.raises(EvaluationError, match=r"failed with event\.amount absent"):
+        transition(machine, initial(machine, {}), {"type": "GO"})
 
 
 @pytest.mark.parametrize(

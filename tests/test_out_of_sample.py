@@ -6,11 +6,13 @@ says which of them shaped the rule miner)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from improve.errors import WorkspaceError
 from improve.evals import Workspace, outcome_row, run_scenario
@@ -87,6 +89,13 @@ def test_generated_cases_are_the_same_for_a_seed_and_labelled_by_the_handbook(de
     assert cases == generate_cases(env, 60, seed=3) and cases != generate_cases(env, 60, seed=4)
     assert {c.expected.outcome for c in cases} == {"granted", "denied", "escalated"}
     assert len({c.category for c in cases}) >= 5  # the handbook rule that decided each
+    # Cases already labelled as scenarios (drafts a person labelled in) are drawn again, not reused:
+    # the draws after them move up, and no case is one of them.
+    again = generate_cases(env, 60, seed=3, known=cases[:5])
+    assert [(c.input, c.world) for c in again[:55]] == [(c.input, c.world) for c in cases[5:]]
+    assert not {json.dumps([c.input, c.world], sort_keys=True) for c in again} & {
+        json.dumps([c.input, c.world], sort_keys=True) for c in cases[:5]
+    }
 
 
 def test_unlabelled_cases_are_labelled_by_carefuls_run_of_the_first_policy() -> None:
@@ -206,6 +215,19 @@ def test_the_cases_a_version_ends_otherwise_are_written_as_scenarios_to_label(tm
     assert named and all(s.category == named[s.id] for s in written if s.id in named)
     assert {s.category for s in written} - {s.expected.outcome for s in written}
     assert "v1's learned answer_close answered it: ended closed" in drafts.read_text()
+    # Labelled into the scenarios, the drafts are no longer unseen: the next check draws other cases.
+    path = ws / "scenarios" / "refunds.yaml"
+    doc = yaml.safe_load(path.read_text())
+    doc["scenarios"] += yaml.safe_load(drafts.read_text())["scenarios"]
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    after = runner.invoke(app, [*base, "--json"])
+    assert after.exit_code == 0, after.output
+    drawn = {
+        json.dumps([d["input"], d["world"]], sort_keys=True)
+        for a in json.loads(after.stdout)["agreements"]
+        for d in a["shown"]
+    }
+    assert drawn and not drawn & {json.dumps([s.input, s.world], sort_keys=True) for s in written}
     # With a weaker model, the cases its own answers got wrong are drafted too, after the branch's.
     weaker = tmp_path / "weaker.yaml"
     naive = [*base[:-2], "-m", "naive", "--scenarios", str(weaker)]

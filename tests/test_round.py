@@ -2096,13 +2096,38 @@ def test_evidence_that_rests_on_one_scenario_is_no_rule() -> None:
     # The round says why, and which scenarios a rule would rest on: labelling more like them shows one.
     from types import SimpleNamespace
 
-    from improve.loop.proposers.rules import _why_none
+    from improve.loop.proposers.rules import NearMiss, _why_none
 
     words = SimpleNamespace(fact_paths={"facts.reason": "text", "facts.flagged": "bool"}, fact_values={})
     request = SimpleNamespace(narrower=[], examples=examples, vocabulary=words)
     said = _why_none(request, False)  # type: ignore[arg-type]
     assert said.startswith("no condition over the facts separates"), said
     assert "with one scenario left out" in said and "scenario(s) r20, r21, r22: label more like them" in said
+    # When the search found an exact condition and set it aside for its evidence, the message names it,
+    # its bits against its evidence, and how many more scenarios like its own would make it a rule: it
+    # used to say "thresholds need 2 scenarios on each side" when both sides had them.
+    misses: list[NearMiss] = []
+    assert mine(examples, types, misses=misses) == []
+    (near,) = misses
+    assert "order" in near.condition and near.scenarios == 2 and near.evidence <= near.cost
+    assert near.more() is not None and near.more() <= 2  # two more like them do make it a rule (below)
+    said = _why_none(request, False, misses)  # type: ignore[arg-type]
+    assert said.startswith("no condition over the facts pays for itself yet: the nearest, `"), said
+    assert f"{near.condition}` -> REFUSE, holds for the right answer in 2 training scenario(s)" in said
+    assert (
+        f"no more than the {near.cost:.1f} bits" in said and f"About {near.more()} more scenario(s)" in said
+    )
+    assert "scenario(s) r20, r21, r22: label more like them" in said
+    # A cost cluster (answers a guard refused) fails no run: it was said to have "failed runs".
+    passed = SimpleNamespace(
+        narrower=[],
+        examples=[case(i, r, False) for i, r in enumerate(everyday)],
+        vocabulary=words,
+        diagnosis={"chosen": {"id": "guard-rejections:attempts", "effect": 0.0, "cost": 1.5}},
+    )
+    said = _why_none(passed, False)  # type: ignore[arg-type]
+    assert said.startswith("cluster guard-rejections:attempts is a cost, not a failure"), said
+    assert "failed runs" not in said
     flagged = [{**e, "facts": {**e["facts"], "flagged": e["scenario"] in ("r21", "r22")}} for e in examples]
     assert mine(flagged, types)[0].condition == "facts.flagged == true"
     more = [
@@ -2652,3 +2677,57 @@ def test_a_long_rule_in_a_title_is_cut_after_a_whole_word() -> None:
         "facts.request.amount && …"
     )
     assert title.startswith(cut[:-2]) and whole_words("short title", 120) == "short title"
+
+
+def test_rounds_that_stop_after_three_discards_say_how_many_read_the_held_out_set(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A candidate that failed its gates, or found nothing to replay, read no held-out run: the stop
+    said "each read the held-out set" all the same."""
+    import improve.loop.round as round_module
+    from improve.loop.round_record import HeldOutReuse, RoundRecord
+
+    space = scratch(tmp_path / "ws")
+    read = HeldOutReuse(key="abc", scenarios=20, read=1, supported=2, max_bias=0.1, bias_bound=0.0)
+    records = iter(
+        RoundRecord(
+            round_id=f"r{n}",
+            environment="refunds",
+            baseline_version="v0",
+            candidate_version=f"v{n}",
+            proposer="rules",
+            model="naive",
+            k=1,
+            seed=1,
+            status="discarded",
+            cluster=f"c{n}",
+            held_out=read if n == 3 else None,
+        )
+        for n in (1, 2, 3)
+    )
+    monkeypatch.setattr(round_module, "run_round", lambda *args, **kwargs: next(records))
+    said: list[str] = []
+    assert len(run_rounds(space, RoundOptions(policy="v0", k=1), 5, said.append)) == 3
+    assert said[-1] == (
+        "3 candidates discarded in a row against v0: stopping (1 of them read the held-out set; label more "
+        "scenarios, or run again to go on)"
+    )
+
+
+def test_a_rule_that_fixes_another_cluster_s_failures_says_whose() -> None:
+    """A rule for a right answer serves every cluster with it: one that fixes none of the named
+    cluster's own failures (a desk's crew delays, where the cluster was its no-seats cases) says so."""
+    from types import SimpleNamespace
+
+    from improve.loop.proposers.rules import Action, Rule, _whose
+
+    rule = Rule(Action("VOUCHER", ()), (), fixes=9, matches=9, constants=0, fixed=("crew-01", "crew-02"))
+    chosen = {"id": "wrong-answer:resolve:ESCALATE->VOUCHER", "scenarios": ["no-seats-03", "no-seats-05"]}
+    said = _whose(SimpleNamespace(diagnosis={"chosen": chosen}), rule)  # type: ignore[arg-type]
+    assert said == (
+        " None of them is in cluster wrong-answer:resolve:ESCALATE->VOUCHER's own scenarios: they are other "
+        "failures where VOUCHER is right, in crew-01, crew-02 (a rule for a right answer serves every "
+        "cluster with it)."
+    )
+    ours = {**chosen, "scenarios": ["crew-02", "no-seats-03"]}
+    assert _whose(SimpleNamespace(diagnosis={"chosen": ours}), rule) == ""  # type: ignore[arg-type]

@@ -100,8 +100,9 @@ class HeldOutRead:
         return (
             f"held-out set `{self.key}` ({self.scenarios} scenarios) has been read by {self.read} rounds, more "
             f"than the {self.supported} it supports at held_out_bias = {self.max_bias:g} (reads <= 1 + "
-            f"floor(2 n eps^2 / ln 2)): the {self.read - 1} earlier promotion decisions may bias the held-out "
-            f"pass rates this round compares by up to sqrt((r - 1) ln 2 / (2n)) = {self.bias_bound:.3f}. Add "
+            f"floor(2 n eps^2 / ln 2)): the decisions of the {self.read - 1} earlier rounds (promoted or not) "
+            f"may bias the held-out pass rates this round compares by up to sqrt((r - 1) ln 2 / (2n)) = "
+            f"{self.bias_bound:.3f} (r = {self.read}, n = {self.scenarios}). Add "
             f"fresh held-out scenarios ({scenarios_needed(self.read, self.max_bias)} support {self.read} "
             f"reads; a changed held-out set starts a new count), or label a sealed `split: test` set and "
             f"score the final policy once with `improve score --split test --unseal`"

@@ -31,7 +31,7 @@ from improve.evals.suite import run_scenario, suite_spec
 from improve.evals.workspace import Workspace, policy_content, policy_label
 from improve.llm import CacheMode, Meter
 from improve.log import LogEntry, MemoryStore
-from improve.machine import MachineConfig
+from improve.machine import MachineConfig, canonical_json
 from improve.runtime import (
     Decision,
     DecisionRequest,
@@ -161,9 +161,12 @@ def generate_cases(
     *,
     reference: MachineConfig | None = None,
     reference_model: ModelFactory | None = None,
+    known: Sequence[Scenario] = (),
 ) -> list[Scenario]:
     """`n` cases from the environment's generator, labelled: by the generator, or by the reference
-    policy's run with the reference model (both needed then; default model: `careful`)."""
+    policy's run with the reference model (both needed then; default model: `careful`). A draw whose
+    input and world are those of a `known` scenario is drawn again: drafts a person labelled into the
+    scenarios from this very seed are training or held-out cases now, not unseen ones."""
     if env.cases is None:
         raise WorkspaceError(
             f"environment {env.name!r} has no generator of cases (Environment.cases): nothing to check out "
@@ -171,9 +174,23 @@ def generate_cases(
             "cases: checking a policy out of sample')"
         )
     rng = random.Random(seed)
+    seen = {_case_key(s.input, s.world) for s in known}
     labelled = env.cases(rng)
     if labelled.get("expected"):
-        draws = [labelled, *(env.cases(rng) for _ in range(n - 1))]
+        draws: list[Mapping[str, Any]] = []
+        draw: Mapping[str, Any] = labelled
+        for attempt in range(MAX_DRAWS * n):
+            if attempt:
+                draw = env.cases(rng)
+            if _case_key(draw.get("input"), draw.get("world")) not in seen:
+                draws.append(draw)
+                if len(draws) == n:
+                    break
+        else:
+            raise WorkspaceError(
+                f"environment {env.name!r}: only {len(draws)} of {MAX_DRAWS * n} drawn cases are not labelled "
+                "scenarios already; draw fewer cases, or give the generator more to vary"
+            )
         return [_scenario(i, d, Expected.model_validate(d["expected"])) for i, d in enumerate(draws, 1)]
     if reference is None:
         raise WorkspaceError(
@@ -186,10 +203,12 @@ def generate_cases(
         )
     compiled = compile_policy(reference, env.judgments, env.policy_guards)
     cases: list[Scenario] = []
-    draw: Mapping[str, Any] = labelled
+    draw = labelled
     for attempt in range(MAX_DRAWS * n):
         if attempt:
             draw = env.cases(rng)
+        if _case_key(draw.get("input"), draw.get("world")) in seen:
+            continue
         unlabelled = _scenario(len(cases) + 1, draw, Expected(outcome=""))
         row, _ = _run(env, compiled, model, unlabelled)
         # A run of the reference that does not finish (it waits for a person nobody scripted, it runs
@@ -203,6 +222,11 @@ def generate_cases(
         f"environment {env.name!r}: the reference finished only {len(cases)} of {MAX_DRAWS * n} drawn cases; "
         "its generator draws cases the reference cannot decide"
     )
+
+
+def _case_key(input: Any, world: Any) -> str:
+    """A case's input and world as one comparable text (what a labelled draft keeps of its draw)."""
+    return canonical_json({"input": input or {}, "world": world or {}})
 
 
 def _run(
@@ -388,6 +412,7 @@ def against_reference(
     candidate: MachineConfig,
     n: int,
     seed: int,
+    known: Sequence[Scenario] = (),
 ) -> AgainstReference | None:
     """`candidate` and `baseline` with `careful` on `n` cases the environment's generator draws, labelled
     by it, or by careful's run of `reference`: the first policy of the line, the model deciding
@@ -397,7 +422,7 @@ def against_reference(
     careful = env.models.get(REFERENCE_MODEL)
     if env.cases is None or careful is None or n < 1:
         return None
-    cases = generate_cases(env, n, seed, reference=reference, reference_model=careful)
+    cases = generate_cases(env, n, seed, reference=reference, reference_model=careful, known=known)
     if not labels_own(env, seed) and policy_content(baseline) == policy_content(reference):
         # The baseline is the policy whose careful runs labelled the cases: its runs again would be those
         # very runs (a stand-in draws the same answers for the same case), so every case agrees.
@@ -508,7 +533,9 @@ def check_out_of_sample(
     factories = {m: env.models[m] if m in env.models else specs[m].model_factory(env, meter) for m in models}
     # A stand-in answers at once; a model behind an endpoint is waited on, its runs overlapping up to its cap.
     workers = {m: spec.model_spec.in_flight() if spec.model_spec else 1 for m, spec in specs.items()}
-    cases = generate_cases(env, n, seed, reference=policies[0])
+    # The workspace's labelled scenarios are not unseen: drafts of an earlier check, labelled since.
+    known = space.scenarios(name).scenarios if space.scenarios_path(name).is_file() else []
+    cases = generate_cases(env, n, seed, reference=policies[0], known=known)
     labelled = labelled_by(env, seed, policy_label(policies[0]))
     found = [
         agreement(env, p, m, factories[m], cases, say if m in specs else None, workers.get(m, 1))

@@ -230,8 +230,8 @@ class Changelog:
         # A policy chosen after r reads carries r bits, as the numbers of the (r + 1)-th read do.
         warning = (
             f"held-out set `{upcoming.key}` ({upcoming.scenarios} scenarios) has been read by {reads} rounds "
-            f"({self.path}); its held-out pass rates may be biased by up to sqrt(r ln 2 / (2n)) = "
-            f"{upcoming.bias_bound:.3f}, more than held_out_bias = {max_bias:g}: read the test split "
+            f"({self.path}); its held-out pass rates may be biased by up to sqrt((r - 1) ln 2 / (2n)) = "
+            f"{upcoming.bias_bound:.3f} (r - 1 = {reads} earlier reads, n = {upcoming.scenarios}), more than held_out_bias = {max_bias:g}: read the test split "
             "(`--split test --unseal`) or fresh held-out scenarios for a number no round has adapted to"
             if upcoming.bias_bound > max_bias
             else None

@@ -75,6 +75,7 @@ from improve.loop.diagnose import diagnose as cluster_failures
 from improve.loop.discards import DiscardedCandidate, answers_anew, focus, wrong_key
 from improve.loop.evidence import Evidence
 from improve.loop.gates import (
+    GATE_NAMES,
     EnvironmentGate,
     Gate,
     GateContext,
@@ -160,9 +161,15 @@ def run_rounds(
         if record.cluster:
             skip.append(record.cluster)
         if number >= MAX_DISCARDED_IN_A_ROW:  # every earlier one was discarded too, or the loop had stopped
+            reads = sum(1 for r in records[-MAX_DISCARDED_IN_A_ROW:] if r.held_out is not None)
+            read = (
+                "each read the held-out set"
+                if reads == MAX_DISCARDED_IN_A_ROW
+                else f"{reads} of them read the held-out set"
+            )
             say(
-                f"{MAX_DISCARDED_IN_A_ROW} candidates discarded in a row against {opts.policy}: stopping (each "
-                "read the held-out set; label more scenarios, or run again to go on)"
+                f"{MAX_DISCARDED_IN_A_ROW} candidates discarded in a row against {opts.policy}: stopping ({read}; "
+                "label more scenarios, or run again to go on)"
             )
             break
     return records
@@ -306,11 +313,6 @@ class Round:
                     for t in stale
                 )
             )
-        if self.focus.afresh:
-            self.say(
-                f"the training set is now {self.train_key}: tried afresh, the cluster(s) that had no rule (or "
-                f"none that passed the gates) on another: {', '.join(self.focus.afresh)}"
-            )
         if self._train_first():
             # Diagnosing, proposing and gating read no held-out run: the suite of both splits goes on in
             # the background once its training runs are recorded, the held-out runs waiting on the model
@@ -428,6 +430,14 @@ class Round:
             skip.remove(again)
             self.diagnosis, examples = self.evidence.diagnose(self.base_rows, self.inputs.policy, skip)
         diagnosis = self.diagnosis
+        # Said of the clusters this training set still shows, once: a cluster found rule-less on an
+        # earlier set that no run fails now needs no word, and `--rounds` would repeat it each round.
+        afresh = [c for c in self.focus.afresh if any(k.id == c for k in diagnosis.clusters)]
+        if afresh:
+            self.say(
+                f"cluster(s) {', '.join(afresh)} had no rule (or none that passed the gates) on an earlier "
+                f"training set: open to a rule again on this one ({self.train_key})"
+            )
         if diagnosis.blocked:
             self.status, self.detail = "blocked", diagnosis.blocked
             return False
@@ -595,8 +605,12 @@ class Round:
             self.gates = list(self.gated.results)
             failed = self.gated.failed
             if failed is None:
+                # A round's gates are the eight built-in ones and, as `improve verify` lists them, any
+                # registered extension, and novelty when candidates were discarded against the baseline.
+                extra = [g.name for g in self.gates if g.name not in GATE_NAMES]
                 self.say(
                     f"gates: all {len(self.gates)} pass"
+                    + (f" (the eight built-in and {', '.join(extra)})" if extra else "")
                     + (f" after {self.repairs} repair(s)" if self.repairs else "")
                 )
                 config = self.gated.config
@@ -796,6 +810,7 @@ class Round:
                 self.candidate,
                 self.objective.out_of_sample_cases,
                 self.objective.seed,
+                known=inputs.scenarios,
             )
         except WorkspaceError as error:
             self.say(f"out of sample: not checked: {error}")

@@ -95,7 +95,7 @@ class HeldOutReuse(Part):
                 f"Held-out set `{self.key}` ({self.scenarios} scenarios) read {self.read} {times}, this round "
                 f"included; it supports {self.supported} at held_out_bias = {self.max_bias:g} (reads <= 1 + "
                 "floor(2 n eps^2 / ln 2)), and the earlier reads may bias this round's held-out pass rates "
-                f"by up to sqrt((r - 1) ln 2 / (2n)) = {self.bias_bound:.3f}."
+                f"by up to sqrt((r - 1) ln 2 / (2n)) = {self.bias_bound:.3f} (r = {self.read}, n = {self.scenarios})."
             )
             object.__setattr__(self, "sentence", said)
         return self

@@ -88,6 +88,37 @@ class ScoreRequest:
         return f"improve score --policy {self.policy}{vs} --model {self.model} --split {self.split} --unseal"
 
 
+@dataclass(frozen=True)
+class Unscored:
+    """A split's scenarios a scorecard leaves out: no run of the version and model recorded from what is
+    there now (labelled after the runs, or their runs recorded before a change)."""
+
+    split: str
+    policy: str
+    model: str
+    scenarios: tuple[str, ...]
+    of: int
+    """How many scenarios the split has."""
+
+    def message(self, env: str) -> str:
+        shown = ", ".join(self.scenarios[:3]) + (", ..." if len(self.scenarios) > 3 else "")
+        return (
+            f"warning: {self.split}: {len(self.scenarios)} of {self.of} scenarios have no current recorded run "
+            f"of {self.policy} with model {self.model} ({shown}): the scorecard is of the other "
+            f"{self.of - len(self.scenarios)}. `improve run --env {env} --policy {self.policy} --model "
+            f"{self.model} --split {self.split}` runs them (recorded runs are reused)"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "split": self.split,
+            "policy": self.policy,
+            "model": self.model,
+            "scenarios": list(self.scenarios),
+            "of": self.of,
+        }
+
+
 @dataclass
 class Scores:
     """What `improve score` shows: the scorecards, the comparisons, and what the sealed and held-out
@@ -106,6 +137,8 @@ class Scores:
     history: list[VersionScore] = field(default_factory=list)
     model: str | None = None
     """The model as its runs' stamps describe it (with `ScoreRequest.described`)."""
+    unscored: list[Unscored] = field(default_factory=list)
+    """The split's scenarios left out of a scorecard for want of a current recorded run."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -119,6 +152,7 @@ class Scores:
             },
             "unsealing": self.unsealing.to_json() if self.unsealing else None,
             "held_out_reads": self.held_out.to_json() if self.held_out else None,
+            "unscored": [u.to_json() for u in self.unscored],
         }
 
     def markdown(self, vs: str | None) -> str:
@@ -134,6 +168,15 @@ class Scores:
             model=self.model,
             history=self.history,
         )
+        for left in self.unscored:
+            # A count column alone hid the scenarios left out: a reviewer reads the card as the split's.
+            text += (
+                f"\n{left.split}: {len(left.scenarios)} of {left.of} scenarios have no recorded run of "
+                f"{left.policy} with {left.model} and are not in this scorecard: "
+                + ", ".join(f"`{s}`" for s in left.scenarios[:10])
+                + (f" and {len(left.scenarios) - 10} more" if len(left.scenarios) > 10 else "")
+                + ".\n"
+            )
         u = self.unsealing
         if u:
             # A scorecard pasted into a review says that its test numbers were an unsealing.
@@ -200,6 +243,11 @@ class _Scoring:
                 for side, found in rows.items()
             }
             scores.cards += [cards[side] for side in SIDES if side in cards]
+            scores.unscored += [
+                u
+                for side in SIDES
+                if side in rows and (u := self._unscored(split, policies[side], rows[side]))
+            ]
             threads += [r.thread_id for found in rows.values() for r in found.rows]
             if "old" in cards:
                 scores.comparisons.append(self._compare(cards["old"], cards["new"]))
@@ -239,6 +287,17 @@ class _Scoring:
                 f"--k {self.space.config.objective.k}` first"
             )
         return found
+
+    def _unscored(self, split: str, policy: MachineConfig, found: Recorded) -> Unscored | None:
+        """The split's scenarios the scorecard of `found` leaves out, said as a warning; None: none."""
+        scored = {row.scenario for row in found.rows}
+        every = [s.id for s in self.scenario_set.split(split, unseal=split == SEALED_SPLIT)]
+        missing = tuple(sid for sid in every if sid not in scored)
+        if not missing:
+            return None
+        unscored = Unscored(split, policy_label(policy), self.request.model, missing, len(every))
+        self.say(unscored.message(self.env.name))
+        return unscored
 
     def _current(self, split: str, label: str, model: str) -> list[str]:
         """The recorded threads of this version and model on an open split, of scenarios in the file, less

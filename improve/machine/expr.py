@@ -12,6 +12,7 @@ Result types are checked where the position needs one: a guard must return a boo
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -79,6 +80,30 @@ def referenced_paths(tokens: list[Token]) -> list[tuple[str, ...]]:
     return paths
 
 
+BOUND_SHOWN = 6
+"""Values an evaluation error names at most (`Expr._bound`)."""
+_ABSENT = object()
+
+
+def _cel_type(value: Any) -> str:
+    """The CEL type name of a Python value as the CEL extension converts it."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "int"
+    if isinstance(value, float):
+        return "double"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, Mapping):
+        return "map"
+    if isinstance(value, list | tuple):
+        return "list"
+    return type(value).__name__
+
+
 @dataclass(frozen=True, slots=True)
 class Expr:
     """A compiled CEL expression and the place it came from (for error messages)."""
@@ -97,14 +122,34 @@ class Expr:
             try:
                 return self.fast(scope.values)
             except FastCelError as err:
-                raise EvaluationError(f"{self.where}: `{self.source}` failed: {err}") from None
+                raise EvaluationError(
+                    f"{self.where}: `{self.source}` failed{self._bound(scope)}: {err}"
+                ) from None
             except FastCelFallback:
                 pass  # a value outside the fast path's domain (a tuple, a uint...): cel decides
         try:
             return self.program.execute(scope.cel_context(self.roots))
         except Exception as err:  # the CEL extension raises KeyError, TypeError, ValueError, RuntimeError
             detail = cel_error_detail(err)
-            raise EvaluationError(f"{self.where}: `{self.source}` failed: {detail}") from None
+            raise EvaluationError(
+                f"{self.where}: `{self.source}` failed{self._bound(scope)}: {detail}"
+            ) from None
+
+    def _bound(self, scope: Scope) -> str:
+        """` with a.b = 1000 (int), ...`: the values the expression read, with their CEL types, so a
+        failure says which input made it (an int probe beside a double fact), not only where."""
+        shown = []
+        for path in list(dict.fromkeys(self.paths))[:BOUND_SHOWN]:
+            value: Any = scope.values
+            for part in path:
+                value = value.get(part, _ABSENT) if isinstance(value, Mapping) else _ABSENT
+            if value is _ABSENT:
+                shown.append(f"{'.'.join(path)} absent")
+            else:
+                text = json.dumps(value, default=str)
+                text = text if len(text) <= 40 else text[:37] + "..."
+                shown.append(f"{'.'.join(path)} = {text} ({_cel_type(value)})")
+        return f" with {', '.join(shown)}" if shown else ""
 
     def check_bool(self, scope: Scope) -> bool:
         value = self.evaluate(scope)

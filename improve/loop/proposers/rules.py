@@ -136,6 +136,8 @@ class Rule:
     another: bool = False
     """For a narrower rule than a discarded one: this one is not narrower, but stands on another cause
     (`_variants`)."""
+    fixed: tuple[str, ...] = ()
+    """The scenarios of the failed decisions it fixes."""
 
     @property
     def atoms(self) -> tuple[Atom, ...]:
@@ -227,6 +229,8 @@ class _Space:
     """Each scenario's decisions as a mask (see `_scenarios`)."""
     scenario_counts: dict[int, int] = field(default_factory=dict)
     """`_scenarios` of the masks asked so far: the search asks of the same covers again and again."""
+    misses: list[_Miss] = field(default_factory=list)
+    """The exact conjunctions the search found best and set aside for not paying for their conditions."""
     _grid: np.ndarray | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -402,11 +406,21 @@ class _Worth:
 
     def result(self, best: _Best | None) -> tuple[tuple[Atom, ...], int, float] | None:
         """The conjunction found, what it covers, its net worth; None when there is none, or by evidence
-        when it does not pay for its conditions."""
-        if best is None or (self.design.evidence and best[3] <= 0):
+        when it does not pay for its conditions (kept in `_Space.misses`: what to say of it)."""
+        if best is None:
             return None
-        return tuple(self.space.atoms[i] for i in best[1]), best[2], best[3]
+        atoms = tuple(self.space.atoms[i] for i in best[1])
+        if self.design.evidence and best[3] <= 0:
+            cost = sum(self.space.costs[i] for i in best[1])
+            covered = _scenarios(self.space, best[2] & self.right)
+            self.space.misses.append((atoms, covered, cost, self.total_r, self.total_n))
+            return None
+        return atoms, best[2], best[3]
 
+
+_Miss = tuple[tuple[Atom, ...], int, float, int, int]
+"""An exact conjunction set aside by evidence: its atoms, the right scenarios it covers, the bits its
+conditions cost, the scenarios where its answer is right and wrong (`NearMiss`)."""
 
 _Grown = tuple[tuple[float, ...], tuple[int, ...], int]
 """A conjunction of the search: its score (`_Search._score`), its atoms in the order chosen, its cover."""
@@ -580,6 +594,38 @@ def _distinct(ranked: list[_Grown]) -> list[_Grown]:
     return kept
 
 
+@dataclass(frozen=True)
+class NearMiss:
+    """The condition the miner found closest to a rule for an answer, set aside because the scenarios it
+    rests on carry less evidence than its conditions take to choose: what `_why_none` says of it."""
+
+    condition: str
+    answer: str
+    scenarios: int
+    """Training scenarios whose right answer it covers."""
+    cost: float
+    """Bits to choose its conditions among the possible ones (`_costs`)."""
+    right: int
+    wrong: int
+    """Training scenarios where its answer is right, and wrong, for the decision."""
+
+    @property
+    def evidence(self) -> float:
+        return _evidence(self.scenarios, self.right, self.wrong)
+
+    def more(self) -> int | None:
+        """How many more scenarios like those it covers, labelled alike, would make it pay for itself (the
+        cost of its conditions taken as it is now); None beyond a hundred."""
+        return next(
+            (
+                m
+                for m in range(1, 101)
+                if _evidence(self.scenarios + m, self.right + m, self.wrong) > self.cost
+            ),
+            None,
+        )
+
+
 def _evidence(covered: int, right: int, wrong: int) -> float:
     """The evidence of a condition covering `covered` right scenarios (`_surprise`) were any one of
     them missing from training: evidence that rests on one scenario is that scenario's literal. A word
@@ -657,6 +703,7 @@ def mine(
     broader: Sequence[tuple[str, str]] = (),
     route: Sequence[Branch] = (),
     ranks: Mapping[str, int | None] | None = None,
+    misses: list[NearMiss] | None = None,
 ) -> list[Rule]:
     """Candidate rules, best first, for the examples flagged `in_cluster` (see the module docstring).
     `discarded` holds (guard, answer) pairs already discarded against the current policy; `generalize`
@@ -673,7 +720,8 @@ def mine(
     decisions a less safe branch answers rightly are left to it too, and the new branch goes behind it
     (`place`): the labels decide where both match, the safety order only where none does.
     `constants` are the environment's own values, `thresholds` its own thresholds for each fact
-    (`RuleTerms`)."""
+    (`RuleTerms`). `misses`, when given, receives for each answer no rule was found for the nearest
+    condition set aside for not paying for itself (`NearMiss`)."""
     design = DESIGNS[generalize]
     if not isinstance(vocab, RuleTerms):
         # An environment's fact types: an enumerated fact is the tuple of its values, a number may carry
@@ -746,6 +794,7 @@ def mine(
             # too long, or it fixes nothing): the rule the miner finds anyway, against this baseline's
             # branches, is another candidate than the one that gained too little, or the novelty gate
             # says it is the same.
+            set_aside = len(space.misses)
             for attempt in (chosen, design) if chosen is not design else (chosen,):
                 learned = _variants(space, positives, negatives, right, about, attempt, bool(outer), ceded)
                 if not learned and lesser:
@@ -785,6 +834,13 @@ def mine(
                 rules += made
                 if made:
                     break
+            else:
+                if misses is not None and len(space.misses) > set_aside:
+                    near, covered, cost, total_r, total_n = max(
+                        space.misses[set_aside:], key=lambda m: _evidence(m[1], m[3], m[4]) - m[2]
+                    )
+                    condition = " && ".join(a.cel() for a in near)
+                    misses.append(NearMiss(condition, answer, covered, cost, total_r, total_n))
     # Narrower rules first: another cause's is tried after them.
     rules.sort(key=lambda r: (r.another, -r.fixes, len(r.atoms), -r.constants, r.guard))
     unique: list[Rule] = []
@@ -818,6 +874,7 @@ def _rule_of(
         matches=count(covered & right),
         constants=sum(1 for t in terms for a in t if vocab.own(a)),
         decision=name,
+        fixed=tuple(sorted({c.scenario for i, c in enumerate(cases) if (covered & positives) >> i & 1})),
     )
     if (rule.guard, answer) in refused or len(rule.guard) > MAX_EXPRESSION_LENGTH:
         return None
@@ -1051,6 +1108,8 @@ class RuleMinerProposer:
         self._ranked: dict[str, list[Rule]] = {}
         self._refused: dict[str, list[Rule]] = {}
         """Per request: the rules found that were all discarded before, when nothing else was found."""
+        self._misses: dict[str, list[NearMiss]] = {}
+        """Per request: the conditions set aside for not paying for themselves (what to say when none is left)."""
         self._tried: dict[str, int] = {}
 
     def _key(self, request: ProposalRequest) -> str:
@@ -1071,7 +1130,9 @@ class RuleMinerProposer:
             )
             discarded = [(d["guard"], d["answer"]) for d in request.discarded]
             branches = route(request.policy)
-            mined = self._mine(request, vocab, discarded)
+            misses: list[NearMiss] = []
+            mined = self._mine(request, vocab, discarded, misses)
+            self._misses[key] = misses
             if not mined and discarded:
                 # Nothing left: the rules found may all have been discarded before, which the round says.
                 refused = set(discarded)
@@ -1096,7 +1157,11 @@ class RuleMinerProposer:
         return self._ranked[key]
 
     def _mine(
-        self, request: ProposalRequest, vocab: RuleTerms, discarded: list[tuple[str, str]]
+        self,
+        request: ProposalRequest,
+        vocab: RuleTerms,
+        discarded: list[tuple[str, str]],
+        misses: list[NearMiss] | None = None,
     ) -> list[Rule]:
         """The miner's rules for the request, but those `discarded` (guard, answer) as written."""
         return mine(
@@ -1108,6 +1173,7 @@ class RuleMinerProposer:
             route=route(request.policy),
             ranks=self.ranks,
             generalize=self.generalize,
+            misses=misses,
         )
 
     def _proposal(self, request: ProposalRequest, index: int) -> Proposal:
@@ -1126,7 +1192,7 @@ class RuleMinerProposer:
                     f"this policy's line: {shown}. The CHANGELOG says why; a rule discarded for gaining too "
                     "little is proposed again once held-out scenarios that show its answer are added"
                 )
-            raise ProposalError(_why_none(request, bool(rules)))
+            raise ProposalError(_why_none(request, bool(rules), self._misses.get(self._key(request), [])))
         rule = rules[index]
         policy = request.policy
         where = place(rule, route(policy), request.examples, self._ranks(request, rule))
@@ -1143,6 +1209,7 @@ class RuleMinerProposer:
             f"When {rule.condition}, answer {rule.action.describe()} without asking the model (placed "
             f"{where.reason}): it fixes {rule.fixes} failed training decision(s) and matches {rule.matches} "
             "training decision(s), each of which the labels confirm (counterfactual runs)."
+            + _whose(request, rule)
             + unnamed_payload(rule.action, self.constants)
         )
         if request.narrower:
@@ -1185,13 +1252,28 @@ class RuleMinerProposer:
         return self._proposal(request, self._tried[key])
 
 
+def _whose(request: ProposalRequest, rule: Rule) -> str:
+    """Whose failures the rule fixes, when not the chosen cluster's own: a rule for the right answer
+    serves every cluster with it (`diagnose.in_cluster`), and the record named only the largest."""
+    chosen = request.diagnosis.get("chosen") or {}
+    own = set(chosen.get("scenarios") or [])
+    if not own or not rule.fixed or own & set(rule.fixed):
+        return ""
+    shown = ", ".join(rule.fixed[:4]) + (f" and {len(rule.fixed) - 4} more" if len(rule.fixed) > 4 else "")
+    return (
+        f" None of them is in cluster {chosen.get('id')}'s own scenarios: they are other failures where "
+        f"{rule.action.describe()} is right, in {shown} (a rule for a right answer serves every cluster "
+        "with it)."
+    )
+
+
 def _behind(request: ProposalRequest, rule: Rule) -> list[dict[str, str]]:
     """The branches tried again behind the policy's (`ProposalRequest.behind`) that answer as `rule` does."""
     answer = answer_text(rule.action.cel())
     return [b for b in request.behind if b["answer"] == answer]
 
 
-def _why_none(request: ProposalRequest, had_rules: bool) -> str:
+def _why_none(request: ProposalRequest, had_rules: bool, misses: Sequence[NearMiss] = ()) -> str:
     """Why no (further) rule: nothing to fix, no answer expressible, or no separating condition."""
     if had_rules:
         return (
@@ -1205,6 +1287,15 @@ def _why_none(request: ProposalRequest, had_rules: bool) -> str:
         )
     by_name = decisions_by_name(request.examples)
     targets = [c for cases in by_name.values() for c in cases if c.target]
+    chosen = (request.diagnosis.get("chosen") or {}) if not targets else {}
+    if not targets and chosen.get("effect") == 0 and chosen.get("cost"):
+        # A cost cluster (answers a guard refused, model calls) fails no run: there is no label to learn from.
+        return (
+            f"cluster {chosen.get('id')} is a cost, not a failure: its runs ended as labelled, and the miner "
+            "learns only from decisions whose other answer makes a failed run pass. A branch that avoids the "
+            "cost needs the rule behind it written over the decision's facts (a guard's own condition, "
+            "for refused answers): write it in the policy by hand, or ask a model (--proposer openai)"
+        )
     if not targets:
         return (
             "the cluster's failed runs have no decision whose other answer makes them pass (counterfactual "
@@ -1223,6 +1314,25 @@ def _why_none(request: ProposalRequest, had_rules: bool) -> str:
     # of three notes, a threshold with one scenario on a side, is no evidence yet).
     scenarios = sorted({c.scenario for c in targets})
     shown = ", ".join(scenarios[:6]) + (f" and {len(scenarios) - 6} more" if len(scenarios) > 6 else "")
+    if misses:
+        # What stopped the search is the evidence, not a count: say how far short the nearest one is.
+        near = max(misses, key=lambda m: (m.evidence - m.cost, m.scenarios))
+        more = near.more()
+        return (
+            f"no condition over the facts pays for itself yet: the nearest, `{near.condition}` -> "
+            f"{near.answer}, holds for the right answer in {near.scenarios} training scenario(s) and for no "
+            f"decision where that answer would be wrong, but their evidence ({near.evidence:.1f} bits, "
+            f"counted as if one of them were missing) is no more than the {near.cost:.1f} bits it takes to "
+            "choose its tests among the possible ones (a threshold is one of a fact's cut points, a word one "
+            "of the texts' words), so it could fit by chance. "
+            + (
+                f"About {more} more scenario(s) like them, labelled alike, would make it a rule. "
+                if more is not None
+                else ""
+            )
+            + f"The cluster's failures are in training scenario(s) {shown}: label more like them, or unlike "
+            "them where the answer differs"
+        )
     return (
         "no condition over the facts separates the cluster's failed decisions from the training decisions "
         f"where the right answer would be wrong (conditions: at most {MAX_TERMS} alternatives of at most "
