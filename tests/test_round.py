@@ -2115,7 +2115,8 @@ def test_evidence_that_rests_on_one_scenario_is_no_rule() -> None:
     assert said.startswith("no condition over the facts pays for itself yet: the nearest, `"), said
     assert f"{near.condition}` -> REFUSE, holds for the right answer in 2 training scenario(s)" in said
     assert (
-        f"no more than the {near.cost:.1f} bits" in said and f"About {near.more()} more scenario(s)" in said
+        f"no more than the {near.cost:.1f} bits" in said
+        and f"About {near.more()} more scenario(s) where it holds and REFUSE is right" in said
     )
     assert "scenario(s) r20, r21, r22: label more like them" in said
     # A cost cluster (answers a guard refused) fails no run: it was said to have "failed runs".
@@ -2677,6 +2678,16 @@ def test_a_long_rule_in_a_title_is_cut_after_a_whole_word() -> None:
         "facts.request.amount && …"
     )
     assert title.startswith(cut[:-2]) and whole_words("short title", 120) == "short title"
+    # A rule too long for the title says its answer first, so the cut falls in the condition.
+    from improve.loop.record import answer_first
+
+    rule = title.split(": ", 2)[2]
+    assert answer_first(rule, 200) == rule
+    first = answer_first(rule, 80)
+    assert first.startswith("answer REFUND when facts.customer.refundsLast90d < 2 && "), first
+    assert whole_words(f"refunds: policy v4: {first}", 120).startswith(
+        "refunds: policy v4: answer REFUND when "
+    )
 
 
 def test_rounds_that_stop_after_three_discards_say_how_many_read_the_held_out_set(

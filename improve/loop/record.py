@@ -36,6 +36,15 @@ def whole_words(text: str, limit: int) -> str:
     return kept + " …"
 
 
+def answer_first(summary: str, room: int) -> str:
+    """ "When COND, answer X" as it is when it fits in `room`, else "answer X when COND" (the condition
+    then cut by `whole_words`): a cut title still says what the branch answers."""
+    if len(summary) <= room or not summary.startswith("When "):
+        return summary
+    condition, found, answer = summary.removeprefix("When ").rpartition(", answer ")
+    return f"answer {answer} when {condition}" if found else summary
+
+
 class Recorder:
     """The round's record step: its report folder, its CHANGELOG entry, and a recommended candidate's
     review branch and pull request (`allow_insecure_github`: see `RoundOptions`)."""
@@ -107,9 +116,8 @@ class Recorder:
         summary = (record.rationale or record.cluster or "").split(" without ")[0].split(": it ")[0]
         # A candidate carrying a discarded one's branches says so before its own rule, which may be cut.
         carried = f" (with the branch of {record.behind.candidate})" if record.behind is not None else ""
-        title = whole_words(
-            f"{inputs.env_name}: policy {record.candidate_version}{carried}: {summary}", TITLE_MAX
-        )
+        head = f"{inputs.env_name}: policy {record.candidate_version}{carried}: "
+        title = whole_words(head + answer_first(summary, TITLE_MAX - len(head)), TITLE_MAX)
         try:
             pr = open_pull_request(
                 top,

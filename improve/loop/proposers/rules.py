@@ -1326,7 +1326,8 @@ def _why_none(request: ProposalRequest, had_rules: bool, misses: Sequence[NearMi
             "choose its tests among the possible ones (a threshold is one of a fact's cut points, a word one "
             "of the texts' words), so it could fit by chance. "
             + (
-                f"About {more} more scenario(s) like them, labelled alike, would make it a rule. "
+                f"About {more} more scenario(s) where it holds and {near.answer} is right would make it a "
+                "rule; if it is no rule of your desk, label scenarios where it holds and the answer differs. "
                 if more is not None
                 else ""
             )
