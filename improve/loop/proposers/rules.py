@@ -835,9 +835,12 @@ def mine(
                 if made:
                     break
             else:
-                if misses is not None and len(space.misses) > set_aside:
+                # A condition resting on one scenario is that scenario's literal, not a rule short of
+                # evidence: only those of two or more are worth naming.
+                found = [m for m in space.misses[set_aside:] if m[1] >= MIN_SUPPORT]
+                if misses is not None and found:
                     near, covered, cost, total_r, total_n = max(
-                        space.misses[set_aside:], key=lambda m: _evidence(m[1], m[3], m[4]) - m[2]
+                        found, key=lambda m: _evidence(m[1], m[3], m[4]) - m[2]
                     )
                     condition = " && ".join(a.cel() for a in near)
                     misses.append(NearMiss(condition, answer, covered, cost, total_r, total_n))
