@@ -837,10 +837,10 @@ def mine(
             else:
                 # A condition resting on one scenario is that scenario's literal, not a rule short of
                 # evidence: only those of two or more are worth naming.
-                found = [m for m in space.misses[set_aside:] if m[1] >= MIN_SUPPORT]
-                if misses is not None and found:
+                short = [m for m in space.misses[set_aside:] if m[1] >= MIN_SUPPORT]
+                if misses is not None and short:
                     near, covered, cost, total_r, total_n = max(
-                        found, key=lambda m: _evidence(m[1], m[3], m[4]) - m[2]
+                        short, key=lambda m: _evidence(m[1], m[3], m[4]) - m[2]
                     )
                     condition = " && ".join(a.cel() for a in near)
                     misses.append(NearMiss(condition, answer, covered, cost, total_r, total_n))
