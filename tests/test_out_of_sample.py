@@ -520,7 +520,11 @@ def test_a_rule_that_gains_nothing_until_the_next_decision_changes_is_promoted_w
     assert behind.behind is not None and behind.behind.round == first.round_id and behind.recommended
     assert [b.answer for b in behind.branches] == ["SEV1", "PAGE"], behind.branches
     assert "facts.severity == 'sev1'" in behind.branches[1].guard, behind.branches[1].guard
-    title = f"incident-desk: policy {behind.candidate_version} (with the branch of {first.candidate_version}): When"
+    # Too long for the title, the rule says its answer first.
+    title = (
+        f"incident-desk: policy {behind.candidate_version} (with the branch of {first.candidate_version}): "
+        "answer PAGE when"
+    )
     assert behind.pr is not None and title in (behind.pr.instructions or ""), behind.pr
     assert summary.final_held_out == 1.0, [(r.candidate_version, r.status) for r in summary.rounds]
     space = Workspace.load(config)

@@ -1628,6 +1628,17 @@ def test_a_round_moves_on_or_tries_a_narrower_or_broader_rule_after_a_discard() 
     assert focus([nothing]).skip == ("f",)  # no set to compare with (a caller that does not say it)
     assert focus([found_none, dataclasses.replace(found_none, train="set-2")], train="set-2").afresh == ()
     assert DiscardedCandidate.from_json(found_none.to_json()) == found_none
+    # What a cluster is mined from is the training set and the environment: a flag the machine now
+    # computes from a note (docs/extending.md's advice for text said many ways) opens a cluster found
+    # rule-less to a rule again; the round used to say there was nothing left to try.
+    from improve.loop.discards import mined_from
+
+    files = {"machine.json": "a1", "rules.py": "b2"}
+    assert mined_from("set-1", files) == mined_from("set-1", dict(files))
+    assert mined_from("set-1", files) != mined_from("set-1", {**files, "machine.json": "a2"})
+    assert mined_from("set-1", files) != mined_from("set-2", files) and mined_from("set-1", {}) == "set-1"
+    changed = dataclasses.replace(found_none, train=mined_from("set-1", files))
+    assert focus([changed], train=mined_from("set-1", {**files, "machine.json": "a2"})).afresh == ("f",)
 
 
 def test_nothing_left_says_which_clusters_were_tried_with_another_of_the_same_right_answer() -> None:
@@ -2459,11 +2470,16 @@ def test_a_branch_discarded_against_a_policy_is_not_proposed_against_it_again(tm
     remembered = (tmp_path / ".improve" / "discarded" / "refunds.jsonl").read_text().splitlines()
     assert len(remembered) == 1 and json.loads(remembered[0])["cluster"] == first.cluster
     assert json.loads(remembered[0])["model"] == first.model == "naive"  # a cluster is a model's failures
-    # And the training set its cluster was mined from: one found rule-less is tried once that changes.
+    # And what its cluster was mined from, the training set and the environment: one found rule-less is
+    # tried once either changes.
+    from improve.loop.discards import mined_from
+
     assert (
         json.loads(remembered[0])["train"]
         == first.train_set
-        == set_key(space.scenarios("refunds").split("train"))
+        == mined_from(
+            set_key(space.scenarios("refunds").split("train")), space.environment("refunds").file_hashes()
+        )
     )
     second = run_round(space, RoundOptions(policy="v0", k=2))
     # Neither the version the discarded candidate took nor the held-out read it made is given again.

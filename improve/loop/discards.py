@@ -15,9 +15,10 @@ branches it added (guard, answer, and the output as written), and its route (eve
 the candidate, in order): enough to evaluate what it answered, so a later candidate that answers the
 same decisions the same way is recognised as the same candidate (the novelty gate), whatever its
 guard looks like. A candidate that gained too little on a held-out set that has changed since is set
-aside (`changelog.read_memory`): scenarios added may show the gain it lacked. The training set a
-candidate's cluster was mined from is kept too (`train`): a cluster that had no rule, or none that
-passed the gates, is tried afresh once scenarios are labelled (`focus`). A candidate that gained too little while the training runs its branches answered
+aside (`changelog.read_memory`): scenarios added may show the gain it lacked. What a
+candidate's cluster was mined from is kept too (`train`: the training set's key and the environment's
+files, `mined_from`): a cluster that had no rule, or none that passed the gates, is tried afresh once
+scenarios are labelled or the environment changes (a fact the machine now computes) (`focus`). A candidate that gained too little while the training runs its branches answered
 otherwise still failed also keeps those scenarios (`later`) and its policy document: the next round
 tries the later decision behind its branches, once (`followed`; `behind` when it carries them).
 A recommended candidate leaves one line too, in `.improve/recommended/<environment>.jsonl`:
@@ -253,6 +254,17 @@ def route_of(branches: Sequence[Branch]) -> tuple[RouteBranch, ...]:
     return tuple(RouteBranch(b.guard, dict(b.output)) for b in branches if b.guard is not None and b.output)
 
 
+def mined_from(train_key: str, env_hashes: Mapping[str, str]) -> str:
+    """The key of what a round's clusters are mined from: the training set's key (`holdout.set_key`)
+    and the environment's files, as hashed (`train` of a remembered candidate): either changed, a
+    cluster that had no rule may have one now. The training set's own key when the environment hashes
+    nothing."""
+    if not env_hashes:
+        return train_key
+    text = json.dumps([train_key, sorted(env_hashes.items())], separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
+
+
 @dataclass(frozen=True)
 class Focus:
     """Where a round aims after discarded candidates: the clusters tried enough along the policy's line
@@ -268,7 +280,8 @@ class Focus:
     """Tried clusters whose last candidate, against the round's own baseline, added no branch (nothing
     was proposed for them): a proposer that answers the same request the same way finds nothing again."""
     afresh: tuple[str, ...] = ()
-    """Clusters found rule-less, or whose rule failed the gates, on another training set: tried afresh."""
+    """Clusters found rule-less, or whose rule failed the gates, on another training set or environment
+    (`mined_from`): tried afresh."""
 
     def says(self, chosen: str | None) -> str | None:
         """What the round says about its cluster: a narrower rule for it, or the next cluster after the

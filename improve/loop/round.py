@@ -72,7 +72,7 @@ from improve.loop.branches import DiscardedBranch, added, answer_on, route
 from improve.loop.counterfactuals import Counterfactuals, StandIn
 from improve.loop.diagnose import Diagnosis, in_cluster
 from improve.loop.diagnose import diagnose as cluster_failures
-from improve.loop.discards import DiscardedCandidate, answers_anew, focus, wrong_key
+from improve.loop.discards import DiscardedCandidate, answers_anew, focus, mined_from, wrong_key
 from improve.loop.evidence import Evidence
 from improve.loop.gates import (
     GATE_NAMES,
@@ -213,8 +213,10 @@ class Round:
             stand_in=StandIn(inputs.env_hashes, self.spec.model) if self.session is None else None,
             pool=self._slots.pool,
         )
-        self.train_key = set_key(inputs.train)
-        """The training split's key: a cluster found rule-less on another set is tried again."""
+        self.train_key = mined_from(set_key(inputs.train), inputs.env_hashes)
+        """What the clusters are mined from, the training split and the environment's files: a cluster
+        found rule-less on another set, or before the environment changed (a fact the machine now
+        computes, as docs/extending.md advises for text said many ways), is tried again."""
         self.focus = focus(inputs.memory.tried, baseline=self.label, model=opts.model, train=self.train_key)
         """Where the round aims after the candidates discarded along the policy's line."""
         self._split_decisions: dict[str, list[dict[str, Any]]] = {}
@@ -436,7 +438,7 @@ class Round:
         if afresh:
             self.say(
                 f"cluster(s) {', '.join(afresh)} had no rule (or none that passed the gates) on an earlier "
-                f"training set: open to a rule again on this one ({self.train_key})"
+                f"training set or environment: open to a rule again on this one ({self.train_key})"
             )
         if diagnosis.blocked:
             self.status, self.detail = "blocked", diagnosis.blocked
