@@ -1504,7 +1504,11 @@ def nothing_left(diagnosis: Diagnosis) -> str:
     """Why no cluster is left: none at all, or every one was tried (and what a user can do then)."""
     left = [c.id for c in diagnosis.clusters]
     if not left:
-        return "no training failure or cost cluster left to address"
+        return (
+            f"no training failure or cost cluster left to address (train pass rate "
+            f"{diagnosis.train_pass_rate:.3f} over {diagnosis.train_runs} runs); where held-out runs still fail, "
+            "no training scenario shows why: label training scenarios like them"
+        )
     # A wrong-answer cluster whose right answer a tried one shares was tried with it (`diagnose._choose`):
     # one rule for that answer serves both. Said, or the list names clusters no entry mentions.
     tried = {c.id for c in diagnosis.clusters if c.id in diagnosis.skipped}
