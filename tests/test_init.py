@@ -86,10 +86,15 @@ def test_init_writes_a_workspace_whose_agent_passes_every_check_and_improves(tmp
     said = round_lines(
         read_round_record(ws / outcome["report"])
     )  # what `improve round` prints without --json
-    assert (
-        "    to label some of them: improve out-of-sample v0 v1 --env credit-desk --scenarios drafts.yaml"
-        in said
+    # The command it gives runs before anyone merges: the candidate is the report's file.
+    hint = (
+        f"improve out-of-sample v0 {outcome['report']}/policy.json --env credit-desk --scenarios drafts.yaml"
     )
+    assert f"    to label some of them: {hint}" in said
+    drafts = tmp_path / "drafts-unmerged.yaml"
+    args = [*hint.split()[1:-1], str(drafts), "-w", str(ws), "--cases", "40", "-m", "careful"]
+    checked_again = CliRunner().invoke(app, args)
+    assert checked_again.exit_code == 0 and drafts.exists(), checked_again.output
     assert outcome["environment"] == "credit-desk" and "credit-desk" in outcome["round_id"]
     held = outcome["scores"]["held-out"]
     assert held["after"] > held["before"] and held["violations_after"] == 0

@@ -453,9 +453,14 @@ class Workspace:
         return self.path(section.policies if section and section.policies else f"policies/{env}")
 
     def policy_path(self, env: str, ref: str) -> Path:
-        """`v3` -> policies/<env>/v3.json; a path to a .json file is taken as it is."""
+        """`v3` -> policies/<env>/v3.json; a path to a .json file is taken as it is, a relative one found
+        from the current directory or else from the workspace's root (a round's report:
+        `reports/<round>/policy.json`, whatever directory `-w` was given from)."""
         if ref.endswith(".json") or "/" in ref:
-            return Path(ref).resolve()
+            path = Path(ref)
+            if not path.is_absolute() and not path.exists() and (self.root / path).exists():
+                return (self.root / path).resolve()
+            return path.resolve()
         return self.policies_dir(env) / f"{ref}.json"
 
     def load_policy(self, env: str, ref: str) -> MachineConfig:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from improve.evals import scorecard_markdown
 from improve.log import ThreadId
-from improve.loop.round_record import Impact, ModelInfo, RoundRecord
+from improve.loop.round_record import PROPOSED, Impact, ModelInfo, RoundRecord
 
 REPLAYS_SHOWN = 6
 """Candidate threads the body lists as `improve replay` commands."""
@@ -75,10 +75,13 @@ OUT_OF_SAMPLE = (
 """What the pull request and the report page say of checking a candidate out of sample."""
 
 
-def out_of_sample_command(record: RoundRecord) -> str:
-    """The command that checks the round's candidate against its baseline on generated cases."""
+def out_of_sample_command(record: RoundRecord, unmerged: bool = False) -> str:
+    """The command that checks the round's candidate against its baseline on generated cases. On the
+    review branch the candidate is its version; `unmerged` (the working tree the round left, its
+    report): the candidate's file in the round's report, which is there before anyone merges."""
+    candidate = f"{record.report}/{PROPOSED}" if unmerged and record.report else record.candidate_version
     return (
-        f"improve out-of-sample {record.baseline_version} {record.candidate_version} --env "
+        f"improve out-of-sample {record.baseline_version} {candidate} --env "
         f"{record.environment} --scenarios drafts.yaml"
     )
 
@@ -214,7 +217,7 @@ def round_lines(record: RoundRecord) -> list[str]:
     if record.out_of_sample:
         lines.append(f"  out of sample: {record.out_of_sample.summary()}")
         if record.out_of_sample.by_branch and record.candidate_policy is not None:
-            lines.append(f"    to label some of them: {out_of_sample_command(record)}")
+            lines.append(f"    to label some of them: {out_of_sample_command(record, unmerged=True)}")
     if record.pr:
         pr = record.pr
         lines.append(f"  pull request: {pr.pr_url or pr.instructions or pr.error or ''}")

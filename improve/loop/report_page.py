@@ -273,7 +273,7 @@ def round_page(
         )
         sections += [
             "<h2>Out of sample</h2>",
-            f"{checked}<p>{escape(OUT_OF_SAMPLE)}</p><pre>{escape(out_of_sample_command(r))}</pre>",
+            f"{checked}<p>{escape(OUT_OF_SAMPLE)}</p><pre>{escape(out_of_sample_command(r, unmerged=True))}</pre>",
         ]
     if r.gates:
         sections += ["<h2>Gates</h2>", _gates_table(r.gates)]
