@@ -394,7 +394,8 @@ def test_a_full_round_recommends_and_leaves_a_branch_without_a_token(
     assert written["round"] == result.round_id and Path(written["html"]) == report / "report.html"
     assert html.count("<svg") == 3 and "<script" not in html
     assert "<h2>Production impact preview</h2>\n<p>No production threads" in html
-    assert "<h2>Out of sample</h2>" in html and "<pre>improve out-of-sample v0 v1 --env refunds" in html
+    assert "<h2>Out of sample</h2>" in html and "<pre>improve out-of-sample v0 reports/" in html
+    assert f"{result.round_id}/policy.json --env refunds --scenarios drafts.yaml</pre>" in html
     links = re.findall(r'href="(\./[^"]+)"', html)
     assert links and all((report / unquote(link)).resolve().is_file() for link in links)
     scored = json.loads((report / "scorecards.json").read_text())
