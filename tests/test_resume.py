@@ -686,6 +686,14 @@ def test_a_run_its_people_script_answered_is_run_again_to_wait_under_suspend(tmp
     for _ in range(2):
         waits = json.loads(CliRunner().invoke(app, [*args, "--suspend"]).stdout)["threads"]
         assert [(t["final_state"], t["status"]) for t in waits] == [("approving", "waiting")]
+    # Nor is it scored as a failure: it has no outcome yet.
+    split = answered[0]["thread_id"].split(":")[0]
+    score = CliRunner().invoke(app, ["score", "-w", str(space), "-p", "v0", "-m", "careful", "-s", split])
+    assert "1 run(s) of v0 with model careful still wait for a person" in score.stderr, score.output
+    # The other way round: a run that reads the people scripts runs a thread nobody resumed again, its
+    # script answering the wait. Reused, a waiting run was scored as a failure of the policy.
+    again = json.loads(CliRunner().invoke(app, args).stdout)["threads"]
+    assert [(t["final_state"], t["status"], t["passed"]) for t in again] == [("issued", "done", True)]
 
 
 def test_a_deployed_agents_run_that_waits_is_resumed_by_the_agent(tmp_path: Path) -> None:

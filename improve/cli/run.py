@@ -60,7 +60,8 @@ def run_command(
             "--suspend",
             help="Nobody answers waiting states (the scenarios' people scripts are not read): each run stops "
             "at its first wait, status waiting, for `improve resume` to continue. A thread left waiting is "
-            "reused by later runs as it stands: resume it, or run again with --fresh.",
+            "reused by later --suspend runs as it stands; a run that reads the people scripts (without "
+            "--suspend, or a round) runs it again, its script answering the wait, unless a person resumed it.",
         ),
     ] = False,
     cache: Annotated[CacheMode, CacheOption] = CacheMode.record,

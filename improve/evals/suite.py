@@ -45,7 +45,7 @@ from improve.log import (
     model_slug,
     replay,
 )
-from improve.machine import MachineConfig, canonical_hash
+from improve.machine import RESUMABLE_STATUSES, MachineConfig, canonical_hash
 from improve.runtime import (
     DEFAULT_MAX_MODEL_CALLS,
     ChatSession,
@@ -615,7 +615,10 @@ def _reusable(
 ) -> list[LogEntry] | None:
     """The thread's entries when it was recorded with this stamp and finished; None to run it. Without
     `people` (`improve run --suspend`: each run stops at its first wait), a run the people script
-    answered is not what was asked for: it runs again, to wait there."""
+    answered is not what was asked for: it runs again, to wait there. With them (`improve run`, a
+    round), a run `--suspend` left waiting, which nobody resumed, is no outcome of the policy: it runs
+    again, its scenario's people script answering the wait (a waiting run scored as a failure gave a
+    round's baseline failures its candidate then seemed to fix)."""
     entries = store.read(thread_id)
     if not entries:
         return None
@@ -649,6 +652,12 @@ def _reusable(
     # An interrupted run (the thread stops while an actor is owed, or before its end entry) is run
     # again from the start.
     if result.status == "incomplete" or (is_chained(entries) and result.ended is None):
+        return None
+    if (
+        people
+        and result.status in RESUMABLE_STATUSES
+        and not any((e.metadata or {}).get("source") == "resume" for e in entries)
+    ):
         return None
     return entries
 

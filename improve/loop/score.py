@@ -46,7 +46,7 @@ from improve.evals import (
 )
 from improve.log import ThreadId, model_slug
 from improve.loop.changelog import CHANGELOG, Changelog, HeldOutStatus
-from improve.machine import MachineConfig
+from improve.machine import RESUMABLE_STATUSES, MachineConfig
 from improve.runtime import Environment
 
 Say = Callable[[str], None]
@@ -280,6 +280,15 @@ class _Scoring:
         else:
             ids = self._current(split, label, model)
         found = self.ledger.record(ids, say=self.say, rewritten=rewritten) if ids else Recorded()
+        waiting = [r.thread_id for r in found.rows if r.status in RESUMABLE_STATUSES]
+        if waiting:
+            # A run nobody answered (`improve run --suspend`) has no outcome yet: not a failure.
+            found.rows = [r for r in found.rows if r.status not in RESUMABLE_STATUSES]
+            self.say(
+                f"{split}: {len(waiting)} run(s) of {label} with model {model} still wait for a person (e.g. "
+                f"{waiting[0]}) and are left out: `improve resume` them, or `improve run --policy {label} "
+                f"--model {model} --split {split}` runs them again, their scenarios' people answering"
+            )
         if not found.rows:
             raise WorkspaceError(
                 f"no recorded runs of {label} with model {model} on {split} in {self.space.traces}; run "
