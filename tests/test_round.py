@@ -1638,6 +1638,18 @@ def test_a_round_moves_on_or_tries_a_narrower_or_broader_rule_after_a_discard() 
     assert mined_from("set-1", files) == mined_from("set-1", dict(files))
     assert mined_from("set-1", files) != mined_from("set-1", {**files, "machine.json": "a2"})
     assert mined_from("set-1", files) != mined_from("set-2", files) and mined_from("set-1", {}) == "set-1"
+    # A candidate for the cluster promoted along the line since a discard (a narrower rule, say) leaves
+    # other failures in the cluster: they are mined afresh, not as rules narrower than the discarded
+    # one's (which anchored the cluster for good on a wire-transfer desk).
+    from improve.loop.discards import superseded
+
+    wide = dataclasses.replace(discarded("b", "reach"), round="20261205-1000-r1", baseline="v0")
+    promoted = [("20261205-1100-r3", "b", "v3")]
+    assert superseded([wide], promoted, ("v3", "v0")) == {wide.round}
+    assert focus([wide], superseded={wide.round}).narrower == {} and focus([wide]).narrower
+    assert superseded([wide], [("20261205-1100-r3", "other", "v3")], ("v3", "v0")) == frozenset()
+    assert superseded([wide], promoted, ("v0",)) == frozenset()  # not merged: not along the line
+    assert superseded([wide], [("20261205-0900-r0", "b", "v3")], ("v3", "v0")) == frozenset()  # before
     changed = dataclasses.replace(found_none, train=mined_from("set-1", files))
     assert focus([changed], train=mined_from("set-1", {**files, "machine.json": "a2"})).afresh == ("f",)
 

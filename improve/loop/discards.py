@@ -254,6 +254,29 @@ def route_of(branches: Sequence[Branch]) -> tuple[RouteBranch, ...]:
     return tuple(RouteBranch(b.guard, dict(b.output)) for b in branches if b.guard is not None and b.output)
 
 
+def superseded(
+    tried: Sequence[DiscardedCandidate],
+    promoted: Sequence[tuple[str, str | None, str]],
+    lineage: Sequence[str],
+) -> frozenset[str]:
+    """The rounds of `tried` after which a candidate for the same cluster was promoted along the line:
+    `promoted` holds each recommended round's (round id, cluster, candidate version), `lineage` the
+    baseline and its ancestors, newest first. Round ids start with their time, so they order."""
+    at = {version: i for i, version in enumerate(lineage)}
+    return frozenset(
+        t.round
+        for t in tried
+        if t.cluster is not None
+        and any(
+            cluster == t.cluster
+            and version in at
+            and at[version] < at.get(t.baseline, -1)
+            and round_id > t.round
+            for round_id, cluster, version in promoted
+        )
+    )
+
+
 def mined_from(train_key: str, env_hashes: Mapping[str, str]) -> str:
     """The key of what a round's clusters are mined from: the training set's key (`holdout.set_key`)
     and the environment's files, as hashed (`train` of a remembered candidate): either changed, a
@@ -315,6 +338,7 @@ def focus(
     baseline: str | None = None,
     model: str | None = None,
     train: str | None = None,
+    superseded: Collection[str] = (),
 ) -> Focus:
     """Each cluster gets one candidate along a policy's line, and one narrower candidate when the first
     was discarded for reaching too far (`reach`): a rule that gained too little, never passed the gates
@@ -334,13 +358,25 @@ def focus(
     real model's. A branch discarded against the baseline stays refused whatever the model
     (`Memory.discarded`): its labels, not the model, refused it.
 
+    A candidate whose round is in `superseded` counts for nothing here either: a candidate for its
+    cluster was promoted along the line since (`superseded`), so the cluster's failures left are others
+    than those it was mined from, and are mined afresh (its branches stay refused as written). A
+    discarded rule used to anchor its cluster for good: every later round asked for a rule narrower
+    than it, and the failures outside it were never a target.
+
     A cluster found rule-less (`none`), or whose rule never passed the gates (`gates`), on a training
     set other than `train` is tried afresh too: the scenarios labelled since may show a rule the
     earlier ones did not (the round's own advice is to label more like its failures). Its branches, if
     any, stay refused as written (the novelty gate). One remembered without its training set (before
     the memory kept it) is tried afresh once: which set it was mined from is not known, and the round
     that tries it again remembers its own."""
-    mine = [t for t in tried if t.round not in renewed and (model is None or t.model in (None, model))]
+    mine = [
+        t
+        for t in tried
+        if t.round not in renewed
+        and t.round not in superseded
+        and (model is None or t.model in (None, model))
+    ]
     kept = [t for t in mine if not (train is not None and t.train != train and t.reason in ("none", "gates"))]
     by_cluster: dict[str, list[DiscardedCandidate]] = {}
     for candidate in kept:

@@ -72,7 +72,7 @@ from improve.loop.branches import DiscardedBranch, added, answer_on, route
 from improve.loop.counterfactuals import Counterfactuals, StandIn
 from improve.loop.diagnose import Diagnosis, in_cluster
 from improve.loop.diagnose import diagnose as cluster_failures
-from improve.loop.discards import DiscardedCandidate, answers_anew, focus, mined_from, wrong_key
+from improve.loop.discards import DiscardedCandidate, answers_anew, focus, mined_from, superseded, wrong_key
 from improve.loop.evidence import Evidence
 from improve.loop.gates import (
     GATE_NAMES,
@@ -217,7 +217,21 @@ class Round:
         """What the clusters are mined from, the training split and the environment's files: a cluster
         found rule-less on another set, or before the environment changed (a fact the machine now
         computes, as docs/extending.md advises for text said many ways), is tried again."""
-        self.focus = focus(inputs.memory.tried, baseline=self.label, model=opts.model, train=self.train_key)
+        memory = inputs.memory
+        self.superseded = superseded(
+            memory.tried,
+            [(e.round_id, e.cluster, e.candidate) for e in memory.changelog.entries if e.recommended],
+            memory.lineage,
+        )
+        """Discarded candidates whose cluster had a candidate promoted since: its failures left are mined
+        afresh, not as narrower rules than theirs (`discards.superseded`)."""
+        self.focus = focus(
+            memory.tried,
+            baseline=self.label,
+            model=opts.model,
+            train=self.train_key,
+            superseded=self.superseded,
+        )
         """Where the round aims after the candidates discarded along the policy's line."""
         self._split_decisions: dict[str, list[dict[str, Any]]] = {}
         self.wrong_held_out: tuple[str, ...] = ()
@@ -555,7 +569,9 @@ class Round:
         held_out = memory.held_out.key
         self.renewed = frozenset(t.round for t in ancestors if answers_anew(t, current, decisions, held_out))
         if self.renewed:
-            self.focus = focus(memory.tried, self.renewed, self.label, self.opts.model, self.train_key)
+            self.focus = focus(
+                memory.tried, self.renewed, self.label, self.opts.model, self.train_key, self.superseded
+            )
             self.say(
                 "tried again behind this baseline's branches: candidate(s) "
                 + ", ".join(t.candidate for t in ancestors if t.round in self.renewed)
