@@ -786,11 +786,19 @@ def test_novelty_refuses_a_candidate_that_answers_as_a_discarded_one_did() -> No
     assert "discarded against v0 in round 20260101-000000-refunds-v1" in results[-1].detail
     other = v1([{"guard": f"facts.customer.refundsLast90d >= 4 && {offered}", "target": "escalate"}])
     assert passed(run_gates(other, ctx)), [r.to_json() for r in run_gates(other, ctx)]
+    # One that never passed its gates was never judged on what it answers: alike is no reason to refuse.
+    import dataclasses
+
+    never_ran = context(
+        baseline=baseline,
+        gates=gates,
+        tried=[dataclasses.replace(tried, reason="gates")],
+        held_out_decisions=held_out,
+    )
+    assert passed(run_gates(same, never_ran)), [r.to_json() for r in run_gates(same, never_ran)]
 
     # Discarded because the labels refused its answer on a held-out decision (`wrong`): a candidate that
     # answers that decision the same way on the same held-out set is refused, however else it answers.
-    import dataclasses
-
     from improve.loop.branches import decision_key
     from improve.loop.discards import wrong_key
 

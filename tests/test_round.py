@@ -2773,3 +2773,34 @@ def test_a_rule_that_fixes_another_cluster_s_failures_says_whose() -> None:
     )
     ours = {**chosen, "scenarios": ["crew-02", "no-seats-03"]}
     assert _whose(SimpleNamespace(diagnosis={"chosen": ours}), rule) == ""  # type: ignore[arg-type]
+
+
+def test_a_rule_reading_a_fact_only_its_decision_has_asks_for_that_decision_first() -> None:
+    """Every branch is asked at every decision the policy routes. A rule for a second decision that reads
+    a fact the first does not have (a price difference known only after repricing) failed the `lower`
+    gate there, and no rule for that decision was ever learned: it now asks `input.name` first."""
+    from types import SimpleNamespace
+
+    from improve.loop.proposers.rules import _shared
+
+    examples = [
+        {
+            **decision(f"s{i}", {"difference": d, "tier": "gold"}, ("CHARGE", "WAIVE"), "WAIVE", right),
+            "name": "settle",
+        }
+        for i, (d, right) in enumerate(
+            [(300, "CHARGE"), (420, "CHARGE"), (500, "CHARGE"), (10, "WAIVE"), (40, "WAIVE"), (0, "WAIVE")]
+        )
+    ]
+    types = {"facts.difference": "number", "facts.tier": ("gold", "silver")}
+    (rule, *_) = mine(examples, types, shared=frozenset({"facts.tier"}))
+    assert rule.scoped and rule.guard.startswith("input.name == 'settle' && facts.difference >= "), rule.guard
+    assert not mine(examples, types)[0].scoped  # one decision: nothing to scope
+    assert not mine(examples, types, shared=frozenset(types))[0].scoped  # a fact every decision has
+    words = lambda *facts: SimpleNamespace(facts={f: "number" for f in facts})  # noqa: E731
+    two = SimpleNamespace(
+        vocabulary=SimpleNamespace(decisions=[words("facts.a", "facts.b"), words("facts.b")])
+    )
+    assert _shared(two) == {"facts.b"}  # type: ignore[arg-type]
+    one = SimpleNamespace(vocabulary=SimpleNamespace(decisions=[words("facts.a")]))
+    assert _shared(one) is None  # type: ignore[arg-type]

@@ -8,7 +8,8 @@ adds was discarded before as written, or when its new branches answer the traini
 decisions exactly as a discarded candidate's did: the same decisions, the same answers. Two branches
 that answer alike are one candidate, whatever their guards say (`type != 'employee'` and `type ==
 'contractor'` where no intern ever asked), and a round that tried one must not spend a held-out read
-on the other. It fails too when its new branches answer a held-out decision as a candidate discarded
+on the other (unless that candidate never passed its gates: it was never judged on what it answers,
+so one answering alike that does pass them is judged for the first time). It fails too when its new branches answer a held-out decision as a candidate discarded
 for reaching too far answered it wrongly (`DiscardedCandidate.wrong`, on the same held-out set): the
 same labels refuse it for the same reason, whatever else it answers (a rule re-proposed behind a
 branch promoted since, which answers first only some of the decisions it took). A round whose
@@ -53,6 +54,11 @@ class NoveltyGate:
         answered = answers(route(ctx.policy), {b.index for b in new_branches}, decisions)
         if answered:
             for tried in ctx.tried:
+                if tried.reason == "gates":
+                    # Never run: a candidate failing its gates was never judged on what it answers, so one
+                    # answering alike that passes them is judged for the first time (its branches as
+                    # written stay refused above).
+                    continue
                 branches, indexes = tried.branches()
                 if indexes and answers(branches, indexes, decisions) == answered:
                     return GateResult(

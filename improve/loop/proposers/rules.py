@@ -138,6 +138,9 @@ class Rule:
     (`_variants`)."""
     fixed: tuple[str, ...] = ()
     """The scenarios of the failed decisions it fixes."""
+    scoped: bool = False
+    """Its guard first asks `input.name` for its decision: it reads a fact another decision of the
+    machine does not have (every branch is asked at every decision the policy routes)."""
 
     @property
     def atoms(self) -> tuple[Atom, ...]:
@@ -155,9 +158,17 @@ class Rule:
 
     @property
     def guard(self) -> str:
-        """The branch's guard: the condition, and the answer being offered."""
+        """The branch's guard: the condition, and the answer being offered (first its decision's name,
+        when `scoped`)."""
         condition = self.condition if len(self.terms) == 1 else f"({self.condition})"
-        return f"{condition} && {offered(self.action.cel())}"
+        scope = f"input.name == {quote(self.decision)} && " if self.scoped else ""
+        return f"{scope}{condition} && {offered(self.action.cel())}"
+
+    @property
+    def reads(self) -> set[str]:
+        """The fact paths its condition and its answer read."""
+        paths = {p for a in self.atoms for p in a.paths}
+        return paths | {v for _, how, v in self.action.payload if how == "fact"}
 
 
 def _actions(cases: Sequence[Case], vocab: RuleTerms) -> dict[Action, int]:
@@ -704,6 +715,7 @@ def mine(
     route: Sequence[Branch] = (),
     ranks: Mapping[str, int | None] | None = None,
     misses: list[NearMiss] | None = None,
+    shared: frozenset[str] | None = None,
 ) -> list[Rule]:
     """Candidate rules, best first, for the examples flagged `in_cluster` (see the module docstring).
     `discarded` holds (guard, answer) pairs already discarded against the current policy; `generalize`
@@ -721,7 +733,9 @@ def mine(
     (`place`): the labels decide where both match, the safety order only where none does.
     `constants` are the environment's own values, `thresholds` its own thresholds for each fact
     (`RuleTerms`). `misses`, when given, receives for each answer no rule was found for the nearest
-    condition set aside for not paying for itself (`NearMiss`)."""
+    condition set aside for not paying for itself (`NearMiss`). `shared`: on a machine of several
+    decisions, the fact paths every one of them has; a rule reading another is scoped to its decision
+    (`Rule.scoped`)."""
     design = DESIGNS[generalize]
     if not isinstance(vocab, RuleTerms):
         # An environment's fact types: an enumerated fact is the tuple of its values, a number may carry
@@ -827,6 +841,7 @@ def mine(
                             answer,
                             refused,
                             outer,
+                            shared,
                         )
                     )
                     is not None
@@ -866,6 +881,7 @@ def _rule_of(
     answer: str,
     refused: set[tuple[str, str]],
     outer: Sequence[int],
+    shared: frozenset[str] | None = None,
 ) -> Rule | None:
     """The rule a learned condition makes for `action`, or None where it is no candidate: discarded as
     written, too long, fixing nothing, disagreeing with a training decision, or (asked for a narrower
@@ -879,6 +895,8 @@ def _rule_of(
         decision=name,
         fixed=tuple(sorted({c.scenario for i, c in enumerate(cases) if (covered & positives) >> i & 1})),
     )
+    if shared is not None and not rule.reads <= shared:
+        rule = replace(rule, scoped=True)
     if (rule.guard, answer) in refused or len(rule.guard) > MAX_EXPRESSION_LENGTH:
         return None
     if not rule.fixes or not _agrees(rule, cases, name):
@@ -1177,6 +1195,7 @@ class RuleMinerProposer:
             ranks=self.ranks,
             generalize=self.generalize,
             misses=misses,
+            shared=_shared(request),
         )
 
     def _proposal(self, request: ProposalRequest, index: int) -> Proposal:
@@ -1253,6 +1272,14 @@ class RuleMinerProposer:
         self._rules(request)
         self._tried[key] = self._tried.get(key, 0) + 1
         return self._proposal(request, self._tried[key])
+
+
+def _shared(request: ProposalRequest) -> frozenset[str] | None:
+    """The fact paths every decision of the machine has; None for a machine of one decision."""
+    decisions = request.vocabulary.decisions
+    if len(decisions) < 2:
+        return None
+    return frozenset.intersection(*(frozenset(d.facts) for d in decisions))
 
 
 def _whose(request: ProposalRequest, rule: Rule) -> str:
