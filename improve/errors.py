@@ -56,6 +56,8 @@ An exception that only signals inside one module or package and never leaves it 
 
 from __future__ import annotations
 
+import traceback
+
 
 class ImproveError(Exception):
     """Base class of every error raised by `improve`."""
@@ -349,3 +351,13 @@ class BusyError(ImproveError):
     waits (`improve.files.locked`): the message names what is locked and the lock file."""
 
     exit_code = 3
+
+
+def raised(error: BaseException) -> str:
+    """`NameError: name 'x' is not defined (booking_desk/handbook.py:68)`: the error and the last line of
+    the traceback that raised it, where a person looks first."""
+    frames = traceback.extract_tb(error.__traceback__)
+    at = f" ({frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+    if isinstance(error, SyntaxError) and error.filename:
+        return f"{type(error).__name__}: {error.msg} ({error.filename}:{error.lineno})"
+    return f"{type(error).__name__}: {error}{at}"

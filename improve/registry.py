@@ -29,7 +29,7 @@ from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 from typing import Generic, TypeVar
 
-from improve.errors import ConfigError, WorkspaceError
+from improve.errors import ConfigError, ImproveError, WorkspaceError, raised
 
 T = TypeVar("T")
 
@@ -142,6 +142,8 @@ def import_spec(spec: str, where: str, root: Path | None = None) -> object:
     except ImportError as error:
         hint = f" (the workspace root {root} is importable: is the package there?)" if root else ""
         raise WorkspaceError(f"{where}: cannot import {module_name!r}: {error}{hint}") from None
+    except Exception as error:  # people's code: a mistake in it is theirs to fix, said where it is
+        raise WorkspaceError(f"{where}: importing {module_name!r} failed: {raised(error)}") from None
     target: object = module
     for part in attribute.split("."):
         try:
@@ -159,7 +161,12 @@ def instance_of(kind: type[T], what: str) -> Make[T]:
         if isinstance(target, kind) and not isinstance(target, type):
             return target
         if callable(target):
-            made = target()
+            try:
+                made = target()
+            except ImproveError:
+                raise
+            except Exception as error:  # people's code, as `import_spec` says
+                raise WorkspaceError(f"{where}: calling it failed: {raised(error)}") from None
             if isinstance(made, kind):
                 return made
             raise WorkspaceError(f"{where}: returned {type(made).__name__}, not {what}")

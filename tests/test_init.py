@@ -391,6 +391,38 @@ def test_a_fact_type_the_machine_does_not_have_is_refused_not_ignored(tmp_path: 
     assert code == 0 and "account.plan (basic|pro|team)" in output, output
 
 
+def test_a_mistake_in_the_environment_s_code_is_said_where_it_is_not_as_a_traceback(tmp_path: Path) -> None:
+    # A NameError in the desk's handbook gave a 28-frame traceback and exit 1 ("a check failed").
+    ws = tmp_path / "slip-agent"
+    assert runner.invoke(app, ["init", str(ws), "--env", "slip-desk"]).exit_code == 0
+    models = ws / "slip_desk" / "models.py"
+    models.write_text(models.read_text() + "\nundefined_name\n")
+    result = runner.invoke(app, ["verify", "v0", "-w", str(ws)])
+    assert result.exit_code == 2, result.output
+    assert (
+        "importing 'slip_desk.env' failed: NameError: name 'undefined_name' is not defined" in result.output
+    )
+    assert f"{models}:" in result.output and "Traceback" not in result.output
+    # So is a crash in its world's audit, which scores every run: it was a traceback, and once caught, a
+    # thread that could not be scored was counted out silently ("0/0 runs", exit 0).
+    # (Another package: this process imported the first one's modules.)
+    ws = tmp_path / "audit-agent"
+    assert runner.invoke(app, ["init", str(ws), "--env", "audit-desk"]).exit_code == 0
+    world = ws / "audit_desk" / "world.py"
+    text = world.read_text()
+    assert "        violations: list[dict[str, Any]] = []\n" in text
+    world.write_text(
+        text.replace("        violations: list[dict[str, Any]] = []\n", "        raise KeyError('usd')\n", 1)
+    )
+    ran = runner.invoke(app, ["run", "-w", str(ws), "--model", "careful", "--k", "1", "--split", "held-out"])
+    assert ran.exit_code == 3, ran.output
+    assert (
+        "could not be scored" in ran.output
+        and "crashed auditing its effects: KeyError: 'usd' (" in ran.output
+    )
+    assert f"{world}:" in ran.output and "Traceback" not in ran.output
+
+
 @pytest.mark.slow
 def test_a_fact_given_whole_types_its_fields_and_the_miner_reads_them(tmp_path: Path) -> None:
     """A decision that hands its tool's answer over whole (`"account": "context.account"`), its fields

@@ -19,6 +19,7 @@ from typing import Any
 import duckdb
 
 from improve import clock
+from improve.errors import RunError
 from improve.evals.outcome import OutcomeRow, Quarantined
 from improve.evals.scenarios import Scenario
 from improve.evals.workspace import Workspace
@@ -214,9 +215,16 @@ class Ledger:
         if self._scenarios is None:  # read once per command: a round records three times
             self._scenarios = scenarios_by_id(self.space, self.env)
         machine = self.env.config.id
-        refresh_outcomes(
+        report = refresh_outcomes(
             self.con, self.space, only=only, envs={machine: self.env}, scenarios={machine: self._scenarios}
         )
+        if report.failed and only is not None:
+            # A thread the command asked for that could not be scored (the environment's audit crashed, say) is no result: a
+            # command that counts runs must not count it out silently ("0/0 runs", exit 0).
+            first = (report.errors or ["?"])[0]
+            tid, _, why = first.partition(": ")
+            said = why if why.startswith(f"thread {tid}") else first  # the thread named once
+            raise RunError(f"{report.failed} thread(s) could not be scored, e.g. {said}")
 
     def production(self, limit: int) -> Production:
         """The `limit` most recent production threads of the environment (by their last entry), with

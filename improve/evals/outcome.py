@@ -12,6 +12,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from improve.errors import ImproveError, RunError, raised
 from improve.evals.scenarios import Scenario
 from improve.log import EntryView, ThreadId, replay
 from improve.machine import DONE_EVENT, ERROR_EVENT, canonical_json
@@ -196,7 +197,15 @@ def outcome_row(
     result = replay(env.machine, entries, verify=verify, thread_id=thread_id)
     effects = effects_from_log(entries)
     world = scenario.world if scenario else _world_of(env, entries, thread_id)
-    violations = env.make_world(world).audit(effects)
+    try:
+        violations = env.make_world(world).audit(effects)
+    except ImproveError:
+        raise
+    except Exception as err:  # the environment's code: said with the thread and where, not a traceback
+        raise RunError(
+            f"thread {thread_id}: the environment's world ({getattr(env.make_world, '__name__', 'World')}) "
+            f"crashed auditing its effects: {raised(err)}"
+        ) from None
     snapshot = result.snapshot
     state = env.machine.states[snapshot.value]
     if state.config.is_sentinel:
