@@ -303,6 +303,7 @@ def test_describe_says_which_numbers_are_in_one_unit(ws: Path) -> None:
     [
         (["run", "--env", "nope"], "unknown environment 'nope'"),
         (["run", "--policy", "v9"], "policy 'v9' not found"),
+        (["verify", "v9"], "v9.json; versions here: ['v0']"),
         (["run", "--model", "gpt-9"], "has no model 'gpt-9'"),
         (["run", "--split", "dev"], "unknown split 'dev'"),
         (["run", "--scenario", "no-such"], "unknown scenario id(s) ['no-such']"),
@@ -528,6 +529,14 @@ def test_a_label_that_is_no_final_state_is_refused_by_every_command_that_scores(
             f"{path}:{line}: scenario '{doc['scenarios'][2]['id']}': expected.outcome 'isued' is not a final"
             in (" ".join(refused.stderr.split()))
         )
+    # Nor a sentinel, which a run must never reach: such a label could never pass (it was a warning).
+    doc["scenarios"][2]["expected"]["outcome"] = "illegallyIssued"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    for command in (["run", "--k", "1"], ["scenarios", "check"]):
+        refused = runner.invoke(app, [*command, "-w", str(ws)])
+        assert refused.exit_code != 0, refused.output
+        said = " ".join(refused.output.split())
+        assert "expected.outcome 'illegallyIssued' is a sentinel state of refunds" in said, said
 
 
 def test_a_value_of_the_wrong_type_in_improve_toml_names_its_line(ws: Path) -> None:

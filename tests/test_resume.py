@@ -753,6 +753,9 @@ def test_a_deployed_agents_waiting_run_is_found_resumed_and_recorded_from_the_co
         "done",
         "issued",
     )
+    # No labelled scenario: not scored, as the warehouse has it (it said "FAIL:" with no reason).
+    assert json.loads(resumed.stdout)["passed"] is None
+    assert "no labelled scenario" in json.loads(resumed.stdout)["reason"]
     assert json.loads(CliRunner().invoke(app, ["waiting", "--json", "-w", str(ws)]).stdout)["waiting"] == []
     replayed = CliRunner().invoke(app, ["replay", "prod-9", "--verify", "-w", str(ws)])
     assert replayed.exit_code == 0 and "issued" in replayed.stdout, replayed.output

@@ -712,3 +712,21 @@ def test_a_decision_with_only_gains_says_no_scenario_dropped() -> None:
     verdict = decide(train[0], held[0], train[1], held[1], objective)
     check = next(c for c in verdict.checks if c.name == "no regressions")
     assert check.ok and check.detail.startswith("none: no scenario dropped"), check.detail
+
+
+def test_the_run_table_keeps_its_pass_column_when_piped() -> None:
+    """Piped, a console is 80 columns wide: rich gave the columns that may not wrap no width, so the pass
+    fraction (and the outcomes) vanished from `improve run`'s table."""
+    from rich.console import Console
+
+    from improve.cli.run import outcome_table
+
+    rows = [
+        row("release-new-beneficiary-old-account", "v0", passed, state=state, run=n)
+        for n, (passed, state) in enumerate([(True, "issued"), (True, "issued"), (False, "rejected")], 1)
+    ]
+    console = Console(width=80, record=True)
+    console.print(outcome_table(rows))
+    text = console.export_text()
+    assert "2/3" in text and "pass" in text and "rejected x1" in text, text
+    assert max(len(line) for line in text.splitlines()) <= 80

@@ -168,6 +168,7 @@ def scenarios_check(
         OPEN_SPLITS,
         SEALED_SPLIT,
         ScenarioSet,
+        label_problem,
         leak_warnings,
         load_scenarios,
         reference_check,
@@ -202,7 +203,7 @@ def scenarios_check(
             # The scenarios that are valid on their own are checked further all the same: every problem
             # of the file at once, not one kind per try.
             scenarios = valid_scenarios(source)
-        finals = set(environment.config.final_states())
+        finals, sentinels = set(environment.config.final_states()), set(environment.config.sentinels())
         categories: dict[str, set[str]] = {}
         lines = scenario_lines(source)
         unreached: list[str] = []
@@ -210,11 +211,8 @@ def scenarios_check(
             where = f"{source}:{lines[s.id]}" if s.id in lines else str(source)
             if s.split != SEALED_SPLIT:
                 categories.setdefault(s.category, set()).add(s.split)
-            if s.expected.outcome not in finals:
-                problems.append(
-                    f"{where}: scenario '{s.id}': expected.outcome '{s.expected.outcome}' is not a final "
-                    f"state of {environment.name}; final states are {sorted(finals)}"
-                )
+            if problem := label_problem(s.expected.outcome, finals, sentinels, environment.name):
+                problems.append(f"{where}: scenario '{s.id}': {problem}")
             # The machine's first step reads the input alone (its context, its first choices): a key
             # spelled otherwise is found here, not when a run of the whole suite stops on it.
             try:

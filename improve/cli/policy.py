@@ -47,7 +47,7 @@ def _policy_document(space: Workspace, env_name: str, ref: str) -> tuple[Any, st
 
     path = space.policy_path(env_name, ref)
     if not path.exists():
-        raise WorkspaceError(f"policy {ref!r} not found at {path}")
+        raise space.policy_not_found(env_name, ref, path)
     # Not a text file at all (a directory, binary data) is a usage error; what is text but not a policy
     # (bad JSON, nested too deep) is the validate gate's failure, with where and why.
     text = read_document_text(path, "policy")

@@ -123,12 +123,14 @@ def resume_command(
                 raise
             recorded, unrecorded = _record(space, environment, thread_id)
         row = recorded.rows[0] if recorded is not None and recorded.rows else None
+        # A production thread has no labelled scenario: not scored, as the warehouse has it (not "FAIL").
+        labelled = row is not None and bool(row.expected_outcome)
         waits = _waiting_for(space, thread_id) if result.run.status != "done" else None
         document = {
             **result.to_json(),
             "waiting_for": waits,
-            "passed": row.passed if row is not None else None,
-            "reason": row.reason if row is not None else None,
+            "passed": row.passed if row is not None and labelled else None,
+            "reason": (row.reason if labelled else UNLABELLED) if row is not None else None,
             "quarantined": [q.reason for q in recorded.quarantined] if recorded is not None else [],
             "recorded": unrecorded is None,
         }
@@ -156,8 +158,13 @@ def resume_command(
         )
         if waits:
             out.print(f"  waits for: {', '.join(w['type'] for w in waits)}", markup=False)
-        if row is not None and row.expected_outcome is not None:
+        if row is not None and labelled:
             out.print(f"  {'pass' if row.passed else 'FAIL'}: {row.reason}", markup=False)
+        elif row is not None:
+            out.print(f"  not scored: {UNLABELLED}", markup=False)
+
+
+UNLABELLED = "no labelled scenario for this thread (a production run): nothing to score it against"
 
 
 def _record(space: Any, environment: Any, thread_id: str) -> tuple[Any, str | None]:

@@ -290,9 +290,14 @@ def outcome_table(rows: list[OutcomeRow]) -> Table:
     from rich.table import Table
 
     table = Table(title="outcomes against expected (full reasons with --json)")
-    for column in ("scenario", "split", "expected", "outcomes", "pass"):
-        table.add_column(column, no_wrap=True)
-    table.add_column("why not (first reason)", no_wrap=True, overflow="ellipsis", max_width=56)
+    # Piped, the table is 80 columns wide: every column but the pass fraction wraps (rich gave columns
+    # that may not wrap no width at all, the pass column among them).
+    table.add_column("scenario", overflow="fold", min_width=12)
+    table.add_column("split", no_wrap=True, min_width=8)
+    table.add_column("expected", overflow="fold", min_width=8)
+    table.add_column("outcomes", overflow="fold", min_width=10)
+    table.add_column("pass", no_wrap=True, min_width=5)
+    table.add_column("why not (first reason)", overflow="fold", min_width=10, max_width=56)
     for item in per_scenario(rows):
         outcomes = ", ".join(f"{state} x{n}" for state, n in item["outcomes"].items())
         style = "green" if item["passed"] == item["runs"] else ("red" if item["passed"] == 0 else "yellow")

@@ -73,6 +73,23 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+def label_problem(outcome: str, finals: set[str], sentinels: set[str], env: str) -> str | None:
+    """What is wrong with a scenario's expected outcome, or None: it must be a final state of the machine
+    (a run ends nowhere else), and not a sentinel (a run that reaches one breaks a rule: such a label
+    could never pass)."""
+    if outcome not in finals:
+        return (
+            f"expected.outcome '{outcome}' is not a final state of {env}; final states are {sorted(finals)}"
+        )
+    if outcome in sentinels:
+        return (
+            f"expected.outcome '{outcome}' is a sentinel state of {env}, which a run must never reach (it "
+            f"counts a violation), so the scenario could never pass; label what the desk should do: one of "
+            f"{sorted(finals - sentinels)}"
+        )
+    return None
+
+
 class WorkspaceSection(_Section):
     environment: str | None = Field(
         default=None,
@@ -435,15 +452,18 @@ class Workspace:
         of its scenario, as if the agent were wrong)."""
         path = self.scenarios_path(env)
         found = load_scenarios(path, env)
-        finals = set(self.environment(env).config.final_states())
-        wrong = [s for s in found.scenarios if s.expected.outcome not in finals]
+        config = self.environment(env).config
+        finals, sentinels = set(config.final_states()), set(config.sentinels())
+        wrong = [
+            (s, problem)
+            for s in found.scenarios
+            if (problem := label_problem(s.expected.outcome, finals, sentinels, env))
+        ]
         if wrong:
             lines = scenario_lines(path)
             raise ScenarioError(
                 "\n".join(
-                    f"{path}:{lines.get(s.id, 1)}: scenario '{s.id}': expected.outcome '{s.expected.outcome}' "
-                    f"is not a final state of {env}; final states are {sorted(finals)}"
-                    for s in wrong
+                    f"{path}:{lines.get(s.id, 1)}: scenario '{s.id}': {problem}" for s, problem in wrong
                 )
             )
         return found
@@ -466,9 +486,14 @@ class Workspace:
     def load_policy(self, env: str, ref: str) -> MachineConfig:
         path = self.policy_path(env, ref)
         if not path.exists():
-            known = sorted(p.stem for p in self.policies_dir(env).glob("v*.json"))
-            raise WorkspaceError(f"policy {ref!r} not found at {path}; versions here: {known or 'none'}")
+            raise self.policy_not_found(env, ref, path)
         return load_policy(path)
+
+    def policy_not_found(self, env: str, ref: str, path: Path) -> WorkspaceError:
+        """The error for a policy that is not there, with the versions that are (in version order)."""
+        found = [p.stem for p in self.policies_dir(env).glob("v*.json")]
+        known = sorted(found, key=lambda v: (int(v[1:]) if v[1:].isdigit() else 1 << 30, v))
+        return WorkspaceError(f"policy {ref!r} not found at {path}; versions here: {known or 'none'}")
 
 
 def policy_label(policy: MachineConfig) -> str:
