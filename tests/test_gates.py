@@ -825,3 +825,35 @@ def test_novelty_refuses_a_candidate_that_answers_as_a_discarded_one_did() -> No
     )
     novelty = next(r for r in run_gates(closing, again) if r.name == "novelty")
     assert novelty.ok, novelty.detail
+
+
+def test_a_value_no_enumerated_fact_takes_is_refused_with_the_values_it_does_take() -> None:
+    """`plan == 'enterprize'` passed every gate: the branch never fired, and nothing said why."""
+    from improve.loop.gates import vocabulary_problems
+    from improve.runtime import load_environment
+
+    env = load_environment("triage")
+    doc = json.loads((REPO / "policies" / "triage" / "v0.json").read_text())
+    first = doc["initial"]
+    doc["initial"] = "route"
+    doc["states"]["route"] = {
+        "type": "choice",
+        "choice": [
+            {"guard": "facts.customer.plan == 'enterprize'", "target": first},
+            {
+                "guard": "'pro' != facts.customer.plan && facts.customer.plan in ['free', 'visiter']",
+                "target": first,
+            },
+            {"guard": "facts.customer.plan in ['free', 'enterprise']", "target": first},
+            {"target": first},
+        ],
+    }
+    problems = vocabulary_problems(parse_machine(doc), env)
+    assert problems == [
+        "$.states.route.choice[0].guard: 'enterprize' is not a value of the enumerated fact "
+        "'facts.customer.plan' (so the condition never holds as meant); its values are "
+        "['visitor', 'free', 'pro', 'enterprise']",
+        "$.states.route.choice[1].guard: 'visiter' is not a value of the enumerated fact "
+        "'facts.customer.plan' (so the condition never holds as meant); its values are "
+        "['visitor', 'free', 'pro', 'enterprise']",
+    ], problems

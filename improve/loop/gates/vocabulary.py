@@ -3,6 +3,8 @@ guards, events, fact paths, request fields, its own context)."""
 
 from __future__ import annotations
 
+import re
+
 from improve.loop.gates.gate import GateContext, GateResult
 from improve.machine import (
     MachineConfig,
@@ -20,7 +22,11 @@ class VocabularyGate:
     name = "vocabulary"
 
     def run(self, ctx: GateContext) -> GateResult:
-        problems = [*_names(ctx.policy, ctx.vocab), *_paths(ctx.policy, ctx.vocab)]
+        problems = [
+            *_names(ctx.policy, ctx.vocab),
+            *_paths(ctx.policy, ctx.vocab),
+            *_values(ctx.policy, ctx.vocab),
+        ]
         if problems:
             return GateResult(
                 self.name, False, "names outside the vocabulary:\n" + "\n".join(f"- {p}" for p in problems)
@@ -31,7 +37,7 @@ class VocabularyGate:
 def vocabulary_problems(policy: MachineConfig, env: Environment) -> list[str]:
     """What the vocabulary gate refuses in `policy` for `env`: names and fact paths it does not offer."""
     vocab = vocabulary(env)
-    return [*_names(policy, vocab), *_paths(policy, vocab)]
+    return [*_names(policy, vocab), *_paths(policy, vocab), *_values(policy, vocab)]
 
 
 def _literal_string(source: str) -> str | None:
@@ -98,5 +104,40 @@ def _paths(config: MachineConfig, vocab: Vocabulary) -> list[str]:
             elif root == "context" and len(path) > 1 and path[1] not in config.context:
                 problems.append(
                     f"{expr.path}: '{dotted}' is not in the policy's context {sorted(config.context)}"
+                )
+    return problems
+
+
+_FACT = r"((?:input\.)?facts(?:\.[A-Za-z_]\w*)+)"
+_STRING = r"(?:'([^'\\]*)'|\"([^\"\\]*)\")"
+_COMPARED = (
+    re.compile(rf"{_FACT}\s*(?:==|!=)\s*{_STRING}"),
+    re.compile(rf"{_STRING}\s*(?:==|!=)\s*{_FACT}"),
+)
+_LISTED = re.compile(rf"{_FACT}\s+in\s+\[([^\]]*)\]")
+
+
+def _values(config: MachineConfig, vocab: Vocabulary) -> list[str]:
+    """Text compared with an enumerated fact that is none of its declared values: a branch that never
+    fires (`ratePlan == 'nonrefundible'`), which every other gate lets through."""
+    declared = vocab.fact_values
+    problems: list[str] = []
+    for expr in expressions(config):
+        found: list[tuple[str, str]] = []
+        for pattern in _COMPARED:
+            for m in pattern.finditer(expr.source):
+                groups = m.groups()
+                fact = next(g for g in groups if g is not None and "facts." in g)
+                text = next(g for g in groups if g is not None and g != fact)
+                found.append((fact, text))
+        for m in _LISTED.finditer(expr.source):
+            found += [(m.group(1), a or b) for a, b in re.findall(r"'([^'\\]*)'|\"([^\"\\]*)\"", m.group(2))]
+        for fact, text in found:
+            path = fact.removeprefix("input.")
+            values = declared.get(path)
+            if values and all(isinstance(v, str) for v in values) and text not in values:
+                problems.append(
+                    f"{expr.path}: '{text}' is not a value of the enumerated fact '{path}' (so the condition "
+                    f"never holds as meant); its values are {values}"
                 )
     return problems
