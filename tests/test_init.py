@@ -423,6 +423,24 @@ def test_a_mistake_in_the_environment_s_code_is_said_where_it_is_not_as_a_traceb
     assert f"{world}:" in ran.output and "Traceback" not in ran.output
 
 
+def test_a_guard_reading_a_context_key_the_machine_never_sets_is_refused_when_loaded(tmp_path: Path) -> None:
+    # `context.diference` failed each run when first taken, as an infrastructure error (exit 3).
+    ws = tmp_path / "ctx-agent"
+    assert runner.invoke(app, ["init", str(ws), "--env", "ctx-desk"]).exit_code == 0
+    machine = ws / "ctx_desk" / "machine.json"
+    text = machine.read_text()
+    assert "context.creditAmount > context.account.monthlyFee" in text
+    machine.write_text(
+        text.replace("context.creditAmount > context.account.monthlyFee", "context.creditAmnt > 0", 1)
+    )
+    for command in (["verify", "v0"], ["run", "--k", "1"], ["explore"]):
+        code, output = improve(ws, *command)
+        said = " ".join(output.split())
+        assert code == 2, (command, output)
+        assert f"{machine}: $.states.checkingCredit.always[0].guard:" in said, said
+        assert "reads context.creditAmnt, which the machine never sets" in said and "'creditAmount'" in said
+
+
 @pytest.mark.slow
 def test_a_fact_given_whole_types_its_fields_and_the_miner_reads_them(tmp_path: Path) -> None:
     """A decision that hands its tool's answer over whole (`"account": "context.account"`), its fields

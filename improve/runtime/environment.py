@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from improve.errors import WorkspaceError
+from improve.errors import ConfigError, WorkspaceError
 from improve.machine import (
     DECIDE_SRC,
     ExploreOptions,
@@ -29,7 +29,10 @@ from improve.machine import (
     Scope,
     compile_expr,
     compile_machine,
+    expressions,
     parse_machine,
+    referenced_paths,
+    tokenize,
 )
 from improve.registry import Registry, instance_of
 from improve.runtime.judgment import Judgment
@@ -67,8 +70,39 @@ can give."""
 
 
 def load_machine(path: Path) -> MachineConfig:
-    """An environment's machine.json, validated; errors name the file and the JSON path."""
-    return parse_machine(load_json(path), source=str(path))
+    """An environment's machine.json, validated; errors name the file and the JSON path. An expression
+    that reads a context key the machine never sets (`context.diference`) is refused here, not when a
+    run first takes that transition (then it failed each run, as an infrastructure error)."""
+    config = parse_machine(load_json(path), source=str(path))
+    unknown = unknown_context_keys(config)
+    if unknown:
+        raise ConfigError(
+            "\n".join(
+                f"{path}: {where}: `{source}` reads context.{key}, which the machine never sets; its context "
+                f"has {sorted(known)} (the `context` block and every `assign`)"
+                for where, source, key, known in unknown
+            )
+        )
+    return config
+
+
+_ASSIGNED = re.compile(r"\.assign(?:\.([A-Za-z_][A-Za-z0-9_]*)|\['([^']+)'\])")
+
+
+def unknown_context_keys(config: MachineConfig) -> list[tuple[str, str, str, set[str]]]:
+    """(path, expression, key, the keys there are) for each `context.KEY` read that neither the context
+    block nor any `assign` sets."""
+    every = list(expressions(config))
+    known = set(config.context)
+    for expr in every:
+        if expr.position == "assign" and (m := _ASSIGNED.search(expr.path)):
+            known.add(m.group(1) or m.group(2))
+    found = []
+    for expr in every:
+        for ref in referenced_paths(tokenize(expr.source)):
+            if ref[0] == "context" and len(ref) > 1 and ref[1] not in known:
+                found.append((expr.path, expr.source, ref[1], known))
+    return found
 
 
 FactType = str | tuple[Any, ...]
