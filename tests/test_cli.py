@@ -828,3 +828,21 @@ def test_every_help_reads_well_at_80_and_100_columns(width: int) -> None:
             for name in [*param.opts, *param.secondary_opts]:
                 if name.startswith("-"):
                     assert re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", text), (where, name)
+
+
+def test_verify_says_a_policy_does_not_parse_before_running_any_probe(
+    ws: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The probe runs (v0 on the training scenarios) came first: a tool crashing there hid the file's
+    own error, which is the one to fix."""
+    import improve.loop
+
+    def crash(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("no probe is needed to see that the file does not parse")
+
+    monkeypatch.setattr(improve.loop, "probe_requests", crash)
+    bad = tmp_path / "v9.json"
+    bad.write_text('{"id": "refunds-policy",, "version": "9"}')
+    result = runner.invoke(app, ["verify", str(bad), "-w", str(ws)])
+    assert result.exit_code == 1, result.output
+    assert f"FAIL validate: {bad}:1:" in result.stdout and "invalid JSON" in result.stdout

@@ -77,7 +77,7 @@ def verify_command(
         improve verify v1 --env refunds
     """
     from improve.log import JsonlDirStore
-    from improve.loop import GateContext, gates_for, passed, probe_requests, run_gates
+    from improve.loop import GateContext, Unparsed, gates_for, passed, probe_requests, run_gates
 
     with handled():
         space = workspace(ws)
@@ -91,7 +91,9 @@ def verify_command(
             environment,
             expected_hashes=recorded_hashes(space, env_name),
             hashes_from=str(lock_path(space, env_name)),
-            probes=probe_requests(environment, scenarios, store),
+            # A document that does not parse fails `validate` before any gate reads a probe: the probe
+            # runs (v0 on the training scenarios) are not made, so their trouble cannot hide its error.
+            probes=[] if isinstance(document, Unparsed) else probe_requests(environment, scenarios, store),
             scenarios=scenarios,
             gates=gates_for(space),
         )
