@@ -296,6 +296,9 @@ def test_describe_says_which_numbers_are_in_one_unit(ws: Path) -> None:
     lines = [line.strip() for line in result.stdout.splitlines()]
     assert "one unit, compared with each other (the machine compares them): turn.max, turn.used" in lines
     assert "turn.used (int)" in result.stdout and "plan (list)" in result.stdout
+    # `improve vocabulary` says the units too (it dropped them).
+    words = runner.invoke(app, ["vocabulary", "-w", str(ws), "--env", "tool-loop"])
+    assert "fact  facts.turn.used: int (one unit with facts.turn.max)" in words.stdout, words.stdout
 
 
 @pytest.mark.parametrize(

@@ -138,7 +138,16 @@ def vocabulary_command(
                 payload = ", ".join(f"{f}: {k}" for f, k in fields.items())
                 out.print(f"  event {event}" + (f" {{{payload}}}" if payload else ""), markup=False)
             for path, kind in d.facts.items():
-                shown = f"one of {', '.join(map(str, d.values[path]))}" if path in d.values else kind
+                # As declared (`int:days`), or one unit the machine shows by comparing two facts.
+                given = d.units.get(path, "")
+                unit = (
+                    f" (one unit with {given[3:]})"
+                    if given.startswith("as ")
+                    else f":{given}"
+                    if given
+                    else ""
+                )
+                shown = f"one of {', '.join(map(str, d.values[path]))}" if path in d.values else kind + unit
                 out.print(f"  fact  {path}: {shown}", markup=False)
         out.print(f"request fields: {', '.join(words.request_fields)}", markup=False)
         out.print(f"actors: {', '.join(words.actors)}   model refs: {', '.join(words.models)}", markup=False)
