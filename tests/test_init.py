@@ -423,6 +423,15 @@ def test_a_mistake_in_the_environment_s_code_is_said_where_it_is_not_as_a_traceb
     assert f"{world}:" in ran.output and "Traceback" not in ran.output
 
 
+def test_scoring_a_test_split_the_scenarios_do_not_have_says_so_first(tmp_path: Path) -> None:
+    # It said to add --unseal, which then said there was nothing to unseal.
+    ws = tmp_path / "bare-agent"
+    assert runner.invoke(app, ["init", str(ws), "--env", "bare-desk"]).exit_code == 0
+    code, output = improve(ws, "score", "-p", "v0", "--split", "test")
+    assert code == 2 and "no scenario has `split: test`, so there is nothing to unseal" in output, output
+    assert "--unseal`" not in output
+
+
 def test_a_guard_reading_a_context_key_the_machine_never_sets_is_refused_when_loaded(tmp_path: Path) -> None:
     # `context.diference` failed each run when first taken, as an infrastructure error (exit 3).
     ws = tmp_path / "ctx-agent"

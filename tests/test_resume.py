@@ -686,6 +686,11 @@ def test_a_run_its_people_script_answered_is_run_again_to_wait_under_suspend(tmp
     for _ in range(2):
         waits = json.loads(CliRunner().invoke(app, [*args, "--suspend"]).stdout)["threads"]
         assert [(t["final_state"], t["status"]) for t in waits] == [("approving", "waiting")]
+    # An event without a type is refused with an example the state waits for (not another desk's).
+    typeless = CliRunner().invoke(
+        app, ["resume", answered[0]["thread_id"], "--event", '{"x": 1}', "-w", str(space)]
+    )
+    assert typeless.exit_code == 1 and "accepts APPROVE, REJECT" in typeless.output, typeless.output
     # Nor is it scored as a failure: it has no outcome yet.
     split = answered[0]["thread_id"].split(":")[0]
     score = CliRunner().invoke(app, ["score", "-w", str(space), "-p", "v0", "-m", "careful", "-s", split])

@@ -192,14 +192,27 @@ def score_policy(space: Workspace, request: ScoreRequest, say: Say = lambda m: N
     """Score `request.policy` (and compare with `request.vs`) split by split, from the runs recorded in
     the workspace's warehouse; the sealed split is scored, and the unsealing recorded before anything
     shows it, only with `request.unseal`."""
-    request.check()
     env_name = space.env_name(request.env)
-    scoring = _Scoring(space, request, space.environment(env_name), space.scenarios(env_name), say)
+    scenario_set = space.scenarios(env_name)
+    if request.split == SEALED_SPLIT and not scenario_set.sealed:
+        # Said first: asked for the test split without --unseal, the advice to add --unseal only led
+        # to this message.
+        raise ScenarioError(_no_test_split(scenario_set))
+    request.check()
+    scoring = _Scoring(space, request, space.environment(env_name), scenario_set, say)
     if request.unseal:
         check_unsealable(space, scoring.scenario_set)
     # One writer of the workspace's threads at a time: the sealed split's runs are made here.
     with space.writing(say), Ledger(space, scoring.env) as scoring.ledger:
         return scoring.run()
+
+
+def _no_test_split(scenario_set: ScenarioSet) -> str:
+    return (
+        f"{scenario_set.source}: no scenario has `split: {SEALED_SPLIT}`, so there is nothing to unseal; "
+        f"label some with `split: {SEALED_SPLIT}` (or `improve scenarios add --split {SEALED_SPLIT}`) "
+        "before any round chooses a policy, and score them once at the end"
+    )
 
 
 class _Scoring:
@@ -221,11 +234,7 @@ class _Scoring:
     def run(self) -> Scores:
         request, scenario_set = self.request, self.scenario_set
         if request.unseal and not scenario_set.sealed:
-            raise ScenarioError(
-                f"{scenario_set.source}: no scenario has `split: {SEALED_SPLIT}`, so there is nothing to "
-                f"unseal; label some with `split: {SEALED_SPLIT}` (or `improve scenarios add --split "
-                f"{SEALED_SPLIT}`) before any round chooses a policy, and score them once at the end"
-            )
+            raise ScenarioError(_no_test_split(scenario_set))
         policies = {"new": self.space.load_policy(self.env.name, request.policy)}
         if request.vs:
             policies["old"] = self.space.load_policy(self.env.name, request.vs)

@@ -194,9 +194,12 @@ def resume(
             env, store, thread_id, folded, event, event_id, decider, world, people, finish
         )
     if not isinstance(event, dict) or not isinstance(event.get("type"), str) or not event["type"]:
+        # The example is one the state waits for, not another desk's approval.
+        accepted = [w["type"] for w in waiting_for(env.machine, folded.snapshot.value)]
+        example = json.dumps({"type": accepted[0]}) if accepted else '{"type": "APPROVE"}'
         raise ResumeRefusedError(
-            f"thread {thread_id}: the event {str(event)[:200]} is not an object with a `type`, e.g. "
-            '{"type": "APPROVE", "approver": "dana"}',
+            f"thread {thread_id}: the event {str(event)[:200]} is not an object with a `type`, e.g. {example}"
+            + (f" (state '{folded.snapshot.value}' accepts {', '.join(accepted)})" if accepted else ""),
             kind="unknown-event",
         )
     problem = event_problem(event)
