@@ -423,6 +423,28 @@ def test_a_mistake_in_the_environment_s_code_is_said_where_it_is_not_as_a_traceb
     assert f"{world}:" in ran.output and "Traceback" not in ran.output
 
 
+def test_a_run_a_crashing_tool_stops_still_records_the_threads_that_finished(tmp_path: Path) -> None:
+    # They were in traces/ but not in the warehouse: `improve sql` said there was no warehouse at all.
+    ws = tmp_path / "crash-agent"
+    assert runner.invoke(app, ["init", str(ws), "--env", "crash-desk"]).exit_code == 0
+    world = ws / "crash_desk" / "world.py"
+    text = world.read_text()
+    head = "def issue_credit(world: World, input: dict[str, Any]) -> dict[str, Any]:\n"
+    assert head in text
+    world.write_text(
+        text.replace(
+            head, head + '    if input["accountId"] == "A-206":\n        raise RuntimeError("boom")\n'
+        )
+    )
+    code, output = improve(
+        ws, "run", "--model", "careful", "--k", "1", "--split", "held-out", "--concurrency", "1"
+    )
+    assert code == 3 and "actor 'credits.issue' crashed" in output, output
+    assert "recorded the 3 finished thread(s) in the warehouse before stopping" in output, output
+    code, output = improve(ws, "sql", "select count(*) as n from outcomes", "--format", "csv")
+    assert code == 0 and output.split() == ["n", "3"], output
+
+
 def test_scoring_a_test_split_the_scenarios_do_not_have_says_so_first(tmp_path: Path) -> None:
     # It said to add --unseal, which then said there was nothing to unseal.
     ws = tmp_path / "bare-agent"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from dataclasses import asdict
 from pathlib import Path
@@ -25,7 +26,7 @@ from improve.cli.common import (
     warn_unknown_names,
     workspace,
 )
-from improve.errors import EndpointError, SealedSplitError, WorkspaceError
+from improve.errors import EndpointError, ImproveError, SealedSplitError, WorkspaceError
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -156,18 +157,23 @@ def run_command(
             check_unsealable(space, scenario_set)
         # One writer of the workspace's threads at a time: another run, a round or a resume waits.
         with space.writing(say):
-            with executor_for(space, executor) as fanout:
-                plan = write_threads(
-                    environment,
-                    chosen,
-                    spec,
-                    store,
-                    fresh=fresh,
-                    concurrency=concurrency,
-                    executor=fanout,
-                    ran=ran,
-                    meter=meter,
-                )
+            started = time.time_ns()  # a file written since is this command's (see `_keep_finished`)
+            try:
+                with executor_for(space, executor) as fanout:
+                    plan = write_threads(
+                        environment,
+                        chosen,
+                        spec,
+                        store,
+                        fresh=fresh,
+                        concurrency=concurrency,
+                        executor=fanout,
+                        ran=ran,
+                        meter=meter,
+                    )
+            except ImproveError:
+                _keep_finished(space, environment, chosen, spec, started)
+                raise
             # Every thread is recorded in the warehouse and read back from there, verified.
             with Ledger(space, environment) as ledger:
                 recorded = ledger.record(
@@ -284,6 +290,33 @@ def per_scenario(rows: list[OutcomeRow]) -> list[dict[str, Any]]:
             }
         )
     return result
+
+
+def _keep_finished(space: Any, environment: Any, chosen: list[Any], spec: Any, started: int) -> None:
+    """After a run stopped on an error (a tool that crashed, a scenario its machine cannot take), the
+    threads that finished are recorded in the warehouse all the same, so `improve sql` sees them: each
+    thread is written whole or not at all, and those written since the command started are this run's
+    (their earlier copies leave the warehouse). A failure to record them is said, never raised over the
+    error that stopped the run."""
+    from improve.evals import Ledger
+
+    ids = [spec.thread_id(sc, n) for sc in chosen for n in range(1, spec.k + 1)]
+    paths = {tid: space.thread_store(tid).path(tid) for tid in ids}
+    written = [tid for tid, path in paths.items() if path.is_file()]
+    if not written:
+        return
+    rewritten = [tid for tid in written if paths[tid].stat().st_mtime_ns >= started]
+    try:
+        with Ledger(space, environment) as ledger:
+            ledger.record(written, rewritten=rewritten)
+    except ImproveError as error:
+        err.print(
+            f"warning: the finished threads could not be recorded in the warehouse: {error}", markup=False
+        )
+        return
+    err.print(
+        f"recorded the {len(written)} finished thread(s) in the warehouse before stopping", markup=False
+    )
 
 
 def outcome_table(rows: list[OutcomeRow]) -> Table:
