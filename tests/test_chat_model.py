@@ -213,6 +213,11 @@ def test_each_servers_way_of_refusing_or_ignoring_moves_to_a_way_it_answers(
         assert doc["stderr"].count(text) == 1, doc["stderr"]
     if len(set(ways)) > 1:  # a way was learned: the note says how to ask it from the first call
         assert f'ask = "{ways[-1]}" in its [models.NAME] asks so from the first call' in doc["stderr"]
+        # Run again from the recordings: the endpoint is not asked, and the note says so (it read as if
+        # the endpoint had just answered, with it stopped).
+        again = run(ws, *scenarios, "--split", "train", "--fresh")
+        assert [way_of(r["body"]) for r in server.requests] == ways
+        assert ", as recorded; asking by" in again["stderr"], again["stderr"]
     assert doc["model_calls"]["retries"] == 0 and doc["model_calls"]["failed"] == 0
     assert (doc["summary"]["decisions"], doc["summary"]["fallbacks"]) == (2, 0)
     assert decisions(thread(ws, "small-refund-02"))[0].event["type"] == "REFUND"

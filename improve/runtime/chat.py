@@ -455,7 +455,9 @@ class ChatModel:
                 continue
             why = unanswered(mode, response) if session.auto else None
             if why is not None and mode != ways[-1]:
-                mode = fallback(mode, why)
+                # From the cache, the endpoint was not asked now: said so (with it stopped, the note
+                # read as if it had answered).
+                mode = fallback(mode, why if source == "live" else f"{why}, as recorded")
                 if source == "live":
                     session.meter.reask()
                 continue
