@@ -751,6 +751,12 @@ def test_a_deployed_agents_waiting_run_is_found_resumed_and_recorded_from_the_co
     assert CliRunner().invoke(app, ["ingest", str(production), "-w", str(ws)]).exit_code == 0
     listed = json.loads(CliRunner().invoke(app, ["waiting", "--json", "-w", str(ws)]).stdout)["waiting"]
     assert [w["thread"] for w in listed] == ["prod-9"]
+    # An evaluation run left waiting is listed too, unless only a deployed agent's are asked for.
+    args = ["--scenario", "large-refund-approved-01", "--model", "careful", "--k", "1", "-w", str(ws)]
+    assert CliRunner().invoke(app, ["run", *args, "--suspend"]).exit_code == 0
+    every = json.loads(CliRunner().invoke(app, ["waiting", "--json", "-w", str(ws)]).stdout)["waiting"]
+    only = CliRunner().invoke(app, ["waiting", "--json", "--production", "-w", str(ws)]).stdout
+    assert len(every) == 2 and [w["thread"] for w in json.loads(only)["waiting"]] == ["prod-9"]
     event = json.dumps({"type": "APPROVE", "approver": "dana"})
     resumed = CliRunner().invoke(app, ["resume", "prod-9", "--event", event, "--json", "-w", str(ws)])
     assert resumed.exit_code == 0, resumed.output
@@ -761,7 +767,8 @@ def test_a_deployed_agents_waiting_run_is_found_resumed_and_recorded_from_the_co
     # No labelled scenario: not scored, as the warehouse has it (it said "FAIL:" with no reason).
     assert json.loads(resumed.stdout)["passed"] is None
     assert "no labelled scenario" in json.loads(resumed.stdout)["reason"]
-    assert json.loads(CliRunner().invoke(app, ["waiting", "--json", "-w", str(ws)]).stdout)["waiting"] == []
+    waiting = CliRunner().invoke(app, ["waiting", "--json", "--production", "-w", str(ws)]).stdout
+    assert json.loads(waiting)["waiting"] == []
     replayed = CliRunner().invoke(app, ["replay", "prod-9", "--verify", "-w", str(ws)])
     assert replayed.exit_code == 0 and "issued" in replayed.stdout, replayed.output
     # The whole of traces/ replays its production/ too, as ingest reads it.

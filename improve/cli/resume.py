@@ -199,6 +199,13 @@ def _waiting_for(space: Any, thread_id: str) -> list[dict[str, Any]] | None:
 
 def waiting_command(
     env: Annotated[str | None, typer.Option("--env", "-e", help="Only threads of this environment.")] = None,
+    production: Annotated[
+        bool,
+        typer.Option(
+            "--production",
+            help="Only a deployed agent's threads (of no scenario), not the evaluation runs left waiting.",
+        ),
+    ] = False,
     db: Annotated[
         Path | None,
         typer.Option("--db", help="Warehouse file (default: the workspace's traces/traces.duckdb)."),
@@ -215,6 +222,7 @@ def waiting_command(
     Example:
 
         improve waiting --json
+        improve waiting --production
     """
     with handled():
         space = workspace(ws)
@@ -227,9 +235,10 @@ def waiting_command(
         try:
             query = (
                 "SELECT thread_id, environment, scenario, status, state, events, waiting_for, since, resumes "
-                "FROM waiting WHERE $env IS NULL OR environment = $env ORDER BY since, thread_id"
+                "FROM waiting WHERE ($env IS NULL OR environment = $env) AND (NOT $production OR scenario IS NULL) "
+                "ORDER BY since, thread_id"
             )
-            rows = con.execute(query, {"env": env}).fetchall()
+            rows = con.execute(query, {"env": env, "production": production}).fetchall()
         finally:
             con.close()
         threads = [
