@@ -245,7 +245,8 @@ def test_reruns_run_only_changed_scenarios_under_both_policies_until_no_change_o
     ]
     assert settled.reruns.extra_runs == 2 * (6 + 3 + 6) and len(settled.candidate) == 15 + 15
     assert settled.reruns.summary().endswith(
-        "1 better on train, 2 cap, 1 no change (on train only a drop runs again)"
+        "1 better on train, not run again (on train only a drop runs again), 2 stopped at 6 extra runs a "
+        "policy, 1 settled"
     )
     # A total cap of one batch of one scenario: held-out is served first, the rest stop there.
     capped = settle(

@@ -124,12 +124,18 @@ class Reruns:
         stops: dict[str, int] = {}
         for s in self.scenarios:
             stops[s.stopped] = stops.get(s.stopped, 0) + 1
+        # Why each stopped, in words a reader of the round's output follows ("4 cap" did not say).
+        said = {
+            "better on train": "better on train, not run again (on train only a drop runs again)",
+            "cap": f"stopped at {self.rule.max_extra_runs} extra runs a policy",
+            "no change": "settled",
+            "total cap": f"stopped by the round's {self.rule.max_extra_runs_total} extra runs in all",
+        }
         return (
             f"{len(self.scenarios)} scenario(s) changed after k = {self.rule.k} runs, {len(self.rerun)} ran "
             f"again: {self.extra_runs} extra runs in {self.batches} batch(es) (at most "
             f"{self.rule.max_extra_runs} per scenario per policy, {self.rule.max_extra_runs_total} in all); "
-            + ", ".join(f"{n} {why}" for why, n in sorted(stops.items()))
-            + (" (on train only a drop runs again)" if "better on train" in stops else "")
+            + ", ".join(f"{n} {said.get(why, why)}" for why, n in sorted(stops.items()))
         )
 
     def nulls(self, counts: Mapping[str, PairedCounts], split: str) -> dict[str, NullDistribution]:
