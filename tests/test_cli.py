@@ -849,3 +849,21 @@ def test_verify_says_a_policy_does_not_parse_before_running_any_probe(
     result = runner.invoke(app, ["verify", str(bad), "-w", str(ws)])
     assert result.exit_code == 1, result.output
     assert f"FAIL validate: {bad}:1:" in result.stdout and "invalid JSON" in result.stdout
+
+
+def test_scenario_passes_averages_as_a_scorecard_does(ws: Path) -> None:
+    """Averaged over `outcomes` rows, a split's pass rate weighs scenarios run more often more (a round
+    runs changed scenarios again); `scenario_passes` is per scenario, so its mean is the scorecard's."""
+    run = ["run", "-w", str(ws), "--split", "held-out", "--model", "naive"]
+    assert runner.invoke(app, [*run, "--k", "1"]).exit_code == 0
+    assert runner.invoke(app, [*run, "--k", "3", "--scenario", "fraud-signal-04"]).exit_code == 0
+    score = runner.invoke(app, ["score", "-w", str(ws), "-p", "v0", "-s", "held-out", "--json"])
+    (card,) = json.loads(score.stdout)["scorecards"]
+    query = (
+        "SELECT avg(pass_fraction) AS per_scenario, (SELECT avg(passed::INTEGER) FROM outcomes WHERE "
+        "split = 'held-out') AS per_row FROM scenario_passes WHERE split = 'held-out' AND model = 'naive'"
+    )
+    result = runner.invoke(app, ["sql", "-w", str(ws), query, "--format", "json"])
+    assert result.exit_code == 0, result.output
+    (row,) = json.loads(result.stdout)
+    assert row["per_scenario"] == pytest.approx(card["pass_rate"]) and row["per_row"] != row["per_scenario"]

@@ -247,7 +247,9 @@ RELATIONS: tuple[Relation, ...] = (
     Relation(
         "outcomes",
         "One row per thread, materialized by replaying it against its environment and scoring it against "
-        "the scenario's labels (never the agent's own report).",
+        "the scenario's labels (never the agent's own report). A scorecard's pass rate is the mean over "
+        "scenarios of each one's pass fraction, and a round runs changed scenarios again (more rows for "
+        "them): an average over these rows weighs those more; `scenario_passes` averages per scenario first.",
         {
             "thread_id": "The thread.",
             "environment": "The environment it ran in.",
@@ -283,6 +285,32 @@ RELATIONS: tuple[Relation, ...] = (
             "label": "A digest of what scored the row: the scenario's label, category and world (NULL when "
             "the scenario is unknown); a row whose scenario has been relabelled since is scored again.",
         },
+    ),
+    Relation(
+        "scenario_passes",
+        "One row per scenario, split, policy version and model: its runs and pass fraction, as a scorecard "
+        "counts them (a pass rate is the mean of `pass_fraction` over a split's scenarios). Every recorded "
+        "run counts, including those recorded before a scenario or the environment changed, which `improve "
+        "score` leaves out.",
+        {
+            "environment": "The environment.",
+            "split": "train, held-out or test.",
+            "policy_version": "Policy version label (v3).",
+            "model": "The model bound to the decider (NULL for other agents' logs).",
+            "scenario": "Scenario id.",
+            "category": "Scenario category.",
+            "runs": "Scored runs of it.",
+            "passed": "Of those, runs that passed.",
+            "pass_fraction": "passed / runs.",
+        },
+        """
+        SELECT environment, split, policy_version, model, scenario, any_value(category) AS category,
+               count(*) AS runs, count(*) FILTER (WHERE passed) AS passed,
+               avg(passed::INTEGER) AS pass_fraction
+        FROM outcomes
+        WHERE passed IS NOT NULL
+        GROUP BY environment, split, policy_version, model, scenario
+        """,
     ),
     Relation(
         "threads",
