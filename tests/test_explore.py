@@ -4,6 +4,7 @@ loosened guard makes them reachable (or the proof proves nothing); every normal 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pytest
@@ -125,11 +126,16 @@ def test_explore_cli_proves_and_finds(tmp_path: Any) -> None:
         ],
     )
     assert given.exit_code == 1 and "witness for issued" in given.stdout
+    # Each event says the state it came to: a decision's answer, a tool's output, a person's event.
+    steps = [line.strip() for line in given.stdout.splitlines() if line.strip().startswith("in '")]
+    assert steps and all(re.match(r"in '[A-Za-z_]+': \{", line) for line in steps), given.stdout
     # A witness whose answer no decision offered (a probe value beyond the closed choice) says so: the
     # guard lets through what the decision protocol would refuse from a decider.
     sales = runner.invoke(app, ["explore", "--env", "triage", "--target", "routed", "--json"])
     (found, *_) = [r for r in json.loads(sales.stdout)["results"] if r["reachable"]]
     assert {"type": "ROUTE", "queue": "sales"} in found["witness"]  # the shortest way there: a probe value
+    at = found["witness"].index({"type": "ROUTE", "queue": "sales"})
+    assert found["witness_states"][at] == "triaging" and len(found["witness_states"]) == len(found["witness"])
     assert found["beyond_choice"] == [
         "ROUTE{queue: 'sales'} is outside the values decision 'triaging' offers "
         "('billing', 'technical', 'security', 'accounts')"

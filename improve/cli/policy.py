@@ -215,6 +215,7 @@ def explore_command(
                         "target": goal,
                         "input": inp,
                         **result.to_json(),
+                        "witness_states": _states_along(environment.machine, inp, result.witness or []),
                         "terminals": full.terminals,
                         "states": full.states,
                         "transitions": full.transitions,
@@ -249,9 +250,14 @@ def explore_command(
             out.print(table)
             for r in rows:
                 if r["reachable"]:
-                    out.print(f"witness for {r['target']}:", markup=False)
-                    for step in r["witness"] or []:
-                        out.print(f"  {json.dumps(step)}", markup=False)
+                    out.print(
+                        f"witness for {r['target']} (the state each event came to, then the event):",
+                        markup=False,
+                    )
+                    states = r["witness_states"]
+                    for i, step in enumerate(r["witness"] or []):
+                        where = f"in '{states[i]}': " if i < len(states) else ""
+                        out.print(f"  {where}{json.dumps(step)}", markup=False)
                     for note in r["beyond_choice"]:
                         out.print(
                             f"  note: {note}: a decider's answer of it is refused as invalid, but the guard lets "
@@ -263,6 +269,23 @@ def explore_command(
             out.print(f"resumes: {mark}{proof.summary(run_budget)}", markup=False)
         if reachable or not proof.holds:
             raise typer.Exit(EXIT_FAILED)
+
+
+def _states_along(machine: Any, input: Any, witness: list[dict[str, Any]]) -> list[str]:
+    """The state each event of a witness came to (a decision's answer, a tool's output, a person's
+    event), by stepping the machine along it; as far as it steps."""
+    from improve.errors import ImproveError
+    from improve.machine import initial, transition
+
+    states: list[str] = []
+    try:
+        snapshot = initial(machine, input)
+        for event in witness:
+            states.append(str(snapshot.value))
+            snapshot = transition(machine, snapshot, event)
+    except ImproveError:
+        pass
+    return states
 
 
 def _json_arg(text: str) -> Any:
