@@ -1042,6 +1042,14 @@ def test_a_small_batch_read_as_text_lands_what_read_json_lands(
     @example(files=[[_variant(0, "seen", 0), _variant(1, "seen", 4), b"{", _variant(2, "seen", 2)]])
     # Two files hold one entry, the first also a line that is not UTF-8: the entry is the first file's.
     @example(files=[[b"\x80", _variant(0, "two", 0)], [_variant(0, "two", 0)]])
+    # A thread's #2 read in bulk, its #0 and #1 in a file read line by line for a line that is no entry:
+    # they were taken for a gap after #2, and the batch failed its own accounting.
+    @example(
+        files=[
+            [json.dumps(entry(2, thread="fz")).encode()],
+            [b'"s"', *(json.dumps(entry(i, thread="fz")).encode() for i in (1, 0))],
+        ]
+    )
     def check(files: list[list[bytes]]) -> None:
         paths = []
         for lines in files:

@@ -1080,8 +1080,13 @@ def _careful(
             SELECT thread_id, "index" AS idx, {_content_key()} AS ck FROM entries
             WHERE thread_id IN (SELECT DISTINCT thread_id FROM good)
         ), lengths AS (
-            SELECT thread_id, count(*) AS n FROM entries
-            WHERE thread_id IN (SELECT DISTINCT thread_id FROM good) GROUP BY thread_id
+            -- Each thread's length before this batch: the bulk read may have inserted some of its rows
+            -- already (another file of the batch), which the numbering below takes in instead.
+            SELECT thread_id, entries AS n FROM thread_lengths
+            WHERE thread_id IN (SELECT DISTINCT thread_id FROM good)
+        ), landed AS (
+            SELECT thread_id, "index" AS idx FROM entries
+            WHERE batch_id = ? AND thread_id IN (SELECT DISTINCT thread_id FROM good)
         ), marked AS (
             SELECT g.*, e.ck AS existing_ck,
                    min(g.ck) OVER w != max(g.ck) OVER w AS variants,
@@ -1107,9 +1112,16 @@ def _careful(
                 END AS status
             FROM marked
         ), numbered AS (
-            SELECT s.*, coalesce(l.n, 0) + row_number() OVER (PARTITION BY s.thread_id ORDER BY s.idx) - 1 AS expected
-            FROM status s LEFT JOIN lengths l USING (thread_id)
-            WHERE s.status = 'new'
+            -- The batch's new entries of a thread, with those the bulk read of its other files landed:
+            -- together they continue the thread (a file holding #2 read in bulk, another holding #0 and
+            -- #1 and a line that is no entry read here: #0 and #1 were taken for a gap after #2).
+            SELECT u.*, coalesce(l.n, 0) + row_number() OVER (PARTITION BY u.thread_id ORDER BY u.idx) - 1
+                AS expected
+            FROM (
+                SELECT file, line, thread_id, idx, FALSE AS bulk FROM status WHERE status = 'new'
+                UNION ALL
+                SELECT NULL, NULL, thread_id, idx, TRUE FROM landed
+            ) u LEFT JOIN lengths l USING (thread_id)
         ), ranked AS (
             SELECT *, min(expected) FILTER (WHERE idx != expected) OVER (PARTITION BY thread_id) AS first_missing
             FROM numbered
@@ -1123,6 +1135,7 @@ def _careful(
                    CASE WHEN idx != expected THEN 'gap in indices: thread ' || thread_id || ' continues at index '
                         || first_missing || ' but this line has index ' || idx END
             FROM ranked
+            WHERE NOT bulk
         )
         SELECT file, line, status, error FROM verdicts
         UNION ALL
@@ -1137,7 +1150,8 @@ def _careful(
         WHERE r.status = 'repeat'
         UNION ALL
         SELECT file, line, 'rejected', error FROM cand WHERE error IS NOT NULL
-        """
+        """,
+        [report.batch_id],
     )
     con.execute(
         """
