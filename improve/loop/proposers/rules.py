@@ -30,7 +30,9 @@ model:
    that is right today changes.
 
 The branch also carries `ANSWER in input.options`: it never answers an option the environment does not
-offer (a guard refused it), and falls through to the next branch or the model instead.
+offer (a guard refused it), and falls through to the next branch or the model instead. On a machine of
+several decisions, a branch that reads a fact another decision does not have asks `input.name` first
+(`Rule.scoped`): every branch is asked at every decision the policy routes.
 
 A rule already discarded against the current policy or a version it descends from (the CHANGELOG, and
 the workspace's memory of discarded candidates) is never proposed again; when the round asks for a
