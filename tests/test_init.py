@@ -25,6 +25,18 @@ REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
 
+def edited_desk(tmp_path: Path, slug: str, name: str, old: str, new: str) -> tuple[Path, Path]:
+    """A workspace `improve init` writes for `<slug>-desk` (a package name no other test imports into
+    this process), with the first `old` of its file `name` made `new`: the workspace and the file."""
+    ws = tmp_path / f"{slug}-agent"
+    assert runner.invoke(app, ["init", str(ws), "--env", f"{slug}-desk"]).exit_code == 0
+    path = ws / f"{slug}_desk" / name
+    text = path.read_text()
+    assert old in text, (path, old)
+    path.write_text(text.replace(old, new, 1))
+    return ws, path
+
+
 def improve(ws: Path, *args: str) -> tuple[int, str]:
     result = runner.invoke(app, [*args, "-w", str(ws)])
     return result.exit_code, result.output
@@ -393,10 +405,7 @@ def test_a_fact_type_the_machine_does_not_have_is_refused_not_ignored(tmp_path: 
 
 def test_a_mistake_in_the_environment_s_code_is_said_where_it_is_not_as_a_traceback(tmp_path: Path) -> None:
     # A NameError in the desk's handbook gave a 28-frame traceback and exit 1 ("a check failed").
-    ws = tmp_path / "slip-agent"
-    assert runner.invoke(app, ["init", str(ws), "--env", "slip-desk"]).exit_code == 0
-    models = ws / "slip_desk" / "models.py"
-    models.write_text(models.read_text() + "\nundefined_name\n")
+    ws, models = edited_desk(tmp_path, "slip", "models.py", "\nMODELS = {", "\nundefined_name\nMODELS = {")
     result = runner.invoke(app, ["verify", "v0", "-w", str(ws)])
     assert result.exit_code == 2, result.output
     assert (
@@ -406,13 +415,12 @@ def test_a_mistake_in_the_environment_s_code_is_said_where_it_is_not_as_a_traceb
     # So is a crash in its world's audit, which scores every run: it was a traceback, and once caught, a
     # thread that could not be scored was counted out silently ("0/0 runs", exit 0).
     # (Another package: this process imported the first one's modules.)
-    ws = tmp_path / "audit-agent"
-    assert runner.invoke(app, ["init", str(ws), "--env", "audit-desk"]).exit_code == 0
-    world = ws / "audit_desk" / "world.py"
-    text = world.read_text()
-    assert "        violations: list[dict[str, Any]] = []\n" in text
-    world.write_text(
-        text.replace("        violations: list[dict[str, Any]] = []\n", "        raise KeyError('usd')\n", 1)
+    ws, world = edited_desk(
+        tmp_path,
+        "audit",
+        "world.py",
+        "        violations: list[dict[str, Any]] = []\n",
+        "        raise KeyError('usd')\n",
     )
     ran = runner.invoke(app, ["run", "-w", str(ws), "--model", "careful", "--k", "1", "--split", "held-out"])
     assert ran.exit_code == 3, ran.output
@@ -425,16 +433,13 @@ def test_a_mistake_in_the_environment_s_code_is_said_where_it_is_not_as_a_traceb
 
 def test_a_run_a_crashing_tool_stops_still_records_the_threads_that_finished(tmp_path: Path) -> None:
     # They were in traces/ but not in the warehouse: `improve sql` said there was no warehouse at all.
-    ws = tmp_path / "crash-agent"
-    assert runner.invoke(app, ["init", str(ws), "--env", "crash-desk"]).exit_code == 0
-    world = ws / "crash_desk" / "world.py"
-    text = world.read_text()
     head = "def issue_credit(world: World, input: dict[str, Any]) -> dict[str, Any]:\n"
-    assert head in text
-    world.write_text(
-        text.replace(
-            head, head + '    if input["accountId"] == "A-206":\n        raise RuntimeError("boom")\n'
-        )
+    ws, _ = edited_desk(
+        tmp_path,
+        "crash",
+        "world.py",
+        head,
+        head + '    if input["accountId"] == "A-206":\n        raise RuntimeError("boom")\n',
     )
     code, output = improve(
         ws, "run", "--model", "careful", "--k", "1", "--split", "held-out", "--concurrency", "1"
@@ -456,13 +461,12 @@ def test_scoring_a_test_split_the_scenarios_do_not_have_says_so_first(tmp_path: 
 
 def test_a_guard_reading_a_context_key_the_machine_never_sets_is_refused_when_loaded(tmp_path: Path) -> None:
     # `context.diference` failed each run when first taken, as an infrastructure error (exit 3).
-    ws = tmp_path / "ctx-agent"
-    assert runner.invoke(app, ["init", str(ws), "--env", "ctx-desk"]).exit_code == 0
-    machine = ws / "ctx_desk" / "machine.json"
-    text = machine.read_text()
-    assert "context.creditAmount > context.account.monthlyFee" in text
-    machine.write_text(
-        text.replace("context.creditAmount > context.account.monthlyFee", "context.creditAmnt > 0", 1)
+    ws, machine = edited_desk(
+        tmp_path,
+        "ctx",
+        "machine.json",
+        "context.creditAmount > context.account.monthlyFee",
+        "context.creditAmnt > 0",
     )
     for command in (["verify", "v0"], ["run", "--k", "1"], ["explore"]):
         code, output = improve(ws, *command)

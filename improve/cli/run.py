@@ -31,7 +31,8 @@ from improve.errors import EndpointError, ImproveError, SealedSplitError, Worksp
 if TYPE_CHECKING:
     from rich.table import Table
 
-    from improve.evals import OutcomeRow
+    from improve.evals import OutcomeRow, Scenario, SuiteSpec, Workspace
+    from improve.runtime import Environment
 
 
 def run_command(
@@ -292,7 +293,9 @@ def per_scenario(rows: list[OutcomeRow]) -> list[dict[str, Any]]:
     return result
 
 
-def _keep_finished(space: Any, environment: Any, chosen: list[Any], spec: Any, started: int) -> None:
+def _keep_finished(
+    space: Workspace, environment: Environment, chosen: list[Scenario], spec: SuiteSpec, started: int
+) -> None:
     """After a run stopped on an error (a tool that crashed, a scenario its machine cannot take), the
     threads that finished are recorded in the warehouse all the same, so `improve sql` sees them: each
     thread is written whole or not at all, and those written since the command started are this run's
