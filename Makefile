@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 # The compiled modules (setup.py's NATIVE_MODULES; a test holds the lists equal) are built from these
 # sources: a change to one installs again (else improve.native loads them all pure until then).
-NATIVE_SOURCES := setup.py improve/log/chain.py improve/log/replay.py improve/log/stream.py improve/log/strict.py \
+NATIVE_SOURCES := setup.py improve/_digest.c improve/log/chain.py improve/log/replay.py improve/log/stream.py improve/log/strict.py \
                   improve/machine/fold.py $(wildcard improve/machine/fastcel/*.py)
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml Makefile $(NATIVE_SOURCES) | cksum | cut -d' ' -f1)
 

@@ -13,7 +13,7 @@ import os
 import zlib
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 # The modules compiled, as improve/native.py lists them (a test holds the two lists equal).
@@ -39,9 +39,8 @@ class BuildNative(build_ext):
         record = Path(self.get_ext_fullpath(NATIVE_MODULES[0])).parents[1] / "native.sources"
         record.unlink(missing_ok=True)  # a failed build leaves none: the pure modules are used
         super().run()
-        if not self.extensions or not all(
-            Path(self.get_ext_fullpath(e.name)).is_file() for e in self.extensions
-        ):
+        compiled = [e for e in self.extensions if e.name in NATIVE_MODULES or "improve_native" in e.name]
+        if not compiled or not all(Path(self.get_ext_fullpath(e.name)).is_file() for e in compiled):
             return
         lines = [
             f"{name} {fingerprint((ROOT / (name.replace('.', '/') + '.py')).read_bytes())}\n"
@@ -67,7 +66,15 @@ def native_extensions() -> list[object]:
     extensions = mypycify([*options, *sources], opt_level="3", group_name="improve_native")
     for extension in extensions:
         extension.optional = True  # no C compiler: a warning, and the pure modules
-    return list(extensions)
+    return [*extensions, digest_extension()]
+
+
+def digest_extension() -> Extension:
+    """improve/_digest.c: the hash chain's fast path, against OpenSSL's libcrypto (what hashlib uses).
+    Optional apart from the fold's modules: without libcrypto's headers, chain.py does the same in Python."""
+    return Extension(
+        "improve._digest", ["improve/_digest.c"], libraries=["crypto"], optional=True
+    )
 
 
 setup(ext_modules=native_extensions(), cmdclass={"build_ext": BuildNative})

@@ -102,4 +102,19 @@ def compiled() -> bool:
 
 def described() -> str:
     """Which fold modules run, in words (what `make bench` prints beside its replay figures)."""
-    return "compiled (mypyc)" if compiled() else f"pure Python: {REASON or 'not imported yet'}"
+    folds = "compiled (mypyc)" if compiled() else f"pure Python: {REASON or 'not imported yet'}"
+    return folds + ("; hashing in C (improve._digest)" if digest() is not None else "; hashing in Python")
+
+
+def digest() -> ModuleType | None:
+    """The C module `improve._digest` (the hash chain's fast path and a snapshot's digest check, built by
+    setup.py against libcrypto), or None where it was not built or the pure modules are asked for
+    (`IMPROVE_PURE`: the reference, which the differential tests compare it with)."""
+    if os.environ.get(PURE_VARIABLE, "") not in ("", "0"):
+        return None
+    try:
+        from improve import _digest  # type: ignore[attr-defined]  # a C extension: no stub
+    except ImportError:
+        return None
+    module: ModuleType = _digest
+    return module

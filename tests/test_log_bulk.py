@@ -10,6 +10,7 @@ flipped, numbers pydantic's lax mode reads and msgspec does not, nesting past py
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import json
 import os
 import random
@@ -39,11 +40,13 @@ from improve.log import (
     EntryView,
     JsonlDirStore,
     LogEntry,
+    chain,
     convert_entry,
     decode_entry,
     entry_content,
     entry_problems,
     line_problem,
+    read_file_thread_lines,
     read_file_threads,
     replay,
     split_lines,
@@ -52,6 +55,7 @@ from improve.log import (
 )
 from improve.log.bulk import bulk_content, content_struct
 from improve.log.chain import check_chain, content_bytes, seal
+from improve.log.entry import line_tail
 from improve.machine import fold_of, sorted_text
 from improve.runtime import load_environment
 from improve.runtime.policy import load_policy
@@ -712,6 +716,90 @@ def test_floats_written_otherwise_by_msgspec_are_hashed_as_the_contract_says(odd
         check_chain([sealed], "t")
         with pytest.raises(TamperError):
             check_chain([sealed], "u")
+
+
+def _verdict(views: list[EntryView], thread_id: str, lines: list[bytes], native: Any) -> str:
+    """`checked_chain`'s verdict, as text."""
+    try:
+        chain.checked_chain(views, thread_id, lines, native)
+    except (LogError, TamperError) as error:
+        return f"{type(error).__name__}: {error}"
+    return "verified"
+
+
+def _flipped(line: bytes, at: int) -> bytes:
+    """`line` with the character at `at` changed (to 0, or 1 where it was 0)."""
+    return line[:at] + (b"1" if line[at : at + 1] == b"0" else b"0") + line[at + 1 :]
+
+
+def _tampered(lines: list[bytes], rng: random.Random) -> list[list[bytes]]:
+    """Edits of a thread's lines that `check_chain` must judge: a character of the content, of the
+    entryHash or of the stateHash changed, a space put in (still the entry: another layout, for the
+    canonical text to decide), a line dropped, two swapped."""
+    at = rng.randrange(len(lines))
+    line = lines[at]
+
+    def put(edited: bytes) -> list[bytes]:
+        return [*lines[:at], edited, *lines[at + 1 :]]
+
+    edits = [put(_flipped(line, len(line) // 2)), put(line.replace(b'"index":', b'"index": ', 1))]
+    for key in (b'"entryHash":"', b'"stateHash":"'):
+        if key in line:
+            edits.append(put(_flipped(line, line.index(key) + len(key))))
+    edits.append([*lines[:at], *lines[at + 1 :]])
+    if len(lines) > 1:
+        other = rng.randrange(len(lines) - 1)
+        swapped = list(lines)
+        swapped[other], swapped[other + 1] = swapped[other + 1], swapped[other]
+        edits.append(swapped)
+    return edits
+
+
+def test_the_chain_s_c_fast_path_gives_the_python_one_s_verdicts(bundled: dict[str, JsonlDirStore]) -> None:
+    """`check_chain` over lines, its fast path in C (improve/_digest.c) and in Python: the same verdict,
+    word for word, on every bundled thread (each verified by the C path alone, whole) and on edits of each
+    (content, hashes, thread, layout, order, a line dropped or moved); the C path stops at what it cannot
+    verify and leaves it to the Python one, so the verdicts name the same entry."""
+    links = chain.NATIVE_LINKS
+    if links is None:
+        pytest.skip("improve._digest is not built (no libcrypto headers?), or IMPROVE_PURE is set")
+    rng = random.Random(7)
+    threads = compared = 0
+    for path in _thread_files(bundled):
+        for thread_id, entries, lines in read_file_thread_lines(path):
+            if not chain.is_chained(entries):
+                continue
+            opening = b"[" + json.dumps(thread_id, ensure_ascii=False).encode() + b","
+            first = entries[0].threadId
+            assert links(list(entries), list(lines), 0, opening, first, line_tail(first), BulkEntry) == len(
+                entries
+            )
+            threads += 1
+            for edited in [lines, *_tampered(list(lines), rng)]:
+                try:
+                    views = [decode_entry(line) for line in edited]
+                except ValidationError:
+                    continue  # not an entry: the reader refuses the line before any chain is checked
+                by_c = _verdict(views, thread_id, edited, links)
+                by_python = _verdict(views, thread_id, edited, None)
+                assert by_c == by_python, (path.name, edited)
+                compared += 1
+    assert threads > 100 and compared > 5 * threads, (threads, compared)
+
+
+@settings(max_examples=examples(200), deadline=None)
+@given(pieces=st.lists(st.binary(max_size=300), max_size=10), other=st.booleans())
+def test_a_snapshot_s_digest_is_checked_in_c_as_hashlib_checks_it(pieces: list[bytes], other: bool) -> None:
+    """`sha256_is` (improve/_digest.c, what a verified replay checks each journaled state with) answers as
+    hashlib does on the joined pieces, for the right digest, another one, and one of another length."""
+    digest = native.digest()
+    if digest is None:
+        pytest.skip("improve._digest is not built, or IMPROVE_PURE is set")
+    right = hashlib.sha256(b"".join(pieces)).hexdigest()
+    wrong = hashlib.sha256(b"x" + b"".join(pieces)).hexdigest() if other else right[:-1]
+    assert digest.sha256_is(tuple(pieces), right) is True
+    assert digest.sha256_is(tuple(pieces), wrong) is False
+    assert digest.sha256_is(tuple(pieces), right.upper()) is (right.upper() == right)
 
 
 def _zoned(value: str) -> bool:

@@ -42,6 +42,7 @@ from improve.errors import LogError, TamperError
 from improve.log.bulk import BulkEntry, EntryView, bulk_content, content_struct
 from improve.log.entry import END_EVENT, RESUME_KEY, SCHEMA_VERSION, LogEntry, Verification, line_tail
 from improve.machine import canonical_bytes, decoded_canonical_bytes, plain_json, sorted_text
+from improve.native import digest
 
 HASH_HEX = 32
 """Hex digits of an entryHash: the first 128 bits of the sha256."""
@@ -149,6 +150,14 @@ def check_chain(
 
     `lines`: the lines the entries were decoded from, one each, when at hand: a line laid out as
     `LogEntry.to_line` writes it is hashed as it is (`line_content`), not written again."""
+    checked_chain(entries, thread_id, lines, NATIVE_LINKS)
+
+
+def checked_chain(
+    entries: Sequence[EntryView], thread_id: str | None, lines: Sequence[bytes] | None, native: Any
+) -> None:
+    """`check_chain`, its fast path over lines taken by `native` (`NATIVE_LINKS`) or, given None, in
+    Python: the two are held to the same verdicts by tests."""
     if thread_id is None:
         raise LogError(
             "checking a chained thread needs its thread id (entry 0 is chained to it): pass thread_id=, "
@@ -161,10 +170,24 @@ def check_chain(
         )
     previous = thread_id
     opening = b"[" + _json_string(thread_id) + b","  # what the hashed text starts with: `previous` as JSON
-    thread: str | None = None
-    tail = b""  # `line_tail(thread)`, made once for the thread
+    thread = entries[0].threadId if entries else None
+    tail = line_tail(thread)  # made once for the thread
     sha256 = hashlib.sha256
+    if lines is None or type(entries) is not list or type(lines) is not list:
+        native = None
+    skip = 0  # the entries before it were verified by `native`
     for position, entry in enumerate(entries):
+        if position < skip:
+            continue
+        if native is not None and isinstance(entry, BulkEntry) and entry.threadId == thread:
+            # The same fast path in C (improve/_digest.c), from here to the first entry it cannot verify.
+            skip = native(entries, lines, position, opening, thread, tail, BulkEntry)
+            if skip > position:
+                previous = entries[skip - 1].verification.entryHash
+                opening = b"".join((b'["', previous.encode("utf-8"), b'",'))
+                if skip == len(entries):
+                    return
+                continue
         verification = entry.verification
         found = verification.entryHash if verification is not None else None
         if entry.schemaVersion != SCHEMA_VERSION or found is None:
@@ -201,6 +224,9 @@ def check_chain(
         if lines is not None:
             opening = b"[" + _json_string(found) + b","
 
+
+NATIVE_LINKS: Any = getattr(digest(), "links", None)
+"""`links` of improve/_digest.c, or None (`improve.native.digest`): chosen once, at import."""
 
 _NO_STATE = b',"verification":{"entryHash":"'
 _WITH_STATE = b'"verification":{"entryHash":"'

@@ -49,6 +49,7 @@ from improve.machine.snapshot import (
     snapshot_of,
     sorted_text,
 )
+from improve.native import digest
 
 Env = dict[str, Any]
 """The root variables of one step (`context`, `event`, `input`, `facts`), as `Scope.values` holds them."""
@@ -411,8 +412,12 @@ class Fold:
         """Whether msgspec's text of the run's snapshot hashes to `journaled`: `hash(run, journaled) ==
         journaled` as most of a verified replay asks it, without the canonical text a mismatch needs (the
         caller asks `hash` for that)."""
-        text = _snapshot_text(run, _invoke_of(run))
-        return text is not None and _sha256(text).hexdigest() == journaled
+        pieces = _snapshot_pieces(run, _invoke_of(run))
+        if pieces is None:
+            return False
+        if _SHA256_IS is not None:  # hashed where the pieces lie (improve/_digest.c)
+            return bool(_SHA256_IS(pieces, journaled))
+        return _sha256(b"".join(pieces)).hexdigest() == journaled
 
     def actor_source(self, run: FoldRun) -> str | None:
         """The source of the actor the run owes (`snapshot(run).invoke.src`), None when it owes none."""
@@ -478,7 +483,13 @@ def _invoke_of(run: FoldRun) -> tuple[str, str] | None:
 
 
 def _snapshot_text(run: FoldRun, invoke: tuple[str, str] | None) -> bytes | None:
-    """`sorted_text(shallow_json(...))` of the run, from pieces written once: the input once per run, the
+    """`sorted_text(shallow_json(...))` of the run (`_snapshot_pieces`, joined)."""
+    pieces = _snapshot_pieces(run, invoke)
+    return None if pieces is None else b"".join(pieces)
+
+
+def _snapshot_pieces(run: FoldRun, invoke: tuple[str, str] | None) -> tuple[bytes, ...] | None:
+    """`sorted_text(shallow_json(...))` of the run in pieces, written once each: the input once per run, the
     context once per context object (a step that assigns nothing keeps it), the rest once per state,
     actor and status while there is no output. msgspec writes a dict's members one after
     another, keys sorted, so the pieces joined in the keys' order (context, error, input, then invoke,
@@ -516,12 +527,12 @@ def _snapshot_text(run: FoldRun, invoke: tuple[str, str] | None) -> bytes | None
         if key is not None and len(_REST) < _REST_KEPT:
             _REST[key] = rest
     # shallow_json's keys in order: context, error, input, then the rest (invoke, output, status, value).
-    return b"".join(
-        (b'{"context":', run.context_text, b',"error":', error, b',"input":', run.input_text, b",", rest)
-    )
+    return (b'{"context":', run.context_text, b',"error":', error, b',"input":', run.input_text, b",", rest)
 
 
 _sha256 = hashlib.sha256
+_SHA256_IS: Any = getattr(digest(), "sha256_is", None)
+"""`sha256_is` of improve/_digest.c (`improve.native.digest`), or None: hashlib on the joined text."""
 
 _REST: dict[tuple[tuple[str, str] | None, str, str], bytes] = {}
 """`_snapshot_text`'s rest of a snapshot without output, by its actor, status and state: as many as the
