@@ -335,6 +335,21 @@ def test_bad_scenario_file_names_file_line_scenario_and_field(ws: Path) -> None:
     assert scenario_line <= line
 
 
+def test_a_file_and_line_is_printed_as_written_never_as_an_emoji(capsys: pytest.CaptureFixture[str]) -> None:
+    """rich reads `:100:` as an emoji code: `scenarios.yaml:100:` printed as `scenarios.yaml💯`, in
+    progress notes, errors and tables alike."""
+    from improve.cli.common import err, out, report, say
+    from improve.errors import ScenarioError
+
+    say("s.yaml:100: a note")
+    report(ScenarioError("s.yaml:100: scenario 'x': a problem at :smile: too"))
+    out.print("t.yaml:100:", markup=False)
+    err.print("u.yaml:1234:", markup=False)
+    captured = capsys.readouterr()
+    assert "s.yaml:100: a note" in captured.err and "s.yaml:100: scenario 'x'" in captured.err
+    assert ":smile:" in captured.err and "u.yaml:1234:" in captured.err and "t.yaml:100:" in captured.out
+
+
 def test_a_scenario_file_read_twice_gives_two_documents_and_an_edit_is_read_anew(tmp_path: Path) -> None:
     # Parsed documents are kept (a command reads one file several times): each read is still the
     # caller's own to change, dates stay dates, and a changed file is parsed again.

@@ -43,7 +43,10 @@ class _Console:
         if self._console is None:
             from rich.console import Console
 
-            self._console = Console(stderr=self._stderr, highlight=False, width=_WIDTH, soft_wrap=True)
+            # emoji=False: rich reads `:name:` as an emoji code, and `scenarios.yaml:100:` is a file and line.
+            self._console = Console(
+                stderr=self._stderr, highlight=False, width=_WIDTH, soft_wrap=True, emoji=False
+            )
         return getattr(self._console, name)
 
 
