@@ -367,11 +367,6 @@ def scenarios_add(
             comment=f"From thread {thread_id} (improve scenarios add --from-thread).",
         )
         warnings = split_warnings(scenarios, scenario.category) + leak_warnings(scenarios, scenario)
-        if expect in environment.config.sentinels():
-            warnings.append(
-                f"--expect {expect!r} is a sentinel of {env_name}, a state that must never be reached; a "
-                "scenario labelled with it passes only when the rule is broken"
-            )
         disagrees = reference_disagrees(environment, scenario)
         if disagrees is not None:
             warnings.append(

@@ -135,8 +135,15 @@ def scenario_from_thread(
 
 
 def check_label(env: Environment, expect: str, split: str) -> None:
-    """The label names a final state of `env` and a split."""
-    finals = env.config.final_states()
+    """The label names a final state of `env` that is no sentinel (`scenarios check` refuses the scenario
+    otherwise: `workspace.label_problem`), and a split."""
+    finals = set(env.config.final_states()) - set(env.config.sentinels())
+    if expect in env.config.sentinels():
+        raise ScenarioError(
+            f"--expect {expect!r} is a sentinel state of {env.name}, which a run must never reach (it counts "
+            f"a violation), so the scenario could never pass; label what the desk should have done: one of "
+            f"{', '.join(sorted(finals))}"
+        )
     if expect not in finals:
         raise ScenarioError(
             f"--expect {expect!r} is not a final state of {env.name}; a scenario's expected outcome is "
