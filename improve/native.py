@@ -10,6 +10,7 @@ twice as fast, and the differential tests hold their answers equal.
 
 from __future__ import annotations
 
+import importlib
 import importlib.machinery
 import os
 import sys
@@ -113,8 +114,7 @@ def digest() -> ModuleType | None:
     if os.environ.get(PURE_VARIABLE, "") not in ("", "0"):
         return None
     try:
-        from improve import _digest  # type: ignore[attr-defined]  # a C extension: no stub
+        # By name: a C extension, built or not (and importing it from the package would loop back to it).
+        return importlib.import_module("improve._digest")
     except ImportError:
         return None
-    module: ModuleType = _digest
-    return module

@@ -350,6 +350,30 @@ def test_a_file_and_line_is_printed_as_written_never_as_an_emoji(capsys: pytest.
     assert ":smile:" in captured.err and "u.yaml:1234:" in captured.err and "t.yaml:100:" in captured.out
 
 
+def test_a_policy_whose_guard_fails_on_every_decision_is_said_before_and_in_each_failed_run(ws: Path) -> None:
+    """A guard that does not type-check against the facts (a number compared with text) fails at every
+    decision it is asked: `run` says so before it runs (as `verify`'s lower gate would), and each failed
+    run's first reason is the policy's failure, not the fallback's answer read as the model's."""
+    from improve.loop.branches import insert_branch
+
+    policy = json.loads((ws / "policies" / "refunds" / "v0.json").read_text())
+    guard = "facts.requested > 'forty' && {'type': 'CLOSE'} in input.options"
+    doc = insert_branch(policy, guard, {"type": "'CLOSE'"}, 0, version="1", name="close", description="d")
+    (ws / "policies" / "refunds" / "v1.json").write_text(json.dumps(doc))
+    result = runner.invoke(app, ["run", "-w", str(ws), "--policy", "v1", "--k", "1", "--json"])
+    assert result.exit_code == 0, result.output
+    assert "warning: policy v1 does not type-check against refunds's facts" in result.stderr
+    assert "`improve verify v1` runs every gate" in result.stderr
+    threads = json.loads(result.stdout)["threads"]
+    failed = [t for t in threads if not t["passed"]]
+    assert failed and all(
+        t["reason"].startswith("the policy failed at decision 'chooseResolution': ") for t in failed
+    ), [t["reason"] for t in failed][:3]
+    # Runs that pass are not blamed on it (the fallback's answer was the label), and v0 is not warned about.
+    plain = runner.invoke(app, ["run", "-w", str(ws), "--k", "1", "--scenario", "small-refund-01"])
+    assert "warning" not in plain.stderr
+
+
 def test_a_scenario_file_read_twice_gives_two_documents_and_an_edit_is_read_anew(tmp_path: Path) -> None:
     # Parsed documents are kept (a command reads one file several times): each read is still the
     # caller's own to change, dates stay dates, and a changed file is parsed again.

@@ -60,10 +60,10 @@ def say(message: str) -> None:
 
 
 def warn_unknown_names(named: str, policy: MachineConfig, environment: Environment) -> None:
-    """Say, before a policy runs as asked, that it uses names its environment does not offer: its
-    decisions that reach them end in policy-error, which a scorecard or a comparison shows as the
-    agent's failures."""
-    from improve.loop import vocabulary_problems
+    """Say, before a policy runs as asked, that it uses names its environment does not offer, or guards
+    that do not type-check against its facts: its decisions that reach them end in policy-error, which
+    a scorecard or a comparison shows as the agent's failures."""
+    from improve.loop import type_problems, vocabulary_problems
 
     unknown = vocabulary_problems(policy, environment)
     if unknown:
@@ -71,6 +71,14 @@ def warn_unknown_names(named: str, policy: MachineConfig, environment: Environme
             f"warning: policy {named} uses names {environment.name} does not offer (its decisions that "
             f"reach them end in policy-error; `improve verify {named}` runs every gate): "
             + "; ".join(unknown[:3])
+        )
+        return
+    mistyped = type_problems(policy, environment)
+    if mistyped:
+        say(
+            f"warning: policy {named} does not type-check against {environment.name}'s facts (its decisions "
+            f"that reach it end in policy-error; `improve verify {named}` runs every gate): "
+            + "; ".join(mistyped[:3])
         )
 
 

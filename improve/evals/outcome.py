@@ -16,7 +16,7 @@ from improve.errors import ImproveError, RunError, raised
 from improve.evals.scenarios import Scenario
 from improve.log import EntryView, ThreadId, replay
 from improve.machine import DONE_EVENT, ERROR_EVENT, canonical_json
-from improve.runtime import Environment, recorded_thread
+from improve.runtime import POLICY_ERROR, Environment, recorded_thread
 
 
 @dataclass(frozen=True)
@@ -184,6 +184,19 @@ def _world_of(env: Environment, entries: Sequence[EntryView], thread_id: str) ->
     return world if isinstance(world, dict) else {}
 
 
+def policy_failure(entries: Sequence[EntryView]) -> str | None:
+    """Where the policy itself failed to evaluate in a thread (its first such decision, as journaled:
+    `POLICY_ERROR`), in words; None when it never did."""
+    for entry in entries:
+        source = (entry.metadata or {}).get("source")
+        if isinstance(source, str) and source.startswith(POLICY_ERROR):
+            decision = (entry.metadata or {}).get("decision")
+            name = decision.get("name") if isinstance(decision, dict) else None
+            where = f" at decision '{name}'" if name else ""
+            return f"the policy failed{where}: {source.removeprefix(POLICY_ERROR)}"
+    return None
+
+
 def outcome_row(
     env: Environment,
     scenario: Scenario | None,
@@ -229,6 +242,11 @@ def outcome_row(
                 reasons.append(f"unexpected effects {', '.join(diff.unexpected)}")
     if violations:
         reasons.append(f"{len(violations)} violation(s): {', '.join(v['rule'] for v in violations)}")
+    failed = policy_failure(entries) if reasons else None
+    if failed is not None:
+        # First: where the policy itself failed, the rest follows from it (a fallback's answer), and a run
+        # must not read as the model's wrong answer.
+        reasons.insert(0, failed)
     parsed = ThreadId.parse(thread_id)
     return OutcomeRow(
         thread_id=thread_id,

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
         gates_for,
         passed,
         run_gates,
+        type_problems,
         vocabulary_problems,
     )
     from improve.loop.inputs import Inputs, RoundOptions, locate, review_branch
@@ -61,6 +62,8 @@ _MODULES = {
         "gates_for",
         "passed",
         "run_gates",
+        "type_problems",
+        "type_problems",
         "vocabulary_problems",
     ),
     "improve.loop.inputs": ("Inputs", "RoundOptions", "locate", "review_branch"),
@@ -134,6 +137,7 @@ __all__ = [
     "run_round",
     "run_rounds",
     "score_policy",
+    "type_problems",
     "vocabulary_problems",
     "write_round_page",
 ]

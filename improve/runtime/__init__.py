@@ -4,6 +4,7 @@ from improve.errors import ActorFailure, ModelCallError, WorldFromThreadError
 from improve.runtime.chat import ChatModel, ChatSession
 from improve.runtime.decision import (
     MAX_FREE_TEXT,
+    POLICY_ERROR,
     Decider,
     Decision,
     DecisionRequest,
@@ -81,6 +82,7 @@ __all__ = [
     "MAX_EVENT_DEPTH",
     "MAX_FREE_TEXT",
     "MODEL_DECIDE",
+    "POLICY_ERROR",
     "REPLAY_FIRST_KEY",
     "Actor",
     "ActorCall",

@@ -29,7 +29,7 @@ from improve.loop.gates.explore import ExploreGate
 from improve.loop.gates.gate import Gate, GateContext, GateResult, Unparsed
 from improve.loop.gates.interactions import InteractionsGate
 from improve.loop.gates.lint import LintGate
-from improve.loop.gates.lower import LowerGate, typed_request
+from improve.loop.gates.lower import LowerGate, type_problems, typed_request
 from improve.loop.gates.novelty import NoveltyGate
 from improve.loop.gates.overfit import OverfitGate
 from improve.loop.gates.registry import BUILTIN_GATES, GATE_NAMES, GATES, gates_for
@@ -62,6 +62,7 @@ __all__ = [
     "passed",
     "run_gates",
     "scenario_literals",
+    "type_problems",
     "typed_request",
     "vocabulary_problems",
 ]

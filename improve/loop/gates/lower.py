@@ -7,8 +7,8 @@ from typing import Any
 
 from improve.errors import ImproveError
 from improve.loop.gates.gate import GateContext, GateResult
-from improve.machine import Scope, state_path
-from improve.runtime import Vocabulary, compile_policy
+from improve.machine import Machine, MachineConfig, Scope, state_path
+from improve.runtime import Environment, Vocabulary, compile_policy, vocabulary
 
 _PROBE_VALUES = {"number": 1.5, "int": 1, "string": "text", "text": "text", "bool": False, "any": None}
 
@@ -51,21 +51,7 @@ class LowerGate:
         except ImproveError as err:
             return GateResult(self.name, False, f"the policy does not compile: {err}")
         ctx.machine = machine
-        problems = []
-        for index, words in enumerate(ctx.vocab.decisions):
-            request = typed_request(ctx.vocab, index)
-            scope = Scope(input=request, facts=request["facts"], context={}, event={"type": "xstate.init"})
-            for name, state in machine.states.items():
-                for t in state.choice:
-                    if t.guard is None:
-                        continue
-                    try:
-                        t.guard.check_bool(scope)
-                    except ImproveError as err:
-                        problems.append(
-                            f"{state_path(name)}: type error for decision '{words.name}': {err} "
-                            f"(fact types: {dict(words.facts)})"
-                        )
+        problems = _type_errors(machine, ctx.vocab)
         if problems:
             return GateResult(
                 self.name,
@@ -74,3 +60,33 @@ class LowerGate:
                 + "\n".join(f"- {p}" for p in problems),
             )
         return GateResult(self.name, True, "ok")
+
+
+def type_problems(policy: MachineConfig, env: Environment) -> list[str]:
+    """What the `lower` gate refuses in `policy` for `env`: a policy that does not compile, or guards that
+    do not type-check against the declared fact types (each decision that reaches them ends in
+    policy-error)."""
+    try:
+        machine = compile_policy(policy, env.judgments, env.policy_guards)
+    except ImproveError as err:
+        return [f"the policy does not compile: {err}"]
+    return _type_errors(machine, vocabulary(env))
+
+
+def _type_errors(machine: Machine, vocab: Vocabulary) -> list[str]:
+    problems = []
+    for index, words in enumerate(vocab.decisions):
+        request = typed_request(vocab, index)
+        scope = Scope(input=request, facts=request["facts"], context={}, event={"type": "xstate.init"})
+        for name, state in machine.states.items():
+            for t in state.choice:
+                if t.guard is None:
+                    continue
+                try:
+                    t.guard.check_bool(scope)
+                except ImproveError as err:
+                    problems.append(
+                        f"{state_path(name)}: type error for decision '{words.name}': {err} "
+                        f"(fact types: {dict(words.facts)})"
+                    )
+    return problems
