@@ -462,6 +462,17 @@ def test_a_fact_value_its_declared_type_does_not_allow_is_named_by_check(tmp_pat
     assert ran.exit_code == 3, ran.output
     said = " ".join(ran.stderr.split())
     assert f"scenario '{crasher['id']}' (" in said and "`improve scenarios check`" in said, said
+    # A run (and a round, before it learns from them) says the misspelt value before it runs, with its
+    # file and line, and runs as asked.
+    ran = runner.invoke(app, ["run", "-w", str(ws), "--k", "1", "--scenario", victim["id"]])
+    assert ran.exit_code == 0, ran.output
+    line = next(n for n, text in enumerate(path.read_text().splitlines(), 1) if f"id: {victim['id']}" in text)
+    said = " ".join(ran.stderr.split())
+    assert (
+        f"warning: {path}:{line}: scenario '{victim['id']}': decision 'triage': customer.plan = 'enterprize'"
+        in said
+    )
+    assert said.index("warning:") < said.index("running 1 scenarios")
 
 
 def test_demo_and_lock_print_one_json_document_for_scripts(tmp_path: Path, ws: Path) -> None:

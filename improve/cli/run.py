@@ -108,6 +108,7 @@ def run_command(
         UnsealedScore,
         check_unsealable,
         fallbacks,
+        mistyped_warnings,
         policy_label,
         scorecard,
         suite_spec,
@@ -140,6 +141,8 @@ def run_command(
             )
         policy_config = space.load_policy(env_name, policy)
         warn_unknown_names(policy, policy_config, environment)  # run as asked, but not without saying so
+        for warning in mistyped_warnings(environment, chosen, Path(scenario_set.source)):
+            say(warning)
         spec = suite_spec(
             space, environment, policy_config, model, k=k, cache=cache.value, people=not suspend
         )

@@ -78,7 +78,13 @@ from improve.evals.workspace import (
 if TYPE_CHECKING:
     from improve.evals.charts import VersionScore, category_chart, history_chart, svg_chart
     from improve.evals.export import ExportSelection, OtlpExport, otlp_export, select_for_export
-    from improve.evals.fact_check import ReferenceCheck, reference_check, reference_disagrees
+    from improve.evals.fact_check import (
+        ReferenceCheck,
+        mistyped_facts,
+        mistyped_warnings,
+        reference_check,
+        reference_disagrees,
+    )
     from improve.evals.ledger import OUTCOMES_SQL, Ledger, Production, Recorded
     from improve.evals.materialize import refresh_outcomes, score_threads
     from improve.evals.out_of_sample import (
@@ -130,6 +136,8 @@ _LAZY = {
     "select_for_export": "improve.evals.export",
     "score_threads": "improve.evals.materialize",
     "reference_disagrees": "improve.evals.fact_check",
+    "mistyped_facts": "improve.evals.fact_check",
+    "mistyped_warnings": "improve.evals.fact_check",
     "reference_check": "improve.evals.fact_check",
     "ReferenceCheck": "improve.evals.fact_check",
     "OutOfSample": "improve.evals.out_of_sample",
@@ -223,6 +231,8 @@ __all__ = [
     "label_problem",
     "leak_warnings",
     "load_scenarios",
+    "mistyped_facts",
+    "mistyped_warnings",
     "open_fanout",
     "otlp_export",
     "outcome_row",

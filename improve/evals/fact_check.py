@@ -11,14 +11,17 @@ not of its declared type, and a run that stops (a tool that crashes on the scena
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from improve.errors import MachineError
 from improve.evals.out_of_sample import REFERENCE_MODEL
 from improve.evals.scenarios import Scenario
 from improve.evals.suite import run_scenario
 from improve.log import MemoryStore
+from improve.machine import initial
 from improve.runtime import Decision, DecisionRequest, Environment, FactType, Model, split_unit
 
 
@@ -40,6 +43,8 @@ class ReferenceCheck:
 
     problems: list[str]
     """That the run stops, and each declared fact of its decisions whose value its type does not allow."""
+    mistyped: tuple[str, ...] = ()
+    """The latter alone (`problems` has them too)."""
     unreached: str | None = None
     """Why the run fails the scenario's label, when it ran through and does (the label is the person's:
     a warning, worth a second look before a round learns from it)."""
@@ -53,31 +58,80 @@ def reference_check(env: Environment, scenario: Scenario) -> ReferenceCheck:
     names a run that cannot start; the stand-in is what makes a run here without asking a model)."""
     from improve.evals.outcome import outcome_row
 
-    factory = env.models.get(REFERENCE_MODEL)
-    if factory is None:
+    if REFERENCE_MODEL not in env.models:
         return ReferenceCheck([])
-    seeing = _Seeing(factory(f"{scenario.id}:check"))
     store, thread = MemoryStore(), f"check:{scenario.id}"
-    problems: list[str] = []
+    stopped, mistyped = _reference_run(env, scenario, store, thread)
+    problems = list(dict.fromkeys(([stopped] if stopped else []) + mistyped))
+    if problems:
+        return ReferenceCheck(problems, tuple(mistyped))
+    row = outcome_row(env, scenario, thread, store.read(thread))
+    return ReferenceCheck([], (), None if row.passed else row.reason)
+
+
+def _reference_run(
+    env: Environment, scenario: Scenario, store: MemoryStore, thread: str
+) -> tuple[str | None, list[str]]:
+    """One run of the scenario with `careful` into `store`: that it stops (or None), and each declared
+    fact of its decisions whose value its type does not allow (those made before it stopped too)."""
+    seeing = _Seeing(env.models[REFERENCE_MODEL](f"{scenario.id}:check"))
+    stopped = None
     try:
         run_scenario(env, scenario, seeing, store, thread, hashes=False)
     except Exception as err:  # a tool's own bug is the scenario's problem to name, whatever it raises
         said = str(err).removeprefix(f"thread {thread}: ") or repr(err)
-        problems.append(
-            f"a run with {REFERENCE_MODEL} stops: {said} (`improve run` would stop the suite on it)"
-        )
-    # The requests made before it stopped are checked all the same.
+        stopped = f"a run with {REFERENCE_MODEL} stops: {said} (`improve run` would stop the suite on it)"
+    mistyped: list[str] = []
     for request in seeing.requests:
         for path, kind in env.fact_types.get(request.name, {}).items():
             found, value = _at(request.facts, path)
             why = _mistyped(value, kind) if found else None
             if why:
-                problems.append(f"decision '{request.name}': {path} = {value!r} {why}")
-    problems = list(dict.fromkeys(problems))
-    if problems:
-        return ReferenceCheck(problems)
-    row = outcome_row(env, scenario, thread, store.read(thread))
-    return ReferenceCheck([], None if row.passed else row.reason)
+                mistyped.append(f"decision '{request.name}': {path} = {value!r} {why}")
+    return stopped, list(dict.fromkeys(mistyped))
+
+
+def mistyped_warnings(
+    env: Environment, scenarios: Sequence[Scenario], path: Path, most: int = 5
+) -> list[str]:
+    """`mistyped_facts` as the warnings `improve run` and a round print before they run: the first
+    `most`, then how many more and where they are all named."""
+    found = mistyped_facts(env, scenarios, path)
+    said = [
+        f"warning: {problem} (a rule over the fact never matches the value, and the run reads it as given)"
+        for problem in found[:most]
+    ]
+    if len(found) > most:
+        said.append(
+            f"warning: {len(found) - most} more such value(s); `improve scenarios check` names them all"
+        )
+    return said
+
+
+def mistyped_facts(env: Environment, scenarios: Sequence[Scenario], path: Path) -> list[str]:
+    """`file:line: scenario 'id': decision 'd': path = value is not ...` for every declared fact of the
+    scenarios' decisions whose value its type does not allow, as `improve scenarios check` finds them
+    (one run each with `careful`, in memory; none without it). What `improve run` and a round say before
+    they run: a rule over such a fact silently never matches the value, and the scenario teaches nothing
+    about it."""
+    from improve.evals.scenarios import scenario_lines
+
+    if REFERENCE_MODEL not in env.models:
+        return []
+    found: list[str] = []
+    lines: dict[str, int] | None = None
+    for scenario in scenarios:
+        try:
+            initial(env.machine, scenario.input)
+        except MachineError:
+            continue  # the run names a scenario its machine cannot start with
+        # The run's own stop, if any, is the run's to say (it stops there, naming the scenario).
+        _, mistyped = _reference_run(env, scenario, MemoryStore(), f"check:{scenario.id}")
+        if mistyped:
+            lines = scenario_lines(path) if lines is None else lines
+            where = f"{path}:{lines[scenario.id]}" if scenario.id in lines else str(path)
+            found += [f"{where}: scenario '{scenario.id}': {problem}" for problem in mistyped]
+    return found
 
 
 def _at(facts: Mapping[str, Any], path: str) -> tuple[bool, Any]:

@@ -54,6 +54,7 @@ from improve.evals import (
     decide,
     every,
     fallbacks,
+    mistyped_warnings,
     outcome_row,
     paired,
     policy_content,
@@ -117,14 +118,21 @@ Say = Callable[[str], None]
 SPLITS = ("train", "held-out")
 
 
-def run_round(space: Workspace, opts: RoundOptions, say: Say = lambda m: None) -> RoundRecord:
-    """One round (see the module's docstring)."""
+def run_round(
+    space: Workspace, opts: RoundOptions, say: Say = lambda m: None, *, check_facts: bool = True
+) -> RoundRecord:
+    """One round (see the module's docstring). `check_facts`: say first the scenarios' fact values their
+    declared types do not allow (`mistyped_warnings`), which the round would learn from as given."""
     # Before anything runs or a branch is made: the round's report folder can be written.
     check_directory(space.reports, "the reports directory")
     # One writer of the workspace's threads at a time: a second round (or run, or resume) waits, and
     # reads the CHANGELOG and the discarded candidates (the version it takes) after this one has written.
     with space.writing(say):
         inputs = locate(space, opts.env, opts.policy)
+        if check_facts:
+            path = space.scenarios_path(inputs.env_name)
+            for warning in mistyped_warnings(inputs.env, inputs.scenarios, path):
+                say(warning)
         with Ledger(space, inputs.env) as ledger:
             return Round(space, opts, inputs, ledger, say).run()
 
@@ -147,7 +155,10 @@ def run_rounds(
     for number in range(1, rounds + 1):
         say(f"round {number}/{rounds} against {opts.policy}")
         record = run_round(
-            space, dataclasses.replace(opts, skip=list(skip), counterfactuals=counterfactuals), say
+            space,
+            dataclasses.replace(opts, skip=list(skip), counterfactuals=counterfactuals),
+            say,
+            check_facts=number == 1,  # the same scenarios every round: said once
         )
         records.append(record)
         if record.status == "recommended" and number < rounds:
