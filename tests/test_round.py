@@ -2584,6 +2584,52 @@ def test_a_round_without_a_narrower_rule_moves_on_to_the_next_cluster(tmp_path: 
 
 
 @pytest.mark.slow
+def test_a_cluster_that_comes_round_again_with_nothing_new_ends_the_round_as_nothing_left(
+    tmp_path: Path, no_token: None
+) -> None:
+    """Every cluster tried along the line (each candidate refused at the gates), the one tried longest ago
+    comes round again; with no candidate that passes the gates either, the round found nothing left to try,
+    as `--rounds` says when it tries the clusters in one run: no CHANGELOG entry, and exit 0 from the CLI,
+    where it was a discarded candidate (a version and an entry each time `improve round` was run)."""
+    space = scratch(tmp_path)
+    (tmp_path / "desk_gates.py").write_text(
+        "from improve.loop import GateResult\n\n\n"
+        "class Never:\n"
+        "    name = 'never'\n\n"
+        "    def run(self, ctx):\n"
+        "        return GateResult(self.name, False, 'no candidate passes this desk')\n"
+    )
+    toml = tmp_path / "improve.toml"
+    toml.write_text(toml.read_text() + '\n[gates.never]\nmodule = "desk_gates:Never"\n')
+    repo = git.Repo(tmp_path)
+    repo.git.add("-A")
+    repo.index.commit("a gate no candidate passes")
+    space = Workspace.load(toml)
+    changelog = space.policies_dir("refunds") / "CHANGELOG.md"
+    clusters: list[str] = []
+    for _ in range(8):
+        record = run_round(space, RoundOptions(policy="v0", k=1))
+        if record.status != "discarded":
+            break
+        assert record.cluster and record.cluster not in clusters, (record.cluster, clusters)
+        clusters.append(record.cluster)
+    assert len(clusters) >= 2, clusters
+    assert record.status == "nothing-to-fix" and not record.goal_met, record.decision_detail
+    assert record.cluster == clusters[0], (record.cluster, clusters)
+    assert record.decision_detail.startswith(
+        f"nothing left to try: every cluster was tried along this policy's line, and {clusters[0]}, tried "
+        "longest ago, came round again with nothing new (the candidate did not pass the gates"
+    ), record.decision_detail
+    entries = changelog.read_text(encoding="utf-8")
+    assert entries.count("(discarded)") == len(clusters), entries
+    # From the CLI: the same state, exit 0, the CHANGELOG left as it is.
+    result = CliRunner().invoke(app, ["round", "-w", str(tmp_path), "--policy", "v0", "--k", "1"])
+    assert result.exit_code == 0, result.output
+    assert "nothing-left-to-try" in result.stdout
+    assert changelog.read_text(encoding="utf-8") == entries
+
+
+@pytest.mark.slow
 def test_a_rerun_after_a_killed_round_replaces_its_report_and_adds_no_commit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

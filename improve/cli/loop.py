@@ -135,7 +135,8 @@ def round_command(
     generator draws, and the PR says how often a learned branch answered where careful was right.
 
     Exit 0 when a candidate is recommended (or the goal already holds, or every failure cluster was
-    tried: nothing-left-to-try), 1 when every candidate was
+    tried and the one tried longest ago came round again with no candidate that passes the gates:
+    nothing-left-to-try, which spends no CHANGELOG entry), 1 when every candidate was
     discarded or the spend limit stopped the round, 2 on usage errors, 3 when a run, git or the
     endpoint failed. With --executor dask://HOST:PORT the suites' runs go to a Dask cluster's
     workers in batches (diagnosis and the gates stay here); the decision is the same as a local

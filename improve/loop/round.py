@@ -309,6 +309,7 @@ class Round:
                 if not step():
                     break
             self._join_baseline()  # a round that stopped early still records the baseline's runs
+            self._nothing_new()
             return self.record()
         finally:
             if self._baseline_suite is not None:
@@ -1347,6 +1348,28 @@ class Round:
         return (
             f"{self.proposal.rationale} It carries the branch(es) of candidate {self.behind.candidate} "
             f"(round {self.behind.round}), which gained too little alone: {shown}."
+        )
+
+    def _nothing_new(self) -> None:
+        """A cluster that came round again (every cluster was tried along this line) with no candidate
+        that passes the gates: the round found nothing left to try, as `--rounds` says when the clusters
+        left are tried in one run. No candidate ran or read the held-out set, so no CHANGELOG entry and
+        no version are spent on it (the workspace still remembers what was tried, and the next round
+        brings another cluster round). Ending as discarded made each new `improve round` on a policy
+        with nothing left spend a version and an entry, and exit 1 where `--rounds` exits 0."""
+        if (
+            self.again is None
+            or self.verdict is not None
+            or self.request is None
+            or self.status != "discarded"
+        ):
+            return
+        why = self._gate_detail()
+        self.status = "nothing-to-fix"
+        self.detail = (
+            f"nothing left to try: every cluster was tried along this policy's line, and {self.again}, tried "
+            f"longest ago, came round again with nothing new ({why}); label more training scenarios like "
+            "its failures, or try another proposer"
         )
 
     def _gate_detail(self) -> str:
