@@ -3,6 +3,7 @@ loosened guard makes them reachable (or the proof proves nothing); every normal 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from typing import Any
@@ -79,6 +80,25 @@ def test_a_loosened_issue_guard_reaches_the_approval_sentinel() -> None:
         recompile(APPROVAL, config), "illegallyIssued", {"amount": 240, "reason": "x"}, APPROVAL.probe
     )
     assert result.reachable and result.witness == [{"type": "ISSUE"}]
+
+
+def test_a_person_s_event_without_probe_values_is_sent_with_a_value_of_its_type() -> None:
+    """The approval desk's person sends APPROVE{approver}; read without `has()` (`event.approver`), the
+    field is required. A probe that gives no approver used to send APPROVE without one, and the machine's
+    read of it stopped the search (`improve explore` exit 3 on a bare CEL error); a value of the field's
+    type is sent instead, and the search goes on through the approval."""
+    assert APPROVAL.probe is not None
+    config = APPROVAL.config.model_copy(deep=True)
+    approve = config.states["approving"].on["APPROVE"]
+    assert isinstance(approve, TransitionConfig) and approve.assign is not None
+    approve.assign["approver"] = "event.approver"
+    bare = dataclasses.replace(
+        APPROVAL.probe, payloads={k: v for k, v in APPROVAL.probe.payloads.items() if k != "APPROVE"}
+    )
+    large = next(i for i in APPROVAL.probe_inputs if i["amount"] > 100)
+    found = explore_paths(recompile(APPROVAL, config), large, bare)
+    assert {"issued", "rejected"} <= set(found.terminals), found.terminals
+    assert not set(APPROVAL.config.sentinels()) & set(found.terminals)
 
 
 def test_predicate_targets_and_limits_make_the_search_incomplete() -> None:

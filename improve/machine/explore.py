@@ -13,7 +13,8 @@ no outputs given: then "unreachable" is a proof, relative to the options. With a
 Decisions (`agent.decide`) branch on every allowed event with every combination of its enumerated
 payload values *and* the probe values: a guard is tested even against answers the decision protocol
 would refuse as invalid payloads, so a proof holds for a decider that ignores the closed choice too.
-Idle states (waiting for a person) branch on every event they accept, with the probe payloads.
+Idle states (waiting for a person) branch on every event they accept, with the probe payloads (a field
+the event needs that the probe gives no values for takes one of its declared or derived type).
 
 Resumes. A run that stops in a waiting state can be resumed (`improve resume`), and a resume may grant
 a fresh model-call budget (`Environment.resume_budget`), so the number of resumes along one path bounds
@@ -140,6 +141,25 @@ def _combos(event_type: str, fields: Mapping[str, Sequence[Any]]) -> list[dict[s
     return [{"type": event_type, **dict(zip(names, combo, strict=True))} for combo in values]
 
 
+_TYPED: dict[str | None, list[Any]] = {
+    "string": [PROBE_TEXT],
+    "number": [0, 1.5],
+    "integer": [0, 1],
+    "boolean": [False, True],
+    "object": [{}],
+    "array": [[]],
+}
+"""Values of each payload type (`waits.PAYLOAD_TYPES`) for a waiting state's event whose field the probe
+gives none for."""
+
+
+def _waited(machine: Machine, state: str) -> dict[str, Mapping[str, Any]]:
+    """What the waiting `state` accepts, by event: the JSON Schema of each payload (`waits.waiting_for`)."""
+    from improve.machine.waits import waiting_for
+
+    return {w["type"]: w["payload"] for w in waiting_for(machine, state)}
+
+
 def _merge(own: Any, probes: Sequence[Any]) -> list[Any]:
     base = [PROBE_TEXT] if own == FREE_TEXT else list(own or [])
     out: list[Any] = []
@@ -157,8 +177,16 @@ def branches(
     if invocation is None:
         state = machine.states[snapshot.value]
         events: list[dict[str, Any]] = []
+        wanted = _waited(machine, snapshot.value) if state.idle else {}
         for event_type in state.on:
-            events += _combos(event_type, options.payloads.get(event_type, {}))
+            fields = dict(options.payloads.get(event_type, {}))
+            # A field a person's event needs that the probe gives no values for: one of its type, so the
+            # search goes on through the state (sent without it, the machine's read of it fails).
+            schema = wanted.get(event_type, {})
+            for name in schema.get("required", ()):
+                if name not in fields:
+                    fields[name] = _TYPED.get(schema["properties"][name].get("type"), [None])
+            events += _combos(event_type, fields)
         return events, None
     if invocation.src == DECIDE_SRC:
         request = invocation.input
