@@ -549,6 +549,14 @@ def test_a_truncated_thread_is_incomplete_never_verified(
     assert doc["incomplete"] == 1 and doc["threads"][0]["verification"] == "incomplete"
     # Without --verify nothing is checked, and nothing fails.
     assert runner.invoke(app, ["replay", "-w", str(ws), THREAD]).exit_code == 0
+    # Ingested, it is set aside, and counted as such alone: not also as scored.
+    ingested = runner.invoke(app, ["ingest", "-w", str(ws), str(ws / "traces"), "--json"])
+    outcomes = json.loads(ingested.stdout)["outcomes"]
+    assert (outcomes["replayed"], outcomes["scored"], outcomes["quarantined"]) == (0, 0, 1), outcomes
+    said = runner.invoke(
+        app, ["ingest", "-w", str(ws), str(ws / "traces"), "--db", str(tmp_path / "b.duckdb")]
+    )
+    assert "outcomes: 0 thread(s) replayed (0 scored, 0 failed)" in said.stderr, said.stderr
 
 
 def test_a_thread_renamed_into_another_is_caught_at_entry_0(

@@ -166,7 +166,6 @@ def _replay_pending(
         scenario = scenario_sets[env.config.id].get(parsed.scenario) if parsed else None
         try:
             scored = outcome_row(env, scenario, thread_id, entries, verify=True)
-            report.scored += scenario is not None
         except LogError as err:
             # It does not verify: set aside with the reason, never scored.
             quarantined.append((thread_id, env.name, str(err), len(entries)))
@@ -191,6 +190,7 @@ def _replay_pending(
             continue
         rows.append(_row(env, scored, len(entries), label_digest(scenario) if scenario is not None else None))
         report.replayed += 1
+        report.scored += scenario is not None  # counted once its row is kept: a set-aside thread is not
         if progress and done % 500 == 0:
             progress(done, len(pending))
 
