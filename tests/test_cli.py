@@ -89,8 +89,17 @@ def test_second_run_reuses_recorded_threads(ws: Path) -> None:
         again = runner.invoke(app, args)
         assert again.exit_code == 0 and "reused" not in again.stderr, again.output
         assert path.read_text() != before
+        said = " ".join(again.stderr.split())
+        assert f"ran 1 recorded thread(s) again, each replaced: {path.stem}: recorded before" in said, said
     stamp = json.loads(path.read_text().splitlines()[0])["metadata"]
     assert set(stamp["digests"]) == {"environment", "scenario"}
+    # A thread cut short (its last lines lost, a run killed): run again, and said so, with where it stopped.
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join(lines[:3]) + "\n")
+    again = runner.invoke(app, args)
+    assert again.exit_code == 0 and len(path.read_text().splitlines()) == len(lines), again.output
+    said = " ".join(again.stderr.split())
+    assert f"{path.stem}: cut short after entry 2 (no end entry)" in said, said
 
 
 def test_score_leaves_out_runs_recorded_before_the_scenario_changed(ws: Path) -> None:

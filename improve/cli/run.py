@@ -192,6 +192,13 @@ def run_command(
                 reused_count = sum(p.reused for p in plan)
                 if reused_count:
                     err.print(f"reused {reused_count} recorded threads (--fresh runs them again)")
+                again = [p for p in plan if p.replaced is not None]
+                if again:
+                    say(
+                        f"ran {len(again)} recorded thread(s) again, each replaced: "
+                        + "; ".join(f"{p.thread_id}: {p.replaced}" for p in again[:3])
+                        + (f"; and {len(again) - 3} more" if len(again) > 3 else "")
+                    )
                 summary = summarize(rows)
                 fell_back = fallbacks(rows)
                 unsealed = [r for r in rows if r.split == SEALED_SPLIT]

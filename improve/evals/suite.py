@@ -372,6 +372,8 @@ class PlannedRun:
     reused: bool
     entries: list[LogEntry] | None = None
     """The reused thread's entries, read once while checking it (None for a run made now)."""
+    replaced: str | None = None
+    """Why a thread recorded under its id was run again rather than reused (`_reusable`), if one was."""
 
 
 def every(runs: int, say: Callable[[str], None], what: str) -> Callable[[int, int], None]:
@@ -428,11 +430,15 @@ def write_threads(
     planned = [(scenario, n) for scenario in scenarios for n in numbers]
     # Threads already recorded with this stamp, read once: checked here, handed on with the plan.
     recorded: dict[str, list[LogEntry]] = {}
+    replaced: dict[str, str] = {}
     if not fresh:
         for sc, n in planned:
-            entries = _reusable(env, store, spec.thread_id(sc, n), spec.stamp(env, sc, n), spec.people)
+            thread_id = spec.thread_id(sc, n)
+            entries, why = _reuse(env, store, thread_id, spec.stamp(env, sc, n), spec.people)
             if entries is not None:
-                recorded[spec.thread_id(sc, n)] = entries
+                recorded[thread_id] = entries
+            elif why is not None:
+                replaced[thread_id] = why
     todo = [(sc, n) for sc, n in planned if spec.thread_id(sc, n) not in recorded]
     if executor is not None and todo:
         _fan_out(Fanout.of(executor), env, spec, store, todo, max(1, concurrency), ran, meter, start_from)
@@ -454,7 +460,16 @@ def write_threads(
     plan = []
     for scenario, n in planned:
         thread_id = spec.thread_id(scenario, n)
-        plan.append(PlannedRun(scenario, n, thread_id, thread_id in recorded, recorded.get(thread_id)))
+        plan.append(
+            PlannedRun(
+                scenario,
+                n,
+                thread_id,
+                thread_id in recorded,
+                recorded.get(thread_id),
+                replaced.get(thread_id),
+            )
+        )
     return plan
 
 
@@ -619,11 +634,19 @@ def _reusable(
     round), a run `--suspend` left waiting, which nobody resumed, is no outcome of the policy: it runs
     again, its scenario's people script answering the wait (a waiting run scored as a failure gave a
     round's baseline failures its candidate then seemed to fix)."""
+    return _reuse(env, store, thread_id, stamp, people)[0]
+
+
+def _reuse(
+    env: Environment, store: Store, thread_id: str, stamp: dict[str, Any], people: bool = True
+) -> tuple[list[LogEntry] | None, str | None]:
+    """`_reusable`, and why a thread recorded under the id is run again (None when none was, or it is
+    reused)."""
     entries = store.read(thread_id)
     if not entries:
-        return None
+        return None, None
     if not people and any((e.metadata or {}).get("source") == "person" for e in entries):
-        return None
+        return None, "its people's script answered it, and --suspend waits instead"
     metadata = entries[0].metadata or {}
     recorded = {k: v for k, v in metadata.items() if k not in ("maxModelCalls", DIGESTS)}
     wanted = {k: v for k, v in stamp.items() if k != DIGESTS}
@@ -642,24 +665,24 @@ def _reusable(
     if metadata.get(DIGESTS) != stamp[DIGESTS]:
         # Recorded before the environment's files or the scenario changed (or by a version of improve
         # that did not stamp them): evidence of other inputs, so it is run again, and replaced.
-        return None
+        return None, "recorded before the environment's files or the scenario changed"
     try:
         result = replay(env.machine, entries)
     except LogError:
         # It does not even fold (an entry removed, reordered): reused as it is, so the ledger's
         # verification sets it aside with the reason instead of a new run silently replacing it.
-        return entries
+        return entries, None
     # An interrupted run (the thread stops while an actor is owed, or before its end entry) is run
     # again from the start.
     if result.status == "incomplete" or (is_chained(entries) and result.ended is None):
-        return None
+        return None, f"cut short after entry {len(entries) - 1} (no end entry)"
     if (
         people
         and result.status in RESUMABLE_STATUSES
         and not any((e.metadata or {}).get("source") == "resume" for e in entries)
     ):
-        return None
-    return entries
+        return None, "left waiting by --suspend, and never resumed"
+    return entries, None
 
 
 def inputs_digests(env: Environment, scenario: Scenario) -> dict[str, str]:
