@@ -484,6 +484,26 @@ def test_a_fact_value_its_declared_type_does_not_allow_is_named_by_check(tmp_pat
     assert said.index("warning:") < said.index("running 1 scenarios")
 
 
+def test_a_problem_every_scenario_shares_is_said_once() -> None:
+    """A machine expression that fails on any data stops every scenario's run: `scenarios check` said it
+    once per scenario (56 lines); it says it once, with the first line and the count, and the others as
+    they were. `--json` keeps each."""
+    from improve.cli.evals import _grouped
+
+    same = "a run with careful stops: state 'x'.on.E[0].guard: `context.a.typo` failed"
+    problems = [f"s.yaml:{4 + 10 * i}: scenario 's{i}': {same}" for i in range(5)]
+    problems.insert(2, "s.yaml:99: scenario 'odd': decision 'd': facts.plan = 'gold' is not one of [...]")
+    problems.append("s.yaml: category 'c' has no scenario in held-out")
+    grouped = _grouped(problems)
+    assert grouped == [
+        f"s.yaml:4: scenario 's0' and 4 more scenario(s) ('s0', 's1', 's2', ...): {same} (the same in each: "
+        "look at the machine or the tool before the scenarios)",
+        problems[2],
+        problems[-1],
+    ]
+    assert _grouped(problems[:2]) == problems[:2]  # two alike are said as they are
+
+
 def test_demo_and_lock_print_one_json_document_for_scripts(tmp_path: Path, ws: Path) -> None:
     """`--json`: what the demo did (each round's record as `improve round --json` prints it), and what
     `improve lock` recorded; the progress goes to stderr."""

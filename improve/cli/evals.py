@@ -4,6 +4,7 @@ labelled scenarios they are measured against."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -256,7 +257,7 @@ def scenarios_check(
         if as_json:
             emit_json(summary | {"ok": not problems, "problems": problems})
         elif problems:
-            for problem in problems:
+            for problem in _grouped(problems):
                 err.print(problem, markup=False)
         else:
             sealed = f" / {summary['test']} test (sealed)" if summary["test"] else ""
@@ -268,6 +269,33 @@ def scenarios_check(
             )
         if problems:
             raise typer.Exit(EXIT_FAILED)
+
+
+def _grouped(problems: list[str]) -> list[str]:
+    """The problems as printed: one that three or more scenarios share word for word (an expression of
+    the machine that fails on any data, a tool that crashes on every world) said once, with the first
+    scenario's line and how many more; `--json` keeps each."""
+    shape = re.compile(r"^(?P<where>.*?: scenario '(?P<id>[^']*)'): (?P<what>.*)$", re.S)
+    by_what: dict[str, list[re.Match[str]]] = {}
+    for problem in problems:
+        found = shape.match(problem)
+        if found:
+            by_what.setdefault(found["what"], []).append(found)
+    out: list[str] = []
+    said: set[str] = set()
+    for problem in problems:
+        found = shape.match(problem)
+        shared = by_what.get(found["what"], []) if found else []
+        if not found or len(shared) < 3:
+            out.append(problem)
+        elif found["what"] not in said:
+            said.add(found["what"])
+            ids = ", ".join(f"'{m['id']}'" for m in shared[:3])
+            out.append(
+                f"{found['where']} and {len(shared) - 1} more scenario(s) ({ids}, ...): {found['what']} "
+                "(the same in each: look at the machine or the tool before the scenarios)"
+            )
+    return out
 
 
 @scenarios_app.command("add", cls=Command)
