@@ -2484,6 +2484,10 @@ def test_a_branch_discarded_against_a_policy_is_not_proposed_against_it_again(tm
     assert not Changelog.read(tmp_path / "policies" / "refunds" / "CHANGELOG.md").discarded_branches("v0")
     remembered = (tmp_path / ".improve" / "discarded" / "refunds.jsonl").read_text().splitlines()
     assert len(remembered) == 1 and json.loads(remembered[0])["cluster"] == first.cluster
+    # `improve score` counts the reads as a round does: the reverted entry's read is remembered too.
+    scored = CliRunner().invoke(app, ["score", "-w", str(tmp_path), "--policy", "v0", "--json"])
+    assert scored.exit_code == 0, scored.output
+    assert first.held_out and json.loads(scored.stdout)["held_out_reads"]["reads"] == first.held_out.read
     assert json.loads(remembered[0])["model"] == first.model == "naive"  # a cluster is a model's failures
     # And what its cluster was mined from, the training set and the environment: one found rule-less is
     # tried once either changes.

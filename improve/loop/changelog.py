@@ -219,13 +219,28 @@ class Changelog:
         numbers = [n for found, n in self.reads if found == key]
         return max(len(numbers), max(numbers, default=0))
 
-    def next_held_out_read(self, held_out: Sequence[Scenario], max_bias: float) -> HeldOutRead:
-        """The read a round that decides on `held_out` makes: one more than recorded for the set."""
+    def next_held_out_read(
+        self,
+        held_out: Sequence[Scenario],
+        max_bias: float,
+        remembered: Sequence[DiscardedCandidate] = (),
+    ) -> HeldOutRead:
+        """The read a round that decides on `held_out` makes: one more than recorded for the set, in the
+        CHANGELOG or by the workspace's memory of discarded candidates (`remembered`: a reverted working
+        tree loses their entries, not the reads they made)."""
         key = set_key(held_out)
-        return HeldOutRead(key, len(held_out), self.held_out_reads(key) + 1, max_bias)
+        reads = max(
+            [
+                self.held_out_reads(key),
+                *(t.held_out[1] for t in remembered if t.held_out and t.held_out[0] == key),
+            ]
+        )
+        return HeldOutRead(key, len(held_out), reads + 1, max_bias)
 
-    def held_out_status(self, held_out: Sequence[Scenario], max_bias: float) -> HeldOutStatus:
-        upcoming = self.next_held_out_read(held_out, max_bias)
+    def held_out_status(
+        self, held_out: Sequence[Scenario], max_bias: float, remembered: Sequence[DiscardedCandidate] = ()
+    ) -> HeldOutStatus:
+        upcoming = self.next_held_out_read(held_out, max_bias, remembered)
         reads = upcoming.read - 1
         # A policy chosen after r reads carries r bits, as the numbers of the (r + 1)-th read do.
         warning = (
@@ -441,10 +456,7 @@ def read_memory(
     changelog = Changelog.read(path)
     lineage = changelog.lineage(baseline)
     everything = read_discarded(remembered) if remembered else ()
-    read = changelog.next_held_out_read(held_out, max_bias)
-    remembered_reads = [t.held_out[1] for t in everything if t.held_out and t.held_out[0] == read.key]
-    if remembered_reads and max(remembered_reads) >= read.read:
-        read = HeldOutRead(read.key, read.scenarios, max(remembered_reads) + 1, max_bias)
+    read = changelog.next_held_out_read(held_out, max_bias, everything)
     # A candidate that gained too little did so on the held-out set its round read: once that set has
     # changed (scenarios added that show its answer), it may be proposed again, and its cluster is not
     # tried. The CHANGELOG's entries of those rounds are set aside with it; one the workspace does not

@@ -16,7 +16,7 @@ from improve.errors import ImproveError
 from improve.files import write_atomic
 from improve.loop.changelog import Added
 from improve.loop.inputs import Inputs, review_branch
-from improve.loop.render import pr_body
+from improve.loop.render import pr_body, shown_status
 from improve.loop.round_record import PROPOSED, ROUND_RECORD, SCORECARDS, Review, RoundRecord
 
 Say = Callable[[str], None]
@@ -72,7 +72,10 @@ class Recorder:
         write_atomic(folder / "changelog-entry.md", added.entry)
         if record.status == "nothing-to-fix":
             record.write(folder)
-            self.say(f"nothing to fix: the CHANGELOG is left as it is; report in {record.report}")
+            # Said as `improve round` shows the status: with the goal unmet, nothing was left to try.
+            self.say(
+                f"{shown_status(record).replace('-', ' ')}: the CHANGELOG is left as it is; report in {record.report}"
+            )
             return record
         if not record.recommended:
             record.write(folder)
