@@ -476,6 +476,23 @@ def test_a_guard_reading_a_context_key_the_machine_never_sets_is_refused_when_lo
         assert "reads context.creditAmnt, which the machine never sets" in said and "'creditAmount'" in said
 
 
+def test_a_cel_typo_in_the_machine_is_named_with_its_file_and_json_path(tmp_path: Path) -> None:
+    # `a = b` for `a == b`: named by state alone when the machine was first compiled for a run.
+    ws, machine = edited_desk(
+        tmp_path,
+        "celtypo",
+        "machine.json",
+        "context.creditAmount > context.account.monthlyFee",
+        "context.creditAmount = context.account.monthlyFee",
+    )
+    for command in (["verify", "v0"], ["run", "--k", "1"], ["explore"]):
+        code, output = improve(ws, *command)
+        said = " ".join(output.split())
+        assert code == 2, (command, output)
+        assert f"{machine}: $.states.checkingCredit.always[0].guard: CEL syntax error at column" in said, said
+        assert "Traceback" not in output
+
+
 @pytest.mark.slow
 def test_a_fact_given_whole_types_its_fields_and_the_miner_reads_them(tmp_path: Path) -> None:
     """A decision that hands its tool's answer over whole (`"account": "context.account"`), its fields

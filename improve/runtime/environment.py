@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from improve.errors import ConfigError, WorkspaceError
+from improve.errors import ConfigError, ImproveError, WorkspaceError
 from improve.machine import (
     DECIDE_SRC,
     ExploreOptions,
@@ -74,6 +74,16 @@ def load_machine(path: Path) -> MachineConfig:
     that reads a context key the machine never sets (`context.diference`) is refused here, not when a
     run first takes that transition (then it failed each run, as an infrastructure error)."""
     config = parse_machine(load_json(path), source=str(path))
+    # Each expression parsed here, so a typo (`a = true`) is named with the file and its JSON path, not
+    # only with the state when the machine is first compiled for a run.
+    broken = []
+    for expr in expressions(config):
+        try:
+            compile_expr(expr.source, expr.path)
+        except ImproveError as err:
+            broken.append(f"{path}: {err}")
+    if broken:
+        raise ConfigError("\n".join(broken))
     unknown = unknown_context_keys(config)
     if unknown:
         raise ConfigError(
