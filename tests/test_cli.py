@@ -466,6 +466,7 @@ def test_a_fact_value_its_declared_type_does_not_allow_is_named_by_check(tmp_pat
         "crashed in state" in said
     ), said
     assert "ValueError" in said and "Traceback" not in checked.output
+    assert re.search(r"ValueError: .*\(/.*/world\.py:\d+\)", said), said  # where the tool raised it
     # `improve run` stops on it, naming the scenario and the check that finds every one like it.
     ran = runner.invoke(app, ["run", "-w", str(ws), "--k", "1", "--scenario", crasher["id"]])
     assert ran.exit_code == 3, ran.output

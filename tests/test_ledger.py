@@ -110,6 +110,12 @@ def test_sql_shows_the_rows_the_round_scored(ws: Path) -> None:
 
 
 def test_diagnose_json_carries_the_sql_it_ran(ws: Path) -> None:
+    # The runs it makes (a real model is asked for them) are said, with the model and k; none the second time.
+    made = runner.invoke(app, ["diagnose", "--policy", "v0", "--k", "1", "--json", "-w", str(ws)])
+    assert (
+        "recorded " in made.stderr
+        and " new train runs of v0 with model naive (k = 1); 0 reused" in made.stderr
+    )
     doc = cli(ws, "diagnose", "--policy", "v0", "--k", "1", "--json")
     rows = sql(ws, doc["sql"])
     assert len(rows) == doc["train_runs"] and {r["split"] for r in rows} == {"train"}
@@ -117,6 +123,7 @@ def test_diagnose_json_carries_the_sql_it_ran(ws: Path) -> None:
     assert set(doc["chosen"]["threads"]) <= failed
     # Said in words, the pass rate names the model it is of (not only the policy).
     said = runner.invoke(app, ["diagnose", "--policy", "v0", "--k", "1", "-w", str(ws)])
+    assert "new train runs" not in said.stderr
     assert said.exit_code == 0 and said.stdout.startswith(
         f"v0 with naive on train: pass rate {doc['train_pass_rate']:.3f}"
     ), said.stdout

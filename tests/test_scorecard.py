@@ -194,8 +194,8 @@ def test_a_gain_test_the_design_leaves_nothing_to_say_says_so() -> None:
     design = compare(base, cand, nulls=nulls)
     assert design.mean_diff == 0.5 and design.p == 1.0 and design.fixed
     assert gain_phrase(design).endswith(
-        "(no test possible: no scenario's count could differ under the null; on train, runs go on only "
-        "after a drop)"
+        "(no test possible at this design: given each scenario's passes on both sides together, the design "
+        "leaves only one way to split them between the two policies; on train, runs go on only after a drop)"
     )
     # Without reruns the same runs are tested ((1/2)^3 for the three fixed), and nothing is added.
     plain = compare(base, cand)

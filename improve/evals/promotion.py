@@ -70,7 +70,10 @@ def fixed_note(fixed: bool, split: str, sequential: bool) -> str:
     if not fixed:
         return ""
     why = "; on train, runs go on only after a drop" if sequential and split == "train" else ""
-    return f" (no test possible: no scenario's count could differ under the null{why})"
+    return (
+        " (no test possible at this design: given each scenario's passes on both sides together, the"
+        f" design leaves only one way to split them between the two policies{why})"
+    )
 
 
 def p_value(p: float) -> str:

@@ -546,7 +546,8 @@ def entry_text(record: RoundRecord) -> str:
     only in its report folder)."""
     decision = "recommended" if record.recommended else "discarded"
     if record.status == "nothing-to-fix":
-        decision = "nothing to fix"
+        # As `improve round` shows it (`render.shown_status`): with the goal unmet, nothing was left to try.
+        decision = "nothing to fix" if record.goal_met else "nothing left to try"
     lines = [
         f"## {record.candidate_version} ({decision}) — round {record.round_id}",
         "",

@@ -33,6 +33,7 @@ from improve.evals import (
     Quarantined,
     Scenario,
     Workspace,
+    every,
     outcome_row,
     policy_label,
     run_scenario,
@@ -497,7 +498,14 @@ def diagnose_policy(
     inputs = locate(space, env, policy)
     spec = suite_spec(space, inputs.env, inputs.policy, model, k=k, cache=cache)
     with space.writing(say), Ledger(space, inputs.env) as ledger:
-        plan = write_threads(inputs.env, inputs.train, spec, ledger.store, concurrency=8)
+        # Runs not recorded yet are made now (a real model is asked): said as they go, and counted after.
+        what = f"train runs of {policy_label(inputs.policy)} with model {model} (k = {spec.k})"
+        plan = write_threads(
+            inputs.env, inputs.train, spec, ledger.store, concurrency=8, ran=every(25, say, what)
+        )
+        made = sum(not p.reused for p in plan)
+        if made:
+            say(f"recorded {made} new {what}; {len(plan) - made} reused")
         recorded = ledger.record(
             [p.thread_id for p in plan], say=say, rewritten=[p.thread_id for p in plan if not p.reused]
         )

@@ -15,7 +15,10 @@ REPLAYS_SHOWN = 6
 def pr_body(record: RoundRecord) -> str:
     """The pull request's body: the hypothesis, the scorecard with its charts and the promotion rule,
     the held-out reuse, the model, the gates, and how to replay the candidate's runs."""
-    lines = [f"# {record.environment}: policy {record.candidate_version or '(none)'} ({record.status})", ""]
+    lines = [
+        f"# {record.environment}: policy {record.candidate_version or '(none)'} ({shown_status(record)})",
+        "",
+    ]
     h = record.hypothesis
     if h:
         lines += [

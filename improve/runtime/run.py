@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from improve.errors import ActorCrash, ActorFailure, ConfigError, ConflictError, RunError
+from improve.errors import ActorCrash, ActorFailure, ConfigError, ConflictError, RunError, raised
 from improve.log import (
     END_EVENT,
     INIT_EVENT,
@@ -346,7 +346,7 @@ class Runner:
         except Exception as err:
             raise ActorCrash(
                 f"thread {self.journal.thread_id}: actor '{invocation.src}' crashed in state "
-                f"'{snapshot.value}': {err!r}"
+                f"'{snapshot.value}': {raised(err)}"  # with the file and line that raised it
             ) from err
         if len(self.world.effects) > before:
             # The world's receipts travel with the completion, so replay and scoring see them.
