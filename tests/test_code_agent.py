@@ -512,7 +512,10 @@ def test_a_wrong_answer_fails_and_the_truth_comes_from_the_world() -> None:
     # Concluding is not being right: the naive model concludes with a belief and fails.
     result, entries = with_model(scenario, "naive")
     assert result.final_state == "answered" and not passed(scenario, entries)
-    assert outcome_row(ENV, scenario, "train:v0:x:r1", entries).reason.startswith("missing effects")
+    reason = outcome_row(ENV, scenario, "train:v0:x:r1", entries).reason
+    assert reason.startswith(
+        'wrong effects: expected {"kind":"answer","text":"6"}, recorded {"kind":"answer"'
+    ), reason
     # A second recorded answer is a violation of the world's audit.
     assert CodeWorld().audit([{"kind": "answer", "text": "1"}] * 2) == [{"rule": "one-answer", "answers": 2}]
 

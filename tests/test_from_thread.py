@@ -168,7 +168,7 @@ def test_a_label_the_reference_does_not_reach_is_added_with_a_warning(ws: Path) 
     said = [
         w for w in warnings if w.startswith("careful, the environment's reference, does not reach this label")
     ]
-    assert said and "O-9999" in said[0] and "missing effects" in said[0], warnings
+    assert said and "O-9999" in said[0] and "wrong effects: expected" in said[0], warnings
     assert "typo-01" in load_scenarios(ws / "scenarios" / "refunds.yaml").by_id()
     # `scenarios check` says it too (a warning: the label is the person's), of that scenario alone.
     checked = improve(ws, "scenarios", "check", "--json")

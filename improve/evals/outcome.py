@@ -236,9 +236,15 @@ def outcome_row(
             reasons.append(f"ended in '{snapshot.value}', expected '{scenario.expected.outcome}'")
         if scenario.expected.effects is not None:
             diff = compare_effects(effects, scenario.expected.effects, env.effect_text_fields)
-            if diff.missing:
+            if diff.missing and diff.unexpected:
+                # One reason, both sides: a table that shows a run's first reason showed only the missing
+                # half of a wrong payload (`reason: prereqs` recorded for `suspended`), read as nothing done.
+                reasons.append(
+                    f"wrong effects: expected {', '.join(diff.missing)}, recorded {', '.join(diff.unexpected)}"
+                )
+            elif diff.missing:
                 reasons.append(f"missing effects {', '.join(diff.missing)}")
-            if diff.unexpected:
+            elif diff.unexpected:
                 reasons.append(f"unexpected effects {', '.join(diff.unexpected)}")
     if violations:
         reasons.append(f"{len(violations)} violation(s): {', '.join(v['rule'] for v in violations)}")
