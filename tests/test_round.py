@@ -2460,6 +2460,15 @@ def test_a_cluster_whose_every_rule_was_discarded_says_so(
     with pytest.raises(ProposalError, match="were all discarded before along this policy's line") as raised:
         again.propose(dataclasses.replace(request, discarded=every))
     assert f"`{found[0].guard}` -> " in str(raised.value) and "(round r-old)" in str(raised.value)
+    # Each rule found tried and refused at the gates: said so, not that no condition separates the cluster
+    # (the rules exist; a user proved one by hand).
+    tried = RuleMinerProposer(proposer.constants, proposer.ranks, proposer.generalize, proposer.thresholds)
+    failure = GateResult("novelty", False, "refused")
+    previous = tried.propose(request)
+    with pytest.raises(ProposalError, match=r"^no further candidate: each rule the miner found") as said:
+        for _ in range(len(found) + 1):
+            previous = tried.repair(request, previous, failure)
+    assert "refused at the gates" in str(said.value)
 
 
 @pytest.mark.slow

@@ -1308,9 +1308,16 @@ def _behind(request: ProposalRequest, rule: Rule) -> list[dict[str, str]]:
 def _why_none(request: ProposalRequest, had_rules: bool, misses: Sequence[NearMiss] = ()) -> str:
     """Why no (further) rule: nothing to fix, no answer expressible, or no separating condition."""
     if had_rules:
+        # Every rule found was tried, each refused at the gates: the search did find rules (it said
+        # "no further rule separates ...", which a user disproved with a one-condition rule of their own
+        # outside the narrower set asked for).
+        narrower = (
+            f" narrower than candidate {request.narrower[0]['candidate']}'s" if request.narrower else ""
+        )
         return (
-            "no further rule separates the cluster's decisions from the rest: every other condition over the "
-            "facts also matches training decisions where the answer would be wrong"
+            f"no further candidate: each rule{narrower} the miner found for the cluster was refused at the "
+            "gates (the reasons above); a rule on other conditions needs training scenarios that show them, "
+            "or write it in the policy and compare (`improve score --policy FILE --vs VERSION`)"
         )
     if request.narrower:
         return (
