@@ -493,6 +493,29 @@ def test_a_cel_typo_in_the_machine_is_named_with_its_file_and_json_path(tmp_path
         assert "Traceback" not in output
 
 
+def test_a_field_of_a_tool_s_output_misspelt_in_the_machine_is_said_with_the_scenario_or_the_probe(
+    tmp_path: Path,
+) -> None:
+    # `context.account.monthlyFees`: the context key is set (by the tool's output), its field is not. No
+    # load-time check can tell (the output's fields are the tool's); the search and verify stopped on a
+    # bare expression error (exit 3). They name where it failed and what to look at (exit 2).
+    ws, _ = edited_desk(
+        tmp_path,
+        "fieldtypo",
+        "machine.json",
+        "context.creditAmount > context.account.monthlyFee",
+        "context.creditAmount > context.account.monthlyFees",
+    )
+    code, output = improve(ws, "explore")
+    said = " ".join(output.split())
+    assert code == 2 and "exploring from probe input" in said and "could not take the step" in said, output
+    assert "no such key 'monthlyFees'" in said and "`ExploreOptions.outputs`" in said
+    code, output = improve(ws, "verify", "v0")
+    said = " ".join(output.split())
+    assert code == 2 and "environment fieldtypo-desk's machine could not take a step" in said, output
+    assert "scenario '" in said and "Traceback" not in output
+
+
 @pytest.mark.slow
 def test_a_fact_given_whole_types_its_fields_and_the_miner_reads_them(tmp_path: Path) -> None:
     """A decision that hands its tool's answer over whole (`"account": "context.account"`), its fields

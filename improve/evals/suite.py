@@ -340,14 +340,7 @@ def _run_one(
             env, scenario, decider, buffer, thread_id, stamp, spec.max_model_calls, spec.people, note
         )
     except MachineError as err:
-        # The environment's own machine could not take a step on this scenario's data: a key its input
-        # or world spells otherwise, a value of another type, or an expression of the machine that
-        # fails on any data. Either way the scenario says where to start looking.
-        raise ScenarioError(
-            f"scenario '{scenario.id}' ({scenario.split}, run {run_number}): environment {env.name}'s machine "
-            f"could not take a step: {err}. Check what the scenario's input and world give the path it "
-            "names (a key spelled otherwise, a value of another type), or the machine's expression"
-        ) from None
+        raise machine_stopped(env, scenario, err, f"run {run_number}") from None
     except ActorCrash as err:
         # A tool that crashes on the scenario's world (a value of another type than it reads) stops the
         # suite: the scenario is where to look, and the check finds every other one like it at once.
@@ -360,6 +353,17 @@ def _run_one(
     store.append(thread_id, 0, buffer.entries)  # all or nothing (a full disk leaves no thread)
     if meter is not None and isinstance(decider, ReplayFirstDecider):
         meter.reuse(decider.reused)
+
+
+def machine_stopped(env: Environment, scenario: Scenario, err: MachineError, run: str) -> ScenarioError:
+    """The environment's own machine could not take a step on this scenario's data: a key its input or
+    world spells otherwise, a value of another type, or an expression of the machine that fails on any
+    data. Either way the scenario says where to start looking. `run`: which run of it (`run 2`)."""
+    return ScenarioError(
+        f"scenario '{scenario.id}' ({scenario.split}, {run}): environment {env.name}'s machine could not "
+        f"take a step: {err}. Check what the scenario's input and world give the path it names (a key "
+        "spelled otherwise, a value of another type), or the machine's expression"
+    )
 
 
 @dataclass(frozen=True)

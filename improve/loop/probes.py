@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-from improve.evals import Scenario, run_scenario
+from improve.errors import MachineError
+from improve.evals import Scenario, machine_stopped, run_scenario
 from improve.log import END_EVENT, INIT_EVENT, USAGE_EVENT, LogEntry, MemoryStore, ThreadId, ThreadPage
 from improve.machine import DECIDE_SRC, Snapshot, canonical_json, initial, transition
 from improve.runtime import (
@@ -100,16 +101,21 @@ def probe_requests(
     for scenario in scenarios:
         if scenario.split != "train":
             continue
-        if scenario.id in given:
-            found = given[scenario.id]
-        elif store is not None and scenario.id in recorded:
-            found = requests_in(env, store.read(recorded[scenario.id]))
-        else:
-            decider = _Recorder(
-                PolicyDecider(compile_policy(v0), {"decider": env.models[PROBE_MODEL](scenario.id)})
-            )
-            run_scenario(env, scenario, decider, MemoryStore(), f"probe:v0:{scenario.id}:r1")
-            found = decider.requests
+        try:
+            if scenario.id in given:
+                found = given[scenario.id]
+            elif store is not None and scenario.id in recorded:
+                found = requests_in(env, store.read(recorded[scenario.id]))
+            else:
+                decider = _Recorder(
+                    PolicyDecider(compile_policy(v0), {"decider": env.models[PROBE_MODEL](scenario.id)})
+                )
+                run_scenario(env, scenario, decider, MemoryStore(), f"probe:v0:{scenario.id}:r1")
+                found = decider.requests
+        except MachineError as err:
+            # The machine cannot step through the scenario's decisions (an expression that fails on its
+            # data): said with the scenario, as a run says it, not as a bare expression error (exit 3).
+            raise machine_stopped(env, scenario, err, "its decisions, read for the probes") from None
         for request in found:
             key = canonical_json([request.name, request.facts, request.options])
             seen.setdefault(key, request)

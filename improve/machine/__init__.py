@@ -34,6 +34,7 @@ from improve.machine.diagram import describe_svg
 from improve.machine.explore import (
     ExploreOptions,
     ExploreResult,
+    ProbeError,
     ResumeBound,
     beyond_choice,
     branches,
@@ -121,6 +122,7 @@ __all__ = [
     "Machine",
     "MachineConfig",
     "NamedGuard",
+    "ProbeError",
     "ResumeBound",
     "RuleEval",
     "RuleResult",

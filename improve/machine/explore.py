@@ -26,10 +26,12 @@ snapshots runs through a waiting state, that the resumes are unbounded, with the
 from __future__ import annotations
 
 import itertools
+import json
 from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from improve.errors import ConfigError, MachineError
 from improve.machine.config import DECIDE_SRC
 from improve.machine.interpreter import DONE_EVENT, ERROR_EVENT, FREE_TEXT, Machine, initial, transition
 from improve.machine.snapshot import Snapshot
@@ -287,7 +289,10 @@ def explore_paths(
                 result.resumes = graph.bound()
                 return result
             result.transitions += 1
-            nxt = transition(machine, snapshot, event)
+            try:
+                nxt = transition(machine, snapshot, event)
+            except MachineError as err:
+                raise ProbeError(_failed_step(input, [*path, event], err), err) from None
             if nxt is snapshot:
                 result.pruned_by_guard += 1
                 continue
@@ -305,6 +310,35 @@ def explore_paths(
             stack.append((nxt, [*path, event]))
     result.resumes = graph.bound()
     return result
+
+
+class ProbeError(ConfigError):
+    """The machine could not take a step of the search: one of its expressions read what the probe's
+    world does not give. Exit 2: the machine or the probe is the person's to fix. `step`: the machine's
+    own error (a gate that searches a policy's paths says that one)."""
+
+    def __init__(self, message: str, step: MachineError) -> None:
+        super().__init__(message)
+        self.step = step
+
+
+def _failed_step(input: Any, path: Sequence[Mapping[str, Any]], err: MachineError) -> str:
+    steps = " -> ".join(_shown(e) for e in path)
+    return (
+        f"exploring from probe input {json.dumps(input, default=str)[:200]}, the machine could not take the "
+        f"step {steps}: {err}. One of its expressions reads what the probe's world does not give: a field "
+        "spelled otherwise in the machine (its JSON path above), or a tool's output in the probe "
+        "(`ExploreOptions.outputs`) or an event's payload (`payloads`) without it"
+    )
+
+
+def _shown(event: Mapping[str, Any]) -> str:
+    """An event as a step of a path: its type, an actor's id, a payload's fields."""
+    kind = str(event.get("type"))
+    if "actorId" in event:
+        return f"{kind}({event['actorId']})"
+    fields = {k: v for k, v in event.items() if k != "type"}
+    return kind + (json.dumps(fields, default=str)[:80] if fields else "")
 
 
 class _Graph:

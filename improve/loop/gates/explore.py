@@ -11,7 +11,7 @@ from typing import Any
 
 from improve.errors import MachineError
 from improve.loop.gates.gate import GateContext, GateResult
-from improve.machine import ExploreOptions, Snapshot, canonical_json, explore_paths
+from improve.machine import ExploreOptions, ProbeError, Snapshot, canonical_json, explore_paths
 from improve.runtime import MODEL_DECIDE, ModelJudgment, prove_resumes
 
 
@@ -56,14 +56,15 @@ class ExploreGate:
 
             try:
                 result = explore_paths(machine, request.to_input(), probe, target=bad, stop_at_target=True)
-            except MachineError as err:
+            except (ProbeError, MachineError) as failed:
+                step = failed.step if isinstance(failed, ProbeError) else failed
                 # A path on which the policy cannot evaluate an expression (an output reading a field the
                 # event it was reached by does not have) ends in error just as surely.
                 return GateResult(
                     self.name,
                     False,
                     f"on decision '{request.name}' with facts {canonical_json(request.facts)}, the policy fails "
-                    f"on some path: {err}. Every path must end in an offered option: check what each final's "
+                    f"on some path: {step}. Every path must end in an offered option: check what each final's "
                     "output reads (an onError is reached by an error event, which has no `output`)",
                 )
             total_states += result.states
