@@ -2605,7 +2605,8 @@ def test_a_cluster_that_comes_round_again_with_nothing_new_ends_the_round_as_not
     as `--rounds` says when it tries the clusters in one run: no CHANGELOG entry, and exit 0 from the CLI,
     where it was a discarded candidate (a version and an entry each time `improve round` was run)."""
     space = scratch(tmp_path)
-    (tmp_path / "desk_gates.py").write_text(
+    # A module name no other test imports into this process (a workspace module is imported by its name).
+    (tmp_path / "never_gates.py").write_text(
         "from improve.loop import GateResult\n\n\n"
         "class Never:\n"
         "    name = 'never'\n\n"
@@ -2613,7 +2614,7 @@ def test_a_cluster_that_comes_round_again_with_nothing_new_ends_the_round_as_not
         "        return GateResult(self.name, False, 'no candidate passes this desk')\n"
     )
     toml = tmp_path / "improve.toml"
-    toml.write_text(toml.read_text() + '\n[gates.never]\nmodule = "desk_gates:Never"\n')
+    toml.write_text(toml.read_text() + '\n[gates.never]\nmodule = "never_gates:Never"\n')
     repo = git.Repo(tmp_path)
     repo.git.add("-A")
     repo.index.commit("a gate no candidate passes")
