@@ -140,7 +140,7 @@ def demo_rounds(
             merge_as_reviewer(space, str(result.pr.branch), say)
             current, discarded_in_a_row = result.candidate_version, 0
             continue
-        if result.status in ("blocked", "nothing-to-fix"):
+        if result.status in ("blocked", "nothing-to-fix") and not result.nothing_new:
             break
         # Where the next round aims after a discarded candidate (a narrower or broader rule for its
         # cluster, or the next cluster) is the workspace's memory of discarded candidates, as for any

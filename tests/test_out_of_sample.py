@@ -328,14 +328,16 @@ def test_a_rule_that_reached_too_far_is_promoted_once_the_rule_in_front_of_it_is
     assert any("tried again behind this baseline's branches" in line for line in said), said
     assert late[0].branches[0].guard == late[-1].branches[0].guard  # the same rule, another candidate now
     # The escalation cluster, which had no rule against an earlier version, comes round again against the
-    # last one with nothing new either: the round found nothing left to try (no candidate, no CHANGELOG
-    # entry), and says what it tried.
-    last = summary.rounds[-1]
-    assert last.status == "nothing-to-fix" and not last.goal_met and summary.rounds[-2].recommended, last
-    assert last.decision_detail.startswith(
+    # last one with nothing new either: nothing left to try (no candidate, no CHANGELOG entry). The rule
+    # miner, which answers the same request the same way, is not asked again, and the round says what
+    # is left.
+    again, last = summary.rounds[-2:]
+    assert again.nothing_new and again.decision_detail.startswith(
         "nothing left to try: every cluster was tried along this policy's line, and "
         "wrong-answer:review:APPROVE->ESCALATE, tried longest ago, came round again with nothing new"
-    ), last.decision_detail
+    ), again.decision_detail
+    assert last.status == "nothing-to-fix" and not last.nothing_new, last
+    assert last.decision_detail.startswith("every failure cluster left was tried"), last.decision_detail
 
 
 def test_two_counts_of_days_the_machine_compares_are_compared_by_a_learned_rule(tmp_path: Path) -> None:

@@ -2641,6 +2641,11 @@ def test_a_cluster_that_comes_round_again_with_nothing_new_ends_the_round_as_not
     assert result.exit_code == 0, result.output
     assert "nothing-left-to-try" in result.stdout
     assert changelog.read_text(encoding="utf-8") == entries
+    # `--rounds` goes on from such a round as from a discarded one: the next brings another cluster round.
+    records = run_rounds(space, RoundOptions(policy="v0", k=1), 3)
+    assert records[0].nothing_new and len(records) >= 2, [(r.status, r.cluster) for r in records]
+    assert records[1].cluster != records[0].cluster, [(r.status, r.cluster) for r in records]
+    assert changelog.read_text(encoding="utf-8") == entries
 
 
 @pytest.mark.slow

@@ -167,7 +167,7 @@ def run_rounds(
                 f"{record.candidate_version} recommended in round {number} of {rounds}: the rounds left start "
                 f"from it once it is merged (improve round --policy {record.candidate_version})"
             )
-        if record.status in ("recommended", "blocked", "nothing-to-fix"):
+        if record.status in ("recommended", "blocked", "nothing-to-fix") and not record.nothing_new:
             break
         if record.cluster:
             skip.append(record.cluster)

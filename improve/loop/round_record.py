@@ -363,6 +363,13 @@ class RoundRecord(BaseModel):
     def _reruns(self, reruns: Reruns | None) -> dict[str, Any] | None:
         return reruns.to_json() if reruns is not None else None
 
+    @property
+    def nothing_new(self) -> bool:
+        """A cluster came round again (every cluster tried along the line) with no candidate that passes
+        the gates: nothing-to-fix, yet a candidate was asked for (`Round._nothing_new`). A loop of rounds
+        goes on from it as from a discarded candidate: the next one brings another cluster round."""
+        return self.status == "nothing-to-fix" and self.candidate_version is not None
+
     def to_json(self) -> dict[str, Any]:
         return self.model_dump(mode="json", by_alias=True)
 
