@@ -24,6 +24,8 @@
 
 #define LINK_HEX 32 /* chain.HASH_HEX: an entryHash is the first 128 bits of the sha256, in hex */
 
+/* One digest and one context for the process: every call holds the GIL and never releases it, so no two
+ * calls use the context at once. */
 static EVP_MD *sha256_md = NULL;
 static EVP_MD_CTX *sha256_ctx = NULL;
 
