@@ -1353,10 +1353,10 @@ class Round:
     def _nothing_new(self) -> None:
         """A cluster that came round again (every cluster was tried along this line) with no candidate
         that passes the gates: the round found nothing left to try, as `--rounds` says when the clusters
-        left are tried in one run. No candidate ran or read the held-out set, so no CHANGELOG entry and
-        no version are spent on it (the workspace still remembers what was tried, and the next round
-        brings another cluster round). Ending as discarded made each new `improve round` on a policy
-        with nothing left spend a version and an entry, and exit 1 where `--rounds` exits 0."""
+        left are tried in one run. No candidate ran or read the held-out set, so no CHANGELOG entry is
+        spent on it (the workspace still remembers what was tried, under the version it took, and the
+        next round brings another cluster round). Ending as discarded made each new `improve round` on a
+        policy with nothing left add an entry, and exit 1 where `--rounds` exits 0."""
         if (
             self.again is None
             or self.verdict is not None
