@@ -65,20 +65,15 @@ def warn_unknown_names(named: str, policy: MachineConfig, environment: Environme
     a scorecard or a comparison shows as the agent's failures."""
     from improve.loop import type_problems, vocabulary_problems
 
-    unknown = vocabulary_problems(policy, environment)
-    if unknown:
+    problems = vocabulary_problems(policy, environment)
+    what = f"uses names {environment.name} does not offer"
+    if not problems:
+        problems = type_problems(policy, environment)
+        what = f"does not type-check against {environment.name}'s facts"
+    if problems:
         say(
-            f"warning: policy {named} uses names {environment.name} does not offer (its decisions that "
-            f"reach them end in policy-error; `improve verify {named}` runs every gate): "
-            + "; ".join(unknown[:3])
-        )
-        return
-    mistyped = type_problems(policy, environment)
-    if mistyped:
-        say(
-            f"warning: policy {named} does not type-check against {environment.name}'s facts (its decisions "
-            f"that reach it end in policy-error; `improve verify {named}` runs every gate): "
-            + "; ".join(mistyped[:3])
+            f"warning: policy {named} {what} (its decisions that reach them end in policy-error; "
+            f"`improve verify {named}` runs every gate): " + "; ".join(problems[:3])
         )
 
 
