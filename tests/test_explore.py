@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from improve.cli.main import app
 from improve.machine import compile_machine
 from improve.machine.config import MachineConfig, TransitionConfig
-from improve.machine.explore import ExploreOptions, can_reach, explore_paths
+from improve.machine.explore import ExploreOptions, beyond_choice, can_reach, explore_paths
 from improve.machine.snapshot import Snapshot
 from improve.runtime import load_environment
 from improve.runtime.environment import Environment
@@ -59,6 +59,32 @@ def test_a_loosened_refund_guard_reaches_the_sentinel_with_a_witness() -> None:
     assert result.witness is not None
     refunds = [e for e in result.witness if e["type"] == "REFUND"]
     assert refunds and refunds[0]["amount"] > 0
+
+
+def test_a_closed_choice_search_reaches_only_through_offered_answers() -> None:
+    """The gates' search (`closed_choice`) sends a decision only what it offers: a guard that lets through
+    an amount no decision offers is `improve explore`'s finding, not the agent's reach, while a guard
+    that lets through an offered one is both."""
+    config = REFUNDS.config.model_copy(deep=True)
+    refund = config.states["choosingResolution"].on["REFUND"]
+    assert isinstance(refund, TransitionConfig) and REFUNDS.probe is not None
+    closed = dataclasses.replace(REFUNDS.probe, closed_choice=True)
+    machine, start = recompile(REFUNDS, config), REFUNDS.probe_inputs[1]
+    assert not can_reach(machine, "illegallyIssued", start, closed).reachable
+    refund.guard = "event.amount > 0"  # the remaining-amount and window checks removed
+    loosened = recompile(REFUNDS, config)
+    reached = can_reach(loosened, "illegallyIssued", start, closed)
+    assert reached.reachable and reached.witness is not None
+    offered = [e for e in reached.witness if e["type"] == "REFUND"]
+    assert offered and not beyond_choice(loosened, start, reached.witness)
+    # Past the closed choice only: an amount the probe tries and no decision offers.
+    refund.guard = (
+        f"({REFUNDS.config.states['choosingResolution'].on['REFUND'].guard}) || event.amount == 101"
+    )
+    beyond = recompile(REFUNDS, config)
+    opened = can_reach(beyond, "illegallyIssued", start, REFUNDS.probe)
+    assert opened.reachable and beyond_choice(beyond, start, opened.witness or [])
+    assert not can_reach(beyond, "illegallyIssued", start, closed).reachable
 
 
 def test_a_loosened_approval_threshold_reaches_the_sentinel() -> None:

@@ -572,3 +572,31 @@ def test_a_fact_given_whole_types_its_fields_and_the_miner_reads_them(tmp_path: 
     assert result.exit_code == 0, result.output
     (outcome,) = json.loads(result.stdout)["rounds"]
     assert outcome["branches"] and "facts.account." in outcome["branches"][0]["guard"], outcome
+
+
+def test_a_sentinel_the_environment_reaches_fails_verify_and_blocks_a_round(tmp_path: Path) -> None:
+    # The decision's guard no longer bounds the credit, so an offered answer (the amount asked for) leads
+    # to the sentinel, whatever a policy does. `improve explore` said so; `improve verify` passed all its
+    # gates, and a round would have promoted policies on the desk.
+    ws, _ = edited_desk(
+        tmp_path,
+        "reach",
+        "machine.json",
+        '"guard": "event.amount > 0 && event.amount <= context.account.monthlyFee"',
+        '"guard": "event.amount > 0"',
+    )
+    code, output = improve(ws, "explore")
+    assert code == 1 and "witness for overCredited" in output, output
+    code, output = improve(ws, "verify", "v0")
+    said = " ".join(output.split())
+    assert code == 1 and "FAIL explore: the environment's sentinel 'overCredited' is reachable" in said, (
+        output
+    )
+    assert "No policy can make it unreachable: a guard of the machine must refuse the way there" in said
+    assert "not run: overfit, interactions" in said
+    subprocess.run(["git", "init", "-q"], cwd=ws, check=True)
+    code, output = improve(ws, "round", "--policy", "v0", "--model", "naive", "--k", "1", "--json")
+    record = json.loads(output[output.index("{") :])["rounds"][0]
+    assert code == 1 and record["status"] == "blocked", output
+    assert record["decision_detail"].startswith("the environment's sentinel 'overCredited' is reachable")
+    assert not record["scores"] and "CHANGELOG" not in output

@@ -60,6 +60,10 @@ class ExploreOptions:
     max_depth: int = 60
     max_paths: int = 200_000
     """At most this many transitions are tried."""
+    closed_choice: bool = False
+    """A decision answers only what it offers: `payloads` add no values to its enumerated fields (free
+    text still takes them), as the decision protocol refuses any other answer from a decider. Off, the
+    search is for a decider that ignores the closed choice too (`beyond_choice` names such answers)."""
 
 
 @dataclass
@@ -196,7 +200,13 @@ def branches(
         for event_type in request["allowedEvents"]:
             own = request.get("payloads", {}).get(event_type, {})
             probes = options.payloads.get(event_type, {})
-            fields = {name: _merge(own.get(name), probes.get(name, ())) for name in {*own, *probes}}
+            if options.closed_choice:
+                fields = {
+                    name: _merge(values, probes.get(name, ()) if values == FREE_TEXT else ())
+                    for name, values in own.items()
+                }
+            else:
+                fields = {name: _merge(own.get(name), probes.get(name, ())) for name in {*own, *probes}}
             events += _combos(event_type, fields)
         if options.decide_errors:
             events.append(

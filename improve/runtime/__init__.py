@@ -64,6 +64,7 @@ from improve.runtime.resume import (
 )
 from improve.runtime.resume_bound import ResumeProof, prove_resumes, resume_proof
 from improve.runtime.run import DEFAULT_MAX_MODEL_CALLS, MAX_ENTRIES, Journal, RunResult, run
+from improve.runtime.sentinel_reach import SentinelReach, reach_sentinels
 from improve.runtime.vocabulary import (
     Vocabulary,
     decision_sources,
@@ -112,6 +113,7 @@ __all__ = [
     "ResumeProof",
     "ResumeResult",
     "RunResult",
+    "SentinelReach",
     "StandInModel",
     "Usage",
     "Vocabulary",
@@ -134,6 +136,7 @@ __all__ = [
     "load_policy",
     "option",
     "prove_resumes",
+    "reach_sentinels",
     "read_document_text",
     "read_from",
     "recorded_thread",

@@ -11,6 +11,7 @@ machine that may wait again after a resume bounds that in its own context (a cou
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -110,31 +111,39 @@ def resume_proof(env: Environment, explored: Sequence[tuple[Any, ExploreResult]]
 def prove_resumes(
     env: Environment, inputs: Sequence[Any] | None = None, options: ExploreOptions | None = None
 ) -> ResumeProof:
-    """Explore the environment under its probe, from each probe input, for the resume bound. The proof
-    of an environment under its own probe is made once per process: it depends on the environment
-    alone (every round's explore gate asks it again, and on a large desk it is most of the gate)."""
-    if inputs is None and options is None and env.files:
-        key = _environment_key(env)
-        proved = _PROVED.get(key)
-        if proved is None:
-            proved = _PROVED[key] = _prove(env, env.probe_inputs, env.probe or ExploreOptions())
-        return proved
-    return _prove(
-        env,
-        list(inputs) if inputs is not None else env.probe_inputs,
-        options or env.probe or ExploreOptions(),
-    )
-
-
-def _prove(env: Environment, inputs: Sequence[Any], probe: ExploreOptions) -> ResumeProof:
+    """Explore the environment under its probe, from each probe input, for the resume bound (under its
+    own probe, from the explorations made once per process: `explorations`)."""
+    if inputs is None and options is None:
+        return resume_proof(env, explorations(env))
+    probe = options or env.probe or ExploreOptions()
+    inputs = list(inputs) if inputs is not None else env.probe_inputs
     return resume_proof(env, [(inp, explore_paths(env.machine, inp, probe)) for inp in inputs])
 
 
-_PROVED: dict[tuple[str, ...], ResumeProof] = {}
+def explorations(env: Environment, closed_choice: bool = False) -> list[tuple[Any, ExploreResult]]:
+    """A full exploration of the environment under its own probe from each probe input (`closed_choice`:
+    the decisions answering only what they offer). Made once per process for an environment built from
+    files: it depends on the environment alone, and every round's explore gate asks for the resume
+    bound and the sentinels' reach again."""
+    if not env.files:
+        return _explore(env, closed_choice)
+    key = (*_environment_key(env), str(closed_choice))
+    explored = _EXPLORED.get(key)
+    if explored is None:
+        explored = _EXPLORED[key] = _explore(env, closed_choice)
+    return explored
+
+
+def _explore(env: Environment, closed_choice: bool) -> list[tuple[Any, ExploreResult]]:
+    probe = dataclasses.replace(env.probe or ExploreOptions(), closed_choice=closed_choice)
+    return [(inp, explore_paths(env.machine, inp, probe)) for inp in env.probe_inputs]
+
+
+_EXPLORED: dict[tuple[str, ...], list[tuple[Any, ExploreResult]]] = {}
 
 
 def _environment_key(env: Environment) -> tuple[str, ...]:
-    """What the proof depends on: the environment's name and resume budget, its machine, its probe
+    """What the explorations depend on: the environment's name and resume budget, its machine, its probe
     inputs, and the code it is built from (the files its environment gate hashes, which hold the
     probe's options and the machine's guards)."""
     hashes = canonical_json(env.file_hashes())

@@ -1,5 +1,7 @@
-"""`explore`: for each probe request (recorded decisions of training scenarios), every final output is
-one of the options offered, on every path, including when the model call fails. And, when the
+"""`explore`: the environment's sentinels stay unreachable under its own probe (the search `improve
+explore` makes: whatever a policy answers, a person's event or a tool's output must not lead there). For
+each probe request (recorded decisions of training scenarios), every final output is one of the options
+offered, on every path, including when the model call fails. And, when the
 environment grants a fresh budget per resume (`resume_budget`), the resumes along every path of the
 environment are finitely many, so no thread can outspend its budgets (`improve.runtime.resume_bound`)."""
 
@@ -12,7 +14,7 @@ from typing import Any
 from improve.errors import MachineError
 from improve.loop.gates.gate import GateContext, GateResult
 from improve.machine import ExploreOptions, ProbeError, Snapshot, canonical_json, explore_paths
-from improve.runtime import MODEL_DECIDE, ModelJudgment, prove_resumes
+from improve.runtime import MODEL_DECIDE, ModelJudgment, prove_resumes, reach_sentinels
 
 
 class ExploreGate:
@@ -27,6 +29,10 @@ class ExploreGate:
             resumes = (
                 f"; at most {proof.max_resumes} resume(s) on any path, each with {proof.resume_budget} calls"
             )
+        reach = reach_sentinels(ctx.env)
+        if reach.reachable:
+            return GateResult(self.name, False, reach.summary())
+        resumes += f"; {reach.summary()}"
         if not ctx.probes:
             return GateResult(
                 self.name, True, "no probe requests (no training scenario reached a decision)" + resumes
