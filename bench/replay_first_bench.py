@@ -250,7 +250,7 @@ def real_model_figures(
                 if record.status == "recommended" and record.pr and record.candidate_version:
                     merge_as_reviewer(space, str(record.pr.branch), lambda m, n=name: say(f"[{n}] {m}"))
                     policy = record.candidate_version
-                elif record.status in ("blocked", "nothing-to-fix"):
+                elif record.status in ("blocked", "nothing-to-fix", "nothing-left-to-try"):
                     break
     candidate = lambda r: r["candidate"] + r["candidate_reruns"]  # noqa: E731
     by_round = []

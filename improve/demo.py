@@ -140,14 +140,14 @@ def demo_rounds(
             merge_as_reviewer(space, str(result.pr.branch), say)
             current, discarded_in_a_row = result.candidate_version, 0
             continue
-        if result.status in ("blocked", "nothing-to-fix") and not result.nothing_new:
+        if result.status != "discarded" and not result.nothing_new:
             break
         # Where the next round aims after a discarded candidate (a narrower or broader rule for its
         # cluster, or the next cluster) is the workspace's memory of discarded candidates, as for any
         # `improve round`.
         discarded_in_a_row += 1
         if discarded_in_a_row >= MAX_DISCARDED_IN_A_ROW:
-            say(f"{MAX_DISCARDED_IN_A_ROW} candidates discarded in a row against the same policy: stopping")
+            say(f"{MAX_DISCARDED_IN_A_ROW} rounds in a row recommended nothing against {current}: stopping")
             break
     held = [r.scores["held-out"] for r in results if r.scores.get("held-out")]
     promoted = [r for r in results if r.status == "recommended"]

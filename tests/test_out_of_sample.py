@@ -336,7 +336,7 @@ def test_a_rule_that_reached_too_far_is_promoted_once_the_rule_in_front_of_it_is
         "nothing left to try: every cluster was tried along this policy's line, and "
         "wrong-answer:review:APPROVE->ESCALATE, tried longest ago, came round again with nothing new"
     ), again.decision_detail
-    assert last.status == "nothing-to-fix" and not last.nothing_new, last
+    assert last.status == "nothing-left-to-try" and not last.nothing_new, last
     assert last.decision_detail.startswith("every failure cluster left was tried"), last.decision_detail
 
 

@@ -29,7 +29,7 @@ from improve.evals.holdout import set_key
 from improve.evals.outcome import OutcomeRow, outcome_row
 from improve.evals.workspace import Workspace
 from improve.log import USAGE_EVENT, JsonlDirStore, ThreadId
-from improve.loop import Changelog, RoundOptions, run_round, run_rounds
+from improve.loop import Changelog, RoundOptions, round_failed, run_round, run_rounds
 from improve.loop.branches import insert_branch
 from improve.loop.diagnose import KINDS, diagnose
 from improve.loop.gates import GATE_NAMES, GateResult
@@ -2574,7 +2574,7 @@ def test_a_round_without_a_narrower_rule_moves_on_to_the_next_cluster(tmp_path: 
         space, RoundOptions(policy="v0", k=1, skip=[c for c in every if c != first.cluster]), said.append
     )
     assert any(line.startswith(f"no narrower or broader rule for cluster {first.cluster}") for line in said)
-    assert third.status == "nothing-to-fix", third.decision_detail
+    assert third.status == "nothing-left-to-try", third.decision_detail
     # No candidate: the CHANGELOG, which records candidates, is left as it is.
     assert (space.policies_dir("refunds") / "CHANGELOG.md").read_text(encoding="utf-8") == changelog
     assert third.decision_detail.startswith("every failure cluster left was tried"), third.decision_detail
@@ -2590,7 +2590,7 @@ def test_a_round_without_a_narrower_rule_moves_on_to_the_next_cluster(tmp_path: 
     fourth = run_round(
         space, RoundOptions(policy="v0", k=1, skip=[c for c in every if c != first.cluster]), said.append
     )
-    assert fourth.status == "nothing-to-fix" and not any(
+    assert fourth.status == "nothing-left-to-try" and not any(
         "no narrower or broader rule" in line for line in said
     )
     assert fourth.decision_detail.startswith("every failure cluster left was tried"), fourth.decision_detail
@@ -2628,7 +2628,7 @@ def test_a_cluster_that_comes_round_again_with_nothing_new_ends_the_round_as_not
         assert record.cluster and record.cluster not in clusters, (record.cluster, clusters)
         clusters.append(record.cluster)
     assert len(clusters) >= 2, clusters
-    assert record.status == "nothing-to-fix" and not record.goal_met, record.decision_detail
+    assert record.status == "nothing-left-to-try" and not record.goal_met, record.decision_detail
     assert record.cluster == clusters[0], (record.cluster, clusters)
     assert record.decision_detail.startswith(
         f"nothing left to try: every cluster was tried along this policy's line, and {clusters[0]}, tried "
@@ -2816,9 +2816,59 @@ def test_rounds_that_stop_after_three_discards_say_how_many_read_the_held_out_se
     said: list[str] = []
     assert len(run_rounds(space, RoundOptions(policy="v0", k=1), 5, said.append)) == 3
     assert said[-1] == (
-        "3 candidates discarded in a row against v0: stopping (1 of them read the held-out set; label more "
-        "scenarios, or run again to go on)"
+        "3 rounds in a row without a recommendation against v0: stopping (3 candidate(s) discarded; 1 read "
+        "the held-out set; label more scenarios, or run again to go on)"
     )
+    assert round_failed(list(records_of(3, ["discarded"] * 3)))
+
+
+def records_of(count: int, statuses: list[str]) -> Iterator[Any]:
+    from improve.loop.round_record import RoundRecord
+
+    for n, status in zip(range(1, count + 1), statuses, strict=True):
+        yield RoundRecord(
+            round_id=f"r{n}",
+            environment="refunds",
+            baseline_version="v0",
+            candidate_version=f"v{n}",
+            proposer="rules",
+            model="naive",
+            k=1,
+            seed=1,
+            status=status,  # type: ignore[arg-type]
+            cluster=f"c{n}",
+        )
+
+
+def test_rounds_that_discarded_one_and_then_found_nothing_left_fail_and_say_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One candidate discarded, then two rounds with nothing left to try: the stop said "3 candidates
+    discarded in a row" and the command exited 0 (the last round's status), where three discarded
+    candidates exit 1. A discarded candidate with nothing recommended is a failure however the rounds
+    after it end; rounds that only found nothing left to try are not."""
+    import improve.loop.round as round_module
+    from improve.loop.round_record import RoundRecord
+
+    space = scratch(tmp_path / "ws")
+    statuses = ["discarded", "nothing-left-to-try", "nothing-left-to-try"]
+    records = records_of(3, statuses)
+    monkeypatch.setattr(round_module, "run_round", lambda *args, **kwargs: next(records))
+    said: list[str] = []
+    done = run_rounds(space, RoundOptions(policy="v0", k=1), 5, said.append)
+    assert [r.status for r in done] == statuses and all(r.nothing_new for r in done[1:])
+    assert said[-1] == (
+        "3 rounds in a row without a recommendation against v0: stopping (1 candidate(s) discarded, 2 with "
+        "nothing left to try; none read the held-out set; label more scenarios, or run again to go on)"
+    )
+    assert round_failed(done)
+    assert not round_failed(list(records_of(2, ["nothing-left-to-try"] * 2)))
+    assert not round_failed(list(records_of(2, ["discarded", "recommended"])))
+    assert round_failed(list(records_of(1, ["blocked"])))
+    # A round.json written before nothing-left-to-try had its own status reads as it now is written.
+    old = {**next(records_of(1, ["discarded"])).model_dump(mode="json"), "status": "nothing-to-fix"}
+    assert RoundRecord.model_validate(old).status == "nothing-left-to-try"
+    assert RoundRecord.model_validate({**old, "goal_met": True}).status == "nothing-to-fix"
 
 
 def test_a_rule_that_fixes_another_cluster_s_failures_says_whose() -> None:

@@ -56,8 +56,8 @@ def round_command(
             "--rounds",
             min=1,
             help="Candidates to try, each aimed at the next cause, until one is recommended (the next "
-            "round starts from it once a person merges it); it stops after 3 discarded in a row, each "
-            "having read the held-out set (run it again to go on).",
+            "round starts from it once a person merges it); it stops after 3 rounds in a row that recommend "
+            "nothing (a candidate discarded, or nothing left to try; run it again to go on).",
         ),
     ] = 1,
     model: Annotated[str, ModelOption] = "naive",
@@ -134,10 +134,11 @@ def round_command(
     init writes 100), a recommended candidate also runs with careful on cases the environment's
     generator draws, and the PR says how often a learned branch answered where careful was right.
 
-    Exit 0 when a candidate is recommended (or the goal already holds, or every failure cluster was
-    tried and the one tried longest ago came round again with no candidate that passes the gates:
-    nothing-left-to-try, which spends no CHANGELOG entry), 1 when every candidate was
-    discarded or the spend limit stopped the round, 2 on usage errors, 3 when a run, git or the
+    Exit 0 when a candidate is recommended, or none was discarded because the goal already holds or
+    nothing was left to try (every failure cluster was tried and the one tried longest ago came round
+    again with no candidate that passes the gates: it spends no CHANGELOG entry); 1 when candidates
+    were discarded and none recommended (whatever the later rounds of --rounds found), the round was
+    blocked (the environment needs a person), or the spend limit stopped it; 2 on usage errors, 3 when a run, git or the
     endpoint failed. With --executor dask://HOST:PORT the suites' runs go to a Dask cluster's
     workers in batches (diagnosis and the gates stay here); the decision is the same as a local
     round's (docs/scale-out.md).
@@ -149,7 +150,7 @@ def round_command(
         improve round --policy v0 --k 10 --executor dask://127.0.0.1:8786
         improve round --policy v3 --model local-llm --full-runs
     """
-    from improve.loop import RoundOptions, round_lines, run_rounds
+    from improve.loop import RoundOptions, round_failed, round_lines, run_rounds
 
     with handled(), ExitStack() as stack:
         space = workspace(ws)
@@ -183,7 +184,7 @@ def round_command(
             # not claim one of those itself.
             err.print("the pull request could not be opened: " + "; ".join(failed), markup=False)
             raise typer.Exit(EXIT_INFRA)
-        if not any(r.status in ("recommended", "nothing-to-fix") for r in records):
+        if round_failed(records):
             raise typer.Exit(EXIT_FAILED)
 
 

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from improve.loop.proposers import PROPOSERS, Proposal, ProposalRequest, Proposer, ProposerSetup
     from improve.loop.render import pr_body, round_lines
     from improve.loop.report_page import WrittenPage, find_round, write_round_page
-    from improve.loop.round import MAX_DISCARDED_IN_A_ROW, Round, run_round, run_rounds
+    from improve.loop.round import MAX_DISCARDED_IN_A_ROW, Round, round_failed, run_round, run_rounds
     from improve.loop.round_record import RoundRecord, read_round_record
     from improve.loop.score import ScoreRequest, Scores, score_policy
 
@@ -72,7 +72,7 @@ _MODULES = {
     "improve.loop.proposers": ("PROPOSERS", "Proposal", "ProposalRequest", "Proposer", "ProposerSetup"),
     "improve.loop.render": ("pr_body", "round_lines"),
     "improve.loop.report_page": ("WrittenPage", "find_round", "write_round_page"),
-    "improve.loop.round": ("MAX_DISCARDED_IN_A_ROW", "Round", "run_round", "run_rounds"),
+    "improve.loop.round": ("MAX_DISCARDED_IN_A_ROW", "Round", "round_failed", "run_round", "run_rounds"),
     "improve.loop.round_record": ("RoundRecord", "read_round_record"),
     "improve.loop.score": ("ScoreRequest", "Scores", "score_policy"),
 }
@@ -132,6 +132,7 @@ __all__ = [
     "probe_requests",
     "read_round_record",
     "review_branch",
+    "round_failed",
     "round_lines",
     "run_gates",
     "run_round",

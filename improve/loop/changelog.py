@@ -433,7 +433,7 @@ class Memory:
         if record.recommended:
             now = self.changelog.current()
             return Added(entry, now.with_entry(entry, env), now.text, history)
-        if record.status == "nothing-to-fix":
+        if record.status in ("nothing-to-fix", "nothing-left-to-try"):
             # No candidate was proposed: the CHANGELOG records candidates, and no version is spent.
             now = self.changelog.current()
             return Added(entry, now.text, now.text, history)
@@ -545,9 +545,8 @@ def entry_text(record: RoundRecord) -> str:
     """The CHANGELOG entry of a round that proposed a candidate (a round with nothing to fix has one
     only in its report folder)."""
     decision = "recommended" if record.recommended else "discarded"
-    if record.status == "nothing-to-fix":
-        # As `improve round` shows it (`render.shown_status`): with the goal unmet, nothing was left to try.
-        decision = "nothing to fix" if record.goal_met else "nothing left to try"
+    if record.status in ("nothing-to-fix", "nothing-left-to-try"):
+        decision = record.status.replace("-", " ")
     lines = [
         f"## {record.candidate_version} ({decision}) — round {record.round_id}",
         "",

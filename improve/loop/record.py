@@ -16,7 +16,7 @@ from improve.errors import ImproveError
 from improve.files import write_atomic
 from improve.loop.changelog import Added
 from improve.loop.inputs import Inputs, review_branch
-from improve.loop.render import pr_body, shown_status
+from improve.loop.render import pr_body
 from improve.loop.round_record import PROPOSED, ROUND_RECORD, SCORECARDS, Review, RoundRecord
 
 Say = Callable[[str], None]
@@ -70,11 +70,10 @@ class Recorder:
         if record.proposed is not None:
             write_atomic(folder / PROPOSED, json.dumps(record.proposed, indent=2) + "\n")
         write_atomic(folder / "changelog-entry.md", added.entry)
-        if record.status == "nothing-to-fix":
+        if record.status in ("nothing-to-fix", "nothing-left-to-try"):
             record.write(folder)
-            # Said as `improve round` shows the status: with the goal unmet, nothing was left to try.
             self.say(
-                f"{shown_status(record).replace('-', ' ')}: the CHANGELOG is left as it is; report in {record.report}"
+                f"{record.status.replace('-', ' ')}: the CHANGELOG is left as it is; report in {record.report}"
             )
             return record
         if not record.recommended:

@@ -16,7 +16,7 @@ def pr_body(record: RoundRecord) -> str:
     """The pull request's body: the hypothesis, the scorecard with its charts and the promotion rule,
     the held-out reuse, the model, the gates, and how to replay the candidate's runs."""
     lines = [
-        f"# {record.environment}: policy {record.candidate_version or '(none)'} ({shown_status(record)})",
+        f"# {record.environment}: policy {record.candidate_version or '(none)'} ({record.status})",
         "",
     ]
     h = record.hypothesis
@@ -190,21 +190,13 @@ def model_markdown(info: ModelInfo) -> str:
     return text
 
 
-def shown_status(record: RoundRecord) -> str:
-    """The status as a person reads it: `nothing-to-fix` whose goal does not hold is a round that found
-    nothing left to try (every failure cluster tried), not one with nothing to fix."""
-    if record.status == "nothing-to-fix" and not record.goal_met:
-        return "nothing-left-to-try"
-    return record.status
-
-
 def round_lines(record: RoundRecord) -> list[str]:
     """What `improve round` prints for a round: its id and outcome, the decision, the held-out read,
     where its review is and where its report is."""
     held = record.scores.get("held-out")
     scores = f"held-out {held.before:.3f} -> {held.after:.3f}" if held else "no replay"
     lines = [
-        f"{record.round_id}: {shown_status(record)} {record.candidate_version or ''} [{record.cluster or '-'}] {scores}",
+        f"{record.round_id}: {record.status} {record.candidate_version or ''} [{record.cluster or '-'}] {scores}",
         f"  {record.decision_detail}",
     ]
     read = record.held_out

@@ -66,7 +66,7 @@ h1 { font-size: 26px; margin: 0 0 4px; } h2 { font-size: 19px; margin: 32px 0 8p
 .meta { color: #59636e; margin: 0 0 16px; }
 .verdict { display: inline-block; padding: 2px 10px; border-radius: 12px; font-weight: 600; }
 .recommended { background: #dafbe1; color: #116329; } .discarded, .blocked { background: #ffebe9; color: #a40e26; }
-.nothing-to-fix { background: #ddf4ff; color: #0550ae; }
+.nothing-to-fix, .nothing-left-to-try { background: #ddf4ff; color: #0550ae; }
 table { border-collapse: collapse; margin: 8px 0 12px; font-size: 14px; }
 th, td { border: 1px solid #d0d7de; padding: 4px 10px; text-align: left; vertical-align: top; }
 th { background: #f6f8fa; } td.num { text-align: right; font-variant-numeric: tabular-nums; }

@@ -111,7 +111,7 @@ from improve.loop.round_record import (
     Status,
 )
 from improve.machine import ERROR_EVENT, MachineConfig, canonical_json, diff_states, parse_machine
-from improve.runtime import compile_policy, runs_overlap, vocabulary
+from improve.runtime import compile_policy, reach_sentinels, runs_overlap, vocabulary
 
 MAX_REPAIRS = 3
 Say = Callable[[str], None]
@@ -167,23 +167,39 @@ def run_rounds(
                 f"{record.candidate_version} recommended in round {number} of {rounds}: the rounds left start "
                 f"from it once it is merged (improve round --policy {record.candidate_version})"
             )
-        if record.status in ("recommended", "blocked", "nothing-to-fix") and not record.nothing_new:
+        if record.status != "discarded" and not record.nothing_new:
             break
         if record.cluster:
             skip.append(record.cluster)
         if number >= MAX_DISCARDED_IN_A_ROW:  # every earlier one was discarded too, or the loop had stopped
-            reads = sum(1 for r in records[-MAX_DISCARDED_IN_A_ROW:] if r.held_out is not None)
-            read = (
-                "each read the held-out set"
-                if reads == MAX_DISCARDED_IN_A_ROW
-                else f"{reads} of them read the held-out set"
-            )
-            say(
-                f"{MAX_DISCARDED_IN_A_ROW} candidates discarded in a row against {opts.policy}: stopping ({read}; "
-                "label more scenarios, or run again to go on)"
-            )
+            say(_without_one(records[-MAX_DISCARDED_IN_A_ROW:], opts.policy))
             break
     return records
+
+
+def _without_one(records: Sequence[RoundRecord], policy: str) -> str:
+    """Rounds in a row that recommended nothing, said by what each found (a round with nothing left to
+    try ran no candidate and read no held-out run) and what to do next."""
+    discarded = sum(r.status == "discarded" for r in records)
+    reads = sum(1 for r in records if r.held_out is not None)
+    found = [f"{discarded} candidate(s) discarded"] if discarded else []
+    if discarded < len(records):
+        found.append(f"{len(records) - discarded} with nothing left to try")
+    read = "each" if reads == len(records) else str(reads) if reads else "none"
+    return (
+        f"{len(records)} rounds in a row without a recommendation against {policy}: stopping ({', '.join(found)}; "
+        f"{read} read the held-out set; label more "
+        "scenarios, or run again to go on)"
+    )
+
+
+def round_failed(records: Sequence[RoundRecord]) -> bool:
+    """Whether rounds end in failure for a caller (exit 1): nothing recommended, and a candidate was
+    discarded or a round was blocked. Rounds that only found the goal holding or nothing left to try
+    did not fail; one that discarded a candidate did, whatever the rounds after it found."""
+    if any(r.status == "recommended" for r in records):
+        return False
+    return any(r.status in ("discarded", "blocked") for r in records)
 
 
 class Round:
@@ -326,6 +342,12 @@ class Round:
         # Made before anything runs: a proposer that cannot be made (a model or a key missing) is named
         # now, not after the baseline's runs (each round makes its own, so a tried request is its own).
         self._proposer()
+        reach = reach_sentinels(inputs.env)
+        if reach.reachable:
+            # No policy change can keep out what a person's event or a tool's output leads to: as with an
+            # invariant violation on train, the environment needs a person first.
+            self.status, self.detail = "blocked", reach.summary()
+            return False
         self.say(
             f"baseline: {self.label} on {len(inputs.train)} train + {len(inputs.held_out)} held-out "
             f"scenarios, k={self.k}"
@@ -470,7 +492,7 @@ class Round:
             self.status, self.detail = "blocked", diagnosis.blocked
             return False
         if diagnosis.chosen is None or diagnosis.hypothesis is None:
-            self.status, self.detail = "nothing-to-fix", nothing_left(diagnosis)
+            self.status, self.detail = "nothing-left-to-try", nothing_left(diagnosis)
             return False
         self.aim = self.focus.says(diagnosis.chosen.id)
         self.again = None
@@ -1365,7 +1387,7 @@ class Round:
         ):
             return
         why = self._gate_detail()
-        self.status = "nothing-to-fix"
+        self.status = "nothing-left-to-try"
         self.detail = (
             f"nothing left to try: every cluster was tried along this policy's line, and {self.again}, tried "
             f"longest ago, came round again with nothing new ({why}); label more training scenarios like "

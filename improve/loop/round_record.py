@@ -33,7 +33,7 @@ ROUND_RECORD = "round.json"
 SCORECARDS = "scorecards.json"
 PROPOSED = "policy.json"
 
-Status = Literal["recommended", "discarded", "blocked", "nothing-to-fix"]
+Status = Literal["recommended", "discarded", "blocked", "nothing-to-fix", "nothing-left-to-try"]
 
 
 class Part(BaseModel):
@@ -271,7 +271,8 @@ class RoundRecord(BaseModel):
     k: int
     seed: int
     status: Status = "discarded"
-    """recommended, discarded, blocked (the environment needs a person) or nothing-to-fix."""
+    """recommended, discarded, blocked (the environment needs a person), nothing-to-fix (the goal holds)
+    or nothing-left-to-try (the goal does not hold, and every failure cluster was tried)."""
     recommended: bool = False
     goal_met: bool = False
     decision_detail: str = ""
@@ -349,6 +350,9 @@ class RoundRecord(BaseModel):
         summary, `model_info` and `pr` as loose dicts all read as they are; only the format changes."""
         if isinstance(data, dict) and "format" not in data:
             data = {**data, "format": FORMAT}
+        if isinstance(data, dict) and data.get("status") == "nothing-to-fix" and not data.get("goal_met"):
+            # Written before nothing-left-to-try had a status of its own: it was this with the goal unmet.
+            data = {**data, "status": "nothing-left-to-try"}
         return data
 
     @field_serializer("scorecards")
@@ -366,9 +370,9 @@ class RoundRecord(BaseModel):
     @property
     def nothing_new(self) -> bool:
         """A cluster came round again (every cluster tried along the line) with no candidate that passes
-        the gates: nothing-to-fix, yet a candidate was asked for (`Round._nothing_new`). A loop of rounds
+        the gates: nothing-left-to-try, yet a candidate was asked for (`Round._nothing_new`). A loop of rounds
         goes on from it as from a discarded candidate: the next one brings another cluster round."""
-        return self.status == "nothing-to-fix" and self.candidate_version is not None
+        return self.status == "nothing-left-to-try" and self.candidate_version is not None
 
     def to_json(self) -> dict[str, Any]:
         return self.model_dump(mode="json", by_alias=True)
