@@ -383,6 +383,30 @@ def test_a_policy_whose_guard_fails_on_every_decision_is_said_before_and_in_each
     assert "warning" not in plain.stderr
 
 
+def test_a_decision_that_refused_every_answer_is_the_first_reason_of_its_run(ws: Path) -> None:
+    """A branch answering an amount the decision does not offer: each answer is refused, the machine goes
+    on by its onError, and the table said only where the run ended ("ended in 'escalated'"), the refusal
+    kept in the thread."""
+    from improve.loop.branches import insert_branch
+
+    policy = json.loads((ws / "policies" / "refunds" / "v0.json").read_text())
+    guard = "input.name == 'chooseResolution'"
+    doc = insert_branch(
+        policy, guard, {"type": "'REFUND'", "amount": "999"}, 0, version="1", name="big", description="d"
+    )
+    (ws / "policies" / "refunds" / "v1.json").write_text(json.dumps(doc))
+    result = runner.invoke(app, ["run", "-w", str(ws), "--policy", "v1", "--k", "1", "--json"])
+    assert result.exit_code == 0, result.output
+    failed = [t for t in json.loads(result.stdout)["threads"] if not t["passed"]]
+    assert failed and all(
+        t["reason"].startswith(
+            "decision 'chooseResolution' took none of its answers (answered by the policy's final 'big'): "
+        )
+        and "the last: invalid-payload: amount=999" in t["reason"].split("; ")[0]
+        for t in failed
+    ), [t["reason"] for t in failed][:3]
+
+
 def test_a_scenario_file_read_twice_gives_two_documents_and_an_edit_is_read_anew(tmp_path: Path) -> None:
     # Parsed documents are kept (a command reads one file several times): each read is still the
     # caller's own to change, dates stay dates, and a changed file is parsed again.

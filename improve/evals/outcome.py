@@ -197,6 +197,28 @@ def policy_failure(entries: Sequence[EntryView]) -> str | None:
     return None
 
 
+def exhausted_decision(entries: Sequence[EntryView]) -> str | None:
+    """The first decision that refused every answer it was given (`decision-exhausted`), with the last
+    refusal and who gave it, in words; None when none did. The machine goes on by its onError (a safe
+    answer, a person's step), so a run that failed there read as a wrong or waiting outcome alone."""
+    for entry in entries:
+        event = entry.event
+        error = event.get("error") if event.get("type") == "xstate.error.actor" else None
+        if not isinstance(error, dict) or error.get("kind") != "decision-exhausted":
+            continue
+        meta = entry.metadata or {}
+        decision = meta.get("decision")
+        name = decision.get("name") if isinstance(decision, dict) else event.get("actorId")
+        source = meta.get("source")
+        by = ""
+        if isinstance(source, str) and source.startswith("policy:"):
+            by = f" (answered by the policy's final '{source.removeprefix('policy:')}')"
+        # One reason: the reasons are joined, and a table shows the first, by "; ".
+        said = str(error.get("message") or "every answer refused").replace("; ", ", ")
+        return f"decision '{name}' took none of its answers{by}: {said}"
+    return None
+
+
 def outcome_row(
     env: Environment,
     scenario: Scenario | None,
@@ -248,6 +270,10 @@ def outcome_row(
                 reasons.append(f"unexpected effects {', '.join(diff.unexpected)}")
     if violations:
         reasons.append(f"{len(violations)} violation(s): {', '.join(v['rule'] for v in violations)}")
+    if reasons and (exhausted := exhausted_decision(entries)) is not None:
+        # The rest follows from it (the machine's onError, a person's step): said first, or the table
+        # showed "run ended waiting" for a policy whose answer the decision refused.
+        reasons.insert(0, exhausted)
     failed = policy_failure(entries) if reasons else None
     if failed is not None:
         # First: where the policy itself failed, the rest follows from it (a fallback's answer), and a run
