@@ -164,6 +164,17 @@ def test_score_of_an_unknown_policy_says_only_that(ws: Path) -> None:
     assert "policy 'v99' not found" in result.stderr and "sealed test split" not in result.stderr
 
 
+def test_score_of_a_policy_file_without_runs_says_the_run_that_makes_them(ws: Path, tmp_path: Path) -> None:
+    # It suggested `improve run --policy v7` for a file numbered 7, which `run` could not find.
+    policy = json.loads((ws / "policies" / "refunds" / "v0.json").read_text())
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps({**policy, "version": "7"}))
+    result = runner.invoke(app, ["score", "-w", str(ws), "-p", str(path), "--model", "naive"])
+    said = " ".join(result.stderr.split())
+    assert result.exit_code == 2 and "no recorded runs of v7 with model naive" in said, result.output
+    assert f"`improve run --env refunds --policy {path} --model naive --split train --k 3` first" in said
+
+
 def test_threads_of_two_models_for_one_policy_coexist(ws: Path) -> None:
     args = ["run", "-w", str(ws), "--split", "held-out", "--k", "1", "--scenario", "fraud-signal-04"]
     assert runner.invoke(app, [*args, "--model", "naive"]).exit_code == 0

@@ -247,7 +247,10 @@ class _Scoring:
         scores = Scores(self.space.config.objective.seed, policies, test_scenarios=len(scenario_set.sealed))
         threads = []
         for split in self._splits():
-            rows = {side: self._rows(split, policies[side]) for side in SIDES if side in policies}
+            given = {"new": request.policy, "old": request.vs or ""}
+            rows = {
+                side: self._rows(split, policies[side], given[side]) for side in SIDES if side in policies
+            }
             cards = {
                 side: scorecard(found.rows, policy_label(policies[side]), split)
                 for side, found in rows.items()
@@ -276,9 +279,10 @@ class _Scoring:
             return [request.split]
         return [*OPEN_SPLITS, *([SEALED_SPLIT] if request.unseal else [])]
 
-    def _rows(self, split: str, policy: MachineConfig) -> Recorded:
+    def _rows(self, split: str, policy: MachineConfig, given: str) -> Recorded:
         """The recorded threads of this version and model on `split`, verified in the warehouse (a thread
-        that does not verify is set aside, never scored); the test split's are made here first."""
+        that does not verify is set aside, never scored); the test split's are made here first. `given`:
+        the policy as the command named it (a version, or a file's path, which `improve run` takes too)."""
         label, model = policy_label(policy), self.request.model
         rewritten: list[str] = []
         if split == SEALED_SPLIT:
@@ -302,7 +306,7 @@ class _Scoring:
         if not found.rows:
             raise WorkspaceError(
                 f"no recorded runs of {label} with model {model} on {split} in {self.space.traces}; run "
-                f"`improve run --env {self.env.name} --policy {label} --model {model} --split {split} "
+                f"`improve run --env {self.env.name} --policy {given} --model {model} --split {split} "
                 f"--k {self.space.config.objective.k}` first"
             )
         return found
