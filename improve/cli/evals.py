@@ -449,7 +449,8 @@ def rules_command(
 ) -> None:
     """Run the environment's rule evals: its guards tested on the interpreter, no model called.
 
-    Each eval names the states it covers; guarded states no eval covers are listed. Exit 1 when an
+    Each eval names the states it covers; guarded states no eval covers are listed (a state is guarded
+    when any of its transitions is: an event's, an `always`, a tool's onDone or onError). Exit 1 when an
     eval fails or a guarded state is uncovered.
 
     Example:
@@ -476,6 +477,13 @@ def rules_command(
                 out.print(f"{mark} {r.name} (covers {', '.join(r.covers)}): ", end="")
                 out.print(r.detail, markup=False)
             out.print(f"guarded states not covered: {', '.join(gaps) or 'none'}", markup=False)
+            if gaps:
+                out.print(
+                    "  a state is guarded when any of its transitions is (an event's, an `always`, a tool's "
+                    "onDone or onError): name each in the `covers` of a RuleEval that drives the machine "
+                    "there (its `events`, then `state`, `accepts` and `refuses`: docs/extending.md)",
+                    markup=False,
+                )
         if gaps or not all(r.ok for r in results):
             raise typer.Exit(EXIT_FAILED)
 
