@@ -2919,3 +2919,25 @@ def test_a_rule_reading_a_fact_only_its_decision_has_asks_for_that_decision_firs
     assert _shared(two) == {"facts.b"}  # type: ignore[arg-type]
     one = SimpleNamespace(vocabulary=SimpleNamespace(decisions=[words("facts.a")]))
     assert _shared(one) is None  # type: ignore[arg-type]
+
+
+def test_entries_a_review_branch_carries_off_the_working_tree_are_named(tmp_path: Path) -> None:
+    """A discarded candidate's entry was said as recorded in the working tree's CHANGELOG; when a later
+    recommended candidate's branch carries it, the working tree goes back to the committed CHANGELOG,
+    and the round says which entries went with the branch."""
+    from improve.loop.record import restore_changelog
+
+    repo = git.Repo.init(tmp_path)
+    changelog = tmp_path / "policies" / "desk" / "CHANGELOG.md"
+    changelog.parent.mkdir(parents=True)
+    changelog.write_text("# CHANGELOG\n")
+    repo.index.add([str(changelog)])
+    repo.index.commit("start")
+    current = "# CHANGELOG\n\n## v1 (discarded) — round r-v1\n\n- Baseline: v0.\n"
+    changelog.write_text(current)
+    assert restore_changelog(repo, current, changelog, tmp_path) == ["v1 (discarded)"]
+    assert changelog.read_text() == "# CHANGELOG\n" and not repo.is_dirty()
+    # A CHANGELOG edited otherwise than by appending entries is left as it is, and nothing is said.
+    edited = "# Our CHANGELOG\n"
+    changelog.write_text(edited)
+    assert restore_changelog(repo, edited, changelog, tmp_path) == [] and changelog.read_text() == edited

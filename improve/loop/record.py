@@ -140,7 +140,15 @@ class Recorder:
             return Review(error=str(err))
         branch = pr.branch  # another name when the version's branch holds another line's candidate
         write_atomic(folder / "policy.diff", branch_diff(top, branch, None))
-        restore_changelog(repo, added.current, changelog, top)
+        moved = restore_changelog(repo, added.current, changelog, top)
+        if moved:
+            # They were said as "recorded in CHANGELOG.md" when discarded: say where they went.
+            self.say(
+                f"the CHANGELOG's entries not committed yet ({', '.join(moved)}) travel on branch {branch} "
+                "with this one, and the working tree's CHANGELOG is back to the committed one, so the branch "
+                "merges cleanly (closed unmerged, the branch keeps their text, and the workspace still "
+                "remembers each discarded candidate: no round proposes it again)"
+            )
         # How to publish a branch left unpushed is said once, in the round's summary (`render`); why it was
         # not published (a refusal, a missing remote) is said here as it happens.
         why = f": {'; '.join(pr.notes)}" if pr.notes else ""
@@ -191,16 +199,19 @@ def report_folder(reports: Path, record: RoundRecord, say: Say) -> Path:
     return folder
 
 
-def restore_changelog(repo: Any, current: str, changelog: Path, top: Path) -> None:
+def restore_changelog(repo: Any, current: str, changelog: Path, top: Path) -> list[str]:
     """The branch carries every entry written since HEAD; the working tree (whose CHANGELOG reads
     `current`) goes back to HEAD's CHANGELOG when it merely appended entries, so the branch merges
     cleanly. HEAD's file is restored byte for byte (read from its blob: `git show` through GitPython
     drops a final newline, and a file that ended in a blank line, or in none, was left modified, so the
-    reviewer's merge refused to run)."""
+    reviewer's merge refused to run). The headings of the entries it took from the working tree
+    (`v1 (discarded)`)."""
     rel = changelog.resolve().relative_to(top).as_posix()
     try:
         head_text = (repo.head.commit.tree / rel).data_stream.read().decode("utf-8")
     except Exception:
-        return
-    if current.startswith(head_text.rstrip("\n")):
-        write_atomic(changelog, head_text)
+        return []
+    if not current.startswith(head_text.rstrip("\n")):
+        return []
+    write_atomic(changelog, head_text)
+    return re.findall(r"^## (\S+ \([^)]*\))", current[len(head_text.rstrip("\n")) :], flags=re.MULTILINE)
