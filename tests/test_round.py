@@ -2580,9 +2580,11 @@ def test_a_round_without_a_narrower_rule_moves_on_to_the_next_cluster(tmp_path: 
     assert third.decision_detail.startswith("every failure cluster left was tried"), third.decision_detail
     assert all(c in third.decision_detail for c in every)
     # Its goal does not hold: what `improve round` prints says nothing was left to try, not to fix.
-    from improve.loop.render import round_lines
+    from improve.loop.render import pr_body, round_lines
 
     assert not third.goal_met and round_lines(third)[0].startswith(f"{third.round_id}: nothing-left-to-try ")
+    # Its report is titled by the policy it ran against: the version it took is no policy.
+    assert pr_body(third).startswith("# refunds: round against v0, no candidate (nothing-left-to-try)\n")
     # The workspace remembers the cluster it found no narrower rule for against v0: the rule miner, which
     # answers the same request the same way, is not asked again (each asking took a version).
     assert third.cluster == first.cluster

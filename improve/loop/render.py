@@ -15,10 +15,14 @@ REPLAYS_SHOWN = 6
 def pr_body(record: RoundRecord) -> str:
     """The pull request's body: the hypothesis, the scorecard with its charts and the promotion rule,
     the held-out reuse, the model, the gates, and how to replay the candidate's runs."""
-    lines = [
-        f"# {record.environment}: policy {record.candidate_version or '(none)'} ({record.status})",
-        "",
-    ]
+    # A round that ran no candidate names the policy it ran against: the version it took (a nothing-left
+    # round asked the proposer under one) is no policy, and read as one that never existed.
+    title = (
+        f"policy {record.candidate_version}"
+        if record.status in ("recommended", "discarded") and record.candidate_version
+        else f"round against {record.baseline_version}, no candidate"
+    )
+    lines = [f"# {record.environment}: {title} ({record.status})", ""]
     h = record.hypothesis
     if h:
         lines += [
