@@ -2943,3 +2943,22 @@ def test_entries_a_review_branch_carries_off_the_working_tree_are_named(tmp_path
     edited = "# Our CHANGELOG\n"
     changelog.write_text(edited)
     assert restore_changelog(repo, edited, changelog, tmp_path) == [] and changelog.read_text() == edited
+
+
+def test_labels_that_pass_answers_of_two_kinds_are_said_once_per_desk() -> None:
+    """A referral that records the same effect as an offer: the counterfactual runs call both right, and
+    a rule for the offer reached across the referrals. The round warns, naming a scenario and both."""
+    from improve.loop.diagnose import ambiguous_labels
+
+    refer = decision("refer-01", {"credit": 540}, ("APPROVE", "REFER"), "APPROVE", "REFER")
+    refer["correct"] = [{"type": "APPROVE", "months": 2}, {"type": "REFER"}]
+    refer["name"] = "screen"
+    twice = {**refer, "thread_id": "train:v0:refer-01:r2"}
+    same_kind = decision("deposit-01", {"credit": 600}, ("APPROVE", "REFER"), "REFER", "APPROVE")
+    same_kind["correct"] = [{"type": "APPROVE", "months": 1}, {"type": "APPROVE", "months": 2}]
+    said = ambiguous_labels([refer, twice, same_kind])
+    assert said is not None and said.startswith(
+        "1 training scenario(s) pass with answers of more than one kind (e.g. refer-01 at 'screen': "
+    ), said
+    assert '{"months": 2, "type": "APPROVE"} or {"type": "REFER"}' in said
+    assert ambiguous_labels([same_kind]) is None

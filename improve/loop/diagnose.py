@@ -389,3 +389,25 @@ def _hypothesis(cluster: Cluster, train: Sequence[OutcomeRow]) -> Hypothesis:
         risk="the branch may also match decisions that pass today; every training decision it matches must "
         "already be answered correctly by it, and the promotion rule refuses any scenario that regresses",
     )
+
+
+def ambiguous_labels(examples: Sequence[Mapping[str, Any]]) -> str | None:
+    """Training decisions whose labels pass with answers of more than one kind (a referral and an offer
+    recording the same effect), said once: the counterfactual runs call each of them right, so a rule
+    learned from them may answer either (a rental desk's deposit rule reached across its referrals).
+    None when every decision's right answers are of one kind."""
+    found: dict[str, list[str]] = {}
+    for example in examples:
+        kinds = {str(c.get("type")): c for c in example.get("correct") or []}
+        if len(kinds) > 1 and example.get("scenario") not in found:
+            shown = " or ".join(json.dumps(c, sort_keys=True) for c in kinds.values())
+            found[str(example.get("scenario"))] = [str(example.get("name")), shown]
+    if not found:
+        return None
+    scenario, (decision, shown) = next(iter(found.items()))
+    return (
+        f"{len(found)} training scenario(s) pass with answers of more than one kind (e.g. {scenario} at "
+        f"'{decision}': {shown}): their labels do not tell the answers apart, so a rule learned from them "
+        "may answer either. Where they differ for the desk, record what tells them apart (an effect each "
+        "answer's tool records) and label it (docs/extending.md)"
+    )

@@ -71,7 +71,7 @@ from improve.llm import Meter
 from improve.log import Ahead, KeptReads, LogEntry, Store, ThreadPage
 from improve.loop.branches import DiscardedBranch, added, answer_on, route
 from improve.loop.counterfactuals import Counterfactuals, StandIn
-from improve.loop.diagnose import Diagnosis, in_cluster
+from improve.loop.diagnose import Diagnosis, ambiguous_labels, in_cluster
 from improve.loop.diagnose import diagnose as cluster_failures
 from improve.loop.discards import DiscardedCandidate, answers_anew, focus, mined_from, superseded, wrong_key
 from improve.loop.evidence import Evidence
@@ -210,6 +210,7 @@ class Round:
     ) -> None:
         self.space, self.opts, self.inputs, self.ledger = space, opts, inputs, ledger
         self.say = _Held(say)
+        self.warned: set[str] = set()
         self.objective = space.config.objective
         self.k = opts.k or self.objective.k
         self.replay_first = (
@@ -480,6 +481,10 @@ class Round:
             skip.remove(again)
             self.diagnosis, examples = self.evidence.diagnose(self.base_rows, self.inputs.policy, skip)
         diagnosis = self.diagnosis
+        ambiguous = ambiguous_labels(examples)
+        if ambiguous is not None and ambiguous not in self.warned:
+            self.warned.add(ambiguous)  # a round that diagnoses again (the next cluster) says it once
+            self.say(f"warning: {ambiguous}")
         # Said of the clusters this training set still shows, once: a cluster found rule-less on an
         # earlier set that no run fails now needs no word, and `--rounds` would repeat it each round.
         afresh = [c for c in self.focus.afresh if any(k.id == c for k in diagnosis.clusters)]
