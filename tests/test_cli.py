@@ -172,7 +172,9 @@ def test_score_of_a_policy_file_without_runs_says_the_run_that_makes_them(ws: Pa
     result = runner.invoke(app, ["score", "-w", str(ws), "-p", str(path), "--model", "naive"])
     said = " ".join(result.stderr.split())
     assert result.exit_code == 2 and "no recorded runs of v7 with model naive" in said, result.output
-    assert f"`improve run --env refunds --policy {path} --model naive --split train --k 3` first" in said
+    assert f"`improve run --env refunds --policy {path} --model naive --k 3` first" in said
+    held_out = runner.invoke(app, ["score", "-w", str(ws), "-p", str(path), "--split", "held-out"])
+    assert "--model naive --split held-out --k 3` first" in " ".join(held_out.stderr.split())
 
 
 def test_threads_of_two_models_for_one_policy_coexist(ws: Path) -> None:

@@ -304,9 +304,11 @@ class _Scoring:
                 f"--model {model} --split {split}` runs them again, their scenarios' people answering"
             )
         if not found.rows:
+            # The runs of every split scored, in one command (`run`'s default split is every open one).
+            only = "" if self.request.split == "all" else f" --split {split}"
             raise WorkspaceError(
                 f"no recorded runs of {label} with model {model} on {split} in {self.space.traces}; run "
-                f"`improve run --env {self.env.name} --policy {given} --model {model} --split {split} "
+                f"`improve run --env {self.env.name} --policy {given} --model {model}{only} "
                 f"--k {self.space.config.objective.k}` first"
             )
         return found
