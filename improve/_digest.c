@@ -1,5 +1,6 @@
 /* The hash chain's fast path in C: `improve.log.chain.check_chain` over lines as `LogEntry.to_line`
- * writes them, and a snapshot's text against its journaled stateHash (`improve.machine.fold`).
+ * writes them, and a snapshot's text against its journaled stateHash (`improve.machine.fold`); and the
+ * walk over a thread's lines in a streamed replay's first pass (`same_ending`, below).
  *
  * Why C: verifying a replay hashes every entry and every journaled state (chain.py says what is hashed).
  * In Python each entry cost its sha256 (about 0.4 us for a 600-byte line, most of it the compression)
@@ -246,7 +247,38 @@ sha256_is(PyObject *self, PyObject *args)
     return PyBool_FromLong(same);
 }
 
+/* same_ending(block, start, ending, cr) -> (next, lines): from `start`, the lines of `block` that end with
+ * `ending` (as `stream._returning_threads` tests each: the line without its LF, and without its CR when
+ * `cr`, at least as long as `ending` and ending with it), walked past; `next` is where the first line that
+ * does not starts (past the block's end when all do) and `lines` how many were walked. The first pass of
+ * a streamed replay spends most of its time on such lines (each thread's lines are together, as improve
+ * writes a file): the loop that tests them in Python, compiled, cost 0.5 us a line, a tenth of a replay. */
+static PyObject *
+same_ending(PyObject *self, PyObject *args)
+{
+    Py_buffer block, ending;
+    Py_ssize_t start;
+    int cr;
+    if (!PyArg_ParseTuple(args, "y*ny*p", &block, &start, &ending, &cr))
+        return NULL;
+    const char *data = block.buf, *tail = ending.buf;
+    Py_ssize_t size = block.len, length = ending.len, lines = 0;
+    while (start >= 0 && start < size) {
+        const char *found = memchr(data + start, '\n', (size_t)(size - start));
+        Py_ssize_t stop = found != NULL ? found - data : size;
+        Py_ssize_t end = cr && stop > start && data[stop - 1] == '\r' ? stop - 1 : stop;
+        if (end - start < length || memcmp(data + end - length, tail, (size_t)length) != 0)
+            break;
+        lines++;
+        start = stop + 1;
+    }
+    PyBuffer_Release(&block);
+    PyBuffer_Release(&ending);
+    return Py_BuildValue("nn", start, lines);
+}
+
 static PyMethodDef methods[] = {
+    {"same_ending", same_ending, METH_VARARGS, "Walk past the lines of a block that end as given (stream's first pass)."},
     {"links", links, METH_VARARGS, "Verify a thread's entries over their lines, as chain.check_chain's fast path."},
     {"sha256_is", sha256_is, METH_VARARGS, "Whether the sha256 of the joined pieces has the given lowercase hex digest."},
     {NULL, NULL, 0, NULL},

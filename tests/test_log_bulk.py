@@ -982,22 +982,24 @@ def _first_pass_line(thread: str, style: str, index: int) -> bytes:
 @settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     lines=st.lists(
-        st.tuples(st.sampled_from(["a", "b", "c", "é", 'q"t', ""]), st.sampled_from(_LINE_STYLES)),
+        st.tuples(st.sampled_from(["a", "b", "c", "é", 'q"t', "", "s }"]), st.sampled_from(_LINE_STYLES)),
         max_size=30,
     ),
     blank=st.sets(st.integers(0, 30)),
     long=st.sets(st.integers(0, 30), max_size=2),
     crlf=st.booleans(),
     block=st.sampled_from([1, 7, 40, 200, 1 << 16]),
+    walk_in_c=st.booleans(),
 )
 def test_the_first_pass_reads_each_line_s_thread_as_decoding_it_does(
-    lines: list[tuple[str, str]], blank: set[int], long: set[int], crlf: bool, block: int
+    lines: list[tuple[str, str]], blank: set[int], long: set[int], crlf: bool, block: int, walk_in_c: bool
 ) -> None:
     """`read_file_threads`' first pass reads a line that ends as the line before with its thread, as the
     same thread, without decoding it (`stream._ending`): over lines of JSON text, written in every way a
     line can end (a thread id given twice, escaped, nested in the event, a key ending in an escaped
     `"threadId`, ...), among blank lines and lines too long to hold, with CRLF endings, read a few bytes at
-    a time, it finds the same returning threads at the same lines as decoding every line does."""
+    a time, it finds the same returning threads at the same lines as decoding every line does; with the
+    lines that end alike walked in C (`_digest.same_ending`) and in Python alike."""
     text = [_first_pass_line(thread, style, i) for i, (thread, style) in enumerate(lines)]
     for at in sorted(blank, reverse=True):
         text.insert(min(at, len(text)), b"  ")
@@ -1009,15 +1011,17 @@ def test_the_first_pass_reads_each_line_s_thread_as_decoding_it_does(
         path.write_bytes(data)
         patch.setattr(stream, "_BLOCK", block)
         patch.setattr(stream, "_HELD", 300)
+        if not walk_in_c:
+            patch.setattr(stream, "_SAME_ENDING", None)
         assert stream._returning_threads(path, "f") == _returning_line_by_line(data, "f")
 
 
 def test_a_line_ending_as_its_thread_s_is_read_without_decoding_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The lines that end as the one before are not decoded (the pass's point); a line whose last key ends
-    in `"threadId` after an escaped quote is no thread's ending: the line after it that ends alike is
-    decoded, and its thread is the one given earlier in it."""
+    """A line that ends with its thread is not decoded (the pass's point), nor is the first line of a
+    thread; a line whose last key ends in `"threadId` after an escaped quote is no thread's ending: it is
+    decoded, as is the line after it that ends alike, and its thread is the one given earlier in it."""
     decoded: list[bytes] = []
     real = stream._THREAD_ONLY
 
@@ -1036,7 +1040,7 @@ def test_a_line_ending_as_its_thread_s_is_read_without_decoding_it(
     path = tmp_path / "f.jsonl"
     path.write_bytes(b"".join(line + b"\n" for line in lines))
     assert stream._returning_threads(path, "f") == {"b": 5}
-    assert decoded == [lines[0], lines[1], lines[2], lines[5]]
+    assert decoded == [lines[0], lines[1]]
 
 
 def _plain(thread: str, i: int) -> dict[str, object]:
