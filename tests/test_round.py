@@ -2058,6 +2058,14 @@ def test_a_rule_keeps_what_its_evidence_has_in_common() -> None:
         "facts.days > 12 && facts.plan == 'monthly'",
     ), kept.condition
     assert "plan" not in mine(examples, types, generalize="evidence")[0].condition
+    # The rationale says which of its conditions no training decision needed: the plan, not the days.
+    from improve.loop.proposers.rules import _resting
+
+    said = _resting(kept, examples)
+    assert said.startswith(" Of its conditions, `facts.plan == 'monthly'` keeps out no training decision"), (
+        said
+    )
+    assert "days" not in said and "no training decision shows whether the desk's rules need it" in said
     shown = [*examples, case(20, 80, "annual", "CANCEL", False)]
     assert "plan" not in mine(shown, types, generalize="evidence+common")[0].condition
 

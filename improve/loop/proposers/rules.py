@@ -1235,6 +1235,7 @@ class RuleMinerProposer:
             "training decision(s), each of which the labels confirm (counterfactual runs)."
             + _whose(request, rule)
             + unnamed_payload(rule.action, self.constants)
+            + _resting(rule, request.examples)
         )
         if request.narrower:
             first = request.narrower[0]
@@ -1282,6 +1283,36 @@ def _shared(request: ProposalRequest) -> frozenset[str] | None:
     if len(decisions) < 2:
         return None
     return frozenset.intersection(*(frozenset(d.facts) for d in decisions))
+
+
+def _resting(rule: Rule, examples: Sequence[Mapping[str, Any]]) -> str:
+    """The conditions of `rule` that keep out no training decision the rest of their alternative lets in,
+    said for the reviewer: the miner kept them as what the decisions it learned from share (or as a second
+    ground beside a near miss's), not because a decision needed them, so they rest on what training did
+    not show (a rental desk's income rule kept `pets != 'dog'`, no dog owner's income being in training)."""
+    decisions = [
+        e.get("facts") or {} for e in examples if not rule.decision or e.get("name") == rule.decision
+    ]
+    resting = [
+        atom.cel()
+        for term in rule.terms
+        for atom in term
+        if len(term) > 1
+        and not any(
+            not atom.holds(facts) and all(a.holds(facts) for a in term if a is not atom)
+            for facts in decisions
+        )
+    ]
+    if not resting:
+        return ""
+    named = list(dict.fromkeys(resting))
+    shown = ", ".join(f"`{c}`" for c in named)
+    one = len(named) == 1
+    return (
+        f" Of its conditions, {shown} {'keeps' if one else 'keep'} out no training decision the others let "
+        f"in: kept as what the decisions it learned from share, the cases {'it leaves' if one else 'they leave'} "
+        f"out go to the model; no training decision shows whether the desk's rules need {'it' if one else 'them'}."
+    )
 
 
 def _whose(request: ProposalRequest, rule: Rule) -> str:
