@@ -68,6 +68,7 @@ from improve.machine.interpreter import (
     transition,
 )
 from improve.machine.lint import has_errors, lint
+from improve.machine.locate import JsonPath, json_lines, line_of, parse_json_path
 from improve.machine.rules import RuleEval, RuleResult, run_rule_evals, uncovered
 from improve.machine.snapshot import (
     Invocation,
@@ -119,6 +120,7 @@ __all__ = [
     "GuardFn",
     "Invocation",
     "InvokeConfig",
+    "JsonPath",
     "Machine",
     "MachineConfig",
     "NamedGuard",
@@ -156,11 +158,14 @@ __all__ = [
     "format_validation_error",
     "has_errors",
     "initial",
+    "json_lines",
+    "line_of",
     "lint",
     "literals",
     "loads_document",
     "mermaid_label",
     "parse_formula",
+    "parse_json_path",
     "parse_machine",
     "payload_problem",
     "plain_hash",
