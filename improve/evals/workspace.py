@@ -55,11 +55,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from improve.errors import ScenarioError, WorkspaceError
 from improve.evals.cluster import LOCAL, ExecutorChoice, parse_executor
-from improve.evals.scenarios import ScenarioSet, load_scenarios, scenario_lines
+from improve.evals.scenarios import ScenarioLines, ScenarioSet, load_scenarios
 from improve.files import locked
 from improve.llm import CACHE_DIR, ModelSpec
 from improve.log import JsonlDirStore
-from improve.machine import MachineConfig, canonical_json
+from improve.machine import JsonPath, MachineConfig, canonical_json
 from improve.registry import check_slug
 from improve.runtime import ENVIRONMENTS, Environment, load_environment, load_policy
 
@@ -454,16 +454,15 @@ class Workspace:
         found = load_scenarios(path, env)
         config = self.environment(env).config
         finals, sentinels = set(config.final_states()), set(config.sentinels())
-        wrong = [
-            (s, problem)
-            for s in found.scenarios
-            if (problem := label_problem(s.expected.outcome, finals, sentinels, env))
-        ]
+        wrong: list[tuple[str, JsonPath, str]] = []
+        for s in found.scenarios:
+            if problem := label_problem(s.expected.outcome, finals, sentinels, env):
+                wrong.append((s.id, ("expected", "outcome"), problem))
         if wrong:
-            lines = scenario_lines(path)
+            lines = ScenarioLines.read(path)
             raise ScenarioError(
                 "\n".join(
-                    f"{path}:{lines.get(s.id, 1)}: scenario '{s.id}': {problem}" for s, problem in wrong
+                    f"{lines.where(sid, field)}: scenario '{sid}': {problem}" for sid, field, problem in wrong
                 )
             )
         return found
