@@ -612,3 +612,52 @@ def test_a_fact_given_whole_types_its_fields_and_the_miner_reads_them(tmp_path: 
     assert result.exit_code == 0, result.output
     (outcome,) = json.loads(result.stdout)["rounds"]
     assert outcome["branches"] and "facts.account." in outcome["branches"][0]["guard"], outcome
+
+
+def test_a_people_script_payload_the_machine_declares_otherwise_is_named_at_its_line(tmp_path: Path) -> None:
+    # `priority: two` where meta.payloads declares an integer failed deep in the guard, as a CEL overload.
+    ws, machine = edited_desk(
+        tmp_path,
+        "lead",
+        "machine.json",
+        '"ESCALATE": {"target": "escalated"}',
+        '"ESCALATE": {"target": "awaitingLead"}',
+    )
+    config = json.loads(machine.read_text())
+    config["states"]["awaitingLead"] = {
+        "description": "A team lead takes the ticket over.",
+        "meta": {"payloads": {"HAND_OFF": {"priority": "integer", "queue": "string"}}},
+        "on": {"HAND_OFF": {"guard": "event.priority >= 1", "target": "escalated"}},
+    }
+    machine.write_text(json.dumps(config, indent=2))
+    path = ws / "scenarios" / "lead-desk.yaml"
+    text = path.read_text()
+    for sid, people in (
+        ("repeat-claimant-01", "people: {awaitingLead: [{type: HAND_OFF, priority: 1, queue: billing}]}"),
+        (
+            "repeat-claimant-02",
+            "people:\n      awaitingLead:\n        - type: HAND_OFF\n          priority: two",
+        ),
+    ):
+        head = f"  - id: {sid}\n"
+        start = text.index(head)
+        at = text.index("    expected:", start)
+        text = text[:at] + f"    {people}\n" + text[at:]
+    path.write_text(text)
+    line = _line_of(path, "priority: two")
+    wanted = (
+        f"{path}:{line}: scenario 'repeat-claimant-02': people event HAND_OFF: priority = 'two' is not an "
+        "integer (the machine's meta.payloads declares it integer)"
+    )
+    missing = (
+        f"{path}:{line - 1}: scenario 'repeat-claimant-02': people event HAND_OFF: queue is not given (the "
+        "machine's meta.payloads declares it string); give it, or end the type with `?` to make it optional"
+    )
+    code, output = improve(ws, "scenarios", "check")
+    said = " ".join(output.split())
+    assert code == 1 and wanted in said and missing in said, said
+    assert "overload" not in said and "repeat-claimant-01': people" not in said, said
+    # A run refuses the file before it starts, as it refuses a label that is no final state.
+    code, output = improve(ws, "run", "--model", "careful", "--k", "1", "--scenario", "repeat-claimant-01")
+    said = " ".join(output.split())
+    assert code == 2 and wanted in said and "Traceback" not in output, said

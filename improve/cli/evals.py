@@ -155,7 +155,8 @@ def scenarios_check(
 ) -> None:
     """Check a scenario file: valid fields, unique ids, every category in both train and held-out,
     expected outcomes that name final states of the environment, and inputs the environment's machine
-    can start with (its context reads each key it names), and decisions whose facts are of their declared
+    can start with (its context reads each key it names), people scripts whose fields are of the types
+    the machine's meta.payloads declares, and decisions whose facts are of their declared
     types, and runs that stop (each scenario run once with careful, in memory: an enumerated value
     misspelt, or a tool that crashes on the scenario's world, is named; a label careful does not
     reach is a warning). Each problem names the file, the line of the field it is about and the
@@ -174,6 +175,7 @@ def scenarios_check(
         label_problem,
         leak_warnings,
         load_scenarios,
+        people_problems,
         reference_check,
         set_key,
         valid_scenarios,
@@ -224,6 +226,12 @@ def scenarios_check(
                     f"{lines.where(s.id, ('input',))}: scenario '{s.id}': input: {environment.name}'s machine "
                     f"cannot start with it: {error}"
                 )
+                continue
+            # What people answer, against the types the machine declares: a run stops on a wrong one deep
+            # in a guard (a CEL overload error), so the run below would only say that again, less clearly.
+            answered = people_problems(environment.config, s)
+            problems += [f"{lines.where(s.id, field)}: scenario '{s.id}': {what}" for field, what in answered]
+            if answered:
                 continue
             # Its decisions' facts, as a run with careful makes them, against their declared types.
             # And a label the environment's own reference does not reach: said, not refused (the label

@@ -35,7 +35,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from improve.errors import ConfigError, ScenarioError, SealedSplitError
-from improve.machine import JsonPath, canonical_hash, line_of
+from improve.machine import PAYLOAD_TYPES, JsonPath, MachineConfig, canonical_hash, line_of
 
 # libyaml's parser when PyYAML was built with it: a scenario file is read on every scoring pass,
 # and the pure-Python parser is most of that pass's time on a few hundred scenarios.
@@ -121,6 +121,51 @@ def label_digest(scenario: Scenario) -> str:
     violations): a row scored against another digest is scored again (`materialize.refresh_outcomes`)."""
     scored = scenario.model_dump(mode="json", include={"expected", "category", "world"})
     return canonical_hash(scored)[:16]
+
+
+def people_problems(config: MachineConfig, scenario: Scenario) -> list[tuple[JsonPath, str]]:
+    """(field, problem) for each field of the scenario's people script that the waiting state's
+    `meta.payloads` declares of another type, or requires and the event leaves out: a run would only
+    fail on it deep inside a guard (`event.depositMonths >= 0` on "two": no such overload). The field is
+    a path into the scenario (`people.awaitingLandlord[0].depositMonths`), for its line."""
+    found: list[tuple[JsonPath, str]] = []
+    for state, events in scenario.people.items():
+        declared = config.states[state].meta.get("payloads") if state in config.states else None
+        if not isinstance(declared, dict):
+            continue
+        for index, event in enumerate(events):
+            fields = declared.get(event.get("type"))
+            if not isinstance(fields, dict):
+                continue
+            for name, kind in fields.items():
+                wanted = kind.rstrip("?") if isinstance(kind, str) else None
+                if wanted not in PAYLOAD_TYPES:
+                    continue  # not a type name at all: compile_machine refuses the machine for it
+                said = f"people event {event['type']}: {name}"
+                because = f"(the machine's meta.payloads declares it {kind})"
+                value = event.get(name)
+                if value is None:
+                    if not kind.endswith("?"):
+                        given = " is null" if name in event else " is not given"
+                        found.append(
+                            (
+                                ("people", state, index, name) if name in event else ("people", state, index),
+                                f"{said}{given} {because}; give it, or end the type with `?` to make it "
+                                "optional",
+                            )
+                        )
+                    continue
+                accepted = PAYLOAD_TYPES[wanted]
+                # As `payload_problem` reads a resumed event: true is no number, 2.0 no integer.
+                if (isinstance(value, bool) and bool not in accepted) or not isinstance(value, accepted):
+                    article = "an" if wanted[0] in "aeiou" else "a"
+                    found.append(
+                        (
+                            ("people", state, index, name),
+                            f"{said} = {value!r} is not {article} {wanted} {because}",
+                        )
+                    )
+    return found
 
 
 def _items(path: Path) -> tuple[str, list[Any]]:

@@ -55,7 +55,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from improve.errors import ScenarioError, WorkspaceError
 from improve.evals.cluster import LOCAL, ExecutorChoice, parse_executor
-from improve.evals.scenarios import ScenarioLines, ScenarioSet, load_scenarios
+from improve.evals.scenarios import ScenarioLines, ScenarioSet, load_scenarios, people_problems
 from improve.files import locked
 from improve.llm import CACHE_DIR, ModelSpec
 from improve.log import JsonlDirStore
@@ -447,9 +447,10 @@ class Workspace:
         return self.path(section.scenarios if section and section.scenarios else f"scenarios/{env}.yaml")
 
     def scenarios(self, env: str) -> ScenarioSet:
-        """The environment's scenario file, checked to be about that environment, and every label a
-        final state of its machine (a run can end nowhere else: a misspelt label would fail every run
-        of its scenario, as if the agent were wrong)."""
+        """The environment's scenario file, checked to be about that environment, every label a final
+        state of its machine (a run can end nowhere else: a misspelt label would fail every run of its
+        scenario, as if the agent were wrong), and every people script's payload of the types the
+        machine's `meta.payloads` declares (a run would fail on one deep inside a guard)."""
         path = self.scenarios_path(env)
         found = load_scenarios(path, env)
         config = self.environment(env).config
@@ -458,6 +459,7 @@ class Workspace:
         for s in found.scenarios:
             if problem := label_problem(s.expected.outcome, finals, sentinels, env):
                 wrong.append((s.id, ("expected", "outcome"), problem))
+            wrong += [(s.id, field, problem) for field, problem in people_problems(config, s)]
         if wrong:
             lines = ScenarioLines.read(path)
             raise ScenarioError(

@@ -81,7 +81,7 @@ from improve.machine.snapshot import (
     plain_json,
     sorted_text,
 )
-from improve.machine.waits import payload_problem, wait_status, waiting_for
+from improve.machine.waits import PAYLOAD_TYPES, payload_problem, wait_status, waiting_for
 from improve.machine.walk import (
     Comparison,
     Constant,
@@ -103,6 +103,7 @@ __all__ = [
     "MAX_DEPTH",
     "MAX_EXPRESSION_LENGTH",
     "MODEL_DECIDE",
+    "PAYLOAD_TYPES",
     "RESUMABLE_STATUSES",
     "SENTINEL_PREFIX",
     "SENTINEL_TAG",
