@@ -446,9 +446,12 @@ def test_a_scenario_whose_input_the_machine_cannot_start_with_is_named_by_check_
     victim = doc["scenarios"][3]
     victim["input"]["customerid"] = victim["input"].pop("customerId")
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    line = next(n for n, text in enumerate(path.read_text().splitlines(), 1) if f"id: {victim['id']}" in text)
+    rows = path.read_text().splitlines()
+    start = next(n for n, text in enumerate(rows, 1) if f"id: {victim['id']}" in text)
+    line = next(n for n, text in enumerate(rows[start:], start + 1) if text.strip() == "input:")
     checked = runner.invoke(app, ["scenarios", "check", "-w", str(ws)])
     assert checked.exit_code == 1, checked.output
+    # At the line of its `input`, not the scenario's first: the key misspelt is among those lines.
     assert (
         f"{path}:{line}: scenario '{victim['id']}': input: refunds's machine cannot start with it"
         in checked.stderr
@@ -466,10 +469,14 @@ def test_a_scenario_whose_input_the_machine_cannot_start_with_is_named_by_check_
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     every = runner.invoke(app, ["scenarios", "check", "-w", str(ws)])
     assert every.exit_code == 1, every.output
-    assert f"scenario '{doc['scenarios'][5]['id']}': split: Input should be" in every.stderr
+    rows = path.read_text().splitlines()
+    split = next(n for n, text in enumerate(rows, 1) if text.strip() == "split: trian")
+    outcome = next(n for n, text in enumerate(rows, 1) if text.strip() == "outcome: isued")
+    said = " ".join(every.stderr.split())
+    assert f"{path}:{split}: scenario '{doc['scenarios'][5]['id']}': split: Input should be" in said
     assert (
-        f"scenario '{doc['scenarios'][7]['id']}': expected.outcome 'isued' is not a final state"
-        in every.stderr
+        f"{path}:{outcome}: scenario '{doc['scenarios'][7]['id']}': expected.outcome 'isued' is not a final "
+        "state" in said
     )
     assert f"scenario '{victim['id']}': input: refunds's machine cannot start with it" in every.stderr
 
@@ -493,7 +500,12 @@ def test_a_fact_value_its_declared_type_does_not_allow_is_named_by_check(tmp_pat
     checked = runner.invoke(app, ["scenarios", "check", "-w", str(ws)])
     assert checked.exit_code == 1, checked.output
     said = " ".join(checked.stderr.split())
-    assert f"scenario '{victim['id']}': decision 'triage': customer.plan = 'enterprize' is not one of" in said
+    # At the line of the field that gave the value (through the tool's output), not the scenario's first.
+    plan = next(n for n, text in enumerate(path.read_text().splitlines(), 1) if "plan: enterprize" in text)
+    assert (
+        f"{path}:{plan}: scenario '{victim['id']}': decision 'triage': customer.plan = 'enterprize' is not "
+        "one of" in said
+    ), said
     assert "'enterprise'" in said
     line = next(
         n for n, text in enumerate(path.read_text().splitlines(), 1) if f"id: {crasher['id']}" in text
@@ -513,10 +525,9 @@ def test_a_fact_value_its_declared_type_does_not_allow_is_named_by_check(tmp_pat
     # file and line, and runs as asked.
     ran = runner.invoke(app, ["run", "-w", str(ws), "--k", "1", "--scenario", victim["id"]])
     assert ran.exit_code == 0, ran.output
-    line = next(n for n, text in enumerate(path.read_text().splitlines(), 1) if f"id: {victim['id']}" in text)
     said = " ".join(ran.stderr.split())
     assert (
-        f"warning: {path}:{line}: scenario '{victim['id']}': decision 'triage': customer.plan = 'enterprize'"
+        f"warning: {path}:{plan}: scenario '{victim['id']}': decision 'triage': customer.plan = 'enterprize'"
         in said
     )
     assert said.index("warning:") < said.index("running 1 scenarios")
@@ -634,14 +645,13 @@ def test_a_policy_that_reads_a_fact_its_environment_does_not_offer_runs_with_a_w
 
 def test_a_label_that_is_no_final_state_is_refused_by_every_command_that_scores(ws: Path) -> None:
     """`expected.outcome: isued` can never be reached: a run, a score or a round would count every run
-    of the scenario as the agent's failure. Refused before anything runs, with the file and line."""
+    of the scenario as the agent's failure. Refused before anything runs, with the file and the line of
+    the label itself."""
     path = ws / "scenarios" / "refunds.yaml"
     doc = yaml.safe_load(path.read_text())
     doc["scenarios"][2]["expected"]["outcome"] = "isued"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    line = next(
-        n for n, t in enumerate(path.read_text().splitlines(), 1) if f"id: {doc['scenarios'][2]['id']}" in t
-    )
+    line = next(n for n, t in enumerate(path.read_text().splitlines(), 1) if t.strip() == "outcome: isued")
     for command in (["run", "--k", "1"], ["round", "--policy", "v0", "--k", "1"]):
         refused = runner.invoke(app, [*command, "-w", str(ws)])
         assert refused.exit_code == 2, refused.output

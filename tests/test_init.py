@@ -468,11 +468,12 @@ def test_a_guard_reading_a_context_key_the_machine_never_sets_is_refused_when_lo
         "context.creditAmount > context.account.monthlyFee",
         "context.creditAmnt > 0",
     )
+    line = _line_of(machine, "context.creditAmnt > 0")
     for command in (["verify", "v0"], ["run", "--k", "1"], ["explore"]):
         code, output = improve(ws, *command)
         said = " ".join(output.split())
         assert code == 2, (command, output)
-        assert f"{machine}: $.states.checkingCredit.always[0].guard:" in said, said
+        assert f"{machine}:{line}: $.states.checkingCredit.always[0].guard:" in said, said
         assert "reads context.creditAmnt, which the machine never sets" in said and "'creditAmount'" in said
 
 
@@ -485,12 +486,51 @@ def test_a_cel_typo_in_the_machine_is_named_with_its_file_and_json_path(tmp_path
         "context.creditAmount > context.account.monthlyFee",
         "context.creditAmount = context.account.monthlyFee",
     )
+    line = _line_of(machine, "context.creditAmount = context.account.monthlyFee")
     for command in (["verify", "v0"], ["run", "--k", "1"], ["explore"]):
         code, output = improve(ws, *command)
         said = " ".join(output.split())
         assert code == 2, (command, output)
-        assert f"{machine}: $.states.checkingCredit.always[0].guard: CEL syntax error at column" in said, said
+        assert (
+            f"{machine}:{line}: $.states.checkingCredit.always[0].guard: CEL syntax error at column" in said
+        )
         assert "Traceback" not in output
+
+
+def _line_of(path: Path, text: str) -> int:
+    """The 1-based line of the first occurrence of `text` in the file."""
+    return next(n for n, row in enumerate(path.read_text().splitlines(), 1) if text in row)
+
+
+def test_every_problem_of_the_machine_file_is_said_at_once_with_its_line(tmp_path: Path) -> None:
+    # Only the first was said (a CEL typo hid a misspelt context key): one fix, one rerun, per problem.
+    ws, machine = edited_desk(tmp_path, "every", "machine.json", "!event.output.found", "!evnt.output.found")
+    text = machine.read_text()
+    for old, new in (
+        ("context.creditAmount > context.account.monthlyFee", "context.creditAmnt > 0"),
+        ('"ESCALATE": {"target": "escalated"}', '"ESCALATE": {"target": "escalate"}'),
+    ):
+        assert old in text, old
+        text = text.replace(old, new, 1)
+    machine.write_text(text)
+    code, output = improve(ws, "scenarios", "check")
+    assert code == 2 and "Traceback" not in output, output
+    said = " ".join(output.split())
+    states = sorted(json.loads(text)["states"])
+    escalate = _line_of(machine, '"ESCALATE": {')  # the event's transition, not its name in allowedEvents
+    expected = [
+        f"{machine}:{_line_of(machine, 'evnt')}: $.states.lookingUpAccount.invoke.onDone[0].guard: unknown "
+        "variable 'evnt' in `!evnt.output.found`; expressions may read only context, event, facts, input",
+        f"{machine}:{escalate}: $.states.resolving.on.ESCALATE.target: target 'escalate' "
+        f"is not a state; states are {states}",
+        f"{machine}:{_line_of(machine, 'creditAmnt')}: $.states.checkingCredit.always[0].guard: "
+        "`context.creditAmount <= 0 || context.creditAmnt > 0` reads context.creditAmnt, which the machine "
+        "never sets",
+    ]
+    # In the order of the file's lines, each said once.
+    at = [said.find(line) for line in expected]
+    assert -1 not in at and at == sorted(at), said
+    assert said.count(f"{machine}:") == 3, said
 
 
 def test_a_field_of_a_tool_s_output_misspelt_in_the_machine_is_said_with_the_scenario_or_the_probe(
@@ -600,3 +640,52 @@ def test_a_sentinel_the_environment_reaches_fails_verify_and_blocks_a_round(tmp_
     assert code == 1 and record["status"] == "blocked", output
     assert record["decision_detail"].startswith("the environment's sentinel 'overCredited' is reachable")
     assert not record["scores"] and "CHANGELOG" not in output
+
+
+def test_a_people_script_payload_the_machine_declares_otherwise_is_named_at_its_line(tmp_path: Path) -> None:
+    # `priority: two` where meta.payloads declares an integer failed deep in the guard, as a CEL overload.
+    ws, machine = edited_desk(
+        tmp_path,
+        "lead",
+        "machine.json",
+        '"ESCALATE": {"target": "escalated"}',
+        '"ESCALATE": {"target": "awaitingLead"}',
+    )
+    config = json.loads(machine.read_text())
+    config["states"]["awaitingLead"] = {
+        "description": "A team lead takes the ticket over.",
+        "meta": {"payloads": {"HAND_OFF": {"priority": "integer", "queue": "string"}}},
+        "on": {"HAND_OFF": {"guard": "event.priority >= 1", "target": "escalated"}},
+    }
+    machine.write_text(json.dumps(config, indent=2))
+    path = ws / "scenarios" / "lead-desk.yaml"
+    text = path.read_text()
+    for sid, people in (
+        ("repeat-claimant-01", "people: {awaitingLead: [{type: HAND_OFF, priority: 1, queue: billing}]}"),
+        (
+            "repeat-claimant-02",
+            "people:\n      awaitingLead:\n        - type: HAND_OFF\n          priority: two",
+        ),
+    ):
+        head = f"  - id: {sid}\n"
+        start = text.index(head)
+        at = text.index("    expected:", start)
+        text = text[:at] + f"    {people}\n" + text[at:]
+    path.write_text(text)
+    line = _line_of(path, "priority: two")
+    wanted = (
+        f"{path}:{line}: scenario 'repeat-claimant-02': people event HAND_OFF: priority = 'two' is not an "
+        "integer (the machine's meta.payloads declares it integer)"
+    )
+    missing = (
+        f"{path}:{line - 1}: scenario 'repeat-claimant-02': people event HAND_OFF: queue is not given (the "
+        "machine's meta.payloads declares it string); give it, or end the type with `?` to make it optional"
+    )
+    code, output = improve(ws, "scenarios", "check")
+    said = " ".join(output.split())
+    assert code == 1 and wanted in said and missing in said, said
+    assert "overload" not in said and "repeat-claimant-01': people" not in said, said
+    # A run refuses the file before it starts, as it refuses a label that is no final state.
+    code, output = improve(ws, "run", "--model", "careful", "--k", "1", "--scenario", "repeat-claimant-01")
+    said = " ".join(output.split())
+    assert code == 2 and wanted in said and "Traceback" not in output, said

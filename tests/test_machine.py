@@ -24,6 +24,9 @@ from improve.machine import (
     compile_machine,
     fold_of,
     initial,
+    json_lines,
+    line_of,
+    parse_json_path,
     parse_machine,
     transition,
 )
@@ -370,6 +373,62 @@ def test_config_errors_carry_json_paths() -> None:
     message = str(info.value)
     assert "$.version" in message
     assert "$.states.a.type" in message
+
+
+def test_config_errors_carry_the_line_of_their_json_path_given_the_text() -> None:
+    text = '{"id": "t",\n "version": 1,\n "initial": "a",\n "states": {\n  "a": {"type": "weird"}}}'
+    with pytest.raises(MachineConfigError) as info:
+        parse_machine(json.loads(text), source="m.json", text=text)
+    assert str(info.value).splitlines() == [
+        'm.json:2: $.version: Value error, version must be a string, e.g. "1"',
+        "m.json:5: $.states.a.type: Input should be 'atomic', 'final' or 'choice'",
+    ]
+
+
+def _json_paths(value: Any, path: tuple[str | int, ...] = ()) -> list[tuple[str | int, ...]]:
+    found = [path]
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found += _json_paths(item, (*path, key))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            found += _json_paths(item, (*path, index))
+    return found
+
+
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=4),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_json_values, st.sampled_from([None, 0, 1, "\t"]))
+def test_every_path_of_a_json_text_is_located_on_the_line_its_value_or_key_is_on(
+    value: Any, indent: int | str | None
+) -> None:
+    text = json.dumps(value, indent=indent)
+    lines = json_lines(text)
+    assert set(lines) == set(_json_paths(value))
+    rows = text.splitlines()
+    for path, line in lines.items():
+        if indent is None:
+            assert line == 1
+        elif path and isinstance(path[-1], str):  # one member a line, starting with its key
+            assert rows[line - 1].lstrip().startswith(json.dumps(path[-1]) + ":"), (path, rows[line - 1])
+
+
+def test_a_json_path_is_located_at_its_deepest_written_part() -> None:
+    text = '{"states": {\n  "ask-me": {"on": [\n    1,\n    {"guard": "x"}]}},\n "tab":\t["\\ud83d\\ude00"]}'
+    lines = json_lines(text)
+    assert line_of(lines, parse_json_path("$.states['ask-me'].on[1].guard")) == 4
+    # pydantic's loc names the member of a union it tried; a missing field is at the object lacking it.
+    assert line_of(lines, ("states", "ask-me", "on", 1, "TransitionConfig", "guard")) == 4
+    assert line_of(lines, ("states", "ask-me", "missing")) == 2
+    assert line_of(lines, ("tab", 0)) == 5
+    assert parse_json_path("$.a['it\\'s'][12].b") == ("a", "it's", 12, "b")
+    assert json_lines('{"a": 1} trailing') == {} and json_lines("") == {}
 
 
 def test_decide_allowed_event_without_transition_is_rejected() -> None:

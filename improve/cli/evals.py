@@ -155,10 +155,12 @@ def scenarios_check(
 ) -> None:
     """Check a scenario file: valid fields, unique ids, every category in both train and held-out,
     expected outcomes that name final states of the environment, and inputs the environment's machine
-    can start with (its context reads each key it names), and decisions whose facts are of their declared
+    can start with (its context reads each key it names), people scripts whose fields are of the types
+    the machine's meta.payloads declares, and decisions whose facts are of their declared
     types, and runs that stop (each scenario run once with careful, in memory: an enumerated value
     misspelt, or a tool that crashes on the scenario's world, is named; a label careful does not
-    reach is a warning). Exit 1 on any problem. The sealed
+    reach is a warning). Each problem names the file, the line of the field it is about and the
+    scenario. Exit 1 on any problem. The sealed
     `test` split is optional and counted apart (a category may be in it alone).
 
     Example:
@@ -168,12 +170,13 @@ def scenarios_check(
     from improve.evals import (
         OPEN_SPLITS,
         SEALED_SPLIT,
+        ScenarioLines,
         ScenarioSet,
         label_problem,
         leak_warnings,
         load_scenarios,
+        people_problems,
         reference_check,
-        scenario_lines,
         set_key,
         valid_scenarios,
     )
@@ -206,32 +209,43 @@ def scenarios_check(
             scenarios = valid_scenarios(source)
         finals, sentinels = set(environment.config.final_states()), set(environment.config.sentinels())
         categories: dict[str, set[str]] = {}
-        lines = scenario_lines(source)
+        # Each problem said at the line of the field it is about (`pets: hamster`), not the scenario's first.
+        lines = ScenarioLines.read(source)
         unreached: list[str] = []
         for s in scenarios:
-            where = f"{source}:{lines[s.id]}" if s.id in lines else str(source)
             if s.split != SEALED_SPLIT:
                 categories.setdefault(s.category, set()).add(s.split)
             if problem := label_problem(s.expected.outcome, finals, sentinels, environment.name):
-                problems.append(f"{where}: scenario '{s.id}': {problem}")
+                problems.append(f"{lines.where(s.id, ('expected', 'outcome'))}: scenario '{s.id}': {problem}")
             # The machine's first step reads the input alone (its context, its first choices): a key
             # spelled otherwise is found here, not when a run of the whole suite stops on it.
             try:
                 initial(environment.machine, s.input)
             except MachineError as error:
                 problems.append(
-                    f"{where}: scenario '{s.id}': input: {environment.name}'s machine cannot start with "
-                    f"it: {error}"
+                    f"{lines.where(s.id, ('input',))}: scenario '{s.id}': input: {environment.name}'s machine "
+                    f"cannot start with it: {error}"
                 )
+                continue
+            # What people answer, against the types the machine declares: a run stops on a wrong one deep
+            # in a guard (a CEL overload error), so the run below would only say that again, less clearly.
+            answered = people_problems(environment.config, s)
+            problems += [f"{lines.where(s.id, field)}: scenario '{s.id}': {what}" for field, what in answered]
+            if answered:
                 continue
             # Its decisions' facts, as a run with careful makes them, against their declared types.
             # And a label the environment's own reference does not reach: said, not refused (the label
             # is the person's), as `scenarios add` says it of the one it adds. One run tells both.
             checked = reference_check(environment, s)
-            problems += [f"{where}: scenario '{s.id}': {problem}" for problem in checked.problems]
+            if checked.stopped:
+                problems.append(f"{lines.where(s.id)}: scenario '{s.id}': {checked.stopped}")
+            problems += [
+                f"{lines.where(s.id, wrong.field(lines, s.id))}: scenario '{s.id}': {wrong}"
+                for wrong in checked.mistyped
+            ]
             if checked.unreached is not None and s.split != SEALED_SPLIT:
                 unreached.append(
-                    f"scenario '{s.id}' (line {lines.get(s.id, '?')}): careful, the environment's reference, "
+                    f"scenario '{s.id}' (line {lines.line(s.id) or '?'}): careful, the environment's reference, "
                     f"does not reach its label: {checked.unreached}"
                 )
         if scenario_set is not None:

@@ -32,11 +32,14 @@ from improve.evals.scenarios import (
     UNSEAL_HOW,
     Expected,
     Scenario,
+    ScenarioLines,
     ScenarioSet,
     load_scenarios,
+    people_problems,
     read_yaml,
     scenario_lines,
     valid_scenarios,
+    yaml_lines,
 )
 from improve.evals.suite import (
     PlannedRun,
@@ -80,6 +83,7 @@ if TYPE_CHECKING:
     from improve.evals.charts import VersionScore, category_chart, history_chart, svg_chart
     from improve.evals.export import ExportSelection, OtlpExport, otlp_export, select_for_export
     from improve.evals.fact_check import (
+        Mistyped,
         ReferenceCheck,
         mistyped_facts,
         mistyped_warnings,
@@ -141,6 +145,7 @@ _LAZY = {
     "mistyped_warnings": "improve.evals.fact_check",
     "reference_check": "improve.evals.fact_check",
     "ReferenceCheck": "improve.evals.fact_check",
+    "Mistyped": "improve.evals.fact_check",
     "OutOfSample": "improve.evals.out_of_sample",
     "AgainstReference": "improve.evals.out_of_sample",
     "against_reference": "improve.evals.out_of_sample",
@@ -184,6 +189,7 @@ __all__ = [
     "Fanout",
     "HeldOutRead",
     "Ledger",
+    "Mistyped",
     "ModelGate",
     "OtlpExport",
     "OutOfSample",
@@ -198,6 +204,7 @@ __all__ = [
     "Reruns",
     "ResumeRequest",
     "Scenario",
+    "ScenarioLines",
     "ScenarioSet",
     "Scorecard",
     "Settled",
@@ -241,6 +248,7 @@ __all__ = [
     "p_value",
     "paired",
     "parse_executor",
+    "people_problems",
     "policy_content",
     "policy_hash",
     "policy_label",
@@ -278,4 +286,5 @@ __all__ = [
     "valid_scenarios",
     "write_drafts",
     "write_threads",
+    "yaml_lines",
 ]

@@ -18,10 +18,10 @@ from typing import Any
 
 from improve.errors import MachineError
 from improve.evals.out_of_sample import REFERENCE_MODEL
-from improve.evals.scenarios import Scenario
+from improve.evals.scenarios import Scenario, ScenarioLines
 from improve.evals.suite import run_scenario
 from improve.log import MemoryStore
-from improve.machine import initial
+from improve.machine import JsonPath, initial
 from improve.runtime import Decision, DecisionRequest, Environment, FactType, Model, split_unit
 
 
@@ -38,16 +38,40 @@ class _Seeing:
 
 
 @dataclass(frozen=True)
+class Mistyped:
+    """A declared fact of a decision whose value its type does not allow."""
+
+    decision: str
+    path: str
+    """The fact's path in the decision's facts (`account.plan`)."""
+    value: Any
+    why: str
+
+    def __str__(self) -> str:
+        return f"decision '{self.decision}': {self.path} = {self.value!r} {self.why}"
+
+    def field(self, lines: ScenarioLines, scenario: str) -> JsonPath:
+        """The field of the scenario the value was most likely written in (`ScenarioLines.holding`): the
+        fact's last name, holding the value."""
+        return lines.holding(scenario, self.path.rsplit(".", 1)[-1], self.value)
+
+
+@dataclass(frozen=True)
 class ReferenceCheck:
     """What one run of a scenario with `careful`, in memory, shows."""
 
-    problems: list[str]
-    """That the run stops, and each declared fact of its decisions whose value its type does not allow."""
-    mistyped: tuple[str, ...] = ()
-    """The latter alone (`problems` has them too)."""
+    stopped: str | None = None
+    """That the run stops (a tool that crashes on the scenario's world)."""
+    mistyped: tuple[Mistyped, ...] = ()
+    """Each declared fact of its decisions whose value its type does not allow."""
     unreached: str | None = None
     """Why the run fails the scenario's label, when it ran through and does (the label is the person's:
     a warning, worth a second look before a round learns from it)."""
+
+    @property
+    def problems(self) -> list[str]:
+        """That the run stops, and each mistyped fact."""
+        return list(dict.fromkeys(([self.stopped] if self.stopped else []) + [str(m) for m in self.mistyped]))
 
 
 def reference_check(env: Environment, scenario: Scenario) -> ReferenceCheck:
@@ -59,19 +83,18 @@ def reference_check(env: Environment, scenario: Scenario) -> ReferenceCheck:
     from improve.evals.outcome import outcome_row
 
     if REFERENCE_MODEL not in env.models:
-        return ReferenceCheck([])
+        return ReferenceCheck()
     store, thread = MemoryStore(), f"check:{scenario.id}"
     stopped, mistyped = _reference_run(env, scenario, store, thread)
-    problems = list(dict.fromkeys(([stopped] if stopped else []) + mistyped))
-    if problems:
-        return ReferenceCheck(problems, tuple(mistyped))
+    if stopped or mistyped:
+        return ReferenceCheck(stopped, tuple(mistyped))
     row = outcome_row(env, scenario, thread, store.read(thread))
-    return ReferenceCheck([], (), None if row.passed else row.reason)
+    return ReferenceCheck(unreached=None if row.passed else row.reason)
 
 
 def _reference_run(
     env: Environment, scenario: Scenario, store: MemoryStore, thread: str
-) -> tuple[str | None, list[str]]:
+) -> tuple[str | None, list[Mistyped]]:
     """One run of the scenario with `careful` into `store`: that it stops (or None), and each declared
     fact of its decisions whose value its type does not allow (those made before it stopped too)."""
     seeing = _Seeing(env.models[REFERENCE_MODEL](f"{scenario.id}:check"))
@@ -81,14 +104,15 @@ def _reference_run(
     except Exception as err:  # a tool's own bug is the scenario's problem to name, whatever it raises
         said = str(err).removeprefix(f"thread {thread}: ") or repr(err)
         stopped = f"a run with {REFERENCE_MODEL} stops: {said} (`improve run` would stop the suite on it)"
-    mistyped: list[str] = []
+    mistyped: dict[str, Mistyped] = {}  # by what it says: a decision asked twice names it once
     for request in seeing.requests:
         for path, kind in env.fact_types.get(request.name, {}).items():
             found, value = _at(request.facts, path)
             why = _mistyped(value, kind) if found else None
             if why:
-                mistyped.append(f"decision '{request.name}': {path} = {value!r} {why}")
-    return stopped, list(dict.fromkeys(mistyped))
+                wrong = Mistyped(request.name, path, value, why)
+                mistyped.setdefault(str(wrong), wrong)
+    return stopped, list(mistyped.values())
 
 
 def mistyped_warnings(
@@ -111,15 +135,13 @@ def mistyped_warnings(
 def mistyped_facts(env: Environment, scenarios: Sequence[Scenario], path: Path) -> list[str]:
     """`file:line: scenario 'id': decision 'd': path = value is not ...` for every declared fact of the
     scenarios' decisions whose value its type does not allow, as `improve scenarios check` finds them
-    (one run each with `careful`, in memory; none without it). What `improve run` and a round say before
-    they run: a rule over such a fact silently never matches the value, and the scenario teaches nothing
-    about it."""
-    from improve.evals.scenarios import scenario_lines
-
+    (one run each with `careful`, in memory; none without it), the line that of the field the value is
+    written in. What `improve run` and a round say before they run: a rule over such a fact silently
+    never matches the value, and the scenario teaches nothing about it."""
     if REFERENCE_MODEL not in env.models:
         return []
     found: list[str] = []
-    lines: dict[str, int] | None = None
+    lines: ScenarioLines | None = None
     for scenario in scenarios:
         try:
             initial(env.machine, scenario.input)
@@ -128,9 +150,11 @@ def mistyped_facts(env: Environment, scenarios: Sequence[Scenario], path: Path) 
         # The run's own stop, if any, is the run's to say (it stops there, naming the scenario).
         _, mistyped = _reference_run(env, scenario, MemoryStore(), f"check:{scenario.id}")
         if mistyped:
-            lines = scenario_lines(path) if lines is None else lines
-            where = f"{path}:{lines[scenario.id]}" if scenario.id in lines else str(path)
-            found += [f"{where}: scenario '{scenario.id}': {problem}" for problem in mistyped]
+            lines = ScenarioLines.read(path) if lines is None else lines
+            found += [
+                f"{lines.where(scenario.id, wrong.field(lines, scenario.id))}: scenario '{scenario.id}': {wrong}"
+                for wrong in mistyped
+            ]
     return found
 
 

@@ -22,9 +22,12 @@ Errors name the file, the line, the scenario id and the field.
 
 from __future__ import annotations
 
+import functools
 import pickle
 import threading
 from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -32,7 +35,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from improve.errors import ConfigError, ScenarioError, SealedSplitError
-from improve.machine import canonical_hash
+from improve.machine import PAYLOAD_TYPES, JsonPath, MachineConfig, canonical_hash, line_of
 
 # libyaml's parser when PyYAML was built with it: a scenario file is read on every scoring pass,
 # and the pure-Python parser is most of that pass's time on a few hundred scenarios.
@@ -120,6 +123,51 @@ def label_digest(scenario: Scenario) -> str:
     return canonical_hash(scored)[:16]
 
 
+def people_problems(config: MachineConfig, scenario: Scenario) -> list[tuple[JsonPath, str]]:
+    """(field, problem) for each field of the scenario's people script that the waiting state's
+    `meta.payloads` declares of another type, or requires and the event leaves out: a run would only
+    fail on it deep inside a guard (`event.depositMonths >= 0` on "two": no such overload). The field is
+    a path into the scenario (`people.awaitingLandlord[0].depositMonths`), for its line."""
+    found: list[tuple[JsonPath, str]] = []
+    for state, events in scenario.people.items():
+        declared = config.states[state].meta.get("payloads") if state in config.states else None
+        if not isinstance(declared, dict):
+            continue
+        for index, event in enumerate(events):
+            fields = declared.get(event.get("type"))
+            if not isinstance(fields, dict):
+                continue
+            for name, kind in fields.items():
+                wanted = kind.rstrip("?") if isinstance(kind, str) else None
+                if wanted not in PAYLOAD_TYPES:
+                    continue  # not a type name at all: compile_machine refuses the machine for it
+                said = f"people event {event['type']}: {name}"
+                because = f"(the machine's meta.payloads declares it {kind})"
+                value = event.get(name)
+                if value is None:
+                    if not kind.endswith("?"):
+                        given = " is null" if name in event else " is not given"
+                        found.append(
+                            (
+                                ("people", state, index, name) if name in event else ("people", state, index),
+                                f"{said}{given} {because}; give it, or end the type with `?` to make it "
+                                "optional",
+                            )
+                        )
+                    continue
+                accepted = PAYLOAD_TYPES[wanted]
+                # As `payload_problem` reads a resumed event: true is no number, 2.0 no integer.
+                if (isinstance(value, bool) and bool not in accepted) or not isinstance(value, accepted):
+                    article = "an" if wanted[0] in "aeiou" else "a"
+                    found.append(
+                        (
+                            ("people", state, index, name),
+                            f"{said} = {value!r} is not {article} {wanted} {because}",
+                        )
+                    )
+    return found
+
+
 def _items(path: Path) -> tuple[str, list[Any]]:
     """The text of a scenario file and the items of its `scenarios` list, as YAML reads them (no items
     when it cannot be read so)."""
@@ -147,27 +195,103 @@ def valid_scenarios(path: Path) -> list[Scenario]:
 def scenario_lines(path: Path) -> dict[str, int]:
     """Each scenario id of the file at `path` -> the 1-based line its item starts at (none for a file
     that cannot be read or parsed): for a message about a scenario to point into the file."""
-    text, items = _items(path)
-    lines = _item_lines(text) if items else []
-    return {
-        str(item["id"]): line
-        for item, line in zip(items, lines, strict=False)
-        if isinstance(item, dict) and "id" in item
-    }
+    return ScenarioLines.read(path).starts()
 
 
-def _item_lines(text: str) -> list[int]:
-    """1-based line of each item under `scenarios:`, so errors can point into the file."""
+def yaml_lines(text: str) -> dict[JsonPath, int]:
+    """Each node's path in the YAML document `text` -> the 1-based line it is written on; a member of a
+    mapping is placed at its key (`pets: hamster` is at the line of `pets`). Empty when it cannot be
+    composed. A path is keys and indexes, as pydantic's `loc` spells them."""
     try:
         root = yaml.compose(text, Loader=SafeLoader)
-    except yaml.YAMLError:
-        return []
-    if not isinstance(root, yaml.MappingNode):
-        return []
-    for key, value in root.value:
-        if key.value == "scenarios" and isinstance(value, yaml.SequenceNode):
-            return [item.start_mark.line + 1 for item in value.value]
-    return []
+    except (yaml.YAMLError, RecursionError):
+        return {}
+    if root is None:
+        return {}
+    found: dict[JsonPath, int] = {(): root.start_mark.line + 1}
+    stack: list[tuple[JsonPath, yaml.Node]] = [((), root)]
+    seen: set[int] = set()  # an alias is the node it names: walked once, where it is first written
+    while stack:
+        path, node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        children: list[tuple[str | int, yaml.Node, yaml.Node]] = []
+        if isinstance(node, yaml.MappingNode):
+            children = [(k.value, k, v) for k, v in node.value if isinstance(k, yaml.ScalarNode)]
+        elif isinstance(node, yaml.SequenceNode):
+            children = [(i, v, v) for i, v in enumerate(node.value)]
+        for part, at, child in children:
+            found.setdefault((*path, part), at.start_mark.line + 1)
+            stack.append(((*path, part), child))
+    return found
+
+
+@dataclass
+class ScenarioLines:
+    """Where each scenario of a file, and each field of it, is written: for a message about a scenario to
+    point at the line of the field that is wrong, and not only at the scenario's first line."""
+
+    path: Path
+    lines: dict[JsonPath, int]
+    items: list[Any]
+
+    @classmethod
+    def read(cls, path: Path) -> ScenarioLines:
+        """The lines of the file at `path` (none when it cannot be read or parsed)."""
+        text, items = _items(path)
+        return cls(path, yaml_lines(text) if items else {}, items)
+
+    @functools.cached_property
+    def _index(self) -> dict[str, int]:
+        found: dict[str, int] = {}
+        for index, item in enumerate(self.items):
+            if isinstance(item, dict) and "id" in item:
+                found.setdefault(str(item["id"]), index)
+        return found
+
+    def starts(self) -> dict[str, int]:
+        """Each scenario id -> the line its item starts at."""
+        return {
+            sid: line for sid, index in self._index.items() if (line := self.lines.get(("scenarios", index)))
+        }
+
+    def line(self, scenario: str, field: Sequence[str | int] = ()) -> int | None:
+        """The line of `field` of the scenario (`("world", "accounts", "A-1", "plan")`), or of the deepest
+        part of it that is written; the scenario's first line for no field."""
+        index = self._index.get(scenario)
+        return None if index is None else line_of(self.lines, ("scenarios", index, *field))
+
+    def where(self, scenario: str, field: Sequence[str | int] = ()) -> str:
+        """`file:line` of `field` of the scenario (`line`), or the file alone when it is not found."""
+        line = self.line(scenario, field)
+        return f"{self.path}:{line}" if line else str(self.path)
+
+    def holding(self, scenario: str, key: str, value: Any) -> JsonPath:
+        """The field of the scenario that gives `value` under the name `key` (the field a decision's fact
+        `account.plan` was read from, through a tool's output: `world.accounts.A-1.plan`), the first in
+        `input`, `world` and `people` order; else the one field anywhere in it holding `value`; else ()."""
+        index = self._index.get(scenario)
+        if index is None:
+            return ()
+        named: list[JsonPath] = []
+        valued: list[JsonPath] = []
+        stack: list[tuple[JsonPath, Any]] = [
+            ((part,), self.items[index][part])
+            for part in reversed(("input", "world", "people"))
+            if part in self.items[index]
+        ]
+        while stack:
+            path, node = stack.pop()
+            if isinstance(node, dict):
+                stack += [((*path, k), v) for k, v in reversed(list(node.items()))]
+            elif isinstance(node, list):
+                stack += [((*path, i), v) for i, v in reversed(list(enumerate(node)))]
+            elif type(node) is type(value) and node == value:
+                (named if path[-1] == key else valued).append(path)
+        if named:
+            return named[0]
+        return valued[0] if len(valued) == 1 else ()
 
 
 def read_yaml(path: Path, error: type[ConfigError], what: str) -> tuple[str, Any]:
@@ -241,28 +365,29 @@ def _scenario_set(text: str, data: Any, path: Path, environment: str | None) -> 
     try:
         result = ScenarioSet.model_validate(data)
     except ValidationError as err:
-        lines = _item_lines(text)  # a second parse, for line numbers, only when there is an error
+        lines = yaml_lines(text)  # a second parse, for line numbers, only when there is an error
         problems = []
         for problem in err.errors():
             loc = problem["loc"]
+            line = line_of(lines, loc)
+            where = f"{path}:{line}" if line else str(path)
             if len(loc) >= 2 and loc[0] == "scenarios" and isinstance(loc[1], int):
                 index = loc[1]
                 items = data.get("scenarios") or []
                 sid = items[index].get("id", f"#{index}") if isinstance(items[index], dict) else f"#{index}"
-                line = f":{lines[index]}" if index < len(lines) else ""
                 field = ".".join(str(p) for p in loc[2:]) or "(the scenario)"
-                problems.append(f"{path}{line}: scenario '{sid}': {field}: {problem['msg']}")
+                problems.append(f"{where}: scenario '{sid}': {field}: {problem['msg']}")
             else:
                 field = ".".join(str(p) for p in loc)
-                problems.append(f"{path}: {field}: {problem['msg']}")
+                problems.append(f"{where}: {field}: {problem['msg']}")
         raise ScenarioError("\n".join(problems)) from None
     seen: dict[str, int] = {}
     for index, scenario in enumerate(result.scenarios):
         if scenario.id in seen:
-            lines = _item_lines(text)
-            line = f":{lines[index]}" if index < len(lines) else ""
+            line = line_of(yaml_lines(text), ("scenarios", index, "id"))
             raise ScenarioError(
-                f"{path}{line}: scenario id '{scenario.id}' is used twice (first as item {seen[scenario.id] + 1})"
+                f"{path}{f':{line}' if line else ''}: scenario id '{scenario.id}' is used twice (first as "
+                f"item {seen[scenario.id] + 1})"
             )
         seen[scenario.id] = index
     if environment is not None and result.environment != environment:

@@ -55,11 +55,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from improve.errors import ScenarioError, WorkspaceError
 from improve.evals.cluster import LOCAL, ExecutorChoice, parse_executor
-from improve.evals.scenarios import ScenarioSet, load_scenarios, scenario_lines
+from improve.evals.scenarios import ScenarioLines, ScenarioSet, load_scenarios, people_problems
 from improve.files import locked
 from improve.llm import CACHE_DIR, ModelSpec
 from improve.log import JsonlDirStore
-from improve.machine import MachineConfig, canonical_json
+from improve.machine import JsonPath, MachineConfig, canonical_json
 from improve.registry import check_slug
 from improve.runtime import ENVIRONMENTS, Environment, load_environment, load_policy
 
@@ -447,23 +447,24 @@ class Workspace:
         return self.path(section.scenarios if section and section.scenarios else f"scenarios/{env}.yaml")
 
     def scenarios(self, env: str) -> ScenarioSet:
-        """The environment's scenario file, checked to be about that environment, and every label a
-        final state of its machine (a run can end nowhere else: a misspelt label would fail every run
-        of its scenario, as if the agent were wrong)."""
+        """The environment's scenario file, checked to be about that environment, every label a final
+        state of its machine (a run can end nowhere else: a misspelt label would fail every run of its
+        scenario, as if the agent were wrong), and every people script's payload of the types the
+        machine's `meta.payloads` declares (a run would fail on one deep inside a guard)."""
         path = self.scenarios_path(env)
         found = load_scenarios(path, env)
         config = self.environment(env).config
         finals, sentinels = set(config.final_states()), set(config.sentinels())
-        wrong = [
-            (s, problem)
-            for s in found.scenarios
-            if (problem := label_problem(s.expected.outcome, finals, sentinels, env))
-        ]
+        wrong: list[tuple[str, JsonPath, str]] = []
+        for s in found.scenarios:
+            if problem := label_problem(s.expected.outcome, finals, sentinels, env):
+                wrong.append((s.id, ("expected", "outcome"), problem))
+            wrong += [(s.id, field, problem) for field, problem in people_problems(config, s)]
         if wrong:
-            lines = scenario_lines(path)
+            lines = ScenarioLines.read(path)
             raise ScenarioError(
                 "\n".join(
-                    f"{path}:{lines.get(s.id, 1)}: scenario '{s.id}': {problem}" for s, problem in wrong
+                    f"{lines.where(sid, field)}: scenario '{sid}': {problem}" for sid, field, problem in wrong
                 )
             )
         return found

@@ -68,6 +68,7 @@ from improve.machine.interpreter import (
     transition,
 )
 from improve.machine.lint import has_errors, lint
+from improve.machine.locate import JsonPath, json_lines, line_of, parse_json_path
 from improve.machine.rules import RuleEval, RuleResult, run_rule_evals, uncovered
 from improve.machine.snapshot import (
     Invocation,
@@ -80,7 +81,7 @@ from improve.machine.snapshot import (
     plain_json,
     sorted_text,
 )
-from improve.machine.waits import payload_problem, wait_status, waiting_for
+from improve.machine.waits import PAYLOAD_TYPES, payload_problem, wait_status, waiting_for
 from improve.machine.walk import (
     Comparison,
     Constant,
@@ -102,6 +103,7 @@ __all__ = [
     "MAX_DEPTH",
     "MAX_EXPRESSION_LENGTH",
     "MODEL_DECIDE",
+    "PAYLOAD_TYPES",
     "RESUMABLE_STATUSES",
     "SENTINEL_PREFIX",
     "SENTINEL_TAG",
@@ -119,6 +121,7 @@ __all__ = [
     "GuardFn",
     "Invocation",
     "InvokeConfig",
+    "JsonPath",
     "Machine",
     "MachineConfig",
     "NamedGuard",
@@ -156,11 +159,14 @@ __all__ = [
     "format_validation_error",
     "has_errors",
     "initial",
+    "json_lines",
+    "line_of",
     "lint",
     "literals",
     "loads_document",
     "mermaid_label",
     "parse_formula",
+    "parse_json_path",
     "parse_machine",
     "payload_problem",
     "plain_hash",

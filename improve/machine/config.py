@@ -29,6 +29,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from improve.errors import MachineConfigError
+from improve.machine.locate import json_lines, line_of
 
 DECIDE_SRC = "agent.decide"
 """The built-in invoke source of a decision request."""
@@ -194,13 +195,16 @@ def transitions_of(spec: TransitionSpec | list[TransitionConfig] | None) -> list
     return [TransitionConfig(target=item) if isinstance(item, str) else item for item in items]
 
 
-def format_validation_error(err: ValidationError, source: str) -> str:
-    """One line per problem: where in the document (a JSON path) and what was expected."""
-    lines = []
+def format_validation_error(err: ValidationError, source: str, text: str | None = None) -> str:
+    """One line per problem: where in the document (a JSON path) and what was expected. Given the
+    document's `text`, each also names its line (`source:LINE: $.path: ...`), for an editor to jump to."""
+    lines = json_lines(text) if text is not None else {}
+    said = []
     for problem in err.errors():
         path = "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in problem["loc"])
-        lines.append(f"{source}: {path}: {problem['msg']}")
-    return "\n".join(lines)
+        line = line_of(lines, problem["loc"])
+        said.append(f"{source}{f':{line}' if line else ''}: {path}: {problem['msg']}")
+    return "\n".join(said)
 
 
 MAX_DEPTH = 200
@@ -253,12 +257,13 @@ def loads_document(text: str, source: str = "<machine>", limit: int = MAX_DEPTH)
     return data
 
 
-def parse_machine(data: Any, source: str = "<machine>") -> MachineConfig:
-    """Validate a decoded JSON document as a machine config, with the JSON path of every error.
+def parse_machine(data: Any, source: str = "<machine>", text: str | None = None) -> MachineConfig:
+    """Validate a decoded JSON document as a machine config, with the JSON path of every error (and its
+    line, given the `text` the document was decoded from).
 
     The depth is checked first: pydantic validates the recursive expression trees recursively."""
     check_depth(data, source)
     try:
         return MachineConfig.model_validate(data)
     except ValidationError as err:
-        raise MachineConfigError(format_validation_error(err, source)) from None
+        raise MachineConfigError(format_validation_error(err, source, text)) from None

@@ -29,7 +29,11 @@ from improve.machine import (
     Scope,
     compile_expr,
     compile_machine,
+    edges,
     expressions,
+    json_lines,
+    line_of,
+    parse_json_path,
     parse_machine,
     referenced_paths,
     tokenize,
@@ -37,7 +41,7 @@ from improve.machine import (
 from improve.registry import Registry, instance_of
 from improve.runtime.judgment import Judgment
 from improve.runtime.models import ModelFactory
-from improve.runtime.policy import load_json
+from improve.runtime.policy import load_json_text
 from improve.runtime.recorded import RecordedThread
 
 
@@ -70,30 +74,62 @@ can give."""
 
 
 def load_machine(path: Path) -> MachineConfig:
-    """An environment's machine.json, validated; errors name the file and the JSON path. An expression
-    that reads a context key the machine never sets (`context.diference`) is refused here, not when a
-    run first takes that transition (then it failed each run, as an infrastructure error)."""
-    config = parse_machine(load_json(path), source=str(path))
+    """An environment's machine.json, validated; errors name the file, the line and the JSON path. An
+    expression that reads a context key the machine never sets (`context.diference`) is refused here, not
+    when a run first takes that transition (then it failed each run, as an infrastructure error).
+
+    Every problem of the file is said at once, in the order of its lines: a CEL typo, a context key
+    misspelt and a target that is no state, each with its `file:line: $.path`, so one edit fixes them all.
+    A document that is not a machine at all (a field missing, a wrong type) is said alone: its
+    expressions cannot be walked until it is one."""
+    text, data = load_json_text(path)
+    config = parse_machine(data, source=str(path), text=text)
+    problems: list[tuple[str, str]] = []  # (JSON path, what is wrong there)
     # Each expression parsed here, so a typo (`a = true`) is named with the file and its JSON path, not
     # only with the state when the machine is first compiled for a run.
-    broken = []
     for expr in expressions(config):
         try:
             compile_expr(expr.source, expr.path)
         except ImproveError as err:
-            broken.append(f"{path}: {err}")
-    if broken:
-        raise ConfigError("\n".join(broken))
-    unknown = unknown_context_keys(config)
-    if unknown:
-        raise ConfigError(
-            "\n".join(
-                f"{path}: {where}: `{source}` reads context.{key}, which the machine never sets; its context "
-                f"has {sorted(known)} (the `context` block and every `assign`)"
-                for where, source, key, known in unknown
-            )
+            problems.append((expr.path, str(err).removeprefix(f"{expr.path}: ")))
+    problems += [
+        (
+            where,
+            f"`{source}` reads context.{key}, which the machine never sets; its context has {sorted(known)} "
+            "(the `context` block and every `assign`)",
         )
-    return config
+        for where, source, key, known in unknown_context_keys(config)
+    ]
+    problems += _unknown_targets(config, data)
+    if not problems:
+        return config
+    lines = json_lines(text)
+    located = [(line_of(lines, parse_json_path(where)), where, what) for where, what in problems]
+    # Sorted by line (stable, so one line's problems keep their order): the file read top to bottom.
+    located.sort(key=lambda found: found[0] or 0)
+    raise ConfigError(
+        "\n".join(f"{path}{f':{line}' if line else ''}: {where}: {what}" for line, where, what in located)
+    )
+
+
+def _unknown_targets(config: MachineConfig, data: Any) -> list[tuple[str, str]]:
+    """(JSON path, problem) for the `initial` state and each transition target that is not a state (in
+    `data`, the document `config` was read from): said by `compile_machine` too, but one at a time and
+    without the file."""
+    names = sorted(config.states)
+    found = []
+    if config.initial not in config.states:
+        found.append(("$.initial", f"initial state '{config.initial}' does not exist; states are {names}"))
+    for name, state in config.states.items():
+        for edge in edges(name, state):
+            if edge.target is not None and edge.target not in config.states:
+                # `"GO": "next"` is a target alone; `{"target": "next"}` names the field.
+                written: Any = data
+                for part in parse_json_path(edge.path):
+                    written = written[part]
+                where = f"{edge.path}.target" if isinstance(written, dict) else edge.path
+                found.append((where, f"target '{edge.target}' is not a state; states are {names}"))
+    return found
 
 
 _ASSIGNED = re.compile(r"\.assign(?:\.([A-Za-z_][A-Za-z0-9_]*)|\['([^']+)'\])")

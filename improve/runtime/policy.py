@@ -63,15 +63,21 @@ def read_document_text(path: Path, what: str = "JSON document") -> str:
 def load_json(path: Path, what: str = "JSON document") -> Any:
     """Read a JSON document; a syntax error names the file, line and column, and a document nested
     deeper than `MAX_DEPTH` is refused (improve.machine.config says why)."""
+    return load_json_text(path, what)[1]
+
+
+def load_json_text(path: Path, what: str = "JSON document") -> tuple[str, Any]:
+    """`load_json`, with the text it was decoded from: for errors that name a JSON path to give its line."""
     text = read_document_text(path, what)
     try:
-        return loads_document(text, source=str(path))
+        return text, loads_document(text, source=str(path))
     except json.JSONDecodeError as err:
         raise WorkspaceError(f"{path}:{err.lineno}:{err.colno}: invalid JSON: {err.msg}") from None
 
 
 def load_policy(path: Path) -> MachineConfig:
-    return parse_machine(load_json(path, "policy"), source=str(path))
+    text, data = load_json_text(path, "policy")
+    return parse_machine(data, source=str(path), text=text)
 
 
 def compile_policy(
