@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shutil
 import socket
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,8 +19,9 @@ from typer.testing import CliRunner
 
 from improve.cli.main import app
 from improve.demo import commit_workspace
-from improve.llm import LOCAL_KEY_ENV, ModelSpec, local_server
+from improve.llm import LOCAL_KEY_ENV, ModelSpec, ResponseCache, local_server
 from improve.log import LogEntry
+from improve.runtime import ChatSession, DecisionRequest
 from tests.helpers import copy_workspace
 
 from .fake_openai import FakeEndpoint, Reply, as_server, completion, error, tool_answer, way_of
@@ -256,6 +258,41 @@ def test_429_is_retried_after_its_retry_after_and_500_is_retried(serve: Serve, t
     assert time.monotonic() - started >= 1.0  # Retry-After was honoured
     assert len(server.requests) == 3 and doc["model_calls"]["retries"] == 2
     assert decisions(thread(ws, "small-refund-01"))[0].event == {"type": "ESCALATE"}
+
+
+def test_retries_only_grow_a_call_still_in_flight_is_none(
+    serve: Serve, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`improve run`'s progress lines read the meter while runs are under way: a call in flight is no
+    retry (they read `retries 1` for every call out, then `retries 0` at the end)."""
+    arrived, release = threading.Event(), threading.Event()
+    seen: list[dict[str, Any]] = []
+
+    def script(body: dict[str, Any]) -> Reply:
+        seen.append(body)
+        if len(seen) == 1:  # the first call's first attempt: retried at once
+            return Reply(500, {"error": {"message": "busy"}}, {"retry-after-ms": "1"})
+        if len(seen) == 3:  # the second call: held until the meter has been read
+            arrived.set()
+            release.wait(timeout=60)
+        return tool_answer({"type": "ESCALATE"})
+
+    monkeypatch.setenv(KEY_ENV, SECRET)
+    spec = ModelSpec(model="test-model", base_url=serve(script).url, api_key_env=KEY_ENV, ask="tools")
+    session = ChatSession("fake", spec, ResponseCache())
+    request = DecisionRequest("d", [{"type": "ESCALATE"}], {}, ["ESCALATE"], {})
+    model = session.model("s")
+    model.answer(request)
+    assert (session.meter.retries, session.meter.live) == (1, 1)
+    second = threading.Thread(target=model.answer, args=(request,))
+    second.start()
+    try:
+        assert arrived.wait(timeout=60)
+        assert session.meter.retries == 1  # the call out is not counted
+    finally:
+        release.set()
+        second.join(timeout=60)
+    assert (session.meter.retries, session.meter.live, session.meter.failed) == (1, 2, 0)
 
 
 def test_a_call_that_hangs_past_the_timeout_takes_the_policys_on_error(serve: Serve, tmp_path: Path) -> None:

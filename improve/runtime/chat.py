@@ -307,7 +307,7 @@ class ChatSession:
             http_client=http_client,
             no_key_error=MissingKeyError,
         )
-        self.meter.watch(lambda: self.endpoint.attempts)
+        self.meter.watch(lambda: self.endpoint.retries)
         self.auto = spec.ask == "auto"
         """Whether the way of asking is learned from the endpoint (else the model's `ask` is kept)."""
         self.mode = MODES[0] if spec.ask == "auto" else spec.ask
