@@ -45,13 +45,14 @@ class Meter:
     """Retries counted by meters of other processes (workers of a cluster), absorbed here."""
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def note(self, text: str) -> None:
-        """Keep `text` and say it, the first time only."""
+    def note(self, text: str, *, loud: bool = True) -> None:
+        """Keep `text` and say it, the first time only; `loud` False: keep it only (the command said it
+        already, through another meter: each round of `--rounds` has its own)."""
         with self._lock:
             if text in self.notes:
                 return
             self.notes.append(text)
-        if self.say is not None:
+        if self.say is not None and loud:
             self.say(text)
 
     def watch(self, retries: Callable[[], int]) -> None:
