@@ -5,8 +5,10 @@ No network: the server is local, and nothing reads a proxy from the environment.
 from __future__ import annotations
 
 import json
+import pickle
 import shutil
 import socket
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,8 +20,9 @@ from typer.testing import CliRunner
 
 from improve.cli.main import app
 from improve.demo import commit_workspace
-from improve.llm import LOCAL_KEY_ENV, ModelSpec, local_server
+from improve.llm import LOCAL_KEY_ENV, AskMemory, Meter, ModelSpec, ResponseCache, local_server
 from improve.log import LogEntry
+from improve.runtime import ChatSession, DecisionRequest
 from tests.helpers import copy_workspace
 
 from .fake_openai import FakeEndpoint, Reply, as_server, completion, error, tool_answer, way_of
@@ -213,16 +216,150 @@ def test_each_servers_way_of_refusing_or_ignoring_moves_to_a_way_it_answers(
         assert doc["stderr"].count(text) == 1, doc["stderr"]
     if len(set(ways)) > 1:  # a way was learned: the note says how to ask it from the first call
         assert f'ask = "{ways[-1]}" in its [models.NAME] asks so from the first call' in doc["stderr"]
-        # Run again from the recordings: the endpoint is not asked, and the note says so (it read as if
-        # the endpoint had just answered, with it stopped).
-        again = run(ws, *scenarios, "--split", "train", "--fresh")
+        # Replay the recordings: the endpoint is not asked, and the note says so (it read as if the
+        # endpoint had just answered, with it stopped). A replay starts from the first way whatever the
+        # workspace remembers: its recordings say how each call was asked.
+        again = run(ws, *scenarios, "--split", "train", "--fresh", "--cache", "replay")
         assert [way_of(r["body"]) for r in server.requests] == ways
         assert ", as recorded; asking by" in again["stderr"], again["stderr"]
+        # The workspace remembers the way that answered: a later command asks it from its first call and
+        # says so once, and finds nothing again.
+        asks = json.loads((ws / ".improve" / "asks.json").read_text())["asks"]
+        assert asks == {f"{server.url} test-model": {"decide": ways[-1]}}
+        later = run(ws, *scenarios, "--split", "train", "--fresh", "--cache", "live")
+        assert [way_of(r["body"]) for r in server.requests[len(ways) :]] == [ways[-1]] * 2
+        assert later["stderr"].count(f"fake: asking by {ways[-1]}, the way this endpoint answered") == 1
+        assert "remembered in .improve/asks.json: delete it" in later["stderr"]
+        assert "refused" not in later["stderr"] and "ignored" not in later["stderr"]
+        assert (later["model_calls"]["reasked"], later["model_calls"]["live"]) == (0, 2)
     assert doc["model_calls"]["retries"] == 0 and doc["model_calls"]["failed"] == 0
     assert (doc["summary"]["decisions"], doc["summary"]["fallbacks"]) == (2, 0)
     assert decisions(thread(ws, "small-refund-02"))[0].event["type"] == "REFUND"
     tokens = sum(u["inputTokens"] + u["outputTokens"] for u in usage(thread(ws, "small-refund-01")))
     assert tokens == (0 if server_kind == "no usage" else 321 + 54)  # from the server's usage, or none
+
+
+def _asks(ws: Path) -> dict[str, Any]:
+    path = ws / ".improve" / "asks.json"
+    return json.loads(path.read_text())["asks"] if path.exists() else {}
+
+
+def test_a_remembered_way_the_endpoint_refuses_later_is_found_again_from_tools(
+    serve: Serve, tmp_path: Path
+) -> None:
+    """The server behind the URL changed (llama-cpp-python, then LM Studio, which answers tools and
+    refuses json_object): the remembered way is asked first, refused, forgotten, and the ways tried
+    again from the first; the one that answers is what the workspace remembers (tools: nothing)."""
+    behind = {"server": "llama-cpp-python template"}
+
+    def lm_studio(body: dict[str, Any]) -> Reply:
+        if way_of(body) == "json_object":
+            return error(400, "'response_format.type' must be 'json_schema' or 'text'")
+        return naive_desk(body)
+
+    def script(body: dict[str, Any]) -> Reply:
+        if behind["server"] == "lm studio":
+            return lm_studio(body)
+        return as_server(behind["server"], naive_desk)(body)
+
+    server = serve(script)
+    ws = workspace(tmp_path, server.url)
+    scenarios = ("--scenario", "small-refund-01", "--split", "train", "--fresh", "--cache", "live")
+    run(ws, *scenarios)
+    assert _asks(ws) == {f"{server.url} test-model": {"decide": "json_object"}}
+    behind["server"] = "lm studio"
+    first = len(server.requests)
+    doc = run(ws, *scenarios)
+    assert [way_of(r["body"]) for r in server.requests[first:]] == ["json_object", "tools"]
+    assert "refused json_object (HTTP 400" in doc["stderr"]
+    assert "the way remembered for this endpoint no longer answers: asking by tools again" in doc["stderr"]
+    assert decisions(thread(ws, "small-refund-01"))[0].event["type"] == "REFUND"
+    assert _asks(ws) == {}  # tools, the first way: where a session starts anyway
+    first = len(server.requests)
+    doc = run(ws, *scenarios)
+    assert [way_of(r["body"]) for r in server.requests[first:]] == ["tools"] and "asking" not in doc["stderr"]
+
+
+def test_a_failing_endpoint_is_never_remembered_and_leaves_the_memory_as_it_was(
+    serve: Serve, tmp_path: Path
+) -> None:
+    """Tools refused, then an error: no way answered, so nothing is remembered; and a remembered way the
+    endpoint fails on (an error that refuses nothing) stays remembered."""
+    failing = {"on": True}
+
+    def script(body: dict[str, Any]) -> Reply:
+        if failing["on"] and way_of(body) != "tools":
+            return error(503, "the model is loading")
+        return as_server("llama-cpp-python function calling", naive_desk)(body)
+
+    server = serve(script)
+    ws = workspace(tmp_path, server.url, max_retries=0)
+    scenarios = ("--scenario", "small-refund-01", "--split", "train", "--fresh", "--cache", "live")
+    doc = run(ws, *scenarios, exit_code=3)
+    assert [way_of(r["body"]) for r in server.requests] == ["tools", "json_schema"]
+    assert doc["model_calls"]["failed"] == 1 and _asks(ws) == {}
+    failing["on"] = False
+    run(ws, *scenarios)
+    remembered = {f"{server.url} test-model": {"decide": "json_object"}}
+    assert _asks(ws) == remembered
+    failing["on"] = True
+    first = len(server.requests)
+    doc = run(ws, *scenarios, exit_code=3)
+    assert [way_of(r["body"]) for r in server.requests[first:]] == ["json_object"]
+    assert doc["model_calls"]["failed"] == 1 and "no longer answers" not in doc["stderr"]
+    assert _asks(ws) == remembered
+
+
+def test_a_configured_ask_wins_over_the_remembered_way(serve: Serve, tmp_path: Path) -> None:
+    server = serve(naive_desk)
+    ws = workspace(tmp_path, server.url, ask="tools")
+    (ws / ".improve").mkdir(exist_ok=True)
+    remembered = {"format": "improve.asks/1", "asks": {f"{server.url} test-model": {"decide": "json_object"}}}
+    (ws / ".improve" / "asks.json").write_text(json.dumps(remembered))
+    doc = run(ws, "--scenario", "small-refund-01", "--split", "train", "--cache", "live")
+    assert [way_of(r["body"]) for r in server.requests] == ["tools"] and "remembered" not in doc["stderr"]
+    assert json.loads((ws / ".improve" / "asks.json").read_text()) == remembered
+
+
+def test_sessions_of_one_command_share_the_way_learned_and_say_it_once(
+    serve: Serve, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A round's phases and the rounds of `--rounds` each make a session (and a meter): the first learns
+    the way, the later ones start from it, and the command says it once; each meter keeps the note."""
+    server = serve(as_server("llama-cpp-python template", naive_desk))
+    monkeypatch.setenv(KEY_ENV, SECRET)
+    spec = ModelSpec(model="test-model", base_url=server.url, api_key_env=KEY_ENV)
+    memory, said = AskMemory(tmp_path / ".improve" / "asks.json"), []
+    request = DecisionRequest(
+        "d", [{"type": "ESCALATE"}, {"type": "CLOSE"}], {"requested": 5}, ["ESCALATE", "CLOSE"], {}
+    )
+    sessions = []
+    for _ in range(3):  # one after another, as a command's rounds and phases make them
+        session = ChatSession("fake", spec, ResponseCache(), Meter(say=said.append), memory=memory)
+        session.model("s").answer(request)
+        sessions.append(session)
+    learned = ["tools", "json_schema", "json_object"]
+    assert [way_of(r["body"]) for r in server.requests] == learned + ["json_object"] * 2
+    assert [session.mode for session in sessions] == ["json_object"] * 3
+    remembered = [text for text in said if "the way this endpoint answered before" in text]
+    assert len(remembered) == 1 and len(said) == 3  # two ways learned, then the remembered way said once
+    assert all(remembered[0] in session.meter.notes for session in sessions[1:])
+
+
+def test_the_memory_is_a_hint_an_unreadable_file_remembers_nothing(tmp_path: Path) -> None:
+    path = tmp_path / ".improve" / "asks.json"
+    memory = AskMemory(path)
+    assert memory.recall("k", "decide") is None  # no file yet
+    path.parent.mkdir()
+    path.write_text("{not json")
+    assert memory.recall("k", "decide") is None
+    memory.keep("k", "decide", "json_object")
+    assert pickle.loads(pickle.dumps(memory)).recall("k", "decide") == "json_object"  # a worker's copy
+    path.write_text(json.dumps({"format": "improve.asks/1", "asks": {"k": {"decide": "smoke", "judge": 3}}}))
+    assert (memory.recall("k", "decide"), memory.recall("k", "judge")) == (None, None)  # not a way
+    memory.keep("k", "judge", "json_object")
+    memory.forget("k", "judge")
+    assert json.loads(path.read_text())["asks"] == {"k": {"decide": "smoke"}}
 
 
 def test_a_refused_answer_is_sent_back_with_its_reason(serve: Serve, tmp_path: Path) -> None:
@@ -256,6 +393,41 @@ def test_429_is_retried_after_its_retry_after_and_500_is_retried(serve: Serve, t
     assert time.monotonic() - started >= 1.0  # Retry-After was honoured
     assert len(server.requests) == 3 and doc["model_calls"]["retries"] == 2
     assert decisions(thread(ws, "small-refund-01"))[0].event == {"type": "ESCALATE"}
+
+
+def test_retries_only_grow_a_call_still_in_flight_is_none(
+    serve: Serve, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`improve run`'s progress lines read the meter while runs are under way: a call in flight is no
+    retry (they read `retries 1` for every call out, then `retries 0` at the end)."""
+    arrived, release = threading.Event(), threading.Event()
+    seen: list[dict[str, Any]] = []
+
+    def script(body: dict[str, Any]) -> Reply:
+        seen.append(body)
+        if len(seen) == 1:  # the first call's first attempt: retried at once
+            return Reply(500, {"error": {"message": "busy"}}, {"retry-after-ms": "1"})
+        if len(seen) == 3:  # the second call: held until the meter has been read
+            arrived.set()
+            release.wait(timeout=60)
+        return tool_answer({"type": "ESCALATE"})
+
+    monkeypatch.setenv(KEY_ENV, SECRET)
+    spec = ModelSpec(model="test-model", base_url=serve(script).url, api_key_env=KEY_ENV, ask="tools")
+    session = ChatSession("fake", spec, ResponseCache())
+    request = DecisionRequest("d", [{"type": "ESCALATE"}], {}, ["ESCALATE"], {})
+    model = session.model("s")
+    model.answer(request)
+    assert (session.meter.retries, session.meter.live) == (1, 1)
+    second = threading.Thread(target=model.answer, args=(request,))
+    second.start()
+    try:
+        assert arrived.wait(timeout=60)
+        assert session.meter.retries == 1  # the call out is not counted
+    finally:
+        release.set()
+        second.join(timeout=60)
+    assert (session.meter.retries, session.meter.live, session.meter.failed) == (1, 2, 0)
 
 
 def test_a_call_that_hangs_past_the_timeout_takes_the_policys_on_error(serve: Serve, tmp_path: Path) -> None:

@@ -95,6 +95,7 @@ def resume_thread(
         model_spec=space.model_spec(model_name, env),
         cache_dir=str(space.cache_dir),
         cache_mode=request.cache_mode,
+        asks=space.asks,
     )
     # Each stretch of the run draws its own seed: a stand-in resumed does not repeat its first answers.
     # Finishing an interrupted resume goes on with that stretch's seed.

@@ -32,7 +32,7 @@ from improve.evals.fanout import Fanout, ModelGate
 from improve.evals.outcome import OutcomeRow, outcome_row
 from improve.evals.scenarios import Scenario
 from improve.evals.workspace import Workspace, policy_hash, policy_label
-from improve.llm import CacheMode, Meter, ModelSpec, ResponseCache
+from improve.llm import AskMemory, CacheMode, Meter, ModelSpec, ResponseCache
 from improve.log import (
     EntryView,
     KeptReads,
@@ -88,6 +88,9 @@ class SuiteSpec:
     """Answer waiting states from the scenarios' people scripts. False (`improve run --suspend`): each run
     stops at its first wait, `waiting`, to be continued by `improve resume`. Not part of the stamp: a
     resumed thread is the same run as one a script answered."""
+    asks: AskMemory | None = None
+    """The ways of asking the workspace remembers its endpoints to answer (`Workspace.asks`), where a
+    model with `ask = "auto"` starts; None: each session finds the way anew. Pickled as its path."""
 
     def chat_session(self, meter: Meter | None = None, gate: ModelGate | None = None) -> ChatSession | None:
         """The session of a model behind an endpoint (shared by runs); None for a stand-in. `gate`: the
@@ -100,6 +103,7 @@ class SuiteSpec:
             ResponseCache(self.cache_dir, self.cache_mode),
             meter,
             gate=gate(self.model, self.model_spec.in_flight()) if gate is not None else None,
+            memory=self.asks,
         )
 
     def model_factory(
@@ -193,6 +197,7 @@ def suite_spec(
         str(space.cache_dir),
         cache,
         people,
+        space.asks,
     )
 
 

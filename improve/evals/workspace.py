@@ -57,7 +57,7 @@ from improve.errors import ScenarioError, WorkspaceError
 from improve.evals.cluster import LOCAL, ExecutorChoice, parse_executor
 from improve.evals.scenarios import ScenarioLines, ScenarioSet, load_scenarios, people_problems
 from improve.files import locked
-from improve.llm import CACHE_DIR, ModelSpec
+from improve.llm import ASKS_FILE, CACHE_DIR, AskMemory, ModelSpec
 from improve.log import JsonlDirStore
 from improve.machine import JsonPath, MachineConfig, canonical_json
 from improve.registry import check_slug
@@ -291,6 +291,9 @@ class Workspace:
     def __init__(self, root: Path, config: WorkspaceConfig) -> None:
         self.root = root
         self.config = config
+        self.asks = AskMemory(root / ASKS_FILE)
+        """The ways of asking its endpoints answer, remembered in its state directory: one object a
+        command, so that a remembered way is said once however many sessions (rounds, phases) use it."""
 
     @classmethod
     def find(cls, start: Path | None = None) -> Workspace:

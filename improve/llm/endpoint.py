@@ -2,8 +2,9 @@
 
 Calls go through the official `openai` SDK (`POST {base_url}/chat/completions`), which retries a
 timeout, a lost connection, HTTP 429 (after its `Retry-After`) and 5xx with exponential backoff and
-jitter, up to `max_retries`; every HTTP attempt is counted, so retries show in progress lines. An
-answer is normalised into a plain dict (what the cache stores).
+jitter, up to `max_retries`; every HTTP attempt is counted, and each call's attempts past its first are
+its retries, counted when the call ends (so progress lines show a count that only grows). An answer is
+normalised into a plain dict (what the cache stores).
 
 An error that refuses a feature of the request (`tools`, `tool_choice`, `response_format`) comes back as
 `{"rejected": ...}` so the caller can ask another way. Real servers say so with any status: llama.cpp's
@@ -73,6 +74,12 @@ class Endpoint:
         self._lock = threading.Lock()
         self.attempts = 0
         """HTTP requests sent, retries included."""
+        self.retries = 0
+        """HTTP requests the SDK sent again for a call (after a timeout, a 429, a 5xx), counted as each call
+        ends: not `attempts` less the calls answered, which counts every call still in flight as a retry
+        (a progress line read `retries 1` while a call was out, then `retries 0` at the end)."""
+        self._call = threading.local()
+        """This thread's call under way: its HTTP attempts (`sent`), None outside `complete`."""
         self.answered = False
         """Whether the endpoint has answered a call (an HTTP error is an answer)."""
         self.unreached = 0
@@ -97,6 +104,11 @@ class Endpoint:
     def _count(self, request: httpx.Request) -> None:
         with self._lock:
             self.attempts += 1
+        # The SDK's client is synchronous: its hooks run in the thread of the call that sends. A request
+        # outside `complete` (the context window's) is no call's attempt.
+        sent = getattr(self._call, "sent", None)
+        if sent is not None:
+            self._call.sent = sent + 1
 
     @staticmethod
     def _refusals_are_final(response: httpx.Response) -> None:
@@ -181,6 +193,7 @@ class Endpoint:
                 f"after {self.max_retries} retries), so this command asks it no more; start the server, or "
                 "fix base_url in [models.NAME]"
             )
+        self._call.sent = 0
         try:
             completion = client.chat.completions.create(**body)
         except openai.APIStatusError as err:
@@ -200,6 +213,11 @@ class Endpoint:
             raise self.error(f"could not reach the endpoint {where}: {self.redact(err.message)}") from None
         except openai.OpenAIError as err:
             raise self.error(f"the openai client failed: {self.redact(str(err))}") from None
+        finally:
+            sent, self._call.sent = self._call.sent or 0, None
+            if sent > 1:
+                with self._lock:
+                    self.retries += sent - 1
         self._reached()
         try:
             return _answer(completion)

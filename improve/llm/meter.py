@@ -40,27 +40,26 @@ class Meter:
     notes: list[str] = field(default_factory=list)
     """What the command learned about its endpoints, each said once: `smollm2: the endpoint ignored tools
     (HTTP 200, no tool call); asking by json_schema`."""
-    _attempts: list[Callable[[], int]] = field(default_factory=list, repr=False)
+    _retries: list[Callable[[], int]] = field(default_factory=list, repr=False)
     _retries_elsewhere: int = field(default=0, repr=False)
     """Retries counted by meters of other processes (workers of a cluster), absorbed here."""
-    _absorbed_live: int = field(default=0, repr=False)
-    """Live calls absorbed from other processes: their HTTP attempts were counted there."""
-    _absorbed_reasked: int = field(default=0, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def note(self, text: str) -> None:
-        """Keep `text` and say it, the first time only."""
+    def note(self, text: str, *, loud: bool = True) -> None:
+        """Keep `text` and say it, the first time only; `loud` False: keep it only (the command said it
+        already, through another meter: each round of `--rounds` has its own)."""
         with self._lock:
             if text in self.notes:
                 return
             self.notes.append(text)
-        if self.say is not None:
+        if self.say is not None and loud:
             self.say(text)
 
-    def watch(self, attempts: Callable[[], int]) -> None:
-        """Count an endpoint's HTTP attempts (so retries = attempts - live calls)."""
+    def watch(self, retries: Callable[[], int]) -> None:
+        """Count an endpoint's retries (`Endpoint.retries`: each call's HTTP attempts past its first, as
+        the call ends, so the count never goes down)."""
         with self._lock:
-            self._attempts.append(attempts)
+            self._retries.append(retries)
 
     def add(
         self,
@@ -104,13 +103,11 @@ class Meter:
         with self._lock:
             self.fingerprints.update(fingerprints)
             self.live += int(counts.get("live") or 0)
-            self._absorbed_live += int(counts.get("live") or 0)
             self.recorded += int(counts.get("recorded") or 0)
             self.repeated += int(counts.get("repeated") or 0)
             self.reused += int(counts.get("reused") or 0)
             self.failed += int(counts.get("failed") or 0)
             self.reasked += int(counts.get("reasked") or 0)
-            self._absorbed_reasked += int(counts.get("reasked") or 0)
             self.input_tokens += int(counts.get("input_tokens") or 0)
             self.output_tokens += int(counts.get("output_tokens") or 0)
             self._retries_elsewhere += int(counts.get("retries") or 0)
@@ -120,15 +117,9 @@ class Meter:
 
     @property
     def retries(self) -> int:
-        own = max(
-            0,
-            sum(count() for count in self._attempts) - (self.live - self._absorbed_live) - self._own_reasked,
-        )
-        return own + self._retries_elsewhere
-
-    @property
-    def _own_reasked(self) -> int:
-        return self.reasked - self._absorbed_reasked
+        """HTTP requests sent again after a failed attempt, this process's and its workers': a count that
+        only grows (a call still in flight is no retry)."""
+        return sum(count() for count in self._retries) + self._retries_elsewhere
 
     @property
     def calls(self) -> int:

@@ -11,7 +11,8 @@
     timeout_s = 30
     max_retries = 4
     concurrency = 16
-    ask = "auto"                               # auto | tools | json_schema | json_object (docs/servers.md)
+    ask = "auto"                               # auto | tools | json_schema | json_object (docs/servers.md);
+                                               # auto's way found is remembered in .improve/asks.json
     context_tokens = 8192                      # optional: the model's context (default: asked of the server)
     price = { input_per_mtok = 0.40, output_per_mtok = 1.60 }   # USD per million tokens
 
@@ -80,7 +81,8 @@ class ModelSpec(BaseModel):
         description="How a decision is asked for: `tools` (a function per option, tool_choice required), "
         "`json_schema` (response_format json_schema), `json_object` (response_format json_object with the "
         "schema in `response_format.schema` and in the prompt); `auto` starts with tools and moves on when "
-        "the endpoint refuses a way or ignores it (docs/servers.md).",
+        "the endpoint refuses a way or ignores it, and the workspace remembers the way found for the endpoint "
+        "and model in .improve/asks.json, where later commands start (docs/servers.md).",
     )
     context_tokens: int | None = Field(
         default=None,

@@ -126,6 +126,7 @@ class PolicyRunner:
             model_spec=space.model_spec(model, self.env) if space is not None else None,
             cache_dir=str(space.cache_dir) if space is not None else None,
             cache_mode=self.cache,
+            asks=space.asks if space is not None else None,
         )
         # run_suite seeds the model with `scenario:r1`, the same seed as `model_seed`.
         models = spec.model_factory(self.env, gate=self.gate)

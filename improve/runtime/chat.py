@@ -14,8 +14,10 @@ the default, takes whichever the endpoint answers):
 In `auto`, an endpoint that refuses a way (an error naming tools, tool choice or the response format, of
 any status: `llm/endpoint.py`) or ignores it (tools: a 200 without a tool call; json_schema: an answer
 that is not JSON) moves every later call of that model to the next way, and the call is asked again the
-next way; the session says so once (`Meter.note`). In `record` mode each answer is stored, so a replay
-takes the same path.
+next way; the session says so once (`Meter.note`). The way a live call is answered by is remembered by
+the workspace for the endpoint and model (`improve.llm.asks`, `Ways`): later sessions start from it, and
+one that finds it refused or ignored tries the ways again from the first. In `record` mode each answer is
+stored, so a replay takes the same path.
 A refused answer comes back through the decision protocol as an attempt: the previous answer and the
 refusal's reason are sent as the next messages. The answer is parsed as JSON, never evaluated; an
 answer that cannot be parsed is no answer, which the protocol refuses and retries.
@@ -40,13 +42,25 @@ from typing import Any, Literal
 import httpx2 as httpx
 
 from improve.errors import MissingKeyError, ModelAnswerError, ModelCallError
-from improve.llm import REFUSAL_WORDS, Endpoint, Meter, ModelSpec, ResponseCache, usage_dict
+from improve.llm import (
+    ASKS_FILE,
+    REFUSAL_WORDS,
+    WAYS,
+    AskMemory,
+    Endpoint,
+    Kind,
+    Meter,
+    ModelSpec,
+    ResponseCache,
+    ask_key,
+    usage_dict,
+)
 from improve.machine import FREE_TEXT
 from improve.runtime.decision import DecisionRequest
 from improve.runtime.judgment import ModelJudgment
 from improve.runtime.models import ModelReply
 
-MODES = ("tools", "json_schema", "json_object")
+MODES = WAYS["decide"]
 REJECTABLE = {
     "tools": REFUSAL_WORDS["tools"],
     "json_schema": REFUSAL_WORDS["response_format"],
@@ -280,7 +294,8 @@ def unanswered(mode: str, response: dict[str, Any]) -> str | None:
 
 class ChatSession:
     """One model of a command: its endpoint, the way of asking it takes, its concurrency cap, the cache
-    and the meter; shared by every run, each of which gets its own `ChatModel`."""
+    and the meter; shared by every run, each of which gets its own `ChatModel`. `memory`: the ways the
+    workspace remembers its endpoints to answer (`improve.llm.asks`), where an `auto` model starts."""
 
     def __init__(
         self,
@@ -290,6 +305,7 @@ class ChatSession:
         meter: Meter | None = None,
         http_client: httpx.Client | None = None,
         gate: AbstractContextManager[Any] | None = None,
+        memory: AskMemory | None = None,
     ) -> None:
         self.name = name
         self.spec = spec
@@ -307,39 +323,37 @@ class ChatSession:
             http_client=http_client,
             no_key_error=MissingKeyError,
         )
-        self.meter.watch(lambda: self.endpoint.attempts)
+        self.meter.watch(lambda: self.endpoint.retries)
         self.auto = spec.ask == "auto"
         """Whether the way of asking is learned from the endpoint (else the model's `ask` is kept)."""
-        self.mode = MODES[0] if spec.ask == "auto" else spec.ask
-        self.judge_mode = "json_object" if spec.ask == "json_object" else "json_schema"
+        # A configured `ask` wins over the memory. A replay asks no endpoint, and its recordings say how
+        # each call was asked: starting from a remembered way would miss the ones asked an earlier way.
+        self.memory = memory if self.auto and cache.mode != "replay" else None
+        self.key = ask_key(spec.endpoint(), spec.model)
+        """What the memory keeps this model's ways under: its endpoint and its name there."""
+        self.decide = Ways(self, "decide", MODES[0] if spec.ask == "auto" else spec.ask)
+        self.judge = Ways(self, "judge", "json_object" if spec.ask == "json_object" else "json_schema")
         """Judgments ask for JSON only: `json_schema`, or `json_object` once the endpoint refused it."""
         # The meter's set: sessions of one meter (and the workers it absorbs) report one set.
         self.fingerprints: set[str] = self.meter.fingerprints
-        self._lock = threading.Lock()
         # Each call holds the gate while in flight: this process's cap, or (a worker of a cluster) one
         # shared by every worker, so the model sees `concurrency` calls at most either way.
         self._gate: AbstractContextManager[Any] = (
             gate if gate is not None else threading.BoundedSemaphore(spec.in_flight())
         )
 
+    @property
+    def mode(self) -> str:
+        """The way decisions are asked now."""
+        return self.decide.mode
+
+    @property
+    def judge_mode(self) -> str:
+        """The way judgments are asked now."""
+        return self.judge.mode
+
     def model(self, seed: str) -> ChatModel:
         return ChatModel(self, seed)
-
-    def fallback(self, mode: str, why: str) -> str:
-        """`mode` was refused or ignored by the endpoint (`why`): every later call asks the next way,
-        which is returned; said once."""
-        following = MODES[MODES.index(mode) + 1]
-        with self._lock:
-            if MODES.index(self.mode) <= MODES.index(mode):
-                self.mode = following
-        # Each command learns the way again (its first call): a model defined with that way skips it.
-        hint = f' (ask = "{following}" in its [models.NAME] asks so from the first call)' if self.auto else ""
-        self.meter.note(f"{self.name}: {why}; asking by {following}{hint}")
-        return following
-
-    def judge_fallback(self, why: str) -> None:
-        self.judge_mode = "json_object"
-        self.meter.note(f"{self.name}: {why}; asking judgments by json_object")
 
     def send(
         self, body: dict[str, Any], rejectable: Sequence[str], turn: Turn | None = None
@@ -347,8 +361,10 @@ class ChatSession:
         """`body`'s response from the endpoint, sent once a place under the concurrency cap is free.
         `turn`: what the session learns from the call, decided while the place is held (see `Turn`)."""
         with self._gate:
-            if turn is not None and turn.stale():
-                raise Relearned
+            if turn is not None:
+                if turn.stale():
+                    raise Relearned
+                turn.ways.announce(turn.mode)
             try:
                 response = self.endpoint.complete(body, rejectable)
             except ModelCallError:
@@ -359,6 +375,102 @@ class ChatSession:
             return response
 
 
+class Ways:
+    """How one kind of a session's calls (decisions, judgments) is asked: the way it asks now and, in
+    `auto`, what it learns from the endpoint. A way the endpoint refuses or ignores moves every later call
+    to the next way; the way a live call is answered by is remembered (the session's `memory`), and the
+    next session starts from it. A remembered way found refused or ignored is forgotten and the ways are
+    tried again from the first: the *generation* moves on, and what calls asked before it teach nothing
+    (calls in flight asked the remembered way too)."""
+
+    def __init__(self, session: ChatSession, kind: Kind, start: str) -> None:
+        self.session = session
+        self.kind: Kind = kind
+        self.ways = WAYS[kind]
+        memory = session.memory
+        self.remembered = memory.recall(session.key, kind) if memory is not None else None
+        """The way the memory named, while no call has found it wanting."""
+        self.now: tuple[str, int] = (self.remembered or start, 0)
+        """The way asked now and its generation, read and replaced together."""
+        self._kept = self.remembered
+        """The way the memory holds, as far as this session knows: one answer is enough to write it."""
+        self._lock = threading.Lock()
+
+    @property
+    def mode(self) -> str:
+        return self.now[0]
+
+    def stale(self, mode: str, generation: int) -> bool:
+        """Whether a call about to ask `mode` (in `generation`) should not: the session asks past it now,
+        or tries the ways again from the first."""
+        now, current = self.now
+        return current != generation or self.ways.index(now) > self.ways.index(mode)
+
+    def announce(self, mode: str) -> None:
+        """A call is about to ask the remembered way: said once a command (kept in each meter's notes)."""
+        session = self.session
+        if mode != self.remembered or session.memory is None:
+            return
+        judged = " judgments" if self.kind == "judge" else ""
+        session.meter.note(
+            f"{session.name}: asking{judged} by {mode}, the way this endpoint answered before (remembered in "
+            f'{ASKS_FILE}: delete it to find the way again, or set ask = "{mode}" in its [models.NAME])',
+            loud=session.memory.first(f"{session.key} {self.kind}"),
+        )
+
+    def fallback(self, mode: str, why: str, generation: int, *, live: bool = True) -> str:
+        """`mode` was refused or ignored (`why`): the way to ask next, which later calls ask too (said
+        once). It may be one the caller asked already (no way is left): the caller stops then."""
+        session = self.session
+        with self._lock:
+            now, current = self.now
+            if current != generation:
+                return now  # asked before the ways were tried again: it teaches nothing now
+            if mode == self.remembered:
+                self.remembered = self._kept = None
+                self.now = (self.ways[0], current + 1)
+                following, again = self.ways[0], True
+            elif mode == self.ways[-1]:
+                return now
+            else:
+                following, again = self.ways[self.ways.index(mode) + 1], False
+                if self.ways.index(now) <= self.ways.index(mode):
+                    self.now = (following, current)
+        if again:
+            # Only what the endpoint says now unsettles the memory, never a recording of it.
+            if live and session.memory is not None:
+                session.memory.forget(session.key, self.kind)
+            session.meter.note(
+                f"{session.name}: {why}; the way remembered for this endpoint no longer answers: asking by "
+                f"{following} again"
+            )
+        elif self.kind == "judge":
+            session.meter.note(f"{session.name}: {why}; asking judgments by {following}")
+        else:
+            # The workspace remembers the way once it answers; a model defined with it skips the search.
+            hint = (
+                f' (ask = "{following}" in its [models.NAME] asks so from the first call)'
+                if session.auto
+                else ""
+            )
+            session.meter.note(f"{session.name}: {why}; asking by {following}{hint}")
+        return following
+
+    def heard(self, mode: str, generation: int, response: dict[str, Any]) -> None:
+        """A live call asked `mode`: learn the next way when it was refused or ignored, and remember it
+        when it was answered (an error raises before this: a failing endpoint teaches nothing)."""
+        why = unanswered(mode, response)
+        if why is not None:
+            self.fallback(mode, why, generation)
+            return
+        memory = self.session.memory
+        with self._lock:
+            if memory is None or self.now[1] != generation or self._kept == mode:
+                return
+            self._kept = mode
+        memory.keep(self.session.key, self.kind, mode)
+
+
 @dataclass(frozen=True)
 class Turn:
     """A call's way of asking, checked and learned from while the call holds its place under the cap. A
@@ -367,16 +479,15 @@ class Turn:
     session learned to be refused or ignored while it waited is not sent (`stale`), and what a call's
     response teaches is learned before the next call takes the place (`heard`)."""
 
+    ways: Ways
     mode: str
-    stale: Callable[[], bool]
-    """Whether the session now asks past `mode`."""
-    learn: Callable[[str], object]
-    """The session's fallback from `mode`, given why the endpoint refused or ignored it."""
+    generation: int
+
+    def stale(self) -> bool:
+        return self.ways.stale(self.mode, self.generation)
 
     def heard(self, response: dict[str, Any]) -> None:
-        why = unanswered(self.mode, response)
-        if why is not None:
-            self.learn(why)
+        self.ways.heard(self.mode, self.generation, response)
 
 
 class Relearned(Exception):
@@ -396,11 +507,7 @@ class ChatModel:
     def answer(self, request: DecisionRequest) -> ModelReply:
         session = self.session
         response, source, mode, why = self._asked(
-            lambda m: chat_body(request, m, session.spec),
-            MODES,
-            lambda: session.mode,
-            session.fallback,
-            self._turn,
+            lambda m: chat_body(request, m, session.spec), session.decide
         )
         if "rejected" in response:
             raise ModelCallError(f"model {self.name!r}: {why or refused(mode, response)}")
@@ -410,17 +517,8 @@ class ChatModel:
         """The judgment's answer about the decision's facts, checked against its closed fields; an answer
         that is not one is a failed call (the policy's `onError`)."""
         session = self.session
-
-        def fallback(mode: str, why: str) -> str:
-            session.judge_fallback(why)
-            return "json_object"
-
         response, source, mode, _ = self._asked(
-            lambda m: judge_body(name, judgment, request, m, session.spec),
-            ("json_schema", "json_object"),
-            lambda: session.judge_mode,
-            fallback,
-            self._judge_turn,
+            lambda m: judge_body(name, judgment, request, m, session.spec), session.judge
         )
         if "rejected" in response:
             raise ModelCallError(f"model {self.name!r}: the judgment {name}: {refused(mode, response)}")
@@ -431,37 +529,39 @@ class ChatModel:
         return reply
 
     def _asked(
-        self,
-        body: Callable[[str], dict[str, Any]],
-        ways: Sequence[str],
-        current: Callable[[], str],
-        fallback: Callable[[str, str], str],
-        turn: Callable[[str], Turn | None],
+        self, body: Callable[[str], dict[str, Any]], ways: Ways
     ) -> tuple[dict[str, Any], Literal["live", "recorded", "repeated"], str, str | None]:
-        """One call, asked the session's `current` way of `ways` and, while the endpoint refuses or
-        ignores it, the next (`fallback` learns it for the session): the response, where it came from,
-        the way that got it, and why the last way was not answered either (None when it was)."""
+        """One call, asked the way `ways` asks now and, while the endpoint refuses or ignores it, the next
+        (which `ways` learns for the session): the response, where it came from, the way that got it, and
+        why the last way was not answered either (None when it was). The call ends when the next way is
+        one it asked already."""
         session = self.session
         sample = self._sample()
-        mode = current()
+        mode, generation = ways.now
+        tried: list[str] = []
         while True:
-            mode = self._way(body, ways, mode, current(), sample)
+            mode = self._way(body, ways, mode, tried, sample)
+            turn = Turn(ways, mode, generation) if session.auto else None
             try:
                 response, source = self._fetch(
-                    body(mode), sample, REJECTABLE[mode] if session.auto else (), turn(mode)
+                    body(mode), sample, REJECTABLE[mode] if session.auto else (), turn
                 )
             except Relearned:
-                mode = current()
+                mode, generation = ways.now
                 continue
             why = unanswered(mode, response) if session.auto else None
-            if why is not None and mode != ways[-1]:
-                # From the cache, the endpoint was not asked now: said so (with it stopped, the note
-                # read as if it had answered).
-                mode = fallback(mode, why if source == "live" else f"{why}, as recorded")
-                if source == "live":
-                    session.meter.reask()
-                continue
-            return response, source, mode, why
+            if why is None:
+                return response, source, mode, None
+            tried.append(mode)
+            # From the cache, the endpoint was not asked now: said so (with it stopped, the note read as
+            # if it had answered).
+            live = source == "live"
+            following = ways.fallback(mode, why if live else f"{why}, as recorded", generation, live=live)
+            if following in tried:
+                return response, source, mode, why
+            if live:
+                session.meter.reask()
+            mode, generation = following, ways.now[1]
 
     def advance(self, request: DecisionRequest, number: int) -> None:
         """The run's call `number` was answered from a recording of the run this one started from
@@ -474,36 +574,23 @@ class ChatModel:
         return f"{self.seed}#{self.calls}"
 
     def _way(
-        self, body: Callable[[str], dict[str, Any]], ways: Sequence[str], mode: str, current: str, sample: str
+        self, body: Callable[[str], dict[str, Any]], ways: Ways, mode: str, tried: Sequence[str], sample: str
     ) -> str:
         """The way to ask `sample` now, from `mode` on. Runs in flight together learn a fallback in
         another order than when the calls were recorded, so a recorded sample is asked the next way it
-        was recorded; any other, the later of `mode` and the session's `current` way (another run may
-        have learned one since)."""
+        was recorded (one this call has not asked); any other, the later of `mode` and the way the
+        session asks now (another run may have learned one since)."""
         cache = self.session.cache
+        order = ways.ways
         if cache.mode != "live":
-            for way in ways[ways.index(mode) :]:
-                if cache.load(cache.key({"request": body(way), "sample": sample})) is not None:
+            for way in order[order.index(mode) :]:
+                if (
+                    way not in tried
+                    and cache.load(cache.key({"request": body(way), "sample": sample})) is not None
+                ):
                     return way
-        return current if self.session.auto and ways.index(current) > ways.index(mode) else mode
-
-    def _turn(self, mode: str) -> Turn | None:
-        """A decision's call asked `mode` (no turn for the last way: there is none to learn past it)."""
-        session = self.session
-        if not session.auto or mode == MODES[-1]:
-            return None
-        return Turn(
-            mode,
-            lambda: MODES.index(session.mode) > MODES.index(mode),
-            lambda why: session.fallback(mode, why),
-        )
-
-    def _judge_turn(self, mode: str) -> Turn | None:
-        """A judgment's call asked `mode`: as `_turn`, with judgments' two ways."""
-        session = self.session
-        if not session.auto or mode != "json_schema":
-            return None
-        return Turn(mode, lambda: session.judge_mode == "json_object", session.judge_fallback)
+        current = ways.mode
+        return current if self.session.auto and order.index(current) > order.index(mode) else mode
 
     def _fetch(
         self, body: dict[str, Any], sample: str, rejectable: Sequence[str], turn: Turn | None
