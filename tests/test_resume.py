@@ -701,6 +701,30 @@ def test_a_run_its_people_script_answered_is_run_again_to_wait_under_suspend(tmp
     assert [(t["final_state"], t["status"], t["passed"]) for t in again] == [("issued", "done", True)]
 
 
+def test_a_wait_no_person_of_the_scenario_answers_is_scored_as_run_scores_it(tmp_path: Path) -> None:
+    """A scenario whose people script does not answer the wait: its run ends there for good, a failure
+    for `run` and a round. `score` left it out as waiting for a person (a desk's referrals no pharmacist
+    answered: 0.800 where run said 0.500); it scores it as they do."""
+    space = desk(tmp_path / "desk")
+    path = space / "scenarios" / "refund-approval.yaml"
+    text = path.read_text()
+    script = "    people:\n      approving: [{type: APPROVE, approver: dana}]\n"
+    assert script in text
+    path.write_text(text.replace(script, "", 1))
+    args = ["-w", str(space), "--model", "careful", "--split", "train"]
+    ran = CliRunner().invoke(app, ["run", *args, "--k", "1", "--json"])
+    threads = json.loads(ran.stdout)["threads"]
+    (waiting,) = [t for t in threads if t["status"] == "waiting"]
+    assert waiting["scenario"] == SCENARIO and not waiting["passed"]
+    score = CliRunner().invoke(app, ["score", *args, "-p", "v0", "--json"])
+    assert score.exit_code == 0, score.output
+    assert "wait for a person" not in score.stderr
+    (card,) = json.loads(score.stdout)["scorecards"]
+    assert card["runs"] == len(threads), card
+    (scored,) = [c for c in card["scenarios"] if c["scenario"] == SCENARIO]
+    assert (scored["runs"], scored["passed"], scored["outcomes"]) == (1, 0, {"approving": 1}), scored
+
+
 def test_a_deployed_agents_run_that_waits_is_resumed_by_the_agent(tmp_path: Path) -> None:
     """`improve.evals.deploy`: a live run that reaches the approval ends waiting in traces/production/;
     the agent resumes it with the approver's event, in the same thread, once (the same event id twice

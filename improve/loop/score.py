@@ -23,6 +23,7 @@ from improve.evals import (
     UNSEALINGS_FILE,
     Comparison,
     Ledger,
+    OutcomeRow,
     Recorded,
     ScenarioSet,
     Scorecard,
@@ -230,6 +231,7 @@ class _Scoring:
             say,
         )
         self.known = {s.id for s in scenario_set.scenarios}
+        self.by_id = {s.id: s for s in scenario_set.scenarios}
         self.ledger: Ledger
 
     def run(self) -> Scores:
@@ -294,10 +296,10 @@ class _Scoring:
         else:
             ids = self._current(split, label, model)
         found = self.ledger.record(ids, say=self.say, rewritten=rewritten) if ids else Recorded()
-        waiting = [r.thread_id for r in found.rows if r.status in RESUMABLE_STATUSES]
+        waiting = [r.thread_id for r in found.rows if self._for_a_person(r)]
         if waiting:
             # A run nobody answered (`improve run --suspend`) has no outcome yet: not a failure.
-            found.rows = [r for r in found.rows if r.status not in RESUMABLE_STATUSES]
+            found.rows = [r for r in found.rows if not self._for_a_person(r)]
             self.say(
                 f"{split}: {len(waiting)} run(s) of {label} with model {model} still wait for a person (e.g. "
                 f"{waiting[0]}) and are left out: `improve resume` them, or `improve run --policy {label} "
@@ -312,6 +314,16 @@ class _Scoring:
                 f"--k {self.space.config.objective.k}` first"
             )
         return found
+
+    def _for_a_person(self, row: OutcomeRow) -> bool:
+        """Whether the run waits for a person its scenario's people script would answer there: one
+        `--suspend` left, no outcome yet. A wait the script does not answer is where the run ends for
+        good, and is scored as `run` and a round score it (a failure, unless labelled so): leaving it out
+        scored a desk whose referrals no pharmacist answered at 0.800 where they said 0.500."""
+        if row.status not in RESUMABLE_STATUSES:
+            return False
+        scenario = self.by_id.get(row.scenario)
+        return scenario is None or bool(scenario.people.get(row.final_state))
 
     def _unscored(self, split: str, policy: MachineConfig, found: Recorded) -> Unscored | None:
         """The split's scenarios the scorecard of `found` leaves out, said as a warning; None: none."""
