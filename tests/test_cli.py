@@ -164,6 +164,24 @@ def test_score_of_an_unknown_policy_says_only_that(ws: Path) -> None:
     assert "policy 'v99' not found" in result.stderr and "sealed test split" not in result.stderr
 
 
+def test_a_policy_file_named_for_another_version_is_refused_by_every_command(ws: Path) -> None:
+    # A copy of v0 saved as v5: `verify` passed, `run --policy v5` wrote v0's threads, and `score --policy
+    # v5 --vs v0` compared v0 with itself.
+    (ws / "policies" / "refunds" / "v5.json").write_text(
+        (ws / "policies" / "refunds" / "v0.json").read_text()
+    )
+    for command in (
+        ["verify", "v5"],
+        ["run", "--policy", "v5", "--k", "1"],
+        ["score", "-p", "v5", "--vs", "v0"],
+    ):
+        result = runner.invoke(app, [*command, "-w", str(ws)])
+        said = " ".join(result.stderr.split())
+        assert result.exit_code == 2, (command, result.output)
+        assert "v5.json: its \"version\" is '0', but the file is v5.json" in said, said
+        assert 'set "version": "5"' in said and not list((ws / "traces").glob("*:v0:*")), said
+
+
 def test_score_of_a_policy_file_without_runs_says_the_run_that_makes_them(ws: Path, tmp_path: Path) -> None:
     # It suggested `improve run --policy v7` for a file numbered 7, which `run` could not find.
     policy = json.loads((ws / "policies" / "refunds" / "v0.json").read_text())

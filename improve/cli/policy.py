@@ -52,7 +52,10 @@ def _policy_document(space: Workspace, env_name: str, ref: str) -> tuple[Any, st
     # (bad JSON, nested too deep) is the validate gate's failure, with where and why.
     text = read_document_text(path, "policy")
     try:
-        return loads_document(text, source=str(path)), str(path)
+        document = loads_document(text, source=str(path))
+        if isinstance(document, dict) and isinstance(document.get("version"), str):
+            space.check_policy_name(env_name, path, document["version"])
+        return document, str(path)
     except json.JSONDecodeError as error:
         return Unparsed(f"{path}:{error.lineno}:{error.colno}: invalid JSON: {error.msg}"), str(path)
     except MachineConfigError as error:

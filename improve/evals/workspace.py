@@ -491,7 +491,23 @@ class Workspace:
         path = self.policy_path(env, ref)
         if not path.exists():
             raise self.policy_not_found(env, ref, path)
-        return load_policy(path)
+        policy = load_policy(path)
+        self.check_policy_name(env, path, policy.version)
+        return policy
+
+    def check_policy_name(self, env: str, path: Path, version: str) -> None:
+        """A policy file of the environment's folder named for a version (`v5.json`) holds that version.
+        Threads, reports and the CHANGELOG name a policy by its version: a copy of v4 saved as v5 ran as
+        v4, its runs mixed with v4's, and `score --policy v5 --vs v4` compared v4 with itself."""
+        stem = path.stem
+        label = version if version.startswith("v") else f"v{version}"
+        if path.resolve().parent != self.policies_dir(env).resolve() or not stem[1:].isdigit() or label == stem:
+            return
+        raise WorkspaceError(
+            f"{path}: its \"version\" is {version!r}, but the file is {path.name}: runs are named by the "
+            f"version, so this file's would be recorded as {label}'s; set \"version\": \"{stem[1:]}\" (a "
+            "changed policy is a new version)"
+        )
 
     def policy_not_found(self, env: str, ref: str, path: Path) -> WorkspaceError:
         """The error for a policy that is not there, with the versions that are (in version order)."""
