@@ -501,11 +501,15 @@ class Workspace:
         v4, its runs mixed with v4's, and `score --policy v5 --vs v4` compared v4 with itself."""
         stem = path.stem
         label = version if version.startswith("v") else f"v{version}"
-        if path.resolve().parent != self.policies_dir(env).resolve() or not stem[1:].isdigit() or label == stem:
+        if (
+            path.resolve().parent != self.policies_dir(env).resolve()
+            or not (stem.startswith("v") and stem[1:].isdigit())
+            or label == stem
+        ):
             return
         raise WorkspaceError(
-            f"{path}: its \"version\" is {version!r}, but the file is {path.name}: runs are named by the "
-            f"version, so this file's would be recorded as {label}'s; set \"version\": \"{stem[1:]}\" (a "
+            f'{path}: its "version" is {version!r}, but the file is {path.name}: runs are named by the '
+            f'version, so this file\'s would be recorded as {label}\'s; set "version": "{stem[1:]}" (a '
             "changed policy is a new version)"
         )
 
