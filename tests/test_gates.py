@@ -857,3 +857,29 @@ def test_a_value_no_enumerated_fact_takes_is_refused_with_the_values_it_does_tak
         "'facts.customer.plan' (so the condition never holds as meant); its values are "
         "['visitor', 'free', 'pro', 'enterprise']",
     ], problems
+
+
+def test_an_answer_with_a_payload_value_no_decision_offers_is_refused() -> None:
+    """`DENY{reason: 'alergy'}` passed every gate: the decision never offers it, so the branch's `in
+    input.options` test never holds and it never answers. A value the machine computes is not judged."""
+    from improve.loop.branches import insert_branch
+    from improve.loop.gates import vocabulary_problems
+    from improve.runtime import load_environment
+
+    env = load_environment("triage")
+    doc = json.loads((REPO / "policies" / "triage" / "v0.json").read_text())
+    for name, queue in (("sales", "'sales'"), ("billing", "'billing'")):
+        doc = insert_branch(
+            doc,
+            "facts.customer.plan == 'pro'",
+            {"type": "'ROUTE'", "queue": queue},
+            0,
+            version="1",
+            name=name,
+            description="d",
+        )
+    problems = vocabulary_problems(parse_machine(doc), env)
+    assert problems == [
+        "$.states.sales.output.queue: 'sales' is not a value any decision offers for ROUTE.queue (['billing', "
+        "'technical', 'security', 'accounts']): the answer is never offered, so the branch never answers"
+    ], problems

@@ -11,7 +11,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from improve.machine import DECIDE_SRC, FREE_TEXT, MachineConfig, Scope, related
+from improve.errors import ImproveError
+from improve.machine import DECIDE_SRC, FREE_TEXT, MachineConfig, Scope, compile_expr, related
 from improve.runtime.environment import Environment, FactType, split_unit
 from improve.runtime.policy import DEFAULT_MODEL_REF, MODEL_DECIDE
 
@@ -32,6 +33,9 @@ class DecisionWords:
     units: dict[str, str] = field(default_factory=dict)
     """Numeric fact path -> its unit, declared (`"int:days"`) or shown by the machine (`units_shown`):
     facts of one unit may be compared."""
+    choices: dict[str, dict[str, list[Any]]] = field(default_factory=dict)
+    """Event -> payload field -> the values offered, where the machine lists them as constants
+    (`"reason": "['allergy', 'diagnosis']"`); a field whose values it computes is not here."""
 
 
 @dataclass(frozen=True)
@@ -220,6 +224,19 @@ def _joined(pairs: Sequence[tuple[str, str]]) -> dict[str, str]:
     return {path: root(path) for path in sorted(parent.keys() | set(parent.values()))}
 
 
+def _constants(source: Any) -> list[Any] | None:
+    """The values a payload field's expression lists when it reads nothing (a list of constants), else None."""
+    if not isinstance(source, str) or not source.lstrip().startswith("["):
+        return None
+    try:
+        value = compile_expr(source, "payload").evaluate(Scope(input={}, facts={}, context={}, event={}))
+    except ImproveError:
+        return None  # it reads the context: the values are the run's
+    if not isinstance(value, list) or not all(isinstance(v, str | int | float) for v in value):
+        return None
+    return value
+
+
 def vocabulary(env: Environment) -> Vocabulary:
     shown = units_shown(env.config)
     decisions = []
@@ -243,8 +260,22 @@ def vocabulary(env: Environment) -> Vocabulary:
         # The units the machine shows, for numbers; a declared unit wins.
         units = {p: u for p, u in shown.get(decision, {}).items() if facts.get(p) in ("number", "int")}
         units.update(declared_units)
+        choices = {
+            event: {
+                fld: listed for fld, src in payloads.get(event, {}).items() if (listed := _constants(src))
+            }
+            for event in raw.get("allowedEvents", [])
+        }
         decisions.append(
-            DecisionWords(name=decision, state=name, events=events, facts=facts, values=values, units=units)
+            DecisionWords(
+                name=decision,
+                state=name,
+                events=events,
+                facts=facts,
+                values=values,
+                units=units,
+                choices={e: c for e, c in choices.items() if c},
+            )
         )
     return Vocabulary(
         environment=env.name,

@@ -4,6 +4,7 @@ guards, events, fact paths, request fields, its own context)."""
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from improve.loop.gates.gate import GateContext, GateResult
 from improve.machine import (
@@ -82,7 +83,52 @@ def _names(config: MachineConfig, vocab: Vocabulary) -> list[str]:
                 problems.append(
                     f"{base}.output.type: unknown event '{event}'; the decisions allow {vocab.events}"
                 )
+            elif event is not None:
+                problems += _offered(base, event, output, vocab)
     return problems
+
+
+def _offered(base: str, event: str, output: dict[str, Any], vocab: Vocabulary) -> list[str]:
+    """A constant payload value no decision offers for its event (`DENY{reason: 'alergy'}`): an answer the
+    decision protocol refuses, behind an `in input.options` test that then never holds, so its branch never
+    fires, which every other gate lets through."""
+    offered: dict[str, list[Any]] = {}
+    for decision in vocab.decisions:
+        for name, values in decision.choices.get(event, {}).items():
+            offered.setdefault(name, []).extend(v for v in values if v not in offered.get(name, []))
+    problems: list[str] = []
+    for name, source in output.items():
+        values = offered.get(name, [])
+        if name == "type" or not values or not isinstance(source, str):
+            continue
+        value = _literal_value(source)
+        if value is not None and not any(_same(v, value) for v in values):
+            problems.append(
+                f"{base}.output.{name}: {value!r} is not a value any decision offers for {event}.{name} "
+                f"({values}): the answer is never offered, so the branch never answers"
+            )
+    return problems
+
+
+def _same(offered: Any, value: Any) -> bool:
+    """Numbers equal as numbers (the decision protocol's `2` is `2.0`), anything else by type and value."""
+    numbers = all(isinstance(v, int | float) and not isinstance(v, bool) for v in (offered, value))
+    return bool(offered == value) if numbers else type(offered) is type(value) and offered == value
+
+
+def _literal_value(source: str) -> str | int | float | None:
+    """A CEL expression that is one string or number literal, as its value; None for anything else."""
+    text = _literal_string(source)
+    if text is not None:
+        return text
+    tokens = tokenize(source)
+    if len(tokens) == 1 and tokens[0].kind in ("int", "number", "float", "double"):
+        raw = tokens[0].text
+        try:
+            return int(raw) if raw.lstrip("-").isdigit() else float(raw)
+        except ValueError:
+            return None
+    return None
 
 
 def _paths(config: MachineConfig, vocab: Vocabulary) -> list[str]:
