@@ -820,6 +820,26 @@ def test_repairs_stop_at_three_with_the_gate_detail_fed_back(tmp_path: Path) -> 
     assert "did not pass the gates after 3 repair(s): vocabulary" in result.decision_detail
 
 
+class _NothingToPropose:
+    name = "nothing"
+
+    def propose(self, request: ProposalRequest) -> Proposal:
+        raise ProposalError("no rule separates the cluster's decisions")
+
+    def repair(self, request: ProposalRequest, previous: Proposal, failure: GateResult) -> Proposal:
+        raise AssertionError("nothing was proposed, so nothing is repaired")
+
+
+def test_a_proposer_that_proposes_nothing_is_not_said_to_have_failed_the_gates(tmp_path: Path) -> None:
+    # "the candidate did not pass the gates after 0 repair(s): propose: ..." for a round with no candidate.
+    result = run_round(scratch(tmp_path), RoundOptions(policy="v0", k=1, proposer=_NothingToPropose()))
+    assert result.status == "discarded" and result.repairs == 0
+    assert "the proposer proposed no candidate: no rule separates the cluster's decisions" in (
+        result.decision_detail
+    ), result.decision_detail
+    assert "did not pass the gates" not in result.decision_detail
+
+
 WORKSPACE_PROPOSER = """
 from improve.loop.proposers import Proposal
 

@@ -1405,6 +1405,10 @@ class Round:
         last = self.gates[-1] if self.gates else None
         if last is None:
             return "the proposer produced no candidate"
+        if last.name == "propose":
+            # The proposer found nothing to propose (`propose` records why as its failure): no candidate
+            # met a gate.
+            return f"the proposer proposed no candidate: {last.detail}"
         return (
             f"the candidate did not pass the gates after {self.repairs} repair(s): {last.name}: {last.detail}"
         )
