@@ -684,8 +684,13 @@ def test_a_run_its_people_script_answered_is_run_again_to_wait_under_suspend(tmp
     answered = json.loads(CliRunner().invoke(app, args).stdout)["threads"]
     assert [(t["final_state"], t["status"]) for t in answered] == [("issued", "done")]
     for _ in range(2):
-        waits = json.loads(CliRunner().invoke(app, [*args, "--suspend"]).stdout)["threads"]
+        suspended = CliRunner().invoke(app, [*args, "--suspend"])
+        waits = json.loads(suspended.stdout)["threads"]
         assert [(t["final_state"], t["status"]) for t in waits] == [("approving", "waiting")]
+        # A run only waiting for a person is no failure of the policy: its summary said pass rate 0.000.
+        summary = json.loads(suspended.stdout)["summary"]
+        assert (summary["runs"], summary["waiting"]) == (0, 1), summary
+        assert "1 of 1 run(s) wait for a person (--suspend), not scored" in suspended.stderr
     # An event without a type is refused with an example the state waits for (not another desk's).
     typeless = CliRunner().invoke(
         app, ["resume", answered[0]["thread_id"], "--event", '{"x": 1}', "-w", str(space)]

@@ -117,6 +117,7 @@ def run_command(
     from improve.evals import unseal as unseal_test
     from improve.llm import Meter
     from improve.log import JsonlDirStore
+    from improve.machine import RESUMABLE_STATUSES
 
     with handled():
         space = workspace(ws)
@@ -199,7 +200,22 @@ def run_command(
                         + "; ".join(f"{p.thread_id}: {p.replaced}" for p in again[:3])
                         + (f"; and {len(again) - 3} more" if len(again) > 3 else "")
                     )
+                # Under --suspend a run that stopped at its wait has no outcome yet: the pass rate is of
+                # the runs that ended (it read 0.000 for a run only waiting for a person).
+                waiting = [r for r in rows if suspend and r.status in RESUMABLE_STATUSES]
                 summary = summarize(rows)
+                if waiting:
+                    ended = summarize([r for r in rows if r not in waiting])
+                    summary.update(
+                        runs=ended["runs"],
+                        passed=ended["passed"],
+                        pass_rate=ended["pass_rate"],
+                        waiting=len(waiting),
+                    )
+                    say(
+                        f"{len(waiting)} of {len(rows)} run(s) wait for a person (--suspend), not scored: "
+                        f"`improve resume {waiting[0].thread_id} --event '{{...}}'` goes on with one"
+                    )
                 fell_back = fallbacks(rows)
                 unsealed = [r for r in rows if r.split == SEALED_SPLIT]
                 unsealing = None
@@ -235,8 +251,11 @@ def run_command(
             )
         else:
             out.print(outcome_table(rows))
+            rate = f"{summary['pass_rate']:.3f}" if summary["runs"] else "-"
             out.print(
-                f"pass rate {summary['pass_rate']:.3f} ({summary['passed']}/{summary['runs']} runs), "
+                f"pass rate {rate} ({summary['passed']}/{summary['runs']} runs"
+                + (f", {summary['waiting']} waiting for a person" if summary.get("waiting") else "")
+                + "), "
                 f"violations {summary['violations']}, model calls {summary['model_calls']}, "
                 f"tokens {summary['tokens']}, model decisions {fell_back.decisions}, fell back "
                 f"{fell_back.fallbacks}",
