@@ -70,7 +70,8 @@ def payload_problem(schema: Mapping[str, Any], event: Mapping[str, Any]) -> str 
         accepted = PAYLOAD_TYPES[wanted]
         # JSON's true is not a number; 2.0 is not an integer here either, as in JSON Schema's strict reading.
         if (isinstance(value, bool) and bool not in accepted) or not isinstance(value, accepted):
-            return f"'{event['type']}'.{name} must be a {wanted}, not {_json_type(value)}"
+            article = "an" if str(wanted)[:1] in "aeiou" else "a"
+            return f"'{event['type']}'.{name} must be {article} {wanted}, not {_json_type(value)}"
     return None
 
 
