@@ -689,3 +689,18 @@ def test_a_people_script_payload_the_machine_declares_otherwise_is_named_at_its_
     code, output = improve(ws, "run", "--model", "careful", "--k", "1", "--scenario", "repeat-claimant-01")
     said = " ".join(output.split())
     assert code == 2 and wanted in said and "Traceback" not in output, said
+
+
+def test_a_fact_with_no_declared_type_is_said_by_scenarios_check(tmp_path: Path) -> None:
+    # A decision's fact with no entry in fact_types was read as `any`, silently: the miner never tested it.
+    ws, _ = edited_desk(
+        tmp_path,
+        "untyped",
+        "machine.json",
+        '"requested": "context.requested",',
+        '"requested": "context.requested", "ticketLength": "size(context.ticket)",',
+    )
+    code, output = improve(ws, "scenarios", "check")
+    said = " ".join(output.split())
+    assert code == 0, output
+    assert "decision 'resolve' gives facts with no declared type (ticketLength): read as `any`" in said, said

@@ -144,6 +144,18 @@ scenarios_app = typer.Typer(
 )
 
 
+def _untyped(environment: Any) -> list[str]:
+    """The facts a decision gives that no declared type covers, as warnings (`untyped_facts`)."""
+    from improve.runtime import untyped_facts
+
+    return [
+        f"decision '{decision}' gives facts with no declared type ({', '.join(paths)}): read as `any`, "
+        "which a policy may read but the rule miner never tests; declare each in the environment's "
+        "fact_types (docs/extending.md)"
+        for decision, paths in untyped_facts(environment).items()
+    ]
+
+
 @scenarios_app.command("check", cls=Command)
 def scenarios_check(
     env: Annotated[str | None, EnvOption] = None,
@@ -264,7 +276,7 @@ def scenarios_check(
                 "test": len(scenario_set.sealed),
                 "held_out_set": set_key(scenario_set.split("held-out")),
                 "test_set": set_key(scenario_set.sealed) if scenario_set.sealed else None,
-                "warnings": leak_warnings(scenario_set) + unreached,
+                "warnings": leak_warnings(scenario_set) + unreached + _untyped(environment),
             }
         for warning in summary.get("warnings", []) if not as_json else []:
             err.print(f"warning: {source}: {warning}", markup=False)

@@ -72,6 +72,7 @@ from improve.runtime.vocabulary import (
     read_from,
     split_types,
     units_shown,
+    untyped_facts,
     vocabulary,
 )
 
@@ -148,6 +149,7 @@ __all__ = [
     "split_unit",
     "stand_in",
     "units_shown",
+    "untyped_facts",
     "vocabulary",
     "world_at",
 ]

@@ -145,6 +145,28 @@ def _fact_paths(tree: Any, prefix: str, declared: Mapping[str, FactType]) -> dic
     return out
 
 
+def untyped_facts(env: Environment) -> dict[str, list[str]]:
+    """Per decision, the facts it gives whose type the environment does not declare (`fact_types`): read
+    as `any`, which a policy may read but the rule miner never tests; said by `improve scenarios check`
+    (a declared type with no fact stops every command, the other way round said nothing)."""
+    found: dict[str, list[str]] = {}
+    for state in env.config.states.values():
+        if state.invoke is None or state.invoke.src != DECIDE_SRC:
+            continue
+        raw = state.invoke.input or {}
+        decision = _literal_name(str(raw.get("name", "''")))
+        declared = env.fact_types.get(decision, {})
+        paths = _fact_paths(raw.get("facts") or {}, "facts", declared)
+        missing = [
+            p.removeprefix("facts.")
+            for p, kind in paths.items()
+            if kind == "any" and p.removeprefix("facts.") not in declared
+        ]
+        if missing:
+            found[decision] = missing
+    return found
+
+
 def split_types(types: Mapping[str, FactType]) -> tuple[dict[str, str], dict[str, list[Any]], dict[str, str]]:
     """Declared fact types apart: each path's kind (`enum` for an enumerated one), the values of the
     enumerated ones, and the units of the numbers that carry one (`"int:days"`)."""
