@@ -371,6 +371,10 @@ def test_a_full_round_recommends_and_leaves_a_branch_without_a_token(
         3, checked.by_branch
     )
     assert f"The round checked it {checked.summary()}." in body
+    from improve.loop.render import round_lines
+
+    shown = next(line for line in round_lines(result) if "out of sample: " in line)
+    assert shown.startswith("  warning: ") == bool(checked.by_branch), shown
     assert f"- Out of sample: {checked.summary()}." in (report / "changelog-entry.md").read_text()
     assert "## Out of sample" in body and "    improve out-of-sample v0 v1 --env refunds --scenarios" in body
     assert (

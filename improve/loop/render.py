@@ -214,7 +214,10 @@ def round_lines(record: RoundRecord) -> list[str]:
     if record.impact:
         lines.append(f"  production: {record.impact.summary()}")
     if record.out_of_sample:
-        lines.append(f"  out of sample: {record.out_of_sample.summary()}")
+        # A learned branch that overrode a right answer on a generated case is a warning beside a
+        # recommendation, though never decisive (the held-out test decides).
+        flag = "warning: " if record.out_of_sample.by_branch else ""
+        lines.append(f"  {flag}out of sample: {record.out_of_sample.summary()}")
         if record.out_of_sample.by_branch and record.candidate_policy is not None:
             lines.append(f"    to label some of them: {out_of_sample_command(record, unmerged=True)}")
     if record.pr:
