@@ -381,6 +381,12 @@ def test_a_fact_type_the_machine_does_not_have_is_refused_not_ignored(tmp_path: 
         assert code == 2, (command, output)
         assert "fact_types['resolve'] names 'account.creditsthisyear', which is no fact of decision" in output
         assert "account.creditsThisYear" in output  # the facts it has, to spot the typo
+        # Where each is declared: the line of the environment's module that writes it.
+        typo = next(
+            n for n, line in enumerate(rules.read_text().splitlines(), 1) if "creditsthisyear" in line
+        )
+        said = " ".join(output.split())
+        assert f"{rules}:{typo}: fact_types['resolve'] names 'account.creditsthisyear'" in said, said
         assert "fact_types['resolve']['requested'] is 'integer', not a fact type" in output
         # A unit is a number's ('number:usd' is one), never a text's.
         assert "fact_types['resolve']['ticket'] is 'text:words': only a number has a unit" in output
