@@ -728,6 +728,12 @@ def test_a_wait_no_person_of_the_scenario_answers_is_scored_as_run_scores_it(tmp
     assert card["runs"] == len(threads), card
     (scored,) = [c for c in card["scenarios"] if c["scenario"] == SCENARIO]
     assert (scored["runs"], scored["passed"], scored["outcomes"]) == (1, 0, {"approving": 1}), scored
+    # Run again, it is reused: it would only wait there again (each time at a model's cost).
+    thread = space / "traces" / f"{waiting['thread_id']}.jsonl"
+    before = thread.read_bytes()
+    again = CliRunner().invoke(app, ["run", *args, "--k", "1"])
+    assert again.exit_code == 0 and "left waiting" not in again.stderr, again.output
+    assert thread.read_bytes() == before
 
 
 def test_a_deployed_agents_run_that_waits_is_resumed_by_the_agent(tmp_path: Path) -> None:
