@@ -35,6 +35,8 @@ def _not_in_github_actions(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def write_policy(ws: Path, name: str, doc: dict[str, Any]) -> str:
+    # A policy file holds the version it is named for (a v3.json saying "2" is refused).
+    doc = {**doc, "version": name.removeprefix("v")}
     (ws / "policies" / "refunds" / f"{name}.json").write_text(json.dumps(doc, indent=2))
     return name
 

@@ -81,8 +81,9 @@ class Vocabulary:
     def to_json(self) -> dict[str, Any]:
         doc = asdict(self)
         for decision in doc["decisions"]:
-            if not decision["units"]:
-                del decision["units"]  # only where there are units: a prompt says nothing of what is not
+            for key in ("units", "choices"):
+                if not decision[key]:
+                    del decision[key]  # only where there are some: a prompt says nothing of what is not
         doc["events"] = self.events
         doc["actors"] = self.actors
         doc["request_fields"] = list(self.request_fields)
