@@ -672,6 +672,9 @@ def test_a_people_script_payload_the_machine_declares_otherwise_is_named_at_its_
             "repeat-claimant-02",
             "people:\n      awaitingLead:\n        - type: HAND_OFF\n          priority: two",
         ),
+        # A state no run waits in, and an event the state does not accept: each answered nothing.
+        ("repeat-claimant-03", "people: {awaitingLaed: [{type: HAND_OFF, priority: 1, queue: billing}]}"),
+        ("repeat-claimant-04", "people: {awaitingLead: [{type: HANDOFF, priority: 1, queue: billing}]}"),
     ):
         head = f"  - id: {sid}\n"
         start = text.index(head)
@@ -691,6 +694,13 @@ def test_a_people_script_payload_the_machine_declares_otherwise_is_named_at_its_
     said = " ".join(output.split())
     assert code == 1 and wanted in said and missing in said, said
     assert "overload" not in said and "repeat-claimant-01': people" not in said, said
+    assert (
+        f"{path}:{_line_of(path, 'awaitingLaed')}: scenario 'repeat-claimant-03': people script for "
+        "'awaitingLaed', which is no state the machine waits in; it waits in ['awaitingLead']"
+    ) in said, said
+    assert (
+        f"scenario 'repeat-claimant-04': people event 'HANDOFF' in 'awaitingLead', which accepts ['HAND_OFF']"
+    ) in said, said
     # A run refuses the file before it starts, as it refuses a label that is no final state.
     code, output = improve(ws, "run", "--model", "careful", "--k", "1", "--scenario", "repeat-claimant-01")
     said = " ".join(output.split())

@@ -129,8 +129,32 @@ def people_problems(config: MachineConfig, scenario: Scenario) -> list[tuple[Jso
     fail on it deep inside a guard (`event.depositMonths >= 0` on "two": no such overload). The field is
     a path into the scenario (`people.awaitingLandlord[0].depositMonths`), for its line."""
     found: list[tuple[JsonPath, str]] = []
+    waiting = [n for n, st in config.states.items() if st.on and st.invoke is None and st.type != "final"]
     for state, events in scenario.people.items():
-        declared = config.states[state].meta.get("payloads") if state in config.states else None
+        if (
+            state not in config.states
+            or config.states[state].invoke is not None
+            or not config.states[state].on
+        ):
+            # A script for a state no run waits in answers nothing: the run waits unanswered, or never there.
+            found.append(
+                (
+                    ("people", state),
+                    f"people script for '{state}', which is no state the machine waits in; it waits in "
+                    f"{waiting or 'none'}",
+                )
+            )
+            continue
+        accepts = sorted(config.states[state].on)
+        for index, event in enumerate(events):
+            if event.get("type") not in accepts:
+                found.append(
+                    (
+                        ("people", state, index),
+                        f"people event {event.get('type')!r} in '{state}', which accepts {accepts}",
+                    )
+                )
+        declared = config.states[state].meta.get("payloads")
         if not isinstance(declared, dict):
             continue
         for index, event in enumerate(events):
