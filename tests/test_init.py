@@ -699,7 +699,7 @@ def test_a_people_script_payload_the_machine_declares_otherwise_is_named_at_its_
         "'awaitingLaed', which is no state the machine waits in; it waits in ['awaitingLead']"
     ) in said, said
     assert (
-        f"scenario 'repeat-claimant-04': people event 'HANDOFF' in 'awaitingLead', which accepts ['HAND_OFF']"
+        "scenario 'repeat-claimant-04': people event 'HANDOFF' in 'awaitingLead', which accepts ['HAND_OFF']"
     ) in said, said
     # A run refuses the file before it starts, as it refuses a label that is no final state.
     code, output = improve(ws, "run", "--model", "careful", "--k", "1", "--scenario", "repeat-claimant-01")
