@@ -385,6 +385,30 @@ def test_config_errors_carry_the_line_of_their_json_path_given_the_text() -> Non
     ]
 
 
+def test_a_union_field_s_error_is_said_once_where_the_value_has_it() -> None:
+    """A transition is a target, an object or a list of them: a misspelt key in one was said three times,
+    two of them about shapes it never had (`...GO.str: Input should be a valid string`)."""
+
+    def said(go: Any) -> list[str]:
+        doc = {
+            "id": "t",
+            "version": "1",
+            "initial": "a",
+            "states": {"a": {"on": {"GO": go}}, "b": {"type": "final"}},
+        }
+        with pytest.raises(MachineConfigError) as info:
+            parse_machine(doc, source="m.json")
+        return str(info.value).splitlines()
+
+    assert said({"targt": "b"}) == ["m.json: $.states.a.on.GO.targt: Extra inputs are not permitted"]
+    assert said([{"target": "b", "gaurd": "true"}]) == [
+        "m.json: $.states.a.on.GO[0].gaurd: Extra inputs are not permitted"
+    ]
+    (only,) = said(5)
+    assert only.startswith("m.json: $.states.a.on.GO: not a value of any shape it may take (as str: "), only
+    assert "as TransitionConfig: " in only
+
+
 def _json_paths(value: Any, path: tuple[str | int, ...] = ()) -> list[tuple[str | int, ...]]:
     found = [path]
     if isinstance(value, dict):

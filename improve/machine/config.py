@@ -24,6 +24,7 @@ Spelling (kept stable; docs/contracts.md is the contract this follows):
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -200,11 +201,59 @@ def format_validation_error(err: ValidationError, source: str, text: str | None 
     document's `text`, each also names its line (`source:LINE: $.path: ...`), for an editor to jump to."""
     lines = json_lines(text) if text is not None else {}
     said = []
-    for problem in err.errors():
-        path = "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in problem["loc"])
-        line = line_of(lines, problem["loc"])
-        said.append(f"{source}{f':{line}' if line else ''}: {path}: {problem['msg']}")
+    for loc, message in _without_union_noise(err.errors()):
+        path = "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc)
+        line = line_of(lines, loc)
+        said.append(f"{source}{f':{line}' if line else ''}: {path}: {message}")
     return "\n".join(said)
+
+
+_TAG = re.compile(r"(str|int|float|bool|(list|dict|union|literal)\[.*\])")
+"""Pydantic's names of built-in alternatives (`str`, `list[union[str,TransitionConfig]]`)."""
+_MODELS = {
+    "NamedGuard",
+    "TransitionConfig",
+    "DecideInputConfig",
+    "InvokeConfig",
+    "StateConfig",
+    "MachineConfig",
+}
+"""The models of this module, as pydantic names them among a union's alternatives."""
+
+
+def _union_tag(part: Any) -> bool:
+    """Whether a loc element is pydantic's name of a union's alternative, not a key of the document."""
+    return isinstance(part, str) and (part in _MODELS or _TAG.fullmatch(part) is not None)
+
+
+def _without_union_noise(problems: list[Any]) -> list[tuple[tuple[Any, ...], str]]:
+    """Each problem once, where the document has it: a value of a union field (a transition: a target,
+    an object, a list of them) failed each alternative, said as three problems, two of them about shapes
+    the value never had (`...REFER.str: Input should be a valid string` beside the misspelt key). The
+    alternative that got furthest into the value is kept, its name dropped from the path; where none got
+    past the value itself, one line says what it is not."""
+    groups: dict[tuple[Any, ...], list[tuple[tuple[Any, ...], str]]] = {}
+    plain: list[tuple[tuple[Any, ...], str]] = []
+    for problem in problems:
+        loc = tuple(problem["loc"])
+        at = next((i for i, part in enumerate(loc) if _union_tag(part)), None)
+        if at is None:
+            plain.append((loc, problem["msg"]))
+            continue
+        groups.setdefault(loc[:at], []).append((loc[at:], problem["msg"]))
+    out = list(plain)
+    for prefix, found in groups.items():
+        deepest = max(len(rest) for rest, _ in found)
+        if deepest > 1:
+            out += [
+                (prefix + tuple(p for p in rest[1:] if not _union_tag(p)), msg)
+                for rest, msg in found
+                if len(rest) == deepest
+            ]
+        else:
+            tried = "; ".join(f"as {rest[0]}: {msg}" for rest, msg in found)
+            out.append((prefix, f"not a value of any shape it may take ({tried})"))
+    return out
 
 
 MAX_DEPTH = 200
