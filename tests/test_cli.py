@@ -182,6 +182,25 @@ def test_a_policy_file_named_for_another_version_is_refused_by_every_command(ws:
         assert 'set "version": "5"' in said and not list((ws / "traces").glob("*:v0:*")), said
 
 
+def test_a_cel_typo_in_a_policy_is_named_with_its_file_and_line_before_anything_runs(ws: Path) -> None:
+    # `run` warned of a type error, started, and stopped on "state 'route'.choice[0].guard: CEL syntax error".
+    from improve.loop.branches import insert_branch
+
+    policy = json.loads((ws / "policies" / "refunds" / "v0.json").read_text())
+    doc = insert_branch(
+        policy, "facts.requested = 3", {"type": "'CLOSE'"}, 0, version="6", name="c", description="d"
+    )
+    path = ws / "policies" / "refunds" / "v6.json"
+    path.write_text(json.dumps(doc, indent=2))
+    line = next(n for n, row in enumerate(path.read_text().splitlines(), 1) if "facts.requested = 3" in row)
+    result = runner.invoke(app, ["run", "-w", str(ws), "--policy", "v6", "--k", "1"])
+    said = " ".join(result.stderr.split())
+    assert (
+        result.exit_code == 2 and f"v6.json:{line}: $.states.route.choice[0].guard: CEL syntax error" in said
+    ), said
+    assert "running" not in result.stderr and not list((ws / "traces").glob("*:v6:*"))
+
+
 def test_score_of_a_policy_file_without_runs_says_the_run_that_makes_them(ws: Path, tmp_path: Path) -> None:
     # It suggested `improve run --policy v7` for a file numbered 7, which `run` could not find.
     policy = json.loads((ws / "policies" / "refunds" / "v0.json").read_text())

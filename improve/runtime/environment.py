@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from improve.errors import ConfigError, ImproveError, WorkspaceError
+from improve.errors import WorkspaceError
 from improve.machine import (
     DECIDE_SRC,
     ExploreOptions,
@@ -31,8 +31,6 @@ from improve.machine import (
     compile_machine,
     edges,
     expressions,
-    json_lines,
-    line_of,
     parse_json_path,
     parse_machine,
     referenced_paths,
@@ -41,7 +39,7 @@ from improve.machine import (
 from improve.registry import Registry, instance_of
 from improve.runtime.judgment import Judgment
 from improve.runtime.models import ModelFactory
-from improve.runtime.policy import load_json_text
+from improve.runtime.policy import load_json_text, located, syntax_problems
 from improve.runtime.recorded import RecordedThread
 
 
@@ -84,14 +82,9 @@ def load_machine(path: Path) -> MachineConfig:
     expressions cannot be walked until it is one."""
     text, data = load_json_text(path)
     config = parse_machine(data, source=str(path), text=text)
-    problems: list[tuple[str, str]] = []  # (JSON path, what is wrong there)
     # Each expression parsed here, so a typo (`a = true`) is named with the file and its JSON path, not
     # only with the state when the machine is first compiled for a run.
-    for expr in expressions(config):
-        try:
-            compile_expr(expr.source, expr.path)
-        except ImproveError as err:
-            problems.append((expr.path, str(err).removeprefix(f"{expr.path}: ")))
+    problems = syntax_problems(config)  # (JSON path, what is wrong there)
     problems += [
         (
             where,
@@ -103,13 +96,7 @@ def load_machine(path: Path) -> MachineConfig:
     problems += _unknown_targets(config, data)
     if not problems:
         return config
-    lines = json_lines(text)
-    located = [(line_of(lines, parse_json_path(where)), where, what) for where, what in problems]
-    # Sorted by line (stable, so one line's problems keep their order): the file read top to bottom.
-    located.sort(key=lambda found: found[0] or 0)
-    raise ConfigError(
-        "\n".join(f"{path}{f':{line}' if line else ''}: {where}: {what}" for line, where, what in located)
-    )
+    raise located(path, text, problems)
 
 
 def _unknown_targets(config: MachineConfig, data: Any) -> list[tuple[str, str]]:

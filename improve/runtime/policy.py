@@ -14,7 +14,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from improve.errors import MachineError, ModelAnswerError, ModelCallError, RunError, WorkspaceError
+from improve.errors import (
+    ConfigError,
+    ImproveError,
+    MachineError,
+    ModelAnswerError,
+    ModelCallError,
+    RunError,
+    WorkspaceError,
+)
 from improve.machine import (
     DONE_EVENT,
     ERROR_EVENT,
@@ -22,9 +30,14 @@ from improve.machine import (
     Invocation,
     Machine,
     MachineConfig,
+    compile_expr,
     compile_machine,
+    expressions,
     initial,
+    json_lines,
+    line_of,
     loads_document,
+    parse_json_path,
     parse_machine,
     transition,
 )
@@ -76,8 +89,36 @@ def load_json_text(path: Path, what: str = "JSON document") -> tuple[str, Any]:
 
 
 def load_policy(path: Path) -> MachineConfig:
+    """A policy file, validated; a CEL typo in it is said with the file, the line and the JSON path (it
+    was said by state alone, after `run` had warned and started)."""
     text, data = load_json_text(path, "policy")
-    return parse_machine(data, source=str(path), text=text)
+    config = parse_machine(data, source=str(path), text=text)
+    problems = syntax_problems(config)
+    if problems:
+        raise located(path, text, problems)
+    return config
+
+
+def syntax_problems(config: MachineConfig) -> list[tuple[str, str]]:
+    """(JSON path, what is wrong) for each expression of `config` that does not parse as CEL."""
+    problems: list[tuple[str, str]] = []
+    for expr in expressions(config):
+        try:
+            compile_expr(expr.source, expr.path)
+        except ImproveError as err:
+            problems.append((expr.path, str(err).removeprefix(f"{expr.path}: ")))
+    return problems
+
+
+def located(path: Path, text: str, problems: list[tuple[str, str]]) -> ConfigError:
+    """Every problem of a JSON file at once, `file:line: $.path: what`, in the order of its lines (one
+    line's problems in the order found), so one edit fixes them all."""
+    lines = json_lines(text)
+    found = [(line_of(lines, parse_json_path(where)), where, what) for where, what in problems]
+    found.sort(key=lambda one: one[0] or 0)
+    return ConfigError(
+        "\n".join(f"{path}{f':{line}' if line else ''}: {where}: {what}" for line, where, what in found)
+    )
 
 
 def compile_policy(
