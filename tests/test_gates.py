@@ -868,7 +868,8 @@ def test_an_answer_with_a_payload_value_no_decision_offers_is_refused() -> None:
 
     env = load_environment("triage")
     doc = json.loads((REPO / "policies" / "triage" / "v0.json").read_text())
-    for name, queue in (("sales", "'sales'"), ("billing", "'billing'")):
+    # A number written as JSON (`"amount": 150`) as well as CEL text.
+    for name, queue in (("sales", "'sales'"), ("billing", "'billing'"), ("numbered", 7)):
         doc = insert_branch(
             doc,
             "facts.customer.plan == 'pro'",
@@ -880,6 +881,7 @@ def test_an_answer_with_a_payload_value_no_decision_offers_is_refused() -> None:
         )
     problems = vocabulary_problems(parse_machine(doc), env)
     assert problems == [
-        "$.states.sales.output.queue: 'sales' is not a value any decision offers for ROUTE.queue (['billing', "
+        f"$.states.{name}.output.queue: {value} is not a value any decision offers for ROUTE.queue (['billing', "
         "'technical', 'security', 'accounts']): the answer is never offered, so the branch never answers"
+        for name, value in (("sales", "'sales'"), ("numbered", "7"))
     ], problems

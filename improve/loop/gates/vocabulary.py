@@ -99,9 +99,11 @@ def _offered(base: str, event: str, output: dict[str, Any], vocab: Vocabulary) -
     problems: list[str] = []
     for name, source in output.items():
         values = offered.get(name, [])
-        if name == "type" or not values or not isinstance(source, str):
+        if name == "type" or not values:
             continue
-        value = _literal_value(source)
+        # A number may be written as a JSON number (`"amount": 150`) as well as CEL text (`"150"`).
+        number = isinstance(source, int | float) and not isinstance(source, bool)
+        value = source if number else _literal_value(source) if isinstance(source, str) else None
         if value is not None and not any(_same(v, value) for v in values):
             problems.append(
                 f"{base}.output.{name}: {value!r} is not a value any decision offers for {event}.{name} "
