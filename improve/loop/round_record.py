@@ -372,7 +372,13 @@ class RoundRecord(BaseModel):
         """A cluster came round again (every cluster tried along the line) with no candidate that passes
         the gates: nothing-left-to-try, yet a candidate was asked for (`Round._nothing_new`). A loop of rounds
         goes on from it as from a discarded candidate: the next one brings another cluster round."""
-        return self.status == "nothing-left-to-try" and self.candidate_version is not None
+        # The cluster that came round is named; a round that found no cluster left at all names none, and
+        # a loop of rounds stops there (it went on, and said the same twice).
+        return (
+            self.status == "nothing-left-to-try"
+            and self.candidate_version is not None
+            and self.cluster is not None
+        )
 
     def to_json(self) -> dict[str, Any]:
         return self.model_dump(mode="json", by_alias=True)

@@ -1211,10 +1211,15 @@ class RuleMinerProposer:
                     for r in refused[:2]
                     if (a := answer_text(r.action.cel()))
                 )
+                every = (
+                    "the one rule the miner finds for the cluster's failed decisions was"
+                    if len(refused) == 1
+                    else f"each of the {len(refused)} rules the miner finds for the cluster's failed decisions was"
+                )
                 raise ProposalError(
-                    "the rules that separate the cluster's failed decisions were all discarded before along "
-                    f"this policy's line: {shown}. The CHANGELOG says why; a rule discarded for gaining too "
-                    "little is proposed again once held-out scenarios that show its answer are added"
+                    f"{every} discarded before along this policy's line: {shown}. The CHANGELOG says why; a "
+                    "rule discarded for gaining too little is proposed again once held-out scenarios that show "
+                    "its answer are added, and other conditions need training scenarios that show them"
                 )
             raise ProposalError(_why_none(request, bool(rules), self._misses.get(self._key(request), [])))
         rule = rules[index]
