@@ -385,6 +385,14 @@ def test_config_errors_carry_the_line_of_their_json_path_given_the_text() -> Non
     ]
 
 
+def test_a_key_of_unicode_digits_is_located_as_a_key() -> None:
+    # '²' is a digit to str.isdigit and no int: the validate gate crashed on a policy with such a key.
+    from improve.machine.locate import json_lines, line_of
+
+    lines = json_lines('{"a": {"²": 1}}')
+    assert line_of(lines, ["a", "²"]) == 1 and line_of(lines, ["a", "²", "x"]) == 1
+
+
 def test_a_union_field_s_error_is_said_once_where_the_value_has_it() -> None:
     """A transition is a target, an object or a list of them: a misspelt key in one was said three times,
     two of them about shapes it never had (`...GO.str: Input should be a valid string`)."""

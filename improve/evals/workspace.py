@@ -503,7 +503,7 @@ class Workspace:
         label = version if version.startswith("v") else f"v{version}"
         if (
             path.resolve().parent != self.policies_dir(env).resolve()
-            or not (stem.startswith("v") and stem[1:].isdigit())
+            or not (stem.startswith("v") and stem[1:].isascii() and stem[1:].isdigit())
             or label == stem
         ):
             return
@@ -516,7 +516,9 @@ class Workspace:
     def policy_not_found(self, env: str, ref: str, path: Path) -> WorkspaceError:
         """The error for a policy that is not there, with the versions that are (in version order)."""
         found = [p.stem for p in self.policies_dir(env).glob("v*.json")]
-        known = sorted(found, key=lambda v: (int(v[1:]) if v[1:].isdigit() else 1 << 30, v))
+        known = sorted(
+            found, key=lambda v: (int(v[1:]) if v[1:].isascii() and v[1:].isdigit() else 1 << 30, v)
+        )
         return WorkspaceError(f"policy {ref!r} not found at {path}; versions here: {known or 'none'}")
 
 

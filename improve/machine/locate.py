@@ -120,12 +120,13 @@ def line_of(lines: Mapping[JsonPath, int], path: Sequence[str | int]) -> int | N
     for part in path:
         if (*where, part) in lines:
             where = (*where, part)
-        elif isinstance(part, str) and part.isdigit() and (*where, int(part)) in lines:
+        # ASCII digits only: '²' is a digit to `str.isdigit`, and no `int` (a fuzzed key crashed here).
+        elif isinstance(part, str) and part.isascii() and part.isdigit() and (*where, int(part)) in lines:
             where = (*where, int(part))
     return lines.get(where)
 
 
-_STEP = re.compile(r"\.([A-Za-z_][A-Za-z0-9_]*)|\[(\d+)\]|\['((?:[^'\\]|\\.)*)'\]")
+_STEP = re.compile(r"\.([A-Za-z_][A-Za-z0-9_]*)|\[([0-9]+)\]|\['((?:[^'\\]|\\.)*)'\]")
 
 
 def parse_json_path(path: str) -> JsonPath:
