@@ -2830,25 +2830,13 @@ def test_rounds_that_stop_after_three_discards_say_how_many_read_the_held_out_se
     """A candidate that failed its gates, or found nothing to replay, read no held-out run: the stop
     said "each read the held-out set" all the same."""
     import improve.loop.round as round_module
-    from improve.loop.round_record import HeldOutReuse, RoundRecord
+    from improve.loop.round_record import HeldOutReuse
 
     space = scratch(tmp_path / "ws")
     read = HeldOutReuse(key="abc", scenarios=20, read=1, supported=2, max_bias=0.1, bias_bound=0.0)
     records = iter(
-        RoundRecord(
-            round_id=f"r{n}",
-            environment="refunds",
-            baseline_version="v0",
-            candidate_version=f"v{n}",
-            proposer="rules",
-            model="naive",
-            k=1,
-            seed=1,
-            status="discarded",
-            cluster=f"c{n}",
-            held_out=read if n == 3 else None,
-        )
-        for n in (1, 2, 3)
+        r.model_copy(update={"held_out": read}) if r.round_id == "r3" else r
+        for r in records_of(3, ["discarded"] * 3)
     )
     monkeypatch.setattr(round_module, "run_round", lambda *args, **kwargs: next(records))
     said: list[str] = []
