@@ -562,6 +562,8 @@ def test_resume_refuses_what_the_wait_does_not_accept_with_exit_1_and_the_reason
     assert "accepts APPROVE, REJECT, not 'ANSWER'" in document["reason"]
     bad = invoke("resume", APPROVAL, "-w", str(space), "--event", "{not json")
     assert bad.exit_code == 2 and "--event is not JSON" in bad.output
+    # Its example is an event this thread waits for (a fixed one named another desk's fields).
+    assert """e.g. --event '{"type": "APPROVE", "approver": "..."}'""" in " ".join(bad.output.split())
     rejected = invoke(
         "resume", APPROVAL, "-w", str(space), "--event", '{"type": "REJECT", "reason": "no receipt"}'
     )

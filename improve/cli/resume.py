@@ -102,7 +102,7 @@ def resume_command(
             chosen = strict_json(
                 event,
                 "--event",
-                '--event \'{"type": "APPROVE", "approver": "dana"}\'',
+                f"--event '{_example_event(_waiting_for(space, thread_id))}'",
                 max_bytes=MAX_EVENT_BYTES,
                 max_depth=MAX_EVENT_DEPTH,
             )
@@ -183,6 +183,23 @@ def _record(space: Any, environment: Any, thread_id: str) -> tuple[Any, str | No
         return None, str(storage_error(error))
     except (ImproveError, duckdb.Error) as error:
         return None, str(error).splitlines()[0]
+
+
+_PLACEHOLDERS = {"string": "...", "integer": 1, "number": 1.0, "boolean": True}
+
+
+def _example_event(waits: list[dict[str, Any]] | None) -> str:
+    """An event the thread's wait accepts, as JSON (its first, each field a value of its type), for an
+    error's example: a fixed one named another desk's event and fields."""
+    if not waits:
+        return json.dumps({"type": "EVENT"}) + " (`improve waiting` says what each thread waits for)"
+    first = waits[0]
+    payload = first.get("payload") or {}
+    properties = payload.get("properties") or {}
+    fields = {
+        name: _PLACEHOLDERS.get(str((schema or {}).get("type")), "...") for name, schema in properties.items()
+    }
+    return json.dumps({"type": first.get("type"), **fields})
 
 
 def _waiting_for(space: Any, thread_id: str) -> list[dict[str, Any]] | None:
