@@ -83,6 +83,11 @@ class Scenario(BaseModel):
     people: dict[str, list[dict[str, Any]]] = Field(default_factory=dict)
     expected: Expected
 
+    def answers(self, state: str) -> bool:
+        """Whether its people script answers a run waiting in `state`: a run left there by `--suspend` has
+        no outcome yet, while one waiting where the script has no answer ended there for good."""
+        return bool(self.people.get(state))
+
 
 class ScenarioSet(BaseModel):
     model_config = ConfigDict(extra="forbid")

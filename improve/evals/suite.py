@@ -443,7 +443,7 @@ def write_threads(
     if not fresh:
         for sc, n in planned:
             thread_id = spec.thread_id(sc, n)
-            entries, why = _reuse(env, store, thread_id, spec.stamp(env, sc, n), spec.people, sc.people)
+            entries, why = _reuse(env, store, thread_id, spec.stamp(env, sc, n), spec.people, sc)
             if entries is not None:
                 recorded[thread_id] = entries
             elif why is not None:
@@ -652,10 +652,10 @@ def _reuse(
     thread_id: str,
     stamp: dict[str, Any],
     people: bool = True,
-    script: Mapping[str, Any] | None = None,
+    scenario: Scenario | None = None,
 ) -> tuple[list[LogEntry] | None, str | None]:
     """`_reusable`, and why a thread recorded under the id is run again (None when none was, or it is
-    reused). `script`: the scenario's people script, when known: a run waiting where it has no answer
+    reused). `scenario`, when known: a run waiting where its people script has no answer
     ended there for good, and is reused (run again, it waits there again, at a model's cost each time)."""
     entries = store.read(thread_id)
     if not entries:
@@ -695,7 +695,7 @@ def _reuse(
         people
         and result.status in RESUMABLE_STATUSES
         and not any((e.metadata or {}).get("source") == "resume" for e in entries)
-        and (script is None or bool(script.get(str(result.snapshot.value))))
+        and (scenario is None or scenario.answers(str(result.snapshot.value)))
     ):
         return None, "left waiting by --suspend, and never resumed"
     return entries, None

@@ -323,7 +323,7 @@ class _Scoring:
         if row.status not in RESUMABLE_STATUSES:
             return False
         scenario = self.by_id.get(row.scenario)
-        return scenario is None or bool(scenario.people.get(row.final_state))
+        return scenario is None or scenario.answers(row.final_state)
 
     def _unscored(self, split: str, policy: MachineConfig, found: Recorded) -> Unscored | None:
         """The split's scenarios the scorecard of `found` leaves out, said as a warning; None: none."""

@@ -151,20 +151,15 @@ def untyped_facts(env: Environment) -> dict[str, list[str]]:
     as `any`, which a policy may read but the rule miner never tests; said by `improve scenarios check`
     (a declared type with no fact stops every command, the other way round said nothing)."""
     found: dict[str, list[str]] = {}
-    for state in env.config.states.values():
-        if state.invoke is None or state.invoke.src != DECIDE_SRC:
-            continue
-        raw = state.invoke.input or {}
-        decision = _literal_name(str(raw.get("name", "''")))
-        declared = env.fact_types.get(decision, {})
-        paths = _fact_paths(raw.get("facts") or {}, "facts", declared)
+    for words in vocabulary(env).decisions:
+        declared = env.fact_types.get(words.name, {})
         missing = [
-            p.removeprefix("facts.")
-            for p, kind in paths.items()
-            if kind == "any" and p.removeprefix("facts.") not in declared
+            path.removeprefix("facts.")
+            for path, kind in words.facts.items()
+            if kind == "any" and path.removeprefix("facts.") not in declared
         ]
         if missing:
-            found[decision] = missing
+            found[words.name] = missing
     return found
 
 
