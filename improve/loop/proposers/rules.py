@@ -49,6 +49,7 @@ import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -244,6 +245,10 @@ class _Space:
     """`_scenarios` of the masks asked so far: the search asks of the same covers again and again."""
     misses: list[_Miss] = field(default_factory=list)
     """The exact conjunctions the search found best and set aside for not paying for their conditions."""
+    chosen: float = 0.0
+    """Bits spent choosing this space among others, which a rule found in it pays for as for its
+    conditions: a search run again without the facts a discarded rule stood on (`_elsewhere`) is one of
+    two searches, one bit."""
     _grid: np.ndarray | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -423,8 +428,8 @@ class _Worth:
         if best is None:
             return None
         atoms = tuple(self.space.atoms[i] for i in best[1])
-        if self.design.evidence and best[3] <= 0:
-            cost = sum(self.space.costs[i] for i in best[1])
+        if self.design.evidence and best[3] <= self.space.chosen:
+            cost = sum(self.space.costs[i] for i in best[1]) + self.space.chosen
             covered = _scenarios(self.space, best[2] & self.right)
             self.space.misses.append((atoms, covered, cost, self.total_r, self.total_n))
             return None
@@ -806,6 +811,19 @@ def mine(
                 continue  # a narrower rule answers what the discarded one did
             reach_far = any(a == answer for _, a in broader) and design.keep == "agree"
             chosen = replace(DESIGNS["evidence+far"], cede=design.cede) if reach_far else design
+            make = partial(
+                _rule_of,
+                action,
+                positives=positives,
+                right=right,
+                vocab=vocab,
+                name=name,
+                cases=cases,
+                answer=answer,
+                refused=refused,
+                outer=outer,
+                shared=shared,
+            )
             # A rule reaching further that none fits (its ranges kept and its near misses kept out make it
             # too long, or it fixes nothing): the rule the miner finds anyway, against this baseline's
             # branches, is another candidate than the one that gained too little, or the novelty gate
@@ -827,27 +845,31 @@ def mine(
                         ceded | lesser,
                     )
                 made = [
-                    rule
-                    for terms, covered, another in learned
-                    if (
-                        rule := _rule_of(
-                            action,
-                            terms,
-                            covered,
-                            another,
-                            positives,
-                            right,
-                            vocab,
-                            name,
-                            cases,
-                            answer,
-                            refused,
-                            outer,
-                            shared,
-                        )
-                    )
-                    is not None
+                    r for terms, covered, other in learned if (r := make(terms, covered, other)) is not None
                 ]
+                if learned and not made:
+                    # Every rule learned was refused (discarded as written, or no narrower than the one
+                    # discarded): where they all stand on a fact a discarded rule stood on, a rule on other
+                    # facts is another cause, which the search never reached while that fact won. (Not
+                    # where a rule is found that answers the training decisions as a discarded one did:
+                    # a threshold moved may answer held-out cases otherwise, which the novelty gate judges,
+                    # and on the library desk such a rule was the one promoted.)
+                    elsewhere = _elsewhere(
+                        space,
+                        learned,
+                        _discarded_with(refused, narrower, answer),
+                        positives,
+                        negatives,
+                        right,
+                        about,
+                        attempt,
+                        ceded,
+                    )
+                    made = [
+                        replace(r, another=True)
+                        for terms, covered, _ in elsewhere
+                        if (r := make(terms, covered, True)) is not None
+                    ]
                 rules += made
                 if made:
                     break
@@ -981,6 +1003,59 @@ def _variants(
         if other is not None:
             found.append((*other, True))
     return found
+
+
+def _discarded_with(
+    refused: set[tuple[str, str]], narrower: Sequence[tuple[str, str]], answer: str
+) -> list[str]:
+    """The guards of the discarded rules (and of those a narrower rule is asked inside) answering `answer`."""
+    return [g for g, a in (*refused, *narrower) if a == answer]
+
+
+_FACT_REF = re.compile(r"(?<![\w.])facts(?:\.[A-Za-z_]\w*)+")
+
+
+def _read_by(guard: str, paths: set[str]) -> set[str]:
+    """The fact paths among `paths` that `guard` reads: for each `facts.` reference, the longest path
+    it begins with (`facts.message.matches` reads `facts.message`)."""
+    found: set[str] = set()
+    for ref in _FACT_REF.findall(guard):
+        parts = ref.split(".")
+        for n in range(len(parts), 1, -1):
+            if (path := ".".join(parts[:n])) in paths:
+                found.add(path)
+                break
+    return found
+
+
+def _elsewhere(
+    space: _Space,
+    learned: Sequence[tuple[tuple[tuple[Atom, ...], ...], int, bool]],
+    discarded: Sequence[str],
+    positives: int,
+    negatives: int,
+    right: int,
+    about: set[str],
+    design: Design,
+    ceded: int,
+) -> list[tuple[tuple[tuple[Atom, ...], ...], int, bool]]:
+    """The rules learned without the facts that every rule of `learned` reads and a `discarded` guard
+    read too; none when there is no such fact."""
+    known = {p for a in space.atoms for p in a.paths}
+    common = set.intersection(*({p for t in terms for a in t for p in a.paths} for terms, _, _ in learned))
+    avoid = common & {p for g in discarded for p in _read_by(g, known)}
+    if not avoid:
+        return []
+    kept = [i for i, a in enumerate(space.atoms) if not a.paths & avoid]
+    rest = _Space(
+        space.cases,
+        space.vocab,
+        [space.atoms[i] for i in kept],
+        [space.masks[i] for i in kept],
+        [space.costs[i] for i in kept],
+        chosen=space.chosen + 1.0,
+    )
+    return _variants(rest, positives, negatives, right, about, design, False, ceded)
 
 
 def _holds(terms: tuple[tuple[Atom, ...], ...], facts: Mapping[str, Any]) -> bool:
@@ -1242,6 +1317,11 @@ class RuleMinerProposer:
             + unnamed_payload(rule.action, self.constants)
             + _resting(rule, request.examples)
         )
+        if rule.another and not request.narrower:
+            rationale += (
+                " Another cause than the rule discarded before for this answer: every rule the search found "
+                "otherwise leaned on a fact that one stood on, and this one stands on other facts."
+            )
         if request.narrower:
             first = request.narrower[0]
             rationale += (
