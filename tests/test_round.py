@@ -2686,6 +2686,51 @@ def test_a_round_without_a_narrower_rule_moves_on_to_the_next_cluster(tmp_path: 
 
 
 @pytest.mark.slow
+def test_the_last_cluster_without_a_rule_ends_the_round_as_nothing_left(
+    tmp_path: Path, no_token: None
+) -> None:
+    """A proposer that answers the same request the same way (as the rule miner does) finds no rule for
+    the only cluster left: no candidate, so the round ends with nothing left to try, spending no
+    CHANGELOG entry and no exit 1, where it ended as a discarded candidate; and the next round does not
+    ask again. With another cluster left, a round still ends there, and the next round aims at it."""
+    from improve.loop.proposers import ProposalError
+
+    class Nothing:
+        name = "nothing"
+        deterministic = True
+
+        def propose(self, request: Any) -> Any:
+            raise ProposalError("no condition over the facts separates these decisions")
+
+        def repair(self, request: Any, previous: Any, failure: Any) -> Any:
+            raise ProposalError("no condition over the facts separates these decisions")
+
+    space = scratch(tmp_path)
+    changelog = space.policies_dir("refunds") / "CHANGELOG.md"
+    before = changelog.read_text(encoding="utf-8")
+    clusters = [
+        "wrong-answer:chooseResolution:ESCALATE->REFUND{amount=facts.order.refundable}",
+        "wrong-answer:chooseResolution:ESCALATE->CLOSE",
+        "wrong-answer:chooseResolution:REFUND{amount=facts.order.refundable}->ESCALATE",
+    ]
+    # The cluster before it, with this one left to aim at: the round ends there (the next aims at it).
+    ended = run_round(space, RoundOptions(policy="v0", k=1, skip=clusters[:2], proposer=Nothing()))
+    assert ended.status == "discarded" and ended.cluster == clusters[2], ended
+    before = changelog.read_text(encoding="utf-8")
+    said: list[str] = []
+    record = run_round(space, RoundOptions(policy="v0", k=1, skip=clusters, proposer=Nothing()), said.append)
+    assert any(
+        line.startswith("no rule for cluster guard-rejections:attempts: no condition") for line in said
+    )
+    assert record.status == "nothing-left-to-try" and record.cluster == "guard-rejections:attempts", record
+    assert not round_failed([record]) and not record.branches
+    assert changelog.read_text(encoding="utf-8") == before
+    said.clear()
+    again = run_round(space, RoundOptions(policy="v0", k=1, skip=clusters, proposer=Nothing()), said.append)
+    assert again.status == "nothing-left-to-try" and not any(line.startswith("no rule for") for line in said)
+
+
+@pytest.mark.slow
 def test_a_cluster_that_comes_round_again_with_nothing_new_ends_the_round_as_nothing_left(
     tmp_path: Path, no_token: None
 ) -> None:
