@@ -526,6 +526,15 @@ def test_decision_checks_each_condition() -> None:
     cand = [scorecard(rows("v1", good, split=s), "v1", s) for s in ("train", "held-out")]
     verdict = decide(base[0], base[1], cand[0], cand[1], objective)
     assert verdict.promote and [c.ok for c in verdict.checks] == [True, True, True, True]
+    # How many scenarios the gain rests on is said beside its test: one flipped scenario is one case.
+    assert verdict.checks[1].detail.endswith("; 8 scenarios better, 0 worse"), verdict.checks[1].detail
+    one = {**bad, "s-0": [True] * 3}
+    single = [scorecard(rows("v1", one, split=s), "v1", s) for s in ("train", "held-out")]
+    assert (
+        decide(base[0], base[1], single[0], single[1], objective)
+        .checks[1]
+        .detail.endswith("; 1 scenario better, 0 worse")
+    )
     violating = [scorecard(rows("v1", good, split=s, violations=1), "v1", s) for s in ("train", "held-out")]
     assert not decide(base[0], base[1], violating[0], violating[1], objective).checks[0].ok
     costly = [scorecard(rows("v1", good, split=s, calls=2), "v1", s) for s in ("train", "held-out")]

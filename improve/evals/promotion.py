@@ -76,6 +76,10 @@ def fixed_note(fixed: bool, split: str, sequential: bool) -> str:
     )
 
 
+def _scenarios(count: int) -> str:
+    return f"{count} scenario" + ("" if count == 1 else "s")
+
+
 def p_value(p: float) -> str:
     """A p-value as reports show it: three places, small ones with two significant figures ("0.00012",
     not "0.000", which would read as impossible)."""
@@ -136,7 +140,10 @@ def decide(
             f"{gain_phrase(held_out)} (one-sided, each scenario conditioned on its total passes, "
             f"{held_out.n} scenarios); mean gain {held_out.mean_diff:+.3f} "
             f"({held_out.baseline_rate:.3f} -> {held_out.candidate_rate:.3f}) "
-            f"{'>' if gain_ok else '<='} min gain {objective.min_gain:+.3f}",
+            f"{'>' if gain_ok else '<='} min gain {objective.min_gain:+.3f}; "
+            # A gain a few scenarios carry is said as such: with reruns, one scenario that flips reads
+            # as a small p, which is no more evidence that the change generalizes than that one case.
+            f"{_scenarios(held_out.wins)} better, {held_out.losses} worse",
         )
     )
     regressed = [*train.regressions, *held_out.regressions]
