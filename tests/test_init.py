@@ -648,6 +648,24 @@ def test_a_sentinel_the_environment_reaches_fails_verify_and_blocks_a_round(tmp_
     assert not record["scores"] and "CHANGELOG" not in output
 
 
+def test_an_input_value_a_declared_fact_takes_as_given_is_checked_at_its_line(tmp_path: Path) -> None:
+    # `amount: "15"` where the decision's fact (`requested`, taken from the input as it is) is declared a
+    # number stopped the run inside a guard, said at the scenario's first line as a CEL overload.
+    ws, _ = edited_desk(tmp_path, "mistype", "rules.py", '"ticket": "text"', '"ticket": "text"')
+    path = ws / "scenarios" / "mistype-desk.yaml"
+    text = path.read_text()
+    assert "accountId: A-101, amount: 15}" in text
+    path.write_text(text.replace("accountId: A-101, amount: 15}", 'accountId: A-101, amount: "15"}', 1))
+    code, output = improve(ws, "scenarios", "check")
+    said = " ".join(output.split())
+    line = _line_of(path, 'amount: "15"')
+    wanted = (
+        f"{path}:{line}: scenario 'within-fee-01': input.amount = '15' is a str, "
+        "declared number (it is fact requested of decision 'resolve', whose fact_types declare it)"
+    )
+    assert code == 1 and wanted in said and "overload" not in said, said
+
+
 def test_a_people_script_payload_the_machine_declares_otherwise_is_named_at_its_line(tmp_path: Path) -> None:
     # `priority: two` where meta.payloads declares an integer failed deep in the guard, as a CEL overload.
     ws, machine = edited_desk(

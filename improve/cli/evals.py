@@ -167,7 +167,8 @@ def scenarios_check(
 ) -> None:
     """Check a scenario file: valid fields, unique ids, every category in both train and held-out,
     expected outcomes that name final states of the environment, and inputs the environment's machine
-    can start with (its context reads each key it names), people scripts whose fields are of the types
+    can start with (its context reads each key it names) and whose values a decision's declared
+    fact takes as given are of its type, people scripts whose fields are of the types
     the machine's meta.payloads declares, and decisions whose facts are of their declared
     types, and runs that stop (each scenario run once with careful, in memory: an enumerated value
     misspelt, or a tool that crashes on the scenario's world, is named; a label careful does not
@@ -184,6 +185,7 @@ def scenarios_check(
         SEALED_SPLIT,
         ScenarioLines,
         ScenarioSet,
+        input_problems,
         label_problem,
         leak_warnings,
         load_scenarios,
@@ -242,6 +244,8 @@ def scenarios_check(
             # What people answer, against the types the machine declares: a run stops on a wrong one deep
             # in a guard (a CEL overload error), so the run below would only say that again, less clearly.
             answered = people_problems(environment.config, s)
+            # And the input's values that a decision's declared fact is, as given.
+            answered += input_problems(environment, s)
             problems += [f"{lines.where(s.id, field)}: scenario '{s.id}': {what}" for field, what in answered]
             if answered:
                 continue

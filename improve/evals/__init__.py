@@ -85,6 +85,7 @@ if TYPE_CHECKING:
     from improve.evals.fact_check import (
         Mistyped,
         ReferenceCheck,
+        input_problems,
         mistyped_facts,
         mistyped_warnings,
         reference_check,
@@ -144,6 +145,7 @@ _LAZY = {
     "mistyped_facts": "improve.evals.fact_check",
     "mistyped_warnings": "improve.evals.fact_check",
     "reference_check": "improve.evals.fact_check",
+    "input_problems": "improve.evals.fact_check",
     "ReferenceCheck": "improve.evals.fact_check",
     "Mistyped": "improve.evals.fact_check",
     "OutOfSample": "improve.evals.out_of_sample",
@@ -236,6 +238,7 @@ __all__ = [
     "fixed_note",
     "gain_phrase",
     "history_chart",
+    "input_problems",
     "label_problem",
     "leak_warnings",
     "load_scenarios",

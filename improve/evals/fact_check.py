@@ -22,7 +22,7 @@ from improve.evals.scenarios import Scenario, ScenarioLines
 from improve.evals.suite import run_scenario
 from improve.log import MemoryStore
 from improve.machine import JsonPath, initial
-from improve.runtime import Decision, DecisionRequest, Environment, FactType, Model, split_unit
+from improve.runtime import Decision, DecisionRequest, Environment, FactType, Model, input_facts, split_unit
 
 
 class _Seeing:
@@ -165,6 +165,30 @@ def _at(facts: Mapping[str, Any], path: str) -> tuple[bool, Any]:
             return False, None
         value = value[part]
     return True, value
+
+
+def input_problems(env: Environment, scenario: Scenario) -> list[tuple[JsonPath, str]]:
+    """(field, problem) for each value of the scenario's input that a decision's declared fact is, as
+    given (`runtime.input_facts`), and whose type it does not allow: `refundRequested: "yes"` where the
+    fact is declared a bool stops a run inside a guard (`No such overload`), said at the scenario's first
+    line; the field is a path into the scenario, for the input's own line."""
+    found: list[tuple[JsonPath, str]] = []
+    for path, facts in input_facts(env).items():
+        present, value = _at(scenario.input, ".".join(path))
+        if not present:
+            continue
+        for fact in facts:
+            why = _mistyped(value, fact.kind)
+            if why:
+                found.append(
+                    (
+                        ("input", *path),
+                        f"input.{'.'.join(path)} = {value!r} {why} (it is fact {fact.fact} of decision "
+                        f"'{fact.decision}', whose fact_types declare it)",
+                    )
+                )
+                break
+    return found
 
 
 def _mistyped(value: Any, kind: FactType) -> str | None:

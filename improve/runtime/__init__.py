@@ -66,9 +66,11 @@ from improve.runtime.resume_bound import ResumeProof, prove_resumes, resume_proo
 from improve.runtime.run import DEFAULT_MAX_MODEL_CALLS, MAX_ENTRIES, Journal, RunResult, run
 from improve.runtime.sentinel_reach import SentinelReach, reach_sentinels
 from improve.runtime.vocabulary import (
+    InputFact,
     Vocabulary,
     decision_sources,
     fact_lines,
+    input_facts,
     read_from,
     split_types,
     units_shown,
@@ -98,6 +100,7 @@ __all__ = [
     "Environment",
     "EnvironmentRef",
     "FactType",
+    "InputFact",
     "Journal",
     "Judgment",
     "Model",
@@ -131,6 +134,7 @@ __all__ = [
     "fact_lines",
     "first_option",
     "fold_thread",
+    "input_facts",
     "load_environment",
     "load_json",
     "load_machine",

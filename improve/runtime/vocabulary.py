@@ -7,12 +7,13 @@ to policies, judgment actors, and model refs. Anything else is refused by the vo
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from improve.errors import ImproveError
-from improve.machine import DECIDE_SRC, FREE_TEXT, MachineConfig, Scope, compile_expr, related
+from improve.machine import DECIDE_SRC, FREE_TEXT, MachineConfig, Scope, compile_expr, edges, related
 from improve.runtime.environment import Environment, FactType, split_unit
 from improve.runtime.policy import DEFAULT_MODEL_REF, MODEL_DECIDE
 
@@ -182,6 +183,54 @@ def decision_sources(config: MachineConfig) -> dict[str, dict[str, set[str]]]:
         mine = found.setdefault(name, {})
         for source, paths in fact_sources(state.invoke.input.get("facts") or {}).items():
             mine.setdefault(source, set()).update(paths)
+    return found
+
+
+@dataclass(frozen=True)
+class InputFact:
+    """An input value a decision's declared fact is, as given: what a scenario's input must hold."""
+
+    decision: str
+    fact: str
+    """The fact's path in the decision's facts (`refundRequested`)."""
+    kind: FactType
+
+
+_INPUT_SELECTION = re.compile(r"input(?:\.[A-Za-z_]\w*)+")
+
+
+def input_facts(env: Environment) -> dict[tuple[str, ...], list[InputFact]]:
+    """Each input path (`("order", "total")`) whose value a decision's declared fact is unchanged: the
+    machine's context takes it from the input as it is (`"total": "input.order.total"`), no transition
+    assigns that context key again, and the decision's `facts` read it (or what holds it). A scenario
+    input of another type stops a run deep inside a guard (a CEL overload), or a rule over the fact never
+    matches it: `improve scenarios check` says so at the input's own line."""
+    config = env.config
+    assigned = {
+        key
+        for name, state in config.states.items()
+        for edge in edges(name, state)
+        for key in edge.transition.assign or {}
+    }
+    taken = {
+        key: init.strip()
+        for key, init in config.context.items()
+        if isinstance(init, str) and key not in assigned and _INPUT_SELECTION.fullmatch(init.strip())
+    }
+    found: dict[tuple[str, ...], list[InputFact]] = {}
+    for decision, sources in decision_sources(config).items():
+        declared = env.fact_types.get(decision, {})
+        for source, paths in sources.items():
+            key, _, rest = source.removeprefix("context.").partition(".")
+            if not source.startswith("context.") or key not in taken:
+                continue
+            held = taken[key].split(".")[1:] + (rest.split(".") if rest else [])
+            for path in paths:
+                read = path.removeprefix("facts.")
+                for fact, kind in declared.items():
+                    if fact == read or fact.startswith(read + "."):
+                        below = fact[len(read) :].split(".")[1:]
+                        found.setdefault((*held, *below), []).append(InputFact(decision, fact, kind))
     return found
 
 
