@@ -360,6 +360,14 @@ def test_describe_says_which_numbers_are_in_one_unit(ws: Path) -> None:
     assert "fact  facts.turn.used: int (one unit with facts.turn.max)" in words.stdout, words.stdout
 
 
+def test_vocabulary_names_the_payload_values_a_machine_offers() -> None:
+    # `RENEW {days: choice}` left out the values a branch must answer with (`describe` named them).
+    desks = REPO / "tests" / "fixtures" / "desks"
+    words = runner.invoke(app, ["vocabulary", "-w", str(desks), "--env", "library-loans"])
+    assert words.exit_code == 0, words.output
+    assert "  event RENEW {days: one of 7, 14, 28}" in words.stdout.splitlines(), words.stdout
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -4,6 +4,7 @@ loosened (or the eval checks nothing)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -42,3 +43,26 @@ def test_rules_cli() -> None:
     doc = json.loads(result.stdout)
     assert doc["uncovered"] == [] and all(r["ok"] for r in doc["results"])
     assert {"choosingResolution", "checkingApproval"} <= {s for r in doc["results"] for s in r["covers"]}
+
+
+def test_an_eval_naming_no_state_says_so_and_where_it_is_written(tmp_path: Path) -> None:
+    # `state="awaitingSupervisr"` only failed as "ended in 'awaitingSupervisor', expected ...", with no
+    # word that no such state exists nor where the eval is written.
+    ws = tmp_path / "evals-agent"
+    assert CliRunner().invoke(app, ["init", str(ws), "--env", "evalname-desk"]).exit_code == 0
+    rules = ws / "evalname_desk" / "rules.py"
+    text = rules.read_text()
+    assert '("resolving", "checkingCredit"),' in text
+    rules.write_text(text.replace('("resolving", "checkingCredit"),', '("resolving", "checkingCredt"),', 1))
+    line = next(
+        n
+        for n, row in enumerate(rules.read_text().splitlines(), 1)
+        if "a credit within the fee is paid" in row
+    )
+    result = CliRunner().invoke(app, ["rules", "-w", str(ws)])
+    said = " ".join(result.output.split())
+    assert result.exit_code == 1, result.output
+    assert (
+        "FAIL a credit within the fee is paid (covers resolving, checkingCredt): names state 'checkingCredt', "
+        f"which is no state of the machine (did you mean 'checkingCredit'?) ({rules}:{line})"
+    ) in said, said

@@ -488,6 +488,7 @@ def rules_command(
         improve rules --env refunds
     """
     from improve.machine import run_rule_evals, uncovered
+    from improve.runtime import written_at
 
     with handled():
         environment = workspace(ws).environment(env)
@@ -505,8 +506,9 @@ def rules_command(
             for r in results:
                 mark = "[green]pass[/]" if r.ok else "[red]FAIL[/]"
                 out.print(f"{mark} {r.name} (covers {', '.join(r.covers)}): ", end="")
-                out.print(r.detail, markup=False)
-            out.print(f"guarded states not covered: {', '.join(gaps) or 'none'}", markup=False)
+                # A failing eval names where it is written (its name's line), for an editor to jump to.
+                where = "" if r.ok else written_at(environment, r.name).removesuffix(": ")
+                out.print(r.detail + (f" ({where})" if where else ""), markup=False)
             if gaps:
                 out.print(
                     "  a state is guarded when any of its transitions is (an event's, an `always`, a tool's "

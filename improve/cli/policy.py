@@ -138,7 +138,14 @@ def vocabulary_command(
         for d in words.decisions:
             out.print(f"[bold]decision[/] {d.name} (state {d.state})")
             for event, fields in d.events.items():
-                payload = ", ".join(f"{f}: {k}" for f, k in fields.items())
+                # A field the machine offers as constants shows them: a branch answers one of them.
+                offered = d.choices.get(event, {})
+                payload = ", ".join(
+                    f"{f}: one of {', '.join(json.dumps(v) for v in offered[f])}"
+                    if f in offered
+                    else f"{f}: {k}"
+                    for f, k in fields.items()
+                )
                 out.print(f"  event {event}" + (f" {{{payload}}}" if payload else ""), markup=False)
             for path, kind in d.facts.items():
                 # As declared (`int:days`), or one unit the machine shows by comparing two facts.

@@ -8,6 +8,7 @@ the states whose rules it covers, so coverage is visible: a guarded state no eva
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from difflib import get_close_matches
 from typing import Any
 
 from improve.errors import ImproveError
@@ -46,6 +47,15 @@ def run_rule_eval(machine: Machine, rule: RuleEval) -> RuleResult:
     def result(ok: bool, detail: str) -> RuleResult:
         return RuleResult(rule.name, rule.covers, ok, detail)
 
+    states = machine.config.states
+    for name in (rule.state, *rule.covers):
+        if name is not None and name not in states:
+            near = get_close_matches(name, list(states), n=1)
+            return result(
+                False,
+                f"names state '{name}', which is no state of the machine"
+                + (f" (did you mean '{near[0]}'?)" if near else f"; its states: {', '.join(states)}"),
+            )
     try:
         snapshot = initial(machine, rule.input)
         for number, event in enumerate(rule.events, start=1):

@@ -24,6 +24,7 @@ from improve.runtime.environment import (
     load_environment,
     load_machine,
     split_unit,
+    written_at,
 )
 from improve.runtime.judgment import Judgment, ModelJudgment
 from improve.runtime.models import (
@@ -156,4 +157,5 @@ __all__ = [
     "untyped_facts",
     "vocabulary",
     "world_at",
+    "written_at",
 ]

@@ -351,7 +351,7 @@ def fact_type_problems(env: Environment) -> list[str]:
     for decision, types in env.fact_types.items():
         if decision not in declared_facts:
             problems.append(
-                f"{_where(env, decision)}fact_types names decision {decision!r}, which the machine does not have; its decisions "
+                f"{written_at(env, decision)}fact_types names decision {decision!r}, which the machine does not have; its decisions "
                 f"are {sorted(declared_facts)}"
             )
             continue
@@ -361,7 +361,7 @@ def fact_type_problems(env: Environment) -> list[str]:
             # one of them (`request.category`), its type declared here and checked on the scenarios' runs.
             if path not in leaves and not any(path.startswith(f"{leaf}.") for leaf in _whole(leaves)):
                 problems.append(
-                    f"{_where(env, path)}fact_types[{decision!r}] names {path!r}, which is no fact of decision {decision!r} "
+                    f"{written_at(env, path)}fact_types[{decision!r}] names {path!r}, which is no fact of decision {decision!r} "
                     f"(the machine's `facts` of that decision, as paths without `facts.`: "
                     f"{', '.join(sorted(declared_facts[decision])) or 'none'})"
                 )
@@ -369,24 +369,24 @@ def fact_type_problems(env: Environment) -> list[str]:
             base, unit = split_unit(kind)
             if not isinstance(base, tuple) and base not in FACT_KINDS:
                 problems.append(
-                    f"{_where(env, path)}fact_types[{decision!r}][{path!r}] is {kind!r}, not a fact type: use one of "
+                    f"{written_at(env, path)}fact_types[{decision!r}][{path!r}] is {kind!r}, not a fact type: use one of "
                     f"{', '.join(FACT_KINDS)} (a number with its unit: 'int:days', 'number:usd'), or the "
                     "values of an enumerated fact, a tuple or a list (('basic', 'pro'))"
                 )
             elif unit is not None and base not in ("number", "int"):
                 problems.append(
-                    f"{_where(env, path)}fact_types[{decision!r}][{path!r}] is {kind!r}: only a number has a unit, written "
+                    f"{written_at(env, path)}fact_types[{decision!r}][{path!r}] is {kind!r}: only a number has a unit, written "
                     "after a colon as a lowercase word ('int:days', 'number:usd')"
                 )
             elif unit is not None and not UNIT.fullmatch(unit):
                 problems.append(
-                    f"{_where(env, path)}fact_types[{decision!r}][{path!r}] is {kind!r}: a unit is a lowercase word after the "
+                    f"{written_at(env, path)}fact_types[{decision!r}][{path!r}] is {kind!r}: a unit is a lowercase word after the "
                     "colon, letters, digits, '-' or '_' ('int:days', 'number:usd')"
                 )
     return problems
 
 
-def _where(env: Environment, key: str) -> str:
+def written_at(env: Environment, key: str) -> str:
     """`file:line: ` of the first line of the environment's Python files that writes `key` as a string
     literal (the `fact_types` entry a problem is about), or nothing where none does (the mapping built by
     code): the declaration lives in the environment's own module, not in any file improve reads."""
