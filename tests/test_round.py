@@ -2728,6 +2728,11 @@ def test_the_last_cluster_without_a_rule_ends_the_round_as_nothing_left(
     said.clear()
     again = run_round(space, RoundOptions(policy="v0", k=1, skip=clusters, proposer=Nothing()), said.append)
     assert again.status == "nothing-left-to-try" and not any(line.startswith("no rule for") for line in said)
+    # It used up no version (no policy, thread or CHANGELOG entry has it; the discarded one's entry has
+    # v1): the next round with a candidate takes it.
+    assert (ended.candidate_version, record.candidate_version) == ("v1", "v2")
+    proposed = run_round(space, RoundOptions(policy="v0", k=1, skip=clusters[1:]))
+    assert proposed.branches and proposed.candidate_version == "v2", proposed
 
 
 @pytest.mark.slow

@@ -465,11 +465,17 @@ def read_memory(
     gone = {t.round for t in stale}
     tried = tuple(t for t in everything if t.baseline in lineage and t.round not in gone)
     # A version a discarded candidate took stays taken when its entry is gone with a reverted working
-    # tree: its threads are recorded under it.
+    # tree: its threads are recorded under it. Not one a round with no candidate to run took (nothing
+    # found, or nothing left to try: no thread, no CHANGELOG entry): the next round takes it again, where
+    # each such round used up a number no policy ever had.
     # So does a version a recommended candidate took, until its branch is merged (a round meanwhile
     # proposing another candidate must not take it: `Memory.own_version` keeps it for that candidate).
     recommended = recommended_versions(remembered) if remembered else {}
-    taken = [int(m.group(1)) for t in everything if (m := re.fullmatch(r"v(\d+)", t.candidate))]
+    taken = [
+        int(m.group(1))
+        for t in everything
+        if t.reason in ("reach", "gain") and (m := re.fullmatch(r"v(\d+)", t.candidate))
+    ]
     taken += [int(m.group(1)) for label in recommended if (m := re.fullmatch(r"v(\d+)", label))]
     version = str(max(int(changelog.next_version(policies_dir)), max(taken, default=0) + 1))
     discarded = [
