@@ -2723,10 +2723,14 @@ def test_the_last_cluster_without_a_rule_ends_the_round_as_nothing_left(
         line.startswith("no rule for cluster guard-rejections:attempts: no condition") for line in said
     )
     assert record.status == "nothing-left-to-try" and record.cluster == "guard-rejections:attempts", record
+    assert record.passed_over == ["guard-rejections:attempts"] and not record.nothing_new
     assert not round_failed([record]) and not record.branches
     assert changelog.read_text(encoding="utf-8") == before
     said.clear()
-    again = run_round(space, RoundOptions(policy="v0", k=1, skip=clusters, proposer=Nothing()), said.append)
+    # Asked again (`--rounds 3`): one round, nothing left, and the proposer is not asked again.
+    (again,) = run_rounds(
+        space, RoundOptions(policy="v0", k=1, skip=clusters, proposer=Nothing()), 3, said.append
+    )
     assert again.status == "nothing-left-to-try" and not any(line.startswith("no rule for") for line in said)
     # It used up no version (no policy, thread or CHANGELOG entry has it; the discarded one's entry has
     # v1): the next round with a candidate takes it.

@@ -1359,6 +1359,7 @@ class Round:
             decision_detail=self.detail or self._gate_detail(),
             cluster=self._cluster(),
             aim=self.aim,
+            passed_over=list(self.passed_over),
             hypothesis=self.diagnosis.hypothesis if self.request is not None and self.diagnosis else None,
             rationale=self._rationale(),
             branches=_new_branches(self.inputs.policy, config),

@@ -281,6 +281,9 @@ class RoundRecord(BaseModel):
     aim: str | None = None
     """Why this cluster, after candidates discarded along the policy's line: a narrower rule for it,
     or the next cluster after those tried (None when none was tried)."""
+    passed_over: list[str] = Field(default_factory=list)
+    """The clusters the round asked a rule for and got none, moving on (`cluster` is the last of them
+    when it found no other)."""
     hypothesis: Hypothesis | None = None
     rationale: str | None = None
     branches: list[NewBranch] = Field(default_factory=list)
@@ -374,10 +377,13 @@ class RoundRecord(BaseModel):
         goes on from it as from a discarded candidate: the next one brings another cluster round."""
         # The cluster that came round is named; a round that found no cluster left at all names none, and
         # a loop of rounds stops there (it went on, and said the same twice).
+        # One that passed its last cluster over, finding no rule for it, found nothing left either: the
+        # next round would say the same.
         return (
             self.status == "nothing-left-to-try"
             and self.candidate_version is not None
             and self.cluster is not None
+            and self.cluster not in self.passed_over
         )
 
     def to_json(self) -> dict[str, Any]:
