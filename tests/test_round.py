@@ -945,8 +945,8 @@ def test_a_stand_ins_counterfactual_runs_are_remembered_and_a_models_are_asked_a
         run_scenario(env, sc, PolicyDecider(compiled, models, env.judgments), store, thread)
         rows.append(outcome_row(env, sc, thread, store.read(thread)))
     ran: list[str] = []
-    run = evidence._passes
-    monkeypatch.setattr(evidence, "_passes", lambda *args: ran.append(args[1].id) or run(*args))
+    run = evidence._distance
+    monkeypatch.setattr(evidence, "_distance", lambda *args: ran.append(args[1].id) or run(*args))
     memo = Counterfactuals()
 
     def examples(stand_in: StandIn | None, model: str = "naive") -> list[Any]:
@@ -1078,18 +1078,18 @@ def test_every_suite_of_a_round_runs_on_one_pool_of_threads(
     import improve.evals.suite as suite_module
     import improve.loop.evidence as evidence_module
 
-    run_one, passes, workers, varied = suite_module._run_one, evidence_module._passes, set(), set()
+    run_one, distance, workers, varied = suite_module._run_one, evidence_module._distance, set(), set()
 
     def one(*args: Any, **kwargs: Any) -> None:
         workers.add(threading.current_thread())  # the thread itself: another pool's names repeat
         run_one(*args, **kwargs)
 
-    def counterfactual(*args: Any) -> bool:
+    def counterfactual(*args: Any) -> float:
         varied.add(threading.current_thread())
-        return bool(passes(*args))
+        return float(distance(*args))
 
     monkeypatch.setattr(suite_module, "_run_one", one)
-    monkeypatch.setattr(evidence_module, "_passes", counterfactual)
+    monkeypatch.setattr(evidence_module, "_distance", counterfactual)
     space = _overlapping_workspace(tmp_path)
     record = run_round(space, RoundOptions(policy="v0", k=2, model="overlapping", concurrency=4))
     assert record.reruns is not None and record.reruns.extra_runs  # reruns ran, on the same threads

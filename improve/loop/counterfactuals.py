@@ -16,7 +16,7 @@ from typing import Any
 
 
 class Counterfactuals:
-    """Whether each counterfactual run passed, by a digest of everything the run is a function of: the
+    """How far from its labels each counterfactual run ended (0: it passed; `evidence._apart`), by a digest of everything the run is a function of: the
     environment (its name, machine and files' hashes: its tools, world and stand-ins are code in those
     files), the stand-in model's name, the scenario, the decision and the option that answers
     it, the policy, the run's seed and the recorded run it starts from. Only a run whose every answer
@@ -26,19 +26,19 @@ class Counterfactuals:
 
     def __init__(self, limit: int = 50_000) -> None:
         self.limit = limit
-        self._found: OrderedDict[str, bool] = OrderedDict()
+        self._found: OrderedDict[str, float] = OrderedDict()
         self._lock = threading.Lock()  # counterfactual runs are checked from a pool of threads
 
-    def get(self, key: str) -> bool | None:
+    def get(self, key: str) -> float | None:
         with self._lock:
             found = self._found.get(key)
             if found is not None:
                 self._found.move_to_end(key)
             return found
 
-    def put(self, key: str, passed: bool) -> None:
+    def put(self, key: str, distance: float) -> None:
         with self._lock:
-            self._found[key] = passed
+            self._found[key] = distance
             self._found.move_to_end(key)
             while len(self._found) > self.limit:
                 self._found.popitem(last=False)

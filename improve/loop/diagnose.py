@@ -355,7 +355,7 @@ def _hypothesis(cluster: Cluster, train: Sequence[OutcomeRow]) -> Hypothesis:
             f"at decision '{a['decision']}' the decider answered {a['wrong']} in {len(members)} training run(s) of "
             f"{scenarios} scenario(s) ({', '.join(cluster.categories)}), where answering {a['right']} makes them "
             "pass (counterfactual runs against each scenario's world; where no answer does alone, with the next "
-            "decision answered otherwise too)"
+            "decision answered otherwise too, or, where not even that does, ends them closest to the labels)"
         )
         change = (
             f"one choice branch that answers {a['right']} at '{a['decision']}' when the facts show this case"

@@ -33,6 +33,7 @@ from improve.evals import (
     Quarantined,
     Scenario,
     Workspace,
+    compare_effects,
     every,
     outcome_row,
     policy_label,
@@ -176,7 +177,7 @@ class Evidence:
         memo = self.memo
         policy_digest = digest(policy.config.model_dump(mode="json", by_alias=True)) if memo else None
 
-        def passes(run: tuple[int, dict[str, Any], int]) -> bool:
+        def distance(run: tuple[int, dict[str, Any], int]) -> float:
             i, option, more = run
             scenario, request, row = cases[i]
             recorded = self._recorded.get(row.thread_id) if self.replay_first else None
@@ -187,34 +188,85 @@ class Evidence:
             )
             found = memo.get(key) if memo is not None and key is not None else None
             if found is None:
-                found = _passes(self.env, scenario, request, option, policy, self.models, row, recorded, more)
+                found = _distance(
+                    self.env, scenario, request, option, policy, self.models, row, recorded, more
+                )
                 if memo is not None and key is not None:
                     memo.put(key, found)
             return found
 
-        def run_all(runs: list[tuple[int, dict[str, Any], int]]) -> list[bool]:
+        def run_all(runs: list[tuple[int, dict[str, Any], int]]) -> list[float]:
             if self.concurrency > 1 and len(runs) > 1 and self.pool is not None:
-                return list(self.pool.map(passes, runs))
+                return list(self.pool.map(distance, runs))
             if self.concurrency > 1 and len(runs) > 1:
                 with ThreadPoolExecutor(
                     self.concurrency, thread_name_prefix="improve-counterfactual"
                 ) as pool:
-                    return list(pool.map(passes, runs))
-            return [passes(run) for run in runs]
+                    return list(pool.map(distance, runs))
+            return [distance(run) for run in runs]
 
         correct: list[list[dict[str, Any]]] = [[] for _ in cases]
         runs = [(i, option, 0) for i, (_, request, _) in enumerate(cases) for option in request.options]
-        for (i, option, _), ok in zip(runs, run_all(runs), strict=True):
-            if ok:
+        apart: list[list[float]] = [[] for _ in cases]  # each option's distance, in the order offered
+        for (i, option, _), far in zip(runs, run_all(runs), strict=True):
+            apart[i].append(far)
+            if far == 0:
                 correct[i].append(dict(option))
         # A decision no option fixes alone: the next decision answered otherwise too (`DOWNSTREAM`). Only
         # then: where an option fixes the run alone, a later decision that could make up for a wrong one
         # (a loop that asks again) must not make the wrong one look right.
         again = [(i, option, DOWNSTREAM) for i, option, _ in runs if not correct[i]] if DOWNSTREAM else []
-        for (i, option, _), ok in zip(again, run_all(again), strict=True):
-            if ok:
+        for (i, option, _), far in zip(again, run_all(again), strict=True):
+            if far == 0:
                 correct[i].append(dict(option))
+        # A decision no option makes pass, even with the next answered otherwise: another decision fails
+        # the run whatever it answers (an order of two missing items, the second one wrong). Its answers
+        # are told apart by the labels still: the options whose run comes closest to the labelled
+        # effects and outcome are right there, where some option's run is further (`_apart`). Not after
+        # a decision of its run answered wrongly (`_upstream_wrong`): its facts may follow from that answer
+        # (an incident's severity, classified wrongly, then read by whom to notify), and the answer closest
+        # to the labels is then the one for the facts it should have had.
+        passing = [list(c) for c in correct]
+        at = {(scenario.id, _key(request)): i for i, (scenario, request, _) in enumerate(cases)}
+        for i, (scenario, request, row) in enumerate(cases):
+            distances = apart[i]
+            if correct[i] or not distances or min(distances) == max(distances):
+                continue
+            if self._follows_a_wrong_answer(scenario, request, row, at, passing, policy):
+                continue
+            closest = min(distances)
+            correct[i] = [dict(o) for o, d in zip(request.options, distances, strict=True) if d == closest]
         return correct
+
+    def _follows_a_wrong_answer(
+        self,
+        scenario: Scenario,
+        request: DecisionRequest,
+        row: OutcomeRow,
+        at: dict[tuple[str, str], int],
+        passing: Sequence[Sequence[dict[str, Any]]],
+        policy: Any,
+    ) -> bool:
+        """Whether the facts of `request` may follow from a wrong answer before it in its run: a decision
+        before it was answered otherwise than every option that makes the run pass, and the run with it
+        answered rightly does not ask `request` as it is (its facts changed: the decision read what the
+        wrong answer made); or a decision before it is not among those judged (not known)."""
+        key = _key(request)
+        recorded = self._recorded.get(row.thread_id) if self.replay_first else None
+        for earlier, entry in self.decisions(row.thread_id):
+            if _key(earlier) == key:
+                return False
+            j = at.get((scenario.id, _key(earlier)))
+            if j is None:
+                return True
+            answered = None if entry.type == "xstate.error.actor" else dict(entry.event)
+            if not passing[j] or (answered is not None and any(same_answer(answered, c) for c in passing[j])):
+                continue
+            fixed = {_key(earlier): dict(passing[j][0])}
+            again = _counterfactual_run(self.env, scenario, fixed, policy, self.models, row, recorded)
+            if key not in {_key(asked) for asked, _ in _decisions_in(self.env, again.entries)}:
+                return True
+        return True
 
     def _memo_key(
         self,
@@ -371,7 +423,7 @@ class Evidence:
         ]
 
 
-def _passes(
+def _distance(
     env: Environment,
     scenario: Scenario,
     request: DecisionRequest,
@@ -381,15 +433,38 @@ def _passes(
     row: OutcomeRow,
     recorded: RecordedRun | None,
     more: int = 0,
-) -> bool:
-    """Whether the scenario passes with `request` answered by `option` and every other decision as the
-    policy makes it: with the thread's recorded answers where it asks what the thread asked
-    (`recorded`), and the run's own seed for the rest (a stand-in answers as it did in the run, a model
-    behind an endpoint numbers its samples as the run did); or, `more` > 0, with the next decision
-    answered by another of its options too (`_completes`)."""
+) -> float:
+    """How far from its labels the scenario's run ends (0: it passes, `_apart`) with `request` answered
+    by `option` and every other decision as the policy makes it: with the thread's recorded answers where
+    it asks what the thread asked (`recorded`), and the run's own seed for the rest (a stand-in answers
+    as it did in the run, a model behind an endpoint numbers its samples as the run did); or, `more` > 0,
+    0 when it passes with the next decision answered by another of its options too (`_completes`)."""
     return _completes(
         env, scenario, {_key(request): option}, _key(request), policy, models, row, recorded, more
     )
+
+
+def _counterfactual_run(
+    env: Environment,
+    scenario: Scenario,
+    fixed: dict[str, dict[str, Any]],
+    policy: Any,
+    models: ModelFactory,
+    row: OutcomeRow,
+    recorded: RecordedRun | None,
+) -> RunBuffer:
+    """The scenario run again with the `fixed` decisions answered so, the rest as `_distance` says."""
+    models_ = {"decider": models(_seed(scenario, row))}
+    inner = (
+        ReplayFirstDecider(policy, models_, env.judgments, recorded)
+        if recorded is not None
+        else PolicyDecider(policy, models_, env.judgments)
+    )
+    thread = f"counterfactual:v0:{scenario.id}:r1"
+    store = RunBuffer(thread)  # its one thread, uncopied: nothing changes its entries
+    # Scored and thrown away: written without hashes (nothing will verify it).
+    run_scenario(env, scenario, _Counterfactual(fixed, inner), store, thread, hashes=False)
+    return store
 
 
 def _completes(
@@ -402,39 +477,49 @@ def _completes(
     row: OutcomeRow,
     recorded: RecordedRun | None,
     more: int,
-) -> bool:
-    """Whether the scenario passes with the `fixed` decisions answered so, and, when it does not and
-    `more` allows, with the first decision after `last` (the last one fixed) answered by another of its
-    options too (`DOWNSTREAM`)."""
-    models_ = {"decider": models(_seed(scenario, row))}
-    inner = (
-        ReplayFirstDecider(policy, models_, env.judgments, recorded)
-        if recorded is not None
-        else PolicyDecider(policy, models_, env.judgments)
-    )
-    thread = f"counterfactual:v0:{scenario.id}:r1"
-    store = RunBuffer(thread)  # its one thread, uncopied: nothing changes its entries
-    # Scored here and thrown away: written without hashes (nothing will verify it).
-    run_scenario(env, scenario, _Counterfactual(fixed, inner), store, thread, hashes=False)
-    if outcome_row(env, scenario, thread, store.entries).passed:
-        return True
+) -> float:
+    """How far from its labels the scenario's run ends with the `fixed` decisions answered so (`_apart`;
+    0: it passes), and, when it does not and `more` allows, 0 when it passes with the first decision
+    after `last` (the last one fixed) answered by another of its options too (`DOWNSTREAM`)."""
+    store = _counterfactual_run(env, scenario, fixed, policy, models, row, recorded)
+    row_ = outcome_row(env, scenario, store.thread_id, store.entries)
+    if row_.passed:
+        return 0.0
+    far = _apart(env, scenario, row_)
     if more <= 0:
-        return False
+        return far
     decisions = _decisions_in(env, store.entries)
     keys = [_key(request) for request, _ in decisions]
     if last not in keys:
-        return False
+        return far
     after = [(k, r, e) for k, (r, e) in zip(keys, decisions, strict=True)][keys.index(last) + 1 :]
     following = next(((k, r, e) for k, r, e in after if k not in fixed), None)
     if following is None:
-        return False
+        return far
     key, request, entry = following
     answered = None if entry.type == "xstate.error.actor" else dict(entry.event)
-    return any(
-        _completes(env, scenario, fixed | {key: option}, key, policy, models, row, recorded, more - 1)
+    passes = any(
+        _completes(env, scenario, fixed | {key: option}, key, policy, models, row, recorded, more - 1) == 0
         for option in request.options
         if answered is None or not same_answer(option, answered)  # that answer is the run that failed
     )
+    return 0.0 if passes else far
+
+
+VIOLATION_DISTANCE = 1000.0
+"""What a violation adds to how far a run ends from its labels: more than any count of effects, so an
+answer whose run breaks a rule is never the closest."""
+
+
+def _apart(env: Environment, scenario: Scenario, row: OutcomeRow) -> float:
+    """How far a failed run ends from its scenario's labels: each labelled effect it misses and each
+    effect it records unlabelled, one more for another final state, `VIOLATION_DISTANCE` per violation
+    (at least 1: it failed)."""
+    far = float(row.final_state != scenario.expected.outcome)
+    if scenario.expected.effects is not None:
+        diff = compare_effects(row.effects, scenario.expected.effects, env.effect_text_fields)
+        far += len(diff.missing) + len(diff.unexpected)
+    return max(1.0, far + VIOLATION_DISTANCE * len(row.violations))
 
 
 def _decisions_in(env: Environment, entries: Sequence[LogEntry]) -> list[tuple[DecisionRequest, LogEntry]]:
