@@ -433,6 +433,14 @@ def test_a_full_round_recommends_and_leaves_a_branch_without_a_token(
     for thread in result.candidate_threads[:6]:
         remade, original = ((w / "traces" / f"{thread}.jsonl").read_text() for w in (clone, tmp_path))
         assert events(remade) == events(original)
+    # The next round's check draws other cases: one seed a read of the held-out set, so cases one round
+    # drafted and a person labelled do not leave the next checking what passed of the same draw.
+    assert checked.seed == 20261130
+    repo.git.merge(branch)
+    again = run_round(Workspace.load(toml), RoundOptions(policy="v1", k=3))
+    assert again.held_out is not None and again.held_out.read == 2, again.held_out
+    assert again.status == "recommended" and again.out_of_sample is not None, again.decision_detail
+    assert again.out_of_sample.seed == 20261130 + 1, again.out_of_sample
 
 
 class _FakeGitHub(http.server.BaseHTTPRequestHandler):

@@ -886,6 +886,10 @@ class Round:
         # Labelled by careful's runs of the line's first policy (v0: the model decides everything), not of
         # the baseline, whose learned branches careful's runs would take for right answers.
         root = inputs.memory.lineage[-1] if inputs.memory.lineage else self.label
+        # Each read of the held-out set draws other cases: with one seed every round checked the same
+        # cases, and once the ones it drafted as scenarios were labelled (it skips a labelled one), what
+        # was left of them passed, round after round, while other cases still failed.
+        seed = self.objective.seed + max(0, inputs.memory.held_out.read - 1)
         try:
             reference = (
                 inputs.policy if root == self.label else inputs.space.load_policy(inputs.env_name, root)
@@ -896,7 +900,7 @@ class Round:
                 inputs.policy,
                 self.candidate,
                 self.objective.out_of_sample_cases,
-                self.objective.seed,
+                seed,
                 known=inputs.scenarios,
             )
         except WorkspaceError as error:
