@@ -1023,6 +1023,30 @@ def test_verify_says_a_policy_does_not_parse_before_running_any_probe(
     assert f"FAIL validate: {bad}:1:" in result.stdout and "invalid JSON" in result.stdout
 
 
+def test_verify_names_the_policy_file_line_of_each_problem(ws: Path) -> None:
+    """A vocabulary or compile problem was said at a JSON path (or a state and transition) alone, where a
+    machine file's problems are said at their line too."""
+    doc = json.loads((ws / "policies" / "refunds" / "v0.json").read_text())
+    doc["version"] = "8"
+    text = json.dumps(doc, indent=2)
+    final = next(name for name, st in doc["states"].items() if isinstance(st.get("output"), dict))
+    event = doc["states"][final]["output"]["type"]
+    path = ws / "policies" / "refunds" / "v8.json"
+    path.write_text(text.replace(event, event[:-1] + "X'", 1))
+    line = next(n for n, row in enumerate(path.read_text().splitlines(), 1) if event[:-1] + "X'" in row)
+    result = runner.invoke(app, ["verify", "v8", "-w", str(ws)])
+    assert result.exit_code == 1, result.output
+    assert f"- {path}:{line}: $.states.{final}.output.type: unknown event" in result.stdout, result.stdout
+    # A target no state has: the compiler names the state and its transition, said at the file's line.
+    path.write_text(text.replace('"target": "', '"target": "nowhere-', 1))
+    line = next(n for n, row in enumerate(path.read_text().splitlines(), 1) if "nowhere-" in row)
+    result = runner.invoke(app, ["verify", "v8", "-w", str(ws)])
+    assert result.exit_code == 1, result.output
+    said = next(row for row in result.stdout.splitlines() if row.startswith("FAIL lower: "))
+    assert said.startswith(f"FAIL lower: {path}:") and "target 'nowhere-" in said, said
+    assert int(said.split(f"{path}:")[1].split(":")[0]) in (line - 1, line), (said, line)
+
+
 def test_scenario_passes_averages_as_a_scorecard_does(ws: Path) -> None:
     """Averaged over `outcomes` rows, a split's pass rate weighs scenarios run more often more (a round
     runs changed scenarios again); `scenario_passes` is per scenario, so its mean is the scorecard's."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -62,6 +63,41 @@ def _policy_document(space: Workspace, env_name: str, ref: str) -> tuple[Any, st
         return Unparsed(str(error)), str(path)
 
 
+_AT_PATH = re.compile(r"^(- )?(\$[^\s:]*): ", re.M)
+_IN_STATE = re.compile(r"state '([^']+)'((?:\.\w+|\[\d+\])*)")
+
+
+def _located(detail: str, path: Path) -> str:
+    """A gate's detail with each problem at a JSON path (`- $.states.x.output.type: ...`) also at the
+    policy file's line (`- FILE:LINE: $.states...`), for an editor to jump to, as machine errors are."""
+    from improve.machine import json_lines, line_of, parse_json_path
+
+    compiled = _IN_STATE.search(detail)
+    if not (_AT_PATH.search(detail) or compiled) or not path.is_file():
+        return detail
+    try:
+        lines = json_lines(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError):
+        return detail
+    if compiled and not _AT_PATH.search(detail):
+        # The compiler names a state and where in it (`state 'ask'.invoke.onDone[0]`): a transition given
+        # alone, not in a list, has no index in the file.
+        steps = re.findall(r"\.(\w+)|\[(\d+)\]", compiled.group(2))
+        where = ("states", compiled.group(1), *(int(i) if i else k for k, i in steps))
+        line = line_of(lines, where) or line_of(lines, where[:-1])
+        return f"{path}:{line}: {detail}" if line is not None else detail
+
+    def at(match: re.Match[str]) -> str:
+        try:
+            line = line_of(lines, parse_json_path(match.group(2)))
+        except ValueError:
+            line = None
+        where = f"{path}:{line}: " if line is not None else ""
+        return f"{match.group(1) or ''}{where}{match.group(2)}: "
+
+    return _AT_PATH.sub(at, detail)
+
+
 def verify_command(
     policy: Annotated[str, typer.Argument(help="Policy version (v3) or a .json path.")],
     env: Annotated[str | None, EnvOption] = None,
@@ -108,7 +144,7 @@ def verify_command(
             for r in results:
                 mark = "[green]pass[/]" if r.ok else "[red]FAIL[/]"
                 out.print(f"{mark} {r.name}: ", end="")
-                out.print(r.detail, markup=False)
+                out.print(r.detail if r.ok else _located(r.detail, Path(source)), markup=False)
             skipped = [gate.name for gate in context.gates[len(results) :]]
             if skipped:
                 out.print(f"not run: {', '.join(skipped)}")
