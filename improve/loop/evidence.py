@@ -151,6 +151,9 @@ class Evidence:
         self.concurrency = max(1, concurrency) if stand_in is None or runs_overlap(models) else 1
         self._decisions: dict[str, list[tuple[DecisionRequest, LogEntry]]] = {}
         self._recorded: dict[str, RecordedRun] = {}
+        self._asked: dict[tuple[str, str], frozenset[str]] = {}
+        """The decisions a thread's run asks with one of its decisions answered rightly, by the thread and
+        that decision (`_follows_a_wrong_answer`: every later decision of the thread asks the same)."""
         self.memo = memo if stand_in is not None else None  # a model behind an endpoint is asked again
         self._memo_base = (
             digest([env.name, dict(stand_in.env_hashes), env.config.model_dump(mode="json"), stand_in.model])
@@ -262,9 +265,13 @@ class Evidence:
             answered = None if entry.type == "xstate.error.actor" else dict(entry.event)
             if not passing[j] or (answered is not None and any(same_answer(answered, c) for c in passing[j])):
                 continue
-            fixed = {_key(earlier): dict(passing[j][0])}
-            again = _counterfactual_run(self.env, scenario, fixed, policy, self.models, row, recorded)
-            if key not in {_key(asked) for asked, _ in _decisions_in(self.env, again.entries)}:
+            asked = self._asked.get((row.thread_id, _key(earlier)))
+            if asked is None:
+                fixed = {_key(earlier): dict(passing[j][0])}
+                again = _counterfactual_run(self.env, scenario, fixed, policy, self.models, row, recorded)
+                asked = frozenset(_key(r) for r, _ in _decisions_in(self.env, again.entries))
+                self._asked[(row.thread_id, _key(earlier))] = asked
+            if key not in asked:
                 return True
         return True
 
