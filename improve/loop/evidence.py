@@ -223,12 +223,12 @@ class Evidence:
             if far == 0:
                 correct[i].append(dict(option))
         # A decision no option makes pass, even with the next answered otherwise: another decision fails
-        # the run whatever it answers (an order of two missing items, the second one wrong). Its answers
-        # are told apart by the labels still: the options whose run comes closest to the labelled
-        # effects and outcome are right there, where some option's run is further (`_apart`). Not after
-        # a decision of its run answered wrongly (`_upstream_wrong`): its facts may follow from that answer
-        # (an incident's severity, classified wrongly, then read by whom to notify), and the answer closest
-        # to the labels is then the one for the facts it should have had.
+        # the run whatever it answers (an order of two missing items, the other one answered wrongly). Its
+        # answers are told apart by the labels still: the options whose run comes closest to the labelled
+        # effects and outcome are right there, where some option's run is further (`_apart`). Not where
+        # its facts follow from a wrong answer before it (`_follows_a_wrong_answer`: an incident's
+        # severity, graded wrongly, then read to choose whom to notify): the answer closest to the labels
+        # is then the one for the facts it should have had.
         passing = [list(c) for c in correct]
         at = {(scenario.id, _key(request)): i for i, (scenario, request, _) in enumerate(cases)}
         for i, (scenario, request, row) in enumerate(cases):

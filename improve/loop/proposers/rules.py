@@ -1320,7 +1320,8 @@ class RuleMinerProposer:
         if rule.another and not request.narrower:
             rationale += (
                 " Another cause than the rule discarded before for this answer: every rule the search found "
-                "otherwise leaned on a fact that one stood on, and this one stands on other facts."
+                "otherwise leaned on a fact that one stood on, and this one was found without it (kept, at most, "
+                "to the range its evidence spans)."
             )
         if request.narrower:
             first = request.narrower[0]
