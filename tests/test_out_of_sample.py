@@ -1,5 +1,5 @@
 """Out of sample: plausible cases drawn from an environment's generator, their labels (the environment's
-own handbook, or `careful`'s run of v0), and how far a policy's answers agree with them; and the thirteen desks
+own handbook, or `careful`'s run of v0), and how far a policy's answers agree with them; and the fourteen desks
 of other domains in tests/fixtures/desks, written from the docs as a user would (their improve.toml
 says which of them shaped the rule miner)."""
 
@@ -35,12 +35,13 @@ DESKS = (
     "repair-desk",
     "moderation-desk",
     "grocery-subs",
+    "dental-claims",
 )
 
 
 @pytest.fixture
 def desks(tmp_path: Path) -> Workspace:
-    """The fixture workspace, copied: the thirteen desks registered by module, as a user's workspace has them."""
+    """The fixture workspace, copied: the fourteen desks registered by module, as a user's workspace has them."""
     shutil.copytree(FIXTURES, tmp_path / "desks", ignore=shutil.ignore_patterns("__pycache__"))
     return Workspace.load(tmp_path / "desks" / "improve.toml")
 
@@ -369,9 +370,9 @@ def test_two_counts_of_days_the_machine_compares_are_compared_by_a_learned_rule(
     )
 
 
-def _training_evidence(desks: Workspace, env_name: str, count: int) -> tuple[Any, list[Any]]:
+def _training_evidence(desks: Workspace, env_name: str, count: int, runs: int = 1) -> tuple[Any, list[Any]]:
     """The environment and the counterfactual evidence of v0 with `naive` on its first `count` training
-    scenarios, one run each, in memory."""
+    scenarios, `runs` runs each, in memory."""
     from improve.loop.evidence import Evidence
 
     env = desks.environment(env_name)
@@ -380,10 +381,11 @@ def _training_evidence(desks: Workspace, env_name: str, count: int) -> tuple[Any
     compiled = compile_policy(policy, env.judgments, env.policy_guards)
     store, rows = MemoryStore(), []
     for sc in scenarios:
-        thread = f"train:v0:naive:{sc.id}:r1"
-        models = {"decider": env.models["naive"](f"{sc.id}:r1")}
-        run_scenario(env, sc, PolicyDecider(compiled, models, env.judgments), store, thread)
-        rows.append(outcome_row(env, sc, thread, store.read(thread)))
+        for run in range(1, runs + 1):
+            thread = f"train:v0:naive:{sc.id}:r{run}"
+            models = {"decider": env.models["naive"](f"{sc.id}:r{run}")}
+            run_scenario(env, sc, PolicyDecider(compiled, models, env.judgments), store, thread)
+            rows.append(outcome_row(env, sc, thread, store.read(thread)))
     return env, Evidence(env, scenarios, store, env.models["naive"]).examples(rows, policy)
 
 
@@ -422,6 +424,33 @@ def test_a_decision_whose_facts_follow_a_wrong_answer_is_not_labelled_by_closene
     }
     after = [e for e in examples if e.name == "notify" and e.thread_id in wrong_first]
     assert after and all(not e.correct for e in after), [(e.scenario, e.facts, e.correct) for e in after]
+
+
+def test_a_decision_after_one_whose_right_answer_is_unknown_is_not_labelled_by_closeness(
+    desks: Workspace,
+) -> None:
+    """On the dental desk a claim's lines are paid or denied one by one, then the patient is written to or
+    called by what was denied. Where two lines were answered wrongly neither has an answer that makes the
+    run pass: their right answers are known only by closeness, and the call, asked with the denials the
+    wrong answers made, was labelled as if none were wrong: calls for children whose lines were all paid
+    (`patientAge <= 12` -> CALL, learned and promoted). Every earlier decision answered otherwise than its
+    right answers, however known, now counts (and one whose right answer is not known at all): every label
+    the notification decisions carry is the handbook's answer for the facts they were asked with."""
+    import sys
+
+    sys.path.insert(0, str(desks.root))
+    try:
+        from dental_desk.handbook import decide_notify
+    finally:
+        sys.path.remove(str(desks.root))
+    _, examples = _training_evidence(desks, "dental-claims", 29, runs=3)
+    notify = [e for e in examples if e.name == "notify"]
+    labelled = [e for e in notify if e.correct]
+    assert labelled and len(labelled) < len(notify), (len(labelled), len(notify))
+    for e in labelled:
+        facts = e.facts
+        right = decide_notify(facts["deniedCount"], facts["deniedTotal"], facts["patientAge"])
+        assert [c["type"] for c in e.correct] == [right], (e.scenario, facts, e.correct)
 
 
 def test_a_decision_no_answer_fixes_alone_is_labelled_through_the_next_one(tmp_path: Path) -> None:

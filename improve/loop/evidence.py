@@ -229,16 +229,22 @@ class Evidence:
         # its facts follow from a wrong answer before it (`_follows_a_wrong_answer`: an incident's
         # severity, graded wrongly, then read to choose whom to notify): the answer closest to the labels
         # is then the one for the facts it should have had.
-        passing = [list(c) for c in correct]
+        # In the order the decisions were met (a run's earlier ones first): how each was judged.
+        judged = ["passing" if c else "open" for c in correct]
         at = {(scenario.id, _key(request)): i for i, (scenario, request, _) in enumerate(cases)}
         for i, (scenario, request, row) in enumerate(cases):
-            distances = apart[i]
-            if correct[i] or not distances or min(distances) == max(distances):
+            if correct[i]:
                 continue
-            if self._follows_a_wrong_answer(scenario, request, row, at, passing, policy):
+            distances = apart[i]
+            if not distances or min(distances) == max(distances):
+                judged[i] = "indifferent"  # every answer ends as far from the labels: none is wrong
+                continue
+            if self._follows_a_wrong_answer(scenario, request, row, at, correct, judged, policy):
+                judged[i] = "unknown"
                 continue
             closest = min(distances)
             correct[i] = [dict(o) for o, d in zip(request.options, distances, strict=True) if d == closest]
+            judged[i] = "closest"
         return correct
 
     def _follows_a_wrong_answer(
@@ -247,27 +253,31 @@ class Evidence:
         request: DecisionRequest,
         row: OutcomeRow,
         at: dict[tuple[str, str], int],
-        passing: Sequence[Sequence[dict[str, Any]]],
+        correct: Sequence[Sequence[dict[str, Any]]],
+        judged: Sequence[str],
         policy: Any,
     ) -> bool:
         """Whether the facts of `request` may follow from a wrong answer before it in its run: a decision
-        before it was answered otherwise than every option that makes the run pass, and the run with it
-        answered rightly does not ask `request` as it is (its facts changed: the decision read what the
-        wrong answer made); or a decision before it is not among those judged (not known)."""
+        before it was answered otherwise than its right answers (those that make the run pass, or end it
+        closest to the labels), and the run with it answered rightly does not ask `request` as it is (its
+        facts changed: the decision read what the wrong answer made); or a decision before it whose right
+        answer is not known (not judged, or itself after a wrong answer), which may have been wrong."""
         key = _key(request)
         recorded = self._recorded.get(row.thread_id) if self.replay_first else None
         for earlier, entry in self.decisions(row.thread_id):
             if _key(earlier) == key:
                 return False
             j = at.get((scenario.id, _key(earlier)))
-            if j is None:
+            if j is None or judged[j] in ("open", "unknown"):
                 return True
             answered = None if entry.type == "xstate.error.actor" else dict(entry.event)
-            if not passing[j] or (answered is not None and any(same_answer(answered, c) for c in passing[j])):
+            if judged[j] == "indifferent" or (
+                answered is not None and any(same_answer(answered, c) for c in correct[j])
+            ):
                 continue
             asked = self._asked.get((row.thread_id, _key(earlier)))
             if asked is None:
-                fixed = {_key(earlier): dict(passing[j][0])}
+                fixed = {_key(earlier): dict(correct[j][0])}
                 again = _counterfactual_run(self.env, scenario, fixed, policy, self.models, row, recorded)
                 asked = frozenset(_key(r) for r, _ in _decisions_in(self.env, again.entries))
                 self._asked[(row.thread_id, _key(earlier))] = asked
