@@ -6,6 +6,7 @@ imports nothing else of ours) may raise these. Every error carries a message tha
 
     ImproveError                      base: catch this to catch everything we raise
     ├── ConfigError                   bad input a person wrote (exit code 2)
+    │   ├── PeopleScriptError         a scenario's people answer a wait with what the machine refuses there
     │   ├── MachineConfigError        a machine or policy document is invalid
     │   │   └── ExpressionError       a CEL expression does not parse, uses a forbidden name, ...
     │   ├── ScenarioError             a scenario file is invalid
@@ -69,6 +70,17 @@ class ConfigError(ImproveError):
     """Input a person wrote is invalid: the message says where and what was expected."""
 
     exit_code = 2
+
+
+class PeopleScriptError(ConfigError):
+    """A scenario's people script answers a wait with an event the machine does not take there."""
+
+    def __init__(self, message: str, state: str, index: int) -> None:
+        super().__init__(message)
+        self.state = state
+        """The waiting state the script answered."""
+        self.index = index
+        """Which of the script's answers for that state (0 the first)."""
 
 
 class MachineConfigError(ConfigError):

@@ -725,6 +725,41 @@ def test_a_people_script_payload_the_machine_declares_otherwise_is_named_at_its_
     assert code == 2 and wanted in said and "Traceback" not in output, said
 
 
+def test_a_people_answer_the_rules_refuse_is_said_with_the_guard_at_its_line(tmp_path: Path) -> None:
+    # `priority: 0` where the waiting state's guard asks at least 1 (a value a person mistyped: the type is
+    # right) was said as an event the state "does not accept", at the scenario's first line.
+    ws, machine = edited_desk(
+        tmp_path,
+        "refused",
+        "machine.json",
+        '"ESCALATE": {"target": "escalated"}',
+        '"ESCALATE": {"target": "awaitingLead"}',
+    )
+    config = json.loads(machine.read_text())
+    config["states"]["awaitingLead"] = {
+        "description": "A team lead takes the ticket over.",
+        "meta": {"payloads": {"HAND_OFF": {"priority": "integer"}}},
+        "on": {"HAND_OFF": {"guard": "event.priority >= 1", "target": "escalated"}},
+    }
+    machine.write_text(json.dumps(config, indent=2))
+    path = ws / "scenarios" / "refused-desk.yaml"
+    text = path.read_text()
+    start = text.index("  - id: repeat-claimant-01\n")
+    at = text.index("    expected:", start)
+    path.write_text(
+        text[:at] + "    people:\n      awaitingLead:\n        - {type: HAND_OFF, priority: 0}\n" + text[at:]
+    )
+    code, output = improve(ws, "scenarios", "check")
+    said = " ".join(output.split())
+    line = _line_of(path, "priority: 0")
+    assert code == 1, output
+    assert (
+        f"{path}:{line}: scenario 'repeat-claimant-01': a run with careful stops: the people script answers "
+        "{'type': 'HAND_OFF', 'priority': 0} in state 'awaitingLead', whose rules refuse it "
+        "('awaitingLead'.on.HAND_OFF[0]: event.priority >= 1)"
+    ) in said, said
+
+
 def test_a_fact_with_no_declared_type_is_said_by_scenarios_check(tmp_path: Path) -> None:
     # A decision's fact with no entry in fact_types was read as `any`, silently: the miner never tested it.
     ws, _ = edited_desk(

@@ -254,7 +254,9 @@ def scenarios_check(
             # is the person's), as `scenarios add` says it of the one it adds. One run tells both.
             checked = reference_check(environment, s)
             if checked.stopped:
-                problems.append(f"{lines.where(s.id)}: scenario '{s.id}': {checked.stopped}")
+                problems.append(
+                    f"{lines.where(s.id, checked.stopped_at)}: scenario '{s.id}': {checked.stopped}"
+                )
             problems += [
                 f"{lines.where(s.id, wrong.field(lines, s.id))}: scenario '{s.id}': {wrong}"
                 for wrong in checked.mistyped

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from improve.errors import MachineError
+from improve.errors import MachineError, PeopleScriptError
 from improve.evals.out_of_sample import REFERENCE_MODEL
 from improve.evals.scenarios import Scenario, ScenarioLines
 from improve.evals.suite import run_scenario
@@ -62,6 +62,9 @@ class ReferenceCheck:
 
     stopped: str | None = None
     """That the run stops (a tool that crashes on the scenario's world)."""
+    stopped_at: JsonPath = ()
+    """The field of the scenario it stopped on, where known (a people script's answer the machine
+    refuses: `("people", state, index)`); else the scenario itself."""
     mistyped: tuple[Mistyped, ...] = ()
     """Each declared fact of its decisions whose value its type does not allow."""
     unreached: str | None = None
@@ -85,25 +88,29 @@ def reference_check(env: Environment, scenario: Scenario) -> ReferenceCheck:
     if REFERENCE_MODEL not in env.models:
         return ReferenceCheck()
     store, thread = MemoryStore(), f"check:{scenario.id}"
-    stopped, mistyped = _reference_run(env, scenario, store, thread)
+    stopped, at, mistyped = _reference_run(env, scenario, store, thread)
     if stopped or mistyped:
-        return ReferenceCheck(stopped, tuple(mistyped))
+        return ReferenceCheck(stopped, at, tuple(mistyped))
     row = outcome_row(env, scenario, thread, store.read(thread))
     return ReferenceCheck(unreached=None if row.passed else row.reason)
 
 
 def _reference_run(
     env: Environment, scenario: Scenario, store: MemoryStore, thread: str
-) -> tuple[str | None, list[Mistyped]]:
-    """One run of the scenario with `careful` into `store`: that it stops (or None), and each declared
-    fact of its decisions whose value its type does not allow (those made before it stopped too)."""
+) -> tuple[str | None, JsonPath, list[Mistyped]]:
+    """One run of the scenario with `careful` into `store`: that it stops (or None) and on which field of
+    the scenario, where known, and each declared fact of its decisions whose value its type does not
+    allow (those made before it stopped too)."""
     seeing = _Seeing(env.models[REFERENCE_MODEL](f"{scenario.id}:check"))
-    stopped = None
+    stopped: str | None = None
+    at: JsonPath = ()
     try:
         run_scenario(env, scenario, seeing, store, thread, hashes=False)
     except Exception as err:  # a tool's own bug is the scenario's problem to name, whatever it raises
         said = str(err).removeprefix(f"thread {thread}: ") or repr(err)
         stopped = f"a run with {REFERENCE_MODEL} stops: {said} (`improve run` would stop the suite on it)"
+        if isinstance(err, PeopleScriptError):
+            at = ("people", err.state, err.index)
     mistyped: dict[str, Mistyped] = {}  # by what it says: a decision asked twice names it once
     for request in seeing.requests:
         for path, kind in env.fact_types.get(request.name, {}).items():
@@ -112,7 +119,7 @@ def _reference_run(
             if why:
                 wrong = Mistyped(request.name, path, value, why)
                 mistyped.setdefault(str(wrong), wrong)
-    return stopped, list(mistyped.values())
+    return stopped, at, list(mistyped.values())
 
 
 def mistyped_warnings(
@@ -148,7 +155,7 @@ def mistyped_facts(env: Environment, scenarios: Sequence[Scenario], path: Path) 
         except MachineError:
             continue  # the run names a scenario its machine cannot start with
         # The run's own stop, if any, is the run's to say (it stops there, naming the scenario).
-        _, mistyped = _reference_run(env, scenario, MemoryStore(), f"check:{scenario.id}")
+        _, _, mistyped = _reference_run(env, scenario, MemoryStore(), f"check:{scenario.id}")
         if mistyped:
             lines = ScenarioLines.read(path) if lines is None else lines
             found += [

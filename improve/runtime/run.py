@@ -20,7 +20,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from improve.errors import ActorCrash, ActorFailure, ConfigError, ConflictError, RunError, raised
+from improve.errors import (
+    ActorCrash,
+    ActorFailure,
+    ConflictError,
+    PeopleScriptError,
+    RunError,
+    raised,
+)
 from improve.log import (
     END_EVENT,
     INIT_EVENT,
@@ -47,6 +54,7 @@ from improve.machine import (
     Machine,
     Snapshot,
     initial,
+    refusing_guard,
     transition,
     waiting_for,
 )
@@ -152,10 +160,18 @@ class People:
 
     def __init__(self, script: Mapping[str, Sequence[dict[str, Any]]]) -> None:
         self._queues = {state: list(answers) for state, answers in script.items()}
+        self._given = {state: 0 for state in script}
 
     def answer(self, state: str) -> dict[str, Any] | None:
         queue = self._queues.get(state)
-        return dict(queue.pop(0)) if queue else None
+        if not queue:
+            return None
+        self._given[state] += 1
+        return dict(queue.pop(0))
+
+    def given(self, state: str) -> int:
+        """How many answers the script has given in `state` so far."""
+        return self._given.get(state, 0)
 
 
 def run(
@@ -274,10 +290,20 @@ class Runner:
             return None
         nxt = transition(self.machine, snapshot, answer)
         if nxt is snapshot:
-            raise ConfigError(
+            accepts = sorted(self.machine.states[snapshot.value].on)
+            # An event the state takes, refused by its rules (a value misspelt: `shows: decy`), is said
+            # with the guard that refused it, not as an event the state does not take.
+            guard = refusing_guard(self.machine, snapshot, answer) if answer.get("type") in accepts else None
+            raise PeopleScriptError(
                 f"thread {self.journal.thread_id}: the people script answers {answer} in state "
-                f"'{snapshot.value}', which does not accept it; it accepts "
-                f"{sorted(self.machine.states[snapshot.value].on)}"
+                f"'{snapshot.value}', "
+                + (
+                    f"whose rules refuse it ({guard})"
+                    if guard
+                    else f"which does not accept it; it accepts {accepts}"
+                ),
+                snapshot.value,
+                self.people.given(snapshot.value) - 1,
             )
         self.journal.write(answer, nxt, metadata={"source": "person"})
         return nxt
