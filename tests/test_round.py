@@ -3101,3 +3101,13 @@ def test_labels_that_pass_answers_of_two_kinds_are_said_once_per_desk() -> None:
     ), said
     assert '{"months": 2, "type": "APPROVE"} or {"type": "REFER"}' in said
     assert ambiguous_labels([same_kind]) is None
+
+
+def test_an_out_of_sample_example_keeps_whole_fields_and_names_those_left_out() -> None:
+    # Cut at 200 characters, an example showed `"patientAge"` without its value, next to a rule on it.
+    from improve.loop.round import _clipped
+
+    claim = {"claimId": "C-41700", "lines": [{"procedure": "crown", "billed": 1200.5}] * 6, "patientAge": 9}
+    shown = _clipped(claim)
+    assert shown == '{"claimId": "C-41700", "patientAge": 9, … and lines}', shown
+    assert _clipped({"a": 1}) == '{"a": 1}' and _clipped("x" * 300).endswith("…")

@@ -177,6 +177,26 @@ def run_rounds(
     return records
 
 
+def _clipped(value: Any, limit: int = 200) -> str:
+    """`value` as JSON in about `limit` characters: an object keeps the whole members that fit and names
+    the ones left out (cutting the text at `limit` left a member's key without its value, the very value
+    a learned branch fired on)."""
+    text = json.dumps(value, sort_keys=True)
+    if len(text) <= limit:
+        return text
+    if not isinstance(value, dict):
+        return text[:limit] + "…"
+    kept: list[str] = []
+    left: list[str] = []
+    for key in sorted(value):
+        member = f"{json.dumps(key)}: {json.dumps(value[key], sort_keys=True)}"
+        if sum(len(k) + 2 for k in kept) + len(member) > limit:
+            left.append(key)  # too long to show here: the smaller members after it still are
+        else:
+            kept.append(member)
+    return "{" + ", ".join([*kept, f"… and {', '.join(left)}"]) + "}"
+
+
 def _none_for(second: bool) -> str:
     """What a round found for a cluster it passed over: no second rule, or none at all."""
     return "no narrower or broader rule" if second else "no rule"
@@ -909,8 +929,8 @@ class Round:
         if found is None:
             return None
         examples = [
-            f"input {json.dumps(d.scenario.input, sort_keys=True)[:200]}, world "
-            f"{json.dumps(d.scenario.world, sort_keys=True)[:200]}: labelled {d.expected}, ended {d.got}"
+            f"input {_clipped(d.scenario.input)}, world "
+            f"{_clipped(d.scenario.world)}: labelled {d.expected}, ended {d.got}"
             # The same final state: the difference is in the effects, which the reason names.
             + (f" ({d.reason[:200]})" if d.expected == d.got and d.reason else "")
             for d in found.candidate.drafted
