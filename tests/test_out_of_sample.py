@@ -206,6 +206,11 @@ def test_the_cases_a_version_ends_otherwise_are_written_as_scenarios_to_label(tm
     written = load_scenarios(drafts, "refunds").scenarios
     overridden = second["cases"] - second["agreed"]
     assert len(written) == min(10, overridden) and {s.split for s in written} == {"train"}
+    # How many are drafts, of how many the table counts: 16 drafts read as 16 cases where 34 disagreed.
+    assert (
+        f"wrote {len(written)} of the cases v1 ended otherwise than labelled (at most 10 a model"
+        in " ".join(done.stderr.split())
+    ), done.stderr
     assert [s.id for s in written][: len(shown)] == [
         f"generated-{found['seed']}-{d['case'].removeprefix('generated-')}" for d in shown
     ]

@@ -629,9 +629,12 @@ def _write_drafts(found: OutOfSample, path: Path | None, as_json: bool) -> None:
     """The cases the last version ended otherwise than labelled: written as scenarios when `path` is
     given, else a hint that they can be (said on stderr, so --json stays one document)."""
     from improve.evals import write_drafts
+    from improve.evals.out_of_sample import DRAFTS
 
     drafts = found.drafts()
     last = found.agreements[-1].policy if found.agreements else "the last version"
+    # The drafts are a few of the cases it ended otherwise (the table counts them all): said as such.
+    few = f"{len(drafts)} of the cases {last} ended otherwise than labelled (at most {DRAFTS} a model, half a learned branch's where both are many)"
     if not drafts:
         if path is not None:
             err.print(f"{last} ended every case as labelled: {path} not written", markup=False)
@@ -639,14 +642,14 @@ def _write_drafts(found: OutOfSample, path: Path | None, as_json: bool) -> None:
     if path is None:
         if not as_json:
             err.print(
-                f"{len(drafts)} case(s) {last} ended otherwise than labelled: --scenarios FILE writes them as "
-                "scenarios to check and add, so the next round learns from them",
+                f"{few}: --scenarios FILE writes them as scenarios to check and add, so the next round learns "
+                "from them",
                 markup=False,
             )
         return
     write_drafts(path, found.environment, drafts)
     err.print(
-        f"wrote {len(drafts)} case(s) {last} ended otherwise than labelled to {path}: check each label (a "
+        f"wrote {few} to {path}: check each label (a "
         "comment says who answered and who labelled it), give some the held-out split, then move them into "
         "the environment's scenario file (`improve scenarios check`)",
         markup=False,
