@@ -628,8 +628,7 @@ def out_of_sample_command(
 def _write_drafts(found: OutOfSample, path: Path | None, as_json: bool) -> None:
     """The cases the last version ended otherwise than labelled: written as scenarios when `path` is
     given, else a hint that they can be (said on stderr, so --json stays one document)."""
-    from improve.evals import write_drafts
-    from improve.evals.out_of_sample import DRAFTS
+    from improve.evals import DRAFTS, write_drafts
 
     drafts = found.drafts()
     last = found.agreements[-1].policy if found.agreements else "the last version"

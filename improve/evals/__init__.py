@@ -94,6 +94,7 @@ if TYPE_CHECKING:
     from improve.evals.ledger import OUTCOMES_SQL, Ledger, Production, Recorded
     from improve.evals.materialize import refresh_outcomes, score_threads
     from improve.evals.out_of_sample import (
+        DRAFTS,
         AgainstReference,
         OutOfSample,
         against_reference,
@@ -149,6 +150,7 @@ _LAZY = {
     "ReferenceCheck": "improve.evals.fact_check",
     "Mistyped": "improve.evals.fact_check",
     "OutOfSample": "improve.evals.out_of_sample",
+    "DRAFTS": "improve.evals.out_of_sample",
     "AgainstReference": "improve.evals.out_of_sample",
     "against_reference": "improve.evals.out_of_sample",
     "check_out_of_sample": "improve.evals.out_of_sample",
@@ -172,6 +174,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "CONFIG_NAME",
+    "DRAFTS",
     "OPEN_SPLITS",
     "OUTCOMES_SQL",
     "PRODUCTION_DIR",
