@@ -666,11 +666,12 @@ def test_an_input_value_a_declared_fact_takes_as_given_is_checked_at_its_line(tm
     assert code == 1 and wanted in said and "overload" not in said, said
 
 
-def test_a_people_script_payload_the_machine_declares_otherwise_is_named_at_its_line(tmp_path: Path) -> None:
-    # `priority: two` where meta.payloads declares an integer failed deep in the guard, as a CEL overload.
+def _lead_desk(tmp_path: Path, slug: str, payloads: dict[str, str]) -> Path:
+    """A workspace `improve init` writes for `<slug>-desk` whose escalations wait for a team lead, who
+    hands the ticket off (`HAND_OFF` with the `payloads` fields, a priority of at least 1)."""
     ws, machine = edited_desk(
         tmp_path,
-        "lead",
+        slug,
         "machine.json",
         '"ESCALATE": {"target": "escalated"}',
         '"ESCALATE": {"target": "awaitingLead"}',
@@ -678,10 +679,16 @@ def test_a_people_script_payload_the_machine_declares_otherwise_is_named_at_its_
     config = json.loads(machine.read_text())
     config["states"]["awaitingLead"] = {
         "description": "A team lead takes the ticket over.",
-        "meta": {"payloads": {"HAND_OFF": {"priority": "integer", "queue": "string"}}},
+        "meta": {"payloads": {"HAND_OFF": payloads}},
         "on": {"HAND_OFF": {"guard": "event.priority >= 1", "target": "escalated"}},
     }
     machine.write_text(json.dumps(config, indent=2))
+    return ws
+
+
+def test_a_people_script_payload_the_machine_declares_otherwise_is_named_at_its_line(tmp_path: Path) -> None:
+    # `priority: two` where meta.payloads declares an integer failed deep in the guard, as a CEL overload.
+    ws = _lead_desk(tmp_path, "lead", {"priority": "integer", "queue": "string"})
     path = ws / "scenarios" / "lead-desk.yaml"
     text = path.read_text()
     for sid, people in (
@@ -728,20 +735,7 @@ def test_a_people_script_payload_the_machine_declares_otherwise_is_named_at_its_
 def test_a_people_answer_the_rules_refuse_is_said_with_the_guard_at_its_line(tmp_path: Path) -> None:
     # `priority: 0` where the waiting state's guard asks at least 1 (a value a person mistyped: the type is
     # right) was said as an event the state "does not accept", at the scenario's first line.
-    ws, machine = edited_desk(
-        tmp_path,
-        "refused",
-        "machine.json",
-        '"ESCALATE": {"target": "escalated"}',
-        '"ESCALATE": {"target": "awaitingLead"}',
-    )
-    config = json.loads(machine.read_text())
-    config["states"]["awaitingLead"] = {
-        "description": "A team lead takes the ticket over.",
-        "meta": {"payloads": {"HAND_OFF": {"priority": "integer"}}},
-        "on": {"HAND_OFF": {"guard": "event.priority >= 1", "target": "escalated"}},
-    }
-    machine.write_text(json.dumps(config, indent=2))
+    ws = _lead_desk(tmp_path, "refused", {"priority": "integer"})
     path = ws / "scenarios" / "refused-desk.yaml"
     text = path.read_text()
     start = text.index("  - id: repeat-claimant-01\n")
