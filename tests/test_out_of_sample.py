@@ -458,6 +458,42 @@ def test_a_decision_after_one_whose_right_answer_is_unknown_is_not_labelled_by_c
         assert [c["type"] for c in e.correct] == [right], (e.scenario, facts, e.correct)
 
 
+def test_branches_hold_says_the_held_out_decisions_the_labels_do_not_tell_apart(desks: Workspace) -> None:
+    """A call for every child's claim, checked on held-out: where the lines before were answered wrongly
+    no answer at the call makes the run pass, and its right answer is not told. "Each as the labels say"
+    counted those as confirmed; they are said apart."""
+    from improve.loop.evidence import Evidence
+
+    env = desks.environment("dental-claims")
+    scenarios = desks.scenarios("dental-claims").split("held-out")
+    baseline = desks.load_policy("dental-claims", "v0")
+    compiled = compile_policy(baseline, env.judgments, env.policy_guards)
+    store, rows = MemoryStore(), []
+    for sc in scenarios:
+        thread = f"held-out:v0:naive:{sc.id}:r1"
+        models = {"decider": env.models["naive"](f"{sc.id}:r1")}
+        run_scenario(env, sc, PolicyDecider(compiled, models, env.judgments), store, thread)
+        rows.append(outcome_row(env, sc, thread, store.read(thread)))
+    guard = "input.name == 'notify' && facts.patientAge <= 12 && {'type': 'CALL'} in input.options"
+    doc = insert_branch(
+        baseline.model_dump(mode="json", by_alias=True, exclude_none=True),
+        guard,
+        {"type": "'CALL'"},
+        0,
+        version="1",
+        name="answer_call",
+        description="d",
+    )
+    from improve.machine import parse_machine
+
+    candidate = parse_machine(doc)
+    check, _ = Evidence(env, scenarios, store, env.models["naive"]).branches_hold(rows, baseline, candidate)
+    assert (
+        check is not None and "the labels do not tell (their runs fail whatever they answer)" in check.detail
+    )
+    assert "each as the labels say" not in check.detail, check.detail
+
+
 def test_a_decision_no_answer_fixes_alone_is_labelled_through_the_next_one(tmp_path: Path) -> None:
     """On the parcel desk a claim is resolved, then the customer is mailed or called. A claim that must be
     escalated must also be called about, so with the model mailing everyone no answer at the first

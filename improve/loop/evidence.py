@@ -382,12 +382,22 @@ class Evidence:
         wrong = [o for o in overrides if not o.right]
         keys = tuple(sorted({o.key for o in wrong}))
         scenarios = len({o.scenario for o in overrides})
+        # A decision whose right answer the labels do not tell (its run fails whatever it answers, and
+        # its facts may follow from a wrong answer before it) neither holds nor refutes the branch: said
+        # apart, or "each as the labels say" counted it as confirmed.
+        untold = sum(1 for o in overrides if not o.correct)
+        apart = (
+            f"; {untold} of them the labels do not tell (their runs fail whatever they answer)"
+            if untold
+            else ""
+        )
         if not wrong:
             return Check(
                 "branches hold",
                 True,
-                f"the new branch answers {len(overrides)} held-out decision(s) of {scenarios} scenario(s), each "
-                "as the labels say",
+                f"the new branch answers {len(overrides)} held-out decision(s) of {scenarios} scenario(s), "
+                + ("each as the labels say" if not untold else f"{len(overrides) - untold} as the labels say")
+                + apart,
             ), keys
         shown = "; ".join(
             f"{o.scenario}: {answer_text(o.answer)} where the labels say "
@@ -398,7 +408,8 @@ class Evidence:
             "branches hold",
             False,
             f"the new branch answers {len(wrong)} of the {len(overrides)} held-out decision(s) it takes wrongly "
-            f"({shown}): its condition holds where its answer is not right, whatever the model answered there",
+            f"({shown}): its condition holds where its answer is not right, whatever the model answered there"
+            + apart,
         ), keys
 
     def overrides(
