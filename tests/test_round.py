@@ -3111,3 +3111,20 @@ def test_an_out_of_sample_example_keeps_whole_fields_and_names_those_left_out() 
     shown = _clipped(claim)
     assert shown == '{"claimId": "C-41700", "patientAge": 9, … and lines}', shown
     assert _clipped({"a": 1}) == '{"a": 1}' and _clipped("x" * 300).endswith("…")
+
+
+def test_a_rationale_says_the_training_decisions_its_rule_answers_that_the_labels_do_not_tell() -> None:
+    # "matches 33 training decisions, each of which the labels confirm" left out the decisions the rule
+    # also answers where no answer makes the run pass: answered, neither confirmed nor refuted.
+    from improve.loop.proposers.rules import _untold
+
+    late = [example(d, 0, "REFUND", ["CLOSE"], True, False, f"late-{d}") for d in (31, 38, 45)]
+    ok = [example(d, 0, "REFUND", ["REFUND"], False, True, f"ok-{d}") for d in (1, 12, 20)]
+    untold = example(50, 0, "REFUND", [], False, False, "another-decision-fails")
+    rule = mine([*late, *ok, untold], TYPES, generalize="shortest")[0]
+    assert rule.condition.startswith("facts.days "), rule.condition
+    said = _untold(rule, [*late, *ok, untold])
+    assert said.startswith(
+        " It also answers 1 training decision(s) whose right answer the labels do not tell"
+    ), said
+    assert _untold(rule, [*late, *ok]) == ""

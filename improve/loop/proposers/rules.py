@@ -1313,6 +1313,7 @@ class RuleMinerProposer:
             f"When {rule.condition}, answer {rule.action.describe()} without asking the model (placed "
             f"{where.reason}): it fixes {rule.fixes} failed training decision(s) and matches {rule.matches} "
             "training decision(s), each of which the labels confirm (counterfactual runs)."
+            + _untold(rule, request.examples)
             + _whose(request, rule)
             + unnamed_payload(rule.action, self.constants)
             + _resting(rule, request.examples)
@@ -1369,6 +1370,23 @@ def _shared(request: ProposalRequest) -> frozenset[str] | None:
     if len(decisions) < 2:
         return None
     return frozenset.intersection(*(frozenset(d.facts) for d in decisions))
+
+
+def _untold(rule: Rule, examples: Sequence[Mapping[str, Any]]) -> str:
+    """What the rationale says of the training decisions the rule answers whose right answer the labels
+    do not tell (no answer there makes the run pass, and none ends it closer to the labels, or the
+    decision's facts follow from a wrong answer before it): answered, neither confirmed nor refuted."""
+    untold = sum(
+        1
+        for case in decisions_by_name(examples).get(rule.decision, [])
+        if not case.correct and case.offers(rule.action.output(case.facts)) and _holds(rule.terms, case.facts)
+    )
+    if not untold:
+        return ""
+    return (
+        f" It also answers {untold} training decision(s) whose right answer the labels do not tell (their runs "
+        "fail whatever is answered there): neither confirmed nor refuted."
+    )
 
 
 def _resting(rule: Rule, examples: Sequence[Mapping[str, Any]]) -> str:
