@@ -2243,6 +2243,47 @@ def test_a_near_miss_keeps_both_explanations() -> None:
     assert "months" not in agreed.condition, agreed.condition
 
 
+def test_an_alternative_reaches_only_as_far_as_what_it_alone_explains() -> None:
+    """A substitute dearer than its item is refunded, and so is an organic item's non-organic one,
+    whatever it costs. The price alternative, learned first, also covers the organic refund at 1.03
+    times the price: agreed to the edge of every right answer it covers, it would refund any substitute
+    dearer by 3%, though the flag alternative answers that one, and the dear substitutes it alone
+    explains start at 1.2. Between lie substitutes no training decision showed refunded for their
+    price: they stay with the model."""
+    examples = [
+        *(
+            decision(
+                f"sub-{r}",
+                {"ratio": r, "mismatch": False},
+                ("SUBSTITUTE", "REFUND"),
+                "SUBSTITUTE",
+                "SUBSTITUTE",
+            )
+            for r in (0.8, 0.9, 0.95, 1.0)
+        ),
+        *(
+            decision(
+                f"dear-{r}", {"ratio": r, "mismatch": False}, ("SUBSTITUTE", "REFUND"), "SUBSTITUTE", "REFUND"
+            )
+            for r in (1.2, 1.3, 1.4, 1.5)
+        ),
+        *(
+            decision(
+                f"organic-{r}",
+                {"ratio": r, "mismatch": True},
+                ("SUBSTITUTE", "REFUND"),
+                "SUBSTITUTE",
+                "REFUND",
+            )
+            for r in (0.85, 0.9, 1.03)
+        ),
+    ]
+    types: dict[str, FactType] = {"facts.ratio": "number", "facts.mismatch": "bool"}
+    rule = mine(examples, types)[0]
+    assert rule.action.describe() == "REFUND"
+    assert rule.condition == "facts.ratio >= 1.2 || facts.mismatch == true", rule.condition
+
+
 def test_a_constant_reaches_past_the_evidence_only_for_the_facts_the_machine_compares_it_with() -> None:
     """The machine compares the days since a renewal with 30. A prorated refund is right for customers
     of at most thirteen months here (the facts training shows), and nothing in the machine says
