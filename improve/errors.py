@@ -57,6 +57,7 @@ An exception that only signals inside one module or package and never leaves it 
 
 from __future__ import annotations
 
+import os
 import traceback
 
 
@@ -365,10 +366,16 @@ class BusyError(ImproveError):
     exit_code = 3
 
 
-def raised(error: BaseException) -> str:
+def raised(error: BaseException, within: os.PathLike[str] | None = None) -> str:
     """`NameError: name 'x' is not defined (booking_desk/handbook.py:68)`: the error and the last line of
-    the traceback that raised it, where a person looks first."""
-    frames = traceback.extract_tb(error.__traceback__)
+    the traceback that raised it, where a person looks first; with `within` (a workspace), the last line
+    of a file under it, where there is one (a mistaken import in the desk's `world.py` is raised inside
+    the module it names, which is not where to fix it)."""
+    frames: list[traceback.FrameSummary] = list(traceback.extract_tb(error.__traceback__))
+    if within is not None:
+        root = os.path.join(os.path.abspath(within), "")
+        own = [f for f in frames if os.path.abspath(f.filename).startswith(root)]
+        frames = own or frames
     at = f" ({frames[-1].filename}:{frames[-1].lineno})" if frames else ""
     if isinstance(error, SyntaxError) and error.filename:
         return f"{type(error).__name__}: {error.msg} ({error.filename}:{error.lineno})"

@@ -140,10 +140,14 @@ def import_spec(spec: str, where: str, root: Path | None = None) -> object:
     try:
         module = importlib.import_module(module_name)
     except ImportError as error:
-        hint = f" (the workspace root {root} is importable: is the package there?)" if root else ""
-        raise WorkspaceError(f"{where}: cannot import {module_name!r}: {error}{hint}") from None
+        missing = error.name is not None and (module_name + ".").startswith(error.name + ".")
+        if isinstance(error, ModuleNotFoundError) and missing:
+            hint = f" (the workspace root {root} is importable: is the package there?)" if root else ""
+            raise WorkspaceError(f"{where}: cannot import {module_name!r}: {error}{hint}") from None
+        # The module is there, and an import in it failed: said at its line, not in the module it names.
+        raise WorkspaceError(f"{where}: importing {module_name!r} failed: {raised(error, root)}") from None
     except Exception as error:  # people's code: a mistake in it is theirs to fix, said where it is
-        raise WorkspaceError(f"{where}: importing {module_name!r} failed: {raised(error)}") from None
+        raise WorkspaceError(f"{where}: importing {module_name!r} failed: {raised(error, root)}") from None
     target: object = module
     for part in attribute.split("."):
         try:

@@ -388,6 +388,10 @@ def test_a_fact_type_the_machine_does_not_have_is_refused_not_ignored(tmp_path: 
         said = " ".join(output.split())
         assert f"{rules}:{typo}: fact_types['resolve'] names 'account.creditsthisyear'" in said, said
         assert "fact_types['resolve']['requested'] is 'integer', not a fact type" in output
+        # At the line that declares it, not the first line of the desk that names the fact (its stand-in
+        # models read `"requested"` too, and a user was sent to an unrelated line of another file).
+        declared = next(n for n, line in enumerate(rules.read_text().splitlines(), 1) if '"integer"' in line)
+        assert f"{rules}:{declared}: fact_types['resolve']['requested'] is 'integer'" in said, said
         # A unit is a number's ('number:usd' is one), never a text's.
         assert "fact_types['resolve']['ticket'] is 'text:words': only a number has a unit" in output
         assert "['account.monthlyFee'] is 'number:US$': a unit is a lowercase word after the colon" in output
@@ -435,6 +439,15 @@ def test_a_mistake_in_the_environment_s_code_is_said_where_it_is_not_as_a_traceb
         and "crashed auditing its effects: KeyError: 'usd' (" in ran.output
     )
     assert f"{world}:" in ran.output and "Traceback" not in ran.output
+    # An import the desk's own code gets wrong is said at its line, not in the module it names (improve's
+    # own `__init__.py`), nor as a package that is not there.
+    ws, world = edited_desk(tmp_path, "imports", "world.py", "import ActorFailure,", "import ActorFailur,")
+    result = runner.invoke(app, ["verify", "v0", "-w", str(ws)])
+    assert result.exit_code == 2, result.output
+    said = " ".join(result.output.split())
+    line = next(n for n, text in enumerate(world.read_text().splitlines(), 1) if "ActorFailur," in text)
+    assert "importing 'imports_desk.env' failed: ImportError: cannot import name 'ActorFailur'" in said, said
+    assert f"({world}:{line})" in said and "is the package there" not in said, said
 
 
 def test_a_run_a_crashing_tool_stops_still_records_the_threads_that_finished(tmp_path: Path) -> None:

@@ -369,39 +369,46 @@ def fact_type_problems(env: Environment) -> list[str]:
             base, unit = split_unit(kind)
             if not isinstance(base, tuple) and base not in FACT_KINDS:
                 problems.append(
-                    f"{written_at(env, path)}fact_types[{decision!r}][{path!r}] is {kind!r}, not a fact type: use one of "
+                    f"{written_at(env, path, kind)}fact_types[{decision!r}][{path!r}] is {kind!r}, not a fact type: use one of "
                     f"{', '.join(FACT_KINDS)} (a number with its unit: 'int:days', 'number:usd'), or the "
                     "values of an enumerated fact, a tuple or a list (('basic', 'pro'))"
                 )
             elif unit is not None and base not in ("number", "int"):
                 problems.append(
-                    f"{written_at(env, path)}fact_types[{decision!r}][{path!r}] is {kind!r}: only a number has a unit, written "
+                    f"{written_at(env, path, kind)}fact_types[{decision!r}][{path!r}] is {kind!r}: only a number has a unit, written "
                     "after a colon as a lowercase word ('int:days', 'number:usd')"
                 )
             elif unit is not None and not UNIT.fullmatch(unit):
                 problems.append(
-                    f"{written_at(env, path)}fact_types[{decision!r}][{path!r}] is {kind!r}: a unit is a lowercase word after the "
+                    f"{written_at(env, path, kind)}fact_types[{decision!r}][{path!r}] is {kind!r}: a unit is a lowercase word after the "
                     "colon, letters, digits, '-' or '_' ('int:days', 'number:usd')"
                 )
     return problems
 
 
-def written_at(env: Environment, key: str) -> str:
-    """`file:line: ` of the first line of the environment's Python files that writes `key` as a string
-    literal (the `fact_types` entry a problem is about), or nothing where none does (the mapping built by
-    code): the declaration lives in the environment's own module, not in any file improve reads."""
+def written_at(env: Environment, key: str, value: object = None) -> str:
+    """`file:line: ` of the line of the environment's Python files that writes `key` as a string literal
+    (the `fact_types` entry a problem is about), or nothing where none does (the mapping built by code):
+    the declaration lives in the environment's own module, not in any file improve reads. A fact's name
+    is often written elsewhere too (a case generator's dict, a probe's input), so the line that also
+    writes `value` (the type declared) comes first, then a line of a file that names `fact_types`, then
+    any other."""
     quoted = (f"'{key}'", f'"{key}"')
-    for path in env.files:
+    typed = (f"'{value}'", f'"{value}"') if isinstance(value, str) else ()
+    found: list[tuple[int, int, int, str]] = []
+    for order, path in enumerate(env.files):
         if path.suffix != ".py":
             continue
         try:
-            lines = path.read_text(encoding="utf-8").splitlines()
+            text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError):
             continue
-        for number, line in enumerate(lines, 1):
+        declares = "fact_types" in text.lower()
+        for number, line in enumerate(text.splitlines(), 1):
             if any(q in line for q in quoted):
-                return f"{path}:{number}: "
-    return ""
+                rank = 0 if any(t in line for t in typed) else 1 if declares else 2
+                found.append((rank, order, number, f"{path}:{number}: "))
+    return min(found)[3] if found else ""
 
 
 def _decision_name(source: str) -> str:
