@@ -1597,7 +1597,7 @@ def test_a_round_moves_on_or_tries_a_narrower_or_broader_rule_after_a_discard() 
     """Each cluster gets one candidate along a policy's line and a narrower one when the first reached
     too far; then the next cluster, and when every one was tried, a broader rule for one whose
     candidate gained too little; each model's clusters apart."""
-    from improve.loop.discards import DiscardedCandidate, focus
+    from improve.loop.discards import DiscardedCandidate, Focus, focus
 
     aim = focus(
         [
@@ -1646,16 +1646,22 @@ def test_a_round_moves_on_or_tries_a_narrower_or_broader_rule_after_a_discard() 
     assert focus([on_naive], baseline="v0", model="small") == focus([])
     assert focus([nothing], baseline="v0", model="small").spent == ("f",)
     assert DiscardedCandidate.from_json(on_naive.to_json()) == on_naive
-    # No rule found, or none that passed the gates, is a finding about the training set it was mined
-    # from: once scenarios are labelled (another set), the cluster is tried afresh, and the round says
-    # so; one that reached too far or gained too little keeps its own follow-up. One remembered without
-    # a set (an older memory) is tried afresh once: the round that tries it remembers its set.
+    # Whatever came of a cluster, it is a finding about the training set it was mined from: once
+    # scenarios are labelled (another set), the cluster is tried afresh, and the round says so. One that
+    # reached too far no longer asks for a rule narrower than its candidate on the new set (a user who
+    # relabelled a wire-transfer desk after a word rule reached too far got "nothing left to try" for
+    # good: no rule on the new scenarios was narrower than one on words they no longer had); its
+    # branches stay refused as written. One found rule-less, remembered without a set (an older
+    # memory), is tried afresh once: the round that tries it remembers its set.
     found_none = dataclasses.replace(nothing, reason="none", train="set-1")
     gated = dataclasses.replace(discarded("g", "gates"), train="set-1")
     reached = dataclasses.replace(discarded("b", "reach"), train="set-1")
     assert focus([found_none, gated, reached], train="set-1").skip == ("f", "g")
     again = focus([found_none, gated, reached], train="set-2")
-    assert again.skip == () and again.afresh == ("f", "g") and set(again.narrower or {}) == {"b"}
+    assert again.skip == () and again.afresh == ("b", "f", "g") and not again.narrower
+    gained = dataclasses.replace(discarded("b", "gain"), train="set-1")
+    assert focus([gained], train="set-2") == Focus(narrower={}, broader={}, afresh=("b",))
+    assert focus([dataclasses.replace(reached, train=None)], train="set-2").narrower  # an older memory
     assert focus([nothing], train="set-2").skip == () and focus([nothing], train="set-2").afresh == ("f",)
     assert focus([nothing, dataclasses.replace(nothing, train="set-2")], train="set-2").skip == ("f",)
     assert focus([nothing]).skip == ("f",)  # no set to compare with (a caller that does not say it)

@@ -288,6 +288,13 @@ def mined_from(train_key: str, env_hashes: Mapping[str, str]) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
 
 
+def _mined_elsewhere(candidate: DiscardedCandidate, train: str | None) -> bool:
+    """Whether `candidate` was tried on another training set than `train` (`focus`)."""
+    if train is None or candidate.train == train:
+        return False
+    return candidate.train is not None or candidate.reason in ("none", "gates")
+
+
 @dataclass(frozen=True)
 class Focus:
     """Where a round aims after discarded candidates: the clusters tried enough along the policy's line
@@ -364,12 +371,15 @@ def focus(
     discarded rule used to anchor its cluster for good: every later round asked for a rule narrower
     than it, and the failures outside it were never a target.
 
-    A cluster found rule-less (`none`), or whose rule never passed the gates (`gates`), on a training
-    set other than `train` is tried afresh too: the scenarios labelled since may show a rule the
-    earlier ones did not (the round's own advice is to label more like its failures). Its branches, if
-    any, stay refused as written (the novelty gate). One remembered without its training set (before
-    the memory kept it) is tried afresh once: which set it was mined from is not known, and the round
-    that tries it again remembers its own."""
+    A cluster tried on a training set other than `train` is tried afresh too, whatever came of it: the
+    scenarios labelled since may show a rule the earlier ones did not (the round's own advice is to label
+    more like its failures, or the out-of-sample drafts where a rule reached too far). Its branches, if
+    any, stay refused as written (the novelty gate). A user who relabelled a desk after a candidate
+    reached too far had every later round ask for a rule narrower than that candidate, on words the new
+    scenarios no longer had: none was found, and the rounds ended with nothing left to try. One found
+    rule-less (`none`) or whose rule never passed the gates (`gates`), remembered without its training
+    set (before the memory kept it), is tried afresh once: which set it was mined from is not known, and
+    the round that tries it again remembers its own."""
     mine = [
         t
         for t in tried
@@ -377,7 +387,7 @@ def focus(
         and t.round not in superseded
         and (model is None or t.model in (None, model))
     ]
-    kept = [t for t in mine if not (train is not None and t.train != train and t.reason in ("none", "gates"))]
+    kept = [t for t in mine if not _mined_elsewhere(t, train)]
     by_cluster: dict[str, list[DiscardedCandidate]] = {}
     for candidate in kept:
         if candidate.cluster:
