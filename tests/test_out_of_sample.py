@@ -332,7 +332,7 @@ def test_a_rule_that_reached_too_far_is_promoted_once_the_rule_in_front_of_it_is
     ]
     receipt = next(r for r in summary.rounds if r.recommended and "missing-receipt" in (r.cluster or ""))
     assert summary.rounds.index(receipt) < summary.rounds.index(late[-1])
-    assert any("tried again behind this baseline's branches" in line for line in said), said
+    assert any("would answer otherwise behind this baseline's branches" in line for line in said), said
     assert late[0].branches[0].guard == late[-1].branches[0].guard  # the same rule, another candidate now
     # The escalation cluster, which had no rule against an earlier version, comes round again against the
     # last one with nothing new either: nothing left to try (no candidate, no CHANGELOG entry). The rule
@@ -689,7 +689,7 @@ def test_a_safer_rule_is_learned_behind_a_less_safe_branch_the_labels_prefer(tmp
     escalations = [r for r in summary.rounds if r.cluster and r.cluster.endswith("->ESCALATE")]
     assert [r.status for r in escalations] == ["discarded", "recommended"], escalations
     assert escalations[0].branches[0].guard == escalations[1].branches[0].guard  # the same rule, behind
-    assert any("tried again behind this baseline's branches" in line for line in said), said
+    assert any("would answer otherwise behind this baseline's branches" in line for line in said), said
     assert "Tried again behind the branches there" in escalations[1].rationale, escalations[1].rationale
     space = Workspace.load(config)
     final = space.load_policy("warranty-desk", summary.final_version)

@@ -641,8 +641,10 @@ class Round:
                 memory.tried, self.renewed, self.label, self.opts.model, self.train_key, self.superseded
             )
             self.say(
-                "tried again behind this baseline's branches: candidate(s) "
+                "discarded for reaching too far, candidate(s) "
                 + ", ".join(t.candidate for t in ancestors if t.round in self.renewed)
+                + " would answer otherwise behind this baseline's branches: their rules may be proposed"
+                " again, behind them (the round's result below says whether one was)"
             )
 
     @property
