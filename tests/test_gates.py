@@ -155,6 +155,30 @@ def test_vocabulary_names_the_unknown_name_and_the_valid_ones(doc: Any, needle: 
         ),
         (v1([{"guard": "facts.order.deliveredDaysAgo + 0.5 > 30.0", "target": "escalate"}]), "type error"),
         (v1([{"guard": "facts.requested", "target": "escalate"}]), "expected a bool"),
+        # An operand of `&&` is checked alone: the whole is false on the probe request wherever another
+        # operand is, error or not, and these passed the gate (caught, if at all, where explore reached them).
+        (
+            v1(
+                [
+                    {
+                        "guard": "facts.customer.refundsLast90d <= 'one' && facts.requested > 1e9",
+                        "target": "escalate",
+                    }
+                ]
+            ),
+            "`facts.customer.refundsLast90d <= 'one'` failed",
+        ),
+        (
+            v1(
+                [
+                    {
+                        "guard": "facts.requested > 1e9 && (true || !(getenv('HOME') == 'x'))",
+                        "target": "escalate",
+                    }
+                ]
+            ),
+            "Undefined variable or function: 'getenv'",
+        ),
     ],
 )
 def test_lower_compiles_and_type_checks(doc: Any, needle: str) -> None:

@@ -7,7 +7,7 @@ from typing import Any
 
 from improve.errors import ImproveError
 from improve.loop.gates.gate import GateContext, GateResult
-from improve.machine import Machine, MachineConfig, Scope, state_path
+from improve.machine import Machine, MachineConfig, Scope, compile_expr, state_path, tokenize
 from improve.runtime import Environment, Vocabulary, compile_policy, vocabulary
 
 _PROBE_VALUES = {"number": 1.5, "int": 1, "string": "text", "text": "text", "bool": False, "any": None}
@@ -85,8 +85,74 @@ def _type_errors(machine: Machine, vocab: Vocabulary) -> list[str]:
                 try:
                     t.guard.check_bool(scope)
                 except ImproveError as err:
+                    error: ImproveError | None = err
+                else:
+                    error = _operand_error(t.guard.source, scope)
+                if error is not None:
                     problems.append(
-                        f"{state_path(name)}: type error for decision '{words.name}': {err} "
+                        f"{state_path(name)}: type error for decision '{words.name}': {error} "
                         f"(fact types: {dict(words.facts)})"
                     )
     return problems
+
+
+_TYPE_ERRORS = ("No such overload", "Undefined variable or function")
+"""What CEL says of an operation no value of the declared types has, or of a function it does not know:
+type errors, whatever the facts' values (a division by zero is the probe value's, not the guard's)."""
+
+
+def _operand_error(source: str, scope: Scope) -> ImproveError | None:
+    """A type error in one operand of the guard's `&&` and `||`, each evaluated alone. CEL's `&&` is false
+    when either side is, error or not, so `facts.n <= 'one' && <false on the probe request>` evaluated
+    whole said nothing, and a guard calling `getenv('HOME')` passed this gate: explore found it only
+    where its probe reached the guard, and `parity compare` not at all."""
+    for part in _operands(source):
+        try:
+            compile_expr(part, "guard operand").evaluate(scope)
+        except ImproveError as err:
+            if any(kind in str(err) for kind in _TYPE_ERRORS):
+                return err
+    return None
+
+
+def _operands(source: str) -> list[str]:
+    """The operands of `source`'s top-level `&&` and `||`, each split again where it is one in
+    parentheses (`!` before them kept out); the whole source when it has none."""
+    tokens = tokenize(source)
+    parts: list[str] = []
+    depth, start, i = 0, 0, 0
+    while i < len(tokens):
+        text = tokens[i].text
+        if text in "([{":
+            depth += 1
+        elif text in ")]}":
+            depth -= 1
+        elif (
+            depth == 0
+            and text in ("&", "|")
+            and i + 1 < len(tokens)
+            and tokens[i + 1].text == text
+            and tokens[i + 1].start == tokens[i].start + 1
+        ):
+            parts.append(source[start : tokens[i].start])
+            start = tokens[i + 1].start + 1
+            i += 1
+        i += 1
+    if not parts:
+        inner = source.strip().removeprefix("!").strip()
+        if inner.startswith("(") and inner.endswith(")") and _closes_at_end(inner):
+            return _operands(inner[1:-1])
+        return [source]
+    parts.append(source[start:])
+    return [operand for part in parts for operand in _operands(part.strip())]
+
+
+def _closes_at_end(text: str) -> bool:
+    """Whether the parenthesis `text` opens with closes at its end, not before (`(a) && (b)` does not)."""
+    depth = 0
+    for i, token in enumerate(tokenize(text)):
+        depth += token.text in "([{"
+        depth -= token.text in ")]}"
+        if depth == 0:
+            return token.start == len(text) - 1 and i > 0
+    return False
