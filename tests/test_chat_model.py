@@ -438,6 +438,8 @@ def test_a_call_that_hangs_past_the_timeout_takes_the_policys_on_error(serve: Se
     assert "1 of 1 decisions fell back to the policy's onError: could not reach the endpoint" in doc["stderr"]
     assert "model fake never answered" in doc["stderr"] and "Traceback" not in doc["stderr"]
     assert (doc["summary"]["decisions"], doc["summary"]["fallbacks"]) == (1, 1)
+    # No pass rate is the model's: what passed is the onError path's, said as such.
+    assert doc["summary"]["pass_rate"] is None and doc["summary"]["on_error_pass_rate"] == 0.0
     entries = thread(ws, "small-refund-01")
     (landed,) = decisions(entries)
     # v0's onError escalates; the failed call is journaled with its reason, and the thread is complete.

@@ -217,6 +217,10 @@ def run_command(
                         f"`improve resume {waiting[0].thread_id} --event '{{...}}'` goes on with one"
                     )
                 fell_back = fallbacks(rows)
+                if fell_back.never_answered:
+                    # No decision was the model's: a pass rate here would be the onError path's, read
+                    # as the model's by a script that reads no further (the exit code says so too).
+                    summary.update(pass_rate=None, on_error_pass_rate=summary["pass_rate"])
                 unsealed = [r for r in rows if r.split == SEALED_SPLIT]
                 unsealing = None
                 if unsealed:
@@ -251,7 +255,11 @@ def run_command(
             )
         else:
             out.print(outcome_table(rows))
-            rate = f"{summary['pass_rate']:.3f}" if summary["runs"] else "-"
+            rate = (
+                f"{summary['pass_rate']:.3f}" if summary["runs"] and summary["pass_rate"] is not None else "-"
+            )
+            if fell_back.never_answered:
+                rate += f" (model {model} never answered: its runs took the policy's onError)"
             out.print(
                 f"pass rate {rate} ({summary['passed']}/{summary['runs']} runs"
                 + (f", {summary['waiting']} waiting for a person" if summary.get("waiting") else "")
@@ -265,8 +273,8 @@ def run_command(
             err.print(f"warning: {fell_back.sentence()}", markup=False)
         if fell_back.never_answered:
             raise EndpointError(
-                f"model {model} never answered: {fell_back.sentence()}. The pass rate above measures the "
-                "policy's onError, not the model: fix the endpoint (its URL, key, server, or the way of "
+                f"model {model} never answered: {fell_back.sentence()}. No pass rate is the model's (the "
+                "runs above measure the policy's onError): fix the endpoint (its URL, key, server, or the way of "
                 "asking: `ask` in [models.NAME]) and run again with --fresh"
             )
         most = space.config.objective.max_fallback_share
