@@ -1884,6 +1884,31 @@ def test_the_miner_compares_two_enumerated_facts() -> None:
     assert (best.action.describe(), best.condition) == ("ESCALATE", "facts.department != facts.owner")
 
 
+def test_membership_in_the_values_the_failures_take_is_tried_on_a_long_enumeration() -> None:
+    """Wires to four sanctioned countries of thirteen are rejected. Every subset of thirteen values is
+    too many to try: the failures' own values are one membership test, charged as the choice of any
+    subset (a bit a value), which eight scenarios pay for. A rule for each country, or for three of
+    them, is not the desk's rule."""
+    countries = ("US", "GB", "DE", "FR", "IR", "KP", "SY", "CU", "JP", "CA", "MX", "BR", "IN")
+    sanctioned = ("IR", "KP", "SY", "CU")
+    examples = [
+        decision(
+            f"{c}-{i}",
+            {"destination": c},
+            ("SEND", "REJECT"),
+            "SEND",
+            "REJECT" if c in sanctioned else "SEND",
+        )
+        for c in countries
+        for i in range(2 if c in sanctioned else 3)
+    ]
+    rule = mine(examples, {"facts.destination": countries})[0]
+    assert (rule.action.describe(), rule.condition) == (
+        "REJECT",
+        "facts.destination in ['IR', 'KP', 'SY', 'CU']",
+    ), rule.guard
+
+
 def test_two_numbers_of_one_unit_are_compared_with_a_margin_at_the_edge_of_the_evidence() -> None:
     """A refill more than a week early is denied: the days since the last fill against the days it
     supplies (30 or 90), which no threshold on either fact states. Declared in one unit, the facts are

@@ -346,9 +346,23 @@ def atoms_for(cases: Sequence[Case], vocab: RuleTerms) -> list[Atom]:
                 for size in range(2, len(declared) - 1):
                     for subset in itertools.combinations(declared, size):
                         atoms += [Atom("member", path, "==", subset), Atom("member", path, "!=", subset)]
+            elif len(declared) > MAX_SET:
+                atoms += _failing_values(cases, path, declared)
         elif worded(cases, path, kind):
             atoms += _text_atoms(cases, path)
     return atoms
+
+
+def _failing_values(cases: Sequence[Case], path: str, declared: Sequence[Any]) -> list[Atom]:
+    """Membership in the values the failures to fix take, for an enumerated fact of more values than
+    `MAX_SET` (its subsets are too many to try): a list of countries where four are sanctioned gave
+    only `destination == 'IR'`, and a rule for each country waited for two scenarios of each. Charged
+    as the choice of any subset of its values (`_costs`), since the labels chose it."""
+    values = {fact_at(c.facts, path) for c in cases if c.target}
+    subset = tuple(v for v in declared if v in values)
+    if not 2 <= len(subset) < len(declared) - 1:
+        return []
+    return [Atom("member", path, "==", subset), Atom("member", path, "!=", subset)]
 
 
 def _offsets(cases: Sequence[Case], vocab: RuleTerms, left: str, right: str) -> list[Atom]:

@@ -68,6 +68,7 @@ from improve.loop.gates import GateResult
 from improve.loop.proposers import generalize as reach
 from improve.loop.proposers.base import Proposal, ProposalRequest
 from improve.loop.proposers.conditions import (
+    MAX_SET,
     MIN_SUPPORT,
     Atom,
     Case,
@@ -284,7 +285,8 @@ def _costs(atoms: Sequence[Atom], masks: Sequence[int], vocab: RuleTerms) -> lis
     split the training decisions alike are one choice (`x > 3` and `x >= 4` on whole numbers, two words
     that always occur together). A comparison of two facts is chosen among every pair of facts, not
     among the ones its first fact makes, with or without a unit (declaring one makes no other
-    comparison cheaper); a margin between two facts of one unit is chosen as a threshold over their
+    comparison cheaper); membership in the values the failures take, of an enumerated fact of more than
+    `MAX_SET` values, is the choice of one of its subsets, a bit a value (the labels chose it); a margin between two facts of one unit is chosen as a threshold over their
     difference is, among its cut points (the comparison itself one of them). The environment's own
     numbers are named, not chosen: a threshold at one costs nothing (`RuleTerms.own`)."""
 
@@ -299,7 +301,14 @@ def _costs(atoms: Sequence[Atom], masks: Sequence[int], vocab: RuleTerms) -> lis
         if vocab.one_unit(atom) and not atom.offset:
             # The comparison itself is one of the cut points of the two facts' difference.
             family.setdefault((f"{atom.path} - {atom.value}", "margin"), set()).add(mask)
-    return [0.0 if vocab.own(atom) else math.log2(max(1, len(family[kin(atom)]))) for atom in atoms]
+    return [
+        0.0
+        if vocab.own(atom)
+        else float(len(vocab.values[atom.path]))
+        if atom.kind == "member" and len(vocab.values.get(atom.path) or ()) > MAX_SET
+        else math.log2(max(1, len(family[kin(atom)])))
+        for atom in atoms
+    ]
 
 
 def _ties(space: _Space, about: set[str]) -> list[tuple[float, ...]]:
