@@ -98,6 +98,12 @@ def _recorded_workspace(root: Path) -> Path:
     traces = root / "traces"
     for source in sorted(traces.glob("held-out:v1:sloppy:*.jsonl"))[:3]:
         _shift_thread(source, traces / source.name.replace(":v1:", ":v7:"))
+    # One copy edited after it was sealed: the warehouse sets it aside, and the lake must too.
+    tampered = sorted(traces.glob("held-out:v7:sloppy:*.jsonl"))[0]
+    lines = tampered.read_text().splitlines()
+    init = json.loads(lines[0])
+    init["event"]["input"]["customerId"] = "C-0000"
+    tampered.write_text("\n".join([json.dumps(init), *lines[1:]]) + "\n")
     stranger = {
         "schemaVersion": 1,
         "recordedAt": "2026-11-28T23:59:59Z",
@@ -149,6 +155,12 @@ def test_every_table_and_view_is_the_same_on_the_lake(ws: Path) -> None:
         described = f"SELECT column_name, column_type FROM (DESCRIBE {name})"
         assert lake.execute(described).fetchall() == warehouse.execute(described).fetchall(), name
         assert rows(lake, f"SELECT * FROM {name}") == rows(warehouse, f"SELECT * FROM {name}"), name
+    # The thread edited after it was sealed is set aside on the lake as in the warehouse.
+    (tampered,) = lake.execute("SELECT thread_id FROM threads WHERE quarantined").fetchall()
+    assert tampered[0].startswith("held-out:v7:sloppy:")
+    assert lake.execute("SELECT count(*) FROM decisions WHERE thread_id = ?", [tampered[0]]).fetchone() == (
+        0,
+    )
     # The documentation comes along: `improve sql --lake DIR --schema`.
     schema = runner.invoke(app, ["sql", "--lake", str(ws / "lake"), "--schema", "--format", "json"])
     doc = {r["name"]: r for r in json.loads(schema.stdout)}
@@ -210,7 +222,7 @@ def test_exporting_again_replaces_the_lake(ws: Path, tmp_path: Path) -> None:
     second = json.loads(invoke("export", "-w", str(ws), str(lake), "--json").stdout)
     assert (first["replaced"], second["replaced"]) == (False, True)
     assert first["tables"] == second["tables"]
-    assert {p.name for p in lake.iterdir()} == {"_lake.json", "entries", "outcomes"}  # no staging left
+    assert {p.name for p in lake.iterdir()} == {"_lake.json", *LAKE_TABLES}  # no staging left
     con = open_lake(lake)
     for table, counts in second["tables"].items():
         assert con.execute(f"SELECT count(*) FROM {table}").fetchone() == (counts["rows"],)
@@ -234,7 +246,11 @@ def test_a_new_column_flows_into_the_lake(ws: Path, tmp_path: Path) -> None:
 
 def test_an_empty_warehouse_exports_an_empty_lake(tmp_path: Path) -> None:
     report = export_lake(open_database(), tmp_path / "lake")
-    assert [(t.table, t.rows, t.files) for t in report.tables] == [("entries", 0, 0), ("outcomes", 0, 0)]
+    assert [(t.table, t.rows, t.files) for t in report.tables] == [
+        ("entries", 0, 0),
+        ("outcomes", 0, 0),
+        ("quarantine", 0, 0),
+    ]
     con = open_lake(tmp_path / "lake")
     assert con.execute("SELECT count(*) FROM threads").fetchone() == (0,)
     assert [r[0] for r in con.execute("DESCRIBE outcomes").fetchall()][:2] == ["thread_id", "environment"]
@@ -282,6 +298,22 @@ def test_a_forged_manifest_is_refused_and_nothing_of_it_reaches_sql(
     (lake / "_lake.json").write_text(json.dumps(manifest))
     result = runner.invoke(app, ["sql", "--lake", str(lake), "SELECT count(*) FROM outcomes WHERE passed"])
     assert result.exit_code == 2 and "export the lake again" in result.stderr, result.output
+
+
+def test_a_lake_of_the_first_format_is_refused_and_asked_to_be_exported_again(
+    ws: Path, tmp_path: Path
+) -> None:
+    """A version 1 lake holds no `quarantine`: its views would count the threads set aside."""
+    lake = tmp_path / "lake"
+    shutil.copytree(ws / "lake", lake)
+    manifest = json.loads((lake / "_lake.json").read_text())
+    manifest["version"] = 1
+    del manifest["tables"]["quarantine"]
+    shutil.rmtree(lake / "quarantine")
+    (lake / "_lake.json").write_text(json.dumps(manifest))
+    result = runner.invoke(app, ["sql", "--lake", str(lake), "SELECT count(*) FROM decisions"])
+    assert result.exit_code == 2, result.output
+    assert "is lake format version 1, this improve reads version 2; export the lake again" in result.stderr
 
 
 def test_a_manifest_nested_deep_or_huge_is_no_manifest(tmp_path: Path) -> None:

@@ -145,6 +145,43 @@ def test_ingest_names_the_threads_it_sets_aside(ws: Path) -> None:
     assert f"  {path.stem}: " in said.stderr
 
 
+def test_threads_set_aside_feed_no_analyst_view(ws: Path) -> None:
+    """A thread edited after it was written, and one cut short, are in `quarantine`: `threads` says so,
+    and `decisions`, `attempts`, `usage` and `outcomes` leave them out (the README's queries over them
+    count only threads that verify)."""
+    cli(ws, "run", "--model", "sloppy", "--k", "1", "--split", "train", "--json")
+    # Threads whose decisions had answers refused by a guard, so `attempts` has rows of each.
+    refused = sorted({r["thread_id"] for r in sql(ws, "SELECT thread_id FROM attempts")})
+    assert len(refused) >= 3, refused
+    copies = ws / "copies"
+    copies.mkdir()
+    for thread in refused[:3]:
+        (copies / f"{thread}.jsonl").write_bytes((ws / "traces" / f"{thread}.jsonl").read_bytes())
+    edited, cut, kept = (copies / f"{t}.jsonl" for t in refused[:3])
+    lines = edited.read_text().splitlines()
+    init = json.loads(lines[0])
+    init["event"]["input"]["customerId"] = "C-0000"
+    edited.write_text("\n".join([json.dumps(init), *lines[1:]]) + "\n")
+    cut.write_text("\n".join(cut.read_text().splitlines()[:-1]) + "\n")
+    db = str(ws / "copies.duckdb")
+    said = runner.invoke(app, ["ingest", str(copies), "--db", db, "-w", str(ws)])
+    assert said.exit_code == 0 and "set aside 2 thread(s)" in said.stderr, said.output
+
+    def rows(query: str) -> set[tuple[Any, ...]]:
+        got = runner.invoke(app, ["sql", "--db", db, "--format", "json", query, "-w", str(ws)])
+        assert got.exit_code == 0, got.output
+        return {tuple(r.values()) for r in json.loads(got.stdout)}
+
+    assert rows("SELECT thread_id, quarantined FROM threads") == {
+        (edited.stem, True),
+        (cut.stem, True),
+        (kept.stem, False),
+    }
+    for view in ("decisions", "attempts", "usage", "outcomes"):
+        assert rows(f"SELECT DISTINCT thread_id FROM {view}") == {(kept.stem,)}, view
+    assert rows("SELECT thread_id FROM quarantine") == {(edited.stem,), (cut.stem,)}
+
+
 def test_a_relabelled_scenario_is_scored_against_its_label_now(ws: Path) -> None:
     """A run is reused after its scenario's label changed (the label only scores it), but its row is
     scored again against the new label: not the old verdict, in the run's table, the warehouse or

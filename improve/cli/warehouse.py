@@ -380,8 +380,8 @@ def export_command(
 ) -> None:
     """Export the warehouse as a Parquet lake, or threads as OpenTelemetry traces.
 
-    --format parquet: the warehouse's entries and outcomes as Hive-partitioned Parquet in DIR.
-    DIR/entries/ and DIR/outcomes/ are partitioned by environment, policy version and day (the thread's
+    --format parquet: the warehouse's entries, outcomes and quarantine as Hive-partitioned Parquet in
+    DIR, each partitioned by environment, policy version and day (the thread's
     first day, UTC), so Spark, polars (`scan_parquet(..., hive_partitioning=True)`), DuckDB or Athena
     read only the partitions a query needs; DIR/_lake.json lists the tables, columns and row counts.
     Exporting again replaces the lake (written beside it, swapped in when complete): rows are never

@@ -1,10 +1,12 @@
-"""The Parquet lake: the warehouse's `entries` and `outcomes` as Hive-partitioned Parquet, and back.
+"""The Parquet lake: the warehouse's `entries`, `outcomes` and `quarantine` as Hive-partitioned Parquet,
+and back.
 
 `export_lake(con, DIR)` writes, with DuckDB's `COPY ... (FORMAT parquet, PARTITION_BY ...)`:
 
     DIR/_lake.json                                     the manifest: tables, their columns and types, rows
     DIR/entries/environment=refunds/policy_version=v3/day=2026-11-30/data_0.parquet
     DIR/outcomes/environment=refunds/policy_version=v3/day=2026-11-30/data_0.parquet
+    DIR/quarantine/environment=refunds/policy_version=v3/day=2026-11-30/data_0.parquet
 
 The partition keys belong to the thread, so a thread's entries and its outcome sit under the same
 keys: `environment` is the outcome's environment, else the stamp on entry 0 (`metadata.environment`),
@@ -20,7 +22,7 @@ An export replaces the lake: it is written beside it (`DIR/.export-*`) and swapp
 exporting again never duplicates rows and a failed export leaves the previous lake as it was. A
 directory that holds anything but a lake is refused.
 
-`open_lake(DIR)` is an in-memory DuckDB where `entries` and `outcomes` are views over
+`open_lake(DIR)` is an in-memory DuckDB where `entries`, `outcomes` and `quarantine` are views over
 `read_parquet('DIR/<table>/**/*.parquet', hive_partitioning = true)` with the columns and types of the
 manifest (the partition keys that are not columns are dropped), and every view of `views.py` is created
 on top unchanged, with its comments: `improve sql --lake DIR` runs the same SQL as on the warehouse.
@@ -46,8 +48,9 @@ from improve.files import hint_for, write_atomic
 from improve.warehouse.readonly import harden
 from improve.warehouse.views import RELATIONS, THREAD_PARTS, Relation, view_statements
 
-LAKE_TABLES = ("entries", "outcomes")
-"""The tables a lake holds; every view of `views.py` is derived from them."""
+LAKE_TABLES = ("entries", "outcomes", "quarantine")
+"""The tables a lake holds; every view of `views.py` is derived from them (the views over `entries`
+leave out the threads `quarantine` holds, so a lake carries it too)."""
 
 PARTITION_KEYS: dict[str, str] = {"environment": "VARCHAR", "policy_version": "VARCHAR", "day": "DATE"}
 """The Hive partition keys, outermost first, with the type they are read back as."""
@@ -56,7 +59,9 @@ MANIFEST = "_lake.json"
 """The manifest's file name: a leading underscore, so Spark, Hive and friends skip it as metadata."""
 
 LAKE_FORMAT = "improve-lake"
-LAKE_VERSION = 1
+LAKE_VERSION = 2
+"""2: the lake holds `quarantine` too. A version 1 lake is refused (export it again): without that
+table its views would count the threads set aside."""
 
 THREAD_KEYS = f"""
     SELECT t.thread_id,
@@ -135,8 +140,8 @@ def is_lake(directory: str | Path) -> bool:
 
 
 def export_lake(con: duckdb.DuckDBPyConnection, directory: str | Path) -> LakeReport:
-    """Write the warehouse's `entries` and `outcomes` into DIR as Hive-partitioned Parquet, replacing
-    the lake already there. Both tables are read in one transaction, so they agree with each other."""
+    """Write the warehouse's `LAKE_TABLES` into DIR as Hive-partitioned Parquet, replacing
+    the lake already there. The tables are read in one transaction, so they agree with each other."""
     started = time.monotonic()
     target = Path(directory).resolve()
     if target.exists() and not target.is_dir():
@@ -272,6 +277,16 @@ def read_manifest(directory: str | Path) -> dict[str, Any]:
         raise LakeError(f"{path} is not JSON ({str(error)[:200]}); export the lake again") from None
     tables = manifest.get("tables") if isinstance(manifest, dict) else None
     if (
+        isinstance(manifest, dict)
+        and manifest.get("format") == LAKE_FORMAT
+        and manifest.get("version") != LAKE_VERSION
+    ):
+        # Before its tables are checked: a lake of another version lists others (version 1 has no quarantine).
+        raise LakeError(
+            f"{path} is lake format version {str(manifest.get('version'))[:40]}, this improve reads version "
+            f"{LAKE_VERSION}; export the lake again with this improve, or upgrade improve"
+        )
+    if (
         not isinstance(manifest, dict)
         or manifest.get("format") != LAKE_FORMAT
         or not isinstance(tables, dict)
@@ -280,11 +295,6 @@ def read_manifest(directory: str | Path) -> dict[str, Any]:
         raise LakeError(
             f"{path} is not an improve lake manifest (format {LAKE_FORMAT!r} with tables "
             f"{', '.join(LAKE_TABLES)}); export the lake again with `improve export --format parquet`"
-        )
-    if manifest.get("version") != LAKE_VERSION:
-        raise LakeError(
-            f"{path} is lake format version {str(manifest.get('version'))[:40]}, this improve reads version "
-            f"{LAKE_VERSION}; export the lake again with this improve, or upgrade improve"
         )
     for table in LAKE_TABLES:
         described = tables[table]
@@ -378,7 +388,7 @@ def _table_sql(lake: Path, table: str, columns: dict[str, str], rows: int) -> st
 def open_lake(
     directory: str | Path, *, memory_limit: str | None = None, sandboxed: bool = False
 ) -> duckdb.DuckDBPyConnection:
-    """An in-memory DuckDB over the lake in DIR: `entries` and `outcomes` over its Parquet files and
+    """An in-memory DuckDB over the lake in DIR: `LAKE_TABLES` over its Parquet files and
     every view of the warehouse on top, documented as in the warehouse.
 
     `sandboxed` is `improve sql`'s read-only mode (`improve.warehouse.readonly`): DuckDB's hardening

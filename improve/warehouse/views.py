@@ -22,6 +22,14 @@ class Relation:
 THREAD_PARTS = r"'^[^:]+:[^:]+:([^:]+:)?[^:]+:r[0-9]+$'"
 """`split:version:model:scenario:rK`, or the older `split:version:scenario:rK` (no model)."""
 
+VERIFIED = "thread_id NOT IN (SELECT thread_id FROM quarantine)"
+"""The condition the analyst views over `entries` put on a thread: it is not set aside in `quarantine`.
+The README promises that no score, diagnosis or round uses a thread that does not verify (an entry
+edited after it was written, a thread cut short); a count of refusals or tokens over every entry
+counted the edited ones too, so these views leave them out, and `threads` says which they are."""
+
+SET_ASIDE = "Threads in `quarantine` (whose replay does not verify, or that were cut short) are left out."
+
 RELATIONS: tuple[Relation, ...] = (
     Relation(
         "quarantine",
@@ -315,7 +323,8 @@ RELATIONS: tuple[Relation, ...] = (
     Relation(
         "threads",
         "One row per thread: its id parsed into split, policy version, model, scenario and run; machine; size; "
-        "times; whether it is chained and ended.",
+        "times; whether it is chained and ended, and whether it is set aside in `quarantine` (every thread is "
+        "here; the other views over entries leave the quarantined ones out).",
         {
             "thread_id": "The thread.",
             "split": "train or held-out (NULL when the id is not split:version:model:scenario:rK).",
@@ -336,6 +345,11 @@ RELATIONS: tuple[Relation, ...] = (
             "end_status": "The status the last end entry records (done, waiting, checkpointed, blocked_ask, budget, "
             "decision-exhausted, error; idle in threads written before runs could be resumed).",
             "head_hash": "The last entry's entry_hash: the thread's digest, which depends on every entry.",
+            "quarantined": "The thread is in `quarantine`: its replay does not verify (an entry edited, removed, "
+            "inserted or reordered after it was written, a state that diverges) or it was cut short; "
+            "`decisions`, `attempts`, `usage`, `outcomes` and `scenario_passes` leave it out, and the "
+            "quarantine table says why. False for every other thread, replayed or not (another agent's log, a "
+            "machine no environment of the workspace has).",
         },
         f"""
         SELECT thread_id,
@@ -361,7 +375,8 @@ RELATIONS: tuple[Relation, ...] = (
                bool_and(schema_version = 2 AND entry_hash IS NOT NULL) AS chained,
                arg_max(event_type, "index") = '@agent.end' AS ended,
                arg_max(event ->> '$.status', "index") FILTER (WHERE event_type = '@agent.end') AS end_status,
-               arg_max_null(entry_hash, "index") AS head_hash
+               arg_max_null(entry_hash, "index") AS head_hash,
+               thread_id IN (SELECT thread_id FROM quarantine) AS quarantined
         FROM entries
         GROUP BY thread_id
         """,
@@ -430,7 +445,7 @@ RELATIONS: tuple[Relation, ...] = (
     Relation(
         "decisions",
         "One row per decision: its name, the event chosen (NULL when every answer was refused), the options "
-        "offered and how many attempts it took.",
+        "offered and how many attempts it took. " + SET_ASIDE,
         {
             "thread_id": "The thread.",
             "index": "Entry index of the decision.",
@@ -459,13 +474,13 @@ RELATIONS: tuple[Relation, ...] = (
                metadata ->> '$.source' AS source,
                TRY_CAST(recorded_at AS TIMESTAMPTZ) AS recorded_at
         FROM entries
-        WHERE json_exists(metadata, '$.decision')
-        """,
+        WHERE json_exists(metadata, '$.decision') AND """
+        + VERIFIED,
     ),
     Relation(
         "attempts",
         "One row per refused answer: the failure kind, its reason, the event attempted and the guard that "
-        "refused it.",
+        "refused it. " + SET_ASIDE,
         {
             "thread_id": "The thread.",
             "index": "Entry index of the decision it belongs to.",
@@ -489,13 +504,15 @@ RELATIONS: tuple[Relation, ...] = (
                    unnest(json_extract(attempts, '$[*]')) AS att,
                    generate_subscripts(json_extract(attempts, '$[*]'), 1) AS attempt
             FROM entries
-            WHERE attempts IS NOT NULL
+            WHERE attempts IS NOT NULL AND """
+        + VERIFIED
+        + """
         )
         """,
     ),
     Relation(
         "usage",
-        "Model calls, tokens and cost per thread, from the @agent.usage spend records.",
+        "Model calls, tokens and cost per thread, from the @agent.usage spend records. " + SET_ASIDE,
         {
             "thread_id": "The thread.",
             "model_calls": "Model calls.",
@@ -520,7 +537,9 @@ RELATIONS: tuple[Relation, ...] = (
                list(DISTINCT event ->> '$.fingerprint' ORDER BY event ->> '$.fingerprint')
                    FILTER (WHERE (event ->> '$.fingerprint') IS NOT NULL) AS fingerprints
         FROM entries
-        WHERE event_type = '@agent.usage'
+        WHERE event_type = '@agent.usage' AND """
+        + VERIFIED
+        + """
         GROUP BY thread_id
         """,
     ),
@@ -616,7 +635,7 @@ RELATIONS: tuple[Relation, ...] = (
         "checkpoints_resumable",
         "One row per checkpoint, normalize's (session-<id>.json) and the code agent's (its checkpoint.save "
         "output): which of what a resume needs (working memory, notes, plan, state) it holds, and which of "
-        "those its session had but the checkpoint dropped.",
+        "those its session had but the checkpoint dropped. " + SET_ASIDE,
         {
             "thread_id": "The thread the checkpoint is in.",
             "agent": "normalize (imported checkpoints) or code-agent (improve's own runs).",
@@ -667,6 +686,9 @@ RELATIONS: tuple[Relation, ...] = (
                    true AS had_notes, true AS had_plan, true AS had_state
             FROM entries
             WHERE event_type = 'xstate.done.actor' AND json_type(event, '$.output.checkpoint') = 'OBJECT'
+              AND """
+        + VERIFIED
+        + """
         ), rows AS (
             SELECT n.*, f.had_notes, f.had_plan, f.had_state
             FROM normalize n LEFT JOIN session_facts f ON f.thread_id = n.session_thread_id
