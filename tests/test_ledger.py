@@ -205,6 +205,69 @@ def test_a_relabelled_scenario_is_scored_against_its_label_now(ws: Path) -> None
     assert [t["passed"] for t in cli(ws, *args)["threads"]] == [True]
 
 
+def test_a_run_of_a_changed_scenario_is_not_current_and_no_pass_rate_counts_it(ws: Path) -> None:
+    """A run recorded before its scenario's input changed (same id) is left out by `improve score`; the
+    warehouse marks it not `current`, so `scenario_passes` (and the README's pass rate over `outcomes`)
+    say what the scorecard says, before and after `improve ingest` scores it against the new label."""
+    cli(ws, "run", "--model", "careful", "--k", "1", "--split", "train", "--json")
+    path = ws / "scenarios" / "refunds.yaml"
+    doc = yaml.safe_load(path.read_text())
+    (edited,) = [s for s in doc["scenarios"] if s["id"] == "small-refund-01"]
+    edited["input"]["amount"] = 20.5  # was 23.5; the label follows
+    edited["expected"]["effects"][0]["amount"] = 20.5
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    scored = runner.invoke(
+        app, ["score", "--policy", "v0", "--model", "careful", "--split", "train", "--json", "-w", str(ws)]
+    )
+    assert scored.exit_code == 0, scored.output
+    assert "1 recorded run(s) of v0 with model careful are not scored" in scored.stderr
+    (card,) = json.loads(scored.stdout)["scorecards"]
+    stale = "train:v0:careful:small-refund-01:r1"
+    passes = """
+        SELECT round(avg(pass_fraction), 6) AS pass_rate, sum(runs) AS runs FROM scenario_passes
+        WHERE model = 'careful' AND split = 'train' AND policy_version = 'v0'
+    """
+    readme = """
+        SELECT round(avg(fraction), 6) AS pass_rate FROM (
+            SELECT scenario, avg(passed::INT) AS fraction FROM outcomes
+            WHERE model = 'careful' AND split = 'train' AND policy_version = 'v0' AND current GROUP BY ALL)
+    """
+    for moment in ("after score", "after ingest"):
+        assert sql(ws, passes) == [{"pass_rate": card["pass_rate"], "runs": card["runs"]}], moment
+        assert sql(ws, readme) == [{"pass_rate": card["pass_rate"]}], moment
+        assert sql(ws, f"SELECT current FROM outcomes WHERE thread_id = '{stale}'") == [{"current": False}]
+        ingested = runner.invoke(app, ["ingest", str(ws / "traces"), "-w", str(ws)])
+        assert ingested.exit_code == 0, ingested.output
+    # Scored again against the new label, it fails: not current, so no pass rate counts it.
+    assert sql(ws, f"SELECT passed, current FROM outcomes WHERE thread_id = '{stale}'") == [
+        {"passed": False, "current": False}
+    ]
+    # Run again, the scenario's run is current again.
+    cli(ws, "run", "--model", "careful", "--k", "1", "--scenario", "small-refund-01", "--json")
+    assert sql(ws, f"SELECT passed, current FROM outcomes WHERE thread_id = '{stale}'") == [
+        {"passed": True, "current": True}
+    ]
+
+
+def test_a_warehouse_from_before_current_is_scored_again_on_ingest(ws: Path) -> None:
+    """A warehouse an older improve wrote (no `current`) keeps working: opened for writing it gains the
+    column, its scored rows are replayed again, and every scored row says whether it is current."""
+    import duckdb
+
+    cli(ws, "run", "--model", "careful", "--k", "1", "--scenario", "small-refund-01", "--json")
+    con = duckdb.connect(str(ws / "traces" / "traces.duckdb"))
+    con.execute("DROP VIEW scenario_passes")
+    con.execute("ALTER TABLE outcomes DROP COLUMN current")
+    con.execute("DELETE FROM schema_migrations WHERE name = '010_outcome_current' OR name LIKE 'views:%'")
+    con.close()
+    said = runner.invoke(app, ["ingest", str(ws / "traces"), "-w", str(ws)])
+    assert said.exit_code == 0 and "1 thread(s) replayed (1 scored" in said.stderr, said.output
+    assert sql(ws, "SELECT thread_id, passed, current FROM outcomes") == [
+        {"thread_id": "train:v0:careful:small-refund-01:r1", "passed": True, "current": True}
+    ]
+    assert sql(ws, "SELECT runs FROM scenario_passes") == [{"runs": 1}]
+
+
 # --- production threads, from diagnosis to a fix ------------------------------------------------------
 
 PARTIAL = [  # (customer, order, total, refunded, asked): more asked than is left to refund

@@ -200,6 +200,15 @@ class Ledger:
             con.execute("ROLLBACK")
             raise
 
+    def not_current(self, thread_ids: Sequence[str]) -> None:
+        """Mark the rows of threads recorded from other inputs than their scenario's now (`improve
+        score` leaves them out) as not `current`, without replaying them: `scenario_passes` then agrees
+        with the scorecard at once, not only after the next `improve ingest` scores them again."""
+        self.con.execute(
+            "UPDATE outcomes SET current = false WHERE list_contains($ids, thread_id) AND current",
+            {"ids": list(thread_ids)},
+        )
+
     def read(self, thread_ids: Sequence[str]) -> Recorded:
         """The verified rows of `thread_ids` (in that order) and those in quarantine."""
         params = {"threads": list(thread_ids)}

@@ -3,8 +3,10 @@
 A thread gets a row when its machine is a known environment and its replay verifies (every journaled
 hash checks); a thread that does not verify goes to `quarantine` with the reason instead, and nothing
 scores it. When its id names a scenario of that environment's scenario file
-(`split:version:model:scenario:rK`), the row is scored (`passed`, `reason`); otherwise (a production
-thread) those stay NULL. Rows are refreshed when the thread has grown since it was checked.
+(`split:version:model:scenario:rK`), the row is scored (`passed`, `reason`), and `current` says
+whether the run was recorded from what a run of the scenario starts from now (`suite.stale_stamp`, the
+test `improve score` makes); otherwise (a production thread) those stay NULL. Rows are refreshed when
+the thread has grown since it was checked, or when what scores it (`scored_by`) has changed.
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ import duckdb
 from improve.errors import ImproveError, LogError
 from improve.evals.outcome import OutcomeRow, outcome_row
 from improve.evals.scenarios import Scenario, label_digest, load_scenarios
+from improve.evals.suite import inputs_digests, stale_stamp
 from improve.evals.workspace import Workspace
 from improve.log import EntryView, LogEntry, ThreadId, gc_paused
+from improve.machine import canonical_hash
 from improve.runtime import Environment
 from improve.warehouse import COLUMNS, insert_rows, row_view
 
@@ -43,6 +47,14 @@ def scenarios_by_id(workspace: Workspace, env: Environment) -> dict[str, Scenari
     if not path.exists():
         return {}
     return load_scenarios(path, env.name).by_id()
+
+
+def scored_by(env: Environment, scenario: Scenario) -> str:
+    """The `outcomes.label` digest: what scores a run of the scenario (`label_digest`) and what a run of
+    it starts from now (the environment's files, its input, world and people). A row scored against
+    another is scored again, so both `passed` and `current` follow an edit of the scenario file or of
+    the environment (an input edited under the same id leaves the label's digest as it was)."""
+    return canonical_hash({"label": label_digest(scenario), "inputs": inputs_digests(env, scenario)})[:16]
 
 
 def _pending(
@@ -121,10 +133,14 @@ def refresh_outcomes(
         machine_id: given[machine_id] if machine_id in given else scenarios_by_id(workspace, env)
         for machine_id, env in envs.items()
     }
-    labels = [
-        {"environment": envs[machine_id].name, "scenario": sid, "label": label_digest(scenario)}
+    digests = {
+        (machine_id, sid): scored_by(envs[machine_id], scenario)
         for machine_id, by_id in scenario_sets.items()
         for sid, scenario in by_id.items()
+    }
+    labels = [
+        {"environment": envs[machine_id].name, "scenario": sid, "label": digest}
+        for (machine_id, sid), digest in digests.items()
     ]
     pending = _pending(con, list(envs), only, labels)
     if not pending:
@@ -132,7 +148,7 @@ def refresh_outcomes(
     rows: list[tuple[Any, ...]] = []
     quarantined: list[tuple[Any, ...]] = []
     with gc_paused():
-        _replay_pending(con, envs, scenario_sets, pending, report, rows, quarantined, progress)
+        _replay_pending(con, envs, scenario_sets, digests, pending, report, rows, quarantined, progress)
     if rows or quarantined:
         checked = [r[0] for r in rows] + [q[0] for q in quarantined]
         con.execute("BEGIN TRANSACTION")
@@ -154,6 +170,7 @@ def _replay_pending(
     con: duckdb.DuckDBPyConnection,
     envs: dict[str, Environment],
     scenario_sets: dict[str, dict[str, Scenario]],
+    digests: dict[tuple[str, str], str],
     pending: list[str],
     report: MaterializeReport,
     rows: list[tuple[Any, ...]],
@@ -188,7 +205,11 @@ def _replay_pending(
             if len(report.set_aside) < 20:
                 report.set_aside.append(f"{thread_id}: {reason}")
             continue
-        rows.append(_row(env, scored, len(entries), label_digest(scenario) if scenario is not None else None))
+        if scenario is None:
+            rows.append(_row(env, scored, len(entries), None, None))
+        else:
+            current = not stale_stamp(env, entries[0].metadata, scenario)
+            rows.append(_row(env, scored, len(entries), digests[env.config.id, scenario.id], current))
         report.replayed += 1
         report.scored += scenario is not None  # counted once its row is kept: a set-aside thread is not
         if progress and done % 500 == 0:
@@ -227,11 +248,15 @@ OUTCOME_COLUMNS = (
     "fallbacks",
     "fallback_reason",
     "label",
+    "current",
 )
 
 
-def _row(env: Environment, r: OutcomeRow, entries: int, label: str | None) -> tuple[Any, ...]:
-    """The outcomes row of a replayed thread; `label`: the digest of what scored it (None: unscored)."""
+def _row(
+    env: Environment, r: OutcomeRow, entries: int, label: str | None, current: bool | None
+) -> tuple[Any, ...]:
+    """The outcomes row of a replayed thread; `label`: the digest of what scored it (`scored_by`; None:
+    unscored); `current`: recorded from what a run of its scenario starts from now (None: unscored)."""
     scored = label is not None
     return (
         r.thread_id,
@@ -263,6 +288,7 @@ def _row(env: Environment, r: OutcomeRow, entries: int, label: str | None) -> tu
         r.fallbacks,
         r.fallback_reason,
         label,
+        current,
     )
 
 

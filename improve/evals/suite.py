@@ -714,7 +714,13 @@ def stale(env: Environment, store: Store, thread_id: str, scenario: Scenario) ->
     reuse. A thread whose stamp holds no digests (an older improve, another agent's log) cannot say,
     and is not called stale."""
     entries = store.read(thread_id)
-    recorded = (entries[0].metadata or {}).get(DIGESTS) if entries else None
+    return stale_stamp(env, entries[0].metadata if entries else None, scenario)
+
+
+def stale_stamp(env: Environment, stamp: Mapping[str, Any] | None, scenario: Scenario) -> bool:
+    """`stale`, of a thread whose entry 0 carries `stamp`: the one test `improve score` and the
+    warehouse's `outcomes.current` both make, so they leave out the same runs."""
+    recorded = (stamp or {}).get(DIGESTS)
     return isinstance(recorded, dict) and recorded != inputs_digests(env, scenario)
 
 

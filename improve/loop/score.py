@@ -352,6 +352,7 @@ class _Scoring:
             else:
                 ids.append(tid)
         if left_out:
+            self.ledger.not_current(left_out)
             self.say(
                 f"{split}: {len(left_out)} recorded run(s) of {label} with model {model} are not scored: they "
                 f"were recorded before the environment's files or their scenario changed (e.g. {left_out[0]}); "

@@ -259,6 +259,18 @@ MIGRATIONS: tuple[Migration, ...] = (
             "DELETE FROM outcomes WHERE expected_outcome IS NULL",
         ),
     ),
+    Migration(
+        "010_outcome_current",
+        # Whether a scored run was recorded from what a run of its scenario starts from now (the
+        # environment's files, the scenario's input, world and people): `improve score` leaves the
+        # others out, and `scenario_passes` must too. The label digest now covers those inputs as well,
+        # so every scored row is scored again; rows written before the column existed are replayed
+        # again to fill it, as 005 and 008 did, so no scored row has an unknown `current`.
+        (
+            "ALTER TABLE outcomes ADD COLUMN current BOOLEAN",
+            "DELETE FROM outcomes WHERE expected_outcome IS NOT NULL",
+        ),
+    ),
 )
 
 

@@ -257,7 +257,9 @@ RELATIONS: tuple[Relation, ...] = (
         "One row per thread, materialized by replaying it against its environment and scoring it against "
         "the scenario's labels (never the agent's own report). A scorecard's pass rate is the mean over "
         "scenarios of each one's pass fraction, and a round runs changed scenarios again (more rows for "
-        "them): an average over these rows weighs those more; `scenario_passes` averages per scenario first.",
+        "them): an average over these rows weighs those more; `scenario_passes` averages per scenario first. "
+        "A run recorded before its scenario or the environment changed is scored against the label now but "
+        "is not `current`: `improve score` leaves it out, and so must a pass rate (`WHERE current`).",
         {
             "thread_id": "The thread.",
             "environment": "The environment it ran in.",
@@ -290,16 +292,23 @@ RELATIONS: tuple[Relation, ...] = (
             "fallbacks": "Of those, decisions the policy's onError answered because a model call failed (the "
             "endpoint: an HTTP error, a timeout, a refused request), not because of the model's answer.",
             "fallback_reason": "The first failed model call's error (NULL when none failed).",
-            "label": "A digest of what scored the row: the scenario's label, category and world (NULL when "
-            "the scenario is unknown); a row whose scenario has been relabelled since is scored again.",
+            "label": "A digest of what scored the row: the scenario's label, category and world, and what a run "
+            "of it starts from (the environment's files, the scenario's input, world and people) (NULL when the "
+            "scenario is unknown); a row whose scenario or environment has changed since is scored again.",
+            "current": "The run was recorded from what a run of its scenario starts from now (its stamp's "
+            "digests of the environment's files and of the scenario's input, world and people are today's, or "
+            "it carries none): `improve score` scores only these, so a pass rate that agrees with it filters "
+            "`WHERE current`. False for a run recorded before the scenario or the environment changed "
+            "(`improve run` records it again); NULL when not scored. Brought up to date by `improve ingest` "
+            "and by the commands that read the run.",
         },
     ),
     Relation(
         "scenario_passes",
         "One row per scenario, split, policy version and model: its runs and pass fraction, as a scorecard "
-        "counts them (a pass rate is the mean of `pass_fraction` over a split's scenarios). Every recorded "
-        "run counts, including those recorded before a scenario or the environment changed, which `improve "
-        "score` leaves out.",
+        "counts them (a pass rate is the mean of `pass_fraction` over a split's scenarios). Only `current` "
+        "runs count: a run recorded before its scenario or the environment changed is left out, as "
+        "`improve score` leaves it out.",
         {
             "environment": "The environment.",
             "split": "train, held-out or test.",
@@ -307,7 +316,7 @@ RELATIONS: tuple[Relation, ...] = (
             "model": "The model bound to the decider (NULL for other agents' logs).",
             "scenario": "Scenario id.",
             "category": "Scenario category.",
-            "runs": "Scored runs of it.",
+            "runs": "Scored runs of it that are current.",
             "passed": "Of those, runs that passed.",
             "pass_fraction": "passed / runs.",
         },
@@ -316,7 +325,7 @@ RELATIONS: tuple[Relation, ...] = (
                count(*) AS runs, count(*) FILTER (WHERE passed) AS passed,
                avg(passed::INTEGER) AS pass_fraction
         FROM outcomes
-        WHERE passed IS NOT NULL
+        WHERE passed IS NOT NULL AND current
         GROUP BY environment, split, policy_version, model, scenario
         """,
     ),
