@@ -333,6 +333,22 @@ def test_a_production_thread_is_audited_in_the_world_its_tools_answered_from(ws:
 
 
 @pytest.mark.slow
+def test_diagnosing_production_for_a_model_with_no_threads_names_the_models_there_are(ws: Path) -> None:
+    agent = deploy(Workspace.load(ws / "improve.toml"), "v0", model="careful")
+    production_thread(agent, "prod-1", SMALL[0])
+    ingested = runner.invoke(app, ["ingest", "-w", str(ws), str(ws / "traces" / PRODUCTION_DIR)])
+    assert ingested.exit_code == 0, ingested.output
+    said = runner.invoke(app, ["diagnose", "--source", "production", "--model", "nope", "-w", str(ws)])
+    assert said.exit_code == 0, said.output
+    assert "no production threads of refunds decided by nope" in said.stdout
+    assert "its production threads are of careful on v0 (1 threads)" in said.stdout
+    assert "ingest a deployed agent's threads first" not in said.stdout  # they are ingested
+    found = cli(ws, "diagnose", "--source", "production", "--model", "nope", "--json")
+    assert found["clusters"] == [] and found["present"] == [
+        {"model": "careful", "policy_version": "v0", "threads": 1}
+    ]
+
+
 def test_production_threads_become_scenarios_and_a_round_fixes_them(tmp_path: Path) -> None:
 
     ws = copy_workspace(tmp_path / "ws")

@@ -295,7 +295,7 @@ def diagnose_command(
 def _diagnose_production(
     space: Workspace, env: str | None, policy: str | None, model: str | None, as_json: bool
 ) -> None:
-    from improve.evals import Ledger, policy_label
+    from improve.evals import PRODUCTION_DIR, Ledger, policy_label
     from improve.loop import diagnose_production
 
     environment = space.environment(env)
@@ -312,11 +312,19 @@ def _diagnose_production(
         f" {what} {value}" for what, value in (("of policy", version), ("decided by", model)) if value
     )
     if not found.clusters:
-        out.print(
-            f"no production threads of {environment.name}{of} in {space.warehouse}: ingest a deployed agent's "
-            "threads first (improve ingest PATH)",
-            markup=False,
-        )
+        if found.present:
+            # There are production threads, only none of this model or version: say which there are.
+            out.print(
+                f"no production threads of {environment.name}{of} in {space.warehouse}; its production "
+                f"threads are of {found.present_text()}: give one of those to --model / --policy, or neither",
+                markup=False,
+            )
+        else:
+            out.print(
+                f"no production threads of {environment.name}{of} in {space.warehouse}: ingest a deployed "
+                f"agent's threads first (`improve ingest {space.traces / PRODUCTION_DIR}`)",
+                markup=False,
+            )
         return
     from rich.table import Table
 

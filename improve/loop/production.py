@@ -13,7 +13,7 @@ file (and its row has no label): a diagnosis feeds a round, and no round reads t
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the connection is the caller's: importing DuckDB here would cost every loop import
@@ -100,6 +100,9 @@ class ProductionDiagnosis:
     """The policy version the threads were restricted to (None: every version)."""
     model: str | None = None
     """The model they were restricted to (None: every model)."""
+    present: list[ProductionSlice] = field(default_factory=list)
+    """Every production thread of the environment, by model and policy version, whatever the
+    restriction: when it leaves none, what there is to give `--model` or `--policy` instead."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -110,7 +113,25 @@ class ProductionDiagnosis:
             "threads": self.threads,
             "clusters": [asdict(c) for c in self.clusters],
             "sql": self.sql,
+            "present": [asdict(p) for p in self.present],
         }
+
+    def present_text(self) -> str:
+        """`careful on v0 (12 threads), naive on v0 (4)`: the production threads there are."""
+        return ", ".join(
+            f"{p.model or '(no model)'} on {p.policy_version or '(no version)'} ({p.threads}"
+            f"{' threads' if i == 0 else ''})"
+            for i, p in enumerate(self.present)
+        )
+
+
+@dataclass(frozen=True)
+class ProductionSlice:
+    """How many production threads one model ran under one policy version."""
+
+    model: str | None
+    policy_version: str | None
+    threads: int
 
 
 def diagnose_production(
@@ -130,9 +151,18 @@ def diagnose_production(
         "AND ($model IS NULL OR model = $model)",
         params,
     ).fetchone()
+    present = [
+        ProductionSlice(model, version, int(n))
+        for model, version, n in con.execute(
+            "SELECT model, policy_version, count(*) FROM outcomes WHERE environment = $environment "
+            "AND expected_outcome IS NULL AND coalesce(split, '') != 'test' GROUP BY ALL "
+            "ORDER BY count(*) DESC, model, policy_version",
+            {"environment": environment},
+        ).fetchall()
+    ]
     sql = PRODUCTION_SQL
     for name, value in params.items():  # written in, so `improve sql` runs it as it is
         sql = sql.replace(f"${name}", "NULL" if value is None else "'" + value.replace("'", "''") + "'")
     return ProductionDiagnosis(
-        environment, int(threads[0]) if threads else 0, clusters, sql.strip(), policy, model
+        environment, int(threads[0]) if threads else 0, clusters, sql.strip(), policy, model, present
     )
