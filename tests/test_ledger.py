@@ -349,6 +349,15 @@ def test_diagnosing_production_for_a_model_with_no_threads_names_the_models_ther
     ]
 
 
+def test_diagnosing_production_without_a_warehouse_creates_none(ws: Path) -> None:
+    """A read makes no warehouse: it says there is none and how to make one, as `improve sql` does."""
+    said = runner.invoke(app, ["diagnose", "--source", "production", "-w", str(ws)])
+    assert said.exit_code == 2, said.output
+    assert f"no warehouse at {ws / 'traces' / 'traces.duckdb'}" in said.stderr
+    assert f"improve ingest {ws / 'traces' / PRODUCTION_DIR}" in said.stderr
+    assert not (ws / "traces" / "traces.duckdb").exists()
+
+
 def test_production_threads_become_scenarios_and_a_round_fixes_them(tmp_path: Path) -> None:
 
     ws = copy_workspace(tmp_path / "ws")

@@ -302,6 +302,13 @@ def _diagnose_production(
     version = None
     if policy is not None:
         version = policy_label(space.load_policy(environment.name, policy))  # an unknown version: refused
+    if not space.warehouse.exists():
+        # A read creates no warehouse (an empty one would say "no threads" forever after): as `improve
+        # sql` and `improve waiting` say it, with the exit code of a missing input.
+        raise WorkspaceError(
+            f"no warehouse at {space.warehouse}: ingest a deployed agent's threads first "
+            f"(`improve ingest {space.traces / PRODUCTION_DIR}`)"
+        )
     with Ledger(space, environment) as ledger:
         ledger.refresh()  # threads ingested but not yet replayed, or rows an older improve wrote
         found = diagnose_production(ledger.con, environment.name, version, model)
