@@ -358,6 +358,27 @@ def test_diagnosing_production_without_a_warehouse_creates_none(ws: Path) -> Non
     assert not (ws / "traces" / "traces.duckdb").exists()
 
 
+def test_ingest_says_which_threads_no_environment_replays(ws: Path) -> None:
+    """Threads of an environment the workspace does not register are ingested, and said not replayed."""
+    other = ws / "other"
+    other.mkdir()
+    for number in range(3):
+        stamp = {"schemaVersion": 1, "recordedAt": "2026-11-28T10:00:00Z", "machineId": "support-desk"}
+        lines = [
+            json.dumps(
+                stamp | {"machineVersion": "1", "id": f"x{number}-{i}", "index": i, "event": {"type": t}}
+            )
+            for i, t in enumerate(("@agent.init", "STEP"))
+        ]
+        (other / f"train:v0:careful:ticket-{number}:r1.jsonl").write_text("\n".join(lines) + "\n")
+    said = runner.invoke(app, ["ingest", str(other), "-w", str(ws)])
+    assert said.exit_code == 0, said.output
+    assert "outcomes: 0 thread(s) replayed" in said.stderr
+    assert "3 thread(s) of unknown environment support-desk not replayed" in said.stderr
+    doc = json.loads(runner.invoke(app, ["ingest", str(other), "-w", str(ws), "--json"]).stdout)
+    assert doc["outcomes"]["unknown_machines"] == {"support-desk": 3}
+
+
 def test_production_threads_become_scenarios_and_a_round_fixes_them(tmp_path: Path) -> None:
 
     ws = copy_workspace(tmp_path / "ws")

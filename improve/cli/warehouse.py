@@ -77,7 +77,8 @@ def ingest_command(
     A file that cannot be read (a directory, a FIFO, a dangling link, a binary file) is skipped with the
     reason and the rest goes on. It exits 1 when anything was rejected or skipped (unless
     --allow-rejects), 3 when the warehouse file is damaged. Ingesting the same files again adds
-    nothing. Then every new thread of a known environment is replayed into `outcomes`.
+    nothing. Then every new thread of a known environment is replayed into `outcomes`; the threads of
+    an environment the workspace does not register are counted by machine and said not replayed.
 
     --format otlp reads OpenTelemetry trace exports (OTLP/JSON, as the Collector's file exporter, an
     SDK's request as JSON or `improve export --format otlp` write them) into `otel_spans` and the
@@ -176,6 +177,13 @@ def ingest_command(
                 )
                 for problem in materialized.errors or []:
                     err.print(f"  {problem}", markup=False)
+                for machine, count in materialized.unknown_machines.items():
+                    err.print(
+                        f"{count} thread(s) of unknown environment {machine} not replayed: no environment "
+                        f"this workspace registers has machine {machine!r}; add it to improve.toml "
+                        f'([environments.NAME] module = "..."), or ingest them from its own workspace',
+                        markup=False,
+                    )
                 if materialized.quarantined:
                     err.print(
                         f"set aside {materialized.quarantined} thread(s) whose replay does not verify, never "

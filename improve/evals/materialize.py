@@ -34,6 +34,9 @@ class MaterializeReport:
     replayed: int = 0
     scored: int = 0
     skipped_unknown_machine: int = 0
+    """Threads of improve's own format whose machine no registered environment has: not replayed."""
+    unknown_machines: dict[str, int] = field(default_factory=dict)
+    """Those threads, counted by machine id."""
     failed: int = 0
     quarantined: int = 0
     errors: list[str] | None = None
@@ -91,6 +94,23 @@ def _pending(
     return [r[0] for r in rows]
 
 
+def _unknown_machines(con: duckdb.DuckDBPyConnection, machine_ids: list[str]) -> dict[str, int]:
+    """Threads journaled by improve (no `raw` line of another agent's format) whose machine is none of
+    `machine_ids`, counted by machine: nothing replays them here, which an ingest must say rather than
+    count them as nothing."""
+    rows = con.execute(
+        """
+        SELECT machine_id, count(*) FROM (
+            SELECT min(machine_id) AS machine_id, bool_and(raw IS NULL) AS native FROM entries GROUP BY thread_id
+        )
+        WHERE native AND NOT list_contains($machines, machine_id)
+        GROUP BY machine_id ORDER BY machine_id
+        """,
+        {"machines": machine_ids},
+    ).fetchall()
+    return {str(machine): int(n) for machine, n in rows}
+
+
 def _threads(
     con: duckdb.DuckDBPyConnection, thread_ids: list[str], chunk: int = 2000
 ) -> Iterator[tuple[str, list[EntryView]]]:
@@ -142,6 +162,9 @@ def refresh_outcomes(
         {"environment": envs[machine_id].name, "scenario": sid, "label": digest}
         for (machine_id, sid), digest in digests.items()
     ]
+    if only is None:
+        report.unknown_machines = _unknown_machines(con, list(envs))
+        report.skipped_unknown_machine = sum(report.unknown_machines.values())
     pending = _pending(con, list(envs), only, labels)
     if not pending:
         return report
