@@ -358,6 +358,26 @@ def test_diagnosing_production_without_a_warehouse_creates_none(ws: Path) -> Non
     assert not (ws / "traces" / "traces.duckdb").exists()
 
 
+def test_waiting_production_says_when_threads_on_disk_are_not_ingested(ws: Path) -> None:
+    agent = deploy(Workspace.load(ws / "improve.toml"), "v0", model="careful")
+    production_thread(agent, "prod-1", SMALL[0])
+    deployed = ws / "traces" / PRODUCTION_DIR
+    # No warehouse yet: the command that makes one for a deployed agent's threads is named.
+    none = runner.invoke(app, ["waiting", "--production", "-w", str(ws)])
+    assert none.exit_code == 2 and f"`improve ingest {deployed}` creates it" in none.stderr, none.output
+    assert runner.invoke(app, ["ingest", "-w", str(ws), str(deployed)]).exit_code == 0
+    assert cli(ws, "waiting", "--production", "--json") == {"waiting": [], "not_ingested": 0}
+    # Above 100 the refund waits for a person's approval: a wait on disk, not yet in the warehouse.
+    production_thread(agent, "prod-2", ("C-7", "O-7", 150, 0, 150))
+    listed = runner.invoke(app, ["waiting", "--production", "-w", str(ws)])
+    assert listed.exit_code == 0 and "0 thread(s) waiting" in listed.stdout, listed.output
+    assert f"1 thread file(s) in {deployed} are not in the warehouse" in listed.stderr
+    assert f"`improve ingest {deployed}` brings them in" in listed.stderr
+    assert runner.invoke(app, ["ingest", "-w", str(ws), str(deployed)]).exit_code == 0
+    found = cli(ws, "waiting", "--production", "--json")
+    assert [t["thread"] for t in found["waiting"]] == ["prod-2"] and found["not_ingested"] == 0
+
+
 def test_ingest_says_which_threads_no_environment_replays(ws: Path) -> None:
     """Threads of an environment the workspace does not register are ingested, and said not replayed."""
     other = ws / "other"

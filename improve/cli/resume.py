@@ -241,13 +241,19 @@ def waiting_command(
         improve waiting --json
         improve waiting --production
     """
+    from improve.evals import PRODUCTION_DIR
+
     with handled():
         space = workspace(ws)
         target = db or space.warehouse
+        deployed = space.traces / PRODUCTION_DIR
         if not Path(target).exists():
-            raise WorkspaceError(
-                f"no warehouse at {target}; `improve run` or `improve ingest traces/` creates it"
+            creates = (
+                f"`improve ingest {deployed}` creates it"
+                if production
+                else "`improve run` or `improve ingest traces/` creates it"
             )
+            raise WorkspaceError(f"no warehouse at {target}; {creates}")
         con = _open_for_reading(target)
         try:
             query = (
@@ -256,6 +262,7 @@ def waiting_command(
                 "ORDER BY since, thread_id"
             )
             rows = con.execute(query, {"env": env, "production": production}).fetchall()
+            unread = _not_ingested(con, deployed) if production else 0
         finally:
             con.close()
         threads = [
@@ -272,8 +279,16 @@ def waiting_command(
             }
             for r in rows
         ]
+        if unread:
+            # A deployed agent's threads reach the warehouse only by `improve ingest`: "0 waiting" alone
+            # would read as nobody waiting while its threads on disk wait.
+            err.print(
+                f"{unread} thread file(s) in {deployed} are not in the warehouse as they are on disk, so "
+                f"this list may miss their waits: `improve ingest {deployed}` brings them in",
+                markup=False,
+            )
         if as_json:
-            emit_json({"waiting": threads})
+            emit_json({"waiting": threads, **({"not_ingested": unread} if production else {})})
             return
         from rich.table import Table
 
@@ -286,6 +301,20 @@ def waiting_command(
         for t in threads:
             table.add_row(t["thread"], t["status"], t["state"] or "", _events(t), (t["since"] or "")[:19])
         out.print(table)
+
+
+def _not_ingested(con: Any, directory: Path) -> int:
+    """How many of the thread files in `directory` the warehouse has not read as they are now (never
+    ingested, or grown since: their size differs from what `ingested_files` recorded)."""
+    files = {str(p.resolve()): p.stat().st_size for p in directory.glob("*.jsonl") if p.is_file()}
+    if not files:
+        return 0
+    read = dict(
+        con.execute(
+            "SELECT path, size FROM ingested_files WHERE list_contains($paths, path)", {"paths": list(files)}
+        ).fetchall()
+    )
+    return sum(1 for path, size in files.items() if read.get(path) != size)
 
 
 def _open_for_reading(target: Path) -> Any:
