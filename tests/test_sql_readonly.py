@@ -166,6 +166,19 @@ def test_queries_still_run(ws: Path, statement: str, column: str) -> None:
     assert rows and column in rows[0]
 
 
+MARKUP_LIKE = ["[/bold]", "[/x]", "[bold]secret[/bold] visible", "[red]x", "[dim]", "a:smile:b", "\\[red]"]
+
+
+def test_the_table_shows_every_value_exactly_as_stored(ws: Path) -> None:
+    """A cell is data, never rich markup: a closing tag alone is not an error (it was a traceback), and
+    `[red]`, `[dim]` or `[bold]...[/bold]` are shown, not taken as styles and dropped."""
+    rows = ", ".join("('" + value.replace("'", "''") + "')" for value in MARKUP_LIKE)
+    result = sql(ws, f"SELECT v FROM (VALUES {rows}) AS t(v)")
+    assert result.exit_code == 0, result.output
+    cells = [line.strip("│ ") for line in result.stdout.splitlines() if line.startswith("│")]
+    assert cells == MARKUP_LIKE, result.stdout
+
+
 def test_the_connection_is_hardened_whatever_the_statement_check_lets_through(ws: Path) -> None:
     con = open_database(ws / "traces" / "traces.duckdb", sandboxed=True)
     try:

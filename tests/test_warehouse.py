@@ -665,6 +665,21 @@ def test_cli_sql_errors_and_schema(ws: Path) -> None:
     assert missing.exit_code == 2 and "no warehouse at" in missing.stderr
 
 
+def test_cli_ingest_names_each_file_as_it_is_called(tmp_path: Path) -> None:
+    """A file name is shown as it is, never read as rich markup: `[dim]` in one was dropped from the
+    table (and a bracketed file's rejections from its row's style)."""
+    shutil.copy(REPO / "improve.toml", tmp_path / "improve.toml")
+    batch = tmp_path / "batch"
+    write_lines(batch / "[dim]a.jsonl", [entry(0, thread="a:v0:a:r1")])
+    write_lines(batch / "[red]b.jsonl", [entry(0, thread="b:v0:b:r1"), "garbage"])
+    result = runner.invoke(app, ["ingest", "-w", str(tmp_path), "--no-outcomes", str(batch)])
+    assert result.exit_code == 1, result.output
+    # The file column, its folded lines joined again.
+    files = "".join(line.split("│")[1].strip() for line in result.stdout.splitlines() if line.startswith("│"))
+    assert files == f"{batch}/[dim]a.jsonl{batch}/[red]b.jsonltotal", result.stdout
+    assert f"rejected {batch / '[red]b.jsonl'}:2: not JSON" in result.stderr
+
+
 def test_cli_ingest_exits_1_on_rejects_unless_allowed(ws: Path) -> None:
     bad = write_lines(ws / "bad.jsonl", [entry(0, thread="z:v0:z:r1"), "garbage"])
     result = runner.invoke(app, ["ingest", "-w", str(ws), str(bad)])

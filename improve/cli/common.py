@@ -21,6 +21,7 @@ from improve.errors import ImproveError, StorageError, WorkspaceError
 
 if TYPE_CHECKING:
     from rich.console import Console
+    from rich.text import Text
 
     from improve.evals import Fanout, Workspace
     from improve.machine import MachineConfig
@@ -44,14 +45,26 @@ class _Console:
             from rich.console import Console
 
             # emoji=False: rich reads `:name:` as an emoji code, and `scenarios.yaml:100:` is a file and line.
+            # markup=False: what a command prints quotes values it did not write (a query's cells, a
+            # customer's text, a guard's reason, a scenario's description), and rich would read `[red]` in
+            # one as a style, drop `[dim]` and refuse `[/bold]` with a traceback. Colour goes in as `styled`.
             self._console = Console(
-                stderr=self._stderr, highlight=False, width=_WIDTH, soft_wrap=True, emoji=False
+                stderr=self._stderr, highlight=False, markup=False, width=_WIDTH, soft_wrap=True, emoji=False
             )
         return getattr(self._console, name)
 
 
 err = cast("Console", _Console(stderr=True))
 out = cast("Console", _Console(stderr=False))
+
+
+def styled(*parts: str | tuple[str, str]) -> Text:
+    """A line (or a table cell) of `parts`, each plain text or a (text, style) pair such as
+    ("FAIL", "red"): the way to colour what `out` and `err` print, since they read no markup. Every
+    character of the text is shown as it is."""
+    from rich.text import Text
+
+    return Text.assemble(*parts)
 
 
 def say(message: str) -> None:
@@ -120,10 +133,8 @@ def handled(interrupted: str = INTERRUPTED) -> Iterator[None]:
 
 def report(error: ImproveError) -> None:
     """The one-paragraph `error:` message of `error` on stderr."""
-    # Escaped: messages quote improve.toml sections (`[importers.NAME]`), which rich reads as markup.
-    from rich.markup import escape
-
-    err.print(f"[bold red]error:[/] {escape(str(error))}", markup=True, highlight=False)
+    # As written: messages quote improve.toml sections (`[importers.NAME]`), which are not styles.
+    err.print(styled(("error:", "bold red"), f" {error}"))
 
 
 def strict_json(text: str, what: str, example: str, *, max_bytes: int, max_depth: int) -> Any:

@@ -24,6 +24,7 @@ from improve.cli.common import (
     handled,
     out,
     say,
+    styled,
     workspace,
 )
 from improve.cli.help import Command, Group
@@ -506,8 +507,8 @@ def rules_command(
             )
         else:
             for r in results:
-                mark = "[green]pass[/]" if r.ok else "[red]FAIL[/]"
-                out.print(f"{mark} {r.name} (covers {', '.join(r.covers)}): ", end="")
+                mark = ("pass", "green") if r.ok else ("FAIL", "red")
+                out.print(styled(mark, f" {r.name} (covers {', '.join(r.covers)}): "), end="")
                 # A failing eval names where it is written (its name's line), for an editor to jump to.
                 where = "" if r.ok else written_at(environment, r.name).removesuffix(": ")
                 out.print(r.detail + (f" ({where})" if where else ""), markup=False)

@@ -21,6 +21,7 @@ from improve.cli.common import (
     executor_for,
     handled,
     out,
+    styled,
     warn_unknown_names,
     workspace,
 )
@@ -218,7 +219,7 @@ def _print_tables(report: ParityReport) -> None:
                 row.difference.outcome,
                 row.difference.effects_text(),
                 row.difference.rule_breaks,
-                f"[{style}]{row.label}[/]",
+                styled((row.label, style)),
                 row.reason,
             )
         out.print(table)

@@ -18,6 +18,7 @@ from improve.cli.common import (
     err,
     handled,
     out,
+    styled,
     workspace,
 )
 from improve.errors import MachineConfigError, WorkspaceError
@@ -142,8 +143,8 @@ def verify_command(
             emit_json({"policy": source, "ok": ok, "gates": [r.to_json() for r in results]})
         else:
             for r in results:
-                mark = "[green]pass[/]" if r.ok else "[red]FAIL[/]"
-                out.print(f"{mark} {r.name}: ", end="")
+                mark = ("pass", "green") if r.ok else ("FAIL", "red")
+                out.print(styled(mark, f" {r.name}: "), end="")
                 out.print(r.detail if r.ok else _located(r.detail, Path(source)), markup=False)
             skipped = [gate.name for gate in context.gates[len(results) :]]
             if skipped:
@@ -172,7 +173,7 @@ def vocabulary_command(
             emit_json(words.to_json())
             return
         for d in words.decisions:
-            out.print(f"[bold]decision[/] {d.name} (state {d.state})")
+            out.print(styled(("decision", "bold"), f" {d.name} (state {d.state})"))
             for event, fields in d.events.items():
                 # A field the machine offers as constants shows them: a branch answers one of them.
                 offered = d.choices.get(event, {})

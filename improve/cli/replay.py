@@ -18,11 +18,14 @@ from improve.cli.common import (
     err,
     handled,
     out,
+    styled,
     workspace,
 )
 from improve.errors import DivergenceError, LogError, TamperError, WorkspaceError
 
 if TYPE_CHECKING:
+    from rich.text import Text
+
     from improve.evals import Workspace
     from improve.log import EntryView
     from improve.runtime import Environment
@@ -202,8 +205,6 @@ def replay_command(
 
         improve replay train:v0:naive:small-refund-01:r1 --verify
     """
-    from rich.markup import escape
-
     from improve.log import head
     from improve.log import replay as replay_thread
 
@@ -217,11 +218,11 @@ def replay_command(
             if isinstance(item, _Unreadable):
                 failed["invalid"] += 1
                 results.append({"thread": item.source, "invalid": item.why})
-                err.print(f"[red]INVALID[/] {escape(item.why)}", markup=True)
+                err.print(styled(("INVALID", "red"), f" {item.why}"))
                 continue
             (thread_id, entries, lines), torn = item.thread, item.torn
             if torn:
-                err.print(f"[yellow]warning[/]: {escape(torn)}", markup=True)
+                err.print(styled(("warning", "yellow"), f": {torn}"))
             if not entries:
                 raise LogError(f"thread {thread_id} is empty")
             environment = _environment_for(space, entries[0].machineId, env, cache)
@@ -234,7 +235,7 @@ def replay_command(
                 results.append(
                     {"thread": thread_id, "tampered": str(error), "entry": error.index, "kind": error.kind}
                 )
-                err.print(f"[red]TAMPERED[/] {escape(str(error))}", markup=True)
+                err.print(styled(("TAMPERED", "red"), f" {error}"))
                 continue
             except LogError as error:
                 # Diverged, or it does not fold at all (an entry the machine refuses, another machine
@@ -243,16 +244,18 @@ def replay_command(
                 failed[kind] += 1
                 why = f"{error}{_changed(environment, entries)}"
                 results.append({"thread": thread_id, kind: why})
-                err.print(f"[red]{kind.upper()}[/] {escape(thread_id)}: {escape(why)}", markup=True)
+                err.print(styled((kind.upper(), "red"), f" {thread_id}: {why}"))
                 continue
             if result.verification == "incomplete":
                 failed["incomplete"] += 1
                 err.print(
-                    f"[red]INCOMPLETE[/] {escape(thread_id)}: its {len(entries)} entries chain, but it has "
-                    f"no @agent.end entry after entry {len(entries) - 1}: the run stopped before it ended, "
-                    "or its last entries were removed"
-                    + (" (its file's last line was cut short)" if torn else ""),
-                    markup=True,
+                    styled(
+                        ("INCOMPLETE", "red"),
+                        f" {thread_id}: its {len(entries)} entries chain, but it has "
+                        f"no @agent.end entry after entry {len(entries) - 1}: the run stopped before it ended, "
+                        "or its last entries were removed"
+                        + (" (its file's last line was cut short)" if torn else ""),
+                    )
                 )
             elif result.verification == "unchained":
                 failed["unchained"] += 1
@@ -294,16 +297,21 @@ def replay_command(
                 if wrong:
                     table.add_row(
                         shown["thread"],
-                        f"[red]{wrong}[/]",
+                        styled((wrong, "red")),
                         "",
-                        escape(shown[wrong]),
+                        shown[wrong],
                         *([""] if verify else []),
                     )
                     continue
-                row = [shown["thread"], shown["final_state"], shown["status"], escape(str(shown["output"]))]
+                row: list[str | Text] = [
+                    shown["thread"],
+                    shown["final_state"],
+                    shown["status"],
+                    str(shown["output"]),
+                ]
                 if verify:
                     style = {"verified": "green", "unchained": "yellow"}.get(shown["verification"], "red")
-                    row.append(f"[{style}]{shown['verification']}[/]")
+                    row.append(styled((shown["verification"], style)))
                 table.add_row(*row)
             out.print(table)
         if failed["tampered"] or failed["diverged"] or failed["invalid"] or failed["incomplete"]:

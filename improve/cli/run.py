@@ -23,6 +23,7 @@ from improve.cli.common import (
     handled,
     out,
     say,
+    styled,
     warn_unknown_names,
     workspace,
 )
@@ -188,8 +189,8 @@ def run_command(
                 )
                 rows = recorded.rows
                 for done, row in enumerate(rows, start=1):
-                    mark = "[green]pass[/]" if row.passed else "[red]FAIL[/]"
-                    err.print(f"  [{done}/{len(rows)}] {row.thread_id} {mark} {row.final_state}", markup=True)
+                    mark = ("pass", "green") if row.passed else ("FAIL", "red")
+                    err.print(styled(f"  [{done}/{len(rows)}] {row.thread_id} ", mark, f" {row.final_state}"))
                 reused_count = sum(p.reused for p in plan)
                 if reused_count:
                     err.print(f"reused {reused_count} recorded threads (--fresh runs them again)")
@@ -380,7 +381,7 @@ def outcome_table(rows: list[OutcomeRow]) -> Table:
             item["split"],
             item["expected"],
             outcomes,
-            f"[{style}]{item['passed']}/{item['runs']}[/]",
+            styled((f"{item['passed']}/{item['runs']}", style)),
             why,
         )
     return table

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from improve.cli.common import JsonOption, emit_json, err, handled, out
+from improve.cli.common import JsonOption, emit_json, err, handled, out, styled
 from improve.cli.help import Command, Group
 
 if TYPE_CHECKING:
@@ -69,7 +69,7 @@ def _table(replays: list[TapeReplay]) -> None:
             str(r.model_calls),
             str(r.tool_executions),
             str(len(r.firings)),
-            "yes" if r.consumed_exactly else "[red]no[/]",
+            "yes" if r.consumed_exactly else styled(("no", "red")),
         )
     out.print(table)
     for r in replays:

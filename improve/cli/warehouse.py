@@ -16,6 +16,7 @@ from improve.cli.common import (
     err,
     handled,
     out,
+    styled,
     workspace,
 )
 from improve.errors import WorkspaceError
@@ -152,11 +153,11 @@ def ingest_command(
                     str(f.lines_read),
                     str(f.ingested),
                     str(f.already_present),
-                    f"[{style}]{f.rejected}[/]" if style else "0",
+                    styled((str(f.rejected), style)) if style else "0",
                     f.path,
                 )
             table.add_row(
-                "[bold]total[/]",
+                styled(("total", "bold")),
                 str(report.lines_read),
                 str(report.ingested),
                 str(report.already_present),
@@ -288,7 +289,7 @@ def _sql(con: duckdb.DuckDBPyConnection, statement: str | None, fmt: str, schema
             emit_json(doc)
             return
         for rel in doc:
-            out.print(f"[bold]{rel['name']}[/] ({rel['kind']}): {rel['description']}")
+            out.print(styled((rel["name"], "bold"), f" ({rel['kind']}): {rel['description']}"))
             for c in rel["columns"]:
                 out.print(f"    {c['name']:<18} {c['type']:<14} {c['description']}", markup=False)
         return
