@@ -5,6 +5,8 @@ its refusal."""
 from __future__ import annotations
 
 import contextlib
+import csv
+import io
 import json
 import shutil
 from pathlib import Path
@@ -177,6 +179,63 @@ def test_the_table_shows_every_value_exactly_as_stored(ws: Path) -> None:
     assert result.exit_code == 0, result.output
     cells = [line.strip("│ ") for line in result.stdout.splitlines() if line.startswith("│")]
     assert cells == MARKUP_LIKE, result.stdout
+
+
+EVERY_TYPE = (
+    "SELECT INTERVAL '3 days' AS i, -INTERVAL '90 seconds' AS n, INTERVAL '1.25 seconds' AS f, 'ab'::BLOB AS b, "
+    "TIME '12:34:56.5' AS t, '00000000-0000-0000-0000-000000000001'::UUID AS u, "
+    "{'took': INTERVAL '2 hours', 'score': 'nan'::DOUBLE} AS s, 0.0 / 0.0 AS x, 'inf'::DOUBLE AS y, "
+    "-'inf'::DOUBLE AS z, 1.25 AS d, true AS yes, [1.5, 'nan'::DOUBLE] AS l, NULL AS nothing"
+)
+
+
+def test_json_is_strict_json_whatever_the_types_and_csv_says_the_same(ws: Path) -> None:
+    """INTERVAL, BLOB, TIME, UUID and a struct holding an interval were a traceback (not JSON
+    serializable), NaN and infinity bare `NaN`/`Infinity` that jq refuses; csv wrote Python's reprs."""
+
+    def refuse(name: str) -> None:
+        raise AssertionError(f"{name} is not JSON")
+
+    result = sql(ws, EVERY_TYPE, "--format", "json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout, parse_constant=refuse) == [
+        {
+            "i": "P3D",
+            "n": "-PT1M30S",
+            "f": "PT1.25S",
+            "b": "YWI=",  # base64
+            "t": "12:34:56.500000",
+            "u": "00000000-0000-0000-0000-000000000001",
+            "s": {"took": "PT2H", "score": None},
+            "x": None,
+            "y": None,
+            "z": None,
+            "d": 1.25,
+            "yes": True,
+            "l": [1.5, None],
+            "nothing": None,
+        }
+    ]
+    as_csv = sql(ws, EVERY_TYPE, "--format", "csv")
+    assert as_csv.exit_code == 0, as_csv.output
+    assert list(csv.reader(io.StringIO(as_csv.stdout)))[1] == [
+        "P3D",
+        "-PT1M30S",
+        "PT1.25S",
+        "YWI=",
+        "12:34:56.500000",
+        "00000000-0000-0000-0000-000000000001",
+        '{"took": "PT2H", "score": null}',
+        "nan",
+        "inf",
+        "-inf",
+        "1.25",
+        "true",
+        "[1.5, null]",
+        "",
+    ]
+    random = sql(ws, "SELECT gen_random_uuid() AS id, 'x'::BLOB AS b", "--format", "json")
+    assert random.exit_code == 0 and len(json.loads(random.stdout)[0]["id"]) == 36, random.output
 
 
 def test_the_connection_is_hardened_whatever_the_statement_check_lets_through(ws: Path) -> None:

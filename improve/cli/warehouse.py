@@ -216,7 +216,16 @@ def ingest_command(
 
 def sql_command(
     statement: Annotated[str | None, typer.Argument(help="One SQL statement (DuckDB dialect).")] = None,
-    fmt: Annotated[str, typer.Option("--format", "-f", help="table, csv, json or markdown.")] = "table",
+    fmt: Annotated[
+        str,
+        typer.Option(
+            "--format",
+            "-f",
+            help="table, csv, json (one strict JSON array of row objects) or markdown. Values are shown as "
+            "stored, each type rendered one way in all four (INTERVAL as an ISO 8601 duration, BLOB as base64, "
+            "NaN as null in json; README, The trace warehouse).",
+        ),
+    ] = "table",
     db: Annotated[Path | None, DbOption] = None,
     lake: Annotated[
         Path | None,

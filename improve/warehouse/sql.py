@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import base64
 import csv
 import io
 import json
+import math
 from dataclasses import dataclass
-from datetime import date, datetime
+from datetime import date, datetime, time, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -40,23 +42,51 @@ def query_readonly(con: duckdb.DuckDBPyConnection, sql: str) -> QueryResult:
 
 
 def _plain(value: Any) -> Any:
-    if isinstance(value, datetime | date):
-        return value.isoformat()
+    """`value` as JSON can hold it: each DuckDB type one way, as README (The trace warehouse) lists them."""
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None  # JSON has no NaN or infinity
     if isinstance(value, Decimal):
         return float(value)
+    if isinstance(value, datetime | date | time):
+        return value.isoformat()
+    if isinstance(value, timedelta):
+        return iso_duration(value)
+    if isinstance(value, bytes | bytearray | memoryview):
+        return base64.b64encode(bytes(value)).decode("ascii")
     if isinstance(value, list | tuple):
         return [_plain(v) for v in value]
     if isinstance(value, dict):
         return {str(k): _plain(v) for k, v in value.items()}
-    return value
+    return str(value)  # UUID, and whatever a later DuckDB returns: its text, never a failed dump
+
+
+def iso_duration(delta: timedelta) -> str:
+    """`delta` as an ISO 8601 duration: P3D, PT1H30M, PT0.25S, -PT1M30S (PT0S for none)."""
+    sign = "-" if delta < timedelta(0) else ""
+    delta = abs(delta)
+    minutes, seconds = divmod(delta.seconds, 60)
+    hours, minutes = divmod(minutes, 60)
+    second = f"{seconds}.{delta.microseconds:06d}".rstrip("0") if delta.microseconds else str(seconds)
+    clock = (f"{hours}H" if hours else "") + (f"{minutes}M" if minutes else "")
+    clock += f"{second}S" if seconds or delta.microseconds else ""
+    if not delta.days and not clock:
+        return "PT0S"
+    return f"{sign}P" + (f"{delta.days}D" if delta.days else "") + (f"T{clock}" if clock else "")
 
 
 def cell_text(value: Any) -> str:
-    """A value as the text of one table cell: empty for NULL, JSON for a list or map."""
+    """A value as the text of one table, csv or markdown cell: empty for NULL, JSON text for a list, struct
+    or map, a DECIMAL's exact digits, a double's shortest text (nan, inf, -inf), else as `_plain` says."""
     if value is None:
         return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float | Decimal):
+        return str(value)  # a DECIMAL's exact digits; a double's shortest text, nan, inf or -inf
     if isinstance(value, list | dict | tuple):
-        return json.dumps(_plain(value), ensure_ascii=False)
+        return json.dumps(_plain(value), ensure_ascii=False, allow_nan=False)
     return str(_plain(value))
 
 
@@ -69,15 +99,16 @@ def render_csv(result: QueryResult) -> str:
 
 
 def render_json(result: QueryResult) -> str:
+    """The rows as a JSON array of objects, strict JSON (RFC 8259: no NaN, no Infinity) whatever the types."""
     docs = [{c: _json_value(v) for c, v in zip(result.columns, row, strict=True)} for row in result.rows]
-    return json.dumps(docs, indent=2, ensure_ascii=False)
+    return json.dumps(docs, indent=2, ensure_ascii=False, allow_nan=False)
 
 
 def _json_value(value: Any) -> Any:
     # JSON columns come back from DuckDB as text; give scripts the structure.
     if isinstance(value, str) and value[:1] in "[{":
         try:
-            return json.loads(value)
+            return _plain(json.loads(value))
         except ValueError:
             return value
     return _plain(value)
