@@ -469,6 +469,32 @@ def test_a_second_ingest_waits_for_the_lock_then_fails_clearly(tmp_path: Path) -
     assert count(con, "SELECT count(*) FROM entries") == 2
 
 
+@pytest.mark.slow
+def test_sql_says_it_waits_for_a_writer_then_answers(tmp_path: Path) -> None:
+    """A query that finds the warehouse held by an ingest says so on stderr at once (it used to wait
+    silently), then answers when the writer is done."""
+    shutil.copy(REPO / "improve.toml", tmp_path / "improve.toml")
+    db = tmp_path / "traces" / "traces.duckdb"
+    open_database(db).close()
+    env, fifo = _hold(tmp_path)
+    holder = _ingest_process(db, [write_lines(tmp_path / "a.jsonl", [entry(0)])], env)
+    _wait_for(holder, "holding the batch open")
+    query = subprocess.Popen(
+        [PYTHON, "-m", "improve.cli.main", "sql", "-w", str(tmp_path), "SELECT 1 AS one", "--format", "json"],
+        env={**os.environ, "IMPROVE_LOCK_TIMEOUT": "30"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    (said,) = _wait_for(query, "waiting up to 30s for another process")
+    assert f"writing the warehouse {db}; it is held by " in said and "(PID " in said, said
+    _release(fifo)
+    out, rest = query.communicate(timeout=120)
+    assert query.returncode == 0, rest
+    assert json.loads(out) == [{"one": 1}]
+    assert holder.wait(timeout=120) == 0
+
+
 def test_a_zero_byte_warehouse_left_by_a_full_disk_is_a_new_one(tmp_path: Path) -> None:
     """An older version could leave an empty file where a warehouse was being created (a full disk):
     it holds nothing, so it is created again, never refused as "not a valid DuckDB database file"; and

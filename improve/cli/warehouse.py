@@ -16,6 +16,7 @@ from improve.cli.common import (
     err,
     handled,
     out,
+    say,
     styled,
     workspace,
 )
@@ -102,7 +103,7 @@ def ingest_command(
         target = db or space.warehouse
         # Before the warehouse is opened (and created): a wrong path must leave no empty warehouse behind.
         expand_paths(paths)
-        con = open_database(target, lock_timeout=lock_timeout)
+        con = open_database(target, lock_timeout=lock_timeout, say=say)
         spans = fmt == OTLP_FORMAT
         try:
             if spans:
@@ -272,7 +273,7 @@ def sql_command(
             target = db or space.warehouse
             if not Path(target).exists():
                 raise WorkspaceError(f"no warehouse at {target}; create it with `improve ingest traces/`")
-            con = open_database(target, sandboxed=True)
+            con = open_database(target, sandboxed=True, say=say)
         try:
             _sql(con, statement, fmt, schema, target if lake is None else lake)
         finally:
@@ -455,7 +456,7 @@ def export_command(
         target = db or space.warehouse
         if not Path(target).exists():
             raise WorkspaceError(f"no warehouse at {target}; create it with `improve ingest traces/`")
-        con = open_database(target, read_only=True)
+        con = open_database(target, read_only=True, say=say)
         try:
             report = export_lake(con, directory)
         finally:

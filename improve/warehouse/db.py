@@ -1,8 +1,9 @@
 """Opening the warehouse: a DuckDB file (or `:memory:`), migrated, with a bounded wait for its lock.
 
-DuckDB lets one process hold a database file for writing. A second writer (another `improve ingest`)
-waits, retrying, up to `lock_timeout` seconds (default: `IMPROVE_LOCK_TIMEOUT`, else 30), then fails
-with a message that says who holds it.
+DuckDB lets one process hold a database file for writing. A second writer (another `improve ingest`),
+or a reader (`improve sql`), waits, retrying, up to `lock_timeout` seconds (default:
+`IMPROVE_LOCK_TIMEOUT`, else 30), saying once that it waits when told how (`say`), then fails with a
+message that says who holds it.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,7 @@ def open_database(
     sandboxed: bool = False,
     lock_timeout: float | None = None,
     memory_limit: str | None = DEFAULT_MEMORY_LIMIT,
+    say: Callable[[str], None] | None = None,
 ) -> duckdb.DuckDBPyConnection:
     """A DuckDB connection to a migrated warehouse. `:memory:` is a fresh in-memory warehouse.
 
@@ -55,6 +57,9 @@ def open_database(
     `sandboxed` is `improve sql`'s read-only mode (`improve.warehouse.readonly`): the file opened
     read-only with DuckDB's hardening settings (no file or network access, no extensions, configuration
     locked); run statements through `query_readonly`, which allows only queries. The file must exist.
+
+    `say` is told once when another process holds the file and the connection waits for it (as
+    `improve.files.locked` says it of a lock file), so a command never waits in silence.
     """
     target = str(path)
     if sandboxed and target != ":memory:":
@@ -101,18 +106,22 @@ def open_database(
                 raise problem from None
             if "lock" not in str(err).lower():
                 raise unwritable(target, err) from None
+            # DuckDB names the holder: "Conflicting lock is held in /usr/bin/python3 (PID 4242). See also URL".
+            held_in = str(err).split("Conflicting lock is held in")
+            holder = held_in[-1].split(". See also")[0].strip() if len(held_in) > 1 else ""
             if time.monotonic() >= deadline:
-                holder = (
-                    str(err).split("Conflicting lock is held in")[-1].strip()
-                    if "Conflicting" in str(err)
-                    else ""
-                )
                 raise WarehouseLockedError(
                     f"warehouse {target} is locked by another process{' (' + holder + ')' if holder else ''}; "
                     f"waited {lock_timeout:.0f}s. Wait for it to finish and run the command again, or wait "
                     f"longer: {LOCK_TIMEOUT_ENV}=SECONDS for any command (`improve ingest --lock-timeout "
                     "SECONDS` too)"
                 ) from None
+            if say is not None:
+                say(
+                    f"waiting up to {lock_timeout:.0f}s for another process writing the warehouse {target}"
+                    f"{'; it is held by ' + holder if holder else ''} ..."
+                )
+                say = None
             time.sleep(delay)
             delay = min(delay * 2, 1.0)
         except duckdb.Error as err:  # a damaged file fails here or at its first read, as a bare duckdb.Error
