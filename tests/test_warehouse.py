@@ -706,6 +706,32 @@ def test_cli_ingest_names_each_file_as_it_is_called(tmp_path: Path) -> None:
     assert f"rejected {batch / '[red]b.jsonl'}:2: not JSON" in result.stderr
 
 
+def test_cli_sql_schema_needs_no_warehouse_and_says_what_ids_and_splits_are(tmp_path: Path) -> None:
+    """A new analyst reads the schema before the first run (it was `no warehouse`, exit 2): a new
+    warehouse's, said on stderr, and nothing created. Its text names ids as the runtime writes them
+    (with the model) and the sealed test split."""
+    shutil.copy(REPO / "improve.toml", tmp_path / "improve.toml")
+    result = runner.invoke(app, ["sql", "-w", str(tmp_path), "--schema", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    warehouse = tmp_path / "traces" / "traces.duckdb"
+    assert f"no warehouse at {warehouse} yet" in result.stderr and not warehouse.exists()
+    doc = {r["name"]: {c["name"]: c["description"] for c in r["columns"]} for r in json.loads(result.stdout)}
+    assert {"entries", "outcomes", "threads", "decisions", "scenario_passes"} <= set(doc)
+    assert "split:policyVersion:model:scenario:rK" in doc["entries"]["thread_id"]
+    for relation in ("outcomes", "threads", "scenario_passes"):
+        assert "train, held-out or test" in doc[relation]["split"], relation
+    # The same text as a warehouse's own.
+    con = open_database(warehouse)
+    con.close()
+    again = runner.invoke(app, ["sql", "-w", str(tmp_path), "--schema", "--format", "json"])
+    assert json.loads(again.stdout) == json.loads(result.stdout) and "no warehouse" not in again.stderr
+    # A query still needs one.
+    query = runner.invoke(
+        app, ["sql", "-w", str(tmp_path), "--db", str(tmp_path / "none.duckdb"), "SELECT 1"]
+    )
+    assert query.exit_code == 2 and "no warehouse at" in query.stderr
+
+
 def test_cli_ingest_exits_1_on_rejects_unless_allowed(ws: Path) -> None:
     bad = write_lines(ws / "bad.jsonl", [entry(0, thread="z:v0:z:r1"), "garbage"])
     result = runner.invoke(app, ["ingest", "-w", str(ws), str(bad)])

@@ -235,7 +235,11 @@ def sql_command(
         ),
     ] = None,
     schema: Annotated[
-        bool, typer.Option("--schema", help="Print tables, views and every column's description.")
+        bool,
+        typer.Option(
+            "--schema",
+            help="Print tables, views and every column's description (a new warehouse's when there is none yet).",
+        ),
     ] = False,
     ws: Annotated[Path | None, WorkspaceOption] = None,
 ) -> None:
@@ -271,9 +275,15 @@ def sql_command(
         else:
             space = workspace(ws)
             target = db or space.warehouse
-            if not Path(target).exists():
+            if Path(target).exists():
+                con = open_database(target, sandboxed=True, say=say)
+            elif schema:
+                # The schema is the code's (the migrations and views.py), so an analyst can read it before
+                # the first run: a new warehouse's, made in memory.
+                say(f"no warehouse at {target} yet: the schema `improve ingest traces/` creates there")
+                con = open_database(":memory:")
+            else:
                 raise WorkspaceError(f"no warehouse at {target}; create it with `improve ingest traces/`")
-            con = open_database(target, sandboxed=True, say=say)
         try:
             _sql(con, statement, fmt, schema, target if lake is None else lake)
         finally:

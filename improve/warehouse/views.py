@@ -47,7 +47,9 @@ RELATIONS: tuple[Relation, ...] = (
         "entries",
         "Every log entry ingested, one row per (thread_id, index); the journal as it was written.",
         {
-            "thread_id": "The thread (one run): split:policyVersion:scenario:rK for runs made by improve.",
+            "thread_id": "The thread (one run): split:policyVersion:model:scenario:rK for a scenario's run made by "
+            "improve (train:v3:naive:refund-small:r1; older ones split:policyVersion:scenario:rK), the caller's id "
+            "for a deployed agent's run, or the importer's for another agent's log.",
             "index": "0-based position in the thread; contiguous.",
             "entry_id": "The entry's unique id.",
             "recorded_at": "When it was written, RFC 3339 text exactly as journaled (cast with ::TIMESTAMPTZ).",
@@ -265,7 +267,8 @@ RELATIONS: tuple[Relation, ...] = (
             "environment": "The environment it ran in.",
             "scenario": "Scenario id.",
             "category": "Scenario category.",
-            "split": "train or held-out.",
+            "split": "train, held-out or test (from the thread id, else its stamp; NULL for a deployed agent's "
+            "thread).",
             "policy_version": "Policy version label (v3).",
             "run": "Run number within k.",
             "final_state": "The state the replay ends in.",
@@ -336,7 +339,8 @@ RELATIONS: tuple[Relation, ...] = (
         "here; the other views over entries leave the quarantined ones out).",
         {
             "thread_id": "The thread.",
-            "split": "train or held-out (NULL when the id is not split:version:model:scenario:rK).",
+            "split": "train, held-out or test (NULL when the id is neither split:version:model:scenario:rK nor "
+            "the older split:version:scenario:rK).",
             "policy_version": "Policy version label, e.g. v3 (from the id, else from the stamp of its first entry, "
             "as a deployed agent's thread has it).",
             "model": "The model's name as in the id, else as the stamp of its first entry names it (NULL for ids "
@@ -399,7 +403,8 @@ RELATIONS: tuple[Relation, ...] = (
         {
             "thread_id": "The thread.",
             "environment": "The environment it ran in (its stamp's; NULL when the stamp names none).",
-            "scenario": "Scenario id (NULL when the id is not split:version:model:scenario:rK).",
+            "scenario": "Scenario id (NULL when the id is neither split:version:model:scenario:rK nor the older "
+            "split:version:scenario:rK).",
             "policy_version": "Policy version label, e.g. v3.",
             "model": "The model's name as in the id.",
             "status": "waiting, checkpointed or blocked_ask (the waiting state's meta.status); idle in threads "
