@@ -238,6 +238,20 @@ def test_json_is_strict_json_whatever_the_types_and_csv_says_the_same(ws: Path) 
     assert random.exit_code == 0 and len(json.loads(random.stdout)[0]["id"]) == 36, random.output
 
 
+def test_json_is_format_json_as_every_command_takes_it(ws: Path) -> None:
+    """README: `--json` prints one JSON document; `improve sql --json` was "No such option"."""
+    statement = "SELECT count(*) AS n FROM entries"
+    as_json = sql(ws, statement, "--json")
+    assert as_json.exit_code == 0, as_json.output
+    assert as_json.stdout == sql(ws, statement, "--format", "json").stdout
+    assert json.loads(as_json.stdout) == [{"n": 3}]
+    schema = sql(ws, "", "--schema", "--json")
+    assert schema.exit_code == 0 and "entries" in {r["name"] for r in json.loads(schema.stdout)}
+    both = sql(ws, statement, "--json", "--format", "csv")
+    assert both.exit_code == 2 and "give --json or --format csv, not both" in both.stderr
+    assert both.stdout == ""
+
+
 def test_the_connection_is_hardened_whatever_the_statement_check_lets_through(ws: Path) -> None:
     con = open_database(ws / "traces" / "traces.duckdb", sandboxed=True)
     try:

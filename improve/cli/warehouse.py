@@ -241,6 +241,9 @@ def sql_command(
             help="Print tables, views and every column's description (a new warehouse's when there is none yet).",
         ),
     ] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="The same as --format json: one JSON document on stdout.")
+    ] = False,
     ws: Annotated[Path | None, WorkspaceOption] = None,
 ) -> None:
     """Query the trace warehouse with SQL (read-only).
@@ -258,6 +261,7 @@ def sql_command(
     Example:
 
         improve sql "SELECT guard, count(*) AS n FROM attempts GROUP BY guard"
+        improve sql --json "SELECT thread_id FROM outcomes WHERE NOT passed"
         improve sql --lake lake/ \\
             "SELECT policy_version, avg(passed::INT) FROM outcomes GROUP BY ALL"
     """
@@ -266,6 +270,11 @@ def sql_command(
     with handled():
         if fmt not in FORMATS:
             raise WorkspaceError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
+        if as_json:
+            # --json, as every command that prints a result takes it; a table is only the default.
+            if fmt not in ("table", "json"):
+                raise WorkspaceError(f"give --json or --format {fmt}, not both: --json is --format json")
+            fmt = "json"
         if lake is not None:
             if db is not None:
                 raise WorkspaceError(
