@@ -7,6 +7,7 @@ import dataclasses
 import itertools
 import json
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -403,6 +404,63 @@ def test_a_policy_nested_ten_thousand_deep_is_refused_with_the_limit(ws: Path) -
     assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
     assert "Traceback" not in result.output
     assert f"{deep}: $: nested deeper than 200 levels" in " ".join(result.stderr.split())
+
+
+def routed(guard: str, answer: str = "'ESCALATE'") -> dict[str, Any]:
+    """v0 behind a choice: `guard` answers `answer`, anything else goes to the model."""
+    doc = copy.deepcopy(V0)
+    doc["initial"] = "route"
+    doc["states"]["route"] = {
+        "type": "choice",
+        "choice": [{"guard": guard, "target": "decided"}, {"target": "ask_model"}],
+    }
+    doc["states"]["decided"] = {"type": "final", "output": {"type": answer}}
+    return doc
+
+
+@pytest.mark.parametrize(
+    ("policy", "gate", "problem"),
+    [
+        # An unknown fact in a branch no scenario takes: every run is the same, and parity used to pass it.
+        (
+            routed("(facts.requested > 99999.0 && facts.customer.refundz == 1) || facts.requested > 99999.0"),
+            "vocabulary",
+            "$.states.route.choice[0].guard: unknown fact path 'facts.customer.refundz'",
+        ),
+        (routed("true", "'REFUNDX'"), "vocabulary", "$.states.decided.output.type: unknown event 'REFUNDX'"),
+        (
+            routed("facts.customer.refundsLast90d <= 'one'"),
+            "lower",
+            "$.states.route: type error for decision 'chooseResolution'",
+        ),
+        (routed("getenv('HOME') == '/root'"), "lower", "Undefined variable or function: 'getenv'"),
+        (routed("facts.requested >"), "lower", "the policy does not compile"),
+        ({**V0, "initial": 7}, "validate", "the policy is not a valid machine document"),
+    ],
+    ids=["latent-unknown-fact", "unknown-event", "type-error", "unknown-function", "cel-syntax", "schema"],
+)
+def test_a_policy_improve_verify_refuses_before_it_runs_is_refused_naming_the_gate_and_line(
+    ws: Path, policy: dict[str, Any], gate: str, problem: str
+) -> None:
+    """What `improve verify` refuses without running anything (validate, vocabulary, lower) is refused
+    here too (exit 2, nothing run), with its file and line: run, a decision reaching it ends in
+    policy-error, read as regressions that are not the policy's decisions, or as no difference at all."""
+    path = ws / "broken.json"
+    path.write_text(json.dumps({**policy, "version": "9"}, indent=2))
+    for old, new, which in (("v0", str(path), "NEW"), (str(path), "v0", "OLD")):
+        result = compare(ws, old, new, "--model", "careful")
+        assert result.exit_code == 2, result.output
+        said = result.stderr
+        assert (
+            f"{which} policy {path} cannot run as written: it fails the {gate} gate of `improve verify`"
+            in said
+        )
+        assert problem in said, said
+        assert "Nothing was compared" in said and f"improve verify {path}" in said
+        assert "harness:" not in said and "Traceback" not in result.output
+    if gate != "validate":
+        # At the line of the file where the problem is written (the validate gate says its own place).
+        assert re.search(rf"{re.escape(str(path))}:\d+: ", said), said
 
 
 # --- the harness check ------------------------------------------------------------------------------

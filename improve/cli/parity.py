@@ -22,7 +22,6 @@ from improve.cli.common import (
     handled,
     out,
     styled,
-    warn_unknown_names,
     workspace,
 )
 from improve.cli.help import Command, Group
@@ -98,8 +97,10 @@ def compare_command(
     """Run every scenario on OLD and NEW with each model; compare outcome, effects and rule breaks.
 
     Each row is `same`, `intended` (NEW blocks a rule break OLD made, with the same or a safer
-    outcome, or the difference is accepted in the reviewed file) or `regression`. OLD and NEW each
-    first run against themselves: if two fresh runs of either differ, nothing is compared (exit 3).
+    outcome, or the difference is accepted in the reviewed file) or `regression`. A policy that fails
+    a gate of `improve verify` that runs nothing (validate, vocabulary, lower) is refused (exit 2).
+    OLD and NEW each first run against themselves: if two fresh runs of either differ, nothing is
+    compared (exit 3).
     Each side runs in a worker process; a run longer than --timeout, a runner that exits or raises,
     and a comparison with nothing in it stop with exit 3. Exit 0 with no
     unreviewed regression, 1 with one, 2 on usage errors, 3 when a run could not complete. Under
@@ -114,8 +115,9 @@ def compare_command(
         parity compare improve.examples.refunds.legacy:run v0
         parity compare v0 v1 --executor dask://127.0.0.1:8786
     """
+    from improve.cli.policy import static_gate_failure
     from improve.evals import SEALED_SPLIT, UNSEAL_HOW
-    from improve.parity import DEFAULT_MODELS, PolicyRunner, compare, load_reviewed, resolve_side
+    from improve.parity import DEFAULT_MODELS, compare, load_reviewed, names_a_runner, resolve_side
 
     with handled():
         space = workspace(ws)
@@ -157,12 +159,19 @@ def compare_command(
             if reviewed_path
             else None
         )
+        for which, ref in (("OLD", old), ("NEW", new)):
+            # A policy that fails a gate `improve verify` refuses it with, before running anything, ends
+            # the decisions that reach the broken part in policy-error: compared, they read as behaviour
+            # changes (or pass unseen, in a branch no scenario takes). Refused as a usage error instead.
+            problem = None if names_a_runner(ref) else static_gate_failure(space, env_name, environment, ref)
+            if problem:
+                raise WorkspaceError(
+                    f"{which} {problem}\nNothing was compared: fix the policy (`improve verify {ref}` runs "
+                    "every gate on it)"
+                )
         budget = space.config.objective.max_model_calls
         old_side = resolve_side(space, environment, old, budget, cache.value)
         new_side = resolve_side(space, environment, new, budget, cache.value)
-        for side in (old_side, new_side):
-            if isinstance(side.runner, PolicyRunner):  # compared as asked; its policy-errors explained first
-                warn_unknown_names(side.ref, side.runner.policy, environment)
         err.print(
             f"parity on {env_name}: {len(chosen)} scenarios x {len(models)} model(s) ({', '.join(models)}); "
             f"OLD {old_side.description}, NEW {new_side.description}"

@@ -99,6 +99,25 @@ def _located(detail: str, path: Path) -> str:
     return _AT_PATH.sub(at, detail)
 
 
+def static_gate_failure(space: Workspace, env_name: str, environment: Environment, ref: str) -> str | None:
+    """Why the policy `ref` cannot run as written: the first of the gates that run nothing (validate,
+    vocabulary, lower: `STATIC_GATES`) it fails, in `improve verify`'s words, each problem at the
+    policy file's line; None when it passes them. A decision that reaches what they refuse ends in
+    policy-error, which a comparison would otherwise show as the policy's behaviour."""
+    from improve.loop import STATIC_GATES, GateContext, run_gates
+
+    document, source = _policy_document(space, env_name, ref)
+    results = run_gates(document, GateContext(environment, gates=STATIC_GATES), source)
+    failed = next((r for r in results if not r.ok), None)
+    if failed is None:
+        return None
+    named = source if ref.endswith(".json") or "/" in ref or "\\" in ref else f"{ref} ({source})"
+    return (
+        f"policy {named} cannot run as written: it fails the {failed.name} gate of `improve "
+        f"verify`: {_located(failed.detail, Path(source))}"
+    )
+
+
 def verify_command(
     policy: Annotated[str, typer.Argument(help="Policy version (v3) or a .json path.")],
     env: Annotated[str | None, EnvOption] = None,

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from improve.loop.gates import (
         GATE_NAMES,
         GATES,
+        STATIC_GATES,
         EnvironmentGate,
         ExploreGate,
         Gate,
@@ -52,6 +53,7 @@ _MODULES = {
     "improve.loop.gates": (
         "GATE_NAMES",
         "GATES",
+        "STATIC_GATES",
         "EnvironmentGate",
         "ExploreGate",
         "Gate",
@@ -91,6 +93,7 @@ __all__ = [
     "GATE_NAMES",
     "MAX_DISCARDED_IN_A_ROW",
     "PROPOSERS",
+    "STATIC_GATES",
     "Changelog",
     "Counterfactuals",
     "Diagnosis",

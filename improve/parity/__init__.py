@@ -36,6 +36,7 @@ from improve.parity.runners import (
     Side,
     load_runner,
     model_seed,
+    names_a_runner,
     new_model,
     resolve_side,
 )
@@ -68,6 +69,7 @@ __all__ = [
     "load_reviewed",
     "load_runner",
     "model_seed",
+    "names_a_runner",
     "new_model",
     "resolve_side",
     "safety_rank",

@@ -175,6 +175,12 @@ def load_runner(spec: str, search_path: Path | None = None) -> Runner:
     return result
 
 
+def names_a_runner(ref: str) -> bool:
+    """Whether a side as named is a `module:function` runner; else it is a policy (`v3`, a `.json` path)."""
+    looks_like_path = ref.endswith(".json") or "/" in ref or "\\" in ref
+    return ":" in ref and not looks_like_path
+
+
 def resolve_side(
     workspace: Workspace,
     env: Environment,
@@ -183,8 +189,7 @@ def resolve_side(
     cache: CacheMode = "record",
 ) -> Side:
     """`v3` or a `.json` path is a policy; `module:function` is a runner."""
-    looks_like_path = ref.endswith(".json") or "/" in ref or "\\" in ref
-    if ":" in ref and not looks_like_path:
+    if names_a_runner(ref):
         return Side(ref, "runner", f"runner {ref}", load_runner(ref, workspace.root))
     policy = workspace.load_policy(env.name, ref)
     description = f"policy {policy.id}@{policy.version} ({policy_hash(policy)})"

@@ -32,7 +32,7 @@ from improve.loop.gates.lint import LintGate
 from improve.loop.gates.lower import LowerGate, type_problems, typed_request
 from improve.loop.gates.novelty import NoveltyGate
 from improve.loop.gates.overfit import OverfitGate
-from improve.loop.gates.registry import BUILTIN_GATES, GATE_NAMES, GATES, gates_for
+from improve.loop.gates.registry import BUILTIN_GATES, GATE_NAMES, GATES, STATIC_GATES, gates_for
 from improve.loop.gates.run import Gated, gate, passed, run_gates
 from improve.loop.gates.scenario_literals import ScenarioLiterals, scenario_literals
 from improve.loop.gates.validate import ValidateGate
@@ -42,6 +42,7 @@ __all__ = [
     "BUILTIN_GATES",
     "GATES",
     "GATE_NAMES",
+    "STATIC_GATES",
     "EnvironmentGate",
     "ExploreGate",
     "Gate",

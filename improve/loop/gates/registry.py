@@ -35,6 +35,12 @@ BUILTIN_GATES: tuple[Gate, ...] = (
 
 GATE_NAMES = tuple(gate.name for gate in BUILTIN_GATES)
 
+STATIC_GATES: tuple[Gate, ...] = tuple(
+    gate for gate in BUILTIN_GATES if gate.name in ("validate", "vocabulary", "lower")
+)
+"""The gates a policy must pass to run as written, and that run nothing: a policy failing one ends the
+decisions that reach the failing part in policy-error. `parity compare` refuses such a side with them."""
+
 # Gate is a runtime-checkable Protocol: the isinstance check asks for `name` and `run`, which is the point.
 _make = instance_of(Gate, "a Gate (a `name` and `run(ctx) -> GateResult`)")  # type: ignore[type-abstract]
 GATES: Registry[Gate] = Registry("gates", _make)
