@@ -185,6 +185,14 @@ def run(state: str, refusals: int = 0, violations: int = 0, effects: int = 0) ->
         (run("escalated", 2), run("closed", 0), "regression", "escalated -> closed is not the same or safer"),
         (run("issued", 2), run("issued", 0, violations=1), "regression", "new violation(s): outside-window"),
         (run("closed", 1), run("awaitingOrderId"), "regression", "is not the same or safer"),
+        # Blocking a rule break by raising is no decision: the onError's outcome is not NEW's choice.
+        (
+            run("issued", 1),
+            dataclasses.replace(run("escalated"), policy_error="the policy failed at decision 'd': boom"),
+            "regression",
+            "NEW's policy raised instead of deciding, so the run went on by the decision's onError: "
+            "the policy failed at decision 'd': boom",
+        ),
     ],
 )
 def test_label_rules(old: ParityRun, new: ParityRun, label: str, why: str) -> None:
@@ -242,7 +250,7 @@ def test_a_difference_the_labels_ask_for_is_intended_whatever_the_rule_breaks(ws
     (row,) = doc["rows"]
     assert (row["label"], row["outcome"]) == ("intended", "closed -> issued")
     assert row["reason"] == "the labels ask for it: partial-refund-01 expects 'issued' (closed -> issued)"
-    write_policy(ws, "v3", pays_the_rest_v2("facts.order.refundable - 5"))
+    write_policy(ws, "v3", pays_the_rest_v2("facts.order.refundable - 5.0"))
     code, doc = compare_json(ws, "v0", "v3", *args)
     assert code == 1 and doc["rows"][0]["label"] == "regression"
     assert "the baseline broke no rule" in doc["rows"][0]["reason"]
@@ -253,7 +261,7 @@ def test_a_difference_the_labels_ask_for_is_intended_whatever_the_rule_breaks(ws
 
 def test_reviewed_differences_accept_exactly_what_was_reviewed(ws: Path) -> None:
     # Five short of what is left: not what the labels ask for (that would be intended without review).
-    write_policy(ws, "v2", pays_the_rest_v2("facts.order.refundable - 5"))
+    write_policy(ws, "v2", pays_the_rest_v2("facts.order.refundable - 5.0"))
     args = (
         "v0",
         "v2",
@@ -461,6 +469,40 @@ def test_a_policy_improve_verify_refuses_before_it_runs_is_refused_naming_the_ga
     if gate != "validate":
         # At the line of the file where the problem is written (the validate gate says its own place).
         assert re.search(rf"{re.escape(str(path))}:\d+: ", said), said
+
+
+def test_a_guard_that_raises_on_a_runs_facts_is_said_as_raised_not_as_a_behaviour_change(ws: Path) -> None:
+    """A guard that passes the gates that run nothing but divides by a fact that is 0 on some tickets:
+    where it raises, the machine goes on by the decision's onError (escalated). The row and the summary
+    say the policy raised, where and why, not "the baseline broke no rule"."""
+    guard = "facts.customer.accountAgeDays / facts.customer.refundsLast90d > 100000"
+    write_policy(ws, "v9", routed(guard))
+    args = (
+        "v0",
+        "v9",
+        "--model",
+        "careful",
+        "--scenario",
+        "small-refund-01",
+        "--scenario",
+        "small-refund-02",
+    )
+    code, doc = compare_json(ws, *args)
+    assert code == 1 and doc["policy_errors"] == {"old": 0, "new": 1}, doc["rows"]
+    raised = next(r for r in doc["rows"] if r["scenario"] == "small-refund-01")
+    assert raised["label"] == "regression" and raised["outcome"] == "issued -> escalated"
+    assert raised["reason"].startswith("NEW's policy raised instead of deciding"), raised["reason"]
+    assert f"state 'route'.choice[0].guard: `{guard}` failed" in raised["reason"]
+    assert "division by zero" in raised["reason"] and "the baseline broke no rule" not in raised["reason"]
+    assert raised["new"]["policy_error"] and raised["old"]["policy_error"] is None
+    # Where the fact is not 0 the guard answers as written: no error, the row as before.
+    other = next(r for r in doc["rows"] if r["scenario"] == "small-refund-02")
+    assert other["new"]["policy_error"] is None and "raised" not in other["reason"]
+    table = compare(ws, *args)
+    assert table.exit_code == 1
+    said = " ".join(table.stdout.split())
+    assert "NEW's policy (v9) raised instead of deciding in 1 of 2 runs" in said, said
+    assert "first small-refund-01 (careful): the policy failed at decision 'chooseResolution'" in said
 
 
 # --- the harness check ------------------------------------------------------------------------------

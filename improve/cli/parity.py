@@ -237,6 +237,8 @@ def _print_tables(report: ParityReport) -> None:
             f"{len(report.unused_reviews)} reviewed difference(s) in {report.reviewed.path.name} were not "
             f"in this comparison (entries {report.unused_reviews})"
         )
+    for sentence in report.raised_text():
+        out.print(sentence, markup=False)
     verdict = "no unreviewed regression" if report.passed else f"{len(report.regressions)} regression(s)"
     out.print(f"parity {report.old.ref} -> {report.new.ref}: {verdict}")
 

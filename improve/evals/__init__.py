@@ -16,6 +16,7 @@ from improve.evals.outcome import (
     effects_from_log,
     fallbacks,
     outcome_row,
+    policy_failure,
 )
 from improve.evals.resume import ResumeRequest, resume_thread, thread_environment
 from improve.evals.scenario_writer import (
@@ -256,6 +257,7 @@ __all__ = [
     "parse_executor",
     "people_problems",
     "policy_content",
+    "policy_failure",
     "policy_hash",
     "policy_label",
     "read_unsealings",

@@ -6,7 +6,9 @@
   break the baseline made: the baseline broke at least one rule, the candidate breaks fewer, it has no
   violation the baseline did not have, and its outcome is the same or safer (the environment's
   `safety_order`). Effects may differ.
-- `regression`: any other difference.
+- `regression`: any other difference; and any difference where the candidate's policy raised instead
+  of deciding (a guard failing on the run's facts), said as that: what followed is the machine's
+  onError, not a decision of the candidate's.
 
 People wrote the labels: a change that turns a run the labels call wrong into the run they ask for (the
 change a round makes to fix labelled failures) is intended, whatever the baseline's rule breaks were.
@@ -64,6 +66,14 @@ def label_difference(
     only the rule-break rules apply."""
     if diff.empty:
         return "same", "outcome, effects, violations and rule breaks as before"
+    if new.policy_error is not None:
+        # Not a decision of NEW's: its policy raised (a guard failing on these facts) and the machine went
+        # on by the decision's onError. Said as that, whatever the labels or the rule breaks make of it.
+        return (
+            "regression",
+            f"NEW's policy raised instead of deciding, so the run went on by the decision's onError: "
+            f"{new.policy_error}",
+        )
     if scenario is not None and as_labelled(env, scenario, new) and not as_labelled(env, scenario, old):
         return (
             "intended",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from improve.parity.diff import Difference
 from improve.parity.labels import LABELS, Label
@@ -70,6 +70,28 @@ class ParityReport:
     def passed(self) -> bool:
         return not self.regressions
 
+    def raised(self, side: Literal["old", "new"]) -> list[ParityRow]:
+        """The rows where that side's policy raised instead of deciding (its runs went on by onError)."""
+        return [r for r in self.rows if getattr(r, side).policy_error is not None]
+
+    def raised_text(self) -> list[str]:
+        """One sentence per side whose policy raised in some run: how often, and the first place and why."""
+        said = []
+        sides: tuple[tuple[Literal["old", "new"], str, str], ...] = (
+            ("old", "OLD", self.old.ref),
+            ("new", "NEW", self.new.ref),
+        )
+        for side, name, ref in sides:
+            rows = self.raised(side)
+            if rows:
+                first = rows[0]
+                said.append(
+                    f"{name}'s policy ({ref}) raised instead of deciding in {len(rows)} of {len(self.rows)} "
+                    f"runs, each going on by the decision's onError; first {first.scenario} ({first.model}): "
+                    f"{getattr(first, side).policy_error}"
+                )
+        return said
+
     def to_json(self) -> dict[str, Any]:
         return {
             "environment": self.environment,
@@ -81,6 +103,7 @@ class ParityReport:
             "summary": {model: self.counts(model) for model in self.models},
             "regressions": len(self.regressions),
             "passed": self.passed,
+            "policy_errors": {"old": len(self.raised("old")), "new": len(self.raised("new"))},
             "reviewed": {
                 "file": str(self.reviewed.path) if self.reviewed else None,
                 "entries": len(self.reviewed.entries) if self.reviewed else 0,
@@ -103,6 +126,8 @@ class ParityReport:
         for model in self.models:
             c = self.counts(model)
             lines.append(f"| {model} | {c['same']} | {c['intended']} | {c['regression']} |")
+        for sentence in self.raised_text():
+            lines += ["", f"**{_md_cell(sentence)}**"]
         changed = [r for r in self.rows if r.label != "same"]
         if changed:
             lines += [

@@ -19,7 +19,16 @@ from pathlib import Path
 from typing import Any, Literal
 
 from improve.errors import EndpointError, WorkspaceError
-from improve.evals import ModelGate, OutcomeRow, Scenario, SuiteSpec, Workspace, policy_hash, run_suite
+from improve.evals import (
+    ModelGate,
+    OutcomeRow,
+    Scenario,
+    SuiteSpec,
+    Workspace,
+    policy_failure,
+    policy_hash,
+    run_suite,
+)
 from improve.llm import CacheMode
 from improve.log import LogEntry, MemoryStore
 from improve.machine import MachineConfig
@@ -36,6 +45,9 @@ class ParityRun:
     guard_refusals: int = 0
     """Answers the guards had to refuse (`rejected-by-guard` attempts)."""
     status: str = "done"
+    policy_error: str | None = None
+    """Where the policy itself raised instead of answering (a guard that fails on this run's facts), in
+    words; the run went on by the decision's onError, so what follows is not a decision of the policy."""
 
     @property
     def rule_breaks(self) -> int:
@@ -49,6 +61,7 @@ class ParityRun:
             "violations": self.violations,
             "guard_refusals": self.guard_refusals,
             "rule_breaks": self.rule_breaks,
+            "policy_error": self.policy_error,
         }
 
 
@@ -82,6 +95,7 @@ def _from_row(row: OutcomeRow, entries: Sequence[LogEntry]) -> ParityRun:
         violations=row.violations,
         guard_refusals=refusals,
         status=row.status,
+        policy_error=policy_failure(entries),
     )
 
 
