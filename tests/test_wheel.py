@@ -120,15 +120,29 @@ def _bash(script: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedPr
     )  # fmt: skip
 
 
-@pytest.mark.slow
-def test_every_step_of_the_scaffolded_workflow_runs_in_a_clone(
-    installed: Installed, github: FakeGitHub, tmp_path: Path
-) -> None:
-    """The workspace `improve init` writes, committed and pushed to a local bare remote that stands in
-    for GitHub. In a fresh clone, each `run:` step of the round job, then of the parity job, runs as the
-    runner runs it (the install step against a folder holding the toolkit's wheel instead of PyPI):
-    the round opens its PR and reports parity on it as a green status; the parity job is green on the
-    round's own branch and red on a hand-made regression."""
+@dataclass(frozen=True)
+class Pushed:
+    """A workspace `improve init --env` wrote, committed on `main` and pushed to a local bare remote that
+    stands in for GitHub (every clone reaches it under the GitHub URL a round names it by)."""
+
+    workflow: dict[str, Any]
+    bare: Path
+    env: dict[str, str]
+    """git's identity and configuration, the virtualenv's commands first on PATH."""
+    runner_env: dict[str, str]
+    """What a runner's step sees: the toolkit's requirement (its wheel standing in for PyPI), the token
+    and the fake GitHub API."""
+    tmp_path: Path
+
+    def checkout(self, name: str, ref: str = "main") -> Path:
+        """actions/checkout with fetch-depth 0: every branch, `ref` checked out."""
+        clone = self.tmp_path / name
+        run("git", "clone", "-q", "https://github.com/acme/desk.git", clone, cwd=self.tmp_path, env=self.env)
+        run("git", "checkout", "-q", ref, cwd=clone, env=self.env)
+        return clone
+
+
+def pushed_workspace(installed: Installed, github: FakeGitHub, tmp_path: Path, name: str) -> Pushed:
     bin_dir = installed.venv / "bin"
     env = {
         **installed.env,
@@ -142,7 +156,7 @@ def test_every_step_of_the_scaffolded_workflow_runs_in_a_clone(
         "NO_PROXY": "127.0.0.1,localhost",
     }
     made = tmp_path / "made"
-    run(bin_dir / "improve", "init", made, "--env", "flow-desk", cwd=tmp_path, env=env)
+    run(bin_dir / "improve", "init", made, "--env", name, cwd=tmp_path, env=env)
     workflow = yaml.safe_load((made / ".github" / "workflows" / "improve.yml").read_text())
     requirement = workflow["env"]["IMPROVE_REQUIREMENT"]
     assert requirement == installed.wheel.name.split("-")[0].replace("_", "-") + "==0.1.0"
@@ -151,16 +165,7 @@ def test_every_step_of_the_scaffolded_workflow_runs_in_a_clone(
     for args in (("init", "-q", "-b", "main"), ("add", "-A"), ("commit", "-q", "-m", "improve init")):
         run("git", *args, cwd=made, env=env)
     run("git", "push", "-q", str(bare), "main", cwd=made, env=env)
-    # Every clone reaches the bare repository under the GitHub URL the round names the repository by.
     (tmp_path / "gitconfig").write_text(f'[url "{bare}"]\n\tinsteadOf = https://github.com/acme/desk.git\n')
-
-    def checkout(name: str, ref: str = "main") -> Path:
-        """actions/checkout with fetch-depth 0: every branch, `ref` checked out."""
-        clone = tmp_path / name
-        run("git", "clone", "-q", "https://github.com/acme/desk.git", clone, cwd=tmp_path, env=env)
-        run("git", "checkout", "-q", ref, cwd=clone, env=env)
-        return clone
-
     runner_env = {
         **env,
         "IMPROVE_REQUIREMENT": requirement,
@@ -172,6 +177,21 @@ def test_every_step_of_the_scaffolded_workflow_runs_in_a_clone(
         "GITHUB_REPOSITORY": "acme/desk",
         "IMPROVE_ALLOW_INSECURE_GITHUB": "1",  # the fake API is plain http on 127.0.0.1
     }
+    return Pushed(workflow, bare, env, runner_env, tmp_path)
+
+
+@pytest.mark.slow
+def test_every_step_of_the_scaffolded_workflow_runs_in_a_clone(
+    installed: Installed, github: FakeGitHub, tmp_path: Path
+) -> None:
+    """The workspace `improve init` writes, committed and pushed to a local bare remote that stands in
+    for GitHub. In a fresh clone, each `run:` step of the round job, then of the parity job, runs as the
+    runner runs it (the install step against a folder holding the toolkit's wheel instead of PyPI):
+    the round opens its PR and reports parity on it as a green status; the parity job is green on the
+    round's own branch and red on a hand-made regression."""
+    pushed = pushed_workspace(installed, github, tmp_path, "flow-desk")
+    workflow, bare, env, runner_env = pushed.workflow, pushed.bare, pushed.env, pushed.runner_env
+    checkout = pushed.checkout
     # The round job.
     clone = checkout("round")
     for name, script in _steps(workflow, "round").items():
@@ -181,8 +201,8 @@ def test_every_step_of_the_scaffolded_workflow_runs_in_a_clone(
     branch = pr["head"]["ref"]
     assert branch == "improve/flow-desk-v1" and pr["base"]["ref"] == "main"
     (status,) = [r for r in github.requests if "/statuses/" in r.path]
-    pushed = run("git", "rev-parse", branch, cwd=bare, env=env).strip()
-    assert status.path == f"/repos/acme/desk/statuses/{pushed}"
+    head = run("git", "rev-parse", branch, cwd=bare, env=env).strip()
+    assert status.path == f"/repos/acme/desk/statuses/{head}"
     assert status.body["state"] == "success" and status.body["context"] == "improve / parity"
     assert status.body["description"] == "parity compare v0.json v1.json"
     assert status.authorization == ["Bearer ghs_workflowTOKEN0123456789"]
@@ -210,3 +230,95 @@ def test_every_step_of_the_scaffolded_workflow_runs_in_a_clone(
             assert "regression(s)" in done.stdout and "credited -> declined" in done.stdout
         else:
             assert done.returncode == 0, f"{name}:\n{done.stdout}\n{done.stderr}"
+
+
+def _declines(policy: dict[str, Any], version: str) -> dict[str, Any]:
+    """`policy` as a version that declines every ticket."""
+    final = {"decided": {"type": "final", "output": {"type": "'DECLINE'"}}}
+    return {**policy, "version": version, "initial": "decided", "states": final}
+
+
+@pytest.mark.slow
+def test_the_parity_job_verifies_the_newest_policy_and_compares_it_with_the_base_branch_s(
+    installed: Installed, github: FakeGitHub, tmp_path: Path
+) -> None:
+    """Each pull request a branch of a clone, committed; the parity job's steps run on it as the runner
+    runs them, against `main` on the bare remote. "Before" is the base branch's content, so a version
+    edited in place is compared (it used to pass as "no new policy version"), and an older version the
+    pull request also changes is not read as before; the newest policy goes through `improve verify`;
+    a change to the environment alone is said to have no policy difference to compare."""
+    pushed = pushed_workspace(installed, github, tmp_path, "base-desk")
+    parity = _steps(pushed.workflow, "parity")
+    assert list(parity)[1:] == [
+        "improve verify the newest policy",
+        "parity compare the base branch's newest policy with this pull request's",
+    ]
+    checks_env = {**pushed.runner_env, "BASE_REF": "main"}
+    v0 = json.loads((tmp_path / "made" / "policies" / "base-desk" / "v0.json").read_text())
+
+    def pull_request(name: str, files: dict[str, str]) -> tuple[subprocess.CompletedProcess[str], ...]:
+        clone = pushed.checkout(name)
+        run("git", "checkout", "-q", "-b", name, cwd=clone, env=pushed.env)
+        for path, text in files.items():
+            (clone / path).write_text(text)
+        run("git", "add", "-A", cwd=clone, env=pushed.env)
+        run("git", "commit", "-q", "-m", name, cwd=clone, env=pushed.env)
+        done = tuple(_bash(script, clone, checks_env) for script in parity.values())
+        assert done[0].returncode == 0, done[0].stderr
+        return done[1:]
+
+    policies = "policies/base-desk"
+    # v0 edited in place: compared with main's v0, and red.
+    verified, compared = pull_request("in-place", {f"{policies}/v0.json": json.dumps(_declines(v0, "0"))})
+    assert verified.returncode == 0, f"{verified.stdout}\n{verified.stderr}"
+    assert compared.returncode == 1, f"{compared.stdout}\n{compared.stderr}"
+    assert (
+        f"comparing main's {policies}/v0.json (as on main) with this pull request's {policies}/v0.json"
+        in (compared.stdout)
+    )
+    assert "credited -> declined" in compared.stdout and "no new policy version" not in compared.stdout
+
+    # v0 changed and v1 added as main's v0 was: before is main's v0, so nothing differs; the change to
+    # the older version is warned about.
+    verified, compared = pull_request(
+        "older-changed",
+        {
+            f"{policies}/v0.json": json.dumps(_declines(v0, "0")),
+            f"{policies}/v1.json": json.dumps({**v0, "version": "1"}),
+        },
+    )
+    assert verified.returncode == 0 and compared.returncode == 0, f"{compared.stdout}\n{compared.stderr}"
+    assert "no unreviewed regression" in compared.stdout
+    assert f"::warning file={policies}/v0.json::" in compared.stdout
+
+    # The environment alone changed: verify runs on it; parity says what it did not compare.
+    world = (tmp_path / "made" / "base_desk" / "world.py").read_text()
+    verified, compared = pull_request("environment", {"base_desk/world.py": world + "\n# a comment\n"})
+    assert verified.returncode == 0 and "pass explore" in verified.stdout, verified.stdout
+    assert compared.returncode == 0, f"{compared.stdout}\n{compared.stderr}"
+    said = " ".join(compared.stdout.split())
+    assert (
+        f"{policies}/v0.json is main's {policies}/v0.json unchanged: no policy difference to compare" in said
+    )
+    assert "checked by improve verify above" in said
+
+    # A new version improve verify refuses: red at verify, and parity refuses it too (exit 2).
+    latent = {
+        **v0,
+        "version": "1",
+        "initial": "route",
+        "states": {
+            **v0["states"],
+            "route": {
+                "type": "choice",
+                "choice": [
+                    {"guard": "facts.customer.refundz == 1", "target": "escalate"},
+                    {"target": "ask_model"},
+                ],
+            },
+        },
+    }
+    verified, compared = pull_request("latent", {f"{policies}/v1.json": json.dumps(latent, indent=2)})
+    assert verified.returncode == 1 and "FAIL vocabulary" in verified.stdout, verified.stdout
+    assert "facts.customer.refundz" in verified.stdout
+    assert compared.returncode == 2 and "cannot run as written" in compared.stderr, compared.stderr
