@@ -211,8 +211,13 @@ def test_init_on_a_full_disk_writes_nothing_a_second_init_would_refuse(
 
 
 def test_init_from_a_bundled_desk_writes_its_scenarios_and_policies(tmp_path: Path) -> None:
-    result = runner.invoke(app, ["init", str(tmp_path), "--from", "refund-approval"])
+    # A .gitignore of the user's own is extended, as `init --env` extends it, never replaced.
+    (tmp_path / ".gitignore").write_text("*.log\n")
+    result = runner.invoke(app, ["init", str(tmp_path), "--from", "refund-approval", "--json"])
     assert result.exit_code == 0, result.output
+    made = json.loads(result.stdout)
+    assert ".gitignore" in made["written"]
+    assert (tmp_path / ".gitignore").read_text() == "*.log\n\ntraces/\nreports/\n.improve/\n"
     desk = REPO / "improve" / "examples" / "refund_approval"
     assert (tmp_path / "scenarios" / "refund-approval.yaml").read_bytes() == (
         desk / "scenarios.yaml"
@@ -220,6 +225,14 @@ def test_init_from_a_bundled_desk_writes_its_scenarios_and_policies(tmp_path: Pa
     assert (tmp_path / "policies" / "refund-approval" / "v0.json").is_file()
     code, output = improve(tmp_path, "run", "--model", "careful", "--k", "1")
     assert code == 0, output
+    assert list((tmp_path / "traces").glob("*.jsonl")) and (tmp_path / ".improve").is_dir()
+    # The hint it prints (`git init && git add -A && git commit`) commits the workspace, not what runs made.
+    assert any("git add -A" in step for step in made["next"])
+    repo = git.Repo.init(tmp_path, initial_branch="main")
+    repo.git.add(A=True)
+    staged = repo.git.diff("--cached", "--name-only").split()
+    assert "improve.toml" in staged and "policies/refund-approval/v0.json" in staged, staged
+    assert not [p for p in staged if p.startswith(("traces/", ".improve/", "reports/"))], staged
 
 
 @pytest.mark.slow

@@ -33,8 +33,9 @@ def init_command(
     account credits): a machine with two tools, a decision with payloads, a rule as a guard and a
     sentinel; a world with an audit; stand-in models careful, sloppy and naive; 12 labelled
     scenarios; policy v0; a README section; .github/workflows/improve.yml. With --from NAME: a bundled
-    environment's scenarios and policies (its code stays in the installed package). Existing files are
-    never overwritten: if one is in the way, nothing is written.
+    environment's scenarios and policies (its code stays in the installed package). Either way
+    .gitignore gets what runs generate (traces/, reports/, .improve/), appended to one already there.
+    Existing files are never overwritten: if one is in the way, nothing is written.
 
     Example:
 

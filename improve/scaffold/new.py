@@ -23,14 +23,13 @@ from improve.errors import WorkspaceError
 from improve.evals import CONFIG_NAME
 from improve.registry import check_slug
 from improve.runtime import ENVIRONMENTS
-from improve.scaffold.workspace import workspace_toml, write_files
+from improve.scaffold.workspace import appended, gitignored, workspace_toml, write_files
 
 TEMPLATE = Path(__file__).parent / "template"
 TEMPLATE_NAME = "support-desk"
 TEMPLATE_PACKAGE = "support_desk"
 
 PACKAGE_FILES = ("__init__.py", "env.py", "world.py", "models.py", "rules.py", "cases.py", "machine.json")
-GITIGNORE = ("traces/", "reports/", ".improve/")
 
 
 def package_name(name: str, package: str | None = None, root: Path | None = None) -> str:
@@ -140,15 +139,6 @@ def new_environment_files(name: str, package: str) -> dict[str, str | Path]:
     return files
 
 
-def _appended(path: Path, text: str, present: str) -> str | None:
-    """The file's text with `text` appended, or None when `present` is already in it."""
-    before = path.read_text(encoding="utf-8") if path.exists() else ""
-    if present in before:
-        return None
-    separator = "" if not before or before.endswith("\n\n") else ("\n" if before.endswith("\n") else "\n\n")
-    return before + separator + text
-
-
 def init_environment(root: Path, name: str, package: str | None = None) -> list[str]:
     """Scaffold a workspace for a new agent in `root`; the relative paths written or extended.
 
@@ -168,13 +158,8 @@ def init_environment(root: Path, name: str, package: str | None = None) -> list[
     package = package_name(name, package, root)
     section = _renamed((TEMPLATE / "README.md").read_text(encoding="utf-8"), name, package)
     extended: dict[str, str] = {}
-    readme = _appended(root / "README.md", section, section.splitlines()[0])
+    readme = appended(root / "README.md", section, section.splitlines()[0])
     if readme is not None:
         extended["README.md"] = readme
-    ignored = root / ".gitignore"
-    existing = ignored.read_text(encoding="utf-8").splitlines() if ignored.exists() else []
-    missing = [line for line in GITIGNORE if line not in existing]
-    ignore = _appended(ignored, "\n".join(missing) + "\n", "\n".join(missing)) if missing else None
-    if ignore is not None:
-        extended[".gitignore"] = ignore
+    extended.update(gitignored(root))
     return write_files(root, new_environment_files(name, package), replace=extended)

@@ -36,6 +36,30 @@ out_of_sample_cases = 100 # a recommended candidate checked with careful on gene
 """
 
 
+GITIGNORE = ("traces/", "reports/", ".improve/")
+"""What every workspace `improve init` writes keeps out of git: generated threads and their warehouse,
+round reports, and the workspace's own memory (`.improve/`)."""
+
+
+def appended(path: Path, text: str, present: str) -> str | None:
+    """The file's text with `text` appended, or None when `present` is already in it."""
+    before = path.read_text(encoding="utf-8") if path.exists() else ""
+    if present in before:
+        return None
+    separator = "" if not before or before.endswith("\n\n") else ("\n" if before.endswith("\n") else "\n\n")
+    return before + separator + text
+
+
+def gitignored(root: Path) -> dict[str, str]:
+    """`{".gitignore": text}`: `root`'s .gitignore with the lines of `GITIGNORE` it lacks appended, for
+    `write_files(replace=...)`; empty when it has them all."""
+    ignored = root / ".gitignore"
+    existing = ignored.read_text(encoding="utf-8").splitlines() if ignored.exists() else []
+    missing = [line for line in GITIGNORE if line not in existing]
+    text = appended(ignored, "\n".join(missing) + "\n", "\n".join(missing)) if missing else None
+    return {".gitignore": text} if text is not None else {}
+
+
 def workspace_toml(name: str, header: str, module: str | None = None) -> str:
     """An improve.toml for one environment."""
     module_line = f'module = "{module}"\n' if module else ""
@@ -131,6 +155,7 @@ def desk_files(env: Environment) -> dict[str, str | Path]:
 
 
 def write_desk(env: Environment, root: Path) -> list[str]:
-    """Write a bundled environment's workspace into `root` (created when missing); the relative paths
-    written."""
-    return write_files(root, desk_files(env))
+    """Write a bundled environment's workspace into `root` (created when missing), its `.gitignore`
+    extended as `init --env` extends it (what `init` says next commits the workspace with `git add -A`);
+    the relative paths written."""
+    return write_files(root, desk_files(env), replace=gitignored(root))
