@@ -368,6 +368,13 @@ def test_the_workflow_installs_exactly_the_toolkit_that_wrote_it(monkeypatch: py
     assert pin(None).requirement == "improve-agents==0.4.2"
     local = pin({"url": "file:///home/dana/improve", "dir_info": {"editable": True}})
     assert local.requirement == "improve-agents==0.4.2" and "cannot reach" in local.note
+    # The workflow is committed: it says the install was local, never where on this machine.
+    assert local.note.startswith("installed from a local path, which a CI runner cannot reach"), local.note
+    text = workflow_text()
+    assert "/home/dana" not in text and "file:" not in text
+    assert "installed from a local path, which a CI runner cannot reach: the release of its version" in text
+    pin({"url": "file:///home/dana/improve", "vcs_info": {"vcs": "git", "commit_id": "0" * 40}})
+    assert "/home/dana" not in workflow_text()
     assert "ghp_SECRET" not in json.dumps([from_git.note, local.note])
     pin({"url": "https://github.com/acme/improve.git", "vcs_info": {"vcs": "git", "commit_id": commit}})
     text = workflow_text()

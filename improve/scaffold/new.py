@@ -94,10 +94,14 @@ def toolkit_pin() -> ToolkitPin:
         and not url.startswith("file:")
     ):
         return ToolkitPin(f"{DISTRIBUTION} @ git+{url}@{vcs['commit_id']}", "installed from git: that commit")
+    # The note goes into a file people commit: a path on this machine (a file: URL, a checkout) says
+    # nothing to a reader elsewhere and tells everyone where the author keeps things. Only a URL others
+    # may reach is named.
+    where = url if urlsplit(url).scheme in ("http", "https") else "a local path"
     return ToolkitPin(
         release,
-        f"installed from {url or 'a local path'}, which a CI runner cannot reach: the release of its "
-        "version; if that is not published, install from a git URL pinned to a commit instead",
+        f"installed from {where}, which a CI runner cannot reach: the release of its version; if that "
+        "is not published, install from a git URL pinned to a commit instead",
     )
 
 
