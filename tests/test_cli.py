@@ -822,7 +822,12 @@ NOT_FOR_HELP = (*HEAVY, "duckdb", "numpy", "git", "improve.evals", "improve.ware
 
 
 @pytest.mark.parametrize(
-    ("args", "unwanted"), [(["--help"], NOT_FOR_HELP), (["describe", "--env", "refunds"], HEAVY)]
+    ("args", "unwanted"),
+    [
+        # importlib.metadata only for `--version`, which reads the installed version with it.
+        (["--help"], (*NOT_FOR_HELP, "importlib.metadata")),
+        (["describe", "--env", "refunds"], HEAVY),
+    ],
 )
 def test_commands_that_need_no_statistics_or_endpoints_do_not_import_them(
     args: list[str], unwanted: tuple[str, ...]
@@ -841,6 +846,28 @@ def test_commands_that_need_no_statistics_or_endpoints_do_not_import_them(
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120, check=True
     )
     assert done.stdout.splitlines()[-1] == "loaded: ", done.stdout[-500:]
+
+
+def test_version_is_the_installed_distributions(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`improve --version` says the version pip installed (the distribution's metadata), and exits 0;
+    a source tree nobody installed has none, and says so (exit 2), with no traceback."""
+    import importlib.metadata
+
+    from improve import DISTRIBUTION
+
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout == f"{DISTRIBUTION} {importlib.metadata.version(DISTRIBUTION)}\n"
+    assert "--version" in runner.invoke(app, ["--help"]).stdout
+
+    def missing(name: str) -> str:
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", missing)
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 2 and result.stdout == ""
+    assert f"error: {DISTRIBUTION} is not installed" in result.stderr and "pip install -e ." in result.stderr
+    assert result.exception is None or isinstance(result.exception, SystemExit)
 
 
 # A command's own `--help` imports its module and typer, not the layers the command runs with.

@@ -6,6 +6,8 @@ Each command's module is imported when that command runs (see `improve.cli.lazy`
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
 from improve.cli.lazy import LazyCommand, LazyGroup
@@ -145,8 +147,40 @@ app = typer.Typer(
 )
 
 
+def _say_version(asked: bool) -> None:
+    """`--version`: the installed distribution's version, read from its metadata (imported only when
+    asked: importlib.metadata is a few milliseconds of every start that `--help` need not pay)."""
+    if not asked:
+        return
+    from importlib.metadata import PackageNotFoundError, version
+
+    from improve import DISTRIBUTION
+
+    try:
+        found = version(DISTRIBUTION)
+    except PackageNotFoundError:
+        typer.echo(
+            f"error: {DISTRIBUTION} is not installed (this is a source tree nobody installed), so it has no "
+            "version; install it (`pip install -e .`, or `make`) and ask again",
+            err=True,
+        )
+        raise typer.Exit(2) from None
+    typer.echo(f"{DISTRIBUTION} {found}")
+    raise typer.Exit()
+
+
 @app.callback()
-def _main() -> None:
+def _main(
+    show_version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            help="Print the installed version (improve-agents X.Y.Z) and exit.",
+            is_eager=True,
+            callback=_say_version,
+        ),
+    ] = False,
+) -> None:
     """Make LLM agents reliable: run them as state machines, replay their traces, improve their policies."""
 
 
