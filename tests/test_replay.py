@@ -703,6 +703,36 @@ def test_a_thread_with_a_line_that_is_no_entry_is_named_and_the_others_still_rep
     assert json.loads(torn.stdout)["threads"][0]["torn"]
 
 
+@pytest.mark.parametrize("cut", [2, 40, 100])
+def test_a_torn_last_line_reads_the_same_by_path_as_in_a_directory(
+    recorded_lines: list[dict[str, Any]], tmp_path: Path, cut: int
+) -> None:
+    """A thread file whose last bytes were lost (no final line break): given by path it was INVALID (the
+    cut line is no JSON), in a directory its line was left out as a torn write and the thread INCOMPLETE.
+    Both now say the latter (docs/cli.md, replay); a whole last entry missing only its line break reads."""
+    ws = copy_workspace(tmp_path / "ws")
+    text = "".join(json.dumps(line, separators=(",", ":")) + "\n" for line in recorded_lines)
+    folder = tmp_path / "threads"
+    folder.mkdir()
+    path = folder / f"{THREAD}.jsonl"
+    path.write_text(text[: -cut - 1])  # the line break and `cut` bytes before it
+    verdicts = []
+    for target in (path, folder):
+        result = runner.invoke(app, ["replay", "-w", str(ws), str(target), "--verify", "--json"])
+        assert result.exit_code == 1, result.output
+        said = " ".join(result.stderr.split())
+        assert f"warning: {path} ends with a line cut short (no line break): left out" in said, said
+        assert f"INCOMPLETE {THREAD}: its {len(recorded_lines) - 1} entries chain" in said, said
+        assert "INVALID" not in said and "Invalid JSON" not in said
+        (thread,) = json.loads(result.stdout)["threads"]
+        verdicts.append((thread["verification"], thread["entries"], bool(thread["torn"])))
+    assert verdicts[0] == verdicts[1] == ("incomplete", len(recorded_lines) - 1, True)
+    path.write_text(text[:-1])  # only the final line break lost: the last entry is whole
+    whole = runner.invoke(app, ["replay", "-w", str(ws), str(path), "--verify", "--json"])
+    assert whole.exit_code == 0, whole.output
+    assert json.loads(whole.stdout)["threads"][0]["verification"] == "verified"
+
+
 def test_replay_reads_a_thread_with_a_byte_order_mark(tmp_path: Path) -> None:
     ws = copy_workspace(tmp_path / "ws")
     runner = CliRunner()

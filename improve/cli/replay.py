@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, BinaryIO
 
 import typer
 
@@ -37,9 +39,11 @@ Thread = tuple[str, "Sequence[EntryView]", list[bytes]]
 
 @dataclass(frozen=True)
 class _Read:
-    """A thread read, and what its file says beyond its entries (`torn`: its last line was cut short)."""
+    """A thread read, and what its file says beyond its entries (`torn`: its last line was cut short),
+    with the file it was read from (what a message about the thread names)."""
 
     thread: Thread
+    file: Path
     torn: str = ""
 
 
@@ -56,7 +60,7 @@ def _threads_from(args: list[str], places: Sequence[Path]) -> Iterator[_Read | _
     traces/ holds a deployed agent's production/), or thread ids in `places` (traces/, then
     traces/production/), checked up front and then read one thread at a time through the bulk decode
     path, so replaying a million entries holds about one thread of them at once."""
-    from improve.log import JsonlDirStore, read_file_thread_lines
+    from improve.log import JsonlDirStore
 
     sources: list[tuple[str, Path]] = []
     for arg in args:
@@ -75,26 +79,78 @@ def _threads_from(args: list[str], places: Sequence[Path]) -> Iterator[_Read | _
     found = 0
     for kind, source in sources:
         if kind == "file":
-            try:
-                for thread in read_file_thread_lines(source):
-                    found += 1
-                    yield _Read(thread)
-            except LogError as error:  # the threads after the line in this file are not read
-                found += 1
-                yield _Unreadable(
-                    str(source), f"{error} (the file's threads after that line were not replayed)"
-                )
+            found += 1
+            yield from _file_threads(source)
             continue
         store = JsonlDirStore(source if kind == "dir" else source.parent)
         ids = store.list_threads(limit=1_000_000).thread_ids if kind == "dir" else [source.name]
         for tid in ids:
             found += 1
             try:
-                yield _Read((tid, *store.read_bulk_lines(tid)), _torn(store.path(tid)))
+                yield _Read((tid, *store.read_bulk_lines(tid)), store.path(tid), _torn(store.path(tid)))
             except LogError as error:
                 yield _Unreadable(tid, str(error))
     if not found:  # a directory with no thread in it: nothing replayed must not read as a pass
         raise WorkspaceError(f"no thread found in {', '.join(args)}: nothing to replay")
+
+
+def _file_threads(source: Path) -> Iterator[_Read | _Unreadable]:
+    """The threads of a file given by path (one, or many with `threadId`). A last line cut short (no line
+    break, and no whole log entry: a torn write) is left out and said, as it is for a thread of a
+    directory (the store reads only whole lines); a whole entry missing only its final line break is
+    read (a file written by another tool). The threads are read from a copy of the file without that
+    line, in a temporary directory under the same name (a thread without `threadId` is named by it)."""
+    from improve.log import read_file_thread_lines
+
+    torn = _torn(source)
+    cut = _cut_short_at(source) if torn else None
+    with contextlib.ExitStack() as stack:
+        read = source
+        if cut is not None:
+            read = (
+                Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="improve-replay-"))) / source.name
+            )
+            with source.open("rb") as whole, read.open("wb") as copy:
+                _copy_bytes(whole, copy, cut)
+        try:
+            for thread in read_file_thread_lines(read):
+                yield _Read(thread, source, torn if cut is not None else "")
+        except LogError as error:  # the threads after the line in this file are not read
+            why = str(error).replace(str(read), str(source))  # the file given, never the copy
+            yield _Unreadable(str(source), f"{why} (the file's threads after that line were not replayed)")
+
+
+def _cut_short_at(path: Path) -> int | None:
+    """Where the file's whole lines end (the byte after its last line break) when its last line, which
+    has no line break, is not a whole log entry: a torn write. None when that line reads as one."""
+    from pydantic import ValidationError
+
+    from improve.log import MAX_LINE_BYTES, decode_entry
+
+    with path.open("rb") as handle:
+        size = handle.seek(0, os.SEEK_END)
+        start = max(0, size - MAX_LINE_BYTES - 1)  # a longer line is no entry: the tail is enough
+        handle.seek(start)
+        tail = handle.read()
+    last = tail.rfind(b"\n")
+    if last < 0 and start > 0:
+        return start  # no line break in the last MAX_LINE_BYTES: the line is too long to be an entry
+    line = tail[last + 1 :].removesuffix(b"\r")
+    try:
+        decode_entry(line)
+    except ValidationError:
+        return start + last + 1
+    return None
+
+
+def _copy_bytes(source: BinaryIO, target: BinaryIO, count: int) -> None:
+    """The first `count` bytes of `source` into `target`, a block at a time (the file may be large)."""
+    while count > 0:
+        block = source.read(min(count, 1 << 20))
+        if not block:
+            return
+        target.write(block)
+        count -= len(block)
 
 
 def _torn(path: Path) -> str:
