@@ -328,8 +328,34 @@ def test_replay_of_nothing_is_not_a_pass(ws: Path, content: str | None) -> None:
         path.write_text(content)
     result = runner.invoke(app, ["replay", "-w", str(ws), str(path), "--verify"])
     assert result.exit_code in (2, 3), result.output
-    expected = "nothing to replay" if content is None else "thread nothing is empty"
-    assert expected in result.stderr
+    expected = "nothing to replay" if content is None else f"{path}: thread nothing is empty"
+    assert expected in " ".join(result.stderr.split())
+
+
+def test_an_empty_file_in_a_directory_is_named_and_the_others_still_replay(ws: Path) -> None:
+    """`zz.jsonl` (0 bytes) and `blank.jsonl` (line breaks only) beside good threads stopped the whole
+    directory at the first (`thread blank is empty`, exit 3, nothing under --json, a bare stem): each is
+    named by its path as invalid, the others replayed and verified, exit 1 (docs/cli.md, replay)."""
+    runner.invoke(
+        app, ["run", "-w", str(ws), "--split", "train", "--k", "1", "--scenario", "small-refund-01"]
+    )
+    folder = ws / "threads"
+    folder.mkdir()
+    for thread in (ws / "traces").glob("*.jsonl"):
+        (folder / thread.name).write_bytes(thread.read_bytes())
+    (folder / "zz.jsonl").write_bytes(b"")
+    (folder / "blank.jsonl").write_bytes(b"\n\n")
+    result = runner.invoke(app, ["replay", "-w", str(ws), str(folder), "--verify", "--json"])
+    assert result.exit_code == 1, result.output
+    said = " ".join(result.stderr.split())
+    for name in ("zz", "blank"):
+        assert f"INVALID {folder / name}.jsonl: thread {name} is empty" in said, said
+    doc = json.loads(result.stdout)
+    assert doc["invalid"] == 2 and doc["tampered"] == doc["incomplete"] == 0
+    assert sorted(t["thread"] for t in doc["threads"] if t.get("empty")) == ["blank", "zz"]
+    assert [t["verification"] for t in doc["threads"] if not t.get("empty")] == ["verified"]
+    table = runner.invoke(app, ["replay", "-w", str(ws), str(folder), "--verify"])
+    assert table.exit_code == 1 and "replayed 3 thread(s) (2 did not verify)" in table.stdout, table.output
 
 
 @pytest.mark.parametrize(

@@ -252,7 +252,8 @@ def replay_command(
     journaled snapshot hash, and that the thread ends with its run's @agent.end entry; exits 1 when a
     thread is tampered, diverged or incomplete. A thread that does not fold (the machine refuses an
     entry), or has a line that is no log entry (a file of many threads: those after that line are not
-    read), is named as invalid, the others still replayed, and the exit is 1. A thread file whose last
+    read), or is empty, is named as invalid, the others still replayed, and the exit is 1 (3 when every
+    thread is empty: nothing was replayed). A thread file whose last
     line is cut short (a torn write) has it left out, and says so. Threads of the older, unchained form (schemaVersion 1)
     are checked as far as their state hashes go and reported as unchained, not as a failure (unless
     --require-chain).
@@ -270,6 +271,7 @@ def replay_command(
         cache: dict[str, Environment] = {}
         results: list[dict[str, Any]] = []
         failed: dict[str, int] = {"tampered": 0, "diverged": 0, "invalid": 0, "incomplete": 0, "unchained": 0}
+        empty: list[str] = []  # why each empty thread is: when every thread is, nothing was replayed
         for item in threads:
             if isinstance(item, _Unreadable):
                 failed["invalid"] += 1
@@ -280,7 +282,18 @@ def replay_command(
             if torn:
                 err.print(styled(("warning", "yellow"), f": {torn}"))
             if not entries:
-                raise LogError(f"thread {thread_id} is empty")
+                # Nothing to replay is no pass, but one empty file (a run that never wrote, a copy that
+                # failed) says nothing about the others: named as invalid, the rest replayed.
+                failed["invalid"] += 1
+                why = f"{item.file}: thread {thread_id} is empty (no log entry in it): nothing to replay"
+                empty.append(why)
+                results.append({"thread": thread_id, "invalid": why, "empty": True, "file": str(item.file)})
+                if len(empty) < len(results):  # else said once below: with the others, or as the error
+                    err.print(f"[red]INVALID[/] {escape(why)}", markup=True)
+                continue
+            if len(empty) == len(results):  # the empty threads before the first with entries
+                for why in empty:
+                    err.print(f"[red]INVALID[/] {escape(why)}", markup=True)
             environment = _environment_for(space, entries[0].machineId, env, cache)
             try:
                 result = replay_thread(
@@ -328,6 +341,11 @@ def replay_command(
                     "head": head(entries),
                     **({"torn": torn} if torn else {}),
                 }
+            )
+        if empty and len(empty) == len(results):
+            # Not one thread with an entry: the data is missing, not a check that failed (exit 3).
+            raise LogError(
+                empty[0] if len(empty) == 1 else f"{len(empty)} threads are empty, e.g. {empty[0]}"
             )
         if failed["unchained"]:
             note = "fail: --require-chain" if require_chain else "not an error"
