@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import json
 import re
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -100,6 +101,67 @@ def test_second_run_reuses_recorded_threads(ws: Path) -> None:
     assert again.exit_code == 0 and len(path.read_text().splitlines()) == len(lines), again.output
     said = " ".join(again.stderr.split())
     assert f"{path.stem}: cut short after entry 2 (no end entry)" in said, said
+
+
+def test_run_never_reuses_a_thread_that_does_not_verify_and_never_loses_one(ws: Path) -> None:
+    """Four recorded threads damaged in traces/ (a tool output edited, two lines swapped, a middle line
+    deleted, the end line deleted): `replay --verify` fails them, yet `run` reused three as passes and
+    ran the cut one again over the file and the warehouse's complete original. Now `run` verifies what
+    it reuses as `replay --verify` does: each damaged file is kept in .improve/damaged/, and the
+    warehouse's verified copy is written back (byte for byte) and reused; with no copy there, the
+    scenario runs again and the damaged file is still kept (docs/contracts.md)."""
+    scenarios = ["small-refund-01", "small-refund-02", "small-refund-03", "partial-refund-01"]
+    args = ["run", "-w", str(ws), "--split", "train", "--k", "1", "--model", "careful"]
+    for scenario in scenarios:
+        args += ["--scenario", scenario]
+    assert runner.invoke(app, args).exit_code == 0
+    paths = [ws / "traces" / f"train:v0:careful:{scenario}:r1.jsonl" for scenario in scenarios]
+    originals = [path.read_bytes() for path in paths]
+
+    def damage() -> list[bytes]:
+        edited = paths[0].read_text().replace('"refundsLast90d":0', '"refundsLast90d":1', 1)
+        assert edited != paths[0].read_text()
+        paths[0].write_text(edited)
+        lines = paths[1].read_text().splitlines(keepends=True)
+        lines[2], lines[3] = lines[3], lines[2]
+        paths[1].write_text("".join(lines))
+        lines = paths[2].read_text().splitlines(keepends=True)
+        paths[2].write_text("".join(lines[:3] + lines[4:]))
+        lines = paths[3].read_text().splitlines(keepends=True)
+        paths[3].write_text("".join(lines[:-1]))
+        return [path.read_bytes() for path in paths]
+
+    damaged = damage()
+    checked = runner.invoke(app, ["replay", "-w", str(ws), *map(str, paths), "--verify", "--json"])
+    assert checked.exit_code == 1, checked.output
+    assert (json.loads(checked.stdout)["tampered"], json.loads(checked.stdout)["incomplete"]) == (3, 1)
+
+    again = runner.invoke(app, [*args, "--json"])
+    assert again.exit_code == 0, again.output
+    said = " ".join(again.stderr.split())
+    assert (
+        "restored 4 recorded thread(s) whose file did not verify from the warehouse's verified copy" in said
+    )
+    assert "reused" not in said.replace("not reused", "") and "ran " not in said, said
+    assert [path.read_bytes() for path in paths] == originals  # the evidence, whole again
+    kept = {p.name: p.read_bytes() for p in (ws / ".improve" / "damaged").glob("*/*.jsonl")}
+    assert kept == {path.name: data for path, data in zip(paths, damaged, strict=True)}
+    assert f"its file was kept as {ws / '.improve' / 'damaged'}" in said
+    verified = runner.invoke(app, ["replay", "-w", str(ws), *map(str, paths), "--verify"])
+    assert verified.exit_code == 0, verified.output
+    assert json.loads(again.stdout)["summary"]["runs"] == 4
+
+    # No copy to restore (the warehouse rebuilt without them): the scenario runs again, the file kept.
+    (ws / "traces" / "traces.duckdb").unlink()
+    shutil.rmtree(ws / ".improve" / "damaged")
+    damaged = damage()
+    third = runner.invoke(app, args)
+    assert third.exit_code == 0, third.output
+    said = " ".join(third.stderr.split())
+    assert "ran 4 recorded thread(s) again, each replaced:" in said and "its file was kept as" in said, said
+    kept = {p.name: p.read_bytes() for p in (ws / ".improve" / "damaged").glob("*/*.jsonl")}
+    assert kept == {path.name: data for path, data in zip(paths, damaged, strict=True)}
+    assert runner.invoke(app, ["replay", "-w", str(ws), *map(str, paths), "--verify"]).exit_code == 0
 
 
 def test_score_leaves_out_runs_recorded_before_the_scenario_changed(ws: Path) -> None:

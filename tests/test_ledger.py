@@ -58,21 +58,20 @@ def tamper_order_total(path: Path, total: float) -> int:
 
 
 @pytest.mark.slow
-def test_a_tampered_baseline_thread_is_set_aside_by_the_round(ws: Path) -> None:
+def test_a_tampered_baseline_thread_is_never_used_by_the_round(ws: Path) -> None:
+    """A baseline thread edited in traces/ is not reused as it stands: its file is kept in
+    .improve/damaged/, and the warehouse's verified copy is written back and used (docs/contracts.md)."""
     cli(ws, "run", "--split", "train", "--k", "1", "--json")
     path = ws / "traces" / "train:v0:naive:partial-refund-01:r1.jsonl"
-    index = tamper_order_total(path, 4730)
+    original = path.read_bytes()
+    tamper_order_total(path, 4730)
+    tampered = path.read_bytes()
     outcome = cli(ws, "round", "--policy", "v0", "--k", "1", "--json")["rounds"][0]
-    (aside,) = outcome["quarantined"]
-    assert (
-        aside["thread_id"] == path.stem
-        and f"index {index} already holds a different entry" in aside["reason"]
-    )
-    # It is in quarantine with its reason, and in no outcome row, so in no score.
-    assert sql(ws, f"SELECT thread_id FROM quarantine WHERE thread_id = '{path.stem}'") == [
-        {"thread_id": path.stem}
-    ]
-    assert sql(ws, f"SELECT count(*) AS n FROM outcomes WHERE thread_id = '{path.stem}'") == [{"n": 0}]
+    assert outcome["quarantined"] == []
+    assert path.read_bytes() == original
+    (kept,) = (ws / ".improve" / "damaged").glob("*/*.jsonl")
+    assert kept.name == path.name and kept.read_bytes() == tampered
+    assert sql(ws, f"SELECT count(*) AS n FROM outcomes WHERE thread_id = '{path.stem}'") == [{"n": 1}]
     # The mined rule never sees the edited total.
     assert "4730" not in json.dumps(outcome)
 
@@ -492,7 +491,7 @@ def test_production_threads_become_scenarios_and_a_round_fixes_them(tmp_path: Pa
 
 
 @pytest.mark.slow
-def test_a_round_sets_aside_each_kind_of_tampering_and_scores_none_of_them(tmp_path: Path) -> None:
+def test_a_round_keeps_each_kind_of_tampered_thread_and_uses_none_of_them(tmp_path: Path) -> None:
     from .test_replay import TAMPERS
 
     ws = copy_workspace(tmp_path / "ws")
@@ -511,14 +510,25 @@ def test_a_round_sets_aside_each_kind_of_tampering_and_scores_none_of_them(tmp_p
     truncated = threads[len(kinds)]
     truncated.write_text("".join(line + "\n" for line in truncated.read_text().splitlines()[:-1]))
 
-    outcome = cli(ws, "round", "--policy", "v0", "--k", "2", "--json")["rounds"][0]
-    aside = {q["thread_id"]: q["reason"] for q in outcome["quarantined"]}
-    assert set(aside) == set(expected), aside
-    for thread, index in expected.items():
-        # Named by the verification (entry N) or by ingest (the line's index), whichever saw it first.
-        assert f"entry {index} (" in aside[thread] or f"index {index}" in aside[thread], aside[thread]
+    damaged = {path.name: path.read_bytes() for path in threads if path.stem in expected or path == truncated}
+
+    # No copy of them in the warehouse: none is used as it stands; each file is kept in .improve/damaged/
+    # (never lost), and its scenario run again from the start.
+    result = runner.invoke(
+        app,
+        ["round", "--policy", "v0", "--k", "2", "--json", "-w", str(ws)],
+        env={"GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@x"},
+    )
+    assert result.exit_code in (0, 1), result.output
+    outcome = json.loads(result.stdout)["rounds"][0]
+    assert outcome["quarantined"] == []
+    kept = {p.name: p.read_bytes() for p in (ws / ".improve" / "damaged").glob("*/*.jsonl")}
+    assert kept == damaged
+    said = " ".join(result.stderr.split())
+    assert f"{len(damaged)} recorded thread(s) whose file did not verify were run again" in said, said
+    # The first three are named, each by its entry.
+    assert any(f"{t}: does not verify: thread {t}: entry {i} (" in said for t, i in expected.items()), said
     scored = {r["thread_id"] for r in sql(ws, "SELECT thread_id FROM outcomes")}
-    assert not scored & set(expected)
-    # The thread cut short is run again from the start (a run that never ended is unfinished work).
-    assert json.loads(truncated.read_text().splitlines()[-1])["event"]["type"] == "@agent.end"
-    assert truncated.stem in scored
+    assert set(expected) | {truncated.stem} <= scored
+    verified = runner.invoke(app, ["replay", "-w", str(ws), str(ws / "traces"), "--verify"])
+    assert verified.exit_code == 0, verified.output

@@ -85,7 +85,9 @@ def run_command(
 
     Threads are written to the workspace's traces/ as `split:version:model:scenario:rK.jsonl`;
     threads already recorded with the same policy and model are reused, so an interrupted run
-    resumes. A model behind an endpoint has its calls recorded under .improve/cache (--cache), and
+    resumes. A recorded thread whose file does not verify (as `improve replay --verify` checks it) is
+    never reused as it is: its file is kept in .improve/damaged/, and the warehouse's verified copy is
+    restored in its place, or else the scenario runs again. A model behind an endpoint has its calls recorded under .improve/cache (--cache), and
     the progress lines count its calls, tokens, USD and retries. The sealed test split is left out
     of --split all, and refused alone, unless --unseal (recorded, as `improve score --unseal` is).
     With --executor dask://HOST:PORT the runs go to a Dask cluster's workers in batches, and their
@@ -165,7 +167,9 @@ def run_command(
         with space.writing(say):
             started = time.time_ns()  # a file written since is this command's (see `_keep_finished`)
             try:
-                with executor_for(space, executor) as fanout:
+                # The warehouse is opened only if a recorded thread's file does not verify (its copy there
+                # may be whole): a run that reuses sound threads reads nothing more.
+                with executor_for(space, executor) as fanout, Ledger(space, environment) as originals:
                     plan = write_threads(
                         environment,
                         chosen,
@@ -176,6 +180,7 @@ def run_command(
                         executor=fanout,
                         ran=ran,
                         meter=meter,
+                        keep=originals.keep(),
                     )
             except ImproveError:
                 _keep_finished(space, environment, chosen, spec, started)
@@ -194,6 +199,14 @@ def run_command(
                 reused_count = sum(p.reused for p in plan)
                 if reused_count:
                     err.print(f"reused {reused_count} recorded threads (--fresh runs them again)")
+                restored = [p for p in plan if p.restored is not None]
+                if restored:
+                    say(
+                        f"restored {len(restored)} recorded thread(s) whose file did not verify from the "
+                        "warehouse's verified copy, not run again: "
+                        + "; ".join(f"{p.thread_id}: {p.restored}" for p in restored[:3])
+                        + (f"; and {len(restored) - 3} more" if len(restored) > 3 else "")
+                    )
                 again = [p for p in plan if p.replaced is not None]
                 if again:
                     say(

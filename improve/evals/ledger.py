@@ -22,6 +22,7 @@ from improve import clock
 from improve.errors import RunError
 from improve.evals.outcome import OutcomeRow, Quarantined
 from improve.evals.scenarios import Scenario
+from improve.evals.suite import Keep
 from improve.evals.workspace import Workspace
 from improve.log import JsonlDirStore, LogEntry
 from improve.runtime import Environment
@@ -250,6 +251,19 @@ class Ledger:
             for row in rows:
                 threads[str(row[0])].append(row_entry(row))
         return Production(len(found), [(t, threads[t]) for t in newest])
+
+    def entries(self, thread_id: str) -> list[LogEntry]:
+        """The thread's entries as the warehouse holds them (empty when it holds none): the copy a
+        thread whose file no longer verifies is restored from (`keep`)."""
+        rows = self.con.execute(
+            f'SELECT {COLUMNS} FROM entries WHERE thread_id = ? ORDER BY "index"', [thread_id]
+        ).fetchall()
+        return [row_entry(row) for row in rows]
+
+    def keep(self) -> Keep:
+        """What a suite does with a recorded thread whose file does not verify (`write_threads`): the file
+        is kept in the workspace's `.improve/damaged/`, and the warehouse's copy restored when it verifies."""
+        return Keep(self.space.damaged, self.entries)
 
     def recorded(self, prefix: str) -> list[str]:
         """Thread ids in the workspace's traces starting with `prefix` (`train:v3:naive:`)."""

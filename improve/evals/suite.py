@@ -11,15 +11,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import os
 import threading
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from improve import clock
 from improve.errors import (
     ActorCrash,
+    DivergenceError,
     ImproveError,
     LogError,
     MachineError,
@@ -32,18 +36,23 @@ from improve.evals.fanout import Fanout, ModelGate
 from improve.evals.outcome import OutcomeRow, outcome_row
 from improve.evals.scenarios import Scenario
 from improve.evals.workspace import Workspace, policy_hash, policy_label
+from improve.files import storage_error
 from improve.llm import AskMemory, CacheMode, Meter, ModelSpec, ResponseCache
 from improve.log import (
+    BulkEntry,
     EntryView,
+    JsonlDirStore,
     KeptReads,
     LogEntry,
     MemoryStore,
     RunBuffer,
     Store,
     ThreadId,
+    check_chain,
     is_chained,
     model_slug,
     replay,
+    to_log_entry,
 )
 from improve.machine import RESUMABLE_STATUSES, MachineConfig, canonical_hash
 from improve.runtime import (
@@ -383,6 +392,60 @@ class PlannedRun:
     """The reused thread's entries, read once while checking it (None for a run made now)."""
     replaced: str | None = None
     """Why a thread recorded under its id was run again rather than reused (`_reusable`), if one was."""
+    restored: str | None = None
+    """A recorded thread whose file did not verify, restored from the warehouse's verified copy (not run
+    again): what was wrong with the file and where it was kept. Such a run is not `reused`, so the
+    commands record its file in the warehouse again (`rewritten`)."""
+
+
+@dataclass(frozen=True)
+class Keep:
+    """What becomes of a recorded thread whose file does not verify (tampered, diverged, or cut short
+    before its end entry) before its scenario is run again: the file is moved into `folder` (never
+    deleted: it is evidence, if of something else), and `original(thread_id)` gives the complete copy
+    held elsewhere (the warehouse's entries), which is written back and reused when it verifies."""
+
+    folder: Path
+    original: Callable[[str], list[LogEntry]] | None = None
+
+    def set_aside(self, store: Store, thread_id: str) -> Path | None:
+        """Move the thread's file to `folder/<UTC time>/<thread id>.jsonl` (its name kept: `improve replay
+        --verify` of it says what is wrong, as the chain is seeded with the id), and say where; None for a
+        store that keeps no file (in memory: nothing outlives the process anyway)."""
+        if not isinstance(store, JsonlDirStore):
+            return None
+        source = store.path(thread_id)
+        stamp = clock.now().strftime("%Y%m%dT%H%M%S.%fZ")
+        target = self.folder / stamp / source.name
+        for n in range(2, 1000):  # one instant, one name: another thread of the same id went there first
+            if not target.exists():
+                break
+            target = self.folder / f"{stamp}-{n}" / source.name
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(source, target)  # the same file system as a rule: a rename, nothing copied
+        except OSError as error:
+            raise storage_error(
+                error, f"keep the thread file {source} that does not verify in {target}"
+            ) from None
+        return target
+
+
+def kept_aside(plan: Sequence[PlannedRun]) -> list[str]:
+    """What to say of the recorded threads whose files did not verify (`Keep`): those restored from the
+    warehouse's copy, and those run again, each with what was wrong and where its file was kept."""
+    said = []
+    for what, notes in (
+        ("restored from the warehouse's verified copy, not run again", [p for p in plan if p.restored]),
+        ("run again", [p for p in plan if p.replaced and "its file was kept as" in p.replaced]),
+    ):
+        if notes:
+            said.append(
+                f"{len(notes)} recorded thread(s) whose file did not verify were {what}: "
+                + "; ".join(f"{p.thread_id}: {p.restored or p.replaced}" for p in notes[:3])
+                + (f"; and {len(notes) - 3} more" if len(notes) > 3 else "")
+            )
+    return said
 
 
 def every(runs: int, say: Callable[[str], None], what: str) -> Callable[[int, int], None]:
@@ -412,6 +475,7 @@ def write_threads(
     compiled: Any = None,
     start_from: StartFrom | None = None,
     slots: Slots | None = None,
+    keep: Keep | None = None,
 ) -> list[PlannedRun]:
     """Run every scenario k times (reusing threads recorded with this stamp), journaling one thread
     per run; the runs in planned order. `runs` are other run numbers to make instead of 1..k (the
@@ -430,6 +494,9 @@ def write_threads(
     gates compiled the candidate), so it is not compiled again. `start_from`: the recorded runs these
     runs start from, replay-first (a round's candidate starts from the baseline's runs). `slots`: runs
     in flight across suites that run at once (a round's), each run taking one while it runs here.
+    `keep`: where a recorded thread whose file does not verify goes before it is run again, and the
+    verified copy it is restored from instead when there is one (`Keep`; the commands pass the
+    workspace's, `Ledger.keep`); without it such a thread is run again in place.
     """
     models = models or spec.model_factory(env, meter)
     policy = (
@@ -440,14 +507,22 @@ def write_threads(
     # Threads already recorded with this stamp, read once: checked here, handed on with the plan.
     recorded: dict[str, list[LogEntry]] = {}
     replaced: dict[str, str] = {}
+    restored: dict[str, str] = {}
     if not fresh:
         for sc, n in planned:
             thread_id = spec.thread_id(sc, n)
-            entries, why = _reuse(env, store, thread_id, spec.stamp(env, sc, n), spec.people, sc)
-            if entries is not None:
-                recorded[thread_id] = entries
-            elif why is not None:
-                replaced[thread_id] = why
+            stamp = spec.stamp(env, sc, n)
+            check = _reuse(env, store, thread_id, stamp, spec.people, sc)
+            if check.entries is not None:
+                recorded[thread_id] = check.entries
+            elif check.why is not None and check.damaged and keep is not None:
+                entries, note = _set_aside(keep, env, store, thread_id, stamp, spec.people, sc, check.why)
+                if entries is not None:
+                    recorded[thread_id], restored[thread_id] = entries, note
+                else:
+                    replaced[thread_id] = note
+            elif check.why is not None:
+                replaced[thread_id] = check.why
     todo = [(sc, n) for sc, n in planned if spec.thread_id(sc, n) not in recorded]
     if executor is not None and todo:
         _fan_out(Fanout.of(executor), env, spec, store, todo, max(1, concurrency), ran, meter, start_from)
@@ -474,9 +549,10 @@ def write_threads(
                 scenario,
                 n,
                 thread_id,
-                thread_id in recorded,
+                thread_id in recorded and thread_id not in restored,
                 recorded.get(thread_id),
                 replaced.get(thread_id),
+                restored.get(thread_id),
             )
         )
     return plan
@@ -643,7 +719,26 @@ def _reusable(
     round), a run `--suspend` left waiting, which nobody resumed, is no outcome of the policy: it runs
     again, its scenario's people script answering the wait (a waiting run scored as a failure gave a
     round's baseline failures its candidate then seemed to fix)."""
-    return _reuse(env, store, thread_id, stamp, people)[0]
+    return _reuse(env, store, thread_id, stamp, people).entries
+
+
+@dataclass(frozen=True)
+class _Check:
+    """What `_reuse` found of a recorded thread: its entries to reuse, or why it is run again (`why`), and
+    whether that is because its file does not verify (`damaged`: tampered, diverged or cut short)."""
+
+    entries: list[LogEntry] | None = None
+    why: str | None = None
+    damaged: bool = False
+
+
+def _read(store: Store, thread_id: str) -> tuple[Sequence[BulkEntry | LogEntry], Sequence[bytes] | None]:
+    """The thread's entries, and the lines they were decoded from when the store keeps lines: the chain is
+    checked over the lines as written (`replay(lines=)`), not over each entry written out again, which
+    costs twice the read (measured in the commit that made reuse verify)."""
+    if isinstance(store, JsonlDirStore):
+        return store.read_bulk_lines(thread_id)
+    return store.read(thread_id), None
 
 
 def _reuse(
@@ -653,19 +748,25 @@ def _reuse(
     stamp: dict[str, Any],
     people: bool = True,
     scenario: Scenario | None = None,
-) -> tuple[list[LogEntry] | None, str | None]:
+) -> _Check:
     """`_reusable`, and why a thread recorded under the id is run again (None when none was, or it is
     reused). `scenario`, when known: a run waiting where its people script has no answer
-    ended there for good, and is reused (run again, it waits there again, at a model's cost each time)."""
-    entries = store.read(thread_id)
-    if not entries:
-        return None, None
-    if not people and any((e.metadata or {}).get("source") == "person" for e in entries):
-        return None, "its people's script answered it, and --suspend waits instead"
+    ended there for good, and is reused (run again, it waits there again, at a model's cost each time).
+    The thread is verified as `improve replay --verify` does (chain, state hashes, end entry): one that
+    does not verify is never reused as a result (its file is `damaged`)."""
+    read, lines = _read(store, thread_id)
+    if not read:
+        return _Check()
+    if not people and any((e.metadata or {}).get("source") == "person" for e in read):
+        return _Check(None, "its people's script answered it, and --suspend waits instead")
+    entries = [to_log_entry(e) for e in read]
     metadata = entries[0].metadata or {}
     recorded = {k: v for k, v in metadata.items() if k not in ("maxModelCalls", DIGESTS)}
     wanted = {k: v for k, v in stamp.items() if k != DIGESTS}
     if recorded != wanted:
+        tampered = _tampered(env, entries, thread_id, lines)
+        if tampered is not None:  # the stamp was edited, not recorded otherwise: damaged, not refused
+            return _Check(None, tampered, damaged=True)
         # A policy edited under its version is the policy's to fix (its threads are evidence of the old
         # content); a model set up otherwise (another endpoint, temperature, seed) is the run's.
         fix = (
@@ -680,25 +781,68 @@ def _reuse(
     if metadata.get(DIGESTS) != stamp[DIGESTS]:
         # Recorded before the environment's files or the scenario changed (or by a version of improve
         # that did not stamp them): evidence of other inputs, so it is run again, and replaced.
-        return None, "recorded before the environment's files or the scenario changed"
+        return _Check(None, "recorded before the environment's files or the scenario changed")
     try:
-        result = replay(env.machine, entries)
+        result = replay(env.machine, read, verify=True, thread_id=thread_id, lines=lines)
+    except DivergenceError as error:
+        # Tampered (an entry edited, removed, inserted or reordered) or diverged: what `improve replay
+        # --verify` fails, never a result (the warehouse may hold it whole: `Keep`).
+        return _Check(None, f"does not verify: {error}", damaged=True)
     except LogError:
-        # It does not even fold (an entry removed, reordered): reused as it is, so the ledger's
+        # It does not fold (an entry the machine refuses): reused as it is, so the ledger's
         # verification sets it aside with the reason instead of a new run silently replacing it.
-        return entries, None
+        return _Check(entries)
     # An interrupted run (the thread stops while an actor is owed, or before its end entry) is run
     # again from the start.
     if result.status == "incomplete" or (is_chained(entries) and result.ended is None):
-        return None, f"cut short after entry {len(entries) - 1} (no end entry)"
+        return _Check(None, f"cut short after entry {len(entries) - 1} (no end entry)", damaged=True)
     if (
         people
         and result.status in RESUMABLE_STATUSES
         and not any((e.metadata or {}).get("source") == "resume" for e in entries)
         and (scenario is None or scenario.answers(str(result.snapshot.value)))
     ):
-        return None, "left waiting by --suspend, and never resumed"
-    return entries, None
+        return _Check(None, "left waiting by --suspend, and never resumed")
+    return _Check(entries)
+
+
+def _tampered(
+    env: Environment, entries: Sequence[EntryView], thread_id: str, lines: Sequence[bytes] | None
+) -> str | None:
+    """Why the thread does not verify, when its chain says it was edited; else None."""
+    if not is_chained(entries):
+        return None
+    try:
+        check_chain(entries, thread_id, lines)
+    except DivergenceError as error:
+        return f"does not verify: {error}"
+    return None
+
+
+def _set_aside(
+    keep: Keep,
+    env: Environment,
+    store: Store,
+    thread_id: str,
+    stamp: dict[str, Any],
+    people: bool,
+    scenario: Scenario,
+    why: str,
+) -> tuple[list[LogEntry] | None, str]:
+    """A recorded thread whose file does not verify, before its scenario runs again: its file kept aside
+    (`Keep.set_aside`), and the complete copy held elsewhere (the warehouse) written in its place and
+    reused when it verifies with this stamp. The entries reused (None: run it again) and what to say."""
+    kept = keep.set_aside(store, thread_id)
+    where = f"; its file was kept as {kept}" if kept is not None else ""
+    original = keep.original(thread_id) if keep.original is not None else []
+    if original:
+        store.append(thread_id, 0, original)
+        check = _reuse(env, store, thread_id, stamp, people, scenario)
+        if check.entries is not None and not check.damaged and check.why is None:
+            return check.entries, f"{why}{where}; restored from the warehouse's verified copy"
+        store.delete(thread_id)  # the warehouse's copy does not verify either: the scenario runs again
+        return None, f"{why}{where} (the warehouse's copy does not verify either)"
+    return None, f"{why}{where}"
 
 
 def inputs_digests(env: Environment, scenario: Scenario) -> dict[str, str]:

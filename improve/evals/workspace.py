@@ -370,6 +370,13 @@ class Workspace:
     def reports(self) -> Path:
         return self.path(self.config.workspace.reports)
 
+    @property
+    def damaged(self) -> Path:
+        """Where a command keeps a recorded thread file that does not verify before it runs the scenario
+        again (`.improve/damaged/<UTC time>/<thread id>.jsonl`): outside traces/, so `improve ingest
+        traces/` never reads it as the thread it claims to be, and outside git, as `.improve/` is."""
+        return self.root / ".improve" / "damaged"
+
     def writing(self, say: Callable[[str], None] | None = None) -> AbstractContextManager[None]:
         """The lock a command holds while it writes the workspace's threads and records them in its
         warehouse (`run`, `score`, `round`, `resume`): two such commands at once take turns, so one

@@ -35,6 +35,7 @@ from improve.evals import (
     Workspace,
     compare_effects,
     every,
+    kept_aside,
     outcome_row,
     policy_label,
     run_scenario,
@@ -614,8 +615,16 @@ def diagnose_policy(
         # Runs not recorded yet are made now (a real model is asked): said as they go, and counted after.
         what = f"train runs of {policy_label(inputs.policy)} with model {model} (k = {spec.k})"
         plan = write_threads(
-            inputs.env, inputs.train, spec, ledger.store, concurrency=8, ran=every(25, say, what)
+            inputs.env,
+            inputs.train,
+            spec,
+            ledger.store,
+            concurrency=8,
+            ran=every(25, say, what),
+            keep=ledger.keep(),
         )
+        for note in kept_aside(plan):
+            say(note)
         made = sum(not p.reused for p in plan)
         if made:
             say(f"recorded {made} new {what}; {len(plan) - made} reused")

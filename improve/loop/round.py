@@ -54,6 +54,7 @@ from improve.evals import (
     decide,
     every,
     fallbacks,
+    kept_aside,
     mistyped_warnings,
     outcome_row,
     paired,
@@ -991,10 +992,13 @@ class Round:
             compiled=self.gated.machine if self.gated is not None and spec is self.candidate_spec else None,
             start_from=start,
             slots=self._slots,
+            keep=self.ledger.keep(),
         )
         for p in plan:
             if p.entries is not None:  # reused: read while it was checked
                 self.reads.keep(p.thread_id, p.entries)
+        for note in kept_aside(plan):
+            self.say(note)
         return plan
 
     def _written_and_verified(

@@ -34,6 +34,7 @@ from improve.evals import (
     check_unsealable,
     compare,
     describe_model,
+    kept_aside,
     open_fanout,
     policy_hash,
     policy_label,
@@ -368,7 +369,17 @@ class _Scoring:
         with open_fanout(self.space.executor(self.request.executor), self.space.root) as fanout:
             if fanout is not None:
                 self.say(f"runs go to {fanout.where}")
-            plan = write_threads(self.env, sealed, spec, self.ledger.store, concurrency=8, executor=fanout)
+            plan = write_threads(
+                self.env,
+                sealed,
+                spec,
+                self.ledger.store,
+                concurrency=8,
+                executor=fanout,
+                keep=self.ledger.keep(),
+            )
+        for note in kept_aside(plan):
+            self.say(note)
         ran = sum(1 for p in plan if not p.reused)
         self.say(
             f"test split: {len(sealed)} scenarios x {spec.k} with {policy_label(policy)}, model {model} "
