@@ -289,11 +289,11 @@ def replay_command(
                 empty.append(why)
                 results.append({"thread": thread_id, "invalid": why, "empty": True, "file": str(item.file)})
                 if len(empty) < len(results):  # else said once below: with the others, or as the error
-                    err.print(f"[red]INVALID[/] {escape(why)}", markup=True)
+                    err.print(styled(("INVALID", "red"), f" {why}"))
                 continue
             if len(empty) == len(results):  # the empty threads before the first with entries
                 for why in empty:
-                    err.print(f"[red]INVALID[/] {escape(why)}", markup=True)
+                    err.print(styled(("INVALID", "red"), f" {why}"))
             environment = _environment_for(space, entries[0].machineId, env, cache)
             try:
                 result = replay_thread(
