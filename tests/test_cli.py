@@ -1180,3 +1180,15 @@ def test_scenario_passes_averages_as_a_scorecard_does(ws: Path) -> None:
     assert result.exit_code == 0, result.output
     (row,) = json.loads(result.stdout)
     assert row["per_scenario"] == pytest.approx(card["pass_rate"]) and row["per_row"] != row["per_scenario"]
+
+
+def test_outside_a_workspace_which_environment_says_so_not_where_to_edit_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # It said to set [workspace] environment in <dir>/improve.toml, a file that did not exist.
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, ["parity", "compare", "v0", "v1"])
+    assert result.exit_code == 2, result.output
+    said = " ".join(result.output.split())
+    assert "which environment? pass --env NAME" in said and "run it in a workspace (no improve.toml" in said
+    assert f"in {tmp_path}/improve.toml" not in said

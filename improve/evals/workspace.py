@@ -391,9 +391,15 @@ class Workspace:
         if name is None:
             where = self.root / CONFIG_NAME
             listed = sorted(self.config.environments) or ENVIRONMENTS.names(self.specs("environments"))
+            # Outside any workspace there is no improve.toml to set it in: say so, not where to edit one.
+            setting = (
+                f"set [workspace] environment in {where}"
+                if where.is_file()
+                else f"run it in a workspace (no {CONFIG_NAME} here or above {self.root})"
+            )
             raise WorkspaceError(
-                f"which environment? pass --env NAME (one of {', '.join(listed) or 'none'}), or set "
-                f"[workspace] environment in {where}; `improve init` writes a workspace"
+                f"which environment? pass --env NAME (one of {', '.join(listed) or 'none'}), or {setting}; "
+                "`improve init` writes a workspace"
             )
         return check_slug(name, "environment")
 
