@@ -186,7 +186,11 @@ def test_a_label_the_reference_does_not_reach_is_added_with_a_warning(ws: Path) 
         (["--expect", "issued", "--split", "train", "--id", "small-refund-01"], "is already used"),
         (["--expect", "issued", "--split", "dev"], "--split 'dev'"),
         (["--expect", "issued", "--split", "train", "--effect", "refund 140"], "--effect #1"),
-        (["--expect", "issued", "--split", "train", "--effect", '{"orderId": "O-5005"}'], "with a `kind`"),
+        # The example is the thread's own effect, not another desk's.
+        (
+            ["--expect", "issued", "--split", "train", "--effect", '{"orderId": "O-5005"}'],
+            "with a `kind`; write one as the world records it, as the thread recorded one: '{",
+        ),
         (["--expect", "issued", "--split", "train", "--id", "no spaces please"], "id: String should match"),
     ],
 )

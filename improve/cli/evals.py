@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -406,8 +407,9 @@ def scenarios_add(
         space = workspace(ws)
         env_name = space.env_name(env)
         environment = space.environment(env_name)
-        expected_effects = [] if no_effects else _parse_effects(effect) if effect else None
         thread_id, entries = find_thread(from_thread, space)
+        thread = recorded_thread(environment.machine, entries, thread_id)
+        expected_effects = [] if no_effects else _parse_effects(effect, thread.effects) if effect else None
         scenario = scenario_from_thread(
             environment,
             entries,
@@ -418,7 +420,6 @@ def scenarios_add(
             id=scenario_id,
             thread_id=thread_id,
         )
-        thread = recorded_thread(environment.machine, entries, thread_id)
         recorded = {"final_state": thread.final_state, "status": thread.status, "effects": thread.effects}
         path = space.scenarios_path(env_name)
         scenarios = append_scenario(
@@ -459,7 +460,9 @@ def scenarios_add(
             err.print(f"warning: {warning}", markup=False)
 
 
-def _parse_effects(raw: list[str]) -> list[dict[str, Any]]:
+def _parse_effects(raw: list[str], recorded: Sequence[Mapping[str, Any]] = ()) -> list[dict[str, Any]]:
+    """The `--effect` objects; `recorded`, the thread's own effects, give the example a mistake is shown
+    (the refund desk's was shown on every desk)."""
     effects: list[dict[str, Any]] = []
     for number, text in enumerate(raw, start=1):
         try:
@@ -467,9 +470,14 @@ def _parse_effects(raw: list[str]) -> list[dict[str, Any]]:
         except ValueError as error:
             value = error
         if not isinstance(value, dict) or not isinstance(value.get("kind"), str):
+            example = (
+                f"as the thread recorded one: '{json.dumps(recorded[0])}'"
+                if recorded
+                else """e.g. '{"kind": "refund", "orderId": "O-5001", "amount": 40}'"""
+            )
             raise ScenarioError(
                 f"--effect #{number} {text!r} is not a JSON object with a `kind`; write one as the world "
-                """records it, e.g. '{"kind": "refund", "orderId": "O-5001", "amount": 40}'"""
+                f"records it, {example}"
             )
         effects.append(value)
     return effects
