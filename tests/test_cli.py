@@ -149,6 +149,8 @@ def test_run_never_reuses_a_thread_that_does_not_verify_and_never_loses_one(ws: 
     assert f"its file was kept as {ws / '.improve' / 'damaged'}" in said
     verified = runner.invoke(app, ["replay", "-w", str(ws), *map(str, paths), "--verify"])
     assert verified.exit_code == 0, verified.output
+    # A run's output in the table as JSON, as everywhere else (it read as a Python repr: `{'outcome': ...`).
+    assert '{"outcome": "issued"' in verified.stdout and "{'outcome'" not in verified.stdout, verified.stdout
     assert json.loads(again.stdout)["summary"]["runs"] == 4
 
     # No copy to restore (the warehouse rebuilt without them): the scenario runs again, the file kept.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -381,7 +382,8 @@ def replay_command(
                     shown["thread"],
                     shown["final_state"],
                     shown["status"],
-                    str(shown["output"]),
+                    # As JSON, as every other output of a run is shown (a Python repr read `None`, `True`).
+                    json.dumps(shown["output"], ensure_ascii=False, default=str),
                 ]
                 if verify:
                     style = {"verified": "green", "unchained": "yellow"}.get(shown["verification"], "red")
