@@ -624,6 +624,15 @@ def test_score_cli_compares_versions_and_renders_markdown(tmp_path: Path) -> Non
     assert held["wins"] == len(fraud) and held["losses"] == 0 and held["seed"] == doc["seed"]
     cards = {(c["policy_version"], c["split"]): c for c in doc["scorecards"]}
     assert cards[("v1", "held-out")]["pass_rate"] > cards[("v0", "held-out")]["pass_rate"]
+    # Where a scenario has more runs than others (a round's reruns), the p says which design it takes them
+    # as: a user saw another p for the same runs in the round's PR, and no reason.
+    note = "a round's test conditions on when they stopped"
+    plain = runner.invoke(app, ["score", "-w", str(ws), "--policy", "v1", "--vs", "v0"])
+    assert plain.exit_code == 0 and note not in " ".join(plain.stdout.split()), plain.stdout
+    more = ["run", "-w", str(ws), "--policy", "v1", "--k", "4", "--scenario", fraud[0]]
+    assert runner.invoke(app, more).exit_code == 0
+    varied = runner.invoke(app, ["score", "-w", str(ws), "--policy", "v1", "--vs", "v0"])
+    assert varied.exit_code == 0 and note in " ".join(varied.stdout.split()), varied.stdout
     md = runner.invoke(app, ["score", "-w", str(ws), "--policy", "v1", "--vs", "v0", "--format", "markdown"])
     assert "## Scorecard: v1 vs v0" in md.stdout and "```mermaid" in md.stdout and "| held-out |" in md.stdout
     assert "class route changed" in md.stdout or "route" in md.stdout.split("```mermaid")[1]

@@ -132,6 +132,19 @@ def _print_tables(cards: list[Scorecard], comparisons: list[Comparison], seed: i
             f"seed {seed})",
             markup=False,
         )
+        varied = any(
+            "-" in c.runs_per_scenario
+            for c in cards
+            if c.split == cmp.split and c.policy_version in (cmp.baseline, cmp.candidate)
+        )
+        if varied:
+            # A user saw 4.2e-10 here and 4.5e-08 in the round's PR for the same runs, and no reason.
+            out.print(
+                "  (p takes each scenario's runs as one fixed design; some scenarios have more runs than "
+                "others, the reruns of a round, and a round's test conditions on when they stopped, so "
+                "its p for the same runs is larger)",
+                markup=False,
+            )
         for ch in cmp.changed:
             drop = f" (drop test p = {p_value(ch.p_drop)})" if ch.diff < 0 else ""
             out.print(f"  {ch.scenario}: {ch.counts}{drop}", markup=False)
