@@ -532,3 +532,26 @@ def test_a_round_keeps_each_kind_of_tampered_thread_and_uses_none_of_them(tmp_pa
     assert set(expected) | {truncated.stem} <= scored
     verified = runner.invoke(app, ["replay", "-w", str(ws), str(ws / "traces"), "--verify"])
     assert verified.exit_code == 0, verified.output
+
+
+def test_a_command_that_opens_the_warehouse_is_told_when_it_waits_for_another_writer(
+    ws: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `improve sql` said it waited on an ingest's lock; run, score and a round, which open the warehouse
+    # through the ledger, still waited without a word. The ledger hands the command's `say` to the
+    # opening that waits (tests/test_warehouse.py drives that wait with a real second process).
+    import improve.evals.ledger as ledger_module
+    from improve.evals.ledger import Ledger
+
+    given: list[object] = []
+
+    def opening(path: Path, **options: Any) -> Any:
+        given.append(options.get("say"))
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(ledger_module, "open_database", opening)
+    space = Workspace.load(ws / "improve.toml")
+    said: list[str] = []
+    with pytest.raises(RuntimeError, match="stop here"):
+        _ = Ledger(space, space.environment(), said.append).con
+    assert given == [said.append]

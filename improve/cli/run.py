@@ -169,7 +169,7 @@ def run_command(
             try:
                 # The warehouse is opened only if a recorded thread's file does not verify (its copy there
                 # may be whole): a run that reuses sound threads reads nothing more.
-                with executor_for(space, executor) as fanout, Ledger(space, environment) as originals:
+                with executor_for(space, executor) as fanout, Ledger(space, environment, say) as originals:
                     plan = write_threads(
                         environment,
                         chosen,
@@ -186,7 +186,7 @@ def run_command(
                 _keep_finished(space, environment, chosen, spec, started)
                 raise
             # Every thread is recorded in the warehouse and read back from there, verified.
-            with Ledger(space, environment) as ledger:
+            with Ledger(space, environment, say) as ledger:
                 recorded = ledger.record(
                     [p.thread_id for p in plan],
                     say=say,

@@ -88,9 +88,11 @@ class Production:
 class Ledger:
     """The workspace's warehouse, open for one command."""
 
-    def __init__(self, space: Workspace, env: Environment) -> None:
+    def __init__(self, space: Workspace, env: Environment, say: Callable[[str], None] | None = None) -> None:
         self.space = space
         self.env = env
+        self.say = say
+        """Told when the warehouse is held by another process (an `improve ingest`) and the command waits."""
         self.store = JsonlDirStore(space.traces)
         self._con: duckdb.DuckDBPyConnection | None = None
         self._scenarios: dict[str, Scenario] | None = None
@@ -99,7 +101,7 @@ class Ledger:
     def con(self) -> duckdb.DuckDBPyConnection:
         if self._con is None:
             self.space.warehouse.parent.mkdir(parents=True, exist_ok=True)
-            self._con = open_database(self.space.warehouse)
+            self._con = open_database(self.space.warehouse, say=self.say)
         return self._con
 
     def close(self) -> None:

@@ -611,7 +611,7 @@ def diagnose_policy(
     rows; held-out failures never shape a change, so only the train split is read."""
     inputs = locate(space, env, policy)
     spec = suite_spec(space, inputs.env, inputs.policy, model, k=k, cache=cache)
-    with space.writing(say), Ledger(space, inputs.env) as ledger:
+    with space.writing(say), Ledger(space, inputs.env, say) as ledger:
         # Runs not recorded yet are made now (a real model is asked): said as they go, and counted after.
         what = f"train runs of {policy_label(inputs.policy)} with model {model} (k = {spec.k})"
         plan = write_threads(

@@ -134,7 +134,7 @@ def run_round(
             path = space.scenarios_path(inputs.env_name)
             for warning in mistyped_warnings(inputs.env, inputs.scenarios, path):
                 say(warning)
-        with Ledger(space, inputs.env) as ledger:
+        with Ledger(space, inputs.env, say) as ledger:
             return Round(space, opts, inputs, ledger, say).run()
 
 

@@ -206,7 +206,7 @@ def score_policy(space: Workspace, request: ScoreRequest, say: Say = lambda m: N
     if request.unseal:
         check_unsealable(space, scoring.scenario_set)
     # One writer of the workspace's threads at a time: the sealed split's runs are made here.
-    with space.writing(say), Ledger(space, scoring.env) as scoring.ledger:
+    with space.writing(say), Ledger(space, scoring.env, say) as scoring.ledger:
         return scoring.run()
 
 
