@@ -69,7 +69,7 @@ def main() -> None:
     parser.add_argument(
         "--fixtures",
         action="store_true",
-        help="with --generalize: the fourteen desks of other domains in tests/fixtures/desks too",
+        help="with --generalize: the fifteen desks of other domains in tests/fixtures/desks too",
     )
     parser.add_argument(
         "--design",

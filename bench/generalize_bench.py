@@ -1,6 +1,6 @@
 """Out of sample: each desk's demo, then its first and its final policy on generated cases.
 
-For every bundled desk (and, with `--fixtures`, the fourteen desks of other domains under tests/fixtures/desks,
+For every bundled desk (and, with `--fixtures`, the fifteen desks of other domains under tests/fixtures/desks,
 which no part of the miner was shaped by), the demo's rounds run from `v0` with the `naive` stand-in
 (k = 3, as `improve demo --env NAME`), then `v0` and the final policy each run once on the same N
 cases drawn from the desk's generator (`Environment.cases`, `improve.evals.out_of_sample`), with
@@ -44,6 +44,7 @@ FIXTURE_DESKS = (
     "moderation-desk",
     "grocery-subs",
     "dental-claims",
+    "wire-desk",
 )
 
 

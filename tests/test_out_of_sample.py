@@ -1,5 +1,5 @@
 """Out of sample: plausible cases drawn from an environment's generator, their labels (the environment's
-own handbook, or `careful`'s run of v0), and how far a policy's answers agree with them; and the fourteen desks
+own handbook, or `careful`'s run of v0), and how far a policy's answers agree with them; and the fifteen desks
 of other domains in tests/fixtures/desks, written from the docs as a user would (their improve.toml
 says which of them shaped the rule miner)."""
 
@@ -36,12 +36,13 @@ DESKS = (
     "moderation-desk",
     "grocery-subs",
     "dental-claims",
+    "wire-desk",
 )
 
 
 @pytest.fixture
 def desks(tmp_path: Path) -> Workspace:
-    """The fixture workspace, copied: the fourteen desks registered by module, as a user's workspace has them."""
+    """The fixture workspace, copied: the fifteen desks registered by module, as a user's workspace has them."""
     shutil.copytree(FIXTURES, tmp_path / "desks", ignore=shutil.ignore_patterns("__pycache__"))
     return Workspace.load(tmp_path / "desks" / "improve.toml")
 
