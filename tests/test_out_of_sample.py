@@ -113,6 +113,43 @@ def test_unlabelled_cases_are_labelled_by_carefuls_run_of_the_first_policy() -> 
         generate_cases(env, 5)
 
 
+def test_a_generated_case_whose_person_answers_what_the_machine_refuses_is_left_out_and_said() -> None:
+    """A generator that scripts a person's answer the waiting state refuses is wrong, not the policy: such
+    a case is left out of the agreement and said, with what to fix. One such case made a round exit 2
+    after every replay, with nothing recorded, and `improve out-of-sample` print no table."""
+    import random
+
+    from improve.evals import against_reference
+
+    env = load_environment("refund-approval")
+    assert env.cases is not None
+    draw = env.cases
+
+    def mistaken(rng: random.Random) -> dict[str, Any]:
+        case = dict(draw(rng))
+        if rng.random() < 0.3:
+            case["people"] = {"approving": [{"type": "SHRUG"}]}
+        return case
+
+    shrugging = dataclasses.replace(env, cases=mistaken)
+    v0 = load_policy(REPO / "policies" / "refund-approval" / "v0.json")
+    # Labelling runs careful's reference: a case it cannot finish is drawn again, as ever.
+    cases = generate_cases(shrugging, 30, seed=2, reference=v0)
+    assert len(cases) == 30
+    # A case whose run reaches the approver with such an answer (one a labelled draft, an older draw, or a
+    # candidate's other path holds) is left out.
+    large = next(i for i, c in enumerate(cases) if c.category == "large")
+    bad = cases[large].model_copy(update={"people": {"approving": [{"type": "SHRUG"}]}})
+    found = agreement(
+        shrugging, v0, "careful", env.models["careful"], [*cases[:large], bad, *cases[large + 1 :]]
+    )
+    assert (found.cases, found.skipped) == (29, 1) and found.agreed == 29
+    assert found.skipped_reason is not None and "does not accept it" in found.skipped_reason
+    assert found.to_json()["skipped"] == 1
+    checked = against_reference(shrugging, v0, v0, v0, 30, 2)
+    assert checked is not None and checked.candidate.skipped == 0
+
+
 def _closes_too_much() -> dict[str, Any]:
     """The refund desk's v0 with a branch in front that closes every ticket older than five days: it
     overrides careful wherever careful would pay."""

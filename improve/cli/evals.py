@@ -629,6 +629,12 @@ def out_of_sample_command(
         for a in found.agreements:
             if a.fell_back.fallbacks and not a.fell_back.never_answered:
                 err.print(f"warning: {a.policy} with {a.model}: {a.fell_back.sentence()}", markup=False)
+            if a.skipped:
+                err.print(
+                    f"warning: {a.policy} with {a.model}: {a.skipped} generated case(s) could not run, left out "
+                    f"of its agreement (fix the environment's generator, Environment.cases): {a.skipped_reason}",
+                    markup=False,
+                )
         silent = found.never_answered()
         if silent:
             first = silent[0]

@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from improve.errors import WorkspaceError
+from improve.errors import PeopleScriptError, WorkspaceError
 from improve.evals.outcome import Fallbacks, OutcomeRow, fallbacks, outcome_row
 from improve.evals.scenarios import Expected, Scenario
 from improve.evals.suite import run_scenario, suite_spec
@@ -120,6 +120,11 @@ class Agreement:
     drafted: tuple[Disagreement, ...] = ()
     """`DRAFTS` disagreements, in the cases' order: those a branch of the policy answered (`by_rule`),
     then those the model answered, half of each where both are many (`_halves`)."""
+    skipped: int = 0
+    """Cases that could not run with this policy: the generator scripted a person's answer the machine
+    refuses where the run waited (`PeopleScriptError`). Not counted in `cases`."""
+    skipped_reason: str | None = None
+    """The first of them, with its case: what to fix in the generator."""
 
     @property
     def rate(self) -> float:
@@ -138,6 +143,8 @@ class Agreement:
             "fell_back": self.fell_back.fallbacks,
             "by_category": {c: {"agreed": a, "cases": n} for c, (a, n) in sorted(self.by_category.items())},
             "shown": [d.to_json() for d in self.shown],
+            "skipped": self.skipped,
+            "skipped_reason": self.skipped_reason,
         }
 
 
@@ -210,7 +217,11 @@ def generate_cases(
         if _case_key(draw.get("input"), draw.get("world")) in seen:
             continue
         unlabelled = _scenario(len(cases) + 1, draw, Expected(outcome=""))
-        row, _ = _run(env, compiled, model, unlabelled)
+        try:
+            row, _ = _run(env, compiled, model, unlabelled)
+        except PeopleScriptError:
+            continue  # a person's answer the machine refuses: the reference cannot decide it either
+
         # A run of the reference that does not finish (it waits for a person nobody scripted, it runs
         # out of budget) labels nothing: the case is drawn again.
         if row.status == "done" and not row.violations:
@@ -315,10 +326,15 @@ def agreement(
     rows: list[OutcomeRow] = []
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         # In the cases' order whatever order they finish in: the same figures and the same shown cases.
-        runs = pool.map(lambda case: _checked_run(env, policy, compiled, model, case), cases)
-        for done, (case, (row, entries, branches)) in enumerate(zip(cases, runs, strict=True), start=1):
+        runs = pool.map(lambda case: _runnable(env, policy, compiled, model, case), cases)
+        skipped: list[str] = []
+        for done, (case, ran) in enumerate(zip(cases, runs, strict=True), start=1):
             if say is not None and (done % PROGRESS == 0 or done == len(cases)):
                 say(f"  {label} with {model_name}: {done}/{len(cases)} cases")
+            if isinstance(ran, PeopleScriptError):
+                skipped.append(f"{case.id}: {ran}")
+                continue
+            row, entries, branches = ran
             rows.append(row)
             total[case.category] += 1
             if row.passed:
@@ -348,7 +364,7 @@ def agreement(
     return Agreement(
         label,
         model_name,
-        len(cases),
+        len(cases) - len(skipped),
         agreed,
         {c: (per[c], total[c]) for c in total},
         by_rule,
@@ -356,7 +372,21 @@ def agreement(
         tuple(shown),
         fallbacks(rows),
         _halves(ruled, unruled, DRAFTS),
+        len(skipped),
+        skipped[0] if skipped else None,
     )
+
+
+def _runnable(
+    env: Environment, policy: MachineConfig, compiled: Any, model: ModelFactory, case: Scenario
+) -> tuple[OutcomeRow, list[LogEntry], tuple[str, ...]] | PeopleScriptError:
+    """`_checked_run`, or the error of a case whose generated person's answer the machine refuses where
+    the run waits: a mistake of the generator, not of the policy, which one such case used to turn into
+    a round's exit 2 after every replay (the check is recorded, never decisive)."""
+    try:
+        return _checked_run(env, policy, compiled, model, case)
+    except PeopleScriptError as error:
+        return error
 
 
 def _halves(

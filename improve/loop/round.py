@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from improve import clock
-from improve.errors import EndpointError, ImproveError, WorkspaceError
+from improve.errors import EndpointError, ImproveError
 from improve.evals import (
     Batch,
     Ledger,
@@ -926,11 +926,19 @@ class Round:
                 seed,
                 known=inputs.scenarios,
             )
-        except WorkspaceError as error:
+        except ImproveError as error:
+            # Recorded, never decisive: a generator's mistake (a case it cannot label) is said, and the
+            # round keeps what it decided (it was a round's exit 2 after every replay, nothing recorded).
             self.say(f"out of sample: not checked: {error}")
             return None
         if found is None:
             return None
+        for side in (found.baseline, found.candidate):
+            if side.skipped:
+                self.say(
+                    f"out of sample: {side.skipped} generated case(s) could not run with {side.policy}, left "
+                    f"out (fix the environment's generator, Environment.cases): {side.skipped_reason}"
+                )
         examples = [
             f"input {_clipped(d.scenario.input)}, world "
             f"{_clipped(d.scenario.world)}: labelled {d.expected}, ended {d.got}"
