@@ -540,8 +540,13 @@ def test_a_round_whose_proposer_endpoint_fails_stops_with_exit_3_and_spends_noth
             "local",
         ]
         result = CliRunner().invoke(app, [*args, "--cache", "live"])
+        # Nor is a reply the recording does not hold (`--cache replay` before `--cache record`): it was
+        # a discarded candidate, and its cluster counted as tried, so the next rounds found nothing left.
+        unrecorded = CliRunner().invoke(app, [*args, "--cache", "replay"])
     assert result.exit_code == 3, result.output
     assert "could not reach the endpoint" in result.stderr
+    assert unrecorded.exit_code == 3, unrecorded.output
+    assert "no recorded response for request" in unrecorded.stderr
     changelog = (ws / "policies" / "refunds" / "CHANGELOG.md").read_text()
     assert "(discarded)" not in changelog
     assert not (ws / ".improve" / "discarded" / "refunds.jsonl").exists()

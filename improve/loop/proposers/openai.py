@@ -347,7 +347,7 @@ class OpenAIProposer:
     ) -> None:
         self.model = model
         self.base_url = base_url
-        self.cache = cache if cache is not None else ResponseCache(miss=ProposalError)
+        self.cache = cache if cache is not None else ResponseCache()
         self.temperature = float(temperature)
         self.endpoint = Endpoint(
             base_url=base_url,

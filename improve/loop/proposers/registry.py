@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from improve.errors import ProposalError, WorkspaceError
+from improve.errors import WorkspaceError
 from improve.evals import Workspace
 from improve.llm import API_KEY_ENV
 from improve.loop.branches import answer_rank
@@ -67,7 +67,9 @@ def openai_proposer(setup: ProposerSetup) -> Proposer:
         raise WorkspaceError(
             "--proposer openai needs --proposer-model (and --base-url for a non-OpenAI endpoint)"
         )
-    cache = ResponseCache(setup.root / CACHE_DIR, setup.cache, miss=ProposalError)
+    # A reply the recording does not hold is data missing, as for a decider (`ReplayMissError`, exit 3),
+    # not a proposal the proposer failed to make: that was recorded as a discarded candidate.
+    cache = ResponseCache(setup.root / CACHE_DIR, setup.cache)
     spec = setup.model_spec
     key = (spec.api_key() if spec is not None else None) or os.environ.get(API_KEY_ENV)
     if not key and setup.cache != "replay":
