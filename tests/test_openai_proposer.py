@@ -421,15 +421,25 @@ def test_unparsable_content_is_a_proposal_error(serve: Callable[[list[Reply]], F
     endpoint = serve(
         [
             completion('Sure! Here is the policy: {"policy": {states: ...'),
+            completion('Sure! Here is the policy again: {"policy": {states: ...'),
             completion(""),
+            completion('{"policy": {"id": "p"', finish_reason="length"),
             completion('{"policy": {"id": "p"', finish_reason="length"),
             completion("```json\n" + json.dumps({"policy": VALID, "rationale": "fenced"}) + "\n```"),
             completion(json.dumps({"policy": VALID, "rationale": "<what changed and why>"})),
+            completion("{policy: VALID}"),
+            completion(json.dumps({"policy": VALID, "rationale": "second try"})),
         ]
     )
     prop = proposer(endpoint.url, api_key=SECRET)
-    with pytest.raises(ProposalError, match=r"not valid JSON \(line 1, column 1.*'Sure! Here is the policy"):
+    # A reply that does not parse is asked once more, with what is wrong with it; then it is an error.
+    with pytest.raises(
+        ProposalError, match=r"not valid JSON \(line 1, column 1.*'Sure! Here is the policy again"
+    ):
         prop.propose(refunds_request())
+    told = endpoint.requests[1]["body"]["messages"]
+    assert told[-2] == {"role": "assistant", "content": 'Sure! Here is the policy: {"policy": {states: ...'}
+    assert "That reply is not valid JSON (line 1, column 1: Expecting value)" in told[-1]["content"]
     with pytest.raises(ProposalError, match="returned no content"):
         prop.propose(refunds_request())
     with pytest.raises(ProposalError, match=r"finish_reason 'length'.*not valid JSON"):
@@ -439,6 +449,9 @@ def test_unparsable_content_is_a_proposal_error(serve: Callable[[list[Reply]], F
     # SmolLM2 echoed the prompt's placeholder as its rationale: recorded as none, not as a rationale.
     echoed = prop.propose(refunds_request())
     assert (echoed.document, echoed.rationale) == (VALID, "")
+    # Asked once more, a small model gave JSON: the proposal counts both calls.
+    again = prop.propose(refunds_request())
+    assert (again.document, again.rationale, again.calls) == (VALID, "second try", 2)
 
 
 def test_response_formats_are_plain_json() -> None:

@@ -64,7 +64,7 @@ from openai.types.chat.completion_create_params import ResponseFormat
 from openai.types.shared_params import ResponseFormatJSONSchema
 from openai.types.shared_params.response_format_json_schema import JSONSchema
 
-from improve.errors import ProposalError, ProposerEndpointError
+from improve.errors import ProposalError, ProposerEndpointError, ReplayMissError
 from improve.llm import API_KEY_ENV, REFUSAL_WORDS, Endpoint, ResponseCache, safe_url
 from improve.loop.gates import GateResult
 from improve.loop.proposers.base import Proposal, ProposalRequest
@@ -285,6 +285,15 @@ _PLACEHOLDER = re.compile(r"^\s*<[^<>]*>\s*$")
 """A rationale that is only a placeholder in angle brackets, as the prompt writes its own."""
 
 
+class UnparsableReply(ProposalError):
+    """A reply that is not JSON: asked once more, with what was wrong (`OpenAIProposer._complete`)."""
+
+    def __init__(self, message: str, content: str, detail: str) -> None:
+        super().__init__(message)
+        self.content = content
+        self.detail = detail
+
+
 def parse_reply(content: str, where: str) -> tuple[Any, str]:
     """The candidate document and rationale in a reply's content (JSON only; never evaluated)."""
     fenced = _FENCE.match(content)
@@ -293,9 +302,9 @@ def parse_reply(content: str, where: str) -> tuple[Any, str]:
         data = json.loads(text)
     except json.JSONDecodeError as err:
         start = content[:200] + ("..." if len(content) > 200 else "")
-        raise ProposalError(
-            f"{where}: the model's reply is not valid JSON (line {err.lineno}, column {err.colno}: "
-            f"{err.msg}); it starts {start!r}"
+        detail = f"line {err.lineno}, column {err.colno}: {err.msg}"
+        raise UnparsableReply(
+            f"{where}: the model's reply is not valid JSON ({detail}); it starts {start!r}", content, detail
         ) from None
     if isinstance(data, dict) and isinstance(data.get("policy"), dict):
         rationale = data.get("rationale")
@@ -310,6 +319,28 @@ def parse_reply(content: str, where: str) -> tuple[Any, str]:
 
 Conversation = Callable[[bool, int], list[Message]]
 """The messages of one request: whether the schema is written into the prompt, and how many examples."""
+
+REPLY_SHOWN = 4000
+"""Characters of an unparsable reply sent back with what is wrong with it."""
+
+
+def _corrected(conversation: Conversation, error: UnparsableReply) -> Conversation:
+    """`conversation`, then the reply that did not parse and what is wrong with it."""
+
+    def messages(schema_in_prompt: bool, examples: int) -> list[Message]:
+        return [
+            *conversation(schema_in_prompt, examples),
+            {"role": "assistant", "content": error.content[:REPLY_SHOWN]},
+            {
+                "role": "user",
+                "content": f"That reply is not valid JSON ({error.detail}). Reply with exactly one JSON "
+                'object and nothing else: {"policy": <the complete policy>, "rationale": "<what changed and '
+                'why>"}.',
+            },
+        ]
+
+    return messages
+
 
 EXAMPLE_STEPS = (MAX_EXAMPLES, 10, 5, 2, 1)
 """How far a request too long for the context is cut down, examples first kept whole."""
@@ -386,7 +417,7 @@ class OpenAIProposer:
     # -- the calls --
 
     def _complete(self, conversation: Conversation) -> Proposal:
-        calls, told_context = 0, False
+        calls, told_context, told_json = 0, False, False
         while True:
             schema_mode = self.json_schema_supported
             messages, trimmed = self._fit(conversation, schema_in_prompt=not schema_mode)
@@ -411,7 +442,15 @@ class OpenAIProposer:
                 )
             if "rejected" in response:  # only a json_schema request is ever stored as rejected
                 raise ProposalError(f"response {response['key']}: the endpoint rejected the request")
-            return self._proposal(response, calls, trimmed)
+            try:
+                return self._proposal(response, calls, trimmed)
+            except UnparsableReply as error:
+                if told_json:
+                    raise
+                # Asked once more, with its reply and what is wrong with it, as a failed gate's detail is
+                # sent back: a small model's reply that did not parse ended the round, with no repair.
+                told_json = True
+                conversation = _corrected(conversation, error)
 
     def _note(self, what: str) -> None:
         note = f"{self.model}: {what}; asking by json_object"
@@ -429,7 +468,7 @@ class OpenAIProposer:
                     lambda: {"context": self.endpoint.context_window()},
                     secrets=self.endpoint.secrets,
                 )
-            except ProposalError:  # replaying a recording made before windows were recorded: unknown
+            except (ProposalError, ReplayMissError):  # a recording made before windows were: unknown
                 answer = {}
             found = answer.get("context")
             self.context_tokens = int(found) if isinstance(found, int) else None
