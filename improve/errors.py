@@ -307,7 +307,10 @@ class ProposalError(ImproveError):
     """The proposer could not produce a candidate (no rule separates the cases, the endpoint failed).
 
     The round records it as a failed candidate and goes on; it reaches the CLI only from a direct call.
+    `calls`: the model calls the proposer made before it gave up, which the round counts as spent.
     """
+
+    calls: int = 0
 
 
 class PullRequestError(ImproveError):

@@ -435,8 +435,9 @@ def test_unparsable_content_is_a_proposal_error(serve: Callable[[list[Reply]], F
     # A reply that does not parse is asked once more, with what is wrong with it; then it is an error.
     with pytest.raises(
         ProposalError, match=r"not valid JSON \(line 1, column 1.*'Sure! Here is the policy again"
-    ):
+    ) as raised:
         prop.propose(refunds_request())
+    assert raised.value.calls == 2  # spent, though no proposal came of them: a round counts them
     told = endpoint.requests[1]["body"]["messages"]
     assert told[-2] == {"role": "assistant", "content": 'Sure! Here is the policy: {"policy": {states: ...'}
     assert "That reply is not valid JSON (line 1, column 1: Expecting value)" in told[-1]["content"]

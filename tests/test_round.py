@@ -836,7 +836,9 @@ class _NothingToPropose:
     name = "nothing"
 
     def propose(self, request: ProposalRequest) -> Proposal:
-        raise ProposalError("no rule separates the cluster's decisions")
+        error = ProposalError("no rule separates the cluster's decisions")
+        error.calls = 3  # a model asked three times for nothing usable
+        raise error
 
     def repair(self, request: ProposalRequest, previous: Proposal, failure: GateResult) -> Proposal:
         raise AssertionError("nothing was proposed, so nothing is repaired")
@@ -850,6 +852,8 @@ def test_a_proposer_that_proposes_nothing_is_not_said_to_have_failed_the_gates(t
         result.decision_detail
     ), result.decision_detail
     assert "did not pass the gates" not in result.decision_detail
+    # The calls it made are counted, though no candidate came of them (a round's record said 0).
+    assert result.model_calls == 3
 
 
 WORKSPACE_PROPOSER = """

@@ -661,6 +661,7 @@ class Round:
         try:
             self.proposal = self.proposer.propose(self.request)
         except ProposalError as err:
+            self.calls += err.calls  # asked, though nothing came of it
             chosen = self.diagnosis.chosen if self.diagnosis is not None else None
             second = bool(self.request.narrower or self.request.broader)
             if chosen is not None and (second or self._last_without_rule(chosen.id)):
@@ -674,7 +675,7 @@ class Round:
             self.gates = [GateResult("propose", False, str(err))]
             self._note("evidence")
             return False
-        self.calls = self.proposal.calls
+        self.calls += self.proposal.calls
         return True
 
     def _last_without_rule(self, cluster: str) -> bool:
@@ -733,6 +734,7 @@ class Round:
             try:
                 self.proposal = self.proposer.repair(self.request, self.proposal, failed)
             except ProposalError as err:
+                self.calls += err.calls
                 self.gates.append(GateResult("repair", False, str(err)))
                 break
             self.calls += self.proposal.calls

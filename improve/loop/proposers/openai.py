@@ -417,6 +417,14 @@ class OpenAIProposer:
     # -- the calls --
 
     def _complete(self, conversation: Conversation) -> Proposal:
+        counted = [0]
+        try:
+            return self._completed(conversation, counted)
+        except ProposalError as error:
+            error.calls = counted[0]  # spent, though no proposal came of them: the round counts them
+            raise
+
+    def _completed(self, conversation: Conversation, counted: list[int]) -> Proposal:
         calls, told_context, told_json = 0, False, False
         while True:
             schema_mode = self.json_schema_supported
@@ -425,6 +433,7 @@ class OpenAIProposer:
                 messages, json_schema_format() if schema_mode else json_object_format()
             )
             calls += called
+            counted[0] = calls
             if "rejected" in response and schema_mode:
                 self.json_schema_supported = False
                 said = " ".join(str(response["rejected"].get("message") or "").split())[:120]
