@@ -560,6 +560,12 @@ def test_resume_refuses_what_the_wait_does_not_accept_with_exit_1_and_the_reason
     document = json.loads(refused.stdout)
     assert document["refused"] == "unknown-event"
     assert "accepts APPROVE, REJECT, not 'ANSWER'" in document["reason"]
+    # Its file's path names it too, as `replay` takes one; a path elsewhere is a usage error, said so.
+    by_path = str(space / "traces" / f"{APPROVAL}.jsonl")
+    refused = invoke("resume", by_path, "-w", str(space), "--answer", "yes", "--json")
+    assert refused.exit_code == 1 and json.loads(refused.stdout)["refused"] == "unknown-event"
+    elsewhere = invoke("resume", str(tmp_path / "x.jsonl"), "-w", str(space), "--answer", "yes")
+    assert elsewhere.exit_code == 2 and "not a thread file of this workspace" in elsewhere.output
     bad = invoke("resume", APPROVAL, "-w", str(space), "--event", "{not json")
     assert bad.exit_code == 2 and "--event is not JSON" in bad.output
     # Its example is an event this thread waits for (a fixed one named another desk's fields).

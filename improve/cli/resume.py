@@ -30,7 +30,8 @@ RESUME_EVENT = {"type": "RESUME"}
 
 def resume_command(
     thread_id: Annotated[
-        str, typer.Argument(help="The waiting thread, by its id in the workspace's traces/.")
+        str,
+        typer.Argument(help="The waiting thread, by its id in the workspace's traces/ (or its file's path)."),
     ],
     event: Annotated[
         str | None,
@@ -93,6 +94,7 @@ def resume_command(
 
     with handled():
         space = workspace(ws)
+        thread_id = _thread_id_of(space, thread_id)
         if event is not None and answer is not None:
             raise WorkspaceError("give --event or --answer, not both")
         chosen: Any = dict(RESUME_EVENT)
@@ -165,6 +167,26 @@ def resume_command(
 
 
 UNLABELLED = "no labelled scenario for this thread (a production run): nothing to score it against"
+
+
+def _thread_id_of(space: Any, given: str) -> str:
+    """The thread id `given` names: itself, or the id of a thread file of the workspace given by its path
+    (as `replay` and `scenarios add --from-thread` take one). A path elsewhere is a usage error, said so:
+    it was refused as a malformed id, exit 3."""
+    if not (given.endswith(".jsonl") or "/" in given):
+        return given
+    path = Path(given).resolve()
+    if (
+        path.suffix == ".jsonl"
+        and path.is_file()
+        and any(path.parent == d.resolve() for d in space.thread_dirs)
+    ):
+        return path.stem
+    places = " or ".join(str(d) for d in space.thread_dirs)
+    raise WorkspaceError(
+        f"{given}: not a thread file of this workspace ({places}); give the thread's id, its file name "
+        "without .jsonl"
+    )
 
 
 def _record(space: Any, environment: Any, thread_id: str) -> tuple[Any, str | None]:
