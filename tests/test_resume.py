@@ -577,6 +577,12 @@ def test_resume_refuses_what_the_wait_does_not_accept_with_exit_1_and_the_reason
     assert "done in state 'rejected'" in rejected.stdout and "FAIL" in rejected.stdout
     late = invoke("resume", APPROVAL, "-w", str(space), "--event", '{"type": "APPROVE"}')
     assert late.exit_code == 1 and "is not waiting: it ended done in state 'rejected'" in late.output
+    # A thread that never waited has nothing to finish, and no --event to give either (it said to).
+    small = runner.invoke(app, ["run", "-w", str(space), "--scenario", "small-01", "--model", "careful"])
+    assert small.exit_code == 0, small.output
+    never = invoke("resume", "train:v0:careful:small-01:r1", "-w", str(space), "--finish")
+    said = " ".join(never.output.split())
+    assert never.exit_code == 1 and "there is nothing to resume" in said and "--event" not in said, said
 
 
 def test_ingest_carries_what_a_thread_waits_for_into_any_warehouse(tmp_path: Path) -> None:

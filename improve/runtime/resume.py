@@ -253,10 +253,13 @@ def _finish_or_refuse(
     if position is None:
         last = _last_resume(entries)
         if last is None:
+            ended = folded.replayed.ended
+            # `--event` only where the thread waits: on one that ended done, it was refused in turn.
+            waits = ended is not None and resumable(ended)
             raise ResumeRefusedError(
                 f"thread {thread_id} has no interrupted resume to finish: it was never resumed (it ended "
-                f"{folded.replayed.ended or 'without an end entry'} in state '{folded.replayed.final_state}'); "
-                "resume it with --event",
+                f"{ended or 'without an end entry'} in state '{folded.replayed.final_state}')"
+                + ("; resume it with --event" if waits else ": there is nothing to resume"),
                 kind="not-interrupted",
             )
         return _again(env, store, thread_id, entries, last, dict(entries[last].event))
