@@ -240,12 +240,15 @@ def test_an_environment_installed_as_a_package_runs_by_its_slug(tmp_path: Path) 
     """A throwaway package whose entry point registers an environment: pip-installed into a target
     folder (offline), then used by name from a workspace that does not mention its module."""
     source = tmp_path / "src"
-    runner.invoke(app, ["init", str(source), "--env", "parcel-desk"])
+    # A slug no fixture desk has: a test before this one in the process may have imported `parcel_desk`
+    # from tests/fixtures/desks, and init refuses a package name already importable.
+    made = runner.invoke(app, ["init", str(source), "--env", "courier-desk"])
+    assert made.exit_code == 0, made.output
     (source / "pyproject.toml").write_text(
         '[build-system]\nrequires = ["setuptools>=68", "wheel"]\nbuild-backend = "setuptools.build_meta"\n\n'
-        '[project]\nname = "parcel-desk"\nversion = "1.0"\n\n'
-        '[project.entry-points."improve.environments"]\nparcel-desk = "parcel_desk.env:environment"\n\n'
-        '[tool.setuptools]\npackages = ["parcel_desk"]\n[tool.setuptools.package-data]\nparcel_desk = ["*.json"]\n'
+        '[project]\nname = "courier-desk"\nversion = "1.0"\n\n'
+        '[project.entry-points."improve.environments"]\ncourier-desk = "courier_desk.env:environment"\n\n'
+        '[tool.setuptools]\npackages = ["courier_desk"]\n[tool.setuptools.package-data]\ncourier_desk = ["*.json"]\n'
     )
     target = tmp_path / "site"
     pip = subprocess.run(
@@ -254,11 +257,11 @@ def test_an_environment_installed_as_a_package_runs_by_its_slug(tmp_path: Path) 
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert pip.returncode == 0, pip.stderr
-    assert (target / "parcel_desk" / "machine.json").is_file()
+    assert (target / "courier_desk" / "machine.json").is_file()
     # A workspace with the scenarios and policies but no module line: the entry point finds it.
     ws = tmp_path / "ws"
     ws.mkdir()
-    (ws / "improve.toml").write_text('[workspace]\nenvironment = "parcel-desk"\n')
+    (ws / "improve.toml").write_text('[workspace]\nenvironment = "courier-desk"\n')
     (source / "scenarios").rename(ws / "scenarios")
     (source / "policies").rename(ws / "policies")
     environ = {**os.environ, "PYTHONPATH": str(target)}
@@ -268,7 +271,7 @@ def test_an_environment_installed_as_a_package_runs_by_its_slug(tmp_path: Path) 
     )  # fmt: skip
     assert listed.returncode == 0, listed.stderr
     doc = json.loads(listed.stdout)
-    assert doc["environment"] == "parcel-desk" and doc["summary"]["pass_rate"] == 1.0
+    assert doc["environment"] == "courier-desk" and doc["summary"]["pass_rate"] == 1.0
     assert sorted(p.name for p in (ws / "traces").glob("*.jsonl"))[0].startswith("held-out:v0:careful:")
 
 
