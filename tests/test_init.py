@@ -785,7 +785,8 @@ def test_a_people_answer_the_rules_refuse_is_said_with_the_guard_at_its_line(tmp
     assert code == 1, output
     assert (
         f"{path}:{line}: scenario 'repeat-claimant-01': a run with careful stops: the people script answers "
-        "{'type': 'HAND_OFF', 'priority': 0} in state 'awaitingLead', whose rules refuse it "
+        '{"type": "HAND_OFF", "priority": 0} in state \'awaitingLead\', whose rules refuse it '
+        # As JSON, as a person writes the event (a Python repr read {'type': ...}).
         "('awaitingLead'.on.HAND_OFF[0]: event.priority >= 1)"
     ) in said, said
 

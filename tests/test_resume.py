@@ -566,6 +566,10 @@ def test_resume_refuses_what_the_wait_does_not_accept_with_exit_1_and_the_reason
     assert refused.exit_code == 1 and json.loads(refused.stdout)["refused"] == "unknown-event"
     elsewhere = invoke("resume", str(tmp_path / "x.jsonl"), "-w", str(space), "--answer", "yes")
     assert elsewhere.exit_code == 2 and "not a thread file of this workspace" in elsewhere.output
+    untyped = invoke("resume", APPROVAL, "-w", str(space), "--event", '{"approver": "dana"}')
+    assert untyped.exit_code == 1 and 'the event {"approver": "dana"} is not an object with a' in " ".join(
+        untyped.output.split()
+    )  # as JSON, as it was typed (a Python repr read {'approver': 'dana'})
     bad = invoke("resume", APPROVAL, "-w", str(space), "--event", "{not json")
     assert bad.exit_code == 2 and "--event is not JSON" in bad.output
     # Its example is an event this thread waits for (a fixed one named another desk's fields).

@@ -198,7 +198,8 @@ def resume(
         accepted = [w["type"] for w in waiting_for(env.machine, folded.snapshot.value)]
         example = json.dumps({"type": accepted[0]}) if accepted else '{"type": "APPROVE"}'
         raise ResumeRefusedError(
-            f"thread {thread_id}: the event {str(event)[:200]} is not an object with a `type`, e.g. {example}"
+            f"thread {thread_id}: the event {json.dumps(event, default=str)[:200]} is not an object with a "
+            f"`type`, e.g. {example}"
             + (f" (state '{folded.snapshot.value}' accepts {', '.join(accepted)})" if accepted else ""),
             kind="unknown-event",
         )

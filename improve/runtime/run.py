@@ -16,6 +16,7 @@ crashed, a store failed) has none: its thread is incomplete, which is what it is
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -295,7 +296,7 @@ class Runner:
             # with the guard that refused it, not as an event the state does not take.
             guard = refusing_guard(self.machine, snapshot, answer) if answer.get("type") in accepts else None
             raise PeopleScriptError(
-                f"thread {self.journal.thread_id}: the people script answers {answer} in state "
+                f"thread {self.journal.thread_id}: the people script answers {json.dumps(answer, default=str)} in state "
                 f"'{snapshot.value}', "
                 + (
                     f"whose rules refuse it ({guard})"
