@@ -5,11 +5,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, BinaryIO
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -111,8 +112,8 @@ def _file_threads(source: Path) -> Iterator[_Read | _Unreadable]:
             read = (
                 Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="improve-replay-"))) / source.name
             )
-            with source.open("rb") as whole, read.open("wb") as copy:
-                _copy_bytes(whole, copy, cut)
+            shutil.copyfile(source, read)
+            os.truncate(read, cut)
         try:
             for thread in read_file_thread_lines(read):
                 yield _Read(thread, source, torn if cut is not None else "")
@@ -142,16 +143,6 @@ def _cut_short_at(path: Path) -> int | None:
     except ValidationError:
         return start + last + 1
     return None
-
-
-def _copy_bytes(source: BinaryIO, target: BinaryIO, count: int) -> None:
-    """The first `count` bytes of `source` into `target`, a block at a time (the file may be large)."""
-    while count > 0:
-        block = source.read(min(count, 1 << 20))
-        if not block:
-            return
-        target.write(block)
-        count -= len(block)
 
 
 def _torn(path: Path) -> str:

@@ -121,12 +121,15 @@ def _operands(source: str) -> list[str]:
     tokens = tokenize(source)
     parts: list[str] = []
     depth, start, i = 0, 0, 0
+    first_closed: int | None = None  # where the first bracket opened closes
     while i < len(tokens):
         text = tokens[i].text
         if text in "([{":
             depth += 1
         elif text in ")]}":
             depth -= 1
+            if depth == 0 and first_closed is None:
+                first_closed = tokens[i].start
         elif (
             depth == 0
             and text in ("&", "|")
@@ -140,19 +143,9 @@ def _operands(source: str) -> list[str]:
         i += 1
     if not parts:
         inner = source.strip().removeprefix("!").strip()
-        if inner.startswith("(") and inner.endswith(")") and _closes_at_end(inner):
+        # One parenthesized whole (`(a) == (b)` is not: its first parenthesis closes before the end).
+        if inner.startswith("(") and first_closed == len(source.rstrip()) - 1:
             return _operands(inner[1:-1])
         return [source]
     parts.append(source[start:])
     return [operand for part in parts for operand in _operands(part.strip())]
-
-
-def _closes_at_end(text: str) -> bool:
-    """Whether the parenthesis `text` opens with closes at its end, not before (`(a) && (b)` does not)."""
-    depth = 0
-    for i, token in enumerate(tokenize(text)):
-        depth += token.text in "([{"
-        depth -= token.text in ")]}"
-        if depth == 0:
-            return token.start == len(text) - 1 and i > 0
-    return False
