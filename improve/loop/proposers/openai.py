@@ -417,49 +417,44 @@ class OpenAIProposer:
     # -- the calls --
 
     def _complete(self, conversation: Conversation) -> Proposal:
-        counted = [0]
-        try:
-            return self._completed(conversation, counted)
-        except ProposalError as error:
-            error.calls = counted[0]  # spent, though no proposal came of them: the round counts them
-            raise
-
-    def _completed(self, conversation: Conversation, counted: list[int]) -> Proposal:
         calls, told_context, told_json = 0, False, False
-        while True:
-            schema_mode = self.json_schema_supported
-            messages, trimmed = self._fit(conversation, schema_in_prompt=not schema_mode)
-            response, called = self._request(
-                messages, json_schema_format() if schema_mode else json_object_format()
-            )
-            calls += called
-            counted[0] = calls
-            if "rejected" in response and schema_mode:
-                self.json_schema_supported = False
-                said = " ".join(str(response["rejected"].get("message") or "").split())[:120]
-                self._note(f"the endpoint refused json_schema ({said})")
-                continue
-            if "too_long" in response and not told_context:
-                # The server said how large its context is: fit the request to it and ask once more.
-                told_context = True
-                self.context_tokens = int(response["too_long"]["context"])
-                continue
-            if "too_long" in response:
-                raise ProposalError(
-                    f"response {response['key']}: the request is too long for {self.model}'s context of "
-                    f"{self.context_tokens} tokens even trimmed: {response['too_long']['message']}"
+        try:
+            while True:
+                schema_mode = self.json_schema_supported
+                messages, trimmed = self._fit(conversation, schema_in_prompt=not schema_mode)
+                response, called = self._request(
+                    messages, json_schema_format() if schema_mode else json_object_format()
                 )
-            if "rejected" in response:  # only a json_schema request is ever stored as rejected
-                raise ProposalError(f"response {response['key']}: the endpoint rejected the request")
-            try:
-                return self._proposal(response, calls, trimmed)
-            except UnparsableReply as error:
-                if told_json:
-                    raise
-                # Asked once more, with its reply and what is wrong with it, as a failed gate's detail is
-                # sent back: a small model's reply that did not parse ended the round, with no repair.
-                told_json = True
-                conversation = _corrected(conversation, error)
+                calls += called
+                if "rejected" in response and schema_mode:
+                    self.json_schema_supported = False
+                    said = " ".join(str(response["rejected"].get("message") or "").split())[:120]
+                    self._note(f"the endpoint refused json_schema ({said})")
+                    continue
+                if "too_long" in response and not told_context:
+                    # The server said how large its context is: fit the request to it and ask once more.
+                    told_context = True
+                    self.context_tokens = int(response["too_long"]["context"])
+                    continue
+                if "too_long" in response:
+                    raise ProposalError(
+                        f"response {response['key']}: the request is too long for {self.model}'s context of "
+                        f"{self.context_tokens} tokens even trimmed: {response['too_long']['message']}"
+                    )
+                if "rejected" in response:  # only a json_schema request is ever stored as rejected
+                    raise ProposalError(f"response {response['key']}: the endpoint rejected the request")
+                try:
+                    return self._proposal(response, calls, trimmed)
+                except UnparsableReply as error:
+                    if told_json:
+                        raise
+                    # Asked once more, with its reply and what is wrong with it, as a failed gate's detail is
+                    # sent back: a small model's reply that did not parse ended the round, with no repair.
+                    told_json = True
+                    conversation = _corrected(conversation, error)
+        except ProposalError as error:
+            error.calls = calls  # spent, though no proposal came of them: the round counts them
+            raise
 
     def _note(self, what: str) -> None:
         note = f"{self.model}: {what}; asking by json_object"
