@@ -10,6 +10,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import struct
 import subprocess
@@ -73,6 +74,9 @@ class _Socket:
             head += self.sock.recv(1)
         assert head.startswith(b"HTTP/1.1 101"), head
         self.next_id = 0
+
+    def close(self) -> None:
+        self.sock.close()
 
     def _exact(self, n: int) -> bytes:
         data = b""
@@ -141,13 +145,17 @@ def load_page(chromium: str, page: Path, *, width: int = 1200, height: int = 200
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
+        start_new_session=True,
     )
+    sockets: list[_Socket] = []
     try:
         browser = _Socket(_devtools_address(proc))
+        sockets.append(browser)
         created = browser.send("Target.createTarget", url="about:blank")
         target = _reply(browser, created)["targetId"]
         host = browser.url.split("/devtools/", 1)[0]
         ws = _Socket(f"{host}/devtools/page/{target}")
+        sockets.append(ws)
         for method in ("Runtime.enable", "Log.enable", "Network.enable", "Page.enable"):
             ws.send(method)
         ws.send(
@@ -196,7 +204,11 @@ def load_page(chromium: str, page: Path, *, width: int = 1200, height: int = 200
                 result.screenshot = base64.b64decode(message["result"]["data"])
                 return result
     finally:
-        proc.kill()
+        for sock in sockets:
+            sock.close()
+        # The whole process group: Chromium's renderer and GPU children outlive a killed parent and
+        # keep writing to the profile, which then could not be removed.
+        os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         shutil.rmtree(profile, ignore_errors=True)
 
