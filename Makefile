@@ -9,7 +9,7 @@ NATIVE_SOURCES := setup.py improve/_digest.c improve/log/chain.py improve/log/re
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml Makefile $(NATIVE_SOURCES) | cksum | cut -d' ' -f1)
 
 .DEFAULT_GOAL := help
-.PHONY: help docs demo test test-fast test-lowest fuzz bench bench-scale bench-generalize mutation conformance hostile lint clean phoenix
+.PHONY: help docs demo test test-fast test-lowest fuzz bench bench-scale bench-generalize mutation conformance hostile lint clean phoenix phoenix-or-skip
 
 help: ## Show this help
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -65,8 +65,10 @@ PYTEST_ENV := PYTHONDONTWRITEBYTECODE=
 # `--dist worksteal`: an idle worker takes tests queued for the other. With the default (`load`) one
 # worker sat out the suite's last long tests: 234 s of tests against 223 s, measured twice each on this
 # machine's two cores.
-test: $(STAMP) ## Run the test suite: parallel workers, a random order (its seed printed at the end)
-	@$(MAKE) --no-print-directory phoenix || echo "Arize Phoenix could not be installed: the test against a real Phoenix will skip"
+# The project's virtualenv and Phoenix's are installed side by side: on a machine with neither, each takes
+# a minute or more of one core (pip, a C compiler), and the other core would idle.
+test: ## Run the test suite: parallel workers, a random order (its seed printed at the end)
+	@$(MAKE) --no-print-directory -j2 $(STAMP) phoenix-or-skip
 	$(PYTEST_ENV) IMPROVE_PHOENIX_VENV=$(PHOENIX_VENV) $(BIN)/python -m pytest -n auto --dist worksteal $(PYTEST_ARGS)
 
 test-fast: $(STAMP) ## The inner loop: the suite without the tests marked slow (whole rounds, fuzzing, subprocesses)
@@ -82,6 +84,9 @@ test-lowest: ## The suite with every dependency at the lowest version the pins a
 	$(LOWEST)/bin/python .ci/lowest_pins.py > $(LOWEST)/constraints.txt
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(LOWEST)/bin/python -m pip install --quiet -c $(LOWEST)/constraints.txt -e '.[dev,local]'
 	$(PYTEST_ENV) $(LOWEST)/bin/python -m pytest -n auto
+
+phoenix-or-skip:
+	@$(MAKE) --no-print-directory phoenix || echo "Arize Phoenix could not be installed: the test against a real Phoenix will skip"
 
 phoenix: $(PHOENIX_STAMP) ## Arize Phoenix in a virtualenv of its own (PHOENIX_VENV), for the test against a real Phoenix
 
