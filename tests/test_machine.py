@@ -178,6 +178,13 @@ def test_a_sentinel_is_a_final_state_tagged_sentinel_or_described_the_old_way() 
     assert parse_machine(states(type="final", tags=["done"])).sentinels() == []
     with pytest.raises(MachineConfigError, match=r"\$\.states\.b\.tags: .*must be final"):
         parse_machine(states(tags=["sentinel"]))
+    # A near miss would leave the state an ordinary final one, proven and counted as nothing.
+    for typo in ("sentinal", "Sentinel", "sentinels"):
+        with pytest.raises(
+            MachineConfigError, match=rf'\$\.states\.b\.tags: .*tag "{typo}" is not "sentinel"'
+        ):
+            parse_machine(states(type="final", tags=[typo]))
+    assert parse_machine(states(type="final", tags=["terminal", "sent"])).sentinels() == []
 
 
 def test_snapshot_json_round_trip_and_hash_is_canonical() -> None:

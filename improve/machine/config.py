@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import re
+from difflib import get_close_matches
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -154,6 +155,14 @@ class StateConfig(_Strict):
             raise ValueError(
                 f'a state tagged "{SENTINEL_TAG}" marks an invariant and must be final: add "type": "final"'
             )
+        # A misspelt sentinel tag would not fail anything: the state would be an ordinary final state,
+        # exploration would prove nothing about it and a run reaching it would count no violation.
+        for tag in tags:
+            if tag != SENTINEL_TAG and get_close_matches(tag.lower(), [SENTINEL_TAG], cutoff=0.75):
+                raise ValueError(
+                    f'tag "{tag}" is not "{SENTINEL_TAG}": a final state tagged "{SENTINEL_TAG}" (exactly so) is '
+                    "an invariant that must never be reached; spell it so, or name your own tag otherwise"
+                )
         return tags
 
 
