@@ -569,8 +569,15 @@ def test_a_scenario_file_read_twice_gives_two_documents_and_an_edit_is_read_anew
     assert second == yaml.safe_load(text) and second["when"].isoformat() == "2026-01-02"
     assert second["items"] is second["again"]  # an alias is the same object, as YAML built it
     assert parse_yaml(text.replace("2026", "2027"), path, ScenarioError)["when"].year == 2027
-    with pytest.raises(ScenarioError, match=r"s.yaml:2:1: invalid YAML"):
+    # Found only at the end of the file, a quote or bracket never closed is named where it opens.
+    with pytest.raises(
+        ScenarioError, match=r"s.yaml:1:4: invalid YAML: .*\(at line 2\) while parsing a flow"
+    ):
         parse_yaml("a: [1", path, ScenarioError)
+    with pytest.raises(ScenarioError, match=r"s.yaml:2:7: invalid YAML: .* quoted scalar that starts here"):
+        parse_yaml('a: 1\nnote: "unclosed\nb: 2\nc: 3\n', path, ScenarioError)
+    with pytest.raises(ScenarioError, match=r"s.yaml:3:2: invalid YAML"):  # elsewhere: where it is found
+        parse_yaml("a:\n  - 1\n b: 2\n", path, ScenarioError)
 
 
 def test_a_scenario_whose_input_the_machine_cannot_start_with_is_named_by_check_and_by_run(ws: Path) -> None:

@@ -370,8 +370,17 @@ def _parse_yaml(text: str, path: Path, error: type[ConfigError]) -> Any:
         return yaml.load(text, Loader=SafeLoader)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
+        problem = getattr(err, "problem", None) or str(err)
+        opened, context = getattr(err, "context_mark", None), getattr(err, "context", None)
+        if mark is not None and opened is not None and context and mark.index >= len(text.rstrip()):
+            # Found only at the end of the file (a quote or bracket never closed): where it was opened is
+            # the line to fix, not the file's last.
+            raise error(
+                f"{path}:{opened.line + 1}:{opened.column + 1}: invalid YAML: {problem} "
+                f"(at line {mark.line + 1}) {context} that starts here: is it closed?"
+            ) from None
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
-        raise error(f"{where}: invalid YAML: {getattr(err, 'problem', None) or err}") from None
+        raise error(f"{where}: invalid YAML: {problem}") from None
     except RecursionError:
         raise error(f"{path}: invalid YAML: nested too deep to read") from None
 
