@@ -832,6 +832,30 @@ def test_repairs_stop_at_three_with_the_gate_detail_fed_back(tmp_path: Path) -> 
     assert "did not pass the gates after 3 repair(s): vocabulary" in result.decision_detail
 
 
+class _GivesUp(_AlwaysInvalid):
+    def repair(self, request: ProposalRequest, previous: Proposal, failure: GateResult) -> Proposal:
+        raise ProposalError("no further candidate: each rule was refused at the gates")
+
+
+def test_a_repair_that_finds_nothing_leaves_the_refusal_it_could_not_mend_in_the_decision(
+    tmp_path: Path,
+) -> None:
+    # The reason to read is the last candidate's refusal: said in the decision and the CHANGELOG, not
+    # only in the lines the round printed as it went.
+    space = scratch(tmp_path)
+    result = run_round(space, RoundOptions(policy="v0", k=1, proposer=_GivesUp()))
+    assert result.status == "discarded" and result.repairs == 1
+    detail = result.decision_detail
+    assert detail.startswith("the candidate did not pass the gates after 1 repair(s): vocabulary: "), detail
+    assert "unknown fact path 'facts.customer.vip'" in detail and detail.endswith(
+        "; then repair: no further candidate: each rule was refused at the gates"
+    )
+    assert (
+        "unknown fact path 'facts.customer.vip'"
+        in (space.policies_dir("refunds") / "CHANGELOG.md").read_text()
+    )
+
+
 class _NothingToPropose:
     name = "nothing"
 

@@ -1480,6 +1480,14 @@ class Round:
             # The proposer found nothing to propose (`propose` records why as its failure): no candidate
             # met a gate.
             return f"the proposer proposed no candidate: {last.detail}"
+        refused = next((g for g in reversed(self.gates[:-1]) if not g.ok), None)
+        if last.name == "repair" and refused is not None:
+            # The repair found no further candidate: the last candidate's refusal is the reason to read,
+            # said here, where the round's decision (and the CHANGELOG) is read.
+            return (
+                f"the candidate did not pass the gates after {self.repairs} repair(s): {refused.name}: "
+                f"{refused.detail}; then repair: {last.detail}"
+            )
         return (
             f"the candidate did not pass the gates after {self.repairs} repair(s): {last.name}: {last.detail}"
         )

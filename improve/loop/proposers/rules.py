@@ -1495,7 +1495,7 @@ def _why_none(request: ProposalRequest, had_rules: bool, misses: Sequence[NearMi
         )
         return (
             f"no further candidate: each rule{narrower} the miner found for the cluster was refused at the "
-            "gates (the reasons above); a rule on other conditions needs training scenarios that show them, "
+            "gates (for the reasons the gates gave); a rule on other conditions needs training scenarios that show them, "
             "or write it in a policy file, run it and compare (`improve run --policy FILE`, then `improve "
             "score --policy FILE --vs VERSION`)"
         )
