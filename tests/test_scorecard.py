@@ -673,7 +673,7 @@ def test_score_cli_compares_versions_and_renders_markdown(tmp_path: Path) -> Non
     [
         (
             lambda t: t.replace("outcome: escalated", "outcome: escalatedd", 1),
-            "is not a final state of refunds",
+            "is not a final state of refunds (did you mean 'escalated'?); the outcomes a scenario can expect are",
         ),
         (lambda t: t.replace("split: held-out", "split: train"), "has no scenario in held-out"),
         (lambda t: t.replace("id: small-refund-02", "id: small-refund-01", 1), "is used twice"),

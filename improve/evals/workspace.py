@@ -48,6 +48,7 @@ import os
 import tomllib
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from difflib import get_close_matches
 from pathlib import Path
 from typing import Any, Literal
 
@@ -78,8 +79,13 @@ def label_problem(outcome: str, finals: set[str], sentinels: set[str], env: str)
     (a run ends nowhere else), and not a sentinel (a run that reaches one breaks a rule: such a label
     could never pass)."""
     if outcome not in finals:
+        labels = sorted(finals - sentinels)
+        near = get_close_matches(outcome, labels, n=1)
         return (
-            f"expected.outcome '{outcome}' is not a final state of {env}; final states are {sorted(finals)}"
+            f"expected.outcome '{outcome}' is not a final state of {env}"
+            + (f" (did you mean '{near[0]}'?)" if near else "")
+            + f"; the outcomes a scenario can expect are {labels}"
+            + (f" (and the sentinel {sorted(sentinels)}, which a run must never reach)" if sentinels else "")
         )
     if outcome in sentinels:
         return (
