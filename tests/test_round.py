@@ -2833,6 +2833,9 @@ def test_the_last_cluster_without_a_rule_ends_the_round_as_nothing_left(
     assert record.status == "nothing-left-to-try" and record.cluster == "guard-rejections:attempts", record
     assert record.passed_over == ["guard-rejections:attempts"] and not record.nothing_new
     assert not round_failed([record]) and not record.branches
+    from improve.loop.render import round_lines  # no version named: none was used up
+
+    assert round_lines(record)[0].startswith(f"{record.round_id}: nothing-left-to-try  [guard-rejections")
     assert changelog.read_text(encoding="utf-8") == before
     said.clear()
     # Asked again (`--rounds 3`): one round, nothing left, and the proposer is not asked again.

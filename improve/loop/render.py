@@ -199,8 +199,11 @@ def round_lines(record: RoundRecord) -> list[str]:
     where its review is and where its report is."""
     held = record.scores.get("held-out")
     scores = f"held-out {held.before:.3f} -> {held.after:.3f}" if held else "no replay"
+    # Only a recommended or discarded round made a candidate (its version is in the CHANGELOG); the others
+    # used no version up, and naming one would read as if it existed.
+    made = record.candidate_version if record.status in ("recommended", "discarded") else None
     lines = [
-        f"{record.round_id}: {record.status} {record.candidate_version or ''} [{record.cluster or '-'}] {scores}",
+        f"{record.round_id}: {record.status} {made or ''} [{record.cluster or '-'}] {scores}",
         f"  {record.decision_detail}",
     ]
     read = record.held_out
