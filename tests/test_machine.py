@@ -536,8 +536,11 @@ def test_missing_field_at_run_time_names_the_expression() -> None:
         "failed with event.amount = 2.5 (double), context.limit = 1000 (int), context.paid = 0.5 (double): "
         "No such overload"
     ) in str(failed.value)
-    with pytest.raises(EvaluationError, match=r"failed with event\.amount absent"):
+    with pytest.raises(EvaluationError, match=r"failed with event\.amount absent, "):
         transition(machine, initial(machine, {}), {"type": "GO"})
+    # A key misspelt: the map read has the key meant.
+    with pytest.raises(EvaluationError, match=r"event\.amount absent \(did you mean 'amuont'\?\)"):
+        transition(machine, initial(machine, {}), {"type": "GO", "amuont": 2})
 
 
 @pytest.mark.parametrize(

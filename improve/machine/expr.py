@@ -16,6 +16,7 @@ import json
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from difflib import get_close_matches
 from typing import Any
 
 from improve.errors import EvaluationError, ExpressionError, FastCelError, FastCelFallback
@@ -141,10 +142,17 @@ class Expr:
         shown = []
         for path in list(dict.fromkeys(self.paths))[:BOUND_SHOWN]:
             value: Any = scope.values
+            near: list[str] = []
             for part in path:
+                parent = value
                 value = value.get(part, _ABSENT) if isinstance(value, Mapping) else _ABSENT
+                if value is _ABSENT:
+                    # A key misspelt in the expression: the keys the map has say which was meant.
+                    keys = [k for k in parent if isinstance(k, str)] if isinstance(parent, Mapping) else []
+                    near = get_close_matches(part, keys, n=1)
+                    break
             if value is _ABSENT:
-                shown.append(f"{'.'.join(path)} absent")
+                shown.append(f"{'.'.join(path)} absent" + (f" (did you mean '{near[0]}'?)" if near else ""))
             else:
                 text = json.dumps(value, default=str)
                 text = text if len(text) <= 40 else text[:37] + "..."
