@@ -375,7 +375,7 @@ def machine_stopped(env: Environment, scenario: Scenario, err: MachineError, run
     data. Either way the scenario says where to start looking. `run`: which run of it (`run 2`)."""
     return ScenarioError(
         f"scenario '{scenario.id}' ({scenario.split}, {run}): environment {env.name}'s machine could not "
-        f"take a step: {err}. Check what the scenario's input and world give the path it names (a key "
+        f"take a step: {str(err).rstrip('.')}. Check what the scenario's input and world give the path it names (a key "
         "spelled otherwise, a value of another type), or the machine's expression"
     )
 
