@@ -883,6 +883,41 @@ def test_a_value_no_enumerated_fact_takes_is_refused_with_the_values_it_does_tak
     ], problems
 
 
+def test_a_fact_compared_with_a_literal_of_another_kind_is_refused() -> None:
+    """`facts.customer.locked == 0` passed every gate: CEL holds no bool equal to an int, so the branch
+    never fired. A literal of the fact's kind, a number for an int fact, or null (a fact left out) pass."""
+    from improve.loop.gates import vocabulary_problems
+    from improve.runtime import load_environment
+
+    env = load_environment("triage")
+    doc = json.loads((REPO / "policies" / "triage" / "v0.json").read_text())
+    first = doc["initial"]
+    doc["initial"] = "route"
+    guards = [
+        "facts.customer.locked == 0",
+        "'3' == facts.customer.seats",
+        "facts.ticket.subject == 1 && facts.ticket.spamScore != true",
+        "facts.customer.locked == true && facts.customer.seats >= 2.5 && facts.ticket.spamScore < 1",
+        "facts.ticket.subject != null && facts.customer.plan == 'pro' && input.facts.openTicket.hoursAgo <= 24",
+    ]
+    doc["states"]["route"] = {
+        "type": "choice",
+        "choice": [*({"guard": g, "target": first} for g in guards), {"target": first}],
+    }
+    problems = vocabulary_problems(parse_machine(doc), env)
+    assert [p.split(": ", 1)[0] for p in problems] == [
+        "$.states.route.choice[0].guard",
+        "$.states.route.choice[1].guard",
+        "$.states.route.choice[2].guard",
+        "$.states.route.choice[2].guard",
+    ], problems
+    assert problems[0] == (
+        "$.states.route.choice[0].guard: 'facts.customer.locked' is a bool fact, compared with 0 (a number): "
+        "CEL holds no bool equal to a number, so the condition never holds as meant; compare it with a bool"
+    )
+    assert "'facts.customer.seats' is an int fact, compared with '3' (a text)" in problems[1]
+
+
 def test_an_answer_with_a_payload_value_no_decision_offers_is_refused() -> None:
     """`DENY{reason: 'alergy'}` passed every gate: the decision never offers it, so the branch's `in
     input.options` test never holds and it never answers. A value the machine computes is not judged."""

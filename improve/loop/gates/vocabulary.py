@@ -27,6 +27,7 @@ class VocabularyGate:
             *_names(ctx.policy, ctx.vocab),
             *_paths(ctx.policy, ctx.vocab),
             *_values(ctx.policy, ctx.vocab),
+            *_kinds(ctx.policy, ctx.vocab),
         ]
         if problems:
             return GateResult(
@@ -38,7 +39,7 @@ class VocabularyGate:
 def vocabulary_problems(policy: MachineConfig, env: Environment) -> list[str]:
     """What the vocabulary gate refuses in `policy` for `env`: names and fact paths it does not offer."""
     vocab = vocabulary(env)
-    return [*_names(policy, vocab), *_paths(policy, vocab), *_values(policy, vocab)]
+    return [*_names(policy, vocab), *_paths(policy, vocab), *_values(policy, vocab), *_kinds(policy, vocab)]
 
 
 def _literal_string(source: str) -> str | None:
@@ -188,4 +189,49 @@ def _values(config: MachineConfig, vocab: Vocabulary) -> list[str]:
                     f"{expr.path}: '{text}' is not a value of the enumerated fact '{path}' (so the condition "
                     f"never holds as meant); its values are {values}"
                 )
+    return problems
+
+
+_LITERAL = r"('[^'\\]*'|\"[^\"\\]*\"|-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?|true|false|null)"
+_OPERATOR = r"(==|!=)"  # an ordering across kinds is an error, which the lower gate finds on its probe
+_AGAINST = (
+    re.compile(rf"{_FACT}\s*{_OPERATOR}\s*{_LITERAL}(?![\w.])"),
+    re.compile(rf"(?<![\w.]){_LITERAL}\s*{_OPERATOR}\s*{_FACT}"),
+)
+# The literals each kind of fact is compared with; an enumerated fact's are text (`_values` checks which).
+_TAKES = {
+    "bool": "bool",
+    "number": "number",
+    "int": "number",
+    "text": "text",
+    "string": "text",
+    "enum": "text",
+}
+
+
+def _literal_kind(literal: str) -> str:
+    if literal[:1] in "'\"":
+        return "text"
+    return {"true": "bool", "false": "bool", "null": "null"}.get(literal, "number")
+
+
+def _kinds(config: MachineConfig, vocab: Vocabulary) -> list[str]:
+    """A fact compared with a literal of another kind (`facts.prescriberActive == 0`, `facts.days != '7'`):
+    CEL holds no value of one type equal to one of another, so the branch never fires as meant, and
+    every other gate lets it through."""
+    kinds = vocab.fact_paths
+    problems: list[str] = []
+    for expr in expressions(config):
+        for pattern in _AGAINST:
+            for m in pattern.finditer(expr.source):
+                fact, literal = (m[1], m[3]) if "facts." in m[1] else (m[3], m[1])
+                path = fact.removeprefix("input.")
+                takes = _TAKES.get(kinds.get(path, ""))
+                kind = _literal_kind(literal)
+                if takes is not None and kind not in (takes, "null"):  # null: a fact left out
+                    problems.append(
+                        f"{expr.path}: '{path}' is {'an' if kinds[path][:1] in 'aeiou' else 'a'} {kinds[path]} fact, compared with {literal} (a {kind}): "
+                        f"CEL holds no {takes} equal to a {kind}, so the condition never holds as meant; "
+                        f"compare it with a {takes}"
+                    )
     return problems
