@@ -1865,6 +1865,12 @@ def test_a_recommended_candidates_version_stays_its_own_before_its_merge(tmp_pat
     assert memory.own_version("1", held.model_copy(update={"version": "7"})) == "1"
     assert memory.own_version("1", other) == "4" and memory.own_version("2", other) == "2"
     assert memory.own_version("5", held) == "1"  # recommended before: its branch holds it
+    # Merged, v1 is a policy and no branch holds it: another candidate (or v1's again, which the round
+    # says is v1 before numbering it) takes a free version, never v1 as "not merged yet".
+    (changelog.parent / "v1.json").write_text(json.dumps(held.model_dump(mode="json", by_alias=True)))
+    merged = read_memory(changelog, changelog.parent, "v0", [], 0.05, path)
+    assert merged.recommended == {"v3": "0123"} and merged.version == "4"
+    assert merged.own_version("4", other) == "4" and merged.own_version("4", held) == "4"
 
 
 def test_a_reverted_changelog_still_remembers_the_discarded_candidates(tmp_path: Path) -> None:
@@ -2940,6 +2946,37 @@ def test_a_rerun_after_a_killed_round_replaces_its_report_and_adds_no_commit(
     assert top.hexsha != tip and top.parents[0].hexsha == tip
     entry = (top.tree / "policies" / "refunds" / "CHANGELOG.md").data_stream.read().decode()
     assert "k = 3" in entry and "k = 2" not in entry and fourth.round_id in entry
+
+
+@pytest.mark.slow
+def test_a_candidate_a_merged_version_holds_is_nothing_to_propose(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After v1's review branch is merged, a round from v0 again that finds v1's candidate again says it
+    is v1, already a policy: no second v1 branch (v1's is behind the merge), no second v1 entry."""
+    for name in ("GITHUB_TOKEN", "GH_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    space = scratch(tmp_path)
+    first = run_round(space, RoundOptions(policy="v0", k=2))
+    assert first.status == "recommended" and first.candidate_version == "v1", first.decision_detail
+    repo = git.Repo(tmp_path)
+    repo.git.merge("-q", "--no-edit", "--no-ff", "improve/refunds-v1")  # as a person merges it
+    heads, tip = sorted(h.name for h in repo.heads), repo.head.commit.hexsha
+    changelog = tmp_path / "policies" / "refunds" / "CHANGELOG.md"
+    entries = changelog.read_text(encoding="utf-8")
+    said: list[str] = []
+    second = run_round(space, RoundOptions(policy="v0", k=2), said.append)
+    assert second.status == "nothing-left-to-try", (second.status, second.decision_detail)
+    assert second.decision_detail.startswith(
+        "this candidate is v1, already in policies/refunds/v1.json: nothing to propose against v0; to "
+        "improve on v1, start from it (improve round --policy v1)"
+    ), second.decision_detail
+    assert second.candidate_version == "v1" and second.round_id.endswith("-refunds-v1")
+    assert not any("not merged yet" in line for line in said), said
+    assert second.pr is None and second.held_out is None  # nothing ran past the gates
+    assert sorted(h.name for h in repo.heads) == heads and repo.head.commit.hexsha == tip
+    assert changelog.read_text(encoding="utf-8") == entries and entries.count("## v1 (recommended)") == 1
+    assert not repo.is_dirty()
 
 
 def test_a_round_id_with_a_round_json_gets_a_new_id_and_a_partial_folder_is_replaced(tmp_path: Path) -> None:

@@ -470,7 +470,14 @@ def read_memory(
     # each such round used up a number no policy ever had.
     # So does a version a recommended candidate took, until its branch is merged (a round meanwhile
     # proposing another candidate must not take it: `Memory.own_version` keeps it for that candidate).
-    recommended = recommended_versions(remembered) if remembered else {}
+    # Merged, its policy file is there: the version is a policy, held by no review branch any more (the
+    # memory keeps every line, and a round finding that candidate again took the version back, as "not
+    # merged yet", for a second branch of it: `Round._already` says it is that policy instead).
+    recommended = {
+        label: held
+        for label, held in (recommended_versions(remembered) if remembered else {}).items()
+        if not (policies_dir / f"{label}.json").is_file()
+    }
     taken = [
         int(m.group(1))
         for t in everything

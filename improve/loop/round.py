@@ -725,6 +725,8 @@ class Round:
                     + (f" after {self.repairs} repair(s)" if self.repairs else "")
                 )
                 config = self.gated.config
+                if config is not None and self._already(config):
+                    return False
                 self.candidate = self._numbered(config) if config is not None else None
                 return True
             self.say(f"gates: {failed.name} failed: {failed.detail.splitlines()[0]}")
@@ -757,6 +759,35 @@ class Round:
             )
         return {**document, **own}
 
+    def _already(self, candidate: MachineConfig) -> bool:
+        """Whether a version's policy file already holds the candidate (a merged review branch left it
+        there): the round then ends with nothing to propose, before any candidate run. Numbered as a
+        candidate, it became a second review branch and CHANGELOG entry of a policy there is."""
+        inputs, mine = self.inputs, policy_content(candidate)
+        numbered = [(int(p.stem[1:]), p) for p in inputs.policies_dir.glob("v*.json") if p.stem[1:].isdigit()]
+        for number, path in sorted(numbered):
+            try:
+                held = inputs.space.load_policy(inputs.env_name, path.stem)
+            except ImproveError:
+                continue  # a file that does not load holds no candidate; `improve verify` says why
+            if policy_content(held) != mine:
+                continue
+            root = inputs.space.root
+            shown = path.relative_to(root) if path.is_relative_to(root) else path
+            self._take(str(number))
+            self.status = "nothing-left-to-try"
+            self.detail = (
+                f"this candidate is v{number}, already in {shown}: nothing to propose against {self.label}"
+                + (
+                    f"; to improve on v{number}, start from it (improve round --policy v{number})"
+                    if f"v{number}" != self.label
+                    else ""
+                )
+            )
+            self.say(self.detail)
+            return True
+        return False
+
     def _numbered(self, candidate: MachineConfig) -> MachineConfig:
         """The candidate under its own version: a recommended candidate nobody merged yet holds the one
         this round took if it holds something else (its review branch and threads are under it)."""
@@ -773,13 +804,17 @@ class Round:
                 f"candidate v{version}: v{self.version} is held by a recommended candidate not merged yet "
                 "(its review branch and threads)"
             )
+        self._take(version)
+        return candidate.model_copy(update={"version": version})
+
+    def _take(self, version: str) -> None:
+        """The round's candidate numbered `version`: the round's id and the proposed document say it."""
         self.version = version
         self.round_id = f"{self.round_id.rsplit('-v', 1)[0]}-v{version}"
         if self.proposal is not None and isinstance(self.proposal.document, dict):
             self.proposal = dataclasses.replace(
                 self.proposal, document={**self.proposal.document, "version": version}
             )
-        return candidate.model_copy(update={"version": version})
 
     def replay(self) -> bool:
         """The candidate on train and held-out (one suite, so its runs overlap), then the sequential

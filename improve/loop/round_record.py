@@ -373,8 +373,9 @@ class RoundRecord(BaseModel):
     @property
     def nothing_new(self) -> bool:
         """A cluster came round again (every cluster tried along the line) with no candidate that passes
-        the gates: nothing-left-to-try, yet a candidate was asked for (`Round._nothing_new`). A loop of rounds
-        goes on from it as from a discarded candidate: the next one brings another cluster round."""
+        the gates, or the candidate is a version there is (`Round._already`): nothing-left-to-try, yet a
+        candidate was asked for (`Round._nothing_new`). A loop of rounds goes on from it as from a
+        discarded candidate: the next one brings another cluster round."""
         # The cluster that came round is named; a round that found no cluster left at all names none, and
         # a loop of rounds stops there (it went on, and said the same twice).
         # One that passed its last cluster over, finding no rule for it, found nothing left either: the
