@@ -638,6 +638,8 @@ def test_a_recorded_round_replays_offline_with_identical_scorecards(serve: Serve
     )
     pr = (replay_ws / replayed["report"] / "pr.md").read_text()
     assert "## Model" in pr and "`test-model`" in pr and "`fp_test`" in pr
+    # The fake server listens on this machine: its port, not recorded, is said to be left out.
+    assert "at http://127.0.0.1/v1 (a server on this machine; its port, which may change" in pr, pr
 
     # The key is in no file the two workspaces hold, recordings included.
     for root in (recorded_ws, replay_ws):

@@ -7,7 +7,7 @@ from improve.llm.cache import CACHE_DIR, CACHE_MODES, REDACTED, CacheMode, Respo
 from improve.llm.endpoint import MAX_ANSWER_BYTES, MAX_TOKENS, REFUSAL_WORDS, Endpoint, usage_dict
 from improve.llm.local import LOCAL_KEY_ENV, LOCAL_MODEL, LocalServer, local_server
 from improve.llm.meter import Meter
-from improve.llm.spec import API_KEY_ENV, BASE_URL_ENV, OPENAI_PREFIX, ModelSpec, Price, safe_url
+from improve.llm.spec import API_KEY_ENV, BASE_URL_ENV, OPENAI_PREFIX, ModelSpec, Price, local_url, safe_url
 
 __all__ = [
     "API_KEY_ENV",
@@ -34,6 +34,7 @@ __all__ = [
     "ResponseCache",
     "ask_key",
     "local_server",
+    "local_url",
     "request_key",
     "safe_url",
     "usage_dict",

@@ -101,8 +101,7 @@ class ModelSpec(BaseModel):
 
     def local(self) -> bool:
         """Whether the endpoint is on this machine (localhost, 127.x, ::1)."""
-        host = (urlsplit(self.endpoint() or "").hostname or "").lower()
-        return host in ("localhost", "::1") or host.startswith("127.")
+        return local_url(self.endpoint())
 
     def in_flight(self) -> int:
         """The concurrency cap in force: `concurrency`, else 1 for a local endpoint and 16 for others."""
@@ -139,6 +138,12 @@ class ModelSpec(BaseModel):
             "seed": self.seed,
             "maxOutputTokens": self.max_output_tokens,
         }
+
+
+def local_url(url: str | None) -> bool:
+    """Whether `url` is on this machine (localhost, 127.x, ::1)."""
+    host = (urlsplit(url or "").hostname or "").lower()
+    return host in ("localhost", "::1") or host.startswith("127.")
 
 
 def safe_url(url: str | None) -> str:

@@ -4,7 +4,10 @@ the lines `improve round` prints. The CHANGELOG entry is `changelog.entry_text`,
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 from improve.evals import scorecard_markdown
+from improve.llm import local_url
 from improve.log import ThreadId
 from improve.loop.round_record import PROPOSED, Impact, ModelInfo, RoundRecord
 
@@ -178,8 +181,15 @@ def model_markdown(info: ModelInfo) -> str:
             f"Stand-in model `{info.name}`: deterministic, seeded per scenario and run, no endpoint.{reused}"
         )
     fingerprints = ", ".join(f"`{f}`" for f in info.fingerprints) or "none reported"
+    # A server on this machine is recorded without its port (`ModelSpec.public`): said, so nobody reading
+    # the report takes the address for one to reach it at.
+    where = (
+        f"{info.endpoint} (a server on this machine; its port, which may change between starts, is not recorded)"
+        if local_url(info.endpoint) and urlsplit(info.endpoint).port is None
+        else info.endpoint
+    )
     text = (
-        f"`{info.name}`: {info.provider} model `{info.model}` at {info.endpoint}, temperature "
+        f"`{info.name}`: {info.provider} model `{info.model}` at {where}, temperature "
         f"{info.temperature}, seed {info.seed if info.seed is not None else 'not set'}; system fingerprint "
         f"{fingerprints}. {calls.calls} calls ({calls.recorded} from recordings, {calls.live} live, "
         f"{calls.failed} failed, {calls.retries} retries), {calls.input_tokens + calls.output_tokens:,} tokens, "
