@@ -541,6 +541,17 @@ def test_missing_field_at_run_time_names_the_expression() -> None:
     # A key misspelt: the map read has the key meant.
     with pytest.raises(EvaluationError, match=r"event\.amount absent \(did you mean 'amuont'\?\)"):
         transition(machine, initial(machine, {}), {"type": "GO", "amuont": 2})
+    # A field selected on a string: the string has no fields, whatever the key.
+    noted = _tiny(
+        {"a": {"on": {"GO": {"target": "b", "guard": "context.note.count > 0"}}}, "b": {"type": "final"}},
+        context={"note": "'refill please'"},
+    )
+    noted_machine = compile_machine(parse_machine(noted))
+    with pytest.raises(
+        EvaluationError,
+        match=r"context\.note\.count absent \(context\.note is a string, which has no fields\)",
+    ):
+        transition(noted_machine, initial(noted_machine, {}), {"type": "GO"})
 
 
 @pytest.mark.parametrize(

@@ -142,17 +142,20 @@ class Expr:
         shown = []
         for path in list(dict.fromkeys(self.paths))[:BOUND_SHOWN]:
             value: Any = scope.values
-            near: list[str] = []
-            for part in path:
+            why = ""
+            for depth, part in enumerate(path):
                 parent = value
                 value = value.get(part, _ABSENT) if isinstance(value, Mapping) else _ABSENT
                 if value is _ABSENT:
-                    # A key misspelt in the expression: the keys the map has say which was meant.
-                    keys = [k for k in parent if isinstance(k, str)] if isinstance(parent, Mapping) else []
-                    near = get_close_matches(part, keys, n=1)
+                    if isinstance(parent, Mapping):
+                        # A key misspelt in the expression: the keys the map has say which was meant.
+                        near = get_close_matches(part, [k for k in parent if isinstance(k, str)], n=1)
+                        why = f" (did you mean '{near[0]}'?)" if near else ""
+                    elif depth:  # a field selected on a value that has none
+                        why = f" ({'.'.join(path[:depth])} is a {_cel_type(parent)}, which has no fields)"
                     break
             if value is _ABSENT:
-                shown.append(f"{'.'.join(path)} absent" + (f" (did you mean '{near[0]}'?)" if near else ""))
+                shown.append(f"{'.'.join(path)} absent{why}")
             else:
                 text = json.dumps(value, default=str)
                 text = text if len(text) <= 40 else text[:37] + "..."
