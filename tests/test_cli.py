@@ -580,6 +580,17 @@ def test_a_scenario_file_read_twice_gives_two_documents_and_an_edit_is_read_anew
         parse_yaml("a:\n  - 1\n b: 2\n", path, ScenarioError)
 
 
+def test_a_scenario_file_of_another_environment_says_the_line_to_write(ws: Path) -> None:
+    path = ws / "scenarios" / "refunds.yaml"
+    path.write_text(path.read_text().replace("environment: refunds", "environment: refund_desk", 1))
+    result = runner.invoke(app, ["scenarios", "check", "-w", str(ws)])
+    assert result.exit_code == 1, result.output
+    assert (
+        "environment: 'refund_desk', but it is being used with the environment 'refunds'; fix the file's line "
+        "(`environment: refunds`), or pass --env refund_desk"
+    ) in " ".join(result.stderr.split())
+
+
 def test_a_scenario_whose_input_the_machine_cannot_start_with_is_named_by_check_and_by_run(ws: Path) -> None:
     """A key misspelt in a scenario's input (`customerid`): `scenarios check` names the file, line,
     scenario and key; a run that reaches it stops with exit 2 naming the scenario, not only the path."""

@@ -431,7 +431,7 @@ def _scenario_set(text: str, data: Any, path: Path, environment: str | None) -> 
     if environment is not None and result.environment != environment:
         raise ScenarioError(
             f"{path}:{_key_line(text, 'environment')}: environment: {result.environment!r}, but it is being "
-            f"used with the environment {environment!r}; fix the file's `environment:` line, or pass "
+            f"used with the environment {environment!r}; fix the file's line (`environment: {environment}`), or pass "
             f"--env {result.environment} (or name another file in improve.toml [environments.{environment}])"
         )
     result.source = str(path)
