@@ -342,7 +342,11 @@ def test_sessions_of_one_command_share_the_way_learned_and_say_it_once(
     assert [way_of(r["body"]) for r in server.requests] == learned + ["json_object"] * 2
     assert [session.mode for session in sessions] == ["json_object"] * 3
     remembered = [text for text in said if "the way this endpoint answered before" in text]
-    assert len(remembered) == 1 and len(said) == 3  # two ways learned, then the remembered way said once
+    # Two ways found refused, the way that answers, then the remembered way: each said once.
+    assert len(remembered) == 1 and len(said) == 4, said
+    assert said[2].endswith(
+        'the endpoint answers by json_object (ask = "json_object" in its [models.NAME] asks so from the first call)'
+    )
     assert all(remembered[0] in session.meter.notes for session in sessions[1:])
 
 

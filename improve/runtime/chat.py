@@ -447,13 +447,7 @@ class Ways:
         elif self.kind == "judge":
             session.meter.note(f"{session.name}: {why}; asking judgments by {following}")
         else:
-            # The workspace remembers the way once it answers; a model defined with it skips the search.
-            hint = (
-                f' (ask = "{following}" in its [models.NAME] asks so from the first call)'
-                if session.auto
-                else ""
-            )
-            session.meter.note(f"{session.name}: {why}; asking by {following}{hint}")
+            session.meter.note(f"{session.name}: {why}; asking by {following}")
         return following
 
     def heard(self, mode: str, generation: int, response: dict[str, Any]) -> None:
@@ -463,12 +457,20 @@ class Ways:
         if why is not None:
             self.fallback(mode, why, generation)
             return
-        memory = self.session.memory
+        session = self.session
         with self._lock:
-            if memory is None or self.now[1] != generation or self._kept == mode:
+            if self.now[1] != generation or self._kept == mode:
                 return
             self._kept = mode
-        memory.keep(self.session.key, self.kind, mode)
+        if session.auto and self.kind != "judge" and mode != self.ways[0]:
+            # Said once the way answers, not when it is only the next to try (it may be refused too). The
+            # workspace remembers it; a model defined with it skips the search.
+            session.meter.note(
+                f'{session.name}: the endpoint answers by {mode} (ask = "{mode}" in its [models.NAME] asks '
+                "so from the first call)"
+            )
+        if session.memory is not None:
+            session.memory.keep(session.key, self.kind, mode)
 
 
 @dataclass(frozen=True)
