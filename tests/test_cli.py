@@ -580,6 +580,13 @@ def test_a_scenario_file_read_twice_gives_two_documents_and_an_edit_is_read_anew
         parse_yaml("a:\n  - 1\n b: 2\n", path, ScenarioError)
 
 
+def test_a_scenario_file_with_no_scenario_to_run_is_a_problem(ws: Path) -> None:
+    path = ws / "scenarios" / "refunds.yaml"
+    path.write_text("environment: refunds\nscenarios: []\n")
+    result = runner.invoke(app, ["scenarios", "check", "-w", str(ws)])
+    assert result.exit_code == 1 and "no scenario in train or held-out" in result.stderr, result.output
+
+
 def test_a_scenario_file_of_another_environment_says_the_line_to_write(ws: Path) -> None:
     path = ws / "scenarios" / "refunds.yaml"
     path.write_text(path.read_text().replace("environment: refunds", "environment: refund_desk", 1))

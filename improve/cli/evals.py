@@ -281,6 +281,12 @@ def scenarios_check(
                     f"scenario '{s.id}' (line {lines.line(s.id) or '?'}): careful, the environment's reference, "
                     f"does not reach its label: {checked.unreached}"
                 )
+        if scenario_set is not None and not [s for s in scenario_set.scenarios if s.split != SEALED_SPLIT]:
+            # Nothing to run or score: every later command would report 0/0 runs and pass.
+            problems.append(
+                f"{source}: no scenario in train or held-out: a round needs labelled scenarios in both "
+                "(write them as docs/extending.md shows, or label a recorded run: `improve scenarios add --from-thread`)"
+            )
         if scenario_set is not None:
             for category, splits in sorted(categories.items()):
                 missing = sorted(set(OPEN_SPLITS) - splits)
