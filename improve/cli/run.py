@@ -95,6 +95,9 @@ def run_command(
     (the endpoint down, a timeout) leaves the decision to the policy's onError: the run exits 3 when
     the model never answered, or when more of its decisions than the objective's max_fallback_share
     fell back so, as the pass rate then measures the endpoint; the threads are kept either way.
+    Otherwise it exits 0 whatever the runs scored, violations (a sentinel reached) included: it
+    measures. A round is blocked by violations (exit 1), and `improve explore` proves whether a
+    sentinel can be reached at all.
 
     Example:
 
