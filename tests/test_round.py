@@ -2673,6 +2673,68 @@ def test_a_cluster_whose_every_rule_was_discarded_says_so(
 
 
 @pytest.mark.slow
+def test_a_rule_refused_for_its_interactions_is_tried_behind_the_branches_before_the_next_rule(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The interactions gate refuses a branch placed in front of another that answers otherwise where
+    both match, on a case no training decision shows, and says to place it after: the miner's repair
+    tries that rule behind the branches there first, then the next rule."""
+    from improve.loop.proposers import rules as rules_module
+    from improve.loop.proposers.rules import Placement, RuleMinerProposer
+    from improve.machine import parse_machine
+
+    asked: list[Any] = []
+    propose = RuleMinerProposer.propose
+    monkeypatch.setattr(
+        RuleMinerProposer, "propose", lambda self, request: asked.append(request) or propose(self, request)
+    )
+    run_round(scratch(tmp_path), RoundOptions(policy="v0", k=1))
+    request = asked[0]
+    # A policy with a branch of its own, which the safer-first placement (here: any ranks) puts the rule in
+    # front of; behind it (no ranks) the rule goes after it.
+    doc = insert_branch(
+        request.policy.model_dump(mode="json", by_alias=True, exclude_none=True),
+        "facts.customer.refundsLast90d >= 100",
+        {"type": "'ESCALATE'"},
+        0,
+        version=request.policy.version,
+        name="esc",
+        description="a branch of the policy's own",
+    )
+    request = dataclasses.replace(request, policy=parse_machine(doc))
+    real = rules_module.place
+    monkeypatch.setattr(
+        rules_module,
+        "place",
+        lambda rule, branches, examples, ranks: (
+            Placement(0, "in front") if ranks else real(rule, branches, examples, ranks)
+        ),
+    )
+    monkeypatch.setattr(rules_module, "in_place", lambda *args: True)
+    miner = RuleMinerProposer({}, {"REFUND": 1}, "shortest", {})
+    found = miner._rules(request)
+    assert found
+    first = miner.propose(request)
+
+    def guards(doc: dict[str, Any]) -> list[str]:
+        return [c["guard"] for c in doc["states"][doc["initial"]]["choice"] if c.get("guard")]
+
+    front = guards(first.document)
+    assert front == [found[0].guard, "facts.customer.refundsLast90d >= 100"], front
+    refused = GateResult("interactions", False, "branch 0 now answers before branch 1 ...")
+    behind = miner.repair(request, first, refused)
+    assert guards(behind.document) == ["facts.customer.refundsLast90d >= 100", found[0].guard]
+    assert "Tried again behind the branches there" in behind.rationale
+    # Refused there too: the next rule, not the same one a third time.
+    if len(found) > 1:
+        following = miner.repair(request, behind, refused)
+        assert (
+            found[1].guard in json.dumps(following.document)
+            and "Tried again behind" not in following.rationale
+        )
+
+
+@pytest.mark.slow
 def test_a_branch_discarded_against_a_policy_is_not_proposed_against_it_again(tmp_path: Path) -> None:
     from improve.loop.changelog import DiscardedBranch
 

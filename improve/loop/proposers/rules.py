@@ -1253,6 +1253,8 @@ class RuleMinerProposer:
         self._misses: dict[str, list[NearMiss]] = {}
         """Per request: the conditions set aside for not paying for themselves (what to say when none is left)."""
         self._tried: dict[str, int] = {}
+        self._behind: set[tuple[str, int]] = set()
+        """The (request, rule) pairs tried again behind the branches there, after the interactions gate."""
 
     def _key(self, request: ProposalRequest) -> str:
         return json.dumps(
@@ -1319,7 +1321,7 @@ class RuleMinerProposer:
             shared=_shared(request),
         )
 
-    def _proposal(self, request: ProposalRequest, index: int) -> Proposal:
+    def _proposal(self, request: ProposalRequest, index: int, behind: bool = False) -> Proposal:
         rules = self._rules(request)
         if index >= len(rules):
             refused = self._refused.get(self._key(request), [])
@@ -1343,7 +1345,7 @@ class RuleMinerProposer:
             raise ProposalError(_why_none(request, bool(rules), self._misses.get(self._key(request), [])))
         rule = rules[index]
         policy = request.policy
-        where = place(rule, route(policy), request.examples, self._ranks(request, rule))
+        where = place(rule, route(policy), request.examples, {} if behind else self._ranks(request, rule))
         document = insert_branch(
             policy.model_dump(mode="json", by_alias=True, exclude_none=True),
             rule.guard,
@@ -1385,6 +1387,11 @@ class RuleMinerProposer:
                 f"{again[0]['round']}), discarded for reaching too far, answers the training and held-out "
                 "decisions otherwise behind them."
             )
+        if behind:
+            rationale += (
+                " Tried again behind the branches there: in front of them, it answered where both match on "
+                "a case no training decision shows (the interactions gate), which they answer otherwise."
+            )
         if request.broader:
             first = request.broader[0]
             rationale += (
@@ -1403,8 +1410,19 @@ class RuleMinerProposer:
 
     def repair(self, request: ProposalRequest, previous: Proposal, failure: GateResult) -> Proposal:
         key = self._key(request)
-        self._rules(request)
-        self._tried[key] = self._tried.get(key, 0) + 1
+        rules = self._rules(request)
+        index = self._tried.get(key, 0)
+        if failure.name == "interactions" and index < len(rules) and (key, index) not in self._behind:
+            # Placed in front of a branch that answers otherwise where both match, on cases no training
+            # decision shows: the same rule behind the branches there leaves those cases to them, as the
+            # gate suggests, before another rule is tried.
+            self._behind.add((key, index))
+            rule, branches = rules[index], route(request.policy)
+            first = place(rule, branches, request.examples, self._ranks(request, rule)).position
+            last = place(rule, branches, request.examples, {}).position
+            if last != first and in_place(rule, last, branches, request.examples):
+                return self._proposal(request, index, behind=True)
+        self._tried[key] = index + 1
         return self._proposal(request, self._tried[key])
 
 
