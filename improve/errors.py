@@ -236,8 +236,9 @@ class RunError(ImproveError):
 
 
 class ActorCrash(RunError):
-    """A tool raised something other than `ActorFailure`: a bug of the tool, or a scenario's world it
-    cannot read (a number written as text). The suite names the scenario (`evals.suite`)."""
+    """A tool raised something other than `ActorFailure` (or a stand-in model raised): a bug of the
+    environment's code, or a scenario's world it cannot read (a number written as text). The suite names
+    the scenario (`evals.suite`)."""
 
 
 class NondeterministicHarness(RunError):

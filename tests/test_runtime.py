@@ -618,3 +618,29 @@ def test_a_replay_first_run_asks_the_model_only_where_its_path_departs() -> None
             seen.add("same" if picked != "AA" else "same answer by rule")
             assert decider.parted is None
     assert seen == {"parted", "same", "same answer by rule"}, seen
+
+
+def test_a_stand_in_that_raises_is_named_with_its_file_and_line_not_a_traceback() -> None:
+    """A stand-in model is the environment's own Python: `LIMITS[facts['memberType']]` on a misspelt
+    value raised a KeyError through every command as a traceback. It is a crash of the environment's
+    code, as a tool's is (exit 3, the scenario named by the suite); a model's own failure still goes to
+    the policy's onError."""
+    from improve.errors import ActorCrash, ModelCallError
+    from improve.runtime.models import StandInModel
+
+    limits = {"student": 5}
+
+    def handbook(request: DecisionRequest, rng: Any) -> dict[str, Any]:
+        return {"type": "PLACE"} if limits[request.facts["memberType"]] > 0 else {"type": "REFUSE"}
+
+    def down(request: DecisionRequest, rng: Any) -> dict[str, Any]:
+        raise ModelCallError("the model is down")
+
+    request = DecisionRequest("hold", [{"type": "PLACE"}], {"memberType": "stduent"}, ["PLACE"], {})
+    with pytest.raises(ActorCrash) as crashed:
+        StandInModel("careful", handbook, "s").answer(request)
+    said = str(crashed.value)
+    assert said.startswith("stand-in model 'careful' crashed on decision 'hold': KeyError: 'stduent' (")
+    assert f"{__file__}:" in said, said
+    with pytest.raises(ModelCallError):
+        StandInModel("careful", down, "s").answer(request)

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from improve.errors import ActorCrash, ImproveError, raised
 from improve.runtime.decision import DecisionRequest
 
 
@@ -71,7 +72,16 @@ class StandInModel:
         self._rng = random.Random(f"{name}:{seed}")
 
     def answer(self, request: DecisionRequest) -> ModelReply:
-        event = self._behaviour(request, self._rng)
+        try:
+            event = self._behaviour(request, self._rng)
+        except ImproveError:
+            raise  # a stand-in may fail as a model does (`ModelCallError`): the policy's onError
+        except Exception as err:
+            # The environment's own Python, as a tool is: its bug, or a scenario's value it cannot read
+            # (an enumerated value misspelt), said with the file and line, never as a traceback.
+            raise ActorCrash(
+                f"stand-in model '{self.name}' crashed on decision '{request.name}': {raised(err)}"
+            ) from err
         size = len(json.dumps(request.to_input(), separators=(",", ":"), default=str))
         input_tokens = SYSTEM_PROMPT_TOKENS + size // 4
         output_tokens = 12 + len(json.dumps(event or {})) // 4 + self._rng.randint(8, 40)
