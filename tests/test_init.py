@@ -98,15 +98,19 @@ def test_init_writes_a_workspace_whose_agent_passes_every_check_and_improves(tmp
     said = round_lines(
         read_round_record(ws / outcome["report"])
     )  # what `improve round` prints without --json
-    # The command it gives runs before anyone merges: the candidate is the report's file.
+    # The command it gives runs before anyone merges (the candidate is the report's file), and checks the
+    # same: the round's cases (count and seed), labelled by the same version's runs.
     hint = (
-        f"improve out-of-sample v0 {outcome['report']}/policy.json --env credit-desk --scenarios drafts.yaml"
+        f"improve out-of-sample v0 {outcome['report']}/policy.json --cases {checked['cases']} --seed "
+        f"{checked['seed']} -m careful --env credit-desk --scenarios drafts.yaml"
     )
     assert f"    to label some of them: {hint}" in said
     drafts = tmp_path / "drafts-unmerged.yaml"
-    args = [*hint.split()[1:-1], str(drafts), "-w", str(ws), "--cases", "40", "-m", "careful"]
+    args = [*hint.split()[1:-1], str(drafts), "-w", str(ws), "--json"]
     checked_again = CliRunner().invoke(app, args)
     assert checked_again.exit_code == 0 and drafts.exists(), checked_again.output
+    again = {a["policy"]: a["agreed"] for a in json.loads(checked_again.stdout)["agreements"]}
+    assert sorted(again.values()) == sorted([checked["baseline_agreed"], checked["candidate_agreed"]]), again
     assert outcome["environment"] == "credit-desk" and "credit-desk" in outcome["round_id"]
     held = outcome["scores"]["held-out"]
     assert held["after"] > held["before"] and held["violations_after"] == 0

@@ -376,7 +376,13 @@ def test_a_full_round_recommends_and_leaves_a_branch_without_a_token(
     shown = next(line for line in round_lines(result) if "out of sample: " in line)
     assert shown.startswith("  warning: ") == bool(checked.by_branch), shown
     assert f"- Out of sample: {checked.summary()}." in (report / "changelog-entry.md").read_text()
-    assert "## Out of sample" in body and "    improve out-of-sample v0 v1 --env refunds --scenarios" in body
+    assert (
+        "## Out of sample" in body
+        and (
+            f"    improve out-of-sample v0 v1 --cases 100 --seed {checked.seed} -m careful --env refunds --scenarios"
+        )
+        in body
+    )
     assert (
         "| held-out | v1 |" in body and "git push -u origin improve/refunds-v1" in result.pr.instructions  # type: ignore[union-attr, operator]
     )
@@ -399,7 +405,10 @@ def test_a_full_round_recommends_and_leaves_a_branch_without_a_token(
     assert html.count("<svg") == 3 and "<script" not in html
     assert "<h2>Production impact preview</h2>\n<p>No production threads" in html
     assert "<h2>Out of sample</h2>" in html and "<pre>improve out-of-sample v0 reports/" in html
-    assert f"{result.round_id}/policy.json --env refunds --scenarios drafts.yaml</pre>" in html
+    assert (
+        f"{result.round_id}/policy.json --cases 100 --seed {checked.seed} -m careful --env refunds --scenarios "
+        "drafts.yaml</pre>"
+    ) in html
     links = re.findall(r'href="(\./[^"]+)"', html)
     assert links and all((report / unquote(link)).resolve().is_file() for link in links)
     scored = json.loads((report / "scorecards.json").read_text())

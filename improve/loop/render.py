@@ -90,8 +90,16 @@ def out_of_sample_command(record: RoundRecord, unmerged: bool = False) -> str:
     review branch the candidate is its version; `unmerged` (the working tree the round left, its
     report): the candidate's file in the round's report, which is there before anyone merges."""
     candidate = f"{record.report}/{PROPOSED}" if unmerged and record.report else record.candidate_version
+    versions = [record.baseline_version, candidate]
+    check, same = record.out_of_sample, ""
+    if check is not None:
+        # The round's own check again: its cases (count and seed), labelled by the same version's runs
+        # (the first version given labels them), with careful.
+        if check.reference and check.reference != record.baseline_version:
+            versions.insert(0, check.reference)
+        same = f" --cases {check.cases} --seed {check.seed} -m careful"
     return (
-        f"improve out-of-sample {record.baseline_version} {candidate} --env "
+        f"improve out-of-sample {' '.join(str(v) for v in versions)}{same} --env "
         f"{record.environment} --scenarios drafts.yaml"
     )
 

@@ -992,6 +992,7 @@ class Round:
             candidate_agreed=found.candidate.agreed,
             by_branch=found.candidate.by_rule,
             examples=examples,
+            reference=root,
         )
 
     def record(self) -> RoundRecord:

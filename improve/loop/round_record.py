@@ -192,6 +192,9 @@ class OutOfSampleCheck(Part):
     """The candidate's disagreements where one of its branches answered (not the model)."""
     examples: list[str] = Field(default_factory=list)
     """A few of those: the case's input, its label and where the candidate ended it."""
+    reference: str | None = None
+    """The version whose careful runs labelled the cases the generator left unlabelled (the line's
+    first): what `improve out-of-sample` takes first to check the same (None in older records)."""
 
     def summary(self) -> str:
         return (
