@@ -180,7 +180,8 @@ class TamperError(DivergenceError):
 
     It is a `DivergenceError`, so whatever treats a diverged thread as failing verification (`improve
     replay --verify` exits 1) treats a tampered one the same way. `index` is the first bad entry's
-    position in the thread, `kind` one of `changed`, `missing`, `inserted`, `reordered`.
+    position in the thread, `kind` one of `changed`, `missing`, `inserted`, `reordered`, `renamed` (the
+    thread unedited, read under another id than it was recorded under).
     """
 
     def __init__(self, message: str, *, thread_id: str | None, index: int, kind: str) -> None:

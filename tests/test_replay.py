@@ -564,8 +564,18 @@ def test_a_thread_renamed_into_another_is_caught_at_entry_0(
 ) -> None:
     """A passing run copied in as another run of the scenario (or into held-out) does not verify."""
     other = "held-out:v0:naive:partial-refund-01:r2"
-    with pytest.raises(TamperError, match="recorded under another id") as info:
+    # Its lines say which run it was, and it chains to that id: said, with the name to give it back.
+    with pytest.raises(
+        TamperError, match="renamed: it was recorded as thread 'train:v0:naive:partial-refund-01:r1'"
+    ) as info:
         replay(REFUNDS.machine, _entries(recorded_lines), verify=True, thread_id=other)
+    assert (info.value.index, info.value.kind) == (0, "renamed")
+    assert "name its file train:v0:naive:partial-refund-01:r1.jsonl again" in str(info.value)
+    # Edited as well: its content changed (or it was recorded under yet another id).
+    edited = [dict(line) for line in recorded_lines]
+    edited[0] = {**edited[0], "metadata": {**edited[0]["metadata"], "run": 7}}
+    with pytest.raises(TamperError, match="recorded under another id") as info:
+        replay(REFUNDS.machine, _entries(edited), verify=True, thread_id=other)
     assert (info.value.index, info.value.kind) == (0, "changed")
     ws = copy_workspace(tmp_path)
     (ws / "traces").mkdir()

@@ -40,7 +40,15 @@ import msgspec
 
 from improve.errors import LogError, TamperError
 from improve.log.bulk import BulkEntry, EntryView, bulk_content, content_struct
-from improve.log.entry import END_EVENT, RESUME_KEY, SCHEMA_VERSION, LogEntry, Verification, line_tail
+from improve.log.entry import (
+    END_EVENT,
+    RESUME_KEY,
+    SCHEMA_VERSION,
+    LogEntry,
+    Verification,
+    line_tail,
+    model_slug,
+)
 from improve.machine import canonical_bytes, decoded_canonical_bytes, plain_json, sorted_text
 from improve.native import digest
 
@@ -289,6 +297,22 @@ def _chains_after(entry: EntryView, content: bytes, previous: str) -> bool:
     return found is not None and _link(previous, content) == found
 
 
+def _recorded_ids(entry: EntryView) -> list[str]:
+    """The ids entry 0 says its thread was recorded under: its line's `threadId`, and the run's id its
+    metadata makes (`split:vN:model:scenario:rK`, as `ThreadId` writes it). Candidates only: the chain
+    tells which, if any, is the one."""
+    found: list[str] = [entry.threadId] if entry.threadId else []
+    meta = entry.metadata or {}
+    policy, models = meta.get("policy"), meta.get("models")
+    if isinstance(policy, dict) and isinstance(models, dict) and isinstance(models.get("decider"), str):
+        parts = [meta.get("split"), meta.get("scenario"), meta.get("run"), policy.get("version")]
+        if all(isinstance(part, (str, int)) for part in parts):
+            model = model_slug(models["decider"])
+            for version in (f"v{policy['version']}", str(policy["version"])):
+                found.append(f"{meta['split']}:{version}:{model}:{meta['scenario']}:r{meta['run']}")
+    return found
+
+
 def _diagnose(entries: Sequence[EntryView], p: int, thread_id: str) -> TamperError:
     """Why entry `p` breaks the chain (all entries before it check). The hash cannot say what changed,
     only that something did; which kind of change it was is read off where the entry does chain."""
@@ -301,6 +325,18 @@ def _diagnose(entries: Sequence[EntryView], p: int, thread_id: str) -> TamperErr
     expected = thread_id if p == 0 else entries[p - 1].verification.entryHash  # type: ignore[union-attr]
     assert expected is not None
     content = content_bytes(entry)
+    for recorded_as in _recorded_ids(entry) if p == 0 else []:
+        if recorded_as != thread_id and _chains_after(entry, content, recorded_as):
+            # Unedited, under another name (a file copied as `thread.jsonl` for a bug report): what it
+            # says of itself names the id it was recorded under, and it chains to that one.
+            return TamperError(
+                f"{where}: renamed: it was recorded as thread {recorded_as!r} (entry 0 chains to that id), "
+                f"not {thread_id!r}; a thread is chained to its id, so it cannot be read under another: "
+                f"name its file {recorded_as}.jsonl again",
+                thread_id=thread_id,
+                index=p,
+                kind="renamed",
+            )
     # Where was it written? After the thread's start, or after some other entry of the thread.
     after: int | None = None
     if p > 0 and _chains_after(entry, content, thread_id):
