@@ -462,6 +462,10 @@ def test_vocabulary_names_the_payload_values_a_machine_offers() -> None:
     ("args", "message"),
     [
         (["run", "--env", "nope"], "unknown environment 'nope'"),
+        (
+            ["run", "--env", "refund_approval"],
+            "unknown environment 'refund_approval' (did you mean 'refund-approval'?)",
+        ),
         (["run", "--policy", "v9"], "policy 'v9' not found"),
         (["verify", "v9"], "v9.json; versions here: ['v0']"),
         (["run", "--model", "gpt-9"], "has no model 'gpt-9'"),

@@ -182,7 +182,10 @@ def test_an_unknown_format_lists_the_registered_ones(csv_workspace: Path) -> Non
     events = write_lines(csv_workspace / "events.csv", ["a,start,2026-01-04T15:23:08Z"])
     result = CliRunner().invoke(app, ["ingest", "-w", str(csv_workspace), "--format", "csv", str(events)])
     assert result.exit_code == 2, result.output
-    assert "unknown importer 'csv'; registered: csv-ish, native, normalize, opencli" in result.stderr
+    assert (
+        "unknown importer 'csv' (did you mean 'csv-ish'?); registered: csv-ish, native, normalize, opencli"
+        in result.stderr
+    )
     assert "[importers.csv]" in result.stderr  # and how to add one
 
 
