@@ -457,8 +457,11 @@ class Workspace:
         spec = ModelSpec.from_name(name)
         if spec is None:
             defined_names = ", ".join(sorted(self.config.models)) or "none"
+            near = get_close_matches(name, [*env.models, *self.config.models], n=1)
             raise WorkspaceError(
-                f"environment {env.name} has no model {name!r}: its stand-ins are "
+                f"environment {env.name} has no model {name!r}"
+                + (f" (did you mean {near[0]!r}?)" if near else "")
+                + ": its stand-ins are "
                 f"{', '.join(sorted(env.models))}; models in improve.toml: {defined_names}; or name a "
                 "model behind an endpoint as openai:MODEL"
             )
