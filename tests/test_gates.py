@@ -334,6 +334,14 @@ def test_verify_cli_exit_codes_and_json(tmp_path: Path) -> None:
     (tmp_path / "policies" / "refunds" / "v9.json").write_text('{"id": "x",\n "version": }')
     bad = runner.invoke(app, ["verify", "v9", "-w", str(tmp_path)])
     assert bad.exit_code == 1 and "v9.json:2:13: invalid JSON" in bad.stdout
+    # A trailing comma is found by the decoder at the brace after it, a line later: named where it is.
+    (tmp_path / "policies" / "refunds" / "v9.json").write_text('{"id": "x",\n "version": "9",\n}')
+    bad = runner.invoke(app, ["verify", "v9", "-w", str(tmp_path)])
+    assert bad.exit_code == 1, bad.output
+    assert (
+        "v9.json:2:16: invalid JSON: a trailing comma before the '}' on line 3 (JSON allows none)"
+        in bad.stdout
+    )
     # A recorded lock makes the first gate bite when the environment changes.
     assert runner.invoke(app, ["lock", "-w", str(tmp_path)]).exit_code == 0
     lock = tmp_path / "policies" / "refunds" / "environment.lock.json"

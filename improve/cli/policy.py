@@ -44,7 +44,7 @@ def recorded_hashes(space: Workspace, env_name: str) -> dict[str, str] | None:
 
 def _policy_document(space: Workspace, env_name: str, ref: str) -> tuple[Any, str]:
     from improve.loop import Unparsed
-    from improve.machine import loads_document
+    from improve.machine import json_syntax_error, loads_document
     from improve.runtime import read_document_text
 
     path = space.policy_path(env_name, ref)
@@ -59,7 +59,7 @@ def _policy_document(space: Workspace, env_name: str, ref: str) -> tuple[Any, st
             space.check_policy_name(env_name, path, document["version"])
         return document, str(path)
     except json.JSONDecodeError as error:
-        return Unparsed(f"{path}:{error.lineno}:{error.colno}: invalid JSON: {error.msg}"), str(path)
+        return Unparsed(json_syntax_error(str(path), error)), str(path)
     except MachineConfigError as error:
         return Unparsed(str(error)), str(path)
 

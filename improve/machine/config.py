@@ -315,6 +315,24 @@ def loads_document(text: str, source: str = "<machine>", limit: int = MAX_DEPTH)
     return data
 
 
+def json_syntax_error(source: str, error: json.JSONDecodeError) -> str:
+    """`FILE:LINE:COL: invalid JSON: ...` for a syntax error. A trailing comma, which the decoder finds
+    only at the `}` or `]` after it (often a line later, as a complaint about what follows), is named
+    where it is."""
+    text, pos = error.doc, error.pos
+    before = pos - 1
+    while before >= 0 and text[before] in " \t\r\n":
+        before -= 1
+    if before >= 0 and text[before] == "," and text[pos : pos + 1] in ("}", "]"):
+        line = text.count("\n", 0, before) + 1
+        column = before - (text.rfind("\n", 0, before) + 1) + 1
+        return (
+            f"{source}:{line}:{column}: invalid JSON: a trailing comma before the {text[pos]!r} on line "
+            f"{error.lineno} (JSON allows none): remove it"
+        )
+    return f"{source}:{error.lineno}:{error.colno}: invalid JSON: {error.msg}"
+
+
 def parse_machine(data: Any, source: str = "<machine>", text: str | None = None) -> MachineConfig:
     """Validate a decoded JSON document as a machine config, with the JSON path of every error (and its
     line, given the `text` the document was decoded from).

@@ -35,6 +35,7 @@ from improve.machine import (
     expressions,
     initial,
     json_lines,
+    json_syntax_error,
     line_of,
     loads_document,
     parse_json_path,
@@ -85,7 +86,7 @@ def load_json_text(path: Path, what: str = "JSON document") -> tuple[str, Any]:
     try:
         return text, loads_document(text, source=str(path))
     except json.JSONDecodeError as err:
-        raise WorkspaceError(f"{path}:{err.lineno}:{err.colno}: invalid JSON: {err.msg}") from None
+        raise WorkspaceError(json_syntax_error(str(path), err)) from None
 
 
 def load_policy(path: Path) -> MachineConfig:
