@@ -851,6 +851,21 @@ def test_a_value_of_the_wrong_type_in_improve_toml_names_its_line(ws: Path) -> N
     assert f"{toml.resolve()}:{k}: $.objective.k: Input should be a valid integer" in said, said
     assert f"{toml.resolve()}:{many}: $.models.smol.concurrency:" in said, said
     assert "Traceback" not in result.output
+    # A table or key misspelt: its line, and the name meant.
+    toml.write_text(
+        text.replace("[objective]", "[objectve]", 1) + '\n[enviroments.refunds]\nscenarios = "s.yaml"\n'
+    )
+    lines = toml.read_text().splitlines()
+    said = " ".join(runner.invoke(app, ["run", "-w", str(ws)]).stderr.split())
+    at = lines.index("[enviroments.refunds]") + 1
+    assert (
+        f"{toml.resolve()}:{at}: $.enviroments: Extra inputs are not permitted (did you mean 'environments'?)"
+        in said
+    ), said
+    assert "$.objectve: Extra inputs are not permitted (did you mean 'objective'?)" in said, said
+    toml.write_text(text.replace("k = ", "min_gian = 0.1\nk = ", 1))
+    said = " ".join(runner.invoke(app, ["run", "-w", str(ws)]).stderr.split())
+    assert "$.objective.min_gian: Extra inputs are not permitted (did you mean 'min_gain'?)" in said, said
 
 
 def seal(

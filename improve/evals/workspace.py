@@ -50,7 +50,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from difflib import get_close_matches
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -270,6 +270,28 @@ class WorkspaceConfig(_Section):
     otlp: OtlpSection = Field(default_factory=OtlpSection)
 
 
+def _meant(loc: tuple[int | str, ...]) -> str:
+    """` (did you mean 'environments'?)` for a key improve.toml does not take at `loc`, when one it takes
+    there is close; the tables and keys found by walking the config's models."""
+    model: Any = WorkspaceConfig
+    for part in loc[:-1]:
+        field = (
+            model.model_fields.get(str(part))
+            if isinstance(model, type) and issubclass(model, BaseModel)
+            else None
+        )
+        if field is not None:
+            model = field.annotation
+        elif get_origin(model) is dict:
+            model = get_args(model)[1]  # a name of the user's ([environments.NAME]): its section
+        else:
+            return ""
+    if not (isinstance(model, type) and issubclass(model, BaseModel)):
+        return ""
+    near = get_close_matches(str(loc[-1]), list(model.model_fields), n=1)
+    return f" (did you mean {near[0]!r}?)" if near else ""
+
+
 def _toml_line(text: str, loc: tuple[int | str, ...]) -> int | None:
     """The 1-based line of improve.toml that a validation problem at `loc` (`("objective", "k")`) is
     about: the key's line in its table, else the table's header; None when neither is found (a key the
@@ -281,7 +303,9 @@ def _toml_line(text: str, loc: tuple[int | str, ...]) -> int | None:
         line = raw.split("#", 1)[0].strip()
         if line.startswith("["):
             table = tuple(part.strip().strip("\"'") for part in line.strip("[]").split("."))
-            if header is None and table and names[: len(table)] == table:
+            # The table itself, one it is in, or, for a table the config does not know
+            # (`[enviroments.refunds]`), the first table under that name.
+            if header is None and table and (names[: len(table)] == table or table[: len(names)] == names):
                 header = number
             continue
         if "=" in line:
@@ -331,7 +355,8 @@ class Workspace:
             for problem in err.errors():  # as `format_validation_error` says each, with its line
                 where = "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in problem["loc"])
                 line = _toml_line(text, problem["loc"])
-                said.append(f"{path}{f':{line}' if line else ''}: {where}: {problem['msg']}")
+                meant = _meant(problem["loc"]) if problem["type"] == "extra_forbidden" else ""
+                said.append(f"{path}{f':{line}' if line else ''}: {where}: {problem['msg']}{meant}")
             raise WorkspaceError("\n".join(said)) from None
         return cls(path.parent.resolve(), config)
 
