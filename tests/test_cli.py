@@ -468,6 +468,7 @@ def test_vocabulary_names_the_payload_values_a_machine_offers() -> None:
         ),
         (["run", "--policy", "v9"], "policy 'v9' not found"),
         (["verify", "v9"], "v9.json; versions here: ['v0']"),
+        (["round", "--policy", "V3"], "V3.json; versions here: ['v0']"),
         (["run", "--model", "gpt-9"], "has no model 'gpt-9'"),
         (["run", "--model", "carefull"], "has no model 'carefull' (did you mean 'careful'?)"),
         (["run", "--split", "dev"], "unknown split 'dev'"),

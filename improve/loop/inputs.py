@@ -118,7 +118,7 @@ def locate(space: Workspace, env: str | None, policy: str) -> Inputs:
         )
     policy_path = space.policy_path(env_name, policy)
     if not policy_path.is_file():
-        missing.append(f"the policy: {policy_path} does not exist")
+        missing.append(f"the policy: {space.policy_not_found(env_name, policy, policy_path)}")
     if missing:
         raise WorkspaceError("a round cannot start; missing:\n" + "\n".join(f"- {m}" for m in missing))
     config = space.load_policy(env_name, policy)

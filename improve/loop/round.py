@@ -154,7 +154,8 @@ def run_rounds(
     # The rounds diagnose the same baseline: a counterfactual run one of them ran is not run again.
     counterfactuals = opts.counterfactuals if opts.counterfactuals is not None else Counterfactuals()
     for number in range(1, rounds + 1):
-        say(f"round {number}/{rounds} against {opts.policy}")
+        if rounds > 1:  # one round is the command itself: its first lines say what it does
+            say(f"round {number}/{rounds} against {opts.policy}")
         record = run_round(
             space,
             dataclasses.replace(opts, skip=list(skip), counterfactuals=counterfactuals),
