@@ -153,7 +153,11 @@ def _print_tables(cards: list[Scorecard], comparisons: list[Comparison], seed: i
 scenarios_app = typer.Typer(
     cls=Group,
     rich_markup_mode=None,
-    help="Scenario files: validate them, add a labelled one from a thread.",
+    help=(
+        "Scenario files: validate them, add a labelled one from a thread.\n\nExample:\n\n"
+        "    improve scenarios check --env refunds\n"
+        "    improve scenarios add --from-thread THREAD --expect STATE --split held-out"
+    ),
     no_args_is_help=True,
     add_completion=False,
 )

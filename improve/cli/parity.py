@@ -39,7 +39,10 @@ app = typer.Typer(
     name="parity",
     cls=Group,
     rich_markup_mode=None,
-    help="Compare two policies, or an old agent loop with the machine replacing it, scenario by scenario.",
+    help=(
+        "Compare two policies, or an old agent loop with the machine replacing it, scenario by "
+        "scenario.\n\nExample:\n\n    parity compare v3 v4 --model careful --model sloppy"
+    ),
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,

@@ -16,7 +16,10 @@ if TYPE_CHECKING:
 tape_app = typer.Typer(
     cls=Group,
     rich_markup_mode=None,
-    help="opencli session tapes: replay them through the tool-loop machine and its guards.",
+    help=(
+        "opencli session tapes: replay them through the tool-loop machine and its guards.\n\nExample:\n\n"
+        "    improve tape replay ~/opencli/tapes/ --json"
+    ),
     no_args_is_help=True,
     add_completion=False,
 )
