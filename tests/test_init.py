@@ -67,6 +67,9 @@ def test_init_writes_a_workspace_whose_agent_passes_every_check_and_improves(tmp
     assert "parity compare" in json.dumps(jobs["parity"]) and "improve round" in json.dumps(jobs["round"])
     assert {"pull_request", "schedule"} <= set(workflow[True])  # YAML 1.1 reads the key `on` as true
 
+    # The steps it says to take next, each of them passing on the desk as written.
+    steps = json.loads(made.stdout)["next"]
+    assert steps[1:5] == ["improve scenarios check", "improve verify v0", "improve explore", "improve rules"]
     for command in (["scenarios", "check"], ["verify", "v0"], ["explore"], ["rules"]):
         code, output = improve(ws, *command)
         assert code == 0, (command, output)

@@ -67,6 +67,7 @@ def init_command(
             "improve scenarios check",
             "improve verify v0",
             "improve explore" if source is None else None,
+            "improve rules" if source is None else None,  # the template's rule evals, as README's sequence
             "improve run --model careful",
             "improve round --policy v0   # in a git repository: git init && git add -A && git commit",
         ]
