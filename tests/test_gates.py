@@ -924,6 +924,15 @@ def test_a_fact_compared_with_a_literal_of_another_kind_is_refused() -> None:
         "CEL holds no bool equal to a number, so the condition never holds as meant; compare it with a bool"
     )
     assert "'facts.customer.seats' is an int fact, compared with '3' (a text)" in problems[1]
+    # An enumerated fact is compared with literals of its values' kind: numbers for `days` of 7, 14, 28.
+    from improve.loop.gates.vocabulary import _enum_takes
+
+    assert [_enum_takes(v) for v in (["free", "pro"], [7, 14, 28], [1, "a"], [])] == [
+        "text",
+        "number",
+        None,
+        None,
+    ]
 
 
 def test_an_answer_with_a_payload_value_no_decision_offers_is_refused() -> None:

@@ -198,15 +198,25 @@ _AGAINST = (
     re.compile(rf"{_FACT}\s*{_OPERATOR}\s*{_LITERAL}(?![\w.])"),
     re.compile(rf"(?<![\w.]){_LITERAL}\s*{_OPERATOR}\s*{_FACT}"),
 )
-# The literals each kind of fact is compared with; an enumerated fact's are text (`_values` checks which).
-_TAKES = {
-    "bool": "bool",
-    "number": "number",
-    "int": "number",
-    "text": "text",
-    "string": "text",
-    "enum": "text",
-}
+# The literals each kind of fact is compared with; an enumerated fact's are those of its values
+# (`_enum_takes`; `_values` checks which text).
+_TAKES = {"bool": "bool", "number": "number", "int": "number", "text": "text", "string": "text"}
+
+
+def _enum_takes(values: list[Any]) -> str | None:
+    """The kind of literal an enumerated fact is compared with: its values' one kind (text, or numbers:
+    `days` of 7, 14, 28), or None for values of mixed kinds."""
+    kinds = {
+        "bool"
+        if isinstance(v, bool)
+        else "number"
+        if isinstance(v, int | float)
+        else "text"
+        if isinstance(v, str)
+        else "other"
+        for v in values
+    }
+    return next(iter(kinds)) if len(kinds) == 1 and "other" not in kinds else None
 
 
 def _literal_kind(literal: str) -> str:
@@ -226,7 +236,11 @@ def _kinds(config: MachineConfig, vocab: Vocabulary) -> list[str]:
             for m in pattern.finditer(expr.source):
                 fact, literal = (m[1], m[3]) if "facts." in m[1] else (m[3], m[1])
                 path = fact.removeprefix("input.")
-                takes = _TAKES.get(kinds.get(path, ""))
+                takes = (
+                    _enum_takes(vocab.fact_values.get(path, []))
+                    if kinds.get(path) == "enum"
+                    else _TAKES.get(kinds.get(path, ""))
+                )
                 kind = _literal_kind(literal)
                 if takes is not None and kind not in (takes, "null"):  # null: a fact left out
                     problems.append(
