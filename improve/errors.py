@@ -59,6 +59,8 @@ from __future__ import annotations
 
 import os
 import traceback
+from collections.abc import Iterable
+from difflib import get_close_matches
 
 
 class ImproveError(Exception):
@@ -385,3 +387,10 @@ def raised(error: BaseException, within: os.PathLike[str] | None = None) -> str:
     if isinstance(error, SyntaxError) and error.filename:
         return f"{type(error).__name__}: {error.msg} ({error.filename}:{error.lineno})"
     return f"{type(error).__name__}: {error}{at}"
+
+
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """` (did you mean 'refunds'?)` when one of `known` is close to `name` (a typo), else empty: for a
+    message about a name that is not there."""
+    near = get_close_matches(name, list(known), n=1)
+    return f" (did you mean {near[0]!r}?)" if near else ""

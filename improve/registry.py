@@ -19,7 +19,6 @@ Nothing is imported until it is asked for, so listing names costs no import.
 
 from __future__ import annotations
 
-import difflib
 import functools
 import importlib
 import re
@@ -30,7 +29,7 @@ from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 from typing import Generic, TypeVar
 
-from improve.errors import ConfigError, ImproveError, WorkspaceError, raised
+from improve.errors import ConfigError, ImproveError, WorkspaceError, did_you_mean, raised
 
 T = TypeVar("T")
 
@@ -118,10 +117,8 @@ class Registry(Generic[T]):
         if source is None:
             known = ", ".join(sorted(sources)) or "none"
             # A typo of one registered (`hold_desk` for `hold-desk`) is said before how to add another.
-            near = difflib.get_close_matches(name, list(sources), n=1)
-            meant = f" (did you mean {near[0]!r}?)" if near else ""
             raise WorkspaceError(
-                f"unknown {self.noun} {name!r}{meant}; registered: {known}. Add it to improve.toml as "
+                f"unknown {self.noun} {name!r}{did_you_mean(name, sources)}; registered: {known}. Add it to improve.toml as "
                 f'[{self.kind}.{name}] module = "package.module:attribute", or install a package '
                 f"with an {self.group!r} entry point"
             )

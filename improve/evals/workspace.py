@@ -48,13 +48,12 @@ import os
 import tomllib
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from difflib import get_close_matches
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from improve.errors import ScenarioError, WorkspaceError
+from improve.errors import ScenarioError, WorkspaceError, did_you_mean
 from improve.evals.cluster import LOCAL, ExecutorChoice, parse_executor
 from improve.evals.scenarios import ScenarioLines, ScenarioSet, load_scenarios, people_problems
 from improve.files import locked
@@ -80,11 +79,9 @@ def label_problem(outcome: str, finals: set[str], sentinels: set[str], env: str)
     could never pass)."""
     if outcome not in finals:
         labels = sorted(finals - sentinels)
-        near = get_close_matches(outcome, labels, n=1)
         return (
-            f"expected.outcome '{outcome}' is not a final state of {env}"
-            + (f" (did you mean '{near[0]}'?)" if near else "")
-            + f"; the outcomes a scenario can expect are {labels}"
+            f"expected.outcome '{outcome}' is not a final state of {env}{did_you_mean(outcome, labels)}"
+            f"; the outcomes a scenario can expect are {labels}"
             + (f" (and the sentinel {sorted(sentinels)}, which a run must never reach)" if sentinels else "")
         )
     if outcome in sentinels:
@@ -288,8 +285,7 @@ def _meant(loc: tuple[int | str, ...]) -> str:
             return ""
     if not (isinstance(model, type) and issubclass(model, BaseModel)):
         return ""
-    near = get_close_matches(str(loc[-1]), list(model.model_fields), n=1)
-    return f" (did you mean {near[0]!r}?)" if near else ""
+    return did_you_mean(str(loc[-1]), model.model_fields)
 
 
 def _toml_line(text: str, loc: tuple[int | str, ...]) -> int | None:
@@ -482,10 +478,8 @@ class Workspace:
         spec = ModelSpec.from_name(name)
         if spec is None:
             defined_names = ", ".join(sorted(self.config.models)) or "none"
-            near = get_close_matches(name, [*env.models, *self.config.models], n=1)
             raise WorkspaceError(
-                f"environment {env.name} has no model {name!r}"
-                + (f" (did you mean {near[0]!r}?)" if near else "")
+                f"environment {env.name} has no model {name!r}{did_you_mean(name, [*env.models, *self.config.models])}"
                 + ": its stand-ins are "
                 f"{', '.join(sorted(env.models))}; models in improve.toml: {defined_names}; or name a "
                 "model behind an endpoint as openai:MODEL"

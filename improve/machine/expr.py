@@ -16,10 +16,9 @@ import json
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from difflib import get_close_matches
 from typing import Any
 
-from improve.errors import EvaluationError, ExpressionError, FastCelError, FastCelFallback
+from improve.errors import EvaluationError, ExpressionError, FastCelError, FastCelFallback, did_you_mean
 from improve.machine import cel_library, celfix
 from improve.machine.fastcel import compile_fast
 
@@ -149,8 +148,7 @@ class Expr:
                 if value is _ABSENT:
                     if isinstance(parent, Mapping):
                         # A key misspelt in the expression: the keys the map has say which was meant.
-                        near = get_close_matches(part, [k for k in parent if isinstance(k, str)], n=1)
-                        why = f" (did you mean '{near[0]}'?)" if near else ""
+                        why = did_you_mean(part, [k for k in parent if isinstance(k, str)])
                     elif depth:  # a field selected on a value that has none
                         why = f" ({'.'.join(path[:depth])} is a {_cel_type(parent)}, which has no fields)"
                     break

@@ -8,10 +8,9 @@ the states whose rules it covers, so coverage is visible: a guarded state no eva
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from difflib import get_close_matches
 from typing import Any
 
-from improve.errors import ImproveError
+from improve.errors import ImproveError, did_you_mean
 from improve.machine.interpreter import Machine, can, initial, transition
 from improve.machine.walk import edges
 
@@ -50,11 +49,10 @@ def run_rule_eval(machine: Machine, rule: RuleEval) -> RuleResult:
     states = machine.config.states
     for name in (rule.state, *rule.covers):
         if name is not None and name not in states:
-            near = get_close_matches(name, list(states), n=1)
             return result(
                 False,
                 f"names state '{name}', which is no state of the machine"
-                + (f" (did you mean '{near[0]}'?)" if near else f"; its states: {', '.join(states)}"),
+                + (did_you_mean(name, states) or f"; its states: {', '.join(states)}"),
             )
     try:
         snapshot = initial(machine, rule.input)
