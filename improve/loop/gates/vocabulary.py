@@ -206,17 +206,12 @@ _TAKES = {"bool": "bool", "number": "number", "int": "number", "text": "text", "
 def _enum_takes(values: list[Any]) -> str | None:
     """The kind of literal an enumerated fact is compared with: its values' one kind (text, or numbers:
     `days` of 7, 14, 28), or None for values of mixed kinds."""
-    kinds = {
-        "bool"
-        if isinstance(v, bool)
-        else "number"
-        if isinstance(v, int | float)
-        else "text"
-        if isinstance(v, str)
-        else "other"
-        for v in values
-    }
+    kinds = {_VALUE_KINDS.get(type(v), "other") for v in values}
     return next(iter(kinds)) if len(kinds) == 1 and "other" not in kinds else None
+
+
+_VALUE_KINDS = {bool: "bool", int: "number", float: "number", str: "text"}
+"""A declared value's kind, by its exact JSON type (`True` is no number to CEL)."""
 
 
 def _literal_kind(literal: str) -> str:
