@@ -56,7 +56,10 @@ def test_the_documented_proposer_gate_and_importer_work_as_written(tmp_path: Pat
     assert rounds.exit_code in (0, 1), rounds.output
     (outcome,) = json.loads(rounds.stdout)["rounds"]
     assert outcome["proposer"] == "repeat-claims" and outcome["candidate_version"] == "v1"
-    assert [g["ok"] for g in outcome["gates"]] == [True] * (len(GATE_NAMES) + 1)
+    # The eight, the workspace's own, then the check on generated cases `improve init` turns on.
+    assert [(g["name"], g["ok"]) for g in outcome["gates"]] == [
+        (name, True) for name in (*GATE_NAMES, "no-blind-credits", "out-of-sample")
+    ]
     # The repeat claimants it escalates are fixed on both splits.
     assert outcome["scores"]["train"]["after"] > outcome["scores"]["train"]["before"]
 

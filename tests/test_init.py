@@ -92,28 +92,22 @@ def test_init_writes_a_workspace_whose_agent_passes_every_check_and_improves(tmp
     assert result.output.count("git remote add origin") == 1  # how to publish it, said once: in the summary
     (outcome,) = json.loads(result.stdout)["rounds"]
     assert outcome["status"] == "recommended" and outcome["candidate_version"] == "v1"
-    # Before anyone merges, the round's own check on generated tickets shows the branch reaching too far.
+    # No labelled ticket had a repeat claimant asking above the fee, so the first candidate's branch
+    # credited them, where careful escalates: the round's check on generated tickets refused it with
+    # those tickets, and the repair's rule keeps out of them.
+    said = result.stderr
+    assert "gates: out-of-sample failed: " in said and "labelled escalated, ended credited" in said, said
+    (branch_added,) = outcome["branches"]
+    assert "facts.account.creditsThisYear <= 2" in branch_added["guard"], branch_added
     checked = outcome["out_of_sample"]
-    assert checked["candidate_agreed"] < checked["baseline_agreed"] == checked["cases"], checked
+    assert checked["candidate_agreed"] == checked["baseline_agreed"] == checked["cases"] == 100, checked
     from improve.loop.render import round_lines
     from improve.loop.round_record import read_round_record
 
-    said = round_lines(
-        read_round_record(ws / outcome["report"])
-    )  # what `improve round` prints without --json
-    # The command it gives runs before anyone merges (the candidate is the report's file), and checks the
-    # same: the round's cases (count and seed), labelled by the same version's runs.
-    hint = (
-        f"improve out-of-sample v0 {outcome['report']}/policy.json --cases {checked['cases']} --seed "
-        f"{checked['seed']} -m careful --env credit-desk --scenarios drafts.yaml"
-    )
-    assert f"    to label some of them: {hint}" in said
-    drafts = tmp_path / "drafts-unmerged.yaml"
-    args = [*hint.split()[1:-1], str(drafts), "-w", str(ws), "--json"]
-    checked_again = CliRunner().invoke(app, args)
-    assert checked_again.exit_code == 0 and drafts.exists(), checked_again.output
-    again = {a["policy"]: a["agreed"] for a in json.loads(checked_again.stdout)["agreements"]}
-    assert sorted(again.values()) == sorted([checked["baseline_agreed"], checked["candidate_agreed"]]), again
+    said_lines = round_lines(read_round_record(ws / outcome["report"]))  # `improve round` without --json
+    assert (
+        f"  out of sample: {read_round_record(ws / outcome['report']).out_of_sample.summary()}" in said_lines
+    )  # type: ignore[union-attr]
     assert outcome["environment"] == "credit-desk" and "credit-desk" in outcome["round_id"]
     held = outcome["scores"]["held-out"]
     assert held["after"] > held["before"] and held["violations_after"] == 0
@@ -123,21 +117,19 @@ def test_init_writes_a_workspace_whose_agent_passes_every_check_and_improves(tmp
     assert sorted(files) == ["policies/credit-desk/CHANGELOG.md", "policies/credit-desk/v1.json"]
     assert (ws / outcome["report"] / "pr.md").is_file()
 
-    # The reviewer merges v1, then checks it on tickets no round saw (the template's `cases.py`). No
-    # labelled ticket had a repeat claimant asking above the fee, so v1's branch credits them, where
-    # careful escalates; the user labels a few of the drafts the check writes, and the next round
-    # learns where the rule stops.
+    # The reviewer merges v1, then checks it on tickets no round saw (the template's `cases.py`): with
+    # careful, its branch overrides none; with the weak model, what is left is the model's. The user
+    # labels a few of the drafts the check writes, and the next round learns from them.
     repo.git.merge(branch)
+    assert _agreements(ws, "v1") == {"v0": 1.0, "v1": 1.0}
     drafts = tmp_path / "drafts.yaml"
-    code, output = improve(ws, "out-of-sample", "v0", "v1", "-m", "careful", "--scenarios", str(drafts))
+    code, output = improve(ws, "out-of-sample", "v0", "v1", "-m", "naive", "--scenarios", str(drafts))
     assert code == 0 and "wrote" in output, output
-    checked = _agreements(ws, "v1")
-    assert checked["v1"] < 1.0, checked
     labelled = load_scenarios(drafts, "credit-desk").scenarios
-    assert labelled and all(s.expected.outcome == "escalated" for s in labelled), labelled
+    assert labelled, output
     for number, draft in enumerate(labelled[:6]):  # the labels are right: the user keeps them
         split = "held-out" if number >= 4 else "train"
-        kept = draft.model_copy(update={"category": "repeat-claimant", "split": split})
+        kept = draft.model_copy(update={"split": split})
         append_scenario(ws / "scenarios" / "credit-desk.yaml", kept, "credit-desk")
     assert improve(ws, "scenarios", "check")[0] == 0
     repo.git.add(A=True)
@@ -146,10 +138,14 @@ def test_init_writes_a_workspace_whose_agent_passes_every_check_and_improves(tmp
     assert result.exit_code == 0, result.output
     (outcome,) = json.loads(result.stdout)["rounds"]
     assert outcome["status"] == "recommended" and outcome["candidate_version"] == "v2", outcome
+    (branch_added,) = outcome["branches"]
+    assert (
+        branch_added["answer"] == "ESCALATE" and "facts.account.creditsThisYear >= 3" in branch_added["guard"]
+    )
     # Checked against careful's runs of v0, not of v1, whose branch careful's runs would follow.
     checked = outcome["out_of_sample"]
     assert checked["labelled_by"] == "careful's run of v0", checked
-    assert checked["baseline_agreed"] < checked["candidate_agreed"] == checked["cases"], checked
+    assert checked["candidate_agreed"] == checked["cases"], checked
     repo.git.merge(outcome["pr"]["branch"])
     assert _agreements(ws, "v2") == {"v0": 1.0, "v2": 1.0}
 

@@ -316,6 +316,52 @@ def test_a_round_s_check_against_careful_counts_what_a_branch_overrode() -> None
     assert against_reference(env, v0, v0, v0, 0, seed=9) is None
 
 
+def test_the_out_of_sample_gate_refuses_a_new_branch_that_overrides_a_right_answer() -> None:
+    """The gate a round adds when its objective checks generated cases: the round's cases drawn and its
+    baseline run once; a candidate whose new branch overrides careful fails with the cases and hands on
+    their decisions, labelled by careful's answer, for the repair; a baseline's own branch is not the
+    candidate's to answer for; a generator that cannot label is said, and the candidate passes."""
+    from improve.evals import candidate_check
+    from improve.loop.gates import GateContext, OutOfSampleGate
+
+    env = load_environment("refunds")
+    v0 = load_policy(REPO / "policies" / "refunds" / "v0.json")
+    closes = v0.model_validate(_closes_too_much())
+    drawn: list[int] = []
+
+    def prepare(baseline: Any) -> Any:
+        drawn.append(1)
+        return candidate_check(env, v0, baseline, 60, seed=9)
+
+    gate = OutOfSampleGate(lambda: prepare(v0))
+    refused = gate.run(GateContext(env, config=closes))
+    assert not refused.ok and gate.found is not None
+    new = gate.found.newly_overridden
+    assert len(new) == gate.found.candidate.by_rule > 0
+    assert refused.detail.startswith(
+        f"with careful on 60 generated cases (seed 9, labelled by careful's run of v0): a new branch answered "
+        f"{len(new)} case(s) otherwise than labelled"
+    ), refused.detail
+    assert (
+        "ended closed" in refused.detail and "propose a rule that keeps out of these cases" in refused.detail
+    )
+    taught = gate.found.counterexamples()
+    assert {e["scenario"] for e in taught} == set(new)
+    assert all(e["answered"] == {"type": "CLOSE"} and e["correct"] != [{"type": "CLOSE"}] for e in taught)
+    assert all(not e["passed"] and not e["in_cluster"] and e["name"] for e in taught)
+    # The next candidate of the round is checked on the same cases, drawn once.
+    passed = gate.run(GateContext(env, config=v0))
+    assert passed.ok and "no new branch answered a case otherwise than labelled (60/60 agree" in passed.detail
+    assert len(drawn) == 1
+    # Against a baseline that already closes too much, the same branch is not new.
+    behind = OutOfSampleGate(lambda: prepare(closes))
+    assert behind.run(GateContext(env, config=closes)).ok
+    # A generator whose cases careful cannot finish is the environment's mistake: said, not refused.
+    broken = OutOfSampleGate(lambda: (_ for _ in ()).throw(WorkspaceError("the generator drew nothing")))
+    result = broken.run(GateContext(env, config=closes))
+    assert result.ok and result.detail == "not checked: the generator drew nothing" and broken.found is None
+
+
 def test_an_environment_without_a_generator_says_how_to_give_it_one() -> None:
     env = dataclasses.replace(load_environment("refunds"), cases=None)
     with pytest.raises(WorkspaceError, match=r"has no generator of cases \(Environment.cases\)"):

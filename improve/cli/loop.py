@@ -131,8 +131,9 @@ def round_command(
     times", per set: a changed held-out set starts again), and warns past the reads n held-out
     scenarios support, 1 + floor(2 n eps^2 / ln 2) with eps = held_out_bias of improve.toml's
     objective (docs/contracts.md, held-out reuse). With out_of_sample_cases in the objective (improve
-    init writes 100), a recommended candidate also runs with careful on cases the environment's
-    generator draws, and the PR says how often a learned branch answered where careful was right.
+    init writes 100), each candidate also runs with careful on cases the environment's generator draws:
+    a new branch that answers one otherwise than labelled, where careful was right, fails the
+    out-of-sample gate, and the PR says what the recommended one agreed.
 
     Exit 0 when a candidate is recommended, or none was discarded because the goal already holds or
     nothing was left to try (every failure cluster was tried and the one tried longest ago came round

@@ -61,6 +61,33 @@ a person checks each label, so a few, not all."""
 
 
 @dataclass(frozen=True)
+class Overridden:
+    """A decision a branch of the policy answered otherwise than the reference model (`careful`): its
+    request, the branch's answer and the reference's, the right one where the case's label agrees."""
+
+    name: str
+    facts: Mapping[str, Any]
+    options: Sequence[Mapping[str, Any]]
+    answered: Any
+    right: Any
+
+    def example(self, case: str) -> dict[str, Any]:
+        """The decision as a training decision reads (`loop.evidence`): labelled by the reference's answer,
+        failed, in no cluster; `case` names the generated case it was asked in."""
+        return {
+            "thread_id": f"out-of-sample:{case}",
+            "scenario": case,
+            "name": self.name,
+            "facts": dict(self.facts),
+            "options": [dict(o) for o in self.options],
+            "answered": self.answered,
+            "correct": [self.right],
+            "passed": False,
+            "in_cluster": False,
+        }
+
+
+@dataclass(frozen=True)
 class Disagreement:
     """A case whose run did not end as labelled: where it ended, where the label says, and who answered
     its decisions (`policy:<final>`: a branch's final, or the model's)."""
@@ -76,6 +103,8 @@ class Disagreement:
     branches: tuple[str, ...] = ()
     """The policy's own branches (their finals) that answered a decision of it otherwise than the
     reference model (`careful`) answers it: those that overrode a right answer (`_Overrides`)."""
+    overrode: tuple[Overridden, ...] = ()
+    """Those decisions, each with the branch's answer and the reference model's."""
 
     @property
     def by_rule(self) -> bool:
@@ -125,6 +154,11 @@ class Agreement:
     refuses where the run waited (`PeopleScriptError`). Not counted in `cases`."""
     skipped_reason: str | None = None
     """The first of them, with its case: what to fix in the generator."""
+    overridden: frozenset[str] = frozenset()
+    """The ids of the `by_rule` cases: which of them a branch newer than another policy's answered
+    (`CandidateCheck`) is told case by case, not by their counts."""
+    overrode: dict[str, tuple[Overridden, ...]] = field(default_factory=dict)
+    """Of each of them, the decisions a branch answered otherwise than the reference model."""
 
     @property
     def rate(self) -> float:
@@ -269,6 +303,7 @@ class _Overrides(PolicyDecider):
         self.config = policy
         self.reference = reference
         self.overrides: list[str] = []
+        self.overrode: list[Overridden] = []
 
     def decide(self, request: DecisionRequest) -> Decision:
         decision = super().decide(request)
@@ -282,13 +317,18 @@ class _Overrides(PolicyDecider):
                 right = None
         if self.reference is None or right != decision.event:
             self.overrides.append(decision.source.split(":", 1)[1])
+            if right is not None:
+                self.overrode.append(
+                    Overridden(request.name, request.facts, request.options, decision.event, right)
+                )
         return decision
 
 
 def _checked_run(
     env: Environment, policy: MachineConfig, compiled: Any, model: ModelFactory, case: Scenario
-) -> tuple[OutcomeRow, list[LogEntry], tuple[str, ...]]:
-    """`_run`, and the branches that answered a decision otherwise than the reference would (`_Overrides`)."""
+) -> tuple[OutcomeRow, list[LogEntry], tuple[str, ...], tuple[Overridden, ...]]:
+    """`_run`, the branches that answered a decision otherwise than the reference would (`_Overrides`),
+    and those decisions."""
     reference = env.models.get(REFERENCE_MODEL)
     decider = _Overrides(
         policy,
@@ -298,7 +338,7 @@ def _checked_run(
         env.judgments,
     )
     row, entries = _scored(env, case, decider)
-    return row, entries, tuple(dict.fromkeys(decider.overrides))
+    return row, entries, tuple(dict.fromkeys(decider.overrides)), tuple(decider.overrode)
 
 
 def agreement(
@@ -318,7 +358,8 @@ def agreement(
     agreed = 0
     per: Counter[str] = Counter()
     total: Counter[str] = Counter()
-    by_rule = 0
+    by_rule: list[str] = []
+    decisions: dict[str, tuple[Overridden, ...]] = {}
     shown: list[Disagreement] = []
     ruled: list[Disagreement] = []
     unruled: list[Disagreement] = []
@@ -334,7 +375,7 @@ def agreement(
             if isinstance(ran, PeopleScriptError):
                 skipped.append(f"{case.id}: {ran}")
                 continue
-            row, entries, branches = ran
+            row, entries, branches, overrode = ran
             rows.append(row)
             total[case.category] += 1
             if row.passed:
@@ -353,8 +394,11 @@ def agreement(
                 sources,
                 case,
                 branches,
+                overrode,
             )
-            by_rule += found.by_rule
+            if found.by_rule:
+                by_rule.append(case.id)
+                decisions[case.id] = overrode
             overriders.update(branches)
             if len(shown) < SHOWN:
                 shown.append(found)
@@ -367,19 +411,21 @@ def agreement(
         len(cases) - len(skipped),
         agreed,
         {c: (per[c], total[c]) for c in total},
-        by_rule,
+        len(by_rule),
         dict(overriders.most_common()),
         tuple(shown),
         fallbacks(rows),
         _halves(ruled, unruled, DRAFTS),
         len(skipped),
         skipped[0] if skipped else None,
+        frozenset(by_rule),
+        decisions,
     )
 
 
 def _runnable(
     env: Environment, policy: MachineConfig, compiled: Any, model: ModelFactory, case: Scenario
-) -> tuple[OutcomeRow, list[LogEntry], tuple[str, ...]] | PeopleScriptError:
+) -> tuple[OutcomeRow, list[LogEntry], tuple[str, ...], tuple[Overridden, ...]] | PeopleScriptError:
     """`_checked_run`, or the error of a case whose generated person's answer the machine refuses where
     the run waits: a mistake of the generator, not of the policy, which one such case used to turn into
     a round's exit 2 after every replay (the check is recorded, never decisive)."""
@@ -434,21 +480,51 @@ class AgainstReference:
     baseline: Agreement
     candidate: Agreement
 
+    @property
+    def newly_overridden(self) -> list[str]:
+        """The cases a branch of the candidate answered otherwise than the reference model, where the
+        baseline's run agreed with the label or no branch of it overrode the model: what the candidate's
+        own branches reach that they should not."""
+        return sorted(self.candidate.overridden - self.baseline.overridden)
 
-def against_reference(
+    def counterexamples(self) -> list[dict[str, Any]]:
+        """The decisions of `newly_overridden` cases a branch answered otherwise than the reference model,
+        as training decisions read, labelled by the reference's answer (`Overridden.example`)."""
+        return [
+            o.example(case) for case in self.newly_overridden for o in self.candidate.overrode.get(case, ())
+        ]
+
+
+@dataclass(frozen=True)
+class CandidateCheck:
+    """The cases a round checks its candidates on, drawn and labelled once, and its baseline's
+    agreement on them: each candidate (a repair's too) is then one pass of `careful` over the cases."""
+
+    env: Environment
+    careful: ModelFactory
+    cases: tuple[Scenario, ...]
+    seed: int
+    labelled_by: str
+    baseline: Agreement
+
+    def against(self, candidate: MachineConfig) -> AgainstReference:
+        found = agreement(self.env, candidate, REFERENCE_MODEL, self.careful, self.cases)
+        return AgainstReference(len(self.cases), self.seed, self.labelled_by, self.baseline, found)
+
+
+def candidate_check(
     env: Environment,
     reference: MachineConfig,
     baseline: MachineConfig,
-    candidate: MachineConfig,
     n: int,
     seed: int,
     known: Sequence[Scenario] = (),
-) -> AgainstReference | None:
-    """`candidate` and `baseline` with `careful` on `n` cases the environment's generator draws, labelled
-    by it, or by careful's run of `reference`: the first policy of the line, the model deciding
-    everything (labels from a baseline with learned branches would take their answers for right ones).
-    What a round records of a candidate it recommends. None without a generator, a careful stand-in or a
-    case to draw; `WorkspaceError` when the generator draws cases the reference cannot label."""
+) -> CandidateCheck | None:
+    """`n` cases the environment's generator draws, labelled by it, or by careful's run of `reference`:
+    the first policy of the line, the model deciding everything (labels from a baseline with learned
+    branches would take their answers for right ones); and `baseline` with `careful` on them. None
+    without a generator, a careful stand-in or a case to draw; `WorkspaceError` when the generator draws
+    cases the reference cannot label."""
     careful = env.models.get(REFERENCE_MODEL)
     if env.cases is None or careful is None or n < 1:
         return None
@@ -461,9 +537,21 @@ def against_reference(
     else:
         base = agreement(env, baseline, REFERENCE_MODEL, careful, cases)
     by = labelled_by(env, seed, policy_label(reference))
-    return AgainstReference(
-        len(cases), seed, by, base, agreement(env, candidate, REFERENCE_MODEL, careful, cases)
-    )
+    return CandidateCheck(env, careful, tuple(cases), seed, by, base)
+
+
+def against_reference(
+    env: Environment,
+    reference: MachineConfig,
+    baseline: MachineConfig,
+    candidate: MachineConfig,
+    n: int,
+    seed: int,
+    known: Sequence[Scenario] = (),
+) -> AgainstReference | None:
+    """`candidate` and `baseline` with `careful` on `n` generated cases (`candidate_check`)."""
+    check = candidate_check(env, reference, baseline, n, seed, known)
+    return check.against(candidate) if check is not None else None
 
 
 def _categories(cases: Sequence[Scenario]) -> dict[str, tuple[int, int]]:

@@ -219,11 +219,12 @@ class ObjectiveSection(_Section):
         default=0,
         ge=0,
         le=10_000,
-        description="A recommended candidate is run with the `careful` stand-in on this many cases drawn by the "
+        description="Each candidate is run with the `careful` stand-in on this many cases drawn by the "
         "environment's generator (Environment.cases), labelled as `improve out-of-sample` labels them: the "
-        "pull request shows how often a learned branch answers where careful's answer was right. Recorded, "
-        "never decisive; skipped without a generator or a careful stand-in. 0 (the default; `improve init` "
-        "writes 100) skips it: with stand-ins a round is seconds, and 100 cases add about a quarter to it.",
+        "`out-of-sample` gate refuses one whose new branch answers a case otherwise than careful, where "
+        "careful's answer was right, and the pull request shows what the recommended one agreed. Skipped "
+        "without a generator or a careful stand-in. 0 (the default; `improve init` writes 100) skips it: "
+        "with stand-ins a round is seconds, and 100 cases add about a quarter to it.",
     )
     bootstrap_resamples: int = Field(
         default=5000,

@@ -235,8 +235,8 @@ def round_lines(record: RoundRecord) -> list[str]:
     if record.impact:
         lines.append(f"  production: {record.impact.summary()}")
     if record.out_of_sample:
-        # A learned branch that overrode a right answer on a generated case is a warning beside a
-        # recommendation, though never decisive (the held-out test decides).
+        # A branch of the baseline's that overrides a right answer on a generated case is a warning beside
+        # a recommendation (the gate refuses only new branches that do).
         flag = "warning: " if record.out_of_sample.by_branch else ""
         lines.append(f"  {flag}out of sample: {record.out_of_sample.summary()}")
         if record.out_of_sample.by_branch and record.candidate_policy is not None:

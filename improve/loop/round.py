@@ -27,7 +27,6 @@ the next recommended branch, so nothing is lost and the branch merges cleanly.
 from __future__ import annotations
 
 import dataclasses
-import json
 import queue
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -37,6 +36,7 @@ from improve import clock
 from improve.errors import EndpointError, ImproveError
 from improve.evals import (
     Batch,
+    CandidateCheck,
     Ledger,
     OutcomeRow,
     PlannedRun,
@@ -50,7 +50,7 @@ from improve.evals import (
     StartFrom,
     SuiteSpec,
     Workspace,
-    against_reference,
+    candidate_check,
     decide,
     every,
     fallbacks,
@@ -84,11 +84,13 @@ from improve.loop.gates import (
     Gated,
     GateResult,
     NoveltyGate,
+    OutOfSampleGate,
     Unparsed,
     ValidateGate,
     gate,
     gates_for,
 )
+from improve.loop.gates.out_of_sample import examples as oos_examples
 from improve.loop.impact import preview_impact
 from improve.loop.inputs import Inputs, RoundOptions, locate
 from improve.loop.proposers import (
@@ -177,26 +179,6 @@ def run_rounds(
             say(_without_one(records[-MAX_DISCARDED_IN_A_ROW:], opts.policy))
             break
     return records
-
-
-def _clipped(value: Any, limit: int = 200) -> str:
-    """`value` as JSON in about `limit` characters: an object keeps the whole members that fit and names
-    the ones left out (cutting the text at `limit` left a member's key without its value, the very value
-    a learned branch fired on)."""
-    text = json.dumps(value, sort_keys=True)
-    if len(text) <= limit:
-        return text
-    if not isinstance(value, dict):
-        return text[:limit] + "…"
-    kept: list[str] = []
-    left: list[str] = []
-    for key in sorted(value):
-        member = f"{json.dumps(key)}: {json.dumps(value[key], sort_keys=True)}"
-        if sum(len(k) + 2 for k in kept) + len(member) > limit:
-            left.append(key)  # too long to show here: the smaller members after it still are
-        else:
-            kept.append(member)
-    return "{" + ", ".join([*kept, f"… and {', '.join(left)}"]) + "}"
 
 
 def _none_for(second: bool) -> str:
@@ -331,6 +313,7 @@ class Round:
         self.verdict: PromotionDecision | None = None
         self.impact: Impact | None = None
         self.out_of_sample: OutOfSampleCheck | None = None
+        self._oos_gate: OutOfSampleGate | None = None
         self._held: tuple[dict[tuple[str, int], PlannedRun], dict[tuple[str, int], PlannedRun]] | None = None
         """The reruns run ahead (`_ahead`), the baseline's and the candidate's, by scenario and run."""
         self._ahead_store: Ahead | None = None
@@ -734,6 +717,8 @@ class Round:
             if failed.name == EnvironmentGate.name or self.repairs >= MAX_REPAIRS:
                 break
             self.repairs += 1
+            if failed.name == OutOfSampleGate.name:
+                self._learn_from_generated_cases()
             try:
                 self.proposal = self.proposer.repair(self.request, self.proposal, failed)
             except ProposalError as err:
@@ -741,8 +726,30 @@ class Round:
                 self.gates.append(GateResult("repair", False, str(err)))
                 break
             self.calls += self.proposal.calls
+        refused = next((g for g in reversed(self.gates) if not g.ok and g.name != "repair"), None)
+        if refused is not None and refused.name == OutOfSampleGate.name:
+            # What the generated cases showed of the last candidate, recorded as a recommended one's
+            # is: the report then says how to draft those cases as scenarios to label.
+            self.out_of_sample = self._out_of_sample()
         self._note("evidence")
         return False
+
+    def _learn_from_generated_cases(self) -> None:
+        """The decisions of generated cases the last candidate's new branches answered otherwise than
+        careful, labelled by careful's answer, added to the request's decisions: the repair's rule must
+        keep out of them as it keeps out of a training decision it would answer wrongly."""
+        assert self.request is not None and self._oos_gate is not None
+        found = self._oos_gate.found
+        if found is None:
+            return
+        known = {(e.get("thread_id"), e.get("name")) for e in self.request.examples}
+        new = [e for e in found.counterexamples() if (e["thread_id"], e["name"]) not in known]
+        if new:
+            self.request = dataclasses.replace(self.request, examples=[*self.request.examples, *new])
+            self.say(
+                f"repair: the {len(new)} decision(s) of those generated cases, labelled by careful's answer, "
+                "join the training decisions the next rule must not answer wrongly"
+            )
 
     def _ours(self, document: Any) -> Any:
         """The proposed document under the policy's own id and goal (`description`) and the version this
@@ -938,37 +945,14 @@ class Round:
         return True
 
     def _out_of_sample(self) -> OutOfSampleCheck | None:
-        """The candidate and the baseline with `careful` on cases the environment's generator draws (the
-        objective's `out_of_sample_cases`; `evals.against_reference`): recorded, never decisive."""
-        assert self.candidate is not None
-        inputs = self.inputs
-        if not self.objective.out_of_sample_cases or inputs.env.cases is None:
-            return None  # off (the default), or nothing to draw: no policy read for it
-        # Labelled by careful's runs of the line's first policy (v0: the model decides everything), not of
-        # the baseline, whose learned branches careful's runs would take for right answers.
-        root = inputs.memory.lineage[-1] if inputs.memory.lineage else self.label
-        # Each read of the held-out set draws other cases: with one seed every round checked the same
-        # cases, and once the ones it drafted as scenarios were labelled (it skips a labelled one), what
-        # was left of them passed, round after round, while other cases still failed.
-        seed = self.objective.seed + max(0, inputs.memory.held_out.read - 1)
-        try:
-            reference = (
-                inputs.policy if root == self.label else inputs.space.load_policy(inputs.env_name, root)
-            )
-            found = against_reference(
-                inputs.env,
-                reference,
-                inputs.policy,
-                self.candidate,
-                self.objective.out_of_sample_cases,
-                seed,
-                known=inputs.scenarios,
-            )
-        except ImproveError as error:
-            # Recorded, never decisive: a generator's mistake (a case it cannot label) is said, and the
-            # round keeps what it decided (it was a round's exit 2 after every replay, nothing recorded).
-            self.say(f"out of sample: not checked: {error}")
+        """What the `out-of-sample` gate found of the recommended candidate, as the round records it."""
+        gate = self._oos_gate
+        if gate is None:
             return None
+        if gate.error is not None:
+            # A generator's mistake (a case it cannot label) is said; the gate passed without a check.
+            self.say(f"out of sample: not checked: {gate.error}")
+        found = gate.found
         if found is None:
             return None
         for side in (found.baseline, found.candidate):
@@ -977,14 +961,6 @@ class Round:
                     f"out of sample: {side.skipped} generated case(s) could not run with {side.policy}, left "
                     f"out (fix the environment's generator, Environment.cases): {side.skipped_reason}"
                 )
-        examples = [
-            f"input {_clipped(d.scenario.input)}, world "
-            f"{_clipped(d.scenario.world)}: labelled {d.expected}, ended {d.got}"
-            # The same final state: the difference is in the effects, which the reason names.
-            + (f" ({d.reason[:200]})" if d.expected == d.got and d.reason else "")
-            for d in found.candidate.drafted
-            if d.by_rule and d.scenario is not None
-        ][:3]
         return OutOfSampleCheck(
             cases=found.cases,
             seed=found.seed,
@@ -992,9 +968,47 @@ class Round:
             baseline_agreed=found.baseline.agreed,
             candidate_agreed=found.candidate.agreed,
             by_branch=found.candidate.by_rule,
-            examples=examples,
-            reference=root,
+            examples=oos_examples(found),
+            reference=self._reference_label(),
         )
+
+    def _reference_label(self) -> str:
+        """The version whose careful runs label the generated cases the generator leaves unlabelled: the
+        line's first policy (v0: the model decides everything), not the baseline, whose learned branches
+        careful's runs would take for right answers."""
+        memory = self.inputs.memory
+        return memory.lineage[-1] if memory.lineage else self.label
+
+    def _out_of_sample_gate(self) -> OutOfSampleGate | None:
+        """The `out-of-sample` gate when the objective asks for `out_of_sample_cases` and the environment
+        has a generator (else None: no policy read for it); one per round, so every repair is checked on
+        the cases its baseline ran."""
+        inputs = self.inputs
+        if not self.objective.out_of_sample_cases or inputs.env.cases is None:
+            return None
+        if self._oos_gate is not None:
+            return self._oos_gate
+        root = self._reference_label()
+        # Each read of the held-out set draws other cases: with one seed every round checked the same
+        # cases, and once the ones it drafted as scenarios were labelled (it skips a labelled one), what
+        # was left of them passed, round after round, while other cases still failed.
+        seed = self.objective.seed + max(0, inputs.memory.held_out.read - 1)
+
+        def prepare() -> CandidateCheck | None:
+            reference = (
+                inputs.policy if root == self.label else inputs.space.load_policy(inputs.env_name, root)
+            )
+            return candidate_check(
+                inputs.env,
+                reference,
+                inputs.policy,
+                self.objective.out_of_sample_cases,
+                seed,
+                known=inputs.scenarios,
+            )
+
+        self._oos_gate = OutOfSampleGate(prepare)
+        return self._oos_gate
 
     def record(self) -> RoundRecord:
         """The round record; when a candidate was proposed, its report, CHANGELOG entry and review."""
@@ -1377,9 +1391,7 @@ class Round:
             expected_hashes=inputs.env_hashes,
             probes=self.evidence.probes(inputs.train),
             scenarios=inputs.scenarios,
-            gates=_with_novelty(gates_for(self.space))
-            if inputs.memory.discarded or inputs.memory.tried
-            else gates_for(self.space),
+            gates=self._gates(),
             baseline=inputs.policy,
             decisions=request.examples,
             discarded=self.discarded,
@@ -1387,6 +1399,15 @@ class Round:
             held_out_decisions=self._held_out_decisions() if inputs.memory.tried else [],
             held_out_key=inputs.memory.held_out.key,
         )
+
+    def _gates(self) -> list[Gate]:
+        """The workspace's gates; `novelty` after `validate` when candidates were discarded against the
+        baseline, and `out-of-sample` last when the objective checks generated cases."""
+        memory = self.inputs.memory
+        gates = gates_for(self.space)
+        gates = _with_novelty(gates) if memory.discarded or memory.tried else gates
+        oos = self._out_of_sample_gate()
+        return [*gates, oos] if oos is not None else gates
 
     def _held_out_decisions(self) -> list[dict[str, Any]]:
         """The baseline's held-out decisions, their name, facts and options only (each once): where the

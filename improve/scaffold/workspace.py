@@ -32,7 +32,7 @@ max_extra_runs = 6        # reruns of a scenario whose result changed, per polic
 max_extra_runs_total = 300  # reruns of a round, both policies and every scenario
 seed = 20261130           # resampling seed, printed with every scorecard
 held_out_bias = 0.1       # held-out reuse: n held-out scenarios support 1 + floor(2 n 0.1^2 / ln 2) rounds
-out_of_sample_cases = 100 # a recommended candidate checked with careful on generated cases (0: not)
+out_of_sample_cases = 100 # candidates checked with careful on generated cases (0: not)
 """
 
 

@@ -16,7 +16,9 @@
 in a round whose baseline has candidates discarded against it, `novelty` (a new branch not discarded
 against that policy before) right after `validate`; then the extension gates, by name: those installed
 packages register (entry points `improve.gates`) and, through `gates_for(workspace)`, the workspace's
-own (`[gates.NAME]` in improve.toml).
+own (`[gates.NAME]` in improve.toml); last, in a round whose objective sets `out_of_sample_cases` on an
+environment with a generator of cases, `out-of-sample` (no new branch answers a generated case
+otherwise than labelled, where careful's answer was right).
 
 Each gate is a `Gate` (a `name`, `run(ctx) -> GateResult`), one module each; the `GateContext` carries
 what they check against and what they made of the candidate (the parsed and the compiled policy). Each
@@ -31,6 +33,7 @@ from improve.loop.gates.interactions import InteractionsGate
 from improve.loop.gates.lint import LintGate
 from improve.loop.gates.lower import LowerGate, type_problems, typed_request
 from improve.loop.gates.novelty import NoveltyGate
+from improve.loop.gates.out_of_sample import OutOfSampleGate
 from improve.loop.gates.overfit import OverfitGate
 from improve.loop.gates.registry import BUILTIN_GATES, GATE_NAMES, GATES, STATIC_GATES, gates_for
 from improve.loop.gates.run import Gated, gate, passed, run_gates
@@ -53,6 +56,7 @@ __all__ = [
     "LintGate",
     "LowerGate",
     "NoveltyGate",
+    "OutOfSampleGate",
     "OverfitGate",
     "ScenarioLiterals",
     "Unparsed",

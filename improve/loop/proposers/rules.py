@@ -1257,8 +1257,11 @@ class RuleMinerProposer:
         """The (request, rule) pairs tried again behind the branches there, after the interactions gate."""
 
     def _key(self, request: ProposalRequest) -> str:
+        # The decisions count too: a repair after the out-of-sample gate adds the generated cases' decisions
+        # the candidate answered wrongly, and the rules are mined again to keep out of them.
         return json.dumps(
-            [request.policy.version, request.diagnosis.get("chosen", {}).get("id")], default=str
+            [request.policy.version, request.diagnosis.get("chosen", {}).get("id"), len(request.examples)],
+            default=str,
         )
 
     def _rules(self, request: ProposalRequest) -> list[Rule]:
@@ -1410,6 +1413,11 @@ class RuleMinerProposer:
 
     def repair(self, request: ProposalRequest, previous: Proposal, failure: GateResult) -> Proposal:
         key = self._key(request)
+        if key not in self._ranked:
+            # Decisions were added (the generated cases the last candidate answered wrongly): the rules
+            # mined again from them, the first of those is the repair.
+            self._tried[key] = 0
+            return self._proposal(request, 0)
         rules = self._rules(request)
         index = self._tried.get(key, 0)
         if failure.name == "interactions" and index < len(rules) and (key, index) not in self._behind:

@@ -1,0 +1,125 @@
+"""`out-of-sample`: a candidate's new branches must not answer a generated case otherwise than labelled.
+
+A branch answers wherever its condition holds, and a condition that separates the training decisions
+can reach combinations no labelled scenario shows: the train and held-out splits cannot see them, so
+the promotion rule cannot either. An environment with a generator of plausible cases
+(`Environment.cases`) can: a round whose objective sets `out_of_sample_cases` draws that many cases
+once (labelled by the generator, or by `careful`'s run of the line's first policy), runs its baseline
+with `careful` on them, and then each candidate. A case one of the candidate's branches answered
+otherwise than `careful` answers it, where the baseline's branches did not, fails the gate: the branch
+overrode a right answer the labelled scenarios never asked about. The proposer is sent the cases (their
+input, world, label and where the candidate ended them) and asked for a rule that keeps out of them;
+the round also adds the decisions the branch answered there, labelled by careful's answer, to the
+training decisions the repair reads (`AgainstReference.counterexamples`), so the rule miner mines again
+and its rule must not answer them wrongly, as it must not answer a training decision wrongly.
+
+The cases are the round's, not the candidate's: each repair is checked on the same draw, and each read
+of the held-out set draws other cases (the seed is the objective's plus the reads before), so a rule
+shaped to pass one draw meets another in the next round. A generator that cannot label its cases is
+said, and the gate passes without a check: a mistake of the environment's, not of the candidate's.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from improve.errors import ImproveError
+from improve.evals import AgainstReference, CandidateCheck, Disagreement
+from improve.loop.gates.gate import GateContext, GateResult
+
+SHOWN = 3
+"""The overridden cases a failure shows (each with its input, world, label and end)."""
+
+
+class OutOfSampleGate:
+    name = "out-of-sample"
+
+    def __init__(self, prepare: Callable[[], CandidateCheck | None]) -> None:
+        self._prepare = prepare
+        self._check: CandidateCheck | None = None
+        self._prepared = False
+        self.found: AgainstReference | None = None
+        """The last candidate's check (a passing candidate's, once the gates pass)."""
+        self.error: str | None = None
+        """Why the cases could not be drawn, when they could not."""
+
+    def run(self, ctx: GateContext) -> GateResult:
+        self.found = None
+        check = self._cases()
+        if check is None or ctx.config is None:
+            return GateResult(self.name, True, f"not checked: {self.error or 'no case to draw'}")
+        found = check.against(ctx.config)
+        self.found = found
+        new = found.newly_overridden
+        where = f"with careful on {found.cases} generated cases (seed {found.seed}, labelled by {found.labelled_by})"
+        if not new:
+            return GateResult(
+                self.name,
+                True,
+                f"{where}: no new branch answered a case otherwise than labelled "
+                f"({found.candidate.agreed}/{found.cases} agree; baseline {found.baseline.agreed}/{found.cases})",
+            )
+        shown = examples(found, new) or [", ".join(new[:SHOWN])]
+        return GateResult(
+            self.name,
+            False,
+            f"{where}: a new branch answered {len(new)} case(s) otherwise than labelled, where careful's own "
+            f"answer was right (the baseline's branches did not override it): "
+            + "; ".join(shown)
+            + ". No labelled scenario shows such a case, so its condition reaches further than the evidence: "
+            "propose a rule that keeps out of these cases (keep in its condition what the decisions it fixes "
+            "have in common), or a rule for another cluster",
+        )
+
+    def _cases(self) -> CandidateCheck | None:
+        """The round's cases and its baseline's agreement on them, drawn once for every candidate."""
+        if not self._prepared:
+            self._prepared = True
+            try:
+                self._check = self._prepare()
+            except ImproveError as error:
+                self.error = str(error)
+        return self._check
+
+
+def overridden_example(d: Disagreement) -> str:
+    """One case a branch answered otherwise than labelled: its input and world, its label, its end."""
+    assert d.scenario is not None
+    said = (
+        f"input {clipped(d.scenario.input)}, world {clipped(d.scenario.world)}: labelled {d.expected}, "
+        f"ended {d.got}"
+    )
+    # The same final state: the difference is in the effects, which the reason names.
+    return said + (f" ({d.reason[:200]})" if d.expected == d.got and d.reason else "")
+
+
+def clipped(value: Any, limit: int = 200) -> str:
+    """`value` as JSON in about `limit` characters: an object keeps the whole members that fit and names
+    the ones left out (cutting the text at `limit` left a member's key without its value, the very value
+    a learned branch fired on)."""
+    text = json.dumps(value, sort_keys=True)
+    if len(text) <= limit:
+        return text
+    if not isinstance(value, dict):
+        return text[:limit] + "…"
+    kept: list[str] = []
+    left: list[str] = []
+    for key in sorted(value):
+        member = f"{json.dumps(key)}: {json.dumps(value[key], sort_keys=True)}"
+        if sum(len(k) + 2 for k in kept) + len(member) > limit:
+            left.append(key)  # too long to show here: the smaller members after it still are
+        else:
+            kept.append(member)
+    return "{" + ", ".join([*kept, f"… and {', '.join(left)}"]) + "}"
+
+
+def examples(found: AgainstReference, cases: Sequence[str] | None = None) -> list[str]:
+    """Up to `SHOWN` of the candidate's overridden cases (of `cases` when given), as a record shows them."""
+    chosen = set(cases) if cases is not None else None
+    return [
+        overridden_example(d)
+        for d in found.candidate.drafted
+        if d.by_rule and d.scenario is not None and (chosen is None or d.case in chosen)
+    ][:SHOWN]
