@@ -360,6 +360,10 @@ def test_the_out_of_sample_gate_refuses_a_new_branch_that_overrides_a_right_answ
     broken = OutOfSampleGate(lambda: (_ for _ in ()).throw(WorkspaceError("the generator drew nothing")))
     result = broken.run(GateContext(env, config=closes))
     assert result.ok and result.detail == "not checked: the generator drew nothing" and broken.found is None
+    unrun = OutOfSampleGate(lambda: None)  # no careful stand-in to run the cases with
+    assert unrun.run(GateContext(env, config=closes)).detail == (
+        "not checked: the environment has no 'careful' stand-in to run the cases with"
+    )
 
 
 def test_an_environment_without_a_generator_says_how_to_give_it_one() -> None:

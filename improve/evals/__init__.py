@@ -98,6 +98,7 @@ if TYPE_CHECKING:
     from improve.evals.materialize import refresh_outcomes, score_threads
     from improve.evals.out_of_sample import (
         DRAFTS,
+        REFERENCE_MODEL,
         AgainstReference,
         CandidateCheck,
         Disagreement,
@@ -157,6 +158,7 @@ _LAZY = {
     "Mistyped": "improve.evals.fact_check",
     "OutOfSample": "improve.evals.out_of_sample",
     "DRAFTS": "improve.evals.out_of_sample",
+    "REFERENCE_MODEL": "improve.evals.out_of_sample",
     "AgainstReference": "improve.evals.out_of_sample",
     "against_reference": "improve.evals.out_of_sample",
     "CandidateCheck": "improve.evals.out_of_sample",
@@ -187,6 +189,7 @@ __all__ = [
     "OPEN_SPLITS",
     "OUTCOMES_SQL",
     "PRODUCTION_DIR",
+    "REFERENCE_MODEL",
     "SEALED_SPLIT",
     "SPLITS",
     "UNSEALINGS_FILE",

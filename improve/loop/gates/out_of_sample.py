@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from improve.errors import ImproveError
-from improve.evals import AgainstReference, CandidateCheck, Disagreement
+from improve.evals import REFERENCE_MODEL, AgainstReference, CandidateCheck, Disagreement
 from improve.loop.gates.gate import GateContext, GateResult
 
 SHOWN = 3
@@ -49,7 +49,9 @@ class OutOfSampleGate:
         self.found = None
         check = self._cases()
         if check is None or ctx.config is None:
-            return GateResult(self.name, True, f"not checked: {self.error or 'no case to draw'}")
+            return GateResult(
+                self.name, True, f"not checked: {self.error or 'the candidate did not validate'}"
+            )
         found = check.against(ctx.config)
         self.found = found
         new = found.newly_overridden
@@ -81,6 +83,9 @@ class OutOfSampleGate:
                 self._check = self._prepare()
             except ImproveError as error:
                 self.error = str(error)
+            else:
+                if self._check is None:
+                    self.error = f"the environment has no {REFERENCE_MODEL!r} stand-in to run the cases with"
         return self._check
 
 
