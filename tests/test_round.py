@@ -465,6 +465,10 @@ def test_a_full_round_recommends_and_leaves_a_branch_without_a_token(
             "CLOSE",
         )
     ]
+    assert (
+        "It keeps out of the 2 decision(s) of generated cases where careful answers otherwise, which the "
+        "out-of-sample gate showed an earlier candidate answering." in str(again.rationale)
+    ), again.rationale
     assert again.status == "recommended" and again.out_of_sample is not None, again.decision_detail
     assert again.out_of_sample.seed == 20261130 + 1 and again.out_of_sample.by_branch == 0, (
         again.out_of_sample

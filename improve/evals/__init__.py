@@ -98,6 +98,7 @@ if TYPE_CHECKING:
     from improve.evals.materialize import refresh_outcomes, score_threads
     from improve.evals.out_of_sample import (
         DRAFTS,
+        GENERATED,
         REFERENCE_MODEL,
         AgainstReference,
         CandidateCheck,
@@ -159,6 +160,7 @@ _LAZY = {
     "OutOfSample": "improve.evals.out_of_sample",
     "DRAFTS": "improve.evals.out_of_sample",
     "REFERENCE_MODEL": "improve.evals.out_of_sample",
+    "GENERATED": "improve.evals.out_of_sample",
     "AgainstReference": "improve.evals.out_of_sample",
     "against_reference": "improve.evals.out_of_sample",
     "CandidateCheck": "improve.evals.out_of_sample",
@@ -186,6 +188,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "CONFIG_NAME",
     "DRAFTS",
+    "GENERATED",
     "OPEN_SPLITS",
     "OUTCOMES_SQL",
     "PRODUCTION_DIR",

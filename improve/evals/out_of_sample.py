@@ -44,6 +44,9 @@ from improve.runtime import (
 )
 
 REFERENCE_MODEL = "careful"
+GENERATED = "out-of-sample:"
+"""How the thread id of a generated case's decision a round adds to its training decisions begins
+(`Overridden.example`): what a rationale counts them by."""
 """The stand-in whose runs of the first policy label the cases a generator leaves unlabelled."""
 CASES = 400
 SEED = 20261130
@@ -75,7 +78,7 @@ class Overridden:
         """The decision as a training decision reads (`loop.evidence`): labelled by the reference's answer,
         failed, in no cluster; `case` names the generated case it was asked in."""
         return {
-            "thread_id": f"out-of-sample:{case}",
+            "thread_id": f"{GENERATED}{case}",
             "scenario": case,
             "name": self.name,
             "facts": dict(self.facts),

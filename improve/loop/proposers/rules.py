@@ -55,6 +55,7 @@ from typing import Any
 import numpy as np
 
 from improve.errors import ImproveError, ProposalError
+from improve.evals import GENERATED
 from improve.loop.branches import (
     Branch,
     answer_on,
@@ -1363,6 +1364,7 @@ class RuleMinerProposer:
             f"{where.reason}): it fixes {rule.fixes} failed training decision(s) and matches {rule.matches} "
             "training decision(s), each of which the labels confirm (counterfactual runs)."
             + _untold(rule, request.examples)
+            + _kept_out(rule, request.examples)
             + _whose(request, rule)
             + unnamed_payload(rule.action, self.constants)
             + _resting(rule, request.examples)
@@ -1456,6 +1458,28 @@ def _untold(rule: Rule, examples: Sequence[Mapping[str, Any]]) -> str:
     return (
         f" It also answers {untold} training decision(s) whose right answer the labels do not tell (their runs "
         "fail whatever is answered there): neither confirmed nor refuted."
+    )
+
+
+def _kept_out(rule: Rule, examples: Sequence[Mapping[str, Any]]) -> str:
+    """What the rationale says of the generated cases' decisions a round added after the out-of-sample
+    gate refused a candidate (`evals.GENERATED`): those the rule keeps out of, careful answering them
+    otherwise."""
+    generated = [
+        case
+        for case in decisions_by_name(
+            [e for e in examples if str(e.get("thread_id", "")).startswith(GENERATED)]
+        ).get(rule.decision, [])
+        if not case.right(rule.action.output(case.facts))
+    ]
+    if not generated:
+        return ""
+    kept = sum(1 for case in generated if not _holds(rule.terms, case.facts))
+    which = f"the {kept}" if kept == len(generated) else f"{kept} of the {len(generated)}"
+    rest = "" if kept == len(generated) else " (the branches in front of it answer the others first)"
+    return (
+        f" It keeps out of {which} decision(s) of generated cases where careful answers otherwise, which the "
+        f"out-of-sample gate showed an earlier candidate answering{rest}."
     )
 
 
