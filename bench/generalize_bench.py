@@ -29,8 +29,6 @@ from improve.loop.proposers.generalize import Generalization
 
 DESKS = ("refunds", "refund-approval", "triage", "tool-loop", "code-agent")
 FIXTURES = REPO / "tests" / "fixtures" / "desks"
-ROUND_CASES = 100
-"""The generated cases each round checks its candidates on (`improve init` writes the same)."""
 FIXTURE_DESKS = (
     "access-request",
     "cancellation",
@@ -58,13 +56,10 @@ def _fixture(target: Path, env: str) -> Workspace:
         FIXTURES, target, ignore=shutil.ignore_patterns("__pycache__", ".improve", "traces", "reports")
     )
     config = target / "improve.toml"
-    # Rounds check their candidates on generated cases, as in a workspace `improve init` writes.
-    text = config.read_text(encoding="utf-8").replace(
-        'environment = "access-request"', f'environment = "{env}"'
+    text = config.read_text(encoding="utf-8")
+    config.write_text(
+        text.replace('environment = "access-request"', f'environment = "{env}"'), encoding="utf-8"
     )
-    if "out_of_sample_cases" not in text:
-        text = text.replace("[objective]\n", f"[objective]\nout_of_sample_cases = {ROUND_CASES}\n", 1)
-    config.write_text(text, encoding="utf-8")
     commit_workspace(target, user="improve bench", message="The fixture workspace")
     return Workspace.load(config)
 

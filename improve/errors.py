@@ -46,6 +46,7 @@ imports nothing else of ours) may raise these. Every error carries a message tha
     ├── StorageError                  a file could not be written: no space, read-only, a name too long (exit 3)
     ├── BusyError                     another process holds the lock of what a command would write (exit 3)
     ├── ProposalError                 a proposer produced no candidate (no rule fits, the endpoint failed)
+    ├── ProposerCrash                 a registered proposer raised something else: its bug (exit code 3)
     └── PullRequestError              committing, pushing or opening the round's PR failed (exit code 3)
 
 An exception that only signals inside one module or package and never leaves it (the CEL fast path's
@@ -315,6 +316,12 @@ class ProposalError(ImproveError):
     """
 
     calls: int = 0
+
+
+class ProposerCrash(ImproveError):
+    """A proposer raised something other than `ProposalError` (a workspace's or a package's proposer: its
+    bug). The round stops, nothing recorded; the message names the proposer, what it was asked and the
+    file and line that raised."""
 
 
 class PullRequestError(ImproveError):

@@ -862,7 +862,10 @@ def test_a_round_promotes_a_fix_for_the_naive_premature_answers(tmp_path: Path, 
     assert (round(held.before, 3), round(held.after, 3)) == (0.417, 0.833)
     assert (round(train.before, 3), round(train.after, 3)) == (0.385, 0.846)
     assert held.ci_low > 0 and result.regressions == []
-    assert all(g.ok for g in result.gates) and [g.name for g in result.gates] == list(GATE_NAMES)
+    assert all(g.ok for g in result.gates) and [g.name for g in result.gates] == [
+        *GATE_NAMES,
+        "out-of-sample",
+    ]
     candidate = json.loads((root / str(result.report) / "policy.json").read_text())
     route = candidate["states"][candidate["initial"]]
     rule = route["choice"][0]

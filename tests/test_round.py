@@ -324,13 +324,12 @@ def test_a_full_round_recommends_and_leaves_a_branch_without_a_token(
     tmp_path: Path, no_token: None, clock: FrozenClock
 ) -> None:
     space = scratch(tmp_path)
-    # The check on generated cases is off by default (a round of stand-ins is seconds); `init` turns it on.
     toml = tmp_path / "improve.toml"
-    toml.write_text(toml.read_text().replace("[objective]\n", "[objective]\nout_of_sample_cases = 100\n", 1))
+    assert "out_of_sample_cases" not in toml.read_text()  # the check on 100 generated cases is the default
     # A CHANGELOG ending in a blank line, as a hand-written one may: the working tree still ends clean.
     notes = tmp_path / "policies" / "refunds" / "CHANGELOG.md"
     notes.write_text(notes.read_text() + "\n")
-    git.Repo(tmp_path).git.commit("-am", "check out of sample")
+    git.Repo(tmp_path).git.commit("-am", "a blank line")
     space = Workspace.load(toml)
     said: list[str] = []
     # Asked for three candidates, the rounds stop at the first recommended one, and say why.
@@ -574,7 +573,7 @@ def test_a_round_never_sends_the_token_over_plain_http_unless_told(
     assert result.exit_code == 0, result.output
     (done,) = json.loads(result.stdout)["rounds"]
     assert done["status"] == "recommended"
-    assert done["out_of_sample"] is None  # off unless the objective asks (improve init's does)
+    assert done["out_of_sample"]["cases"] == 100  # the check on generated cases is on by default
     pr = done["pr"]
     assert pr["pushed"] is False and pr["pr_number"] is None
     assert "refused to send the GitHub token over plain http" in pr["instructions"]
@@ -943,12 +942,34 @@ def test_a_proposer_registered_in_the_workspace_is_used_by_name(tmp_path: Path) 
     with (tmp_path / "improve.toml").open("a") as config:
         config.write('\n[proposers.escalate-all]\nmodule = "escalator:EscalateEverything"\n')
     args = ["round", "-w", str(tmp_path), "--policy", "v0", "--k", "1", "--json"]
+    # Escalating everything overrides careful on most generated tickets: the out-of-sample gate refuses
+    # it, and the proposer, asked to repair, raises what it should not. Its bug, said where it is.
+    crashed = CliRunner().invoke(app, [*args, "--proposer", "escalate-all"])
+    assert crashed.exit_code == 3 and "Traceback" not in crashed.output, crashed.output
+    said = crashed.stderr.strip().splitlines()[-1]
+    assert said.startswith(
+        "error: proposer 'escalate-all' crashed when asked to repair a candidate: AssertionError: with careful "
+        "on 100 generated cases"
+    ) and said.endswith(f"({tmp_path / 'escalator.py'}:21)"), said
+    # One that says it has nothing better: discarded at the gates, recorded.
+    mended = WORKSPACE_PROPOSER.replace("raise AssertionError(failure.detail)", "raise ProposalError('none')")
+    (tmp_path / "mended.py").write_text(
+        mended.replace("import Proposal\n", "import Proposal, ProposalError\n")
+    )
+    config = tmp_path / "improve.toml"  # another module: this process imported the first one already
+    config.write_text(
+        config.read_text().replace('"escalator:EscalateEverything"', '"mended:EscalateEverything"')
+    )
     result = CliRunner().invoke(app, [*args, "--proposer", "escalate-all"])
-    assert result.exit_code == 1, result.output  # a worse policy: proposed, gated, replayed, discarded
+    assert result.exit_code == 1, result.output
     (outcome,) = json.loads(result.stdout)["rounds"]
     assert outcome["proposer"] == "escalate-all" and outcome["status"] == "discarded"
     assert outcome["rationale"] == "a person takes every refunds ticket"
-    assert [g["ok"] for g in outcome["gates"]] == [True] * len(GATE_NAMES)
+    assert [(g["name"], g["ok"]) for g in outcome["gates"]] == [
+        *((name, True) for name in GATE_NAMES),
+        ("out-of-sample", False),
+        ("repair", False),
+    ]
     unknown = CliRunner().invoke(app, [*args, "--proposer", "nobody"])
     assert (
         unknown.exit_code == 2

@@ -130,8 +130,8 @@ def round_command(
     test split is never read. Each entry counts the rounds that read the held-out set ("held-out read N
     times", per set: a changed held-out set starts again), and warns past the reads n held-out
     scenarios support, 1 + floor(2 n eps^2 / ln 2) with eps = held_out_bias of improve.toml's
-    objective (docs/contracts.md, held-out reuse). With out_of_sample_cases in the objective (improve
-    init writes 100), each candidate also runs with careful on cases the environment's generator draws:
+    objective (docs/contracts.md, held-out reuse). With out_of_sample_cases in the objective (100
+    by default), each candidate also runs with careful on cases the environment's generator draws:
     a new branch that answers one otherwise than labelled, where careful was right, fails the
     out-of-sample gate, and the PR says what the recommended one agreed.
 

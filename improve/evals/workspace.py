@@ -216,15 +216,15 @@ class ObjectiveSection(_Section):
         "(docs/contracts.md, waiting together). false: every rerun is run when asked, no call spent ahead.",
     )
     out_of_sample_cases: int = Field(
-        default=0,
+        default=100,
         ge=0,
         le=10_000,
         description="Each candidate is run with the `careful` stand-in on this many cases drawn by the "
         "environment's generator (Environment.cases), labelled as `improve out-of-sample` labels them: the "
         "`out-of-sample` gate refuses one whose new branch answers a case otherwise than careful, where "
         "careful's answer was right, and the pull request shows what the recommended one agreed. Skipped "
-        "without a generator or a careful stand-in. 0 (the default; `improve init` writes 100) skips it: "
-        "with stand-ins a round is seconds, and 100 cases add about a quarter to it.",
+        "without a generator or a careful stand-in, and with 0. With stand-ins a round is seconds, and 100 "
+        "cases add about a quarter to it; with a model behind an endpoint they add no call (careful runs them).",
     )
     bootstrap_resamples: int = Field(
         default=5000,

@@ -30,10 +30,11 @@ import dataclasses
 import queue
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 from improve import clock
-from improve.errors import EndpointError, ImproveError
+from improve.errors import EndpointError, ImproveError, ProposerCrash, raised
 from improve.evals import (
     Batch,
     CandidateCheck,
@@ -643,7 +644,7 @@ class Round:
         assert self.request is not None
         self.proposer = self._proposer()
         try:
-            self.proposal = self.proposer.propose(self.request)
+            self.proposal = self._asked("propose", partial(self.proposer.propose, self.request))
         except ProposalError as err:
             self.calls += err.calls  # asked, though nothing came of it
             chosen = self.diagnosis.chosen if self.diagnosis is not None else None
@@ -661,6 +662,21 @@ class Round:
             return False
         self.calls += self.proposal.calls
         return True
+
+    def _asked(self, what: str, call: Callable[[], Proposal]) -> Proposal:
+        """The proposer's answer to `call`; anything it raises but a `ProposalError` (its own bug: a
+        workspace's proposer module, an installed package's) is a `ProposerCrash` naming it, what it was
+        asked, and the file and line that raised, never a traceback."""
+        try:
+            return call()
+        except ImproveError:
+            raise
+        except Exception as err:
+            name = getattr(self.proposer, "name", type(self.proposer).__name__)
+            raise ProposerCrash(
+                f"proposer '{name}' crashed when asked to {what} a candidate: "
+                f"{raised(err, within=self.space.root)}"
+            ) from err
 
     def _last_without_rule(self, cluster: str) -> bool:
         """Whether `cluster`, for which a proposer that answers the same request the same way (the rule
@@ -720,7 +736,9 @@ class Round:
             if failed.name == OutOfSampleGate.name:
                 self._learn_from_generated_cases()
             try:
-                self.proposal = self.proposer.repair(self.request, self.proposal, failed)
+                self.proposal = self._asked(
+                    "repair", partial(self.proposer.repair, self.request, self.proposal, failed)
+                )
             except ProposalError as err:
                 self.calls += err.calls
                 self.gates.append(GateResult("repair", False, str(err)))
