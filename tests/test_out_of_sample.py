@@ -370,6 +370,56 @@ def test_the_out_of_sample_gate_refuses_a_new_branch_that_overrides_a_right_answ
     )
 
 
+def test_a_generated_case_s_wording_is_no_evidence_for_a_word_test() -> None:
+    """A user's generator wrote "It started N days ago" in every message: a repair's rule kept out of its
+    cases by `!message.matches('ago')`, which keeps out of the generator, not of the cases. Each generated
+    decision joins twice, its text emptied and filled with every training text, and no word is drawn
+    from a generated case: only the decision's other facts can keep it out."""
+    from improve.evals import GENERATED
+    from improve.loop.gates.out_of_sample import without_wording
+    from improve.loop.proposers.conditions import _text_atoms, decisions_by_name
+
+    generated = {
+        "thread_id": f"{GENERATED}generated-0007",
+        "scenario": "generated-0007",
+        "name": "triage",
+        "facts": {"owner": {"message": "It started 3 days ago, please call"}, "daysIll": 3},
+        "options": [{"type": "CALLBACK"}, {"type": "BOOK_URGENT"}],
+        "answered": {"type": "CALLBACK"},
+        "correct": [{"type": "BOOK_URGENT"}],
+        "passed": False,
+        "in_cluster": False,
+    }
+    training = [
+        {
+            **generated,
+            "thread_id": f"train:v0:s{i}:r1",
+            "scenario": f"s{i}",
+            "facts": {"owner": {"message": m}, "daysIll": 1},
+        }
+        for i, m in enumerate(["please call me back", "can a vet call", "call please"])
+    ]
+    kinds = {"facts.owner.message": "text", "facts.daysIll": "int"}
+    emptied, filled = without_wording([generated], training, kinds)
+    assert emptied["facts"] == {"owner": {"message": ""}, "daysIll": 3}
+    assert filled["facts"] == {
+        "owner": {"message": "call please\ncan a vet call\nplease call me back"},
+        "daysIll": 3,
+    }
+    assert generated["facts"]["owner"]["message"].startswith(
+        "It started"
+    )  # the case itself is left as it was
+    assert without_wording([generated], training, {"facts.daysIll": "int"}) == [generated]
+    cases = decisions_by_name([*training, emptied, filled])["triage"]
+    assert [c.generated for c in cases] == [False, False, False, True, True]
+    words = {a.value for a in _text_atoms(cases, "facts.owner.message")}
+    assert "call" in words and "ago" not in words and "started" not in words
+    # Nor, as they were drawn, from two generated cases that share the generator's words.
+    again = {**generated, "thread_id": f"{GENERATED}generated-0008", "scenario": "generated-0008"}
+    drawn = decisions_by_name([*training, generated, again])["triage"]
+    assert "ago" not in {a.value for a in _text_atoms(drawn, "facts.owner.message")}
+
+
 def test_an_environment_without_a_generator_says_how_to_give_it_one() -> None:
     env = dataclasses.replace(load_environment("refunds"), cases=None)
     with pytest.raises(WorkspaceError, match=r"has no generator of cases \(Environment.cases\)"):
@@ -411,8 +461,7 @@ def test_a_rule_that_reached_too_far_is_promoted_once_the_rule_in_front_of_it_is
     """On the expense claims desk, the first rule for late claims also rejects a held-out late claim
     without a receipt as late (the handbook says missing receipt: its first rule), and is discarded.
     Once the missing-receipt rule is promoted, the same late rule, behind it, no longer answers that
-    claim: the round tries it again rather than asking for a narrower rule forever, and it is promoted.
-    A cluster the rule miner found no rule for against the last version is not tried again against it."""
+    claim: the round tries it again rather than asking for a narrower rule forever, and it is promoted."""
     from improve.demo import demo_rounds
 
     config = _aimed(tmp_path, "expense-claims")
@@ -426,17 +475,18 @@ def test_a_rule_that_reached_too_far_is_promoted_once_the_rule_in_front_of_it_is
     assert summary.rounds.index(receipt) < summary.rounds.index(late[-1])
     assert any("would answer otherwise behind this baseline's branches" in line for line in said), said
     assert late[0].branches[0].guard == late[-1].branches[0].guard  # the same rule, another candidate now
-    # The escalation cluster, which had no rule against an earlier version, comes round again against the
-    # last one with nothing new either: nothing left to try (no candidate, no CHANGELOG entry). The rule
-    # miner, which answers the same request the same way, is not asked again, and the round says what
-    # is left.
-    again, last = summary.rounds[-2:]
-    assert again.nothing_new and again.decision_detail.startswith(
-        "nothing left to try: every cluster was tried along this policy's line, and "
-        "wrong-answer:review:APPROVE->ESCALATE, tried longest ago, came round again with nothing new"
-    ), again.decision_detail
-    assert last.status == "nothing-left-to-try" and not last.nothing_new, last
-    assert last.decision_detail.startswith("every failure cluster left was tried"), last.decision_detail
+    # The escalation cluster's first rule reached too far on generated claims: the gate refused it. Its
+    # cases' decisions, kept in the workspace, shape the rule the last round promotes for it, and then no
+    # training failure is left.
+    escalations = [r for r in summary.rounds if r.cluster and r.cluster.endswith("->ESCALATE")]
+    assert [r.status for r in escalations] == ["discarded", "recommended"], escalations
+    assert [g.name for g in escalations[0].gates if not g.ok] == ["out-of-sample", "repair"], escalations[
+        0
+    ].gates
+    last = summary.rounds[-1]
+    assert last.status == "nothing-left-to-try", last
+    assert last.decision_detail.startswith("no training failure or cost cluster left to address"), last
+    assert summary.final_held_out >= 0.8, (summary.start_held_out, summary.final_held_out)
 
 
 def test_two_counts_of_days_the_machine_compares_are_compared_by_a_learned_rule(tmp_path: Path) -> None:
@@ -763,32 +813,31 @@ def test_a_safer_rule_is_learned_behind_a_less_safe_branch_the_labels_prefer(tmp
     repaired twice; the handbook refunds first, and the environment ranks a replacement safer than a
     refund. Once the refund rule is promoted, the replace rule leaves the window to it, as the labels
     say wherever both match, and goes behind it: in front (the safer answer first), it had to keep out
-    of the window itself, which takes a fourth condition, and no rule was found. Its first condition
-    also replaced products near the end of their warranty, which the handbook repairs: the out-of-sample
-    gate showed generated claims of that kind, and the repair's rule keeps out of them. The escalation
-    rule, safer still, goes in front of every branch."""
+    of the window itself, which takes a fourth condition, and no rule was found. The escalation rule
+    goes in front of the replace branch (safer still, and no training decision shows both matching),
+    escalates a held-out claim the handbook replaces and is discarded; behind the replace branch it
+    answers the held-out decisions otherwise, so the next round tries it there, and it is promoted.
+    Without the out-of-sample gate: with it (the default), generated claims show the replace rule's
+    reach before any held-out read, and its repair keeps out of the window itself, in front."""
     from improve.demo import demo_rounds
     from improve.loop.branches import route
 
-    config = _aimed(tmp_path, "warranty-desk")
+    config = _aimed(tmp_path, "warranty-desk", out_of_sample_cases=0)
     said: list[str] = []
     summary = demo_rounds(Workspace.load(config), 6, 3, said.append, "naive", "record")
     promoted = [r for r in summary.rounds if r.recommended]
     answers = [b.answer.split("{")[0] for r in promoted for b in r.branches]
-    assert answers == ["DENY", "REFUND", "REPLACE", "ESCALATE"], answers
-    replacing = promoted[2]
-    replace = replacing.branches[0].guard
+    assert answers == ["REFUND", "REPLACE", "ESCALATE"], answers
+    replace = promoted[1].branches[0].guard
     assert "facts.product.repairsBefore >= 2" in replace and "ageDays <= 30" not in replace, replace
-    assert "placed after the rules already there" in str(replacing.rationale), replacing.rationale
-    assert "It keeps out of the 2 decision(s) of generated cases" in str(replacing.rationale), (
-        replacing.rationale
-    )
-    assert any(line.lstrip().startswith("gates: out-of-sample failed: ") for line in said), said
+    escalations = [r for r in summary.rounds if r.cluster and r.cluster.endswith("->ESCALATE")]
+    assert [r.status for r in escalations] == ["discarded", "recommended"], escalations
+    assert escalations[0].branches[0].guard == escalations[1].branches[0].guard  # the same rule, behind
+    assert any("would answer otherwise behind this baseline's branches" in line for line in said), said
+    assert "Tried again behind the branches there" in escalations[1].rationale, escalations[1].rationale
     space = Workspace.load(config)
     final = space.load_policy("warranty-desk", summary.final_version)
-    assert [b.event for b in route(final) if b.guard] == ["ESCALATE", "DENY", "REFUND", "REPLACE"], route(
-        final
-    )
+    assert [b.event for b in route(final) if b.guard] == ["REFUND", "REPLACE", "ESCALATE"], route(final)
     assert summary.final_held_out >= 0.8, (summary.start_held_out, summary.final_held_out)
     env = space.environment("warranty-desk")
     found = out_of_sample(env, [final], {"careful": env.models["careful"]}, n=200)

@@ -457,6 +457,11 @@ def test_a_full_round_recommends_and_leaves_a_branch_without_a_token(
     assert f"(seed {20261130 + 1}, labelled by careful's run of v0)" in refused, refused
     assert "labelled escalated, ended closed" in refused, refused
     assert "gates: all 9 pass (the eight built-in and out-of-sample) after 1 repair(s)" in said, said
+    # The cases' decisions are kept for the rounds after it (a later draw may not show them).
+    from improve.loop.generated import generated_path
+
+    kept_lines = generated_path(tmp_path, "refunds").read_text().splitlines()
+    assert len(kept_lines) == 2 and all('"correct": [{"type": "ESCALATE"}]' in line for line in kept_lines)
     assert [(b.guard, b.answer) for b in again.branches] == [
         (
             "facts.order.deliveredDaysAgo > 30 && facts.customer.refundsLast90d <= 2 && {'type': 'CLOSE'} in "
@@ -1672,6 +1677,31 @@ def test_the_workspace_remembers_discarded_candidates_in_its_state_directory(tmp
     path.write_text(path.read_text() + "\n" + path.read_text().splitlines()[0] + "\n", encoding="utf-8")
     with pytest.raises(WorkspaceError, match=r"refunds.jsonl, line 3: not a discarded candidate"):
         read_discarded(path)
+
+
+def test_the_workspace_keeps_the_generated_decisions_a_gate_refused_for_its_environment(
+    tmp_path: Path,
+) -> None:
+    """One JSON line per decision under .improve/generated/, with the key of the environment's files:
+    read back once each, only under the same key (a changed environment may answer them otherwise), a
+    line cut short ignored."""
+    from improve.loop.generated import environment_key, generated_path, keep, kept
+
+    path = generated_path(tmp_path, "refunds")
+    key, other = environment_key({"env.py": "aa"}), environment_key({"env.py": "bb"})
+    assert path == tmp_path / ".improve" / "generated" / "refunds.jsonl" and kept(path, key) == []
+    one = {
+        "thread_id": "out-of-sample:generated-0001",
+        "name": "choose",
+        "facts": {"days": 40},
+        "correct": [{"type": "ESCALATE"}],
+    }
+    two = {**one, "facts": {"days": 41}}
+    keep(path, [one, two], key)
+    keep(path, [one], key)  # the same case again, kept once
+    keep(path, [{**one, "facts": {"days": 9}}], other)
+    path.write_text(path.read_text() + '{"environment": "' + key + '", "decis', encoding="utf-8")
+    assert kept(path, key) == [one, two] and kept(path, other) == [{**one, "facts": {"days": 9}}]
 
 
 def test_a_round_moves_on_or_tries_a_narrower_or_broader_rule_after_a_discard() -> None:

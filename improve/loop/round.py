@@ -92,6 +92,8 @@ from improve.loop.gates import (
     gates_for,
 )
 from improve.loop.gates.out_of_sample import examples as oos_examples
+from improve.loop.gates.out_of_sample import without_wording
+from improve.loop.generated import environment_key, generated_path, keep, kept, same
 from improve.loop.impact import preview_impact
 from improve.loop.inputs import Inputs, RoundOptions, locate
 from improve.loop.proposers import (
@@ -760,10 +762,14 @@ class Round:
         found = self._oos_gate.found
         if found is None:
             return
-        known = {(e.get("thread_id"), e.get("name")) for e in self.request.examples}
-        new = [e for e in found.counterexamples() if (e["thread_id"], e["name"]) not in known]
+        known = {same(e) for e in self.request.examples}
+        new = [e for e in found.counterexamples() if same(e) not in known]
+        inputs = self.inputs
+        keep(generated_path(self.space.root, inputs.env_name), new, environment_key(inputs.env_hashes))
         if new:
-            self.request = dataclasses.replace(self.request, examples=[*self.request.examples, *new])
+            # Their text is the generator's: each joins twice, so that no word test keeps it out.
+            worded = without_wording(new, self.request.examples, self.request.vocabulary.fact_paths)
+            self.request = dataclasses.replace(self.request, examples=[*self.request.examples, *worded])
             self.say(
                 f"repair: the {len(new)} decision(s) of those generated cases, labelled by careful's answer, "
                 "join the training decisions the next rule must not answer wrongly"
@@ -1366,12 +1372,27 @@ class Round:
                 "goal": inputs.policy.description,
             },
             diagnosis=diagnosis.to_json(),
-            examples=[e | {"in_cluster": in_cluster(e, chosen)} for e in examples],
+            examples=[
+                e | {"in_cluster": in_cluster(e, chosen)} for e in [*examples, *self._generated(examples)]
+            ],
             discarded=[dataclasses.asdict(d) for d in self.discarded],
             narrower=self._again(self.focus.narrower, diagnosis.chosen.id),
             broader=self._again(self.focus.broader, diagnosis.chosen.id) if self.again else [],
             behind=self._behind_again(diagnosis.chosen.id),
         )
+
+    def _generated(self, examples: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """The generated cases' decisions earlier rounds' out-of-sample gates showed a candidate answering
+        wrongly (`loop.generated`), for this environment as it is, each twice (`without_wording`)."""
+        inputs = self.inputs
+        remembered = kept(
+            generated_path(self.space.root, inputs.env_name), environment_key(inputs.env_hashes)
+        )
+        if not remembered:
+            return []
+        known = {same(e) for e in examples}
+        fresh = [d for d in remembered if same(d) not in known]
+        return without_wording(fresh, examples, vocabulary(inputs.env).fact_paths)
 
     def _behind_again(self, cluster: str) -> list[dict[str, str]]:
         """The branches of `cluster`'s candidates tried again behind this baseline's (`_renew`): a rule

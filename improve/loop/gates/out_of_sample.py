@@ -21,12 +21,14 @@ said, and the gate passes without a check: a mistake of the environment's, not o
 
 from __future__ import annotations
 
+import copy
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from improve.errors import ImproveError
 from improve.evals import REFERENCE_MODEL, AgainstReference, CandidateCheck, Disagreement
+from improve.loop.branches import fact_at
 from improve.loop.gates.gate import GateContext, GateResult
 
 SHOWN = 3
@@ -87,6 +89,49 @@ class OutOfSampleGate:
                 if self._check is None:
                     self.error = f"the environment has no {REFERENCE_MODEL!r} stand-in to run the cases with"
         return self._check
+
+
+TEXT_KINDS = ("text", "string")
+"""The fact types whose values are words (`runtime.vocabulary`): free text, and strings."""
+
+
+def without_wording(
+    decisions: Sequence[Mapping[str, Any]],
+    training: Sequence[Mapping[str, Any]],
+    kinds: Mapping[str, str],
+) -> list[dict[str, Any]]:
+    """Each generated case's decision (`AgainstReference.counterexamples`) twice, its text facts (`kinds`:
+    fact path -> type) emptied in one and, in the other, every training decision's text at that path:
+    the generator's wording is no person's, and a rule that kept out of the decision only by a word
+    (`!message.matches('ago')`, a word every generated message has) would keep out of the generator,
+    not of the cases. No word test keeps out both copies, so the rule's other conditions must."""
+    texts = {path: kind for path, kind in kinds.items() if kind in TEXT_KINDS}
+    if not texts:
+        return [dict(d) for d in decisions]
+    every = {
+        path: "\n".join(
+            sorted({v for e in training if isinstance(v := fact_at(e.get("facts") or {}, path), str)})
+        )
+        for path in texts
+    }
+    copies: list[dict[str, Any]] = []
+    for decision in decisions:
+        for wording in ({p: "" for p in texts}, every):
+            facts = copy.deepcopy(dict(decision.get("facts") or {}))
+            for path, text in wording.items():
+                _set_at(facts, path, text)
+            copies.append({**decision, "facts": facts})
+    return copies
+
+
+def _set_at(facts: dict[str, Any], path: str, value: str) -> None:
+    """`value` at `path` (`facts.owner.message`) where the decision has a string there, else nothing."""
+    parts = path.split(".")[1:]
+    node: Any = facts
+    for part in parts[:-1]:
+        node = node.get(part) if isinstance(node, dict) else None
+    if isinstance(node, dict) and isinstance(node.get(parts[-1]), str):
+        node[parts[-1]] = value
 
 
 def overridden_example(d: Disagreement) -> str:

@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from improve.evals import GENERATED
 from improve.loop.branches import decision_input, fact_at, same_answer
 
 MIN_SUPPORT = 2
@@ -175,6 +176,9 @@ class Case:
     correct: list[dict[str, Any]]
     target: bool
     """A failure of the cluster this rule is for: its answer was not among the right ones."""
+    generated: bool = False
+    """A decision of a generated case (`evals.GENERATED`), labelled by careful: its text is the
+    generator's wording, which no word the miner tests is drawn from."""
 
     def offers(self, option: Mapping[str, Any]) -> bool:
         return any(same_answer(option, o) for o in self.options)
@@ -198,7 +202,11 @@ def decisions_by_name(examples: Sequence[Mapping[str, Any]]) -> dict[str, list[C
             and correct
             and not (answered and any(same_answer(answered, c) for c in correct))
         )
-        case = Case(str(e.get("scenario", "")), dict(e["facts"]), list(e["options"]), correct, target)
+        generated = str(e.get("thread_id", "")).startswith(GENERATED)
+        target = target and not generated  # careful's label tells what not to answer, not what to fix
+        case = Case(
+            str(e.get("scenario", "")), dict(e["facts"]), list(e["options"]), correct, target, generated
+        )
         by_name.setdefault(str(e.get("name", "")), []).append(case)
     return by_name
 
@@ -449,6 +457,8 @@ def _text_atoms(cases: Sequence[Case], path: str) -> list[Atom]:
     owners: dict[str, set[str]] = {}
     in_target: set[str] = set()
     for case in cases:
+        if case.generated:
+            continue  # the generator's wording is no person's: no word is drawn from it
         words = _words(str(fact_at(case.facts, path)))
         grams = set(words) | {f"{a} {b}" for a, b in itertools.pairwise(words)}
         for gram in grams:

@@ -55,7 +55,6 @@ from typing import Any
 import numpy as np
 
 from improve.errors import ImproveError, ProposalError
-from improve.evals import GENERATED
 from improve.loop.branches import (
     Branch,
     answer_on,
@@ -1465,16 +1464,16 @@ def _kept_out(rule: Rule, examples: Sequence[Mapping[str, Any]]) -> str:
     """What the rationale says of the generated cases' decisions a round added after the out-of-sample
     gate refused a candidate (`evals.GENERATED`): those the rule keeps out of, careful answering them
     otherwise."""
-    generated = [
-        case
-        for case in decisions_by_name(
-            [e for e in examples if str(e.get("thread_id", "")).startswith(GENERATED)]
-        ).get(rule.decision, [])
-        if not case.right(rule.action.output(case.facts))
-    ]
+    # Each is there twice, its text emptied and filled (`gates.out_of_sample.without_wording`): counted
+    # once, and kept out when both are.
+    generated: dict[str, bool] = {}
+    for case in decisions_by_name(examples).get(rule.decision, []):
+        if case.generated and not case.right(rule.action.output(case.facts)):
+            key = json.dumps([case.scenario, case.options], sort_keys=True, default=str)
+            generated[key] = generated.get(key, True) and not _holds(rule.terms, case.facts)
     if not generated:
         return ""
-    kept = sum(1 for case in generated if not _holds(rule.terms, case.facts))
+    kept = sum(generated.values())
     which = f"the {kept}" if kept == len(generated) else f"{kept} of the {len(generated)}"
     rest = "" if kept == len(generated) else " (the branches in front of it answer the others first)"
     return (
