@@ -44,10 +44,10 @@ from improve.runtime import (
 )
 
 REFERENCE_MODEL = "careful"
+"""The stand-in whose runs of the first policy label the cases a generator leaves unlabelled."""
 GENERATED = "out-of-sample:"
 """How the thread id of a generated case's decision a round adds to its training decisions begins
-(`Overridden.example`): what a rationale counts them by."""
-"""The stand-in whose runs of the first policy label the cases a generator leaves unlabelled."""
+(`Overridden.example`): what the rule miner knows them by."""
 CASES = 400
 SEED = 20261130
 UNNAMED = "generated"
@@ -157,11 +157,10 @@ class Agreement:
     refuses where the run waited (`PeopleScriptError`). Not counted in `cases`."""
     skipped_reason: str | None = None
     """The first of them, with its case: what to fix in the generator."""
-    overridden: frozenset[str] = frozenset()
-    """The ids of the `by_rule` cases: which of them a branch newer than another policy's answered
-    (`CandidateCheck`) is told case by case, not by their counts."""
     overrode: dict[str, tuple[Overridden, ...]] = field(default_factory=dict)
-    """Of each of them, the decisions a branch answered otherwise than the reference model."""
+    """Each `by_rule` case by its id, with the decisions a branch answered otherwise than the reference
+    model: which of them a branch newer than another policy's answered (`CandidateCheck`) is told case
+    by case, not by their counts."""
 
     @property
     def rate(self) -> float:
@@ -361,8 +360,7 @@ def agreement(
     agreed = 0
     per: Counter[str] = Counter()
     total: Counter[str] = Counter()
-    by_rule: list[str] = []
-    decisions: dict[str, tuple[Overridden, ...]] = {}
+    by_rule: dict[str, tuple[Overridden, ...]] = {}
     shown: list[Disagreement] = []
     ruled: list[Disagreement] = []
     unruled: list[Disagreement] = []
@@ -400,8 +398,7 @@ def agreement(
                 overrode,
             )
             if found.by_rule:
-                by_rule.append(case.id)
-                decisions[case.id] = overrode
+                by_rule[case.id] = overrode
             overriders.update(branches)
             if len(shown) < SHOWN:
                 shown.append(found)
@@ -421,8 +418,7 @@ def agreement(
         _halves(ruled, unruled, DRAFTS),
         len(skipped),
         skipped[0] if skipped else None,
-        frozenset(by_rule),
-        decisions,
+        by_rule,
     )
 
 
@@ -431,7 +427,7 @@ def _runnable(
 ) -> tuple[OutcomeRow, list[LogEntry], tuple[str, ...], tuple[Overridden, ...]] | PeopleScriptError:
     """`_checked_run`, or the error of a case whose generated person's answer the machine refuses where
     the run waits: a mistake of the generator, not of the policy, which one such case used to turn into
-    a round's exit 2 after every replay (the check is recorded, never decisive)."""
+    a round's exit 2 after every replay)."""
     try:
         return _checked_run(env, policy, compiled, model, case)
     except PeopleScriptError as error:
@@ -488,7 +484,7 @@ class AgainstReference:
         """The cases a branch of the candidate answered otherwise than the reference model, where the
         baseline's run agreed with the label or no branch of it overrode the model: what the candidate's
         own branches reach that they should not."""
-        return sorted(self.candidate.overridden - self.baseline.overridden)
+        return sorted(self.candidate.overrode.keys() - self.baseline.overrode.keys())
 
     def counterexamples(self) -> list[dict[str, Any]]:
         """The decisions of `newly_overridden` cases a branch answered otherwise than the reference model,

@@ -36,6 +36,7 @@ from typing import Any
 from improve import clock
 from improve.errors import EndpointError, ImproveError, ProposerCrash, raised
 from improve.evals import (
+    GENERATED,
     Batch,
     CandidateCheck,
     Ledger,
@@ -93,7 +94,7 @@ from improve.loop.gates import (
 )
 from improve.loop.gates.out_of_sample import examples as oos_examples
 from improve.loop.gates.out_of_sample import without_wording
-from improve.loop.generated import environment_key, generated_path, keep, kept, same
+from improve.loop.generated import environment_key, generated_path, keep, kept
 from improve.loop.impact import preview_impact
 from improve.loop.inputs import Inputs, RoundOptions, locate
 from improve.loop.proposers import (
@@ -762,14 +763,12 @@ class Round:
         found = self._oos_gate.found
         if found is None:
             return
-        known = {same(e) for e in self.request.examples}
-        new = [e for e in found.counterexamples() if same(e) not in known]
+        new = found.counterexamples()
         inputs = self.inputs
         keep(generated_path(self.space.root, inputs.env_name), new, environment_key(inputs.env_hashes))
         if new:
-            # Their text is the generator's: each joins twice, so that no word test keeps it out.
-            worded = without_wording(new, self.request.examples, self.request.vocabulary.fact_paths)
-            self.request = dataclasses.replace(self.request, examples=[*self.request.examples, *worded])
+            copies = self._worded(new, self.request.examples)
+            self.request = dataclasses.replace(self.request, examples=[*self.request.examples, *copies])
             self.say(
                 f"repair: the {len(new)} decision(s) of those generated cases, labelled by careful's answer, "
                 "join the training decisions the next rule must not answer wrongly"
@@ -1388,11 +1387,16 @@ class Round:
         remembered = kept(
             generated_path(self.space.root, inputs.env_name), environment_key(inputs.env_hashes)
         )
-        if not remembered:
-            return []
-        known = {same(e) for e in examples}
-        fresh = [d for d in remembered if same(d) not in known]
-        return without_wording(fresh, examples, vocabulary(inputs.env).fact_paths)
+        return self._worded(remembered, examples) if remembered else []
+
+    def _worded(
+        self, decisions: Sequence[Mapping[str, Any]], examples: Sequence[Mapping[str, Any]]
+    ) -> list[dict[str, Any]]:
+        """Generated cases' decisions as the miner reads them: their text is the generator's, so each joins
+        twice, emptied and filled with the training decisions' texts (never a generated one's), and no
+        word test keeps it out (`without_wording`)."""
+        training = [e for e in examples if not str(e.get("thread_id", "")).startswith(GENERATED)]
+        return without_wording(decisions, training, vocabulary(self.inputs.env).fact_paths)
 
     def _behind_again(self, cluster: str) -> list[dict[str, str]]:
         """The branches of `cluster`'s candidates tried again behind this baseline's (`_renew`): a rule
