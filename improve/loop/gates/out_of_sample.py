@@ -11,7 +11,10 @@ overrode a right answer the labelled scenarios never asked about. The proposer i
 input, world, label and where the candidate ended them) and asked for a rule that keeps out of them;
 the round also adds the decisions the branch answered there, labelled by careful's answer, to the
 training decisions the repair reads (`AgainstReference.counterexamples`), so the rule miner mines again
-and its rule must not answer them wrongly, as it must not answer a training decision wrongly.
+and its rule must not answer them wrongly, as it must not answer a training decision wrongly. Their
+text is the generator's wording, not a person's: each joins twice, its text emptied and filled
+(`without_wording`), so no word test keeps it out. The workspace keeps them for the rounds after
+(`loop/generated.py`).
 
 The cases are the round's, not the candidate's: each repair is checked on the same draw, and each read
 of the held-out set draws other cases (the seed is the objective's plus the reads before), so a rule
