@@ -373,8 +373,8 @@ def test_the_out_of_sample_gate_refuses_a_new_branch_that_overrides_a_right_answ
 def test_a_generated_case_s_wording_is_no_evidence_for_a_word_test() -> None:
     """A user's generator wrote "It started N days ago" in every message: a repair's rule kept out of its
     cases by `!message.matches('ago')`, which keeps out of the generator, not of the cases. Each generated
-    decision joins twice, its text emptied and filled with every training text, and no word is drawn
-    from a generated case: only the decision's other facts can keep it out."""
+    decision joins twice, its text emptied and filled with every word of the training texts, and no
+    word is drawn from a generated case: only the decision's other facts can keep it out."""
     from improve.evals import GENERATED
     from improve.loop.gates.out_of_sample import without_wording
     from improve.loop.proposers.conditions import _text_atoms, decisions_by_name
@@ -402,10 +402,8 @@ def test_a_generated_case_s_wording_is_no_evidence_for_a_word_test() -> None:
     kinds = {"facts.owner.message": "text", "facts.daysIll": "int"}
     emptied, filled = without_wording([generated], training, kinds)
     assert emptied["facts"] == {"owner": {"message": ""}, "daysIll": 3}
-    assert filled["facts"] == {
-        "owner": {"message": "call please\ncan a vet call\nplease call me back"},
-        "daysIll": 3,
-    }
+    # Every word and two-word phrase the miner could test, a line each (stopwords are never tested).
+    assert filled["facts"] == {"owner": {"message": "back\ncall\ncall back\nvet\nvet call"}, "daysIll": 3}
     assert generated["facts"]["owner"]["message"].startswith(
         "It started"
     )  # the case itself is left as it was

@@ -69,7 +69,8 @@ def quote(text: str) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def _words(text: str) -> list[str]:
+def words(text: str) -> list[str]:
+    """The words of a text the miner tests for: lower case, without stopwords."""
     return [w for w in WORD.findall(text.lower()) if w not in STOPWORDS]
 
 
@@ -459,8 +460,8 @@ def _text_atoms(cases: Sequence[Case], path: str) -> list[Atom]:
     for case in cases:
         if case.generated:
             continue  # the generator's wording is no person's: no word is drawn from it
-        words = _words(str(fact_at(case.facts, path)))
-        grams = set(words) | {f"{a} {b}" for a, b in itertools.pairwise(words)}
+        said = words(str(fact_at(case.facts, path)))
+        grams = set(said) | {f"{a} {b}" for a, b in itertools.pairwise(said)}
         for gram in grams:
             owners.setdefault(gram, set()).add(case.scenario)
         if case.target:
