@@ -975,6 +975,26 @@ def test_a_proposer_registered_in_the_workspace_is_used_by_name(tmp_path: Path) 
         ("out-of-sample", False),
         ("repair", False),
     ]
+    # What the check found of it is recorded, and the command the round prints to draft those cases as
+    # scenarios runs as it is, before anything is merged, and finds the same.
+    from improve.loop.render import round_lines
+    from improve.loop.round_record import read_round_record
+
+    checked = outcome["out_of_sample"]
+    assert checked["by_branch"] > 0 and checked["candidate_agreed"] < checked["baseline_agreed"] == 100
+    said = round_lines(read_round_record(tmp_path / outcome["report"]))
+    (hint,) = [
+        line.split("to label some of them: ", 1)[1] for line in said if "to label some of them: " in line
+    ]
+    assert hint == (
+        f"improve out-of-sample v0 {outcome['report']}/policy.json --cases 100 --seed {checked['seed']} -m careful "
+        "--env refunds --scenarios drafts.yaml"
+    ), hint
+    drafts = tmp_path / "drafts.yaml"
+    again = CliRunner().invoke(app, [*hint.split()[1:-1], str(drafts), "-w", str(tmp_path), "--json"])
+    assert again.exit_code == 0 and drafts.exists(), again.output
+    found = sorted(a["agreed"] for a in json.loads(again.stdout)["agreements"])
+    assert found == sorted([checked["baseline_agreed"], checked["candidate_agreed"]]), found
     unknown = CliRunner().invoke(app, [*args, "--proposer", "nobody"])
     assert (
         unknown.exit_code == 2
