@@ -25,7 +25,6 @@ said, and the gate passes without a check: a mistake of the environment's, not o
 from __future__ import annotations
 
 import copy
-import itertools
 import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -34,7 +33,7 @@ from improve.errors import ImproveError
 from improve.evals import REFERENCE_MODEL, AgainstReference, CandidateCheck, Disagreement
 from improve.loop.branches import fact_at
 from improve.loop.gates.gate import GateContext, GateResult
-from improve.loop.proposers.conditions import words
+from improve.loop.proposers.conditions import grams
 
 SHOWN = 3
 """The overridden cases a failure shows (each with its input, world, label and end)."""
@@ -107,7 +106,7 @@ def without_wording(
 ) -> list[dict[str, Any]]:
     """Each generated case's decision (`AgainstReference.counterexamples`) twice, its text facts (`kinds`:
     fact path -> type) emptied in one and, in the other, every word and two-word phrase of the training
-    decisions' texts at that path, one a line (what the rule miner tests for: `conditions.words`): the
+    decisions' texts at that path, one a line (what the rule miner tests for: `conditions.grams`): the
     generator's wording is no person's, and a rule that kept out of the decision only by a word
     (`!message.matches('ago')`, a word every generated message has) would keep out of the generator,
     not of the cases. No word test keeps out both copies, so the rule's other conditions must."""
@@ -127,11 +126,8 @@ def without_wording(
 
 def _grams(training: Sequence[Mapping[str, Any]], path: str) -> set[str]:
     """The words and two-word phrases of the training decisions' texts at `path`, each once."""
-    found: set[str] = set()
-    for text in {v for e in training if isinstance(v := fact_at(e.get("facts") or {}, path), str)}:
-        said = words(text)
-        found.update(said, (f"{a} {b}" for a, b in itertools.pairwise(said)))
-    return found
+    texts = {v for e in training if isinstance(v := fact_at(e.get("facts") or {}, path), str)}
+    return set().union(*(grams(text) for text in texts))
 
 
 def _set_at(facts: dict[str, Any], path: str, value: str) -> None:

@@ -69,9 +69,15 @@ def quote(text: str) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def words(text: str) -> list[str]:
+def _words(text: str) -> list[str]:
     """The words of a text the miner tests for: lower case, without stopwords."""
     return [w for w in WORD.findall(text.lower()) if w not in STOPWORDS]
+
+
+def grams(text: str) -> set[str]:
+    """The words and two-word phrases of a text the miner may test it for (`_text_atoms`)."""
+    said = _words(text)
+    return set(said) | {f"{a} {b}" for a, b in itertools.pairwise(said)}
 
 
 def _phrase_pattern(phrase: str) -> str:
@@ -460,12 +466,11 @@ def _text_atoms(cases: Sequence[Case], path: str) -> list[Atom]:
     for case in cases:
         if case.generated:
             continue  # the generator's wording is no person's: no word is drawn from it
-        said = words(str(fact_at(case.facts, path)))
-        grams = set(said) | {f"{a} {b}" for a, b in itertools.pairwise(said)}
-        for gram in grams:
+        found = grams(str(fact_at(case.facts, path)))
+        for gram in found:
             owners.setdefault(gram, set()).add(case.scenario)
         if case.target:
-            in_target |= grams
+            in_target |= found
     atoms = []
     for gram in sorted(owners):
         if len(owners[gram]) >= MIN_SUPPORT and (gram in in_target or " " not in gram):
