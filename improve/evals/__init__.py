@@ -107,6 +107,7 @@ if TYPE_CHECKING:
         against_reference,
         candidate_check,
         check_out_of_sample,
+        is_generated,
     )
     from improve.evals.promotion import Check, PromotionDecision, decide, fixed_note, gain_phrase, p_value
     from improve.evals.report import describe_model, scorecard_markdown
@@ -166,6 +167,7 @@ _LAZY = {
     "CandidateCheck": "improve.evals.out_of_sample",
     "Disagreement": "improve.evals.out_of_sample",
     "candidate_check": "improve.evals.out_of_sample",
+    "is_generated": "improve.evals.out_of_sample",
     "check_out_of_sample": "improve.evals.out_of_sample",
     "Ledger": "improve.evals.ledger",
     "Recorded": "improve.evals.ledger",
@@ -261,6 +263,7 @@ __all__ = [
     "gain_phrase",
     "history_chart",
     "input_problems",
+    "is_generated",
     "kept_aside",
     "label_problem",
     "leak_warnings",

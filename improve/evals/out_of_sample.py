@@ -48,6 +48,13 @@ REFERENCE_MODEL = "careful"
 GENERATED = "out-of-sample:"
 """How the thread id of a generated case's decision a round adds to its training decisions begins
 (`Overridden.example`): what the rule miner knows them by."""
+
+
+def is_generated(example: Mapping[str, Any]) -> bool:
+    """Whether a training decision (as `loop.evidence` writes one) is a generated case's (`GENERATED`)."""
+    return str(example.get("thread_id", "")).startswith(GENERATED)
+
+
 CASES = 400
 SEED = 20261130
 UNNAMED = "generated"

@@ -36,7 +36,6 @@ from typing import Any
 from improve import clock
 from improve.errors import EndpointError, ImproveError, ProposerCrash, raised
 from improve.evals import (
-    GENERATED,
     Batch,
     CandidateCheck,
     Ledger,
@@ -56,6 +55,7 @@ from improve.evals import (
     decide,
     every,
     fallbacks,
+    is_generated,
     kept_aside,
     mistyped_warnings,
     outcome_row,
@@ -1395,7 +1395,7 @@ class Round:
         """Generated cases' decisions as the miner reads them: their text is the generator's, so each joins
         twice, emptied and filled with the training decisions' texts (never a generated one's), and no
         word test keeps it out (`without_wording`)."""
-        training = [e for e in examples if not str(e.get("thread_id", "")).startswith(GENERATED)]
+        training = [e for e in examples if not is_generated(e)]
         return without_wording(decisions, training, vocabulary(self.inputs.env).fact_paths)
 
     def _behind_again(self, cluster: str) -> list[dict[str, str]]:

@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from improve.evals import GENERATED
+from improve.evals import is_generated
 from improve.loop.branches import decision_input, fact_at, same_answer
 
 MIN_SUPPORT = 2
@@ -209,7 +209,7 @@ def decisions_by_name(examples: Sequence[Mapping[str, Any]]) -> dict[str, list[C
             and correct
             and not (answered and any(same_answer(answered, c) for c in correct))
         )
-        generated = str(e.get("thread_id", "")).startswith(GENERATED)
+        generated = is_generated(e)
         target = target and not generated  # careful's label tells what not to answer, not what to fix
         case = Case(
             str(e.get("scenario", "")), dict(e["facts"]), list(e["options"]), correct, target, generated
