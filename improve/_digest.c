@@ -1,6 +1,7 @@
 /* The hash chain's fast path in C: `improve.log.chain.check_chain` over lines as `LogEntry.to_line`
- * writes them, and a snapshot's text against its journaled stateHash (`improve.machine.fold`); and the
- * walk over a thread's lines in a streamed replay's first pass (`same_ending`, below).
+ * writes them, and a snapshot's text against its journaled stateHash (`improve.machine.fold`); and, for a
+ * streamed replay, the walk over a thread's lines in its first pass (`same_ending`) and the split of a
+ * block into checked lines in its second (`split_block`), below.
  *
  * Why C: verifying a replay hashes every entry and every journaled state (chain.py says what is hashed).
  * In Python each entry cost its sha256 (about 0.4 us for a 600-byte line, most of it the compression)
@@ -277,9 +278,68 @@ same_ending(PyObject *self, PyObject *args)
     return Py_BuildValue("nn", start, lines);
 }
 
+/* split_block(block, max_depth, max_bytes) -> (lines, fit, breaks) or None: `stream._lines_of`'s checked
+ * split of a block of whole lines in one walk, where Python took five (`lines.bracketed_lines`'s
+ * `translate`, its searches, `split`, `lines_fit` twice): the LF-separated lines, the text after the last
+ * LF left out when it is blank (`bytes.strip`'s whitespace); `fit` whether no line has more than
+ * `max_depth` opening brackets nor more than `max_bytes` bytes; `breaks` the block's LFs. None (the
+ * caller splits the slow, exact way) when the block holds a CR or an LF-ended line without an opening
+ * bracket (so perhaps blank). The translate alone was a sixteenth of a streamed replay. */
+static PyObject *
+split_block(PyObject *self, PyObject *args)
+{
+    PyObject *block;
+    Py_ssize_t max_depth, max_bytes;
+    if (!PyArg_ParseTuple(args, "O!nn", &PyBytes_Type, &block, &max_depth, &max_bytes))
+        return NULL;
+    const char *data = PyBytes_AS_STRING(block);
+    Py_ssize_t size = PyBytes_GET_SIZE(block);
+    if (size && memchr(data, '\r', (size_t)size) != NULL)
+        Py_RETURN_NONE;
+    PyObject *lines = PyList_New(0);
+    if (lines == NULL)
+        return NULL;
+    int fit = 1;
+    Py_ssize_t breaks = 0, start = 0;
+    for (;;) {
+        const char *found = start < size ? memchr(data + start, '\n', (size_t)(size - start)) : NULL;
+        Py_ssize_t stop = found != NULL ? found - data : size;
+        Py_ssize_t brackets = 0;
+        for (Py_ssize_t i = start; i < stop; i++)
+            brackets += (data[i] == '[') | (data[i] == '{');
+        if (brackets > max_depth || stop - start > max_bytes)
+            fit = 0;
+        if (found != NULL) {
+            if (brackets == 0) {
+                Py_DECREF(lines);
+                Py_RETURN_NONE;
+            }
+            breaks++;
+        } else {
+            int blank = 1;
+            for (Py_ssize_t i = start; i < stop && blank; i++)
+                blank = memchr(" \t\n\r\x0b\x0c", data[i], 6) != NULL;
+            if (blank)
+                break;
+        }
+        PyObject *line = PyBytes_FromStringAndSize(data + start, stop - start);
+        if (line == NULL || PyList_Append(lines, line) < 0) {
+            Py_XDECREF(line);
+            Py_DECREF(lines);
+            return NULL;
+        }
+        Py_DECREF(line);
+        if (found == NULL)
+            break;
+        start = stop + 1;
+    }
+    return Py_BuildValue("NOn", lines, fit ? Py_True : Py_False, breaks);
+}
+
 static PyMethodDef methods[] = {
     {"same_ending", same_ending, METH_VARARGS, "Walk past the lines of a block that end as given (stream's first pass)."},
     {"links", links, METH_VARARGS, "Verify a thread's entries over their lines, as chain.check_chain's fast path."},
+    {"split_block", split_block, METH_VARARGS, "Split a block of whole lines and check them (stream's second pass)."},
     {"sha256_is", sha256_is, METH_VARARGS, "Whether the sha256 of the joined pieces has the given lowercase hex digest."},
     {NULL, NULL, 0, NULL},
 };

@@ -802,6 +802,38 @@ def test_a_snapshot_s_digest_is_checked_in_c_as_hashlib_checks_it(pieces: list[b
     assert digest.sha256_is(tuple(pieces), right.upper()) is (right.upper() == right)
 
 
+@settings(max_examples=examples(300), deadline=None)
+@given(
+    block=st.lists(
+        st.sampled_from(
+            [b"{", b"[", b"}", b"]", b"a", b" ", b"\t", b"\x0c", b"\n", b"\r", b'"', b"\xc3\xa9"]
+        ),
+        max_size=60,
+    ).map(b"".join),
+    depth=st.integers(0, 4),
+    size=st.integers(0, 12),
+)
+def test_a_block_is_split_and_checked_in_c_as_in_python(block: bytes, depth: int, size: int) -> None:
+    """`split_block` (improve/_digest.c, the second pass's split of a block into lines) gives the lines,
+    their LFs and whether every one is short and shallow enough, as `stream._lines_of` finds them in
+    Python, and leaves a block with a CR or a line without an opening bracket to the slow path."""
+    digest = native.digest()
+    if digest is None:
+        pytest.skip("improve._digest is not built, or IMPROVE_PURE is set")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(stream, "MAX_JSON_DEPTH", depth)
+        patch.setattr(stream, "MAX_LINE_BYTES", size)
+        patch.setattr(stream, "_SPLIT_BLOCK", None)
+        numbers, lines, fit, breaks = stream._lines_of(block, 3, True)
+        found = stream.bracketed_lines(block, depth) if b"\r" not in block else None
+    split = digest.split_block(block, depth, size)
+    if found is None:
+        assert split is None
+        return
+    assert split == (list(lines), fit, breaks)
+    assert list(numbers) == list(range(3, 3 + len(lines)))
+
+
 def _zoned(value: str) -> bool:
     """`LogEntry`'s test of a timestamp, as it is written there: parsed, and with a zone."""
     from datetime import datetime

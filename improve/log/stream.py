@@ -47,6 +47,10 @@ _SAME_ENDING: Callable[[bytes, int, bytes, bool], tuple[int, int]] | None = geta
     digest(), "same_ending", None
 )
 """`same_ending` of improve/_digest.c, or None (`improve.native.digest`): the first pass's walk in C."""
+_SPLIT_BLOCK: Callable[[bytes, int, int], tuple[list[bytes], bool, int] | None] | None = getattr(
+    digest(), "split_block", None
+)
+"""`split_block` of improve/_digest.c, or None: the second pass's split and check of a block in C."""
 _key = hash  # how the first pass remembers a thread it has seen (a test makes every key collide)
 
 
@@ -149,6 +153,12 @@ def _lines_of(
     block: bytes, first: int, check: bool
 ) -> tuple[Iterable[int], Sequence[bytes | LongLine], bool, int]:
     """One block's lines (see `_blocks`), the first numbered `first`, and the block's LFs."""
+    if check and _SPLIT_BLOCK is not None:
+        # The same split and checks as below, in one walk of the block (improve/_digest.c).
+        split = _SPLIT_BLOCK(block, MAX_JSON_DEPTH, MAX_LINE_BYTES)
+        if split is not None:
+            checked, fits, count = split
+            return range(first, first + len(checked)), checked, fits, count
     found = bracketed_lines(block, MAX_JSON_DEPTH) if check and b"\r" not in block else None
     lines: list[bytes]
     if not check or found is not None:
