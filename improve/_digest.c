@@ -21,6 +21,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 #include <openssl/evp.h>
 #include <string.h>
 
@@ -85,6 +86,65 @@ text_attr(PyObject *value, Py_ssize_t *size)
     return text;
 }
 
+/* Reading a struct's field where it lies. msgspec keeps a Struct's fields in slots, described by member
+ * descriptors; PyObject_GetAttr finds the descriptor through the type on every read, and `links` read five
+ * fields an entry that way (a tenth of a verified replay's extra cost). A type's slot offsets are looked
+ * up once (`Slots`) and a field is then read at its offset, for objects of exactly that type. */
+typedef struct {
+    PyTypeObject *type; /* the type the offsets are of (a borrowed pointer, compared only), or NULL */
+    Py_ssize_t offsets[3];
+} Slots;
+
+static Slots entry_slots, verification_slots;
+
+/* The offset of the object slot `name` of `type`, or -1 (no such slot: the caller reads it generically). */
+static Py_ssize_t
+slot_offset(PyTypeObject *type, PyObject *name)
+{
+    Py_ssize_t offset = -1;
+    PyObject *descr = PyObject_GetAttr((PyObject *)type, name);
+    if (descr == NULL) {
+        PyErr_Clear();
+        return -1;
+    }
+    if (Py_IS_TYPE(descr, &PyMemberDescr_Type)) {
+        PyMemberDef *member = ((PyMemberDescrObject *)descr)->d_member;
+        if (member->type == T_OBJECT_EX && !(member->flags & READ_RESTRICTED))
+            offset = member->offset;
+    }
+    Py_DECREF(descr);
+    return offset;
+}
+
+/* `slots` made for `type` and the `count` names, unless they are already; 0 when a name has no slot. */
+static int
+slots_for(Slots *slots, PyTypeObject *type, PyObject *const *names, int count)
+{
+    if (slots->type == type)
+        return 1;
+    slots->type = NULL;
+    for (int i = 0; i < count; i++) {
+        slots->offsets[i] = slot_offset(type, names[i]);
+        if (slots->offsets[i] < 0)
+            return 0;
+    }
+    slots->type = type;
+    return 1;
+}
+
+/* The field at `offset` of `object`, a new reference; NULL with AttributeError set when it is unset. */
+static PyObject *
+slot_value(PyObject *object, Py_ssize_t offset)
+{
+    PyObject *value = *(PyObject **)((char *)object + offset);
+    if (value == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "a struct field is unset");
+        return NULL;
+    }
+    Py_INCREF(value);
+    return value;
+}
+
 /* links(entries, lines, start, opening, thread, tail, bulk) -> int
  *
  * Verify entries[start:] as chain.check_chain's fast path does, while each is a `bulk` instance of
@@ -101,6 +161,9 @@ links(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "O!O!ny#Oy#O!", &PyList_Type, &entries, &PyList_Type, &lines, &start,
                           &opening_in, &opening_size, &thread, &tail, &tail_size, &PyType_Type, &bulk))
         return NULL;
+    PyObject *const entry_names[3] = {s_schemaVersion, s_threadId, s_verification};
+    PyObject *const hash_names[2] = {s_entryHash, s_stateHash};
+    slots_for(&entry_slots, (PyTypeObject *)bulk, entry_names, 3);
     Py_ssize_t count = PyList_GET_SIZE(entries);
     if (PyList_GET_SIZE(lines) != count || start < 0)
         return PyLong_FromSsize_t(start < 0 ? 0 : start);
@@ -116,10 +179,16 @@ links(PyObject *self, PyObject *args)
         if (!PyObject_TypeCheck(entry, (PyTypeObject *)bulk) || !PyBytes_CheckExact(line))
             break;
         int ok = 0;
-        PyObject *version = PyObject_GetAttr(entry, s_schemaVersion);
-        PyObject *entry_thread = PyObject_GetAttr(entry, s_threadId);
-        PyObject *verification = PyObject_GetAttr(entry, s_verification);
-        PyObject *found_obj = NULL, *state_obj = NULL;
+        PyObject *version, *entry_thread, *verification, *found_obj = NULL, *state_obj = NULL;
+        if (Py_TYPE(entry) == entry_slots.type) {
+            version = slot_value(entry, entry_slots.offsets[0]);
+            entry_thread = slot_value(entry, entry_slots.offsets[1]);
+            verification = slot_value(entry, entry_slots.offsets[2]);
+        } else {
+            version = PyObject_GetAttr(entry, s_schemaVersion);
+            entry_thread = PyObject_GetAttr(entry, s_threadId);
+            verification = PyObject_GetAttr(entry, s_verification);
+        }
         if (version == NULL || entry_thread == NULL || verification == NULL)
             goto done;
         if (!PyLong_CheckExact(version) || PyLong_AsLong(version) != 2)
@@ -131,8 +200,13 @@ links(PyObject *self, PyObject *args)
         }
         if (verification == Py_None)
             goto done;
-        found_obj = PyObject_GetAttr(verification, s_entryHash);
-        state_obj = PyObject_GetAttr(verification, s_stateHash);
+        if (slots_for(&verification_slots, Py_TYPE(verification), hash_names, 2)) {
+            found_obj = slot_value(verification, verification_slots.offsets[0]);
+            state_obj = slot_value(verification, verification_slots.offsets[1]);
+        } else {
+            found_obj = PyObject_GetAttr(verification, s_entryHash);
+            state_obj = PyObject_GetAttr(verification, s_stateHash);
+        }
         if (found_obj == NULL || state_obj == NULL)
             goto done;
         Py_ssize_t found_size, state_size = 0;

@@ -495,8 +495,10 @@ def _snapshot_pieces(run: FoldRun, invoke: tuple[str, str] | None) -> tuple[byte
     another, keys sorted, so the pieces joined in the keys' order (context, error, input, then invoke,
     output, status, value) are the text of the whole; None where msgspec cannot write a piece."""
     if run.input_text is None:
-        run.input_text = sorted_text(run.input)
-        if run.input_text is None:
+        # `sorted_text` inline, here and below, as for the context.
+        try:
+            run.input_text = SORTED_ENCODER.encode(run.input)
+        except Exception:
             return None
     context = run.context
     if context is not run.text_context:
@@ -513,17 +515,17 @@ def _snapshot_pieces(run: FoldRun, invoke: tuple[str, str] | None) -> tuple[byte
     key = (invoke, run.status, run.value) if run.output is None else None
     rest = _REST.get(key) if key is not None else None
     if rest is None:
-        rest = sorted_text(
-            {
-                "invoke": {"id": invoke[0], "src": invoke[1]} if invoke else None,
-                "output": run.output,
-                "status": run.status,
-                "value": run.value,
-            }
-        )
-        if rest is None:
+        try:
+            rest = SORTED_ENCODER.encode(
+                {
+                    "invoke": {"id": invoke[0], "src": invoke[1]} if invoke else None,
+                    "output": run.output,
+                    "status": run.status,
+                    "value": run.value,
+                }
+            )[1:]
+        except Exception:
             return None
-        rest = rest[1:]
         if key is not None and len(_REST) < _REST_KEPT:
             _REST[key] = rest
     # shallow_json's keys in order: context, error, input, then the rest (invoke, output, status, value).
