@@ -1608,6 +1608,10 @@ def test_held_out_reads_are_counted_per_set_and_warn_past_what_the_set_supports(
     # The table output: "held-out read 4 times" and the warning.
     fourth = CliRunner().invoke(app, args)
     assert "held-out read 4 times" in fourth.stdout and "warning: held-out set" in fourth.stdout
+    # The summary gives it whole, once; the round's progress (stderr) says it in a line.
+    (whole,) = [line for line in fourth.stdout.splitlines() if "warning: held-out set" in line]
+    (short,) = [line for line in fourth.stderr.splitlines() if "warning: held-out set" in line]
+    assert "sqrt(" in whole and "sqrt(" not in short and "would support 4 reads" in short, short
 
     # The round never ran the sealed scenario: no thread, no warehouse row.
     assert not list((tmp_path / "traces").glob("*sealed-one*"))

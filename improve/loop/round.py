@@ -1041,8 +1041,8 @@ class Round:
         if self.verdict is not None:
             # The promotion rule read the candidate's held-out runs: one more read of the held-out set.
             record.held_out = self.inputs.memory.held_out
-            if record.held_out.warning:
-                self.say(f"warning: {record.held_out.warning}")
+            if record.held_out.short:
+                self.say(f"warning: {record.held_out.short}")
         return Recorder(self.inputs, self.say, self.opts.allow_insecure_github).leave(record)
 
     # --- what the steps share -------------------------------------------------------------------

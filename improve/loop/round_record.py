@@ -20,7 +20,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_serializer, model_validator
 
 from improve.errors import ImproveError, WorkspaceError
-from improve.evals import PromotionDecision, Quarantined, Reruns, Scorecard, VersionScore
+from improve.evals import PromotionDecision, Quarantined, Reruns, Scorecard, VersionScore, scenarios_needed
 from improve.files import write_atomic
 from improve.loop.diagnose import Hypothesis
 from improve.loop.gates import GateResult
@@ -86,6 +86,19 @@ class HeldOutReuse(Part):
     sentence: str = ""
     """`Held-out set `KEY` (27 scenarios) read 3 times, ...`: the read and its bound, as the CHANGELOG
     entry and the PR body say it (written from the figures when not given)."""
+
+    @property
+    def short(self) -> str | None:
+        """The warning in one line, as a round's progress says it (the report, the CHANGELOG entry and
+        the summary give it whole); None within what the set supports."""
+        if not self.warning:
+            return None
+        return (
+            f"held-out set `{self.key}` read by {self.read} rounds, more than the {self.supported} its "
+            f"{self.scenarios} scenarios support: its pass rates may be biased by up to {self.bias_bound:.3f}; "
+            f"{scenarios_needed(self.read, self.max_bias)} held-out scenarios would support {self.read} reads, "
+            "or score a sealed `split: test` set once (the report says more)"
+        )
 
     @model_validator(mode="after")
     def _said(self) -> HeldOutReuse:
