@@ -490,7 +490,7 @@ def test_a_run_a_crashing_tool_stops_still_records_the_threads_that_finished(tmp
         ws, "run", "--model", "careful", "--k", "1", "--split", "held-out", "--concurrency", "1"
     )
     assert code == 3 and "actor 'credits.issue' crashed" in output, output
-    assert "recorded the 3 finished thread(s) in the warehouse before stopping" in output, output
+    assert "recorded the 3 thread(s) this run finished in the warehouse before stopping" in output, output
     code, output = improve(ws, "sql", "select count(*) as n from outcomes", "--format", "csv")
     assert code == 0 and output.split() == ["n", "3"], output
 

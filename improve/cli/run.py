@@ -371,9 +371,11 @@ def _keep_finished(
             f"warning: the finished threads could not be recorded in the warehouse: {error}", markup=False
         )
         return
-    err.print(
-        f"recorded the {len(written)} finished thread(s) in the warehouse before stopping", markup=False
-    )
+    if rewritten:  # threads of earlier runs are no news: a run stopped before its first says nothing
+        err.print(
+            f"recorded the {len(rewritten)} thread(s) this run finished in the warehouse before stopping",
+            markup=False,
+        )
 
 
 def outcome_table(rows: list[OutcomeRow]) -> Table:
