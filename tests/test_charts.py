@@ -82,6 +82,15 @@ def test_the_history_chart_is_two_lines_over_the_versions_golden() -> None:
     assert block[0] == "```mermaid" and block[2] == "```"
     assert block[4].startswith("Lines: train in blue, held-out in orange.")
     assert history_chart(HISTORY[:1]) is None  # one version is a number, not a trend
+    assert "scenarios changed" not in chart.caption
+    # Rounds that read other held-out sets (scenarios added between them): the caption says which
+    # versions each set measured, as a drop from one set to the next may be the scenarios'.
+    moved = [
+        dataclasses.replace(v, held_out_set=key)
+        for v, key in zip(HISTORY, ("aaa", "aaa", "bbb"), strict=True)
+    ]
+    said = history_chart(moved)
+    assert said is not None and "2 held-out sets; `aaa`: v0, v1, `bbb`: v2" in said.caption, said.caption
 
 
 def test_the_category_chart_puts_before_and_after_bars_side_by_side_and_escapes_labels_golden() -> None:
@@ -242,6 +251,9 @@ def test_the_history_follows_the_line_of_recommended_versions_with_their_newest_
         ("v3", 0.3),
         ("v5", 0.5),
     ]
+    # Each point keeps the held-out set its round read, for the chart to say where the set changed.
+    read = dataclasses.replace(current, held_out=("c0ffee", 4))
+    assert [h.held_out_set for h in policy_history(entries, "v5", read)][-2:] == ["c0ffee", "c0ffee"]
     # A loop in hand-edited entries ends the walk instead of hanging it.
     looped = [Entry("v1", "v2", "a", True, {}, {}), Entry("v2", "v1", "b", True, {}, {})]
     assert policy_history(looped, "v2") == []

@@ -41,6 +41,8 @@ class VersionScore:
     train: float
     held_out: float
     round_id: str | None = None
+    held_out_set: str | None = None
+    """The key of the held-out set that round read (`evals.set_key`), when its CHANGELOG entry says."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,21 @@ def history_chart(history: Sequence[VersionScore]) -> Chart | None:
     than two versions (one point is a number, not a trend)."""
     if len(history) < 2:
         return None
+    caption = (
+        "Each version as the latest round on the same model that measured it recorded it (the "
+        "policies' CHANGELOG), along the line of versions that led here."
+    )
+    sets = list(dict.fromkeys(p.held_out_set for p in history if p.held_out_set))
+    if len(sets) > 1:
+        # Scenarios added between rounds move the figures as much as a policy does (a user read a drop
+        # from v3 to v4 that was the new scenarios').
+        measured = ", ".join(
+            f"`{key}`: {', '.join(p.version for p in history if p.held_out_set == key)}" for key in sets
+        )
+        caption += (
+            f" The scenarios changed along the line ({len(sets)} held-out sets; {measured}): between "
+            "versions measured on different sets, a rise or a fall may be the scenarios', not the policy's."
+        )
     return Chart(
         title="Pass rate by policy version",
         x_title="policy version",
@@ -76,8 +93,7 @@ def history_chart(history: Sequence[VersionScore]) -> Chart | None:
             Series("train", "line", tuple(p.train for p in history), BLUE),
             Series("held-out", "line", tuple(p.held_out for p in history), ORANGE),
         ),
-        caption="Each version as the latest round on the same model that measured it recorded it (the "
-        "policies' CHANGELOG), along the line of versions that led here.",
+        caption=caption,
     )
 
 

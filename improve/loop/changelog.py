@@ -338,12 +338,13 @@ def policy_history(entries: Sequence[Entry], head: str, current: Entry | None = 
     start = current or next((e for e in entries[::-1] if e.candidate == head), None)
     if start is None:
         return []
-    rates: dict[str, tuple[float, float, str]] = {}
+    rates: dict[str, tuple[float, float, str, str | None]] = {}
 
     def note(version: str, scores: dict[str, float], step: Entry) -> None:
         same = step.model is None or start.model is None or step.model == start.model
         if same and version not in rates and "train" in scores and "held-out" in scores:
-            rates[version] = (scores["train"], scores["held-out"], step.round_id)
+            held_out = step.held_out[0] if step.held_out else None
+            rates[version] = (scores["train"], scores["held-out"], step.round_id, held_out)
 
     chain = [start.candidate]
     step: Entry | None = start
