@@ -565,6 +565,27 @@ def test_a_model_without_its_key_stops_the_run_at_the_first_call(tmp_path: Path)
     assert not list((ws / "traces").glob("*.jsonl"))
 
 
+def test_a_fresh_run_that_stops_keeps_the_threads_it_was_to_replace(serve: Serve, tmp_path: Path) -> None:
+    """`--fresh` replaces a recorded thread with a run that finished: one that stops (here, a call its
+    replay does not hold) leaves the thread as it was (it was deleted before the run started), and the
+    error names the scenario, not only the request's hash."""
+    ws = workspace(tmp_path, serve(naive_desk).url)
+    one = ("--scenario", "small-refund-01", "--split", "train")
+    run(ws, *one)
+    path = ws / "traces" / "train:v0:fake:small-refund-01:r1.jsonl"
+    before = path.read_bytes()
+    shutil.rmtree(ws / ".improve" / "cache")
+    result = runner.invoke(
+        app,
+        ["run", "-w", str(ws), "--model", "fake", "--k", "1", *one, "--fresh", "--cache", "replay"],
+        env={KEY_ENV: SECRET},
+    )
+    said = " ".join(result.stderr.split())
+    assert result.exit_code != 0 and "scenario 'small-refund-01' (train, run 1): no recorded response" in said
+    assert "Traceback" not in result.output
+    assert path.read_bytes() == before
+
+
 def test_threads_recorded_with_another_setup_say_how_to_go_on(serve: Serve, tmp_path: Path) -> None:
     """Recorded threads are reused only for what they were recorded with. A model set up otherwise (its
     temperature changed) is the run's to redo: --fresh, or a name of its own. A policy edited under its

@@ -27,6 +27,7 @@ from improve.errors import (
     ImproveError,
     LogError,
     MachineError,
+    ReplayMissError,
     RunError,
     ScenarioError,
     SpendLimitError,
@@ -332,8 +333,6 @@ def _run_one(
     if meter is not None and meter.over_limit():
         raise SpendLimitError(f"the spend limit of ${meter.limit_usd} is reached: {meter.summary()}")
     thread_id = spec.thread_id(scenario, run_number)
-    if store.exists(thread_id):
-        store.delete(thread_id)
     # A fresh model per run, seeded by scenario and run: reproducible, and runs differ.
     model = models(f"{scenario.id}:r{run_number}")
     recorded = recordings(scenario, run_number) if recordings is not None else None
@@ -364,6 +363,15 @@ def _run_one(
             "`improve scenarios check` runs every scenario once with careful and names each one whose run "
             "stops, with its line"
         ) from err
+    except ReplayMissError as err:
+        raise ReplayMissError(
+            f"scenario '{scenario.id}' ({scenario.split}, run {run_number}): {err} (a request is asked "
+            "otherwise than recorded when the policy, the environment or the scenario changed since)"
+        ) from None
+    # The thread recorded before (a --fresh run, or one that did not verify) is replaced only now, by a
+    # run that finished: a run that stops (a recorded call missing, a spend limit) leaves it as it was.
+    if store.exists(thread_id):
+        store.delete(thread_id)
     store.append(thread_id, 0, buffer.entries)  # all or nothing (a full disk leaves no thread)
     if meter is not None and isinstance(decider, ReplayFirstDecider):
         meter.reuse(decider.reused)
