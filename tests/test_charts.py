@@ -401,6 +401,34 @@ def test_report_names_what_is_missing_or_broken_in_a_report_folder(tmp_path: Pat
     assert "Pass rate by category, v1 and v2" in (tmp_path / "x.html").read_text()
 
 
+def test_the_latest_round_is_the_last_to_begin_its_version_read_as_a_number(tmp_path: Path) -> None:
+    """`--rounds 3` can begin v9 and v10 in one second: v10 is the later, though `-v10` sorts before
+    `-v9` as text; a round that used no version up (a collision's `-1`) comes after the one it shares
+    a name with."""
+    from improve.loop.report_page import find_round, round_folders
+
+    names = [
+        "20260101-000000-refunds-v9",
+        "20260101-000000-refunds-v10",
+        "20260101-000000-refunds-v10-1",
+        "20251231-235959-refunds-v11",
+        "20260101-000001-refunds-v2",
+    ]
+    for name in names:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "round.json").write_text("{}")
+    assert [d.name for d in round_folders(tmp_path)] == [
+        "20251231-235959-refunds-v11",
+        "20260101-000000-refunds-v9",
+        "20260101-000000-refunds-v10",
+        "20260101-000000-refunds-v10-1",
+        "20260101-000001-refunds-v2",
+    ]
+    assert find_round(tmp_path, None).name == "20260101-000001-refunds-v2"
+    (tmp_path / "20260101-000001-refunds-v2" / "round.json").unlink()
+    assert find_round(tmp_path, None).name == "20260101-000000-refunds-v10-1"
+
+
 def a_round(version: str, baseline: str, status: str, **fields: Any) -> RoundRecord:
     """A round record with the sections a CHANGELOG entry writes."""
     return RoundRecord.model_validate(

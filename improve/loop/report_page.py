@@ -11,6 +11,7 @@ guards, version labels) is HTML-escaped. The page is drawn from the round's reco
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from html import escape
@@ -29,11 +30,18 @@ from improve.machine import describe_mermaid, describe_svg, diff_states
 
 
 def round_folders(reports: Path) -> list[Path]:
-    """The finished rounds' report folders (those with round.json), oldest first (ids start with the
-    UTC time the round began)."""
+    """The finished rounds' report folders (those with round.json), oldest first: ids start with the UTC
+    second the round began, then its version, compared as a number (`--rounds 3` can run v9 and v10 in
+    one second, and `-v10` sorts before `-v9` as text)."""
     if not reports.is_dir():
         return []
-    return sorted((d for d in reports.iterdir() if (d / ROUND_RECORD).is_file()), key=lambda d: d.name)
+    return sorted((d for d in reports.iterdir() if (d / ROUND_RECORD).is_file()), key=_in_order)
+
+
+def _in_order(folder: Path) -> list[tuple[int, str]]:
+    """A folder name's key, its runs of digits compared as numbers (`...-v9` before `...-v10`, and a
+    collision's `...-v10-1` after `...-v10`)."""
+    return [(int(part), "") if part.isdigit() else (-1, part) for part in re.split(r"(\d+)", folder.name)]
 
 
 def find_round(reports: Path, round_id: str | None) -> Path:
