@@ -204,20 +204,23 @@ def test_lint_errors_fail_the_gate() -> None:
                     "output": {"type": "'REFUND'", "amount": "facts.requested * 2.0"},
                 },
             ),
-            "can end with an answer that is not an offered option",
+            'can end in state \'refund_all\' answering {"type": "REFUND", "amount": ',
         ),
         (
             v1(
                 [{"guard": "facts.order.deliveredDaysAgo > 30", "target": "refund"}],
                 refund={"type": "final", "output": {"type": "'REFUND'"}},
             ),
-            "not an offered option",
+            'can end in state \'refund\' answering {"type": "REFUND"}, which is not one of the offered options',
         ),
     ],
 )
 def test_explore_catches_outputs_that_are_not_offered(doc: Any, needle: str) -> None:
+    """The failure names the final state and what it answers (a user could not tell which state of the
+    policy was wrong), and the fix for an answer, not an invoke's onError, where no invoke failed."""
     name, detail = failing(doc)
-    assert name == "explore" and needle in detail and "facts" in detail
+    assert name == "explore" and needle in detail and "facts" in detail, detail
+    assert "Every final's output must be one of the offered options" in detail and "onError" not in detail
 
 
 def test_explore_accepts_a_computed_offered_payload() -> None:
@@ -580,9 +583,8 @@ def test_explore_fails_a_policy_that_can_end_in_error() -> None:
     for gate in (ValidateGate(), LowerGate()):
         assert gate.run(ctx).ok
     result = ExploreGate().run(ctx)
-    assert (
-        not result.ok and "or in error" in result.detail and "give every invoke an onError" in result.detail
-    )
+    assert not result.ok and "can end in error in state 'ask_model'" in result.detail, result.detail
+    assert "Give every invoke an onError" in result.detail
     assert "after: ask_model failed." in result.detail  # the path that gets there, event by event
     # run_gates stops at the first failing gate, and passed() says so.
     results = run_gates(doc, context())

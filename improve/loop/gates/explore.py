@@ -13,7 +13,16 @@ from typing import Any
 
 from improve.errors import MachineError
 from improve.loop.gates.gate import GateContext, GateResult
-from improve.machine import ExploreOptions, ProbeError, Snapshot, canonical_json, explore_paths
+from improve.machine import (
+    ExploreOptions,
+    Machine,
+    ProbeError,
+    Snapshot,
+    canonical_json,
+    explore_paths,
+    initial,
+    transition,
+)
 from improve.runtime import MODEL_DECIDE, ModelJudgment, prove_resumes, reach_sentinels
 
 
@@ -76,16 +85,14 @@ class ExploreGate:
             total_states += result.states
             facts = canonical_json(request.facts)
             if result.reachable:
-                steps = " -> ".join(_describe(e) for e in result.witness or [])
+                witness = result.witness or []
+                steps = " -> ".join(_describe(e) for e in witness)
                 return GateResult(
                     self.name,
                     False,
-                    f"on decision '{request.name}' with facts {facts} and options {json.dumps(options)}, the "
-                    "policy can end with an answer that is not an offered option (or in error), after: "
-                    f"{steps or 'start'}. Every final output must be one of the offered options; give every "
-                    "invoke an onError that leads to a final with a safe offered event (one per decision, "
-                    "chosen by `input.name`, where decisions offer different events: docs/contracts.md, "
-                    "Policy)",
+                    f"on decision '{request.name}' with facts {facts} and options {json.dumps(options)}, "
+                    f"{_ending(machine, request.to_input(), witness)}, "
+                    f"{'after: ' + steps if steps else 'before asking anything'}. {_fix(witness)}",
                 )
             if not result.complete:
                 return GateResult(
@@ -98,6 +105,37 @@ class ExploreGate:
             True,
             f"{len(ctx.probes)} probe request(s), {total_states} state(s): every output is offered" + resumes,
         )
+
+
+def _ending(machine: Machine, input: Any, witness: list[dict[str, Any]]) -> str:
+    """Where the path the proof found ends, and with what: the final state and the answer it gives, or
+    the error, read off the snapshot the witness reaches (`transition`, step by step)."""
+    try:
+        snapshot = initial(machine, input)
+        for event in witness:
+            snapshot = transition(machine, snapshot, event)
+    except MachineError as err:
+        return f"the policy can end in error ({err})"
+    if snapshot.status == "error":
+        return f"the policy can end in error in state '{snapshot.value}' ({json.dumps(snapshot.error, default=str)})"
+    return (
+        f"the policy can end in state '{snapshot.value}' answering {json.dumps(snapshot.output)}, which is "
+        "not one of the offered options"
+    )
+
+
+def _fix(witness: list[dict[str, Any]]) -> str:
+    """What to change: the final's output, or, on a path where an invoke failed, its onError."""
+    if any(e.get("type") == "xstate.error.actor" for e in witness):
+        return (
+            "Give every invoke an onError that leads to a final with a safe offered event (one per "
+            "decision, chosen by `input.name`, where decisions offer different events: docs/contracts.md, "
+            "Policy)"
+        )
+    return (
+        "Every final's output must be one of the offered options: its `type` an offered event's, and each "
+        "payload field an offered value, of the same JSON type (a number, not a string of one)"
+    )
 
 
 def _same_event(a: Any, b: Mapping[str, Any]) -> bool:
