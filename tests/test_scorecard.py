@@ -749,3 +749,17 @@ def test_the_run_table_keeps_its_pass_column_when_piped() -> None:
     text = console.export_text()
     assert "2/3" in text and "pass" in text and "rejected x1" in text, text
     assert max(len(line) for line in text.splitlines()) <= 80
+
+
+def test_effects_compare_numbers_as_numbers_and_say_whole_ones_as_labelled() -> None:
+    """40 and 40.0 are one amount; a wrong effect is said with the whole numbers a person wrote (a user
+    read `months: 6.0` in the reason beside the 6 their scenario and their tool both gave)."""
+    from improve.evals.outcome import compare_effects
+
+    assert compare_effects([{"kind": "refund", "amount": 40.0}], [{"kind": "refund", "amount": 40}]).ok
+    diff = compare_effects([{"kind": "freeze", "months": 3}], [{"kind": "freeze", "months": 6}])
+    assert diff.missing == ['{"kind":"freeze","months":6}'] and diff.unexpected == [
+        '{"kind":"freeze","months":3}'
+    ]
+    half = compare_effects([{"kind": "refund", "amount": 12.5}], [])
+    assert half.unexpected == ['{"amount":12.5,"kind":"refund"}']

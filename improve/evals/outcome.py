@@ -125,14 +125,16 @@ def effects_from_log(entries: Sequence[EntryView]) -> list[dict[str, Any]]:
 
 
 def _normal(effect: dict[str, Any], text_fields: Sequence[str]) -> str:
-    # Model-written text is compared by presence; numbers compare as numbers (40 == 40.0).
+    # Model-written text is compared by presence; numbers compare as numbers (40 == 40.0), and a whole
+    # one is written as the int a person labelled (`months: 6`, not 6.0 beside a recorded 6).
     norm: dict[str, Any] = {}
     for key, value in effect.items():
         if key in text_fields:
             if value:
                 norm[key] = True
         elif isinstance(value, int | float) and not isinstance(value, bool):
-            norm[key] = float(value)
+            number = float(value)
+            norm[key] = int(number) if number.is_integer() and abs(number) < 2**53 else number
         else:
             norm[key] = value
     return canonical_json(norm)
