@@ -665,6 +665,8 @@ def test_a_recorded_round_replays_offline_with_identical_scorecards(serve: Serve
     )
     pr = (replay_ws / replayed["report"] / "pr.md").read_text()
     assert "## Model" in pr and "`test-model`" in pr and "`fp_test`" in pr
+    # Its seeds line is the endpoint's, not a stand-in's (a user read "stand-in models are seeded" there).
+    assert "the model's answers are the endpoint's" in pr and "stand-in models are seeded" not in pr
     # The fake server listens on this machine: its port, not recorded, is said to be left out.
     assert "at http://127.0.0.1/v1 (a server on this machine; its port, which may change" in pr, pr
 

@@ -361,6 +361,7 @@ def test_a_full_round_recommends_and_leaves_a_branch_without_a_token(
         assert (report / name).exists(), name
     body = (report / "pr.md").read_text()
     assert "## Hypothesis" in body and "```mermaid" in body and "improve replay held-out:v1:" in body
+    assert "; stand-in models are seeded by scenario and run." in body
     # No production thread in the warehouse: the preview says so, in the body and on the page.
     assert result.impact is not None and result.impact.available == 0
     assert "## Production impact preview\n\nNo production threads in the workspace's warehouse" in body

@@ -81,17 +81,21 @@ def scorecard_markdown(
     seed: int | None = None,
     model: str | None = None,
     history: Sequence[VersionScore] = (),
+    stand_in: bool = True,
 ) -> str:
     """The scorecard as markdown; `history` (the pass rates of the versions that led to this one,
-    oldest first) adds the chart of pass rate per version next to the chart of pass rate per category."""
+    oldest first) adds the chart of pass rate per version next to the chart of pass rate per category.
+    `stand_in`: the runs' model is a stand-in (seeded here), not one behind an endpoint."""
     lines = [f"## {title}", ""]
     if model:
         lines += [f"Model: {model}", ""]
     if seed is not None:
-        lines += [
-            f"Seeds are fixed: bootstrap seed `{seed}`; stand-in models are seeded by scenario and run.",
-            "",
-        ]
+        runs = (
+            "stand-in models are seeded by scenario and run"
+            if stand_in
+            else "the model's answers are the endpoint's (its temperature, seed and fingerprints are under Model)"
+        )
+        lines += [f"Seeds are fixed: bootstrap seed `{seed}`; {runs}.", ""]
     lines += [*cards_table(cards), ""]
     charts = [c for c in (history_chart(history), category_chart(cards)) if c is not None]
     if charts:

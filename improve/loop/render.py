@@ -51,6 +51,7 @@ def pr_body(record: RoundRecord) -> str:
             decision=decision,
             seed=record.seed,
             history=record.history or (),
+            stand_in=record.stand_in,
         )
     )
     if record.held_out:
@@ -150,10 +151,9 @@ def replay_section(record: RoundRecord) -> list[str]:
         f"improve run --env {record.environment} --policy {record.candidate_version} --model {record.model} "
         f"--k {max((i.run for i in ids), default=1)} " + " ".join(f"--scenario {s}" for s in scenarios)
     ]
-    stand_in = record.model_info is None or record.model_info.provider == "stand-in"
     how = (
         "the stand-in draws the same answers, so each run decides as the round's did"
-        if stand_in
+        if record.stand_in
         else "a model behind an endpoint is asked again unless its recordings (.improve/cache) come along: "
         "add `--cache replay` with them"
     )

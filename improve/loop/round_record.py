@@ -403,6 +403,12 @@ class RoundRecord(BaseModel):
             and self.cluster not in self.passed_over
         )
 
+    @property
+    def stand_in(self) -> bool:
+        """The runs' model is a stand-in of the environment (seeded by scenario and run), not one behind
+        an endpoint."""
+        return self.model_info is None or self.model_info.provider == "stand-in"
+
     def to_json(self) -> dict[str, Any]:
         return self.model_dump(mode="json", by_alias=True)
 

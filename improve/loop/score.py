@@ -140,6 +140,8 @@ class Scores:
     history: list[VersionScore] = field(default_factory=list)
     model: str | None = None
     """The model as its runs' stamps describe it (with `ScoreRequest.described`)."""
+    stand_in: bool = True
+    """The runs' model is a stand-in (its stamp has no `modelSpec`), not one behind an endpoint."""
     unscored: list[Unscored] = field(default_factory=list)
     """The split's scenarios left out of a scorecard for want of a current recorded run."""
 
@@ -170,6 +172,7 @@ class Scores:
             seed=self.seed,
             model=self.model,
             history=self.history,
+            stand_in=self.stand_in,
         )
         for left in self.unscored:
             # A count column alone hid the scenarios left out: a reviewer reads the card as the split's.
@@ -273,7 +276,7 @@ class _Scoring:
         scores.unsealed = request.unseal
         scores.unsealings = unsealings_so_far(self.space, scenario_set)
         if request.described:
-            scores.model = self._model(threads)
+            scores.model, scores.stand_in = self._model(threads)
         return scores
 
     def _splits(self) -> list[str]:
@@ -432,16 +435,17 @@ class _Scoring:
         scores.unsealing = unsealed.unsealing
         self.say(unsealed.message())
 
-    def _model(self, threads: list[str]) -> str | None:
-        """The model the runs used, from the first thread's stamp, with every fingerprint its calls saw."""
+    def _model(self, threads: list[str]) -> tuple[str | None, bool]:
+        """The model the runs used, from the first thread's stamp, with every fingerprint its calls saw,
+        and whether it is a stand-in."""
         store = self.ledger.store
         first = store.read(threads[0]) if threads else []
         stamp = dict(first[0].metadata or {}) if first else {}
         if not stamp:
-            return None
+            return None, True
         # Fingerprints only for a model behind an endpoint (a stand-in has none): each thread read once.
         read = [first, *(store.read(tid) for tid in threads[1:])] if stamp.get("modelSpec") else []
         prints = sorted(
             {str(e.event["fingerprint"]) for entries in read for e in entries if e.event.get("fingerprint")}
         )
-        return describe_model(stamp, prints)
+        return describe_model(stamp, prints), not stamp.get("modelSpec")
