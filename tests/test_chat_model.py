@@ -609,6 +609,7 @@ def test_threads_recorded_with_another_setup_say_how_to_go_on(serve: Serve, tmp_
     )
     said = " ".join(doc.stderr.split())
     assert doc.exit_code == 2 and "(policy:" in said and "bump the policy version" in said, doc.output
+    assert '"version": "hand-1"' in said  # how to try a policy by hand without taking a round's number
     # It stopped before running a thread: the threads recorded earlier are no news of this run.
     assert "recorded the" not in said, said
 

@@ -778,7 +778,8 @@ def _reuse(
         # A policy edited under its version is the policy's to fix (its threads are evidence of the old
         # content); a model set up otherwise (another endpoint, temperature, seed) is the run's.
         fix = (
-            "bump the policy version, or run with --fresh to replace the recorded threads"
+            "bump the policy version (a policy you try by hand: give it a version no round takes, such as "
+            '"version": "hand-1"), or run with --fresh to replace the recorded threads'
             if recorded.get("policy") != wanted.get("policy")
             else "run with --fresh to replace the recorded threads, or give the new setup its own name in "
             "[models.NAME] so both are kept"
