@@ -645,6 +645,15 @@ def test_a_scenario_whose_input_the_machine_cannot_start_with_is_named_by_check_
         "state" in said
     )
     assert f"scenario '{victim['id']}': input: refunds's machine cannot start with it" in every.stderr
+    # And an id used twice, a category given no held-out scenario: said in the same check, not the next
+    # (a user needed three tries for one file).
+    doc["scenarios"][9]["id"] = doc["scenarios"][8]["id"]
+    doc["scenarios"].append({**doc["scenarios"][0], "id": "lonely-1", "category": "lonely"})
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    every = runner.invoke(app, ["scenarios", "check", "-w", str(ws)])
+    said = " ".join(every.stderr.split())
+    assert f"scenario id '{doc['scenarios'][8]['id']}' is used twice (first as item 9)" in said, said
+    assert "category 'lonely' has no scenario in held-out" in said and "split: Input should be" in said
 
 
 def test_a_fact_value_its_declared_type_does_not_allow_is_named_by_check(tmp_path: Path) -> None:

@@ -26,7 +26,7 @@ import functools
 import pickle
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -418,16 +418,13 @@ def _scenario_set(text: str, data: Any, path: Path, environment: str | None) -> 
             else:
                 field = ".".join(str(p) for p in loc)
                 problems.append(f"{where}: {field}: {problem['msg']}")
-        raise ScenarioError("\n".join(problems)) from None
-    seen: dict[str, int] = {}
-    for index, scenario in enumerate(result.scenarios):
-        if scenario.id in seen:
-            line = line_of(yaml_lines(text), ("scenarios", index, "id"))
-            raise ScenarioError(
-                f"{path}{f':{line}' if line else ''}: scenario id '{scenario.id}' is used twice (first as "
-                f"item {seen[scenario.id] + 1})"
-            )
-        seen[scenario.id] = index
+        # Ids used twice too, among the items as written: every problem of the file at once.
+        items = data.get("scenarios")
+        ids = [i.get("id") if isinstance(i, dict) else None for i in items] if isinstance(items, list) else []
+        raise ScenarioError("\n".join(problems + _twice(ids, path, lines))) from None
+    twice = _twice([s.id for s in result.scenarios], path, yaml_lines(text))
+    if twice:
+        raise ScenarioError("\n".join(twice))
     if environment is not None and result.environment != environment:
         raise ScenarioError(
             f"{path}:{_key_line(text, 'environment')}: environment: {result.environment!r}, but it is being "
@@ -436,6 +433,40 @@ def _scenario_set(text: str, data: Any, path: Path, environment: str | None) -> 
         )
     result.source = str(path)
     return result
+
+
+def _twice(ids: Sequence[Any], path: Path, lines: Mapping[JsonPath, int]) -> list[str]:
+    """A problem for each item whose id an earlier item has (ids that are no string are the schema's
+    to name), at its line."""
+    seen: dict[str, int] = {}
+    problems = []
+    for index, sid in enumerate(ids):
+        if not isinstance(sid, str):
+            continue
+        if sid in seen:
+            line = line_of(lines, ("scenarios", index, "id"))
+            problems.append(
+                f"{path}{f':{line}' if line else ''}: scenario id '{sid}' is used twice (first as item "
+                f"{seen[sid] + 1})"
+            )
+        else:
+            seen[sid] = index
+    return problems
+
+
+def category_splits(path: Path) -> dict[str, set[str]]:
+    """Each category the items of a scenario file name -> the splits they give it, valid items or not
+    (the splits a check counts where the file does not load: an invalid held-out item still gives its
+    category a held-out scenario once it is fixed, so none is said to be missing)."""
+    found: dict[str, set[str]] = {}
+    for item in _items(path)[1]:
+        if (
+            isinstance(item, dict)
+            and isinstance(item.get("category"), str)
+            and isinstance(item.get("split"), str)
+        ):
+            found.setdefault(item["category"], set()).add(item["split"])
+    return found
 
 
 def _key_line(text: str, key: str) -> int:
