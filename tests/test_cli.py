@@ -726,6 +726,10 @@ def test_a_problem_every_scenario_shares_is_said_once() -> None:
         problems[-1],
     ]
     assert _grouped(problems[:2]) == problems[:2]  # two alike are said as they are
+    # The values an expression failed with differ from scenario to scenario: the same failure all the same.
+    valued = [f"s.yaml:{4 + 10 * i}: scenario 's{i}': {same} with event.months = {i} (int)" for i in range(3)]
+    (one,) = _grouped(valued)
+    assert one.startswith("s.yaml:4: scenario 's0' and 2 more scenario(s)") and "event.months = 0" in one
 
 
 def test_demo_and_lock_print_one_json_document_for_scripts(tmp_path: Path, ws: Path) -> None:
