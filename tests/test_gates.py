@@ -333,7 +333,10 @@ def test_verify_cli_exit_codes_and_json(tmp_path: Path) -> None:
     runner = CliRunner()
     ok = runner.invoke(app, ["verify", "v0", "-w", str(tmp_path), "--json"])
     assert ok.exit_code == 0, ok.output
-    assert [g["name"] for g in json.loads(ok.stdout)["gates"]] == list(GATE_NAMES)
+    gates = json.loads(ok.stdout)["gates"]
+    assert [g["name"] for g in gates] == list(GATE_NAMES)
+    # Without a lock the environment is not checked, and verify says so, with how to lock it.
+    assert gates[0]["detail"].startswith("not checked: no lock") and "`improve lock`" in gates[0]["detail"]
     (tmp_path / "policies" / "refunds" / "v9.json").write_text('{"id": "x",\n "version": }')
     bad = runner.invoke(app, ["verify", "v9", "-w", str(tmp_path)])
     assert bad.exit_code == 1 and "v9.json:2:13: invalid JSON" in bad.stdout

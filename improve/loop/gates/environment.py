@@ -13,7 +13,13 @@ class EnvironmentGate:
 
     def run(self, ctx: GateContext) -> GateResult:
         if not ctx.expected_hashes:
-            return GateResult(self.name, True, "no recorded hashes to compare")
+            # Only `improve verify` asks without them (a round records them as it starts).
+            return GateResult(
+                self.name,
+                True,
+                "not checked: no lock records the environment's files (`improve lock` writes "
+                "policies/<env>/environment.lock.json, and verify then checks the files against it)",
+            )
         now = ctx.env.file_hashes()
         changed = [
             f"{name} (recorded {want[:12]}, now {now.get(name, 'missing')[:12]})"
