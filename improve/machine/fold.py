@@ -24,6 +24,8 @@ import hashlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import msgspec
+
 from improve.machine.expr import CompiledTree, Expr, Scope
 from improve.machine.interpreter import (
     DONE_EVENT,
@@ -86,6 +88,13 @@ def _constant(tree: CompiledTree) -> tuple[bool, Any]:
     if isinstance(tree, dict | list):
         return False, None
     return True, tree
+
+
+def _keys_sorted(tree: CompiledTree) -> CompiledTree:
+    """`tree` with the keys of every dict of it in sorted order (the same values)."""
+    if isinstance(tree, dict):
+        return {key: _keys_sorted(tree[key]) for key in sorted(tree)}
+    return tree
 
 
 def _tree_fn(tree: CompiledTree) -> Value:
@@ -250,6 +259,7 @@ class FoldRun:
         "status",
         "text_context",
         "value",
+        "written_in_order",
     )
 
     def __init__(self, input: Any) -> None:
@@ -272,6 +282,10 @@ class FoldRun:
         self.input_text: bytes | None = None
         self.text_context: dict[str, Any] | None = None
         self.context_text = b""
+        # Whether its contexts are written in their own key order (their dicts' keys sorted, as `start`
+        # makes them and a replayed event's are): until a state's text in that order hashes otherwise
+        # than journaled, which may be the order's fault; from then on they are written sorted.
+        self.written_in_order = True
         # The roots every step shares: `input` and `facts` as `_scope` adds them; `context` and
         # `event` are set before each evaluation.
         env: Env = {}
@@ -292,7 +306,9 @@ class Fold:
             for step in state.steps():
                 if step.target is not None:
                     step.to = states[step.target]
-        self.context_init = _tree_fn(machine.context_init)
+        # The context's keys in sorted order, nested ones too: msgspec then writes a context's text in
+        # its own order, as its sorted text, without sorting it (`_snapshot_pieces`).
+        self.context_init = _tree_fn(_keys_sorted(machine.context_init))
         self.context_tree = isinstance(machine.context_init, dict)  # evaluated to a fresh dict
         self.initial = machine.config.initial
         self.fallbacks = 0
@@ -412,12 +428,17 @@ class Fold:
         """Whether msgspec's text of the run's snapshot hashes to `journaled`: `hash(run, journaled) ==
         journaled` as most of a verified replay asks it, without the canonical text a mismatch needs (the
         caller asks `hash` for that)."""
-        pieces = _snapshot_pieces(run, _invoke_of(run))
-        if pieces is None:
+        invoke = _invoke_of(run)
+        pieces = _snapshot_pieces(run, invoke, in_order=True)
+        if pieces is not None and _hashes_to(pieces, journaled):
+            return True
+        if not run.written_in_order:
             return False
-        if _SHA256_IS is not None:  # hashed where the pieces lie (improve/_digest.c)
-            return bool(_SHA256_IS(pieces, journaled))
-        return _sha256(b"".join(pieces)).hexdigest() == journaled
+        # Written in the context's own order, which was not sorted after all (a dict a step built in
+        # another order: an assigned map): sorted from now on, and this state again.
+        run.written_in_order, run.text_context = False, None
+        pieces = _snapshot_pieces(run, invoke)
+        return pieces is not None and _hashes_to(pieces, journaled)
 
     def actor_source(self, run: FoldRun) -> str | None:
         """The source of the actor the run owes (`snapshot(run).invoke.src`), None when it owes none."""
@@ -488,12 +509,17 @@ def _snapshot_text(run: FoldRun, invoke: tuple[str, str] | None) -> bytes | None
     return None if pieces is None else b"".join(pieces)
 
 
-def _snapshot_pieces(run: FoldRun, invoke: tuple[str, str] | None) -> tuple[bytes, ...] | None:
+def _snapshot_pieces(
+    run: FoldRun, invoke: tuple[str, str] | None, in_order: bool = False
+) -> tuple[bytes, ...] | None:
     """`sorted_text(shallow_json(...))` of the run in pieces, written once each: the input once per run, the
     context once per context object (a step that assigns nothing keeps it), the rest once per state,
     actor and status while there is no output. msgspec writes a dict's members one after
     another, keys sorted, so the pieces joined in the keys' order (context, error, input, then invoke,
-    output, status, value) are the text of the whole; None where msgspec cannot write a piece."""
+    output, status, value) are the text of the whole; None where msgspec cannot write a piece.
+
+    `in_order`: the context written in its own order while the run's contexts are taken to have their
+    keys sorted (`FoldRun.written_in_order`): the same text, unless they are not (`Fold.matches`)."""
     if run.input_text is None:
         # `sorted_text` inline, here and below, as for the context.
         try:
@@ -501,14 +527,22 @@ def _snapshot_pieces(run: FoldRun, invoke: tuple[str, str] | None) -> tuple[byte
         except Exception:
             return None
     context = run.context
-    if context is not run.text_context:
-        # `sorted_text` inline (most steps write a new context): a call into a module the build does not
-        # compile costs a frame each time.
-        try:
-            text = SORTED_ENCODER.encode(context)
-        except Exception:  # a lone surrogate, nesting past the stack: as `sorted_text` says
+    # `sorted_text` inline (most steps write a new context): a call into a module the build does not
+    # compile costs a frame each time. msgspec's sort of every dict's keys was a twentieth of verifying
+    # a replay: a context is written in its own order while that is taken to be sorted.
+    if run.written_in_order and not in_order:
+        try:  # the text kept is in the context's own order: the sorted one is written, not kept
+            context_text = SORTED_ENCODER.encode(context)
+        except Exception:
             return None
-        run.text_context, run.context_text = context, text
+    else:
+        if context is not run.text_context:
+            try:
+                text = (IN_ORDER if run.written_in_order else SORTED_ENCODER).encode(context)
+            except Exception:  # a lone surrogate, nesting past the stack: as `sorted_text` says
+                return None
+            run.text_context, run.context_text = context, text
+        context_text = run.context_text
     error = b"null" if run.error is None else sorted_text(run.error)
     if error is None:
         return None
@@ -529,8 +563,17 @@ def _snapshot_pieces(run: FoldRun, invoke: tuple[str, str] | None) -> tuple[byte
         if key is not None and len(_REST) < _REST_KEPT:
             _REST[key] = rest
     # shallow_json's keys in order: context, error, input, then the rest (invoke, output, status, value).
-    return (b'{"context":', run.context_text, b',"error":', error, b',"input":', run.input_text, b",", rest)
+    return (b'{"context":', context_text, b',"error":', error, b',"input":', run.input_text, b",", rest)
 
+
+def _hashes_to(pieces: tuple[bytes, ...], journaled: str) -> bool:
+    if _SHA256_IS is not None:  # hashed where the pieces lie (improve/_digest.c)
+        return bool(_SHA256_IS(pieces, journaled))
+    return _sha256(b"".join(pieces)).hexdigest() == journaled
+
+
+IN_ORDER = msgspec.json.Encoder()
+"""msgspec's text of a value in its own order: its sorted text when every dict's keys are sorted."""
 
 _sha256 = hashlib.sha256
 _SHA256_IS: Any = getattr(digest(), "sha256_is", None)
