@@ -280,6 +280,36 @@ def test_export_selects_threads_by_prefix_or_query(ws: Path) -> None:
         assert "Traceback" not in result.output
 
 
+def test_a_thread_that_does_not_verify_is_not_exported_as_a_run(ws: Path) -> None:
+    """A thread file edited after it was written (a tool's output changed) was exported as a healthy
+    run, status OK, from the files and from the warehouse, where it sat in quarantine: it is left out of
+    the export, said with why on stderr, in `--json` (`withheld`), and the command exits 1."""
+    victim = next(p for p in sorted((ws / "traces").glob("*.jsonl")) if "xstate.done.actor" in p.read_text())
+    lines = victim.read_text().splitlines()
+    at = next(i for i, line in enumerate(lines) if "xstate.done.actor" in line)
+    lines[at] = lines[at].replace('"verified":true', '"verified":false', 1)
+    assert lines[at] != victim.read_text().splitlines()[at]
+    victim.write_text("\n".join(lines) + "\n")
+    everything = len(list((ws / "traces").glob("*.jsonl")))
+    for source in (str(ws / "traces"), "held-out:"):
+        if source == "held-out:":
+            ingested = runner.invoke(app, ["ingest", "-w", str(ws), str(ws / "traces")])
+            assert ingested.exit_code == 0 and "set aside" in ingested.output, ingested.output
+        result = runner.invoke(
+            app, ["export", "--format", "otlp", "-w", str(ws), source, "--out", str(ws / "o"), "--json"]
+        )
+        assert result.exit_code == 1, result.output
+        doc = json.loads(result.stdout)
+        assert list(doc["withheld"]) == [victim.stem] and doc["threads"] == everything - 1, doc
+        exported = {_attrs(span)["session.id"] for _, span in _spans(_parse(Path(doc["file"])))}
+        assert victim.stem not in exported and len(exported) == everything - 1
+        said = runner.invoke(
+            app, ["export", "--format", "otlp", "-w", str(ws), source, "--out", str(ws / "o")]
+        )
+        assert said.exit_code == 1 and f"not exported: {victim.stem}: it does not verify" in said.stderr
+        assert "1 thread(s) not exported" in said.stderr and "Traceback" not in said.output
+
+
 class _Collector:
     """A tiny OTLP/HTTP receiver on 127.0.0.1: decodes each POST as protobuf; answers with `script`
     (status codes, in order, then 200)."""

@@ -7,8 +7,10 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import typer
+
 from improve import DISTRIBUTION
-from improve.cli.common import emit_json, err, out, workspace
+from improve.cli.common import EXIT_FAILED, emit_json, err, out, workspace
 
 if TYPE_CHECKING:
     from improve.warehouse import SendReport
@@ -54,6 +56,7 @@ def export_otlp(
         "spans": export.spans,
         "requests": len(export.requests),
         "unscored": len(unscored),
+        "withheld": dict(sorted(export.selection.withheld.items())),
         "projects": export.projects,
     }
     done: list[str] = []
@@ -70,8 +73,11 @@ def export_otlp(
         summary |= sent.to_json()
         done.append(f"sent to {sent.endpoint} ({sent.retries} retries)")
     where = ", ".join(done)
+    withheld = export.selection.withheld
     if as_json:
         emit_json(summary)
+        if withheld:
+            raise typer.Exit(EXIT_FAILED)
         return
     from rich.table import Table
 
@@ -87,3 +93,13 @@ def export_otlp(
     if sent is not None:
         for message in sent.messages:
             err.print(f"collector: {message}", markup=False)
+    if withheld:
+        # A thread that does not verify is not what was recorded: exported, it would read as a run.
+        for thread_id, why in sorted(withheld.items())[:5]:
+            err.print(f"not exported: {thread_id}: it does not verify: {why}", markup=False)
+        err.print(
+            f"{len(withheld)} thread(s) not exported: they do not verify (`improve replay THREAD --verify` "
+            "says where; the warehouse's `quarantine` table holds them)",
+            markup=False,
+        )
+        raise typer.Exit(EXIT_FAILED)

@@ -25,9 +25,13 @@ class ExportSelection:
 
     runs: list[ThreadRun]
     unscored: dict[str, str]
-    """Thread id -> why it has no outcome (not in the warehouse's outcomes, or it does not verify)."""
+    """Thread id -> why it has no outcome (not in the warehouse's outcomes, an unknown environment)."""
     origin: str
     """Where they were read: the file or directory given, or the warehouse's path."""
+    withheld: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Thread id -> why it is not exported: it does not verify (an entry edited, removed or moved, or it
+    has no end entry yet; the warehouse's `quarantine`), so its content is not what was recorded, and a
+    trace would show it as a run."""
 
 
 @dataclass(frozen=True)
@@ -94,9 +98,15 @@ def select_for_export(space: Workspace, source: str | None, db: Path | None = No
         threads = file_threads([source])
         if not threads:
             raise WorkspaceError(f"{source}: no thread found (no *.jsonl file with a log entry)")
-        rows, unscored = score_threads(space, threads)
-        runs = [ThreadRun(tid, entries, run_outcome(rows.get(tid))) for tid, entries in threads]
-        return ExportSelection(_named_tools(space, runs), unscored, source)
+        scored = score_threads(space, threads)
+        runs = [
+            ThreadRun(tid, entries, run_outcome(scored.rows.get(tid)))
+            for tid, entries in threads
+            if tid not in scored.unverified
+        ]
+        withheld = {tid: why for tid, why in scored.unscored.items() if tid in scored.unverified}
+        unscored = {tid: why for tid, why in scored.unscored.items() if tid not in scored.unverified}
+        return ExportSelection(_named_tools(space, runs), unscored, source, withheld)
     if source is not None and _looks_like_path(source):
         raise WorkspaceError(
             f"{source}: no such file or directory; pass a JSONL thread file or directory, a thread id "
@@ -110,13 +120,20 @@ def select_for_export(space: Workspace, source: str | None, db: Path | None = No
         )
     con = open_database(target, sandboxed=True)
     try:
-        runs = warehouse_threads(con, selected_thread_ids(con, source))
+        selected = selected_thread_ids(con, source)
+        withheld = dict(
+            con.execute(
+                "SELECT thread_id, reason FROM quarantine WHERE list_contains(?, thread_id)", [selected]
+            ).fetchall()
+        )
+        runs = warehouse_threads(con, [tid for tid in selected if tid not in withheld])
     finally:
         con.close()
     return ExportSelection(
         _named_tools(space, runs),
         {r.thread_id: "no outcomes row" for r in runs if r.outcome is None},
         str(target),
+        withheld,
     )
 
 

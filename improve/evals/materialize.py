@@ -315,9 +315,19 @@ def _row(
     )
 
 
-def score_threads(
-    workspace: Workspace, threads: list[tuple[str, list[LogEntry]]]
-) -> tuple[dict[str, OutcomeRow], dict[str, str]]:
+@dataclass(frozen=True)
+class ScoredThreads:
+    """`score_threads`: the outcome rows of the threads that verify, and why the others have none."""
+
+    rows: dict[str, OutcomeRow]
+    unscored: dict[str, str]
+    """Thread id -> why it has no row: an unknown environment, or one of `unverified`."""
+    unverified: frozenset[str]
+    """The threads whose replay does not verify (an entry edited, removed or moved; cut short): their
+    content is not what was recorded, so nothing may present it as a run."""
+
+
+def score_threads(workspace: Workspace, threads: list[tuple[str, list[LogEntry]]]) -> ScoredThreads:
     """Replay and score threads that are not in the warehouse (files), as `refresh_outcomes` would:
     the outcome rows of those that verify, and for the others why not (an unknown environment, a
     thread that does not verify). Nothing is written."""
@@ -325,6 +335,7 @@ def score_threads(
     scenario_sets: dict[str, dict[str, Scenario]] = {}
     rows: dict[str, OutcomeRow] = {}
     problems: dict[str, str] = {}
+    unverified: set[str] = set()
     with gc_paused():
         for thread_id, entries in threads:
             env = envs.get(entries[0].machineId) if entries else None
@@ -335,8 +346,20 @@ def score_threads(
                 scenario_sets[env.config.id] = scenarios_by_id(workspace, env)
             parsed = ThreadId.parse(thread_id)
             scenario = scenario_sets[env.config.id].get(parsed.scenario) if parsed else None
+            # As the warehouse sets a thread aside (`_replay_pending`): one that does not verify, or
+            # that has no end entry yet.
             try:
-                rows[thread_id] = outcome_row(env, scenario, thread_id, entries, verify=True)
+                row = outcome_row(env, scenario, thread_id, entries, verify=True)
+            except LogError as err:
+                problems[thread_id] = str(err)
+                unverified.add(thread_id)
+                continue
             except ImproveError as err:
                 problems[thread_id] = str(err)
-    return rows, problems
+                continue
+            if row.verification == "incomplete":
+                problems[thread_id] = f"incomplete: it has no @agent.end entry after entry {len(entries) - 1}"
+                unverified.add(thread_id)
+                continue
+            rows[thread_id] = row
+    return ScoredThreads(rows, problems, frozenset(unverified))
