@@ -104,5 +104,7 @@ def deploy(
     name = space.env_name(env)
     environment = space.environment(name)
     spec = suite_spec(space, environment, space.load_policy(name, version), model)
-    models = spec.model_factory(environment, meter)  # one the environment cannot reach is refused here
+    # A model name the workspace does not know is refused here; an endpoint is not asked until a run
+    # needs it (one that does not answer then leaves each decision to the policy's onError, journaled).
+    models = spec.model_factory(environment, meter)
     return Agent(environment, spec, store or JsonlDirStore(space.traces / PRODUCTION_DIR), models)
