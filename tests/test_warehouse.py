@@ -736,6 +736,10 @@ def test_cli_ingest_exits_1_on_rejects_unless_allowed(ws: Path) -> None:
     bad = write_lines(ws / "bad.jsonl", [entry(0, thread="z:v0:z:r1"), "garbage"])
     result = runner.invoke(app, ["ingest", "-w", str(ws), str(bad)])
     assert result.exit_code == 1 and f"rejected {bad}:2: not JSON" in result.stderr
+    assert "1 other line(s) ingested" in " ".join(result.stderr.split())
+    # The same file again: its good line is no news, and the summary does not say the rest was ingested.
+    twice = runner.invoke(app, ["ingest", "-w", str(ws), str(bad)])
+    assert twice.exit_code == 1 and "no other line was new" in " ".join(twice.stderr.split()), twice.stderr
     again = runner.invoke(app, ["ingest", "-w", str(ws), str(bad), "--allow-rejects", "--json"])
     assert again.exit_code == 0
     assert json.loads(again.stdout)["rejected"] == 1

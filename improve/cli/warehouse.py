@@ -171,7 +171,12 @@ def ingest_command(
             for file, line, error in report.rejections:
                 err.print(f"rejected {file}:{line}: {error}", markup=False)
             if report.rejected > len(report.rejections):
-                err.print(f"... {report.rejected - len(report.rejections)} more in the rejected_lines table")
+                more = report.rejected - len(report.rejections)
+                err.print(
+                    f"... {more} more in the rejected_lines table"
+                    if report.rejections
+                    else f"{more} rejected in the rejected_lines table"
+                )
             if materialized:
                 err.print(
                     f"outcomes: {materialized.replayed} thread(s) replayed ({materialized.scored} scored, "
@@ -204,13 +209,13 @@ def ingest_command(
                 )
                 err.print(
                     f"{report.rejected} {'span' if spans else 'line'}(s) rejected{unread}: see "
-                    '`improve sql "SELECT * FROM rejected_lines"`; the rest was ingested (use --allow-rejects '
-                    "to accept a partial ingest)"
+                    f'`improve sql "SELECT * FROM rejected_lines"`; {_rest(report.ingested, spans)} (use '
+                    "--allow-rejects to accept a partial ingest)"
                 )
             if report.skipped:
                 err.print(
-                    f"{len(report.skipped)} file(s) skipped (listed above, and under skipped in --json); the "
-                    "rest was ingested (use --allow-rejects to accept a partial ingest)"
+                    f"{len(report.skipped)} file(s) skipped (listed above, and under skipped in --json); "
+                    f"{_rest(report.ingested, spans)} (use --allow-rejects to accept a partial ingest)"
                 )
             raise typer.Exit(EXIT_FAILED)
 
@@ -498,3 +503,10 @@ def export_command(
         err.print(
             f'query it with: improve sql --lake {report.directory} "SELECT * FROM threads"', markup=False
         )
+
+
+def _rest(ingested: int, spans: bool) -> str:
+    """What became of the rest of an ingest that rejected or skipped some: said as a count, since "the
+    rest was ingested" read as news where nothing was new."""
+    kind = "span" if spans else "line"
+    return f"{ingested} other {kind}(s) ingested" if ingested else f"no other {kind} was new"
