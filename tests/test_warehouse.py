@@ -877,6 +877,37 @@ def test_bad_lines_are_rejected_one_by_one_with_their_reason(small_ws: Path) -> 
     _kept(small_ws, extra=4)
 
 
+def test_a_line_cut_short_then_written_whole_is_no_longer_counted_rejected(small_ws: Path) -> None:
+    """A thread file read while its last line was being written: the torn line is rejected (not JSON).
+    Once written whole and ingested, it is an entry, and its rejection goes (rejected_lines counted a line
+    the warehouse holds); a conflict, which records that a file once said otherwise, stays."""
+    t = "torn"
+    lines = [json.dumps(entry(i, thread=t)).encode() for i in range(3)]
+    path = small_ws / "torn.jsonl"
+    path.write_bytes(b"\n".join([*lines[:2], lines[2][:-20]]))
+    assert _ingest_cli(small_ws, str(path)).exit_code == 1
+    con = _warehouse(small_ws)
+    assert con.execute("SELECT line, error FROM rejected_lines").fetchall() == [(3, "not JSON")]
+    con.close()
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    whole = _ingest_cli(small_ws, str(path), "--json")
+    assert whole.exit_code == 0, whole.output
+    con = _warehouse(small_ws)
+    assert count(con, "SELECT count(*) FROM rejected_lines") == 0
+    assert count(con, f"SELECT count(*) FROM entries WHERE thread_id = '{t}'") == 3
+    con.close()
+    # A line that differs from the entry held: a conflict, kept even once the file says it again.
+    edited = [lines[0], lines[1], json.dumps(entry(2, thread=t, event={"type": "OTHER"})).encode()]
+    path.write_bytes(b"\n".join(edited) + b"\n")
+    assert _ingest_cli(small_ws, str(path)).exit_code == 1
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    assert _ingest_cli(small_ws, str(path)).exit_code == 0
+    con = _warehouse(small_ws)
+    (error,) = con.execute("SELECT error FROM rejected_lines").fetchone()  # type: ignore[misc]
+    assert "conflict" in error, error
+    con.close()
+
+
 def test_a_bom_crlf_file_with_one_bad_line_rejects_only_that_line(small_ws: Path, tmp_path: Path) -> None:
     lines = [json.dumps(entry(i, thread="bom")) for i in range(5)]
     path = small_ws / "bom.jsonl"

@@ -1167,6 +1167,16 @@ def _careful(
         """,
         [report.batch_id],
     )
+    # A line that could not be read before (a write cut short, not JSON yet) and lands now is no longer
+    # rejected: its row goes, or rejected_lines counted a line the warehouse holds. A conflict stays: it
+    # records that the file once said otherwise.
+    con.execute(
+        """
+        DELETE FROM rejected_lines WHERE error LIKE 'not JSON%' AND EXISTS (
+            SELECT 1 FROM classified k
+            WHERE k.file = rejected_lines.file AND k.line = rejected_lines.line AND k.status IN ('new', 'present'))
+        """
+    )
     # A line rejected before, the same way (a file touched, not changed), keeps its one row, now under
     # this batch: ingesting again adds nothing to rejected_lines, and this batch's rows are still all of
     # its rejections.
