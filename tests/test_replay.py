@@ -699,6 +699,9 @@ def test_a_thread_with_a_line_that_is_no_entry_is_named_and_the_others_still_rep
     assert result.exit_code == 1, result.output
     assert f"INVALID {folder / other}.jsonl, line 3: not a valid log entry" in " ".join(result.stderr.split())
     assert "replayed 2 thread(s) (1 did not verify)" in result.stdout and "verified" in result.stdout
+    # The verdict in the verification column, beside no final state (the replay stopped).
+    (row,) = [line for line in result.stdout.splitlines() if "invalid" in line]
+    assert row.rstrip(" │|").endswith("invalid") and "│ -" in row, row
     # In the workspace's traces, by id: a store reads whole lines only, and the end entry cut short is
     # left out, as a torn write is, and said so.
     (ws / "traces").mkdir(exist_ok=True)

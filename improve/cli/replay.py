@@ -361,12 +361,15 @@ def replay_command(
             for shown in results:
                 wrong = next((key for key in ("tampered", "diverged", "invalid") if key in shown), None)
                 if wrong:
+                    # Under --verify the verdict is the verification column's (a user found it empty
+                    # beside "tampered" as a final state); the replay stopped, so no state is shown.
+                    verdict = styled((wrong, "red"))
                     table.add_row(
                         shown["thread"],
-                        styled((wrong, "red")),
+                        "-" if verify else verdict,
                         "",
                         shown[wrong],
-                        *([""] if verify else []),
+                        *([verdict] if verify else []),
                     )
                     continue
                 row: list[str | Text] = [

@@ -57,7 +57,10 @@ HASH_HEX = 32
 
 _EXCLUDE: Any = {"threadId": True, "verification": {"entryHash"}}
 
-_FIX = "a chained thread cannot be edited: restore it from where it was recorded, or run the scenario again"
+_FIX = (
+    "a chained thread cannot be edited: restore it from where it was recorded (a backup), or, if it is a "
+    "scenario's run, run the scenario again"
+)
 
 
 def entry_content(entry: EntryView) -> dict[str, Any]:
