@@ -959,3 +959,10 @@ def test_parity_on_a_failing_endpoint_compares_nothing(serve: Serve, tmp_path: P
     said = " ".join(result.stderr.split())
     assert "1 of 1 decisions fell back to the policy's onError" in said and "answered HTTP 503" in said
     assert "nothing is compared" in said and "Traceback" not in result.output
+
+
+def test_an_amount_below_a_cent_keeps_two_significant_digits() -> None:
+    """A small model costs 0.000048 USD a thread: four decimals showed it as 0.0000, as if unpriced."""
+    from improve.llm import usd_text
+
+    assert [usd_text(v) for v in (4.8e-05, 0.0213, 0.0, 1.5)] == ["4.8e-05", "0.0213", "0.0000", "1.5000"]

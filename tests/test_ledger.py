@@ -443,6 +443,18 @@ def test_production_threads_become_scenarios_and_a_round_fixes_them(tmp_path: Pa
     assert cli(ws, "diagnose", "--source", "production", "--model", "careful", "--json")["clusters"] == []
     unknown = runner.invoke(app, ["diagnose", "--source", "production", "--policy", "v9", "-w", str(ws)])
     assert unknown.exit_code == 2 and "v9" in unknown.stderr
+    assert found["set_aside"] == 0
+    # A production thread edited after it was written is set aside: in no cluster, and said so.
+    edited = prod / "prod-0007.jsonl"
+    production_thread(agent, "prod-0007", SMALL[0])
+    lines = edited.read_text().splitlines()
+    lines[1] = lines[1].replace('"verified":true', '"verified":false', 1)
+    assert lines[1] != edited.read_text().splitlines()[1]
+    edited.write_text("\n".join(lines) + "\n")
+    assert runner.invoke(app, ["ingest", "-w", str(ws), str(prod)]).exit_code == 0
+    assert cli(ws, "diagnose", "--source", "production", "--json")["set_aside"] == 1
+    said = runner.invoke(app, ["diagnose", "--source", "production", "-w", str(ws)])
+    assert "1 production thread(s) of refunds set aside, in no cluster" in " ".join(said.stderr.split())
     # Rows an older improve wrote (audited in an empty world) are gone after the migration: the threads
     # are replayed again when production is read, not missing from it.
     with connect(ws / "traces" / "traces.duckdb", read_only=False) as warehouse:

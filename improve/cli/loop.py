@@ -297,6 +297,7 @@ def _diagnose_production(
     space: Workspace, env: str | None, policy: str | None, model: str | None, as_json: bool
 ) -> None:
     from improve.evals import PRODUCTION_DIR, Ledger, policy_label
+    from improve.llm import usd_text
     from improve.loop import diagnose_production
 
     environment = space.environment(env)
@@ -354,10 +355,16 @@ def _diagnose_production(
             c.status,
             str(c.violations),
             str(c.model_errors),
-            f"{c.cost_usd_per_thread:.4f}",
+            usd_text(c.cost_usd_per_thread),
             ", ".join(c.examples),
         )
     out.print(table)
+    if found.set_aside:
+        err.print(
+            f"{found.set_aside} production thread(s) of {environment.name} set aside, in no cluster: they do "
+            'not verify or have no end entry yet (`improve sql "SELECT * FROM quarantine"` says why)',
+            markup=False,
+        )
 
 
 def report_command(

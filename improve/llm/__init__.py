@@ -6,7 +6,7 @@ from improve.llm.asks import ASKS_FILE, WAYS, AskMemory, Kind, ask_key
 from improve.llm.cache import CACHE_DIR, CACHE_MODES, REDACTED, CacheMode, ResponseCache, request_key
 from improve.llm.endpoint import MAX_ANSWER_BYTES, MAX_TOKENS, REFUSAL_WORDS, Endpoint, usage_dict
 from improve.llm.local import LOCAL_KEY_ENV, LOCAL_MODEL, LocalServer, local_server
-from improve.llm.meter import Meter
+from improve.llm.meter import Meter, usd_text
 from improve.llm.spec import API_KEY_ENV, BASE_URL_ENV, OPENAI_PREFIX, ModelSpec, Price, local_url, safe_url
 
 __all__ = [
@@ -38,4 +38,5 @@ __all__ = [
     "request_key",
     "safe_url",
     "usage_dict",
+    "usd_text",
 ]

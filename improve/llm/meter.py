@@ -136,7 +136,7 @@ class Meter:
     def summary(self) -> str:
         """`model calls 120 (8 recorded), tokens 53,211, $0.0213, retries 2, failed 0`; with `, 300
         answers reused` after the calls when replay-first runs took recorded answers."""
-        cost = f"${self.usd:.4f}" if self.priced else "USD unknown (no price)"
+        cost = f"${usd_text(self.usd)}" if self.priced else "USD unknown (no price)"
         recorded = f" ({self.recorded} recorded)" if self.recorded else ""
         reused = f", {self.reused} answers reused" if self.reused else ""
         return (
@@ -160,3 +160,11 @@ class Meter:
             "limit_usd": self.limit_usd,
             "notes": list(self.notes),
         }
+
+
+def usd_text(value: float) -> str:
+    """An amount of USD as a person reads it: four decimals (0.0213), and two significant digits below a
+    cent, where four decimals showed a small model's 0.000048 a thread as 0.0000."""
+    if value == 0 or abs(value) >= 0.01:
+        return f"{value:.4f}"
+    return f"{value:.2g}"

@@ -103,6 +103,10 @@ class ProductionDiagnosis:
     present: list[ProductionSlice] = field(default_factory=list)
     """Every production thread of the environment, by model and policy version, whatever the
     restriction: when it leaves none, what there is to give `--model` or `--policy` instead."""
+    set_aside: int = 0
+    """The environment's threads of no scenario run in `quarantine` (they do not verify, or have no end
+    entry yet): in none of the clusters, and said, since a count that leaves them out silently reads
+    as every thread."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -114,6 +118,7 @@ class ProductionDiagnosis:
             "clusters": [asdict(c) for c in self.clusters],
             "sql": self.sql,
             "present": [asdict(p) for p in self.present],
+            "set_aside": self.set_aside,
         }
 
     def present_text(self) -> str:
@@ -160,9 +165,21 @@ def diagnose_production(
             {"environment": environment},
         ).fetchall()
     ]
+    aside = con.execute(
+        "SELECT count(*) FROM quarantine WHERE environment = $environment "
+        "AND NOT regexp_matches(thread_id, '^(train|held-out|test):')",
+        {"environment": environment},
+    ).fetchone()
     sql = PRODUCTION_SQL
     for name, value in params.items():  # written in, so `improve sql` runs it as it is
         sql = sql.replace(f"${name}", "NULL" if value is None else "'" + value.replace("'", "''") + "'")
     return ProductionDiagnosis(
-        environment, int(threads[0]) if threads else 0, clusters, sql.strip(), policy, model, present
+        environment,
+        int(threads[0]) if threads else 0,
+        clusters,
+        sql.strip(),
+        policy,
+        model,
+        present,
+        int(aside[0]) if aside else 0,
     )
