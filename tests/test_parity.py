@@ -236,6 +236,8 @@ def test_a_policy_that_changes_outcomes_is_a_regression(ws: Path, event: str, ch
     row = next(r for r in doc["rows"] if r["scenario"] == changed)
     assert row["label"] == "regression"
     assert "the baseline broke no rule" in row["reason"]
+    # First what a reviewer needs: careful's run was as labelled, and NEW's is not.
+    assert row["reason"].startswith(f"it leaves the label: {changed} expects '"), row["reason"]
     assert row["review_entry"]["scenario"] == changed and row["review_entry"]["model"] == "careful"
 
 

@@ -91,6 +91,13 @@ def label_difference(
         known = " < ".join(sorted(order, key=order.__getitem__)) if order else "no order for this environment"
         problems.append(f"outcome {diff.outcome} is not the same or safer ({known})")
     if problems:
+        if scenario is not None and as_labelled(env, scenario, old) and not as_labelled(env, scenario, new):
+            # Said first: what a reviewer reads the row for (the rules above only say it is no fix).
+            problems.insert(
+                0,
+                f"it leaves the label: {scenario.id} expects '{scenario.expected.outcome}', which OLD gave "
+                f"({diff.outcome})",
+            )
         return "regression", "; ".join(problems)
     outcome = "same outcome" if old.final_state == new.final_state else f"safer outcome {diff.outcome}"
     return (
