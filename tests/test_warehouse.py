@@ -877,6 +877,21 @@ def test_bad_lines_are_rejected_one_by_one_with_their_reason(small_ws: Path) -> 
     _kept(small_ws, extra=4)
 
 
+def test_a_file_of_another_tools_log_is_said_to_be_one(small_ws: Path) -> None:
+    """Every line of a file refused as no log entry (an application's own JSONL): each is rejected, and
+    the file is said to be another tool's log, with the formats that read such logs."""
+    path = small_ws / "app-log.jsonl"
+    path.write_text('{"user": "alice", "action": "login"}\n{"user": "bob", "action": "logout"}\n')
+    result = _ingest_cli(small_ws, str(path))
+    said = " ".join(result.stderr.split())
+    assert result.exit_code == 1 and f"{path}: none of its lines is an improve log entry" in said, said
+    assert "--format normalize" in said
+    # A file with one bad line among entries is no other tool's.
+    mixed = small_ws / "mixed.jsonl"
+    mixed.write_text(json.dumps(entry(0, thread="m")) + "\n" + "garbage\n")
+    assert "none of its lines" not in _ingest_cli(small_ws, str(mixed)).stderr
+
+
 def test_a_line_cut_short_then_written_whole_is_no_longer_counted_rejected(small_ws: Path) -> None:
     """A thread file read while its last line was being written: the torn line is rejected (not JSON).
     Once written whole and ingested, it is an entry, and its rejection goes (rejected_lines counted a line

@@ -170,6 +170,16 @@ def ingest_command(
                 err.print(f"skipped {skip.file}: {skip.reason}", markup=False)
             for file, line, error in report.rejections:
                 err.print(f"rejected {file}:{line}: {error}", markup=False)
+            if fmt == "native" and not spans:
+                # Every line of a file refused as no log entry: most likely another tool's log.
+                for f in report.files:
+                    if f.lines_read and f.rejected == f.lines_read:
+                        err.print(
+                            f"{f.file}: none of its lines is an improve log entry: another tool's log? "
+                            "`--format normalize`, `opencli` or `otlp` reads those, or an importer of "
+                            "your own (docs/interop.md)",
+                            markup=False,
+                        )
             if report.rejected > len(report.rejections):
                 more = report.rejected - len(report.rejections)
                 err.print(
