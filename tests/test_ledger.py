@@ -430,6 +430,9 @@ def test_production_threads_become_scenarios_and_a_round_fixes_them(tmp_path: Pa
         "chooseResolution", "ESCALATE", "rejected-by-guard", "escalated", 4
     )  # fmt: skip
     assert "refundable" in top["guard"]
+    # The table cuts a long guard (whole in --json and in the SQL): at 80 columns it wrapped a row into twenty.
+    table = runner.invoke(app, ["diagnose", "--source", "production", "-w", str(ws)])
+    assert len(top["guard"]) > 72 and "…" in table.stdout and top["guard"][-12:] not in table.stdout
     assert sql(ws, found["sql"])[0]["threads"] == 4  # the SQL it shows runs as it is
     assert (top["model"], top["policy_version"]) == ("naive", "v0")
     # One model's and one version's threads: the stamps say which; another model has none here, and a

@@ -35,6 +35,10 @@ if TYPE_CHECKING:
     from improve.loop import RoundRecord
 
 
+GUARD_SHOWN = 72
+"""The most of a refusing guard's text `diagnose --source production` shows in its table."""
+
+
 def round_command(
     policy: Annotated[
         str, typer.Option("--policy", "-p", help="The current policy version (v3) or a .json path.")
@@ -343,7 +347,10 @@ def _diagnose_production(
         table.add_column(column, overflow="fold")
     table.add_column("examples", overflow="fold", max_width=48)
     for c in found.clusters:
-        refused = f"{c.refusal}: {c.guard}" if c.guard else c.refusal
+        # The guard as the table can hold it (whole in --json and in the SQL): at 80 columns a long one
+        # wrapped into twenty lines a row.
+        guard = c.guard if len(c.guard) <= GUARD_SHOWN else c.guard[: GUARD_SHOWN - 1] + "…"
+        refused = f"{c.refusal}: {guard}" if c.guard else c.refusal
         table.add_row(
             str(c.threads),
             c.model or "-",
