@@ -877,6 +877,15 @@ def test_bad_lines_are_rejected_one_by_one_with_their_reason(small_ws: Path) -> 
     _kept(small_ws, extra=4)
 
 
+def test_ingesting_a_folder_with_no_thread_file_says_so_and_creates_no_warehouse(tmp_path: Path) -> None:
+    """`improve ingest .` where there is nothing: it said `total 0` and left an empty warehouse behind."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    result = runner.invoke(app, ["ingest", "-w", str(tmp_path), str(empty)])
+    assert result.exit_code == 0 and f"no thread file in {empty}: nothing to ingest" in result.stderr
+    assert not list(tmp_path.rglob("*.duckdb"))
+
+
 def test_a_file_of_another_tools_log_is_said_to_be_one(small_ws: Path) -> None:
     """Every line of a file refused as no log entry (an application's own JSONL): each is rejected, and
     the file is said to be another tool's log, with the formats that read such logs."""

@@ -102,7 +102,13 @@ def ingest_command(
         space = workspace(ws)
         target = db or space.warehouse
         # Before the warehouse is opened (and created): a wrong path must leave no empty warehouse behind.
-        expand_paths(paths)
+        if not expand_paths(paths) and fmt != OTLP_FORMAT:  # (OTLP's .json files are found otherwise)
+            where = ", ".join(str(p) for p in paths)
+            err.print(f"no thread file in {where}: nothing to ingest", markup=False)
+            if not Path(target).exists():  # nor a warehouse to create for it
+                if as_json:
+                    emit_json({"files": [], "lines_read": 0, "ingested": 0, "warehouse": None})
+                return
         con = open_database(target, lock_timeout=lock_timeout, say=say)
         spans = fmt == OTLP_FORMAT
         try:
