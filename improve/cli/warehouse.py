@@ -148,7 +148,9 @@ def ingest_command(
 
             table = Table(title=f"ingest into {target} ({report.seconds:.2f}s)")
             unit = "spans read" if spans else "lines read"
-            for column in ("file", unit, "ingested", "already present", "rejected", "path"):
+            # `read`: how the file was read (bulk, careful line by line, unchanged and not read again);
+            # the report's field is `path`, the code path (a user read it as a file's).
+            for column in ("file", unit, "ingested", "already present", "rejected", "read"):
                 table.add_column(column, overflow="fold")
             shown = report.files if len(report.files) <= 20 else [f for f in report.files if f.rejected]
             if len(shown) < len(report.files):
