@@ -321,7 +321,8 @@ class ScoredThreads:
 
     rows: dict[str, OutcomeRow]
     unscored: dict[str, str]
-    """Thread id -> why it has no row: an unknown environment, or one of `unverified`."""
+    """Thread id -> why it has no row: an unknown environment, the environment's code failing to score
+    it, or one of `unverified`."""
     unverified: frozenset[str]
     """The threads whose replay does not verify (an entry edited, removed or moved; cut short): their
     content is not what was recorded, so nothing may present it as a run."""
