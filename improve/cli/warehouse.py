@@ -178,7 +178,7 @@ def ingest_command(
                 err.print(f"skipped {skip.file}: {skip.reason}", markup=False)
             for file, line, error in report.rejections:
                 err.print(f"rejected {file}:{line}: {error}", markup=False)
-            if fmt == "native" and not spans:
+            if fmt == "native":
                 # Every line of a file refused as no log entry: most likely another tool's log.
                 for f in report.files:
                     if f.lines_read and f.rejected == f.lines_read:

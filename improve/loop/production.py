@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
+from improve.evals import SPLITS
+
 if TYPE_CHECKING:  # the connection is the caller's: importing DuckDB here would cost every loop import
     import duckdb
 
@@ -165,10 +167,10 @@ def diagnose_production(
             {"environment": environment},
         ).fetchall()
     ]
-    aside = con.execute(
+    aside = con.execute(  # of no scenario run: a thread id that does not start with a split
         "SELECT count(*) FROM quarantine WHERE environment = $environment "
-        "AND NOT regexp_matches(thread_id, '^(train|held-out|test):')",
-        {"environment": environment},
+        "AND NOT list_contains($splits, split_part(thread_id, ':', 1))",
+        {"environment": environment, "splits": list(SPLITS)},
     ).fetchone()
     sql = PRODUCTION_SQL
     for name, value in params.items():  # written in, so `improve sql` runs it as it is
