@@ -456,7 +456,9 @@ def export_command(
     so exporting again gives the same traces. Without --endpoint it writes OTLP/JSON (one export
     request per line) to --out/traces.jsonl; with one it POSTs protobuf to the collector, in batches,
     retrying 429 and 5xx with backoff (exit 3 after the last try). Threads from files are replayed and
-    scored against the workspace's scenarios; threads from the warehouse take their `outcomes` row.
+    scored against the workspace's scenarios; threads from the warehouse take their `outcomes` row. A
+    thread that does not verify (edited, cut short: the warehouse's quarantine) is not exported: each is
+    named, and the command exits 1.
 
     Example:
 
