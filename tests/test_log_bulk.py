@@ -1031,7 +1031,7 @@ def test_the_first_pass_reads_each_line_s_thread_as_decoding_it_does(
     line can end (a thread id given twice, escaped, nested in the event, a key ending in an escaped
     `"threadId`, ...), among blank lines and lines too long to hold, with CRLF endings, read a few bytes at
     a time, it finds the same returning threads at the same lines as decoding every line does; with the
-    lines that end alike walked in C (`_digest.same_ending`) and in Python alike."""
+    blocks walked in C (`_digest.thread_runs`) and in Python alike."""
     text = [_first_pass_line(thread, style, i) for i, (thread, style) in enumerate(lines)]
     for at in sorted(blank, reverse=True):
         text.insert(min(at, len(text)), b"  ")
@@ -1044,7 +1044,7 @@ def test_the_first_pass_reads_each_line_s_thread_as_decoding_it_does(
         patch.setattr(stream, "_BLOCK", block)
         patch.setattr(stream, "_HELD", 300)
         if not walk_in_c:
-            patch.setattr(stream, "_SAME_ENDING", None)
+            patch.setattr(stream, "_THREAD_RUNS", None)
         assert stream._returning_threads(path, "f") == _returning_line_by_line(data, "f")
 
 

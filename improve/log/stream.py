@@ -43,10 +43,15 @@ ThreadEntries = list[BulkEntry | LogEntry]
 
 
 _THREAD_ONLY = msgspec.json.Decoder(ThreadOnly)
-_SAME_ENDING: Callable[[bytes, int, bytes, bool], tuple[int, int]] | None = getattr(
-    digest(), "same_ending", None
+Run = str | bytes | int | None
+"""An item of `_thread_runs`' runs."""
+
+
+_THREAD_RUNS: Callable[[bytes, bytes | None, bool], tuple[list[Run], bytes | None]] | None = getattr(
+    digest(), "thread_runs", None
 )
-"""`same_ending` of improve/_digest.c, or None (`improve.native.digest`): the first pass's walk in C."""
+"""`thread_runs` of improve/_digest.c, or None (`improve.native.digest`): the first pass's walk of a block in
+C, else `_thread_runs`."""
 _SPLIT_BLOCK: Callable[[bytes, int, int], tuple[list[bytes], bool, int] | None] | None = getattr(
     digest(), "split_block", None
 )
@@ -289,52 +294,30 @@ def _returning_threads(path: Path, default: str) -> dict[str, int] | None:
         if not isinstance(piece, bytes):
             number += 1  # a line past the limit is never an entry
             continue
-        # The block is walked line by line, not split: splitting it copied every line (0.6 µs a line),
-        # and a line that ends as the one before (`ending`) is not even sliced out of it.
-        cr = b"\r" in piece
-        start, size = 0, len(piece)
-        while start < size:
-            if ending is not None and _SAME_ENDING is not None:
-                # The lines that end as the one before, walked in C (the test below, line by line).
-                start, walked = _SAME_ENDING(piece, start, ending, cr)
-                if walked:
-                    number += walked
-                    if back:
-                        returning[previous] = number  # type: ignore[index]  # a line was decoded: not None
-                    continue
-            number += 1
-            stop = piece.find(b"\n", start)
-            if stop < 0:
-                stop = size  # the file's last line, without an LF
-            end = stop - 1 if cr and stop > start and piece[stop - 1] == 13 else stop  # 13: a CR
-            if (
-                ending is not None
-                and end - start >= len(ending)
-                and piece.startswith(ending, end - len(ending), end)
-            ):
-                # The thread of the line before (see `_ending`): the commonest line, as improve writes a file.
-                start = stop + 1
+        walk = _THREAD_RUNS if _THREAD_RUNS is not None else _thread_runs
+        runs, ending = walk(piece, ending, b"\r" in piece)
+        for at in range(0, len(runs), 2):
+            given = runs[at]
+            count = runs[at + 1]
+            assert type(count) is int
+            number += count
+            if given is None:  # the lines go on with the thread of the line before the block
                 if back:
                     returning[previous] = number  # type: ignore[index]  # a line was decoded: not None
                 continue
-            line = piece[start:end]
-            start = stop + 1
-            ending = _ending(line)
-            if ending is not None:
-                # Its thread is the string its ending gives, as for the lines after it (see `_ending`): a
-                # thread's first line is not decoded either (it cost 1.7 us, once per thread).
-                given = _THREAD_TAIL.fullmatch(ending, 1)
-                thread = (given.group(1).decode("ascii") if given is not None else "") or default
-            else:
+            if type(given) is bytes:
                 try:
-                    decoded = decode(line).threadId
+                    decoded = decode(given).threadId
                 except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError, RecursionError):
-                    found = _thread_of(line, default)
+                    found = _thread_of(given, default)
                     if found is None:
                         continue
                     thread = found
                 else:
                     thread = decoded or default
+            else:
+                assert type(given) is str
+                thread = given or default
             any_entry = True
             if thread != previous:
                 key = _key(thread)
@@ -348,6 +331,50 @@ def _returning_threads(path: Path, default: str) -> dict[str, int] | None:
             if back:
                 returning[thread] = number
     return returning if any_entry else None
+
+
+def _thread_runs(block: bytes, ending: bytes | None, cr: bool) -> tuple[list[Run], bytes | None]:
+    """`thread_runs` of improve/_digest.c, in Python: the runs of lines of one block, each two items (what
+    the lines are: None, the thread of the line before the block; a str, the thread their ending gives; a
+    bytes, the one line, to decode; and how many), and the last line's ending (`_ending`), from `ending`,
+    the ending of the line before the block (`cr`: whether the block holds a CR).
+
+    The block is walked line by line, not split: splitting it copied every line (0.6 µs a line), and a line
+    that ends as the one before (`ending`) is not even sliced out of it."""
+    runs: list[Run] = []
+    count = 0  # the lines of the last run so far
+    start, size = 0, len(block)
+    while start < size:
+        stop = block.find(b"\n", start)
+        if stop < 0:
+            stop = size  # the file's last line, without an LF
+        end = stop - 1 if cr and stop > start and block[stop - 1] == 13 else stop  # 13: a CR
+        if (
+            ending is not None
+            and end - start >= len(ending)
+            and block.startswith(ending, end - len(ending), end)
+        ):
+            # The thread of the line before (see `_ending`): the commonest line, as improve writes a file.
+            if not runs:
+                runs.append(None)
+                runs.append(0)
+            count += 1
+            runs[-1] = count
+            start = stop + 1
+            continue
+        line = block[start:end]
+        start = stop + 1
+        ending = _ending(line)
+        if ending is not None:
+            # Its thread is the string its ending gives, as for the lines after it (see `_ending`): a
+            # thread's first line is not decoded either (it cost 1.7 us, once per thread).
+            given = _THREAD_TAIL.fullmatch(ending, 1)
+            runs.append(given.group(1).decode("ascii") if given is not None else "")
+        else:
+            runs.append(line)
+        count = 1
+        runs.append(count)
+    return runs, ending
 
 
 def _ending(line: bytes) -> bytes | None:
