@@ -322,6 +322,206 @@ sha256_is(PyObject *self, PyObject *args)
     return PyBool_FromLong(same);
 }
 
+/* The index of the quote that closes the JSON string whose text starts at text[i] (after its opening
+ * quote), or -1: the next quote not escaped, found with memchr (a context's strings are most of its text:
+ * walking them byte by byte made its text slower to patch than to write whole). */
+static Py_ssize_t
+string_end(const char *text, Py_ssize_t i, Py_ssize_t n)
+{
+    while (i < n) {
+        const char *quote = memchr(text + i, '"', (size_t)(n - i));
+        if (quote == NULL)
+            return -1;
+        Py_ssize_t at = quote - text, escapes = 0;
+        while (at - escapes - 1 >= i && text[at - escapes - 1] == '\\')
+            escapes++;
+        if (escapes % 2 == 0)
+            return at;
+        i = at + 1;
+    }
+    return -1;
+}
+
+/* Where the JSON value that starts at text[i] ends, in compact JSON as msgspec writes it: the index of the
+ * `,` or closing bracket after it at its own level, or `n` at the text's end; -1 when the text does not
+ * close as JSON does (an unterminated string, a bracket closed that was never opened). */
+static Py_ssize_t
+value_end(const char *text, Py_ssize_t i, Py_ssize_t n)
+{
+    Py_ssize_t depth = 0;
+    while (i < n) {
+        char c = text[i];
+        if (c == '"') {
+            i = string_end(text, i + 1, n);
+            if (i < 0)
+                return -1;
+        } else if (c == '{' || c == '[') {
+            depth++;
+        } else if (c == '}' || c == ']') {
+            if (depth == 0)
+                return i;
+            depth--;
+        } else if (c == ',' && depth == 0) {
+            return i;
+        }
+        i++;
+    }
+    return depth == 0 ? n : -1;
+}
+
+/* context_text(context, before, before_text, encode) -> bytes or None: msgspec's text of the dict
+ * `context` (`encode(context)`, its keys in their own order), made from `before_text`, the text `encode`
+ * wrote of the dict `before`, when `context` has the same keys in the same order: a member whose value
+ * is the very object it was in `before` is copied from `before_text`, any other value is written by
+ * `encode`. None (the caller writes the whole) when the keys differ or `before_text` is not a compact
+ * JSON object with a member for each. Why: a step assigns a key or two of a context of ten or more, and a
+ * verified replay wrote every new context whole, about 0.9 us each, a tenth of its extra cost. The same
+ * text as `encode(context)` because a JSON object's text is its members' texts in order, and a value
+ * never changes in place (the fold's contract: an assign makes a new dict; `fold._plain_run` relies on it
+ * too). */
+static PyObject *
+context_text(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "context_text takes 4 arguments");
+        return NULL;
+    }
+    PyObject *context = args[0], *before = args[1], *before_text = args[2], *encode = args[3];
+    if (!PyDict_CheckExact(context) || !PyDict_CheckExact(before) || !PyBytes_CheckExact(before_text))
+        Py_RETURN_NONE;
+    Py_ssize_t count = PyDict_GET_SIZE(context);
+    const char *text = PyBytes_AS_STRING(before_text);
+    Py_ssize_t size = PyBytes_GET_SIZE(before_text);
+    if (count == 0 || count != PyDict_GET_SIZE(before) || size < 2 || text[0] != '{' || text[size - 1] != '}')
+        Py_RETURN_NONE;
+    /* Per member: where its text starts, where its value starts, and its new value's text (NULL: kept). */
+    Py_ssize_t *spans = PyMem_Malloc(sizeof(Py_ssize_t) * 2 * (size_t)count);
+    PyObject **written = PyMem_Calloc((size_t)count, sizeof(PyObject *));
+    PyObject *result = NULL;
+    if (spans == NULL || written == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_ssize_t at = 1, pos = 0, old_pos = 0, total = 2, member = 0;
+    PyObject *key, *value, *old_key, *old_value;
+    while (PyDict_Next(context, &pos, &key, &value)) {
+        if (!PyDict_Next(before, &old_pos, &old_key, &old_value))
+            goto none;
+        if (key != old_key) {
+            if (!PyUnicode_CheckExact(key) || !PyUnicode_CheckExact(old_key) ||
+                PyUnicode_Compare(key, old_key) != 0) {
+                if (PyErr_Occurred())
+                    goto done;
+                goto none;
+            }
+        }
+        /* The member's text in `before_text`: a key (a string), a colon, the value, then `,` or `}`. */
+        if (at >= size || text[at] != '"')
+            goto none;
+        Py_ssize_t close = string_end(text, at + 1, size); /* the key's closing quote */
+        if (close < 0 || close + 1 >= size || text[close + 1] != ':')
+            goto none;
+        Py_ssize_t start = close + 2, end = value_end(text, start, size);
+        if (end < 0 || end >= size || (text[end] != ',' && end != size - 1))
+            goto none;
+        spans[2 * member] = at, spans[2 * member + 1] = start;
+        if (value == old_value) {
+            total += end - at;
+        } else {
+            PyObject *own = PyObject_CallOneArg(encode, value);
+            if (own == NULL)
+                goto done;
+            if (!PyBytes_CheckExact(own)) {
+                Py_DECREF(own);
+                goto none;
+            }
+            written[member] = own;
+            total += start - at + PyBytes_GET_SIZE(own);
+        }
+        member++;
+        at = end + 1;
+    }
+    if (at != size)
+        goto none;
+    total += count - 1; /* the commas; `total` began with the braces */
+    result = PyBytes_FromStringAndSize(NULL, total);
+    if (result == NULL)
+        goto done;
+    char *out = PyBytes_AS_STRING(result);
+    *out++ = '{';
+    for (Py_ssize_t i = 0; i < count; i++) {
+        Py_ssize_t from = spans[2 * i], value_at = spans[2 * i + 1];
+        Py_ssize_t to = i + 1 < count ? spans[2 * i + 2] - 1 : size - 1; /* its `,` or the `}` */
+        if (i)
+            *out++ = ',';
+        if (written[i] == NULL) {
+            memcpy(out, text + from, (size_t)(to - from));
+            out += to - from;
+        } else {
+            memcpy(out, text + from, (size_t)(value_at - from));
+            out += value_at - from;
+            memcpy(out, PyBytes_AS_STRING(written[i]), (size_t)PyBytes_GET_SIZE(written[i]));
+            out += PyBytes_GET_SIZE(written[i]);
+        }
+    }
+    *out = '}';
+    goto done;
+none:
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    if (written != NULL)
+        for (Py_ssize_t i = 0; i < count; i++)
+            Py_XDECREF(written[i]);
+    PyMem_Free(written);
+    PyMem_Free(spans);
+    return result;
+}
+
+/* state_is(context_text, input_text, rest, hexdigest) -> bool: `sha256_is` of the snapshot text
+ * `fold._snapshot_pieces` gives a run without error: `{"context":` context `,"error":null,"input":` input
+ * `,` rest. The hash of everything before the rest is kept (`prefix`), with the two texts it was of: a state
+ * that keeps the context and input of the state hashed before (a step that assigns nothing, as a third of
+ * a replay's steps do) hashes only its rest, from a copy of that. */
+static EVP_MD_CTX *prefix = NULL;
+static PyObject *prefix_context = NULL, *prefix_input = NULL; /* strong references: compared by identity */
+
+static PyObject *
+state_is(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    static const char OPEN[] = "{\"context\":", MIDDLE[] = ",\"error\":null,\"input\":";
+    if (nargs != 4 || !PyBytes_CheckExact(args[0]) || !PyBytes_CheckExact(args[1]) ||
+        !PyBytes_CheckExact(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "state_is(context_text, input_text, rest, hexdigest): three bytes and a str");
+        return NULL;
+    }
+    PyObject *context = args[0], *input = args[1], *rest = args[2];
+    Py_ssize_t size;
+    const char *hex = text_attr(args[3], &size);
+    if (hex == NULL || size != 64)
+        Py_RETURN_FALSE;
+    if (context != prefix_context || input != prefix_input) {
+        Py_CLEAR(prefix_context);
+        Py_CLEAR(prefix_input);
+        if (EVP_DigestInit_ex2(prefix, sha256_md, NULL) != 1 ||
+            EVP_DigestUpdate(prefix, OPEN, sizeof OPEN - 1) != 1 ||
+            EVP_DigestUpdate(prefix, PyBytes_AS_STRING(context), (size_t)PyBytes_GET_SIZE(context)) != 1 ||
+            EVP_DigestUpdate(prefix, MIDDLE, sizeof MIDDLE - 1) != 1 ||
+            EVP_DigestUpdate(prefix, PyBytes_AS_STRING(input), (size_t)PyBytes_GET_SIZE(input)) != 1 ||
+            EVP_DigestUpdate(prefix, ",", 1) != 1)
+            Py_RETURN_FALSE;
+        Py_INCREF(context);
+        Py_INCREF(input);
+        prefix_context = context, prefix_input = input;
+    }
+    unsigned char raw[32];
+    unsigned int length = 0;
+    int same = EVP_MD_CTX_copy_ex(sha256_ctx, prefix) == 1 &&
+               EVP_DigestUpdate(sha256_ctx, PyBytes_AS_STRING(rest), (size_t)PyBytes_GET_SIZE(rest)) == 1 &&
+               EVP_DigestFinal_ex(sha256_ctx, raw, &length) == 1 && length == 32 && hex_is(hex, 64, raw);
+    return PyBool_FromLong(same);
+}
+
 /* The thread a line gives in its ending, as `stream._ending` and `stream._THREAD_TAIL` read it: when
  * line[:end] (from `start`) ends with its last `"threadId"` key (after a byte that is no backslash), a
  * colon, a string of printable ASCII without a quote or a backslash and the closing brace (spaces and
@@ -513,6 +713,8 @@ static PyMethodDef methods[] = {
     {"thread_runs", thread_runs, METH_VARARGS, "The runs of lines of one thread in a block (stream's first pass)."},
     {"links", links, METH_VARARGS, "Verify a thread's entries over their lines, as chain.check_chain's fast path."},
     {"split_block", split_block, METH_VARARGS, "Split a block of whole lines and check them (stream's second pass)."},
+    {"context_text", (PyCFunction)(void (*)(void))context_text, METH_FASTCALL, "A context's text from the text of the one it was assigned from."},
+    {"state_is", (PyCFunction)(void (*)(void))state_is, METH_FASTCALL, "Whether a snapshot's text without error hashes to the given hex digest."},
     {"sha256_is", sha256_is, METH_VARARGS, "Whether the sha256 of the joined pieces has the given lowercase hex digest."},
     {NULL, NULL, 0, NULL},
 };
@@ -524,7 +726,8 @@ PyInit__digest(void)
 {
     sha256_md = EVP_MD_fetch(NULL, "SHA256", NULL);
     sha256_ctx = EVP_MD_CTX_new();
-    if (sha256_md == NULL || sha256_ctx == NULL) {
+    prefix = EVP_MD_CTX_new();
+    if (sha256_md == NULL || sha256_ctx == NULL || prefix == NULL) {
         PyErr_SetString(PyExc_ImportError, "libcrypto has no SHA256");
         return NULL;
     }

@@ -802,6 +802,86 @@ def test_a_snapshot_s_digest_is_checked_in_c_as_hashlib_checks_it(pieces: list[b
     assert digest.sha256_is(tuple(pieces), right.upper()) is (right.upper() == right)
 
 
+_JSON_VALUES = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(st.characters(exclude_categories=["Cs"]))
+    | st.sampled_from(['"', "\\", '\\"', "}", "]", ",", ":", '{"a":1}', "\u2028", "\x00"]),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(
+    before=st.dictionaries(
+        st.sampled_from(["a", "b", 'q"k', "k\\", "é", "", "z}", "x,y"]), _JSON_VALUES, min_size=1
+    ),
+    changes=st.lists(st.tuples(st.integers(0, 7), _JSON_VALUES), max_size=3),
+    reshape=st.sampled_from(["none", "add", "drop", "reorder"]),
+)
+def test_a_context_s_text_is_patched_in_c_as_msgspec_writes_it_whole(
+    before: dict[str, Any], changes: list[tuple[int, Any]], reshape: str
+) -> None:
+    """`context_text` (improve/_digest.c: a verified replay's text of a context assigned from the last
+    one) gives msgspec's own text of the new context, copying the members whose value is the same object
+    and writing the others, over keys and values that need escaping, brackets and commas inside strings,
+    nested values; and None, never a wrong text, when the keys differ in number or order."""
+    digest = native.digest()
+    if digest is None:
+        pytest.skip("improve._digest is not built, or IMPROVE_PURE is set")
+    encode = msgspec.json.Encoder().encode
+    context = before.copy()
+    keys = list(before)
+    for at, value in changes:  # a new value is a new object, as an assign's is
+        context[keys[at % len(keys)]] = msgspec.json.decode(encode(value))
+    if reshape == "add":
+        context["new key"] = 1
+    elif reshape == "drop":
+        context.pop(keys[0])
+    elif reshape == "reorder" and len(keys) > 1:
+        context = {k: context[k] for k in reversed(keys)}
+    text = digest.context_text(context, before, encode(before), encode)
+    if reshape == "none" or (reshape == "reorder" and len(keys) == 1):
+        assert text == encode(context)
+    else:
+        assert text is None or text == encode(context)
+
+
+@settings(max_examples=examples(100), deadline=None)
+@given(
+    states=st.lists(
+        st.tuples(st.integers(0, 2), st.integers(0, 2), st.binary(max_size=120), st.booleans()), max_size=12
+    )
+)
+def test_a_state_s_digest_is_checked_in_c_from_the_hash_of_the_state_before(
+    states: list[tuple[int, int, bytes, bool]],
+) -> None:
+    """`state_is` (improve/_digest.c) answers as hashlib does on the whole snapshot text, state after
+    state, whether a state keeps the context and input texts of the state before (then its hash goes on
+    from the kept hash of theirs) or has texts of its own, even texts equal to the last ones in other
+    objects."""
+    digest = native.digest()
+    if digest is None:
+        pytest.skip("improve._digest is not built, or IMPROVE_PURE is set")
+    contexts = [b'{"a":1}', b"{}", b'{"a":' + b"x" * 70 + b"}"]
+    inputs = [b"null", b'{"k":"v"}', b"[" + b"1," * 40 + b"1]"]
+    for context_at, input_at, rest, right in states:
+        context, input_text = contexts[context_at], inputs[input_at]
+        if right and context_at == 2:
+            context = bytes(bytearray(context))  # the same text in another object
+        whole = b'{"context":' + context + b',"error":null,"input":' + input_text + b"," + rest
+        digest_hex = hashlib.sha256(whole).hexdigest()
+        if right:
+            assert digest.state_is(context, input_text, rest, digest_hex) is True
+        else:
+            wrong = hashlib.sha256(whole + b" ").hexdigest()
+            assert digest.state_is(context, input_text, rest, wrong) is False
+            assert digest.state_is(context, input_text, rest, digest_hex[:-1]) is False
+
+
 @settings(max_examples=examples(300), deadline=None)
 @given(
     block=st.lists(

@@ -213,6 +213,8 @@ class _State:
         "name",
         "on",
         "output",
+        "rest",
+        "rest_owing",
         "source",
         "stable",
     )
@@ -233,6 +235,10 @@ class _State:
         self.error = _steps(inv.on_error) if inv is not None else ()
         self.stable = not self.final and not self.branches
         """Entered, it is where the run stands: no output to evaluate, no branch to follow."""
+        # What `_snapshot_pieces` writes after the context, error and input of an active run here without
+        # output: owing no actor, and owing its own (`Fold.matches` reads them instead of writing them).
+        self.rest = _rest_text(None, "active", name, None)
+        self.rest_owing = _rest_text((inv.id, inv.src), "active", name, None) if inv is not None else None
 
     def steps(self) -> tuple[_Step, ...]:
         return (*self.branches, *self.done, *self.error, *(s for ts in self.on.values() for s in ts))
@@ -428,6 +434,28 @@ class Fold:
         """Whether msgspec's text of the run's snapshot hashes to `journaled`: `hash(run, journaled) ==
         journaled` as most of a verified replay asks it, without the canonical text a mismatch needs (the
         caller asks `hash` for that)."""
+        if (
+            _STATE_IS is not None
+            and run.status == "active"
+            and run.output is None
+            and run.error is None
+            and run.invocation is None
+            and run.written_in_order
+        ):
+            # The commonest state, its text's end read from the state (`_State.rest`) and hashed in C from
+            # where the last state's context and input left off, when it keeps them (`state_is`).
+            state = self.states[run.value]
+            owed = run.owed
+            rest = state.rest if owed is None else state.rest_owing if owed[0] is state.source else None
+            if rest is not None:
+                context_text = _context_text(run)
+                input_text = _input_text(run)
+                if (
+                    context_text is not None
+                    and input_text is not None
+                    and _STATE_IS(context_text, input_text, rest, journaled)
+                ):
+                    return True
         invoke = _invoke_of(run)
         pieces = _snapshot_pieces(run, invoke, in_order=True)
         if pieces is not None and _hashes_to(pieces, journaled):
@@ -520,50 +548,82 @@ def _snapshot_pieces(
 
     `in_order`: the context written in its own order while the run's contexts are taken to have their
     keys sorted (`FoldRun.written_in_order`): the same text, unless they are not (`Fold.matches`)."""
-    if run.input_text is None:
-        # `sorted_text` inline, here and below, as for the context.
-        try:
-            run.input_text = SORTED_ENCODER.encode(run.input)
-        except Exception:
-            return None
-    context = run.context
-    # `sorted_text` inline (most steps write a new context): a call into a module the build does not
-    # compile costs a frame each time. msgspec's sort of every dict's keys was a twentieth of verifying
-    # a replay: a context is written in its own order while that is taken to be sorted.
+    input_text = _input_text(run)
+    if input_text is None:
+        return None
+    # msgspec's sort of every dict's keys was a twentieth of verifying a replay: a context is written in
+    # its own order while that is taken to be sorted (`_context_text`).
     if run.written_in_order and not in_order:
         try:  # the text kept is in the context's own order: the sorted one is written, not kept
-            context_text = SORTED_ENCODER.encode(context)
+            context_text = SORTED_ENCODER.encode(run.context)
         except Exception:
             return None
     else:
-        if context is not run.text_context:
-            try:
-                text = (IN_ORDER if run.written_in_order else SORTED_ENCODER).encode(context)
-            except Exception:  # a lone surrogate, nesting past the stack: as `sorted_text` says
-                return None
-            run.text_context, run.context_text = context, text
-        context_text = run.context_text
+        kept = _context_text(run)
+        if kept is None:
+            return None
+        context_text = kept
     error = b"null" if run.error is None else sorted_text(run.error)
     if error is None:
         return None
     key = (invoke, run.status, run.value) if run.output is None else None
     rest = _REST.get(key) if key is not None else None
     if rest is None:
-        try:
-            rest = SORTED_ENCODER.encode(
-                {
-                    "invoke": {"id": invoke[0], "src": invoke[1]} if invoke else None,
-                    "output": run.output,
-                    "status": run.status,
-                    "value": run.value,
-                }
-            )[1:]
-        except Exception:
+        rest = _rest_text(invoke, run.status, run.value, run.output)
+        if rest is None:
             return None
         if key is not None and len(_REST) < _REST_KEPT:
             _REST[key] = rest
     # shallow_json's keys in order: context, error, input, then the rest (invoke, output, status, value).
-    return (b'{"context":', context_text, b',"error":', error, b',"input":', run.input_text, b",", rest)
+    return (b'{"context":', context_text, b',"error":', error, b',"input":', input_text, b",", rest)
+
+
+def _input_text(run: FoldRun) -> bytes | None:
+    """The sorted text of the run's input, written once; None where msgspec cannot write it. (msgspec is
+    called here and in `_context_text` itself, not through `sorted_text`: a call into a module the build
+    does not compile costs a frame each time.)"""
+    if run.input_text is None:
+        try:
+            run.input_text = SORTED_ENCODER.encode(run.input)
+        except Exception:
+            return None
+    return run.input_text
+
+
+def _context_text(run: FoldRun) -> bytes | None:
+    """The text of the run's context as the run writes it (`FoldRun.written_in_order`), kept for the next
+    state while it keeps the context; None where msgspec cannot write it."""
+    context = run.context
+    if context is not run.text_context:
+        try:
+            text = None
+            if run.written_in_order:
+                # Made from the last context's text where it was assigned from that context (C).
+                if run.text_context is not None and _CONTEXT_TEXT is not None:
+                    text = _CONTEXT_TEXT(context, run.text_context, run.context_text, _WRITE_IN_ORDER)
+                if text is None:
+                    text = IN_ORDER.encode(context)
+            else:
+                text = SORTED_ENCODER.encode(context)
+        except Exception:  # a lone surrogate, nesting past the stack: as `sorted_text` says
+            return None
+        run.text_context, run.context_text = context, text
+    return run.context_text
+
+
+def _rest_text(invoke: tuple[str, str] | None, status: str, value: str, output: Any) -> bytes | None:
+    """The end of a snapshot's text, after its input (`_snapshot_pieces`); None where msgspec cannot write it."""
+    try:
+        return SORTED_ENCODER.encode(
+            {
+                "invoke": {"id": invoke[0], "src": invoke[1]} if invoke else None,
+                "output": output,
+                "status": status,
+                "value": value,
+            }
+        )[1:]
+    except Exception:
+        return None
 
 
 def _hashes_to(pieces: tuple[bytes, ...], journaled: str) -> bool:
@@ -575,8 +635,14 @@ def _hashes_to(pieces: tuple[bytes, ...], journaled: str) -> bool:
 IN_ORDER = msgspec.json.Encoder()
 """msgspec's text of a value in its own order: its sorted text when every dict's keys are sorted."""
 
+_WRITE_IN_ORDER = IN_ORDER.encode
+_CONTEXT_TEXT: Any = getattr(digest(), "context_text", None)
+"""`context_text` of improve/_digest.c, or None: a context's text is written whole."""
+
 _sha256 = hashlib.sha256
 _SHA256_IS: Any = getattr(digest(), "sha256_is", None)
+_STATE_IS: Any = getattr(digest(), "state_is", None)
+"""`state_is` of improve/_digest.c, or None: `Fold.matches` joins the pieces (`_snapshot_pieces`)."""
 """`sha256_is` of improve/_digest.c (`improve.native.digest`), or None: hashlib on the joined text."""
 
 _REST: dict[tuple[tuple[str, str] | None, str, str], bytes] = {}
