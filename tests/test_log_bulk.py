@@ -53,7 +53,7 @@ from improve.log import (
     stream,
     to_log_entry,
 )
-from improve.log.bulk import bulk_content, content_struct
+from improve.log.bulk import bulk_content, content_struct, read_strictly
 from improve.log.chain import check_chain, content_bytes, seal
 from improve.log.entry import line_tail
 from improve.machine import fold_of, sorted_text
@@ -850,6 +850,32 @@ def test_a_context_s_text_is_patched_in_c_as_msgspec_writes_it_whole(
         assert text is None or text == encode(context)
 
 
+def test_an_entry_s_fields_are_read_in_c_as_its_attributes_are() -> None:
+    """`entry_fields` (improve/_digest.c: what `replay` reads of every entry, at a msgspec struct's slots)
+    gives an entry's attributes, of a `BulkEntry` and of pydantic's `LogEntry` alike (read by name); and
+    `entry_ok` judges an event without a type, or with an empty one, as the strict read does."""
+    digest = native.digest()
+    if digest is None:
+        pytest.skip("improve._digest is not built, or IMPROVE_PURE is set")
+    line = next(line for path in FIXTURES for line in path.read_bytes().splitlines() if b'"attempts"' in line)
+    names = (
+        "index",
+        "machineId",
+        "machineVersion",
+        "threadId",
+        "event",
+        "metadata",
+        "attempts",
+        "verification",
+    )
+    for entry in (decode_entry(line), LogEntry.model_validate_json(line)):
+        assert digest.entry_fields(entry) == tuple(getattr(entry, name) for name in names)
+    stamp = "2026-11-30T10:00:00.123456Z"
+    for event, ok in (({"type": "X"}, True), ({"type": ""}, False), ({"kind": "X"}, False)):
+        entry = BulkEntry(id="a", index=0, recordedAt=stamp, machineId="m", machineVersion="1", event=event)
+        assert digest.entry_ok(entry) is ok
+
+
 @settings(max_examples=examples(100), deadline=None)
 @given(
     states=st.lists(
@@ -952,6 +978,26 @@ def test_a_timestamp_is_judged_as_the_contract_judges_it_the_second_time_too(
     assert valid_recorded_at(value) == _zoned(value)
     other = head + ".000000Z"
     assert valid_recorded_at(other) == _zoned(other)
+    # And in C (`entry_ok`, improve/_digest.c), where the strict read asks it: the same verdict, or None
+    # (judged in Python) for a layout it does not read.
+    for stamp in (value, other):
+        line = json.dumps(
+            {
+                "id": "a",
+                "index": 0,
+                "recordedAt": stamp,
+                "machineId": "m",
+                "machineVersion": "1",
+                "event": {"type": "X"},
+            }
+        ).encode()
+        assert (read_strictly(line) is not None) == _zoned(stamp)
+        digest = native.digest()
+        if digest is not None:
+            entry = BulkEntry(
+                id="a", index=0, recordedAt=stamp, machineId="m", machineVersion="1", event={"type": "X"}
+            )
+            assert digest.entry_ok(entry) in (None, _zoned(stamp))
 
 
 def test_text_lines_read_as_their_bytes_do() -> None:

@@ -17,7 +17,7 @@ against the status replay derives. `ReplayResult.verification` says what was est
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, NamedTuple
 
@@ -34,6 +34,7 @@ from improve.log.entry import (
 )
 from improve.log.result import ReplayResult, RunStatus, Verified, result_of
 from improve.machine import RESUMABLE_STATUSES, Fold, FoldRun, Machine, Snapshot, fold_of, wait_status
+from improve.native import digest
 
 
 @contextmanager
@@ -158,16 +159,18 @@ def replay(
     config = machine.config
     machine_id, version, thread = config.id, config.version, chosen[0].threadId
     last = len(entries) - 1
+    fields_of = _ENTRY_FIELDS if _ENTRY_FIELDS is not None else _entry_fields
     try:
         for position, entry in enumerate(chosen):
+            fields = fields_of(entry)
+            index, entry_machine, entry_version, entry_thread, event, metadata, attempts, journal = fields
             if (
-                entry.index != position
-                or entry.machineId != machine_id
-                or entry.machineVersion != version
-                or entry.threadId != thread
+                index != position
+                or entry_machine != machine_id
+                or entry_version != version
+                or entry_thread != thread
             ):
                 raise _Misshapen
-            event = entry.event
             etype = event["type"]
             if etype == USAGE_EVENT:
                 asked = True
@@ -216,7 +219,6 @@ def replay(
                         stretch = Budget(max_calls, calls_before)
                         _check_end(entry, stretch.status(machine, before, calls), before.status, before.value)
                 continue
-            metadata = entry.metadata
             if metadata is not None:
                 if asked and "decision" in metadata:
                     decisions += 1
@@ -240,10 +242,9 @@ def replay(
             except MachineError as err:
                 raise LogError(f"entry {entry.index} ({etype}): {err}") from err
             steps += 1
-            if entry.attempts:
-                failed += len(entry.attempts)
+            if attempts:
+                failed += len(attempts)
             if verify:
-                journal = entry.verification
                 journaled = journal.stateHash if journal is not None else None
                 if journaled is not None:
                     if fold.matches(run, journaled):
@@ -295,6 +296,30 @@ def replay(
         fold,
         run,
     )
+
+
+EntryFields = tuple[
+    int, str, str, str | None, dict[str, Any], dict[str, Any] | None, Sequence[Any] | None, Any
+]
+"""What `replay` reads of each entry: index, machineId, machineVersion, threadId, event, metadata,
+attempts, verification."""
+
+
+def _entry_fields(entry: EntryView) -> EntryFields:
+    return (
+        entry.index,
+        entry.machineId,
+        entry.machineVersion,
+        entry.threadId,
+        entry.event,
+        entry.metadata,
+        entry.attempts,
+        entry.verification,
+    )
+
+
+_ENTRY_FIELDS: Callable[[EntryView], EntryFields] | None = getattr(digest(), "entry_fields", None)
+"""`entry_fields` of improve/_digest.c (the eight read in one call, at the struct's slots), or None."""
 
 
 class Budget(NamedTuple):

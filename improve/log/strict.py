@@ -9,10 +9,13 @@ struct class defined in a module mypyc compiles decodes nothing (see `bulk.Threa
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
 import msgspec
+
+from improve.native import digest
 
 
 def valid_recorded_at(value: str) -> bool:
@@ -65,7 +68,13 @@ def read_strictly(decoder: Any, data: bytes) -> Any:
         # msgspec before 0.20 says invalid UTF-8 in a string with UnicodeDecodeError, not DecodeError; a
         # line nested deeper than Python's recursion limit, with RecursionError.
         return None
-    event_type = entry.event.get("type")
-    if isinstance(event_type, str) and event_type and valid_recorded_at(entry.recordedAt):
-        return entry
-    return None
+    # In C where it is built (`entry_ok`, improve/_digest.c), for the timestamps improve writes.
+    ok = _ENTRY_OK(entry) if _ENTRY_OK is not None else None
+    if ok is None:
+        event_type = entry.event.get("type")
+        ok = isinstance(event_type, str) and bool(event_type) and valid_recorded_at(entry.recordedAt)
+    return entry if ok else None
+
+
+_ENTRY_OK: Callable[[Any], bool | None] | None = getattr(digest(), "entry_ok", None)
+"""`entry_ok` of improve/_digest.c, or None (`improve.native.digest`): the checks are made here."""
