@@ -159,22 +159,14 @@ slot_value(PyObject *object, Py_ssize_t offset)
  * schemaVersion 2 whose threadId is `thread` and whose line ends as `LogEntry.to_line` writes it with
  * `tail` (`line_tail(thread)`); `opening` is what the first one's hashed text starts with. Returns the
  * position of the first entry not verified (len(entries) when all were). */
-static PyObject *
-links(PyObject *self, PyObject *args)
+static Py_ssize_t
+walk_links(PyObject *entries, PyObject *lines, Py_ssize_t start, const char *opening_in, Py_ssize_t opening_size,
+           PyObject *thread, const char *tail, Py_ssize_t tail_size, PyObject *bulk)
 {
-    PyObject *entries, *lines, *thread, *bulk;
-    Py_ssize_t start;
-    const char *opening_in, *tail;
-    Py_ssize_t opening_size, tail_size;
-    if (!PyArg_ParseTuple(args, "O!O!ny#Oy#O!", &PyList_Type, &entries, &PyList_Type, &lines, &start,
-                          &opening_in, &opening_size, &thread, &tail, &tail_size, &PyType_Type, &bulk))
-        return NULL;
-    PyObject *const entry_names[3] = {s_schemaVersion, s_threadId, s_verification};
     PyObject *const hash_names[2] = {s_entryHash, s_stateHash};
-    slots_for(&entry_slots, (PyTypeObject *)bulk, entry_names, 3);
     Py_ssize_t count = PyList_GET_SIZE(entries);
     if (PyList_GET_SIZE(lines) != count || start < 0)
-        return PyLong_FromSsize_t(start < 0 ? 0 : start);
+        return start < 0 ? 0 : start;
     /* `opening` is `[` + previous as JSON + `,`: the thread id's (any length) for entry 0, then an
      * entryHash's, `["<32 hex>",` (35 bytes). */
     char link_opening[LINK_HEX + 4];
@@ -294,8 +286,87 @@ links(PyObject *self, PyObject *args)
             break;
         }
     }
+    return position;
+}
+
+static PyObject *
+links(PyObject *self, PyObject *args)
+{
+    PyObject *entries, *lines, *thread, *bulk;
+    Py_ssize_t start;
+    const char *opening, *tail;
+    Py_ssize_t opening_size, tail_size;
+    if (!PyArg_ParseTuple(args, "O!O!ny#Oy#O!", &PyList_Type, &entries, &PyList_Type, &lines, &start,
+                          &opening, &opening_size, &thread, &tail, &tail_size, &PyType_Type, &bulk))
+        return NULL;
+    PyObject *const entry_names[3] = {s_schemaVersion, s_threadId, s_verification};
+    slots_for(&entry_slots, (PyTypeObject *)bulk, entry_names, 3);
+    return PyLong_FromSsize_t(
+        walk_links(entries, lines, start, opening, opening_size, thread, tail, tail_size, bulk));
+}
+
+/* Whether `text` is a str of printable ASCII without a quote or a backslash: its JSON text is itself,
+ * quoted (msgspec's and json's alike); its characters and their number in `*chars`, `*size`. */
+static int
+plain_string(PyObject *text, const char **chars, Py_ssize_t *size)
+{
+    if (!PyUnicode_CheckExact(text) || !PyUnicode_IS_ASCII(text))
+        return 0;
+    const char *data = (const char *)PyUnicode_DATA(text);
+    Py_ssize_t n = PyUnicode_GET_LENGTH(text);
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (data[i] < ' ' || data[i] > '~' || data[i] == '"' || data[i] == '\\')
+            return 0;
+    *chars = data, *size = n;
+    return 1;
+}
+
+/* chain_links(entries, lines, seed, bulk) -> int: `links` from the first entry, for a thread whose chain
+ * is seeded by `seed` (its id) and whose entries carry the first one's threadId: the opening and the line's
+ * tail made here, where `chain.checked_chain` made them in Python for every thread (with the call, a
+ * third of the chain check's cost beyond its sha256s). 0 (the caller checks the slow way) when either id
+ * is not plain ASCII (`plain_string`). */
+#define MAX_PLAIN_ID 256
+static PyObject *
+chain_links(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4 || !PyList_CheckExact(args[0]) || !PyList_CheckExact(args[1]) || !PyType_Check(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "chain_links(entries: list, lines: list, seed: str, bulk: type)");
+        return NULL;
+    }
+    PyObject *entries = args[0], *lines = args[1], *seed = args[2], *bulk = args[3];
+    PyObject *const entry_names[3] = {s_schemaVersion, s_threadId, s_verification};
+    slots_for(&entry_slots, (PyTypeObject *)bulk, entry_names, 3);
+    if (PyList_GET_SIZE(entries) == 0 || Py_TYPE(PyList_GET_ITEM(entries, 0)) != entry_slots.type)
+        return PyLong_FromLong(0);
+    PyObject *thread = slot_value(PyList_GET_ITEM(entries, 0), entry_slots.offsets[1]);
+    if (thread == NULL)
+        return NULL;
+    const char *seed_chars, *thread_chars = NULL;
+    Py_ssize_t seed_size, thread_size = 0;
+    Py_ssize_t position = 0;
+    if (plain_string(seed, &seed_chars, &seed_size) && seed_size <= MAX_PLAIN_ID &&
+        (thread == Py_None || (plain_string(thread, &thread_chars, &thread_size) && thread_size <= MAX_PLAIN_ID))) {
+        static const char KEY[] = ",\"threadId\":\"";
+        char opening[MAX_PLAIN_ID + 4], tail[MAX_PLAIN_ID + sizeof KEY + 2];
+        opening[0] = '[', opening[1] = '"';
+        memcpy(opening + 2, seed_chars, (size_t)seed_size);
+        opening[seed_size + 2] = '"', opening[seed_size + 3] = ',';
+        Py_ssize_t tail_size = 1;
+        tail[0] = '}';
+        if (thread != Py_None) {
+            memcpy(tail, KEY, sizeof KEY - 1);
+            memcpy(tail + sizeof KEY - 1, thread_chars, (size_t)thread_size);
+            tail_size = (Py_ssize_t)(sizeof KEY - 1) + thread_size;
+            tail[tail_size++] = '"';
+            tail[tail_size++] = '}';
+        }
+        position = walk_links(entries, lines, 0, opening, seed_size + 4, thread, tail, tail_size, bulk);
+    }
+    Py_DECREF(thread);
     return PyLong_FromSsize_t(position);
 }
+
 
 /* sha256_is(pieces, hexdigest) -> bool: whether hashlib.sha256(b"".join(pieces)).hexdigest() ==
  * hexdigest, for a tuple of bytes (a snapshot's text in the pieces the fold keeps: `fold._snapshot_pieces`),
@@ -826,6 +897,7 @@ split_block(PyObject *self, PyObject *args)
 
 static PyMethodDef methods[] = {
     {"thread_runs", thread_runs, METH_VARARGS, "The runs of lines of one thread in a block (stream's first pass)."},
+    {"chain_links", (PyCFunction)(void (*)(void))chain_links, METH_FASTCALL, "links from a thread's first entry, its opening and tail made from the ids."},
     {"links", links, METH_VARARGS, "Verify a thread's entries over their lines, as chain.check_chain's fast path."},
     {"split_block", split_block, METH_VARARGS, "Split a block of whole lines and check them (stream's second pass)."},
     {"context_text", (PyCFunction)(void (*)(void))context_text, METH_FASTCALL, "A context's text from the text of the one it was assigned from."},

@@ -774,6 +774,10 @@ def test_the_chain_s_c_fast_path_gives_the_python_one_s_verdicts(bundled: dict[s
             assert links(list(entries), list(lines), 0, opening, first, line_tail(first), BulkEntry) == len(
                 entries
             )
+            # And from the first entry, the opening and the tail made in C from the ids (`chain_links`);
+            # an id it does not write as it is (a quote in it) is left to the loop, from the start.
+            assert chain._CHAIN_LINKS(list(entries), list(lines), thread_id, BulkEntry) == len(entries)
+            assert chain._CHAIN_LINKS(list(entries), list(lines), thread_id + '"', BulkEntry) == 0
             threads += 1
             for edited in [lines, *_tampered(list(lines), rng)]:
                 try:

@@ -179,6 +179,16 @@ def checked_chain(
             f"checking a chain over its lines needs one line per entry: {len(lines)} line(s) for "
             f"{len(entries)} entries (pass the lines the entries were decoded from, or none)"
         )
+    # The whole thread in one call into C (improve/_digest.c), with what the loop below makes first; where
+    # it stops short (ids it does not write, an entry it cannot verify), the loop judges.
+    if (
+        native is not None
+        and _CHAIN_LINKS is not None
+        and type(entries) is list
+        and type(lines) is list
+        and _CHAIN_LINKS(entries, lines, thread_id, BulkEntry) == len(entries)
+    ):
+        return
     previous = thread_id
     opening = b"[" + _json_string(thread_id) + b","  # what the hashed text starts with: `previous` as JSON
     thread = entries[0].threadId if entries else None
@@ -238,6 +248,8 @@ def checked_chain(
 
 NATIVE_LINKS: Any = getattr(digest(), "links", None)
 """`links` of improve/_digest.c, or None (`improve.native.digest`): chosen once, at import."""
+_CHAIN_LINKS: Any = getattr(digest(), "chain_links", None)
+"""`chain_links` of improve/_digest.c, or None: `links` from the first entry, with the opening and tail."""
 
 _NO_STATE = b',"verification":{"entryHash":"'
 _WITH_STATE = b'"verification":{"entryHash":"'
