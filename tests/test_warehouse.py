@@ -1241,6 +1241,17 @@ def test_scan_lines_agrees_with_reading_line_by_line(data: bytes, max_bytes: int
     }
     found = scan_lines(data, max_bytes=max_bytes, max_depth=max_depth)
     assert (found.lines, found.problems, found.breaks) == (len(lines), expected, data.count(b"\n"))
+    # Its walk in C (`scan_block`) takes the whole-buffer answer exactly where Python's searches do.
+    from improve import native
+    from improve.log.lines import bracketed_lines
+
+    digest = native.digest()
+    if digest is not None:
+        by_c = digest.scan_block(data, max_depth, max_bytes)
+        by_python = bracketed_lines(data, max_depth) if lines_fit(data, max_bytes) else None
+        whole = by_c is not None and by_c[1]
+        assert whole == (by_python is not None and by_python[1])
+        assert not whole or by_c[0] == by_python[0] == data.count(b"\n")
     # Read in chunks, as the ingest reads a file (here of 7 bytes, cut after an LF): the same answer
     # (the ingest's depth limit is the reader's own, so deep lines are left out of the comparison).
     module = sys.modules["improve.warehouse.ingest"]

@@ -17,6 +17,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
+from improve.native import digest
+
 BOM = b"\xef\xbb\xbf"
 """The UTF-8 byte order mark some editors put at the start of a text file."""
 
@@ -253,12 +255,13 @@ def scan_lines(
     Calling `line_problem` on each of a million lines costs about a second of Python; a buffer that is
     UTF-8, has no NUL byte, no line longer than `max_bytes`, no line with more than `max_depth` opening
     brackets and none without a bracket has no problem line, and its lines are its LFs (a line with a
-    bracket is not blank; one without might be). The brackets of every line come from one `translate` of
-    the buffer, which also counts its LFs. Anything else is counted line by line, the slow and exact way.
+    bracket is not blank; one without might be). The brackets of every line are counted in one walk of the
+    buffer, which also counts its LFs (`_scan_block`). Anything else is counted line by line, the slow and
+    exact way.
     `bom=False`: `data` is a later part of a file, cut after an LF (see `split_lines`)."""
     body = data[len(BOM) :] if bom and data.startswith(BOM) else data
-    if b"\0" not in body and _utf8(body) and no_surrogate_escape(body) and lines_fit(body, max_bytes):
-        found = bracketed_lines(body, max_depth)
+    if b"\0" not in body and _utf8(body) and no_surrogate_escape(body):
+        found = _scan_block(body, max_depth, max_bytes)
         if found is not None and found[1]:
             breaks = found[0]
             last = body.rfind(b"\n") + 1  # the text after the last LF is a line when it is not blank
@@ -270,6 +273,18 @@ def scan_lines(
         if (problem := line_problem(line, max_bytes=max_bytes, max_depth=max_depth)) is not None
     }
     return LineScan(len(lines), problems, data.count(b"\n"))
+
+
+def _scan_block(body: bytes, max_depth: int, max_bytes: int) -> tuple[int, bool] | None:
+    """`bracketed_lines(body, max_depth)`, its second item also false when a line is longer than
+    `max_bytes` (`lines_fit`): in one walk in C where it is built (`scan_block`, improve/_digest.c)."""
+    module = digest()
+    if module is not None:
+        found: tuple[int, bool] | None = module.scan_block(body, max_depth, max_bytes)
+        return found
+    if not lines_fit(body, max_bytes):
+        return 0, False
+    return bracketed_lines(body, max_depth)
 
 
 def lines_fit(data: bytes, max_bytes: int) -> bool:
