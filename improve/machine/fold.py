@@ -434,19 +434,17 @@ class Fold:
         """Whether msgspec's text of the run's snapshot hashes to `journaled`: `hash(run, journaled) ==
         journaled` as most of a verified replay asks it, without the canonical text a mismatch needs (the
         caller asks `hash` for that)."""
-        if (
-            _STATE_IS is not None
-            and run.status == "active"
-            and run.output is None
-            and run.error is None
-            and run.invocation is None
-            and run.written_in_order
-        ):
-            # The commonest state, its text's end read from the state (`_State.rest`) and hashed in C from
-            # where the last state's context and input left off, when it keeps them (`state_is`).
-            state = self.states[run.value]
-            owed = run.owed
-            rest = state.rest if owed is None else state.rest_owing if owed[0] is state.source else None
+        if _STATE_IS is not None and run.error is None and run.invocation is None and run.written_in_order:
+            # Hashed in C from where the last state's context and input left off, when it keeps them
+            # (`state_is`). The text's end: for the commonest state, read from the state (`_State.rest`);
+            # for a run that ended (its output in it), written.
+            rest: bytes | None
+            if run.status == "active" and run.output is None:
+                state = self.states[run.value]
+                owed = run.owed
+                rest = state.rest if owed is None else state.rest_owing if owed[0] is state.source else None
+            else:
+                rest = _rest_text(_invoke_of(run), run.status, run.value, run.output)
             if rest is not None:
                 context_text = _context_text(run)
                 input_text = _input_text(run)
