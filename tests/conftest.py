@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -43,6 +44,27 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         slow[item.path] = slow.get(item.path, 0) + (item.get_closest_marker("slow") is not None)
         place.setdefault(item.path, len(place))
     items.sort(key=lambda item: (-slow[item.path], place[item.path], item.get_closest_marker("slow") is None))
+
+
+# A worker's heap only grows: the modules it imports along the way (scipy and dask among them), the tests,
+# the product's caches, up to 380,000 objects by its last test. CPython's full collection walks all of them
+# each time the survivors grow by a quarter: 71 s of the workers' 490 s of CPU in a full run (measured with
+# gc.callbacks). Once collection is done, and again after each module's tests (its module fixtures torn
+# down), the garbage is collected and what is still alive is frozen: later collections skip it. What dies
+# later is still freed by its reference count; only a cycle among frozen objects waits for the worker's end.
+def _collect_and_freeze() -> None:
+    gc.collect()
+    gc.freeze()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    _collect_and_freeze()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    if nextitem is None or nextitem.path != item.path:
+        _collect_and_freeze()
 
 
 @pytest.fixture(autouse=True)
