@@ -280,7 +280,9 @@ def _scan_block(body: bytes, max_depth: int, max_bytes: int) -> tuple[int, bool]
     `max_bytes` (`lines_fit`): in one walk in C where it is built (`scan_block`, improve/_digest.c)."""
     module = digest()
     if module is not None:
-        found: tuple[int, bool] | None = module.scan_block(body, max_depth, max_bytes)
+        # A limit past the buffer's length is the buffer's length (C takes a Py_ssize_t: 2**63 would not do).
+        size = len(body)
+        found: tuple[int, bool] | None = module.scan_block(body, min(max_depth, size), min(max_bytes, size))
         return found
     if not lines_fit(body, max_bytes):
         return 0, False
