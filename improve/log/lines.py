@@ -13,6 +13,7 @@ sparse file's hole) costs a chunk of memory, not the file.
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol
@@ -162,7 +163,8 @@ def read_lines(
     past `PREVIEW_BYTES` never held. A BOM at the start and a CR before each LF are dropped. Lines are
     read with `readline` bounded by the limit: as fast as iterating the file, without its unbounded
     line."""
-    limit = max_bytes + 2  # the longest line kept, its CR and its LF
+    # The longest line kept, its CR and its LF (a limit past what `readline` takes is no limit at all).
+    limit = min(max_bytes, sys.maxsize >> 1) + 2
     readline = handle.readline
     size = limit + len(BOM)  # the first line may start with a BOM
     raw = readline(size)
