@@ -191,6 +191,14 @@ MALFORMED = [
     (entry(1, index="one"), 'field index must be a non-negative integer, found "one"'),
     (entry(1, index=-1), "field index must be a non-negative integer, found -1"),
     (entry(1, recordedAt="yesterday"), "field recordedAt must be an RFC 3339 timestamp"),
+    # Timestamps DuckDB's cast reads and a log entry may not carry (every reader of the entries refused them).
+    (
+        entry(1, recordedAt="2026-12-04T24:00:00.000000Z"),
+        "RFC 3339 timestamp with a zone, found 2026-12-04T24",
+    ),
+    (entry(1, recordedAt="0000-01-01T00:00:00.000000Z"), "RFC 3339 timestamp with a zone, found 0000"),
+    (entry(1, recordedAt="2026-12-04T10:56:46.321955"), "RFC 3339 timestamp with a zone, found 2026"),
+    (entry(1, index=2**63), "field index is past what the warehouse holds (2**63 - 1)"),
     ({k: v for k, v in entry(1).items() if k != "machineId"}, "missing field machineId"),
     (entry(1, event="STEP"), "field event must be an object"),
     (entry(1, event={"n": 1}), "event.type must be a non-empty string"),

@@ -70,7 +70,7 @@ from improve.log import (
 )
 from improve.warehouse.db import insert_rows
 from improve.warehouse.importers import IMPORTERS
-from improve.warehouse.staging import CAND_COLUMNS, CHAIN_COLUMN, Importer, thread_id_ok
+from improve.warehouse.staging import CAND_COLUMNS, CHAIN_COLUMN, Importer, recorded_at_ok_sql, thread_id_ok
 
 # Every field is read as JSON so its type can be checked: read_json with typed columns coerces silently
 # (7 becomes "7", 1.5 becomes 2, true becomes 1), and a wrong type must be rejected, not repaired.
@@ -145,12 +145,15 @@ def _present(column: str) -> str:
 
 THREAD_SQL = f"coalesce(CASE WHEN {_is('threadId', 'VARCHAR')} THEN threadId ->> '$' END, {FILE_STEM_SQL})"
 
+MAX_INDEX = 2**63 - 1
+"""The largest index the warehouse holds (a BIGINT); a line with a larger one is rejected, saying so."""
+
 # What a native row must satisfy to land (the careful path gives each failure its own message). The
 # thread id's shape is checked after the insert, once per distinct thread.
 NATIVE_OK = f"""
     schemaVersion::VARCHAR IN ('1', '2')
-    AND {_is("id", "VARCHAR")} AND TRY_CAST("index"::VARCHAR AS UBIGINT) IS NOT NULL
-    AND {_is("recordedAt", "VARCHAR")} AND TRY_CAST(recordedAt ->> '$' AS TIMESTAMPTZ) IS NOT NULL
+    AND {_is("id", "VARCHAR")} AND TRY_CAST("index"::VARCHAR AS UBIGINT) <= {MAX_INDEX}
+    AND {_is("recordedAt", "VARCHAR")} AND {recorded_at_ok_sql("(recordedAt ->> '$')")}
     AND {_is("machineId", "VARCHAR")} AND {_is("machineVersion", "VARCHAR")}
     AND {_is("event", "OBJECT")} AND left(etype_json::VARCHAR, 1) = '"' AND etype != ''
     AND {_absent_or("causationId", "VARCHAR")} AND {_absent_or("attempts", "ARRAY")}

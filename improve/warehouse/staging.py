@@ -74,6 +74,19 @@ class Importer(Protocol):
     def stage(self, con: duckdb.DuckDBPyConnection) -> None: ...
 
 
+def recorded_at_ok_sql(text: str) -> str:
+    """SQL: whether the timestamp text `text` is one a log entry may carry (`strict.valid_recorded_at`:
+    Python's `fromisoformat`, with a zone). DuckDB's cast alone is laxer: it reads an hour 24, a year 0
+    and a timestamp without a zone, which every reader of the warehouse's entries then refuses. The
+    layout improve writes is judged by the cast and those two; any other also needs a zone at its end."""
+    exact = f"regexp_full_match({text}, '[0-9]{{4}}-[0-9]{{2}}-[0-9]{{2}}T[0-9]{{2}}:[0-9]{{2}}:[0-9]{{2}}[.][0-9]{{6}}Z')"
+    return (
+        f"(TRY_CAST({text} AS TIMESTAMPTZ) IS NOT NULL AND NOT starts_with({text}, '0000') "
+        f"AND NOT regexp_matches({text}, '[Tt ]24:') "
+        f"AND ({exact} OR regexp_matches({text}, '([zZ]|[+-][0-9]{{2}}(:?[0-9]{{2}})?)$')))"
+    )
+
+
 def rfc3339_sql(text: str) -> str:
     """SQL: the timestamp text `text` as RFC 3339 in UTC (`...Z`, fraction kept), NULL when unparsable.
 

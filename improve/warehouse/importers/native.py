@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import duckdb
 
-from improve.warehouse.staging import CHAIN_COLUMN, FILE_STEM, thread_id_ok
+from improve.warehouse.staging import CHAIN_COLUMN, FILE_STEM, recorded_at_ok_sql, thread_id_ok
 
 _KIND_TEXT = {"VARCHAR": "a string", "OBJECT": "an object", "ARRAY": "an array"}
 
@@ -54,9 +54,11 @@ _CANDIDATES = f"""
             WHEN json_type(j, '$.index') IS NULL OR json_type(j, '$.index') = 'NULL' THEN 'missing field index'
             WHEN json_type(j, '$.index') != 'UBIGINT'
                 THEN 'field index must be a non-negative integer, found ' || (j -> '$.index')::VARCHAR
+            WHEN (j ->> '$.index')::UBIGINT > {2**63 - 1}
+                THEN 'field index is past what the warehouse holds (2**63 - 1), found ' || (j -> '$.index')::VARCHAR
             {_json_field("recordedAt", "VARCHAR")}
-            WHEN TRY_CAST(j ->> '$.recordedAt' AS TIMESTAMPTZ) IS NULL
-                THEN 'field recordedAt must be an RFC 3339 timestamp, found ' || (j ->> '$.recordedAt')
+            WHEN NOT {recorded_at_ok_sql("(j ->> '$.recordedAt')")}
+                THEN 'field recordedAt must be an RFC 3339 timestamp with a zone, found ' || (j ->> '$.recordedAt')
             {_json_field("machineId", "VARCHAR")}
             {_json_field("machineVersion", "VARCHAR")}
             {_json_field("event", "OBJECT")}
