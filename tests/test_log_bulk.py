@@ -1236,13 +1236,16 @@ def test_a_broken_line_ending_as_a_thread_s_only_keeps_that_thread_waiting(tmp_p
 
 def test_a_file_is_replayed_thread_by_thread_not_loaded_whole(tmp_path: Path) -> None:
     """A thread is handed over once the next one starts, before the rest of the file is decoded: a
-    broken line further on is only reached when the stream gets there, and then named with its line."""
+    broken line further on is only reached when the stream gets there, and then named with its line,
+    after the thread it ends (which does not come back after it) is handed over too."""
     good = [_plain(thread, i) for thread in ("a", "b") for i in range(3)]
     path = tmp_path / "three.jsonl"
     path.write_text("".join(json.dumps(e) + "\n" for e in good) + '{"threadId": "c", "index": "x"}\n')
     threads = read_file_threads(path)
     thread, entries = next(threads)
     assert thread == "a" and [e.index for e in entries] == [0, 1, 2]
+    thread, entries = next(threads)
+    assert thread == "b" and [e.index for e in entries] == [0, 1, 2]
     with pytest.raises(LogError, match=r"three\.jsonl:7: not a log entry: .*index"):
         next(threads)
 

@@ -244,7 +244,15 @@ def _threads(path: Path, *, keep_lines: bool) -> Iterator[tuple[str, ThreadEntri
                 read_strictly(ENTRY_DECODER, line) if fit and type(line) is bytes else None
             )
             if entry is None:
-                entry = _decode(path, number, line)
+                try:
+                    entry = _decode(path, number, line)
+                except LogError:
+                    # The threads this line does not belong to that closed before it are handed over first:
+                    # the current one, unless it returns after this line.
+                    if current is not None and returning.get(current, 0) < number:
+                        closed.add(current)
+                        yield from _ready(waiting, closed)
+                    raise
             thread = entry.threadId or default
             if thread != current:
                 if current is not None and current not in returning:
