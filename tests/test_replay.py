@@ -716,6 +716,26 @@ def test_a_thread_with_a_line_that_is_no_entry_is_named_and_the_others_still_rep
     assert json.loads(torn.stdout)["threads"][0]["torn"]
 
 
+def test_a_torn_last_line_longer_than_a_line_may_be_is_left_out_whole(
+    recorded_lines: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    """A last line with no line break and longer than any entry may be (a torn write of a huge line): left
+    out from its start, so the whole thread before it replays and verifies (it was cut MAX_LINE_BYTES from
+    the end, inside the line, and the rest of the line read as an entry: INVALID)."""
+    from improve.log import MAX_LINE_BYTES
+
+    ws = copy_workspace(tmp_path / "ws")
+    text = "".join(json.dumps(line, separators=(",", ":")) + "\n" for line in recorded_lines)
+    path = tmp_path / f"{THREAD}.jsonl"
+    path.write_bytes(text.encode() + b'{"k":"' + b"y" * (MAX_LINE_BYTES + (1 << 20)))
+    result = runner.invoke(app, ["replay", "-w", str(ws), str(path), "--verify", "--json"])
+    said = " ".join(result.stderr.split())
+    assert result.exit_code == 0, said
+    assert f"warning: {path} ends with a line cut short (no line break): left out" in said, said
+    (thread,) = json.loads(result.stdout)["threads"]
+    assert (thread["verification"], thread["entries"]) == ("verified", len(recorded_lines))
+
+
 @pytest.mark.parametrize("cut", [2, 40, 100])
 def test_a_torn_last_line_reads_the_same_by_path_as_in_a_directory(
     recorded_lines: list[dict[str, Any]], tmp_path: Path, cut: int

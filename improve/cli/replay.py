@@ -134,9 +134,18 @@ def _cut_short_at(path: Path) -> int | None:
         start = max(0, size - MAX_LINE_BYTES - 1)  # a longer line is no entry: the tail is enough
         handle.seek(start)
         tail = handle.read()
-    last = tail.rfind(b"\n")
-    if last < 0 and start > 0:
-        return start  # no line break in the last MAX_LINE_BYTES: the line is too long to be an entry
+        last = tail.rfind(b"\n")
+        if last < 0 and start > 0:
+            # No line break in the last MAX_LINE_BYTES: the line is too long to be an entry. The whole lines
+            # end after the last line break before it, looked for backwards a MiB at a time.
+            while start > 0:
+                step = min(start, 1 << 20)
+                start -= step
+                handle.seek(start)
+                found = handle.read(step).rfind(b"\n")
+                if found >= 0:
+                    return start + found + 1
+            return 0
     line = tail[last + 1 :].removesuffix(b"\r")
     try:
         decode_entry(line)
