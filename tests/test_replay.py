@@ -192,6 +192,18 @@ def test_an_edited_output_is_named_by_the_chain_and_by_the_state_hashes() -> Non
         replay(REFUNDS.machine, tampered)
 
 
+def test_a_state_hash_edited_in_its_last_digit_is_shown_far_enough_to_tell_it_apart() -> None:
+    entries = [e.model_copy(deep=True) for e in _recorded()]
+    edited = next(e for e in entries if e.verification is not None and e.verification.stateHash)
+    assert edited.verification is not None and edited.verification.stateHash is not None
+    right = edited.verification.stateHash
+    wrong = right[:-1] + ("0" if right[-1] != "0" else "1")
+    edited.verification.stateHash = wrong
+    with pytest.raises(DivergenceError) as raised:
+        replay(REFUNDS.machine, rechained(entries, "t:v0:z:r1"), verify=True, thread_id="t:v0:z:r1")
+    assert f"the journal says state hash {wrong}, replay reached {right} in state" in str(raised.value)
+
+
 def rechained(entries: list[LogEntry], thread_id: str) -> list[LogEntry]:
     out: list[LogEntry] = []
     previous = thread_id

@@ -386,11 +386,17 @@ def _check_state(
         hashed = (steps, fold.hash(run, journaled))
     found = hashed[1]
     if found != journaled:
+        # Shown to 12 digits, or as far as it takes to tell them apart (an edit of the last digit).
+        shown = max(12, next((i + 1 for i, (a, b) in enumerate(zip(journaled, found)) if a != b), 12))
         raise DivergenceError(
             f"entry {entry.index} ({entry.type}) diverges: the journal says state hash "
-            f"{journaled[:12]}..., replay reached {found[:12]}... in state '{run.value}'"
+            f"{_cut(journaled, shown)}, replay reached {_cut(found, shown)} in state '{run.value}'"
         )
     return hashed
+
+
+def _cut(digest: str, digits: int) -> str:
+    return digest if len(digest) <= digits else digest[:digits] + "..."
 
 
 def _check_end(end: EntryView, status: RunStatus, snapshot_status: str, value: str) -> None:
