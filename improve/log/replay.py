@@ -387,7 +387,8 @@ def _check_state(
     found = hashed[1]
     if found != journaled:
         # Shown to 12 digits, or as far as it takes to tell them apart (an edit of the last digit).
-        shown = max(12, next((i + 1 for i, (a, b) in enumerate(zip(journaled, found)) if a != b), 12))
+        pairs = enumerate(zip(journaled, found, strict=False))  # a journaled hash may be of any length
+        shown = max(12, next((i + 1 for i, (a, b) in pairs if a != b), 12))
         raise DivergenceError(
             f"entry {entry.index} ({entry.type}) diverges: the journal says state hash "
             f"{_cut(journaled, shown)}, replay reached {_cut(found, shown)} in state '{run.value}'"
