@@ -153,6 +153,16 @@ slot_value(PyObject *object, Py_ssize_t offset)
     return value;
 }
 
+/* The field `name` of `object`, a new reference: at its slot's offset when `slots` are of the object's
+ * type (`slots_for`), else read as an attribute; NULL with an error set when there is none. */
+static PyObject *
+field(PyObject *object, const Slots *slots, int i, PyObject *name)
+{
+    if (Py_TYPE(object) == slots->type)
+        return slot_value(object, slots->offsets[i]);
+    return PyObject_GetAttr(object, name);
+}
+
 /* links(entries, lines, start, opening, thread, tail, bulk) -> int
  *
  * Verify entries[start:] as chain.check_chain's fast path does, while each is a `bulk` instance of
@@ -179,17 +189,11 @@ walk_links(PyObject *entries, PyObject *lines, Py_ssize_t start, const char *ope
         if (!PyObject_TypeCheck(entry, (PyTypeObject *)bulk) || !PyBytes_CheckExact(line))
             break;
         int ok = 0;
-        PyObject *version, *entry_thread, *verification, *found_obj = NULL, *state_obj = NULL;
-        if (Py_TYPE(entry) == entry_slots.type) {
-            version = slot_value(entry, entry_slots.offsets[0]);
-            entry_thread = slot_value(entry, entry_slots.offsets[1]);
-            verification = slot_value(entry, entry_slots.offsets[2]);
-        } else {
-            version = PyObject_GetAttr(entry, s_schemaVersion);
-            entry_thread = PyObject_GetAttr(entry, s_threadId);
-            verification = PyObject_GetAttr(entry, s_verification);
-        }
-        if (version == NULL || entry_thread == NULL || verification == NULL)
+        PyObject *found_obj = NULL, *state_obj = NULL;
+        PyObject *version = field(entry, &entry_slots, 0, s_schemaVersion);
+        PyObject *entry_thread = version == NULL ? NULL : field(entry, &entry_slots, 1, s_threadId);
+        PyObject *verification = entry_thread == NULL ? NULL : field(entry, &entry_slots, 2, s_verification);
+        if (verification == NULL)
             goto done;
         if (!PyLong_CheckExact(version) || PyLong_AsLong(version) != 2)
             goto done;
@@ -200,14 +204,10 @@ walk_links(PyObject *entries, PyObject *lines, Py_ssize_t start, const char *ope
         }
         if (verification == Py_None)
             goto done;
-        if (slots_for(&verification_slots, Py_TYPE(verification), hash_names, 2)) {
-            found_obj = slot_value(verification, verification_slots.offsets[0]);
-            state_obj = slot_value(verification, verification_slots.offsets[1]);
-        } else {
-            found_obj = PyObject_GetAttr(verification, s_entryHash);
-            state_obj = PyObject_GetAttr(verification, s_stateHash);
-        }
-        if (found_obj == NULL || state_obj == NULL)
+        slots_for(&verification_slots, Py_TYPE(verification), hash_names, 2);
+        found_obj = field(verification, &verification_slots, 0, s_entryHash);
+        state_obj = found_obj == NULL ? NULL : field(verification, &verification_slots, 1, s_stateHash);
+        if (state_obj == NULL)
             goto done;
         Py_ssize_t found_size, state_size = 0;
         const char *found = text_attr(found_obj, &found_size);
@@ -599,16 +599,6 @@ state_is(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
                EVP_DigestUpdate(sha256_ctx, PyBytes_AS_STRING(rest), (size_t)PyBytes_GET_SIZE(rest)) == 1 &&
                EVP_DigestFinal_ex(sha256_ctx, raw, &length) == 1 && length == 32 && hex_is(hex, 64, raw);
     return PyBool_FromLong(same);
-}
-
-/* The field `name` of `object`, a new reference: at its slot's offset when `slots` are of the object's
- * type (`slots_for`), else read as an attribute; NULL with an error set when there is none. */
-static PyObject *
-field(PyObject *object, const Slots *slots, int i, PyObject *name)
-{
-    if (Py_TYPE(object) == slots->type)
-        return slot_value(object, slots->offsets[i]);
-    return PyObject_GetAttr(object, name);
 }
 
 /* entry_fields(entry) -> (index, machineId, machineVersion, threadId, event, metadata, attempts,
