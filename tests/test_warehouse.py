@@ -205,7 +205,7 @@ MALFORMED = [
     (entry(1, attempts={"kind": "x"}), "field attempts must be an array"),
     (entry(1, threadId="no spaces allowed"), "thread id no spaces allowed is not valid"),
     (entry(1, threadId="-starts-with-a-dash"), "thread id -starts-with-a-dash is not valid"),
-    (entry(1, threadId="t" * 256), f"thread id {'t' * 256} is not valid"),
+    (entry(1, threadId="t" * 256), f"thread id {'t' * 256} is not valid: at most 255 of letters"),
     (entry(0, thread="train:v0:t:r1", event={"type": "STEP"}), "entry 0 of a thread must be @agent.init"),
     (entry(5), "gap in indices: thread train:v0:s:r1 continues at index 1 but this line has index 5"),
 ]

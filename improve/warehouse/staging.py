@@ -37,6 +37,14 @@ def thread_id_ok(expr: str) -> str:
     return f"(length({expr}) <= 255 AND regexp_full_match({expr}, '^[A-Za-z0-9][A-Za-z0-9._:@+=-]*$'))"
 
 
+def thread_id_problem_sql(expr: str) -> str:
+    """SQL: the CASE branch that rejects an invalid thread id (`thread_id_ok`), saying the rule."""
+    return (
+        f"WHEN NOT {thread_id_ok(expr)} THEN 'thread id ' || {expr} || ' is not valid: at most 255 of letters, "
+        "digits and ._:@+=-, the first a letter or digit'"
+    )
+
+
 FILE_STEM = r"regexp_extract(file, '([^/]+)\.jsonl?$', 1)"
 """SQL: the name of `file` without its directory and `.jsonl` / `.json` extension."""
 
@@ -171,8 +179,7 @@ def json_lines_sql(
                         || ' ' || (l.j -> '$.timestamp')::VARCHAR
                 WHEN {ts} IS NULL
                     THEN 'field timestamp is not an RFC 3339 timestamp: ' || (l.j ->> '$.timestamp')
-                WHEN NOT {thread_id_ok("f.thread")}
-                    THEN 'thread id ' || f.thread || ' is not valid: at most 255 of letters, digits and ._:@+=-'
+                {thread_id_problem_sql("f.thread")}
             END AS error,
             f.thread AS thread_id,
             l.pos AS idx,

@@ -10,7 +10,12 @@ from __future__ import annotations
 
 import duckdb
 
-from improve.warehouse.staging import CHAIN_COLUMN, FILE_STEM, recorded_at_ok_sql, thread_id_ok
+from improve.warehouse.staging import (
+    CHAIN_COLUMN,
+    FILE_STEM,
+    recorded_at_ok_sql,
+    thread_id_problem_sql,
+)
 
 _KIND_TEXT = {"VARCHAR": "a string", "OBJECT": "an object", "ARRAY": "an array"}
 
@@ -69,8 +74,7 @@ _CANDIDATES = f"""
             {_optional_field("metadata", "OBJECT")}
             {_optional_field("verification", "OBJECT")}
             {_optional_field("threadId", "VARCHAR")}
-            WHEN NOT {thread_id_ok("thread")}
-                THEN 'thread id ' || thread || ' is not valid: letters, digits and ._:@+=- only'
+            {thread_id_problem_sql("thread")}
             WHEN (j ->> '$.index') = '0' AND (j ->> '$.event.type') != '@agent.init'
                 THEN 'entry 0 of a thread must be @agent.init, found ' || (j ->> '$.event.type')
         END AS error,

@@ -50,7 +50,7 @@ from improve.warehouse.staging import (
     json_lines_sql,
     rfc3339_sql,
     sanitise_id_sql,
-    thread_id_ok,
+    thread_id_problem_sql,
 )
 
 MACHINE_ID = "normalize-agent"
@@ -117,8 +117,7 @@ def _checkpoints_sql() -> str:
                         || ', not an RFC 3339 string'
                 WHEN b.ts IS NULL THEN b.doc_name || 'has a timestamp that is not RFC 3339: '
                     || (b.j ->> '$.timestamp')
-                WHEN NOT {thread_id_ok("b.thread")}
-                    THEN 'thread id ' || b.thread || ' is not valid: at most 255 of letters, digits and ._:@+=-'
+                {thread_id_problem_sql("b.thread")}
             END,
             b.thread, 0, b.thread || '#' || b.first_line, b.ts, '{MACHINE_ID}', '{CHECKPOINT_VERSION}',
             '{CHECKPOINT_TYPE}', CASE WHEN json_type(b.j) = 'OBJECT' THEN b.event END,
