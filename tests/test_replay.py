@@ -728,6 +728,17 @@ def test_a_thread_with_a_line_that_is_no_entry_is_named_and_the_others_still_rep
     assert json.loads(torn.stdout)["threads"][0]["torn"]
 
 
+@pytest.mark.parametrize("text", [b"\xef\xbb\xbf", b"  \t", b"\n\n   "])
+def test_a_file_that_ends_blank_is_not_said_to_be_cut_short(tmp_path: Path, text: bytes) -> None:
+    """A file holding only a BOM, or blanks after its last line break, has no line cut short: it is
+    empty (exit 3), and no warning says a torn write was left out."""
+    path = tmp_path / "blank.jsonl"
+    path.write_bytes(text)
+    result = runner.invoke(app, ["replay", str(path)])
+    assert result.exit_code == 3, result.output
+    assert "cut short" not in result.stderr and "is empty" in result.stderr, result.stderr
+
+
 def test_a_torn_last_line_longer_than_a_line_may_be_is_left_out_whole(
     recorded_lines: list[dict[str, Any]], tmp_path: Path
 ) -> None:

@@ -157,16 +157,24 @@ def _cut_short_at(path: Path) -> int | None:
 def _torn(path: Path) -> str:
     """Why the thread file's last line was left out, when it was: it has no line break (a run writing
     it, or a file cut short); a store reads only whole lines, as a crash mid-write leaves a torn one."""
+    from improve.log import BOM
+
     try:
         with path.open("rb") as handle:
             size = handle.seek(0, os.SEEK_END)
             if size == 0:
                 return ""
-            handle.seek(size - 1)
-            if handle.read(1) == b"\n":
-                return ""
+            start = max(0, size - 4096)
+            handle.seek(start)
+            tail = handle.read()
     except OSError:
         return ""
+    cut = tail.rfind(b"\n")
+    last = tail[cut + 1 :]
+    if cut < 0 and start == 0:
+        last = last.removeprefix(BOM)  # a BOM is no line (a file of only a BOM is empty)
+    if not last.strip():
+        return ""  # blank after the last line break: no line was cut
     return f"{path} ends with a line cut short (no line break): left out, as a torn write is"
 
 
