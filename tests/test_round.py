@@ -2224,6 +2224,118 @@ def test_a_unit_leaves_a_comparison_with_the_amount_answered_as_it_is() -> None:
     assert usd[0].condition == "facts.fee < facts.requested", [r.guard for r in usd]
 
 
+def test_a_payload_number_is_written_from_where_the_machine_lists_it_not_from_a_count_it_equals() -> None:
+    """A non-refundable booking is cancelled with no refund: the machine lists a refund as `[0.0,
+    total - nightlyRate, total]`. A count of the booking that happens to be 0 in each failure (the rooms
+    left, the changes made before) is no refund: the answer is the literal, one cluster of them all,
+    whichever count each failure's 0 equals."""
+    from improve.loop.diagnose import answer_keys, diagnose
+    from improve.loop.proposers.conditions import RuleTerms
+    from improve.machine import parse_machine
+    from improve.runtime import payload_offers
+
+    machine = parse_machine(
+        {
+            "id": "m",
+            "version": "1",
+            "initial": "deciding",
+            "context": {"booking": None},
+            "states": {
+                "deciding": {
+                    "invoke": {
+                        "src": "agent.decide",
+                        "input": {
+                            "name": "'handle'",
+                            "allowedEvents": ["CANCEL", "ESCALATE"],
+                            "payloads": {
+                                "CANCEL": {
+                                    "refund": "[0.0, context.booking.total - context.booking.nightlyRate, "
+                                    "context.booking.total]"
+                                }
+                            },
+                            "facts": {
+                                "booking": "context.booking",
+                                "lessOneNight": "context.booking.total  -  context.booking.nightlyRate",
+                            },
+                        },
+                    },
+                    "on": {"CANCEL": {"target": "done"}, "ESCALATE": {"target": "done"}},
+                },
+                "done": {"type": "final"},
+            },
+        }
+    )
+    offers = payload_offers(machine)
+    assert offers == {
+        "handle": {
+            "CANCEL": {
+                "refund": (("const", 0.0), ("fact", "facts.lessOneNight"), ("fact", "facts.booking.total"))
+            }
+        }
+    }
+
+    def case(i: int, nonref: bool, rooms: int, changes: int) -> dict[str, Any]:
+        total = 300.0 + 10 * i
+        facts = {
+            "booking": {
+                "nonref": nonref,
+                "total": total,
+                "nightlyRate": 100.0,
+                "roomsLeft": rooms,
+                "changes": changes,
+            },
+            "lessOneNight": total - 100.0,
+        }
+        refunds = [0.0, total - 100.0, total]
+        right = {"type": "CANCEL", "refund": 0.0 if nonref else total}
+        return {
+            "thread_id": f"train:v0:c-{i}:r1",
+            "scenario": f"c-{i}",
+            "name": "handle",
+            "facts": facts,
+            "options": [*({"type": "CANCEL", "refund": r} for r in refunds), {"type": "ESCALATE"}],
+            "answered": {"type": "ESCALATE"} if nonref else right,
+            "correct": [right],
+            "passed": not nonref,
+            "in_cluster": nonref,
+        }
+
+    # Each failure's 0 equals one count or the other, never both: named by the counts, three clusters.
+    examples = [
+        *(case(i, True, 0, 1 + i) for i in range(3)),
+        *(case(i, True, 2 + i, 0) for i in range(3, 6)),
+        *(case(i, False, 1 + i % 3, i % 2) for i in range(6, 14)),
+    ]
+    types = {
+        "facts.booking.nonref": "bool",
+        "facts.booking.total": "number",
+        "facts.booking.nightlyRate": "number",
+        "facts.booking.roomsLeft": "int",
+        "facts.booking.changes": "int",
+        "facts.lessOneNight": "number",
+    }
+    vocab = RuleTerms(types, offers=offers)
+    rules = mine(examples, vocab)
+    assert rules and {r.action.describe() for r in rules} == {"CANCEL{refund: 0.0}"}, [r.guard for r in rules]
+    assert rules[0].condition == "facts.booking.nonref == true"
+    unlisted = {r.action.describe() for r in mine(examples, RuleTerms(types))}
+    assert unlisted and all("roomsLeft" in a or "changes" in a for a in unlisted), unlisted
+
+    assert answer_keys(examples[0]["correct"][0], examples[0]["facts"], offers["handle"]) == [
+        "CANCEL{refund=0.0}"
+    ]
+    rows = [
+        row(e["scenario"], e["passed"], "cancelled", "cancelled" if e["passed"] else "escalated")
+        for e in examples
+    ]
+    (named,) = [
+        c for c in diagnose(rows, "v0", examples=examples, offers=offers).clusters if c.kind == "wrong-answer"
+    ]
+    assert named.key == "handle:ESCALATE->CANCEL{refund=0.0}" and len(named.threads) == 6
+    split = [c.key for c in diagnose(rows, "v0", examples=examples).clusters if c.kind == "wrong-answer"]
+    assert len(split) == 2, split
+
+
 def test_identifiers_stay_out_of_word_tests_unless_the_fact_is_declared_text() -> None:
     """A name is no place for words: a `string` fact whose values are single tokens gives no word test
     (the rule stays with the other facts); declared `text`, it is tested for words like any text."""
@@ -2337,7 +2449,9 @@ def test_evidence_that_rests_on_one_scenario_is_no_rule() -> None:
 
     from improve.loop.proposers.rules import NearMiss, _why_none
 
-    words = SimpleNamespace(fact_paths={"facts.reason": "text", "facts.flagged": "bool"}, fact_values={})
+    words = SimpleNamespace(
+        fact_paths={"facts.reason": "text", "facts.flagged": "bool"}, fact_values={}, decisions=[]
+    )
     request = SimpleNamespace(narrower=[], examples=examples, vocabulary=words)
     said = _why_none(request, False)  # type: ignore[arg-type]
     assert said.startswith("no condition over the facts separates"), said

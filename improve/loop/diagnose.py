@@ -36,7 +36,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from improve.evals import OutcomeRow
+from improve.loop.branches import fact_at
 from improve.machine import RESUMABLE_STATUSES
+from improve.runtime import PayloadSource
 
 KINDS = (
     "invariant-violation",
@@ -142,30 +144,64 @@ def _fact_equal_to(facts: Any, value: Any, prefix: str = "facts") -> str | None:
     return prefix if _is_number(facts) and float(facts) == float(value) else None
 
 
-def answer_key(option: Mapping[str, Any] | None, facts: Mapping[str, Any]) -> str:
-    """An answer as a cluster names it: enumerated payload values as themselves, numbers by the fact
-    they equal (`#` when none does); `(none)` when no answer landed."""
+Offers = Mapping[str, Mapping[str, Mapping[str, tuple[PayloadSource | None, ...]]]]
+"""Decision -> event -> payload field -> where each value it offers comes from (`payload_offers`)."""
+
+
+def answer_key(
+    option: Mapping[str, Any] | None,
+    facts: Mapping[str, Any],
+    offers: Mapping[str, Mapping[str, tuple[PayloadSource | None, ...]]] | None = None,
+) -> str:
+    """An answer as a cluster names it: enumerated payload values as themselves, numbers by where the
+    machine's payload expression takes them from (`offers`, the decision's: a literal, or the fact that
+    holds the element they equal), else by the fact they equal (`#` when none does); `(none)` when no
+    answer landed. So a refund of 0 is one cluster, whichever count of the booking it happens to equal.
+    The first of `answer_keys`."""
+    return answer_keys(option, facts, offers)[0]
+
+
+def answer_keys(
+    option: Mapping[str, Any] | None,
+    facts: Mapping[str, Any],
+    offers: Mapping[str, Mapping[str, tuple[PayloadSource | None, ...]]] | None = None,
+) -> list[str]:
+    """Every name `answer_key` may give the answer: a number that equals two of the elements its payload
+    expression lists (a refund of all that was requested, which is also all that is refundable) is named
+    by each, and its decision counts for the cluster of either; the largest cluster takes it."""
     if not option:
-        return "(none)"
-    fields = []
+        return ["(none)"]
+    names: list[list[str]] = [[]]
     for name in sorted(k for k in option if k != "type"):
-        value = option[name]
-        fields.append(f"{name}={_shown(value, facts)}")
-    return f"{option.get('type')}{{{', '.join(fields)}}}" if fields else str(option.get("type"))
+        listed = (offers or {}).get(str(option.get("type")), {}).get(name)
+        names = [[*n, f"{name}={shown}"] for n in names for shown in _shown(option[name], facts, listed)]
+    return [f"{option.get('type')}{{{', '.join(n)}}}" if n else str(option.get("type")) for n in names]
 
 
-def _shown(value: Any, facts: Mapping[str, Any]) -> str:
+def _shown(
+    value: Any, facts: Mapping[str, Any], listed: tuple[PayloadSource | None, ...] | None = None
+) -> list[str]:
+    if _is_number(value) and listed is not None:
+        # Facts first, by path (as a number is named where the machine lists none), then literals.
+        found = sorted(
+            (how != "fact", str(what) if how == "fact" else json.dumps(what))
+            for how, what in (s for s in listed if s is not None)
+            if (got := fact_at(facts, what) if how == "fact" else what) is not None
+            and _is_number(got)
+            and float(got) == float(value)
+        )
+        return list(dict.fromkeys(name for _, name in found)) or ["#"]
     if _is_number(value):
-        return _fact_equal_to(facts, value) or "#"
+        return [_fact_equal_to(facts, value) or "#"]
     text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
     if isinstance(value, str) and len(text) <= 32:
-        return text
+        return [text]
     # Structured or long payloads (tool calls, free text) would make unreadable ids; a digest keeps
     # two different ones apart.
-    return f"<{hashlib.sha1(text.encode()).hexdigest()[:8]}>"
+    return [f"<{hashlib.sha1(text.encode()).hexdigest()[:8]}>"]
 
 
-def fix_points(example: Mapping[str, Any]) -> list[str]:
+def fix_points(example: Mapping[str, Any], offers: Offers | None = None) -> list[str]:
     """The right answers (keys) of a training decision whose answer was wrong; empty when it was right,
     or when no single answer makes its run pass."""
     correct = example.get("correct") or []
@@ -173,12 +209,13 @@ def fix_points(example: Mapping[str, Any]) -> list[str]:
     facts = example.get("facts") or {}
     if example.get("passed") or not correct:
         return []
-    wrong = answer_key(answered, facts)
-    rights = sorted({answer_key(c, facts) for c in correct})
-    return [] if wrong in rights else rights
+    listed = (offers or {}).get(str(example.get("name", "")))
+    wrong = answer_keys(answered, facts, listed)
+    rights = sorted({key for c in correct for key in answer_keys(c, facts, listed)})
+    return [] if set(wrong) & set(rights) else rights
 
 
-def in_cluster(example: Mapping[str, Any], cluster: Mapping[str, Any]) -> bool:
+def in_cluster(example: Mapping[str, Any], cluster: Mapping[str, Any], offers: Offers | None = None) -> bool:
     """The training decision is one a fix for the cluster is about: for `wrong-answer`, any failed
     decision where the cluster's right answer makes the run pass, whatever it answered instead
     (the cluster is named by its largest group; one rule for the right answer serves them all);
@@ -186,11 +223,11 @@ def in_cluster(example: Mapping[str, Any], cluster: Mapping[str, Any]) -> bool:
     answer = cluster.get("answer")
     if not answer:
         return example.get("thread_id") in set(cluster.get("threads") or [])
-    return example.get("name") == answer["decision"] and answer["right"] in fix_points(example)
+    return example.get("name") == answer["decision"] and answer["right"] in fix_points(example, offers)
 
 
 def _answer_clusters(
-    failing: Sequence[OutcomeRow], examples: Sequence[Mapping[str, Any]], total: int
+    failing: Sequence[OutcomeRow], examples: Sequence[Mapping[str, Any]], total: int, offers: Offers | None
 ) -> tuple[list[Cluster], set[str]]:
     """`wrong-answer` clusters, greedily: the (decision, wrong, right) that covers most failed runs first."""
     by_thread = {r.thread_id: r for r in failing}
@@ -199,8 +236,10 @@ def _answer_clusters(
         thread = str(e.get("thread_id"))
         if thread not in by_thread:
             continue
-        wrong = answer_key(e.get("answered"), e.get("facts") or {})
-        for right in fix_points(e):
+        wrong = answer_key(
+            e.get("answered"), e.get("facts") or {}, (offers or {}).get(str(e.get("name", "")))
+        )
+        for right in fix_points(e, offers):
             points[(str(e.get("name", "")), wrong, right)].add(thread)
     clusters: list[Cluster] = []
     covered: set[str] = set()
@@ -230,15 +269,17 @@ def diagnose(
     policy_version: str,
     skip: Sequence[str] = (),
     examples: Sequence[Mapping[str, Any]] | None = None,
+    offers: Offers | None = None,
 ) -> Diagnosis:
     """Cluster the train failures of `policy_version`; `skip` lists cluster ids already tried. With the
-    training decisions (`examples`, evidence.py), failures are clustered by the answer that was right."""
+    training decisions (`examples`, evidence.py), failures are clustered by the answer that was right,
+    its numbers named by where the machine takes them from (`offers`, `answer_key`)."""
     train = [r for r in rows if r.split == "train" and r.policy_version == policy_version]
     total = len(train)
     violating = [r for r in train if r.violations]
     clusters = [
         *_violations(violating, total),
-        *_failures([r for r in train if not r.passed and not r.violations], examples, total),
+        *_failures([r for r in train if not r.passed and not r.violations], examples, total, offers),
         *_costs(train, total),
     ]
     clusters.sort(key=lambda c: (KINDS.index(c.kind), -c.effect, c.key))
@@ -267,14 +308,17 @@ def _violations(violating: Sequence[OutcomeRow], total: int) -> list[Cluster]:
 
 
 def _failures(
-    failing: Sequence[OutcomeRow], examples: Sequence[Mapping[str, Any]] | None, total: int
+    failing: Sequence[OutcomeRow],
+    examples: Sequence[Mapping[str, Any]] | None,
+    total: int,
+    offers: Offers | None,
 ) -> list[Cluster]:
     """`wrong-answer` clusters from the training decisions, then the other failed runs by where they
     ended: `wrong-terminal` (expected -> actual) or `wrong-effect`."""
     clusters: list[Cluster] = []
     by_answer: set[str] = set()
     if examples is not None:
-        clusters, by_answer = _answer_clusters(failing, examples, total)
+        clusters, by_answer = _answer_clusters(failing, examples, total, offers)
     groups: dict[tuple[str, str], list[OutcomeRow]] = defaultdict(list)
     for r in failing:
         if r.thread_id in by_answer:

@@ -21,6 +21,7 @@ Held-out threads are read only to judge a change (`Evidence.overrides`), never t
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -55,11 +56,13 @@ from improve.runtime import (
     DecisionRequest,
     Environment,
     ModelFactory,
+    PayloadSource,
     PolicyDecider,
     RecordedRun,
     ReplayFirstDecider,
     answer_text,
     compile_policy,
+    payload_offers,
     runs_overlap,
 )
 
@@ -369,7 +372,12 @@ class Evidence:
         if all(r.passed for r in train):
             return diagnose(rows, label, skip=skip), []
         examples = [e.to_json() for e in self.examples(train, policy)]
-        return diagnose(rows, label, skip=skip, examples=examples), examples
+        return diagnose(rows, label, skip=skip, examples=examples, offers=self.offers), examples
+
+    @functools.cached_property
+    def offers(self) -> dict[str, dict[str, dict[str, tuple[PayloadSource | None, ...]]]]:
+        """Where each payload value the environment's decisions offer comes from (`payload_offers`)."""
+        return payload_offers(self.env.config)
 
     def branches_hold(
         self, rows: Sequence[OutcomeRow], baseline: MachineConfig, candidate: MachineConfig

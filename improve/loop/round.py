@@ -1372,7 +1372,8 @@ class Round:
             },
             diagnosis=diagnosis.to_json(),
             examples=[
-                e | {"in_cluster": in_cluster(e, chosen)} for e in [*examples, *self._generated(examples)]
+                e | {"in_cluster": in_cluster(e, chosen, self.evidence.offers)}
+                for e in [*examples, *self._generated(examples)]
             ],
             discarded=[dataclasses.asdict(d) for d in self.discarded],
             narrower=self._again(self.focus.narrower, diagnosis.chosen.id),

@@ -68,10 +68,12 @@ from improve.runtime.run import DEFAULT_MAX_MODEL_CALLS, MAX_ENTRIES, Journal, R
 from improve.runtime.sentinel_reach import SentinelReach, reach_sentinels
 from improve.runtime.vocabulary import (
     InputFact,
+    PayloadSource,
     Vocabulary,
     decision_sources,
     fact_lines,
     input_facts,
+    payload_offers,
     read_from,
     split_types,
     units_shown,
@@ -110,6 +112,7 @@ __all__ = [
     "ModelJudgment",
     "ModelReply",
     "Parting",
+    "PayloadSource",
     "PersonAnswer",
     "PolicyDecider",
     "RecordedRun",
@@ -141,6 +144,7 @@ __all__ = [
     "load_machine",
     "load_policy",
     "option",
+    "payload_offers",
     "prove_resumes",
     "reach_sentinels",
     "read_document_text",

@@ -13,12 +13,26 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from improve.errors import ImproveError
-from improve.machine import DECIDE_SRC, FREE_TEXT, MachineConfig, Scope, compile_expr, edges, related
+from improve.machine import (
+    DECIDE_SRC,
+    FREE_TEXT,
+    MachineConfig,
+    Scope,
+    compile_expr,
+    edges,
+    related,
+    tokenize,
+)
 from improve.runtime.environment import Environment, FactType, split_unit
 from improve.runtime.policy import DEFAULT_MODEL_REF, MODEL_DECIDE
 
 REQUEST_FIELDS = ("name", "options", "facts", "attempts", "prompt", "allowedEvents", "payloads")
 """The fields of a decision request, a policy's `input`."""
+
+
+PayloadSource = tuple[str, Any]
+"""Where a value a payload field offers comes from: (`fact`, the fact path that holds it) or (`const`, the
+literal the machine writes)."""
 
 
 @dataclass(frozen=True)
@@ -37,6 +51,9 @@ class DecisionWords:
     choices: dict[str, dict[str, list[Any]]] = field(default_factory=dict)
     """Event -> payload field -> the values offered, where the machine lists them as constants
     (`"reason": "['allergy', 'diagnosis']"`); a field whose values it computes is not here."""
+    offers: dict[str, dict[str, tuple[PayloadSource | None, ...]]] = field(default_factory=dict)
+    """Event -> payload field -> where each value the machine lists comes from (`payload_offers`); a
+    field whose expression is no list the machine writes out is not here."""
 
 
 @dataclass(frozen=True)
@@ -82,6 +99,7 @@ class Vocabulary:
     def to_json(self) -> dict[str, Any]:
         doc = asdict(self)
         for decision in doc["decisions"]:
+            del decision["offers"]  # the miner's, from the payloads a request already shows
             for key in ("units", "choices"):
                 if not decision[key]:
                     del decision[key]  # only where there are some: a prompt says nothing of what is not
@@ -256,6 +274,79 @@ def read_from(sources: Mapping[str, set[str]], operand: str) -> list[str]:
     )
 
 
+def payload_offers(
+    config: MachineConfig,
+) -> dict[str, dict[str, dict[str, tuple[PayloadSource | None, ...]]]]:
+    """Per decision, event and payload field, where each value the field offers comes from, read off the
+    machine's payload expression when it writes its list out (`"[0.0, context.booking.total -
+    context.booking.nightlyRate, context.booking.total]"`): a literal is a constant, an element that is
+    what one of the decision's facts reads (`"refundLessOneNight": "context.booking.total -
+    context.booking.nightlyRate"`, or a field of a fact given whole) is that fact, anything else None.
+    A value offered is one of these: a number a refund equals is never the count of rooms left it happens
+    to equal (the rule miner and the round's clusters name an answer's numbers by these)."""
+    found: dict[str, dict[str, dict[str, tuple[PayloadSource | None, ...]]]] = {}
+    for state in config.states.values():
+        if state.invoke is None or state.invoke.src != DECIDE_SRC or not isinstance(state.invoke.input, dict):
+            continue
+        raw = state.invoke.input
+        name = _literal_name(str(raw.get("name", "''")))
+        sources = {_spelled(source): paths for source, paths in fact_sources(raw.get("facts") or {}).items()}
+        for event, fields in (raw.get("payloads") or {}).items():
+            for fld, source in (fields or {}).items():
+                elements = _listed(source) if isinstance(source, str) else None
+                if elements is not None:
+                    offered = tuple(_source_of(element, sources) for element in elements)
+                    found.setdefault(name, {}).setdefault(str(event), {})[str(fld)] = offered
+    return found
+
+
+def _spelled(source: str) -> str:
+    """CEL source without its spacing, to compare two expressions as written."""
+    return "".join(t.text for t in tokenize(source))
+
+
+def _listed(source: str) -> list[list[Any]] | None:
+    """The element tokens of a list literal (`[a, b - c]`), None when the expression is not one."""
+    tokens = tokenize(source)
+    if len(tokens) < 2 or tokens[0].text != "[" or tokens[-1].text != "]":
+        return None
+    elements: list[list[Any]] = [[]]
+    depth = 0
+    for token in tokens[1:-1]:
+        if token.kind == "punct" and token.text in "([{":
+            depth += 1
+        elif token.kind == "punct" and token.text in ")]}":
+            depth -= 1
+            if depth < 0:
+                return None  # `[a] + [b]`: two lists, not one
+        elif token.kind == "punct" and token.text == "," and depth == 0:
+            elements.append([])
+            continue
+        elements[-1].append(token)
+    if depth != 0:
+        return None
+    return [e for e in elements if e]  # a trailing comma leaves an empty element
+
+
+def _source_of(tokens: list[Any], sources: Mapping[str, set[str]]) -> PayloadSource | None:
+    """One listed element's source: a literal, a fact that reads it, or None."""
+    text = "".join(t.text for t in tokens)
+    if len(tokens) <= 2 and tokens[-1].kind in ("number", "string") and text.lstrip("-") == tokens[-1].text:
+        try:
+            return (
+                "const",
+                compile_expr(text, "payload").evaluate(Scope(input={}, facts={}, context={}, event={})),
+            )
+        except ImproveError:
+            return None
+    # A selection may lie under a fact given whole; any other expression is a fact only as written.
+    paths = read_from(sources, text) if _SELECTION.fullmatch(text) else sorted(sources.get(text, ()))
+    return ("fact", paths[0]) if paths else None
+
+
+_SELECTION = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
+
+
 def units_shown(config: MachineConfig) -> dict[str, dict[str, str]]:
     """Per decision, the units its machine shows its facts in: facts read from values the machine's
     expressions compare or add or subtract (`context.amount - context.policy.deductible`,
@@ -306,6 +397,7 @@ def _constants(source: Any) -> list[Any] | None:
 
 def vocabulary(env: Environment) -> Vocabulary:
     shown = units_shown(env.config)
+    offers = payload_offers(env.config)
     decisions = []
     for name, state in env.config.states.items():
         if state.invoke is None or state.invoke.src != DECIDE_SRC:
@@ -342,6 +434,7 @@ def vocabulary(env: Environment) -> Vocabulary:
                 values=values,
                 units=units,
                 choices={e: c for e, c in choices.items() if c},
+                offers=offers.get(decision, {}),
             )
         )
     return Vocabulary(

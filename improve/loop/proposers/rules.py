@@ -175,12 +175,15 @@ class Rule:
         return paths | {v for _, how, v in self.action.payload if how == "fact"}
 
 
-def _actions(cases: Sequence[Case], vocab: RuleTerms) -> dict[Action, int]:
+def _actions(cases: Sequence[Case], vocab: RuleTerms, decision: str) -> dict[Action, int]:
     """Answers that are right for each failure to fix, with how many failures each is right for.
 
-    A payload value is written as a fact whose value it equals, or as a constant when the environment
-    itself names the value (an enumerated payload, a rule constant) or offers it in the decisions of at
-    least MIN_SUPPORT scenarios (so it is the vocabulary's, not one scenario's)."""
+    A number is written as the machine makes it, where its payload expression lists its values
+    (`RuleTerms.offers`): the literal, or the fact holding the element, that it equals. Elsewhere it is
+    written as a fact whose value it equals, or as a constant when the environment itself names the
+    value (an enumerated payload, a rule constant) or offers it in the decisions of at least MIN_SUPPORT
+    scenarios (so it is the vocabulary's, not one scenario's)."""
+    offers = vocab.offers.get(decision, {})
     offered_in: dict[str, set[str]] = {}
     for case in cases:
         for option in case.options:
@@ -195,19 +198,26 @@ def _actions(cases: Sequence[Case], vocab: RuleTerms) -> dict[Action, int]:
             choices: list[list[tuple[str, str, Any]]] = [[]]
             for name in sorted(k for k in option if k != "type"):
                 value = option[name]
-                sources: list[tuple[str, str, Any]] = [
-                    (name, "fact", p)
-                    for p in paths
-                    if (got := fact_at(case.facts, p)) is not None
-                    and type(got) is not bool
-                    and ((numeric(got) and numeric(value) and float(got) == float(value)) or got == value)
-                ]
-                named = (
-                    value in vocab.constants
-                    or len(offered_in.get(json.dumps([name, value]), ())) >= MIN_SUPPORT
-                )
-                if named and not (numeric(value) and sources):
-                    sources.append((name, "const", value))
+                listed = offers.get(str(option["type"]), {}).get(name)
+                sources: list[tuple[str, str, Any]]
+                if listed is not None and numeric(value):
+                    # The machine's own sources: a count of rooms left that equals a refund is no refund. (A
+                    # text value may still be a fact's: `queue: facts.ticket.team`, one of the queues listed.)
+                    sources = list(
+                        dict.fromkeys(
+                            (name, how, what if how == "fact" else value)
+                            for how, what in (s for s in listed if s is not None)
+                            if _equal(fact_at(case.facts, what) if how == "fact" else what, value)
+                        )
+                    )
+                else:
+                    sources = [(name, "fact", p) for p in paths if _equal(fact_at(case.facts, p), value)]
+                    named = (
+                        value in vocab.constants
+                        or len(offered_in.get(json.dumps([name, value]), ())) >= MIN_SUPPORT
+                    )
+                    if named and not (numeric(value) and sources):
+                        sources.append((name, "const", value))
                 choices = [[*c, s] for c in choices for s in sources]
             for combo in choices:
                 if len(combo) == len(option) - 1:
@@ -215,6 +225,13 @@ def _actions(cases: Sequence[Case], vocab: RuleTerms) -> dict[Action, int]:
         for action in seen:
             found[action] = found.get(action, 0) + 1
     return found
+
+
+def _equal(got: Any, value: Any) -> bool:
+    """A fact's (or a literal's) value is the payload value: numbers by value, never a flag."""
+    if got is None or type(got) is bool:
+        return False
+    return (numeric(got) and numeric(value) and float(got) == float(value)) or got == value
 
 
 # --- learning -----------------------------------------------------------------------------------------
@@ -799,6 +816,7 @@ def mine(
         vocab.constants | frozenset(constants),
         {**vocab.thresholds, **{p: frozenset(float(v) for v in vs) for p, vs in (thresholds or {}).items()}},
         vocab.units,
+        vocab.offers,
     )
     refused = set(discarded)
     rules: list[Rule] = []
@@ -808,7 +826,7 @@ def mine(
         atoms = atoms_for(cases, vocab)
         masks = masks_of(cases, atoms)
         space = _Space(cases, vocab, atoms, masks, _costs(atoms, masks, vocab))
-        actions = _actions(cases, vocab)
+        actions = _actions(cases, vocab, name)
         overall = {a: sum(c.right(a.output(c.facts)) for c in cases) for a in actions}
         earlier = [answer_on(route, {"name": name, "facts": c.facts, "options": c.options}) for c in cases]
         for action in sorted(actions, key=lambda a: (-actions[a], -overall[a], a.describe())):
@@ -1274,6 +1292,7 @@ class RuleMinerProposer:
                 self.constants,
                 self.thresholds,
                 words.fact_units,
+                {d.name: d.offers for d in words.decisions},
             )
             discarded = [(d["guard"], d["answer"]) for d in request.discarded]
             branches = route(request.policy)
@@ -1570,8 +1589,10 @@ def _why_none(request: ProposalRequest, had_rules: bool, misses: Sequence[NearMi
             "runs): no single rule before the model fixes them"
         )
     words = request.vocabulary
-    vocab = RuleTerms(dict(words.fact_paths), words.fact_values)
-    if not any(_actions(cases, vocab) for cases in by_name.values()):
+    vocab = RuleTerms(
+        dict(words.fact_paths), words.fact_values, offers={d.name: d.offers for d in words.decisions}
+    )
+    if not any(_actions(cases, vocab, name) for name, cases in by_name.items()):
         example = targets[0].correct[0]
         return (
             f"no answer the labels imply for the cluster's {len(targets)} failed decision(s) can be written "
