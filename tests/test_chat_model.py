@@ -492,6 +492,13 @@ def test_a_run_whose_calls_fail_past_the_objectives_share_exits_3(serve: Serve, 
     )
     doc = run(ws, *two, "--split", "train", "--fresh")
     assert "warning: 1 of 2 decisions fell back" in doc["stderr"]
+    # Scored later from what was recorded, the table says so too, beside the pass rate it qualifies.
+    scored = runner.invoke(
+        app, ["score", "-w", str(ws), "--policy", "v0", "--model", "fake", "--split", "train"]
+    )
+    assert scored.exit_code == 0, scored.output
+    assert "fell back" in scored.stdout and "1/2" in scored.stdout, scored.stdout
+    assert "warning: train v0: 1 of 2 model decisions fell back" in " ".join(scored.stderr.split())
 
 
 @pytest.mark.parametrize(

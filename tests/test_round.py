@@ -1847,6 +1847,8 @@ def test_nothing_left_says_which_clusters_were_tried_with_another_of_the_same_ri
     said = nothing_left(diagnosis)
     assert f"{shares.id} (with {tried.id}: the same right answer)" in said, said
     assert f"{other.id} (with" not in said and f"{tried.id} (with" not in said
+    # A cluster with no rule leaves no CHANGELOG entry: the message does not send the reader there for it.
+    assert "no rule for cluster" in said and "the CHANGELOG says why each" not in said
     assert nothing_left(Diagnosis("v4", 10, 1.0, [], None, None)).startswith(
         "no training failure or cost cluster left to address (train pass rate 1.000 over 10 runs)"
     )
@@ -3535,6 +3537,11 @@ def test_an_out_of_sample_example_keeps_whole_fields_and_names_those_left_out() 
     shown = _clipped(claim)
     assert shown == '{"claimId": "C-41700", "patientAge": 9, … and lines}', shown
     assert _clipped({"a": 1}) == '{"a": 1}' and _clipped("x" * 300).endswith("…")
+    # Over the limit only by the commas and quotes between members: every member is shown, none named left.
+    tight = {"a": "v" * 90, "b": "w" * 93}
+    assert len(json.dumps(tight)) > 200 and _clipped(tight) == json.dumps(tight, sort_keys=True), _clipped(
+        tight
+    )
 
 
 def test_a_rationale_says_the_training_decisions_its_rule_answers_that_the_labels_do_not_tell() -> None:

@@ -99,7 +99,10 @@ def _print_tables(cards: list[Scorecard], comparisons: list[Comparison], seed: i
     from improve.evals import gain_phrase, p_value
 
     table = Table(title="scorecards (pass rate = mean of per-scenario pass fractions)")
-    for column in (
+    # Decisions the policy's onError answered because a model call failed: shown where there are any, as
+    # such a pass rate measures the endpoint as much as the model.
+    fell_back = any(c.fallbacks for c in cards)
+    columns = [
         "split",
         "version",
         "scenarios",
@@ -108,7 +111,8 @@ def _print_tables(cards: list[Scorecard], comparisons: list[Comparison], seed: i
         "violations",
         "model calls/run",
         "tokens/run",
-    ):
+    ]
+    for column in [*columns, *(["fell back"] if fell_back else [])]:
         table.add_column(column)
     for c in cards:
         runs = c.runs or 1
@@ -121,8 +125,17 @@ def _print_tables(cards: list[Scorecard], comparisons: list[Comparison], seed: i
             str(c.violations),
             f"{c.model_calls / runs:.2f}",
             f"{c.tokens / runs:.0f}",
+            *([f"{c.fallbacks}/{c.decisions}"] if fell_back else []),
         )
     out.print(table)
+    for c in cards:
+        if c.fallbacks:
+            err.print(
+                f"warning: {c.split} {c.policy_version}: {c.fallbacks} of {c.decisions} model decisions fell back "
+                "to the policy's onError (a failed model call): that pass rate is not the model's alone; run "
+                "`improve run --fresh` again once the endpoint answers",
+                markup=False,
+            )
     for cmp in comparisons:
         out.print(
             f"{cmp.split}: {cmp.baseline} {cmp.baseline_rate:.3f} -> {cmp.candidate} {cmp.candidate_rate:.3f}, "

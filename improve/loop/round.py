@@ -1787,6 +1787,7 @@ def nothing_left(diagnosis: Diagnosis) -> str:
     ]
     return (
         f"every failure cluster left was tried along this policy's line or in this run, and none has a "
-        f"candidate to try now: {', '.join(shown)} (the CHANGELOG says why each candidate was "
-        "discarded); label more training scenarios like their failures, or try another proposer"
+        f"candidate to try now: {', '.join(shown)} (a cluster no rule was found for is said above, `no rule "
+        "for cluster ...`; a candidate an earlier round discarded, in the CHANGELOG); label more training "
+        "scenarios like their failures, or try another proposer"
     )

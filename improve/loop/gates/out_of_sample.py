@@ -168,7 +168,8 @@ def clipped(value: Any, limit: int = 200) -> str:
             left.append(key)  # too long to show here: the smaller members after it still are
         else:
             kept.append(member)
-    return "{" + ", ".join([*kept, f"… and {', '.join(left)}"]) + "}"
+    # Every member may fit once the quotes and commas the sum leaves out are not counted: nothing is left.
+    return "{" + ", ".join([*kept, *([f"… and {', '.join(left)}"] if left else [])]) + "}"
 
 
 def examples(found: AgainstReference, cases: Sequence[str] | None = None) -> list[str]:
