@@ -327,17 +327,18 @@ def test_the_out_of_sample_gate_refuses_a_new_branch_that_overrides_a_right_answ
     candidate's to answer for; a generator that cannot label is said, and the candidate passes."""
     from improve.evals import candidate_check
     from improve.loop.gates import GateContext, OutOfSampleGate
+    from improve.loop.gates.out_of_sample import draw_seed
 
     env = load_environment("refunds")
     v0 = load_policy(REPO / "policies" / "refunds" / "v0.json")
     closes = v0.model_validate(_closes_too_much())
     drawn: list[int] = []
 
-    def prepare(baseline: Any) -> Any:
-        drawn.append(1)
-        return candidate_check(env, v0, baseline, 60, seed=9)
+    def prepare(baseline: Any, draw: int = 0) -> Any:
+        drawn.append(draw_seed(9, draw))
+        return candidate_check(env, v0, baseline, 60, seed=draw_seed(9, draw))
 
-    gate = OutOfSampleGate(lambda: prepare(v0))
+    gate = OutOfSampleGate(lambda draw: prepare(v0, draw))
     refused = gate.run(GateContext(env, config=closes))
     assert not refused.ok and gate.found is not None
     new = gate.found.newly_overridden
@@ -353,18 +354,24 @@ def test_the_out_of_sample_gate_refuses_a_new_branch_that_overrides_a_right_answ
     assert {e["scenario"] for e in taught} == set(new)
     assert all(e["answered"] == {"type": "CLOSE"} and e["correct"] != [{"type": "CLOSE"}] for e in taught)
     assert all(not e["passed"] and not e["in_cluster"] and e["name"] for e in taught)
-    # The next candidate of the round is checked on the same cases, drawn once.
+    # The repair after it is checked on the same cases and on a new draw, which it was not shaped on: the
+    # newest draw is said first. A candidate after one that passed is checked on the draws there are.
+    again = gate.run(GateContext(env, config=closes))
+    assert not again.ok and again.detail.startswith(
+        f"with careful on 60 generated cases (seed {draw_seed(9, 1)},"
+    )
     passed = gate.run(GateContext(env, config=v0))
     assert passed.ok and "no new branch answered a case otherwise than labelled (60/60 agree" in passed.detail
-    assert len(drawn) == 1
+    assert drawn == [9, draw_seed(9, 1), draw_seed(9, 2)] and len(set(drawn)) == 3
+    assert gate.run(GateContext(env, config=v0)).ok and len(drawn) == 3
     # Against a baseline that already closes too much, the same branch is not new.
-    behind = OutOfSampleGate(lambda: prepare(closes))
+    behind = OutOfSampleGate(lambda draw: prepare(closes, draw))
     assert behind.run(GateContext(env, config=closes)).ok
     # A generator whose cases careful cannot finish is the environment's mistake: said, not refused.
-    broken = OutOfSampleGate(lambda: (_ for _ in ()).throw(WorkspaceError("the generator drew nothing")))
+    broken = OutOfSampleGate(lambda draw: (_ for _ in ()).throw(WorkspaceError("the generator drew nothing")))
     result = broken.run(GateContext(env, config=closes))
     assert result.ok and result.detail == "not checked: the generator drew nothing" and broken.found is None
-    unrun = OutOfSampleGate(lambda: None)  # no careful stand-in to run the cases with
+    unrun = OutOfSampleGate(lambda draw: None)  # no careful stand-in to run the cases with
     assert unrun.run(GateContext(env, config=closes)).detail == (
         "not checked: the environment has no 'careful' stand-in to run the cases with"
     )

@@ -92,8 +92,8 @@ from improve.loop.gates import (
     gate,
     gates_for,
 )
+from improve.loop.gates.out_of_sample import draw_seed, without_wording
 from improve.loop.gates.out_of_sample import examples as oos_examples
-from improve.loop.gates.out_of_sample import without_wording
 from improve.loop.generated import environment_key, generated_path, keep, kept
 from improve.loop.impact import preview_impact
 from improve.loop.inputs import Inputs, RoundOptions, locate
@@ -1005,7 +1005,7 @@ class Round:
     def _out_of_sample_gate(self) -> OutOfSampleGate | None:
         """The `out-of-sample` gate when the objective asks for `out_of_sample_cases` and the environment
         has a generator (else None: no policy read for it); one per round, so every repair is checked on
-        the cases its baseline ran."""
+        the cases the candidates before it were, and on a new draw (`OutOfSampleGate`)."""
         inputs = self.inputs
         if not self.objective.out_of_sample_cases or inputs.env.cases is None:
             return None
@@ -1017,7 +1017,7 @@ class Round:
         # was left of them passed, round after round, while other cases still failed.
         seed = self.objective.seed + max(0, inputs.memory.held_out.read - 1)
 
-        def prepare() -> CandidateCheck | None:
+        def prepare(draw: int) -> CandidateCheck | None:
             reference = (
                 inputs.policy if root == self.label else inputs.space.load_policy(inputs.env_name, root)
             )
@@ -1026,7 +1026,7 @@ class Round:
                 reference,
                 inputs.policy,
                 self.objective.out_of_sample_cases,
-                seed,
+                draw_seed(seed, draw),
                 known=inputs.scenarios,
             )
 

@@ -16,10 +16,12 @@ text is the generator's wording, not a person's: each joins twice, its text empt
 (`without_wording`), so no word test keeps it out. The workspace keeps them for the rounds after
 (`loop/generated.py`).
 
-The cases are the round's, not the candidate's: each repair is checked on the same draw, and each read
-of the held-out set draws other cases (the seed is the objective's plus the reads before), so a rule
-shaped to pass one draw meets another in the next round. A generator that cannot label its cases is
-said, and the gate passes without a check: a mistake of the environment's, not of the candidate's.
+A repair is checked on a new draw as well as on the ones before (`draw_seed`): a rule mined to keep out
+of the cases a draw showed can do so by what those few cases happen to share (the rooms left, on a
+desk where no rule reads them), and only cases it was not shaped on tell. Each read of the held-out set
+draws other cases too (the seed is the objective's plus the reads before), so a rule shaped to pass one
+round's draws meets others in the next round. A generator that cannot label its cases is said, and the
+gate passes without a check: a mistake of the environment's, not of the candidate's.
 """
 
 from __future__ import annotations
@@ -39,13 +41,25 @@ SHOWN = 3
 """The overridden cases a failure shows (each with its input, world, label and end)."""
 
 
+def draw_seed(seed: int, draw: int) -> int:
+    """The seed of a round's `draw`th draw of cases (the first is the round's own seed): apart from every
+    round's seed (`seed + reads`) by far more than a round count, so no two draws coincide."""
+    return seed + draw * DRAW_STRIDE
+
+
+DRAW_STRIDE = 1_000_003
+"""Between the seeds of one round's draws: a prime, more than any number of held-out reads."""
+
+
 class OutOfSampleGate:
     name = "out-of-sample"
 
-    def __init__(self, prepare: Callable[[], CandidateCheck | None]) -> None:
+    def __init__(self, prepare: Callable[[int], CandidateCheck | None]) -> None:
+        """`prepare(draw)`: the round's `draw`th draw of cases, with its baseline's agreement (`draw_seed`)."""
         self._prepare = prepare
-        self._check: CandidateCheck | None = None
-        self._prepared = False
+        self._checks: list[CandidateCheck] = []
+        self._failed = False
+        """The last candidate failed: the next one is a repair, checked on a new draw as well."""
         self.found: AgainstReference | None = None
         """The last candidate's check (a passing candidate's, once the gates pass)."""
         self.error: str | None = None
@@ -53,14 +67,20 @@ class OutOfSampleGate:
 
     def run(self, ctx: GateContext) -> GateResult:
         self.found = None
-        check = self._cases()
-        if check is None or ctx.config is None:
+        checks = self._cases()
+        if not checks or ctx.config is None:
             return GateResult(
                 self.name, True, f"not checked: {self.error or 'the candidate did not validate'}"
             )
-        found = check.against(ctx.config)
-        self.found = found
+        # The newest draw first (the one a repair was not shaped on), then the ones before: the first that
+        # shows a new branch answering otherwise than labelled is the one said.
+        for check in reversed(checks):
+            found = check.against(ctx.config)
+            self.found = found
+            if found.newly_overridden:
+                break
         new = found.newly_overridden
+        self._failed = bool(new)
         where = f"with careful on {found.cases} generated cases (seed {found.seed}, labelled by {found.labelled_by})"
         if not new:
             return GateResult(
@@ -81,18 +101,21 @@ class OutOfSampleGate:
             "have in common), or a rule for another cluster",
         )
 
-    def _cases(self) -> CandidateCheck | None:
-        """The round's cases and its baseline's agreement on them, drawn once for every candidate."""
-        if not self._prepared:
-            self._prepared = True
+    def _cases(self) -> list[CandidateCheck]:
+        """The round's draws of cases, each with its baseline's agreement: the first for the first
+        candidate, one more for each repair after a failed check."""
+        if self.error is None and (not self._checks or self._failed):
             try:
-                self._check = self._prepare()
+                check = self._prepare(len(self._checks))
             except ImproveError as error:
                 self.error = str(error)
             else:
-                if self._check is None:
+                if check is None:
                     self.error = f"the environment has no {REFERENCE_MODEL!r} stand-in to run the cases with"
-        return self._check
+                else:
+                    self._checks.append(check)
+            self._failed = False
+        return [] if self.error is not None else self._checks
 
 
 TEXT_KINDS = ("text", "string")
