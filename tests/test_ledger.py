@@ -246,6 +246,19 @@ def test_a_run_of_a_changed_scenario_is_not_current_and_no_pass_rate_counts_it(w
     assert sql(ws, f"SELECT passed, current FROM outcomes WHERE thread_id = '{stale}'") == [
         {"passed": True, "current": True}
     ]
+    # An edit scored, then undone: the run is current again as soon as `improve score` says so, not left
+    # out of every pass rate the warehouse gives for good.
+    kept = path.read_text()
+    path.write_text(kept.replace("amount: 20.5", "amount: 21.5"))
+    score = ["score", "--policy", "v0", "--model", "careful", "--split", "train", "--json", "-w", str(ws)]
+    assert "1 recorded run(s) of v0 with model careful are not scored" in runner.invoke(app, score).stderr
+    assert sql(ws, f"SELECT current FROM outcomes WHERE thread_id = '{stale}'") == [{"current": False}]
+    path.write_text(kept)
+    rescored = runner.invoke(app, score)
+    assert rescored.exit_code == 0 and "not scored" not in rescored.stderr, rescored.output
+    assert sql(ws, f"SELECT passed, current FROM outcomes WHERE thread_id = '{stale}'") == [
+        {"passed": True, "current": True}
+    ]
 
 
 def test_a_warehouse_from_before_current_is_scored_again_on_ingest(ws: Path) -> None:

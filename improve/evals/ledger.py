@@ -206,9 +206,11 @@ class Ledger:
     def not_current(self, thread_ids: Sequence[str]) -> None:
         """Mark the rows of threads recorded from other inputs than their scenario's now (`improve
         score` leaves them out) as not `current`, without replaying them: `scenario_passes` then agrees
-        with the scorecard at once, not only after the next `improve ingest` scores them again."""
+        with the scorecard at once, not only after the next `improve ingest` scores them again. Their
+        `label` is cleared too: it names what they were scored against, and an edit undone later would
+        leave it equal to the scenario's again, the row never scored again, and `current` false for good."""
         self.con.execute(
-            "UPDATE outcomes SET current = false WHERE list_contains($ids, thread_id) AND current",
+            "UPDATE outcomes SET current = false, label = NULL WHERE list_contains($ids, thread_id) AND current",
             {"ids": list(thread_ids)},
         )
 
