@@ -968,6 +968,40 @@ def test_parity_on_a_failing_endpoint_compares_nothing(serve: Serve, tmp_path: P
     assert "nothing is compared" in said and "Traceback" not in result.output
 
 
+def test_parity_on_a_recorded_endpoint_says_its_model_was_not_asked_twice(
+    serve: Serve, tmp_path: Path
+) -> None:
+    """Recorded (the default cache), each side's second run reads the first run's answers: the
+    determinism check shows the harness replays them alike, which parity says, and how to ask again."""
+    asked: list[int] = []
+
+    def counted(body: dict[str, Any]) -> Reply:
+        asked.append(1)
+        return naive_desk(body)
+
+    ws = workspace(tmp_path, serve(counted).url)
+    args = [
+        "parity",
+        "compare",
+        "v0",
+        "v0",
+        "-w",
+        str(ws),
+        "--model",
+        "fake",
+        "--scenario",
+        "small-refund-01",
+    ]
+    recorded = runner.invoke(app, args, env={KEY_ENV: SECRET})
+    assert recorded.exit_code == 0, recorded.output
+    said = " ".join(recorded.stderr.split())
+    assert "the second runs of fake read the answers the first recorded" in said and len(asked) == 1, said
+    live = runner.invoke(app, [*args, "--cache", "live"], env={KEY_ENV: SECRET})
+    assert live.exit_code == 0, live.output
+    assert "the harness is deterministic" in live.stderr and "read the answers" not in live.stderr
+    assert len(asked) == 5  # each side twice, asked every time
+
+
 def test_an_amount_below_a_cent_keeps_two_significant_digits() -> None:
     """A small model costs 0.000048 USD a thread: four decimals showed it as 0.0000, as if unpriced."""
     from improve.llm import usd_text

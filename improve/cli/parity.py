@@ -181,10 +181,21 @@ def compare_command(
             + (f"; reviewed differences from {reviewed_path}" if reviewed_path else "")
         )
 
+        # A model behind an endpoint, recorded: each side's second run reads the first run's answers, so
+        # agreeing with itself shows the harness replays them alike, not that the model answers alike.
+        endpoints = [m for m in models if space.model_spec(m, environment) is not None]
+        replayed = bool(endpoints) and cache is not CacheMode.live
+
         def progress(phase: str, done: int, total: int) -> None:
             if done == total:
                 what = (
                     "OLD and NEW each ran twice and agreed with themselves: the harness is deterministic"
+                    + (
+                        f" (the second runs of {', '.join(endpoints)} read the answers the first recorded: "
+                        "the model was not asked twice; `--cache live` asks it every time)"
+                        if replayed
+                        else ""
+                    )
                     if phase == "harness"
                     else "compared"
                 )
