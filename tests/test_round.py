@@ -2338,6 +2338,34 @@ def test_a_payload_number_is_written_from_where_the_machine_lists_it_not_from_a_
     assert len(split) == 2, split
 
 
+def test_a_word_of_another_alphabet_is_a_word_test() -> None:
+    """A desk's customers write Portuguese: `aniversário` is a word, tested as one (its letters beyond
+    a-z once cut it into `anivers` and `rio`, which no text matches as whole words)."""
+    from improve.machine import Scope, compile_expr
+
+    notes = [
+        "Nosso aniversário é sábado",
+        "é o nosso aniversário",
+        "aniversário de casamento",
+        "quarto maior",
+    ]
+    notes += ["chego mais tarde", "quarto silencioso", "quarto maior por favor", "sem pressa"]
+    examples = [
+        decision(
+            f"s{i}",
+            {"note": note},
+            ("FREE", "CHARGE"),
+            "CHARGE",
+            "FREE" if "aniversário" in note else "CHARGE",
+        )
+        for i, note in enumerate(notes * 2)
+    ]
+    (rule, *_) = mine(examples, {"facts.note": "text"})
+    assert rule.condition == r"facts.note.matches('(?i)\\baniversário\\b')", rule.condition
+    held = compile_expr(rule.condition, "guard")
+    assert held.evaluate(Scope(facts={"note": "É o ANIVERSÁRIO dela"})) is True
+
+
 def test_identifiers_stay_out_of_word_tests_unless_the_fact_is_declared_text() -> None:
     """A name is no place for words: a `string` fact whose values are single tokens gives no word test
     (the rule stays with the other facts); declared `text`, it is tested for words like any text."""

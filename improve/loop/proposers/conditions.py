@@ -50,7 +50,8 @@ said says sure ever never still even because hello dear regards
 STOPWORDS = frozenset(_STOPWORDS.split())
 """Words that say nothing about a case: a condition on them would be a coincidence of the training data."""
 
-WORD = re.compile(r"[a-z]{3,20}")
+WORD = re.compile(r"[^\W\d_]{3,20}")
+"""A word: letters of any alphabet (`aniversário`, `émeraude`), as both CEL paths' `\\b` reads them."""
 
 
 # --- conditions -----------------------------------------------------------------------------------------
