@@ -584,6 +584,19 @@ def test_a_scenario_file_read_twice_gives_two_documents_and_an_edit_is_read_anew
         parse_yaml('a: 1\nnote: "unclosed\nb: 2\nc: 3\n', path, ScenarioError)
     with pytest.raises(ScenarioError, match=r"s.yaml:3:2: invalid YAML"):  # elsewhere: where it is found
         parse_yaml("a:\n  - 1\n b: 2\n", path, ScenarioError)
+    # A key given twice in one mapping is refused at the repeat (YAML kept the last without a word), keys
+    # compared as YAML reads them (`yes` and `on` are both true), each repeat said once; a key set again
+    # over a merge (`<<: *base`) overrides it on purpose, and one key in two mappings is no repeat.
+    with pytest.raises(ScenarioError) as info:
+        parse_yaml("a: &x {k: 1, k: 2}\nb: *x\nc:\n  - {yes: 1, on: 2}\n", path, ScenarioError)
+    assert str(info.value).splitlines() == [
+        f"{path}:1:14: a.k: the key 'k' is given twice in one mapping (first on line 1); YAML keeps only "
+        "the last, dropping the first ('1') without a word: give each key once",
+        f"{path}:4:14: c[0].on: the key 'on' is the key 'yes' again, as YAML reads them (first on line 4); "
+        "YAML keeps only the last, dropping the first ('1') without a word: give each key once",
+    ]
+    merged = "base: &b {k: 1, j: 2}\nover: {<<: *b, k: 3}\nlist: [{k: 1}, {k: 2}]\n"
+    assert parse_yaml(merged, path, ScenarioError) == yaml.safe_load(merged)
 
 
 def test_a_scenario_file_with_no_scenario_to_run_is_a_problem(ws: Path) -> None:
@@ -591,6 +604,28 @@ def test_a_scenario_file_with_no_scenario_to_run_is_a_problem(ws: Path) -> None:
     path.write_text("environment: refunds\nscenarios: []\n")
     result = runner.invoke(app, ["scenarios", "check", "-w", str(ws)])
     assert result.exit_code == 1 and "no scenario in train or held-out" in result.stderr, result.output
+
+
+def test_a_label_given_twice_in_a_scenario_is_refused_at_its_line(ws: Path) -> None:
+    # `outcome: issued` then `outcome: escalated`: YAML kept the last, the label changed without a word, and
+    # `scenarios check` passed (exit 0).
+    path = ws / "scenarios" / "refunds.yaml"
+    text = path.read_text()
+    path.write_text(
+        text.replace("      outcome: issued\n", "      outcome: issued\n      outcome: escalated\n", 1)
+    )
+    lines = path.read_text().splitlines()
+    first = lines.index("      outcome: issued") + 1
+    said = (
+        f"{path}:{first + 1}:7: scenario 'small-refund-01': expected.outcome: the key 'outcome' is given "
+        f"twice in one mapping (first on line {first}); YAML keeps only the last, dropping the first "
+        "('issued') without a word: give each key once"
+    )
+    checked = runner.invoke(app, ["scenarios", "check", "-w", str(ws)])
+    assert checked.exit_code == 1 and said in " ".join(checked.output.split()), checked.output
+    ran = runner.invoke(app, ["run", "--k", "1", "-w", str(ws)])
+    assert ran.exit_code == 2 and said in " ".join(ran.output.split()), ran.output
+    assert "Traceback" not in checked.output + ran.output
 
 
 def test_a_scenario_file_of_another_environment_says_the_line_to_write(ws: Path) -> None:
@@ -880,6 +915,16 @@ def test_a_value_of_the_wrong_type_in_improve_toml_names_its_line(ws: Path) -> N
     toml.write_text(text.replace("k = ", "min_gian = 0.1\nk = ", 1))
     said = " ".join(runner.invoke(app, ["run", "-w", str(ws)]).stderr.split())
     assert "$.objective.min_gian: Extra inputs are not permitted (did you mean 'min_gain'?)" in said, said
+    # TOML refuses a key or a table given twice itself; the error says where, and that it is a repeat.
+    toml.write_text(text.replace("k = ", "k = 5\nk = ", 1))
+    at = toml.read_text().splitlines().index('k = "three"') + 1
+    refused = runner.invoke(app, ["run", "-w", str(ws)])
+    said = " ".join(refused.stderr.split())
+    assert refused.exit_code == 2, refused.output
+    assert (
+        f"{toml.resolve()}:{at}:12: invalid TOML: Cannot overwrite a value: a key or a table is given "
+        "twice, and TOML takes each once: keep one, or merge them" in said
+    ), said
 
 
 def seal(

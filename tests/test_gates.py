@@ -348,6 +348,11 @@ def test_verify_cli_exit_codes_and_json(tmp_path: Path) -> None:
         "v9.json:2:16: invalid JSON: a trailing comma before the '}' on line 3 (JSON allows none)"
         in bad.stdout
     )
+    # A key given twice is the validate gate's failure too, at the repeat: JSON kept the last silently.
+    (tmp_path / "policies" / "refunds" / "v9.json").write_text('{"id": "x",\n "version": "9",\n "id": "y"}')
+    bad = runner.invoke(app, ["verify", "v9", "-w", str(tmp_path)])
+    assert bad.exit_code == 1, bad.output
+    assert "v9.json:3: $.id: the key 'id' is given twice in one object (first on line 1)" in bad.stdout
     # A recorded lock makes the first gate bite when the environment changes.
     assert runner.invoke(app, ["lock", "-w", str(tmp_path)]).exit_code == 0
     lock = tmp_path / "policies" / "refunds" / "environment.lock.json"

@@ -542,6 +542,29 @@ def test_a_cel_typo_in_the_machine_is_named_with_its_file_and_json_path(tmp_path
         assert "Traceback" not in output
 
 
+def test_a_transition_given_twice_in_the_machine_is_refused_at_its_line(tmp_path: Path) -> None:
+    # A second, unguarded CREDIT under `on`: json.loads kept it and dropped the guarded first one, and
+    # with it the rule that a credit is at most a month's fee; every command went on without a word.
+    ws, machine = edited_desk(
+        tmp_path,
+        "twice",
+        "machine.json",
+        '"ESCALATE": {"target": "escalated"},',
+        '"ESCALATE": {"target": "escalated"},\n        "CREDIT": {"target": "checkingCredit"},',
+    )
+    # The guarded CREDIT's key is on the line before its guard (the event is named earlier in the decision).
+    first = _line_of(machine, '"guard": "event.amount > 0') - 1
+    again = _line_of(machine, '"CREDIT": {"target"')
+    for command in (["scenarios", "check"], ["verify", "v0"], ["describe"]):
+        code, output = improve(ws, *command)
+        said = " ".join(output.split())
+        assert code == 2 and "Traceback" not in output, (command, output)
+        assert (
+            f"{machine}:{again}: $.states.resolving.on.CREDIT: the key 'CREDIT' is given twice in one object "
+            f"(first on line {first}); JSON keeps only the last, dropping the first without a word" in said
+        ), said
+
+
 def _line_of(path: Path, text: str) -> int:
     """The 1-based line of the first occurrence of `text` in the file."""
     return next(n for n, row in enumerate(path.read_text().splitlines(), 1) if text in row)

@@ -26,6 +26,7 @@ from improve.machine import (
     initial,
     json_lines,
     line_of,
+    loads_document,
     parse_json_path,
     parse_machine,
     transition,
@@ -468,6 +469,46 @@ def test_a_json_path_is_located_at_its_deepest_written_part() -> None:
     assert line_of(lines, ("tab", 0)) == 5
     assert parse_json_path("$.a['it\\'s'][12].b") == ("a", "it's", 12, "b")
     assert json_lines('{"a": 1} trailing') == {} and json_lines("") == {}
+
+
+def test_a_key_given_twice_in_one_object_is_refused_at_its_line_and_json_path() -> None:
+    # json.loads keeps the last key without a word: a second, unguarded "REFILL" under `on` dropped the
+    # guarded first one, and with it a rule of the business, while every check passed.
+    text = (
+        '{"id": "t", "version": "1", "initial": "a", "states": {"a": {"on": {\n'
+        '  "REFILL": {"guard": "context.ok", "target": "a"},\n'
+        '  "ESCALATE": "a",\n'
+        '  "REFILL": "a"}},\n'
+        ' "ask-me": {"meta": {"x": 1, "x": 2}}}}'
+    )
+    with pytest.raises(MachineConfigError) as info:
+        loads_document(text, source="m.json")
+    assert str(info.value).splitlines() == [
+        "m.json:4: $.states.a.on.REFILL: the key 'REFILL' is given twice in one object (first on line 2); "
+        "JSON keeps only the last, dropping the first without a word: list the transitions under one key "
+        '(`"REFILL": [{"guard": ...}, {...}]`, the first whose guard passes wins), or remove the one you '
+        "did not mean",
+        "m.json:5: $.states['ask-me'].meta.x: the key 'x' is given twice in one object (first on line 5); "
+        "JSON keeps only the last, dropping the first without a word: merge the two, or remove the one you "
+        "did not mean",
+    ]
+    # Only a key within one object: the members of a repeated key's two values share their paths, and
+    # objects side by side may share keys. A key escaped otherwise is the same key to JSON.
+    from improve.machine.locate import duplicate_keys, json_path
+
+    assert duplicate_keys('{"a": {"x": 1},\n "a": {"x": 2}}') == [(("a",), 1, 2)]
+    assert duplicate_keys('{"\\u0041": 1,\n "A": 2}') == [(("A",), 1, 2)]
+    assert duplicate_keys('[{"x": 1}, {"x": 2}, {"y": {"x": 3}}]') == []
+    assert loads_document('[{"x": 1}, {"x": 2}]') == [{"x": 1}, {"x": 2}]
+    assert json_path(("states", "ask-me", "on", "GO", 0, "it's")) == "$.states['ask-me'].on.GO[0]['it\\'s']"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.text(max_size=4) | st.integers(min_value=0, max_value=99), max_size=5))
+def test_a_json_path_is_read_back_as_it_was_written(path: list[str | int]) -> None:
+    from improve.machine.locate import json_path
+
+    assert parse_json_path(json_path(path)) == tuple(path)
 
 
 def test_decide_allowed_event_without_transition_is_rejected() -> None:

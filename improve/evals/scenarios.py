@@ -367,7 +367,19 @@ def parse_yaml(text: str, path: Path, error: type[ConfigError]) -> Any:
 
 def _parse_yaml(text: str, path: Path, error: type[ConfigError]) -> Any:
     try:
-        return yaml.load(text, Loader=SafeLoader)
+        # yaml.load, with the composed document looked over before it is built: a mapping that gives a
+        # key twice keeps the last without a word (`outcome: refilled`, then `outcome: refused`: the
+        # label changed, and every check passed).
+        loader = SafeLoader(text)
+        try:
+            root = loader.get_single_node()
+            repeated = _repeated_keys(root, loader)
+            if repeated:
+                ids = _scenario_ids(root)
+                raise error("\n".join(_repeated_message(path, one, ids) for one in repeated))
+            return loader.construct_document(root) if root is not None else None
+        finally:
+            loader.dispose()
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         problem = getattr(err, "problem", None) or str(err)
@@ -383,6 +395,94 @@ def _parse_yaml(text: str, path: Path, error: type[ConfigError]) -> Any:
         raise error(f"{where}: invalid YAML: {problem}") from None
     except RecursionError:
         raise error(f"{path}: invalid YAML: nested too deep to read") from None
+
+
+_MERGE = "tag:yaml.org,2002:merge"
+
+
+@dataclass(frozen=True)
+class _Repeated:
+    """A key one mapping gives twice: where (the path to it), and its nodes as first and again given."""
+
+    where: JsonPath
+    first: yaml.ScalarNode
+    dropped: yaml.Node
+    again: yaml.ScalarNode
+
+
+def _repeated_keys(root: yaml.Node | None, loader: yaml.SafeLoader) -> list[_Repeated]:
+    """Each key a mapping of the composed document gives twice, in the order of the text. Keys are
+    compared as YAML reads them (`1` and `01` are one key, and so are `yes` and `on`). A key set again
+    after a merge (`<<: *base`) overrides the merged one on purpose: not a repeat."""
+    found: list[_Repeated] = []
+    stack: list[tuple[JsonPath, yaml.Node]] = [((), root)] if root is not None else []
+    # An alias is the node it names: looked over once, at the path it is first written at (the walk
+    # goes in the order of the text: children are pushed last first).
+    seen: set[int] = set()
+    while stack:
+        path, node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.SequenceNode):
+            stack += reversed([((*path, index), item) for index, item in enumerate(node.value)])
+            continue
+        if not isinstance(node, yaml.MappingNode):
+            continue
+        keys: dict[Any, tuple[yaml.ScalarNode, yaml.Node]] = {}
+        children: list[tuple[JsonPath, yaml.Node]] = []
+        for key, value in node.value:
+            if not isinstance(key, yaml.ScalarNode) or key.tag == _MERGE:
+                continue
+            children.append(((*path, key.value), value))
+            try:
+                first, dropped = keys.setdefault(loader.construct_object(key), (key, value))
+            except TypeError:  # a key read as no dict key can hold: constructing the document refuses it
+                continue
+            if first is not key:
+                found.append(_Repeated((*path, key.value), first, dropped, key))
+        stack += reversed(children)
+    found.sort(key=lambda one: one.again.start_mark.index)
+    return found
+
+
+def _scenario_ids(root: yaml.Node | None) -> dict[int, str]:
+    """The index of each item of the top-level `scenarios` list -> its `id`, as written."""
+    if not isinstance(root, yaml.MappingNode):
+        return {}
+    items = next((v for k, v in root.value if k.value == "scenarios"), None)
+    if not isinstance(items, yaml.SequenceNode):
+        return {}
+    return {
+        index: ids[-1]
+        for index, item in enumerate(items.value)
+        if isinstance(item, yaml.MappingNode)
+        and (ids := [v.value for k, v in item.value if k.value == "id" and isinstance(v, yaml.ScalarNode)])
+    }
+
+
+def _repeated_message(path: Path, repeated: _Repeated, ids: Mapping[int, str]) -> str:
+    """`FILE:LINE:COL: scenario 'ID': field: ...` (`FILE:LINE:COL: a.b[0].c: ...` outside a scenario)."""
+    where = repeated.where
+    scenario = ""
+    if len(where) > 2 and where[0] == "scenarios" and isinstance(where[1], int) and where[1] in ids:
+        scenario, where = f"scenario {ids[where[1]]!r}: ", where[2:]
+    field = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in where).lstrip(".")
+    mark, first = repeated.again.start_mark, repeated.first.start_mark
+    dropped = repeated.dropped
+    # A label's value is what the repeat changes without a word: name it.
+    what = f"the first ({dropped.value!r})" if isinstance(dropped, yaml.ScalarNode) else "the first"
+    key, written = repeated.again, repeated.first
+    # `on` and `yes` are one key to YAML 1.1 (both true): say so, or the two would look different.
+    same = (
+        f"the key {key.value!r} is given twice in one mapping"
+        if key.value == written.value
+        else f"the key {key.value!r} is the key {written.value!r} again, as YAML reads them"
+    )
+    return (
+        f"{path}:{mark.line + 1}:{mark.column + 1}: {scenario}{field}: {same} (first on line "
+        f"{first.line + 1}); YAML keeps only the last, dropping {what} without a word: give each key once"
+    )
 
 
 def load_scenarios(path: Path, environment: str | None = None) -> ScenarioSet:

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import tomllib
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -289,6 +290,25 @@ def _meant(loc: tuple[int | str, ...]) -> str:
     return did_you_mean(str(loc[-1]), model.model_fields)
 
 
+_TOML_AT = re.compile(r"(?P<what>.*) \(at line (?P<line>\d+), column (?P<column>\d+)\)", re.S)
+_TOML_TWICE = ("Cannot overwrite a value", "Cannot declare")
+"""How tomllib begins its refusal of a key, or a table, given twice (it keeps neither)."""
+
+
+def _toml_error(path: Path, err: tomllib.TOMLDecodeError) -> str:
+    """`FILE:LINE:COLUMN: invalid TOML: ...`, where tomllib says where; a key or table given twice is
+    told how to fix (tomllib's own words say neither that it is a repeat nor what to do)."""
+    at = _TOML_AT.fullmatch(str(err))
+    if at is None:
+        return f"{path}: invalid TOML: {err}"
+    fix = (
+        ": a key or a table is given twice, and TOML takes each once: keep one, or merge them"
+        if at["what"].startswith(_TOML_TWICE)
+        else ""
+    )
+    return f"{path}:{at['line']}:{at['column']}: invalid TOML: {at['what']}{fix}"
+
+
 def _toml_line(text: str, loc: tuple[int | str, ...]) -> int | None:
     """The 1-based line of improve.toml that a validation problem at `loc` (`("objective", "k")`) is
     about: the key's line in its table, else the table's header; None when neither is found (a key the
@@ -343,7 +363,7 @@ class Workspace:
                 f"{path}: no such file; pass the workspace's improve.toml (`improve init` writes one)"
             ) from None
         except tomllib.TOMLDecodeError as err:
-            raise WorkspaceError(f"{path}: invalid TOML: {err}") from None
+            raise WorkspaceError(_toml_error(path, err)) from None
         try:
             config = WorkspaceConfig.model_validate(data)
         except ValidationError as err:

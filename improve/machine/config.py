@@ -31,7 +31,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from improve.errors import MachineConfigError
-from improve.machine.locate import json_lines, line_of
+from improve.machine.locate import duplicate_keys, json_lines, json_path, line_of
 
 DECIDE_SRC = "agent.decide"
 """The built-in invoke source of a decision request."""
@@ -303,16 +303,59 @@ def check_depth(data: Any, source: str = "<machine>", limit: int = MAX_DEPTH) ->
                 stack.append((item, depth + 1, path if depth < 4 else f"{where.removesuffix('...')}..."))
 
 
+class _DuplicateKey(Exception):
+    """An object of the document gives a key twice: control flow from the decoder's hook to
+    `loads_document`, which finds where (the hook is given an object's members, not their place)."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    found = dict(pairs)
+    if len(found) != len(pairs):
+        raise _DuplicateKey
+    return found
+
+
 def loads_document(text: str, source: str = "<machine>", limit: int = MAX_DEPTH) -> Any:
     """`json.loads`, then `check_depth`. A document too deep for the JSON decoder itself (it raises
     RecursionError near Python's recursion limit) is refused with the same message. A syntax error is
-    left as `json.JSONDecodeError` for the caller, which knows how to report it (a gate, a file)."""
+    left as `json.JSONDecodeError` for the caller, which knows how to report it (a gate, a file).
+
+    A key given twice in one object is refused, each repeat at its line and JSON path: `json.loads`
+    keeps the last without a word, so a second, unguarded `"REFILL"` under `on` would drop the guarded
+    first one, and with it a rule of the business."""
     try:
-        data = json.loads(text)
+        data = json.loads(text, object_pairs_hook=_unique_keys)
     except RecursionError:
         raise MachineConfigError(depth_message(source, "$", limit)) from None
+    except _DuplicateKey:
+        raise MachineConfigError(duplicate_keys_message(source, text)) from None
     check_depth(data, source, limit)
     return data
+
+
+def duplicate_keys_message(source: str, text: str) -> str:
+    """`FILE:LINE: $.path: ...` for each key of the JSON `text` given twice in one object."""
+    found = duplicate_keys(text)
+    if not found:  # the decoder saw one the scanner cannot place (a bug there): say it without a line
+        return (
+            f"{source}: an object gives a key twice; JSON keeps only the last, dropping the first without "
+            "a word: give each key once"
+        )
+    said = []
+    for path, first, again in found:
+        key = path[-1]
+        # Two transitions for one event is what a repeated event under `on` usually meant.
+        fix = (
+            f'list the transitions under one key (`"{key}": [{{"guard": ...}}, {{...}}]`, the first whose '
+            "guard passes wins), or remove the one you did not mean"
+            if len(path) >= 2 and path[-2] == "on"
+            else "merge the two, or remove the one you did not mean"
+        )
+        said.append(
+            f"{source}:{again}: {json_path(path)}: the key {key!r} is given twice in one object (first on "
+            f"line {first}); JSON keeps only the last, dropping the first without a word: {fix}"
+        )
+    return "\n".join(said)
 
 
 def json_syntax_error(source: str, error: json.JSONDecodeError) -> str:

@@ -18,7 +18,7 @@ from bisect import bisect_right
 from collections.abc import Mapping, Sequence
 from json.decoder import scanstring  # type: ignore[attr-defined]  # in json.decoder, not in typeshed
 
-__all__ = ["JsonPath", "json_lines", "line_of", "parse_json_path"]
+__all__ = ["JsonPath", "duplicate_keys", "json_lines", "json_path", "line_of", "parse_json_path"]
 
 JsonPath = tuple[str | int, ...]
 """A path into a JSON document: object keys and array indexes, outermost first (pydantic's `loc`)."""
@@ -41,11 +41,28 @@ def json_lines(text: str) -> dict[JsonPath, int]:
         return {}
 
 
+def duplicate_keys(text: str) -> list[tuple[JsonPath, int, int]]:
+    """Each key given again in an object that already has it: its path, the line it was first given on
+    and the line it is given again on, in the order of the text. `json.loads` keeps the last silently;
+    this is what says where. Empty when `text` is not valid JSON.
+
+        >>> duplicate_keys('{"on": {\\n  "GO": 1,\\n  "GO": 2}}')
+        [(('on', 'GO'), 2, 3)]
+    """
+    scanner = _Scanner(text)
+    try:
+        scanner.scan()
+    except (_Unreadable, ValueError, IndexError):
+        return []
+    return scanner.duplicates
+
+
 class _Scanner:
     def __init__(self, text: str) -> None:
         self.text = text
         self.starts = [0] + [m.end() for m in re.finditer("\n", text)]
         self.found: dict[JsonPath, int] = {}
+        self.duplicates: list[tuple[JsonPath, int, int]] = []
 
     def line(self, index: int) -> int:
         return bisect_right(self.starts, index)
@@ -57,7 +74,9 @@ class _Scanner:
         text = self.text
         # Iterative, with an explicit stack of the open containers (each: its path, `{` or `[`, and the
         # index of its member being read): a deep document must not reach the recursion limit here.
-        stack: list[tuple[JsonPath, str, int]] = []
+        # An object also carries its keys so far (key -> the line it was given on): a key is given twice
+        # only within one object (the members of a repeated key's two values share their paths).
+        stack: list[tuple[JsonPath, str, int, dict[str, int]]] = []
         index = self.skip(0)
         path: JsonPath = ()
         while True:
@@ -68,8 +87,9 @@ class _Scanner:
                 if text[index : index + 1] == ("}" if char == "{" else "]"):
                     index += 1
                 else:
-                    stack.append((path, char, 0))
-                    path, index = self.member(index, path, char, 0)
+                    keys: dict[str, int] = {}
+                    stack.append((path, char, 0, keys))
+                    path, index = self.member(index, path, char, 0, keys)
                     continue
             elif char == '"':
                 _, index = scanstring(text, index + 1)
@@ -85,27 +105,34 @@ class _Scanner:
                     if index != len(text):
                         raise _Unreadable(index)
                     return self.found
-                parent, kind, count = stack[-1]
+                parent, kind, count, keys = stack[-1]
                 char = text[index : index + 1]
                 if char == ",":
-                    stack[-1] = (parent, kind, count + 1)
-                    path, index = self.member(self.skip(index + 1), parent, kind, count + 1)
+                    stack[-1] = (parent, kind, count + 1, keys)
+                    path, index = self.member(self.skip(index + 1), parent, kind, count + 1, keys)
                     break
                 if char != ("}" if kind == "{" else "]"):
                     raise _Unreadable(index)
                 stack.pop()
                 index += 1
 
-    def member(self, index: int, parent: JsonPath, kind: str, count: int) -> tuple[JsonPath, int]:
+    def member(
+        self, index: int, parent: JsonPath, kind: str, count: int, keys: dict[str, int]
+    ) -> tuple[JsonPath, int]:
         """The path of the member of a container that starts at `index`, and where its value starts; an
-        object's member is placed at the line of its key."""
+        object's member is placed at the line of its key (`keys`: the object's keys so far)."""
         if kind == "[":
             return (*parent, count), index
         if self.text[index : index + 1] != '"':
             raise _Unreadable(index)
         key, after = scanstring(self.text, index + 1)
         path = (*parent, key)
-        self.found[path] = self.line(index)  # a key given twice: json.loads keeps the last
+        line = self.line(index)
+        if key in keys:
+            self.duplicates.append((path, keys[key], line))
+        else:
+            keys[key] = line
+        self.found[path] = line  # a key given twice: json.loads keeps the last
         after = self.skip(after)
         if self.text[after : after + 1] != ":":
             raise _Unreadable(after)
@@ -124,6 +151,28 @@ def line_of(lines: Mapping[JsonPath, int], path: Sequence[str | int]) -> int | N
         elif isinstance(part, str) and part.isascii() and part.isdigit() and (*where, int(part)) in lines:
             where = (*where, int(part))
     return lines.get(where)
+
+
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def json_path(path: Sequence[str | int]) -> str:
+    """`path` spelt as `parse_json_path` reads it and `improve.machine.walk` writes it: `.key`, or
+    `['key']` when the key is not an identifier, and `[index]`.
+
+        >>> json_path(("states", "ask-model", "on", "GO", 0))
+        "$.states['ask-model'].on.GO[0]"
+    """
+    parts = ["$"]
+    for part in path:
+        if isinstance(part, int):
+            parts.append(f"[{part}]")
+        elif _IDENT.fullmatch(part):
+            parts.append(f".{part}")
+        else:
+            escaped = part.replace("\\", "\\\\").replace("'", "\\'")
+            parts.append(f"['{escaped}']")
+    return "".join(parts)
 
 
 _STEP = re.compile(r"\.([A-Za-z_][A-Za-z0-9_]*)|\[([0-9]+)\]|\['((?:[^'\\]|\\.)*)'\]")
