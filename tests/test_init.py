@@ -565,6 +565,31 @@ def test_a_transition_given_twice_in_the_machine_is_refused_at_its_line(tmp_path
         ), said
 
 
+def test_an_actor_misspelt_in_the_machine_is_refused_when_the_environment_loads(tmp_path: Path) -> None:
+    # `credits.isue`: each command said something else (verify blamed a scenario with exit 2, `scenarios
+    # check` the scenarios' input with exit 1, explore and rules an infrastructure error, describe nothing).
+    ws, machine = edited_desk(
+        tmp_path, "actor", "machine.json", '"src": "credits.issue"', '"src": "credits.isue"'
+    )
+    line = _line_of(machine, '"src": "credits.isue"')
+    for command in (["verify", "v0"], ["scenarios", "check"], ["explore"], ["rules"], ["describe"], ["run"]):
+        code, output = improve(ws, *command)
+        said = " ".join(output.split())
+        assert code == 2 and "Traceback" not in output, (command, output)
+        assert (
+            f"{machine}:{line}: $.states.crediting.invoke.src: actor 'credits.isue' is none of environment "
+            "actor-desk's actors (did you mean 'credits.issue'?); its actors are ['accounts.lookup', "
+            "'credits.issue'] and 'agent.decide' (a decision request)" in said
+        ), (command, said)
+    # A policy's actor in the environment's machine is said to be one.
+    machine.write_text(machine.read_text().replace('"src": "credits.isue"', '"src": "model.decide"'))
+    code, output = improve(ws, "describe")
+    said = " ".join(output.split())
+    assert (
+        code == 2 and f"{machine}:{line}: $.states.crediting.invoke.src: 'model.decide' asks a model" in said
+    )
+
+
 def _line_of(path: Path, text: str) -> int:
     """The 1-based line of the first occurrence of `text` in the file."""
     return next(n for n, row in enumerate(path.read_text().splitlines(), 1) if text in row)

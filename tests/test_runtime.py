@@ -15,7 +15,7 @@ from improve.log.replay import replay
 from improve.log.store import MemoryStore
 from improve.machine import parse_machine
 from improve.runtime.decision import Decision, DecisionRequest, Usage
-from improve.runtime.environment import Environment, World
+from improve.runtime.environment import Environment, World, unknown_actors
 from improve.runtime.models import stand_in
 from improve.runtime.run import RunResult, run
 from tests.helpers import FROZEN_AT
@@ -89,6 +89,39 @@ def shop(on_error: bool = True) -> Environment:
         return world.record("charge", pct=inp["pct"])
 
     return Environment(name="shop", config=config, actors={"pay": pay}, make_world=World, models={})
+
+
+def test_an_invoke_of_no_actor_of_the_environment_is_said_with_what_it_may_be() -> None:
+    # Found when a run first reached it, and said differently by each command; `load_environment`
+    # refuses it now, with these words (tests/test_init.py runs the commands).
+    env = shop()
+    assert unknown_actors(env) == []
+    doc = env.config.model_dump(mode="json", by_alias=True, exclude_unset=True)
+
+    def said(src: str) -> list[tuple[str, str]]:
+        doc["states"]["charging"]["invoke"]["src"] = src
+        changed = Environment(
+            name="shop",
+            config=parse_machine(doc),
+            actors=env.actors,
+            make_world=World,
+            models={},
+            judgments={"tone": lambda request, input: "calm"},
+        )
+        return unknown_actors(changed)
+
+    ((where, typo),) = said("pya")
+    assert where == "$.states.charging.invoke.src"
+    assert typo == (
+        "actor 'pya' is none of environment shop's actors (did you mean 'pay'?); its actors are ['pay'] and "
+        "'agent.decide' (a decision request): correct the name, or add the tool to the Environment's `actors`"
+    )
+    assert said("model.decide")[0][1].startswith(
+        "'model.decide' asks a model inside a policy; an environment"
+    )
+    assert said("tone")[0][1].startswith(
+        "'tone' is one of the environment's judgments, which a policy invokes"
+    )
 
 
 def go(

@@ -18,9 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from improve.errors import WorkspaceError
+from improve.errors import ConfigError, ImproveError, WorkspaceError, did_you_mean
 from improve.machine import (
     DECIDE_SRC,
+    MODEL_DECIDE,
     ExploreOptions,
     GuardFn,
     Machine,
@@ -31,15 +32,17 @@ from improve.machine import (
     compile_machine,
     edges,
     expressions,
+    loads_document,
     parse_json_path,
     parse_machine,
     referenced_paths,
+    state_path,
     tokenize,
 )
 from improve.registry import Registry, instance_of
 from improve.runtime.judgment import Judgment
 from improve.runtime.models import ModelFactory
-from improve.runtime.policy import load_json_text, located, syntax_problems
+from improve.runtime.policy import load_json_text, located, read_document_text, syntax_problems
 from improve.runtime.recorded import RecordedThread
 
 
@@ -306,6 +309,9 @@ def load_environment(
             f"environment {name!r} is built with name {env.name!r}; the registered name is its identity "
             f"in threads, branches and reports, so set Environment(name={name!r}, ...)"
         )
+    unknown = unknown_actors(env)
+    if unknown:
+        raise _machine_problems(env, unknown)
     problems = fact_type_problems(env)
     if problems:
         raise WorkspaceError(
@@ -314,6 +320,55 @@ def load_environment(
         )
     env.ref = EnvironmentRef(name, tuple(sorted((local or {}).items())), str(root) if root else None)
     return env
+
+
+def unknown_actors(env: Environment) -> list[tuple[str, str]]:
+    """(JSON path, problem) for each invoke of the environment's machine whose `src` is none of its
+    actors (nor `agent.decide`, the decision request). A misspelt tool was found only when a run first
+    reached it, and each command then said something else (a scenario's input, an infrastructure error,
+    nothing at all); the machine and its tools are both at hand when the environment loads."""
+    offered = [*sorted(env.actors), DECIDE_SRC]
+    found = []
+    for name, state in env.config.states.items():
+        if state.invoke is None or state.invoke.src in env.actors or state.invoke.src == DECIDE_SRC:
+            continue
+        src = state.invoke.src
+        if src == MODEL_DECIDE:
+            why = (
+                f"'{MODEL_DECIDE}' asks a model inside a policy; an environment's machine asks for a decision "
+                f"with '{DECIDE_SRC}', and the policy decides how"
+            )
+        elif src in env.judgments:
+            why = (
+                f"'{src}' is one of the environment's judgments, which a policy invokes; the environment's "
+                f"machine invokes its actors, {sorted(env.actors)}, and '{DECIDE_SRC}'"
+            )
+        else:
+            why = (
+                f"actor '{src}' is none of environment {env.name}'s actors{did_you_mean(src, offered)}; "
+                f"its actors are {sorted(env.actors)} and '{DECIDE_SRC}' (a decision request): correct the "
+                "name, or add the tool to the Environment's `actors`"
+            )
+        found.append((f"{state_path(name)}.invoke.src", why))
+    return found
+
+
+def _machine_problems(env: Environment, problems: list[tuple[str, str]]) -> ConfigError:
+    """The problems of the environment's machine at their `file:line`, when the machine is one of its
+    `files` (an environment holds the config, not where it was read from: the file whose machine it is
+    is found again); else at their JSON path, with the environment's name."""
+    for path in env.files:
+        if path.suffix != ".json":
+            continue
+        try:
+            text = read_document_text(path)
+            if parse_machine(loads_document(text, str(path)), str(path)) == env.config:
+                return located(path, text, problems)
+        except (ImproveError, ValueError):  # not a machine, or not this one: look at the next file
+            continue
+    return ConfigError(
+        "\n".join(f"environment {env.name}'s machine: {where}: {what}" for where, what in problems)
+    )
 
 
 FACT_KINDS = ("number", "int", "bool", "text", "string", "list", "any")
