@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -160,12 +160,35 @@ def recommended_path(discarded: Path) -> Path:
     return discarded.parent.parent / Path(RECOMMENDED_DIR).name / discarded.name
 
 
-def remember_recommended(discarded: Path, candidate: str, round_id: str, content: str) -> None:
-    """Append the version a recommended candidate took and what it holds (see the module docstring)."""
+def remember_recommended(
+    discarded: Path, candidate: str, round_id: str, content: str, held_out: tuple[str, int] | None = None
+) -> None:
+    """Append the version a recommended candidate took and what it holds (see the module docstring), and
+    which read of which held-out set its round was (`held_out`: its entry travels on a branch nobody
+    may merge, and the next round's read must count it all the same)."""
     path = recommended_path(discarded)
     path.parent.mkdir(parents=True, exist_ok=True)
-    line = {"candidate": candidate, "round": round_id, "content": content}
-    append_whole(path, json.dumps(line, sort_keys=True) + "\n")
+    line: dict[str, Any] = {"candidate": candidate, "round": round_id, "content": content}
+    if held_out is not None:
+        line["held_out"] = list(held_out)
+    append_whole(path, _on_a_line_of_its_own(json.dumps(line, sort_keys=True)))
+
+
+def remembered_reads(discarded: Path) -> list[tuple[str, int]]:
+    """The reads of held-out sets the workspace remembers (`(set key, read)`): its discarded candidates'
+    rounds and its recommended ones' (neither's CHANGELOG entry need be in the working tree)."""
+    reads = [t.held_out for t in read_discarded(discarded) if t.held_out]
+    try:
+        text = recommended_path(discarded).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return reads
+    for line in text.splitlines():
+        try:
+            key, read = json.loads(line)["held_out"]
+            reads.append((str(key), int(read)))
+        except (ValueError, KeyError, TypeError):
+            continue  # a line of an older improve, or cut short: no read it can say
+    return reads
 
 
 def recommended_versions(discarded: Path) -> dict[str, str]:
@@ -213,7 +236,15 @@ def read_discarded(path: Path) -> tuple[DiscardedCandidate, ...]:
 def remember(path: Path, candidate: DiscardedCandidate) -> None:
     """Append one discarded candidate, as one whole line."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    append_whole(path, json.dumps(candidate.to_json(), sort_keys=True, ensure_ascii=False) + "\n")
+    append_whole(
+        path, _on_a_line_of_its_own(json.dumps(candidate.to_json(), sort_keys=True, ensure_ascii=False))
+    )
+
+
+def _on_a_line_of_its_own(line: str) -> Callable[[bytes], str]:
+    """`line` appended after what the file holds, on a line of its own: after a last line a killed
+    process cut short, it would otherwise join that line and be lost with it."""
+    return lambda held: ("\n" if held and not held.endswith(b"\n") else "") + line + "\n"
 
 
 def answers_anew(
