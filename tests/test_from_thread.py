@@ -111,6 +111,21 @@ def test_a_scenario_run_becomes_a_scenario_that_runs_the_same(ws: Path) -> None:
     said = improve(ws, "scenarios", "check")
     assert said.exit_code == 0 and f"warning: {ws / 'scenarios' / 'refunds.yaml'}: {leak}" in said.stderr
 
+    # The same case labelled otherwise, in one split: no policy passes both, which the check says.
+    relabelled = add(
+        ws,
+        *("--from-thread", APPROVAL_RUN, "--expect", "escalated", "--split", "train"),
+        *("--category", "large-refund-approved", "--id", "approval-relabelled-01", "--json"),
+    )
+    assert relabelled.exit_code == 0, relabelled.output
+    (otherwise,) = [w for w in json.loads(relabelled.stdout)["warnings"] if "labelled otherwise" in w]
+    assert (
+        "'large-refund-approved-01' (issued), 'approval-replayed-01' (issued), 'approval-relabelled-01' (escalated)"
+        in otherwise
+    )
+    checked = improve(ws, "scenarios", "check", "--json")
+    assert checked.exit_code == 0 and otherwise in json.loads(checked.stdout)["warnings"], checked.output
+
 
 def test_defaults_outcome_only_and_the_one_split_warning(ws: Path) -> None:
     original = only_thread(run_json(ws, "--scenario", "missing-order-reply-01"))

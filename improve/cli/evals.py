@@ -217,10 +217,10 @@ def scenarios_check(
         SEALED_SPLIT,
         ScenarioLines,
         ScenarioSet,
+        alike_warnings,
         category_splits,
         input_problems,
         label_problem,
-        leak_warnings,
         load_scenarios,
         people_problems,
         reference_check,
@@ -321,7 +321,7 @@ def scenarios_check(
                 "test": len(scenario_set.sealed),
                 "held_out_set": set_key(scenario_set.split("held-out")),
                 "test_set": set_key(scenario_set.sealed) if scenario_set.sealed else None,
-                "warnings": leak_warnings(scenario_set) + unreached + _untyped(environment),
+                "warnings": alike_warnings(scenario_set) + unreached + _untyped(environment),
             }
         for warning in summary.get("warnings", []) if not as_json else []:
             err.print(f"warning: {source}: {warning}", markup=False)
@@ -435,9 +435,9 @@ def scenarios_add(
             --effect '{"kind": "refund", "orderId": "O-5001", "amount": 23.5}'
     """
     from improve.evals import (
+        alike_warnings,
         append_scenario,
         find_thread,
-        leak_warnings,
         reference_disagrees,
         scenario_from_thread,
         split_warnings,
@@ -471,7 +471,7 @@ def scenarios_add(
             env_name,
             comment=f"From thread {thread_id} (improve scenarios add --from-thread).",
         )
-        warnings = split_warnings(scenarios, scenario.category) + leak_warnings(scenarios, scenario)
+        warnings = split_warnings(scenarios, scenario.category) + alike_warnings(scenarios, scenario)
         disagrees = reference_disagrees(environment, scenario)
         if disagrees is not None:
             warnings.append(

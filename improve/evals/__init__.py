@@ -20,8 +20,8 @@ from improve.evals.outcome import (
 )
 from improve.evals.resume import ResumeRequest, resume_thread, thread_environment
 from improve.evals.scenario_writer import (
+    alike_warnings,
     append_scenario,
-    leak_warnings,
     scenario_yaml,
     split_warnings,
     write_drafts,
@@ -243,6 +243,7 @@ __all__ = [
     "VersionScore",
     "Workspace",
     "against_reference",
+    "alike_warnings",
     "append_scenario",
     "bias_bound",
     "candidate_check",
@@ -268,7 +269,6 @@ __all__ = [
     "is_generated",
     "kept_aside",
     "label_problem",
-    "leak_warnings",
     "load_scenarios",
     "machine_stopped",
     "mistyped_facts",

@@ -186,11 +186,13 @@ def split_warnings(scenarios: ScenarioSet, category: str) -> list[str]:
     ]
 
 
-def leak_warnings(scenarios: ScenarioSet, only: Scenario | None = None) -> list[str]:
-    """Scenarios of different splits that start from the same input, world and people (one of them
-    `only`, when given): the held-out or test score of one measures a run training has already seen.
-    Said, not refused: a person may mean it (the same request labelled twice), but rarely does. Values
-    compare as the tools read them (140 and 140.0 alike)."""
+def alike_warnings(scenarios: ScenarioSet, only: Scenario | None = None) -> list[str]:
+    """Scenarios that start from the same input, world and people (one of them `only`, when given), said,
+    not refused (a person may mean it, but rarely does). Values compare as the tools read them (140 and
+    140.0 alike). Two kinds:
+    - labelled otherwise: no policy passes both, and every rule is measured against a coin (a label
+      mistyped, or a case whose difference the file does not hold);
+    - of different splits: the held-out or test score of one measures a run training has already seen."""
     by_input: dict[str, list[Scenario]] = {}
     for s in scenarios.scenarios:
         by_input.setdefault(canonical_json(s.input), []).append(s)
@@ -204,14 +206,26 @@ def leak_warnings(scenarios: ScenarioSet, only: Scenario | None = None) -> list[
             else:
                 group.append(s)
         for same in groups:
-            if len({s.split for s in same}) < 2 or (only is not None and only.id not in {s.id for s in same}):
+            if len(same) < 2 or (only is not None and only.id not in {s.id for s in same}):
                 continue
-            named = ", ".join(f"'{s.id}' ({s.split})" for s in same)
-            warnings.append(
-                f"scenarios {named} start from the same input, world and people: a score on one split of a "
-                "run the other split's scenario already holds measures what training saw; give each split "
-                "its own cases"
-            )
+            labels: list[dict[str, Any]] = []  # compared as the tools read them too (140 == 140.0)
+            for s in same:
+                if (label := s.expected.model_dump(mode="json")) not in labels:
+                    labels.append(label)
+            if len(labels) > 1:
+                said = ", ".join(f"'{s.id}' ({s.expected.outcome})" for s in same)
+                warnings.append(
+                    f"scenarios {said} start from the same input, world and people but are labelled "
+                    "otherwise: no policy can pass them all; correct the label that is wrong, or give the "
+                    "case what tells it apart"
+                )
+            if len({s.split for s in same}) > 1:
+                named = ", ".join(f"'{s.id}' ({s.split})" for s in same)
+                warnings.append(
+                    f"scenarios {named} start from the same input, world and people: a score on one split of "
+                    "a run the other split's scenario already holds measures what training saw; give each "
+                    "split its own cases"
+                )
     return warnings
 
 
