@@ -438,6 +438,7 @@ def test_unparsable_content_is_a_proposal_error(serve: Callable[[list[Reply]], F
     ) as raised:
         prop.propose(refunds_request())
     assert raised.value.calls == 2  # spent, though no proposal came of them: a round counts them
+    assert "its second reply: the first was not valid JSON either" in str(raised.value)
     told = endpoint.requests[1]["body"]["messages"]
     assert told[-2] == {"role": "assistant", "content": 'Sure! Here is the policy: {"policy": {states: ...'}
     assert "That reply is not valid JSON (line 1, column 1: Expecting value)" in told[-1]["content"]

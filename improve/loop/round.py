@@ -670,12 +670,16 @@ class Round:
         """The proposer's answer to `call`; anything it raises but a `ProposalError` (its own bug: a
         workspace's proposer module, an installed package's) is a `ProposerCrash` naming it, what it was
         asked, and the file and line that raised, never a traceback."""
+        name = getattr(self.proposer, "name", type(self.proposer).__name__)
+        model = getattr(self.proposer, "model", None)
+        if isinstance(model, str):
+            # A model's reply to a request of thousands of tokens can take minutes on a small machine.
+            self.say(f"{what}: asking proposer '{name}' ({model}) for a candidate")
         try:
             return call()
         except ImproveError:
             raise
         except Exception as err:
-            name = getattr(self.proposer, "name", type(self.proposer).__name__)
             raise ProposerCrash(
                 f"proposer '{name}' crashed when asked to {what} a candidate: "
                 f"{raised(err, within=self.space.root)}"

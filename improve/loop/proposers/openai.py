@@ -447,7 +447,10 @@ class OpenAIProposer:
                     return self._proposal(response, calls, trimmed)
                 except UnparsableReply as error:
                     if told_json:
-                        raise
+                        raise ProposalError(
+                            f"{error} (its second reply: the first was not valid JSON either, and it was asked "
+                            "again with that reply and what was wrong with it)"
+                        ) from None
                     # Asked once more, with its reply and what is wrong with it, as a failed gate's detail is
                     # sent back: a small model's reply that did not parse ended the round, with no repair.
                     told_json = True
