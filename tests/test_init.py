@@ -840,6 +840,86 @@ def test_a_people_answer_the_rules_refuse_is_said_with_the_guard_at_its_line(tmp
         # As JSON, as a person writes the event (a Python repr read {'type': ...}).
         "('awaitingLead'.on.HAND_OFF[0]: event.priority >= 1)"
     ) in said, said
+    # What careful's own path refuses, the check refuses; but a run that meets it fails alone (`improve
+    # run` stopped there with exit 2), and the explore gate's probe runs of careful read its decisions
+    # up to there (`improve verify` stopped on it, exit 2, with no threads recorded to read them from).
+    code, output = improve(ws, "verify", "v0")
+    assert code == 0 and "people script" not in output, output
+    code, output = improve(ws, "run", "--model", "careful", "--k", "1", "--scenario", "repeat-claimant-01")
+    said = " ".join(output.split())
+    assert code == 0 and "FAIL awaitingLead" in said, said
+    assert "warning: scenario 'repeat-claimant-01': the people script answers {" in said, said
+    assert f"Fix the script at {path}:{line} " in said, said
+
+
+def test_a_people_answer_refused_on_a_path_careful_never_takes_fails_that_run_and_the_rest_go_on(
+    tmp_path: Path,
+) -> None:
+    # A lead hands off repeat claimants only, and over-fee-01's script answers a hand-off all the same:
+    # careful credits one month's fee and never waits there, but naive, escalating the credit its guard
+    # refuses, does. `improve run` stopped at that run with exit 2, and a round in its baseline.
+    ws = _lead_desk(tmp_path, "unforeseen", {"priority": "integer"})
+    machine = ws / "unforeseen_desk" / "machine.json"
+    config = json.loads(machine.read_text())
+    guard = "event.priority >= 1 && context.account.creditsThisYear >= 3"
+    config["states"]["awaitingLead"]["on"]["HAND_OFF"]["guard"] = guard
+    machine.write_text(json.dumps(config, indent=2))
+    path = ws / "scenarios" / "unforeseen-desk.yaml"
+    text = path.read_text()
+    start = text.index("  - id: over-fee-01\n")
+    at = text.index("    expected:", start)
+    path.write_text(
+        text[:at] + "    people:\n      awaitingLead:\n        - {type: HAND_OFF, priority: 1}\n" + text[at:]
+    )
+    line = _line_of(path, "{type: HAND_OFF, priority: 1}")
+    refused = (
+        'the people script answers {"type": "HAND_OFF", "priority": 1} in state \'awaitingLead\', whose rules '
+        f"refuse it ('awaitingLead'.on.HAND_OFF[0]: {guard})"
+    )
+    # The check passes as it did (careful's runs never wait there), and warns of the answer at its line.
+    code, output = improve(ws, "scenarios", "check")
+    said = " ".join(output.split())
+    assert code == 0, said
+    assert f"scenario 'over-fee-01' (line {line}): {refused} in every context careful's run passed" in said, (
+        said
+    )
+
+    args = ["--model", "naive", "--split", "train", "-w", str(ws)]
+    ran = runner.invoke(app, ["run", *args, "--k", "1", "--json"])
+    assert ran.exit_code == 0, ran.output
+    threads = json.loads(ran.stdout)["threads"]
+    # Every training scenario ran; the one run failed there, with the refused answer as its first reason.
+    assert len(threads) == 6, [t["scenario"] for t in threads]
+    (failed,) = [t for t in threads if t["scenario"] == "over-fee-01"]
+    assert (failed["status"], failed["final_state"], failed["passed"]) == ("waiting", "awaitingLead", False)
+    assert failed["reason"].startswith(refused), failed["reason"]
+    assert not any(t["reason"].startswith("the people script") for t in threads if t is not failed)
+    warning = " ".join(ran.stderr.split())
+    assert (
+        f"warning: scenario 'over-fee-01': {refused}; 1 run(s) ended waiting there, each failed "
+        f"({failed['thread_id']}), and the other runs went on. Fix the script at {path}:{line}"
+    ) in warning, warning
+    # The thread replays and verifies as a run that stopped waiting: the refused answer was never folded.
+    thread = ws / "traces" / f"{failed['thread_id']}.jsonl"
+    verified = runner.invoke(app, ["replay", "--verify", str(thread), "-w", str(ws)])
+    assert verified.exit_code == 0 and "verified" in verified.output, verified.output
+    # Run again, it is reused as it stands (the same path would meet the same refusal), and said again.
+    before = thread.read_bytes()
+    again = runner.invoke(app, ["run", *args, "--k", "1"])
+    assert again.exit_code == 0 and "left waiting" not in again.stderr, again.output
+    assert thread.read_bytes() == before
+    assert f"warning: scenario 'over-fee-01': {refused}" in " ".join(again.stderr.split())
+    # `score` scores it as run does: not a run waiting for a person its script would answer.
+    score = runner.invoke(app, ["score", *args, "-p", "v0", "--json"])
+    assert score.exit_code == 0 and "wait for a person" not in score.stderr, score.output
+    (card,) = json.loads(score.stdout)["scorecards"]
+    (scored,) = [c for c in card["scenarios"] if c["scenario"] == "over-fee-01"]
+    assert (scored["runs"], scored["passed"], scored["outcomes"]) == (1, 0, {"awaitingLead": 1}), scored
+    # And a round's baseline, and its diagnosis, go on past it.
+    round_ = runner.invoke(app, ["round", "--policy", "v0", "--model", "naive", "--json", "-w", str(ws)])
+    assert round_.exit_code in (0, 1), round_.output
+    assert json.loads(round_.stdout)["rounds"][0]["status"], round_.stdout
+    assert f"warning: scenario 'over-fee-01': {refused}" in " ".join(round_.stderr.split())
 
 
 def test_a_fact_with_no_declared_type_is_said_by_scenarios_check(tmp_path: Path) -> None:

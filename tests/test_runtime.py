@@ -281,6 +281,38 @@ def test_people_answer_not_accepted_is_a_scenario_error() -> None:
         go(shop(), Scripted(lambda r, i: {"type": "NONE"}), people={"confirming": [{"type": "NOPE"}]})
 
 
+def test_a_people_answer_refused_ends_a_suites_run_there_saying_which_and_it_still_verifies() -> None:
+    # A suite's run (`refused="end"`) ends where its script's answer is refused, as a run nobody answered
+    # does, its end entry saying which answer; the refused event is never journaled as an entry, so the
+    # thread replays as a pure fold to the wait. A second answer for the state is never reached.
+    from improve.runtime import PEOPLE_REFUSED_KEY, Refused, refused_at_end
+
+    people = {"confirming": [{"type": "NOPE", "why": "late"}, {"type": "OK"}]}
+    result, store = go(shop(), Scripted(lambda r, i: {"type": "NONE"}), people=people, refused="end")
+    assert (result.status, result.final_state) == ("waiting", "confirming")
+    wanted = Refused("confirming", 0, {"type": "NOPE", "why": "late"}, None, ("OK",))
+    assert result.refused == wanted
+    entries = store.read("t:v0:s:r1")
+    assert not any(e.event.get("type") == "NOPE" for e in entries)
+    assert entries[-1].metadata == {
+        PEOPLE_REFUSED_KEY: {
+            "state": "confirming",
+            "index": 0,
+            "event": {"type": "NOPE", "why": "late"},
+            "accepts": ["OK"],
+        }
+    }
+    assert refused_at_end(entries) == wanted
+    assert wanted.sentence() == (
+        'the people script answers {"type": "NOPE", "why": "late"} in state \'confirming\', which does not '
+        "accept it; it accepts ['OK']"
+    )
+    assert_ended(shop(), store, "waiting", state="confirming", waitingFor=entries[-1].event["waitingFor"])
+    # A run nobody answered says no refusal.
+    _, unanswered = go(shop(), Scripted(lambda r, i: {"type": "NONE"}), people={}, refused="end")
+    assert refused_at_end(unanswered.read("t:v0:s:r1")) is None
+
+
 def test_actor_failure_is_journaled_and_routed() -> None:
     result, store = go(shop(), Scripted(lambda r, i: {"type": "NONE"}), world={"decline": True})
     assert result.final_state == "declined"

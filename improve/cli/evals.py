@@ -204,8 +204,9 @@ def scenarios_check(
     the machine's meta.payloads declares, and decisions whose facts are of their declared
     types, and runs that stop (each scenario run once with careful, in memory: an enumerated value
     misspelt, or a tool that crashes on the scenario's world, is named; a label careful does not
-    reach is a warning). Each problem names the file, the line of the field it is about and the
-    scenario. Exit 1 on any problem. The sealed
+    reach is a warning, and so is a people script's answer careful's run never gives that its
+    state's rules refuse in every context of that run). Each problem names the file, the line of
+    the field it is about and the scenario. Exit 1 on any problem. The sealed
     `test` split is optional and counted apart (a category may be in it alone).
 
     Example:
@@ -299,6 +300,14 @@ def scenarios_check(
                     f"scenario '{s.id}' (line {lines.line(s.id) or '?'}): careful, the environment's reference, "
                     f"does not reach its label: {checked.unreached}"
                 )
+            # An answer careful's path never asks for, refused wherever it would be asked: said, not
+            # refused (careful's runs pass), for the runs of a model that waits there.
+            unreached += [
+                f"scenario '{s.id}' (line {lines.line(s.id, ('people', r.state, r.index)) or '?'}): "
+                f"{r.sentence()} in every context careful's run passed through (it never waits there): a run "
+                "that waits there (a model taking another path) ends there, failed"
+                for r in checked.refusable
+            ]
         if scenario_set is not None and not [s for s in scenario_set.scenarios if s.split != SEALED_SPLIT]:
             # Nothing to run or score: every later command would report 0/0 runs and pass.
             problems.append(

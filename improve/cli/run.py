@@ -95,6 +95,9 @@ def run_command(
     (the endpoint down, a timeout) leaves the decision to the policy's onError: the run exits 3 when
     the model never answered, or when more of its decisions than the objective's max_fallback_share
     fell back so, as the pass rate then measures the endpoint; the threads are kept either way.
+    A run whose scenario's people script answers a wait with an event the machine's rules refuse
+    there (the model took a path the script did not foresee) ends there, a failure of its scenario,
+    said with the answer and the script's line; the other runs go on.
     Otherwise it exits 0 whatever the runs scored, violations (a sentinel reached) included: it
     measures. A round is blocked by violations (exit 1), and `improve explore` proves whether a
     sentinel can be reached at all.
@@ -116,6 +119,7 @@ def run_command(
         fallbacks,
         mistyped_warnings,
         policy_label,
+        refused_scripts,
         scorecard,
         suite_spec,
         write_threads,
@@ -217,6 +221,10 @@ def run_command(
                         + "; ".join(f"{p.thread_id}: {p.replaced}" for p in again[:3])
                         + (f"; and {len(again) - 3} more" if len(again) > 3 else "")
                     )
+                # Under --suspend no script is read: a run a script's refusal left at its first wait is
+                # that wait, reused, and not scored as failed here.
+                for note in [] if suspend else refused_scripts(plan, Path(scenario_set.source)):
+                    say(note)
                 # Under --suspend a run that stopped at its wait has no outcome yet: the pass rate is of
                 # the runs that ended (it read 0.000 for a run only waiting for a person).
                 waiting = [r for r in rows if suspend and r.status in RESUMABLE_STATUSES]

@@ -7,10 +7,15 @@ teaches nothing about that rule. `improve scenarios check` runs each scenario on
 environment's `careful` stand-in deciding, and names every decision fact of those runs whose value is
 not of its declared type, and a run that stops (a tool that crashes on the scenario's world, such as
 `monthsInArrears: two` where the tool reads a number): `improve run` would stop the suite on it.
+It also warns of a people script's answer that run never gave whose waiting state's rules refuse it
+with every context the run passed through: a run of a model that takes another path there ends there,
+failed (`improve run` says so, and goes on).
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,9 +25,18 @@ from improve.errors import MachineError, PeopleScriptError
 from improve.evals.out_of_sample import REFERENCE_MODEL
 from improve.evals.scenarios import Scenario, ScenarioLines
 from improve.evals.suite import run_scenario
-from improve.log import MemoryStore
-from improve.machine import JsonPath, initial
-from improve.runtime import Decision, DecisionRequest, Environment, FactType, Model, input_facts, split_unit
+from improve.log import END_EVENT, INIT_EVENT, USAGE_EVENT, EntryView, MemoryStore
+from improve.machine import JsonPath, Machine, Snapshot, can, initial, refusing_guard, transition
+from improve.runtime import (
+    Decision,
+    DecisionRequest,
+    Environment,
+    FactType,
+    Model,
+    Refused,
+    input_facts,
+    split_unit,
+)
 
 
 class _Seeing:
@@ -70,6 +84,10 @@ class ReferenceCheck:
     unreached: str | None = None
     """Why the run fails the scenario's label, when it ran through and does (the label is the person's:
     a warning, worth a second look before a round learns from it)."""
+    refusable: tuple[Refused, ...] = ()
+    """Each state's first answer of the people script that the run never gave, where the state's rules
+    refuse it with every context the run passed through: a run that waits there (a model taking another
+    path) ends there, failed. A warning: the run that would show it is not careful's."""
 
     @property
     def problems(self) -> list[str]:
@@ -91,8 +109,70 @@ def reference_check(env: Environment, scenario: Scenario) -> ReferenceCheck:
     stopped, at, mistyped = _reference_run(env, scenario, store, thread)
     if stopped or mistyped:
         return ReferenceCheck(stopped, at, tuple(mistyped))
-    row = outcome_row(env, scenario, thread, store.read(thread))
-    return ReferenceCheck(unreached=None if row.passed else row.reason)
+    entries = store.read(thread)
+    row = outcome_row(env, scenario, thread, entries)
+    return ReferenceCheck(
+        unreached=None if row.passed else row.reason, refusable=refusable_answers(env, scenario, entries)
+    )
+
+
+def refusable_answers(
+    env: Environment, scenario: Scenario, entries: Sequence[EntryView]
+) -> tuple[Refused, ...]:
+    """`ReferenceCheck.refusable`: of each state's answers the run of `entries` never gave, the first, when
+    the state's rules refuse it with the context of every snapshot the run passed through. A stand-in
+    for the run that would wait there, which careful's does not make: the context a person's answer is
+    judged on is built before the wait (a prescription looked up, expired), and a guard that refuses it
+    everywhere on careful's path refuses it on a path past the same lookups. Over the bundled desks
+    this flags no script, where merely naming the answers careful never gives would flag most of the
+    moderation desk's."""
+    given = sum(1 for e in entries if (e.metadata or {}).get("source") == "person")
+    if given >= sum(len(answers) for answers in scenario.people.values()):
+        return ()  # every answer was given: the run itself checked them (one refused stops it)
+    machine = env.machine
+    snapshots: list[Snapshot] = []
+    answered: Counter[str] = Counter()
+    snapshot: Snapshot | None = None
+    for entry in entries:
+        if entry.type == INIT_EVENT:
+            snapshot = initial(machine, entry.event.get("input"))
+        elif snapshot is None or entry.type in (USAGE_EVENT, END_EVENT):
+            continue  # usage and the end entry move nothing
+        else:
+            if (entry.metadata or {}).get("source") == "person":
+                answered[snapshot.value] += 1
+            snapshot = transition(machine, snapshot, entry.event)
+        snapshots.append(snapshot)
+    found: list[Refused] = []
+    for state, answers in scenario.people.items():
+        index = answered[state]
+        if index >= len(answers) or state not in machine.states:
+            continue
+        answer = dict(answers[index])
+        guard = _refused_everywhere(machine, state, answer, snapshots)
+        if guard is not None:
+            found.append(Refused(state, index, answer, guard, tuple(sorted(machine.states[state].on))))
+    return tuple(found)
+
+
+def _refused_everywhere(
+    machine: Machine, state: str, answer: dict[str, Any], snapshots: Sequence[Snapshot]
+) -> str | None:
+    """The guard that refuses `answer` in `state` with the context of every snapshot that can judge it,
+    or None when one takes it (or none can judge it). A context its guards cannot read (a lookup not
+    made yet: `context.account` still null) judges nothing: a run waiting with it would stop on the
+    guard, which is another problem, said when a run meets it."""
+    guard: str | None = None
+    for snapshot in snapshots:
+        # The state as if waiting there, in this context: its guards judge the answer.
+        waiting = dataclasses.replace(snapshot, value=state, status="active", invoke=None)
+        try:
+            if can(machine, waiting, answer):
+                return None
+            guard = refusing_guard(machine, waiting, answer) or guard
+        except Exception:  # people's expressions, on a context they were not written for
+            continue
+    return guard
 
 
 def _reference_run(
@@ -110,6 +190,12 @@ def _reference_run(
         said = str(err).removeprefix(f"thread {thread}: ") or repr(err)
         stopped = f"a run with {REFERENCE_MODEL} stops: {said} (`improve run` would stop the suite on it)"
         if isinstance(err, PeopleScriptError):
+            # `improve run` ends such a run there, failed, and goes on: this is careful's own path, so
+            # every run that follows it fails there.
+            stopped = (
+                f"a run with {REFERENCE_MODEL} stops: {said} (each run of `improve run` that waits there "
+                "ends there, failed)"
+            )
             at = ("people", err.state, err.index)
     mistyped: dict[str, Mistyped] = {}  # by what it says: a decision asked twice names it once
     for request in seeing.requests:

@@ -16,7 +16,7 @@ from improve.errors import ImproveError, RunError, raised
 from improve.evals.scenarios import Scenario
 from improve.log import EntryView, ThreadId, replay
 from improve.machine import DONE_EVENT, ERROR_EVENT, canonical_json
-from improve.runtime import POLICY_ERROR, Environment, recorded_thread
+from improve.runtime import POLICY_ERROR, Environment, recorded_thread, refused_at_end
 
 
 @dataclass(frozen=True)
@@ -221,6 +221,14 @@ def exhausted_decision(entries: Sequence[EntryView]) -> str | None:
     return None
 
 
+def refused_script(entries: Sequence[EntryView]) -> str | None:
+    """Where the run ended because its scenario's people script answered a wait with an event the
+    machine refused there (the end entry's `peopleRefused`), in words; None when it did not."""
+    refused = refused_at_end(entries)
+    # One reason: the reasons are joined, and a table shows the first, by "; ".
+    return refused.sentence().replace("; ", ", ") if refused is not None else None
+
+
 def outcome_row(
     env: Environment,
     scenario: Scenario | None,
@@ -272,6 +280,10 @@ def outcome_row(
                 reasons.append(f"unexpected effects {', '.join(diff.unexpected)}")
     if violations:
         reasons.append(f"{len(violations)} violation(s): {', '.join(v['rule'] for v in violations)}")
+    if reasons and (refused := refused_script(entries)) is not None:
+        # Why the run ended waiting where it did: said first (after what led the run there, below), or the
+        # table showed "run ended waiting" as if no person of the scenario answered.
+        reasons.insert(0, refused)
     if reasons and (exhausted := exhausted_decision(entries)) is not None:
         # The rest follows from it (the machine's onError, a person's step): said first, or the table
         # showed "run ended waiting" for a policy whose answer the decision refused.

@@ -35,7 +35,7 @@ from improve.errors import (
 )
 from improve.evals.fanout import Fanout, ModelGate
 from improve.evals.outcome import OutcomeRow, outcome_row
-from improve.evals.scenarios import Scenario
+from improve.evals.scenarios import Scenario, ScenarioLines
 from improve.evals.workspace import Workspace, policy_hash, policy_label
 from improve.files import storage_error
 from improve.llm import AskMemory, CacheMode, Meter, ModelSpec, ResponseCache
@@ -65,9 +65,12 @@ from improve.runtime import (
     ModelFactory,
     PolicyDecider,
     RecordedRun,
+    Refused,
+    RefusedAnswer,
     ReplayFirstDecider,
     RunResult,
     compile_policy,
+    refused_at_end,
     run,
     runs_overlap,
 )
@@ -299,10 +302,13 @@ def run_scenario(
     people: bool = True,
     note: Callable[[], dict[str, Any]] | None = None,
     hashes: bool = True,
+    refused: RefusedAnswer = "raise",
 ) -> RunResult:
     """One run of a scenario: its input, a fresh world from its fixture, its people script (`people`
     False: nobody answers, and the run stops at its first wait); `note`, its end entry's metadata;
-    `hashes` False for a run scored in memory and thrown away (see `Journal`)."""
+    `hashes` False for a run scored in memory and thrown away (see `Journal`); `refused`, what an answer
+    of the script the machine refuses where the run waits does (`RefusedAnswer`: a suite's run ends
+    there, failed; a check of the script raises)."""
     return run(
         env,
         input=scenario.input,
@@ -315,6 +321,7 @@ def run_scenario(
         max_model_calls=max_model_calls,
         note=note,
         hashes=hashes,
+        refused=refused,
     )
 
 
@@ -328,7 +335,9 @@ def _run_one(
     models: ModelFactory,
     meter: Meter | None = None,
     recordings: Recordings | None = None,
-) -> None:
+) -> Refused | None:
+    """One run of a suite, written whole to `store` when it ends; the people script's answer the machine
+    refused where it ended, if one was."""
     # Checked before anything is written: a run that does not start leaves no thread behind.
     if meter is not None and meter.over_limit():
         raise SpendLimitError(f"the spend limit of ${meter.limit_usd} is reached: {meter.summary()}")
@@ -349,8 +358,19 @@ def _run_one(
     # again from the start, as it would an incomplete one.
     buffer = RunBuffer(thread_id)
     try:
-        run_scenario(
-            env, scenario, decider, buffer, thread_id, stamp, spec.max_model_calls, spec.people, note
+        # A script's answer the machine refuses on this run's path (one the script's author did not
+        # foresee) ends this run, failed and said; it used to stop the whole suite, or a round.
+        result = run_scenario(
+            env,
+            scenario,
+            decider,
+            buffer,
+            thread_id,
+            stamp,
+            spec.max_model_calls,
+            spec.people,
+            note,
+            refused="end",
         )
     except MachineError as err:
         raise machine_stopped(env, scenario, err, f"run {run_number}") from None
@@ -375,6 +395,7 @@ def _run_one(
     store.append(thread_id, 0, buffer.entries)  # all or nothing (a full disk leaves no thread)
     if meter is not None and isinstance(decider, ReplayFirstDecider):
         meter.reuse(decider.reused)
+    return result.refused
 
 
 def machine_stopped(env: Environment, scenario: Scenario, err: MachineError, run: str) -> ScenarioError:
@@ -404,6 +425,9 @@ class PlannedRun:
     """A recorded thread whose file did not verify, restored from the warehouse's verified copy (not run
     again): what was wrong with the file and where it was kept. Such a run is not `reused`, so the
     commands record its file in the warehouse again (`rewritten`)."""
+    refused: Refused | None = None
+    """The scenario's people script answered a wait of this run with an event the machine refused there,
+    and the run ended there (`refused_scripts` says so)."""
 
 
 @dataclass(frozen=True)
@@ -454,6 +478,33 @@ def kept_aside(plan: Sequence[PlannedRun]) -> list[str]:
                 + (f"; and {len(notes) - 3} more" if len(notes) > 3 else "")
             )
     return said
+
+
+def refused_scripts(plan: Sequence[PlannedRun], source: Path | None = None) -> list[str]:
+    """What to say of the runs that ended where their scenario's people script answered a wait with an
+    event the machine refused there (`PlannedRun.refused`): one warning per scenario and answer, naming
+    the answer, the rule that refused it, the runs, and where to fix the script (its line in `source`,
+    the scenario file, when given). Each such run is a failure of its scenario; the others went on."""
+    grouped: dict[tuple[str, str, int, str], list[PlannedRun]] = {}
+    for planned in plan:
+        if planned.refused is not None:
+            said = planned.refused.sentence()
+            key = (planned.scenario.id, planned.refused.state, planned.refused.index, said)
+            grouped.setdefault(key, []).append(planned)
+    lines = ScenarioLines.read(source) if grouped and source is not None else None
+    notes = []
+    for (scenario, state, index, said), runs in grouped.items():
+        field = ("people", state, index)
+        where = (
+            lines.where(scenario, field) if lines is not None else f"people.{state}[{index}] of the scenario"
+        )
+        more = f" and {len(runs) - 1} more" if len(runs) > 1 else ""
+        notes.append(
+            f"warning: scenario '{scenario}': {said}; {len(runs)} run(s) ended waiting there, each failed "
+            f"({runs[0].thread_id}{more}), and the other runs went on. Fix the script at {where} with an "
+            "answer the state's rules take on the path those runs took"
+        )
+    return notes
 
 
 def every(runs: int, say: Callable[[str], None], what: str) -> Callable[[int, int], None]:
@@ -532,15 +583,22 @@ def write_threads(
             elif check.why is not None:
                 replaced[thread_id] = check.why
     todo = [(sc, n) for sc, n in planned if spec.thread_id(sc, n) not in recorded]
+    # Thread id -> the script's answer refused where the run ended: of the runs reused, read off their
+    # end entries; of those made now, as each ends.
+    refusals = {tid: found for tid, entries in recorded.items() if (found := refused_at_end(entries))}
     if executor is not None and todo:
-        _fan_out(Fanout.of(executor), env, spec, store, todo, max(1, concurrency), ran, meter, start_from)
+        _fan_out(
+            Fanout.of(executor), env, spec, store, todo, max(1, concurrency), ran, meter, start_from, refusals
+        )
     elif todo:
         recordings = start_from.recorded if start_from is not None else None
         runner = functools.partial(_run_one, models=models, meter=meter, recordings=recordings)
         cap = max(1, concurrency) if spec.model_spec is not None or runs_overlap(models) else 1
         if cap == 1:  # in this thread: no event loop, no hand-over of the GIL to a worker per run
             for done, (scenario, n) in enumerate(todo, start=1):
-                runner(env, policy, scenario, spec, n, store)
+                found = runner(env, policy, scenario, spec, n, store)
+                if found is not None:
+                    refusals[spec.thread_id(scenario, n)] = found
                 if ran:
                     ran(done, len(todo))
         else:
@@ -548,7 +606,7 @@ def write_threads(
             if slots is not None:
                 runner = functools.partial(_in_slot, slots.permits, runner)
                 pool = slots.pool
-            asyncio.run(_run_concurrently(runner, env, policy, todo, spec, store, cap, ran, pool))
+            asyncio.run(_run_concurrently(runner, env, policy, todo, spec, store, cap, ran, pool, refusals))
     plan = []
     for scenario, n in planned:
         thread_id = spec.thread_id(scenario, n)
@@ -561,6 +619,7 @@ def write_threads(
                 recorded.get(thread_id),
                 replaced.get(thread_id),
                 restored.get(thread_id),
+                refusals.get(thread_id),
             )
         )
     return plan
@@ -613,8 +672,10 @@ def _fan_out(
     ran: Callable[[int, int], None] | None,
     meter: Meter | None,
     start_from: StartFrom | None = None,
+    refusals: dict[str, Refused] | None = None,
 ) -> None:
-    """Send the runs to the executor in batches and write each batch's threads as it comes back."""
+    """Send the runs to the executor in batches and write each batch's threads as it comes back; the
+    runs that ended where their script's answer was refused go into `refusals`, by thread id."""
     # A worker loads the environment again by its registered name (an environment made in code without
     # the registry is looked up by its name there).
     ref = env.ref or EnvironmentRef(env.name)
@@ -643,6 +704,9 @@ def _fan_out(
             if store.exists(thread.thread_id):
                 store.delete(thread.thread_id)
             store.append(thread.thread_id, 0, thread.entries)
+            found = refused_at_end(thread.entries)
+            if found is not None and refusals is not None:
+                refusals[thread.thread_id] = found
         if meter is not None and result.calls is not None:
             meter.absorb(result.calls, result.fingerprints)
         done += len(result.threads)
@@ -680,13 +744,15 @@ class Slots:
         self.pool.shutdown(wait=False, cancel_futures=True)
 
 
-def _in_slot(permits: threading.Semaphore, runner: Callable[..., None], *args: Any) -> None:
+def _in_slot(
+    permits: threading.Semaphore, runner: Callable[..., Refused | None], *args: Any
+) -> Refused | None:
     with permits:
-        runner(*args)
+        return runner(*args)
 
 
 async def _run_concurrently(
-    runner: Callable[..., None],
+    runner: Callable[..., Refused | None],
     env: Environment,
     policy: Any,
     todo: list[tuple[Scenario, int]],
@@ -695,8 +761,10 @@ async def _run_concurrently(
     cap: int,
     ran: Callable[[int, int], None] | None,
     shared: ThreadPoolExecutor | None = None,
+    refusals: dict[str, Refused] | None = None,
 ) -> None:
-    """The runs, up to `cap` at a time, on `shared` (the suites' `Slots.pool`) or a pool of their own."""
+    """The runs, up to `cap` at a time, on `shared` (the suites' `Slots.pool`) or a pool of their own;
+    those that ended where their script's answer was refused go into `refusals`, by thread id."""
     gate = asyncio.Semaphore(cap)
     finished = 0
     loop = asyncio.get_running_loop()
@@ -710,7 +778,9 @@ async def _run_concurrently(
         async def one(scenario: Scenario, n: int) -> None:
             nonlocal finished
             async with gate:
-                await loop.run_in_executor(pool, runner, env, policy, scenario, spec, n, store)
+                found = await loop.run_in_executor(pool, runner, env, policy, scenario, spec, n, store)
+            if found is not None and refusals is not None:
+                refusals[spec.thread_id(scenario, n)] = found
             finished += 1
             if ran:
                 ran(finished, len(todo))
@@ -758,8 +828,9 @@ def _reuse(
     scenario: Scenario | None = None,
 ) -> _Check:
     """`_reusable`, and why a thread recorded under the id is run again (None when none was, or it is
-    reused). `scenario`, when known: a run waiting where its people script has no answer
-    ended there for good, and is reused (run again, it waits there again, at a model's cost each time).
+    reused). `scenario`, when known: a run waiting where its people script has no answer, or one whose
+    answer there the machine refused (`refused_at_end`), ended there for good, and is reused (run again,
+    it waits there again, at a model's cost each time).
     The thread is verified as `improve replay --verify` does (chain, state hashes, end entry): one that
     does not verify is never reused as a result (its file is `damaged`)."""
     read, lines = _read(store, thread_id)
@@ -810,6 +881,9 @@ def _reuse(
         and result.status in RESUMABLE_STATUSES
         and not any((e.metadata or {}).get("source") == "resume" for e in entries)
         and (scenario is None or scenario.answers(str(result.snapshot.value)))
+        # Its script answered the wait, and the machine refused the answer: it ended there for good (run
+        # again, the same path meets the same refusal, at a model's cost), until the script changes.
+        and refused_at_end(entries) is None
     ):
         return _Check(None, "left waiting by --suspend, and never resumed")
     return _Check(entries)

@@ -39,6 +39,7 @@ from improve.evals import (
     kept_aside,
     outcome_row,
     policy_label,
+    refused_scripts,
     run_scenario,
     suite_spec,
     write_threads,
@@ -499,8 +500,10 @@ def _counterfactual_run(
     )
     thread = f"counterfactual:v0:{scenario.id}:r1"
     store = RunBuffer(thread)  # its one thread, uncopied: nothing changes its entries
-    # Scored and thrown away: written without hashes (nothing will verify it).
-    run_scenario(env, scenario, _Counterfactual(fixed, inner), store, thread, hashes=False)
+    # Scored and thrown away: written without hashes (nothing will verify it). An answer fixed otherwise
+    # may lead where the scenario's script answers a wait with an event the machine refuses: that run
+    # fails there, as a suite's run does, rather than stopping the diagnosis.
+    run_scenario(env, scenario, _Counterfactual(fixed, inner), store, thread, hashes=False, refused="end")
     return store
 
 
@@ -631,7 +634,7 @@ def diagnose_policy(
             ran=every(25, say, what),
             keep=ledger.keep(),
         )
-        for note in kept_aside(plan):
+        for note in kept_aside(plan) + refused_scripts(plan, space.scenarios_path(inputs.env_name)):
             say(note)
         made = sum(not p.reused for p in plan)
         if made:

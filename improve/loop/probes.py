@@ -110,7 +110,10 @@ def probe_requests(
                 decider = _Recorder(
                     PolicyDecider(compile_policy(v0), {"decider": env.models[PROBE_MODEL](scenario.id)})
                 )
-                run_scenario(env, scenario, decider, MemoryStore(), f"probe:v0:{scenario.id}:r1")
+                # Only its requests are read: a script's answer refused on its path ends it, no more.
+                run_scenario(
+                    env, scenario, decider, MemoryStore(), f"probe:v0:{scenario.id}:r1", refused="end"
+                )
                 found = decider.requests
         except MachineError as err:
             # The machine cannot step through the scenario's decisions (an expression that fails on its

@@ -62,6 +62,7 @@ from improve.evals import (
     paired,
     policy_content,
     policy_label,
+    refused_scripts,
     rerun_scenarios,
     scorecard,
     set_key,
@@ -1085,7 +1086,8 @@ class Round:
         for p in plan:
             if p.entries is not None:  # reused: read while it was checked
                 self.reads.keep(p.thread_id, p.entries)
-        for note in kept_aside(plan):
+        source = self.space.scenarios_path(self.inputs.env_name)
+        for note in kept_aside(plan) + refused_scripts(plan, source):
             self.say(note)
         return plan
 

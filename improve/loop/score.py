@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from improve.errors import ScenarioError, SealedSplitError, WorkspaceError
@@ -38,6 +39,7 @@ from improve.evals import (
     open_fanout,
     policy_hash,
     policy_label,
+    refused_scripts,
     scorecard,
     scorecard_markdown,
     stale,
@@ -50,7 +52,7 @@ from improve.log import ThreadId, model_slug
 from improve.loop.changelog import CHANGELOG, Changelog, HeldOutStatus
 from improve.loop.discards import discarded_path, remembered_reads
 from improve.machine import RESUMABLE_STATUSES, MachineConfig
-from improve.runtime import Environment
+from improve.runtime import Environment, refused_at_end
 
 Say = Callable[[str], None]
 SIDES = ("old", "new")
@@ -303,7 +305,8 @@ class _Scoring:
         waiting = [r.thread_id for r in found.rows if self._for_a_person(r)]
         if waiting:
             # A run nobody answered (`improve run --suspend`) has no outcome yet: not a failure.
-            found.rows = [r for r in found.rows if not self._for_a_person(r)]
+            left_out = set(waiting)
+            found.rows = [r for r in found.rows if r.thread_id not in left_out]
             self.say(
                 f"{split}: {len(waiting)} run(s) of {label} with model {model} still wait for a person (e.g. "
                 f"{waiting[0]}) and are left out: `improve resume` them, or `improve run --policy {label} "
@@ -327,7 +330,12 @@ class _Scoring:
         if row.status not in RESUMABLE_STATUSES:
             return False
         scenario = self.by_id.get(row.scenario)
-        return scenario is None or scenario.answers(row.final_state)
+        if scenario is not None and not scenario.answers(row.final_state):
+            return False
+        # Its script answered there, and the machine refused the answer (a path the script did not
+        # foresee): the run ended there for good, a failure, as `run` and a round score it. Read only for
+        # the few waiting runs.
+        return refused_at_end(self.ledger.store.read(row.thread_id)) is None
 
     def _unscored(self, split: str, policy: MachineConfig, found: Recorded) -> Unscored | None:
         """The split's scenarios the scorecard of `found` leaves out, said as a warning; None: none."""
@@ -381,7 +389,8 @@ class _Scoring:
                 executor=fanout,
                 keep=self.ledger.keep(),
             )
-        for note in kept_aside(plan):
+        source = Path(self.scenario_set.source) if self.scenario_set.source else None
+        for note in kept_aside(plan) + refused_scripts(plan, source):
             self.say(note)
         ran = sum(1 for p in plan if not p.reused)
         self.say(

@@ -64,7 +64,17 @@ from improve.runtime.resume import (
     world_at,
 )
 from improve.runtime.resume_bound import ResumeProof, prove_resumes, resume_proof
-from improve.runtime.run import DEFAULT_MAX_MODEL_CALLS, MAX_ENTRIES, Journal, RunResult, run
+from improve.runtime.run import (
+    DEFAULT_MAX_MODEL_CALLS,
+    MAX_ENTRIES,
+    PEOPLE_REFUSED_KEY,
+    Journal,
+    Refused,
+    RefusedAnswer,
+    RunResult,
+    refused_at_end,
+    run,
+)
 from improve.runtime.sentinel_reach import SentinelReach, reach_sentinels
 from improve.runtime.vocabulary import (
     InputFact,
@@ -89,6 +99,7 @@ __all__ = [
     "MAX_EVENT_DEPTH",
     "MAX_FREE_TEXT",
     "MODEL_DECIDE",
+    "PEOPLE_REFUSED_KEY",
     "POLICY_ERROR",
     "REPLAY_FIRST_KEY",
     "Actor",
@@ -117,6 +128,8 @@ __all__ = [
     "PolicyDecider",
     "RecordedRun",
     "RecordedThread",
+    "Refused",
+    "RefusedAnswer",
     "ReplayFirstDecider",
     "ResumeProof",
     "ResumeResult",
@@ -150,6 +163,7 @@ __all__ = [
     "read_document_text",
     "read_from",
     "recorded_thread",
+    "refused_at_end",
     "resume",
     "resume_proof",
     "run",

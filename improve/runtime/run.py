@@ -7,7 +7,10 @@ the next action, so a crash loses at most the action in flight and the thread re
 
 A run that stops in a waiting state ends its process with the thread as its only state: the end entry
 says the status (`waiting`, or the state's `meta.status`), the state and what it waits for
-(`waitingFor`), and `improve.runtime.resume` continues it in the same thread.
+(`waitingFor`), and `improve.runtime.resume` continues it in the same thread. A run whose people
+script answers a wait with an event the machine refuses there ends there too (`refused="end"`, a
+suite's run): its end entry says which answer (`peopleRefused`), and the thread replays as any run that
+stopped waiting, the refused answer never folded.
 
 Every entry is chained (schemaVersion 2, `verification.entryHash`, `improve.log.chain`), and a run that
 ends, whatever its status, writes a last `@agent.end` entry saying how. A run that raised (an actor
@@ -19,7 +22,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from improve.errors import (
     ActorCrash,
@@ -36,6 +39,7 @@ from improve.log import (
     SCHEMA_VERSION,
     UNCHAINED_VERSION,
     Attempt,
+    EntryView,
     LogEntry,
     RunStatus,
     Store,
@@ -65,6 +69,81 @@ from improve.runtime.environment import Environment, World
 DEFAULT_MAX_MODEL_CALLS = 100
 MAX_ENTRIES = 2000
 
+PEOPLE_REFUSED_KEY = "peopleRefused"
+"""The end entry's metadata key of a run that ended where its people script's answer was refused
+(`Refused.to_json`)."""
+
+RefusedAnswer = Literal["raise", "end"]
+"""What a people script's answer the machine refuses does to a run: `raise` a `PeopleScriptError` (a
+check of the script, which names it as the scenario's problem), or `end` the run there (a suite's run:
+one run of a path the script did not foresee fails, the others go on)."""
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A people script's answer the machine refused where the run waited, which ended the run there."""
+
+    state: str
+    """The waiting state the script answered."""
+    index: int
+    """Which of the script's answers for that state (0 the first)."""
+    event: dict[str, Any]
+    guard: str | None
+    """The guard that refused it, when the state takes the event; None when it takes no such event."""
+    accepts: tuple[str, ...]
+    """The events the state takes."""
+
+    def sentence(self) -> str:
+        """`the people script answers {...} in state 'S', whose rules refuse it (guard)`."""
+        # Its type first, as a person writes the event, whatever order a thread read back keeps (sorted).
+        event = {**({"type": self.event["type"]} if "type" in self.event else {}), **self.event}
+        return f"the people script answers {json.dumps(event, default=str)} in state '{self.state}', " + (
+            f"whose rules refuse it ({self.guard})"
+            if self.guard
+            else f"which does not accept it; it accepts {list(self.accepts)}"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "state": self.state,
+            "index": self.index,
+            "event": self.event,
+            **({"guard": self.guard} if self.guard else {}),
+            "accepts": list(self.accepts),
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> Refused | None:
+        """The refusal an end entry's metadata holds; None when it holds none, or not in this shape (a
+        thread is evidence whoever wrote it: a field of another shape is not a refusal)."""
+        if not isinstance(data, dict):
+            return None
+        state, index, event, guard, accepts = (
+            data.get("state"),
+            data.get("index"),
+            data.get("event"),
+            data.get("guard"),
+            data.get("accepts"),
+        )
+        if (
+            not isinstance(state, str)
+            or not isinstance(index, int)
+            or isinstance(index, bool)
+            or not isinstance(event, dict)
+            or not (guard is None or isinstance(guard, str))
+            or not isinstance(accepts, list)
+        ):
+            return None
+        return cls(state, index, dict(event), guard, tuple(str(a) for a in accepts))
+
+
+def refused_at_end(entries: Sequence[EntryView]) -> Refused | None:
+    """The people script's answer refused where the thread's run ended (its last end entry's
+    `peopleRefused`), or None: none was, or a person resumed the run since and it went on past it."""
+    if not entries or entries[-1].event.get("type") != END_EVENT:
+        return None
+    return Refused.from_json((entries[-1].metadata or {}).get(PEOPLE_REFUSED_KEY))
+
 
 @dataclass
 class RunResult:
@@ -79,6 +158,8 @@ class RunResult:
     output_tokens: int
     failed_attempts: int
     effects: list[dict[str, Any]] = field(default_factory=list)
+    refused: Refused | None = None
+    """The people script's answer the machine refused where the run ended (`refused="end"`), if one was."""
 
     @property
     def final_state(self) -> str:
@@ -188,10 +269,11 @@ def run(
     max_model_calls: int = DEFAULT_MAX_MODEL_CALLS,
     note: Callable[[], dict[str, Any]] | None = None,
     hashes: bool = True,
+    refused: RefusedAnswer = "raise",
 ) -> RunResult:
     """Run `env` once from `input` to the end, journaling the thread `thread_id` into `store`. `note`:
     the end entry's metadata, asked for when the run ends (a replay-first decider's `note`); `hashes`:
-    see `Journal`."""
+    see `Journal`; `refused`: what an answer of `people` the machine refuses does (`RefusedAnswer`)."""
     if store.length(thread_id):
         raise ConflictError(f"thread {thread_id} already has entries; delete it or use another run number")
     runner = Runner(
@@ -202,6 +284,7 @@ def run(
         Journal(store, thread_id, env.machine, hashes=hashes),
         max_model_calls,
         note=note,
+        refused=refused,
     )
     return runner.start(input, {**(stamp or {}), "maxModelCalls": max_model_calls})
 
@@ -229,9 +312,13 @@ class Runner:
         max_model_calls: int,
         spent: Spent | None = None,
         note: Callable[[], dict[str, Any]] | None = None,
+        refused: RefusedAnswer = "raise",
     ) -> None:
         self.env = env
         self.note = note
+        self.on_refused = refused
+        self.refused: Refused | None = None
+        """The people script's answer refused where this stretch ended, if one was (`refused="end"`)."""
         self.machine = env.machine
         self.world = world
         self.people = people
@@ -272,7 +359,12 @@ class Runner:
             snapshot = nxt
         spent = self.calls - self.calls_before
         status = stop or run_status(self.machine, snapshot, spent, {"maxModelCalls": self.max_model_calls})
-        self.journal.end(status, snapshot, self.note() if self.note is not None else None)
+        metadata = self.note() if self.note is not None else None
+        if self.refused is not None:
+            # Said on the end entry, which replay does not fold: the refused answer was never taken, so
+            # the thread folds (and verifies) to the wait it stopped in, as a run nobody answered does.
+            metadata = {**(metadata or {}), PEOPLE_REFUSED_KEY: self.refused.to_json()}
+        self.journal.end(status, snapshot, metadata)
         return RunResult(
             thread_id=self.journal.thread_id,
             status=status,
@@ -283,6 +375,7 @@ class Runner:
             output_tokens=self.tokens_out,
             failed_attempts=self.failed,
             effects=list(self.world.effects),
+            refused=self.refused,
         )
 
     def _person(self, snapshot: Snapshot) -> Snapshot | None:
@@ -295,16 +388,16 @@ class Runner:
             # An event the state takes, refused by its rules (a value misspelt: `shows: decy`), is said
             # with the guard that refused it, not as an event the state does not take.
             guard = refusing_guard(self.machine, snapshot, answer) if answer.get("type") in accepts else None
+            refused = Refused(
+                snapshot.value, self.people.given(snapshot.value) - 1, answer, guard, tuple(accepts)
+            )
+            if self.on_refused == "end":
+                # A path the script's author did not foresee (the model escalated what careful does not):
+                # this run fails there, with the answer said, and the suite's other runs go on.
+                self.refused = refused
+                return None
             raise PeopleScriptError(
-                f"thread {self.journal.thread_id}: the people script answers {json.dumps(answer, default=str)} in state "
-                f"'{snapshot.value}', "
-                + (
-                    f"whose rules refuse it ({guard})"
-                    if guard
-                    else f"which does not accept it; it accepts {accepts}"
-                ),
-                snapshot.value,
-                self.people.given(snapshot.value) - 1,
+                f"thread {self.journal.thread_id}: {refused.sentence()}", refused.state, refused.index
             )
         self.journal.write(answer, nxt, metadata={"source": "person"})
         return nxt
