@@ -40,7 +40,6 @@ from improve.loop.discards import (
     recommended_versions,
     remember,
     remember_recommended,
-    remembered_reads,
     route_of,
 )
 from improve.machine import MachineConfig
@@ -224,18 +223,22 @@ class Changelog:
         self,
         held_out: Sequence[Scenario],
         max_bias: float,
-        remembered: Sequence[tuple[str, int]] = (),
+        remembered: Sequence[DiscardedCandidate] = (),
     ) -> HeldOutRead:
         """The read a round that decides on `held_out` makes: one more than recorded for the set, in the
-        CHANGELOG or by the workspace's memory of its candidates' rounds (`remembered`, `remembered_reads`:
-        a reverted working tree loses a discarded one's entry, and a recommended one's travels on a branch
-        not merged yet, not the reads they made)."""
+        CHANGELOG or by the workspace's memory of discarded candidates (`remembered`: a reverted working
+        tree loses their entries, not the reads they made)."""
         key = set_key(held_out)
-        reads = max([self.held_out_reads(key), *(read for found, read in remembered if found == key)])
+        reads = max(
+            [
+                self.held_out_reads(key),
+                *(t.held_out[1] for t in remembered if t.held_out and t.held_out[0] == key),
+            ]
+        )
         return HeldOutRead(key, len(held_out), reads + 1, max_bias)
 
     def held_out_status(
-        self, held_out: Sequence[Scenario], max_bias: float, remembered: Sequence[tuple[str, int]] = ()
+        self, held_out: Sequence[Scenario], max_bias: float, remembered: Sequence[DiscardedCandidate] = ()
     ) -> HeldOutStatus:
         upcoming = self.next_held_out_read(held_out, max_bias, remembered)
         reads = upcoming.read - 1
@@ -420,9 +423,8 @@ class Memory:
             remember(self.remembered, discarded)
         candidate = record.candidate_policy
         if record.recommended and record.candidate_version and candidate and self.remembered is not None:
-            read = (record.held_out.key, record.held_out.read) if record.held_out else None
             remember_recommended(
-                self.remembered, record.candidate_version, record.round_id, policy_content(candidate), read
+                self.remembered, record.candidate_version, record.round_id, policy_content(candidate)
             )
         entry = entry_text(record)
         current = Entry.of(record) if record.scores else None  # the round is the history's head
@@ -455,9 +457,7 @@ def read_memory(
     changelog = Changelog.read(path)
     lineage = changelog.lineage(baseline)
     everything = read_discarded(remembered) if remembered else ()
-    read = changelog.next_held_out_read(
-        held_out, max_bias, remembered_reads(remembered) if remembered else ()
-    )
+    read = changelog.next_held_out_read(held_out, max_bias, everything)
     # A candidate that gained too little did so on the held-out set its round read: once that set has
     # changed (scenarios added that show its answer), it may be proposed again, and its cluster is not
     # tried. The CHANGELOG's entries of those rounds are set aside with it; one the workspace does not

@@ -160,35 +160,12 @@ def recommended_path(discarded: Path) -> Path:
     return discarded.parent.parent / Path(RECOMMENDED_DIR).name / discarded.name
 
 
-def remember_recommended(
-    discarded: Path, candidate: str, round_id: str, content: str, held_out: tuple[str, int] | None = None
-) -> None:
-    """Append the version a recommended candidate took and what it holds (see the module docstring), and
-    which read of which held-out set its round was (`held_out`: its entry travels on a branch nobody
-    may merge, and the next round's read must count it all the same)."""
+def remember_recommended(discarded: Path, candidate: str, round_id: str, content: str) -> None:
+    """Append the version a recommended candidate took and what it holds (see the module docstring)."""
     path = recommended_path(discarded)
     path.parent.mkdir(parents=True, exist_ok=True)
-    line: dict[str, Any] = {"candidate": candidate, "round": round_id, "content": content}
-    if held_out is not None:
-        line["held_out"] = list(held_out)
+    line = {"candidate": candidate, "round": round_id, "content": content}
     append_whole(path, _on_a_line_of_its_own(json.dumps(line, sort_keys=True)))
-
-
-def remembered_reads(discarded: Path) -> list[tuple[str, int]]:
-    """The reads of held-out sets the workspace remembers (`(set key, read)`): its discarded candidates'
-    rounds and its recommended ones' (neither's CHANGELOG entry need be in the working tree)."""
-    reads = [t.held_out for t in read_discarded(discarded) if t.held_out]
-    try:
-        text = recommended_path(discarded).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return reads
-    for line in text.splitlines():
-        try:
-            key, read = json.loads(line)["held_out"]
-            reads.append((str(key), int(read)))
-        except (ValueError, KeyError, TypeError):
-            continue  # a line of an older improve, or cut short: no read it can say
-    return reads
 
 
 def recommended_versions(discarded: Path) -> dict[str, str]:

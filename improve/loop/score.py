@@ -50,7 +50,7 @@ from improve.evals import (
 )
 from improve.log import ThreadId, model_slug
 from improve.loop.changelog import CHANGELOG, Changelog, HeldOutStatus
-from improve.loop.discards import discarded_path, remembered_reads
+from improve.loop.discards import discarded_path, read_discarded
 from improve.machine import RESUMABLE_STATUSES, MachineConfig
 from improve.runtime import Environment, refused_at_end
 
@@ -419,7 +419,7 @@ class _Scoring:
             scores.held_out = changelog.held_out_status(
                 self.scenario_set.split("held-out"),
                 objective.held_out_bias,
-                remembered_reads(discarded_path(self.space.root, self.env.name)),  # as a round counts them
+                read_discarded(discarded_path(self.space.root, self.env.name)),  # as a round counts them
             )
             if scores.held_out.warning:
                 self.say(f"warning: {scores.held_out.warning}")
