@@ -190,7 +190,9 @@ def _shown(
             and _is_number(got)
             and float(got) == float(value)
         )
-        return list(dict.fromkeys(name for _, name in found)) or ["#"]
+        if found or None not in listed:
+            return list(dict.fromkeys(name for _, name in found)) or ["#"]
+        # From an element no fact reads as written: named by a fact it equals, as where nothing is listed.
     if _is_number(value):
         return [_fact_equal_to(facts, value) or "#"]
     text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)

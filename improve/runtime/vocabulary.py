@@ -339,12 +339,19 @@ def _source_of(tokens: list[Any], sources: Mapping[str, set[str]]) -> PayloadSou
             )
         except ImproveError:
             return None
-    # A selection may lie under a fact given whole; any other expression is a fact only as written.
-    paths = read_from(sources, text) if _SELECTION.fullmatch(text) else sorted(sources.get(text, ()))
+    # As written, or a field under what a fact reads whole (`context.lines[context.i].covered` under
+    # `"line": "context.lines[context.i]"` is `facts.line.covered`); never by a prefix of another kind
+    # (`context.booking.total - context.booking.nightlyRate` is no field of `context.booking`).
+    paths = sorted(
+        path + text[len(source) :]
+        for source, held in sources.items()
+        if text == source or (text.startswith(source) and _FIELDS.fullmatch(text[len(source) :]))
+        for path in held
+    )
     return ("fact", paths[0]) if paths else None
 
 
-_SELECTION = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
+_FIELDS = re.compile(r"(?:\.[A-Za-z_]\w*)+")
 
 
 def units_shown(config: MachineConfig) -> dict[str, dict[str, str]]:

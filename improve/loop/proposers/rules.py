@@ -199,7 +199,7 @@ def _actions(cases: Sequence[Case], vocab: RuleTerms, decision: str) -> dict[Act
             for name in sorted(k for k in option if k != "type"):
                 value = option[name]
                 listed = offers.get(str(option["type"]), {}).get(name)
-                sources: list[tuple[str, str, Any]]
+                sources: list[tuple[str, str, Any]] = []
                 if listed is not None and numeric(value):
                     # The machine's own sources: a count of rooms left that equals a refund is no refund. (A
                     # text value may still be a fact's: `queue: facts.ticket.team`, one of the queues listed.)
@@ -210,7 +210,8 @@ def _actions(cases: Sequence[Case], vocab: RuleTerms, decision: str) -> dict[Act
                             if _equal(fact_at(case.facts, what) if how == "fact" else what, value)
                         )
                     )
-                else:
+                if not sources and (listed is None or not numeric(value) or None in listed):
+                    # No listed source holds it (or the list has an element no fact reads): as before.
                     sources = [(name, "fact", p) for p in paths if _equal(fact_at(case.facts, p), value)]
                     named = (
                         value in vocab.constants
