@@ -2270,6 +2270,16 @@ def test_a_payload_number_is_written_from_where_the_machine_lists_it_not_from_a_
             },
         }
     )
+    # A field under a fact given whole is that fact's field; an element no fact reads as written is None.
+    indexed = machine.model_dump(mode="json", by_alias=True)
+    decide = indexed["states"]["deciding"]["invoke"]["input"]
+    decide["facts"] = {"line": "context.lines[context.i]"}
+    decide["payloads"] = {
+        "CANCEL": {"refund": "[context.lines[context.i].covered, context.lines[context.i].billed * 0.8]"}
+    }
+    assert payload_offers(parse_machine(indexed)) == {
+        "handle": {"CANCEL": {"refund": (("fact", "facts.line.covered"), None)}}
+    }
     offers = payload_offers(machine)
     assert offers == {
         "handle": {
@@ -2325,6 +2335,9 @@ def test_a_payload_number_is_written_from_where_the_machine_lists_it_not_from_a_
     assert rules[0].condition == "facts.booking.nonref == true"
     unlisted = {r.action.describe() for r in mine(examples, RuleTerms(types))}
     assert unlisted and all("roomsLeft" in a or "changes" in a for a in unlisted), unlisted
+    # A value no listed element holds, where one element is no fact's, may be that element's: as unlisted.
+    unread = RuleTerms(types, offers={"handle": {"CANCEL": {"refund": (("const", 1.0), None)}}})
+    assert {r.action.describe() for r in mine(examples, unread)} == unlisted
 
     assert answer_keys(examples[0]["correct"][0], examples[0]["facts"], offers["handle"]) == [
         "CANCEL{refund=0.0}"
