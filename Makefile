@@ -34,7 +34,7 @@ PHOENIX_VENV    ?= $(HOME)/.cache/improve/phoenix-venv
 PHOENIX_STAMP   := $(PHOENIX_VENV)/.installed-$(PHOENIX_VERSION)
 
 # The virtualenv is filled by uv: pip took 80-110 s to resolve and install the project's 130-odd packages
-# on this project's 2-core machines, uv about 30 s, the compiled modules included (the same versions).
+# on this project's 2-core machines, uv 33-48 s, the compiled modules included (the same versions).
 # llama-cpp-python has no wheel on PyPI: a wheel pip built before (pip's cache) is offered to uv with
 # --find-links, so a machine that installed with pip does not build it again; where there is none, uv
 # builds it once into its own cache.
