@@ -196,6 +196,10 @@ def test_a_label_the_reference_does_not_reach_is_added_with_a_warning(ws: Path) 
     ("args", "message"),
     [
         (["--expect", "checkingPayment", "--split", "train"], "is not a final state of refunds"),
+        (
+            ["--expect", "isued", "--split", "train"],
+            "is not a final state of refunds (did you mean 'issued'?)",
+        ),
         # `scenarios check` refuses a sentinel label (it could never pass): `add` writes none.
         (["--expect", "illegallyIssued", "--split", "train"], "is a sentinel state of refunds"),
         (["--expect", "issued", "--split", "train", "--id", "small-refund-01"], "is already used"),

@@ -25,6 +25,7 @@ from improve.errors import (
     ScenarioError,
     WorkspaceError,
     WorldFromThreadError,
+    did_you_mean,
 )
 from improve.evals.scenarios import SPLITS, Expected, Scenario
 from improve.evals.workspace import Workspace
@@ -146,7 +147,8 @@ def check_label(env: Environment, expect: str, split: str) -> None:
         )
     if expect not in finals:
         raise ScenarioError(
-            f"--expect {expect!r} is not a final state of {env.name}; a scenario's expected outcome is "
+            f"--expect {expect!r} is not a final state of {env.name}{did_you_mean(expect, finals)}; a "
+            "scenario's expected outcome is "
             f"where the run must end: one of {', '.join(sorted(finals))}"
         )
     if split not in SPLITS:
