@@ -1553,6 +1553,27 @@ class SameBehaviour:
 
 
 @pytest.mark.slow
+def test_a_round_says_a_category_only_one_split_has(tmp_path: Path) -> None:
+    """`scenarios check` refuses a file with a category in held-out alone; a round on it runs, and says
+    which split the category still needs (the round learns nothing of it from train)."""
+    import yaml
+
+    scratch(tmp_path)
+    (tmp_path / "same.py").write_text(NULL_PROPOSER)
+    toml = tmp_path / "improve.toml"
+    toml.write_text(toml.read_text() + '\n[proposers.same]\nmodule = "same:SameBehaviour"\n')
+    path = tmp_path / "scenarios" / "refunds.yaml"
+    doc = yaml.safe_load(path.read_text())
+    (stray,) = [s for s in doc["scenarios"] if s["id"] == "small-refund-04"]
+    stray["category"] = "compassion"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    args = ["round", "-w", str(tmp_path), "--policy", "v0", "--k", "1", "--proposer", "same"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 1, result.output  # the same behaviour is never promoted
+    said = " ".join(result.stderr.split())
+    assert "warning: category 'compassion' has no scenario in train yet" in said, said
+
+
 def test_held_out_reads_are_counted_per_set_and_warn_past_what_the_set_supports(tmp_path: Path) -> None:
     import math
 

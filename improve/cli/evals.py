@@ -480,7 +480,9 @@ def scenarios_add(
             env_name,
             comment=f"From thread {thread_id} (improve scenarios add --from-thread).",
         )
-        warnings = split_warnings(scenarios, scenario.category) + alike_warnings(scenarios, scenario)
+        warnings = split_warnings(scenarios.open_scenarios, scenario.category) + alike_warnings(
+            scenarios, scenario
+        )
         disagrees = reference_disagrees(environment, scenario)
         if disagrees is not None:
             warnings.append(

@@ -172,10 +172,11 @@ def _replace_checked(
     return loaded
 
 
-def split_warnings(scenarios: ScenarioSet, category: str) -> list[str]:
+def split_warnings(scenarios: Sequence[Scenario], category: str) -> list[str]:
     """A category in only one of train and held-out fails `improve scenarios check`: say which split it
-    still needs. The sealed test split needs nothing: a category may be in it alone, or not at all."""
-    splits = {s.split for s in scenarios.open_scenarios if s.category == category}
+    still needs (`scenarios`: the open ones). The sealed test split needs nothing: a category may be in it
+    alone, or not at all."""
+    splits = {s.split for s in scenarios if s.category == category}
     missing = [split for split in OPEN_SPLITS if split not in splits]
     if not missing or not splits:
         return []

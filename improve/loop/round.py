@@ -67,6 +67,7 @@ from improve.evals import (
     scorecard,
     set_key,
     settle,
+    split_warnings,
     suite_spec,
     write_threads,
 )
@@ -141,6 +142,10 @@ def run_round(
             path = space.scenarios_path(inputs.env_name)
             for warning in mistyped_warnings(inputs.env, inputs.scenarios, path):
                 say(warning)
+        # A category only one split has: `scenarios check` refuses the file, and a round said nothing.
+        for category in sorted({s.category for s in inputs.scenarios}):
+            for warning in split_warnings(inputs.scenarios, category):
+                say(f"warning: {warning}")
         with Ledger(space, inputs.env, say) as ledger:
             return Round(space, opts, inputs, ledger, say).run()
 
