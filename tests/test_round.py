@@ -1572,6 +1572,8 @@ def test_a_round_says_a_category_only_one_split_has(tmp_path: Path) -> None:
     assert result.exit_code == 1, result.output  # the same behaviour is never promoted
     said = " ".join(result.stderr.split())
     assert "warning: category 'compassion' has no scenario in train yet" in said, said
+    ran = CliRunner().invoke(app, ["run", "-w", str(tmp_path), "--k", "1", "--scenario", "small-refund-04"])
+    assert ran.exit_code == 0 and "category 'compassion' has no scenario in train" in ran.stderr, ran.output
 
 
 def test_held_out_reads_are_counted_per_set_and_warn_past_what_the_set_supports(tmp_path: Path) -> None:

@@ -121,6 +121,7 @@ def run_command(
         policy_label,
         refused_scripts,
         scorecard,
+        split_warnings,
         suite_spec,
         write_threads,
     )
@@ -154,6 +155,9 @@ def run_command(
         warn_unknown_names(policy, policy_config, environment)  # run as asked, but not without saying so
         for warning in mistyped_warnings(environment, chosen, Path(scenario_set.source)):
             say(warning)
+        for category in sorted({s.category for s in chosen}):  # said, as a round says it
+            for warning in split_warnings(scenario_set.open_scenarios, category):
+                say(f"warning: {warning}")
         spec = suite_spec(
             space, environment, policy_config, model, k=k, cache=cache.value, people=not suspend
         )
