@@ -38,7 +38,7 @@ from typing import Any
 from improve.evals import OutcomeRow
 from improve.loop.branches import fact_at
 from improve.machine import RESUMABLE_STATUSES
-from improve.runtime import PayloadSource
+from improve.runtime import DecisionOffers, Offered
 
 KINDS = (
     "invariant-violation",
@@ -144,14 +144,14 @@ def _fact_equal_to(facts: Any, value: Any, prefix: str = "facts") -> str | None:
     return prefix if _is_number(facts) and float(facts) == float(value) else None
 
 
-Offers = Mapping[str, Mapping[str, Mapping[str, tuple[PayloadSource | None, ...]]]]
-"""Decision -> event -> payload field -> where each value it offers comes from (`payload_offers`)."""
+Offers = Mapping[str, DecisionOffers]
+"""Decision -> where each value its payload fields offer comes from (`payload_offers`)."""
 
 
 def answer_key(
     option: Mapping[str, Any] | None,
     facts: Mapping[str, Any],
-    offers: Mapping[str, Mapping[str, tuple[PayloadSource | None, ...]]] | None = None,
+    offers: DecisionOffers | None = None,
 ) -> str:
     """An answer as a cluster names it: enumerated payload values as themselves, numbers by where the
     machine's payload expression takes them from (`offers`, the decision's: a literal, or the fact that
@@ -164,7 +164,7 @@ def answer_key(
 def answer_keys(
     option: Mapping[str, Any] | None,
     facts: Mapping[str, Any],
-    offers: Mapping[str, Mapping[str, tuple[PayloadSource | None, ...]]] | None = None,
+    offers: DecisionOffers | None = None,
 ) -> list[str]:
     """Every name `answer_key` may give the answer: a number that equals two of the elements its payload
     expression lists (a refund of all that was requested, which is also all that is refundable) is named
@@ -178,9 +178,7 @@ def answer_keys(
     return [f"{option.get('type')}{{{', '.join(n)}}}" if n else str(option.get("type")) for n in names]
 
 
-def _shown(
-    value: Any, facts: Mapping[str, Any], listed: tuple[PayloadSource | None, ...] | None = None
-) -> list[str]:
+def _shown(value: Any, facts: Mapping[str, Any], listed: Offered | None = None) -> list[str]:
     if _is_number(value) and listed is not None:
         # Facts first, by path (as a number is named where the machine lists none), then literals.
         found = sorted(

@@ -54,10 +54,10 @@ from improve.loop.probes import Reads, first_train_threads, probe_requests, requ
 from improve.machine import MODEL_DECIDE, MachineConfig, canonical_bytes, initial
 from improve.runtime import (
     Decision,
+    DecisionOffers,
     DecisionRequest,
     Environment,
     ModelFactory,
-    PayloadSource,
     PolicyDecider,
     RecordedRun,
     ReplayFirstDecider,
@@ -376,7 +376,7 @@ class Evidence:
         return diagnose(rows, label, skip=skip, examples=examples, offers=self.offers), examples
 
     @functools.cached_property
-    def offers(self) -> dict[str, dict[str, dict[str, tuple[PayloadSource | None, ...]]]]:
+    def offers(self) -> dict[str, DecisionOffers]:
         """Where each payload value the environment's decisions offer comes from (`payload_offers`)."""
         return payload_offers(self.env.config)
 

@@ -77,7 +77,9 @@ from improve.runtime.run import (
 )
 from improve.runtime.sentinel_reach import SentinelReach, reach_sentinels
 from improve.runtime.vocabulary import (
+    DecisionOffers,
     InputFact,
+    Offered,
     PayloadSource,
     Vocabulary,
     decision_sources,
@@ -110,6 +112,7 @@ __all__ = [
     "ChatSession",
     "Decider",
     "Decision",
+    "DecisionOffers",
     "DecisionRequest",
     "Environment",
     "EnvironmentRef",
@@ -122,6 +125,7 @@ __all__ = [
     "ModelFactory",
     "ModelJudgment",
     "ModelReply",
+    "Offered",
     "Parting",
     "PayloadSource",
     "PersonAnswer",

@@ -34,6 +34,12 @@ PayloadSource = tuple[str, Any]
 """Where a value a payload field offers comes from: (`fact`, the fact path that holds it) or (`const`, the
 literal the machine writes)."""
 
+Offered = tuple[PayloadSource | None, ...]
+"""A payload field's listed values, each's source in the list's order (None: no fact reads it as written)."""
+
+DecisionOffers = dict[str, dict[str, Offered]]
+"""One decision's: event -> payload field -> `Offered` (`payload_offers`)."""
+
 
 @dataclass(frozen=True)
 class DecisionWords:
@@ -51,7 +57,7 @@ class DecisionWords:
     choices: dict[str, dict[str, list[Any]]] = field(default_factory=dict)
     """Event -> payload field -> the values offered, where the machine lists them as constants
     (`"reason": "['allergy', 'diagnosis']"`); a field whose values it computes is not here."""
-    offers: dict[str, dict[str, tuple[PayloadSource | None, ...]]] = field(default_factory=dict)
+    offers: DecisionOffers = field(default_factory=dict)
     """Event -> payload field -> where each value the machine lists comes from (`payload_offers`); a
     field whose expression is no list the machine writes out is not here."""
 
@@ -265,18 +271,21 @@ def fact_sources(facts: Any, prefix: str = "facts") -> dict[str, set[str]]:
 
 def read_from(sources: Mapping[str, set[str]], operand: str) -> list[str]:
     """The fact paths holding the value at `operand`: read from it, or from a selection it lies under
-    (`context.order` read as `facts.order` holds `context.order.total` at `facts.order.total`)."""
+    (`context.order` read as `facts.order` holds `context.order.total` at `facts.order.total`, and
+    `"line": "context.lines[context.i]"` holds `context.lines[context.i].covered`); never by a prefix of
+    another kind (`context.order.total - context.order.refunded` is no field of `context.order`)."""
     return sorted(
         path + operand[len(source) :]
         for source, paths in sources.items()
-        if operand == source or operand.startswith(source + ".")
+        if operand == source or (operand.startswith(source) and _FIELDS.fullmatch(operand[len(source) :]))
         for path in paths
     )
 
 
-def payload_offers(
-    config: MachineConfig,
-) -> dict[str, dict[str, dict[str, tuple[PayloadSource | None, ...]]]]:
+_FIELDS = re.compile(r"(?:\.[A-Za-z_]\w*)+")
+
+
+def payload_offers(config: MachineConfig) -> dict[str, DecisionOffers]:
     """Per decision, event and payload field, where each value the field offers comes from, read off the
     machine's payload expression when it writes its list out (`"[0.0, context.booking.total -
     context.booking.nightlyRate, context.booking.total]"`): a literal is a constant, an element that is
@@ -284,7 +293,7 @@ def payload_offers(
     context.booking.nightlyRate"`, or a field of a fact given whole) is that fact, anything else None.
     A value offered is one of these: a number a refund equals is never the count of rooms left it happens
     to equal (the rule miner and the round's clusters name an answer's numbers by these)."""
-    found: dict[str, dict[str, dict[str, tuple[PayloadSource | None, ...]]]] = {}
+    found: dict[str, DecisionOffers] = {}
     for state in config.states.values():
         if state.invoke is None or state.invoke.src != DECIDE_SRC or not isinstance(state.invoke.input, dict):
             continue
@@ -339,19 +348,8 @@ def _source_of(tokens: list[Any], sources: Mapping[str, set[str]]) -> PayloadSou
             )
         except ImproveError:
             return None
-    # As written, or a field under what a fact reads whole (`context.lines[context.i].covered` under
-    # `"line": "context.lines[context.i]"` is `facts.line.covered`); never by a prefix of another kind
-    # (`context.booking.total - context.booking.nightlyRate` is no field of `context.booking`).
-    paths = sorted(
-        path + text[len(source) :]
-        for source, held in sources.items()
-        if text == source or (text.startswith(source) and _FIELDS.fullmatch(text[len(source) :]))
-        for path in held
-    )
+    paths = read_from(sources, text)
     return ("fact", paths[0]) if paths else None
-
-
-_FIELDS = re.compile(r"(?:\.[A-Za-z_]\w*)+")
 
 
 def units_shown(config: MachineConfig) -> dict[str, dict[str, str]]:

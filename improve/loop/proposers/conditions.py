@@ -30,7 +30,7 @@ from typing import Any
 
 from improve.evals import is_generated
 from improve.loop.branches import decision_input, fact_at, same_answer
-from improve.runtime import PayloadSource
+from improve.runtime import DecisionOffers
 
 MIN_SUPPORT = 2
 """Training scenarios needed on each side of a threshold, and with a word in their text."""
@@ -285,9 +285,7 @@ class RuleTerms:
     thresholds: Mapping[str, frozenset[float]] = field(default_factory=dict)
     units: Mapping[str, str] = field(default_factory=dict)
     """Numeric fact path -> its unit."""
-    offers: Mapping[str, Mapping[str, Mapping[str, tuple[PayloadSource | None, ...]]]] = field(
-        default_factory=dict
-    )
+    offers: Mapping[str, DecisionOffers] = field(default_factory=dict)
     """Decision -> event -> payload field -> where each value it offers comes from
     (`runtime/vocabulary.py: payload_offers`): an answer's payload is written from these."""
 
